@@ -1,0 +1,20 @@
+// One-line diagnostics on stderr, each prefixed with the program's name ("dlrund: ...").
+// Thread-safe: a line is written with a single write(2) so lines from threads never interleave.
+#pragma once
+
+#include <string_view>
+
+namespace dlrun::log {
+
+// Set once at the start of main; defaults to "dlrun".
+void setProgramName(std::string_view name);
+
+// Messages at Debug level are dropped unless enabled (DLRUN_LOG_LEVEL=debug or setVerbose).
+void setVerbose(bool verbose);
+bool verbose();
+
+void info(std::string_view message);
+void warn(std::string_view message);
+void debug(std::string_view message);
+
+}  // namespace dlrun::log

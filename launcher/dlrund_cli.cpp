@@ -1,0 +1,56 @@
+#include "launcher/dlrund_cli.h"
+
+#include <CLI/CLI.hpp>
+#include <iostream>
+
+#include "common/error.h"
+#include "launcher/version.h"
+
+namespace dlrun::launcher {
+
+DlrundParse parseDlrundArgs(const std::vector<std::string>& args) {
+  DlrundParse result;
+  auto& server = result.config.server;
+  auto& limits = server.limits;
+  server.port = 29500;
+
+  CLI::App app(
+      "dlrund: the dlrun rendezvous store daemon. Speaks PyTorch's TCPStore protocol (1.x and "
+      "2.x clients), so torch workers and dlrun agents can both use it.\n"
+      "Prints 'dlrund listening on HOST:PORT' as its first line; SIGINT or SIGTERM stop it.",
+      "dlrund");
+  app.option_defaults()->always_capture_default();
+  app.add_option("--host", server.host, "Address to listen on (\"::\" for IPv6 and IPv4)");
+  app.add_option("--port", server.port, "TCP port; 0 picks a free one")
+      ->check(CLI::Range(0, 65535));
+  app.add_option("--max-key-bytes", limits.maxKeyBytes,
+                 "Longest key accepted; a client sending a longer one is disconnected")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--max-value-bytes", limits.maxValueBytes,
+                 "Longest value accepted; a client sending a longer one is disconnected")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--max-keys-per-op", limits.maxKeysPerOp,
+                 "Most keys in one CHECK, WAIT, MULTI_GET or MULTI_SET")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--max-buffered-bytes", limits.maxBufferedBytes,
+                 "Most bytes held per connection (unparsed input plus unsent replies)")
+      ->check(CLI::PositiveNumber);
+  app.add_flag("-v,--verbose", result.config.verbose, "Log every connection event");
+  app.set_version_flag("--version", std::string("dlrund ") + kVersion);
+
+  std::vector<std::string> reversed(args.rbegin(), args.rend());
+  try {
+    app.parse(reversed);
+  } catch (const CLI::CallForHelp&) {
+    std::cout << app.help();
+    result.exitCode = 0;
+  } catch (const CLI::CallForVersion&) {
+    std::cout << "dlrund " << kVersion << "\n";
+    result.exitCode = 0;
+  } catch (const CLI::ParseError& e) {
+    throw ConfigError(e.what());
+  }
+  return result;
+}
+
+}  // namespace dlrun::launcher

@@ -1,0 +1,27 @@
+// The dlrund command line: flags into StoreServerOptions. Pure parsing, no I/O beyond the
+// help text, so tests reach it directly.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "rendezvous/store_server.h"
+
+namespace dlrun::launcher {
+
+struct DlrundConfig {
+  rendezvous::StoreServerOptions server;
+  bool verbose = false;
+};
+
+// Throws ConfigError with a one-line message for bad flags. Returns nullopt-like `exitCode`
+// when the run should end at once (--help, --version), after printing to stdout.
+struct DlrundParse {
+  DlrundConfig config;
+  std::optional<int> exitCode;
+};
+
+DlrundParse parseDlrundArgs(const std::vector<std::string>& args);
+
+}  // namespace dlrun::launcher

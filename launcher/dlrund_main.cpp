@@ -1,0 +1,34 @@
+// dlrund: the standalone store daemon. Runs in the foreground until SIGINT or SIGTERM.
+#include "common/asio.h"
+#include <iostream>
+
+#include "common/error.h"
+#include "common/log.h"
+#include "launcher/dlrund_cli.h"
+
+int main(int argc, char** argv) {
+  using namespace dlrun;
+  log::setProgramName("dlrund");
+  try {
+    auto parsed = launcher::parseDlrundArgs(std::vector<std::string>(argv + 1, argv + argc));
+    if (parsed.exitCode) return *parsed.exitCode;
+    if (parsed.config.verbose) log::setVerbose(true);
+
+    boost::asio::io_context io(1);
+    rendezvous::StoreServer server(io, parsed.config.server);
+    boost::asio::signal_set signals(io, SIGINT, SIGTERM);
+    signals.async_wait([&](const boost::system::error_code& ec, int) {
+      if (!ec) server.stop();
+    });
+    std::cout << "dlrund listening on " << parsed.config.server.host << ":" << server.port()
+              << std::endl;
+    io.run();
+    return 0;
+  } catch (const ConfigError& e) {
+    log::info(std::string("error: ") + e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    log::info(std::string("error: ") + e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,247 @@
+#include "rendezvous/store_engine.h"
+
+#include <algorithm>
+#include <charconv>
+
+namespace dlrun::rendezvous {
+namespace {
+
+using wire::Op;
+
+std::string encodeI64(int64_t value) {
+  std::string out;
+  wire::Encoder(out).i64(value);
+  return out;
+}
+
+std::string encodeBytes(std::string_view value) {
+  std::string out;
+  wire::Encoder(out).bytes(value);
+  return out;
+}
+
+void sendByte(Peer& peer, uint8_t value) {
+  const char byte = static_cast<char>(value);
+  peer.send(std::string_view(&byte, 1));
+}
+
+}  // namespace
+
+std::string StoreEngine::handle(Peer& peer, const wire::Request& r) {
+  switch (r.op) {
+    case Op::Validate:  // the parser has checked the magic; VALIDATE has no reply
+    case Op::WatchKey:  // refused by the parser
+      return {};
+    case Op::Set:
+      setValue(r.keys[0], r.values[0]);
+      return {};
+    case Op::CompareSet: {
+      // PyTorch's semantics: a missing key is created only when `expected` is empty; the reply
+      // is always the value now stored (or `expected` when the key is missing and not created).
+      const std::string key(r.keys[0]);
+      auto it = data_.find(key);
+      if (it == data_.end()) {
+        if (!r.values[0].empty()) {
+          peer.send(encodeBytes(r.values[0]));
+          return {};
+        }
+        setValue(key, r.values[1]);
+        peer.send(encodeBytes(r.values[1]));
+        return {};
+      }
+      if (it->second == r.values[0]) {
+        it->second.assign(r.values[1]);
+      }
+      peer.send(encodeBytes(it->second));
+      return {};
+    }
+    case Op::Get: {
+      // Clients WAIT before GET; a key deleted in between reads as empty rather than hanging.
+      auto it = data_.find(std::string(r.keys[0]));
+      peer.send(encodeBytes(it == data_.end() ? std::string_view() : it->second));
+      return {};
+    }
+    case Op::Add:
+      return add(peer, r);
+    case Op::Check: {
+      const bool ready = std::all_of(r.keys.begin(), r.keys.end(), [&](std::string_view k) {
+        return data_.contains(std::string(k));
+      });
+      sendByte(peer, static_cast<uint8_t>(ready ? wire::CheckReply::Ready
+                                                : wire::CheckReply::NotReady));
+      return {};
+    }
+    case Op::Wait:
+      wait(peer, r);
+      return {};
+    case Op::GetNumKeys:
+      peer.send(encodeI64(static_cast<int64_t>(data_.size())));
+      return {};
+    case Op::DeleteKey:
+      peer.send(encodeI64(static_cast<int64_t>(data_.erase(std::string(r.keys[0])))));
+      return {};
+    case Op::Append: {
+      const std::string key(r.keys[0]);
+      auto it = data_.find(key);
+      if (it == data_.end()) {
+        setValue(key, r.values[0]);
+      } else {
+        it->second.append(r.values[0]);
+      }
+      return {};
+    }
+    case Op::MultiGet: {
+      std::string out;
+      wire::Encoder encoder(out);
+      for (auto key : r.keys) {
+        auto it = data_.find(std::string(key));
+        encoder.bytes(it == data_.end() ? std::string_view() : it->second);
+      }
+      peer.send(out);
+      return {};
+    }
+    case Op::MultiSet:
+      for (size_t i = 0; i < r.keys.size(); ++i) setValue(r.keys[i], r.values[i]);
+      return {};
+    case Op::CancelWait:
+      cancelWaits(peer);
+      sendByte(peer, static_cast<uint8_t>(wire::WaitReply::WaitCanceled));
+      return {};
+    case Op::Ping: {
+      std::string out;
+      wire::Encoder(out).u32(r.word);
+      peer.send(out);
+      return {};
+    }
+    case Op::QueuePush: {
+      const std::string key(r.keys[0]);
+      queues_[key].emplace_back(r.values[0]);
+      wakeOne(key);  // one new item satisfies one blocked pop, as in PyTorch
+      return {};
+    }
+    case Op::QueuePop:
+      queuePop(peer, r);
+      return {};
+    case Op::QueueLen: {
+      auto it = queues_.find(std::string(r.keys[0]));
+      peer.send(encodeI64(it == queues_.end() ? 0 : static_cast<int64_t>(it->second.size())));
+      return {};
+    }
+  }
+  return "unhandled op";
+}
+
+std::string StoreEngine::add(Peer& peer, const wire::Request& r) {
+  const std::string key(r.keys[0]);
+  int64_t current = 0;
+  auto it = data_.find(key);
+  if (it != data_.end()) {
+    const std::string& text = it->second;
+    auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), current);
+    if (ec != std::errc() || end != text.data() + text.size())
+      return "ADD on key '" + key + "' whose value is not an integer";
+  }
+  const int64_t updated = current + r.number;
+  if (it == data_.end()) {
+    setValue(key, std::to_string(updated));
+  } else {
+    it->second = std::to_string(updated);
+  }
+  peer.send(encodeI64(updated));
+  return {};
+}
+
+void StoreEngine::queuePop(Peer& peer, const wire::Request& r) {
+  // Reply: int64 queue length before the pop, then the popped value when it was not empty.
+  // A blocking pop is the client's WAIT on the queue's key followed by this non-blocking pop.
+  auto it = queues_.find(std::string(r.keys[0]));
+  std::string out;
+  wire::Encoder encoder(out);
+  if (it == queues_.end() || it->second.empty()) {
+    encoder.i64(0);
+  } else {
+    encoder.i64(static_cast<int64_t>(it->second.size())).bytes(it->second.front());
+    it->second.pop_front();
+    if (it->second.empty()) queues_.erase(it);
+  }
+  peer.send(out);
+}
+
+void StoreEngine::setValue(std::string_view key, std::string_view value) {
+  auto [it, inserted] = data_.insert_or_assign(std::string(key), std::string(value));
+  if (inserted) keyAppeared(it->first);
+}
+
+void StoreEngine::wait(Peer& peer, const wire::Request& r) {
+  Waiter waiter{&peer, {}, 0};
+  for (auto key : r.keys) {
+    std::string k(key);
+    auto queue = queues_.find(k);
+    const bool present = data_.contains(k) || (queue != queues_.end() && !queue->second.empty());
+    if (!present && std::find(waiter.missing.begin(), waiter.missing.end(), k) ==
+                        waiter.missing.end()) {
+      waiter.missing.push_back(std::move(k));
+    }
+  }
+  if (waiter.missing.empty()) {
+    sendByte(peer, static_cast<uint8_t>(wire::WaitReply::StopWaiting));
+    return;
+  }
+  waiter.remaining = waiter.missing.size();
+  const uint64_t id = nextWaiterId_++;
+  for (const auto& key : waiter.missing) waitersByKey_[key].push_back(id);
+  waitersByPeer_[&peer].push_back(id);
+  waiters_.emplace(id, std::move(waiter));
+}
+
+void StoreEngine::keyAppeared(const std::string& key) {
+  auto byKey = waitersByKey_.find(key);
+  if (byKey == waitersByKey_.end()) return;
+  std::vector<uint64_t> ids = std::move(byKey->second);
+  waitersByKey_.erase(byKey);
+  for (uint64_t id : ids) keyArrivedFor(id);
+}
+
+void StoreEngine::keyArrivedFor(uint64_t id) {
+  auto it = waiters_.find(id);
+  if (it == waiters_.end() || --it->second.remaining > 0) return;
+  Peer* peer = it->second.peer;
+  forgetWaiter(id);
+  sendByte(*peer, static_cast<uint8_t>(wire::WaitReply::StopWaiting));
+}
+
+void StoreEngine::wakeOne(const std::string& key) {
+  auto byKey = waitersByKey_.find(key);
+  if (byKey == waitersByKey_.end()) return;
+  const uint64_t id = byKey->second.front();
+  byKey->second.erase(byKey->second.begin());
+  if (byKey->second.empty()) waitersByKey_.erase(byKey);
+  keyArrivedFor(id);
+}
+
+void StoreEngine::forgetWaiter(uint64_t id) {
+  auto it = waiters_.find(id);
+  if (it == waiters_.end()) return;
+  for (const auto& key : it->second.missing) {
+    auto byKey = waitersByKey_.find(key);
+    if (byKey == waitersByKey_.end()) continue;
+    std::erase(byKey->second, id);
+    if (byKey->second.empty()) waitersByKey_.erase(byKey);
+  }
+  auto byPeer = waitersByPeer_.find(it->second.peer);
+  if (byPeer != waitersByPeer_.end()) {
+    std::erase(byPeer->second, id);
+    if (byPeer->second.empty()) waitersByPeer_.erase(byPeer);
+  }
+  waiters_.erase(it);
+}
+
+void StoreEngine::cancelWaits(Peer& peer) {
+  auto byPeer = waitersByPeer_.find(&peer);
+  if (byPeer == waitersByPeer_.end()) return;
+  for (uint64_t id : std::vector<uint64_t>(byPeer->second)) forgetWaiter(id);
+}
+
+void StoreEngine::disconnect(Peer& peer) { cancelWaits(peer); }
+
+}  // namespace dlrun::rendezvous

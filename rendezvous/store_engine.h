@@ -1,0 +1,67 @@
+// The store's data and the meaning of every TCPStore op, free of I/O: the server feeds it
+// parsed requests and it answers through each peer's send(). Waiters are woken when their keys
+// appear, never by polling. Not thread-safe: the server drives it from its one io_context.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "rendezvous/wire.h"
+
+namespace dlrun::rendezvous {
+
+// A connected client as the engine sees it. Replies, immediate and deferred, go through send()
+// in the order the engine produces them.
+class Peer {
+ public:
+  virtual ~Peer() = default;
+  virtual void send(std::string_view bytes) = 0;
+};
+
+class StoreEngine {
+ public:
+  StoreEngine() = default;
+  StoreEngine(const StoreEngine&) = delete;
+  StoreEngine& operator=(const StoreEngine&) = delete;
+
+  // Applies one request from `peer`. Returns an empty string, or why the request is refused
+  // (the caller then drops the connection; the store is left unchanged).
+  std::string handle(Peer& peer, const wire::Request& request);
+
+  // Forgets every wait of a peer that went away. Must be called before the peer is destroyed.
+  void disconnect(Peer& peer);
+
+  size_t keyCount() const { return data_.size(); }
+  size_t waiterCount() const { return waiters_.size(); }
+
+ private:
+  struct Waiter {
+    Peer* peer;
+    std::vector<std::string> missing;  // keys not yet present when the wait began
+    size_t remaining;
+  };
+
+  void wait(Peer& peer, const wire::Request& request);
+  void cancelWaits(Peer& peer);
+  void keyAppeared(const std::string& key);  // wakes every waiter on the key
+  void wakeOne(const std::string& key);      // wakes the longest waiter on the key
+  void keyArrivedFor(uint64_t waiterId);     // one of its keys exists; reply when all do
+  void forgetWaiter(uint64_t id);
+  std::string add(Peer& peer, const wire::Request& request);
+  void queuePop(Peer& peer, const wire::Request& request);
+  void setValue(std::string_view key, std::string_view value);
+
+  std::unordered_map<std::string, std::string> data_;
+  std::unordered_map<std::string, std::deque<std::string>> queues_;
+  uint64_t nextWaiterId_ = 0;
+  std::unordered_map<uint64_t, Waiter> waiters_;
+  std::unordered_map<std::string, std::vector<uint64_t>> waitersByKey_;
+  std::unordered_map<Peer*, std::vector<uint64_t>> waitersByPeer_;
+};
+
+}  // namespace dlrun::rendezvous

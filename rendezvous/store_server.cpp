@@ -1,0 +1,272 @@
+// Exception safety: nothing here throws once the server is listening. Handlers take error
+// codes; a client that breaks the protocol or a limit is logged once and disconnected, and the
+// server and every other client carry on. Only the constructor throws (it cannot bind).
+//
+// Each session waits for readability, reads what is there into the server's scratch buffer,
+// runs every complete request through the engine, and flushes the replies with a non-blocking
+// write; only what the kernel does not take at once goes through async_write.
+#include "rendezvous/store_server.h"
+
+#include "common/asio.h"
+#include <unordered_map>
+
+#include "common/error.h"
+#include "common/log.h"
+#include "rendezvous/store_engine.h"
+
+namespace dlrun::rendezvous {
+
+namespace asio = boost::asio;
+using asio::ip::tcp;
+using boost::system::error_code;
+
+namespace detail {
+
+class Session;
+
+class ServerImpl : public std::enable_shared_from_this<ServerImpl> {
+ public:
+  ServerImpl(asio::io_context& io, StoreServerOptions options)
+      : io_(io), options_(std::move(options)), acceptor_(io), retryTimer_(io) {}
+
+  void listen();
+  void accept();
+  void stop();
+  void forget(Session* session);
+
+  asio::io_context& io() { return io_; }
+  const wire::Limits& limits() const { return options_.limits; }
+  StoreEngine& engine() { return engine_; }
+  std::string& scratch() { return scratch_; }
+
+  asio::io_context& io_;
+  StoreServerOptions options_;
+  tcp::acceptor acceptor_;
+  asio::steady_timer retryTimer_;
+  StoreEngine engine_;
+  std::unordered_map<Session*, std::shared_ptr<Session>> sessions_;
+  std::atomic<size_t> connectionCount_{0};
+  std::string scratch_ = std::string(256 * 1024, '\0');
+  tcp::endpoint bound_;
+  bool stopped_ = false;
+};
+
+class Session : public Peer, public std::enable_shared_from_this<Session> {
+ public:
+  Session(ServerImpl& server, tcp::socket socket) : server_(server), socket_(std::move(socket)) {
+    error_code ec;
+    auto remote = socket_.remote_endpoint(ec);
+    peerName_ = ec ? "unknown peer" : remote.address().to_string() + ":" +
+                                          std::to_string(remote.port());
+  }
+
+  void start() {
+    error_code ec;
+    socket_.non_blocking(true, ec);
+    socket_.set_option(tcp::no_delay(true), ec);
+    awaitReadable();
+  }
+
+  void send(std::string_view bytes) override {
+    if (closed_) return;
+    out_.append(bytes);
+    if (!batching_) flush();
+  }
+
+  // Ends the session; `reason` (when not empty) is logged as the one line about this client.
+  void close(const std::string& reason) {
+    if (closed_) return;
+    closed_ = true;
+    if (!reason.empty()) log::warn("disconnecting " + peerName_ + ": " + reason);
+    server_.engine().disconnect(*this);
+    error_code ec;
+    socket_.close(ec);
+    server_.forget(this);
+  }
+
+ private:
+  void awaitReadable() {
+    socket_.async_wait(tcp::socket::wait_read,
+                       [self = shared_from_this()](const error_code& ec) { self->onReadable(ec); });
+  }
+
+  void onReadable(const error_code& waitError) {
+    if (closed_) return;
+    if (waitError) return close("");
+    std::string& scratch = server_.scratch();
+    error_code ec;
+    const size_t n = socket_.read_some(asio::buffer(scratch), ec);
+    if (ec == asio::error::would_block || ec == asio::error::try_again) return awaitReadable();
+    if (ec) return close(ec == asio::error::eof ? "" : ec.message());
+
+    // Parse straight from the scratch buffer unless an earlier read left a partial request.
+    std::span<const char> data(scratch.data(), n);
+    if (!in_.empty()) {
+      in_.append(scratch.data(), n);
+      data = std::span<const char>(in_.data(), in_.size());
+    }
+    if (data.size() >= needed_ && !process(data)) return;
+    if (in_.size() + out_.size() > server_.limits().maxBufferedBytes)
+      return close("more than " + std::to_string(server_.limits().maxBufferedBytes) +
+                   " bytes buffered for this connection");
+    flush();
+    if (!closed_) awaitReadable();
+  }
+
+  // Runs every complete request in `data`; keeps the tail of an incomplete one in in_.
+  // Returns false when the session was closed.
+  bool process(std::span<const char> data) {
+    size_t pos = 0;
+    batching_ = true;
+    while (pos < data.size()) {
+      if (!era_) {
+        era_ = wire::detectEra(data.subspan(pos));
+        if (!era_) break;
+      }
+      auto result = wire::parseRequest(*era_, data.subspan(pos), server_.limits(), request_);
+      if (result.status == wire::ParseStatus::Incomplete) {
+        needed_ = result.needed;
+        break;
+      }
+      if (result.status == wire::ParseStatus::Invalid) {
+        close(result.error);
+        return false;
+      }
+      if (auto refused = server_.engine().handle(*this, request_); !refused.empty()) {
+        close(refused);
+        return false;
+      }
+      pos += result.consumed;
+      needed_ = 0;
+    }
+    batching_ = false;
+    const bool fromCarry = !in_.empty();
+    if (fromCarry) {
+      in_.erase(0, pos);
+    } else {
+      in_.assign(data.data() + pos, data.size() - pos);
+    }
+    if (in_.empty()) in_.shrink_to_fit();  // a finished large request gives its memory back
+    return true;
+  }
+
+  void flush() {
+    if (writing_ || out_.empty() || closed_) return;
+    error_code ec;
+    const size_t n = socket_.write_some(asio::buffer(out_), ec);
+    if (ec && ec != asio::error::would_block && ec != asio::error::try_again) {
+      // Close later: send() may run inside another session's request handling.
+      asio::post(server_.io(), [self = shared_from_this()] { self->close(""); });
+      return;
+    }
+    out_.erase(0, n);
+    if (out_.empty()) return;
+    writing_ = true;
+    sending_.swap(out_);
+    asio::async_write(socket_, asio::buffer(sending_),
+                      [self = shared_from_this()](const error_code& e, size_t) {
+                        self->writing_ = false;
+                        self->sending_.clear();
+                        if (e) return self->close("");
+                        self->flush();
+                      });
+  }
+
+  ServerImpl& server_;
+  tcp::socket socket_;
+  std::string peerName_;
+  std::optional<wire::Era> era_;
+  wire::Request request_;  // reused across requests to keep its vectors' capacity
+  std::string in_;         // bytes of an incomplete request
+  size_t needed_ = 0;      // in_ must reach this size before parsing again
+  std::string out_;        // replies not yet handed to the kernel
+  std::string sending_;    // replies owned by the async_write in flight
+  bool writing_ = false;
+  bool batching_ = false;
+  bool closed_ = false;
+};
+
+void ServerImpl::listen() {
+  error_code ec;
+  tcp::resolver resolver(io_);
+  auto endpoints = resolver.resolve(options_.host, std::to_string(options_.port),
+                                    tcp::resolver::passive | tcp::resolver::numeric_service, ec);
+  if (ec || endpoints.empty())
+    throw NetworkError("cannot resolve listen address '" + options_.host + "': " + ec.message());
+  const tcp::endpoint endpoint = endpoints.begin()->endpoint();
+  acceptor_.open(endpoint.protocol(), ec);
+  if (!ec) acceptor_.set_option(tcp::acceptor::reuse_address(true), ec);
+  if (!ec && endpoint.address().is_v6()) acceptor_.set_option(asio::ip::v6_only(false), ec);
+  if (!ec) acceptor_.bind(endpoint, ec);
+  if (!ec) acceptor_.listen(options_.backlog, ec);
+  if (ec)
+    throw NetworkError("cannot listen on " + options_.host + ":" +
+                       std::to_string(options_.port) + ": " + ec.message());
+  bound_ = acceptor_.local_endpoint();
+}
+
+void ServerImpl::accept() {
+  acceptor_.async_accept([self = shared_from_this()](const error_code& ec, tcp::socket socket) {
+    if (self->stopped_ || ec == asio::error::operation_aborted) return;
+    if (ec) {
+      // Out of file descriptors (or a transient error): back off instead of spinning.
+      log::warn("accept failed: " + ec.message());
+      self->retryTimer_.expires_after(std::chrono::milliseconds(50));
+      self->retryTimer_.async_wait([self](const error_code& e) {
+        if (!e && !self->stopped_) self->accept();
+      });
+      return;
+    }
+    auto session = std::make_shared<Session>(*self, std::move(socket));
+    self->sessions_.emplace(session.get(), session);
+    self->connectionCount_.store(self->sessions_.size());
+    session->start();
+    self->accept();
+  });
+}
+
+void ServerImpl::forget(Session* session) {
+  sessions_.erase(session);
+  connectionCount_.store(sessions_.size());
+}
+
+void ServerImpl::stop() {
+  if (stopped_) return;
+  stopped_ = true;
+  error_code ec;
+  acceptor_.close(ec);
+  retryTimer_.cancel();
+  std::vector<std::shared_ptr<Session>> all;
+  for (auto& [raw, session] : sessions_) all.push_back(session);
+  for (auto& session : all) session->close("");
+}
+
+}  // namespace detail
+
+StoreServer::StoreServer(asio::io_context& io, StoreServerOptions options)
+    : impl_(std::make_shared<detail::ServerImpl>(io, std::move(options))) {
+  impl_->listen();
+  impl_->accept();
+}
+
+StoreServer::~StoreServer() = default;
+
+uint16_t StoreServer::port() const { return impl_->bound_.port(); }
+
+std::string StoreServer::address() const { return impl_->bound_.address().to_string(); }
+
+void StoreServer::stop() { impl_->stop(); }
+
+size_t StoreServer::connectionCount() const { return impl_->connectionCount_.load(); }
+
+StoreServerThread::StoreServerThread(StoreServerOptions options)
+    : io_(std::make_unique<asio::io_context>(1)),
+      server_(std::make_unique<StoreServer>(*io_, std::move(options))),
+      thread_([this] { io_->run(); }) {}
+
+StoreServerThread::~StoreServerThread() {
+  asio::post(*io_, [this] { server_->stop(); });
+  thread_.join();
+}
+
+}  // namespace dlrun::rendezvous

@@ -1,0 +1,73 @@
+// The TCPStore-compatible server: one Boost.Asio io_context, one session per connection, no
+// thread per connection. An idle connection holds no buffers: sessions wait for readability
+// and read into one scratch buffer shared by the server (safe because one thread runs the
+// io_context), keeping only an incomplete request's bytes between reads.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "rendezvous/wire.h"
+
+namespace boost::asio {
+class io_context;
+}
+
+namespace dlrun::rendezvous {
+
+struct StoreServerOptions {
+  std::string host = "0.0.0.0";  // numeric address or name to bind; "::" for IPv6
+  uint16_t port = 0;             // 0 picks a free port; read it back with port()
+  wire::Limits limits;
+  int backlog = 4096;            // a barrier of thousands of clients connects at once
+};
+
+namespace detail {
+class ServerImpl;
+}
+
+class StoreServer {
+ public:
+  // Binds and listens at once, so port() is valid on return; serves while `io` runs.
+  // Throws NetworkError when the address cannot be bound.
+  StoreServer(boost::asio::io_context& io, StoreServerOptions options);
+  ~StoreServer();
+  StoreServer(const StoreServer&) = delete;
+  StoreServer& operator=(const StoreServer&) = delete;
+
+  uint16_t port() const;
+  std::string address() const;  // the bound numeric address
+
+  // Closes the listener and every connection; io.run() then returns once handlers drain.
+  // Call on the io_context's thread.
+  void stop();
+
+  // Safe from any thread.
+  size_t connectionCount() const;
+
+ private:
+  std::shared_ptr<detail::ServerImpl> impl_;
+};
+
+// A StoreServer with its own io_context on its own thread, for embedding the store in a
+// process whose main thread blocks elsewhere (the agent waiting on workers, tests).
+class StoreServerThread {
+ public:
+  explicit StoreServerThread(StoreServerOptions options);
+  ~StoreServerThread();  // stops the server and joins the thread
+  StoreServerThread(const StoreServerThread&) = delete;
+  StoreServerThread& operator=(const StoreServerThread&) = delete;
+
+  uint16_t port() const { return server_->port(); }
+  std::string address() const { return server_->address(); }
+  size_t connectionCount() const { return server_->connectionCount(); }
+
+ private:
+  std::unique_ptr<boost::asio::io_context> io_;
+  std::unique_ptr<StoreServer> server_;
+  std::thread thread_;
+};
+
+}  // namespace dlrun::rendezvous

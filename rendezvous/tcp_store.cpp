@@ -1,0 +1,254 @@
+#include "rendezvous/tcp_store.h"
+
+#include <unistd.h>
+
+#include <thread>
+
+#include "common/error.h"
+#include "rendezvous/backoff.h"
+#include "rendezvous/wire.h"
+
+namespace dlrun::rendezvous {
+namespace {
+
+using wire::Encoder;
+using wire::Era;
+using wire::Op;
+
+// A wait that timed out and was cancelled cleanly: the connection is still in step.
+class CancelledWait : public TimeoutError {
+ public:
+  using TimeoutError::TimeoutError;
+};
+
+// A reply longer than this is taken as a broken server rather than allocated.
+constexpr uint64_t kMaxReplyBytes = uint64_t{1} << 32;
+
+std::string request(Op op) {
+  std::string out;
+  Encoder(out).op(Era::V2, op);
+  return out;
+}
+
+std::string keysRequest(Op op, const std::vector<std::string>& keys) {
+  std::string out;
+  Encoder e(out);
+  e.op(Era::V2, op).u64(keys.size());
+  for (const auto& key : keys) e.bytes(key);
+  return out;
+}
+
+std::string keyRequest(Op op, const std::string& key) {
+  std::string out;
+  Encoder(out).op(Era::V2, op).bytes(key);
+  return out;
+}
+
+}  // namespace
+
+TcpStore::TcpStore(TcpStoreOptions options) : options_(std::move(options)) {
+  std::lock_guard lock(mutex_);
+  connect();
+}
+
+template <typename Fn>
+auto TcpStore::locked(Fn&& fn) {
+  std::lock_guard lock(mutex_);
+  if (!stream_.isOpen()) connect();
+  try {
+    return fn();
+  } catch (const CancelledWait&) {
+    throw;
+  } catch (...) {
+    stream_.close();
+    throw;
+  }
+}
+
+void TcpStore::connect() {
+  const auto deadline = Clock::now() + options_.connectTimeout;
+  ExponentialBackoff backoff;
+  while (true) {
+    try {
+      stream_ = TcpStream::connect(options_.host, options_.port, deadline);
+      std::string hello;
+      const uint32_t nonce = static_cast<uint32_t>(::getpid());
+      Encoder(hello).op(Era::V2, Op::Validate).u32(wire::kValidationMagic);
+      Encoder(hello).op(Era::V2, Op::Ping).u32(nonce);
+      stream_.writeAll(hello, deadline);
+      if (wire::loadU32(stream_.readExact(4, deadline).data()) != nonce)
+        throw ProtocolError("the store at " + options_.host + ":" +
+                            std::to_string(options_.port) + " answered PING with a wrong nonce");
+      return;
+    } catch (const NetworkError& e) {
+      stream_.close();
+      // Retrying covers a server that is still starting; the deadline bounds it.
+      const auto pause = backoff.next();
+      if (Clock::now() + pause >= deadline)
+        throw TimeoutError(std::string(e.what()) + " (gave up after " +
+                           std::to_string(options_.connectTimeout.count()) + " ms)");
+      std::this_thread::sleep_for(pause);
+    }
+  }
+}
+
+void TcpStore::send(const std::string& bytes) { stream_.writeAll(bytes, replyDeadline()); }
+
+uint8_t TcpStore::readU8() {
+  return static_cast<uint8_t>(stream_.readExact(1, replyDeadline())[0]);
+}
+
+int64_t TcpStore::readI64() {
+  return static_cast<int64_t>(wire::loadU64(stream_.readExact(8, replyDeadline()).data()));
+}
+
+std::string TcpStore::readBytes() {
+  const auto deadline = replyDeadline();
+  const uint64_t length = wire::loadU64(stream_.readExact(8, deadline).data());
+  if (length > kMaxReplyBytes)
+    throw ProtocolError("the store sent a reply of " + std::to_string(length) + " bytes");
+  return stream_.readExact(length, deadline);
+}
+
+void TcpStore::set(const std::string& key, const std::string& value) {
+  std::string out;
+  Encoder(out).op(Era::V2, Op::Set).bytes(key).bytes(value);
+  locked([&] { send(out); });
+}
+
+std::string TcpStore::get(const std::string& key) {
+  return locked([&] {
+    waitLocked({key}, options_.timeout);
+    send(keyRequest(Op::Get, key));
+    return readBytes();
+  });
+}
+
+int64_t TcpStore::add(const std::string& key, int64_t delta) {
+  std::string out;
+  Encoder(out).op(Era::V2, Op::Add).bytes(key).i64(delta);
+  return locked([&] {
+    send(out);
+    return readI64();
+  });
+}
+
+std::string TcpStore::compareSet(const std::string& key, const std::string& expected,
+                                 const std::string& desired) {
+  std::string out;
+  Encoder(out).op(Era::V2, Op::CompareSet).bytes(key).bytes(expected).bytes(desired);
+  return locked([&] {
+    send(out);
+    return readBytes();
+  });
+}
+
+bool TcpStore::deleteKey(const std::string& key) {
+  return locked([&] {
+    send(keyRequest(Op::DeleteKey, key));
+    return readI64() == 1;
+  });
+}
+
+bool TcpStore::check(const std::vector<std::string>& keys) {
+  return locked([&] {
+    send(keysRequest(Op::Check, keys));
+    return readU8() == static_cast<uint8_t>(wire::CheckReply::Ready);
+  });
+}
+
+void TcpStore::wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) {
+  locked([&] { waitLocked(keys, timeout); });
+}
+
+void TcpStore::waitLocked(const std::vector<std::string>& keys,
+                          std::chrono::milliseconds timeout) {
+  send(keysRequest(Op::Wait, keys));
+  try {
+    const uint8_t reply = static_cast<uint8_t>(stream_.readExact(1, Clock::now() + timeout)[0]);
+    if (reply != static_cast<uint8_t>(wire::WaitReply::StopWaiting))
+      throw ProtocolError("unexpected reply " + std::to_string(reply) + " to WAIT");
+    return;
+  } catch (const TimeoutError&) {
+  }
+  // Cancel so the server forgets this wait; it may have answered STOP_WAITING just before.
+  send(request(Op::CancelWait));
+  uint8_t reply = readU8();
+  if (reply == static_cast<uint8_t>(wire::WaitReply::StopWaiting)) reply = readU8();
+  if (reply != static_cast<uint8_t>(wire::WaitReply::WaitCanceled))
+    throw ProtocolError("unexpected reply " + std::to_string(reply) + " to CANCEL_WAIT");
+  throw CancelledWait("timed out after " + std::to_string(timeout.count()) +
+                     " ms waiting for store key(s) " + keys.front() +
+                     (keys.size() > 1 ? " and " + std::to_string(keys.size() - 1) + " more" : ""));
+}
+
+int64_t TcpStore::numKeys() {
+  return locked([&] {
+    send(request(Op::GetNumKeys));
+    return readI64();
+  });
+}
+
+void TcpStore::append(const std::string& key, const std::string& value) {
+  std::string out;
+  Encoder(out).op(Era::V2, Op::Append).bytes(key).bytes(value);
+  locked([&] { send(out); });
+}
+
+std::vector<std::string> TcpStore::multiGet(const std::vector<std::string>& keys) {
+  return locked([&] {
+    waitLocked(keys, options_.timeout);
+    send(keysRequest(Op::MultiGet, keys));
+    std::vector<std::string> values;
+    values.reserve(keys.size());
+    for (size_t i = 0; i < keys.size(); ++i) values.push_back(readBytes());
+    return values;
+  });
+}
+
+void TcpStore::multiSet(const std::vector<std::string>& keys,
+                        const std::vector<std::string>& values) {
+  if (keys.size() != values.size())
+    throw Error("multiSet: " + std::to_string(keys.size()) + " keys but " +
+                std::to_string(values.size()) + " values");
+  std::string out;
+  Encoder e(out);
+  e.op(Era::V2, Op::MultiSet).u64(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) e.bytes(keys[i]).bytes(values[i]);
+  locked([&] { send(out); });
+}
+
+void TcpStore::ping() {
+  const uint32_t nonce = static_cast<uint32_t>(::getpid());
+  std::string out;
+  Encoder(out).op(Era::V2, Op::Ping).u32(nonce);
+  locked([&] {
+    send(out);
+    if (wire::loadU32(stream_.readExact(4, replyDeadline()).data()) != nonce)
+      throw ProtocolError("the store answered PING with a wrong nonce");
+  });
+}
+
+void TcpStore::queuePush(const std::string& key, const std::string& value) {
+  std::string out;
+  Encoder(out).op(Era::V2, Op::QueuePush).bytes(key).bytes(value);
+  locked([&] { send(out); });
+}
+
+std::optional<std::string> TcpStore::queuePop(const std::string& key, bool block) {
+  return locked([&]() -> std::optional<std::string> {
+    if (block) waitLocked({key}, options_.timeout);
+    send(keyRequest(Op::QueuePop, key));
+    if (readI64() == 0) return std::nullopt;
+    return readBytes();
+  });
+}
+
+int64_t TcpStore::queueLen(const std::string& key) {
+  return locked([&] {
+    send(keyRequest(Op::QueueLen, key));
+    return readI64();
+  });
+}
+
+}  // namespace dlrun::rendezvous

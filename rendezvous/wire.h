@@ -1,0 +1,121 @@
+// The TCPStore wire vocabulary: op codes of both PyTorch eras, limits, era detection, the
+// request parser and the byte encoder. Pure functions over byte spans, no I/O, so the server,
+// the client, the benchmark and the fuzzer share one definition of the protocol.
+//
+// Framing (PyTorch TCPStore): a request is one uint8 op code then its fields. A string or byte
+// array is a uint64 length then the bytes; integers are raw little-endian.
+//
+// Eras:
+//  - V1, PyTorch 1.x (tested against Debian's torch 1.13) and 2.0/2.1: no handshake,
+//    SET=0 COMPARE_SET=1 GET=2 ADD=3 CHECK=4 WAIT=5 GETNUMKEYS=6 WATCH_KEY=7 DELETE_KEY=8,
+//    and from 2.0 APPEND=9 MULTI_GET=10 MULTI_SET=11 CANCEL_WAIT=12.
+//  - V2, PyTorch 2.x from the VALIDATE handshake on, numbering of
+//    torch/csrc/distributed/c10d/TCPStoreBackend.hpp as of release v2.8 (the first with the
+//    queue ops): VALIDATE=0 (+ uint32 magic 0x3C85F7CE, the first request of every
+//    connection, no reply) SET=1 COMPARE_SET=2 GET=3 ADD=4 CHECK=5 WAIT=6 GETNUMKEYS=7
+//    DELETE_KEY=8 APPEND=9 MULTI_GET=10 MULTI_SET=11 CANCEL_WAIT=12 PING=13 QUEUE_PUSH=14
+//    QUEUE_POP=15 QUEUE_LEN=16.
+// A connection whose first five bytes are VALIDATE + magic speaks V2; any other opening is V1.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace dlrun::wire {
+
+enum class Era : uint8_t { V1, V2 };
+
+// Era-independent names for the operations; the numbering on the wire depends on the era.
+enum class Op : uint8_t {
+  Validate,
+  Set,
+  CompareSet,
+  Get,
+  Add,
+  Check,
+  Wait,
+  GetNumKeys,
+  WatchKey,
+  DeleteKey,
+  Append,
+  MultiGet,
+  MultiSet,
+  CancelWait,
+  Ping,
+  QueuePush,
+  QueuePop,
+  QueueLen,
+};
+
+std::optional<Op> decodeOp(Era era, uint8_t code);
+uint8_t encodeOp(Era era, Op op);  // throws ProtocolError for an op the era lacks
+std::string_view opName(Op op);
+
+inline constexpr uint32_t kValidationMagic = 0x3C85F7CE;
+
+enum class CheckReply : uint8_t { Ready = 0, NotReady = 1 };
+enum class WaitReply : uint8_t { StopWaiting = 0, WaitCanceled = 1 };
+
+// Checked on every length field before anything is allocated for it.
+struct Limits {
+  uint64_t maxKeyBytes = 8 * 1024;
+  uint64_t maxValueBytes = 16 * 1024 * 1024;
+  uint64_t maxKeysPerOp = 128 * 1024;
+  // Input waiting to be parsed plus output waiting to be sent, per connection.
+  uint64_t maxBufferedBytes = 64 * 1024 * 1024;
+};
+
+// Decides the era from a connection's first bytes; nullopt while too few bytes have arrived.
+// When the answer is V2 the opening VALIDATE request is still in `in` for the parser.
+std::optional<Era> detectEra(std::span<const char> in);
+
+// One parsed request. Views point into the parsed buffer and live as long as it does.
+struct Request {
+  Op op = Op::Ping;
+  std::vector<std::string_view> keys;    // every op's key(s), in wire order
+  std::vector<std::string_view> values;  // SET/APPEND/QUEUE_PUSH: 1; COMPARE_SET: expected,
+                                         // desired; MULTI_SET: one per key
+  int64_t number = 0;                    // ADD's delta
+  uint32_t word = 0;                     // VALIDATE's magic, PING's nonce
+
+  void clear();
+};
+
+enum class ParseStatus { Complete, Incomplete, Invalid };
+
+struct ParseResult {
+  ParseStatus status;
+  size_t consumed = 0;  // bytes of the request when Complete
+  size_t needed = 0;    // when Incomplete: the size known so far that `in` must reach first
+  std::string error;    // what is wrong when Invalid
+};
+
+// Parses the first request in `in`. Incomplete means more bytes are needed; Invalid means the
+// peer broke the protocol or a limit, and the connection should be dropped.
+ParseResult parseRequest(Era era, std::span<const char> in, const Limits& limits, Request& out);
+
+// Appends wire fields to a byte string: used for replies and for client requests alike.
+class Encoder {
+ public:
+  explicit Encoder(std::string& out) : out_(out) {}
+  Encoder& op(Era era, Op op);
+  Encoder& u8(uint8_t value);
+  Encoder& u32(uint32_t value);
+  Encoder& u64(uint64_t value);
+  Encoder& i64(int64_t value);
+  Encoder& bytes(std::string_view value);  // uint64 length, then the bytes
+
+ private:
+  std::string& out_;
+};
+
+// Reads little-endian integers from raw bytes (for clients decoding replies).
+uint64_t loadU64(const char* bytes);
+uint32_t loadU32(const char* bytes);
+
+}  // namespace dlrun::wire
