@@ -1,9 +1,8 @@
 #include "launcher/dlrund_cli.h"
 
 #include <CLI/CLI.hpp>
-#include <iostream>
 
-#include "common/error.h"
+#include "launcher/cli_common.h"
 #include "launcher/version.h"
 
 namespace dlrun::launcher {
@@ -36,20 +35,9 @@ DlrundParse parseDlrundArgs(const std::vector<std::string>& args) {
                  "Most bytes held per connection (unparsed input plus unsent replies)")
       ->check(CLI::PositiveNumber);
   app.add_flag("-v,--verbose", result.config.verbose, "Log every connection event");
-  app.set_version_flag("--version", std::string("dlrund ") + kVersion);
+  app.set_version_flag("--version", kVersion);
 
-  std::vector<std::string> reversed(args.rbegin(), args.rend());
-  try {
-    app.parse(reversed);
-  } catch (const CLI::CallForHelp&) {
-    std::cout << app.help();
-    result.exitCode = 0;
-  } catch (const CLI::CallForVersion&) {
-    std::cout << "dlrund " << kVersion << "\n";
-    result.exitCode = 0;
-  } catch (const CLI::ParseError& e) {
-    throw ConfigError(e.what());
-  }
+  result.exitCode = parseCommandLine(app, args, kVersion);
   return result;
 }
 

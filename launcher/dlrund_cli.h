@@ -15,8 +15,8 @@ struct DlrundConfig {
   bool verbose = false;
 };
 
-// Throws ConfigError with a one-line message for bad flags. Returns nullopt-like `exitCode`
-// when the run should end at once (--help, --version), after printing to stdout.
+// Throws ConfigError with a one-line message for bad flags. `exitCode` is set when the run
+// should end at once (--help, --version, already printed).
 struct DlrundParse {
   DlrundConfig config;
   std::optional<int> exitCode;

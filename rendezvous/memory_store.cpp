@@ -32,7 +32,8 @@ int64_t MemoryStore::add(const std::string& key, int64_t delta) {
       if (ec != std::errc() || end != text.data() + text.size())
         throw Error("add: the value of key '" + key + "' is not an integer");
     }
-    value += delta;
+    if (__builtin_add_overflow(value, delta, &value))
+      throw Error("add: the value of key '" + key + "' would overflow a 64-bit integer");
     data_[key] = std::to_string(value);
   }
   changed_.notify_all();
@@ -96,9 +97,7 @@ std::vector<std::string> MemoryStore::multiGet(const std::vector<std::string>& k
 
 void MemoryStore::multiSet(const std::vector<std::string>& keys,
                            const std::vector<std::string>& values) {
-  if (keys.size() != values.size())
-    throw Error("multiSet: " + std::to_string(keys.size()) + " keys but " +
-                std::to_string(values.size()) + " values");
+  requireSameLength(keys, values);
   {
     std::lock_guard lock(mutex_);
     for (size_t i = 0; i < keys.size(); ++i) data_[keys[i]] = values[i];

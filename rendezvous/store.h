@@ -40,6 +40,11 @@ class Store {
   // Throws Error when the two lists differ in length.
   virtual void multiSet(const std::vector<std::string>& keys,
                         const std::vector<std::string>& values) = 0;
+
+ protected:
+  // Throws Error unless multiSet got as many values as keys.
+  static void requireSameLength(const std::vector<std::string>& keys,
+                                const std::vector<std::string>& values);
 };
 
 }  // namespace dlrun::rendezvous

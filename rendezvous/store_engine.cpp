@@ -141,7 +141,9 @@ std::string StoreEngine::add(Peer& peer, const wire::Request& r) {
     if (ec != std::errc() || end != text.data() + text.size())
       return "ADD on key '" + key + "' whose value is not an integer";
   }
-  const int64_t updated = current + r.number;
+  int64_t updated = 0;
+  if (__builtin_add_overflow(current, r.number, &updated))
+    return "ADD on key '" + key + "' overflows a 64-bit integer";
   if (it == data_.end()) {
     setValue(key, std::to_string(updated));
   } else {

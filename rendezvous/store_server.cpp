@@ -7,6 +7,8 @@
 // write; only what the kernel does not take at once goes through async_write.
 #include "rendezvous/store_server.h"
 
+#include <fcntl.h>
+
 #include "common/asio.h"
 #include <unordered_map>
 
@@ -21,6 +23,10 @@ using asio::ip::tcp;
 using boost::system::error_code;
 
 namespace detail {
+
+// Asio opens sockets without close-on-exec; workers the agent starts must not inherit them, or
+// a closed connection would stay open in every worker.
+void keepFromChildren(int fd) { ::fcntl(fd, F_SETFD, ::fcntl(fd, F_GETFD) | FD_CLOEXEC); }
 
 class Session;
 
@@ -61,6 +67,8 @@ class Session : public Peer, public std::enable_shared_from_this<Session> {
   }
 
   void start() {
+    log::debug("connection from " + peerName_);
+    keepFromChildren(socket_.native_handle());
     error_code ec;
     socket_.non_blocking(true, ec);
     socket_.set_option(tcp::no_delay(true), ec);
@@ -77,7 +85,11 @@ class Session : public Peer, public std::enable_shared_from_this<Session> {
   void close(const std::string& reason) {
     if (closed_) return;
     closed_ = true;
-    if (!reason.empty()) log::warn("disconnecting " + peerName_ + ": " + reason);
+    if (!reason.empty()) {
+      log::warn("disconnecting " + peerName_ + ": " + reason);
+    } else {
+      log::debug("connection from " + peerName_ + " closed");
+    }
     server_.engine().disconnect(*this);
     error_code ec;
     socket_.close(ec);
@@ -106,9 +118,7 @@ class Session : public Peer, public std::enable_shared_from_this<Session> {
       data = std::span<const char>(in_.data(), in_.size());
     }
     if (data.size() >= needed_ && !process(data)) return;
-    if (in_.size() + out_.size() > server_.limits().maxBufferedBytes)
-      return close("more than " + std::to_string(server_.limits().maxBufferedBytes) +
-                   " bytes buffered for this connection");
+    if (in_.size() + out_.size() > server_.limits().maxBufferedBytes) return close(overLimit());
     flush();
     if (!closed_) awaitReadable();
   }
@@ -138,6 +148,10 @@ class Session : public Peer, public std::enable_shared_from_this<Session> {
       }
       pos += result.consumed;
       needed_ = 0;
+      if (out_.size() > server_.limits().maxBufferedBytes) {
+        close(overLimit());
+        return false;
+      }
     }
     batching_ = false;
     const bool fromCarry = !in_.empty();
@@ -148,6 +162,11 @@ class Session : public Peer, public std::enable_shared_from_this<Session> {
     }
     if (in_.empty()) in_.shrink_to_fit();  // a finished large request gives its memory back
     return true;
+  }
+
+  std::string overLimit() const {
+    return "more than " + std::to_string(server_.limits().maxBufferedBytes) +
+           " bytes buffered for this connection (unread replies or an oversized request)";
   }
 
   void flush() {
@@ -199,6 +218,7 @@ void ServerImpl::listen() {
   if (!ec && endpoint.address().is_v6()) acceptor_.set_option(asio::ip::v6_only(false), ec);
   if (!ec) acceptor_.bind(endpoint, ec);
   if (!ec) acceptor_.listen(options_.backlog, ec);
+  if (!ec) keepFromChildren(acceptor_.native_handle());
   if (ec)
     throw NetworkError("cannot listen on " + options_.host + ":" +
                        std::to_string(options_.port) + ": " + ec.message());

@@ -208,9 +208,7 @@ std::vector<std::string> TcpStore::multiGet(const std::vector<std::string>& keys
 
 void TcpStore::multiSet(const std::vector<std::string>& keys,
                         const std::vector<std::string>& values) {
-  if (keys.size() != values.size())
-    throw Error("multiSet: " + std::to_string(keys.size()) + " keys but " +
-                std::to_string(values.size()) + " values");
+  requireSameLength(keys, values);
   std::string out;
   Encoder e(out);
   e.op(Era::V2, Op::MultiSet).u64(keys.size());

@@ -1,0 +1,328 @@
+// The agent's state machine. One io_context, one thread; every event is a handler:
+//
+//   Running --a worker fails--------------------> Stopping(failure)
+//   Running --SIGINT/TERM/HUP/QUIT--------------> Stopping(signal)
+//   Running --every worker exited 0-------------> Finished(0)
+//   Stopping --last worker reaped---------------> Running (restart, a new rendezvous round)
+//                                                 | Finished(root cause's code, or 128+signal)
+//
+// SIGCHLD drives reaping (waitpid(-1) also reaps descendants re-parented to this subreaper);
+// SIGUSR1/SIGUSR2 are forwarded to every worker's process group and change nothing else.
+// Stopping sends SIGTERM (or the terminating signal) to each group, then SIGKILL after the
+// grace period. Worker output is pumped by StreamPump on the same io_context.
+#include "agents/agent.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+
+#include "agents/failure_report.h"
+#include "agents/output.h"
+#include "agents/process.h"
+#include "agents/worker_env.h"
+#include "common/asio.h"
+#include "common/error.h"
+#include "common/log.h"
+
+namespace dlrun::agents {
+
+namespace asio = boost::asio;
+namespace fs = std::filesystem;
+
+Streams StreamsByRank::forRank(int localRank) const {
+  auto it = byRank.find(localRank);
+  return it == byRank.end() ? all : it->second;
+}
+
+namespace detail {
+namespace {
+
+bool includes(Streams streams, Streams one) {
+  return (static_cast<int>(streams) & static_cast<int>(one)) != 0;
+}
+
+int openLog(const fs::path& path) {
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw Error("cannot write log file " + path.string() + ": " + std::strerror(errno));
+  return fd;
+}
+
+}  // namespace
+
+struct Worker {
+  int localRank = 0;
+  int rank = 0;
+  pid_t pid = -1;
+  bool alive = false;
+  ExitStatus status;
+  std::string errorFile;
+  std::unique_ptr<StreamPump> out, err;
+};
+
+class AgentImpl {
+ public:
+  AgentImpl(AgentOptions options, rendezvous::Rendezvous& rendezvous)
+      : options_(std::move(options)),
+        rendezvous_(rendezvous),
+        signals_(io_),
+        stopTimer_(io_),
+        inherited_(currentEnvironment()) {}
+
+  int run() {
+    becomeSubreaper();
+    // Registered before any worker starts, so no exit or signal can be missed.
+    for (int sig : {SIGCHLD, SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2})
+      signals_.add(sig);
+    awaitSignal();
+    prepareLogRoot();
+    if (options_.nprocPerNode > 1 && !inherited_.contains("OMP_NUM_THREADS"))
+      log::info("setting OMP_NUM_THREADS=1 for each worker to avoid overloading the CPUs; "
+                "set it yourself to tune");
+    startAttempt();
+    io_.run();
+    cleanUpLogRoot();
+    return exitCode_;
+  }
+
+ private:
+  enum class State { Running, Stopping, Finished };
+
+  void awaitSignal() {
+    signals_.async_wait([this](const boost::system::error_code& ec, int sig) {
+      if (ec) return;
+      onSignal(sig);
+      if (state_ != State::Finished) awaitSignal();
+    });
+  }
+
+  void onSignal(int sig) {
+    if (sig == SIGCHLD) return reap();
+    if (sig == SIGUSR1 || sig == SIGUSR2) return signalWorkers(sig);
+    if (state_ == State::Stopping && stopSignal_) {
+      signalWorkers(SIGKILL);  // a second terminating signal: no more patience
+      return;
+    }
+    log::info("received " + signalName(sig) + ", stopping workers");
+    stopSignal_ = sig;
+    stop(sig);
+  }
+
+  void startAttempt() {
+    state_ = State::Running;
+    failure_.reset();
+    otherFailures_ = 0;
+    const rendezvous::World world = rendezvous_.next();
+    runId_ = world.runId;
+    const fs::path attemptDir = logRoot_ / runId_ / ("attempt_" + std::to_string(restarts_));
+    workers_.clear();
+    try {
+      for (int local = 0; local < options_.nprocPerNode; ++local)
+        workers_.push_back(startWorker(world, attemptDir, local));
+    } catch (const Error& e) {
+      log::info(std::string("error: ") + e.what());
+      exitCode_ = 127;
+      signalWorkers(SIGKILL);
+      state_ = State::Stopping;
+      launchFailed_ = true;
+      if (liveWorkers() == 0) finish(exitCode_);
+    }
+  }
+
+  std::unique_ptr<Worker> startWorker(const rendezvous::World& world, const fs::path& attemptDir,
+                                      int local) {
+    auto w = std::make_unique<Worker>();
+    w->localRank = local;
+    w->rank = world.baseRank + local;
+    const fs::path dir = attemptDir / std::to_string(local);
+    fs::create_directories(dir);
+    w->errorFile = (dir / "error.json").string();
+
+    WorkerSpec spec{options_.role, options_.maxRestarts, restarts_, w->errorFile};
+    const Streams toFile = static_cast<Streams>(
+        static_cast<int>(options_.redirects.forRank(local)) |
+        static_cast<int>(options_.tee.forRank(local)));
+    const Streams fileOnly = options_.redirects.forRank(local);
+    const bool shown = !options_.localRanksFilter || options_.localRanksFilter->contains(local);
+    const std::string prefix =
+        expandPrefix(options_.logLinePrefixTemplate, w->rank, local, options_.role);
+
+    auto target = [&](Streams which, int console, const char* file, size_t keep) {
+      OutputTarget t;
+      t.consoleFd = shown && !includes(fileOnly, which) ? console : -1;
+      t.prefix = prefix;
+      t.fileFd = includes(toFile, which) ? openLog(dir / file) : -1;
+      t.keepLines = keep;
+      if (t.fileFd >= 0) keepLogRoot_ = true;
+      return t;
+    };
+    OutputTarget out = target(Streams::Out, STDOUT_FILENO, "stdout.log", 0);
+    OutputTarget err = target(Streams::Err, STDERR_FILENO, "stderr.log", kReportLines);
+    // A stream shown as it is needs no pipe; stderr is always piped for the failure report.
+    const bool pipeOut = out.consoleFd < 0 || out.fileFd >= 0 || !prefix.empty();
+
+    SpawnRequest request;
+    request.argv = options_.command;
+    request.envp = toEnvp(workerEnvironment(inherited_, world, spec, local));
+    request.pipeStdout = pipeOut;
+    request.pipeStderr = true;
+    SpawnedProcess p;
+    try {
+      p = spawnProcess(request);
+    } catch (...) {
+      if (out.fileFd >= 0) ::close(out.fileFd);
+      if (err.fileFd >= 0) ::close(err.fileFd);
+      throw;
+    }
+    w->pid = p.pid;
+    w->alive = true;
+    if (p.stdoutFd >= 0) {
+      w->out = std::make_unique<StreamPump>(io_, p.stdoutFd, std::move(out));
+      w->out->start();
+    }
+    w->err = std::make_unique<StreamPump>(io_, p.stderrFd, std::move(err));
+    w->err->start();
+    return w;
+  }
+
+  void reap() {
+    int status = 0;
+    pid_t pid;
+    while ((pid = ::waitpid(-1, &status, WNOHANG)) > 0) {
+      for (auto& w : workers_) {
+        if (w->pid == pid && w->alive) onWorkerExit(*w, ExitStatus::fromWaitStatus(status));
+      }
+    }
+  }
+
+  void onWorkerExit(Worker& w, ExitStatus status) {
+    w.alive = false;
+    w.status = status;
+    if (w.out) w.out->drain();
+    w.err->drain();
+    if (state_ == State::Running && !status.success()) {
+      recordFailure(w);
+      stop(SIGTERM);
+    } else if (state_ == State::Stopping && !status.success() && !stopSignal_) {
+      ++otherFailures_;  // may be collateral of our SIGTERM; counted, not blamed
+    }
+    if (liveWorkers() > 0) return;
+    if (state_ == State::Running) return finish(0);
+    if (state_ == State::Stopping) onStopped();
+  }
+
+  void recordFailure(const Worker& w) {
+    failure_ = WorkerFailure{w.rank, w.localRank, w.status, readErrorFile(w.errorFile),
+                             w.err->lastLines()};
+  }
+
+  size_t liveWorkers() const {
+    size_t n = 0;
+    for (const auto& w : workers_) n += w->alive ? 1 : 0;
+    return n;
+  }
+
+  void signalWorkers(int sig) {
+    for (const auto& w : workers_) {
+      if (w->alive) ::kill(-w->pid, sig);
+    }
+  }
+
+  void stop(int sig) {
+    state_ = State::Stopping;
+    signalWorkers(sig);
+    if (liveWorkers() == 0) return onStopped();
+    stopTimer_.expires_after(options_.stopTimeout);
+    stopTimer_.async_wait([this](const boost::system::error_code& ec) {
+      if (ec) return;
+      for (const auto& w : workers_) {
+        if (w->alive)
+          log::info("rank " + std::to_string(w->rank) + " did not stop within " +
+                    std::to_string(options_.stopTimeout.count()) + " ms; sending SIGKILL");
+      }
+      signalWorkers(SIGKILL);
+    });
+  }
+
+  void onStopped() {
+    stopTimer_.cancel();
+    // Whatever the workers left behind in their process groups goes with them.
+    for (const auto& w : workers_) ::kill(-w->pid, SIGKILL);
+    if (launchFailed_) return finish(exitCode_);
+    if (stopSignal_) return finish(128 + *stopSignal_);
+    if (restarts_ < options_.maxRestarts) {
+      ++restarts_;
+      log::info("worker group failed (rank " + std::to_string(failure_->rank) + ", " +
+                failure_->status.describe() + "); restarting, attempt " +
+                std::to_string(restarts_) + " of " + std::to_string(options_.maxRestarts));
+      return startAttempt();
+    }
+    const std::string report = formatFailureReport(*failure_, restarts_, otherFailures_);
+    [[maybe_unused]] auto n = ::write(STDERR_FILENO, report.data(), report.size());
+    finish(failure_->status.shellCode());
+  }
+
+  void finish(int code) {
+    state_ = State::Finished;
+    exitCode_ = code;
+    stopTimer_.cancel();
+    signals_.cancel();
+    io_.stop();
+  }
+
+  void prepareLogRoot() {
+    if (options_.logDir) {
+      logRoot_ = *options_.logDir;
+      keepLogRoot_ = true;
+      return;
+    }
+    std::string pattern = (fs::temp_directory_path() / "dlrun-XXXXXX").string();
+    if (::mkdtemp(pattern.data()) == nullptr)
+      throw Error("cannot create a temporary directory for worker error files: " +
+                  std::string(std::strerror(errno)));
+    logRoot_ = pattern;
+  }
+
+  void cleanUpLogRoot() {
+    if (keepLogRoot_) {
+      if (!options_.logDir) log::info("worker logs are in " + logRoot_.string());
+      return;
+    }
+    std::error_code ec;
+    fs::remove_all(logRoot_, ec);
+  }
+
+  static constexpr size_t kReportLines = 20;
+
+  AgentOptions options_;
+  rendezvous::Rendezvous& rendezvous_;
+  asio::io_context io_{1};
+  asio::signal_set signals_;
+  asio::steady_timer stopTimer_;
+  const Environment inherited_;
+  State state_ = State::Running;
+  std::vector<std::unique_ptr<Worker>> workers_;
+  std::optional<WorkerFailure> failure_;
+  int otherFailures_ = 0;
+  std::optional<int> stopSignal_;
+  bool launchFailed_ = false;
+  int restarts_ = 0;
+  int exitCode_ = 0;
+  std::string runId_;
+  fs::path logRoot_;
+  bool keepLogRoot_ = false;
+};
+
+}  // namespace detail
+
+Agent::Agent(AgentOptions options, rendezvous::Rendezvous& rendezvous)
+    : impl_(std::make_unique<detail::AgentImpl>(std::move(options), rendezvous)) {}
+
+Agent::~Agent() = default;
+
+int Agent::run() { return impl_->run(); }
+
+}  // namespace dlrun::agents

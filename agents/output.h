@@ -1,0 +1,89 @@
+// Worker output: each captured stream is read as it arrives, cut into lines, shown on the
+// console with a rank prefix (one write per line, so ranks never interleave mid-line), copied
+// raw to the rank's log file, and its last lines kept for the failure report.
+#pragma once
+
+#include <deque>
+#include <memory>
+#include <string>
+#include <string_view>
+
+namespace boost::asio {
+class io_context;
+}
+
+namespace dlrun::agents {
+
+// Cuts a byte stream into lines; a line longer than the limit is passed on in pieces.
+class LineSplitter {
+ public:
+  explicit LineSplitter(size_t maxLine = 64 * 1024) : maxLine_(maxLine) {}
+  // Calls emit(line) for each complete line (without its '\n').
+  template <typename Emit>
+  void feed(std::string_view bytes, Emit&& emit);
+  // The unterminated rest, if any, as a last line.
+  template <typename Emit>
+  void finish(Emit&& emit);
+
+ private:
+  size_t maxLine_;
+  std::string partial_;
+};
+
+// Expands ${rank}, ${local_rank} and ${role_name} in a prefix template.
+std::string expandPrefix(const std::string& pattern, int rank, int localRank,
+                         const std::string& role);
+
+struct OutputTarget {
+  int consoleFd = -1;  // STDOUT_FILENO or STDERR_FILENO; -1 hides the stream from the console
+  std::string prefix;  // prepended to each console line
+  int fileFd = -1;     // log file receiving the raw bytes; -1 for none (the pump owns it)
+  size_t keepLines = 0;
+};
+
+class StreamPump {
+ public:
+  // Takes ownership of `fd` (non-blocking) and of target.fileFd.
+  StreamPump(boost::asio::io_context& io, int fd, OutputTarget target);
+  ~StreamPump();
+  StreamPump(const StreamPump&) = delete;
+  StreamPump& operator=(const StreamPump&) = delete;
+
+  void start();
+  // Reads what is already in the pipe, emits the unterminated rest, stops reading and closes.
+  // Called when the worker has been reaped: its children may keep the pipe open forever.
+  void drain();
+  const std::deque<std::string>& lastLines() const;
+
+ private:
+  struct Impl;
+  std::shared_ptr<Impl> impl_;
+};
+
+template <typename Emit>
+void LineSplitter::feed(std::string_view bytes, Emit&& emit) {
+  while (!bytes.empty()) {
+    const size_t newline = bytes.find('\n');
+    const size_t take = newline == std::string_view::npos ? bytes.size() : newline;
+    partial_.append(bytes.substr(0, take));
+    if (newline != std::string_view::npos) {
+      emit(std::string_view(partial_));
+      partial_.clear();
+      bytes.remove_prefix(take + 1);
+      continue;
+    }
+    bytes.remove_prefix(take);
+    if (partial_.size() >= maxLine_) {
+      emit(std::string_view(partial_));
+      partial_.clear();
+    }
+  }
+}
+
+template <typename Emit>
+void LineSplitter::finish(Emit&& emit) {
+  if (!partial_.empty()) emit(std::string_view(partial_));
+  partial_.clear();
+}
+
+}  // namespace dlrun::agents

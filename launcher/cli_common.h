@@ -1,0 +1,20 @@
+// What the dlrun and dlrund command lines share: parsing with CLI11 under one error policy.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace CLI {
+class App;
+}
+
+namespace dlrun::launcher {
+
+// Parses args (without argv[0]). --help and --version print to stdout and return the exit code
+// to end with (0); a bad flag throws ConfigError with CLI11's one-line message; otherwise
+// returns nullopt and the app's bound variables hold the values.
+std::optional<int> parseCommandLine(CLI::App& app, const std::vector<std::string>& args,
+                                    const std::string& version);
+
+}  // namespace dlrun::launcher

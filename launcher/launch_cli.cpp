@@ -1,0 +1,303 @@
+#include "launcher/launch_cli.h"
+
+#include <sched.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <charconv>
+#include <cstdlib>
+#include <filesystem>
+
+#include "common/error.h"
+#include "launcher/cli_common.h"
+#include "launcher/version.h"
+
+namespace dlrun::launcher {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::optional<int> toInt(std::string_view text) {
+  int value = 0;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (ec != std::errc() || end != text.data() + text.size()) return std::nullopt;
+  return value;
+}
+
+std::vector<std::string> split(const std::string& text, char separator) {
+  std::vector<std::string> parts;
+  size_t start = 0;
+  while (true) {
+    size_t end = text.find(separator, start);
+    parts.push_back(text.substr(start, end - start));
+    if (end == std::string::npos) return parts;
+    start = end + 1;
+  }
+}
+
+std::optional<agents::Streams> toStreams(std::string_view text) {
+  auto value = toInt(text);
+  if (!value || *value < 0 || *value > 3) return std::nullopt;
+  return static_cast<agents::Streams>(*value);
+}
+
+// torchrun's spellings of a flag: "-x,--dashed-name,--dashed_name", and its PET_ variable.
+struct Spellings {
+  std::string names;
+  std::string env;
+};
+
+Spellings spellings(const std::string& dashed, const std::string& shortName) {
+  std::string underscored = dashed;
+  std::replace(underscored.begin(), underscored.end(), '-', '_');
+  Spellings s;
+  s.names = shortName.empty() ? "" : shortName + ",";
+  s.names += "--" + dashed;
+  if (underscored != dashed) s.names += ",--" + underscored;
+  s.env = "PET_" + underscored;
+  std::transform(s.env.begin(), s.env.end(), s.env.begin(), ::toupper);
+  return s;
+}
+
+template <typename T>
+CLI::Option* addOption(CLI::App& app, const std::string& dashed, T& target,
+                       const std::string& help, const std::string& shortName = "") {
+  auto s = spellings(dashed, shortName);
+  return app.add_option(s.names, target, help)->envname(s.env);
+}
+
+CLI::Option* addFlag(CLI::App& app, const std::string& dashed, bool& target,
+                     const std::string& help, const std::string& shortName = "") {
+  auto s = spellings(dashed, shortName);
+  return app.add_flag(s.names, target, help)->envname(s.env);
+}
+
+bool isExecutableFile(const std::string& path) {
+  std::error_code ec;
+  return fs::is_regular_file(path, ec) && ::access(path.c_str(), X_OK) == 0;
+}
+
+std::vector<std::string> resolveCommand(const std::string& entry,
+                                        const std::vector<std::string>& args, bool module,
+                                        bool noPython, const HostProbe& host) {
+  auto withArgs = [&](std::vector<std::string> head) {
+    head.insert(head.end(), args.begin(), args.end());
+    return head;
+  };
+  if (module) return withArgs({host.pythonExec, "-u", "-m", entry});
+  if (!noPython && entry == "train") {
+    const std::string trainer = host.selfDir + "/dlrun-train";
+    if (!host.fileExists(trainer))
+      throw ConfigError("the bundled trainer is missing: " + trainer + " does not exist");
+    return withArgs({trainer});
+  }
+  const bool isPath = entry.find('/') != std::string::npos;
+  if (host.fileExists(entry)) {
+    const bool python = !noPython && (entry.ends_with(".py") || !isExecutableFile(entry));
+    if (python) return withArgs({host.pythonExec, "-u", entry});
+    return withArgs({isPath ? entry : "./" + entry});
+  }
+  if (!isPath) {
+    if (auto found = host.findOnPath(entry)) return withArgs({*found});
+  }
+  throw ConfigError("entry point '" + entry + "' not found: neither a file nor a program on PATH");
+}
+
+}  // namespace
+
+HostProbe HostProbe::real() {
+  HostProbe host;
+  host.cpuCount = [] {
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof(set), &set) == 0) return CPU_COUNT(&set);
+    return static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
+  };
+  host.gpuCount = [] {
+    int count = 0;
+    std::error_code ec;
+    for (const auto& entry : fs::directory_iterator("/dev", ec)) {
+      const std::string name = entry.path().filename();
+      if (name.starts_with("nvidia") && name.size() > 6 &&
+          std::all_of(name.begin() + 6, name.end(), ::isdigit))
+        ++count;
+    }
+    return count;
+  };
+  host.findOnPath = [](const std::string& name) -> std::optional<std::string> {
+    const char* path = std::getenv("PATH");
+    for (const auto& dir : split(path ? path : "/usr/bin:/bin", ':')) {
+      std::string candidate = (dir.empty() ? "." : dir) + "/" + name;
+      if (isExecutableFile(candidate)) return candidate;
+    }
+    return std::nullopt;
+  };
+  host.fileExists = [](const std::string& p) {
+    std::error_code ec;
+    return fs::is_regular_file(p, ec);
+  };
+  std::error_code ec;
+  host.selfDir = fs::read_symlink("/proc/self/exe", ec).parent_path();
+  const char* python = std::getenv("PYTHON_EXEC");
+  host.pythonExec = python && *python ? python : "python3";
+  return host;
+}
+
+std::pair<int, int> parseNnodes(const std::string& value) {
+  auto parts = split(value, ':');
+  if (parts.size() > 2) throw ConfigError("--nnodes: '" + value + "' is not N or MIN:MAX");
+  auto low = toInt(parts[0]);
+  auto high = parts.size() == 2 ? toInt(parts[1]) : low;
+  if (!low || !high || *low < 1)
+    throw ConfigError("--nnodes: '" + value + "' is not N or MIN:MAX with positive integers");
+  if (*low > *high)
+    throw ConfigError("--nnodes: minimum " + std::to_string(*low) + " exceeds maximum " +
+                      std::to_string(*high));
+  return {*low, *high};
+}
+
+int parseNprocPerNode(const std::string& value, const HostProbe& host) {
+  if (value == "cpu") return host.cpuCount();
+  if (value == "gpu") {
+    const int gpus = host.gpuCount();
+    if (gpus == 0) throw ConfigError("--nproc-per-node=gpu: no GPU found on this machine");
+    return gpus;
+  }
+  if (value == "auto") {
+    const int gpus = host.gpuCount();
+    return gpus > 0 ? gpus : host.cpuCount();
+  }
+  auto n = toInt(value);
+  if (!n || *n < 1)
+    throw ConfigError("--nproc-per-node: '" + value +
+                      "' is not a positive integer, cpu, gpu or auto");
+  return *n;
+}
+
+agents::StreamsByRank parseStreams(const std::string& flag, const std::string& value) {
+  agents::StreamsByRank result;
+  if (auto all = toStreams(value)) {
+    result.all = *all;
+    return result;
+  }
+  for (const auto& item : split(value, ',')) {
+    auto pair = split(item, ':');
+    auto rank = pair.size() == 2 ? toInt(pair[0]) : std::nullopt;
+    auto streams = pair.size() == 2 ? toStreams(pair[1]) : std::nullopt;
+    if (!rank || *rank < 0 || !streams)
+      throw ConfigError(flag + ": '" + value +
+                        "' is not 0-3 or LOCAL_RANK:0-3 pairs such as 0:1,1:3");
+    result.byRank[*rank] = *streams;
+  }
+  return result;
+}
+
+std::map<std::string, std::string> parseRdzvConf(const std::string& value) {
+  std::map<std::string, std::string> conf;
+  if (value.empty()) return conf;
+  for (const auto& item : split(value, ',')) {
+    const size_t eq = item.find('=');
+    if (eq == std::string::npos || eq == 0)
+      throw ConfigError("--rdzv-conf: '" + item + "' is not key=value");
+    conf[item.substr(0, eq)] = item.substr(eq + 1);
+  }
+  return conf;
+}
+
+std::set<int> parseRanksFilter(const std::string& value) {
+  std::set<int> ranks;
+  for (const auto& item : split(value, ',')) {
+    auto rank = toInt(item);
+    if (!rank || *rank < 0)
+      throw ConfigError("--local-ranks-filter: '" + value + "' is not a list such as 0,2");
+    ranks.insert(*rank);
+  }
+  return ranks;
+}
+
+LaunchParse parseDlrunArgs(const std::vector<std::string>& args, const HostProbe& host) {
+  LaunchParse result;
+  LaunchConfig& c = result.config;
+  std::string nnodes = "1", nproc = "1", rdzvConf, redirects = "0", tee = "0", ranksFilter;
+  std::string logDir, localAddr;
+  int masterPort = -1;
+  double monitorInterval = 0.1, stopTimeout = 30;
+  bool module = false, noPython = false, runPath = false;
+
+  CLI::App app(
+      "dlrun: launch N workers per node, as torchrun does, with the environment PyTorch and "
+      "TensorFlow read.\nUsage: dlrun [flags] ENTRYPOINT [args...]  (ENTRYPOINT: a program, a "
+      ".py script, a module with -m, or 'train' for the bundled trainer)",
+      "dlrun");
+  app.option_defaults()->always_capture_default();
+  app.prefix_command();  // everything from the entry point on belongs to the workers
+  addOption(app, "nnodes", nnodes, "Number of nodes, N or MIN:MAX for an elastic job");
+  addOption(app, "nproc-per-node", nproc, "Workers per node: N, cpu, gpu or auto");
+  addOption(app, "node-rank", c.nodeRank, "This node's rank for the static backend")
+      ->check(CLI::NonNegativeNumber);
+  addOption(app, "rdzv-backend", c.rdzvBackend, "Rendezvous backend: static, c10d, etcd")
+      ->check(CLI::IsMember({"static", "c10d", "etcd", "etcd-v2"}));
+  addOption(app, "rdzv-endpoint", c.rdzvEndpoint, "HOST[:PORT] of the rendezvous store");
+  addOption(app, "rdzv-id", c.rdzvId, "Job id shared by every node of one job");
+  addOption(app, "rdzv-conf", rdzvConf, "Backend settings as key=value,key2=value2");
+  addFlag(app, "standalone", c.standalone,
+          "One node with its own store on a free port; no rendezvous flags needed");
+  addOption(app, "max-restarts", c.maxRestarts, "Restarts of the worker group after a failure")
+      ->check(CLI::NonNegativeNumber);
+  addOption(app, "monitor-interval", monitorInterval,
+            "Accepted for torchrun compatibility: dlrun notices worker exits at once")
+      ->check(CLI::PositiveNumber);
+  addOption(app, "stop-timeout", stopTimeout,
+            "Seconds between SIGTERM and SIGKILL when workers are stopped")
+      ->check(CLI::NonNegativeNumber);
+  addOption(app, "role", c.role, "Role name of these workers (ROLE_NAME)");
+  addFlag(app, "module", module, "Run the entry point as a Python module (python -m)", "-m");
+  addFlag(app, "no-python", noPython, "Execute the entry point directly, without Python");
+  addFlag(app, "run-path", runPath, "Run a Python entry point as a script (the default)");
+  addOption(app, "log-dir", logDir, "Directory for per-rank logs and error files");
+  addOption(app, "redirects", redirects,
+            "Streams sent only to the log files: 0 none, 1 out, 2 err, 3 both, or 0:1,1:2", "-r");
+  addOption(app, "tee", tee, "Streams copied to the log files (same values as --redirects)",
+            "-t");
+  addOption(app, "local-ranks-filter", ranksFilter, "Console shows only these local ranks");
+  addOption(app, "log-line-prefix-template", c.logLinePrefixTemplate,
+            "Prefix of each console line; ${rank}, ${local_rank}, ${role_name}");
+  addOption(app, "local-addr", localAddr, "Address of this node as other nodes reach it");
+  addOption(app, "master-addr", c.masterAddr, "Store address for the static backend");
+  addOption(app, "master-port", masterPort, "Store port for the static backend")
+      ->check(CLI::Range(0, 65535));
+  app.set_version_flag("--version", kVersion);
+
+  result.exitCode = parseCommandLine(app, args, kVersion);
+  if (result.exitCode) return result;
+
+  std::vector<std::string> rest = app.remaining();
+  if (!rest.empty() && rest.front() == "--") rest.erase(rest.begin());
+  if (rest.empty()) throw ConfigError("no entry point: usage is dlrun [flags] ENTRYPOINT [args...]");
+  if (module && noPython) throw ConfigError("--module and --no-python cannot be used together");
+
+  std::tie(c.minNodes, c.maxNodes) = parseNnodes(nnodes);
+  c.nprocPerNode = parseNprocPerNode(nproc, host);
+  c.rdzvConf = parseRdzvConf(rdzvConf);
+  c.redirects = parseStreams("--redirects", redirects);
+  c.tee = parseStreams("--tee", tee);
+  if (!ranksFilter.empty()) c.localRanksFilter = parseRanksFilter(ranksFilter);
+  if (!logDir.empty()) c.logDir = logDir;
+  if (!localAddr.empty()) c.localAddr = localAddr;
+  if (masterPort >= 0) c.masterPort = static_cast<uint16_t>(masterPort);
+  c.stopTimeout = std::chrono::milliseconds(static_cast<int64_t>(stopTimeout * 1000));
+  if (c.standalone) {
+    if (c.maxNodes != 1) throw ConfigError("--standalone runs one node; drop --nnodes=" + nnodes);
+    c.rdzvBackend = "c10d";
+  }
+  if (c.maxNodes > 1 && c.rdzvBackend == "static" && c.minNodes != c.maxNodes)
+    throw ConfigError("--nnodes=" + nnodes + ": an elastic range needs --rdzv-backend=c10d");
+  if (c.nodeRank >= c.maxNodes)
+    throw ConfigError("--node-rank " + std::to_string(c.nodeRank) + " is not below --nnodes " +
+                      std::to_string(c.maxNodes));
+
+  c.entrypoint = rest.front();
+  c.command = resolveCommand(rest.front(), {rest.begin() + 1, rest.end()}, module, noPython, host);
+  return result;
+}
+
+}  // namespace dlrun::launcher

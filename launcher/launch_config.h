@@ -1,0 +1,46 @@
+// Everything one dlrun invocation was asked to do, parsed once from flags and PET_* variables
+// and never changed afterwards. Downstream parts (rendezvous, agent) read it; nothing writes it.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "agents/agent.h"
+
+namespace dlrun::launcher {
+
+struct LaunchConfig {
+  int minNodes = 1;
+  int maxNodes = 1;
+  int nprocPerNode = 1;
+  int nodeRank = 0;
+  std::string rdzvBackend = "static";
+  std::string rdzvEndpoint;
+  std::string rdzvId = "none";
+  std::map<std::string, std::string> rdzvConf;
+  bool standalone = false;
+  int maxRestarts = 0;
+  std::chrono::milliseconds stopTimeout{30'000};  // SIGTERM, then this long, then SIGKILL
+  std::string role = "default";
+  std::optional<std::string> logDir;
+  agents::StreamsByRank redirects;
+  agents::StreamsByRank tee;
+  std::optional<std::set<int>> localRanksFilter;  // console shows only these local ranks
+  std::string logLinePrefixTemplate = "[${rank}]:";
+  std::optional<std::string> localAddr;
+  std::string masterAddr = "127.0.0.1";
+  std::optional<uint16_t> masterPort;  // unset: a free port on the single-node path
+
+  // The resolved command every worker runs: argv[0] is an absolute path or a name on PATH.
+  std::vector<std::string> command;
+  std::string entrypoint;  // as the user wrote it, for messages
+
+  bool singleNode() const { return maxNodes == 1; }
+};
+
+}  // namespace dlrun::launcher

@@ -1,0 +1,26 @@
+// What one rendezvous round decides: who is in the job, which ranks this node's workers hold,
+// where the store is, and every worker's TF_CONFIG address. Plain data; the agent turns it into
+// worker environments.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace dlrun::rendezvous {
+
+struct World {
+  std::string runId;
+  int round = 0;            // rendezvous round that produced this world
+  int groupRank = 0;        // this node's rank among nodes
+  int groupWorldSize = 1;   // nodes in the job
+  int localWorldSize = 1;   // workers on this node
+  int baseRank = 0;         // RANK of this node's local rank 0
+  int worldSize = 1;        // workers in the job
+  std::string masterAddr;   // numeric address of the store workers use
+  uint16_t masterPort = 0;
+  bool agentStore = true;   // the store is dlrun's own (torch then opens a client only)
+  std::vector<std::string> workerEndpoints;  // "host:port" per worker, ordered by RANK
+};
+
+}  // namespace dlrun::rendezvous

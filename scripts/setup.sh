@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Installs the Debian 12 packages that building and testing dlrun need (only those missing, so
+# a second run installs nothing), then configures and builds into $DLRUN_BUILD_DIR (./build).
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+build=${DLRUN_BUILD_DIR:-$root/build}
+
+packages=(
+  cmake ninja-build g++ ccache          # toolchain
+  libboost-dev libcli11-dev             # Asio, the command line
+  libgtest-dev                          # unit tests
+  clang libclang-rt-14-dev              # libFuzzer for the wire-parser fuzz test
+  python3-torch libtorch-dev            # real TCPStore clients (Python, C++), real DDP workers
+)
+
+missing=()
+for package in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" ||
+    missing+=("$package")
+done
+if ((${#missing[@]})); then
+  echo "setup: installing ${missing[*]}"
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo=sudo
+  $sudo apt-get update -q
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+
+cmake -S "$root" -B "$build" -G Ninja
+cmake --build "$build"

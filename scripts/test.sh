@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# Sets everything up (scripts/setup.sh) and runs the whole test suite under ctest.
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+build=${DLRUN_BUILD_DIR:-$root/build}
+"$root/scripts/setup.sh"
+ctest --test-dir "$build" --output-on-failure -j2 --timeout 300

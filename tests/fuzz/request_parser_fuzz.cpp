@@ -1,0 +1,39 @@
+// libFuzzer target: arbitrary bytes as one connection's input. Era detection, the request
+// parser and the engine must never crash, read out of bounds, or allocate beyond the limits.
+#include <cstddef>
+#include <cstdint>
+
+#include "rendezvous/store_engine.h"
+#include "rendezvous/wire.h"
+
+namespace {
+
+struct DiscardingPeer : dlrun::rendezvous::Peer {
+  size_t bytes = 0;
+  void send(std::string_view reply) override { bytes += reply.size(); }
+};
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  using namespace dlrun;
+  // Small limits so the fuzzer reaches the limit checks with short inputs.
+  const wire::Limits limits{.maxKeyBytes = 64, .maxValueBytes = 256, .maxKeysPerOp = 16,
+                            .maxBufferedBytes = 4096};
+  std::span<const char> in(reinterpret_cast<const char*>(data), size);
+  auto era = wire::detectEra(in);
+  if (!era) return 0;
+  rendezvous::StoreEngine engine;
+  DiscardingPeer peer;
+  wire::Request request;
+  while (!in.empty()) {
+    auto result = wire::parseRequest(*era, in, limits, request);
+    if (result.status != wire::ParseStatus::Complete) break;
+    if (result.consumed == 0 || result.consumed > in.size()) __builtin_trap();
+    if (!engine.handle(peer, request).empty()) break;
+    in = in.subspan(result.consumed);
+  }
+  engine.disconnect(peer);
+  if (engine.waiterCount() != 0) __builtin_trap();  // a gone peer leaves no waiter behind
+  return 0;
+}

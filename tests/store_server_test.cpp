@@ -1,0 +1,201 @@
+// The server on the wire: byte-exact 2.x framing, 1.x clients on the same port, and hostile
+// input that must neither crash the server nor make it hold unbounded memory.
+#include "rendezvous/store_server.h"
+
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "rendezvous/tcp_store.h"
+#include "tests/store_test_util.h"
+
+namespace dlrun::rendezvous {
+namespace {
+
+using testing::i64Bytes;
+using testing::lengthPrefixed;
+using testing::RawClient;
+using wire::Encoder;
+using wire::Era;
+using wire::Op;
+
+class StoreServerTest : public ::testing::Test {
+ protected:
+  void start(wire::Limits limits = {}) {
+    server = std::make_unique<StoreServerThread>(
+        StoreServerOptions{.host = "127.0.0.1", .port = 0, .limits = limits});
+  }
+  void SetUp() override { start(); }
+
+  // A well-behaved client still gets served.
+  void expectServing() {
+    TcpStore store({.host = "127.0.0.1", .port = server->port()});
+    store.set("alive", "yes");
+    EXPECT_EQ(store.get("alive"), "yes");
+  }
+
+  static std::string v2(Op op) {
+    std::string out;
+    Encoder(out).op(Era::V2, op);
+    return out;
+  }
+
+  std::unique_ptr<StoreServerThread> server;
+};
+
+TEST_F(StoreServerTest, ValidateHasNoReplyAndPingEchoesTheNonce) {
+  RawClient c(server->port());
+  c.validate();
+  c.send(v2(Op::Ping) + std::string("\x78\x56\x34\x12", 4));
+  EXPECT_EQ(c.read(4), std::string("\x78\x56\x34\x12", 4));
+}
+
+TEST_F(StoreServerTest, MultiSetThenMultiGetBytes) {
+  RawClient c(server->port());
+  c.validate();
+  c.send(v2(Op::MultiSet) + i64Bytes(2) + lengthPrefixed("/a") + lengthPrefixed("1") +
+         lengthPrefixed("/b") + lengthPrefixed(std::string("\0\xff", 2)));
+  c.send(v2(Op::MultiGet) + i64Bytes(2) + lengthPrefixed("/b") + lengthPrefixed("/a"));
+  EXPECT_EQ(c.read(8 + 2 + 8 + 1),
+            lengthPrefixed(std::string("\0\xff", 2)) + lengthPrefixed("1"));
+}
+
+TEST_F(StoreServerTest, AppendCreatesThenExtends) {
+  RawClient c(server->port());
+  c.validate();
+  c.send(v2(Op::Append) + lengthPrefixed("/l") + lengthPrefixed("ab"));
+  c.send(v2(Op::Append) + lengthPrefixed("/l") + lengthPrefixed("cd"));
+  c.send(v2(Op::Get) + lengthPrefixed("/l"));
+  EXPECT_EQ(c.read(8 + 4), lengthPrefixed("abcd"));
+}
+
+TEST_F(StoreServerTest, CancelWaitAnswersCanceledAndKeepsTheConnectionInStep) {
+  RawClient waiter(server->port()), setter(server->port());
+  waiter.validate();
+  setter.validate();
+  waiter.send(v2(Op::Wait) + i64Bytes(1) + lengthPrefixed("/k"));
+  waiter.send(v2(Op::CancelWait));
+  EXPECT_EQ(waiter.read(1), std::string(1, '\x01'));  // WAIT_CANCELED, no STOP_WAITING
+  setter.send(v2(Op::Set) + lengthPrefixed("/k") + lengthPrefixed("v"));
+  waiter.send(v2(Op::Ping) + std::string(4, '\x01'));
+  EXPECT_EQ(waiter.read(4), std::string(4, '\x01'));  // nothing stale arrived first
+}
+
+TEST_F(StoreServerTest, WaitIsAnsweredByAnotherConnectionsSet) {
+  RawClient waiter(server->port()), setter(server->port());
+  waiter.validate();
+  setter.validate();
+  waiter.send(v2(Op::Wait) + i64Bytes(1) + lengthPrefixed("/k"));
+  setter.send(v2(Op::Set) + lengthPrefixed("/k") + lengthPrefixed("v"));
+  EXPECT_EQ(waiter.read(1), std::string(1, '\0'));
+}
+
+TEST_F(StoreServerTest, QueuePushPopLenBytes) {
+  RawClient popper(server->port()), pusher(server->port());
+  popper.validate();
+  pusher.validate();
+  // A blocking pop is WAIT on the queue key, then QUEUE_POP.
+  popper.send(v2(Op::Wait) + i64Bytes(1) + lengthPrefixed("/q"));
+  pusher.send(v2(Op::QueuePush) + lengthPrefixed("/q") + lengthPrefixed("first"));
+  pusher.send(v2(Op::QueuePush) + lengthPrefixed("/q") + lengthPrefixed("second"));
+  EXPECT_EQ(popper.read(1), std::string(1, '\0'));
+  popper.send(v2(Op::QueueLen) + lengthPrefixed("/q"));
+  EXPECT_EQ(popper.read(8), i64Bytes(2));
+  popper.send(v2(Op::QueuePop) + lengthPrefixed("/q"));
+  EXPECT_EQ(popper.read(8 + 8 + 5), i64Bytes(2) + lengthPrefixed("first"));
+  popper.send(v2(Op::QueuePop) + lengthPrefixed("/q"));
+  EXPECT_EQ(popper.read(8 + 8 + 6), i64Bytes(1) + lengthPrefixed("second"));
+  popper.send(v2(Op::QueuePop) + lengthPrefixed("/q"));
+  EXPECT_EQ(popper.read(8), i64Bytes(0));
+}
+
+TEST_F(StoreServerTest, V1AndV2ClientsShareOneStore) {
+  RawClient old(server->port()), current(server->port());
+  std::string set;
+  Encoder(set).op(Era::V1, Op::Set).bytes("/shared").bytes("from-1.x");
+  old.send(set);
+  current.validate();
+  current.send(v2(Op::Get) + lengthPrefixed("/shared"));
+  EXPECT_EQ(current.read(8 + 8), lengthPrefixed("from-1.x"));
+  std::string add;
+  Encoder(add).op(Era::V1, Op::Add).bytes("/n").i64(3);
+  old.send(add);
+  EXPECT_EQ(old.read(8), i64Bytes(3));
+}
+
+TEST_F(StoreServerTest, RandomBytesAreRefusedAndTheServerCarriesOn) {
+  std::mt19937 random(42);
+  for (int round = 0; round < 20; ++round) {
+    RawClient c(server->port());
+    std::string garbage(4096, '\0');
+    for (auto& ch : garbage) ch = static_cast<char>(random());
+    garbage[0] = static_cast<char>(0x40 + round);  // an op code that no era has
+    c.send(garbage);
+    EXPECT_TRUE(c.closedByServer());
+  }
+  expectServing();
+}
+
+TEST_F(StoreServerTest, AnHttpRequestIsRefused) {
+  RawClient c(server->port());
+  c.send("GET / HTTP/1.1\r\nHost: localhost\r\n\r\n");
+  EXPECT_TRUE(c.closedByServer());
+  expectServing();
+}
+
+TEST_F(StoreServerTest, AHugeLengthPrefixIsRefusedBeforeAnyPayload) {
+  RawClient c(server->port());
+  c.validate();
+  c.send(v2(Op::Set) + lengthPrefixed("/k") + i64Bytes(int64_t{1} << 62) + "x");
+  EXPECT_TRUE(c.closedByServer());
+  expectServing();
+}
+
+TEST_F(StoreServerTest, AKeyOverTheLimitIsRefusedFromItsLength) {
+  server.reset();
+  start(wire::Limits{.maxKeyBytes = 64});
+  RawClient c(server->port());
+  c.validate();
+  c.send(v2(Op::Get) + i64Bytes(65));  // the key itself is never sent
+  EXPECT_TRUE(c.closedByServer());
+  expectServing();
+}
+
+TEST_F(StoreServerTest, UnreadRepliesBeyondTheBufferLimitDropTheClient) {
+  server.reset();
+  start(wire::Limits{.maxBufferedBytes = 1 << 20});
+  {
+    TcpStore store({.host = "127.0.0.1", .port = server->port()});
+    store.set("big", std::string(512 * 1024, 'x'));
+  }
+  RawClient c(server->port());
+  c.validate();
+  // Ask for the value again and again without reading: the replies pile up in the server
+  // until the per-connection limit ends the connection.
+  std::string get = v2(Op::Get) + lengthPrefixed("big");
+  std::string many;
+  for (int i = 0; i < 256; ++i) many += get;
+  c.send(many);
+  // Reading the replies would drain them, so watch the server's count instead.
+  EXPECT_TRUE(testing::eventually([&] { return server->connectionCount() == 0; }));
+  expectServing();
+}
+
+TEST_F(StoreServerTest, ARequestCutOffMidwayLeavesNothingBehind) {
+  {
+    RawClient c(server->port());
+    c.validate();
+    c.send(v2(Op::Set) + lengthPrefixed("/k") + i64Bytes(1000) + std::string(10, 'v'));
+    RawClient w(server->port());
+    w.validate();
+    w.send(v2(Op::Wait) + i64Bytes(1) + lengthPrefixed("/never"));
+  }  // both disconnect mid-request / mid-wait
+  EXPECT_TRUE(testing::eventually([&] { return server->connectionCount() == 0; }));
+  TcpStore store({.host = "127.0.0.1", .port = server->port()});
+  EXPECT_FALSE(store.check({"/k"}));
+  EXPECT_EQ(store.numKeys(), 0);
+  expectServing();
+}
+
+}  // namespace
+}  // namespace dlrun::rendezvous

@@ -1,0 +1,132 @@
+// The wire codec: era detection, one parse per op, limits checked before allocation.
+#include "rendezvous/wire.h"
+
+#include <gtest/gtest.h>
+
+#include "common/error.h"
+
+namespace dlrun::wire {
+namespace {
+
+std::span<const char> bytesOf(const std::string& s) { return {s.data(), s.size()}; }
+
+ParseResult parse(Era era, const std::string& bytes, Request& out, Limits limits = {}) {
+  return parseRequest(era, bytesOf(bytes), limits, out);
+}
+
+TEST(Wire, DetectsV2FromValidateAndMagic) {
+  std::string hello;
+  Encoder(hello).u8(0).u32(kValidationMagic);
+  EXPECT_EQ(detectEra(bytesOf(hello)), Era::V2);
+  EXPECT_EQ(detectEra(bytesOf(hello.substr(0, 4))), std::nullopt);
+  EXPECT_EQ(detectEra(bytesOf("")), std::nullopt);
+}
+
+TEST(Wire, DetectsV1FromAnyOtherOpening) {
+  std::string set;  // 1.x SET: op 0, then a key length that is not the magic
+  Encoder(set).op(Era::V1, Op::Set).bytes("/k").bytes("v");
+  EXPECT_EQ(detectEra(bytesOf(set)), Era::V1);
+  EXPECT_EQ(detectEra(bytesOf(std::string(1, '\x02'))), Era::V1);
+}
+
+TEST(Wire, OpCodesFollowEachEra) {
+  EXPECT_EQ(encodeOp(Era::V1, Op::Set), 0);
+  EXPECT_EQ(encodeOp(Era::V1, Op::DeleteKey), 8);
+  EXPECT_EQ(encodeOp(Era::V2, Op::Validate), 0);
+  EXPECT_EQ(encodeOp(Era::V2, Op::Set), 1);
+  EXPECT_EQ(encodeOp(Era::V2, Op::DeleteKey), 8);
+  EXPECT_EQ(encodeOp(Era::V2, Op::CancelWait), 12);
+  EXPECT_EQ(encodeOp(Era::V2, Op::QueueLen), 16);
+  EXPECT_EQ(decodeOp(Era::V2, 17), std::nullopt);
+  EXPECT_EQ(decodeOp(Era::V1, 7), Op::WatchKey);
+  EXPECT_THROW(encodeOp(Era::V1, Op::Ping), ProtocolError);
+  EXPECT_THROW(encodeOp(Era::V2, Op::WatchKey), ProtocolError);
+}
+
+TEST(Wire, ParsesMultiSetPairsInWireOrder) {
+  std::string bytes;
+  Encoder(bytes).op(Era::V2, Op::MultiSet).i64(2).bytes("a").bytes("1").bytes("b").bytes("22");
+  Request r;
+  auto result = parse(Era::V2, bytes, r);
+  ASSERT_EQ(result.status, ParseStatus::Complete);
+  EXPECT_EQ(result.consumed, bytes.size());
+  EXPECT_EQ(r.op, Op::MultiSet);
+  EXPECT_EQ(r.keys, (std::vector<std::string_view>{"a", "b"}));
+  EXPECT_EQ(r.values, (std::vector<std::string_view>{"1", "22"}));
+}
+
+TEST(Wire, ParsesAddKeyThenDelta) {
+  std::string bytes;
+  Encoder(bytes).op(Era::V1, Op::Add).bytes("/c").i64(-5);
+  Request r;
+  ASSERT_EQ(parse(Era::V1, bytes, r).status, ParseStatus::Complete);
+  EXPECT_EQ(r.keys[0], "/c");
+  EXPECT_EQ(r.number, -5);
+}
+
+TEST(Wire, EveryPrefixOfARequestIsIncomplete) {
+  std::string bytes;
+  Encoder(bytes).op(Era::V2, Op::CompareSet).bytes("key").bytes("old").bytes("new");
+  Request r;
+  for (size_t n = 0; n < bytes.size(); ++n) {
+    auto result = parse(Era::V2, bytes.substr(0, n), r);
+    EXPECT_EQ(result.status, ParseStatus::Incomplete) << n;
+    EXPECT_GT(result.needed, n);
+    EXPECT_LE(result.needed, bytes.size());
+  }
+  EXPECT_EQ(parse(Era::V2, bytes, r).status, ParseStatus::Complete);
+}
+
+TEST(Wire, ParsesOnlyTheFirstOfTwoRequests) {
+  std::string bytes;
+  Encoder(bytes).op(Era::V2, Op::Ping).u32(7);
+  const size_t first = bytes.size();
+  Encoder(bytes).op(Era::V2, Op::GetNumKeys);
+  Request r;
+  auto result = parse(Era::V2, bytes, r);
+  EXPECT_EQ(result.consumed, first);
+  EXPECT_EQ(r.word, 7u);
+}
+
+TEST(Wire, RejectsAnOverlongKeyFromItsLengthAlone) {
+  std::string bytes;
+  Encoder(bytes).op(Era::V2, Op::Get).u64(100);  // the 100 key bytes never follow
+  Request r;
+  auto result = parse(Era::V2, bytes, r, Limits{.maxKeyBytes = 99});
+  EXPECT_EQ(result.status, ParseStatus::Invalid);
+  EXPECT_NE(result.error.find("key length 100"), std::string::npos);
+}
+
+TEST(Wire, RejectsAHugeLengthPrefix) {
+  std::string bytes;
+  Encoder(bytes).op(Era::V2, Op::Set).bytes("k").u64(uint64_t{1} << 63);
+  Request r;
+  EXPECT_EQ(parse(Era::V2, bytes, r).status, ParseStatus::Invalid);
+}
+
+TEST(Wire, RejectsTooManyKeys) {
+  std::string bytes;
+  Encoder(bytes).op(Era::V2, Op::MultiGet).u64(11);
+  Request r;
+  EXPECT_EQ(parse(Era::V2, bytes, r, Limits{.maxKeysPerOp = 10}).status, ParseStatus::Invalid);
+}
+
+TEST(Wire, RejectsUnknownOpsWatchKeyAndABadMagic) {
+  Request r;
+  EXPECT_EQ(parse(Era::V2, std::string(1, '\x63'), r).status, ParseStatus::Invalid);
+  std::string watch;
+  Encoder(watch).op(Era::V1, Op::WatchKey).bytes("/k");
+  EXPECT_EQ(parse(Era::V1, watch, r).status, ParseStatus::Invalid);
+  std::string validate;
+  Encoder(validate).op(Era::V2, Op::Validate).u32(0x12345678);
+  EXPECT_EQ(parse(Era::V2, validate, r).status, ParseStatus::Invalid);
+}
+
+TEST(Wire, EncodesLittleEndianLengthPrefixedBytes) {
+  std::string out;
+  Encoder(out).op(Era::V2, Op::Ping).u32(0x01020304).bytes("ab");
+  EXPECT_EQ(out, std::string("\x0d\x04\x03\x02\x01\x02\0\0\0\0\0\0\0ab", 15));
+}
+
+}  // namespace
+}  // namespace dlrun::wire
