@@ -7,6 +7,10 @@
 
 namespace dlrun::launcher {
 
+namespace {
+const CLI::Range kAtLeastOne(uint64_t{1}, uint64_t{1} << 62, "a positive byte or key count");
+}  // namespace
+
 DlrundParse parseDlrundArgs(const std::vector<std::string>& args) {
   DlrundParse result;
   auto& server = result.config.server;
@@ -24,16 +28,16 @@ DlrundParse parseDlrundArgs(const std::vector<std::string>& args) {
       ->check(CLI::Range(0, 65535));
   app.add_option("--max-key-bytes", limits.maxKeyBytes,
                  "Longest key accepted; a client sending a longer one is disconnected")
-      ->check(CLI::PositiveNumber);
+      ->check(kAtLeastOne);
   app.add_option("--max-value-bytes", limits.maxValueBytes,
                  "Longest value accepted; a client sending a longer one is disconnected")
-      ->check(CLI::PositiveNumber);
+      ->check(kAtLeastOne);
   app.add_option("--max-keys-per-op", limits.maxKeysPerOp,
                  "Most keys in one CHECK, WAIT, MULTI_GET or MULTI_SET")
-      ->check(CLI::PositiveNumber);
+      ->check(kAtLeastOne);
   app.add_option("--max-buffered-bytes", limits.maxBufferedBytes,
                  "Most bytes held per connection (unparsed input plus unsent replies)")
-      ->check(CLI::PositiveNumber);
+      ->check(kAtLeastOne);
   app.add_flag("-v,--verbose", result.config.verbose, "Log every connection event");
   app.set_version_flag("--version", kVersion);
 

@@ -5,6 +5,7 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "launcher/dlrund_cli.h"
+#include "rendezvous/tcp_stream.h"
 
 int main(int argc, char** argv) {
   using namespace dlrun;
@@ -20,7 +21,7 @@ int main(int argc, char** argv) {
     signals.async_wait([&](const boost::system::error_code& ec, int) {
       if (!ec) server.stop();
     });
-    std::cout << "dlrund listening on " << parsed.config.server.host << ":" << server.port()
+    std::cout << "dlrund listening on " << rendezvous::joinHostPort(server.address(), server.port())
               << std::endl;
     io.run();
     return 0;

@@ -273,6 +273,10 @@ LaunchParse parseDlrunArgs(const std::vector<std::string>& args, const HostProbe
   std::vector<std::string> rest = app.remaining();
   if (!rest.empty() && rest.front() == "--") rest.erase(rest.begin());
   if (rest.empty()) throw ConfigError("no entry point: usage is dlrun [flags] ENTRYPOINT [args...]");
+  // CLI11 hands over everything from the first argument it does not know, flags included.
+  if (rest.front().starts_with("-"))
+    throw ConfigError("unknown flag " + rest.front().substr(0, rest.front().find('=')) +
+                      " (see dlrun --help)");
   if (module && noPython) throw ConfigError("--module and --no-python cannot be used together");
 
   std::tie(c.minNodes, c.maxNodes) = parseNnodes(nnodes);

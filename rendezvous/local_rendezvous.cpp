@@ -9,17 +9,9 @@
 #include <cstring>
 
 #include "common/error.h"
+#include "rendezvous/tcp_stream.h"
 
 namespace dlrun::rendezvous {
-namespace {
-
-std::string joinHostPort(const std::string& host, uint16_t port) {
-  const bool v6 = host.find(':') != std::string::npos;
-  return (v6 ? "[" + host + "]" : host) + ":" + std::to_string(port);
-}
-
-}  // namespace
-
 std::vector<uint16_t> reserveFreePorts(const std::string& host, int count) {
   sockaddr_storage address{};
   socklen_t length = 0;

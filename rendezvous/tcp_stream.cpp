@@ -61,6 +61,11 @@ int connectOne(const addrinfo& ai, Clock::time_point deadline, std::string& erro
 
 }  // namespace
 
+std::string joinHostPort(const std::string& host, uint16_t port) {
+  const bool v6 = host.find(':') != std::string::npos;
+  return (v6 ? "[" + host + "]" : host) + ":" + std::to_string(port);
+}
+
 TcpStream TcpStream::connect(const std::string& host, uint16_t port, Clock::time_point deadline) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;

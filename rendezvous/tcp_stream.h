@@ -12,6 +12,9 @@ namespace dlrun::rendezvous {
 
 using Clock = std::chrono::steady_clock;
 
+// "host:port", with an IPv6 address in brackets ("[::1]:29500").
+std::string joinHostPort(const std::string& host, uint16_t port);
+
 class TcpStream {
  public:
   // One attempt to connect to host (numeric address or name) and port, by the deadline.

@@ -8,6 +8,7 @@ build=${DLRUN_BUILD_DIR:-$root/build}
 packages=(
   cmake ninja-build g++ ccache          # toolchain
   libboost-dev libcli11-dev             # Asio, the command line
+  nlohmann-json3-dev                    # TF_CONFIG, worker error files
   libgtest-dev                          # unit tests
   clang libclang-rt-14-dev              # libFuzzer for the wire-parser fuzz test
   python3-torch libtorch-dev            # real TCPStore clients (Python, C++), real DDP workers
