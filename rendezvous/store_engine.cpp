@@ -57,7 +57,7 @@ std::string StoreEngine::handle(Peer& peer, const wire::Request& r) {
     }
     case Op::Get: {
       // Clients WAIT before GET; a key deleted in between reads as empty rather than hanging.
-      auto it = data_.find(std::string(r.keys[0]));
+      auto it = data_.find(r.keys[0]);
       peer.send(encodeBytes(it == data_.end() ? std::string_view() : it->second));
       return {};
     }
@@ -65,7 +65,7 @@ std::string StoreEngine::handle(Peer& peer, const wire::Request& r) {
       return add(peer, r);
     case Op::Check: {
       const bool ready = std::all_of(r.keys.begin(), r.keys.end(), [&](std::string_view k) {
-        return data_.contains(std::string(k));
+        return data_.contains(k);
       });
       sendByte(peer, static_cast<uint8_t>(ready ? wire::CheckReply::Ready
                                                 : wire::CheckReply::NotReady));
@@ -78,7 +78,12 @@ std::string StoreEngine::handle(Peer& peer, const wire::Request& r) {
       peer.send(encodeI64(static_cast<int64_t>(data_.size())));
       return {};
     case Op::DeleteKey:
-      peer.send(encodeI64(static_cast<int64_t>(data_.erase(std::string(r.keys[0])))));
+      {
+        auto it = data_.find(r.keys[0]);
+        const bool found = it != data_.end();
+        if (found) data_.erase(it);
+        peer.send(encodeI64(found ? 1 : 0));
+      }
       return {};
     case Op::Append: {
       const std::string key(r.keys[0]);
@@ -94,7 +99,7 @@ std::string StoreEngine::handle(Peer& peer, const wire::Request& r) {
       std::string out;
       wire::Encoder encoder(out);
       for (auto key : r.keys) {
-        auto it = data_.find(std::string(key));
+        auto it = data_.find(key);
         encoder.bytes(it == data_.end() ? std::string_view() : it->second);
       }
       peer.send(out);
@@ -123,7 +128,7 @@ std::string StoreEngine::handle(Peer& peer, const wire::Request& r) {
       queuePop(peer, r);
       return {};
     case Op::QueueLen: {
-      auto it = queues_.find(std::string(r.keys[0]));
+      auto it = queues_.find(r.keys[0]);
       peer.send(encodeI64(it == queues_.end() ? 0 : static_cast<int64_t>(it->second.size())));
       return {};
     }
@@ -156,7 +161,7 @@ std::string StoreEngine::add(Peer& peer, const wire::Request& r) {
 void StoreEngine::queuePop(Peer& peer, const wire::Request& r) {
   // Reply: int64 queue length before the pop, then the popped value when it was not empty.
   // A blocking pop is the client's WAIT on the queue's key followed by this non-blocking pop.
-  auto it = queues_.find(std::string(r.keys[0]));
+  auto it = queues_.find(r.keys[0]);
   std::string out;
   wire::Encoder encoder(out);
   if (it == queues_.end() || it->second.empty()) {
@@ -170,8 +175,12 @@ void StoreEngine::queuePop(Peer& peer, const wire::Request& r) {
 }
 
 void StoreEngine::setValue(std::string_view key, std::string_view value) {
-  auto [it, inserted] = data_.insert_or_assign(std::string(key), std::string(value));
-  if (inserted) keyAppeared(it->first);
+  if (auto it = data_.find(key); it != data_.end()) {
+    it->second.assign(value);
+    return;
+  }
+  auto it = data_.emplace(std::string(key), std::string(value)).first;
+  keyAppeared(it->first);
 }
 
 void StoreEngine::wait(Peer& peer, const wire::Request& r) {

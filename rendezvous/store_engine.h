@@ -56,11 +56,19 @@ class StoreEngine {
   void queuePop(Peer& peer, const wire::Request& request);
   void setValue(std::string_view key, std::string_view value);
 
-  std::unordered_map<std::string, std::string> data_;
-  std::unordered_map<std::string, std::deque<std::string>> queues_;
+  // Transparent hashing: lookups take the request's string_views without copying them.
+  struct KeyHash {
+    using is_transparent = void;
+    size_t operator()(std::string_view key) const { return std::hash<std::string_view>{}(key); }
+  };
+  template <typename Value>
+  using KeyMap = std::unordered_map<std::string, Value, KeyHash, std::equal_to<>>;
+
+  KeyMap<std::string> data_;
+  KeyMap<std::deque<std::string>> queues_;
   uint64_t nextWaiterId_ = 0;
   std::unordered_map<uint64_t, Waiter> waiters_;
-  std::unordered_map<std::string, std::vector<uint64_t>> waitersByKey_;
+  KeyMap<std::vector<uint64_t>> waitersByKey_;
   std::unordered_map<Peer*, std::vector<uint64_t>> waitersByPeer_;
 };
 

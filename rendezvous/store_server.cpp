@@ -15,6 +15,7 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "rendezvous/store_engine.h"
+#include "rendezvous/tcp_stream.h"
 
 namespace dlrun::rendezvous {
 
@@ -59,15 +60,10 @@ class ServerImpl : public std::enable_shared_from_this<ServerImpl> {
 
 class Session : public Peer, public std::enable_shared_from_this<Session> {
  public:
-  Session(ServerImpl& server, tcp::socket socket) : server_(server), socket_(std::move(socket)) {
-    error_code ec;
-    auto remote = socket_.remote_endpoint(ec);
-    peerName_ = ec ? "unknown peer" : remote.address().to_string() + ":" +
-                                          std::to_string(remote.port());
-  }
+  Session(ServerImpl& server, tcp::socket socket) : server_(server), socket_(std::move(socket)) {}
 
   void start() {
-    log::debug("connection from " + peerName_);
+    if (log::verbose()) log::debug("connection from " + peerName());
     keepFromChildren(socket_.native_handle());
     error_code ec;
     socket_.non_blocking(true, ec);
@@ -86,9 +82,9 @@ class Session : public Peer, public std::enable_shared_from_this<Session> {
     if (closed_) return;
     closed_ = true;
     if (!reason.empty()) {
-      log::warn("disconnecting " + peerName_ + ": " + reason);
-    } else {
-      log::debug("connection from " + peerName_ + " closed");
+      log::warn("disconnecting " + peerName() + ": " + reason);
+    } else if (log::verbose()) {
+      log::debug("connection from " + peerName() + " closed");
     }
     server_.engine().disconnect(*this);
     error_code ec;
@@ -97,6 +93,13 @@ class Session : public Peer, public std::enable_shared_from_this<Session> {
   }
 
  private:
+  // Looked up only when a line is logged: a getpeername per connection costs the barrier.
+  std::string peerName() const {
+    error_code ec;
+    auto remote = socket_.remote_endpoint(ec);
+    return ec ? "a client" : joinHostPort(remote.address().to_string(), remote.port());
+  }
+
   void awaitReadable() {
     socket_.async_wait(tcp::socket::wait_read,
                        [self = shared_from_this()](const error_code& ec) { self->onReadable(ec); });
@@ -193,7 +196,6 @@ class Session : public Peer, public std::enable_shared_from_this<Session> {
 
   ServerImpl& server_;
   tcp::socket socket_;
-  std::string peerName_;
   std::optional<wire::Era> era_;
   wire::Request request_;  // reused across requests to keep its vectors' capacity
   std::string in_;         // bytes of an incomplete request
