@@ -114,7 +114,6 @@ class AgentImpl {
   void startAttempt() {
     state_ = State::Running;
     failure_.reset();
-    otherFailures_ = 0;
     const rendezvous::World world = rendezvous_.next();
     runId_ = world.runId;
     const fs::path attemptDir = logRoot_ / runId_ / ("attempt_" + std::to_string(restarts_));
@@ -206,8 +205,6 @@ class AgentImpl {
     if (state_ == State::Running && !status.success()) {
       recordFailure(w);
       stop(SIGTERM);
-    } else if (state_ == State::Stopping && !status.success() && !stopSignal_) {
-      ++otherFailures_;  // may be collateral of our SIGTERM; counted, not blamed
     }
     if (liveWorkers() > 0) return;
     if (state_ == State::Running) return finish(0);
@@ -249,8 +246,7 @@ class AgentImpl {
 
   void onStopped() {
     stopTimer_.cancel();
-    // Whatever the workers left behind in their process groups goes with them.
-    for (const auto& w : workers_) ::kill(-w->pid, SIGKILL);
+    killLeftovers();
     if (launchFailed_) return finish(exitCode_);
     if (stopSignal_) return finish(128 + *stopSignal_);
     if (restarts_ < options_.maxRestarts) {
@@ -260,12 +256,19 @@ class AgentImpl {
                 std::to_string(restarts_) + " of " + std::to_string(options_.maxRestarts));
       return startAttempt();
     }
-    const std::string report = formatFailureReport(*failure_, restarts_, otherFailures_);
+    const std::string report = formatFailureReport(*failure_, restarts_);
     [[maybe_unused]] auto n = ::write(STDERR_FILENO, report.data(), report.size());
     finish(failure_->status.shellCode());
   }
 
+  // Whatever the workers left behind in their process groups goes with them, so no job leaves
+  // orphans, whether it failed or succeeded.
+  void killLeftovers() {
+    for (const auto& w : workers_) ::kill(-w->pid, SIGKILL);
+  }
+
   void finish(int code) {
+    killLeftovers();
     state_ = State::Finished;
     exitCode_ = code;
     stopTimer_.cancel();
@@ -306,7 +309,6 @@ class AgentImpl {
   State state_ = State::Running;
   std::vector<std::unique_ptr<Worker>> workers_;
   std::optional<WorkerFailure> failure_;
-  int otherFailures_ = 0;
   std::optional<int> stopSignal_;
   bool launchFailed_ = false;
   int restarts_ = 0;

@@ -1,5 +1,6 @@
 #include "agents/failure_report.h"
 
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -7,9 +8,14 @@
 namespace dlrun::agents {
 
 std::string readErrorFile(const std::string& path) {
+  // A worker may leave anything at this path; only a regular file is read.
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) return {};
   std::ifstream in(path);
+  std::stringstream content;
+  content << in.rdbuf();
   if (!in) return {};
-  auto json = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  auto json = nlohmann::json::parse(content.str(), nullptr, /*allow_exceptions=*/false);
   if (json.is_discarded() || !json.is_object() || !json.contains("message")) return {};
   const auto& message = json["message"];
   if (message.is_string()) return message.get<std::string>();
@@ -23,13 +29,11 @@ std::string readErrorFile(const std::string& path) {
   return text;
 }
 
-std::string formatFailureReport(const WorkerFailure& failure, int restartsUsed,
-                                int otherFailures) {
+std::string formatFailureReport(const WorkerFailure& failure, int restartsUsed) {
   std::ostringstream out;
   out << "dlrun: worker failed: rank " << failure.rank << " (local rank " << failure.localRank
       << ") ended with " << failure.status.describe();
   if (restartsUsed > 0) out << " after " << restartsUsed << " restart(s)";
-  if (otherFailures > 0) out << "; " << otherFailures << " other worker(s) failed too";
   out << "\n";
   auto indented = [&](const std::string& title, const std::string& text) {
     out << "dlrun: " << title << ":\n";

@@ -23,7 +23,6 @@ struct WorkerFailure {
 std::string readErrorFile(const std::string& path);
 
 // Multi-line text, each line starting with "dlrun: ".
-std::string formatFailureReport(const WorkerFailure& failure, int restartsUsed,
-                                int otherFailures);
+std::string formatFailureReport(const WorkerFailure& failure, int restartsUsed);
 
 }  // namespace dlrun::agents

@@ -3,6 +3,7 @@
 // raw to the rank's log file, and its last lines kept for the failure report.
 #pragma once
 
+#include <algorithm>
 #include <deque>
 #include <memory>
 #include <string>
@@ -28,6 +29,7 @@ class LineSplitter {
  private:
   size_t maxLine_;
   std::string partial_;
+  bool cut_ = false;  // the last thing emitted was a piece of a longer line
 };
 
 // Expands ${rank}, ${local_rank} and ${role_name} in a prefix template.
@@ -64,18 +66,22 @@ template <typename Emit>
 void LineSplitter::feed(std::string_view bytes, Emit&& emit) {
   while (!bytes.empty()) {
     const size_t newline = bytes.find('\n');
-    const size_t take = newline == std::string_view::npos ? bytes.size() : newline;
+    const size_t lineEnd = newline == std::string_view::npos ? bytes.size() : newline;
+    const size_t take = std::min(lineEnd, maxLine_ - partial_.size());
     partial_.append(bytes.substr(0, take));
-    if (newline != std::string_view::npos) {
+    bytes.remove_prefix(take);
+    if (partial_.size() == maxLine_) {  // a piece of a long line
       emit(std::string_view(partial_));
       partial_.clear();
-      bytes.remove_prefix(take + 1);
+      cut_ = true;
       continue;
     }
-    bytes.remove_prefix(take);
-    if (partial_.size() >= maxLine_) {
-      emit(std::string_view(partial_));
+    if (take == lineEnd && newline != std::string_view::npos) {
+      // The newline right after a piece ends that long line: it is not an empty line of its own.
+      if (!partial_.empty() || !cut_) emit(std::string_view(partial_));
       partial_.clear();
+      cut_ = false;
+      bytes.remove_prefix(1);
     }
   }
 }
@@ -84,6 +90,7 @@ template <typename Emit>
 void LineSplitter::finish(Emit&& emit) {
   if (!partial_.empty()) emit(std::string_view(partial_));
   partial_.clear();
+  cut_ = false;
 }
 
 }  // namespace dlrun::agents

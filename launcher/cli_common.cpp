@@ -4,6 +4,7 @@
 #include <iostream>
 
 #include "common/error.h"
+#include "common/log.h"
 
 namespace dlrun::launcher {
 
@@ -23,6 +24,18 @@ std::optional<int> parseCommandLine(CLI::App& app, const std::vector<std::string
     throw ConfigError(e.what());
   }
   return std::nullopt;
+}
+
+int guardedMain(const std::function<int()>& body) {
+  try {
+    return body();
+  } catch (const ConfigError& e) {
+    log::info(std::string("error: ") + e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    log::info(std::string("error: ") + e.what());
+    return 1;
+  }
 }
 
 }  // namespace dlrun::launcher

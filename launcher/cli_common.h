@@ -1,6 +1,7 @@
 // What the dlrun and dlrund command lines share: parsing with CLI11 under one error policy.
 #pragma once
 
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -16,5 +17,9 @@ namespace dlrun::launcher {
 // returns nullopt and the app's bound variables hold the values.
 std::optional<int> parseCommandLine(CLI::App& app, const std::vector<std::string>& args,
                                     const std::string& version);
+
+// Runs a main's body under the one error policy of every dlrun program: a ConfigError prints
+// "NAME: error: ..." and gives 2, any other exception the same line and 1.
+int guardedMain(const std::function<int()>& body);
 
 }  // namespace dlrun::launcher

@@ -1,16 +1,16 @@
 // dlrund: the standalone store daemon. Runs in the foreground until SIGINT or SIGTERM.
-#include "common/asio.h"
 #include <iostream>
 
-#include "common/error.h"
+#include "common/asio.h"
 #include "common/log.h"
+#include "launcher/cli_common.h"
 #include "launcher/dlrund_cli.h"
 #include "rendezvous/tcp_stream.h"
 
 int main(int argc, char** argv) {
   using namespace dlrun;
   log::setProgramName("dlrund");
-  try {
+  return launcher::guardedMain([&] {
     auto parsed = launcher::parseDlrundArgs(std::vector<std::string>(argv + 1, argv + argc));
     if (parsed.exitCode) return *parsed.exitCode;
     if (parsed.config.verbose) log::setVerbose(true);
@@ -25,11 +25,5 @@ int main(int argc, char** argv) {
               << std::endl;
     io.run();
     return 0;
-  } catch (const ConfigError& e) {
-    log::info(std::string("error: ") + e.what());
-    return 2;
-  } catch (const std::exception& e) {
-    log::info(std::string("error: ") + e.what());
-    return 1;
-  }
+  });
 }

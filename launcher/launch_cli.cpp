@@ -17,6 +17,10 @@ namespace {
 
 namespace fs = std::filesystem;
 
+// Ranges with bounds that read well in CLI11's "not in range" message.
+const CLI::Range kCount(0, 1'000'000);
+const CLI::Range kSeconds(0.0, 86'400.0);
+
 std::optional<int> toInt(std::string_view text) {
   int value = 0;
   auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
@@ -214,6 +218,33 @@ std::set<int> parseRanksFilter(const std::string& value) {
   return ranks;
 }
 
+std::pair<std::string, std::optional<uint16_t>> parseEndpoint(const std::string& flag,
+                                                              const std::string& value) {
+  std::string host = value, port;
+  bool hasPort = false;
+  if (value.starts_with("[")) {  // [v6-address]:port
+    const size_t close = value.find(']');
+    if (close == std::string::npos) throw ConfigError(flag + ": '" + value + "' lacks a ']'");
+    host = value.substr(1, close - 1);
+    if (close + 1 < value.size()) {
+      if (value[close + 1] != ':') throw ConfigError(flag + ": '" + value + "' is not [HOST]:PORT");
+      port = value.substr(close + 2);
+      hasPort = true;
+    }
+  } else if (const size_t colon = value.rfind(':'); colon != std::string::npos &&
+                                                    value.find(':') == colon) {
+    host = value.substr(0, colon);
+    port = value.substr(colon + 1);
+    hasPort = true;
+  }
+  if (host.empty()) throw ConfigError(flag + ": '" + value + "' has no host");
+  if (!hasPort) return {host, std::nullopt};
+  auto number = toInt(port);
+  if (!number || *number < 0 || *number > 65535)
+    throw ConfigError(flag + ": port '" + port + "' is not a number from 0 to 65535");
+  return {host, static_cast<uint16_t>(*number)};
+}
+
 LaunchParse parseDlrunArgs(const std::vector<std::string>& args, const HostProbe& host) {
   LaunchParse result;
   LaunchConfig& c = result.config;
@@ -233,7 +264,7 @@ LaunchParse parseDlrunArgs(const std::vector<std::string>& args, const HostProbe
   addOption(app, "nnodes", nnodes, "Number of nodes, N or MIN:MAX for an elastic job");
   addOption(app, "nproc-per-node", nproc, "Workers per node: N, cpu, gpu or auto");
   addOption(app, "node-rank", c.nodeRank, "This node's rank for the static backend")
-      ->check(CLI::NonNegativeNumber);
+      ->check(kCount);
   addOption(app, "rdzv-backend", c.rdzvBackend, "Rendezvous backend: static, c10d, etcd")
       ->check(CLI::IsMember({"static", "c10d", "etcd", "etcd-v2"}));
   addOption(app, "rdzv-endpoint", c.rdzvEndpoint, "HOST[:PORT] of the rendezvous store");
@@ -242,13 +273,13 @@ LaunchParse parseDlrunArgs(const std::vector<std::string>& args, const HostProbe
   addFlag(app, "standalone", c.standalone,
           "One node with its own store on a free port; no rendezvous flags needed");
   addOption(app, "max-restarts", c.maxRestarts, "Restarts of the worker group after a failure")
-      ->check(CLI::NonNegativeNumber);
+      ->check(kCount);
   addOption(app, "monitor-interval", monitorInterval,
             "Accepted for torchrun compatibility: dlrun notices worker exits at once")
-      ->check(CLI::PositiveNumber);
+      ->check(kSeconds);
   addOption(app, "stop-timeout", stopTimeout,
             "Seconds between SIGTERM and SIGKILL when workers are stopped")
-      ->check(CLI::NonNegativeNumber);
+      ->check(kSeconds);
   addOption(app, "role", c.role, "Role name of these workers (ROLE_NAME)");
   addFlag(app, "module", module, "Run the entry point as a Python module (python -m)", "-m");
   addFlag(app, "no-python", noPython, "Execute the entry point directly, without Python");
@@ -285,6 +316,7 @@ LaunchParse parseDlrunArgs(const std::vector<std::string>& args, const HostProbe
   c.redirects = parseStreams("--redirects", redirects);
   c.tee = parseStreams("--tee", tee);
   if (!ranksFilter.empty()) c.localRanksFilter = parseRanksFilter(ranksFilter);
+  if (!c.rdzvEndpoint.empty()) parseEndpoint("--rdzv-endpoint", c.rdzvEndpoint);
   if (!logDir.empty()) c.logDir = logDir;
   if (!localAddr.empty()) c.localAddr = localAddr;
   if (masterPort >= 0) c.masterPort = static_cast<uint16_t>(masterPort);

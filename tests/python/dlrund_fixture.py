@@ -2,6 +2,8 @@
 
 The binary comes from the DLRUND environment variable (ctest sets it). Only loopback is used.
 """
+import ctypes
+import faulthandler
 import os
 import re
 import selectors
@@ -12,6 +14,7 @@ import unittest
 
 STARTUP_TIMEOUT_S = 10
 STOP_TIMEOUT_S = 5
+HANG_LIMIT_S = 90  # under ctest's TIMEOUT of 120, so a hang reports where it hung
 LISTENING_LINE = re.compile(rb"dlrund listening on (127\.0\.0\.1):(\d+)\n")
 
 
@@ -20,6 +23,22 @@ def dlrund_binary():
     if not path or not os.access(path, os.X_OK):
         raise RuntimeError(f"DLRUND must name the dlrund executable (got {path!r})")
     return path
+
+
+def main():
+    """unittest.main for a test file; exits with every thread's stack if the file hangs."""
+    # torch 1.13's client waits forever for some replies (add), so a silent server would hang.
+    faulthandler.dump_traceback_later(HANG_LIMIT_S, exit=True)
+    unittest.main(module="__main__")
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent():
+    """Popen preexec_fn: the child is killed if the test process dies without cleaning up."""
+    _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def read_line(stream, timeout):
@@ -61,7 +80,7 @@ class Dlrund:
         # stderr is inherited so the daemon's diagnostics show up in ctest's output.
         self.proc = subprocess.Popen(
             [dlrund_binary(), "--host", "127.0.0.1", "--port", "0", *extra_args],
-            stdout=subprocess.PIPE, bufsize=0)
+            stdout=subprocess.PIPE, bufsize=0, preexec_fn=die_with_parent)
         try:
             self.first_line = read_line(self.proc.stdout, STARTUP_TIMEOUT_S)
             match = LISTENING_LINE.fullmatch(self.first_line)

@@ -3,7 +3,6 @@
 Rendezvous settings come from the environment (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE,
 TORCHELASTIC_*). Exits 0 when the reduced tensor is right, non-zero otherwise.
 """
-import os
 import sys
 from datetime import timedelta
 

@@ -6,7 +6,7 @@ import subprocess
 import time
 import unittest
 
-from dlrund_fixture import dlrund_binary, start_dlrund
+from dlrund_fixture import dlrund_binary, main, start_dlrund
 
 # TCPStore V1 (torch 1.x) op codes, spoken raw here so no torch import is needed.
 GETNUMKEYS = 6
@@ -34,7 +34,8 @@ class DlrundCliTest(unittest.TestCase):
     def test_first_line_and_port_accepts_connections(self):
         daemon = start_dlrund(self)
         self.assertTrue(0 < daemon.port < 65536)
-        self.assertEqual(daemon.first_line.decode(), f"dlrund listening on 127.0.0.1:{daemon.port}\n")
+        self.assertEqual(daemon.first_line.decode(),
+                         f"dlrund listening on 127.0.0.1:{daemon.port}\n")
         sock, num_keys = connect(daemon)
         self.addCleanup(sock.close)
         self.assertEqual(num_keys, 0)
@@ -95,4 +96,4 @@ class DlrundCliTest(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    unittest.main()
+    main()

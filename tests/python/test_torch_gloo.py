@@ -1,12 +1,11 @@
 """Four torch 1.13 processes rendezvous through dlrund and all_reduce over gloo."""
 import os
 import subprocess
-import sys
 import tempfile
 import time
 import unittest
 
-from dlrund_fixture import start_dlrund, stop_process
+from dlrund_fixture import die_with_parent, main, start_dlrund, stop_process
 
 WORLD_SIZE = 4
 TIMEOUT_S = 60
@@ -23,7 +22,7 @@ class TorchGlooTest(unittest.TestCase):
         log = tempfile.TemporaryFile()
         self.addCleanup(log.close)
         proc = subprocess.Popen(["/usr/bin/python3", WORKER], env=env, stdout=log,
-                                stderr=subprocess.STDOUT)
+                                stderr=subprocess.STDOUT, preexec_fn=die_with_parent)
         self.addCleanup(stop_process, proc)  # cleanups run in reverse: before log.close
         return proc, log
 
@@ -45,4 +44,4 @@ class TorchGlooTest(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    unittest.main()
+    main()

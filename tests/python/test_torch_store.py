@@ -6,7 +6,7 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
-from dlrund_fixture import start_dlrund
+from dlrund_fixture import main, start_dlrund
 
 
 class TorchStoreTest(unittest.TestCase):
@@ -106,4 +106,4 @@ class TorchStoreTest(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    unittest.main()
+    main()

@@ -1,0 +1,393 @@
+// The dlrun command line: each small parser on its own, then parseDlrunArgs end to end with a
+// fake HostProbe (no real CPUs, GPUs, PATH or files are consulted).
+#include "launcher/launch_cli.h"
+
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <map>
+#include <set>
+
+#include "common/error.h"
+
+namespace dlrun::launcher {
+namespace {
+
+using Args = std::vector<std::string>;
+
+// The ConfigError message `fn` throws; fails the test when it throws nothing.
+template <typename Fn>
+std::string configError(Fn&& fn) {
+  try {
+    fn();
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "no ConfigError thrown";
+  return {};
+}
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+// A machine with 8 CPUs, `gpus` GPUs, a PATH holding `env` and `torchrun`, and a few files.
+HostProbe fakeHost(int gpus = 0, bool trainerBuilt = false) {
+  HostProbe host;
+  host.cpuCount = [] { return 8; };
+  host.gpuCount = [gpus] { return gpus; };
+  host.findOnPath = [](const std::string& name) -> std::optional<std::string> {
+    static const std::map<std::string, std::string> path = {
+        {"env", "/usr/bin/env"}, {"torchrun", "/usr/local/bin/torchrun"}};
+    auto it = path.find(name);
+    if (it == path.end()) return std::nullopt;
+    return it->second;
+  };
+  std::set<std::string> files = {"script.py", "/jobs/train.py", "/jobs/tool"};
+  if (trainerBuilt) files.insert("/opt/dlrun/bin/dlrun-train");
+  host.fileExists = [files](const std::string& p) { return files.contains(p); };
+  host.selfDir = "/opt/dlrun/bin";
+  host.pythonExec = "/fake/python3";
+  return host;
+}
+
+LaunchConfig parse(const Args& args, const HostProbe& host = fakeHost()) {
+  auto parsed = parseDlrunArgs(args, host);
+  EXPECT_FALSE(parsed.exitCode);
+  return parsed.config;
+}
+
+// Sets an environment variable for one scope.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) { ::setenv(name, value, 1); }
+  ~ScopedEnv() { ::unsetenv(name_); }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+};
+
+// --- parseNnodes -------------------------------------------------------------------------
+
+TEST(ParseNnodes, SingleNumberOrRange) {
+  EXPECT_EQ(parseNnodes("1"), std::make_pair(1, 1));
+  EXPECT_EQ(parseNnodes("4"), std::make_pair(4, 4));
+  EXPECT_EQ(parseNnodes("2:4"), std::make_pair(2, 4));
+  EXPECT_EQ(parseNnodes("3:3"), std::make_pair(3, 3));
+}
+
+TEST(ParseNnodes, RejectsBadValuesNamingTheFlag) {
+  for (const std::string value : {"3:2", "0", "-1", "a", "", "1:2:3", ":2", "2:", "1.5", "2x"}) {
+    SCOPED_TRACE(value);
+    const std::string message = configError([&] { parseNnodes(value); });
+    EXPECT_TRUE(contains(message, "--nnodes")) << message;
+    EXPECT_FALSE(contains(message, "\n")) << message;
+  }
+}
+
+// --- parseNprocPerNode -------------------------------------------------------------------
+
+TEST(ParseNprocPerNode, NumbersAndMachineWords) {
+  EXPECT_EQ(parseNprocPerNode("1", fakeHost()), 1);
+  EXPECT_EQ(parseNprocPerNode("16", fakeHost()), 16);
+  EXPECT_EQ(parseNprocPerNode("cpu", fakeHost(2)), 8);
+  EXPECT_EQ(parseNprocPerNode("gpu", fakeHost(2)), 2);
+  EXPECT_EQ(parseNprocPerNode("auto", fakeHost(2)), 2);
+  EXPECT_EQ(parseNprocPerNode("auto", fakeHost(0)), 8);
+}
+
+TEST(ParseNprocPerNode, GpuWithoutGpusIsAnError) {
+  const std::string message = configError([] { parseNprocPerNode("gpu", fakeHost(0)); });
+  EXPECT_TRUE(contains(message, "--nproc-per-node")) << message;
+  EXPECT_TRUE(contains(message, "GPU")) << message;
+}
+
+TEST(ParseNprocPerNode, RejectsBadValuesNamingTheFlag) {
+  for (const std::string value : {"0", "-2", "x", "4x", "", "2.0", "GPU"}) {
+    SCOPED_TRACE(value);
+    const std::string message = configError([&] { parseNprocPerNode(value, fakeHost()); });
+    EXPECT_TRUE(contains(message, "--nproc-per-node")) << message;
+    EXPECT_FALSE(contains(message, "\n")) << message;
+  }
+}
+
+// --- parseStreams ------------------------------------------------------------------------
+
+TEST(ParseStreams, OneValueForAll) {
+  for (int v = 0; v <= 3; ++v) {
+    auto s = parseStreams("--redirects", std::to_string(v));
+    EXPECT_EQ(s.all, static_cast<agents::Streams>(v));
+    EXPECT_TRUE(s.byRank.empty());
+    EXPECT_EQ(s.forRank(5), static_cast<agents::Streams>(v));
+  }
+}
+
+TEST(ParseStreams, PerRankPairs) {
+  auto s = parseStreams("--tee", "0:1,2:3");
+  EXPECT_EQ(s.all, agents::Streams::None);
+  EXPECT_EQ(s.forRank(0), agents::Streams::Out);
+  EXPECT_EQ(s.forRank(1), agents::Streams::None);
+  EXPECT_EQ(s.forRank(2), agents::Streams::Both);
+}
+
+TEST(ParseStreams, RejectsBadValuesNamingTheGivenFlag) {
+  for (const std::string value : {"4", "-1", "a", "0:4", "-1:1", "0:1,x", "0:", ":1", "0:1:2"}) {
+    SCOPED_TRACE(value);
+    const std::string message = configError([&] { parseStreams("--tee", value); });
+    EXPECT_TRUE(contains(message, "--tee")) << message;
+    EXPECT_TRUE(contains(message, value)) << message;
+  }
+}
+
+// --- parseRdzvConf -----------------------------------------------------------------------
+
+TEST(ParseRdzvConf, KeyValuePairs) {
+  EXPECT_TRUE(parseRdzvConf("").empty());
+  auto conf = parseRdzvConf("timeout=900,join_timeout=30,url=a=b");
+  EXPECT_EQ(conf.size(), 3u);
+  EXPECT_EQ(conf["timeout"], "900");
+  EXPECT_EQ(conf["join_timeout"], "30");
+  EXPECT_EQ(conf["url"], "a=b");  // only the first '=' separates
+}
+
+TEST(ParseRdzvConf, RejectsMalformedItems) {
+  for (const std::string value : {"timeout", "=5", "a=1,,b=2", "a=1,b", ","}) {
+    SCOPED_TRACE(value);
+    const std::string message = configError([&] { parseRdzvConf(value); });
+    EXPECT_TRUE(contains(message, "--rdzv-conf")) << message;
+  }
+}
+
+// --- parseRanksFilter --------------------------------------------------------------------
+
+TEST(ParseRanksFilter, Lists) {
+  EXPECT_EQ(parseRanksFilter("1"), std::set<int>{1});
+  EXPECT_EQ(parseRanksFilter("0,2,3"), (std::set<int>{0, 2, 3}));
+  EXPECT_EQ(parseRanksFilter("3,3,0"), (std::set<int>{0, 3}));
+}
+
+TEST(ParseRanksFilter, RejectsBadLists) {
+  for (const std::string value : {"", "a", "-1", "1,,2", "1,", "0-3", "1 2"}) {
+    SCOPED_TRACE(value);
+    const std::string message = configError([&] { parseRanksFilter(value); });
+    EXPECT_TRUE(contains(message, "--local-ranks-filter")) << message;
+  }
+}
+
+// --- parseDlrunArgs: entry points --------------------------------------------------------
+
+TEST(ParseDlrunArgs, PyScriptRunsUnderPythonUnbuffered) {
+  auto c = parse({"script.py", "--lr", "0.1"});
+  EXPECT_EQ(c.command, (Args{"/fake/python3", "-u", "script.py", "--lr", "0.1"}));
+  EXPECT_EQ(c.entrypoint, "script.py");
+  c = parse({"/jobs/train.py"});
+  EXPECT_EQ(c.command, (Args{"/fake/python3", "-u", "/jobs/train.py"}));
+}
+
+TEST(ParseDlrunArgs, Module) {
+  for (const std::string flag : {"-m", "--module"}) {
+    auto c = parse({flag, "pkg.train", "--epochs", "2"});
+    EXPECT_EQ(c.command, (Args{"/fake/python3", "-u", "-m", "pkg.train", "--epochs", "2"}));
+    EXPECT_EQ(c.entrypoint, "pkg.train");
+  }
+}
+
+TEST(ParseDlrunArgs, NoPythonExecutesTheFileItself) {
+  for (const std::string flag : {"--no-python", "--no_python"}) {
+    auto c = parse({flag, "/jobs/train.py", "x"});
+    EXPECT_EQ(c.command, (Args{"/jobs/train.py", "x"}));
+  }
+  auto c = parse({"--no-python", "env", "A=1"});
+  EXPECT_EQ(c.command, (Args{"/usr/bin/env", "A=1"}));
+}
+
+TEST(ParseDlrunArgs, NameOnPathRunsAsFound) {
+  auto c = parse({"env", "FOO=1", "printenv"});
+  EXPECT_EQ(c.command, (Args{"/usr/bin/env", "FOO=1", "printenv"}));
+  EXPECT_EQ(c.entrypoint, "env");
+}
+
+TEST(ParseDlrunArgs, MissingEntryPointIsAnErrorNamingIt) {
+  for (const std::string entry : {"no-such-program", "/nowhere/train.py", "missing.py"}) {
+    SCOPED_TRACE(entry);
+    const std::string message = configError([&] { parse({entry}); });
+    EXPECT_TRUE(contains(message, entry)) << message;
+  }
+  const std::string none = configError([] { parse({"--nproc-per-node=2"}); });
+  EXPECT_TRUE(contains(none, "entry point")) << none;
+  EXPECT_TRUE(contains(configError([] { parse({}); }), "entry point"));
+}
+
+TEST(ParseDlrunArgs, BundledTrainerSitsBesideDlrun) {
+  auto c = parse({"train", "--epochs", "1"}, fakeHost(0, /*trainerBuilt=*/true));
+  EXPECT_EQ(c.command, (Args{"/opt/dlrun/bin/dlrun-train", "--epochs", "1"}));
+  const std::string message = configError([] { parse({"train"}, fakeHost(0, false)); });
+  EXPECT_TRUE(contains(message, "/opt/dlrun/bin/dlrun-train")) << message;
+  EXPECT_FALSE(contains(message, "\n")) << message;
+}
+
+TEST(ParseDlrunArgs, EverythingAfterTheEntryPointBelongsToTheWorker) {
+  auto c = parse({"--nproc-per-node=2", "script.py", "--nproc-per-node=9", "-m", "--standalone"});
+  EXPECT_EQ(c.nprocPerNode, 2);
+  EXPECT_FALSE(c.standalone);
+  EXPECT_EQ(c.command,
+            (Args{"/fake/python3", "-u", "script.py", "--nproc-per-node=9", "-m", "--standalone"}));
+  c = parse({"--", "env"});
+  EXPECT_EQ(c.command, (Args{"/usr/bin/env"}));
+}
+
+// --- parseDlrunArgs: flags ---------------------------------------------------------------
+
+TEST(ParseDlrunArgs, Defaults) {
+  auto c = parse({"env"});
+  EXPECT_EQ(c.minNodes, 1);
+  EXPECT_EQ(c.maxNodes, 1);
+  EXPECT_EQ(c.nprocPerNode, 1);
+  EXPECT_EQ(c.nodeRank, 0);
+  EXPECT_FALSE(c.standalone);
+  EXPECT_EQ(c.maxRestarts, 0);
+  EXPECT_EQ(c.role, "default");
+  EXPECT_FALSE(c.logDir);
+  EXPECT_EQ(c.redirects.all, agents::Streams::None);
+  EXPECT_EQ(c.tee.all, agents::Streams::None);
+  EXPECT_FALSE(c.localRanksFilter);
+  EXPECT_EQ(c.logLinePrefixTemplate, "[${rank}]:");
+  EXPECT_FALSE(c.masterPort);
+  EXPECT_EQ(c.stopTimeout, std::chrono::seconds(30));
+  EXPECT_TRUE(c.singleNode());
+}
+
+TEST(ParseDlrunArgs, ReadsEveryFlag) {
+  auto c = parse({"--nnodes=1", "--nproc-per-node=3", "--node-rank=0", "--rdzv-backend=c10d",
+                  "--rdzv-endpoint=127.0.0.1:29400", "--rdzv-id=job7",
+                  "--rdzv-conf=timeout=60", "--max-restarts=4", "--monitor-interval=5",
+                  "--stop-timeout=1.5", "--role=trainer", "--log-dir=/logs", "-r", "3", "-t",
+                  "0:1", "--local-ranks-filter=0,2", "--log-line-prefix-template=<${rank}>",
+                  "--local-addr=127.0.0.2", "--master-addr=127.0.0.3", "--master-port=1234",
+                  "--run-path", "env"});
+  EXPECT_EQ(c.nprocPerNode, 3);
+  EXPECT_EQ(c.rdzvBackend, "c10d");
+  EXPECT_EQ(c.rdzvEndpoint, "127.0.0.1:29400");
+  EXPECT_EQ(c.rdzvId, "job7");
+  EXPECT_EQ(c.rdzvConf, (std::map<std::string, std::string>{{"timeout", "60"}}));
+  EXPECT_EQ(c.maxRestarts, 4);
+  EXPECT_EQ(c.stopTimeout, std::chrono::milliseconds(1500));
+  EXPECT_EQ(c.role, "trainer");
+  EXPECT_EQ(c.logDir, "/logs");
+  EXPECT_EQ(c.redirects.all, agents::Streams::Both);
+  EXPECT_EQ(c.tee.forRank(0), agents::Streams::Out);
+  EXPECT_EQ(c.tee.forRank(1), agents::Streams::None);
+  EXPECT_EQ(c.localRanksFilter, (std::set<int>{0, 2}));
+  EXPECT_EQ(c.logLinePrefixTemplate, "<${rank}>");
+  EXPECT_EQ(c.localAddr, "127.0.0.2");
+  EXPECT_EQ(c.masterAddr, "127.0.0.3");
+  EXPECT_EQ(c.masterPort, 1234);
+  EXPECT_EQ(c.command, (Args{"/usr/bin/env"}));
+}
+
+TEST(ParseDlrunArgs, UnderscoredSpellings) {
+  auto c = parse({"--nproc_per_node=3", "--max_restarts", "2", "--rdzv_backend=c10d",
+                  "--rdzv_id=x", "--log_dir=/l", "--local_ranks_filter=1", "--stop_timeout=2",
+                  "--master_port=99", "env"});
+  EXPECT_EQ(c.nprocPerNode, 3);
+  EXPECT_EQ(c.maxRestarts, 2);
+  EXPECT_EQ(c.rdzvBackend, "c10d");
+  EXPECT_EQ(c.rdzvId, "x");
+  EXPECT_EQ(c.logDir, "/l");
+  EXPECT_EQ(c.localRanksFilter, std::set<int>{1});
+  EXPECT_EQ(c.stopTimeout, std::chrono::seconds(2));
+  EXPECT_EQ(c.masterPort, 99);
+}
+
+TEST(ParseDlrunArgs, StandaloneUsesItsOwnStore) {
+  auto c = parse({"--standalone", "--nproc-per-node=4", "env"});
+  EXPECT_TRUE(c.standalone);
+  EXPECT_EQ(c.rdzvBackend, "c10d");
+  EXPECT_TRUE(c.singleNode());
+}
+
+TEST(ParseDlrunArgs, PetVariablesAreDefaults) {
+  ScopedEnv nproc("PET_NPROC_PER_NODE", "5");
+  ScopedEnv restarts("PET_MAX_RESTARTS", "3");
+  ScopedEnv role("PET_ROLE", "fromenv");
+  ScopedEnv standalone("PET_STANDALONE", "1");
+  auto c = parse({"env"});
+  EXPECT_EQ(c.nprocPerNode, 5);
+  EXPECT_EQ(c.maxRestarts, 3);
+  EXPECT_EQ(c.role, "fromenv");
+  EXPECT_TRUE(c.standalone);
+  // The flag wins, in either spelling.
+  EXPECT_EQ(parse({"--nproc-per-node", "2", "env"}).nprocPerNode, 2);
+  EXPECT_EQ(parse({"--nproc_per_node=2", "env"}).nprocPerNode, 2);
+  EXPECT_EQ(parse({"--max-restarts=0", "env"}).maxRestarts, 0);
+}
+
+TEST(ParseDlrunArgs, PetVariableWithABadValueIsAnError) {
+  ScopedEnv nproc("PET_NPROC_PER_NODE", "0");
+  const std::string message = configError([] { parse({"env"}); });
+  EXPECT_TRUE(contains(message, "nproc")) << message;
+}
+
+TEST(ParseDlrunArgs, NodeRankAndNnodes) {
+  auto c = parse({"--nnodes=2:4", "--rdzv-backend=c10d", "--node-rank=3", "env"});
+  EXPECT_EQ(c.minNodes, 2);
+  EXPECT_EQ(c.maxNodes, 4);
+  EXPECT_EQ(c.nodeRank, 3);
+  EXPECT_FALSE(c.singleNode());
+}
+
+// Each bad command line is a ConfigError naming the flag, on one line.
+TEST(ParseDlrunArgs, InvalidInputNamesTheFlag) {
+  const std::vector<std::pair<Args, std::vector<std::string>>> cases = {
+      {{"--nproc-per-node=0", "env"}, {"--nproc-per-node", "0"}},
+      {{"--nnodes=3:2", "env"}, {"--nnodes"}},
+      {{"--rdzv-backend=bogus", "env"}, {"--rdzv-backend", "bogus"}},
+      {{"--rdzv-conf=novalue", "env"}, {"--rdzv-conf", "novalue"}},
+      {{"--master-port=abc", "env"}, {"--master-port", "abc"}},
+      {{"--master-port=65536", "env"}, {"--master-port"}},
+      {{"--max-restarts=-1", "env"}, {"--max-restarts"}},
+      {{"--node-rank=2", "--nnodes=2", "env"}, {"--node-rank"}},
+      {{"--standalone", "--nnodes=2", "env"}, {"--standalone"}},
+      {{"--nnodes=1:2", "env"}, {"--nnodes"}},  // elastic needs c10d
+      {{"-m", "--no-python", "env"}, {"--module", "--no-python"}},
+      {{"--redirects=9", "env"}, {"--redirects", "9"}},
+      {{"--tee=x", "env"}, {"--tee", "x"}},
+      {{"--local-ranks-filter=a", "env"}, {"--local-ranks-filter", "a"}},
+  };
+  for (const auto& [args, mentions] : cases) {
+    SCOPED_TRACE(args.front());
+    const std::string message = configError([&] { parse(args); });
+    for (const auto& word : mentions) EXPECT_TRUE(contains(message, word)) << message;
+    EXPECT_FALSE(contains(message, "\n")) << message;
+  }
+}
+
+// HOST:PORT with a port that is not a number is bad input even on one node (torchrun refuses
+// it too), not something to ignore until a multi-node run trips over it.
+TEST(ParseDlrunArgs, RdzvEndpointWithANonNumericPortIsRejected) {
+  for (const std::string endpoint : {"127.0.0.1:abc", "host:", "[::1]:x", "h:70000"}) {
+    SCOPED_TRACE(endpoint);
+    const std::string message = configError(
+        [&] { parse({"--rdzv-backend=c10d", "--rdzv-endpoint=" + endpoint, "env"}); });
+    EXPECT_TRUE(contains(message, "--rdzv-endpoint")) << message;
+  }
+  // Host alone, host:port and bracketed IPv6 are fine.
+  for (const std::string endpoint : {"127.0.0.1", "127.0.0.1:29400", "node1:29400", "[::1]:29400"})
+    EXPECT_EQ(parse({"--rdzv-backend=c10d", "--rdzv-endpoint=" + endpoint, "env"}).rdzvEndpoint,
+              endpoint);
+}
+
+TEST(ParseDlrunArgs, HelpAndVersionEndWithZero) {
+  for (const std::string flag : {"--help", "--version"}) {
+    testing::internal::CaptureStdout();
+    auto parsed = parseDlrunArgs({flag}, fakeHost());
+    const std::string out = testing::internal::GetCapturedStdout();
+    EXPECT_EQ(parsed.exitCode, 0);
+    EXPECT_FALSE(out.empty());
+  }
+}
+
+}  // namespace
+}  // namespace dlrun::launcher

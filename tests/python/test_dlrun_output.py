@@ -1,0 +1,128 @@
+"""Worker output: each console line prefixed `[rank]:` by default, --local-ranks-filter for the
+console, and per-rank files <log-dir>/<run-id>/attempt_0/<local_rank>/{stdout,stderr}.log with
+--redirects (files only) and --tee (files and console)."""
+import os
+import unittest
+
+from dlrun_fixture import (PYTHON, clean_env, kill_recorded_workers, main, run_dlrun, temp_dir,
+                           worker)
+
+OUTPUT_WORKER = worker("output_worker.py")
+FAIL_WORKER = worker("fail_worker.py")
+
+
+def stdout_lines(rank):
+    return [f"out 1 of rank {rank}", f"out 2 of rank {rank}"]
+
+
+def worker_lines(text):
+    """Console lines that came from workers (dlrun's own start with 'dlrun:')."""
+    return [line for line in text.splitlines() if not line.startswith("dlrun:")]
+
+
+class DlrunOutputTest(unittest.TestCase):
+    def run_workers(self, *flags, nproc=2):
+        # OMP_NUM_THREADS is set so dlrun has nothing to say about it.
+        result = run_dlrun(self, [f"--nproc-per-node={nproc}", *flags, PYTHON, OUTPUT_WORKER],
+                           env=clean_env(OMP_NUM_THREADS="1"))
+        self.assertEqual(result.returncode, 0, result)
+        return result
+
+    def assert_rank_shown(self, result, rank):
+        out, err = worker_lines(result.stdout), worker_lines(result.stderr)
+        for line in stdout_lines(rank) + [f"tail of rank {rank}"]:
+            self.assertIn(f"[{rank}]:{line}", out, result)
+        self.assertIn(f"[{rank}]:err 1 of rank {rank}", err, result)
+
+    def run_id(self, result, rank):
+        ids = {line.split()[-1] for line in worker_lines(result.stdout)
+               if line.startswith(f"[{rank}]:run id ")}
+        self.assertEqual(len(ids), 1, result)
+        return ids.pop()
+
+    def read_log(self, log_dir, run_id, rank, stream):
+        with open(os.path.join(log_dir, run_id, "attempt_0", str(rank), f"{stream}.log")) as f:
+            return f.read()
+
+    def test_default_prefix_on_every_line(self):
+        result = self.run_workers(nproc=3)
+        for text in (result.stdout, result.stderr):
+            for line in worker_lines(text):
+                self.assertRegex(line, r"^\[[0-2]\]:", result)
+                rank = line[1]
+                # A rank's prefix only ever carries that rank's own text.
+                self.assertTrue(line.endswith(f"rank {rank}") or "run id" in line, line)
+        for rank in range(3):
+            self.assert_rank_shown(result, rank)
+        self.assertEqual(len(worker_lines(result.stdout)), 3 * 4, result)
+        self.assertEqual(len(worker_lines(result.stderr)), 3 * 1, result)
+
+    def test_prefix_template(self):
+        result = self.run_workers("--log-line-prefix-template", "${role_name}/${local_rank}|",
+                                  "--role", "trainer")
+        self.assertIn("trainer/1|out 1 of rank 1", worker_lines(result.stdout), result)
+
+    def test_local_ranks_filter(self):
+        result = self.run_workers("--local-ranks-filter=1", nproc=3)
+        self.assert_rank_shown(result, 1)
+        for text in (result.stdout, result.stderr):
+            for line in worker_lines(text):
+                self.assertTrue(line.startswith("[1]:"), result)
+
+    def test_redirects_to_files_only(self):
+        log_dir = temp_dir(self)
+        result = self.run_workers("--log-dir", log_dir, "--redirects=3")
+        self.assertEqual(worker_lines(result.stdout), [], result)
+        self.assertEqual(worker_lines(result.stderr), [], result)
+        run_ids = os.listdir(log_dir)
+        self.assertEqual(len(run_ids), 1, run_ids)
+        for rank in range(2):
+            out = self.read_log(log_dir, run_ids[0], rank, "stdout")
+            self.assertEqual(out, "\n".join(stdout_lines(rank)) +
+                             f"\nrun id {run_ids[0]}\ntail of rank {rank}")
+            self.assertEqual(self.read_log(log_dir, run_ids[0], rank, "stderr"),
+                             f"err 1 of rank {rank}\n")
+
+    def test_redirects_for_one_rank(self):
+        log_dir = temp_dir(self)
+        result = self.run_workers("--log-dir", log_dir, "--redirects", "1:3")
+        self.assert_rank_shown(result, 0)
+        for text in (result.stdout, result.stderr):
+            self.assertFalse([l for l in worker_lines(text) if l.startswith("[1]:")], result)
+        (run_id,) = os.listdir(log_dir)
+        self.assertIn("out 1 of rank 1\n", self.read_log(log_dir, run_id, 1, "stdout"))
+        self.assertEqual(self.read_log(log_dir, run_id, 1, "stderr"), "err 1 of rank 1\n")
+
+    def test_tee_stdout(self):
+        log_dir = temp_dir(self)
+        result = self.run_workers("--log-dir", log_dir, "--tee=1")
+        for rank in range(2):
+            self.assert_rank_shown(result, rank)
+            run_id = self.run_id(result, rank)
+            self.assertRegex(run_id, r"^\S+$")
+            out = self.read_log(log_dir, run_id, rank, "stdout")
+            self.assertEqual(out, "\n".join(stdout_lines(rank)) +
+                             f"\nrun id {run_id}\ntail of rank {rank}")
+            # No prefixes in the files: they hold what the worker wrote.
+            self.assertNotIn("[", out)
+
+    def test_each_attempt_has_its_own_logs(self):
+        log_dir, out = temp_dir(self), temp_dir(self)
+        self.addCleanup(kill_recorded_workers, out)
+        # Rank 1 fails with exit 3 on attempt 0 only; attempt 1 succeeds.
+        result = run_dlrun(self, ["--nproc-per-node=2", "--max-restarts=1", "--log-dir", log_dir,
+                                  "--redirects=3", PYTHON, FAIL_WORKER, out, "fail-first", "1",
+                                  "3"], env=clean_env(OMP_NUM_THREADS="1"))
+        self.assertEqual(result.returncode, 0, result)
+        (run_id,) = os.listdir(log_dir)
+        self.assertEqual(sorted(os.listdir(os.path.join(log_dir, run_id))),
+                         ["attempt_0", "attempt_1"])
+        first = self.read_log(log_dir, run_id, 1, "stderr")
+        self.assertIn("last words of rank 1", first)
+        self.assertEqual(self.read_log(log_dir, run_id, 1, "stderr").count("failing now"), 1)
+        with open(os.path.join(log_dir, run_id, "attempt_1", "1", "stderr.log")) as f:
+            self.assertNotIn("failing now", f.read())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,32 @@
+"""What the test workers share: atomic file writes and bounded waits to be stopped."""
+import json
+import os
+import time
+
+# A worker that waits to be stopped gives up after this long, so a launcher that fails to stop
+# it cannot leave it behind for ever (the tests fail long before).
+MAX_WAIT_S = 60
+
+
+def write_atomic(path, text):
+    """Writes `text` to a temporary name and renames it: a file that exists is complete."""
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.rename(tmp, path)
+
+
+def write_json(path, data):
+    write_atomic(path, json.dumps(data))
+
+
+def rank():
+    return int(os.environ["RANK"])
+
+
+def wait_to_be_stopped():
+    """Blocks until a signal ends the process; exits 4 if none comes within MAX_WAIT_S."""
+    deadline = time.monotonic() + MAX_WAIT_S
+    while time.monotonic() < deadline:
+        time.sleep(deadline - time.monotonic())
+    os._exit(4)
