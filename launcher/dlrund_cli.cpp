@@ -2,7 +2,7 @@
 
 #include <CLI/CLI.hpp>
 
-#include "launcher/cli_common.h"
+#include "common/cli.h"
 #include "launcher/version.h"
 
 namespace dlrun::launcher {

@@ -3,14 +3,14 @@
 
 #include "common/asio.h"
 #include "common/log.h"
-#include "launcher/cli_common.h"
+#include "common/cli.h"
 #include "launcher/dlrund_cli.h"
 #include "rendezvous/tcp_stream.h"
 
 int main(int argc, char** argv) {
   using namespace dlrun;
   log::setProgramName("dlrund");
-  return launcher::guardedMain([&] {
+  return guardedMain([&] {
     auto parsed = launcher::parseDlrundArgs(std::vector<std::string>(argv + 1, argv + argc));
     if (parsed.exitCode) return *parsed.exitCode;
     if (parsed.config.verbose) log::setVerbose(true);

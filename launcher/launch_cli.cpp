@@ -9,7 +9,7 @@
 #include <filesystem>
 
 #include "common/error.h"
-#include "launcher/cli_common.h"
+#include "common/cli.h"
 #include "launcher/version.h"
 
 namespace dlrun::launcher {

@@ -9,6 +9,8 @@ packages=(
   cmake ninja-build g++ ccache          # toolchain
   libboost-dev libcli11-dev             # Asio, the command line
   nlohmann-json3-dev                    # TF_CONFIG, worker error files
+  libgloo-dev libeigen3-dev zlib1g-dev  # the CPU trainer: all-reduce, math, gzip
+  dataset-fashion-mnist                 # the trainer's data
   libgtest-dev                          # unit tests
   clang libclang-rt-14-dev              # libFuzzer for the wire-parser fuzz test
   python3-torch libtorch-dev            # real TCPStore clients (Python, C++), real DDP workers

@@ -1,4 +1,4 @@
-// What the dlrun and dlrund command lines share: parsing with CLI11 under one error policy.
+// What every dlrun program's command line shares: parsing with CLI11 under one error policy.
 #pragma once
 
 #include <functional>
@@ -10,7 +10,7 @@ namespace CLI {
 class App;
 }
 
-namespace dlrun::launcher {
+namespace dlrun {
 
 // Parses args (without argv[0]). --help and --version print to stdout and return the exit code
 // to end with (0); a bad flag throws ConfigError with CLI11's one-line message; otherwise
@@ -22,4 +22,4 @@ std::optional<int> parseCommandLine(CLI::App& app, const std::vector<std::string
 // "NAME: error: ..." and gives 2, any other exception the same line and 1.
 int guardedMain(const std::function<int()>& body);
 
-}  // namespace dlrun::launcher
+}  // namespace dlrun

@@ -1,4 +1,4 @@
-#include "launcher/cli_common.h"
+#include "common/cli.h"
 
 #include <CLI/CLI.hpp>
 #include <iostream>
@@ -6,7 +6,7 @@
 #include "common/error.h"
 #include "common/log.h"
 
-namespace dlrun::launcher {
+namespace dlrun {
 
 std::optional<int> parseCommandLine(CLI::App& app, const std::vector<std::string>& args,
                                     const std::string& version) {
@@ -38,4 +38,4 @@ int guardedMain(const std::function<int()>& body) {
   }
 }
 
-}  // namespace dlrun::launcher
+}  // namespace dlrun

@@ -1,0 +1,123 @@
+#include "trainer/collective.h"
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <gloo/allreduce.h>
+#include <gloo/math.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/store.h>
+#include <gloo/transport/tcp/device.h>
+
+#include "common/error.h"
+
+namespace dlrun::trainer {
+namespace {
+
+class SoloCollective : public Collective {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  void allreduceSum(float*, size_t) override {}
+};
+
+// Gloo's rendezvous store over the dlrun store.
+class GlooStore : public gloo::rendezvous::Store {
+ public:
+  explicit GlooStore(std::shared_ptr<rendezvous::Store> store) : store_(std::move(store)) {}
+  void set(const std::string& key, const std::vector<char>& data) override {
+    store_->set(key, std::string(data.begin(), data.end()));
+  }
+  std::vector<char> get(const std::string& key) override {
+    std::string value = store_->get(key);
+    return {value.begin(), value.end()};
+  }
+  void wait(const std::vector<std::string>& keys) override {
+    store_->wait(keys, rendezvous::Store::kDefaultTimeout);
+  }
+  void wait(const std::vector<std::string>& keys,
+            const std::chrono::milliseconds& timeout) override {
+    store_->wait(keys, timeout);
+  }
+
+ private:
+  std::shared_ptr<rendezvous::Store> store_;
+};
+
+class GlooCollective : public Collective {
+ public:
+  GlooCollective(std::shared_ptr<rendezvous::Store> store, int rank, int size,
+                 const std::string& localAddr)
+      : rank_(rank), size_(size) {
+    gloo::transport::tcp::attr attr;
+    attr.hostname = localAddr;
+    device_ = gloo::transport::tcp::CreateDevice(attr);
+    context_ = std::make_shared<gloo::rendezvous::Context>(rank, size);
+    GlooStore glooStore(std::move(store));
+    context_->connectFullMesh(glooStore, device_);
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+
+  void allreduceSum(float* data, size_t count) override {
+    // Flattened buckets: large gradients go in pieces so no single message is huge.
+    for (size_t offset = 0; offset < count; offset += kBucket) {
+      gloo::AllreduceOptions options(context_);
+      options.setOutput(data + offset, std::min(kBucket, count - offset));
+      options.setReduceFunction(
+          static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<float>));
+      options.setTag(tag_++);
+      gloo::allreduce(options);
+    }
+  }
+
+ private:
+  static constexpr size_t kBucket = 1 << 20;  // floats per all-reduce
+  int rank_, size_;
+  uint32_t tag_ = 0;
+  std::shared_ptr<gloo::transport::Device> device_;
+  std::shared_ptr<gloo::rendezvous::Context> context_;
+};
+
+}  // namespace
+
+std::unique_ptr<Collective> makeSoloCollective() { return std::make_unique<SoloCollective>(); }
+
+std::unique_ptr<Collective> makeGlooCollective(std::shared_ptr<rendezvous::Store> store, int rank,
+                                               int size, const std::string& localAddr) {
+  try {
+    return std::make_unique<GlooCollective>(std::move(store), rank, size, localAddr);
+  } catch (const ::gloo::Exception& e) {
+    throw Error(std::string("cannot connect the Gloo all-reduce: ") + e.what());
+  }
+}
+
+std::string localAddressToward(const std::string& host, uint16_t port) {
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* list = nullptr;
+  if (::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &list) != 0 || !list)
+    throw Error("cannot resolve MASTER_ADDR '" + host + "'");
+  // Connecting a UDP socket only picks the route; nothing is sent.
+  int fd = ::socket(list->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  sockaddr_storage local{};
+  socklen_t length = sizeof(local);
+  const bool ok = fd >= 0 && ::connect(fd, list->ai_addr, list->ai_addrlen) == 0 &&
+                  ::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &length) == 0;
+  ::freeaddrinfo(list);
+  if (fd >= 0) ::close(fd);
+  if (!ok) throw Error("no route to MASTER_ADDR '" + host + "': " + std::strerror(errno));
+  char text[INET6_ADDRSTRLEN] = {};
+  const void* address = local.ss_family == AF_INET
+                            ? static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(&local)->sin_addr)
+                            : static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(&local)->sin6_addr);
+  ::inet_ntop(local.ss_family, address, text, sizeof(text));
+  return text;
+}
+
+}  // namespace dlrun::trainer

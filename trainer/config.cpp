@@ -1,0 +1,93 @@
+#include "trainer/config.h"
+
+#include <CLI/CLI.hpp>
+#include <charconv>
+#include <cstdlib>
+#include <cstring>
+
+#include "common/cli.h"
+#include "common/error.h"
+
+namespace dlrun::trainer {
+namespace {
+
+std::optional<int64_t> envInt(const char* name) {
+  const char* text = std::getenv(name);
+  if (text == nullptr) return std::nullopt;
+  int64_t value = 0;
+  const char* end = text + std::strlen(text);
+  auto [at, ec] = std::from_chars(text, end, value);
+  if (ec != std::errc() || at != end)
+    throw ConfigError(std::string(name) + "='" + text + "' is not an integer");
+  return value;
+}
+
+Placement placementFromEnvironment() {
+  Placement p;
+  auto rank = envInt("RANK"), world = envInt("WORLD_SIZE");
+  if (!rank || !world)
+    throw ConfigError(
+        "RANK and WORLD_SIZE are not set: start it with dlrun, e.g. "
+        "'dlrun --standalone --nproc-per-node=4 train', or pass --single to train alone");
+  if (*world < 1 || *rank < 0 || *rank >= *world)
+    throw ConfigError("RANK=" + std::to_string(*rank) + " does not fit WORLD_SIZE=" +
+                      std::to_string(*world));
+  p.rank = static_cast<int>(*rank);
+  p.worldSize = static_cast<int>(*world);
+  p.restartCount = static_cast<int>(envInt("TORCHELASTIC_RESTART_COUNT").value_or(0));
+  if (p.worldSize > 1) {
+    const char* addr = std::getenv("MASTER_ADDR");
+    auto port = envInt("MASTER_PORT");
+    if (addr == nullptr || !port || *port < 1 || *port > 65535)
+      throw ConfigError("MASTER_ADDR and MASTER_PORT must name the job's store");
+    p.masterAddr = addr;
+    p.masterPort = static_cast<uint16_t>(*port);
+  }
+  return p;
+}
+
+}  // namespace
+
+TrainParse parseTrainArgs(const std::vector<std::string>& args) {
+  TrainParse result;
+  TrainConfig& c = result.config;
+  CLI::App app(
+      "dlrun-train: data-parallel MLP training on Fashion-MNIST, the bundled worker of dlrun.\n"
+      "Start it as 'dlrun --standalone --nproc-per-node=N train [flags]'.",
+      "train");
+  app.option_defaults()->always_capture_default();
+  app.add_option("--epochs", c.epochs, "Passes over the training set")
+      ->check(CLI::Range(1, 100000));
+  app.add_option("--batch-size", c.batchSize, "Examples per rank per step")
+      ->check(CLI::Range(1, 1 << 20));
+  app.add_option("--lr", c.learningRate, "Learning rate for the global batch")
+      ->check(CLI::Range(0.0f, 100.0f));
+  app.add_option("--momentum", c.momentum, "SGD momentum")->check(CLI::Range(0.0f, 1.0f));
+  app.add_option("--weight-decay", c.weightDecay, "L2 weight decay")
+      ->check(CLI::Range(0.0f, 1.0f));
+  app.add_option("--hidden", c.hidden, "Hidden layer widths, e.g. --hidden 256 128")
+      ->check(CLI::Range(1, 1 << 16));
+  app.add_option("--seed", c.seed, "Seed of the initial weights and the data order");
+  app.add_option("--data", c.dataDir, "Directory with the Fashion-MNIST IDX files");
+  app.add_flag("--synthetic", c.synthetic, "Train on generated data instead");
+  app.add_option("--device", c.device, "cpu, cuda or auto")
+      ->check(CLI::IsMember({"cpu", "cuda", "auto"}));
+  app.add_option("--checkpoint-dir", c.checkpointDir,
+                 "Write checkpoints here and resume from the newest one at start");
+  app.add_option("--checkpoint-every", c.checkpointEvery,
+                 "Steps between checkpoints (0: at the end of each epoch only)")
+      ->check(CLI::Range(0, 1 << 30));
+  app.add_option("--max-steps", c.maxSteps, "Stop after this many steps (-1: no limit)");
+  app.add_option("--dump-weights", c.dumpWeights, "Write the final parameters (float32)");
+  app.add_option("--progress-every", c.progressEvery, "Steps between progress lines")
+      ->check(CLI::Range(1, 1 << 30));
+  app.add_flag("--single", c.single, "Train alone, without dlrun");
+  app.set_version_flag("--version", "0.1.0");
+  result.exitCode = parseCommandLine(app, args, "0.1.0");
+  if (result.exitCode) return result;
+  if (c.hidden.empty()) throw ConfigError("--hidden needs at least one width");
+  if (!c.single) result.placement = placementFromEnvironment();
+  return result;
+}
+
+}  // namespace dlrun::trainer

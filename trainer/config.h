@@ -1,0 +1,54 @@
+// The trainer's settings: flags, plus where this process sits in the job (from the
+// environment dlrun gives every worker).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "trainer/data.h"
+
+namespace dlrun::trainer {
+
+struct TrainConfig {
+  int epochs = 15;
+  int batchSize = 64;  // per rank; the global batch is batchSize x world size
+  // For the global batch: gradients are averaged over all ranks, so the same learning rate
+  // fits any world size at the same global batch. It is not rescaled when the world changes.
+  float learningRate = 0.05f;
+  float momentum = 0.9f;
+  float weightDecay = 5e-4f;
+  std::vector<int> hidden = {256, 128};
+  uint64_t seed = 1;
+  std::string dataDir = kDefaultDataDir;
+  bool synthetic = false;
+  std::string device = "auto";  // cpu, cuda, auto
+  std::string checkpointDir;    // empty: no checkpoints
+  int checkpointEvery = 0;      // steps between checkpoints (0: at each epoch's end only)
+  int64_t maxSteps = -1;        // stop after this many global steps (tests, benchmarks)
+  std::string dumpWeights;      // write the final parameters here (raw float32)
+  int progressEvery = 100;      // steps between progress lines
+  bool single = false;          // run alone, without dlrun
+};
+
+// Where this process sits, from RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT and
+// TORCHELASTIC_RESTART_COUNT.
+struct Placement {
+  int rank = 0;
+  int worldSize = 1;
+  std::string masterAddr;
+  uint16_t masterPort = 0;
+  int restartCount = 0;
+};
+
+struct TrainParse {
+  TrainConfig config;
+  Placement placement;
+  std::optional<int> exitCode;  // --help, --version
+};
+
+// Throws ConfigError for bad flags, and when started outside dlrun without --single.
+TrainParse parseTrainArgs(const std::vector<std::string>& args);
+
+}  // namespace dlrun::trainer

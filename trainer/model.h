@@ -1,0 +1,71 @@
+// The model: an MLP (ReLU hidden layers, softmax cross-entropy) whose parameters and gradients
+// each live in one flat buffer, so a whole gradient all-reduces as contiguous buckets and a
+// checkpoint is one array. SGD with momentum and weight decay updates the flat buffer in place.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace dlrun::trainer {
+
+struct MlpShape {
+  int inputs = 784;
+  std::vector<int> hidden = {256, 128};
+  int classes = 10;
+
+  std::vector<int> widths() const;  // inputs, hidden..., classes
+  size_t parameterCount() const;
+};
+
+class Mlp {
+ public:
+  // He-initialised weights and zero biases, the same for every rank given the same seed.
+  Mlp(MlpShape shape, uint64_t seed);
+
+  const MlpShape& shape() const { return shape_; }
+  std::vector<float>& params() { return params_; }
+  const std::vector<float>& params() const { return params_; }
+  std::vector<float>& grads() { return grads_; }
+
+  // Forward and backward over a batch (x: batch x inputs, row-major): fills grads() with the
+  // mean gradient over the batch and returns the mean loss.
+  float lossAndGradient(const float* x, const uint8_t* labels, int batch);
+  // How many of the batch's examples the model classifies correctly.
+  int countCorrect(const float* x, const uint8_t* labels, int batch);
+
+ private:
+  struct Layer {
+    size_t weights;  // offset of the out x in weight matrix (row-major) in the flat buffers
+    size_t bias;     // offset of the out biases
+    int in, out;
+  };
+
+  // Fills activations_; the last one holds the logits.
+  void forward(const float* x, int batch);
+
+  MlpShape shape_;
+  std::vector<Layer> layers_;
+  std::vector<float> params_, grads_;
+  std::vector<std::vector<float>> activations_;  // per layer output, reused across batches
+};
+
+struct SgdOptions {
+  float learningRate = 0.05f;
+  float momentum = 0.9f;
+  float weightDecay = 5e-4f;
+};
+
+// PyTorch's SGD: g += wd * p; v = momentum * v + g; p -= lr * v.
+class Sgd {
+ public:
+  Sgd(SgdOptions options, size_t parameters) : options_(options), velocity_(parameters, 0.0f) {}
+  void step(std::vector<float>& params, const std::vector<float>& grads);
+  std::vector<float>& velocity() { return velocity_; }
+
+ private:
+  SgdOptions options_;
+  std::vector<float> velocity_;
+};
+
+}  // namespace dlrun::trainer
