@@ -62,6 +62,9 @@ TrainParse parseTrainArgs(const std::vector<std::string>& args) {
       ->check(CLI::Range(1, 1 << 20));
   app.add_option("--lr", c.learningRate, "Learning rate for the global batch")
       ->check(CLI::Range(0.0f, 100.0f));
+  std::string schedule = "cosine";
+  app.add_option("--lr-schedule", schedule, "cosine (to zero over the run) or constant")
+      ->check(CLI::IsMember({"cosine", "constant"}));
   app.add_option("--momentum", c.momentum, "SGD momentum")->check(CLI::Range(0.0f, 1.0f));
   app.add_option("--weight-decay", c.weightDecay, "L2 weight decay")
       ->check(CLI::Range(0.0f, 1.0f));
@@ -85,6 +88,7 @@ TrainParse parseTrainArgs(const std::vector<std::string>& args) {
   app.set_version_flag("--version", "0.1.0");
   result.exitCode = parseCommandLine(app, args, "0.1.0");
   if (result.exitCode) return result;
+  c.cosine = schedule == "cosine";
   if (c.hidden.empty()) throw ConfigError("--hidden needs at least one width");
   if (!c.single) result.placement = placementFromEnvironment();
   return result;

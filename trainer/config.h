@@ -17,6 +17,7 @@ struct TrainConfig {
   // For the global batch: gradients are averaged over all ranks, so the same learning rate
   // fits any world size at the same global batch. It is not rescaled when the world changes.
   float learningRate = 0.05f;
+  bool cosine = true;  // anneal the learning rate to zero over the run (by epoch progress)
   float momentum = 0.9f;
   float weightDecay = 5e-4f;
   std::vector<int> hidden = {256, 128};

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <limits>
 #include <numbers>
+#include <numeric>
 #include <random>
 
 #include "common/error.h"
@@ -49,7 +50,11 @@ class GzFile {
     while (done < size) {
       const unsigned chunk = static_cast<unsigned>(std::min<size_t>(size - done, 1u << 28));
       const int n = gzread(file_, out + done, chunk);
-      if (n < 0) fail(path_, "unreadable (" + errorText() + ")");
+      if (n < 0) {
+        std::string why = gzerror(file_, nullptr);
+        if (why.starts_with(path_ + ": ")) why.erase(0, path_.size() + 2);  // zlib adds the path
+        fail(path_, "unreadable (" + why + ")");
+      }
       if (n == 0) break;
       done += static_cast<size_t>(n);
     }
@@ -57,26 +62,18 @@ class GzFile {
   }
 
  private:
-  std::string errorText() {
-    int code = 0;
-    std::string text = gzerror(file_, &code);
-    if (code == Z_ERRNO) return std::strerror(errno);
-    if (text.starts_with(path_ + ": ")) text.erase(0, path_.size() + 2);  // zlib prefixes the path
-    return text;
-  }
-
   std::string path_;
   gzFile file_;
 };
+
+uint32_t bigEndian32(const uint8_t* p) {
+  return uint32_t{p[0]} << 24 | uint32_t{p[1]} << 16 | uint32_t{p[2]} << 8 | uint32_t{p[3]};
+}
 
 std::string hex32(uint32_t value) {
   char text[16];
   std::snprintf(text, sizeof text, "0x%08x", value);
   return text;
-}
-
-uint32_t bigEndian32(const uint8_t* p) {
-  return uint32_t{p[0]} << 24 | uint32_t{p[1]} << 16 | uint32_t{p[2]} << 8 | uint32_t{p[3]};
 }
 
 Dataset toDataset(const IdxFile& images, const IdxFile& labels, const std::string& imagesPath,
@@ -94,13 +91,11 @@ Dataset toDataset(const IdxFile& images, const IdxFile& labels, const std::strin
     fail(labelsPath, "label " + std::to_string(*bad) + " at index " +
                          std::to_string(bad - labels.bytes.begin()) + " is not below 10");
   }
-  Dataset data;
-  data.rows = static_cast<int>(rows);  // rows * features <= kMaxPayload, so it fits
-  data.features = static_cast<int>(features);
-  data.images.resize(images.bytes.size());
+  // Both fit in an int: rows * features <= kMaxPayload.
+  Dataset data{static_cast<int>(rows), static_cast<int>(features), 10,
+               std::vector<float>(images.bytes.size()), labels.bytes};
   std::transform(images.bytes.begin(), images.bytes.end(), data.images.begin(),
                  [](uint8_t pixel) { return static_cast<float>(pixel) / 255.0f; });
-  data.labels = labels.bytes;
   return data;
 }
 
@@ -116,26 +111,11 @@ uint64_t uniformBelow(std::mt19937_64& rng, uint64_t bound) {
   }
 }
 
-class Gaussian {
- public:
-  explicit Gaussian(std::mt19937_64& rng) : rng_(rng) {}
-  double operator()() {
-    if (hasSpare_) {
-      hasSpare_ = false;
-      return spare_;
-    }
-    const double radius = std::sqrt(-2.0 * std::log(1.0 - uniform01(rng_)));  // log(0) never
-    const double angle = 2.0 * std::numbers::pi * uniform01(rng_);
-    spare_ = radius * std::sin(angle);
-    hasSpare_ = true;
-    return radius * std::cos(angle);
-  }
-
- private:
-  std::mt19937_64& rng_;
-  bool hasSpare_ = false;
-  double spare_ = 0;
-};
+// Box-Muller, one value per call: simpler than caching the pair's second value, fast enough.
+double gaussian(std::mt19937_64& rng) {
+  const double radius = std::sqrt(-2.0 * std::log(1.0 - uniform01(rng)));  // never log(0)
+  return radius * std::cos(2.0 * std::numbers::pi * uniform01(rng));
+}
 
 }  // namespace
 
@@ -176,7 +156,7 @@ IdxFile readIdx(const std::string& requestedPath, int expectedDims) {
     size *= dim;  // cannot overflow: size <= kMaxPayload (2^30) before, dim < 2^32
     if (size > kMaxPayload) {
       fail(path, "absurd dimensions " + shape + ": more than the " +
-                     std::to_string(kMaxPayload >> 20) + " MiB limit");
+                     std::to_string(kMaxPayload >> 30) + " GiB limit");
     }
   }
 
@@ -194,30 +174,31 @@ IdxFile readIdx(const std::string& requestedPath, int expectedDims) {
 }
 
 Split loadFashionMnist(const std::string& dir) {
-  auto pathOf = [&](const std::string& name) { return (fs::path(dir) / name).string(); };
-  const std::string trainImagesPath = pathOf("train-images-idx3-ubyte.gz");
-  const std::string testImagesPath = pathOf("t10k-images-idx3-ubyte.gz");
-  const IdxFile trainImages = readIdx(trainImagesPath, 3);
-  const IdxFile testImages = readIdx(testImagesPath, 3);
-  if (testImages.dims[1] != trainImages.dims[1] || testImages.dims[2] != trainImages.dims[2]) {
-    fail(testImagesPath, "has images of " + std::to_string(testImages.dims[1]) + "x" +
-                             std::to_string(testImages.dims[2]) + " pixels, the training set " +
-                             std::to_string(trainImages.dims[1]) + "x" +
-                             std::to_string(trainImages.dims[2]));
+  auto pathOf = [&](const char* name) { return (fs::path(dir) / name).string(); };
+  const std::string imagesPaths[] = {pathOf("train-images-idx3-ubyte.gz"),
+                                     pathOf("t10k-images-idx3-ubyte.gz")};
+  const std::string labelsPaths[] = {pathOf("train-labels-idx1-ubyte.gz"),
+                                     pathOf("t10k-labels-idx1-ubyte.gz")};
+  Dataset sets[2];
+  std::vector<uint32_t> trainShape;
+  for (int i = 0; i < 2; ++i) {
+    const IdxFile images = readIdx(imagesPaths[i], 3);
+    const std::vector<uint32_t> shape(images.dims.begin() + 1, images.dims.end());
+    if (i == 1 && shape != trainShape) {
+      fail(imagesPaths[i], "holds images of " + std::to_string(shape[0]) + "x" +
+                               std::to_string(shape[1]) + " pixels, the training set " +
+                               std::to_string(trainShape[0]) + "x" + std::to_string(trainShape[1]));
+    }
+    trainShape = shape;
+    sets[i] = toDataset(images, readIdx(labelsPaths[i], 1), imagesPaths[i], labelsPaths[i]);
   }
-  auto load = [&](const IdxFile& images, const std::string& imagesPath, const std::string& name) {
-    const std::string labelsPath = pathOf(name);
-    return toDataset(images, readIdx(labelsPath, 1), imagesPath, labelsPath);
-  };
-  return {load(trainImages, trainImagesPath, "train-labels-idx1-ubyte.gz"),
-          load(testImages, testImagesPath, "t10k-labels-idx1-ubyte.gz")};
+  return {std::move(sets[0]), std::move(sets[1])};
 }
 
 Split syntheticData(int trainRows, int testRows, int features, uint64_t seed) {
   constexpr int kClasses = 10;
-  constexpr double kSigma = 0.15;
-  // Bayes error of the closest pair of classes is Phi(-kSeparation / 2), about 2% at 4.
-  constexpr double kSeparation = 4.0;
+  constexpr double kSigma = 0.3;  // large enough that the signal is not lost in the 0.5 offset
+  constexpr double kSeparation = 6.0;  // closest centers, in sigmas: about 99% for nearest mean
   if (trainRows < 1 || testRows < 0 || features < 1) {
     throw Error("syntheticData: need trainRows >= 1, testRows >= 0 and features >= 1, got " +
                 std::to_string(trainRows) + ", " + std::to_string(testRows) + ", " +
@@ -227,50 +208,44 @@ Split syntheticData(int trainRows, int testRows, int features, uint64_t seed) {
     throw Error("syntheticData: " + std::to_string(int64_t{trainRows} + testRows) + " rows of " +
                 std::to_string(features) + " features exceed 2^28 values");
   }
+  const size_t n = static_cast<size_t>(features);
   std::mt19937_64 rng(seed);
-  std::vector<double> centers(static_cast<size_t>(kClasses) * features);
+  std::vector<double> centers(kClasses * n);
   for (double& c : centers) c = uniform01(rng);
 
-  // Centers uniform in the whole cube sit sqrt(features / 6) apart, which makes high-dimensional
-  // sets trivial (or, with noise to match, mostly clamped). So shrink them towards the middle
-  // until the closest two are kSeparation sigmas apart, whatever the dimension.
+  // Centers uniform in the cube sit about sqrt(features / 6) apart: trivial to tell apart in
+  // high dimensions, or, with noise to match, mostly clamped. So shrink them towards the middle
+  // until the closest two are kSeparation sigmas apart (lowering sigma in low dimensions instead).
   double closest = std::numeric_limits<double>::infinity();
   for (int a = 0; a < kClasses; ++a) {
     for (int b = a + 1; b < kClasses; ++b) {
       double sum = 0;
-      for (int f = 0; f < features; ++f) {
-        const double d = centers[a * features + f] - centers[b * features + f];
+      for (size_t f = 0; f < n; ++f) {
+        const double d = centers[a * n + f] - centers[b * n + f];
         sum += d * d;
       }
       closest = std::min(closest, std::sqrt(sum));
     }
   }
-  const double shrink = closest > 0 ? std::min(1.0, kSeparation * kSigma / closest) : 1.0;
-  for (double& c : centers) c = 0.5 + shrink * (c - 0.5);
+  const double sigma = std::min(kSigma, closest / kSeparation);
+  if (closest > 0) {
+    for (double& c : centers) c = 0.5 + kSeparation * sigma / closest * (c - 0.5);
+  }
 
-  Gaussian noise(rng);
   auto draw = [&](int rows) {
-    Dataset data;
-    data.rows = rows;
-    data.features = features;
-    data.classes = kClasses;
-    data.images.resize(static_cast<size_t>(rows) * features);
-    data.labels.resize(rows);
+    Dataset data{rows, features, kClasses, std::vector<float>(rows * n),
+                 std::vector<uint8_t>(rows)};
     for (int r = 0; r < rows; ++r) {
-      const int label = r % kClasses;
-      data.labels[r] = static_cast<uint8_t>(label);
-      for (int f = 0; f < features; ++f) {
-        const double value = centers[label * features + f] + kSigma * noise();
-        data.images[static_cast<size_t>(r) * features + f] =
-            static_cast<float>(std::clamp(value, 0.0, 1.0));
+      data.labels[r] = static_cast<uint8_t>(r % kClasses);
+      const double* center = &centers[data.labels[r] * n];
+      for (size_t f = 0; f < n; ++f) {
+        const double value = center[f] + sigma * gaussian(rng);
+        data.images[r * n + f] = static_cast<float>(std::clamp(value, 0.0, 1.0));
       }
     }
     return data;
   };
-  Split split;
-  split.train = draw(trainRows);
-  split.test = draw(testRows);
-  return split;
+  return {draw(trainRows), draw(testRows)};  // braced: evaluated in order, so deterministic
 }
 
 std::vector<int> shardForEpoch(int rows, int worldSize, int rank, uint64_t seed, int epoch) {
@@ -280,7 +255,7 @@ std::vector<int> shardForEpoch(int rows, int worldSize, int rank, uint64_t seed,
                 std::to_string(rank));
   }
   std::vector<int> permutation(rows);
-  for (int i = 0; i < rows; ++i) permutation[i] = i;
+  std::iota(permutation.begin(), permutation.end(), 0);
   std::mt19937_64 rng(seed + static_cast<uint64_t>(static_cast<int64_t>(epoch)));
   for (int i = rows - 1; i > 0; --i) {
     std::swap(permutation[i], permutation[uniformBelow(rng, static_cast<uint64_t>(i) + 1)]);

@@ -61,6 +61,7 @@ class Sgd {
  public:
   Sgd(SgdOptions options, size_t parameters) : options_(options), velocity_(parameters, 0.0f) {}
   void step(std::vector<float>& params, const std::vector<float>& grads);
+  void setLearningRate(float learningRate) { options_.learningRate = learningRate; }
   std::vector<float>& velocity() { return velocity_; }
 
  private:

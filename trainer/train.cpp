@@ -151,6 +151,12 @@ int train(const TrainConfig& config, const Placement& placement) {
                     batchX.data() + static_cast<size_t>(i) * data.train.features);
         batchY[i] = data.train.labels[row];
       }
+      if (config.cosine) {
+        // By the fraction of the run done, so any world size follows the same curve.
+        const double progress = (epoch + static_cast<double>(s) / steps) / config.epochs;
+        sgd.setLearningRate(static_cast<float>(config.learningRate * 0.5 *
+                                               (1.0 + std::cos(M_PI * progress))));
+      }
       const float loss = model.lossAndGradient(batchX.data(), batchY.data(), b);
       std::copy(model.grads().begin(), model.grads().end(), exchange.begin());
       exchange[n] = loss;
