@@ -36,12 +36,14 @@ struct IdxFile {
 };
 IdxFile readIdx(const std::string& path, int expectedDims);
 
-// A learnable synthetic set: `classes` Gaussian clusters in `features` dimensions.
+// A learnable synthetic set: 10 Gaussian clusters in `features` dimensions, the closest two
+// 6 sigma apart, values clamped to [0, 1], labels r % 10 (balanced, in order).
 Split syntheticData(int trainRows, int testRows, int features, uint64_t seed);
 
 // Which examples a rank sees in an epoch, as DistributedSampler does with shuffle=True and
 // drop_last=False: a permutation seeded by (seed, epoch) shared by every rank, padded by
 // repeating its start to a multiple of worldSize, then every worldSize-th index from `rank`.
+// The generator is seeded with seed + epoch, as PyTorch's is.
 std::vector<int> shardForEpoch(int rows, int worldSize, int rank, uint64_t seed, int epoch);
 
 }  // namespace dlrun::trainer
