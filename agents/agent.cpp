@@ -57,10 +57,15 @@ struct Worker {
   int localRank = 0;
   int rank = 0;
   pid_t pid = -1;
+  int execReportFd = -1;
   bool alive = false;
   ExitStatus status;
   std::string errorFile;
   std::unique_ptr<StreamPump> out, err;
+
+  ~Worker() {
+    if (execReportFd >= 0) ::close(execReportFd);
+  }
 };
 
 class AgentImpl {
@@ -121,6 +126,16 @@ class AgentImpl {
     try {
       for (int local = 0; local < options_.nprocPerNode; ++local)
         workers_.push_back(startWorker(world, attemptDir, local));
+      // Confirmed only now, so the workers' execs overlap instead of running one by one.
+      for (auto& w : workers_) {
+        SpawnedProcess started{w->pid, -1, -1, std::exchange(w->execReportFd, -1)};
+        try {
+          confirmExec(started, options_.command.front());
+        } catch (const Error&) {
+          w->alive = false;
+          throw;
+        }
+      }
     } catch (const Error& e) {
       log::info(std::string("error: ") + e.what());
       exitCode_ = 127;
@@ -136,14 +151,19 @@ class AgentImpl {
     auto w = std::make_unique<Worker>();
     w->localRank = local;
     w->rank = world.baseRank + local;
-    const fs::path dir = attemptDir / std::to_string(local);
-    fs::create_directories(dir);
-    w->errorFile = (dir / "error.json").string();
-
-    WorkerSpec spec{options_.role, options_.maxRestarts, restarts_, w->errorFile};
     const Streams toFile = static_cast<Streams>(
         static_cast<int>(options_.redirects.forRank(local)) |
         static_cast<int>(options_.tee.forRank(local)));
+    // A directory per rank only where the user will look; otherwise the error file alone, in
+    // the temporary root (creating and removing directories costs a launch milliseconds).
+    const bool rankDir = options_.logDir || toFile != Streams::None;
+    const fs::path dir = attemptDir / std::to_string(local);
+    if (rankDir) fs::create_directories(dir);
+    w->errorFile = rankDir ? (dir / "error.json").string()
+                           : (logRoot_ / ("error-" + std::to_string(restarts_) + "-" +
+                                          std::to_string(local) + ".json")).string();
+
+    WorkerSpec spec{options_.role, options_.maxRestarts, restarts_, w->errorFile};
     const Streams fileOnly = options_.redirects.forRank(local);
     const bool shown = !options_.localRanksFilter || options_.localRanksFilter->contains(local);
     const std::string prefix =
@@ -177,6 +197,7 @@ class AgentImpl {
       throw;
     }
     w->pid = p.pid;
+    w->execReportFd = p.execReportFd;
     w->alive = true;
     if (p.stdoutFd >= 0) {
       w->out = std::make_unique<StreamPump>(io_, p.stdoutFd, std::move(out));

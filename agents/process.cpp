@@ -71,22 +71,23 @@ SpawnedProcess spawnProcess(const SpawnRequest& request) {
     closeReadEnds();
     throw Error("cannot start " + request.argv[0] + ": fork: " + std::strerror(forkError));
   }
-  // The report pipe closes on a successful exec; an errno arrives when exec failed.
-  int execError = 0;
-  ssize_t n;
-  do {
-    n = ::read(report[0], &execError, sizeof(execError));
-  } while (n < 0 && errno == EINTR);
-  if (n == sizeof(execError)) {
-    ::waitpid(pid, nullptr, 0);
-    closeReadEnds();
-    throw Error("cannot execute " + request.argv[0] + ": " + std::strerror(execError));
-  }
-  ::close(report[0]);
   for (int fd : {out[0], err[0]}) {
     if (fd >= 0) ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
   }
-  return {pid, out[0], err[0]};
+  return {pid, out[0], err[0], report[0]};
+}
+
+void confirmExec(SpawnedProcess& process, const std::string& program) {
+  int execError = 0;
+  ssize_t n;
+  do {
+    n = ::read(process.execReportFd, &execError, sizeof(execError));
+  } while (n < 0 && errno == EINTR);
+  ::close(process.execReportFd);
+  process.execReportFd = -1;
+  if (n != sizeof(execError)) return;
+  ::waitpid(process.pid, nullptr, 0);
+  throw Error("cannot execute " + program + ": " + std::strerror(execError));
 }
 
 ExitStatus ExitStatus::fromWaitStatus(int status) {

@@ -21,10 +21,16 @@ struct SpawnedProcess {
   pid_t pid = -1;
   int stdoutFd = -1;  // read end of the pipe, when requested (non-blocking, close-on-exec)
   int stderrFd = -1;
+  int execReportFd = -1;  // closed by a successful exec; carries errno when exec failed
 };
 
-// Throws Error naming the program when fork or exec fails.
+// Forks; the child execs on its own. Throws Error naming the program when fork fails.
+// Starting many workers first and confirming them afterwards lets their execs overlap.
 SpawnedProcess spawnProcess(const SpawnRequest& request);
+
+// Waits until the child has exec'd. Throws Error naming the program when exec failed (the
+// child is then reaped; its output pipes stay the caller's to close).
+void confirmExec(SpawnedProcess& process, const std::string& program);
 
 // How a process ended.
 struct ExitStatus {
