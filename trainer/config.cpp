@@ -85,6 +85,9 @@ TrainParse parseTrainArgs(const std::vector<std::string>& args) {
   app.add_option("--progress-every", c.progressEvery, "Steps between progress lines")
       ->check(CLI::Range(1, 1 << 30));
   app.add_flag("--single", c.single, "Train alone, without dlrun");
+  app.add_option("--fail-at-step", c.failAtStep,
+                 "Testing aid: rank 1 (0 when alone) exits with code 1 after this global step "
+                 "on the first attempt (TORCHELASTIC_RESTART_COUNT=0) only");
   app.set_version_flag("--version", "0.1.0");
   result.exitCode = parseCommandLine(app, args, "0.1.0");
   if (result.exitCode) return result;

@@ -30,6 +30,10 @@ struct TrainConfig {
   int64_t maxSteps = -1;        // stop after this many global steps (tests, benchmarks)
   std::string dumpWeights;      // write the final parameters here (raw float32)
   int progressEvery = 100;      // steps between progress lines
+  // A testing aid for the resume tests: rank 1 (rank 0 when alone) exits with code 1 right
+  // after global step failAtStep (and any checkpoint of it), on attempt 0 only
+  // (TORCHELASTIC_RESTART_COUNT=0), so a restarted group runs through. -1: never.
+  int64_t failAtStep = -1;
   bool single = false;          // run alone, without dlrun
 };
 

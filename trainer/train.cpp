@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 
@@ -22,8 +24,19 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 volatile sig_atomic_t stopRequested = 0;
+volatile sig_atomic_t stepping = 0;  // the training loop runs: a stop waits for the step's end
 
-void requestStop(int) { stopRequested = 1; }
+void requestStop(int number) {
+  // Before the loop (loading the data, connecting to the other ranks, where a rank that has
+  // already failed makes the wait endless) there is nothing to save: SIGTERM ends the process
+  // at once, as by default, instead of after dlrun's stop timeout.
+  if (number == SIGTERM && !stepping) {
+    ::signal(SIGTERM, SIG_DFL);
+    ::raise(SIGTERM);  // delivered when the handler returns
+    return;
+  }
+  stopRequested = 1;
+}
 
 std::unique_ptr<Collective> connect(const Placement& p) {
   if (p.worldSize == 1) return makeSoloCollective();
@@ -131,7 +144,9 @@ int train(const TrainConfig& config, const Placement& placement) {
                      {epoch, samples, step, model.shape().widths(), model.params(), sgd.velocity()});
   };
 
-  bool stopping = false;
+  // A run resumed at or past --max-steps has no step left to take.
+  bool stopping = config.maxSteps >= 0 && step >= config.maxSteps;
+  stepping = 1;
   for (int epoch = startEpoch; epoch < config.epochs && !stopping; ++epoch) {
     const auto shard = shardForEpoch(data.train.rows, world, rank, config.seed, epoch);
     const int64_t steps = (static_cast<int64_t>(shard.size()) + config.batchSize - 1) / config.batchSize;
@@ -175,6 +190,15 @@ int train(const TrainConfig& config, const Placement& placement) {
       const bool lastStep = s + 1 == steps;
       if (config.checkpointEvery > 0 && step % config.checkpointEvery == 0 && !lastStep)
         checkpoint(epoch, (s + 1) * globalBatch);
+      if (step == config.failAtStep && rank == std::min(1, world - 1) &&
+          placement.restartCount == 0) {
+        // The testing aid (--fail-at-step): a worker that dies mid-run.
+        std::fprintf(stderr, "dlrun-train: --fail-at-step %lld: rank %d exits with code 1\n",
+                     static_cast<long long>(step), rank);
+        std::fflush(stdout);
+        std::fflush(stderr);
+        std::_Exit(1);
+      }
       // Every rank sees the same votes, so all stop after the same step.
       if (exchange[n + 1] > 0.0f || (config.maxSteps >= 0 && step >= config.maxSteps)) {
         stopping = true;
@@ -193,6 +217,13 @@ int train(const TrainConfig& config, const Placement& placement) {
             std::chrono::duration<double>(now - started).count()};
     report.epoch(last);
     if (epochDone) checkpoint(epoch + 1, 0);
+  }
+  if (last.epoch == 0) {
+    // Nothing was left to train (resumed from the end of a finished run, or at --max-steps):
+    // the summary still reports the model's accuracy, not zeros.
+    last = {std::min(startEpoch + 1, config.epochs), config.epochs, 0.0,
+            testAccuracy(model, data.test, *collective), 0.0,
+            std::chrono::duration<double>(Clock::now() - started).count()};
   }
   report.summary(last, world, step);
   if (rank == 0 && !config.dumpWeights.empty()) {

@@ -40,11 +40,15 @@ def die_with_parent():
     _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
-def dlrun_binary():
-    path = os.environ.get("DLRUN")
+def binary_from_env(variable, program):
+    path = os.environ.get(variable)
     if not path or not os.access(path, os.X_OK):
-        raise RuntimeError(f"DLRUN must name the dlrun executable (got {path!r})")
+        raise RuntimeError(f"{variable} must name the {program} executable (got {path!r})")
     return path
+
+
+def dlrun_binary():
+    return binary_from_env("DLRUN", "dlrun")
 
 
 def worker(name):

@@ -1,0 +1,146 @@
+// Trainer model: the MLP's shape and parameter count, its analytic gradient against a central
+// finite difference, and SGD against PyTorch's update rule worked out by hand.
+#include "trainer/model.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+
+namespace dlrun::trainer {
+namespace {
+
+TEST(MlpShape, WidthsAndParameterCount) {
+  const MlpShape tiny{5, {4}, 3};
+  EXPECT_EQ(tiny.widths(), (std::vector<int>{5, 4, 3}));
+  EXPECT_EQ(tiny.parameterCount(), size_t{4 * 5 + 4 + 3 * 4 + 3});  // 39
+
+  const MlpShape defaults;  // 784-256-128-10
+  EXPECT_EQ(defaults.widths(), (std::vector<int>{784, 256, 128, 10}));
+  EXPECT_EQ(defaults.parameterCount(), size_t{784 * 256 + 256 + 256 * 128 + 128 + 128 * 10 + 10});
+
+  const MlpShape noHidden{7, {}, 2};
+  EXPECT_EQ(noHidden.parameterCount(), size_t{7 * 2 + 2});
+}
+
+TEST(Mlp, BuffersMatchTheShapeAndInitDependsOnTheSeed) {
+  const MlpShape shape{5, {4, 6}, 3};
+  Mlp a(shape, 7), b(shape, 7), c(shape, 8);
+  EXPECT_EQ(a.params().size(), shape.parameterCount());
+  EXPECT_EQ(a.grads().size(), shape.parameterCount());
+  EXPECT_EQ(a.params(), b.params());  // every rank starts from the same weights
+  EXPECT_NE(a.params(), c.params());
+  // Biases start at zero: the first layer's 4 biases follow its 4x5 weights.
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(a.params()[20 + i], 0.0f);
+}
+
+// The mean cross-entropy of `model` on the batch, in double from the model's own forward pass
+// (lossAndGradient's return value), used as the function to differentiate numerically.
+double lossAt(Mlp& model, const std::vector<float>& x, const std::vector<uint8_t>& y) {
+  return model.lossAndGradient(x.data(), y.data(), static_cast<int>(y.size()));
+}
+
+TEST(Mlp, AnalyticGradientMatchesFiniteDifferences) {
+  const MlpShape shape{5, {4}, 3};
+  Mlp model(shape, 3);
+  constexpr int kBatch = 3;
+  std::mt19937 random(11);
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  std::vector<float> x(kBatch * 5);
+  for (float& v : x) v = uniform(random);
+  const std::vector<uint8_t> y = {0, 2, 1};
+  // Non-zero biases, so no hidden unit sits exactly at the ReLU kink by construction.
+  for (float& p : model.params()) p += 0.1f * uniform(random);
+
+  model.lossAndGradient(x.data(), y.data(), kBatch);
+  const std::vector<float> analytic = model.grads();
+  const std::vector<float> start = model.params();
+
+  constexpr float kStep = 1e-2f;
+  double worst = 0;
+  size_t worstIndex = 0;
+  int checked = 0;
+  for (size_t i = 0; i < start.size(); ++i) {
+    model.params() = start;
+    model.params()[i] = start[i] + kStep;
+    const double up = lossAt(model, x, y);
+    model.params()[i] = start[i] - kStep;
+    const double down = lossAt(model, x, y);
+    const double numeric = (up - down) / (2.0 * kStep);
+    // Relative error with a floor, so near-zero gradients compare absolutely.
+    const double error = std::abs(numeric - analytic[i]) /
+                         std::max({std::abs(numeric), std::abs(double{analytic[i]}), 1e-2});
+    if (error > worst) {
+      worst = error;
+      worstIndex = i;
+    }
+    ++checked;
+  }
+  EXPECT_EQ(checked, 39);
+  EXPECT_LT(worst, 1e-2) << "parameter " << worstIndex << ": analytic " << analytic[worstIndex];
+  // The gradient is not trivially zero (a broken backward pass could agree with a flat loss).
+  EXPECT_GT(*std::max_element(analytic.begin(), analytic.end(),
+                              [](float a, float b) { return std::abs(a) < std::abs(b); }),
+            0.0f);
+}
+
+TEST(Mlp, LossOfUniformLogitsIsLogClassesAndCountCorrectScores) {
+  // All weights zero: every logit is zero, the loss is log(3), the gradient of the last bias is
+  // mean(softmax - onehot).
+  const MlpShape shape{2, {2}, 3};
+  Mlp model(shape, 1);
+  std::fill(model.params().begin(), model.params().end(), 0.0f);
+  const std::vector<float> x = {1, 2, 3, 4};
+  const std::vector<uint8_t> y = {0, 0};
+  EXPECT_NEAR(model.lossAndGradient(x.data(), y.data(), 2), std::log(3.0), 1e-6);
+  const size_t lastBias = shape.parameterCount() - 3;
+  EXPECT_NEAR(model.grads()[lastBias + 0], 1.0 / 3 - 1, 1e-6);
+  EXPECT_NEAR(model.grads()[lastBias + 1], 1.0 / 3, 1e-6);
+  EXPECT_NEAR(model.grads()[lastBias + 2], 1.0 / 3, 1e-6);
+
+  // Make class 2 win for every input through its bias alone.
+  model.params()[lastBias + 2] = 1.0f;
+  const std::vector<uint8_t> labels = {2, 1};
+  EXPECT_EQ(model.countCorrect(x.data(), labels.data(), 2), 1);
+}
+
+TEST(Sgd, MatchesPyTorchsUpdateByHand) {
+  // torch.optim.SGD(lr=0.1, momentum=0.9, weight_decay=0.01), dampening 0, no nesterov:
+  //   g = grad + wd * p;  v = g (first step) / momentum * v + g;  p -= lr * v.
+  Sgd sgd({0.1f, 0.9f, 0.01f}, 2);
+  std::vector<float> params = {1.0f, -2.0f};
+  // Step 1, grads (0.5, 0.25):
+  //   g = (0.5 + 0.01, 0.25 - 0.02) = (0.51, 0.23); v = (0.51, 0.23)
+  //   p = (1 - 0.051, -2 - 0.023) = (0.949, -2.023)
+  sgd.step(params, {0.5f, 0.25f});
+  EXPECT_NEAR(sgd.velocity()[0], 0.51f, 1e-6f);
+  EXPECT_NEAR(sgd.velocity()[1], 0.23f, 1e-6f);
+  EXPECT_NEAR(params[0], 0.949f, 1e-6f);
+  EXPECT_NEAR(params[1], -2.023f, 1e-6f);
+  // Step 2, grads (-1, 0):
+  //   g = (-1 + 0.00949, -0.02023) = (-0.99051, -0.02023)
+  //   v = (0.9 * 0.51 - 0.99051, 0.9 * 0.23 - 0.02023) = (-0.53151, 0.18677)
+  //   p = (0.949 + 0.053151, -2.023 - 0.018677) = (1.002151, -2.041677)
+  sgd.step(params, {-1.0f, 0.0f});
+  EXPECT_NEAR(sgd.velocity()[0], -0.53151f, 1e-6f);
+  EXPECT_NEAR(sgd.velocity()[1], 0.18677f, 1e-6f);
+  EXPECT_NEAR(params[0], 1.002151f, 1e-6f);
+  EXPECT_NEAR(params[1], -2.041677f, 1e-6f);
+  // A new learning rate (the schedule) applies from the next step on.
+  sgd.setLearningRate(0.0f);
+  sgd.step(params, {3.0f, 3.0f});
+  EXPECT_NEAR(params[0], 1.002151f, 1e-6f);
+  EXPECT_NEAR(params[1], -2.041677f, 1e-6f);
+}
+
+TEST(Sgd, PlainSgdWithoutMomentumOrDecay) {
+  Sgd sgd({0.5f, 0.0f, 0.0f}, 3);
+  std::vector<float> params = {1.0f, 2.0f, 3.0f};
+  sgd.step(params, {1.0f, -1.0f, 0.0f});
+  sgd.step(params, {1.0f, -1.0f, 0.0f});
+  EXPECT_EQ(params, (std::vector<float>{0.0f, 3.0f, 3.0f}));
+}
+
+}  // namespace
+}  // namespace dlrun::trainer
