@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Sets everything up (scripts/setup.sh) and runs the main job: for now, dlrund on a free port
-# driven by four real PyTorch workers that meet through it and all-reduce a tensor.
+# Sets everything up (scripts/setup.sh) and runs the main job: the bundled trainer on
+# Fashion-MNIST, four CPU workers on this machine.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=${DLRUN_BUILD_DIR:-$root/build}
 "$root/scripts/setup.sh"
-exec /usr/bin/python3 "$root/scripts/store_smoke.py" "$build/bin/dlrund"
+exec "$build/bin/dlrun" --standalone --nproc-per-node=4 train "$@"
