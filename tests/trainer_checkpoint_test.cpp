@@ -182,5 +182,13 @@ TEST_F(CheckpointTest, FilesThatAreNotCheckpointsAreRejected) {
   EXPECT_FALSE(readCheckpoint((dir_ / "missing.bin").string()).has_value());
 }
 
+TEST_F(CheckpointTest, ASaveRemovesTemporaryFilesOfKilledWriters) {
+  const fs::path stale = dir_ / ".checkpoint-99999.tmp";
+  writeAll(stale, "half a checkpoint");
+  saveCheckpoint(dir_.string(), sample(10));
+  EXPECT_FALSE(fs::exists(stale));
+  EXPECT_TRUE(fs::exists(dir_ / "checkpoint-10.bin"));
+}
+
 }  // namespace
 }  // namespace dlrun::trainer

@@ -133,6 +133,11 @@ void saveCheckpoint(const std::string& dir, const Checkpoint& checkpoint, int ke
   auto all = checkpointsNewestFirst(dir);
   for (size_t i = static_cast<size_t>(std::max(keep, 1)); i < all.size(); ++i)
     fs::remove(all[i], ec);
+  // Temporary files of writers killed mid-write (one writer per job: rank 0).
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename();
+    if (name.starts_with(".checkpoint-") && name.ends_with(".tmp")) fs::remove(entry.path(), ec);
+  }
 }
 
 std::optional<Checkpoint> readCheckpoint(const std::string& path) {
