@@ -116,10 +116,10 @@ int Mlp::countCorrect(const float* x, const uint8_t* labels, int batch) {
   return correct;
 }
 
-void Sgd::step(std::vector<float>& params, const std::vector<float>& grads) {
+void Sgd::step(std::vector<float>& params, const float* grads, float gradScale) {
   const float lr = options_.learningRate, momentum = options_.momentum, wd = options_.weightDecay;
   for (size_t i = 0; i < params.size(); ++i) {
-    const float g = grads[i] + wd * params[i];
+    const float g = grads[i] * gradScale + wd * params[i];
     velocity_[i] = momentum * velocity_[i] + g;
     params[i] -= lr * velocity_[i];
   }

@@ -60,7 +60,11 @@ struct SgdOptions {
 class Sgd {
  public:
   Sgd(SgdOptions options, size_t parameters) : options_(options), velocity_(parameters, 0.0f) {}
-  void step(std::vector<float>& params, const std::vector<float>& grads);
+  void step(std::vector<float>& params, const std::vector<float>& grads) {
+    step(params, grads.data(), 1.0f);
+  }
+  // The same with the gradient scale folded into the one pass (the mean over ranks).
+  void step(std::vector<float>& params, const float* grads, float gradScale);
   void setLearningRate(float learningRate) { options_.learningRate = learningRate; }
   std::vector<float>& velocity() { return velocity_; }
 

@@ -177,10 +177,9 @@ int train(const TrainConfig& config, const Placement& placement) {
       exchange[n] = loss;
       exchange[n + 1] = stopRequested ? 1.0f : 0.0f;
       collective->allreduceSum(exchange.data(), exchange.size());
-      // The mean gradient over the global batch.
+      // The mean gradient over the global batch, applied in the same pass as the update.
       const float scale = 1.0f / static_cast<float>(world);
-      for (size_t i = 0; i < n; ++i) model.grads()[i] = exchange[i] * scale;
-      sgd.step(model.params(), model.grads());
+      sgd.step(model.params(), exchange.data(), scale);
       ++step;
       ++stepsRun;
       lossSum += exchange[n] * scale;
