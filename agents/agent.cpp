@@ -128,9 +128,8 @@ class AgentImpl {
         workers_.push_back(startWorker(world, attemptDir, local));
       // Confirmed only now, so the workers' execs overlap instead of running one by one.
       for (auto& w : workers_) {
-        SpawnedProcess started{w->pid, -1, -1, std::exchange(w->execReportFd, -1)};
         try {
-          confirmExec(started, options_.command.front());
+          confirmExec(w->pid, std::exchange(w->execReportFd, -1), options_.command.front());
         } catch (const Error&) {
           w->alive = false;
           throw;
@@ -267,7 +266,6 @@ class AgentImpl {
 
   void onStopped() {
     stopTimer_.cancel();
-    killLeftovers();
     if (launchFailed_) return finish(exitCode_);
     if (stopSignal_) return finish(128 + *stopSignal_);
     if (restarts_ < options_.maxRestarts) {
@@ -275,6 +273,7 @@ class AgentImpl {
       log::info("worker group failed (rank " + std::to_string(failure_->rank) + ", " +
                 failure_->status.describe() + "); restarting, attempt " +
                 std::to_string(restarts_) + " of " + std::to_string(options_.maxRestarts));
+      killLeftovers();
       return startAttempt();
     }
     const std::string report = formatFailureReport(*failure_, restarts_);

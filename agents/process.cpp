@@ -77,16 +77,15 @@ SpawnedProcess spawnProcess(const SpawnRequest& request) {
   return {pid, out[0], err[0], report[0]};
 }
 
-void confirmExec(SpawnedProcess& process, const std::string& program) {
+void confirmExec(pid_t pid, int execReportFd, const std::string& program) {
   int execError = 0;
   ssize_t n;
   do {
-    n = ::read(process.execReportFd, &execError, sizeof(execError));
+    n = ::read(execReportFd, &execError, sizeof(execError));
   } while (n < 0 && errno == EINTR);
-  ::close(process.execReportFd);
-  process.execReportFd = -1;
+  ::close(execReportFd);
   if (n != sizeof(execError)) return;
-  ::waitpid(process.pid, nullptr, 0);
+  ::waitpid(pid, nullptr, 0);
   throw Error("cannot execute " + program + ": " + std::strerror(execError));
 }
 

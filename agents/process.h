@@ -28,9 +28,10 @@ struct SpawnedProcess {
 // Starting many workers first and confirming them afterwards lets their execs overlap.
 SpawnedProcess spawnProcess(const SpawnRequest& request);
 
-// Waits until the child has exec'd. Throws Error naming the program when exec failed (the
-// child is then reaped; its output pipes stay the caller's to close).
-void confirmExec(SpawnedProcess& process, const std::string& program);
+// Waits until the child has exec'd, reading (and closing) its exec report pipe. Throws Error
+// naming the program when exec failed (the child is then reaped; its output pipes stay the
+// caller's to close).
+void confirmExec(pid_t pid, int execReportFd, const std::string& program);
 
 // How a process ended.
 struct ExitStatus {
