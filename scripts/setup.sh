@@ -14,6 +14,7 @@ packages=(
   libgtest-dev                          # unit tests
   clang libclang-rt-14-dev              # libFuzzer for the wire-parser fuzz test
   python3-torch libtorch-dev            # real TCPStore clients (Python, C++), real DDP workers
+  iproute2 util-linux                   # simulated hosts (scripts/netns.sh): ip, unshare, nsenter
 )
 
 missing=()
