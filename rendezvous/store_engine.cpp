@@ -27,7 +27,8 @@ void sendByte(Peer& peer, uint8_t value) {
 
 }  // namespace
 
-std::string StoreEngine::handle(Peer& peer, const wire::Request& r) {
+std::string StoreEngine::handle(Peer& peer, const wire::Request& r, TimePoint now) {
+  renewLeases(peer, now);
   switch (r.op) {
     case Op::Validate:  // the parser has checked the magic; VALIDATE has no reply
     case Op::WatchKey:  // refused by the parser
@@ -77,14 +78,16 @@ std::string StoreEngine::handle(Peer& peer, const wire::Request& r) {
     case Op::GetNumKeys:
       peer.send(encodeI64(static_cast<int64_t>(data_.size())));
       return {};
-    case Op::DeleteKey:
-      {
-        auto it = data_.find(r.keys[0]);
-        const bool found = it != data_.end();
-        if (found) data_.erase(it);
-        peer.send(encodeI64(found ? 1 : 0));
+    case Op::DeleteKey: {
+      auto it = data_.find(r.keys[0]);
+      const bool found = it != data_.end();
+      if (found) {
+        dropLease(it->first);  // deleting a leased key is its holder's clean release
+        data_.erase(it);
       }
+      peer.send(encodeI64(found ? 1 : 0));
       return {};
+    }
     case Op::Append: {
       const std::string key(r.keys[0]);
       auto it = data_.find(key);
@@ -132,6 +135,10 @@ std::string StoreEngine::handle(Peer& peer, const wire::Request& r) {
       peer.send(encodeI64(it == queues_.end() ? 0 : static_cast<int64_t>(it->second.size())));
       return {};
     }
+    case Op::Lease:
+      lease(peer, r, now);
+      sendByte(peer, 0);
+      return {};
   }
   return "unhandled op";
 }
@@ -253,6 +260,69 @@ void StoreEngine::cancelWaits(Peer& peer) {
   for (uint64_t id : std::vector<uint64_t>(byPeer->second)) forgetWaiter(id);
 }
 
-void StoreEngine::disconnect(Peer& peer) { cancelWaits(peer); }
+void StoreEngine::disconnect(Peer& peer) {
+  cancelWaits(peer);  // first, so the peer is not answered for its own tripwires
+  auto byPeer = leasesByPeer_.find(&peer);
+  if (byPeer == leasesByPeer_.end()) return;
+  for (const auto& key : std::vector<std::string>(byPeer->second)) fireLease(key);
+}
+
+void StoreEngine::lease(Peer& peer, const wire::Request& r, TimePoint now) {
+  const std::string key(r.keys[0]);
+  dropLease(key);  // a new lease replaces the key's old one, whoever held it
+  setValue(key, r.values[0]);
+  const std::chrono::milliseconds ttl(r.ttlMs);
+  Lease held{&peer, ttl, now + ttl, {}};
+  for (size_t i = 1; i < r.keys.size(); ++i) held.tripwires.emplace_back(r.keys[i], r.values[i]);
+  leaseDeadlines_.emplace(held.deadline, key);
+  leasesByPeer_[&peer].push_back(key);
+  leases_.emplace(key, std::move(held));
+}
+
+void StoreEngine::renewLeases(Peer& peer, TimePoint now) {
+  auto byPeer = leasesByPeer_.find(&peer);
+  if (byPeer == leasesByPeer_.end()) return;
+  for (const auto& key : byPeer->second) {
+    Lease& lease = leases_.find(key)->second;
+    auto entry = leaseDeadlines_.extract({lease.deadline, key});
+    lease.deadline = now + lease.ttl;
+    entry.value().first = lease.deadline;
+    leaseDeadlines_.insert(std::move(entry));
+  }
+}
+
+std::optional<StoreEngine::Lease> StoreEngine::dropLease(std::string_view key) {
+  auto it = leases_.find(key);
+  if (it == leases_.end()) return std::nullopt;
+  // From here on only the extracted node names the key: `key` may view an index entry.
+  auto node = leases_.extract(it);
+  const std::string& name = node.key();
+  Lease& lease = node.mapped();
+  leaseDeadlines_.erase({lease.deadline, name});
+  auto byPeer = leasesByPeer_.find(lease.owner);
+  std::erase(byPeer->second, name);
+  if (byPeer->second.empty()) leasesByPeer_.erase(byPeer);
+  return std::move(lease);
+}
+
+void StoreEngine::fireLease(std::string_view key) {
+  // The key goes without waking anyone (nobody waits for a key that exists); the tripwires
+  // are what waiters watch. An existing tripwire keeps its value: the first writer wins.
+  if (auto it = data_.find(key); it != data_.end()) data_.erase(it);
+  auto lease = dropLease(key);
+  for (const auto& [tripwire, value] : lease->tripwires) {
+    if (!data_.contains(tripwire)) setValue(tripwire, value);
+  }
+}
+
+void StoreEngine::expireLeases(TimePoint now) {
+  while (!leaseDeadlines_.empty() && leaseDeadlines_.begin()->first <= now)
+    fireLease(leaseDeadlines_.begin()->second);
+}
+
+std::optional<StoreEngine::TimePoint> StoreEngine::nextLeaseDeadline() const {
+  if (leaseDeadlines_.empty()) return std::nullopt;
+  return leaseDeadlines_.begin()->first;
+}
 
 }  // namespace dlrun::rendezvous

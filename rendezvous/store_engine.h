@@ -1,11 +1,15 @@
 // The store's data and the meaning of every TCPStore op, free of I/O: the server feeds it
 // parsed requests and it answers through each peer's send(). Waiters are woken when their keys
-// appear, never by polling. Not thread-safe: the server drives it from its one io_context.
+// appear, never by polling. Time comes from the caller, so lease expiry is as testable as the
+// rest. Not thread-safe: the server drives it from its one io_context.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -25,25 +29,42 @@ class Peer {
 
 class StoreEngine {
  public:
+  using TimePoint = std::chrono::steady_clock::time_point;
+
   StoreEngine() = default;
   StoreEngine(const StoreEngine&) = delete;
   StoreEngine& operator=(const StoreEngine&) = delete;
 
-  // Applies one request from `peer`. Returns an empty string, or why the request is refused
-  // (the caller then drops the connection; the store is left unchanged).
-  std::string handle(Peer& peer, const wire::Request& request);
+  // Applies one request from `peer`, received at `now`; any request renews the peer's leases.
+  // Returns an empty string, or why the request is refused (the caller then drops the
+  // connection; the store is left unchanged).
+  std::string handle(Peer& peer, const wire::Request& request, TimePoint now);
 
-  // Forgets every wait of a peer that went away. Must be called before the peer is destroyed.
+  // Forgets every wait of a peer that went away and fires its leases. Must be called before
+  // the peer is destroyed.
   void disconnect(Peer& peer);
+
+  // Fires every lease whose deadline is at or before `now`.
+  void expireLeases(TimePoint now);
+  // The earliest lease deadline, for the caller's one timer; nullopt without leases.
+  std::optional<TimePoint> nextLeaseDeadline() const;
 
   size_t keyCount() const { return data_.size(); }
   size_t waiterCount() const { return waiters_.size(); }
+  size_t leaseCount() const { return leases_.size(); }
 
  private:
   struct Waiter {
     Peer* peer;
     std::vector<std::string> missing;  // keys not yet present when the wait began
     size_t remaining;
+  };
+
+  struct Lease {
+    Peer* owner;
+    std::chrono::milliseconds ttl;
+    TimePoint deadline;
+    std::vector<std::pair<std::string, std::string>> tripwires;
   };
 
   void wait(Peer& peer, const wire::Request& request);
@@ -55,6 +76,10 @@ class StoreEngine {
   std::string add(Peer& peer, const wire::Request& request);
   void queuePop(Peer& peer, const wire::Request& request);
   void setValue(std::string_view key, std::string_view value);
+  void lease(Peer& peer, const wire::Request& request, TimePoint now);
+  void renewLeases(Peer& peer, TimePoint now);
+  std::optional<Lease> dropLease(std::string_view key);  // ends it without firing
+  void fireLease(std::string_view key);
 
   // Transparent hashing: lookups take the request's string_views without copying them.
   struct KeyHash {
@@ -70,6 +95,9 @@ class StoreEngine {
   std::unordered_map<uint64_t, Waiter> waiters_;
   KeyMap<std::vector<uint64_t>> waitersByKey_;
   std::unordered_map<Peer*, std::vector<uint64_t>> waitersByPeer_;
+  KeyMap<Lease> leases_;
+  std::unordered_map<Peer*, std::vector<std::string>> leasesByPeer_;
+  std::set<std::pair<TimePoint, std::string>> leaseDeadlines_;
 };
 
 }  // namespace dlrun::rendezvous

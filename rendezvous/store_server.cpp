@@ -34,12 +34,13 @@ class Session;
 class ServerImpl : public std::enable_shared_from_this<ServerImpl> {
  public:
   ServerImpl(asio::io_context& io, StoreServerOptions options)
-      : io_(io), options_(std::move(options)), acceptor_(io), retryTimer_(io) {}
+      : io_(io), options_(std::move(options)), acceptor_(io), retryTimer_(io), leaseTimer_(io) {}
 
   void listen();
   void accept();
   void stop();
   void forget(Session* session);
+  void armLeaseTimer();
 
   asio::io_context& io() { return io_; }
   const wire::Limits& limits() const { return options_.limits; }
@@ -50,6 +51,8 @@ class ServerImpl : public std::enable_shared_from_this<ServerImpl> {
   StoreServerOptions options_;
   tcp::acceptor acceptor_;
   asio::steady_timer retryTimer_;
+  asio::steady_timer leaseTimer_;
+  std::optional<StoreEngine::TimePoint> leaseTimerAt_;  // when the armed lease timer fires
   StoreEngine engine_;
   std::unordered_map<Session*, std::shared_ptr<Session>> sessions_;
   std::atomic<size_t> connectionCount_{0};
@@ -121,6 +124,7 @@ class Session : public Peer, public std::enable_shared_from_this<Session> {
       data = std::span<const char>(in_.data(), in_.size());
     }
     if (data.size() >= needed_ && !process(data)) return;
+    server_.armLeaseTimer();
     if (in_.size() + out_.size() > server_.limits().maxBufferedBytes) return close(overLimit());
     flush();
     if (!closed_) awaitReadable();
@@ -130,6 +134,7 @@ class Session : public Peer, public std::enable_shared_from_this<Session> {
   // Returns false when the session was closed.
   bool process(std::span<const char> data) {
     size_t pos = 0;
+    const auto now = std::chrono::steady_clock::now();
     batching_ = true;
     while (pos < data.size()) {
       if (!era_) {
@@ -145,7 +150,7 @@ class Session : public Peer, public std::enable_shared_from_this<Session> {
         close(result.error);
         return false;
       }
-      if (auto refused = server_.engine().handle(*this, request_); !refused.empty()) {
+      if (auto refused = server_.engine().handle(*this, request_, now); !refused.empty()) {
         close(refused);
         return false;
       }
@@ -252,12 +257,29 @@ void ServerImpl::forget(Session* session) {
   connectionCount_.store(sessions_.size());
 }
 
+// One timer serves every lease, armed at the earliest deadline. Renewals only move deadlines
+// later, so the timer is re-armed only for a deadline earlier than the armed one; firing early
+// costs one pass that expires nothing and re-arms. Without leases nothing is armed.
+void ServerImpl::armLeaseTimer() {
+  const auto next = engine_.nextLeaseDeadline();
+  if (!next || (leaseTimerAt_ && *leaseTimerAt_ <= *next)) return;
+  leaseTimerAt_ = next;
+  leaseTimer_.expires_at(*next);  // cancels the wait armed for a later deadline
+  leaseTimer_.async_wait([self = shared_from_this()](const error_code& ec) {
+    if (ec || self->stopped_) return;
+    self->leaseTimerAt_.reset();
+    self->engine_.expireLeases(std::chrono::steady_clock::now());
+    self->armLeaseTimer();
+  });
+}
+
 void ServerImpl::stop() {
   if (stopped_) return;
   stopped_ = true;
   error_code ec;
   acceptor_.close(ec);
   retryTimer_.cancel();
+  leaseTimer_.cancel();
   std::vector<std::shared_ptr<Session>> all;
   for (auto& [raw, session] : sessions_) all.push_back(session);
   for (auto& session : all) session->close("");

@@ -1,7 +1,8 @@
 // The TCPStore-compatible server: one Boost.Asio io_context, one session per connection, no
 // thread per connection. An idle connection holds no buffers: sessions wait for readability
 // and read into one scratch buffer shared by the server (safe because one thread runs the
-// io_context), keeping only an incomplete request's bytes between reads.
+// io_context), keeping only an incomplete request's bytes between reads. Leases (wire.h's
+// LEASE) expire on one timer armed at the earliest deadline.
 #pragma once
 
 #include <cstdint>

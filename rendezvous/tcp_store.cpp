@@ -15,12 +15,6 @@ using wire::Encoder;
 using wire::Era;
 using wire::Op;
 
-// A wait that timed out and was cancelled cleanly: the connection is still in step.
-class CancelledWait : public TimeoutError {
- public:
-  using TimeoutError::TimeoutError;
-};
-
 // A reply longer than this is taken as a broken server rather than allocated.
 constexpr uint64_t kMaxReplyBytes = uint64_t{1} << 32;
 
@@ -44,6 +38,11 @@ std::string keyRequest(Op op, const std::string& key) {
   return out;
 }
 
+ProtocolError unexpectedReply(uint8_t reply, Op op) {
+  return ProtocolError("the store sent the unexpected reply " + std::to_string(reply) + " to " +
+                       std::string(wire::opName(op)));
+}
+
 }  // namespace
 
 TcpStore::TcpStore(TcpStoreOptions options) : options_(std::move(options)) {
@@ -54,13 +53,14 @@ TcpStore::TcpStore(TcpStoreOptions options) : options_(std::move(options)) {
 template <typename Fn>
 auto TcpStore::locked(Fn&& fn) {
   std::lock_guard lock(mutex_);
-  if (!stream_.isOpen()) connect();
   try {
+    if (!usable()) {
+      if (!options_.reconnect) throw NetworkError(lostConnection());
+      connect();
+    }
     return fn();
-  } catch (const CancelledWait&) {
-    throw;
   } catch (...) {
-    stream_.close();
+    closeStream();
     throw;
   }
 }
@@ -70,7 +70,7 @@ void TcpStore::connect() {
   ExponentialBackoff backoff;
   while (true) {
     try {
-      stream_ = TcpStream::connect(options_.host, options_.port, deadline);
+      adopt(TcpStream::connect(options_.host, options_.port, deadline));
       std::string hello;
       const uint32_t nonce = static_cast<uint32_t>(::getpid());
       Encoder(hello).op(Era::V2, Op::Validate).u32(wire::kValidationMagic);
@@ -81,7 +81,8 @@ void TcpStore::connect() {
                             std::to_string(options_.port) + " answered PING with a wrong nonce");
       return;
     } catch (const NetworkError& e) {
-      stream_.close();
+      closeStream();
+      if (abortPending()) throw;
       // Retrying covers a server that is still starting; the deadline bounds it.
       const auto pause = backoff.next();
       if (Clock::now() + pause >= deadline)
@@ -90,6 +91,38 @@ void TcpStore::connect() {
       std::this_thread::sleep_for(pause);
     }
   }
+}
+
+bool TcpStore::usable() {
+  std::lock_guard lock(streamMutex_);
+  if (std::exchange(aborted_, false)) stream_.close();
+  return stream_.isOpen();
+}
+
+void TcpStore::adopt(TcpStream stream) {
+  std::lock_guard lock(streamMutex_);
+  if (aborted_) throw NetworkError(lostConnection());
+  stream_ = std::move(stream);
+}
+
+void TcpStore::closeStream() {
+  std::lock_guard lock(streamMutex_);
+  stream_.close();
+}
+
+bool TcpStore::abortPending() {
+  std::lock_guard lock(streamMutex_);
+  return aborted_;
+}
+
+void TcpStore::abort() {
+  std::lock_guard lock(streamMutex_);
+  aborted_ = true;
+  stream_.shutdown();
+}
+
+std::string TcpStore::lostConnection() const {
+  return "lost the connection to the store at " + joinHostPort(options_.host, options_.port);
 }
 
 void TcpStore::send(const std::string& bytes) { stream_.writeAll(bytes, replyDeadline()); }
@@ -117,8 +150,8 @@ void TcpStore::set(const std::string& key, const std::string& value) {
 }
 
 std::string TcpStore::get(const std::string& key) {
+  wait({key}, options_.timeout);
   return locked([&] {
-    waitLocked({key}, options_.timeout);
     send(keyRequest(Op::Get, key));
     return readBytes();
   });
@@ -158,28 +191,31 @@ bool TcpStore::check(const std::vector<std::string>& keys) {
 }
 
 void TcpStore::wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) {
-  locked([&] { waitLocked(keys, timeout); });
+  if (!waitFor(keys, timeout))
+    throw TimeoutError("timed out after " + std::to_string(timeout.count()) +
+                       " ms waiting for store key(s) " + keys.front() +
+                       (keys.size() > 1 ? " and " + std::to_string(keys.size() - 1) + " more"
+                                        : ""));
 }
 
-void TcpStore::waitLocked(const std::vector<std::string>& keys,
-                          std::chrono::milliseconds timeout) {
-  send(keysRequest(Op::Wait, keys));
-  try {
-    const uint8_t reply = static_cast<uint8_t>(stream_.readExact(1, Clock::now() + timeout)[0]);
-    if (reply != static_cast<uint8_t>(wire::WaitReply::StopWaiting))
-      throw ProtocolError("unexpected reply " + std::to_string(reply) + " to WAIT");
-    return;
-  } catch (const TimeoutError&) {
-  }
-  // Cancel so the server forgets this wait; it may have answered STOP_WAITING just before.
-  send(request(Op::CancelWait));
-  uint8_t reply = readU8();
-  if (reply == static_cast<uint8_t>(wire::WaitReply::StopWaiting)) reply = readU8();
-  if (reply != static_cast<uint8_t>(wire::WaitReply::WaitCanceled))
-    throw ProtocolError("unexpected reply " + std::to_string(reply) + " to CANCEL_WAIT");
-  throw CancelledWait("timed out after " + std::to_string(timeout.count()) +
-                     " ms waiting for store key(s) " + keys.front() +
-                     (keys.size() > 1 ? " and " + std::to_string(keys.size() - 1) + " more" : ""));
+bool TcpStore::waitFor(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) {
+  return locked([&] {
+    send(keysRequest(Op::Wait, keys));
+    try {
+      const uint8_t reply = static_cast<uint8_t>(stream_.readExact(1, Clock::now() + timeout)[0]);
+      if (reply != static_cast<uint8_t>(wire::WaitReply::StopWaiting))
+        throw unexpectedReply(reply, Op::Wait);
+      return true;
+    } catch (const TimeoutError&) {
+    }
+    // Cancel so the server forgets this wait; it may have answered STOP_WAITING just before.
+    send(request(Op::CancelWait));
+    uint8_t reply = readU8();
+    if (reply == static_cast<uint8_t>(wire::WaitReply::StopWaiting)) reply = readU8();
+    if (reply != static_cast<uint8_t>(wire::WaitReply::WaitCanceled))
+      throw unexpectedReply(reply, Op::CancelWait);
+    return false;
+  });
 }
 
 int64_t TcpStore::numKeys() {
@@ -196,8 +232,8 @@ void TcpStore::append(const std::string& key, const std::string& value) {
 }
 
 std::vector<std::string> TcpStore::multiGet(const std::vector<std::string>& keys) {
+  wait(keys, options_.timeout);
   return locked([&] {
-    waitLocked(keys, options_.timeout);
     send(keysRequest(Op::MultiGet, keys));
     std::vector<std::string> values;
     values.reserve(keys.size());
@@ -234,8 +270,8 @@ void TcpStore::queuePush(const std::string& key, const std::string& value) {
 }
 
 std::optional<std::string> TcpStore::queuePop(const std::string& key, bool block) {
+  if (block) wait({key}, options_.timeout);
   return locked([&]() -> std::optional<std::string> {
-    if (block) waitLocked({key}, options_.timeout);
     send(keyRequest(Op::QueuePop, key));
     if (readI64() == 0) return std::nullopt;
     return readBytes();
@@ -246,6 +282,23 @@ int64_t TcpStore::queueLen(const std::string& key) {
   return locked([&] {
     send(keyRequest(Op::QueueLen, key));
     return readI64();
+  });
+}
+
+void TcpStore::lease(const std::string& key, const std::string& value,
+                     std::chrono::milliseconds ttl,
+                     const std::vector<std::pair<std::string, std::string>>& tripwires) {
+  if (ttl <= std::chrono::milliseconds::zero())
+    throw Error("a lease on store key '" + key + "' needs a positive TTL, not " +
+                std::to_string(ttl.count()) + " ms");
+  std::string out;
+  Encoder e(out);
+  e.op(Era::V2, Op::Lease).bytes(key).bytes(value).u64(static_cast<uint64_t>(ttl.count()));
+  e.u64(tripwires.size());
+  for (const auto& [tripwire, tripValue] : tripwires) e.bytes(tripwire).bytes(tripValue);
+  locked([&] {
+    send(out);
+    if (const uint8_t reply = readU8(); reply != 0) throw unexpectedReply(reply, Op::Lease);
   });
 }
 

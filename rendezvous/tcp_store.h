@@ -1,7 +1,7 @@
 // A blocking client of dlrund or of any PyTorch 2.x TCPStore server, speaking the V2 wire
 // protocol (VALIDATE, then PING to prove the connection). Thread-safe: one request at a time
 // on one connection. A timed-out wait sends CANCEL_WAIT so the connection stays in step; any
-// other failure closes the connection and the next call reconnects.
+// other failure closes the connection, and the next call reconnects unless told not to.
 #pragma once
 
 #include <chrono>
@@ -9,6 +9,8 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "rendezvous/store.h"
 #include "rendezvous/tcp_stream.h"
@@ -22,6 +24,9 @@ struct TcpStoreOptions {
   std::chrono::milliseconds timeout = Store::kDefaultTimeout;
   // How long to keep retrying (with jittered exponential backoff) while the server is not up.
   std::chrono::milliseconds connectTimeout = std::chrono::seconds(60);
+  // Whether a call after a failed or aborted connection opens a new one. A client holding
+  // leases sets false: a new connection would silently drop them, so calls throw instead.
+  bool reconnect = true;
 };
 
 class TcpStore : public Store {
@@ -51,6 +56,20 @@ class TcpStore : public Store {
   std::optional<std::string> queuePop(const std::string& key, bool block);
   int64_t queueLen(const std::string& key);
 
+  // Sets key=value and leases it to this connection (dlrund only; a PyTorch server drops the
+  // connection). Every request on the connection renews the lease for `ttl`; when the
+  // connection closes or `ttl` passes without a request, the server deletes the key and sets
+  // each tripwire key that does not exist yet. deleteKey(key) releases it without that.
+  void lease(const std::string& key, const std::string& value, std::chrono::milliseconds ttl,
+             const std::vector<std::pair<std::string, std::string>>& tripwires);
+  // Waits until every key exists: true, or false once `timeout` passed (the connection stays
+  // usable). Throws NetworkError or TimeoutError only when the store fails to answer.
+  bool waitFor(const std::vector<std::string>& keys, std::chrono::milliseconds timeout);
+  // Safe from any thread, even while another is blocked in a call here: breaks the connection
+  // so that call throws NetworkError at once. Later calls reconnect, or with reconnect=false
+  // throw NetworkError.
+  void abort();
+
   const TcpStoreOptions& options() const { return options_; }
 
  private:
@@ -59,16 +78,24 @@ class TcpStore : public Store {
   template <typename Fn>
   auto locked(Fn&& fn);
   void connect();
+  // Every change of stream_'s descriptor holds streamMutex_, so abort() never shuts down a
+  // descriptor that was closed and reused meanwhile.
+  bool usable();                 // whether the connection is open; closes it after an abort()
+  void adopt(TcpStream stream);  // throws NetworkError when abort() came first
+  void closeStream();
+  bool abortPending();
+  std::string lostConnection() const;
   void send(const std::string& request);
-  void waitLocked(const std::vector<std::string>& keys, std::chrono::milliseconds timeout);
   uint8_t readU8();
   int64_t readI64();
   std::string readBytes();
   Clock::time_point replyDeadline() const { return Clock::now() + options_.timeout; }
 
   const TcpStoreOptions options_;
-  std::mutex mutex_;
+  std::mutex mutex_;        // one request at a time
+  std::mutex streamMutex_;  // stream_'s descriptor and aborted_, for abort()
   TcpStream stream_;
+  bool aborted_ = false;
 };
 
 }  // namespace dlrun::rendezvous

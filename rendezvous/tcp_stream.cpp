@@ -103,6 +103,10 @@ void TcpStream::close() {
   fd_ = -1;
 }
 
+void TcpStream::shutdown() {
+  if (fd_ >= 0) ::shutdown(fd_, SHUT_RDWR);
+}
+
 void TcpStream::await(short events, Clock::time_point deadline) {
   pollfd p{fd_, events, 0};
   while (true) {

@@ -30,6 +30,9 @@ class TcpStream {
   bool isOpen() const { return fd_ >= 0; }
   int fd() const { return fd_; }
   void close();
+  // Shuts the connection down both ways: a call blocked on it in another thread fails at once.
+  // The descriptor stays open until close().
+  void shutdown();
 
   void writeAll(std::string_view bytes, Clock::time_point deadline);
   // Reads exactly n bytes.

@@ -11,17 +11,20 @@ namespace {
 constexpr uint8_t kNoCode = 0xFF;
 
 // Wire code of each Op (indexed by Op) per era; kNoCode where the era lacks the op.
-constexpr std::array<uint8_t, 18> kV1Codes = {
-    kNoCode, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, kNoCode, kNoCode, kNoCode, kNoCode};
-constexpr std::array<uint8_t, 18> kV2Codes = {0, 1, 2, 3, 4, 5, 6, 7, kNoCode, 8, 9,
-                                              10, 11, 12, 13, 14, 15, 16};
+constexpr size_t kOps = static_cast<size_t>(Op::Lease) + 1;
+constexpr std::array<uint8_t, kOps> kV1Codes = {
+    kNoCode, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, kNoCode, kNoCode, kNoCode, kNoCode,
+    kNoCode};
+constexpr std::array<uint8_t, kOps> kV2Codes = {0,  1,  2,  3,  4,  5,  6,  7,  kNoCode, 8,
+                                                9, 10, 11, 12, 13, 14, 15, 16, 0x40};
 
-constexpr std::array<std::string_view, 18> kNames = {
+constexpr std::array<std::string_view, kOps> kNames = {
     "VALIDATE",   "SET",    "COMPARE_SET", "GET",         "ADD",  "CHECK",
     "WAIT",       "GETNUMKEYS", "WATCH_KEY", "DELETE_KEY", "APPEND", "MULTI_GET",
-    "MULTI_SET",  "CANCEL_WAIT", "PING",      "QUEUE_PUSH", "QUEUE_POP", "QUEUE_LEN"};
+    "MULTI_SET",  "CANCEL_WAIT", "PING",      "QUEUE_PUSH", "QUEUE_POP", "QUEUE_LEN",
+    "LEASE"};
 
-const std::array<uint8_t, 18>& codes(Era era) { return era == Era::V1 ? kV1Codes : kV2Codes; }
+const std::array<uint8_t, kOps>& codes(Era era) { return era == Era::V1 ? kV1Codes : kV2Codes; }
 
 // Walks a request's fields. Every read either succeeds, reports that more bytes are needed, or
 // records why the request is invalid; lengths are checked against the limits before use.
@@ -54,6 +57,14 @@ class Cursor {
     if (value > limits_.maxKeysPerOp)
       return invalid("key count " + std::to_string(value) + " exceeds the limit of " +
                      std::to_string(limits_.maxKeysPerOp));
+    return true;
+  }
+
+  bool ttl(uint64_t& value) {
+    if (!u64(value)) return false;
+    if (value == 0 || value > limits_.maxLeaseTtlMs)
+      return invalid("lease TTL " + std::to_string(value) + " ms is not between 1 and " +
+                     std::to_string(limits_.maxLeaseTtlMs));
     return true;
   }
 
@@ -106,6 +117,16 @@ bool parseKeys(Cursor& c, Request& out) {
   return true;
 }
 
+// A count, then that many (key, value) pairs.
+bool parsePairs(Cursor& c, Request& out) {
+  uint64_t n = 0;
+  if (!c.count(n)) return false;
+  for (uint64_t i = 0; i < n; ++i) {
+    if (!c.key(out.keys.emplace_back()) || !c.value(out.values.emplace_back())) return false;
+  }
+  return true;
+}
+
 bool parseBody(Cursor& c, Request& out) {
   switch (out.op) {
     case Op::Validate:
@@ -136,14 +157,11 @@ bool parseBody(Cursor& c, Request& out) {
     case Op::Wait:
     case Op::MultiGet:
       return parseKeys(c, out);
-    case Op::MultiSet: {
-      uint64_t n = 0;
-      if (!c.count(n)) return false;
-      for (uint64_t i = 0; i < n; ++i) {
-        if (!c.key(out.keys.emplace_back()) || !c.value(out.values.emplace_back())) return false;
-      }
-      return true;
-    }
+    case Op::MultiSet:
+      return parsePairs(c, out);
+    case Op::Lease:
+      return c.key(out.keys.emplace_back()) && c.value(out.values.emplace_back()) &&
+             c.ttl(out.ttlMs) && parsePairs(c, out);
     case Op::GetNumKeys:
     case Op::CancelWait:
       return true;
@@ -181,6 +199,7 @@ void Request::clear() {
   keys.clear();
   values.clear();
   number = 0;
+  ttlMs = 0;
   word = 0;
 }
 

@@ -15,6 +15,11 @@
 //    connection, no reply) SET=1 COMPARE_SET=2 GET=3 ADD=4 CHECK=5 WAIT=6 GETNUMKEYS=7
 //    DELETE_KEY=8 APPEND=9 MULTI_GET=10 MULTI_SET=11 CANCEL_WAIT=12 PING=13 QUEUE_PUSH=14
 //    QUEUE_POP=15 QUEUE_LEN=16.
+// dlrun extension, V2 only, at a code no PyTorch era uses (a torch server refuses it):
+//    LEASE=64 (0x40): key, value, uint64 ttl_ms, uint64 n, then n (tripwire key, tripwire value)
+//    pairs; replies one uint8 0. Sets key=value and ties it to the connection: every request on
+//    the connection renews the lease for ttl_ms; when the connection closes or the ttl lapses
+//    the server deletes the key and sets each tripwire key that does not exist yet.
 // A connection whose first five bytes are VALIDATE + magic speaks V2; any other opening is V1.
 #pragma once
 
@@ -50,6 +55,7 @@ enum class Op : uint8_t {
   QueuePush,
   QueuePop,
   QueueLen,
+  Lease,
 };
 
 std::optional<Op> decodeOp(Era era, uint8_t code);
@@ -66,6 +72,9 @@ struct Limits {
   uint64_t maxKeyBytes = 8 * 1024;
   uint64_t maxValueBytes = 16 * 1024 * 1024;
   uint64_t maxKeysPerOp = 128 * 1024;
+  // A lease's TTL is a keep-alive interval: a day is far beyond any sane one, and the bound
+  // keeps now + ttl from overflowing the clock.
+  uint64_t maxLeaseTtlMs = 24 * 60 * 60 * 1000;
   // Input waiting to be parsed plus output waiting to be sent, per connection.
   uint64_t maxBufferedBytes = 64 * 1024 * 1024;
 };
@@ -77,10 +86,12 @@ std::optional<Era> detectEra(std::span<const char> in);
 // One parsed request. Views point into the parsed buffer and live as long as it does.
 struct Request {
   Op op = Op::Ping;
-  std::vector<std::string_view> keys;    // every op's key(s), in wire order
+  std::vector<std::string_view> keys;    // every op's key(s), in wire order; LEASE: the
+                                         // leased key, then its tripwire keys
   std::vector<std::string_view> values;  // SET/APPEND/QUEUE_PUSH: 1; COMPARE_SET: expected,
-                                         // desired; MULTI_SET: one per key
+                                         // desired; MULTI_SET and LEASE: one per key
   int64_t number = 0;                    // ADD's delta
+  uint64_t ttlMs = 0;                    // LEASE's time to live
   uint32_t word = 0;                     // VALIDATE's magic, PING's nonce
 
   void clear();

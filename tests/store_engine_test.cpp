@@ -27,7 +27,30 @@ class EngineTest : public ::testing::Test {
     wire::Request request;
     auto parsed = wire::parseRequest(Era::V2, {bytes.data(), bytes.size()}, {}, request);
     EXPECT_EQ(parsed.status, wire::ParseStatus::Complete);
-    return engine.handle(peer, request);
+    return engine.handle(peer, request, now);
+  }
+
+  // LEASE with `ttl` and tripwires given as key, value, key, value...; expects the ack byte.
+  void lease(RecordingPeer& peer, std::string_view key, std::chrono::milliseconds ttl,
+             std::vector<std::string_view> tripwires = {}) {
+    run(peer, [&](Encoder& e) {
+      e.op(Era::V2, Op::Lease).bytes(key).bytes("held").u64(ttl.count()).u64(tripwires.size() / 2);
+      for (auto field : tripwires) e.bytes(field);
+    });
+    EXPECT_EQ(peer.take(), std::string(1, '\0'));
+  }
+
+  // The value of a key as GET reads it, or nullopt when CHECK finds it missing.
+  std::optional<std::string> read(std::string_view key) {
+    RecordingPeer reader;
+    run(reader, [&](Encoder& e) { e.op(Era::V2, Op::Check).u64(1).bytes(key); });
+    if (reader.take() != std::string(1, '\0')) return std::nullopt;
+    run(reader, [&](Encoder& e) { e.op(Era::V2, Op::Get).bytes(key); });
+    return reader.take().substr(8);
+  }
+
+  void waitOn(Peer& peer, std::string_view key) {
+    run(peer, [&](Encoder& e) { e.op(Era::V2, Op::Wait).u64(1).bytes(key); });
   }
 
   static std::string i64(int64_t v) {
@@ -42,8 +65,12 @@ class EngineTest : public ::testing::Test {
   }
 
   StoreEngine engine;
+  StoreEngine::TimePoint now{};
   RecordingPeer a, b;
 };
+
+using namespace std::chrono_literals;
+const std::string kWoken(1, '\0');
 
 TEST_F(EngineTest, WaitIsAnsweredWhenTheLastKeyAppears) {
   run(a, [](Encoder& e) { e.op(Era::V2, Op::Wait).u64(2).bytes("x").bytes("y"); });
@@ -131,6 +158,101 @@ TEST_F(EngineTest, QueuePushWakesOneBlockedPopper) {
   EXPECT_EQ(a.take(), i64(1) + bytes("item"));
   run(a, [](Encoder& e) { e.op(Era::V2, Op::QueuePop).bytes("q"); });
   EXPECT_EQ(a.take(), i64(0));
+}
+
+TEST_F(EngineTest, LeaseSetsTheKeyAndWakesItsWaiters) {
+  waitOn(b, "k");
+  lease(a, "k", 1s);
+  EXPECT_EQ(b.take(), kWoken);
+  EXPECT_EQ(read("k"), "held");
+  EXPECT_EQ(engine.leaseCount(), 1u);
+}
+
+TEST_F(EngineTest, DisconnectFiresTheLeaseAndWakesTheTripwiresWaiter) {
+  lease(a, "k", 1s, {"trip", "a-died"});
+  waitOn(b, "trip");
+  engine.disconnect(a);
+  EXPECT_EQ(b.take(), kWoken);
+  EXPECT_EQ(read("k"), std::nullopt);
+  EXPECT_EQ(read("trip"), "a-died");
+  EXPECT_EQ(engine.leaseCount(), 0u);
+  EXPECT_EQ(engine.nextLeaseDeadline(), std::nullopt);
+}
+
+TEST_F(EngineTest, ExpiryFiresAtTheDeadlineAndWakesTheTripwiresWaiter) {
+  lease(a, "k", 1s, {"trip", "a-silent"});
+  EXPECT_EQ(engine.nextLeaseDeadline(), now + 1s);
+  waitOn(b, "trip");
+  engine.expireLeases(now + 999ms);
+  EXPECT_EQ(read("k"), "held");
+  EXPECT_EQ(b.take(), "");
+  engine.expireLeases(now + 1s);
+  EXPECT_EQ(b.take(), kWoken);
+  EXPECT_EQ(read("k"), std::nullopt);
+  EXPECT_EQ(read("trip"), "a-silent");
+  EXPECT_EQ(engine.nextLeaseDeadline(), std::nullopt);
+}
+
+TEST_F(EngineTest, EveryRequestOfTheHolderRenewsItsLeasesOnly) {
+  const auto start = now;
+  lease(a, "k", 1s, {"trip", "x"});
+  lease(b, "other", 1s);
+  now = start + 800ms;
+  run(a, [](Encoder& e) { e.op(Era::V2, Op::Ping).u32(1); });
+  EXPECT_EQ(engine.nextLeaseDeadline(), start + 1s);  // b's lease, not renewed
+  engine.expireLeases(start + 1s);
+  EXPECT_EQ(read("other"), std::nullopt);
+  EXPECT_EQ(read("k"), "held");
+  EXPECT_EQ(engine.nextLeaseDeadline(), start + 1800ms);
+  now = start + 1700ms;
+  run(b, [](Encoder& e) { e.op(Era::V2, Op::Ping).u32(1); });  // b's requests do not renew a's
+  engine.expireLeases(start + 1800ms);
+  EXPECT_EQ(read("k"), std::nullopt);
+  EXPECT_EQ(read("trip"), "x");
+}
+
+TEST_F(EngineTest, AFiredTripwireKeepsTheFirstWritersValue) {
+  run(b, [](Encoder& e) { e.op(Era::V2, Op::Set).bytes("trip").bytes("first"); });
+  RecordingPeer c;
+  lease(a, "ka", 1s, {"trip", "from-a", "fresh", "from-a"});
+  lease(c, "kc", 1s, {"fresh", "from-c"});
+  engine.disconnect(a);
+  engine.disconnect(c);
+  EXPECT_EQ(read("trip"), "first");
+  EXPECT_EQ(read("fresh"), "from-a");
+}
+
+TEST_F(EngineTest, DeleteKeyReleasesTheLeaseWithoutFiring) {
+  lease(a, "k", 1s, {"trip", "x"});
+  run(a, [](Encoder& e) { e.op(Era::V2, Op::DeleteKey).bytes("k"); });
+  EXPECT_EQ(a.take(), i64(1));
+  EXPECT_EQ(engine.leaseCount(), 0u);
+  EXPECT_EQ(engine.nextLeaseDeadline(), std::nullopt);
+  engine.disconnect(a);
+  engine.expireLeases(now + 1h);
+  EXPECT_EQ(read("trip"), std::nullopt);
+}
+
+TEST_F(EngineTest, SetOnALeasedKeyKeepsTheLease) {
+  lease(a, "k", 1s, {"trip", "x"});
+  run(b, [](Encoder& e) { e.op(Era::V2, Op::Set).bytes("k").bytes("new"); });
+  EXPECT_EQ(read("k"), "new");
+  engine.disconnect(a);
+  EXPECT_EQ(read("k"), std::nullopt);
+  EXPECT_EQ(read("trip"), "x");
+}
+
+TEST_F(EngineTest, ALeaseOnALeasedKeyReplacesItWithTheNewOwner) {
+  lease(a, "k", 1s, {"trip-a", "x"});
+  lease(b, "k", 5s, {"trip-b", "y"});
+  EXPECT_EQ(engine.leaseCount(), 1u);
+  EXPECT_EQ(engine.nextLeaseDeadline(), now + 5s);
+  engine.disconnect(a);
+  EXPECT_EQ(read("k"), "held");
+  EXPECT_EQ(read("trip-a"), std::nullopt);
+  engine.disconnect(b);
+  EXPECT_EQ(read("k"), std::nullopt);
+  EXPECT_EQ(read("trip-b"), "y");
 }
 
 }  // namespace

@@ -40,6 +40,20 @@ class StoreServerTest : public ::testing::Test {
     return out;
   }
 
+  // A V2 connection holding a lease on /k with the tripwire /trip=dead.
+  std::unique_ptr<RawClient> leaseHolder(std::chrono::milliseconds ttl) {
+    auto holder = std::make_unique<RawClient>(server->port());
+    holder->validate();
+    std::string lease;
+    Encoder(lease).op(Era::V2, Op::Lease).bytes("/k").bytes("alive").u64(ttl.count()).u64(1);
+    Encoder(lease).bytes("/trip").bytes("dead");
+    holder->send(lease);
+    EXPECT_EQ(holder->read(1), std::string(1, '\0'));
+    return holder;
+  }
+
+  TcpStore client() { return TcpStore({.host = "127.0.0.1", .port = server->port()}); }
+
   std::unique_ptr<StoreServerThread> server;
 };
 
@@ -129,7 +143,7 @@ TEST_F(StoreServerTest, RandomBytesAreRefusedAndTheServerCarriesOn) {
     RawClient c(server->port());
     std::string garbage(4096, '\0');
     for (auto& ch : garbage) ch = static_cast<char>(random());
-    garbage[0] = static_cast<char>(0x40 + round);  // an op code that no era has
+    garbage[0] = static_cast<char>(0x41 + round);  // an op code that no era has
     c.send(garbage);
     EXPECT_TRUE(c.closedByServer());
   }
@@ -196,6 +210,48 @@ TEST_F(StoreServerTest, ARequestCutOffMidwayLeavesNothingBehind) {
   EXPECT_FALSE(store.check({"/k"}));
   EXPECT_EQ(store.numKeys(), 0);
   expectServing();
+}
+
+TEST_F(StoreServerTest, ALeaseHoldersClosedSocketWakesTheTripwiresWaiter) {
+  auto holder = leaseHolder(std::chrono::minutes(10));
+  RawClient waiter(server->port());
+  waiter.validate();
+  waiter.send(v2(Op::Wait) + i64Bytes(1) + lengthPrefixed("/trip"));
+  holder->close();
+  EXPECT_EQ(waiter.read(1), std::string(1, '\0'));  // long before the TTL
+  EXPECT_FALSE(client().check({"/k"}));
+}
+
+TEST_F(StoreServerTest, ASilentLeaseHoldersTripwireAppearsAfterTheTtl) {
+  auto holder = leaseHolder(std::chrono::milliseconds(200));
+  EXPECT_TRUE(client().waitFor({"/trip"}, std::chrono::seconds(10)));
+  EXPECT_EQ(client().get("/trip"), "dead");
+  EXPECT_FALSE(client().check({"/k"}));
+}
+
+TEST_F(StoreServerTest, ALeaseHolderThatKeepsTalkingKeepsItsLease) {
+  auto holder = leaseHolder(std::chrono::milliseconds(300));
+  const auto end = Clock::now() + std::chrono::milliseconds(600);
+  while (Clock::now() < end) {
+    holder->send(v2(Op::Ping) + std::string(4, '\x05'));
+    EXPECT_EQ(holder->read(4), std::string(4, '\x05'));
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the keep-alive pace
+  }
+  TcpStore observer = client();
+  EXPECT_TRUE(observer.check({"/k"}));
+  EXPECT_FALSE(observer.check({"/trip"}));
+  holder->close();  // the lease was live until now
+  EXPECT_TRUE(observer.waitFor({"/trip"}, std::chrono::seconds(10)));
+}
+
+TEST_F(StoreServerTest, DeletingALeasedKeyReleasesItWithoutFiring) {
+  auto holder = leaseHolder(std::chrono::milliseconds(200));
+  holder->send(v2(Op::DeleteKey) + lengthPrefixed("/k"));
+  EXPECT_EQ(holder->read(8), i64Bytes(1));
+  holder->close();
+  // Once the server has seen the close, a fired lease would have set the tripwire.
+  EXPECT_TRUE(testing::eventually([&] { return server->connectionCount() == 0; }));
+  EXPECT_FALSE(client().waitFor({"/trip"}, std::chrono::milliseconds(400)));  // past the TTL
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include "common/error.h"
 #include "rendezvous/prefix_store.h"
 #include "rendezvous/store_server.h"
+#include "tests/store_test_util.h"
 
 namespace dlrun::rendezvous {
 namespace {
@@ -115,6 +116,83 @@ TEST_F(TcpStoreTest, ThroughAPrefixStore) {
   job.set("k", "v");
   EXPECT_EQ(tcp->get("job7/k"), "v");
   EXPECT_EQ(job.add("n", 2), 2);
+}
+
+TEST_F(TcpStoreTest, ALeaseFiresItsTripwiresWhenItsHolderGoes) {
+  TcpStore observer(options());
+  {
+    TcpStoreOptions holding = options();
+    holding.reconnect = false;
+    TcpStore holder(holding);
+    holder.lease("node/0", "record", 10min, {{"round/1/restart", "node/0"}, {"dead", "0"}});
+    EXPECT_EQ(observer.get("node/0"), "record");
+    EXPECT_FALSE(observer.waitFor({"round/1/restart"}, 100ms));
+  }
+  EXPECT_TRUE(observer.waitFor({"round/1/restart", "dead"}, 10s));
+  EXPECT_EQ(observer.get("round/1/restart"), "node/0");
+  EXPECT_FALSE(observer.check({"node/0"}));
+}
+
+TEST_F(TcpStoreTest, ALeaseNeedsAPositiveTtl) {
+  TcpStore store(options());
+  EXPECT_THROW(store.lease("k", "v", 0ms, {}), Error);
+  EXPECT_FALSE(store.check({"k"}));
+}
+
+TEST_F(TcpStoreTest, WaitForAnswersFalseOnTimeoutAndStaysInStep) {
+  TcpStore store(options(200ms));
+  EXPECT_FALSE(store.waitFor({"never"}, 100ms));
+  store.set("now", "1");
+  EXPECT_TRUE(store.waitFor({"now"}, 100ms));
+  EXPECT_EQ(store.add("n", 1), 1);
+}
+
+TEST_F(TcpStoreTest, WithoutReconnectAFailedConnectionStaysLost) {
+  StoreServerThread strict({.host = "127.0.0.1", .port = 0, .limits = {.maxKeyBytes = 8}});
+  TcpStore store({.host = "127.0.0.1", .port = strict.port(), .reconnect = false});
+  EXPECT_THROW(store.add("a key over the limit", 1), NetworkError);  // the server hangs up
+  for (int i = 0; i < 2; ++i) {
+    try {
+      store.ping();
+      ADD_FAILURE() << "a call after the connection failed succeeded";
+    } catch (const NetworkError& e) {
+      EXPECT_EQ(std::string(e.what()),
+                "lost the connection to the store at 127.0.0.1:" + std::to_string(strict.port()));
+    }
+  }
+}
+
+TEST_F(TcpStoreTest, AbortEndsACallBlockedInAnotherThread) {
+  TcpStoreOptions holding = options();
+  holding.reconnect = false;
+  TcpStore store(holding);
+  std::atomic<bool> calling{false};
+  std::atomic<bool> threw{false};
+  std::thread blocked([&] {
+    calling = true;
+    try {
+      store.waitFor({"never"}, 10min);
+    } catch (const NetworkError&) {
+      threw = true;
+    }
+  });
+  ASSERT_TRUE(testing::eventually([&] { return calling.load(); }));
+  // Makes it likely that the call is already blocked; the outcome is the same either way.
+  std::this_thread::sleep_for(50ms);
+  const auto start = Clock::now();
+  store.abort();
+  blocked.join();
+  EXPECT_TRUE(threw);
+  EXPECT_LT(Clock::now() - start, 5s);
+  EXPECT_THROW(store.ping(), NetworkError);
+}
+
+TEST_F(TcpStoreTest, AfterAbortTheNextCallReconnects) {
+  TcpStore store(options());
+  store.set("k", "v");
+  store.abort();
+  EXPECT_EQ(store.get("k"), "v");
+  store.ping();
 }
 
 }  // namespace

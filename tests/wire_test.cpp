@@ -43,6 +43,49 @@ TEST(Wire, OpCodesFollowEachEra) {
   EXPECT_THROW(encodeOp(Era::V2, Op::WatchKey), ProtocolError);
 }
 
+TEST(Wire, LeaseIsADlrunExtensionOfV2Only) {
+  EXPECT_EQ(encodeOp(Era::V2, Op::Lease), 0x40);
+  EXPECT_EQ(decodeOp(Era::V2, 0x40), Op::Lease);
+  EXPECT_EQ(decodeOp(Era::V1, 0x40), std::nullopt);
+  EXPECT_THROW(encodeOp(Era::V1, Op::Lease), ProtocolError);
+  EXPECT_EQ(opName(Op::Lease), "LEASE");
+}
+
+std::string leaseRequest(uint64_t ttlMs, uint64_t tripwires) {
+  std::string bytes;
+  Encoder e(bytes);
+  e.op(Era::V2, Op::Lease).bytes("node/3").bytes("rec").u64(ttlMs).u64(tripwires);
+  for (uint64_t i = 0; i < tripwires; ++i) e.bytes("trip" + std::to_string(i)).bytes("dead");
+  return bytes;
+}
+
+TEST(Wire, ParsesLeaseThenItsTripwiresAfterTheLeasedKey) {
+  const std::string bytes = leaseRequest(5000, 2);
+  Request r;
+  auto result = parse(Era::V2, bytes, r);
+  ASSERT_EQ(result.status, ParseStatus::Complete);
+  EXPECT_EQ(result.consumed, bytes.size());
+  EXPECT_EQ(r.op, Op::Lease);
+  EXPECT_EQ(r.ttlMs, 5000u);
+  EXPECT_EQ(r.keys, (std::vector<std::string_view>{"node/3", "trip0", "trip1"}));
+  EXPECT_EQ(r.values, (std::vector<std::string_view>{"rec", "dead", "dead"}));
+}
+
+TEST(Wire, RejectsALeaseWithoutOrWithAnAbsurdTtl) {
+  Request r;
+  EXPECT_EQ(parse(Era::V2, leaseRequest(0, 0), r).status, ParseStatus::Invalid);
+  auto result = parse(Era::V2, leaseRequest(1001, 0), r, Limits{.maxLeaseTtlMs = 1000});
+  EXPECT_EQ(result.status, ParseStatus::Invalid);
+  EXPECT_NE(result.error.find("lease TTL 1001 ms"), std::string::npos);
+  EXPECT_EQ(parse(Era::V2, leaseRequest(uint64_t{1} << 63, 0), r).status, ParseStatus::Invalid);
+}
+
+TEST(Wire, RejectsALeaseWithTooManyTripwires) {
+  Request r;
+  EXPECT_EQ(parse(Era::V2, leaseRequest(1000, 3), r, Limits{.maxKeysPerOp = 2}).status,
+            ParseStatus::Invalid);
+}
+
 TEST(Wire, ParsesMultiSetPairsInWireOrder) {
   std::string bytes;
   Encoder(bytes).op(Era::V2, Op::MultiSet).i64(2).bytes("a").bytes("1").bytes("b").bytes("22");
@@ -65,16 +108,18 @@ TEST(Wire, ParsesAddKeyThenDelta) {
 }
 
 TEST(Wire, EveryPrefixOfARequestIsIncomplete) {
-  std::string bytes;
-  Encoder(bytes).op(Era::V2, Op::CompareSet).bytes("key").bytes("old").bytes("new");
-  Request r;
-  for (size_t n = 0; n < bytes.size(); ++n) {
-    auto result = parse(Era::V2, bytes.substr(0, n), r);
-    EXPECT_EQ(result.status, ParseStatus::Incomplete) << n;
-    EXPECT_GT(result.needed, n);
-    EXPECT_LE(result.needed, bytes.size());
+  std::string compareSet;
+  Encoder(compareSet).op(Era::V2, Op::CompareSet).bytes("key").bytes("old").bytes("new");
+  for (const std::string& bytes : {compareSet, leaseRequest(100, 2)}) {
+    Request r;
+    for (size_t n = 0; n < bytes.size(); ++n) {
+      auto result = parse(Era::V2, bytes.substr(0, n), r);
+      EXPECT_EQ(result.status, ParseStatus::Incomplete) << n;
+      EXPECT_GT(result.needed, n);
+      EXPECT_LE(result.needed, bytes.size());
+    }
+    EXPECT_EQ(parse(Era::V2, bytes, r).status, ParseStatus::Complete);
   }
-  EXPECT_EQ(parse(Era::V2, bytes, r).status, ParseStatus::Complete);
 }
 
 TEST(Wire, ParsesOnlyTheFirstOfTwoRequests) {

@@ -26,14 +26,19 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   rendezvous::StoreEngine engine;
   DiscardingPeer peer;
   wire::Request request;
+  // Time moves a little with every request, so leases also expire on the way.
+  rendezvous::StoreEngine::TimePoint now{};
   while (!in.empty()) {
     auto result = wire::parseRequest(*era, in, limits, request);
     if (result.status != wire::ParseStatus::Complete) break;
     if (result.consumed == 0 || result.consumed > in.size()) __builtin_trap();
-    if (!engine.handle(peer, request).empty()) break;
+    now += std::chrono::milliseconds(100);
+    engine.expireLeases(now);
+    if (!engine.handle(peer, request, now).empty()) break;
     in = in.subspan(result.consumed);
   }
   engine.disconnect(peer);
-  if (engine.waiterCount() != 0) __builtin_trap();  // a gone peer leaves no waiter behind
+  // A gone peer leaves no waiter and no lease behind.
+  if (engine.waiterCount() != 0 || engine.leaseCount() != 0) __builtin_trap();
   return 0;
 }
