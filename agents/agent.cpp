@@ -1,10 +1,18 @@
 // The agent's state machine. One io_context, one thread; every event is a handler:
 //
+//   Joining --the round closed------------------> Running
 //   Running --a worker fails--------------------> Stopping(failure)
+//   Running --the round ended elsewhere---------> Stopping(round end)
 //   Running --SIGINT/TERM/HUP/QUIT--------------> Stopping(signal)
-//   Running --every worker exited 0-------------> Finished(0)
-//   Stopping --last worker reaped---------------> Running (restart, a new rendezvous round)
+//   Running --every worker exited 0-------------> Finished(0) | Done (several nodes)
+//   Done --the round ended----------------------> Finished(0) | Joining (restart)
+//   Stopping --last worker reaped---------------> Joining (restart, a new rendezvous round)
 //                                                 | Finished(root cause's code, or 128+signal)
+//
+// With several nodes, rounds also end from outside (a node lost or added, a worker failed on
+// another node): the rendezvous blocks on the network, so it runs on a thread of its own
+// (next(), then awaitEnd()) and posts what it learns to this io_context. A single node's
+// rendezvous never blocks and runs inline.
 //
 // SIGCHLD drives reaping (waitpid(-1) also reaps descendants re-parented to this subreaper);
 // SIGUSR1/SIGUSR2 are forwarded to every worker's process group and change nothing else.
@@ -19,6 +27,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <thread>
 
 #include "agents/failure_report.h"
 #include "agents/output.h"
@@ -87,14 +96,18 @@ class AgentImpl {
     if (options_.nprocPerNode > 1 && !inherited_.contains("OMP_NUM_THREADS"))
       log::info("setting OMP_NUM_THREADS=1 for each worker to avoid overloading the CPUs; "
                 "set it yourself to tune");
-    startAttempt();
+    beginRound();
     io_.run();
+    if (roundThread_.joinable()) {
+      rendezvous_.interrupt();
+      roundThread_.join();
+    }
     cleanUpLogRoot();
     return exitCode_;
   }
 
  private:
-  enum class State { Running, Stopping, Finished };
+  enum class State { Joining, Running, Done, Stopping, Finished };
 
   void awaitSignal() {
     signals_.async_wait([this](const boost::system::error_code& ec, int sig) {
@@ -116,12 +129,86 @@ class AgentImpl {
     stop(sig);
   }
 
-  void startAttempt() {
-    state_ = State::Running;
+  void beginRound() {
+    state_ = State::Joining;
     failure_.reset();
-    const rendezvous::World world = rendezvous_.next();
+    roundEnd_.reset();
+    if (!rendezvous_.multiNode()) return onJoined(rendezvous_.next());
+    if (roundThread_.joinable()) roundThread_.join();  // it ended with the last round
+    roundThread_ = std::thread([this] {
+      try {
+        rendezvous::JoinResult joined = rendezvous_.next();
+        const bool member = std::holds_alternative<rendezvous::World>(joined);
+        asio::post(io_, [this, joined = std::move(joined)] { onJoined(joined); });
+        if (!member) return;
+        asio::post(io_, [this, end = rendezvous_.awaitEnd()] { onRoundEnd(end); });
+      } catch (const Error& e) {
+        const int code = dynamic_cast<const ConfigError*>(&e) ? 2 : 1;
+        asio::post(io_, [this, code, message = std::string(e.what())] {
+          onRendezvousError(code, message);
+        });
+      }
+    });
+  }
+
+  void onJoined(const rendezvous::JoinResult& joined) {
+    if (state_ != State::Joining) return;  // a signal is ending dlrun
+    if (const auto* end = std::get_if<rendezvous::RoundEnd>(&joined)) {
+      roundEnd_ = *end;
+      return endOfRound();
+    }
+    startAttempt(std::get<rendezvous::World>(joined));
+  }
+
+  void onRoundEnd(const rendezvous::RoundEnd& end) {
+    log::debug("round " + std::to_string(round_) + " ended: " + end.describe());
+    if (state_ == State::Finished || stopSignal_) return;
+    roundEnd_ = end;
+    if (state_ == State::Done) return endOfRound();
+    if (state_ == State::Running) {
+      log::info("stopping workers: " + end.describe());
+      stop(SIGTERM);
+    }
+    // Stopping: endOfRound() runs once the last worker is reaped.
+  }
+
+  void onRendezvousError(int code, const std::string& message) {
+    if (state_ == State::Finished) return;
+    log::info("error: " + message);
+    launchFailed_ = true;
+    exitCode_ = code;
+    if (state_ == State::Running) return stop(SIGTERM);
+    if (liveWorkers() == 0) finish(code);
+  }
+
+  // Every worker is gone and the round's end is known: the job is over, or a new round begins.
+  void endOfRound() {
+    const rendezvous::RoundEnd& end = *roundEnd_;
+    using Kind = rendezvous::RoundEnd::Kind;
+    if (end.kind == Kind::Finished) return finish(0);
+    if (end.countsAsFailure() && end.final) {
+      [[maybe_unused]] auto n = ::write(STDERR_FILENO, end.report.data(), end.report.size());
+      return finish(end.exitCode);
+    }
+    if (end.countsAsFailure())
+      log::info("worker group failed (" + end.describe() + "); restarting, attempt " +
+                std::to_string(end.failures) + " of " + std::to_string(options_.maxRestarts));
+    else
+      log::info("re-rendezvous: " + end.describe());
+    killLeftovers();
+    beginRound();
+  }
+
+  void startAttempt(const rendezvous::World& world) {
+    log::debug("round " + std::to_string(world.round) + ": group rank " +
+               std::to_string(world.groupRank) + " of " + std::to_string(world.groupWorldSize) +
+               ", ranks " + std::to_string(world.baseRank) + "+" +
+               std::to_string(world.localWorldSize) + " of " + std::to_string(world.worldSize));
+    state_ = State::Running;
     runId_ = world.runId;
-    const fs::path attemptDir = logRoot_ / runId_ / ("attempt_" + std::to_string(restarts_));
+    round_ = world.round;
+    failuresBefore_ = world.failures;
+    const fs::path attemptDir = logRoot_ / runId_ / ("attempt_" + std::to_string(round_));
     workers_.clear();
     try {
       for (int local = 0; local < options_.nprocPerNode; ++local)
@@ -159,10 +246,10 @@ class AgentImpl {
     const fs::path dir = attemptDir / std::to_string(local);
     if (rankDir) fs::create_directories(dir);
     w->errorFile = rankDir ? (dir / "error.json").string()
-                           : (logRoot_ / ("error-" + std::to_string(restarts_) + "-" +
+                           : (logRoot_ / ("error-" + std::to_string(round_) + "-" +
                                           std::to_string(local) + ".json")).string();
 
-    WorkerSpec spec{options_.role, options_.maxRestarts, restarts_, w->errorFile};
+    WorkerSpec spec{options_.role, options_.maxRestarts, world.round, w->errorFile};
     const Streams fileOnly = options_.redirects.forRank(local);
     const bool shown = !options_.localRanksFilter || options_.localRanksFilter->contains(local);
     const std::string prefix =
@@ -227,13 +314,39 @@ class AgentImpl {
       stop(SIGTERM);
     }
     if (liveWorkers() > 0) return;
-    if (state_ == State::Running) return finish(0);
+    if (state_ == State::Running) return onSucceeded();
     if (state_ == State::Stopping) onStopped();
   }
 
+  void onSucceeded() {
+    if (!rendezvous_.multiNode()) return finish(0);
+    // The other nodes may still be running: the job is over when the round ends as Finished.
+    state_ = State::Done;
+    reportToRendezvous([&] { rendezvous_.reportSuccess(); });
+    if (roundEnd_) endOfRound();
+  }
+
   void recordFailure(const Worker& w) {
-    failure_ = WorkerFailure{w.rank, w.localRank, w.status, readErrorFile(w.errorFile),
-                             w.err->lastLines()};
+    failure_ = WorkerFailure{w.rank, w.localRank, options_.nodeName, w.status,
+                             readErrorFile(w.errorFile), w.err->lastLines()};
+    if (!rendezvous_.multiNode()) return;
+    rendezvous::RoundEnd end{.kind = rendezvous::RoundEnd::Kind::WorkerFailed,
+                             .node = options_.nodeName,
+                             .rank = w.rank,
+                             .exitCode = w.status.shellCode(),
+                             .report = formatFailureReport(*failure_, failuresBefore_)};
+    reportToRendezvous([&] { rendezvous_.reportFailure(end); });
+  }
+
+  // A report that cannot reach the store leaves the round to end by the lease: this node's
+  // watcher notices the lost store too.
+  template <typename Fn>
+  void reportToRendezvous(Fn&& fn) {
+    try {
+      fn();
+    } catch (const Error& e) {
+      log::info(std::string("cannot report to the rendezvous store: ") + e.what());
+    }
   }
 
   size_t liveWorkers() const {
@@ -268,13 +381,18 @@ class AgentImpl {
     stopTimer_.cancel();
     if (launchFailed_) return finish(exitCode_);
     if (stopSignal_) return finish(128 + *stopSignal_);
+    if (rendezvous_.multiNode()) {
+      state_ = State::Done;  // no workers; the round's end decides what follows
+      if (roundEnd_) endOfRound();
+      return;
+    }
     if (restarts_ < options_.maxRestarts) {
       ++restarts_;
       log::info("worker group failed (rank " + std::to_string(failure_->rank) + ", " +
                 failure_->status.describe() + "); restarting, attempt " +
                 std::to_string(restarts_) + " of " + std::to_string(options_.maxRestarts));
       killLeftovers();
-      return startAttempt();
+      return beginRound();
     }
     const std::string report = formatFailureReport(*failure_, restarts_);
     [[maybe_unused]] auto n = ::write(STDERR_FILENO, report.data(), report.size());
@@ -326,12 +444,16 @@ class AgentImpl {
   asio::signal_set signals_;
   asio::steady_timer stopTimer_;
   const Environment inherited_;
-  State state_ = State::Running;
+  State state_ = State::Joining;
   std::vector<std::unique_ptr<Worker>> workers_;
   std::optional<WorkerFailure> failure_;
   std::optional<int> stopSignal_;
   bool launchFailed_ = false;
-  int restarts_ = 0;
+  int restarts_ = 0;         // failure restarts of a single-node job
+  int failuresBefore_ = 0;   // failure restarts used before the current round
+  int round_ = 0;
+  std::optional<rendezvous::RoundEnd> roundEnd_;
+  std::thread roundThread_;  // next() and awaitEnd() of a multi-node rendezvous
   int exitCode_ = 0;
   std::string runId_;
   fs::path logRoot_;

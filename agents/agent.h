@@ -41,6 +41,7 @@ struct AgentOptions {
   StreamsByRank tee;                  // streams copied to files
   std::optional<std::set<int>> localRanksFilter;
   std::string logLinePrefixTemplate = "[${rank}]:";
+  std::string nodeName;  // "host (address)" in a multi-node job's failure reports
 };
 
 namespace detail {

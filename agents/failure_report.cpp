@@ -32,7 +32,9 @@ std::string readErrorFile(const std::string& path) {
 std::string formatFailureReport(const WorkerFailure& failure, int restartsUsed) {
   std::ostringstream out;
   out << "dlrun: worker failed: rank " << failure.rank << " (local rank " << failure.localRank
-      << ") ended with " << failure.status.describe();
+      << ")";
+  if (!failure.node.empty()) out << " on " << failure.node;
+  out << " ended with " << failure.status.describe();
   if (restartsUsed > 0) out << " after " << restartsUsed << " restart(s)";
   out << "\n";
   auto indented = [&](const std::string& title, const std::string& text) {

@@ -12,6 +12,7 @@ namespace dlrun::agents {
 struct WorkerFailure {
   int rank = 0;
   int localRank = 0;
+  std::string node;  // where it ran, in a multi-node job
   ExitStatus status;
   std::string errorMessage;           // from TORCHELASTIC_ERROR_FILE, if the worker wrote one
   std::deque<std::string> stderrTail;  // captured when stderr was piped

@@ -1,39 +1,30 @@
 #include "launcher/launch.h"
 
+#include <unistd.h>
+
+#include <optional>
 #include <random>
+#include <thread>
 
 #include "agents/agent.h"
 #include "common/error.h"
+#include "common/log.h"
+#include "launcher/launch_cli.h"
+#include "rendezvous/address.h"
+#include "rendezvous/elastic_rendezvous.h"
 #include "rendezvous/local_rendezvous.h"
 #include "rendezvous/store_server.h"
 
 namespace dlrun::launcher {
+namespace {
 
-std::string newRunId() {
-  std::random_device random;
-  std::string id;
-  static constexpr char kHex[] = "0123456789abcdef";
-  for (int i = 0; i < 32; ++i) id += kHex[random() % 16];
-  return id;
-}
+constexpr uint16_t kDefaultRdzvPort = 29400;   // torchrun's c10d default
+constexpr uint16_t kDefaultMasterPort = 29500;  // torchrun's static default
+// How long the agent serving the store waits at the end for the others to hang up.
+constexpr auto kStoreLinger = std::chrono::seconds(10);
 
-int launch(const LaunchConfig& config) {
-  if (!config.singleNode())
-    throw ConfigError("--nnodes=" + std::to_string(config.minNodes) + ":" +
-                      std::to_string(config.maxNodes) +
-                      ": multi-node rendezvous is not available in this version of dlrun");
-  const std::string host = config.localAddr.value_or("127.0.0.1");
-  // The store runs on its own thread: the agent's thread blocks in rendezvous rounds that
-  // talk to this very store.
-  rendezvous::StoreServerThread store(
-      {.host = host, .port = config.masterPort.value_or(0)});
-  rendezvous::LocalRendezvous rendezvous({
-      .runId = config.standalone || config.rdzvId == "none" ? newRunId() : config.rdzvId,
-      .localWorldSize = config.nprocPerNode,
-      .storeAddr = store.address(),
-      .storePort = store.port(),
-      .hostAddr = store.address(),
-  });
+int runAgent(const LaunchConfig& config, rendezvous::Rendezvous& rendezvous,
+             std::string nodeName = "") {
   agents::Agent agent(
       {
           .command = config.command,
@@ -46,9 +37,130 @@ int launch(const LaunchConfig& config) {
           .tee = config.tee,
           .localRanksFilter = config.localRanksFilter,
           .logLinePrefixTemplate = config.logLinePrefixTemplate,
+          .nodeName = std::move(nodeName),
       },
       rendezvous);
   return agent.run();
+}
+
+std::string runIdOf(const LaunchConfig& config) {
+  return config.standalone || config.rdzvId == "none" ? newRunId() : config.rdzvId;
+}
+
+int launchSingleNode(const LaunchConfig& config) {
+  const std::string host = config.localAddr.value_or("127.0.0.1");
+  // The store runs on its own thread: the agent's thread blocks in rendezvous rounds that
+  // talk to this very store.
+  rendezvous::StoreServerThread store({.host = host, .port = config.masterPort.value_or(0)});
+  rendezvous::LocalRendezvous rendezvous({
+      .runId = runIdOf(config),
+      .localWorldSize = config.nprocPerNode,
+      .storeAddr = store.address(),
+      .storePort = store.port(),
+      .hostAddr = store.address(),
+  });
+  return runAgent(config, rendezvous);
+}
+
+struct StorePlan {
+  std::string host;  // numeric
+  uint16_t port = 0;
+  bool serve = false;        // this agent should try to serve it
+  bool mustServe = false;    // and nobody else will
+};
+
+StorePlan planStore(const LaunchConfig& config) {
+  if (config.rdzvBackend == "static") {
+    const bool first = config.nodeRank.value_or(0) == 0;
+    return {rendezvous::resolveNumeric(config.masterAddr, "--master-addr"),
+            config.masterPort.value_or(kDefaultMasterPort), first, first};
+  }
+  if (config.rdzvBackend != "c10d")
+    throw ConfigError("--rdzv-backend=" + config.rdzvBackend +
+                      " is not supported for several nodes; use c10d or static");
+  if (config.rdzvEndpoint.empty())
+    throw ConfigError("--nnodes=" + std::to_string(config.minNodes) + ":" +
+                      std::to_string(config.maxNodes) +
+                      " with the c10d backend needs --rdzv-endpoint=HOST[:PORT]");
+  auto [host, port] = parseEndpoint("--rdzv-endpoint", config.rdzvEndpoint);
+  StorePlan plan{rendezvous::resolveNumeric(host, "--rdzv-endpoint host"),
+                 port.value_or(kDefaultRdzvPort)};
+  // Every agent on the endpoint's machine tries; the first to bind serves, the others (and
+  // a dlrund already listening there) make the rest clients.
+  plan.serve = config.rdzv.isHost.value_or(rendezvous::isLocalAddress(plan.host));
+  return plan;
+}
+
+std::optional<rendezvous::StoreServerThread> serveStore(const StorePlan& plan) {
+  if (!plan.serve) return std::nullopt;
+  try {
+    return std::make_optional<rendezvous::StoreServerThread>(
+        rendezvous::StoreServerOptions{.host = plan.host, .port = plan.port});
+  } catch (const NetworkError& e) {
+    if (plan.mustServe) throw;
+    log::debug(std::string("not serving the store: ") + e.what());
+    return std::nullopt;
+  }
+}
+
+// The job is over for this agent, but others may still be reading the store: give them a
+// bounded while to hang up before the store goes away with this process.
+void lingerForOthers(const rendezvous::StoreServerThread& store) {
+  const auto deadline = std::chrono::steady_clock::now() + kStoreLinger;
+  while (store.connectionCount() > 0 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+}
+
+std::string hostName() {
+  char name[256] = {};
+  if (::gethostname(name, sizeof(name) - 1) != 0) return "unknown-host";
+  return name;
+}
+
+int launchMultiNode(const LaunchConfig& config) {
+  const StorePlan plan = planStore(config);
+  auto store = serveStore(plan);
+  const std::string addr =
+      config.localAddr ? rendezvous::resolveNumeric(*config.localAddr, "--local-addr")
+                       : rendezvous::localAddressToward(plan.host, plan.port);
+  const std::string name = hostName();
+  const bool isStatic = config.rdzvBackend == "static";
+  int code;
+  {
+    rendezvous::ElasticRendezvous rendezvous({
+        .runId = isStatic && config.rdzvId == "none" ? "static" : config.rdzvId,
+        .minNodes = config.minNodes,
+        .maxNodes = config.maxNodes,
+        .maxRestarts = config.maxRestarts,
+        .storeHost = plan.host,
+        .storePort = plan.port,
+        .self = {.addr = addr,
+                 .name = name,
+                 .nproc = config.nprocPerNode,
+                 .rankHint = isStatic ? config.nodeRank.value_or(0) : config.nodeRank},
+        .lastCall = config.rdzv.lastCall,
+        .joinTimeout = config.rdzv.joinTimeout,
+        .heartbeat = config.rdzv.heartbeat,
+        .leaseTtl = config.rdzv.leaseTtl(),
+    });
+    code = runAgent(config, rendezvous, name + " (" + addr + ")");
+  }
+  if (store) lingerForOthers(*store);
+  return code;
+}
+
+}  // namespace
+
+std::string newRunId() {
+  std::random_device random;
+  std::string id;
+  static constexpr char kHex[] = "0123456789abcdef";
+  for (int i = 0; i < 32; ++i) id += kHex[random() % 16];
+  return id;
+}
+
+int launch(const LaunchConfig& config) {
+  return config.singleNode() ? launchSingleNode(config) : launchMultiNode(config);
 }
 
 }  // namespace dlrun::launcher

@@ -207,6 +207,46 @@ std::map<std::string, std::string> parseRdzvConf(const std::string& value) {
   return conf;
 }
 
+RdzvSettings parseRdzvSettings(const std::map<std::string, std::string>& conf) {
+  RdzvSettings settings;
+  auto seconds = [](const std::string& key, const std::string& text) {
+    try {
+      size_t used = 0;
+      const double value = std::stod(text, &used);
+      if (used == text.size() && value > 0 && value <= 86'400)
+        return std::chrono::milliseconds(static_cast<int64_t>(value * 1000));
+    } catch (const std::exception&) {
+    }
+    throw ConfigError("--rdzv-conf: " + key + "=" + text +
+                      " is not a number of seconds between 0 and 86400");
+  };
+  for (const auto& [key, value] : conf) {
+    if (key == "join_timeout") {
+      settings.joinTimeout = seconds(key, value);
+    } else if (key == "last_call_timeout") {
+      settings.lastCall = seconds(key, value);
+    } else if (key == "keep_alive_interval") {
+      settings.heartbeat = seconds(key, value);
+    } else if (key == "keep_alive_max_attempt") {
+      auto attempts = toInt(value);
+      if (!attempts || *attempts < 1 || *attempts > 1000)
+        throw ConfigError("--rdzv-conf: keep_alive_max_attempt=" + value +
+                          " is not a count from 1 to 1000");
+      settings.keepAliveMaxAttempt = *attempts;
+    } else if (key == "is_host") {
+      if (value != "true" && value != "false" && value != "1" && value != "0")
+        throw ConfigError("--rdzv-conf: is_host=" + value + " is not true or false");
+      settings.isHost = value == "true" || value == "1";
+    } else if (key != "timeout" && key != "close_timeout" && key != "read_timeout") {
+      // torchrun's other keys are accepted for compatibility; they have no meaning here.
+      throw ConfigError("--rdzv-conf: unknown key '" + key +
+                        "' (known: join_timeout, last_call_timeout, keep_alive_interval, "
+                        "keep_alive_max_attempt, is_host)");
+    }
+  }
+  return settings;
+}
+
 std::set<int> parseRanksFilter(const std::string& value) {
   std::set<int> ranks;
   for (const auto& item : split(value, ',')) {
@@ -263,9 +303,14 @@ LaunchParse parseDlrunArgs(const std::vector<std::string>& args, const HostProbe
   app.prefix_command();  // everything from the entry point on belongs to the workers
   addOption(app, "nnodes", nnodes, "Number of nodes, N or MIN:MAX for an elastic job");
   addOption(app, "nproc-per-node", nproc, "Workers per node: N, cpu, gpu or auto");
-  addOption(app, "node-rank", c.nodeRank, "This node's rank for the static backend")
+  int nodeRank = -1;
+  addOption(app, "node-rank", nodeRank,
+            "This node's rank for the static backend; a group-rank hint for c10d")
       ->check(kCount);
-  addOption(app, "rdzv-backend", c.rdzvBackend, "Rendezvous backend: static, c10d, etcd")
+  std::string backend;
+  addOption(app, "rdzv-backend", backend,
+            "Rendezvous backend: c10d (the default) or static (the default with --master-addr "
+            "or --master-port and no --rdzv-endpoint)")
       ->check(CLI::IsMember({"static", "c10d", "etcd", "etcd-v2"}));
   addOption(app, "rdzv-endpoint", c.rdzvEndpoint, "HOST[:PORT] of the rendezvous store");
   addOption(app, "rdzv-id", c.rdzvId, "Job id shared by every node of one job");
@@ -293,9 +338,11 @@ LaunchParse parseDlrunArgs(const std::vector<std::string>& args, const HostProbe
   addOption(app, "log-line-prefix-template", c.logLinePrefixTemplate,
             "Prefix of each console line; ${rank}, ${local_rank}, ${role_name}");
   addOption(app, "local-addr", localAddr, "Address of this node as other nodes reach it");
-  addOption(app, "master-addr", c.masterAddr, "Store address for the static backend");
-  addOption(app, "master-port", masterPort, "Store port for the static backend")
-      ->check(CLI::Range(0, 65535));
+  auto* masterAddrOption =
+      addOption(app, "master-addr", c.masterAddr, "Store address for the static backend");
+  auto* masterPortOption =
+      addOption(app, "master-port", masterPort, "Store port for the static backend")
+          ->check(CLI::Range(0, 65535));
   app.set_version_flag("--version", kVersion);
 
   result.exitCode = parseCommandLine(app, args, kVersion);
@@ -313,6 +360,8 @@ LaunchParse parseDlrunArgs(const std::vector<std::string>& args, const HostProbe
   std::tie(c.minNodes, c.maxNodes) = parseNnodes(nnodes);
   c.nprocPerNode = parseNprocPerNode(nproc, host);
   c.rdzvConf = parseRdzvConf(rdzvConf);
+  c.rdzv = parseRdzvSettings(c.rdzvConf);
+  if (nodeRank >= 0) c.nodeRank = nodeRank;
   c.redirects = parseStreams("--redirects", redirects);
   c.tee = parseStreams("--tee", tee);
   if (!ranksFilter.empty()) c.localRanksFilter = parseRanksFilter(ranksFilter);
@@ -321,14 +370,20 @@ LaunchParse parseDlrunArgs(const std::vector<std::string>& args, const HostProbe
   if (!localAddr.empty()) c.localAddr = localAddr;
   if (masterPort >= 0) c.masterPort = static_cast<uint16_t>(masterPort);
   c.stopTimeout = std::chrono::milliseconds(static_cast<int64_t>(stopTimeout * 1000));
+  // torchrun's classic static launch (--master-addr/--master-port) keeps working unchanged;
+  // anything else several nodes run defaults to the elastic c10d rendezvous.
+  const bool staticFlags = masterAddrOption->count() > 0 || masterPortOption->count() > 0;
+  c.rdzvBackend = !backend.empty()                            ? backend
+                  : staticFlags && c.rdzvEndpoint.empty() ? "static"
+                                                              : "c10d";
   if (c.standalone) {
     if (c.maxNodes != 1) throw ConfigError("--standalone runs one node; drop --nnodes=" + nnodes);
     c.rdzvBackend = "c10d";
   }
   if (c.maxNodes > 1 && c.rdzvBackend == "static" && c.minNodes != c.maxNodes)
     throw ConfigError("--nnodes=" + nnodes + ": an elastic range needs --rdzv-backend=c10d");
-  if (c.nodeRank >= c.maxNodes)
-    throw ConfigError("--node-rank " + std::to_string(c.nodeRank) + " is not below --nnodes " +
+  if (c.nodeRank && *c.nodeRank >= c.maxNodes)
+    throw ConfigError("--node-rank " + std::to_string(*c.nodeRank) + " is not below --nnodes " +
                       std::to_string(c.maxNodes));
 
   c.entrypoint = rest.front();

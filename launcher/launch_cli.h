@@ -40,6 +40,8 @@ int parseNprocPerNode(const std::string& value, const HostProbe& host);
 agents::StreamsByRank parseStreams(const std::string& flag, const std::string& value);
 // "k=v,k2=v2".
 std::map<std::string, std::string> parseRdzvConf(const std::string& value);
+// The rendezvous settings in --rdzv-conf; unknown keys are refused.
+RdzvSettings parseRdzvSettings(const std::map<std::string, std::string>& conf);
 // "HOST", "HOST:PORT" or "[V6]:PORT"; the port is checked.
 std::pair<std::string, std::optional<uint16_t>> parseEndpoint(const std::string& flag,
                                                               const std::string& value);

@@ -14,15 +14,26 @@
 
 namespace dlrun::launcher {
 
+// --rdzv-conf settings of the multi-node rendezvous (torchrun's names where it has them).
+struct RdzvSettings {
+  std::chrono::milliseconds joinTimeout{600'000};  // join_timeout: too few nodes for this long
+  std::chrono::milliseconds lastCall{1'000};       // last_call_timeout: after MIN have joined
+  std::chrono::milliseconds heartbeat{1'000};      // keep_alive_interval
+  int keepAliveMaxAttempt = 3;  // keep_alive_max_attempt: silent heartbeats before a node is dead
+  std::optional<bool> isHost;   // is_host: whether this agent serves the store at the endpoint
+  std::chrono::milliseconds leaseTtl() const { return heartbeat * keepAliveMaxAttempt; }
+};
+
 struct LaunchConfig {
   int minNodes = 1;
   int maxNodes = 1;
   int nprocPerNode = 1;
-  int nodeRank = 0;
-  std::string rdzvBackend = "static";
+  std::optional<int> nodeRank;  // --node-rank: the static rank, or a group-rank hint
+  std::string rdzvBackend = "c10d";
   std::string rdzvEndpoint;
   std::string rdzvId = "none";
   std::map<std::string, std::string> rdzvConf;
+  RdzvSettings rdzv;  // parsed from rdzvConf
   bool standalone = false;
   int maxRestarts = 0;
   std::chrono::milliseconds stopTimeout{30'000};  // SIGTERM, then this long, then SIGKILL

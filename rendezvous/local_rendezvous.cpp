@@ -51,7 +51,7 @@ std::vector<uint16_t> reserveFreePorts(const std::string& host, int count) {
   return ports;
 }
 
-World LocalRendezvous::next() {
+JoinResult LocalRendezvous::next() {
   World world;
   world.runId = options_.runId;
   world.round = round_++;

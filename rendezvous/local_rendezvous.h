@@ -19,7 +19,7 @@ class LocalRendezvous : public Rendezvous {
  public:
   explicit LocalRendezvous(LocalRendezvousOptions options) : options_(std::move(options)) {}
   // Each round reserves a fresh free port per worker for TF_CONFIG.
-  World next() override;
+  JoinResult next() override;
 
  private:
   const LocalRendezvousOptions options_;

@@ -245,7 +245,7 @@ TEST(ParseDlrunArgs, Defaults) {
   EXPECT_EQ(c.minNodes, 1);
   EXPECT_EQ(c.maxNodes, 1);
   EXPECT_EQ(c.nprocPerNode, 1);
-  EXPECT_EQ(c.nodeRank, 0);
+  EXPECT_FALSE(c.nodeRank);
   EXPECT_FALSE(c.standalone);
   EXPECT_EQ(c.maxRestarts, 0);
   EXPECT_EQ(c.role, "default");
@@ -350,7 +350,7 @@ TEST(ParseDlrunArgs, InvalidInputNamesTheFlag) {
       {{"--max-restarts=-1", "env"}, {"--max-restarts"}},
       {{"--node-rank=2", "--nnodes=2", "env"}, {"--node-rank"}},
       {{"--standalone", "--nnodes=2", "env"}, {"--standalone"}},
-      {{"--nnodes=1:2", "env"}, {"--nnodes"}},  // elastic needs c10d
+      {{"--nnodes=1:2", "--rdzv-backend=static", "env"}, {"--nnodes"}},  // elastic needs c10d
       {{"-m", "--no-python", "env"}, {"--module", "--no-python"}},
       {{"--redirects=9", "env"}, {"--redirects", "9"}},
       {{"--tee=x", "env"}, {"--tee", "x"}},
@@ -386,6 +386,51 @@ TEST(ParseDlrunArgs, HelpAndVersionEndWithZero) {
     const std::string out = testing::internal::GetCapturedStdout();
     EXPECT_EQ(parsed.exitCode, 0);
     EXPECT_FALSE(out.empty());
+  }
+}
+
+
+TEST(ParseDlrunArgs, BackendDefaultsToC10dUnlessTheClassicStaticFlagsAreGiven) {
+  EXPECT_EQ(parse({"--nnodes=2", "env"}).rdzvBackend, "c10d");
+  EXPECT_EQ(parse({"--nnodes=2", "--rdzv-endpoint=h:1", "env"}).rdzvBackend, "c10d");
+  EXPECT_EQ(parse({"--nnodes=2", "--master-addr=h", "env"}).rdzvBackend, "static");
+  EXPECT_EQ(parse({"--nnodes=2", "--master-port=5", "--node-rank=1", "env"}).rdzvBackend,
+            "static");
+  EXPECT_EQ(parse({"--nnodes=2", "--master-addr=h", "--rdzv-backend=c10d", "env"}).rdzvBackend,
+            "c10d");
+}
+
+TEST(ParseRdzvSettings, DefaultsDetectALostNodeWithinThreeSeconds) {
+  const RdzvSettings s = parseRdzvSettings({});
+  EXPECT_EQ(s.heartbeat, std::chrono::seconds(1));
+  EXPECT_EQ(s.leaseTtl(), std::chrono::seconds(3));
+  EXPECT_EQ(s.lastCall, std::chrono::seconds(1));
+  EXPECT_FALSE(s.isHost);
+}
+
+TEST(ParseRdzvSettings, TorchrunKeys) {
+  const RdzvSettings s = parseRdzvSettings({{"join_timeout", "30"},
+                                            {"last_call_timeout", "0.5"},
+                                            {"keep_alive_interval", "0.25"},
+                                            {"keep_alive_max_attempt", "4"},
+                                            {"is_host", "true"},
+                                            {"read_timeout", "60"}});
+  EXPECT_EQ(s.joinTimeout, std::chrono::seconds(30));
+  EXPECT_EQ(s.lastCall, std::chrono::milliseconds(500));
+  EXPECT_EQ(s.leaseTtl(), std::chrono::seconds(1));
+  EXPECT_EQ(s.isHost, true);
+}
+
+TEST(ParseRdzvSettings, BadValuesNameTheKey) {
+  for (const auto& [key, value] : std::vector<std::pair<std::string, std::string>>{
+           {"join_timeout", "-1"}, {"last_call_timeout", "soon"},
+           {"keep_alive_max_attempt", "0"}, {"is_host", "maybe"}, {"lease", "3"}}) {
+    try {
+      parseRdzvSettings({{key, value}});
+      FAIL() << key << "=" << value << " was accepted";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find(key), std::string::npos) << e.what();
+    }
   }
 }
 

@@ -1,0 +1,21 @@
+// Numeric addresses: dlrun publishes and compares addresses, never names, so every node sees
+// the same text for the same host (DESIGN.md section 5).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace dlrun::rendezvous {
+
+// The numeric form of a host name or address (resolved once, first answer wins).
+// Throws NetworkError naming `what` when it does not resolve.
+std::string resolveNumeric(const std::string& host, const std::string& what);
+
+// The local address this machine uses to reach host:port (the route's source address).
+// Nothing is sent. Throws NetworkError when there is no route.
+std::string localAddressToward(const std::string& host, uint16_t port);
+
+// Whether a numeric address belongs to this machine (it can be bound).
+bool isLocalAddress(const std::string& address);
+
+}  // namespace dlrun::rendezvous

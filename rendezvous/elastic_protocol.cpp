@@ -1,0 +1,183 @@
+#include "rendezvous/elastic_protocol.h"
+
+#include <arpa/inet.h>
+
+#include <algorithm>
+#include <array>
+#include <nlohmann/json.hpp>
+#include <numeric>
+
+#include "common/error.h"
+#include "rendezvous/tcp_stream.h"
+
+namespace dlrun::rendezvous::elastic {
+namespace {
+
+using nlohmann::json;
+
+// Parses JSON written by another agent; anything malformed is a ProtocolError naming `what`.
+json parse(std::string_view text, const char* what) {
+  json value = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (!value.is_object()) throw ProtocolError(std::string("malformed ") + what + " in the store");
+  return value;
+}
+
+template <typename T>
+T field(const json& object, const char* name, const char* what) {
+  auto it = object.find(name);
+  if (it == object.end()) throw ProtocolError(std::string(what) + " lacks '" + name + "'");
+  try {
+    return it->get<T>();
+  } catch (const json::exception&) {
+    throw ProtocolError(std::string(what) + " has a malformed '" + name + "'");
+  }
+}
+
+// Addresses compare as numbers (10.0.0.9 before 10.0.0.10), IPv4 before IPv6; a name that is
+// not numeric sorts after both, by its text.
+struct AddressKey {
+  int family;
+  std::array<unsigned char, 16> bytes{};
+  std::string text;
+  auto operator<=>(const AddressKey&) const = default;
+};
+
+AddressKey addressKey(const std::string& addr) {
+  AddressKey key{2, {}, addr};
+  if (inet_pton(AF_INET, addr.c_str(), key.bytes.data()) == 1) key.family = 0;
+  else if (inet_pton(AF_INET6, addr.c_str(), key.bytes.data()) == 1) key.family = 1;
+  return key;
+}
+
+const char* kindName(RoundEnd::Kind kind) {
+  switch (kind) {
+    case RoundEnd::Kind::NodeLost: return "lost";
+    case RoundEnd::Kind::NodeJoined: return "joined";
+    case RoundEnd::Kind::WorkerFailed: return "failed";
+    case RoundEnd::Kind::Finished: return "finished";
+    case RoundEnd::Kind::StoreLost: return "store-lost";
+  }
+  return "?";
+}
+
+}  // namespace
+
+std::string encode(const NodeRecord& r) {
+  json j = {{"addr", r.addr},   {"name", r.name},         {"nproc", r.nproc},
+            {"ports", r.workerPorts}, {"failures", r.failures}};
+  if (r.rankHint) j["hint"] = *r.rankHint;
+  if (r.lastGroupRank) j["last"] = *r.lastGroupRank;
+  return j.dump();
+}
+
+NodeRecord decodeNodeRecord(std::string_view text) {
+  static constexpr const char* what = "node record";
+  const json j = parse(text, what);
+  NodeRecord r;
+  r.addr = field<std::string>(j, "addr", what);
+  r.name = field<std::string>(j, "name", what);
+  r.nproc = field<int>(j, "nproc", what);
+  r.workerPorts = field<std::vector<uint16_t>>(j, "ports", what);
+  r.failures = field<int>(j, "failures", what);
+  if (j.contains("hint")) r.rankHint = field<int>(j, "hint", what);
+  if (j.contains("last")) r.lastGroupRank = field<int>(j, "last", what);
+  if (r.nproc < 1 || r.workerPorts.size() != static_cast<size_t>(r.nproc))
+    throw ProtocolError("node record of " + r.addr + " has an inconsistent worker count");
+  return r;
+}
+
+std::string encode(const Assignment& a) {
+  return json{{"group_rank", a.groupRank},
+              {"group_world_size", a.groupWorldSize},
+              {"base_rank", a.baseRank},
+              {"world_size", a.worldSize},
+              {"failures", a.failures}}
+      .dump();
+}
+
+Assignment decodeAssignment(std::string_view text) {
+  static constexpr const char* what = "rank assignment";
+  const json j = parse(text, what);
+  return {field<int>(j, "group_rank", what), field<int>(j, "group_world_size", what),
+          field<int>(j, "base_rank", what), field<int>(j, "world_size", what),
+          field<int>(j, "failures", what)};
+}
+
+Plan planRound(const std::vector<NodeRecord>& byArrival) {
+  const int members = static_cast<int>(byArrival.size());
+  std::vector<int> order(members);
+  std::iota(order.begin(), order.end(), 0);
+  auto sortKey = [&](int i) {
+    const NodeRecord& r = byArrival[i];
+    return std::tuple(r.rankHint.value_or(INT32_MAX), addressKey(r.addr),
+                      r.lastGroupRank.value_or(INT32_MAX), i);
+  };
+  std::sort(order.begin(), order.end(), [&](int a, int b) { return sortKey(a) < sortKey(b); });
+
+  int failures = 0, worldSize = 0;
+  for (const NodeRecord& r : byArrival) {
+    failures = std::max(failures, r.failures);
+    worldSize += r.nproc;
+  }
+  Plan plan;
+  plan.byArrival.resize(members);
+  int baseRank = 0;
+  for (int groupRank = 0; groupRank < members; ++groupRank) {
+    const NodeRecord& r = byArrival[order[groupRank]];
+    plan.byArrival[order[groupRank]] = {groupRank, members, baseRank, worldSize, failures};
+    for (uint16_t port : r.workerPorts) plan.roster.push_back(joinHostPort(r.addr, port));
+    baseRank += r.nproc;
+  }
+  return plan;
+}
+
+std::string encodeRoster(const std::vector<std::string>& roster) { return json(roster).dump(); }
+
+std::vector<std::string> decodeRoster(std::string_view text) {
+  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_array()) throw ProtocolError("malformed worker roster in the store");
+  try {
+    return j.get<std::vector<std::string>>();
+  } catch (const json::exception&) {
+    throw ProtocolError("malformed worker roster in the store");
+  }
+}
+
+std::string encode(const RoundEnd& e) {
+  json j = {{"kind", kindName(e.kind)}, {"node", e.node}};
+  if (e.kind == RoundEnd::Kind::WorkerFailed) {
+    j["rank"] = e.rank;
+    j["code"] = e.exitCode;
+    j["failures"] = e.failures;
+    j["final"] = e.final;
+    j["report"] = e.report;
+  }
+  return j.dump();
+}
+
+RoundEnd decodeRoundEnd(std::string_view text) {
+  static constexpr const char* what = "round end";
+  const json j = parse(text, what);
+  RoundEnd e;
+  const auto kind = field<std::string>(j, "kind", what);
+  e.node = field<std::string>(j, "node", what);
+  for (auto k : {RoundEnd::Kind::NodeLost, RoundEnd::Kind::NodeJoined,
+                 RoundEnd::Kind::WorkerFailed, RoundEnd::Kind::Finished}) {
+    if (kind == kindName(k)) e.kind = k;
+  }
+  if (kind != kindName(e.kind)) throw ProtocolError("unknown round end '" + kind + "'");
+  if (e.kind == RoundEnd::Kind::WorkerFailed) {
+    e.rank = field<int>(j, "rank", what);
+    e.exitCode = field<int>(j, "code", what);
+    e.failures = field<int>(j, "failures", what);
+    e.final = field<bool>(j, "final", what);
+    e.report = field<std::string>(j, "report", what);
+  }
+  return e;
+}
+
+std::string encodeShape(int minNodes, int maxNodes) {
+  return std::to_string(minNodes) + ":" + std::to_string(maxNodes);
+}
+
+}  // namespace dlrun::rendezvous::elastic

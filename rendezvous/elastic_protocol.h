@@ -1,0 +1,100 @@
+// The pure half of the multi-node rendezvous (DESIGN.md section 4): the store keys of a job,
+// what each agent publishes, how a closed round is turned into ranks, and why a round ended.
+// No I/O, so tests reach every rule directly; ElasticRendezvous drives it over a store.
+//
+// Round r of job ID, keys under "dlrun/ID/":
+//   current            the newest round number (advanced by compare-and-set, one step at a time)
+//   shape              the job's --nnodes range; a second job shape with the same id is refused
+//   r/R/joined         ADD 1 gives an agent its arrival index i (1-based)
+//   r/R/node/I         the agent's NodeRecord, held under a lease: if the agent dies, the store
+//                      deletes it and sets r/R/closed = "abort" and r/R/end = NodeLost
+//   r/R/closed         "N" when the round closed with arrivals 1..N as members, or "abort"
+//   r/R/N/assign/I     member I's Assignment (written before "closed", so O(1) reads after it)
+//   r/R/N/roster       every worker's "host:port" in RANK order (TF_CONFIG)
+//   r/R/end            the RoundEnd; first writer wins. Everyone running waits on this key.
+//   r/R/done           members whose workers all succeeded; the last sets end = Finished
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "rendezvous/round_end.h"
+
+namespace dlrun::rendezvous::elastic {
+
+class Keys {
+ public:
+  explicit Keys(const std::string& runId) : root_("dlrun/" + runId + "/") {}
+  std::string current() const { return root_ + "current"; }
+  std::string shape() const { return root_ + "shape"; }
+  std::string joined(int round) const { return roundKey(round, "joined"); }
+  std::string node(int round, int index) const {
+    return roundKey(round, "node/" + std::to_string(index));
+  }
+  std::string closed(int round) const { return roundKey(round, "closed"); }
+  std::string assignment(int round, int members, int index) const {
+    return roundKey(round, std::to_string(members) + "/assign/" + std::to_string(index));
+  }
+  std::string roster(int round, int members) const {
+    return roundKey(round, std::to_string(members) + "/roster");
+  }
+  std::string end(int round) const { return roundKey(round, "end"); }
+  std::string done(int round) const { return roundKey(round, "done"); }
+
+ private:
+  std::string roundKey(int round, const std::string& leaf) const {
+    return root_ + "r/" + std::to_string(round) + "/" + leaf;
+  }
+  std::string root_;
+};
+
+inline constexpr std::string_view kAborted = "abort";
+
+// What an agent publishes when it joins a round.
+struct NodeRecord {
+  std::string addr;      // numeric address other nodes reach it at
+  std::string name;      // hostname, for messages only (several nodes may share one)
+  int nproc = 1;         // workers it runs
+  std::optional<int> rankHint;       // --node-rank or the Slurm node id
+  std::vector<uint16_t> workerPorts;  // one free port per local worker, for TF_CONFIG
+  int failures = 0;      // failure restarts this agent has seen in the job so far
+  std::optional<int> lastGroupRank;  // its group rank in the round before, kept where possible
+};
+
+std::string encode(const NodeRecord& record);
+NodeRecord decodeNodeRecord(std::string_view text);  // throws ProtocolError
+
+// One member's place in a closed round.
+struct Assignment {
+  int groupRank = 0;
+  int groupWorldSize = 1;
+  int baseRank = 0;
+  int worldSize = 1;
+  int failures = 0;  // failure restarts used before this round
+};
+
+std::string encode(const Assignment& assignment);
+Assignment decodeAssignment(std::string_view text);
+
+struct Plan {
+  std::vector<Assignment> byArrival;  // index 0 is arrival 1
+  std::vector<std::string> roster;    // "host:port" of every worker, RANK order
+};
+
+// Group ranks by (rank hint, numeric address, last group rank, arrival); base ranks are the prefix sums of the
+// members' worker counts in group-rank order, so nodes may run different numbers of workers.
+Plan planRound(const std::vector<NodeRecord>& byArrival);
+
+std::string encodeRoster(const std::vector<std::string>& roster);
+std::vector<std::string> decodeRoster(std::string_view text);
+
+std::string encode(const RoundEnd& end);
+RoundEnd decodeRoundEnd(std::string_view text);
+
+// "min:max", stored under Keys::shape() so a second job with another shape is refused.
+std::string encodeShape(int minNodes, int maxNodes);
+
+}  // namespace dlrun::rendezvous::elastic

@@ -1,0 +1,275 @@
+#include "rendezvous/elastic_rendezvous.h"
+
+#include <algorithm>
+#include <sstream>
+
+#include "common/error.h"
+#include "common/log.h"
+#include "rendezvous/local_rendezvous.h"
+#include "rendezvous/tcp_store.h"
+
+namespace dlrun::rendezvous {
+
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+int toCount(const std::string& text, const std::string& key) {
+  try {
+    size_t used = 0;
+    int value = std::stoi(text, &used);
+    if (used == text.size() && value >= 0) return value;
+  } catch (const std::exception&) {
+  }
+  throw ProtocolError("malformed value '" + text + "' under " + key + " in the store");
+}
+
+std::string seconds(std::chrono::milliseconds ms) {
+  std::ostringstream out;
+  out << ms.count() / 1000.0;
+  return out.str();
+}
+
+}  // namespace
+
+ElasticRendezvous::ElasticRendezvous(ElasticOptions options)
+    : options_(std::move(options)), keys_(options_.runId) {
+  connect(Clock::now() + options_.joinTimeout);
+  checkShape();
+}
+
+ElasticRendezvous::~ElasticRendezvous() = default;
+
+void ElasticRendezvous::connect(Clock::time_point deadline) {
+  TcpStoreOptions store{
+      .host = options_.storeHost,
+      .port = options_.storePort,
+      // A store that does not answer within a lease's life is as good as gone.
+      .timeout = options_.leaseTtl + options_.heartbeat,
+      // Short tries, so an interrupt() between them is seen within a heartbeat.
+      .connectTimeout = options_.heartbeat,
+      .reconnect = false,  // a silent reconnect would drop this connection's lease
+  };
+  while (true) {
+    try {
+      auto lease = std::make_unique<TcpStore>(store);
+      auto control = std::make_unique<TcpStore>(store);
+      std::lock_guard lock(connectionMutex_);
+      if (interrupted_) throw NetworkError("the rendezvous was interrupted");
+      lease_ = std::move(lease);
+      control_ = std::move(control);
+      reconnect_ = false;
+      return;
+    } catch (const Error& e) {
+      if (dynamic_cast<const ProtocolError*>(&e)) throw;
+      std::lock_guard lock(connectionMutex_);
+      if (interrupted_ || Clock::now() >= deadline)
+        throw NetworkError("cannot reach the rendezvous store at " +
+                           joinHostPort(options_.storeHost, options_.storePort) + ": " +
+                           e.what());
+    }
+  }
+}
+
+void ElasticRendezvous::checkShape() {
+  const std::string mine = elastic::encodeShape(options_.minNodes, options_.maxNodes);
+  const std::string stored = lease_->compareSet(keys_.shape(), "", mine);
+  if (stored != mine)
+    throw ConfigError("rendezvous id '" + options_.runId + "' is in use by a job with --nnodes=" +
+                      stored + " (this node has --nnodes=" + mine +
+                      "); give each job its own --rdzv-id");
+}
+
+JoinResult ElasticRendezvous::next() {
+  const auto deadline = Clock::now() + options_.joinTimeout;
+  if (reconnect_) {
+    log::info("reconnecting to the rendezvous store at " +
+              joinHostPort(options_.storeHost, options_.storePort));
+    connect(deadline);
+    member_.reset();
+  }
+  int round;
+  if (member_) {
+    // Released without firing: this node leaves the old round on purpose.
+    lease_->deleteKey(keys_.node(member_->round, member_->index));
+    round = member_->round + 1;
+    member_.reset();
+  } else {
+    round = static_cast<int>(lease_->add(keys_.current(), 0));
+  }
+  for (;; ++round) {
+    advanceCurrent(round);
+    Step step = tryRound(round, deadline);
+    if (auto* world = std::get_if<World>(&step)) return *world;
+    if (auto* end = std::get_if<RoundEnd>(&step)) return *end;
+  }
+}
+
+void ElasticRendezvous::advanceCurrent(int toRound) {
+  if (toRound > 0)
+    lease_->compareSet(keys_.current(), std::to_string(toRound - 1), std::to_string(toRound));
+}
+
+int ElasticRendezvous::targetSize(int round) const {
+  // After a round ends, its members come back: close as soon as they all have (plus the node
+  // that asked to join), without waiting out the last call.
+  if (!ended_ || ended_->round != round - 1) return options_.maxNodes;
+  const int expected = ended_->members + (ended_->kind == RoundEnd::Kind::NodeJoined ? 1 : 0);
+  return std::clamp(expected, options_.minNodes, options_.maxNodes);
+}
+
+bool ElasticRendezvous::waitChunk(const std::string& key) {
+  return lease_->waitFor({key}, options_.heartbeat);
+}
+
+ElasticRendezvous::Step ElasticRendezvous::tryRound(int round, Clock::time_point deadline) {
+  const int index = static_cast<int>(lease_->add(keys_.joined(round), 1));
+  const bool candidate = index <= options_.maxNodes;
+  if (candidate) {
+    elastic::NodeRecord record = options_.self;
+    record.failures = failures_;
+    record.lastGroupRank = lastGroupRank_;
+    record.workerPorts = reserveFreePorts(record.addr, record.nproc);
+    RoundEnd lost{.kind = RoundEnd::Kind::NodeLost, .node = record.name + " (" + record.addr + ")"};
+    lease_->lease(keys_.node(round, index), elastic::encode(record), options_.leaseTtl,
+                  {{keys_.closed(round), std::string(elastic::kAborted)},
+                   {keys_.end(round), elastic::encode(lost)}});
+  }
+  const auto arrival = Clock::now();
+  const bool canClose = candidate && index >= options_.minNodes;
+  if (canClose && index >= targetSize(round)) closeRound(round);
+  while (!waitChunk(keys_.closed(round))) {
+    if (canClose && Clock::now() - arrival >= options_.lastCall) {
+      closeRound(round);
+    } else if (Clock::now() >= deadline) {
+      if (candidate) lease_->deleteKey(keys_.node(round, index));
+      const int64_t joined = lease_->add(keys_.joined(round), 0);
+      throw TimeoutError("rendezvous '" + options_.runId + "' timed out after " +
+                         seconds(options_.joinTimeout) + " s: " + std::to_string(joined) +
+                         " of at least " + std::to_string(options_.minNodes) +
+                         " nodes joined (store at " +
+                         joinHostPort(options_.storeHost, options_.storePort) + ")");
+    }
+  }
+  const std::string closed = lease_->get(keys_.closed(round));
+  if (closed == elastic::kAborted) {
+    if (candidate) lease_->deleteKey(keys_.node(round, index));
+    return NextRound{};
+  }
+  const int members = toCount(closed, keys_.closed(round));
+  if (candidate && index <= members) return memberWorld(round, index, members);
+  if (candidate) lease_->deleteKey(keys_.node(round, index));
+  return afterLateArrival(round, members);
+}
+
+void ElasticRendezvous::closeRound(int round) {
+  const int members = static_cast<int>(
+      std::min<int64_t>(lease_->add(keys_.joined(round), 0), options_.maxNodes));
+  std::vector<std::string> nodes;
+  for (int i = 1; i <= members; ++i) nodes.push_back(keys_.node(round, i));
+  // A member that dies before its record lands aborts the round through its lease.
+  while (!lease_->waitFor(nodes, options_.heartbeat)) {
+    if (lease_->check({keys_.closed(round)})) return;
+  }
+  std::vector<elastic::NodeRecord> records;
+  try {
+    for (const std::string& text : lease_->multiGet(nodes))
+      records.push_back(elastic::decodeNodeRecord(text));
+  } catch (const TimeoutError&) {
+    return;  // a record vanished with its lease: the round is aborted
+  }
+  const elastic::Plan plan = elastic::planRound(records);
+  std::vector<std::string> keys, values;
+  for (int i = 1; i <= members; ++i) {
+    keys.push_back(keys_.assignment(round, members, i));
+    values.push_back(elastic::encode(plan.byArrival[i - 1]));
+  }
+  keys.push_back(keys_.roster(round, members));
+  values.push_back(elastic::encodeRoster(plan.roster));
+  lease_->multiSet(keys, values);
+  lease_->compareSet(keys_.closed(round), "", std::to_string(members));
+}
+
+World ElasticRendezvous::memberWorld(int round, int index, int members) {
+  std::vector<std::string> keys{keys_.assignment(round, members, index)};
+  if (options_.fetchRoster) keys.push_back(keys_.roster(round, members));
+  const auto texts = lease_->multiGet(keys);
+  const elastic::Assignment a = elastic::decodeAssignment(texts[0]);
+  member_ = Member{round, index, members, a.failures};
+  lastGroupRank_ = a.groupRank;
+  failures_ = a.failures;
+  World world;
+  world.runId = options_.runId;
+  world.round = round;
+  world.groupRank = a.groupRank;
+  world.groupWorldSize = a.groupWorldSize;
+  world.localWorldSize = options_.self.nproc;
+  world.baseRank = a.baseRank;
+  world.worldSize = a.worldSize;
+  world.failures = a.failures;
+  world.masterAddr = options_.storeHost;
+  world.masterPort = options_.storePort;
+  world.agentStore = true;
+  if (options_.fetchRoster) world.workerEndpoints = elastic::decodeRoster(texts[1]);
+  return world;
+}
+
+ElasticRendezvous::Step ElasticRendezvous::afterLateArrival(int round, int members) {
+  if (members < options_.maxNodes) {
+    RoundEnd joined{.kind = RoundEnd::Kind::NodeJoined,
+                    .node = options_.self.name + " (" + options_.self.addr + ")"};
+    lease_->compareSet(keys_.end(round), "", elastic::encode(joined));
+  } else {
+    log::info("the job runs at its maximum of " + std::to_string(members) +
+              " nodes; waiting as a spare");
+  }
+  // A spare waits as long as the job runs: it takes the place of a node that fails.
+  while (!waitChunk(keys_.end(round))) {
+  }
+  RoundEnd end = readEnd(round);
+  ended_ = Ended{round, members, end.kind};
+  if (end.kind == RoundEnd::Kind::Finished || (end.countsAsFailure() && end.final)) return end;
+  return NextRound{};
+}
+
+RoundEnd ElasticRendezvous::readEnd(int round) {
+  RoundEnd end = elastic::decodeRoundEnd(lease_->get(keys_.end(round)));
+  if (end.countsAsFailure()) failures_ = end.failures;
+  return end;
+}
+
+RoundEnd ElasticRendezvous::awaitEnd() {
+  try {
+    while (!waitChunk(keys_.end(member_->round))) {
+    }
+    RoundEnd end = readEnd(member_->round);
+    ended_ = Ended{member_->round, member_->members, end.kind};
+    return end;
+  } catch (const Error& e) {
+    if (dynamic_cast<const ProtocolError*>(&e)) throw;
+    reconnect_ = true;
+    return RoundEnd{.kind = RoundEnd::Kind::StoreLost, .node = e.what()};
+  }
+}
+
+void ElasticRendezvous::reportFailure(RoundEnd failure) {
+  failure.kind = RoundEnd::Kind::WorkerFailed;
+  failure.failures = member_->failures + 1;
+  failure.final = failure.failures > options_.maxRestarts;
+  control_->compareSet(keys_.end(member_->round), "", elastic::encode(failure));
+}
+
+void ElasticRendezvous::reportSuccess() {
+  if (control_->add(keys_.done(member_->round), 1) == member_->members) {
+    RoundEnd finished{.kind = RoundEnd::Kind::Finished, .node = options_.self.name};
+    control_->compareSet(keys_.end(member_->round), "", elastic::encode(finished));
+  }
+}
+
+void ElasticRendezvous::interrupt() {
+  std::lock_guard lock(connectionMutex_);
+  interrupted_ = true;
+  if (lease_) lease_->abort();
+}
+
+}  // namespace dlrun::rendezvous

@@ -1,0 +1,107 @@
+// The multi-node rendezvous over a dlrun store (the keys and rules are in elastic_protocol.h).
+// Each agent costs O(1) store operations per round: one ADD for its arrival index, one leased
+// record, one wait for the round to close and one read of its own assignment; the agent that
+// closes a round reads every record once and writes every assignment once.
+//
+// Liveness: an agent's record is a lease on the store, renewed by every request on the lease
+// connection (a wait is cut into heartbeat-long pieces, so an idle agent still renews). When
+// the connection drops (a killed agent) or the lease lapses (a silent node), the store itself
+// ends the round, and every agent waiting on the round's end key wakes at once.
+//
+// Threads: next() and awaitEnd() block and run on one thread (the agent's rendezvous thread);
+// reportFailure()/reportSuccess() run on another over a second connection, only between a
+// next() that returned a World and the following next(); interrupt() may be called from anywhere.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+
+#include "rendezvous/elastic_protocol.h"
+#include "rendezvous/rendezvous.h"
+
+namespace dlrun::rendezvous {
+
+class TcpStore;
+
+struct ElasticOptions {
+  std::string runId;
+  int minNodes = 1;
+  int maxNodes = 1;
+  int maxRestarts = 0;
+  std::string storeHost;
+  uint16_t storePort = 0;
+  elastic::NodeRecord self;  // addr, name, nproc and rank hint; ports are chosen per round
+  std::chrono::milliseconds lastCall{1'000};
+  std::chrono::milliseconds joinTimeout{600'000};
+  std::chrono::milliseconds heartbeat{1'000};
+  std::chrono::milliseconds leaseTtl{3'000};
+  // Read every worker's endpoint (O(N) bytes, for TF_CONFIG). Off only in load generators that
+  // measure the rendezvous alone.
+  bool fetchRoster = true;
+};
+
+class ElasticRendezvous : public Rendezvous {
+ public:
+  // Connects to the store, retrying until the join timeout; refuses a rendezvous id already
+  // used by a job with another --nnodes range (ConfigError).
+  explicit ElasticRendezvous(ElasticOptions options);
+  ~ElasticRendezvous() override;
+
+  // Blocks until this node is a member of a closed round, waiting as a spare while the job
+  // runs at its maximum size. Throws TimeoutError when too few nodes join in time.
+  JoinResult next() override;
+  bool multiNode() const override { return true; }
+  // Blocks until the round this node is in ends. A lost store is reported as Kind::StoreLost;
+  // the next next() reconnects.
+  RoundEnd awaitEnd() override;
+
+  void reportFailure(RoundEnd failure) override;
+  // The last member whose workers all succeeded ends the round as Finished.
+  void reportSuccess() override;
+
+  void interrupt() override;
+
+ private:
+  struct Member {
+    int round = 0;
+    int index = 0;    // arrival index in the round
+    int members = 0;  // the round's size
+    int failures = 0; // failure restarts used before the round
+  };
+  struct Ended {      // the last round this node saw end
+    int round = 0;
+    int members = 0;
+    RoundEnd::Kind kind{};
+  };
+  // What a round gave this node: a place, the job's end, or a reason to try the next round.
+  struct NextRound {};
+  using Step = std::variant<World, RoundEnd, NextRound>;
+
+  void connect(std::chrono::steady_clock::time_point deadline);
+  void checkShape();
+  Step tryRound(int round, std::chrono::steady_clock::time_point deadline);
+  void closeRound(int round);
+  World memberWorld(int round, int index, int members);
+  Step afterLateArrival(int round, int members);
+  RoundEnd readEnd(int round);
+  int targetSize(int round) const;
+  void advanceCurrent(int toRound);
+  bool waitChunk(const std::string& key);
+
+  const ElasticOptions options_;
+  const elastic::Keys keys_;
+  std::unique_ptr<TcpStore> lease_;    // joins, waits and this node's lease
+  std::unique_ptr<TcpStore> control_;  // reports from the agent's thread
+  std::optional<Member> member_;
+  std::optional<Ended> ended_;
+  int failures_ = 0;  // failure restarts seen in this job (the rendezvous thread's copy)
+  std::optional<int> lastGroupRank_;
+  bool reconnect_ = false;
+  std::mutex connectionMutex_;  // interrupt() against a reconnect swapping the connections
+  bool interrupted_ = false;
+};
+
+}  // namespace dlrun::rendezvous

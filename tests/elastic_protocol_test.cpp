@@ -1,0 +1,119 @@
+#include "rendezvous/elastic_protocol.h"
+
+#include <gtest/gtest.h>
+
+#include "common/error.h"
+
+namespace dlrun::rendezvous::elastic {
+namespace {
+
+NodeRecord node(std::string addr, int nproc, std::optional<int> hint = std::nullopt) {
+  NodeRecord r;
+  r.addr = std::move(addr);
+  r.name = "host-" + r.addr;
+  r.nproc = nproc;
+  r.rankHint = hint;
+  for (int i = 0; i < nproc; ++i) r.workerPorts.push_back(static_cast<uint16_t>(5000 + i));
+  return r;
+}
+
+TEST(PlanRound, GroupRanksFollowNumericAddressesNotText) {
+  const Plan plan = planRound({node("10.0.0.10", 1), node("10.0.0.9", 1), node("10.0.0.100", 1)});
+  EXPECT_EQ(plan.byArrival[0].groupRank, 1);
+  EXPECT_EQ(plan.byArrival[1].groupRank, 0);
+  EXPECT_EQ(plan.byArrival[2].groupRank, 2);
+  EXPECT_EQ(plan.roster,
+            (std::vector<std::string>{"10.0.0.9:5000", "10.0.0.10:5000", "10.0.0.100:5000"}));
+}
+
+TEST(PlanRound, RankHintsComeFirstAndGapsAreClosed) {
+  const Plan plan = planRound({node("10.0.0.1", 1, 7), node("10.0.0.2", 1, 3), node("10.0.0.3", 1)});
+  EXPECT_EQ(plan.byArrival[1].groupRank, 0);
+  EXPECT_EQ(plan.byArrival[0].groupRank, 1);
+  EXPECT_EQ(plan.byArrival[2].groupRank, 2);  // no hint: after every hinted node
+}
+
+TEST(PlanRound, BaseRanksArePrefixSumsOfDifferentWorkerCounts) {
+  const Plan plan = planRound({node("10.0.0.3", 1), node("10.0.0.1", 4), node("10.0.0.2", 2)});
+  EXPECT_EQ(plan.byArrival[1].baseRank, 0);
+  EXPECT_EQ(plan.byArrival[2].baseRank, 4);
+  EXPECT_EQ(plan.byArrival[0].baseRank, 6);
+  for (const Assignment& a : plan.byArrival) {
+    EXPECT_EQ(a.worldSize, 7);
+    EXPECT_EQ(a.groupWorldSize, 3);
+  }
+  ASSERT_EQ(plan.roster.size(), 7u);
+  EXPECT_EQ(plan.roster[4], "10.0.0.2:5000");
+  EXPECT_EQ(plan.roster[6], "10.0.0.3:5000");
+}
+
+TEST(PlanRound, SameAddressKeepsLastRoundsOrderThenArrival) {
+  NodeRecord a = node("127.0.0.1", 1), b = node("127.0.0.1", 1), c = node("127.0.0.1", 1);
+  a.lastGroupRank = 1;
+  b.lastGroupRank = 0;
+  const Plan plan = planRound({a, b, c});  // c is new: after the survivors
+  EXPECT_EQ(plan.byArrival[0].groupRank, 1);
+  EXPECT_EQ(plan.byArrival[1].groupRank, 0);
+  EXPECT_EQ(plan.byArrival[2].groupRank, 2);
+}
+
+TEST(PlanRound, Ipv6RosterEntriesAreBracketed) {
+  const Plan plan = planRound({node("fd00::2", 1), node("10.0.0.1", 1)});
+  EXPECT_EQ(plan.roster, (std::vector<std::string>{"10.0.0.1:5000", "[fd00::2]:5000"}));
+}
+
+TEST(PlanRound, FailureCountIsTheHighestAnyMemberSaw) {
+  NodeRecord a = node("10.0.0.1", 1), b = node("10.0.0.2", 1);
+  a.failures = 2;  // b is a spare that never saw the failures
+  for (const Assignment& x : planRound({a, b}).byArrival) EXPECT_EQ(x.failures, 2);
+}
+
+TEST(Codecs, RecordsAssignmentsAndEndsRoundTrip) {
+  NodeRecord r = node("fd00::1", 2, 5);
+  r.failures = 1;
+  r.lastGroupRank = 3;
+  const NodeRecord back = decodeNodeRecord(encode(r));
+  EXPECT_EQ(back.addr, r.addr);
+  EXPECT_EQ(back.rankHint, 5);
+  EXPECT_EQ(back.lastGroupRank, 3);
+  EXPECT_EQ(back.workerPorts, r.workerPorts);
+  EXPECT_EQ(back.failures, 1);
+
+  const Assignment a{2, 3, 8, 12, 1};
+  const Assignment ab = decodeAssignment(encode(a));
+  EXPECT_EQ(ab.groupRank, 2);
+  EXPECT_EQ(ab.baseRank, 8);
+  EXPECT_EQ(ab.worldSize, 12);
+
+  RoundEnd e{.kind = RoundEnd::Kind::WorkerFailed, .node = "n1 (10.0.0.2)", .rank = 5,
+             .exitCode = 3, .failures = 2, .final = true, .report = "dlrun: line\n"};
+  const RoundEnd eb = decodeRoundEnd(encode(e));
+  EXPECT_EQ(eb.kind, RoundEnd::Kind::WorkerFailed);
+  EXPECT_EQ(eb.rank, 5);
+  EXPECT_EQ(eb.exitCode, 3);
+  EXPECT_TRUE(eb.final);
+  EXPECT_EQ(eb.report, e.report);
+  EXPECT_EQ(decodeRoundEnd(encode(RoundEnd{.kind = RoundEnd::Kind::NodeLost, .node = "x"})).kind,
+            RoundEnd::Kind::NodeLost);
+  EXPECT_EQ(decodeRoster(encodeRoster({"a:1", "b:2"})), (std::vector<std::string>{"a:1", "b:2"}));
+}
+
+TEST(Codecs, MalformedValuesAreProtocolErrors) {
+  EXPECT_THROW(decodeNodeRecord("not json"), ProtocolError);
+  EXPECT_THROW(decodeNodeRecord(R"({"addr":"a","name":"n","nproc":2,"ports":[1],"failures":0})"),
+               ProtocolError);  // two workers, one port
+  EXPECT_THROW(decodeAssignment(R"({"group_rank":"zero"})"), ProtocolError);
+  EXPECT_THROW(decodeRoundEnd(R"({"kind":"exploded","node":"x"})"), ProtocolError);
+  EXPECT_THROW(decodeRoster("{}"), ProtocolError);
+}
+
+TEST(Keys, RoundsAndRunsDoNotShareKeys) {
+  const Keys a("job"), b("job2");
+  EXPECT_NE(a.closed(1), a.closed(11));
+  EXPECT_NE(a.node(1, 2), a.node(12, 1));
+  EXPECT_NE(a.current(), b.current());
+  EXPECT_NE(a.assignment(3, 2, 1), a.assignment(3, 3, 1));  // per closing size
+}
+
+}  // namespace
+}  // namespace dlrun::rendezvous::elastic

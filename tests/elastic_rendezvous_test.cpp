@@ -1,0 +1,223 @@
+// The multi-node rendezvous against the real store server on loopback; each agent is an
+// ElasticRendezvous driven from its own thread, as in dlrun.
+#include "rendezvous/elastic_rendezvous.h"
+
+#include <gtest/gtest.h>
+
+#include <future>
+#include <set>
+
+#include "common/error.h"
+#include "rendezvous/store_server.h"
+
+namespace dlrun::rendezvous {
+namespace {
+
+using namespace std::chrono_literals;
+using Kind = RoundEnd::Kind;
+
+class ElasticRendezvousTest : public ::testing::Test {
+ protected:
+  ElasticOptions options(int minNodes, int maxNodes) {
+    ElasticOptions o;
+    o.runId = "job";
+    o.minNodes = minNodes;
+    o.maxNodes = maxNodes;
+    o.maxRestarts = 1;
+    o.storeHost = server_.address();
+    o.storePort = server_.port();
+    o.self.addr = "127.0.0.1";
+    o.self.name = "agent";
+    o.self.nproc = 2;
+    o.lastCall = 200ms;
+    o.joinTimeout = 20s;
+    o.heartbeat = 100ms;
+    o.leaseTtl = 300ms;
+    return o;
+  }
+
+  std::vector<std::unique_ptr<ElasticRendezvous>> agents(int count, const ElasticOptions& o) {
+    std::vector<std::unique_ptr<ElasticRendezvous>> out;
+    for (int i = 0; i < count; ++i) out.push_back(std::make_unique<ElasticRendezvous>(o));
+    return out;
+  }
+
+  // Runs next() on every agent at once, as separate nodes do.
+  static std::vector<std::future<JoinResult>> joinAll(
+      const std::vector<ElasticRendezvous*>& agents) {
+    std::vector<std::future<JoinResult>> joins;
+    for (auto* a : agents) joins.push_back(std::async(std::launch::async, [a] { return a->next(); }));
+    return joins;
+  }
+
+  static std::vector<World> worlds(std::vector<std::future<JoinResult>>& joins) {
+    std::vector<World> out;
+    for (auto& j : joins) out.push_back(std::get<World>(j.get()));
+    return out;
+  }
+
+  static std::vector<ElasticRendezvous*> raw(const std::vector<std::unique_ptr<ElasticRendezvous>>& v) {
+    std::vector<ElasticRendezvous*> out;
+    for (const auto& a : v) out.push_back(a.get());
+    return out;
+  }
+
+  StoreServerThread server_{{.host = "127.0.0.1", .port = 0}};
+};
+
+TEST_F(ElasticRendezvousTest, ThreeAgentsGetUniqueConsistentRanks) {
+  auto a = agents(3, options(3, 3));
+  auto joins = joinAll(raw(a));
+  const std::vector<World> w = worlds(joins);
+  std::set<int> groupRanks, baseRanks;
+  for (const World& x : w) {
+    groupRanks.insert(x.groupRank);
+    baseRanks.insert(x.baseRank);
+    EXPECT_EQ(x.groupWorldSize, 3);
+    EXPECT_EQ(x.worldSize, 6);
+    EXPECT_EQ(x.baseRank, 2 * x.groupRank);
+    EXPECT_EQ(x.round, 0);
+    EXPECT_EQ(x.workerEndpoints, w[0].workerEndpoints);
+    EXPECT_EQ(x.masterPort, server_.port());
+  }
+  EXPECT_EQ(groupRanks, (std::set<int>{0, 1, 2}));
+  EXPECT_EQ(w[0].workerEndpoints.size(), 6u);
+}
+
+TEST_F(ElasticRendezvousTest, ClosesAtOnceAtMaxWithoutWaitingForTheLastCall) {
+  ElasticOptions o = options(2, 4);
+  o.lastCall = 60s;  // were it waited for, the join below would outlast the test's timeout
+  auto a = agents(4, o);
+  const auto start = std::chrono::steady_clock::now();
+  auto joins = joinAll(raw(a));
+  for (const World& x : worlds(joins)) EXPECT_EQ(x.groupWorldSize, 4);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 30s);
+}
+
+TEST_F(ElasticRendezvousTest, ClosesAfterTheLastCallWithFewerThanMax) {
+  auto a = agents(3, options(2, 4));
+  auto joins = joinAll(raw(a));
+  for (const World& x : worlds(joins)) EXPECT_EQ(x.groupWorldSize, 3);
+}
+
+TEST_F(ElasticRendezvousTest, JoinTimesOutWithTooFewNodes) {
+  ElasticOptions o = options(2, 2);
+  o.joinTimeout = 300ms;
+  ElasticRendezvous alone(o);
+  try {
+    alone.next();
+    FAIL() << "joined alone";
+  } catch (const TimeoutError& e) {
+    EXPECT_NE(std::string(e.what()).find("1 of at least 2"), std::string::npos) << e.what();
+  }
+}
+
+TEST_F(ElasticRendezvousTest, AnotherJobShapeWithTheSameIdIsRefused) {
+  ElasticRendezvous first(options(2, 3));
+  try {
+    ElasticRendezvous second(options(1, 4));
+    FAIL() << "a second shape was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("--nnodes=2:3"), std::string::npos) << e.what();
+  }
+}
+
+TEST_F(ElasticRendezvousTest, ALostAgentEndsTheRoundForEveryoneAndTheRestGoOn) {
+  auto a = agents(3, options(2, 3));
+  auto joins = joinAll(raw(a));
+  worlds(joins);
+  a.pop_back();  // its connections close, as when the process is killed
+  auto ends = std::vector<RoundEnd>{a[0]->awaitEnd(), a[1]->awaitEnd()};
+  for (const RoundEnd& e : ends) EXPECT_EQ(e.kind, Kind::NodeLost) << e.describe();
+  auto again = joinAll(raw(a));
+  for (const World& x : worlds(again)) {
+    EXPECT_EQ(x.round, 1);
+    EXPECT_EQ(x.groupWorldSize, 2);
+    EXPECT_EQ(x.worldSize, 4);
+    EXPECT_EQ(x.failures, 0);  // a membership change is not a failure
+  }
+}
+
+TEST_F(ElasticRendezvousTest, AFailureEndsTheRoundForEveryoneAndCountsUntilFinal) {
+  auto a = agents(2, options(2, 2));  // --max-restarts=1
+  auto joins = joinAll(raw(a));
+  worlds(joins);
+  a[1]->reportFailure({.node = "n1", .rank = 3, .exitCode = 7, .report = "why"});
+  RoundEnd first = a[0]->awaitEnd();
+  EXPECT_EQ(first.kind, Kind::WorkerFailed);
+  EXPECT_EQ(first.failures, 1);
+  EXPECT_FALSE(first.final);
+  EXPECT_EQ(a[1]->awaitEnd().rank, 3);
+
+  auto again = joinAll(raw(a));
+  for (const World& x : worlds(again)) EXPECT_EQ(x.failures, 1);
+  a[0]->reportFailure({.node = "n0", .rank = 0, .exitCode = 9, .report = "root cause"});
+  for (auto& agent : a) {
+    RoundEnd last = agent->awaitEnd();
+    EXPECT_TRUE(last.final);
+    EXPECT_EQ(last.exitCode, 9);
+    EXPECT_EQ(last.report, "root cause");
+  }
+}
+
+TEST_F(ElasticRendezvousTest, TheRoundFinishesWhenEveryMemberSucceeded) {
+  auto a = agents(2, options(2, 2));
+  auto joins = joinAll(raw(a));
+  worlds(joins);
+  a[0]->reportSuccess();
+  a[1]->reportSuccess();
+  EXPECT_EQ(a[0]->awaitEnd().kind, Kind::Finished);
+  EXPECT_EQ(a[1]->awaitEnd().kind, Kind::Finished);
+}
+
+TEST_F(ElasticRendezvousTest, ALateNodeIsAdmittedAtTheNextRound) {
+  auto a = agents(2, options(2, 3));
+  auto joins = joinAll(raw(a));
+  worlds(joins);
+  ElasticRendezvous late(options(2, 3));
+  auto lateJoin = std::async(std::launch::async, [&] { return late.next(); });
+  for (auto& agent : a) EXPECT_EQ(agent->awaitEnd().kind, Kind::NodeJoined);
+  auto again = joinAll(raw(a));
+  const std::vector<World> w = worlds(again);
+  const World l = std::get<World>(lateJoin.get());
+  EXPECT_EQ(l.groupWorldSize, 3);
+  EXPECT_EQ(l.round, 1);
+  for (const World& x : w) EXPECT_EQ(x.groupWorldSize, 3);
+}
+
+TEST_F(ElasticRendezvousTest, ASpareTakesTheLostNodesPlace) {
+  auto a = agents(2, options(1, 2));
+  auto joins = joinAll(raw(a));
+  worlds(joins);
+  ElasticRendezvous spare(options(1, 2));
+  auto spareJoin = std::async(std::launch::async, [&] { return spare.next(); });
+  // The job runs at its maximum: the spare waits instead of ending the round.
+  EXPECT_EQ(spareJoin.wait_for(300ms), std::future_status::timeout);
+  a.pop_back();
+  EXPECT_EQ(a[0]->awaitEnd().kind, Kind::NodeLost);
+  auto again = joinAll(raw(a));
+  EXPECT_EQ(worlds(again)[0].groupWorldSize, 2);
+  EXPECT_EQ(std::get<World>(spareJoin.get()).groupWorldSize, 2);
+}
+
+TEST_F(ElasticRendezvousTest, ASpareLeavesWhenTheJobFinishes) {
+  auto a = agents(1, options(1, 1));
+  auto joins = joinAll(raw(a));
+  worlds(joins);
+  ElasticRendezvous spare(options(1, 1));
+  auto spareJoin = std::async(std::launch::async, [&] { return spare.next(); });
+  a[0]->reportSuccess();
+  const JoinResult result = spareJoin.get();
+  ASSERT_TRUE(std::holds_alternative<RoundEnd>(result));
+  EXPECT_EQ(std::get<RoundEnd>(result).kind, Kind::Finished);
+}
+
+TEST_F(ElasticRendezvousTest, InterruptUnblocksAWaitingJoin) {
+  ElasticRendezvous alone(options(2, 2));
+  auto join = std::async(std::launch::async, [&] { return alone.next(); });
+  alone.interrupt();
+  EXPECT_THROW(join.get(), Error);
+}
+
+}  // namespace
+}  // namespace dlrun::rendezvous

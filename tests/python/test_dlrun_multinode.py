@@ -1,0 +1,139 @@
+"""Several dlrun agents on loopback forming one job through the c10d rendezvous.
+
+Each agent is a separate dlrun process, as on separate nodes; they meet at one endpoint, where
+the first agent to bind serves the store. Workers record what dlrun gave them in files.
+"""
+import glob
+import os
+import socket
+import time
+import unittest
+
+from dlrun_fixture import (PYTHON, Dlrun, clean_env, kill_recorded_workers, main, read_json,
+                           temp_dir, wait_until, worker)
+
+WORKER = worker("elastic_worker.py")
+JOB_TIMEOUT_S = 60
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class MultiNodeTest(unittest.TestCase):
+    def start_agents(self, count, nnodes, worker_args, nproc=2, extra=()):
+        self.out = temp_dir(self)
+        self.addCleanup(kill_recorded_workers, self.out)
+        self.port = free_port()
+        args = [f"--nnodes={nnodes}", f"--nproc-per-node={nproc}", "--rdzv-backend=c10d",
+                f"--rdzv-endpoint=127.0.0.1:{self.port}", f"--rdzv-id=job{self.port}", *extra,
+                PYTHON, WORKER, self.out, *worker_args]
+        return [Dlrun(self, args, env=clean_env()) for _ in range(count)]
+
+    def starts(self):
+        return [read_json(p) for p in glob.glob(os.path.join(self.out, "start_*.json"))]
+
+    def wait_for_starts(self, count, agents, attempt=None):
+        def matching():
+            return [s for s in self.starts()
+                    if attempt is None or s["env"]["TORCHELASTIC_RESTART_COUNT"] == str(attempt)]
+        wait_until(lambda: len(matching()) >= count, JOB_TIMEOUT_S,
+                   f"{count} workers to start", on_timeout=lambda: "\n".join(
+                       a.describe() for a in agents))
+        return matching()
+
+    def finish(self, agents):
+        return [a.wait(JOB_TIMEOUT_S) for a in agents]
+
+    def test_three_agents_give_unique_consistent_ranks_and_allreduce_across_nodes(self):
+        agents = self.start_agents(3, "3", ["--allreduce"])
+        results = self.finish(agents)
+        for r in results:
+            self.assertEqual(r.returncode, 0, r)
+        starts = self.starts()
+        self.assertEqual(len(starts), 6)
+        ranks = sorted(int(s["env"]["RANK"]) for s in starts)
+        self.assertEqual(ranks, list(range(6)))
+        for s in starts:
+            env = s["env"]
+            self.assertEqual(env["WORLD_SIZE"], "6")
+            self.assertEqual(env["GROUP_WORLD_SIZE"], "3")
+            # Two workers per node: the node's group rank places its ranks.
+            self.assertEqual(int(env["RANK"]), 2 * int(env["GROUP_RANK"]) + int(env["LOCAL_RANK"]))
+            self.assertEqual(s["sum"], sum(range(1, 7)))  # every rank's value, across nodes
+        self.assertEqual(len({s["env"]["TF_CONFIG"].split('"task"')[0] for s in starts}), 1)
+
+    def run_elastic_range(self, agents, last_call_s):
+        """Runs `agents` agents with --nnodes=2:4 to completion; returns (launch time, starts)."""
+        launched = time.time()
+        results = self.finish(self.start_agents(
+            agents, "2:4", [], nproc=1, extra=[f"--rdzv-conf=last_call_timeout={last_call_s}"]))
+        for r in results:
+            self.assertEqual(r.returncode, 0, r)
+        starts = self.starts()
+        self.assertEqual(sorted(s["env"]["WORLD_SIZE"] for s in starts), [str(agents)] * agents)
+        return launched, starts
+
+    def test_an_elastic_range_closes_after_the_last_call_window(self):
+        launched, starts = self.run_elastic_range(3, 1.5)
+        # The window opens when the 2nd agent arrives, which is after `launched`.
+        self.assertGreaterEqual(min(s["time"] for s in starts), launched + 1.5)
+
+    def test_an_elastic_range_closes_at_once_at_its_maximum(self):
+        launched, starts = self.run_elastic_range(4, 30)
+        self.assertLess(max(s["time"] for s in starts), launched + 15)  # not the 30 s window
+
+    def test_a_worker_failure_restarts_the_workers_of_every_node(self):
+        agents = self.start_agents(3, "3", ["--fail-rank", "3", "--fail-rounds", "1"],
+                                   extra=["--max-restarts=1"])
+        results = self.finish(agents)
+        for r in results:
+            self.assertEqual(r.returncode, 0, r)
+        by_attempt = {}
+        for s in self.starts():
+            by_attempt.setdefault(s["env"]["TORCHELASTIC_RESTART_COUNT"], set()).add(
+                int(s["env"]["RANK"]))
+        self.assertEqual(by_attempt, {"0": set(range(6)), "1": set(range(6))})
+
+    def test_past_max_restarts_every_agent_fails_with_the_same_root_cause(self):
+        agents = self.start_agents(3, "3", ["--fail-rank", "3", "--fail-rounds", "-1"],
+                                   extra=["--max-restarts=1"])
+        results = self.finish(agents)
+        reports = []
+        for r in results:
+            self.assertEqual(r.returncode, 3, r)
+            report = [line for line in r.dlrun_lines() if "worker failed" in line]
+            self.assertEqual(len(report), 1, r)
+            reports.append(report[0])
+        self.assertEqual(len(set(reports)), 1, reports)
+        self.assertIn("rank 3", reports[0])
+        self.assertIn("exit code 3", reports[0])
+        self.assertIn("after 1 restart", reports[0])
+
+    def test_a_second_job_shape_under_the_same_id_is_refused(self):
+        agents = self.start_agents(1, "1:3", ["--wait"], nproc=1,
+                                   extra=["--rdzv-conf=last_call_timeout=0.1"])
+        self.wait_for_starts(1, agents)  # the job (shape 1:3) runs
+        args = ["--nnodes=2:4", "--nproc-per-node=1", "--rdzv-backend=c10d",
+                f"--rdzv-endpoint=127.0.0.1:{self.port}", f"--rdzv-id=job{self.port}",
+                PYTHON, WORKER, self.out]
+        other = Dlrun(self, args, env=clean_env()).wait(JOB_TIMEOUT_S)
+        self.assertEqual(other.returncode, 2, other)
+        self.assertIn("--nnodes=1:3", "\n".join(other.dlrun_lines()))
+        agents[0].kill()
+
+    def test_an_unreachable_endpoint_fails_after_the_join_timeout(self):
+        args = ["--nnodes=2", "--nproc-per-node=1", "--rdzv-backend=c10d",
+                f"--rdzv-endpoint=127.0.0.1:{free_port()}", "--rdzv-conf=join_timeout=1,is_host=0",
+                PYTHON, WORKER, temp_dir(self)]
+        result = Dlrun(self, args, env=clean_env()).wait(JOB_TIMEOUT_S)
+        self.assertEqual(result.returncode, 1, result)
+        lines = result.dlrun_lines()
+        self.assertEqual(len(lines), 1, result)
+        self.assertIn("cannot reach the rendezvous store at 127.0.0.1:", lines[0])
+
+
+if __name__ == "__main__":
+    main()
