@@ -34,6 +34,12 @@ Placement placementFromEnvironment() {
                       std::to_string(*world));
   p.rank = static_cast<int>(*rank);
   p.worldSize = static_cast<int>(*world);
+  // Without the local variables, the whole job is taken to share this node.
+  p.localRank = static_cast<int>(envInt("LOCAL_RANK").value_or(p.rank));
+  p.localWorldSize = static_cast<int>(envInt("LOCAL_WORLD_SIZE").value_or(p.worldSize));
+  if (p.localWorldSize < 1 || p.localRank < 0 || p.localRank >= p.localWorldSize)
+    throw ConfigError("LOCAL_RANK=" + std::to_string(p.localRank) +
+                      " does not fit LOCAL_WORLD_SIZE=" + std::to_string(p.localWorldSize));
   p.restartCount = static_cast<int>(envInt("TORCHELASTIC_RESTART_COUNT").value_or(0));
   if (p.worldSize > 1) {
     const char* addr = std::getenv("MASTER_ADDR");

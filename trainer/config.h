@@ -37,11 +37,13 @@ struct TrainConfig {
   bool single = false;          // run alone, without dlrun
 };
 
-// Where this process sits, from RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT and
-// TORCHELASTIC_RESTART_COUNT.
+// Where this process sits, from RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,
+// MASTER_PORT and TORCHELASTIC_RESTART_COUNT.
 struct Placement {
   int rank = 0;
   int worldSize = 1;
+  int localRank = 0;       // among the ranks of this node: picks the GPU
+  int localWorldSize = 1;  // ranks on this node
   std::string masterAddr;
   uint16_t masterPort = 0;
   int restartCount = 0;

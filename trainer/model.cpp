@@ -22,23 +22,26 @@ std::vector<int> MlpShape::widths() const {
   return w;
 }
 
-size_t MlpShape::parameterCount() const {
-  auto w = widths();
-  size_t n = 0;
-  for (size_t i = 0; i + 1 < w.size(); ++i) n += static_cast<size_t>(w[i + 1]) * (w[i] + 1);
-  return n;
-}
-
-Mlp::Mlp(MlpShape shape, uint64_t seed) : shape_(std::move(shape)) {
-  const auto w = shape_.widths();
+std::vector<MlpShape::Layer> MlpShape::layers() const {
+  const auto w = widths();
+  std::vector<Layer> layers;
   size_t offset = 0;
   for (size_t i = 0; i + 1 < w.size(); ++i) {
     Layer layer{offset, offset + static_cast<size_t>(w[i + 1]) * w[i], w[i], w[i + 1]};
     offset = layer.bias + layer.out;
-    layers_.push_back(layer);
+    layers.push_back(layer);
   }
-  params_.assign(offset, 0.0f);
-  grads_.assign(offset, 0.0f);
+  return layers;
+}
+
+size_t MlpShape::parameterCount() const {
+  const auto all = layers();
+  return all.back().bias + all.back().out;
+}
+
+Mlp::Mlp(MlpShape shape, uint64_t seed) : shape_(std::move(shape)), layers_(shape_.layers()) {
+  params_.assign(shape_.parameterCount(), 0.0f);
+  grads_.assign(params_.size(), 0.0f);
   activations_.resize(layers_.size());
   std::mt19937_64 random(seed);
   for (const auto& layer : layers_) {
@@ -52,7 +55,7 @@ void Mlp::forward(const float* x, int batch) {
   // a_{l+1} = relu(a_l W_l^T + b_l); the last layer (the logits) without relu.
   const float* input = x;
   for (size_t l = 0; l < layers_.size(); ++l) {
-    const Layer& layer = layers_[l];
+    const MlpShape::Layer& layer = layers_[l];
     activations_[l].resize(static_cast<size_t>(batch) * layer.out);
     MatrixMap out(activations_[l].data(), batch, layer.out);
     ConstMatrixMap in(input, batch, layer.in);
@@ -85,7 +88,7 @@ float Mlp::lossAndGradient(const float* x, const uint8_t* labels, int batch) {
   std::vector<float> delta(activations_.back());
   std::vector<float> below;
   for (size_t l = layers_.size(); l-- > 0;) {
-    const Layer& layer = layers_[l];
+    const MlpShape::Layer& layer = layers_[l];
     ConstMatrixMap d(delta.data(), batch, layer.out);
     ConstMatrixMap in(l == 0 ? x : activations_[l - 1].data(), batch, layer.in);
     MatrixMap gradW(grads_.data() + layer.weights, layer.out, layer.in);

@@ -14,7 +14,15 @@ struct MlpShape {
   std::vector<int> hidden = {256, 128};
   int classes = 10;
 
+  // Where one layer's parameters sit in the flat buffer.
+  struct Layer {
+    size_t weights;  // offset of the out x in weight matrix (row-major)
+    size_t bias;     // offset of the out biases
+    int in, out;
+  };
+
   std::vector<int> widths() const;  // inputs, hidden..., classes
+  std::vector<Layer> layers() const;
   size_t parameterCount() const;
 };
 
@@ -35,17 +43,11 @@ class Mlp {
   int countCorrect(const float* x, const uint8_t* labels, int batch);
 
  private:
-  struct Layer {
-    size_t weights;  // offset of the out x in weight matrix (row-major) in the flat buffers
-    size_t bias;     // offset of the out biases
-    int in, out;
-  };
-
   // Fills activations_; the last one holds the logits.
   void forward(const float* x, int batch);
 
   MlpShape shape_;
-  std::vector<Layer> layers_;
+  std::vector<MlpShape::Layer> layers_;
   std::vector<float> params_, grads_;
   std::vector<std::vector<float>> activations_;  // per layer output, reused across batches
 };
@@ -67,6 +69,7 @@ class Sgd {
   void step(std::vector<float>& params, const float* grads, float gradScale);
   void setLearningRate(float learningRate) { options_.learningRate = learningRate; }
   std::vector<float>& velocity() { return velocity_; }
+  const std::vector<float>& velocity() const { return velocity_; }
 
  private:
   SgdOptions options_;

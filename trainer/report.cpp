@@ -30,13 +30,15 @@ void Reporter::resumed(int epoch, int64_t samplesInEpoch, int64_t globalStep) co
        std::to_string(samplesInEpoch) + " samples into it, step " + std::to_string(globalStep));
 }
 
-void Reporter::summary(const EpochResult& last, int worldSize, int64_t steps) const {
-  char text[300];
+void Reporter::summary(const EpochResult& last, int worldSize, int64_t steps,
+                       const std::string& device) const {
+  char text[340];
   std::snprintf(text, sizeof(text),
                 "{\"epochs\": %d, \"steps\": %lld, \"world_size\": %d, \"train_loss\": %.6f, "
-                "\"test_accuracy\": %.6f, \"samples_per_sec\": %.1f, \"seconds\": %.3f}",
+                "\"test_accuracy\": %.6f, \"samples_per_sec\": %.1f, \"seconds\": %.3f, "
+                "\"device\": \"%s\"}",
                 last.epoch, static_cast<long long>(steps), worldSize, last.trainLoss,
-                last.testAccuracy, last.samplesPerSecond, last.seconds);
+                last.testAccuracy, last.samplesPerSecond, last.seconds, device.c_str());
   line(text);
 }
 

@@ -22,8 +22,9 @@ class Reporter {
   void progress(int epoch, int epochs, int64_t step, int64_t steps, double loss) const;
   void epoch(const EpochResult& result) const;
   void resumed(int epoch, int64_t samplesInEpoch, int64_t globalStep) const;
-  // {"epochs":..,"test_accuracy":..,"train_loss":..,"samples_per_sec":..,"seconds":..,...}
-  void summary(const EpochResult& last, int worldSize, int64_t steps) const;
+  // {"epochs":..,"test_accuracy":..,"samples_per_sec":..,...,"device":"cpu" or "cuda"}
+  void summary(const EpochResult& last, int worldSize, int64_t steps,
+               const std::string& device) const;
 
  private:
   void line(const std::string& text) const;

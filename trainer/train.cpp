@@ -15,7 +15,7 @@
 #include "rendezvous/tcp_store.h"
 #include "trainer/checkpoint.h"
 #include "trainer/collective.h"
-#include "trainer/model.h"
+#include "trainer/engine.h"
 #include "trainer/report.h"
 
 namespace dlrun::trainer {
@@ -38,25 +38,43 @@ void requestStop(int number) {
   stopRequested = 1;
 }
 
-std::unique_ptr<Collective> connect(const Placement& p) {
-  if (p.worldSize == 1) return makeSoloCollective();
+// The job's store, namespaced per attempt (a restarted group must not read what its previous
+// attempt published); null when alone.
+std::shared_ptr<rendezvous::Store> jobStore(const Placement& p) {
+  if (p.worldSize == 1) return nullptr;
   auto tcp = std::make_shared<rendezvous::TcpStore>(
       rendezvous::TcpStoreOptions{.host = p.masterAddr, .port = p.masterPort});
-  // A restarted group must not read the addresses its previous attempt published.
-  auto store = std::make_shared<rendezvous::PrefixStore>(
+  return std::make_shared<rendezvous::PrefixStore>(
       "dlrun-train/attempt_" + std::to_string(p.restartCount), tcp);
+}
+
+std::unique_ptr<Collective> connect(const Placement& p,
+                                    const std::shared_ptr<rendezvous::Store>& store) {
+  if (!store) return makeSoloCollective();
   return makeGlooCollective(store, p.rank, p.worldSize,
                             localAddressToward(p.masterAddr, p.masterPort));
+}
+
+// Fails at once, not at the first checkpoint, when the directory cannot be written.
+void requireWritable(const std::string& dir) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  std::ofstream probe(dir + "/.writable");
+  if (!probe) throw Error("cannot write checkpoints to " + dir);
+  probe.close();
+  std::filesystem::remove(dir + "/.writable", ec);
 }
 
 // Rank 0's checkpoint, sent to every rank (a sum where the others contribute zeros), so ranks
 // on nodes without a shared directory resume from the same state.
 std::optional<Checkpoint> resume(const TrainConfig& config, Collective& collective,
-                                 Mlp& model, Sgd& sgd) {
+                                 Engine& engine, const MlpShape& shape) {
   if (config.checkpointDir.empty()) return std::nullopt;
+  const size_t n = shape.parameterCount();
   std::optional<Checkpoint> found;
   if (collective.rank() == 0) found = loadNewestCheckpoint(config.checkpointDir);
-  if (found && found->widths != model.shape().widths())
+  if (found && (found->widths != shape.widths() || found->params.size() != n ||
+                found->velocity.size() != n))
     throw Error("the checkpoint in " + config.checkpointDir + " is for another model shape");
   std::vector<float> header = {found ? 1.0f : 0.0f,
                                found ? static_cast<float>(found->epoch) : 0.0f};
@@ -66,26 +84,25 @@ std::optional<Checkpoint> resume(const TrainConfig& config, Collective& collecti
   c.epoch = static_cast<int>(header[1]);
   // Positions travel as doubles split in float-exact halves to stay exact past 2^24.
   std::vector<float> position(4, 0.0f);
+  std::vector<float> params(n, 0.0f), velocity(n, 0.0f);
   if (found) {
     position = {static_cast<float>(found->samplesInEpoch >> 20),
                 static_cast<float>(found->samplesInEpoch & 0xFFFFF),
                 static_cast<float>(found->globalStep >> 20),
                 static_cast<float>(found->globalStep & 0xFFFFF)};
-    model.params() = found->params;
-    sgd.velocity() = found->velocity;
-  } else {
-    std::fill(model.params().begin(), model.params().end(), 0.0f);
-    std::fill(sgd.velocity().begin(), sgd.velocity().end(), 0.0f);
+    params = std::move(found->params);
+    velocity = std::move(found->velocity);
   }
   collective.allreduceSum(position.data(), position.size());
-  collective.allreduceSum(model.params().data(), model.params().size());
-  collective.allreduceSum(sgd.velocity().data(), sgd.velocity().size());
+  collective.allreduceSum(params.data(), params.size());
+  collective.allreduceSum(velocity.data(), velocity.size());
+  engine.load(params, velocity);
   c.samplesInEpoch = (static_cast<int64_t>(position[0]) << 20) + static_cast<int64_t>(position[1]);
   c.globalStep = (static_cast<int64_t>(position[2]) << 20) + static_cast<int64_t>(position[3]);
   return c;
 }
 
-double testAccuracy(Mlp& model, const Dataset& test, Collective& collective) {
+double testAccuracy(Engine& engine, const Dataset& test, Collective& collective) {
   // Each rank scores a contiguous slice; the counts are summed.
   const int per = (test.rows + collective.size() - 1) / collective.size();
   const int begin = std::min(test.rows, collective.rank() * per);
@@ -94,11 +111,183 @@ double testAccuracy(Mlp& model, const Dataset& test, Collective& collective) {
   float counts[2] = {0.0f, static_cast<float>(end - begin)};
   for (int i = begin; i < end; i += kChunk) {
     const int n = std::min(kChunk, end - i);
-    counts[0] += static_cast<float>(model.countCorrect(
+    counts[0] += static_cast<float>(engine.countCorrect(
         test.images.data() + static_cast<size_t>(i) * test.features, test.labels.data() + i, n));
   }
   collective.allreduceSum(counts, 2);
   return counts[1] > 0 ? counts[0] / counts[1] : 0.0;
+}
+
+Split loadData(const TrainConfig& config) {
+  return config.synthetic ? syntheticData(20000, 4000, 784, config.seed)
+                          : loadFashionMnist(config.dataDir);
+}
+
+// One run: set up once (data, the connection to the other ranks, the engine, a resumed
+// position), then epochs of steps, then the summary.
+class Training {
+ public:
+  Training(const TrainConfig& config, const Placement& placement);
+  void run();
+
+ private:
+  // Trains what is left of `epoch`; sets stopping_ when a stop vote or --max-steps ends the run.
+  void trainEpoch(int epoch);
+  // Gathers this rank's examples shard[begin, begin + batch) and takes one step on them.
+  StepResult step(const std::vector<int>& shard, size_t begin, int batch, float learningRate);
+  float learningRate(int epoch, int64_t stepInEpoch, int64_t steps) const;
+  void checkpoint(int epoch, int64_t samples);
+  void failIfAsked() const;
+  void finish();
+
+  const TrainConfig& config_;
+  const Placement& placement_;
+  const Split data_;
+  const MlpShape shape_;
+  std::unique_ptr<Collective> collective_;
+  std::unique_ptr<Engine> engine_;
+  const int world_, rank_;
+  const Reporter report_;
+  int startEpoch_ = 0;
+  int64_t skipSamples_ = 0, step_ = 0;
+  bool stopping_ = false;
+  std::vector<float> batchX_;
+  std::vector<uint8_t> batchY_;
+  Clock::time_point started_;
+  EpochResult last_;
+};
+
+Training::Training(const TrainConfig& config, const Placement& placement)
+    : config_(config),
+      placement_(placement),
+      data_(loadData(config)),
+      shape_{data_.train.features, config.hidden, data_.train.classes},
+      world_(placement.worldSize),
+      rank_(placement.rank),
+      report_(placement.rank == 0),
+      batchX_(static_cast<size_t>(config.batchSize) * data_.train.features),
+      batchY_(config.batchSize) {
+  if (!config.checkpointDir.empty() && rank_ == 0) requireWritable(config.checkpointDir);
+  auto store = jobStore(placement);
+  collective_ = connect(placement, store);
+  engine_ = makeEngine(config.device,
+                       {shape_, config.seed,
+                        {config.learningRate, config.momentum, config.weightDecay}},
+                       placement, *collective_, store);
+  if (auto resumed = resume(config, *collective_, *engine_, shape_)) {
+    startEpoch_ = resumed->epoch;
+    skipSamples_ = resumed->samplesInEpoch;
+    step_ = resumed->globalStep;
+    report_.resumed(startEpoch_, skipSamples_, step_);
+  }
+  // A run resumed at or past --max-steps has no step left to take.
+  stopping_ = config.maxSteps >= 0 && step_ >= config.maxSteps;
+}
+
+void Training::run() {
+  started_ = Clock::now();
+  stepping = 1;
+  for (int epoch = startEpoch_; epoch < config_.epochs && !stopping_; ++epoch) trainEpoch(epoch);
+  finish();
+}
+
+void Training::trainEpoch(int epoch) {
+  const auto shard = shardForEpoch(data_.train.rows, world_, rank_, config_.seed, epoch);
+  const int64_t steps =
+      (static_cast<int64_t>(shard.size()) + config_.batchSize - 1) / config_.batchSize;
+  const int64_t globalBatch = static_cast<int64_t>(config_.batchSize) * world_;
+  const int64_t first = epoch == startEpoch_ ? skipSamples_ / globalBatch : 0;
+  const auto epochStart = Clock::now();
+  double lossSum = 0;
+  int64_t stepsRun = 0, samples = 0;
+  bool epochDone = true;
+  for (int64_t s = first; s < steps; ++s) {
+    const size_t begin = static_cast<size_t>(s) * config_.batchSize;
+    const int b = static_cast<int>(std::min<size_t>(config_.batchSize, shard.size() - begin));
+    const StepResult result = step(shard, begin, b, learningRate(epoch, s, steps));
+    ++step_;
+    ++stepsRun;
+    lossSum += result.loss;
+    samples += static_cast<int64_t>(b) * world_;
+    if ((s + 1) % config_.progressEvery == 0)
+      report_.progress(epoch + 1, config_.epochs, s + 1, steps, result.loss);
+    const bool lastStep = s + 1 == steps;
+    if (config_.checkpointEvery > 0 && step_ % config_.checkpointEvery == 0 && !lastStep)
+      checkpoint(epoch, (s + 1) * globalBatch);
+    failIfAsked();
+    // Every rank sees the same votes, so all stop after the same step.
+    if (result.stop || (config_.maxSteps >= 0 && step_ >= config_.maxSteps)) {
+      stopping_ = true;
+      epochDone = lastStep;
+      if (!lastStep) checkpoint(epoch, (s + 1) * globalBatch);
+      break;
+    }
+  }
+  const auto now = Clock::now();
+  const double epochSeconds = std::chrono::duration<double>(now - epochStart).count();
+  last_ = {epoch + 1,
+           config_.epochs,
+           stepsRun > 0 ? lossSum / static_cast<double>(stepsRun) : 0.0,
+           testAccuracy(*engine_, data_.test, *collective_),
+           epochSeconds > 0 ? static_cast<double>(samples) / epochSeconds : 0.0,
+           std::chrono::duration<double>(now - started_).count()};
+  report_.epoch(last_);
+  if (epochDone) checkpoint(epoch + 1, 0);
+}
+
+StepResult Training::step(const std::vector<int>& shard, size_t begin, int batch,
+                          float learningRate) {
+  const int features = data_.train.features;
+  for (int i = 0; i < batch; ++i) {
+    const int row = shard[begin + i];
+    std::copy_n(data_.train.images.data() + static_cast<size_t>(row) * features, features,
+                batchX_.data() + static_cast<size_t>(i) * features);
+    batchY_[i] = data_.train.labels[row];
+  }
+  return engine_->step(batchX_.data(), batchY_.data(), batch, learningRate, stopRequested != 0);
+}
+
+float Training::learningRate(int epoch, int64_t stepInEpoch, int64_t steps) const {
+  if (!config_.cosine) return config_.learningRate;
+  // By the fraction of the run done, so any world size follows the same curve.
+  const double progress = (epoch + static_cast<double>(stepInEpoch) / steps) / config_.epochs;
+  return static_cast<float>(config_.learningRate * 0.5 * (1.0 + std::cos(M_PI * progress)));
+}
+
+void Training::checkpoint(int epoch, int64_t samples) {
+  if (rank_ == 0 && !config_.checkpointDir.empty())
+    saveCheckpoint(config_.checkpointDir, {epoch, samples, step_, shape_.widths(),
+                                           engine_->params(), engine_->velocity()});
+}
+
+// The testing aid (--fail-at-step): a worker that dies mid-run.
+void Training::failIfAsked() const {
+  if (step_ != config_.failAtStep || rank_ != std::min(1, world_ - 1) ||
+      placement_.restartCount != 0)
+    return;
+  std::fprintf(stderr, "dlrun-train: --fail-at-step %lld: rank %d exits with code 1\n",
+               static_cast<long long>(step_), rank_);
+  std::fflush(stdout);
+  std::fflush(stderr);
+  std::_Exit(1);
+}
+
+void Training::finish() {
+  if (last_.epoch == 0) {
+    // Nothing was left to train (resumed from the end of a finished run, or at --max-steps):
+    // the summary still reports the model's accuracy, not zeros.
+    last_ = {std::min(startEpoch_ + 1, config_.epochs), config_.epochs, 0.0,
+             testAccuracy(*engine_, data_.test, *collective_), 0.0,
+             std::chrono::duration<double>(Clock::now() - started_).count()};
+  }
+  report_.summary(last_, world_, step_, engine_->device());
+  if (rank_ == 0 && !config_.dumpWeights.empty()) {
+    const std::vector<float> params = engine_->params();
+    std::ofstream out(config_.dumpWeights, std::ios::binary);
+    out.write(reinterpret_cast<const char*>(params.data()),
+              static_cast<std::streamsize>(params.size() * sizeof(float)));
+    if (!out) throw Error("cannot write " + config_.dumpWeights);
+  }
 }
 
 }  // namespace
@@ -106,131 +295,7 @@ double testAccuracy(Mlp& model, const Dataset& test, Collective& collective) {
 int train(const TrainConfig& config, const Placement& placement) {
   ::signal(SIGUSR1, requestStop);
   ::signal(SIGTERM, requestStop);
-  const Split data = config.synthetic ? syntheticData(20000, 4000, 784, config.seed)
-                                      : loadFashionMnist(config.dataDir);
-  if (!config.checkpointDir.empty() && placement.rank == 0) {
-    // Fail at once, not at the first checkpoint, when the directory cannot be written.
-    std::error_code ec;
-    std::filesystem::create_directories(config.checkpointDir, ec);
-    std::ofstream probe(config.checkpointDir + "/.writable");
-    if (!probe) throw Error("cannot write checkpoints to " + config.checkpointDir);
-    probe.close();
-    std::filesystem::remove(config.checkpointDir + "/.writable", ec);
-  }
-  auto collective = connect(placement);
-  const int world = collective->size(), rank = collective->rank();
-  Mlp model({data.train.features, config.hidden, data.train.classes}, config.seed);
-  Sgd sgd({config.learningRate, config.momentum, config.weightDecay}, model.params().size());
-  const Reporter report(rank == 0);
-
-  int startEpoch = 0;
-  int64_t skipSamples = 0, step = 0;
-  if (auto resumed = resume(config, *collective, model, sgd)) {
-    startEpoch = resumed->epoch;
-    skipSamples = resumed->samplesInEpoch;
-    step = resumed->globalStep;
-    report.resumed(startEpoch, skipSamples, step);
-  }
-
-  const size_t n = model.params().size();
-  std::vector<float> exchange(n + 2);  // gradients, then the loss and the stop votes
-  std::vector<float> batchX(static_cast<size_t>(config.batchSize) * data.train.features);
-  std::vector<uint8_t> batchY(config.batchSize);
-  const auto started = Clock::now();
-  EpochResult last;
-  auto checkpoint = [&](int epoch, int64_t samples) {
-    if (rank == 0 && !config.checkpointDir.empty())
-      saveCheckpoint(config.checkpointDir,
-                     {epoch, samples, step, model.shape().widths(), model.params(), sgd.velocity()});
-  };
-
-  // A run resumed at or past --max-steps has no step left to take.
-  bool stopping = config.maxSteps >= 0 && step >= config.maxSteps;
-  stepping = 1;
-  for (int epoch = startEpoch; epoch < config.epochs && !stopping; ++epoch) {
-    const auto shard = shardForEpoch(data.train.rows, world, rank, config.seed, epoch);
-    const int64_t steps = (static_cast<int64_t>(shard.size()) + config.batchSize - 1) / config.batchSize;
-    const int64_t globalBatch = static_cast<int64_t>(config.batchSize) * world;
-    const int64_t first = epoch == startEpoch ? skipSamples / globalBatch : 0;
-    const auto epochStart = Clock::now();
-    double lossSum = 0;
-    int64_t stepsRun = 0, samples = 0;
-    bool epochDone = true;
-    for (int64_t s = first; s < steps; ++s) {
-      const size_t begin = static_cast<size_t>(s) * config.batchSize;
-      const int b = static_cast<int>(std::min<size_t>(config.batchSize, shard.size() - begin));
-      for (int i = 0; i < b; ++i) {
-        const int row = shard[begin + i];
-        std::copy_n(data.train.images.data() + static_cast<size_t>(row) * data.train.features,
-                    data.train.features,
-                    batchX.data() + static_cast<size_t>(i) * data.train.features);
-        batchY[i] = data.train.labels[row];
-      }
-      if (config.cosine) {
-        // By the fraction of the run done, so any world size follows the same curve.
-        const double progress = (epoch + static_cast<double>(s) / steps) / config.epochs;
-        sgd.setLearningRate(static_cast<float>(config.learningRate * 0.5 *
-                                               (1.0 + std::cos(M_PI * progress))));
-      }
-      const float loss = model.lossAndGradient(batchX.data(), batchY.data(), b);
-      std::copy(model.grads().begin(), model.grads().end(), exchange.begin());
-      exchange[n] = loss;
-      exchange[n + 1] = stopRequested ? 1.0f : 0.0f;
-      collective->allreduceSum(exchange.data(), exchange.size());
-      // The mean gradient over the global batch, applied in the same pass as the update.
-      const float scale = 1.0f / static_cast<float>(world);
-      sgd.step(model.params(), exchange.data(), scale);
-      ++step;
-      ++stepsRun;
-      lossSum += exchange[n] * scale;
-      samples += static_cast<int64_t>(b) * world;
-      if ((s + 1) % config.progressEvery == 0)
-        report.progress(epoch + 1, config.epochs, s + 1, steps, exchange[n] * scale);
-      const bool lastStep = s + 1 == steps;
-      if (config.checkpointEvery > 0 && step % config.checkpointEvery == 0 && !lastStep)
-        checkpoint(epoch, (s + 1) * globalBatch);
-      if (step == config.failAtStep && rank == std::min(1, world - 1) &&
-          placement.restartCount == 0) {
-        // The testing aid (--fail-at-step): a worker that dies mid-run.
-        std::fprintf(stderr, "dlrun-train: --fail-at-step %lld: rank %d exits with code 1\n",
-                     static_cast<long long>(step), rank);
-        std::fflush(stdout);
-        std::fflush(stderr);
-        std::_Exit(1);
-      }
-      // Every rank sees the same votes, so all stop after the same step.
-      if (exchange[n + 1] > 0.0f || (config.maxSteps >= 0 && step >= config.maxSteps)) {
-        stopping = true;
-        epochDone = lastStep;
-        if (!lastStep) checkpoint(epoch, (s + 1) * globalBatch);
-        break;
-      }
-    }
-    const auto now = Clock::now();
-    const double epochSeconds = std::chrono::duration<double>(now - epochStart).count();
-    last = {epoch + 1,
-            config.epochs,
-            stepsRun > 0 ? lossSum / static_cast<double>(stepsRun) : 0.0,
-            testAccuracy(model, data.test, *collective),
-            epochSeconds > 0 ? static_cast<double>(samples) / epochSeconds : 0.0,
-            std::chrono::duration<double>(now - started).count()};
-    report.epoch(last);
-    if (epochDone) checkpoint(epoch + 1, 0);
-  }
-  if (last.epoch == 0) {
-    // Nothing was left to train (resumed from the end of a finished run, or at --max-steps):
-    // the summary still reports the model's accuracy, not zeros.
-    last = {std::min(startEpoch + 1, config.epochs), config.epochs, 0.0,
-            testAccuracy(model, data.test, *collective), 0.0,
-            std::chrono::duration<double>(Clock::now() - started).count()};
-  }
-  report.summary(last, world, step);
-  if (rank == 0 && !config.dumpWeights.empty()) {
-    std::ofstream out(config.dumpWeights, std::ios::binary);
-    out.write(reinterpret_cast<const char*>(model.params().data()),
-              static_cast<std::streamsize>(n * sizeof(float)));
-    if (!out) throw Error("cannot write " + config.dumpWeights);
-  }
+  Training(config, placement).run();
   return 0;
 }
 

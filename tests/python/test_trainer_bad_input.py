@@ -4,6 +4,8 @@ a torn gzip stream), a wrong IDX magic number, and a checkpoint directory that c
 Each runs as `dlrun-train --single`; two also run through dlrun, which then fails as well (and
 at once: a rank waiting for a failed peer must not hold the job until dlrun's stop timeout).
 
+--device cuda where no CUDA device is usable (or in a build without CUDA) fails the same way.
+
 Broken datasets are copies of the real directory (symlinks to the good files) with one file
 replaced, passed with --data."""
 import gzip
@@ -12,7 +14,8 @@ import time
 import unittest
 
 from dlrun_fixture import main, temp_dir
-from trainer_fixture import DATA_DIR, DATA_FILES, TrainJob, require_data, run_single
+from trainer_fixture import (DATA_DIR, DATA_FILES, TrainJob, cuda_devices, require_data,
+                             run_single)
 
 IDX3_MAGIC = b"\x00\x00\x08\x03"
 STOP_TIMEOUT_S = 30  # dlrun's default --stop-timeout
@@ -105,6 +108,15 @@ class TrainerBadInputTest(unittest.TestCase):
         result = run_single(self, ["--checkpoint-dir", target, "--max-steps", "5"])
         self.assert_one_line_error(result, "cannot write checkpoints", target)
         self.assert_untouched(parent, regular)
+
+    def test_device_cuda_without_a_device(self):
+        count, _ = cuda_devices()
+        if count > 0:
+            self.skipTest("a CUDA device is usable here (tests/python/test_trainer_gpu.py)")
+        result = run_single(self, ["--device", "cuda", "--max-steps", "5"])
+        self.assertEqual(result.returncode, 2, result)
+        self.assert_one_line_error(result, "--device cuda: ", "use --device cpu")
+        self.assertEqual(result.stdout, "", result)
 
     def run_job(self, trainer_args):
         start = time.monotonic()

@@ -1,11 +1,13 @@
 """Runs the bundled trainer (dlrun-train) for its acceptance tests, through dlrun or alone.
 
-The binaries come from the DLRUN and DLRUN_TRAIN environment variables (ctest sets both).
+The binaries come from the DLRUN and DLRUN_TRAIN environment variables (ctest sets both), and
+the CUDA runtime dlrun-train was built with from DLRUN_CUDART (empty: built without CUDA).
 Every run has a deadline. Every process a test starts is stopped by PID in a cleanup, also when
 the test fails: dlrun itself, then each trainer process it had started (found under dlrun in
 /proc before dlrun is killed, and only killed while /proc says it still runs dlrun-train, or
 dlrun in a child that has not yet exec'd).
 """
+import ctypes
 import json
 import os
 import signal
@@ -25,6 +27,24 @@ GONE_WITHIN_S = 5  # a killed trainer process is gone
 
 def train_binary():
     return binary_from_env("DLRUN_TRAIN", "dlrun-train")
+
+
+def cuda_devices():
+    """(how many CUDA devices dlrun-train can use, why there is none), asked of the CUDA runtime
+    it was built with."""
+    path = os.environ.get("DLRUN_CUDART")
+    if not path:
+        return 0, "dlrun-train was built without CUDA"
+    try:
+        runtime = ctypes.CDLL(path)
+    except OSError as e:
+        return 0, f"cannot load {path}: {e}"
+    count = ctypes.c_int(0)
+    status = runtime.cudaGetDeviceCount(ctypes.byref(count))
+    if status != 0:
+        runtime.cudaGetErrorString.restype = ctypes.c_char_p
+        return 0, f"cudaGetDeviceCount: {runtime.cudaGetErrorString(status).decode()}"
+    return count.value, "" if count.value else "cudaGetDeviceCount found none"
 
 
 def require_data(test):
@@ -138,6 +158,41 @@ def max_abs_difference(a, b):
     if len(a) != len(b):
         raise AssertionError(f"{len(a)} parameters vs {len(b)}")
     return max(abs(x - y) for x, y in zip(a, b))
+
+
+DATA_PARALLEL_STEPS = 50
+DATA_PARALLEL_TOLERANCE = 1e-4
+
+
+def data_parallel_weights(test, device, nproc, batch_size, path):
+    """The weights after DATA_PARALLEL_STEPS steps on Fashion-MNIST at a fixed seed and a
+    constant learning rate, from `nproc` workers (1: dlrun-train --single) at `batch_size` each."""
+    args = ["--device", device, "--epochs", "1", "--max-steps", str(DATA_PARALLEL_STEPS),
+            "--lr-schedule", "constant", "--seed", "7", "--batch-size", str(batch_size),
+            "--dump-weights", path]
+    result = run_single(test, args) if nproc == 1 else run_train(test, args, nproc)
+    test.assertEqual(result.returncode, 0, result)
+    report = summary(test, result)
+    test.assertEqual(report["steps"], DATA_PARALLEL_STEPS, result)
+    test.assertEqual(report["device"], device, result)
+    weights = read_floats(path)
+    test.assertGreater(len(weights), 0)
+    return weights
+
+
+def assert_data_parallel_exact(test, device):
+    """4 workers at --batch-size 16 end with the same weights as 1 worker at --batch-size 64 (the
+    same global batch), up to float summation order; a control run at another global batch shows
+    the comparison can tell runs apart. Returns the single worker's weights."""
+    out = temp_dir(test)
+    one, four, control = (os.path.join(out, name) for name in ("one", "four", "control"))
+    alone = data_parallel_weights(test, device, 1, 64, one)
+    parallel = data_parallel_weights(test, device, 4, 16, four)
+    test.assertLessEqual(max_abs_difference(alone, parallel), DATA_PARALLEL_TOLERANCE)
+    # The same data at another global batch (16) ends elsewhere: the check has teeth.
+    other = data_parallel_weights(test, device, 1, 16, control)
+    test.assertGreater(max_abs_difference(alone, other), 100 * DATA_PARALLEL_TOLERANCE)
+    return alone
 
 
 def checkpoints(directory):
