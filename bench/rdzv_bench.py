@@ -2,10 +2,10 @@
 
 (a) rendezvous: K agents (K = 2, 4, 8, 16, 32 by default) started at once, each
       --nnodes=K --nproc-per-node=1 --rdzv-backend=c10d --rdzv-endpoint=127.0.0.1:PORT
-      --rdzv-id=ID --max-restarts=0 --monitor-interval=0.1 --no-python PYTHON rdzv_worker.py OUT
+      --rdzv-id=ID --max-restarts=0 --monitor-interval=0.1 --no-python dlrun-rdzv-probe OUT
     (torchrun gets the underscore spellings, which are all torch 1.13 knows; the monitor interval
-    only makes torchrun's agents exit sooner, after the measurement). Every worker records
-    time.time() at its start with RANK, WORLD_SIZE and GROUP_RANK, then exits 0. Measured: from
+    only makes torchrun's agents exit sooner, after the measurement). Every worker (a compiled
+    probe, so no tool pays for Python start-ups) records the time at its start with RANK, WORLD_SIZE and GROUP_RANK, then exits 0. Measured: from
     just before the first agent is launched to the latest worker start. A run counts when every
     rank 0..K-1 and group rank 0..K-1 started once with WORLD_SIZE K and every agent exited 0.
     Each run has a fresh port and rendezvous id. Runs alternate between the tools, K ascending.
@@ -19,7 +19,7 @@
 
 Every process is stopped by PID in a finally block: each agent, the processes below it (their
 PIDs and start times taken just before it is killed), and every worker that recorded itself
-(if /proc says it still runs rdzv_worker.py). Agents get PR_SET_PDEATHSIG, so they die if this
+(if /proc says it still runs the probe). Agents get PR_SET_PDEATHSIG, so they die if this
 script does. A failed run prints why (the last line its agent logged) and the benchmark goes on.
 """
 
@@ -38,11 +38,11 @@ import time
 import uuid
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-WORKER = os.path.join(HERE, "rdzv_worker.py")
 POLL_S = 0.01             # how often a deadline-bounded wait looks again
 EXIT_TIMEOUT_S = 30       # agents must exit this long after their workers did
 KILL_WAIT_S = 10
 PR_SET_PDEATHSIG = 1
+WORKER_NAME = b"dlrun-rdzv-probe"
 _libc = ctypes.CDLL(None, use_errno=True)
 
 # Runs per K of (a): (dlrun, torchrun). torchrun's agents each import torch (about 1.5 s of CPU),
@@ -150,11 +150,11 @@ def kill_agent(agent):
 
 
 def kill_worker(pid):
-    """SIGKILLs pid if /proc says it still runs rdzv_worker.py (not a reused PID)."""
+    """SIGKILLs pid if /proc says it still runs the probe worker (not a reused PID)."""
     started = start_time(pid)
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
-            ours = WORKER.encode() in f.read()
+            ours = WORKER_NAME in f.read()
     except OSError:
         ours = False
     if ours:
@@ -268,11 +268,11 @@ def listening(port):
 
 # --- (a) rendezvous ------------------------------------------------------------------------
 
-def rendezvous_run(tool, k, python, scratch, timeout):
+def rendezvous_run(tool, k, worker, scratch, timeout):
     """Seconds from launching the first of k agents to the last worker's start."""
     job = Job(scratch, tool)
     try:
-        argv = tool.argv(k, job.port, job.rdzv_id, 0, [python, WORKER, job.out])
+        argv = tool.argv(k, job.port, job.rdzv_id, 0, [worker, job.out])
         t0 = time.time()
         for _ in range(k):
             job.start(argv)
@@ -292,7 +292,7 @@ def rendezvous_run(tool, k, python, scratch, timeout):
         job.stop()
 
 
-def run_rendezvous(tools, ks, python, scratch, budget_s):
+def run_rendezvous(tools, ks, worker, scratch, budget_s):
     """Runs (a); returns {(tool name, k): [seconds]}, {(tool name, k): why it failed} and the
     keys that got fewer runs than planned because the budget ran out."""
     end = time.monotonic() + budget_s
@@ -317,7 +317,7 @@ def run_rendezvous(tools, ks, python, scratch, budget_s):
                     continue
                 started = time.monotonic()
                 try:
-                    times[key].append(rendezvous_run(tool, k, python, scratch, 30 + 3 * k))
+                    times[key].append(rendezvous_run(tool, k, worker, scratch, 30 + 3 * k))
                     print(f"rdzv_bench: {tool.name} K={k}: {times[key][-1] * 1e3:.0f} ms",
                           file=sys.stderr)
                 except Failed as why:
@@ -334,13 +334,13 @@ def run_rendezvous(tools, ks, python, scratch, budget_s):
 RECOVERY_CONF = "last_call_timeout=1"
 
 
-def recovery_run(tool, python, scratch, cap_s, timeout):
+def recovery_run(tool, worker, scratch, cap_s, timeout):
     """Seconds from SIGKILL of one of 3 agents to the start of both survivors' new workers, or
     None if they did not start within cap_s."""
     job = Job(scratch, tool)
     try:
         argv = tool.argv("2:3", job.port, job.rdzv_id, 3,
-                         [python, WORKER, job.out, job.stop_file], conf=RECOVERY_CONF)
+                         [worker, job.out, job.stop_file], conf=RECOVERY_CONF)
         job.start(argv)
         deadline = time.monotonic() + timeout
         while not listening(job.port):
@@ -380,14 +380,14 @@ def recovery_run(tool, python, scratch, cap_s, timeout):
         job.stop()
 
 
-def run_recovery(tools, python, scratch, cap_s, repeats):
+def run_recovery(tools, worker, scratch, cap_s, repeats):
     results, failed = {}, {}
     for round_ in range(max(repeats[t.name] for t in tools)):
         for tool in tools:
             if tool.name in failed or round_ >= repeats[tool.name]:
                 continue
             try:
-                seconds = recovery_run(tool, python, scratch, cap_s, timeout=60)
+                seconds = recovery_run(tool, worker, scratch, cap_s, timeout=60)
             except Failed as why:
                 failed[tool.name] = str(why)
                 print(f"rdzv_bench: recovery, {tool.name} failed: {why}", file=sys.stderr)
@@ -477,7 +477,8 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--dlrun", required=True)
     parser.add_argument("--torchrun", nargs="+", help="argv prefix that runs torchrun")
-    parser.add_argument("--python", default="/usr/bin/python3", help="runs the worker")
+    parser.add_argument("--worker", required=True,
+                        help="the worker executable (dlrun-rdzv-probe), the same for every tool")
     parser.add_argument("--ks", default="2,4,8,16,32")
     parser.add_argument("--only", choices=("rendezvous", "recovery"))
     parser.add_argument("--budget", type=float, default=200,
@@ -494,11 +495,11 @@ def main():
     scratch = tempfile.mkdtemp(prefix="rdzv-bench-")
     try:
         if args.only in (None, "rendezvous"):
-            times, failed, short = run_rendezvous(tools, ks, args.python, scratch, args.budget)
+            times, failed, short = run_rendezvous(tools, ks, args.worker, scratch, args.budget)
             report_rendezvous(tools, ks, times, failed, short)
         if args.only in (None, "recovery"):
             dl, tr = (int(x) for x in args.recovery_repeats.split(","))
-            results, failed = run_recovery(tools, args.python, scratch, args.recovery_cap,
+            results, failed = run_recovery(tools, args.worker, scratch, args.recovery_cap,
                                            {"dlrun": dl, "torchrun": tr})
             report_recovery(tools, results, failed, args.recovery_cap)
     finally:

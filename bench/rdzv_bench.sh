@@ -48,6 +48,9 @@ dlrun=$build/bin/dlrun
 python=${PYTHON:-/usr/bin/python3}
 [[ -x $dlrun ]] || { echo "rdzv_bench.sh: $dlrun not found; build first" >&2; exit 2; }
 dlrun=$(realpath "$dlrun")
+probe=$build/bin/dlrun-rdzv-probe
+[[ -x $probe ]] || { echo "rdzv_bench.sh: $probe not found; build first" >&2; exit 2; }
+probe=$(realpath "$probe")
 
 torchrun_args=()
 if [[ $torchrun == yes ]]; then
@@ -66,7 +69,7 @@ trap 'exit 143' TERM
 # Other work on the machine skews the wall-clock numbers far more than run-to-run noise.
 echo "load average at start: $(cut -d ' ' -f 1-3 /proc/loadavg)"
 status=0
-"$python" "$here/rdzv_bench.py" --dlrun "$dlrun" "${torchrun_args[@]}" --python "$python" \
+"$python" "$here/rdzv_bench.py" --dlrun "$dlrun" "${torchrun_args[@]}" --worker "$probe" \
   --ks "$ks" --budget "${BUDGET_SECONDS:-200}" "${only[@]}" || status=$?
 echo "load average at end: $(cut -d ' ' -f 1-3 /proc/loadavg)"
 exit "$status"

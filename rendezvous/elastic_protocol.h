@@ -13,6 +13,7 @@
 //   r/R/N/roster       every worker's "host:port" in RANK order (TF_CONFIG)
 //   r/R/end            the RoundEnd; first writer wins. Everyone running waits on this key.
 //   r/R/done           members whose workers all succeeded; the last sets end = Finished
+//   r/R/spares         agents waiting for a place while round R runs at its maximum
 #pragma once
 
 #include <cstdint>
@@ -43,6 +44,7 @@ class Keys {
   }
   std::string end(int round) const { return roundKey(round, "end"); }
   std::string done(int round) const { return roundKey(round, "done"); }
+  std::string spares(int round) const { return roundKey(round, "spares"); }
 
  private:
   std::string roundKey(int round, const std::string& leaf) const {

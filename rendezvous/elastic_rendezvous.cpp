@@ -114,7 +114,10 @@ int ElasticRendezvous::targetSize(int round) const {
   // After a round ends, its members come back: close as soon as they all have (plus the node
   // that asked to join), without waiting out the last call.
   if (!ended_ || ended_->round != round - 1) return options_.maxNodes;
-  const int expected = ended_->members + (ended_->kind == RoundEnd::Kind::NodeJoined ? 1 : 0);
+  using Kind = RoundEnd::Kind;
+  const int expected = ended_->members + ended_->spares +
+                       (ended_->kind == Kind::NodeJoined ? 1 : 0) -
+                       (ended_->kind == Kind::NodeLost ? 1 : 0);
   return std::clamp(expected, options_.minNodes, options_.maxNodes);
 }
 
@@ -220,16 +223,21 @@ ElasticRendezvous::Step ElasticRendezvous::afterLateArrival(int round, int membe
                     .node = options_.self.name + " (" + options_.self.addr + ")"};
     lease_->compareSet(keys_.end(round), "", elastic::encode(joined));
   } else {
-    log::info("the job runs at its maximum of " + std::to_string(members) +
-              " nodes; waiting as a spare");
+    log::info("the job runs on its maximum number of nodes (" + std::to_string(members) +
+              "); waiting as a spare");
+    lease_->add(keys_.spares(round), 1);
   }
   // A spare waits as long as the job runs: it takes the place of a node that fails.
   while (!waitChunk(keys_.end(round))) {
   }
   RoundEnd end = readEnd(round);
-  ended_ = Ended{round, members, end.kind};
+  ended_ = Ended{round, members, spares(round), end.kind};
   if (end.kind == RoundEnd::Kind::Finished || (end.countsAsFailure() && end.final)) return end;
   return NextRound{};
+}
+
+int ElasticRendezvous::spares(int round) {
+  return static_cast<int>(lease_->add(keys_.spares(round), 0));
 }
 
 RoundEnd ElasticRendezvous::readEnd(int round) {
@@ -243,7 +251,7 @@ RoundEnd ElasticRendezvous::awaitEnd() {
     while (!waitChunk(keys_.end(member_->round))) {
     }
     RoundEnd end = readEnd(member_->round);
-    ended_ = Ended{member_->round, member_->members, end.kind};
+    ended_ = Ended{member_->round, member_->members, spares(member_->round), end.kind};
     return end;
   } catch (const Error& e) {
     if (dynamic_cast<const ProtocolError*>(&e)) throw;

@@ -74,6 +74,7 @@ class ElasticRendezvous : public Rendezvous {
   struct Ended {      // the last round this node saw end
     int round = 0;
     int members = 0;
+    int spares = 0;   // agents that waited for a place in it
     RoundEnd::Kind kind{};
   };
   // What a round gave this node: a place, the job's end, or a reason to try the next round.
@@ -87,6 +88,7 @@ class ElasticRendezvous : public Rendezvous {
   World memberWorld(int round, int index, int members);
   Step afterLateArrival(int round, int members);
   RoundEnd readEnd(int round);
+  int spares(int round);
   int targetSize(int round) const;
   void advanceCurrent(int toRound);
   bool waitChunk(const std::string& key);
