@@ -154,7 +154,7 @@ ElasticRendezvous::Step ElasticRendezvous::tryRound(int round, Clock::time_point
                          joinHostPort(options_.storeHost, options_.storePort) + ")");
     }
   }
-  const std::string closed = lease_->get(keys_.closed(round));
+  const std::string closed = lease_->peek({keys_.closed(round)})[0];
   if (closed == elastic::kAborted) {
     if (candidate) lease_->deleteKey(keys_.node(round, index));
     return NextRound{};
@@ -175,11 +175,9 @@ void ElasticRendezvous::closeRound(int round) {
     if (lease_->check({keys_.closed(round)})) return;
   }
   std::vector<elastic::NodeRecord> records;
-  try {
-    for (const std::string& text : lease_->multiGet(nodes))
-      records.push_back(elastic::decodeNodeRecord(text));
-  } catch (const TimeoutError&) {
-    return;  // a record vanished with its lease: the round is aborted
+  for (const std::string& text : lease_->peek(nodes)) {
+    if (text.empty()) return;  // a record vanished with its lease: the round is aborted
+    records.push_back(elastic::decodeNodeRecord(text));
   }
   const elastic::Plan plan = elastic::planRound(records);
   std::vector<std::string> keys, values;
@@ -196,7 +194,7 @@ void ElasticRendezvous::closeRound(int round) {
 World ElasticRendezvous::memberWorld(int round, int index, int members) {
   std::vector<std::string> keys{keys_.assignment(round, members, index)};
   if (options_.fetchRoster) keys.push_back(keys_.roster(round, members));
-  const auto texts = lease_->multiGet(keys);
+  const auto texts = lease_->peek(keys);  // written before the round closed
   const elastic::Assignment a = elastic::decodeAssignment(texts[0]);
   member_ = Member{round, index, members, a.failures};
   lastGroupRank_ = a.groupRank;
@@ -241,7 +239,7 @@ int ElasticRendezvous::spares(int round) {
 }
 
 RoundEnd ElasticRendezvous::readEnd(int round) {
-  RoundEnd end = elastic::decodeRoundEnd(lease_->get(keys_.end(round)));
+  RoundEnd end = elastic::decodeRoundEnd(lease_->peek({keys_.end(round)})[0]);
   if (end.countsAsFailure()) failures_ = end.failures;
   return end;
 }

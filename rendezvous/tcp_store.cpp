@@ -233,6 +233,10 @@ void TcpStore::append(const std::string& key, const std::string& value) {
 
 std::vector<std::string> TcpStore::multiGet(const std::vector<std::string>& keys) {
   wait(keys, options_.timeout);
+  return peek(keys);
+}
+
+std::vector<std::string> TcpStore::peek(const std::vector<std::string>& keys) {
   return locked([&] {
     send(keysRequest(Op::MultiGet, keys));
     std::vector<std::string> values;

@@ -38,6 +38,7 @@ TEST_F(TcpStoreTest, EveryOperation) {
   store.append("l", "cd");
   store.multiSet({"m1", "m2"}, {"1", "2"});
   EXPECT_EQ(store.multiGet({"l", "m1", "m2"}), (std::vector<std::string>{"abcd", "1", "2"}));
+  EXPECT_EQ(store.peek({"m2", "absent"}), (std::vector<std::string>{"2", ""}));  // no wait
   EXPECT_EQ(store.numKeys(), 5);
   EXPECT_TRUE(store.deleteKey("l"));
   EXPECT_FALSE(store.deleteKey("l"));
