@@ -9,8 +9,8 @@ import socket
 import time
 import unittest
 
-from dlrun_fixture import (PYTHON, Dlrun, clean_env, kill_recorded_workers, main, read_json,
-                           temp_dir, wait_until, worker)
+from dlrun_fixture import (PYTHON, Dlrun, clean_env, is_running, kill_recorded_workers, main,
+                           read_json, temp_dir, wait_until, worker)
 
 WORKER = worker("elastic_worker.py")
 JOB_TIMEOUT_S = 60
@@ -111,6 +111,23 @@ class MultiNodeTest(unittest.TestCase):
         self.assertIn("rank 3", reports[0])
         self.assertIn("exit code 3", reports[0])
         self.assertIn("after 1 restart", reports[0])
+
+    def test_a_node_that_finished_first_keeps_the_job_open_for_the_others(self):
+        stop = os.path.join(temp_dir(self), "stop")
+        agents = self.start_agents(2, "2", ["--until-file", stop, "--hold-ranks", "2,3"])
+        starts = self.wait_for_starts(4, agents)
+        finished = [s["pid"] for s in starts if int(s["env"]["RANK"]) < 2]
+        wait_until(lambda: not any(is_running(pid) for pid in finished), JOB_TIMEOUT_S,
+                   "ranks 0 and 1 to exit")
+        # Group rank 0's workers are done; its agent waits for the job, which goes on.
+        agent_of_rank0 = next(s["ppid"] for s in starts if s["env"]["RANK"] == "0")
+        done_agent = next(a for a in agents if a.pid == agent_of_rank0)
+        self.assertIsNone(done_agent.proc.poll(), done_agent.describe())
+        with open(stop, "w"):
+            pass
+        for r in self.finish(agents):
+            self.assertEqual(r.returncode, 0, r)
+        self.assertEqual(len(self.starts()), 4)  # nobody restarted
 
     def test_a_second_job_shape_under_the_same_id_is_refused(self):
         agents = self.start_agents(1, "1:3", ["--wait"], nproc=1,

@@ -1,12 +1,13 @@
 """A worker of the multi-node tests: records its start, then does what the flags say.
 
 Usage: elastic_worker.py OUT_DIR [--allreduce] [--fail-rank R --fail-rounds N] [--wait]
-                         [--until-file PATH]
+                         [--until-file PATH [--hold-ranks R,R...]]
 Writes OUT_DIR/start_<restart count>_<rank>_<pid>.json with the time, its pid and the
 variables dlrun set. --allreduce runs a torch gloo all-reduce over the whole world (env://,
 dlrun's store) and records the sum. --fail-rank exits 3 on that rank while
 TORCHELASTIC_RESTART_COUNT < N (N = -1: always). --wait blocks until a signal stops it;
---until-file exits 0 once PATH exists (or 4 after worker_util.MAX_WAIT_S).
+--until-file exits 0 once PATH exists (or 4 after worker_util.MAX_WAIT_S); with --hold-ranks
+only those ranks wait for it, the others exit 0 at once.
 """
 import argparse
 import os
@@ -40,10 +41,12 @@ def main():
     parser.add_argument("--fail-rounds", type=int, default=0)
     parser.add_argument("--wait", action="store_true")
     parser.add_argument("--until-file")
+    parser.add_argument("--hold-ranks")
     args = parser.parse_args()
     rank = int(os.environ["RANK"])
     attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
-    record = {"time": time.time(), "pid": os.getpid(), "host": socket.gethostname(),
+    record = {"time": time.time(), "pid": os.getpid(), "ppid": os.getppid(),
+              "host": socket.gethostname(),
               "env": {k: os.environ.get(k) for k in VARIABLES}}
     if args.allreduce:
         record["sum"] = allreduce(rank)
@@ -53,7 +56,8 @@ def main():
         return 3
     if args.wait:
         wait_to_be_stopped()
-    if args.until_file:
+    held = args.hold_ranks is None or str(rank) in args.hold_ranks.split(",")
+    if args.until_file and held:
         deadline = time.monotonic() + MAX_WAIT_S
         while not os.path.exists(args.until_file):
             if time.monotonic() >= deadline:
