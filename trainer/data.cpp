@@ -149,7 +149,8 @@ IdxFile readIdx(const std::string& requestedPath, int expectedDims) {
   std::string shape;
   for (int i = 0; i < expectedDims; ++i) {
     idx.dims.push_back(bigEndian32(&header[4 * i]));
-    shape += (i ? "x" : "") + std::to_string(idx.dims.back());
+    if (i) shape += 'x';
+    shape += std::to_string(idx.dims.back());
   }
   uint64_t size = 1;
   for (const uint32_t dim : idx.dims) {
