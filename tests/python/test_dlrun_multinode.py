@@ -4,6 +4,7 @@ Each agent is a separate dlrun process, as on separate nodes; they meet at one e
 the first agent to bind serves the store. Workers record what dlrun gave them in files.
 """
 import glob
+import json
 import os
 import socket
 import time
@@ -23,14 +24,18 @@ def free_port():
 
 
 class MultiNodeTest(unittest.TestCase):
-    def start_agents(self, count, nnodes, worker_args, nproc=2, extra=()):
+    def start_agents(self, count, nnodes, worker_args, nproc=2, extra=(), host="127.0.0.1",
+                     per_agent=None):
+        """Starts `count` agents; per_agent(i) gives agent i's own extra flags."""
         self.out = temp_dir(self)
         self.addCleanup(kill_recorded_workers, self.out)
         self.port = free_port()
+        endpoint = f"[{host}]:{self.port}" if ":" in host else f"{host}:{self.port}"
         args = [f"--nnodes={nnodes}", f"--nproc-per-node={nproc}", "--rdzv-backend=c10d",
-                f"--rdzv-endpoint=127.0.0.1:{self.port}", f"--rdzv-id=job{self.port}", *extra,
-                PYTHON, WORKER, self.out, *worker_args]
-        return [Dlrun(self, args, env=clean_env()) for _ in range(count)]
+                f"--rdzv-endpoint={endpoint}", f"--rdzv-id=job{self.port}", *extra]
+        tail = [PYTHON, WORKER, self.out, *worker_args]
+        return [Dlrun(self, [*args, *(per_agent(i) if per_agent else []), *tail], env=clean_env())
+                for i in range(count)]
 
     def starts(self):
         return [read_json(p) for p in glob.glob(os.path.join(self.out, "start_*.json"))]
@@ -140,6 +145,26 @@ class MultiNodeTest(unittest.TestCase):
         self.assertEqual(other.returncode, 2, other)
         self.assertIn("--nnodes=1:3", "\n".join(other.dlrun_lines()))
         agents[0].kill()
+
+    def test_local_addr_is_published_and_orders_the_group_ranks(self):
+        # Started in reverse order: the numeric address, not arrival, decides the group rank.
+        addresses = ["127.0.0.3", "127.0.0.2"]
+        agents = self.start_agents(2, "2", [], nproc=1,
+                                   per_agent=lambda i: [f"--local-addr={addresses[i]}"])
+        for r in self.finish(agents):
+            self.assertEqual(r.returncode, 0, r)
+        for s in self.starts():
+            workers = json.loads(s["env"]["TF_CONFIG"])["cluster"]["worker"]
+            self.assertEqual([w.rsplit(":", 1)[0] for w in workers], ["127.0.0.2", "127.0.0.3"])
+
+    def test_an_ipv6_endpoint(self):
+        agents = self.start_agents(2, "2", [], nproc=1, host="::1")
+        for r in self.finish(agents):
+            self.assertEqual(r.returncode, 0, r)
+        for s in self.starts():
+            self.assertEqual(s["env"]["MASTER_ADDR"], "::1")
+            self.assertTrue(json.loads(s["env"]["TF_CONFIG"])["cluster"]["worker"][0]
+                            .startswith("[::1]:"))
 
     def test_an_unreachable_endpoint_fails_after_the_join_timeout(self):
         args = ["--nnodes=2", "--nproc-per-node=1", "--rdzv-backend=c10d",
