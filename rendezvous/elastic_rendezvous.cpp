@@ -7,6 +7,7 @@
 #include "common/log.h"
 #include "rendezvous/local_rendezvous.h"
 #include "rendezvous/tcp_store.h"
+#include "rendezvous/tcp_stream.h"
 
 namespace dlrun::rendezvous {
 
@@ -50,6 +51,7 @@ void ElasticRendezvous::connect(Clock::time_point deadline) {
       .connectTimeout = options_.heartbeat,
       .reconnect = false,  // a silent reconnect would drop this connection's lease
   };
+  std::optional<Clock::time_point> refusedSince;
   while (true) {
     try {
       auto lease = std::make_unique<TcpStore>(store);
@@ -62,11 +64,19 @@ void ElasticRendezvous::connect(Clock::time_point deadline) {
       return;
     } catch (const Error& e) {
       if (dynamic_cast<const ProtocolError*>(&e)) throw;
+      const std::string where = joinHostPort(options_.storeHost, options_.storePort);
+      // After a loss, a store that refuses (rather than a network that drops) is gone for
+      // good: the agent that served it has exited, and its keys with it.
+      const bool refused = dynamic_cast<const ConnectionRefused*>(&e) != nullptr;
+      if (!refused) refusedSince.reset();
+      else if (!refusedSince) refusedSince = Clock::now();
+      if (reconnect_ && refusedSince && Clock::now() - *refusedSince >= options_.leaseTtl)
+        throw NetworkError("the rendezvous store at " + where +
+                           " is gone (connection refused): the agent that served it has "
+                           "exited, so this job cannot go on");
       std::lock_guard lock(connectionMutex_);
       if (interrupted_ || Clock::now() >= deadline)
-        throw NetworkError("cannot reach the rendezvous store at " +
-                           joinHostPort(options_.storeHost, options_.storePort) + ": " +
-                           e.what());
+        throw NetworkError("cannot reach the rendezvous store at " + where + ": " + e.what());
     }
   }
 }

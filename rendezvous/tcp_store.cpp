@@ -85,9 +85,12 @@ void TcpStore::connect() {
       if (abortPending()) throw;
       // Retrying covers a server that is still starting; the deadline bounds it.
       const auto pause = backoff.next();
-      if (Clock::now() + pause >= deadline)
-        throw TimeoutError(std::string(e.what()) + " (gave up after " +
-                           std::to_string(options_.connectTimeout.count()) + " ms)");
+      if (Clock::now() + pause >= deadline) {
+        const std::string message = std::string(e.what()) + " (gave up after " +
+                                    std::to_string(options_.connectTimeout.count()) + " ms)";
+        if (dynamic_cast<const ConnectionRefused*>(&e)) throw ConnectionRefused(message);
+        throw TimeoutError(message);
+      }
       std::this_thread::sleep_for(pause);
     }
   }

@@ -25,13 +25,16 @@ int remainingMs(Clock::time_point deadline) {
 }
 
 // Starts a non-blocking connect to one address and waits for it by the deadline.
-int connectOne(const addrinfo& ai, Clock::time_point deadline, std::string& error) {
+int connectOne(const addrinfo& ai, Clock::time_point deadline, std::string& error,
+               bool& refused) {
+  refused = false;
   int fd = ::socket(ai.ai_family, ai.ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, ai.ai_protocol);
   if (fd < 0) {
     error = systemError("socket");
     return -1;
   }
   if (::connect(fd, ai.ai_addr, ai.ai_addrlen) != 0 && errno != EINPROGRESS) {
+    refused = errno == ECONNREFUSED;
     error = systemError("connect");
     ::close(fd);
     return -1;
@@ -50,6 +53,7 @@ int connectOne(const addrinfo& ai, Clock::time_point deadline, std::string& erro
   }
   ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &soError, &len);
   if (soError != 0) {
+    refused = soError == ECONNREFUSED;
     error = std::string("connect: ") + std::strerror(soError);
     ::close(fd);
     return -1;
@@ -76,12 +80,17 @@ TcpStream TcpStream::connect(const std::string& host, uint16_t port, Clock::time
   if (int rc = ::getaddrinfo(host.c_str(), service.c_str(), &hints, &list); rc != 0)
     throw NetworkError("cannot resolve '" + host + "': " + ::gai_strerror(rc));
   std::string error = "no address";
+  bool refused = false;
   int fd = -1;
   for (addrinfo* ai = list; ai != nullptr && fd < 0; ai = ai->ai_next) {
-    fd = connectOne(*ai, deadline, error);
+    fd = connectOne(*ai, deadline, error, refused);
   }
   ::freeaddrinfo(list);
-  if (fd < 0) throw NetworkError("cannot connect to " + host + ":" + service + ": " + error);
+  if (fd < 0) {
+    const std::string message = "cannot connect to " + host + ":" + service + ": " + error;
+    if (refused) throw ConnectionRefused(message);
+    throw NetworkError(message);
+  }
   return TcpStream(fd);
 }
 

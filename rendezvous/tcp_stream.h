@@ -1,6 +1,7 @@
 // A blocking TCP connection with deadlines: the transport of TcpStore, and of tests and the
 // benchmark that speak the wire protocol byte by byte. Each call takes an absolute deadline and
-// throws TimeoutError when it passes, NetworkError when the connection fails or the peer closes.
+// throws TimeoutError when it passes, NetworkError when the connection fails or the peer closes
+// (ConnectionRefused when nothing listens there).
 #pragma once
 
 #include <chrono>
@@ -8,12 +9,20 @@
 #include <string>
 #include <string_view>
 
+#include "common/error.h"
+
 namespace dlrun::rendezvous {
 
 using Clock = std::chrono::steady_clock;
 
 // "host:port", with an IPv6 address in brackets ("[::1]:29500").
 std::string joinHostPort(const std::string& host, uint16_t port);
+
+// Nothing listens at the address: the host answered, the server is not there.
+class ConnectionRefused : public NetworkError {
+ public:
+  using NetworkError::NetworkError;
+};
 
 class TcpStream {
  public:

@@ -166,6 +166,16 @@ class MultiNodeTest(unittest.TestCase):
             self.assertTrue(json.loads(s["env"]["TF_CONFIG"])["cluster"]["worker"][0]
                             .startswith("[::1]:"))
 
+    def test_when_the_store_serving_agent_dies_the_others_stop_instead_of_hanging(self):
+        stop = os.path.join(temp_dir(self), "stop")
+        agents = self.start_agents(2, "2", ["--until-file", stop], nproc=1,
+                                   per_agent=lambda i: [f"--rdzv-conf=is_host={int(i == 0)}"])
+        self.wait_for_starts(2, agents)
+        agents[0].proc.kill()  # SIGKILL: the store goes with it
+        other = agents[1].wait(JOB_TIMEOUT_S)
+        self.assertEqual(other.returncode, 1, other)
+        self.assertIn("is gone (connection refused)", other.dlrun_lines()[-1])
+
     def test_an_unreachable_endpoint_fails_after_the_join_timeout(self):
         args = ["--nnodes=2", "--nproc-per-node=1", "--rdzv-backend=c10d",
                 f"--rdzv-endpoint=127.0.0.1:{free_port()}", "--rdzv-conf=join_timeout=1,is_host=0",
