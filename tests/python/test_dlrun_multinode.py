@@ -31,10 +31,12 @@ class MultiNodeTest(unittest.TestCase):
         self.addCleanup(kill_recorded_workers, self.out)
         self.port = free_port()
         endpoint = f"[{host}]:{self.port}" if ":" in host else f"{host}:{self.port}"
-        args = [f"--nnodes={nnodes}", f"--nproc-per-node={nproc}", "--rdzv-backend=c10d",
-                f"--rdzv-endpoint={endpoint}", f"--rdzv-id=job{self.port}", *extra]
+        nprocs = nproc if isinstance(nproc, list) else [nproc] * count
+        args = [f"--nnodes={nnodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}",
+                f"--rdzv-id=job{self.port}", *extra]
         tail = [PYTHON, WORKER, self.out, *worker_args]
-        return [Dlrun(self, [*args, *(per_agent(i) if per_agent else []), *tail], env=clean_env())
+        return [Dlrun(self, [*args, f"--nproc-per-node={nprocs[i]}",
+                             *(per_agent(i) if per_agent else []), *tail], env=clean_env())
                 for i in range(count)]
 
     def starts(self):
@@ -80,6 +82,23 @@ class MultiNodeTest(unittest.TestCase):
         starts = self.starts()
         self.assertEqual(sorted(s["env"]["WORLD_SIZE"] for s in starts), [str(agents)] * agents)
         return launched, starts
+
+    def test_nodes_with_different_worker_counts_get_contiguous_ranks(self):
+        agents = self.start_agents(3, "3", ["--allreduce"], nproc=[1, 3, 2])
+        for r in self.finish(agents):
+            self.assertEqual(r.returncode, 0, r)
+        starts = self.starts()
+        self.assertEqual(sorted(int(s["env"]["RANK"]) for s in starts), list(range(6)))
+        by_node = {}
+        for s in starts:
+            self.assertEqual(s["env"]["WORLD_SIZE"], "6")
+            self.assertEqual(s["sum"], sum(range(1, 7)))
+            by_node.setdefault(s["ppid"], []).append(int(s["env"]["RANK"]))
+        # Each node holds a contiguous block of ranks, its size its worker count.
+        blocks = sorted(sorted(ranks) for ranks in by_node.values())
+        self.assertEqual(sorted(len(b) for b in blocks), [1, 2, 3])
+        for b in blocks:
+            self.assertEqual(b, list(range(b[0], b[0] + len(b))))
 
     def test_an_elastic_range_closes_after_the_last_call_window(self):
         launched, starts = self.run_elastic_range(3, 1.5)
