@@ -123,7 +123,7 @@ int launchMultiNode(const LaunchConfig& config) {
   const std::string addr =
       config.localAddr ? rendezvous::resolveNumeric(*config.localAddr, "--local-addr")
                        : rendezvous::localAddressToward(plan.host, plan.port);
-  const std::string name = hostName();
+  const std::string name = config.nodeName.value_or(hostName());
   const bool isStatic = config.rdzvBackend == "static";
   int code;
   {

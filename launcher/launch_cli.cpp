@@ -11,6 +11,7 @@
 #include "common/error.h"
 #include "common/cli.h"
 #include "launcher/version.h"
+#include "rendezvous/tcp_stream.h"
 
 namespace dlrun::launcher {
 namespace {
@@ -107,6 +108,17 @@ std::vector<std::string> resolveCommand(const std::string& entry,
   throw ConfigError("entry point '" + entry + "' not found: neither a file nor a program on PATH");
 }
 
+// Slurm's settings where the user gave no flag (slurm/discovery.h says which is which).
+void applySlurm(const slurm::Settings& s, LaunchConfig& c) {
+  if (s.rdzvId) c.rdzvId = *s.rdzvId;
+  if (s.nnodes) c.minNodes = c.maxNodes = *s.nnodes;
+  if (s.nodeRank) c.nodeRank = s.nodeRank;
+  if (s.nprocPerNode) c.nprocPerNode = *s.nprocPerNode;
+  if (s.endpointHost) c.rdzvEndpoint = rendezvous::joinHostPort(*s.endpointHost, *s.endpointPort);
+  if (!c.rdzv.isHost) c.rdzv.isHost = s.servesStore;
+  if (s.nodeName) c.nodeName = s.nodeName;
+}
+
 }  // namespace
 
 HostProbe HostProbe::real() {
@@ -143,6 +155,13 @@ HostProbe HostProbe::real() {
   host.selfDir = fs::read_symlink("/proc/self/exe", ec).parent_path();
   const char* python = std::getenv("PYTHON_EXEC");
   host.pythonExec = python && *python ? python : "python3";
+  for (char** entry = environ; *entry; ++entry) {
+    const std::string_view text(*entry);
+    const size_t eq = text.find('=');
+    if (eq != std::string_view::npos &&
+        (text.starts_with("SLURM") || text.substr(0, eq) == "DLRUN_SLURM"))
+      host.env.emplace(text.substr(0, eq), text.substr(eq + 1));
+  }
   return host;
 }
 
@@ -301,7 +320,8 @@ LaunchParse parseDlrunArgs(const std::vector<std::string>& args, const HostProbe
       "dlrun");
   app.option_defaults()->always_capture_default();
   app.prefix_command();  // everything from the entry point on belongs to the workers
-  addOption(app, "nnodes", nnodes, "Number of nodes, N or MIN:MAX for an elastic job");
+  auto* nnodesOption =
+      addOption(app, "nnodes", nnodes, "Number of nodes, N or MIN:MAX for an elastic job");
   addOption(app, "nproc-per-node", nproc, "Workers per node: N, cpu, gpu or auto");
   int nodeRank = -1;
   addOption(app, "node-rank", nodeRank,
@@ -310,10 +330,16 @@ LaunchParse parseDlrunArgs(const std::vector<std::string>& args, const HostProbe
   std::string backend;
   addOption(app, "rdzv-backend", backend,
             "Rendezvous backend: c10d (the default) or static (the default with --master-addr "
-            "or --master-port and no --rdzv-endpoint)")
-      ->check(CLI::IsMember({"static", "c10d", "etcd", "etcd-v2"}));
-  addOption(app, "rdzv-endpoint", c.rdzvEndpoint, "HOST[:PORT] of the rendezvous store");
-  addOption(app, "rdzv-id", c.rdzvId, "Job id shared by every node of one job");
+            "or --master-port and no --rdzv-endpoint); slurm: c10d set up from the Slurm "
+            "allocation, which must exist")
+      ->check(CLI::IsMember({"static", "c10d", "slurm", "etcd", "etcd-v2"}));
+  auto* endpointOption =
+      addOption(app, "rdzv-endpoint", c.rdzvEndpoint, "HOST[:PORT] of the rendezvous store");
+  auto* rdzvIdOption =
+      addOption(app, "rdzv-id", c.rdzvId, "Job id shared by every node of one job");
+  bool noSlurm = false;
+  addFlag(app, "no-slurm", noSlurm,
+          "Ignore the Slurm allocation dlrun runs in (as DLRUN_SLURM=0 does)");
   addOption(app, "rdzv-conf", rdzvConf, "Backend settings as key=value,key2=value2");
   addFlag(app, "standalone", c.standalone,
           "One node with its own store on a free port; no rendezvous flags needed");
@@ -373,17 +399,38 @@ LaunchParse parseDlrunArgs(const std::vector<std::string>& args, const HostProbe
   // torchrun's classic static launch (--master-addr/--master-port) keeps working unchanged;
   // anything else several nodes run defaults to the elastic c10d rendezvous.
   const bool staticFlags = masterAddrOption->count() > 0 || masterPortOption->count() > 0;
-  c.rdzvBackend = !backend.empty()                            ? backend
+  c.rdzvBackend = !backend.empty() && backend != "slurm"     ? backend
                   : staticFlags && c.rdzvEndpoint.empty() ? "static"
                                                               : "c10d";
   if (c.standalone) {
     if (c.maxNodes != 1) throw ConfigError("--standalone runs one node; drop --nnodes=" + nnodes);
+    if (backend == "slurm") throw ConfigError("--standalone and --rdzv-backend=slurm conflict");
     c.rdzvBackend = "c10d";
+  }
+  // Inside an allocation Slurm fills in what the flags leave open; --rdzv-backend=slurm
+  // insists on it, --standalone and --no-slurm (DLRUN_SLURM=0) turn it off.
+  if (backend == "slurm") {
+    if (noSlurm) throw ConfigError("--rdzv-backend=slurm and --no-slurm conflict");
+    if (!host.env.contains("SLURM_JOB_ID"))
+      throw ConfigError("--rdzv-backend=slurm: SLURM_JOB_ID is unset, so this is no Slurm "
+                        "allocation; start dlrun with srun, or use --rdzv-backend=c10d");
+  }
+  if (backend == "slurm" || (!noSlurm && !c.standalone && slurm::detected(host.env))) {
+    applySlurm(slurm::discover(host.env,
+                               {.nnodes = nnodesOption->count() > 0,
+                                .nodeRank = nodeRank >= 0,
+                                .rdzvEndpoint = endpointOption->count() > 0 ||
+                                                c.rdzvBackend != "c10d",
+                                .rdzvId = rdzvIdOption->count() > 0,
+                                .nprocAuto = nproc == "auto"}),
+               c);
   }
   if (c.maxNodes > 1 && c.rdzvBackend == "static" && c.minNodes != c.maxNodes)
     throw ConfigError("--nnodes=" + nnodes + ": an elastic range needs --rdzv-backend=c10d");
-  if (c.nodeRank && *c.nodeRank >= c.maxNodes)
-    throw ConfigError("--node-rank " + std::to_string(*c.nodeRank) + " is not below --nnodes " +
+  // A c10d rank hint from Slurm may exceed the maximum: spare nodes carry the higher ids.
+  if (c.nodeRank && *c.nodeRank >= c.maxNodes && (nodeRank >= 0 || c.rdzvBackend == "static"))
+    throw ConfigError((nodeRank >= 0 ? "--node-rank " : "node rank (SLURM_NODEID) ") +
+                      std::to_string(*c.nodeRank) + " is not below --nnodes " +
                       std::to_string(c.maxNodes));
 
   c.entrypoint = rest.front();

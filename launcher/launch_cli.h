@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "launcher/launch_config.h"
+#include "slurm/discovery.h"
 
 namespace dlrun::launcher {
 
@@ -22,6 +23,7 @@ struct HostProbe {
   std::function<bool(const std::string&)> fileExists;
   std::string selfDir;        // where dlrun lives: the bundled dlrun-train sits beside it
   std::string pythonExec;     // PYTHON_EXEC, or "python3"
+  slurm::Environment env;     // the SLURM*, and DLRUN_SLURM, variables (Slurm discovery)
   static HostProbe real();
 };
 

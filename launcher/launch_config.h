@@ -44,6 +44,7 @@ struct LaunchConfig {
   std::optional<std::set<int>> localRanksFilter;  // console shows only these local ranks
   std::string logLinePrefixTemplate = "[${rank}]:";
   std::optional<std::string> localAddr;
+  std::optional<std::string> nodeName;  // this node in messages (SLURMD_NODENAME), else hostname
   std::string masterAddr = "127.0.0.1";
   std::optional<uint16_t> masterPort;  // unset: a free port on the single-node path
 

@@ -15,6 +15,7 @@ packages=(
   clang libclang-rt-14-dev              # libFuzzer for the wire-parser fuzz test
   python3-torch libtorch-dev            # real TCPStore clients (Python, C++), real DDP workers
   iproute2 util-linux                   # simulated hosts (scripts/netns.sh): ip, unshare, nsenter
+  libslurm-dev slurm-wlm munge          # Slurm: libslurm's hostlists, a local cluster for tests
 )
 
 missing=()

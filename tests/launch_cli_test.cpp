@@ -400,6 +400,104 @@ TEST(ParseDlrunArgs, BackendDefaultsToC10dUnlessTheClassicStaticFlagsAreGiven) {
             "c10d");
 }
 
+// --- inside a Slurm allocation -----------------------------------------------------------
+
+// The task of node `nodeId` in a step over node[1-4] of job 4242 (srun --ntasks-per-node=1).
+HostProbe slurmHost(int nodeId, slurm::Environment extra = {}) {
+  HostProbe host = fakeHost();
+  host.env = {{"SLURM_JOB_ID", "4242"},          {"SLURM_JOB_NODELIST", "node[1-4]"},
+              {"SLURM_STEP_NODELIST", "node[1-4]"}, {"SLURM_NNODES", "4"},
+              {"SLURM_STEP_NUM_NODES", "4"},     {"SLURM_NODEID", std::to_string(nodeId)},
+              {"SLURM_STEP_ID", "0"},            {"SLURM_CPUS_ON_NODE", "3"},
+              {"SLURMD_NODENAME", "node" + std::to_string(nodeId + 1)}};
+  for (auto& [key, value] : extra) host.env[key] = value;
+  return host;
+}
+
+TEST(ParseDlrunArgsInSlurm, AStepNeedsNoOtherFlag) {
+  const auto c = parse({"--nproc-per-node=4", "env"}, slurmHost(2));
+  EXPECT_EQ(c.rdzvBackend, "c10d");
+  EXPECT_EQ(c.minNodes, 4);
+  EXPECT_EQ(c.maxNodes, 4);
+  EXPECT_EQ(c.rdzvId, "4242");
+  EXPECT_EQ(c.rdzvEndpoint, "node1:29642");
+  EXPECT_EQ(c.nodeRank, 2);
+  EXPECT_EQ(c.nodeName, "node3");
+  EXPECT_EQ(c.rdzv.isHost, false);
+  EXPECT_EQ(c.nprocPerNode, 4);
+  EXPECT_EQ(parse({"env"}, slurmHost(0)).rdzv.isHost, true);
+}
+
+TEST(ParseDlrunArgsInSlurm, AutoWorkersComeFromTheAllocation) {
+  EXPECT_EQ(parse({"--nproc-per-node=auto", "env"}, slurmHost(0)).nprocPerNode, 3);
+  EXPECT_EQ(parse({"--nproc-per-node=auto", "env"}, slurmHost(0, {{"SLURM_GPUS_ON_NODE", "2"}}))
+                .nprocPerNode,
+            2);
+  EXPECT_EQ(parse({"--nproc-per-node=cpu", "env"}, slurmHost(0)).nprocPerNode, 8);  // the machine
+}
+
+TEST(ParseDlrunArgsInSlurm, FlagsWin) {
+  const auto c = parse({"--nnodes=2:3", "--rdzv-endpoint=store:5", "--rdzv-id=mine",
+                        "--rdzv-conf=is_host=true", "env"},
+                       slurmHost(3));
+  EXPECT_EQ(c.minNodes, 2);
+  EXPECT_EQ(c.maxNodes, 3);
+  EXPECT_EQ(c.rdzvEndpoint, "store:5");
+  EXPECT_EQ(c.rdzvId, "mine");
+  EXPECT_EQ(c.rdzv.isHost, true);
+  EXPECT_EQ(c.nodeRank, 3);  // a spare's hint may exceed the maximum
+  EXPECT_EQ(parse({"--node-rank=1", "env"}, slurmHost(3)).nodeRank, 1);
+  {
+    ScopedEnv nnodes("PET_NNODES", "1:2");  // a PET_ variable counts as given
+    EXPECT_EQ(parse({"env"}, slurmHost(3)).maxNodes, 2);
+  }
+  const std::string message =
+      configError([] { parse({"--nnodes=2", "--node-rank=3", "env"}, slurmHost(3)); });
+  EXPECT_TRUE(contains(message, "--node-rank 3")) << message;
+}
+
+TEST(ParseDlrunArgsInSlurm, StaticFlagsKeepTheirStoreAndTakeTheRank) {
+  const auto c = parse({"--master-addr=head", "--master-port=5", "env"}, slurmHost(2));
+  EXPECT_EQ(c.rdzvBackend, "static");
+  EXPECT_EQ(c.masterAddr, "head");
+  EXPECT_TRUE(c.rdzvEndpoint.empty());
+  EXPECT_EQ(c.nodeRank, 2);
+  EXPECT_EQ(c.maxNodes, 4);
+}
+
+TEST(ParseDlrunArgsInSlurm, SwitchedOffByFlagEnvironmentOrStandalone) {
+  for (const auto& [args, host] : std::vector<std::pair<Args, HostProbe>>{
+           {{"--no-slurm", "env"}, slurmHost(1)},
+           {{"env"}, slurmHost(1, {{"DLRUN_SLURM", "0"}})},
+           {{"--standalone", "env"}, slurmHost(1)}}) {
+    SCOPED_TRACE(args.front());
+    const auto c = parse(args, host);
+    EXPECT_TRUE(c.singleNode());
+    EXPECT_EQ(c.rdzvId, "none");
+    EXPECT_FALSE(c.nodeRank);
+    EXPECT_FALSE(c.nodeName);
+  }
+}
+
+TEST(ParseDlrunArgsInSlurm, TheSlurmBackendRequiresAnAllocation) {
+  const auto c = parse({"--rdzv-backend=slurm", "env"}, slurmHost(1, {{"DLRUN_SLURM", "0"}}));
+  EXPECT_EQ(c.rdzvBackend, "c10d");
+  EXPECT_EQ(c.rdzvEndpoint, "node1:29642");
+  for (const auto& [args, host, mention] : std::vector<std::tuple<Args, HostProbe, std::string>>{
+           {{"--rdzv-backend=slurm", "env"}, fakeHost(), "SLURM_JOB_ID is unset"},
+           {{"--rdzv-backend=slurm", "--no-slurm", "env"}, slurmHost(1), "--no-slurm"},
+           {{"--rdzv-backend=slurm", "--standalone", "env"}, slurmHost(1), "--standalone"}}) {
+    const std::string message = configError([&] { parse(args, host); });
+    EXPECT_TRUE(contains(message, mention)) << message;
+  }
+}
+
+TEST(ParseDlrunArgsInSlurm, MalformedVariablesAreConfigErrors) {
+  const std::string message = configError(
+      [] { parse({"env"}, slurmHost(1, {{"SLURM_STEP_NODELIST", "node[3-1]"}})); });
+  EXPECT_TRUE(contains(message, "SLURM_STEP_NODELIST='node[3-1]'")) << message;
+}
+
 TEST(ParseRdzvSettings, DefaultsDetectALostNodeWithinThreeSeconds) {
   const RdzvSettings s = parseRdzvSettings({});
   EXPECT_EQ(s.heartbeat, std::chrono::seconds(1));
