@@ -1,0 +1,123 @@
+"""A real Slurm cluster on simulated hosts, for tests: scripts/slurm_local_up.sh and
+scripts/slurm_local_down.sh driven from Python.
+
+    with SlurmCluster(3) as cluster:          # slurmctld on host 0, slurmd "nodeK" on host K
+        job = cluster.submit(SCRIPT, env=job_env, cwd=out_dir)
+        info = cluster.wait_for_end(job, 60)  # scontrol's fields: info["JobState"], ...
+        cluster.kill_host(2)                  # node2 crashes: slurmd and its tasks die
+
+SlurmCluster is a netns_fixture.Hosts of N+1 hosts, so it goes down on every way out a set of
+hosts does (the with block, an exception, SIGTERM or SIGINT, interpreter exit): first
+slurm_local_down.sh stops the daemons by the PIDs they recorded and removes the cluster's
+directory, then every process left in the hosts is killed. The directory of a cluster whose
+test process was SIGKILLed is removed by the next SlurmCluster (its set is reaped by Hosts).
+Clients (sbatch, scontrol, scancel) run on host 0 with the cluster's SLURM_CONF.
+"""
+import glob
+import os
+import re
+import shutil
+import subprocess
+import time
+
+from dlrun_fixture import is_running
+from netns_fixture import PREFIX_RE, Hosts
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SCRIPTS = os.path.normpath(os.path.join(HERE, "..", "..", "scripts"))
+UP_TIMEOUT_S = 60        # slurm_local_up.sh waits up to 30 s for the nodes to be idle
+DOWN_TIMEOUT_S = 60      # slurm_local_down.sh gives the daemons 10 s, then kills
+CLIENT_TIMEOUT_S = 30    # one sbatch, scontrol or scancel (MessageTimeout is 10 s)
+STATE_POLL_S = 0.2       # between two looks at a job (each look is three processes on host 0)
+DIR_PREFIX = "/tmp/dlrun-slurm-"
+# Job states after which nothing more happens to a job (squeue's long names).
+FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
+                "PREEMPTED", "BOOT_FAIL", "DEADLINE"}
+
+
+def _script(name, *args, timeout):
+    return subprocess.run(["bash", os.path.join(SCRIPTS, name), *map(str, args)],
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def reap_stale_clusters():
+    """Stops the clusters (and removes the directories) of test processes that are gone."""
+    for directory in glob.glob(DIR_PREFIX + "t*"):
+        prefix = directory[len(DIR_PREFIX):]
+        match = PREFIX_RE.match(prefix)
+        if match and not is_running(int(match.group(1))):
+            _script("slurm_local_down.sh", prefix, directory, timeout=DOWN_TIMEOUT_S)
+
+
+class SlurmCluster(Hosts):
+    """slurmctld on host 0 and `nodes` slurmd on hosts 1..nodes (Slurm nodes node1..nodeN)."""
+
+    def __init__(self, nodes):
+        self.stopping = False
+        reap_stale_clusters()
+        super().__init__(nodes + 1)
+        self.nodes = nodes
+        self.dir = DIR_PREFIX + self.prefix
+        self.conf = os.path.join(self.dir, "slurm.conf")
+        try:
+            shutil.rmtree(self.dir, ignore_errors=True)  # left by an earlier process, our PID
+            result = _script("slurm_local_up.sh", self.prefix, nodes, self.dir,
+                             timeout=UP_TIMEOUT_S)
+            if result.returncode != 0:
+                raise RuntimeError(f"slurm_local_up.sh failed with {result.returncode}:\n"
+                                   f"{result.stdout}{result.stderr}")
+        except BaseException:
+            self.close()
+            raise
+
+    def client(self, argv, env=None, cwd=None):
+        """Runs a Slurm client command on host 0; returns its CompletedProcess (text)."""
+        return self.run(0, ["env", f"SLURM_CONF={self.conf}", *argv], CLIENT_TIMEOUT_S,
+                        env=env, cwd=cwd)
+
+    def checked(self, argv, env=None, cwd=None):
+        """client(), failing on a non-zero exit; returns its stdout."""
+        result = self.client(argv, env=env, cwd=cwd)
+        if result.returncode != 0:
+            raise AssertionError(f"{' '.join(argv)} failed with {result.returncode}: "
+                                 f"{result.stderr.strip()}")
+        return result.stdout
+
+    def submit(self, script, env, cwd, args=()):
+        """sbatch [args] script from directory cwd with environment env; returns the job id."""
+        return int(self.checked(["sbatch", "--parsable", *args, script], env=env,
+                                cwd=cwd).split(";")[0])
+
+    def job(self, job_id):
+        """scontrol's view of a job: {"JobState": "RUNNING", "ExitCode": "0:0", ...}."""
+        text = self.checked(["scontrol", "show", "job", "--oneliner", str(job_id)])
+        return dict(re.findall(r"(\w+)=(\S*)", text))
+
+    def node_state(self, name):
+        text = self.checked(["scontrol", "show", "node", "--oneliner", name])
+        return dict(re.findall(r"(\w+)=(\S*)", text))["State"]
+
+    def wait_for_end(self, job_id, timeout, describe=None):
+        """Polls the job until it is in a final state; returns its fields. Fails after timeout
+        seconds with describe()'s text."""
+        deadline = time.monotonic() + timeout
+        while True:
+            info = self.job(job_id)
+            if info.get("JobState") in FINAL_STATES:
+                return info
+            if time.monotonic() >= deadline:
+                detail = describe() if describe else ""
+                raise AssertionError(f"job {job_id} still {info.get('JobState')} after "
+                                     f"{timeout} s\n{detail}")
+            time.sleep(STATE_POLL_S)
+
+    def close(self):
+        """Stops the daemons by PID and removes the directory, then takes the hosts down."""
+        if not self.closed and hasattr(self, "dir") and not self.stopping:
+            self.stopping = True  # a signal handler closing it again goes straight on
+            try:
+                _script("slurm_local_down.sh", self.prefix, self.dir, timeout=DOWN_TIMEOUT_S)
+            finally:
+                shutil.rmtree(self.dir, ignore_errors=True)
+        super().close()

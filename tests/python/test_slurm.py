@@ -1,0 +1,217 @@
+"""dlrun under a real Slurm: munged, slurmctld and slurmd (scripts/slurm_local_up.sh), each
+Slurm node a simulated host with its own address and hostname; the job scripts users copy,
+slurm/examples/*.sbatch, submitted with sbatch as they are. Only the workers' command is
+replaced (DLRUN_WORKER, which the examples document) by light ones, and dlrun comes first on
+the job's PATH.
+
+- single node: --nproc-per-node=auto starts one worker per CPU Slurm gave (3, not the
+  machine's 2); the trainer reports that world size; the job is COMPLETED.
+- several nodes: ranks and group ranks follow Slurm's node order, every rank sees the same
+  world size, the store on the first node and the job id as the run id; COMPLETED.
+- a worker that always fails: the job is FAILED with the worker's exit code, and its output
+  names the root cause (rank, node, the worker's last stderr line).
+- scancel --signal=USR1 reaches every worker through dlrun; the job is COMPLETED.
+- node loss (a cluster of its own, 4 nodes, --nnodes=2:3): with three nodes training and one
+  waiting as a spare, every process of an active node is killed (slurmd too); the spare takes
+  its place within seconds, the lost node never comes back, training goes on and the job is
+  COMPLETED once Slurm has declared the node down.
+
+Needs root (namespaces) and Debian's slurm-wlm and munge (scripts/setup.sh); skipped without
+root.
+"""
+import glob
+import json
+import os
+import re
+import sys
+import time
+import unittest
+
+from dlrun_fixture import (PYTHON, binary_from_env, clean_env, read_json, temp_dir, wait_until,
+                           worker)
+from netns_fixture import main
+from slurm_fixture import SlurmCluster
+
+EXAMPLES = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                                         "slurm", "examples"))
+JOB_TIMEOUT_S = 60        # a job's whole life, queueing included
+NODE_LOSS_TIMEOUT_S = 90  # Slurm ends the lost node's task only once it declares it down
+EVENT_TIMEOUT_S = 60      # workers starting inside a job
+RECOVERY_LIMIT_S = 5.0    # node killed -> the spare's workers started
+PRINTED = ("RANK", "WORLD_SIZE", "GROUP_RANK", "LOCAL_RANK", "SLURMD_NODENAME", "MASTER_ADDR",
+           "TORCHELASTIC_RUN_ID")
+
+
+def setUpModule():
+    if os.geteuid() != 0:
+        print("test_slurm: skipped, needs root", file=sys.stderr)
+        raise unittest.SkipTest("network namespaces need root")
+
+
+def job_env(out, worker_command):
+    """The submission environment (sbatch exports it to the job): dlrun first on PATH."""
+    dlrun = binary_from_env("DLRUN", "dlrun")
+    return clean_env(PATH=f"{os.path.dirname(dlrun)}:{os.environ['PATH']}", TMPDIR=out,
+                     DLRUN_WORKER=worker_command, GLOO_SOCKET_IFNAME=None)
+
+
+def output_of(out, name, job_id):
+    """The job's output file (the examples write %x-%j.out in the submit directory)."""
+    path = os.path.join(out, f"{name}-{job_id}.out")
+    if not os.path.exists(path):
+        return f"(no output file {path})"
+    with open(path, errors="replace") as f:
+        return f.read()
+
+
+def worker_lines(output):
+    """{rank: [lines]} from dlrun's "[rank]:" prefixed worker output."""
+    lines = {}
+    for match in re.finditer(r"^\[(\d+)\]:(.*)$", output, re.MULTILINE):
+        lines.setdefault(int(match.group(1)), []).append(match.group(2))
+    return lines
+
+
+class SlurmExamplesTest(unittest.TestCase):
+    cluster = None
+
+    @classmethod
+    def setUpClass(cls):
+        cls.cluster = SlurmCluster(3)
+        cls.addClassCleanup(cls.cluster.close)
+
+    def run_example(self, script, name, worker_command, args=(), out=None):
+        """Submits an example and waits for its end; returns (scontrol fields, output)."""
+        out = out or temp_dir(self)
+        job_id = self.cluster.submit(os.path.join(EXAMPLES, script), job_env(out, worker_command),
+                                     out, args)
+        info = self.cluster.wait_for_end(job_id, JOB_TIMEOUT_S,
+                                         lambda: output_of(out, name, job_id))
+        return job_id, info, output_of(out, name, job_id)
+
+    def test_single_node_runs_one_worker_per_allotted_cpu(self):
+        _, info, output = self.run_example("single_node.sbatch", "dlrun-single",
+                                           "train --synthetic --epochs 1",
+                                           args=["--cpus-per-task=3"])
+        self.assertEqual((info["JobState"], info["ExitCode"]), ("COMPLETED", "0:0"), output)
+        summary = json.loads(next(line for line in worker_lines(output)[0]
+                                  if line.startswith("{")))
+        self.assertEqual(summary["world_size"], 3, output)
+        self.assertEqual(summary["epochs"], 1, output)
+
+    def test_multi_node_ranks_follow_the_slurm_node_order(self):
+        job_id, info, output = self.run_example("multi_node.sbatch", "dlrun-multi",
+                                                "printenv " + " ".join(PRINTED))
+        self.assertEqual((info["JobState"], info["ExitCode"]), ("COMPLETED", "0:0"), output)
+        seen = {rank: dict(zip(PRINTED, lines)) for rank, lines in worker_lines(output).items()}
+        self.assertEqual(sorted(seen), list(range(6)), output)  # 3 nodes x 2 CPUs each
+        for rank, env in seen.items():
+            self.assertEqual(env["RANK"], str(rank), output)
+            self.assertEqual(env["WORLD_SIZE"], "6", output)
+            self.assertEqual(env["GROUP_RANK"], str(rank // 2), output)
+            self.assertEqual(env["LOCAL_RANK"], str(rank % 2), output)
+            self.assertEqual(env["SLURMD_NODENAME"], f"node{rank // 2 + 1}", output)
+            self.assertEqual(env["MASTER_ADDR"], self.cluster.address(1), output)  # node1
+            self.assertEqual(env["TORCHELASTIC_RUN_ID"], str(job_id), output)
+
+    def test_a_failed_run_leaves_the_job_failed_with_the_root_cause(self):
+        out = temp_dir(self)
+        _, info, output = self.run_example(
+            "multi_node.sbatch", "dlrun-multi",
+            f"{PYTHON} {worker('elastic_worker.py')} {out} --fail-rank 4 --fail-rounds -1",
+            out=out)
+        self.assertEqual((info["JobState"], info["ExitCode"]), ("FAILED", "3:0"), output)
+        # The first attempt and each of the example's 3 restarts failed the same way.
+        attempts = {int(os.path.basename(p).split("_")[1])
+                    for p in glob.glob(os.path.join(out, "start_*_4_*.json"))}
+        self.assertEqual(attempts, {0, 1, 2, 3}, output)
+        self.assertIn("rank 4 (local rank 0) on node3 (10.77.0.13) ended with exit code 3 after "
+                      "3 restart(s)", output)
+        self.assertIn("rank 4 fails on purpose", output)
+
+    def test_usr1_reaches_every_worker_through_dlrun(self):
+        out = temp_dir(self)
+        job_id = self.cluster.submit(
+            os.path.join(EXAMPLES, "pre_timeout_signal.sbatch"),
+            job_env(out, f"{PYTHON} {worker('signal_worker.py')} {out} trap"), out)
+        ranks = range(4)  # 2 nodes x 2 CPUs each
+
+        def describe():
+            return output_of(out, "dlrun-timeout", job_id)
+        # A worker writes its pid file once its handlers are in place.
+        wait_until(lambda: all(os.path.exists(os.path.join(out, f"pid_{r}")) for r in ranks),
+                   EVENT_TIMEOUT_S, "every worker's handlers", on_timeout=describe)
+        self.cluster.checked(["scancel", "--signal=USR1", str(job_id)])
+        info = self.cluster.wait_for_end(job_id, JOB_TIMEOUT_S, describe)
+        self.assertEqual((info["JobState"], info["ExitCode"]), ("COMPLETED", "0:0"), describe())
+        for r in ranks:
+            self.assertTrue(os.path.exists(os.path.join(out, f"got_SIGUSR1_{r}")),
+                            f"rank {r} got no SIGUSR1\n{describe()}")
+
+
+class SlurmNodeLossTest(unittest.TestCase):
+    def setUp(self):
+        self.cluster = SlurmCluster(4)
+        self.addCleanup(self.cluster.close)
+        self.out = temp_dir(self)
+
+    def starts(self):
+        """{attempt: [start records]} of the workers so far."""
+        attempts = {}
+        for path in glob.glob(os.path.join(self.out, "start_*.json")):
+            record = read_json(path)
+            attempts.setdefault(int(record["env"]["TORCHELASTIC_RESTART_COUNT"]), []).append(record)
+        return attempts
+
+    def full_attempt(self, after):
+        """The first attempt after `after` in which all three workers started, or None."""
+        for attempt, records in sorted(self.starts().items()):
+            if attempt > after and len(records) == 3:
+                return attempt
+        return None
+
+    def test_a_spare_takes_the_place_of_a_lost_node(self):
+        stop = os.path.join(self.out, "stop")
+        job_id = self.cluster.submit(
+            os.path.join(EXAMPLES, "elastic_spares.sbatch"),
+            job_env(self.out, f"{PYTHON} {worker('elastic_worker.py')} {self.out} "
+                              f"--until-file {stop}"),
+            self.out, ["--cpus-per-task=1"])  # one worker per node
+
+        def describe():
+            return output_of(self.out, "dlrun-elastic", job_id)
+        wait_until(lambda: self.full_attempt(-1) is not None, EVENT_TIMEOUT_S,
+                   "three nodes training", on_timeout=describe)
+        wait_until(lambda: "waiting as a spare" in describe(), EVENT_TIMEOUT_S,
+                   "the fourth node to wait as a spare", on_timeout=describe)
+        first = self.full_attempt(-1)
+        members = {r["host"] for r in self.starts()[first]}
+        spare = ({f"node{k}" for k in range(1, 5)} - members).pop()
+        # Not node1: its dlrun serves the store, the one node the job cannot lose.
+        victim = max(members - {"node1"})
+
+        killed = time.time()
+        self.cluster.kill_host(int(victim[len("node"):]))
+        wait_until(lambda: self.full_attempt(first) is not None, EVENT_TIMEOUT_S,
+                   "the spare's workers", on_timeout=describe)
+        replaced = self.starts()[self.full_attempt(first)]
+        recovery = max(r["time"] for r in replaced) - killed
+        print(f"{victim} killed -> {spare} training in its place: {recovery:.2f} s")
+        self.assertEqual({r["host"] for r in replaced}, members - {victim} | {spare}, describe())
+        self.assertEqual(sorted(int(r["env"]["RANK"]) for r in replaced), [0, 1, 2])
+        self.assertTrue(all(r["env"]["WORLD_SIZE"] == "3" for r in replaced), describe())
+        self.assertLessEqual(recovery, RECOVERY_LIMIT_S, describe())
+
+        with open(stop, "w"):
+            pass
+        info = self.cluster.wait_for_end(job_id, NODE_LOSS_TIMEOUT_S, describe)
+        output = describe()
+        self.assertEqual((info["JobState"], info["ExitCode"]), ("COMPLETED", "0:0"), output)
+        self.assertIn(f"node {victim} ({self.cluster.address(int(victim[4:]))}) was lost", output)
+        self.assertIn("DOWN", self.cluster.node_state(victim))
+        later = [r for a, records in self.starts().items() if a > first for r in records]
+        self.assertNotIn(victim, {r["host"] for r in later}, output)
+
+
+if __name__ == "__main__":
+    main()
