@@ -142,6 +142,7 @@ int launchMultiNode(const LaunchConfig& config) {
         .joinTimeout = config.rdzv.joinTimeout,
         .heartbeat = config.rdzv.heartbeat,
         .leaseTtl = config.rdzv.leaseTtl(),
+        .refuseLostNodes = config.refuseLostNodes,
     });
     code = runAgent(config, rendezvous, name + " (" + addr + ")");
   }

@@ -117,6 +117,7 @@ void applySlurm(const slurm::Settings& s, LaunchConfig& c) {
   if (s.endpointHost) c.rdzvEndpoint = rendezvous::joinHostPort(*s.endpointHost, *s.endpointPort);
   if (!c.rdzv.isHost) c.rdzv.isHost = s.servesStore;
   if (s.nodeName) c.nodeName = s.nodeName;
+  c.refuseLostNodes = true;
 }
 
 }  // namespace

@@ -45,6 +45,7 @@ struct LaunchConfig {
   std::string logLinePrefixTemplate = "[${rank}]:";
   std::optional<std::string> localAddr;
   std::optional<std::string> nodeName;  // this node in messages (SLURMD_NODENAME), else hostname
+  bool refuseLostNodes = false;  // in a Slurm allocation a lost node's place goes to a spare
   std::string masterAddr = "127.0.0.1";
   std::optional<uint16_t> masterPort;  // unset: a free port on the single-node path
 

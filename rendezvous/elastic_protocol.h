@@ -14,6 +14,7 @@
 //   r/R/end            the RoundEnd; first writer wins. Everyone running waits on this key.
 //   r/R/done           members whose workers all succeeded; the last sets end = Finished
 //   r/R/spares         agents waiting for a place while round R runs at its maximum
+//   lost/NAME          set by the store when the lease of node NAME lapsed or dropped
 #pragma once
 
 #include <cstdint>
@@ -45,6 +46,7 @@ class Keys {
   std::string end(int round) const { return roundKey(round, "end"); }
   std::string done(int round) const { return roundKey(round, "done"); }
   std::string spares(int round) const { return roundKey(round, "spares"); }
+  std::string lost(const std::string& node) const { return root_ + "lost/" + node; }
 
  private:
   std::string roundKey(int round, const std::string& leaf) const {

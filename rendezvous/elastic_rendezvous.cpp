@@ -98,6 +98,9 @@ JoinResult ElasticRendezvous::next() {
     connect(deadline);
     member_.reset();
   }
+  if (options_.refuseLostNodes && lease_->check({keys_.lost(options_.self.name)}))
+    throw ConfigError("node " + options_.self.name + " was lost earlier in job '" +
+                      options_.runId + "' and is not taken back: its place went to another node");
   int round;
   if (member_) {
     // Released without firing: this node leaves the old round on purpose.
@@ -146,7 +149,8 @@ ElasticRendezvous::Step ElasticRendezvous::tryRound(int round, Clock::time_point
     RoundEnd lost{.kind = RoundEnd::Kind::NodeLost, .node = record.name + " (" + record.addr + ")"};
     lease_->lease(keys_.node(round, index), elastic::encode(record), options_.leaseTtl,
                   {{keys_.closed(round), std::string(elastic::kAborted)},
-                   {keys_.end(round), elastic::encode(lost)}});
+                   {keys_.end(round), elastic::encode(lost)},
+                   {keys_.lost(record.name), "1"}});
   }
   const auto arrival = Clock::now();
   const bool canClose = candidate && index >= options_.minNodes;

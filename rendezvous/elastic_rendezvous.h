@@ -41,6 +41,8 @@ struct ElasticOptions {
   // Read every worker's endpoint (O(N) bytes, for TF_CONFIG). Off only in load generators that
   // measure the rendezvous alone.
   bool fetchRoster = true;
+  // A node once lost is not taken back in this job (Slurm: its place went to a spare).
+  bool refuseLostNodes = false;
 };
 
 class ElasticRendezvous : public Rendezvous {

@@ -218,6 +218,26 @@ TEST_F(ElasticRendezvousTest, ASpareLeavesWhenTheJobFinishes) {
   EXPECT_EQ(std::get<RoundEnd>(result).kind, Kind::Finished);
 }
 
+TEST_F(ElasticRendezvousTest, ALostNodeIsRefusedWhereLostNodesAreNotTakenBack) {
+  ElasticOptions o = options(1, 2);
+  o.refuseLostNodes = true;
+  o.self.name = "node7";
+  auto gone = std::make_unique<ElasticRendezvous>(o);
+  ElasticOptions other = o;
+  other.self.name = "node8";
+  ElasticRendezvous stays(other);
+  auto joins = joinAll({gone.get(), &stays});
+  worlds(joins);
+  gone.reset();
+  EXPECT_EQ(stays.awaitEnd().kind, Kind::NodeLost);
+  try {
+    ElasticRendezvous(o).next();
+    FAIL() << "the lost node was taken back";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("node7 was lost"), std::string::npos) << e.what();
+  }
+}
+
 TEST_F(ElasticRendezvousTest, InterruptUnblocksAWaitingJoin) {
   ElasticRendezvous alone(options(2, 2));
   auto join = std::async(std::launch::async, [&] { return alone.next(); });

@@ -425,7 +425,9 @@ TEST(ParseDlrunArgsInSlurm, AStepNeedsNoOtherFlag) {
   EXPECT_EQ(c.nodeName, "node3");
   EXPECT_EQ(c.rdzv.isHost, false);
   EXPECT_EQ(c.nprocPerNode, 4);
+  EXPECT_TRUE(c.refuseLostNodes);  // a lost node's place goes to a spare for good
   EXPECT_EQ(parse({"env"}, slurmHost(0)).rdzv.isHost, true);
+  EXPECT_FALSE(parse({"--no-slurm", "env"}, slurmHost(0)).refuseLostNodes);
 }
 
 TEST(ParseDlrunArgsInSlurm, AutoWorkersComeFromTheAllocation) {

@@ -119,7 +119,11 @@ class MultiNodeTest(unittest.TestCase):
         for s in self.starts():
             by_attempt.setdefault(s["env"]["TORCHELASTIC_RESTART_COUNT"], set()).add(
                 int(s["env"]["RANK"]))
-        self.assertEqual(by_attempt, {"0": set(range(6)), "1": set(range(6))})
+        # Rank 3 failed in attempt 0 (the others may not have got far before they were
+        # stopped); attempt 1 ran on every node.
+        self.assertIn(3, by_attempt["0"])
+        self.assertEqual(by_attempt["1"], set(range(6)))
+        self.assertEqual(set(by_attempt), {"0", "1"})
 
     def test_past_max_restarts_every_agent_fails_with_the_same_root_cause(self):
         agents = self.start_agents(3, "3", ["--fail-rank", "3", "--fail-rounds", "-1"],
