@@ -8,9 +8,10 @@
 //   r/R/joined         ADD 1 gives an agent its arrival index i (1-based)
 //   r/R/node/I         the agent's NodeRecord, held under a lease: if the agent dies, the store
 //                      deletes it and sets r/R/closed = "abort" and r/R/end = NodeLost
+//   r/R/closer         the arrival index of the one agent that closes the round (compare-and-set)
 //   r/R/closed         "N" when the round closed with arrivals 1..N as members, or "abort"
-//   r/R/N/assign/I     member I's Assignment (written before "closed", so O(1) reads after it)
-//   r/R/N/roster       every worker's "host:port" in RANK order (TF_CONFIG)
+//   r/R/assign/I       member I's Assignment (written before "closed", so O(1) reads after it)
+//   r/R/roster         every worker's "host:port" in RANK order (TF_CONFIG)
 //   r/R/end            the RoundEnd; first writer wins. Everyone running waits on this key.
 //   r/R/done           members whose workers all succeeded; the last sets end = Finished
 //   r/R/spares         agents waiting for a place while round R runs at its maximum
@@ -37,12 +38,11 @@ class Keys {
     return roundKey(round, "node/" + std::to_string(index));
   }
   std::string closed(int round) const { return roundKey(round, "closed"); }
-  std::string assignment(int round, int members, int index) const {
-    return roundKey(round, std::to_string(members) + "/assign/" + std::to_string(index));
+  std::string closer(int round) const { return roundKey(round, "closer"); }
+  std::string assignment(int round, int index) const {
+    return roundKey(round, "assign/" + std::to_string(index));
   }
-  std::string roster(int round, int members) const {
-    return roundKey(round, std::to_string(members) + "/roster");
-  }
+  std::string roster(int round) const { return roundKey(round, "roster"); }
   std::string end(int round) const { return roundKey(round, "end"); }
   std::string done(int round) const { return roundKey(round, "done"); }
   std::string spares(int round) const { return roundKey(round, "spares"); }

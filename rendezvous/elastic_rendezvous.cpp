@@ -154,10 +154,10 @@ ElasticRendezvous::Step ElasticRendezvous::tryRound(int round, Clock::time_point
   }
   const auto arrival = Clock::now();
   const bool canClose = candidate && index >= options_.minNodes;
-  if (canClose && index >= targetSize(round)) closeRound(round);
+  if (canClose && index >= targetSize(round)) closeRound(round, index);
   while (!waitChunk(keys_.closed(round))) {
     if (canClose && Clock::now() - arrival >= options_.lastCall) {
-      closeRound(round);
+      closeRound(round, index);
     } else if (Clock::now() >= deadline) {
       if (candidate) lease_->deleteKey(keys_.node(round, index));
       const int64_t joined = lease_->add(keys_.joined(round), 0);
@@ -168,25 +168,38 @@ ElasticRendezvous::Step ElasticRendezvous::tryRound(int round, Clock::time_point
                          joinHostPort(options_.storeHost, options_.storePort) + ")");
     }
   }
-  const std::string closed = lease_->peek({keys_.closed(round)})[0];
-  if (closed == elastic::kAborted) {
+  // One read whatever the outcome: a missing assignment reads as empty.
+  std::vector<std::string> keys{keys_.closed(round), keys_.assignment(round, index)};
+  if (options_.fetchRoster) keys.push_back(keys_.roster(round));
+  const std::vector<std::string> texts = lease_->peek(keys);
+  if (texts[0] == elastic::kAborted) {
     if (candidate) lease_->deleteKey(keys_.node(round, index));
     return NextRound{};
   }
-  const int members = toCount(closed, keys_.closed(round));
-  if (candidate && index <= members) return memberWorld(round, index, members);
+  const int members = toCount(texts[0], keys_.closed(round));
+  if (candidate && index <= members) return memberWorld(round, index, members, texts);
   if (candidate) lease_->deleteKey(keys_.node(round, index));
   return afterLateArrival(round, members);
 }
 
-void ElasticRendezvous::closeRound(int round) {
+void ElasticRendezvous::closeRound(int round, int index) {
+  // One closer per round: its assignments are the only ones, so members read theirs without
+  // knowing the round's size first. If it dies half-way, its lease aborts the round.
+  const std::string me = std::to_string(index);
+  if (lease_->compareSet(keys_.closer(round), "", me) != me) return;
   const int members = static_cast<int>(
       std::min<int64_t>(lease_->add(keys_.joined(round), 0), options_.maxNodes));
   std::vector<std::string> nodes;
   for (int i = 1; i <= members; ++i) nodes.push_back(keys_.node(round, i));
-  // A member that dies before its record lands aborts the round through its lease.
+  // A member that dies after its record lands aborts the round through its lease; one that
+  // died before it leased anything is waited for only a lease's lifetime.
+  const auto giveUp = Clock::now() + options_.leaseTtl;
   while (!lease_->waitFor(nodes, options_.heartbeat)) {
     if (lease_->check({keys_.closed(round)})) return;
+    if (Clock::now() >= giveUp) {
+      lease_->compareSet(keys_.closed(round), "", std::string(elastic::kAborted));
+      return;
+    }
   }
   std::vector<elastic::NodeRecord> records;
   for (const std::string& text : lease_->peek(nodes)) {
@@ -196,20 +209,18 @@ void ElasticRendezvous::closeRound(int round) {
   const elastic::Plan plan = elastic::planRound(records);
   std::vector<std::string> keys, values;
   for (int i = 1; i <= members; ++i) {
-    keys.push_back(keys_.assignment(round, members, i));
+    keys.push_back(keys_.assignment(round, i));
     values.push_back(elastic::encode(plan.byArrival[i - 1]));
   }
-  keys.push_back(keys_.roster(round, members));
+  keys.push_back(keys_.roster(round));
   values.push_back(elastic::encodeRoster(plan.roster));
   lease_->multiSet(keys, values);
   lease_->compareSet(keys_.closed(round), "", std::to_string(members));
 }
 
-World ElasticRendezvous::memberWorld(int round, int index, int members) {
-  std::vector<std::string> keys{keys_.assignment(round, members, index)};
-  if (options_.fetchRoster) keys.push_back(keys_.roster(round, members));
-  const auto texts = lease_->peek(keys);  // written before the round closed
-  const elastic::Assignment a = elastic::decodeAssignment(texts[0]);
+World ElasticRendezvous::memberWorld(int round, int index, int members,
+                                     const std::vector<std::string>& texts) {
+  const elastic::Assignment a = elastic::decodeAssignment(texts[1]);
   member_ = Member{round, index, members, a.failures};
   lastGroupRank_ = a.groupRank;
   failures_ = a.failures;
@@ -225,7 +236,7 @@ World ElasticRendezvous::memberWorld(int round, int index, int members) {
   world.masterAddr = options_.storeHost;
   world.masterPort = options_.storePort;
   world.agentStore = true;
-  if (options_.fetchRoster) world.workerEndpoints = elastic::decodeRoster(texts[1]);
+  if (options_.fetchRoster) world.workerEndpoints = elastic::decodeRoster(texts[2]);
   return world;
 }
 

@@ -1,7 +1,8 @@
 // The multi-node rendezvous over a dlrun store (the keys and rules are in elastic_protocol.h).
 // Each agent costs O(1) store operations per round: one ADD for its arrival index, one leased
-// record, one wait for the round to close and one read of its own assignment; the agent that
-// closes a round reads every record once and writes every assignment once.
+// record, one wait for the round to close and one read of the outcome with its own
+// assignment; the one agent that closes a round reads every record once and writes every
+// assignment once.
 //
 // Liveness: an agent's record is a lease on the store, renewed by every request on the lease
 // connection (a wait is cut into heartbeat-long pieces, so an idle agent still renews). When
@@ -18,6 +19,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "rendezvous/elastic_protocol.h"
 #include "rendezvous/rendezvous.h"
@@ -86,8 +88,9 @@ class ElasticRendezvous : public Rendezvous {
   void connect(std::chrono::steady_clock::time_point deadline);
   void checkShape();
   Step tryRound(int round, std::chrono::steady_clock::time_point deadline);
-  void closeRound(int round);
-  World memberWorld(int round, int index, int members);
+  void closeRound(int round, int index);
+  // `texts`: the round's closed value, this member's assignment, and the roster when fetched.
+  World memberWorld(int round, int index, int members, const std::vector<std::string>& texts);
   Step afterLateArrival(int round, int members);
   RoundEnd readEnd(int round);
   int spares(int round);
