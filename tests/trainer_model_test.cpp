@@ -1,5 +1,6 @@
 // Trainer model: the MLP's shape and parameter count, its analytic gradient against a central
-// finite difference, and SGD against PyTorch's update rule worked out by hand.
+// finite difference, SGD against PyTorch's update rule worked out by hand, and the AVX2 build
+// of the math against the baseline.
 #include "trainer/model.h"
 
 #include <gtest/gtest.h>
@@ -7,6 +8,8 @@
 #include <algorithm>
 #include <cmath>
 #include <random>
+
+#include "trainer/math_dispatch.h"
 
 namespace dlrun::trainer {
 namespace {
@@ -141,6 +144,49 @@ TEST(Sgd, PlainSgdWithoutMomentumOrDecay) {
   sgd.step(params, {1.0f, -1.0f, 0.0f});
   EXPECT_EQ(params, (std::vector<float>{0.0f, 3.0f, 3.0f}));
 }
+
+// The largest |a[i] - b[i]| over the largest |a[i]|: float rounding when it is ~1e-6.
+double relativeDifference(const std::vector<float>& a, const std::vector<float>& b) {
+  double difference = 0, scale = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    difference = std::max(difference, double{std::abs(a[i] - b[i])});
+    scale = std::max(scale, double{std::abs(a[i])});
+  }
+  return difference / scale;
+}
+
+#ifdef DLRUN_TRAIN_AVX2_MODULE
+TEST(MlpMath, Avx2ModuleMatchesTheBaseline) {
+  if (!cpuHasAvx2()) GTEST_SKIP() << "this CPU lacks AVX2 or FMA";
+  const MlpMath& avx2 = loadMathModule(DLRUN_TRAIN_AVX2_MODULE);
+  ASSERT_STREQ(avx2.isa, "avx2");
+  ASSERT_STREQ(builtInMath().isa, "baseline");
+
+  // The default model, at batches that fill SIMD registers and that do not.
+  const MlpShape shape;
+  Mlp baseline(shape, 5), fast(shape, 5, avx2);
+  Sgd baselineSgd({0.05f, 0.9f, 5e-4f}, shape.parameterCount());
+  Sgd fastSgd({0.05f, 0.9f, 5e-4f}, shape.parameterCount(), avx2);
+  std::mt19937 random(3);
+  std::uniform_real_distribution<float> pixel(0.0f, 1.0f);
+  std::uniform_int_distribution<int> label(0, shape.classes - 1);
+  for (int batch : {64, 7, 1, 64, 64}) {
+    std::vector<float> x(static_cast<size_t>(batch) * shape.inputs);
+    std::vector<uint8_t> y(batch);
+    for (float& v : x) v = pixel(random);
+    for (uint8_t& v : y) v = static_cast<uint8_t>(label(random));
+    const float loss = baseline.lossAndGradient(x.data(), y.data(), batch);
+    EXPECT_NEAR(fast.lossAndGradient(x.data(), y.data(), batch), loss, 1e-5 * loss);
+    EXPECT_LT(relativeDifference(baseline.grads(), fast.grads()), 1e-5) << "batch " << batch;
+    EXPECT_EQ(fast.countCorrect(x.data(), y.data(), batch),
+              baseline.countCorrect(x.data(), y.data(), batch));
+    // Each steps on its own gradient, so the parameters drift apart by rounding only.
+    baselineSgd.step(baseline.params(), baseline.grads().data(), 0.5f);
+    fastSgd.step(fast.params(), fast.grads().data(), 0.5f);
+    EXPECT_LT(relativeDifference(baseline.params(), fast.params()), 1e-5) << "batch " << batch;
+  }
+}
+#endif
 
 }  // namespace
 }  // namespace dlrun::trainer

@@ -1,5 +1,6 @@
-// Summing gradients across ranks. The CPU implementation is Gloo's ring all-reduce over TCP,
-// bootstrapped through the dlrun store (a Gloo store adapter); one rank alone needs nothing.
+// Summing gradients across ranks: Gloo's ring all-reduce over TCP, bootstrapped through the
+// dlrun store (a Gloo store adapter); shared memory where all ranks share one machine
+// (shm_collective.h); one rank alone needs nothing.
 #pragma once
 
 #include <cstddef>

@@ -81,6 +81,13 @@ TrainParse parseTrainArgs(const std::vector<std::string>& args) {
   app.add_flag("--synthetic", c.synthetic, "Train on generated data instead");
   app.add_option("--device", c.device, "cpu, cuda or auto")
       ->check(CLI::IsMember({"cpu", "cuda", "auto"}));
+  app.add_option("--cpu-math", c.cpuMath,
+                 "auto (the AVX2 and FMA build where the CPU has them) or baseline")
+      ->check(CLI::IsMember({"auto", "baseline"}));
+  app.add_option("--allreduce", c.allreduce,
+                 "auto (shared memory when all ranks are on one machine, else Gloo over TCP) "
+                 "or gloo")
+      ->check(CLI::IsMember({"auto", "gloo"}));
   app.add_option("--checkpoint-dir", c.checkpointDir,
                  "Write checkpoints here and resume from the newest one at start");
   app.add_option("--checkpoint-every", c.checkpointEvery,

@@ -25,6 +25,8 @@ struct TrainConfig {
   std::string dataDir = kDefaultDataDir;
   bool synthetic = false;
   std::string device = "auto";  // cpu, cuda, auto
+  std::string cpuMath = "auto";    // auto (the AVX2 build where the CPU runs it), baseline
+  std::string allreduce = "auto";  // auto (shared memory for a job on one machine), gloo
   std::string checkpointDir;    // empty: no checkpoints
   int checkpointEvery = 0;      // steps between checkpoints (0: at each epoch's end only)
   int64_t maxSteps = -1;        // stop after this many global steps (tests, benchmarks)

@@ -1,15 +1,15 @@
 #include "trainer/cpu_engine.h"
 
-#include <algorithm>
+#include "trainer/math_dispatch.h"
 
 namespace dlrun::trainer {
 namespace {
 
 class CpuEngine final : public Engine {
  public:
-  CpuEngine(const EngineOptions& options, Collective& collective)
-      : model_(options.shape, options.seed),
-        sgd_(options.sgd, model_.params().size()),
+  CpuEngine(const EngineOptions& options, Collective& collective, const MlpMath& math)
+      : model_(options.shape, options.seed, math),
+        sgd_(options.sgd, model_.params().size(), math),
         collective_(collective),
         exchange_(model_.params().size() + 2) {}
 
@@ -17,9 +17,7 @@ class CpuEngine final : public Engine {
                   bool stopVote) override {
     // One all-reduce carries the gradients, then the loss and the stop votes.
     const size_t n = model_.params().size();
-    const float loss = model_.lossAndGradient(x, labels, batch);
-    std::copy(model_.grads().begin(), model_.grads().end(), exchange_.begin());
-    exchange_[n] = loss;
+    exchange_[n] = model_.lossAndGradient(x, labels, batch, exchange_.data());
     exchange_[n + 1] = stopVote ? 1.0f : 0.0f;
     collective_.allreduceSum(exchange_.data(), exchange_.size());
     // The mean gradient over the global batch, applied in the same pass as the update.
@@ -53,7 +51,7 @@ class CpuEngine final : public Engine {
 }  // namespace
 
 std::unique_ptr<Engine> makeCpuEngine(const EngineOptions& options, Collective& collective) {
-  return std::make_unique<CpuEngine>(options, collective);
+  return std::make_unique<CpuEngine>(options, collective, cpuMath(options.cpuMath));
 }
 
 }  // namespace dlrun::trainer

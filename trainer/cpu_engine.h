@@ -1,5 +1,6 @@
-// The CPU engine: the Eigen model and SGD on host buffers, gradients summed by a Collective
-// (Gloo over TCP, or nothing when alone).
+// The CPU engine: the Eigen model and SGD on host buffers (the AVX2 build of the math where the
+// CPU has it, math_dispatch.h), gradients summed by a Collective (shared memory on one machine,
+// Gloo over TCP across machines, or nothing when alone).
 #pragma once
 
 #include <memory>

@@ -1,5 +1,5 @@
 // Where the math of a training step runs, so the training loop does not care: the CPU engine
-// (the Eigen model, gradients summed by Gloo) or the CUDA engine (cuBLAS and a few kernels,
+// (the Eigen model, gradients summed by a Collective) or the CUDA engine (cuBLAS and a few kernels,
 // gradients summed by NCCL). Both start from the same weights for a seed and apply the same
 // update, so a run's result does not depend on the engine beyond float rounding.
 #pragma once
@@ -42,6 +42,7 @@ struct EngineOptions {
   MlpShape shape;
   uint64_t seed = 1;  // of the initial weights
   SgdOptions sgd;
+  std::string cpuMath = "auto";  // the CPU engine's: auto or baseline (math_dispatch.h)
 };
 
 // The engine --device asks for: "cpu", "cuda", or "auto" (cuda when this build has CUDA and a

@@ -1,19 +1,10 @@
 #include "trainer/model.h"
 
-#include <Eigen/Dense>
+#include <algorithm>
 #include <cmath>
 #include <random>
 
 namespace dlrun::trainer {
-
-namespace {
-
-using RowMatrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-using MatrixMap = Eigen::Map<RowMatrix>;
-using ConstMatrixMap = Eigen::Map<const RowMatrix>;
-using VectorMap = Eigen::Map<Eigen::VectorXf>;
-
-}  // namespace
 
 std::vector<int> MlpShape::widths() const {
   std::vector<int> w{inputs};
@@ -39,10 +30,12 @@ size_t MlpShape::parameterCount() const {
   return all.back().bias + all.back().out;
 }
 
-Mlp::Mlp(MlpShape shape, uint64_t seed) : shape_(std::move(shape)), layers_(shape_.layers()) {
+Mlp::Mlp(MlpShape shape, uint64_t seed, const MlpMath& math)
+    : shape_(std::move(shape)), math_(&math), layers_(shape_.layers()) {
   params_.assign(shape_.parameterCount(), 0.0f);
   grads_.assign(params_.size(), 0.0f);
   activations_.resize(layers_.size());
+  activationData_.resize(layers_.size());
   std::mt19937_64 random(seed);
   for (const auto& layer : layers_) {
     std::normal_distribution<float> he(0.0f, std::sqrt(2.0f / static_cast<float>(layer.in)));
@@ -51,81 +44,29 @@ Mlp::Mlp(MlpShape shape, uint64_t seed) : shape_(std::move(shape)), layers_(shap
   }
 }
 
-void Mlp::forward(const float* x, int batch) {
-  // a_{l+1} = relu(a_l W_l^T + b_l); the last layer (the logits) without relu.
-  const float* input = x;
+MlpBuffers Mlp::buffers(int batch, float* grads) {
   for (size_t l = 0; l < layers_.size(); ++l) {
-    const MlpShape::Layer& layer = layers_[l];
-    activations_[l].resize(static_cast<size_t>(batch) * layer.out);
-    MatrixMap out(activations_[l].data(), batch, layer.out);
-    ConstMatrixMap in(input, batch, layer.in);
-    ConstMatrixMap weights(params_.data() + layer.weights, layer.out, layer.in);
-    Eigen::Map<const Eigen::RowVectorXf> bias(params_.data() + layer.bias, layer.out);
-    out.noalias() = in * weights.transpose();
-    out.rowwise() += bias;
-    if (l + 1 < layers_.size()) out = out.cwiseMax(0.0f);
-    input = activations_[l].data();
+    activations_[l].resize(static_cast<size_t>(batch) * layers_[l].out);
+    activationData_[l] = activations_[l].data();
   }
+  // The deltas below the logits are as wide as a hidden layer.
+  const int widest = shape_.hidden.empty() ? 0 : std::ranges::max(shape_.hidden);
+  for (auto& scratch : scratch_) scratch.resize(static_cast<size_t>(batch) * widest);
+  return {layers_.data(), layers_.size(),       params_.data(),
+          grads,          activationData_.data(), {scratch_[0].data(), scratch_[1].data()}};
 }
 
-float Mlp::lossAndGradient(const float* x, const uint8_t* labels, int batch) {
-  forward(x, batch);
-  // Softmax cross-entropy; the logits become dL/dlogits in place.
-  MatrixMap logits(activations_.back().data(), batch, shape_.classes);
-  float loss = 0.0f;
-  for (int i = 0; i < batch; ++i) {
-    auto row = logits.row(i);
-    const float max = row.maxCoeff();
-    row = (row.array() - max).exp();
-    const float sum = row.sum();
-    row /= sum;
-    loss -= std::log(std::max(row(labels[i]), 1e-12f));
-    row(labels[i]) -= 1.0f;
-  }
-  logits /= static_cast<float>(batch);
-
-  // Backward, from the last layer down; `delta` holds dL/d(pre-activation) of layer l.
-  std::vector<float> delta(activations_.back());
-  std::vector<float> below;
-  for (size_t l = layers_.size(); l-- > 0;) {
-    const MlpShape::Layer& layer = layers_[l];
-    ConstMatrixMap d(delta.data(), batch, layer.out);
-    ConstMatrixMap in(l == 0 ? x : activations_[l - 1].data(), batch, layer.in);
-    MatrixMap gradW(grads_.data() + layer.weights, layer.out, layer.in);
-    VectorMap gradB(grads_.data() + layer.bias, layer.out);
-    gradW.noalias() = d.transpose() * in;
-    gradB = d.colwise().sum().transpose();
-    if (l == 0) break;
-    ConstMatrixMap weights(params_.data() + layer.weights, layer.out, layer.in);
-    below.resize(static_cast<size_t>(batch) * layer.in);
-    MatrixMap dIn(below.data(), batch, layer.in);
-    dIn.noalias() = d * weights;
-    // ReLU: no gradient where the activation was clipped to zero.
-    dIn = (in.array() > 0.0f).select(dIn, 0.0f);
-    delta.swap(below);
-  }
-  return loss / static_cast<float>(batch);
+float Mlp::lossAndGradient(const float* x, const uint8_t* labels, int batch, float* grads) {
+  return math_->lossAndGradient(buffers(batch, grads), x, labels, batch);
 }
 
 int Mlp::countCorrect(const float* x, const uint8_t* labels, int batch) {
-  forward(x, batch);
-  ConstMatrixMap logits(activations_.back().data(), batch, shape_.classes);
-  int correct = 0;
-  for (int i = 0; i < batch; ++i) {
-    Eigen::Index best;
-    logits.row(i).maxCoeff(&best);
-    correct += best == labels[i] ? 1 : 0;
-  }
-  return correct;
+  return math_->countCorrect(buffers(batch, grads_.data()), x, labels, batch);
 }
 
 void Sgd::step(std::vector<float>& params, const float* grads, float gradScale) {
-  const float lr = options_.learningRate, momentum = options_.momentum, wd = options_.weightDecay;
-  for (size_t i = 0; i < params.size(); ++i) {
-    const float g = grads[i] * gradScale + wd * params[i];
-    velocity_[i] = momentum * velocity_[i] + g;
-    params[i] -= lr * velocity_[i];
-  }
+  math_->sgdStep(params.data(), velocity_.data(), grads, params.size(), options_.learningRate,
+                 options_.momentum, options_.weightDecay, gradScale);
 }
 
 }  // namespace dlrun::trainer

@@ -1,11 +1,14 @@
 // The model: an MLP (ReLU hidden layers, softmax cross-entropy) whose parameters and gradients
 // each live in one flat buffer, so a whole gradient all-reduces as contiguous buckets and a
 // checkpoint is one array. SGD with momentum and weight decay updates the flat buffer in place.
+// The arithmetic is an MlpMath's (mlp_math.h): the baseline build unless given another.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <vector>
+
+#include "trainer/mlp_math.h"
 
 namespace dlrun::trainer {
 
@@ -14,12 +17,7 @@ struct MlpShape {
   std::vector<int> hidden = {256, 128};
   int classes = 10;
 
-  // Where one layer's parameters sit in the flat buffer.
-  struct Layer {
-    size_t weights;  // offset of the out x in weight matrix (row-major)
-    size_t bias;     // offset of the out biases
-    int in, out;
-  };
+  using Layer = MlpLayer;  // where one layer's parameters sit in the flat buffer
 
   std::vector<int> widths() const;  // inputs, hidden..., classes
   std::vector<Layer> layers() const;
@@ -29,7 +27,7 @@ struct MlpShape {
 class Mlp {
  public:
   // He-initialised weights and zero biases, the same for every rank given the same seed.
-  Mlp(MlpShape shape, uint64_t seed);
+  Mlp(MlpShape shape, uint64_t seed, const MlpMath& math = builtInMath());
 
   const MlpShape& shape() const { return shape_; }
   std::vector<float>& params() { return params_; }
@@ -38,18 +36,25 @@ class Mlp {
 
   // Forward and backward over a batch (x: batch x inputs, row-major): fills grads() with the
   // mean gradient over the batch and returns the mean loss.
-  float lossAndGradient(const float* x, const uint8_t* labels, int batch);
+  float lossAndGradient(const float* x, const uint8_t* labels, int batch) {
+    return lossAndGradient(x, labels, batch, grads_.data());
+  }
+  // The same into `grads` (parameterCount() floats), leaving grads() alone.
+  float lossAndGradient(const float* x, const uint8_t* labels, int batch, float* grads);
   // How many of the batch's examples the model classifies correctly.
   int countCorrect(const float* x, const uint8_t* labels, int batch);
 
  private:
-  // Fills activations_; the last one holds the logits.
-  void forward(const float* x, int batch);
+  // The buffers sized for `batch`, as the math takes them, the gradient going to `grads`.
+  MlpBuffers buffers(int batch, float* grads);
 
   MlpShape shape_;
+  const MlpMath* math_;
   std::vector<MlpShape::Layer> layers_;
   std::vector<float> params_, grads_;
   std::vector<std::vector<float>> activations_;  // per layer output, reused across batches
+  std::vector<float*> activationData_;
+  std::vector<float> scratch_[2];  // the backward pass's deltas
 };
 
 struct SgdOptions {
@@ -61,7 +66,8 @@ struct SgdOptions {
 // PyTorch's SGD: g += wd * p; v = momentum * v + g; p -= lr * v.
 class Sgd {
  public:
-  Sgd(SgdOptions options, size_t parameters) : options_(options), velocity_(parameters, 0.0f) {}
+  Sgd(SgdOptions options, size_t parameters, const MlpMath& math = builtInMath())
+      : options_(options), math_(&math), velocity_(parameters, 0.0f) {}
   void step(std::vector<float>& params, const std::vector<float>& grads) {
     step(params, grads.data(), 1.0f);
   }
@@ -73,6 +79,7 @@ class Sgd {
 
  private:
   SgdOptions options_;
+  const MlpMath* math_;
   std::vector<float> velocity_;
 };
 

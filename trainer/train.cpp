@@ -11,12 +11,14 @@
 #include <fstream>
 
 #include "common/error.h"
+#include "common/log.h"
 #include "rendezvous/prefix_store.h"
 #include "rendezvous/tcp_store.h"
 #include "trainer/checkpoint.h"
 #include "trainer/collective.h"
 #include "trainer/engine.h"
 #include "trainer/report.h"
+#include "trainer/shm_collective.h"
 
 namespace dlrun::trainer {
 namespace {
@@ -49,8 +51,17 @@ std::shared_ptr<rendezvous::Store> jobStore(const Placement& p) {
 }
 
 std::unique_ptr<Collective> connect(const Placement& p,
-                                    const std::shared_ptr<rendezvous::Store>& store) {
+                                    const std::shared_ptr<rendezvous::Store>& store,
+                                    bool glooOnly) {
   if (!store) return makeSoloCollective();
+  // A job on one machine sums through shared memory where it can.
+  if (p.localWorldSize == p.worldSize && !glooOnly) {
+    if (auto shared = makeSharedMemoryCollective(*store, p.rank, p.worldSize)) {
+      log::debug("all-reduce: shared memory");
+      return shared;
+    }
+  }
+  log::debug("all-reduce: Gloo over TCP");
   return makeGlooCollective(store, p.rank, p.worldSize,
                             localAddressToward(p.masterAddr, p.masterPort));
 }
@@ -169,10 +180,11 @@ Training::Training(const TrainConfig& config, const Placement& placement)
       batchY_(config.batchSize) {
   if (!config.checkpointDir.empty() && rank_ == 0) requireWritable(config.checkpointDir);
   auto store = jobStore(placement);
-  collective_ = connect(placement, store);
+  collective_ = connect(placement, store, config.allreduce == "gloo");
   engine_ = makeEngine(config.device,
                        {shape_, config.seed,
-                        {config.learningRate, config.momentum, config.weightDecay}},
+                        {config.learningRate, config.momentum, config.weightDecay},
+                        config.cpuMath},
                        placement, *collective_, store);
   if (auto resumed = resume(config, *collective_, *engine_, shape_)) {
     startEpoch_ = resumed->epoch;

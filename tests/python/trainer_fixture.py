@@ -164,12 +164,13 @@ DATA_PARALLEL_STEPS = 50
 DATA_PARALLEL_TOLERANCE = 1e-4
 
 
-def data_parallel_weights(test, device, nproc, batch_size, path):
+def data_parallel_weights(test, device, nproc, batch_size, path, flags=()):
     """The weights after DATA_PARALLEL_STEPS steps on Fashion-MNIST at a fixed seed and a
-    constant learning rate, from `nproc` workers (1: dlrun-train --single) at `batch_size` each."""
+    constant learning rate, from `nproc` workers (1: dlrun-train --single) at `batch_size` each,
+    with more trainer `flags`."""
     args = ["--device", device, "--epochs", "1", "--max-steps", str(DATA_PARALLEL_STEPS),
             "--lr-schedule", "constant", "--seed", "7", "--batch-size", str(batch_size),
-            "--dump-weights", path]
+            "--dump-weights", path, *flags]
     result = run_single(test, args) if nproc == 1 else run_train(test, args, nproc)
     test.assertEqual(result.returncode, 0, result)
     report = summary(test, result)
@@ -180,17 +181,18 @@ def data_parallel_weights(test, device, nproc, batch_size, path):
     return weights
 
 
-def assert_data_parallel_exact(test, device):
+def assert_data_parallel_exact(test, device, flags=()):
     """4 workers at --batch-size 16 end with the same weights as 1 worker at --batch-size 64 (the
     same global batch), up to float summation order; a control run at another global batch shows
-    the comparison can tell runs apart. Returns the single worker's weights."""
+    the comparison can tell runs apart. All with more trainer `flags`. Returns the single
+    worker's weights."""
     out = temp_dir(test)
     one, four, control = (os.path.join(out, name) for name in ("one", "four", "control"))
-    alone = data_parallel_weights(test, device, 1, 64, one)
-    parallel = data_parallel_weights(test, device, 4, 16, four)
+    alone = data_parallel_weights(test, device, 1, 64, one, flags)
+    parallel = data_parallel_weights(test, device, 4, 16, four, flags)
     test.assertLessEqual(max_abs_difference(alone, parallel), DATA_PARALLEL_TOLERANCE)
     # The same data at another global batch (16) ends elsewhere: the check has teeth.
-    other = data_parallel_weights(test, device, 1, 16, control)
+    other = data_parallel_weights(test, device, 1, 16, control, flags)
     test.assertGreater(max_abs_difference(alone, other), 100 * DATA_PARALLEL_TOLERANCE)
     return alone
 

@@ -1,0 +1,61 @@
+#include "trainer/math_dispatch.h"
+
+#include <dlfcn.h>
+
+#include <filesystem>
+
+#include "common/error.h"
+#include "common/log.h"
+
+namespace dlrun::trainer {
+
+bool cpuHasAvx2() {
+#if defined(__x86_64__)
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#else
+  return false;
+#endif
+}
+
+const MlpMath& loadMathModule(const std::string& path) {
+  // RTLD_LOCAL: none of the module's symbols can bind the program's references.
+  void* module = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (module == nullptr) throw Error("cannot load " + path + ": " + ::dlerror());
+  using Entry = const MlpMath* (*)();
+  auto entry = reinterpret_cast<Entry>(::dlsym(module, kMathModuleEntry));
+  if (entry == nullptr) {
+    ::dlclose(module);
+    throw Error(path + " has no " + kMathModuleEntry + " (built from other sources?)");
+  }
+  return *entry();
+}
+
+const MlpMath& cpuMath(const std::string& choice) {
+  const MlpMath& baseline = builtInMath();
+  if (choice == "baseline") {
+    log::debug("CPU math: baseline (--cpu-math baseline)");
+    return baseline;
+  }
+  if (!cpuHasAvx2()) {
+    log::debug("CPU math: baseline (this CPU lacks AVX2 or FMA)");
+    return baseline;
+  }
+  std::error_code ec;
+  const auto program = std::filesystem::read_symlink("/proc/self/exe", ec);
+  const std::string path = (program.parent_path() / kAvx2ModuleName).string();
+  if (ec || !std::filesystem::exists(path, ec)) {
+    log::debug("CPU math: baseline (no " + path + ")");
+    return baseline;
+  }
+  try {
+    const MlpMath& avx2 = loadMathModule(path);
+    log::debug("CPU math: " + std::string(avx2.isa) + " (" + path + ")");
+    return avx2;
+  } catch (const Error& e) {
+    log::warn(std::string(e.what()) + "; using the baseline CPU math");
+    return baseline;
+  }
+}
+
+}  // namespace dlrun::trainer
