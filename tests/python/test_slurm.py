@@ -1,8 +1,8 @@
 """dlrun under a real Slurm: munged, slurmctld and slurmd (scripts/slurm_local_up.sh), each
 Slurm node a simulated host with its own address and hostname; the job scripts users copy,
 slurm/examples/*.sbatch, submitted with sbatch as they are. Only the workers' command is
-replaced (DLRUN_WORKER, which the examples document) by light ones, and dlrun comes first on
-the job's PATH.
+replaced (DLRUN_WORKER, which the examples document): by light ones, or by the bundled trainer
+behind a wrapper that records each worker's start; dlrun comes first on the job's PATH.
 
 - single node: --nproc-per-node=auto starts one worker per CPU Slurm gave (3, not the
   machine's 2); the trainer reports that world size; the job is COMPLETED.
@@ -12,9 +12,12 @@ the job's PATH.
   names the root cause (rank, node, the worker's last stderr line).
 - scancel --signal=USR1 reaches every worker through dlrun; the job is COMPLETED.
 - node loss (a cluster of its own, 4 nodes, --nnodes=2:3): with three nodes training and one
-  waiting as a spare, every process of an active node is killed (slurmd too); the spare takes
-  its place within seconds, the lost node never comes back, training goes on and the job is
-  COMPLETED once Slurm has declared the node down.
+  waiting as a spare, the bundled trainer (--synthetic, 4 epochs, a checkpoint every 20 steps
+  in the shared temp dir) runs; once a checkpoint shows all three training, every process of an
+  active node is killed (slurmd too); the spare takes its place within seconds, the lost node
+  never comes back, the new group resumes from the checkpoint, trains to the last step (every
+  step once, test accuracy >= 0.3) and the job is COMPLETED once Slurm has declared the node
+  down.
 
 Needs root (namespaces) and Debian's slurm-wlm and munge (scripts/setup.sh); skipped without
 root.
@@ -31,6 +34,7 @@ from dlrun_fixture import (PYTHON, binary_from_env, clean_env, read_json, temp_d
                            worker)
 from netns_fixture import main
 from slurm_fixture import SlurmCluster
+from trainer_fixture import checkpoints
 
 EXAMPLES = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
                                          "slurm", "examples"))
@@ -38,6 +42,10 @@ JOB_TIMEOUT_S = 60        # a job's whole life, queueing included
 NODE_LOSS_TIMEOUT_S = 90  # Slurm ends the lost node's task only once it declares it down
 EVENT_TIMEOUT_S = 60      # workers starting inside a job
 RECOVERY_LIMIT_S = 5.0    # node killed -> the spare's workers started
+TRAIN_EPOCHS = 4          # node loss: the trainer on --synthetic data (20000 examples), 3 ranks
+TRAIN_STEPS = TRAIN_EPOCHS * 105  # ceil(20000 / 3 / 64) steps an epoch
+CHECKPOINT_EVERY = 20
+MIN_ACCURACY = 0.3          # of 10 classes (chance: 0.1); runs reached 0.64 to 0.89
 PRINTED = ("RANK", "WORLD_SIZE", "GROUP_RANK", "LOCAL_RANK", "SLURMD_NODENAME", "MASTER_ADDR",
            "TORCHELASTIC_RUN_ID")
 
@@ -171,19 +179,30 @@ class SlurmNodeLossTest(unittest.TestCase):
         return None
 
     def test_a_spare_takes_the_place_of_a_lost_node(self):
-        stop = os.path.join(self.out, "stop")
+        checkpoint_dir = os.path.join(self.out, "checkpoints")
+        train = binary_from_env("DLRUN_TRAIN", "dlrun-train")
+        # The real trainer, behind a wrapper that records each worker's start and execs it.
         job_id = self.cluster.submit(
             os.path.join(EXAMPLES, "elastic_spares.sbatch"),
-            job_env(self.out, f"{PYTHON} {worker('elastic_worker.py')} {self.out} "
-                              f"--until-file {stop}"),
+            job_env(self.out, f"{PYTHON} {worker('elastic_worker.py')} {self.out} --exec {train} "
+                              f"--synthetic --epochs {TRAIN_EPOCHS} --seed 3 "
+                              f"--checkpoint-dir {checkpoint_dir} "
+                              f"--checkpoint-every {CHECKPOINT_EVERY} "
+                              f"--progress-every {CHECKPOINT_EVERY}"),
             self.out, ["--cpus-per-task=1"])  # one worker per node
 
         def describe():
             return output_of(self.out, "dlrun-elastic", job_id)
+
+        def saved():
+            return checkpoints(checkpoint_dir) if os.path.isdir(checkpoint_dir) else {}
         wait_until(lambda: self.full_attempt(-1) is not None, EVENT_TIMEOUT_S,
                    "three nodes training", on_timeout=describe)
         wait_until(lambda: "waiting as a spare" in describe(), EVENT_TIMEOUT_S,
                    "the fourth node to wait as a spare", on_timeout=describe)
+        # A checkpoint is written after an all-reduce of every rank: all three are training.
+        wait_until(lambda: saved(), EVENT_TIMEOUT_S, "the first checkpoint",
+                   on_timeout=describe)
         first = self.full_attempt(-1)
         members = {r["host"] for r in self.starts()[first]}
         spare = ({f"node{k}" for k in range(1, 5)} - members).pop()
@@ -192,18 +211,16 @@ class SlurmNodeLossTest(unittest.TestCase):
 
         killed = time.time()
         self.cluster.kill_host(int(victim[len("node"):]))
+        saved_at_kill = max(saved())
         wait_until(lambda: self.full_attempt(first) is not None, EVENT_TIMEOUT_S,
                    "the spare's workers", on_timeout=describe)
         replaced = self.starts()[self.full_attempt(first)]
         recovery = max(r["time"] for r in replaced) - killed
-        print(f"{victim} killed -> {spare} training in its place: {recovery:.2f} s")
         self.assertEqual({r["host"] for r in replaced}, members - {victim} | {spare}, describe())
         self.assertEqual(sorted(int(r["env"]["RANK"]) for r in replaced), [0, 1, 2])
         self.assertTrue(all(r["env"]["WORLD_SIZE"] == "3" for r in replaced), describe())
         self.assertLessEqual(recovery, RECOVERY_LIMIT_S, describe())
 
-        with open(stop, "w"):
-            pass
         info = self.cluster.wait_for_end(job_id, NODE_LOSS_TIMEOUT_S, describe)
         output = describe()
         self.assertEqual((info["JobState"], info["ExitCode"]), ("COMPLETED", "0:0"), output)
@@ -211,7 +228,23 @@ class SlurmNodeLossTest(unittest.TestCase):
         self.assertIn("DOWN", self.cluster.node_state(victim))
         later = [r for a, records in self.starts().items() if a > first for r in records]
         self.assertNotIn(victim, {r["host"] for r in later}, output)
-
+        # The new group went on from a checkpoint of the old one (the newest at the kill, or one
+        # written in the moment before the survivors stopped), not from the start.
+        rank0 = worker_lines(output)[0]
+        resumed = [line for line in rank0 if line.startswith("resuming from checkpoint")]
+        self.assertEqual(len(resumed), 1, output)
+        resumed_at = int(resumed[0].rsplit(" ", 1)[1])
+        self.assertGreaterEqual(resumed_at, saved_at_kill, output)
+        self.assertLess(resumed_at, TRAIN_STEPS, output)
+        # ... and trained to the end: every step once, the model learned.
+        summary = json.loads(next(line for line in reversed(rank0) if line.startswith("{")))
+        self.assertEqual((summary["epochs"], summary["steps"], summary["world_size"]),
+                         (TRAIN_EPOCHS, TRAIN_STEPS, 3), output)
+        self.assertGreaterEqual(summary["test_accuracy"], MIN_ACCURACY, output)
+        self.assertIn(TRAIN_STEPS, saved(), output)
+        print(f"{victim} killed after step {saved_at_kill} -> {spare} training in its place in "
+              f"{recovery:.2f} s; {resumed[0]}; the end: {summary['steps']} steps, "
+              f"test accuracy {summary['test_accuracy']:.4f}")
 
 if __name__ == "__main__":
     main()

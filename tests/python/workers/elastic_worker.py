@@ -1,13 +1,14 @@
 """A worker of the multi-node tests: records its start, then does what the flags say.
 
 Usage: elastic_worker.py OUT_DIR [--allreduce] [--fail-rank R --fail-rounds N] [--wait]
-                         [--until-file PATH [--hold-ranks R,R...]]
+                         [--until-file PATH [--hold-ranks R,R...]] [--exec COMMAND...]
 Writes OUT_DIR/start_<restart count>_<rank>_<pid>.json with the time, its pid and the
 variables dlrun set. --allreduce runs a torch gloo all-reduce over the whole world (env://,
 dlrun's store) and records the sum. --fail-rank exits 3 on that rank while
 TORCHELASTIC_RESTART_COUNT < N (N = -1: always). --wait blocks until a signal stops it;
 --until-file exits 0 once PATH exists (or 4 after worker_util.MAX_WAIT_S); with --hold-ranks
-only those ranks wait for it, the others exit 0 at once.
+only those ranks wait for it, the others exit 0 at once. --exec (last) replaces the worker by
+COMMAND once the start is recorded (a real trainer whose start the tests can see).
 """
 import argparse
 import os
@@ -42,6 +43,7 @@ def main():
     parser.add_argument("--wait", action="store_true")
     parser.add_argument("--until-file")
     parser.add_argument("--hold-ranks")
+    parser.add_argument("--exec", nargs=argparse.REMAINDER)
     args = parser.parse_args()
     rank = int(os.environ["RANK"])
     attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
@@ -51,6 +53,9 @@ def main():
     if args.allreduce:
         record["sum"] = allreduce(rank)
     write_json(os.path.join(args.out_dir, f"start_{attempt}_{rank}_{os.getpid()}.json"), record)
+    if args.exec:
+        sys.stdout.flush()
+        os.execv(args.exec[0], args.exec)
     if rank == args.fail_rank and (args.fail_rounds < 0 or attempt < args.fail_rounds):
         print(f"rank {rank} fails on purpose", file=sys.stderr, flush=True)
         return 3
