@@ -124,8 +124,8 @@ void ElasticRendezvous::advanceCurrent(int toRound) {
 }
 
 int ElasticRendezvous::targetSize(int round) const {
-  // After a round ends, its members come back: close as soon as they all have (plus the node
-  // that asked to join), without waiting out the last call.
+  // After a round ends its members come back, less a lost node, plus a node that asked to join
+  // and the spares that waited: close as soon as that many have, not after the last call.
   if (!ended_ || ended_->round != round - 1) return options_.maxNodes;
   using Kind = RoundEnd::Kind;
   const int expected = ended_->members + ended_->spares +
