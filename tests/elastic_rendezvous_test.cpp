@@ -46,7 +46,7 @@ class ElasticRendezvousTest : public ::testing::Test {
   static std::vector<std::future<JoinResult>> joinAll(
       const std::vector<ElasticRendezvous*>& agents) {
     std::vector<std::future<JoinResult>> joins;
-    for (auto* a : agents) joins.push_back(std::async(std::launch::async, [a] { return a->next(); }));
+    for (auto* a : agents) joins.push_back(joinLater(*a));
     return joins;
   }
 
@@ -54,6 +54,17 @@ class ElasticRendezvousTest : public ::testing::Test {
     std::vector<World> out;
     for (auto& j : joins) out.push_back(std::get<World>(j.get()));
     return out;
+  }
+
+  // Every agent joins at once; returns their worlds.
+  static std::vector<World> formRound(const std::vector<std::unique_ptr<ElasticRendezvous>>& v) {
+    auto joins = joinAll(raw(v));
+    return worlds(joins);
+  }
+
+  // One more agent joins in the background, as a node arriving later does.
+  static std::future<JoinResult> joinLater(ElasticRendezvous& agent) {
+    return std::async(std::launch::async, [&agent] { return agent.next(); });
   }
 
   static std::vector<ElasticRendezvous*> raw(const std::vector<std::unique_ptr<ElasticRendezvous>>& v) {
@@ -67,8 +78,7 @@ class ElasticRendezvousTest : public ::testing::Test {
 
 TEST_F(ElasticRendezvousTest, ThreeAgentsGetUniqueConsistentRanks) {
   auto a = agents(3, options(3, 3));
-  auto joins = joinAll(raw(a));
-  const std::vector<World> w = worlds(joins);
+  const std::vector<World> w = formRound(a);
   std::set<int> groupRanks, baseRanks;
   for (const World& x : w) {
     groupRanks.insert(x.groupRank);
@@ -89,15 +99,13 @@ TEST_F(ElasticRendezvousTest, ClosesAtOnceAtMaxWithoutWaitingForTheLastCall) {
   o.lastCall = 60s;  // were it waited for, the join below would outlast the test's timeout
   auto a = agents(4, o);
   const auto start = std::chrono::steady_clock::now();
-  auto joins = joinAll(raw(a));
-  for (const World& x : worlds(joins)) EXPECT_EQ(x.groupWorldSize, 4);
+  for (const World& x : formRound(a)) EXPECT_EQ(x.groupWorldSize, 4);
   EXPECT_LT(std::chrono::steady_clock::now() - start, 30s);
 }
 
 TEST_F(ElasticRendezvousTest, ClosesAfterTheLastCallWithFewerThanMax) {
   auto a = agents(3, options(2, 4));
-  auto joins = joinAll(raw(a));
-  for (const World& x : worlds(joins)) EXPECT_EQ(x.groupWorldSize, 3);
+  for (const World& x : formRound(a)) EXPECT_EQ(x.groupWorldSize, 3);
 }
 
 TEST_F(ElasticRendezvousTest, JoinTimesOutWithTooFewNodes) {
@@ -127,13 +135,11 @@ TEST_F(ElasticRendezvousTest, ALostAgentEndsTheRoundForEveryoneAndTheRestGoOn) {
   o.lastCall = 60s;  // the survivors are all the next round expects: no last call
   auto a = agents(3, o);
   const auto start = std::chrono::steady_clock::now();
-  auto joins = joinAll(raw(a));
-  worlds(joins);
+  formRound(a);
   a.pop_back();  // its connections close, as when the process is killed
   auto ends = std::vector<RoundEnd>{a[0]->awaitEnd(), a[1]->awaitEnd()};
   for (const RoundEnd& e : ends) EXPECT_EQ(e.kind, Kind::NodeLost) << e.describe();
-  auto again = joinAll(raw(a));
-  for (const World& x : worlds(again)) {
+  for (const World& x : formRound(a)) {
     EXPECT_EQ(x.round, 1);
     EXPECT_EQ(x.groupWorldSize, 2);
     EXPECT_EQ(x.worldSize, 4);
@@ -144,8 +150,7 @@ TEST_F(ElasticRendezvousTest, ALostAgentEndsTheRoundForEveryoneAndTheRestGoOn) {
 
 TEST_F(ElasticRendezvousTest, AFailureEndsTheRoundForEveryoneAndCountsUntilFinal) {
   auto a = agents(2, options(2, 2));  // --max-restarts=1
-  auto joins = joinAll(raw(a));
-  worlds(joins);
+  formRound(a);
   a[1]->reportFailure({.node = "n1", .rank = 3, .exitCode = 7, .report = "why"});
   RoundEnd first = a[0]->awaitEnd();
   EXPECT_EQ(first.kind, Kind::WorkerFailed);
@@ -153,8 +158,7 @@ TEST_F(ElasticRendezvousTest, AFailureEndsTheRoundForEveryoneAndCountsUntilFinal
   EXPECT_FALSE(first.final);
   EXPECT_EQ(a[1]->awaitEnd().rank, 3);
 
-  auto again = joinAll(raw(a));
-  for (const World& x : worlds(again)) EXPECT_EQ(x.failures, 1);
+  for (const World& x : formRound(a)) EXPECT_EQ(x.failures, 1);
   a[0]->reportFailure({.node = "n0", .rank = 0, .exitCode = 9, .report = "root cause"});
   for (auto& agent : a) {
     RoundEnd last = agent->awaitEnd();
@@ -166,8 +170,7 @@ TEST_F(ElasticRendezvousTest, AFailureEndsTheRoundForEveryoneAndCountsUntilFinal
 
 TEST_F(ElasticRendezvousTest, TheRoundFinishesWhenEveryMemberSucceeded) {
   auto a = agents(2, options(2, 2));
-  auto joins = joinAll(raw(a));
-  worlds(joins);
+  formRound(a);
   a[0]->reportSuccess();
   a[1]->reportSuccess();
   EXPECT_EQ(a[0]->awaitEnd().kind, Kind::Finished);
@@ -176,13 +179,11 @@ TEST_F(ElasticRendezvousTest, TheRoundFinishesWhenEveryMemberSucceeded) {
 
 TEST_F(ElasticRendezvousTest, ALateNodeIsAdmittedAtTheNextRound) {
   auto a = agents(2, options(2, 3));
-  auto joins = joinAll(raw(a));
-  worlds(joins);
+  formRound(a);
   ElasticRendezvous late(options(2, 3));
-  auto lateJoin = std::async(std::launch::async, [&] { return late.next(); });
+  auto lateJoin = joinLater(late);
   for (auto& agent : a) EXPECT_EQ(agent->awaitEnd().kind, Kind::NodeJoined);
-  auto again = joinAll(raw(a));
-  const std::vector<World> w = worlds(again);
+  const std::vector<World> w = formRound(a);
   const World l = std::get<World>(lateJoin.get());
   EXPECT_EQ(l.groupWorldSize, 3);
   EXPECT_EQ(l.round, 1);
@@ -193,25 +194,22 @@ TEST_F(ElasticRendezvousTest, ASpareTakesTheLostNodesPlace) {
   ElasticOptions o = options(1, 2);
   o.lastCall = 60s;  // the survivor and the spare fill the round: no last call
   auto a = agents(2, o);
-  auto joins = joinAll(raw(a));
-  worlds(joins);
+  formRound(a);
   ElasticRendezvous spare(o);
-  auto spareJoin = std::async(std::launch::async, [&] { return spare.next(); });
+  auto spareJoin = joinLater(spare);
   // The job runs at its maximum: the spare waits instead of ending the round.
   EXPECT_EQ(spareJoin.wait_for(300ms), std::future_status::timeout);
   a.pop_back();
   EXPECT_EQ(a[0]->awaitEnd().kind, Kind::NodeLost);
-  auto again = joinAll(raw(a));
-  EXPECT_EQ(worlds(again)[0].groupWorldSize, 2);
+  EXPECT_EQ(formRound(a)[0].groupWorldSize, 2);
   EXPECT_EQ(std::get<World>(spareJoin.get()).groupWorldSize, 2);
 }
 
 TEST_F(ElasticRendezvousTest, ASpareLeavesWhenTheJobFinishes) {
   auto a = agents(1, options(1, 1));
-  auto joins = joinAll(raw(a));
-  worlds(joins);
+  formRound(a);
   ElasticRendezvous spare(options(1, 1));
-  auto spareJoin = std::async(std::launch::async, [&] { return spare.next(); });
+  auto spareJoin = joinLater(spare);
   a[0]->reportSuccess();
   const JoinResult result = spareJoin.get();
   ASSERT_TRUE(std::holds_alternative<RoundEnd>(result));
@@ -240,7 +238,7 @@ TEST_F(ElasticRendezvousTest, ALostNodeIsRefusedWhereLostNodesAreNotTakenBack) {
 
 TEST_F(ElasticRendezvousTest, InterruptUnblocksAWaitingJoin) {
   ElasticRendezvous alone(options(2, 2));
-  auto join = std::async(std::launch::async, [&] { return alone.next(); });
+  auto join = joinLater(alone);
   alone.interrupt();
   EXPECT_THROW(join.get(), Error);
 }
