@@ -12,12 +12,11 @@
 #include <vector>
 
 #include "common/cli.h"
+#include "common/clock.h"
 #include "common/error.h"
 #include "rendezvous/elastic_rendezvous.h"
 
 using namespace dlrun;
-using Clock = std::chrono::steady_clock;
-
 int main(int argc, char** argv) {
   return guardedMain([&] {
     CLI::App app("dlrun-rdzv-load: K simulated agents join one rendezvous round");

@@ -26,14 +26,14 @@
 #include <vector>
 
 #include "common/error.h"
-#include "rendezvous/backoff.h"
-#include "rendezvous/tcp_stream.h"
-#include "rendezvous/wire.h"
+#include "common/clock.h"
+#include "rendezvous/store/backoff.h"
+#include "rendezvous/store/tcp_stream.h"
+#include "rendezvous/store/wire.h"
 
 namespace {
 
 using namespace dlrun;
-using rendezvous::Clock;
 using rendezvous::TcpStream;
 using wire::Era;
 using wire::Op;

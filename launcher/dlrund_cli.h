@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "rendezvous/store_server.h"
+#include "rendezvous/store/store_server.h"
 
 namespace dlrun::launcher {
 

@@ -5,7 +5,7 @@
 #include "common/log.h"
 #include "common/cli.h"
 #include "launcher/dlrund_cli.h"
-#include "rendezvous/tcp_stream.h"
+#include "rendezvous/store/tcp_stream.h"
 
 int main(int argc, char** argv) {
   using namespace dlrun;

@@ -10,10 +10,10 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "launcher/launch_cli.h"
-#include "rendezvous/address.h"
+#include "rendezvous/store/address.h"
 #include "rendezvous/elastic_rendezvous.h"
 #include "rendezvous/local_rendezvous.h"
-#include "rendezvous/store_server.h"
+#include "rendezvous/store/store_server.h"
 
 namespace dlrun::launcher {
 namespace {

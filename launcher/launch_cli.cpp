@@ -11,7 +11,7 @@
 #include "common/error.h"
 #include "common/cli.h"
 #include "launcher/version.h"
-#include "rendezvous/tcp_stream.h"
+#include "rendezvous/store/tcp_stream.h"
 
 namespace dlrun::launcher {
 namespace {

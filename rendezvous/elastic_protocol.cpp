@@ -8,7 +8,7 @@
 #include <numeric>
 
 #include "common/error.h"
-#include "rendezvous/tcp_stream.h"
+#include "rendezvous/store/tcp_stream.h"
 
 namespace dlrun::rendezvous::elastic {
 namespace {

@@ -3,15 +3,14 @@
 #include <algorithm>
 #include <sstream>
 
+#include "common/clock.h"
 #include "common/error.h"
 #include "common/log.h"
-#include "rendezvous/local_rendezvous.h"
-#include "rendezvous/tcp_store.h"
-#include "rendezvous/tcp_stream.h"
+#include "rendezvous/store/address.h"
+#include "rendezvous/store/tcp_store.h"
+#include "rendezvous/store/tcp_stream.h"
 
 namespace dlrun::rendezvous {
-
-using Clock = std::chrono::steady_clock;
 
 namespace {
 

@@ -26,8 +26,4 @@ class LocalRendezvous : public Rendezvous {
   int round_ = 0;
 };
 
-// Distinct free TCP ports on `host`, found by binding port 0; all are held until every one is
-// chosen, then released for the workers to bind.
-std::vector<uint16_t> reserveFreePorts(const std::string& host, int count);
-
 }  // namespace dlrun::rendezvous

@@ -8,7 +8,7 @@
 #include <set>
 
 #include "common/error.h"
-#include "rendezvous/store_server.h"
+#include "rendezvous/store/store_server.h"
 
 namespace dlrun::rendezvous {
 namespace {

@@ -1,8 +1,8 @@
-#include "rendezvous/prefix_store.h"
+#include "rendezvous/store/prefix_store.h"
 
 #include <gtest/gtest.h>
 
-#include "rendezvous/memory_store.h"
+#include "rendezvous/store/memory_store.h"
 
 namespace dlrun::rendezvous {
 namespace {

@@ -5,8 +5,8 @@
 #include <string>
 #include <thread>
 
-#include "rendezvous/tcp_stream.h"
-#include "rendezvous/wire.h"
+#include "rendezvous/store/tcp_stream.h"
+#include "rendezvous/store/wire.h"
 
 namespace dlrun::testing {
 
@@ -31,8 +31,8 @@ class RawClient {
   }
 
  private:
-  static rendezvous::Clock::time_point deadline() {
-    return rendezvous::Clock::now() + std::chrono::seconds(10);
+  static Clock::time_point deadline() {
+    return Clock::now() + std::chrono::seconds(10);
   }
   rendezvous::TcpStream stream_;
 };
@@ -40,9 +40,9 @@ class RawClient {
 // Polls a condition that another thread changes, until it holds or the deadline passes.
 template <typename Predicate>
 bool eventually(Predicate predicate, std::chrono::milliseconds within = std::chrono::seconds(10)) {
-  const auto deadline = rendezvous::Clock::now() + within;
+  const auto deadline = Clock::now() + within;
   while (!predicate()) {
-    if (rendezvous::Clock::now() > deadline) return false;
+    if (Clock::now() > deadline) return false;
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   return true;

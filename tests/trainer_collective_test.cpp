@@ -12,8 +12,8 @@
 #include <thread>
 
 #include "common/error.h"
-#include "rendezvous/memory_store.h"
-#include "rendezvous/prefix_store.h"
+#include "rendezvous/store/memory_store.h"
+#include "rendezvous/store/prefix_store.h"
 
 namespace dlrun::trainer {
 namespace {

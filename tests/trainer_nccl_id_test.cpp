@@ -12,9 +12,9 @@
 #include <vector>
 
 #include "common/error.h"
-#include "rendezvous/prefix_store.h"
-#include "rendezvous/store_server.h"
-#include "rendezvous/tcp_store.h"
+#include "rendezvous/store/prefix_store.h"
+#include "rendezvous/store/store_server.h"
+#include "rendezvous/store/tcp_store.h"
 
 namespace dlrun::trainer {
 namespace {

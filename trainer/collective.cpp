@@ -1,10 +1,5 @@
 #include "trainer/collective.h"
 
-#include <arpa/inet.h>
-#include <netdb.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstring>
 #include <gloo/allreduce.h>
@@ -95,29 +90,6 @@ std::unique_ptr<Collective> makeGlooCollective(std::shared_ptr<rendezvous::Store
   } catch (const ::gloo::Exception& e) {
     throw Error(std::string("cannot connect the Gloo all-reduce: ") + e.what());
   }
-}
-
-std::string localAddressToward(const std::string& host, uint16_t port) {
-  addrinfo hints{};
-  hints.ai_socktype = SOCK_DGRAM;
-  addrinfo* list = nullptr;
-  if (::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &list) != 0 || !list)
-    throw Error("cannot resolve MASTER_ADDR '" + host + "'");
-  // Connecting a UDP socket only picks the route; nothing is sent.
-  int fd = ::socket(list->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-  sockaddr_storage local{};
-  socklen_t length = sizeof(local);
-  const bool ok = fd >= 0 && ::connect(fd, list->ai_addr, list->ai_addrlen) == 0 &&
-                  ::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &length) == 0;
-  ::freeaddrinfo(list);
-  if (fd >= 0) ::close(fd);
-  if (!ok) throw Error("no route to MASTER_ADDR '" + host + "': " + std::strerror(errno));
-  char text[INET6_ADDRSTRLEN] = {};
-  const void* address = local.ss_family == AF_INET
-                            ? static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(&local)->sin_addr)
-                            : static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(&local)->sin6_addr);
-  ::inet_ntop(local.ss_family, address, text, sizeof(text));
-  return text;
 }
 
 }  // namespace dlrun::trainer

@@ -7,7 +7,7 @@
 #include <memory>
 #include <string>
 
-#include "rendezvous/store.h"
+#include "rendezvous/store/store.h"
 
 namespace dlrun::trainer {
 
@@ -27,8 +27,5 @@ std::unique_ptr<Collective> makeSoloCollective();
 // `localAddr` is this host's address the other ranks can reach.
 std::unique_ptr<Collective> makeGlooCollective(std::shared_ptr<rendezvous::Store> store, int rank,
                                                int size, const std::string& localAddr);
-
-// The local address that routes to `host` (found without sending a packet).
-std::string localAddressToward(const std::string& host, uint16_t port);
 
 }  // namespace dlrun::trainer

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "rendezvous/store.h"
+#include "rendezvous/store/store.h"
 #include "trainer/collective.h"
 #include "trainer/config.h"
 #include "trainer/model.h"

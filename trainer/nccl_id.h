@@ -5,7 +5,7 @@
 
 #include <nccl.h>
 
-#include "rendezvous/store.h"
+#include "rendezvous/store/store.h"
 
 namespace dlrun::trainer {
 

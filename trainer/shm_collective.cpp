@@ -20,13 +20,12 @@
 #include <sstream>
 #include <utility>
 
+#include "common/clock.h"
 #include "common/error.h"
 #include "common/log.h"
 
 namespace dlrun::trainer {
 namespace {
-
-using Clock = std::chrono::steady_clock;
 
 constexpr size_t kChunk = size_t{1} << 18;  // floats per rank and round: a default gradient
 constexpr auto kTimeout = std::chrono::seconds(30);

@@ -6,7 +6,7 @@
 
 #include <memory>
 
-#include "rendezvous/store.h"
+#include "rendezvous/store/store.h"
 #include "trainer/collective.h"
 
 namespace dlrun::trainer {

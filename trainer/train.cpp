@@ -10,10 +10,12 @@
 #include <filesystem>
 #include <fstream>
 
+#include "common/clock.h"
 #include "common/error.h"
 #include "common/log.h"
-#include "rendezvous/prefix_store.h"
-#include "rendezvous/tcp_store.h"
+#include "rendezvous/store/address.h"
+#include "rendezvous/store/prefix_store.h"
+#include "rendezvous/store/tcp_store.h"
 #include "trainer/checkpoint.h"
 #include "trainer/collective.h"
 #include "trainer/engine.h"
@@ -22,8 +24,6 @@
 
 namespace dlrun::trainer {
 namespace {
-
-using Clock = std::chrono::steady_clock;
 
 volatile sig_atomic_t stopRequested = 0;
 volatile sig_atomic_t stepping = 0;  // the training loop runs: a stop waits for the step's end
@@ -63,7 +63,7 @@ std::unique_ptr<Collective> connect(const Placement& p,
   }
   log::debug("all-reduce: Gloo over TCP");
   return makeGlooCollective(store, p.rank, p.worldSize,
-                            localAddressToward(p.masterAddr, p.masterPort));
+                            rendezvous::localAddressToward(p.masterAddr, p.masterPort));
 }
 
 // Fails at once, not at the first checkpoint, when the directory cannot be written.

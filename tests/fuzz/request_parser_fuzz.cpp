@@ -3,8 +3,8 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "rendezvous/store_engine.h"
-#include "rendezvous/wire.h"
+#include "rendezvous/store/store_engine.h"
+#include "rendezvous/store/wire.h"
 
 namespace {
 

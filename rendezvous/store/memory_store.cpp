@@ -1,4 +1,4 @@
-#include "rendezvous/memory_store.h"
+#include "rendezvous/store/memory_store.h"
 
 #include <algorithm>
 #include <charconv>

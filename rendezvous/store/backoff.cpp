@@ -1,4 +1,4 @@
-#include "rendezvous/backoff.h"
+#include "rendezvous/store/backoff.h"
 
 #include <algorithm>
 

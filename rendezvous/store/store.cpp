@@ -1,4 +1,4 @@
-#include "rendezvous/store.h"
+#include "rendezvous/store/store.h"
 
 #include "common/error.h"
 

@@ -1,4 +1,4 @@
-#include "rendezvous/prefix_store.h"
+#include "rendezvous/store/prefix_store.h"
 
 namespace dlrun::rendezvous {
 

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace dlrun::rendezvous {
 
@@ -17,5 +18,9 @@ std::string localAddressToward(const std::string& host, uint16_t port);
 
 // Whether a numeric address belongs to this machine (it can be bound).
 bool isLocalAddress(const std::string& address);
+
+// Distinct free TCP ports on `host`, found by binding port 0; all are held until every one is
+// chosen, then released for the workers to bind.
+std::vector<uint16_t> reserveFreePorts(const std::string& host, int count);
 
 }  // namespace dlrun::rendezvous

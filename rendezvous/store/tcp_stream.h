@@ -9,11 +9,10 @@
 #include <string>
 #include <string_view>
 
+#include "common/clock.h"
 #include "common/error.h"
 
 namespace dlrun::rendezvous {
-
-using Clock = std::chrono::steady_clock;
 
 // "host:port", with an IPv6 address in brackets ("[::1]:29500").
 std::string joinHostPort(const std::string& host, uint16_t port);

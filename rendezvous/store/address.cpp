@@ -1,4 +1,4 @@
-#include "rendezvous/address.h"
+#include "rendezvous/store/address.h"
 
 #include <arpa/inet.h>
 #include <netdb.h>
@@ -65,6 +65,45 @@ bool isLocalAddress(const std::string& address) {
   const bool local = fd >= 0 && ::bind(fd, list->ai_addr, list->ai_addrlen) == 0;
   if (fd >= 0) ::close(fd);
   return local;
+}
+
+std::vector<uint16_t> reserveFreePorts(const std::string& host, int count) {
+  sockaddr_storage address{};
+  socklen_t length = 0;
+  auto* v4 = reinterpret_cast<sockaddr_in*>(&address);
+  auto* v6 = reinterpret_cast<sockaddr_in6*>(&address);
+  if (inet_pton(AF_INET, host.c_str(), &v4->sin_addr) == 1) {
+    v4->sin_family = AF_INET;
+    length = sizeof(sockaddr_in);
+  } else if (inet_pton(AF_INET6, host.c_str(), &v6->sin6_addr) == 1) {
+    v6->sin6_family = AF_INET6;
+    length = sizeof(sockaddr_in6);
+  } else {
+    throw Error("cannot reserve ports: '" + host + "' is not a numeric address");
+  }
+  std::vector<int> held;
+  std::vector<uint16_t> ports;
+  auto release = [&] {
+    for (int fd : held) ::close(fd);
+  };
+  for (int i = 0; i < count; ++i) {
+    int fd = ::socket(address.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_storage bound = address;
+    socklen_t boundLength = length;
+    if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&bound), length) != 0 ||
+        ::getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &boundLength) != 0) {
+      const std::string reason = std::strerror(errno);
+      if (fd >= 0) ::close(fd);
+      release();
+      throw Error("cannot reserve a free port on " + host + ": " + reason);
+    }
+    held.push_back(fd);
+    ports.push_back(ntohs(address.ss_family == AF_INET
+                              ? reinterpret_cast<sockaddr_in*>(&bound)->sin_port
+                              : reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port));
+  }
+  release();
+  return ports;
 }
 
 }  // namespace dlrun::rendezvous

@@ -1,18 +1,16 @@
-// An in-process Store: a map under a mutex, waiters on a condition variable. For tests and for
-// code paths that share a store between threads of one process.
+// A namespace over another store: every key is sent as "<prefix>/<key>". Used to keep jobs,
+// rendezvous rounds and restart attempts apart on one server.
 #pragma once
 
-#include <condition_variable>
-#include <mutex>
-#include <unordered_map>
+#include <memory>
 
-#include "rendezvous/store.h"
+#include "rendezvous/store/store.h"
 
 namespace dlrun::rendezvous {
 
-class MemoryStore : public Store {
+class PrefixStore : public Store {
  public:
-  explicit MemoryStore(std::chrono::milliseconds timeout = kDefaultTimeout) : timeout_(timeout) {}
+  PrefixStore(std::string prefix, std::shared_ptr<Store> inner);
 
   void set(const std::string& key, const std::string& value) override;
   std::string get(const std::string& key) override;
@@ -22,22 +20,21 @@ class MemoryStore : public Store {
   bool deleteKey(const std::string& key) override;
   bool check(const std::vector<std::string>& keys) override;
   void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override;
+  // The inner store's count: keys are not tracked per prefix.
   int64_t numKeys() override;
   void append(const std::string& key, const std::string& value) override;
   std::vector<std::string> multiGet(const std::vector<std::string>& keys) override;
   void multiSet(const std::vector<std::string>& keys,
                 const std::vector<std::string>& values) override;
 
- private:
-  // Waits on lock until every key exists; throws TimeoutError.
-  void waitLocked(std::unique_lock<std::mutex>& lock, const std::vector<std::string>& keys,
-                  std::chrono::milliseconds timeout);
-  bool hasAll(const std::vector<std::string>& keys) const;
+  Store& inner() { return *inner_; }
 
-  const std::chrono::milliseconds timeout_;
-  std::mutex mutex_;
-  std::condition_variable changed_;
-  std::unordered_map<std::string, std::string> data_;
+ private:
+  std::string join(const std::string& key) const { return prefix_ + key; }
+  std::vector<std::string> join(const std::vector<std::string>& keys) const;
+
+  const std::string prefix_;  // with the trailing '/'
+  const std::shared_ptr<Store> inner_;
 };
 
 }  // namespace dlrun::rendezvous

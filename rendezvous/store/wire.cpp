@@ -1,4 +1,4 @@
-#include "rendezvous/wire.h"
+#include "rendezvous/store/wire.h"
 
 #include <array>
 #include <cstring>

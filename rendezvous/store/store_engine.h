@@ -15,7 +15,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "rendezvous/wire.h"
+#include "rendezvous/store/wire.h"
 
 namespace dlrun::rendezvous {
 

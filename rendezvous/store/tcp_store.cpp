@@ -1,12 +1,12 @@
-#include "rendezvous/tcp_store.h"
+#include "rendezvous/store/tcp_store.h"
 
 #include <unistd.h>
 
 #include <thread>
 
 #include "common/error.h"
-#include "rendezvous/backoff.h"
-#include "rendezvous/wire.h"
+#include "rendezvous/store/backoff.h"
+#include "rendezvous/store/wire.h"
 
 namespace dlrun::rendezvous {
 namespace {

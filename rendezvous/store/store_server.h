@@ -10,7 +10,7 @@
 #include <string>
 #include <thread>
 
-#include "rendezvous/wire.h"
+#include "rendezvous/store/wire.h"
 
 namespace boost::asio {
 class io_context;

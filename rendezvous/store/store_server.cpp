@@ -5,7 +5,7 @@
 // Each session waits for readability, reads what is there into the server's scratch buffer,
 // runs every complete request through the engine, and flushes the replies with a non-blocking
 // write; only what the kernel does not take at once goes through async_write.
-#include "rendezvous/store_server.h"
+#include "rendezvous/store/store_server.h"
 
 #include <fcntl.h>
 
@@ -14,8 +14,8 @@
 
 #include "common/error.h"
 #include "common/log.h"
-#include "rendezvous/store_engine.h"
-#include "rendezvous/tcp_stream.h"
+#include "rendezvous/store/store_engine.h"
+#include "rendezvous/store/tcp_stream.h"
 
 namespace dlrun::rendezvous {
 

@@ -1,4 +1,4 @@
-#include "rendezvous/tcp_stream.h"
+#include "rendezvous/store/tcp_stream.h"
 
 #include <fcntl.h>
 #include <netdb.h>

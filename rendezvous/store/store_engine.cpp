@@ -1,4 +1,4 @@
-#include "rendezvous/store_engine.h"
+#include "rendezvous/store/store_engine.h"
 
 #include <algorithm>
 #include <charconv>

@@ -12,8 +12,8 @@
 #include <utility>
 #include <vector>
 
-#include "rendezvous/store.h"
-#include "rendezvous/tcp_stream.h"
+#include "rendezvous/store/store.h"
+#include "rendezvous/store/tcp_stream.h"
 
 namespace dlrun::rendezvous {
 
