@@ -4,15 +4,15 @@
 //   Running --a worker fails--------------------> Stopping(failure)
 //   Running --the round ended elsewhere---------> Stopping(round end)
 //   Running --SIGINT/TERM/HUP/QUIT--------------> Stopping(signal)
-//   Running --every worker exited 0-------------> Finished(0) | Done (several nodes)
-//   Done --the round ended----------------------> Finished(0) | Joining (restart)
-//   Stopping --last worker reaped---------------> Joining (restart, a new rendezvous round)
-//                                                 | Finished(root cause's code, or 128+signal)
+//   Running --every worker exited 0-------------> Done
+//   Stopping --last worker reaped---------------> Done | Finished(128+signal, or 127)
+//   Done --the round ended----------------------> Finished(0, or the final failure's code)
+//                                                 | Joining (a new round)
 //
-// With several nodes, rounds also end from outside (a node lost or added, a worker failed on
-// another node): the rendezvous blocks on the network, so it runs on a thread of its own
-// (next(), then awaitEnd()) and posts what it learns to this io_context. A single node's
-// rendezvous never blocks and runs inline.
+// The rendezvous decides how a round ends, for one node as for several: this node's workers
+// report their success or failure to it, and the round's end (from this node or another)
+// comes back through awaitEnd(). Its calls block, so they run on a thread of their own
+// (next(), then awaitEnd()) and post what they learn to this io_context.
 //
 // SIGCHLD drives reaping (waitpid(-1) also reaps descendants re-parented to this subreaper);
 // SIGUSR1/SIGUSR2 are forwarded to every worker's process group and change nothing else.
@@ -20,18 +20,17 @@
 // grace period. Worker output is pumped by StreamPump on the same io_context.
 #include "agents/agent.h"
 
-#include <fcntl.h>
 #include <signal.h>
-#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <thread>
 
 #include "agents/failure_report.h"
-#include "agents/output.h"
 #include "agents/process.h"
+#include "agents/worker.h"
 #include "agents/worker_env.h"
 #include "common/asio.h"
 #include "common/error.h"
@@ -48,34 +47,6 @@ Streams StreamsByRank::forRank(int localRank) const {
 }
 
 namespace detail {
-namespace {
-
-bool includes(Streams streams, Streams one) {
-  return (static_cast<int>(streams) & static_cast<int>(one)) != 0;
-}
-
-int openLog(const fs::path& path) {
-  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw Error("cannot write log file " + path.string() + ": " + std::strerror(errno));
-  return fd;
-}
-
-}  // namespace
-
-struct Worker {
-  int localRank = 0;
-  int rank = 0;
-  pid_t pid = -1;
-  int execReportFd = -1;
-  bool alive = false;
-  ExitStatus status;
-  std::string errorFile;
-  std::unique_ptr<StreamPump> out, err;
-
-  ~Worker() {
-    if (execReportFd >= 0) ::close(execReportFd);
-  }
-};
 
 class AgentImpl {
  public:
@@ -131,24 +102,32 @@ class AgentImpl {
 
   void beginRound() {
     state_ = State::Joining;
-    failure_.reset();
     roundEnd_.reset();
-    if (!rendezvous_.multiNode()) return onJoined(rendezvous_.next());
     if (roundThread_.joinable()) roundThread_.join();  // it ended with the last round
-    roundThread_ = std::thread([this] {
-      try {
-        rendezvous::JoinResult joined = rendezvous_.next();
-        const bool member = std::holds_alternative<rendezvous::World>(joined);
-        asio::post(io_, [this, joined = std::move(joined)] { onJoined(joined); });
-        if (!member) return;
-        asio::post(io_, [this, end = rendezvous_.awaitEnd()] { onRoundEnd(end); });
-      } catch (const Error& e) {
-        const int code = dynamic_cast<const ConfigError*>(&e) ? 2 : 1;
-        asio::post(io_, [this, code, message = std::string(e.what())] {
-          onRendezvousError(code, message);
-        });
-      }
-    });
+    roundThread_ = std::thread([this] { runRendezvous(); });
+  }
+
+  // The rendezvous thread's whole life for one round. Nothing escapes it: an exception here
+  // would end the process without stopping the workers.
+  void runRendezvous() {
+    auto fail = [this](int code, std::string message) {
+      asio::post(io_, [this, code, message = std::move(message)] {
+        onRendezvousError(code, message);
+      });
+    };
+    try {
+      rendezvous::JoinResult joined = rendezvous_.next();
+      const bool member = std::holds_alternative<rendezvous::World>(joined);
+      asio::post(io_, [this, joined = std::move(joined)] { onJoined(joined); });
+      if (!member) return;
+      asio::post(io_, [this, end = rendezvous_.awaitEnd()] { onRoundEnd(end); });
+    } catch (const ConfigError& e) {
+      fail(2, e.what());
+    } catch (const std::exception& e) {
+      fail(1, e.what());
+    } catch (...) {
+      fail(1, "the rendezvous failed with an unknown error");
+    }
   }
 
   void onJoined(const rendezvous::JoinResult& joined) {
@@ -161,7 +140,7 @@ class AgentImpl {
   }
 
   void onRoundEnd(const rendezvous::RoundEnd& end) {
-    log::debug("round " + std::to_string(round_) + " ended: " + end.describe());
+    log::debug("round " + std::to_string(world_.round) + " ended: " + end.describe());
     if (state_ == State::Finished || stopSignal_) return;
     roundEnd_ = end;
     if (state_ == State::Done) return endOfRound();
@@ -192,7 +171,7 @@ class AgentImpl {
     }
     if (end.countsAsFailure())
       log::info("worker group failed (" + end.describe() + "); restarting, attempt " +
-                std::to_string(end.failures) + " of " + std::to_string(options_.maxRestarts));
+                std::to_string(end.failures) + " of " + std::to_string(world_.maxRestarts));
     else
       log::info("re-rendezvous: " + end.describe());
     killLeftovers();
@@ -205,23 +184,15 @@ class AgentImpl {
                ", ranks " + std::to_string(world.baseRank) + "+" +
                std::to_string(world.localWorldSize) + " of " + std::to_string(world.worldSize));
     state_ = State::Running;
-    runId_ = world.runId;
-    round_ = world.round;
-    failuresBefore_ = world.failures;
-    const fs::path attemptDir = logRoot_ / runId_ / ("attempt_" + std::to_string(round_));
+    world_ = world;
+    const fs::path attemptDir =
+        logRoot_ / world.runId / ("attempt_" + std::to_string(world.round));
     workers_.clear();
     try {
       for (int local = 0; local < options_.nprocPerNode; ++local)
-        workers_.push_back(startWorker(world, attemptDir, local));
+        workers_.push_back(Worker::start(io_, launchOf(attemptDir, local)));
       // Confirmed only now, so the workers' execs overlap instead of running one by one.
-      for (auto& w : workers_) {
-        try {
-          confirmExec(w->pid, std::exchange(w->execReportFd, -1), options_.command.front());
-        } catch (const Error&) {
-          w->alive = false;
-          throw;
-        }
-      }
+      for (auto& w : workers_) w->confirmExec();
     } catch (const Error& e) {
       log::info(std::string("error: ") + e.what());
       exitCode_ = 127;
@@ -232,66 +203,32 @@ class AgentImpl {
     }
   }
 
-  std::unique_ptr<Worker> startWorker(const rendezvous::World& world, const fs::path& attemptDir,
-                                      int local) {
-    auto w = std::make_unique<Worker>();
-    w->localRank = local;
-    w->rank = world.baseRank + local;
-    const Streams toFile = static_cast<Streams>(
-        static_cast<int>(options_.redirects.forRank(local)) |
-        static_cast<int>(options_.tee.forRank(local)));
+  WorkerLaunch launchOf(const fs::path& attemptDir, int local) {
+    WorkerLaunch launch;
+    launch.localRank = local;
+    launch.rank = world_.baseRank + local;
+    launch.argv = options_.command;
+    WorkerOutput& output = launch.output;
+    output.fileOnly = options_.redirects.forRank(local);
+    output.toFile = static_cast<Streams>(static_cast<int>(output.fileOnly) |
+                                         static_cast<int>(options_.tee.forRank(local)));
+    output.shown = !options_.localRanksFilter || options_.localRanksFilter->contains(local);
+    output.prefix =
+        expandPrefix(options_.logLinePrefixTemplate, launch.rank, local, options_.role);
     // A directory per rank only where the user will look; otherwise the error file alone, in
     // the temporary root (creating and removing directories costs a launch milliseconds).
-    const bool rankDir = options_.logDir || toFile != Streams::None;
-    const fs::path dir = attemptDir / std::to_string(local);
-    if (rankDir) fs::create_directories(dir);
-    w->errorFile = rankDir ? (dir / "error.json").string()
-                           : (logRoot_ / ("error-" + std::to_string(round_) + "-" +
-                                          std::to_string(local) + ".json")).string();
-
-    WorkerSpec spec{options_.role, options_.maxRestarts, world.round, w->errorFile};
-    const Streams fileOnly = options_.redirects.forRank(local);
-    const bool shown = !options_.localRanksFilter || options_.localRanksFilter->contains(local);
-    const std::string prefix =
-        expandPrefix(options_.logLinePrefixTemplate, w->rank, local, options_.role);
-
-    auto target = [&](Streams which, int console, const char* file, size_t keep) {
-      OutputTarget t;
-      t.consoleFd = shown && !includes(fileOnly, which) ? console : -1;
-      t.prefix = prefix;
-      t.fileFd = includes(toFile, which) ? openLog(dir / file) : -1;
-      t.keepLines = keep;
-      if (t.fileFd >= 0) keepLogRoot_ = true;
-      return t;
-    };
-    OutputTarget out = target(Streams::Out, STDOUT_FILENO, "stdout.log", 0);
-    OutputTarget err = target(Streams::Err, STDERR_FILENO, "stderr.log", kReportLines);
-    // A stream shown as it is needs no pipe; stderr is always piped for the failure report.
-    const bool pipeOut = out.consoleFd < 0 || out.fileFd >= 0 || !prefix.empty();
-
-    SpawnRequest request;
-    request.argv = options_.command;
-    request.envp = toEnvp(workerEnvironment(inherited_, world, spec, local));
-    request.pipeStdout = pipeOut;
-    request.pipeStderr = true;
-    SpawnedProcess p;
-    try {
-      p = spawnProcess(request);
-    } catch (...) {
-      if (out.fileFd >= 0) ::close(out.fileFd);
-      if (err.fileFd >= 0) ::close(err.fileFd);
-      throw;
+    if (options_.logDir || output.toFile != Streams::None) {
+      output.dir = attemptDir / std::to_string(local);
+      fs::create_directories(*output.dir);
+      launch.errorFile = (*output.dir / "error.json").string();
+      if (output.toFile != Streams::None) keepLogRoot_ = true;
+    } else {
+      launch.errorFile = (logRoot_ / ("error-" + std::to_string(world_.round) + "-" +
+                                      std::to_string(local) + ".json")).string();
     }
-    w->pid = p.pid;
-    w->execReportFd = p.execReportFd;
-    w->alive = true;
-    if (p.stdoutFd >= 0) {
-      w->out = std::make_unique<StreamPump>(io_, p.stdoutFd, std::move(out));
-      w->out->start();
-    }
-    w->err = std::make_unique<StreamPump>(io_, p.stderrFd, std::move(err));
-    w->err->start();
-    return w;
+    const WorkerSpec spec{options_.role, world_.maxRestarts, world_.round, launch.errorFile};
+    launch.envp = toEnvp(workerEnvironment(inherited_, world_, spec, local));
+    return launch;
   }
 
   void reap() {
@@ -299,18 +236,15 @@ class AgentImpl {
     pid_t pid;
     while ((pid = ::waitpid(-1, &status, WNOHANG)) > 0) {
       for (auto& w : workers_) {
-        if (w->pid == pid && w->alive) onWorkerExit(*w, ExitStatus::fromWaitStatus(status));
+        if (w->pid() == pid && w->alive()) onWorkerExit(*w, ExitStatus::fromWaitStatus(status));
       }
     }
   }
 
   void onWorkerExit(Worker& w, ExitStatus status) {
-    w.alive = false;
-    w.status = status;
-    if (w.out) w.out->drain();
-    w.err->drain();
+    w.exited(status);
     if (state_ == State::Running && !status.success()) {
-      recordFailure(w);
+      reportFailure(w);
       stop(SIGTERM);
     }
     if (liveWorkers() > 0) return;
@@ -319,22 +253,20 @@ class AgentImpl {
   }
 
   void onSucceeded() {
-    if (!rendezvous_.multiNode()) return finish(0);
-    // The other nodes may still be running: the job is over when the round ends as Finished.
+    // Other nodes may still be running: the job is over when the round ends as Finished.
     state_ = State::Done;
     reportToRendezvous([&] { rendezvous_.reportSuccess(); });
     if (roundEnd_) endOfRound();
   }
 
-  void recordFailure(const Worker& w) {
-    failure_ = WorkerFailure{w.rank, w.localRank, options_.nodeName, w.status,
-                             readErrorFile(w.errorFile), w.err->lastLines()};
-    if (!rendezvous_.multiNode()) return;
+  void reportFailure(const Worker& w) {
+    const WorkerFailure failure{w.rank(), w.localRank(), options_.nodeName, w.status(),
+                                readErrorFile(w.errorFile()), w.lastErrorLines()};
     rendezvous::RoundEnd end{.kind = rendezvous::RoundEnd::Kind::WorkerFailed,
                              .node = options_.nodeName,
-                             .rank = w.rank,
-                             .exitCode = w.status.shellCode(),
-                             .report = formatFailureReport(*failure_, failuresBefore_)};
+                             .rank = w.rank(),
+                             .exitCode = w.status().shellCode(),
+                             .report = formatFailureReport(failure, world_.failures)};
     reportToRendezvous([&] { rendezvous_.reportFailure(end); });
   }
 
@@ -350,15 +282,11 @@ class AgentImpl {
   }
 
   size_t liveWorkers() const {
-    size_t n = 0;
-    for (const auto& w : workers_) n += w->alive ? 1 : 0;
-    return n;
+    return std::count_if(workers_.begin(), workers_.end(), [](auto& w) { return w->alive(); });
   }
 
   void signalWorkers(int sig) {
-    for (const auto& w : workers_) {
-      if (w->alive) ::kill(-w->pid, sig);
-    }
+    for (const auto& w : workers_) w->signal(sig);
   }
 
   void stop(int sig) {
@@ -369,8 +297,8 @@ class AgentImpl {
     stopTimer_.async_wait([this](const boost::system::error_code& ec) {
       if (ec) return;
       for (const auto& w : workers_) {
-        if (w->alive)
-          log::info("rank " + std::to_string(w->rank) + " did not stop within " +
+        if (w->alive())
+          log::info("rank " + std::to_string(w->rank()) + " did not stop within " +
                     std::to_string(options_.stopTimeout.count()) + " ms; sending SIGKILL");
       }
       signalWorkers(SIGKILL);
@@ -381,28 +309,14 @@ class AgentImpl {
     stopTimer_.cancel();
     if (launchFailed_) return finish(exitCode_);
     if (stopSignal_) return finish(128 + *stopSignal_);
-    if (rendezvous_.multiNode()) {
-      state_ = State::Done;  // no workers; the round's end decides what follows
-      if (roundEnd_) endOfRound();
-      return;
-    }
-    if (restarts_ < options_.maxRestarts) {
-      ++restarts_;
-      log::info("worker group failed (rank " + std::to_string(failure_->rank) + ", " +
-                failure_->status.describe() + "); restarting, attempt " +
-                std::to_string(restarts_) + " of " + std::to_string(options_.maxRestarts));
-      killLeftovers();
-      return beginRound();
-    }
-    const std::string report = formatFailureReport(*failure_, restarts_);
-    [[maybe_unused]] auto n = ::write(STDERR_FILENO, report.data(), report.size());
-    finish(failure_->status.shellCode());
+    state_ = State::Done;  // no workers; the round's end decides what follows
+    if (roundEnd_) endOfRound();
   }
 
   // Whatever the workers left behind in their process groups goes with them, so no job leaves
   // orphans, whether it failed or succeeded.
   void killLeftovers() {
-    for (const auto& w : workers_) ::kill(-w->pid, SIGKILL);
+    for (const auto& w : workers_) w->killGroup();
   }
 
   void finish(int code) {
@@ -436,8 +350,6 @@ class AgentImpl {
     fs::remove_all(logRoot_, ec);
   }
 
-  static constexpr size_t kReportLines = 20;
-
   AgentOptions options_;
   rendezvous::Rendezvous& rendezvous_;
   asio::io_context io_{1};
@@ -446,16 +358,12 @@ class AgentImpl {
   const Environment inherited_;
   State state_ = State::Joining;
   std::vector<std::unique_ptr<Worker>> workers_;
-  std::optional<WorkerFailure> failure_;
   std::optional<int> stopSignal_;
   bool launchFailed_ = false;
-  int restarts_ = 0;         // failure restarts of a single-node job
-  int failuresBefore_ = 0;   // failure restarts used before the current round
-  int round_ = 0;
+  rendezvous::World world_;  // the current round's
   std::optional<rendezvous::RoundEnd> roundEnd_;
-  std::thread roundThread_;  // next() and awaitEnd() of a multi-node rendezvous
+  std::thread roundThread_;  // the rendezvous's blocking calls (runRendezvous)
   int exitCode_ = 0;
-  std::string runId_;
   fs::path logRoot_;
   bool keepLogRoot_ = false;
 };

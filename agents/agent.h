@@ -1,7 +1,12 @@
 // The per-node agent: starts this node's workers for each rendezvous round, supervises them,
-// forwards signals, stops them (SIGTERM, a grace period, SIGKILL to each process group),
-// restarts the group after a failure while restarts remain, and reports the root cause when
-// none do. Single-threaded on its own io_context; run() returns the process exit code.
+// forwards signals, stops them (SIGTERM, a grace period, SIGKILL to each process group), and
+// follows the rendezvous when a round ends: a new round after a failure or a change of nodes,
+// the root-cause report and its exit code when the rendezvous says a failure is final.
+//
+// Threads: run() drives everything on the calling thread through the agent's io_context
+// (signals, reaping, output, timers). One more thread runs the rendezvous's blocking calls,
+// next() and awaitEnd(), and posts what they return to that io_context; every exception it
+// meets becomes an error posted there too. run() joins it before returning.
 #pragma once
 
 #include <chrono>
@@ -12,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "agents/worker.h"
 #include "rendezvous/rendezvous.h"
 
 namespace boost::asio {
@@ -19,9 +25,6 @@ class io_context;
 }
 
 namespace dlrun::agents {
-
-// Which of a worker's streams go to files (torchrun's Std: 0 none, 1 stdout, 2 stderr, 3 both).
-enum class Streams : uint8_t { None = 0, Out = 1, Err = 2, Both = 3 };
 
 // A Streams value for every local rank, or one for all (torchrun's "3" or "0:1,1:2").
 struct StreamsByRank {
@@ -34,7 +37,6 @@ struct AgentOptions {
   std::vector<std::string> command;  // what every worker runs
   int nprocPerNode = 1;
   std::string role = "default";
-  int maxRestarts = 0;
   std::chrono::milliseconds stopTimeout{30'000};
   std::optional<std::string> logDir;  // else a temporary directory for error files
   StreamsByRank redirects;            // streams sent only to files
@@ -55,9 +57,10 @@ class Agent {
   Agent(const Agent&) = delete;
   Agent& operator=(const Agent&) = delete;
 
-  // Runs attempts until the workers succeed, restarts run out, or a terminating signal
-  // arrives. Returns 0, the root-cause worker's code (128 + signal for a signal), or 128 +
-  // the signal that stopped dlrun.
+  // Runs rounds until the job finishes, a failure is final, or a terminating signal arrives.
+  // Returns 0, the root-cause worker's code (128 + signal for a signal), 128 + the signal that
+  // stopped dlrun, 127 when a worker cannot be executed, or 2 (bad configuration) or 1 when
+  // the rendezvous fails.
   int run();
 
  private:

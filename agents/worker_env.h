@@ -1,5 +1,5 @@
 // The environment of one worker: a pure function of the world, the worker spec and the
-// agent's own environment (DESIGN.md section 2). No I/O, so tests check every variable.
+// agent's own environment (ARCHITECTURE.md section 2). No I/O, so tests check every variable.
 #pragma once
 
 #include <map>

@@ -232,6 +232,7 @@ World ElasticRendezvous::memberWorld(int round, int index, int members,
   world.baseRank = a.baseRank;
   world.worldSize = a.worldSize;
   world.failures = a.failures;
+  world.maxRestarts = options_.maxRestarts;
   world.masterAddr = options_.storeHost;
   world.masterPort = options_.storePort;
   world.agentStore = true;
@@ -283,9 +284,7 @@ RoundEnd ElasticRendezvous::awaitEnd() {
 }
 
 void ElasticRendezvous::reportFailure(RoundEnd failure) {
-  failure.kind = RoundEnd::Kind::WorkerFailed;
-  failure.failures = member_->failures + 1;
-  failure.final = failure.failures > options_.maxRestarts;
+  failure.countFailure(member_->failures, options_.maxRestarts);
   control_->compareSet(keys_.end(member_->round), "", elastic::encode(failure));
 }
 

@@ -57,7 +57,6 @@ class ElasticRendezvous : public Rendezvous {
   // Blocks until this node is a member of a closed round, waiting as a spare while the job
   // runs at its maximum size. Throws TimeoutError when too few nodes join in time.
   JoinResult next() override;
-  bool multiNode() const override { return true; }
   // Blocks until the round this node is in ends. A lost store is reported as Kind::StoreLost;
   // the next next() reconnects.
   RoundEnd awaitEnd() override;

@@ -1,6 +1,11 @@
-// The single-node rendezvous: the world is this node alone; the store is the agent's own.
+// The single-node rendezvous: the world is this node alone, the store is the agent's own, and
+// a round ends only through this node's own reports. It counts failure restarts like the
+// elastic rendezvous does (RoundEnd::countFailure), so the agent has one restart path.
 #pragma once
 
+#include <condition_variable>
+#include <mutex>
+#include <optional>
 #include <string>
 
 #include "rendezvous/rendezvous.h"
@@ -10,6 +15,7 @@ namespace dlrun::rendezvous {
 struct LocalRendezvousOptions {
   std::string runId;
   int localWorldSize = 1;
+  int maxRestarts = 0;
   std::string storeAddr;  // where workers reach the agent's store
   uint16_t storePort = 0;
   std::string hostAddr = "127.0.0.1";  // this node's address in TF_CONFIG
@@ -18,12 +24,22 @@ struct LocalRendezvousOptions {
 class LocalRendezvous : public Rendezvous {
  public:
   explicit LocalRendezvous(LocalRendezvousOptions options) : options_(std::move(options)) {}
-  // Each round reserves a fresh free port per worker for TF_CONFIG.
+  // Never blocks. Each round reserves a fresh free port per worker for TF_CONFIG.
   JoinResult next() override;
+  // Blocks until this node reports; throws Error once interrupted.
+  RoundEnd awaitEnd() override;
+  void reportFailure(RoundEnd failure) override;
+  void reportSuccess() override;
+  void interrupt() override;
 
  private:
   const LocalRendezvousOptions options_;
   int round_ = 0;
+  int failures_ = 0;  // failure restarts used so far
+  std::mutex mutex_;  // the agent's thread reports while the rendezvous thread awaits
+  std::condition_variable ended_;
+  std::optional<RoundEnd> end_;
+  bool interrupted_ = false;
 };
 
 }  // namespace dlrun::rendezvous

@@ -1,7 +1,9 @@
-// The step that turns "this node wants to run N workers" into a World. An agent calls next()
-// before every attempt (the first start and each restart); a multi-node implementation blocks
-// there until the round closes. Implementations: LocalRendezvous (one node) and
-// ElasticRendezvous (several nodes over a store).
+// The step that turns "this node wants to run N workers" into a World, and that says when and
+// why each round ends. The agent calls next() before every round (the first start and each
+// restart), then awaitEnd() until the round is over; both block, so the agent makes them on a
+// thread of its own. The rendezvous, not the agent, counts failure restarts against
+// --max-restarts and decides when a failure is final, for one node as for several.
+// Implementations: LocalRendezvous (one node) and ElasticRendezvous (several nodes over a store).
 #pragma once
 
 #include <variant>
@@ -20,20 +22,17 @@ class Rendezvous {
   virtual ~Rendezvous() = default;
   // Blocks until the next round's world is known. Throws Error when it cannot be formed.
   virtual JoinResult next() = 0;
-
-  // Whether rounds also end from other nodes. Then the agent runs next() and awaitEnd() on a
-  // thread of its own (they block on the network) and reports its workers' outcome; a single
-  // node's rounds end only through its own workers, and none of the calls below is made.
-  virtual bool multiNode() const { return false; }
   // Blocks until the current round ends, for whatever reason and on whichever node.
-  virtual RoundEnd awaitEnd() { return {}; }
-  // A worker of this node failed: ends the round for every node. Fills in the failure count
-  // and whether the failure is final.
-  virtual void reportFailure(RoundEnd failure) {}
-  // Every worker of this node exited 0.
-  virtual void reportSuccess() {}
-  // Makes a blocked next()/awaitEnd() give up at once. Callable from any thread.
-  virtual void interrupt() {}
+  virtual RoundEnd awaitEnd() = 0;
+
+  // A worker of this node failed: ends the round for every node, counting the failure
+  // (RoundEnd::countFailure) against the job's --max-restarts.
+  virtual void reportFailure(RoundEnd failure) = 0;
+  // Every worker of this node exited 0; the round ends as Finished once every node's did.
+  virtual void reportSuccess() = 0;
+  // Makes a blocked next()/awaitEnd() give up at once (they throw or report a lost store).
+  // Callable from any thread.
+  virtual void interrupt() = 0;
 };
 
 }  // namespace dlrun::rendezvous

@@ -18,6 +18,9 @@ struct RoundEnd {
   std::string report;  // the root-cause text every agent prints
 
   bool countsAsFailure() const { return kind == Kind::WorkerFailed; }
+  // Makes this a worker failure that uses one more restart, after `before` of the job's
+  // `maxRestarts`: the one rule for one node and for several.
+  void countFailure(int before, int maxRestarts);
   std::string describe() const;  // one line for logs
 };
 

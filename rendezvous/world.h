@@ -18,6 +18,7 @@ struct World {
   int baseRank = 0;         // RANK of this node's local rank 0
   int worldSize = 1;        // workers in the job
   int failures = 0;         // failure restarts used before this round
+  int maxRestarts = 0;      // failure restarts the job allows (--max-restarts)
   std::string masterAddr;   // numeric address of the store workers use
   uint16_t masterPort = 0;
   bool agentStore = true;   // the store is dlrun's own (torch then opens a client only)

@@ -1,0 +1,99 @@
+// One worker process as the agent sees it: started, then confirmed (its exec succeeded),
+// running, and exited. It owns the worker's output pumps and log files, and knows its process
+// group, so signals and the final clean-up reach whatever the worker started too.
+//
+//   start() ──> Starting ──confirmExec()──> Running ──exited(status)──> Exited
+//                  └──────confirmExec() throws (exec failed)───────────> Exited
+//
+// Lives on the agent's io_context thread; nothing here blocks but confirmExec(), which waits
+// for the exec itself (a few milliseconds).
+#pragma once
+
+#include <sys/types.h>
+
+#include <deque>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "agents/output.h"
+#include "agents/process.h"
+
+namespace boost::asio {
+class io_context;
+}
+
+namespace dlrun::agents {
+
+// Which of a worker's streams go to files (torchrun's Std: 0 none, 1 stdout, 2 stderr, 3 both).
+enum class Streams : uint8_t { None = 0, Out = 1, Err = 2, Both = 3 };
+
+// Where one worker's output goes.
+struct WorkerOutput {
+  std::string prefix;                 // before each console line
+  bool shown = true;                  // on the console at all (--local-ranks-filter)
+  Streams fileOnly = Streams::None;   // streams kept off the console (--redirects)
+  Streams toFile = Streams::None;     // streams written to files (--redirects | --tee)
+  std::optional<std::filesystem::path> dir;  // where stdout.log and stderr.log go
+};
+
+struct WorkerLaunch {
+  int localRank = 0;
+  int rank = 0;
+  std::vector<std::string> argv;
+  std::vector<std::string> envp;  // "KEY=VALUE"
+  std::string errorFile;          // the worker's TORCHELASTIC_ERROR_FILE
+  WorkerOutput output;
+};
+
+class Worker {
+ public:
+  enum class State { Starting, Running, Exited };
+
+  // Opens the log files and forks; the child execs on its own. Throws Error (nothing left
+  // behind) when a log file cannot be opened or the fork fails.
+  static std::unique_ptr<Worker> start(boost::asio::io_context& io, WorkerLaunch launch);
+  ~Worker();
+  Worker(const Worker&) = delete;
+  Worker& operator=(const Worker&) = delete;
+
+  // Waits until the exec happened. Throws Error naming the program when it failed; the worker
+  // is then Exited (and reaped).
+  void confirmExec();
+  // The process was reaped: reads what its pipes still hold and closes them.
+  void exited(ExitStatus status);
+
+  // To the worker's process group while it runs.
+  void signal(int sig) const;
+  // SIGKILL to the process group, whether or not the worker itself is gone: its children may
+  // outlive it.
+  void killGroup() const;
+
+  State state() const { return state_; }
+  bool alive() const { return state_ != State::Exited; }
+  pid_t pid() const { return pid_; }
+  int rank() const { return launch_.rank; }
+  int localRank() const { return launch_.localRank; }
+  const std::string& errorFile() const { return launch_.errorFile; }
+  const ExitStatus& status() const { return status_; }
+  // The last lines of its stderr, for the failure report.
+  const std::deque<std::string>& lastErrorLines() const { return err_->lastLines(); }
+  // Whether it writes log files (the log directory is then worth keeping).
+  bool writesFiles() const { return launch_.output.toFile != Streams::None; }
+
+  static constexpr size_t kReportLines = 20;
+
+ private:
+  explicit Worker(WorkerLaunch launch) : launch_(std::move(launch)) {}
+
+  const WorkerLaunch launch_;
+  State state_ = State::Starting;
+  pid_t pid_ = -1;
+  int execReportFd_ = -1;
+  ExitStatus status_;
+  std::unique_ptr<StreamPump> out_, err_;
+};
+
+}  // namespace dlrun::agents
