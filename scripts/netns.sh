@@ -16,7 +16,11 @@
 # default one, toward the real network.
 #
 # Usage (as root):
-#   netns.sh up PREFIX N           create the set (N in 1..200); fails if it already exists
+#   netns.sh up PREFIX N           create the set (N in 1..200); fails if it already exists.
+#                                  A step that fails ends it with status 1 and one line on
+#                                  stderr naming the step and the tool's own error, after the
+#                                  half-made set is taken down again. An /etc/hosts that does
+#                                  not exist is created empty (the hosts' files are mounted on it)
 #   netns.sh exec PREFIX I CMD...  run CMD on host I: in a new mount and UTS namespace (hostname
 #                                  nodeI, the set's hosts file over /etc/hosts), then in the
 #                                  host's network namespace. Unlike `ip netns exec`, /sys is not
@@ -38,9 +42,43 @@ FIRST_HOST=10   # host I is $SUBNET.(FIRST_HOST + I)
 MAX_HOSTS=200
 KILL_TIMEOUT_S=10
 
-die() {
+die() {  # a usage error
   echo "netns.sh: $*" >&2
   exit 2
+}
+
+fail() {  # a step that could not be done
+  echo "netns.sh: $*" >&2
+  exit 1
+}
+
+# Runs CMD...; when it fails, ends the script (fail) with WHAT and CMD's stderr on one line. CMD's
+# stdout is dropped. Before the line, the function named by $ON_FAIL (if any) undoes what was done.
+ON_FAIL=
+step() {  # WHAT CMD...
+  local what=$1 err status
+  shift
+  if err=$("$@" 2>&1 >/dev/null); then
+    return 0
+  else
+    status=$?
+  fi
+  err=$(printf '%s' "$err" | tr -s '\n\t' '  ')
+  err=${err%% }
+  [[ -n $err ]] || err="exit status $status"
+  [[ -z $ON_FAIL ]] || "$ON_FAIL" >/dev/null 2>&1 || true
+  fail "$what: $err"
+}
+
+# Writes TEXT and a newline to PATH (tee reports a failure on one line, naming PATH).
+write_file() {  # PATH TEXT
+  printf '%s\n' "$2" | tee "$1" >/dev/null
+}
+
+# /etc/hosts, the mount point of the hosts' own hosts files: created empty if it does not exist
+# (touch leaves one that another call creates first as it is, but for its times).
+ensure_etc_hosts() {
+  [[ -e /etc/hosts ]] || step "cannot create /etc/hosts" touch /etc/hosts
 }
 
 check_prefix() {
@@ -77,16 +115,22 @@ kill_namespace() {
   done
 }
 
+UP_PREFIX=
+undo_up() {
+  cmd_down "$UP_PREFIX"
+}
+
 cmd_up() {
   (($# == 2)) || die "usage: netns.sh up PREFIX N"
-  local prefix=$1 n=$2 sw=$1-sw hosts i ns
+  local prefix=$1 n=$2 sw=$1-sw existing hosts i ns
   check_prefix "$prefix"
   if ! [[ $n =~ ^[0-9]+$ ]] || ((n < 1 || n > MAX_HOSTS)); then
     die "N must be 1..$MAX_HOSTS (got '$n')"
   fi
-  [[ -z $(set_namespaces "$prefix") ]] || die "set $prefix already exists (netns.sh down $prefix)"
-  # A set left half made by a failure is removed again.
-  trap 'cmd_down "$prefix" >/dev/null 2>&1' ERR
+  step "cannot list the network namespaces" ip netns list
+  existing=$(set_namespaces "$prefix") || fail "cannot list the network namespaces of set $prefix"
+  [[ -z $existing ]] || die "set $prefix already exists (netns.sh down $prefix)"
+  ensure_etc_hosts
 
   hosts="127.0.0.1 localhost"$'\n'"::1 localhost ip6-localhost ip6-loopback"
   for ((i = 0; i < n; i++)); do
@@ -94,25 +138,30 @@ cmd_up() {
     ((i == 0)) && hosts+=" head"
   done
 
-  ip netns add "$sw"
-  ip -n "$sw" link set lo up
-  ip -n "$sw" link add br0 type bridge
-  ip -n "$sw" link set br0 up
+  # From here on, a failing step takes the half-made set down before it ends the script.
+  UP_PREFIX=$prefix
+  ON_FAIL=undo_up
+  step "cannot create network namespace $sw" ip netns add "$sw"
+  step "cannot bring up lo in $sw" ip -n "$sw" link set lo up
+  step "cannot create bridge br0 in $sw" ip -n "$sw" link add br0 type bridge
+  step "cannot bring up br0 in $sw" ip -n "$sw" link set br0 up
   for ((i = 0; i < n; i++)); do
     ns=$prefix-$i
-    ip netns add "$ns"
-    ip -n "$ns" link set lo up
+    step "cannot create network namespace $ns" ip netns add "$ns"
+    step "cannot bring up lo in $ns" ip -n "$ns" link set lo up
     # Both ends are made directly inside their namespaces: eth0 in the host, pI on the switch.
-    ip link add eth0 netns "$ns" type veth peer name "p$i" netns "$sw"
-    ip -n "$sw" link set "p$i" master br0
-    ip -n "$sw" link set "p$i" up
-    ip -n "$ns" addr add "$SUBNET.$((FIRST_HOST + i))/24" dev eth0
-    ip -n "$ns" link set eth0 up
-    mkdir -p "/etc/netns/$ns"
-    printf '%s\n' "$hosts" >"/etc/netns/$ns/hosts"
-    echo "node$i" >"/etc/netns/$ns/hostname"
+    step "cannot create veth pair eth0 in $ns and p$i in $sw" \
+      ip link add eth0 netns "$ns" type veth peer name "p$i" netns "$sw"
+    step "cannot attach p$i to br0 in $sw" ip -n "$sw" link set "p$i" master br0
+    step "cannot bring up p$i in $sw" ip -n "$sw" link set "p$i" up
+    step "cannot add address $SUBNET.$((FIRST_HOST + i))/24 to eth0 in $ns" \
+      ip -n "$ns" addr add "$SUBNET.$((FIRST_HOST + i))/24" dev eth0
+    step "cannot bring up eth0 in $ns" ip -n "$ns" link set eth0 up
+    step "cannot create /etc/netns/$ns" mkdir -p "/etc/netns/$ns"
+    step "cannot write /etc/netns/$ns/hosts" write_file "/etc/netns/$ns/hosts" "$hosts"
+    step "cannot write /etc/netns/$ns/hostname" write_file "/etc/netns/$ns/hostname" "node$i"
   done
-  trap - ERR
+  ON_FAIL=
 }
 
 cmd_exec() {
@@ -121,13 +170,20 @@ cmd_exec() {
   shift 2
   check_prefix "$prefix"
   check_host "$prefix" "$i"
-  # unshare (no --fork), sh and nsenter --net (no --fork) all exec: CMD keeps this PID.
+  ensure_etc_hosts
+  # unshare (no --fork), sh and nsenter --net (no --fork) all exec: CMD keeps this PID. A step
+  # that fails ends it with status 1 and one line on stderr, before CMD starts.
   # shellcheck disable=SC2016  # the inner script expands its own arguments
   exec unshare --mount --uts --propagation private sh -c '
     etc=/etc/netns/$1
-    mount --bind "$etc/hosts" /etc/hosts
-    [ -e /etc/hostname ] && mount --bind "$etc/hostname" /etc/hostname
-    hostname "$(cat "$etc/hostname")"
+    fail() { echo "netns.sh: $1: $(printf "%s" "$2" | tr -s "\n\t" "  ")" >&2; exit 1; }
+    err=$(mount --bind "$etc/hosts" /etc/hosts 2>&1) ||
+      fail "cannot mount $etc/hosts on /etc/hosts" "$err"
+    if [ -e /etc/hostname ]; then
+      err=$(mount --bind "$etc/hostname" /etc/hostname 2>&1) ||
+        fail "cannot mount $etc/hostname on /etc/hostname" "$err"
+    fi
+    err=$(hostname "$(cat "$etc/hostname")" 2>&1) || fail "cannot set the hostname" "$err"
     ns=$1
     shift
     exec nsenter --net="/run/netns/$ns" "$@"' netns.sh "$prefix-$i" "$@"

@@ -3,20 +3,23 @@ address, each has its own hostname, address and hosts file, kill_host leaves not
 the host, a link taken down makes connects time out and bringing it up heals it, sets coexist
 without meeting, and a set is gone after its `with` block, an exception, SIGTERM, or (at the next
 Hosts) the SIGKILL of the process that made it. Every connection starts inside a host: the test
-process only reads files and process states.
+process only reads files and process states. `netns.sh up` that cannot make a step fails with one
+line naming it and leaves nothing behind, and up and exec work on a machine without /etc/hosts.
 
 Needs root (namespaces, mounts); skipped otherwise."""
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import unittest
 
-from dlrun_fixture import EVENT_TIMEOUT_S, PYTHON, is_running, temp_dir, wait_until
-from netns_fixture import (Hosts, OutsideNamespaceError, existing_sets, main, netns_sh,
-                           reap_stale)
+import netns_fixture
+from dlrun_fixture import EVENT_TIMEOUT_S, PYTHON, die_with_parent, is_running, temp_dir, wait_until
+from netns_fixture import (NETNS_SH, SCRIPT_TIMEOUT_S, Hosts, OutsideNamespaceError,
+                           existing_sets, main, netns_sh, reap_stale)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PEER = os.path.join(HERE, "netns_peer.py")
@@ -25,12 +28,36 @@ CONNECT_TIMEOUT_S = 1   # the client's socket timeout: a silent host costs this 
 CLIENT_RUN_S = 15       # the longest one client process may take, start-up included
 EXIT_TIMEOUT_S = 15     # the longest a test-process stand-in may take to exit
 HANG_LIMIT_S = 100      # under the ctest TIMEOUT (120)
+# A mount namespace of its own whose mounts are all private: nothing mounted in it reaches the
+# machine's mounts.
+PRIVATE_MOUNTS = ("unshare", "--mount", "--propagation", "private")
 
 
 def setUpModule():
     if os.geteuid() != 0:
         print("test_netns_fixture: skipped, needs root", file=sys.stderr)
         raise unittest.SkipTest("network namespaces need root")
+
+
+def fresh_prefix():
+    """A prefix of this process that no Hosts uses: if the process dies before its cleanup,
+    the next Hosts() takes what is left of the set down (reap_stale)."""
+    return f"t{os.getpid()}n{next(netns_fixture._counter)}"
+
+
+def root_links():
+    """The names of the network interfaces of the root namespace."""
+    listing = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True,
+                             timeout=10, check=True).stdout
+    return sorted(line.split(":")[1].strip() for line in listing.splitlines())
+
+
+def run_script(script, *args, wrap=(), **run_kwargs):
+    """Runs the bash script with args ($1...) to completion, under the command wrap if given;
+    returns the CompletedProcess."""
+    return subprocess.run([*wrap, "bash", "-c", script, "script", *map(str, args)],
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                          timeout=2 * SCRIPT_TIMEOUT_S, preexec_fn=die_with_parent, **run_kwargs)
 
 
 def namespaces_of(prefix):
@@ -184,6 +211,106 @@ class NetnsFixtureTest(unittest.TestCase):
             socket.create_connection(("10.77.0.99", PORT), timeout=CONNECT_TIMEOUT_S)
         with self.assertRaises(IndexError):
             hosts.address(1)
+
+
+class NetnsUpFailureTest(unittest.TestCase):
+    """netns.sh up where a step cannot be done: status 1, one line on stderr naming the step,
+    and nothing of the set left (no namespace, so none of its interfaces; no /etc/netns
+    files; nothing added to the root namespace)."""
+
+    def setUp(self):
+        self.prefix = fresh_prefix()
+        self.addCleanup(netns_sh, "down", self.prefix, check=False)
+        self.links_before = root_links()
+
+    def assert_nothing_left(self):
+        self.assertEqual(namespaces_of(self.prefix), [])
+        self.assertNotIn(self.prefix, existing_sets())
+        self.assertFalse(any(name.startswith(self.prefix + "-")
+                             for name in os.listdir("/etc/netns")))
+        self.assertEqual(root_links(), self.links_before)
+
+    def test_up_that_cannot_create_a_namespace_fails_with_one_line(self):
+        # A real failure of `ip netns add`: in a mount namespace of its own (private, so nothing
+        # reaches the machine's mounts), /run/netns is a read-only tmpfs.
+        os.makedirs("/run/netns", exist_ok=True)  # as ip makes it
+        result = run_script('mount -t tmpfs -o ro tmpfs /run/netns && exec bash "$1" up "$2" 2',
+                            NETNS_SH, self.prefix, wrap=PRIVATE_MOUNTS)
+        self.assertEqual(result.returncode, 1, result.stderr)
+        lines = result.stderr.splitlines()
+        self.assertEqual(len(lines), 1, result.stderr)
+        self.assertTrue(lines[0].startswith(
+            f"netns.sh: cannot create network namespace {self.prefix}-sw: "), lines[0])
+        self.assertIn("Read-only file system", lines[0])
+        self.assert_nothing_left()
+
+    def test_up_failing_half_way_takes_down_what_it_made(self):
+        # The real ip does every step but one: the veth pair of host 1, after the switch, host 0
+        # and host 1's namespace exist. Every ip call is logged.
+        directory = temp_dir(self)
+        log = os.path.join(directory, "log")
+        real_ip = shutil.which("ip")
+        with open(os.path.join(directory, "ip"), "w") as f:
+            f.write(f"""#!/bin/sh
+echo "$*" >>'{log}'
+case " $* " in
+  *" peer name p1 "*) echo "RTNETLINK answers: injected failure" >&2; echo "of the test" >&2
+                      exit 2 ;;
+esac
+exec '{real_ip}' "$@"
+""")
+        os.chmod(os.path.join(directory, "ip"), 0o755)
+        env = dict(os.environ, PATH=directory + os.pathsep + os.environ.get("PATH", ""))
+        result = run_script('exec bash "$1" up "$2" 3', NETNS_SH, self.prefix, env=env)
+        self.assertEqual(result.returncode, 1, result.stderr)
+        self.assertEqual(result.stderr.splitlines(), [
+            f"netns.sh: cannot create veth pair eth0 in {self.prefix}-1 and p1 in "
+            f"{self.prefix}-sw: RTNETLINK answers: injected failure of the test"])
+        with open(log) as f:
+            calls = f.read().splitlines()
+        made = [f"{self.prefix}-{name}" for name in ("sw", "0", "1")]
+        for namespace in made:
+            self.assertIn(f"netns add {namespace}", calls)
+            self.assertIn(f"netns del {namespace}", calls)
+        self.assertNotIn(f"netns add {self.prefix}-2", calls)
+        self.assert_nothing_left()
+
+
+class NetnsWithoutEtcHostsTest(unittest.TestCase):
+    def test_up_and_exec_work_without_etc_hosts(self):
+        # In a mount namespace of its own (private), /etc is a tmpfs that links to every entry
+        # of the real /etc but hosts; up, exec and down run in there (the namespaces' mounts
+        # are seen only there), and the set is taken down there too.
+        prefix = fresh_prefix()
+        self.addCleanup(netns_sh, "down", prefix, check=False)
+        real_etc = os.path.join(temp_dir(self), "etc")
+        os.mkdir(real_etc)
+        with open("/etc/hosts", "rb") as f:
+            etc_hosts = f.read()
+        script = r"""
+            set -e
+            netns=$1 prefix=$2 real=$3
+            mount --bind /etc "$real"
+            mount -t tmpfs tmpfs /etc
+            for entry in "$real"/*; do
+              [ "$entry" = "$real/hosts" ] || ln -s "$entry" /etc/
+            done
+            [ ! -e /etc/hosts ] || { echo "/etc/hosts is still there" >&2; exit 99; }
+            trap 'bash "$netns" down "$prefix"' EXIT
+            bash "$netns" up "$prefix" 2
+            bash "$netns" exec "$prefix" 1 sh -c 'hostname; cat /etc/hosts'
+        """
+        result = run_script(script, NETNS_SH, prefix, real_etc, wrap=PRIVATE_MOUNTS)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertEqual(result.stderr, "")
+        lines = result.stdout.splitlines()
+        self.assertEqual(lines[0], "node1")
+        self.assertIn("10.77.0.10 node0 head", lines)
+        self.assertIn("10.77.0.11 node1", lines)
+        # The machine's own /etc/hosts and namespaces are as they were.
+        with open("/etc/hosts", "rb") as f:
+            self.assertEqual(f.read(), etc_hosts)
+        self.assertEqual(namespaces_of(prefix), [])
 
 
 if __name__ == "__main__":
