@@ -1,4 +1,4 @@
-// The pure half of the multi-node rendezvous (DESIGN.md section 4): the store keys of a job,
+// The pure half of the multi-node rendezvous (ARCHITECTURE.md section 4): the store keys of a job,
 // what each agent publishes, how a closed round is turned into ranks, and why a round ended.
 // No I/O, so tests reach every rule directly; ElasticRendezvous drives it over a store.
 //

@@ -1,5 +1,5 @@
-// The worker environment (DESIGN.md section 2) as a pure function: every variable, what a user
-// set being kept, and TF_CONFIG.
+// The worker environment (ARCHITECTURE.md section 2) as a pure function: every variable, what a
+// user set being kept, and TF_CONFIG.
 #include "agents/worker_env.h"
 
 #include <gtest/gtest.h>

@@ -1,5 +1,5 @@
 // Numeric addresses: dlrun publishes and compares addresses, never names, so every node sees
-// the same text for the same host (DESIGN.md section 5).
+// the same text for the same host (ARCHITECTURE.md section 5).
 #pragma once
 
 #include <cstdint>

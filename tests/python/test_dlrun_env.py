@@ -1,4 +1,4 @@
-"""The environment dlrun gives every worker (DESIGN.md section 2), and where --nproc-per-node
+"""The environment dlrun gives every worker (ARCHITECTURE.md section 2), and where --nproc-per-node
 comes from: the flag with dashes or underscores, or PET_NPROC_PER_NODE, the flag winning."""
 import json
 import os
