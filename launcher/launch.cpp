@@ -69,26 +69,26 @@ struct StorePlan {
   bool mustServe = false;    // and nobody else will
 };
 
+// The parser has checked the flags (a c10d endpoint is set and well formed); what is left to
+// fail here is name resolution.
 StorePlan planStore(const LaunchConfig& config) {
-  if (config.rdzvBackend == "static") {
-    const bool first = config.nodeRank.value_or(0) == 0;
-    return {rendezvous::resolveNumeric(config.masterAddr, "--master-addr"),
-            config.masterPort.value_or(kDefaultMasterPort), first, first};
+  switch (config.rdzvBackend) {
+    case RdzvBackend::Static: {
+      const bool first = config.nodeRank.value_or(0) == 0;
+      return {rendezvous::resolveNumeric(config.masterAddr, "--master-addr"),
+              config.masterPort.value_or(kDefaultMasterPort), first, first};
+    }
+    case RdzvBackend::C10d: {
+      auto [host, port] = parseEndpoint("--rdzv-endpoint", config.rdzvEndpoint);
+      StorePlan plan{rendezvous::resolveNumeric(host, "--rdzv-endpoint host"),
+                     port.value_or(kDefaultRdzvPort)};
+      // Every agent on the endpoint's machine tries; the first to bind serves, the others
+      // (and a dlrund already listening there) make the rest clients.
+      plan.serve = config.rdzv.isHost.value_or(rendezvous::isLocalAddress(plan.host));
+      return plan;
+    }
   }
-  if (config.rdzvBackend != "c10d")
-    throw ConfigError("--rdzv-backend=" + config.rdzvBackend +
-                      " is not supported for several nodes; use c10d or static");
-  if (config.rdzvEndpoint.empty())
-    throw ConfigError("--nnodes=" + std::to_string(config.minNodes) + ":" +
-                      std::to_string(config.maxNodes) +
-                      " with the c10d backend needs --rdzv-endpoint=HOST[:PORT]");
-  auto [host, port] = parseEndpoint("--rdzv-endpoint", config.rdzvEndpoint);
-  StorePlan plan{rendezvous::resolveNumeric(host, "--rdzv-endpoint host"),
-                 port.value_or(kDefaultRdzvPort)};
-  // Every agent on the endpoint's machine tries; the first to bind serves, the others (and
-  // a dlrund already listening there) make the rest clients.
-  plan.serve = config.rdzv.isHost.value_or(rendezvous::isLocalAddress(plan.host));
-  return plan;
+  throw std::logic_error("planStore: a rendezvous backend without a store plan");
 }
 
 std::optional<rendezvous::StoreServerThread> serveStore(const StorePlan& plan) {
@@ -124,7 +124,7 @@ int launchMultiNode(const LaunchConfig& config) {
       config.localAddr ? rendezvous::resolveNumeric(*config.localAddr, "--local-addr")
                        : rendezvous::localAddressToward(plan.host, plan.port);
   const std::string name = config.nodeName.value_or(hostName());
-  const bool isStatic = config.rdzvBackend == "static";
+  const bool isStatic = config.rdzvBackend == RdzvBackend::Static;
   int code;
   {
     rendezvous::ElasticRendezvous rendezvous({

@@ -1,22 +1,17 @@
 #include "launcher/launch_cli.h"
 
-#include <sched.h>
-#include <unistd.h>
-
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <charconv>
-#include <cstdlib>
-#include <filesystem>
 
 #include "common/error.h"
 #include "common/cli.h"
+#include "launcher/entry_point.h"
 #include "launcher/version.h"
 #include "rendezvous/store/tcp_stream.h"
 
 namespace dlrun::launcher {
 namespace {
-
-namespace fs = std::filesystem;
 
 // Ranges with bounds that read well in CLI11's "not in range" message.
 const CLI::Range kCount(0, 1'000'000);
@@ -77,35 +72,10 @@ CLI::Option* addFlag(CLI::App& app, const std::string& dashed, bool& target,
   return app.add_flag(s.names, target, help)->envname(s.env);
 }
 
-bool isExecutableFile(const std::string& path) {
-  std::error_code ec;
-  return fs::is_regular_file(path, ec) && ::access(path.c_str(), X_OK) == 0;
-}
-
-std::vector<std::string> resolveCommand(const std::string& entry,
-                                        const std::vector<std::string>& args, bool module,
-                                        bool noPython, const HostProbe& host) {
-  auto withArgs = [&](std::vector<std::string> head) {
-    head.insert(head.end(), args.begin(), args.end());
-    return head;
-  };
-  if (module) return withArgs({host.pythonExec, "-u", "-m", entry});
-  if (!noPython && entry == "train") {
-    const std::string trainer = host.selfDir + "/dlrun-train";
-    if (!host.fileExists(trainer))
-      throw ConfigError("the bundled trainer is missing: " + trainer + " does not exist");
-    return withArgs({trainer});
-  }
-  const bool isPath = entry.find('/') != std::string::npos;
-  if (host.fileExists(entry)) {
-    const bool python = !noPython && (entry.ends_with(".py") || !isExecutableFile(entry));
-    if (python) return withArgs({host.pythonExec, "-u", entry});
-    return withArgs({isPath ? entry : "./" + entry});
-  }
-  if (!isPath) {
-    if (auto found = host.findOnPath(entry)) return withArgs({*found});
-  }
-  throw ConfigError("entry point '" + entry + "' not found: neither a file nor a program on PATH");
+// The node count as --nnodes writes it, whether the flag or Slurm set it.
+std::string nodesText(const LaunchConfig& c) {
+  const std::string low = std::to_string(c.minNodes);
+  return c.minNodes == c.maxNodes ? low : low + ":" + std::to_string(c.maxNodes);
 }
 
 // Slurm's settings where the user gave no flag (slurm/discovery.h says which is which).
@@ -122,48 +92,14 @@ void applySlurm(const slurm::Settings& s, LaunchConfig& c) {
 
 }  // namespace
 
-HostProbe HostProbe::real() {
-  HostProbe host;
-  host.cpuCount = [] {
-    cpu_set_t set;
-    if (sched_getaffinity(0, sizeof(set), &set) == 0) return CPU_COUNT(&set);
-    return static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
-  };
-  host.gpuCount = [] {
-    int count = 0;
-    std::error_code ec;
-    for (const auto& entry : fs::directory_iterator("/dev", ec)) {
-      const std::string name = entry.path().filename();
-      if (name.starts_with("nvidia") && name.size() > 6 &&
-          std::all_of(name.begin() + 6, name.end(), ::isdigit))
-        ++count;
-    }
-    return count;
-  };
-  host.findOnPath = [](const std::string& name) -> std::optional<std::string> {
-    const char* path = std::getenv("PATH");
-    for (const auto& dir : split(path ? path : "/usr/bin:/bin", ':')) {
-      std::string candidate = (dir.empty() ? "." : dir) + "/" + name;
-      if (isExecutableFile(candidate)) return candidate;
-    }
-    return std::nullopt;
-  };
-  host.fileExists = [](const std::string& p) {
-    std::error_code ec;
-    return fs::is_regular_file(p, ec);
-  };
-  std::error_code ec;
-  host.selfDir = fs::read_symlink("/proc/self/exe", ec).parent_path();
-  const char* python = std::getenv("PYTHON_EXEC");
-  host.pythonExec = python && *python ? python : "python3";
-  for (char** entry = environ; *entry; ++entry) {
-    const std::string_view text(*entry);
-    const size_t eq = text.find('=');
-    if (eq != std::string_view::npos &&
-        (text.starts_with("SLURM") || text.substr(0, eq) == "DLRUN_SLURM"))
-      host.env.emplace(text.substr(0, eq), text.substr(eq + 1));
-  }
-  return host;
+RdzvBackendFlag parseRdzvBackend(const std::string& value) {
+  if (value == "c10d") return {.backend = RdzvBackend::C10d};
+  if (value == "static") return {.backend = RdzvBackend::Static};
+  if (value == "slurm") return {.backend = RdzvBackend::C10d, .slurm = true};
+  // torchrun's etcd backends: named apart from a typo, since dlrun is to have one.
+  if (value == "etcd" || value == "etcd-v2")
+    throw ConfigError("--rdzv-backend=" + value + " is not supported yet; use c10d or static");
+  throw ConfigError("--rdzv-backend: '" + value + "' is not c10d, static or slurm");
 }
 
 std::pair<int, int> parseNnodes(const std::string& value) {
@@ -329,11 +265,11 @@ LaunchParse parseDlrunArgs(const std::vector<std::string>& args, const HostProbe
             "This node's rank for the static backend; a group-rank hint for c10d")
       ->check(kCount);
   std::string backend;
-  addOption(app, "rdzv-backend", backend,
-            "Rendezvous backend: c10d (the default) or static (the default with --master-addr "
-            "or --master-port and no --rdzv-endpoint); slurm: c10d set up from the Slurm "
-            "allocation, which must exist")
-      ->check(CLI::IsMember({"static", "c10d", "slurm", "etcd", "etcd-v2"}));
+  auto* backendOption = addOption(
+      app, "rdzv-backend", backend,
+      "Rendezvous backend: c10d (the default) or static (the default with --master-addr or "
+      "--master-port and no --rdzv-endpoint); slurm: c10d set up from the Slurm allocation, "
+      "which must exist");
   auto* endpointOption =
       addOption(app, "rdzv-endpoint", c.rdzvEndpoint, "HOST[:PORT] of the rendezvous store");
   auto* rdzvIdOption =
@@ -386,8 +322,7 @@ LaunchParse parseDlrunArgs(const std::vector<std::string>& args, const HostProbe
 
   std::tie(c.minNodes, c.maxNodes) = parseNnodes(nnodes);
   c.nprocPerNode = parseNprocPerNode(nproc, host);
-  c.rdzvConf = parseRdzvConf(rdzvConf);
-  c.rdzv = parseRdzvSettings(c.rdzvConf);
+  c.rdzv = parseRdzvSettings(parseRdzvConf(rdzvConf));
   if (nodeRank >= 0) c.nodeRank = nodeRank;
   c.redirects = parseStreams("--redirects", redirects);
   c.tee = parseStreams("--tee", tee);
@@ -397,45 +332,57 @@ LaunchParse parseDlrunArgs(const std::vector<std::string>& args, const HostProbe
   if (!localAddr.empty()) c.localAddr = localAddr;
   if (masterPort >= 0) c.masterPort = static_cast<uint16_t>(masterPort);
   c.stopTimeout = std::chrono::milliseconds(static_cast<int64_t>(stopTimeout * 1000));
-  // torchrun's classic static launch (--master-addr/--master-port) keeps working unchanged;
-  // anything else several nodes run defaults to the elastic c10d rendezvous.
+  // The backend is decided here and nowhere else. torchrun's classic static launch
+  // (--master-addr/--master-port) keeps working unchanged; anything else several nodes run
+  // defaults to the elastic c10d rendezvous, and --standalone's own store is a c10d one.
+  std::optional<RdzvBackendFlag> backendFlag;
+  if (backendOption->count() > 0) backendFlag = parseRdzvBackend(backend);
+  const bool slurmBackend = backendFlag && backendFlag->slurm;
   const bool staticFlags = masterAddrOption->count() > 0 || masterPortOption->count() > 0;
-  c.rdzvBackend = !backend.empty() && backend != "slurm"     ? backend
-                  : staticFlags && c.rdzvEndpoint.empty() ? "static"
-                                                              : "c10d";
   if (c.standalone) {
     if (c.maxNodes != 1) throw ConfigError("--standalone runs one node; drop --nnodes=" + nnodes);
-    if (backend == "slurm") throw ConfigError("--standalone and --rdzv-backend=slurm conflict");
-    c.rdzvBackend = "c10d";
+    if (slurmBackend) throw ConfigError("--standalone and --rdzv-backend=slurm conflict");
+    c.rdzvBackend = RdzvBackend::C10d;
+  } else if (backendFlag) {
+    c.rdzvBackend = backendFlag->backend;
+  } else {
+    c.rdzvBackend = staticFlags && c.rdzvEndpoint.empty() ? RdzvBackend::Static
+                                                          : RdzvBackend::C10d;
   }
   // Inside an allocation Slurm fills in what the flags leave open; --rdzv-backend=slurm
   // insists on it, --standalone and --no-slurm (DLRUN_SLURM=0) turn it off.
-  if (backend == "slurm") {
+  if (slurmBackend) {
     if (noSlurm) throw ConfigError("--rdzv-backend=slurm and --no-slurm conflict");
     if (!host.env.contains("SLURM_JOB_ID"))
       throw ConfigError("--rdzv-backend=slurm: SLURM_JOB_ID is unset, so this is no Slurm "
                         "allocation; start dlrun with srun, or use --rdzv-backend=c10d");
   }
-  if (backend == "slurm" || (!noSlurm && !c.standalone && slurm::detected(host.env))) {
+  if (slurmBackend || (!noSlurm && !c.standalone && slurm::detected(host.env))) {
     applySlurm(slurm::discover(host.env,
                                {.nnodes = nnodesOption->count() > 0,
                                 .nodeRank = nodeRank >= 0,
                                 .rdzvEndpoint = endpointOption->count() > 0 ||
-                                                c.rdzvBackend != "c10d",
+                                                c.rdzvBackend != RdzvBackend::C10d,
                                 .rdzvId = rdzvIdOption->count() > 0,
                                 .nprocAuto = nproc == "auto"}),
                c);
   }
-  if (c.maxNodes > 1 && c.rdzvBackend == "static" && c.minNodes != c.maxNodes)
+  if (c.maxNodes > 1 && c.rdzvBackend == RdzvBackend::Static && c.minNodes != c.maxNodes)
     throw ConfigError("--nnodes=" + nnodes + ": an elastic range needs --rdzv-backend=c10d");
   // A c10d rank hint from Slurm may exceed the maximum: spare nodes carry the higher ids.
-  if (c.nodeRank && *c.nodeRank >= c.maxNodes && (nodeRank >= 0 || c.rdzvBackend == "static"))
+  if (c.nodeRank && *c.nodeRank >= c.maxNodes &&
+      (nodeRank >= 0 || c.rdzvBackend == RdzvBackend::Static))
     throw ConfigError((nodeRank >= 0 ? "--node-rank " : "node rank (SLURM_NODEID) ") +
                       std::to_string(*c.nodeRank) + " is not below --nnodes " +
                       std::to_string(c.maxNodes));
+  // Every node must find the c10d store; Slurm derives its place, elsewhere the user names it.
+  if (c.maxNodes > 1 && c.rdzvBackend == RdzvBackend::C10d && c.rdzvEndpoint.empty())
+    throw ConfigError("--nnodes=" + nodesText(c) +
+                      " with the c10d backend needs --rdzv-endpoint=HOST[:PORT]");
 
   c.entrypoint = rest.front();
-  c.command = resolveCommand(rest.front(), {rest.begin() + 1, rest.end()}, module, noPython, host);
+  c.command = resolveCommand(rest.front(), {rest.begin() + 1, rest.end()},
+                             {.module = module, .noPython = noPython}, host);
   return result;
 }
 

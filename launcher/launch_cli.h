@@ -3,29 +3,16 @@
 // reach each rule directly; every error is a ConfigError naming the flag.
 #pragma once
 
-#include <functional>
+#include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
+#include "launcher/host_probe.h"
 #include "launcher/launch_config.h"
-#include "slurm/discovery.h"
 
 namespace dlrun::launcher {
-
-// What the parser may ask of the machine; tests pass their own.
-struct HostProbe {
-  std::function<int()> cpuCount;
-  std::function<int()> gpuCount;
-  // Absolute path of a program name found on PATH, or nullopt.
-  std::function<std::optional<std::string>(const std::string&)> findOnPath;
-  // Whether a path names an existing file.
-  std::function<bool(const std::string&)> fileExists;
-  std::string selfDir;        // where dlrun lives: the bundled dlrun-train sits beside it
-  std::string pythonExec;     // PYTHON_EXEC, or "python3"
-  slurm::Environment env;     // the SLURM*, and DLRUN_SLURM, variables (Slurm discovery)
-  static HostProbe real();
-};
 
 struct LaunchParse {
   LaunchConfig config;
@@ -34,13 +21,21 @@ struct LaunchParse {
 
 LaunchParse parseDlrunArgs(const std::vector<std::string>& args, const HostProbe& host);
 
+// --rdzv-backend as given. Where it is not given the other flags pick the backend
+// (parseDlrunArgs holds every rule).
+struct RdzvBackendFlag {
+  RdzvBackend backend;
+  bool slurm = false;  // "slurm": c10d set up from the Slurm allocation, which must exist
+};
+// "static", "c10d" or "slurm"; etcd is refused as not supported yet.
+RdzvBackendFlag parseRdzvBackend(const std::string& value);
 // "N" or "MIN:MAX".
 std::pair<int, int> parseNnodes(const std::string& value);
 // "N", "cpu", "gpu" or "auto".
 int parseNprocPerNode(const std::string& value, const HostProbe& host);
 // "3" or "0:1,1:2".
 agents::StreamsByRank parseStreams(const std::string& flag, const std::string& value);
-// "k=v,k2=v2".
+// "k=v,k2=v2": the first step of --rdzv-conf, whose pairs parseRdzvSettings reads.
 std::map<std::string, std::string> parseRdzvConf(const std::string& value);
 // The rendezvous settings in --rdzv-conf; unknown keys are refused.
 RdzvSettings parseRdzvSettings(const std::map<std::string, std::string>& conf);

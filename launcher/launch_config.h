@@ -1,10 +1,11 @@
 // Everything one dlrun invocation was asked to do, parsed once from flags and PET_* variables
 // and never changed afterwards. Downstream parts (rendezvous, agent) read it; nothing writes it.
+// The parser checks every rule it can without the network, so a LaunchConfig that exists is
+// valid: what is left to fail later is name resolution and binding.
 #pragma once
 
 #include <chrono>
 #include <cstdint>
-#include <map>
 #include <optional>
 #include <set>
 #include <string>
@@ -24,16 +25,22 @@ struct RdzvSettings {
   std::chrono::milliseconds leaseTtl() const { return heartbeat * keepAliveMaxAttempt; }
 };
 
+// How the nodes of a multi-node job find each other (the parser picks it from --rdzv-backend,
+// --master-addr/--master-port, --standalone and Slurm; one node needs neither).
+enum class RdzvBackend {
+  Static,  // torchrun's classic launch: a fixed world, the store on --master-addr, ranks given
+  C10d,    // the elastic rendezvous on the store at --rdzv-endpoint (set, or derived from Slurm)
+};
+
 struct LaunchConfig {
   int minNodes = 1;
   int maxNodes = 1;
   int nprocPerNode = 1;
   std::optional<int> nodeRank;  // --node-rank: the static rank, or a group-rank hint
-  std::string rdzvBackend = "c10d";
-  std::string rdzvEndpoint;
+  RdzvBackend rdzvBackend = RdzvBackend::C10d;
+  std::string rdzvEndpoint;  // HOST[:PORT], checked; with C10d on several nodes, never empty
   std::string rdzvId = "none";
-  std::map<std::string, std::string> rdzvConf;
-  RdzvSettings rdzv;  // parsed from rdzvConf
+  RdzvSettings rdzv;  // from --rdzv-conf
   bool standalone = false;
   int maxRestarts = 0;
   std::chrono::milliseconds stopTimeout{30'000};  // SIGTERM, then this long, then SIGKILL

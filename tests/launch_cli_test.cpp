@@ -1,14 +1,18 @@
-// The dlrun command line: each small parser on its own, then parseDlrunArgs end to end with a
-// fake HostProbe (no real CPUs, GPUs, PATH or files are consulted).
+// The dlrun command line: each small parser and entry-point resolution on its own, then
+// parseDlrunArgs end to end with a fake HostProbe (no real CPUs, GPUs, PATH or files are
+// consulted, but for the executable bit of two files the tests write).
 #include "launcher/launch_cli.h"
 
 #include <gtest/gtest.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 
+#include <cstdio>
 #include <map>
 #include <set>
 
 #include "common/error.h"
+#include "launcher/entry_point.h"
 
 namespace dlrun::launcher {
 namespace {
@@ -238,6 +242,45 @@ TEST(ParseDlrunArgs, EverythingAfterTheEntryPointBelongsToTheWorker) {
   EXPECT_EQ(c.command, (Args{"/usr/bin/env"}));
 }
 
+// --- resolveCommand on its own ------------------------------------------------------------
+
+TEST(ResolveCommand, EachFormOfEntryPoint) {
+  const HostProbe host = fakeHost(0, /*trainerBuilt=*/true);
+  EXPECT_EQ(resolveCommand("script.py", {"a"}, {}, host),
+            (Args{"/fake/python3", "-u", "script.py", "a"}));
+  EXPECT_EQ(resolveCommand("pkg.mod", {}, {.module = true}, host),
+            (Args{"/fake/python3", "-u", "-m", "pkg.mod"}));
+  EXPECT_EQ(resolveCommand("/jobs/train.py", {}, {.noPython = true}, host),
+            (Args{"/jobs/train.py"}));
+  EXPECT_EQ(resolveCommand("torchrun", {"x"}, {}, host), (Args{"/usr/local/bin/torchrun", "x"}));
+  EXPECT_EQ(resolveCommand("train", {}, {}, host), (Args{"/opt/dlrun/bin/dlrun-train"}));
+  // With --no-python, "train" is a program like any other, not the bundled trainer.
+  EXPECT_TRUE(contains(configError([&] { resolveCommand("train", {}, {.noPython = true}, host); }),
+                       "'train' not found"));
+}
+
+TEST(ResolveCommand, AnExistingFileIsExecutedOrRunUnderPython) {
+  const std::string dir = ::testing::TempDir();
+  const std::string program = dir + "/dlrun_entry_point_test_program";
+  const std::string text = dir + "/dlrun_entry_point_test_text";
+  for (const auto& [path, mode] : {std::pair{program, 0755}, std::pair{text, 0644}}) {
+    FILE* file = std::fopen(path.c_str(), "w");
+    ASSERT_TRUE(file);
+    std::fclose(file);
+    ::chmod(path.c_str(), mode);
+  }
+  EXPECT_TRUE(isExecutableFile(program));
+  EXPECT_FALSE(isExecutableFile(text));
+  EXPECT_FALSE(isExecutableFile(dir));  // a directory is no program
+  HostProbe host = fakeHost();
+  host.fileExists = [](const std::string&) { return true; };
+  EXPECT_EQ(resolveCommand(program, {}, {}, host), (Args{program}));
+  EXPECT_EQ(resolveCommand(text, {}, {}, host), (Args{"/fake/python3", "-u", text}));
+  EXPECT_EQ(resolveCommand(text, {}, {.noPython = true}, host), (Args{text}));
+  std::remove(program.c_str());
+  std::remove(text.c_str());
+}
+
 // --- parseDlrunArgs: flags ---------------------------------------------------------------
 
 TEST(ParseDlrunArgs, Defaults) {
@@ -262,16 +305,16 @@ TEST(ParseDlrunArgs, Defaults) {
 TEST(ParseDlrunArgs, ReadsEveryFlag) {
   auto c = parse({"--nnodes=1", "--nproc-per-node=3", "--node-rank=0", "--rdzv-backend=c10d",
                   "--rdzv-endpoint=127.0.0.1:29400", "--rdzv-id=job7",
-                  "--rdzv-conf=timeout=60", "--max-restarts=4", "--monitor-interval=5",
+                  "--rdzv-conf=join_timeout=60", "--max-restarts=4", "--monitor-interval=5",
                   "--stop-timeout=1.5", "--role=trainer", "--log-dir=/logs", "-r", "3", "-t",
                   "0:1", "--local-ranks-filter=0,2", "--log-line-prefix-template=<${rank}>",
                   "--local-addr=127.0.0.2", "--master-addr=127.0.0.3", "--master-port=1234",
                   "--run-path", "env"});
   EXPECT_EQ(c.nprocPerNode, 3);
-  EXPECT_EQ(c.rdzvBackend, "c10d");
+  EXPECT_EQ(c.rdzvBackend, RdzvBackend::C10d);
   EXPECT_EQ(c.rdzvEndpoint, "127.0.0.1:29400");
   EXPECT_EQ(c.rdzvId, "job7");
-  EXPECT_EQ(c.rdzvConf, (std::map<std::string, std::string>{{"timeout", "60"}}));
+  EXPECT_EQ(c.rdzv.joinTimeout, std::chrono::seconds(60));
   EXPECT_EQ(c.maxRestarts, 4);
   EXPECT_EQ(c.stopTimeout, std::chrono::milliseconds(1500));
   EXPECT_EQ(c.role, "trainer");
@@ -293,7 +336,7 @@ TEST(ParseDlrunArgs, UnderscoredSpellings) {
                   "--master_port=99", "env"});
   EXPECT_EQ(c.nprocPerNode, 3);
   EXPECT_EQ(c.maxRestarts, 2);
-  EXPECT_EQ(c.rdzvBackend, "c10d");
+  EXPECT_EQ(c.rdzvBackend, RdzvBackend::C10d);
   EXPECT_EQ(c.rdzvId, "x");
   EXPECT_EQ(c.logDir, "/l");
   EXPECT_EQ(c.localRanksFilter, std::set<int>{1});
@@ -304,7 +347,7 @@ TEST(ParseDlrunArgs, UnderscoredSpellings) {
 TEST(ParseDlrunArgs, StandaloneUsesItsOwnStore) {
   auto c = parse({"--standalone", "--nproc-per-node=4", "env"});
   EXPECT_TRUE(c.standalone);
-  EXPECT_EQ(c.rdzvBackend, "c10d");
+  EXPECT_EQ(c.rdzvBackend, RdzvBackend::C10d);
   EXPECT_TRUE(c.singleNode());
 }
 
@@ -331,7 +374,8 @@ TEST(ParseDlrunArgs, PetVariableWithABadValueIsAnError) {
 }
 
 TEST(ParseDlrunArgs, NodeRankAndNnodes) {
-  auto c = parse({"--nnodes=2:4", "--rdzv-backend=c10d", "--node-rank=3", "env"});
+  auto c = parse(
+      {"--nnodes=2:4", "--rdzv-backend=c10d", "--rdzv-endpoint=h:1", "--node-rank=3", "env"});
   EXPECT_EQ(c.minNodes, 2);
   EXPECT_EQ(c.maxNodes, 4);
   EXPECT_EQ(c.nodeRank, 3);
@@ -344,6 +388,7 @@ TEST(ParseDlrunArgs, InvalidInputNamesTheFlag) {
       {{"--nproc-per-node=0", "env"}, {"--nproc-per-node", "0"}},
       {{"--nnodes=3:2", "env"}, {"--nnodes"}},
       {{"--rdzv-backend=bogus", "env"}, {"--rdzv-backend", "bogus"}},
+      {{"--rdzv-backend=etcd", "env"}, {"--rdzv-backend=etcd", "not supported"}},
       {{"--rdzv-conf=novalue", "env"}, {"--rdzv-conf", "novalue"}},
       {{"--master-port=abc", "env"}, {"--master-port", "abc"}},
       {{"--master-port=65536", "env"}, {"--master-port"}},
@@ -390,14 +435,79 @@ TEST(ParseDlrunArgs, HelpAndVersionEndWithZero) {
 }
 
 
+// --- parseDlrunArgs: the rendezvous backend ----------------------------------------------
+
+TEST(ParseRdzvBackend, TheSpellingsDlrunHas) {
+  EXPECT_EQ(parseRdzvBackend("static").backend, RdzvBackend::Static);
+  EXPECT_FALSE(parseRdzvBackend("static").slurm);
+  EXPECT_EQ(parseRdzvBackend("c10d").backend, RdzvBackend::C10d);
+  EXPECT_FALSE(parseRdzvBackend("c10d").slurm);
+  EXPECT_EQ(parseRdzvBackend("slurm").backend, RdzvBackend::C10d);
+  EXPECT_TRUE(parseRdzvBackend("slurm").slurm);
+  for (const std::string value : {"", "C10D", "bogus", "etcd2"}) {
+    SCOPED_TRACE(value);
+    const std::string message = configError([&] { parseRdzvBackend(value); });
+    EXPECT_TRUE(contains(message, "--rdzv-backend")) << message;
+  }
+}
+
+// torchrun's etcd backends are refused when the flags are read, not when the nodes meet.
+TEST(ParseDlrunArgs, EtcdIsRefusedAtParseTime) {
+  for (const std::string value : {"etcd", "etcd-v2"}) {
+    SCOPED_TRACE(value);
+    for (const Args& args :
+         {Args{"--rdzv-backend=" + value, "env"},
+          Args{"--nnodes=2", "--rdzv-backend=" + value, "--rdzv-endpoint=h:1", "env"}}) {
+      const std::string message = configError([&] { parse(args); });
+      EXPECT_EQ(message, "--rdzv-backend=" + value + " is not supported yet; use c10d or static");
+    }
+  }
+  ScopedEnv backend("PET_RDZV_BACKEND", "etcd");
+  EXPECT_TRUE(contains(configError([] { parse({"env"}); }), "--rdzv-backend=etcd"));
+}
+
 TEST(ParseDlrunArgs, BackendDefaultsToC10dUnlessTheClassicStaticFlagsAreGiven) {
-  EXPECT_EQ(parse({"--nnodes=2", "env"}).rdzvBackend, "c10d");
-  EXPECT_EQ(parse({"--nnodes=2", "--rdzv-endpoint=h:1", "env"}).rdzvBackend, "c10d");
-  EXPECT_EQ(parse({"--nnodes=2", "--master-addr=h", "env"}).rdzvBackend, "static");
+  EXPECT_EQ(parse({"env"}).rdzvBackend, RdzvBackend::C10d);
+  EXPECT_EQ(parse({"--nnodes=2", "--rdzv-endpoint=h:1", "env"}).rdzvBackend, RdzvBackend::C10d);
+  EXPECT_EQ(parse({"--nnodes=2", "--master-addr=h", "env"}).rdzvBackend, RdzvBackend::Static);
   EXPECT_EQ(parse({"--nnodes=2", "--master-port=5", "--node-rank=1", "env"}).rdzvBackend,
-            "static");
-  EXPECT_EQ(parse({"--nnodes=2", "--master-addr=h", "--rdzv-backend=c10d", "env"}).rdzvBackend,
-            "c10d");
+            RdzvBackend::Static);
+  EXPECT_EQ(parse({"--master-addr=h", "env"}).rdzvBackend, RdzvBackend::Static);
+  // An endpoint means the elastic rendezvous even beside the static flags.
+  EXPECT_EQ(parse({"--nnodes=2", "--master-addr=h", "--rdzv-endpoint=h:1", "env"}).rdzvBackend,
+            RdzvBackend::C10d);
+  {
+    ScopedEnv port("PET_MASTER_PORT", "5");  // a PET_ variable counts as given
+    EXPECT_EQ(parse({"--nnodes=2", "env"}).rdzvBackend, RdzvBackend::Static);
+  }
+}
+
+TEST(ParseDlrunArgs, AnExplicitBackendWins) {
+  EXPECT_EQ(parse({"--nnodes=2", "--master-addr=h", "--rdzv-backend=c10d", "--rdzv-endpoint=h:1",
+                   "env"})
+                .rdzvBackend,
+            RdzvBackend::C10d);
+  EXPECT_EQ(parse({"--nnodes=2", "--rdzv-backend=static", "--rdzv-endpoint=h:1", "env"})
+                .rdzvBackend,
+            RdzvBackend::Static);
+  EXPECT_EQ(parse({"--rdzv_backend=static", "env"}).rdzvBackend, RdzvBackend::Static);
+  // --standalone serves its own store, whatever the backend says.
+  EXPECT_EQ(parse({"--standalone", "--rdzv-backend=static", "env"}).rdzvBackend,
+            RdzvBackend::C10d);
+}
+
+// A c10d job of several nodes needs a store every node reaches: refused when the flags are
+// read, before any worker or network.
+TEST(ParseDlrunArgs, SeveralC10dNodesNeedAnEndpoint) {
+  for (const Args& args : {Args{"--nnodes=2", "env"}, Args{"--nnodes=1:3", "env"},
+                           Args{"--nnodes=2", "--rdzv-backend=c10d", "--master-addr=h", "env"}}) {
+    SCOPED_TRACE(args.front());
+    const std::string message = configError([&] { parse(args); });
+    EXPECT_TRUE(contains(message, "--rdzv-endpoint")) << message;
+    EXPECT_TRUE(contains(message, args.front())) << message;
+    EXPECT_FALSE(contains(message, "\n")) << message;
+  }
+  EXPECT_TRUE(parse({"--rdzv-backend=c10d", "env"}).singleNode());  // one node: its own store
 }
 
 // --- inside a Slurm allocation -----------------------------------------------------------
@@ -416,7 +526,7 @@ HostProbe slurmHost(int nodeId, slurm::Environment extra = {}) {
 
 TEST(ParseDlrunArgsInSlurm, AStepNeedsNoOtherFlag) {
   const auto c = parse({"--nproc-per-node=4", "env"}, slurmHost(2));
-  EXPECT_EQ(c.rdzvBackend, "c10d");
+  EXPECT_EQ(c.rdzvBackend, RdzvBackend::C10d);
   EXPECT_EQ(c.minNodes, 4);
   EXPECT_EQ(c.maxNodes, 4);
   EXPECT_EQ(c.rdzvId, "4242");
@@ -460,7 +570,7 @@ TEST(ParseDlrunArgsInSlurm, FlagsWin) {
 
 TEST(ParseDlrunArgsInSlurm, StaticFlagsKeepTheirStoreAndTakeTheRank) {
   const auto c = parse({"--master-addr=head", "--master-port=5", "env"}, slurmHost(2));
-  EXPECT_EQ(c.rdzvBackend, "static");
+  EXPECT_EQ(c.rdzvBackend, RdzvBackend::Static);
   EXPECT_EQ(c.masterAddr, "head");
   EXPECT_TRUE(c.rdzvEndpoint.empty());
   EXPECT_EQ(c.nodeRank, 2);
@@ -483,8 +593,13 @@ TEST(ParseDlrunArgsInSlurm, SwitchedOffByFlagEnvironmentOrStandalone) {
 
 TEST(ParseDlrunArgsInSlurm, TheSlurmBackendRequiresAnAllocation) {
   const auto c = parse({"--rdzv-backend=slurm", "env"}, slurmHost(1, {{"DLRUN_SLURM", "0"}}));
-  EXPECT_EQ(c.rdzvBackend, "c10d");
+  EXPECT_EQ(c.rdzvBackend, RdzvBackend::C10d);
   EXPECT_EQ(c.rdzvEndpoint, "node1:29642");
+  // "slurm" is c10d from the allocation even beside the static flags, which it then ignores.
+  const auto withStatic =
+      parse({"--rdzv-backend=slurm", "--master-addr=head", "env"}, slurmHost(1));
+  EXPECT_EQ(withStatic.rdzvBackend, RdzvBackend::C10d);
+  EXPECT_EQ(withStatic.rdzvEndpoint, "node1:29642");
   for (const auto& [args, host, mention] : std::vector<std::tuple<Args, HostProbe, std::string>>{
            {{"--rdzv-backend=slurm", "env"}, fakeHost(), "SLURM_JOB_ID is unset"},
            {{"--rdzv-backend=slurm", "--no-slurm", "env"}, slurmHost(1), "--no-slurm"},

@@ -1,0 +1,67 @@
+#include "launcher/host_probe.h"
+
+#include <sched.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cstdlib>
+#include <filesystem>
+#include <string_view>
+
+#include "launcher/entry_point.h"
+
+namespace dlrun::launcher {
+
+namespace fs = std::filesystem;
+
+HostProbe HostProbe::real() {
+  HostProbe host;
+  host.cpuCount = [] {
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof(set), &set) == 0) return CPU_COUNT(&set);
+    return static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
+  };
+  host.gpuCount = [] {
+    int count = 0;
+    std::error_code ec;
+    for (const auto& entry : fs::directory_iterator("/dev", ec)) {
+      const std::string name = entry.path().filename();
+      if (name.starts_with("nvidia") && name.size() > 6 &&
+          std::all_of(name.begin() + 6, name.end(), ::isdigit))
+        ++count;
+    }
+    return count;
+  };
+  host.findOnPath = [](const std::string& name) -> std::optional<std::string> {
+    const char* env = std::getenv("PATH");
+    const std::string path = env ? env : "/usr/bin:/bin";
+    size_t start = 0;
+    while (true) {
+      const size_t end = path.find(':', start);
+      const std::string dir = path.substr(start, end - start);
+      std::string candidate = (dir.empty() ? "." : dir) + "/" + name;
+      if (isExecutableFile(candidate)) return candidate;
+      if (end == std::string::npos) return std::nullopt;
+      start = end + 1;
+    }
+  };
+  host.fileExists = [](const std::string& p) {
+    std::error_code ec;
+    return fs::is_regular_file(p, ec);
+  };
+  std::error_code ec;
+  host.selfDir = fs::read_symlink("/proc/self/exe", ec).parent_path();
+  const char* python = std::getenv("PYTHON_EXEC");
+  host.pythonExec = python && *python ? python : "python3";
+  for (char** entry = environ; *entry; ++entry) {
+    const std::string_view text(*entry);
+    const size_t eq = text.find('=');
+    if (eq != std::string_view::npos &&
+        (text.starts_with("SLURM") || text.substr(0, eq) == "DLRUN_SLURM"))
+      host.env.emplace(text.substr(0, eq), text.substr(eq + 1));
+  }
+  return host;
+}
+
+}  // namespace dlrun::launcher

@@ -1,0 +1,28 @@
+// What the launcher's parser may ask of the machine it runs on: CPUs, GPUs, PATH, files, where
+// dlrun lives, and the Slurm variables. Parsing reads the machine only through this, so tests
+// hand it a fake one.
+#pragma once
+
+#include <functional>
+#include <optional>
+#include <string>
+
+#include "slurm/discovery.h"
+
+namespace dlrun::launcher {
+
+struct HostProbe {
+  std::function<int()> cpuCount;
+  std::function<int()> gpuCount;
+  // Absolute path of a program name found on PATH, or nullopt.
+  std::function<std::optional<std::string>(const std::string&)> findOnPath;
+  // Whether a path names an existing file.
+  std::function<bool(const std::string&)> fileExists;
+  std::string selfDir;        // where dlrun lives: the bundled dlrun-train sits beside it
+  std::string pythonExec;     // PYTHON_EXEC, or "python3"
+  slurm::Environment env;     // the SLURM*, and DLRUN_SLURM, variables (Slurm discovery)
+  // This machine: its CPU affinity, /dev/nvidia*, PATH, /proc/self/exe and environment.
+  static HostProbe real();
+};
+
+}  // namespace dlrun::launcher
