@@ -7,6 +7,7 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "rendezvous/store/address.h"
+#include "rendezvous/store/leasing_store.h"
 #include "rendezvous/store/tcp_store.h"
 #include "rendezvous/store/tcp_stream.h"
 
@@ -34,14 +35,20 @@ std::string seconds(std::chrono::milliseconds ms) {
 
 ElasticRendezvous::ElasticRendezvous(ElasticOptions options)
     : options_(std::move(options)), keys_(options_.runId) {
-  connect(Clock::now() + options_.joinTimeout);
+  connect(now() + options_.joinTimeout);
   checkShape();
 }
 
 ElasticRendezvous::~ElasticRendezvous() = default;
 
-void ElasticRendezvous::connect(Clock::time_point deadline) {
-  TcpStoreOptions store{
+Clock::time_point ElasticRendezvous::now() const {
+  // Before the first connection there is no store to ask; only connect() runs then.
+  return lease_ ? lease_->now() : Clock::now();
+}
+
+std::unique_ptr<LeasingStore> ElasticRendezvous::openStore() const {
+  if (options_.connect) return options_.connect();
+  return std::make_unique<TcpStore>(TcpStoreOptions{
       .host = options_.storeHost,
       .port = options_.storePort,
       // A store that does not answer within a lease's life is as good as gone.
@@ -49,12 +56,16 @@ void ElasticRendezvous::connect(Clock::time_point deadline) {
       // Short tries, so an interrupt() between them is seen within a heartbeat.
       .connectTimeout = options_.heartbeat,
       .reconnect = false,  // a silent reconnect would drop this connection's lease
-  };
-  std::optional<Clock::time_point> refusedSince;
+  });
+}
+
+void ElasticRendezvous::connect(Clock::time_point deadline) {
+  bool refusing = false;  // every try since refusedSince was refused
+  Clock::time_point refusedSince{};
   while (true) {
     try {
-      auto lease = std::make_unique<TcpStore>(store);
-      auto control = std::make_unique<TcpStore>(store);
+      auto lease = openStore();
+      auto control = openStore();
       std::lock_guard lock(connectionMutex_);
       if (interrupted_) throw NetworkError("the rendezvous was interrupted");
       lease_ = std::move(lease);
@@ -67,14 +78,15 @@ void ElasticRendezvous::connect(Clock::time_point deadline) {
       // After a loss, a store that refuses (rather than a network that drops) is gone for
       // good: the agent that served it has exited, and its keys with it.
       const bool refused = dynamic_cast<const ConnectionRefused*>(&e) != nullptr;
-      if (!refused) refusedSince.reset();
-      else if (!refusedSince) refusedSince = Clock::now();
-      if (reconnect_ && refusedSince && Clock::now() - *refusedSince >= options_.leaseTtl)
+      const auto at = now();
+      if (refused && !refusing) refusedSince = at;
+      refusing = refused;
+      if (reconnect_ && refusing && at - refusedSince >= options_.leaseTtl)
         throw NetworkError("the rendezvous store at " + where +
                            " is gone (connection refused): the agent that served it has "
                            "exited, so this job cannot go on");
       std::lock_guard lock(connectionMutex_);
-      if (interrupted_ || Clock::now() >= deadline)
+      if (interrupted_ || at >= deadline)
         throw NetworkError("cannot reach the rendezvous store at " + where + ": " + e.what());
     }
   }
@@ -90,7 +102,7 @@ void ElasticRendezvous::checkShape() {
 }
 
 JoinResult ElasticRendezvous::next() {
-  const auto deadline = Clock::now() + options_.joinTimeout;
+  const auto deadline = now() + options_.joinTimeout;
   if (reconnect_) {
     log::info("reconnecting to the rendezvous store at " +
               joinHostPort(options_.storeHost, options_.storePort));
@@ -151,13 +163,13 @@ ElasticRendezvous::Step ElasticRendezvous::tryRound(int round, Clock::time_point
                    {keys_.end(round), elastic::encode(lost)},
                    {keys_.lost(record.name), "1"}});
   }
-  const auto arrival = Clock::now();
+  const auto arrival = now();
   const bool canClose = candidate && index >= options_.minNodes;
   if (canClose && index >= targetSize(round)) closeRound(round, index);
   while (!waitChunk(keys_.closed(round))) {
-    if (canClose && Clock::now() - arrival >= options_.lastCall) {
+    if (canClose && now() - arrival >= options_.lastCall) {
       closeRound(round, index);
-    } else if (Clock::now() >= deadline) {
+    } else if (now() >= deadline) {
       if (candidate) lease_->deleteKey(keys_.node(round, index));
       const int64_t joined = lease_->add(keys_.joined(round), 0);
       throw TimeoutError("rendezvous '" + options_.runId + "' timed out after " +
@@ -192,10 +204,10 @@ void ElasticRendezvous::closeRound(int round, int index) {
   for (int i = 1; i <= members; ++i) nodes.push_back(keys_.node(round, i));
   // A member that dies after its record lands aborts the round through its lease; one that
   // died before it leased anything is waited for only a lease's lifetime.
-  const auto giveUp = Clock::now() + options_.leaseTtl;
+  const auto giveUp = now() + options_.leaseTtl;
   while (!lease_->waitFor(nodes, options_.heartbeat)) {
     if (lease_->check({keys_.closed(round)})) return;
-    if (Clock::now() >= giveUp) {
+    if (now() >= giveUp) {
       lease_->compareSet(keys_.closed(round), "", std::string(elastic::kAborted));
       return;
     }

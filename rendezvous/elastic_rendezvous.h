@@ -1,4 +1,5 @@
-// The multi-node rendezvous over a dlrun store (the keys and rules are in elastic_protocol.h).
+// The multi-node rendezvous over a dlrun store (the keys and rules are in elastic_protocol.h),
+// reached through LeasingStore: a TcpStore to dlrund, or in tests a virtual-time MemoryStore.
 // Each agent costs O(1) store operations per round: one ADD for its arrival index, one leased
 // record, one wait for the round to close and one read of the outcome with its own
 // assignment; the one agent that closes a round reads every record once and writes every
@@ -15,18 +16,20 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "common/clock.h"
 #include "rendezvous/elastic_protocol.h"
 #include "rendezvous/rendezvous.h"
 
 namespace dlrun::rendezvous {
 
-class TcpStore;
+class LeasingStore;
 
 struct ElasticOptions {
   std::string runId;
@@ -45,6 +48,12 @@ struct ElasticOptions {
   bool fetchRoster = true;
   // A node once lost is not taken back in this job (Slurm: its place went to a spare).
   bool refuseLostNodes = false;
+  // Opens one connection to the store (two are open at a time). Empty: a TcpStore to
+  // storeHost:storePort whose reply deadline and connect tries follow leaseTtl and heartbeat.
+  // Tests pass MemoryStore connections to a virtual-time server; the rendezvous measures every
+  // deadline on the store's now(). May throw ConnectionRefused or NetworkError: connecting is
+  // retried until the join timeout.
+  std::function<std::unique_ptr<LeasingStore>()> connect;
 };
 
 class ElasticRendezvous : public Rendezvous {
@@ -84,9 +93,12 @@ class ElasticRendezvous : public Rendezvous {
   struct NextRound {};
   using Step = std::variant<World, RoundEnd, NextRound>;
 
-  void connect(std::chrono::steady_clock::time_point deadline);
+  void connect(Clock::time_point deadline);
+  std::unique_ptr<LeasingStore> openStore() const;
+  // The store's time (lease_'s, even a lost one's); the real clock before the first connection.
+  Clock::time_point now() const;
   void checkShape();
-  Step tryRound(int round, std::chrono::steady_clock::time_point deadline);
+  Step tryRound(int round, Clock::time_point deadline);
   void closeRound(int round, int index);
   // `texts`: the round's closed value, this member's assignment, and the roster when fetched.
   World memberWorld(int round, int index, int members, const std::vector<std::string>& texts);
@@ -99,8 +111,8 @@ class ElasticRendezvous : public Rendezvous {
 
   const ElasticOptions options_;
   const elastic::Keys keys_;
-  std::unique_ptr<TcpStore> lease_;    // joins, waits and this node's lease
-  std::unique_ptr<TcpStore> control_;  // reports from the agent's thread
+  std::unique_ptr<LeasingStore> lease_;    // joins, waits and this node's lease
+  std::unique_ptr<LeasingStore> control_;  // reports from the agent's thread
   std::optional<Member> member_;
   std::optional<Ended> ended_;
   int failures_ = 0;  // failure restarts seen in this job (the rendezvous thread's copy)

@@ -1,6 +1,9 @@
+// The helpers Store and LeasingStore give every implementation, so that each message is
+// written once.
 #include "rendezvous/store/store.h"
 
 #include "common/error.h"
+#include "rendezvous/store/leasing_store.h"
 
 namespace dlrun::rendezvous {
 
@@ -9,6 +12,20 @@ void Store::requireSameLength(const std::vector<std::string>& keys,
   if (keys.size() != values.size())
     throw Error("multiSet: " + std::to_string(keys.size()) + " keys but " +
                 std::to_string(values.size()) + " values");
+}
+
+void LeasingStore::wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) {
+  if (!waitFor(keys, timeout))
+    throw TimeoutError("timed out after " + std::to_string(timeout.count()) +
+                       " ms waiting for store key(s) " + keys.front() +
+                       (keys.size() > 1 ? " and " + std::to_string(keys.size() - 1) + " more"
+                                        : ""));
+}
+
+void LeasingStore::requirePositiveTtl(const std::string& key, std::chrono::milliseconds ttl) {
+  if (ttl <= std::chrono::milliseconds::zero())
+    throw Error("a lease on store key '" + key + "' needs a positive TTL, not " +
+                std::to_string(ttl.count()) + " ms");
 }
 
 }  // namespace dlrun::rendezvous

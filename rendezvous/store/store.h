@@ -1,7 +1,8 @@
 // The key-value store every part of dlrun coordinates through: the rendezvous, the agent and
 // the trainer take a Store&. Implementations: TcpStore (a client of dlrund or of any PyTorch
-// TCPStore server), MemoryStore (in-process, for tests) and PrefixStore (a namespace over
-// another store). Values are byte strings. Every method may block; each is thread-safe.
+// TCPStore server), MemoryStore (in-process, on dlrund's engine) and PrefixStore (a namespace
+// over another store); the first two also lease (leasing_store.h). Values are byte strings.
+// Every method may block; each is thread-safe.
 #pragma once
 
 #include <chrono>

@@ -1,7 +1,8 @@
 // The store's data and the meaning of every TCPStore op, free of I/O: the server feeds it
 // parsed requests and it answers through each peer's send(). Waiters are woken when their keys
 // appear, never by polling. Time comes from the caller, so lease expiry is as testable as the
-// rest. Not thread-safe: the server drives it from its one io_context.
+// rest. Not thread-safe: dlrund's server drives it from its one io_context, MemoryStoreServer
+// under its mutex.
 #pragma once
 
 #include <chrono>

@@ -193,14 +193,6 @@ bool TcpStore::check(const std::vector<std::string>& keys) {
   });
 }
 
-void TcpStore::wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) {
-  if (!waitFor(keys, timeout))
-    throw TimeoutError("timed out after " + std::to_string(timeout.count()) +
-                       " ms waiting for store key(s) " + keys.front() +
-                       (keys.size() > 1 ? " and " + std::to_string(keys.size() - 1) + " more"
-                                        : ""));
-}
-
 bool TcpStore::waitFor(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) {
   return locked([&] {
     send(keysRequest(Op::Wait, keys));
@@ -295,9 +287,7 @@ int64_t TcpStore::queueLen(const std::string& key) {
 void TcpStore::lease(const std::string& key, const std::string& value,
                      std::chrono::milliseconds ttl,
                      const std::vector<std::pair<std::string, std::string>>& tripwires) {
-  if (ttl <= std::chrono::milliseconds::zero())
-    throw Error("a lease on store key '" + key + "' needs a positive TTL, not " +
-                std::to_string(ttl.count()) + " ms");
+  requirePositiveTtl(key, ttl);
   std::string out;
   Encoder e(out);
   e.op(Era::V2, Op::Lease).bytes(key).bytes(value).u64(static_cast<uint64_t>(ttl.count()));

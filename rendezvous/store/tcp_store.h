@@ -12,7 +12,7 @@
 #include <utility>
 #include <vector>
 
-#include "rendezvous/store/store.h"
+#include "rendezvous/store/leasing_store.h"
 #include "rendezvous/store/tcp_stream.h"
 
 namespace dlrun::rendezvous {
@@ -29,7 +29,7 @@ struct TcpStoreOptions {
   bool reconnect = true;
 };
 
-class TcpStore : public Store {
+class TcpStore : public LeasingStore {
  public:
   // Connects at once; throws NetworkError or TimeoutError when connectTimeout passes.
   explicit TcpStore(TcpStoreOptions options);
@@ -41,15 +41,13 @@ class TcpStore : public Store {
                          const std::string& desired) override;
   bool deleteKey(const std::string& key) override;
   bool check(const std::vector<std::string>& keys) override;
-  void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override;
   int64_t numKeys() override;
   void append(const std::string& key, const std::string& value) override;
   std::vector<std::string> multiGet(const std::vector<std::string>& keys) override;
   void multiSet(const std::vector<std::string>& keys,
                 const std::vector<std::string>& values) override;
-  // The values as they are now, without waiting: one round trip where multiGet() takes two.
-  // A missing key reads as empty; for keys the caller knows exist.
-  std::vector<std::string> peek(const std::vector<std::string>& keys);
+  // One round trip where multiGet() takes two.
+  std::vector<std::string> peek(const std::vector<std::string>& keys) override;
 
   // Round trip with a nonce; throws ProtocolError when the echo differs.
   void ping();
@@ -59,19 +57,13 @@ class TcpStore : public Store {
   std::optional<std::string> queuePop(const std::string& key, bool block);
   int64_t queueLen(const std::string& key);
 
-  // Sets key=value and leases it to this connection (dlrund only; a PyTorch server drops the
-  // connection). Every request on the connection renews the lease for `ttl`; when the
-  // connection closes or `ttl` passes without a request, the server deletes the key and sets
-  // each tripwire key that does not exist yet. deleteKey(key) releases it without that.
+  // LeasingStore (leasing_store.h). lease() is dlrund's LEASE op: a PyTorch server drops the
+  // connection. A wait that times out sends CANCEL_WAIT. After abort(), later calls reconnect,
+  // or with reconnect=false throw NetworkError.
   void lease(const std::string& key, const std::string& value, std::chrono::milliseconds ttl,
-             const std::vector<std::pair<std::string, std::string>>& tripwires);
-  // Waits until every key exists: true, or false once `timeout` passed (the connection stays
-  // usable). Throws NetworkError or TimeoutError only when the store fails to answer.
-  bool waitFor(const std::vector<std::string>& keys, std::chrono::milliseconds timeout);
-  // Safe from any thread, even while another is blocked in a call here: breaks the connection
-  // so that call throws NetworkError at once. Later calls reconnect, or with reconnect=false
-  // throw NetworkError.
-  void abort();
+             const std::vector<std::pair<std::string, std::string>>& tripwires) override;
+  bool waitFor(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override;
+  void abort() override;
 
   const TcpStoreOptions& options() const { return options_; }
 

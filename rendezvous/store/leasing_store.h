@@ -1,0 +1,57 @@
+// What the elastic rendezvous needs of a store beyond Store: a record that lives only as long
+// as its holder does, waits that give up without an error, reads that do not wait, and a way to
+// break a blocked call. The rendezvous is written against this interface, so a store other than
+// dlrund slots in without touching the round protocol.
+//
+// Implementations: TcpStore (dlrund's LEASE op over TCP), MemoryStore (the same engine in
+// process, on real or virtual time, so the rounds can be tested deterministically), and an etcd
+// client next (a lease with keep-alives; tripwires as a transaction on the lease's expiry).
+#pragma once
+
+#include <chrono>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/clock.h"
+#include "rendezvous/store/store.h"
+
+namespace dlrun::rendezvous {
+
+class LeasingStore : public Store {
+ public:
+  // Sets key=value and ties it to this connection: every request on the connection renews the
+  // lease for `ttl`; when the connection closes (abort(), destruction, a killed process) or
+  // `ttl` passes without a request, the store deletes the key and sets each tripwire key that
+  // does not exist yet. deleteKey(key) releases it without that. Throws Error for ttl <= 0.
+  virtual void lease(const std::string& key, const std::string& value,
+                     std::chrono::milliseconds ttl,
+                     const std::vector<std::pair<std::string, std::string>>& tripwires) = 0;
+
+  // Waits until every key exists: true, or false once `timeout` passed on now()'s clock (the
+  // connection stays usable and the wait is forgotten by the store). Throws only when the
+  // store fails or the connection was aborted.
+  virtual bool waitFor(const std::vector<std::string>& keys,
+                       std::chrono::milliseconds timeout) = 0;
+
+  // The values as they are now, without waiting; a missing key reads as empty.
+  virtual std::vector<std::string> peek(const std::vector<std::string>& keys) = 0;
+
+  // Safe from any thread, even while another is blocked in a call here: drops the connection
+  // (firing its leases) so that call throws NetworkError at once.
+  virtual void abort() = 0;
+
+  // The time this store's leases and waits run on: Clock::now() for a real store, the virtual
+  // time of a simulated one. Callers measure their own deadlines on it too, so that a test on
+  // virtual time drives every timeout of the protocol.
+  virtual Clock::time_point now() { return Clock::now(); }
+
+  // Store::wait in terms of waitFor(), with one message for every implementation.
+  void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override;
+
+ protected:
+  // Throws Error unless a lease on `key` has a positive TTL.
+  static void requirePositiveTtl(const std::string& key, std::chrono::milliseconds ttl);
+};
+
+}  // namespace dlrun::rendezvous

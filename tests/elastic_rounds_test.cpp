@@ -1,0 +1,175 @@
+// The round protocol on the in-memory store in virtual time: every agent is an
+// ElasticRendezvous on a MemoryStore connection, each driven from a thread that takes part in
+// the simulation, so lease lapses, last calls and timeouts happen at exact virtual instants
+// with no sleep and no dependence on how fast the machine is (memory_store_server.h).
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <future>
+#include <set>
+
+#include "common/error.h"
+#include "rendezvous/elastic_rendezvous.h"
+#include "rendezvous/store/memory_store.h"
+
+namespace dlrun::rendezvous {
+namespace {
+
+using namespace std::chrono_literals;
+using Kind = RoundEnd::Kind;
+
+class ElasticRoundsTest : public ::testing::Test {
+ protected:
+  ElasticOptions options(int minNodes, int maxNodes) {
+    ElasticOptions o;
+    o.runId = "job";
+    o.minNodes = minNodes;
+    o.maxNodes = maxNodes;
+    o.maxRestarts = 1;
+    o.self.addr = "127.0.0.1";
+    o.self.nproc = 2;
+    o.lastCall = 5s;
+    o.joinTimeout = 10min;
+    o.heartbeat = 1s;
+    o.leaseTtl = 3s;
+    o.connect = [server = server_] { return std::make_unique<MemoryStore>(server); };
+    return o;
+  }
+
+  std::unique_ptr<ElasticRendezvous> agent(ElasticOptions o, const std::string& name) {
+    o.self.name = name;
+    return std::make_unique<ElasticRendezvous>(std::move(o));
+  }
+
+  // Runs every body on a thread of its own, all counted in before any starts: otherwise the
+  // first could wait alone and move time on before the others arrive.
+  template <typename T>
+  std::vector<std::future<T>> together(std::vector<std::function<T()>> bodies) {
+    server_->addParticipants(static_cast<int>(bodies.size()));
+    std::vector<std::future<T>> out;
+    for (auto& body : bodies) {
+      out.push_back(std::async(std::launch::async, [server = server_, body = std::move(body)] {
+        struct Leave {
+          MemoryStoreServer& server;
+          ~Leave() { server.removeParticipant(); }
+        } leave{*server};
+        return body();
+      }));
+    }
+    return out;
+  }
+
+  // Every agent joins at once; returns their worlds.
+  std::vector<World> formRound(const std::vector<ElasticRendezvous*>& agents) {
+    std::vector<std::function<JoinResult()>> joins;
+    for (auto* a : agents) joins.push_back([a] { return a->next(); });
+    std::vector<World> out;
+    for (auto& join : together(std::move(joins))) out.push_back(std::get<World>(join.get()));
+    return out;
+  }
+
+  Clock::duration elapsedSince(Clock::time_point start) { return server_->now() - start; }
+
+  std::shared_ptr<MemoryStoreServer> server_ =
+      std::make_shared<MemoryStoreServer>(MemoryStoreServer::Time::Virtual);
+};
+
+TEST_F(ElasticRoundsTest, ASilentNodesLeaseLapsesAndTheOthersGoOnWithoutIt) {
+  const ElasticOptions o = options(2, 3);
+  auto a = agent(o, "n0"), b = agent(o, "n1"), c = agent(o, "n2");
+  for (const World& w : formRound({a.get(), b.get(), c.get()})) EXPECT_EQ(w.groupWorldSize, 3);
+  const auto start = server_->now();
+
+  // n2 goes silent: still connected, but no thread makes a request on its connection.
+  auto ends = together<RoundEnd>({[&] { return a->awaitEnd(); }, [&] { return b->awaitEnd(); }});
+  for (auto& end : ends) {
+    const RoundEnd e = end.get();
+    EXPECT_EQ(e.kind, Kind::NodeLost) << e.describe();
+    EXPECT_EQ(e.node, "n2 (127.0.0.1)");
+  }
+  // n2's last request was when the round formed: its lease lapsed exactly one TTL later.
+  EXPECT_EQ(elapsedSince(start), o.leaseTtl);
+  EXPECT_TRUE(MemoryStore(server_).check({elastic::Keys("job").lost("n2")}));
+
+  for (const World& w : formRound({a.get(), b.get()})) {
+    EXPECT_EQ(w.round, 1);
+    EXPECT_EQ(w.groupWorldSize, 2);
+    EXPECT_EQ(w.worldSize, 4);
+    EXPECT_EQ(w.failures, 0);  // a membership change is not a failure
+  }
+  EXPECT_EQ(elapsedSince(start), o.leaseTtl);  // the survivors were all it expected: no last call
+}
+
+TEST_F(ElasticRoundsTest, TheLastCallClosesARoundBelowItsMaximum) {
+  const ElasticOptions o = options(2, 4);
+  auto a = agent(o, "n0"), b = agent(o, "n1"), c = agent(o, "n2");
+  const auto start = server_->now();
+  const std::vector<World> worlds = formRound({a.get(), b.get(), c.get()});
+  std::set<int> groupRanks;
+  for (const World& w : worlds) {
+    EXPECT_EQ(w.round, 0);
+    EXPECT_EQ(w.groupWorldSize, 3);
+    EXPECT_EQ(w.worldSize, 6);
+    groupRanks.insert(w.groupRank);
+  }
+  EXPECT_EQ(groupRanks, (std::set<int>{0, 1, 2}));
+  // A fourth node might still have come until the last call; not a moment longer.
+  EXPECT_EQ(elapsedSince(start), o.lastCall);
+}
+
+TEST_F(ElasticRoundsTest, ASpareTakesAKilledNodesPlace) {
+  const ElasticOptions o = options(1, 2);
+  auto a = agent(o, "n0"), b = agent(o, "n1"), spare = agent(o, "n2");
+  formRound({a.get(), b.get()});
+  const auto start = server_->now();
+
+  auto runs = together<JoinResult>({
+      [&] {
+        EXPECT_EQ(a->awaitEnd().kind, Kind::NodeLost);
+        return a->next();
+      },
+      [&] { return spare->next(); },
+      [&]() -> JoinResult {
+        // n1 is killed once the spare waits for a place: the job runs at its maximum.
+        EXPECT_TRUE(MemoryStore(server_).waitFor({elastic::Keys("job").spares(0)}, 1h));
+        b->interrupt();  // its connection drops, as a killed agent's does
+        return RoundEnd{};
+      },
+  });
+  const World survivor = std::get<World>(runs[0].get());
+  const World replacement = std::get<World>(runs[1].get());
+  runs[2].get();
+
+  EXPECT_EQ(survivor.round, 1);
+  EXPECT_EQ(replacement.round, 1);
+  // The survivor keeps its place first (it has a last group rank, the spare has none).
+  EXPECT_EQ(survivor.groupRank, 0);
+  EXPECT_EQ(survivor.baseRank, 0);
+  EXPECT_EQ(replacement.groupRank, 1);
+  EXPECT_EQ(replacement.baseRank, 2);
+  for (const World& w : {survivor, replacement}) {
+    EXPECT_EQ(w.groupWorldSize, 2);
+    EXPECT_EQ(w.worldSize, 4);
+  }
+  // The kill ended the round at once and the two filled the next one: no time passed.
+  EXPECT_EQ(elapsedSince(start), 0s);
+}
+
+TEST_F(ElasticRoundsTest, AJoinAloneTimesOutAfterTheJoinTimeout) {
+  const ElasticOptions o = options(2, 2);
+  auto alone = agent(o, "n0");
+  const auto start = server_->now();
+  auto join = together<std::string>({[&]() -> std::string {
+    try {
+      alone->next();
+      return "joined alone";
+    } catch (const TimeoutError& e) {
+      return e.what();
+    }
+  }});
+  EXPECT_NE(join[0].get().find("1 of at least 2"), std::string::npos);
+  EXPECT_EQ(elapsedSince(start), o.joinTimeout);  // ten minutes, in microseconds
+}
+
+}  // namespace
+}  // namespace dlrun::rendezvous
