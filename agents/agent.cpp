@@ -35,6 +35,7 @@
 #include "common/asio.h"
 #include "common/error.h"
 #include "common/log.h"
+#include "common/signal_name.h"
 
 namespace dlrun::agents {
 
@@ -97,6 +98,9 @@ class AgentImpl {
     }
     log::info("received " + signalName(sig) + ", stopping workers");
     stopSignal_ = sig;
+    // The other nodes hear of a deliberate stop before this one stops its workers, so none
+    // mistakes it for a lost node.
+    reportToRendezvous([&] { stopEnd_ = rendezvous_.reportStop(sig); });
     stop(sig);
   }
 
@@ -165,6 +169,10 @@ class AgentImpl {
     const rendezvous::RoundEnd& end = *roundEnd_;
     using Kind = rendezvous::RoundEnd::Kind;
     if (end.kind == Kind::Finished) return finish(0);
+    if (end.kind == Kind::Stopped) {
+      log::info(end.report);
+      return finish(end.exitCode);
+    }
     if (end.countsAsFailure() && end.final) {
       [[maybe_unused]] auto n = ::write(STDERR_FILENO, end.report.data(), end.report.size());
       return finish(end.exitCode);
@@ -308,7 +316,11 @@ class AgentImpl {
   void onStopped() {
     stopTimer_.cancel();
     if (launchFailed_) return finish(exitCode_);
-    if (stopSignal_) return finish(128 + *stopSignal_);
+    if (stopSignal_) {
+      if (stopEnd_ && stopEnd_->kind == rendezvous::RoundEnd::Kind::Stopped)
+        log::info(stopEnd_->report);
+      return finish(128 + *stopSignal_);
+    }
     state_ = State::Done;  // no workers; the round's end decides what follows
     if (roundEnd_) endOfRound();
   }
@@ -359,6 +371,7 @@ class AgentImpl {
   State state_ = State::Joining;
   std::vector<std::unique_ptr<Worker>> workers_;
   std::optional<int> stopSignal_;
+  std::optional<rendezvous::RoundEnd> stopEnd_;  // how this node's stop ends the job
   bool launchFailed_ = false;
   rendezvous::World world_;  // the current round's
   std::optional<rendezvous::RoundEnd> roundEnd_;

@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "common/error.h"
+#include "common/signal_name.h"
 
 namespace dlrun::agents {
 namespace {
@@ -96,11 +97,6 @@ ExitStatus ExitStatus::fromWaitStatus(int status) {
 
 std::string ExitStatus::describe() const {
   return signaled ? "signal " + signalName(value) : "exit code " + std::to_string(value);
-}
-
-std::string signalName(int signal) {
-  const char* abbrev = ::sigabbrev_np(signal);
-  return abbrev ? std::string("SIG") + abbrev : "signal " + std::to_string(signal);
 }
 
 void becomeSubreaper() {

@@ -44,9 +44,6 @@ struct ExitStatus {
   std::string describe() const;  // "exit code 3" or "signal SIGKILL"
 };
 
-// "SIGTERM" for SIGTERM; "signal 42" for numbers without a name.
-std::string signalName(int signal);
-
 // Makes this process a child subreaper: orphaned descendants are reparented to it and reaped.
 void becomeSubreaper();
 

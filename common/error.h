@@ -20,6 +20,13 @@ class ConfigError : public Error {
   using Error::Error;
 };
 
+// Something other than a dlrun store answers where one should be (a wrong --rdzv-endpoint or
+// MASTER_PORT): bad input, so mains exit 2 on it too.
+class NotAStoreError : public ConfigError {
+ public:
+  using ConfigError::ConfigError;
+};
+
 // A deadline passed (a store wait, a connect).
 class TimeoutError : public Error {
  public:

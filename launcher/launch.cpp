@@ -46,6 +46,12 @@ std::string runIdOf(const LaunchConfig& config) {
   return config.standalone || config.rdzvId == "none" ? newRunId() : config.rdzvId;
 }
 
+std::string hostName() {
+  char name[256] = {};
+  if (::gethostname(name, sizeof(name) - 1) != 0) return "unknown-host";
+  return name;
+}
+
 int launchSingleNode(const LaunchConfig& config) {
   const std::string host = config.localAddr.value_or("127.0.0.1");
   // The store runs on its own thread: the agent's thread blocks in rendezvous rounds that
@@ -58,6 +64,7 @@ int launchSingleNode(const LaunchConfig& config) {
       .storeAddr = store.address(),
       .storePort = store.port(),
       .hostAddr = store.address(),
+      .nodeName = config.nodeName.value_or(hostName()),
   });
   return runAgent(config, rendezvous);
 }
@@ -111,11 +118,6 @@ void lingerForOthers(const rendezvous::StoreServerThread& store) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
 }
 
-std::string hostName() {
-  char name[256] = {};
-  if (::gethostname(name, sizeof(name) - 1) != 0) return "unknown-host";
-  return name;
-}
 
 int launchMultiNode(const LaunchConfig& config) {
   const StorePlan plan = planStore(config);
@@ -143,6 +145,7 @@ int launchMultiNode(const LaunchConfig& config) {
         .heartbeat = config.rdzv.heartbeat,
         .leaseTtl = config.rdzv.leaseTtl(),
         .refuseLostNodes = config.refuseLostNodes,
+        .stopOnlyNode = config.rdzv.stopOnlyNode,
     });
     code = runAgent(config, rendezvous, name + " (" + addr + ")");
   }

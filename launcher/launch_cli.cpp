@@ -193,11 +193,15 @@ RdzvSettings parseRdzvSettings(const std::map<std::string, std::string>& conf) {
       if (value != "true" && value != "false" && value != "1" && value != "0")
         throw ConfigError("--rdzv-conf: is_host=" + value + " is not true or false");
       settings.isHost = value == "true" || value == "1";
+    } else if (key == "stop_policy") {
+      if (value != "job" && value != "node")
+        throw ConfigError("--rdzv-conf: stop_policy=" + value + " is not job or node");
+      settings.stopOnlyNode = value == "node";
     } else if (key != "timeout" && key != "close_timeout" && key != "read_timeout") {
       // torchrun's other keys are accepted for compatibility; they have no meaning here.
       throw ConfigError("--rdzv-conf: unknown key '" + key +
                         "' (known: join_timeout, last_call_timeout, keep_alive_interval, "
-                        "keep_alive_max_attempt, is_host)");
+                        "keep_alive_max_attempt, is_host, stop_policy)");
     }
   }
   return settings;

@@ -22,6 +22,9 @@ struct RdzvSettings {
   std::chrono::milliseconds heartbeat{1'000};      // keep_alive_interval
   int keepAliveMaxAttempt = 3;  // keep_alive_max_attempt: silent heartbeats before a node is dead
   std::optional<bool> isHost;   // is_host: whether this agent serves the store at the endpoint
+  // stop_policy: a deliberate stop (SIGINT, SIGTERM, SIGHUP) of one node stops the whole job,
+  // or only that node leaves (the others go on while at least MIN remain)
+  bool stopOnlyNode = false;
   std::chrono::milliseconds leaseTtl() const { return heartbeat * keepAliveMaxAttempt; }
 };
 

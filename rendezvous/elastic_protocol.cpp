@@ -53,8 +53,10 @@ const char* kindName(RoundEnd::Kind kind) {
   switch (kind) {
     case RoundEnd::Kind::NodeLost: return "lost";
     case RoundEnd::Kind::NodeJoined: return "joined";
+    case RoundEnd::Kind::NodeLeft: return "left";
     case RoundEnd::Kind::WorkerFailed: return "failed";
     case RoundEnd::Kind::Finished: return "finished";
+    case RoundEnd::Kind::Stopped: return "stopped";
     case RoundEnd::Kind::StoreLost: return "store-lost";
   }
   return "?";
@@ -151,6 +153,9 @@ std::string encode(const RoundEnd& e) {
     j["failures"] = e.failures;
     j["final"] = e.final;
     j["report"] = e.report;
+  } else if (e.kind == RoundEnd::Kind::Stopped) {
+    j["code"] = e.exitCode;
+    j["report"] = e.report;
   }
   return j.dump();
 }
@@ -161,8 +166,9 @@ RoundEnd decodeRoundEnd(std::string_view text) {
   RoundEnd e;
   const auto kind = field<std::string>(j, "kind", what);
   e.node = field<std::string>(j, "node", what);
-  for (auto k : {RoundEnd::Kind::NodeLost, RoundEnd::Kind::NodeJoined,
-                 RoundEnd::Kind::WorkerFailed, RoundEnd::Kind::Finished}) {
+  for (auto k : {RoundEnd::Kind::NodeLost, RoundEnd::Kind::NodeJoined, RoundEnd::Kind::NodeLeft,
+                 RoundEnd::Kind::WorkerFailed, RoundEnd::Kind::Finished,
+                 RoundEnd::Kind::Stopped}) {
     if (kind == kindName(k)) e.kind = k;
   }
   if (kind != kindName(e.kind)) throw ProtocolError("unknown round end '" + kind + "'");
@@ -171,6 +177,10 @@ RoundEnd decodeRoundEnd(std::string_view text) {
     e.exitCode = field<int>(j, "code", what);
     e.failures = field<int>(j, "failures", what);
     e.final = field<bool>(j, "final", what);
+    e.report = field<std::string>(j, "report", what);
+  } else if (e.kind == RoundEnd::Kind::Stopped) {
+    e.exitCode = field<int>(j, "code", what);
+    e.final = true;
     e.report = field<std::string>(j, "report", what);
   }
   return e;

@@ -16,6 +16,12 @@
 //   r/R/done           members whose workers all succeeded; the last sets end = Finished
 //   r/R/spares         agents waiting for a place while round R runs at its maximum
 //   lost/NAME          set by the store when the lease of node NAME lapsed or dropped
+//   stop               the RoundEnd of a deliberate stop of the whole job (first writer wins);
+//                      the stopper also sets the newest round's end, and its closed = "stop"
+//                      so agents still waiting for that round to close wake up
+//   r/R/names          the members' node names, in arrival order (for messages)
+//   r/R/gave-up        names of the nodes whose join timeout ended their wait in round R, one
+//                      a line (appended before each releases its record)
 #pragma once
 
 #include <cstdint>
@@ -47,6 +53,9 @@ class Keys {
   std::string done(int round) const { return roundKey(round, "done"); }
   std::string spares(int round) const { return roundKey(round, "spares"); }
   std::string lost(const std::string& node) const { return root_ + "lost/" + node; }
+  std::string stop() const { return root_ + "stop"; }
+  std::string names(int round) const { return roundKey(round, "names"); }
+  std::string gaveUp(int round) const { return roundKey(round, "gave-up"); }
 
  private:
   std::string roundKey(int round, const std::string& leaf) const {
@@ -56,6 +65,7 @@ class Keys {
 };
 
 inline constexpr std::string_view kAborted = "abort";
+inline constexpr std::string_view kStopped = "stop";
 
 // What an agent publishes when it joins a round.
 struct NodeRecord {

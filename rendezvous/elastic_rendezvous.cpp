@@ -10,6 +10,7 @@
 #include "rendezvous/store/leasing_store.h"
 #include "rendezvous/store/tcp_store.h"
 #include "rendezvous/store/tcp_stream.h"
+#include "rendezvous/waiting_report.h"
 
 namespace dlrun::rendezvous {
 
@@ -23,6 +24,11 @@ int toCount(const std::string& text, const std::string& key) {
   } catch (const std::exception&) {
   }
   throw ProtocolError("malformed value '" + text + "' under " + key + " in the store");
+}
+
+// A node as messages name it: "host (address)".
+std::string nodeName(const elastic::NodeRecord& record) {
+  return record.name + " (" + record.addr + ")";
 }
 
 std::string seconds(std::chrono::milliseconds ms) {
@@ -73,7 +79,8 @@ void ElasticRendezvous::connect(Clock::time_point deadline) {
       reconnect_ = false;
       return;
     } catch (const Error& e) {
-      if (dynamic_cast<const ProtocolError*>(&e)) throw;
+      // A server that is not a store, or a broken one, will not become one by waiting.
+      if (dynamic_cast<const ProtocolError*>(&e) || dynamic_cast<const ConfigError*>(&e)) throw;
       const std::string where = joinHostPort(options_.storeHost, options_.storePort);
       // After a loss, a store that refuses (rather than a network that drops) is gone for
       // good: the agent that served it has exited, and its keys with it.
@@ -109,7 +116,9 @@ JoinResult ElasticRendezvous::next() {
     connect(deadline);
     member_.reset();
   }
-  if (options_.refuseLostNodes && lease_->check({keys_.lost(options_.self.name)}))
+  const auto found = lease_->peek({keys_.stop(), keys_.lost(options_.self.name)});
+  if (!found[0].empty()) return elastic::decodeRoundEnd(found[0]);  // stopped on purpose
+  if (options_.refuseLostNodes && !found[1].empty())
     throw ConfigError("node " + options_.self.name + " was lost earlier in job '" +
                       options_.runId + "' and is not taken back: its place went to another node");
   int round;
@@ -118,6 +127,7 @@ JoinResult ElasticRendezvous::next() {
     lease_->deleteKey(keys_.node(member_->round, member_->index));
     round = member_->round + 1;
     member_.reset();
+    memberRound_ = -1;
   } else {
     round = static_cast<int>(lease_->add(keys_.current(), 0));
   }
@@ -141,7 +151,7 @@ int ElasticRendezvous::targetSize(int round) const {
   using Kind = RoundEnd::Kind;
   const int expected = ended_->members + ended_->spares +
                        (ended_->kind == Kind::NodeJoined ? 1 : 0) -
-                       (ended_->kind == Kind::NodeLost ? 1 : 0);
+                       (ended_->kind == Kind::NodeLost || ended_->kind == Kind::NodeLeft ? 1 : 0);
   return std::clamp(expected, options_.minNodes, options_.maxNodes);
 }
 
@@ -157,7 +167,7 @@ ElasticRendezvous::Step ElasticRendezvous::tryRound(int round, Clock::time_point
     record.failures = failures_;
     record.lastGroupRank = lastGroupRank_;
     record.workerPorts = reserveFreePorts(record.addr, record.nproc);
-    RoundEnd lost{.kind = RoundEnd::Kind::NodeLost, .node = record.name + " (" + record.addr + ")"};
+    RoundEnd lost{.kind = RoundEnd::Kind::NodeLost, .node = nodeName(record)};
     lease_->lease(keys_.node(round, index), elastic::encode(record), options_.leaseTtl,
                   {{keys_.closed(round), std::string(elastic::kAborted)},
                    {keys_.end(round), elastic::encode(lost)},
@@ -166,25 +176,27 @@ ElasticRendezvous::Step ElasticRendezvous::tryRound(int round, Clock::time_point
   const auto arrival = now();
   const bool canClose = candidate && index >= options_.minNodes;
   if (canClose && index >= targetSize(round)) closeRound(round, index);
+  WaitingReport waiting(options_.minNodes);
   while (!waitChunk(keys_.closed(round))) {
     if (canClose && now() - arrival >= options_.lastCall) {
       closeRound(round, index);
     } else if (now() >= deadline) {
+      const TimeoutError error = timedOut(round);
       if (candidate) lease_->deleteKey(keys_.node(round, index));
-      const int64_t joined = lease_->add(keys_.joined(round), 0);
-      throw TimeoutError("rendezvous '" + options_.runId + "' timed out after " +
-                         seconds(options_.joinTimeout) + " s: " + std::to_string(joined) +
-                         " of at least " + std::to_string(options_.minNodes) +
-                         " nodes joined (store at " +
-                         joinHostPort(options_.storeHost, options_.storePort) + ")");
+      throw error;
+    } else if (!canClose) {
+      const int joined = static_cast<int>(lease_->add(keys_.joined(round), 0));
+      if (auto line = waiting.update(joined, now(), deadline)) log::info(*line);
     }
   }
   // One read whatever the outcome: a missing assignment reads as empty.
-  std::vector<std::string> keys{keys_.closed(round), keys_.assignment(round, index)};
+  std::vector<std::string> keys{keys_.closed(round), keys_.assignment(round, index),
+                                keys_.names(round)};
   if (options_.fetchRoster) keys.push_back(keys_.roster(round));
   const std::vector<std::string> texts = lease_->peek(keys);
-  if (texts[0] == elastic::kAborted) {
+  if (texts[0] == elastic::kAborted || texts[0] == elastic::kStopped) {
     if (candidate) lease_->deleteKey(keys_.node(round, index));
+    if (texts[0] == elastic::kStopped) return elastic::decodeRoundEnd(lease_->peek({keys_.stop()})[0]);
     return NextRound{};
   }
   const int members = toCount(texts[0], keys_.closed(round));
@@ -225,6 +237,10 @@ void ElasticRendezvous::closeRound(int round, int index) {
   }
   keys.push_back(keys_.roster(round));
   values.push_back(elastic::encodeRoster(plan.roster));
+  std::vector<std::string> names;
+  for (const auto& record : records) names.push_back(nodeName(record));
+  keys.push_back(keys_.names(round));
+  values.push_back(elastic::encodeRoster(names));
   lease_->multiSet(keys, values);
   lease_->compareSet(keys_.closed(round), "", std::to_string(members));
 }
@@ -233,6 +249,9 @@ World ElasticRendezvous::memberWorld(int round, int index, int members,
                                      const std::vector<std::string>& texts) {
   const elastic::Assignment a = elastic::decodeAssignment(texts[1]);
   member_ = Member{round, index, members, a.failures};
+  memberRound_ = round;
+  memberCount_ = members;
+  lastMembers_ = elastic::decodeRoster(texts[2]);
   lastGroupRank_ = a.groupRank;
   failures_ = a.failures;
   World world;
@@ -248,14 +267,13 @@ World ElasticRendezvous::memberWorld(int round, int index, int members,
   world.masterAddr = options_.storeHost;
   world.masterPort = options_.storePort;
   world.agentStore = true;
-  if (options_.fetchRoster) world.workerEndpoints = elastic::decodeRoster(texts[2]);
+  if (options_.fetchRoster) world.workerEndpoints = elastic::decodeRoster(texts[3]);
   return world;
 }
 
 ElasticRendezvous::Step ElasticRendezvous::afterLateArrival(int round, int members) {
   if (members < options_.maxNodes) {
-    RoundEnd joined{.kind = RoundEnd::Kind::NodeJoined,
-                    .node = options_.self.name + " (" + options_.self.addr + ")"};
+    RoundEnd joined{.kind = RoundEnd::Kind::NodeJoined, .node = nodeName(options_.self)};
     lease_->compareSet(keys_.end(round), "", elastic::encode(joined));
   } else {
     log::info("the job runs on its maximum number of nodes (" + std::to_string(members) +
@@ -267,7 +285,7 @@ ElasticRendezvous::Step ElasticRendezvous::afterLateArrival(int round, int membe
   }
   RoundEnd end = readEnd(round);
   ended_ = Ended{round, members, spares(round), end.kind};
-  if (end.kind == RoundEnd::Kind::Finished || (end.countsAsFailure() && end.final)) return end;
+  if (end.endsJob()) return end;
   return NextRound{};
 }
 
@@ -305,6 +323,56 @@ void ElasticRendezvous::reportSuccess() {
     RoundEnd finished{.kind = RoundEnd::Kind::Finished, .node = options_.self.name};
     control_->compareSet(keys_.end(member_->round), "", elastic::encode(finished));
   }
+}
+
+RoundEnd ElasticRendezvous::reportStop(int signal) {
+  const int round = memberRound_;
+  if (options_.stopOnlyNode && round >= 0 && memberCount_ - 1 >= options_.minNodes) {
+    // Leaving is a change of members: the others meet again without this node.
+    const RoundEnd left = nodeLeft(nodeName(options_.self));
+    control_->compareSet(keys_.end(round), "", elastic::encode(left));
+    return left;
+  }
+  // The job's stop first (the first stop wins, so every node reports the same one), then the
+  // keys the others wait on: the end of this node's round, and the newest round, where nodes
+  // may be waiting for it to close.
+  const RoundEnd stop = elastic::decodeRoundEnd(control_->compareSet(
+      keys_.stop(), "", elastic::encode(jobStopped(signal, options_.self.name))));
+  const int newest = static_cast<int>(control_->add(keys_.current(), 0));
+  for (int r : {round, newest}) {
+    if (r < 0) continue;
+    control_->compareSet(keys_.closed(r), "", std::string(elastic::kStopped));
+    control_->compareSet(keys_.end(r), "", elastic::encode(stop));
+  }
+  return stop;
+}
+
+TimeoutError ElasticRendezvous::timedOut(int round) {
+  // Said before this node's record goes, so a node that gives up at the same moment finds it
+  // in one list or the other.
+  lease_->append(keys_.gaveUp(round), nodeName(options_.self) + "\n");
+  const int joined = static_cast<int>(lease_->add(keys_.joined(round), 0));
+  std::string message = "rendezvous '" + options_.runId + "' gave up after " +
+                        seconds(options_.joinTimeout) + " s (join_timeout): " +
+                        std::to_string(joined) + " of at least " +
+                        std::to_string(options_.minNodes) + " nodes joined";
+  std::vector<std::string> records;
+  for (int i = 1; i <= std::min(joined, options_.maxNodes); ++i)
+    records.push_back(keys_.node(round, i));
+  records.push_back(keys_.gaveUp(round));
+  std::vector<std::string> texts = lease_->peek(records);
+  std::vector<std::string> came;
+  for (size_t start = 0, end; (end = texts.back().find('\n', start)) != std::string::npos;
+       start = end + 1)
+    came.push_back(texts.back().substr(start, end - start));
+  texts.pop_back();
+  for (const auto& text : texts) {
+    if (!text.empty()) came.push_back(nodeName(elastic::decodeNodeRecord(text)));
+  }
+  const auto missing = missingNodes(lastMembers_, came);
+  for (size_t i = 0; i < missing.size(); ++i)
+    message += (i == 0 ? "; nodes that did not come back: " : ", ") + missing[i];
+  return TimeoutError(message);
 }
 
 void ElasticRendezvous::interrupt() {

@@ -15,6 +15,7 @@
 // next() that returned a World and the following next(); interrupt() may be called from anywhere.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <functional>
 #include <memory>
@@ -24,6 +25,7 @@
 #include <vector>
 
 #include "common/clock.h"
+#include "common/error.h"
 #include "rendezvous/elastic_protocol.h"
 #include "rendezvous/rendezvous.h"
 
@@ -48,6 +50,9 @@ struct ElasticOptions {
   bool fetchRoster = true;
   // A node once lost is not taken back in this job (Slurm: its place went to a spare).
   bool refuseLostNodes = false;
+  // A deliberate stop of this node (reportStop) makes only it leave while the job keeps at
+  // least minNodes; otherwise (the default) it stops the whole job.
+  bool stopOnlyNode = false;
   // Opens one connection to the store (two are open at a time). Empty: a TcpStore to
   // storeHost:storePort whose reply deadline and connect tries follow leaseTtl and heartbeat.
   // Tests pass MemoryStore connections to a virtual-time server; the rendezvous measures every
@@ -73,6 +78,8 @@ class ElasticRendezvous : public Rendezvous {
   void reportFailure(RoundEnd failure) override;
   // The last member whose workers all succeeded ends the round as Finished.
   void reportSuccess() override;
+  // Safe at any time, also while next() runs on the rendezvous thread.
+  RoundEnd reportStop(int signal) override;
 
   void interrupt() override;
 
@@ -104,6 +111,8 @@ class ElasticRendezvous : public Rendezvous {
   World memberWorld(int round, int index, int members, const std::vector<std::string>& texts);
   Step afterLateArrival(int round, int members);
   RoundEnd readEnd(int round);
+  // The join timeout's error, naming the last round's members that did not come back.
+  TimeoutError timedOut(int round);
   int spares(int round);
   int targetSize(int round) const;
   void advanceCurrent(int toRound);
@@ -114,6 +123,11 @@ class ElasticRendezvous : public Rendezvous {
   std::unique_ptr<LeasingStore> lease_;    // joins, waits and this node's lease
   std::unique_ptr<LeasingStore> control_;  // reports from the agent's thread
   std::optional<Member> member_;
+  // The round this node is a member of (-1: none) and its size, for reportStop(), which may
+  // run on the agent's thread while next() runs.
+  std::atomic<int> memberRound_{-1};
+  std::atomic<int> memberCount_{0};
+  std::vector<std::string> lastMembers_;  // names of the last round's members, for messages
   std::optional<Ended> ended_;
   int failures_ = 0;  // failure restarts seen in this job (the rendezvous thread's copy)
   std::optional<int> lastGroupRank_;

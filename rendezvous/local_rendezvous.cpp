@@ -44,6 +44,10 @@ void LocalRendezvous::reportSuccess() {
   ended_.notify_all();
 }
 
+RoundEnd LocalRendezvous::reportStop(int signal) {
+  return jobStopped(signal, options_.nodeName);
+}
+
 void LocalRendezvous::interrupt() {
   std::lock_guard lock(mutex_);
   interrupted_ = true;

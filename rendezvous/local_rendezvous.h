@@ -19,6 +19,7 @@ struct LocalRendezvousOptions {
   std::string storeAddr;  // where workers reach the agent's store
   uint16_t storePort = 0;
   std::string hostAddr = "127.0.0.1";  // this node's address in TF_CONFIG
+  std::string nodeName;                // this node in messages
 };
 
 class LocalRendezvous : public Rendezvous {
@@ -30,6 +31,8 @@ class LocalRendezvous : public Rendezvous {
   RoundEnd awaitEnd() override;
   void reportFailure(RoundEnd failure) override;
   void reportSuccess() override;
+  // One node: the job stops with it.
+  RoundEnd reportStop(int signal) override;
   void interrupt() override;
 
  private:

@@ -30,6 +30,11 @@ class Rendezvous {
   virtual void reportFailure(RoundEnd failure) = 0;
   // Every worker of this node exited 0; the round ends as Finished once every node's did.
   virtual void reportSuccess() = 0;
+  // A terminating signal reached this node's dlrun from its user (Ctrl-C, scancel, kill):
+  // tells every node before this one stops its workers. Returns how the job ends for this
+  // node: Stopped (every node stops and exits 128 + signal), or NodeLeft where only this node
+  // leaves an elastic job that stays at or above its minimum (stop_policy=node).
+  virtual RoundEnd reportStop(int signal) = 0;
   // Makes a blocked next()/awaitEnd() give up at once (they throw or report a lost store).
   // Callable from any thread.
   virtual void interrupt() = 0;

@@ -1,15 +1,19 @@
 #include "rendezvous/round_end.h"
 
+#include "common/signal_name.h"
+
 namespace dlrun::rendezvous {
 
 std::string RoundEnd::describe() const {
   switch (kind) {
     case Kind::NodeLost: return "node " + node + " was lost";
     case Kind::NodeJoined: return "node " + node + " asked to join";
+    case Kind::NodeLeft: return "node " + node + " left the job";
     case Kind::WorkerFailed:
       return "rank " + std::to_string(rank) + (node.empty() ? "" : " on " + node) +
              " failed (exit code " + std::to_string(exitCode) + ")";
     case Kind::Finished: return "every worker finished";
+    case Kind::Stopped: return "node " + node + " stopped the job";
     case Kind::StoreLost: return "lost the rendezvous store: " + node;
   }
   return "";
@@ -19,6 +23,18 @@ void RoundEnd::countFailure(int before, int maxRestarts) {
   kind = Kind::WorkerFailed;
   failures = before + 1;
   final = failures > maxRestarts;
+}
+
+RoundEnd jobStopped(int signal, const std::string& node) {
+  return RoundEnd{.kind = RoundEnd::Kind::Stopped,
+                  .node = node,
+                  .exitCode = 128 + signal,
+                  .final = true,
+                  .report = "job stopped: " + signalName(signal) + " on node " + node};
+}
+
+RoundEnd nodeLeft(const std::string& node) {
+  return RoundEnd{.kind = RoundEnd::Kind::NodeLeft, .node = node};
 }
 
 }  // namespace dlrun::rendezvous

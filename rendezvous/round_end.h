@@ -1,5 +1,7 @@
 // Why a rendezvous round ended, as every agent of the job learns it. Failure restarts count
-// against --max-restarts; membership changes do not.
+// against --max-restarts; membership changes do not. A job ends for every node with one exit
+// code and one message: Finished (0), a final WorkerFailed (the worker's code and its report)
+// or Stopped (128 + the signal, "job stopped: SIGINT on node NAME").
 #pragma once
 
 #include <string>
@@ -7,21 +9,31 @@
 namespace dlrun::rendezvous {
 
 struct RoundEnd {
-  enum class Kind { NodeLost, NodeJoined, WorkerFailed, Finished, StoreLost };
+  enum class Kind { NodeLost, NodeJoined, NodeLeft, WorkerFailed, Finished, Stopped, StoreLost };
   Kind kind = Kind::Finished;
-  std::string node;    // the node lost, joined, or whose worker failed
-  // WorkerFailed only:
-  int rank = 0;
-  int exitCode = 0;    // the code every agent exits with when the failure is final
-  int failures = 0;    // failure restarts used, counting this one
-  bool final = false;  // no restart is left: every agent prints `report` and exits
-  std::string report;  // the root-cause text every agent prints
+  std::string node;    // the node lost, joined, left, stopped, or whose worker failed
+  int rank = 0;        // WorkerFailed: the root-cause rank
+  int exitCode = 0;    // WorkerFailed, Stopped: the code every agent exits with when it ends
+  int failures = 0;    // WorkerFailed: failure restarts used, counting this one
+  bool final = false;  // WorkerFailed: no restart is left; Stopped is always final
+  std::string report;  // the text every agent prints when the job ends this way
 
   bool countsAsFailure() const { return kind == Kind::WorkerFailed; }
+  // Whether every node's agent exits on it: the job is over.
+  bool endsJob() const {
+    return kind == Kind::Finished || kind == Kind::Stopped || (countsAsFailure() && final);
+  }
+  // Whether the round loses a member for good (a lost or departed node).
+  bool losesMember() const { return kind == Kind::NodeLost || kind == Kind::NodeLeft; }
   // Makes this a worker failure that uses one more restart, after `before` of the job's
   // `maxRestarts`: the one rule for one node and for several.
   void countFailure(int before, int maxRestarts);
   std::string describe() const;  // one line for logs
 };
+
+// The deliberate stop of a whole job: `signal` reached dlrun on node `node`.
+RoundEnd jobStopped(int signal, const std::string& node);
+// The deliberate departure of one node from an elastic job (--rdzv-conf stop_policy=node).
+RoundEnd nodeLeft(const std::string& node);
 
 }  // namespace dlrun::rendezvous

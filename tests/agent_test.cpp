@@ -6,6 +6,8 @@
 
 #include <gtest/gtest.h>
 
+#include <signal.h>
+
 #include <condition_variable>
 #include <functional>
 #include <map>
@@ -72,6 +74,12 @@ class FakeRendezvous : public rendezvous::Rendezvous {
     changed_.notify_all();
   }
 
+  RoundEnd reportStop(int signal) override {
+    std::lock_guard lock(mutex_);
+    stops.push_back(signal);
+    return rendezvous::jobStopped(signal, "this-node");
+  }
+
   void interrupt() override {
     std::lock_guard lock(mutex_);
     interrupted_ = true;
@@ -84,6 +92,7 @@ class FakeRendezvous : public rendezvous::Rendezvous {
   }
 
   std::vector<RoundEnd> failures;
+  std::vector<int> stops;
   int successes = 0;
 
  private:
@@ -169,6 +178,24 @@ TEST(AgentTest, AJobThatEndedWhileJoiningStartsNoWorker) {
   EXPECT_EQ(runAgent(rendezvous, "[ \"$TORCHELASTIC_RESTART_COUNT\" = 0 ] && exit 3; exit 0"), 4);
   EXPECT_EQ(rendezvous.rounds(), 2);
   EXPECT_EQ(rendezvous.successes, 0);
+}
+
+TEST(AgentTest, ASignalToTheAgentIsReportedAndStopsTheJob) {
+  FakeRendezvous rendezvous;
+  // A worker sends SIGINT to its parent, the agent (this test process), as Ctrl-C would.
+  EXPECT_EQ(runAgent(rendezvous, "[ \"$LOCAL_RANK\" = 0 ] && kill -INT $PPID; exec sleep 30"),
+            128 + SIGINT);
+  EXPECT_EQ(rendezvous.stops, std::vector<int>{SIGINT});
+  EXPECT_TRUE(rendezvous.failures.empty());
+  EXPECT_EQ(rendezvous.rounds(), 1);
+}
+
+TEST(AgentTest, AJobStoppedElsewhereExitsWithTheStoppersCode) {
+  FakeRendezvous rendezvous;
+  rendezvous.elsewhere[0] = rendezvous::jobStopped(SIGTERM, "other");
+  EXPECT_EQ(runAgent(rendezvous, "exec sleep 30"), 128 + SIGTERM);
+  EXPECT_TRUE(rendezvous.stops.empty());
+  EXPECT_EQ(rendezvous.rounds(), 1);
 }
 
 TEST(AgentTest, ABadConfigurationInTheRendezvousExits2) {

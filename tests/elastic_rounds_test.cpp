@@ -3,6 +3,7 @@
 // the simulation, so lease lapses, last calls and timeouts happen at exact virtual instants
 // with no sleep and no dependence on how fast the machine is (memory_store_server.h).
 #include <gtest/gtest.h>
+#include <signal.h>
 
 #include <functional>
 #include <future>
@@ -169,6 +170,112 @@ TEST_F(ElasticRoundsTest, AJoinAloneTimesOutAfterTheJoinTimeout) {
   }});
   EXPECT_NE(join[0].get().find("1 of at least 2"), std::string::npos);
   EXPECT_EQ(elapsedSince(start), o.joinTimeout);  // ten minutes, in microseconds
+}
+
+TEST_F(ElasticRoundsTest, AStopReachesEveryMemberAndEveryLaterJoin) {
+  const ElasticOptions o = options(3, 3);
+  auto a = agent(o, "n0"), b = agent(o, "n1"), c = agent(o, "n2");
+  formRound({a.get(), b.get(), c.get()});
+  const RoundEnd stop = a->reportStop(SIGINT);
+  EXPECT_EQ(stop.kind, Kind::Stopped);
+  EXPECT_EQ(stop.exitCode, 128 + SIGINT);
+  EXPECT_EQ(stop.report, "job stopped: SIGINT on node n0");
+  // A second stop (scancel signals every node) does not replace the first.
+  EXPECT_EQ(b->reportStop(SIGTERM).report, stop.report);
+  auto ends = together<RoundEnd>({[&] { return b->awaitEnd(); }, [&] { return c->awaitEnd(); }});
+  for (auto& end : ends) {
+    const RoundEnd e = end.get();
+    EXPECT_EQ(e.kind, Kind::Stopped);
+    EXPECT_EQ(e.exitCode, 128 + SIGINT);
+    EXPECT_EQ(e.report, stop.report);
+  }
+  auto again = together<JoinResult>({[&] { return c->next(); }});
+  EXPECT_EQ(std::get<RoundEnd>(again[0].get()).report, stop.report);
+}
+
+TEST_F(ElasticRoundsTest, AStopWakesNodesWaitingForARoundToClose) {
+  const ElasticOptions o = options(3, 3);
+  auto a = agent(o, "n0"), b = agent(o, "n1"), stopper = agent(o, "n2");
+  const auto start = server_->now();
+  auto runs = together<JoinResult>({
+      [&] { return a->next(); },
+      [&] { return b->next(); },
+      [&]() -> JoinResult {
+        // Stopped before it joined, once the two others wait for a third.
+        EXPECT_TRUE(MemoryStore(server_).waitFor({elastic::Keys("job").node(0, 2)}, 1h));
+        return stopper->reportStop(SIGTERM);
+      },
+  });
+  for (auto& run : runs) {
+    const RoundEnd e = std::get<RoundEnd>(run.get());
+    EXPECT_EQ(e.kind, Kind::Stopped);
+    EXPECT_EQ(e.report, "job stopped: SIGTERM on node n2");
+  }
+  EXPECT_LT(elapsedSince(start), o.joinTimeout);
+}
+
+TEST_F(ElasticRoundsTest, UnderStopPolicyNodeAStoppedNodeLeavesWithoutAFailure) {
+  ElasticOptions o = options(2, 3);
+  o.stopOnlyNode = true;
+  auto a = agent(o, "n0"), b = agent(o, "n1"), c = agent(o, "n2");
+  formRound({a.get(), b.get(), c.get()});
+  const auto start = server_->now();
+  EXPECT_EQ(c->reportStop(SIGINT).kind, Kind::NodeLeft);
+  auto ends = together<RoundEnd>({[&] { return a->awaitEnd(); }, [&] { return b->awaitEnd(); }});
+  for (auto& end : ends) {
+    const RoundEnd e = end.get();
+    EXPECT_EQ(e.kind, Kind::NodeLeft);
+    EXPECT_EQ(e.node, "n2 (127.0.0.1)");
+  }
+  for (const World& w : formRound({a.get(), b.get()})) {
+    EXPECT_EQ(w.groupWorldSize, 2);
+    EXPECT_EQ(w.failures, 0);
+  }
+  EXPECT_EQ(elapsedSince(start), 0s);  // the two were all it expected: no last call
+}
+
+TEST_F(ElasticRoundsTest, UnderStopPolicyNodeAStopAtTheMinimumStopsTheJob) {
+  ElasticOptions o = options(2, 3);
+  o.stopOnlyNode = true;
+  auto a = agent(o, "n0"), b = agent(o, "n1");
+  formRound({a.get(), b.get()});
+  EXPECT_EQ(b->reportStop(SIGINT).kind, Kind::Stopped);
+  auto ends = together<RoundEnd>({[&] { return a->awaitEnd(); }});
+  EXPECT_EQ(ends[0].get().kind, Kind::Stopped);
+}
+
+TEST_F(ElasticRoundsTest, TheJoinTimeoutNamesTheNodesThatDidNotComeBack) {
+  const ElasticOptions o = options(3, 3);
+  auto a = agent(o, "n0"), b = agent(o, "n1"), c = agent(o, "n2");
+  formRound({a.get(), b.get(), c.get()});
+  c->interrupt();  // killed: its connection drops
+  auto runs = together<std::string>({
+      [&]() -> std::string {
+        EXPECT_EQ(a->awaitEnd().kind, Kind::NodeLost);
+        try {
+          a->next();
+          return "joined";
+        } catch (const TimeoutError& e) {
+          return e.what();
+        }
+      },
+      [&]() -> std::string {
+        EXPECT_EQ(b->awaitEnd().kind, Kind::NodeLost);
+        try {
+          b->next();
+          return "joined";
+        } catch (const TimeoutError& e) {
+          return e.what();
+        }
+      },
+  });
+  for (auto& run : runs) {
+    const std::string message = run.get();
+    EXPECT_NE(message.find("2 of at least 3 nodes joined; nodes that did not come back: "
+                           "n2 (127.0.0.1)"),
+              std::string::npos)
+        << message;
+  }
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // The root-cause report: reading TORCHELASTIC_ERROR_FILE in both of torch's formats (and
 // surviving garbage), formatting the report, and how a process's end is described.
 #include "agents/failure_report.h"
+#include "common/signal_name.h"
 
 #include <gtest/gtest.h>
 #include <signal.h>

@@ -621,6 +621,7 @@ TEST(ParseRdzvSettings, DefaultsDetectALostNodeWithinThreeSeconds) {
   EXPECT_EQ(s.leaseTtl(), std::chrono::seconds(3));
   EXPECT_EQ(s.lastCall, std::chrono::seconds(1));
   EXPECT_FALSE(s.isHost);
+  EXPECT_FALSE(s.stopOnlyNode);
 }
 
 TEST(ParseRdzvSettings, TorchrunKeys) {
@@ -629,17 +630,20 @@ TEST(ParseRdzvSettings, TorchrunKeys) {
                                             {"keep_alive_interval", "0.25"},
                                             {"keep_alive_max_attempt", "4"},
                                             {"is_host", "true"},
+                                            {"stop_policy", "node"},
                                             {"read_timeout", "60"}});
   EXPECT_EQ(s.joinTimeout, std::chrono::seconds(30));
   EXPECT_EQ(s.lastCall, std::chrono::milliseconds(500));
   EXPECT_EQ(s.leaseTtl(), std::chrono::seconds(1));
   EXPECT_EQ(s.isHost, true);
+  EXPECT_TRUE(s.stopOnlyNode);
 }
 
 TEST(ParseRdzvSettings, BadValuesNameTheKey) {
   for (const auto& [key, value] : std::vector<std::pair<std::string, std::string>>{
            {"join_timeout", "-1"}, {"last_call_timeout", "soon"},
-           {"keep_alive_max_attempt", "0"}, {"is_host", "maybe"}, {"lease", "3"}}) {
+           {"keep_alive_max_attempt", "0"}, {"is_host", "maybe"}, {"stop_policy", "all"},
+           {"lease", "3"}}) {
     try {
       parseRdzvSettings({{key, value}});
       FAIL() << key << "=" << value << " was accepted";

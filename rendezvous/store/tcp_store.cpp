@@ -17,6 +17,26 @@ using wire::Op;
 
 // A reply longer than this is taken as a broken server rather than allocated.
 constexpr uint64_t kMaxReplyBytes = uint64_t{1} << 32;
+// How long a server that accepted the connection has to answer the opening PING. A dlrun
+// store answers within microseconds; silence this long means something else listens there.
+constexpr auto kHandshakeTimeout = std::chrono::seconds(3);
+
+// What a wrong server sent, as one line of text: printable bytes as they are, others escaped.
+std::string quoted(std::string_view bytes) {
+  static constexpr size_t kShown = 40;
+  std::string text = "\"";
+  for (const char c : bytes.substr(0, kShown)) {
+    if (c == '\n') break;
+    if (c >= 0x20 && c < 0x7f) {
+      text += c;
+    } else {
+      static constexpr char kHex[] = "0123456789abcdef";
+      const auto byte = static_cast<unsigned char>(c);
+      text += std::string("\\x") + kHex[byte >> 4] + kHex[byte & 0xf];
+    }
+  }
+  return text + (bytes.size() > kShown ? "...\"" : "\"");
+}
 
 std::string request(Op op) {
   std::string out;
@@ -71,14 +91,7 @@ void TcpStore::connect() {
   while (true) {
     try {
       adopt(TcpStream::connect(options_.host, options_.port, deadline));
-      std::string hello;
-      const uint32_t nonce = static_cast<uint32_t>(::getpid());
-      Encoder(hello).op(Era::V2, Op::Validate).u32(wire::kValidationMagic);
-      Encoder(hello).op(Era::V2, Op::Ping).u32(nonce);
-      stream_.writeAll(hello, deadline);
-      if (wire::loadU32(stream_.readExact(4, deadline).data()) != nonce)
-        throw ProtocolError("the store at " + options_.host + ":" +
-                            std::to_string(options_.port) + " answered PING with a wrong nonce");
+      handshake();
       return;
     } catch (const NetworkError& e) {
       closeStream();
@@ -94,6 +107,32 @@ void TcpStore::connect() {
       std::this_thread::sleep_for(pause);
     }
   }
+}
+
+void TcpStore::handshake() {
+  const auto deadline = Clock::now() + kHandshakeTimeout;
+  std::string hello;
+  const uint32_t nonce = static_cast<uint32_t>(::getpid());
+  Encoder(hello).op(Era::V2, Op::Validate).u32(wire::kValidationMagic);
+  Encoder(hello).op(Era::V2, Op::Ping).u32(nonce);
+  const std::string endpoint = joinHostPort(options_.host, options_.port);
+  const std::string where =
+      "the server at " + endpoint + " is not a dlrun store (check the endpoint): it ";
+  std::string reply;
+  try {
+    stream_.writeAll(hello, deadline);
+    while (reply.size() < 4) {
+      std::string more = stream_.readSome(64, deadline);
+      if (more.empty()) throw NetworkError("the store at " + endpoint + " closed the connection");
+      reply += more;
+    }
+  } catch (const TimeoutError&) {
+    if (reply.empty())
+      throw NotAStoreError(where + "accepted the connection but sent nothing back for " +
+                           std::to_string(kHandshakeTimeout.count()) + " s");
+  }
+  if (reply.size() != 4 || wire::loadU32(reply.data()) != nonce)
+    throw NotAStoreError(where + "answered " + quoted(reply));
 }
 
 bool TcpStore::usable() {

@@ -1,5 +1,6 @@
 // A blocking client of dlrund or of any PyTorch 2.x TCPStore server, speaking the V2 wire
-// protocol (VALIDATE, then PING to prove the connection). Thread-safe: one request at a time
+// protocol (VALIDATE, then PING to prove the connection: a server that answers anything else,
+// or nothing for a few seconds, is named in a NotAStoreError). Thread-safe: one request at a time
 // on one connection. A timed-out wait sends CANCEL_WAIT so the connection stays in step; any
 // other failure closes the connection, and the next call reconnects unless told not to.
 #pragma once
@@ -73,6 +74,9 @@ class TcpStore : public LeasingStore {
   template <typename Fn>
   auto locked(Fn&& fn);
   void connect();
+  // VALIDATE, then PING: proves a dlrun store (or a PyTorch 2.x one) answers. Throws
+  // NotAStoreError when something else does.
+  void handshake();
   // Every change of stream_'s descriptor holds streamMutex_, so abort() never shuts down a
   // descriptor that was closed and reused meanwhile.
   bool usable();                 // whether the connection is open; closes it after an abort()

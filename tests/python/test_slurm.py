@@ -11,6 +11,8 @@ behind a wrapper that records each worker's start; dlrun comes first on the job'
 - a worker that always fails: the job is FAILED with the worker's exit code, and its output
   names the root cause (rank, node, the worker's last stderr line).
 - scancel --signal=USR1 reaches every worker through dlrun; the job is COMPLETED.
+- scancel of a 3-node job: every node's dlrun stops as one job (the same "job stopped" line,
+  one exit code, 128 + the signal) and the job is CANCELLED.
 - node loss (a cluster of its own, 4 nodes, --nnodes=2:3): with three nodes training and one
   waiting as a spare, the bundled trainer (--synthetic, 4 epochs, a checkpoint every 20 steps
   in the shared temp dir) runs; once a checkpoint shows all three training, every process of an
@@ -155,6 +157,47 @@ class SlurmExamplesTest(unittest.TestCase):
         for r in ranks:
             self.assertTrue(os.path.exists(os.path.join(out, f"got_SIGUSR1_{r}")),
                             f"rank {r} got no SIGUSR1\n{describe()}")
+
+
+    def test_scancel_stops_every_node_as_one_job(self):
+        out = temp_dir(self)
+        # dlrun behind a wrapper that records its exit code on each node (signals go to the
+        # whole step, the wrapper's dlrun included).
+        bin_dir = temp_dir(self)
+        wrapper = os.path.join(bin_dir, "dlrun")
+        with open(wrapper, "w") as f:
+            f.write(f"""#!/bin/bash
+{os.path.abspath(binary_from_env("DLRUN", "dlrun"))} "$@" &
+child=$!
+trap 'kill -TERM $child' TERM
+trap 'kill -INT $child' INT
+while wait $child; code=$?; kill -0 $child 2>/dev/null; do :; done
+echo $code > {out}/exit_$SLURMD_NODENAME
+exit $code
+""")
+        os.chmod(wrapper, 0o755)
+        env = job_env(out, f"{PYTHON} {worker('elastic_worker.py')} {out} --wait")
+        env["PATH"] = f"{bin_dir}:{env['PATH']}"
+        job_id = self.cluster.submit(os.path.join(EXAMPLES, "multi_node.sbatch"), env, out)
+
+        def describe():
+            return output_of(out, "dlrun-multi", job_id)
+        wait_until(lambda: len(glob.glob(os.path.join(out, "start_0_*.json"))) >= 6,
+                   EVENT_TIMEOUT_S, "every worker to start", on_timeout=describe)
+        self.cluster.checked(["scancel", str(job_id)])
+        info = self.cluster.wait_for_end(job_id, JOB_TIMEOUT_S, describe)
+        self.assertEqual(info["JobState"], "CANCELLED", describe())
+        wait_until(lambda: len(glob.glob(os.path.join(out, "exit_node*"))) == 3, EVENT_TIMEOUT_S,
+                   "every node's dlrun to exit", on_timeout=describe)
+        codes = set()
+        for path in glob.glob(os.path.join(out, "exit_node*")):
+            with open(path) as f:
+                codes.add(f.read().strip())
+        self.assertEqual(codes, {"143"}, describe())  # 128 + SIGTERM on every node
+        stopped = [line for line in describe().splitlines() if "job stopped:" in line]
+        self.assertEqual(len(stopped), 3, describe())
+        self.assertEqual(len(set(stopped)), 1, describe())  # one stop, named the same way
+        self.assertRegex(stopped[0], r"dlrun: job stopped: SIGTERM on node node[123]$")
 
 
 class SlurmNodeLossTest(unittest.TestCase):
