@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "rendezvous/round_end.h"
+#include "rendezvous/world.h"
 
 namespace dlrun::rendezvous::elastic {
 
@@ -82,13 +83,7 @@ std::string encode(const NodeRecord& record);
 NodeRecord decodeNodeRecord(std::string_view text);  // throws ProtocolError
 
 // One member's place in a closed round.
-struct Assignment {
-  int groupRank = 0;
-  int groupWorldSize = 1;
-  int baseRank = 0;
-  int worldSize = 1;
-  int failures = 0;  // failure restarts used before this round
-};
+using Assignment = Placement;
 
 std::string encode(const Assignment& assignment);
 Assignment decodeAssignment(std::string_view text);

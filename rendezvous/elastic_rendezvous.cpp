@@ -254,21 +254,11 @@ World ElasticRendezvous::memberWorld(int round, int index, int members,
   lastMembers_ = elastic::decodeRoster(texts[2]);
   lastGroupRank_ = a.groupRank;
   failures_ = a.failures;
-  World world;
-  world.runId = options_.runId;
-  world.round = round;
-  world.groupRank = a.groupRank;
-  world.groupWorldSize = a.groupWorldSize;
-  world.localWorldSize = options_.self.nproc;
-  world.baseRank = a.baseRank;
-  world.worldSize = a.worldSize;
-  world.failures = a.failures;
-  world.maxRestarts = options_.maxRestarts;
-  world.masterAddr = options_.storeHost;
-  world.masterPort = options_.storePort;
-  world.agentStore = true;
-  if (options_.fetchRoster) world.workerEndpoints = elastic::decodeRoster(texts[3]);
-  return world;
+  const NodeJob job{options_.runId, options_.self.nproc, options_.maxRestarts,
+                    options_.storeHost, options_.storePort};
+  return makeWorld(job, round, a,
+                   options_.fetchRoster ? elastic::decodeRoster(texts[3])
+                                        : std::vector<std::string>{});
 }
 
 ElasticRendezvous::Step ElasticRendezvous::afterLateArrival(int round, int members) {

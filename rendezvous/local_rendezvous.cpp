@@ -7,20 +7,16 @@
 namespace dlrun::rendezvous {
 
 JoinResult LocalRendezvous::next() {
-  World world;
-  world.runId = options_.runId;
-  world.localWorldSize = options_.localWorldSize;
-  world.worldSize = options_.localWorldSize;
-  world.maxRestarts = options_.maxRestarts;
-  world.masterAddr = options_.storeAddr;
-  world.masterPort = options_.storePort;
+  std::vector<std::string> endpoints;
   for (uint16_t port : reserveFreePorts(options_.hostAddr, options_.localWorldSize))
-    world.workerEndpoints.push_back(joinHostPort(options_.hostAddr, port));
+    endpoints.push_back(joinHostPort(options_.hostAddr, port));
+  const NodeJob job{options_.runId, options_.localWorldSize, options_.maxRestarts,
+                    options_.storeAddr, options_.storePort};
   std::lock_guard lock(mutex_);
-  world.round = round_++;
-  world.failures = failures_;
   end_.reset();
-  return world;
+  return makeWorld(job, round_++,
+                   {.worldSize = options_.localWorldSize, .failures = failures_},
+                   std::move(endpoints));
 }
 
 RoundEnd LocalRendezvous::awaitEnd() {

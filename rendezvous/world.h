@@ -25,4 +25,26 @@ struct World {
   std::vector<std::string> workerEndpoints;  // "host:port" per worker, ordered by RANK
 };
 
+// What stays the same for one node through every round of its job.
+struct NodeJob {
+  std::string runId;
+  int localWorldSize = 1;
+  int maxRestarts = 0;
+  std::string masterAddr;
+  uint16_t masterPort = 0;
+};
+
+// One node's place in a round, as the rendezvous decides it.
+struct Placement {
+  int groupRank = 0;
+  int groupWorldSize = 1;
+  int baseRank = 0;
+  int worldSize = 1;
+  int failures = 0;  // failure restarts used before this round
+};
+
+// The one way a World is made, for one node and for several.
+World makeWorld(const NodeJob& job, int round, const Placement& place,
+                std::vector<std::string> workerEndpoints);
+
 }  // namespace dlrun::rendezvous

@@ -1,0 +1,24 @@
+#include "rendezvous/world.h"
+
+namespace dlrun::rendezvous {
+
+World makeWorld(const NodeJob& job, int round, const Placement& place,
+                std::vector<std::string> workerEndpoints) {
+  return World{
+      .runId = job.runId,
+      .round = round,
+      .groupRank = place.groupRank,
+      .groupWorldSize = place.groupWorldSize,
+      .localWorldSize = job.localWorldSize,
+      .baseRank = place.baseRank,
+      .worldSize = place.worldSize,
+      .failures = place.failures,
+      .maxRestarts = job.maxRestarts,
+      .masterAddr = job.masterAddr,
+      .masterPort = job.masterPort,
+      .agentStore = true,
+      .workerEndpoints = std::move(workerEndpoints),
+  };
+}
+
+}  // namespace dlrun::rendezvous
