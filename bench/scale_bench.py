@@ -245,7 +245,7 @@ def main():
     header = "%-10s %6s %-9s %4s %14s %9s %13s %7s %13s\n"
     sys.stdout.write(header % ("shape", "ranks", "launcher", "runs", "to last start", "to exit",
                                "per worker", "CPU", "CPU/worker"))
-    figures = {}
+    figures, cpus = {}, {}
     for (agents, nproc), name, runs in rows:
         shape = f"{agents} x {nproc}"
         ranks = agents * nproc
@@ -261,6 +261,7 @@ def main():
         exit_s = statistics.median(r.to_exit for r in good)
         cpu = statistics.median(r.cpu for r in good)
         figures[(name, ranks)] = last
+        cpus[(name, ranks)] = cpu
         sys.stdout.write(header % (shape, ranks, name, len(good), f"{last:.2f} s",
                                    f"{exit_s:.2f} s", f"{last / ranks * 1e6:.0f} us",
                                    f"{cpu:.1f} s", f"{cpu / ranks * 1e6:.0f} us"))
@@ -275,9 +276,10 @@ def main():
     if len(dl) >= 2:
         (small, small_s), (big, big_s) = dl[0], dl[-1]
         ratio = (big_s / big) / (small_s / small)
+        cpu_ratio = (cpus[("dlrun", big)] / big) / (cpus[("dlrun", small)] / small)
         print(f"goal (per-worker cost flat from {small} to {big} ranks): "
               f"{small_s / small * 1e6:.0f} us -> {big_s / big * 1e6:.0f} us per worker "
-              f"(x{ratio:.2f})")
+              f"(x{ratio:.2f}); CPU per worker x{cpu_ratio:.2f}")
     if ("dlrun", 16000) in figures:
         s = figures[("dlrun", 16000)]
         verdict = "met" if s <= args.goal_seconds else "NOT met"
