@@ -14,6 +14,11 @@
 // comes back through awaitEnd(). Its calls block, so they run on a thread of their own
 // (next(), then awaitEnd()) and post what they learn to this io_context.
 //
+// Starting: the round's shared environment is built once, every worker's exec is checked
+// against the kernel's limits, and then the workers start a batch at a time, the io_context
+// running between batches, so a node of thousands reaps, reads output and heeds signals while
+// it starts.
+//
 // SIGCHLD drives reaping (waitpid(-1) also reaps descendants re-parented to this subreaper);
 // SIGUSR1/SIGUSR2 are forwarded to every worker's process group and change nothing else.
 // Stopping sends SIGTERM (or the terminating signal) to each group, then SIGKILL after the
@@ -27,6 +32,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <thread>
+#include <unordered_map>
 
 #include "agents/failure_report.h"
 #include "agents/process.h"
@@ -47,6 +53,45 @@ Streams StreamsByRank::forRank(int localRank) const {
   return it == byRank.end() ? all : it->second;
 }
 
+namespace {
+
+// Where a worker's output goes; the caller sets its directory (where wantsDir says).
+WorkerOutput outputFor(const AgentOptions& options, int local, int rank) {
+  WorkerOutput output;
+  output.fileOnly = options.redirects.forRank(local);
+  output.toFile = static_cast<Streams>(static_cast<int>(output.fileOnly) |
+                                       static_cast<int>(options.tee.forRank(local)));
+  output.shown = !options.localRanksFilter || options.localRanksFilter->contains(local);
+  output.prefix = expandPrefix(options.logLinePrefixTemplate, rank, local, options.role);
+  return output;
+}
+
+// A directory per rank only where the user will look; otherwise the error file alone, in the
+// temporary root (creating and removing directories costs a launch milliseconds).
+bool wantsDir(const AgentOptions& options, const WorkerOutput& output) {
+  return options.logDir || output.toFile != Streams::None;
+}
+
+}  // namespace
+
+DescriptorNeeds descriptorNeeds(const AgentOptions& options, int inUse) {
+  DescriptorNeeds needs{.inUse = inUse, .workers = options.nprocPerNode};
+  for (int local = 0; local < options.nprocPerNode; ++local) {
+    WorkerOutput output = outputFor(options, local, local);
+    if (wantsDir(options, output)) output.dir = ".";
+    needs.workerFiles += Worker::descriptors(output);
+  }
+  // torch's workers each open a client to the store at MASTER_ADDR.
+  if (options.servesStore) needs.storeClients = options.nprocPerNode;
+  return needs;
+}
+
+void checkDescriptors(const AgentOptions& options) {
+  const size_t limit = raiseDescriptorLimit();
+  if (auto problem = descriptorProblem(descriptorNeeds(options, openDescriptors()), limit))
+    throw ConfigError(*problem);
+}
+
 namespace detail {
 
 class AgentImpl {
@@ -59,6 +104,12 @@ class AgentImpl {
         inherited_(currentEnvironment()) {}
 
   int run() {
+    try {
+      checkDescriptors(options_);
+    } catch (const ConfigError& e) {
+      log::info(std::string("error: ") + e.what());
+      return 2;
+    }
     becomeSubreaper();
     // Registered before any worker starts, so no exit or signal can be missed.
     for (int sig : {SIGCHLD, SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2})
@@ -193,22 +244,106 @@ class AgentImpl {
                std::to_string(world.localWorldSize) + " of " + std::to_string(world.worldSize));
     state_ = State::Running;
     world_ = world;
-    const fs::path attemptDir =
-        logRoot_ / world.runId / ("attempt_" + std::to_string(world.round));
     workers_.clear();
+    byPid_.clear();
+    live_ = 0;
+    ++attempt_;
     try {
-      for (int local = 0; local < options_.nprocPerNode; ++local)
-        workers_.push_back(Worker::start(io_, launchOf(attemptDir, local)));
-      // Confirmed only now, so the workers' execs overlap instead of running one by one.
-      for (auto& w : workers_) w->confirmExec();
+      prepareLaunches();
+    } catch (const ConfigError& e) {
+      return failToStart(2, e.what());
     } catch (const Error& e) {
+      return failToStart(127, e.what());
+    }
+    starting_ = true;
+    startSome(attempt_);
+  }
+
+  // Everything a start needs, before the first fork: the shared environment, built once; each
+  // worker's launch; and every exec checked against the kernel's limits, so a large job never
+  // fails half-way through its start.
+  void prepareLaunches() {
+    const ExecLimits limits = ExecLimits::ofThisProcess();
+    std::string cluster;
+    if (options_.tfConfig != TfConfigMode::Never) cluster = tfConfigCluster(world_);
+    const TfConfigChoice tf =
+        chooseTfConfig(options_.tfConfig, cluster, world_.worldSize, limits.maxString);
+    if (!tf.warning.empty() && !tfConfigWarned_) {
+      log::warn(tf.warning);
+      tfConfigWarned_ = true;
+    }
+    environment_.emplace(inherited_, world_,
+                         RoundSpec{.role = options_.role,
+                                   .maxRestarts = world_.maxRestarts,
+                                   .restartCount = world_.round,
+                                   .tfCluster = tf.set ? std::optional(std::move(cluster))
+                                                       : std::nullopt,
+                                   .inheritTfConfig = options_.tfConfig == TfConfigMode::Never});
+    ExecSizes command;
+    command.add(options_.command.front().size());  // the file name exec copies as well
+    for (const auto& arg : options_.command) command.add(arg.size());
+    const fs::path attemptDir =
+        logRoot_ / world_.runId / ("attempt_" + std::to_string(world_.round));
+    launches_.clear();
+    launches_.reserve(options_.nprocPerNode);
+    for (int local = 0; local < options_.nprocPerNode; ++local) {
+      WorkerLaunch launch = launchOf(attemptDir, local);
+      ExecSizes sizes = environment_->sizes(local, launch.errorFile);
+      sizes.add(command);
+      if (auto problem = execProblem(sizes, limits))
+        throw Error("cannot execute " + options_.command.front() + " as rank " +
+                    std::to_string(launch.rank) + ": " + *problem);
+      launches_.push_back(std::move(launch));
+    }
+  }
+
+  // Starts the next batch of workers, then lets the io_context run before the next one.
+  void startSome(uint64_t attempt) {
+    if (attempt != attempt_) return;  // a batch of a round that already ended
+    if (state_ != State::Running) return doneStarting();
+    const size_t end = std::min(launches_.size(), workers_.size() + kStartBatch);
+    try {
+      while (workers_.size() < end) {
+        const int local = static_cast<int>(workers_.size());
+        WorkerLaunch& launch = launches_[local];
+        launch.envp = environment_->own(local, launch.errorFile);
+        launch.sharedEnvp = environment_->shared();
+        std::unique_ptr<Worker> worker = Worker::start(io_, std::move(launch));
+        byPid_[worker->pid()] = worker.get();
+        ++live_;
+        workers_.push_back(std::move(worker));
+      }
+    } catch (const Error& e) {
+      doneStarting();
       log::info(std::string("error: ") + e.what());
       exitCode_ = 127;
       signalWorkers(SIGKILL);
       state_ = State::Stopping;
       launchFailed_ = true;
       if (liveWorkers() == 0) finish(exitCode_);
+      return;
     }
+    if (workers_.size() < launches_.size()) {
+      asio::post(io_, [this, attempt] { startSome(attempt); });
+      return;
+    }
+    log::debug("started " + std::to_string(workers_.size()) + " workers");
+    doneStarting();
+    // Every worker may have exited already.
+    if (state_ == State::Running && liveWorkers() == 0) onSucceeded();
+  }
+
+  void doneStarting() {
+    starting_ = false;
+    launches_ = {};
+    environment_.reset();
+  }
+
+  // Nothing started: the round cannot begin on this node.
+  void failToStart(int code, const std::string& message) {
+    log::info("error: " + message);
+    launchFailed_ = true;
+    finish(code);
   }
 
   WorkerLaunch launchOf(const fs::path& attemptDir, int local) {
@@ -216,16 +351,9 @@ class AgentImpl {
     launch.localRank = local;
     launch.rank = world_.baseRank + local;
     launch.argv = options_.command;
+    launch.output = outputFor(options_, local, launch.rank);
     WorkerOutput& output = launch.output;
-    output.fileOnly = options_.redirects.forRank(local);
-    output.toFile = static_cast<Streams>(static_cast<int>(output.fileOnly) |
-                                         static_cast<int>(options_.tee.forRank(local)));
-    output.shown = !options_.localRanksFilter || options_.localRanksFilter->contains(local);
-    output.prefix =
-        expandPrefix(options_.logLinePrefixTemplate, launch.rank, local, options_.role);
-    // A directory per rank only where the user will look; otherwise the error file alone, in
-    // the temporary root (creating and removing directories costs a launch milliseconds).
-    if (options_.logDir || output.toFile != Streams::None) {
+    if (wantsDir(options_, output)) {
       output.dir = attemptDir / std::to_string(local);
       fs::create_directories(*output.dir);
       launch.errorFile = (*output.dir / "error.json").string();
@@ -234,8 +362,6 @@ class AgentImpl {
       launch.errorFile = (logRoot_ / ("error-" + std::to_string(world_.round) + "-" +
                                       std::to_string(local) + ".json")).string();
     }
-    const WorkerSpec spec{options_.role, world_.maxRestarts, world_.round, launch.errorFile};
-    launch.envp = toEnvp(workerEnvironment(inherited_, world_, spec, local));
     return launch;
   }
 
@@ -243,20 +369,25 @@ class AgentImpl {
     int status = 0;
     pid_t pid;
     while ((pid = ::waitpid(-1, &status, WNOHANG)) > 0) {
-      for (auto& w : workers_) {
-        if (w->pid() == pid && w->alive()) onWorkerExit(*w, ExitStatus::fromWaitStatus(status));
-      }
+      auto it = byPid_.find(pid);
+      if (it != byPid_.end() && it->second->alive())
+        onWorkerExit(*it->second, ExitStatus::fromWaitStatus(status));
     }
   }
 
   void onWorkerExit(Worker& w, ExitStatus status) {
     w.exited(status);
+    --live_;
     if (state_ == State::Running && !status.success()) {
       reportFailure(w);
       stop(SIGTERM);
     }
     if (liveWorkers() > 0) return;
-    if (state_ == State::Running) return onSucceeded();
+    // While starting, the workers not yet started decide: startSome() checks at its end.
+    if (state_ == State::Running) {
+      if (!starting_) onSucceeded();
+      return;
+    }
     if (state_ == State::Stopping) onStopped();
   }
 
@@ -289,9 +420,7 @@ class AgentImpl {
     }
   }
 
-  size_t liveWorkers() const {
-    return std::count_if(workers_.begin(), workers_.end(), [](auto& w) { return w->alive(); });
-  }
+  size_t liveWorkers() const { return live_; }
 
   void signalWorkers(int sig) {
     for (const auto& w : workers_) w->signal(sig);
@@ -370,6 +499,15 @@ class AgentImpl {
   const Environment inherited_;
   State state_ = State::Joining;
   std::vector<std::unique_ptr<Worker>> workers_;
+  std::unordered_map<pid_t, Worker*> byPid_;  // the round's workers, for reaping
+  size_t live_ = 0;                           // workers not yet reaped
+  // Starting the round's workers (startSome): its number, what is left to start.
+  static constexpr size_t kStartBatch = 64;
+  uint64_t attempt_ = 0;
+  bool starting_ = false;
+  std::optional<NodeEnvironment> environment_;
+  std::vector<WorkerLaunch> launches_;
+  bool tfConfigWarned_ = false;
   std::optional<int> stopSignal_;
   std::optional<rendezvous::RoundEnd> stopEnd_;  // how this node's stop ends the job
   bool launchFailed_ = false;

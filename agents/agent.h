@@ -17,7 +17,9 @@
 #include <string>
 #include <vector>
 
+#include "agents/limits.h"
 #include "agents/worker.h"
+#include "agents/worker_env.h"
 #include "rendezvous/rendezvous.h"
 
 namespace boost::asio {
@@ -44,7 +46,16 @@ struct AgentOptions {
   std::optional<std::set<int>> localRanksFilter;
   std::string logLinePrefixTemplate = "[${rank}]:";
   std::string nodeName;  // "host (address)" in a multi-node job's failure reports
+  TfConfigMode tfConfig = TfConfigMode::Auto;
+  bool servesStore = false;  // this process serves the store its workers connect to
 };
+
+// The descriptors this node's workers need with these options (pure; `inUse`: those open now).
+DescriptorNeeds descriptorNeeds(const AgentOptions& options, int inUse);
+// Raises the soft descriptor limit to the hard one; throws ConfigError, one line naming the
+// limit, when the node's workers cannot fit under it. Agent::run() calls it first; a launcher
+// calls it before it joins a rendezvous, so such a node never holds the others up.
+void checkDescriptors(const AgentOptions& options);
 
 namespace detail {
 class AgentImpl;
@@ -59,8 +70,9 @@ class Agent {
 
   // Runs rounds until the job finishes, a failure is final, or a terminating signal arrives.
   // Returns 0, the root-cause worker's code (128 + signal for a signal), 128 + the signal that
-  // stopped dlrun, 127 when a worker cannot be executed, or 2 (bad configuration) or 1 when
-  // the rendezvous fails.
+  // stopped dlrun, 127 when a worker cannot be executed, or 2 (bad configuration: too few
+  // descriptors, --tf-config=always that cannot fit) or 1 when the rendezvous fails. Every
+  // worker's exec is checked against the kernel's limits before the first one starts.
   int run();
 
  private:

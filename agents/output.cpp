@@ -2,6 +2,8 @@
 
 #include <unistd.h>
 
+#include <vector>
+
 #include "common/asio.h"
 
 namespace dlrun::agents {
@@ -47,6 +49,9 @@ struct StreamPump::Impl : std::enable_shared_from_this<Impl> {
                            if (self->closed) return;
                            self->consume(std::string_view(self->buffer.data(), n));
                            if (ec) return self->close();
+                           // A full read: the worker writes a lot, so read more at a time.
+                           if (n == self->buffer.size() && n < kMaxBuffer)
+                             self->buffer.resize(n * 2);
                            self->read();
                          });
   }
@@ -94,7 +99,10 @@ struct StreamPump::Impl : std::enable_shared_from_this<Impl> {
   asio::posix::stream_descriptor pipe;
   OutputTarget target;
   LineSplitter splitter;
-  std::array<char, 16 * 1024> buffer{};
+  // Small until a worker writes much: a node of thousands of mostly quiet workers would
+  // otherwise hold hundreds of megabytes of buffers.
+  static constexpr size_t kMaxBuffer = 64 * 1024;
+  std::vector<char> buffer = std::vector<char>(1024);
   std::deque<std::string> last;
   bool closed = false;
 };

@@ -1,93 +1,192 @@
 #include "agents/process.h"
 
 #include <fcntl.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
+#include <mutex>
+#include <utility>
 
+#include "agents/limits.h"
 #include "common/error.h"
 #include "common/signal_name.h"
 
 namespace dlrun::agents {
 namespace {
 
-std::vector<char*> pointers(const std::vector<std::string>& strings) {
-  std::vector<char*> out;
-  out.reserve(strings.size() + 1);
-  for (const auto& s : strings) out.push_back(const_cast<char*>(s.c_str()));
-  out.push_back(nullptr);
-  return out;
-}
+// Where a child's stdout and stderr wait between its clone and its exec. They are reserved at
+// the first start, while the agent holds few descriptors, so they sit low in the table: the
+// child then copies only the descriptors below them. Between starts they hold /dev/null.
+struct ParkingSlots {
+  static ParkingSlots& get() {
+    static ParkingSlots slots;
+    return slots;
+  }
 
-void makePipe(int fds[2]) {
-  if (::pipe2(fds, O_CLOEXEC) != 0)
-    throw Error(std::string("cannot create a pipe for a worker: ") + std::strerror(errno));
-}
+  std::mutex mutex;  // one start at a time uses the slots and the stack
+  int null = -1, out = -1, err = -1;
+  std::vector<char> stack;  // the child's, until its exec
 
-// Runs in the child between fork and exec: only async-signal-safe calls.
-[[noreturn]] void becomeWorker(pid_t agent, const SpawnRequest& request, char** argv,
-                               char** envp, int out[2], int err[2], int report) {
+  unsigned end() const { return static_cast<unsigned>(std::max({null, out, err})) + 1; }
+
+ private:
+  ParkingSlots() {
+    null = ::open("/dev/null", O_RDWR | O_CLOEXEC);
+    if (null >= 0) out = ::fcntl(null, F_DUPFD_CLOEXEC, 0);
+    if (out >= 0) err = ::fcntl(null, F_DUPFD_CLOEXEC, 0);
+    if (err < 0) {
+      const std::string reason = std::strerror(errno);
+      for (int fd : {null, out}) {
+        if (fd >= 0) ::close(fd);
+      }
+      throw Error("cannot reserve descriptors for starting workers: " + reason);
+    }
+  }
+};
+
+// What the child needs; it shares the parent's memory, so `error` comes back by itself.
+struct ChildContext {
+  char** argv = nullptr;
+  char** envp = nullptr;
+  pid_t agent = -1;
+  int stdoutSlot = -1;  // -1: the agent's own stream
+  int stderrSlot = -1;
+  unsigned keepBelow = 3;
+  rlim_t descriptorLimit = RLIM_INFINITY;  // the worker's soft RLIMIT_NOFILE; INFINITY: as is
+  volatile int error = 0;  // errno of a failed exec (or of a failed set-up before it)
+};
+
+// Runs in the child between clone and exec, in the agent's memory on a stack of its own, with
+// every signal blocked: only async-signal-safe calls, nothing that allocates.
+int becomeWorker(void* arg) {
+  ChildContext& c = *static_cast<ChildContext*>(arg);
+  // A descriptor table of its own holding only the descriptors below the slots.
+  if (::close_range(c.keepBelow, ~0U, CLOSE_RANGE_UNSHARE) != 0) {
+    c.error = errno;
+    ::_exit(127);
+  }
   ::setpgid(0, 0);
   ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-  if (::getppid() != agent) ::_exit(127);  // the agent died before the line above
+  if (::getppid() != c.agent) ::_exit(127);  // the agent died before the line above
+  if (c.descriptorLimit != RLIM_INFINITY) {
+    rlimit files{};
+    if (::getrlimit(RLIMIT_NOFILE, &files) == 0) {
+      files.rlim_cur = std::min(c.descriptorLimit, files.rlim_max);
+      ::setrlimit(RLIMIT_NOFILE, &files);
+    }
+  }
+  // The agent's handlers must never run here (this is still the agent's memory); what the
+  // agent ignores stays ignored across the exec, except SIGPIPE, which workers expect.
+  for (int sig = 1; sig < NSIG; ++sig) {
+    struct sigaction action;
+    if (::sigaction(sig, nullptr, &action) != 0) continue;
+    const bool handled = action.sa_handler != SIG_DFL && action.sa_handler != SIG_IGN;
+    if (handled || (sig == SIGPIPE && action.sa_handler == SIG_IGN)) {
+      struct sigaction byDefault {};
+      byDefault.sa_handler = SIG_DFL;
+      ::sigaction(sig, &byDefault, nullptr);
+    }
+  }
+  if (c.stdoutSlot >= 0) ::dup2(c.stdoutSlot, STDOUT_FILENO);
+  if (c.stderrSlot >= 0) ::dup2(c.stderrSlot, STDERR_FILENO);
   sigset_t none;
   sigemptyset(&none);
   ::sigprocmask(SIG_SETMASK, &none, nullptr);
-  ::signal(SIGPIPE, SIG_DFL);
-  if (request.pipeStdout) ::dup2(out[1], STDOUT_FILENO);
-  if (request.pipeStderr) ::dup2(err[1], STDERR_FILENO);
-  ::execvpe(argv[0], argv, envp);
-  const int error = errno;
-  [[maybe_unused]] auto n = ::write(report, &error, sizeof(error));
+  ::execvpe(c.argv[0], c.argv, c.envp);
+  c.error = errno;
   ::_exit(127);
 }
+
+// Both ends of a pipe, closed unless taken.
+struct Pipe {
+  int read = -1, write = -1;
+  ~Pipe() {
+    for (int fd : {read, write}) {
+      if (fd >= 0) ::close(fd);
+    }
+  }
+  void open() {
+    int fds[2];
+    if (::pipe2(fds, O_CLOEXEC) != 0)
+      throw Error(std::string("cannot create a pipe for a worker: ") + std::strerror(errno));
+    read = fds[0];
+    write = fds[1];
+  }
+  // Moves the write end into `slot` (closing what was there); returns the slot, or -1.
+  int parkIn(int slot) {
+    if (write < 0) return -1;
+    ::dup3(write, slot, O_CLOEXEC);
+    ::close(write);
+    write = -1;
+    return slot;
+  }
+  int takeRead() {
+    if (read >= 0) ::fcntl(read, F_SETFL, ::fcntl(read, F_GETFL) | O_NONBLOCK);
+    return std::exchange(read, -1);
+  }
+};
 
 }  // namespace
 
 SpawnedProcess spawnProcess(const SpawnRequest& request) {
   if (request.argv.empty()) throw Error("cannot start a worker: empty command");
-  auto argv = pointers(request.argv);
-  auto envp = pointers(request.envp);
-  int out[2] = {-1, -1}, err[2] = {-1, -1}, report[2];
-  if (request.pipeStdout) makePipe(out);
-  if (request.pipeStderr) makePipe(err);
-  makePipe(report);
-  const pid_t agent = ::getpid();
-  const pid_t pid = ::fork();
-  if (pid == 0) becomeWorker(agent, request, argv.data(), envp.data(), out, err, report[1]);
-  const int forkError = errno;
-  for (int fd : {out[1], err[1], report[1]}) {
-    if (fd >= 0) ::close(fd);
-  }
-  auto closeReadEnds = [&] {
-    for (int fd : {out[0], err[0], report[0]}) {
-      if (fd >= 0) ::close(fd);
-    }
-  };
-  if (pid < 0) {
-    closeReadEnds();
-    throw Error("cannot start " + request.argv[0] + ": fork: " + std::strerror(forkError));
-  }
-  for (int fd : {out[0], err[0]}) {
-    if (fd >= 0) ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
-  }
-  return {pid, out[0], err[0], report[0]};
-}
+  std::vector<char*> argv;
+  argv.reserve(request.argv.size() + 1);
+  for (const auto& s : request.argv) argv.push_back(const_cast<char*>(s.c_str()));
+  argv.push_back(nullptr);
+  std::vector<char*> envp;
+  envp.reserve(request.sharedEnvp.size() + request.envp.size() + 1);
+  for (const auto& s : request.sharedEnvp) envp.push_back(const_cast<char*>(s.c_str()));
+  for (const auto& s : request.envp) envp.push_back(const_cast<char*>(s.c_str()));
+  envp.push_back(nullptr);
 
-void confirmExec(pid_t pid, int execReportFd, const std::string& program) {
-  int execError = 0;
-  ssize_t n;
-  do {
-    n = ::read(execReportFd, &execError, sizeof(execError));
-  } while (n < 0 && errno == EINTR);
-  ::close(execReportFd);
-  if (n != sizeof(execError)) return;
-  ::waitpid(pid, nullptr, 0);
-  throw Error("cannot execute " + program + ": " + std::strerror(execError));
+  Pipe out, err;
+  if (request.pipeStdout) out.open();
+  if (request.pipeStderr) err.open();
+
+  ParkingSlots& slots = ParkingSlots::get();
+  std::lock_guard lock(slots.mutex);
+  ChildContext child;
+  child.argv = argv.data();
+  child.envp = envp.data();
+  child.agent = ::getpid();
+  child.stdoutSlot = out.parkIn(slots.out);
+  child.stderrSlot = err.parkIn(slots.err);
+  child.keepBelow = slots.end();
+  if (auto limit = workerDescriptorLimit()) child.descriptorLimit = *limit;
+  // Room for execvpe's own needs (a PATH candidate, a script's argv) on top of a safe margin.
+  slots.stack.resize(64 * 1024 + argv.size() * sizeof(char*) * 2);
+  auto top = reinterpret_cast<uintptr_t>(slots.stack.data() + slots.stack.size());
+  void* stackTop = reinterpret_cast<void*>(top & ~uintptr_t{15});
+
+  // Blocked until the child has reset the handlers it borrowed, so none runs in the child.
+  sigset_t all, old;
+  sigfillset(&all);
+  ::pthread_sigmask(SIG_BLOCK, &all, &old);
+  // CLONE_VFORK: this thread resumes once the child has exec'd or exited.
+  const pid_t pid = ::clone(becomeWorker, stackTop, CLONE_VM | CLONE_VFORK | CLONE_FILES | SIGCHLD,
+                            &child);
+  const int cloneError = errno;
+  ::pthread_sigmask(SIG_SETMASK, &old, nullptr);
+  // The child has its own copies now; the slots go back to /dev/null.
+  ::dup3(slots.null, slots.out, O_CLOEXEC);
+  ::dup3(slots.null, slots.err, O_CLOEXEC);
+
+  if (pid < 0)
+    throw Error("cannot start " + request.argv[0] + ": fork: " + std::strerror(cloneError));
+  if (child.error != 0) {
+    ::waitpid(pid, nullptr, 0);
+    throw Error("cannot execute " + request.argv[0] + ": " + std::strerror(child.error));
+  }
+  return {pid, out.takeRead(), err.takeRead()};
 }
 
 ExitStatus ExitStatus::fromWaitStatus(int status) {

@@ -1,10 +1,16 @@
 // Starting worker processes and reading how they ended. A worker leads its own process group
 // (signals reach its children too), dies with the agent (PR_SET_PDEATHSIG), and a program that
 // cannot be executed is reported to the caller as an error, not as a worker exit.
+//
+// A start costs the same whatever the agent's size: the child borrows the agent's memory until
+// its exec (vfork, no page tables copied) and copies only the few descriptors below two parking
+// slots (close_range with CLOSE_RANGE_UNSHARE), not the thousands of pipes a large node holds.
+// Descriptors the agent opens after its first start are never inherited, close-on-exec or not.
 #pragma once
 
 #include <sys/types.h>
 
+#include <span>
 #include <string>
 #include <vector>
 
@@ -12,8 +18,10 @@ namespace dlrun::agents {
 
 struct SpawnRequest {
   std::vector<std::string> argv;  // argv[0]: a path, or a name looked up on PATH
-  std::vector<std::string> envp;  // "KEY=VALUE"
-  bool pipeStdout = false;        // else the worker inherits the agent's stdout
+  std::vector<std::string> envp;  // "KEY=VALUE": this process's own
+  // More "KEY=VALUE" entries, shared by every worker of a round: passed on, never copied.
+  std::span<const std::string> sharedEnvp;
+  bool pipeStdout = false;  // else the worker inherits the agent's stdout
   bool pipeStderr = false;
 };
 
@@ -21,17 +29,11 @@ struct SpawnedProcess {
   pid_t pid = -1;
   int stdoutFd = -1;  // read end of the pipe, when requested (non-blocking, close-on-exec)
   int stderrFd = -1;
-  int execReportFd = -1;  // closed by a successful exec; carries errno when exec failed
 };
 
-// Forks; the child execs on its own. Throws Error naming the program when fork fails.
-// Starting many workers first and confirming them afterwards lets their execs overlap.
+// Starts the program and returns once it has been executed. Throws Error naming the program
+// when the fork or the exec fails; the child is then reaped and nothing is left open.
 SpawnedProcess spawnProcess(const SpawnRequest& request);
-
-// Waits until the child has exec'd, reading (and closing) its exec report pipe. Throws Error
-// naming the program when exec failed (the child is then reaped; its output pipes stay the
-// caller's to close).
-void confirmExec(pid_t pid, int execReportFd, const std::string& program);
 
 // How a process ended.
 struct ExitStatus {

@@ -36,9 +36,30 @@ class LogFile {
   int fd_ = -1;
 };
 
+// A stream shown as it is needs no pipe; stderr is always piped for the failure report.
+bool pipesStdout(const WorkerOutput& output) {
+  const bool outToFile = includes(output.toFile, Streams::Out) && output.dir;
+  const bool shownAsIs = output.shown && !includes(output.fileOnly, Streams::Out);
+  return !shownAsIs || outToFile || !output.prefix.empty();
+}
+
+int logFiles(const WorkerOutput& output) {
+  if (!output.dir) return 0;
+  return (includes(output.toFile, Streams::Out) ? 1 : 0) +
+         (includes(output.toFile, Streams::Err) ? 1 : 0);
+}
+
 }  // namespace
 
+int Worker::descriptors(const WorkerOutput& output) {
+  return 1 + (pipesStdout(output) ? 1 : 0) + logFiles(output);
+}
+
 std::unique_ptr<Worker> Worker::start(boost::asio::io_context& io, WorkerLaunch launch) {
+  // The environment is needed only for the exec; a large node's workers would hold megabytes.
+  std::vector<std::string> envp = std::move(launch.envp);
+  launch.envp.clear();
+  const std::span<const std::string> sharedEnvp = std::exchange(launch.sharedEnvp, {});
   std::unique_ptr<Worker> w(new Worker(std::move(launch)));
   const WorkerOutput& output = w->launch_.output;
   auto logFile = [&](Streams which, const char* name) {
@@ -54,19 +75,14 @@ std::unique_ptr<Worker> Worker::start(boost::asio::io_context& io, WorkerLaunch 
         .keepLines = keep,
     };
   };
-  const bool outToFile = includes(output.toFile, Streams::Out) && output.dir;
-  // A stream shown as it is needs no pipe; stderr is always piped for the failure report.
-  const bool shownAsIs = output.shown && !includes(output.fileOnly, Streams::Out);
-  const bool pipeOut = !shownAsIs || outToFile || !output.prefix.empty();
-
   const SpawnedProcess p = spawnProcess({
       .argv = w->launch_.argv,
-      .envp = w->launch_.envp,
-      .pipeStdout = pipeOut,
+      .envp = std::move(envp),
+      .sharedEnvp = sharedEnvp,
+      .pipeStdout = pipesStdout(output),
       .pipeStderr = true,
   });
   w->pid_ = p.pid;
-  w->execReportFd_ = p.execReportFd;
   if (p.stdoutFd >= 0) {
     w->out_ = std::make_unique<StreamPump>(io, p.stdoutFd,
                                            target(Streams::Out, STDOUT_FILENO, outFile, 0));
@@ -76,20 +92,6 @@ std::unique_ptr<Worker> Worker::start(boost::asio::io_context& io, WorkerLaunch 
       io, p.stderrFd, target(Streams::Err, STDERR_FILENO, errFile, kReportLines));
   w->err_->start();
   return w;
-}
-
-Worker::~Worker() {
-  if (execReportFd_ >= 0) ::close(execReportFd_);
-}
-
-void Worker::confirmExec() {
-  try {
-    agents::confirmExec(pid_, std::exchange(execReportFd_, -1), launch_.argv.front());
-  } catch (const Error&) {
-    state_ = State::Exited;  // reaped by confirmExec
-    throw;
-  }
-  state_ = State::Running;
 }
 
 void Worker::exited(ExitStatus status) {

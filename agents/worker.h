@@ -1,12 +1,11 @@
-// One worker process as the agent sees it: started, then confirmed (its exec succeeded),
-// running, and exited. It owns the worker's output pumps and log files, and knows its process
-// group, so signals and the final clean-up reach whatever the worker started too.
+// One worker process as the agent sees it: running once start() returned (its exec succeeded),
+// then exited. It owns the worker's output pumps and log files, and knows its process group, so
+// signals and the final clean-up reach whatever the worker started too.
 //
-//   start() ──> Starting ──confirmExec()──> Running ──exited(status)──> Exited
-//                  └──────confirmExec() throws (exec failed)───────────> Exited
+//   start() ──> Running ──exited(status)──> Exited
+//   start() throws (a log file, the pipes, the fork or the exec failed): no worker
 //
-// Lives on the agent's io_context thread; nothing here blocks but confirmExec(), which waits
-// for the exec itself (a few milliseconds).
+// Lives on the agent's io_context thread; nothing here blocks but start(), for the exec itself.
 #pragma once
 
 #include <sys/types.h>
@@ -15,6 +14,7 @@
 #include <filesystem>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -43,25 +43,26 @@ struct WorkerLaunch {
   int localRank = 0;
   int rank = 0;
   std::vector<std::string> argv;
-  std::vector<std::string> envp;  // "KEY=VALUE"
+  std::vector<std::string> envp;  // "KEY=VALUE": the worker's own, dropped once it started
+  std::span<const std::string> sharedEnvp;  // the round's shared entries (NodeEnvironment)
   std::string errorFile;          // the worker's TORCHELASTIC_ERROR_FILE
   WorkerOutput output;
 };
 
 class Worker {
  public:
-  enum class State { Starting, Running, Exited };
+  enum class State { Running, Exited };
 
-  // Opens the log files and forks; the child execs on its own. Throws Error (nothing left
-  // behind) when a log file cannot be opened or the fork fails.
+  // Opens the log files and starts the process. Throws Error (nothing left behind) when a log
+  // file cannot be opened, or the fork or the exec fails (naming the program).
   static std::unique_ptr<Worker> start(boost::asio::io_context& io, WorkerLaunch launch);
-  ~Worker();
   Worker(const Worker&) = delete;
   Worker& operator=(const Worker&) = delete;
 
-  // Waits until the exec happened. Throws Error naming the program when it failed; the worker
-  // is then Exited (and reaped).
-  void confirmExec();
+  // The descriptors the agent holds for a running worker with this output: its output pipes
+  // and log files.
+  static int descriptors(const WorkerOutput& output);
+
   // The process was reaped: reads what its pipes still hold and closes them.
   void exited(ExitStatus status);
 
@@ -88,10 +89,9 @@ class Worker {
  private:
   explicit Worker(WorkerLaunch launch) : launch_(std::move(launch)) {}
 
-  const WorkerLaunch launch_;
-  State state_ = State::Starting;
+  const WorkerLaunch launch_;  // without its environment
+  State state_ = State::Running;
   pid_t pid_ = -1;
-  int execReportFd_ = -1;
   ExitStatus status_;
   std::unique_ptr<StreamPump> out_, err_;
 };

@@ -23,23 +23,22 @@ constexpr uint16_t kDefaultMasterPort = 29500;  // torchrun's static default
 // How long the agent serving the store waits at the end for the others to hang up.
 constexpr auto kStoreLinger = std::chrono::seconds(10);
 
-int runAgent(const LaunchConfig& config, rendezvous::Rendezvous& rendezvous,
-             std::string nodeName = "") {
-  agents::Agent agent(
-      {
-          .command = config.command,
-          .nprocPerNode = config.nprocPerNode,
-          .role = config.role,
-          .stopTimeout = config.stopTimeout,
-          .logDir = config.logDir,
-          .redirects = config.redirects,
-          .tee = config.tee,
-          .localRanksFilter = config.localRanksFilter,
-          .logLinePrefixTemplate = config.logLinePrefixTemplate,
-          .nodeName = std::move(nodeName),
-      },
-      rendezvous);
-  return agent.run();
+agents::AgentOptions agentOptions(const LaunchConfig& config, bool servesStore,
+                                  std::string nodeName = "") {
+  return {
+      .command = config.command,
+      .nprocPerNode = config.nprocPerNode,
+      .role = config.role,
+      .stopTimeout = config.stopTimeout,
+      .logDir = config.logDir,
+      .redirects = config.redirects,
+      .tee = config.tee,
+      .localRanksFilter = config.localRanksFilter,
+      .logLinePrefixTemplate = config.logLinePrefixTemplate,
+      .nodeName = std::move(nodeName),
+      .tfConfig = config.tfConfig,
+      .servesStore = servesStore,
+  };
 }
 
 std::string runIdOf(const LaunchConfig& config) {
@@ -53,6 +52,8 @@ std::string hostName() {
 }
 
 int launchSingleNode(const LaunchConfig& config) {
+  agents::AgentOptions options = agentOptions(config, true);
+  agents::checkDescriptors(options);
   const std::string host = config.localAddr.value_or("127.0.0.1");
   // The store runs on its own thread: the agent's thread blocks in rendezvous rounds that
   // talk to this very store.
@@ -66,7 +67,7 @@ int launchSingleNode(const LaunchConfig& config) {
       .hostAddr = store.address(),
       .nodeName = config.nodeName.value_or(hostName()),
   });
-  return runAgent(config, rendezvous);
+  return agents::Agent(std::move(options), rendezvous).run();
 }
 
 struct StorePlan {
@@ -121,6 +122,8 @@ void lingerForOthers(const rendezvous::StoreServerThread& store) {
 
 int launchMultiNode(const LaunchConfig& config) {
   const StorePlan plan = planStore(config);
+  // Before joining: a node that cannot start its workers must not hold the others up.
+  agents::checkDescriptors(agentOptions(config, plan.serve));
   auto store = serveStore(plan);
   const std::string addr =
       config.localAddr ? rendezvous::resolveNumeric(*config.localAddr, "--local-addr")
@@ -147,7 +150,9 @@ int launchMultiNode(const LaunchConfig& config) {
         .refuseLostNodes = config.refuseLostNodes,
         .stopOnlyNode = config.rdzv.stopOnlyNode,
     });
-    code = runAgent(config, rendezvous, name + " (" + addr + ")");
+    code = agents::Agent(agentOptions(config, store.has_value(), name + " (" + addr + ")"),
+                         rendezvous)
+               .run();
   }
   if (store) lingerForOthers(*store);
   return code;

@@ -218,6 +218,13 @@ std::set<int> parseRanksFilter(const std::string& value) {
   return ranks;
 }
 
+agents::TfConfigMode parseTfConfig(const std::string& value) {
+  if (value == "auto") return agents::TfConfigMode::Auto;
+  if (value == "always") return agents::TfConfigMode::Always;
+  if (value == "never") return agents::TfConfigMode::Never;
+  throw ConfigError("--tf-config: '" + value + "' is not auto, always or never");
+}
+
 std::pair<std::string, std::optional<uint16_t>> parseEndpoint(const std::string& flag,
                                                               const std::string& value) {
   std::string host = value, port;
@@ -249,7 +256,7 @@ LaunchParse parseDlrunArgs(const std::vector<std::string>& args, const HostProbe
   LaunchParse result;
   LaunchConfig& c = result.config;
   std::string nnodes = "1", nproc = "1", rdzvConf, redirects = "0", tee = "0", ranksFilter;
-  std::string logDir, localAddr;
+  std::string logDir, localAddr, tfConfig = "auto";
   int masterPort = -1;
   double monitorInterval = 0.1, stopTimeout = 30;
   bool module = false, noPython = false, runPath = false;
@@ -304,6 +311,10 @@ LaunchParse parseDlrunArgs(const std::vector<std::string>& args, const HostProbe
   addOption(app, "local-ranks-filter", ranksFilter, "Console shows only these local ranks");
   addOption(app, "log-line-prefix-template", c.logLinePrefixTemplate,
             "Prefix of each console line; ${rank}, ${local_rank}, ${role_name}");
+  addOption(app, "tf-config", tfConfig,
+            "TF_CONFIG for the workers: auto (when it fits the kernel's limit for one "
+            "environment variable, else a warning), always (an error when it cannot fit) or "
+            "never");
   addOption(app, "local-addr", localAddr, "Address of this node as other nodes reach it");
   auto* masterAddrOption =
       addOption(app, "master-addr", c.masterAddr, "Store address for the static backend");
@@ -331,6 +342,7 @@ LaunchParse parseDlrunArgs(const std::vector<std::string>& args, const HostProbe
   c.redirects = parseStreams("--redirects", redirects);
   c.tee = parseStreams("--tee", tee);
   if (!ranksFilter.empty()) c.localRanksFilter = parseRanksFilter(ranksFilter);
+  c.tfConfig = parseTfConfig(tfConfig);
   if (!c.rdzvEndpoint.empty()) parseEndpoint("--rdzv-endpoint", c.rdzvEndpoint);
   if (!logDir.empty()) c.logDir = logDir;
   if (!localAddr.empty()) c.localAddr = localAddr;

@@ -44,5 +44,7 @@ std::pair<std::string, std::optional<uint16_t>> parseEndpoint(const std::string&
                                                               const std::string& value);
 // "0,2,3".
 std::set<int> parseRanksFilter(const std::string& value);
+// "auto", "always" or "never".
+agents::TfConfigMode parseTfConfig(const std::string& value);
 
 }  // namespace dlrun::launcher

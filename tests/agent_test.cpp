@@ -5,10 +5,13 @@
 #include "agents/agent.h"
 
 #include <gtest/gtest.h>
+#include <stdlib.h>
+#include <sys/resource.h>
 
 #include <signal.h>
 
 #include <condition_variable>
+#include <filesystem>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -27,6 +30,8 @@ class FakeRendezvous : public rendezvous::Rendezvous {
  public:
   int maxRestarts = 0;
   int nproc = 2;
+  int worldSize = 0;                   // 0: this node's workers alone
+  std::vector<std::string> endpoints;  // TF_CONFIG's list
   std::map<int, RoundEnd> elsewhere;  // ends that another node brings to a round
   std::map<int, RoundEnd> whileJoining;  // the job ended while this node waited to join
   std::function<void(int round)> beforeJoin;  // may throw, as a failing rendezvous does
@@ -43,6 +48,8 @@ class FakeRendezvous : public rendezvous::Rendezvous {
     world.runId = "agent-test";
     world.round = round_++;
     world.localWorldSize = world.worldSize = nproc;
+    if (worldSize > 0) world.worldSize = worldSize;
+    world.workerEndpoints = endpoints;
     world.failures = failuresUsed_;
     world.maxRestarts = maxRestarts;
     world.masterAddr = "127.0.0.1";
@@ -104,16 +111,45 @@ class FakeRendezvous : public rendezvous::Rendezvous {
   int failuresUsed_ = 0;
 };
 
+AgentOptions shellOptions(const FakeRendezvous& rendezvous, const std::string& script) {
+  return {
+      .command = {"/bin/sh", "-c", script},
+      .nprocPerNode = rendezvous.nproc,
+      .stopTimeout = std::chrono::seconds(5),
+  };
+}
+
 int runAgent(FakeRendezvous& rendezvous, const std::string& script) {
-  Agent agent(
-      {
-          .command = {"/bin/sh", "-c", script},
-          .nprocPerNode = rendezvous.nproc,
-          .stopTimeout = std::chrono::seconds(5),
-      },
-      rendezvous);
+  Agent agent(shellOptions(rendezvous, script), rendezvous);
   return agent.run();
 }
+
+// A job of `size` workers, this node running the first few: TF_CONFIG lists all of them.
+void largeJob(FakeRendezvous& rendezvous, int size) {
+  rendezvous.worldSize = size;
+  rendezvous.endpoints.clear();
+  for (int rank = 0; rank < size; ++rank)
+    rendezvous.endpoints.push_back("127.0.0.1:" + std::to_string(20000 + rank % 40000));
+}
+
+// A directory the workers mark with a file each when they run; removed at the end.
+class StartMarks {
+ public:
+  StartMarks() {
+    std::string pattern = (std::filesystem::temp_directory_path() / "agent-test-XXXXXX").string();
+    dir_ = ::mkdtemp(pattern.data());
+  }
+  ~StartMarks() { std::filesystem::remove_all(dir_); }
+  // Shell code that marks this worker as started.
+  std::string mark() const { return ": > " + dir_.string() + "/started_$LOCAL_RANK; "; }
+  size_t count() const {
+    return std::distance(std::filesystem::directory_iterator(dir_),
+                         std::filesystem::directory_iterator());
+  }
+
+ private:
+  std::filesystem::path dir_;
+};
 
 TEST(AgentTest, WorkersThatSucceedFinishTheJob) {
   FakeRendezvous rendezvous;
@@ -221,6 +257,70 @@ TEST(AgentTest, ARendezvousFailureBetweenRoundsExits1) {
   };
   EXPECT_EQ(runAgent(rendezvous, "[ \"$LOCAL_RANK\" = 1 ] && exit 3; exec sleep 30"), 1);
   EXPECT_EQ(rendezvous.rounds(), 1);
+}
+
+TEST(AgentTest, ManyWorkersStartInBatchesAndAllFinish) {
+  FakeRendezvous rendezvous;
+  rendezvous.nproc = 300;  // several batches
+  StartMarks marks;
+  EXPECT_EQ(runAgent(rendezvous, marks.mark() + "exit 0"), 0);
+  EXPECT_EQ(marks.count(), 300u);
+  EXPECT_EQ(rendezvous.successes, 1);
+}
+
+TEST(AgentTest, ATfConfigOverTheKernelsLimitIsLeftOutUnderAuto) {
+  FakeRendezvous rendezvous;
+  largeJob(rendezvous, 8000);  // about 144 KB: over the 128 KiB a string may take
+  EXPECT_EQ(runAgent(rendezvous, "[ -z \"$TF_CONFIG\" ] || exit 9; exit 0"), 0);
+  FakeRendezvous small;
+  largeJob(small, 100);
+  EXPECT_EQ(runAgent(small, "[ -n \"$TF_CONFIG\" ] || exit 9; exit 0"), 0);
+}
+
+TEST(AgentTest, ATfConfigThatCannotFitUnderAlwaysExits2BeforeAnyWorkerStarts) {
+  FakeRendezvous rendezvous;
+  largeJob(rendezvous, 8000);
+  StartMarks marks;
+  AgentOptions options = shellOptions(rendezvous, marks.mark() + "exit 0");
+  options.tfConfig = TfConfigMode::Always;
+  EXPECT_EQ(Agent(options, rendezvous).run(), 2);
+  EXPECT_EQ(marks.count(), 0u);
+  EXPECT_EQ(rendezvous.rounds(), 1);
+}
+
+TEST(AgentTest, AnEnvironmentOverTheExecLimitExits127BeforeAnyWorkerStarts) {
+  FakeRendezvous rendezvous;
+  StartMarks marks;
+  // The agent's own environment, which every worker inherits, holds one string too long.
+  ::setenv("DLRUN_AGENT_TEST_HUGE", std::string(200 * 1024, 'x').c_str(), 1);
+  Agent agent(shellOptions(rendezvous, marks.mark() + "exit 0"), rendezvous);
+  ::unsetenv("DLRUN_AGENT_TEST_HUGE");
+  EXPECT_EQ(agent.run(), 127);
+  EXPECT_EQ(marks.count(), 0u);
+}
+
+TEST(AgentTest, TooManyWorkersForTheDescriptorLimitExit2WithoutJoining) {
+  rlimit files{};
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &files), 0);
+  if (files.rlim_max > (1u << 20)) GTEST_SKIP() << "the hard descriptor limit is too high";
+  FakeRendezvous rendezvous;
+  rendezvous.nproc = static_cast<int>(files.rlim_max);  // two pipes each: twice too many
+  EXPECT_EQ(runAgent(rendezvous, "exit 0"), 2);
+  EXPECT_EQ(rendezvous.rounds(), 0);
+}
+
+TEST(AgentTest, DescriptorNeedsCountPipesLogFilesAndStoreConnections) {
+  AgentOptions options{.command = {"true"}, .nprocPerNode = 4};
+  EXPECT_EQ(descriptorNeeds(options, 10).workerFiles, 8);  // stdout (prefixed) and stderr
+  EXPECT_EQ(descriptorNeeds(options, 10).inUse, 10);
+  options.logLinePrefixTemplate = "";
+  EXPECT_EQ(descriptorNeeds(options, 0).workerFiles, 4);  // stdout as it is: stderr alone
+  options.logDir = "/logs";
+  options.tee.all = Streams::Both;
+  EXPECT_EQ(descriptorNeeds(options, 0).workerFiles, 16);  // both piped, two files each
+  EXPECT_EQ(descriptorNeeds(options, 0).storeClients, 0);
+  options.servesStore = true;
+  EXPECT_EQ(descriptorNeeds(options, 0).storeClients, 4);
 }
 
 }  // namespace

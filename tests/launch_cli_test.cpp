@@ -373,6 +373,23 @@ TEST(ParseDlrunArgs, PetVariableWithABadValueIsAnError) {
   EXPECT_TRUE(contains(message, "nproc")) << message;
 }
 
+TEST(ParseDlrunArgs, TfConfigInEverySpellingAndFromPet) {
+  EXPECT_EQ(parse({"env"}).tfConfig, agents::TfConfigMode::Auto);
+  EXPECT_EQ(parse({"--tf-config=always", "env"}).tfConfig, agents::TfConfigMode::Always);
+  EXPECT_EQ(parse({"--tf_config", "never", "env"}).tfConfig, agents::TfConfigMode::Never);
+  ScopedEnv tf("PET_TF_CONFIG", "never");
+  EXPECT_EQ(parse({"env"}).tfConfig, agents::TfConfigMode::Never);
+  EXPECT_EQ(parse({"--tf-config=auto", "env"}).tfConfig, agents::TfConfigMode::Auto);
+}
+
+TEST(ParseDlrunArgs, TfConfigRejectsOtherValuesNamingTheFlag) {
+  for (const char* bad : {"--tf-config=yes", "--tf-config=AUTO", "--tf_config=1"}) {
+    const std::string message = configError([&] { parse({bad, "env"}); });
+    EXPECT_TRUE(contains(message, "--tf-config")) << message;
+    EXPECT_TRUE(contains(message, "auto, always or never")) << message;
+  }
+}
+
 TEST(ParseDlrunArgs, NodeRankAndNnodes) {
   auto c = parse(
       {"--nnodes=2:4", "--rdzv-backend=c10d", "--rdzv-endpoint=h:1", "--node-rank=3", "env"});

@@ -3,6 +3,7 @@
 // a grandchild orphaned by its parent comes back to this subreaper to be reaped.
 #include "agents/process.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -16,9 +17,7 @@ namespace dlrun::agents {
 namespace {
 
 SpawnedProcess spawnShell(const std::string& script) {
-  SpawnedProcess p = spawnProcess({.argv = {"/bin/sh", "-c", script}, .envp = {"PATH=/bin"}});
-  confirmExec(p.pid, p.execReportFd, "/bin/sh");
-  return p;
+  return spawnProcess({.argv = {"/bin/sh", "-c", script}, .envp = {"PATH=/bin"}});
 }
 
 // Reaps children (any pid, as the agent does) until `count` were collected.
@@ -58,14 +57,79 @@ TEST(ProcessTest, ASignalledChildReportsTheSignal) {
 }
 
 TEST(ProcessTest, AProgramThatCannotBeExecutedIsAnError) {
-  SpawnedProcess p = spawnProcess({.argv = {"/nonexistent/program"}, .envp = {}});
   try {
-    confirmExec(p.pid, p.execReportFd, "/nonexistent/program");
+    spawnProcess({.argv = {"/nonexistent/program"}, .envp = {}, .pipeStderr = true});
     FAIL() << "exec of a missing program was confirmed";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("/nonexistent/program"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("cannot execute /nonexistent/program"),
+              std::string::npos)
+        << e.what();
   }
-  EXPECT_EQ(::waitpid(p.pid, nullptr, WNOHANG), -1);  // confirmExec reaped it
+  EXPECT_EQ(::waitpid(-1, nullptr, WNOHANG), -1);  // the failed child was reaped
+}
+
+// Reads a child's whole output from a pipe read end (non-blocking: polls until EOF).
+std::string readAll(int fd) {
+  std::string text;
+  char buffer[4096];
+  while (true) {
+    const ssize_t n = ::read(fd, buffer, sizeof(buffer));
+    if (n > 0) {
+      text.append(buffer, static_cast<size_t>(n));
+    } else if (n == 0) {
+      break;
+    } else if (errno == EAGAIN) {
+      ::usleep(1000);  // a bounded wait: the child exits at once
+    } else {
+      break;
+    }
+  }
+  ::close(fd);
+  return text;
+}
+
+TEST(ProcessTest, TheEnvironmentIsTheSharedPartThenTheWorkersOwn) {
+  const std::vector<std::string> shared = {"PATH=/bin", "A=shared"};
+  SpawnedProcess p = spawnProcess({.argv = {"/bin/sh", "-c", "echo \"$A $B\""},
+                                   .envp = {"B=own"},
+                                   .sharedEnvp = shared,
+                                   .pipeStdout = true});
+  EXPECT_EQ(readAll(p.stdoutFd), "shared own\n");
+  const auto reaped = reapAll(1);
+  ASSERT_TRUE(reaped.contains(p.pid));
+  EXPECT_TRUE(reaped.at(p.pid).success());
+}
+
+TEST(ProcessTest, DescriptorsOpenedAfterTheFirstStartAreNotInherited) {
+  spawnShell("exit 0");  // the parking slots are reserved now
+  reapAll(1);
+  // Not close-on-exec, and above the slots: a worker never sees it.
+  const int leaked = ::open("/dev/null", O_RDONLY);
+  ASSERT_GE(leaked, 0);
+  SpawnedProcess p = spawnProcess(
+      {.argv = {"/bin/sh", "-c", "test -e /proc/self/fd/" + std::to_string(leaked) + " && echo open || echo closed"},
+       .envp = {"PATH=/bin"},
+       .pipeStdout = true});
+  EXPECT_EQ(readAll(p.stdoutFd), "closed\n");
+  reapAll(1);
+  ::close(leaked);
+}
+
+// The agent blocks signals and ignores SIGPIPE; its workers start with neither.
+TEST(ProcessTest, WorkersStartWithNoSignalBlockedAndSigpipeAtItsDefault) {
+  sigset_t blocked, old;
+  sigemptyset(&blocked);
+  sigaddset(&blocked, SIGUSR2);
+  ::pthread_sigmask(SIG_BLOCK, &blocked, &old);
+  auto* const before = ::signal(SIGPIPE, SIG_IGN);
+  const pid_t usr2 = spawnShell("kill -USR2 $$; exit 0").pid;
+  const pid_t pipe = spawnShell("kill -PIPE $$; exit 0").pid;
+  ::signal(SIGPIPE, before);
+  ::pthread_sigmask(SIG_SETMASK, &old, nullptr);
+  const auto reaped = reapAll(2);
+  ASSERT_TRUE(reaped.contains(usr2) && reaped.contains(pipe));
+  EXPECT_EQ(reaped.at(usr2).describe(), "signal SIGUSR2");
+  EXPECT_EQ(reaped.at(pipe).describe(), "signal SIGPIPE");
 }
 
 TEST(ProcessTest, OrphanedGrandchildrenComeBackToTheSubreaper) {

@@ -7,6 +7,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/error.h"
+
 namespace dlrun::agents {
 namespace {
 
@@ -136,6 +138,113 @@ TEST(WorkerEnv, TfConfigKeepsIpv6Endpoints) {
   const auto config = nlohmann::json::parse(tfConfig(world, 1));
   EXPECT_EQ(config["cluster"]["worker"], world.workerEndpoints);
   EXPECT_EQ(config["task"]["index"], 1);
+}
+
+// A world of `size` workers whose endpoints are as long as IPv4 loopback ones.
+rendezvous::World largeWorld(int size) {
+  auto world = twoNodeWorld();
+  world.worldSize = size;
+  world.workerEndpoints.clear();
+  for (int rank = 0; rank < size; ++rank)
+    world.workerEndpoints.push_back("127.0.0.1:" + std::to_string(20000 + rank % 40000));
+  return world;
+}
+
+RoundSpec roundSpec(std::optional<std::string> tfCluster, bool inheritTfConfig = false) {
+  return {.role = "trainer",
+          .maxRestarts = 3,
+          .restartCount = 1,
+          .tfCluster = std::move(tfCluster),
+          .inheritTfConfig = inheritTfConfig};
+}
+
+TEST(WorkerEnv, TheNodesSharedPartHoldsAllButEachWorkersOwnFive) {
+  const auto world = twoNodeWorld();
+  const Environment inherited = {{"PATH", "/usr/bin"}, {"RANK", "99"}, {"TF_CONFIG", "{}"}};
+  const NodeEnvironment node(inherited, world, roundSpec(tfConfigCluster(world)));
+  for (const auto& entry : node.shared()) {
+    for (const char* own : {"RANK=", "LOCAL_RANK=", "ROLE_RANK=", "TORCHELASTIC_ERROR_FILE=",
+                            "TF_CONFIG="})
+      EXPECT_FALSE(entry.starts_with(own)) << entry;
+  }
+  const auto own = node.own(1, "/e.json");
+  EXPECT_EQ(own, (std::vector<std::string>{"RANK=3", "LOCAL_RANK=1", "ROLE_RANK=3",
+                                           "TORCHELASTIC_ERROR_FILE=/e.json",
+                                           "TF_CONFIG=" + tfConfig(world, 3)}));
+  // Together they are the one-worker environment.
+  const WorkerSpec one{"trainer", 3, 1, "/e.json"};
+  EXPECT_EQ(node.forWorker(1, "/e.json"), workerEnvironment(inherited, world, one, 1));
+}
+
+TEST(WorkerEnv, SizesAreWhatExecGetsWithoutBuildingTfConfig) {
+  const auto world = largeWorld(500);
+  const NodeEnvironment node({{"HOME", "/home/u"}}, world, roundSpec(tfConfigCluster(world)));
+  for (int local : {0, 1}) {
+    ExecSizes expected;
+    for (const auto& entry : node.shared()) expected.add(entry.size());
+    for (const auto& entry : node.own(local, "/logs/error.json")) expected.add(entry.size());
+    const ExecSizes sizes = node.sizes(local, "/logs/error.json");
+    EXPECT_EQ(sizes.count, expected.count);
+    EXPECT_EQ(sizes.bytes, expected.bytes);
+    EXPECT_EQ(sizes.longest, expected.longest);
+  }
+}
+
+TEST(WorkerEnv, TfConfigIsTheSameTextAsOneJsonDocument) {
+  const auto world = largeWorld(1000);
+  const std::string cluster = tfConfigCluster(world);
+  for (int rank : {0, 7, 999}) {
+    const nlohmann::json whole = {
+        {"cluster", {{"worker", world.workerEndpoints}}},
+        {"task", {{"type", "worker"}, {"index", rank}}},
+    };
+    EXPECT_EQ(tfConfig(cluster, rank), whole.dump());
+    EXPECT_EQ(tfConfigLength(cluster, rank), whole.dump().size());
+  }
+}
+
+TEST(WorkerEnv, TfConfigIsLeftOutOrRefusedWhenOverTheKernelsLimit) {
+  constexpr size_t kLimit = 128 * 1024;
+  // About 144 KB for 8000 workers: no worker could be executed with it.
+  const auto big = largeWorld(8000);
+  const std::string cluster = tfConfigCluster(big);
+  const size_t bytes = std::string("TF_CONFIG=").size() + tfConfigLength(cluster, 7999) + 1;
+  ASSERT_GT(bytes, kLimit);
+  const TfConfigChoice auto_ = chooseTfConfig(TfConfigMode::Auto, cluster, 8000, kLimit);
+  EXPECT_FALSE(auto_.set);
+  EXPECT_NE(auto_.warning.find(std::to_string(bytes) + " bytes"), std::string::npos)
+      << auto_.warning;
+  EXPECT_NE(auto_.warning.find("--tf-config"), std::string::npos) << auto_.warning;
+  try {
+    chooseTfConfig(TfConfigMode::Always, cluster, 8000, kLimit);
+    FAIL() << "--tf-config=always accepted a TF_CONFIG over the limit";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("--tf-config=always"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(std::to_string(kLimit)), std::string::npos) << e.what();
+  }
+  const TfConfigChoice never = chooseTfConfig(TfConfigMode::Never, "", 8000, kLimit);
+  EXPECT_FALSE(never.set);
+  EXPECT_TRUE(never.warning.empty());
+  // Exactly at the limit it fits, one byte over it does not.
+  for (auto mode : {TfConfigMode::Auto, TfConfigMode::Always}) {
+    EXPECT_TRUE(chooseTfConfig(mode, cluster, 8000, bytes).set);
+    EXPECT_TRUE(chooseTfConfig(mode, cluster, 8000, bytes).warning.empty());
+  }
+  EXPECT_FALSE(chooseTfConfig(TfConfigMode::Auto, cluster, 8000, bytes - 1).set);
+}
+
+TEST(WorkerEnv, AnInheritedTfConfigGoesUnlessNeverLeavesItAlone) {
+  const Environment inherited = {{"TF_CONFIG", "{\"stale\":1}"}};
+  const auto world = twoNodeWorld();
+  // Left out (auto, over the limit): a stale one would describe another job.
+  EXPECT_FALSE(NodeEnvironment(inherited, world, roundSpec(std::nullopt))
+                   .forWorker(0, "/e")
+                   .contains("TF_CONFIG"));
+  // --tf-config=never: dlrun does not touch it, as torchrun does not.
+  EXPECT_EQ(NodeEnvironment(inherited, world, roundSpec(std::nullopt, true))
+                .forWorker(0, "/e")
+                .at("TF_CONFIG"),
+            "{\"stale\":1}");
 }
 
 TEST(WorkerEnv, ToEnvpAndCurrentEnvironment) {
