@@ -190,8 +190,7 @@ ElasticRendezvous::Step ElasticRendezvous::tryRound(int round, Clock::time_point
     }
   }
   // One read whatever the outcome: a missing assignment reads as empty.
-  std::vector<std::string> keys{keys_.closed(round), keys_.assignment(round, index),
-                                keys_.names(round)};
+  std::vector<std::string> keys{keys_.closed(round), keys_.assignment(round, index)};
   if (options_.fetchRoster) keys.push_back(keys_.roster(round));
   const std::vector<std::string> texts = lease_->peek(keys);
   if (texts[0] == elastic::kAborted || texts[0] == elastic::kStopped) {
@@ -251,13 +250,13 @@ World ElasticRendezvous::memberWorld(int round, int index, int members,
   member_ = Member{round, index, members, a.failures};
   memberRound_ = round;
   memberCount_ = members;
-  lastMembers_ = elastic::decodeRoster(texts[2]);
+  lastRound_ = round;
   lastGroupRank_ = a.groupRank;
   failures_ = a.failures;
   const NodeJob job{options_.runId, options_.self.nproc, options_.maxRestarts,
                     options_.storeHost, options_.storePort};
   return makeWorld(job, round, a,
-                   options_.fetchRoster ? elastic::decodeRoster(texts[3])
+                   options_.fetchRoster ? elastic::decodeRoster(texts[2])
                                         : std::vector<std::string>{});
 }
 
@@ -350,7 +349,13 @@ TimeoutError ElasticRendezvous::timedOut(int round) {
   for (int i = 1; i <= std::min(joined, options_.maxNodes); ++i)
     records.push_back(keys_.node(round, i));
   records.push_back(keys_.gaveUp(round));
+  // The last round's names are O(N) bytes: read only here, never on the way into a round.
+  // (Before this node's first round closed, the key does not exist: nobody is expected.)
+  records.push_back(keys_.names(lastRound_.value_or(round)));
   std::vector<std::string> texts = lease_->peek(records);
+  const std::vector<std::string> expected =
+      texts.back().empty() ? std::vector<std::string>{} : elastic::decodeRoster(texts.back());
+  texts.pop_back();
   std::vector<std::string> came;
   for (size_t start = 0, end; (end = texts.back().find('\n', start)) != std::string::npos;
        start = end + 1)
@@ -359,7 +364,7 @@ TimeoutError ElasticRendezvous::timedOut(int round) {
   for (const auto& text : texts) {
     if (!text.empty()) came.push_back(nodeName(elastic::decodeNodeRecord(text)));
   }
-  const auto missing = missingNodes(lastMembers_, came);
+  const auto missing = missingNodes(expected, came);
   for (size_t i = 0; i < missing.size(); ++i)
     message += (i == 0 ? "; nodes that did not come back: " : ", ") + missing[i];
   return TimeoutError(message);

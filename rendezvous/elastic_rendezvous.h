@@ -127,7 +127,7 @@ class ElasticRendezvous : public Rendezvous {
   // run on the agent's thread while next() runs.
   std::atomic<int> memberRound_{-1};
   std::atomic<int> memberCount_{0};
-  std::vector<std::string> lastMembers_;  // names of the last round's members, for messages
+  std::optional<int> lastRound_;  // the last round this node was a member of, for messages
   std::optional<Ended> ended_;
   int failures_ = 0;  // failure restarts seen in this job (the rendezvous thread's copy)
   std::optional<int> lastGroupRank_;
