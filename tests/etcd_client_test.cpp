@@ -18,36 +18,21 @@ namespace {
 
 using namespace std::chrono_literals;
 
-test::EtcdServer* server = nullptr;
-
-// One etcd for the whole program, stopped in TearDown (and by PR_SET_PDEATHSIG on a crash).
-class EtcdEnvironment : public ::testing::Environment {
- public:
-  void SetUp() override {
-    try {
-      etcd_.start();
-      server = &etcd_;
-    } catch (const std::exception& error) {
-      FAIL() << "cannot start etcd: " << error.what();
-    }
-  }
-  void TearDown() override {
-    server = nullptr;
-    etcd_.stop();
-  }
-
- private:
-  test::EtcdServer etcd_;
-};
 [[maybe_unused]] auto* const environment =
-    ::testing::AddGlobalTestEnvironment(new EtcdEnvironment);
+    ::testing::AddGlobalTestEnvironment(new test::EtcdEnvironment);
 
 class EtcdClientTest : public ::testing::Test {
  protected:
-  void SetUp() override { ASSERT_NE(server, nullptr) << "etcd is not running"; }
+  void SetUp() override {
+    server = test::sharedEtcd();
+    ASSERT_NE(server, nullptr) << "etcd is not running";
+    // A clean slate, also when the test runs again (--gtest_repeat) against the same etcd.
+    EtcdClient(options()).deleteRange(key(""), EtcdClient::prefixEnd(key("")));
+  }
   EtcdClientOptions options() const {
     return {.endpoints = server->endpoints(), .timeout = 5s, .connectTimeout = 5s};
   }
+  test::EtcdServer* server = nullptr;
   // Keys of this test only.
   std::string key(const std::string& name) const {
     return std::string("test/") + ::testing::UnitTest::GetInstance()->current_test_info()->name() +
@@ -229,7 +214,9 @@ TEST_F(EtcdClientTest, WatchFromARevisionSeesEveryEventOnceInOrder) {
   for (size_t i = 0; i < seen.size(); ++i) {
     EXPECT_EQ(seen[i].type, expected[i].first) << i;
     EXPECT_EQ(seen[i].kv.key, key(expected[i].second)) << i;
-    if (i > 0) EXPECT_GT(seen[i].kv.modRevision, seen[i - 1].kv.modRevision) << i;
+    if (i > 0) {
+      EXPECT_GT(seen[i].kv.modRevision, seen[i - 1].kv.modRevision) << i;
+    }
   }
   EXPECT_EQ(seen[3].kv.value, "3");
   EXPECT_TRUE(watch->next(300ms).empty());  // nothing twice

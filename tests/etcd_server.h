@@ -6,7 +6,12 @@
 //
 // A test that needs etcd and finds no binary fails: setup.sh installs it, so its absence is a
 // broken machine, not a reason to skip.
+//
+// EtcdEnvironment runs one EtcdServer for a whole test program (register it with
+// ::testing::AddGlobalTestEnvironment); sharedEtcd() is that server while it runs.
 #pragma once
+
+#include <gtest/gtest.h>
 
 #include <fcntl.h>
 #include <signal.h>
@@ -142,6 +147,37 @@ class EtcdServer {
   std::string dir_;
   uint16_t clientPort_ = 0;
   pid_t pid_ = -1;
+};
+
+inline EtcdServer*& sharedEtcdSlot() {
+  static EtcdServer* server = nullptr;
+  return server;
+}
+// The program's etcd; nullptr when it did not start (the environment failed the program then).
+inline EtcdServer* sharedEtcd() { return sharedEtcdSlot(); }
+
+class EtcdEnvironment : public ::testing::Environment {
+ public:
+  // `needed`: false in a helper process (one that a test starts to play a node), which talks
+  // to its parent's etcd.
+  explicit EtcdEnvironment(bool needed = true) : needed_(needed) {}
+  void SetUp() override {
+    if (!needed_) return;
+    try {
+      etcd_.start();
+      sharedEtcdSlot() = &etcd_;
+    } catch (const std::exception& error) {
+      FAIL() << "cannot start etcd: " << error.what();
+    }
+  }
+  void TearDown() override {
+    sharedEtcdSlot() = nullptr;
+    etcd_.stop();
+  }
+
+ private:
+  const bool needed_;
+  EtcdServer etcd_;
 };
 
 }  // namespace dlrun::test

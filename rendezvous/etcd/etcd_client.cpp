@@ -199,6 +199,19 @@ std::optional<KeyValue> EtcdClient::get(const std::string& key) {
   return std::move(result.kvs.front());
 }
 
+int64_t EtcdClient::count(const std::string& key, const std::string& rangeEnd) {
+  pb::RangeRequest request;
+  request.set_key(key);
+  request.set_range_end(rangeEnd);
+  request.set_count_only(true);
+  const auto response = unary("count", key, true, [&](Connection& c, grpc::ClientContext& ctx) {
+    pb::RangeResponse reply;
+    auto status = c.kv->Range(&ctx, request, &reply);
+    return std::pair{status, std::move(reply)};
+  });
+  return response.count();
+}
+
 int64_t EtcdClient::put(const std::string& key, const std::string& value, int64_t lease) {
   pb::PutRequest request;
   request.set_key(key);
@@ -558,7 +571,8 @@ void EtcdWatch::cancel() { stream_->context.TryCancel(); }
 std::vector<WatchEvent> EtcdWatch::next(std::chrono::milliseconds timeout) {
   using Tag = Stream::Tag;
   auto& s = *stream_;
-  const auto deadline = Clock::now() + timeout;
+  // A wait "practically forever" must not overflow the clock.
+  const auto deadline = Clock::now() + std::min<std::chrono::milliseconds>(timeout, std::chrono::hours(24));
   while (true) {
     if (s.finished) s.fail("ended");
     if (!s.readPending) {

@@ -89,6 +89,8 @@ class EtcdClient {
                     int64_t revision = 0);
   RangeResult rangePrefix(const std::string& prefix) { return range(prefix, prefixEnd(prefix)); }
   std::optional<KeyValue> get(const std::string& key);
+  // How many keys [key, rangeEnd) holds, without reading them.
+  int64_t count(const std::string& key, const std::string& rangeEnd);
   // Returns the revision of the write. lease 0: none.
   int64_t put(const std::string& key, const std::string& value, int64_t lease = 0);
   // Returns how many keys were deleted.
