@@ -122,6 +122,17 @@ TEST_F(EtcdStoreTest, WaitsEndWhenAnotherStoreSetsTheKeyAndGiveUpOnTime) {
   EXPECT_THROW(quick.get("never"), TimeoutError);
 }
 
+TEST_F(EtcdStoreTest, AWaitQueuedBehindAnotherOnOneStoreStillEndsOnTime) {
+  auto s = store(), setter = store();
+  auto longWait = std::async(std::launch::async, [&] { return s->waitFor({"late"}, 3s); });
+  std::this_thread::sleep_for(100ms);  // let it hold the store's watch
+  const auto started = Clock::now();
+  EXPECT_FALSE(s->waitFor({"never"}, 300ms));
+  EXPECT_LT(Clock::now() - started, 2s);
+  setter->set("late", "1");
+  EXPECT_TRUE(longWait.get());
+}
+
 TEST_F(EtcdStoreTest, AbortFiresTheTripwiresAndTheFirstWriterWins) {
   auto holder = store(), other = store();
   other->set("end", "written before");

@@ -89,6 +89,12 @@ grpc::ChannelArguments channelArguments() {
   arguments.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   arguments.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   arguments.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  // HTTP/2 pings find a member that went silent (a dead host sends no reset), also under a
+  // stream that carries nothing for a while. Not below etcd's --grpc-keepalive-min-time (5 s),
+  // which answers more frequent pings by closing the connection.
+  arguments.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10'000);
+  arguments.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5'000);
+  arguments.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   return arguments;
 }
 
@@ -408,11 +414,11 @@ EtcdKeepAlive::~EtcdKeepAlive() { stop(); }
 void EtcdKeepAlive::stop() {
   {
     std::lock_guard lock(mutex_);
-    if (stopping_ && !thread_.joinable()) return;
     stopping_ = true;
   }
   wake_.notify_all();
   stream_->context.TryCancel();  // a Read blocked on the stream returns at once
+  std::lock_guard joining(joinMutex_);  // two stops at once join once
   if (thread_.joinable()) thread_.join();
   alive_ = false;
 }

@@ -184,6 +184,7 @@ class EtcdKeepAlive {
   std::condition_variable wake_;
   bool stopping_ = false;
   std::string failure_;
+  std::mutex joinMutex_;
   std::thread thread_;
 };
 

@@ -264,20 +264,35 @@ void EtcdStore::lease(const std::string& key, const std::string& value,
   const int64_t seconds = std::max<int64_t>(2, (ttl.count() + 999) / 1000);
   int64_t id = 0;
   {
-    std::lock_guard lock(mutex_);
-    auto it = leases_.find(seconds);
-    if (it != leases_.end() && !it->second.keepAlive->alive()) {
-      leases_.erase(it);  // lapsed or lost: its keys are gone, as on a dropped connection
-      it = leases_.end();
+    std::lock_guard granting(grantMutex_);
+    {
+      std::lock_guard lock(mutex_);
+      auto it = leases_.find(seconds);
+      if (it != leases_.end() && !it->second.keepAlive->alive()) {
+        leases_.erase(it);  // lapsed or lost: its keys are gone, as on a dropped connection
+      } else if (it != leases_.end()) {
+        id = it->second.id;
+      }
     }
-    if (it == leases_.end()) {
+    if (id == 0) {
       Granted granted;
       granted.id = client_.leaseGrant(std::chrono::seconds(seconds));
       // A third of the TTL: two renewals may go missing before the lease lapses.
-      granted.keepAlive = client_.keepAlive(granted.id, std::chrono::milliseconds(seconds * 1000 / 3));
-      it = leases_.emplace(seconds, std::move(granted)).first;
+      granted.keepAlive =
+          client_.keepAlive(granted.id, std::chrono::milliseconds(seconds * 1000 / 3));
+      id = granted.id;
+      std::unique_lock lock(mutex_);
+      if (aborted_) {  // abort() came during the grant: this lease is not kept either
+        lock.unlock();
+        granted.keepAlive->stop();
+        try {
+          client_.leaseRevoke(granted.id);
+        } catch (const Error&) {
+        }
+        requireOpen();  // throws: aborted
+      }
+      leases_.emplace(seconds, std::move(granted));
     }
-    id = it->second.id;
   }
   // Tripwires on one key once (etcd refuses a transaction that writes a key twice); the first
   // one stands, as when they are set one after another only where absent.
@@ -376,7 +391,12 @@ void EtcdStore::follow(const std::vector<WatchEvent>& events) {
 bool EtcdStore::waitFor(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) {
   requireOpen();
   const auto deadline = detail::deadlineAfter(timeout);
-  std::lock_guard lock(watchMutex_);
+  std::unique_lock lock(watchMutex_, std::defer_lock);
+  if (deadline == Clock::time_point::max()) {
+    lock.lock();
+  } else if (!lock.try_lock_until(deadline)) {
+    return check(keys);  // another wait held the watch all along
+  }
   try {
     if (!watch_) openWatch();
     std::set<std::string> waited;

@@ -14,9 +14,10 @@
 // only if its key is absent (create_revision == 0), and deletes the record: the first writer
 // wins, as in dlrund, and the others' transactions change nothing. deleteKey() deletes the
 // record and the key together, so a release never fires. The store that aborts fires its own
-// tripwires too, so no watcher is needed for that case. Limits of the emulation: a tripwire
-// fires only while some store of the job waits (the rendezvous always has one), and a key
-// leased again by its holder before anyone fired loses the old firing.
+// tripwires too, so no watcher is needed for that case, and a store that starts to wait fires
+// the records whose key is already gone. Limits of the emulation: a lapse fires only once some
+// store of the job waits (the rendezvous always has one waiting), and a key leased again by its
+// holder before anyone fired loses the old firing.
 //
 // Waits: waitFor() reads the keys, then follows the watch until they exist. The watch is
 // opened by the first wait and kept, so no event is missed between waits; its events are those
@@ -28,6 +29,7 @@
 
 #include <chrono>
 #include <map>
+#include <optional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -106,7 +108,8 @@ class EtcdStore : public LeasingStore {
   const std::string recordPrefix_;
   EtcdClient client_;
 
-  mutable std::mutex mutex_;  // leases_, owned_, aborted_
+  std::mutex grantMutex_;     // one lease grant at a time, outside mutex_ (a round trip)
+  mutable std::mutex mutex_;  // leases_, owned_, aborted_, liveWatch_: never held over a call
   struct Granted {
     int64_t id = 0;
     std::unique_ptr<EtcdKeepAlive> keepAlive;
@@ -115,7 +118,9 @@ class EtcdStore : public LeasingStore {
   std::map<std::string, Record> owned_;  // this store's leased keys, fired on abort()
   bool aborted_ = false;
 
-  std::mutex watchMutex_;  // one wait at a time: watch_ and records_
+  // One wait at a time: watch_ and records_. Timed, so a wait queued behind another still
+  // gives up on time.
+  std::timed_mutex watchMutex_;
   std::unique_ptr<EtcdWatch> watch_;
   std::map<std::string, Record> records_;  // every leased key's record under the prefix
   EtcdWatch* liveWatch_ = nullptr;  // watch_ while a wait may block on it (under mutex_)
