@@ -253,6 +253,24 @@ TEST_F(EtcdClientTest, PicksTheEndpointThatAnswers) {
   EXPECT_EQ(client.get(key("k"))->value, "v");
 }
 
+TEST(EtcdClientFailure, AReadMovesToTheNextEndpointWhenItsOwnGoesAway) {
+  // Two one-member clusters stand in for two members of one: what is tested is the client
+  // moving on, not etcd's replication.
+  test::EtcdServer first, second;
+  first.start();
+  second.start();
+  auto endpoints = first.endpoints();
+  endpoints.push_back(second.endpoints().front());
+  EtcdClient client({.endpoints = endpoints, .timeout = 2s, .connectTimeout = 2s});
+  ASSERT_EQ(client.endpoint(), first.endpoints().front().text());
+  EtcdClient({.endpoints = second.endpoints()}).put("k", "on the second");
+  first.stop();
+  const auto started = Clock::now();
+  EXPECT_EQ(client.get("k")->value, "on the second");  // retried once, on the other endpoint
+  EXPECT_EQ(client.endpoint(), second.endpoints().front().text());
+  EXPECT_LT(Clock::now() - started, 4s);
+}
+
 TEST(EtcdClientFailure, UnreachableEndpointsFailWithOneLineInBoundedTime) {
   const auto ports = reserveFreePorts("127.0.0.1", 2);
   const std::vector<Endpoint> endpoints = {{"127.0.0.1", ports[0]}, {"127.0.0.1", ports[1]}};
