@@ -12,6 +12,7 @@
 
 #include <cstdlib>
 #include <future>
+#include <sstream>
 #include <thread>
 
 #include "common/clock.h"
@@ -26,19 +27,39 @@ using namespace std::chrono_literals;
 // "PORT PREFIX" in a helper process: the etcd and the keys of the test that started it.
 const char* helperArgument() { return std::getenv("DLRUN_ETCD_HELPER"); }
 
-[[maybe_unused]] auto* const environment =
-    ::testing::AddGlobalTestEnvironment(new test::EtcdEnvironment(helperArgument() == nullptr));
-
 EtcdStoreOptions storeOptions(const std::vector<Endpoint>& endpoints, const std::string& prefix) {
   return {.client = {.endpoints = endpoints, .timeout = 5s, .connectTimeout = 5s},
           .prefix = prefix,
           .timeout = 5s};
 }
 
+// The helper process plays a node that holds a lease until it is killed. It runs as this
+// program's first environment, so it needs no test of its own (gtest sets environments up only
+// when some test is selected: the parent selects any one).
+class HelperEnvironment : public ::testing::Environment {
+ public:
+  void SetUp() override {
+    const char* argument = helperArgument();
+    if (!argument) return;
+    std::istringstream in(argument);
+    int port = 0;
+    std::string prefix;
+    in >> port >> prefix;
+    EtcdStore holder(storeOptions({{"127.0.0.1", static_cast<uint16_t>(port)}}, prefix));
+    holder.lease("node", "record", 2s, {{"end", "lost"}});
+    holder.set("ready", "1");
+    std::this_thread::sleep_for(60s);  // the parent kills it long before
+    _exit(1);
+  }
+};
+
+[[maybe_unused]] auto* const helper = ::testing::AddGlobalTestEnvironment(new HelperEnvironment);
+[[maybe_unused]] auto* const environment =
+    ::testing::AddGlobalTestEnvironment(new test::EtcdEnvironment(helperArgument() == nullptr));
+
 class EtcdStoreTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (helperArgument()) GTEST_SKIP() << "a helper process runs only its helper";
     server = test::sharedEtcd();
     ASSERT_NE(server, nullptr) << "etcd is not running";
     // A clean slate, also when the test runs again (--gtest_repeat) against the same etcd.
@@ -197,8 +218,8 @@ TEST_F(EtcdStoreTest, AKilledHoldersLeaseLapsesAndAWatcherFiresItsTripwires) {
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (getppid() != parent) _exit(1);
     setenv("DLRUN_ETCD_HELPER", argument.c_str(), 1);
-    execl("/proc/self/exe", "etcd_store_test",
-          "--gtest_filter=EtcdStoreHelper.HoldALeaseUntilKilled", nullptr);
+    execl("/proc/self/exe", "etcd_store_test", "--gtest_filter=EtcdStoreTest.EveryOperation",
+          nullptr);
     _exit(127);
   }
   const bool ready = watcher->waitFor({"ready"}, 20s);
@@ -212,21 +233,6 @@ TEST_F(EtcdStoreTest, AKilledHoldersLeaseLapsesAndAWatcherFiresItsTripwires) {
   const auto lapsed = Clock::now() - killed;
   EXPECT_LT(lapsed, 5s);  // TTL 2 s, renewed every 0.67 s, plus etcd's 0.5 s expiry sweep
   EXPECT_EQ(watcher->peek({"end", "node"}), (std::vector<std::string>{"lost", ""}));
-}
-
-// Runs only in the helper process that the test above starts, and blocks until killed.
-TEST(EtcdStoreHelper, HoldALeaseUntilKilled) {
-  const char* argument = helperArgument();
-  if (!argument) GTEST_SKIP() << "runs only as a helper process";
-  std::istringstream in(argument);
-  int port = 0;
-  std::string prefix;
-  in >> port >> prefix;
-  EtcdStore holder(storeOptions({{"127.0.0.1", static_cast<uint16_t>(port)}}, prefix));
-  holder.lease("node", "record", 2s, {{"end", "lost"}});
-  holder.set("ready", "1");
-  std::this_thread::sleep_for(60s);  // the parent kills it long before
-  _exit(0);
 }
 
 }  // namespace
