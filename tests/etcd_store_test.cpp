@@ -185,6 +185,19 @@ TEST_F(EtcdStoreTest, AbortCutsABlockedWaitAtOnce) {
   EXPECT_LT(Clock::now() - started, 2s);
 }
 
+TEST_F(EtcdStoreTest, AbortReturnsSoonWhenEtcdIsGone) {
+  test::EtcdServer own;  // not the shared one: this test stops it
+  own.start();
+  auto holder = std::make_unique<EtcdStore>(storeOptions(own.endpoints(), prefix()));
+  holder->lease("a", "1", 2s, {{"end", "lost"}});
+  holder->lease("b", "2", 5s, {{"end", "lost"}});  // a second lease: a second TTL
+  own.stop();
+  const auto started = Clock::now();
+  holder->abort();
+  holder.reset();
+  EXPECT_LT(Clock::now() - started, 3s);
+}
+
 TEST_F(EtcdStoreTest, AReleaseFiresNothing) {
   auto other = store();
   {

@@ -165,11 +165,12 @@ void EtcdClient::dropConnection(const std::shared_ptr<Connection>& failed) {
 // One unary call with the client's deadline. A failure that says the endpoint is gone (or too
 // slow) drops it, so the next call picks again; `retry` (reads only) makes that next call here.
 template <typename Call>
-auto EtcdClient::unary(const char* what, const std::string& key, bool retry, Call&& call) {
+auto EtcdClient::unary(const char* what, const std::string& key, bool retry, Call&& call,
+                       std::optional<std::chrono::milliseconds> timeout) {
   for (int attempt = 0;; ++attempt) {
     auto picked = connection();
     grpc::ClientContext context;
-    context.set_deadline(detail::grpcDeadline(Clock::now() + options_.timeout));
+    context.set_deadline(detail::grpcDeadline(Clock::now() + timeout.value_or(options_.timeout)));
     auto [status, response] = call(*picked, context);
     if (status.ok()) return response;
     const auto code = status.error_code();
@@ -243,13 +244,14 @@ int64_t EtcdClient::deleteRange(const std::string& key, const std::string& range
   return response.deleted();
 }
 
-pb::TxnResponse EtcdClient::txn(const pb::TxnRequest& request) {
+pb::TxnResponse EtcdClient::txn(const pb::TxnRequest& request,
+                                std::optional<std::chrono::milliseconds> timeout) {
   const std::string key = request.compare_size() > 0 ? request.compare(0).key() : std::string();
   return unary("txn", key, false, [&](Connection& c, grpc::ClientContext& ctx) {
     pb::TxnResponse reply;
     auto status = c.kv->Txn(&ctx, request, &reply);
     return std::pair{status, std::move(reply)};
-  });
+  }, timeout);
 }
 
 // `compare` is a pb::Compare (void* keeps the protobuf types out of the header).
@@ -343,7 +345,7 @@ int64_t EtcdClient::leaseGrant(std::chrono::seconds ttl) {
   return response.id();
 }
 
-void EtcdClient::leaseRevoke(int64_t lease) {
+void EtcdClient::leaseRevoke(int64_t lease, std::optional<std::chrono::milliseconds> timeout) {
   pb::LeaseRevokeRequest request;
   request.set_id(lease);
   unary("lease revoke", std::to_string(lease), false,
@@ -351,7 +353,8 @@ void EtcdClient::leaseRevoke(int64_t lease) {
           pb::LeaseRevokeResponse reply;
           auto status = c.lease->LeaseRevoke(&ctx, request, &reply);
           return std::pair{status, std::move(reply)};
-        });
+        },
+        timeout);
 }
 
 std::unique_ptr<EtcdKeepAlive> EtcdClient::keepAlive(int64_t lease,

@@ -108,13 +108,15 @@ class EtcdClient {
   // Adds to a decimal integer value (missing counts as 0) by read, then swap on mod_revision,
   // again on a conflict; returns the result. Throws Error when the value is not an integer.
   int64_t add(const std::string& key, int64_t delta);
-  // Any transaction (the raw messages), for what the helpers above do not cover.
-  etcdserverpb::TxnResponse txn(const etcdserverpb::TxnRequest& request);
+  // Any transaction (the raw messages), for what the helpers above do not cover. `timeout`
+  // replaces the client's deadline for this call.
+  etcdserverpb::TxnResponse txn(const etcdserverpb::TxnRequest& request,
+                                std::optional<std::chrono::milliseconds> timeout = {});
 
   // Grants a lease of `ttl` (etcd's minimum with default election settings is 2 s); returns its
   // id. Keys put with it are deleted when it lapses or is revoked.
   int64_t leaseGrant(std::chrono::seconds ttl);
-  void leaseRevoke(int64_t lease);
+  void leaseRevoke(int64_t lease, std::optional<std::chrono::milliseconds> timeout = {});
   // Renews `lease` every `interval` until the returned object is stopped or destroyed.
   std::unique_ptr<EtcdKeepAlive> keepAlive(int64_t lease, std::chrono::milliseconds interval);
 
@@ -139,7 +141,8 @@ class EtcdClient {
   std::shared_ptr<Connection> connection();  // the picked endpoint, picking one if none
   void dropConnection(const std::shared_ptr<Connection>& failed);
   template <typename Call>
-  auto unary(const char* what, const std::string& key, bool retry, Call&& call);
+  auto unary(const char* what, const std::string& key, bool retry, Call&& call,
+             std::optional<std::chrono::milliseconds> timeout = {});
   SwapResult swap(const std::string& key, const void* compare, const std::string& desired,
                   int64_t lease);
 

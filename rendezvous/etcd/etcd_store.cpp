@@ -109,16 +109,23 @@ void EtcdStore::revokeLeases() {
     leases.swap(leases_);
     owned.swap(owned_);
   }
+  bool reachable = true;
   for (auto& [ttl, granted] : leases) {
     granted.keepAlive->stop();
+    if (!reachable) continue;
     try {
-      client_.leaseRevoke(granted.id);
+      client_.leaseRevoke(granted.id, kReleaseTimeout);
+    } catch (const NetworkError&) {
+      reachable = false;  // etcd is gone for now: each further call would wait out its deadline
+    } catch (const TimeoutError&) {
+      reachable = false;
     } catch (const Error&) {
     }
   }
   for (const auto& [key, record] : owned) {
+    if (!reachable) break;
     try {
-      fire(key, record);
+      fire(key, record, kReleaseTimeout);
     } catch (const Error&) {
     }
   }
@@ -286,7 +293,7 @@ void EtcdStore::lease(const std::string& key, const std::string& value,
         lock.unlock();
         granted.keepAlive->stop();
         try {
-          client_.leaseRevoke(granted.id);
+          client_.leaseRevoke(granted.id, kReleaseTimeout);
         } catch (const Error&) {
         }
         requireOpen();  // throws: aborted
@@ -313,7 +320,8 @@ void EtcdStore::lease(const std::string& key, const std::string& value,
   owned_[key] = Record{std::move(unique), response.header().revision()};
 }
 
-void EtcdStore::fire(const std::string& key, const Record& record) {
+void EtcdStore::fire(const std::string& key, const Record& record,
+                     std::optional<std::chrono::milliseconds> timeout) {
   // Only while the record is the one seen: a release, another store's firing or a new lease
   // changed it, and then this transaction changes nothing.
   pb::TxnRequest request;
@@ -330,7 +338,7 @@ void EtcdStore::fire(const std::string& key, const Record& record) {
     put->set_key(dataKey(tripKey));
     put->set_value(tripValue);
   }
-  client_.txn(request);
+  client_.txn(request, timeout);
 }
 
 void EtcdStore::openWatch() {

@@ -54,6 +54,9 @@ class EtcdStore : public LeasingStore {
   // etcd refuses transactions of more than 128 operations by default (--max-txn-ops): larger
   // multiSet() and peek() calls are cut into pieces of this many.
   static constexpr size_t kMaxTxnOps = 128;
+  // The deadline of each call abort() and the destructor make (revoke, fire): they must not
+  // hold up an agent that is stopping when etcd does not answer; the leases then lapse.
+  static constexpr std::chrono::milliseconds kReleaseTimeout{1'000};
 
   // Connects at once (EtcdClient's errors).
   explicit EtcdStore(EtcdStoreOptions options);
@@ -99,7 +102,8 @@ class EtcdStore : public LeasingStore {
   // Applies one batch of watch events: records kept current, deleted leased keys fired.
   void follow(const std::vector<WatchEvent>& events);
   // Writes `key`'s tripwires unless another store did (or the record changed) first.
-  void fire(const std::string& key, const Record& record);
+  void fire(const std::string& key, const Record& record,
+            std::optional<std::chrono::milliseconds> timeout = {});
   void requireOpen() const;
   void revokeLeases();
 
