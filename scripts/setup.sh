@@ -16,6 +16,10 @@ packages=(
   python3-torch libtorch-dev            # real TCPStore clients (Python, C++), real DDP workers
   iproute2 util-linux                   # simulated hosts (scripts/netns.sh): ip, unshare, nsenter
   libslurm-dev slurm-wlm munge          # Slurm: libslurm's hostlists, a local cluster for tests
+  # etcd v3 over gRPC: the C++ runtime, protoc and its gRPC plugin (proto/ is compiled at build
+  # time), gRPC's own schemas, and a real etcd (3.4) with etcdctl for the tests
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler grpc-proto
+  etcd-server etcd-client
 )
 
 missing=()

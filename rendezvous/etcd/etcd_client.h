@@ -1,0 +1,220 @@
+// A blocking client of etcd's v3 API over gRPC (the subset in proto/etcd): reads with their
+// revision, writes, compare-and-swap transactions, an add built on them, leases with a
+// keep-alive stream, and watches that deliver a key range's events in revision order.
+//
+// Endpoints: the client dials the first endpoint of the list that connects (all are tried at
+// once, up to connectTimeout) and stays on it; a call that finds it UNAVAILABLE throws
+// NetworkError naming it, and the next call picks again. Reads (range, get) are retried once on
+// the newly picked endpoint; writes never are, since one may have applied before the failure:
+// the caller re-reads and decides again. Every error is one line naming the endpoint.
+//
+// Threads: every method is thread-safe (gRPC stubs are). EtcdKeepAlive runs one thread of its
+// own (why: see there); EtcdWatch runs none, its owner's thread drives it.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "rendezvous/etcd/endpoints.h"
+
+namespace grpc {
+class Channel;
+}
+namespace etcdserverpb {
+class TxnRequest;
+class TxnResponse;
+}
+
+namespace dlrun::rendezvous::etcd {
+
+struct EtcdClientOptions {
+  std::vector<Endpoint> endpoints;
+  // The deadline of every unary call.
+  std::chrono::milliseconds timeout{10'000};
+  // How long picking an endpoint may take before NetworkError names them all.
+  std::chrono::milliseconds connectTimeout{5'000};
+};
+
+struct KeyValue {
+  std::string key;
+  std::string value;
+  int64_t createRevision = 0;
+  int64_t modRevision = 0;
+  int64_t version = 0;
+  int64_t lease = 0;
+};
+
+struct RangeResult {
+  std::vector<KeyValue> kvs;
+  int64_t revision = 0;  // the store's revision the read saw: watch from revision + 1
+};
+
+// What a compare-and-swap did. When it swapped, `current` is the written value at `revision`
+// (key, value and modRevision filled); when not, it is what the key holds (empty: missing), read
+// in the same transaction.
+struct SwapResult {
+  bool swapped = false;
+  std::optional<KeyValue> current;
+  int64_t revision = 0;
+};
+
+struct WatchEvent {
+  enum class Type { Put, Delete };
+  Type type = Type::Put;
+  KeyValue kv;  // a Delete has the key and modRevision = the deletion's revision
+};
+
+class EtcdKeepAlive;
+class EtcdWatch;
+
+class EtcdClient {
+ public:
+  // Picks an endpoint at once; throws ConfigError for an empty list, NetworkError when none
+  // connects within connectTimeout.
+  explicit EtcdClient(EtcdClientOptions options);
+  ~EtcdClient();
+  EtcdClient(const EtcdClient&) = delete;
+  EtcdClient& operator=(const EtcdClient&) = delete;
+
+  // [key, rangeEnd), or the key alone when rangeEnd is empty; at `revision` when > 0.
+  RangeResult range(const std::string& key, const std::string& rangeEnd = {},
+                    int64_t revision = 0);
+  RangeResult rangePrefix(const std::string& prefix) { return range(prefix, prefixEnd(prefix)); }
+  std::optional<KeyValue> get(const std::string& key);
+  // How many keys [key, rangeEnd) holds, without reading them.
+  int64_t count(const std::string& key, const std::string& rangeEnd);
+  // Returns the revision of the write. lease 0: none.
+  int64_t put(const std::string& key, const std::string& value, int64_t lease = 0);
+  // Returns how many keys were deleted.
+  int64_t deleteRange(const std::string& key, const std::string& rangeEnd = {});
+  bool deleteKey(const std::string& key) { return deleteRange(key) > 0; }
+
+  // Compare-and-swap, one Txn each: put when the key is missing (create_revision == 0), when
+  // its value equals `expected` (a missing key never does), or when its mod_revision equals
+  // `modRevision` (0: missing).
+  SwapResult putIfAbsent(const std::string& key, const std::string& value, int64_t lease = 0);
+  SwapResult putIfValue(const std::string& key, const std::string& expected,
+                        const std::string& desired, int64_t lease = 0);
+  SwapResult putIfRevision(const std::string& key, int64_t modRevision,
+                           const std::string& desired, int64_t lease = 0);
+  // Adds to a decimal integer value (missing counts as 0) by read, then swap on mod_revision,
+  // again on a conflict; returns the result. Throws Error when the value is not an integer.
+  int64_t add(const std::string& key, int64_t delta);
+  // Any transaction (the raw messages), for what the helpers above do not cover. `timeout`
+  // replaces the client's deadline for this call.
+  etcdserverpb::TxnResponse txn(const etcdserverpb::TxnRequest& request,
+                                std::optional<std::chrono::milliseconds> timeout = {});
+
+  // Grants a lease of `ttl` (etcd's minimum with default election settings is 2 s); returns its
+  // id. Keys put with it are deleted when it lapses or is revoked.
+  int64_t leaseGrant(std::chrono::seconds ttl);
+  void leaseRevoke(int64_t lease, std::optional<std::chrono::milliseconds> timeout = {});
+  // Renews `lease` every `interval` until the returned object is stopped or destroyed.
+  std::unique_ptr<EtcdKeepAlive> keepAlive(int64_t lease, std::chrono::milliseconds interval);
+
+  // Watches [key, rangeEnd) (the key alone when empty) from `startRevision` (0: from now);
+  // returns once etcd confirmed the watch, so every later change is seen.
+  std::unique_ptr<EtcdWatch> watch(const std::string& key, const std::string& rangeEnd,
+                                   int64_t startRevision);
+  std::unique_ptr<EtcdWatch> watchPrefix(const std::string& prefix, int64_t startRevision) {
+    return watch(prefix, prefixEnd(prefix), startRevision);
+  }
+
+  // The endpoint in use ("" before one is picked again after a failure).
+  std::string endpoint() const;
+  const EtcdClientOptions& options() const { return options_; }
+
+  // The range_end covering every key that starts with `prefix`: its last byte below 0xff
+  // incremented, later bytes dropped; "\0" (everything) when there is none.
+  static std::string prefixEnd(const std::string& prefix);
+
+ private:
+  struct Connection;
+  std::shared_ptr<Connection> connection();  // the picked endpoint, picking one if none
+  void dropConnection(const std::shared_ptr<Connection>& failed);
+  template <typename Call>
+  auto unary(const char* what, const std::string& key, bool retry, Call&& call,
+             std::optional<std::chrono::milliseconds> timeout = {});
+  SwapResult swap(const std::string& key, const void* compare, const std::string& desired,
+                  int64_t lease);
+
+  const EtcdClientOptions options_;
+  mutable std::mutex mutex_;
+  std::shared_ptr<Connection> connection_;
+};
+
+// Keeps one lease alive over one LeaseKeepAlive stream. It owns a thread: gRPC's synchronous
+// stream blocks in Read, and renewals must go on while the lease's owner is blocked elsewhere
+// (a wait, a watch); the thread sleeps between renewals on a condition variable, so stop()
+// ends it at once. A lease etcd reports gone (TTL <= 0) or a failed stream stops the renewals:
+// alive() turns false and failure() says why, and the lease lapses after its TTL.
+class EtcdKeepAlive {
+ public:
+  EtcdKeepAlive(std::shared_ptr<grpc::Channel> channel, std::string endpoint, int64_t lease,
+                std::chrono::milliseconds interval);
+  ~EtcdKeepAlive();  // stop()
+  EtcdKeepAlive(const EtcdKeepAlive&) = delete;
+  EtcdKeepAlive& operator=(const EtcdKeepAlive&) = delete;
+
+  // Ends the renewals (the lease itself lives on until its TTL passes); idempotent.
+  void stop();
+  bool alive() const { return alive_; }
+  std::string failure() const;
+  int64_t lease() const { return lease_; }
+  // Renewals etcd acknowledged.
+  int64_t renewals() const { return renewals_; }
+
+ private:
+  struct Stream;
+  void run();
+  void fail(std::string why);
+
+  const std::string endpoint_;
+  const int64_t lease_;
+  const std::chrono::milliseconds interval_;
+  std::unique_ptr<Stream> stream_;
+  std::atomic<bool> alive_{true};
+  std::atomic<int64_t> renewals_{0};
+  mutable std::mutex mutex_;
+  std::condition_variable wake_;
+  bool stopping_ = false;
+  std::string failure_;
+  std::mutex joinMutex_;
+  std::thread thread_;
+};
+
+// One watch on its own Watch stream, driven by its owner's thread through a completion queue:
+// next() waits for the next batch of events up to a timeout. Events arrive in revision order,
+// each once. cancel() may be called from any thread and makes a blocked next() throw.
+class EtcdWatch {
+ public:
+  EtcdWatch(std::shared_ptr<grpc::Channel> channel, std::string endpoint, std::string key,
+            std::string rangeEnd, int64_t startRevision, std::chrono::milliseconds timeout);
+  ~EtcdWatch();
+  EtcdWatch(const EtcdWatch&) = delete;
+  EtcdWatch& operator=(const EtcdWatch&) = delete;
+
+  // The next events, or none when `timeout` passed first. Throws NetworkError when the stream
+  // ends (a failed endpoint, cancel()), Error when etcd cancelled the watch (its start revision
+  // was compacted: re-read, then watch again from the read's revision + 1).
+  std::vector<WatchEvent> next(std::chrono::milliseconds timeout);
+  void cancel();
+  // The revision of the last event delivered (or the start revision - 1): a watch resumed from
+  // lastRevision() + 1 misses nothing and repeats nothing.
+  int64_t lastRevision() const { return lastRevision_; }
+
+ private:
+  struct Stream;
+  std::unique_ptr<Stream> stream_;
+  int64_t lastRevision_ = 0;
+};
+
+}  // namespace dlrun::rendezvous::etcd

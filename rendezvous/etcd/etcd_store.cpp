@@ -1,0 +1,429 @@
+#include "rendezvous/etcd/etcd_store.h"
+
+#include <algorithm>
+#include <charconv>
+#include <optional>
+#include <set>
+
+#include "common/clock.h"
+#include "common/error.h"
+#include "etcd/rpc.pb.h"
+
+namespace dlrun::rendezvous::etcd {
+namespace detail {
+namespace {
+
+namespace pb = etcdserverpb;
+using Tripwires = std::vector<std::pair<std::string, std::string>>;
+
+// A tripwire record: "<length>:<bytes>" for each key, then its value. Binary-safe and read
+// only by EtcdStore.
+std::string encodeTripwires(const Tripwires& tripwires) {
+  std::string out;
+  for (const auto& [key, value] : tripwires) {
+    for (const std::string* text : {&key, &value}) {
+      out += std::to_string(text->size());
+      out += ':';
+      out += *text;
+    }
+  }
+  return out;
+}
+
+// nullopt for a record some other program wrote: it is not fired.
+std::optional<Tripwires> decodeTripwires(std::string_view text) {
+  Tripwires out;
+  std::vector<std::string> fields;
+  while (!text.empty()) {
+    size_t length = 0;
+    const auto colon = text.find(':');
+    if (colon == std::string_view::npos) return std::nullopt;
+    const auto [end, error] = std::from_chars(text.data(), text.data() + colon, length);
+    if (error != std::errc() || end != text.data() + colon || text.size() - colon - 1 < length)
+      return std::nullopt;
+    fields.emplace_back(text.substr(colon + 1, length));
+    text.remove_prefix(colon + 1 + length);
+  }
+  if (fields.size() % 2 != 0) return std::nullopt;
+  for (size_t i = 0; i < fields.size(); i += 2) out.emplace_back(fields[i], fields[i + 1]);
+  return out;
+}
+
+Clock::time_point deadlineAfter(std::chrono::milliseconds timeout) {
+  const auto now = Clock::now();
+  const auto room = std::chrono::duration_cast<std::chrono::milliseconds>(
+      Clock::time_point::max() - now);
+  return timeout >= room ? Clock::time_point::max() : now + timeout;
+}
+
+pb::Compare compare(const std::string& key, pb::Compare::CompareTarget target) {
+  pb::Compare c;
+  c.set_key(key);
+  c.set_target(target);
+  c.set_result(pb::Compare::EQUAL);
+  return c;
+}
+
+}  // namespace
+}  // namespace detail
+
+namespace pb = etcdserverpb;
+
+EtcdStore::EtcdStore(EtcdStoreOptions options)
+    : options_(std::move(options)),
+      dataPrefix_(options_.prefix + "kv/"),
+      recordPrefix_(options_.prefix + "tripwires/"),
+      client_(options_.client) {}
+
+EtcdStore::~EtcdStore() {
+  {
+    std::lock_guard lock(mutex_);
+    aborted_ = true;
+  }
+  revokeLeases();
+}
+
+void EtcdStore::requireOpen() const {
+  std::lock_guard lock(mutex_);
+  if (aborted_) throw NetworkError("etcd " + client_.options().endpoints.front().text() +
+                                   ": the store connection was aborted");
+}
+
+void EtcdStore::abort() {
+  {
+    std::lock_guard lock(mutex_);
+    if (aborted_) return;
+    aborted_ = true;
+    if (liveWatch_) liveWatch_->cancel();  // a blocked wait throws at once
+  }
+  revokeLeases();
+}
+
+// Revoking deletes the keys at once; then this store fires their tripwires itself, so no
+// watcher is needed. Best effort: an unreachable etcd lets the leases lapse instead.
+void EtcdStore::revokeLeases() {
+  std::map<int64_t, Granted> leases;
+  std::map<std::string, Record> owned;
+  {
+    std::lock_guard lock(mutex_);
+    leases.swap(leases_);
+    owned.swap(owned_);
+  }
+  bool reachable = true;
+  for (auto& [ttl, granted] : leases) {
+    granted.keepAlive->stop();
+    if (!reachable) continue;
+    try {
+      client_.leaseRevoke(granted.id, kReleaseTimeout);
+    } catch (const NetworkError&) {
+      reachable = false;  // etcd is gone for now: each further call would wait out its deadline
+    } catch (const TimeoutError&) {
+      reachable = false;
+    } catch (const Error&) {
+    }
+  }
+  for (const auto& [key, record] : owned) {
+    if (!reachable) break;
+    try {
+      fire(key, record, kReleaseTimeout);
+    } catch (const Error&) {
+    }
+  }
+}
+
+std::vector<std::optional<std::string>> EtcdStore::read(const std::vector<std::string>& keys) {
+  requireOpen();
+  std::vector<std::optional<std::string>> out;
+  out.reserve(keys.size());
+  for (size_t start = 0; start < keys.size(); start += kMaxTxnOps) {
+    const size_t end = std::min(keys.size(), start + kMaxTxnOps);
+    pb::TxnRequest request;  // no compare: `success` runs, all reads at one revision
+    for (size_t i = start; i < end; ++i)
+      request.add_success()->mutable_request_range()->set_key(dataKey(keys[i]));
+    const auto response = client_.txn(request);
+    for (int i = 0; i < response.responses_size(); ++i) {
+      const auto& range = response.responses(i).response_range();
+      if (range.kvs_size() > 0) {
+        out.emplace_back(range.kvs(0).value());
+      } else {
+        out.emplace_back(std::nullopt);
+      }
+    }
+  }
+  return out;
+}
+
+void EtcdStore::set(const std::string& key, const std::string& value) {
+  requireOpen();
+  client_.put(dataKey(key), value);
+}
+
+std::string EtcdStore::get(const std::string& key) {
+  wait({key}, options_.timeout);
+  return read({key}).front().value_or("");  // deleted in between: empty, as dlrund's GET
+}
+
+int64_t EtcdStore::add(const std::string& key, int64_t delta) {
+  requireOpen();
+  return client_.add(dataKey(key), delta);
+}
+
+std::string EtcdStore::compareSet(const std::string& key, const std::string& expected,
+                                  const std::string& desired) {
+  requireOpen();
+  const std::string k = dataKey(key);
+  if (!expected.empty()) {
+    auto result = client_.putIfValue(k, expected, desired);
+    if (result.swapped) return desired;
+    return result.current ? result.current->value : expected;
+  }
+  // An empty `expected` matches a missing key and an empty value: etcd compares one of them
+  // per transaction, so try missing first, then the empty value at the revision read.
+  auto result = client_.putIfAbsent(k, desired);
+  while (!result.swapped) {
+    if (!result.current) {
+      result = client_.putIfAbsent(k, desired);  // deleted meanwhile
+    } else if (result.current->value.empty()) {
+      result = client_.putIfRevision(k, result.current->modRevision, desired);
+    } else {
+      return result.current->value;
+    }
+  }
+  return desired;
+}
+
+bool EtcdStore::deleteKey(const std::string& key) {
+  requireOpen();
+  // The record goes in the same transaction (and first), so watchers see a release, not a
+  // lapse, and fire nothing.
+  pb::TxnRequest request;
+  request.add_success()->mutable_request_delete_range()->set_key(recordKey(key));
+  request.add_success()->mutable_request_delete_range()->set_key(dataKey(key));
+  const auto response = client_.txn(request);
+  {
+    std::lock_guard lock(mutex_);
+    owned_.erase(key);
+  }
+  return response.responses_size() == 2 &&
+         response.responses(1).response_delete_range().deleted() > 0;
+}
+
+bool EtcdStore::check(const std::vector<std::string>& keys) {
+  const auto values = read(keys);
+  return std::all_of(values.begin(), values.end(), [](const auto& v) { return v.has_value(); });
+}
+
+int64_t EtcdStore::numKeys() {
+  requireOpen();
+  return client_.count(dataPrefix_, EtcdClient::prefixEnd(dataPrefix_));
+}
+
+void EtcdStore::append(const std::string& key, const std::string& value) {
+  requireOpen();
+  const std::string k = dataKey(key);
+  auto result = client_.putIfRevision(k, 0, value);  // missing, most likely for a new key
+  while (!result.swapped) {
+    const int64_t revision = result.current ? result.current->modRevision : 0;
+    const std::string base = result.current ? result.current->value : std::string();
+    result = client_.putIfRevision(k, revision, base + value);
+  }
+}
+
+std::vector<std::string> EtcdStore::multiGet(const std::vector<std::string>& keys) {
+  wait(keys, options_.timeout);
+  return peek(keys);
+}
+
+void EtcdStore::multiSet(const std::vector<std::string>& keys,
+                         const std::vector<std::string>& values) {
+  requireSameLength(keys, values);
+  requireOpen();
+  // etcd refuses a transaction that writes a key twice: the last value of a key wins, as it
+  // would writing them one by one.
+  std::map<std::string, size_t> last;
+  for (size_t i = 0; i < keys.size(); ++i) last[keys[i]] = i;
+  std::vector<size_t> order;
+  for (size_t i = 0; i < keys.size(); ++i)
+    if (last[keys[i]] == i) order.push_back(i);
+  for (size_t start = 0; start < order.size(); start += kMaxTxnOps) {
+    pb::TxnRequest request;
+    for (size_t j = start; j < std::min(order.size(), start + kMaxTxnOps); ++j) {
+      auto* put = request.add_success()->mutable_request_put();
+      put->set_key(dataKey(keys[order[j]]));
+      put->set_value(values[order[j]]);
+    }
+    client_.txn(request);
+  }
+}
+
+std::vector<std::string> EtcdStore::peek(const std::vector<std::string>& keys) {
+  std::vector<std::string> out;
+  for (auto& value : read(keys)) out.push_back(value.value_or(""));
+  return out;
+}
+
+void EtcdStore::lease(const std::string& key, const std::string& value,
+                      std::chrono::milliseconds ttl,
+                      const std::vector<std::pair<std::string, std::string>>& tripwires) {
+  requirePositiveTtl(key, ttl);
+  requireOpen();
+  // etcd counts whole seconds and refuses less than its minimum (2 s by default).
+  const int64_t seconds = std::max<int64_t>(2, (ttl.count() + 999) / 1000);
+  int64_t id = 0;
+  {
+    std::lock_guard granting(grantMutex_);
+    {
+      std::lock_guard lock(mutex_);
+      auto it = leases_.find(seconds);
+      if (it != leases_.end() && !it->second.keepAlive->alive()) {
+        leases_.erase(it);  // lapsed or lost: its keys are gone, as on a dropped connection
+      } else if (it != leases_.end()) {
+        id = it->second.id;
+      }
+    }
+    if (id == 0) {
+      Granted granted;
+      granted.id = client_.leaseGrant(std::chrono::seconds(seconds));
+      // A third of the TTL: two renewals may go missing before the lease lapses.
+      granted.keepAlive =
+          client_.keepAlive(granted.id, std::chrono::milliseconds(seconds * 1000 / 3));
+      id = granted.id;
+      std::unique_lock lock(mutex_);
+      if (aborted_) {  // abort() came during the grant: this lease is not kept either
+        lock.unlock();
+        granted.keepAlive->stop();
+        try {
+          client_.leaseRevoke(granted.id, kReleaseTimeout);
+        } catch (const Error&) {
+        }
+        requireOpen();  // throws: aborted
+      }
+      leases_.emplace(seconds, std::move(granted));
+    }
+  }
+  // Tripwires on one key once (etcd refuses a transaction that writes a key twice); the first
+  // one stands, as when they are set one after another only where absent.
+  detail::Tripwires unique;
+  std::set<std::string> seen;
+  for (const auto& tripwire : tripwires)
+    if (seen.insert(tripwire.first).second) unique.push_back(tripwire);
+  pb::TxnRequest request;
+  auto* record = request.add_success()->mutable_request_put();
+  record->set_key(recordKey(key));
+  record->set_value(detail::encodeTripwires(unique));
+  auto* put = request.add_success()->mutable_request_put();
+  put->set_key(dataKey(key));
+  put->set_value(value);
+  put->set_lease(id);
+  const auto response = client_.txn(request);
+  std::lock_guard lock(mutex_);
+  owned_[key] = Record{std::move(unique), response.header().revision()};
+}
+
+void EtcdStore::fire(const std::string& key, const Record& record,
+                     std::optional<std::chrono::milliseconds> timeout) {
+  // Only while the record is the one seen: a release, another store's firing or a new lease
+  // changed it, and then this transaction changes nothing.
+  pb::TxnRequest request;
+  auto guard = detail::compare(recordKey(key), pb::Compare::MOD);
+  guard.set_mod_revision(record.revision);
+  *request.add_compare() = guard;
+  request.add_success()->mutable_request_delete_range()->set_key(recordKey(key));
+  for (const auto& [tripKey, tripValue] : record.tripwires) {
+    auto* nested = request.add_success()->mutable_request_txn();
+    auto absent = detail::compare(dataKey(tripKey), pb::Compare::CREATE);
+    absent.set_create_revision(0);
+    *nested->add_compare() = absent;
+    auto* put = nested->add_success()->mutable_request_put();
+    put->set_key(dataKey(tripKey));
+    put->set_value(tripValue);
+  }
+  client_.txn(request, timeout);
+}
+
+void EtcdStore::openWatch() {
+  // Records first, then the watch from the revision after that read: no change is missed.
+  const auto records = client_.rangePrefix(recordPrefix_);
+  records_.clear();
+  for (const auto& kv : records.kvs) {
+    auto tripwires = detail::decodeTripwires(kv.value);
+    if (!tripwires) continue;
+    records_[kv.key.substr(recordPrefix_.size())] = Record{std::move(*tripwires), kv.modRevision};
+  }
+  watch_ = client_.watchPrefix(options_.prefix, records.revision + 1);
+  {
+    std::lock_guard lock(mutex_);
+    liveWatch_ = watch_.get();
+    if (aborted_) watch_->cancel();
+  }
+  // A record whose key is gone outlived a lease that lapsed while no store watched: fire it now.
+  std::vector<std::string> keys;
+  for (const auto& [key, record] : records_) keys.push_back(key);
+  const auto values = read(keys);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (!values[i]) {
+      fire(keys[i], records_[keys[i]]);
+      records_.erase(keys[i]);
+    }
+  }
+}
+
+void EtcdStore::follow(const std::vector<WatchEvent>& events) {
+  // Per revision: its record changes first (a release deletes the record with the key, in one
+  // transaction), then its deleted keys that still have a record are lapsed leases.
+  for (size_t i = 0; i < events.size();) {
+    size_t j = i;
+    while (j < events.size() && events[j].kv.modRevision == events[i].kv.modRevision) ++j;
+    for (size_t e = i; e < j; ++e) {
+      const auto& kv = events[e].kv;
+      if (!kv.key.starts_with(recordPrefix_)) continue;
+      const std::string key = kv.key.substr(recordPrefix_.size());
+      if (events[e].type == WatchEvent::Type::Delete) {
+        records_.erase(key);
+      } else if (auto tripwires = detail::decodeTripwires(kv.value)) {
+        records_[key] = Record{std::move(*tripwires), kv.modRevision};
+      }
+    }
+    for (size_t e = i; e < j; ++e) {
+      const auto& kv = events[e].kv;
+      if (events[e].type != WatchEvent::Type::Delete || !kv.key.starts_with(dataPrefix_)) continue;
+      const auto it = records_.find(kv.key.substr(dataPrefix_.size()));
+      if (it == records_.end()) continue;
+      fire(it->first, it->second);
+      records_.erase(it);
+    }
+    i = j;
+  }
+}
+
+bool EtcdStore::waitFor(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) {
+  requireOpen();
+  const auto deadline = detail::deadlineAfter(timeout);
+  std::unique_lock lock(watchMutex_, std::defer_lock);
+  if (deadline == Clock::time_point::max()) {
+    lock.lock();
+  } else if (!lock.try_lock_until(deadline)) {
+    return check(keys);  // another wait held the watch all along
+  }
+  try {
+    if (!watch_) openWatch();
+    std::set<std::string> waited;
+    for (const auto& key : keys) waited.insert(dataKey(key));
+    bool recheck = true;
+    while (true) {
+      if (recheck && check(keys)) return true;
+      const auto now = Clock::now();
+      if (now >= deadline) return false;
+      const auto events = watch_->next(
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now));
+      follow(events);
+      recheck = std::any_of(events.begin(), events.end(),
+                            [&](const WatchEvent& e) { return waited.count(e.kv.key) > 0; });
+    }
+  } catch (const Error&) {
+    requireOpen();  // an abort() is named as such
+    throw;
+  }
+}
+
+}  // namespace dlrun::rendezvous::etcd

@@ -1,0 +1,133 @@
+// The LeasingStore of leasing_store.h on etcd, so that ElasticRendezvous runs its rounds on an
+// etcd cluster through ElasticOptions::connect. Keys live under `prefix` + "kv/"; values are
+// etcd values. One EtcdStore is one "connection": its leases live and die together.
+//
+// Leases: the first lease() grants one etcd lease (TTL rounded up to whole seconds, at least
+// etcd's minimum of 2 s) and keeps it alive on one LeaseKeepAlive stream (EtcdKeepAlive's
+// thread). A killed process stops renewing, so its keys lapse after the TTL; abort() and the
+// destructor revoke the lease, so its keys go at once, as a closing dlrund connection does.
+//
+// Tripwires, emulated: etcd only deletes a leased key. lease() writes, in the same transaction,
+// a record of the key's tripwires under `prefix` + "tripwires/" (not leased). Every EtcdStore
+// that waits watches the whole prefix; when it sees a leased key deleted while its record still
+// stands, it writes the tripwires in one transaction guarded by the record's revision, each one
+// only if its key is absent (create_revision == 0), and deletes the record: the first writer
+// wins, as in dlrund, and the others' transactions change nothing. deleteKey() deletes the
+// record and the key together, so a release never fires. The store that aborts fires its own
+// tripwires too, so no watcher is needed for that case, and a store that starts to wait fires
+// the records whose key is already gone. Limits of the emulation: a lapse fires only once some
+// store of the job waits (the rendezvous always has one waiting), and a key leased again by its
+// holder before anyone fired loses the old firing.
+//
+// Waits: waitFor() reads the keys, then follows the watch until they exist. The watch is
+// opened by the first wait and kept, so no event is missed between waits; its events are those
+// of the whole prefix (O(N) per round per waiting store; a narrower watch is future work).
+//
+// Threads: every method is thread-safe; waits on one store run one at a time (one watch per
+// store), and abort() may come from any thread, cutting a blocked wait at once.
+#pragma once
+
+#include <chrono>
+#include <map>
+#include <optional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "rendezvous/etcd/etcd_client.h"
+#include "rendezvous/store/leasing_store.h"
+
+namespace dlrun::rendezvous::etcd {
+
+struct EtcdStoreOptions {
+  EtcdClientOptions client;
+  // Every key of this store lives under it; the stores of one job share it.
+  std::string prefix = "dlrun/store/";
+  // How long get() and multiGet() wait for keys.
+  std::chrono::milliseconds timeout = Store::kDefaultTimeout;
+};
+
+class EtcdStore : public LeasingStore {
+ public:
+  // etcd refuses transactions of more than 128 operations by default (--max-txn-ops): larger
+  // multiSet() and peek() calls are cut into pieces of this many.
+  static constexpr size_t kMaxTxnOps = 128;
+  // The deadline of each call abort() and the destructor make (revoke, fire): they must not
+  // hold up an agent that is stopping when etcd does not answer; the leases then lapse.
+  static constexpr std::chrono::milliseconds kReleaseTimeout{1'000};
+
+  // Connects at once (EtcdClient's errors).
+  explicit EtcdStore(EtcdStoreOptions options);
+  ~EtcdStore() override;  // revokes this store's leases, firing their tripwires
+  EtcdStore(const EtcdStore&) = delete;
+  EtcdStore& operator=(const EtcdStore&) = delete;
+
+  void set(const std::string& key, const std::string& value) override;
+  std::string get(const std::string& key) override;
+  int64_t add(const std::string& key, int64_t delta) override;
+  // PyTorch's semantics, as dlrund's: a missing key is created only when `expected` is empty;
+  // returns the value stored afterwards (`expected` when the key is missing and not created).
+  std::string compareSet(const std::string& key, const std::string& expected,
+                         const std::string& desired) override;
+  bool deleteKey(const std::string& key) override;
+  bool check(const std::vector<std::string>& keys) override;
+  int64_t numKeys() override;
+  void append(const std::string& key, const std::string& value) override;
+  std::vector<std::string> multiGet(const std::vector<std::string>& keys) override;
+  void multiSet(const std::vector<std::string>& keys,
+                const std::vector<std::string>& values) override;
+
+  void lease(const std::string& key, const std::string& value, std::chrono::milliseconds ttl,
+             const std::vector<std::pair<std::string, std::string>>& tripwires) override;
+  bool waitFor(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override;
+  std::vector<std::string> peek(const std::vector<std::string>& keys) override;
+  // Every later call throws NetworkError; a blocked wait throws at once.
+  void abort() override;
+
+  EtcdClient& client() { return client_; }
+
+ private:
+  struct Record {  // a leased key's tripwires, as stored, and the record's revision
+    std::vector<std::pair<std::string, std::string>> tripwires;
+    int64_t revision = 0;
+  };
+
+  std::string dataKey(const std::string& key) const { return dataPrefix_ + key; }
+  std::string recordKey(const std::string& key) const { return recordPrefix_ + key; }
+  // Each key's value, or nothing when missing, in as few transactions as kMaxTxnOps allows.
+  std::vector<std::optional<std::string>> read(const std::vector<std::string>& keys);
+  void openWatch();  // with watchMutex_ held
+  // Applies one batch of watch events: records kept current, deleted leased keys fired.
+  void follow(const std::vector<WatchEvent>& events);
+  // Writes `key`'s tripwires unless another store did (or the record changed) first.
+  void fire(const std::string& key, const Record& record,
+            std::optional<std::chrono::milliseconds> timeout = {});
+  void requireOpen() const;
+  void revokeLeases();
+
+  const EtcdStoreOptions options_;
+  const std::string dataPrefix_;
+  const std::string recordPrefix_;
+  EtcdClient client_;
+
+  std::mutex grantMutex_;     // one lease grant at a time, outside mutex_ (a round trip)
+  mutable std::mutex mutex_;  // leases_, owned_, aborted_, liveWatch_: never held over a call
+  struct Granted {
+    int64_t id = 0;
+    std::unique_ptr<EtcdKeepAlive> keepAlive;
+  };
+  std::map<int64_t, Granted> leases_;  // by TTL in seconds
+  std::map<std::string, Record> owned_;  // this store's leased keys, fired on abort()
+  bool aborted_ = false;
+
+  // One wait at a time: watch_ and records_. Timed, so a wait queued behind another still
+  // gives up on time.
+  std::timed_mutex watchMutex_;
+  std::unique_ptr<EtcdWatch> watch_;
+  std::map<std::string, Record> records_;  // every leased key's record under the prefix
+  EtcdWatch* liveWatch_ = nullptr;  // watch_ while a wait may block on it (under mutex_)
+};
+
+}  // namespace dlrun::rendezvous::etcd

@@ -1,0 +1,114 @@
+// ElasticRendezvous on etcd: the same round protocol as on dlrund, reached through
+// ElasticOptions::connect with EtcdStore connections to a real etcd (tests/etcd_server.h).
+// Three agents form a round; one lost agent (interrupt(), which aborts its store and revokes
+// its lease) ends the round for the others, who meet again without it.
+#include <gtest/gtest.h>
+
+#include <future>
+#include <set>
+
+#include "common/clock.h"
+#include "rendezvous/elastic_rendezvous.h"
+#include "rendezvous/etcd/etcd_store.h"
+#include "tests/etcd_server.h"
+
+namespace dlrun::rendezvous {
+namespace {
+
+using namespace std::chrono_literals;
+using Kind = RoundEnd::Kind;
+
+[[maybe_unused]] auto* const environment =
+    ::testing::AddGlobalTestEnvironment(new test::EtcdEnvironment);
+
+class EtcdRendezvousTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    server = test::sharedEtcd();
+    ASSERT_NE(server, nullptr) << "etcd is not running";
+    // A clean slate, also when the test runs again (--gtest_repeat) against the same etcd.
+    etcd::EtcdClient({.endpoints = server->endpoints()})
+        .deleteRange(prefix(), etcd::EtcdClient::prefixEnd(prefix()));
+  }
+
+  static std::string prefix() {
+    return std::string("rdzv/") +
+           ::testing::UnitTest::GetInstance()->current_test_info()->name() + "/";
+  }
+
+  ElasticOptions options(int minNodes, int maxNodes, const std::string& name) {
+    ElasticOptions o;
+    o.runId = ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    o.minNodes = minNodes;
+    o.maxNodes = maxNodes;
+    o.storeHost = "127.0.0.1";
+    o.storePort = server->clientPort();
+    o.self.addr = "127.0.0.1";
+    o.self.name = name;
+    o.self.nproc = 2;
+    o.lastCall = 60s;  // every round here closes at its target size
+    o.joinTimeout = 20s;
+    o.heartbeat = 200ms;
+    o.leaseTtl = 2s;  // etcd's minimum
+    o.connect = [endpoints = server->endpoints(), prefix = prefix()] {
+      return std::make_unique<etcd::EtcdStore>(etcd::EtcdStoreOptions{
+          .client = {.endpoints = endpoints, .timeout = 5s, .connectTimeout = 2s},
+          .prefix = prefix,
+          .timeout = 5s});
+    };
+    return o;
+  }
+
+  static std::vector<World> formRound(const std::vector<ElasticRendezvous*>& agents) {
+    std::vector<std::future<JoinResult>> joins;
+    for (auto* agent : agents)
+      joins.push_back(std::async(std::launch::async, [agent] { return agent->next(); }));
+    std::vector<World> worlds;
+    for (auto& join : joins) worlds.push_back(std::get<World>(join.get()));
+    return worlds;
+  }
+
+  test::EtcdServer* server = nullptr;
+};
+
+TEST_F(EtcdRendezvousTest, ThreeAgentsFormARoundAndALostOneEndsItForTheOthers) {
+  std::vector<std::unique_ptr<ElasticRendezvous>> agents;
+  for (int i = 0; i < 3; ++i)
+    agents.push_back(std::make_unique<ElasticRendezvous>(options(2, 3, "node" + std::to_string(i))));
+  const auto worlds = formRound({agents[0].get(), agents[1].get(), agents[2].get()});
+  std::set<int> groupRanks;
+  for (const World& world : worlds) {
+    groupRanks.insert(world.groupRank);
+    EXPECT_EQ(world.round, 0);
+    EXPECT_EQ(world.groupWorldSize, 3);
+    EXPECT_EQ(world.worldSize, 6);
+    EXPECT_EQ(world.baseRank, 2 * world.groupRank);
+    EXPECT_EQ(world.workerEndpoints, worlds[0].workerEndpoints);
+  }
+  EXPECT_EQ(groupRanks, (std::set<int>{0, 1, 2}));
+
+  // node2 is lost: its store is aborted and its lease revoked; a survivor's watch fires the
+  // tripwires of its record, and `end` says who was lost.
+  std::vector<std::future<RoundEnd>> ends;
+  for (int i = 0; i < 2; ++i) {
+    ends.push_back(std::async(std::launch::async, [&, i] { return agents[i]->awaitEnd(); }));
+  }
+  const auto lost = Clock::now();
+  agents[2]->interrupt();
+  for (auto& end : ends) {
+    const RoundEnd e = end.get();
+    EXPECT_EQ(e.kind, Kind::NodeLost) << e.describe();
+    EXPECT_NE(e.node.find("node2"), std::string::npos) << e.describe();
+  }
+  EXPECT_LT(Clock::now() - lost, 3s);
+  agents.pop_back();
+
+  // The survivors meet again without it.
+  for (const World& world : formRound({agents[0].get(), agents[1].get()})) {
+    EXPECT_EQ(world.round, 1);
+    EXPECT_EQ(world.groupWorldSize, 2);
+  }
+}
+
+}  // namespace
+}  // namespace dlrun::rendezvous

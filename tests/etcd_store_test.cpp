@@ -1,0 +1,252 @@
+// EtcdStore, the LeasingStore on etcd, against a real etcd (tests/etcd_server.h): every op with
+// dlrund's semantics, waits, and leases with emulated tripwires, fired by an abort, by a
+// watcher when a lease is revoked elsewhere, and by a watcher when the holder is killed (a
+// helper process: this program run again with DLRUN_ETCD_HELPER set, then SIGKILLed).
+#include "rendezvous/etcd/etcd_store.h"
+
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <future>
+#include <sstream>
+#include <thread>
+
+#include "common/clock.h"
+#include "common/error.h"
+#include "tests/etcd_server.h"
+
+namespace dlrun::rendezvous::etcd {
+namespace {
+
+using namespace std::chrono_literals;
+
+// "PORT PREFIX" in a helper process: the etcd and the keys of the test that started it.
+const char* helperArgument() { return std::getenv("DLRUN_ETCD_HELPER"); }
+
+EtcdStoreOptions storeOptions(const std::vector<Endpoint>& endpoints, const std::string& prefix) {
+  return {.client = {.endpoints = endpoints, .timeout = 5s, .connectTimeout = 5s},
+          .prefix = prefix,
+          .timeout = 5s};
+}
+
+// The helper process plays a node that holds a lease until it is killed. It runs as this
+// program's first environment, so it needs no test of its own (gtest sets environments up only
+// when some test is selected: the parent selects any one).
+class HelperEnvironment : public ::testing::Environment {
+ public:
+  void SetUp() override {
+    const char* argument = helperArgument();
+    if (!argument) return;
+    std::istringstream in(argument);
+    int port = 0;
+    std::string prefix;
+    in >> port >> prefix;
+    EtcdStore holder(storeOptions({{"127.0.0.1", static_cast<uint16_t>(port)}}, prefix));
+    holder.lease("node", "record", 2s, {{"end", "lost"}});
+    holder.set("ready", "1");
+    std::this_thread::sleep_for(60s);  // the parent kills it long before
+    _exit(1);
+  }
+};
+
+[[maybe_unused]] auto* const helper = ::testing::AddGlobalTestEnvironment(new HelperEnvironment);
+[[maybe_unused]] auto* const environment =
+    ::testing::AddGlobalTestEnvironment(new test::EtcdEnvironment(helperArgument() == nullptr));
+
+class EtcdStoreTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    server = test::sharedEtcd();
+    ASSERT_NE(server, nullptr) << "etcd is not running";
+    // A clean slate, also when the test runs again (--gtest_repeat) against the same etcd.
+    EtcdClient(storeOptions(server->endpoints(), prefix()).client)
+        .deleteRange(prefix(), EtcdClient::prefixEnd(prefix()));
+  }
+  // Stores of this test only: a prefix of its own.
+  std::string prefix() const {
+    return std::string("test/") + ::testing::UnitTest::GetInstance()->current_test_info()->name() +
+           "/";
+  }
+  std::unique_ptr<EtcdStore> store() {
+    return std::make_unique<EtcdStore>(storeOptions(server->endpoints(), prefix()));
+  }
+  test::EtcdServer* server = nullptr;
+};
+
+TEST_F(EtcdStoreTest, EveryOperation) {
+  auto s = store();
+  s->set("k", std::string("\0bin", 4));
+  EXPECT_EQ(s->get("k"), std::string("\0bin", 4));
+  EXPECT_EQ(s->add("n", 10), 10);
+  EXPECT_EQ(s->add("n", -3), 7);
+  EXPECT_TRUE(s->check({"k", "n"}));
+  EXPECT_FALSE(s->check({"k", "absent"}));
+  s->append("l", "ab");
+  s->append("l", "cd");
+  s->multiSet({"m1", "m2", "m1"}, {"1", "2", "3"});  // a key twice: the last value wins
+  EXPECT_EQ(s->multiGet({"l", "m1", "m2"}), (std::vector<std::string>{"abcd", "3", "2"}));
+  EXPECT_EQ(s->peek({"m2", "absent"}), (std::vector<std::string>{"2", ""}));
+  EXPECT_EQ(s->numKeys(), 5);
+  EXPECT_TRUE(s->deleteKey("l"));
+  EXPECT_FALSE(s->deleteKey("l"));
+  EXPECT_EQ(s->numKeys(), 4);
+  EXPECT_THROW(s->multiSet({"a"}, {}), Error);
+}
+
+TEST_F(EtcdStoreTest, CompareSetFollowsPyTorch) {
+  auto s = store();
+  EXPECT_EQ(s->compareSet("absent", "x", "y"), "x");  // missing, not created
+  EXPECT_FALSE(s->check({"absent"}));
+  EXPECT_EQ(s->compareSet("c", "", "first"), "first");  // missing + empty expected: created
+  EXPECT_EQ(s->compareSet("c", "", "second"), "first");
+  EXPECT_EQ(s->compareSet("c", "wrong", "second"), "first");
+  EXPECT_EQ(s->compareSet("c", "first", "second"), "second");
+  s->set("empty", "");
+  EXPECT_EQ(s->compareSet("empty", "", "filled"), "filled");  // an empty value matches too
+}
+
+TEST_F(EtcdStoreTest, ManyKeysCrossTheTransactionLimit) {
+  auto s = store();
+  std::vector<std::string> keys, values;
+  for (int i = 0; i < 300; ++i) {
+    keys.push_back("many/" + std::to_string(i));
+    values.push_back(std::to_string(i * i));
+  }
+  s->multiSet(keys, values);
+  EXPECT_EQ(s->peek(keys), values);
+  EXPECT_TRUE(s->waitFor(keys, 1s));
+}
+
+TEST_F(EtcdStoreTest, WaitsEndWhenAnotherStoreSetsTheKeyAndGiveUpOnTime) {
+  auto waiter = store(), setter = store();
+  auto started = Clock::now();
+  EXPECT_FALSE(waiter->waitFor({"go"}, 300ms));
+  EXPECT_GE(Clock::now() - started, 300ms);
+  EXPECT_LT(Clock::now() - started, 3s);
+  auto later = std::async(std::launch::async, [&] {
+    std::this_thread::sleep_for(200ms);
+    setter->set("go", "1");
+  });
+  started = Clock::now();
+  EXPECT_TRUE(waiter->waitFor({"go", "pre"}, 100ms) == false);  // "pre" is missing
+  setter->set("pre", "0");
+  EXPECT_TRUE(waiter->waitFor({"go", "pre"}, 10s));
+  EXPECT_LT(Clock::now() - started, 5s);
+  later.get();
+  EXPECT_EQ(waiter->get("go"), "1");
+  EtcdStore quick({.client = {.endpoints = server->endpoints()}, .prefix = prefix(),
+                   .timeout = 200ms});
+  EXPECT_THROW(quick.get("never"), TimeoutError);
+}
+
+TEST_F(EtcdStoreTest, AWaitQueuedBehindAnotherOnOneStoreStillEndsOnTime) {
+  auto s = store(), setter = store();
+  auto longWait = std::async(std::launch::async, [&] { return s->waitFor({"late"}, 3s); });
+  std::this_thread::sleep_for(100ms);  // let it hold the store's watch
+  const auto started = Clock::now();
+  EXPECT_FALSE(s->waitFor({"never"}, 300ms));
+  EXPECT_LT(Clock::now() - started, 2s);
+  setter->set("late", "1");
+  EXPECT_TRUE(longWait.get());
+}
+
+TEST_F(EtcdStoreTest, AbortFiresTheTripwiresAndTheFirstWriterWins) {
+  auto holder = store(), other = store();
+  other->set("end", "written before");
+  holder->lease("node", "record", 2s, {{"closed", "abort"}, {"end", "lost"}, {"lost/me", "1"}});
+  EXPECT_EQ(other->peek({"node"}), (std::vector<std::string>{"record"}));
+  auto waiting = std::async(std::launch::async, [&] { return other->waitFor({"closed"}, 10s); });
+  const auto started = Clock::now();
+  holder->abort();
+  EXPECT_TRUE(waiting.get());
+  EXPECT_LT(Clock::now() - started, 3s);
+  EXPECT_EQ(other->peek({"node", "closed", "end", "lost/me"}),
+            (std::vector<std::string>{"", "abort", "written before", "1"}));
+  EXPECT_THROW(holder->set("x", "y"), NetworkError);
+  EXPECT_THROW(holder->waitFor({"x"}, 1s), NetworkError);
+}
+
+TEST_F(EtcdStoreTest, AbortCutsABlockedWaitAtOnce) {
+  auto s = store();
+  auto waiting = std::async(std::launch::async, [&] { return s->waitFor({"never"}, 30s); });
+  std::this_thread::sleep_for(300ms);  // let the wait block
+  const auto started = Clock::now();
+  s->abort();
+  try {
+    waiting.get();
+    FAIL() << "the wait outlived abort()";
+  } catch (const NetworkError& error) {
+    EXPECT_NE(std::string(error.what()).find("aborted"), std::string::npos) << error.what();
+  }
+  EXPECT_LT(Clock::now() - started, 2s);
+}
+
+TEST_F(EtcdStoreTest, AbortReturnsSoonWhenEtcdIsGone) {
+  test::EtcdServer own;  // not the shared one: this test stops it
+  own.start();
+  auto holder = std::make_unique<EtcdStore>(storeOptions(own.endpoints(), prefix()));
+  holder->lease("a", "1", 2s, {{"end", "lost"}});
+  holder->lease("b", "2", 5s, {{"end", "lost"}});  // a second lease: a second TTL
+  own.stop();
+  const auto started = Clock::now();
+  holder->abort();
+  holder.reset();
+  EXPECT_LT(Clock::now() - started, 3s);
+}
+
+TEST_F(EtcdStoreTest, AReleaseFiresNothing) {
+  auto other = store();
+  {
+    auto holder = store();
+    holder->lease("node", "record", 2s, {{"end", "lost"}});
+    EXPECT_TRUE(holder->deleteKey("node"));
+  }  // destroyed: its lease is revoked, with nothing left on it
+  EXPECT_FALSE(other->waitFor({"end"}, 1s));
+  EXPECT_FALSE(other->check({"node"}));
+}
+
+TEST_F(EtcdStoreTest, ALeaseRevokedElsewhereIsFiredByAWatcher) {
+  auto holder = store(), watcher = store();
+  holder->lease("node", "record", 2s, {{"end", "lost"}});
+  auto waiting = std::async(std::launch::async, [&] { return watcher->waitFor({"end"}, 10s); });
+  // The holder stays up and aborts nothing: only the watcher can fire.
+  const int64_t lease = holder->client().get(prefix() + "kv/node")->lease;
+  ASSERT_NE(lease, 0);
+  holder->client().leaseRevoke(lease);
+  EXPECT_TRUE(waiting.get());
+  EXPECT_EQ(watcher->peek({"end", "node"}), (std::vector<std::string>{"lost", ""}));
+}
+
+TEST_F(EtcdStoreTest, AKilledHoldersLeaseLapsesAndAWatcherFiresItsTripwires) {
+  auto watcher = store();
+  const std::string argument = std::to_string(server->clientPort()) + " " + prefix();
+  const pid_t parent = getpid();
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(1);
+    setenv("DLRUN_ETCD_HELPER", argument.c_str(), 1);
+    execl("/proc/self/exe", "etcd_store_test", "--gtest_filter=EtcdStoreTest.EveryOperation",
+          nullptr);
+    _exit(127);
+  }
+  const bool ready = watcher->waitFor({"ready"}, 20s);
+  kill(child, SIGKILL);
+  int status = 0;
+  waitpid(child, &status, 0);
+  ASSERT_TRUE(ready) << "the helper did not lease in time";
+  const auto killed = Clock::now();
+  EXPECT_TRUE(watcher->check({"node"}));  // the lease outlives its holder by up to its TTL
+  EXPECT_TRUE(watcher->waitFor({"end"}, 8s));
+  const auto lapsed = Clock::now() - killed;
+  EXPECT_LT(lapsed, 5s);  // TTL 2 s, renewed every 0.67 s, plus etcd's 0.5 s expiry sweep
+  EXPECT_EQ(watcher->peek({"end", "node"}), (std::vector<std::string>{"lost", ""}));
+}
+
+}  // namespace
+}  // namespace dlrun::rendezvous::etcd
