@@ -4,8 +4,9 @@
 // dlrund slots in without touching the round protocol.
 //
 // Implementations: TcpStore (dlrund's LEASE op over TCP), MemoryStore (the same engine in
-// process, on real or virtual time, so the rounds can be tested deterministically), and an etcd
-// client next (a lease with keep-alives; tripwires as a transaction on the lease's expiry).
+// process, on real or virtual time, so the rounds can be tested deterministically), and
+// EtcdStore (rendezvous/etcd/: an etcd lease kept alive on one stream; tripwires written by the
+// job's watchers when they see a leased key deleted).
 #pragma once
 
 #include <chrono>
