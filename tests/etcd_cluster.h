@@ -22,6 +22,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <optional>
@@ -142,6 +143,21 @@ class EtcdCluster {
       if (Clock::now() >= deadline) return std::nullopt;
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
+  }
+
+  // Compacts the history up to `revision` through etcdctl (our proto has no Compact); true
+  // when etcdctl succeeded.
+  bool compact(int64_t revision) const {
+    std::string list;
+    for (size_t i = 0; i < kMembers; ++i) {
+      if (!running(i)) continue;
+      if (!list.empty()) list += ",";
+      list += endpoint(i).text();
+    }
+    const std::string command = std::string("ETCDCTL_API=3 ") + kCtl +
+                                " --dial-timeout=1s --command-timeout=5s --endpoints=" + list +
+                                " compact " + std::to_string(revision) + " >/dev/null 2>&1";
+    return std::system(command.c_str()) == 0;
   }
 
   rendezvous::etcd::Endpoint endpoint(size_t i) const {

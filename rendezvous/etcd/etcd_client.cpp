@@ -731,7 +731,7 @@ void EtcdWatch::open(const std::string& endpoint,
                           : detail::oneLine(s.response.cancel_reason());
     if (s.response.compact_revision() > 0) {
       why += " (history compacted up to revision " +
-             std::to_string(s.response.compact_revision()) + "; resuming from " +
+             std::to_string(s.response.compact_revision()) + "; the watch resumes from " +
              std::to_string(lastRevision_ + 1) + ")";
     }
     throw Error(what + ": " + why);
@@ -811,7 +811,8 @@ std::vector<WatchEvent> EtcdWatch::next(std::chrono::milliseconds timeout) {
                             : detail::oneLine(s.response.cancel_reason());
       if (s.response.compact_revision() > 0) {
         why += " (history compacted up to revision " +
-               std::to_string(s.response.compact_revision()) + ")";
+               std::to_string(s.response.compact_revision()) + "; the watch resumes from " +
+               std::to_string(lastRevision_ + 1) + ")";
       }
       s.finish();
       throw Error("etcd " + s.endpoint + ": watch of " + detail::quoted(key_) + ": " + why);
