@@ -127,18 +127,25 @@ std::shared_ptr<EtcdClient::Connection> EtcdClient::connection() {
   if (connection_) return connection_;
   // Every endpoint dials at once; the first that connects wins (the list's order breaks ties).
   // Waits are cut into short slices per channel, so a slow endpoint never holds up the others.
+  // The endpoint that failed last still connects when it is cut off from its cluster (it then
+  // refuses `hasleader` streams): it is taken only when no other is ready for a while.
   std::vector<std::shared_ptr<grpc::Channel>> channels;
   for (const auto& endpoint : options_.endpoints) {
     channels.push_back(grpc::CreateCustomChannel(
         endpoint.text(), grpc::InsecureChannelCredentials(), detail::channelArguments()));
   }
-  const auto deadline = Clock::now() + options_.connectTimeout;
+  const auto start = Clock::now();
+  const auto deadline = start + options_.connectTimeout;
   constexpr auto kSlice = std::chrono::milliseconds(20);
+  constexpr auto kAvoidFor = std::chrono::milliseconds(500);
   while (true) {
+    const bool avoiding = options_.endpoints.size() > 1 && Clock::now() - start < kAvoidFor;
     for (size_t i = 0; i < channels.size(); ++i) {
+      const std::string name = options_.endpoints[i].text();
+      if (avoiding && name == failed_) continue;
       if (channels[i]->GetState(true) == GRPC_CHANNEL_READY) {
         auto picked = std::make_shared<Connection>();
-        picked->name = options_.endpoints[i].text();
+        picked->name = name;
         picked->channel = channels[i];
         picked->kv = pb::KV::NewStub(channels[i]);
         picked->lease = pb::Lease::NewStub(channels[i]);
@@ -159,14 +166,24 @@ std::shared_ptr<EtcdClient::Connection> EtcdClient::connection() {
 
 void EtcdClient::dropConnection(const std::shared_ptr<Connection>& failed) {
   std::lock_guard lock(mutex_);
+  failed_ = failed->name;
   if (connection_ == failed) connection_.reset();
 }
 
+void EtcdClient::dropEndpoint(const std::string& failed) {
+  std::lock_guard lock(mutex_);
+  failed_ = failed;
+  if (connection_ && connection_->name == failed) connection_.reset();
+}
+
 // One unary call with the client's deadline. A failure that says the endpoint is gone (or too
-// slow) drops it, so the next call picks again; `retry` (reads only) makes that next call here.
+// slow) drops it, so the next call picks again; `retry` (reads only) makes that next call here:
+// once after a deadline, and after UNAVAILABLE again on the next endpoint for as long as
+// connectTimeout (during an election members answer "leader changed", UNAVAILABLE).
 template <typename Call>
 auto EtcdClient::unary(const char* what, const std::string& key, bool retry, Call&& call,
                        std::optional<std::chrono::milliseconds> timeout) {
+  const auto start = Clock::now();
   for (int attempt = 0;; ++attempt) {
     auto picked = connection();
     grpc::ClientContext context;
@@ -177,7 +194,12 @@ auto EtcdClient::unary(const char* what, const std::string& key, bool retry, Cal
     const bool endpointFailed = code == grpc::StatusCode::UNAVAILABLE ||
                                 code == grpc::StatusCode::DEADLINE_EXCEEDED;
     if (endpointFailed) dropConnection(picked);
-    if (endpointFailed && retry && attempt == 0) continue;
+    if (endpointFailed && retry &&
+        (attempt == 0 || (code == grpc::StatusCode::UNAVAILABLE &&
+                          Clock::now() - start < options_.connectTimeout))) {
+      if (attempt > 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));  // no spin
+      continue;
+    }
     detail::throwStatus(status, "etcd " + picked->name + ": " + what +
                                     (key.empty() ? "" : " " + detail::quoted(key)) + " failed");
   }
@@ -247,7 +269,11 @@ int64_t EtcdClient::deleteRange(const std::string& key, const std::string& range
 pb::TxnResponse EtcdClient::txn(const pb::TxnRequest& request,
                                 std::optional<std::chrono::milliseconds> timeout) {
   const std::string key = request.compare_size() > 0 ? request.compare(0).key() : std::string();
-  return unary("txn", key, false, [&](Connection& c, grpc::ClientContext& ctx) {
+  // A transaction of reads only changes nothing, so it is retried as a read is.
+  bool readOnly = true;
+  for (const auto& op : request.success()) readOnly = readOnly && op.has_request_range();
+  for (const auto& op : request.failure()) readOnly = readOnly && op.has_request_range();
+  return unary("txn", key, readOnly, [&](Connection& c, grpc::ClientContext& ctx) {
     pb::TxnResponse reply;
     auto status = c.kv->Txn(&ctx, request, &reply);
     return std::pair{status, std::move(reply)};
@@ -359,23 +385,12 @@ void EtcdClient::leaseRevoke(int64_t lease, std::optional<std::chrono::milliseco
 
 std::unique_ptr<EtcdKeepAlive> EtcdClient::keepAlive(int64_t lease,
                                                      std::chrono::milliseconds interval) {
-  auto picked = connection();
-  return std::make_unique<EtcdKeepAlive>(picked->channel, picked->name, lease, interval);
+  return std::make_unique<EtcdKeepAlive>(*this, lease, interval);
 }
 
 std::unique_ptr<EtcdWatch> EtcdClient::watch(const std::string& key, const std::string& rangeEnd,
                                              int64_t startRevision) {
-  auto picked = connection();
-  try {
-    return std::make_unique<EtcdWatch>(picked->channel, picked->name, key, rangeEnd,
-                                       startRevision, options_.timeout);
-  } catch (const NetworkError&) {
-    dropConnection(picked);
-    throw;
-  } catch (const TimeoutError&) {
-    dropConnection(picked);
-    throw;
-  }
+  return std::make_unique<EtcdWatch>(*this, key, rangeEnd, startRevision);
 }
 
 std::string EtcdClient::prefixEnd(const std::string& prefix) {
@@ -391,24 +406,121 @@ std::string EtcdClient::prefixEnd(const std::string& prefix) {
   return std::string(1, '\0');
 }
 
-// --- EtcdKeepAlive ---
+namespace detail {
+namespace {
 
-struct EtcdKeepAlive::Stream {
+// One bidirectional stream driven through its own completion queue, one operation in flight at
+// a time (so the completion that arrives is always the one awaited). Every operation started
+// completes before the queue goes away, also when a wait timed out: the destructor cancels and
+// drains.
+template <typename Request, typename Response>
+struct AsyncStream {
+  enum Tag : intptr_t { kNone = 0, kStart, kWrite, kRead, kFinish };
+
+  // Waits for the pending operation until `deadline`: its ok bit, or nullopt on timeout (it then
+  // stays pending).
+  std::optional<bool> wait(Clock::time_point deadline) {
+    void* got = nullptr;
+    bool ok = false;
+    switch (cq.AsyncNext(&got, &ok, grpcDeadline(deadline))) {
+      case grpc::CompletionQueue::TIMEOUT: return std::nullopt;
+      case grpc::CompletionQueue::SHUTDOWN: pending = kNone; return false;
+      case grpc::CompletionQueue::GOT_EVENT: break;
+    }
+    pending = kNone;
+    return ok;
+  }
+  // Starts the call, or writes, and waits; false when it failed or timed out (then cancelled).
+  bool start(Clock::time_point deadline) {
+    rw->StartCall(reinterpret_cast<void*>(kStart));
+    started = true;
+    pending = kStart;
+    return settle(deadline);
+  }
+  bool write(const Request& request, Clock::time_point deadline) {
+    rw->Write(request, reinterpret_cast<void*>(kWrite));
+    pending = kWrite;
+    return settle(deadline);
+  }
+  void read() {
+    response.Clear();
+    rw->Read(&response, reinterpret_cast<void*>(kRead));
+    pending = kRead;
+  }
+  // The stream's status, once it failed (cancelling what is still pending); later calls return
+  // the same.
+  grpc::Status finish() {
+    if (pending != kNone) {
+      context.TryCancel();
+      wait(Clock::now() + std::chrono::seconds(5));
+    }
+    if (started && !finished) {
+      finished = true;
+      rw->Finish(&status, reinterpret_cast<void*>(kFinish));
+      pending = kFinish;
+      if (!wait(Clock::now() + std::chrono::seconds(1))) {
+        context.TryCancel();  // a stream still open at the other end: ours ends it
+        wait(Clock::now() + std::chrono::seconds(5));
+      }
+    }
+    return status;
+  }
+  ~AsyncStream() {
+    context.TryCancel();
+    finish();
+    cq.Shutdown();
+    void* tag = nullptr;
+    bool ok = false;
+    while (cq.Next(&tag, &ok)) {
+    }
+  }
+
+  bool settle(Clock::time_point deadline) {
+    auto ok = wait(deadline);
+    if (!ok) {
+      context.TryCancel();
+      wait(Clock::now() + std::chrono::seconds(5));
+      return false;
+    }
+    return *ok;
+  }
+
+  grpc::CompletionQueue cq;
   grpc::ClientContext context;
-  std::unique_ptr<pb::Lease::Stub> stub;
-  std::unique_ptr<grpc::ClientReaderWriter<pb::LeaseKeepAliveRequest, pb::LeaseKeepAliveResponse>>
-      rw;
+  std::unique_ptr<grpc::ClientAsyncReaderWriter<Request, Response>> rw;
+  Response response;
+  Tag pending = kNone;
+  bool started = false;
+  bool finished = false;
+  grpc::Status status;
 };
 
-EtcdKeepAlive::EtcdKeepAlive(std::shared_ptr<grpc::Channel> channel, std::string endpoint,
-                             int64_t lease, std::chrono::milliseconds interval)
-    : endpoint_(std::move(endpoint)), lease_(lease), interval_(interval),
-      stream_(std::make_unique<Stream>()) {
-  // Without it a member cut off from its cluster keeps the stream open and answers nothing:
-  // etcd refuses the stream at once instead when the member has no leader.
-  stream_->context.AddMetadata("hasleader", "true");
-  stream_->stub = pb::Lease::NewStub(channel);
-  stream_->rw = stream_->stub->LeaseKeepAlive(&stream_->context);
+// Codes that say the request itself is refused: another endpoint would refuse it too.
+bool permanent(grpc::StatusCode code) {
+  switch (code) {
+    case grpc::StatusCode::INVALID_ARGUMENT:
+    case grpc::StatusCode::PERMISSION_DENIED:
+    case grpc::StatusCode::UNAUTHENTICATED:
+    case grpc::StatusCode::UNIMPLEMENTED:
+    case grpc::StatusCode::FAILED_PRECONDITION:
+    case grpc::StatusCode::OUT_OF_RANGE: return true;
+    default: return false;
+  }
+}
+
+}  // namespace
+}  // namespace detail
+
+// --- EtcdKeepAlive ---
+
+struct EtcdKeepAlive::Stream
+    : detail::AsyncStream<pb::LeaseKeepAliveRequest, pb::LeaseKeepAliveResponse> {
+  std::unique_ptr<pb::Lease::Stub> stub;
+};
+
+EtcdKeepAlive::EtcdKeepAlive(EtcdClient& client, int64_t lease,
+                             std::chrono::milliseconds interval)
+    : client_(client), lease_(lease), interval_(interval) {
   thread_ = std::thread([this] { run(); });
 }
 
@@ -418,9 +530,9 @@ void EtcdKeepAlive::stop() {
   {
     std::lock_guard lock(mutex_);
     stopping_ = true;
+    if (stream_) stream_->context.TryCancel();  // a wait on the stream returns at once
   }
   wake_.notify_all();
-  stream_->context.TryCancel();  // a Read blocked on the stream returns at once
   std::lock_guard joining(joinMutex_);  // two stops at once join once
   if (thread_.joinable()) thread_.join();
   alive_ = false;
@@ -431,185 +543,284 @@ std::string EtcdKeepAlive::failure() const {
   return failure_;
 }
 
+std::string EtcdKeepAlive::endpoint() const {
+  std::lock_guard lock(mutex_);
+  return endpoint_;
+}
+
 void EtcdKeepAlive::fail(std::string why) {
   std::lock_guard lock(mutex_);
   if (!stopping_ && failure_.empty()) {
-    failure_ = "etcd " + endpoint_ + ": keep-alive of lease " + std::to_string(lease_) + ": " +
-               why;
+    failure_ = "etcd: keep-alive of lease " + std::to_string(lease_) + ": " + why;
   }
   alive_ = false;
 }
 
+bool EtcdKeepAlive::pause(std::chrono::milliseconds duration) {
+  std::unique_lock lock(mutex_);
+  return !wake_.wait_for(lock, duration, [this] { return stopping_; });
+}
+
 void EtcdKeepAlive::run() {
-  pb::LeaseKeepAliveRequest request;
-  request.set_id(lease_);
-  pb::LeaseKeepAliveResponse response;
+  // Until the first answer the lease's TTL is unknown: the interval is a third of it.
+  auto ttl = interval_ * 3;
+  auto lastAck = Clock::now();
+  std::string why = "no endpoint answered";
   while (true) {
-    if (!stream_->rw->Write(request) || !stream_->rw->Read(&response)) {
-      const auto status = stream_->rw->Finish();
-      fail("the stream ended: " + detail::statusText(status));
+    {
+      std::lock_guard lock(mutex_);
+      if (stopping_) return;
+    }
+    if (Clock::now() >= lastAck + ttl + kElectionGrace) {
+      fail("nothing acknowledged for " + detail::seconds(ttl + kElectionGrace) + ": " + why);
       return;
     }
-    if (response.ttl() <= 0) {
-      fail("etcd says the lease is gone");
-      break;
+    std::shared_ptr<EtcdClient::Connection> picked;
+    try {
+      picked = client_.connection();
+    } catch (const Error& error) {
+      why = error.what();
+      if (!pause(std::chrono::milliseconds(50))) return;
+      continue;
     }
-    ++renewals_;
-    std::unique_lock lock(mutex_);
-    if (wake_.wait_for(lock, interval_, [this] { return stopping_; })) break;
+    why = renewOn(picked->name, picked->channel, lastAck, ttl);
+    if (why.empty()) return;  // stopped, or the lease is gone (fail() said so)
+    {
+      std::lock_guard lock(mutex_);
+      if (stopping_) return;  // the stream ended because stop() cancelled it
+    }
+    client_.dropConnection(picked);  // the client's calls move on too
+    why = "etcd " + picked->name + ": " + why;
+    // A short pause: a stream refused at once must not spin.
+    if (!pause(std::chrono::milliseconds(20))) return;
   }
-  stream_->context.TryCancel();
-  stream_->rw->Finish();
+}
+
+std::string EtcdKeepAlive::renewOn(const std::string& endpoint,
+                                   const std::shared_ptr<grpc::Channel>& channel,
+                                   Clock::time_point& lastAck, std::chrono::milliseconds& ttl) {
+  auto stream = std::make_unique<Stream>();
+  // Without it a member cut off from its cluster keeps the stream open and answers nothing:
+  // etcd refuses the stream at once instead when the member has no leader.
+  stream->context.AddMetadata("hasleader", "true");
+  stream->stub = pb::Lease::NewStub(channel);
+  stream->rw = stream->stub->PrepareAsyncLeaseKeepAlive(&stream->context, &stream->cq);
+  {
+    std::lock_guard lock(mutex_);
+    if (stopping_) return {};
+    stream_ = stream.get();
+    endpoint_ = endpoint;
+  }
+  // The stream leaves stop()'s reach before it goes (its destructor may wait on the queue).
+  struct Detach {
+    EtcdKeepAlive& self;
+    ~Detach() {
+      std::lock_guard lock(self.mutex_);
+      self.stream_ = nullptr;
+      self.endpoint_.clear();
+    }
+  } detach{*this};
+  // A renewal is answered in milliseconds; one unanswered for this long (or the client's
+  // deadline, if shorter) means the member is gone or cut off: another one is tried.
+  const auto renewTimeout =
+      std::min<std::chrono::milliseconds>(client_.options().timeout,
+                                          std::max<std::chrono::milliseconds>(interval_, std::chrono::seconds(1)));
+  if (!stream->start(Clock::now() + renewTimeout)) return "the stream did not start: " + detail::statusText(stream->finish());
+  pb::LeaseKeepAliveRequest request;
+  request.set_id(lease_);
+  while (true) {
+    const auto sent = Clock::now();
+    if (!stream->write(request, sent + renewTimeout)) {
+      return "the stream ended: " + detail::statusText(stream->finish());
+    }
+    stream->read();
+    const auto ok = stream->wait(sent + renewTimeout);
+    {
+      std::lock_guard lock(mutex_);
+      if (stopping_) return {};
+    }
+    if (!ok) return "no answer to a renewal within " + detail::seconds(renewTimeout);
+    if (!*ok) return "the stream ended: " + detail::statusText(stream->finish());
+    if (stream->response.ttl() <= 0) {
+      fail("etcd says the lease is gone");
+      return {};
+    }
+    // The lease runs for its TTL from when etcd renewed it, which is after `sent`.
+    lastAck = sent;
+    ttl = std::chrono::seconds(stream->response.ttl());
+    ++renewals_;
+    if (!pause(interval_)) return {};
+  }
 }
 
 // --- EtcdWatch ---
 
-struct EtcdWatch::Stream {
-  enum Tag : intptr_t { kStart = 1, kWrite, kRead, kFinish };
-
-  // Waits for `tag`'s completion until `deadline`: its ok bit, or nullopt on timeout. Nothing
-  // else is ever in flight but the one operation awaited, so another tag cannot arrive.
-  std::optional<bool> await(Tag tag, Clock::time_point deadline) {
-    void* got = nullptr;
-    bool ok = false;
-    switch (cq.AsyncNext(&got, &ok, detail::grpcDeadline(deadline))) {
-      case grpc::CompletionQueue::TIMEOUT: return std::nullopt;
-      case grpc::CompletionQueue::SHUTDOWN: return false;
-      case grpc::CompletionQueue::GOT_EVENT: break;
-    }
-    if (got != reinterpret_cast<void*>(tag)) return false;
-    return ok;
-  }
-
-  // The stream failed: collects its status and throws it (once; later calls throw the same).
-  [[noreturn]] void fail(const std::string& what) {
-    if (!finished) {
-      finished = true;
-      rw->Finish(&status, reinterpret_cast<void*>(kFinish));
-      await(kFinish, Clock::now() + std::chrono::seconds(5));
-    }
-    detail::throwStatus(status.ok() ? grpc::Status(grpc::StatusCode::CANCELLED, "stream closed")
-                                    : status,
-                        "etcd " + endpoint + ": watch of " + detail::quoted(key) + " " + what);
-  }
-
-  // Every operation started must complete before the queue goes away (also when the
-  // constructor threw); after the cancel each does at once.
-  ~Stream() {
-    context.TryCancel();
-    if (readPending) await(kRead, Clock::now() + std::chrono::seconds(5));
-    if (started && !finished) {
-      finished = true;
-      rw->Finish(&status, reinterpret_cast<void*>(kFinish));
-      await(kFinish, Clock::now() + std::chrono::seconds(5));
-    }
-    cq.Shutdown();
-    void* tag = nullptr;
-    bool ok = false;
-    while (cq.Next(&tag, &ok)) {
-    }
-  }
-
-  std::string endpoint;
-  std::string key;
-  grpc::CompletionQueue cq;
-  grpc::ClientContext context;
+struct EtcdWatch::Stream : detail::AsyncStream<pb::WatchRequest, pb::WatchResponse> {
   std::unique_ptr<pb::Watch::Stub> stub;
-  std::unique_ptr<grpc::ClientAsyncReaderWriter<pb::WatchRequest, pb::WatchResponse>> rw;
-  pb::WatchResponse response;
-  bool started = false;
-  bool readPending = false;
-  bool finished = false;
-  grpc::Status status;
+  std::string endpoint;
 };
 
-EtcdWatch::EtcdWatch(std::shared_ptr<grpc::Channel> channel, std::string endpoint,
-                     std::string key, std::string rangeEnd, int64_t startRevision,
-                     std::chrono::milliseconds timeout)
-    : stream_(std::make_unique<Stream>()),
-      lastRevision_(startRevision > 0 ? startRevision - 1 : 0) {
-  using Tag = Stream::Tag;
-  auto& s = *stream_;
-  s.endpoint = std::move(endpoint);
-  s.key = key;
-  s.context.AddMetadata("hasleader", "true");  // see EtcdKeepAlive
-  s.stub = pb::Watch::NewStub(channel);
-  s.rw = s.stub->PrepareAsyncWatch(&s.context, &s.cq);
-  const auto deadline = Clock::now() + timeout;
-  s.rw->StartCall(reinterpret_cast<void*>(Tag::kStart));
-  s.started = true;
-  auto ok = s.await(Tag::kStart, deadline);
-  if (!ok) {
-    s.context.TryCancel();
-    s.await(Tag::kStart, Clock::now() + std::chrono::seconds(5));
-    s.fail("could not start");
-  }
-  if (!*ok) s.fail("could not start");
-  pb::WatchRequest request;
-  auto* create = request.mutable_create_request();
-  create->set_key(key);
-  create->set_range_end(rangeEnd);
-  create->set_start_revision(startRevision);
-  s.rw->Write(request, reinterpret_cast<void*>(Tag::kWrite));
-  ok = s.await(Tag::kWrite, deadline);
-  if (!ok) {
-    s.context.TryCancel();
-    s.await(Tag::kWrite, Clock::now() + std::chrono::seconds(5));
-    s.fail("was not accepted in time");
-  }
-  if (!*ok) s.fail("was not accepted");
-  // etcd confirms with a response of its own (created) before any event.
-  s.rw->Read(&s.response, reinterpret_cast<void*>(Tag::kRead));
-  s.readPending = true;
-  ok = s.await(Tag::kRead, deadline);
-  if (!ok) {
-    s.context.TryCancel();
-    s.await(Tag::kRead, Clock::now() + std::chrono::seconds(5));
-    s.readPending = false;
-    s.fail("was not confirmed in time");
-  }
-  s.readPending = false;
-  if (!*ok) s.fail("was not confirmed");
-  if (!s.response.created()) s.fail("got no confirmation");
+EtcdWatch::EtcdWatch(EtcdClient& client, std::string key, std::string rangeEnd,
+                     int64_t startRevision)
+    : client_(client), key_(std::move(key)), rangeEnd_(std::move(rangeEnd)),
+      fromNow_(startRevision <= 0), lastRevision_(startRevision > 0 ? startRevision - 1 : 0) {
+  connect({}, {});
 }
 
 EtcdWatch::~EtcdWatch() = default;
 
-void EtcdWatch::cancel() { stream_->context.TryCancel(); }
+void EtcdWatch::cancel() {
+  std::lock_guard lock(mutex_);
+  cancelled_ = true;
+  if (stream_) stream_->context.TryCancel();
+}
+
+std::string EtcdWatch::endpoint() const {
+  std::lock_guard lock(mutex_);
+  return endpoint_;
+}
+
+void EtcdWatch::throwCancelled() const {
+  throw NetworkError("etcd " + endpoint() + ": watch of " + detail::quoted(key_) +
+                     " ended: cancelled");
+}
+
+void EtcdWatch::open(const std::string& endpoint,
+                                                   const std::shared_ptr<grpc::Channel>& channel) {
+  auto stream = std::make_unique<Stream>();
+  auto& s = *stream;
+  s.endpoint = endpoint;
+  s.context.AddMetadata("hasleader", "true");  // see EtcdKeepAlive
+  s.stub = pb::Watch::NewStub(channel);
+  s.rw = s.stub->PrepareAsyncWatch(&s.context, &s.cq);
+  {
+    // Published before the first wait, so cancel() cuts this open short too.
+    std::lock_guard lock(mutex_);
+    if (cancelled_) throwCancelled();
+    stream_.swap(stream);
+  }
+  stream.reset();  // the failed stream, if any
+  const std::string what = "etcd " + endpoint + ": watch of " + detail::quoted(key_);
+  const auto deadline = Clock::now() + client_.options().timeout;
+  auto failed = [&](const std::string& how) {
+    const auto status = s.finish();
+    detail::throwStatus(
+        status.ok() ? grpc::Status(grpc::StatusCode::CANCELLED, "stream closed") : status,
+        what + " " + how);
+  };
+  if (!s.start(deadline)) failed("could not start");
+  pb::WatchRequest request;
+  auto* create = request.mutable_create_request();
+  create->set_key(key_);
+  create->set_range_end(rangeEnd_);
+  create->set_start_revision(fromNow_ ? 0 : lastRevision_ + 1);
+  if (!s.write(request, deadline)) failed("was not accepted");
+  // etcd confirms with a response of its own (created) before any event.
+  s.read();
+  const auto ok = s.wait(deadline);
+  if (!ok) {
+    s.context.TryCancel();
+    s.wait(Clock::now() + std::chrono::seconds(5));
+    failed("was not confirmed in time");
+  }
+  if (!*ok) failed("was not confirmed");
+  if (s.response.canceled()) {
+    // A start revision compacted away: the events since lastRevision() are lost for good.
+    std::string why = s.response.cancel_reason().empty()
+                          ? "cancelled by etcd"
+                          : detail::oneLine(s.response.cancel_reason());
+    if (s.response.compact_revision() > 0) {
+      why += " (history compacted up to revision " +
+             std::to_string(s.response.compact_revision()) + "; the watch resumes from " +
+             std::to_string(lastRevision_ + 1) + ")";
+    }
+    throw Error(what + ": " + why);
+  }
+  if (!s.response.created()) failed("got no confirmation");
+  if (fromNow_) {
+    // "From now" is after the revision etcd's confirmation carries: a resumed watch starts
+    // there, and never replays history from revision 1.
+    lastRevision_ = s.response.header().revision();
+    fromNow_ = false;
+  }
+}
+
+void EtcdWatch::connect(const std::string& failed, const std::string& why) {
+  // The fail-over budget: as long as the client may take to pick an endpoint.
+  const auto deadline = Clock::now() + client_.options().connectTimeout;
+  std::string lastError = why;
+  bool first = failed.empty();
+  while (true) {
+    if (cancelled_) throwCancelled();
+    std::shared_ptr<EtcdClient::Connection> picked;
+    try {
+      picked = client_.connection();
+      {
+        std::lock_guard lock(mutex_);
+        endpoint_ = picked->name;
+      }
+      open(picked->name, picked->channel);
+      if (!first) ++reconnects_;
+      return;
+    } catch (const NetworkError& error) {
+      lastError = error.what();
+    } catch (const TimeoutError& error) {
+      lastError = error.what();
+    }
+    if (cancelled_) throwCancelled();
+    if (picked) client_.dropConnection(picked);
+    if (Clock::now() >= deadline) {
+      throw NetworkError("etcd: watch of " + detail::quoted(key_) + ": no endpoint took it within " +
+                         detail::seconds(client_.options().connectTimeout) + ": " + lastError);
+    }
+    first = false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // a refusal at once must not spin
+  }
+}
 
 std::vector<WatchEvent> EtcdWatch::next(std::chrono::milliseconds timeout) {
-  using Tag = Stream::Tag;
-  auto& s = *stream_;
   // A wait "practically forever" must not overflow the clock.
-  const auto deadline = Clock::now() + std::min<std::chrono::milliseconds>(timeout, std::chrono::hours(24));
+  const auto deadline =
+      Clock::now() + std::min<std::chrono::milliseconds>(timeout, std::chrono::hours(24));
   while (true) {
-    if (s.finished) s.fail("ended");
-    if (!s.readPending) {
-      s.response.Clear();
-      s.rw->Read(&s.response, reinterpret_cast<void*>(Tag::kRead));
-      s.readPending = true;
-    }
-    const auto ok = s.await(Tag::kRead, deadline);
+    if (cancelled_) throwCancelled();
+    auto& s = *stream_;  // replaced only on this thread (connect), so no lock to read it
+    if (s.pending == Stream::kNone) s.read();
+    const auto ok = s.wait(deadline);
     if (!ok) return {};  // the read stays pending for the next call
-    s.readPending = false;
-    if (!*ok) s.fail("ended");
+    if (!*ok) {
+      const auto status = s.finish();
+      if (cancelled_) throwCancelled();
+      const std::string why = "etcd " + s.endpoint + ": watch of " + detail::quoted(key_) +
+                              " ended: " + detail::statusText(status);
+      if (detail::permanent(status.error_code())) throw Error(why);
+      {
+        std::lock_guard lock(mutex_);
+        endpoint_.clear();
+      }
+      // Drop the failed endpoint (if the client still uses it), then resume elsewhere. A copy:
+      // connect() destroys the stream that holds the name.
+      const std::string failed = s.endpoint;
+      client_.dropEndpoint(failed);
+      connect(failed, why);
+      continue;
+    }
     if (s.response.canceled()) {
-      std::string why = s.response.cancel_reason().empty() ? "cancelled by etcd"
-                                                             : detail::oneLine(s.response.cancel_reason());
+      std::string why = s.response.cancel_reason().empty()
+                            ? "cancelled by etcd"
+                            : detail::oneLine(s.response.cancel_reason());
       if (s.response.compact_revision() > 0) {
         why += " (history compacted up to revision " +
-               std::to_string(s.response.compact_revision()) + ")";
+               std::to_string(s.response.compact_revision()) + "; the watch resumes from " +
+               std::to_string(lastRevision_ + 1) + ")";
       }
-      s.context.TryCancel();
-      try {
-        s.fail("ended");
-      } catch (const Error&) {
-      }
-      throw Error("etcd " + s.endpoint + ": watch of " + detail::quoted(s.key) + ": " + why);
+      s.finish();
+      throw Error("etcd " + s.endpoint + ": watch of " + detail::quoted(key_) + ": " + why);
     }
     std::vector<WatchEvent> events;
     for (const auto& event : s.response.events()) {
-      // Revisions only grow on one stream; the check keeps "each event once" true by design.
+      // Revisions only grow on one stream, and a resumed stream starts after lastRevision_;
+      // the check keeps "each event once" true by design.
       if (event.kv().mod_revision() <= lastRevision_) continue;
       events.push_back({event.type() == mvccpb::Event::DELETE ? WatchEvent::Type::Delete
                                                               : WatchEvent::Type::Put,

@@ -2,11 +2,20 @@
 // revision, writes, compare-and-swap transactions, an add built on them, leases with a
 // keep-alive stream, and watches that deliver a key range's events in revision order.
 //
-// Endpoints: the client dials the first endpoint of the list that connects (all are tried at
-// once, up to connectTimeout) and stays on it; a call that finds it UNAVAILABLE throws
-// NetworkError naming it, and the next call picks again. Reads (range, get) are retried once on
-// the newly picked endpoint; writes never are, since one may have applied before the failure:
-// the caller re-reads and decides again. Every error is one line naming the endpoint.
+// Endpoints: the client dials every endpoint of the list at once, keeps the first that connects
+// (up to connectTimeout) and stays on it; a call that finds it UNAVAILABLE (or past its
+// deadline) drops it, and the next call picks again, preferring the others. Reads (range, get,
+// count, a txn of reads only) are retried on the next endpoint (after UNAVAILABLE for up to
+// connectTimeout: an election answers "leader changed" for a while). Writes (put, delete, txn
+// and the swaps, lease grant and revoke) are NEVER retried: one may have applied before the
+// failure, so the NetworkError reaches the caller, which re-reads and decides again. Every
+// error is one line naming the endpoint.
+//
+// Fail-over of the streams: EtcdWatch and EtcdKeepAlive move to another endpoint by themselves
+// when theirs fails (UNAVAILABLE, the stream's end, a member without a leader refusing
+// `hasleader`), within about a second: the watch resumes from lastRevision() + 1 (no event lost,
+// none twice), the keep-alive renews the same lease (it lives in the cluster, not in a member).
+// Both keep a reference to their EtcdClient, which must outlive them.
 //
 // Threads: every method is thread-safe (gRPC stubs are). EtcdKeepAlive runs one thread of its
 // own (why: see there); EtcdWatch runs none, its owner's thread drives it.
@@ -23,6 +32,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/clock.h"
 #include "rendezvous/etcd/endpoints.h"
 
 namespace grpc {
@@ -109,7 +119,7 @@ class EtcdClient {
   // again on a conflict; returns the result. Throws Error when the value is not an integer.
   int64_t add(const std::string& key, int64_t delta);
   // Any transaction (the raw messages), for what the helpers above do not cover. `timeout`
-  // replaces the client's deadline for this call.
+  // replaces the client's deadline for this call. One of reads only is retried as a read.
   etcdserverpb::TxnResponse txn(const etcdserverpb::TxnRequest& request,
                                 std::optional<std::chrono::milliseconds> timeout = {});
 
@@ -137,9 +147,14 @@ class EtcdClient {
   static std::string prefixEnd(const std::string& prefix);
 
  private:
+  friend class EtcdKeepAlive;  // they pick a new endpoint when their stream's fails
+  friend class EtcdWatch;
   struct Connection;
-  std::shared_ptr<Connection> connection();  // the picked endpoint, picking one if none
+  // The picked endpoint, picking one if none; a pick prefers endpoints other than the one that
+  // failed last (a member cut off from its cluster still connects, and would be picked again).
+  std::shared_ptr<Connection> connection();
   void dropConnection(const std::shared_ptr<Connection>& failed);
+  void dropEndpoint(const std::string& failed);  // by name, for a stream that failed
   template <typename Call>
   auto unary(const char* what, const std::string& key, bool retry, Call&& call,
              std::optional<std::chrono::milliseconds> timeout = {});
@@ -149,44 +164,61 @@ class EtcdClient {
   const EtcdClientOptions options_;
   mutable std::mutex mutex_;
   std::shared_ptr<Connection> connection_;
+  std::string failed_;  // the endpoint dropped last: picked only when no other is ready
 };
 
-// Keeps one lease alive over one LeaseKeepAlive stream. It owns a thread: gRPC's synchronous
-// stream blocks in Read, and renewals must go on while the lease's owner is blocked elsewhere
-// (a wait, a watch); the thread sleeps between renewals on a condition variable, so stop()
-// ends it at once. A lease etcd reports gone (TTL <= 0) or a failed stream stops the renewals:
-// alive() turns false and failure() says why, and the lease lapses after its TTL.
+// Keeps one lease alive over a LeaseKeepAlive stream. It owns a thread: renewals must go on
+// while the lease's owner is blocked elsewhere (a wait, a watch); the thread drives the stream
+// through a completion queue, so a member that stops answering costs one renewal's deadline, and
+// sleeps between renewals on a condition variable, so stop() ends it at once.
+//
+// Fail-over: when the stream fails (UNAVAILABLE, its end, a renewal unanswered within its
+// deadline) the thread opens a new one on another endpoint of the client and goes on renewing
+// the same lease. It gives up only when etcd says the lease is gone (TTL <= 0), or when nothing
+// was acknowledged for the lease's TTL plus kElectionGrace (a new leader extends every lease by
+// its TTL, so a renewal that lands after an election still finds it): alive() turns false and
+// failure() says why, and the keys lapse.
 class EtcdKeepAlive {
  public:
-  EtcdKeepAlive(std::shared_ptr<grpc::Channel> channel, std::string endpoint, int64_t lease,
-                std::chrono::milliseconds interval);
+  // An election on etcd's default settings takes 1 to 2 s; renewals stall meanwhile.
+  static constexpr std::chrono::milliseconds kElectionGrace{3'000};
+
+  EtcdKeepAlive(EtcdClient& client, int64_t lease, std::chrono::milliseconds interval);
   ~EtcdKeepAlive();  // stop()
   EtcdKeepAlive(const EtcdKeepAlive&) = delete;
   EtcdKeepAlive& operator=(const EtcdKeepAlive&) = delete;
 
-  // Ends the renewals (the lease itself lives on until its TTL passes); idempotent.
+  // Ends the renewals (the lease itself lives on until its TTL passes); idempotent. At once,
+  // except while the thread picks a new endpoint with none answering: up to connectTimeout.
   void stop();
   bool alive() const { return alive_; }
   std::string failure() const;
   int64_t lease() const { return lease_; }
   // Renewals etcd acknowledged.
   int64_t renewals() const { return renewals_; }
+  // The endpoint the stream uses now ("" between two).
+  std::string endpoint() const;
 
  private:
   struct Stream;
   void run();
+  // One stream on one endpoint until it fails (returns why) or the renewals end (returns "").
+  std::string renewOn(const std::string& endpoint, const std::shared_ptr<grpc::Channel>& channel,
+                      Clock::time_point& lastAck, std::chrono::milliseconds& ttl);
   void fail(std::string why);
+  bool pause(std::chrono::milliseconds duration);  // false when stopping
 
-  const std::string endpoint_;
+  EtcdClient& client_;
   const int64_t lease_;
   const std::chrono::milliseconds interval_;
-  std::unique_ptr<Stream> stream_;
   std::atomic<bool> alive_{true};
   std::atomic<int64_t> renewals_{0};
-  mutable std::mutex mutex_;
+  mutable std::mutex mutex_;  // stopping_, failure_, endpoint_, stream_
   std::condition_variable wake_;
   bool stopping_ = false;
   std::string failure_;
+  std::string endpoint_;
+  Stream* stream_ = nullptr;  // the thread's current stream, for stop() to cancel
   std::mutex joinMutex_;
   std::thread thread_;
 };
@@ -194,27 +226,50 @@ class EtcdKeepAlive {
 // One watch on its own Watch stream, driven by its owner's thread through a completion queue:
 // next() waits for the next batch of events up to a timeout. Events arrive in revision order,
 // each once. cancel() may be called from any thread and makes a blocked next() throw.
+//
+// Fail-over: when the stream fails (UNAVAILABLE, its end, a member without a leader), next()
+// opens a new one from lastRevision() + 1 on another endpoint of the client, trying for up to
+// the client's connectTimeout (next() may return that much after its own timeout).
 class EtcdWatch {
  public:
-  EtcdWatch(std::shared_ptr<grpc::Channel> channel, std::string endpoint, std::string key,
-            std::string rangeEnd, int64_t startRevision, std::chrono::milliseconds timeout);
+  // Opens the watch (with fail-over across the client's endpoints); returns once etcd confirmed.
+  EtcdWatch(EtcdClient& client, std::string key, std::string rangeEnd, int64_t startRevision);
   ~EtcdWatch();
   EtcdWatch(const EtcdWatch&) = delete;
   EtcdWatch& operator=(const EtcdWatch&) = delete;
 
   // The next events, or none when `timeout` passed first. Throws NetworkError when the stream
-  // ends (a failed endpoint, cancel()), Error when etcd cancelled the watch (its start revision
-  // was compacted: re-read, then watch again from the read's revision + 1).
+  // ends and no endpoint takes the watch again, or after cancel(); Error when etcd cancelled the
+  // watch (its start revision was compacted, named in the message: re-read, then watch again
+  // from the read's revision + 1).
   std::vector<WatchEvent> next(std::chrono::milliseconds timeout);
   void cancel();
-  // The revision of the last event delivered (or the start revision - 1): a watch resumed from
-  // lastRevision() + 1 misses nothing and repeats nothing.
+  // The revision of the last event delivered (or the revision the watch started after): a
+  // watch resumed from lastRevision() + 1 misses nothing and repeats nothing.
   int64_t lastRevision() const { return lastRevision_; }
+  // The endpoint the stream uses now.
+  std::string endpoint() const;
+  // How many times the watch moved to another stream.
+  int reconnects() const { return reconnects_; }
 
  private:
   struct Stream;
-  std::unique_ptr<Stream> stream_;
+  // Opens a stream from lastRevision_ + 1 (from now the first time when startRevision was 0),
+  // on the endpoints of the client, avoiding `failed` first; throws after connectTimeout.
+  void connect(const std::string& failed, const std::string& why);
+  void open(const std::string& endpoint, const std::shared_ptr<grpc::Channel>& channel);
+  [[noreturn]] void throwCancelled() const;
+
+  EtcdClient& client_;
+  const std::string key_;
+  const std::string rangeEnd_;
+  bool fromNow_;
   int64_t lastRevision_ = 0;
+  int reconnects_ = 0;
+  std::atomic<bool> cancelled_{false};
+  mutable std::mutex mutex_;  // stream_ (swapped here, cancelled from cancel()), endpoint_
+  std::unique_ptr<Stream> stream_;
+  std::string endpoint_;
 };
 
 }  // namespace dlrun::rendezvous::etcd
