@@ -77,6 +77,9 @@ struct NodeRecord {
   std::vector<uint16_t> workerPorts;  // one free port per local worker, for TF_CONFIG
   int failures = 0;      // failure restarts this agent has seen in the job so far
   std::optional<int> lastGroupRank;  // its group rank in the round before, kept where possible
+  // The port of the workers' store this agent serves on `addr` (etcd: no machine is special,
+  // so whichever agent gets group rank 0 serves its round's workers); unset under c10d.
+  std::optional<uint16_t> storePort;
 };
 
 std::string encode(const NodeRecord& record);
@@ -95,6 +98,8 @@ struct Plan {
 
 // Group ranks by (rank hint, numeric address, last group rank, arrival); base ranks are the prefix sums of the
 // members' worker counts in group-rank order, so nodes may run different numbers of workers.
+// When group rank 0 serves a workers' store (storePort), every assignment names its address
+// and that port as the workers' MASTER_ADDR/MASTER_PORT.
 Plan planRound(const std::vector<NodeRecord>& byArrival);
 
 std::string encodeRoster(const std::vector<std::string>& roster);
