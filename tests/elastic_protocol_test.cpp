@@ -98,6 +98,20 @@ TEST(PlanRound, GroupRankZerosWorkersStoreIsEveryMembersMaster) {
   }
 }
 
+TEST(MakeWorld, TheRoundsWorkersStoreWinsOverTheJobsOne) {
+  const NodeJob job{"run", 2, 0, "10.0.0.9", 29400};
+  Assignment a{1, 2, 2, 4, 0};
+  World w = makeWorld(job, 3, a, {});
+  EXPECT_EQ(w.masterAddr, "10.0.0.9");  // c10d: the rendezvous store
+  EXPECT_EQ(w.masterPort, 29400);
+  a.masterAddr = "10.0.0.2";
+  a.masterPort = 40123;
+  w = makeWorld(job, 3, a, {});
+  EXPECT_EQ(w.masterAddr, "10.0.0.2");  // etcd: group rank 0's
+  EXPECT_EQ(w.masterPort, 40123);
+  EXPECT_TRUE(w.agentStore);
+}
+
 TEST(Codecs, StorePortAndMasterRoundTripAndStayOptional) {
   NodeRecord r = node("10.0.0.1", 1);
   EXPECT_FALSE(decodeNodeRecord(encode(r)).storePort);

@@ -53,6 +53,15 @@ class Etcd:
             os.kill(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
 
+    def keys(self, prefix):
+        """The keys under `prefix`, read with etcdctl."""
+        result = subprocess.run(
+            [ETCDCTL, f"--endpoints={self.endpoint}", "--dial-timeout=2s",
+             "--command-timeout=5s", "get", "--prefix", "--keys-only", prefix],
+            env={**os.environ, "ETCDCTL_API": "3"}, capture_output=True, text=True,
+            timeout=15, check=True)
+        return [line for line in result.stdout.splitlines() if line]
+
     def answers(self):
         """One v3 read through etcdctl, bounded by its own timeouts."""
         try:

@@ -28,11 +28,12 @@ class EtcdBackendTest(unittest.TestCase):
         self.addCleanup(kill_recorded_workers, self.out)
 
     def start_agents(self, nnodes, addresses, worker_args, nproc=2, extra=()):
+        """One agent per address (None: no --local-addr, the address etcd is reached from)."""
         args = [f"--nnodes={nnodes}", f"--nproc-per-node={nproc}", "--rdzv-backend=etcd",
                 f"--rdzv-endpoint={self.etcd.endpoint}", f"--rdzv-id=job{self.etcd.port}",
                 *extra]
-        return [Dlrun(self, [*args, f"--local-addr={addr}", PYTHON, WORKER, self.out,
-                             *worker_args], env=clean_env())
+        return [Dlrun(self, [*args, *([f"--local-addr={addr}"] if addr else []), PYTHON,
+                             WORKER, self.out, *worker_args], env=clean_env())
                 for addr in addresses]
 
     def starts(self):
@@ -101,6 +102,21 @@ class EtcdBackendTest(unittest.TestCase):
         for agent in survivors:
             r = agent.wait(JOB_TIMEOUT_S)
             self.assertEqual(r.returncode, 0, r)
+
+    def test_without_local_addr_the_address_etcd_is_reached_from_serves_the_workers(self):
+        agents = self.start_agents(2, [None, None], ["--allreduce"], nproc=1,
+                                   extra=["--rdzv-conf=etcd_prefix=/elsewhere"])
+        for agent in agents:
+            r = agent.wait(JOB_TIMEOUT_S)
+            self.assertEqual(r.returncode, 0, r)
+        starts = self.starts()
+        self.assertEqual(sorted(s["env"]["RANK"] for s in starts), ["0", "1"])
+        for s in starts:
+            self.assertEqual(s["env"]["MASTER_ADDR"], "127.0.0.1")
+            self.assertEqual(s["sum"], 1 + 2)
+        # The job's keys live under PREFIX/ID/, none under the default /dlrun/.
+        self.assertNotEqual(self.etcd.keys(f"/elsewhere/job{self.etcd.port}/"), [])
+        self.assertEqual(self.etcd.keys("/dlrun/"), [])
 
     def assert_one_line_error(self, args, code, part, within=JOB_TIMEOUT_S):
         started = time.monotonic()
