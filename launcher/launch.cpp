@@ -158,6 +158,28 @@ rendezvous::etcd::EtcdStoreOptions etcdStoreOptions(const LaunchConfig& config) 
           .timeout = timeout};
 }
 
+// etcd outlives its jobs: a job id whose keys say the job ended would hand every agent of a
+// new job with that id the old outcome at once (exit 0 and no worker, after a success).
+void refuseEndedJob(rendezvous::LeasingStore& store, const LaunchConfig& config) {
+  namespace elastic = rendezvous::elastic;
+  const elastic::Keys keys(config.rdzvId);
+  const auto found = store.peek({keys.stop(), keys.current()});
+  std::string newestEnd;
+  if (!found[1].empty()) {
+    try {
+      newestEnd = store.peek({keys.end(std::stoi(found[1]))})[0];
+    } catch (const std::logic_error&) {
+      throw ProtocolError("malformed value '" + found[1] + "' under " + keys.current() +
+                          " in etcd");
+    }
+  }
+  if (auto end = elastic::endedJob(found[0], newestEnd))
+    throw ConfigError("rendezvous id '" + config.rdzvId + "' names a job that already ended (" +
+                      end->describe() + "); its keys stay in etcd under " +
+                      config.rdzv.etcdPrefix + config.rdzvId +
+                      "/: give each job its own --rdzv-id");
+}
+
 // No machine is special: the rendezvous lives in etcd, and every agent serves an idle store for
 // workers on its own address; the round's plan names group rank 0's as MASTER_ADDR/MASTER_PORT.
 int launchEtcd(const LaunchConfig& config) {
@@ -170,6 +192,7 @@ int launchEtcd(const LaunchConfig& config) {
     // this node reaches etcd from is the one other nodes reach it at (without --local-addr).
     try {
       rendezvous::etcd::EtcdStore probe(storeOptions);
+      refuseEndedJob(probe, config);
       if (config.localAddr) {
         addr = rendezvous::resolveNumeric(*config.localAddr, "--local-addr");
       } else {

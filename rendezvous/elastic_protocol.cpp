@@ -208,6 +208,14 @@ RoundEnd decodeRoundEnd(std::string_view text) {
   return e;
 }
 
+std::optional<RoundEnd> endedJob(std::string_view stop, std::string_view newestEnd) {
+  if (!stop.empty()) return decodeRoundEnd(stop);
+  if (newestEnd.empty()) return std::nullopt;
+  RoundEnd end = decodeRoundEnd(newestEnd);
+  if (!end.endsJob()) return std::nullopt;  // a restart or a change of members: it goes on
+  return end;
+}
+
 std::string encodeShape(int minNodes, int maxNodes) {
   return std::to_string(minNodes) + ":" + std::to_string(maxNodes);
 }

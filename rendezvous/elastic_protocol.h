@@ -108,6 +108,12 @@ std::vector<std::string> decodeRoster(std::string_view text);
 std::string encode(const RoundEnd& end);
 RoundEnd decodeRoundEnd(std::string_view text);
 
+// How a job that already ended did, from its keys: `stop` (Keys::stop()) and the end of its
+// newest round (Keys::end(current)), either empty when missing. Nothing while the job runs or
+// before it starts. A store that outlives its jobs (etcd) would otherwise hand a new job with
+// the same id the old outcome at once.
+std::optional<RoundEnd> endedJob(std::string_view stop, std::string_view newestEnd);
+
 // "min:max", stored under Keys::shape() so a second job with another shape is refused.
 std::string encodeShape(int minNodes, int maxNodes);
 

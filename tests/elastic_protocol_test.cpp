@@ -172,6 +172,21 @@ TEST(Codecs, MalformedValuesAreProtocolErrors) {
   EXPECT_THROW(decodeRoster("{}"), ProtocolError);
 }
 
+TEST(EndedJob, AStopOrAFinalRoundEndEndsTheJobAnythingElseDoesNot) {
+  EXPECT_FALSE(endedJob("", ""));  // never started
+  using Kind = RoundEnd::Kind;
+  EXPECT_FALSE(endedJob("", encode(RoundEnd{.kind = Kind::NodeLost, .node = "n"})));
+  RoundEnd failed{.kind = Kind::WorkerFailed, .node = "n", .rank = 1, .exitCode = 3};
+  EXPECT_FALSE(endedJob("", encode(failed)));  // a restart is left
+  failed.final = true;
+  EXPECT_EQ(endedJob("", encode(failed))->kind, Kind::WorkerFailed);
+  EXPECT_EQ(endedJob("", encode(RoundEnd{.kind = Kind::Finished, .node = "n"}))->kind,
+            Kind::Finished);
+  const std::string stop = encode(jobStopped(2, "n"));
+  EXPECT_EQ(endedJob(stop, "")->kind, Kind::Stopped);
+  EXPECT_THROW(endedJob("", "garbage"), ProtocolError);
+}
+
 TEST(Keys, RoundsAndRunsDoNotShareKeys) {
   const Keys a("job"), b("job2");
   EXPECT_NE(a.closed(1), a.closed(11));

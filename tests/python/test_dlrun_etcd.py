@@ -103,7 +103,7 @@ class EtcdBackendTest(unittest.TestCase):
             r = agent.wait(JOB_TIMEOUT_S)
             self.assertEqual(r.returncode, 0, r)
 
-    def test_without_local_addr_the_address_etcd_is_reached_from_serves_the_workers(self):
+    def test_without_local_addr_etcds_side_serves_and_an_ended_job_id_is_refused(self):
         agents = self.start_agents(2, [None, None], ["--allreduce"], nproc=1,
                                    extra=["--rdzv-conf=etcd_prefix=/elsewhere"])
         for agent in agents:
@@ -117,6 +117,19 @@ class EtcdBackendTest(unittest.TestCase):
         # The job's keys live under PREFIX/ID/, none under the default /dlrun/.
         self.assertNotEqual(self.etcd.keys(f"/elsewhere/job{self.etcd.port}/"), [])
         self.assertEqual(self.etcd.keys("/dlrun/"), [])
+        # etcd outlives the job: a new job under the same id is refused, not handed the old
+        # outcome (exit 0 and no worker).
+        out = temp_dir(self)
+        again = Dlrun(self, ["--nnodes=2", "--nproc-per-node=1", "--rdzv-backend=etcd",
+                             f"--rdzv-endpoint={self.etcd.endpoint}",
+                             f"--rdzv-id=job{self.etcd.port}",
+                             "--rdzv-conf=etcd_prefix=/elsewhere", PYTHON, WORKER, out],
+                      env=clean_env()).wait(JOB_TIMEOUT_S)
+        self.assertEqual(again.returncode, 2, again)
+        self.assertEqual(len(again.dlrun_lines()), 1, again)
+        self.assertIn("names a job that already ended (every worker finished)",
+                      again.dlrun_lines()[0])
+        self.assertEqual(os.listdir(out), [])  # no worker started
 
     def assert_one_line_error(self, args, code, part, within=JOB_TIMEOUT_S):
         started = time.monotonic()
