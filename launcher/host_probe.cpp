@@ -58,7 +58,8 @@ HostProbe HostProbe::real() {
     const std::string_view text(*entry);
     const size_t eq = text.find('=');
     if (eq != std::string_view::npos &&
-        (text.starts_with("SLURM") || text.substr(0, eq) == "DLRUN_SLURM"))
+        (text.starts_with("SLURM") || text.substr(0, eq) == "DLRUN_SLURM" ||
+         text.substr(0, eq) == "DLRUN_ETCD_ENDPOINTS"))
       host.env.emplace(text.substr(0, eq), text.substr(eq + 1));
   }
   return host;

@@ -12,6 +12,7 @@
 #include "launcher/launch_cli.h"
 #include "rendezvous/store/address.h"
 #include "rendezvous/elastic_rendezvous.h"
+#include "rendezvous/etcd/etcd_store.h"
 #include "rendezvous/local_rendezvous.h"
 #include "rendezvous/store/store_server.h"
 
@@ -95,6 +96,8 @@ StorePlan planStore(const LaunchConfig& config) {
       plan.serve = config.rdzv.isHost.value_or(rendezvous::isLocalAddress(plan.host));
       return plan;
     }
+    case RdzvBackend::Etcd:
+      break;  // launchEtcd: etcd is the rendezvous store, and no agent serves it
   }
   throw std::logic_error("planStore: a rendezvous backend without a store plan");
 }
@@ -120,7 +123,108 @@ void lingerForOthers(const rendezvous::StoreServerThread& store) {
 }
 
 
+rendezvous::ElasticOptions elasticOptions(const LaunchConfig& config, const std::string& addr,
+                                          const std::string& name) {
+  const bool isStatic = config.rdzvBackend == RdzvBackend::Static;
+  return {
+      .runId = isStatic && config.rdzvId == "none" ? "static" : config.rdzvId,
+      .minNodes = config.minNodes,
+      .maxNodes = config.maxNodes,
+      .maxRestarts = config.maxRestarts,
+      .self = {.addr = addr,
+               .name = name,
+               .nproc = config.nprocPerNode,
+               .rankHint = isStatic ? config.nodeRank.value_or(0) : config.nodeRank},
+      .lastCall = config.rdzv.lastCall,
+      .joinTimeout = config.rdzv.joinTimeout,
+      .heartbeat = config.rdzv.heartbeat,
+      .leaseTtl = config.rdzv.leaseTtl(),
+      .refuseLostNodes = config.refuseLostNodes,
+      .stopOnlyNode = config.rdzv.stopOnlyNode,
+  };
+}
+
+// etcd's client deadlines: a call not answered within a lease's life is as good as lost (as
+// with dlrund), and picking an endpoint is bounded so a dead cluster is one line, not a hang.
+constexpr auto kEtcdConnectTimeout = std::chrono::seconds(5);
+
+rendezvous::etcd::EtcdStoreOptions etcdStoreOptions(const LaunchConfig& config) {
+  const auto timeout = std::max<std::chrono::milliseconds>(
+      config.rdzv.leaseTtl() + config.rdzv.heartbeat, std::chrono::seconds(2));
+  return {.client = {.endpoints = config.etcdEndpoints,
+                     .timeout = timeout,
+                     .connectTimeout = kEtcdConnectTimeout},
+          .prefix = config.rdzv.etcdPrefix + config.rdzvId + "/",
+          .timeout = timeout};
+}
+
+// etcd outlives its jobs: a job id whose keys say the job ended would hand every agent of a
+// new job with that id the old outcome at once (exit 0 and no worker, after a success).
+void refuseEndedJob(rendezvous::LeasingStore& store, const LaunchConfig& config) {
+  namespace elastic = rendezvous::elastic;
+  const elastic::Keys keys(config.rdzvId);
+  const auto found = store.peek({keys.stop(), keys.current()});
+  std::string newestEnd;
+  if (!found[1].empty()) {
+    try {
+      newestEnd = store.peek({keys.end(std::stoi(found[1]))})[0];
+    } catch (const std::logic_error&) {
+      throw ProtocolError("malformed value '" + found[1] + "' under " + keys.current() +
+                          " in etcd");
+    }
+  }
+  if (auto end = elastic::endedJob(found[0], newestEnd))
+    throw ConfigError("rendezvous id '" + config.rdzvId + "' names a job that already ended (" +
+                      end->describe() + "); its keys stay in etcd under " +
+                      config.rdzv.etcdPrefix + config.rdzvId +
+                      "/: give each job its own --rdzv-id");
+}
+
+// No machine is special: the rendezvous lives in etcd, and every agent serves an idle store for
+// workers on its own address; the round's plan names group rank 0's as MASTER_ADDR/MASTER_PORT.
+int launchEtcd(const LaunchConfig& config) {
+  const auto storeOptions = etcdStoreOptions(config);
+  const std::string endpoints = rendezvous::etcd::describe(config.etcdEndpoints);
+  std::string addr;
+  {
+    // Reached once before anything starts: an unreachable cluster is one line within the
+    // connect timeout, where the rendezvous would retry until the join timeout. The address
+    // this node reaches etcd from is the one other nodes reach it at (without --local-addr).
+    try {
+      rendezvous::etcd::EtcdStore probe(storeOptions);
+      refuseEndedJob(probe, config);
+      if (config.localAddr) {
+        addr = rendezvous::resolveNumeric(*config.localAddr, "--local-addr");
+      } else {
+        const auto& picked = config.etcdEndpoints.front();
+        addr = rendezvous::localAddressToward(
+            rendezvous::resolveNumeric(picked.host, "--rdzv-endpoint host"), picked.port);
+      }
+    } catch (const NetworkError& e) {
+      throw NetworkError(std::string("cannot reach etcd (--rdzv-endpoint): ") + e.what());
+    }
+  }
+  agents::checkDescriptors(agentOptions(config, true));
+  rendezvous::StoreServerThread workerStore({.host = addr, .port = 0});
+  const std::string name = config.nodeName.value_or(hostName());
+  rendezvous::ElasticOptions options = elasticOptions(config, addr, name);
+  options.storeHost = endpoints;  // for messages: etcd, not an agent, is the rendezvous store
+  options.self.storePort = workerStore.port();
+  options.connect = [storeOptions] {
+    return std::make_unique<rendezvous::etcd::EtcdStore>(storeOptions);
+  };
+  int code;
+  {
+    rendezvous::ElasticRendezvous rendezvous(std::move(options));
+    code = agents::Agent(agentOptions(config, true, name + " (" + addr + ")"), rendezvous).run();
+  }
+  // This node may have served the last round's workers; others may still be hanging up.
+  lingerForOthers(workerStore);
+  return code;
+}
+
 int launchMultiNode(const LaunchConfig& config) {
+  if (config.rdzvBackend == RdzvBackend::Etcd) return launchEtcd(config);
   const StorePlan plan = planStore(config);
   // Before joining: a node that cannot start its workers must not hold the others up.
   agents::checkDescriptors(agentOptions(config, plan.serve));
@@ -129,27 +233,12 @@ int launchMultiNode(const LaunchConfig& config) {
       config.localAddr ? rendezvous::resolveNumeric(*config.localAddr, "--local-addr")
                        : rendezvous::localAddressToward(plan.host, plan.port);
   const std::string name = config.nodeName.value_or(hostName());
-  const bool isStatic = config.rdzvBackend == RdzvBackend::Static;
   int code;
   {
-    rendezvous::ElasticRendezvous rendezvous({
-        .runId = isStatic && config.rdzvId == "none" ? "static" : config.rdzvId,
-        .minNodes = config.minNodes,
-        .maxNodes = config.maxNodes,
-        .maxRestarts = config.maxRestarts,
-        .storeHost = plan.host,
-        .storePort = plan.port,
-        .self = {.addr = addr,
-                 .name = name,
-                 .nproc = config.nprocPerNode,
-                 .rankHint = isStatic ? config.nodeRank.value_or(0) : config.nodeRank},
-        .lastCall = config.rdzv.lastCall,
-        .joinTimeout = config.rdzv.joinTimeout,
-        .heartbeat = config.rdzv.heartbeat,
-        .leaseTtl = config.rdzv.leaseTtl(),
-        .refuseLostNodes = config.refuseLostNodes,
-        .stopOnlyNode = config.rdzv.stopOnlyNode,
-    });
+    rendezvous::ElasticOptions options = elasticOptions(config, addr, name);
+    options.storeHost = plan.host;
+    options.storePort = plan.port;
+    rendezvous::ElasticRendezvous rendezvous(std::move(options));
     code = agents::Agent(agentOptions(config, store.has_value(), name + " (" + addr + ")"),
                          rendezvous)
                .run();

@@ -8,6 +8,7 @@
 #include "common/cli.h"
 #include "launcher/entry_point.h"
 #include "launcher/version.h"
+#include "rendezvous/etcd/endpoints.h"
 #include "rendezvous/store/tcp_stream.h"
 
 namespace dlrun::launcher {
@@ -96,10 +97,12 @@ RdzvBackendFlag parseRdzvBackend(const std::string& value) {
   if (value == "c10d") return {.backend = RdzvBackend::C10d};
   if (value == "static") return {.backend = RdzvBackend::Static};
   if (value == "slurm") return {.backend = RdzvBackend::C10d, .slurm = true};
-  // torchrun's etcd backends: named apart from a typo, since dlrun is to have one.
-  if (value == "etcd" || value == "etcd-v2")
-    throw ConfigError("--rdzv-backend=" + value + " is not supported yet; use c10d or static");
-  throw ConfigError("--rdzv-backend: '" + value + "' is not c10d, static or slurm");
+  if (value == "etcd" || value == "etcd-v3") return {.backend = RdzvBackend::Etcd};
+  // torchrun's v2 backend: named apart from a typo, with what to use instead.
+  if (value == "etcd-v2")
+    throw ConfigError("--rdzv-backend=etcd-v2: dlrun speaks etcd's v3 API; use "
+                      "--rdzv-backend=etcd");
+  throw ConfigError("--rdzv-backend: '" + value + "' is not c10d, static, etcd or slurm");
 }
 
 std::pair<int, int> parseNnodes(const std::string& value) {
@@ -197,11 +200,15 @@ RdzvSettings parseRdzvSettings(const std::map<std::string, std::string>& conf) {
       if (value != "job" && value != "node")
         throw ConfigError("--rdzv-conf: stop_policy=" + value + " is not job or node");
       settings.stopOnlyNode = value == "node";
+    } else if (key == "etcd_prefix") {
+      if (value.empty() || value.find_first_of(" \t\n") != std::string::npos)
+        throw ConfigError("--rdzv-conf: etcd_prefix='" + value + "' is not a key prefix");
+      settings.etcdPrefix = value.ends_with('/') ? value : value + "/";
     } else if (key != "timeout" && key != "close_timeout" && key != "read_timeout") {
       // torchrun's other keys are accepted for compatibility; they have no meaning here.
       throw ConfigError("--rdzv-conf: unknown key '" + key +
                         "' (known: join_timeout, last_call_timeout, keep_alive_interval, "
-                        "keep_alive_max_attempt, is_host, stop_policy)");
+                        "keep_alive_max_attempt, is_host, stop_policy, etcd_prefix)");
     }
   }
   return settings;
@@ -280,9 +287,10 @@ LaunchParse parseDlrunArgs(const std::vector<std::string>& args, const HostProbe
       app, "rdzv-backend", backend,
       "Rendezvous backend: c10d (the default) or static (the default with --master-addr or "
       "--master-port and no --rdzv-endpoint); slurm: c10d set up from the Slurm allocation, "
-      "which must exist");
+      "which must exist; etcd (or etcd-v3): the elastic rendezvous on an etcd v3 cluster");
   auto* endpointOption =
-      addOption(app, "rdzv-endpoint", c.rdzvEndpoint, "HOST[:PORT] of the rendezvous store");
+      addOption(app, "rdzv-endpoint", c.rdzvEndpoint,
+                "HOST[:PORT] of the rendezvous store; with etcd, HOST[:PORT],... (port 2379)");
   auto* rdzvIdOption =
       addOption(app, "rdzv-id", c.rdzvId, "Job id shared by every node of one job");
   bool noSlurm = false;
@@ -343,7 +351,6 @@ LaunchParse parseDlrunArgs(const std::vector<std::string>& args, const HostProbe
   c.tee = parseStreams("--tee", tee);
   if (!ranksFilter.empty()) c.localRanksFilter = parseRanksFilter(ranksFilter);
   c.tfConfig = parseTfConfig(tfConfig);
-  if (!c.rdzvEndpoint.empty()) parseEndpoint("--rdzv-endpoint", c.rdzvEndpoint);
   if (!logDir.empty()) c.logDir = logDir;
   if (!localAddr.empty()) c.localAddr = localAddr;
   if (masterPort >= 0) c.masterPort = static_cast<uint16_t>(masterPort);
@@ -373,6 +380,24 @@ LaunchParse parseDlrunArgs(const std::vector<std::string>& args, const HostProbe
       throw ConfigError("--rdzv-backend=slurm: SLURM_JOB_ID is unset, so this is no Slurm "
                         "allocation; start dlrun with srun, or use --rdzv-backend=c10d");
   }
+  // etcd's endpoints: one list, checked before anything else is decided from them. Where the
+  // flag is not given, DLRUN_ETCD_ENDPOINTS names them (set once for a cluster or a site).
+  const bool etcd = c.rdzvBackend == RdzvBackend::Etcd;
+  if (etcd && c.rdzvEndpoint.empty()) {
+    if (auto it = host.env.find("DLRUN_ETCD_ENDPOINTS"); it != host.env.end())
+      c.rdzvEndpoint = it->second;
+  }
+  if (etcd && !c.rdzvEndpoint.empty()) {
+    try {
+      c.etcdEndpoints = rendezvous::etcd::parseEndpoints(c.rdzvEndpoint);
+    } catch (const ConfigError& e) {
+      throw ConfigError(std::string("--rdzv-endpoint: ") + e.what());
+    }
+  } else if (!c.rdzvEndpoint.empty()) {
+    parseEndpoint("--rdzv-endpoint", c.rdzvEndpoint);
+  }
+  // Under etcd Slurm gives the job id, the node count and the node order (SLURM_NODEID as the
+  // group-rank hint), but no endpoint: nobody serves the rendezvous.
   if (slurmBackend || (!noSlurm && !c.standalone && slurm::detected(host.env))) {
     applySlurm(slurm::discover(host.env,
                                {.nnodes = nnodesOption->count() > 0,
@@ -395,6 +420,10 @@ LaunchParse parseDlrunArgs(const std::vector<std::string>& args, const HostProbe
   if (c.maxNodes > 1 && c.rdzvBackend == RdzvBackend::C10d && c.rdzvEndpoint.empty())
     throw ConfigError("--nnodes=" + nodesText(c) +
                       " with the c10d backend needs --rdzv-endpoint=HOST[:PORT]");
+  if (c.maxNodes > 1 && etcd && c.etcdEndpoints.empty())
+    throw ConfigError("--nnodes=" + nodesText(c) +
+                      " with the etcd backend needs --rdzv-endpoint=HOST[:PORT],... (or "
+                      "DLRUN_ETCD_ENDPOINTS)");
 
   c.entrypoint = rest.front();
   c.command = resolveCommand(rest.front(), {rest.begin() + 1, rest.end()},

@@ -27,7 +27,8 @@ struct RdzvBackendFlag {
   RdzvBackend backend;
   bool slurm = false;  // "slurm": c10d set up from the Slurm allocation, which must exist
 };
-// "static", "c10d" or "slurm"; etcd is refused as not supported yet.
+// "static", "c10d", "slurm", or "etcd" (also "etcd-v3"); "etcd-v2" is refused: dlrun speaks
+// etcd's v3 API only.
 RdzvBackendFlag parseRdzvBackend(const std::string& value);
 // "N" or "MIN:MAX".
 std::pair<int, int> parseNnodes(const std::string& value);

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "agents/agent.h"
+#include "rendezvous/etcd/endpoints.h"
 
 namespace dlrun::launcher {
 
@@ -25,6 +26,8 @@ struct RdzvSettings {
   // stop_policy: a deliberate stop (SIGINT, SIGTERM, SIGHUP) of one node stops the whole job,
   // or only that node leaves (the others go on while at least MIN remain)
   bool stopOnlyNode = false;
+  // etcd_prefix: the etcd backend keeps a job's keys under this + the job id + "/"
+  std::string etcdPrefix = "/dlrun/";
   std::chrono::milliseconds leaseTtl() const { return heartbeat * keepAliveMaxAttempt; }
 };
 
@@ -33,6 +36,8 @@ struct RdzvSettings {
 enum class RdzvBackend {
   Static,  // torchrun's classic launch: a fixed world, the store on --master-addr, ranks given
   C10d,    // the elastic rendezvous on the store at --rdzv-endpoint (set, or derived from Slurm)
+  Etcd,    // the same elastic rendezvous on an etcd v3 cluster: no node serves it; the workers'
+           // store is served by each round's group rank 0
 };
 
 struct LaunchConfig {
@@ -42,6 +47,8 @@ struct LaunchConfig {
   std::optional<int> nodeRank;  // --node-rank: the static rank, or a group-rank hint
   RdzvBackend rdzvBackend = RdzvBackend::C10d;
   std::string rdzvEndpoint;  // HOST[:PORT], checked; with C10d on several nodes, never empty
+  // Etcd: --rdzv-endpoint (else DLRUN_ETCD_ENDPOINTS) parsed; on several nodes, never empty.
+  std::vector<rendezvous::etcd::Endpoint> etcdEndpoints;
   std::string rdzvId = "none";
   RdzvSettings rdzv;  // from --rdzv-conf
   bool standalone = false;

@@ -33,6 +33,14 @@ T field(const json& object, const char* name, const char* what) {
   }
 }
 
+// nlohmann converts 70000 to a uint16_t without a word: a port is read as an int and checked.
+uint16_t portField(const json& object, const char* name, const char* what) {
+  const int port = field<int>(object, name, what);
+  if (port < 1 || port > 65535)
+    throw ProtocolError(std::string(what) + " has a malformed '" + name + "'");
+  return static_cast<uint16_t>(port);
+}
+
 // Addresses compare as numbers (10.0.0.9 before 10.0.0.10), IPv4 before IPv6; a name that is
 // not numeric sorts after both, by its text.
 struct AddressKey {
@@ -69,6 +77,7 @@ std::string encode(const NodeRecord& r) {
             {"ports", r.workerPorts}, {"failures", r.failures}};
   if (r.rankHint) j["hint"] = *r.rankHint;
   if (r.lastGroupRank) j["last"] = *r.lastGroupRank;
+  if (r.storePort) j["store"] = *r.storePort;
   return j.dump();
 }
 
@@ -83,26 +92,34 @@ NodeRecord decodeNodeRecord(std::string_view text) {
   r.failures = field<int>(j, "failures", what);
   if (j.contains("hint")) r.rankHint = field<int>(j, "hint", what);
   if (j.contains("last")) r.lastGroupRank = field<int>(j, "last", what);
+  if (j.contains("store")) r.storePort = portField(j, "store", what);
   if (r.nproc < 1 || r.workerPorts.size() != static_cast<size_t>(r.nproc))
     throw ProtocolError("node record of " + r.addr + " has an inconsistent worker count");
   return r;
 }
 
 std::string encode(const Assignment& a) {
-  return json{{"group_rank", a.groupRank},
-              {"group_world_size", a.groupWorldSize},
-              {"base_rank", a.baseRank},
-              {"world_size", a.worldSize},
-              {"failures", a.failures}}
-      .dump();
+  json j = {{"group_rank", a.groupRank},
+            {"group_world_size", a.groupWorldSize},
+            {"base_rank", a.baseRank},
+            {"world_size", a.worldSize},
+            {"failures", a.failures}};
+  if (a.masterAddr) j["master_addr"] = *a.masterAddr;
+  if (a.masterPort) j["master_port"] = *a.masterPort;
+  return j.dump();
 }
 
 Assignment decodeAssignment(std::string_view text) {
   static constexpr const char* what = "rank assignment";
   const json j = parse(text, what);
-  return {field<int>(j, "group_rank", what), field<int>(j, "group_world_size", what),
-          field<int>(j, "base_rank", what), field<int>(j, "world_size", what),
-          field<int>(j, "failures", what)};
+  Assignment a{field<int>(j, "group_rank", what), field<int>(j, "group_world_size", what),
+               field<int>(j, "base_rank", what), field<int>(j, "world_size", what),
+               field<int>(j, "failures", what)};
+  if (j.contains("master_addr")) a.masterAddr = field<std::string>(j, "master_addr", what);
+  if (j.contains("master_port")) a.masterPort = portField(j, "master_port", what);
+  if (a.masterAddr.has_value() != a.masterPort.has_value())
+    throw ProtocolError("rank assignment has a workers' store address without its port");
+  return a;
 }
 
 Plan planRound(const std::vector<NodeRecord>& byArrival) {
@@ -126,7 +143,12 @@ Plan planRound(const std::vector<NodeRecord>& byArrival) {
   int baseRank = 0;
   for (int groupRank = 0; groupRank < members; ++groupRank) {
     const NodeRecord& r = byArrival[order[groupRank]];
-    plan.byArrival[order[groupRank]] = {groupRank, members, baseRank, worldSize, failures};
+    Assignment& a = plan.byArrival[order[groupRank]];
+    a = {groupRank, members, baseRank, worldSize, failures};
+    if (const NodeRecord& first = byArrival[order[0]]; first.storePort) {
+      a.masterAddr = first.addr;
+      a.masterPort = *first.storePort;
+    }
     for (uint16_t port : r.workerPorts) plan.roster.push_back(joinHostPort(r.addr, port));
     baseRank += r.nproc;
   }
@@ -184,6 +206,14 @@ RoundEnd decodeRoundEnd(std::string_view text) {
     e.report = field<std::string>(j, "report", what);
   }
   return e;
+}
+
+std::optional<RoundEnd> endedJob(std::string_view stop, std::string_view newestEnd) {
+  if (!stop.empty()) return decodeRoundEnd(stop);
+  if (newestEnd.empty()) return std::nullopt;
+  RoundEnd end = decodeRoundEnd(newestEnd);
+  if (!end.endsJob()) return std::nullopt;  // a restart or a change of members: it goes on
+  return end;
 }
 
 std::string encodeShape(int minNodes, int maxNodes) {

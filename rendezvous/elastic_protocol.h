@@ -77,6 +77,9 @@ struct NodeRecord {
   std::vector<uint16_t> workerPorts;  // one free port per local worker, for TF_CONFIG
   int failures = 0;      // failure restarts this agent has seen in the job so far
   std::optional<int> lastGroupRank;  // its group rank in the round before, kept where possible
+  // The port of the workers' store this agent serves on `addr` (etcd: no machine is special,
+  // so whichever agent gets group rank 0 serves its round's workers); unset under c10d.
+  std::optional<uint16_t> storePort;
 };
 
 std::string encode(const NodeRecord& record);
@@ -95,6 +98,8 @@ struct Plan {
 
 // Group ranks by (rank hint, numeric address, last group rank, arrival); base ranks are the prefix sums of the
 // members' worker counts in group-rank order, so nodes may run different numbers of workers.
+// When group rank 0 serves a workers' store (storePort), every assignment names its address
+// and that port as the workers' MASTER_ADDR/MASTER_PORT.
 Plan planRound(const std::vector<NodeRecord>& byArrival);
 
 std::string encodeRoster(const std::vector<std::string>& roster);
@@ -102,6 +107,12 @@ std::vector<std::string> decodeRoster(std::string_view text);
 
 std::string encode(const RoundEnd& end);
 RoundEnd decodeRoundEnd(std::string_view text);
+
+// How a job that already ended did, from its keys: `stop` (Keys::stop()) and the end of its
+// newest round (Keys::end(current)), either empty when missing. Nothing while the job runs or
+// before it starts. A store that outlives its jobs (etcd) would otherwise hand a new job with
+// the same id the old outcome at once.
+std::optional<RoundEnd> endedJob(std::string_view stop, std::string_view newestEnd);
 
 // "min:max", stored under Keys::shape() so a second job with another shape is refused.
 std::string encodeShape(int minNodes, int maxNodes);

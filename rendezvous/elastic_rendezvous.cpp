@@ -81,7 +81,7 @@ void ElasticRendezvous::connect(Clock::time_point deadline) {
     } catch (const Error& e) {
       // A server that is not a store, or a broken one, will not become one by waiting.
       if (dynamic_cast<const ProtocolError*>(&e) || dynamic_cast<const ConfigError*>(&e)) throw;
-      const std::string where = joinHostPort(options_.storeHost, options_.storePort);
+      const std::string where = storeName();
       // After a loss, a store that refuses (rather than a network that drops) is gone for
       // good: the agent that served it has exited, and its keys with it.
       const bool refused = dynamic_cast<const ConnectionRefused*>(&e) != nullptr;
@@ -99,6 +99,12 @@ void ElasticRendezvous::connect(Clock::time_point deadline) {
   }
 }
 
+std::string ElasticRendezvous::storeName() const {
+  // Port 0: storeHost already names the store as a whole (etcd's endpoint list).
+  return options_.storePort == 0 ? options_.storeHost
+                                 : joinHostPort(options_.storeHost, options_.storePort);
+}
+
 void ElasticRendezvous::checkShape() {
   const std::string mine = elastic::encodeShape(options_.minNodes, options_.maxNodes);
   const std::string stored = lease_->compareSet(keys_.shape(), "", mine);
@@ -112,7 +118,7 @@ JoinResult ElasticRendezvous::next() {
   const auto deadline = now() + options_.joinTimeout;
   if (reconnect_) {
     log::info("reconnecting to the rendezvous store at " +
-              joinHostPort(options_.storeHost, options_.storePort));
+              storeName());
     connect(deadline);
     member_.reset();
   }

@@ -38,9 +38,11 @@ struct ElasticOptions {
   int minNodes = 1;
   int maxNodes = 1;
   int maxRestarts = 0;
-  std::string storeHost;
+  std::string storeHost;   // with storePort 0: the store's name for messages (etcd's endpoints)
   uint16_t storePort = 0;
-  elastic::NodeRecord self;  // addr, name, nproc and rank hint; ports are chosen per round
+  // addr, name, nproc, rank hint and the workers' store port (etcd); worker ports are chosen
+  // per round
+  elastic::NodeRecord self;
   std::chrono::milliseconds lastCall{1'000};
   std::chrono::milliseconds joinTimeout{600'000};
   std::chrono::milliseconds heartbeat{1'000};
@@ -102,6 +104,7 @@ class ElasticRendezvous : public Rendezvous {
 
   void connect(Clock::time_point deadline);
   std::unique_ptr<LeasingStore> openStore() const;
+  std::string storeName() const;  // the store as messages name it
   // The store's time (lease_'s, even a lost one's); the real clock before the first connection.
   Clock::time_point now() const;
   void checkShape();

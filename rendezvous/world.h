@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -41,6 +42,10 @@ struct Placement {
   int baseRank = 0;
   int worldSize = 1;
   int failures = 0;  // failure restarts used before this round
+  // Where the workers' store is when the round decides it (etcd: served by the agent of group
+  // rank 0); unset: NodeJob's address, the rendezvous store (c10d, static).
+  std::optional<std::string> masterAddr;
+  std::optional<uint16_t> masterPort;
 };
 
 // The one way a World is made, for one node and for several.

@@ -68,6 +68,71 @@ TEST(PlanRound, FailureCountIsTheHighestAnyMemberSaw) {
   for (const Assignment& x : planRound({a, b}).byArrival) EXPECT_EQ(x.failures, 2);
 }
 
+TEST(PlanRound, WithoutAWorkersStoreAssignmentsNameNone) {
+  // c10d: the workers use the rendezvous store, so the round names no other.
+  for (const Assignment& x : planRound({node("10.0.0.1", 1), node("10.0.0.2", 1)}).byArrival) {
+    EXPECT_FALSE(x.masterAddr);
+    EXPECT_FALSE(x.masterPort);
+  }
+}
+
+TEST(PlanRound, GroupRankZerosWorkersStoreIsEveryMembersMaster) {
+  // etcd: every agent serves a store; the one of group rank 0 (10.0.0.2 here, by address)
+  // serves the round's workers, whoever arrived first.
+  NodeRecord a = node("10.0.0.3", 1), b = node("10.0.0.2", 2), c = node("10.0.0.4", 1);
+  a.storePort = 4003;
+  b.storePort = 4002;
+  c.storePort = 4004;
+  const Plan plan = planRound({a, b, c});
+  for (const Assignment& x : plan.byArrival) {
+    EXPECT_EQ(x.masterAddr, "10.0.0.2");
+    EXPECT_EQ(x.masterPort, 4002);
+  }
+  EXPECT_EQ(plan.byArrival[1].groupRank, 0);
+
+  // The next round without 10.0.0.2: 10.0.0.3 is group rank 0 and serves.
+  const Plan after = planRound({a, c});
+  for (const Assignment& x : after.byArrival) {
+    EXPECT_EQ(x.masterAddr, "10.0.0.3");
+    EXPECT_EQ(x.masterPort, 4003);
+  }
+}
+
+TEST(MakeWorld, TheRoundsWorkersStoreWinsOverTheJobsOne) {
+  const NodeJob job{"run", 2, 0, "10.0.0.9", 29400};
+  Assignment a{1, 2, 2, 4, 0};
+  World w = makeWorld(job, 3, a, {});
+  EXPECT_EQ(w.masterAddr, "10.0.0.9");  // c10d: the rendezvous store
+  EXPECT_EQ(w.masterPort, 29400);
+  a.masterAddr = "10.0.0.2";
+  a.masterPort = 40123;
+  w = makeWorld(job, 3, a, {});
+  EXPECT_EQ(w.masterAddr, "10.0.0.2");  // etcd: group rank 0's
+  EXPECT_EQ(w.masterPort, 40123);
+  EXPECT_TRUE(w.agentStore);
+}
+
+TEST(Codecs, StorePortAndMasterRoundTripAndStayOptional) {
+  NodeRecord r = node("10.0.0.1", 1);
+  EXPECT_FALSE(decodeNodeRecord(encode(r)).storePort);
+  r.storePort = 40123;
+  EXPECT_EQ(decodeNodeRecord(encode(r)).storePort, 40123);
+
+  Assignment a{0, 2, 0, 4, 0};
+  EXPECT_FALSE(decodeAssignment(encode(a)).masterAddr);
+  a.masterAddr = "fd00::1";
+  a.masterPort = 40123;
+  const Assignment back = decodeAssignment(encode(a));
+  EXPECT_EQ(back.masterAddr, "fd00::1");
+  EXPECT_EQ(back.masterPort, 40123);
+  EXPECT_THROW(decodeAssignment(R"({"group_rank":0,"group_world_size":1,"base_rank":0,)"
+                                R"("world_size":1,"failures":0,"master_addr":"a"})"),
+               ProtocolError);  // an address without its port
+  EXPECT_THROW(decodeNodeRecord(R"({"addr":"a","name":"n","nproc":1,"ports":[1],"failures":0,)"
+                                R"("store":70000})"),
+               ProtocolError);  // not a port
+}
+
 TEST(Codecs, RecordsAssignmentsAndEndsRoundTrip) {
   NodeRecord r = node("fd00::1", 2, 5);
   r.failures = 1;
@@ -105,6 +170,21 @@ TEST(Codecs, MalformedValuesAreProtocolErrors) {
   EXPECT_THROW(decodeAssignment(R"({"group_rank":"zero"})"), ProtocolError);
   EXPECT_THROW(decodeRoundEnd(R"({"kind":"exploded","node":"x"})"), ProtocolError);
   EXPECT_THROW(decodeRoster("{}"), ProtocolError);
+}
+
+TEST(EndedJob, AStopOrAFinalRoundEndEndsTheJobAnythingElseDoesNot) {
+  EXPECT_FALSE(endedJob("", ""));  // never started
+  using Kind = RoundEnd::Kind;
+  EXPECT_FALSE(endedJob("", encode(RoundEnd{.kind = Kind::NodeLost, .node = "n"})));
+  RoundEnd failed{.kind = Kind::WorkerFailed, .node = "n", .rank = 1, .exitCode = 3};
+  EXPECT_FALSE(endedJob("", encode(failed)));  // a restart is left
+  failed.final = true;
+  EXPECT_EQ(endedJob("", encode(failed))->kind, Kind::WorkerFailed);
+  EXPECT_EQ(endedJob("", encode(RoundEnd{.kind = Kind::Finished, .node = "n"}))->kind,
+            Kind::Finished);
+  const std::string stop = encode(jobStopped(2, "n"));
+  EXPECT_EQ(endedJob(stop, "")->kind, Kind::Stopped);
+  EXPECT_THROW(endedJob("", "garbage"), ProtocolError);
 }
 
 TEST(Keys, RoundsAndRunsDoNotShareKeys) {

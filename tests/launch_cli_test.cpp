@@ -405,7 +405,7 @@ TEST(ParseDlrunArgs, InvalidInputNamesTheFlag) {
       {{"--nproc-per-node=0", "env"}, {"--nproc-per-node", "0"}},
       {{"--nnodes=3:2", "env"}, {"--nnodes"}},
       {{"--rdzv-backend=bogus", "env"}, {"--rdzv-backend", "bogus"}},
-      {{"--rdzv-backend=etcd", "env"}, {"--rdzv-backend=etcd", "not supported"}},
+      {{"--rdzv-backend=etcd-v2", "env"}, {"--rdzv-backend=etcd-v2", "v3"}},
       {{"--rdzv-conf=novalue", "env"}, {"--rdzv-conf", "novalue"}},
       {{"--master-port=abc", "env"}, {"--master-port", "abc"}},
       {{"--master-port=65536", "env"}, {"--master-port"}},
@@ -461,6 +461,9 @@ TEST(ParseRdzvBackend, TheSpellingsDlrunHas) {
   EXPECT_FALSE(parseRdzvBackend("c10d").slurm);
   EXPECT_EQ(parseRdzvBackend("slurm").backend, RdzvBackend::C10d);
   EXPECT_TRUE(parseRdzvBackend("slurm").slurm);
+  EXPECT_EQ(parseRdzvBackend("etcd").backend, RdzvBackend::Etcd);
+  EXPECT_EQ(parseRdzvBackend("etcd-v3").backend, RdzvBackend::Etcd);
+  EXPECT_FALSE(parseRdzvBackend("etcd").slurm);
   for (const std::string value : {"", "C10D", "bogus", "etcd2"}) {
     SCOPED_TRACE(value);
     const std::string message = configError([&] { parseRdzvBackend(value); });
@@ -468,19 +471,66 @@ TEST(ParseRdzvBackend, TheSpellingsDlrunHas) {
   }
 }
 
-// torchrun's etcd backends are refused when the flags are read, not when the nodes meet.
-TEST(ParseDlrunArgs, EtcdIsRefusedAtParseTime) {
-  for (const std::string value : {"etcd", "etcd-v2"}) {
-    SCOPED_TRACE(value);
-    for (const Args& args :
-         {Args{"--rdzv-backend=" + value, "env"},
-          Args{"--nnodes=2", "--rdzv-backend=" + value, "--rdzv-endpoint=h:1", "env"}}) {
-      const std::string message = configError([&] { parse(args); });
-      EXPECT_EQ(message, "--rdzv-backend=" + value + " is not supported yet; use c10d or static");
-    }
+// torchrun's etcd-v2 backend is refused when the flags are read, not when the nodes meet.
+TEST(ParseDlrunArgs, EtcdV2IsRefusedAtParseTime) {
+  for (const Args& args :
+       {Args{"--rdzv-backend=etcd-v2", "env"},
+        Args{"--nnodes=2", "--rdzv-backend=etcd-v2", "--rdzv-endpoint=h:1", "env"}}) {
+    const std::string message = configError([&] { parse(args); });
+    EXPECT_EQ(message, "--rdzv-backend=etcd-v2: dlrun speaks etcd's v3 API; use "
+                       "--rdzv-backend=etcd");
   }
-  ScopedEnv backend("PET_RDZV_BACKEND", "etcd");
-  EXPECT_TRUE(contains(configError([] { parse({"env"}); }), "--rdzv-backend=etcd"));
+  ScopedEnv backend("PET_RDZV_BACKEND", "etcd-v2");
+  EXPECT_TRUE(contains(configError([] { parse({"env"}); }), "--rdzv-backend=etcd-v2"));
+}
+
+// --- the etcd backend ------------------------------------------------------------------------
+
+TEST(ParseDlrunArgs, EtcdTakesAnEndpointListWithEtcdsDefaultPort) {
+  const auto c = parse({"--nnodes=2:3", "--rdzv-backend=etcd",
+                        "--rdzv-endpoint=e1,10.0.0.2:2380,[fd00::3]", "--rdzv-id=j", "env"});
+  EXPECT_EQ(c.rdzvBackend, RdzvBackend::Etcd);
+  using rendezvous::etcd::Endpoint;
+  EXPECT_EQ(c.etcdEndpoints, (std::vector<Endpoint>{{"e1", 2379}, {"10.0.0.2", 2380},
+                                                    {"fd00::3", 2379}}));
+  EXPECT_EQ(c.rdzv.etcdPrefix, "/dlrun/");
+  EXPECT_EQ(c.minNodes, 2);
+  EXPECT_EQ(parse({"--nnodes=2", "--rdzv-backend=etcd-v3", "--rdzv-endpoint=e1", "env"})
+                .rdzvBackend,
+            RdzvBackend::Etcd);
+}
+
+TEST(ParseDlrunArgs, EtcdPrefixComesFromRdzvConf) {
+  const auto c = parse({"--nnodes=2", "--rdzv-backend=etcd", "--rdzv-endpoint=e1",
+                        "--rdzv-conf=etcd_prefix=/site/jobs", "env"});
+  EXPECT_EQ(c.rdzv.etcdPrefix, "/site/jobs/");  // keys under PREFIX/ID/
+  EXPECT_TRUE(contains(configError([] { parseRdzvSettings({{"etcd_prefix", ""}}); }),
+                       "etcd_prefix"));
+}
+
+TEST(ParseDlrunArgs, EtcdEndpointsMayComeFromTheEnvironmentTheFlagWinning) {
+  HostProbe host = fakeHost();
+  host.env["DLRUN_ETCD_ENDPOINTS"] = "e1:1,e2:2";
+  EXPECT_EQ(parse({"--nnodes=2", "--rdzv-backend=etcd", "env"}, host).etcdEndpoints.size(), 2u);
+  EXPECT_EQ(parse({"--nnodes=2", "--rdzv-backend=etcd", "--rdzv-endpoint=e3", "env"}, host)
+                .etcdEndpoints,
+            (std::vector<rendezvous::etcd::Endpoint>{{"e3", 2379}}));
+}
+
+// A malformed list, or none, is one line naming the flag when the flags are read.
+TEST(ParseDlrunArgs, EtcdEndpointErrorsAreOneLineAtParseTime) {
+  for (const std::string list : {"e1,,e2", "e1:0", "fd00::1", "https://e1", " "}) {
+    SCOPED_TRACE(list);
+    const std::string message = configError([&] {
+      parse({"--nnodes=2", "--rdzv-backend=etcd", "--rdzv-endpoint=" + list, "env"});
+    });
+    EXPECT_TRUE(contains(message, "--rdzv-endpoint")) << message;
+    EXPECT_FALSE(contains(message, "\n")) << message;
+  }
+  const std::string none =
+      configError([] { parse({"--nnodes=2", "--rdzv-backend=etcd", "env"}); });
+  EXPECT_TRUE(contains(none, "--rdzv-endpoint")) << none;
+  EXPECT_TRUE(contains(none, "DLRUN_ETCD_ENDPOINTS")) << none;
 }
 
 TEST(ParseDlrunArgs, BackendDefaultsToC10dUnlessTheClassicStaticFlagsAreGiven) {
@@ -583,6 +633,29 @@ TEST(ParseDlrunArgsInSlurm, FlagsWin) {
   const std::string message =
       configError([] { parse({"--nnodes=2", "--node-rank=3", "env"}, slurmHost(3)); });
   EXPECT_TRUE(contains(message, "--node-rank 3")) << message;
+}
+
+// Under etcd Slurm gives the job id, the node count and the node order, but no store to serve.
+TEST(ParseDlrunArgsInSlurm, EtcdKeepsSlurmsJobNodesAndOrder) {
+  for (const bool fromEnv : {false, true}) {
+    SCOPED_TRACE(fromEnv);
+    HostProbe host = slurmHost(2);
+    Args args = {"--rdzv-backend=etcd", "env"};
+    if (fromEnv) host.env["DLRUN_ETCD_ENDPOINTS"] = "etcd1:2379,etcd2";
+    else args.insert(args.begin(), "--rdzv-endpoint=etcd1:2379,etcd2");
+    const auto c = parse(args, host);
+    EXPECT_EQ(c.rdzvBackend, RdzvBackend::Etcd);
+    EXPECT_EQ(c.etcdEndpoints.size(), 2u);
+    EXPECT_EQ(c.rdzvId, "4242");
+    EXPECT_EQ(c.minNodes, 4);
+    EXPECT_EQ(c.maxNodes, 4);
+    EXPECT_EQ(c.nodeRank, 2);  // the group-rank hint: ranks follow Slurm's node order
+    EXPECT_EQ(c.nodeName, "node3");
+    EXPECT_FALSE(c.rdzv.isHost);  // nobody serves the rendezvous
+    EXPECT_TRUE(c.refuseLostNodes);
+  }
+  const std::string none = configError([] { parse({"--rdzv-backend=etcd", "env"}, slurmHost(0)); });
+  EXPECT_TRUE(contains(none, "DLRUN_ETCD_ENDPOINTS")) << none;
 }
 
 TEST(ParseDlrunArgsInSlurm, StaticFlagsKeepTheirStoreAndTakeTheRank) {

@@ -20,7 +20,7 @@ from worker_util import MAX_WAIT_S, write_json, wait_to_be_stopped
 
 VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
              "LOCAL_WORLD_SIZE", "ROLE_RANK", "TORCHELASTIC_RESTART_COUNT", "MASTER_ADDR",
-             "MASTER_PORT", "TF_CONFIG", "TORCHELASTIC_RUN_ID")
+             "MASTER_PORT", "TF_CONFIG", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_USE_AGENT_STORE")
 
 
 def allreduce(rank):

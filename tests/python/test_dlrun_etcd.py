@@ -1,0 +1,163 @@
+"""dlrun's etcd backend end to end: several dlrun agents on loopback (127.0.0.1-3, as separate
+nodes) forming one job through a real etcd (one member, tests/python/etcd_fixture.py), where no
+agent serves the rendezvous and the workers' store is served by each round's group rank 0.
+"""
+import glob
+import json
+import os
+import time
+import unittest
+
+from dlrun_fixture import (PYTHON, Dlrun, clean_env, kill_recorded_workers, kill_if_ours, main,
+                           read_json, temp_dir, wait_until, worker)
+from etcd_fixture import free_ports, start_etcd
+
+WORKER = worker("elastic_worker.py")
+JOB_TIMEOUT_S = 60
+# A lost node's etcd lease lapses after etcd's minimum TTL (2 s): heartbeats every 0.5 s, 3 of
+# them missed. The survivors' new workers must start within this long of the loss.
+FAST_LEASE = "--rdzv-conf=keep_alive_interval=0.5,keep_alive_max_attempt=3"
+RESTART_WITHIN_S = 3.0
+ERROR_WITHIN_S = 15  # an unreachable cluster is reported within etcd's connect timeout (5 s)
+
+
+class EtcdBackendTest(unittest.TestCase):
+    def setUp(self):
+        self.etcd = start_etcd(self)
+        self.out = temp_dir(self)
+        self.addCleanup(kill_recorded_workers, self.out)
+
+    def start_agents(self, nnodes, addresses, worker_args, nproc=2, extra=()):
+        """One agent per address (None: no --local-addr, the address etcd is reached from)."""
+        args = [f"--nnodes={nnodes}", f"--nproc-per-node={nproc}", "--rdzv-backend=etcd",
+                f"--rdzv-endpoint={self.etcd.endpoint}", f"--rdzv-id=job{self.etcd.port}",
+                *extra]
+        return [Dlrun(self, [*args, *([f"--local-addr={addr}"] if addr else []), PYTHON,
+                             WORKER, self.out, *worker_args], env=clean_env())
+                for addr in addresses]
+
+    def starts(self):
+        return [read_json(p) for p in glob.glob(os.path.join(self.out, "start_*.json"))]
+
+    def wait_for_starts(self, count, agents, attempt):
+        def matching():
+            return [s for s in self.starts()
+                    if s["env"]["TORCHELASTIC_RESTART_COUNT"] == str(attempt)]
+        wait_until(lambda: len(matching()) >= count, JOB_TIMEOUT_S,
+                   f"{count} workers of attempt {attempt} to start",
+                   on_timeout=lambda: "\n".join(a.describe() for a in agents))
+        return matching()
+
+    def test_three_nodes_form_one_job_and_allreduce_through_group_rank_0s_store(self):
+        agents = self.start_agents(3, ["127.0.0.1", "127.0.0.2", "127.0.0.3"], ["--allreduce"])
+        for agent in agents:
+            r = agent.wait(JOB_TIMEOUT_S)
+            self.assertEqual(r.returncode, 0, r)
+        starts = self.starts()
+        self.assertEqual(len(starts), 6)
+        self.assertEqual(sorted(int(s["env"]["RANK"]) for s in starts), list(range(6)))
+        for s in starts:
+            env = s["env"]
+            self.assertEqual(env["WORLD_SIZE"], "6")
+            self.assertEqual(env["GROUP_WORLD_SIZE"], "3")
+            self.assertEqual(int(env["RANK"]), 2 * int(env["GROUP_RANK"]) + int(env["LOCAL_RANK"]))
+            # Group rank 0 is 127.0.0.1 (numeric order), and it serves the workers' store.
+            self.assertEqual(env["MASTER_ADDR"], "127.0.0.1")
+            self.assertEqual(env["TORCHELASTIC_USE_AGENT_STORE"], "True")
+            self.assertEqual(s["sum"], sum(range(1, 7)))  # every rank's value, across nodes
+            workers = json.loads(env["TF_CONFIG"])["cluster"]["worker"]
+            self.assertEqual(len(workers), 6)
+            # A node's workers are its group rank's block of the roster.
+            self.assertEqual(workers[int(env["RANK"])].rsplit(":", 1)[0],
+                             f"127.0.0.{int(env['GROUP_RANK']) + 1}")
+        self.assertEqual(len({s["env"]["MASTER_PORT"] for s in starts}), 1)
+        self.assertEqual(len({s["env"]["TF_CONFIG"].split('"task"')[0] for s in starts}), 1)
+
+    def test_losing_the_store_serving_node_moves_the_workers_store_to_the_next_group_rank_0(self):
+        stop = os.path.join(temp_dir(self), "stop")
+        addresses = ["127.0.0.1", "127.0.0.2", "127.0.0.3"]
+        agents = self.start_agents("2:3", addresses, ["--allreduce", "--until-file", stop],
+                                   nproc=1, extra=[FAST_LEASE])
+        first = self.wait_for_starts(3, agents, attempt=0)
+        master = {s["env"]["MASTER_ADDR"] for s in first}
+        self.assertEqual(master, {"127.0.0.1"})
+        host = next(s for s in first if s["env"]["GROUP_RANK"] == "0")
+        victim = next(a for a in agents if a.pid == host["ppid"])
+        # SIGKILL the agent that serves the workers' store, and its worker: the node is gone.
+        victim.proc.kill()
+        killed = time.time()
+        kill_if_ours(host["pid"])
+        victim.proc.wait()
+        survivors = [a for a in agents if a is not victim]
+        again = self.wait_for_starts(2, survivors, attempt=1)
+        self.assertLess(max(s["time"] for s in again) - killed, RESTART_WITHIN_S,
+                        "\n".join(a.describe() for a in survivors))
+        for s in again:
+            env = s["env"]
+            self.assertEqual(env["WORLD_SIZE"], "2")
+            self.assertEqual(env["MASTER_ADDR"], "127.0.0.2")  # the new group rank 0
+            self.assertEqual(s["sum"], 1 + 2)  # the all-reduce ran on the moved store
+        with open(stop, "w"):
+            pass
+        for agent in survivors:
+            r = agent.wait(JOB_TIMEOUT_S)
+            self.assertEqual(r.returncode, 0, r)
+
+    def test_without_local_addr_etcds_side_serves_and_an_ended_job_id_is_refused(self):
+        agents = self.start_agents(2, [None, None], ["--allreduce"], nproc=1,
+                                   extra=["--rdzv-conf=etcd_prefix=/elsewhere"])
+        for agent in agents:
+            r = agent.wait(JOB_TIMEOUT_S)
+            self.assertEqual(r.returncode, 0, r)
+        starts = self.starts()
+        self.assertEqual(sorted(s["env"]["RANK"] for s in starts), ["0", "1"])
+        for s in starts:
+            self.assertEqual(s["env"]["MASTER_ADDR"], "127.0.0.1")
+            self.assertEqual(s["sum"], 1 + 2)
+        # The job's keys live under PREFIX/ID/, none under the default /dlrun/.
+        self.assertNotEqual(self.etcd.keys(f"/elsewhere/job{self.etcd.port}/"), [])
+        self.assertEqual(self.etcd.keys("/dlrun/"), [])
+        # etcd outlives the job: a new job under the same id is refused, not handed the old
+        # outcome (exit 0 and no worker).
+        out = temp_dir(self)
+        again = Dlrun(self, ["--nnodes=2", "--nproc-per-node=1", "--rdzv-backend=etcd",
+                             f"--rdzv-endpoint={self.etcd.endpoint}",
+                             f"--rdzv-id=job{self.etcd.port}",
+                             "--rdzv-conf=etcd_prefix=/elsewhere", PYTHON, WORKER, out],
+                      env=clean_env()).wait(JOB_TIMEOUT_S)
+        self.assertEqual(again.returncode, 2, again)
+        self.assertEqual(len(again.dlrun_lines()), 1, again)
+        self.assertIn("names a job that already ended (every worker finished)",
+                      again.dlrun_lines()[0])
+        self.assertEqual(os.listdir(out), [])  # no worker started
+
+    def assert_one_line_error(self, args, code, part, within=JOB_TIMEOUT_S):
+        started = time.monotonic()
+        r = Dlrun(self, [*args, PYTHON, WORKER, self.out], env=clean_env()).wait(JOB_TIMEOUT_S)
+        self.assertLess(time.monotonic() - started, within, r)
+        self.assertEqual(r.returncode, code, r)
+        lines = r.dlrun_lines()
+        self.assertEqual(len(lines), 1, r)
+        self.assertIn(part, lines[0])
+        self.assertEqual(self.starts(), [])  # no worker started
+
+    def test_unreachable_endpoints_are_one_line_in_bounded_time(self):
+        dead = ",".join(f"127.0.0.1:{p}" for p in free_ports(2))
+        self.assert_one_line_error(
+            ["--nnodes=2", "--rdzv-backend=etcd", f"--rdzv-endpoint={dead}"], 1,
+            "cannot reach etcd (--rdzv-endpoint): etcd: no endpoint answered",
+            within=ERROR_WITHIN_S)
+
+    def test_a_malformed_endpoint_list_is_one_line_exit_2(self):
+        self.assert_one_line_error(
+            ["--nnodes=2", "--rdzv-backend=etcd", f"--rdzv-endpoint={self.etcd.endpoint},,x"], 2,
+            "--rdzv-endpoint")
+
+    def test_etcd_v2_is_refused_in_one_line_exit_2(self):
+        self.assert_one_line_error(
+            ["--nnodes=2", "--rdzv-backend=etcd-v2", f"--rdzv-endpoint={self.etcd.endpoint}"], 2,
+            "dlrun speaks etcd's v3 API; use --rdzv-backend=etcd")
+
+
+if __name__ == "__main__":
+    main()
