@@ -34,6 +34,7 @@
 #include "common/clock.h"
 #include "rendezvous/etcd/etcd_client.h"
 #include "rendezvous/store/address.h"
+#include "tests/child_process.h"
 
 namespace dlrun::test {
 
@@ -195,23 +196,7 @@ class EtcdCluster {
 
   void spawn(size_t i, std::vector<std::string> args) {
     const std::string log = dir_ + "/" + name(i) + ".log";
-    const pid_t parent = getpid();
-    const pid_t pid = fork();
-    if (pid < 0) throw std::runtime_error("fork failed");
-    if (pid == 0) {
-      prctl(PR_SET_PDEATHSIG, SIGKILL);
-      if (getppid() != parent) _exit(1);  // the parent died before prctl
-      const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      if (fd >= 0) {
-        dup2(fd, 1);
-        dup2(fd, 2);
-      }
-      std::vector<char*> argv;
-      for (auto& arg : args) argv.push_back(arg.data());
-      argv.push_back(nullptr);
-      execv(args[0].c_str(), argv.data());
-      _exit(127);
-    }
+    const pid_t pid = spawnLogged(std::move(args), log);
     members_[i].pid = pid;
   }
 

@@ -31,6 +31,7 @@
 #include "common/clock.h"
 #include "rendezvous/etcd/etcd_client.h"
 #include "rendezvous/store/address.h"
+#include "tests/child_process.h"
 
 namespace dlrun::test {
 
@@ -69,23 +70,7 @@ class EtcdServer {
         "--initial-cluster-token=dlrun-test-" + std::to_string(getpid()),
     };
     const std::string log = dir_ + "/etcd.log";
-    const pid_t parent = getpid();
-    pid_ = fork();
-    if (pid_ < 0) throw std::runtime_error("fork failed");
-    if (pid_ == 0) {
-      prctl(PR_SET_PDEATHSIG, SIGKILL);
-      if (getppid() != parent) _exit(1);  // the parent died before prctl
-      const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      if (fd >= 0) {
-        dup2(fd, 1);
-        dup2(fd, 2);
-      }
-      std::vector<char*> argv;
-      for (auto& arg : args) argv.push_back(arg.data());
-      argv.push_back(nullptr);
-      execv(kBinary, argv.data());
-      _exit(127);
-    }
+    pid_ = spawnLogged(std::move(args), log);
     const auto deadline = Clock::now() + kStartTimeout;
     while (true) {
       int status = 0;

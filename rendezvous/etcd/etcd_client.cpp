@@ -82,6 +82,16 @@ KeyValue fromProto(const mvccpb::KeyValue& kv) {
 
 std::string quoted(const std::string& key) { return "'" + oneLine(key) + "'"; }
 
+// Why etcd cancelled a watch, as one line; a compaction names the revisions involved.
+std::string cancelReason(const etcdserverpb::WatchResponse& response, int64_t lastRevision) {
+  std::string why = response.cancel_reason().empty() ? "cancelled by etcd"
+                                                     : oneLine(response.cancel_reason());
+  if (response.compact_revision() > 0)
+    why += " (history compacted up to revision " + std::to_string(response.compact_revision()) +
+           "; the watch resumes from " + std::to_string(lastRevision + 1) + ")";
+  return why;
+}
+
 // Short reconnect backoffs: gRPC's default starts at 1 s and grows to 120 s, longer than a
 // rendezvous waits for a member that came back.
 grpc::ChannelArguments channelArguments() {
@@ -726,15 +736,7 @@ void EtcdWatch::open(const std::string& endpoint,
   if (!*ok) failed("was not confirmed");
   if (s.response.canceled()) {
     // A start revision compacted away: the events since lastRevision() are lost for good.
-    std::string why = s.response.cancel_reason().empty()
-                          ? "cancelled by etcd"
-                          : detail::oneLine(s.response.cancel_reason());
-    if (s.response.compact_revision() > 0) {
-      why += " (history compacted up to revision " +
-             std::to_string(s.response.compact_revision()) + "; the watch resumes from " +
-             std::to_string(lastRevision_ + 1) + ")";
-    }
-    throw Error(what + ": " + why);
+    throw Error(what + ": " + detail::cancelReason(s.response, lastRevision_));
   }
   if (!s.response.created()) failed("got no confirmation");
   if (fromNow_) {
@@ -806,14 +808,7 @@ std::vector<WatchEvent> EtcdWatch::next(std::chrono::milliseconds timeout) {
       continue;
     }
     if (s.response.canceled()) {
-      std::string why = s.response.cancel_reason().empty()
-                            ? "cancelled by etcd"
-                            : detail::oneLine(s.response.cancel_reason());
-      if (s.response.compact_revision() > 0) {
-        why += " (history compacted up to revision " +
-               std::to_string(s.response.compact_revision()) + "; the watch resumes from " +
-               std::to_string(lastRevision_ + 1) + ")";
-      }
+      const std::string why = detail::cancelReason(s.response, lastRevision_);
       s.finish();
       throw Error("etcd " + s.endpoint + ": watch of " + detail::quoted(key_) + ": " + why);
     }
