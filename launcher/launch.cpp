@@ -153,7 +153,8 @@ rendezvous::etcd::EtcdStoreOptions etcdStoreOptions(const LaunchConfig& config) 
       config.rdzv.leaseTtl() + config.rdzv.heartbeat, std::chrono::seconds(2));
   return {.client = {.endpoints = config.etcdEndpoints,
                      .timeout = timeout,
-                     .connectTimeout = kEtcdConnectTimeout},
+                     .connectTimeout = kEtcdConnectTimeout,
+                     .security = config.etcdSecurity},
           .prefix = config.rdzv.etcdPrefix + config.rdzvId + "/",
           .timeout = timeout};
 }

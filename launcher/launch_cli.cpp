@@ -3,6 +3,8 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <charconv>
+#include <fstream>
+#include <sstream>
 
 #include "common/error.h"
 #include "common/cli.h"
@@ -204,14 +206,80 @@ RdzvSettings parseRdzvSettings(const std::map<std::string, std::string>& conf) {
       if (value.empty() || value.find_first_of(" \t\n") != std::string::npos)
         throw ConfigError("--rdzv-conf: etcd_prefix='" + value + "' is not a key prefix");
       settings.etcdPrefix = value.ends_with('/') ? value : value + "/";
+    } else if (key == "cacert") {
+      settings.etcdCaCert = value;
+    } else if (key == "cert") {
+      settings.etcdCert = value;
+    } else if (key == "key") {
+      settings.etcdKey = value;
+    } else if (key == "user") {
+      settings.etcdUser = value;
+    } else if (key == "password") {
+      settings.etcdPassword = value;
+    } else if (key == "password_file") {
+      settings.etcdPasswordFile = value;
     } else if (key != "timeout" && key != "close_timeout" && key != "read_timeout") {
       // torchrun's other keys are accepted for compatibility; they have no meaning here.
       throw ConfigError("--rdzv-conf: unknown key '" + key +
                         "' (known: join_timeout, last_call_timeout, keep_alive_interval, "
-                        "keep_alive_max_attempt, is_host, stop_policy, etcd_prefix)");
+                        "keep_alive_max_attempt, is_host, stop_policy, etcd_prefix, cacert, "
+                        "cert, key, user, password, password_file)");
     }
   }
   return settings;
+}
+
+namespace {
+
+// A file's whole content; a key's file that cannot be read, or is empty, is a ConfigError.
+std::string readSettingFile(const std::string& key, const std::string& path) {
+  std::ifstream file(path, std::ios::binary);
+  std::ostringstream content;
+  if (file) content << file.rdbuf();
+  if (!file || file.bad())
+    throw ConfigError("--rdzv-conf: " + key + "=" + path + ": cannot read the file");
+  if (content.str().empty())
+    throw ConfigError("--rdzv-conf: " + key + "=" + path + ": the file is empty");
+  return content.str();
+}
+
+}  // namespace
+
+rendezvous::etcd::EtcdSecurity etcdSecurity(
+    const RdzvSettings& settings, const std::vector<rendezvous::etcd::Endpoint>& endpoints) {
+  rendezvous::etcd::EtcdSecurity security;
+  if (settings.etcdCert.empty() != settings.etcdKey.empty())
+    throw ConfigError("--rdzv-conf: cert and key go together (the client certificate and its "
+                      "private key)");
+  if (!settings.etcdPassword.empty() && !settings.etcdPasswordFile.empty())
+    throw ConfigError("--rdzv-conf: give password or password_file, not both");
+  const bool password = !settings.etcdPassword.empty() || !settings.etcdPasswordFile.empty();
+  if (settings.etcdUser.empty() != !password)
+    throw ConfigError("--rdzv-conf: user and password (or password_file) go together");
+  // TLS follows the configuration: a CA (or an https:// endpoint) turns it on for every
+  // endpoint; a client certificate alone is meaningless without TLS, so it turns it on too.
+  security.tls = !settings.etcdCaCert.empty() || !settings.etcdCert.empty() ||
+                 std::any_of(endpoints.begin(), endpoints.end(),
+                             [](const auto& endpoint) { return endpoint.https; });
+  if (!settings.etcdCaCert.empty())
+    security.rootCerts = readSettingFile("cacert", settings.etcdCaCert);
+  if (!settings.etcdCert.empty()) {
+    security.certChain = readSettingFile("cert", settings.etcdCert);
+    security.privateKey = readSettingFile("key", settings.etcdKey);
+  }
+  security.user = settings.etcdUser;
+  security.password = settings.etcdPassword;
+  if (!settings.etcdPasswordFile.empty()) {
+    security.password = readSettingFile("password_file", settings.etcdPasswordFile);
+    // A file written by echo ends in a newline that is no part of the password.
+    while (!security.password.empty() &&
+           (security.password.back() == '\n' || security.password.back() == '\r'))
+      security.password.pop_back();
+    if (security.password.empty())
+      throw ConfigError("--rdzv-conf: password_file=" + settings.etcdPasswordFile +
+                        ": the file is empty");
+  }
+  return security;
 }
 
 std::set<int> parseRanksFilter(const std::string& value) {
@@ -395,6 +463,12 @@ LaunchParse parseDlrunArgs(const std::vector<std::string>& args, const HostProbe
     }
   } else if (!c.rdzvEndpoint.empty()) {
     parseEndpoint("--rdzv-endpoint", c.rdzvEndpoint);
+  }
+  if (etcd) {
+    c.etcdSecurity = etcdSecurity(c.rdzv, c.etcdEndpoints);
+  } else if (c.rdzv.etcdSecurityGiven()) {
+    throw ConfigError("--rdzv-conf: cacert, cert, key, user, password and password_file are "
+                      "settings of --rdzv-backend=etcd");
   }
   // Under etcd Slurm gives the job id, the node count and the node order (SLURM_NODEID as the
   // group-rank hint), but no endpoint: nobody serves the rendezvous.

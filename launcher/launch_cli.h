@@ -40,6 +40,12 @@ agents::StreamsByRank parseStreams(const std::string& flag, const std::string& v
 std::map<std::string, std::string> parseRdzvConf(const std::string& value);
 // The rendezvous settings in --rdzv-conf; unknown keys are refused.
 RdzvSettings parseRdzvSettings(const std::map<std::string, std::string>& conf);
+// The etcd client's security from the settings' cacert, cert, key, user, password and
+// password_file (files read here) and the endpoints' scheme (https:// turns TLS on). Throws
+// ConfigError naming the key: an unreadable or empty file, cert without key or the reverse, a
+// password without a user or the reverse, password and password_file together.
+rendezvous::etcd::EtcdSecurity etcdSecurity(const RdzvSettings& settings,
+                                            const std::vector<rendezvous::etcd::Endpoint>& endpoints);
 // "HOST", "HOST:PORT" or "[V6]:PORT"; the port is checked.
 std::pair<std::string, std::optional<uint16_t>> parseEndpoint(const std::string& flag,
                                                               const std::string& value);

@@ -28,6 +28,13 @@ struct RdzvSettings {
   bool stopOnlyNode = false;
   // etcd_prefix: the etcd backend keeps a job's keys under this + the job id + "/"
   std::string etcdPrefix = "/dlrun/";
+  // cacert, cert, key (PEM paths), user, password, password_file: etcd's TLS and authentication,
+  // read by etcdSecurity() once the backend is known (they mean nothing to another backend)
+  std::string etcdCaCert, etcdCert, etcdKey, etcdUser, etcdPassword, etcdPasswordFile;
+  bool etcdSecurityGiven() const {
+    return !etcdCaCert.empty() || !etcdCert.empty() || !etcdKey.empty() || !etcdUser.empty() ||
+           !etcdPassword.empty() || !etcdPasswordFile.empty();
+  }
   std::chrono::milliseconds leaseTtl() const { return heartbeat * keepAliveMaxAttempt; }
 };
 
@@ -49,6 +56,8 @@ struct LaunchConfig {
   std::string rdzvEndpoint;  // HOST[:PORT], checked; with C10d on several nodes, never empty
   // Etcd: --rdzv-endpoint (else DLRUN_ETCD_ENDPOINTS) parsed; on several nodes, never empty.
   std::vector<rendezvous::etcd::Endpoint> etcdEndpoints;
+  // Etcd: TLS (the PEM files' contents) and user/password, from --rdzv-conf.
+  rendezvous::etcd::EtcdSecurity etcdSecurity;
   std::string rdzvId = "none";
   RdzvSettings rdzv;  // from --rdzv-conf
   bool standalone = false;

@@ -47,7 +47,13 @@ TEST(EtcdEndpoints, RefusalsNameTheEntry) {
   EXPECT_NE(refused("[::1").find("unclosed"), std::string::npos);
   EXPECT_NE(refused("[]:1").find("'[]:1'"), std::string::npos);
   EXPECT_NE(refused("[::1]2379").find("after ]"), std::string::npos);
-  EXPECT_NE(refused("https://a:2379").find("TLS"), std::string::npos);
+}
+
+TEST(EtcdEndpoints, HttpsMarksTheEndpointForTls) {
+  const auto endpoints = parseEndpoints("https://a:12379,b");
+  EXPECT_TRUE(endpoints[0].https);
+  EXPECT_EQ(endpoints[0].text(), "a:12379");
+  EXPECT_FALSE(endpoints[1].https);
 }
 
 }  // namespace

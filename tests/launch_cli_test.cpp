@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <map>
@@ -519,7 +520,7 @@ TEST(ParseDlrunArgs, EtcdEndpointsMayComeFromTheEnvironmentTheFlagWinning) {
 
 // A malformed list, or none, is one line naming the flag when the flags are read.
 TEST(ParseDlrunArgs, EtcdEndpointErrorsAreOneLineAtParseTime) {
-  for (const std::string list : {"e1,,e2", "e1:0", "fd00::1", "https://e1", " "}) {
+  for (const std::string list : {"e1,,e2", "e1:0", "fd00::1", " "}) {
     SCOPED_TRACE(list);
     const std::string message = configError([&] {
       parse({"--nnodes=2", "--rdzv-backend=etcd", "--rdzv-endpoint=" + list, "env"});
@@ -531,6 +532,80 @@ TEST(ParseDlrunArgs, EtcdEndpointErrorsAreOneLineAtParseTime) {
       configError([] { parse({"--nnodes=2", "--rdzv-backend=etcd", "env"}); });
   EXPECT_TRUE(contains(none, "--rdzv-endpoint")) << none;
   EXPECT_TRUE(contains(none, "DLRUN_ETCD_ENDPOINTS")) << none;
+}
+
+// A file of the test's own under TMPDIR (or /tmp), removed with the object.
+class TempFile {
+ public:
+  explicit TempFile(const std::string& content) {
+    const char* dir = std::getenv("TMPDIR");
+    path_ = std::string(dir ? dir : "/tmp") + "/dlrun_cli_test_XXXXXX";
+    const int fd = ::mkstemp(path_.data());
+    EXPECT_GE(fd, 0);
+    if (fd >= 0) {
+      EXPECT_EQ(::write(fd, content.data(), content.size()), ssize_t(content.size()));
+      ::close(fd);
+    }
+  }
+  ~TempFile() { std::remove(path_.c_str()); }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+// cacert, cert and key are read when the flags are, and turn TLS on; user with password or
+// password_file (its trailing newline dropped) authenticates.
+TEST(ParseDlrunArgs, EtcdTlsAndAuthSettings) {
+  const TempFile ca("CA PEM"), cert("CERT PEM"), key("KEY PEM"), password("s3cret\n");
+  const auto c = parse({"--nnodes=2", "--rdzv-backend=etcd", "--rdzv-endpoint=e1",
+                        "--rdzv-conf=cacert=" + ca.path() + ",cert=" + cert.path() +
+                            ",key=" + key.path() + ",user=root,password_file=" + password.path(),
+                        "env"});
+  EXPECT_TRUE(c.etcdSecurity.tls);
+  EXPECT_EQ(c.etcdSecurity.rootCerts, "CA PEM");
+  EXPECT_EQ(c.etcdSecurity.certChain, "CERT PEM");
+  EXPECT_EQ(c.etcdSecurity.privateKey, "KEY PEM");
+  EXPECT_EQ(c.etcdSecurity.user, "root");
+  EXPECT_EQ(c.etcdSecurity.password, "s3cret");
+  // Without settings: no TLS, no user; an https:// endpoint turns TLS on (the system's CAs).
+  const auto plain = parse({"--nnodes=2", "--rdzv-backend=etcd", "--rdzv-endpoint=e1", "env"});
+  EXPECT_EQ(plain.etcdSecurity, rendezvous::etcd::EtcdSecurity{});
+  const auto https =
+      parse({"--nnodes=2", "--rdzv-backend=etcd", "--rdzv-endpoint=https://e1", "env"});
+  EXPECT_TRUE(https.etcdSecurity.tls);
+  EXPECT_TRUE(https.etcdSecurity.rootCerts.empty());
+  const auto inline_ = parse({"--nnodes=2", "--rdzv-backend=etcd", "--rdzv-endpoint=e1",
+                              "--rdzv-conf=user=u,password=p", "env"});
+  EXPECT_FALSE(inline_.etcdSecurity.tls);
+  EXPECT_EQ(inline_.etcdSecurity.password, "p");
+}
+
+TEST(ParseDlrunArgs, EtcdSecurityErrorsAreOneLineAtParseTime) {
+  const TempFile pem("PEM"), empty("");
+  const std::string etcd[] = {"--nnodes=2", "--rdzv-backend=etcd", "--rdzv-endpoint=e1"};
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"cacert=/nonexistent/ca.pem", "cannot read"},
+      {"cacert=" + empty.path(), "empty"},
+      {"cert=" + pem.path(), "cert and key"},
+      {"key=" + pem.path(), "cert and key"},
+      {"user=u", "user and password"},
+      {"password=p", "user and password"},
+      {"user=u,password=p,password_file=" + pem.path(), "not both"},
+      {"user=u,password_file=/nonexistent/pw", "password_file"},
+  };
+  for (const auto& [conf, part] : cases) {
+    SCOPED_TRACE(conf);
+    const std::string message = configError(
+        [&] { parse({etcd[0], etcd[1], etcd[2], "--rdzv-conf=" + conf, "env"}); });
+    EXPECT_TRUE(contains(message, part)) << message;
+    EXPECT_FALSE(contains(message, "\n")) << message;
+  }
+  // Another backend has no use for them.
+  const std::string c10d = configError([&] {
+    parse({"--nnodes=2", "--rdzv-endpoint=h:1", "--rdzv-conf=cacert=" + pem.path(), "env"});
+  });
+  EXPECT_TRUE(contains(c10d, "--rdzv-backend=etcd")) << c10d;
 }
 
 TEST(ParseDlrunArgs, BackendDefaultsToC10dUnlessTheClassicStaticFlagsAreGiven) {

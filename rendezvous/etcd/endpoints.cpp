@@ -27,14 +27,15 @@ uint16_t parsePort(std::string_view text, std::string_view entry) {
 
 Endpoint parseEntry(std::string_view entry) {
   std::string_view rest = entry;
+  Endpoint endpoint;
   if (rest.starts_with("https://")) {
-    throw ConfigError("etcd endpoint '" + std::string(entry) +
-                      "': TLS (https://) is not supported yet");
+    rest.remove_prefix(8);
+    endpoint.https = true;
+  } else if (rest.starts_with("http://")) {
+    rest.remove_prefix(7);
   }
-  if (rest.starts_with("http://")) rest.remove_prefix(7);
   if (rest.ends_with("/")) rest.remove_suffix(1);
   if (rest.empty()) throw ConfigError("etcd endpoint '" + std::string(entry) + "': no host");
-  Endpoint endpoint;
   if (rest.front() == '[') {
     const auto close = rest.find(']');
     if (close == std::string_view::npos || close == 1) {

@@ -92,6 +92,19 @@ std::string cancelReason(const etcdserverpb::WatchResponse& response, int64_t la
   return why;
 }
 
+// Codes that say the request itself is refused: another endpoint would refuse it too.
+bool permanent(grpc::StatusCode code) {
+  switch (code) {
+    case grpc::StatusCode::INVALID_ARGUMENT:
+    case grpc::StatusCode::PERMISSION_DENIED:
+    case grpc::StatusCode::UNAUTHENTICATED:
+    case grpc::StatusCode::UNIMPLEMENTED:
+    case grpc::StatusCode::FAILED_PRECONDITION:
+    case grpc::StatusCode::OUT_OF_RANGE: return true;
+    default: return false;
+  }
+}
+
 // Short reconnect backoffs: gRPC's default starts at 1 s and grows to 120 s, longer than a
 // rendezvous waits for a member that came back.
 grpc::ChannelArguments channelArguments() {
@@ -118,7 +131,50 @@ struct EtcdClient::Connection {
   std::shared_ptr<grpc::Channel> channel;
   std::unique_ptr<pb::KV::Stub> kv;
   std::unique_ptr<pb::Lease::Stub> lease;
+  mutable std::mutex tokenMutex;
+  std::string token;  // etcd's auth token on this endpoint; empty without a user
+  std::string currentToken() const {
+    std::lock_guard lock(tokenMutex);
+    return token;
+  }
 };
+
+namespace detail {
+namespace {
+
+std::shared_ptr<grpc::ChannelCredentials> channelCredentials(const EtcdSecurity& security) {
+  if (!security.tls) return grpc::InsecureChannelCredentials();
+  grpc::SslCredentialsOptions ssl;
+  ssl.pem_root_certs = security.rootCerts;  // empty: gRPC's default (the system's) roots
+  ssl.pem_cert_chain = security.certChain;
+  ssl.pem_private_key = security.privateKey;
+  return grpc::SslCredentials(ssl);
+}
+
+// Why a channel that keeps failing to connect fails, as gRPC's last error says it: a cheap read
+// that does not wait for the channel carries that error in its status at once.
+std::string connectFailure(const std::shared_ptr<grpc::Channel>& channel) {
+  auto stub = pb::KV::NewStub(channel);
+  grpc::ClientContext context;
+  context.set_deadline(grpcDeadline(Clock::now() + std::chrono::seconds(1)));
+  pb::RangeRequest request;
+  request.set_key("/");
+  pb::RangeResponse reply;
+  const auto status = stub->Range(&context, request, &reply);
+  return status.ok() ? std::string() : statusText(status);
+}
+
+// A failure that no retry cures: the endpoint's certificate is not trusted, ours is refused.
+bool tlsFailure(const std::string& why) {
+  // gRPC's words (not a host name's letters): "Ssl handshake failed: SSL_ERROR_SSL: ...".
+  for (const char* sign : {"andshake failed", "SSL_ERROR", "certificate"}) {
+    if (why.find(sign) != std::string::npos) return true;
+  }
+  return false;
+}
+
+}  // namespace
+}  // namespace detail
 
 EtcdClient::EtcdClient(EtcdClientOptions options) : options_(std::move(options)) {
   if (options_.endpoints.empty()) throw ConfigError("etcd: no endpoint given");
@@ -140,10 +196,14 @@ std::shared_ptr<EtcdClient::Connection> EtcdClient::connection() {
   // The endpoint that failed last still connects when it is cut off from its cluster (it then
   // refuses `hasleader` streams): it is taken only when no other is ready for a while.
   std::vector<std::shared_ptr<grpc::Channel>> channels;
+  const auto credentials = detail::channelCredentials(options_.security);
   for (const auto& endpoint : options_.endpoints) {
-    channels.push_back(grpc::CreateCustomChannel(
-        endpoint.text(), grpc::InsecureChannelCredentials(), detail::channelArguments()));
+    channels.push_back(
+        grpc::CreateCustomChannel(endpoint.text(), credentials, detail::channelArguments()));
   }
+  // Under TLS a channel in TRANSIENT_FAILURE is asked why, once: a handshake failure is a
+  // misconfiguration (wrong CA, refused certificate) that waiting would only hide.
+  std::vector<bool> asked(channels.size(), false);
   const auto start = Clock::now();
   const auto deadline = start + options_.connectTimeout;
   constexpr auto kSlice = std::chrono::milliseconds(20);
@@ -153,14 +213,23 @@ std::shared_ptr<EtcdClient::Connection> EtcdClient::connection() {
     for (size_t i = 0; i < channels.size(); ++i) {
       const std::string name = options_.endpoints[i].text();
       if (avoiding && name == failed_) continue;
-      if (channels[i]->GetState(true) == GRPC_CHANNEL_READY) {
+      const auto state = channels[i]->GetState(true);
+      if (state == GRPC_CHANNEL_READY) {
         auto picked = std::make_shared<Connection>();
         picked->name = name;
         picked->channel = channels[i];
         picked->kv = pb::KV::NewStub(channels[i]);
         picked->lease = pb::Lease::NewStub(channels[i]);
+        if (!options_.security.user.empty()) picked->token = authenticate(*picked);
         connection_ = picked;
         return picked;
+      }
+      if (state == GRPC_CHANNEL_TRANSIENT_FAILURE && options_.security.tls && !asked[i]) {
+        asked[i] = true;
+        const auto why = detail::connectFailure(channels[i]);
+        if (detail::tlsFailure(why)) {
+          throw NetworkError("etcd " + name + ": TLS handshake failed: " + why);
+        }
       }
     }
     if (Clock::now() >= deadline) break;
@@ -169,9 +238,46 @@ std::shared_ptr<EtcdClient::Connection> EtcdClient::connection() {
       channel->WaitForStateChange(channel->GetState(false), detail::grpcDeadline(until));
     }
   }
+  // The last error of one that failed says more than the list alone (a refused certificate may
+  // look like a closed connection, not a handshake failure).
+  std::string cause;
+  for (size_t i = 0; i < channels.size() && cause.empty(); ++i) {
+    if (channels[i]->GetState(false) == GRPC_CHANNEL_TRANSIENT_FAILURE)
+      cause = "; " + options_.endpoints[i].text() + ": " + detail::connectFailure(channels[i]);
+  }
   throw NetworkError("etcd: no endpoint answered within " +
                      detail::seconds(options_.connectTimeout) + ": " +
-                     describe(options_.endpoints));
+                     describe(options_.endpoints) + cause);
+}
+
+std::string EtcdClient::authenticate(const Connection& connection) {
+  auto stub = pb::Auth::NewStub(connection.channel);
+  grpc::ClientContext context;
+  context.set_deadline(detail::grpcDeadline(Clock::now() + options_.timeout));
+  pb::AuthenticateRequest request;
+  request.set_name(options_.security.user);
+  request.set_password(options_.security.password);
+  pb::AuthenticateResponse reply;
+  const auto status = stub->Authenticate(&context, request, &reply);
+  if (status.ok()) return reply.token();
+  const std::string what = "etcd " + connection.name + ": authentication as '" +
+                           options_.security.user + "' failed";
+  if (detail::permanent(status.error_code()) ||
+      status.error_code() == grpc::StatusCode::UNKNOWN) {
+    throw Error(what + ": " + detail::statusText(status));
+  }
+  detail::throwStatus(status, what);
+}
+
+void EtcdClient::authorize(const Connection& connection, grpc::ClientContext& context) {
+  auto token = connection.currentToken();
+  if (!token.empty()) context.AddMetadata("token", token);
+}
+
+void EtcdClient::reauthenticate(const std::shared_ptr<Connection>& connection) {
+  auto token = authenticate(*connection);
+  std::lock_guard lock(connection->tokenMutex);
+  connection->token = std::move(token);
 }
 
 void EtcdClient::dropConnection(const std::shared_ptr<Connection>& failed) {
@@ -194,13 +300,22 @@ template <typename Call>
 auto EtcdClient::unary(const char* what, const std::string& key, bool retry, Call&& call,
                        std::optional<std::chrono::milliseconds> timeout) {
   const auto start = Clock::now();
+  bool reauthenticated = false;
   for (int attempt = 0;; ++attempt) {
     auto picked = connection();
     grpc::ClientContext context;
     context.set_deadline(detail::grpcDeadline(Clock::now() + timeout.value_or(options_.timeout)));
+    authorize(*picked, context);
     auto [status, response] = call(*picked, context);
     if (status.ok()) return response;
     const auto code = status.error_code();
+    // A simple token expires after etcd's --auth-token-ttl without use: a new one, then again.
+    if (!reauthenticated && !options_.security.user.empty() &&
+        status.error_message().find("invalid auth token") != std::string::npos) {
+      reauthenticated = true;
+      reauthenticate(picked);
+      continue;
+    }
     const bool endpointFailed = code == grpc::StatusCode::UNAVAILABLE ||
                                 code == grpc::StatusCode::DEADLINE_EXCEEDED;
     if (endpointFailed) dropConnection(picked);
@@ -505,18 +620,6 @@ struct AsyncStream {
   grpc::Status status;
 };
 
-// Codes that say the request itself is refused: another endpoint would refuse it too.
-bool permanent(grpc::StatusCode code) {
-  switch (code) {
-    case grpc::StatusCode::INVALID_ARGUMENT:
-    case grpc::StatusCode::PERMISSION_DENIED:
-    case grpc::StatusCode::UNAUTHENTICATED:
-    case grpc::StatusCode::UNIMPLEMENTED:
-    case grpc::StatusCode::FAILED_PRECONDITION:
-    case grpc::StatusCode::OUT_OF_RANGE: return true;
-    default: return false;
-  }
-}
 
 }  // namespace
 }  // namespace detail
@@ -593,7 +696,7 @@ void EtcdKeepAlive::run() {
       if (!pause(std::chrono::milliseconds(50))) return;
       continue;
     }
-    why = renewOn(picked->name, picked->channel, lastAck, ttl);
+    why = renewOn(picked->name, picked->channel, picked->currentToken(), lastAck, ttl);
     if (why.empty()) return;  // stopped, or the lease is gone (fail() said so)
     {
       std::lock_guard lock(mutex_);
@@ -608,8 +711,10 @@ void EtcdKeepAlive::run() {
 
 std::string EtcdKeepAlive::renewOn(const std::string& endpoint,
                                    const std::shared_ptr<grpc::Channel>& channel,
-                                   Clock::time_point& lastAck, std::chrono::milliseconds& ttl) {
+                                   const std::string& token, Clock::time_point& lastAck,
+                                   std::chrono::milliseconds& ttl) {
   auto stream = std::make_unique<Stream>();
+  if (!token.empty()) stream->context.AddMetadata("token", token);
   // Without it a member cut off from its cluster keeps the stream open and answers nothing:
   // etcd refuses the stream at once instead when the member has no leader.
   stream->context.AddMetadata("hasleader", "true");
@@ -695,10 +800,11 @@ void EtcdWatch::throwCancelled() const {
                      " ended: cancelled");
 }
 
-void EtcdWatch::open(const std::string& endpoint,
-                                                   const std::shared_ptr<grpc::Channel>& channel) {
+void EtcdWatch::open(const std::string& endpoint, const std::shared_ptr<grpc::Channel>& channel,
+                     const std::string& token) {
   auto stream = std::make_unique<Stream>();
   auto& s = *stream;
+  if (!token.empty()) s.context.AddMetadata("token", token);
   s.endpoint = endpoint;
   s.context.AddMetadata("hasleader", "true");  // see EtcdKeepAlive
   s.stub = pb::Watch::NewStub(channel);
@@ -761,7 +867,7 @@ void EtcdWatch::connect(const std::string& failed, const std::string& why) {
         std::lock_guard lock(mutex_);
         endpoint_ = picked->name;
       }
-      open(picked->name, picked->channel);
+      open(picked->name, picked->channel, picked->currentToken());
       if (!first) ++reconnects_;
       return;
     } catch (const NetworkError& error) {

@@ -11,6 +11,14 @@
 // failure, so the NetworkError reaches the caller, which re-reads and decides again. Every
 // error is one line naming the endpoint.
 //
+// Security (options.security): with TLS every channel is an SSL channel (the given CA, else the
+// system's; a client certificate when given). A TLS handshake that fails (an unknown CA, a
+// refused certificate) is a NetworkError at once naming the endpoint and gRPC's cause, not a
+// wait for connectTimeout. With a user, the client authenticates (Auth.Authenticate) when it
+// picks an endpoint and sends the token as the metadata `token` with every call and stream; a
+// unary call that etcd answers "invalid auth token" (expired) authenticates again and is
+// repeated once. Refused credentials are an Error naming the endpoint and the user.
+//
 // Fail-over of the streams: EtcdWatch and EtcdKeepAlive move to another endpoint by themselves
 // when theirs fails (UNAVAILABLE, the stream's end, a member without a leader refusing
 // `hasleader`), within about a second: the watch resumes from lastRevision() + 1 (no event lost,
@@ -37,6 +45,7 @@
 
 namespace grpc {
 class Channel;
+class ClientContext;
 }
 namespace etcdserverpb {
 class TxnRequest;
@@ -51,6 +60,8 @@ struct EtcdClientOptions {
   std::chrono::milliseconds timeout{10'000};
   // How long picking an endpoint may take before NetworkError names them all.
   std::chrono::milliseconds connectTimeout{5'000};
+  // TLS and user/password authentication (none by default).
+  EtcdSecurity security;
 };
 
 struct KeyValue {
@@ -153,6 +164,12 @@ class EtcdClient {
   // The picked endpoint, picking one if none; a pick prefers endpoints other than the one that
   // failed last (a member cut off from its cluster still connects, and would be picked again).
   std::shared_ptr<Connection> connection();
+  // A token for the client's user on `connection`; throws Error when etcd refuses them.
+  std::string authenticate(const Connection& connection);
+  // Adds the token of `connection` (if any) to a call's metadata.
+  static void authorize(const Connection& connection, grpc::ClientContext& context);
+  // A fresh token on `connection` (after etcd called the old one invalid).
+  void reauthenticate(const std::shared_ptr<Connection>& connection);
   void dropConnection(const std::shared_ptr<Connection>& failed);
   void dropEndpoint(const std::string& failed);  // by name, for a stream that failed
   template <typename Call>
@@ -204,7 +221,8 @@ class EtcdKeepAlive {
   void run();
   // One stream on one endpoint until it fails (returns why) or the renewals end (returns "").
   std::string renewOn(const std::string& endpoint, const std::shared_ptr<grpc::Channel>& channel,
-                      Clock::time_point& lastAck, std::chrono::milliseconds& ttl);
+                      const std::string& token, Clock::time_point& lastAck,
+                      std::chrono::milliseconds& ttl);
   void fail(std::string why);
   bool pause(std::chrono::milliseconds duration);  // false when stopping
 
@@ -257,7 +275,9 @@ class EtcdWatch {
   // Opens a stream from lastRevision_ + 1 (from now the first time when startRevision was 0),
   // on the endpoints of the client, avoiding `failed` first; throws after connectTimeout.
   void connect(const std::string& failed, const std::string& why);
-  void open(const std::string& endpoint, const std::shared_ptr<grpc::Channel>& channel);
+  // `token`: etcd's auth token, sent as metadata (empty: none).
+  void open(const std::string& endpoint, const std::shared_ptr<grpc::Channel>& channel,
+            const std::string& token);
   [[noreturn]] void throwCancelled() const;
 
   EtcdClient& client_;

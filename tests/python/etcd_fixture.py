@@ -30,12 +30,61 @@ def free_ports(count):
             s.close()
 
 
+def _openssl(*args, cwd):
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True, timeout=30)
+
+
+def make_ca(directory, name):
+    """A self-signed CA in `directory`: (name.pem, name.key) paths."""
+    _openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+             "-nodes", "-keyout", f"{name}.key", "-out", f"{name}.pem", "-days", "2",
+             "-subj", f"/CN=dlrun test {name}", cwd=directory)
+    return os.path.join(directory, f"{name}.pem"), os.path.join(directory, f"{name}.key")
+
+
+def make_cert(directory, ca, name, common_name, server):
+    """A certificate signed by `ca` (make_ca's pair): (name.pem, name.key) paths. A server's
+    carries SAN IP:127.0.0.1, which gRPC checks against the endpoint it dials."""
+    ext = os.path.join(directory, f"{name}.ext")
+    with open(ext, "w") as f:
+        if server:
+            f.write("subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth\n")
+        else:
+            f.write("extendedKeyUsage=clientAuth\n")
+    _openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+             "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", f"/CN={common_name}",
+             cwd=directory)
+    _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", ca[0], "-CAkey", ca[1],
+             "-CAcreateserial", "-out", f"{name}.pem", "-days", "2", "-extfile", ext,
+             cwd=directory)
+    return os.path.join(directory, f"{name}.pem"), os.path.join(directory, f"{name}.key")
+
+
+class Tls:
+    """A CA, etcd's server certificate and a client certificate (CN `root`), made with openssl
+    in `directory`; etcd then demands client certificates signed by the CA."""
+    def __init__(self, directory):
+        self.ca = make_ca(directory, "ca")
+        self.server = make_cert(directory, self.ca, "server", "127.0.0.1", server=True)
+        self.client = make_cert(directory, self.ca, "client", "root", server=False)
+
+    def client_conf(self, ca=None):
+        """--rdzv-conf's TLS keys for dlrun: this CA (or `ca`), the client certificate."""
+        return f"cacert={ca or self.ca[0]},cert={self.client[0]},key={self.client[1]}"
+
+    def etcdctl_args(self):
+        return [f"--cacert={self.ca[0]}", f"--cert={self.client[0]}", f"--key={self.client[1]}"]
+
+
 class Etcd:
-    def __init__(self, proc, client_port, log_path):
+    def __init__(self, proc, client_port, log_path, tls=None):
         self.proc = proc
         self.port = client_port
         self.endpoint = f"127.0.0.1:{client_port}"
         self.log_path = log_path
+        self.tls = tls
+        self.etcdctl = [ETCDCTL, f"--endpoints={'https' if tls else 'http'}://{self.endpoint}",
+                        *(tls.etcdctl_args() if tls else [])]
 
     @property
     def pid(self):
@@ -56,18 +105,26 @@ class Etcd:
     def keys(self, prefix):
         """The keys under `prefix`, read with etcdctl."""
         result = subprocess.run(
-            [ETCDCTL, f"--endpoints={self.endpoint}", "--dial-timeout=2s",
-             "--command-timeout=5s", "get", "--prefix", "--keys-only", prefix],
+            [*self.etcdctl, "--dial-timeout=2s", "--command-timeout=5s", "get", "--prefix",
+             "--keys-only", prefix],
             env={**os.environ, "ETCDCTL_API": "3"}, capture_output=True, text=True,
             timeout=15, check=True)
         return [line for line in result.stdout.splitlines() if line]
+
+    def ctl(self, *args, user=None):
+        """One etcdctl command (as `user`, "name:password", when given); its CompletedProcess."""
+        return subprocess.run(
+            [*self.etcdctl, "--dial-timeout=2s", "--command-timeout=5s",
+             *([f"--user={user}"] if user else []), *args],
+            env={**os.environ, "ETCDCTL_API": "3"}, capture_output=True, text=True,
+            timeout=15, check=True)
 
     def answers(self):
         """One v3 read through etcdctl, bounded by its own timeouts."""
         try:
             result = subprocess.run(
-                [ETCDCTL, f"--endpoints={self.endpoint}", "--dial-timeout=1s",
-                 "--command-timeout=1s", "endpoint", "health"],
+                [*self.etcdctl, "--dial-timeout=1s", "--command-timeout=1s", "endpoint",
+                 "health"],
                 env={**os.environ, "ETCDCTL_API": "3"}, stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL, timeout=5)
         except subprocess.TimeoutExpired:
@@ -75,26 +132,32 @@ class Etcd:
         return result.returncode == 0
 
 
-def start_etcd(test):
-    """Starts etcd for `test`; returns an Etcd that answers. Fails the test if it cannot."""
+def start_etcd(test, tls=None):
+    """Starts etcd for `test`; returns an Etcd that answers. Fails the test if it cannot. With
+    `tls` (a Tls), etcd serves https with its server certificate and demands client
+    certificates signed by its CA."""
     for path in (ETCD, ETCDCTL):
         if not os.access(path, os.X_OK):
             test.fail(f"{path} is missing: the etcd tests need Debian's etcd-server and "
                       "etcd-client packages")
     directory = temp_dir(test)
     client, peer = free_ports(2)
+    scheme = "https" if tls else "http"
+    tls_args = [f"--cert-file={tls.server[0]}", f"--key-file={tls.server[1]}",
+                "--client-cert-auth", f"--trusted-ca-file={tls.ca[0]}"] if tls else []
     log_path = os.path.join(directory, "etcd.log")
     with open(log_path, "w") as log:
         proc = subprocess.Popen(
             [ETCD, "--name=default", f"--data-dir={directory}/data",
-             f"--listen-client-urls=http://127.0.0.1:{client}",
-             f"--advertise-client-urls=http://127.0.0.1:{client}",
+             f"--listen-client-urls={scheme}://127.0.0.1:{client}",
+             f"--advertise-client-urls={scheme}://127.0.0.1:{client}",
+             *tls_args,
              f"--listen-peer-urls=http://127.0.0.1:{peer}",
              f"--initial-advertise-peer-urls=http://127.0.0.1:{peer}",
              f"--initial-cluster=default=http://127.0.0.1:{peer}",
              f"--initial-cluster-token=dlrun-py-{os.getpid()}-{client}"],
             stdin=subprocess.DEVNULL, stdout=log, stderr=log, preexec_fn=die_with_parent)
-    etcd = Etcd(proc, client, log_path)
+    etcd = Etcd(proc, client, log_path, tls)
     test.addCleanup(etcd.stop)  # runs before temp_dir's cleanup: etcd stops, then its files go
     deadline = time.monotonic() + START_TIMEOUT_S
     while not etcd.answers():
