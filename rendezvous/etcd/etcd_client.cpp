@@ -202,8 +202,12 @@ std::shared_ptr<EtcdClient::Connection> EtcdClient::connection() {
         grpc::CreateCustomChannel(endpoint.text(), credentials, detail::channelArguments()));
   }
   // Under TLS a channel in TRANSIENT_FAILURE is asked why, once: a handshake failure is a
-  // misconfiguration (wrong CA, refused certificate) that waiting would only hide.
+  // misconfiguration (wrong CA, refused certificate) that waiting would only hide. It ends the
+  // pick at once when every endpoint failed so; one member's bad certificate alone must not
+  // stop the client from using the others.
   std::vector<bool> asked(channels.size(), false);
+  std::string tlsFailure;  // the first handshake failure, named with its endpoint
+  size_t tlsFailures = 0;
   const auto start = Clock::now();
   const auto deadline = start + options_.connectTimeout;
   constexpr auto kSlice = std::chrono::milliseconds(20);
@@ -228,7 +232,8 @@ std::shared_ptr<EtcdClient::Connection> EtcdClient::connection() {
         asked[i] = true;
         const auto why = detail::connectFailure(channels[i]);
         if (detail::tlsFailure(why)) {
-          throw NetworkError("etcd " + name + ": TLS handshake failed: " + why);
+          if (tlsFailure.empty()) tlsFailure = "etcd " + name + ": TLS handshake failed: " + why;
+          if (++tlsFailures == channels.size()) throw NetworkError(tlsFailure);
         }
       }
     }
@@ -238,6 +243,7 @@ std::shared_ptr<EtcdClient::Connection> EtcdClient::connection() {
       channel->WaitForStateChange(channel->GetState(false), detail::grpcDeadline(until));
     }
   }
+  if (!tlsFailure.empty()) throw NetworkError(tlsFailure);
   // The last error of one that failed says more than the list alone (a refused certificate may
   // look like a closed connection, not a handshake failure).
   std::string cause;

@@ -13,8 +13,8 @@
 //
 // Security (options.security): with TLS every channel is an SSL channel (the given CA, else the
 // system's; a client certificate when given). A TLS handshake that fails (an unknown CA, a
-// refused certificate) is a NetworkError at once naming the endpoint and gRPC's cause, not a
-// wait for connectTimeout. With a user, the client authenticates (Auth.Authenticate) when it
+// refused certificate) is a NetworkError naming the endpoint and gRPC's cause, at once when
+// every endpoint failed so (else when no other connected within connectTimeout). With a user, the client authenticates (Auth.Authenticate) when it
 // picks an endpoint and sends the token as the metadata `token` with every call and stream; a
 // unary call that etcd answers "invalid auth token" (expired) authenticates again and is
 // repeated once. Refused credentials are an Error naming the endpoint and the user.
