@@ -309,6 +309,14 @@ auto EtcdClient::unary(const char* what, const std::string& key, bool retry, Cal
   bool reauthenticated = false;
   for (int attempt = 0;; ++attempt) {
     auto picked = connection();
+    // A connection whose channel is no longer ready (its member died since the last call: the
+    // channel went idle or failing) would fail the call unsent; picking again here lets a
+    // write, which is never retried, reach a live member instead of failing. (With one
+    // endpoint there is nothing else to pick: the call fails at once, as before.)
+    if (options_.endpoints.size() > 1 && picked->channel->GetState(true) != GRPC_CHANNEL_READY) {
+      dropConnection(picked);
+      picked = connection();
+    }
     grpc::ClientContext context;
     context.set_deadline(detail::grpcDeadline(Clock::now() + timeout.value_or(options_.timeout)));
     authorize(*picked, context);
