@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "agents/agent.h"
+#include "common/clock.h"
 #include "common/error.h"
 #include "common/log.h"
 #include "launcher/launch_cli.h"
@@ -117,11 +118,17 @@ std::optional<rendezvous::StoreServerThread> serveStore(const StorePlan& plan) {
 // The job is over for this agent, but others may still be reading the store: give them a
 // bounded while to hang up before the store goes away with this process.
 void lingerForOthers(const rendezvous::StoreServerThread& store) {
-  const auto deadline = std::chrono::steady_clock::now() + kStoreLinger;
-  while (store.connectionCount() > 0 && std::chrono::steady_clock::now() < deadline)
+  const auto deadline = Clock::now() + kStoreLinger;
+  while (store.connectionCount() > 0 && Clock::now() < deadline)
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
 }
 
+// This node's address as the others reach it: --local-addr, else the local end of its route
+// toward the rendezvous store at host:port.
+std::string nodeAddress(const LaunchConfig& config, const std::string& host, uint16_t port) {
+  return config.localAddr ? rendezvous::resolveNumeric(*config.localAddr, "--local-addr")
+                          : rendezvous::localAddressToward(host, port);
+}
 
 rendezvous::ElasticOptions elasticOptions(const LaunchConfig& config, const std::string& addr,
                                           const std::string& name) {
@@ -194,13 +201,9 @@ int launchEtcd(const LaunchConfig& config) {
     try {
       rendezvous::etcd::EtcdStore probe(storeOptions);
       refuseEndedJob(probe, config);
-      if (config.localAddr) {
-        addr = rendezvous::resolveNumeric(*config.localAddr, "--local-addr");
-      } else {
-        const auto& picked = config.etcdEndpoints.front();
-        addr = rendezvous::localAddressToward(
-            rendezvous::resolveNumeric(picked.host, "--rdzv-endpoint host"), picked.port);
-      }
+      const auto& first = config.etcdEndpoints.front();
+      addr = nodeAddress(config, rendezvous::resolveNumeric(first.host, "--rdzv-endpoint host"),
+                         first.port);
     } catch (const NetworkError& e) {
       throw NetworkError(std::string("cannot reach etcd (--rdzv-endpoint): ") + e.what());
     }
@@ -230,9 +233,7 @@ int launchMultiNode(const LaunchConfig& config) {
   // Before joining: a node that cannot start its workers must not hold the others up.
   agents::checkDescriptors(agentOptions(config, plan.serve));
   auto store = serveStore(plan);
-  const std::string addr =
-      config.localAddr ? rendezvous::resolveNumeric(*config.localAddr, "--local-addr")
-                       : rendezvous::localAddressToward(plan.host, plan.port);
+  const std::string addr = nodeAddress(config, plan.host, plan.port);
   const std::string name = config.nodeName.value_or(hostName());
   int code;
   {
