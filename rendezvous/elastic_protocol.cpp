@@ -11,6 +11,17 @@
 #include "rendezvous/store/tcp_stream.h"
 
 namespace dlrun::rendezvous::elastic {
+
+std::vector<std::string> Keys::ofRound(int round, int joined) const {
+  std::vector<std::string> keys{this->joined(round), closer(round), closed(round),
+                                roster(round),       end(round),    done(round),
+                                spares(round),       names(round),  gaveUp(round)};
+  for (int i = 1; i <= joined; ++i) {
+    keys.push_back(node(round, i));
+    keys.push_back(assignment(round, i));
+  }
+  return keys;
+}
 namespace {
 
 using nlohmann::json;

@@ -22,6 +22,9 @@
 //   r/R/names          the members' node names, in arrival order (for messages)
 //   r/R/gave-up        names of the nodes whose join timeout ended their wait in round R, one
 //                      a line (appended before each releases its record)
+//   forgotten          the newest round whose keys are deleted: the closer of round R deletes
+//                      those of rounds up to R - 2 once its workers run, so a long elastic job
+//                      keeps the keys of its last two rounds (and of one forming)
 #pragma once
 
 #include <cstdint>
@@ -57,6 +60,9 @@ class Keys {
   std::string stop() const { return root_ + "stop"; }
   std::string names(int round) const { return roundKey(round, "names"); }
   std::string gaveUp(int round) const { return roundKey(round, "gave-up"); }
+  std::string forgotten() const { return root_ + "forgotten"; }
+  // Every key round `round` may hold, when `joined` agents joined it.
+  std::vector<std::string> ofRound(int round, int joined) const;
 
  private:
   std::string roundKey(int round, const std::string& leaf) const {

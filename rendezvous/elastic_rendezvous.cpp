@@ -191,6 +191,10 @@ ElasticRendezvous::Step ElasticRendezvous::tryRound(int round, Clock::time_point
       if (candidate) lease_->deleteKey(keys_.node(round, index));
       throw error;
     } else if (!canClose) {
+      if (forgotten(round)) {
+        if (candidate) lease_->deleteKey(keys_.node(round, index));
+        return NextRound{};
+      }
       const int joined = static_cast<int>(lease_->add(keys_.joined(round), 0));
       if (auto line = waiting.update(joined, now(), deadline)) log::info(*line);
     }
@@ -248,6 +252,25 @@ void ElasticRendezvous::closeRound(int round, int index) {
   values.push_back(elastic::encodeRoster(names));
   lease_->multiSet(keys, values);
   lease_->compareSet(keys_.closed(round), "", std::to_string(members));
+  closedRound_ = round;
+}
+
+void ElasticRendezvous::forgetRounds(int upTo) {
+  const std::string done = lease_->peek({keys_.forgotten()})[0];
+  const int from = done.empty() ? 0 : toCount(done, keys_.forgotten()) + 1;
+  if (from > upTo) return;
+  for (int round = from; round <= upTo; ++round) {
+    const std::string joined = lease_->peek({keys_.joined(round)})[0];
+    lease_->deleteKeys(keys_.ofRound(
+        round, joined.empty() ? 0 : std::min(toCount(joined, keys_.joined(round)),
+                                             options_.maxNodes)));
+  }
+  lease_->set(keys_.forgotten(), std::to_string(upTo));
+}
+
+bool ElasticRendezvous::forgotten(int round) {
+  const std::string done = lease_->peek({keys_.forgotten()})[0];
+  return !done.empty() && toCount(done, keys_.forgotten()) >= round;
 }
 
 World ElasticRendezvous::memberWorld(int round, int index, int members,
@@ -277,6 +300,7 @@ ElasticRendezvous::Step ElasticRendezvous::afterLateArrival(int round, int membe
   }
   // A spare waits as long as the job runs: it takes the place of a node that fails.
   while (!waitChunk(keys_.end(round))) {
+    if (forgotten(round)) return NextRound{};
   }
   RoundEnd end = readEnd(round);
   ended_ = Ended{round, members, spares(round), end.kind};
@@ -296,6 +320,8 @@ RoundEnd ElasticRendezvous::readEnd(int round) {
 
 RoundEnd ElasticRendezvous::awaitEnd() {
   try {
+    // The closer tidies up while its workers run, off everyone's way into the round.
+    if (closedRound_ == member_->round) forgetRounds(member_->round - 2);
     while (!waitChunk(keys_.end(member_->round))) {
     }
     RoundEnd end = readEnd(member_->round);

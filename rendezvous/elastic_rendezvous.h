@@ -120,6 +120,11 @@ class ElasticRendezvous : public Rendezvous {
   int targetSize(int round) const;
   void advanceCurrent(int toRound);
   bool waitChunk(const std::string& key);
+  // Deletes the keys of the rounds up to `upTo` not deleted yet (Keys::forgotten()).
+  void forgetRounds(int upTo);
+  // Whether round `round`'s keys are gone: an agent that slept through two rounds must not
+  // wait for one of its keys for ever.
+  bool forgotten(int round);
 
   const ElasticOptions options_;
   const elastic::Keys keys_;
@@ -134,6 +139,7 @@ class ElasticRendezvous : public Rendezvous {
   std::optional<Ended> ended_;
   int failures_ = 0;  // failure restarts seen in this job (the rendezvous thread's copy)
   std::optional<int> lastGroupRank_;
+  std::optional<int> closedRound_;  // the last round this node closed: it forgets old ones
   bool reconnect_ = false;
   std::mutex connectionMutex_;  // interrupt() against a reconnect swapping the connections
   bool interrupted_ = false;

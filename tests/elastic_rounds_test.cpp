@@ -156,6 +156,29 @@ TEST_F(ElasticRoundsTest, ASpareTakesAKilledNodesPlace) {
   EXPECT_EQ(elapsedSince(start), 0s);
 }
 
+TEST_F(ElasticRoundsTest, ALongJobKeepsTheKeysOfItsLastTwoRoundsOnly) {
+  ElasticOptions o = options(2, 2);
+  o.maxRestarts = 10;
+  auto a = agent(o, "n0"), b = agent(o, "n1");
+  const elastic::Keys keys("job");
+  MemoryStore view(server_);
+  int64_t keysAtRound2 = 0;
+  for (int round = 0; round <= 5; ++round) {
+    for (const World& w : formRound({a.get(), b.get()})) EXPECT_EQ(w.round, round);
+    a->reportFailure(RoundEnd{.kind = Kind::WorkerFailed, .node = "n0", .rank = 0, .exitCode = 1});
+    auto ends = together<RoundEnd>({[&] { return a->awaitEnd(); }, [&] { return b->awaitEnd(); }});
+    for (auto& end : ends) EXPECT_EQ(end.get().kind, Kind::WorkerFailed);
+    if (round == 2) keysAtRound2 = view.numKeys();
+  }
+  for (int round = 0; round <= 3; ++round) {
+    for (const auto& key : keys.ofRound(round, 2)) EXPECT_FALSE(view.check({key})) << key;
+  }
+  for (int round = 4; round <= 5; ++round) {
+    EXPECT_TRUE(view.check({keys.closed(round), keys.end(round), keys.assignment(round, 2)}));
+  }
+  EXPECT_EQ(view.numKeys(), keysAtRound2);  // bounded, however many rounds the job runs
+}
+
 TEST_F(ElasticRoundsTest, AJoinAloneTimesOutAfterTheJoinTimeout) {
   const ElasticOptions o = options(2, 2);
   auto alone = agent(o, "n0");

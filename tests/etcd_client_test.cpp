@@ -131,6 +131,17 @@ TEST_F(EtcdClientTest, AddUnderConcurrencyCountsExactly) {
   EXPECT_THROW(shared.add(key("text"), 1), Error);
 }
 
+TEST_F(EtcdClientTest, AMarkedAddSaysWhetherItApplied) {
+  EtcdClient client(options());
+  const EtcdClient::AddMark mark{key("mark"), "7"};
+  EXPECT_FALSE(client.addApplied(mark));  // not tried yet
+  EXPECT_EQ(client.add(key("n"), 2, mark), 2);
+  EXPECT_EQ(client.addApplied(mark), 2);
+  EXPECT_EQ(client.add(key("n"), 3), 5);  // an unmarked add leaves the mark alone
+  EXPECT_EQ(client.addApplied(mark), 2);
+  EXPECT_FALSE(client.addApplied({key("mark"), "8"}));  // another add's token
+}
+
 TEST_F(EtcdClientTest, RawTxnWritesSeveralKeysAtOneRevision) {
   EtcdClient client(options());
   etcdserverpb::TxnRequest request;

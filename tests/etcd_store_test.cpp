@@ -209,6 +209,33 @@ TEST_F(EtcdStoreTest, AReleaseFiresNothing) {
   EXPECT_FALSE(other->check({"node"}));
 }
 
+TEST_F(EtcdStoreTest, DeleteKeysReleasesManyAtOnceAndFiresNothing) {
+  auto holder = store(), other = store();
+  std::vector<std::string> keys;
+  for (int i = 0; i < 150; ++i) keys.push_back("old/" + std::to_string(i));
+  holder->multiSet(keys, keys);
+  holder->lease("old/node", "record", 2s, {{"end", "lost"}});
+  keys.push_back("old/node");
+  keys.push_back("old/never-set");
+  holder->deleteKeys(keys);
+  EXPECT_EQ(holder->numKeys(), 0);
+  holder.reset();  // nothing leased is left to revoke
+  EXPECT_FALSE(other->waitFor({"end"}, 1s));
+}
+
+TEST_F(EtcdStoreTest, AddsLeaveNoMarkBehind) {
+  {
+    auto s = store();
+    EXPECT_EQ(s->add("n", 1), 1);
+    EXPECT_EQ(s->add("n", 1), 2);
+    EXPECT_EQ(s->client().count(prefix() + "marks/", EtcdClient::prefixEnd(prefix() + "marks/")),
+              1);  // one mark a store, rewritten by each add
+  }
+  EXPECT_EQ(EtcdClient(storeOptions(server->endpoints(), prefix()).client)
+                .count(prefix() + "marks/", EtcdClient::prefixEnd(prefix() + "marks/")),
+            0);
+}
+
 TEST_F(EtcdStoreTest, ALeaseRevokedElsewhereIsFiredByAWatcher) {
   auto holder = store(), watcher = store();
   holder->lease("node", "record", 2s, {{"end", "lost"}});

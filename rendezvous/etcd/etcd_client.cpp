@@ -474,25 +474,61 @@ SwapResult EtcdClient::putIfRevision(const std::string& key, int64_t modRevision
   return swap(key, &compare, desired, lease);
 }
 
-int64_t EtcdClient::add(const std::string& key, int64_t delta) {
+namespace detail {
+namespace {
+std::optional<int64_t> toInteger(std::string_view text) {
+  int64_t value = 0;
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (text.empty() || error != std::errc() || end != text.data() + text.size())
+    return std::nullopt;
+  return value;
+}
+}  // namespace
+}  // namespace detail
+
+int64_t EtcdClient::add(const std::string& key, int64_t delta,
+                        const std::optional<AddMark>& mark) {
   // Optimistic: assume the key is missing, so creating it costs one round trip; a lost race
   // hands back the current value for the next try.
   std::optional<KeyValue> current;
   while (true) {
     int64_t base = 0;
     if (current) {
-      const auto& text = current->value;
-      const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), base);
-      if (text.empty() || error != std::errc() || end != text.data() + text.size()) {
+      const auto value = detail::toInteger(current->value);
+      if (!value)
         throw Error("etcd " + endpoint() + ": add " + detail::quoted(key) +
                     ": the value is not an integer");
-      }
+      base = *value;
     }
     const int64_t next = base + delta;
-    auto result = putIfRevision(key, current ? current->modRevision : 0, std::to_string(next));
-    if (result.swapped) return next;
-    current = std::move(result.current);
+    pb::TxnRequest request;
+    auto* guard = request.add_compare();
+    guard->set_key(key);
+    guard->set_target(pb::Compare::MOD);
+    guard->set_result(pb::Compare::EQUAL);
+    guard->set_mod_revision(current ? current->modRevision : 0);
+    auto* put = request.add_success()->mutable_request_put();
+    put->set_key(key);
+    put->set_value(std::to_string(next));
+    if (mark) {
+      auto* marked = request.add_success()->mutable_request_put();
+      marked->set_key(mark->key);
+      marked->set_value(mark->token + ":" + std::to_string(next));
+    }
+    request.add_failure()->mutable_request_range()->set_key(key);
+    const auto response = txn(request);
+    if (response.succeeded()) return next;
+    current.reset();
+    if (response.responses_size() > 0 && response.responses(0).response_range().kvs_size() > 0)
+      current = detail::fromProto(response.responses(0).response_range().kvs(0));
   }
+}
+
+std::optional<int64_t> EtcdClient::addApplied(const AddMark& mark) {
+  const auto found = get(mark.key);
+  const std::string prefix = mark.token + ":";
+  if (!found || !found->value.starts_with(prefix)) return std::nullopt;
+  return detail::toInteger(std::string_view(found->value).substr(prefix.size()));
 }
 
 int64_t EtcdClient::leaseGrant(std::chrono::seconds ttl) {

@@ -8,8 +8,8 @@
 // count, a txn of reads only) are retried on the next endpoint (after UNAVAILABLE for up to
 // connectTimeout: an election answers "leader changed" for a while). Writes (put, delete, txn
 // and the swaps, lease grant and revoke) are NEVER retried: one may have applied before the
-// failure, so the NetworkError reaches the caller, which re-reads and decides again. Every
-// error is one line naming the endpoint.
+// failure, so the NetworkError reaches the caller, which re-reads and decides again (EtcdStore
+// does, for up to connectTimeout). Every error is one line naming the endpoint.
 //
 // Security (options.security): with TLS every channel is an SSL channel (the given CA, else the
 // system's; a client certificate when given). A TLS handshake that fails (an unknown CA, a
@@ -128,7 +128,15 @@ class EtcdClient {
                            const std::string& desired, int64_t lease = 0);
   // Adds to a decimal integer value (missing counts as 0) by read, then swap on mod_revision,
   // again on a conflict; returns the result. Throws Error when the value is not an integer.
-  int64_t add(const std::string& key, int64_t delta);
+  // With a mark, the transaction that adds also writes mark.key = mark.token + ":" + result,
+  // so a caller whose call failed half-way can read whether it applied (addApplied).
+  struct AddMark {
+    std::string key;
+    std::string token;
+  };
+  int64_t add(const std::string& key, int64_t delta, const std::optional<AddMark>& mark = {});
+  // The result of the marked add() whose mark this is, if that add applied.
+  std::optional<int64_t> addApplied(const AddMark& mark);
   // Any transaction (the raw messages), for what the helpers above do not cover. `timeout`
   // replaces the client's deadline for this call. One of reads only is retried as a read.
   etcdserverpb::TxnResponse txn(const etcdserverpb::TxnRequest& request,

@@ -3,7 +3,12 @@
 #include <algorithm>
 #include <charconv>
 #include <optional>
+#include <random>
 #include <set>
+#include <sstream>
+#include <thread>
+
+#include <unistd.h>
 
 #include "common/clock.h"
 #include "common/error.h"
@@ -49,6 +54,14 @@ std::optional<Tripwires> decodeTripwires(std::string_view text) {
   return out;
 }
 
+// Names this store's add() mark: unique among the stores of every job on the cluster.
+std::string uniqueId() {
+  std::random_device random;
+  std::ostringstream out;
+  out << std::hex << random() << random() << '-' << ::getpid();
+  return out.str();
+}
+
 Clock::time_point deadlineAfter(std::chrono::milliseconds timeout) {
   const auto now = Clock::now();
   const auto room = std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -73,6 +86,7 @@ EtcdStore::EtcdStore(EtcdStoreOptions options)
     : options_(std::move(options)),
       dataPrefix_(options_.prefix + "kv/"),
       recordPrefix_(options_.prefix + "tripwires/"),
+      markKey_(options_.prefix + "marks/" + detail::uniqueId()),
       client_(options_.client) {}
 
 EtcdStore::~EtcdStore() {
@@ -87,6 +101,23 @@ void EtcdStore::requireOpen() const {
   std::lock_guard lock(mutex_);
   if (aborted_) throw NetworkError("etcd " + client_.options().endpoints.front().text() +
                                    ": the store connection was aborted");
+}
+
+template <typename Write>
+auto EtcdStore::retrying(Write&& write) {
+  const auto start = Clock::now();
+  while (true) {
+    requireOpen();  // an abort() ends the retries, named as such
+    try {
+      return write();
+    } catch (const NetworkError&) {
+      if (Clock::now() - start >= options_.client.connectTimeout) throw;
+    } catch (const TimeoutError&) {
+      if (Clock::now() - start >= options_.client.connectTimeout) throw;
+    }
+    // Members without a leader refuse at once while an election runs: pace the next try.
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
 }
 
 void EtcdStore::abort() {
@@ -129,6 +160,14 @@ void EtcdStore::revokeLeases() {
     } catch (const Error&) {
     }
   }
+  if (reachable && adds_ > 0) {
+    try {
+      pb::TxnRequest request;
+      request.add_success()->mutable_request_delete_range()->set_key(markKey_);
+      client_.txn(request, kReleaseTimeout);
+    } catch (const Error&) {
+    }
+  }
 }
 
 std::vector<std::optional<std::string>> EtcdStore::read(const std::vector<std::string>& keys) {
@@ -154,8 +193,7 @@ std::vector<std::optional<std::string>> EtcdStore::read(const std::vector<std::s
 }
 
 void EtcdStore::set(const std::string& key, const std::string& value) {
-  requireOpen();
-  client_.put(dataKey(key), value);
+  retrying([&] { return client_.put(dataKey(key), value); });
 }
 
 std::string EtcdStore::get(const std::string& key) {
@@ -164,14 +202,24 @@ std::string EtcdStore::get(const std::string& key) {
 }
 
 int64_t EtcdStore::add(const std::string& key, int64_t delta) {
-  requireOpen();
-  return client_.add(dataKey(key), delta);
+  const EtcdClient::AddMark mark{markKey_, std::to_string(++adds_)};
+  bool sent = false;
+  return retrying([&] {
+    if (sent) {
+      if (auto applied = client_.addApplied(mark)) return *applied;
+    }
+    sent = true;
+    return client_.add(dataKey(key), delta, mark);
+  });
 }
 
 std::string EtcdStore::compareSet(const std::string& key, const std::string& expected,
                                   const std::string& desired) {
-  requireOpen();
-  const std::string k = dataKey(key);
+  return retrying([&] { return swapOnce(dataKey(key), expected, desired); });
+}
+
+std::string EtcdStore::swapOnce(const std::string& k, const std::string& expected,
+                                const std::string& desired) {
   if (!expected.empty()) {
     auto result = client_.putIfValue(k, expected, desired);
     if (result.swapped) return desired;
@@ -193,19 +241,35 @@ std::string EtcdStore::compareSet(const std::string& key, const std::string& exp
 }
 
 bool EtcdStore::deleteKey(const std::string& key) {
-  requireOpen();
   // The record goes in the same transaction (and first), so watchers see a release, not a
   // lapse, and fire nothing.
   pb::TxnRequest request;
   request.add_success()->mutable_request_delete_range()->set_key(recordKey(key));
   request.add_success()->mutable_request_delete_range()->set_key(dataKey(key));
-  const auto response = client_.txn(request);
+  const auto response = retrying([&] { return client_.txn(request); });
   {
     std::lock_guard lock(mutex_);
     owned_.erase(key);
   }
   return response.responses_size() == 2 &&
          response.responses(1).response_delete_range().deleted() > 0;
+}
+
+void EtcdStore::deleteKeys(const std::vector<std::string>& keys) {
+  // Two deletes a key (its record, as deleteKey); etcd refuses a transaction that names a key
+  // twice.
+  const std::set<std::string> unique(keys.begin(), keys.end());
+  std::vector<std::string> ordered(unique.begin(), unique.end());
+  for (size_t start = 0; start < ordered.size(); start += kMaxTxnOps / 2) {
+    pb::TxnRequest request;
+    for (size_t i = start; i < std::min(ordered.size(), start + kMaxTxnOps / 2); ++i) {
+      request.add_success()->mutable_request_delete_range()->set_key(recordKey(ordered[i]));
+      request.add_success()->mutable_request_delete_range()->set_key(dataKey(ordered[i]));
+    }
+    retrying([&] { return client_.txn(request); });
+  }
+  std::lock_guard lock(mutex_);
+  for (const auto& key : ordered) owned_.erase(key);
 }
 
 bool EtcdStore::check(const std::vector<std::string>& keys) {
@@ -219,14 +283,27 @@ int64_t EtcdStore::numKeys() {
 }
 
 void EtcdStore::append(const std::string& key, const std::string& value) {
-  requireOpen();
   const std::string k = dataKey(key);
-  auto result = client_.putIfRevision(k, 0, value);  // missing, most likely for a new key
-  while (!result.swapped) {
-    const int64_t revision = result.current ? result.current->modRevision : 0;
-    const std::string base = result.current ? result.current->value : std::string();
-    result = client_.putIfRevision(k, revision, base + value);
-  }
+  std::optional<std::string> sent;  // the whole value a try wrote, if one may have applied
+  retrying([&] {
+    SwapResult result;
+    if (sent) {
+      // A try that applied left the key starting with what it wrote (others append after).
+      auto current = client_.get(k);
+      if (current && current->value.starts_with(*sent)) return true;
+      sent = (current ? current->value : std::string()) + value;
+      result = client_.putIfRevision(k, current ? current->modRevision : 0, *sent);
+    } else {
+      sent = value;
+      result = client_.putIfRevision(k, 0, value);  // missing, most likely for a new key
+    }
+    while (!result.swapped) {
+      const int64_t revision = result.current ? result.current->modRevision : 0;
+      sent = (result.current ? result.current->value : std::string()) + value;
+      result = client_.putIfRevision(k, revision, *sent);
+    }
+    return true;
+  });
 }
 
 std::vector<std::string> EtcdStore::multiGet(const std::vector<std::string>& keys) {
@@ -252,7 +329,7 @@ void EtcdStore::multiSet(const std::vector<std::string>& keys,
       put->set_key(dataKey(keys[order[j]]));
       put->set_value(values[order[j]]);
     }
-    client_.txn(request);
+    retrying([&] { return client_.txn(request); });
   }
 }
 
@@ -315,7 +392,7 @@ void EtcdStore::lease(const std::string& key, const std::string& value,
   put->set_key(dataKey(key));
   put->set_value(value);
   put->set_lease(id);
-  const auto response = client_.txn(request);
+  const auto response = retrying([&] { return client_.txn(request); });
   std::lock_guard lock(mutex_);
   owned_[key] = Record{std::move(unique), response.header().revision()};
 }

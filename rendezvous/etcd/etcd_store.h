@@ -19,6 +19,13 @@
 // store of the job waits (the rendezvous always has one waiting), and a key leased again by its
 // holder before anyone fired loses the old firing.
 //
+// Writes survive a fail-over: one that fails on the way (its member died, an election) is made
+// again, on the next endpoint the client picks, for up to the client's connectTimeout. Each is
+// safe to repeat: set, multiSet, deletes and lease writes are idempotent; compareSet reads
+// again and decides (a swap that applied reads back as its own value); add writes a mark in
+// its transaction that says whether it applied (one key per store, under `prefix` + "marks/",
+// deleted with the store); append looks for its own text first.
+//
 // Waits: waitFor() reads the keys, then follows the watch until they exist. The watch is
 // opened by the first wait and kept, so no event is missed between waits; its events are those
 // of the whole prefix (O(N) per round per waiting store; a narrower watch is future work).
@@ -27,6 +34,7 @@
 // store), and abort() may come from any thread, cutting a blocked wait at once.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <map>
 #include <optional>
@@ -72,6 +80,7 @@ class EtcdStore : public LeasingStore {
   std::string compareSet(const std::string& key, const std::string& expected,
                          const std::string& desired) override;
   bool deleteKey(const std::string& key) override;
+  void deleteKeys(const std::vector<std::string>& keys) override;  // transactions of many
   bool check(const std::vector<std::string>& keys) override;
   int64_t numKeys() override;
   void append(const std::string& key, const std::string& value) override;
@@ -105,11 +114,19 @@ class EtcdStore : public LeasingStore {
   void fire(const std::string& key, const Record& record,
             std::optional<std::chrono::milliseconds> timeout = {});
   void requireOpen() const;
+  // compareSet's one try, on the etcd key `k`.
+  std::string swapOnce(const std::string& k, const std::string& expected,
+                       const std::string& desired);
+  // Runs `write` until it succeeds, the fail-over budget is spent, or the store is aborted.
+  template <typename Write>
+  auto retrying(Write&& write);
   void revokeLeases();
 
   const EtcdStoreOptions options_;
   const std::string dataPrefix_;
   const std::string recordPrefix_;
+  const std::string markKey_;  // add()'s mark
+  std::atomic<uint64_t> adds_{0};
   EtcdClient client_;
 
   std::mutex grantMutex_;     // one lease grant at a time, outside mutex_ (a round trip)

@@ -38,6 +38,12 @@ class LeasingStore : public Store {
   // The values as they are now, without waiting; a missing key reads as empty.
   virtual std::vector<std::string> peek(const std::vector<std::string>& keys) = 0;
 
+  // Deletes every key (releasing leased ones, as deleteKey does); missing keys are no error.
+  // One request a key here; a store that can delete many at once does.
+  virtual void deleteKeys(const std::vector<std::string>& keys) {
+    for (const auto& key : keys) deleteKey(key);
+  }
+
   // Safe from any thread, even while another is blocked in a call here: drops the connection
   // (firing its leases) so that call throws NetworkError at once.
   virtual void abort() = 0;
