@@ -19,7 +19,7 @@ constexpr std::string_view kTfKey = "TF_CONFIG=";
 // The variables each worker sets for itself; everything else is shared.
 bool ownKey(const std::string& key) {
   return key == "RANK" || key == "LOCAL_RANK" || key == "ROLE_RANK" ||
-         key == "TORCHELASTIC_ERROR_FILE";
+         key == "TORCHELASTIC_ERROR_FILE" || key == "DLRUN_HEARTBEAT_FILE";
 }
 
 }  // namespace
@@ -67,7 +67,9 @@ TfConfigChoice chooseTfConfig(TfConfigMode mode, const std::string& cluster, int
 
 NodeEnvironment::NodeEnvironment(const Environment& inherited, const rendezvous::World& world,
                                  RoundSpec spec)
-    : baseRank_(world.baseRank), tfCluster_(std::move(spec.tfCluster)) {
+    : baseRank_(world.baseRank),
+      tfCluster_(std::move(spec.tfCluster)),
+      heartbeatDir_(std::move(spec.heartbeatDir)) {
   Environment env = inherited;
   auto set = [&](const std::string& key, const std::string& value) { env[key] = value; };
   auto setDefault = [&](const std::string& key, const std::string& value) {
@@ -91,6 +93,7 @@ NodeEnvironment::NodeEnvironment(const Environment& inherited, const rendezvous:
   setDefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1");
   setDefault("NCCL_ASYNC_ERROR_HANDLING", "1");
   if (tfCluster_ || !spec.inheritTfConfig) env.erase("TF_CONFIG");
+  for (auto& [key, value] : spec.services) env[key] = std::move(value);
   shared_.reserve(env.size());
   for (const auto& [key, value] : env) {
     if (ownKey(key)) continue;
@@ -102,8 +105,15 @@ NodeEnvironment::NodeEnvironment(const Environment& inherited, const rendezvous:
 std::vector<std::string> NodeEnvironment::ownSmall(int localRank,
                                                    const std::string& errorFile) const {
   const std::string rank = std::to_string(baseRank_ + localRank);
-  return {"RANK=" + rank, "LOCAL_RANK=" + std::to_string(localRank), "ROLE_RANK=" + rank,
-          "TORCHELASTIC_ERROR_FILE=" + errorFile};
+  std::vector<std::string> entries{"RANK=" + rank, "LOCAL_RANK=" + std::to_string(localRank),
+                                   "ROLE_RANK=" + rank, "TORCHELASTIC_ERROR_FILE=" + errorFile};
+  if (heartbeatDir_)
+    entries.push_back("DLRUN_HEARTBEAT_FILE=" + heartbeatFile(*heartbeatDir_, localRank));
+  return entries;
+}
+
+std::string heartbeatFile(const std::string& heartbeatDir, int localRank) {
+  return heartbeatDir + "/" + std::to_string(localRank);
 }
 
 std::vector<std::string> NodeEnvironment::own(int localRank, const std::string& errorFile) const {

@@ -34,7 +34,15 @@ struct RoundSpec {
   // inherited TF_CONFIG is removed (it describes another job) unless inheritTfConfig is set.
   std::optional<std::string> tfCluster;
   bool inheritTfConfig = false;
+  // Variables of the agent's services for its workers (the progress board, torch's timer
+  // pipe, the Python stack hook), set over inherited ones.
+  Environment services;
+  // With --hang-timeout: each worker's DLRUN_HEARTBEAT_FILE is heartbeatDir/LOCAL_RANK.
+  std::optional<std::string> heartbeatDir;
 };
+
+// A worker's heartbeat file under RoundSpec::heartbeatDir.
+std::string heartbeatFile(const std::string& heartbeatDir, int localRank);
 
 // One round's environments for every worker of this node.
 class NodeEnvironment {
@@ -44,7 +52,8 @@ class NodeEnvironment {
 
   // "KEY=VALUE" entries every worker of the round gets.
   const std::vector<std::string>& shared() const { return shared_; }
-  // The worker's own entries: RANK, LOCAL_RANK, ROLE_RANK, TORCHELASTIC_ERROR_FILE, TF_CONFIG.
+  // The worker's own entries: RANK, LOCAL_RANK, ROLE_RANK, TORCHELASTIC_ERROR_FILE, TF_CONFIG,
+  // DLRUN_HEARTBEAT_FILE.
   std::vector<std::string> own(int localRank, const std::string& errorFile) const;
   // The sizes shared() and own() pass to exec, without building own()'s TF_CONFIG.
   ExecSizes sizes(int localRank, const std::string& errorFile) const;
@@ -56,6 +65,7 @@ class NodeEnvironment {
 
   int baseRank_ = 0;
   std::optional<std::string> tfCluster_;
+  std::optional<std::string> heartbeatDir_;
   std::vector<std::string> shared_;
   ExecSizes sharedSizes_;
 };

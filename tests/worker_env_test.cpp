@@ -176,6 +176,27 @@ TEST(WorkerEnv, TheNodesSharedPartHoldsAllButEachWorkersOwnFive) {
   EXPECT_EQ(node.forWorker(1, "/e.json"), workerEnvironment(inherited, world, one, 1));
 }
 
+TEST(WorkerEnv, ServicesAndHeartbeatFilesForHangWatching) {
+  const auto world = twoNodeWorld();
+  RoundSpec round;
+  round.services = {{"DLRUN_PROGRESS_FILE", "/logs/progress"}, {"PYTHONPATH", "/hook:/mine"}};
+  round.heartbeatDir = "/logs/heartbeat";
+  const NodeEnvironment node({{"PYTHONPATH", "/mine"}}, world, round);
+  const Environment env = node.forWorker(1, "/e.json");
+  EXPECT_EQ(env.at("DLRUN_PROGRESS_FILE"), "/logs/progress");
+  EXPECT_EQ(env.at("PYTHONPATH"), "/hook:/mine");  // a service's value wins
+  EXPECT_EQ(env.at("DLRUN_HEARTBEAT_FILE"), "/logs/heartbeat/1");
+  EXPECT_EQ(heartbeatFile("/logs/heartbeat", 1), "/logs/heartbeat/1");
+  const ExecSizes sizes = node.sizes(1, "/e.json");
+  ExecSizes expected;
+  for (const auto& entry : node.shared()) expected.add(entry.size());
+  for (const auto& entry : node.own(1, "/e.json")) expected.add(entry.size());
+  EXPECT_EQ(sizes.bytes, expected.bytes);
+  // Without a heartbeat directory nothing is set.
+  EXPECT_FALSE(NodeEnvironment({}, world, RoundSpec{}).forWorker(0, "/e").contains(
+      "DLRUN_HEARTBEAT_FILE"));
+}
+
 TEST(WorkerEnv, SizesAreWhatExecGetsWithoutBuildingTfConfig) {
   const auto world = largeWorld(500);
   const NodeEnvironment node({{"HOME", "/home/u"}}, world, roundSpec(tfConfigCluster(world)));
