@@ -4,6 +4,7 @@
 //   Running --a worker fails--------------------> Stopping(failure)
 //   Running --the round ended elsewhere---------> Stopping(round end)
 //   Running --SIGINT/TERM/HUP/QUIT--------------> Stopping(signal)
+//   Running --a hang ended the round------------> (stacks taken) Stopping(round end)
 //   Running --every worker exited 0-------------> Done
 //   Stopping --last worker reaped---------------> Done | Finished(128+signal, or 127)
 //   Done --the round ended----------------------> Finished(0, or the final failure's code)
@@ -19,6 +20,10 @@
 // running between batches, so a node of thousands reaps, reads output and heeds signals while
 // it starts.
 //
+// --hang-timeout: a HangWatcher watches the round's workers; a hang it sees is reported to the
+// rendezvous as a failure (or, under --hang-action=report, only reported), and a round that a
+// hang ended on any node has every node take its workers' stacks before it stops them.
+//
 // SIGCHLD drives reaping (waitpid(-1) also reaps descendants re-parented to this subreaper);
 // SIGUSR1/SIGUSR2 are forwarded to every worker's process group and change nothing else.
 // Stopping sends SIGTERM (or the terminating signal) to each group, then SIGKILL after the
@@ -31,10 +36,13 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <iomanip>
+#include <sstream>
 #include <thread>
 #include <unordered_map>
 
 #include "agents/failure_report.h"
+#include "agents/hang_watcher.h"
 #include "agents/process.h"
 #include "agents/worker.h"
 #include "agents/worker_env.h"
@@ -101,7 +109,12 @@ class AgentImpl {
         rendezvous_(rendezvous),
         signals_(io_),
         stopTimer_(io_),
-        inherited_(currentEnvironment()) {}
+        inherited_(currentEnvironment()) {
+    if (options_.hang)
+      hang_.emplace(io_, *options_.hang,
+                    options_.nodeName.empty() ? std::string("this node") : options_.nodeName,
+                    rendezvous_);
+  }
 
   int run() {
     try {
@@ -199,6 +212,7 @@ class AgentImpl {
     if (state_ == State::Finished || stopSignal_) return;
     roundEnd_ = end;
     if (state_ == State::Done) return endOfRound();
+    if (state_ == State::Running && end.hang && hang_) return takeStacksThenStop(end);
     if (state_ == State::Running) {
       log::info("stopping workers: " + end.describe());
       stop(SIGTERM);
@@ -272,18 +286,18 @@ class AgentImpl {
       log::warn(tf.warning);
       tfConfigWarned_ = true;
     }
-    environment_.emplace(inherited_, world_,
-                         RoundSpec{.role = options_.role,
-                                   .maxRestarts = world_.maxRestarts,
-                                   .restartCount = world_.round,
-                                   .tfCluster = tf.set ? std::optional(std::move(cluster))
-                                                       : std::nullopt,
-                                   .inheritTfConfig = options_.tfConfig == TfConfigMode::Never});
+    const fs::path attemptDir =
+        logRoot_ / world_.runId / ("attempt_" + std::to_string(world_.round));
+    RoundSpec spec{.role = options_.role,
+                   .maxRestarts = world_.maxRestarts,
+                   .restartCount = world_.round,
+                   .tfCluster = tf.set ? std::optional(std::move(cluster)) : std::nullopt,
+                   .inheritTfConfig = options_.tfConfig == TfConfigMode::Never};
+    if (hang_) hang_->prepareRound(attemptDir, options_.nprocPerNode, spec);
+    environment_.emplace(inherited_, world_, std::move(spec));
     ExecSizes command;
     command.add(options_.command.front().size());  // the file name exec copies as well
     for (const auto& arg : options_.command) command.add(arg.size());
-    const fs::path attemptDir =
-        logRoot_ / world_.runId / ("attempt_" + std::to_string(world_.round));
     launches_.clear();
     launches_.reserve(options_.nprocPerNode);
     for (int local = 0; local < options_.nprocPerNode; ++local) {
@@ -329,6 +343,7 @@ class AgentImpl {
     }
     log::debug("started " + std::to_string(workers_.size()) + " workers");
     doneStarting();
+    if (hang_) watchForHangs();
     // Every worker may have exited already.
     if (state_ == State::Running && liveWorkers() == 0) onSucceeded();
   }
@@ -409,6 +424,54 @@ class AgentImpl {
     reportToRendezvous([&] { rendezvous_.reportFailure(end); });
   }
 
+  void watchForHangs() {
+    std::vector<WatchedWorker> watched;
+    for (const auto& w : workers_) watched.push_back({w->pid(), w->rank(), w->localRank()});
+    hang_->watch(std::move(watched), [this](const HungWorker& hung) { onHang(hung); });
+  }
+
+  void onHang(const HungWorker& hung) {
+    if (state_ != State::Running) return;
+    std::ostringstream silent;
+    silent << std::fixed << std::setprecision(1) << hung.silentSeconds;
+    const std::string what =
+        "rank " + std::to_string(hung.rank) +
+        (options_.nodeName.empty() ? "" : " on " + options_.nodeName) +
+        " made no progress for " + silent.str() + " s" +
+        (hung.step ? " after step " + std::to_string(*hung.step) : "") + " (--hang-timeout)";
+    log::info("hang: " + what);
+    keepLogRoot_ = true;  // the stacks go there
+    if (hang_->options().action == HangAction::Report) {
+      hang_->collect(false, true, [this, dir = hang_->stackDir()] {
+        log::info("stacks are in " + dir.string() + "; the job goes on (--hang-action=report)");
+      });
+      return;
+    }
+    rendezvous::RoundEnd end{.kind = rendezvous::RoundEnd::Kind::WorkerFailed,
+                             .node = options_.nodeName,
+                             .rank = hung.rank,
+                             .exitCode = kHangExitCode,
+                             .final = hang_->options().action == HangAction::Exit,
+                             .hang = true,
+                             .report = "hang: " + what + "; stacks of every rank are in " +
+                                       hang_->stackDir().string() + " on each node\n"};
+    reportToRendezvous([&] { rendezvous_.reportFailure(end); });
+  }
+
+  // Every node takes its workers' stacks while they still hang, then stops them; the node that
+  // saw the hang prints the summary once every node's part is in.
+  void takeStacksThenStop(const rendezvous::RoundEnd& end) {
+    hang_->unwatch();
+    keepLogRoot_ = true;
+    log::info("taking the stacks of this node's workers into " + hang_->stackDir().string());
+    hang_->collect(true, end.node == options_.nodeName, [this, end] {
+      if (state_ != State::Running) return;
+      // Hung workers heed no SIGTERM (those waiting in a collective never get to): no grace.
+      log::info("stopping workers: " + end.describe());
+      stop(SIGKILL);
+    });
+  }
+
   // A report that cannot reach the store leaves the round to end by the lease: this node's
   // watcher notices the lost store too.
   template <typename Fn>
@@ -428,6 +491,7 @@ class AgentImpl {
 
   void stop(int sig) {
     state_ = State::Stopping;
+    if (hang_) hang_->unwatch();
     signalWorkers(sig);
     if (liveWorkers() == 0) return onStopped();
     stopTimer_.expires_after(options_.stopTimeout);
@@ -514,6 +578,7 @@ class AgentImpl {
   rendezvous::World world_;  // the current round's
   std::optional<rendezvous::RoundEnd> roundEnd_;
   std::thread roundThread_;  // the rendezvous's blocking calls (runRendezvous)
+  std::optional<HangWatcher> hang_;  // with --hang-timeout
   int exitCode_ = 0;
   fs::path logRoot_;
   bool keepLogRoot_ = false;

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "agents/hang_watch.h"
 #include "agents/limits.h"
 #include "agents/worker.h"
 #include "agents/worker_env.h"
@@ -48,6 +49,7 @@ struct AgentOptions {
   std::string nodeName;  // "host (address)" in a multi-node job's failure reports
   TfConfigMode tfConfig = TfConfigMode::Auto;
   bool servesStore = false;  // this process serves the store its workers connect to
+  std::optional<HangOptions> hang;  // --hang-timeout: watch the workers' progress
 };
 
 // The descriptors this node's workers need with these options (pure; `inUse`: those open now).

@@ -40,6 +40,7 @@ agents::AgentOptions agentOptions(const LaunchConfig& config, bool servesStore,
       .nodeName = std::move(nodeName),
       .tfConfig = config.tfConfig,
       .servesStore = servesStore,
+      .hang = config.hang,
   };
 }
 

@@ -293,6 +293,13 @@ std::set<int> parseRanksFilter(const std::string& value) {
   return ranks;
 }
 
+agents::HangAction parseHangAction(const std::string& value) {
+  if (value == "report") return agents::HangAction::Report;
+  if (value == "restart") return agents::HangAction::Restart;
+  if (value == "exit") return agents::HangAction::Exit;
+  throw ConfigError("--hang-action: '" + value + "' is not report, restart or exit");
+}
+
 agents::TfConfigMode parseTfConfig(const std::string& value) {
   if (value == "auto") return agents::TfConfigMode::Auto;
   if (value == "always") return agents::TfConfigMode::Always;
@@ -391,6 +398,17 @@ LaunchParse parseDlrunArgs(const std::vector<std::string>& args, const HostProbe
             "TF_CONFIG for the workers: auto (when it fits the kernel's limit for one "
             "environment variable, else a warning), always (an error when it cannot fit) or "
             "never");
+  double hangTimeout = 0;
+  addOption(app, "hang-timeout", hangTimeout,
+            "Seconds without progress after which a worker that reported progress before is "
+            "hung: stacks of every worker, a summary naming the suspect, then --hang-action "
+            "(0, the default: off)")
+      ->check(kSeconds);
+  std::string hangAction = "restart";
+  auto* hangActionOption = addOption(
+      app, "hang-action", hangAction,
+      "On a hang: report (stacks and summary, keep waiting), restart (also restart the worker "
+      "group, counted against --max-restarts) or exit (end the job)");
   addOption(app, "local-addr", localAddr, "Address of this node as other nodes reach it");
   auto* masterAddrOption =
       addOption(app, "master-addr", c.masterAddr, "Store address for the static backend");
@@ -419,6 +437,14 @@ LaunchParse parseDlrunArgs(const std::vector<std::string>& args, const HostProbe
   c.tee = parseStreams("--tee", tee);
   if (!ranksFilter.empty()) c.localRanksFilter = parseRanksFilter(ranksFilter);
   c.tfConfig = parseTfConfig(tfConfig);
+  const agents::HangAction action = parseHangAction(hangAction);
+  if (hangTimeout > 0) {
+    c.hang = agents::HangOptions{
+        .timeout = std::chrono::milliseconds(static_cast<int64_t>(hangTimeout * 1000)),
+        .action = action};
+  } else if (hangActionOption->count() > 0) {
+    throw ConfigError("--hang-action needs --hang-timeout=SECONDS (hang watching is off)");
+  }
   if (!logDir.empty()) c.logDir = logDir;
   if (!localAddr.empty()) c.localAddr = localAddr;
   if (masterPort >= 0) c.masterPort = static_cast<uint16_t>(masterPort);

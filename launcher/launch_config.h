@@ -70,6 +70,7 @@ struct LaunchConfig {
   std::optional<std::set<int>> localRanksFilter;  // console shows only these local ranks
   std::string logLinePrefixTemplate = "[${rank}]:";
   agents::TfConfigMode tfConfig = agents::TfConfigMode::Auto;  // --tf-config
+  std::optional<agents::HangOptions> hang;  // --hang-timeout (off by default), --hang-action
   std::optional<std::string> localAddr;
   std::optional<std::string> nodeName;  // this node in messages (SLURMD_NODENAME), else hostname
   bool refuseLostNodes = false;  // in a Slurm allocation a lost node's place goes to a spare

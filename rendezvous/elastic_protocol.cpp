@@ -19,6 +19,7 @@ std::vector<std::string> Keys::ofRound(int round, int joined) const {
   for (int i = 1; i <= joined; ++i) {
     keys.push_back(node(round, i));
     keys.push_back(assignment(round, i));
+    keys.push_back(hangReport(round, i));
   }
   return keys;
 }
@@ -186,6 +187,7 @@ std::string encode(const RoundEnd& e) {
     j["failures"] = e.failures;
     j["final"] = e.final;
     j["report"] = e.report;
+    if (e.hang) j["hang"] = true;
   } else if (e.kind == RoundEnd::Kind::Stopped) {
     j["code"] = e.exitCode;
     j["report"] = e.report;
@@ -211,6 +213,7 @@ RoundEnd decodeRoundEnd(std::string_view text) {
     e.failures = field<int>(j, "failures", what);
     e.final = field<bool>(j, "final", what);
     e.report = field<std::string>(j, "report", what);
+    if (j.contains("hang")) e.hang = field<bool>(j, "hang", what);
   } else if (e.kind == RoundEnd::Kind::Stopped) {
     e.exitCode = field<int>(j, "code", what);
     e.final = true;

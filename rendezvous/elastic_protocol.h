@@ -20,6 +20,7 @@
 //                      the stopper also sets the newest round's end, and its closed = "stop"
 //                      so agents still waiting for that round to close wake up
 //   r/R/names          the members' node names, in arrival order (for messages)
+//   r/R/hang/I         member I's hang report (RoundEnd::hang): its ranks' progress and stacks
 //   r/R/gave-up        names of the nodes whose join timeout ended their wait in round R, one
 //                      a line (appended before each releases its record)
 //   forgotten          the newest round whose keys are deleted: the closer of round R deletes
@@ -60,6 +61,9 @@ class Keys {
   std::string stop() const { return root_ + "stop"; }
   std::string names(int round) const { return roundKey(round, "names"); }
   std::string gaveUp(int round) const { return roundKey(round, "gave-up"); }
+  std::string hangReport(int round, int index) const {
+    return roundKey(round, "hang/" + std::to_string(index));
+  }
   std::string forgotten() const { return root_ + "forgotten"; }
   // Every key round `round` may hold, when `joined` agents joined it.
   std::vector<std::string> ofRound(int round, int joined) const;

@@ -279,6 +279,7 @@ World ElasticRendezvous::memberWorld(int round, int index, int members,
   member_ = Member{round, index, members, a.failures};
   memberRound_ = round;
   memberCount_ = members;
+  memberIndex_ = index;
   lastRound_ = round;
   lastGroupRank_ = a.groupRank;
   failures_ = a.failures;
@@ -366,6 +367,22 @@ RoundEnd ElasticRendezvous::reportStop(int signal) {
     control_->compareSet(keys_.end(r), "", elastic::encode(stop));
   }
   return stop;
+}
+
+void ElasticRendezvous::shareHangReport(const std::string& report) {
+  const int round = memberRound_;
+  if (round < 0) return;
+  openStore()->set(keys_.hangReport(round, memberIndex_), report);
+}
+
+std::vector<std::string> ElasticRendezvous::gatherHangReports(std::chrono::milliseconds timeout) {
+  const int round = memberRound_;
+  if (round < 0) return {};
+  std::vector<std::string> keys;
+  for (int i = 1; i <= memberCount_; ++i) keys.push_back(keys_.hangReport(round, i));
+  auto store = openStore();
+  store->waitFor(keys, timeout);  // whatever came in time
+  return store->peek(keys);
 }
 
 TimeoutError ElasticRendezvous::timedOut(int round) {

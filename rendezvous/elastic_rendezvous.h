@@ -82,6 +82,9 @@ class ElasticRendezvous : public Rendezvous {
   void reportSuccess() override;
   // Safe at any time, also while next() runs on the rendezvous thread.
   RoundEnd reportStop(int signal) override;
+  // Over a connection of their own, so they never wait behind the agent's reports.
+  void shareHangReport(const std::string& report) override;
+  std::vector<std::string> gatherHangReports(std::chrono::milliseconds timeout) override;
 
   void interrupt() override;
 
@@ -135,6 +138,7 @@ class ElasticRendezvous : public Rendezvous {
   // run on the agent's thread while next() runs.
   std::atomic<int> memberRound_{-1};
   std::atomic<int> memberCount_{0};
+  std::atomic<int> memberIndex_{0};
   std::optional<int> lastRound_;  // the last round this node was a member of, for messages
   std::optional<Ended> ended_;
   int failures_ = 0;  // failure restarts seen in this job (the rendezvous thread's copy)

@@ -44,6 +44,16 @@ RoundEnd LocalRendezvous::reportStop(int signal) {
   return jobStopped(signal, options_.nodeName);
 }
 
+void LocalRendezvous::shareHangReport(const std::string& report) {
+  std::lock_guard lock(mutex_);
+  hangReport_ = report;
+}
+
+std::vector<std::string> LocalRendezvous::gatherHangReports(std::chrono::milliseconds) {
+  std::lock_guard lock(mutex_);
+  return {hangReport_};
+}
+
 void LocalRendezvous::interrupt() {
   std::lock_guard lock(mutex_);
   interrupted_ = true;

@@ -33,6 +33,9 @@ class LocalRendezvous : public Rendezvous {
   void reportSuccess() override;
   // One node: the job stops with it.
   RoundEnd reportStop(int signal) override;
+  // One node: its own report is all there is.
+  void shareHangReport(const std::string& report) override;
+  std::vector<std::string> gatherHangReports(std::chrono::milliseconds timeout) override;
   void interrupt() override;
 
  private:
@@ -42,6 +45,7 @@ class LocalRendezvous : public Rendezvous {
   std::mutex mutex_;  // the agent's thread reports while the rendezvous thread awaits
   std::condition_variable ended_;
   std::optional<RoundEnd> end_;
+  std::string hangReport_;
   bool interrupted_ = false;
 };
 

@@ -6,7 +6,10 @@
 // Implementations: LocalRendezvous (one node) and ElasticRendezvous (several nodes over a store).
 #pragma once
 
+#include <chrono>
+#include <string>
 #include <variant>
+#include <vector>
 
 #include "rendezvous/round_end.h"
 #include "rendezvous/world.h"
@@ -35,6 +38,13 @@ class Rendezvous {
   // node: Stopped (every node stops and exits 128 + signal), or NodeLeft where only this node
   // leaves an elastic job that stays at or above its minimum (stop_policy=node).
   virtual RoundEnd reportStop(int signal) = 0;
+  // A hang (RoundEnd::hang) ended the round: each member shares its ranks' report (text the
+  // agent encodes) for the round it is a member of; the node that saw the hang gathers every
+  // member's, waiting up to `timeout` for those still missing: one entry a member, empty for
+  // one that sent nothing in time. Both may block: the agent calls
+  // them on a thread of its own, while its workers' stacks are taken.
+  virtual void shareHangReport(const std::string& report) = 0;
+  virtual std::vector<std::string> gatherHangReports(std::chrono::milliseconds timeout) = 0;
   // Makes a blocked next()/awaitEnd() give up at once (they throw or report a lost store).
   // Callable from any thread.
   virtual void interrupt() = 0;

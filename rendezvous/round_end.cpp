@@ -11,7 +11,8 @@ std::string RoundEnd::describe() const {
     case Kind::NodeLeft: return "node " + node + " left the job";
     case Kind::WorkerFailed:
       return "rank " + std::to_string(rank) + (node.empty() ? "" : " on " + node) +
-             " failed (exit code " + std::to_string(exitCode) + ")";
+             (hang ? " made no progress (hang)"
+                   : " failed (exit code " + std::to_string(exitCode) + ")");
     case Kind::Finished: return "every worker finished";
     case Kind::Stopped: return "node " + node + " stopped the job";
     case Kind::StoreLost: return "lost the rendezvous store: " + node;
@@ -22,7 +23,7 @@ std::string RoundEnd::describe() const {
 void RoundEnd::countFailure(int before, int maxRestarts) {
   kind = Kind::WorkerFailed;
   failures = before + 1;
-  final = failures > maxRestarts;
+  final = final || failures > maxRestarts;
 }
 
 RoundEnd jobStopped(int signal, const std::string& node) {

@@ -16,6 +16,9 @@ struct RoundEnd {
   int exitCode = 0;    // WorkerFailed, Stopped: the code every agent exits with when it ends
   int failures = 0;    // WorkerFailed: failure restarts used, counting this one
   bool final = false;  // WorkerFailed: no restart is left; Stopped is always final
+  // WorkerFailed: a hang (--hang-timeout), not an exit: every node dumps its workers' stacks
+  // before it stops them.
+  bool hang = false;
   std::string report;  // the text every agent prints when the job ends this way
 
   bool countsAsFailure() const { return kind == Kind::WorkerFailed; }
@@ -26,7 +29,8 @@ struct RoundEnd {
   // Whether the round loses a member for good (a lost or departed node).
   bool losesMember() const { return kind == Kind::NodeLost || kind == Kind::NodeLeft; }
   // Makes this a worker failure that uses one more restart, after `before` of the job's
-  // `maxRestarts`: the one rule for one node and for several.
+  // `maxRestarts`: the one rule for one node and for several. One already final stays final
+  // (--hang-action=exit).
   void countFailure(int before, int maxRestarts);
   std::string describe() const;  // one line for logs
 };

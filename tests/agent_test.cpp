@@ -35,6 +35,7 @@ class FakeRendezvous : public rendezvous::Rendezvous {
   std::map<int, RoundEnd> elsewhere;  // ends that another node brings to a round
   std::map<int, RoundEnd> whileJoining;  // the job ended while this node waited to join
   std::function<void(int round)> beforeJoin;  // may throw, as a failing rendezvous does
+  std::vector<std::string> hangReports;
 
   JoinResult next() override {
     std::lock_guard lock(mutex_);
@@ -72,6 +73,16 @@ class FakeRendezvous : public rendezvous::Rendezvous {
     failures.push_back(failure);
     end_ = failure;
     changed_.notify_all();
+  }
+
+  void shareHangReport(const std::string& report) override {
+    std::lock_guard lock(mutex_);
+    hangReports.push_back(report);
+  }
+
+  std::vector<std::string> gatherHangReports(std::chrono::milliseconds) override {
+    std::lock_guard lock(mutex_);
+    return hangReports;
   }
 
   void reportSuccess() override {

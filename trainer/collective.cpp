@@ -13,6 +13,23 @@
 namespace dlrun::trainer {
 namespace {
 
+class ReportingCollective : public Collective {
+ public:
+  ReportingCollective(std::unique_ptr<Collective> inner, ProgressReporter& progress)
+      : inner_(std::move(inner)), progress_(progress) {}
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  void allreduceSum(float* data, size_t count) override {
+    progress_.phase(ProgressPhase::Collective);
+    inner_->allreduceSum(data, count);
+    progress_.phase(ProgressPhase::Computing);
+  }
+
+ private:
+  std::unique_ptr<Collective> inner_;
+  ProgressReporter& progress_;
+};
+
 class SoloCollective : public Collective {
  public:
   int rank() const override { return 0; }
@@ -80,6 +97,12 @@ class GlooCollective : public Collective {
 };
 
 }  // namespace
+
+std::unique_ptr<Collective> reportingProgress(std::unique_ptr<Collective> inner,
+                                              ProgressReporter& progress) {
+  if (!progress.active()) return inner;
+  return std::make_unique<ReportingCollective>(std::move(inner), progress);
+}
 
 std::unique_ptr<Collective> makeSoloCollective() { return std::make_unique<SoloCollective>(); }
 

@@ -7,6 +7,7 @@
 #include <memory>
 #include <string>
 
+#include "common/progress_board.h"
 #include "rendezvous/store/store.h"
 
 namespace dlrun::trainer {
@@ -19,6 +20,12 @@ class Collective {
   // In place: every rank ends with the element-wise sum over ranks. Blocks.
   virtual void allreduceSum(float* data, size_t count) = 0;
 };
+
+// `inner`, telling its agent's progress board (--hang-timeout) when this rank waits in an
+// all-reduce and when it leaves, so a hang report tells the rank stuck elsewhere from the ranks
+// it holds up. `progress` must outlive it.
+std::unique_ptr<Collective> reportingProgress(std::unique_ptr<Collective> inner,
+                                              ProgressReporter& progress);
 
 // A world of one.
 std::unique_ptr<Collective> makeSoloCollective();

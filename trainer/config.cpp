@@ -101,6 +101,9 @@ TrainParse parseTrainArgs(const std::vector<std::string>& args) {
   app.add_option("--fail-at-step", c.failAtStep,
                  "Testing aid: rank 1 (0 when alone) exits with code 1 after this global step "
                  "on the first attempt (TORCHELASTIC_RESTART_COUNT=0) only");
+  app.add_option("--hang-at-step", c.hangAtStep,
+                 "Testing aid: the last rank sleeps for ever at the start of this global step, "
+                 "before its all-reduce, on the first attempt only");
   app.set_version_flag("--version", "0.1.0");
   result.exitCode = parseCommandLine(app, args, "0.1.0");
   if (result.exitCode) return result;

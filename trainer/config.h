@@ -36,6 +36,10 @@ struct TrainConfig {
   // after global step failAtStep (and any checkpoint of it), on attempt 0 only
   // (TORCHELASTIC_RESTART_COUNT=0), so a restarted group runs through. -1: never.
   int64_t failAtStep = -1;
+  // A testing aid for the hang tests: the last rank sleeps for ever at the start of global
+  // step hangAtStep, before its all-reduce, on attempt 0 only, so its peers wait in the
+  // all-reduce. -1: never.
+  int64_t hangAtStep = -1;
   bool single = false;          // run alone, without dlrun
 };
 

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <thread>
 
 #include "common/clock.h"
 #include "common/error.h"
@@ -149,6 +150,7 @@ class Training {
   float learningRate(int epoch, int64_t stepInEpoch, int64_t steps) const;
   void checkpoint(int epoch, int64_t samples);
   void failIfAsked() const;
+  void hangIfAsked() const;
   void finish();
 
   const TrainConfig& config_;
@@ -159,6 +161,7 @@ class Training {
   std::unique_ptr<Engine> engine_;
   const int world_, rank_;
   const Reporter report_;
+  ProgressReporter progress_ = ProgressReporter::fromEnvironment();
   int startEpoch_ = 0;
   int64_t skipSamples_ = 0, step_ = 0;
   bool stopping_ = false;
@@ -180,7 +183,8 @@ Training::Training(const TrainConfig& config, const Placement& placement)
       batchY_(config.batchSize) {
   if (!config.checkpointDir.empty() && rank_ == 0) requireWritable(config.checkpointDir);
   auto store = jobStore(placement);
-  collective_ = connect(placement, store, config.allreduce == "gloo");
+  collective_ =
+      reportingProgress(connect(placement, store, config.allreduce == "gloo"), progress_);
   engine_ = makeEngine(config.device,
                        {shape_, config.seed,
                         {config.learningRate, config.momentum, config.weightDecay},
@@ -216,6 +220,8 @@ void Training::trainEpoch(int epoch) {
   for (int64_t s = first; s < steps; ++s) {
     const size_t begin = static_cast<size_t>(s) * config_.batchSize;
     const int b = static_cast<int>(std::min<size_t>(config_.batchSize, shard.size() - begin));
+    progress_.step(step_ + 1, epoch);
+    hangIfAsked();
     const StepResult result = step(shard, begin, b, learningRate(epoch, s, steps));
     ++step_;
     ++stepsRun;
@@ -282,6 +288,21 @@ void Training::failIfAsked() const {
   std::fflush(stdout);
   std::fflush(stderr);
   std::_Exit(1);
+}
+
+// Out of line and named, so the stack a hang report takes shows it.
+[[gnu::noinline]] void sleepForeverForTesting() {
+  while (true) std::this_thread::sleep_for(std::chrono::hours(1));
+}
+
+// The testing aid (--hang-at-step): a rank stuck before its all-reduce.
+void Training::hangIfAsked() const {
+  if (step_ + 1 != config_.hangAtStep || rank_ != world_ - 1 || placement_.restartCount != 0)
+    return;
+  std::fprintf(stderr, "dlrun-train: --hang-at-step %lld: rank %d sleeps for ever\n",
+               static_cast<long long>(config_.hangAtStep), rank_);
+  std::fflush(stderr);
+  sleepForeverForTesting();
 }
 
 void Training::finish() {

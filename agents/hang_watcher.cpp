@@ -1,0 +1,187 @@
+#include "agents/hang_watcher.h"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <charconv>
+#include <fstream>
+
+#include "common/log.h"
+
+namespace dlrun::agents {
+
+namespace asio = boost::asio;
+namespace fs = std::filesystem;
+
+namespace {
+
+// How often the watch looks: often enough that a hang is seen well within a second of the
+// timeout, rarely enough that thousands of workers cost nothing.
+std::chrono::milliseconds lookInterval(std::chrono::milliseconds timeout) {
+  return std::clamp(timeout / 10, std::chrono::milliseconds(50), std::chrono::milliseconds(400));
+}
+
+// How long the node that saw a hang waits for the other nodes' reports.
+constexpr std::chrono::seconds kGatherTimeout{15};
+
+// The heartbeat file's modification time (0: not there yet) and the step it holds, if any.
+struct Heartbeat {
+  uint64_t marker = 0;
+  std::optional<int64_t> step;
+};
+
+Heartbeat readHeartbeat(const fs::path& file, uint64_t seen) {
+  struct stat info {};
+  if (::stat(file.c_str(), &info) != 0) return {};
+  Heartbeat beat;
+  beat.marker = static_cast<uint64_t>(info.st_mtim.tv_sec) * 1'000'000'000u +
+                static_cast<uint64_t>(info.st_mtim.tv_nsec);
+  if (beat.marker == 0) beat.marker = 1;  // touched at the epoch is still touched
+  // A step number is read only when the file changed, and only a short one.
+  if (beat.marker != seen && info.st_size > 0 && info.st_size <= 32) {
+    std::ifstream in(file);
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back()))) text.pop_back();
+    int64_t step = 0;
+    auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), step);
+    if (ec == std::errc() && end == text.data() + text.size() && !text.empty()) beat.step = step;
+  }
+  return beat;
+}
+
+double toSeconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+}  // namespace
+
+HangWatcher::HangWatcher(asio::io_context& io, HangOptions options, std::string nodeName,
+                         rendezvous::Rendezvous& rendezvous)
+    : io_(io),
+      options_(options),
+      nodeName_(std::move(nodeName)),
+      rendezvous_(rendezvous),
+      timer_(io) {}
+
+HangWatcher::~HangWatcher() {
+  if (collector_.joinable()) collector_.join();
+}
+
+void HangWatcher::prepareRound(const fs::path& attemptDir, int workers, RoundSpec& spec) {
+  unwatch();
+  attemptDir_ = attemptDir;
+  fs::create_directories(attemptDir_);
+  board_.reset();
+  board_ = std::make_unique<ProgressBoard>(attemptDir_ / "progress", workers);
+  heartbeatDir_ = attemptDir_ / "heartbeat";
+  fs::remove_all(heartbeatDir_);  // a file left from another run is not progress
+  fs::create_directories(heartbeatDir_);
+  spec.services["DLRUN_PROGRESS_FILE"] = board_->path().string();
+  spec.heartbeatDir = heartbeatDir_.string();
+}
+
+void HangWatcher::watch(std::vector<WatchedWorker> workers,
+                        std::function<void(const HungWorker&)> onHang) {
+  workers_ = std::move(workers);
+  tracks_.assign(workers_.size(), ProgressTrack{});
+  heartbeats_.assign(workers_.size(), 0);
+  onHang_ = std::move(onHang);
+  stalled_ = false;
+  schedule();
+}
+
+void HangWatcher::unwatch() {
+  timer_.cancel();
+  onHang_ = nullptr;
+}
+
+void HangWatcher::schedule() {
+  timer_.expires_after(lookInterval(options_.timeout));
+  timer_.async_wait([this](const boost::system::error_code& ec) {
+    if (ec || !onHang_) return;
+    look();
+    if (onHang_) schedule();
+  });
+}
+
+void HangWatcher::look() {
+  const auto now = Clock::now();
+  std::optional<size_t> worst;  // the hung worker silent longest, preferring one computing
+  bool anyHung = false;
+  for (size_t i = 0; i < workers_.size(); ++i) {
+    const int local = workers_[i].localRank;
+    ProgressTrack& track = tracks_[i];
+    if (local < board_->workers()) {
+      const ProgressReading r = board_->read(local);
+      track.observe(ProgressSource::Board, r.beats, now, r.step,
+                    r.phase == ProgressPhase::Collective);
+    }
+    const Heartbeat beat = readHeartbeat(heartbeatFile(heartbeatDir_.string(), local),
+                                         heartbeats_[i]);
+    heartbeats_[i] = beat.marker;
+    track.observe(ProgressSource::Heartbeat, beat.marker, now, beat.step, false);
+    if (!track.hung(now, options_.timeout)) continue;
+    anyHung = true;
+    auto rank = [&](size_t j) {
+      return std::pair{!tracks_[j].inCollective(), tracks_[j].silentFor(now)};
+    };
+    if (!worst || rank(i) > rank(*worst)) worst = i;
+  }
+  if (!anyHung) {
+    stalled_ = false;  // progress resumed everywhere: a new stall is a new hang
+    return;
+  }
+  if (stalled_) return;
+  stalled_ = true;
+  const ProgressTrack& t = tracks_[*worst];
+  onHang_(HungWorker{workers_[*worst].rank, toSeconds(t.silentFor(now)), t.step()});
+}
+
+std::vector<RankReport> HangWatcher::localReports(Clock::time_point now) const {
+  std::vector<RankReport> reports;
+  for (size_t i = 0; i < workers_.size(); ++i) {
+    const ProgressTrack& t = tracks_[i];
+    RankReport r;
+    r.rank = workers_[i].rank;
+    r.node = nodeName_;
+    r.reported = t.reported();
+    r.step = t.step();
+    r.silentSeconds = t.reported() ? toSeconds(t.silentFor(now)) : 0.0;
+    if (t.inCollective()) r.collective = "a collective (its own report)";
+    reports.push_back(std::move(r));
+  }
+  return reports;
+}
+
+void HangWatcher::collect(bool job, bool summarize, std::function<void()> done) {
+  if (collector_.joinable()) collector_.join();
+  std::vector<RankReport> reports = localReports(Clock::now());
+  const double timeout = toSeconds(options_.timeout);
+  collector_ = std::thread([this, reports = std::move(reports), job, summarize, timeout,
+                            done = std::move(done)]() mutable {
+    try {
+      std::vector<RankReport> all;
+      int reported = 1, nodes = 1;
+      if (job) {
+        rendezvous_.shareHangReport(encodeRankReports(reports));
+        if (summarize) {
+          const auto texts = rendezvous_.gatherHangReports(kGatherTimeout);
+          nodes = static_cast<int>(texts.size());
+          reported = 0;
+          for (const auto& text : texts) {
+            if (text.empty()) continue;
+            ++reported;
+            auto part = decodeRankReports(text);
+            all.insert(all.end(), part.begin(), part.end());
+          }
+        }
+      } else {
+        all = reports;
+      }
+      if (summarize) log::info(hangSummary(all, timeout, reported, nodes));
+    } catch (const std::exception& e) {
+      log::info(std::string("cannot complete the hang report: ") + e.what());
+    }
+    asio::post(io_, std::move(done));
+  });
+}
+
+}  // namespace dlrun::agents

@@ -1,0 +1,95 @@
+// The agent's hang watch under --hang-timeout (ARCHITECTURE.md section 6), on the agent's
+// io_context. Each round it sets up where workers report progress: the progress board
+// (DLRUN_PROGRESS_FILE, the bundled trainer's) and one heartbeat file a worker
+// (DLRUN_HEARTBEAT_FILE: touch it, or write a step number). It looks at both a few times a
+// second and calls back once when a worker that made progress before has made none for the
+// timeout. When a hang ends a round, collect() takes every worker's stack into the log
+// directory, shares this node's ranks through the rendezvous and, on the node that saw the
+// hang, prints the summary that names the suspect across the job.
+//
+// Threads: everything runs on the io_context but collect()'s work, which blocks (debuggers
+// attached to each worker, a wait for the other nodes' reports), so it runs on a thread of its
+// own and posts `done` back.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "agents/hang_watch.h"
+#include "agents/worker_env.h"
+#include "common/asio.h"
+#include "common/progress_board.h"
+#include "rendezvous/rendezvous.h"
+
+namespace dlrun::agents {
+
+// A worker as the watch needs it.
+struct WatchedWorker {
+  pid_t pid = -1;
+  int rank = 0;
+  int localRank = 0;
+};
+
+// What the callback hears: the worker silent longest among the hung ones.
+struct HungWorker {
+  int rank = 0;
+  double silentSeconds = 0;
+  std::optional<int64_t> step;
+};
+
+class HangWatcher {
+ public:
+  HangWatcher(boost::asio::io_context& io, HangOptions options, std::string nodeName,
+              rendezvous::Rendezvous& rendezvous);
+  ~HangWatcher();  // waits for a collection under way
+  HangWatcher(const HangWatcher&) = delete;
+  HangWatcher& operator=(const HangWatcher&) = delete;
+
+  const HangOptions& options() const { return options_; }
+
+  // A round begins in `attemptDir`: a fresh board and heartbeat directory for `workers`, and
+  // the variables that point workers at them added to `spec`.
+  void prepareRound(const std::filesystem::path& attemptDir, int workers, RoundSpec& spec);
+  // The round's workers run: watched until unwatch(). `onHang` runs on the io_context once per
+  // stall (again only after every hung worker made progress since).
+  void watch(std::vector<WatchedWorker> workers, std::function<void(const HungWorker&)> onHang);
+  void unwatch();
+
+  // Takes every watched worker's stack into attemptDir/stacks/rank_R.txt. `job`: share this
+  // node's ranks through the rendezvous (a hang that ended the round), and with `summarize`
+  // gather every node's and print the summary; without `job` (--hang-action=report) the
+  // summary covers this node. `done` is posted to the io_context when all is written.
+  void collect(bool job, bool summarize, std::function<void()> done);
+  // Where collect() writes, for the log line that points users there.
+  std::filesystem::path stackDir() const { return attemptDir_ / "stacks"; }
+
+ private:
+  void schedule();
+  void look();
+  std::vector<RankReport> localReports(Clock::time_point now) const;
+
+  boost::asio::io_context& io_;
+  const HangOptions options_;
+  const std::string nodeName_;
+  rendezvous::Rendezvous& rendezvous_;
+  boost::asio::steady_timer timer_;
+  std::filesystem::path attemptDir_;
+  std::filesystem::path heartbeatDir_;
+  std::unique_ptr<ProgressBoard> board_;
+  std::vector<WatchedWorker> workers_;
+  std::vector<ProgressTrack> tracks_;
+  std::vector<uint64_t> heartbeats_;  // each heartbeat file's last modification time
+  std::function<void(const HungWorker&)> onHang_;
+  bool stalled_ = false;  // called back for the current stall
+  std::thread collector_;
+};
+
+}  // namespace dlrun::agents

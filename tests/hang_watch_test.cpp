@@ -1,0 +1,108 @@
+// The hang rules (agents/hang_watch.h) as pure functions: when a worker counts as hung, whom a
+// report suspects, and what the summary says.
+#include "agents/hang_watch.h"
+
+#include <gtest/gtest.h>
+
+#include "common/error.h"
+
+namespace dlrun::agents {
+namespace {
+
+using namespace std::chrono_literals;
+
+TEST(ProgressTrack, HungOnlyAfterProgressThenSilenceForTheTimeout) {
+  const auto t0 = Clock::time_point{} + 1h;
+  ProgressTrack track;
+  track.observe(ProgressSource::Board, 0, t0, std::nullopt, false);  // nothing yet
+  EXPECT_FALSE(track.reported());
+  EXPECT_FALSE(track.hung(t0 + 1h, 5s));  // never reported: never hung
+  track.observe(ProgressSource::Board, 1, t0, 3, false);
+  EXPECT_TRUE(track.reported());
+  EXPECT_EQ(track.step(), 3);
+  track.observe(ProgressSource::Board, 1, t0 + 4s, 3, false);  // the same beat: no progress
+  EXPECT_FALSE(track.hung(t0 + 4s, 5s));
+  EXPECT_TRUE(track.hung(t0 + 5s, 5s));
+  // The heartbeat file is a second source: its change is progress too.
+  track.observe(ProgressSource::Heartbeat, 1, t0 + 6s, std::nullopt, false);
+  EXPECT_FALSE(track.hung(t0 + 6s, 5s));
+  EXPECT_EQ(track.step(), 3);  // a touch without a number keeps the step
+  track.observe(ProgressSource::Board, 2, t0 + 7s, 4, true);
+  EXPECT_TRUE(track.inCollective());
+  EXPECT_EQ(track.silentFor(t0 + 9s), 2s);
+}
+
+RankReport rank(int r, double silent, bool inCollective, bool reported = true) {
+  RankReport report;
+  report.rank = r;
+  report.node = "n" + std::to_string(r / 2);
+  report.reported = reported;
+  report.step = 12;
+  report.silentSeconds = silent;
+  if (inCollective) report.collective = "all_reduce";
+  return report;
+}
+
+TEST(HangSuspect, ARankOutsideACollectiveBeforeTheOnesItHoldsUp) {
+  // Rank 3 sleeps before its all-reduce; the others wait in it, some of them longer.
+  const std::vector<RankReport> reports{rank(0, 9.0, true), rank(1, 9.5, true),
+                                        rank(2, 9.1, true), rank(3, 5.0, false)};
+  EXPECT_EQ(suspect(reports), 3u);
+}
+
+TEST(HangSuspect, OtherwiseTheLongestSilentThenTheLowestRank) {
+  EXPECT_EQ(suspect({rank(0, 5.0, true), rank(1, 7.0, true), rank(2, 6.0, true)}), 1u);
+  EXPECT_EQ(suspect({rank(0, 5.0, false), rank(1, 5.0, false)}), 0u);
+  // Ranks that never reported progress are not suspected; with none reported, nobody is.
+  EXPECT_EQ(suspect({rank(0, 0, false, false), rank(1, 6.0, true)}), 1u);
+  EXPECT_EQ(suspect({rank(0, 0, false, false)}), std::nullopt);
+}
+
+TEST(HangReports, EncodeDecodeRoundTripsAndBadTextIsAProtocolError) {
+  RankReport r = rank(3, 5.25, false);
+  r.topFrames = {"#0 clock_nanosleep", "#1 sleepForeverForTesting"};
+  r.stackFile = "/logs/stacks/rank_3.txt";
+  RankReport quiet = rank(0, 0, true, false);
+  quiet.step.reset();
+  const auto back = decodeRankReports(encodeRankReports({r, quiet}));
+  ASSERT_EQ(back.size(), 2u);
+  EXPECT_EQ(back[0].rank, 3);
+  EXPECT_EQ(back[0].node, "n1");
+  EXPECT_EQ(back[0].step, 12);
+  EXPECT_DOUBLE_EQ(back[0].silentSeconds, 5.25);
+  EXPECT_EQ(back[0].topFrames, r.topFrames);
+  EXPECT_EQ(back[0].stackFile, r.stackFile);
+  EXPECT_FALSE(back[0].collective);
+  EXPECT_FALSE(back[1].reported);
+  EXPECT_FALSE(back[1].step);
+  EXPECT_EQ(back[1].collective, "all_reduce");
+  EXPECT_THROW(decodeRankReports("[{\"rank\": 1}]"), ProtocolError);
+  EXPECT_THROW(decodeRankReports("not json"), ProtocolError);
+}
+
+TEST(HangSummary, NamesTheSuspectItsFramesAndTheOthers) {
+  RankReport stuck = rank(3, 5.0, false);
+  stuck.topFrames = {"#1 sleepForeverForTesting"};
+  const std::string text =
+      hangSummary({rank(0, 9.0, true), rank(1, 9.0, true), rank(2, 9.0, true), stuck}, 5.0, 2, 2);
+  EXPECT_NE(text.find("suspect: rank 3 on n1, last step 12, silent 5.0 s, not in a collective"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("sleepForeverForTesting"), std::string::npos) << text;
+  EXPECT_NE(text.find("rank 0 on n0, last step 12, silent 9.0 s, waiting in all_reduce"),
+            std::string::npos)
+      << text;
+  EXPECT_EQ(text.find("sent no report"), std::string::npos) << text;
+  EXPECT_NE(hangSummary({stuck}, 5.0, 1, 2).find("1 of 2 nodes sent no report in time"),
+            std::string::npos);
+}
+
+TEST(HangSummary, ManyRanksAreCutShort) {
+  std::vector<RankReport> many;
+  for (int r = 0; r < 100; ++r) many.push_back(rank(r, 6.0, true));
+  const std::string text = hangSummary(many, 5.0, 50, 50);
+  EXPECT_NE(text.find("... and 83 more"), std::string::npos) << text;
+}
+
+}  // namespace
+}  // namespace dlrun::agents
