@@ -42,6 +42,7 @@
 #include <unordered_map>
 
 #include "agents/failure_report.h"
+#include "agents/file_timer.h"
 #include "agents/hang_watcher.h"
 #include "agents/process.h"
 #include "agents/worker.h"
@@ -129,6 +130,7 @@ class AgentImpl {
       signals_.add(sig);
     awaitSignal();
     prepareLogRoot();
+    serveFileTimer();
     if (options_.nprocPerNode > 1 && !inherited_.contains("OMP_NUM_THREADS"))
       log::info("setting OMP_NUM_THREADS=1 for each worker to avoid overloading the CPUs; "
                 "set it yourself to tune");
@@ -261,6 +263,8 @@ class AgentImpl {
     workers_.clear();
     byPid_.clear();
     live_ = 0;
+    if (fileTimer_) fileTimer_->clear();
+    expiredTimers_.clear();
     ++attempt_;
     try {
       prepareLaunches();
@@ -292,7 +296,8 @@ class AgentImpl {
                    .maxRestarts = world_.maxRestarts,
                    .restartCount = world_.round,
                    .tfCluster = tf.set ? std::optional(std::move(cluster)) : std::nullopt,
-                   .inheritTfConfig = options_.tfConfig == TfConfigMode::Never};
+                   .inheritTfConfig = options_.tfConfig == TfConfigMode::Never,
+                   .services = services_};
     if (hang_) hang_->prepareRound(attemptDir, options_.nprocPerNode, spec);
     environment_.emplace(inherited_, world_, std::move(spec));
     ExecSizes command;
@@ -393,6 +398,7 @@ class AgentImpl {
   void onWorkerExit(Worker& w, ExitStatus status) {
     w.exited(status);
     --live_;
+    if (fileTimer_) fileTimer_->forget(w.pid());
     if (state_ == State::Running && !status.success()) {
       reportFailure(w);
       stop(SIGTERM);
@@ -414,8 +420,10 @@ class AgentImpl {
   }
 
   void reportFailure(const Worker& w) {
+    const auto timer = expiredTimers_.find(w.pid());
     const WorkerFailure failure{w.rank(), w.localRank(), options_.nodeName, w.status(),
-                                readErrorFile(w.errorFile()), w.lastErrorLines()};
+                                readErrorFile(w.errorFile()), w.lastErrorLines(),
+                                timer == expiredTimers_.end() ? "" : timer->second};
     rendezvous::RoundEnd end{.kind = rendezvous::RoundEnd::Kind::WorkerFailed,
                              .node = options_.nodeName,
                              .rank = w.rank(),
@@ -546,6 +554,55 @@ class AgentImpl {
     logRoot_ = pattern;
   }
 
+  // torch's file-based timer, served as torch's agent serves it: when the agent's environment
+  // has TORCHELASTIC_ENABLE_FILE_TIMER=1, at TORCHELASTIC_TIMER_FILE if set, and the workers get
+  // that variable. One FIFO for the whole job; its timers go with each round's workers.
+  void serveFileTimer() {
+    const auto enabled = inherited_.find("TORCHELASTIC_ENABLE_FILE_TIMER");
+    if (enabled == inherited_.end() || enabled->second != "1") return;
+    const auto given = inherited_.find("TORCHELASTIC_TIMER_FILE");
+    // --log-dir is otherwise made with the first attempt's directories; a failure to make it
+    // shows as the FIFO's.
+    std::error_code ec;
+    if (given == inherited_.end()) fs::create_directories(logRoot_, ec);
+    const fs::path path = given != inherited_.end()
+                              ? fs::path(given->second)
+                              : logRoot_ / ("torch-timer-" + std::to_string(::getpid()));
+    try {
+      fileTimer_.emplace(io_, path, [this](const TimerExpiry& e) { onTimerExpired(e); });
+    } catch (const Error& e) {
+      cleanUpLogRoot();  // run() ends here, before anything else was written there
+      throw ConfigError("TORCHELASTIC_ENABLE_FILE_TIMER=1, but " + std::string(e.what()) +
+                        " (TORCHELASTIC_TIMER_FILE chooses the path)");
+    }
+    services_["TORCHELASTIC_TIMER_FILE"] = path.string();
+  }
+
+  // torch's server signals any pid it is told; dlrun signals only this round's workers and the
+  // processes in their process groups (each worker leads its own), so a stray request cannot
+  // make the agent kill something else.
+  void onTimerExpired(const TimerExpiry& expiry) {
+    const std::string timer = "timer '" + expiry.scope + "' expired";
+    auto it = byPid_.find(expiry.pid);
+    if (it == byPid_.end()) it = byPid_.find(::getpgid(expiry.pid));
+    if (it == byPid_.end() || !it->second->alive()) {
+      log::info("pid " + std::to_string(expiry.pid) + ": " + timer +
+                ", but it is not one of this node's workers; not signalled");
+      return;
+    }
+    const std::string who = "rank " + std::to_string(it->second->rank()) + " (pid " +
+                            std::to_string(expiry.pid) + ")";
+    if (expiry.signal <= 0) {
+      log::info(who + ": " + timer + "; it asked for no signal, so it runs on");
+      return;
+    }
+    log::info(who + ": " + timer + "; sending " + signalName(expiry.signal));
+    expiredTimers_[it->second->pid()] = timer + " at " + formatExpiration(expiry.expiration) +
+                                        "; dlrun sent " + signalName(expiry.signal) + " to pid " +
+                                        std::to_string(expiry.pid);
+    ::kill(expiry.pid, expiry.signal);
+  }
+
   void cleanUpLogRoot() {
     if (keepLogRoot_) {
       if (!options_.logDir) log::info("worker logs are in " + logRoot_.string());
@@ -582,6 +639,9 @@ class AgentImpl {
   int exitCode_ = 0;
   fs::path logRoot_;
   bool keepLogRoot_ = false;
+  Environment services_;  // the agent's services' variables for its workers (RoundSpec)
+  std::optional<FileTimerServer> fileTimer_;
+  std::unordered_map<pid_t, std::string> expiredTimers_;  // by worker: why dlrun signalled it
 };
 
 }  // namespace detail

@@ -37,6 +37,7 @@ std::string formatFailureReport(const WorkerFailure& failure, int restartsUsed) 
   out << " ended with " << failure.status.describe();
   if (restartsUsed > 0) out << " after " << restartsUsed << " restart(s)";
   out << "\n";
+  if (!failure.expiredTimer.empty()) out << "dlrun: " << failure.expiredTimer << "\n";
   auto indented = [&](const std::string& title, const std::string& text) {
     out << "dlrun: " << title << ":\n";
     std::istringstream lines(text);

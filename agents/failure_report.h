@@ -1,5 +1,6 @@
 // The root-cause report dlrun prints when a worker group fails for good: which rank, how it
-// ended, what it wrote to its error file, and the last lines of its stderr.
+// ended (and the torch timer whose expiry made dlrun signal it), what it wrote to its error
+// file, and the last lines of its stderr.
 #pragma once
 
 #include <deque>
@@ -16,6 +17,7 @@ struct WorkerFailure {
   ExitStatus status;
   std::string errorMessage;           // from TORCHELASTIC_ERROR_FILE, if the worker wrote one
   std::deque<std::string> stderrTail;  // captured when stderr was piped
+  std::string expiredTimer;  // a torch timer that made dlrun signal it (one line), if any
 };
 
 // The message in a TORCHELASTIC_ERROR_FILE, as PyTorch's @record writes it

@@ -9,7 +9,10 @@
 #include <sys/resource.h>
 
 #include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include <chrono>
 #include <condition_variable>
 #include <filesystem>
 #include <functional>
@@ -308,6 +311,65 @@ TEST(AgentTest, AnEnvironmentOverTheExecLimitExits127BeforeAnyWorkerStarts) {
   ::unsetenv("DLRUN_AGENT_TEST_HUGE");
   EXPECT_EQ(agent.run(), 127);
   EXPECT_EQ(marks.count(), 0u);
+}
+
+// torch's file-based timer, written to as torch's client writes (one JSON line per request).
+// The agent reads its environment when it is made: TORCHELASTIC_ENABLE_FILE_TIMER=1 then.
+int runAgentWithFileTimer(FakeRendezvous& rendezvous, const std::string& script) {
+  ::setenv("TORCHELASTIC_ENABLE_FILE_TIMER", "1", 1);
+  Agent agent(shellOptions(rendezvous, script), rendezvous);
+  ::unsetenv("TORCHELASTIC_ENABLE_FILE_TIMER");
+  return agent.run();
+}
+
+// printf's format of a timer request expired long ago, for `pid` (a number, or %d: printf's
+// argument).
+std::string expiredTimer(const std::string& pid, const std::string& scope, int sig) {
+  return R"({"version": 1, "pid": )" + pid + R"(, "scope_id": ")" + scope +
+         R"(", "expiration_time": 0, "signal": )" + std::to_string(sig) + "}\\n";
+}
+
+TEST(AgentTest, AnExpiredFileTimerKillsItsWorkerAndTheReportNamesIt) {
+  FakeRendezvous rendezvous;
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_EQ(runAgentWithFileTimer(
+                rendezvous, "[ \"$LOCAL_RANK\" = 0 ] && exit 0; printf '" +
+                                expiredTimer("%d", "stuck", SIGKILL) +
+                                "' $$ > \"$TORCHELASTIC_TIMER_FILE\" && exec sleep 30"),
+            128 + SIGKILL);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+  ASSERT_EQ(rendezvous.failures.size(), 1u);
+  EXPECT_EQ(rendezvous.failures[0].rank, 1);
+  EXPECT_NE(rendezvous.failures[0].report.find(
+                "dlrun: timer 'stuck' expired at 1970-01-01 00:00:00.000 UTC; dlrun sent "
+                "SIGKILL to pid "),
+            std::string::npos)
+      << rendezvous.failures[0].report;
+}
+
+// torch's server signals any pid; dlrun only its workers and their process groups. The worker
+// asks for a process of the test's and for itself in one write, so both expire in one check:
+// when the worker is killed, the other request has been dealt with too.
+TEST(AgentTest, AFileTimerOfAProcessOutsideTheWorkersSignalsNothing) {
+  const pid_t outsider = ::fork();
+  ASSERT_GE(outsider, 0);
+  if (outsider == 0) {
+    ::pause();
+    ::_exit(0);
+  }
+  FakeRendezvous rendezvous;
+  rendezvous.nproc = 1;
+  EXPECT_EQ(runAgentWithFileTimer(rendezvous, "printf '" +
+                                                  expiredTimer(std::to_string(outsider),
+                                                               "elsewhere", SIGKILL) +
+                                                  expiredTimer("%d", "own", SIGKILL) +
+                                                  "' $$ > \"$TORCHELASTIC_TIMER_FILE\" && "
+                                                  "exec sleep 30"),
+            128 + SIGKILL);
+  int status = 0;
+  EXPECT_EQ(::waitpid(outsider, &status, WNOHANG), 0) << "the outsider was signalled";
+  ::kill(outsider, SIGKILL);
+  ::waitpid(outsider, &status, 0);
 }
 
 TEST(AgentTest, TooManyWorkersForTheDescriptorLimitExit2WithoutJoining) {

@@ -128,6 +128,18 @@ TEST(FailureReport, ErrorFileAndStderrTailEveryLinePrefixed) {
   EXPECT_LT(report.find("RuntimeError: boom"), report.find("fatal: the end"));
 }
 
+// The timer line comes right after the first, before the error file.
+TEST(FailureReport, ExpiredTimerFollowsTheFirstLine) {
+  WorkerFailure f;
+  f.rank = 1;
+  f.status = ExitStatus{true, SIGKILL};
+  f.errorMessage = "RuntimeError: boom";
+  f.expiredTimer = "timer 'slow_block' expired at 2024-05-01 12:00:03.250 UTC";
+  const auto report = lines(formatFailureReport(f, 0));
+  ASSERT_GE(report.size(), 2u);
+  EXPECT_EQ(report[1], "dlrun: timer 'slow_block' expired at 2024-05-01 12:00:03.250 UTC");
+}
+
 TEST(FailureReport, NothingExtraWhenThereIsNothingToShow) {
   WorkerFailure f;
   f.status = ExitStatus{false, 1};
