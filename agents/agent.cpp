@@ -461,7 +461,7 @@ class AgentImpl {
                              .exitCode = kHangExitCode,
                              .final = hang_->options().action == HangAction::Exit,
                              .hang = true,
-                             .report = "hang: " + what + "; stacks of every rank are in " +
+                             .report = "dlrun: hang: " + what + "; stacks of every rank are in " +
                                        hang_->stackDir().string() + " on each node\n"};
     reportToRendezvous([&] { rendezvous_.reportFailure(end); });
   }
