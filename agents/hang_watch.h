@@ -1,4 +1,4 @@
-// Deciding that a job hangs and whom to blame (--hang-timeout; ARCHITECTURE.md section 6): pure
+// Deciding that a job hangs and whom to blame (--hang-timeout; ARCHITECTURE.md section 9): pure
 // rules over what the agent read of its workers' progress, and the per-rank reports the nodes
 // share through the rendezvous so one summary names the suspect across the whole job. No I/O.
 //

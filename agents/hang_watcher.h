@@ -1,4 +1,4 @@
-// The agent's hang watch under --hang-timeout (ARCHITECTURE.md section 6), on the agent's
+// The agent's hang watch under --hang-timeout (ARCHITECTURE.md section 9), on the agent's
 // io_context. Each round it sets up where workers report progress: the progress board
 // (DLRUN_PROGRESS_FILE, the bundled trainer's) and one heartbeat file a worker
 // (DLRUN_HEARTBEAT_FILE: touch it, or write a step number). It looks at both a few times a
