@@ -57,6 +57,7 @@ struct ChildContext {
   char** argv = nullptr;
   char** envp = nullptr;
   pid_t agent = -1;
+  int stdinSlot = -1;   // -1: the agent's own stdin
   int stdoutSlot = -1;  // -1: the agent's own stream
   int stderrSlot = -1;
   unsigned keepBelow = 3;
@@ -76,6 +77,11 @@ int becomeWorker(void* arg) {
   ::setpgid(0, 0);
   ::prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (::getppid() != c.agent) ::_exit(127);  // the agent died before the line above
+  // The agent and its descendants may attach (Yama's ptrace_scope=1 allows ancestors only): the
+  // stack tools the agent starts for a hang report are the worker's siblings. Yama ties the
+  // exception to this process until either process is gone, so it holds across the exec. A bare
+  // system call, as PR_SET_PDEATHSIG's above; without Yama it fails (EINVAL), changing nothing.
+  ::prctl(PR_SET_PTRACER, c.agent);
   if (c.descriptorLimit != RLIM_INFINITY) {
     rlimit files{};
     if (::getrlimit(RLIMIT_NOFILE, &files) == 0) {
@@ -95,6 +101,7 @@ int becomeWorker(void* arg) {
       ::sigaction(sig, &byDefault, nullptr);
     }
   }
+  if (c.stdinSlot >= 0) ::dup2(c.stdinSlot, STDIN_FILENO);
   if (c.stdoutSlot >= 0) ::dup2(c.stdoutSlot, STDOUT_FILENO);
   if (c.stderrSlot >= 0) ::dup2(c.stderrSlot, STDERR_FILENO);
   sigset_t none;
@@ -158,6 +165,7 @@ SpawnedProcess spawnProcess(const SpawnRequest& request) {
   child.argv = argv.data();
   child.envp = envp.data();
   child.agent = ::getpid();
+  if (request.nullStdin) child.stdinSlot = slots.null;
   child.stdoutSlot = out.parkIn(slots.out);
   child.stderrSlot = err.parkIn(slots.err);
   child.keepBelow = slots.end();
@@ -172,8 +180,10 @@ SpawnedProcess spawnProcess(const SpawnRequest& request) {
   sigfillset(&all);
   ::pthread_sigmask(SIG_BLOCK, &all, &old);
   // CLONE_VFORK: this thread resumes once the child has exec'd or exited.
-  const pid_t pid = ::clone(becomeWorker, stackTop, CLONE_VM | CLONE_VFORK | CLONE_FILES | SIGCHLD,
-                            &child);
+  int pidfd = -1;
+  const int flags =
+      CLONE_VM | CLONE_VFORK | CLONE_FILES | SIGCHLD | (request.wantPidfd ? CLONE_PIDFD : 0);
+  const pid_t pid = ::clone(becomeWorker, stackTop, flags, &child, &pidfd);
   const int cloneError = errno;
   ::pthread_sigmask(SIG_SETMASK, &old, nullptr);
   // The child has its own copies now; the slots go back to /dev/null.
@@ -183,10 +193,11 @@ SpawnedProcess spawnProcess(const SpawnRequest& request) {
   if (pid < 0)
     throw Error("cannot start " + request.argv[0] + ": fork: " + std::strerror(cloneError));
   if (child.error != 0) {
+    if (pidfd >= 0) ::close(pidfd);
     ::waitpid(pid, nullptr, 0);
     throw Error("cannot execute " + request.argv[0] + ": " + std::strerror(child.error));
   }
-  return {pid, out.takeRead(), err.takeRead()};
+  return {pid, out.takeRead(), err.takeRead(), pidfd};
 }
 
 ExitStatus ExitStatus::fromWaitStatus(int status) {

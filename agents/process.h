@@ -6,6 +6,10 @@
 // its exec (vfork, no page tables copied) and copies only the few descriptors below two parking
 // slots (close_range with CLOSE_RANGE_UNSHARE), not the thousands of pipes a large node holds.
 // Descriptors the agent opens after its first start are never inherited, close-on-exec or not.
+//
+// Under Yama's ptrace_scope=1 a process may attach only to its descendants; a worker declares the
+// agent its ptracer (PR_SET_PTRACER), so the agent's other children (the stack tools of a hang
+// report, stack_dump.h) may attach to it too.
 #pragma once
 
 #include <sys/types.h>
@@ -23,12 +27,17 @@ struct SpawnRequest {
   std::span<const std::string> sharedEnvp;
   bool pipeStdout = false;  // else the worker inherits the agent's stdout
   bool pipeStderr = false;
+  bool nullStdin = false;   // else the worker inherits the agent's stdin
+  // SpawnedProcess::pidfd: signals and waits that cannot reach a recycled pid, for a child that
+  // the agent's waitpid(-1) may reap first (CLONE_PIDFD, Linux 5.2).
+  bool wantPidfd = false;
 };
 
 struct SpawnedProcess {
   pid_t pid = -1;
   int stdoutFd = -1;  // read end of the pipe, when requested (non-blocking, close-on-exec)
   int stderrFd = -1;
+  int pidfd = -1;  // when requested (close-on-exec); the caller closes it
 };
 
 // Starts the program and returns once it has been executed. Throws Error naming the program

@@ -15,6 +15,7 @@ packages=(
   clang libclang-rt-14-dev              # libFuzzer for the wire-parser fuzz test
   python3-torch libtorch-dev            # real TCPStore clients (Python, C++), real DDP workers
   iproute2 util-linux                   # simulated hosts (scripts/netns.sh): ip, unshare, nsenter
+  elfutils gdb                          # hang reports: eu-stack (else gdb) takes workers' stacks
   libslurm-dev slurm-wlm munge          # Slurm: libslurm's hostlists, a local cluster for tests
   # etcd v3 over gRPC: the C++ runtime, protoc and its gRPC plugin (proto/ is compiled at build
   # time), gRPC's own schemas, and a real etcd (3.4) with etcdctl for the tests
