@@ -298,7 +298,7 @@ class AgentImpl {
                    .tfCluster = tf.set ? std::optional(std::move(cluster)) : std::nullopt,
                    .inheritTfConfig = options_.tfConfig == TfConfigMode::Never,
                    .services = services_};
-    if (hang_) hang_->prepareRound(attemptDir, options_.nprocPerNode, spec);
+    if (hang_) hang_->prepareRound(attemptDir, options_.nprocPerNode, inherited_, spec);
     environment_.emplace(inherited_, world_, std::move(spec));
     ExecSizes command;
     command.add(options_.command.front().size());  // the file name exec copies as well

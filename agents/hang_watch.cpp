@@ -30,6 +30,7 @@ std::string encodeRankReports(const std::vector<RankReport>& reports) {
                        {"stack", r.stackFile}};
     if (r.step) one["step"] = *r.step;
     if (r.collective) one["collective"] = *r.collective;
+    if (r.lastCollective) one["last"] = *r.lastCollective;
     out.push_back(std::move(one));
   }
   return out.dump();
@@ -48,6 +49,7 @@ std::vector<RankReport> decodeRankReports(std::string_view text) {
       r.stackFile = one.at("stack").get<std::string>();
       if (one.contains("step")) r.step = one.at("step").get<int64_t>();
       if (one.contains("collective")) r.collective = one.at("collective").get<std::string>();
+      if (one.contains("last")) r.lastCollective = one.at("last").get<std::string>();
       out.push_back(std::move(r));
     }
     return out;
@@ -83,6 +85,7 @@ std::string where(const RankReport& r) {
   out += r.step ? ", last step " + std::to_string(*r.step) : ", no step reported";
   out += r.reported ? ", silent " + seconds(r.silentSeconds) : ", never reported progress";
   out += r.collective ? ", waiting in " + *r.collective : ", not in a collective";
+  if (r.lastCollective) out += ", last collective " + *r.lastCollective;
   return out;
 }
 

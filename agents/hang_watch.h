@@ -71,6 +71,7 @@ struct RankReport {
   std::optional<int64_t> step;
   double silentSeconds = 0;
   std::optional<std::string> collective;  // the collective it waits in, where known
+  std::optional<std::string> lastCollective;  // NCCL's flight recorder's newest entry
   std::vector<std::string> topFrames;
   std::string stackFile;  // where its stack was written (on its node)
 };

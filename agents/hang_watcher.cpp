@@ -21,7 +21,9 @@ std::chrono::milliseconds lookInterval(std::chrono::milliseconds timeout) {
   return std::clamp(timeout / 10, std::chrono::milliseconds(50), std::chrono::milliseconds(400));
 }
 
-// How long the node that saw a hang waits for the other nodes' reports.
+// How long the stacks may take (debuggers attaching to every worker at once), and how long the
+// node that saw a hang waits for the other nodes' reports, which take their stacks meanwhile.
+constexpr std::chrono::seconds kStackTimeout{10};
 constexpr std::chrono::seconds kGatherTimeout{15};
 
 // The heartbeat file's modification time (0: not there yet) and the step it holds, if any.
@@ -63,12 +65,21 @@ HangWatcher::HangWatcher(asio::io_context& io, HangOptions options, std::string 
 
 HangWatcher::~HangWatcher() {
   if (collector_.joinable()) collector_.join();
+  // The hook's per-process files of workers that were killed stay behind otherwise.
+  if (pythonHook_) {
+    std::error_code ignored;
+    fs::remove_all(pythonHook_->dir(), ignored);
+  }
 }
 
-void HangWatcher::prepareRound(const fs::path& attemptDir, int workers, RoundSpec& spec) {
+void HangWatcher::prepareRound(const fs::path& attemptDir, int workers,
+                               const Environment& inherited, RoundSpec& spec) {
   unwatch();
   attemptDir_ = attemptDir;
   fs::create_directories(attemptDir_);
+  if (!pythonHook_)
+    pythonHook_ = std::make_unique<PythonStackHook>(attemptDir_.parent_path() / "python-hook");
+  for (auto& [key, value] : pythonHook_->environment(inherited)) spec.services[key] = value;
   board_.reset();
   board_ = std::make_unique<ProgressBoard>(attemptDir_ / "progress", workers);
   heartbeatDir_ = attemptDir_ / "heartbeat";
@@ -154,10 +165,26 @@ std::vector<RankReport> HangWatcher::localReports(Clock::time_point now) const {
 void HangWatcher::collect(bool job, bool summarize, std::function<void()> done) {
   if (collector_.joinable()) collector_.join();
   std::vector<RankReport> reports = localReports(Clock::now());
+  std::vector<StackTarget> targets;
+  for (const auto& w : workers_)
+    targets.push_back({w.pid, w.rank, stackDir() / ("rank_" + std::to_string(w.rank) + ".txt")});
   const double timeout = toSeconds(options_.timeout);
-  collector_ = std::thread([this, reports = std::move(reports), job, summarize, timeout,
-                            done = std::move(done)]() mutable {
+  // A thread: the debuggers and the other nodes' reports are waited for. It lives until the
+  // tools it starts are done (their death signal is tied to it).
+  collector_ = std::thread([this, reports = std::move(reports), targets = std::move(targets), job,
+                            summarize, timeout, done = std::move(done)]() mutable {
     try {
+      fs::create_directories(stackDir());
+      const auto dumps = dumpStacks(targets, pythonHook_.get(), kStackTimeout);
+      for (size_t i = 0; i < dumps.size(); ++i) {
+        RankReport& r = reports[i];
+        r.stackFile = targets[i].outFile.string();
+        r.topFrames = dumps[i].topFrames;
+        if (dumps[i].collective) r.collective = dumps[i].collective;
+        r.lastCollective = dumps[i].lastNcclCollective;
+        if (!dumps[i].error.empty())
+          log::info("rank " + std::to_string(r.rank) + ": " + dumps[i].error);
+      }
       std::vector<RankReport> all;
       int reported = 1, nodes = 1;
       if (job) {

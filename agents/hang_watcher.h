@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "agents/hang_watch.h"
+#include "agents/stack_dump.h"
 #include "agents/worker_env.h"
 #include "common/asio.h"
 #include "common/progress_board.h"
@@ -56,8 +57,10 @@ class HangWatcher {
   const HangOptions& options() const { return options_; }
 
   // A round begins in `attemptDir`: a fresh board and heartbeat directory for `workers`, and
-  // the variables that point workers at them added to `spec`.
-  void prepareRound(const std::filesystem::path& attemptDir, int workers, RoundSpec& spec);
+  // the variables that point workers at them (and Python workers at the stack hook) added to
+  // `spec`.
+  void prepareRound(const std::filesystem::path& attemptDir, int workers,
+                    const Environment& inherited, RoundSpec& spec);
   // The round's workers run: watched until unwatch(). `onHang` runs on the io_context once per
   // stall (again only after every hung worker made progress since).
   void watch(std::vector<WatchedWorker> workers, std::function<void(const HungWorker&)> onHang);
@@ -84,6 +87,7 @@ class HangWatcher {
   std::filesystem::path attemptDir_;
   std::filesystem::path heartbeatDir_;
   std::unique_ptr<ProgressBoard> board_;
+  std::unique_ptr<PythonStackHook> pythonHook_;  // the job's, made with its first round
   std::vector<WatchedWorker> workers_;
   std::vector<ProgressTrack> tracks_;
   std::vector<uint64_t> heartbeats_;  // each heartbeat file's last modification time

@@ -5,12 +5,16 @@
 - A worker that never reports progress is never called hung, however long it is quiet.
 - --hang-action=report: the hang is reported and the job keeps running; once the worker goes
   on, the job ends with exit 0.
+- An unmodified torch gloo job (it only writes its step to the heartbeat file) whose rank 1
+  sleeps before an all_reduce: the other ranks' stacks show them waiting in all_reduce, and the
+  summary names rank 1, in its sleeping frame, as the suspect.
 """
+import glob
 import os
 import re
 import unittest
 
-from dlrun_fixture import Dlrun, main, run_dlrun, temp_dir, wait_until
+from dlrun_fixture import PYTHON, Dlrun, main, run_dlrun, temp_dir, wait_until, worker
 
 HANG_TIMEOUT = "1"
 EVENT_TIMEOUT_S = 30
@@ -59,6 +63,31 @@ class HangTest(unittest.TestCase):
         self.assertEqual(len([line for line in result.dlrun_lines()
                               if line.startswith("dlrun: hang: rank 0")]), 1, result)
         self.assertNotIn("restarting", result.stderr, result)
+
+    def test_a_torch_rank_sleeping_before_all_reduce_is_the_suspect(self):
+        log_dir = os.path.join(temp_dir(self), "logs")
+        result = run_dlrun(self, ["--standalone", "--nproc-per-node=3", "--hang-timeout=2",
+                                  "--hang-action=exit", f"--log-dir={log_dir}", PYTHON,
+                                  worker("hang_gloo_worker.py"), "1", "5"], timeout=90)
+        self.assertEqual(result.returncode, HANG_EXIT_CODE, result)
+        self.assertRegex(result.stderr, r"suspect: rank 1 on this node, last step 5, silent "
+                                        r"[0-9.]+ s, not in a collective\n    "
+                                        r"stuck_before_all_reduce")
+        for rank in (0, 2):
+            self.assertRegex(result.stderr, rf"rank {rank} on this node, last step 5, silent "
+                                            rf"[0-9.]+ s, waiting in all_reduce")
+        stacks = {int(re.search(r"rank_(\d+)\.txt$", path).group(1)): path
+                  for path in glob.glob(os.path.join(log_dir, "*", "attempt_0", "stacks",
+                                                     "rank_*.txt"))}
+        self.assertEqual(sorted(stacks), [0, 1, 2], result)
+        for rank, path in stacks.items():
+            with open(path) as f:
+                text = f.read()
+            if rank == 1:
+                self.assertIn("stuck_before_all_reduce", text)
+            else:
+                self.assertIn("waiting in: all_reduce", text)
+                self.assertIn("all_reduce (distributed_c10d.py", text)
 
     def test_hang_action_without_a_timeout_is_one_line(self):
         result = run_dlrun(self, ["--standalone", "--hang-action=exit", "/bin/true"])

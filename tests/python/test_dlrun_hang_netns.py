@@ -110,6 +110,20 @@ class HangAcrossHostsTest(unittest.TestCase):
             self.assertRegex(summary, rf"rank {rank} on \S+ \([0-9.]+\), last step "
                                       rf"{HANG_AT_STEP}, silent [0-9.]+ s, waiting in")
 
+        # Every rank's stack, on its own node; the stuck one in its sleeping frame.
+        stacks = {}
+        for node in range(NODES):
+            for path in glob.glob(os.path.join(self.log_dir(node), "*", "attempt_0", "stacks",
+                                               "rank_*.txt")):
+                stacks[int(re.search(r"rank_(\d+)\.txt$", path).group(1))] = path
+        self.assertEqual(sorted(stacks), list(range(NODES * NPROC)), self.logs())
+        with open(stacks[3]) as f:
+            self.assertIn("sleepForeverForTesting", f.read())
+        self.assertIn("sleepForeverForTesting", summary)
+        for rank in range(3):
+            with open(stacks[rank]) as f:
+                self.assertRegex(f.read(), r"waiting in: all_reduce")
+
         # The restart: once, from the checkpoint before the hang, through to the end.
         for node in range(NODES):
             self.assertEqual(self.log(node).count("restarting, attempt 1 of 1"), 1, self.logs())
