@@ -399,7 +399,7 @@ LaunchParse parseDlrunArgs(const std::vector<std::string>& args, const HostProbe
             "environment variable, else a warning), always (an error when it cannot fit) or "
             "never");
   double hangTimeout = 0;
-  addOption(app, "hang-timeout", hangTimeout,
+  auto* hangTimeoutOption = addOption(app, "hang-timeout", hangTimeout,
             "Seconds without progress after which a worker that reported progress before is "
             "hung: stacks of every worker, a summary naming the suspect, then --hang-action "
             "(0, the default: off)")
@@ -442,7 +442,8 @@ LaunchParse parseDlrunArgs(const std::vector<std::string>& args, const HostProbe
     c.hang = agents::HangOptions{
         .timeout = std::chrono::milliseconds(static_cast<int64_t>(hangTimeout * 1000)),
         .action = action};
-  } else if (hangActionOption->count() > 0) {
+  } else if (hangActionOption->count() > 0 && hangTimeoutOption->count() == 0) {
+    // An action alone is a mistake; an explicit --hang-timeout=0 turns the watch off.
     throw ConfigError("--hang-action needs --hang-timeout=SECONDS (hang watching is off)");
   }
   if (!logDir.empty()) c.logDir = logDir;

@@ -391,6 +391,32 @@ TEST(ParseDlrunArgs, TfConfigRejectsOtherValuesNamingTheFlag) {
   }
 }
 
+TEST(ParseDlrunArgs, HangWatchingIsOffUnlessATimeoutIsGiven) {
+  EXPECT_FALSE(parse({"env"}).hang);
+  auto c = parse({"--hang-timeout=2.5", "env"});
+  ASSERT_TRUE(c.hang);
+  EXPECT_EQ(c.hang->timeout, std::chrono::milliseconds(2500));
+  EXPECT_EQ(c.hang->action, agents::HangAction::Restart);
+  EXPECT_EQ(parse({"--hang_timeout", "1", "--hang-action=report", "env"}).hang->action,
+            agents::HangAction::Report);
+  {
+    ScopedEnv timeout("PET_HANG_TIMEOUT", "30");
+    ScopedEnv action("PET_HANG_ACTION", "exit");
+    c = parse({"env"});
+    ASSERT_TRUE(c.hang);
+    EXPECT_EQ(c.hang->timeout, std::chrono::seconds(30));
+    EXPECT_EQ(c.hang->action, agents::HangAction::Exit);
+    EXPECT_FALSE(parse({"--hang-timeout=0", "env"}).hang);  // the flag wins: off
+  }
+  std::string message = configError([&] { parse({"--hang-timeout=1", "--hang-action=kill", "env"}); });
+  EXPECT_TRUE(contains(message, "--hang-action")) << message;
+  EXPECT_TRUE(contains(message, "report, restart or exit")) << message;
+  message = configError([&] { parse({"--hang-action=exit", "env"}); });
+  EXPECT_TRUE(contains(message, "needs --hang-timeout")) << message;
+  message = configError([&] { parse({"--hang-timeout=-1", "env"}); });
+  EXPECT_TRUE(contains(message, "--hang-timeout")) << message;
+}
+
 TEST(ParseDlrunArgs, NodeRankAndNnodes) {
   auto c = parse(
       {"--nnodes=2:4", "--rdzv-backend=c10d", "--rdzv-endpoint=h:1", "--node-rank=3", "env"});
