@@ -399,11 +399,12 @@ LaunchParse parseDlrunArgs(const std::vector<std::string>& args, const HostProbe
             "environment variable, else a warning), always (an error when it cannot fit) or "
             "never");
   double hangTimeout = 0;
-  auto* hangTimeoutOption = addOption(app, "hang-timeout", hangTimeout,
-            "Seconds without progress after which a worker that reported progress before is "
-            "hung: stacks of every worker, a summary naming the suspect, then --hang-action "
-            "(0, the default: off)")
-      ->check(kSeconds);
+  auto* hangTimeoutOption =
+      addOption(app, "hang-timeout", hangTimeout,
+                "Seconds without progress after which a worker that reported progress before "
+                "is hung: stacks of every worker, a summary naming the suspect, then "
+                "--hang-action (0, the default: off)")
+          ->check(kSeconds);
   std::string hangAction = "restart";
   auto* hangActionOption = addOption(
       app, "hang-action", hangAction,
