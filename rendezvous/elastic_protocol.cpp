@@ -8,6 +8,7 @@
 #include <numeric>
 
 #include "common/error.h"
+#include "rendezvous/json_fields.h"
 #include "rendezvous/store/tcp_stream.h"
 
 namespace dlrun::rendezvous::elastic {
@@ -23,27 +24,12 @@ std::vector<std::string> Keys::ofRound(int round, int joined) const {
   }
   return keys;
 }
+
 namespace {
 
 using nlohmann::json;
-
-// Parses JSON written by another agent; anything malformed is a ProtocolError naming `what`.
-json parse(std::string_view text, const char* what) {
-  json value = json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (!value.is_object()) throw ProtocolError(std::string("malformed ") + what + " in the store");
-  return value;
-}
-
-template <typename T>
-T field(const json& object, const char* name, const char* what) {
-  auto it = object.find(name);
-  if (it == object.end()) throw ProtocolError(std::string(what) + " lacks '" + name + "'");
-  try {
-    return it->get<T>();
-  } catch (const json::exception&) {
-    throw ProtocolError(std::string(what) + " has a malformed '" + name + "'");
-  }
-}
+using json_fields::field;
+using json_fields::parse;
 
 // nlohmann converts 70000 to a uint16_t without a word: a port is read as an int and checked.
 uint16_t portField(const json& object, const char* name, const char* what) {

@@ -355,18 +355,22 @@ RoundEnd ElasticRendezvous::reportStop(int signal) {
     control_->compareSet(keys_.end(round), "", elastic::encode(left));
     return left;
   }
+  return stopJob(*control_, keys_, jobStopped(signal, options_.self.name), round);
+}
+
+RoundEnd stopJob(Store& store, const elastic::Keys& keys, const RoundEnd& stop, int round) {
   // The job's stop first (the first stop wins, so every node reports the same one), then the
-  // keys the others wait on: the end of this node's round, and the newest round, where nodes
-  // may be waiting for it to close.
-  const RoundEnd stop = elastic::decodeRoundEnd(control_->compareSet(
-      keys_.stop(), "", elastic::encode(jobStopped(signal, options_.self.name))));
-  const int newest = static_cast<int>(control_->add(keys_.current(), 0));
+  // keys the others wait on: the end of `round`, and the newest round, where nodes may be
+  // waiting for it to close.
+  const RoundEnd first =
+      elastic::decodeRoundEnd(store.compareSet(keys.stop(), "", elastic::encode(stop)));
+  const int newest = static_cast<int>(store.add(keys.current(), 0));
   for (int r : {round, newest}) {
     if (r < 0) continue;
-    control_->compareSet(keys_.closed(r), "", std::string(elastic::kStopped));
-    control_->compareSet(keys_.end(r), "", elastic::encode(stop));
+    store.compareSet(keys.closed(r), "", std::string(elastic::kStopped));
+    store.compareSet(keys.end(r), "", elastic::encode(first));
   }
-  return stop;
+  return first;
 }
 
 void ElasticRendezvous::shareHangReport(const std::string& report) {

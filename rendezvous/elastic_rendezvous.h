@@ -32,6 +32,12 @@
 namespace dlrun::rendezvous {
 
 class LeasingStore;
+class Store;
+
+// Stops the whole job `keys` names, from any agent or from the control plane: the first stop
+// written wins and is returned; the end of `round` (-1: none) and of the newest round are set
+// to it, so members and nodes waiting for a round to close all wake.
+RoundEnd stopJob(Store& store, const elastic::Keys& keys, const RoundEnd& stop, int round = -1);
 
 struct ElasticOptions {
   std::string runId;

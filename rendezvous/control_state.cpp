@@ -1,0 +1,103 @@
+#include "rendezvous/control_state.h"
+
+#include <set>
+
+#include "rendezvous/json_fields.h"
+
+namespace dlrun::rendezvous::control {
+
+using json_fields::field;
+using json_fields::json;
+using json_fields::parse;
+
+std::string encode(const ControlMeta& m) {
+  return json{{"backend", m.backend},
+              {"min", m.minNodes},
+              {"max", m.maxNodes},
+              {"max_restarts", m.maxRestarts},
+              {"token", m.tokenHash}}
+      .dump();
+}
+
+ControlMeta decodeMeta(std::string_view text) {
+  static constexpr const char* what = "job settings";
+  const json j = parse(text, what);
+  return {.backend = field<std::string>(j, "backend", what),
+          .minNodes = field<int>(j, "min", what),
+          .maxNodes = field<int>(j, "max", what),
+          .maxRestarts = field<int>(j, "max_restarts", what),
+          .tokenHash = field<std::string>(j, "token", what)};
+}
+
+std::string encode(const NodeState& n) {
+  json workers = json::array();
+  for (const auto& w : n.workers) {
+    workers.push_back({{"rank", w.rank},
+                       {"local", w.localRank},
+                       {"pid", w.pid},
+                       {"state", w.state},
+                       {"exit", w.exit},
+                       {"step", w.step},
+                       {"progress", w.progressTime}});
+  }
+  return json{{"name", n.name},       {"addr", n.address},   {"group", n.groupRank},
+              {"state", n.state},     {"round", n.round},    {"logs", n.logDir},
+              {"workers", workers},   {"updated", n.updated}}
+      .dump();
+}
+
+NodeState decodeNodeState(std::string_view text) {
+  static constexpr const char* what = "node state";
+  const json j = parse(text, what);
+  NodeState n{.name = field<std::string>(j, "name", what),
+              .address = field<std::string>(j, "addr", what),
+              .groupRank = field<int>(j, "group", what),
+              .state = field<std::string>(j, "state", what),
+              .round = field<int>(j, "round", what),
+              .logDir = field<std::string>(j, "logs", what),
+              .updated = field<double>(j, "updated", what)};
+  for (const auto& w : field<json>(j, "workers", what)) {
+    if (!w.is_object()) throw ProtocolError("node state has a malformed 'workers'");
+    n.workers.push_back({.rank = field<int>(w, "rank", what),
+                         .localRank = field<int>(w, "local", what),
+                         .pid = field<int>(w, "pid", what),
+                         .state = field<std::string>(w, "state", what),
+                         .exit = field<std::string>(w, "exit", what),
+                         .step = field<int64_t>(w, "step", what),
+                         .progressTime = field<double>(w, "progress", what)});
+  }
+  return n;
+}
+
+std::string encode(const JobEvent& e) {
+  return json{{"seq", e.seq},   {"time", e.time}, {"kind", e.kind}, {"node", e.node},
+              {"round", e.round}, {"rank", e.rank}, {"detail", e.detail}}
+      .dump();
+}
+
+JobEvent decodeEvent(std::string_view text) {
+  static constexpr const char* what = "job event";
+  const json j = parse(text, what);
+  return {.seq = field<int64_t>(j, "seq", what),
+          .time = field<double>(j, "time", what),
+          .kind = field<std::string>(j, "kind", what),
+          .node = field<std::string>(j, "node", what),
+          .round = field<int>(j, "round", what),
+          .rank = field<int>(j, "rank", what),
+          .detail = field<std::string>(j, "detail", what)};
+}
+
+std::vector<std::string> lines(std::string_view text) {
+  std::vector<std::string> out;
+  std::set<std::string> seen;
+  while (!text.empty()) {
+    const size_t end = text.find('\n');
+    const std::string line(text.substr(0, end));
+    if (!line.empty() && seen.insert(line).second) out.push_back(line);
+    if (end == std::string_view::npos) break;
+    text.remove_prefix(end + 1);
+  }
+  return out;
+}
+
+}  // namespace dlrun::rendezvous::control

@@ -1,0 +1,93 @@
+// What a job's agents publish for the control plane (ARCHITECTURE.md section 10), in the same
+// store as the job's rendezvous, and how it reads back. Pure: keys and codecs, no I/O. Agents
+// write (agents/control_publisher.h), the Control service reads (control/).
+//
+// Keys under "dlrun/ID/" (elastic_protocol.h's root), plus one registry of every job:
+//   dlrun/jobs          job ids, one a line (appended by the agent that wrote ctl/meta)
+//   ctl/meta            the job's settings (ControlMeta; compare-and-set by the first agent)
+//   ctl/nodes           node names, one a line (each agent appends its own once)
+//   ctl/node/NAME       that node's state (NodeState), rewritten on each change: O(1) a change
+//   ctl/seq             the number of events so far (ADD); event n is at ctl/ev/n
+//   ctl/ev/N            event N (JobEvent), written once right after its ADD
+//   ctl/signals         the number of signals sent to the job (ADD); ctl/signal/N is the Nth
+//   ctl/signal/N        a signal number every agent forwards to its workers
+// A deliberate stop of the whole job is the rendezvous's own `stop` key (elastic_protocol.h).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace dlrun::rendezvous::control {
+
+class Keys {
+ public:
+  explicit Keys(const std::string& runId)
+      : root_("dlrun/" + runId + "/"), ctl_(root_ + "ctl/") {}
+  static std::string jobs() { return "dlrun/jobs"; }
+  std::string meta() const { return ctl_ + "meta"; }
+  std::string nodes() const { return ctl_ + "nodes"; }
+  std::string node(const std::string& name) const { return ctl_ + "node/" + name; }
+  std::string seq() const { return ctl_ + "seq"; }
+  std::string event(int64_t n) const { return ctl_ + "ev/" + std::to_string(n); }
+  std::string signals() const { return ctl_ + "signals"; }
+  std::string signal(int64_t n) const { return ctl_ + "signal/" + std::to_string(n); }
+
+ private:
+  std::string root_;
+  std::string ctl_;
+};
+
+struct ControlMeta {
+  std::string backend;  // c10d, etcd, static
+  int minNodes = 1;
+  int maxNodes = 1;
+  int maxRestarts = 0;
+  std::string tokenHash;  // hex SHA-256 of the job's token; empty: started without one
+};
+
+struct WorkerState {
+  int rank = 0;
+  int localRank = 0;
+  int pid = 0;
+  std::string state;  // running, succeeded, failed, stopped
+  std::string exit;   // "exit code 3", "signal SIGKILL"; empty while it runs
+  int64_t step = -1;  // last reported step (-1: none)
+  double progressTime = 0;  // unix seconds of that report
+};
+
+struct NodeState {
+  std::string name;
+  std::string address;
+  int groupRank = -1;
+  std::string state;  // joining, running, stopping, done, exited
+  int round = -1;
+  std::string logDir;
+  std::vector<WorkerState> workers;
+  double updated = 0;  // unix seconds
+};
+
+struct JobEvent {
+  int64_t seq = 0;
+  double time = 0;
+  std::string kind;  // see proto/dlrun/v1/control.proto's Event
+  std::string node;
+  int round = -1;
+  int rank = -1;
+  std::string detail;
+};
+
+std::string encode(const ControlMeta& meta);
+std::string encode(const NodeState& node);
+std::string encode(const JobEvent& event);
+// Each throws ProtocolError naming what it decodes for text that is not one.
+ControlMeta decodeMeta(std::string_view text);
+NodeState decodeNodeState(std::string_view text);
+JobEvent decodeEvent(std::string_view text);
+
+// The lines of an appended list (dlrun/jobs, ctl/nodes), each once, in first-seen order.
+std::vector<std::string> lines(std::string_view text);
+
+}  // namespace dlrun::rendezvous::control
