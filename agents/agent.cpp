@@ -24,6 +24,11 @@
 // rendezvous as a failure (or, under --hang-action=report, only reported), and a round that a
 // hang ended on any node has every node take its workers' stacks before it stops them.
 //
+// The control plane (ControlPublisher): the node's state at each change of its workers and the
+// job's events go to the rendezvous store; the events of the job as a whole (a round closed or
+// ended, a restart, the job's end) come from group rank 0 alone. SignalJob's signals are
+// forwarded to every worker; StopJob stops the job like a signal with a stated exit code.
+//
 // SIGCHLD drives reaping (waitpid(-1) also reaps descendants re-parented to this subreaper);
 // SIGUSR1/SIGUSR2 are forwarded to every worker's process group and change nothing else.
 // Stopping sends SIGTERM (or the terminating signal) to each group, then SIGKILL after the
@@ -130,6 +135,11 @@ class AgentImpl {
       signals_.add(sig);
     awaitSignal();
     prepareLogRoot();
+    if (options_.control)
+      control_ = std::make_unique<ControlPublisher>(
+          *options_.control, [this](const ControlCommand& command) {
+            asio::post(io_, [this, command] { onControlCommand(command); });
+          });
     serveFileTimer();
     if (options_.nprocPerNode > 1 && !inherited_.contains("OMP_NUM_THREADS"))
       log::info("setting OMP_NUM_THREADS=1 for each worker to avoid overloading the CPUs; "
@@ -168,6 +178,23 @@ class AgentImpl {
     // mistakes it for a lost node.
     reportToRendezvous([&] { stopEnd_ = rendezvous_.reportStop(sig); });
     stop(sig);
+  }
+
+  void onControlCommand(const ControlCommand& command) {
+    if (state_ == State::Finished) return;
+    if (command.kind == ControlCommand::Kind::Signal) {
+      log::info("control plane: " + signalName(command.value) + " to every worker");
+      return signalWorkers(command.value);
+    }
+    if (stopSignal_) return;
+    log::info("control plane: stopping the job (exit code " + std::to_string(command.value) +
+              ")");
+    stopSignal_ = SIGTERM;
+    reportToRendezvous([&] { stopEnd_ = rendezvous_.reportStop(SIGTERM); });
+    // On one node the rendezvous knows nothing of the control plane's stop: its code stands.
+    if (!stopEnd_) stopEnd_ = rendezvous::jobStopped(SIGTERM, options_.nodeName);
+    stopEnd_->exitCode = command.value;
+    stop(SIGTERM);
   }
 
   void beginRound() {
@@ -212,6 +239,7 @@ class AgentImpl {
   void onRoundEnd(const rendezvous::RoundEnd& end) {
     log::debug("round " + std::to_string(world_.round) + " ended: " + end.describe());
     if (state_ == State::Finished || stopSignal_) return;
+    publishJobEvent("round_ended", end.countsAsFailure() ? end.rank : -1, end.describe());
     roundEnd_ = end;
     if (state_ == State::Done) return endOfRound();
     if (state_ == State::Running && end.hang && hang_) return takeStacksThenStop(end);
@@ -244,9 +272,12 @@ class AgentImpl {
       [[maybe_unused]] auto n = ::write(STDERR_FILENO, end.report.data(), end.report.size());
       return finish(end.exitCode);
     }
-    if (end.countsAsFailure())
-      log::info("worker group failed (" + end.describe() + "); restarting, attempt " +
-                std::to_string(end.failures) + " of " + std::to_string(world_.maxRestarts));
+    if (end.countsAsFailure()) {
+      const std::string attempt = "attempt " + std::to_string(end.failures) + " of " +
+                                  std::to_string(world_.maxRestarts);
+      log::info("worker group failed (" + end.describe() + "); restarting, " + attempt);
+      publishJobEvent("restart", -1, attempt + " after " + end.describe());
+    }
     else
       log::info("re-rendezvous: " + end.describe());
     killLeftovers();
@@ -349,6 +380,7 @@ class AgentImpl {
     log::debug("started " + std::to_string(workers_.size()) + " workers");
     doneStarting();
     if (hang_) watchForHangs();
+    publishStarted();
     // Every worker may have exited already.
     if (state_ == State::Running && liveWorkers() == 0) onSucceeded();
   }
@@ -398,6 +430,9 @@ class AgentImpl {
   void onWorkerExit(Worker& w, ExitStatus status) {
     w.exited(status);
     --live_;
+    if (state_ == State::Running && !status.success())
+      publishEvent("worker_failed", w.rank(), status.describe());
+    publishNode(state_ == State::Running ? "running" : "stopping");
     if (fileTimer_) fileTimer_->forget(w.pid());
     if (state_ == State::Running && !status.success()) {
       reportFailure(w);
@@ -448,6 +483,7 @@ class AgentImpl {
         " made no progress for " + silent.str() + " s" +
         (hung.step ? " after step " + std::to_string(*hung.step) : "") + " (--hang-timeout)";
     log::info("hang: " + what);
+    publishEvent("hang", hung.rank, what);
     keepLogRoot_ = true;  // the stacks go there
     if (hang_->options().action == HangAction::Report) {
       hang_->collect(false, true, [this, dir = hang_->stackDir()] {
@@ -478,6 +514,63 @@ class AgentImpl {
       log::info("stopping workers: " + end.describe());
       stop(SIGKILL);
     });
+  }
+
+  // What the control plane shows of this node: its state and its workers'.
+  void publishNode(const std::string& state) {
+    if (!control_) return;
+    rendezvous::control::NodeState node{.name = options_.control->nodeName,
+                                        .address = options_.control->address,
+                                        .groupRank = world_.groupRank,
+                                        .state = state,
+                                        .round = world_.round,
+                                        .logDir = logRoot_.string(),
+                                        .updated = wallSeconds()};
+    for (const auto& w : workers_) {
+      const bool done = !w->alive();
+      node.workers.push_back(
+          {.rank = w->rank(),
+           .localRank = w->localRank(),
+           .pid = w->pid(),
+           .state = !done ? "running"
+                    : w->status().success() ? "succeeded"
+                    : stopSignal_ || roundEnd_ ? "stopped"
+                                               : "failed",
+           .exit = done ? w->status().describe() : ""});
+    }
+    control_->node(std::move(node));
+  }
+
+  void publishEvent(const std::string& kind, int rank, const std::string& detail) {
+    if (!control_) return;
+    control_->event({.time = wallSeconds(),
+                     .kind = kind,
+                     .node = options_.control->nodeName,
+                     .round = world_.round,
+                     .rank = rank,
+                     .detail = detail});
+  }
+
+  // An event of the job as a whole: group rank 0 speaks for every node.
+  void publishJobEvent(const std::string& kind, int rank, const std::string& detail) {
+    if (attempt_ > 0 && world_.groupRank == 0) publishEvent(kind, rank, detail);
+  }
+
+  void publishStarted() {
+    if (!control_ || workers_.empty()) return;
+    publishNode("running");
+    publishJobEvent("round_closed", -1,
+                    "round " + std::to_string(world_.round) + ": " +
+                        std::to_string(world_.groupWorldSize) + " nodes, " +
+                        std::to_string(world_.worldSize) + " workers");
+    publishEvent("worker_started", -1,
+                 "ranks " + std::to_string(world_.baseRank) + "-" +
+                     std::to_string(world_.baseRank + world_.localWorldSize - 1) + " started");
+  }
+
+  static double wallSeconds() {
+    return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
+        .count();
   }
 
   // A report that cannot reach the store leaves the round to end by the lease: this node's
@@ -518,9 +611,9 @@ class AgentImpl {
     stopTimer_.cancel();
     if (launchFailed_) return finish(exitCode_);
     if (stopSignal_) {
-      if (stopEnd_ && stopEnd_->kind == rendezvous::RoundEnd::Kind::Stopped)
-        log::info(stopEnd_->report);
-      return finish(128 + *stopSignal_);
+      const bool stopped = stopEnd_ && stopEnd_->kind == rendezvous::RoundEnd::Kind::Stopped;
+      if (stopped) log::info(stopEnd_->report);
+      return finish(stopped ? stopEnd_->exitCode : 128 + *stopSignal_);
     }
     state_ = State::Done;  // no workers; the round's end decides what follows
     if (roundEnd_) endOfRound();
@@ -536,6 +629,8 @@ class AgentImpl {
     killLeftovers();
     state_ = State::Finished;
     exitCode_ = code;
+    publishNode("exited");
+    publishJobEvent("job_ended", -1, "every agent exits with " + std::to_string(code));
     stopTimer_.cancel();
     signals_.cancel();
     io_.stop();
@@ -636,6 +731,7 @@ class AgentImpl {
   std::optional<rendezvous::RoundEnd> roundEnd_;
   std::thread roundThread_;  // the rendezvous's blocking calls (runRendezvous)
   std::optional<HangWatcher> hang_;  // with --hang-timeout
+  std::unique_ptr<ControlPublisher> control_;  // with the control plane
   int exitCode_ = 0;
   fs::path logRoot_;
   bool keepLogRoot_ = false;

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "agents/control_publisher.h"
 #include "agents/hang_watch.h"
 #include "agents/limits.h"
 #include "agents/worker.h"
@@ -50,6 +51,7 @@ struct AgentOptions {
   TfConfigMode tfConfig = TfConfigMode::Auto;
   bool servesStore = false;  // this process serves the store its workers connect to
   std::optional<HangOptions> hang;  // --hang-timeout: watch the workers' progress
+  std::optional<ControlOptions> control;  // publish to the control plane, follow its commands
 };
 
 // The descriptors this node's workers need with these options (pure; `inUse`: those open now).

@@ -16,6 +16,7 @@
 #include "rendezvous/etcd/etcd_store.h"
 #include "rendezvous/local_rendezvous.h"
 #include "rendezvous/store/store_server.h"
+#include "rendezvous/store/tcp_store.h"
 
 namespace dlrun::launcher {
 namespace {
@@ -44,6 +45,39 @@ agents::AgentOptions agentOptions(const LaunchConfig& config, bool servesStore,
   };
 }
 
+using StoreConnector = std::function<std::unique_ptr<rendezvous::LeasingStore>()>;
+
+// Connections to the dlrun store at host:port for the control plane's publisher.
+StoreConnector tcpStoreAt(const std::string& host, uint16_t port) {
+  return [host, port] {
+    return std::make_unique<rendezvous::TcpStore>(rendezvous::TcpStoreOptions{
+        .host = host, .port = port, .connectTimeout = std::chrono::seconds(5)});
+  };
+}
+
+const char* backendName(RdzvBackend backend) {
+  switch (backend) {
+    case RdzvBackend::Static: return "static";
+    case RdzvBackend::C10d: return "c10d";
+    case RdzvBackend::Etcd: return "etcd";
+  }
+  return "?";
+}
+
+// What the agent tells the control plane (ARCHITECTURE.md section 10).
+agents::ControlOptions controlOptions(const LaunchConfig& config, const std::string& runId,
+                                      const std::string& name, const std::string& addr,
+                                      StoreConnector connect) {
+  return {.runId = runId,
+          .meta = {.backend = backendName(config.rdzvBackend),
+                   .minNodes = config.minNodes,
+                   .maxNodes = config.maxNodes,
+                   .maxRestarts = config.maxRestarts},
+          .nodeName = name,
+          .address = addr,
+          .connect = std::move(connect)};
+}
+
 std::string runIdOf(const LaunchConfig& config) {
   return config.standalone || config.rdzvId == "none" ? newRunId() : config.rdzvId;
 }
@@ -61,14 +95,18 @@ int launchSingleNode(const LaunchConfig& config) {
   // The store runs on its own thread: the agent's thread blocks in rendezvous rounds that
   // talk to this very store.
   rendezvous::StoreServerThread store({.host = host, .port = config.masterPort.value_or(0)});
+  const std::string runId = runIdOf(config);
+  const std::string name = config.nodeName.value_or(hostName());
+  options.control =
+      controlOptions(config, runId, name, store.address(), tcpStoreAt(store.address(), store.port()));
   rendezvous::LocalRendezvous rendezvous({
-      .runId = runIdOf(config),
+      .runId = runId,
       .localWorldSize = config.nprocPerNode,
       .maxRestarts = config.maxRestarts,
       .storeAddr = store.address(),
       .storePort = store.port(),
       .hostAddr = store.address(),
-      .nodeName = config.nodeName.value_or(hostName()),
+      .nodeName = name,
   });
   return agents::Agent(std::move(options), rendezvous).run();
 }
@@ -218,10 +256,12 @@ int launchEtcd(const LaunchConfig& config) {
   options.connect = [storeOptions] {
     return std::make_unique<rendezvous::etcd::EtcdStore>(storeOptions);
   };
+  agents::AgentOptions agent = agentOptions(config, true, name + " (" + addr + ")");
+  agent.control = controlOptions(config, options.runId, name, addr, options.connect);
   int code;
   {
     rendezvous::ElasticRendezvous rendezvous(std::move(options));
-    code = agents::Agent(agentOptions(config, true, name + " (" + addr + ")"), rendezvous).run();
+    code = agents::Agent(std::move(agent), rendezvous).run();
   }
   // This node may have served the last round's workers; others may still be hanging up.
   lingerForOthers(workerStore);
@@ -241,10 +281,11 @@ int launchMultiNode(const LaunchConfig& config) {
     rendezvous::ElasticOptions options = elasticOptions(config, addr, name);
     options.storeHost = plan.host;
     options.storePort = plan.port;
+    agents::AgentOptions agent = agentOptions(config, store.has_value(), name + " (" + addr + ")");
+    agent.control =
+        controlOptions(config, options.runId, name, addr, tcpStoreAt(plan.host, plan.port));
     rendezvous::ElasticRendezvous rendezvous(std::move(options));
-    code = agents::Agent(agentOptions(config, store.has_value(), name + " (" + addr + ")"),
-                         rendezvous)
-               .run();
+    code = agents::Agent(std::move(agent), rendezvous).run();
   }
   if (store) lingerForOthers(*store);
   return code;

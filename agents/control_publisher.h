@@ -1,0 +1,79 @@
+// What this node's agent tells the control plane, and what the control plane asks of it
+// (ARCHITECTURE.md section 10). The agent hands over its node's state and the job's events as
+// they change; they are written to the job's rendezvous store (rendezvous/control_state.h),
+// where the Control service reads them: one write a change, none a worker step. Signals and
+// stops sent to the job (SignalJob, StopJob) come back as commands.
+//
+// Threads: two of its own, because each blocks on the store while the agent's io_context must
+// not: one writes what node() and event() queue (a newer node state replaces a queued one), one
+// waits for the job's next command. Store failures are logged once and never reach the agent:
+// the control plane is an observer, a job runs the same without it.
+#pragma once
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "rendezvous/control_state.h"
+#include "rendezvous/store/leasing_store.h"
+
+namespace dlrun::agents {
+
+struct ControlOptions {
+  std::string runId;
+  rendezvous::control::ControlMeta meta;
+  std::string nodeName;
+  std::string address;  // this node's numeric address
+  // Opens a connection to the job's rendezvous store (two are open at a time).
+  std::function<std::unique_ptr<rendezvous::LeasingStore>()> connect;
+};
+
+// A command sent to the job through the control plane.
+struct ControlCommand {
+  enum class Kind { Signal, Stop };
+  Kind kind = Kind::Signal;
+  int value = 0;  // the signal, or the exit code every agent ends with
+};
+
+// A command's text under ctl/signal/N: a signal number, or "stop:CODE". Pure.
+std::string encodeCommand(const ControlCommand& command);
+std::optional<ControlCommand> decodeCommand(const std::string& text);
+
+class ControlPublisher {
+ public:
+  // `onCommand` runs on the publisher's own thread: post it to where it belongs.
+  ControlPublisher(ControlOptions options, std::function<void(const ControlCommand&)> onCommand);
+  ~ControlPublisher();  // writes what is queued (within a few seconds), then stops
+  ControlPublisher(const ControlPublisher&) = delete;
+  ControlPublisher& operator=(const ControlPublisher&) = delete;
+
+  void node(rendezvous::control::NodeState state);
+  void event(rendezvous::control::JobEvent event);
+
+ private:
+  void write();
+  void listen();
+  void writeOnce(rendezvous::LeasingStore& store);
+
+  const ControlOptions options_;
+  const rendezvous::control::Keys keys_;
+  std::function<void(const ControlCommand&)> onCommand_;
+
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  std::optional<rendezvous::control::NodeState> node_;
+  std::deque<rendezvous::control::JobEvent> events_;
+  bool stopping_ = false;
+  bool registered_ = false;  // meta, the job list and the node list written
+  rendezvous::LeasingStore* listening_ = nullptr;  // the listener's store, to abort it
+
+  std::thread writer_;
+  std::thread listener_;
+};
+
+}  // namespace dlrun::agents
