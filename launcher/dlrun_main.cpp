@@ -1,6 +1,9 @@
-// dlrun: the launcher and per-node agent. Parses torchrun's flags and runs the workers.
+// dlrun: the launcher and per-node agent. Parses torchrun's flags and runs the workers; or, as
+// `dlrun status|events|stop`, asks a running job's control plane.
 #include "common/log.h"
 #include "common/cli.h"
+#include "launcher/control_cli.h"
+#include "launcher/host_probe.h"
 #include "launcher/launch.h"
 #include "launcher/launch_cli.h"
 
@@ -8,8 +11,13 @@ int main(int argc, char** argv) {
   using namespace dlrun;
   log::setProgramName("dlrun");
   return guardedMain([&] {
-    auto parsed = launcher::parseDlrunArgs(std::vector<std::string>(argv + 1, argv + argc),
-                                           launcher::HostProbe::real());
+    const std::vector<std::string> args(argv + 1, argv + argc);
+    if (launcher::isControlCommand(args)) {
+      auto control = launcher::parseControlArgs(args, launcher::HostProbe::real().env);
+      if (control.exitCode) return *control.exitCode;
+      return launcher::runControl(control.request);
+    }
+    auto parsed = launcher::parseDlrunArgs(args, launcher::HostProbe::real());
     if (parsed.exitCode) return *parsed.exitCode;
     return launcher::launch(parsed.config);
   });

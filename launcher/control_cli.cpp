@@ -1,0 +1,268 @@
+#include "launcher/control_cli.h"
+
+#include <google/protobuf/util/json_util.h>
+#include <grpcpp/grpcpp.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cstdio>
+#include <ctime>
+#include <fstream>
+#include <iomanip>
+#include <iostream>
+#include <sstream>
+
+#include "common/cli.h"
+#include "common/error.h"
+#include "common/signal_name.h"
+#include "dlrun/v1/control.grpc.pb.h"
+#include "launcher/launch_cli.h"
+#include "slurm/discovery.h"
+
+namespace dlrun::launcher {
+
+namespace {
+
+namespace v1 = dlrun::v1;
+
+constexpr uint16_t kDefaultPort = 29400;  // torchrun's c10d port, as --rdzv-endpoint's
+
+std::string readToken(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw ConfigError("--token-file: cannot read " + path);
+  std::string token((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  while (!token.empty() && (token.back() == '\n' || token.back() == '\r')) token.pop_back();
+  if (token.empty()) throw ConfigError("--token-file: " + path + " is empty");
+  return token;
+}
+
+const char* stateName(v1::JobState state) {
+  switch (state) {
+    case v1::FORMING: return "forming";
+    case v1::RUNNING: return "running";
+    case v1::RESTARTING: return "restarting";
+    case v1::SUCCEEDED: return "succeeded";
+    case v1::FAILED: return "failed";
+    case v1::STOPPED: return "stopped";
+    default: return "unknown";
+  }
+}
+
+std::string clockTime(double unixSeconds) {
+  const std::time_t seconds = static_cast<std::time_t>(unixSeconds);
+  std::tm utc{};
+  ::gmtime_r(&seconds, &utc);
+  char text[32];
+  std::strftime(text, sizeof text, "%H:%M:%S", &utc);
+  return text;
+}
+
+std::string jsonText(const google::protobuf::Message& message) {
+  std::string out;
+  google::protobuf::util::JsonPrintOptions options;
+  options.preserve_proto_field_names = true;
+  options.always_print_primitive_fields = true;
+  (void)google::protobuf::util::MessageToJsonString(message, &out, options);
+  return out;
+}
+
+// A failed call as one line: what the user can do about it.
+[[noreturn]] void fail(const ControlRequest& r, const grpc::Status& status) {
+  const std::string where = r.host + ":" + std::to_string(r.port);
+  switch (status.error_code()) {
+    case grpc::StatusCode::NOT_FOUND:
+      throw ConfigError("no job '" + r.jobId + "' at " + where + " (--rdzv-id)");
+    case grpc::StatusCode::UNAUTHENTICATED:
+      throw ConfigError("the job at " + where + " refused the call: " + status.error_message() +
+                        " (--token-file or DLRUN_TOKEN)");
+    case grpc::StatusCode::PERMISSION_DENIED:
+      throw ConfigError("the job at " + where + " refused the call: " + status.error_message());
+    case grpc::StatusCode::UNIMPLEMENTED:
+      throw ConfigError(where + " is not a dlrun control plane (" + status.error_message() + ")");
+    default:
+      throw ConfigError("no dlrun control plane answers at " + where + " (--rdzv-endpoint): " +
+                        status.error_message());
+  }
+}
+
+void authorize(const ControlRequest& r, grpc::ClientContext& context, bool stream = false) {
+  if (!r.token.empty()) context.AddMetadata("authorization", "Bearer " + r.token);
+  if (!stream) context.set_deadline(std::chrono::system_clock::now() + r.timeout);
+}
+
+std::unique_ptr<v1::Control::Stub> connect(const ControlRequest& r) {
+  const std::string target = r.host.find(':') != std::string::npos
+                                 ? "[" + r.host + "]:" + std::to_string(r.port)
+                                 : r.host + ":" + std::to_string(r.port);
+  auto channel = grpc::CreateChannel(target, grpc::InsecureChannelCredentials());
+  // A bounded wait for the connection: an address nobody listens on, or something that never
+  // speaks HTTP/2, is one line, not a hang.
+  if (!channel->WaitForConnected(std::chrono::system_clock::now() + r.timeout))
+    throw ConfigError("no dlrun control plane answers at " + r.host + ":" +
+                      std::to_string(r.port) + " (--rdzv-endpoint)");
+  return v1::Control::NewStub(channel);
+}
+
+int status(const ControlRequest& r, v1::Control::Stub& stub) {
+  grpc::ClientContext context;
+  authorize(r, context);
+  v1::JobRef ref;
+  ref.set_id(r.jobId);
+  v1::Job job;
+  const grpc::Status s = stub.GetJob(&context, ref, &job);
+  if (!s.ok()) fail(r, s);
+  std::cout << (r.json ? jsonText(job) + "\n" : formatJob(job));
+  return 0;
+}
+
+int events(const ControlRequest& r, v1::Control::Stub& stub) {
+  grpc::ClientContext context;
+  authorize(r, context, r.follow);
+  v1::WatchEventsRequest request;
+  request.mutable_job()->set_id(r.jobId);
+  request.set_since(r.since);
+  request.set_follow(r.follow);
+  auto reader = stub.WatchEvents(&context, request);
+  v1::Event event;
+  while (reader->Read(&event))
+    std::cout << (r.json ? jsonText(event) + "\n" : formatEvent(event)) << std::flush;
+  const grpc::Status s = reader->Finish();
+  if (!s.ok()) fail(r, s);
+  return 0;
+}
+
+int stop(const ControlRequest& r, v1::Control::Stub& stub) {
+  grpc::ClientContext context;
+  authorize(r, context);
+  v1::Ack ack;
+  grpc::Status s;
+  if (r.signal) {
+    v1::SignalJobRequest request;
+    request.mutable_job()->set_id(r.jobId);
+    request.set_signal(std::to_string(*r.signal));
+    s = stub.SignalJob(&context, request, &ack);
+  } else {
+    v1::StopJobRequest request;
+    request.mutable_job()->set_id(r.jobId);
+    request.set_exit_code(r.exitCode);
+    request.set_reason(r.reason);
+    s = stub.StopJob(&context, request, &ack);
+  }
+  if (!s.ok()) fail(r, s);
+  std::cout << (r.json ? jsonText(ack) : ack.detail()) << "\n";
+  return 0;
+}
+
+}  // namespace
+
+bool isControlCommand(const std::vector<std::string>& args) {
+  return !args.empty() &&
+         (args.front() == "status" || args.front() == "events" || args.front() == "stop");
+}
+
+ControlParse parseControlArgs(const std::vector<std::string>& args,
+                              const std::map<std::string, std::string>& env) {
+  ControlParse result;
+  ControlRequest& r = result.request;
+  r.command = args.at(0);
+  CLI::App app("dlrun " + r.command + ": the control plane of a running dlrun job",
+               "dlrun " + r.command);
+  std::string endpoint, tokenFile, signal;
+  double timeout = 5;
+  app.add_option("--rdzv-endpoint,--rdzv_endpoint", endpoint,
+                 "HOST[:PORT] of the job's rendezvous store (port 29400)");
+  app.add_option("--rdzv-id,--rdzv_id", r.jobId, "The job's rendezvous id");
+  app.add_flag("--json", r.json, "Print JSON for scripts");
+  app.add_option("--token-file", tokenFile, "The job's token (else DLRUN_TOKEN)");
+  app.add_option("--timeout", timeout, "Seconds each call may take")
+      ->check(CLI::Range(0.1, 3600.0));
+  if (r.command == "events") {
+    app.add_flag("-f,--follow", r.follow, "Keep following new events until the job ends");
+    app.add_option("--since", r.since, "Only events after this sequence number")
+        ->check(CLI::NonNegativeNumber);
+  }
+  if (r.command == "stop") {
+    app.add_option("--signal", signal, "Send this signal (USR1, SIGUSR1, 10) instead");
+    app.add_option("--exit-code", r.exitCode, "What every agent exits with (default 143)")
+        ->check(CLI::Range(0, 255));
+    app.add_option("--reason", r.reason, "Said in the job's logs and events");
+  }
+  result.exitCode = parseCommandLine(app, {args.begin() + 1, args.end()}, "dlrun");
+  if (result.exitCode) return result;
+  r.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout * 1000));
+  if (!signal.empty()) {
+    r.signal = signalNumber(signal);
+    if (!r.signal) throw ConfigError("--signal: '" + signal + "' is no signal (say USR1 or 10)");
+  }
+  // Inside an allocation, the endpoint and id the launcher derives there.
+  if ((endpoint.empty() || r.jobId.empty()) && slurm::detected(env)) {
+    const slurm::Settings s = slurm::discover(
+        env, {.rdzvEndpoint = !endpoint.empty(), .rdzvId = !r.jobId.empty()});
+    if (endpoint.empty() && s.endpointHost)
+      endpoint = *s.endpointHost + ":" + std::to_string(s.endpointPort.value_or(kDefaultPort));
+    if (r.jobId.empty() && s.rdzvId) r.jobId = *s.rdzvId;
+  }
+  if (endpoint.empty()) throw ConfigError("--rdzv-endpoint is needed (outside Slurm)");
+  if (r.jobId.empty()) throw ConfigError("--rdzv-id is needed (outside Slurm)");
+  auto [host, port] = parseEndpoint("--rdzv-endpoint", endpoint);
+  r.host = host;
+  r.port = port.value_or(kDefaultPort);
+  if (!tokenFile.empty()) {
+    r.token = readToken(tokenFile);
+  } else if (auto it = env.find("DLRUN_TOKEN"); it != env.end()) {
+    r.token = it->second;
+  }
+  return result;
+}
+
+int runControl(const ControlRequest& request) {
+  auto stub = connect(request);
+  if (request.command == "status") return status(request, *stub);
+  if (request.command == "events") return events(request, *stub);
+  return stop(request, *stub);
+}
+
+std::string formatJob(const v1::Job& job) {
+  std::ostringstream out;
+  out << "job " << job.id() << " (" << job.backend() << "): " << stateName(job.state())
+      << ", round " << job.round() << ", nodes " << job.nodes_size() << " of "
+      << job.min_nodes() << ":" << job.max_nodes() << ", restarts " << job.restarts_used()
+      << " of " << job.max_restarts() << "\n";
+  std::vector<const v1::Node*> nodes;
+  for (const auto& node : job.nodes()) nodes.push_back(&node);
+  std::sort(nodes.begin(), nodes.end(), [](const v1::Node* a, const v1::Node* b) {
+    return std::pair(a->group_rank(), a->name()) < std::pair(b->group_rank(), b->name());
+  });
+  out << std::left << std::setw(6) << "GROUP" << std::setw(24) << "NODE" << std::setw(18)
+      << "ADDRESS" << std::setw(10) << "STATE" << std::setw(7) << "RANK" << std::setw(7)
+      << "LOCAL" << std::setw(9) << "PID" << std::setw(11) << "WORKER" << "EXIT/STEP\n";
+  for (const v1::Node* node : nodes) {
+    out << std::setw(6) << node->group_rank() << std::setw(24) << node->name() << std::setw(18)
+        << node->address() << std::setw(10) << node->state();
+    if (node->workers().empty()) out << "\n";
+    bool first = true;
+    for (const auto& w : node->workers()) {
+      if (!first) out << std::setw(58) << "";
+      first = false;
+      std::string last = w.exit();
+      if (last.empty() && w.step() >= 0) last = "step " + std::to_string(w.step());
+      out << std::setw(7) << w.rank() << std::setw(7) << w.local_rank() << std::setw(9)
+          << w.pid() << std::setw(11) << w.state() << last << "\n";
+    }
+  }
+  if (!job.root_cause().empty()) out << "root cause:\n" << job.root_cause();
+  return out.str();
+}
+
+std::string formatEvent(const v1::Event& e) {
+  std::ostringstream out;
+  out << std::right << std::setw(5) << e.seq() << "  " << clockTime(e.time()) << "  "
+      << std::left << std::setw(15) << e.kind() << " round " << e.round();
+  if (!e.node().empty()) out << "  " << e.node();
+  if (e.rank() >= 0) out << "  rank " << e.rank();
+  if (!e.detail().empty()) out << ": " << e.detail();
+  out << "\n";
+  return out.str();
+}
+
+}  // namespace dlrun::launcher

@@ -1,0 +1,60 @@
+// `dlrun status`, `dlrun events` and `dlrun stop`: the control plane's command line
+// (ARCHITECTURE.md section 10). They talk gRPC (proto/dlrun/v1/control.proto) to whatever serves
+// the job's rendezvous store, on the store's own port: --rdzv-endpoint and --rdzv-id as for the
+// launch, or, inside a Slurm allocation, the endpoint and id the launcher derives there.
+// Human tables by default, --json for scripts. A bad flag, an unreachable endpoint, something
+// that is not a dlrun control plane or an unknown job is one line and exit 2.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace dlrun::v1 {
+class Job;
+class Event;
+}  // namespace dlrun::v1
+
+namespace dlrun::launcher {
+
+// Whether dlrun's first argument names a control command rather than an entry point.
+bool isControlCommand(const std::vector<std::string>& args);
+
+struct ControlRequest {
+  std::string command;  // status, events, stop
+  std::string host;
+  uint16_t port = 0;
+  std::string jobId;
+  bool json = false;
+  bool follow = false;   // events: keep following until the job ends
+  int64_t since = 0;     // events: after this sequence number
+  std::optional<int> signal;  // stop --signal: send it instead of stopping
+  int exitCode = 0;      // stop: what every agent exits with (0: 143, as after SIGTERM)
+  std::string reason;
+  std::string token;     // --token-file's content or DLRUN_TOKEN
+  std::chrono::milliseconds timeout{5'000};  // each call's deadline (not a followed stream's)
+};
+
+struct ControlParse {
+  ControlRequest request;
+  std::optional<int> exitCode;  // --help
+};
+
+// Pure but for reading --token-file. `env`: the process's environment (DLRUN_TOKEN, SLURM_*).
+// Throws ConfigError naming the flag.
+ControlParse parseControlArgs(const std::vector<std::string>& args,
+                              const std::map<std::string, std::string>& env);
+
+// Runs the request and prints its answer on stdout; returns the exit code. Throws ConfigError
+// (exit 2) when the endpoint cannot be reached, is not a dlrun control plane, or does not know
+// the job, and when the call is refused.
+int runControl(const ControlRequest& request);
+
+// The human forms (pure, for tests).
+std::string formatJob(const dlrun::v1::Job& job);
+std::string formatEvent(const dlrun::v1::Event& event);
+
+}  // namespace dlrun::launcher
