@@ -97,8 +97,9 @@ int launchSingleNode(const LaunchConfig& config) {
   rendezvous::StoreServerThread store({.host = host, .port = config.masterPort.value_or(0)});
   const std::string runId = runIdOf(config);
   const std::string name = config.nodeName.value_or(hostName());
-  options.control =
-      controlOptions(config, runId, name, store.address(), tcpStoreAt(store.address(), store.port()));
+  if (config.controlPlane)
+    options.control = controlOptions(config, runId, name, store.address(),
+                                     tcpStoreAt(store.address(), store.port()));
   rendezvous::LocalRendezvous rendezvous({
       .runId = runId,
       .localWorldSize = config.nprocPerNode,
@@ -257,7 +258,8 @@ int launchEtcd(const LaunchConfig& config) {
     return std::make_unique<rendezvous::etcd::EtcdStore>(storeOptions);
   };
   agents::AgentOptions agent = agentOptions(config, true, name + " (" + addr + ")");
-  agent.control = controlOptions(config, options.runId, name, addr, options.connect);
+  if (config.controlPlane)
+    agent.control = controlOptions(config, options.runId, name, addr, options.connect);
   int code;
   {
     rendezvous::ElasticRendezvous rendezvous(std::move(options));
@@ -282,8 +284,9 @@ int launchMultiNode(const LaunchConfig& config) {
     options.storeHost = plan.host;
     options.storePort = plan.port;
     agents::AgentOptions agent = agentOptions(config, store.has_value(), name + " (" + addr + ")");
-    agent.control =
-        controlOptions(config, options.runId, name, addr, tcpStoreAt(plan.host, plan.port));
+    if (config.controlPlane)
+      agent.control =
+          controlOptions(config, options.runId, name, addr, tcpStoreAt(plan.host, plan.port));
     rendezvous::ElasticRendezvous rendezvous(std::move(options));
     code = agents::Agent(std::move(agent), rendezvous).run();
   }

@@ -398,6 +398,10 @@ LaunchParse parseDlrunArgs(const std::vector<std::string>& args, const HostProbe
             "TF_CONFIG for the workers: auto (when it fits the kernel's limit for one "
             "environment variable, else a warning), always (an error when it cannot fit) or "
             "never");
+  bool noControlPlane = false;
+  addFlag(app, "no-control-plane", noControlPlane,
+          "Publish nothing to the control plane (dlrun status/events/stop) and follow none of "
+          "its commands");
   double hangTimeout = 0;
   auto* hangTimeoutOption =
       addOption(app, "hang-timeout", hangTimeout,
@@ -438,6 +442,7 @@ LaunchParse parseDlrunArgs(const std::vector<std::string>& args, const HostProbe
   c.tee = parseStreams("--tee", tee);
   if (!ranksFilter.empty()) c.localRanksFilter = parseRanksFilter(ranksFilter);
   c.tfConfig = parseTfConfig(tfConfig);
+  c.controlPlane = !noControlPlane;
   const agents::HangAction action = parseHangAction(hangAction);
   if (hangTimeout > 0) {
     c.hang = agents::HangOptions{
