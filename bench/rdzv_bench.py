@@ -1,26 +1,52 @@
 """Multi-node rendezvous on loopback: dlrun against torchrun (torch 1.13), for rdzv_bench.sh.
 
+Each launcher runs on each backend it is given: dlrun on --backends (c10d, etcd), torchrun on
+--torchrun-backends (torch 1.13's c10d; its legacy `etcd` backend; `etcd-v2`, its dynamic
+rendezvous on etcd; both etcd ones speak etcd's v2 API through Debian's python3-etcd). A
+variant is launcher-backend: dlrun-etcd, dlrun-c10d, torchrun-etcd, torchrun-etcd-v2...
+Under c10d each run has a fresh store port; under etcd every run of the benchmark uses one etcd
+(Debian's /usr/bin/etcd 3.4 with --enable-v2, data on disk, on free loopback ports, started
+here through tests/python/etcd_fixture.py and SIGKILLed by PID at the end); every run has a
+fresh rendezvous id.
+
 (a) rendezvous: K agents (K = 2, 4, 8, 16, 32 by default) started at once, each
-      --nnodes=K --nproc-per-node=1 --rdzv-backend=c10d --rdzv-endpoint=127.0.0.1:PORT
+      --nnodes=K --nproc-per-node=1 --rdzv-backend=B --rdzv-endpoint=127.0.0.1:PORT
       --rdzv-id=ID --max-restarts=0 --monitor-interval=0.1 --no-python dlrun-rdzv-probe OUT
     (torchrun gets the underscore spellings, which are all torch 1.13 knows; the monitor interval
     only makes torchrun's agents exit sooner, after the measurement). Every worker (a compiled
-    probe, so no tool pays for Python start-ups) records the time at its start with RANK, WORLD_SIZE and GROUP_RANK, then exits 0. Measured: from
-    just before the first agent is launched to the latest worker start. A run counts when every
-    rank 0..K-1 and group rank 0..K-1 started once with WORLD_SIZE K and every agent exited 0.
-    Each run has a fresh port and rendezvous id. Runs alternate between the tools, K ascending.
-(c) recovery: 3 agents, --nnodes=2:3 --max-restarts=3 --rdzv-conf=last_call_timeout=1, whose
-    workers run until a stop file appears. Agent 0 is started first and the other two once the
-    store port listens, so agent 0 holds the store (torchrun's c10d backend puts it in the first
-    agent that binds the port) and is never the victim. Once the workers of all 3 agents run
-    with WORLD_SIZE 3, agent 2 and then its workers are SIGKILLed by PID; measured: from the
-    kill to the later start of the new workers (records not seen before, WORLD_SIZE 2) of both
-    survivors, capped at --recovery-cap seconds.
+    probe, so no tool pays for Python start-ups) records the time at its start with RANK,
+    WORLD_SIZE, GROUP_RANK and MASTER_ADDR/PORT, then exits 0. Measured: from just before the
+    first agent is launched to the latest worker start. A run counts when every rank 0..K-1 and
+    group rank 0..K-1 started once with WORLD_SIZE K and every agent exited 0. Runs alternate
+    between the variants, K ascending. A run still short of its K workers after 30 + 3K s is cut
+    there (shown as "> cap"; larger K of that variant are not tried).
+(c) recovery: 3 agents, --nnodes=2:3 --max-restarts=3 --rdzv-conf=last_call_timeout=1 (or
+    --recovery-conf, the same for every variant), whose workers run until a stop file appears.
+    Under c10d agent 0 is started first and the other two once the store port listens, so
+    agent 0 holds the rendezvous store (torchrun's c10d backend puts it in the first agent that
+    binds the port); under etcd all three start at once. Once the workers of all 3 agents run
+    with WORLD_SIZE 3, one agent (the victim) and then its workers are SIGKILLed by PID, at
+    once; measured: from the kill to the later start of the new workers (records not seen
+    before, WORLD_SIZE 2) of both survivors, capped at --recovery-cap seconds. Survivors that
+    exit instead have not recovered either. Under dlrun-etcd a SIGKILLed node is noticed when
+    its etcd lease lapses: its TTL is keep_alive_interval * keep_alive_max_attempt (whole
+    seconds, at least 2; 3 s by default), renewed every third of it from the grant at the
+    join, so a kill finds 2/3 to all of it left; a kill soon after the join, as here, nearly
+    all: close to the longest recovery. The victim, per --victims:
+      store: the node of the workers' store, MASTER_ADDR:MASTER_PORT. When an agent (or a
+             process below it) listens on MASTER_PORT, that agent: dlrun-c10d's agent 0 (the
+             workers use the rendezvous store), dlrun-etcd's group rank 0 (every agent serves
+             an idle store; the workers use group rank 0's). When none does, the agent of group
+             rank 0: torchrun's group rank 0 only picks MASTER_PORT and its rank-0 worker
+             would serve the store (torch 1.13's workers host it; the probe does not).
+      other: a node that serves neither the workers' store nor (c10d) the rendezvous: the
+             highest-numbered such agent.
 
 Every process is stopped by PID in a finally block: each agent, the processes below it (their
-PIDs and start times taken just before it is killed), and every worker that recorded itself
-(if /proc says it still runs the probe). Agents get PR_SET_PDEATHSIG, so they die if this
-script does. A failed run prints why (the last line its agent logged) and the benchmark goes on.
+PIDs and start times taken just before it is killed), every worker that recorded itself (if
+/proc says it still runs the probe), and etcd. Agents and etcd get PR_SET_PDEATHSIG, so they
+die if this script does. A failed run prints why (the last line its agent logged) and the
+benchmark goes on.
 """
 
 import argparse
@@ -38,6 +64,9 @@ import time
 import uuid
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "tests", "python"))
+from etcd_fixture import EtcdStartError, launch_etcd  # noqa: E402  (after the path)
+
 POLL_S = 0.01             # how often a deadline-bounded wait looks again
 EXIT_TIMEOUT_S = 30       # agents must exit this long after their workers did
 KILL_WAIT_S = 10
@@ -45,8 +74,8 @@ PR_SET_PDEATHSIG = 1
 WORKER_NAME = b"dlrun-rdzv-probe"
 _libc = ctypes.CDLL(None, use_errno=True)
 
-# Runs per K of (a): (dlrun, torchrun). torchrun's agents each import torch (about 1.5 s of CPU),
-# so its large K are run fewer times; the budget may cut rounds further.
+# Runs per K of (a) for each variant of (dlrun, torchrun). torchrun's agents each import torch
+# (about 1.5 s of CPU), so its large K are run fewer times; the budget may cut rounds further.
 REPEATS = {2: (5, 3), 4: (5, 3), 8: (5, 2), 16: (3, 1), 32: (3, 1)}
 DEFAULT_REPEATS = (3, 1)
 
@@ -71,18 +100,22 @@ def clean_env(**extra):
 
 
 class Tool:
-    def __init__(self, name, prefix, underscores):
-        self.name = name
+    """One variant: a launcher ("dlrun" or "torchrun") on one rendezvous backend."""
+
+    def __init__(self, launcher, backend, prefix, underscores):
+        self.launcher = launcher
+        self.backend = backend
+        self.name = f"{launcher}-{backend}"
         self.prefix = prefix
         self.underscores = underscores
 
     def flag(self, name, value):
         return f"--{name.replace('-', '_') if self.underscores else name}={value}"
 
-    def argv(self, nnodes, port, rdzv_id, max_restarts, worker_args, conf=None):
+    def argv(self, nnodes, endpoint, rdzv_id, max_restarts, worker_args, conf=None):
         argv = self.prefix + [
             self.flag("nnodes", nnodes), self.flag("nproc-per-node", 1),
-            self.flag("rdzv-backend", "c10d"), self.flag("rdzv-endpoint", f"127.0.0.1:{port}"),
+            self.flag("rdzv-backend", self.backend), self.flag("rdzv-endpoint", endpoint),
             self.flag("rdzv-id", rdzv_id), self.flag("max-restarts", max_restarts),
             self.flag("monitor-interval", 0.1)]
         if conf:
@@ -162,16 +195,22 @@ def kill_worker(pid):
 
 
 class Job:
-    """The agents of one run, their logs and their workers' records; stops them all."""
+    """The agents of one run, their logs and their workers' records; stops them all. Its
+    rendezvous endpoint: a fresh loopback port under c10d, the benchmark's etcd under etcd."""
 
-    def __init__(self, scratch, tool):
+    def __init__(self, scratch, tool, etcd_endpoint):
         self.tool = tool
         self.dir = tempfile.mkdtemp(prefix=f"{tool.name}-", dir=scratch)
         self.out = os.path.join(self.dir, "records")
         os.mkdir(self.out)
         self.stop_file = os.path.join(self.dir, "stop")
         self.agents = []
-        self.port = free_port()
+        if tool.backend == "c10d":
+            self.port = free_port()
+            self.endpoint = f"127.0.0.1:{self.port}"
+        else:
+            self.port = None
+            self.endpoint = etcd_endpoint
         self.rdzv_id = f"bench-{uuid.uuid4().hex[:12]}"
 
     def start(self, argv):
@@ -251,8 +290,9 @@ def free_port():
         return s.getsockname()[1]
 
 
-def listening(port):
-    """Whether something listens on TCP port `port` (read from /proc/net/tcp, no connect)."""
+def listeners(port):
+    """The socket inodes listening on TCP port `port` (read from /proc/net/tcp, no connect)."""
+    found = set()
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
             with open(table) as f:
@@ -260,7 +300,27 @@ def listening(port):
                 for line in f:
                     fields = line.split()
                     if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
-                        return True
+                        found.add(fields[9])
+        except OSError:
+            continue
+    return found
+
+
+def listening(port):
+    return bool(listeners(port))
+
+
+def holds_socket(pid, inodes):
+    """Whether process pid has one of the sockets `inodes` open (from /proc/<pid>/fd)."""
+    wanted = {f"socket:[{inode}]" for inode in inodes}
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    for fd in fds:
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{fd}") in wanted:
+                return True
         except OSError:
             continue
     return False
@@ -268,11 +328,11 @@ def listening(port):
 
 # --- (a) rendezvous ------------------------------------------------------------------------
 
-def rendezvous_run(tool, k, worker, scratch, timeout):
+def rendezvous_run(tool, k, worker, scratch, etcd_endpoint, timeout):
     """Seconds from launching the first of k agents to the last worker's start."""
-    job = Job(scratch, tool)
+    job = Job(scratch, tool, etcd_endpoint)
     try:
-        argv = tool.argv(k, job.port, job.rdzv_id, 0, [worker, job.out])
+        argv = tool.argv(k, job.endpoint, job.rdzv_id, 0, [worker, job.out])
         t0 = time.time()
         for _ in range(k):
             job.start(argv)
@@ -292,9 +352,14 @@ def rendezvous_run(tool, k, worker, scratch, timeout):
         job.stop()
 
 
-def run_rendezvous(tools, ks, worker, scratch, budget_s):
+def rendezvous_timeout(k):
+    return 30 + 3 * k
+
+
+def run_rendezvous(tools, ks, worker, scratch, etcd_endpoint, budget_s):
     """Runs (a); returns {(tool name, k): [seconds]}, {(tool name, k): why it failed} and the
-    keys that got fewer runs than planned because the budget ran out."""
+    keys that got fewer runs than planned because the budget ran out. A run cut at its
+    timeout is a failure whose reason starts with "timed out"."""
     end = time.monotonic() + budget_s
     times = {(t.name, k): [] for t in tools for k in ks}
     failed, short = {}, set()
@@ -302,22 +367,23 @@ def run_rendezvous(tools, ks, worker, scratch, budget_s):
     last_run = {}  # (tool name, k) -> seconds the last run took
     for k in ks:
         repeats = dict(zip(("dlrun", "torchrun"), REPEATS.get(k, DEFAULT_REPEATS)))
-        for round_ in range(max(repeats[t.name] for t in tools)):
+        for round_ in range(max(repeats[t.launcher] for t in tools)):
             for tool in tools:
                 key = (tool.name, k)
-                if key in failed or round_ >= repeats[tool.name]:
+                if key in failed or round_ >= repeats[tool.launcher]:
                     continue
                 if tool.name in hung:
                     failed[key] = f"not run: a run timed out at K={hung[tool.name]}"
                     continue
                 # The first run of each K starts while time is left, later ones if the last
-                # run of the same K would still fit.
-                if time.monotonic() + (last_run[key] if round_ else 0) > end:
+                # run of the same K would still fit (none: the first did not start either).
+                if time.monotonic() + last_run.get(key, 0) > end:
                     short.add(key)
                     continue
                 started = time.monotonic()
                 try:
-                    times[key].append(rendezvous_run(tool, k, worker, scratch, 30 + 3 * k))
+                    times[key].append(rendezvous_run(tool, k, worker, scratch, etcd_endpoint,
+                                                     rendezvous_timeout(k)))
                     print(f"rdzv_bench: {tool.name} K={k}: {times[key][-1] * 1e3:.0f} ms",
                           file=sys.stderr)
                 except Failed as why:
@@ -331,19 +397,54 @@ def run_rendezvous(tools, ks, worker, scratch, budget_s):
 
 # --- (c) recovery --------------------------------------------------------------------------
 
-RECOVERY_CONF = "last_call_timeout=1"
+class Outcome:
+    """One recovery run: seconds (None: no recovery), the victim in words, and why there was no
+    recovery: "cap" (nothing within the cap) or what ended the survivors."""
+
+    def __init__(self, seconds, victim, why=None):
+        self.seconds = seconds
+        self.victim = victim
+        self.why = why
 
 
-def recovery_run(tool, worker, scratch, cap_s, timeout):
-    """Seconds from SIGKILL of one of 3 agents to the start of both survivors' new workers, or
-    None if they did not start within cap_s."""
-    job = Job(scratch, tool)
+def pick_victim(job, running, kind):
+    """The index of the agent to kill (see the module's doc) and a few words on why."""
+    ports = {r["master_port"] for r in running}
+    if len(ports) != 1 or None in ports:
+        raise Failed(f"the workers' MASTER_PORT values were {sorted(map(str, ports))}, not one")
+    port = ports.pop()
+    inodes = listeners(port)
+    store, why = None, ""
+    if inodes:
+        for index, agent in enumerate(job.agents):
+            if any(holds_socket(pid, inodes)
+                   for pid in [agent.pid] + [p for p, _ in descendants(agent.pid)]):
+                store, why = index, f"listens on MASTER_PORT {port}"
+                break
+    if store is None:
+        store = next(int(r["agent"]) for r in running if r["group_rank"] == 0)
+        why = f"group rank 0; nothing listens on MASTER_PORT {port}"
+    group_rank = {int(r["agent"]): r["group_rank"] for r in running}
+    if kind == "store":
+        return store, f"agent {store} (group rank {group_rank[store]}): {why}"
+    # c10d's agent 0 serves the rendezvous (it bound the port first).
+    others = [i for i in range(len(job.agents))
+              if i != store and not (job.tool.backend == "c10d" and i == 0)]
+    if not others:
+        raise Failed(f"no agent other than the store's ({store}) and the rendezvous's")
+    return others[-1], f"agent {others[-1]} (group rank {group_rank[others[-1]]})"
+
+
+def recovery_run(tool, victim_kind, worker, scratch, etcd_endpoint, conf, cap_s, timeout):
+    """An Outcome: seconds from SIGKILL of one of 3 agents (chosen by victim_kind) to the start
+    of both survivors' new workers; None if they did not start within cap_s or exited."""
+    job = Job(scratch, tool, etcd_endpoint)
     try:
-        argv = tool.argv("2:3", job.port, job.rdzv_id, 3,
-                         [worker, job.out, job.stop_file], conf=RECOVERY_CONF)
+        argv = tool.argv("2:3", job.endpoint, job.rdzv_id, 3,
+                         [worker, job.out, job.stop_file], conf=conf)
         job.start(argv)
         deadline = time.monotonic() + timeout
-        while not listening(job.port):
+        while job.port is not None and not listening(job.port):
             job.check_agents()
             if time.monotonic() >= deadline:
                 raise Failed(f"agent 0 did not listen on port {job.port} within {timeout} s")
@@ -354,51 +455,68 @@ def recovery_run(tool, worker, scratch, cap_s, timeout):
         def all_three(records):
             running = [r for r in records if r["world_size"] == 3 and start_time(r["pid"])]
             return running if {r["agent"] for r in running} == {"0", "1", "2"} else None
-        job.wait_for(all_three, timeout, "the workers of all 3 agents to run with WORLD_SIZE 3")
+        running = job.wait_for(all_three, timeout,
+                               "the workers of all 3 agents to run with WORLD_SIZE 3")
 
-        victim = job.agents[2]
+        index, victim_note = pick_victim(job, running, victim_kind)
+        survivors = {str(i) for i in range(3) if i != index}
         seen = {r["uid"] for r in job.records()}
         killed_at = time.time()
-        kill_agent(victim)
+        kill_agent(job.agents[index])
         for record in job.records():
-            if record["agent"] == "2":
+            if record["agent"] == str(index):
                 kill_worker(record["pid"])
 
         def survivors_restarted(records):
             new = [r for r in records
-                   if r["uid"] not in seen and r["agent"] in ("0", "1") and r["world_size"] == 2]
-            return new if {r["agent"] for r in new} == {"0", "1"} else None
+                   if r["uid"] not in seen and r["agent"] in survivors and r["world_size"] == 2]
+            return new if {r["agent"] for r in new} == survivors else None
         try:
             new = job.wait_for(survivors_restarted, cap_s,
-                               "the survivors' new workers", may_exit=(2,))
+                               "the survivors' new workers", may_exit=(index,))
         except Failed as why:
             if str(why).startswith("timed out"):
-                return None
-            raise
-        return max(r["time"] for r in new) - killed_at
+                return Outcome(None, victim_note, "cap")
+            return Outcome(None, victim_note, f"{time.time() - killed_at:.1f} s after the kill, "
+                           f"{why}")
+        return Outcome(max(r["time"] for r in new) - killed_at, victim_note)
     finally:
         job.stop()
 
 
-def run_recovery(tools, worker, scratch, cap_s, repeats):
+def run_recovery(tools, victims, worker, scratch, etcd_endpoint, conf, cap_s, repeats):
+    """Runs (c); returns {(victim kind, tool name): [Outcome]} and
+    {(victim kind, tool name): why a run failed}."""
     results, failed = {}, {}
-    for round_ in range(max(repeats[t.name] for t in tools)):
-        for tool in tools:
-            if tool.name in failed or round_ >= repeats[tool.name]:
-                continue
-            try:
-                seconds = recovery_run(tool, worker, scratch, cap_s, timeout=60)
-            except Failed as why:
-                failed[tool.name] = str(why)
-                print(f"rdzv_bench: recovery, {tool.name} failed: {why}", file=sys.stderr)
-                continue
-            results.setdefault(tool.name, []).append(seconds)
-            shown = "did not recover" if seconds is None else f"{seconds * 1e3:.0f} ms"
-            print(f"rdzv_bench: recovery, {tool.name}: {shown}", file=sys.stderr)
+    for kind in victims:
+        for round_ in range(max(repeats[t.launcher] for t in tools)):
+            for tool in tools:
+                key = (kind, tool.name)
+                if key in failed or round_ >= repeats[tool.launcher]:
+                    continue
+                try:
+                    outcome = recovery_run(tool, kind, worker, scratch, etcd_endpoint, conf,
+                                           cap_s, timeout=60)
+                except Failed as why:
+                    failed[key] = str(why)
+                    print(f"rdzv_bench: recovery ({kind}), {tool.name} failed: {why}",
+                          file=sys.stderr)
+                    continue
+                results.setdefault(key, []).append(outcome)
+                print(f"rdzv_bench: recovery ({kind}), {tool.name}: {describe(outcome, cap_s)}; "
+                      f"victim {outcome.victim}", file=sys.stderr)
     return results, failed
 
 
 # --- report --------------------------------------------------------------------------------
+
+def describe(outcome, cap_s):
+    if outcome.seconds is not None:
+        return f"{outcome.seconds * 1e3:.0f} ms"
+    if outcome.why == "cap":
+        return f"did not recover within {cap_s:.0f} s"
+    return f"did not recover: {outcome.why}"
+
 
 def median(values):
     return statistics.median(values) if values else None
@@ -414,23 +532,43 @@ def ratio(numerator, denominator):
     return f"{numerator / denominator:.1f}"
 
 
+def ratio_pairs(tools):
+    """The (numerator, denominator) variant names worth a ratio: each torchrun variant over
+    dlrun on the same kind of backend (torchrun-etcd-v2 over dlrun-etcd), and
+    dlrun-etcd/dlrun-c10d."""
+    names = [t.name for t in tools]
+    pairs = []
+    for tool in tools:
+        same = "dlrun-" + ("c10d" if tool.backend == "c10d" else "etcd")
+        if tool.launcher == "torchrun" and same in names:
+            pairs.append((tool.name, same))
+    if "dlrun-etcd" in names and "dlrun-c10d" in names:
+        pairs.append(("dlrun-etcd", "dlrun-c10d"))
+    return pairs
+
+
 def report_rendezvous(tools, ks, times, failed, short):
     names = [t.name for t in tools]
+    pairs = ratio_pairs(tools)
     print("(a) rendezvous: launch of the first of K agents to the last worker's start, "
           "median ms (runs)")
-    both = len(names) == 2
-    header = "%-4s" + " %18s" * len(names) + (" %16s" if both else "")
-    print(header % ("K", *names, *(["torchrun/dlrun"] if both else [])))
+    header = "%-4s" + " %16s" * len(names) + " %27s" * len(pairs)
+    print(header % ("K", *names, *(f"{a}/{b}" for a, b in pairs)))
     for k in ks:
-        cells = []
+        cells, value = [], {}  # value: name -> (median or the cap, whether it is the cap)
         for name in names:
             key = (name, k)
-            if key in failed:
+            if key in failed and failed[key].startswith("timed out"):
+                cells.append(f"> {rendezvous_timeout(k) * 1e3:.0f}")
+                value[name] = (rendezvous_timeout(k), True)
+            elif key in failed:
                 cells.append("failed")
             else:
                 cells.append(f"{ms(median(times[key]))} ({len(times[key])})")
-        if both:
-            cells.append(ratio(median(times[("torchrun", k)]), median(times[("dlrun", k)])))
+                value[name] = (median(times[key]), False)
+        for a, b in pairs:
+            (num, capped), (den, _) = value.get(a, (None, False)), value.get(b, (None, False))
+            cells.append(("> " if capped else "") + ratio(num, den))
         print(header % (k, *cells))
     for (name, k), why in sorted(failed.items(), key=lambda item: (item[0][1], item[0][0])):
         print(f"  K={k}, {name}: failed: {why}")
@@ -439,37 +577,55 @@ def report_rendezvous(tools, ks, times, failed, short):
               + ", ".join(f"{name} K={k}" for name, k in sorted(short, key=lambda x: x[1])))
 
 
-def report_recovery(tools, results, failed, cap_s):
-    print(f"(c) recovery: 3 agents --nnodes=2:3 --max-restarts=3 --rdzv-conf={RECOVERY_CONF} "
-          "(torch 1.13 takes whole seconds); one non-store agent and its workers SIGKILLed;")
+def report_recovery(tools, victims, results, failed, conf, cap_s):
+    print(f"(c) recovery: 3 agents --nnodes=2:3 --max-restarts=3 --rdzv-conf={conf} "
+          "(torch 1.13 takes whole seconds); one agent and its workers SIGKILLed;")
     print("    time from the kill to the start of both survivors' new workers (WORLD_SIZE 2)")
-    medians = {}
-    for tool in tools:
-        name = tool.name
-        if name in failed:
-            print(f"  {name}: failed: {failed[name]}")
-            continue
-        runs = results.get(name, [])
-        recovered = [s for s in runs if s is not None]
-        if not runs:
-            print(f"  {name}: not measured")
-        elif not recovered:
-            print(f"  {name}: did not recover within {cap_s:.0f} s ({len(runs)} runs)")
-            medians[name] = ("cap", cap_s)
-        else:
-            note = f", {len(runs) - len(recovered)} did not recover within {cap_s:.0f} s" \
-                if len(recovered) < len(runs) else ""
-            medians[name] = ("value", median(recovered))
-            print(f"  {name}: median {ms(median(recovered))} ms ({len(recovered)} runs{note})")
-    if "dlrun" in medians and "torchrun" in medians:
-        kind, t = medians["torchrun"]
-        _, d = medians["dlrun"]
-        bound = "at least " if kind == "cap" else ""
-        print(f"  torchrun/dlrun: {bound}{ratio(t, d)}")
+    for kind in victims:
+        print(f"  victim: {'the node of the workers store' if kind == 'store' else 'another node'}"
+              f" ({kind})")
+        medians = {}
+        for tool in tools:
+            key = (kind, tool.name)
+            if key in failed:
+                print(f"    {tool.name}: failed: {failed[key]}")
+                continue
+            runs = results.get(key, [])
+            recovered = [o.seconds for o in runs if o.seconds is not None]
+            if not runs:
+                print(f"    {tool.name}: not measured")
+                continue
+            if not recovered:
+                print(f"    {tool.name}: {describe(runs[-1], cap_s)} ({len(runs)} runs)")
+                if all(o.why == "cap" for o in runs):
+                    medians[tool.name] = (cap_s, True)
+            else:
+                lost = [o for o in runs if o.seconds is None]
+                note = f"; {len(lost)} did not recover: {describe(lost[-1], cap_s)}" \
+                    if lost else ""
+                medians[tool.name] = (median(recovered), False)
+                print(f"    {tool.name}: median {ms(median(recovered))} ms, "
+                      f"{ms(min(recovered))}-{ms(max(recovered))} ({len(recovered)} runs{note})")
+            print(f"      victim: {runs[-1].victim}")
+        for a, b in ratio_pairs(tools):
+            if a in medians and b in medians and not medians[b][1]:
+                (num, capped), (den, _) = medians[a], medians[b]
+                print(f"    {a}/{b}: {'at least ' if capped else ''}{ratio(num, den)}")
 
 
 def exit_on_sigterm(signum, frame):
     raise SystemExit(128 + signum)  # so that the finally blocks stop every process
+
+
+def start_etcd(scratch):
+    """The benchmark's etcd (v2 API on, for torchrun's etcd backend); SystemExit if it fails."""
+    directory = tempfile.mkdtemp(prefix="etcd-", dir=scratch)
+    try:
+        etcd = launch_etcd(directory, extra_args=["--enable-v2"])
+    except EtcdStartError as why:
+        raise SystemExit(f"rdzv_bench: {why}") from None
+    print(f"rdzv_bench: etcd (pid {etcd.pid}) on {etcd.endpoint}", file=sys.stderr)
+    return etcd
 
 
 def main():
@@ -479,6 +635,10 @@ def main():
     parser.add_argument("--torchrun", nargs="+", help="argv prefix that runs torchrun")
     parser.add_argument("--worker", required=True,
                         help="the worker executable (dlrun-rdzv-probe), the same for every tool")
+    parser.add_argument("--backends", default="c10d",
+                        help="dlrun's rendezvous backends, comma-separated: c10d, etcd")
+    parser.add_argument("--torchrun-backends",
+                        help="torchrun's backends (c10d, etcd, etcd-v2); default: --backends")
     parser.add_argument("--ks", default="2,4,8,16,32")
     parser.add_argument("--only", choices=("rendezvous", "recovery"))
     parser.add_argument("--budget", type=float, default=200,
@@ -487,22 +647,48 @@ def main():
     parser.add_argument("--recovery-cap", type=float, default=60)
     parser.add_argument("--recovery-repeats", default="3,1",
                         help="recovery runs of dlrun,torchrun")
+    parser.add_argument("--recovery-conf", default="last_call_timeout=1",
+                        help="(c)'s --rdzv-conf, the same for every variant")
+    parser.add_argument("--victims", default="other",
+                        help="whom (c) kills, comma-separated: store, other")
     args = parser.parse_args()
     ks = [int(k) for k in args.ks.split(",")]
-    tools = [Tool("dlrun", [args.dlrun], underscores=False)]
+    backends = args.backends.split(",")
+    torchrun_backends = (args.torchrun_backends or args.backends).split(",")
+    victims = args.victims.split(",")
+    for value in backends:
+        if value not in ("c10d", "etcd"):
+            parser.error(f"unknown backend {value!r} for dlrun (c10d, etcd)")
+    for value in torchrun_backends:
+        if value not in ("c10d", "etcd", "etcd-v2"):
+            parser.error(f"unknown backend {value!r} for torchrun (c10d, etcd, etcd-v2)")
+    for value in victims:
+        if value not in ("store", "other"):
+            parser.error(f"unknown victim {value!r} (store, other)")
+    tools = [Tool("dlrun", b, [args.dlrun], underscores=False) for b in backends]
     if args.torchrun:
-        tools.append(Tool("torchrun", args.torchrun, underscores=True))
+        tools += [Tool("torchrun", b, args.torchrun, underscores=True)
+                  for b in torchrun_backends]
     scratch = tempfile.mkdtemp(prefix="rdzv-bench-")
+    etcd = None
     try:
+        if any(t.backend != "c10d" for t in tools):
+            etcd = start_etcd(scratch)
+        endpoint = etcd.endpoint if etcd else None
         if args.only in (None, "rendezvous"):
-            times, failed, short = run_rendezvous(tools, ks, args.worker, scratch, args.budget)
+            times, failed, short = run_rendezvous(tools, ks, args.worker, scratch, endpoint,
+                                                  args.budget)
             report_rendezvous(tools, ks, times, failed, short)
         if args.only in (None, "recovery"):
             dl, tr = (int(x) for x in args.recovery_repeats.split(","))
-            results, failed = run_recovery(tools, args.worker, scratch, args.recovery_cap,
+            results, failed = run_recovery(tools, victims, args.worker, scratch, endpoint,
+                                           args.recovery_conf, args.recovery_cap,
                                            {"dlrun": dl, "torchrun": tr})
-            report_recovery(tools, results, failed, args.recovery_cap)
+            report_recovery(tools, victims, results, failed, args.recovery_conf,
+                            args.recovery_cap)
     finally:
+        if etcd:
+            etcd.stop()
         if os.environ.get("RDZV_BENCH_KEEP"):
             print(f"rdzv_bench: agent logs and worker records kept in {scratch}",
                   file=sys.stderr)

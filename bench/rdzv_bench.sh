@@ -1,24 +1,38 @@
 #!/usr/bin/env bash
 # Multi-node rendezvous on loopback, dlrun against torchrun (torch 1.13 through
-# bench/torchrun_py311.py), both with the c10d backend; rdzv_bench.py says exactly what is run
-# and measured:
+# bench/torchrun_py311.py), on the c10d backend and/or on etcd; rdzv_bench.py says exactly what
+# is run and measured:
 #   (a) rendezvous: K agents (--nnodes=K, one worker each) started at once; time from the first
-#       launch to the last worker's start, medians per K and the ratio torchrun/dlrun.
-#   (c) recovery: 3 agents --nnodes=2:3 --rdzv-conf=last_call_timeout=1; one agent (not the
-#       store's) and its workers SIGKILLed; time until both survivors' new workers start
-#       (capped at 60 s: torchrun's survivors may never notice).
+#       launch to the last worker's start, medians per K and the ratios torchrun-B/dlrun-B (and
+#       dlrun-etcd/dlrun-c10d).
+#   (c) recovery: 3 agents --nnodes=2:3 --rdzv-conf=last_call_timeout=1; one agent and its
+#       workers SIGKILLed (--victims: `store`, the node of the workers' MASTER_ADDR:MASTER_PORT;
+#       `other`, a node serving neither that nor, under c10d, the rendezvous); time until both
+#       survivors' new workers start (capped at 60 s: torchrun's survivors may never notice).
 # A launcher whose run fails (dlrun's multi-node flags, say) prints why and the rest goes on.
-# Builds nothing; takes about five minutes with every K on 2 cores.
+# Builds nothing. c10d alone takes about five minutes with every K on 2 cores; the etcd
+# comparison of issue 11 (one etcd 3.4 with --enable-v2 on loopback for the whole run; torchrun's
+# etcd backends need Debian's python3-etcd, see scripts/setup.sh) about nine:
+#   BUDGET_SECONDS=400 bash bench/rdzv_bench.sh build --backends etcd,c10d \
+#     --torchrun-backends etcd --victims store,other
+# (--torchrun-backends etcd,etcd-v2 adds torchrun's newer etcd backend: about fifteen minutes,
+# with BUDGET_SECONDS=600 for every run of (a)).
 #
-# Usage: bench/rdzv_bench.sh BUILD_DIR [--ks 2,4,8] [--skip-torchrun] [--only rendezvous|recovery]
+# Usage: bench/rdzv_bench.sh BUILD_DIR [--ks 2,4,8] [--backends c10d,etcd]
+#          [--torchrun-backends c10d,etcd,etcd-v2] [--victims other,store] [--recovery-conf CONF]
+#          [--skip-torchrun] [--only rendezvous|recovery]
+# --backends: dlrun's (default c10d); --torchrun-backends: torchrun's (default: --backends;
+# etcd is torch's legacy etcd rendezvous, etcd-v2 its dynamic rendezvous on etcd);
+# --recovery-conf: (c)'s --rdzv-conf for every variant (default last_call_timeout=1).
 # Environment: PYTHON (default /usr/bin/python3, which has torch 1.13; also runs the workers),
 #              BUDGET_SECONDS (200: seconds for (a); a run is started only if it looks to fit,
 #              the first of each K always starts).
 set -euo pipefail
 
 usage() {
-  echo "usage: bench/rdzv_bench.sh BUILD_DIR [--ks 2,4,8] [--skip-torchrun]" \
-    "[--only rendezvous|recovery]" >&2
+  echo "usage: bench/rdzv_bench.sh BUILD_DIR [--ks 2,4,8] [--backends c10d,etcd]" \
+    "[--torchrun-backends c10d,etcd,etcd-v2] [--victims other,store] [--recovery-conf CONF]" \
+    "[--skip-torchrun] [--only rendezvous|recovery]" >&2
   exit 2
 }
 
@@ -27,11 +41,23 @@ build=$1
 shift
 ks=2,4,8,16,32
 torchrun=yes
+backends=c10d
+torchrun_backends=
+victims=other
+recovery_conf=last_call_timeout=1
 only=()
 while (($#)); do
   case $1 in
     --ks) (($# >= 2)) || usage; ks=$2; shift 2 ;;
     --ks=*) ks=${1#--ks=}; shift ;;
+    --backends) (($# >= 2)) || usage; backends=$2; shift 2 ;;
+    --backends=*) backends=${1#--backends=}; shift ;;
+    --torchrun-backends) (($# >= 2)) || usage; torchrun_backends=$2; shift 2 ;;
+    --torchrun-backends=*) torchrun_backends=${1#--torchrun-backends=}; shift ;;
+    --victims) (($# >= 2)) || usage; victims=$2; shift 2 ;;
+    --victims=*) victims=${1#--victims=}; shift ;;
+    --recovery-conf) (($# >= 2)) || usage; recovery_conf=$2; shift 2 ;;
+    --recovery-conf=*) recovery_conf=${1#--recovery-conf=}; shift ;;
     --skip-torchrun) torchrun=no; shift ;;
     --only) (($# >= 2)) || usage; only=(--only "$2"); shift 2 ;;
     --only=*) only=(--only "${1#--only=}"); shift ;;
@@ -39,6 +65,14 @@ while (($#)); do
   esac
 done
 [[ $ks =~ ^[1-9][0-9]*(,[1-9][0-9]*)*$ ]] || { echo "rdzv_bench.sh: bad --ks '$ks'" >&2; exit 2; }
+torchrun_backends=${torchrun_backends:-$backends}
+[[ $backends =~ ^(c10d|etcd)(,(c10d|etcd))*$ ]] ||
+  { echo "rdzv_bench.sh: bad --backends '$backends' (c10d, etcd)" >&2; exit 2; }
+[[ $torchrun_backends =~ ^(c10d|etcd|etcd-v2)(,(c10d|etcd|etcd-v2))*$ ]] ||
+  { echo "rdzv_bench.sh: bad --torchrun-backends '$torchrun_backends' (c10d, etcd, etcd-v2)" >&2
+    exit 2; }
+[[ $victims =~ ^(store|other)(,(store|other))*$ ]] ||
+  { echo "rdzv_bench.sh: bad --victims '$victims' (store, other)" >&2; exit 2; }
 if ((${#only[@]})) && [[ ${only[1]} != rendezvous && ${only[1]} != recovery ]]; then
   usage
 fi
@@ -52,24 +86,40 @@ probe=$build/bin/dlrun-rdzv-probe
 [[ -x $probe ]] || { echo "rdzv_bench.sh: $probe not found; build first" >&2; exit 2; }
 probe=$(realpath "$probe")
 
+etcd_used=no
+[[ ,$backends, == *,etcd,* ]] && etcd_used=yes
+[[ $torchrun == yes && ,$torchrun_backends, == *,etcd* ]] && etcd_used=yes
+if [[ $etcd_used == yes && ! -x /usr/bin/etcd ]]; then
+  echo "rdzv_bench.sh: /usr/bin/etcd not found (Debian's etcd-server, see scripts/setup.sh)" >&2
+  exit 2
+fi
+
 torchrun_args=()
 if [[ $torchrun == yes ]]; then
   torch_version=$("$python" -c 'import torch; print(torch.__version__)') || {
     echo "rdzv_bench.sh: $python cannot import torch (or pass --skip-torchrun)" >&2
     exit 2
   }
+  if [[ ,$torchrun_backends, == *,etcd* ]] && ! "$python" -c 'import etcd' 2>/dev/null; then
+    echo "rdzv_bench.sh: $python cannot import etcd, which torchrun's etcd backend needs" \
+      "(apt-get install python3-etcd; or --torchrun-backends c10d)" >&2
+    exit 2
+  fi
   torchrun_args=(--torchrun "$python" "$here/torchrun_py311.py")
-  echo "dlrun vs torchrun (torch $torch_version, through bench/torchrun_py311.py):" \
-    "c10d rendezvous on 127.0.0.1, $(nproc) cores"
+  echo "dlrun ($backends) vs torchrun ($torchrun_backends; torch $torch_version, through" \
+    "bench/torchrun_py311.py): rendezvous on 127.0.0.1, $(nproc) cores"
 else
-  echo "dlrun alone (--skip-torchrun): c10d rendezvous on 127.0.0.1, $(nproc) cores"
+  echo "dlrun alone (--skip-torchrun): $backends rendezvous on 127.0.0.1, $(nproc) cores"
 fi
+[[ $etcd_used == yes ]] && echo "etcd: $(/usr/bin/etcd --version | head -n 1), v2 API on"
 trap 'exit 130' INT
 trap 'exit 143' TERM
 # Other work on the machine skews the wall-clock numbers far more than run-to-run noise.
 echo "load average at start: $(cut -d ' ' -f 1-3 /proc/loadavg)"
 status=0
 "$python" "$here/rdzv_bench.py" --dlrun "$dlrun" "${torchrun_args[@]}" --worker "$probe" \
-  --ks "$ks" --budget "${BUDGET_SECONDS:-200}" "${only[@]}" || status=$?
+  --ks "$ks" --backends "$backends" --torchrun-backends "$torchrun_backends" \
+  --victims "$victims" --recovery-conf "$recovery_conf" --budget "${BUDGET_SECONDS:-200}" \
+  "${only[@]}" || status=$?
 echo "load average at end: $(cut -d ' ' -f 1-3 /proc/loadavg)"
 exit "$status"

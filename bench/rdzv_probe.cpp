@@ -4,9 +4,9 @@
 // Usage: dlrun-rdzv-probe OUT_DIR [STOP_FILE]
 // First thing, it reads the clock; then writes OUT_DIR/<rank>-<restart>-<pid>.json (through a
 // temporary name and a rename, so a file that exists is complete) with that time, RANK,
-// WORLD_SIZE, GROUP_RANK, TORCHELASTIC_RESTART_COUNT, its PID, an id unique to this process
-// and BENCH_AGENT. Without STOP_FILE it exits 0; with it, it waits until STOP_FILE exists
-// (looking every 20 ms, for at most 10 minutes), then exits 0.
+// WORLD_SIZE, GROUP_RANK, TORCHELASTIC_RESTART_COUNT, MASTER_ADDR, MASTER_PORT, its PID, an id
+// unique to this process and BENCH_AGENT. Without STOP_FILE it exits 0; with it, it waits until
+// STOP_FILE exists (looking every 20 ms, for at most 10 minutes), then exits 0.
 #include <unistd.h>
 
 #include <chrono>
@@ -29,6 +29,19 @@ std::string number(const char* name) {
   return value;
 }
 
+// A variable as a JSON string (null when unset); the launchers set addresses, port numbers
+// and small names, so only a quote or a backslash needs escaping.
+std::string text(const char* name) {
+  const char* value = std::getenv(name);
+  if (!value) return "null";
+  std::string quoted = "\"";
+  for (const char* c = value; *c; ++c) {
+    if (*c == '"' || *c == '\\') quoted += '\\';
+    quoted += *c;
+  }
+  return quoted + "\"";
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -39,17 +52,17 @@ int main(int argc, char** argv) {
   }
   const double seconds = std::chrono::duration<double>(start.time_since_epoch()).count();
   const std::string pid = std::to_string(::getpid());
-  const char* agent = std::getenv("BENCH_AGENT");
   char time[64];
   std::snprintf(time, sizeof(time), "%.6f", seconds);
   const std::string record = std::string("{\"time\": ") + time + ", \"rank\": " + number("RANK") +
                              ", \"world_size\": " + number("WORLD_SIZE") +
                              ", \"group_rank\": " + number("GROUP_RANK") +
                              ", \"restart_count\": " + number("TORCHELASTIC_RESTART_COUNT") +
+                             ", \"master_addr\": " + text("MASTER_ADDR") +
+                             ", \"master_port\": " + number("MASTER_PORT") +
                              ", \"pid\": " + pid + ", \"uid\": \"" + pid + "-" +
                              std::to_string(start.time_since_epoch().count()) +
-                             "\", \"agent\": " +
-                             (agent ? "\"" + std::string(agent) + "\"" : "null") + "}";
+                             "\", \"agent\": " + text("BENCH_AGENT") + "}";
   const std::string name = std::string(argv[1]) + "/" + number("RANK") + "-" +
                            number("TORCHELASTIC_RESTART_COUNT") + "-" + pid + ".json";
   {

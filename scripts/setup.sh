@@ -18,9 +18,10 @@ packages=(
   elfutils gdb                          # hang reports: eu-stack (else gdb) takes workers' stacks
   libslurm-dev slurm-wlm munge          # Slurm: libslurm's hostlists, a local cluster for tests
   # etcd v3 over gRPC: the C++ runtime, protoc and its gRPC plugin (proto/ is compiled at build
-  # time), gRPC's own schemas, and a real etcd (3.4) with etcdctl for the tests
+  # time), gRPC's own schemas, and a real etcd (3.4) with etcdctl for the tests; python3-etcd
+  # (etcd's v2 API) for torchrun's etcd backend in bench/rdzv_bench.sh
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler grpc-proto
-  etcd-server etcd-client
+  etcd-server etcd-client python3-etcd
 )
 
 missing=()

@@ -1,9 +1,10 @@
-"""Starts one etcd member on loopback for the Python acceptance tests of the etcd backend.
+"""Starts one etcd member on loopback for the Python acceptance tests of the etcd backend (and
+for bench/rdzv_bench.py).
 
 Debian's /usr/bin/etcd (3.4) on two free ports with a data directory of the test's own; a test
-that cannot find it fails rather than skips. start_etcd() returns once etcd answers a v3 read
-(polled with a deadline, never a fixed sleep) and registers, in the test's cleanups, a SIGKILL
-by PID and the wait for it, so etcd goes also when the test fails.
+that cannot find it fails rather than skips. launch_etcd() returns once etcd answers a v3 read
+(polled with a deadline, never a fixed sleep); start_etcd() also registers, in the test's
+cleanups, a SIGKILL by PID and the wait for it, so etcd goes also when the test fails.
 """
 import os
 import signal
@@ -132,15 +133,20 @@ class Etcd:
         return result.returncode == 0
 
 
-def start_etcd(test, tls=None):
-    """Starts etcd for `test`; returns an Etcd that answers. Fails the test if it cannot. With
+class EtcdStartError(Exception):
+    """etcd is missing, exited, or did not answer in time; the message says which."""
+
+
+def launch_etcd(directory, tls=None, extra_args=()):
+    """Starts etcd with its data and log in `directory`; returns an Etcd that answers (the
+    caller stops it). Raises EtcdStartError, with etcd already stopped, if it cannot. With
     `tls` (a Tls), etcd serves https with its server certificate and demands client
-    certificates signed by its CA."""
+    certificates signed by its CA; `extra_args` go on etcd's command line (the benchmark's
+    `--enable-v2`, say)."""
     for path in (ETCD, ETCDCTL):
         if not os.access(path, os.X_OK):
-            test.fail(f"{path} is missing: the etcd tests need Debian's etcd-server and "
-                      "etcd-client packages")
-    directory = temp_dir(test)
+            raise EtcdStartError(f"{path} is missing: the etcd tests need Debian's etcd-server "
+                                 "and etcd-client packages")
     client, peer = free_ports(2)
     scheme = "https" if tls else "http"
     tls_args = [f"--cert-file={tls.server[0]}", f"--key-file={tls.server[1]}",
@@ -155,15 +161,32 @@ def start_etcd(test, tls=None):
              f"--listen-peer-urls=http://127.0.0.1:{peer}",
              f"--initial-advertise-peer-urls=http://127.0.0.1:{peer}",
              f"--initial-cluster=default=http://127.0.0.1:{peer}",
-             f"--initial-cluster-token=dlrun-py-{os.getpid()}-{client}"],
+             f"--initial-cluster-token=dlrun-py-{os.getpid()}-{client}", *extra_args],
             stdin=subprocess.DEVNULL, stdout=log, stderr=log, preexec_fn=die_with_parent)
     etcd = Etcd(proc, client, log_path, tls)
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not etcd.answers():
+            if proc.poll() is not None:
+                raise EtcdStartError(
+                    f"etcd exited with {proc.returncode} before it answered\n{etcd.log()}")
+            if time.monotonic() >= deadline:
+                raise EtcdStartError(
+                    f"etcd did not answer within {START_TIMEOUT_S}s\n{etcd.log()}")
+            time.sleep(POLL_S)
+    except BaseException:
+        etcd.stop()
+        raise
+    return etcd
+
+
+def start_etcd(test, tls=None):
+    """Starts etcd for `test` (launch_etcd in a directory of the test's own); returns an Etcd
+    that answers, stopped in the test's cleanups. Fails the test if it cannot."""
+    directory = temp_dir(test)
+    try:
+        etcd = launch_etcd(directory, tls)
+    except EtcdStartError as why:
+        test.fail(str(why))
     test.addCleanup(etcd.stop)  # runs before temp_dir's cleanup: etcd stops, then its files go
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while not etcd.answers():
-        if proc.poll() is not None:
-            test.fail(f"etcd exited with {proc.returncode} before it answered\n{etcd.log()}")
-        if time.monotonic() >= deadline:
-            test.fail(f"etcd did not answer within {START_TIMEOUT_S}s\n{etcd.log()}")
-        time.sleep(POLL_S)
     return etcd
