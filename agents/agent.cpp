@@ -40,6 +40,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <filesystem>
 #include <iomanip>
 #include <sstream>
@@ -381,6 +382,7 @@ class AgentImpl {
     doneStarting();
     if (hang_) watchForHangs();
     publishStarted();
+    watchStoreHost();
     // Every worker may have exited already.
     if (state_ == State::Running && liveWorkers() == 0) onSucceeded();
   }
@@ -516,6 +518,33 @@ class AgentImpl {
     });
   }
 
+  // A connection to the agent serving the workers' store that waits for nothing: it ends only
+  // when that agent's process does (its sockets close with it).
+  void watchStoreHost() {
+    if (!options_.watchStoreHost || world_.groupRank == 0 || !world_.agentStore) return;
+    storeHost_.emplace(io_);
+    boost::system::error_code ec;
+    const auto address = asio::ip::make_address(world_.masterAddr, ec);
+    if (ec) return;
+    const std::string what = world_.masterAddr + ":" + std::to_string(world_.masterPort);
+    storeHost_->async_connect(
+        {address, world_.masterPort},
+        [this, attempt = attempt_, what](const boost::system::error_code& error) {
+          if (error || attempt != attempt_) return;  // never watched: the lease still is
+          storeHost_->async_read_some(
+              asio::buffer(storeHostByte_),
+              [this, attempt, what](const boost::system::error_code& gone, size_t) {
+                if (gone == asio::error::operation_aborted || attempt != attempt_ ||
+                    state_ != State::Running)
+                  return;
+                log::info("the node serving the workers' store at " + what + " is gone");
+                reportToRendezvous([&] {
+                  rendezvous_.reportLost("the node serving the workers' store at " + what);
+                });
+              });
+        });
+  }
+
   // What the control plane shows of this node: its state and its workers'.
   void publishNode(const std::string& state) {
     if (!control_) return;
@@ -592,6 +621,7 @@ class AgentImpl {
 
   void stop(int sig) {
     state_ = State::Stopping;
+    if (storeHost_) storeHost_.reset();
     if (hang_) hang_->unwatch();
     signalWorkers(sig);
     if (liveWorkers() == 0) return onStopped();
@@ -732,6 +762,8 @@ class AgentImpl {
   std::thread roundThread_;  // the rendezvous's blocking calls (runRendezvous)
   std::optional<HangWatcher> hang_;  // with --hang-timeout
   std::unique_ptr<ControlPublisher> control_;  // with the control plane
+  std::optional<asio::ip::tcp::socket> storeHost_;  // watchStoreHost's connection
+  std::array<char, 1> storeHostByte_{};
   int exitCode_ = 0;
   fs::path logRoot_;
   bool keepLogRoot_ = false;

@@ -52,6 +52,9 @@ struct AgentOptions {
   bool servesStore = false;  // this process serves the store its workers connect to
   std::optional<HangOptions> hang;  // --hang-timeout: watch the workers' progress
   std::optional<ControlOptions> control;  // publish to the control plane, follow its commands
+  // etcd: another node's agent serves the workers' store; a connection to it that breaks says
+  // that node is gone, long before its lease lapses.
+  bool watchStoreHost = false;
 };
 
 // The descriptors this node's workers need with these options (pure; `inUse`: those open now).

@@ -258,6 +258,7 @@ int launchEtcd(const LaunchConfig& config) {
     return std::make_unique<rendezvous::etcd::EtcdStore>(storeOptions);
   };
   agents::AgentOptions agent = agentOptions(config, true, name + " (" + addr + ")");
+  agent.watchStoreHost = true;
   if (config.controlPlane)
     agent.control = controlOptions(config, options.runId, name, addr, options.connect);
   int code;

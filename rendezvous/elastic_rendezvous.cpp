@@ -373,6 +373,11 @@ RoundEnd stopJob(Store& store, const elastic::Keys& keys, const RoundEnd& stop, 
   return first;
 }
 
+void ElasticRendezvous::reportLost(const std::string& what) {
+  const RoundEnd lost{.kind = RoundEnd::Kind::NodeLost, .node = what};
+  control_->compareSet(keys_.end(member_->round), "", elastic::encode(lost));
+}
+
 void ElasticRendezvous::shareHangReport(const std::string& report) {
   const int round = memberRound_;
   if (round < 0) return;

@@ -88,6 +88,7 @@ class ElasticRendezvous : public Rendezvous {
   void reportSuccess() override;
   // Safe at any time, also while next() runs on the rendezvous thread.
   RoundEnd reportStop(int signal) override;
+  void reportLost(const std::string& what) override;
   // Over a connection of their own, so they never wait behind the agent's reports.
   void shareHangReport(const std::string& report) override;
   std::vector<std::string> gatherHangReports(std::chrono::milliseconds timeout) override;

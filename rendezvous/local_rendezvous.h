@@ -33,6 +33,8 @@ class LocalRendezvous : public Rendezvous {
   void reportSuccess() override;
   // One node: the job stops with it.
   RoundEnd reportStop(int signal) override;
+  // One node serves its own workers' store: never called.
+  void reportLost(const std::string&) override {}
   // One node: its own report is all there is.
   void shareHangReport(const std::string& report) override;
   std::vector<std::string> gatherHangReports(std::chrono::milliseconds timeout) override;

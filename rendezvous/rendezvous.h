@@ -38,6 +38,9 @@ class Rendezvous {
   // node: Stopped (every node stops and exits 128 + signal), or NodeLeft where only this node
   // leaves an elastic job that stays at or above its minimum (stop_policy=node).
   virtual RoundEnd reportStop(int signal) = 0;
+  // The node serving this round's workers' store (`what` names it) is gone: the round ends as
+  // NodeLost at once, without waiting for its lease to lapse.
+  virtual void reportLost(const std::string& what) = 0;
   // A hang (RoundEnd::hang) ended the round: each member shares its ranks' report (text the
   // agent encodes) for the round it is a member of; the node that saw the hang gathers every
   // member's, waiting up to `timeout` for those still missing: one entry a member, empty for

@@ -78,6 +78,12 @@ class FakeRendezvous : public rendezvous::Rendezvous {
     changed_.notify_all();
   }
 
+  void reportLost(const std::string& what) override {
+    std::lock_guard lock(mutex_);
+    end_ = RoundEnd{.kind = Kind::NodeLost, .node = what};
+    changed_.notify_all();
+  }
+
   void shareHangReport(const std::string& report) override {
     std::lock_guard lock(mutex_);
     hangReports.push_back(report);
