@@ -1,12 +1,33 @@
 #include "common/signal_name.h"
 
+#include <signal.h>
 #include <string.h>
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
 
 namespace dlrun {
 
 std::string signalName(int signal) {
   const char* abbrev = ::sigabbrev_np(signal);
   return abbrev ? std::string("SIG") + abbrev : "signal " + std::to_string(signal);
+}
+
+std::optional<int> parseSignal(std::string_view text) {
+  int number = 0;
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), number);
+  if (!text.empty() && error == std::errc() && end == text.data() + text.size())
+    return number >= 1 && number <= SIGRTMAX ? std::optional<int>(number) : std::nullopt;
+  std::string name(text);
+  std::transform(name.begin(), name.end(), name.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::toupper(c)); });
+  if (name.starts_with("SIG")) name.erase(0, 3);
+  for (int signal = 1; signal <= SIGRTMAX; ++signal) {
+    const char* abbrev = ::sigabbrev_np(signal);
+    if (abbrev && !name.empty() && name == abbrev) return signal;
+  }
+  return std::nullopt;
 }
 
 }  // namespace dlrun

@@ -2,6 +2,8 @@
 
 #include <unistd.h>
 
+#include <charconv>
+#include <cstdlib>
 #include <optional>
 #include <random>
 #include <thread>
@@ -10,6 +12,8 @@
 #include "common/clock.h"
 #include "common/error.h"
 #include "common/log.h"
+#include "control/control_server.h"
+#include "control/liveness_server.h"
 #include "launcher/launch_cli.h"
 #include "rendezvous/store/address.h"
 #include "rendezvous/elastic_rendezvous.h"
@@ -104,10 +108,12 @@ StorePlan planStore(const LaunchConfig& config) {
   throw std::logic_error("planStore: a rendezvous backend without a store plan");
 }
 
-std::optional<rendezvous::StoreServerThread> serveStore(const StorePlan& plan) {
+// The store with the control plane on its port (ARCHITECTURE.md section 10), where this agent
+// serves the job's store.
+std::optional<control::StoreWithControl> serveStore(const StorePlan& plan) {
   if (!plan.serve) return std::nullopt;
   try {
-    return std::make_optional<rendezvous::StoreServerThread>(
+    return std::make_optional<control::StoreWithControl>(
         rendezvous::StoreServerOptions{.host = plan.host, .port = plan.port});
   } catch (const NetworkError& e) {
     if (plan.mustServe) throw;
@@ -246,8 +252,28 @@ int launchMultiNode(const LaunchConfig& config) {
                          rendezvous)
                .run();
   }
-  if (store) lingerForOthers(*store);
+  if (store) lingerForOthers(store->store());
   return code;
+}
+
+// torchrun's TORCHELASTIC_HEALTH_CHECK_PORT: a plain liveness answer while this agent runs
+// (control/liveness_server.h). A port already taken (another agent on this host answers there)
+// costs a warning, not the job.
+std::optional<control::LivenessServer> serveLiveness() {
+  const char* text = std::getenv("TORCHELASTIC_HEALTH_CHECK_PORT");
+  if (!text || !*text) return std::nullopt;
+  uint16_t port = 0;
+  const std::string_view value(text);
+  const auto [end, error] = std::from_chars(value.data(), value.data() + value.size(), port);
+  if (error != std::errc() || end != value.data() + value.size() || port == 0)
+    throw ConfigError("TORCHELASTIC_HEALTH_CHECK_PORT='" + std::string(value) +
+                      "' is not a port (1 to 65535)");
+  try {
+    return std::make_optional<control::LivenessServer>("0.0.0.0", port);
+  } catch (const NetworkError& e) {
+    log::warn(std::string(e.what()) + "; going on without it");
+    return std::nullopt;
+  }
 }
 
 }  // namespace
@@ -261,6 +287,7 @@ std::string newRunId() {
 }
 
 int launch(const LaunchConfig& config) {
+  const auto liveness = serveLiveness();
   return config.singleNode() ? launchSingleNode(config) : launchMultiNode(config);
 }
 

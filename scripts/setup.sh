@@ -21,6 +21,7 @@ packages=(
   # time), gRPC's own schemas, and a real etcd (3.4) with etcdctl for the tests
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler grpc-proto
   etcd-server etcd-client
+  python3-grpcio python3-grpc-tools     # the control plane's tests: a gRPC client not ours
 )
 
 missing=()
