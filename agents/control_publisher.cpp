@@ -1,35 +1,11 @@
 #include "agents/control_publisher.h"
 
-#include <charconv>
-
 #include "common/error.h"
 #include "common/log.h"
 
 namespace dlrun::agents {
 
 namespace control = rendezvous::control;
-
-std::string encodeCommand(const ControlCommand& command) {
-  return command.kind == ControlCommand::Kind::Stop ? "stop:" + std::to_string(command.value)
-                                                    : std::to_string(command.value);
-}
-
-std::optional<ControlCommand> decodeCommand(const std::string& text) {
-  ControlCommand command;
-  std::string_view number = text;
-  if (number.starts_with("stop:")) {
-    command.kind = ControlCommand::Kind::Stop;
-    number.remove_prefix(5);
-  }
-  auto [end, ec] = std::from_chars(number.data(), number.data() + number.size(), command.value);
-  if (number.empty() || ec != std::errc() || end != number.data() + number.size())
-    return std::nullopt;
-  if (command.kind == ControlCommand::Kind::Signal && (command.value < 1 || command.value > 64))
-    return std::nullopt;
-  if (command.kind == ControlCommand::Kind::Stop && (command.value < 0 || command.value > 255))
-    return std::nullopt;
-  return command;
-}
 
 ControlPublisher::ControlPublisher(ControlOptions options,
                                    std::function<void(const ControlCommand&)> onCommand)
@@ -131,7 +107,7 @@ void ControlPublisher::listen() {
       while (!store->waitFor({keys_.signal(next)}, std::chrono::hours(1))) {
       }
       const std::string text = store->peek({keys_.signal(next)})[0];
-      if (auto command = decodeCommand(text)) {
+      if (auto command = control::decodeCommand(text)) {
         onCommand_(*command);
       } else {
         log::info("ignoring a malformed control command '" + text + "' in the store");

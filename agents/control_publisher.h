@@ -33,16 +33,7 @@ struct ControlOptions {
   std::function<std::unique_ptr<rendezvous::LeasingStore>()> connect;
 };
 
-// A command sent to the job through the control plane.
-struct ControlCommand {
-  enum class Kind { Signal, Stop };
-  Kind kind = Kind::Signal;
-  int value = 0;  // the signal, or the exit code every agent ends with
-};
-
-// A command's text under ctl/signal/N: a signal number, or "stop:CODE". Pure.
-std::string encodeCommand(const ControlCommand& command);
-std::optional<ControlCommand> decodeCommand(const std::string& text);
+using rendezvous::control::ControlCommand;
 
 class ControlPublisher {
  public:

@@ -1,5 +1,6 @@
 #include "common/signal_name.h"
 
+#include <signal.h>
 #include <string.h>
 
 #include <algorithm>
@@ -13,18 +14,18 @@ std::string signalName(int signal) {
   return abbrev ? std::string("SIG") + abbrev : "signal " + std::to_string(signal);
 }
 
-std::optional<int> signalNumber(std::string_view name) {
+std::optional<int> parseSignal(std::string_view text) {
   int number = 0;
-  auto [end, ec] = std::from_chars(name.data(), name.data() + name.size(), number);
-  if (!name.empty() && ec == std::errc() && end == name.data() + name.size())
-    return number >= 1 && number <= 64 ? std::optional(number) : std::nullopt;
-  std::string upper(name);
-  std::transform(upper.begin(), upper.end(), upper.begin(),
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), number);
+  if (!text.empty() && error == std::errc() && end == text.data() + text.size())
+    return number >= 1 && number <= SIGRTMAX ? std::optional<int>(number) : std::nullopt;
+  std::string name(text);
+  std::transform(name.begin(), name.end(), name.begin(),
                  [](unsigned char c) { return static_cast<char>(std::toupper(c)); });
-  if (upper.starts_with("SIG")) upper.erase(0, 3);
-  for (int signal = 1; signal <= 64; ++signal) {
+  if (name.starts_with("SIG")) name.erase(0, 3);
+  for (int signal = 1; signal <= SIGRTMAX; ++signal) {
     const char* abbrev = ::sigabbrev_np(signal);
-    if (abbrev && upper == abbrev) return signal;
+    if (abbrev && !name.empty() && name == abbrev) return signal;
   }
   return std::nullopt;
 }

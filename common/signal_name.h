@@ -1,4 +1,4 @@
-// Signal names as users read them in messages.
+// Signal names as users read them in messages, and as they write them.
 #pragma once
 
 #include <optional>
@@ -10,8 +10,8 @@ namespace dlrun {
 // "SIGTERM" for SIGTERM; "signal 42" for numbers without a name.
 std::string signalName(int signal);
 
-// The signal a user names: "USR1", "SIGUSR1", "sigusr1" or a number (1 to 64); nullopt for
-// anything else.
-std::optional<int> signalNumber(std::string_view name);
+// The signal `text` names: "USR1", "SIGUSR1", "sigusr1" or a number from 1 to SIGRTMAX;
+// nullopt for anything else.
+std::optional<int> parseSignal(std::string_view text);
 
 }  // namespace dlrun

@@ -27,15 +27,6 @@ namespace v1 = dlrun::v1;
 
 constexpr uint16_t kDefaultPort = 29400;  // torchrun's c10d port, as --rdzv-endpoint's
 
-std::string readToken(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw ConfigError("--token-file: cannot read " + path);
-  std::string token((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  while (!token.empty() && (token.back() == '\n' || token.back() == '\r')) token.pop_back();
-  if (token.empty()) throw ConfigError("--token-file: " + path + " is empty");
-  return token;
-}
-
 const char* stateName(v1::JobState state) {
   switch (state) {
     case v1::FORMING: return "forming";
@@ -191,7 +182,7 @@ ControlParse parseControlArgs(const std::vector<std::string>& args,
   if (result.exitCode) return result;
   r.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout * 1000));
   if (!signal.empty()) {
-    r.signal = signalNumber(signal);
+    r.signal = parseSignal(signal);
     if (!r.signal) throw ConfigError("--signal: '" + signal + "' is no signal (say USR1 or 10)");
   }
   // Inside an allocation, the endpoint and id the launcher derives there.
@@ -208,7 +199,7 @@ ControlParse parseControlArgs(const std::vector<std::string>& args,
   r.host = host;
   r.port = port.value_or(kDefaultPort);
   if (!tokenFile.empty()) {
-    r.token = readToken(tokenFile);
+    r.token = readTokenFile("--token-file", tokenFile);
   } else if (auto it = env.find("DLRUN_TOKEN"); it != env.end()) {
     r.token = it->second;
   }

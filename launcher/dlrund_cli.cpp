@@ -19,7 +19,8 @@ DlrundParse parseDlrundArgs(const std::vector<std::string>& args) {
 
   CLI::App app(
       "dlrund: the dlrun rendezvous store daemon. Speaks PyTorch's TCPStore protocol (1.x and "
-      "2.x clients), so torch workers and dlrun agents can both use it.\n"
+      "2.x clients), so torch workers and dlrun agents can both use it, and dlrun's gRPC control "
+      "plane on the same port.\n"
       "Prints 'dlrund listening on HOST:PORT' as its first line; SIGINT or SIGTERM stop it.",
       "dlrund");
   app.option_defaults()->always_capture_default();
@@ -38,6 +39,8 @@ DlrundParse parseDlrundArgs(const std::vector<std::string>& args) {
   app.add_option("--max-buffered-bytes", limits.maxBufferedBytes,
                  "Most bytes held per connection (unparsed input plus unsent replies)")
       ->check(kAtLeastOne);
+  app.add_flag("!--no-control", result.config.control,
+               "Do not serve the gRPC control plane (dlrun status/events/stop) on the port");
   app.add_flag("-v,--verbose", result.config.verbose, "Log every connection event");
   app.set_version_flag("--version", kVersion);
 

@@ -12,6 +12,7 @@ namespace dlrun::launcher {
 
 struct DlrundConfig {
   rendezvous::StoreServerOptions server;
+  bool control = true;  // serve the control plane (gRPC) on the store's port
   bool verbose = false;
 };
 

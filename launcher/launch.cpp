@@ -2,6 +2,8 @@
 
 #include <unistd.h>
 
+#include <charconv>
+#include <cstdlib>
 #include <optional>
 #include <random>
 #include <thread>
@@ -10,6 +12,9 @@
 #include "common/clock.h"
 #include "common/error.h"
 #include "common/log.h"
+#include "control/access.h"
+#include "control/control_server.h"
+#include "control/liveness_server.h"
 #include "launcher/launch_cli.h"
 #include "rendezvous/store/address.h"
 #include "rendezvous/elastic_rendezvous.h"
@@ -72,7 +77,8 @@ agents::ControlOptions controlOptions(const LaunchConfig& config, const std::str
           .meta = {.backend = backendName(config.rdzvBackend),
                    .minNodes = config.minNodes,
                    .maxNodes = config.maxNodes,
-                   .maxRestarts = config.maxRestarts},
+                   .maxRestarts = config.maxRestarts,
+                   .tokenHash = config.token.empty() ? "" : control::tokenHash(config.token)},
           .nodeName = name,
           .address = addr,
           .connect = std::move(connect)};
@@ -97,9 +103,6 @@ int launchSingleNode(const LaunchConfig& config) {
   rendezvous::StoreServerThread store({.host = host, .port = config.masterPort.value_or(0)});
   const std::string runId = runIdOf(config);
   const std::string name = config.nodeName.value_or(hostName());
-  if (config.controlPlane)
-    options.control = controlOptions(config, runId, name, store.address(),
-                                     tcpStoreAt(store.address(), store.port()));
   rendezvous::LocalRendezvous rendezvous({
       .runId = runId,
       .localWorldSize = config.nprocPerNode,
@@ -143,10 +146,12 @@ StorePlan planStore(const LaunchConfig& config) {
   throw std::logic_error("planStore: a rendezvous backend without a store plan");
 }
 
-std::optional<rendezvous::StoreServerThread> serveStore(const StorePlan& plan) {
+// The store with the control plane on its port (ARCHITECTURE.md section 10), where this agent
+// serves the job's store.
+std::optional<control::StoreWithControl> serveStore(const StorePlan& plan) {
   if (!plan.serve) return std::nullopt;
   try {
-    return std::make_optional<rendezvous::StoreServerThread>(
+    return std::make_optional<control::StoreWithControl>(
         rendezvous::StoreServerOptions{.host = plan.host, .port = plan.port});
   } catch (const NetworkError& e) {
     if (plan.mustServe) throw;
@@ -291,8 +296,28 @@ int launchMultiNode(const LaunchConfig& config) {
     rendezvous::ElasticRendezvous rendezvous(std::move(options));
     code = agents::Agent(std::move(agent), rendezvous).run();
   }
-  if (store) lingerForOthers(*store);
+  if (store) lingerForOthers(store->store());
   return code;
+}
+
+// torchrun's TORCHELASTIC_HEALTH_CHECK_PORT: a plain liveness answer while this agent runs
+// (control/liveness_server.h). A port already taken (another agent on this host answers there)
+// costs a warning, not the job.
+std::optional<control::LivenessServer> serveLiveness() {
+  const char* text = std::getenv("TORCHELASTIC_HEALTH_CHECK_PORT");
+  if (!text || !*text) return std::nullopt;
+  uint16_t port = 0;
+  const std::string_view value(text);
+  const auto [end, error] = std::from_chars(value.data(), value.data() + value.size(), port);
+  if (error != std::errc() || end != value.data() + value.size() || port == 0)
+    throw ConfigError("TORCHELASTIC_HEALTH_CHECK_PORT='" + std::string(value) +
+                      "' is not a port (1 to 65535)");
+  try {
+    return std::make_optional<control::LivenessServer>("0.0.0.0", port);
+  } catch (const NetworkError& e) {
+    log::warn(std::string(e.what()) + "; going on without it");
+    return std::nullopt;
+  }
 }
 
 }  // namespace
@@ -306,6 +331,7 @@ std::string newRunId() {
 }
 
 int launch(const LaunchConfig& config) {
+  const auto liveness = serveLiveness();
   return config.singleNode() ? launchSingleNode(config) : launchMultiNode(config);
 }
 

@@ -293,6 +293,15 @@ std::set<int> parseRanksFilter(const std::string& value) {
   return ranks;
 }
 
+std::string readTokenFile(const std::string& flag, const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw ConfigError(flag + ": cannot read " + path);
+  std::string token((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  while (!token.empty() && (token.back() == '\n' || token.back() == '\r')) token.pop_back();
+  if (token.empty()) throw ConfigError(flag + ": " + path + " is empty");
+  return token;
+}
+
 agents::HangAction parseHangAction(const std::string& value) {
   if (value == "report") return agents::HangAction::Report;
   if (value == "restart") return agents::HangAction::Restart;
@@ -398,6 +407,10 @@ LaunchParse parseDlrunArgs(const std::vector<std::string>& args, const HostProbe
             "TF_CONFIG for the workers: auto (when it fits the kernel's limit for one "
             "environment variable, else a warning), always (an error when it cannot fit) or "
             "never");
+  std::string tokenFile;
+  addOption(app, "token-file", tokenFile,
+            "The job's token (else DLRUN_TOKEN): its control plane then answers only calls "
+            "that carry it, and takes stops and signals from any host");
   bool noControlPlane = false;
   addFlag(app, "no-control-plane", noControlPlane,
           "Publish nothing to the control plane (dlrun status/events/stop) and follow none of "
@@ -443,6 +456,11 @@ LaunchParse parseDlrunArgs(const std::vector<std::string>& args, const HostProbe
   if (!ranksFilter.empty()) c.localRanksFilter = parseRanksFilter(ranksFilter);
   c.tfConfig = parseTfConfig(tfConfig);
   c.controlPlane = !noControlPlane;
+  if (!tokenFile.empty()) {
+    c.token = readTokenFile("--token-file", tokenFile);
+  } else if (auto it = host.env.find("DLRUN_TOKEN"); it != host.env.end()) {
+    c.token = it->second;
+  }
   const agents::HangAction action = parseHangAction(hangAction);
   if (hangTimeout > 0) {
     c.hang = agents::HangOptions{

@@ -47,6 +47,10 @@ RdzvSettings parseRdzvSettings(const std::map<std::string, std::string>& conf);
 rendezvous::etcd::EtcdSecurity etcdSecurity(const RdzvSettings& settings,
                                             const std::vector<rendezvous::etcd::Endpoint>& endpoints);
 // "HOST", "HOST:PORT" or "[V6]:PORT"; the port is checked.
+// A job's token (--token-file): the file's text less trailing newlines. Throws ConfigError
+// naming `flag` for a file that cannot be read or is empty.
+std::string readTokenFile(const std::string& flag, const std::string& path);
+
 std::pair<std::string, std::optional<uint16_t>> parseEndpoint(const std::string& flag,
                                                               const std::string& value);
 // "0,2,3".

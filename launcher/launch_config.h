@@ -72,6 +72,7 @@ struct LaunchConfig {
   agents::TfConfigMode tfConfig = agents::TfConfigMode::Auto;  // --tf-config
   std::optional<agents::HangOptions> hang;  // --hang-timeout (off by default), --hang-action
   bool controlPlane = true;  // publish to the control plane (--no-control-plane: not)
+  std::string token;         // --token-file or DLRUN_TOKEN; empty: none
   std::optional<std::string> localAddr;
   std::optional<std::string> nodeName;  // this node in messages (SLURMD_NODENAME), else hostname
   bool refuseLostNodes = false;  // in a Slurm allocation a lost node's place goes to a spare

@@ -1,5 +1,8 @@
 #include "rendezvous/control_state.h"
 
+#include <signal.h>
+
+#include <charconv>
 #include <set>
 
 #include "rendezvous/json_fields.h"
@@ -9,6 +12,28 @@ namespace dlrun::rendezvous::control {
 using json_fields::field;
 using json_fields::json;
 using json_fields::parse;
+
+std::string encodeCommand(const ControlCommand& command) {
+  return command.kind == ControlCommand::Kind::Stop ? "stop:" + std::to_string(command.value)
+                                                    : std::to_string(command.value);
+}
+
+std::optional<ControlCommand> decodeCommand(std::string_view text) {
+  ControlCommand command;
+  std::string_view number = text;
+  if (number.starts_with("stop:")) {
+    command.kind = ControlCommand::Kind::Stop;
+    number.remove_prefix(5);
+  }
+  auto [end, ec] = std::from_chars(number.data(), number.data() + number.size(), command.value);
+  if (number.empty() || ec != std::errc() || end != number.data() + number.size())
+    return std::nullopt;
+  if (command.kind == ControlCommand::Kind::Signal && (command.value < 1 || command.value > SIGRTMAX))
+    return std::nullopt;
+  if (command.kind == ControlCommand::Kind::Stop && (command.value < 0 || command.value > 255))
+    return std::nullopt;
+  return command;
+}
 
 std::string encode(const ControlMeta& m) {
   return json{{"backend", m.backend},

@@ -10,7 +10,9 @@
 //   ctl/seq             the number of events so far (ADD); event n is at ctl/ev/n
 //   ctl/ev/N            event N (JobEvent), written once right after its ADD
 //   ctl/signals         the number of signals sent to the job (ADD); ctl/signal/N is the Nth
-//   ctl/signal/N        a signal number every agent forwards to its workers
+//   ctl/signal/N        a command to every agent (ControlCommand): a signal to forward to its
+//                       workers, or a stop (StopJob writes it beside the rendezvous's stop key,
+//                       which a single-node job does not follow)
 // A deliberate stop of the whole job is the rendezvous's own `stop` key (elastic_protocol.h).
 #pragma once
 
@@ -78,6 +80,17 @@ struct JobEvent {
   int rank = -1;
   std::string detail;
 };
+
+// A command sent to the job through the control plane.
+struct ControlCommand {
+  enum class Kind { Signal, Stop };
+  Kind kind = Kind::Signal;
+  int value = 0;  // the signal, or the exit code every agent ends with
+};
+
+// A command's text under ctl/signal/N: a signal number, or "stop:CODE".
+std::string encodeCommand(const ControlCommand& command);
+std::optional<ControlCommand> decodeCommand(std::string_view text);
 
 std::string encode(const ControlMeta& meta);
 std::string encode(const NodeState& node);

@@ -22,6 +22,7 @@ packages=(
   # (etcd's v2 API) for torchrun's etcd backend in bench/rdzv_bench.sh
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler grpc-proto
   etcd-server etcd-client python3-etcd
+  python3-grpcio python3-grpc-tools     # the control plane's tests: a gRPC client not ours
 )
 
 missing=()

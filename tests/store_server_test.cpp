@@ -4,6 +4,10 @@
 
 #include <gtest/gtest.h>
 
+#include <poll.h>
+#include <unistd.h>
+
+#include <future>
 #include <random>
 
 #include "rendezvous/store/tcp_store.h"
@@ -154,6 +158,41 @@ TEST_F(StoreServerTest, AnHttpRequestIsRefused) {
   RawClient c(server->port());
   c.send("GET / HTTP/1.1\r\nHost: localhost\r\n\r\n");
   EXPECT_TRUE(c.closedByServer());
+  expectServing();
+}
+
+// StoreServerOptions::foreign: a connection that opens with HTTP/2's preface leaves the store
+// with its bytes unread, while store clients of both eras on the same port are served as ever.
+TEST_F(StoreServerTest, AnHttp2ConnectionGoesToTheForeignServerWithItsBytesUnread) {
+  std::promise<int> handedOver;
+  server = std::make_unique<StoreServerThread>(StoreServerOptions{
+      .host = "127.0.0.1", .port = 0, .foreign = [&](int fd) { handedOver.set_value(fd); }});
+  RawClient http2(server->port());
+  const std::string preface = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+  http2.send(preface);
+  auto fd = handedOver.get_future();
+  ASSERT_EQ(fd.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  const int socket = fd.get();
+  std::string received;
+  while (received.size() < preface.size()) {
+    pollfd readable{.fd = socket, .events = POLLIN};
+    ASSERT_EQ(::poll(&readable, 1, 10'000), 1);
+    char buffer[64];
+    const ssize_t n = ::read(socket, buffer, sizeof(buffer));
+    ASSERT_GT(n, 0);
+    received.append(buffer, static_cast<size_t>(n));
+  }
+  EXPECT_EQ(received, preface);
+  ASSERT_EQ(::write(socket, "ok", 2), 2);
+  EXPECT_EQ(http2.read(2), "ok");
+  ::close(socket);
+  EXPECT_EQ(server->connectionCount(), 0u);  // no longer the store's
+
+  RawClient old(server->port());
+  std::string add;
+  Encoder(add).op(Era::V1, Op::Add).bytes("/n").i64(3);
+  old.send(add);
+  EXPECT_EQ(old.read(8), i64Bytes(3));
   expectServing();
 }
 

@@ -8,6 +8,7 @@
 #include "rendezvous/store/store_server.h"
 
 #include <fcntl.h>
+#include <sys/socket.h>
 
 #include "common/asio.h"
 #include <unordered_map>
@@ -63,7 +64,8 @@ class ServerImpl : public std::enable_shared_from_this<ServerImpl> {
 
 class Session : public Peer, public std::enable_shared_from_this<Session> {
  public:
-  Session(ServerImpl& server, tcp::socket socket) : server_(server), socket_(std::move(socket)) {}
+  Session(ServerImpl& server, tcp::socket socket)
+      : server_(server), socket_(std::move(socket)), sniff_(bool(server.options_.foreign)) {}
 
   void start() {
     if (log::verbose()) log::debug("connection from " + peerName());
@@ -111,6 +113,10 @@ class Session : public Peer, public std::enable_shared_from_this<Session> {
   void onReadable(const error_code& waitError) {
     if (closed_) return;
     if (waitError) return close("");
+    if (sniff_) {
+      sniff_ = false;
+      if (handedOver()) return;
+    }
     std::string& scratch = server_.scratch();
     error_code ec;
     const size_t n = socket_.read_some(asio::buffer(scratch), ec);
@@ -128,6 +134,24 @@ class Session : public Peer, public std::enable_shared_from_this<Session> {
     if (in_.size() + out_.size() > server_.limits().maxBufferedBytes) return close(overLimit());
     flush();
     if (!closed_) awaitReadable();
+  }
+
+  // Whether the connection opened with HTTP/2 and went to StoreServerOptions::foreign. The
+  // first byte is peeked, not read, so the other server reads the whole preface itself: one
+  // recv per connection, none per request.
+  bool handedOver() {
+    char first = 0;
+    if (::recv(socket_.native_handle(), &first, 1, MSG_PEEK) != 1 || first != 'P') return false;
+    error_code ec;
+    const int fd = socket_.release(ec);
+    if (ec) {
+      close(ec.message());
+      return true;
+    }
+    closed_ = true;  // the engine never saw this peer, so there is nothing to disconnect
+    server_.forget(this);
+    server_.options_.foreign(fd);
+    return true;
   }
 
   // Runs every complete request in `data`; keeps the tail of an incomplete one in in_.
@@ -210,6 +234,7 @@ class Session : public Peer, public std::enable_shared_from_this<Session> {
   bool writing_ = false;
   bool batching_ = false;
   bool closed_ = false;
+  bool sniff_;  // the first read is still to come and StoreServerOptions::foreign is set
 };
 
 void ServerImpl::listen() {

@@ -2,10 +2,12 @@
 // thread per connection. An idle connection holds no buffers: sessions wait for readability
 // and read into one scratch buffer shared by the server (safe because one thread runs the
 // io_context), keeping only an incomplete request's bytes between reads. Leases (wire.h's
-// LEASE) expire on one timer armed at the earliest deadline.
+// LEASE) expire on one timer armed at the earliest deadline. A connection that opens with
+// HTTP/2 may go to another server instead (StoreServerOptions::foreign): one port serves both.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -23,6 +25,11 @@ struct StoreServerOptions {
   uint16_t port = 0;             // 0 picks a free port; read it back with port()
   wire::Limits limits;
   int backlog = 4096;            // a barrier of thousands of clients connects at once
+  // When set, a connection whose first byte is 'P' (HTTP/2's preface, "PRI * HTTP/2.0") is no
+  // store client: its descriptor goes to this callback, which owns it from then on, with the
+  // bytes unread. A TCPStore request opens with an op code (0..16, or 64). Called on the
+  // io_context's thread; it must not block.
+  std::function<void(int fd)> foreign;
 };
 
 namespace detail {

@@ -2,13 +2,67 @@
 and the problem, exit 2, and no worker started; and the entry-point forms (a program on PATH, a
 path, a .py script, -m module, --no-python, the bundled `train`)."""
 import os
+import socket
 import stat
+import subprocess
+import threading
 import unittest
 
-from dlrun_fixture import (PYTHON, WORKERS, clean_env, dlrun_binary, main, read_json,
-                           run_dlrun, temp_dir, worker)
+from dlrun_fixture import (PYTHON, WORKERS, binary_from_env, clean_env, die_with_parent,
+                           dlrun_binary, main, read_json, run_dlrun, temp_dir, worker)
 
 ENV_DUMP = worker("env_dump.py")
+
+
+class ControlCommandBadInputTest(unittest.TestCase):
+    """`dlrun status|events|stop` against what is no dlrun job: one line, exit 2, no hang."""
+
+    def assert_one_line(self, args, mentions):
+        result = run_dlrun(self, [*args, "--timeout=2"], timeout=20)
+        self.assertEqual(result.returncode, 2, result)
+        lines = result.stderr.splitlines()
+        self.assertEqual(len(lines), 1, result)
+        for word in mentions:
+            self.assertIn(word, lines[0], result)
+
+    def test_malformed_endpoint_and_missing_flags(self):
+        self.assert_one_line(["status", "--rdzv-endpoint=127.0.0.1:notaport", "--rdzv-id=j"],
+                             ["--rdzv-endpoint", "notaport"])
+        self.assert_one_line(["events", "--rdzv-id=j"], ["--rdzv-endpoint"])
+        self.assert_one_line(["stop", "--rdzv-endpoint=127.0.0.1", "--rdzv-id=j",
+                              "--signal=NOPE"], ["--signal", "NOPE"])
+
+    def test_an_endpoint_that_is_not_dlrun(self):
+        # A plain TCP echo server: it accepts and sends back whatever comes.
+        server = socket.socket()
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        self.addCleanup(server.close)
+
+        def echo():
+            while True:
+                try:
+                    conn, _ = server.accept()
+                except OSError:
+                    return
+                with conn:
+                    while data := conn.recv(4096):
+                        conn.sendall(data)
+        threading.Thread(target=echo, daemon=True).start()
+        port = server.getsockname()[1]
+        self.assert_one_line(["status", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=j"],
+                             ["no dlrun control plane answers", f"127.0.0.1:{port}"])
+
+    def test_an_unknown_job_on_a_real_store(self):
+        # dlrund serves the control plane on its store port; it knows no job 'nobody'.
+        dlrund = subprocess.Popen([binary_from_env("DLRUND", "dlrund"), "--host", "127.0.0.1",
+                                   "--port", "0"], stdout=subprocess.PIPE, text=True,
+                                  preexec_fn=die_with_parent)
+        self.addCleanup(dlrund.wait)
+        self.addCleanup(dlrund.kill)
+        port = dlrund.stdout.readline().strip().rsplit(":", 1)[1]
+        self.assert_one_line(["status", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=nobody"],
+                             ["no job 'nobody'"])
 
 
 class DlrunInvalidInputTest(unittest.TestCase):

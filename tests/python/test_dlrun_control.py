@@ -31,6 +31,10 @@ PORT = 29400
 class ControlPlaneTest(unittest.TestCase):
     def setUp(self):
         self.out = temp_dir(self)
+        # A job's token lets its control plane take stops and signals from other hosts.
+        self.token_file = os.path.join(self.out, "token")
+        with open(self.token_file, "w") as f:
+            f.write("s3cret\n")
         self.hosts = Hosts(4)  # hosts 0..2 run the job, host 3 asks about it
         self.addCleanup(self.hosts.close)
         self.agents = {}
@@ -40,8 +44,8 @@ class ControlPlaneTest(unittest.TestCase):
         self.addCleanup(log.close)
         args = [binary_from_env("DLRUN", "dlrun"), f"--nnodes={nnodes}",
                 f"--nproc-per-node={nproc}", "--rdzv-backend=c10d",
-                f"--rdzv-endpoint={self.hosts.address(0)}:{PORT}", "--rdzv-id=ctl", *extra,
-                *worker_args]
+                f"--rdzv-endpoint={self.hosts.address(0)}:{PORT}", "--rdzv-id=ctl",
+                f"--token-file={self.token_file}", *extra, *worker_args]
         env = clean_env(GLOO_SOCKET_IFNAME=None, TMPDIR=self.out)
         self.agents[node] = self.hosts.popen(node, args, env=env, stdout=log, stderr=log)
 
@@ -55,7 +59,8 @@ class ControlPlaneTest(unittest.TestCase):
     def control(self, *args):
         """`dlrun COMMAND ...` from host 3: (exit code, stdout, stderr)."""
         argv = [binary_from_env("DLRUN", "dlrun"), *args,
-                f"--rdzv-endpoint={self.hosts.address(0)}:{PORT}", "--rdzv-id=ctl"]
+                f"--rdzv-endpoint={self.hosts.address(0)}:{PORT}", "--rdzv-id=ctl",
+                f"--token-file={self.token_file}"]
         result = self.hosts.run(3, argv, timeout=30, capture_output=True, text=True,
                                 env=clean_env())
         return result.returncode, result.stdout, result.stderr
@@ -124,7 +129,7 @@ class ControlPlaneTest(unittest.TestCase):
         failed = kinds.index(("worker_failed", 4))
         restart = next(i for i, k in enumerate(kinds) if k[0] == "restart")
         self.assertLess(failed, restart, kinds)
-        seqs = [e["seq"] for e in self.events()]
+        seqs = [int(e["seq"]) for e in self.events()]  # JSON holds int64 as text
         self.assertEqual(seqs, list(range(1, len(seqs) + 1)))
 
         with open(stop_file, "w"):

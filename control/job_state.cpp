@@ -1,0 +1,74 @@
+#include "control/job_state.h"
+
+#include <algorithm>
+#include <charconv>
+
+#include "common/error.h"
+#include "rendezvous/elastic_protocol.h"
+
+namespace dlrun::control {
+
+namespace {
+
+using rendezvous::RoundEnd;
+namespace elastic = rendezvous::elastic;
+
+// A round number or a round's member count; nullopt for "abort", "stop" or a missing key.
+std::optional<int> number(const std::string& text) {
+  int value = 0;
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (text.empty() || error != std::errc() || end != text.data() + text.size()) return std::nullopt;
+  return value;
+}
+
+std::optional<RoundEnd> roundEnd(const std::string& text) {
+  if (text.empty()) return std::nullopt;
+  return elastic::decodeRoundEnd(text);
+}
+
+int failuresIn(const std::optional<RoundEnd>& end) {
+  return end && end->countsAsFailure() ? end->failures : 0;
+}
+
+v1::JobState endState(const RoundEnd& end) {
+  switch (end.kind) {
+    case RoundEnd::Kind::Finished: return v1::SUCCEEDED;
+    case RoundEnd::Kind::Stopped: return v1::STOPPED;
+    default: return v1::FAILED;  // endsJob(): a final worker failure
+  }
+}
+
+}  // namespace
+
+JobStatus jobStatus(const RoundKeys& keys) {
+  JobStatus status;
+  if (!keys.current.empty()) {
+    const auto round = number(keys.current);
+    if (!round) throw ProtocolError("malformed round number '" + keys.current + "' in the store");
+    status.round = *round;
+  }
+  const auto end = roundEnd(keys.end);
+  const auto previousEnd = roundEnd(keys.previousEnd);
+  const int before =
+      keys.assignment.empty() ? 0 : elastic::decodeAssignment(keys.assignment).failures;
+  status.restartsUsed = std::max({before, failuresIn(end), failuresIn(previousEnd)});
+
+  if (end && end->endsJob()) {
+    status.state = endState(*end);
+    status.end = end;
+  } else if (auto stop = roundEnd(keys.stop)) {
+    status.state = v1::STOPPED;
+    status.end = stop;
+  } else if (end) {
+    status.state = v1::RESTARTING;
+  } else if (number(keys.closed)) {
+    status.state = v1::RUNNING;
+  } else {
+    // Forming, or aborted ("abort"): after a round that ran, that is a restart.
+    const bool ranBefore = number(keys.previousClosed) || !keys.forgotten.empty();
+    status.state = ranBefore ? v1::RESTARTING : v1::FORMING;
+  }
+  return status;
+}
+
+}  // namespace dlrun::control

@@ -1,0 +1,39 @@
+// What state a job is in, from the rendezvous keys its agents keep (ARCHITECTURE.md section 10).
+// Pure: the Control service reads the keys, this decides, so tests reach every case directly.
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include "dlrun/v1/control.pb.h"
+#include "rendezvous/round_end.h"
+
+namespace dlrun::control {
+
+// The keys of job ID that decide its state (elastic_protocol.h), each empty when missing.
+struct RoundKeys {
+  std::string stop;            // stop: a deliberate stop of the whole job
+  std::string current;         // current: the newest round; missing before any agent came
+  std::string closed;          // r/CURRENT/closed
+  std::string end;             // r/CURRENT/end
+  std::string assignment;      // r/CURRENT/assign/1: the restarts used before the round
+  std::string previousClosed;  // r/CURRENT-1/closed
+  std::string previousEnd;     // r/CURRENT-1/end
+  std::string forgotten;       // forgotten: a closer deleted old rounds, so some round ran
+};
+
+struct JobStatus {
+  v1::JobState state = v1::FORMING;
+  int round = 0;
+  int restartsUsed = 0;
+  std::optional<rendezvous::RoundEnd> end;  // what ended the job, once it ended
+};
+
+// forming: no round closed yet; running: the newest round closed and has not ended;
+// restarting: a round ended by a failure with restarts left or a change of members, and the
+// next one has not closed; succeeded, failed (a final worker failure) and stopped: the job's
+// end, as every agent follows it (an end of the newest round that ends the job first, since
+// agents act on it, then the job's stop). Throws ProtocolError for a malformed value.
+JobStatus jobStatus(const RoundKeys& keys);
+
+}  // namespace dlrun::control

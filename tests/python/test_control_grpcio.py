@@ -1,0 +1,221 @@
+"""The control plane (issue 13) through a client nobody here wrote: Python's grpcio, with stubs
+generated from proto/ at test time, against dlrund's one port. A job's keys are written as its
+agents write them, over the TCPStore protocol spoken raw on the same port.
+
+Acceptance 2: a watcher cut off mid-stream reconnects with `since` and sees every event once.
+Acceptance 4: with a job token, a call without it or with a wrong one is refused
+(UNAUTHENTICATED) and changes nothing; grpc.health.v1 answers SERVING.
+"""
+import hashlib
+import importlib
+import json
+import os
+import shutil
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import unittest
+
+import grpc
+
+from dlrund_fixture import main, start_dlrund
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PROTO_ROOT = os.path.join(HERE, "..", "..", "proto")
+# Debian's grpc-proto ships the standard schemas; python3-grpcio has no health module.
+HEALTH_PROTO = "/usr/share/grpc-proto/grpc/health/v1/health.proto"
+CALL_TIMEOUT_S = 30
+
+
+def generate_stubs():
+    """Compiles control.proto and health.proto into a temporary directory and imports them."""
+    out = tempfile.mkdtemp(prefix="dlrun-stubs-")
+    # health.proto is compiled from a copy at the top level: its own path (grpc/health/v1)
+    # would make a Python package `grpc` that hides grpcio's.
+    shutil.copy(HEALTH_PROTO, os.path.join(out, "health.proto"))
+    subprocess.run([sys.executable, "-m", "grpc_tools.protoc", f"-I{PROTO_ROOT}", f"-I{out}",
+                    f"--python_out={out}", f"--grpc_python_out={out}",
+                    "dlrun/v1/control.proto", "health.proto"], check=True)
+    sys.path.insert(0, out)
+    modules = [importlib.import_module(name) for name in
+               ("dlrun.v1.control_pb2", "dlrun.v1.control_pb2_grpc", "health_pb2",
+                "health_pb2_grpc")]
+    return out, modules
+
+
+STUB_DIR, (pb, pb_grpc, health_pb, health_grpc) = generate_stubs()
+
+# TCPStore 1.x op codes (rendezvous/store/wire.h), spoken raw: torch's client prefixes "/" to
+# every key, and the agents' keys have none.
+SET, ADD, CHECK = 0, 3, 4
+
+
+class PlainStore:
+    """A TCPStore client of the keys agents write."""
+
+    def __init__(self, port):
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+
+    @staticmethod
+    def _bytes(text):
+        data = text.encode()
+        return struct.pack("<Q", len(data)) + data
+
+    def _read(self, n):
+        data = b""
+        while len(data) < n:
+            chunk = self.sock.recv(n - len(data))
+            if not chunk:
+                raise EOFError("the store closed the connection")
+            data += chunk
+        return data
+
+    def set(self, key, value):
+        self.sock.sendall(bytes([SET]) + self._bytes(key) + self._bytes(value))
+
+    def add(self, key, delta):
+        self.sock.sendall(bytes([ADD]) + self._bytes(key) + struct.pack("<q", delta))
+        return struct.unpack("<q", self._read(8))[0]
+
+    def exists(self, key):
+        self.sock.sendall(bytes([CHECK]) + struct.pack("<Q", 1) + self._bytes(key))
+        return self._read(1) == b"\x00"
+
+    def close(self):
+        self.sock.close()
+
+
+class Job:
+    """One job's keys (rendezvous/control_state.h, elastic_protocol.h) as its agents write them."""
+
+    def __init__(self, store, job_id, token=""):
+        self.store, self.id = store, job_id
+        self.root = f"dlrun/{job_id}/"
+        token_hash = hashlib.sha256(token.encode()).hexdigest() if token else ""
+        store.set(self.root + "ctl/meta", json.dumps(
+            {"backend": "c10d", "min": 1, "max": 1, "max_restarts": 0, "token": token_hash}))
+        store.set("dlrun/jobs", job_id + "\n")
+        store.set(self.root + "current", "0")
+        store.set(self.root + "r/0/closed", "1")
+
+    def publish(self, kind):
+        """An event as an agent publishes it: ADD gives its number, then SET writes it."""
+        seq = self.store.add(self.root + "ctl/seq", 1)
+        self.store.set(self.root + f"ctl/ev/{seq}", json.dumps(
+            {"seq": seq, "time": 1.0, "kind": kind, "node": "n1", "round": 0, "rank": -1,
+             "detail": f"{kind} #{seq}"}))
+        return seq
+
+    def finish(self):
+        self.store.set(self.root + "r/0/end", json.dumps({"kind": "finished", "node": ""}))
+
+
+class ControlGrpcioTest(unittest.TestCase):
+    def setUp(self):
+        self.daemon = start_dlrund(self)
+        self.store = PlainStore(self.daemon.port)
+        self.addCleanup(self.store.close)
+        self.target = f"127.0.0.1:{self.daemon.port}"
+
+    def channel(self):
+        channel = grpc.insecure_channel(self.target)
+        self.addCleanup(channel.close)
+        return channel
+
+    def watch(self, channel, job_id, since):
+        request = pb.WatchEventsRequest(job=pb.JobRef(id=job_id), since=since, follow=True)
+        return pb_grpc.ControlStub(channel).WatchEvents(request, timeout=CALL_TIMEOUT_S)
+
+    def test_a_reconnecting_watcher_sees_every_event_once(self):
+        job = Job(self.store, "watched")
+        kinds = {}
+        for kind in ("round_closed", "worker_started", "worker_started", "worker_started"):
+            kinds[job.publish(kind)] = kind
+
+        seen = []
+        first = grpc.insecure_channel(self.target)
+        stream = self.watch(first, job.id, 0)
+        seen += [next(stream), next(stream)]
+        for kind in ("worker_exited", "worker_exited"):  # while the first watcher is connected
+            kinds[job.publish(kind)] = kind
+        first.close()  # cut off mid-stream, its server-side call still waiting
+        with self.assertRaises(grpc.RpcError) as cut:
+            next(stream)
+        self.assertEqual(cut.exception.code(), grpc.StatusCode.CANCELLED)
+        for kind in ("restart", "round_closed", "worker_started"):  # while nobody watches
+            kinds[job.publish(kind)] = kind
+
+        stream = self.watch(self.channel(), job.id, seen[-1].seq)
+        while seen[-1].seq < max(kinds):
+            seen.append(next(stream))
+        job.finish()
+        kinds[job.publish("job_ended")] = "job_ended"
+        seen += list(stream)  # the stream ends on its own once the job ended
+
+        self.assertEqual([event.seq for event in seen], list(range(1, len(kinds) + 1)))
+        self.assertEqual([event.kind for event in seen], [kinds[event.seq] for event in seen])
+        self.assertEqual(seen[4].detail, "worker_exited #5")
+
+    def test_a_job_token_is_required_and_a_refused_call_changes_nothing(self):
+        job = Job(self.store, "secure", token="s3cret")
+        job.publish("round_closed")
+        stub = pb_grpc.ControlStub(self.channel())
+        wrong = (("authorization", "Bearer guess"),)
+        right = (("authorization", "Bearer s3cret"),)
+        stop = pb.StopJobRequest(job=pb.JobRef(id=job.id), reason="refused")
+        signal = pb.SignalJobRequest(job=pb.JobRef(id=job.id), signal="USR1")
+        for metadata in ((), wrong):
+            with self.subTest(metadata=metadata):
+                for call, request in ((stub.GetJob, pb.JobRef(id=job.id)), (stub.StopJob, stop),
+                                      (stub.SignalJob, signal)):
+                    with self.assertRaises(grpc.RpcError) as refused:
+                        call(request, metadata=metadata, timeout=CALL_TIMEOUT_S)
+                    self.assertEqual(refused.exception.code(), grpc.StatusCode.UNAUTHENTICATED)
+                with self.assertRaises(grpc.RpcError) as refused:
+                    next(stub.WatchEvents(pb.WatchEventsRequest(job=pb.JobRef(id=job.id)),
+                                          metadata=metadata, timeout=CALL_TIMEOUT_S))
+                self.assertEqual(refused.exception.code(), grpc.StatusCode.UNAUTHENTICATED)
+                listed = stub.ListJobs(pb.ListJobsRequest(), metadata=metadata,
+                                       timeout=CALL_TIMEOUT_S)
+                self.assertEqual(list(listed.jobs), [])
+        # Nothing changed: no stop, no signal, no event beyond the agent's.
+        for key in ("stop", "r/0/end", "ctl/signals", "ctl/ev/2"):
+            self.assertFalse(self.store.exists(job.root + key), key)
+
+        got = stub.GetJob(pb.JobRef(id=job.id), metadata=right, timeout=CALL_TIMEOUT_S)
+        self.assertEqual(got.state, pb.RUNNING)
+        stub.StopJob(pb.StopJobRequest(job=pb.JobRef(id=job.id), reason="done"),
+                     metadata=right, timeout=CALL_TIMEOUT_S)
+        self.assertTrue(self.store.exists(job.root + "stop"))
+        got = stub.GetJob(pb.JobRef(id=job.id), metadata=right, timeout=CALL_TIMEOUT_S)
+        self.assertEqual(got.state, pb.STOPPED)
+
+    def test_health_answers_serving(self):
+        health = health_grpc.HealthStub(self.channel())
+        for service in ("", "dlrun.v1.Control"):
+            with self.subTest(service=service):
+                reply = health.Check(health_pb.HealthCheckRequest(service=service),
+                                     timeout=CALL_TIMEOUT_S)
+                self.assertEqual(reply.status, health_pb.HealthCheckResponse.SERVING)
+        with self.assertRaises(grpc.RpcError) as unknown:
+            health.Check(health_pb.HealthCheckRequest(service="no.such.Service"),
+                         timeout=CALL_TIMEOUT_S)
+        self.assertEqual(unknown.exception.code(), grpc.StatusCode.NOT_FOUND)
+
+    def test_store_clients_are_served_beside_grpc(self):
+        # After gRPC calls on the port, a TCPStore client still gets answers.
+        stub = pb_grpc.ControlStub(self.channel())
+        stub.ListJobs(pb.ListJobsRequest(), timeout=CALL_TIMEOUT_S)
+        other = PlainStore(self.daemon.port)
+        self.addCleanup(other.close)
+        self.assertEqual(other.add("counter", 2), 2)
+        self.assertEqual(self.store.add("counter", 3), 5)
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    finally:
+        shutil.rmtree(STUB_DIR, ignore_errors=True)
