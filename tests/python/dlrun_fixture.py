@@ -10,6 +10,7 @@ has read (a worker is only killed when /proc says it is still running one of our
 import ctypes
 import faulthandler
 import json
+import glob
 import os
 import signal
 import subprocess
@@ -204,6 +205,17 @@ def temp_dir(test):
     d = tempfile.TemporaryDirectory(prefix="dlrun-test-")
     test.addCleanup(d.cleanup)
     return d.name
+
+
+def log_tails(directory, pattern="*.log", tail=4000):
+    """Each log in `directory` under its name (its last `tail` characters; None: all), for
+    failure messages."""
+    text = ""
+    for path in sorted(glob.glob(os.path.join(directory, pattern))):
+        with open(path, errors="replace") as f:
+            content = f.read()
+        text += f"--- {os.path.basename(path)} ---\n{content[-tail:] if tail else content}"
+    return text
 
 
 def read_json(path):

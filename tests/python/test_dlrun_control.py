@@ -17,8 +17,8 @@ import signal
 import subprocess
 import unittest
 
-from dlrun_fixture import (PYTHON, binary_from_env, clean_env, read_json, temp_dir, wait_until,
-                           worker)
+from dlrun_fixture import (PYTHON, binary_from_env, clean_env, log_tails, read_json, temp_dir,
+                           wait_until, worker)
 from netns_fixture import Hosts, main
 from trainer_fixture import checkpoints
 
@@ -50,11 +50,7 @@ class ControlPlaneTest(unittest.TestCase):
         self.agents[node] = self.hosts.popen(node, args, env=env, stdout=log, stderr=log)
 
     def logs(self):
-        text = ""
-        for path in sorted(glob.glob(os.path.join(self.out, "agent*.log"))):
-            with open(path, errors="replace") as f:
-                text += f"--- {os.path.basename(path)} ---\n{f.read()[-4000:]}"
-        return text
+        return log_tails(self.out, "agent*.log", tail=4000)
 
     def control(self, *args):
         """`dlrun COMMAND ...` from host 3: (exit code, stdout, stderr)."""

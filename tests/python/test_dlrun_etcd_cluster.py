@@ -25,8 +25,8 @@ import sys
 import time
 import unittest
 
-from dlrun_fixture import (POLL_S, PYTHON, binary_from_env, clean_env, read_json, temp_dir,
-                           wait_until, worker)
+from dlrun_fixture import (POLL_S, PYTHON, binary_from_env, clean_env, log_tails, read_json,
+                           temp_dir, wait_until, worker)
 from netns_fixture import Hosts, main
 from trainer_fixture import checkpoints
 
@@ -162,11 +162,7 @@ class EtcdClusterTest(unittest.TestCase):
         return self.agents[node]
 
     def logs(self):
-        text = ""
-        for path in sorted(glob.glob(os.path.join(self.out, "*.log"))):
-            with open(path, errors="replace") as f:
-                text += f"--- {os.path.basename(path)} ---\n{f.read()[-3000:]}"
-        return text
+        return log_tails(self.out, "*.log", tail=3000)
 
     def starts(self, attempt=None):
         pattern = os.path.join(self.out, f"start_{'*' if attempt is None else attempt}_*.json")

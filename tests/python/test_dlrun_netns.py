@@ -10,8 +10,8 @@ import os
 import time
 import unittest
 
-from dlrun_fixture import (PYTHON, binary_from_env, clean_env, read_json, temp_dir, wait_until,
-                           worker)
+from dlrun_fixture import (PYTHON, binary_from_env, clean_env, log_tails, read_json, temp_dir,
+                           wait_until, worker)
 from netns_fixture import Hosts, main
 
 WORKER = worker("elastic_worker.py")
@@ -38,11 +38,7 @@ class NetnsTest(unittest.TestCase):
         self.agents[i] = self.hosts.popen(i, args, env=env, stdout=log, stderr=log)
 
     def logs(self):
-        text = ""
-        for path in sorted(glob.glob(os.path.join(self.out, "agent*.log"))):
-            with open(path) as f:
-                text += f"--- {os.path.basename(path)} ---\n{f.read()}"
-        return text
+        return log_tails(self.out, "agent*.log", tail=None)
 
     def starts(self, attempt):
         pattern = os.path.join(self.out, f"start_{attempt}_*.json")
