@@ -264,8 +264,6 @@ int launchEtcd(const LaunchConfig& config) {
   };
   agents::AgentOptions agent = agentOptions(config, true, name + " (" + addr + ")");
   agent.watchStoreHost = true;
-  if (config.controlPlane)
-    agent.control = controlOptions(config, options.runId, name, addr, options.connect);
   int code;
   {
     rendezvous::ElasticRendezvous rendezvous(std::move(options));

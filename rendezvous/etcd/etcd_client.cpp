@@ -345,11 +345,12 @@ auto EtcdClient::unary(const char* what, const std::string& key, bool retry, Cal
 }
 
 RangeResult EtcdClient::range(const std::string& key, const std::string& rangeEnd,
-                              int64_t revision) {
+                              int64_t revision, bool keysOnly) {
   pb::RangeRequest request;
   request.set_key(key);
   request.set_range_end(rangeEnd);
   request.set_revision(revision);
+  request.set_keys_only(keysOnly);
   const auto response = unary("range", key, true, [&](Connection& c, grpc::ClientContext& ctx) {
     pb::RangeResponse reply;
     auto status = c.kv->Range(&ctx, request, &reply);

@@ -105,9 +105,10 @@ class EtcdClient {
   EtcdClient(const EtcdClient&) = delete;
   EtcdClient& operator=(const EtcdClient&) = delete;
 
-  // [key, rangeEnd), or the key alone when rangeEnd is empty; at `revision` when > 0.
+  // [key, rangeEnd), or the key alone when rangeEnd is empty; at `revision` when > 0; with
+  // `keysOnly`, the values are left out (empty).
   RangeResult range(const std::string& key, const std::string& rangeEnd = {},
-                    int64_t revision = 0);
+                    int64_t revision = 0, bool keysOnly = false);
   RangeResult rangePrefix(const std::string& prefix) { return range(prefix, prefixEnd(prefix)); }
   std::optional<KeyValue> get(const std::string& key);
   // How many keys [key, rangeEnd) holds, without reading them.

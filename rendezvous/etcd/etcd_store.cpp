@@ -434,13 +434,18 @@ void EtcdStore::openWatch() {
     if (aborted_) watch_->cancel();
   }
   // A record whose key is gone outlived a lease that lapsed while no store watched: fire it now.
-  std::vector<std::string> keys;
-  for (const auto& [key, record] : records_) keys.push_back(key);
-  const auto values = read(keys);
-  for (size_t i = 0; i < keys.size(); ++i) {
-    if (!values[i]) {
-      fire(keys[i], records_[keys[i]]);
-      records_.erase(keys[i]);
+  // One keys-only read of the data says which keys exist (a read a record would cost every
+  // agent of a job O(agents) reads as it starts to wait).
+  if (records_.empty()) return;
+  std::set<std::string> present;
+  for (auto& kv : client_.range(dataPrefix_, EtcdClient::prefixEnd(dataPrefix_), 0, true).kvs)
+    present.insert(std::move(kv.key));
+  for (auto it = records_.begin(); it != records_.end();) {
+    if (present.contains(dataKey(it->first))) {
+      ++it;
+    } else {
+      fire(it->first, it->second);
+      it = records_.erase(it);
     }
   }
 }
