@@ -18,8 +18,9 @@ fresh rendezvous id.
     WORLD_SIZE, GROUP_RANK and MASTER_ADDR/PORT, then exits 0. Measured: from just before the
     first agent is launched to the latest worker start. A run counts when every rank 0..K-1 and
     group rank 0..K-1 started once with WORLD_SIZE K and every agent exited 0. Runs alternate
-    between the variants, K ascending. A run still short of its K workers after 30 + 3K s is cut
-    there (shown as "> cap"; larger K of that variant are not tried).
+    between the variants (in reverse order every other round), K ascending. A run still short
+    of its K workers after 30 + 3K s is cut there (shown as "> cap"; larger K of that variant
+    are not tried).
 (c) recovery: 3 agents, --nnodes=2:3 --max-restarts=3 --rdzv-conf=last_call_timeout=1 (or
     --recovery-conf, the same for every variant), whose workers run until a stop file appears.
     Under c10d agent 0 is started first and the other two once the store port listens, so
@@ -42,6 +43,23 @@ fresh rendezvous id.
       other: a node that serves neither the workers' store nor (c10d) the rendezvous: the
              highest-numbered such agent.
 
+--control on,off: the cost of the control plane instead (issue 13). Only (a), only dlrun-c10d,
+    in the variants dlrun-c10d-control-on and -off. Each run starts a dlrund of its own
+    (--host 127.0.0.1 --port 0 --stats, plus --no-control for off) as the rendezvous endpoint,
+    so every agent is one of its clients (each tries to bind the port first and loses), and the
+    off variant's agents get --no-control-plane. Every worker gets BENCH_SIGNAL_PID (dlrund's
+    PID) and sends it SIGUSR1 at its start, so dlrund prints its counts then; the run's
+    "start" counts are those of the first such line taken at or after the last worker's start
+    (the benchmark sends one more SIGUSR1 when it has seen every record, in case none was), its
+    "job" counts the line dlrund prints at its exit (SIGTERM once every agent has exited).
+    Reported per K and variant, medians over the runs: the rendezvous time (and the fastest
+    run), the time to the last agent's exit, requests per agent to the start and for the job,
+    connections per agent, the store's requests per second from the launch to that snapshot,
+    CPU per agent of the agents with their workers (RUSAGE_CHILDREN) and of dlrund (its
+    threads' schedstat from the launch to the last exit), the on/off ratio of each, the
+    run-by-run ratio of the rendezvous times (the i-th runs of on and off ran next to each
+    other: every other round runs them in reverse order), and the requests per agent by op.
+
 Every process is stopped by PID in a finally block: each agent, the processes below it (their
 PIDs and start times taken just before it is killed), every worker that recorded itself (if
 /proc says it still runs the probe), and etcd. Agents and etcd get PR_SET_PDEATHSIG, so they
@@ -53,6 +71,8 @@ import argparse
 import ctypes
 import json
 import os
+import re
+import resource
 import shutil
 import signal
 import socket
@@ -65,10 +85,13 @@ import uuid
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "python"))
+from dlrund_fixture import Dlrund, read_line  # noqa: E402
 from etcd_fixture import EtcdStartError, launch_etcd  # noqa: E402  (after the path)
 
 POLL_S = 0.01             # how often a deadline-bounded wait looks again
 EXIT_TIMEOUT_S = 30       # agents must exit this long after their workers did
+EXIT_POLL_S = 0.005       # how often the agents' exits are looked for
+STATS_TIMEOUT_S = 10      # dlrund --stats must print its line this soon after SIGUSR1/SIGTERM
 KILL_WAIT_S = 10
 PR_SET_PDEATHSIG = 1
 WORKER_NAME = b"dlrun-rdzv-probe"
@@ -100,14 +123,19 @@ def clean_env(**extra):
 
 
 class Tool:
-    """One variant: a launcher ("dlrun" or "torchrun") on one rendezvous backend."""
+    """One variant: a launcher ("dlrun" or "torchrun") on one rendezvous backend. With
+    `control` ("on" or "off", for --control), dlrun-c10d on a dlrund of its own per run
+    (`dlrund`, its path) with the control plane on or off in both."""
 
-    def __init__(self, launcher, backend, prefix, underscores):
+    def __init__(self, launcher, backend, prefix, underscores, control=None, dlrund=None):
         self.launcher = launcher
         self.backend = backend
-        self.name = f"{launcher}-{backend}"
+        self.name = f"{launcher}-{backend}" + (f"-control-{control}" if control else "")
         self.prefix = prefix
         self.underscores = underscores
+        self.control = control
+        self.dlrund = dlrund
+        self.extra = ["--no-control-plane"] if control == "off" else []
 
     def flag(self, name, value):
         return f"--{name.replace('-', '_') if self.underscores else name}={value}"
@@ -120,7 +148,8 @@ class Tool:
             self.flag("monitor-interval", 0.1)]
         if conf:
             argv.append(self.flag("rdzv-conf", conf))
-        return argv + ["--no_python" if self.underscores else "--no-python", *worker_args]
+        return argv + self.extra + [
+            "--no_python" if self.underscores else "--no-python", *worker_args]
 
 
 # --- processes -----------------------------------------------------------------------------
@@ -196,7 +225,9 @@ def kill_worker(pid):
 
 class Job:
     """The agents of one run, their logs and their workers' records; stops them all. Its
-    rendezvous endpoint: a fresh loopback port under c10d, the benchmark's etcd under etcd."""
+    rendezvous endpoint: a fresh loopback port under c10d, the benchmark's etcd under etcd, or
+    (--control) a dlrund of its own, started here with --stats (and --no-control when the
+    variant's control plane is off), whose PID the workers get as BENCH_SIGNAL_PID."""
 
     def __init__(self, scratch, tool, etcd_endpoint):
         self.tool = tool
@@ -205,7 +236,13 @@ class Job:
         os.mkdir(self.out)
         self.stop_file = os.path.join(self.dir, "stop")
         self.agents = []
-        if tool.backend == "c10d":
+        self.dlrund = None
+        if tool.dlrund:
+            self.dlrund = Dlrund("--stats", *(["--no-control"] if tool.control == "off" else []),
+                                 binary=tool.dlrund)
+            self.port = self.dlrund.port
+            self.endpoint = f"127.0.0.1:{self.port}"
+        elif tool.backend == "c10d":
             self.port = free_port()
             self.endpoint = f"127.0.0.1:{self.port}"
         else:
@@ -215,11 +252,39 @@ class Job:
 
     def start(self, argv):
         index = len(self.agents)
+        extra = {"BENCH_SIGNAL_PID": str(self.dlrund.pid)} if self.dlrund else {}
         with open(os.path.join(self.dir, f"agent{index}.log"), "wb") as log:
             self.agents.append(subprocess.Popen(
                 argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                env=clean_env(BENCH_AGENT=str(index), TMPDIR=self.dir),
+                env=clean_env(BENCH_AGENT=str(index), TMPDIR=self.dir, **extra),
                 preexec_fn=die_with_parent))
+
+    def store_snapshot_after(self, when, timeout=STATS_TIMEOUT_S):
+        """The first of dlrund's stats lines taken at or after `when` (unix seconds), parsed;
+        dlrund is sent SIGUSR1 first, so one is taken now if none was."""
+        self.dlrund.proc.send_signal(signal.SIGUSR1)
+        while True:
+            try:
+                line = read_line(self.dlrund.proc.stdout, timeout).decode()
+            except (TimeoutError, EOFError) as why:
+                raise Failed(f"no stats line from dlrund: {why}") from None
+            stats = parse_stats(line)
+            if stats and stats["time"] >= when:
+                return stats
+
+    def store_totals(self, timeout=STATS_TIMEOUT_S):
+        """dlrund's counts at its exit (SIGTERM), parsed."""
+        self.dlrund.proc.send_signal(signal.SIGTERM)
+        try:
+            self.dlrund.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise Failed(f"dlrund still running {timeout} s after SIGTERM") from None
+        last = None
+        for line in self.dlrund.proc.stdout.read().decode().splitlines(keepends=True):
+            last = parse_stats(line) or last
+        if last is None:
+            raise Failed("dlrund printed no stats line at its exit")
+        return last
 
     def records(self):
         found = []
@@ -265,15 +330,21 @@ class Job:
             time.sleep(POLL_S)
 
     def wait_exits(self, timeout):
+        """Waits until every agent has exited 0 (Failed when one exits otherwise, or after
+        timeout s); returns when the last exit was seen (unix s, to within EXIT_POLL_S)."""
         deadline = time.monotonic() + timeout
-        for index, agent in enumerate(self.agents):
-            try:
-                code = agent.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                raise Failed(f"agent {index} still running {timeout:.0f} s after its worker "
-                             "exited") from None
-            if code != 0:
-                raise Failed(f"agent {index} exited with {code}: {self.last_log_line(index)}")
+        while True:
+            codes = [agent.poll() for agent in self.agents]
+            for index, code in enumerate(codes):
+                if code is not None and code != 0:
+                    raise Failed(f"agent {index} exited with {code}: "
+                                 f"{self.last_log_line(index)}")
+            if None not in codes:
+                return time.time()
+            if time.monotonic() >= deadline:
+                raise Failed(f"agent {codes.index(None)} still running {timeout:.0f} s after "
+                             "its worker exited")
+            time.sleep(EXIT_POLL_S)
 
     def stop(self):
         with open(self.stop_file, "w"):
@@ -282,6 +353,24 @@ class Job:
             kill_agent(agent)
         for record in self.records():
             kill_worker(record["pid"])
+        if self.dlrund:
+            self.dlrund.stop()
+
+
+STATS_LINE = re.compile(r"dlrund stats: time=(\S+) connections=(\d+) foreign=(\d+) "
+                        r"requests=(\d+)((?: [A-Z_]+=\d+)*)\n")
+
+
+def parse_stats(line):
+    """A line of dlrund --stats as {"time", "connections", "foreign", "requests", "ops": {op:
+    count}}; None for any other line."""
+    match = STATS_LINE.fullmatch(line)
+    if not match:
+        return None
+    ops = {name: int(count) for name, count in
+           (field.split("=") for field in match.group(5).split())}
+    return {"time": float(match.group(1)), "connections": int(match.group(2)),
+            "foreign": int(match.group(3)), "requests": int(match.group(4)), "ops": ops}
 
 
 def free_port():
@@ -328,11 +417,42 @@ def holds_socket(pid, inodes):
 
 # --- (a) rendezvous ------------------------------------------------------------------------
 
+def children_cpu():
+    """CPU seconds (user + system) of every child of this process reaped so far, with the
+    descendants each reaped."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def process_cpu(pid):
+    """CPU seconds used so far by the threads of process pid that still run (the sum of the
+    nanoseconds in /proc/<pid>/task/*/schedstat); 0 if it is gone."""
+    total = 0
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return 0
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/schedstat") as f:
+                total += int(f.read().split()[0])
+        except (OSError, ValueError, IndexError):
+            continue
+    return total / 1e9
+
+
 def rendezvous_run(tool, k, worker, scratch, etcd_endpoint, timeout):
-    """Seconds from launching the first of k agents to the last worker's start."""
+    """Seconds from launching the first of k agents to the last worker's start, and under
+    --control the store's counts: {"t0": the launch (unix s), "start": the first snapshot at or
+    after the last worker's start, "total": at dlrund's exit, after every agent's, "job":
+    seconds from the launch to the last agent's exit,
+    "agents_cpu": CPU seconds of the agents and their workers, "store_cpu": dlrund's from the
+    launch to every agent's exit}; else None."""
     job = Job(scratch, tool, etcd_endpoint)
     try:
         argv = tool.argv(k, job.endpoint, job.rdzv_id, 0, [worker, job.out])
+        cpu0 = children_cpu()
+        store_cpu0 = process_cpu(job.dlrund.pid) if job.dlrund else 0
         t0 = time.time()
         for _ in range(k):
             job.start(argv)
@@ -346,8 +466,16 @@ def rendezvous_run(tool, k, worker, scratch, etcd_endpoint, timeout):
             if None in got or sorted(got) != want:
                 raise Failed(f"the workers' {key.upper()} values were {got}, not {want}")
         seconds = max(r["time"] for r in records) - t0
-        job.wait_exits(EXIT_TIMEOUT_S)
-        return seconds
+        stats = None
+        if job.dlrund:
+            stats = {"t0": t0, "start": job.store_snapshot_after(t0 + seconds)}
+        exited = job.wait_exits(EXIT_TIMEOUT_S)
+        if job.dlrund:
+            stats["job"] = exited - t0
+            stats["store_cpu"] = process_cpu(job.dlrund.pid) - store_cpu0
+            stats["agents_cpu"] = children_cpu() - cpu0  # each agent reaped its worker
+            stats["total"] = job.store_totals()
+        return seconds, stats
     finally:
         job.stop()
 
@@ -356,19 +484,24 @@ def rendezvous_timeout(k):
     return 30 + 3 * k
 
 
-def run_rendezvous(tools, ks, worker, scratch, etcd_endpoint, budget_s):
-    """Runs (a); returns {(tool name, k): [seconds]}, {(tool name, k): why it failed} and the
-    keys that got fewer runs than planned because the budget ran out. A run cut at its
-    timeout is a failure whose reason starts with "timed out"."""
+def run_rendezvous(tools, ks, worker, scratch, etcd_endpoint, budget_s, dlrun_repeats=None):
+    """Runs (a); returns {(tool name, k): [seconds]}, {(tool name, k): why it failed}, the
+    keys that got fewer runs than planned because the budget ran out, and {(tool name, k):
+    [the store's counts, see rendezvous_run]} (--control). A run cut at its timeout is a
+    failure whose reason starts with "timed out". dlrun_repeats: dlrun's runs per K, instead
+    of REPEATS's. Every other round runs the variants in reverse order."""
     end = time.monotonic() + budget_s
     times = {(t.name, k): [] for t in tools for k in ks}
+    store = {(t.name, k): [] for t in tools for k in ks}
     failed, short = {}, set()
     hung = {}  # tool name -> the K at which a run timed out: larger K are not tried
     last_run = {}  # (tool name, k) -> seconds the last run took
     for k in ks:
         repeats = dict(zip(("dlrun", "torchrun"), REPEATS.get(k, DEFAULT_REPEATS)))
+        if dlrun_repeats:
+            repeats["dlrun"] = dlrun_repeats
         for round_ in range(max(repeats[t.launcher] for t in tools)):
-            for tool in tools:
+            for tool in tools if round_ % 2 == 0 else tools[::-1]:
                 key = (tool.name, k)
                 if key in failed or round_ >= repeats[tool.launcher]:
                     continue
@@ -382,8 +515,11 @@ def run_rendezvous(tools, ks, worker, scratch, etcd_endpoint, budget_s):
                     continue
                 started = time.monotonic()
                 try:
-                    times[key].append(rendezvous_run(tool, k, worker, scratch, etcd_endpoint,
-                                                     rendezvous_timeout(k)))
+                    seconds, stats = rendezvous_run(tool, k, worker, scratch, etcd_endpoint,
+                                                    rendezvous_timeout(k))
+                    times[key].append(seconds)
+                    if stats:
+                        store[key].append(stats)
                     print(f"rdzv_bench: {tool.name} K={k}: {times[key][-1] * 1e3:.0f} ms",
                           file=sys.stderr)
                 except Failed as why:
@@ -392,7 +528,7 @@ def run_rendezvous(tools, ks, worker, scratch, etcd_endpoint, budget_s):
                         hung[tool.name] = k
                     print(f"rdzv_bench: {tool.name} K={k} failed: {why}", file=sys.stderr)
                 last_run[key] = time.monotonic() - started
-    return times, failed, short
+    return times, failed, short, store
 
 
 # --- (c) recovery --------------------------------------------------------------------------
@@ -577,6 +713,79 @@ def report_rendezvous(tools, ks, times, failed, short):
               + ", ".join(f"{name} K={k}" for name, k in sorted(short, key=lambda x: x[1])))
 
 
+def report_control(tools, ks, times, failed, short, store):
+    """--control's table: per K and variant, the rendezvous time, the store's counts and the
+    CPU time, then on/off; and the requests per agent by op."""
+    print("(a) rendezvous, control plane on and off: K dlrun-c10d agents on a dlrund --stats of "
+          "their own per run")
+    print("    (off: dlrun --no-control-plane, dlrund --no-control); medians over the runs. "
+          "'start': from the launch")
+    print("    to dlrund's first snapshot after the last worker's start; 'job': to every "
+          "agent's exit.")
+    header = "%-4s %-7s %4s %8s %7s %7s %10s %10s %10s %11s %10s %10s"
+    print(header % ("K", "control", "runs", "rdzv ms", "min ms", "job ms", "req/agent",
+                    "req/agent", "conn/agent", "store", "agent CPU", "store CPU"))
+    print(header % ("", "", "", "", "", "", "start", "job", "job", "req/s start", "ms/agent",
+                    "us/agent"))
+    for k in ks:
+        row = {}
+        for tool in tools:
+            key = (tool.name, k)
+            runs = store[key]
+            if key in failed or not runs:
+                why = f"failed: {failed[key]}" if key in failed else "not run"
+                print(f"{k:<4} {tool.control:<7} {why}")
+                continue
+
+            def per_agent(what, field, scale=1):
+                return median([run[what][field] * scale / k for run in runs])
+            row[tool.control] = (
+                median(times[key]), min(times[key]), median([run["job"] for run in runs]),
+                per_agent("start", "requests"),
+                per_agent("total", "requests"), per_agent("total", "connections"),
+                median([run["start"]["requests"] / (run["start"]["time"] - run["t0"])
+                        for run in runs]),
+                median([run["agents_cpu"] * 1e3 / k for run in runs]),
+                median([run["store_cpu"] * 1e6 / k for run in runs]))
+            v = row[tool.control]
+            print(header % (k, tool.control, len(runs), ms(v[0]), ms(v[1]), ms(v[2]),
+                            f"{v[3]:.1f}", f"{v[4]:.1f}", f"{v[5]:.2f}", f"{v[6]:.0f}",
+                            f"{v[7]:.1f}", f"{v[8]:.0f}"))
+        if "on" in row and "off" in row:
+            print(header % (k, "on/off", "", *(f"{on / off:.3f}" if off else "-"
+                                               for on, off in zip(row["on"], row["off"]))))
+    # Runs alternate, so the i-th runs of on and off ran side by side: their ratio cancels
+    # most of the load that other work puts on the machine meanwhile.
+    names = {tool.control: tool.name for tool in tools}
+    if "on" in names and "off" in names:
+        print("  rendezvous time on/off, run by run (the i-th of each, next to each other), "
+              "median [middle half]:")
+        for k in ks:
+            pairs = sorted(on / off for on, off in zip(times[(names["on"], k)],
+                                                       times[(names["off"], k)]))
+            if pairs:
+                quarter = len(pairs) // 4
+                print(f"    K={k}: {statistics.median(pairs):.3f} [{pairs[quarter]:.3f}-"
+                      f"{pairs[len(pairs) - 1 - quarter]:.3f}] ({len(pairs)} pairs)")
+    print("  requests per agent by op, medians (start | job):")
+    for k in ks:
+        for tool in tools:
+            runs = store[(tool.name, k)]
+            if not runs:
+                continue
+            ops = sorted({op for run in runs for what in ("start", "total")
+                          for op in run[what]["ops"]})
+            cells = [f"{op} {median([r['start']['ops'].get(op, 0) / k for r in runs]):.1f}"
+                     f" | {median([r['total']['ops'].get(op, 0) / k for r in runs]):.1f}"
+                     for op in ops]
+            print(f"    K={k} {tool.control}: " + ", ".join(cells))
+    for (name, k), why in sorted(failed.items(), key=lambda item: (item[0][1], item[0][0])):
+        print(f"  K={k}, {name}: failed: {why}")
+    if short:
+        print("  the time budget ran out first: fewer runs (or none, -) for "
+              + ", ".join(f"{name} K={k}" for name, k in sorted(short, key=lambda x: x[1])))
+
+
 def report_recovery(tools, victims, results, failed, conf, cap_s):
     print(f"(c) recovery: 3 agents --nnodes=2:3 --max-restarts=3 --rdzv-conf={conf} "
           "(torch 1.13 takes whole seconds); one agent and its workers SIGKILLed;")
@@ -651,6 +860,13 @@ def main():
                         help="(c)'s --rdzv-conf, the same for every variant")
     parser.add_argument("--victims", default="other",
                         help="whom (c) kills, comma-separated: store, other")
+    parser.add_argument("--control",
+                        help="on,off: (a) alone, dlrun-c10d on a dlrund --stats per run with "
+                        "the control plane on and/or off, and the store's counts; no torchrun")
+    parser.add_argument("--dlrund", help="the dlrund executable (--control)")
+    parser.add_argument("--repeats", type=int,
+                        help="dlrun's runs of (a) per K and variant (default: 5 up to K = 8, "
+                        "then 3)")
     args = parser.parse_args()
     ks = [int(k) for k in args.ks.split(",")]
     backends = args.backends.split(",")
@@ -665,7 +881,19 @@ def main():
     for value in victims:
         if value not in ("store", "other"):
             parser.error(f"unknown victim {value!r} (store, other)")
+    controls = args.control.split(",") if args.control else []
+    for value in controls:
+        if value not in ("on", "off"):
+            parser.error(f"unknown --control value {value!r} (on, off)")
+    if controls and (backends != ["c10d"] or args.torchrun or args.only == "recovery"
+                     or not args.dlrund):
+        parser.error("--control takes dlrun on c10d alone, no torchrun, (a) alone, and --dlrund")
+    if args.repeats is not None and args.repeats < 1:
+        parser.error("--repeats must be at least 1")
     tools = [Tool("dlrun", b, [args.dlrun], underscores=False) for b in backends]
+    if controls:
+        tools = [Tool("dlrun", "c10d", [args.dlrun], underscores=False, control=c,
+                      dlrund=args.dlrund) for c in controls]
     if args.torchrun:
         tools += [Tool("torchrun", b, args.torchrun, underscores=True)
                   for b in torchrun_backends]
@@ -676,10 +904,13 @@ def main():
             etcd = start_etcd(scratch)
         endpoint = etcd.endpoint if etcd else None
         if args.only in (None, "rendezvous"):
-            times, failed, short = run_rendezvous(tools, ks, args.worker, scratch, endpoint,
-                                                  args.budget)
-            report_rendezvous(tools, ks, times, failed, short)
-        if args.only in (None, "recovery"):
+            times, failed, short, store = run_rendezvous(tools, ks, args.worker, scratch,
+                                                         endpoint, args.budget, args.repeats)
+            if controls:
+                report_control(tools, ks, times, failed, short, store)
+            else:
+                report_rendezvous(tools, ks, times, failed, short)
+        if args.only in (None, "recovery") and not controls:
             dl, tr = (int(x) for x in args.recovery_repeats.split(","))
             results, failed = run_recovery(tools, victims, args.worker, scratch, endpoint,
                                            args.recovery_conf, args.recovery_cap,

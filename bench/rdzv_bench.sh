@@ -9,6 +9,15 @@
 #       workers SIGKILLed (--victims: `store`, the node of the workers' MASTER_ADDR:MASTER_PORT;
 #       `other`, a node serving neither that nor, under c10d, the rendezvous); time until both
 #       survivors' new workers start (capped at 60 s: torchrun's survivors may never notice).
+#   --control on,off: the cost of dlrun's control plane (issue 13) instead: (a) alone, dlrun-c10d
+#       only, each run on a dlrund of its own (--stats; the agents are all its clients), with the
+#       control plane on and off (dlrun --no-control-plane and dlrund --no-control), the runs
+#       alternating. Per K and variant: the rendezvous time, the store's requests and connections
+#       per agent (to the last worker's start, where each worker has dlrund snapshot its counts
+#       through SIGUSR1, and to every agent's exit), the store's requests/s until then, the CPU
+#       time of the agents (with their workers) and of dlrund, and on/off. About a minute with
+#       every K and --repeats 31 on 2 cores:
+#         bash bench/rdzv_bench.sh build --control on,off --repeats 31
 # A launcher whose run fails (dlrun's multi-node flags, say) prints why and the rest goes on.
 # Builds nothing. c10d alone takes about five minutes with every K on 2 cores; the etcd
 # comparison of issue 11 (one etcd 3.4 with --enable-v2 on loopback for the whole run; torchrun's
@@ -20,10 +29,11 @@
 #
 # Usage: bench/rdzv_bench.sh BUILD_DIR [--ks 2,4,8] [--backends c10d,etcd]
 #          [--torchrun-backends c10d,etcd,etcd-v2] [--victims other,store] [--recovery-conf CONF]
-#          [--skip-torchrun] [--only rendezvous|recovery]
+#          [--skip-torchrun] [--only rendezvous|recovery] [--control on,off] [--repeats N]
 # --backends: dlrun's (default c10d); --torchrun-backends: torchrun's (default: --backends;
 # etcd is torch's legacy etcd rendezvous, etcd-v2 its dynamic rendezvous on etcd);
-# --recovery-conf: (c)'s --rdzv-conf for every variant (default last_call_timeout=1).
+# --recovery-conf: (c)'s --rdzv-conf for every variant (default last_call_timeout=1);
+# --repeats: dlrun's runs of (a) per K and variant (default 5 up to K = 8, then 3).
 # Environment: PYTHON (default /usr/bin/python3, which has torch 1.13; also runs the workers),
 #              BUDGET_SECONDS (200: seconds for (a); a run is started only if it looks to fit,
 #              the first of each K always starts).
@@ -32,7 +42,7 @@ set -euo pipefail
 usage() {
   echo "usage: bench/rdzv_bench.sh BUILD_DIR [--ks 2,4,8] [--backends c10d,etcd]" \
     "[--torchrun-backends c10d,etcd,etcd-v2] [--victims other,store] [--recovery-conf CONF]" \
-    "[--skip-torchrun] [--only rendezvous|recovery]" >&2
+    "[--skip-torchrun] [--only rendezvous|recovery] [--control on,off] [--repeats N]" >&2
   exit 2
 }
 
@@ -46,6 +56,8 @@ torchrun_backends=
 victims=other
 recovery_conf=last_call_timeout=1
 only=()
+control=
+repeats=()
 while (($#)); do
   case $1 in
     --ks) (($# >= 2)) || usage; ks=$2; shift 2 ;;
@@ -61,6 +73,10 @@ while (($#)); do
     --skip-torchrun) torchrun=no; shift ;;
     --only) (($# >= 2)) || usage; only=(--only "$2"); shift 2 ;;
     --only=*) only=(--only "${1#--only=}"); shift ;;
+    --control) (($# >= 2)) || usage; control=$2; shift 2 ;;
+    --control=*) control=${1#--control=}; shift ;;
+    --repeats) (($# >= 2)) || usage; repeats=(--repeats "$2"); shift 2 ;;
+    --repeats=*) repeats=(--repeats "${1#--repeats=}"); shift ;;
     *) usage ;;
   esac
 done
@@ -75,6 +91,21 @@ torchrun_backends=${torchrun_backends:-$backends}
   { echo "rdzv_bench.sh: bad --victims '$victims' (store, other)" >&2; exit 2; }
 if ((${#only[@]})) && [[ ${only[1]} != rendezvous && ${only[1]} != recovery ]]; then
   usage
+fi
+if ((${#repeats[@]})) && ! [[ ${repeats[1]} =~ ^[1-9][0-9]*$ ]]; then
+  echo "rdzv_bench.sh: bad --repeats '${repeats[1]}'" >&2
+  exit 2
+fi
+control_args=()
+if [[ -n $control ]]; then
+  [[ $control =~ ^(on|off)(,(on|off))*$ ]] ||
+    { echo "rdzv_bench.sh: bad --control '$control' (on, off)" >&2; exit 2; }
+  [[ $backends == c10d && ${only[1]:-rendezvous} == rendezvous ]] ||
+    { echo "rdzv_bench.sh: --control measures (a) on c10d alone" >&2; exit 2; }
+  dlrund=$build/bin/dlrund
+  [[ -x $dlrund ]] || { echo "rdzv_bench.sh: $dlrund not found; build first" >&2; exit 2; }
+  control_args=(--control "$control" --dlrund "$(realpath "$dlrund")")
+  torchrun=no
 fi
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -95,7 +126,10 @@ if [[ $etcd_used == yes && ! -x /usr/bin/etcd ]]; then
 fi
 
 torchrun_args=()
-if [[ $torchrun == yes ]]; then
+if [[ -n $control ]]; then
+  echo "dlrun alone (--control $control): c10d rendezvous on a dlrund per run on 127.0.0.1," \
+    "$(nproc) cores"
+elif [[ $torchrun == yes ]]; then
   torch_version=$("$python" -c 'import torch; print(torch.__version__)') || {
     echo "rdzv_bench.sh: $python cannot import torch (or pass --skip-torchrun)" >&2
     exit 2
@@ -120,6 +154,6 @@ status=0
 "$python" "$here/rdzv_bench.py" --dlrun "$dlrun" "${torchrun_args[@]}" --worker "$probe" \
   --ks "$ks" --backends "$backends" --torchrun-backends "$torchrun_backends" \
   --victims "$victims" --recovery-conf "$recovery_conf" --budget "${BUDGET_SECONDS:-200}" \
-  "${only[@]}" || status=$?
+  "${only[@]}" "${control_args[@]}" "${repeats[@]}" || status=$?
 echo "load average at end: $(cut -d ' ' -f 1-3 /proc/loadavg)"
 exit "$status"

@@ -7,6 +7,10 @@
 // WORLD_SIZE, GROUP_RANK, TORCHELASTIC_RESTART_COUNT, MASTER_ADDR, MASTER_PORT, its PID, an id
 // unique to this process and BENCH_AGENT. Without STOP_FILE it exits 0; with it, it waits until
 // STOP_FILE exists (looking every 20 ms, for at most 10 minutes), then exits 0.
+// With BENCH_SIGNAL_PID set it sends that process SIGUSR1 right after reading the clock, before
+// the record exists: rdzv_bench.py's --control has dlrund --stats take a snapshot of its counts
+// at each worker's start.
+#include <signal.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -46,6 +50,8 @@ std::string text(const char* name) {
 
 int main(int argc, char** argv) {
   const auto start = std::chrono::system_clock::now();
+  if (const char* notify = std::getenv("BENCH_SIGNAL_PID"); notify && *notify)
+    ::kill(static_cast<pid_t>(std::atoi(notify)), SIGUSR1);
   if (argc < 2 || argc > 3) {
     std::fprintf(stderr, "usage: dlrun-rdzv-probe OUT_DIR [STOP_FILE]\n");
     return 2;

@@ -2,6 +2,7 @@
 
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
+#include <unistd.h>
 
 #include "common/error.h"
 
@@ -66,10 +67,36 @@ std::unique_ptr<rendezvous::LeasingStore> ControlServer::openStore() {
 
 StoreWithControl::StoreWithControl(rendezvous::StoreServerOptions options)
     : store_([&] {
-        options.foreign = [this](int fd) { control_.adopt(fd); };
+        options.foreign = [this](int fd) { handOver(fd); };
         return std::move(options);
       }()) {
-  control_.readStoreAt(store_.address(), store_.port());
+  // The port is ours (the store's constructor throws otherwise): now gRPC is worth starting.
+  // Should that fail, ~StoreWithControl does not run, so the early connections are closed here.
+  std::unique_ptr<ControlServer> control;
+  try {
+    control = std::make_unique<ControlServer>();
+  } catch (...) {
+    std::lock_guard lock(mutex_);
+    for (int fd : early_) ::close(fd);
+    early_.clear();
+    throw;
+  }
+  control->readStoreAt(store_.address(), store_.port());
+  std::lock_guard lock(mutex_);
+  control_ = std::move(control);
+  for (int fd : early_) control_->adopt(fd);
+  early_.clear();
+}
+
+StoreWithControl::~StoreWithControl() = default;
+
+void StoreWithControl::handOver(int fd) {
+  std::lock_guard lock(mutex_);
+  if (control_) {
+    control_->adopt(fd);
+  } else {
+    early_.push_back(fd);
+  }
 }
 
 }  // namespace dlrun::control

@@ -41,6 +41,10 @@ DlrundParse parseDlrundArgs(const std::vector<std::string>& args) {
       ->check(kAtLeastOne);
   app.add_flag("!--no-control", result.config.control,
                "Do not serve the gRPC control plane (dlrun status/events/stop) on the port");
+  app.add_flag("--stats", result.config.stats,
+               "Print the store's counts (connections, requests by op) as one line on stdout, "
+               "'dlrund stats: time=UNIX_SECONDS connections=N foreign=N requests=N SET=N "
+               "...' (each op served, in protocol order), on SIGUSR1 and at exit");
   app.add_flag("-v,--verbose", result.config.verbose, "Log every connection event");
   app.set_version_flag("--version", kVersion);
 

@@ -13,6 +13,7 @@ namespace dlrun::launcher {
 struct DlrundConfig {
   rendezvous::StoreServerOptions server;
   bool control = true;  // serve the control plane (gRPC) on the store's port
+  bool stats = false;   // print the store's counters (StoreStats) on SIGUSR1 and at exit
   bool verbose = false;
 };
 

@@ -1,4 +1,7 @@
 // dlrund: the standalone store daemon. Runs in the foreground until SIGINT or SIGTERM.
+#include <chrono>
+#include <cstdio>
+#include <functional>
 #include <iostream>
 
 #include "common/asio.h"
@@ -25,9 +28,37 @@ int main(int argc, char** argv) {
     boost::asio::io_context io(1);
     rendezvous::StoreServer server(io, parsed.config.server);
     if (control) control->readStoreAt(server.address(), server.port());
+    // --stats: the counts so far on SIGUSR1, read on the server's own thread.
+    const auto printStats = [&] {
+      const double now = std::chrono::duration<double>(
+                             std::chrono::system_clock::now().time_since_epoch())
+                             .count();
+      char time[32];
+      std::snprintf(time, sizeof(time), "%.6f", now);
+      std::cout << "dlrund stats: time=" << time << ' ' << server.stats().describe()
+                << std::endl;
+    };
+    boost::asio::signal_set statsSignal(io);
+    bool stopping = false;
+    std::function<void()> awaitStatsSignal = [&] {
+      statsSignal.async_wait([&](const boost::system::error_code& ec, int) {
+        if (ec) return;
+        printStats();
+        // A SIGUSR1 whose handler was already due when SIGTERM cancelled the wait must not
+        // start another: that wait would keep io.run() going.
+        if (!stopping) awaitStatsSignal();
+      });
+    };
+    if (parsed.config.stats) {
+      statsSignal.add(SIGUSR1);
+      awaitStatsSignal();
+    }
     boost::asio::signal_set signals(io, SIGINT, SIGTERM);
     signals.async_wait([&](const boost::system::error_code& ec, int) {
-      if (!ec) server.stop();
+      if (ec) return;
+      stopping = true;
+      server.stop();
+      statsSignal.cancel();  // its wait would keep io.run() going
     });
     std::cout << "dlrund listening on " << rendezvous::joinHostPort(server.address(), server.port())
               << std::endl;
@@ -37,6 +68,7 @@ int main(int argc, char** argv) {
                    "the same port"
                 << std::endl;
     io.run();
+    if (parsed.config.stats) printStats();
     return 0;
   });
 }

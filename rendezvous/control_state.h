@@ -3,7 +3,9 @@
 // write (agents/control_publisher.h), the Control service reads (control/).
 //
 // Keys under "dlrun/ID/" (elastic_protocol.h's root), plus one registry of every job:
-//   dlrun/jobs          job ids, one a line (appended by the agent that wrote ctl/meta)
+//   dlrun/jobs          job ids, one a line, appended by each agent that finds ctl/meta
+//                       holding its own settings (so once per agent: the compare-and-set
+//                       cannot tell its writer apart); readers drop repeats (lines())
 //   ctl/meta            the job's settings (ControlMeta; compare-and-set by the first agent)
 //   ctl/nodes           node names, one a line (each agent appends its own once)
 //   ctl/node/NAME       that node's state (NodeState), rewritten on each change: O(1) a change

@@ -6,6 +6,8 @@
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <optional>
 #include <thread>
 
 #include "control/access.h"
@@ -294,6 +296,75 @@ TEST(LivenessServer, AnswersEveryProbeAlive) {
     EXPECT_EQ(probe.readExact(alive.size(), deadline), alive);
     EXPECT_TRUE(probe.awaitClose(deadline));
   }
+}
+
+// What an agent serving its job's store runs: both on one port.
+TEST(StoreWithControlTest, ServesTheStoreAndTheControlPlaneOnItsPort) {
+  StoreWithControl served({.host = "127.0.0.1", .port = 0});
+  const uint16_t port = served.store().port();
+  rendezvous::TcpStore store({.host = "127.0.0.1", .port = port});
+  store.set(ctl::Keys("job1").meta(), ctl::encode(ctl::ControlMeta{.backend = "c10d"}));
+  store.append(ctl::Keys::jobs(), "job1\n");
+  auto stub = v1::Control::NewStub(grpc::CreateChannel("127.0.0.1:" + std::to_string(port),
+                                                       grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+  v1::ListJobsResponse list;
+  ASSERT_TRUE(stub->ListJobs(&context, {}, &list).ok());
+  ASSERT_EQ(list.jobs_size(), 1);
+  EXPECT_EQ(list.jobs(0).id(), "job1");
+}
+
+// Every agent on the endpoint's host tries to serve; those that lose the bind must fail the
+// way the launcher expects (it goes on as a client).
+TEST(StoreWithControlTest, ATakenPortIsANetworkError) {
+  rendezvous::StoreServerThread first({.host = "127.0.0.1", .port = 0});
+  EXPECT_THROW(StoreWithControl({.host = "127.0.0.1", .port = first.port()}), NetworkError);
+}
+
+// The gRPC server starts after the store has bound the port: an HTTP/2 client that connects in
+// between is held until it exists, then served (its SETTINGS frame, gRPC's first answer), not
+// dropped. The client connects the moment the port listens, so it nearly always comes first.
+TEST(StoreWithControlTest, AGrpcClientThatConnectsAsSoonAsThePortListensIsServed) {
+  uint16_t port = 0;
+  {
+    rendezvous::StoreServerThread probe({.host = "127.0.0.1", .port = 0});
+    port = probe.port();
+  }  // a port that was free a moment ago
+  std::atomic<bool> stop{false};
+  std::string outcome = "never connected";
+  std::thread client([&] {
+    const auto deadline = Clock::now() + std::chrono::seconds(20);
+    rendezvous::TcpStream stream;
+    while (!stream.isOpen()) {
+      if (stop || Clock::now() > deadline) return;
+      try {
+        stream = rendezvous::TcpStream::connect("127.0.0.1", port, deadline);
+      } catch (const rendezvous::ConnectionRefused&) {
+        std::this_thread::sleep_for(std::chrono::microseconds(100));  // not listening yet
+      }
+    }
+    try {
+      stream.writeAll(std::string("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n") +
+                          std::string("\0\0\0\x04\0\0\0\0\0", 9),  // an empty SETTINGS
+                      deadline);
+      const std::string frame = stream.readExact(9, deadline);
+      outcome = frame[3] == '\x04' ? "served" : "not a SETTINGS frame";
+    } catch (const NetworkError& e) {
+      outcome = e.what();
+    }
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));  // the client is trying
+  std::optional<StoreWithControl> served;
+  try {
+    served.emplace(rendezvous::StoreServerOptions{.host = "127.0.0.1", .port = port});
+  } catch (const NetworkError&) {
+    stop = true;
+    client.join();
+    GTEST_SKIP() << "port " << port << " was taken meanwhile";
+  }
+  client.join();
+  EXPECT_EQ(outcome, "served");
 }
 
 }  // namespace

@@ -13,12 +13,13 @@ TEST(DlrundCli, DefaultsMatchTorchrunsStorePort) {
   EXPECT_EQ(parsed.config.server.port, 29500);
   EXPECT_EQ(parsed.config.server.host, "0.0.0.0");
   EXPECT_TRUE(parsed.config.control);
+  EXPECT_FALSE(parsed.config.stats);
 }
 
 TEST(DlrundCli, ReadsEveryFlag) {
   auto parsed = parseDlrundArgs({"--host", "::", "--port", "0", "--max-key-bytes", "10",
                                  "--max-value-bytes", "20", "--max-keys-per-op", "30",
-                                 "--max-buffered-bytes", "40", "--no-control", "-v"});
+                                 "--max-buffered-bytes", "40", "--no-control", "--stats", "-v"});
   const auto& c = parsed.config;
   EXPECT_EQ(c.server.host, "::");
   EXPECT_EQ(c.server.port, 0);
@@ -27,6 +28,7 @@ TEST(DlrundCli, ReadsEveryFlag) {
   EXPECT_EQ(c.server.limits.maxKeysPerOp, 30u);
   EXPECT_EQ(c.server.limits.maxBufferedBytes, 40u);
   EXPECT_FALSE(c.control);
+  EXPECT_TRUE(c.stats);
   EXPECT_TRUE(c.verbose);
 }
 

@@ -187,6 +187,9 @@ TEST_F(StoreServerTest, AnHttp2ConnectionGoesToTheForeignServerWithItsBytesUnrea
   EXPECT_EQ(http2.read(2), "ok");
   ::close(socket);
   EXPECT_EQ(server->connectionCount(), 0u);  // no longer the store's
+  EXPECT_EQ(server->stats().connections, 1u);
+  EXPECT_EQ(server->stats().foreign, 1u);
+  EXPECT_EQ(server->stats().requests(), 0u);
 
   RawClient old(server->port());
   std::string add;
@@ -194,6 +197,26 @@ TEST_F(StoreServerTest, AnHttp2ConnectionGoesToTheForeignServerWithItsBytesUnrea
   old.send(add);
   EXPECT_EQ(old.read(8), i64Bytes(3));
   expectServing();
+}
+
+TEST_F(StoreServerTest, CountsConnectionsAndRequestsByOp) {
+  EXPECT_EQ(server->stats().describe(), "connections=0 foreign=0 requests=0");
+  RawClient c(server->port());
+  c.validate();
+  c.send(v2(Op::Set) + lengthPrefixed("/n") + lengthPrefixed("1"));
+  c.send(v2(Op::Add) + lengthPrefixed("/n") + i64Bytes(2));
+  EXPECT_EQ(c.read(8), i64Bytes(3));
+  RawClient old(server->port());
+  std::string add;
+  Encoder(add).op(Era::V1, Op::Add).bytes("/n").i64(4);
+  old.send(add);
+  EXPECT_EQ(old.read(8), i64Bytes(7));  // every request so far is counted: each was answered
+  const StoreStats stats = server->stats();
+  EXPECT_EQ(stats.connections, 2u);
+  EXPECT_EQ(stats.foreign, 0u);
+  EXPECT_EQ(stats.requests(), 4u);
+  EXPECT_EQ(stats.ops[static_cast<size_t>(Op::Add)], 2u);
+  EXPECT_EQ(stats.describe(), "connections=2 foreign=0 requests=4 VALIDATE=1 SET=1 ADD=2");
 }
 
 TEST_F(StoreServerTest, AHugeLengthPrefixIsRefusedBeforeAnyPayload) {

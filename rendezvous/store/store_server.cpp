@@ -10,6 +10,8 @@
 #include <fcntl.h>
 #include <sys/socket.h>
 
+#include <atomic>
+
 #include "common/asio.h"
 #include <unordered_map>
 
@@ -31,6 +33,19 @@ namespace detail {
 void keepFromChildren(int fd) { ::fcntl(fd, F_SETFD, ::fcntl(fd, F_GETFD) | FD_CLOEXEC); }
 
 class Session;
+
+// A count with one writer, the io_context's thread: a relaxed load and store (a plain increment
+// on x86), no locked read-modify-write on the request path; readable from any thread.
+class Counter {
+ public:
+  void bump() {
+    value_.store(value_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+  }
+  uint64_t read() const { return value_.load(std::memory_order_relaxed); }
+
+ private:
+  std::atomic<uint64_t> value_{0};
+};
 
 class ServerImpl : public std::enable_shared_from_this<ServerImpl> {
  public:
@@ -57,6 +72,9 @@ class ServerImpl : public std::enable_shared_from_this<ServerImpl> {
   StoreEngine engine_;
   std::unordered_map<Session*, std::shared_ptr<Session>> sessions_;
   std::atomic<size_t> connectionCount_{0};
+  Counter accepted_;
+  Counter foreign_;
+  std::array<Counter, wire::kOpCount> ops_;
   std::string scratch_ = std::string(256 * 1024, '\0');
   tcp::endpoint bound_;
   bool stopped_ = false;
@@ -149,6 +167,7 @@ class Session : public Peer, public std::enable_shared_from_this<Session> {
       return true;
     }
     closed_ = true;  // the engine never saw this peer, so there is nothing to disconnect
+    server_.foreign_.bump();
     server_.forget(this);
     server_.options_.foreign(fd);
     return true;
@@ -174,6 +193,7 @@ class Session : public Peer, public std::enable_shared_from_this<Session> {
         close(result.error);
         return false;
       }
+      server_.ops_[static_cast<size_t>(request_.op)].bump();
       if (auto refused = server_.engine().handle(*this, request_, now); !refused.empty()) {
         close(refused);
         return false;
@@ -272,6 +292,7 @@ void ServerImpl::accept() {
     auto session = std::make_shared<Session>(*self, std::move(socket));
     self->sessions_.emplace(session.get(), session);
     self->connectionCount_.store(self->sessions_.size());
+    self->accepted_.bump();
     session->start();
     self->accept();
   });
@@ -327,6 +348,31 @@ std::string StoreServer::address() const { return impl_->bound_.address().to_str
 void StoreServer::stop() { impl_->stop(); }
 
 size_t StoreServer::connectionCount() const { return impl_->connectionCount_.load(); }
+
+StoreStats StoreServer::stats() const {
+  StoreStats stats{.connections = impl_->accepted_.read(), .foreign = impl_->foreign_.read()};
+  for (size_t op = 0; op < wire::kOpCount; ++op) stats.ops[op] = impl_->ops_[op].read();
+  return stats;
+}
+
+uint64_t StoreStats::requests() const {
+  uint64_t total = 0;
+  for (uint64_t count : ops) total += count;
+  return total;
+}
+
+std::string StoreStats::describe() const {
+  std::string text = "connections=" + std::to_string(connections) +
+                     " foreign=" + std::to_string(foreign) +
+                     " requests=" + std::to_string(requests());
+  for (size_t op = 0; op < wire::kOpCount; ++op) {
+    if (ops[op] == 0) continue;
+    text += ' ';
+    text += wire::opName(static_cast<wire::Op>(op));
+    text += '=' + std::to_string(ops[op]);
+  }
+  return text;
+}
 
 StoreServerThread::StoreServerThread(StoreServerOptions options)
     : io_(std::make_unique<asio::io_context>(1)),

@@ -4,8 +4,10 @@
 // io_context), keeping only an incomplete request's bytes between reads. Leases (wire.h's
 // LEASE) expire on one timer armed at the earliest deadline. A connection that opens with
 // HTTP/2 may go to another server instead (StoreServerOptions::foreign): one port serves both.
+// The server counts what it serves (StoreStats): connections, and requests by op.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -32,6 +34,20 @@ struct StoreServerOptions {
   std::function<void(int fd)> foreign;
 };
 
+// What a server has served since it started: totals, never reset. Counted on the server's
+// thread (a relaxed load and store per request, no read-modify-write: one thread writes);
+// StoreServer::stats() reads them from any thread, each count on its own.
+struct StoreStats {
+  uint64_t connections = 0;  // accepted, foreign ones included
+  uint64_t foreign = 0;      // of those, handed to StoreServerOptions::foreign
+  std::array<uint64_t, wire::kOpCount> ops{};  // requests handled, indexed by wire::Op
+
+  uint64_t requests() const;  // every op
+  // One line: "connections=N foreign=N requests=N" then NAME=N for each op served, in
+  // wire::Op order (SET=12 GET=3 ...).
+  std::string describe() const;
+};
+
 namespace detail {
 class ServerImpl;
 }
@@ -54,6 +70,7 @@ class StoreServer {
 
   // Safe from any thread.
   size_t connectionCount() const;
+  StoreStats stats() const;
 
  private:
   std::shared_ptr<detail::ServerImpl> impl_;
@@ -71,6 +88,7 @@ class StoreServerThread {
   uint16_t port() const { return server_->port(); }
   std::string address() const { return server_->address(); }
   size_t connectionCount() const { return server_->connectionCount(); }
+  StoreStats stats() const { return server_->stats(); }
 
  private:
   std::unique_ptr<boost::asio::io_context> io_;

@@ -11,7 +11,7 @@ namespace {
 constexpr uint8_t kNoCode = 0xFF;
 
 // Wire code of each Op (indexed by Op) per era; kNoCode where the era lacks the op.
-constexpr size_t kOps = static_cast<size_t>(Op::Lease) + 1;
+constexpr size_t kOps = kOpCount;
 constexpr std::array<uint8_t, kOps> kV1Codes = {
     kNoCode, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, kNoCode, kNoCode, kNoCode, kNoCode,
     kNoCode};

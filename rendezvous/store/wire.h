@@ -57,6 +57,7 @@ enum class Op : uint8_t {
   QueueLen,
   Lease,
 };
+inline constexpr size_t kOpCount = static_cast<size_t>(Op::Lease) + 1;
 
 std::optional<Op> decodeOp(Era era, uint8_t code);
 uint8_t encodeOp(Era era, Op op);  // throws ProtocolError for an op the era lacks
