@@ -289,6 +289,7 @@ class EtcdClusterTest(unittest.TestCase):
         checkpoint_dir = os.path.join(self.out, "checkpoints")
         train = binary_from_env("DLRUN_TRAIN", "dlrun-train")
         trainer = ["--exec", train, "--synthetic", "--epochs", str(TRAIN_EPOCHS), "--seed", "3",
+                   "--lr", "0.02",  # off the knife edge of the default 0.05 (test_slurm.py)
                    "--checkpoint-dir", checkpoint_dir, "--checkpoint-every",
                    str(CHECKPOINT_EVERY), "--progress-every", str(CHECKPOINT_EVERY)]
         # A survivor's trainer fails when its peer's connection breaks, maybe before its agent
