@@ -39,19 +39,8 @@ dlrun=$(realpath "$dlrun")
 # one, removed at the end. hang_bench.py runs in the background so that INT and TERM reach the
 # traps while it runs; it stops the launch under way (by its process group) when it gets TERM,
 # and every launch dies with it (PR_SET_PDEATHSIG).
-scratch=$(mktemp -d)
-bench_pid=
-# shellcheck disable=SC2317  # run by the EXIT trap
-cleanup() {
-  if [[ -n $bench_pid ]]; then
-    kill "$bench_pid" 2>/dev/null || true
-    wait "$bench_pid" 2>/dev/null || true
-  fi
-  rm -rf "$scratch"
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
+# shellcheck source=bench/background.sh
+source "$here/background.sh"
 
 echo "dlrun train, samples/s with and without --hang-timeout=${HANG_TIMEOUT:-60} on $(nproc)" \
   "cores: N = ${NPROCS:-2,1}, ${EPOCHS:-20} epochs of 20,000 synthetic examples," \

@@ -48,19 +48,8 @@ torch_version=$("$python" -c 'import torch; print(torch.__version__)') || {
 # Both launchers may write under TMPDIR (torchrun leaves its directories behind): a private one,
 # removed at the end. train_bench.py runs in the background so that INT and TERM reach the traps
 # while it runs; it stops the launch under way itself when it gets TERM.
-scratch=$(mktemp -d)
-bench_pid=
-# shellcheck disable=SC2317  # run by the EXIT trap
-cleanup() {
-  if [[ -n $bench_pid ]]; then
-    kill "$bench_pid" 2>/dev/null || true
-    wait "$bench_pid" 2>/dev/null || true
-  fi
-  rm -rf "$scratch"
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
+# shellcheck source=bench/background.sh
+source "$here/background.sh"
 
 stop_flag=()
 [[ ${STOP_AT_TARGET:-1} == 1 ]] && stop_flag=(--stop-at-target)

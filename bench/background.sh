@@ -1,0 +1,16 @@
+# Sourced by the benchmarks that run their Python driver in the background (so that INT and
+# TERM reach these traps while it runs): a scratch directory, removed at the end, and the
+# driver, whose PID the script puts in bench_pid, stopped with TERM when the script ends early.
+scratch=$(mktemp -d)
+bench_pid=
+# shellcheck disable=SC2317  # run by the EXIT trap
+cleanup() {
+  if [[ -n $bench_pid ]]; then
+    kill "$bench_pid" 2>/dev/null || true
+    wait "$bench_pid" 2>/dev/null || true
+  fi
+  rm -rf "$scratch"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
