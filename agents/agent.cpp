@@ -422,11 +422,17 @@ class AgentImpl {
   void reap() {
     int status = 0;
     pid_t pid;
+    bool exited = false;
     while ((pid = ::waitpid(-1, &status, WNOHANG)) > 0) {
       auto it = byPid_.find(pid);
-      if (it != byPid_.end() && it->second->alive())
+      if (it != byPid_.end() && it->second->alive()) {
         onWorkerExit(*it->second, ExitStatus::fromWaitStatus(status));
+        exited = true;
+      }
     }
+    // One node state for all the exits one SIGCHLD brings (thousands at a job's end), not one
+    // each; a finished agent has published its last already.
+    if (exited && state_ != State::Finished) publishNode(stateName());
   }
 
   void onWorkerExit(Worker& w, ExitStatus status) {
@@ -434,7 +440,6 @@ class AgentImpl {
     --live_;
     if (state_ == State::Running && !status.success())
       publishEvent("worker_failed", w.rank(), status.describe());
-    publishNode(state_ == State::Running ? "running" : "stopping");
     if (fileTimer_) fileTimer_->forget(w.pid());
     if (state_ == State::Running && !status.success()) {
       reportFailure(w);
@@ -568,6 +573,17 @@ class AgentImpl {
            .exit = done ? w->status().describe() : ""});
     }
     control_->node(std::move(node));
+  }
+
+  const char* stateName() const {
+    switch (state_) {
+      case State::Joining: return "joining";
+      case State::Running: return "running";
+      case State::Done: return "done";
+      case State::Stopping: return "stopping";
+      case State::Finished: return "exited";
+    }
+    return "?";
   }
 
   void publishEvent(const std::string& kind, int rank, const std::string& detail) {

@@ -706,6 +706,11 @@ def report_rendezvous(tools, ks, times, failed, short):
             (num, capped), (den, _) = value.get(a, (None, False)), value.get(b, (None, False))
             cells.append(("> " if capped else "") + ratio(num, den))
         print(header % (k, *cells))
+    print_shortfalls(failed, short)
+
+
+def print_shortfalls(failed, short):
+    """The runs of (a) that failed, and the variants the budget cut short."""
     for (name, k), why in sorted(failed.items(), key=lambda item: (item[0][1], item[0][0])):
         print(f"  K={k}, {name}: failed: {why}")
     if short:
@@ -779,11 +784,7 @@ def report_control(tools, ks, times, failed, short, store):
                      f" | {median([r['total']['ops'].get(op, 0) / k for r in runs]):.1f}"
                      for op in ops]
             print(f"    K={k} {tool.control}: " + ", ".join(cells))
-    for (name, k), why in sorted(failed.items(), key=lambda item: (item[0][1], item[0][0])):
-        print(f"  K={k}, {name}: failed: {why}")
-    if short:
-        print("  the time budget ran out first: fewer runs (or none, -) for "
-              + ", ".join(f"{name} K={k}" for name, k in sorted(short, key=lambda x: x[1])))
+    print_shortfalls(failed, short)
 
 
 def report_recovery(tools, victims, results, failed, conf, cap_s):

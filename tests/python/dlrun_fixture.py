@@ -218,6 +218,14 @@ def log_tails(directory, pattern="*.log", tail=4000):
     return text
 
 
+def worker_starts(directory, attempt=None):
+    """The start records elastic_worker.py wrote in `directory` (of one attempt, or all), in
+    RANK order."""
+    pattern = os.path.join(directory, f"start_{'*' if attempt is None else attempt}_*.json")
+    records = [read_json(p) for p in glob.glob(pattern)]
+    return sorted(records, key=lambda r: int(r["env"]["RANK"]))
+
+
 def read_json(path):
     with open(path) as f:
         return json.load(f)

@@ -17,8 +17,8 @@ import signal
 import subprocess
 import unittest
 
-from dlrun_fixture import (PYTHON, binary_from_env, clean_env, log_tails, read_json, temp_dir,
-                           wait_until, worker)
+from dlrun_fixture import (PYTHON, binary_from_env, clean_env, log_tails, temp_dir, wait_until,
+                           worker, worker_starts)
 from netns_fixture import Hosts, main
 from trainer_fixture import checkpoints
 
@@ -72,9 +72,7 @@ class ControlPlaneTest(unittest.TestCase):
         return [json.loads(line) for line in out.splitlines()]
 
     def starts(self, attempt):
-        records = [read_json(p) for p in glob.glob(os.path.join(self.out,
-                                                                f"start_{attempt}_*.json"))]
-        return sorted(records, key=lambda r: int(r["env"]["RANK"]))
+        return worker_starts(self.out, attempt)
 
     def wait_for(self, predicate, what):
         wait_until(predicate, EVENT_TIMEOUT_S, what, on_timeout=self.logs)

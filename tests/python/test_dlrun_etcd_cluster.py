@@ -15,7 +15,6 @@ inside hosts. Every etcd member is stopped by PID in the test's cleanups, also o
 
 Needs root (namespaces); skipped without it.
 """
-import glob
 import json
 import os
 import re
@@ -25,8 +24,8 @@ import sys
 import time
 import unittest
 
-from dlrun_fixture import (POLL_S, PYTHON, binary_from_env, clean_env, log_tails, read_json,
-                           temp_dir, wait_until, worker)
+from dlrun_fixture import (POLL_S, PYTHON, binary_from_env, clean_env, log_tails, temp_dir,
+                           wait_until, worker, worker_starts)
 from netns_fixture import Hosts, main
 from trainer_fixture import checkpoints
 
@@ -165,9 +164,7 @@ class EtcdClusterTest(unittest.TestCase):
         return log_tails(self.out, "*.log", tail=3000)
 
     def starts(self, attempt=None):
-        pattern = os.path.join(self.out, f"start_{'*' if attempt is None else attempt}_*.json")
-        records = [read_json(p) for p in glob.glob(pattern)]
-        return sorted(records, key=lambda r: int(r["env"]["RANK"]))
+        return worker_starts(self.out, attempt)
 
     def wait_for_starts(self, attempt, count):
         wait_until(lambda: len(self.starts(attempt)) >= count, EVENT_TIMEOUT_S,

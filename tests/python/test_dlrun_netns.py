@@ -5,13 +5,12 @@ crashed by SIGKILLing every process in its namespace, or silenced by taking its 
 survivors must restart their workers with the world shrunk within 5 s, and a node that comes
 back is admitted at the next round.
 """
-import glob
 import os
 import time
 import unittest
 
-from dlrun_fixture import (PYTHON, binary_from_env, clean_env, log_tails, read_json, temp_dir,
-                           wait_until, worker)
+from dlrun_fixture import (PYTHON, binary_from_env, clean_env, log_tails, temp_dir, wait_until,
+                           worker, worker_starts)
 from netns_fixture import Hosts, main
 
 WORKER = worker("elastic_worker.py")
@@ -41,9 +40,7 @@ class NetnsTest(unittest.TestCase):
         return log_tails(self.out, "agent*.log", tail=None)
 
     def starts(self, attempt):
-        pattern = os.path.join(self.out, f"start_{attempt}_*.json")
-        records = [read_json(p) for p in glob.glob(pattern)]
-        return sorted(records, key=lambda r: int(r["env"]["RANK"]))
+        return worker_starts(self.out, attempt)
 
     def wait_for_starts(self, attempt, count):
         wait_until(lambda: len(self.starts(attempt)) >= count, EVENT_TIMEOUT_S,
