@@ -188,7 +188,8 @@ std::string EtcdClient::endpoint() const {
   return connection_ ? connection_->name : std::string();
 }
 
-std::shared_ptr<EtcdClient::Connection> EtcdClient::connection() {
+std::shared_ptr<EtcdClient::Connection> EtcdClient::connection(
+    std::optional<std::chrono::milliseconds> within) {
   std::lock_guard lock(mutex_);
   if (connection_) return connection_;
   // Every endpoint dials at once; the first that connects wins (the list's order breaks ties).
@@ -209,7 +210,8 @@ std::shared_ptr<EtcdClient::Connection> EtcdClient::connection() {
   std::string tlsFailure;  // the first handshake failure, named with its endpoint
   size_t tlsFailures = 0;
   const auto start = Clock::now();
-  const auto deadline = start + options_.connectTimeout;
+  const auto budget = std::min(options_.connectTimeout, within.value_or(options_.connectTimeout));
+  const auto deadline = start + budget;
   constexpr auto kSlice = std::chrono::milliseconds(20);
   constexpr auto kAvoidFor = std::chrono::milliseconds(500);
   while (true) {
@@ -251,8 +253,7 @@ std::shared_ptr<EtcdClient::Connection> EtcdClient::connection() {
     if (channels[i]->GetState(false) == GRPC_CHANNEL_TRANSIENT_FAILURE)
       cause = "; " + options_.endpoints[i].text() + ": " + detail::connectFailure(channels[i]);
   }
-  throw NetworkError("etcd: no endpoint answered within " +
-                     detail::seconds(options_.connectTimeout) + ": " +
+  throw NetworkError("etcd: no endpoint answered within " + detail::seconds(budget) + ": " +
                      describe(options_.endpoints) + cause);
 }
 
@@ -308,19 +309,21 @@ auto EtcdClient::unary(const char* what, const std::string& key, bool retry, Cal
   const auto start = Clock::now();
   bool reauthenticated = false;
   for (int attempt = 0;; ++attempt) {
-    auto picked = connection();
+    // A call with a deadline of its own (a release on the way out) keeps it while picking too.
+    auto picked = connection(timeout);
     // A connection whose channel is no longer ready (its member died since the last call: the
     // channel went idle or failing) would fail the call unsent; picking again here lets a
     // write, which is never retried, reach a live member instead of failing. (With one
     // endpoint there is nothing else to pick: the call fails at once, as before.)
     if (options_.endpoints.size() > 1 && picked->channel->GetState(true) != GRPC_CHANNEL_READY) {
       dropConnection(picked);
-      picked = connection();
+      picked = connection(timeout);
     }
     grpc::ClientContext context;
     context.set_deadline(detail::grpcDeadline(Clock::now() + timeout.value_or(options_.timeout)));
     authorize(*picked, context);
     auto [status, response] = call(*picked, context);
+    if (std::getenv("DLRUN_TRACE_ETCD")) fprintf(stderr, "ETCDTRACE %s %s %d\n", what, key.c_str(), (int)status.ok());
     if (status.ok()) return response;
     const auto code = status.error_code();
     // A simple token expires after etcd's --auth-token-ttl without use: a new one, then again.
@@ -489,19 +492,12 @@ std::optional<int64_t> toInteger(std::string_view text) {
 
 int64_t EtcdClient::add(const std::string& key, int64_t delta,
                         const std::optional<AddMark>& mark) {
+  if (delta == 0 && !mark) return readCounter(key);
   // Optimistic: assume the key is missing, so creating it costs one round trip; a lost race
   // hands back the current value for the next try.
   std::optional<KeyValue> current;
   while (true) {
-    int64_t base = 0;
-    if (current) {
-      const auto value = detail::toInteger(current->value);
-      if (!value)
-        throw Error("etcd " + endpoint() + ": add " + detail::quoted(key) +
-                    ": the value is not an integer");
-      base = *value;
-    }
-    const int64_t next = base + delta;
+    const int64_t next = (current ? counterValue(*current) : 0) + delta;
     pb::TxnRequest request;
     auto* guard = request.add_compare();
     guard->set_key(key);
@@ -523,6 +519,23 @@ int64_t EtcdClient::add(const std::string& key, int64_t delta,
     if (response.responses_size() > 0 && response.responses(0).response_range().kvs_size() > 0)
       current = detail::fromProto(response.responses(0).response_range().kvs(0));
   }
+}
+
+// An add of 0 reads: it writes only to create a missing key ("0"), so agents that all read a
+// counter at once neither conflict with each other (a swap loop would, O(K^2) tries for K) nor
+// wake every watcher with a write that changes nothing.
+int64_t EtcdClient::readCounter(const std::string& key) {
+  const auto result = putIfAbsent(key, "0");
+  // Deleted between the compare and the read: as missing.
+  return result.current ? counterValue(*result.current) : 0;
+}
+
+int64_t EtcdClient::counterValue(const KeyValue& kv) const {
+  const auto value = detail::toInteger(kv.value);
+  if (!value)
+    throw Error("etcd " + endpoint() + ": add " + detail::quoted(kv.key) +
+                ": the value is not an integer");
+  return *value;
 }
 
 std::optional<int64_t> EtcdClient::addApplied(const AddMark& mark) {

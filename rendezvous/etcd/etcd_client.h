@@ -129,6 +129,7 @@ class EtcdClient {
                            const std::string& desired, int64_t lease = 0);
   // Adds to a decimal integer value (missing counts as 0) by read, then swap on mod_revision,
   // again on a conflict; returns the result. Throws Error when the value is not an integer.
+  // Adding 0 without a mark only reads (it creates a missing key as "0", as TCPStore does).
   // With a mark, the transaction that adds also writes mark.key = mark.token + ":" + result,
   // so a caller whose call failed half-way can read whether it applied (addApplied).
   struct AddMark {
@@ -172,7 +173,8 @@ class EtcdClient {
   struct Connection;
   // The picked endpoint, picking one if none; a pick prefers endpoints other than the one that
   // failed last (a member cut off from its cluster still connects, and would be picked again).
-  std::shared_ptr<Connection> connection();
+  // A pick waits up to connectTimeout, or `within` when that is shorter.
+  std::shared_ptr<Connection> connection(std::optional<std::chrono::milliseconds> within = {});
   // A token for the client's user on `connection`; throws Error when etcd refuses them.
   std::string authenticate(const Connection& connection);
   // Adds the token of `connection` (if any) to a call's metadata.
@@ -186,6 +188,8 @@ class EtcdClient {
              std::optional<std::chrono::milliseconds> timeout = {});
   SwapResult swap(const std::string& key, const void* compare, const std::string& desired,
                   int64_t lease);
+  int64_t readCounter(const std::string& key);  // add(key, 0)
+  int64_t counterValue(const KeyValue& kv) const;  // throws Error when not an integer
 
   const EtcdClientOptions options_;
   mutable std::mutex mutex_;

@@ -202,6 +202,8 @@ std::string EtcdStore::get(const std::string& key) {
 }
 
 int64_t EtcdStore::add(const std::string& key, int64_t delta) {
+  // A read (see EtcdClient::add): safe to repeat, so it needs no mark.
+  if (delta == 0) return retrying([&] { return client_.add(dataKey(key), 0); });
   const EtcdClient::AddMark mark{markKey_, std::to_string(++adds_)};
   bool sent = false;
   return retrying([&] {
