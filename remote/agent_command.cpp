@@ -11,7 +11,7 @@ namespace dlrun::remote {
 namespace {
 
 // Forwarded by default: what finds programs and libraries, and the job's own settings.
-constexpr std::array kNames{"PATH", "PYTHONPATH", "LD_LIBRARY_PATH"};
+constexpr std::array kNames{"PATH", "PYTHONPATH", "LD_LIBRARY_PATH", "PYTHON_EXEC"};
 constexpr std::array kPrefixes{"CUDA_", "NCCL_", "PET_", "DLRUN_"};
 // Never forwarded, even with --export-all: they describe this machine, this session, or a
 // launcher of another kind (Slurm, Open MPI), which the remote agent would take as its own.

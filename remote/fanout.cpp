@@ -126,8 +126,11 @@ class Fanout {
         if (!other.status) ::kill(other.pid, SIGTERM);
       return;
     }
+    // A client killed, or one whose connection failed (ssh's 255), lost its node whatever the
+    // rendezvous says: its agent stops the job as on SIGHUP.
+    const bool lost = status.signaled || status.value == 255;
     const bool jobOver = options_.outcome ? options_.outcome().has_value() : status.success();
-    if (jobOver) return;
+    if (jobOver && !lost) return;
     failed_ = &client;
     log::info("lost " + client.node->host + ": its ssh client ended (" + status.describe() +
               ") while the job ran; stopping every node");
