@@ -37,8 +37,8 @@ bool validName(std::string_view name) {
          });
 }
 
-// Flags the agents never get from the launcher's command line, by dashed name; those in
-// kValued take a value (as --flag=VALUE or as the next word).
+// Flags the agents never get from the launcher's command line, by dashed name; all but those of
+// kFlagsWithoutValue take a value (as --flag=VALUE or as the next word).
 constexpr std::array kDropped{"hostfile",      "hosts",        "ssh-command", "ssh-port",
                               "export",        "export-all",   "nnodes",      "nproc-per-node",
                               "node-rank",     "rdzv-backend", "rdzv-endpoint", "rdzv-id",
