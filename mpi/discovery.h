@@ -12,29 +12,21 @@
 #pragma once
 
 #include <cstdint>
-#include <map>
 #include <optional>
 #include <string>
 
+#include "slurm/discovery.h"
+
 namespace dlrun::mpi {
 
-using Environment = std::map<std::string, std::string>;
-
-// The derived store port: kPortBase + (a hash of the job id) % kPortRange, as under Slurm.
-inline constexpr uint16_t kPortBase = 29400;
-inline constexpr int kPortRange = 2000;
+// The same variables map, user flags (nprocAuto means nothing here) and port range as Slurm's:
+// the derived port is slurm::kPortBase + (a hash of the job id) % slurm::kPortRange.
+using Environment = slurm::Environment;
+using UserFlags = slurm::UserFlags;
 
 // Whether dlrun runs under mpirun: OMPI_COMM_WORLD_RANK or PMIX_RANK is set, unless
 // DLRUN_MPI=0. Throws ConfigError for a DLRUN_MPI other than 0 or 1.
 bool detected(const Environment& env);
-
-// What the user gave (flags or PET_*); false: not given.
-struct UserFlags {
-  bool nnodes = false;
-  bool nodeRank = false;
-  bool rdzvEndpoint = false;
-  bool rdzvId = false;
-};
 
 struct Settings {
   std::optional<std::string> rdzvId;

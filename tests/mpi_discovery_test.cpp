@@ -23,7 +23,7 @@ Environment launched(int rank = 1) {
 
 std::string errorOf(const Environment& env, const UserFlags& user = {}) {
   try {
-    discover(env, user);
+    mpi::discover(env, user);
   } catch (const ConfigError& e) {
     return e.what();
   }
@@ -31,39 +31,39 @@ std::string errorOf(const Environment& env, const UserFlags& user = {}) {
 }
 
 TEST(MpiDiscovery, DetectedByOpenMpiOrPmixUnlessTurnedOff) {
-  EXPECT_TRUE(detected(launched()));
-  EXPECT_TRUE(detected({{"PMIX_RANK", "0"}}));
-  EXPECT_FALSE(detected({{"SLURM_JOB_ID", "1"}}));
+  EXPECT_TRUE(mpi::detected(launched()));
+  EXPECT_TRUE(mpi::detected({{"PMIX_RANK", "0"}}));
+  EXPECT_FALSE(mpi::detected({{"SLURM_JOB_ID", "1"}}));
   Environment off = launched();
   off["DLRUN_MPI"] = "0";
-  EXPECT_FALSE(detected(off));
+  EXPECT_FALSE(mpi::detected(off));
   off["DLRUN_MPI"] = "yes";
-  EXPECT_THROW(detected(off), ConfigError);
+  EXPECT_THROW(mpi::detected(off), ConfigError);
 }
 
 TEST(MpiDiscovery, WorldFromOpenMpi) {
-  const Settings s = discover(launched(2), {});
+  const Settings s = mpi::discover(launched(2), {});
   EXPECT_EQ(s.rdzvId, "mpi-1615790081");
   EXPECT_EQ(s.nodeRank, 2);
   EXPECT_EQ(s.nnodes, 3);
   EXPECT_EQ(s.endpointHost, "node1");
   ASSERT_TRUE(s.endpointPort);
-  EXPECT_GE(*s.endpointPort, kPortBase);
-  EXPECT_LT(*s.endpointPort, kPortBase + kPortRange);
+  EXPECT_GE(*s.endpointPort, slurm::kPortBase);
+  EXPECT_LT(*s.endpointPort, slurm::kPortBase + slurm::kPortRange);
   // Every process of the job derives the same port.
-  EXPECT_EQ(discover(launched(0), {}).endpointPort, s.endpointPort);
+  EXPECT_EQ(mpi::discover(launched(0), {}).endpointPort, s.endpointPort);
 }
 
 TEST(MpiDiscovery, MasterPortWins) {
   Environment env = launched();
   env["MASTER_PORT"] = "29555";
-  EXPECT_EQ(discover(env, {}).endpointPort, 29555);
+  EXPECT_EQ(mpi::discover(env, {}).endpointPort, 29555);
   env["MASTER_PORT"] = "70000";
   EXPECT_NE(errorOf(env).find("MASTER_PORT='70000'"), std::string::npos);
 }
 
 TEST(MpiDiscovery, FlagsWin) {
-  const Settings s = discover(launched(),
+  const Settings s = mpi::discover(launched(),
                               {.nnodes = true, .nodeRank = true, .rdzvEndpoint = true,
                                .rdzvId = true});
   EXPECT_FALSE(s.rdzvId);
@@ -77,7 +77,7 @@ TEST(MpiDiscovery, PmixAlone) {
   const Environment pmix{{"PMIX_RANK", "1"}, {"PMIX_NAMESPACE", "prterun-h-77@1"},
                          {"MASTER_ADDR", "10.0.0.1"}};
   EXPECT_NE(errorOf(pmix).find("pass --nnodes"), std::string::npos);
-  const Settings s = discover(pmix, {.nnodes = true});
+  const Settings s = mpi::discover(pmix, {.nnodes = true});
   EXPECT_EQ(s.nodeRank, 1);
   EXPECT_EQ(s.rdzvId, "mpi-prterun-h-77@1");
 }
