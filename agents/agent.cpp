@@ -35,6 +35,7 @@
 // grace period. Worker output is pumped by StreamPump on the same io_context.
 #include "agents/agent.h"
 
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -50,6 +51,7 @@
 #include "agents/failure_report.h"
 #include "agents/file_timer.h"
 #include "agents/hang_watcher.h"
+#include "agents/output.h"
 #include "agents/process.h"
 #include "agents/worker.h"
 #include "agents/worker_env.h"
@@ -115,6 +117,7 @@ class AgentImpl {
       : options_(std::move(options)),
         rendezvous_(rendezvous),
         signals_(io_),
+        launcherLink_(io_),
         stopTimer_(io_),
         inherited_(currentEnvironment()) {
     if (options_.hang)
@@ -135,6 +138,7 @@ class AgentImpl {
     for (int sig : {SIGCHLD, SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2})
       signals_.add(sig);
     awaitSignal();
+    if (options_.controlStdin) followLauncher();
     prepareLogRoot();
     if (options_.control)
       control_ = std::make_unique<ControlPublisher>(
@@ -179,6 +183,35 @@ class AgentImpl {
     // mistakes it for a lost node.
     reportToRendezvous([&] { stopEnd_ = rendezvous_.reportStop(sig); });
     stop(sig);
+  }
+
+  // --control-stdin: the launcher's signals arrive as lines on stdin, which moves off fd 0 so the
+  // workers cannot read it. Once the connection is gone, writes to stdout fail (EPIPE) instead of
+  // killing the agent before it has stopped its workers.
+  void followLauncher() {
+    ::signal(SIGPIPE, SIG_IGN);
+    const int fd = ::fcntl(STDIN_FILENO, F_DUPFD_CLOEXEC, 3);
+    const int null = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (fd < 0 || null < 0) throw Error("--control-stdin: cannot take over stdin");
+    ::dup2(null, STDIN_FILENO);
+    ::close(null);
+    launcherLink_.assign(fd);
+    readLauncher();
+  }
+
+  void readLauncher() {
+    launcherLink_.async_read_some(
+        asio::buffer(launcherBuffer_), [this](const boost::system::error_code& ec, size_t n) {
+          if (ec == asio::error::operation_aborted || state_ == State::Finished) return;
+          if (ec) {
+            log::info("the launcher's connection closed");
+            return onSignal(SIGHUP);
+          }
+          launcherLines_.feed(std::string_view(launcherBuffer_.data(), n), [&](auto line) {
+            if (auto sig = parseSignal(line); sig && sig != SIGCHLD) onSignal(*sig);
+          });
+          if (state_ != State::Finished) readLauncher();
+        });
   }
 
   void onControlCommand(const ControlCommand& command) {
@@ -341,6 +374,7 @@ class AgentImpl {
       WorkerLaunch launch = launchOf(attemptDir, local);
       ExecSizes sizes = environment_->sizes(local, launch.errorFile);
       sizes.add(command);
+      if (!options_.localRankFlag.empty()) sizes.add(launch.argv.back().size());
       if (auto problem = execProblem(sizes, limits))
         throw Error("cannot execute " + options_.command.front() + " as rank " +
                     std::to_string(launch.rank) + ": " + *problem);
@@ -405,6 +439,8 @@ class AgentImpl {
     launch.localRank = local;
     launch.rank = world_.baseRank + local;
     launch.argv = options_.command;
+    if (!options_.localRankFlag.empty())
+      launch.argv.push_back(options_.localRankFlag + "=" + std::to_string(local));
     launch.output = outputFor(options_, local, launch.rank);
     WorkerOutput& output = launch.output;
     if (wantsDir(options_, output)) {
@@ -679,6 +715,7 @@ class AgentImpl {
     publishJobEvent("job_ended", -1, "every agent exits with " + std::to_string(code));
     stopTimer_.cancel();
     signals_.cancel();
+    launcherLink_.close();
     io_.stop();
   }
 
@@ -757,6 +794,9 @@ class AgentImpl {
   rendezvous::Rendezvous& rendezvous_;
   asio::io_context io_{1};
   asio::signal_set signals_;
+  asio::posix::stream_descriptor launcherLink_;  // --control-stdin
+  std::array<char, 256> launcherBuffer_{};
+  LineSplitter launcherLines_;
   asio::steady_timer stopTimer_;
   const Environment inherited_;
   State state_ = State::Joining;

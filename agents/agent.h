@@ -55,6 +55,13 @@ struct AgentOptions {
   // etcd: another node's agent serves the workers' store; a connection to it that breaks says
   // that node is gone, long before its lease lapses.
   bool watchStoreHost = false;
+  // torch.distributed.launch's argument: "--local-rank" or "--local_rank" appended to every
+  // worker's arguments as FLAG=LOCAL_RANK; empty: none (the environment says it).
+  std::string localRankFlag;
+  // A one-command launch (--control-stdin): stdin is the launcher's ssh connection. A line
+  // naming a signal ("SIGINT") acts as that signal reaching this agent; its end (the connection
+  // died) acts as SIGHUP. The workers get /dev/null as stdin.
+  bool controlStdin = false;
 };
 
 // The descriptors this node's workers need with these options (pure; `inUse`: those open now).

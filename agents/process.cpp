@@ -22,7 +22,7 @@
 namespace dlrun::agents {
 namespace {
 
-// Where a child's stdout and stderr wait between its clone and its exec. They are reserved at
+// Where a child's stdin, stdout and stderr wait between its clone and its exec. They are reserved at
 // the first start, while the agent holds few descriptors, so they sit low in the table: the
 // child then copies only the descriptors below them. Between starts they hold /dev/null.
 struct ParkingSlots {
@@ -32,19 +32,20 @@ struct ParkingSlots {
   }
 
   std::mutex mutex;  // one start at a time uses the slots and the stack
-  int null = -1, out = -1, err = -1;
+  int null = -1, in = -1, out = -1, err = -1;
   std::vector<char> stack;  // the child's, until its exec
 
-  unsigned end() const { return static_cast<unsigned>(std::max({null, out, err})) + 1; }
+  unsigned end() const { return static_cast<unsigned>(std::max({null, in, out, err})) + 1; }
 
  private:
   ParkingSlots() {
     null = ::open("/dev/null", O_RDWR | O_CLOEXEC);
-    if (null >= 0) out = ::fcntl(null, F_DUPFD_CLOEXEC, 0);
+    if (null >= 0) in = ::fcntl(null, F_DUPFD_CLOEXEC, 0);
+    if (in >= 0) out = ::fcntl(null, F_DUPFD_CLOEXEC, 0);
     if (out >= 0) err = ::fcntl(null, F_DUPFD_CLOEXEC, 0);
     if (err < 0) {
       const std::string reason = std::strerror(errno);
-      for (int fd : {null, out}) {
+      for (int fd : {null, in, out}) {
         if (fd >= 0) ::close(fd);
       }
       throw Error("cannot reserve descriptors for starting workers: " + reason);
@@ -127,12 +128,14 @@ struct Pipe {
     read = fds[0];
     write = fds[1];
   }
-  // Moves the write end into `slot` (closing what was there); returns the slot, or -1.
-  int parkIn(int slot) {
-    if (write < 0) return -1;
-    ::dup3(write, slot, O_CLOEXEC);
-    ::close(write);
-    write = -1;
+  // Moves the child's end (the write end, or the read end of a stdin pipe) into `slot`
+  // (closing what was there); returns the slot, or -1.
+  int parkIn(int slot, bool readEnd = false) {
+    int& end = readEnd ? read : write;
+    if (end < 0) return -1;
+    ::dup3(end, slot, O_CLOEXEC);
+    ::close(end);
+    end = -1;
     return slot;
   }
   int takeRead() {
@@ -155,7 +158,8 @@ SpawnedProcess spawnProcess(const SpawnRequest& request) {
   for (const auto& s : request.envp) envp.push_back(const_cast<char*>(s.c_str()));
   envp.push_back(nullptr);
 
-  Pipe out, err;
+  Pipe in, out, err;
+  if (request.pipeStdin) in.open();
   if (request.pipeStdout) out.open();
   if (request.pipeStderr) err.open();
 
@@ -166,6 +170,7 @@ SpawnedProcess spawnProcess(const SpawnRequest& request) {
   child.envp = envp.data();
   child.agent = ::getpid();
   if (request.nullStdin) child.stdinSlot = slots.null;
+  if (request.pipeStdin) child.stdinSlot = in.parkIn(slots.in, true);
   child.stdoutSlot = out.parkIn(slots.out);
   child.stderrSlot = err.parkIn(slots.err);
   child.keepBelow = slots.end();
@@ -187,6 +192,7 @@ SpawnedProcess spawnProcess(const SpawnRequest& request) {
   const int cloneError = errno;
   ::pthread_sigmask(SIG_SETMASK, &old, nullptr);
   // The child has its own copies now; the slots go back to /dev/null.
+  ::dup3(slots.null, slots.in, O_CLOEXEC);
   ::dup3(slots.null, slots.out, O_CLOEXEC);
   ::dup3(slots.null, slots.err, O_CLOEXEC);
 
@@ -197,7 +203,11 @@ SpawnedProcess spawnProcess(const SpawnRequest& request) {
     ::waitpid(pid, nullptr, 0);
     throw Error("cannot execute " + request.argv[0] + ": " + std::strerror(child.error));
   }
-  return {pid, out.takeRead(), err.takeRead(), pidfd};
+  return {.pid = pid,
+          .stdoutFd = out.takeRead(),
+          .stderrFd = err.takeRead(),
+          .stdinFd = std::exchange(in.write, -1),
+          .pidfd = pidfd};
 }
 
 ExitStatus ExitStatus::fromWaitStatus(int status) {

@@ -28,6 +28,7 @@ struct SpawnRequest {
   bool pipeStdout = false;  // else the worker inherits the agent's stdout
   bool pipeStderr = false;
   bool nullStdin = false;   // else the worker inherits the agent's stdin
+  bool pipeStdin = false;   // a pipe the caller writes to (an ssh client's, remote/fanout.h)
   // SpawnedProcess::pidfd: signals and waits that cannot reach a recycled pid, for a child that
   // the agent's waitpid(-1) may reap first (CLONE_PIDFD, Linux 5.2).
   bool wantPidfd = false;
@@ -37,6 +38,7 @@ struct SpawnedProcess {
   pid_t pid = -1;
   int stdoutFd = -1;  // read end of the pipe, when requested (non-blocking, close-on-exec)
   int stderrFd = -1;
+  int stdinFd = -1;  // write end of the stdin pipe, when requested (close-on-exec)
   int pidfd = -1;  // when requested (close-on-exec); the caller closes it
 };
 

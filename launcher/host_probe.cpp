@@ -57,9 +57,11 @@ HostProbe HostProbe::real() {
   for (char** entry = environ; *entry; ++entry) {
     const std::string_view text(*entry);
     const size_t eq = text.find('=');
+    const std::string_view name = text.substr(0, eq);
     if (eq != std::string_view::npos &&
-        (text.starts_with("SLURM") || text.substr(0, eq) == "DLRUN_SLURM" ||
-         text.substr(0, eq) == "DLRUN_ETCD_ENDPOINTS"))
+        (name.starts_with("SLURM") || name.starts_with("OMPI_") || name.starts_with("PMIX_") ||
+         name == "DLRUN_SLURM" || name == "DLRUN_MPI" || name == "DLRUN_ETCD_ENDPOINTS" ||
+         name == "MASTER_ADDR" || name == "MASTER_PORT"))
       host.env.emplace(text.substr(0, eq), text.substr(eq + 1));
   }
   return host;

@@ -20,7 +20,8 @@ struct HostProbe {
   std::function<bool(const std::string&)> fileExists;
   std::string selfDir;        // where dlrun lives: the bundled dlrun-train sits beside it
   std::string pythonExec;     // PYTHON_EXEC, or "python3"
-  // The SLURM*, DLRUN_SLURM (Slurm discovery) and DLRUN_ETCD_ENDPOINTS variables.
+  // The SLURM*, DLRUN_SLURM (Slurm discovery), OMPI_*, PMIX_*, DLRUN_MPI, MASTER_ADDR,
+  // MASTER_PORT (mpirun discovery) and DLRUN_ETCD_ENDPOINTS variables.
   slurm::Environment env;
   // This machine: its CPU affinity, /dev/nvidia*, PATH, /proc/self/exe and environment.
   static HostProbe real();

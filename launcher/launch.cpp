@@ -2,7 +2,9 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <charconv>
+#include <filesystem>
 #include <cstdlib>
 #include <optional>
 #include <random>
@@ -16,6 +18,8 @@
 #include "control/control_server.h"
 #include "control/liveness_server.h"
 #include "launcher/launch_cli.h"
+#include "remote/agent_command.h"
+#include "remote/fanout.h"
 #include "rendezvous/store/address.h"
 #include "rendezvous/elastic_rendezvous.h"
 #include "rendezvous/etcd/etcd_store.h"
@@ -47,6 +51,8 @@ agents::AgentOptions agentOptions(const LaunchConfig& config, bool servesStore,
       .tfConfig = config.tfConfig,
       .servesStore = servesStore,
       .hang = config.hang,
+      .localRankFlag = config.localRankFlag,
+      .controlStdin = config.controlStdin,
   };
 }
 
@@ -211,22 +217,30 @@ rendezvous::etcd::EtcdStoreOptions etcdStoreOptions(const LaunchConfig& config) 
           .timeout = timeout};
 }
 
+// The newest round of job `runId` in the store (0 before any agent came).
+int newestRound(rendezvous::LeasingStore& store, const rendezvous::elastic::Keys& keys) {
+  const std::string current = store.peek({keys.current()})[0];
+  if (current.empty()) return 0;
+  try {
+    return std::stoi(current);
+  } catch (const std::logic_error&) {
+    throw ProtocolError("malformed value '" + current + "' under " + keys.current());
+  }
+}
+
+// How job `runId` ended, as its keys say; nothing while it runs or before it starts.
+std::optional<rendezvous::RoundEnd> jobEnd(rendezvous::LeasingStore& store,
+                                           const std::string& runId) {
+  const rendezvous::elastic::Keys keys(runId);
+  const int round = newestRound(store, keys);
+  const auto found = store.peek({keys.stop(), keys.end(round)});
+  return rendezvous::elastic::endedJob(found[0], found[1]);
+}
+
 // etcd outlives its jobs: a job id whose keys say the job ended would hand every agent of a
 // new job with that id the old outcome at once (exit 0 and no worker, after a success).
 void refuseEndedJob(rendezvous::LeasingStore& store, const LaunchConfig& config) {
-  namespace elastic = rendezvous::elastic;
-  const elastic::Keys keys(config.rdzvId);
-  const auto found = store.peek({keys.stop(), keys.current()});
-  std::string newestEnd;
-  if (!found[1].empty()) {
-    try {
-      newestEnd = store.peek({keys.end(std::stoi(found[1]))})[0];
-    } catch (const std::logic_error&) {
-      throw ProtocolError("malformed value '" + found[1] + "' under " + keys.current() +
-                          " in etcd");
-    }
-  }
-  if (auto end = elastic::endedJob(found[0], newestEnd))
+  if (auto end = jobEnd(store, config.rdzvId))
     throw ConfigError("rendezvous id '" + config.rdzvId + "' names a job that already ended (" +
                       end->describe() + "); its keys stay in etcd under " +
                       config.rdzv.etcdPrefix + config.rdzvId +
@@ -272,6 +286,70 @@ int launchEtcd(const LaunchConfig& config) {
   // This node may have served the last round's workers; others may still be hanging up.
   lingerForOthers(workerStore);
   return code;
+}
+
+// --hostfile/--hosts: one agent per host over ssh (remote/fanout.h). Unless the user named a
+// rendezvous, this process serves its c10d store, at its address toward the first remote host,
+// on a free port, and reads the job's progress and end there.
+int launchHosts(const LaunchConfig& config) {
+  const HostLaunch& hosts = *config.hostLaunch;
+  std::vector<std::string> addresses;
+  for (const auto& host : hosts.hosts) {
+    const std::string name = host.name.substr(host.name.find('@') + 1);  // user@host
+    try {
+      addresses.push_back(rendezvous::resolveNumeric(name, "host"));
+    } catch (const NetworkError&) {
+      throw ConfigError(host.where + ": unknown host '" + name + "'");
+    }
+  }
+  remote::RemoteJob job{
+      .dlrun = std::filesystem::read_symlink("/proc/self/exe").string(),
+      .workDir = std::filesystem::current_path().string(),
+      .env = remote::forwardedEnvironment(agents::currentEnvironment(), hosts.exports,
+                                          hosts.exportAll),
+      .flags = hosts.agentFlags,
+      .nodes = static_cast<int>(hosts.hosts.size()),
+      .nproc = hosts.nproc,
+      .backend = hosts.backend,
+      .endpoint = config.rdzvEndpoint,
+      .rdzvId = config.rdzvId == "none" ? newRunId() : config.rdzvId,
+      .rdzvConf = hosts.rdzvConf,
+      .entry = hosts.entry};
+  const bool serve = hosts.backend.empty() && config.rdzvEndpoint.empty();
+  std::optional<control::StoreWithControl> store;
+  std::unique_ptr<rendezvous::TcpStore> client;  // this process's own view of the job
+  remote::FanoutOptions options{.stopTimeout = config.stopTimeout};
+  if (serve) {
+    auto remote = std::find_if(addresses.begin(), addresses.end(), [](const std::string& a) {
+      return !rendezvous::isLocalAddress(a);
+    });
+    const std::string addr =
+        remote == addresses.end()
+            ? addresses.front()
+            : rendezvous::localAddressToward(*remote, hosts.sshPort.value_or(22));
+    store.emplace(rendezvous::StoreServerOptions{.host = addr, .port = 0});
+    job.backend = "c10d";
+    job.endpoint = rendezvous::joinHostPort(addr, store->store().port());
+    // The agents' machines may own the address too (a host of the list is this one).
+    job.rdzvConf += std::string(job.rdzvConf.empty() ? "" : ",") + "is_host=false";
+    client = std::make_unique<rendezvous::TcpStore>(
+        rendezvous::TcpStoreOptions{.host = addr, .port = store->store().port()});
+    const rendezvous::elastic::Keys keys(job.rdzvId);
+    options.workersStarted = [&client, keys] {
+      const int round = newestRound(*client, keys);
+      return round > 0 || !client->peek({keys.closed(round)})[0].empty();
+    };
+    options.outcome = [&client, id = job.rdzvId] { return jobEnd(*client, id); };
+  }
+  for (size_t i = 0; i < hosts.hosts.size(); ++i) {
+    const remote::Host& host = hosts.hosts[i];
+    options.nodes.push_back(
+        {.host = host.name,
+         .where = host.where,
+         .argv = remote::sshArgv(hosts.sshCommand, hosts.sshPort, host.name,
+                                 remote::agentCommand(job, static_cast<int>(i), host.slots))});
+  }
+  return remote::runFanout(options);
 }
 
 int launchMultiNode(const LaunchConfig& config) {
@@ -330,6 +408,7 @@ std::string newRunId() {
 
 int launch(const LaunchConfig& config) {
   const auto liveness = serveLiveness();
+  if (config.hostLaunch) return launchHosts(config);
   return config.singleNode() ? launchSingleNode(config) : launchMultiNode(config);
 }
 

@@ -10,6 +10,9 @@
 #include "common/cli.h"
 #include "launcher/entry_point.h"
 #include "launcher/version.h"
+#include "mpi/discovery.h"
+#include "remote/agent_command.h"
+#include "remote/hostfile.h"
 #include "rendezvous/etcd/endpoints.h"
 #include "rendezvous/store/tcp_stream.h"
 
@@ -91,6 +94,33 @@ void applySlurm(const slurm::Settings& s, LaunchConfig& c) {
   if (!c.rdzv.isHost) c.rdzv.isHost = s.servesStore;
   if (s.nodeName) c.nodeName = s.nodeName;
   c.refuseLostNodes = true;
+}
+
+// Open MPI's (or PMIx's) settings where the user gave no flag (mpi/discovery.h).
+void applyMpi(const mpi::Settings& s, LaunchConfig& c) {
+  if (s.rdzvId) c.rdzvId = *s.rdzvId;
+  if (s.nnodes) c.minNodes = c.maxNodes = *s.nnodes;
+  if (s.nodeRank) c.nodeRank = s.nodeRank;
+  if (s.endpointHost) c.rdzvEndpoint = rendezvous::joinHostPort(*s.endpointHost, *s.endpointPort);
+}
+
+// A flag of the launcher alone (--hostfile, --ssh-port, ...): both spellings, but no PET_
+// variable, which would reach the agents with the environment and make each a launcher.
+template <typename T>
+CLI::Option* addLauncherOption(CLI::App& app, const std::string& dashed, T& target,
+                               const std::string& help) {
+  return app.add_option(spellings(dashed, "").names, target, help);
+}
+
+// The hosts of --hostfile FILE or --hosts LIST.
+std::vector<remote::Host> hostsOf(const std::string& hostfile, const std::string& hostList) {
+  if (!hostfile.empty() && !hostList.empty())
+    throw ConfigError("--hostfile and --hosts: give one of them");
+  if (!hostList.empty()) return remote::parseHostList(hostList);
+  std::ifstream in(hostfile);
+  if (!in) throw ConfigError("--hostfile: cannot read " + hostfile);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return remote::parseHostfile(text, hostfile);
 }
 
 }  // namespace
@@ -361,7 +391,8 @@ LaunchParse parseDlrunArgs(const std::vector<std::string>& args, const HostProbe
   app.prefix_command();  // everything from the entry point on belongs to the workers
   auto* nnodesOption =
       addOption(app, "nnodes", nnodes, "Number of nodes, N or MIN:MAX for an elastic job");
-  addOption(app, "nproc-per-node", nproc, "Workers per node: N, cpu, gpu or auto");
+  auto* nprocOption =
+      addOption(app, "nproc-per-node", nproc, "Workers per node: N, cpu, gpu or auto");
   int nodeRank = -1;
   addOption(app, "node-rank", nodeRank,
             "This node's rank for the static backend; a group-rank hint for c10d")
@@ -433,12 +464,46 @@ LaunchParse parseDlrunArgs(const std::vector<std::string>& args, const HostProbe
   auto* masterPortOption =
       addOption(app, "master-port", masterPort, "Store port for the static backend")
           ->check(CLI::Range(0, 65535));
+  std::string hostfile, hostList, sshCommand = "ssh", localRankStyle = "dash";
+  int sshPort = 0;
+  HostLaunch hostLaunch;
+  addLauncherOption(app, "hostfile", hostfile,
+                    "Start one agent per host over ssh, hosts from FILE ('host slots=N' a line; "
+                    "slots: its workers unless --nproc-per-node says)");
+  addLauncherOption(app, "hosts", hostList, "As --hostfile, the hosts given as a:4,b:4");
+  addLauncherOption(app, "ssh-command", sshCommand,
+                    "The ssh client of --hostfile and its options (split at spaces)");
+  addLauncherOption(app, "ssh-port", sshPort, "The port of the hosts' ssh servers")
+      ->check(CLI::Range(1, 65535));
+  addLauncherOption(app, "export", hostLaunch.exports,
+                    "Also give the agents this variable (VAR, or VAR=VALUE); repeatable")
+      ->allow_extra_args(false);
+  app.add_flag(spellings("export-all", "").names, hostLaunch.exportAll,
+               "Give the agents every variable of this environment but this session's own");
+  app.add_flag("--control-stdin", c.controlStdin,
+               "Follow the signals a --hostfile launcher writes on stdin; stop when it closes")
+      ->group("");  // the launcher's own business, not the user's
+  bool localRankArg = false, useEnv = false;
+  addFlag(app, "use-local-rank-arg", localRankArg,
+          "Append --local-rank=LOCAL_RANK to every worker's arguments, as "
+          "torch.distributed.launch does");
+  app.add_flag(spellings("no-use-env", "").names, localRankArg,
+               "torch.distributed.launch's spelling of --use-local-rank-arg");
+  app.add_flag(spellings("use-env", "").names, useEnv,
+               "Accepted for torch.distributed.launch scripts: LOCAL_RANK is always in the "
+               "environment");
+  addOption(app, "local-rank-arg-style", localRankStyle,
+            "--use-local-rank-arg's spelling: dash (--local-rank, PyTorch 2.0 on) or underscore "
+            "(--local_rank, before)");
   app.set_version_flag("--version", kVersion);
 
   result.exitCode = parseCommandLine(app, args, kVersion);
   if (result.exitCode) return result;
 
   std::vector<std::string> rest = app.remaining();
+  // The flags before the entry point: a --hostfile launch hands them on to its agents.
+  const std::vector<std::string> flags(args.begin(),
+                                       args.end() - static_cast<ptrdiff_t>(rest.size()));
   if (!rest.empty() && rest.front() == "--") rest.erase(rest.begin());
   if (rest.empty()) throw ConfigError("no entry point: usage is dlrun [flags] ENTRYPOINT [args...]");
   // CLI11 hands over everything from the first argument it does not know, flags included.
@@ -447,6 +512,10 @@ LaunchParse parseDlrunArgs(const std::vector<std::string>& args, const HostProbe
                       " (see dlrun --help)");
   if (module && noPython) throw ConfigError("--module and --no-python cannot be used together");
 
+  if (localRankStyle != "dash" && localRankStyle != "underscore")
+    throw ConfigError("--local-rank-arg-style: '" + localRankStyle +
+                      "' is not dash or underscore");
+  if (localRankArg) c.localRankFlag = localRankStyle == "dash" ? "--local-rank" : "--local_rank";
   std::tie(c.minNodes, c.maxNodes) = parseNnodes(nnodes);
   c.nprocPerNode = parseNprocPerNode(nproc, host);
   c.rdzv = parseRdzvSettings(parseRdzvConf(rdzvConf));
@@ -481,6 +550,29 @@ LaunchParse parseDlrunArgs(const std::vector<std::string>& args, const HostProbe
   if (backendOption->count() > 0) backendFlag = parseRdzvBackend(backend);
   const bool slurmBackend = backendFlag && backendFlag->slurm;
   const bool staticFlags = masterAddrOption->count() > 0 || masterPortOption->count() > 0;
+  const bool fanout = !hostfile.empty() || !hostList.empty();
+  if (fanout) {
+    // The hosts make the job's shape; the agents get the rest of this command line.
+    auto conflict = [](const std::string& flag) {
+      return ConfigError("--hostfile/--hosts and " + flag +
+                         " conflict: the hosts give the nodes and their ranks");
+    };
+    if (nnodesOption->count() > 0) throw conflict("--nnodes");
+    if (nodeRank >= 0) throw conflict("--node-rank");
+    if (c.standalone) throw conflict("--standalone");
+    if (staticFlags) throw conflict("--master-addr/--master-port");
+    if (slurmBackend || (backendFlag && backendFlag->backend == RdzvBackend::Static))
+      throw conflict("--rdzv-backend=" + backend);
+    hostLaunch.hosts = hostsOf(hostfile, hostList);
+    hostLaunch.sshCommand = remote::splitCommand(sshCommand);
+    if (sshPort > 0) hostLaunch.sshPort = static_cast<uint16_t>(sshPort);
+    hostLaunch.agentFlags = remote::keptFlags(flags);
+    if (nprocOption->count() > 0) hostLaunch.nproc = nproc;
+    hostLaunch.backend = backend;
+    hostLaunch.rdzvConf = rdzvConf;
+    hostLaunch.entry = rest;
+    c.minNodes = c.maxNodes = static_cast<int>(hostLaunch.hosts.size());
+  }
   if (c.standalone) {
     if (c.maxNodes != 1) throw ConfigError("--standalone runs one node; drop --nnodes=" + nnodes);
     if (slurmBackend) throw ConfigError("--standalone and --rdzv-backend=slurm conflict");
@@ -523,7 +615,20 @@ LaunchParse parseDlrunArgs(const std::vector<std::string>& args, const HostProbe
   }
   // Under etcd Slurm gives the job id, the node count and the node order (SLURM_NODEID as the
   // group-rank hint), but no endpoint: nobody serves the rendezvous.
-  if (slurmBackend || (!noSlurm && !c.standalone && slurm::detected(host.env))) {
+  const bool inSlurm = !fanout && !noSlurm && !c.standalone && slurm::detected(host.env);
+  // mpirun inside a Slurm allocation starts the dlrun processes itself: its world wins there
+  // (PMIx alone, which srun --mpi=pmix sets as well, does not).
+  const bool underMpi = !fanout && !c.standalone && !slurmBackend && mpi::detected(host.env) &&
+                        (!inSlurm || host.env.contains("OMPI_COMM_WORLD_RANK"));
+  if (underMpi) {
+    applyMpi(mpi::discover(host.env,
+                           {.nnodes = nnodesOption->count() > 0,
+                            .nodeRank = nodeRank >= 0,
+                            .rdzvEndpoint = endpointOption->count() > 0 ||
+                                            c.rdzvBackend != RdzvBackend::C10d,
+                            .rdzvId = rdzvIdOption->count() > 0}),
+             c);
+  } else if (slurmBackend || inSlurm) {
     applySlurm(slurm::discover(host.env,
                                {.nnodes = nnodesOption->count() > 0,
                                 .nodeRank = nodeRank >= 0,
@@ -542,7 +647,7 @@ LaunchParse parseDlrunArgs(const std::vector<std::string>& args, const HostProbe
                       std::to_string(*c.nodeRank) + " is not below --nnodes " +
                       std::to_string(c.maxNodes));
   // Every node must find the c10d store; Slurm derives its place, elsewhere the user names it.
-  if (c.maxNodes > 1 && c.rdzvBackend == RdzvBackend::C10d && c.rdzvEndpoint.empty())
+  if (c.maxNodes > 1 && c.rdzvBackend == RdzvBackend::C10d && c.rdzvEndpoint.empty() && !fanout)
     throw ConfigError("--nnodes=" + nodesText(c) +
                       " with the c10d backend needs --rdzv-endpoint=HOST[:PORT]");
   if (c.maxNodes > 1 && etcd && c.etcdEndpoints.empty())
@@ -550,6 +655,7 @@ LaunchParse parseDlrunArgs(const std::vector<std::string>& args, const HostProbe
                       " with the etcd backend needs --rdzv-endpoint=HOST[:PORT],... (or "
                       "DLRUN_ETCD_ENDPOINTS)");
 
+  if (fanout) c.hostLaunch = std::move(hostLaunch);
   c.entrypoint = rest.front();
   c.command = resolveCommand(rest.front(), {rest.begin() + 1, rest.end()},
                              {.module = module, .noPython = noPython}, host);

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "agents/agent.h"
+#include "remote/hostfile.h"
 #include "rendezvous/etcd/endpoints.h"
 
 namespace dlrun::launcher {
@@ -47,6 +48,20 @@ enum class RdzvBackend {
            // store is served by each round's group rank 0
 };
 
+// --hostfile or --hosts: this dlrun starts one agent per host over ssh and runs no worker itself.
+struct HostLaunch {
+  std::vector<remote::Host> hosts;
+  std::vector<std::string> sshCommand{"ssh"};  // --ssh-command, split into words
+  std::optional<uint16_t> sshPort;             // --ssh-port
+  std::vector<std::string> exports;            // --export VAR (or VAR=VALUE), repeatable
+  bool exportAll = false;                      // --export-all
+  std::vector<std::string> agentFlags;  // this command line's flags that the agents get as they are
+  std::string nproc;    // --nproc-per-node as given (each host evaluates it); empty: the slots
+  std::string backend;  // --rdzv-backend as given; empty: c10d on a store this dlrun serves
+  std::string rdzvConf;            // --rdzv-conf as given
+  std::vector<std::string> entry;  // the entry point and its arguments, as given
+};
+
 struct LaunchConfig {
   int minNodes = 1;
   int maxNodes = 1;
@@ -78,6 +93,12 @@ struct LaunchConfig {
   bool refuseLostNodes = false;  // in a Slurm allocation a lost node's place goes to a spare
   std::string masterAddr = "127.0.0.1";
   std::optional<uint16_t> masterPort;  // unset: a free port on the single-node path
+
+  std::optional<HostLaunch> hostLaunch;  // --hostfile, --hosts
+  bool controlStdin = false;  // --control-stdin: an agent a --hostfile launch started (agent.h)
+  // --use-local-rank-arg: "--local-rank" or "--local_rank" (--local-rank-arg-style), appended to
+  // every worker's arguments as FLAG=LOCAL_RANK; empty: none
+  std::string localRankFlag;
 
   // The resolved command every worker runs: argv[0] is an absolute path or a name on PATH.
   std::vector<std::string> command;

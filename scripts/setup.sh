@@ -23,6 +23,8 @@ packages=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler grpc-proto
   etcd-server etcd-client python3-etcd
   python3-grpcio python3-grpc-tools     # the control plane's tests: a gRPC client not ours
+  openssh-client openssh-server         # dlrun --hostfile: ssh, and real servers in its tests
+  openmpi-bin                           # dlrun under mpirun, in the same tests
 )
 
 missing=()

@@ -846,3 +846,78 @@ TEST(ParseRdzvSettings, BadValuesNameTheKey) {
 
 }  // namespace
 }  // namespace dlrun::launcher
+
+namespace dlrun::launcher {
+namespace {
+
+// What mpirun -np 3 -x MASTER_ADDR=node1 sets for process `rank` (slurmHost's Open MPI twin).
+HostProbe mpiHost(int rank, std::map<std::string, std::string> extra = {}) {
+  HostProbe host = fakeHost();
+  host.env = {{"OMPI_COMM_WORLD_RANK", std::to_string(rank)},
+              {"OMPI_COMM_WORLD_SIZE", "3"},
+              {"OMPI_MCA_ess_base_jobid", "77"},
+              {"PMIX_RANK", std::to_string(rank)},
+              {"MASTER_ADDR", "node1"},
+              {"MASTER_PORT", "29555"}};
+  for (auto& [key, value] : extra) host.env[key] = value;
+  return host;
+}
+
+TEST(ParseDlrunArgsUnderMpirun, TheWorldFromOpenMpiFlagsWin) {
+  auto c = parse({"--nproc-per-node=4", "env"}, mpiHost(2));
+  EXPECT_EQ(c.minNodes, 3);
+  EXPECT_EQ(c.maxNodes, 3);
+  EXPECT_EQ(c.nodeRank, 2);
+  EXPECT_EQ(c.rdzvId, "mpi-77");
+  EXPECT_EQ(c.rdzvEndpoint, "node1:29555");
+  c = parse({"--nnodes=2", "--node-rank=0", "--rdzv-endpoint=store:5", "--rdzv-id=mine", "env"},
+            mpiHost(2));
+  EXPECT_EQ(c.maxNodes, 2);
+  EXPECT_EQ(c.nodeRank, 0);
+  EXPECT_EQ(c.rdzvId, "mine");
+  EXPECT_EQ(c.rdzvEndpoint, "store:5");
+  // mpirun inside a Slurm allocation: mpirun's world, not the allocation's.
+  c = parse({"env"}, mpiHost(1, {{"SLURM_JOB_ID", "9"}, {"SLURM_NNODES", "8"}}));
+  EXPECT_EQ(c.maxNodes, 3);
+  EXPECT_EQ(parse({"env"}, mpiHost(1, {{"DLRUN_MPI", "0"}, {"OMPI_COMM_WORLD_SIZE", "3"}}))
+                .maxNodes,
+            1);
+}
+
+TEST(ParseDlrunArgsHostfile, HostsFlagsAndConflicts) {
+  auto c = parse({"--hosts=a:2,b", "--max-restarts=1", "--export", "X", "--ssh-port=2222",
+                  "--ssh-command", "ssh -i k", "/jobs/train.py", "--lr", "1"});
+  ASSERT_TRUE(c.hostLaunch);
+  const HostLaunch& h = *c.hostLaunch;
+  EXPECT_EQ(h.hosts.size(), 2u);
+  EXPECT_EQ(c.maxNodes, 2);
+  EXPECT_EQ(h.sshCommand, (Args{"ssh", "-i", "k"}));
+  EXPECT_EQ(h.sshPort, 2222);
+  EXPECT_EQ(h.exports, Args{"X"});
+  EXPECT_EQ(h.agentFlags, Args{"--max-restarts=1"});
+  EXPECT_EQ(h.nproc, "");  // each host's slots
+  EXPECT_EQ(h.entry, (Args{"/jobs/train.py", "--lr", "1"}));
+  EXPECT_EQ(parse({"--hosts=a", "--nproc-per-node=gpu", "env"}, fakeHost(2)).hostLaunch->nproc,
+            "gpu");
+  EXPECT_TRUE(contains(configError([] { parse({"--hosts=a,b", "--nnodes=2", "env"}); }),
+                       "--hostfile/--hosts and --nnodes conflict"));
+  EXPECT_TRUE(contains(configError([] { parse({"--hosts=a", "--standalone", "env"}); }),
+                       "--standalone"));
+  EXPECT_TRUE(contains(configError([] { parse({"--hosts=a", "--hostfile=f", "env"}); }),
+                       "give one of them"));
+  EXPECT_EQ(configError([] { parse({"--hostfile=/no/such/file", "env"}); }),
+            "--hostfile: cannot read /no/such/file");
+}
+
+TEST(ParseDlrunArgs, LocalRankArgument) {
+  EXPECT_EQ(parse({"env"}).localRankFlag, "");
+  EXPECT_EQ(parse({"--use-local-rank-arg", "env"}).localRankFlag, "--local-rank");
+  EXPECT_EQ(parse({"--no_use_env", "--local-rank-arg-style=underscore", "env"}).localRankFlag,
+            "--local_rank");
+  EXPECT_EQ(parse({"--use-env", "env"}).localRankFlag, "");
+  EXPECT_EQ(configError([] { parse({"--local-rank-arg-style=camel", "env"}); }),
+            "--local-rank-arg-style: 'camel' is not dash or underscore");
+}
+
+}  // namespace
+}  // namespace dlrun::launcher

@@ -9,6 +9,7 @@ import unittest
 from dlrun_fixture import PYTHON, clean_env, main, read_json, run_dlrun, temp_dir, worker
 
 ENV_DUMP = worker("env_dump.py")
+LOCAL_RANK_WORKER = worker("local_rank_worker.py")
 EVERY_VARIABLE = (
     "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
     "ROLE_NAME", "ROLE_RANK", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
@@ -30,6 +31,26 @@ class DlrunEnvTest(unittest.TestCase):
             self.assertRegex(name, r"^env_\d+\.json$")
             records[int(name[4:-5])] = read_json(os.path.join(out, name))
         return result, records
+
+    def test_local_rank_argument(self):
+        # torch.distributed.launch's scripts run unmodified: --local-rank=N (PyTorch 2.0's
+        # spelling), or --local_rank=N for the scripts written before.
+        for flags, style in ((["--use-local-rank-arg"], "dash"), (["--no-use-env"], "dash"),
+                             (["--use_local_rank_arg", "--local-rank-arg-style=underscore"],
+                              "underscore")):
+            with self.subTest(flags=flags):
+                out = temp_dir(self)
+                result = run_dlrun(self, ["--nproc-per-node=2", *flags, PYTHON,
+                                          LOCAL_RANK_WORKER, out, style])
+                self.assertEqual(result.returncode, 0, result)
+                records = [read_json(os.path.join(out, f"local_rank_{rank}.json"))
+                           for rank in (0, 1)]
+                self.assertEqual(records, [{"arg": 0, "env": 0}, {"arg": 1, "env": 1}])
+        # Without the flag, the script gets no argument it does not know (argparse refuses one).
+        result = run_dlrun(self, ["--nproc-per-node=1", PYTHON, LOCAL_RANK_WORKER,
+                                  temp_dir(self), "dash"])
+        self.assertEqual(result.returncode, 2, result)
+        self.assertIn("--local-rank", result.stderr)
 
     def test_every_variable_for_four_workers(self):
         result, records = self.dump(["--nproc-per-node=4", "--max-restarts=2"], store=True)
