@@ -23,6 +23,9 @@ packages=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler grpc-proto
   etcd-server etcd-client python3-etcd
   python3-grpcio python3-grpc-tools     # the control plane's tests: a gRPC client not ours
+  # installing (packaging/): man pages from --help, the package's Depends (dpkg-shlibdeps),
+  # its checks (lintian, a fresh Debian root), the service's (systemd-analyze), man itself
+  help2man dpkg-dev lintian debootstrap systemd man-db
 )
 
 missing=()
