@@ -8,6 +8,21 @@
 
 namespace dlrun {
 
+namespace {
+class UsageFormatter : public CLI::Formatter {
+ public:
+  explicit UsageFormatter(std::vector<std::string> forms) : forms_(std::move(forms)) {}
+  std::string make_usage(const CLI::App*, std::string) const override {
+    std::string usage;
+    for (const auto& form : forms_) usage += (usage.empty() ? "Usage: " : "  or:  ") + form + "\n";
+    return usage;
+  }
+
+ private:
+  std::vector<std::string> forms_;
+};
+}  // namespace
+
 std::optional<int> parseCommandLine(CLI::App& app, const std::vector<std::string>& args,
                                     const std::string& version) {
   // CLI11 consumes its argument vector from the back.
@@ -24,6 +39,10 @@ std::optional<int> parseCommandLine(CLI::App& app, const std::vector<std::string
     throw ConfigError(e.what());
   }
   return std::nullopt;
+}
+
+void setUsage(CLI::App& app, const std::vector<std::string>& forms) {
+  app.formatter(std::make_shared<UsageFormatter>(forms));
 }
 
 int guardedMain(const std::function<int()>& body) {

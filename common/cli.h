@@ -18,6 +18,10 @@ namespace dlrun {
 std::optional<int> parseCommandLine(CLI::App& app, const std::vector<std::string>& args,
                                     const std::string& version);
 
+// Replaces CLI11's "Usage: NAME [OPTIONS]" line of --help with `forms`: the first after
+// "Usage: ", each other one on a line of its own after "  or:  " (as help2man reads a synopsis).
+void setUsage(CLI::App& app, const std::vector<std::string>& forms);
+
 // Runs a main's body under the one error policy of every dlrun program: a ConfigError prints
 // "NAME: error: ..." and gives 2, any other exception the same line and 1.
 int guardedMain(const std::function<int()>& body);

@@ -3,7 +3,7 @@
 #include <CLI/CLI.hpp>
 
 #include "common/cli.h"
-#include "launcher/version.h"
+#include "common/version.h"
 
 namespace dlrun::launcher {
 

@@ -9,7 +9,7 @@
 #include "common/error.h"
 #include "common/cli.h"
 #include "launcher/entry_point.h"
-#include "launcher/version.h"
+#include "common/version.h"
 #include "mpi/discovery.h"
 #include "remote/agent_command.h"
 #include "remote/hostfile.h"
@@ -384,9 +384,11 @@ LaunchParse parseDlrunArgs(const std::vector<std::string>& args, const HostProbe
 
   CLI::App app(
       "dlrun: launch N workers per node, as torchrun does, with the environment PyTorch and "
-      "TensorFlow read.\nUsage: dlrun [flags] ENTRYPOINT [args...]  (ENTRYPOINT: a program, a "
-      ".py script, a module with -m, or 'train' for the bundled trainer)",
+      "TensorFlow read.\nENTRYPOINT: a program, a .py script, a module with -m, or 'train' for "
+      "the bundled trainer. status, events and stop ask a running job's control plane (see "
+      "dlrun status --help).",
       "dlrun");
+  setUsage(app, {"dlrun [OPTIONS] ENTRYPOINT [ARGS...]", "dlrun status|events|stop [OPTIONS]"});
   app.option_defaults()->always_capture_default();
   app.prefix_command();  // everything from the entry point on belongs to the workers
   auto* nnodesOption =

@@ -7,6 +7,7 @@
 
 #include "common/cli.h"
 #include "common/error.h"
+#include "common/version.h"
 
 namespace dlrun::trainer {
 namespace {
@@ -60,7 +61,7 @@ TrainParse parseTrainArgs(const std::vector<std::string>& args) {
   CLI::App app(
       "dlrun-train: data-parallel MLP training on Fashion-MNIST, the bundled worker of dlrun.\n"
       "Start it as 'dlrun --standalone --nproc-per-node=N train [flags]'.",
-      "train");
+      "dlrun-train");
   app.option_defaults()->always_capture_default();
   app.add_option("--epochs", c.epochs, "Passes over the training set")
       ->check(CLI::Range(1, 100000));
@@ -104,8 +105,8 @@ TrainParse parseTrainArgs(const std::vector<std::string>& args) {
   app.add_option("--hang-at-step", c.hangAtStep,
                  "Testing aid: the last rank sleeps for ever at the start of this global step, "
                  "before its all-reduce, on the first attempt only");
-  app.set_version_flag("--version", "0.1.0");
-  result.exitCode = parseCommandLine(app, args, "0.1.0");
+  app.set_version_flag("--version", kVersion);
+  result.exitCode = parseCommandLine(app, args, kVersion);
   if (result.exitCode) return result;
   c.cosine = schedule == "cosine";
   if (c.hidden.empty()) throw ConfigError("--hidden needs at least one width");

@@ -31,6 +31,21 @@ const MlpMath& loadMathModule(const std::string& path) {
   return *entry();
 }
 
+namespace {
+// The module beside the program (a build directory), else in the installed package's library
+// directory; empty when neither holds it.
+std::string findAvx2Module() {
+  std::error_code ec;
+  const auto programDir = std::filesystem::read_symlink("/proc/self/exe", ec).parent_path();
+  if (ec) return {};
+  for (const auto& dir : {programDir, (programDir / DLRUN_MODULE_DIR).lexically_normal()}) {
+    const auto path = dir / kAvx2ModuleName;
+    if (std::filesystem::exists(path, ec)) return path.string();
+  }
+  return {};
+}
+}  // namespace
+
 const MlpMath& cpuMath(const std::string& choice) {
   const MlpMath& baseline = builtInMath();
   if (choice == "baseline") {
@@ -41,11 +56,10 @@ const MlpMath& cpuMath(const std::string& choice) {
     log::debug("CPU math: baseline (this CPU lacks AVX2 or FMA)");
     return baseline;
   }
-  std::error_code ec;
-  const auto program = std::filesystem::read_symlink("/proc/self/exe", ec);
-  const std::string path = (program.parent_path() / kAvx2ModuleName).string();
-  if (ec || !std::filesystem::exists(path, ec)) {
-    log::debug("CPU math: baseline (no " + path + ")");
+  const std::string path = findAvx2Module();
+  if (path.empty()) {
+    log::debug(std::string("CPU math: baseline (no ") + kAvx2ModuleName +
+               " beside the program or in " + DLRUN_MODULE_DIR + " from it)");
     return baseline;
   }
   try {

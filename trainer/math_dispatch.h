@@ -1,5 +1,5 @@
-// Which build of the CPU engine's math runs (mlp_math.h): the AVX2 and FMA module beside
-// dlrun-train where the CPU has both, else the baseline built into the program.
+// Which build of the CPU engine's math runs (mlp_math.h): the AVX2 and FMA module where the CPU
+// has both, else the baseline built into the program.
 #pragma once
 
 #include <string>
@@ -8,7 +8,9 @@
 
 namespace dlrun::trainer {
 
-// The module's file name, looked for beside the program.
+// The module's file name, looked for beside the program (a build directory) and then in the
+// installed package's library directory, DLRUN_MODULE_DIR relative to the program's directory
+// (both found from /proc/self/exe, so an installed tree works wherever it is put).
 inline constexpr const char* kAvx2ModuleName = "dlrun-train-avx2.so";
 
 // Whether this CPU, and the OS's saving of its registers, run AVX2 and FMA code.
@@ -18,8 +20,7 @@ bool cpuHasAvx2();
 // Error naming the path when it cannot be loaded or lacks the entry point.
 const MlpMath& loadMathModule(const std::string& path);
 
-// The CPU engine's math for --cpu-math `choice`: with "auto", the module beside the program
-// where the CPU has AVX2 and FMA; else, or with "baseline", the baseline. Logs the choice at
+// The CPU engine's math for --cpu-math `choice`: with "auto", the module where the CPU has AVX2 and FMA; else, or with "baseline", the baseline. Logs the choice at
 // debug level, and a module that exists but does not load as a warning.
 const MlpMath& cpuMath(const std::string& choice);
 

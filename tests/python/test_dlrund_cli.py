@@ -103,7 +103,7 @@ class DlrundCliTest(unittest.TestCase):
     def test_version(self):
         result = run_dlrund("--version")
         self.assertEqual(result.returncode, 0, result.stderr)
-        self.assertRegex(result.stdout, r"^dlrund \S+\n$")
+        self.assertRegex(result.stdout, r"^dlrund \S+ \(git ([0-9a-f]{12}(-dirty)?|unknown)\)\n$")
 
     def test_bad_input_exits_2_with_one_line(self):
         cases = {("--port", "abc"): ["--port", "abc"],
