@@ -54,7 +54,8 @@ in_root() { chroot "$root" env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin LC_ALL=C MA
 in_root apt-get update -q
 in_root apt-get install -y -q "/tmp/$(basename "$package")"
 in_root ldconfig
-echo "dpkg: $(in_root dpkg-query -W -f='${Status} ' dataset-fashion-mnist libgrpc29)"
+# libslurm38: a shared library's package, pulled through the computed Depends (gRPC is linked in)
+echo "dpkg: $(in_root dpkg-query -W -f='${Status} ' dataset-fashion-mnist libslurm38)"
 echo "dlrun on PATH: $(in_root sh -c 'command -v dlrun')"
 in_root sh -c 'cd /tmp && dlrun --standalone --nproc-per-node=2 train --epochs 1'
 in_root man dlrun
