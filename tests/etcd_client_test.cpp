@@ -118,16 +118,24 @@ TEST_F(EtcdClientTest, AddUnderConcurrencyCountsExactly) {
   constexpr int kThreads = 8, kAdds = 50;
   EtcdClient shared(options()), other(options());
   std::vector<std::thread> threads;
+  std::vector<std::vector<int64_t>> results(kThreads);
   for (int t = 0; t < kThreads; ++t) {
     threads.emplace_back([&, t] {
       EtcdClient& client = t % 2 ? shared : other;  // threads of one client and of two
-      for (int i = 0; i < kAdds; ++i) client.add(key("n"), 1);
+      for (int i = 0; i < kAdds; ++i) results[t].push_back(client.add(key("n"), 1));
     });
   }
   for (auto& thread : threads) thread.join();
   EXPECT_EQ(shared.get(key("n"))->value, std::to_string(kThreads * kAdds));
+  // Each add saw its own result: 1..400 once each.
+  std::vector<int64_t> all;
+  for (const auto& mine : results) all.insert(all.end(), mine.begin(), mine.end());
+  std::sort(all.begin(), all.end());
+  for (size_t i = 0; i < all.size(); ++i) EXPECT_EQ(all[i], static_cast<int64_t>(i) + 1);
   EXPECT_EQ(shared.add(key("n"), -400), 0);
   EXPECT_EQ(shared.add(key("fresh"), 5), 5);
+  shared.put(key("spelled"), "007");  // an integer spelled otherwise than add() spells it
+  EXPECT_EQ(shared.add(key("spelled"), 1), 8);
   shared.put(key("text"), "abc");
   EXPECT_THROW(shared.add(key("text"), 1), Error);
 }

@@ -7,6 +7,7 @@
 #include "common/clock.h"
 #include "common/error.h"
 #include "etcd/rpc.grpc.pb.h"
+#include "grpc_runtime.h"
 
 namespace dlrun::rendezvous::etcd {
 namespace detail {
@@ -178,6 +179,7 @@ bool tlsFailure(const std::string& why) {
 
 EtcdClient::EtcdClient(EtcdClientOptions options) : options_(std::move(options)) {
   if (options_.endpoints.empty()) throw ConfigError("etcd: no endpoint given");
+  proto::prepareGrpc();
   connection();
 }
 
@@ -323,7 +325,6 @@ auto EtcdClient::unary(const char* what, const std::string& key, bool retry, Cal
     context.set_deadline(detail::grpcDeadline(Clock::now() + timeout.value_or(options_.timeout)));
     authorize(*picked, context);
     auto [status, response] = call(*picked, context);
-    if (std::getenv("DLRUN_TRACE_ETCD")) fprintf(stderr, "ETCDTRACE %s %s %d\n", what, key.c_str(), (int)status.ok());
     if (status.ok()) return response;
     const auto code = status.error_code();
     // A simple token expires after etcd's --auth-token-ttl without use: a new one, then again.
@@ -493,31 +494,56 @@ std::optional<int64_t> toInteger(std::string_view text) {
 int64_t EtcdClient::add(const std::string& key, int64_t delta,
                         const std::optional<AddMark>& mark) {
   if (delta == 0 && !mark) return readCounter(key);
-  // Optimistic: assume the key is missing, so creating it costs one round trip; a lost race
-  // hands back the current value for the next try.
+  // A swap on the value read would cost K adders that come at once (a round's joins, its
+  // successes) K^2/2 tries, each a write etcd proposes to its cluster. One transaction instead
+  // tries a window of values: the one known (its mod revision: the key missing, the first time),
+  // then, nested in each failure branch, that value plus delta, plus 2 delta..., as other
+  // adders of the same delta leave it. The last failure branch reads the key for the next try.
   std::optional<KeyValue> current;
   while (true) {
-    const int64_t next = (current ? counterValue(*current) : 0) + delta;
+    const int64_t base = current ? counterValue(*current) : 0;
     pb::TxnRequest request;
-    auto* guard = request.add_compare();
-    guard->set_key(key);
-    guard->set_target(pb::Compare::MOD);
-    guard->set_result(pb::Compare::EQUAL);
-    guard->set_mod_revision(current ? current->modRevision : 0);
-    auto* put = request.add_success()->mutable_request_put();
-    put->set_key(key);
-    put->set_value(std::to_string(next));
-    if (mark) {
-      auto* marked = request.add_success()->mutable_request_put();
-      marked->set_key(mark->key);
-      marked->set_value(mark->token + ":" + std::to_string(next));
+    pb::TxnRequest* level = &request;
+    for (int i = 0; i < kAddWindow; ++i) {
+      auto* guard = level->add_compare();
+      guard->set_key(key);
+      if (i == 0) {
+        guard->set_target(pb::Compare::MOD);  // exact, whatever the value's spelling
+        guard->set_mod_revision(current ? current->modRevision : 0);
+      } else {
+        guard->set_target(pb::Compare::VALUE);
+        guard->set_value(std::to_string(base + i * delta));
+      }
+      guard->set_result(pb::Compare::EQUAL);
+      const std::string next = std::to_string(base + (i + 1) * delta);
+      auto* put = level->add_success()->mutable_request_put();
+      put->set_key(key);
+      put->set_value(next);
+      if (mark) {
+        auto* marked = level->add_success()->mutable_request_put();
+        marked->set_key(mark->key);
+        marked->set_value(mark->token + ":" + next);
+      }
+      if (i + 1 < kAddWindow) {
+        level = level->add_failure()->mutable_request_txn();
+      } else {
+        level->add_failure()->mutable_request_range()->set_key(key);
+      }
     }
-    request.add_failure()->mutable_request_range()->set_key(key);
     const auto response = txn(request);
-    if (response.succeeded()) return next;
-    current.reset();
-    if (response.responses_size() > 0 && response.responses(0).response_range().kvs_size() > 0)
-      current = detail::fromProto(response.responses(0).response_range().kvs(0));
+    const pb::TxnResponse* answer = &response;
+    for (int i = 0; i < kAddWindow; ++i) {
+      if (answer->succeeded()) return base + (i + 1) * delta;
+      if (answer->responses_size() == 0) break;
+      const auto& op = answer->responses(0);
+      if (op.has_response_txn()) {
+        answer = &op.response_txn();
+        continue;
+      }
+      current.reset();
+      if (op.response_range().kvs_size() > 0) current = detail::fromProto(op.response_range().kvs(0));
+      break;
+    }
   }
 }
 

@@ -137,8 +137,8 @@ class EtcdClient {
                         const std::string& desired, int64_t lease = 0);
   SwapResult putIfRevision(const std::string& key, int64_t modRevision,
                            const std::string& desired, int64_t lease = 0);
-  // Adds to a decimal integer value (missing counts as 0) by read, then swap on mod_revision,
-  // again on a conflict; returns the result. Throws Error when the value is not an integer.
+  // Adds to a decimal integer value (missing counts as 0) by a swap on the value, as many tries
+  // as conflicts take; returns the result. Throws Error when the value is not an integer.
   // Adding 0 without a mark only reads (it creates a missing key as "0", as TCPStore does).
   // With a mark, the transaction that adds also writes mark.key = mark.token + ":" + result,
   // so a caller whose call failed half-way can read whether it applied (addApplied).
@@ -147,6 +147,8 @@ class EtcdClient {
     std::string token;
   };
   int64_t add(const std::string& key, int64_t delta, const std::optional<AddMark>& mark = {});
+  // The values one add() transaction tries (see add): 16 adders at once take one try each.
+  static constexpr int kAddWindow = 16;
   // The result of the marked add() whose mark this is, if that add applied.
   std::optional<int64_t> addApplied(const AddMark& mark);
   // Any transaction (the raw messages), for what the helpers above do not cover. `timeout`

@@ -160,7 +160,7 @@ void EtcdStore::revokeLeases() {
     } catch (const Error&) {
     }
   }
-  if (reachable && adds_ > 0) {
+  if (reachable && adds_.exchange(0) > 0) {  // once: abort() and the destructor both come here
     try {
       pb::TxnRequest request;
       request.add_success()->mutable_request_delete_range()->set_key(markKey_);
@@ -439,18 +439,25 @@ int64_t EtcdStore::fireLapsed() {
   // A record whose key is gone outlived a lease that lapsed while no store watched: fire it now.
   // One keys-only read of the data says which keys exist (a read a record would cost every
   // agent of a job O(agents) reads as it starts to wait).
-  const auto records = client_.rangePrefix(recordPrefix_);
-  if (records.kvs.empty()) return records.revision;
+  // Both in one transaction: one round trip, one revision.
+  pb::TxnRequest request;
+  auto* records = request.add_success()->mutable_request_range();
+  records->set_key(recordPrefix_);
+  records->set_range_end(EtcdClient::prefixEnd(recordPrefix_));
+  auto* data = request.add_success()->mutable_request_range();
+  data->set_key(dataPrefix_);
+  data->set_range_end(EtcdClient::prefixEnd(dataPrefix_));
+  data->set_keys_only(true);
+  const auto response = client_.txn(request);
   std::set<std::string> present;
-  for (auto& kv : client_.range(dataPrefix_, EtcdClient::prefixEnd(dataPrefix_), 0, true).kvs)
-    present.insert(std::move(kv.key));
-  for (const auto& kv : records.kvs) {
-    const std::string key = kv.key.substr(recordPrefix_.size());
+  for (const auto& kv : response.responses(1).response_range().kvs()) present.insert(kv.key());
+  for (const auto& kv : response.responses(0).response_range().kvs()) {
+    const std::string key = kv.key().substr(recordPrefix_.size());
     if (present.contains(dataKey(key))) continue;
-    if (auto tripwires = detail::decodeTripwires(kv.value))
-      fire(key, Record{std::move(*tripwires), kv.modRevision});
+    if (auto tripwires = detail::decodeTripwires(kv.value()))
+      fire(key, Record{std::move(*tripwires), kv.mod_revision()});
   }
-  return records.revision;
+  return response.header().revision();
 }
 
 void EtcdStore::watchFrom(const std::pair<std::string, std::string>& waited, int64_t revision) {
