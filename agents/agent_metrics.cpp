@@ -1,5 +1,7 @@
 #include "agents/agent_metrics.h"
 
+#include <unistd.h>
+
 #include <chrono>
 
 #include <nlohmann/json.hpp>
@@ -20,6 +22,13 @@ namespace {
 constexpr auto kSampleEvery = std::chrono::milliseconds(500);
 const char* const kCauses[] = {"failure", "hang", "node_lost", "scale_up", "node_left",
                                "store_lost"};
+
+// A single-node job's agent has no name of its own: the host's, then.
+std::string nameOrHost(std::string name) {
+  if (!name.empty()) return name;
+  char host[256] = {};
+  return ::gethostname(host, sizeof(host) - 1) == 0 ? host : "this node";
+}
 
 double wallSeconds() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
@@ -228,7 +237,7 @@ std::string AgentView::stateJson(const std::optional<rendezvous::StoreStats>& st
 AgentMetrics::AgentMetrics(boost::asio::io_context& io, MetricsOptions options,
                            std::string nodeName)
     : options_(std::move(options)),
-      view_(std::move(nodeName)),
+      view_(nameOrHost(std::move(nodeName))),
       timer_(io),
       server_(io, {.host = options_.host, .port = options_.port},
               metrics::routes(
