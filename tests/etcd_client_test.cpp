@@ -4,6 +4,7 @@
 // revision, and endpoints that do not answer. Each test uses keys of its own.
 #include "rendezvous/etcd/etcd_client.h"
 
+#include <algorithm>
 #include <gtest/gtest.h>
 
 #include <thread>
@@ -239,6 +240,36 @@ TEST_F(EtcdClientTest, WatchFromARevisionSeesEveryEventOnceInOrder) {
   const auto events = nextEvents(*resumed, 5s);
   ASSERT_EQ(events.size(), 1u);
   EXPECT_EQ(events[0].kv.key, key("d"));
+}
+
+TEST_F(EtcdClientTest, AWatchOfSeveralRangesKeepsEachRangesFilterAndRevisions) {
+  EtcdClient client(options());
+  const int64_t start = client.put(key("wait/a"), "1");  // history from here...
+  client.put(key("other"), "x");
+  client.deleteKey(key("other"));
+  // Deletes anywhere under the prefix; puts of wait/ only (from an older revision: history).
+  auto watch = client.watch({{.key = key(""), .rangeEnd = EtcdClient::prefixEnd(key("")),
+                              .only = WatchRange::Only::Deletes, .startRevision = start + 1},
+                             {.key = key("wait/"), .rangeEnd = EtcdClient::prefixEnd(key("wait/")),
+                              .only = WatchRange::Only::Puts, .startRevision = start}});
+  client.put(key("other"), "y");  // ...and after: neither range takes this put
+  client.deleteKey(key("wait/a"));
+  client.put(key("wait/b"), "2");
+
+  std::vector<std::pair<WatchEvent::Type, std::string>> seen;
+  const auto deadline = Clock::now() + 5s;
+  while (seen.size() < 4 && Clock::now() < deadline) {
+    for (auto& event : watch->next(1s)) seen.emplace_back(event.type, event.kv.key);
+  }
+  std::sort(seen.begin(), seen.end());  // the ranges interleave in no promised order
+  const std::vector<std::pair<WatchEvent::Type, std::string>> expected = {
+      {WatchEvent::Type::Put, key("wait/a")},
+      {WatchEvent::Type::Put, key("wait/b")},
+      {WatchEvent::Type::Delete, key("other")},
+      {WatchEvent::Type::Delete, key("wait/a")}};
+  EXPECT_EQ(seen, expected);
+  EXPECT_TRUE(watch->next(300ms).empty());  // nothing twice
+  EXPECT_EQ(watch->lastRevision(1), client.get(key("wait/b"))->modRevision);
 }
 
 TEST_F(EtcdClientTest, CancelFromAnotherThreadEndsABlockedWatch) {
