@@ -64,12 +64,18 @@ class PageTest(unittest.TestCase):
                 for i in range(2)]
 
     def rows(self, driver, table):
-        return [[td.text for td in tr.find_elements("tag name", "td")]
-                for tr in driver.find_elements("css selector", f"#{table} tbody tr")]
+        # Read in one script: the page redraws its tables as it polls, so elements found in
+        # one call may be gone by the next (stale).
+        return driver.execute_script(
+            "return Array.from(document.querySelectorAll(arguments[0]), tr =>"
+            " Array.from(tr.querySelectorAll('td'), td => td.innerText));",
+            f"#{table} tbody tr")
 
     def loss_points(self, driver):
-        paths = driver.find_elements("css selector", "#loss-step path.curve")
-        return int(paths[0].get_attribute("data-points")) if paths else 0
+        points = driver.execute_script(
+            "const p = document.querySelector('#loss-step path.curve');"
+            " return p ? p.getAttribute('data-points') : null;")
+        return int(points) if points else 0
 
     def test_the_page_shows_nodes_growing_curves_and_a_lost_node(self):
         require_data(self)
