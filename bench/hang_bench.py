@@ -1,9 +1,14 @@
-"""What --hang-timeout costs the bundled trainer: samples/s with and without it, for
-hang_bench.sh.
+"""What --hang-timeout (or, with --feature metrics-port, --metrics-port) costs the bundled
+trainer: samples/s with and without it, for hang_bench.sh.
 
 Each launch is
     dlrun --standalone --nproc-per-node=N [--hang-timeout=T] train --synthetic --epochs E
           --progress-every 1000000
+(--metrics-port=0 --metrics-host=127.0.0.1 in place of --hang-timeout=T with --feature
+metrics-port: the agent then serves /metrics and the page and reads the progress board twice a
+second, and a metrics_watch.Watcher thread here scrapes /metrics and polls /api/state once a
+second each, from the moment the agent prints its port; its last scrape gives the store's
+requests, the agent serving the store in process)
 in a process group of its own that dies with this script (PR_SET_PDEATHSIG), started from an
 environment without PET_*, TORCHELASTIC_* or DLRUN_* variables, so that the launch without the
 flag really runs without the watch. With it, the agent makes a progress board and heartbeat
@@ -22,13 +27,16 @@ time (/proc/stat: user, nice, system, irq, softirq, steal) and the CPU time of t
 processes and threads (dlrun and its workers, /proc/PID/task/*/schedstat, in ns) and of itself;
 other = (machine busy - launch - this script) / wall time, over the time since the line before
 (an epoch's training and the evaluation before it). The agent is part of the launch, so what
-the watch itself costs is never taken for other work. An epoch is quiet when other is below the
-CPUs the N workers leave free plus --quiet (0.15: /proc/stat counts in 10 ms ticks, so a quiet
-epoch reads 0 to about 0.15; 2 workers on 2 cores are slower from about there on, and one more
-busy process reads 0.5 or more). A launch's figure is the
+the watch itself costs is never taken for other work (nor the watcher's: it is this script's).
+An epoch is quiet when other is below the CPUs the N workers leave free plus --quiet (0.15:
+/proc/stat counts in 10 ms ticks, so a quiet epoch reads 0 to about 0.15; 2 workers on 2 cores
+are slower from about there on, and one more busy process reads 0.5 or more). A launch's
+figure is the
 median R over its quiet epochs, epoch 1 left out (it warms caches and the allocator); one with
 fewer than MIN_QUIET_EPOCHS quiet epochs is too busy and has none. Also taken: the CPU time (user
-+ system) of the whole launch, agent and workers, start-up included, from RUSAGE_CHILDREN.
++ system) of the whole launch, agent and workers, start-up included, from RUSAGE_CHILDREN; and
+the agent's own CPU per second (its threads' schedstat) from the first epoch line to the last,
+which what it does while the workers train decides and other work hardly moves.
 
 Launches go in pairs, one per setting, the order swapping from one pair of an N to the next
 (ABBA), so that a drift of the machine (which also comes from outside it: on a virtual machine
@@ -65,6 +73,7 @@ import time
 # (imported without leaving a __pycache__ in the source tree).
 sys.dont_write_bytecode = True
 from train_bench import EPOCH_LINE, Stopped, on_signal, stop_group  # noqa: E402
+from metrics_watch import AGENT_LINE, Watcher, metric_sum  # noqa: E402
 
 LAUNCH_TIMEOUT_S = 120
 MIN_QUIET_EPOCHS = 5  # a launch with fewer quiet epochs does not count
@@ -127,6 +136,7 @@ class Sample:
         self.wall = time.monotonic()
         self.busy = machine_busy()
         self.launch = launch_cpu(pid)
+        self.agent = tasks_cpu(pid)[0]
         self.own = time.process_time()
 
     def other_since(self, before):
@@ -146,18 +156,30 @@ class Output:
     def __init__(self):
         self.lines = []
         self.epochs = []  # (samples/s, other CPUs or None), one per epoch line
+        self.samples = []  # the Sample taken at each epoch line
         self.cpu = None  # CPU seconds of the whole launch
+        self.store_rate = None  # watched: the store's requests/s from the launch to the last scrape
         self.why = None  # why it failed, or None
 
 
-def run_once(argv, env, log):
-    """Runs argv to its end, sampling the machine at each epoch line; returns an Output."""
+def run_once(argv, env, log, watched=False):
+    """Runs argv to its end, sampling the machine at each epoch line; returns an Output.
+    watched: a metrics_watch.Watcher scrapes and polls the port the agent prints."""
     out = Output()
     err = tempfile.TemporaryFile()
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    started = time.monotonic()
     process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                stderr=err, env=env, process_group=0,
                                preexec_fn=die_with_parent)
+
+    def targets():
+        # pread: the launch shares the file's offset, which a read would move under it.
+        match = AGENT_LINE.search(os.pread(err.fileno(), 1 << 16, 0).decode(errors="replace"))
+        return [int(match.group(1))] if match else []
+    watcher = Watcher(targets) if watched else None
+    if watcher:
+        watcher.start()
 
     def overrun():
         out.why = f"still running after {LAUNCH_TIMEOUT_S} s"
@@ -177,10 +199,13 @@ def run_once(argv, env, log):
                 now = Sample(process.pid)
                 other = now.other_since(last)
                 out.epochs.append((float(match[5]), other))
+                out.samples.append(now)
                 log.write(f"#   other work: {'-' if other is None else f'{other:.2f}'} CPUs\n")
                 last = now
         read_all = True
     finally:
+        if watcher:
+            watcher.stop()
         watchdog.cancel()
         watchdog.join()
         if not read_all:  # a signal or an error here: the launch goes with this script
@@ -198,6 +223,9 @@ def run_once(argv, env, log):
         out.why = f"exit status {process.returncode}" + (f": {text[-1][:200]}" if text else "")
     if out.why is None:
         out.cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+    if watcher and watcher.last:
+        when, text = next(iter(watcher.last.values()))
+        out.store_rate = metric_sum(text, "dlrun_store_requests_total") / (when - started)
     return out
 
 
@@ -209,6 +237,11 @@ class Run:
         if self.why is None and len(out.epochs) != epochs:
             self.why = f"printed {len(out.epochs)} of {epochs} epoch lines"
         self.cpu = out.cpu
+        self.store_rate = out.store_rate
+        # The agent's CPU per second while training: from the first epoch line to the last.
+        first, last = (out.samples[0], out.samples[-1]) if out.samples else (None, None)
+        self.agent_cpu = ((last.agent - first.agent) / (last.wall - first.wall)
+                          if first and last.wall > first.wall else None)
         later = out.epochs[1:]
         self.quiet = [rate for rate, other in later if other is not None and other < quiet]
         self.epochs = len(later)
@@ -227,32 +260,35 @@ class Run:
         figure = self.figure()
         rate = f"{figure:.0f} samples/s" if figure is not None else "too busy"
         return (f"{rate}, {len(self.quiet)}/{self.epochs} quiet epochs, other work "
-                f"{self.other:.2f} CPUs, {self.cpu:.2f} s CPU")
+                f"{self.other:.2f} CPUs, {self.cpu:.2f} s CPU, agent {self.agent_cpu * 1e3:.2f} "
+                "ms CPU/s")
 
 
-def dlrun_argv(dlrun, n, hang_timeout, *command):
-    flag = [f"--hang-timeout={hang_timeout:g}"] if hang_timeout is not None else []
-    return [dlrun, "--standalone", f"--nproc-per-node={n}", *flag, *command]
+def dlrun_argv(dlrun, n, flags, *command):
+    return [dlrun, "--standalone", f"--nproc-per-node={n}", *flags, *command]
 
 
-def launch(dlrun, n, hang_timeout, epochs, quiet, env, log):
-    argv = dlrun_argv(dlrun, n, hang_timeout, "train", "--synthetic", "--epochs", str(epochs),
+def launch(dlrun, n, flags, epochs, quiet, env, log):
+    """One timed launch; with --metrics-port among `flags`, a watched one."""
+    argv = dlrun_argv(dlrun, n, flags, "train", "--synthetic", "--epochs", str(epochs),
                       "--progress-every", "1000000")
     log.write(f"# {' '.join(argv)}\n")
-    return Run(run_once(argv, env, log), epochs, quiet)
+    watched = any(flag.startswith("--metrics-port") for flag in flags)
+    return Run(run_once(argv, env, log, watched), epochs, quiet)
 
 
-def check_setting(dlrun, hang_timeout, env, log):
-    """None if a worker sees DLRUN_PROGRESS_FILE exactly when the flag is given, else why."""
-    argv = dlrun_argv(dlrun, 1, hang_timeout, "--no-python", "env")
+def check_setting(dlrun, flags, env, log):
+    """None if a worker sees DLRUN_PROGRESS_FILE exactly when the feature's flags are given
+    (both set the board up), else why."""
+    argv = dlrun_argv(dlrun, 1, flags, "--no-python", "env")
     log.write(f"# {' '.join(argv)}\n")
     out = run_once(argv, env, log)
     if out.why:
         return out.why
     board = any(line.startswith("[0]:DLRUN_PROGRESS_FILE=") for line in out.lines)
-    if board != (hang_timeout is not None):
-        return ("the worker got no DLRUN_PROGRESS_FILE" if hang_timeout is not None else
-                "the worker got DLRUN_PROGRESS_FILE without --hang-timeout")
+    if board != bool(flags):
+        return ("the worker got no DLRUN_PROGRESS_FILE" if flags else
+                "the worker got DLRUN_PROGRESS_FILE without the flag")
     return None
 
 
@@ -270,6 +306,9 @@ def main():
     parser.add_argument("--nprocs", default="2,1")
     parser.add_argument("--epochs", type=int, default=20)
     parser.add_argument("--repeats", type=int, default=5, help="pairs that count, per N")
+    parser.add_argument("--feature", choices=("hang-timeout", "metrics-port"),
+                        default="hang-timeout", help="what the launches with it get: "
+                        "--hang-timeout=T, or --metrics-port=0 (watched, see metrics_watch.py)")
     parser.add_argument("--hang-timeout", type=float, default=60)
     parser.add_argument("--quiet", type=float, default=0.15,
                         help="an epoch is quiet while other work keeps fewer CPUs busy than "
@@ -286,7 +325,10 @@ def main():
     nprocs = [int(n) for n in args.nprocs.split(",")]
     cpus = os.cpu_count() or 1
     env = clean_env()
-    settings = (("without", None), ("with", args.hang_timeout))
+    flags = ([f"--hang-timeout={args.hang_timeout:g}"] if args.feature == "hang-timeout" else
+             ["--metrics-port=0", "--metrics-host=127.0.0.1"])
+    what = " ".join(flags)
+    settings = (("without", []), ("with", flags))
     pairs = {n: [] for n in nprocs}  # per N: {setting: Run}, in order
 
     def counts(pair):
@@ -297,14 +339,14 @@ def main():
 
     log = open(args.log, "a")
     try:
-        for name, timeout in settings:
-            why = check_setting(args.dlrun, timeout, env, log)
+        for name, setting in settings:
+            why = check_setting(args.dlrun, setting, env, log)
             if why:
-                print(f"hang_bench: the launch {name} --hang-timeout is not what it should be: "
-                      f"{why}", file=sys.stderr)
+                print(f"hang_bench: the launch {name} {what} is not what it should be: {why}",
+                      file=sys.stderr)
                 return 1
         # Untimed: fills the page cache and shows early that the trainer runs at all.
-        warm = launch(args.dlrun, max(nprocs), None, MIN_QUIET_EPOCHS + 1, 0, env, log)
+        warm = launch(args.dlrun, max(nprocs), [], MIN_QUIET_EPOCHS + 1, 0, env, log)
         if warm.why:
             print(f"hang_bench: the warm-up launch failed: {warm.why}", file=sys.stderr)
             return 1
@@ -317,9 +359,9 @@ def main():
                     break
                 quiet = max(0, cpus - n) + args.quiet
                 pair = {}
-                for name, timeout in settings if len(pairs[n]) % 2 == 0 else settings[::-1]:
-                    pair[name] = launch(args.dlrun, n, timeout, args.epochs, quiet, env, log)
-                    print(f"hang_bench: round {r + 1}, N = {n}, {name:7s} --hang-timeout: "
+                for name, setting in settings if len(pairs[n]) % 2 == 0 else settings[::-1]:
+                    pair[name] = launch(args.dlrun, n, setting, args.epochs, quiet, env, log)
+                    print(f"hang_bench: round {r + 1}, N = {n}, {name:7s} {what}: "
                           f"{pair[name].describe()}", file=sys.stderr, flush=True)
                 pairs[n].append(pair)
         if time.monotonic() >= end:
@@ -332,13 +374,14 @@ def main():
         log.close()
 
     print()
-    print(f"trainer samples/s, --hang-timeout={args.hang_timeout:g} against none, {cpus} CPUs: "
-          f"per launch the median over its quiet epochs (2..{args.epochs}); medians over the "
-          "pairs that count")
-    row = "%-3s %6s %9s %9s %7s %8s %15s %15s %6s %8s %8s  %s\n"
+    print(f"trainer samples/s, {what} against none, {cpus} CPUs: per launch the median over "
+          f"its quiet epochs (2..{args.epochs}); medians over the pairs that count")
+    row = "%-3s %6s %9s %9s %7s %8s %15s %15s %6s %8s %8s %9s %9s %8s %9s  %s\n"
     sys.stdout.write(row % ("N", "pairs", "without", "with", "ratio", "pair med",
                             "without min-max", "with min-max", "noise", "CPU s wo", "CPU s w",
-                            "verdict"))
+                            "agent wo", "agent w", "pair med", "store w", "verdict"))
+    sys.stdout.write(row % ("", "", "", "", "", "", "", "", "", "", "", "ms/s", "ms/s",
+                            "agent", "req/s", ""))
     failed = any(run.why for list_ in pairs.values() for pair in list_ for run in pair.values())
     unmeasured = noisy = False
     verdicts = []
@@ -346,12 +389,16 @@ def main():
         good = counted(n)
         count = f"{len(good)}/{len(pairs[n])}"
         if not good:
-            sys.stdout.write(row % (n, count, *["-"] * 9, "not measured"))
+            sys.stdout.write(row % (n, count, *["-"] * 13, "not measured"))
             unmeasured = True
             continue
         fig = {name: [pair[name].figure() for pair in good] for name, _ in settings}
         med = {name: statistics.median(v) for name, v in fig.items()}
         cpu = {name: statistics.median(pair[name].cpu for pair in good) for name, _ in settings}
+        agent = {name: statistics.median(pair[name].agent_cpu for pair in good)
+                 for name, _ in settings}
+        agent_ratios = [pair["with"].agent_cpu / pair["without"].agent_cpu for pair in good]
+        store = [pair["with"].store_rate for pair in good if pair["with"].store_rate is not None]
         ratios = [pair["with"].figure() / pair["without"].figure() for pair in good]
         ratio = med["with"] / med["without"]
         noise = spread(ratios)
@@ -366,15 +413,21 @@ def main():
             f"{min(fig['without']):.0f}-{max(fig['without']):.0f}",
             f"{min(fig['with']):.0f}-{max(fig['with']):.0f}",
             "-" if few else f"{noise * 100:.1f}%", f"{cpu['without']:.2f}", f"{cpu['with']:.2f}",
+            f"{agent['without'] * 1e3:.2f}", f"{agent['with'] * 1e3:.2f}",
+            f"{statistics.median(agent_ratios):.3f}",
+            f"{statistics.median(store):.2f}" if store else "-",
             ("PASS" if ok else "FAIL") + flag))
     print()
     print(f"pairs: pairs that count (both launches with at least {MIN_QUIET_EPOCHS} quiet "
           "epochs) / pairs run; ratio: median with / median without; pair med: the median of "
           "each pair's with / without; noise: half the interquartile range of those per-pair "
           "ratios; CPU s: user + system seconds of a whole launch (agent and workers, start-up "
-          "included), medians.")
+          "included), medians; agent ms/s: the agent's own CPU per second from the first epoch "
+          "line to the last, medians, and the median of the per-pair ratios with / without; "
+          "store req/s: the requests the agent's store served from the launch to the last "
+          "scrape, from its /metrics (watched launches only).")
     verdict = "not measured" if unmeasured else ("PASS" if all(verdicts) else "FAIL")
-    print(f"goal: with --hang-timeout at least {1 - args.goal:.2f} of the samples/s without "
+    print(f"goal: with {what} at least {1 - args.goal:.2f} of the samples/s without "
           f"(within {args.goal * 100:g}%): {verdict}")
     if noisy:
         print(f"noisy: launches side by side differ by more than the goal here (or too few "

@@ -11,11 +11,17 @@
 # processes kept busy no more than the CPUs the workers leave free, plus QUIET (hang_bench.py
 # says how it tells, and the rest); pairs go on until each N has REPEATS pairs whose launches
 # both had enough quiet epochs. Prints a table (medians, ratio with / without, min-max, noise,
-# CPU time) and PASS or FAIL against the goal. Builds nothing; takes about three minutes on a
-# quiet machine, at most about ten.
+# CPU time, the agent's own CPU per second) and PASS or FAIL against the goal. Builds nothing;
+# takes about three minutes on a quiet machine, at most about ten.
+# FEATURE=metrics-port measures --metrics-port=0 instead (issue 15: no visible cost): the agent
+# serves /metrics and the page, reads the progress board twice a second, and the benchmark
+# scrapes /metrics and polls /api/state once a second each (bench/metrics_watch.py); the table
+# adds the store's requests/s from the agent's own /metrics:
+#   FEATURE=metrics-port bash bench/hang_bench.sh build
 #
 # Usage: bench/hang_bench.sh [BUILD_DIR]     (default: build)
-# Environment: REPEATS (5: pairs that count per N), EPOCHS (20), NPROCS (2,1),
+# Environment: FEATURE (hang-timeout or metrics-port), REPEATS (5: pairs that count per N),
+#              EPOCHS (20), NPROCS (2,1),
 #              HANG_TIMEOUT (60: seconds; only how often the agent looks depends on it,
 #              clamp(T / 10, 50 ms, 400 ms)), GOAL (0.02: the largest slowdown that passes),
 #              QUIET (0.15: CPUs), BUDGET_SECONDS (480: no pair starts after it; a launch still
@@ -42,13 +48,20 @@ dlrun=$(realpath "$dlrun")
 # shellcheck source=bench/background.sh
 source "$here/background.sh"
 
-echo "dlrun train, samples/s with and without --hang-timeout=${HANG_TIMEOUT:-60} on $(nproc)" \
+feature=${FEATURE:-hang-timeout}
+case $feature in
+  hang-timeout) flag=--hang-timeout=${HANG_TIMEOUT:-60} ;;
+  metrics-port) flag="--metrics-port=0 (watched)" ;;
+  *) echo "hang_bench.sh: FEATURE must be hang-timeout or metrics-port" >&2; exit 2 ;;
+esac
+echo "dlrun train, samples/s with and without $flag on $(nproc)" \
   "cores: N = ${NPROCS:-2,1}, ${EPOCHS:-20} epochs of 20,000 synthetic examples," \
   "${REPEATS:-5} pairs that count per N, alternating"
-# Other work on the machine skews the wall-clock numbers far more than hang watching could.
+# Other work on the machine skews the wall-clock numbers far more than the feature could.
 echo "load average at start: $(cut -d ' ' -f 1-3 /proc/loadavg)"
 status=0
-TMPDIR=$scratch "$python" "$here/hang_bench.py" --dlrun "$dlrun" --nprocs "${NPROCS:-2,1}" \
+TMPDIR=$scratch "$python" "$here/hang_bench.py" --dlrun "$dlrun" --feature "$feature" \
+  --nprocs "${NPROCS:-2,1}" \
   --epochs "${EPOCHS:-20}" --repeats "${REPEATS:-5}" --hang-timeout "${HANG_TIMEOUT:-60}" \
   --goal "${GOAL:-0.02}" --quiet "${QUIET:-0.15}" --budget "${BUDGET_SECONDS:-480}" \
   --log "${LOG:-/dev/null}" &

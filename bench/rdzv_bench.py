@@ -43,22 +43,28 @@ fresh rendezvous id.
       other: a node that serves neither the workers' store nor (c10d) the rendezvous: the
              highest-numbered such agent.
 
---control on,off: the cost of the control plane instead (issue 13). Only (a), only dlrun-c10d,
-    in the variants dlrun-c10d-control-on and -off. Each run starts a dlrund of its own
-    (--host 127.0.0.1 --port 0 --stats, plus --no-control for off) as the rendezvous endpoint,
-    so every agent is one of its clients (each tries to bind the port first and loses), and the
-    off variant's agents get --no-control-plane. Every worker gets BENCH_SIGNAL_PID (dlrund's
+--control on,off: the cost of the control plane instead (issue 13); --metrics on,off: that of
+    --metrics-port (issue 15). Only (a), only dlrun-c10d, in the variants dlrun-c10d-FEATURE-on
+    and -off. Each run starts a dlrund of its own (--host 127.0.0.1 --port 0 --stats) as the
+    rendezvous endpoint, so every agent is one of its clients (each tries to bind the port
+    first and loses). --control off: the agents get --no-control-plane and dlrund --no-control.
+    --metrics on: the agents and dlrund get --metrics-port=0 --metrics-host=127.0.0.1, and a
+    metrics_watch.Watcher (a thread here) scrapes /metrics and polls /api/state of each once a
+    second, from the moment dlrund printed its port or an agent logged its own, as Prometheus and
+    an open page do. Every worker gets BENCH_SIGNAL_PID (dlrund's
     PID) and sends it SIGUSR1 at its start, so dlrund prints its counts then; the run's
     "start" counts are those of the first such line taken at or after the last worker's start
     (the benchmark sends one more SIGUSR1 when it has seen every record, in case none was), its
     "job" counts the line dlrund prints at its exit (SIGTERM once every agent has exited).
-    Reported per K and variant, medians over the runs: the rendezvous time (and the fastest
-    run), the time to the last agent's exit, requests per agent to the start and for the job,
+    Reported per K and variant, medians over the runs (FIGURES): the rendezvous time, the
+    time to the last agent's exit, requests per agent to the start and for the job,
     connections per agent, the store's requests per second from the launch to that snapshot,
-    CPU per agent of the agents with their workers (RUSAGE_CHILDREN) and of dlrund (its
-    threads' schedstat from the launch to the last exit), the on/off ratio of each, the
-    run-by-run ratio of the rendezvous times (the i-th runs of on and off ran next to each
-    other: every other round runs them in reverse order), and the requests per agent by op.
+    the CPU of the agents with their workers (RUSAGE_CHILDREN) per agent and per agent and
+    second of the job, dlrund's (its threads' schedstat from the launch to the last exit) per
+    agent and per request, the watcher's requests answered; the on/off ratio of each, the
+    run-by-run on/off ratios of the main ones (PAIRED; the i-th runs of on and off ran next to
+    each other: every other round runs them in reverse order), and the requests per agent by
+    op.
 
 Every process is stopped by PID in a finally block: each agent, the processes below it (their
 PIDs and start times taken just before it is killed), every worker that recorded itself (if
@@ -87,6 +93,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "python"))
 from dlrund_fixture import Dlrund, read_line  # noqa: E402
 from etcd_fixture import EtcdStartError, launch_etcd  # noqa: E402  (after the path)
+from metrics_watch import AGENT_LINE, DLRUND_LINE, Watcher  # noqa: E402
 
 POLL_S = 0.01             # how often a deadline-bounded wait looks again
 EXIT_TIMEOUT_S = 30       # agents must exit this long after their workers did
@@ -122,20 +129,33 @@ def clean_env(**extra):
     return env
 
 
-class Tool:
-    """One variant: a launcher ("dlrun" or "torchrun") on one rendezvous backend. With
-    `control` ("on" or "off", for --control), dlrun-c10d on a dlrund of its own per run
-    (`dlrund`, its path) with the control plane on or off in both."""
+# --control and --metrics: per feature and setting, what the agents' and dlrund's arguments get.
+FEATURES = {
+    "control": {"on": ([], []), "off": (["--no-control-plane"], ["--no-control"])},
+    "metrics": {"on": (["--metrics-port=0", "--metrics-host=127.0.0.1"],
+                       ["--metrics-port", "0", "--metrics-host", "127.0.0.1"]),
+                "off": ([], [])},
+}
 
-    def __init__(self, launcher, backend, prefix, underscores, control=None, dlrund=None):
+
+class Tool:
+    """One variant: a launcher ("dlrun" or "torchrun") on one rendezvous backend. With a
+    `feature` of FEATURES (--control, --metrics) and its `setting` ("on" or "off"), dlrun-c10d
+    on a dlrund of its own per run (`dlrund`, its path), the feature on or off in both."""
+
+    def __init__(self, launcher, backend, prefix, underscores, feature=None, setting=None,
+                 dlrund=None):
         self.launcher = launcher
         self.backend = backend
-        self.name = f"{launcher}-{backend}" + (f"-control-{control}" if control else "")
+        self.name = f"{launcher}-{backend}" + (f"-{feature}-{setting}" if feature else "")
         self.prefix = prefix
         self.underscores = underscores
-        self.control = control
+        self.feature = feature
+        self.setting = setting
         self.dlrund = dlrund
-        self.extra = ["--no-control-plane"] if control == "off" else []
+        self.extra, self.dlrund_extra = FEATURES[feature][setting] if feature else ([], [])
+        # --metrics on: someone watches each run (metrics_watch.py).
+        self.watched = feature == "metrics" and setting == "on"
 
     def flag(self, name, value):
         return f"--{name.replace('-', '_') if self.underscores else name}={value}"
@@ -226,8 +246,9 @@ def kill_worker(pid):
 class Job:
     """The agents of one run, their logs and their workers' records; stops them all. Its
     rendezvous endpoint: a fresh loopback port under c10d, the benchmark's etcd under etcd, or
-    (--control) a dlrund of its own, started here with --stats (and --no-control when the
-    variant's control plane is off), whose PID the workers get as BENCH_SIGNAL_PID."""
+    (--control, --metrics) a dlrund of its own, started here with --stats and the variant's
+    arguments, whose PID the workers get as BENCH_SIGNAL_PID; when the variant is watched, the
+    ports it and the agents serve metrics on (targets())."""
 
     def __init__(self, scratch, tool, etcd_endpoint):
         self.tool = tool
@@ -238,8 +259,7 @@ class Job:
         self.agents = []
         self.dlrund = None
         if tool.dlrund:
-            self.dlrund = Dlrund("--stats", *(["--no-control"] if tool.control == "off" else []),
-                                 binary=tool.dlrund)
+            self.dlrund = Dlrund("--stats", *tool.dlrund_extra, binary=tool.dlrund)
             self.port = self.dlrund.port
             self.endpoint = f"127.0.0.1:{self.port}"
         elif tool.backend == "c10d":
@@ -249,6 +269,9 @@ class Job:
             self.port = None
             self.endpoint = etcd_endpoint
         self.rdzv_id = f"bench-{uuid.uuid4().hex[:12]}"
+        self.metrics_ports = {}  # "dlrund" or an agent's index -> its --metrics-port
+        if tool.watched:
+            self.metrics_ports["dlrund"] = self.dlrund_metrics_port()
 
     def start(self, argv):
         index = len(self.agents)
@@ -258,6 +281,30 @@ class Job:
                 argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 env=clean_env(BENCH_AGENT=str(index), TMPDIR=self.dir, **extra),
                 preexec_fn=die_with_parent))
+
+    def dlrund_metrics_port(self, timeout=STATS_TIMEOUT_S):
+        """The port dlrund printed for --metrics-port (its lines after the first)."""
+        while True:
+            try:
+                line = read_line(self.dlrund.proc.stdout, timeout).decode()
+            except (TimeoutError, EOFError) as why:
+                raise Failed(f"no metrics line from dlrund: {why}") from None
+            match = DLRUND_LINE.match(line)
+            if match:
+                return int(match.group(1))
+
+    def targets(self):
+        """The metrics ports known so far: dlrund's and those the agents have logged."""
+        for index in range(len(self.agents)):
+            if index not in self.metrics_ports:
+                try:
+                    with open(os.path.join(self.dir, f"agent{index}.log"), errors="replace") as f:
+                        match = AGENT_LINE.search(f.read())
+                except OSError:
+                    match = None
+                if match:
+                    self.metrics_ports[index] = int(match.group(1))
+        return list(self.metrics_ports.values())
 
     def store_snapshot_after(self, when, timeout=STATS_TIMEOUT_S):
         """The first of dlrund's stats lines taken at or after `when` (unix seconds), parsed;
@@ -443,17 +490,21 @@ def process_cpu(pid):
 
 def rendezvous_run(tool, k, worker, scratch, etcd_endpoint, timeout):
     """Seconds from launching the first of k agents to the last worker's start, and under
-    --control the store's counts: {"t0": the launch (unix s), "start": the first snapshot at or
-    after the last worker's start, "total": at dlrund's exit, after every agent's, "job":
-    seconds from the launch to the last agent's exit,
+    --control or --metrics the store's counts: {"t0": the launch (unix s), "start": the first
+    snapshot at or after the last worker's start, "total": at dlrund's exit, after every
+    agent's, "rdzv": the seconds above, "job": seconds from the launch to the last agent's exit,
     "agents_cpu": CPU seconds of the agents and their workers, "store_cpu": dlrund's from the
-    launch to every agent's exit}; else None."""
+    launch to every agent's exit, "watched": HTTP requests the watcher got answered (from just
+    before the launch to the last exit; 0 when not watched)}; else None."""
     job = Job(scratch, tool, etcd_endpoint)
+    watcher = Watcher(job.targets) if tool.watched else None
     try:
         argv = tool.argv(k, job.endpoint, job.rdzv_id, 0, [worker, job.out])
         cpu0 = children_cpu()
         store_cpu0 = process_cpu(job.dlrund.pid) if job.dlrund else 0
         t0 = time.time()
+        if watcher:
+            watcher.start()
         for _ in range(k):
             job.start(argv)
         records = job.wait_for(lambda rs: rs if len(rs) >= k else None, timeout,
@@ -468,15 +519,21 @@ def rendezvous_run(tool, k, worker, scratch, etcd_endpoint, timeout):
         seconds = max(r["time"] for r in records) - t0
         stats = None
         if job.dlrund:
-            stats = {"t0": t0, "start": job.store_snapshot_after(t0 + seconds)}
+            stats = {"t0": t0, "rdzv": seconds,
+                     "start": job.store_snapshot_after(t0 + seconds)}
         exited = job.wait_exits(EXIT_TIMEOUT_S)
+        if watcher:
+            watcher.stop()
         if job.dlrund:
+            stats["watched"] = watcher.requests if watcher else 0
             stats["job"] = exited - t0
             stats["store_cpu"] = process_cpu(job.dlrund.pid) - store_cpu0
             stats["agents_cpu"] = children_cpu() - cpu0  # each agent reaped its worker
             stats["total"] = job.store_totals()
         return seconds, stats
     finally:
+        if watcher and watcher.is_alive():
+            watcher.stop()
         job.stop()
 
 
@@ -487,9 +544,9 @@ def rendezvous_timeout(k):
 def run_rendezvous(tools, ks, worker, scratch, etcd_endpoint, budget_s, dlrun_repeats=None):
     """Runs (a); returns {(tool name, k): [seconds]}, {(tool name, k): why it failed}, the
     keys that got fewer runs than planned because the budget ran out, and {(tool name, k):
-    [the store's counts, see rendezvous_run]} (--control). A run cut at its timeout is a
-    failure whose reason starts with "timed out". dlrun_repeats: dlrun's runs per K, instead
-    of REPEATS's. Every other round runs the variants in reverse order."""
+    [the store's counts, see rendezvous_run]} (--control, --metrics). A run cut at its
+    timeout is a failure whose reason starts with "timed out". dlrun_repeats: dlrun's runs per
+    K, instead of REPEATS's. Every other round runs the variants in reverse order."""
     end = time.monotonic() + budget_s
     times = {(t.name, k): [] for t in tools for k in ks}
     store = {(t.name, k): [] for t in tools for k in ks}
@@ -718,20 +775,48 @@ def print_shortfalls(failed, short):
               + ", ".join(f"{name} K={k}" for name, k in sorted(short, key=lambda x: x[1])))
 
 
-def report_control(tools, ks, times, failed, short, store):
-    """--control's table: per K and variant, the rendezvous time, the store's counts and the
-    CPU time, then on/off; and the requests per agent by op."""
-    print("(a) rendezvous, control plane on and off: K dlrun-c10d agents on a dlrund --stats of "
+# --control and --metrics: each run's figures, (heading, its second line, format, the value of
+# a run of K agents, see rendezvous_run).
+FIGURES = (
+    ("rdzv", "ms", "{:.0f}", lambda run, k: run["rdzv"] * 1e3),
+    ("job", "ms", "{:.0f}", lambda run, k: run["job"] * 1e3),
+    ("req/agent", "start", "{:.1f}", lambda run, k: run["start"]["requests"] / k),
+    ("req/agent", "job", "{:.1f}", lambda run, k: run["total"]["requests"] / k),
+    ("conn/agent", "job", "{:.2f}", lambda run, k: run["total"]["connections"] / k),
+    ("store req/s", "start", "{:.0f}",
+     lambda run, k: run["start"]["requests"] / (run["start"]["time"] - run["t0"])),
+    ("agent CPU", "ms/agent", "{:.1f}", lambda run, k: run["agents_cpu"] * 1e3 / k),
+    ("agent CPU", "ms/s/agent", "{:.1f}", lambda run, k: run["agents_cpu"] * 1e3 / k / run["job"]),
+    ("store CPU", "us/agent", "{:.0f}", lambda run, k: run["store_cpu"] * 1e6 / k),
+    ("store CPU", "us/req", "{:.2f}",
+     lambda run, k: run["store_cpu"] * 1e6 / run["total"]["requests"]),
+    ("http", "req/run", "{:.0f}", lambda run, k: run["watched"]),
+)
+# The figures whose run-by-run on/off ratio is printed.
+PAIRED = ("rdzv ms", "agent CPU ms/agent", "agent CPU ms/s/agent", "store req/s start",
+          "store CPU us/req")
+
+
+def report_onoff(tools, ks, failed, short, store):
+    """--control's or --metrics's table: per K and variant, medians of FIGURES, then on/off;
+    the run-by-run on/off ratios of PAIRED; and the requests per agent by op."""
+    feature = tools[0].feature
+    print(f"(a) rendezvous, {feature} on and off: K dlrun-c10d agents on a dlrund --stats of "
           "their own per run")
-    print("    (off: dlrun --no-control-plane, dlrund --no-control); medians over the runs. "
-          "'start': from the launch")
-    print("    to dlrund's first snapshot after the last worker's start; 'job': to every "
-          "agent's exit.")
-    header = "%-4s %-7s %4s %8s %7s %7s %10s %10s %10s %11s %10s %10s"
-    print(header % ("K", "control", "runs", "rdzv ms", "min ms", "job ms", "req/agent",
-                    "req/agent", "conn/agent", "store", "agent CPU", "store CPU"))
-    print(header % ("", "", "", "", "", "", "start", "job", "job", "req/s start", "ms/agent",
-                    "us/agent"))
+    if feature == "control":
+        print("    (off: dlrun --no-control-plane, dlrund --no-control); medians over the runs.")
+    else:
+        print("    (on: dlrun and dlrund --metrics-port=0, each scraped (/metrics) and polled "
+              "(/api/state)")
+        print("    once a second from its first line on, as Prometheus and an open page do; "
+              "'http': those")
+        print("    requests answered); medians over the runs.")
+    print("    'start': from the launch to dlrund's first snapshot after the last worker's "
+          "start;")
+    print("    'job': to every agent's exit.")
+    header = "%-4s %-7s %4s" + " %11s" * len(FIGURES)
+    print(header % ("K", feature, "runs", *(name for name, _, _, _ in FIGURES)))
+    print(header % ("", "", "", *(unit for _, unit, _, _ in FIGURES)))
     for k in ks:
         row = {}
         for tool in tools:
@@ -739,39 +824,33 @@ def report_control(tools, ks, times, failed, short, store):
             runs = store[key]
             if key in failed or not runs:
                 why = f"failed: {failed[key]}" if key in failed else "not run"
-                print(f"{k:<4} {tool.control:<7} {why}")
+                print(f"{k:<4} {tool.setting:<7} {why}")
                 continue
-
-            def per_agent(what, field, scale=1):
-                return median([run[what][field] * scale / k for run in runs])
-            row[tool.control] = (
-                median(times[key]), min(times[key]), median([run["job"] for run in runs]),
-                per_agent("start", "requests"),
-                per_agent("total", "requests"), per_agent("total", "connections"),
-                median([run["start"]["requests"] / (run["start"]["time"] - run["t0"])
-                        for run in runs]),
-                median([run["agents_cpu"] * 1e3 / k for run in runs]),
-                median([run["store_cpu"] * 1e6 / k for run in runs]))
-            v = row[tool.control]
-            print(header % (k, tool.control, len(runs), ms(v[0]), ms(v[1]), ms(v[2]),
-                            f"{v[3]:.1f}", f"{v[4]:.1f}", f"{v[5]:.2f}", f"{v[6]:.0f}",
-                            f"{v[7]:.1f}", f"{v[8]:.0f}"))
+            row[tool.setting] = [median([value(run, k) for run in runs])
+                                 for _, _, _, value in FIGURES]
+            print(header % (k, tool.setting, len(runs),
+                            *(form.format(v) for (_, _, form, _), v in
+                              zip(FIGURES, row[tool.setting]))))
         if "on" in row and "off" in row:
             print(header % (k, "on/off", "", *(f"{on / off:.3f}" if off else "-"
                                                for on, off in zip(row["on"], row["off"]))))
     # Runs alternate, so the i-th runs of on and off ran side by side: their ratio cancels
     # most of the load that other work puts on the machine meanwhile.
-    names = {tool.control: tool.name for tool in tools}
+    names = {tool.setting: tool.name for tool in tools}
     if "on" in names and "off" in names:
-        print("  rendezvous time on/off, run by run (the i-th of each, next to each other), "
-              "median [middle half]:")
+        print("  on/off run by run (the i-th of each, next to each other), median [middle half]:")
         for k in ks:
-            pairs = sorted(on / off for on, off in zip(times[(names["on"], k)],
-                                                       times[(names["off"], k)]))
-            if pairs:
-                quarter = len(pairs) // 4
-                print(f"    K={k}: {statistics.median(pairs):.3f} [{pairs[quarter]:.3f}-"
-                      f"{pairs[len(pairs) - 1 - quarter]:.3f}] ({len(pairs)} pairs)")
+            pairs = list(zip(store[(names["on"], k)], store[(names["off"], k)]))
+            if not pairs:
+                continue
+            cells = []
+            for name, unit, _, value in FIGURES:
+                if f"{name} {unit}" in PAIRED:
+                    ratios = sorted(value(on, k) / value(off, k) for on, off in pairs)
+                    quarter = len(ratios) // 4
+                    cells.append(f"{name} {unit} {statistics.median(ratios):.3f} "
+                                 f"[{ratios[quarter]:.3f}-{ratios[len(ratios) - 1 - quarter]:.3f}]")
+            print(f"    K={k} ({len(pairs)} pairs): " + "; ".join(cells))
     print("  requests per agent by op, medians (start | job):")
     for k in ks:
         for tool in tools:
@@ -783,7 +862,7 @@ def report_control(tools, ks, times, failed, short, store):
             cells = [f"{op} {median([r['start']['ops'].get(op, 0) / k for r in runs]):.1f}"
                      f" | {median([r['total']['ops'].get(op, 0) / k for r in runs]):.1f}"
                      for op in ops]
-            print(f"    K={k} {tool.control}: " + ", ".join(cells))
+            print(f"    K={k} {tool.setting}: " + ", ".join(cells))
     print_shortfalls(failed, short)
 
 
@@ -864,7 +943,10 @@ def main():
     parser.add_argument("--control",
                         help="on,off: (a) alone, dlrun-c10d on a dlrund --stats per run with "
                         "the control plane on and/or off, and the store's counts; no torchrun")
-    parser.add_argument("--dlrund", help="the dlrund executable (--control)")
+    parser.add_argument("--metrics",
+                        help="on,off: as --control, for --metrics-port on the agents and dlrund "
+                        "(on: each scraped and its page polled once a second)")
+    parser.add_argument("--dlrund", help="the dlrund executable (--control, --metrics)")
     parser.add_argument("--repeats", type=int,
                         help="dlrun's runs of (a) per K and variant (default: 5 up to K = 8, "
                         "then 3)")
@@ -882,19 +964,23 @@ def main():
     for value in victims:
         if value not in ("store", "other"):
             parser.error(f"unknown victim {value!r} (store, other)")
-    controls = args.control.split(",") if args.control else []
-    for value in controls:
+    if args.control and args.metrics:
+        parser.error("--control and --metrics: one at a time")
+    feature = "control" if args.control else "metrics" if args.metrics else None
+    settings = (args.control or args.metrics).split(",") if feature else []
+    for value in settings:
         if value not in ("on", "off"):
-            parser.error(f"unknown --control value {value!r} (on, off)")
-    if controls and (backends != ["c10d"] or args.torchrun or args.only == "recovery"
-                     or not args.dlrund):
-        parser.error("--control takes dlrun on c10d alone, no torchrun, (a) alone, and --dlrund")
+            parser.error(f"unknown --{feature} value {value!r} (on, off)")
+    if feature and (backends != ["c10d"] or args.torchrun or args.only == "recovery"
+                    or not args.dlrund):
+        parser.error(f"--{feature} takes dlrun on c10d alone, no torchrun, (a) alone, and "
+                     "--dlrund")
     if args.repeats is not None and args.repeats < 1:
         parser.error("--repeats must be at least 1")
     tools = [Tool("dlrun", b, [args.dlrun], underscores=False) for b in backends]
-    if controls:
-        tools = [Tool("dlrun", "c10d", [args.dlrun], underscores=False, control=c,
-                      dlrund=args.dlrund) for c in controls]
+    if feature:
+        tools = [Tool("dlrun", "c10d", [args.dlrun], underscores=False, feature=feature,
+                      setting=setting, dlrund=args.dlrund) for setting in settings]
     if args.torchrun:
         tools += [Tool("torchrun", b, args.torchrun, underscores=True)
                   for b in torchrun_backends]
@@ -907,11 +993,11 @@ def main():
         if args.only in (None, "rendezvous"):
             times, failed, short, store = run_rendezvous(tools, ks, args.worker, scratch,
                                                          endpoint, args.budget, args.repeats)
-            if controls:
-                report_control(tools, ks, times, failed, short, store)
+            if feature:
+                report_onoff(tools, ks, failed, short, store)
             else:
                 report_rendezvous(tools, ks, times, failed, short)
-        if args.only in (None, "recovery") and not controls:
+        if args.only in (None, "recovery") and not feature:
             dl, tr = (int(x) for x in args.recovery_repeats.split(","))
             results, failed = run_recovery(tools, victims, args.worker, scratch, endpoint,
                                            args.recovery_conf, args.recovery_cap,

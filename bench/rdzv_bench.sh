@@ -18,6 +18,10 @@
 #       time of the agents (with their workers) and of dlrund, and on/off. About a minute with
 #       every K and --repeats 31 on 2 cores:
 #         bash bench/rdzv_bench.sh build --control on,off --repeats 31
+#   --metrics on,off: the same for --metrics-port (issue 15) on the agents and dlrund, each
+#       scraped (/metrics) and its page polled (/api/state) once a second while on; adds the CPU
+#       per agent and second and dlrund's per request:
+#         bash bench/rdzv_bench.sh build --ks 32 --metrics on,off --repeats 61
 # A launcher whose run fails (dlrun's multi-node flags, say) prints why and the rest goes on.
 # Builds nothing. c10d alone takes about five minutes with every K on 2 cores; the etcd
 # comparison of issue 11 (one etcd 3.4 with --enable-v2 on loopback for the whole run; torchrun's
@@ -29,7 +33,8 @@
 #
 # Usage: bench/rdzv_bench.sh BUILD_DIR [--ks 2,4,8] [--backends c10d,etcd]
 #          [--torchrun-backends c10d,etcd,etcd-v2] [--victims other,store] [--recovery-conf CONF]
-#          [--skip-torchrun] [--only rendezvous|recovery] [--control on,off] [--repeats N]
+#          [--skip-torchrun] [--only rendezvous|recovery] [--control on,off] [--metrics on,off]
+#          [--repeats N]
 # --backends: dlrun's (default c10d); --torchrun-backends: torchrun's (default: --backends;
 # etcd is torch's legacy etcd rendezvous, etcd-v2 its dynamic rendezvous on etcd);
 # --recovery-conf: (c)'s --rdzv-conf for every variant (default last_call_timeout=1);
@@ -42,7 +47,8 @@ set -euo pipefail
 usage() {
   echo "usage: bench/rdzv_bench.sh BUILD_DIR [--ks 2,4,8] [--backends c10d,etcd]" \
     "[--torchrun-backends c10d,etcd,etcd-v2] [--victims other,store] [--recovery-conf CONF]" \
-    "[--skip-torchrun] [--only rendezvous|recovery] [--control on,off] [--repeats N]" >&2
+    "[--skip-torchrun] [--only rendezvous|recovery] [--control on,off] [--metrics on,off]" \
+    "[--repeats N]" >&2
   exit 2
 }
 
@@ -56,7 +62,8 @@ torchrun_backends=
 victims=other
 recovery_conf=last_call_timeout=1
 only=()
-control=
+feature=  # control or metrics: the variants are its settings, on and/or off
+settings=
 repeats=()
 while (($#)); do
   case $1 in
@@ -73,8 +80,10 @@ while (($#)); do
     --skip-torchrun) torchrun=no; shift ;;
     --only) (($# >= 2)) || usage; only=(--only "$2"); shift 2 ;;
     --only=*) only=(--only "${1#--only=}"); shift ;;
-    --control) (($# >= 2)) || usage; control=$2; shift 2 ;;
-    --control=*) control=${1#--control=}; shift ;;
+    --control | --metrics) (($# >= 2)) || usage; [[ -z $feature ]] || usage
+      feature=${1#--}; settings=$2; shift 2 ;;
+    --control=* | --metrics=*) [[ -z $feature ]] || usage
+      feature=${1%%=*}; feature=${feature#--}; settings=${1#*=}; shift ;;
     --repeats) (($# >= 2)) || usage; repeats=(--repeats "$2"); shift 2 ;;
     --repeats=*) repeats=(--repeats "${1#--repeats=}"); shift ;;
     *) usage ;;
@@ -96,15 +105,15 @@ if ((${#repeats[@]})) && ! [[ ${repeats[1]} =~ ^[1-9][0-9]*$ ]]; then
   echo "rdzv_bench.sh: bad --repeats '${repeats[1]}'" >&2
   exit 2
 fi
-control_args=()
-if [[ -n $control ]]; then
-  [[ $control =~ ^(on|off)(,(on|off))*$ ]] ||
-    { echo "rdzv_bench.sh: bad --control '$control' (on, off)" >&2; exit 2; }
+feature_args=()
+if [[ -n $feature ]]; then
+  [[ $settings =~ ^(on|off)(,(on|off))*$ ]] ||
+    { echo "rdzv_bench.sh: bad --$feature '$settings' (on, off)" >&2; exit 2; }
   [[ $backends == c10d && ${only[1]:-rendezvous} == rendezvous ]] ||
-    { echo "rdzv_bench.sh: --control measures (a) on c10d alone" >&2; exit 2; }
+    { echo "rdzv_bench.sh: --$feature measures (a) on c10d alone" >&2; exit 2; }
   dlrund=$build/bin/dlrund
   [[ -x $dlrund ]] || { echo "rdzv_bench.sh: $dlrund not found; build first" >&2; exit 2; }
-  control_args=(--control "$control" --dlrund "$(realpath "$dlrund")")
+  feature_args=("--$feature" "$settings" --dlrund "$(realpath "$dlrund")")
   torchrun=no
 fi
 
@@ -126,8 +135,8 @@ if [[ $etcd_used == yes && ! -x /usr/bin/etcd ]]; then
 fi
 
 torchrun_args=()
-if [[ -n $control ]]; then
-  echo "dlrun alone (--control $control): c10d rendezvous on a dlrund per run on 127.0.0.1," \
+if [[ -n $feature ]]; then
+  echo "dlrun alone (--$feature $settings): c10d rendezvous on a dlrund per run on 127.0.0.1," \
     "$(nproc) cores"
 elif [[ $torchrun == yes ]]; then
   torch_version=$("$python" -c 'import torch; print(torch.__version__)') || {
@@ -154,6 +163,6 @@ status=0
 "$python" "$here/rdzv_bench.py" --dlrun "$dlrun" "${torchrun_args[@]}" --worker "$probe" \
   --ks "$ks" --backends "$backends" --torchrun-backends "$torchrun_backends" \
   --victims "$victims" --recovery-conf "$recovery_conf" --budget "${BUDGET_SECONDS:-200}" \
-  "${only[@]}" "${control_args[@]}" "${repeats[@]}" || status=$?
+  "${only[@]}" "${feature_args[@]}" "${repeats[@]}" || status=$?
 echo "load average at end: $(cut -d ' ' -f 1-3 /proc/loadavg)"
 exit "$status"
