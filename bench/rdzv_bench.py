@@ -801,6 +801,7 @@ def report_onoff(tools, ks, failed, short, store):
     """--control's or --metrics's table: per K and variant, medians of FIGURES, then on/off;
     the run-by-run on/off ratios of PAIRED; and the requests per agent by op."""
     feature = tools[0].feature
+    figures = [f for f in FIGURES if feature == "metrics" or f[0] != "http"]  # only it watches
     print(f"(a) rendezvous, {feature} on and off: K dlrun-c10d agents on a dlrund --stats of "
           "their own per run")
     if feature == "control":
@@ -814,9 +815,9 @@ def report_onoff(tools, ks, failed, short, store):
     print("    'start': from the launch to dlrund's first snapshot after the last worker's "
           "start;")
     print("    'job': to every agent's exit.")
-    header = "%-4s %-7s %4s" + " %11s" * len(FIGURES)
-    print(header % ("K", feature, "runs", *(name for name, _, _, _ in FIGURES)))
-    print(header % ("", "", "", *(unit for _, unit, _, _ in FIGURES)))
+    header = "%-4s %-7s %4s" + " %11s" * len(figures)
+    print(header % ("K", feature, "runs", *(name for name, _, _, _ in figures)))
+    print(header % ("", "", "", *(unit for _, unit, _, _ in figures)))
     for k in ks:
         row = {}
         for tool in tools:
@@ -827,10 +828,10 @@ def report_onoff(tools, ks, failed, short, store):
                 print(f"{k:<4} {tool.setting:<7} {why}")
                 continue
             row[tool.setting] = [median([value(run, k) for run in runs])
-                                 for _, _, _, value in FIGURES]
+                                 for _, _, _, value in figures]
             print(header % (k, tool.setting, len(runs),
                             *(form.format(v) for (_, _, form, _), v in
-                              zip(FIGURES, row[tool.setting]))))
+                              zip(figures, row[tool.setting]))))
         if "on" in row and "off" in row:
             print(header % (k, "on/off", "", *(f"{on / off:.3f}" if off else "-"
                                                for on, off in zip(row["on"], row["off"]))))
@@ -844,7 +845,7 @@ def report_onoff(tools, ks, failed, short, store):
             if not pairs:
                 continue
             cells = []
-            for name, unit, _, value in FIGURES:
+            for name, unit, _, value in figures:
                 if f"{name} {unit}" in PAIRED:
                     ratios = sorted(value(on, k) / value(off, k) for on, off in pairs)
                     quarter = len(ratios) // 4
