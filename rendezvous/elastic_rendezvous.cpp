@@ -107,7 +107,9 @@ std::string ElasticRendezvous::storeName() const {
 
 void ElasticRendezvous::checkShape() {
   const std::string mine = elastic::encodeShape(options_.minNodes, options_.maxNodes);
-  const std::string stored = lease_->compareSet(keys_.shape(), "", mine);
+  // Read first: all but the first node find it, and a read costs etcd no log entry.
+  std::string stored = lease_->peek({keys_.shape()})[0];
+  if (stored.empty()) stored = lease_->compareSet(keys_.shape(), "", mine);
   if (stored != mine)
     throw ConfigError("rendezvous id '" + options_.runId + "' is in use by a job with --nnodes=" +
                       stored + " (this node has --nnodes=" + mine +
