@@ -215,7 +215,7 @@ class Server {
 std::string psAddressKey(int index) { return "ps/" + std::to_string(index); }
 
 void servePs(const TrainConfig& config, const Placement& placement, const PsPlace& place,
-             rendezvous::Store& store) {
+             const std::function<std::shared_ptr<rendezvous::Store>()>& connect) {
   const Split data = config.synthetic ? syntheticData(20000, 4000, 784, config.seed)
                                       : loadFashionMnist(config.dataDir);
   const MlpShape shape{data.train.features, config.hidden, data.train.classes};
@@ -224,7 +224,7 @@ void servePs(const TrainConfig& config, const Placement& placement, const PsPlac
   const std::string address = rendezvous::localAddressToward(placement.masterAddr,
                                                              placement.masterPort);
   const uint16_t port = server.listen(address);
-  store.set(psAddressKey(place.index), address + " " + std::to_string(port));
+  connect()->set(psAddressKey(place.index), address + " " + std::to_string(port));
   log::debug("parameter server " + std::to_string(place.index) + ": parameters [" +
              std::to_string(range.begin) + ", " + std::to_string(range.end) + ") at " + address +
              ":" + std::to_string(port));

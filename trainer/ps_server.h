@@ -8,7 +8,9 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <string>
 
 #include "rendezvous/store/store.h"
 #include "trainer/config.h"
@@ -17,9 +19,10 @@
 namespace dlrun::trainer {
 
 // Serves until every worker is done; prints this process's summary line (rank 0 speaks for
-// the job, each server for its own traffic). The store is the job's, namespaced per attempt.
+// the job, each server for its own traffic). `connect` opens the job's store, namespaced per
+// attempt, once the shard is known to hold parameters.
 void servePs(const TrainConfig& config, const Placement& placement, const PsPlace& place,
-             rendezvous::Store& store);
+             const std::function<std::shared_ptr<rendezvous::Store>()>& connect);
 
 // The store key where server `index` publishes "ADDRESS PORT".
 std::string psAddressKey(int index);

@@ -197,6 +197,8 @@ Training::Training(const TrainConfig& config, const Placement& placement)
       batchX_(static_cast<size_t>(config.batchSize) * data_.train.features),
       batchY_(config.batchSize) {
   if (!config.checkpointDir.empty() && rank_ == 0) requireWritable(config.checkpointDir);
+  // More servers than parameters is refused before anything connects.
+  if (placement.ps) shardRanges(shape_.parameterCount(), placement.ps->servers);
   auto store = jobStore(placement);
   const EngineOptions options{shape_, config.seed,
                               {config.learningRate, config.momentum, config.weightDecay},
@@ -378,7 +380,7 @@ void Training::finish() {
 int train(const TrainConfig& config, const Placement& placement) {
   if (placement.ps && placement.ps->server) {
     // A server saves nothing: SIGTERM ends it as by default.
-    servePs(config, placement, *placement.ps, *jobStore(placement));
+    servePs(config, placement, *placement.ps, [&] { return jobStore(placement); });
     return 0;
   }
   ::signal(SIGUSR1, requestStop);
