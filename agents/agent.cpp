@@ -142,6 +142,14 @@ class AgentImpl {
       log::info(std::string("error: ") + e.what());
       return 2;
     }
+    if (options_.metrics) {
+      try {
+        metrics_.emplace(io_, *options_.metrics, options_.nodeName);
+      } catch (const ConfigError& e) {
+        log::info(std::string("error: ") + e.what());
+        return 2;
+      }
+    }
     becomeSubreaper();
     // Registered before any worker starts, so no exit or signal can be missed.
     for (int sig : {SIGCHLD, SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2})
@@ -282,6 +290,7 @@ class AgentImpl {
   void onRoundEnd(const rendezvous::RoundEnd& end) {
     log::debug("round " + std::to_string(world_.round) + " ended: " + end.describe());
     if (state_ == State::Finished || stopSignal_) return;
+    if (metrics_) metrics_->view().roundEnded(end, Clock::now());
     publishJobEvent("round_ended", end.countsAsFailure() ? end.rank : -1, end.describe());
     roundEnd_ = end;
     if (state_ == State::Done) return endOfRound();
@@ -323,6 +332,7 @@ class AgentImpl {
     }
     else
       log::info("re-rendezvous: " + end.describe());
+    if (metrics_) metrics_->view().restarting(end);
     killLeftovers();
     beginRound();
   }
@@ -379,6 +389,9 @@ class AgentImpl {
                    .inheritTfConfig = options_.tfConfig == TfConfigMode::Never,
                    .services = services_};
     if (hang_) hang_->prepareRound(attemptDir, options_.nprocPerNode, inherited_, spec);
+    if (metrics_)
+      metrics_->prepareRound(attemptDir, options_.nprocPerNode, hang_ ? hang_->board() : nullptr,
+                             spec);
     environment_.emplace(inherited_, world_, std::move(spec));
     ExecSizes command;
     command.add(options_.command.front().size());  // the file name exec copies as well
@@ -431,6 +444,8 @@ class AgentImpl {
     log::debug("started " + std::to_string(workers_.size()) + " workers");
     doneStarting();
     if (hang_) watchForHangs();
+    if (metrics_)
+      metrics_->view().roundStarted(world_, static_cast<int>(workers_.size()), Clock::now());
     publishStarted();
     watchStoreHost();
     // Every worker may have exited already, or this node may run services only.
@@ -543,6 +558,7 @@ class AgentImpl {
     w.exited(status);
     --live_;
     if (!isService(w.localRank())) --liveEnding_;
+    if (metrics_) metrics_->view().workerExited(status.shellCode());
     if (state_ == State::Running && !status.success())
       publishEvent("worker_failed", w.rank(), status.describe());
     if (fileTimer_) fileTimer_->forget(w.pid());
@@ -664,9 +680,11 @@ class AgentImpl {
 
   // What the control plane shows of this node: its state and its workers'.
   void publishNode(const std::string& state) {
-    if (!control_) return;
-    rendezvous::control::NodeState node{.name = options_.control->nodeName,
-                                        .address = options_.control->address,
+    if (!control_ && !metrics_) return;
+    rendezvous::control::NodeState node{.name = options_.control ? options_.control->nodeName
+                                                                 : options_.nodeName,
+                                        .address = options_.control ? options_.control->address
+                                                                    : "",
                                         .groupRank = world_.groupRank,
                                         .state = state,
                                         .round = world_.round,
@@ -684,7 +702,8 @@ class AgentImpl {
                                                : "failed",
            .exit = done ? w->status().describe() : ""});
     }
-    control_->node(std::move(node));
+    if (metrics_) metrics_->view().node(node);
+    if (control_) control_->node(std::move(node));
   }
 
   const char* stateName() const {
@@ -698,23 +717,28 @@ class AgentImpl {
     return "?";
   }
 
-  void publishEvent(const std::string& kind, int rank, const std::string& detail) {
-    if (!control_) return;
-    control_->event({.time = wallSeconds(),
-                     .kind = kind,
-                     .node = options_.control->nodeName,
-                     .round = world_.round,
-                     .rank = rank,
-                     .detail = detail});
+  void publishEvent(const std::string& kind, int rank, const std::string& detail,
+                    bool toControl = true) {
+    if (!(control_ && toControl) && !metrics_) return;
+    rendezvous::control::JobEvent event{
+        .time = wallSeconds(),
+        .kind = kind,
+        .node = options_.control ? options_.control->nodeName : options_.nodeName,
+        .round = world_.round,
+        .rank = rank,
+        .detail = detail};
+    if (metrics_) metrics_->view().event(event);
+    if (control_ && toControl) control_->event(std::move(event));
   }
 
-  // An event of the job as a whole: group rank 0 speaks for every node.
+  // An event of the job as a whole: group rank 0 speaks for every node to the control plane;
+  // every node's page shows what it saw.
   void publishJobEvent(const std::string& kind, int rank, const std::string& detail) {
-    if (attempt_ > 0 && world_.groupRank == 0) publishEvent(kind, rank, detail);
+    if (attempt_ > 0) publishEvent(kind, rank, detail, world_.groupRank == 0);
   }
 
   void publishStarted() {
-    if (!control_ || workers_.empty()) return;
+    if ((!control_ && !metrics_) || workers_.empty()) return;
     publishNode("running");
     publishJobEvent("round_closed", -1,
                     "round " + std::to_string(world_.round) + ": " +
@@ -898,6 +922,7 @@ class AgentImpl {
   std::thread roundThread_;  // the rendezvous's blocking calls (runRendezvous)
   std::optional<HangWatcher> hang_;  // with --hang-timeout
   std::unique_ptr<ControlPublisher> control_;  // with the control plane
+  std::optional<AgentMetrics> metrics_;  // --metrics-port
   std::optional<asio::ip::tcp::socket> storeHost_;  // watchStoreHost's connection
   std::array<char, 1> storeHostByte_{};
   int exitCode_ = 0;

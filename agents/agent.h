@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "agents/agent_metrics.h"
 #include "agents/control_publisher.h"
 #include "agents/hang_watch.h"
 #include "agents/limits.h"
@@ -53,6 +54,7 @@ struct AgentOptions {
   bool servesStore = false;  // this process serves the store its workers connect to
   std::optional<HangOptions> hang;  // --hang-timeout: watch the workers' progress
   std::optional<ControlOptions> control;  // publish to the control plane, follow its commands
+  std::optional<MetricsOptions> metrics;  // --metrics-port: Prometheus metrics and the page
   // etcd: another node's agent serves the workers' store; a connection to it that breaks says
   // that node is gone, long before its lease lapses.
   bool watchStoreHost = false;

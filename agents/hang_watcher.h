@@ -71,6 +71,8 @@ class HangWatcher {
   // gather every node's and print the summary; without `job` (--hang-action=report) the
   // summary covers this node. `done` is posted to the io_context when all is written.
   void collect(bool job, bool summarize, std::function<void()> done);
+  // The round's progress board (null before the first round), which --metrics-port reads too.
+  const ProgressBoard* board() const { return board_.get(); }
   // Where collect() writes, for the log line that points users there.
   std::filesystem::path stackDir() const { return attemptDir_ / "stacks"; }
 

@@ -107,6 +107,21 @@ ProgressBoard::~ProgressBoard() {
   ::unlink(path_.c_str());
 }
 
+void ProgressReporter::loss(double loss, int64_t samples) {
+  if (!slot_) return;
+  slot_->loss.store(loss, std::memory_order_relaxed);
+  slot_->samples.store(samples, std::memory_order_relaxed);
+  slot_->results.store(slot_->results.load(std::memory_order_relaxed) | kReportedLoss,
+                       std::memory_order_relaxed);
+}
+
+void ProgressReporter::accuracy(double accuracy) {
+  if (!slot_) return;
+  slot_->accuracy.store(accuracy, std::memory_order_relaxed);
+  slot_->results.store(slot_->results.load(std::memory_order_relaxed) | kReportedAccuracy,
+                       std::memory_order_relaxed);
+}
+
 ProgressReading ProgressBoard::read(int localRank) const {
   const auto& slot = static_cast<const ProgressSlot*>(map_)[localRank];
   ProgressReading reading;
@@ -114,6 +129,10 @@ ProgressReading ProgressBoard::read(int localRank) const {
   reading.step = slot.step.load(std::memory_order_relaxed);
   reading.epoch = slot.epoch.load(std::memory_order_relaxed);
   reading.phase = static_cast<ProgressPhase>(slot.phase.load(std::memory_order_relaxed));
+  reading.results = slot.results.load(std::memory_order_relaxed);
+  reading.loss = slot.loss.load(std::memory_order_relaxed);
+  reading.accuracy = slot.accuracy.load(std::memory_order_relaxed);
+  reading.samples = slot.samples.load(std::memory_order_relaxed);
   return reading;
 }
 

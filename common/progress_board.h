@@ -1,8 +1,8 @@
-// The progress board a dlrun agent shares with its workers under --hang-timeout: a small file
-// that both map, one cache line per local worker. A worker reports a step with a few stores and
-// no system call, so reporting every step costs nothing measurable; the agent reads every
-// worker's slot when it looks, without asking anyone. The file is DLRUN_PROGRESS_FILE and a
-// worker's slot is its LOCAL_RANK. Lives in dlrun_common because both the agent and the
+// The progress board a dlrun agent shares with its workers under --hang-timeout or
+// --metrics-port: a small file that both map, one cache line per local worker. A worker reports
+// a step with a few stores and no system call, so reporting every step costs nothing
+// measurable; the agent reads every worker's slot when it looks, without asking anyone. The file
+// is DLRUN_PROGRESS_FILE and a worker's slot is its LOCAL_RANK. Lives in dlrun_common because both the agent and the
 // bundled trainer use it.
 #pragma once
 
@@ -21,16 +21,30 @@ struct alignas(64) ProgressSlot {
   std::atomic<int64_t> step{0};
   std::atomic<int64_t> epoch{0};
   std::atomic<uint32_t> phase{0};
+  // What the worker learned, for --metrics-port: set bits say which results it reported.
+  std::atomic<uint32_t> results{0};
+  std::atomic<double> loss{0};
+  std::atomic<double> accuracy{0};
+  std::atomic<int64_t> samples{0};  // examples this worker has trained on
 };
+static_assert(sizeof(ProgressSlot) == 64);
 static_assert(std::atomic<uint64_t>::is_always_lock_free &&
               std::atomic<int64_t>::is_always_lock_free &&
-              std::atomic<uint32_t>::is_always_lock_free);
+              std::atomic<uint32_t>::is_always_lock_free &&
+              std::atomic<double>::is_always_lock_free);
+
+inline constexpr uint32_t kReportedLoss = 1;
+inline constexpr uint32_t kReportedAccuracy = 2;
 
 struct ProgressReading {
   uint64_t beats = 0;  // 0: nothing reported yet
   int64_t step = 0;
   int64_t epoch = 0;
   ProgressPhase phase = ProgressPhase::Computing;
+  uint32_t results = 0;  // kReportedLoss | kReportedAccuracy
+  double loss = 0;
+  double accuracy = 0;
+  int64_t samples = 0;
 };
 
 // The worker's side. Inactive (every call a no-op) when DLRUN_PROGRESS_FILE is not set: a run
@@ -46,6 +60,10 @@ class ProgressReporter {
 
   void step(int64_t step, int64_t epoch);  // a step begins (or ends): progress
   void phase(ProgressPhase phase);         // entering or leaving a collective: progress too
+  // A step's loss and the examples trained on so far; an epoch's test accuracy. Relaxed
+  // stores, read only by --metrics-port's sampler: no beat, no ordering.
+  void loss(double loss, int64_t samples);
+  void accuracy(double accuracy);
   bool active() const { return slot_ != nullptr; }
 
  private:

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include "common/error.h"
+#include "grpc_runtime.h"
 
 namespace dlrun::control {
 
@@ -20,6 +21,7 @@ constexpr auto kShutdownGrace = std::chrono::seconds(1);
 
 ControlServer::ControlServer(WatchTiming timing)
     : service_({.connect = [this] { return openStore(); }, .watch = timing}) {
+  proto::prepareGrpc();
   // Process-wide, read by the builder: grpc.health.v1.Health answers SERVING for "" and for
   // the Control service while the server runs.
   grpc::EnableDefaultHealthCheckService(true);

@@ -45,6 +45,12 @@ DlrundParse parseDlrundArgs(const std::vector<std::string>& args) {
                "Print the store's counts (connections, requests by op) as one line on stdout, "
                "'dlrund stats: time=UNIX_SECONDS connections=N foreign=N requests=N SET=N "
                "...' (each op served, in protocol order), on SIGUSR1 and at exit");
+  app.add_option("--metrics-port", result.config.metricsPort,
+                 "Serve Prometheus metrics (/metrics) and a live page of the store (/) over HTTP "
+                 "on this port, 0 for a free one; printed on stdout (default -1: off)")
+      ->check(CLI::Range(-1, 65535));
+  app.add_option("--metrics-host", result.config.metricsHost,
+                 "Numeric address --metrics-port listens on");
   app.add_flag("-v,--verbose", result.config.verbose, "Log every connection event");
   app.set_version_flag("--version", kVersion);
 

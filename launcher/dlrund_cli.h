@@ -14,6 +14,8 @@ struct DlrundConfig {
   rendezvous::StoreServerOptions server;
   bool control = true;  // serve the control plane (gRPC) on the store's port
   bool stats = false;   // print the store's counters (StoreStats) on SIGUSR1 and at exit
+  int metricsPort = -1;  // --metrics-port: -1 off, 0 a free one
+  std::string metricsHost = "0.0.0.0";
   bool verbose = false;
 };
 

@@ -9,6 +9,8 @@
 #include "common/cli.h"
 #include "control/control_server.h"
 #include "launcher/dlrund_cli.h"
+#include "metrics/routes.h"
+#include "metrics/store_metrics.h"
 #include "rendezvous/store/tcp_stream.h"
 
 int main(int argc, char** argv) {
@@ -28,6 +30,24 @@ int main(int argc, char** argv) {
     boost::asio::io_context io(1);
     rendezvous::StoreServer server(io, parsed.config.server);
     if (control) control->readStoreAt(server.address(), server.port());
+    // --metrics-port: on the store's own io_context, so the counts are read on their thread.
+    std::optional<metrics::HttpServer> http;
+    if (parsed.config.metricsPort >= 0) {
+      http.emplace(io,
+                   metrics::HttpServerOptions{
+                       .host = parsed.config.metricsHost,
+                       .port = static_cast<uint16_t>(parsed.config.metricsPort)},
+                   metrics::routes(
+                       [&server] {
+                         metrics::Exposition out;
+                         metrics::addStoreMetrics(out, server.stats());
+                         return out.text();
+                       },
+                       [&server] {
+                         return R"({"kind":"store","store":)" +
+                                metrics::storeJson(server.stats()) + "}";
+                       }));
+    }
     // --stats: the counts so far on SIGUSR1, read on the server's own thread.
     const auto printStats = [&] {
       const double now = std::chrono::duration<double>(
@@ -58,6 +78,7 @@ int main(int argc, char** argv) {
       if (ec) return;
       stopping = true;
       server.stop();
+      if (http) http->stop();
       statsSignal.cancel();  // its wait would keep io.run() going
     });
     std::cout << "dlrund listening on " << rendezvous::joinHostPort(server.address(), server.port())
@@ -67,6 +88,10 @@ int main(int argc, char** argv) {
       std::cout << "dlrund serves the control plane (gRPC dlrun.v1.Control, grpc.health.v1) on "
                    "the same port"
                 << std::endl;
+    if (http)
+      std::cout << "dlrund serves metrics on http://"
+                << rendezvous::joinHostPort(http->address(), http->port())
+                << "/metrics and its page on /" << std::endl;
     io.run();
     if (parsed.config.stats) printStats();
     return 0;

@@ -52,6 +52,7 @@ agents::AgentOptions agentOptions(const LaunchConfig& config, bool servesStore,
       .tfConfig = config.tfConfig,
       .servesStore = servesStore,
       .hang = config.hang,
+      .metrics = config.metrics,
       .localRankFlag = config.localRankFlag,
       .controlStdin = config.controlStdin,
   };
@@ -108,6 +109,7 @@ int launchSingleNode(const LaunchConfig& config) {
   // The store runs on its own thread: the agent's thread blocks in rendezvous rounds that
   // talk to this very store.
   rendezvous::StoreServerThread store({.host = host, .port = config.masterPort.value_or(0)});
+  if (options.metrics) options.metrics->storeStats = [&store] { return store.stats(); };
   const std::string runId = runIdOf(config);
   const std::string name = config.nodeName.value_or(hostName());
   rendezvous::LocalRendezvous rendezvous({
@@ -369,6 +371,8 @@ int launchMultiNode(const LaunchConfig& config) {
     options.storeHost = plan.host;
     options.storePort = plan.port;
     agents::AgentOptions agent = agentOptions(config, store.has_value(), name + " (" + addr + ")");
+    if (agent.metrics && store)
+      agent.metrics->storeStats = [&store] { return store->store().stats(); };
     if (config.controlPlane)
       agent.control =
           controlOptions(config, options.runId, name, addr, tcpStoreAt(plan.host, plan.port));

@@ -454,6 +454,14 @@ LaunchParse parseDlrunArgs(const std::vector<std::string>& args, const HostProbe
   addFlag(app, "no-control-plane", noControlPlane,
           "Publish nothing to the control plane (dlrun status/events/stop) and follow none of "
           "its commands");
+  int metricsPort = -1;
+  addOption(app, "metrics-port", metricsPort,
+            "Serve Prometheus metrics (/metrics) and the job's live page (/) over HTTP on this "
+            "port, 0 for a free one; the address is printed (default: off)")
+      ->check(CLI::Range(0, 65535));
+  std::string metricsHost = "0.0.0.0";
+  addOption(app, "metrics-host", metricsHost,
+            "Numeric address --metrics-port listens on (\"::\" for IPv6 and IPv4)");
   double hangTimeout = 0;
   auto* hangTimeoutOption =
       addOption(app, "hang-timeout", hangTimeout,
@@ -542,6 +550,9 @@ LaunchParse parseDlrunArgs(const std::vector<std::string>& args, const HostProbe
   if (!ranksFilter.empty()) c.localRanksFilter = parseRanksFilter(ranksFilter);
   c.tfConfig = parseTfConfig(tfConfig);
   c.controlPlane = !noControlPlane;
+  if (metricsPort >= 0)
+    c.metrics = agents::MetricsOptions{.host = metricsHost,
+                                       .port = static_cast<uint16_t>(metricsPort)};
   if (!tokenFile.empty()) {
     c.token = readTokenFile("--token-file", tokenFile);
   } else if (auto it = host.env.find("DLRUN_TOKEN"); it != host.env.end()) {

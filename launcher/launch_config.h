@@ -88,6 +88,7 @@ struct LaunchConfig {
   agents::TfConfigMode tfConfig = agents::TfConfigMode::Auto;  // --tf-config
   std::optional<agents::HangOptions> hang;  // --hang-timeout (off by default), --hang-action
   bool controlPlane = true;  // publish to the control plane (--no-control-plane: not)
+  std::optional<agents::MetricsOptions> metrics;  // --metrics-port, --metrics-host
   std::string token;         // --token-file or DLRUN_TOKEN; empty: none
   std::optional<std::string> localAddr;
   std::optional<std::string> nodeName;  // this node in messages (SLURMD_NODENAME), else hostname

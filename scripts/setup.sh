@@ -25,6 +25,9 @@ packages=(
   python3-grpcio python3-grpc-tools     # the control plane's tests: a gRPC client not ours
   openssh-client openssh-server         # dlrun --hostfile: ssh, and real servers in its tests
   openmpi-bin                           # dlrun under mpirun, in the same tests
+  # watching a job (--metrics-port, --metrics-file): a real Prometheus and promtool, a headless
+  # browser for the page, matplotlib for scripts/plot_metrics.py
+  prometheus chromium chromium-driver python3-selenium python3-matplotlib
   # installing (packaging/): man pages from --help, the package's Depends (dpkg-shlibdeps),
   # its checks (lintian, a fresh Debian root), the service's (systemd-analyze), man itself
   help2man dpkg-dev lintian debootstrap systemd man-db

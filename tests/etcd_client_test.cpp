@@ -4,6 +4,7 @@
 // revision, and endpoints that do not answer. Each test uses keys of its own.
 #include "rendezvous/etcd/etcd_client.h"
 
+#include <algorithm>
 #include <gtest/gtest.h>
 
 #include <thread>
@@ -117,16 +118,24 @@ TEST_F(EtcdClientTest, AddUnderConcurrencyCountsExactly) {
   constexpr int kThreads = 8, kAdds = 50;
   EtcdClient shared(options()), other(options());
   std::vector<std::thread> threads;
+  std::vector<std::vector<int64_t>> results(kThreads);
   for (int t = 0; t < kThreads; ++t) {
     threads.emplace_back([&, t] {
       EtcdClient& client = t % 2 ? shared : other;  // threads of one client and of two
-      for (int i = 0; i < kAdds; ++i) client.add(key("n"), 1);
+      for (int i = 0; i < kAdds; ++i) results[t].push_back(client.add(key("n"), 1));
     });
   }
   for (auto& thread : threads) thread.join();
   EXPECT_EQ(shared.get(key("n"))->value, std::to_string(kThreads * kAdds));
+  // Each add saw its own result: 1..400 once each.
+  std::vector<int64_t> all;
+  for (const auto& mine : results) all.insert(all.end(), mine.begin(), mine.end());
+  std::sort(all.begin(), all.end());
+  for (size_t i = 0; i < all.size(); ++i) EXPECT_EQ(all[i], static_cast<int64_t>(i) + 1);
   EXPECT_EQ(shared.add(key("n"), -400), 0);
   EXPECT_EQ(shared.add(key("fresh"), 5), 5);
+  shared.put(key("spelled"), "007");  // an integer spelled otherwise than add() spells it
+  EXPECT_EQ(shared.add(key("spelled"), 1), 8);
   shared.put(key("text"), "abc");
   EXPECT_THROW(shared.add(key("text"), 1), Error);
 }
@@ -239,6 +248,36 @@ TEST_F(EtcdClientTest, WatchFromARevisionSeesEveryEventOnceInOrder) {
   const auto events = nextEvents(*resumed, 5s);
   ASSERT_EQ(events.size(), 1u);
   EXPECT_EQ(events[0].kv.key, key("d"));
+}
+
+TEST_F(EtcdClientTest, AWatchOfSeveralRangesKeepsEachRangesFilterAndRevisions) {
+  EtcdClient client(options());
+  const int64_t start = client.put(key("wait/a"), "1");  // history from here...
+  client.put(key("other"), "x");
+  client.deleteKey(key("other"));
+  // Deletes anywhere under the prefix; puts of wait/ only (from an older revision: history).
+  auto watch = client.watch({{.key = key(""), .rangeEnd = EtcdClient::prefixEnd(key("")),
+                              .only = WatchRange::Only::Deletes, .startRevision = start + 1},
+                             {.key = key("wait/"), .rangeEnd = EtcdClient::prefixEnd(key("wait/")),
+                              .only = WatchRange::Only::Puts, .startRevision = start}});
+  client.put(key("other"), "y");  // ...and after: neither range takes this put
+  client.deleteKey(key("wait/a"));
+  client.put(key("wait/b"), "2");
+
+  std::vector<std::pair<WatchEvent::Type, std::string>> seen;
+  const auto deadline = Clock::now() + 5s;
+  while (seen.size() < 4 && Clock::now() < deadline) {
+    for (auto& event : watch->next(1s)) seen.emplace_back(event.type, event.kv.key);
+  }
+  std::sort(seen.begin(), seen.end());  // the ranges interleave in no promised order
+  const std::vector<std::pair<WatchEvent::Type, std::string>> expected = {
+      {WatchEvent::Type::Put, key("wait/a")},
+      {WatchEvent::Type::Put, key("wait/b")},
+      {WatchEvent::Type::Delete, key("other")},
+      {WatchEvent::Type::Delete, key("wait/a")}};
+  EXPECT_EQ(seen, expected);
+  EXPECT_TRUE(watch->next(300ms).empty());  // nothing twice
+  EXPECT_EQ(watch->lastRevision(1), client.get(key("wait/b"))->modRevision);
 }
 
 TEST_F(EtcdClientTest, CancelFromAnotherThreadEndsABlockedWatch) {

@@ -91,6 +91,9 @@ TrainParse parseTrainArgs(const std::vector<std::string>& args) {
       ->check(CLI::IsMember({"auto", "gloo"}));
   app.add_option("--checkpoint-dir", c.checkpointDir,
                  "Write checkpoints here and resume from the newest one at start");
+  app.add_option("--metrics-file", c.metricsFile,
+                 "Append one JSON object per progress line and per epoch (step, epoch, loss, "
+                 "accuracy, samples/s, lr, world size, restart) to this file (rank 0)");
   app.add_option("--checkpoint-every", c.checkpointEvery,
                  "Steps between checkpoints (0: at the end of each epoch only)")
       ->check(CLI::Range(0, 1 << 30));

@@ -29,6 +29,7 @@ struct TrainConfig {
   std::string cpuMath = "auto";    // auto (the AVX2 build where the CPU runs it), baseline
   std::string allreduce = "auto";  // auto (shared memory for a job on one machine), gloo
   std::string checkpointDir;    // empty: no checkpoints
+  std::string metricsFile;      // --metrics-file: JSON lines of the run's numbers (rank 0)
   int checkpointEvery = 0;      // steps between checkpoints (0: at each epoch's end only)
   int64_t maxSteps = -1;        // stop after this many global steps (tests, benchmarks)
   std::string dumpWeights;      // write the final parameters here (raw float32)

@@ -20,6 +20,7 @@
 #include "trainer/checkpoint.h"
 #include "trainer/collective.h"
 #include "trainer/engine.h"
+#include "trainer/metrics_file.h"
 #include "trainer/ps_engine.h"
 #include "trainer/ps_server.h"
 #include "trainer/report.h"
@@ -165,6 +166,9 @@ class Training {
   void failIfAsked() const;
   void hangIfAsked() const;
   void finish();
+  // A --metrics-file line; `samples` is every rank's since the line before.
+  void record(const char* kind, int epoch, double loss, std::optional<double> accuracy,
+              int64_t samples, float learningRate);
 
   const TrainConfig& config_;
   const Placement& placement_;
@@ -177,6 +181,9 @@ class Training {
   const int world_, rank_;
   const Reporter report_;
   ProgressReporter progress_ = ProgressReporter::fromEnvironment();
+  std::optional<MetricsFile> metricsFile_;  // rank 0's, with --metrics-file
+  Clock::time_point lastRecord_;            // when the line before was written
+  int64_t ownSamples_ = 0;                  // examples this rank trained on, for the board
   int startEpoch_ = 0;
   int64_t skipSamples_ = 0, step_ = 0;
   bool stopping_ = false;
@@ -197,6 +204,7 @@ Training::Training(const TrainConfig& config, const Placement& placement)
       batchX_(static_cast<size_t>(config.batchSize) * data_.train.features),
       batchY_(config.batchSize) {
   if (!config.checkpointDir.empty() && rank_ == 0) requireWritable(config.checkpointDir);
+  if (!config.metricsFile.empty() && rank_ == 0) metricsFile_.emplace(config.metricsFile);
   // More servers than parameters is refused before anything connects.
   if (placement.ps) shardRanges(shape_.parameterCount(), placement.ps->servers);
   auto store = jobStore(placement);
@@ -241,6 +249,7 @@ void Training::joinServers() {
 
 void Training::run() {
   started_ = Clock::now();
+  lastRecord_ = started_;
   stepping = 1;
   for (int epoch = startEpoch_; epoch < config_.epochs && !stopping_; ++epoch) trainEpoch(epoch);
   finish();
@@ -254,7 +263,7 @@ void Training::trainEpoch(int epoch) {
   const int64_t first = epoch == startEpoch_ ? skipSamples_ / globalBatch : 0;
   const auto epochStart = Clock::now();
   double lossSum = 0;
-  int64_t stepsRun = 0, samples = 0;
+  int64_t stepsRun = 0, samples = 0, samplesSinceRecord = 0;
   bool epochDone = true;
   for (int64_t s = first; s < steps; ++s) {
     const size_t begin = static_cast<size_t>(s) * config_.batchSize;
@@ -262,13 +271,20 @@ void Training::trainEpoch(int epoch) {
     progress_.step(step_ + 1, epoch);
     hangIfAsked();
     if (ps_) ps_->setPosition({epoch, (s + 1) * globalBatch, step_ + 1});
-    const StepResult result = step(shard, begin, b, learningRate(epoch, s, steps));
+    const float lr = learningRate(epoch, s, steps);
+    const StepResult result = step(shard, begin, b, lr);
     ++step_;
     ++stepsRun;
     lossSum += result.loss;
     samples += static_cast<int64_t>(b) * world_;
-    if ((s + 1) % config_.progressEvery == 0)
+    samplesSinceRecord += static_cast<int64_t>(b) * world_;
+    ownSamples_ += b;
+    progress_.loss(result.loss, ownSamples_);
+    if ((s + 1) % config_.progressEvery == 0) {
       report_.progress(epoch + 1, config_.epochs, s + 1, steps, result.loss);
+      record("step", epoch + 1, result.loss, std::nullopt, samplesSinceRecord, lr);
+      samplesSinceRecord = 0;
+    }
     const bool lastStep = s + 1 == steps;
     if (config_.checkpointEvery > 0 && step_ % config_.checkpointEvery == 0 && !lastStep)
       checkpoint(epoch, (s + 1) * globalBatch);
@@ -290,7 +306,31 @@ void Training::trainEpoch(int epoch) {
            epochSeconds > 0 ? static_cast<double>(samples) / epochSeconds : 0.0,
            std::chrono::duration<double>(now - started_).count()};
   report_.epoch(last_);
+  progress_.accuracy(last_.testAccuracy);
+  record("epoch", epoch + 1, last_.trainLoss, last_.testAccuracy, samplesSinceRecord,
+         learningRate(epoch, steps, steps));
   if (epochDone) checkpoint(epoch + 1, 0);
+}
+
+void Training::record(const char* kind, int epoch, double loss, std::optional<double> accuracy,
+                      int64_t samples, float learningRate) {
+  if (!metricsFile_) return;
+  const auto now = Clock::now();
+  const double since = std::chrono::duration<double>(now - lastRecord_).count();
+  lastRecord_ = now;
+  metricsFile_->write(
+      {.kind = kind,
+       .time = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
+                   .count(),
+       .elapsed = std::chrono::duration<double>(now - started_).count(),
+       .step = step_,
+       .epoch = epoch,
+       .loss = loss,
+       .accuracy = accuracy,
+       .samplesPerSecond = since > 0 ? static_cast<double>(samples) / since : 0.0,
+       .learningRate = learningRate,
+       .worldSize = world_,
+       .restart = placement_.restartCount});
 }
 
 StepResult Training::step(const std::vector<int>& shard, size_t begin, int batch,

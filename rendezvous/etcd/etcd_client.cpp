@@ -7,6 +7,7 @@
 #include "common/clock.h"
 #include "common/error.h"
 #include "etcd/rpc.grpc.pb.h"
+#include "grpc_runtime.h"
 
 namespace dlrun::rendezvous::etcd {
 namespace detail {
@@ -178,6 +179,7 @@ bool tlsFailure(const std::string& why) {
 
 EtcdClient::EtcdClient(EtcdClientOptions options) : options_(std::move(options)) {
   if (options_.endpoints.empty()) throw ConfigError("etcd: no endpoint given");
+  proto::prepareGrpc();
   connection();
 }
 
@@ -323,7 +325,6 @@ auto EtcdClient::unary(const char* what, const std::string& key, bool retry, Cal
     context.set_deadline(detail::grpcDeadline(Clock::now() + timeout.value_or(options_.timeout)));
     authorize(*picked, context);
     auto [status, response] = call(*picked, context);
-    if (std::getenv("DLRUN_TRACE_ETCD")) fprintf(stderr, "ETCDTRACE %s %s %d\n", what, key.c_str(), (int)status.ok());
     if (status.ok()) return response;
     const auto code = status.error_code();
     // A simple token expires after etcd's --auth-token-ttl without use: a new one, then again.
@@ -493,31 +494,56 @@ std::optional<int64_t> toInteger(std::string_view text) {
 int64_t EtcdClient::add(const std::string& key, int64_t delta,
                         const std::optional<AddMark>& mark) {
   if (delta == 0 && !mark) return readCounter(key);
-  // Optimistic: assume the key is missing, so creating it costs one round trip; a lost race
-  // hands back the current value for the next try.
+  // A swap on the value read would cost K adders that come at once (a round's joins, its
+  // successes) K^2/2 tries, each a write etcd proposes to its cluster. One transaction instead
+  // tries a window of values: the one known (its mod revision: the key missing, the first time),
+  // then, nested in each failure branch, that value plus delta, plus 2 delta..., as other
+  // adders of the same delta leave it. The last failure branch reads the key for the next try.
   std::optional<KeyValue> current;
   while (true) {
-    const int64_t next = (current ? counterValue(*current) : 0) + delta;
+    const int64_t base = current ? counterValue(*current) : 0;
     pb::TxnRequest request;
-    auto* guard = request.add_compare();
-    guard->set_key(key);
-    guard->set_target(pb::Compare::MOD);
-    guard->set_result(pb::Compare::EQUAL);
-    guard->set_mod_revision(current ? current->modRevision : 0);
-    auto* put = request.add_success()->mutable_request_put();
-    put->set_key(key);
-    put->set_value(std::to_string(next));
-    if (mark) {
-      auto* marked = request.add_success()->mutable_request_put();
-      marked->set_key(mark->key);
-      marked->set_value(mark->token + ":" + std::to_string(next));
+    pb::TxnRequest* level = &request;
+    for (int i = 0; i < kAddWindow; ++i) {
+      auto* guard = level->add_compare();
+      guard->set_key(key);
+      if (i == 0) {
+        guard->set_target(pb::Compare::MOD);  // exact, whatever the value's spelling
+        guard->set_mod_revision(current ? current->modRevision : 0);
+      } else {
+        guard->set_target(pb::Compare::VALUE);
+        guard->set_value(std::to_string(base + i * delta));
+      }
+      guard->set_result(pb::Compare::EQUAL);
+      const std::string next = std::to_string(base + (i + 1) * delta);
+      auto* put = level->add_success()->mutable_request_put();
+      put->set_key(key);
+      put->set_value(next);
+      if (mark) {
+        auto* marked = level->add_success()->mutable_request_put();
+        marked->set_key(mark->key);
+        marked->set_value(mark->token + ":" + next);
+      }
+      if (i + 1 < kAddWindow) {
+        level = level->add_failure()->mutable_request_txn();
+      } else {
+        level->add_failure()->mutable_request_range()->set_key(key);
+      }
     }
-    request.add_failure()->mutable_request_range()->set_key(key);
     const auto response = txn(request);
-    if (response.succeeded()) return next;
-    current.reset();
-    if (response.responses_size() > 0 && response.responses(0).response_range().kvs_size() > 0)
-      current = detail::fromProto(response.responses(0).response_range().kvs(0));
+    const pb::TxnResponse* answer = &response;
+    for (int i = 0; i < kAddWindow; ++i) {
+      if (answer->succeeded()) return base + (i + 1) * delta;
+      if (answer->responses_size() == 0) break;
+      const auto& op = answer->responses(0);
+      if (op.has_response_txn()) {
+        answer = &op.response_txn();
+        continue;
+      }
+      current.reset();
+      if (op.response_range().kvs_size() > 0) current = detail::fromProto(op.response_range().kvs(0));
+      break;
+    }
   }
 }
 
@@ -580,6 +606,10 @@ std::unique_ptr<EtcdKeepAlive> EtcdClient::keepAlive(int64_t lease,
 std::unique_ptr<EtcdWatch> EtcdClient::watch(const std::string& key, const std::string& rangeEnd,
                                              int64_t startRevision) {
   return std::make_unique<EtcdWatch>(*this, key, rangeEnd, startRevision);
+}
+
+std::unique_ptr<EtcdWatch> EtcdClient::watch(std::vector<WatchRange> ranges) {
+  return std::make_unique<EtcdWatch>(*this, std::move(ranges));
 }
 
 std::string EtcdClient::prefixEnd(const std::string& prefix) {
@@ -839,12 +869,20 @@ struct EtcdWatch::Stream : detail::AsyncStream<pb::WatchRequest, pb::WatchRespon
   std::string endpoint;
 };
 
-EtcdWatch::EtcdWatch(EtcdClient& client, std::string key, std::string rangeEnd,
-                     int64_t startRevision)
-    : client_(client), key_(std::move(key)), rangeEnd_(std::move(rangeEnd)),
-      fromNow_(startRevision <= 0), lastRevision_(startRevision > 0 ? startRevision - 1 : 0) {
+EtcdWatch::EtcdWatch(EtcdClient& client, std::vector<WatchRange> ranges) : client_(client) {
+  if (ranges.empty()) throw std::invalid_argument("EtcdWatch: no range to watch");
+  for (auto& range : ranges) {
+    const int64_t start = range.startRevision;
+    ranges_.push_back({std::move(range), start <= 0, start > 0 ? start - 1 : 0});
+  }
   connect({}, {});
 }
+
+EtcdWatch::EtcdWatch(EtcdClient& client, std::string key, std::string rangeEnd,
+                     int64_t startRevision)
+    : EtcdWatch(client, {WatchRange{.key = std::move(key),
+                                    .rangeEnd = std::move(rangeEnd),
+                                    .startRevision = startRevision}}) {}
 
 EtcdWatch::~EtcdWatch() = default;
 
@@ -859,9 +897,13 @@ std::string EtcdWatch::endpoint() const {
   return endpoint_;
 }
 
+std::string EtcdWatch::what() const {
+  return "watch of " + detail::quoted(ranges_.front().range.key) +
+         (ranges_.size() > 1 ? " (and " + std::to_string(ranges_.size() - 1) + " more)" : "");
+}
+
 void EtcdWatch::throwCancelled() const {
-  throw NetworkError("etcd " + endpoint() + ": watch of " + detail::quoted(key_) +
-                     " ended: cancelled");
+  throw NetworkError("etcd " + endpoint() + ": " + what() + " ended: cancelled");
 }
 
 void EtcdWatch::open(const std::string& endpoint, const std::shared_ptr<grpc::Channel>& channel,
@@ -880,7 +922,7 @@ void EtcdWatch::open(const std::string& endpoint, const std::shared_ptr<grpc::Ch
     stream_.swap(stream);
   }
   stream.reset();  // the failed stream, if any
-  const std::string what = "etcd " + endpoint + ": watch of " + detail::quoted(key_);
+  const std::string what = "etcd " + endpoint + ": " + this->what();
   const auto deadline = Clock::now() + client_.options().timeout;
   auto failed = [&](const std::string& how) {
     const auto status = s.finish();
@@ -889,31 +931,50 @@ void EtcdWatch::open(const std::string& endpoint, const std::shared_ptr<grpc::Ch
         what + " " + how);
   };
   if (!s.start(deadline)) failed("could not start");
-  pb::WatchRequest request;
-  auto* create = request.mutable_create_request();
-  create->set_key(key_);
-  create->set_range_end(rangeEnd_);
-  create->set_start_revision(fromNow_ ? 0 : lastRevision_ + 1);
-  if (!s.write(request, deadline)) failed("was not accepted");
-  // etcd confirms with a response of its own (created) before any event.
-  s.read();
-  const auto ok = s.wait(deadline);
-  if (!ok) {
-    s.context.TryCancel();
-    s.wait(Clock::now() + std::chrono::seconds(5));
-    failed("was not confirmed in time");
+  for (size_t i = 0; i < ranges_.size(); ++i) {
+    const auto& r = ranges_[i];
+    pb::WatchRequest request;
+    auto* create = request.mutable_create_request();
+    create->set_key(r.range.key);
+    create->set_range_end(r.range.rangeEnd);
+    create->set_start_revision(r.fromNow ? 0 : r.lastRevision + 1);
+    create->set_watch_id(static_cast<int64_t>(i) + 1);  // ids of our own: events say their range
+    if (r.range.only == WatchRange::Only::Puts)
+      create->add_filters(pb::WatchCreateRequest::NODELETE);
+    if (r.range.only == WatchRange::Only::Deletes)
+      create->add_filters(pb::WatchCreateRequest::NOPUT);
+    if (!s.write(request, deadline)) failed("was not accepted");
   }
-  if (!*ok) failed("was not confirmed");
-  if (s.response.canceled()) {
-    // A start revision compacted away: the events since lastRevision() are lost for good.
-    throw Error(what + ": " + detail::cancelReason(s.response, lastRevision_));
-  }
-  if (!s.response.created()) failed("got no confirmation");
-  if (fromNow_) {
-    // "From now" is after the revision etcd's confirmation carries: a resumed watch starts
-    // there, and never replays history from revision 1.
-    lastRevision_ = s.response.header().revision();
-    fromNow_ = false;
+  // etcd confirms each range with a response of its own (created) before any of its events;
+  // an earlier range's events may come before a later one's confirmation.
+  for (size_t confirmed = 0; confirmed < ranges_.size();) {
+    s.read();
+    const auto ok = s.wait(deadline);
+    if (!ok) {
+      s.context.TryCancel();
+      s.wait(Clock::now() + std::chrono::seconds(5));
+      failed("was not confirmed in time");
+    }
+    if (!*ok) failed("was not confirmed");
+    const int64_t id = s.response.watch_id();
+    if (id < 1 || id > static_cast<int64_t>(ranges_.size())) failed("got an unknown watch id");
+    auto& r = ranges_[id - 1];
+    if (s.response.canceled()) {
+      // A start revision compacted away: the events since lastRevision() are lost for good.
+      throw Error(what + ": " + detail::cancelReason(s.response, r.lastRevision));
+    }
+    if (!s.response.created()) {
+      auto events = take(endpoint);
+      early_.insert(early_.end(), events.begin(), events.end());
+      continue;
+    }
+    if (r.fromNow) {
+      // "From now" is after the revision etcd's confirmation carries: a resumed watch starts
+      // there, and never replays history from revision 1.
+      r.lastRevision = s.response.header().revision();
+      r.fromNow = false;
+    }
+    ++confirmed;
   }
 }
 
@@ -942,7 +1003,7 @@ void EtcdWatch::connect(const std::string& failed, const std::string& why) {
     if (cancelled_) throwCancelled();
     if (picked) client_.dropConnection(picked);
     if (Clock::now() >= deadline) {
-      throw NetworkError("etcd: watch of " + detail::quoted(key_) + ": no endpoint took it within " +
+      throw NetworkError("etcd: " + what() + ": no endpoint took it within " +
                          detail::seconds(client_.options().connectTimeout) + ": " + lastError);
     }
     first = false;
@@ -950,7 +1011,30 @@ void EtcdWatch::connect(const std::string& failed, const std::string& why) {
   }
 }
 
+std::vector<WatchEvent> EtcdWatch::take(const std::string& endpoint) {
+  auto& response = stream_->response;
+  auto& r = ranges_.at(response.watch_id() - 1);
+  if (response.canceled()) {
+    const std::string why = detail::cancelReason(response, r.lastRevision);
+    stream_->finish();
+    throw Error("etcd " + endpoint + ": " + what() + ": " + why);
+  }
+  std::vector<WatchEvent> events;
+  for (const auto& event : response.events()) {
+    // Revisions only grow within a range, and a resumed range starts after its lastRevision;
+    // the check keeps "each event once" true by design.
+    if (event.kv().mod_revision() <= r.lastRevision) continue;
+    events.push_back({event.type() == mvccpb::Event::DELETE ? WatchEvent::Type::Delete
+                                                            : WatchEvent::Type::Put,
+                      detail::fromProto(event.kv())});
+  }
+  // A revision may hold several events (one txn): advance only after the whole batch.
+  for (const auto& event : events) r.lastRevision = std::max(r.lastRevision, event.kv.modRevision);
+  return events;
+}
+
 std::vector<WatchEvent> EtcdWatch::next(std::chrono::milliseconds timeout) {
+  if (!early_.empty()) return std::exchange(early_, {});
   // A wait "practically forever" must not overflow the clock.
   const auto deadline =
       Clock::now() + std::min<std::chrono::milliseconds>(timeout, std::chrono::hours(24));
@@ -963,8 +1047,8 @@ std::vector<WatchEvent> EtcdWatch::next(std::chrono::milliseconds timeout) {
     if (!*ok) {
       const auto status = s.finish();
       if (cancelled_) throwCancelled();
-      const std::string why = "etcd " + s.endpoint + ": watch of " + detail::quoted(key_) +
-                              " ended: " + detail::statusText(status);
+      const std::string why = "etcd " + s.endpoint + ": " + what() + " ended: " +
+                              detail::statusText(status);
       if (detail::permanent(status.error_code())) throw Error(why);
       {
         std::lock_guard lock(mutex_);
@@ -975,24 +1059,10 @@ std::vector<WatchEvent> EtcdWatch::next(std::chrono::milliseconds timeout) {
       const std::string failed = s.endpoint;
       client_.dropEndpoint(failed);
       connect(failed, why);
+      if (!early_.empty()) return std::exchange(early_, {});
       continue;
     }
-    if (s.response.canceled()) {
-      const std::string why = detail::cancelReason(s.response, lastRevision_);
-      s.finish();
-      throw Error("etcd " + s.endpoint + ": watch of " + detail::quoted(key_) + ": " + why);
-    }
-    std::vector<WatchEvent> events;
-    for (const auto& event : s.response.events()) {
-      // Revisions only grow on one stream, and a resumed stream starts after lastRevision_;
-      // the check keeps "each event once" true by design.
-      if (event.kv().mod_revision() <= lastRevision_) continue;
-      events.push_back({event.type() == mvccpb::Event::DELETE ? WatchEvent::Type::Delete
-                                                              : WatchEvent::Type::Put,
-                        detail::fromProto(event.kv())});
-    }
-    // A revision may hold several events (one txn): advance only after the whole batch.
-    for (const auto& event : events) lastRevision_ = std::max(lastRevision_, event.kv.modRevision);
+    auto events = take(s.endpoint);
     if (!events.empty()) return events;
     if (Clock::now() >= deadline) return {};
   }

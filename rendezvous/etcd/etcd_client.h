@@ -93,6 +93,16 @@ struct WatchEvent {
   KeyValue kv;  // a Delete has the key and modRevision = the deletion's revision
 };
 
+// One key range of a watch: [key, rangeEnd) (rangeEnd empty: the key alone), with etcd's
+// filters, from startRevision (0: from now).
+struct WatchRange {
+  enum class Only { All, Puts, Deletes };
+  std::string key;
+  std::string rangeEnd;
+  Only only = Only::All;
+  int64_t startRevision = 0;
+};
+
 class EtcdKeepAlive;
 class EtcdWatch;
 
@@ -127,8 +137,8 @@ class EtcdClient {
                         const std::string& desired, int64_t lease = 0);
   SwapResult putIfRevision(const std::string& key, int64_t modRevision,
                            const std::string& desired, int64_t lease = 0);
-  // Adds to a decimal integer value (missing counts as 0) by read, then swap on mod_revision,
-  // again on a conflict; returns the result. Throws Error when the value is not an integer.
+  // Adds to a decimal integer value (missing counts as 0) by a swap on the value, as many tries
+  // as conflicts take; returns the result. Throws Error when the value is not an integer.
   // Adding 0 without a mark only reads (it creates a missing key as "0", as TCPStore does).
   // With a mark, the transaction that adds also writes mark.key = mark.token + ":" + result,
   // so a caller whose call failed half-way can read whether it applied (addApplied).
@@ -137,6 +147,8 @@ class EtcdClient {
     std::string token;
   };
   int64_t add(const std::string& key, int64_t delta, const std::optional<AddMark>& mark = {});
+  // The values one add() transaction tries (see add): 16 adders at once take one try each.
+  static constexpr int kAddWindow = 16;
   // The result of the marked add() whose mark this is, if that add applied.
   std::optional<int64_t> addApplied(const AddMark& mark);
   // Any transaction (the raw messages), for what the helpers above do not cover. `timeout`
@@ -158,6 +170,8 @@ class EtcdClient {
   std::unique_ptr<EtcdWatch> watchPrefix(const std::string& prefix, int64_t startRevision) {
     return watch(prefix, prefixEnd(prefix), startRevision);
   }
+  // Several ranges on one stream (see EtcdWatch).
+  std::unique_ptr<EtcdWatch> watch(std::vector<WatchRange> ranges);
 
   // The endpoint in use ("" before one is picked again after a failure).
   std::string endpoint() const;
@@ -254,16 +268,21 @@ class EtcdKeepAlive {
   std::thread thread_;
 };
 
-// One watch on its own Watch stream, driven by its owner's thread through a completion queue:
-// next() waits for the next batch of events up to a timeout. Events arrive in revision order,
-// each once. cancel() may be called from any thread and makes a blocked next() throw.
+// A watch of one or more key ranges on its own Watch stream, driven by its owner's thread
+// through a completion queue: next() waits for the next batch of events up to a timeout. Each
+// range's events arrive in revision order, each once; a batch holds one range's events (the
+// ranges of a stream interleave in no promised order). cancel() may be called from any thread
+// and makes a blocked next() throw.
 //
 // Fail-over: when the stream fails (UNAVAILABLE, its end, a member without a leader), next()
-// opens a new one from lastRevision() + 1 on another endpoint of the client, trying for up to
-// the client's connectTimeout (next() may return that much after its own timeout).
+// opens a new one on another endpoint of the client, each range from its lastRevision() + 1,
+// trying for up to the client's connectTimeout (next() may return that much after its own
+// timeout).
 class EtcdWatch {
  public:
-  // Opens the watch (with fail-over across the client's endpoints); returns once etcd confirmed.
+  // Opens the watch (with fail-over across the client's endpoints); returns once etcd confirmed
+  // every range.
+  EtcdWatch(EtcdClient& client, std::vector<WatchRange> ranges);
   EtcdWatch(EtcdClient& client, std::string key, std::string rangeEnd, int64_t startRevision);
   ~EtcdWatch();
   EtcdWatch(const EtcdWatch&) = delete;
@@ -275,9 +294,9 @@ class EtcdWatch {
   // from the read's revision + 1).
   std::vector<WatchEvent> next(std::chrono::milliseconds timeout);
   void cancel();
-  // The revision of the last event delivered (or the revision the watch started after): a
-  // watch resumed from lastRevision() + 1 misses nothing and repeats nothing.
-  int64_t lastRevision() const { return lastRevision_; }
+  // The revision of the last event of range `range` delivered (or the revision it started
+  // after): that range resumed from lastRevision() + 1 misses nothing and repeats nothing.
+  int64_t lastRevision(size_t range = 0) const { return ranges_.at(range).lastRevision; }
   // The endpoint the stream uses now.
   std::string endpoint() const;
   // How many times the watch moved to another stream.
@@ -292,12 +311,19 @@ class EtcdWatch {
   void open(const std::string& endpoint, const std::shared_ptr<grpc::Channel>& channel,
             const std::string& token);
   [[noreturn]] void throwCancelled() const;
+  std::string what() const;  // "watch of KEY" for messages
+  // The events of one response of the stream, new to their range (kept for next() while the
+  // stream opens); throws Error when etcd cancelled a range.
+  std::vector<WatchEvent> take(const std::string& endpoint);
 
+  struct Range {
+    WatchRange range;
+    bool fromNow;
+    int64_t lastRevision;
+  };
   EtcdClient& client_;
-  const std::string key_;
-  const std::string rangeEnd_;
-  bool fromNow_;
-  int64_t lastRevision_ = 0;
+  std::vector<Range> ranges_;  // watch id i + 1 is range i
+  std::vector<WatchEvent> early_;  // events that came while the stream opened
   int reconnects_ = 0;
   std::atomic<bool> cancelled_{false};
   mutable std::mutex mutex_;  // stream_ (swapped here, cancelled from cancel()), endpoint_

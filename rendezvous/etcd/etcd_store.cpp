@@ -160,7 +160,7 @@ void EtcdStore::revokeLeases() {
     } catch (const Error&) {
     }
   }
-  if (reachable && adds_ > 0) {
+  if (reachable && adds_.exchange(0) > 0) {  // once: abort() and the destructor both come here
     try {
       pb::TxnRequest request;
       request.add_success()->mutable_request_delete_range()->set_key(markKey_);
@@ -170,25 +170,40 @@ void EtcdStore::revokeLeases() {
   }
 }
 
-std::vector<std::optional<std::string>> EtcdStore::read(const std::vector<std::string>& keys) {
+EtcdStore::Read EtcdStore::readKeys(const std::vector<std::string>& etcdKeys) {
   requireOpen();
-  std::vector<std::optional<std::string>> out;
-  out.reserve(keys.size());
-  for (size_t start = 0; start < keys.size(); start += kMaxTxnOps) {
-    const size_t end = std::min(keys.size(), start + kMaxTxnOps);
+  Read out;
+  out.kvs.reserve(etcdKeys.size());
+  for (size_t start = 0; start < etcdKeys.size(); start += kMaxTxnOps) {
+    const size_t end = std::min(etcdKeys.size(), start + kMaxTxnOps);
     pb::TxnRequest request;  // no compare: `success` runs, all reads at one revision
     for (size_t i = start; i < end; ++i)
-      request.add_success()->mutable_request_range()->set_key(dataKey(keys[i]));
+      request.add_success()->mutable_request_range()->set_key(etcdKeys[i]);
     const auto response = client_.txn(request);
+    // The first piece's: a key missing then may appear any time after it.
+    if (start == 0) out.revision = response.header().revision();
     for (int i = 0; i < response.responses_size(); ++i) {
       const auto& range = response.responses(i).response_range();
       if (range.kvs_size() > 0) {
-        out.emplace_back(range.kvs(0).value());
+        const auto& kv = range.kvs(0);
+        out.kvs.emplace_back(
+            KeyValue{.key = kv.key(), .value = kv.value(), .modRevision = kv.mod_revision()});
       } else {
-        out.emplace_back(std::nullopt);
+        out.kvs.emplace_back(std::nullopt);
       }
     }
   }
+  return out;
+}
+
+std::vector<std::optional<std::string>> EtcdStore::read(const std::vector<std::string>& keys) {
+  std::vector<std::string> etcdKeys;
+  etcdKeys.reserve(keys.size());
+  for (const auto& key : keys) etcdKeys.push_back(dataKey(key));
+  std::vector<std::optional<std::string>> out;
+  out.reserve(keys.size());
+  for (auto& kv : readKeys(etcdKeys).kvs)
+    out.emplace_back(kv ? std::optional(std::move(kv->value)) : std::nullopt);
   return out;
 }
 
@@ -420,63 +435,82 @@ void EtcdStore::fire(const std::string& key, const Record& record,
   client_.txn(request, timeout);
 }
 
-void EtcdStore::openWatch() {
-  // Records first, then the watch from the revision after that read: no change is missed.
-  const auto records = client_.rangePrefix(recordPrefix_);
-  records_.clear();
-  for (const auto& kv : records.kvs) {
-    auto tripwires = detail::decodeTripwires(kv.value);
-    if (!tripwires) continue;
-    records_[kv.key.substr(recordPrefix_.size())] = Record{std::move(*tripwires), kv.modRevision};
-  }
-  watch_ = client_.watchPrefix(options_.prefix, records.revision + 1);
-  {
-    std::lock_guard lock(mutex_);
-    liveWatch_ = watch_.get();
-    if (aborted_) watch_->cancel();
-  }
+int64_t EtcdStore::fireLapsed() {
   // A record whose key is gone outlived a lease that lapsed while no store watched: fire it now.
   // One keys-only read of the data says which keys exist (a read a record would cost every
   // agent of a job O(agents) reads as it starts to wait).
-  if (records_.empty()) return;
+  // Both in one transaction: one round trip, one revision.
+  pb::TxnRequest request;
+  auto* records = request.add_success()->mutable_request_range();
+  records->set_key(recordPrefix_);
+  records->set_range_end(EtcdClient::prefixEnd(recordPrefix_));
+  auto* data = request.add_success()->mutable_request_range();
+  data->set_key(dataPrefix_);
+  data->set_range_end(EtcdClient::prefixEnd(dataPrefix_));
+  data->set_keys_only(true);
+  const auto response = client_.txn(request);
   std::set<std::string> present;
-  for (auto& kv : client_.range(dataPrefix_, EtcdClient::prefixEnd(dataPrefix_), 0, true).kvs)
-    present.insert(std::move(kv.key));
-  for (auto it = records_.begin(); it != records_.end();) {
-    if (present.contains(dataKey(it->first))) {
-      ++it;
-    } else {
-      fire(it->first, it->second);
-      it = records_.erase(it);
-    }
+  for (const auto& kv : response.responses(1).response_range().kvs()) present.insert(kv.key());
+  for (const auto& kv : response.responses(0).response_range().kvs()) {
+    const std::string key = kv.key().substr(recordPrefix_.size());
+    if (present.contains(dataKey(key))) continue;
+    if (auto tripwires = detail::decodeTripwires(kv.value()))
+      fire(key, Record{std::move(*tripwires), kv.mod_revision()});
   }
+  return response.header().revision();
+}
+
+void EtcdStore::watchFrom(const std::pair<std::string, std::string>& waited, int64_t revision) {
+  // The lapse range goes on where the last watch left it (the first from the records' read),
+  // so no deletion is missed across waits; the waited range starts after the caller's read.
+  const int64_t lapsesFrom = watch_ ? watch_->lastRevision(0) + 1 : fireLapsed() + 1;
+  {
+    std::lock_guard lock(mutex_);
+    liveWatch_ = nullptr;
+  }
+  watch_.reset();
+  watch_ = client_.watch({{.key = options_.prefix,
+                           .rangeEnd = EtcdClient::prefixEnd(options_.prefix),
+                           .only = WatchRange::Only::Deletes,
+                           .startRevision = lapsesFrom},
+                          {.key = waited.first,
+                           .rangeEnd = waited.second,
+                           .only = WatchRange::Only::Puts,
+                           .startRevision = revision}});
+  waited_ = waited;
+  std::lock_guard lock(mutex_);
+  liveWatch_ = watch_.get();
+  if (aborted_) watch_->cancel();
 }
 
 void EtcdStore::follow(const std::vector<WatchEvent>& events) {
-  // Per revision: its record changes first (a release deletes the record with the key, in one
-  // transaction), then its deleted keys that still have a record are lapsed leases.
+  // A deleted key whose record was not deleted in the same revision (a release deletes both in
+  // one transaction) may be a lapsed lease: its record, read now, says so; one read for all.
+  std::vector<std::string> lapsed;
   for (size_t i = 0; i < events.size();) {
     size_t j = i;
-    while (j < events.size() && events[j].kv.modRevision == events[i].kv.modRevision) ++j;
-    for (size_t e = i; e < j; ++e) {
-      const auto& kv = events[e].kv;
-      if (!kv.key.starts_with(recordPrefix_)) continue;
-      const std::string key = kv.key.substr(recordPrefix_.size());
-      if (events[e].type == WatchEvent::Type::Delete) {
-        records_.erase(key);
-      } else if (auto tripwires = detail::decodeTripwires(kv.value)) {
-        records_[key] = Record{std::move(*tripwires), kv.modRevision};
-      }
+    std::set<std::string> released;
+    for (; j < events.size() && events[j].kv.modRevision == events[i].kv.modRevision; ++j) {
+      const auto& kv = events[j].kv;
+      if (events[j].type == WatchEvent::Type::Delete && kv.key.starts_with(recordPrefix_))
+        released.insert(kv.key.substr(recordPrefix_.size()));
     }
     for (size_t e = i; e < j; ++e) {
       const auto& kv = events[e].kv;
       if (events[e].type != WatchEvent::Type::Delete || !kv.key.starts_with(dataPrefix_)) continue;
-      const auto it = records_.find(kv.key.substr(dataPrefix_.size()));
-      if (it == records_.end()) continue;
-      fire(it->first, it->second);
-      records_.erase(it);
+      std::string key = kv.key.substr(dataPrefix_.size());
+      if (!released.contains(key)) lapsed.push_back(std::move(key));
     }
     i = j;
+  }
+  if (lapsed.empty()) return;
+  std::vector<std::string> keys;
+  for (const auto& key : lapsed) keys.push_back(recordKey(key));
+  const auto records = readKeys(keys).kvs;
+  for (size_t i = 0; i < lapsed.size(); ++i) {
+    if (!records[i]) continue;  // no lease, or released since
+    if (auto tripwires = detail::decodeTripwires(records[i]->value))
+      fire(lapsed[i], Record{std::move(*tripwires), records[i]->modRevision});
   }
 }
 
@@ -490,19 +524,29 @@ bool EtcdStore::waitFor(const std::vector<std::string>& keys, std::chrono::milli
     return check(keys);  // another wait held the watch all along
   }
   try {
-    if (!watch_) openWatch();
     std::set<std::string> waited;
     for (const auto& key : keys) waited.insert(dataKey(key));
+    // One range holds every waited key: the keys of a round share theirs.
+    const std::pair<std::string, std::string> range{*waited.begin(),
+                                                    *waited.rbegin() + std::string(1, '\0')};
+    const std::vector<std::string> etcdKeys(waited.begin(), waited.end());
     bool recheck = true;
     while (true) {
-      if (recheck && check(keys)) return true;
+      if (recheck) {
+        const auto found = readKeys(etcdKeys);
+        if (std::all_of(found.kvs.begin(), found.kvs.end(),
+                        [](const auto& kv) { return kv.has_value(); }))
+          return true;
+        if (!watch_ || waited_ != range) watchFrom(range, found.revision + 1);
+      }
       const auto now = Clock::now();
       if (now >= deadline) return false;
       const auto events = watch_->next(
           std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now));
       follow(events);
-      recheck = std::any_of(events.begin(), events.end(),
-                            [&](const WatchEvent& e) { return waited.count(e.kv.key) > 0; });
+      recheck = std::any_of(events.begin(), events.end(), [&](const WatchEvent& e) {
+        return e.type == WatchEvent::Type::Put && waited.contains(e.kv.key);
+      });
     }
   } catch (const Error&) {
     requireOpen();  // an abort() is named as such

@@ -26,9 +26,14 @@
 // its transaction that says whether it applied (one key per store, under `prefix` + "marks/",
 // deleted with the store); append looks for its own text first.
 //
-// Waits: waitFor() reads the keys, then follows the watch until they exist. The watch is
-// opened by the first wait and kept, so no event is missed between waits; its events are those
-// of the whole prefix (O(N) per round per waiting store; a narrower watch is future work).
+// Waits: waitFor() reads the keys, then follows a watch until they exist. The watch has two
+// ranges on one stream: the puts of the range that holds the waited keys (from the read's
+// revision on), and the deletions under the whole prefix (for the tripwires). A store thus hears
+// of what it waits for and of deletions, not of every write of the job: with N agents waiting,
+// a round costs etcd O(N) events, not O(N^2). A wait for another range opens the watch again,
+// its deletions from where the last one left them, so none is missed between waits. A deleted
+// key whose record was not deleted in the same transaction (a release deletes both) is looked
+// up: its record still standing says the lease lapsed.
 //
 // Threads: every method is thread-safe; waits on one store run one at a time (one watch per
 // store), and abort() may come from any thread, cutting a blocked wait at once.
@@ -105,10 +110,18 @@ class EtcdStore : public LeasingStore {
 
   std::string dataKey(const std::string& key) const { return dataPrefix_ + key; }
   std::string recordKey(const std::string& key) const { return recordPrefix_ + key; }
-  // Each key's value, or nothing when missing, in as few transactions as kMaxTxnOps allows.
+  struct Read {
+    std::vector<std::optional<KeyValue>> kvs;  // key, value and modRevision of those present
+    int64_t revision = 0;  // of the read: a missing key may appear after it
+  };
+  // Each etcd key's value, or nothing when missing, in as few transactions as kMaxTxnOps allows.
+  Read readKeys(const std::vector<std::string>& etcdKeys);
   std::vector<std::optional<std::string>> read(const std::vector<std::string>& keys);
-  void openWatch();  // with watchMutex_ held
-  // Applies one batch of watch events: records kept current, deleted leased keys fired.
+  // With watchMutex_ held: fires the records whose key is gone; returns the read's revision.
+  int64_t fireLapsed();
+  // With watchMutex_ held: a watch of the puts in `waited` from `revision`, and of deletions.
+  void watchFrom(const std::pair<std::string, std::string>& waited, int64_t revision);
+  // Applies one batch of watch events: deleted leased keys fired.
   void follow(const std::vector<WatchEvent>& events);
   // Writes `key`'s tripwires unless another store did (or the record changed) first.
   void fire(const std::string& key, const Record& record,
@@ -139,11 +152,11 @@ class EtcdStore : public LeasingStore {
   std::map<std::string, Record> owned_;  // this store's leased keys, fired on abort()
   bool aborted_ = false;
 
-  // One wait at a time: watch_ and records_. Timed, so a wait queued behind another still
+  // One wait at a time: watch_ and waited_. Timed, so a wait queued behind another still
   // gives up on time.
   std::timed_mutex watchMutex_;
   std::unique_ptr<EtcdWatch> watch_;
-  std::map<std::string, Record> records_;  // every leased key's record under the prefix
+  std::pair<std::string, std::string> waited_;  // the range of watch_ that takes puts
   EtcdWatch* liveWatch_ = nullptr;  // watch_ while a wait may block on it (under mutex_)
 };
 

@@ -38,9 +38,11 @@ class Session;
 // on x86), no locked read-modify-write on the request path; readable from any thread.
 class Counter {
  public:
-  void bump() {
-    value_.store(value_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+  void bump() { add(1); }
+  void add(uint64_t n) {
+    value_.store(value_.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
   }
+  void set(uint64_t n) { value_.store(n, std::memory_order_relaxed); }
   uint64_t read() const { return value_.load(std::memory_order_relaxed); }
 
  private:
@@ -74,6 +76,11 @@ class ServerImpl : public std::enable_shared_from_this<ServerImpl> {
   std::atomic<size_t> connectionCount_{0};
   Counter accepted_;
   Counter foreign_;
+  Counter refused_;
+  Counter bytesIn_;
+  Counter bytesOut_;
+  Counter keys_;     // gauges, as of the last request served
+  Counter waiters_;
   std::array<Counter, wire::kOpCount> ops_;
   std::string scratch_ = std::string(256 * 1024, '\0');
   tcp::endpoint bound_;
@@ -116,6 +123,12 @@ class Session : public Peer, public std::enable_shared_from_this<Session> {
   }
 
  private:
+  // A client that broke the protocol or a limit: counted, then closed.
+  void refuse(const std::string& reason) {
+    server_.refused_.bump();
+    close(reason);
+  }
+
   // Looked up only when a line is logged: a getpeername per connection costs the barrier.
   std::string peerName() const {
     error_code ec;
@@ -140,6 +153,7 @@ class Session : public Peer, public std::enable_shared_from_this<Session> {
     const size_t n = socket_.read_some(asio::buffer(scratch), ec);
     if (ec == asio::error::would_block || ec == asio::error::try_again) return awaitReadable();
     if (ec) return close(ec == asio::error::eof ? "" : ec.message());
+    server_.bytesIn_.add(n);
 
     // Parse straight from the scratch buffer unless an earlier read left a partial request.
     std::span<const char> data(scratch.data(), n);
@@ -148,8 +162,10 @@ class Session : public Peer, public std::enable_shared_from_this<Session> {
       data = std::span<const char>(in_.data(), in_.size());
     }
     if (data.size() >= needed_ && !process(data)) return;
+    server_.keys_.set(server_.engine().keyCount());
+    server_.waiters_.set(server_.engine().waiterCount());
     server_.armLeaseTimer();
-    if (in_.size() + out_.size() > server_.limits().maxBufferedBytes) return close(overLimit());
+    if (in_.size() + out_.size() > server_.limits().maxBufferedBytes) return refuse(overLimit());
     flush();
     if (!closed_) awaitReadable();
   }
@@ -190,18 +206,18 @@ class Session : public Peer, public std::enable_shared_from_this<Session> {
         break;
       }
       if (result.status == wire::ParseStatus::Invalid) {
-        close(result.error);
+        refuse(result.error);
         return false;
       }
       server_.ops_[static_cast<size_t>(request_.op)].bump();
       if (auto refused = server_.engine().handle(*this, request_, now); !refused.empty()) {
-        close(refused);
+        refuse(refused);
         return false;
       }
       pos += result.consumed;
       needed_ = 0;
       if (out_.size() > server_.limits().maxBufferedBytes) {
-        close(overLimit());
+        refuse(overLimit());
         return false;
       }
     }
@@ -231,11 +247,13 @@ class Session : public Peer, public std::enable_shared_from_this<Session> {
       return;
     }
     out_.erase(0, n);
+    server_.bytesOut_.add(n);
     if (out_.empty()) return;
     writing_ = true;
     sending_.swap(out_);
     asio::async_write(socket_, asio::buffer(sending_),
-                      [self = shared_from_this()](const error_code& e, size_t) {
+                      [self = shared_from_this()](const error_code& e, size_t n) {
+                        self->server_.bytesOut_.add(n);
                         self->writing_ = false;
                         self->sending_.clear();
                         if (e) return self->close("");
@@ -350,7 +368,14 @@ void StoreServer::stop() { impl_->stop(); }
 size_t StoreServer::connectionCount() const { return impl_->connectionCount_.load(); }
 
 StoreStats StoreServer::stats() const {
-  StoreStats stats{.connections = impl_->accepted_.read(), .foreign = impl_->foreign_.read()};
+  StoreStats stats{.connections = impl_->accepted_.read(),
+                   .foreign = impl_->foreign_.read(),
+                   .open = impl_->connectionCount_.load(),
+                   .refused = impl_->refused_.read(),
+                   .bytesIn = impl_->bytesIn_.read(),
+                   .bytesOut = impl_->bytesOut_.read(),
+                   .keys = impl_->keys_.read(),
+                   .waiters = impl_->waiters_.read()};
   for (size_t op = 0; op < wire::kOpCount; ++op) stats.ops[op] = impl_->ops_[op].read();
   return stats;
 }

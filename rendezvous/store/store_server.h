@@ -4,7 +4,7 @@
 // io_context), keeping only an incomplete request's bytes between reads. Leases (wire.h's
 // LEASE) expire on one timer armed at the earliest deadline. A connection that opens with
 // HTTP/2 may go to another server instead (StoreServerOptions::foreign): one port serves both.
-// The server counts what it serves (StoreStats): connections, and requests by op.
+// The server counts what it serves (StoreStats): connections, requests by op, bytes, refusals.
 #pragma once
 
 #include <array>
@@ -40,6 +40,12 @@ struct StoreServerOptions {
 struct StoreStats {
   uint64_t connections = 0;  // accepted, foreign ones included
   uint64_t foreign = 0;      // of those, handed to StoreServerOptions::foreign
+  uint64_t open = 0;         // connections open now
+  uint64_t refused = 0;      // closed for breaking the protocol or a limit
+  uint64_t bytesIn = 0;      // read from clients
+  uint64_t bytesOut = 0;     // written to clients
+  uint64_t keys = 0;         // keys held, as of the last request served
+  uint64_t waiters = 0;      // WAITs not yet answered, as of the last request served
   std::array<uint64_t, wire::kOpCount> ops{};  // requests handled, indexed by wire::Op
 
   uint64_t requests() const;  // every op

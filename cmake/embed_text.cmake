@@ -1,0 +1,15 @@
+# Writes a C++ source defining `std::string_view NAME()` that returns INPUT's text, so a file
+# (the metrics page) ships inside the binary. Run with -DINPUT= -DOUTPUT= -DNAMESPACE= -DNAME=.
+file(READ ${INPUT} text)
+set(delimiter "dlrun_embed")
+string(FIND "${text}" ")${delimiter}\"" clash)
+if(NOT clash EQUAL -1)
+  message(FATAL_ERROR "${INPUT} contains the raw string delimiter )${delimiter}\"")
+endif()
+set(source "// Generated from ${INPUT} by cmake/embed_text.cmake; do not edit.\n#include <string_view>\n\nnamespace ${NAMESPACE} {\n\nstd::string_view ${NAME}() {\n  static constexpr std::string_view text = R\"${delimiter}(${text})${delimiter}\";\n  return text;\n}\n\n}  // namespace ${NAMESPACE}\n")
+if(EXISTS ${OUTPUT})
+  file(READ ${OUTPUT} old)
+endif()
+if(NOT "${old}" STREQUAL "${source}")
+  file(WRITE ${OUTPUT} "${source}")
+endif()
