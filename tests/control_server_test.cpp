@@ -14,6 +14,7 @@
 #include "control/liveness_server.h"
 #include "rendezvous/control_state.h"
 #include "rendezvous/elastic_protocol.h"
+#include "rendezvous/store/tcp_store.h"
 #include "rendezvous/store/tcp_stream.h"
 
 namespace dlrun::control {
@@ -35,7 +36,7 @@ class ControlServerTest : public ::testing::Test {
         store({.host = "127.0.0.1", .port = server.port()}),
         stub(v1::Control::NewStub(grpc::CreateChannel(
             "127.0.0.1:" + std::to_string(server.port()), grpc::InsecureChannelCredentials()))) {
-    control.readStoreAt(server.address(), server.port());
+    control.readFrom(storeAt(server.address(), server.port()));
   }
 
   // A running job as its agents leave it: settings, one node with two workers, round 0 closed.
@@ -315,6 +316,24 @@ TEST(StoreWithControlTest, ServesTheStoreAndTheControlPlaneOnItsPort) {
   EXPECT_EQ(list.jobs(0).id(), "job1");
 }
 
+// Under etcd an agent serves the control plane on its workers' store's port, reading the job
+// from another store (etcd): what the connector opens, not the store it sits on.
+TEST(StoreWithControlTest, ReadsTheJobsFromTheStoreItsConnectorOpens) {
+  rendezvous::StoreServerThread jobs({.host = "127.0.0.1", .port = 0});
+  rendezvous::TcpStore writer({.host = "127.0.0.1", .port = jobs.port()});
+  writer.set(ctl::Keys("elsewhere").meta(), ctl::encode(ctl::ControlMeta{.backend = "etcd"}));
+  writer.append(ctl::Keys::jobs(), "elsewhere\n");
+  StoreWithControl served({.host = "127.0.0.1", .port = 0}, storeAt("127.0.0.1", jobs.port()));
+  auto stub = v1::Control::NewStub(grpc::CreateChannel(
+      "127.0.0.1:" + std::to_string(served.store().port()), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+  v1::ListJobsResponse list;
+  ASSERT_TRUE(stub->ListJobs(&context, {}, &list).ok());
+  ASSERT_EQ(list.jobs_size(), 1);
+  EXPECT_EQ(list.jobs(0).id(), "elsewhere");
+}
+
 // Every agent on the endpoint's host tries to serve; those that lose the bind must fail the
 // way the launcher expects (it goes on as a client).
 TEST(StoreWithControlTest, ATakenPortIsANetworkError) {
@@ -322,9 +341,8 @@ TEST(StoreWithControlTest, ATakenPortIsANetworkError) {
   EXPECT_THROW(StoreWithControl({.host = "127.0.0.1", .port = first.port()}), NetworkError);
 }
 
-// The gRPC server starts after the store has bound the port: an HTTP/2 client that connects in
-// between is held until it exists, then served (its SETTINGS frame, gRPC's first answer), not
-// dropped. The client connects the moment the port listens, so it nearly always comes first.
+// The gRPC server is built on the first HTTP/2 connection: a client that connects the moment the
+// port listens is served (its SETTINGS frame, gRPC's first answer), not dropped.
 TEST(StoreWithControlTest, AGrpcClientThatConnectsAsSoonAsThePortListensIsServed) {
   uint16_t port = 0;
   {
