@@ -33,8 +33,9 @@ StoreConnector storeAt(const std::string& address, uint16_t port) {
   };
 }
 
-ControlServer::ControlServer(WatchTiming timing)
-    : service_({.connect = [this] { return openStore(); }, .watch = timing}) {
+ControlServer::ControlServer(WatchTiming timing, bool inProcess)
+    : service_({.connect = [this] { return openStore(); }, .watch = timing,
+                .inProcess = inProcess}) {
   proto::prepareGrpc();
   // Process-wide, read by the builder: grpc.health.v1.Health answers SERVING for "" and for
   // the Control service while the server runs.

@@ -32,8 +32,9 @@ StoreConnector storeAt(const std::string& address, uint16_t port);
 
 class ControlServer {
  public:
-  // Starts the gRPC server. Throws Error when gRPC cannot start it.
-  explicit ControlServer(WatchTiming timing = {});
+  // Starts the gRPC server. `inProcess`: it is called only through inProcessChannel()
+  // (ControlServiceOptions::inProcess). Throws Error when gRPC cannot start it.
+  explicit ControlServer(WatchTiming timing = {}, bool inProcess = false);
   // Ends open calls (a follower within its poll) and waits for their handlers.
   ~ControlServer();
   ControlServer(const ControlServer&) = delete;

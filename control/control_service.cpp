@@ -135,10 +135,12 @@ bool fromThisHost(const std::string& address) {
   }
 }
 
-void authorize(const grpc::ServerContext& context, const JobRecord& job, bool mutating) {
+void authorize(const grpc::ServerContext& context, const JobRecord& job, bool mutating,
+               bool inProcess) {
   const std::string peer = peerAddress(context.peer());
   // Only a stop or a signal to a job without a token asks where the call comes from.
-  const bool local = job.meta.tokenHash.empty() && mutating && fromThisHost(peer);
+  const bool local =
+      job.meta.tokenHash.empty() && mutating && (inProcess || fromThisHost(peer));
   switch (access(job.meta.tokenHash, presentedToken(context), mutating, local)) {
     case Access::Granted:
       return;
@@ -318,7 +320,7 @@ grpc::Status ControlService::GetJob(grpc::ServerContext* context, const v1::JobR
   return guarded([&] {
     auto store = options_.connect();
     const JobRecord job = readJob(*store, request->id(), true);
-    authorize(*context, job, false);
+    authorize(*context, job, false, options_.inProcess);
     const JobStatus status = statusOf(job);
     response->set_id(job.id);
     response->set_backend(job.meta.backend);
@@ -366,7 +368,7 @@ grpc::Status ControlService::WatchEvents(grpc::ServerContext* context,
   return guarded([&] {
     auto store = options_.connect();
     const JobRecord job = readJob(*store, request->job().id(), false);
-    authorize(*context, job, false);
+    authorize(*context, job, false, options_.inProcess);
     return EventStream(options_.watch, *store, job.id, *context, *writer)
         .run(request->since(), request->follow());
   });
@@ -377,7 +379,7 @@ grpc::Status ControlService::StopJob(grpc::ServerContext* context,
   return guarded([&] {
     auto store = options_.connect();
     const JobRecord job = readJob(*store, request->job().id(), false);
-    authorize(*context, job, true);
+    authorize(*context, job, true, options_.inProcess);
     const int code = request->exit_code() == 0 ? 143 : request->exit_code();
     if (code < 1 || code > 255)
       refuse(grpc::StatusCode::INVALID_ARGUMENT,
@@ -414,7 +416,7 @@ grpc::Status ControlService::SignalJob(grpc::ServerContext* context,
   return guarded([&] {
     auto store = options_.connect();
     const JobRecord job = readJob(*store, request->job().id(), false);
-    authorize(*context, job, true);
+    authorize(*context, job, true, options_.inProcess);
     const auto signal = parseSignal(request->signal());
     if (!signal)
       refuse(grpc::StatusCode::INVALID_ARGUMENT,

@@ -255,7 +255,7 @@ int runControl(const ControlRequest& request) {
   std::optional<control::ControlServer> local;
   std::unique_ptr<v1::Control::Stub> stub;
   if (request.etcd) {
-    local.emplace();
+    local.emplace(control::WatchTiming{}, true);
     local->readFrom([options = *request.etcd] {
       return std::make_unique<rendezvous::etcd::EtcdStore>(options);
     });
