@@ -59,11 +59,16 @@ agents::AgentOptions agentOptions(const LaunchConfig& config, bool servesStore,
 
 using control::StoreConnector;
 
-// Connections to the dlrun store at host:port for the control plane's publisher.
+// Connections to the dlrun store at host:port for the control plane's publisher. Without
+// reconnecting: the publisher opens a new one itself after a failure, and its destructor's
+// abort() must fail the listener's next call (a reconnecting store would open a fresh
+// connection and wait an hour there, holding up the agent's exit whenever the abort came
+// between two calls: 1 in about 300 single-node launches of a no-op).
 StoreConnector tcpStoreAt(const std::string& host, uint16_t port) {
   return [host, port] {
     return std::make_unique<rendezvous::TcpStore>(rendezvous::TcpStoreOptions{
-        .host = host, .port = port, .connectTimeout = std::chrono::seconds(5)});
+        .host = host, .port = port, .connectTimeout = std::chrono::seconds(5),
+        .reconnect = false});
   };
 }
 
