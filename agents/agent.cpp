@@ -20,6 +20,13 @@
 // running between batches, so a node of thousands reaps, reads output and heeds signals while
 // it starts.
 //
+// --roles (roles.h): workers of a `service` role do not end the job: this node's part is done
+// (reported as a success) once its other workers exited 0, and its services run on until the
+// round ends, then are stopped; a service that fails before fails the round like any worker.
+// A failed worker of an `alone` role is started again in its place while the round goes on,
+// as long as the restarts used (the round's and this node's lone ones) leave one; else its
+// failure is final.
+//
 // --hang-timeout: a HangWatcher watches the round's workers; a hang it sees is reported to the
 // rendezvous as a failure (or, under --hang-action=report, only reported), and a round that a
 // hang ended on any node has every node take its workers' stacks before it stops them.
@@ -79,7 +86,9 @@ WorkerOutput outputFor(const AgentOptions& options, int local, int rank) {
   output.toFile = static_cast<Streams>(static_cast<int>(output.fileOnly) |
                                        static_cast<int>(options.tee.forRank(local)));
   output.shown = !options.localRanksFilter || options.localRanksFilter->contains(local);
-  output.prefix = expandPrefix(options.logLinePrefixTemplate, rank, local, options.role);
+  const std::string& role =
+      options.roles.empty() ? options.role : roleOfLocal(options.roles, local).name;
+  output.prefix = expandPrefix(options.logLinePrefixTemplate, rank, local, role);
   return output;
 }
 
@@ -336,8 +345,12 @@ class AgentImpl {
     state_ = State::Running;
     world_ = world;
     workers_.clear();
+    retired_.clear();
     byPid_.clear();
     live_ = 0;
+    liveEnding_ = 0;
+    loneRestarts_ = 0;
+    successReported_ = false;
     if (fileTimer_) fileTimer_->clear();
     expiredTimers_.clear();
     ++attempt_;
@@ -359,14 +372,16 @@ class AgentImpl {
     const ExecLimits limits = ExecLimits::ofThisProcess();
     std::string cluster;
     if (options_.tfConfig != TfConfigMode::Never) cluster = tfConfigCluster(world_);
-    const TfConfigChoice tf =
-        chooseTfConfig(options_.tfConfig, cluster, world_.worldSize, limits.maxString);
+    std::string longestType = "worker";
+    for (const auto& role : world_.workerRoles)
+      if (role.size() > longestType.size()) longestType = role;
+    const TfConfigChoice tf = chooseTfConfig(options_.tfConfig, cluster, world_.worldSize,
+                                             limits.maxString, longestType);
     if (!tf.warning.empty() && !tfConfigWarned_) {
       log::warn(tf.warning);
       tfConfigWarned_ = true;
     }
-    const fs::path attemptDir =
-        logRoot_ / world_.runId / ("attempt_" + std::to_string(world_.round));
+    const fs::path attemptDir = this->attemptDir();
     RoundSpec spec{.role = options_.role,
                    .maxRestarts = world_.maxRestarts,
                    .restartCount = world_.round,
@@ -409,6 +424,7 @@ class AgentImpl {
         std::unique_ptr<Worker> worker = Worker::start(io_, std::move(launch));
         byPid_[worker->pid()] = worker.get();
         ++live_;
+        if (!isService(local)) ++liveEnding_;
         workers_.push_back(std::move(worker));
       }
     } catch (const Error& e) {
@@ -432,14 +448,66 @@ class AgentImpl {
       metrics_->view().roundStarted(world_, static_cast<int>(workers_.size()), Clock::now());
     publishStarted();
     watchStoreHost();
-    // Every worker may have exited already.
-    if (state_ == State::Running && liveWorkers() == 0) onSucceeded();
+    // Every worker may have exited already, or this node may run services only.
+    if (state_ == State::Running && liveEnding_ == 0) onSucceeded();
   }
 
   void doneStarting() {
     starting_ = false;
     launches_ = {};
-    environment_.reset();
+    // A worker restarted alone gets the environment its first start had.
+    if (!anyAlone()) environment_.reset();
+  }
+
+  fs::path attemptDir() const {
+    return logRoot_ / world_.runId / ("attempt_" + std::to_string(world_.round));
+  }
+
+  const RoleSpec* roleOf(int local) const {
+    return options_.roles.empty() ? nullptr : &roleOfLocal(options_.roles, local);
+  }
+  bool isService(int local) const {
+    const RoleSpec* role = roleOf(local);
+    return role != nullptr && role->service;
+  }
+  bool anyAlone() const {
+    return std::any_of(options_.roles.begin(), options_.roles.end(),
+                       [](const RoleSpec& role) { return role.alone; });
+  }
+
+  // A failed worker of an `alone` role while restarts are left: a new process takes its place
+  // (same ranks and environment) and the round goes on. False when it must fail the round.
+  bool restartAlone(const Worker& failed) {
+    const int local = failed.localRank();
+    const RoleSpec* role = roleOf(local);
+    if (role == nullptr || !role->alone || !environment_ ||
+        world_.failures + loneRestarts_ >= world_.maxRestarts)
+      return false;
+    WorkerLaunch launch = launchOf(attemptDir(), local);
+    launch.envp = environment_->own(local, launch.errorFile);
+    launch.sharedEnvp = environment_->shared();
+    std::unique_ptr<Worker> worker;
+    try {
+      worker = Worker::start(io_, std::move(launch));
+    } catch (const Error& e) {
+      log::info("cannot restart rank " + std::to_string(failed.rank()) + ": " + e.what());
+      return false;
+    }
+    ++loneRestarts_;
+    const std::string what = "rank " + std::to_string(failed.rank()) + " (" + role->name +
+                             ") " + failed.status().describe() + "; restarted alone, restart " +
+                             std::to_string(world_.failures + loneRestarts_) + " of " +
+                             std::to_string(world_.maxRestarts);
+    log::info(what);
+    publishEvent("restart", failed.rank(), what);
+    byPid_.erase(failed.pid());
+    byPid_[worker->pid()] = worker.get();
+    ++live_;
+    if (!role->service) ++liveEnding_;
+    // `failed` stays until the next round: its output pumps may still hold its last lines.
+    retired_.push_back(std::move(workers_[local]));
+    workers_[local] = std::move(worker);
+    return true;
   }
 
   // Nothing started: the round cannot begin on this node.
@@ -489,27 +557,34 @@ class AgentImpl {
   void onWorkerExit(Worker& w, ExitStatus status) {
     w.exited(status);
     --live_;
+    if (!isService(w.localRank())) --liveEnding_;
     if (metrics_) metrics_->view().workerExited(status.shellCode());
     if (state_ == State::Running && !status.success())
       publishEvent("worker_failed", w.rank(), status.describe());
     if (fileTimer_) fileTimer_->forget(w.pid());
     if (state_ == State::Running && !status.success()) {
+      if (restartAlone(w)) return;
       reportFailure(w);
       stop(SIGTERM);
     }
-    if (liveWorkers() > 0) return;
     // While starting, the workers not yet started decide: startSome() checks at its end.
     if (state_ == State::Running) {
-      if (!starting_) onSucceeded();
+      if (!starting_ && liveEnding_ == 0) onSucceeded();
       return;
     }
+    if (liveWorkers() > 0) return;
     if (state_ == State::Stopping) onStopped();
   }
 
+  // Every worker that ends the job exited 0. Other nodes may still be running: the job is over
+  // when the round ends as Finished, and this node's services serve until then.
   void onSucceeded() {
-    // Other nodes may still be running: the job is over when the round ends as Finished.
+    if (!successReported_) {
+      successReported_ = true;
+      reportToRendezvous([&] { rendezvous_.reportSuccess(); });
+    }
+    if (liveWorkers() > 0) return;
     state_ = State::Done;
-    reportToRendezvous([&] { rendezvous_.reportSuccess(); });
     if (roundEnd_) endOfRound();
   }
 
@@ -522,6 +597,7 @@ class AgentImpl {
                              .node = options_.nodeName,
                              .rank = w.rank(),
                              .exitCode = w.status().shellCode(),
+                             .failures = world_.failures + loneRestarts_,
                              .report = formatFailureReport(failure, world_.failures)};
     reportToRendezvous([&] { rendezvous_.reportFailure(end); });
   }
@@ -826,7 +902,11 @@ class AgentImpl {
   State state_ = State::Joining;
   std::vector<std::unique_ptr<Worker>> workers_;
   std::unordered_map<pid_t, Worker*> byPid_;  // the round's workers, for reaping
+  std::vector<std::unique_ptr<Worker>> retired_;  // replaced by restartAlone()
   size_t live_ = 0;                           // workers not yet reaped
+  size_t liveEnding_ = 0;  // of those, the ones not of a service role (they end the job)
+  int loneRestarts_ = 0;   // this round's workers restarted alone (restartAlone)
+  bool successReported_ = false;
   // Starting the round's workers (startSome): its number, what is left to start.
   static constexpr size_t kStartBatch = 64;
   uint64_t attempt_ = 0;

@@ -42,6 +42,7 @@ struct AgentOptions {
   std::vector<std::string> command;  // what every worker runs
   int nprocPerNode = 1;
   std::string role = "default";
+  std::vector<RoleSpec> roles;  // --roles (roles.h); empty: every worker has `role`
   std::chrono::milliseconds stopTimeout{30'000};
   std::optional<std::string> logDir;  // else a temporary directory for error files
   StreamsByRank redirects;            // streams sent only to files

@@ -13,46 +13,56 @@ namespace {
 // order, as it was when built whole for each worker.
 constexpr std::string_view kTfHead = R"({"cluster":)";
 constexpr std::string_view kTfTask = R"(,"task":{"index":)";
-constexpr std::string_view kTfTail = R"(,"type":"worker"}})";
+constexpr std::string_view kTfType = R"(,"type":")";
+constexpr std::string_view kTfTail = R"("}})";
 constexpr std::string_view kTfKey = "TF_CONFIG=";
 
-// The variables each worker sets for itself; everything else is shared.
-bool ownKey(const std::string& key) {
+// The variables each worker sets for itself; everything else is shared. Under --roles the
+// role's name and size differ from worker to worker too.
+bool ownKey(const std::string& key, bool roles) {
   return key == "RANK" || key == "LOCAL_RANK" || key == "ROLE_RANK" ||
-         key == "TORCHELASTIC_ERROR_FILE" || key == "DLRUN_HEARTBEAT_FILE";
+         key == "TORCHELASTIC_ERROR_FILE" || key == "DLRUN_HEARTBEAT_FILE" ||
+         (roles && (key == "ROLE_NAME" || key == "ROLE_WORLD_SIZE"));
 }
 
 }  // namespace
 
 std::string tfConfigCluster(const rendezvous::World& world) {
+  if (!world.workerRoles.empty())
+    return tfClusterOfRoles(world.workerEndpoints, world.workerRoles);
   return nlohmann::json{{"worker", world.workerEndpoints}}.dump();
 }
 
-std::string tfConfig(const std::string& cluster, int rank) {
+std::string tfConfig(const std::string& cluster, int index, std::string_view type) {
   std::string config;
-  config.reserve(tfConfigLength(cluster, rank));
+  config.reserve(tfConfigLength(cluster, index, type));
   config += kTfHead;
   config += cluster;
   config += kTfTask;
-  config += std::to_string(rank);
+  config += std::to_string(index);
+  config += kTfType;
+  config += type;
   config += kTfTail;
   return config;
 }
 
 std::string tfConfig(const rendezvous::World& world, int rank) {
-  return tfConfig(tfConfigCluster(world), rank);
+  if (world.workerRoles.empty()) return tfConfig(tfConfigCluster(world), rank);
+  const RolePlace place = placeRoles(world.workerRoles, rank, 1).front();
+  return tfConfig(tfConfigCluster(world), place.tfIndex, place.tfType);
 }
 
-size_t tfConfigLength(const std::string& cluster, int rank) {
-  return kTfHead.size() + cluster.size() + kTfTask.size() + std::to_string(rank).size() +
-         kTfTail.size();
+size_t tfConfigLength(const std::string& cluster, int index, std::string_view type) {
+  return kTfHead.size() + cluster.size() + kTfTask.size() + std::to_string(index).size() +
+         kTfType.size() + type.size() + kTfTail.size();
 }
 
 TfConfigChoice chooseTfConfig(TfConfigMode mode, const std::string& cluster, int worldSize,
-                              size_t maxString) {
+                              size_t maxString, std::string_view longestType) {
   if (mode == TfConfigMode::Never) return {};
-  // The last rank's is the longest, and every node decides on the same one.
-  const size_t bytes = kTfKey.size() + tfConfigLength(cluster, worldSize - 1) + 1;
+  // The last rank's is the longest (an index no larger, with roles), and every node decides on
+  // the same one.
+  const size_t bytes = kTfKey.size() + tfConfigLength(cluster, worldSize - 1, longestType) + 1;
   if (bytes <= maxString) return {.set = true};
   const std::string why = "TF_CONFIG for " + std::to_string(worldSize) + " workers would take " +
                           std::to_string(bytes) + " bytes, over the kernel's limit of " +
@@ -68,6 +78,9 @@ TfConfigChoice chooseTfConfig(TfConfigMode mode, const std::string& cluster, int
 NodeEnvironment::NodeEnvironment(const Environment& inherited, const rendezvous::World& world,
                                  RoundSpec spec)
     : baseRank_(world.baseRank),
+      places_(world.workerRoles.empty()
+                  ? std::vector<RolePlace>{}
+                  : placeRoles(world.workerRoles, world.baseRank, world.localWorldSize)),
       tfCluster_(std::move(spec.tfCluster)),
       heartbeatDir_(std::move(spec.heartbeatDir)) {
   Environment env = inherited;
@@ -96,7 +109,7 @@ NodeEnvironment::NodeEnvironment(const Environment& inherited, const rendezvous:
   for (auto& [key, value] : spec.services) env[key] = std::move(value);
   shared_.reserve(env.size());
   for (const auto& [key, value] : env) {
-    if (ownKey(key)) continue;
+    if (ownKey(key, !places_.empty())) continue;
     shared_.push_back(key + "=" + value);
     sharedSizes_.add(shared_.back().size());
   }
@@ -106,7 +119,15 @@ std::vector<std::string> NodeEnvironment::ownSmall(int localRank,
                                                    const std::string& errorFile) const {
   const std::string rank = std::to_string(baseRank_ + localRank);
   std::vector<std::string> entries{"RANK=" + rank, "LOCAL_RANK=" + std::to_string(localRank),
-                                   "ROLE_RANK=" + rank, "TORCHELASTIC_ERROR_FILE=" + errorFile};
+                                   "TORCHELASTIC_ERROR_FILE=" + errorFile};
+  if (places_.empty()) {
+    entries.push_back("ROLE_RANK=" + rank);
+  } else {
+    const RolePlace& place = places_.at(localRank);
+    entries.push_back("ROLE_NAME=" + place.name);
+    entries.push_back("ROLE_RANK=" + std::to_string(place.rank));
+    entries.push_back("ROLE_WORLD_SIZE=" + std::to_string(place.worldSize));
+  }
   if (heartbeatDir_)
     entries.push_back("DLRUN_HEARTBEAT_FILE=" + heartbeatFile(*heartbeatDir_, localRank));
   return entries;
@@ -118,15 +139,26 @@ std::string heartbeatFile(const std::string& heartbeatDir, int localRank) {
 
 std::vector<std::string> NodeEnvironment::own(int localRank, const std::string& errorFile) const {
   std::vector<std::string> entries = ownSmall(localRank, errorFile);
-  if (tfCluster_)
-    entries.push_back(std::string(kTfKey) + tfConfig(*tfCluster_, baseRank_ + localRank));
+  if (tfCluster_) {
+    const auto [type, index] = tfTask(localRank);
+    entries.push_back(std::string(kTfKey) + tfConfig(*tfCluster_, index, type));
+  }
   return entries;
+}
+
+std::pair<std::string_view, int> NodeEnvironment::tfTask(int localRank) const {
+  if (places_.empty()) return {"worker", baseRank_ + localRank};
+  const RolePlace& place = places_.at(localRank);
+  return {place.tfType, place.tfIndex};
 }
 
 ExecSizes NodeEnvironment::sizes(int localRank, const std::string& errorFile) const {
   ExecSizes sizes = sharedSizes_;
   for (const auto& entry : ownSmall(localRank, errorFile)) sizes.add(entry.size());
-  if (tfCluster_) sizes.add(kTfKey.size() + tfConfigLength(*tfCluster_, baseRank_ + localRank));
+  if (tfCluster_) {
+    const auto [type, index] = tfTask(localRank);
+    sizes.add(kTfKey.size() + tfConfigLength(*tfCluster_, index, type));
+  }
   return sizes;
 }
 

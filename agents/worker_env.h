@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "agents/limits.h"
+#include "agents/roles.h"
 #include "rendezvous/world.h"
 
 namespace dlrun::agents {
@@ -52,8 +53,8 @@ class NodeEnvironment {
 
   // "KEY=VALUE" entries every worker of the round gets.
   const std::vector<std::string>& shared() const { return shared_; }
-  // The worker's own entries: RANK, LOCAL_RANK, ROLE_RANK, TORCHELASTIC_ERROR_FILE, TF_CONFIG,
-  // DLRUN_HEARTBEAT_FILE.
+  // The worker's own entries: RANK, LOCAL_RANK, TORCHELASTIC_ERROR_FILE, ROLE_RANK (and under
+  // --roles ROLE_NAME and ROLE_WORLD_SIZE), TF_CONFIG, DLRUN_HEARTBEAT_FILE.
   std::vector<std::string> own(int localRank, const std::string& errorFile) const;
   // The sizes shared() and own() pass to exec, without building own()'s TF_CONFIG.
   ExecSizes sizes(int localRank, const std::string& errorFile) const;
@@ -63,7 +64,11 @@ class NodeEnvironment {
  private:
   std::vector<std::string> ownSmall(int localRank, const std::string& errorFile) const;
 
+  // TF_CONFIG's task of a local rank.
+  std::pair<std::string_view, int> tfTask(int localRank) const;
+
   int baseRank_ = 0;
+  std::vector<RolePlace> places_;  // by local rank, under --roles
   std::optional<std::string> tfCluster_;
   std::optional<std::string> heartbeatDir_;
   std::vector<std::string> shared_;
@@ -84,12 +89,14 @@ Environment workerEnvironment(const Environment& inherited, const rendezvous::Wo
                               const WorkerSpec& spec, int localRank);
 
 // TF_CONFIG for TensorFlow's MultiWorkerMirroredStrategy, built from its cluster part (the same
-// for every worker of a job, so built once) and the worker's rank.
+// for every worker of a job, so built once) and the worker's task: its index (RANK) and type
+// ("worker"). Under --roles, the cluster lists every role and the task is the worker's place
+// (roles.h), for ParameterServerStrategy.
 std::string tfConfigCluster(const rendezvous::World& world);
-std::string tfConfig(const std::string& cluster, int rank);
+std::string tfConfig(const std::string& cluster, int index, std::string_view type = "worker");
 std::string tfConfig(const rendezvous::World& world, int rank);
-// The length of tfConfig(cluster, rank), without building it.
-size_t tfConfigLength(const std::string& cluster, int rank);
+// The length of tfConfig(cluster, index, type), without building it.
+size_t tfConfigLength(const std::string& cluster, int index, std::string_view type = "worker");
 
 // Whether the workers get TF_CONFIG: Never, no; Auto, when the longest "TF_CONFIG=..." (the last
 // rank's) fits `maxString`, else no with a warning naming the size and the flag; Always, yes,
@@ -98,8 +105,9 @@ struct TfConfigChoice {
   bool set = false;
   std::string warning;  // to print once
 };
+// `longestType`: the longest task type of the job's ("worker" without --roles).
 TfConfigChoice chooseTfConfig(TfConfigMode mode, const std::string& cluster, int worldSize,
-                              size_t maxString);
+                              size_t maxString, std::string_view longestType = "worker");
 
 // The agent's own environment, read from environ.
 Environment currentEnvironment();

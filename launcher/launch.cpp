@@ -41,6 +41,7 @@ agents::AgentOptions agentOptions(const LaunchConfig& config, bool servesStore,
       .command = config.command,
       .nprocPerNode = config.nprocPerNode,
       .role = config.role,
+      .roles = config.roles,
       .stopTimeout = config.stopTimeout,
       .logDir = config.logDir,
       .redirects = config.redirects,
@@ -134,6 +135,7 @@ int launchSingleNode(const LaunchConfig& config) {
       .storePort = store.port(),
       .hostAddr = store.address(),
       .nodeName = name,
+      .roles = agents::roleNames(config.roles),
   });
   return agents::Agent(std::move(options), rendezvous).run();
 }
@@ -209,7 +211,8 @@ rendezvous::ElasticOptions elasticOptions(const LaunchConfig& config, const std:
       .self = {.addr = addr,
                .name = name,
                .nproc = config.nprocPerNode,
-               .rankHint = isStatic ? config.nodeRank.value_or(0) : config.nodeRank},
+               .rankHint = isStatic ? config.nodeRank.value_or(0) : config.nodeRank,
+               .roles = agents::roleNames(config.roles)},
       .lastCall = config.rdzv.lastCall,
       .joinTimeout = config.rdzv.joinTimeout,
       .heartbeat = config.rdzv.heartbeat,

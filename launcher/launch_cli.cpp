@@ -424,7 +424,13 @@ LaunchParse parseDlrunArgs(const std::vector<std::string>& args, const HostProbe
   addOption(app, "stop-timeout", stopTimeout,
             "Seconds between SIGTERM and SIGKILL when workers are stopped")
       ->check(kSeconds);
-  addOption(app, "role", c.role, "Role name of these workers (ROLE_NAME)");
+  auto* roleOption = addOption(app, "role", c.role, "Role name of these workers (ROLE_NAME)");
+  std::string roles;
+  auto* rolesOption = addOption(
+      app, "roles", roles,
+      "Several roles on this node, NAME:COUNT[:service][:alone],... in local-rank order, e.g. "
+      "ps:1:service,worker:2:alone; sets --nproc-per-node. service: does not end the job, "
+      "stopped when the others end; alone: a failed worker restarts alone");
   addFlag(app, "module", module, "Run the entry point as a Python module (python -m)", "-m");
   addFlag(app, "no-python", noPython, "Execute the entry point directly, without Python");
   addFlag(app, "run-path", runPath, "Run a Python entry point as a script (the default)");
@@ -528,6 +534,15 @@ LaunchParse parseDlrunArgs(const std::vector<std::string>& args, const HostProbe
   if (localRankArg) c.localRankFlag = localRankStyle == "dash" ? "--local-rank" : "--local_rank";
   std::tie(c.minNodes, c.maxNodes) = parseNnodes(nnodes);
   c.nprocPerNode = parseNprocPerNode(nproc, host);
+  if (rolesOption->count() > 0) {
+    c.roles = agents::parseRoles(roles);
+    if (roleOption->count() > 0)
+      throw ConfigError("--role and --roles cannot be used together: --roles names every role");
+    if (nprocOption->count() > 0 && c.nprocPerNode != agents::workerCount(c.roles))
+      throw ConfigError("--nproc-per-node=" + nproc + " but --roles '" + roles + "' makes " +
+                        std::to_string(agents::workerCount(c.roles)) + " workers");
+    c.nprocPerNode = agents::workerCount(c.roles);
+  }
   c.rdzv = parseRdzvSettings(parseRdzvConf(rdzvConf));
   if (nodeRank >= 0) c.nodeRank = nodeRank;
   c.redirects = parseStreams("--redirects", redirects);

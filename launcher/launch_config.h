@@ -80,6 +80,7 @@ struct LaunchConfig {
   int maxRestarts = 0;
   std::chrono::milliseconds stopTimeout{30'000};  // SIGTERM, then this long, then SIGKILL
   std::string role = "default";
+  std::vector<agents::RoleSpec> roles;  // --roles; empty: every worker has `role`
   std::optional<std::string> logDir;
   agents::StreamsByRank redirects;
   agents::StreamsByRank tee;

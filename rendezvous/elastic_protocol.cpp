@@ -76,6 +76,7 @@ std::string encode(const NodeRecord& r) {
   if (r.rankHint) j["hint"] = *r.rankHint;
   if (r.lastGroupRank) j["last"] = *r.lastGroupRank;
   if (r.storePort) j["store"] = *r.storePort;
+  if (!r.roles.empty()) j["roles"] = r.roles;
   return j.dump();
 }
 
@@ -91,7 +92,9 @@ NodeRecord decodeNodeRecord(std::string_view text) {
   if (j.contains("hint")) r.rankHint = field<int>(j, "hint", what);
   if (j.contains("last")) r.lastGroupRank = field<int>(j, "last", what);
   if (j.contains("store")) r.storePort = portField(j, "store", what);
-  if (r.nproc < 1 || r.workerPorts.size() != static_cast<size_t>(r.nproc))
+  if (j.contains("roles")) r.roles = field<std::vector<std::string>>(j, "roles", what);
+  if (r.nproc < 1 || r.workerPorts.size() != static_cast<size_t>(r.nproc) ||
+      (!r.roles.empty() && r.roles.size() != r.workerPorts.size()))
     throw ProtocolError("node record of " + r.addr + " has an inconsistent worker count");
   return r;
 }
@@ -131,10 +134,11 @@ Plan planRound(const std::vector<NodeRecord>& byArrival) {
   };
   std::sort(order.begin(), order.end(), [&](int a, int b) { return sortKey(a) < sortKey(b); });
 
-  int failures = 0, worldSize = 0;
+  int failures = 0, worldSize = 0, withRoles = 0;
   for (const NodeRecord& r : byArrival) {
     failures = std::max(failures, r.failures);
     worldSize += r.nproc;
+    withRoles += r.roles.empty() ? 0 : 1;
   }
   Plan plan;
   plan.byArrival.resize(members);
@@ -147,22 +151,35 @@ Plan planRound(const std::vector<NodeRecord>& byArrival) {
       a.masterAddr = first.addr;
       a.masterPort = *first.storePort;
     }
-    for (uint16_t port : r.workerPorts) plan.roster.push_back(joinHostPort(r.addr, port));
+    for (uint16_t port : r.workerPorts)
+      plan.roster.endpoints.push_back(joinHostPort(r.addr, port));
+    // A node without --roles in a job with them: its workers take the role "worker".
+    if (withRoles > 0) {
+      if (r.roles.empty()) plan.roster.roles.insert(plan.roster.roles.end(), r.nproc, "worker");
+      else plan.roster.roles.insert(plan.roster.roles.end(), r.roles.begin(), r.roles.end());
+    }
     baseRank += r.nproc;
   }
   return plan;
 }
 
-std::string encodeRoster(const std::vector<std::string>& roster) { return json(roster).dump(); }
+std::string encodeRoster(const Roster& roster) {
+  if (roster.roles.empty()) return json(roster.endpoints).dump();
+  return json{{"endpoints", roster.endpoints}, {"roles", roster.roles}}.dump();
+}
 
-std::vector<std::string> decodeRoster(std::string_view text) {
+Roster decodeRoster(std::string_view text) {
   json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (!j.is_array()) throw ProtocolError("malformed worker roster in the store");
   try {
-    return j.get<std::vector<std::string>>();
+    if (j.is_array()) return {j.get<std::vector<std::string>>(), {}};
+    if (j.is_object()) {
+      Roster roster{j.at("endpoints").get<std::vector<std::string>>(),
+                    j.at("roles").get<std::vector<std::string>>()};
+      if (roster.roles.size() == roster.endpoints.size()) return roster;
+    }
   } catch (const json::exception&) {
-    throw ProtocolError("malformed worker roster in the store");
   }
+  throw ProtocolError("malformed worker roster in the store");
 }
 
 std::string encode(const RoundEnd& e) {

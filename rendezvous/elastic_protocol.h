@@ -11,7 +11,8 @@
 //   r/R/closer         the arrival index of the one agent that closes the round (compare-and-set)
 //   r/R/closed         "N" when the round closed with arrivals 1..N as members, or "abort"
 //   r/R/assign/I       member I's Assignment (written before "closed", so O(1) reads after it)
-//   r/R/roster         every worker's "host:port" in RANK order (TF_CONFIG)
+//   r/R/roster         every worker's "host:port" in RANK order (TF_CONFIG), and under --roles
+//                      every worker's role
 //   r/R/end            the RoundEnd; first writer wins. Everyone running waits on this key.
 //   r/R/done           members whose workers all succeeded; the last sets end = Finished
 //   r/R/spares         agents waiting for a place while round R runs at its maximum
@@ -90,6 +91,8 @@ struct NodeRecord {
   // The port of the workers' store this agent serves on `addr` (etcd: no machine is special,
   // so whichever agent gets group rank 0 serves its round's workers); unset under c10d.
   std::optional<uint16_t> storePort;
+  // Under --roles, each local worker's role name; empty: every worker has the node's --role.
+  std::vector<std::string> roles;
 };
 
 std::string encode(const NodeRecord& record);
@@ -101,9 +104,15 @@ using Assignment = Placement;
 std::string encode(const Assignment& assignment);
 Assignment decodeAssignment(std::string_view text);
 
+// Every worker of a round, in RANK order.
+struct Roster {
+  std::vector<std::string> endpoints;  // "host:port"
+  std::vector<std::string> roles;      // role names under --roles; else empty
+};
+
 struct Plan {
   std::vector<Assignment> byArrival;  // index 0 is arrival 1
-  std::vector<std::string> roster;    // "host:port" of every worker, RANK order
+  Roster roster;
 };
 
 // Group ranks by (rank hint, numeric address, last group rank, arrival); base ranks are the prefix sums of the
@@ -112,8 +121,10 @@ struct Plan {
 // and that port as the workers' MASTER_ADDR/MASTER_PORT.
 Plan planRound(const std::vector<NodeRecord>& byArrival);
 
-std::string encodeRoster(const std::vector<std::string>& roster);
-std::vector<std::string> decodeRoster(std::string_view text);
+// A JSON array of endpoints, or {"endpoints":[...],"roles":[...]} under --roles; throws
+// ProtocolError when malformed, or when some nodes ran --roles and others not.
+std::string encodeRoster(const Roster& roster);
+Roster decodeRoster(std::string_view text);
 
 std::string encode(const RoundEnd& end);
 RoundEnd decodeRoundEnd(std::string_view text);

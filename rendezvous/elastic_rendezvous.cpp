@@ -107,7 +107,9 @@ std::string ElasticRendezvous::storeName() const {
 
 void ElasticRendezvous::checkShape() {
   const std::string mine = elastic::encodeShape(options_.minNodes, options_.maxNodes);
-  const std::string stored = lease_->compareSet(keys_.shape(), "", mine);
+  // Read first: all but the first node find it, and a read costs etcd no log entry.
+  std::string stored = lease_->peek({keys_.shape()})[0];
+  if (stored.empty()) stored = lease_->compareSet(keys_.shape(), "", mine);
   if (stored != mine)
     throw ConfigError("rendezvous id '" + options_.runId + "' is in use by a job with --nnodes=" +
                       stored + " (this node has --nnodes=" + mine +
@@ -249,7 +251,7 @@ void ElasticRendezvous::closeRound(int round, int index) {
   std::vector<std::string> names;
   for (const auto& record : records) names.push_back(nodeName(record));
   keys.push_back(keys_.names(round));
-  values.push_back(elastic::encodeRoster(names));
+  values.push_back(elastic::encodeRoster({.endpoints = names}));
   lease_->multiSet(keys, values);
   lease_->compareSet(keys_.closed(round), "", std::to_string(members));
   closedRound_ = round;
@@ -285,9 +287,11 @@ World ElasticRendezvous::memberWorld(int round, int index, int members,
   failures_ = a.failures;
   const NodeJob job{options_.runId, options_.self.nproc, options_.maxRestarts,
                     options_.storeHost, options_.storePort};
-  return makeWorld(job, round, a,
-                   options_.fetchRoster ? elastic::decodeRoster(texts[2])
-                                        : std::vector<std::string>{});
+  elastic::Roster roster;
+  if (options_.fetchRoster) roster = elastic::decodeRoster(texts[2]);
+  World world = makeWorld(job, round, a, std::move(roster.endpoints));
+  world.workerRoles = std::move(roster.roles);
+  return world;
 }
 
 ElasticRendezvous::Step ElasticRendezvous::afterLateArrival(int round, int members) {
@@ -412,7 +416,8 @@ TimeoutError ElasticRendezvous::timedOut(int round) {
   records.push_back(keys_.names(lastRound_.value_or(round)));
   std::vector<std::string> texts = lease_->peek(records);
   const std::vector<std::string> expected =
-      texts.back().empty() ? std::vector<std::string>{} : elastic::decodeRoster(texts.back());
+      texts.back().empty() ? std::vector<std::string>{}
+                           : elastic::decodeRoster(texts.back()).endpoints;
   texts.pop_back();
   std::vector<std::string> came;
   for (size_t start = 0, end; (end = texts.back().find('\n', start)) != std::string::npos;

@@ -14,9 +14,11 @@ JoinResult LocalRendezvous::next() {
                     options_.storeAddr, options_.storePort};
   std::lock_guard lock(mutex_);
   end_.reset();
-  return makeWorld(job, round_++,
-                   {.worldSize = options_.localWorldSize, .failures = failures_},
-                   std::move(endpoints));
+  World world = makeWorld(job, round_++,
+                          {.worldSize = options_.localWorldSize, .failures = failures_},
+                          std::move(endpoints));
+  world.workerRoles = options_.roles;
+  return world;
 }
 
 RoundEnd LocalRendezvous::awaitEnd() {

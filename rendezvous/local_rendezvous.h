@@ -20,6 +20,7 @@ struct LocalRendezvousOptions {
   uint16_t storePort = 0;
   std::string hostAddr = "127.0.0.1";  // this node's address in TF_CONFIG
   std::string nodeName;                // this node in messages
+  std::vector<std::string> roles;      // each worker's role under --roles; else empty
 };
 
 class LocalRendezvous : public Rendezvous {

@@ -1,5 +1,7 @@
 #include "rendezvous/round_end.h"
 
+#include <algorithm>
+
 #include "common/signal_name.h"
 
 namespace dlrun::rendezvous {
@@ -22,7 +24,7 @@ std::string RoundEnd::describe() const {
 
 void RoundEnd::countFailure(int before, int maxRestarts) {
   kind = Kind::WorkerFailed;
-  failures = before + 1;
+  failures = std::max(before, failures) + 1;
   final = final || failures > maxRestarts;
 }
 

@@ -30,7 +30,8 @@ struct RoundEnd {
   bool losesMember() const { return kind == Kind::NodeLost || kind == Kind::NodeLeft; }
   // Makes this a worker failure that uses one more restart, after `before` of the job's
   // `maxRestarts`: the one rule for one node and for several. One already final stays final
-  // (--hang-action=exit).
+  // (--hang-action=exit); `failures` already set counts when higher than `before` (the
+  // restarts a node's agent made alone, roles.h).
   void countFailure(int before, int maxRestarts);
   std::string describe() const;  // one line for logs
 };

@@ -24,6 +24,8 @@ struct World {
   uint16_t masterPort = 0;
   bool agentStore = true;   // the store is dlrun's own (torch then opens a client only)
   std::vector<std::string> workerEndpoints;  // "host:port" per worker, ordered by RANK
+  // Each RANK's role name under --roles (agents/roles.h); empty: every worker has --role.
+  std::vector<std::string> workerRoles;
 };
 
 // What stays the same for one node through every round of its job.

@@ -22,7 +22,7 @@ TEST(PlanRound, GroupRanksFollowNumericAddressesNotText) {
   EXPECT_EQ(plan.byArrival[0].groupRank, 1);
   EXPECT_EQ(plan.byArrival[1].groupRank, 0);
   EXPECT_EQ(plan.byArrival[2].groupRank, 2);
-  EXPECT_EQ(plan.roster,
+  EXPECT_EQ(plan.roster.endpoints,
             (std::vector<std::string>{"10.0.0.9:5000", "10.0.0.10:5000", "10.0.0.100:5000"}));
 }
 
@@ -42,9 +42,9 @@ TEST(PlanRound, BaseRanksArePrefixSumsOfDifferentWorkerCounts) {
     EXPECT_EQ(a.worldSize, 7);
     EXPECT_EQ(a.groupWorldSize, 3);
   }
-  ASSERT_EQ(plan.roster.size(), 7u);
-  EXPECT_EQ(plan.roster[4], "10.0.0.2:5000");
-  EXPECT_EQ(plan.roster[6], "10.0.0.3:5000");
+  ASSERT_EQ(plan.roster.endpoints.size(), 7u);
+  EXPECT_EQ(plan.roster.endpoints[4], "10.0.0.2:5000");
+  EXPECT_EQ(plan.roster.endpoints[6], "10.0.0.3:5000");
 }
 
 TEST(PlanRound, SameAddressKeepsLastRoundsOrderThenArrival) {
@@ -59,7 +59,16 @@ TEST(PlanRound, SameAddressKeepsLastRoundsOrderThenArrival) {
 
 TEST(PlanRound, Ipv6RosterEntriesAreBracketed) {
   const Plan plan = planRound({node("fd00::2", 1), node("10.0.0.1", 1)});
-  EXPECT_EQ(plan.roster, (std::vector<std::string>{"10.0.0.1:5000", "[fd00::2]:5000"}));
+  EXPECT_EQ(plan.roster.endpoints, (std::vector<std::string>{"10.0.0.1:5000", "[fd00::2]:5000"}));
+}
+
+TEST(PlanRound, RolesFollowRanksAndANodeWithoutRolesRunsWorkers) {
+  NodeRecord ps = node("10.0.0.1", 2), plain = node("10.0.0.2", 1);
+  ps.roles = {"ps", "worker"};
+  const Plan plan = planRound({plain, ps});
+  EXPECT_EQ(plan.roster.roles, (std::vector<std::string>{"ps", "worker", "worker"}));
+  EXPECT_EQ(decodeNodeRecord(encode(ps)).roles, ps.roles);
+  EXPECT_TRUE(planRound({plain}).roster.roles.empty());
 }
 
 TEST(PlanRound, FailureCountIsTheHighestAnyMemberSaw) {
@@ -160,7 +169,11 @@ TEST(Codecs, RecordsAssignmentsAndEndsRoundTrip) {
   EXPECT_EQ(eb.report, e.report);
   EXPECT_EQ(decodeRoundEnd(encode(RoundEnd{.kind = RoundEnd::Kind::NodeLost, .node = "x"})).kind,
             RoundEnd::Kind::NodeLost);
-  EXPECT_EQ(decodeRoster(encodeRoster({"a:1", "b:2"})), (std::vector<std::string>{"a:1", "b:2"}));
+  EXPECT_EQ(decodeRoster(encodeRoster({{"a:1", "b:2"}, {}})).endpoints,
+            (std::vector<std::string>{"a:1", "b:2"}));
+  const Roster roles = decodeRoster(encodeRoster({{"a:1", "b:2"}, {"ps", "worker"}}));
+  EXPECT_EQ(roles.endpoints, (std::vector<std::string>{"a:1", "b:2"}));
+  EXPECT_EQ(roles.roles, (std::vector<std::string>{"ps", "worker"}));
 }
 
 TEST(Codecs, MalformedValuesAreProtocolErrors) {
@@ -170,6 +183,7 @@ TEST(Codecs, MalformedValuesAreProtocolErrors) {
   EXPECT_THROW(decodeAssignment(R"({"group_rank":"zero"})"), ProtocolError);
   EXPECT_THROW(decodeRoundEnd(R"({"kind":"exploded","node":"x"})"), ProtocolError);
   EXPECT_THROW(decodeRoster("{}"), ProtocolError);
+  EXPECT_THROW(decodeRoster(R"({"endpoints":["a:1"],"roles":[]})"), ProtocolError);
 }
 
 TEST(EndedJob, AStopOrAFinalRoundEndEndsTheJobAnythingElseDoesNot) {

@@ -168,8 +168,8 @@ TEST(WorkerEnv, TheNodesSharedPartHoldsAllButEachWorkersOwnFive) {
       EXPECT_FALSE(entry.starts_with(own)) << entry;
   }
   const auto own = node.own(1, "/e.json");
-  EXPECT_EQ(own, (std::vector<std::string>{"RANK=3", "LOCAL_RANK=1", "ROLE_RANK=3",
-                                           "TORCHELASTIC_ERROR_FILE=/e.json",
+  EXPECT_EQ(own, (std::vector<std::string>{"RANK=3", "LOCAL_RANK=1",
+                                           "TORCHELASTIC_ERROR_FILE=/e.json", "ROLE_RANK=3",
                                            "TF_CONFIG=" + tfConfig(world, 3)}));
   // Together they are the one-worker environment.
   const WorkerSpec one{"trainer", 3, 1, "/e.json"};

@@ -102,6 +102,13 @@ TrainParse parseTrainArgs(const std::vector<std::string>& args) {
   app.add_option("--progress-every", c.progressEvery, "Steps between progress lines")
       ->check(CLI::Range(1, 1 << 30));
   app.add_flag("--single", c.single, "Train alone, without dlrun");
+  app.add_option("--strategy", c.strategy,
+                 "allreduce (every rank sums the gradients with the others) or ps (parameter "
+                 "servers: start with dlrun --roles ps:P,worker:W)")
+      ->check(CLI::IsMember({"allreduce", "ps"}));
+  app.add_flag("--ps-sync", c.psSync,
+               "With --strategy ps: synchronous steps (the servers apply the mean of every "
+               "worker's gradient), instead of applying each push as it comes");
   app.add_option("--fail-at-step", c.failAtStep,
                  "Testing aid: rank 1 (0 when alone) exits with code 1 after this global step "
                  "on the first attempt (TORCHELASTIC_RESTART_COUNT=0) only");
@@ -113,7 +120,14 @@ TrainParse parseTrainArgs(const std::vector<std::string>& args) {
   if (result.exitCode) return result;
   c.cosine = schedule == "cosine";
   if (c.hidden.empty()) throw ConfigError("--hidden needs at least one width");
+  if (c.psSync && c.strategy != "ps") throw ConfigError("--ps-sync needs --strategy ps");
+  if (c.strategy == "ps") {
+    if (c.single) throw ConfigError("--strategy ps needs dlrun's roles, not --single");
+    if (c.device == "cuda") throw ConfigError("--strategy ps trains on the CPU: drop --device cuda");
+    c.device = "cpu";
+  }
   if (!c.single) result.placement = placementFromEnvironment();
+  if (c.strategy == "ps") result.placement.ps = psPlaceFromTfConfig(std::getenv("TF_CONFIG"));
   return result;
 }
 

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "trainer/data.h"
+#include "trainer/ps_layout.h"
 
 namespace dlrun::trainer {
 
@@ -42,6 +43,8 @@ struct TrainConfig {
   // all-reduce. -1: never.
   int64_t hangAtStep = -1;
   bool single = false;          // run alone, without dlrun
+  std::string strategy = "allreduce";  // or "ps": parameter servers (ps_server.h)
+  bool psSync = false;  // --ps-sync: the servers wait for every worker's push of a step
 };
 
 // Where this process sits, from RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,
@@ -54,6 +57,7 @@ struct Placement {
   std::string masterAddr;
   uint16_t masterPort = 0;
   int restartCount = 0;
+  std::optional<PsPlace> ps;  // --strategy ps: this process's part, from TF_CONFIG
 };
 
 struct TrainParse {

@@ -31,14 +31,18 @@ void Reporter::resumed(int epoch, int64_t samplesInEpoch, int64_t globalStep) co
 }
 
 void Reporter::summary(const EpochResult& last, int worldSize, int64_t steps,
-                       const std::string& device) const {
-  char text[340];
+                       const std::string& device, const std::string& strategy,
+                       uint64_t bytesSent, uint64_t bytesReceived) const {
+  char text[440];
   std::snprintf(text, sizeof(text),
                 "{\"epochs\": %d, \"steps\": %lld, \"world_size\": %d, \"train_loss\": %.6f, "
                 "\"test_accuracy\": %.6f, \"samples_per_sec\": %.1f, \"seconds\": %.3f, "
-                "\"device\": \"%s\"}",
+                "\"device\": \"%s\", \"strategy\": \"%s\", \"bytes_sent\": %llu, "
+                "\"bytes_received\": %llu}",
                 last.epoch, static_cast<long long>(steps), worldSize, last.trainLoss,
-                last.testAccuracy, last.samplesPerSecond, last.seconds, device.c_str());
+                last.testAccuracy, last.samplesPerSecond, last.seconds, device.c_str(),
+                strategy.c_str(), static_cast<unsigned long long>(bytesSent),
+                static_cast<unsigned long long>(bytesReceived));
   line(text);
 }
 

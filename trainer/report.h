@@ -22,9 +22,10 @@ class Reporter {
   void progress(int epoch, int epochs, int64_t step, int64_t steps, double loss) const;
   void epoch(const EpochResult& result) const;
   void resumed(int epoch, int64_t samplesInEpoch, int64_t globalStep) const;
-  // {"epochs":..,"test_accuracy":..,"samples_per_sec":..,...,"device":"cpu" or "cuda"}
-  void summary(const EpochResult& last, int worldSize, int64_t steps,
-               const std::string& device) const;
+  // {"epochs":..,"test_accuracy":..,"samples_per_sec":..,...,"device":"cpu" or "cuda",
+  //  "strategy":"allreduce" or "ps","bytes_sent":..,"bytes_received":..} (this process's)
+  void summary(const EpochResult& last, int worldSize, int64_t steps, const std::string& device,
+               const std::string& strategy, uint64_t bytesSent, uint64_t bytesReceived) const;
 
  private:
   void line(const std::string& text) const;

@@ -21,8 +21,11 @@
 #include "trainer/collective.h"
 #include "trainer/engine.h"
 #include "trainer/metrics_file.h"
+#include "trainer/ps_engine.h"
+#include "trainer/ps_server.h"
 #include "trainer/report.h"
 #include "trainer/shm_collective.h"
+#include "trainer/traffic.h"
 
 namespace dlrun::trainer {
 namespace {
@@ -78,6 +81,16 @@ void requireWritable(const std::string& dir) {
   std::filesystem::remove(dir + "/.writable", ec);
 }
 
+// The newest checkpoint, refused when it is for another model.
+std::optional<Checkpoint> loadChecked(const TrainConfig& config, const MlpShape& shape) {
+  std::optional<Checkpoint> found = loadNewestCheckpoint(config.checkpointDir);
+  const size_t n = shape.parameterCount();
+  if (found && (found->widths != shape.widths() || found->params.size() != n ||
+                found->velocity.size() != n))
+    throw Error("the checkpoint in " + config.checkpointDir + " is for another model shape");
+  return found;
+}
+
 // Rank 0's checkpoint, sent to every rank (a sum where the others contribute zeros), so ranks
 // on nodes without a shared directory resume from the same state.
 std::optional<Checkpoint> resume(const TrainConfig& config, Collective& collective,
@@ -85,10 +98,7 @@ std::optional<Checkpoint> resume(const TrainConfig& config, Collective& collecti
   if (config.checkpointDir.empty()) return std::nullopt;
   const size_t n = shape.parameterCount();
   std::optional<Checkpoint> found;
-  if (collective.rank() == 0) found = loadNewestCheckpoint(config.checkpointDir);
-  if (found && (found->widths != shape.widths() || found->params.size() != n ||
-                found->velocity.size() != n))
-    throw Error("the checkpoint in " + config.checkpointDir + " is for another model shape");
+  if (collective.rank() == 0) found = loadChecked(config, shape);
   std::vector<float> header = {found ? 1.0f : 0.0f,
                                found ? static_cast<float>(found->epoch) : 0.0f};
   collective.allreduceSum(header.data(), header.size());
@@ -150,6 +160,9 @@ class Training {
   StepResult step(const std::vector<int>& shard, size_t begin, int batch, float learningRate);
   float learningRate(int epoch, int64_t stepInEpoch, int64_t steps) const;
   void checkpoint(int epoch, int64_t samples);
+  // --strategy ps: the chief inits the servers (from its checkpoint or the seed's weights);
+  // every worker takes their parameters and the position to go on from.
+  void joinServers();
   void failIfAsked() const;
   void hangIfAsked() const;
   void finish();
@@ -163,6 +176,8 @@ class Training {
   const MlpShape shape_;
   std::unique_ptr<Collective> collective_;
   std::unique_ptr<Engine> engine_;
+  PsEngine* ps_ = nullptr;  // engine_, under --strategy ps
+  // The ranks that train: every rank, or under ps the workers (the chief is 0).
   const int world_, rank_;
   const Reporter report_;
   ProgressReporter progress_ = ProgressReporter::fromEnvironment();
@@ -183,22 +198,32 @@ Training::Training(const TrainConfig& config, const Placement& placement)
       placement_(placement),
       data_(loadData(config)),
       shape_{data_.train.features, config.hidden, data_.train.classes},
-      world_(placement.worldSize),
-      rank_(placement.rank),
-      report_(placement.rank == 0),
+      world_(placement.ps ? placement.ps->workers : placement.worldSize),
+      rank_(placement.ps ? placement.ps->index : placement.rank),
+      report_(rank_ == 0),
       batchX_(static_cast<size_t>(config.batchSize) * data_.train.features),
       batchY_(config.batchSize) {
   if (!config.checkpointDir.empty() && rank_ == 0) requireWritable(config.checkpointDir);
   if (!config.metricsFile.empty() && rank_ == 0) metricsFile_.emplace(config.metricsFile);
+  // More servers than parameters is refused before anything connects.
+  if (placement.ps) shardRanges(shape_.parameterCount(), placement.ps->servers);
   auto store = jobStore(placement);
-  collective_ =
-      reportingProgress(connect(placement, store, config.allreduce == "gloo"), progress_);
-  engine_ = makeEngine(config.device,
-                       {shape_, config.seed,
-                        {config.learningRate, config.momentum, config.weightDecay},
-                        config.cpuMath},
-                       placement, *collective_, store);
-  if (auto resumed = resume(config, *collective_, *engine_, shape_)) {
+  const EngineOptions options{shape_, config.seed,
+                              {config.learningRate, config.momentum, config.weightDecay},
+                              config.cpuMath};
+  if (placement.ps) {
+    // Workers exchange nothing with each other: each scores the whole test set alone.
+    collective_ = makeSoloCollective();
+    auto ps = makePsEngine(options, *placement.ps, *store);
+    ps_ = ps.get();
+    engine_ = std::move(ps);
+    joinServers();
+  } else {
+    collective_ =
+        reportingProgress(connect(placement, store, config.allreduce == "gloo"), progress_);
+    engine_ = makeEngine(config.device, options, placement, *collective_, store);
+  }
+  if (auto resumed = placement.ps ? std::nullopt : resume(config, *collective_, *engine_, shape_)) {
     startEpoch_ = resumed->epoch;
     skipSamples_ = resumed->samplesInEpoch;
     step_ = resumed->globalStep;
@@ -206,6 +231,20 @@ Training::Training(const TrainConfig& config, const Placement& placement)
   }
   // A run resumed at or past --max-steps has no step left to take.
   stopping_ = config.maxSteps >= 0 && step_ >= config.maxSteps;
+}
+
+void Training::joinServers() {
+  std::optional<Checkpoint> init;
+  if (rank_ == 0) {
+    if (!config_.checkpointDir.empty()) init = loadChecked(config_, shape_);
+    if (init) report_.resumed(init->epoch, init->samplesInEpoch, init->globalStep);
+    else init = Checkpoint{.params = engine_->params(),
+                           .velocity = std::vector<float>(shape_.parameterCount(), 0.0f)};
+  }
+  const ps::Position at = ps_->join(init);
+  startEpoch_ = static_cast<int>(at.epoch);
+  skipSamples_ = at.samplesInEpoch;
+  step_ = at.step;
 }
 
 void Training::run() {
@@ -231,6 +270,7 @@ void Training::trainEpoch(int epoch) {
     const int b = static_cast<int>(std::min<size_t>(config_.batchSize, shard.size() - begin));
     progress_.step(step_ + 1, epoch);
     hangIfAsked();
+    if (ps_) ps_->setPosition({epoch, (s + 1) * globalBatch, step_ + 1});
     const float lr = learningRate(epoch, s, steps);
     const StepResult result = step(shard, begin, b, lr);
     ++step_;
@@ -353,7 +393,19 @@ void Training::finish() {
              testAccuracy(*engine_, data_.test, *collective_), 0.0,
              std::chrono::duration<double>(Clock::now() - started_).count()};
   }
-  report_.summary(last_, world_, step_, engine_->device());
+  if (ps_) ps_->done();
+  const Traffic traffic = tcpTraffic();
+  report_.summary(last_, world_, step_, engine_->device(), config_.strategy, traffic.sent,
+                  traffic.received);
+  // Under ps every worker's traffic differs (the chief's summary says its own): each says it.
+  if (ps_ && rank_ != 0) {
+    std::printf("{\"strategy\": \"ps\", \"role\": \"worker\", \"index\": %d, \"steps\": %lld, "
+                "\"bytes_sent\": %llu, \"bytes_received\": %llu}\n",
+                rank_, static_cast<long long>(step_),
+                static_cast<unsigned long long>(traffic.sent),
+                static_cast<unsigned long long>(traffic.received));
+    std::fflush(stdout);
+  }
   if (rank_ == 0 && !config_.dumpWeights.empty()) {
     const std::vector<float> params = engine_->params();
     std::ofstream out(config_.dumpWeights, std::ios::binary);
@@ -366,6 +418,11 @@ void Training::finish() {
 }  // namespace
 
 int train(const TrainConfig& config, const Placement& placement) {
+  if (placement.ps && placement.ps->server) {
+    // A server saves nothing: SIGTERM ends it as by default.
+    servePs(config, placement, *placement.ps, [&] { return jobStore(placement); });
+    return 0;
+  }
   ::signal(SIGUSR1, requestStop);
   ::signal(SIGTERM, requestStop);
   Training(config, placement).run();

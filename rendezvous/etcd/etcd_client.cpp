@@ -549,8 +549,10 @@ int64_t EtcdClient::add(const std::string& key, int64_t delta,
 
 // An add of 0 reads: it writes only to create a missing key ("0"), so agents that all read a
 // counter at once neither conflict with each other (a swap loop would, O(K^2) tries for K) nor
-// wake every watcher with a write that changes nothing.
+// wake every watcher with a write that changes nothing. A plain read first: a transaction that
+// may write is proposed to the cluster (a log entry, an fsync) even when it writes nothing.
 int64_t EtcdClient::readCounter(const std::string& key) {
+  if (const auto found = get(key)) return counterValue(*found);
   const auto result = putIfAbsent(key, "0");
   // Deleted between the compare and the read: as missing.
   return result.current ? counterValue(*result.current) : 0;

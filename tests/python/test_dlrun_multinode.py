@@ -72,6 +72,40 @@ class MultiNodeTest(unittest.TestCase):
             self.assertEqual(s["sum"], sum(range(1, 7)))  # every rank's value, across nodes
         self.assertEqual(len({s["env"]["TF_CONFIG"].split('"task"')[0] for s in starts}), 1)
 
+    def test_roles_give_every_process_one_tf_config_cluster_and_its_own_task(self):
+        # ps:1,worker:3 on two nodes, checked by the rules of TensorFlow's
+        # TFConfigClusterResolver: the task's type is a job of the cluster, its index in range.
+        agents = self.start_agents(2, "2", [], nproc=4, extra=["--roles=ps:1,worker:3"])
+        for r in self.finish(agents):
+            self.assertEqual(r.returncode, 0, r)
+        starts = self.starts()
+        self.assertEqual(len(starts), 8)
+        configs = [json.loads(s["env"]["TF_CONFIG"]) for s in starts]
+        cluster = configs[0]["cluster"]
+        self.assertEqual(sorted(cluster), ["chief", "ps", "worker"])
+        self.assertEqual((len(cluster["chief"]), len(cluster["ps"]), len(cluster["worker"])),
+                         (1, 2, 5))
+        entries = [e for job in cluster.values() for e in job]
+        self.assertEqual(len(set(entries)), 8)  # unique host:port entries
+        tasks = set()
+        for s, config in zip(starts, configs):
+            env = s["env"]
+            self.assertEqual(config["cluster"], cluster)
+            task = config["task"]
+            self.assertIn(task["type"], cluster)
+            self.assertTrue(0 <= task["index"] < len(cluster[task["type"]]), config)
+            tasks.add((task["type"], task["index"]))
+            # Node order: ps first, then the workers; role ranks follow RANK.
+            local = int(env["LOCAL_RANK"])
+            self.assertEqual(env["ROLE_NAME"], "ps" if local == 0 else "worker")
+            self.assertEqual(env["ROLE_WORLD_SIZE"], "2" if local == 0 else "6")
+            node = int(env["GROUP_RANK"])
+            role_rank = node if local == 0 else 3 * node + local - 1
+            self.assertEqual(env["ROLE_RANK"], str(role_rank))
+            expected_type = "ps" if local == 0 else "chief" if role_rank == 0 else "worker"
+            self.assertEqual(task["type"], expected_type, env)
+        self.assertEqual(len(tasks), 8)
+
     def run_elastic_range(self, agents, last_call_s):
         """Runs `agents` agents with --nnodes=2:4 to completion; returns (launch time, starts)."""
         launched = time.time()
