@@ -299,6 +299,20 @@ TEST(LivenessServer, AnswersEveryProbeAlive) {
   }
 }
 
+// The ids ListJobs answers on the gRPC port at 127.0.0.1:port.
+std::vector<std::string> listJobsAt(uint16_t port) {
+  auto stub = v1::Control::NewStub(grpc::CreateChannel("127.0.0.1:" + std::to_string(port),
+                                                       grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+  v1::ListJobsResponse list;
+  const grpc::Status status = stub->ListJobs(&context, {}, &list);
+  EXPECT_TRUE(status.ok()) << status.error_message();
+  std::vector<std::string> ids;
+  for (const auto& job : list.jobs()) ids.push_back(job.id());
+  return ids;
+}
+
 // What an agent serving its job's store runs: both on one port.
 TEST(StoreWithControlTest, ServesTheStoreAndTheControlPlaneOnItsPort) {
   StoreWithControl served({.host = "127.0.0.1", .port = 0});
@@ -306,14 +320,7 @@ TEST(StoreWithControlTest, ServesTheStoreAndTheControlPlaneOnItsPort) {
   rendezvous::TcpStore store({.host = "127.0.0.1", .port = port});
   store.set(ctl::Keys("job1").meta(), ctl::encode(ctl::ControlMeta{.backend = "c10d"}));
   store.append(ctl::Keys::jobs(), "job1\n");
-  auto stub = v1::Control::NewStub(grpc::CreateChannel("127.0.0.1:" + std::to_string(port),
-                                                       grpc::InsecureChannelCredentials()));
-  grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
-  v1::ListJobsResponse list;
-  ASSERT_TRUE(stub->ListJobs(&context, {}, &list).ok());
-  ASSERT_EQ(list.jobs_size(), 1);
-  EXPECT_EQ(list.jobs(0).id(), "job1");
+  EXPECT_EQ(listJobsAt(port), std::vector<std::string>{"job1"});
 }
 
 // Under etcd an agent serves the control plane on its workers' store's port, reading the job
@@ -324,14 +331,7 @@ TEST(StoreWithControlTest, ReadsTheJobsFromTheStoreItsConnectorOpens) {
   writer.set(ctl::Keys("elsewhere").meta(), ctl::encode(ctl::ControlMeta{.backend = "etcd"}));
   writer.append(ctl::Keys::jobs(), "elsewhere\n");
   StoreWithControl served({.host = "127.0.0.1", .port = 0}, storeAt("127.0.0.1", jobs.port()));
-  auto stub = v1::Control::NewStub(grpc::CreateChannel(
-      "127.0.0.1:" + std::to_string(served.store().port()), grpc::InsecureChannelCredentials()));
-  grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
-  v1::ListJobsResponse list;
-  ASSERT_TRUE(stub->ListJobs(&context, {}, &list).ok());
-  ASSERT_EQ(list.jobs_size(), 1);
-  EXPECT_EQ(list.jobs(0).id(), "elsewhere");
+  EXPECT_EQ(listJobsAt(served.store().port()), std::vector<std::string>{"elsewhere"});
 }
 
 // Every agent on the endpoint's host tries to serve; those that lose the bind must fail the
