@@ -33,13 +33,7 @@ set -euo pipefail
 
 build=${1:-build}
 here=$(cd "$(dirname "$0")" && pwd)
-dlrun=$build/bin/dlrun
 python=${PYTHON:-python3}
-
-for program in "$dlrun" "$build/bin/dlrun-train"; do
-  [[ -x $program ]] || { echo "hang_bench.sh: $program not found; build first" >&2; exit 2; }
-done
-dlrun=$(realpath "$dlrun")
 
 # dlrun puts its run directories (the progress board, heartbeat files) under TMPDIR: a private
 # one, removed at the end. hang_bench.py runs in the background so that INT and TERM reach the
@@ -47,6 +41,7 @@ dlrun=$(realpath "$dlrun")
 # and every launch dies with it (PR_SET_PDEATHSIG).
 # shellcheck source=bench/background.sh
 source "$here/background.sh"
+need_trainer "$build"
 
 feature=${FEATURE:-hang-timeout}
 case $feature in

@@ -25,16 +25,17 @@ set -euo pipefail
 
 build=${1:-build}
 here=$(cd "$(dirname "$0")" && pwd)
-dlrun=$build/bin/dlrun
 python=${PYTHON:-/usr/bin/python3}
 default_blas=/usr/lib/x86_64-linux-gnu/openblas-pthread
 [[ -e $default_blas/libblas.so.3 ]] || default_blas=
 blas_dir=${BLAS_DIR-$default_blas}
 
-for program in "$dlrun" "$build/bin/dlrun-train"; do
-  [[ -x $program ]] || { echo "train_bench.sh: $program not found; build first" >&2; exit 2; }
-done
-dlrun=$(realpath "$dlrun")
+# Both launchers may write under TMPDIR (torchrun leaves its directories behind): a private one,
+# removed at the end. train_bench.py runs in the background so that INT and TERM reach the traps
+# while it runs; it stops the launch under way itself when it gets TERM.
+# shellcheck source=bench/background.sh
+source "$here/background.sh"
+need_trainer "$build"
 if [[ -n $blas_dir && ! -e $blas_dir/libblas.so.3 ]]; then
   echo "train_bench.sh: BLAS_DIR=$blas_dir holds no libblas.so.3" >&2
   exit 2
@@ -44,12 +45,6 @@ torch_version=$("$python" -c 'import torch; print(torch.__version__)') || {
   echo "train_bench.sh: $python cannot import torch" >&2
   exit 2
 }
-
-# Both launchers may write under TMPDIR (torchrun leaves its directories behind): a private one,
-# removed at the end. train_bench.py runs in the background so that INT and TERM reach the traps
-# while it runs; it stops the launch under way itself when it gets TERM.
-# shellcheck source=bench/background.sh
-source "$here/background.sh"
 
 stop_flag=()
 [[ ${STOP_AT_TARGET:-1} == 1 ]] && stop_flag=(--stop-at-target)

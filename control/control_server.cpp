@@ -5,7 +5,9 @@
 #include <unistd.h>
 
 #include "common/error.h"
+#include "common/log.h"
 #include "grpc_runtime.h"
+#include "rendezvous/store/tcp_store.h"
 
 namespace dlrun::control {
 
@@ -19,8 +21,21 @@ constexpr auto kShutdownGrace = std::chrono::seconds(1);
 
 }  // namespace
 
-ControlServer::ControlServer(WatchTiming timing)
-    : service_({.connect = [this] { return openStore(); }, .watch = timing}) {
+StoreConnector storeAt(const std::string& address, uint16_t port) {
+  const std::string host = address == "0.0.0.0" ? "127.0.0.1" : address == "::" ? "::1" : address;
+  return [host, port] {
+    return std::make_unique<rendezvous::TcpStore>(
+        rendezvous::TcpStoreOptions{.host = host,
+                                    .port = port,
+                                    .timeout = kStoreReplyTimeout,
+                                    .connectTimeout = kStoreConnectTimeout,
+                                    .reconnect = false});
+  };
+}
+
+ControlServer::ControlServer(WatchTiming timing, bool inProcess)
+    : service_({.connect = [this] { return openStore(); }, .watch = timing,
+                .inProcess = inProcess}) {
   proto::prepareGrpc();
   // Process-wide, read by the builder: grpc.health.v1.Health answers SERVING for "" and for
   // the Control service while the server runs.
@@ -47,58 +62,47 @@ void ControlServer::adopt(int fd) {
   acceptor_->HandleNewConnection(&connection);
 }
 
-void ControlServer::readStoreAt(const std::string& address, uint16_t port) {
-  const std::string host = address == "0.0.0.0" ? "127.0.0.1" : address == "::" ? "::1" : address;
+std::shared_ptr<grpc::Channel> ControlServer::inProcessChannel() {
+  return server_->InProcessChannel(grpc::ChannelArguments());
+}
+
+void ControlServer::readFrom(StoreConnector connect) {
   std::lock_guard lock(mutex_);
-  store_ = rendezvous::TcpStoreOptions{.host = host,
-                                       .port = port,
-                                       .timeout = kStoreReplyTimeout,
-                                       .connectTimeout = kStoreConnectTimeout,
-                                       .reconnect = false};
+  connect_ = std::move(connect);
 }
 
 std::unique_ptr<rendezvous::LeasingStore> ControlServer::openStore() {
-  std::optional<rendezvous::TcpStoreOptions> options;
+  StoreConnector connect;
   {
     std::lock_guard lock(mutex_);
-    options = store_;
+    connect = connect_;
   }
-  if (!options) throw NetworkError("the store is not serving yet");
-  return std::make_unique<rendezvous::TcpStore>(*options);
+  if (!connect) throw NetworkError("the store is not serving yet");
+  return connect();
 }
 
-StoreWithControl::StoreWithControl(rendezvous::StoreServerOptions options)
-    : store_([&] {
+StoreWithControl::StoreWithControl(rendezvous::StoreServerOptions options,
+                                   StoreConnector connect)
+    : connect_(std::move(connect)), store_([&] {
         options.foreign = [this](int fd) { handOver(fd); };
         return std::move(options);
-      }()) {
-  // The port is ours (the store's constructor throws otherwise): now gRPC is worth starting.
-  // Should that fail, ~StoreWithControl does not run, so the early connections are closed here.
-  std::unique_ptr<ControlServer> control;
-  try {
-    control = std::make_unique<ControlServer>();
-  } catch (...) {
-    std::lock_guard lock(mutex_);
-    for (int fd : early_) ::close(fd);
-    early_.clear();
-    throw;
-  }
-  control->readStoreAt(store_.address(), store_.port());
-  std::lock_guard lock(mutex_);
-  control_ = std::move(control);
-  for (int fd : early_) control_->adopt(fd);
-  early_.clear();
-}
+      }()) {}
 
 StoreWithControl::~StoreWithControl() = default;
 
 void StoreWithControl::handOver(int fd) {
-  std::lock_guard lock(mutex_);
-  if (control_) {
-    control_->adopt(fd);
-  } else {
-    early_.push_back(fd);
+  if (!control_) {
+    try {
+      control_ = std::make_unique<ControlServer>();
+    } catch (const Error& e) {
+      log::warn(std::string(e.what()) + ": a control plane client was turned away");
+      ::close(fd);
+      return;
+    }
+    // The store has bound its port by now: its thread, this one, starts after the bind.
+    control_->readFrom(connect_ ? connect_ : storeAt(store_.address(), store_.port()));
   }
+  control_->adopt(fd);
 }
 
 }  // namespace dlrun::control

@@ -100,7 +100,8 @@ JobRecord readJob(LeasingStore& store, const std::string& id, bool withNodes) {
     if (round > 0) keys.insert(keys.end(), {r.closed(round - 1), r.end(round - 1)});
   }
   const size_t roundKeys = keys.size();
-  if (withNodes)
+  // A single node's state is its node's record (localJobStatus).
+  if (withNodes || job.meta.backend == ctl::kLocalBackend)
     for (const auto& name : job.nodeNames) keys.push_back(c.node(name));
   if (keys.empty()) return job;
   auto values = store.peek(keys);
@@ -109,6 +110,14 @@ JobRecord readJob(LeasingStore& store, const std::string& id, bool withNodes) {
   for (size_t i = 0; i < roundKeys; ++i) *into[i] = std::move(values[i]);
   job.nodeStates.assign(values.begin() + static_cast<ptrdiff_t>(roundKeys), values.end());
   return job;
+}
+
+JobStatus statusOf(const JobRecord& job) {
+  if (job.meta.backend != ctl::kLocalBackend) return jobStatus(job.keys);
+  std::optional<int> nodeRound;
+  if (!job.nodeStates.empty() && !job.nodeStates[0].empty())
+    nodeRound = ctl::decodeNodeState(job.nodeStates[0]).round;
+  return localJobStatus(job.keys, nodeRound);
 }
 
 std::string presentedToken(const grpc::ServerContext& context) {
@@ -126,10 +135,12 @@ bool fromThisHost(const std::string& address) {
   }
 }
 
-void authorize(const grpc::ServerContext& context, const JobRecord& job, bool mutating) {
+void authorize(const grpc::ServerContext& context, const JobRecord& job, bool mutating,
+               bool inProcess) {
   const std::string peer = peerAddress(context.peer());
   // Only a stop or a signal to a job without a token asks where the call comes from.
-  const bool local = job.meta.tokenHash.empty() && mutating && fromThisHost(peer);
+  const bool local =
+      job.meta.tokenHash.empty() && mutating && (inProcess || fromThisHost(peer));
   switch (access(job.meta.tokenHash, presentedToken(context), mutating, local)) {
     case Access::Granted:
       return;
@@ -151,7 +162,7 @@ void authorize(const grpc::ServerContext& context, const JobRecord& job, bool mu
 // Refuses a stop or a signal to a job that already ended: no agent is left to act on it, and a
 // stop written now would turn a success into "stopped".
 JobStatus requireRunning(const JobRecord& job) {
-  JobStatus status = jobStatus(job.keys);
+  JobStatus status = statusOf(job);
   if (status.end)
     refuse(grpc::StatusCode::FAILED_PRECONDITION,
            "job '" + job.id + "' already ended: " + status.end->describe());
@@ -309,8 +320,8 @@ grpc::Status ControlService::GetJob(grpc::ServerContext* context, const v1::JobR
   return guarded([&] {
     auto store = options_.connect();
     const JobRecord job = readJob(*store, request->id(), true);
-    authorize(*context, job, false);
-    const JobStatus status = jobStatus(job.keys);
+    authorize(*context, job, false, options_.inProcess);
+    const JobStatus status = statusOf(job);
     response->set_id(job.id);
     response->set_backend(job.meta.backend);
     response->set_state(status.state);
@@ -340,7 +351,7 @@ grpc::Status ControlService::ListJobs(grpc::ServerContext* context, const v1::Li
       }
       // A job with a token is listed only to callers that carry it.
       if (access(job->meta.tokenHash, token, false, false) != Access::Granted) continue;
-      const JobStatus status = jobStatus(job->keys);
+      const JobStatus status = statusOf(*job);
       v1::JobSummary* summary = response->add_jobs();
       summary->set_id(id);
       summary->set_state(status.state);
@@ -357,7 +368,7 @@ grpc::Status ControlService::WatchEvents(grpc::ServerContext* context,
   return guarded([&] {
     auto store = options_.connect();
     const JobRecord job = readJob(*store, request->job().id(), false);
-    authorize(*context, job, false);
+    authorize(*context, job, false, options_.inProcess);
     return EventStream(options_.watch, *store, job.id, *context, *writer)
         .run(request->since(), request->follow());
   });
@@ -368,7 +379,7 @@ grpc::Status ControlService::StopJob(grpc::ServerContext* context,
   return guarded([&] {
     auto store = options_.connect();
     const JobRecord job = readJob(*store, request->job().id(), false);
-    authorize(*context, job, true);
+    authorize(*context, job, true, options_.inProcess);
     const int code = request->exit_code() == 0 ? 143 : request->exit_code();
     if (code < 1 || code > 255)
       refuse(grpc::StatusCode::INVALID_ARGUMENT,
@@ -405,7 +416,7 @@ grpc::Status ControlService::SignalJob(grpc::ServerContext* context,
   return guarded([&] {
     auto store = options_.connect();
     const JobRecord job = readJob(*store, request->job().id(), false);
-    authorize(*context, job, true);
+    authorize(*context, job, true, options_.inProcess);
     const auto signal = parseSignal(request->signal());
     if (!signal)
       refuse(grpc::StatusCode::INVALID_ARGUMENT,

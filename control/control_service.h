@@ -31,6 +31,9 @@ struct ControlServiceOptions {
   // can be opened.
   std::function<std::unique_ptr<rendezvous::LeasingStore>()> connect;
   WatchTiming watch;
+  // Every call comes from this very process (`dlrun stop` under etcd), which reaches the store
+  // itself anyway: a job without a token takes its stops and signals as from this host.
+  bool inProcess = false;
 };
 
 class ControlService final : public v1::Control::Service {

@@ -71,4 +71,18 @@ JobStatus jobStatus(const RoundKeys& keys) {
   return status;
 }
 
+JobStatus localJobStatus(const RoundKeys& keys, std::optional<int> nodeRound) {
+  JobStatus status;
+  if (nodeRound) {
+    status.state = v1::RUNNING;
+    status.round = *nodeRound;
+    status.restartsUsed = *nodeRound;
+  }
+  if (auto stop = roundEnd(keys.stop)) {
+    status.state = v1::STOPPED;
+    status.end = stop;
+  }
+  return status;
+}
+
 }  // namespace dlrun::control

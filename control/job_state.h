@@ -36,4 +36,10 @@ struct JobStatus {
 // agents act on it, then the job's stop). Throws ProtocolError for a malformed value.
 JobStatus jobStatus(const RoundKeys& keys);
 
+// A single-node job's (rendezvous::control::kLocalBackend): its rendezvous keeps no rounds in
+// the store, and the store goes with its one agent, so no end is ever read. Stopped once `stop`
+// is written; else running in its node's round once the node published its state (`nodeRound`,
+// at its workers' start), forming before; each round after the first was a restart.
+JobStatus localJobStatus(const RoundKeys& keys, std::optional<int> nodeRound);
+
 }  // namespace dlrun::control

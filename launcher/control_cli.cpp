@@ -15,6 +15,7 @@
 #include "common/cli.h"
 #include "common/error.h"
 #include "common/signal_name.h"
+#include "control/control_server.h"
 #include "dlrun/v1/control.grpc.pb.h"
 #include "launcher/launch_cli.h"
 #include "slurm/discovery.h"
@@ -57,9 +58,15 @@ std::string jsonText(const google::protobuf::Message& message) {
   return out;
 }
 
+// Where the job's control plane is asked, for messages.
+std::string whereOf(const ControlRequest& r) {
+  if (r.etcd) return "etcd " + rendezvous::etcd::describe(r.etcd->client.endpoints);
+  return r.host + ":" + std::to_string(r.port);
+}
+
 // A failed call as one line: what the user can do about it.
 [[noreturn]] void fail(const ControlRequest& r, const grpc::Status& status) {
-  const std::string where = r.host + ":" + std::to_string(r.port);
+  const std::string where = whereOf(r);
   switch (status.error_code()) {
     case grpc::StatusCode::NOT_FOUND:
       throw ConfigError("no job '" + r.jobId + "' at " + where + " (--rdzv-id)");
@@ -71,6 +78,9 @@ std::string jsonText(const google::protobuf::Message& message) {
     case grpc::StatusCode::UNIMPLEMENTED:
       throw ConfigError(where + " is not a dlrun control plane (" + status.error_message() + ")");
     default:
+      if (r.etcd)
+        throw ConfigError("cannot read job '" + r.jobId + "' from " + where +
+                          " (--rdzv-endpoint): " + status.error_message());
       throw ConfigError("no dlrun control plane answers at " + where + " (--rdzv-endpoint): " +
                         status.error_message());
   }
@@ -158,10 +168,16 @@ ControlParse parseControlArgs(const std::vector<std::string>& args,
   r.command = args.at(0);
   CLI::App app("dlrun " + r.command + ": the control plane of a running dlrun job",
                "dlrun " + r.command);
-  std::string endpoint, tokenFile, signal;
+  std::string endpoint, tokenFile, signal, backend = "c10d", conf;
   double timeout = 5;
+  app.add_option("--rdzv-backend,--rdzv_backend", backend,
+                 "The job's rendezvous backend: c10d (or static, slurm: its store's port) or etcd");
   app.add_option("--rdzv-endpoint,--rdzv_endpoint", endpoint,
-                 "HOST[:PORT] of the job's rendezvous store (port 29400)");
+                 "HOST[:PORT] of the job's rendezvous store (port 29400); with etcd, "
+                 "HOST[:PORT],... (port 2379, else DLRUN_ETCD_ENDPOINTS)");
+  app.add_option("--rdzv-conf,--rdzv_conf", conf,
+                 "With etcd: the job's etcd_prefix, cacert, cert, key, user, password, "
+                 "password_file, as for the launch");
   app.add_option("--rdzv-id,--rdzv_id", r.jobId, "The job's rendezvous id");
   app.add_flag("--json", r.json, "Print JSON for scripts");
   app.add_option("--token-file", tokenFile, "The job's token (else DLRUN_TOKEN)");
@@ -185,19 +201,43 @@ ControlParse parseControlArgs(const std::vector<std::string>& args,
     r.signal = parseSignal(signal);
     if (!r.signal) throw ConfigError("--signal: '" + signal + "' is no signal (say USR1 or 10)");
   }
-  // Inside an allocation, the endpoint and id the launcher derives there.
+  const bool etcd = parseRdzvBackend(backend).backend == RdzvBackend::Etcd;
+  if (etcd && endpoint.empty()) {
+    if (auto it = env.find("DLRUN_ETCD_ENDPOINTS"); it != env.end()) endpoint = it->second;
+  }
+  // Inside an allocation, the endpoint and id the launcher derives there (under etcd, the id).
   if ((endpoint.empty() || r.jobId.empty()) && slurm::detected(env)) {
     const slurm::Settings s = slurm::discover(
-        env, {.rdzvEndpoint = !endpoint.empty(), .rdzvId = !r.jobId.empty()});
+        env, {.rdzvEndpoint = etcd || !endpoint.empty(), .rdzvId = !r.jobId.empty()});
     if (endpoint.empty() && s.endpointHost)
       endpoint = *s.endpointHost + ":" + std::to_string(s.endpointPort.value_or(kDefaultPort));
     if (r.jobId.empty() && s.rdzvId) r.jobId = *s.rdzvId;
   }
   if (endpoint.empty()) throw ConfigError("--rdzv-endpoint is needed (outside Slurm)");
   if (r.jobId.empty()) throw ConfigError("--rdzv-id is needed (outside Slurm)");
-  auto [host, port] = parseEndpoint("--rdzv-endpoint", endpoint);
-  r.host = host;
-  r.port = port.value_or(kDefaultPort);
+  const RdzvSettings settings = parseRdzvSettings(parseRdzvConf(conf));
+  if (etcd) {
+    std::vector<rendezvous::etcd::Endpoint> endpoints;
+    try {
+      endpoints = rendezvous::etcd::parseEndpoints(endpoint);
+    } catch (const ConfigError& e) {
+      throw ConfigError(std::string("--rdzv-endpoint: ") + e.what());
+    }
+    // Each call's deadline bounds reaching etcd too: a dead cluster is one line in time.
+    r.etcd = rendezvous::etcd::EtcdStoreOptions{
+        .client = {.endpoints = endpoints,
+                   .timeout = r.timeout,
+                   .connectTimeout = r.timeout,
+                   .security = etcdSecurity(settings, endpoints)},
+        .prefix = settings.etcdJobPrefix(r.jobId),
+        .timeout = r.timeout};
+  } else {
+    if (!conf.empty())
+      throw ConfigError("--rdzv-conf: only --rdzv-backend=etcd reads it");
+    auto [host, port] = parseEndpoint("--rdzv-endpoint", endpoint);
+    r.host = host;
+    r.port = port.value_or(kDefaultPort);
+  }
   if (!tokenFile.empty()) {
     r.token = readTokenFile("--token-file", tokenFile);
   } else if (auto it = env.find("DLRUN_TOKEN"); it != env.end()) {
@@ -207,7 +247,22 @@ ControlParse parseControlArgs(const std::vector<std::string>& args,
 }
 
 int runControl(const ControlRequest& request) {
-  auto stub = connect(request);
+  // Under etcd no process of the job owns the rendezvous: every agent serves the service on its
+  // workers' store's port, but none of those ports is known here and any agent may be gone.
+  // What the user named is etcd, so this process serves the same service over the job's keys
+  // there and calls it in process: the same answers as from an agent, and for a job whose
+  // agents all ended too. (Reaching etcd needs no more than the launch did.)
+  std::optional<control::ControlServer> local;
+  std::unique_ptr<v1::Control::Stub> stub;
+  if (request.etcd) {
+    local.emplace(control::WatchTiming{}, true);
+    local->readFrom([options = *request.etcd] {
+      return std::make_unique<rendezvous::etcd::EtcdStore>(options);
+    });
+    stub = v1::Control::NewStub(local->inProcessChannel());
+  } else {
+    stub = connect(request);
+  }
   if (request.command == "status") return status(request, *stub);
   if (request.command == "events") return events(request, *stub);
   return stop(request, *stub);

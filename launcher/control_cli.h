@@ -1,7 +1,8 @@
 // `dlrun status`, `dlrun events` and `dlrun stop`: the control plane's command line
 // (ARCHITECTURE.md section 10). They talk gRPC (proto/dlrun/v1/control.proto) to whatever serves
 // the job's rendezvous store, on the store's own port: --rdzv-endpoint and --rdzv-id as for the
-// launch, or, inside a Slurm allocation, the endpoint and id the launcher derives there.
+// launch, or, inside a Slurm allocation, the endpoint and id the launcher derives there. Under
+// --rdzv-backend=etcd they run the Control service in process over the job's keys in etcd.
 // Human tables by default, --json for scripts. A bad flag, an unreachable endpoint, something
 // that is not a dlrun control plane or an unknown job is one line and exit 2.
 #pragma once
@@ -12,6 +13,8 @@
 #include <optional>
 #include <string>
 #include <vector>
+
+#include "rendezvous/etcd/etcd_store.h"
 
 namespace dlrun::v1 {
 class Job;
@@ -27,6 +30,8 @@ struct ControlRequest {
   std::string command;  // status, events, stop
   std::string host;
   uint16_t port = 0;
+  // --rdzv-backend=etcd: the job's keys in etcd (host and port stay unset)
+  std::optional<rendezvous::etcd::EtcdStoreOptions> etcd;
   std::string jobId;
   bool json = false;
   bool follow = false;   // events: keep following until the job ends

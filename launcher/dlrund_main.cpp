@@ -29,7 +29,7 @@ int main(int argc, char** argv) {
     }
     boost::asio::io_context io(1);
     rendezvous::StoreServer server(io, parsed.config.server);
-    if (control) control->readStoreAt(server.address(), server.port());
+    if (control) control->readFrom(control::storeAt(server.address(), server.port()));
     // --metrics-port: on the store's own io_context, so the counts are read on their thread.
     std::optional<metrics::HttpServer> http;
     if (parsed.config.metricsPort >= 0) {

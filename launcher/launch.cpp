@@ -58,13 +58,18 @@ agents::AgentOptions agentOptions(const LaunchConfig& config, bool servesStore,
   };
 }
 
-using StoreConnector = std::function<std::unique_ptr<rendezvous::LeasingStore>()>;
+using control::StoreConnector;
 
-// Connections to the dlrun store at host:port for the control plane's publisher.
+// Connections to the dlrun store at host:port for the control plane's publisher. Without
+// reconnecting: the publisher opens a new one itself after a failure, and its destructor's
+// abort() must fail the listener's next call (a reconnecting store would open a fresh
+// connection and wait an hour there, holding up the agent's exit whenever the abort came
+// between two calls: 1 in about 300 single-node launches of a no-op).
 StoreConnector tcpStoreAt(const std::string& host, uint16_t port) {
   return [host, port] {
     return std::make_unique<rendezvous::TcpStore>(rendezvous::TcpStoreOptions{
-        .host = host, .port = port, .connectTimeout = std::chrono::seconds(5)});
+        .host = host, .port = port, .connectTimeout = std::chrono::seconds(5),
+        .reconnect = false});
   };
 }
 
@@ -107,11 +112,21 @@ int launchSingleNode(const LaunchConfig& config) {
   agents::checkDescriptors(options);
   const std::string host = config.localAddr.value_or("127.0.0.1");
   // The store runs on its own thread: the agent's thread blocks in rendezvous rounds that
-  // talk to this very store.
-  rendezvous::StoreServerThread store({.host = host, .port = config.masterPort.value_or(0)});
+  // talk to this very store. Its port also serves the control plane (built on first use).
+  control::StoreWithControl served({.host = host, .port = config.masterPort.value_or(0)});
+  const rendezvous::StoreServerThread& store = served.store();
   if (options.metrics) options.metrics->storeStats = [&store] { return store.stats(); };
   const std::string runId = runIdOf(config);
   const std::string name = config.nodeName.value_or(hostName());
+  if (config.controlPlane) {
+    options.control = controlOptions(config, runId, name, store.address(),
+                                     tcpStoreAt(store.address(), store.port()));
+    // The local rendezvous keeps no keys: the job's state comes from its node's own record.
+    options.control->meta.backend = rendezvous::control::kLocalBackend;
+    // A standalone job's id and port are drawn at random: this line is how to find it.
+    log::info("control plane: dlrun status --rdzv-endpoint=" +
+              rendezvous::joinHostPort(store.address(), store.port()) + " --rdzv-id=" + runId);
+  }
   rendezvous::LocalRendezvous rendezvous({
       .runId = runId,
       .localWorldSize = config.nprocPerNode,
@@ -218,7 +233,7 @@ rendezvous::etcd::EtcdStoreOptions etcdStoreOptions(const LaunchConfig& config) 
                      .timeout = timeout,
                      .connectTimeout = kEtcdConnectTimeout,
                      .security = config.etcdSecurity},
-          .prefix = config.rdzv.etcdPrefix + config.rdzvId + "/",
+          .prefix = config.rdzv.etcdJobPrefix(config.rdzvId),
           .timeout = timeout};
 }
 
@@ -254,8 +269,13 @@ void refuseEndedJob(rendezvous::LeasingStore& store, const LaunchConfig& config)
 
 // No machine is special: the rendezvous lives in etcd, and every agent serves an idle store for
 // workers on its own address; the round's plan names group rank 0's as MASTER_ADDR/MASTER_PORT.
+// The control plane too lives in etcd: every agent publishes there, and serves the Control
+// service over etcd on its workers' store's port.
 int launchEtcd(const LaunchConfig& config) {
   const auto storeOptions = etcdStoreOptions(config);
+  const StoreConnector connectEtcd = [storeOptions] {
+    return std::make_unique<rendezvous::etcd::EtcdStore>(storeOptions);
+  };
   const std::string endpoints = rendezvous::etcd::describe(config.etcdEndpoints);
   std::string addr;
   {
@@ -273,23 +293,23 @@ int launchEtcd(const LaunchConfig& config) {
     }
   }
   agents::checkDescriptors(agentOptions(config, true));
-  rendezvous::StoreServerThread workerStore({.host = addr, .port = 0});
+  control::StoreWithControl workerStore({.host = addr, .port = 0}, connectEtcd);
   const std::string name = config.nodeName.value_or(hostName());
   rendezvous::ElasticOptions options = elasticOptions(config, addr, name);
   options.storeHost = endpoints;  // for messages: etcd, not an agent, is the rendezvous store
-  options.self.storePort = workerStore.port();
-  options.connect = [storeOptions] {
-    return std::make_unique<rendezvous::etcd::EtcdStore>(storeOptions);
-  };
+  options.self.storePort = workerStore.store().port();
+  options.connect = connectEtcd;
   agents::AgentOptions agent = agentOptions(config, true, name + " (" + addr + ")");
   agent.watchStoreHost = true;
+  if (config.controlPlane)
+    agent.control = controlOptions(config, config.rdzvId, name, addr, connectEtcd);
   int code;
   {
     rendezvous::ElasticRendezvous rendezvous(std::move(options));
     code = agents::Agent(std::move(agent), rendezvous).run();
   }
   // This node may have served the last round's workers; others may still be hanging up.
-  lingerForOthers(workerStore);
+  lingerForOthers(workerStore.store());
   return code;
 }
 

@@ -29,6 +29,7 @@ struct RdzvSettings {
   bool stopOnlyNode = false;
   // etcd_prefix: the etcd backend keeps a job's keys under this + the job id + "/"
   std::string etcdPrefix = "/dlrun/";
+  std::string etcdJobPrefix(const std::string& jobId) const { return etcdPrefix + jobId + "/"; }
   // cacert, cert, key (PEM paths), user, password, password_file: etcd's TLS and authentication,
   // read by etcdSecurity() once the backend is known (they mean nothing to another backend)
   std::string etcdCaCert, etcdCert, etcdKey, etcdUser, etcdPassword, etcdPasswordFile;

@@ -44,8 +44,11 @@ class Keys {
   std::string ctl_;
 };
 
+// ControlMeta::backend of a single-node job (LocalRendezvous), whose store holds no rounds.
+inline constexpr char kLocalBackend[] = "local";
+
 struct ControlMeta {
-  std::string backend;  // c10d, etcd, static
+  std::string backend;  // c10d, etcd, static, or kLocalBackend
   int minNodes = 1;
   int maxNodes = 1;
   int maxRestarts = 0;

@@ -14,6 +14,7 @@
 #include "control/liveness_server.h"
 #include "rendezvous/control_state.h"
 #include "rendezvous/elastic_protocol.h"
+#include "rendezvous/store/tcp_store.h"
 #include "rendezvous/store/tcp_stream.h"
 
 namespace dlrun::control {
@@ -35,7 +36,7 @@ class ControlServerTest : public ::testing::Test {
         store({.host = "127.0.0.1", .port = server.port()}),
         stub(v1::Control::NewStub(grpc::CreateChannel(
             "127.0.0.1:" + std::to_string(server.port()), grpc::InsecureChannelCredentials()))) {
-    control.readStoreAt(server.address(), server.port());
+    control.readFrom(storeAt(server.address(), server.port()));
   }
 
   // A running job as its agents leave it: settings, one node with two workers, round 0 closed.
@@ -298,6 +299,20 @@ TEST(LivenessServer, AnswersEveryProbeAlive) {
   }
 }
 
+// The ids ListJobs answers on the gRPC port at 127.0.0.1:port.
+std::vector<std::string> listJobsAt(uint16_t port) {
+  auto stub = v1::Control::NewStub(grpc::CreateChannel("127.0.0.1:" + std::to_string(port),
+                                                       grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+  v1::ListJobsResponse list;
+  const grpc::Status status = stub->ListJobs(&context, {}, &list);
+  EXPECT_TRUE(status.ok()) << status.error_message();
+  std::vector<std::string> ids;
+  for (const auto& job : list.jobs()) ids.push_back(job.id());
+  return ids;
+}
+
 // What an agent serving its job's store runs: both on one port.
 TEST(StoreWithControlTest, ServesTheStoreAndTheControlPlaneOnItsPort) {
   StoreWithControl served({.host = "127.0.0.1", .port = 0});
@@ -305,14 +320,18 @@ TEST(StoreWithControlTest, ServesTheStoreAndTheControlPlaneOnItsPort) {
   rendezvous::TcpStore store({.host = "127.0.0.1", .port = port});
   store.set(ctl::Keys("job1").meta(), ctl::encode(ctl::ControlMeta{.backend = "c10d"}));
   store.append(ctl::Keys::jobs(), "job1\n");
-  auto stub = v1::Control::NewStub(grpc::CreateChannel("127.0.0.1:" + std::to_string(port),
-                                                       grpc::InsecureChannelCredentials()));
-  grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
-  v1::ListJobsResponse list;
-  ASSERT_TRUE(stub->ListJobs(&context, {}, &list).ok());
-  ASSERT_EQ(list.jobs_size(), 1);
-  EXPECT_EQ(list.jobs(0).id(), "job1");
+  EXPECT_EQ(listJobsAt(port), std::vector<std::string>{"job1"});
+}
+
+// Under etcd an agent serves the control plane on its workers' store's port, reading the job
+// from another store (etcd): what the connector opens, not the store it sits on.
+TEST(StoreWithControlTest, ReadsTheJobsFromTheStoreItsConnectorOpens) {
+  rendezvous::StoreServerThread jobs({.host = "127.0.0.1", .port = 0});
+  rendezvous::TcpStore writer({.host = "127.0.0.1", .port = jobs.port()});
+  writer.set(ctl::Keys("elsewhere").meta(), ctl::encode(ctl::ControlMeta{.backend = "etcd"}));
+  writer.append(ctl::Keys::jobs(), "elsewhere\n");
+  StoreWithControl served({.host = "127.0.0.1", .port = 0}, storeAt("127.0.0.1", jobs.port()));
+  EXPECT_EQ(listJobsAt(served.store().port()), std::vector<std::string>{"elsewhere"});
 }
 
 // Every agent on the endpoint's host tries to serve; those that lose the bind must fail the
@@ -322,9 +341,8 @@ TEST(StoreWithControlTest, ATakenPortIsANetworkError) {
   EXPECT_THROW(StoreWithControl({.host = "127.0.0.1", .port = first.port()}), NetworkError);
 }
 
-// The gRPC server starts after the store has bound the port: an HTTP/2 client that connects in
-// between is held until it exists, then served (its SETTINGS frame, gRPC's first answer), not
-// dropped. The client connects the moment the port listens, so it nearly always comes first.
+// The gRPC server is built on the first HTTP/2 connection: a client that connects the moment the
+// port listens is served (its SETTINGS frame, gRPC's first answer), not dropped.
 TEST(StoreWithControlTest, AGrpcClientThatConnectsAsSoonAsThePortListensIsServed) {
   uint16_t port = 0;
   {

@@ -192,8 +192,12 @@ std::string EtcdClient::endpoint() const {
 
 std::shared_ptr<EtcdClient::Connection> EtcdClient::connection(
     std::optional<std::chrono::milliseconds> within) {
-  std::lock_guard lock(mutex_);
-  if (connection_) return connection_;
+  std::string failed;  // failed_, read once: the pick runs unlocked
+  {
+    std::lock_guard lock(mutex_);
+    if (connection_) return connection_;
+    failed = failed_;
+  }
   // Every endpoint dials at once; the first that connects wins (the list's order breaks ties).
   // Waits are cut into short slices per channel, so a slow endpoint never holds up the others.
   // The endpoint that failed last still connects when it is cut off from its cluster (it then
@@ -220,7 +224,7 @@ std::shared_ptr<EtcdClient::Connection> EtcdClient::connection(
     const bool avoiding = options_.endpoints.size() > 1 && Clock::now() - start < kAvoidFor;
     for (size_t i = 0; i < channels.size(); ++i) {
       const std::string name = options_.endpoints[i].text();
-      if (avoiding && name == failed_) continue;
+      if (avoiding && name == failed) continue;
       const auto state = channels[i]->GetState(true);
       if (state == GRPC_CHANNEL_READY) {
         auto picked = std::make_shared<Connection>();
@@ -229,8 +233,9 @@ std::shared_ptr<EtcdClient::Connection> EtcdClient::connection(
         picked->kv = pb::KV::NewStub(channels[i]);
         picked->lease = pb::Lease::NewStub(channels[i]);
         if (!options_.security.user.empty()) picked->token = authenticate(*picked);
-        connection_ = picked;
-        return picked;
+        std::lock_guard lock(mutex_);
+        if (!connection_) connection_ = picked;  // else another caller's pick came first
+        return connection_;
       }
       if (state == GRPC_CHANNEL_TRANSIENT_FAILURE && options_.security.tls && !asked[i]) {
         asked[i] = true;
@@ -786,7 +791,8 @@ void EtcdKeepAlive::run() {
     }
     std::shared_ptr<EtcdClient::Connection> picked;
     try {
-      picked = client_.connection();
+      // Short picks, so a stop() (an agent on its way out, etcd gone) never waits long on one.
+      picked = client_.connection(std::min<std::chrono::milliseconds>(interval_, kPickSlice));
     } catch (const Error& error) {
       why = error.what();
       if (!pause(std::chrono::milliseconds(50))) return;

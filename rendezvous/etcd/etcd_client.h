@@ -187,7 +187,8 @@ class EtcdClient {
   struct Connection;
   // The picked endpoint, picking one if none; a pick prefers endpoints other than the one that
   // failed last (a member cut off from its cluster still connects, and would be picked again).
-  // A pick waits up to connectTimeout, or `within` when that is shorter.
+  // A pick waits up to connectTimeout, or `within` when that is shorter, without holding the
+  // client's lock (other calls, a release on the way out, need not wait for it).
   std::shared_ptr<Connection> connection(std::optional<std::chrono::milliseconds> within = {});
   // A token for the client's user on `connection`; throws Error when etcd refuses them.
   std::string authenticate(const Connection& connection);
@@ -226,6 +227,8 @@ class EtcdKeepAlive {
  public:
   // An election on etcd's default settings takes 1 to 2 s; renewals stall meanwhile.
   static constexpr std::chrono::milliseconds kElectionGrace{3'000};
+  // The longest a pick of an endpoint keeps the thread from seeing stop().
+  static constexpr std::chrono::milliseconds kPickSlice{250};
 
   EtcdKeepAlive(EtcdClient& client, int64_t lease, std::chrono::milliseconds interval);
   ~EtcdKeepAlive();  // stop()

@@ -67,7 +67,8 @@ def clean_env(**overrides):
            if not k.startswith(("PET_", "TORCHELASTIC_"))
            and k not in ("OMP_NUM_THREADS", "TORCH_NCCL_ASYNC_ERROR_HANDLING",
                          "NCCL_ASYNC_ERROR_HANDLING", "TF_CONFIG", "PYTHON_EXEC", "RANK",
-                         "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+                         "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                         "DLRUN_TOKEN")}
     env["GLOO_SOCKET_IFNAME"] = "lo"  # loopback only
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     for key, value in overrides.items():
@@ -140,7 +141,8 @@ class Result:
 class Dlrun:
     """One dlrun process; output goes to files so nothing blocks on a full pipe."""
 
-    def __init__(self, test, args, env=None, cwd=None):
+    def __init__(self, test, args, env=None, cwd=None, wrapper=()):
+        """`wrapper`: a command that execs dlrun in its place (the PID stays dlrun's)."""
         self.test = test
         self.worker_pids = []
         env = dict(env if env is not None else clean_env())
@@ -151,7 +153,7 @@ class Dlrun:
         self._err = tempfile.TemporaryFile()
         test.addCleanup(self._out.close)
         test.addCleanup(self._err.close)
-        self.proc = subprocess.Popen([dlrun_binary(), *args], env=env, cwd=cwd,
+        self.proc = subprocess.Popen([*wrapper, dlrun_binary(), *args], env=env, cwd=cwd,
                                      stdin=subprocess.DEVNULL,
                                      stdout=self._out, stderr=self._err,
                                      preexec_fn=die_with_parent)
@@ -199,6 +201,13 @@ class Dlrun:
 def run_dlrun(test, args, env=None, timeout=RUN_TIMEOUT_S, cwd=None):
     """Runs dlrun to completion and returns its Result."""
     return Dlrun(test, args, env=env, cwd=cwd).wait(timeout)
+
+
+def run_control(*args, env=None):
+    """`dlrun status|events|stop ARGS` to completion: (exit code, stdout, stderr)."""
+    result = subprocess.run([dlrun_binary(), *args], capture_output=True, text=True,
+                            timeout=RUN_TIMEOUT_S, env=env if env is not None else clean_env())
+    return result.returncode, result.stdout, result.stderr
 
 
 def temp_dir(test):

@@ -7,45 +7,18 @@ Acceptance 4: with a job token, a call without it or with a wrong one is refused
 (UNAUTHENTICATED) and changes nothing; grpc.health.v1 answers SERVING.
 """
 import hashlib
-import importlib
 import json
-import os
 import shutil
 import socket
 import struct
-import subprocess
-import sys
-import tempfile
 import unittest
 
 import grpc
 
+from control_stubs import STUB_DIR, health_grpc, health_pb, pb, pb_grpc
 from dlrund_fixture import main, start_dlrund
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-PROTO_ROOT = os.path.join(HERE, "..", "..", "proto")
-# Debian's grpc-proto ships the standard schemas; python3-grpcio has no health module.
-HEALTH_PROTO = "/usr/share/grpc-proto/grpc/health/v1/health.proto"
 CALL_TIMEOUT_S = 30
-
-
-def generate_stubs():
-    """Compiles control.proto and health.proto into a temporary directory and imports them."""
-    out = tempfile.mkdtemp(prefix="dlrun-stubs-")
-    # health.proto is compiled from a copy at the top level: its own path (grpc/health/v1)
-    # would make a Python package `grpc` that hides grpcio's.
-    shutil.copy(HEALTH_PROTO, os.path.join(out, "health.proto"))
-    subprocess.run([sys.executable, "-m", "grpc_tools.protoc", f"-I{PROTO_ROOT}", f"-I{out}",
-                    f"--python_out={out}", f"--grpc_python_out={out}",
-                    "dlrun/v1/control.proto", "health.proto"], check=True)
-    sys.path.insert(0, out)
-    modules = [importlib.import_module(name) for name in
-               ("dlrun.v1.control_pb2", "dlrun.v1.control_pb2_grpc", "health_pb2",
-                "health_pb2_grpc")]
-    return out, modules
-
-
-STUB_DIR, (pb, pb_grpc, health_pb, health_grpc) = generate_stubs()
 
 # TCPStore 1.x op codes (rendezvous/store/wire.h), spoken raw: torch's client prefixes "/" to
 # every key, and the agents' keys have none.
