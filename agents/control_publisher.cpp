@@ -68,7 +68,9 @@ void ControlPublisher::write() {
 void ControlPublisher::writeOnce(rendezvous::LeasingStore& store) {
   if (!registered_) {
     const std::string meta = control::encode(options_.meta);
-    if (store.compareSet(keys_.meta(), "", meta) == meta)
+    // Read first: all but the first node find it (on etcd a swap costs a log entry, even one
+    // that fails).
+    if (store.peek({keys_.meta()})[0].empty() && store.compareSet(keys_.meta(), "", meta) == meta)
       store.append(control::Keys::jobs(), options_.runId + "\n");
     store.append(keys_.nodes(), options_.nodeName + "\n");
     registered_ = true;

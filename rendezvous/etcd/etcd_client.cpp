@@ -220,13 +220,27 @@ std::shared_ptr<EtcdClient::Connection> EtcdClient::connection(
   const auto deadline = start + budget;
   constexpr auto kSlice = std::chrono::milliseconds(20);
   constexpr auto kAvoidFor = std::chrono::milliseconds(500);
+  // The states the last look saw: a wait returns at once when a channel has moved on since (a
+  // state read again for the wait would miss a channel that became READY in between, and wait
+  // out a whole slice for a change from READY).
+  std::vector<grpc_connectivity_state> seen(channels.size(), GRPC_CHANNEL_IDLE);
   while (true) {
     const bool avoiding = options_.endpoints.size() > 1 && Clock::now() - start < kAvoidFor;
     for (size_t i = 0; i < channels.size(); ++i) {
       const std::string name = options_.endpoints[i].text();
-      if (avoiding && name == failed) continue;
-      const auto state = channels[i]->GetState(true);
-      if (state == GRPC_CHANNEL_READY) {
+      if (avoiding && name == failed) {
+        seen[i] = channels[i]->GetState(true);
+        continue;
+      }
+      const auto state = seen[i] = channels[i]->GetState(true);
+      // Ties go to the list's order: within the first slice, an endpoint still connecting
+      // ahead of this one is waited for.
+      const bool aheadPending =
+          Clock::now() - start < kSlice &&
+          std::any_of(seen.begin(), seen.begin() + i, [](grpc_connectivity_state s) {
+            return s == GRPC_CHANNEL_IDLE || s == GRPC_CHANNEL_CONNECTING;
+          });
+      if (state == GRPC_CHANNEL_READY && !aheadPending) {
         auto picked = std::make_shared<Connection>();
         picked->name = name;
         picked->channel = channels[i];
@@ -247,9 +261,10 @@ std::shared_ptr<EtcdClient::Connection> EtcdClient::connection(
       }
     }
     if (Clock::now() >= deadline) break;
-    for (auto& channel : channels) {
+    // Until one channel moves on (the list's first ones waited for first).
+    for (size_t i = 0; i < channels.size(); ++i) {
       const auto until = std::min(deadline, Clock::now() + kSlice);
-      channel->WaitForStateChange(channel->GetState(false), detail::grpcDeadline(until));
+      if (channels[i]->WaitForStateChange(seen[i], detail::grpcDeadline(until))) break;
     }
   }
   if (!tlsFailure.empty()) throw NetworkError(tlsFailure);

@@ -170,26 +170,25 @@ void EtcdStore::revokeLeases() {
   }
 }
 
-EtcdStore::Read EtcdStore::readKeys(const std::vector<std::string>& etcdKeys) {
+std::vector<std::optional<KeyValue>> EtcdStore::readKeys(
+    const std::vector<std::string>& etcdKeys) {
   requireOpen();
-  Read out;
-  out.kvs.reserve(etcdKeys.size());
+  std::vector<std::optional<KeyValue>> out;
+  out.reserve(etcdKeys.size());
   for (size_t start = 0; start < etcdKeys.size(); start += kMaxTxnOps) {
     const size_t end = std::min(etcdKeys.size(), start + kMaxTxnOps);
     pb::TxnRequest request;  // no compare: `success` runs, all reads at one revision
     for (size_t i = start; i < end; ++i)
       request.add_success()->mutable_request_range()->set_key(etcdKeys[i]);
     const auto response = client_.txn(request);
-    // The first piece's: a key missing then may appear any time after it.
-    if (start == 0) out.revision = response.header().revision();
     for (int i = 0; i < response.responses_size(); ++i) {
       const auto& range = response.responses(i).response_range();
       if (range.kvs_size() > 0) {
         const auto& kv = range.kvs(0);
-        out.kvs.emplace_back(
+        out.emplace_back(
             KeyValue{.key = kv.key(), .value = kv.value(), .modRevision = kv.mod_revision()});
       } else {
-        out.kvs.emplace_back(std::nullopt);
+        out.emplace_back(std::nullopt);
       }
     }
   }
@@ -202,7 +201,7 @@ std::vector<std::optional<std::string>> EtcdStore::read(const std::vector<std::s
   for (const auto& key : keys) etcdKeys.push_back(dataKey(key));
   std::vector<std::optional<std::string>> out;
   out.reserve(keys.size());
-  for (auto& kv : readKeys(etcdKeys).kvs)
+  for (auto& kv : readKeys(etcdKeys))
     out.emplace_back(kv ? std::optional(std::move(kv->value)) : std::nullopt);
   return out;
 }
@@ -460,9 +459,11 @@ int64_t EtcdStore::fireLapsed() {
   return response.header().revision();
 }
 
-void EtcdStore::watchFrom(const std::pair<std::string, std::string>& waited, int64_t revision) {
+void EtcdStore::watchFrom(const std::pair<std::string, std::string>& waited) {
   // The lapse range goes on where the last watch left it (the first from the records' read),
-  // so no deletion is missed across waits; the waited range starts after the caller's read.
+  // so no deletion is missed across waits. The waited range starts now, and the caller reads
+  // after it: a range that starts in the past is a lagging watcher to etcd, which hands it
+  // every event, even the newest, only in its catch-up loop (every 100 ms).
   const int64_t lapsesFrom = watch_ ? watch_->lastRevision(0) + 1 : fireLapsed() + 1;
   {
     std::lock_guard lock(mutex_);
@@ -475,8 +476,7 @@ void EtcdStore::watchFrom(const std::pair<std::string, std::string>& waited, int
                            .startRevision = lapsesFrom},
                           {.key = waited.first,
                            .rangeEnd = waited.second,
-                           .only = WatchRange::Only::Puts,
-                           .startRevision = revision}});
+                           .only = WatchRange::Only::Puts}});
   waited_ = waited;
   std::lock_guard lock(mutex_);
   liveWatch_ = watch_.get();
@@ -506,7 +506,7 @@ void EtcdStore::follow(const std::vector<WatchEvent>& events) {
   if (lapsed.empty()) return;
   std::vector<std::string> keys;
   for (const auto& key : lapsed) keys.push_back(recordKey(key));
-  const auto records = readKeys(keys).kvs;
+  const auto records = readKeys(keys);
   for (size_t i = 0; i < lapsed.size(); ++i) {
     if (!records[i]) continue;  // no lease, or released since
     if (auto tripwires = detail::decodeTripwires(records[i]->value))
@@ -534,10 +534,12 @@ bool EtcdStore::waitFor(const std::vector<std::string>& keys, std::chrono::milli
     while (true) {
       if (recheck) {
         const auto found = readKeys(etcdKeys);
-        if (std::all_of(found.kvs.begin(), found.kvs.end(),
-                        [](const auto& kv) { return kv.has_value(); }))
+        if (std::all_of(found.begin(), found.end(), [](const auto& kv) { return kv.has_value(); }))
           return true;
-        if (!watch_ || waited_ != range) watchFrom(range, found.revision + 1);
+        if (!watch_ || waited_ != range) {
+          watchFrom(range);
+          continue;  // read again: what came before the watch began
+        }
       }
       const auto now = Clock::now();
       if (now >= deadline) return false;

@@ -27,8 +27,8 @@
 // deleted with the store); append looks for its own text first.
 //
 // Waits: waitFor() reads the keys, then follows a watch until they exist. The watch has two
-// ranges on one stream: the puts of the range that holds the waited keys (from the read's
-// revision on), and the deletions under the whole prefix (for the tripwires). A store thus hears
+// ranges on one stream: the puts of the range that holds the waited keys (from the watch's
+// start, with a read after it), and the deletions under the whole prefix (for the tripwires). A store thus hears
 // of what it waits for and of deletions, not of every write of the job: with N agents waiting,
 // a round costs etcd O(N) events, not O(N^2). A wait for another range opens the watch again,
 // its deletions from where the last one left them, so none is missed between waits. A deleted
@@ -110,17 +110,14 @@ class EtcdStore : public LeasingStore {
 
   std::string dataKey(const std::string& key) const { return dataPrefix_ + key; }
   std::string recordKey(const std::string& key) const { return recordPrefix_ + key; }
-  struct Read {
-    std::vector<std::optional<KeyValue>> kvs;  // key, value and modRevision of those present
-    int64_t revision = 0;  // of the read: a missing key may appear after it
-  };
-  // Each etcd key's value, or nothing when missing, in as few transactions as kMaxTxnOps allows.
-  Read readKeys(const std::vector<std::string>& etcdKeys);
+  // Each etcd key's key, value and modRevision, or nothing when missing, in as few transactions
+  // as kMaxTxnOps allows.
+  std::vector<std::optional<KeyValue>> readKeys(const std::vector<std::string>& etcdKeys);
   std::vector<std::optional<std::string>> read(const std::vector<std::string>& keys);
   // With watchMutex_ held: fires the records whose key is gone; returns the read's revision.
   int64_t fireLapsed();
-  // With watchMutex_ held: a watch of the puts in `waited` from `revision`, and of deletions.
-  void watchFrom(const std::pair<std::string, std::string>& waited, int64_t revision);
+  // With watchMutex_ held: a watch of the puts in `waited` from now, and of deletions.
+  void watchFrom(const std::pair<std::string, std::string>& waited);
   // Applies one batch of watch events: deleted leased keys fired.
   void follow(const std::vector<WatchEvent>& events);
   // Writes `key`'s tripwires unless another store did (or the record changed) first.
