@@ -29,6 +29,7 @@ void ControlPublisher::node(control::NodeState state) {
   {
     std::lock_guard lock(mutex_);
     node_ = std::move(state);
+    ++nodeChanges_;
   }
   changed_.notify_all();
 }
@@ -64,7 +65,7 @@ void ControlPublisher::write() {
   }
 }
 
-// Events first, in order, each numbered by the store; then the newest node state.
+// Registration once; then the queued events, numbered by the store, and the newest node state.
 void ControlPublisher::writeOnce(rendezvous::LeasingStore& store) {
   if (!registered_) {
     const std::string meta = control::encode(options_.meta);
@@ -75,24 +76,36 @@ void ControlPublisher::writeOnce(rendezvous::LeasingStore& store) {
     store.append(keys_.nodes(), options_.nodeName + "\n");
     registered_ = true;
   }
-  while (true) {
-    control::JobEvent event;
-    {
-      std::lock_guard lock(mutex_);
-      if (events_.empty()) break;
-      event = events_.front();
-    }
-    event.seq = store.add(keys_.seq(), 1);
-    store.set(keys_.event(event.seq), control::encode(event));
-    std::lock_guard lock(mutex_);
-    events_.pop_front();
-  }
+  // What is queued goes in one batch: one add numbers its events, one multiSet writes them
+  // with the node state (on etcd each write is a log entry; a change often brings several
+  // events at once, and the node's state with them).
+  std::vector<control::JobEvent> events;
   std::optional<control::NodeState> state;
+  uint64_t changes;
   {
     std::lock_guard lock(mutex_);
-    state.swap(node_);
+    events.assign(events_.begin(), events_.end());
+    state = node_;
+    changes = nodeChanges_;
   }
-  if (state) store.set(keys_.node(options_.nodeName), control::encode(*state));
+  if (events.empty() && !state) return;
+  std::vector<std::string> keys, values;
+  if (!events.empty()) {
+    const int64_t last = store.add(keys_.seq(), static_cast<int64_t>(events.size()));
+    for (size_t i = 0; i < events.size(); ++i) {
+      events[i].seq = last - static_cast<int64_t>(events.size() - 1 - i);
+      keys.push_back(keys_.event(events[i].seq));
+      values.push_back(control::encode(events[i]));
+    }
+  }
+  if (state) {
+    keys.push_back(keys_.node(options_.nodeName));
+    values.push_back(control::encode(*state));
+  }
+  store.multiSet(keys, values);
+  std::lock_guard lock(mutex_);
+  events_.erase(events_.begin(), events_.begin() + static_cast<std::ptrdiff_t>(events.size()));
+  if (nodeChanges_ == changes) node_.reset();  // else a newer one came: it goes next time
 }
 
 void ControlPublisher::listen() {

@@ -58,6 +58,7 @@ class ControlPublisher {
   std::mutex mutex_;
   std::condition_variable changed_;
   std::optional<rendezvous::control::NodeState> node_;
+  uint64_t nodeChanges_ = 0;  // node() calls: tells writeOnce whether node_ is the one it wrote
   std::deque<rendezvous::control::JobEvent> events_;
   bool stopping_ = false;
   bool registered_ = false;  // meta, the job list and the node list written
