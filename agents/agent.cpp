@@ -163,6 +163,8 @@ class AgentImpl {
             asio::post(io_, [this, command] { onControlCommand(command); });
           });
     serveFileTimer();
+    if (options_.control && !options_.control->announce.empty())
+      log::info(options_.control->announce);
     if (options_.nprocPerNode > 1 && !inherited_.contains("OMP_NUM_THREADS"))
       log::info("setting OMP_NUM_THREADS=1 for each worker to avoid overloading the CPUs; "
                 "set it yourself to tune");

@@ -31,6 +31,9 @@ struct ControlOptions {
   std::string address;  // this node's numeric address
   // Opens a connection to the job's rendezvous store (two are open at a time).
   std::function<std::unique_ptr<rendezvous::LeasingStore>()> connect;
+  // Said once the agent's set-up has passed (how to reach a job whose id and port are drawn at
+  // random), so that bad input stays the one line it prints; empty: nothing.
+  std::string announce;
 };
 
 using rendezvous::control::ControlCommand;

@@ -124,8 +124,9 @@ int launchSingleNode(const LaunchConfig& config) {
     // The local rendezvous keeps no keys: the job's state comes from its node's own record.
     options.control->meta.backend = rendezvous::control::kLocalBackend;
     // A standalone job's id and port are drawn at random: this line is how to find it.
-    log::info("control plane: dlrun status --rdzv-endpoint=" +
-              rendezvous::joinHostPort(store.address(), store.port()) + " --rdzv-id=" + runId);
+    options.control->announce = "control plane: dlrun status --rdzv-endpoint=" +
+                                rendezvous::joinHostPort(store.address(), store.port()) +
+                                " --rdzv-id=" + runId;
   }
   rendezvous::LocalRendezvous rendezvous({
       .runId = runId,

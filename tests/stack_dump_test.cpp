@@ -324,11 +324,13 @@ dist.all_reduce(torch.ones(4))
   }
   for (int rank : {0, 1})
     ASSERT_TRUE(waitForFile(dir_ / ("rank" + std::to_string(rank) + ".ready")));
-  // The ready files come just before the calls: report again until both are in them.
+  // The ready files come just before the calls: report again until both are in them. Python's
+  // stack is taken before the native one, so rank 0 may still be in torch.ones() for the first
+  // and already in Work::wait for the second: only all_reduce in both says it is in the call.
   std::vector<StackDump> dumps;
   for (const auto until = Clock::now() + seconds(60); Clock::now() < until;) {
     dumps = dumpStacks(targets, &hook, kDump);
-    if (dumps[0].collective && !dumps[1].topFrames.empty() &&
+    if (dumps[0].collective == "all_reduce" && !dumps[1].topFrames.empty() &&
         dumps[1].topFrames[0].starts_with("sleeping_rank_sleeps_here"))
       break;
   }
