@@ -34,17 +34,21 @@ float lossAndGradient(const MlpBuffers& model, const float* x, const uint8_t* la
                       int batch) {
   forward(model, x, batch);
   const MlpLayer& last = model.layers[model.layerCount - 1];
-  // Softmax cross-entropy; the logits become dL/dlogits in place.
+  // Softmax cross-entropy; the logits become dL/dlogits in place. Plain loops, not Eigen's:
+  // on a row whose address is not a whole packet, Eigen takes its first elements one by one
+  // (std::exp, another order of the sum) and the rest in packets (its own exp), so under AVX2
+  // the result hung on where malloc put the buffer, and a run, or its resume, on the
+  // environment's size (one run in a few differed from the step-20 checkpoint on).
   MatrixMap logits(model.activations[model.layerCount - 1], batch, last.out);
   float loss = 0.0f;
   for (int i = 0; i < batch; ++i) {
-    auto row = logits.row(i);
-    const float max = row.maxCoeff();
-    row = (row.array() - max).exp();
-    const float sum = row.sum();
-    row /= sum;
-    loss -= std::log(std::max(row(labels[i]), 1e-12f));
-    row(labels[i]) -= 1.0f;
+    float* row = logits.row(i).data();
+    const float max = *std::max_element(row, row + last.out);
+    float sum = 0.0f;
+    for (int c = 0; c < last.out; ++c) sum += row[c] = std::exp(row[c] - max);
+    for (int c = 0; c < last.out; ++c) row[c] /= sum;
+    loss -= std::log(std::max(row[labels[i]], 1e-12f));
+    row[labels[i]] -= 1.0f;
   }
   logits /= static_cast<float>(batch);
 

@@ -5,9 +5,9 @@
   for its push, 0.858-0.861 before; --strategy allreduce with 2 workers ends at 0.869); the
   summary says the strategy and every process its bytes sent and received.
 - --ps-sync at a fixed seed ends with the weights of --strategy allreduce (the same data, the
-  same averaged gradient) within 1e-5; async ends elsewhere (the check has teeth). Both with
-  --cpu-math baseline: the AVX2 module's vectorised loops round differently with the buffers'
-  alignment, which differs between the two programs' heaps.
+  same averaged gradient) within 1e-5; async ends elsewhere (the check has teeth). With the
+  default math (AVX2 where the CPU has it): its results no longer hang on where each program's
+  heap puts the buffers.
 - A worker SIGKILLed mid-run comes back alone while the chief trains on (same process, its
   step count rising), and the run ends at the accuracy bar. A ps SIGKILLed ends the attempt;
   the job resumes from the chief's checkpoint and finishes.
@@ -98,7 +98,7 @@ class TrainerPsTest(unittest.TestCase):
     def sync_weights(self, strategy_args, roles=None):
         path = os.path.join(temp_dir(self), "weights")
         args = ["--epochs", "1", "--max-steps", str(SYNC_STEPS), "--seed", "7",
-                "--cpu-math", "baseline", "--dump-weights", path]
+                "--dump-weights", path]
         if roles:
             result = PsJob(self, roles, [*args, *strategy_args]).wait()
         else:
