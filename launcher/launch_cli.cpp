@@ -589,6 +589,10 @@ LaunchParse parseDlrunArgs(const std::vector<std::string>& args, const HostProbe
     if (nodeRank >= 0) throw conflict("--node-rank");
     if (c.standalone) throw conflict("--standalone");
     if (staticFlags) throw conflict("--master-addr/--master-port");
+    // Each host's slots give its workers; roles would have to say which host runs which.
+    if (rolesOption->count() > 0)
+      throw ConfigError("--roles does not work with --hostfile/--hosts yet: start one dlrun per "
+                        "node with --roles (by hand, Slurm or mpirun)");
     if (slurmBackend || (backendFlag && backendFlag->backend == RdzvBackend::Static))
       throw conflict("--rdzv-backend=" + backend);
     hostLaunch.hosts = hostsOf(hostfile, hostList);

@@ -905,6 +905,8 @@ TEST(ParseDlrunArgsHostfile, HostsFlagsAndConflicts) {
                        "--standalone"));
   EXPECT_TRUE(contains(configError([] { parse({"--hosts=a", "--hostfile=f", "env"}); }),
                        "give one of them"));
+  EXPECT_TRUE(contains(configError([] { parse({"--hosts=a:2", "--roles=ps:1,worker:1", "env"}); }),
+                       "--roles does not work with --hostfile/--hosts yet"));
   EXPECT_EQ(configError([] { parse({"--hostfile=/no/such/file", "env"}); }),
             "--hostfile: cannot read /no/such/file");
 }
