@@ -1,17 +1,33 @@
 #include "agents/control_publisher.h"
 
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <charconv>
+
 #include "common/error.h"
 #include "common/log.h"
+#include "rendezvous/elastic_protocol.h"
 
 namespace dlrun::agents {
 
 namespace control = rendezvous::control;
 
+namespace {
+
+// The publisher is an observer: where CPUs are short (many agents on one host, a node busy
+// starting its workers), the job's own threads go first. A niced thread that wakes still runs
+// within milliseconds, so commands are not held up.
+void yieldToTheJob() {
+  ::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), 10);
+}
+
+}  // namespace
+
 ControlPublisher::ControlPublisher(ControlOptions options,
                                    std::function<void(const ControlCommand&)> onCommand)
     : options_(std::move(options)), keys_(options_.runId), onCommand_(std::move(onCommand)) {
   writer_ = std::thread([this] { write(); });
-  listener_ = std::thread([this] { listen(); });
 }
 
 ControlPublisher::~ControlPublisher() {
@@ -22,7 +38,7 @@ ControlPublisher::~ControlPublisher() {
   }
   changed_.notify_all();
   writer_.join();
-  listener_.join();
+  if (listener_.joinable()) listener_.join();
 }
 
 void ControlPublisher::node(control::NodeState state) {
@@ -43,6 +59,7 @@ void ControlPublisher::event(control::JobEvent event) {
 }
 
 void ControlPublisher::write() {
+  yieldToTheJob();
   std::unique_ptr<rendezvous::LeasingStore> store;
   bool warned = false;
   while (true) {
@@ -54,6 +71,9 @@ void ControlPublisher::write() {
     try {
       if (!store) store = options_.connect();
       writeOnce(*store);
+      std::lock_guard lock(mutex_);
+      if (!stopping_ && !listener_.joinable())
+        listener_ = std::thread([this, next = *firstCommand_] { listen(next); });
     } catch (const std::exception& e) {
       store.reset();
       // The rendezvous says it when the store is gone; this is only the observer.
@@ -65,17 +85,27 @@ void ControlPublisher::write() {
   }
 }
 
-// Registration once; then the queued events, numbered by the store, and the newest node state.
+void ControlPublisher::registerNode(rendezvous::LeasingStore& store) {
+  if (!index_) index_ = store.add(keys_.nodes(), 1);
+  if (firstCommand_) return;
+  const rendezvous::elastic::Keys job(options_.runId);
+  const auto found = store.peek({keys_.signals(), job.stop()});
+  const std::string& count = found[0];
+  int64_t sent = 0;  // none yet: the key is missing
+  const auto [end, ec] = std::from_chars(count.data(), count.data() + count.size(), sent);
+  if (!count.empty() && (ec != std::errc() || end != count.data() + count.size()))
+    throw ProtocolError("malformed value '" + count + "' under " + keys_.signals());
+  firstCommand_ = sent + 1;
+  // A multi-node job's agents follow the stop key through their rendezvous already.
+  if (options_.meta.backend == control::kLocalBackend && !found[1].empty())
+    onCommand_({.kind = ControlCommand::Kind::Stop,
+                .value = rendezvous::elastic::decodeRoundEnd(found[1]).exitCode});
+}
+
+// Registration once; then the queued events, numbered by the store, and the newest node state
+// (with this node's name, and from the job's first node the job's settings, the first time).
 void ControlPublisher::writeOnce(rendezvous::LeasingStore& store) {
-  if (!registered_) {
-    const std::string meta = control::encode(options_.meta);
-    // Read first: all but the first node find it (on etcd a swap costs a log entry, even one
-    // that fails).
-    if (store.peek({keys_.meta()})[0].empty() && store.compareSet(keys_.meta(), "", meta) == meta)
-      store.append(control::Keys::jobs(), options_.runId + "\n");
-    store.append(keys_.nodes(), options_.nodeName + "\n");
-    registered_ = true;
-  }
+  registerNode(store);
   // What is queued goes in one batch: one add numbers its events, one multiSet writes them
   // with the node state (on etcd each write is a log entry; a change often brings several
   // events at once, and the node's state with them).
@@ -88,7 +118,7 @@ void ControlPublisher::writeOnce(rendezvous::LeasingStore& store) {
     state = node_;
     changes = nodeChanges_;
   }
-  if (events.empty() && !state) return;
+  if (events.empty() && !state && named_) return;
   std::vector<std::string> keys, values;
   if (!events.empty()) {
     const int64_t last = store.add(keys_.seq(), static_cast<int64_t>(events.size()));
@@ -102,13 +132,25 @@ void ControlPublisher::writeOnce(rendezvous::LeasingStore& store) {
     keys.push_back(keys_.node(options_.nodeName));
     values.push_back(control::encode(*state));
   }
+  const bool first = *index_ == 1;
+  if (!named_) {
+    keys.push_back(keys_.nodeAt(*index_));
+    values.push_back(options_.nodeName);
+    if (first) {
+      keys.push_back(keys_.meta());
+      values.push_back(control::encode(options_.meta));
+    }
+  }
   store.multiSet(keys, values);
+  if (!named_ && first) store.append(control::Keys::jobs(), options_.runId + "\n");
+  named_ = true;
   std::lock_guard lock(mutex_);
   events_.erase(events_.begin(), events_.begin() + static_cast<std::ptrdiff_t>(events.size()));
   if (nodeChanges_ == changes) node_.reset();  // else a newer one came: it goes next time
 }
 
-void ControlPublisher::listen() {
+void ControlPublisher::listen(int64_t next) {
+  yieldToTheJob();
   std::unique_ptr<rendezvous::LeasingStore> store;  // outlives listening_'s use of it
   try {
     store = options_.connect();
@@ -117,8 +159,7 @@ void ControlPublisher::listen() {
       if (stopping_) return;
       listening_ = store.get();
     }
-    // Commands sent before this agent started are not for it.
-    for (int64_t next = store->add(keys_.signals(), 0) + 1;; ++next) {
+    for (;; ++next) {
       while (!store->waitFor({keys_.signal(next)}, std::chrono::hours(1))) {
       }
       const std::string text = store->peek({keys_.signal(next)})[0];

@@ -4,10 +4,16 @@
 // where the Control service reads them: one write a change, none a worker step. Signals and
 // stops sent to the job (SignalJob, StopJob) come back as commands.
 //
+// Nothing is sent before the first node() or event() (the agent's first workers started): an
+// observer stays off the agents' way into a round, where every agent of a job meets the store
+// at once. The first write registers the node and reads where this agent's commands begin;
+// commands sent before then are not for it (it had no workers to signal), but a single-node
+// job's stop is also its store's `stop` key, read then too.
+//
 // Threads: two of its own, because each blocks on the store while the agent's io_context must
 // not: one writes what node() and event() queue (a newer node state replaces a queued one), one
-// waits for the job's next command. Store failures are logged once and never reach the agent:
-// the control plane is an observer, a job runs the same without it.
+// (started by the first) waits for the job's next command. Store failures are logged once and
+// never reach the agent: the control plane is an observer, a job runs the same without it.
 #pragma once
 
 #include <condition_variable>
@@ -51,8 +57,10 @@ class ControlPublisher {
 
  private:
   void write();
-  void listen();
+  void listen(int64_t next);
   void writeOnce(rendezvous::LeasingStore& store);
+  // Registers this node (its index in ctl/nodes) and reads the first command's number.
+  void registerNode(rendezvous::LeasingStore& store);
 
   const ControlOptions options_;
   const rendezvous::control::Keys keys_;
@@ -64,11 +72,15 @@ class ControlPublisher {
   uint64_t nodeChanges_ = 0;  // node() calls: tells writeOnce whether node_ is the one it wrote
   std::deque<rendezvous::control::JobEvent> events_;
   bool stopping_ = false;
-  bool registered_ = false;  // meta, the job list and the node list written
+  // The writer's alone: this node's place in ctl/nodes, and the first command for it; whether
+  // its name (and as the job's first node, the job's settings) went out with a state.
+  std::optional<int64_t> index_;
+  std::optional<int64_t> firstCommand_;
+  bool named_ = false;
   rendezvous::LeasingStore* listening_ = nullptr;  // the listener's store, to abort it
 
   std::thread writer_;
-  std::thread listener_;
+  std::thread listener_;  // started by writer_ (joined after it)
 };
 
 }  // namespace dlrun::agents

@@ -91,7 +91,6 @@ JobRecord readJob(LeasingStore& store, const std::string& id, bool withNodes) {
     job.meta.maxNodes = static_cast<int>(
         count(colon == std::string::npos ? "" : shape.substr(colon + 1), r.shape()));
   }
-  job.nodeNames = ctl::lines(first[1]);
 
   std::vector<std::string> keys;
   const int round = static_cast<int>(count(first[3], r.current()));
@@ -100,15 +99,23 @@ JobRecord readJob(LeasingStore& store, const std::string& id, bool withNodes) {
     if (round > 0) keys.insert(keys.end(), {r.closed(round - 1), r.end(round - 1)});
   }
   const size_t roundKeys = keys.size();
-  // A single node's state is its node's record (localJobStatus).
-  if (withNodes || job.meta.backend == ctl::kLocalBackend)
-    for (const auto& name : job.nodeNames) keys.push_back(c.node(name));
+  const int64_t registered = first[1].empty() ? 0 : count(first[1], c.nodes());
+  for (int64_t i = 1; i <= registered; ++i) keys.push_back(c.nodeAt(i));
   if (keys.empty()) return job;
   auto values = store.peek(keys);
   std::string* into[] = {&job.keys.closed, &job.keys.end, &job.keys.assignment,
                          &job.keys.previousClosed, &job.keys.previousEnd};
   for (size_t i = 0; i < roundKeys; ++i) *into[i] = std::move(values[i]);
-  job.nodeStates.assign(values.begin() + static_cast<ptrdiff_t>(roundKeys), values.end());
+  // A node that came back (a new agent under the same name) is registered again: listed once.
+  std::string names;
+  for (size_t i = roundKeys; i < values.size(); ++i) names += values[i] + "\n";
+  job.nodeNames = ctl::lines(names);
+  // A single node's state is its node's record (localJobStatus).
+  if ((withNodes || job.meta.backend == ctl::kLocalBackend) && !job.nodeNames.empty()) {
+    std::vector<std::string> states;
+    for (const auto& name : job.nodeNames) states.push_back(c.node(name));
+    job.nodeStates = store.peek(states);
+  }
   return job;
 }
 

@@ -274,17 +274,19 @@ void refuseEndedJob(rendezvous::LeasingStore& store, const LaunchConfig& config)
 // service over etcd on its workers' store's port.
 int launchEtcd(const LaunchConfig& config) {
   const auto storeOptions = etcdStoreOptions(config);
-  const StoreConnector connectEtcd = [storeOptions] {
-    return std::make_unique<rendezvous::etcd::EtcdStore>(storeOptions);
-  };
   const std::string endpoints = rendezvous::etcd::describe(config.etcdEndpoints);
+  // Every store of this agent (the rendezvous's, the control plane's) is a "connection" of its
+  // own to etcd, with its own leases and waits, over one channel: etcd and the agent then keep
+  // one HTTP/2 connection per agent, not one per store.
+  std::shared_ptr<rendezvous::etcd::EtcdClient> client;
   std::string addr;
   {
     // Reached once before anything starts: an unreachable cluster is one line within the
     // connect timeout, where the rendezvous would retry until the join timeout. The address
     // this node reaches etcd from is the one other nodes reach it at (without --local-addr).
     try {
-      rendezvous::etcd::EtcdStore probe(storeOptions);
+      client = std::make_shared<rendezvous::etcd::EtcdClient>(storeOptions.client);
+      rendezvous::etcd::EtcdStore probe(storeOptions, client);
       refuseEndedJob(probe, config);
       const auto& first = config.etcdEndpoints.front();
       addr = nodeAddress(config, rendezvous::resolveNumeric(first.host, "--rdzv-endpoint host"),
@@ -293,6 +295,9 @@ int launchEtcd(const LaunchConfig& config) {
       throw NetworkError(std::string("cannot reach etcd (--rdzv-endpoint): ") + e.what());
     }
   }
+  const StoreConnector connectEtcd = [storeOptions, client] {
+    return std::make_unique<rendezvous::etcd::EtcdStore>(storeOptions, client);
+  };
   agents::checkDescriptors(agentOptions(config, true));
   control::StoreWithControl workerStore({.host = addr, .port = 0}, connectEtcd);
   const std::string name = config.nodeName.value_or(hostName());
@@ -302,8 +307,13 @@ int launchEtcd(const LaunchConfig& config) {
   options.connect = connectEtcd;
   agents::AgentOptions agent = agentOptions(config, true, name + " (" + addr + ")");
   agent.watchStoreHost = true;
-  if (config.controlPlane)
-    agent.control = controlOptions(config, config.rdzvId, name, addr, connectEtcd);
+  if (config.controlPlane) {
+    auto observing = storeOptions;
+    observing.fireLapses = false;  // it holds no lease; the rendezvous's stores fire lapses
+    agent.control = controlOptions(config, config.rdzvId, name, addr, [observing, client] {
+      return std::make_unique<rendezvous::etcd::EtcdStore>(observing, client);
+    });
+  }
   int code;
   {
     rendezvous::ElasticRendezvous rendezvous(std::move(options));

@@ -3,11 +3,13 @@
 // write (agents/control_publisher.h), the Control service reads (control/).
 //
 // Keys under "dlrun/ID/" (elastic_protocol.h's root), plus one registry of every job:
-//   dlrun/jobs          job ids, one a line, appended by each agent that finds ctl/meta
-//                       holding its own settings (so once per agent: the compare-and-set
-//                       cannot tell its writer apart); readers drop repeats (lines())
-//   ctl/meta            the job's settings (ControlMeta; compare-and-set by the first agent)
-//   ctl/nodes           node names, one a line (each agent appends its own once)
+//   dlrun/jobs          job ids, one a line, appended by the job's first agent (ctl/nodes' 1);
+//                       readers drop repeats (lines())
+//   ctl/meta            the job's settings (ControlMeta), written by the job's first agent
+//   ctl/nodes           how many agents registered (ADD: each agent once, at its first write)
+//   ctl/nodes/I         the name of the I-th (from 1), written with its first state: a count
+//                       and a key each, not one list every agent appends to (on etcd an append
+//                       is a compare-and-swap loop, O(agents^2) tries for a job)
 //   ctl/node/NAME       that node's state (NodeState), rewritten on each change: O(1) a change
 //   ctl/seq             the number of events so far (ADD); event n is at ctl/ev/n
 //   ctl/ev/N            event N (JobEvent), written once right after its ADD
@@ -33,6 +35,7 @@ class Keys {
   static std::string jobs() { return "dlrun/jobs"; }
   std::string meta() const { return ctl_ + "meta"; }
   std::string nodes() const { return ctl_ + "nodes"; }
+  std::string nodeAt(int64_t i) const { return ctl_ + "nodes/" + std::to_string(i); }
   std::string node(const std::string& name) const { return ctl_ + "node/" + name; }
   std::string seq() const { return ctl_ + "seq"; }
   std::string event(int64_t n) const { return ctl_ + "ev/" + std::to_string(n); }

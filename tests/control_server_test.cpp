@@ -48,7 +48,7 @@ class ControlServerTest : public ::testing::Test {
                                 .tokenHash = token.empty() ? "" : tokenHash(token)};
     store.set(c.meta(), ctl::encode(meta));
     store.append(ctl::Keys::jobs(), id + "\n");
-    store.append(c.nodes(), "n1\n");
+    store.set(c.nodeAt(store.add(c.nodes(), 1)), "n1");
     ctl::NodeState node{.name = "n1", .address = "127.0.0.1", .groupRank = 0,
                         .state = "running", .round = 0, .logDir = "/logs/" + id};
     node.workers.push_back({.rank = 0, .localRank = 0, .pid = 100, .state = "running", .step = 7,
@@ -141,6 +141,30 @@ TEST_F(ControlServerTest, GetJobAndListJobsOnTheStoresOwnPort) {
   ASSERT_EQ(list.jobs_size(), 2);
   EXPECT_EQ(list.jobs(1).id(), "job2");
   EXPECT_EQ(list.jobs(1).nodes(), 1);
+}
+
+// Each agent registers once (ctl/nodes counts, ctl/nodes/I names it); a node whose agent came
+// back registers again under the same name and is listed once, and a name not written yet (its
+// agent between the count and its first state) is not listed.
+TEST_F(ControlServerTest, ANodeRegisteredTwiceIsListedOnce) {
+  writeJob("job1");
+  const ctl::Keys c("job1");
+  store.set(c.nodeAt(store.add(c.nodes(), 1)), "n2");
+  store.set(c.nodeAt(store.add(c.nodes(), 1)), "n1");
+  store.add(c.nodes(), 1);
+  v1::Job job;
+  v1::JobRef ref;
+  ref.set_id("job1");
+  ASSERT_TRUE(stub->GetJob(call().get(), ref, &job).ok());
+  ASSERT_EQ(job.nodes_size(), 2);
+  EXPECT_EQ(job.nodes(0).name(), "n1");
+  EXPECT_EQ(job.nodes(0).workers_size(), 2);
+  EXPECT_EQ(job.nodes(1).name(), "n2");
+  EXPECT_EQ(job.nodes(1).workers_size(), 0);
+  v1::ListJobsResponse list;
+  ASSERT_TRUE(stub->ListJobs(call().get(), {}, &list).ok());
+  ASSERT_EQ(list.jobs_size(), 1);
+  EXPECT_EQ(list.jobs(0).nodes(), 2);
 }
 
 TEST_F(ControlServerTest, AnUnknownJobIsNotFound) {

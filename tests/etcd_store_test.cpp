@@ -248,6 +248,31 @@ TEST_F(EtcdStoreTest, ALeaseRevokedElsewhereIsFiredByAWatcher) {
   EXPECT_EQ(watcher->peek({"end", "node"}), (std::vector<std::string>{"lost", ""}));
 }
 
+// An agent's stores share one client (one channel to etcd); each keeps its own leases, waits
+// and abort(). A store that only observes (fireLapses = false, the control plane's) hears the
+// puts it waits for but fires no lapsed lease: that is for the stores holding the job's leases.
+TEST_F(EtcdStoreTest, StoresSharingAClientStayApartAndAnObserverFiresNothing) {
+  auto options = storeOptions(server->endpoints(), prefix());
+  const auto client = std::make_shared<EtcdClient>(options.client);
+  EtcdStore holder(options, client);
+  options.fireLapses = false;
+  EtcdStore observer(options, client);
+  holder.lease("node", "record", 2s, {{"end", "lost"}});
+  auto waiting = std::async(std::launch::async, [&] { return observer.waitFor({"done"}, 10s); });
+  holder.set("done", "1");
+  EXPECT_TRUE(waiting.get());
+  // Revoked behind the holder's back: only a firing watcher would write "end".
+  const auto leased = client->get(prefix() + "kv/node");
+  ASSERT_TRUE(leased.has_value());
+  client->leaseRevoke(leased->lease);
+  EXPECT_FALSE(observer.waitFor({"end"}, 1s));
+  EXPECT_EQ(observer.peek({"end", "node"}), (std::vector<std::string>{"", ""}));
+  holder.abort();
+  EXPECT_THROW(holder.set("x", "1"), NetworkError);
+  observer.set("x", "2");
+  EXPECT_EQ(observer.peek({"x"}), std::vector<std::string>{"2"});
+}
+
 TEST_F(EtcdStoreTest, AKilledHoldersLeaseLapsesAndAWatcherFiresItsTripwires) {
   auto watcher = store();
   const std::string argument = std::to_string(server->clientPort()) + " " + prefix();

@@ -82,12 +82,12 @@ pb::Compare compare(const std::string& key, pb::Compare::CompareTarget target) {
 
 namespace pb = etcdserverpb;
 
-EtcdStore::EtcdStore(EtcdStoreOptions options)
+EtcdStore::EtcdStore(EtcdStoreOptions options, std::shared_ptr<EtcdClient> client)
     : options_(std::move(options)),
       dataPrefix_(options_.prefix + "kv/"),
       recordPrefix_(options_.prefix + "tripwires/"),
       markKey_(options_.prefix + "marks/" + detail::uniqueId()),
-      client_(options_.client) {}
+      client_(client ? std::move(client) : std::make_shared<EtcdClient>(options_.client)) {}
 
 EtcdStore::~EtcdStore() {
   {
@@ -99,7 +99,7 @@ EtcdStore::~EtcdStore() {
 
 void EtcdStore::requireOpen() const {
   std::lock_guard lock(mutex_);
-  if (aborted_) throw NetworkError("etcd " + client_.options().endpoints.front().text() +
+  if (aborted_) throw NetworkError("etcd " + client_->options().endpoints.front().text() +
                                    ": the store connection was aborted");
 }
 
@@ -145,7 +145,7 @@ void EtcdStore::revokeLeases() {
     granted.keepAlive->stop();
     if (!reachable) continue;
     try {
-      client_.leaseRevoke(granted.id, kReleaseTimeout);
+      client_->leaseRevoke(granted.id, kReleaseTimeout);
     } catch (const NetworkError&) {
       reachable = false;  // etcd is gone for now: each further call would wait out its deadline
     } catch (const TimeoutError&) {
@@ -164,7 +164,7 @@ void EtcdStore::revokeLeases() {
     try {
       pb::TxnRequest request;
       request.add_success()->mutable_request_delete_range()->set_key(markKey_);
-      client_.txn(request, kReleaseTimeout);
+      client_->txn(request, kReleaseTimeout);
     } catch (const Error&) {
     }
   }
@@ -180,7 +180,7 @@ std::vector<std::optional<KeyValue>> EtcdStore::readKeys(
     pb::TxnRequest request;  // no compare: `success` runs, all reads at one revision
     for (size_t i = start; i < end; ++i)
       request.add_success()->mutable_request_range()->set_key(etcdKeys[i]);
-    const auto response = client_.txn(request);
+    const auto response = client_->txn(request);
     for (int i = 0; i < response.responses_size(); ++i) {
       const auto& range = response.responses(i).response_range();
       if (range.kvs_size() > 0) {
@@ -207,7 +207,7 @@ std::vector<std::optional<std::string>> EtcdStore::read(const std::vector<std::s
 }
 
 void EtcdStore::set(const std::string& key, const std::string& value) {
-  retrying([&] { return client_.put(dataKey(key), value); });
+  retrying([&] { return client_->put(dataKey(key), value); });
 }
 
 std::string EtcdStore::get(const std::string& key) {
@@ -217,15 +217,15 @@ std::string EtcdStore::get(const std::string& key) {
 
 int64_t EtcdStore::add(const std::string& key, int64_t delta) {
   // A read (see EtcdClient::add): safe to repeat, so it needs no mark.
-  if (delta == 0) return retrying([&] { return client_.add(dataKey(key), 0); });
+  if (delta == 0) return retrying([&] { return client_->add(dataKey(key), 0); });
   const EtcdClient::AddMark mark{markKey_, std::to_string(++adds_)};
   bool sent = false;
   return retrying([&] {
     if (sent) {
-      if (auto applied = client_.addApplied(mark)) return *applied;
+      if (auto applied = client_->addApplied(mark)) return *applied;
     }
     sent = true;
-    return client_.add(dataKey(key), delta, mark);
+    return client_->add(dataKey(key), delta, mark);
   });
 }
 
@@ -237,18 +237,18 @@ std::string EtcdStore::compareSet(const std::string& key, const std::string& exp
 std::string EtcdStore::swapOnce(const std::string& k, const std::string& expected,
                                 const std::string& desired) {
   if (!expected.empty()) {
-    auto result = client_.putIfValue(k, expected, desired);
+    auto result = client_->putIfValue(k, expected, desired);
     if (result.swapped) return desired;
     return result.current ? result.current->value : expected;
   }
   // An empty `expected` matches a missing key and an empty value: etcd compares one of them
   // per transaction, so try missing first, then the empty value at the revision read.
-  auto result = client_.putIfAbsent(k, desired);
+  auto result = client_->putIfAbsent(k, desired);
   while (!result.swapped) {
     if (!result.current) {
-      result = client_.putIfAbsent(k, desired);  // deleted meanwhile
+      result = client_->putIfAbsent(k, desired);  // deleted meanwhile
     } else if (result.current->value.empty()) {
-      result = client_.putIfRevision(k, result.current->modRevision, desired);
+      result = client_->putIfRevision(k, result.current->modRevision, desired);
     } else {
       return result.current->value;
     }
@@ -262,7 +262,7 @@ bool EtcdStore::deleteKey(const std::string& key) {
   pb::TxnRequest request;
   request.add_success()->mutable_request_delete_range()->set_key(recordKey(key));
   request.add_success()->mutable_request_delete_range()->set_key(dataKey(key));
-  const auto response = retrying([&] { return client_.txn(request); });
+  const auto response = retrying([&] { return client_->txn(request); });
   {
     std::lock_guard lock(mutex_);
     owned_.erase(key);
@@ -282,7 +282,7 @@ void EtcdStore::deleteKeys(const std::vector<std::string>& keys) {
       request.add_success()->mutable_request_delete_range()->set_key(recordKey(ordered[i]));
       request.add_success()->mutable_request_delete_range()->set_key(dataKey(ordered[i]));
     }
-    retrying([&] { return client_.txn(request); });
+    retrying([&] { return client_->txn(request); });
   }
   std::lock_guard lock(mutex_);
   for (const auto& key : ordered) owned_.erase(key);
@@ -295,7 +295,7 @@ bool EtcdStore::check(const std::vector<std::string>& keys) {
 
 int64_t EtcdStore::numKeys() {
   requireOpen();
-  return client_.count(dataPrefix_, EtcdClient::prefixEnd(dataPrefix_));
+  return client_->count(dataPrefix_, EtcdClient::prefixEnd(dataPrefix_));
 }
 
 void EtcdStore::append(const std::string& key, const std::string& value) {
@@ -305,18 +305,18 @@ void EtcdStore::append(const std::string& key, const std::string& value) {
     SwapResult result;
     if (sent) {
       // A try that applied left the key starting with what it wrote (others append after).
-      auto current = client_.get(k);
+      auto current = client_->get(k);
       if (current && current->value.starts_with(*sent)) return true;
       sent = (current ? current->value : std::string()) + value;
-      result = client_.putIfRevision(k, current ? current->modRevision : 0, *sent);
+      result = client_->putIfRevision(k, current ? current->modRevision : 0, *sent);
     } else {
       sent = value;
-      result = client_.putIfRevision(k, 0, value);  // missing, most likely for a new key
+      result = client_->putIfRevision(k, 0, value);  // missing, most likely for a new key
     }
     while (!result.swapped) {
       const int64_t revision = result.current ? result.current->modRevision : 0;
       sent = (result.current ? result.current->value : std::string()) + value;
-      result = client_.putIfRevision(k, revision, *sent);
+      result = client_->putIfRevision(k, revision, *sent);
     }
     return true;
   });
@@ -345,7 +345,7 @@ void EtcdStore::multiSet(const std::vector<std::string>& keys,
       put->set_key(dataKey(keys[order[j]]));
       put->set_value(values[order[j]]);
     }
-    retrying([&] { return client_.txn(request); });
+    retrying([&] { return client_->txn(request); });
   }
 }
 
@@ -376,17 +376,17 @@ void EtcdStore::lease(const std::string& key, const std::string& value,
     }
     if (id == 0) {
       Granted granted;
-      granted.id = client_.leaseGrant(std::chrono::seconds(seconds));
+      granted.id = client_->leaseGrant(std::chrono::seconds(seconds));
       // A third of the TTL: two renewals may go missing before the lease lapses.
       granted.keepAlive =
-          client_.keepAlive(granted.id, std::chrono::milliseconds(seconds * 1000 / 3));
+          client_->keepAlive(granted.id, std::chrono::milliseconds(seconds * 1000 / 3));
       id = granted.id;
       std::unique_lock lock(mutex_);
       if (aborted_) {  // abort() came during the grant: this lease is not kept either
         lock.unlock();
         granted.keepAlive->stop();
         try {
-          client_.leaseRevoke(granted.id, kReleaseTimeout);
+          client_->leaseRevoke(granted.id, kReleaseTimeout);
         } catch (const Error&) {
         }
         requireOpen();  // throws: aborted
@@ -408,7 +408,7 @@ void EtcdStore::lease(const std::string& key, const std::string& value,
   put->set_key(dataKey(key));
   put->set_value(value);
   put->set_lease(id);
-  const auto response = retrying([&] { return client_.txn(request); });
+  const auto response = retrying([&] { return client_->txn(request); });
   std::lock_guard lock(mutex_);
   owned_[key] = Record{std::move(unique), response.header().revision()};
 }
@@ -431,7 +431,7 @@ void EtcdStore::fire(const std::string& key, const Record& record,
     put->set_key(dataKey(tripKey));
     put->set_value(tripValue);
   }
-  client_.txn(request, timeout);
+  client_->txn(request, timeout);
 }
 
 int64_t EtcdStore::fireLapsed() {
@@ -447,7 +447,7 @@ int64_t EtcdStore::fireLapsed() {
   data->set_key(dataPrefix_);
   data->set_range_end(EtcdClient::prefixEnd(dataPrefix_));
   data->set_keys_only(true);
-  const auto response = client_.txn(request);
+  const auto response = client_->txn(request);
   std::set<std::string> present;
   for (const auto& kv : response.responses(1).response_range().kvs()) present.insert(kv.key());
   for (const auto& kv : response.responses(0).response_range().kvs()) {
@@ -464,19 +464,20 @@ void EtcdStore::watchFrom(const std::pair<std::string, std::string>& waited) {
   // so no deletion is missed across waits. The waited range starts now, and the caller reads
   // after it: a range that starts in the past is a lagging watcher to etcd, which hands it
   // every event, even the newest, only in its catch-up loop (every 100 ms).
-  const int64_t lapsesFrom = watch_ ? watch_->lastRevision(0) + 1 : fireLapsed() + 1;
+  std::vector<WatchRange> ranges;
+  if (options_.fireLapses) {
+    ranges.push_back({.key = options_.prefix,
+                      .rangeEnd = EtcdClient::prefixEnd(options_.prefix),
+                      .only = WatchRange::Only::Deletes,
+                      .startRevision = watch_ ? watch_->lastRevision(0) + 1 : fireLapsed() + 1});
+  }
+  ranges.push_back({.key = waited.first, .rangeEnd = waited.second, .only = WatchRange::Only::Puts});
   {
     std::lock_guard lock(mutex_);
     liveWatch_ = nullptr;
   }
   watch_.reset();
-  watch_ = client_.watch({{.key = options_.prefix,
-                           .rangeEnd = EtcdClient::prefixEnd(options_.prefix),
-                           .only = WatchRange::Only::Deletes,
-                           .startRevision = lapsesFrom},
-                          {.key = waited.first,
-                           .rangeEnd = waited.second,
-                           .only = WatchRange::Only::Puts}});
+  watch_ = client_->watch(std::move(ranges));
   waited_ = waited;
   std::lock_guard lock(mutex_);
   liveWatch_ = watch_.get();
@@ -529,26 +530,31 @@ bool EtcdStore::waitFor(const std::vector<std::string>& keys, std::chrono::milli
     // One range holds every waited key: the keys of a round share theirs.
     const std::pair<std::string, std::string> range{*waited.begin(),
                                                     *waited.rbegin() + std::string(1, '\0')};
-    const std::vector<std::string> etcdKeys(waited.begin(), waited.end());
-    bool recheck = true;
+    std::vector<std::string> missing(waited.begin(), waited.end());
+    bool watching = watch_ && waited_ == range;
     while (true) {
-      if (recheck) {
-        const auto found = readKeys(etcdKeys);
-        if (std::all_of(found.begin(), found.end(), [](const auto& kv) { return kv.has_value(); }))
-          return true;
-        if (!watch_ || waited_ != range) {
-          watchFrom(range);
-          continue;  // read again: what came before the watch began
-        }
-      }
-      const auto now = Clock::now();
-      if (now >= deadline) return false;
-      const auto events = watch_->next(
-          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now));
-      follow(events);
-      recheck = std::any_of(events.begin(), events.end(), [&](const WatchEvent& e) {
-        return e.type == WatchEvent::Type::Put && waited.contains(e.kv.key);
+      const auto found = readKeys(missing);
+      std::erase_if(missing, [&, i = size_t{0}](const std::string&) mutable {
+        return found[i++].has_value();
       });
+      if (missing.empty()) return true;
+      if (!watching) {
+        watchFrom(range);
+        watching = true;
+        continue;  // read again: what came before the watch began
+      }
+      // From here the watch sees every put of the range (a fail-over resumes it where it left
+      // off): a waited key's put is its existence, so the wait ends without another read.
+      while (true) {
+        const auto now = Clock::now();
+        if (now >= deadline) return false;
+        const auto events = watch_->next(
+            std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now));
+        follow(events);
+        for (const auto& e : events)
+          if (e.type == WatchEvent::Type::Put) std::erase(missing, e.kv.key);
+        if (missing.empty()) return true;
+      }
     }
   } catch (const Error&) {
     requireOpen();  // an abort() is named as such

@@ -9,7 +9,7 @@
 //
 // Tripwires, emulated: etcd only deletes a leased key. lease() writes, in the same transaction,
 // a record of the key's tripwires under `prefix` + "tripwires/" (not leased). Every EtcdStore
-// that waits watches the whole prefix; when it sees a leased key deleted while its record still
+// that waits (fireLapses) watches the whole prefix; when it sees a leased key deleted while its record still
 // stands, it writes the tripwires in one transaction guarded by the record's revision, each one
 // only if its key is absent (create_revision == 0), and deletes the record: the first writer
 // wins, as in dlrund, and the others' transactions change nothing. deleteKey() deletes the
@@ -60,6 +60,10 @@ struct EtcdStoreOptions {
   std::string prefix = "dlrun/store/";
   // How long get() and multiGet() wait for keys.
   std::chrono::milliseconds timeout = Store::kDefaultTimeout;
+  // Whether this store's waits also watch for lapsed leases and fire their tripwires (see
+  // above). The rendezvous's stores do; one that only waits for keys others write (the control
+  // plane's commands) need not hear of every deletion of the job, nor pay a read for each.
+  bool fireLapses = true;
 };
 
 class EtcdStore : public LeasingStore {
@@ -71,8 +75,10 @@ class EtcdStore : public LeasingStore {
   // hold up an agent that is stopping when etcd does not answer; the leases then lapse.
   static constexpr std::chrono::milliseconds kReleaseTimeout{1'000};
 
-  // Connects at once (EtcdClient's errors).
-  explicit EtcdStore(EtcdStoreOptions options);
+  // Connects at once (EtcdClient's errors), or shares `client`: the stores of one process then
+  // share one channel to etcd, not a connection each (options.client is then not used to
+  // connect). Leases, waits and abort() stay this store's own.
+  explicit EtcdStore(EtcdStoreOptions options, std::shared_ptr<EtcdClient> client = nullptr);
   ~EtcdStore() override;  // revokes this store's leases, firing their tripwires
   EtcdStore(const EtcdStore&) = delete;
   EtcdStore& operator=(const EtcdStore&) = delete;
@@ -100,7 +106,7 @@ class EtcdStore : public LeasingStore {
   // Every later call throws NetworkError; a blocked wait throws at once.
   void abort() override;
 
-  EtcdClient& client() { return client_; }
+  EtcdClient& client() { return *client_; }
 
  private:
   struct Record {  // a leased key's tripwires, as stored, and the record's revision
@@ -137,7 +143,7 @@ class EtcdStore : public LeasingStore {
   const std::string recordPrefix_;
   const std::string markKey_;  // add()'s mark
   std::atomic<uint64_t> adds_{0};
-  EtcdClient client_;
+  const std::shared_ptr<EtcdClient> client_;  // outlives the keep-alives below
 
   std::mutex grantMutex_;     // one lease grant at a time, outside mutex_ (a round trip)
   mutable std::mutex mutex_;  // leases_, owned_, aborted_, liveWatch_: never held over a call
