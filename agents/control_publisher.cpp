@@ -3,8 +3,6 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
-#include <charconv>
-
 #include "common/error.h"
 #include "common/log.h"
 #include "rendezvous/elastic_protocol.h"
@@ -90,12 +88,7 @@ void ControlPublisher::registerNode(rendezvous::LeasingStore& store) {
   if (firstCommand_) return;
   const rendezvous::elastic::Keys job(options_.runId);
   const auto found = store.peek({keys_.signals(), job.stop()});
-  const std::string& count = found[0];
-  int64_t sent = 0;  // none yet: the key is missing
-  const auto [end, ec] = std::from_chars(count.data(), count.data() + count.size(), sent);
-  if (!count.empty() && (ec != std::errc() || end != count.data() + count.size()))
-    throw ProtocolError("malformed value '" + count + "' under " + keys_.signals());
-  firstCommand_ = sent + 1;
+  firstCommand_ = rendezvous::storedCount(found[0], keys_.signals()) + 1;
   // A multi-node job's agents follow the stop key through their rendezvous already.
   if (options_.meta.backend == control::kLocalBackend && !found[1].empty())
     onCommand_({.kind = ControlCommand::Kind::Stop,

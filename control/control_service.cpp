@@ -53,16 +53,7 @@ double unixNow() {
       .count();
 }
 
-int64_t count(const std::string& text, const std::string& key) {
-  if (text.empty()) return 0;
-  try {
-    size_t used = 0;
-    const int64_t value = std::stoll(text, &used);
-    if (used == text.size()) return value;
-  } catch (const std::logic_error&) {
-  }
-  throw ProtocolError("malformed number '" + text + "' under " + key);
-}
+using rendezvous::storedCount;
 
 // What the handlers read of one job: two round trips (the nodes' states in the second).
 struct JobRecord {
@@ -87,19 +78,19 @@ JobRecord readJob(LeasingStore& store, const std::string& id, bool withNodes) {
   } else if (const std::string& shape = first[5]; !shape.empty()) {
     // Agents that publish no settings still wrote the rendezvous's "min:max".
     const size_t colon = shape.find(':');
-    job.meta.minNodes = static_cast<int>(count(shape.substr(0, colon), r.shape()));
+    job.meta.minNodes = static_cast<int>(storedCount(shape.substr(0, colon), r.shape()));
     job.meta.maxNodes = static_cast<int>(
-        count(colon == std::string::npos ? "" : shape.substr(colon + 1), r.shape()));
+        storedCount(colon == std::string::npos ? "" : shape.substr(colon + 1), r.shape()));
   }
 
   std::vector<std::string> keys;
-  const int round = static_cast<int>(count(first[3], r.current()));
+  const int round = static_cast<int>(storedCount(first[3], r.current()));
   if (!first[3].empty()) {
     keys = {r.closed(round), r.end(round), r.assignment(round, 1)};
     if (round > 0) keys.insert(keys.end(), {r.closed(round - 1), r.end(round - 1)});
   }
   const size_t roundKeys = keys.size();
-  const int64_t registered = first[1].empty() ? 0 : count(first[1], c.nodes());
+  const int64_t registered = storedCount(first[1], c.nodes());
   for (int64_t i = 1; i <= registered; ++i) keys.push_back(c.nodeAt(i));
   if (keys.empty()) return job;
   auto values = store.peek(keys);
@@ -230,7 +221,7 @@ bool jobEnded(LeasingStore& store, const elastic::Keys& keys) {
   const auto found = store.peek({keys.stop(), keys.current()});
   if (!found[0].empty()) return true;
   if (found[1].empty()) return false;
-  const int round = static_cast<int>(count(found[1], keys.current()));
+  const int round = static_cast<int>(storedCount(found[1], keys.current()));
   return elastic::endedJob("", store.peek({keys.end(round)})[0]).has_value();
 }
 
@@ -249,7 +240,7 @@ class EventStream {
       if (context_.IsCancelled()) return grpc::Status::CANCELLED;
       // The end is read before the count, so every event published before it is sent.
       const bool ended = follow && !quietUntil && jobEnded(store_, rounds_);
-      const int64_t published = count(store_.peek({keys_.seq()})[0], keys_.seq());
+      const int64_t published = storedCount(store_.peek({keys_.seq()})[0], keys_.seq());
       const bool sentAny = next_ <= published;
       if (!sendUpTo(published)) return grpc::Status::CANCELLED;
       if (!follow) return grpc::Status::OK;

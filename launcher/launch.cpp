@@ -240,13 +240,7 @@ rendezvous::etcd::EtcdStoreOptions etcdStoreOptions(const LaunchConfig& config) 
 
 // The newest round of job `runId` in the store (0 before any agent came).
 int newestRound(rendezvous::LeasingStore& store, const rendezvous::elastic::Keys& keys) {
-  const std::string current = store.peek({keys.current()})[0];
-  if (current.empty()) return 0;
-  try {
-    return std::stoi(current);
-  } catch (const std::logic_error&) {
-    throw ProtocolError("malformed value '" + current + "' under " + keys.current());
-  }
+  return static_cast<int>(rendezvous::storedCount(store.peek({keys.current()})[0], keys.current()));
 }
 
 // How job `runId` ended, as its keys say; nothing while it runs or before it starts.

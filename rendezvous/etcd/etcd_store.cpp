@@ -471,7 +471,8 @@ void EtcdStore::watchFrom(const std::pair<std::string, std::string>& waited) {
                       .only = WatchRange::Only::Deletes,
                       .startRevision = watch_ ? watch_->lastRevision(0) + 1 : fireLapsed() + 1});
   }
-  ranges.push_back({.key = waited.first, .rangeEnd = waited.second, .only = WatchRange::Only::Puts});
+  ranges.push_back(
+      {.key = waited.first, .rangeEnd = waited.second, .only = WatchRange::Only::Puts});
   {
     std::lock_guard lock(mutex_);
     liveWatch_ = nullptr;
@@ -531,30 +532,31 @@ bool EtcdStore::waitFor(const std::vector<std::string>& keys, std::chrono::milli
     const std::pair<std::string, std::string> range{*waited.begin(),
                                                     *waited.rbegin() + std::string(1, '\0')};
     std::vector<std::string> missing(waited.begin(), waited.end());
-    bool watching = watch_ && waited_ == range;
-    while (true) {
+    // Reads the keys still missing; whether none is now.
+    const auto readMissing = [&] {
       const auto found = readKeys(missing);
-      std::erase_if(missing, [&, i = size_t{0}](const std::string&) mutable {
-        return found[i++].has_value();
-      });
+      std::vector<std::string> still;
+      for (size_t i = 0; i < found.size(); ++i)
+        if (!found[i]) still.push_back(std::move(missing[i]));
+      missing = std::move(still);
+      return missing.empty();
+    };
+    if (readMissing()) return true;
+    if (!watch_ || waited_ != range) {
+      watchFrom(range);
+      if (readMissing()) return true;  // what came before the watch began
+    }
+    // From here the watch sees every put of the range (a fail-over resumes it where it left
+    // off): a waited key's put is its existence, so the wait ends without another read.
+    while (true) {
+      const auto now = Clock::now();
+      if (now >= deadline) return false;
+      const auto events = watch_->next(
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now));
+      follow(events);
+      for (const auto& e : events)
+        if (e.type == WatchEvent::Type::Put) std::erase(missing, e.kv.key);
       if (missing.empty()) return true;
-      if (!watching) {
-        watchFrom(range);
-        watching = true;
-        continue;  // read again: what came before the watch began
-      }
-      // From here the watch sees every put of the range (a fail-over resumes it where it left
-      // off): a waited key's put is its existence, so the wait ends without another read.
-      while (true) {
-        const auto now = Clock::now();
-        if (now >= deadline) return false;
-        const auto events = watch_->next(
-            std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now));
-        follow(events);
-        for (const auto& e : events)
-          if (e.type == WatchEvent::Type::Put) std::erase(missing, e.kv.key);
-        if (missing.empty()) return true;
-      }
     }
   } catch (const Error&) {
     requireOpen();  // an abort() is named as such

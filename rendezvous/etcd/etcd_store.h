@@ -9,13 +9,13 @@
 //
 // Tripwires, emulated: etcd only deletes a leased key. lease() writes, in the same transaction,
 // a record of the key's tripwires under `prefix` + "tripwires/" (not leased). Every EtcdStore
-// that waits (fireLapses) watches the whole prefix; when it sees a leased key deleted while its record still
-// stands, it writes the tripwires in one transaction guarded by the record's revision, each one
-// only if its key is absent (create_revision == 0), and deletes the record: the first writer
-// wins, as in dlrund, and the others' transactions change nothing. deleteKey() deletes the
-// record and the key together, so a release never fires. The store that aborts fires its own
-// tripwires too, so no watcher is needed for that case, and a store that starts to wait fires
-// the records whose key is already gone. Limits of the emulation: a lapse fires only once some
+// that waits (with fireLapses, the default) watches the whole prefix; when it sees a leased key
+// deleted while its record still stands, it writes the tripwires in one transaction guarded by
+// the record's revision, each one only if its key is absent (create_revision == 0), and deletes
+// the record: the first writer wins, as in dlrund, and the others' transactions change
+// nothing. deleteKey() deletes the record and the key together, so a release never fires. The
+// store that aborts fires its own tripwires too, so no watcher is needed for that case, and a
+// store that starts to wait fires the records whose key is already gone. Limits of the emulation: a lapse fires only once some
 // store of the job waits (the rendezvous always has one waiting), and a key leased again by its
 // holder before anyone fired loses the old firing.
 //
@@ -26,10 +26,11 @@
 // its transaction that says whether it applied (one key per store, under `prefix` + "marks/",
 // deleted with the store); append looks for its own text first.
 //
-// Waits: waitFor() reads the keys, then follows a watch until they exist. The watch has two
-// ranges on one stream: the puts of the range that holds the waited keys (from the watch's
-// start, with a read after it), and the deletions under the whole prefix (for the tripwires). A store thus hears
-// of what it waits for and of deletions, not of every write of the job: with N agents waiting,
+// Waits: waitFor() reads the keys, then follows a watch until each was read or put. The watch
+// has two ranges on one stream: the puts of the range that holds the waited keys (from the
+// watch's start, with a read after it), and with fireLapses the deletions under the whole
+// prefix (for the tripwires). A store thus hears of what it waits for and of deletions, not of
+// every write of the job: with N agents waiting,
 // a round costs etcd O(N) events, not O(N^2). A wait for another range opens the watch again,
 // its deletions from where the last one left them, so none is missed between waits. A deleted
 // key whose record was not deleted in the same transaction (a release deletes both) is looked

@@ -2,6 +2,8 @@
 // written once.
 #include "rendezvous/store/store.h"
 
+#include <stdexcept>
+
 #include "common/error.h"
 #include "rendezvous/store/leasing_store.h"
 
@@ -26,6 +28,17 @@ void LeasingStore::requirePositiveTtl(const std::string& key, std::chrono::milli
   if (ttl <= std::chrono::milliseconds::zero())
     throw Error("a lease on store key '" + key + "' needs a positive TTL, not " +
                 std::to_string(ttl.count()) + " ms");
+}
+
+int64_t storedCount(const std::string& text, const std::string& key) {
+  if (text.empty()) return 0;
+  try {
+    size_t used = 0;
+    const int64_t value = std::stoll(text, &used);
+    if (used == text.size()) return value;
+  } catch (const std::logic_error&) {
+  }
+  throw ProtocolError("malformed number '" + text + "' under " + key);
 }
 
 }  // namespace dlrun::rendezvous

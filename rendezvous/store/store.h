@@ -48,4 +48,8 @@ class Store {
                                 const std::vector<std::string>& values);
 };
 
+// A counter's value as ADD leaves it (decimal text); a missing key (empty) reads 0. Throws
+// ProtocolError naming `key` for anything else.
+int64_t storedCount(const std::string& text, const std::string& key);
+
 }  // namespace dlrun::rendezvous
