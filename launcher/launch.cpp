@@ -243,13 +243,15 @@ int newestRound(rendezvous::LeasingStore& store, const rendezvous::elastic::Keys
   return static_cast<int>(rendezvous::storedCount(store.peek({keys.current()})[0], keys.current()));
 }
 
-// How job `runId` ended, as its keys say; nothing while it runs or before it starts.
+// How job `runId` ended, as its keys say; nothing while it runs or before it starts. One read
+// while the job is in its first round (round 0's end is read with the round number), two after.
 std::optional<rendezvous::RoundEnd> jobEnd(rendezvous::LeasingStore& store,
                                            const std::string& runId) {
   const rendezvous::elastic::Keys keys(runId);
-  const int round = newestRound(store, keys);
-  const auto found = store.peek({keys.stop(), keys.end(round)});
-  return rendezvous::elastic::endedJob(found[0], found[1]);
+  auto found = store.peek({keys.current(), keys.stop(), keys.end(0)});
+  const auto round = rendezvous::storedCount(found[0], keys.current());
+  if (round > 0) found[2] = store.peek({keys.end(static_cast<int>(round))})[0];
+  return rendezvous::elastic::endedJob(found[1], found[2]);
 }
 
 // etcd outlives its jobs: a job id whose keys say the job ended would hand every agent of a

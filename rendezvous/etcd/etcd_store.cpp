@@ -170,6 +170,17 @@ void EtcdStore::revokeLeases() {
   }
 }
 
+namespace {
+
+// The first key of a range read: key, value and modRevision, or nothing when it found none.
+std::optional<KeyValue> firstKey(const pb::RangeResponse& range) {
+  if (range.kvs_size() == 0) return std::nullopt;
+  const auto& kv = range.kvs(0);
+  return KeyValue{.key = kv.key(), .value = kv.value(), .modRevision = kv.mod_revision()};
+}
+
+}  // namespace
+
 std::vector<std::optional<KeyValue>> EtcdStore::readKeys(
     const std::vector<std::string>& etcdKeys) {
   requireOpen();
@@ -181,16 +192,7 @@ std::vector<std::optional<KeyValue>> EtcdStore::readKeys(
     for (size_t i = start; i < end; ++i)
       request.add_success()->mutable_request_range()->set_key(etcdKeys[i]);
     const auto response = client_->txn(request);
-    for (int i = 0; i < response.responses_size(); ++i) {
-      const auto& range = response.responses(i).response_range();
-      if (range.kvs_size() > 0) {
-        const auto& kv = range.kvs(0);
-        out.emplace_back(
-            KeyValue{.key = kv.key(), .value = kv.value(), .modRevision = kv.mod_revision()});
-      } else {
-        out.emplace_back(std::nullopt);
-      }
-    }
+    for (const auto& op : response.responses()) out.push_back(firstKey(op.response_range()));
   }
   return out;
 }
@@ -434,11 +436,13 @@ void EtcdStore::fire(const std::string& key, const Record& record,
   client_->txn(request, timeout);
 }
 
-int64_t EtcdStore::fireLapsed() {
+std::vector<std::optional<KeyValue>> EtcdStore::fireLapsed(
+    const std::vector<std::string>& etcdKeys) {
   // A record whose key is gone outlived a lease that lapsed while no store watched: fire it now.
   // One keys-only read of the data says which keys exist (a read a record would cost every
-  // agent of a job O(agents) reads as it starts to wait).
-  // Both in one transaction: one round trip, one revision.
+  // agent of a job O(agents) reads as it starts to wait). Both, and the keys asked for, in one
+  // transaction: one round trip, one revision.
+  const size_t asked = etcdKeys.size() + 2 <= kMaxTxnOps ? etcdKeys.size() : 0;
   pb::TxnRequest request;
   auto* records = request.add_success()->mutable_request_range();
   records->set_key(recordPrefix_);
@@ -447,6 +451,8 @@ int64_t EtcdStore::fireLapsed() {
   data->set_key(dataPrefix_);
   data->set_range_end(EtcdClient::prefixEnd(dataPrefix_));
   data->set_keys_only(true);
+  for (size_t i = 0; i < asked; ++i)
+    request.add_success()->mutable_request_range()->set_key(etcdKeys[i]);
   const auto response = client_->txn(request);
   std::set<std::string> present;
   for (const auto& kv : response.responses(1).response_range().kvs()) present.insert(kv.key());
@@ -456,12 +462,17 @@ int64_t EtcdStore::fireLapsed() {
     if (auto tripwires = detail::decodeTripwires(kv.value()))
       fire(key, Record{std::move(*tripwires), kv.mod_revision()});
   }
-  return response.header().revision();
+  if (asked < etcdKeys.size()) return readKeys(etcdKeys);  // too many for one transaction
+  std::vector<std::optional<KeyValue>> found;
+  for (int i = 2; i < response.responses_size(); ++i)
+    found.push_back(firstKey(response.responses(i).response_range()));
+  return found;
 }
 
 void EtcdStore::watchFrom(const std::pair<std::string, std::string>& waited) {
-  // The lapse range goes on where the last watch left it (the first from the records' read),
-  // so no deletion is missed across waits. The waited range starts now, and the caller reads
+  // The lapse range goes on where the last watch left it, so no deletion is missed across
+  // waits; the first starts now, and the caller's read after it scans the records
+  // (fireLapsed) for what lapsed before. The waited range starts now, and the caller reads
   // after it: a range that starts in the past is a lagging watcher to etcd, which hands it
   // every event, even the newest, only in its catch-up loop (every 100 ms).
   std::vector<WatchRange> ranges;
@@ -469,7 +480,7 @@ void EtcdStore::watchFrom(const std::pair<std::string, std::string>& waited) {
     ranges.push_back({.key = options_.prefix,
                       .rangeEnd = EtcdClient::prefixEnd(options_.prefix),
                       .only = WatchRange::Only::Deletes,
-                      .startRevision = watch_ ? watch_->lastRevision(0) + 1 : fireLapsed() + 1});
+                      .startRevision = watch_ ? watch_->lastRevision(0) + 1 : 0});
   }
   ranges.push_back(
       {.key = waited.first, .rangeEnd = waited.second, .only = WatchRange::Only::Puts});
@@ -532,19 +543,23 @@ bool EtcdStore::waitFor(const std::vector<std::string>& keys, std::chrono::milli
     const std::pair<std::string, std::string> range{*waited.begin(),
                                                     *waited.rbegin() + std::string(1, '\0')};
     std::vector<std::string> missing(waited.begin(), waited.end());
-    // Reads the keys still missing; whether none is now.
-    const auto readMissing = [&] {
-      const auto found = readKeys(missing);
+    // Keeps the keys still missing after a read of them; whether none is now.
+    const auto keepMissing = [&](const std::vector<std::optional<KeyValue>>& found) {
       std::vector<std::string> still;
       for (size_t i = 0; i < found.size(); ++i)
         if (!found[i]) still.push_back(std::move(missing[i]));
       missing = std::move(still);
       return missing.empty();
     };
-    if (readMissing()) return true;
     if (!watch_ || waited_ != range) {
+      // The watch first, then one read: what came before the watch began (and, before the
+      // first, what lapsed). A wait mostly begins before its keys are written (a round's
+      // close, its end), so a read before the watch would mostly find nothing.
+      const bool firstLapseWatch = !watch_ && options_.fireLapses;
       watchFrom(range);
-      if (readMissing()) return true;  // what came before the watch began
+      if (keepMissing(firstLapseWatch ? fireLapsed(missing) : readKeys(missing))) return true;
+    } else if (keepMissing(readKeys(missing))) {
+      return true;
     }
     // From here the watch sees every put of the range (a fail-over resumes it where it left
     // off): a waited key's put is its existence, so the wait ends without another read.

@@ -15,7 +15,8 @@
 // the record: the first writer wins, as in dlrund, and the others' transactions change
 // nothing. deleteKey() deletes the record and the key together, so a release never fires. The
 // store that aborts fires its own tripwires too, so no watcher is needed for that case, and a
-// store that starts to wait fires the records whose key is already gone. Limits of the emulation: a lapse fires only once some
+// store that starts to wait fires the records whose key is already gone (read with the waited
+// keys once its first watch began). Limits of the emulation: a lapse fires only once some
 // store of the job waits (the rendezvous always has one waiting), and a key leased again by its
 // holder before anyone fired loses the old firing.
 //
@@ -26,7 +27,8 @@
 // its transaction that says whether it applied (one key per store, under `prefix` + "marks/",
 // deleted with the store); append looks for its own text first.
 //
-// Waits: waitFor() reads the keys, then follows a watch until each was read or put. The watch
+// Waits: waitFor() opens a watch of the waited keys' range (unless the open one has it), reads
+// the keys, then follows the watch until each was read or put. The watch
 // has two ranges on one stream: the puts of the range that holds the waited keys (from the
 // watch's start, with a read after it), and with fireLapses the deletions under the whole
 // prefix (for the tripwires). A store thus hears of what it waits for and of deletions, not of
@@ -121,8 +123,9 @@ class EtcdStore : public LeasingStore {
   // as kMaxTxnOps allows.
   std::vector<std::optional<KeyValue>> readKeys(const std::vector<std::string>& etcdKeys);
   std::vector<std::optional<std::string>> read(const std::vector<std::string>& keys);
-  // With watchMutex_ held: fires the records whose key is gone; returns the read's revision.
-  int64_t fireLapsed();
+  // With watchMutex_ held: fires the records whose key is gone, and reads `etcdKeys` (as
+  // readKeys) in the same transaction.
+  std::vector<std::optional<KeyValue>> fireLapsed(const std::vector<std::string>& etcdKeys);
   // With watchMutex_ held: a watch of the puts in `waited` from now, and of deletions.
   void watchFrom(const std::pair<std::string, std::string>& waited);
   // Applies one batch of watch events: deleted leased keys fired.
