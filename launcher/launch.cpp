@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <csignal>
 #include <filesystem>
 #include <cstdlib>
 #include <optional>
@@ -187,8 +188,15 @@ std::optional<control::StoreWithControl> serveStore(const StorePlan& plan) {
 }
 
 // The job is over for this agent, but others may still be reading the store: give them a
-// bounded while to hang up before the store goes away with this process.
+// bounded while to hang up before the store goes away with this process. A terminating signal
+// waits too: scancel and Ctrl-C reach the nodes at different times, and this node's, coming
+// once its agent had already followed another node's stop, took the store from the nodes still
+// reporting theirs (they exited without the job's stop line, or were killed by Slurm later).
 void lingerForOthers(const rendezvous::StoreServerThread& store) {
+  if (store.connectionCount() == 0) return;
+  for (const int sig : {SIGINT, SIGTERM, SIGHUP}) ::signal(sig, SIG_IGN);
+  log::debug("waiting up to " + std::to_string(kStoreLinger.count()) + " s for " +
+             std::to_string(store.connectionCount()) + " connections to the store to close");
   const auto deadline = Clock::now() + kStoreLinger;
   while (store.connectionCount() > 0 && Clock::now() < deadline)
     std::this_thread::sleep_for(std::chrono::milliseconds(10));

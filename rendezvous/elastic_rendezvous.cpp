@@ -124,7 +124,10 @@ JoinResult ElasticRendezvous::next() {
     connect(deadline);
     member_.reset();
   }
-  const auto found = lease_->peek({keys_.stop(), keys_.lost(options_.self.name)});
+  // The newest round is read with the rest; only the job's first agent finds it missing and
+  // creates it (an add of 0).
+  const auto found =
+      lease_->peek({keys_.stop(), keys_.lost(options_.self.name), keys_.current()});
   if (!found[0].empty()) return elastic::decodeRoundEnd(found[0]);  // stopped on purpose
   if (options_.refuseLostNodes && !found[1].empty())
     throw ConfigError("node " + options_.self.name + " was lost earlier in job '" +
@@ -137,7 +140,8 @@ JoinResult ElasticRendezvous::next() {
     member_.reset();
     memberRound_ = -1;
   } else {
-    round = static_cast<int>(lease_->add(keys_.current(), 0));
+    round = found[2].empty() ? static_cast<int>(lease_->add(keys_.current(), 0))
+                             : toCount(found[2], keys_.current());
   }
   for (;; ++round) {
     advanceCurrent(round);

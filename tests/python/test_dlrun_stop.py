@@ -104,6 +104,33 @@ class StopTest(unittest.TestCase):
     def test_sigterm_to_one_node_stops_every_node(self):
         self.assert_job_stopped_everywhere(self.start_job(3, "3"), 1, signal.SIGTERM)
 
+    def test_a_signal_to_the_store_host_waits_until_the_others_hang_up(self):
+        # The node serving the store has ended its part of the job while another node is still
+        # connected (here: this test's connection). A SIGTERM now, as scancel's reaches nodes at
+        # different times, must not take the store from that node: the host exits with the
+        # job's code once the connection closes, not killed by the signal.
+        out = temp_dir(self)
+        done = os.path.join(out, "done")
+        port = free_port()
+        host = Dlrun(self, ["--nnodes=1:2", "--nproc-per-node=1", "--rdzv-backend=c10d",
+                            f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id=linger{port}",
+                            "--rdzv-conf=last_call_timeout=0.1",
+                            PYTHON, WORKER, out, "--until-file", done],
+                     env=clean_env(DLRUN_LOG_LEVEL="debug"))
+        self.addCleanup(kill_recorded_workers, out)
+        wait_until(lambda: port_open(port), JOB_TIMEOUT_S, "the agent to serve the store",
+                   proc=host.proc, on_timeout=host.describe)
+        other = socket.create_connection(("127.0.0.1", port))
+        self.addCleanup(other.close)
+        open(done, "w").close()  # the worker ends: the job succeeds
+        wait_until(lambda: "connections to the store to close" in host.output()[1], JOB_TIMEOUT_S,
+                   "the agent to wait for the store's connections", proc=host.proc,
+                   on_timeout=host.describe)
+        host.signal(signal.SIGTERM)
+        other.close()
+        result = host.wait(JOB_TIMEOUT_S)
+        self.assertEqual(result.returncode, 0, result)
+
     def test_with_stop_policy_node_the_others_go_on_without_it(self):
         done = os.path.join(temp_dir(self), "done")
         agents = self.start_job(3, "2:3", ["--until-file", done],
