@@ -74,7 +74,6 @@ benchmark goes on.
 """
 
 import argparse
-import ctypes
 import json
 import os
 import re
@@ -100,9 +99,7 @@ EXIT_TIMEOUT_S = 30       # agents must exit this long after their workers did
 EXIT_POLL_S = 0.005       # how often the agents' exits are looked for
 STATS_TIMEOUT_S = 10      # dlrund --stats must print its line this soon after SIGUSR1/SIGTERM
 KILL_WAIT_S = 10
-PR_SET_PDEATHSIG = 1
 WORKER_NAME = b"dlrun-rdzv-probe"
-_libc = ctypes.CDLL(None, use_errno=True)
 
 # Runs per K of (a) for each variant of (dlrun, torchrun). torchrun's agents each import torch
 # (about 1.5 s of CPU), so its large K are run fewer times; the budget may cut rounds further.
@@ -114,11 +111,7 @@ class Failed(Exception):
     """A run that did not produce a figure; the message says why."""
 
 
-def die_with_parent():
-    _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
-# Agents are started through setpriv, which sets the same PR_SET_PDEATHSIG and execs the agent
+# Agents are started through setpriv, which sets PR_SET_PDEATHSIG and execs the agent
 # (same PID): a preexec_fn makes Python fork this whole process for every agent, where without
 # one it uses vfork. Starting 32 agents took about 55 ms with a preexec_fn and 13 ms through
 # setpriv on an idle machine, and the forks competed with the agents already started, inside

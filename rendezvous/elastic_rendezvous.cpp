@@ -1,6 +1,7 @@
 #include "rendezvous/elastic_rendezvous.h"
 
 #include <algorithm>
+#include <limits>
 #include <sstream>
 
 #include "common/clock.h"
@@ -16,14 +17,12 @@ namespace dlrun::rendezvous {
 
 namespace {
 
+// A count the protocol wrote: present, not negative, an int.
 int toCount(const std::string& text, const std::string& key) {
-  try {
-    size_t used = 0;
-    int value = std::stoi(text, &used);
-    if (used == text.size() && value >= 0) return value;
-  } catch (const std::exception&) {
-  }
-  throw ProtocolError("malformed value '" + text + "' under " + key + " in the store");
+  const int64_t value = text.empty() ? -1 : storedCount(text, key);
+  if (value < 0 || value > std::numeric_limits<int>::max())
+    throw ProtocolError("malformed value '" + text + "' under " + key + " in the store");
+  return static_cast<int>(value);
 }
 
 // A node as messages name it: "host (address)".

@@ -28,12 +28,11 @@
 // deleted with the store); append looks for its own text first.
 //
 // Waits: waitFor() opens a watch of the waited keys' range (unless the open one has it), reads
-// the keys, then follows the watch until each was read or put. The watch
-// has two ranges on one stream: the puts of the range that holds the waited keys (from the
-// watch's start, with a read after it), and with fireLapses the deletions under the whole
-// prefix (for the tripwires). A store thus hears of what it waits for and of deletions, not of
-// every write of the job: with N agents waiting,
-// a round costs etcd O(N) events, not O(N^2). A wait for another range opens the watch again,
+// the keys, then follows the watch until each was read or put. The watch has two ranges on one
+// stream: the puts of the range that holds the waited keys (from the watch's start, with a read
+// after it), and with fireLapses the deletions under the whole prefix (for the tripwires). A
+// store thus hears of what it waits for and of deletions, not of every write of the job: with N
+// agents waiting, a round costs etcd O(N) events, not O(N^2). A wait for another range opens the watch again,
 // its deletions from where the last one left them, so none is missed between waits. A deleted
 // key whose record was not deleted in the same transaction (a release deletes both) is looked
 // up: its record still standing says the lease lapsed.
