@@ -262,16 +262,6 @@ std::optional<rendezvous::RoundEnd> jobEnd(rendezvous::LeasingStore& store,
   return rendezvous::elastic::endedJob(found[1], found[2]);
 }
 
-// etcd outlives its jobs: a job id whose keys say the job ended would hand every agent of a
-// new job with that id the old outcome at once (exit 0 and no worker, after a success).
-void refuseEndedJob(rendezvous::LeasingStore& store, const LaunchConfig& config) {
-  if (auto end = jobEnd(store, config.rdzvId))
-    throw ConfigError("rendezvous id '" + config.rdzvId + "' names a job that already ended (" +
-                      end->describe() + "); its keys stay in etcd under " +
-                      config.rdzv.etcdPrefix + config.rdzvId +
-                      "/: give each job its own --rdzv-id");
-}
-
 // No machine is special: the rendezvous lives in etcd, and every agent serves an idle store for
 // workers on its own address; the round's plan names group rank 0's as MASTER_ADDR/MASTER_PORT.
 // The control plane too lives in etcd: every agent publishes there, and serves the Control
@@ -290,8 +280,6 @@ int launchEtcd(const LaunchConfig& config) {
     // this node reaches etcd from is the one other nodes reach it at (without --local-addr).
     try {
       client = std::make_shared<rendezvous::etcd::EtcdClient>(storeOptions.client);
-      rendezvous::etcd::EtcdStore probe(storeOptions, client);
-      refuseEndedJob(probe, config);
       const auto& first = config.etcdEndpoints.front();
       addr = nodeAddress(config, rendezvous::resolveNumeric(first.host, "--rdzv-endpoint host"),
                          first.port);
@@ -307,6 +295,7 @@ int launchEtcd(const LaunchConfig& config) {
   const std::string name = config.nodeName.value_or(hostName());
   rendezvous::ElasticOptions options = elasticOptions(config, addr, name);
   options.storeHost = endpoints;  // for messages: etcd, not an agent, is the rendezvous store
+  options.endedJobKeys = "etcd under " + config.rdzv.etcdPrefix + config.rdzvId + "/";
   options.self.storePort = workerStore.store().port();
   options.connect = connectEtcd;
   agents::AgentOptions agent = agentOptions(config, true, name + " (" + addr + ")");

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <limits>
 #include <sstream>
+#include <utility>
 
 #include "common/clock.h"
 #include "common/error.h"
@@ -41,7 +42,7 @@ std::string seconds(std::chrono::milliseconds ms) {
 ElasticRendezvous::ElasticRendezvous(ElasticOptions options)
     : options_(std::move(options)), keys_(options_.runId) {
   connect(now() + options_.joinTimeout);
-  checkShape();
+  lookFirst();
 }
 
 ElasticRendezvous::~ElasticRendezvous() = default;
@@ -104,15 +105,27 @@ std::string ElasticRendezvous::storeName() const {
                                  : joinHostPort(options_.storeHost, options_.storePort);
 }
 
-void ElasticRendezvous::checkShape() {
+void ElasticRendezvous::lookFirst() {
+  // Read first: all but the first node find the shape, and a read costs etcd no log entry.
+  std::vector<std::string> found = lease_->peek({keys_.shape(), keys_.end(0), keys_.stop(),
+                                                 keys_.lost(options_.self.name), keys_.current()});
+  if (!options_.endedJobKeys.empty()) {
+    const int64_t round = storedCount(found[4], keys_.current());
+    const std::string newestEnd =
+        round > 0 ? lease_->peek({keys_.end(static_cast<int>(round))})[0] : found[1];
+    if (auto end = elastic::endedJob(found[2], newestEnd))
+      throw ConfigError("rendezvous id '" + options_.runId + "' names a job that already ended (" +
+                        end->describe() + "); its keys stay in " + options_.endedJobKeys +
+                        ": give each job its own --rdzv-id");
+  }
   const std::string mine = elastic::encodeShape(options_.minNodes, options_.maxNodes);
-  // Read first: all but the first node find it, and a read costs etcd no log entry.
-  std::string stored = lease_->peek({keys_.shape()})[0];
+  std::string stored = found[0];
   if (stored.empty()) stored = lease_->compareSet(keys_.shape(), "", mine);
   if (stored != mine)
     throw ConfigError("rendezvous id '" + options_.runId + "' is in use by a job with --nnodes=" +
                       stored + " (this node has --nnodes=" + mine +
                       "); give each job its own --rdzv-id");
+  firstLook_.emplace(found.begin() + 2, found.end());
 }
 
 JoinResult ElasticRendezvous::next() {
@@ -124,9 +137,10 @@ JoinResult ElasticRendezvous::next() {
     member_.reset();
   }
   // The newest round is read with the rest; only the job's first agent finds it missing and
-  // creates it (an add of 0).
+  // creates it (an add of 0). The first time, lookFirst() read them already.
   const auto found =
-      lease_->peek({keys_.stop(), keys_.lost(options_.self.name), keys_.current()});
+      firstLook_ ? *std::exchange(firstLook_, std::nullopt)
+                 : lease_->peek({keys_.stop(), keys_.lost(options_.self.name), keys_.current()});
   if (!found[0].empty()) return elastic::decodeRoundEnd(found[0]);  // stopped on purpose
   if (options_.refuseLostNodes && !found[1].empty())
     throw ConfigError("node " + options_.self.name + " was lost earlier in job '" +

@@ -61,6 +61,10 @@ struct ElasticOptions {
   // A deliberate stop of this node (reportStop) makes only it leave while the job keeps at
   // least minNodes; otherwise (the default) it stops the whole job.
   bool stopOnlyNode = false;
+  // Where a finished job's keys stay (etcd, which outlives its jobs: "etcd under PREFIX/ID/"):
+  // a rendezvous id whose keys say the job ended is refused (ConfigError naming it), where it
+  // would hand every agent of a new job the old outcome at once. Empty: not checked.
+  std::string endedJobKeys;
   // Opens one connection to the store (two are open at a time). Empty: a TcpStore to
   // storeHost:storePort whose reply deadline and connect tries follow leaseTtl and heartbeat.
   // Tests pass MemoryStore connections to a virtual-time server; the rendezvous measures every
@@ -72,7 +76,8 @@ struct ElasticOptions {
 class ElasticRendezvous : public Rendezvous {
  public:
   // Connects to the store, retrying until the join timeout; refuses a rendezvous id already
-  // used by a job with another --nnodes range (ConfigError).
+  // used by a job with another --nnodes range, or (endedJobKeys) by a job that ended
+  // (ConfigError).
   explicit ElasticRendezvous(ElasticOptions options);
   ~ElasticRendezvous() override;
 
@@ -117,7 +122,9 @@ class ElasticRendezvous : public Rendezvous {
   std::string storeName() const;  // the store as messages name it
   // The store's time (lease_'s, even a lost one's); the real clock before the first connection.
   Clock::time_point now() const;
-  void checkShape();
+  // One read at the start: the job's shape (checked), whether it ended (endedJobKeys), and
+  // what the first next() needs (kept in firstLook_).
+  void lookFirst();
   Step tryRound(int round, Clock::time_point deadline);
   void closeRound(int round, int index);
   // `texts`: the round's closed value, this member's assignment, and the roster when fetched.
@@ -138,6 +145,9 @@ class ElasticRendezvous : public Rendezvous {
 
   const ElasticOptions options_;
   const elastic::Keys keys_;
+  // The job's stop, this node's lost mark and the newest round, as lookFirst() read them: the
+  // first next() reads nothing more before it joins.
+  std::optional<std::vector<std::string>> firstLook_;
   std::unique_ptr<LeasingStore> lease_;    // joins, waits and this node's lease
   std::unique_ptr<LeasingStore> control_;  // reports from the agent's thread
   std::optional<Member> member_;

@@ -439,28 +439,38 @@ void EtcdStore::fire(const std::string& key, const Record& record,
 std::vector<std::optional<KeyValue>> EtcdStore::fireLapsed(
     const std::vector<std::string>& etcdKeys) {
   // A record whose key is gone outlived a lease that lapsed while no store watched: fire it now.
-  // One keys-only read of the data says which keys exist (a read a record would cost every
-  // agent of a job O(agents) reads as it starts to wait). Both, and the keys asked for, in one
-  // transaction: one round trip, one revision.
+  // Keys-only reads of the records and of the data say which (every agent of a job reads them
+  // as it starts to wait: names, not the records' texts, which only an orphan's firing needs).
+  // Both, and the keys asked for, in one transaction: one round trip, one revision.
   const size_t asked = etcdKeys.size() + 2 <= kMaxTxnOps ? etcdKeys.size() : 0;
   pb::TxnRequest request;
-  auto* records = request.add_success()->mutable_request_range();
-  records->set_key(recordPrefix_);
-  records->set_range_end(EtcdClient::prefixEnd(recordPrefix_));
-  auto* data = request.add_success()->mutable_request_range();
-  data->set_key(dataPrefix_);
-  data->set_range_end(EtcdClient::prefixEnd(dataPrefix_));
-  data->set_keys_only(true);
+  for (const std::string* prefix : {&recordPrefix_, &dataPrefix_}) {
+    auto* range = request.add_success()->mutable_request_range();
+    range->set_key(*prefix);
+    range->set_range_end(EtcdClient::prefixEnd(*prefix));
+    range->set_keys_only(true);
+  }
   for (size_t i = 0; i < asked; ++i)
     request.add_success()->mutable_request_range()->set_key(etcdKeys[i]);
   const auto response = client_->txn(request);
   std::set<std::string> present;
   for (const auto& kv : response.responses(1).response_range().kvs()) present.insert(kv.key());
+  std::vector<std::string> orphans;
+  std::vector<int64_t> seen;  // their revisions at the scan
   for (const auto& kv : response.responses(0).response_range().kvs()) {
-    const std::string key = kv.key().substr(recordPrefix_.size());
-    if (present.contains(dataKey(key))) continue;
-    if (auto tripwires = detail::decodeTripwires(kv.value()))
-      fire(key, Record{std::move(*tripwires), kv.mod_revision()});
+    if (present.contains(dataKey(kv.key().substr(recordPrefix_.size())))) continue;
+    orphans.push_back(kv.key());
+    seen.push_back(kv.mod_revision());
+  }
+  if (!orphans.empty()) {
+    const auto records = readKeys(orphans);
+    for (size_t i = 0; i < orphans.size(); ++i) {
+      // Released, fired or leased again since the scan: not an orphan now.
+      if (!records[i] || records[i]->modRevision != seen[i]) continue;
+      if (auto tripwires = detail::decodeTripwires(records[i]->value))
+        fire(orphans[i].substr(recordPrefix_.size()),
+             Record{std::move(*tripwires), records[i]->modRevision});
+    }
   }
   if (asked < etcdKeys.size()) return readKeys(etcdKeys);  // too many for one transaction
   std::vector<std::optional<KeyValue>> found;
