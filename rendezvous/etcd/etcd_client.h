@@ -147,8 +147,9 @@ class EtcdClient {
     std::string token;
   };
   int64_t add(const std::string& key, int64_t delta, const std::optional<AddMark>& mark = {});
-  // The values one add() transaction tries (see add): 16 adders at once take one try each.
-  static constexpr int kAddWindow = 16;
+  // The values one add() transaction tries (see add): 32 adders at once (a round of 32 nodes
+  // joining, their successes) take one try each, where a try that misses costs etcd a proposal.
+  static constexpr int kAddWindow = 32;
   // The result of the marked add() whose mark this is, if that add applied.
   std::optional<int64_t> addApplied(const AddMark& mark);
   // Any transaction (the raw messages), for what the helpers above do not cover. `timeout`
