@@ -198,6 +198,8 @@ ElasticRendezvous::Step ElasticRendezvous::tryRound(int round, Clock::time_point
                    {keys_.end(round), elastic::encode(lost)},
                    {keys_.lost(record.name), "1"}});
   }
+  // The round's end is waited for next, by a member or a spare: followed from the first wait on.
+  lease_->expect({keys_.end(round)});
   const auto arrival = now();
   const bool canClose = candidate && index >= options_.minNodes;
   if (canClose && index >= targetSize(round)) closeRound(round, index);

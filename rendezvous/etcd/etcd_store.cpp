@@ -479,34 +479,47 @@ std::vector<std::optional<KeyValue>> EtcdStore::fireLapsed(
   return found;
 }
 
-void EtcdStore::watchFrom(const std::pair<std::string, std::string>& waited) {
+std::vector<std::string> EtcdStore::watchFrom(const std::pair<std::string, std::string>& waited) {
   // The lapse range goes on where the last watch left it, so no deletion is missed across
   // waits; the first starts now, and the caller's read after it scans the records
   // (fireLapsed) for what lapsed before. The waited range starts now, and the caller reads
   // after it: a range that starts in the past is a lagging watcher to etcd, which hands it
   // every event, even the newest, only in its catch-up loop (every 100 ms).
   std::vector<WatchRange> ranges;
+  std::vector<std::string> expected;
   if (options_.fireLapses) {
     ranges.push_back({.key = options_.prefix,
                       .rangeEnd = EtcdClient::prefixEnd(options_.prefix),
                       .only = WatchRange::Only::Deletes,
                       .startRevision = watch_ ? watch_->lastRevision(0) + 1 : 0});
+    std::lock_guard lock(mutex_);
+    expected = expected_;
   }
   ranges.push_back(
       {.key = waited.first, .rangeEnd = waited.second, .only = WatchRange::Only::Puts});
+  for (const auto& key : expected) {
+    if (key < waited.first || key >= waited.second)
+      ranges.push_back({.key = key, .only = WatchRange::Only::Puts});
+  }
   {
     std::lock_guard lock(mutex_);
     liveWatch_ = nullptr;
   }
   watch_.reset();
+  followed_.clear();
+  seen_.clear();
   watch_ = client_->watch(std::move(ranges));
   waited_ = waited;
+  followed_.insert(expected.begin(), expected.end());
   std::lock_guard lock(mutex_);
   liveWatch_ = watch_.get();
   if (aborted_) watch_->cancel();
+  return expected;
 }
 
 void EtcdStore::follow(const std::vector<WatchEvent>& events) {
+  for (const auto& e : events)
+    if (e.type == WatchEvent::Type::Put && followed_.contains(e.kv.key)) seen_.insert(e.kv.key);
   // A deleted key whose record was not deleted in the same revision (a release deletes both in
   // one transaction) may be a lapsed lease: its record, read now, says so; one read for all.
   std::vector<std::string> lapsed;
@@ -537,6 +550,12 @@ void EtcdStore::follow(const std::vector<WatchEvent>& events) {
   }
 }
 
+void EtcdStore::expect(const std::vector<std::string>& keys) {
+  std::lock_guard lock(mutex_);
+  expected_.clear();
+  for (const auto& key : keys) expected_.push_back(dataKey(key));
+}
+
 bool EtcdStore::waitFor(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) {
   requireOpen();
   const auto deadline = detail::deadlineAfter(timeout);
@@ -553,27 +572,36 @@ bool EtcdStore::waitFor(const std::vector<std::string>& keys, std::chrono::milli
     const std::pair<std::string, std::string> range{*waited.begin(),
                                                     *waited.rbegin() + std::string(1, '\0')};
     std::vector<std::string> missing(waited.begin(), waited.end());
-    // Keeps the keys still missing after a read of them; whether none is now.
+    // Keeps the keys still missing after a read of them (found[i]: missing[i]).
     const auto keepMissing = [&](const std::vector<std::optional<KeyValue>>& found) {
       std::vector<std::string> still;
-      for (size_t i = 0; i < found.size(); ++i)
+      for (size_t i = 0; i < missing.size(); ++i)
         if (!found[i]) still.push_back(std::move(missing[i]));
       missing = std::move(still);
-      return missing.empty();
     };
-    if (!watch_ || waited_ != range) {
+    const bool followed = watch_ && std::all_of(missing.begin(), missing.end(), [&](const auto& k) {
+                            return followed_.contains(k);
+                          });
+    if (followed) {
+      // Expected keys: the watch has followed each since a read of it.
+      std::erase_if(missing, [&](const std::string& k) { return seen_.contains(k); });
+    } else if (!watch_ || waited_ != range) {
       // The watch first, then one read: what came before the watch began (and, before the
       // first, what lapsed). A wait mostly begins before its keys are written (a round's
       // close, its end), so a read before the watch would mostly find nothing.
       const bool firstLapseWatch = !watch_ && options_.fireLapses;
-      watchFrom(range);
-      if (keepMissing(firstLapseWatch ? fireLapsed(missing) : readKeys(missing))) return true;
-    } else if (keepMissing(readKeys(missing))) {
-      return true;
+      std::vector<std::string> read = missing;
+      for (auto& key : watchFrom(range)) read.push_back(std::move(key));
+      const auto found = firstLapseWatch ? fireLapsed(read) : readKeys(read);
+      for (size_t i = missing.size(); i < read.size(); ++i)
+        if (found[i]) seen_.insert(read[i]);
+      keepMissing(found);
+    } else {
+      keepMissing(readKeys(missing));
     }
     // From here the watch sees every put of the range (a fail-over resumes it where it left
     // off): a waited key's put is its existence, so the wait ends without another read.
-    while (true) {
+    while (!missing.empty()) {
       const auto now = Clock::now();
       if (now >= deadline) return false;
       const auto events = watch_->next(
@@ -581,9 +609,9 @@ bool EtcdStore::waitFor(const std::vector<std::string>& keys, std::chrono::milli
       follow(events);
       for (const auto& e : events)
         if (e.type == WatchEvent::Type::Put) std::erase(missing, e.kv.key);
-      if (missing.empty()) return true;
     }
-  } catch (const Error&) {
+    return true;
+  } catch (const Error& e) {
     requireOpen();  // an abort() is named as such
     throw;
   }

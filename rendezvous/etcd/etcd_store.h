@@ -33,9 +33,10 @@
 // after it), and with fireLapses the deletions under the whole prefix (for the tripwires). A
 // store thus hears of what it waits for and of deletions, not of every write of the job: with N
 // agents waiting, a round costs etcd O(N) events, not O(N^2). A wait for another range opens the watch again,
-// its deletions from where the last one left them, so none is missed between waits. A deleted
-// key whose record was not deleted in the same transaction (a release deletes both) is looked
-// up: its record still standing says the lease lapsed.
+// its deletions from where the last one left them, so none is missed between waits; it also
+// follows the keys expect() named (read with the waited ones), whose waits then cost nothing. A
+// deleted key whose record was not deleted in the same transaction (a release deletes both) is
+// looked up: its record still standing says the lease lapsed.
 //
 // Threads: every method is thread-safe; waits on one store run one at a time (one watch per
 // store), and abort() may come from any thread, cutting a blocked wait at once.
@@ -45,6 +46,7 @@
 #include <chrono>
 #include <map>
 #include <optional>
+#include <set>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -104,6 +106,11 @@ class EtcdStore : public LeasingStore {
   void lease(const std::string& key, const std::string& value, std::chrono::milliseconds ttl,
              const std::vector<std::pair<std::string, std::string>>& tripwires) override;
   bool waitFor(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override;
+  // With fireLapses: the next watch this store opens also follows `keys` (a range of its own
+  // each, read with the waited keys), and waits for them then need no new watch nor read. Such
+  // a wait ends once the key was there at the read or put since: for keys that stay once
+  // written (a round's end), as the rendezvous's hint is.
+  void expect(const std::vector<std::string>& keys) override;
   std::vector<std::string> peek(const std::vector<std::string>& keys) override;
   // Every later call throws NetworkError; a blocked wait throws at once.
   void abort() override;
@@ -125,9 +132,10 @@ class EtcdStore : public LeasingStore {
   // With watchMutex_ held: fires the records whose key is gone, and reads `etcdKeys` (as
   // readKeys) in the same transaction.
   std::vector<std::optional<KeyValue>> fireLapsed(const std::vector<std::string>& etcdKeys);
-  // With watchMutex_ held: a watch of the puts in `waited` from now, and of deletions.
-  void watchFrom(const std::pair<std::string, std::string>& waited);
-  // Applies one batch of watch events: deleted leased keys fired.
+  // With watchMutex_ held: a watch of the puts in `waited` from now, of deletions, and of the
+  // expected keys; returns those (the caller reads them with the waited keys).
+  std::vector<std::string> watchFrom(const std::pair<std::string, std::string>& waited);
+  // Applies one batch of watch events: deleted leased keys fired, expected keys' puts seen.
   void follow(const std::vector<WatchEvent>& events);
   // Writes `key`'s tripwires unless another store did (or the record changed) first.
   void fire(const std::string& key, const Record& record,
@@ -163,6 +171,9 @@ class EtcdStore : public LeasingStore {
   std::timed_mutex watchMutex_;
   std::unique_ptr<EtcdWatch> watch_;
   std::pair<std::string, std::string> waited_;  // the range of watch_ that takes puts
+  std::vector<std::string> expected_;  // etcd keys (expect()), under mutex_
+  std::set<std::string> followed_;     // the expected keys watch_ follows
+  std::set<std::string> seen_;         // those of them read or put since watch_ began
   EtcdWatch* liveWatch_ = nullptr;  // watch_ while a wait may block on it (under mutex_)
 };
 

@@ -35,6 +35,11 @@ class LeasingStore : public Store {
   virtual bool waitFor(const std::vector<std::string>& keys,
                        std::chrono::milliseconds timeout) = 0;
 
+  // A hint: this connection's waits will come to `keys` (replacing an earlier hint). A store
+  // whose waits each cost a watch and a read (etcd) follows them from its next wait on, so a
+  // later wait for them needs neither. Nothing else changes; here, it does nothing.
+  virtual void expect(const std::vector<std::string>& keys) {}
+
   // The values as they are now, without waiting; a missing key reads as empty.
   virtual std::vector<std::string> peek(const std::vector<std::string>& keys) = 0;
 
