@@ -202,11 +202,13 @@ ElasticRendezvous::Step ElasticRendezvous::tryRound(int round, Clock::time_point
   lease_->expect({keys_.end(round)});
   const auto arrival = now();
   const bool canClose = candidate && index >= options_.minNodes;
-  if (canClose && index >= targetSize(round)) closeRound(round, index);
+  // What a member reads once the round closed: the closer knows it already.
+  std::optional<std::vector<std::string>> texts;
+  if (canClose && index >= targetSize(round)) texts = closeRound(round, index);
   WaitingReport waiting(options_.minNodes);
-  while (!waitChunk(keys_.closed(round))) {
+  while (!texts && !waitChunk(keys_.closed(round))) {
     if (canClose && now() - arrival >= options_.lastCall) {
-      closeRound(round, index);
+      texts = closeRound(round, index);
     } else if (now() >= deadline) {
       const TimeoutError error = timedOut(round);
       if (candidate) lease_->deleteKey(keys_.node(round, index));
@@ -220,43 +222,55 @@ ElasticRendezvous::Step ElasticRendezvous::tryRound(int round, Clock::time_point
       if (auto line = waiting.update(joined, now(), deadline)) log::info(*line);
     }
   }
-  // One read whatever the outcome: a missing assignment reads as empty.
-  std::vector<std::string> keys{keys_.closed(round), keys_.assignment(round, index)};
-  if (options_.fetchRoster) keys.push_back(keys_.roster(round));
-  const std::vector<std::string> texts = lease_->peek(keys);
-  if (texts[0] == elastic::kAborted || texts[0] == elastic::kStopped) {
+  if (!texts) {
+    // One read whatever the outcome: a missing assignment reads as empty.
+    std::vector<std::string> keys{keys_.closed(round), keys_.assignment(round, index)};
+    if (options_.fetchRoster) keys.push_back(keys_.roster(round));
+    texts = lease_->peek(keys);
+  }
+  const std::string& closed = (*texts)[0];
+  if (closed == elastic::kAborted || closed == elastic::kStopped) {
     if (candidate) lease_->deleteKey(keys_.node(round, index));
-    if (texts[0] == elastic::kStopped) return elastic::decodeRoundEnd(lease_->peek({keys_.stop()})[0]);
+    if (closed == elastic::kStopped)
+      return elastic::decodeRoundEnd(lease_->peek({keys_.stop()})[0]);
     return NextRound{};
   }
-  const int members = toCount(texts[0], keys_.closed(round));
-  if (candidate && index <= members) return memberWorld(round, index, members, texts);
+  const int members = toCount(closed, keys_.closed(round));
+  if (candidate && index <= members) return memberWorld(round, index, members, *texts);
   if (candidate) lease_->deleteKey(keys_.node(round, index));
   return afterLateArrival(round, members);
 }
 
-void ElasticRendezvous::closeRound(int round, int index) {
+std::optional<std::vector<std::string>> ElasticRendezvous::closeRound(int round, int index) {
   // One closer per round: its assignments are the only ones, so members read theirs without
   // knowing the round's size first. If it dies half-way, its lease aborts the round.
   const std::string me = std::to_string(index);
-  if (lease_->compareSet(keys_.closer(round), "", me) != me) return;
-  const int members = static_cast<int>(
-      std::min<int64_t>(lease_->add(keys_.joined(round), 0), options_.maxNodes));
+  if (lease_->compareSet(keys_.closer(round), "", me) != me) return std::nullopt;
+  // At the maximum the round holds the first maxNodes to join: no need to count them.
+  const int members = index >= options_.maxNodes
+                          ? options_.maxNodes
+                          : static_cast<int>(std::min<int64_t>(lease_->add(keys_.joined(round), 0),
+                                                               options_.maxNodes));
   std::vector<std::string> nodes;
   for (int i = 1; i <= members; ++i) nodes.push_back(keys_.node(round, i));
-  // A member that dies after its record lands aborts the round through its lease; one that
-  // died before it leased anything is waited for only a lease's lifetime.
-  const auto giveUp = now() + options_.leaseTtl;
-  while (!lease_->waitFor(nodes, options_.heartbeat)) {
-    if (lease_->check({keys_.closed(round)})) return;
-    if (now() >= giveUp) {
-      lease_->compareSet(keys_.closed(round), "", std::string(elastic::kAborted));
-      return;
+  // The closer mostly came last: the records are there, and one read finds them. A member that
+  // dies after its record lands aborts the round through its lease; one that died before it
+  // leased anything is waited for only a lease's lifetime.
+  std::vector<std::string> texts = lease_->peek(nodes);
+  if (std::any_of(texts.begin(), texts.end(), [](const auto& t) { return t.empty(); })) {
+    const auto giveUp = now() + options_.leaseTtl;
+    while (!lease_->waitFor(nodes, options_.heartbeat)) {
+      if (lease_->check({keys_.closed(round)})) return std::nullopt;
+      if (now() >= giveUp) {
+        lease_->compareSet(keys_.closed(round), "", std::string(elastic::kAborted));
+        return std::nullopt;
+      }
     }
+    texts = lease_->peek(nodes);
   }
   std::vector<elastic::NodeRecord> records;
-  for (const std::string& text : lease_->peek(nodes)) {
-    if (text.empty()) return;  // a record vanished with its lease: the round is aborted
+  for (const std::string& text : texts) {
+    if (text.empty()) return std::nullopt;  // a record vanished with its lease: round aborted
     records.push_back(elastic::decodeNodeRecord(text));
   }
   const elastic::Plan plan = elastic::planRound(records);
@@ -272,8 +286,12 @@ void ElasticRendezvous::closeRound(int round, int index) {
   keys.push_back(keys_.names(round));
   values.push_back(elastic::encodeRoster({.endpoints = names}));
   lease_->multiSet(keys, values);
-  lease_->compareSet(keys_.closed(round), "", std::to_string(members));
+  const std::string closed = std::to_string(members);
+  if (lease_->compareSet(keys_.closed(round), "", closed) != closed) return std::nullopt;
   closedRound_ = round;
+  std::vector<std::string> mine{closed, values[index - 1]};
+  if (options_.fetchRoster) mine.push_back(values[members]);
+  return mine;
 }
 
 void ElasticRendezvous::forgetRounds(int upTo) {

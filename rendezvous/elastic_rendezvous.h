@@ -126,7 +126,9 @@ class ElasticRendezvous : public Rendezvous {
   // what the first next() needs (kept in firstLook_).
   void lookFirst();
   Step tryRound(int round, Clock::time_point deadline);
-  void closeRound(int round, int index);
+  // Closes the round if no other node does first. When this node closed it: what a member
+  // reads once a round closed (see memberWorld), as written, so the closer reads nothing more.
+  std::optional<std::vector<std::string>> closeRound(int round, int index);
   // `texts`: the round's closed value, this member's assignment, and the roster when fetched.
   World memberWorld(int round, int index, int members, const std::vector<std::string>& texts);
   Step afterLateArrival(int round, int members);

@@ -110,5 +110,38 @@ TEST_F(EtcdRendezvousTest, ThreeAgentsFormARoundAndALostOneEndsItForTheOthers) {
   }
 }
 
+// What a round costs etcd, where each request is CPU on a busy host: per agent one first look,
+// its join, a lease (grant and record), and a watch, a read after it and its assignment, or as
+// the closer the close alone (the records read once, the assignments written, the close); the
+// job's first agents create its keys. 10 a node is the bound (it was 12 before the closer knew
+// its own outcome). The wait for the round's end then opens no watch but the closer's first.
+TEST_F(EtcdRendezvousTest, ARoundCostsEtcdAFewRequestsANodeAndItsEndNoNewWatch) {
+  constexpr int kNodes = 4;
+  const auto before = server->requestsStarted();
+  std::vector<std::unique_ptr<ElasticRendezvous>> agents;
+  std::vector<ElasticRendezvous*> all;
+  for (int i = 0; i < kNodes; ++i) {
+    agents.push_back(std::make_unique<ElasticRendezvous>(
+        options(kNodes, kNodes, "node" + std::to_string(i))));
+    all.push_back(agents.back().get());
+  }
+  EXPECT_EQ(formRound(all).size(), static_cast<size_t>(kNodes));
+  const auto formed = server->requestsStarted();
+  const auto requests = [](const auto& from, const auto& to, const char* method) {
+    return (to.count(method) ? to.at(method) : 0) - (from.count(method) ? from.at(method) : 0);
+  };
+  int64_t total = 0;
+  for (const char* method : {"Range", "Txn", "Watch", "LeaseGrant"})
+    total += requests(before, formed, method);
+  EXPECT_LE(total, 10 * kNodes);
+
+  std::vector<std::future<RoundEnd>> ends;
+  for (auto* agent : all)
+    ends.push_back(std::async(std::launch::async, [agent] { return agent->awaitEnd(); }));
+  for (auto* agent : all) agent->reportSuccess();
+  for (auto& end : ends) EXPECT_EQ(end.get().kind, Kind::Finished);
+  EXPECT_LE(requests(formed, server->requestsStarted(), "Watch"), 1);
+}
+
 }  // namespace
 }  // namespace dlrun::rendezvous

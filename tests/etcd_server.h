@@ -13,15 +13,19 @@
 
 #include <gtest/gtest.h>
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -120,6 +124,38 @@ class EtcdServer {
   }
   uint16_t clientPort() const { return clientPort_; }
   pid_t pid() const { return pid_; }
+
+  // How many requests etcd has started, by gRPC method ("Txn", "Watch"...): its /metrics page,
+  // over a plain HTTP/1.0 GET on the client port. What a protocol costs etcd, for tests of it.
+  std::map<std::string, int64_t> requestsStarted() const {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_port = htons(clientPort_);
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0) {
+      ::close(fd);
+      throw std::runtime_error("cannot reach etcd's /metrics");
+    }
+    const std::string request = "GET /metrics HTTP/1.0\r\n\r\n";
+    if (::write(fd, request.data(), request.size()) != static_cast<ssize_t>(request.size())) {
+      ::close(fd);
+      throw std::runtime_error("cannot ask etcd for /metrics");
+    }
+    std::string page;
+    char buffer[65536];
+    for (ssize_t n; (n = ::read(fd, buffer, sizeof buffer)) > 0;) page.append(buffer, n);
+    ::close(fd);
+    std::map<std::string, int64_t> started;
+    std::istringstream lines(page);
+    const std::string metric = "grpc_server_started_total{grpc_method=\"";
+    for (std::string line; std::getline(lines, line);) {
+      if (!line.starts_with(metric)) continue;
+      const auto method = line.substr(metric.size(), line.find('"', metric.size()) - metric.size());
+      started[method] += std::stoll(line.substr(line.rfind(' ') + 1));
+    }
+    return started;
+  }
 
  private:
   std::string logTail() const {

@@ -4,18 +4,14 @@
 // helper process: this program run again with DLRUN_ETCD_HELPER set, then SIGKILLed).
 #include "rendezvous/etcd/etcd_store.h"
 
-#include <arpa/inet.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
 #include <signal.h>
 #include <sys/prctl.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdlib>
 #include <future>
-#include <map>
 #include <sstream>
 #include <thread>
 
@@ -252,35 +248,6 @@ TEST_F(EtcdStoreTest, ALeaseRevokedElsewhereIsFiredByAWatcher) {
   EXPECT_EQ(watcher->peek({"end", "node"}), (std::vector<std::string>{"lost", ""}));
 }
 
-// How many requests etcd started, by gRPC method, from its /metrics page: a plain HTTP/1.0 GET
-// on the client port.
-std::map<std::string, int64_t> requestsStarted(uint16_t port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_port = htons(port);
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0) {
-    ::close(fd);
-    throw std::runtime_error("cannot reach etcd's /metrics");
-  }
-  const std::string request = "GET /metrics HTTP/1.0\r\n\r\n";
-  EXPECT_EQ(::write(fd, request.data(), request.size()), static_cast<ssize_t>(request.size()));
-  std::string page;
-  char buffer[65536];
-  for (ssize_t n; (n = ::read(fd, buffer, sizeof buffer)) > 0;) page.append(buffer, n);
-  ::close(fd);
-  std::map<std::string, int64_t> started;
-  std::istringstream lines(page);
-  const std::string metric = "grpc_server_started_total{grpc_method=\"";
-  for (std::string line; std::getline(lines, line);) {
-    if (!line.starts_with(metric)) continue;
-    const auto method = line.substr(metric.size(), line.find('"', metric.size()) - metric.size());
-    started[method] += std::stoll(line.substr(line.rfind(' ') + 1));
-  }
-  return started;
-}
-
 // expect(): the round's end is followed from the wait for its close on, so the wait for the end
 // costs etcd nothing (no watch, no read), whether the end came before the hint or after.
 TEST_F(EtcdStoreTest, AnExpectedKeyIsFollowedFromTheFirstWaitOnWithoutAnotherRequest) {
@@ -290,13 +257,13 @@ TEST_F(EtcdStoreTest, AnExpectedKeyIsFollowedFromTheFirstWaitOnWithoutAnotherReq
   EXPECT_FALSE(waiter->waitFor({"closed"}, 100ms));
   writer->set("closed", "3");
   EXPECT_TRUE(waiter->waitFor({"closed"}, 5s));
-  const auto before = requestsStarted(server->clientPort());
+  const auto before = server->requestsStarted();
   EXPECT_TRUE(waiter->waitFor({"already"}, 100ms));
   EXPECT_FALSE(waiter->waitFor({"never"}, 200ms));
   auto later = std::async(std::launch::async, [&] { return waiter->waitFor({"end"}, 10s); });
   writer->set("end", "finished");
   EXPECT_TRUE(later.get());
-  const auto after = requestsStarted(server->clientPort());
+  const auto after = server->requestsStarted();
   for (const char* method : {"Range", "Txn", "Watch"})  // the writer's puts are Put requests
     EXPECT_EQ(after.count(method) ? after.at(method) : 0,
               before.count(method) ? before.at(method) : 0)
