@@ -795,6 +795,9 @@ void EtcdKeepAlive::run() {
   auto ttl = interval_ * 3;
   auto lastAck = Clock::now();
   std::string why = "no endpoint answered";
+  // A lease just granted runs for its whole TTL: the first renewal (and its stream) is due an
+  // interval later, not at once, when the agents of a job all take theirs and CPU is short.
+  if (!pause(interval_)) return;
   while (true) {
     {
       std::lock_guard lock(mutex_);
