@@ -1,6 +1,7 @@
 #include "rendezvous/etcd/etcd_store.h"
 
 #include <algorithm>
+#include <atomic>
 #include <charconv>
 #include <optional>
 #include <random>
@@ -54,12 +55,18 @@ std::optional<Tripwires> decodeTripwires(std::string_view text) {
   return out;
 }
 
-// Names this store's add() mark: unique among the stores of every job on the cluster.
+// Names this store's add() mark: unique among the stores of every job on the cluster. The
+// random part is drawn once a process (a random_device costs a system call or two each time,
+// and an agent opens several stores), a counter tells the process's stores apart.
 std::string uniqueId() {
-  std::random_device random;
-  std::ostringstream out;
-  out << std::hex << random() << random() << '-' << ::getpid();
-  return out.str();
+  static const std::string process = [] {
+    std::random_device random;
+    std::ostringstream out;
+    out << std::hex << random() << random() << '-' << ::getpid();
+    return out.str();
+  }();
+  static std::atomic<uint64_t> stores{0};
+  return process + '-' + std::to_string(stores++);
 }
 
 Clock::time_point deadlineAfter(std::chrono::milliseconds timeout) {
