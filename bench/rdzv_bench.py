@@ -111,12 +111,16 @@ class Failed(Exception):
     """A run that did not produce a figure; the message says why."""
 
 
-# Agents are started through setpriv, which sets PR_SET_PDEATHSIG and execs the agent
-# (same PID): a preexec_fn makes Python fork this whole process for every agent, where without
-# one it uses vfork. Starting 32 agents took about 55 ms with a preexec_fn and 13 ms through
-# setpriv on an idle machine, and the forks competed with the agents already started, inside
-# the measured window.
-DIE_WITH_PARENT = ["setpriv", "--pdeathsig", "KILL", "--"]
+# Agents die with the benchmark. As the init of a PID namespace of its own (rdzv_bench.sh runs
+# it so where it may) it needs nothing for that: when it dies the kernel kills every process
+# in the namespace (orphans of killed agents stay zombies until then). Otherwise agents start
+# through setpriv, which sets PR_SET_PDEATHSIG and execs the agent (same PID): a preexec_fn
+# makes Python fork this whole process for every agent, where without one it uses vfork.
+# Starting 32 agents took about 55 ms with a preexec_fn, 13 ms through setpriv and 6 ms bare
+# on an idle machine, and the starts compete with the agents already started, inside the
+# measured window.
+IN_PID_NAMESPACE = os.getpid() == 1 and os.environ.get("RDZV_BENCH_PID_NAMESPACE") == "1"
+DIE_WITH_PARENT = [] if IN_PID_NAMESPACE else ["setpriv", "--pdeathsig", "KILL", "--"]
 
 
 def clean_env(**extra):
@@ -124,7 +128,7 @@ def clean_env(**extra):
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("PET_", "TORCHELASTIC_"))
            and k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-                         "GROUP_RANK", "PYTHON_EXEC")}
+                         "GROUP_RANK", "PYTHON_EXEC", "RDZV_BENCH_PID_NAMESPACE")}
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     env.update(extra)
     return env
