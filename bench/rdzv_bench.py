@@ -68,8 +68,9 @@ fresh rendezvous id.
 
 Every process is stopped by PID in a finally block: each agent, the processes below it (their
 PIDs and start times taken just before it is killed), every worker that recorded itself (if
-/proc says it still runs the probe), and etcd. Agents and etcd get PR_SET_PDEATHSIG, so they
-die if this script does. A failed run prints why (the last line its agent logged) and the
+/proc says it still runs the probe), and etcd. They die if this script does: it runs as the
+init of a PID namespace of its own where rdzv_bench.sh may make one (root), else agents and etcd
+get PR_SET_PDEATHSIG. A failed run prints why (the last line its agent logged) and the
 benchmark goes on.
 """
 
