@@ -187,6 +187,15 @@ bool ElasticRendezvous::waitChunk(const std::string& key) {
 ElasticRendezvous::Step ElasticRendezvous::tryRound(int round, Clock::time_point deadline) {
   const int index = static_cast<int>(lease_->add(keys_.joined(round), 1));
   const bool candidate = index <= options_.maxNodes;
+  // What this node waits for and reads next, followed from here on (a hint; on etcd a watch
+  // read with the lease below, so the waits and reads after it cost no request): the round's
+  // close and end, a member's assignment and the roster.
+  std::vector<std::string> next{keys_.closed(round), keys_.end(round)};
+  if (candidate) {
+    next.push_back(keys_.assignment(round, index));
+    if (options_.fetchRoster) next.push_back(keys_.roster(round));
+  }
+  lease_->expect(next);
   if (candidate) {
     elastic::NodeRecord record = options_.self;
     record.failures = failures_;
@@ -198,8 +207,6 @@ ElasticRendezvous::Step ElasticRendezvous::tryRound(int round, Clock::time_point
                    {keys_.end(round), elastic::encode(lost)},
                    {keys_.lost(record.name), "1"}});
   }
-  // The round's end is waited for next, by a member or a spare: followed from the first wait on.
-  lease_->expect({keys_.end(round)});
   const auto arrival = now();
   const bool canClose = candidate && index >= options_.minNodes;
   // What a member reads once the round closed: the closer knows it already.

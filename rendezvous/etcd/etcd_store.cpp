@@ -360,6 +360,23 @@ void EtcdStore::multiSet(const std::vector<std::string>& keys,
 
 std::vector<std::string> EtcdStore::peek(const std::vector<std::string>& keys) {
   std::vector<std::string> out;
+  if (options_.fireLapses) {
+    // Expected keys the watch saw: what it saw (see expect()). Not while a wait holds the watch.
+    std::unique_lock watching(watchMutex_, std::try_to_lock);
+    if (watching.owns_lock() && watch_ &&
+        std::all_of(keys.begin(), keys.end(),
+                    [&](const auto& key) { return followed_.contains(dataKey(key)); })) {
+      requireOpen();
+      settle();
+      for (const auto& key : keys) {
+        const auto it = seen_.find(dataKey(key));
+        if (it == seen_.end()) break;
+        out.push_back(it->second.value);
+      }
+      if (out.size() == keys.size()) return out;
+      out.clear();
+    }
+  }
   for (auto& value : read(keys)) out.push_back(value.value_or(""));
   return out;
 }
@@ -417,7 +434,37 @@ void EtcdStore::lease(const std::string& key, const std::string& value,
   put->set_key(dataKey(key));
   put->set_value(value);
   put->set_lease(id);
-  const auto response = retrying([&] { return client_->txn(request); });
+  // The read a watch opened by expect() owes rides along: one round trip less on the way into
+  // a round (the watch began before this transaction, so what it misses, the read has).
+  std::unique_lock watching(watchMutex_, std::defer_lock);
+  std::optional<Owed> owed;
+  if (options_.fireLapses && watching.try_lock() && owed_ &&
+      owed_->keys.size() + 4 <= kMaxTxnOps) {
+    owed = std::exchange(owed_, std::nullopt);
+    if (owed->scan) {
+      addLapseScan(request, owed->keys);
+    } else {
+      for (const auto& k : owed->keys) request.add_success()->mutable_request_range()->set_key(k);
+    }
+  }
+  pb::TxnResponse response;
+  try {
+    response = retrying([&] { return client_->txn(request); });
+  } catch (...) {
+    if (owed) owed_ = std::move(owed);  // still owed
+    throw;
+  }
+  if (owed) {
+    std::vector<std::optional<KeyValue>> found;
+    if (owed->scan) {
+      found = takeLapseScan(response, 2, owed->keys.size());
+    } else {
+      for (int i = 2; i < response.responses_size(); ++i)
+        found.push_back(firstKey(response.responses(i).response_range()));
+    }
+    noteSeen(owed->keys, found);
+  }
+  if (watching.owns_lock()) watching.unlock();
   std::lock_guard lock(mutex_);
   owned_[key] = Record{std::move(unique), response.header().revision()};
 }
@@ -445,26 +492,38 @@ void EtcdStore::fire(const std::string& key, const Record& record,
 
 std::vector<std::optional<KeyValue>> EtcdStore::fireLapsed(
     const std::vector<std::string>& etcdKeys) {
+  if (etcdKeys.size() + 2 > kMaxTxnOps) {  // too many for one transaction
+    fireLapsed({});
+    return readKeys(etcdKeys);
+  }
+  pb::TxnRequest request;
+  addLapseScan(request, etcdKeys);
+  return takeLapseScan(client_->txn(request), 0, etcdKeys.size());
+}
+
+void EtcdStore::addLapseScan(pb::TxnRequest& request,
+                             const std::vector<std::string>& etcdKeys) const {
   // A record whose key is gone outlived a lease that lapsed while no store watched: fire it now.
   // Keys-only reads of the records and of the data say which (every agent of a job reads them
   // as it starts to wait: names, not the records' texts, which only an orphan's firing needs).
   // Both, and the keys asked for, in one transaction: one round trip, one revision.
-  const size_t asked = etcdKeys.size() + 2 <= kMaxTxnOps ? etcdKeys.size() : 0;
-  pb::TxnRequest request;
   for (const std::string* prefix : {&recordPrefix_, &dataPrefix_}) {
     auto* range = request.add_success()->mutable_request_range();
     range->set_key(*prefix);
     range->set_range_end(EtcdClient::prefixEnd(*prefix));
     range->set_keys_only(true);
   }
-  for (size_t i = 0; i < asked; ++i)
-    request.add_success()->mutable_request_range()->set_key(etcdKeys[i]);
-  const auto response = client_->txn(request);
+  for (const auto& key : etcdKeys) request.add_success()->mutable_request_range()->set_key(key);
+}
+
+std::vector<std::optional<KeyValue>> EtcdStore::takeLapseScan(const pb::TxnResponse& response,
+                                                              int offset, size_t keys) {
   std::set<std::string> present;
-  for (const auto& kv : response.responses(1).response_range().kvs()) present.insert(kv.key());
+  for (const auto& kv : response.responses(offset + 1).response_range().kvs())
+    present.insert(kv.key());
   std::vector<std::string> orphans;
   std::vector<int64_t> seen;  // their revisions at the scan
-  for (const auto& kv : response.responses(0).response_range().kvs()) {
+  for (const auto& kv : response.responses(offset).response_range().kvs()) {
     if (present.contains(dataKey(kv.key().substr(recordPrefix_.size())))) continue;
     orphans.push_back(kv.key());
     seen.push_back(kv.mod_revision());
@@ -479,14 +538,14 @@ std::vector<std::optional<KeyValue>> EtcdStore::fireLapsed(
              Record{std::move(*tripwires), records[i]->modRevision});
     }
   }
-  if (asked < etcdKeys.size()) return readKeys(etcdKeys);  // too many for one transaction
   std::vector<std::optional<KeyValue>> found;
-  for (int i = 2; i < response.responses_size(); ++i)
-    found.push_back(firstKey(response.responses(i).response_range()));
+  for (size_t i = 0; i < keys; ++i)
+    found.push_back(firstKey(response.responses(offset + 2 + static_cast<int>(i)).response_range()));
   return found;
 }
 
-std::vector<std::string> EtcdStore::watchFrom(const std::pair<std::string, std::string>& waited) {
+std::vector<std::string> EtcdStore::watchFrom(
+    const std::optional<std::pair<std::string, std::string>>& waited) {
   // The lapse range goes on where the last watch left it, so no deletion is missed across
   // waits; the first starts now, and the caller's read after it scans the records
   // (fireLapsed) for what lapsed before. The waited range starts now, and the caller reads
@@ -502,10 +561,12 @@ std::vector<std::string> EtcdStore::watchFrom(const std::pair<std::string, std::
     std::lock_guard lock(mutex_);
     expected = expected_;
   }
-  ranges.push_back(
-      {.key = waited.first, .rangeEnd = waited.second, .only = WatchRange::Only::Puts});
+  if (waited) {
+    ranges.push_back(
+        {.key = waited->first, .rangeEnd = waited->second, .only = WatchRange::Only::Puts});
+  }
   for (const auto& key : expected) {
-    if (key < waited.first || key >= waited.second)
+    if (!waited || key < waited->first || key >= waited->second)
       ranges.push_back({.key = key, .only = WatchRange::Only::Puts});
   }
   {
@@ -515,8 +576,9 @@ std::vector<std::string> EtcdStore::watchFrom(const std::pair<std::string, std::
   watch_.reset();
   followed_.clear();
   seen_.clear();
+  owed_.reset();
   watch_ = client_->watch(std::move(ranges));
-  waited_ = waited;
+  waited_ = waited.value_or(std::pair<std::string, std::string>{});
   followed_.insert(expected.begin(), expected.end());
   std::lock_guard lock(mutex_);
   liveWatch_ = watch_.get();
@@ -524,9 +586,34 @@ std::vector<std::string> EtcdStore::watchFrom(const std::pair<std::string, std::
   return expected;
 }
 
+void EtcdStore::noteSeen(const std::vector<std::string>& etcdKeys,
+                        const std::vector<std::optional<KeyValue>>& found) {
+  for (size_t i = 0; i < etcdKeys.size(); ++i) {
+    if (!found[i] || !followed_.contains(etcdKeys[i])) continue;
+    auto& seen = seen_[etcdKeys[i]];
+    if (found[i]->modRevision >= seen.revision) seen = Seen{found[i]->value, found[i]->modRevision};
+  }
+}
+
+void EtcdStore::settle() {
+  if (!owed_) return;
+  const Owed owed = std::move(*owed_);
+  owed_.reset();
+  noteSeen(owed.keys, owed.scan ? fireLapsed(owed.keys) : readKeys(owed.keys));
+}
+
 void EtcdStore::follow(const std::vector<WatchEvent>& events) {
-  for (const auto& e : events)
-    if (e.type == WatchEvent::Type::Put && followed_.contains(e.kv.key)) seen_.insert(e.kv.key);
+  // Events of one range come in revision order, of different ranges in none: the newest wins.
+  for (const auto& e : events) {
+    if (!followed_.contains(e.kv.key)) continue;
+    const auto it = seen_.find(e.kv.key);
+    if (it != seen_.end() && e.kv.modRevision <= it->second.revision) continue;
+    if (e.type == WatchEvent::Type::Put) {
+      seen_[e.kv.key] = Seen{e.kv.value, e.kv.modRevision};
+    } else if (it != seen_.end()) {
+      seen_.erase(it);
+    }
+  }
   // A deleted key whose record was not deleted in the same revision (a release deletes both in
   // one transaction) may be a lapsed lease: its record, read now, says so; one read for all.
   std::vector<std::string> lapsed;
@@ -558,9 +645,24 @@ void EtcdStore::follow(const std::vector<WatchEvent>& events) {
 }
 
 void EtcdStore::expect(const std::vector<std::string>& keys) {
-  std::lock_guard lock(mutex_);
-  expected_.clear();
-  for (const auto& key : keys) expected_.push_back(dataKey(key));
+  std::vector<std::string> etcdKeys;
+  for (const auto& key : keys) etcdKeys.push_back(dataKey(key));
+  {
+    std::lock_guard lock(mutex_);
+    expected_ = etcdKeys;
+  }
+  if (!options_.fireLapses) return;
+  // A wait holding the watch: the next watch takes them.
+  std::unique_lock watching(watchMutex_, std::try_to_lock);
+  if (!watching.owns_lock()) return;
+  requireOpen();
+  if (watch_ && std::all_of(etcdKeys.begin(), etcdKeys.end(),
+                            [&](const auto& k) { return followed_.contains(k); }))
+    return;
+  settle();  // a scan the old watch owed is made before its deletions stop being followed
+  const bool scan = !watch_;
+  watchFrom(std::nullopt);
+  owed_ = Owed{scan, std::move(etcdKeys)};
 }
 
 bool EtcdStore::waitFor(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) {
@@ -586,6 +688,7 @@ bool EtcdStore::waitFor(const std::vector<std::string>& keys, std::chrono::milli
         if (!found[i]) still.push_back(std::move(missing[i]));
       missing = std::move(still);
     };
+    settle();
     const bool followed = watch_ && std::all_of(missing.begin(), missing.end(), [&](const auto& k) {
                             return followed_.contains(k);
                           });
@@ -600,8 +703,7 @@ bool EtcdStore::waitFor(const std::vector<std::string>& keys, std::chrono::milli
       std::vector<std::string> read = missing;
       for (auto& key : watchFrom(range)) read.push_back(std::move(key));
       const auto found = firstLapseWatch ? fireLapsed(read) : readKeys(read);
-      for (size_t i = missing.size(); i < read.size(); ++i)
-        if (found[i]) seen_.insert(read[i]);
+      noteSeen(read, found);
       keepMissing(found);
     } else {
       keepMissing(readKeys(missing));

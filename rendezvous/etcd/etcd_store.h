@@ -34,7 +34,8 @@
 // store thus hears of what it waits for and of deletions, not of every write of the job: with N
 // agents waiting, a round costs etcd O(N) events, not O(N^2). A wait for another range opens the watch again,
 // its deletions from where the last one left them, so none is missed between waits; it also
-// follows the keys expect() named (read with the waited ones), whose waits then cost nothing. A
+// follows the keys expect() named (expect() opens it at once; their read rides on the next
+// lease's transaction), whose waits and, once seen, peeks then cost nothing. A
 // deleted key whose record was not deleted in the same transaction (a release deletes both) is
 // looked up: its record still standing says the lease lapsed.
 //
@@ -106,10 +107,13 @@ class EtcdStore : public LeasingStore {
   void lease(const std::string& key, const std::string& value, std::chrono::milliseconds ttl,
              const std::vector<std::pair<std::string, std::string>>& tripwires) override;
   bool waitFor(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override;
-  // With fireLapses: the next watch this store opens also follows `keys` (a range of its own
-  // each, read with the waited keys), and waits for them then need no new watch nor read. Such
-  // a wait ends once the key was there at the read or put since: for keys that stay once
-  // written (a round's end), as the rendezvous's hint is.
+  // With fireLapses: opens a watch of `keys` now (a range each, and the deletions), unless the
+  // open one follows them, and reads them once after it began: with this store's next lease()
+  // (in its transaction), else at the next wait or peek. Waits for them then cost no request,
+  // nor do peeks of them once each was seen: such a wait ends once the key was there at the
+  // read or put since, such a peek answers what the watch saw. For keys written once and then
+  // left alone while they matter (a round's close, end, assignments, roster), as the
+  // rendezvous's are. Throws as a wait would when the watch cannot open.
   void expect(const std::vector<std::string>& keys) override;
   std::vector<std::string> peek(const std::vector<std::string>& keys) override;
   // Every later call throws NetworkError; a blocked wait throws at once.
@@ -132,9 +136,21 @@ class EtcdStore : public LeasingStore {
   // With watchMutex_ held: fires the records whose key is gone, and reads `etcdKeys` (as
   // readKeys) in the same transaction.
   std::vector<std::optional<KeyValue>> fireLapsed(const std::vector<std::string>& etcdKeys);
-  // With watchMutex_ held: a watch of the puts in `waited` from now, of deletions, and of the
-  // expected keys; returns those (the caller reads them with the waited keys).
-  std::vector<std::string> watchFrom(const std::pair<std::string, std::string>& waited);
+  // fireLapsed's reads appended to `request`: the names of the tripwire records and of the keys,
+  // then `etcdKeys`; and their answers taken from `response` at `offset` (orphans fired).
+  void addLapseScan(etcdserverpb::TxnRequest& request,
+                    const std::vector<std::string>& etcdKeys) const;
+  std::vector<std::optional<KeyValue>> takeLapseScan(const etcdserverpb::TxnResponse& response,
+                                                     int offset, size_t keys);
+  // With watchMutex_ held: a watch of the puts in `waited` (none: expect()'s) from now, of
+  // deletions, and of the expected keys; returns those (the caller reads them after it).
+  std::vector<std::string> watchFrom(
+      const std::optional<std::pair<std::string, std::string>>& waited);
+  // With watchMutex_ held: the read a watch opened by expect() still owes, made now.
+  void settle();
+  // With watchMutex_ held: what the read after the watch began found of expected keys.
+  void noteSeen(const std::vector<std::string>& etcdKeys,
+                const std::vector<std::optional<KeyValue>>& found);
   // Applies one batch of watch events: deleted leased keys fired, expected keys' puts seen.
   void follow(const std::vector<WatchEvent>& events);
   // Writes `key`'s tripwires unless another store did (or the record changed) first.
@@ -173,7 +189,17 @@ class EtcdStore : public LeasingStore {
   std::pair<std::string, std::string> waited_;  // the range of watch_ that takes puts
   std::vector<std::string> expected_;  // etcd keys (expect()), under mutex_
   std::set<std::string> followed_;     // the expected keys watch_ follows
-  std::set<std::string> seen_;         // those of them read or put since watch_ began
+  struct Seen {
+    std::string value;
+    int64_t revision = 0;
+  };
+  std::map<std::string, Seen> seen_;  // those of them read or put since watch_ began
+  // The read a watch opened by expect() owes: its keys, and whether it scans for lapses.
+  struct Owed {
+    bool scan = false;
+    std::vector<std::string> keys;
+  };
+  std::optional<Owed> owed_;
   EtcdWatch* liveWatch_ = nullptr;  // watch_ while a wait may block on it (under mutex_)
 };
 
