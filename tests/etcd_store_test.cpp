@@ -248,8 +248,9 @@ TEST_F(EtcdStoreTest, ALeaseRevokedElsewhereIsFiredByAWatcher) {
   EXPECT_EQ(watcher->peek({"end", "node"}), (std::vector<std::string>{"lost", ""}));
 }
 
-// expect(): the round's end is followed from the wait for its close on, so the wait for the end
-// costs etcd nothing (no watch, no read), whether the end came before the hint or after.
+// expect(): the round's end is followed from the hint on, so the wait for the end and a read of
+// it cost etcd nothing (no watch, no read), whether the end came before the hint or after; a
+// key never seen is read.
 TEST_F(EtcdStoreTest, AnExpectedKeyIsFollowedFromTheFirstWaitOnWithoutAnotherRequest) {
   auto waiter = store(), writer = store();
   writer->set("already", "1");
@@ -263,12 +264,13 @@ TEST_F(EtcdStoreTest, AnExpectedKeyIsFollowedFromTheFirstWaitOnWithoutAnotherReq
   auto later = std::async(std::launch::async, [&] { return waiter->waitFor({"end"}, 10s); });
   writer->set("end", "finished");
   EXPECT_TRUE(later.get());
+  EXPECT_EQ(waiter->peek({"end", "already"}), (std::vector<std::string>{"finished", "1"}));
   const auto after = server->requestsStarted();
   for (const char* method : {"Range", "Txn", "Watch"})  // the writer's puts are Put requests
     EXPECT_EQ(after.count(method) ? after.at(method) : 0,
               before.count(method) ? before.at(method) : 0)
         << method;
-  EXPECT_EQ(waiter->peek({"end"}), std::vector<std::string>{"finished"});
+  EXPECT_EQ(waiter->peek({"end", "never"}), (std::vector<std::string>{"finished", ""}));
   // A key outside the hint still gets its watch and read.
   writer->set("other", "1");
   EXPECT_TRUE(waiter->waitFor({"other"}, 100ms));
