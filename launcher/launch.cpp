@@ -27,6 +27,7 @@
 #include "rendezvous/local_rendezvous.h"
 #include "rendezvous/store/store_server.h"
 #include "rendezvous/store/tcp_store.h"
+#include "rendezvous/store/tcp_stream.h"
 
 namespace dlrun::launcher {
 namespace {
@@ -173,17 +174,46 @@ StorePlan planStore(const LaunchConfig& config) {
   throw std::logic_error("planStore: a rendezvous backend without a store plan");
 }
 
+// Whether something answers at host:port (a connection that opens, or a failure other than a
+// refusal: it cannot be told).
+bool answers(const std::string& host, uint16_t port) {
+  try {
+    rendezvous::TcpStream::connect(host, port, Clock::now() + std::chrono::seconds(1));
+    return true;
+  } catch (const rendezvous::ConnectionRefused&) {
+    return false;
+  } catch (const Error&) {
+    return true;
+  }
+}
+
 // The store with the control plane on its port (ARCHITECTURE.md section 10), where this agent
-// serves the job's store.
+// serves the job's store. Every agent on the endpoint's host tries; the first to listen serves.
+// Turned away, an agent stands back only once something answers on the port: two agents that
+// bind at once (SO_REUSEADDR lets both) can both be turned away at listen(), each seeing the
+// other listening for a moment, and a socket bound there without listening blocks both; each
+// then waited for a store nobody served, silently until the join timeout. It tries again for up
+// to kServeRetry while nothing answers, after short random pauses that break a tie.
 std::optional<control::StoreWithControl> serveStore(const StorePlan& plan) {
   if (!plan.serve) return std::nullopt;
-  try {
-    return std::make_optional<control::StoreWithControl>(
-        rendezvous::StoreServerOptions{.host = plan.host, .port = plan.port});
-  } catch (const NetworkError& e) {
-    if (plan.mustServe) throw;
-    log::debug(std::string("not serving the store: ") + e.what());
-    return std::nullopt;
+  constexpr auto kServeRetry = std::chrono::seconds(5);
+  const auto deadline = Clock::now() + kServeRetry;
+  std::minstd_rand random(std::random_device{}());
+  for (bool said = false;; said = true) {
+    try {
+      return std::make_optional<control::StoreWithControl>(
+          rendezvous::StoreServerOptions{.host = plan.host, .port = plan.port});
+    } catch (const NetworkError& e) {
+      if (plan.mustServe) throw;
+      if (Clock::now() >= deadline || answers(plan.host, plan.port)) {
+        log::debug(std::string("not serving the store: ") + e.what());
+        return std::nullopt;
+      }
+      if (!said)
+        log::debug("the store's port " + std::to_string(plan.port) +
+                   " is taken and nothing answers there: trying again to serve the store");
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(random() % 5'000));
   }
 }
 

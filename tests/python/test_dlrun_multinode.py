@@ -233,6 +233,27 @@ class MultiNodeTest(unittest.TestCase):
         self.assertEqual(other.returncode, 1, other)
         self.assertIn("is gone (connection refused)", other.dlrun_lines()[-1])
 
+    def test_agents_turned_away_from_the_store_port_serve_once_it_frees(self):
+        """Two agents on the store's host both turned away from its port (here by a socket
+        bound there without listening; two agents listening at once can turn each other away
+        too): each tries again while nothing answers there, and one serves once the port frees,
+        where both used to wait for a store nobody served, silent until the join timeout."""
+        port = free_port()
+        holder = socket.socket()
+        self.addCleanup(holder.close)
+        holder.bind(("127.0.0.1", port))  # no SO_REUSEADDR, no listen(): binds to it fail
+        args = ["--nnodes=2", "--nproc-per-node=1", "--rdzv-backend=c10d",
+                f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id=job{port}",
+                "--rdzv-conf=join_timeout=30", "--no-python", "/bin/true"]
+        agents = [Dlrun(self, args, env=clean_env(DLRUN_LOG_LEVEL="debug")) for _ in range(2)]
+        retrying = "is taken and nothing answers there: trying again to serve the store"
+        wait_until(lambda: all(retrying in a.output()[1] for a in agents), JOB_TIMEOUT_S,
+                   "both agents to try the store's port again",
+                   on_timeout=lambda: "\n".join(a.describe() for a in agents))
+        holder.close()
+        for result in self.finish(agents):
+            self.assertEqual(result.returncode, 0, result)
+
     def test_an_unreachable_endpoint_fails_after_the_join_timeout(self):
         args = ["--nnodes=2", "--nproc-per-node=1", "--rdzv-backend=c10d",
                 f"--rdzv-endpoint=127.0.0.1:{free_port()}", "--rdzv-conf=join_timeout=1,is_host=0",
