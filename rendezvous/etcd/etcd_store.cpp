@@ -441,11 +441,7 @@ void EtcdStore::lease(const std::string& key, const std::string& value,
   if (options_.fireLapses && watching.try_lock() && owed_ &&
       owed_->keys.size() + 4 <= kMaxTxnOps) {
     owed = std::exchange(owed_, std::nullopt);
-    if (owed->scan) {
-      addLapseScan(request, owed->keys);
-    } else {
-      for (const auto& k : owed->keys) request.add_success()->mutable_request_range()->set_key(k);
-    }
+    addWatchRead(request, owed->scan, owed->keys);
   }
   pb::TxnResponse response;
   try {
@@ -454,17 +450,7 @@ void EtcdStore::lease(const std::string& key, const std::string& value,
     if (owed) owed_ = std::move(owed);  // still owed
     throw;
   }
-  if (owed) {
-    std::vector<std::optional<KeyValue>> found;
-    if (owed->scan) {
-      found = takeLapseScan(response, 2, owed->keys.size());
-    } else {
-      for (int i = 2; i < response.responses_size(); ++i)
-        found.push_back(firstKey(response.responses(i).response_range()));
-    }
-    noteSeen(owed->keys, found);
-  }
-  if (watching.owns_lock()) watching.unlock();
+  if (owed) noteSeen(owed->keys, takeWatchRead(response, 2, owed->scan, owed->keys.size()));
   std::lock_guard lock(mutex_);
   owned_[key] = Record{std::move(unique), response.header().revision()};
 }
@@ -497,17 +483,19 @@ std::vector<std::optional<KeyValue>> EtcdStore::fireLapsed(
     return readKeys(etcdKeys);
   }
   pb::TxnRequest request;
-  addLapseScan(request, etcdKeys);
-  return takeLapseScan(client_->txn(request), 0, etcdKeys.size());
+  addWatchRead(request, true, etcdKeys);
+  return takeWatchRead(client_->txn(request), 0, true, etcdKeys.size());
 }
 
-void EtcdStore::addLapseScan(pb::TxnRequest& request,
+void EtcdStore::addWatchRead(pb::TxnRequest& request, bool scan,
                              const std::vector<std::string>& etcdKeys) const {
   // A record whose key is gone outlived a lease that lapsed while no store watched: fire it now.
   // Keys-only reads of the records and of the data say which (every agent of a job reads them
   // as it starts to wait: names, not the records' texts, which only an orphan's firing needs).
   // Both, and the keys asked for, in one transaction: one round trip, one revision.
-  for (const std::string* prefix : {&recordPrefix_, &dataPrefix_}) {
+  const std::vector<const std::string*> scanned =
+      scan ? std::vector{&recordPrefix_, &dataPrefix_} : std::vector<const std::string*>{};
+  for (const std::string* prefix : scanned) {
     auto* range = request.add_success()->mutable_request_range();
     range->set_key(*prefix);
     range->set_range_end(EtcdClient::prefixEnd(*prefix));
@@ -516,8 +504,18 @@ void EtcdStore::addLapseScan(pb::TxnRequest& request,
   for (const auto& key : etcdKeys) request.add_success()->mutable_request_range()->set_key(key);
 }
 
-std::vector<std::optional<KeyValue>> EtcdStore::takeLapseScan(const pb::TxnResponse& response,
-                                                              int offset, size_t keys) {
+std::vector<std::optional<KeyValue>> EtcdStore::takeWatchRead(const pb::TxnResponse& response,
+                                                              int offset, bool scan,
+                                                              size_t keys) {
+  if (scan) fireOrphans(response, offset);
+  const int first = offset + (scan ? 2 : 0);
+  std::vector<std::optional<KeyValue>> found;
+  for (size_t i = 0; i < keys; ++i)
+    found.push_back(firstKey(response.responses(first + static_cast<int>(i)).response_range()));
+  return found;
+}
+
+void EtcdStore::fireOrphans(const pb::TxnResponse& response, int offset) {
   std::set<std::string> present;
   for (const auto& kv : response.responses(offset + 1).response_range().kvs())
     present.insert(kv.key());
@@ -538,10 +536,6 @@ std::vector<std::optional<KeyValue>> EtcdStore::takeLapseScan(const pb::TxnRespo
              Record{std::move(*tripwires), records[i]->modRevision});
     }
   }
-  std::vector<std::optional<KeyValue>> found;
-  for (size_t i = 0; i < keys; ++i)
-    found.push_back(firstKey(response.responses(offset + 2 + static_cast<int>(i)).response_range()));
-  return found;
 }
 
 std::vector<std::string> EtcdStore::watchFrom(
@@ -720,7 +714,7 @@ bool EtcdStore::waitFor(const std::vector<std::string>& keys, std::chrono::milli
         if (e.type == WatchEvent::Type::Put) std::erase(missing, e.kv.key);
     }
     return true;
-  } catch (const Error& e) {
+  } catch (const Error&) {
     requireOpen();  // an abort() is named as such
     throw;
   }

@@ -136,12 +136,14 @@ class EtcdStore : public LeasingStore {
   // With watchMutex_ held: fires the records whose key is gone, and reads `etcdKeys` (as
   // readKeys) in the same transaction.
   std::vector<std::optional<KeyValue>> fireLapsed(const std::vector<std::string>& etcdKeys);
-  // fireLapsed's reads appended to `request`: the names of the tripwire records and of the keys,
-  // then `etcdKeys`; and their answers taken from `response` at `offset` (orphans fired).
-  void addLapseScan(etcdserverpb::TxnRequest& request,
+  // The read after a watch began, appended to `request`: with `scan`, fireLapsed's names of the
+  // tripwire records and of the keys; then `etcdKeys`. takeWatchRead takes its answers from
+  // `response` at `offset` (with `scan`, orphans fired by fireOrphans) and returns the keys'.
+  void addWatchRead(etcdserverpb::TxnRequest& request, bool scan,
                     const std::vector<std::string>& etcdKeys) const;
-  std::vector<std::optional<KeyValue>> takeLapseScan(const etcdserverpb::TxnResponse& response,
-                                                     int offset, size_t keys);
+  std::vector<std::optional<KeyValue>> takeWatchRead(const etcdserverpb::TxnResponse& response,
+                                                     int offset, bool scan, size_t keys);
+  void fireOrphans(const etcdserverpb::TxnResponse& response, int offset);
   // With watchMutex_ held: a watch of the puts in `waited` (none: expect()'s) from now, of
   // deletions, and of the expected keys; returns those (the caller reads them after it).
   std::vector<std::string> watchFrom(
