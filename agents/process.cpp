@@ -12,6 +12,7 @@
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <utility>
 
@@ -33,7 +34,9 @@ struct ParkingSlots {
 
   std::mutex mutex;  // one start at a time uses the slots and the stack
   int null = -1, in = -1, out = -1, err = -1;
-  std::vector<char> stack;  // the child's, until its exec
+  // The child's, until its exec; uninitialised, so only the pages it uses are faulted in.
+  std::unique_ptr<char[]> stack;
+  size_t stackSize = 0;
 
   unsigned end() const { return static_cast<unsigned>(std::max({null, in, out, err})) + 1; }
 
@@ -176,8 +179,12 @@ SpawnedProcess spawnProcess(const SpawnRequest& request) {
   child.keepBelow = slots.end();
   if (auto limit = workerDescriptorLimit()) child.descriptorLimit = *limit;
   // Room for execvpe's own needs (a PATH candidate, a script's argv) on top of a safe margin.
-  slots.stack.resize(64 * 1024 + argv.size() * sizeof(char*) * 2);
-  auto top = reinterpret_cast<uintptr_t>(slots.stack.data() + slots.stack.size());
+  const size_t stackSize = 64 * 1024 + argv.size() * sizeof(char*) * 2;
+  if (slots.stackSize < stackSize) {
+    slots.stack.reset(new char[stackSize]);
+    slots.stackSize = stackSize;
+  }
+  auto top = reinterpret_cast<uintptr_t>(slots.stack.get() + slots.stackSize);
   void* stackTop = reinterpret_cast<void*>(top & ~uintptr_t{15});
 
   // Blocked until the child has reset the handlers it borrowed, so none runs in the child.
