@@ -252,18 +252,26 @@ std::optional<std::vector<std::string>> ElasticRendezvous::closeRound(int round,
   // One closer per round: its assignments are the only ones, so members read theirs without
   // knowing the round's size first. If it dies half-way, its lease aborts the round.
   const std::string me = std::to_string(index);
-  if (lease_->compareSet(keys_.closer(round), "", me) != me) return std::nullopt;
-  // At the maximum the round holds the first maxNodes to join: no need to count them.
-  const int members = index >= options_.maxNodes
-                          ? options_.maxNodes
-                          : static_cast<int>(std::min<int64_t>(lease_->add(keys_.joined(round), 0),
-                                                               options_.maxNodes));
-  std::vector<std::string> nodes;
-  for (int i = 1; i <= members; ++i) nodes.push_back(keys_.node(round, i));
-  // The closer mostly came last: the records are there, and one read finds them. A member that
-  // dies after its record lands aborts the round through its lease; one that died before it
-  // leased anything is waited for only a lease's lifetime.
-  std::vector<std::string> texts = lease_->peek(nodes);
+  const auto nodeKeys = [&](int members) {
+    std::vector<std::string> nodes;
+    for (int i = 1; i <= members; ++i) nodes.push_back(keys_.node(round, i));
+    return nodes;
+  };
+  // At the maximum the round holds the first maxNodes to join: no need to count them, and the
+  // claim reads their records. The closer mostly came last: the records are there, and that
+  // one read finds them. A member that dies after its record lands aborts the round through its
+  // lease; one that died before it leased anything is waited for only a lease's lifetime.
+  const bool atMaximum = index >= options_.maxNodes;
+  const auto claim = lease_->createThenPeek(
+      keys_.closer(round), me,
+      atMaximum ? nodeKeys(options_.maxNodes) : std::vector{keys_.joined(round)});
+  if (claim[0] != me) return std::nullopt;
+  const int members = atMaximum ? options_.maxNodes
+                                : std::min(toCount(claim[1], keys_.joined(round)),
+                                           options_.maxNodes);
+  const std::vector<std::string> nodes = nodeKeys(members);
+  std::vector<std::string> texts =
+      atMaximum ? std::vector(claim.begin() + 1, claim.end()) : lease_->peek(nodes);
   if (std::any_of(texts.begin(), texts.end(), [](const auto& t) { return t.empty(); })) {
     const auto giveUp = now() + options_.leaseTtl;
     while (!lease_->waitFor(nodes, options_.heartbeat)) {
@@ -292,9 +300,11 @@ std::optional<std::vector<std::string>> ElasticRendezvous::closeRound(int round,
   for (const auto& record : records) names.push_back(nodeName(record));
   keys.push_back(keys_.names(round));
   values.push_back(elastic::encodeRoster({.endpoints = names}));
-  lease_->multiSet(keys, values);
+  // Members read their assignments once they see the round closed (on etcd, both land in one
+  // transaction).
   const std::string closed = std::to_string(members);
-  if (lease_->compareSet(keys_.closed(round), "", closed) != closed) return std::nullopt;
+  if (lease_->multiSetThenCreate(keys, values, keys_.closed(round), closed) != closed)
+    return std::nullopt;
   closedRound_ = round;
   std::vector<std::string> mine{closed, values[index - 1]};
   if (options_.fetchRoster) mine.push_back(values[members]);

@@ -186,6 +186,26 @@ std::optional<KeyValue> firstKey(const pb::RangeResponse& range) {
   return KeyValue{.key = kv.key(), .value = kv.value(), .modRevision = kv.mod_revision()};
 }
 
+// The indices of `keys` to write, each key's last: etcd refuses a transaction that writes a key
+// twice, and the last value of a key wins, as it would writing them one by one.
+std::vector<size_t> lastOfEach(const std::vector<std::string>& keys) {
+  std::map<std::string, size_t> last;
+  for (size_t i = 0; i < keys.size(); ++i) last[keys[i]] = i;
+  std::vector<size_t> order;
+  for (size_t i = 0; i < keys.size(); ++i)
+    if (last[keys[i]] == i) order.push_back(i);
+  return order;
+}
+
+// A compare that holds while `key` is missing.
+void requireMissing(pb::TxnRequest& request, const std::string& key) {
+  auto* compare = request.add_compare();
+  compare->set_key(key);
+  compare->set_target(pb::Compare::CREATE);
+  compare->set_result(pb::Compare::EQUAL);
+  compare->set_create_revision(0);
+}
+
 }  // namespace
 
 std::vector<std::optional<KeyValue>> EtcdStore::readKeys(
@@ -340,13 +360,7 @@ void EtcdStore::multiSet(const std::vector<std::string>& keys,
                          const std::vector<std::string>& values) {
   requireSameLength(keys, values);
   requireOpen();
-  // etcd refuses a transaction that writes a key twice: the last value of a key wins, as it
-  // would writing them one by one.
-  std::map<std::string, size_t> last;
-  for (size_t i = 0; i < keys.size(); ++i) last[keys[i]] = i;
-  std::vector<size_t> order;
-  for (size_t i = 0; i < keys.size(); ++i)
-    if (last[keys[i]] == i) order.push_back(i);
+  const std::vector<size_t> order = lastOfEach(keys);
   for (size_t start = 0; start < order.size(); start += kMaxTxnOps) {
     pb::TxnRequest request;
     for (size_t j = start; j < std::min(order.size(), start + kMaxTxnOps); ++j) {
@@ -379,6 +393,67 @@ std::vector<std::string> EtcdStore::peek(const std::vector<std::string>& keys) {
   }
   for (auto& value : read(keys)) out.push_back(value.value_or(""));
   return out;
+}
+
+std::vector<std::string> EtcdStore::createThenPeek(const std::string& key,
+                                                   const std::string& value,
+                                                   const std::vector<std::string>& keys) {
+  if (keys.size() + 1 > kMaxTxnOps) return LeasingStore::createThenPeek(key, value, keys);
+  requireOpen();
+  // Either branch reads the keys, after the put or the read of `key`, at one revision. Safe to
+  // repeat after a fail-over: a create that applied reads back as this value.
+  pb::TxnRequest request;
+  requireMissing(request, dataKey(key));
+  auto* put = request.add_success()->mutable_request_put();
+  put->set_key(dataKey(key));
+  put->set_value(value);
+  request.add_failure()->mutable_request_range()->set_key(dataKey(key));
+  for (const auto& k : keys) {
+    request.add_success()->mutable_request_range()->set_key(dataKey(k));
+    request.add_failure()->mutable_request_range()->set_key(dataKey(k));
+  }
+  const auto response = retrying([&] { return client_->txn(request); });
+  std::vector<std::string> out;
+  if (response.succeeded()) {
+    out.push_back(value);
+  } else {
+    const auto current = firstKey(response.responses(0).response_range());
+    if (!current || current->value.empty())
+      return LeasingStore::createThenPeek(key, value, keys);
+    out.push_back(current->value);
+  }
+  for (int i = 1; i < response.responses_size(); ++i) {
+    const auto found = firstKey(response.responses(i).response_range());
+    out.push_back(found ? found->value : std::string());
+  }
+  return out;
+}
+
+std::string EtcdStore::multiSetThenCreate(const std::vector<std::string>& keys,
+                                          const std::vector<std::string>& values,
+                                          const std::string& flag, const std::string& value) {
+  requireSameLength(keys, values);
+  const std::vector<size_t> order = lastOfEach(keys);
+  if (order.size() + 1 > kMaxTxnOps) return LeasingStore::multiSetThenCreate(keys, values, flag, value);
+  requireOpen();
+  // Safe to repeat after a fail-over, as createThenPeek.
+  pb::TxnRequest request;
+  requireMissing(request, dataKey(flag));
+  for (size_t i : order) {
+    auto* put = request.add_success()->mutable_request_put();
+    put->set_key(dataKey(keys[i]));
+    put->set_value(values[i]);
+  }
+  auto* put = request.add_success()->mutable_request_put();
+  put->set_key(dataKey(flag));
+  put->set_value(value);
+  request.add_failure()->mutable_request_range()->set_key(dataKey(flag));
+  const auto response = retrying([&] { return client_->txn(request); });
+  if (response.succeeded()) return value;
+  const auto current = firstKey(response.responses(0).response_range());
+  if (!current || current->value.empty())
+    return LeasingStore::multiSetThenCreate(keys, values, flag, value);
+  return current->value;
 }
 
 void EtcdStore::lease(const std::string& key, const std::string& value,

@@ -43,6 +43,26 @@ class LeasingStore : public Store {
   // The values as they are now, without waiting; a missing key reads as empty.
   virtual std::vector<std::string> peek(const std::vector<std::string>& keys) = 0;
 
+  // compareSet(key, "", value), then peek(keys): compareSet's answer, then the values. One
+  // request where the store can (etcd: one transaction); here, two.
+  virtual std::vector<std::string> createThenPeek(const std::string& key,
+                                                  const std::string& value,
+                                                  const std::vector<std::string>& keys) {
+    std::vector<std::string> out{compareSet(key, "", value)};
+    for (auto& found : peek(keys)) out.push_back(std::move(found));
+    return out;
+  }
+
+  // multiSet(keys, values), then compareSet(flag, "", value), returning its answer: whoever
+  // sees `flag` finds `keys` written. One request where the store can (etcd: one transaction,
+  // which then writes `keys` only with `flag`); here, two.
+  virtual std::string multiSetThenCreate(const std::vector<std::string>& keys,
+                                         const std::vector<std::string>& values,
+                                         const std::string& flag, const std::string& value) {
+    multiSet(keys, values);
+    return compareSet(flag, "", value);
+  }
+
   // Deletes every key (releasing leased ones, as deleteKey does); missing keys are no error.
   // One request a key here; a store that can delete many at once does.
   virtual void deleteKeys(const std::vector<std::string>& keys) {
