@@ -71,6 +71,8 @@ void ElasticRendezvous::connect(Clock::time_point deadline) {
   while (true) {
     try {
       auto lease = openStore();
+      // On etcd the lease's grant goes on from here, alongside the first look and the join.
+      lease->prepareLease(options_.leaseTtl);
       auto control = openStore();
       std::lock_guard lock(connectionMutex_);
       if (interrupted_) throw NetworkError("the rendezvous was interrupted");

@@ -126,6 +126,39 @@ TEST_F(EtcdStoreTest, CreateThenPeekIsOneTransaction) {
             (std::vector<std::string>{"filled", "one"}));
 }
 
+// The rendezvous prepares its lease when it connects: the grant goes on while the store
+// serves other requests, and lease() then sends none.
+TEST_F(EtcdStoreTest, ALeasePreparedAheadIsGrantedWithoutWaitingForLease) {
+  auto s = store();
+  const auto grants = [&] { return server->requestsStarted()["LeaseGrant"]; };
+  const auto before = grants();
+  s->prepareLease(2s);
+  s->prepareLease(2s);  // one on its way: nothing more
+  s->set("other", "request");
+  const auto deadline = Clock::now() + 5s;
+  while (grants() == before && Clock::now() < deadline) std::this_thread::sleep_for(5ms);
+  EXPECT_EQ(grants(), before + 1);
+  s->lease("node", "record", 2s, {{"end", "lost"}});
+  s->prepareLease(2s);  // held: nothing more
+  EXPECT_EQ(grants(), before + 1);
+  EXPECT_EQ(s->peek({"node"})[0], "record");
+  s->abort();  // the lease works: revoked, its tripwire fired
+  EXPECT_EQ(store()->peek({"node", "end"}), (std::vector<std::string>{"", "lost"}));
+}
+
+// A prepared grant taken late (a round this node sat out) is not used: its lease ran from the
+// grant, and the keep-alive's first renewal comes an interval after lease().
+TEST_F(EtcdStoreTest, AStalePreparedGrantIsGrantedAgain) {
+  auto s = store();
+  const auto grants = [&] { return server->requestsStarted()["LeaseGrant"]; };
+  const auto before = grants();
+  s->prepareLease(2s);
+  std::this_thread::sleep_for(300ms);  // past a tenth of the TTL
+  s->lease("node", "record", 2s, {});
+  EXPECT_EQ(grants(), before + 2);
+  EXPECT_EQ(s->peek({"node"})[0], "record");
+}
+
 TEST_F(EtcdStoreTest, ManyKeysCrossTheTransactionLimit) {
   auto s = store();
   std::vector<std::string> keys, values;

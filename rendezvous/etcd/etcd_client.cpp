@@ -608,6 +608,43 @@ int64_t EtcdClient::leaseGrant(std::chrono::seconds ttl) {
   return response.id();
 }
 
+struct PendingLeaseGrant::Call {
+  grpc::ClientContext context;
+  pb::LeaseGrantRequest request;
+  pb::LeaseGrantResponse response;
+  std::mutex mutex;
+  std::condition_variable answered;
+  bool done = false;
+  std::optional<int64_t> id;
+};
+
+PendingLeaseGrant::~PendingLeaseGrant() { cancel(); }
+
+std::optional<int64_t> PendingLeaseGrant::take() {
+  std::unique_lock lock(call_->mutex);
+  call_->answered.wait(lock, [&] { return call_->done; });
+  return call_->id;
+}
+
+void PendingLeaseGrant::cancel() { call_->context.TryCancel(); }
+
+std::unique_ptr<PendingLeaseGrant> EtcdClient::startLeaseGrant(std::chrono::seconds ttl) {
+  auto pending = std::make_unique<PendingLeaseGrant>();
+  auto call = pending->call_ = std::make_shared<PendingLeaseGrant::Call>();
+  call->request.set_ttl(ttl.count());
+  const auto picked = connection();
+  call->context.set_deadline(detail::grpcDeadline(Clock::now() + options_.timeout));
+  authorize(*picked, call->context);
+  picked->lease->async()->LeaseGrant(
+      &call->context, &call->request, &call->response, [call](const grpc::Status& status) {
+        std::lock_guard lock(call->mutex);
+        if (status.ok() && call->response.error().empty()) call->id = call->response.id();
+        call->done = true;
+        call->answered.notify_all();
+      });
+  return pending;
+}
+
 void EtcdClient::leaseRevoke(int64_t lease, std::optional<std::chrono::milliseconds> timeout) {
   pb::LeaseRevokeRequest request;
   request.set_id(lease);

@@ -106,6 +106,25 @@ struct WatchRange {
 class EtcdKeepAlive;
 class EtcdWatch;
 
+// A lease grant sent ahead (EtcdClient::startLeaseGrant): the call goes on in gRPC's threads,
+// so the caller's next requests need not wait for it. Destroying it cancels a grant still
+// under way; a lease granted and never taken lapses after its TTL, holding no key.
+class PendingLeaseGrant {
+ public:
+  ~PendingLeaseGrant();
+  // Waits for the answer: the lease's id, or nothing when the call failed or was cancelled
+  // (then grant again with leaseGrant(), whose retries and messages apply).
+  std::optional<int64_t> take();
+  // Safe from any thread: a take() waiting returns soon after.
+  void cancel();
+
+  struct Call;  // the call's context, messages and answer: gRPC's callback holds it too
+
+ private:
+  friend class EtcdClient;
+  std::shared_ptr<Call> call_;
+};
+
 class EtcdClient {
  public:
   // Picks an endpoint at once; throws ConfigError for an empty list, NetworkError when none
@@ -160,6 +179,9 @@ class EtcdClient {
   // Grants a lease of `ttl` (etcd's minimum with default election settings is 2 s); returns its
   // id. Keys put with it are deleted when it lapses or is revoked.
   int64_t leaseGrant(std::chrono::seconds ttl);
+  // The same grant, sent now and answered later (see PendingLeaseGrant); one try, on the
+  // endpoint in use.
+  std::unique_ptr<PendingLeaseGrant> startLeaseGrant(std::chrono::seconds ttl);
   void leaseRevoke(int64_t lease, std::optional<std::chrono::milliseconds> timeout = {});
   // Renews `lease` every `interval` until the returned object is stopped or destroyed.
   std::unique_ptr<EtcdKeepAlive> keepAlive(int64_t lease, std::chrono::milliseconds interval);

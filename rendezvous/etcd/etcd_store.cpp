@@ -133,6 +133,7 @@ void EtcdStore::abort() {
     if (aborted_) return;
     aborted_ = true;
     if (liveWatch_) liveWatch_->cancel();  // a blocked wait throws at once
+    for (auto& [seconds, sent] : pending_) sent.grant->cancel();  // and a lease() awaiting one
   }
   revokeLeases();
 }
@@ -424,13 +425,35 @@ std::vector<std::string> EtcdStore::createThenPeek(const std::string& key,
   return out;
 }
 
+namespace {
+
+// etcd counts whole seconds and refuses less than its minimum (2 s by default).
+int64_t leaseSeconds(std::chrono::milliseconds ttl) {
+  return std::max<int64_t>(2, (ttl.count() + 999) / 1000);
+}
+
+}  // namespace
+
+void EtcdStore::prepareLease(std::chrono::milliseconds ttl) {
+  if (ttl.count() <= 0) return;  // lease() says why
+  const int64_t seconds = leaseSeconds(ttl);
+  std::lock_guard granting(grantMutex_);
+  std::lock_guard lock(mutex_);
+  if (aborted_ || leases_.contains(seconds) || pending_.contains(seconds)) return;
+  try {
+    pending_.emplace(seconds,
+                     Sent{client_->startLeaseGrant(std::chrono::seconds(seconds)), Clock::now()});
+  } catch (const Error&) {
+    // No endpoint now: lease() grants (or fails) with the client's retries and messages.
+  }
+}
+
 void EtcdStore::lease(const std::string& key, const std::string& value,
                       std::chrono::milliseconds ttl,
                       const std::vector<std::pair<std::string, std::string>>& tripwires) {
   requirePositiveTtl(key, ttl);
   requireOpen();
-  // etcd counts whole seconds and refuses less than its minimum (2 s by default).
-  const int64_t seconds = std::max<int64_t>(2, (ttl.count() + 999) / 1000);
+  const int64_t seconds = leaseSeconds(ttl);
   int64_t id = 0;
   {
     std::lock_guard granting(grantMutex_);
@@ -445,7 +468,27 @@ void EtcdStore::lease(const std::string& key, const std::string& value,
     }
     if (id == 0) {
       Granted granted;
-      granted.id = client_->leaseGrant(std::chrono::seconds(seconds));
+      // A grant sent ahead is taken while fresh (a failed one is made again); it stays in
+      // pending_ while its answer is awaited, so that abort() can cancel it. A stale one is
+      // cancelled and left to lapse.
+      PendingLeaseGrant* sent = nullptr;
+      {
+        std::lock_guard lock(mutex_);
+        if (auto it = pending_.find(seconds); it != pending_.end()) {
+          if (Clock::now() - it->second.at < std::chrono::milliseconds(seconds * 100))
+            sent = it->second.grant.get();
+          else
+            pending_.erase(it);
+        }
+      }
+      if (sent) {
+        const auto taken = sent->take();
+        std::lock_guard lock(mutex_);
+        pending_.erase(seconds);
+        granted.id = taken.value_or(0);
+      }
+      requireOpen();
+      if (granted.id == 0) granted.id = client_->leaseGrant(std::chrono::seconds(seconds));
       // A third of the TTL: two renewals may go missing before the lease lapses.
       granted.keepAlive =
           client_->keepAlive(granted.id, std::chrono::milliseconds(seconds * 1000 / 3));

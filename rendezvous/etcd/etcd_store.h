@@ -106,6 +106,11 @@ class EtcdStore : public LeasingStore {
 
   void lease(const std::string& key, const std::string& value, std::chrono::milliseconds ttl,
              const std::vector<std::pair<std::string, std::string>>& tripwires) override;
+  // Sends the grant of `ttl`'s lease now, unless this store holds one or one is on its way;
+  // lease() takes its answer (or grants again, if it failed, or if it was sent more than a
+  // tenth of the TTL before: the keep-alive's first renewal, an interval after lease(), must
+  // come well within the TTL, which runs from the grant).
+  void prepareLease(std::chrono::milliseconds ttl) override;
   bool waitFor(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override;
   // With fireLapses: opens a watch of `keys` now (a range each, and the deletions), unless the
   // open one follows them, and reads them once after it began: with this store's next lease()
@@ -185,6 +190,13 @@ class EtcdStore : public LeasingStore {
     std::unique_ptr<EtcdKeepAlive> keepAlive;
   };
   std::map<int64_t, Granted> leases_;  // by TTL in seconds
+  // Grants sent ahead (prepareLease), by TTL in seconds: under mutex_, so that abort() can
+  // cancel one that lease() waits for.
+  struct Sent {
+    std::unique_ptr<PendingLeaseGrant> grant;
+    Clock::time_point at;
+  };
+  std::map<int64_t, Sent> pending_;
   std::map<std::string, Record> owned_;  // this store's leased keys, fired on abort()
   bool aborted_ = false;
 

@@ -35,6 +35,11 @@ class LeasingStore : public Store {
   virtual bool waitFor(const std::vector<std::string>& keys,
                        std::chrono::milliseconds timeout) = 0;
 
+  // A hint: lease() with this `ttl` comes soon. A store that grants leases by a request of
+  // their own (etcd) sends it now, so that it goes on alongside the requests before lease();
+  // nothing else changes. Here, it does nothing.
+  virtual void prepareLease(std::chrono::milliseconds ttl) {}
+
   // A hint: this connection's waits will come to `keys` (replacing an earlier hint). A store
   // whose waits each cost a watch and a read (etcd) follows them from its next wait on, so a
   // later wait for them needs neither. Nothing else changes; here, it does nothing.
