@@ -147,9 +147,10 @@ TEST_F(EtcdRendezvousTest, ARoundCostsEtcdAFewRequestsANodeAndItsEndNoWatch) {
 }
 
 // Members that wait for the close learn their place from what their watch saw: from the last
-// agent's arrival to every world, etcd serves only that agent, the closer: its join, its lease's
-// record and watch, its claim with the read of the records, the assignments and the close (its
-// first look, and its lease's grant, sent ahead, came with its connection: not counted). Long
+// agent's arrival to every world, etcd serves only that agent, the closer: its read of the
+// newest round (its first look, with its connection, came before the job had one), its join,
+// its lease's record and watch, its claim with the read of the records, the assignments and the
+// close: 7 (its lease's grant, sent ahead with its connection, is not counted). Long
 // heartbeats, so no waiting member looks again meanwhile.
 TEST_F(EtcdRendezvousTest, TheLastArrivalClosesAndTheMembersNeedNoRequest) {
   std::vector<std::unique_ptr<ElasticRendezvous>> agents;
