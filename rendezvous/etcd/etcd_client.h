@@ -118,10 +118,9 @@ class PendingLeaseGrant {
   // Safe from any thread: a take() waiting returns soon after.
   void cancel();
 
-  struct Call;  // the call's context, messages and answer: gRPC's callback holds it too
-
  private:
   friend class EtcdClient;
+  struct Call;  // the call's context, messages and answer: gRPC's callback holds it too
   std::shared_ptr<Call> call_;
 };
 
