@@ -198,7 +198,7 @@ std::optional<control::StoreWithControl> serveStore(const StorePlan& plan) {
   if (!plan.serve) return std::nullopt;
   constexpr auto kServeRetry = std::chrono::seconds(5);
   const auto deadline = Clock::now() + kServeRetry;
-  std::minstd_rand random(std::random_device{}());
+  std::minstd_rand random;  // seeded at the first refusal: most agents never need it
   for (bool said = false;; said = true) {
     try {
       return std::make_optional<control::StoreWithControl>(
@@ -209,9 +209,11 @@ std::optional<control::StoreWithControl> serveStore(const StorePlan& plan) {
         log::debug(std::string("not serving the store: ") + e.what());
         return std::nullopt;
       }
-      if (!said)
+      if (!said) {
+        random.seed(std::random_device{}());
         log::debug("the store's port " + std::to_string(plan.port) +
                    " is taken and nothing answers there: trying again to serve the store");
+      }
     }
     std::this_thread::sleep_for(std::chrono::microseconds(random() % 5'000));
   }

@@ -438,14 +438,19 @@ void EtcdStore::prepareLease(std::chrono::milliseconds ttl) {
   if (ttl.count() <= 0) return;  // lease() says why
   const int64_t seconds = leaseSeconds(ttl);
   std::lock_guard granting(grantMutex_);
-  std::lock_guard lock(mutex_);
-  if (aborted_ || leases_.contains(seconds) || pending_.contains(seconds)) return;
-  try {
-    pending_.emplace(seconds,
-                     Sent{client_->startLeaseGrant(std::chrono::seconds(seconds)), Clock::now()});
-  } catch (const Error&) {
-    // No endpoint now: lease() grants (or fails) with the client's retries and messages.
+  {
+    std::lock_guard lock(mutex_);
+    if (aborted_ || leases_.contains(seconds) || pending_.contains(seconds)) return;
   }
+  // Sent without mutex_ (picking an endpoint may take a while); an abort() meanwhile drops it.
+  Sent sent;
+  try {
+    sent = Sent{client_->startLeaseGrant(std::chrono::seconds(seconds)), Clock::now()};
+  } catch (const Error&) {
+    return;  // no endpoint now: lease() grants (or fails) with the client's retries and messages
+  }
+  std::lock_guard lock(mutex_);
+  if (!aborted_) pending_.emplace(seconds, std::move(sent));
 }
 
 void EtcdStore::lease(const std::string& key, const std::string& value,
