@@ -650,9 +650,14 @@ std::vector<std::string> EtcdStore::watchFrom(
     ranges.push_back(
         {.key = waited->first, .rangeEnd = waited->second, .only = WatchRange::Only::Puts});
   }
-  for (const auto& key : expected) {
-    if (!waited || key < waited->first || key >= waited->second)
-      ranges.push_back({.key = key, .only = WatchRange::Only::Puts});
+  if (!expected.empty()) {
+    // The expected keys as one range, from the first to the last: etcd sends one range's
+    // events in the order written, separate ranges' in none (a round's close could come
+    // before the assignment written ahead of it). Callers keep them adjacent.
+    const auto [first, last] = std::minmax_element(expected.begin(), expected.end());
+    std::string end = *last + std::string(1, '\0');
+    if (!waited || *first < waited->first || end > waited->second)
+      ranges.push_back({.key = *first, .rangeEnd = std::move(end), .only = WatchRange::Only::Puts});
   }
   {
     std::lock_guard lock(mutex_);

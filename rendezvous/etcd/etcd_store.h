@@ -34,8 +34,9 @@
 // store thus hears of what it waits for and of deletions, not of every write of the job: with N
 // agents waiting, a round costs etcd O(N) events, not O(N^2). A wait for another range opens the watch again,
 // its deletions from where the last one left them, so none is missed between waits; it also
-// follows the keys expect() named (expect() opens it at once; their read rides on the next
-// lease's transaction), whose waits and, once seen, peeks then cost nothing. A
+// follows the keys expect() named, as one range from the first to the last, so their puts come
+// in the order written (expect() opens it at once; their read rides on the next lease's
+// transaction), whose waits and, once seen, peeks then cost nothing. A
 // deleted key whose record was not deleted in the same transaction (a release deletes both) is
 // looked up: its record still standing says the lease lapsed.
 //

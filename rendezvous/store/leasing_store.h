@@ -42,7 +42,8 @@ class LeasingStore : public Store {
 
   // A hint: this connection's waits will come to `keys` (replacing an earlier hint). A store
   // whose waits each cost a watch and a read (etcd) follows them from its next wait on, so a
-  // later wait for them needs neither. Nothing else changes; here, it does nothing.
+  // later wait for them needs neither; it watches the range from the first key to the last,
+  // so keep them adjacent. Nothing else changes; here, it does nothing.
   virtual void expect(const std::vector<std::string>& keys) {}
 
   // The values as they are now, without waiting; a missing key reads as empty.
