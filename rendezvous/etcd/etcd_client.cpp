@@ -608,40 +608,52 @@ int64_t EtcdClient::leaseGrant(std::chrono::seconds ttl) {
   return response.id();
 }
 
+// An async call on a completion queue of its own, which take() polls: the callback API would
+// start gRPC's "nexting" threads in every agent, two more threads waking every 100 ms.
 struct PendingLeaseGrant::Call {
+  grpc::CompletionQueue queue;  // first: the call goes before it
   grpc::ClientContext context;
   pb::LeaseGrantRequest request;
   pb::LeaseGrantResponse response;
-  std::mutex mutex;
-  std::condition_variable answered;
-  bool done = false;
-  std::optional<int64_t> id;
+  grpc::Status status;
+  std::unique_ptr<grpc::ClientAsyncResponseReader<pb::LeaseGrantResponse>> reader;
+  bool finished = false;  // its completion taken from the queue
 };
 
-PendingLeaseGrant::~PendingLeaseGrant() { cancel(); }
+PendingLeaseGrant::~PendingLeaseGrant() {
+  if (!call_) return;
+  cancel();
+  take();  // at once after the cancel: a queue is drained before it goes
+  call_->queue.Shutdown();
+  void* tag = nullptr;
+  bool ok = false;
+  while (call_->queue.Next(&tag, &ok)) {
+  }
+}
 
 std::optional<int64_t> PendingLeaseGrant::take() {
-  std::unique_lock lock(call_->mutex);
-  call_->answered.wait(lock, [&] { return call_->done; });
-  return call_->id;
+  if (!call_->finished) {
+    void* tag = nullptr;
+    bool ok = false;
+    call_->queue.Next(&tag, &ok);  // the call's deadline bounds it
+    call_->finished = true;
+  }
+  if (!call_->status.ok() || !call_->response.error().empty()) return std::nullopt;
+  return call_->response.id();
 }
 
 void PendingLeaseGrant::cancel() { call_->context.TryCancel(); }
 
 std::unique_ptr<PendingLeaseGrant> EtcdClient::startLeaseGrant(std::chrono::seconds ttl) {
-  auto pending = std::make_unique<PendingLeaseGrant>();
-  auto call = pending->call_ = std::make_shared<PendingLeaseGrant::Call>();
-  call->request.set_ttl(ttl.count());
   const auto picked = connection();
-  call->context.set_deadline(detail::grpcDeadline(Clock::now() + options_.timeout));
-  authorize(*picked, call->context);
-  picked->lease->async()->LeaseGrant(
-      &call->context, &call->request, &call->response, [call](const grpc::Status& status) {
-        std::lock_guard lock(call->mutex);
-        if (status.ok() && call->response.error().empty()) call->id = call->response.id();
-        call->done = true;
-        call->answered.notify_all();
-      });
+  auto pending = std::make_unique<PendingLeaseGrant>();
+  auto& call = *(pending->call_ = std::make_unique<PendingLeaseGrant::Call>());
+  call.request.set_ttl(ttl.count());
+  call.context.set_deadline(detail::grpcDeadline(Clock::now() + options_.timeout));
+  authorize(*picked, call.context);
+  call.reader = picked->lease->PrepareAsyncLeaseGrant(&call.context, call.request, &call.queue);
+  call.reader->StartCall();
+  call.reader->Finish(&call.response, &call.status, &call);
   return pending;
 }
 

@@ -106,22 +106,22 @@ struct WatchRange {
 class EtcdKeepAlive;
 class EtcdWatch;
 
-// A lease grant sent ahead (EtcdClient::startLeaseGrant): the call goes on in gRPC's threads,
-// so the caller's next requests need not wait for it. Destroying it cancels a grant still
-// under way; a lease granted and never taken lapses after its TTL, holding no key.
+// A lease grant sent ahead (EtcdClient::startLeaseGrant): its answer is read while the
+// caller's next requests wait for theirs, so they need not wait for it. Destroying it cancels
+// a grant still under way; a lease granted and never taken lapses after its TTL, holding no key.
 class PendingLeaseGrant {
  public:
   ~PendingLeaseGrant();
   // Waits for the answer: the lease's id, or nothing when the call failed or was cancelled
-  // (then grant again with leaseGrant(), whose retries and messages apply).
+  // (then grant again with leaseGrant(), whose retries and messages apply). One thread at a time.
   std::optional<int64_t> take();
   // Safe from any thread: a take() waiting returns soon after.
   void cancel();
 
  private:
   friend class EtcdClient;
-  struct Call;  // the call's context, messages and answer: gRPC's callback holds it too
-  std::shared_ptr<Call> call_;
+  struct Call;  // the call's context, messages, answer and completion queue
+  std::unique_ptr<Call> call_;
 };
 
 class EtcdClient {

@@ -477,15 +477,19 @@ void EtcdStore::lease(const std::string& key, const std::string& value,
       // pending_ while its answer is awaited, so that abort() can cancel it. A stale one is
       // cancelled and left to lapse.
       PendingLeaseGrant* sent = nullptr;
+      std::unique_ptr<PendingLeaseGrant> stale;  // cancelled as it goes, after the lock
       {
         std::lock_guard lock(mutex_);
         if (auto it = pending_.find(seconds); it != pending_.end()) {
-          if (Clock::now() - it->second.at < std::chrono::milliseconds(seconds * 100))
+          if (Clock::now() - it->second.at < std::chrono::milliseconds(seconds * 100)) {
             sent = it->second.grant.get();
-          else
+          } else {
+            stale = std::move(it->second.grant);
             pending_.erase(it);
+          }
         }
       }
+      stale.reset();
       if (sent) {
         const auto taken = sent->take();
         std::lock_guard lock(mutex_);
