@@ -122,10 +122,13 @@ class EtcdStore : public LeasingStore {
   // rendezvous's are. Throws as a wait would when the watch cannot open.
   void expect(const std::vector<std::string>& keys) override;
   std::vector<std::string> peek(const std::vector<std::string>& keys) override;
-  // One transaction, when it fits in kMaxTxnOps and `key` is missing or set (a key that
-  // exists with an empty value, which compareSet matches too, takes the two calls).
+  // One transaction each, when it fits in kMaxTxnOps and `key`/`flag` is missing or set (a key
+  // that exists with an empty value, which compareSet matches too, takes the two calls).
   std::vector<std::string> createThenPeek(const std::string& key, const std::string& value,
                                           const std::vector<std::string>& keys) override;
+  std::string multiSetThenCreate(const std::vector<std::string>& keys,
+                                 const std::vector<std::string>& values,
+                                 const std::string& flag, const std::string& value) override;
   // Every later call throws NetworkError; a blocked wait throws at once.
   void abort() override;
 

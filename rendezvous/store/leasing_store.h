@@ -59,6 +59,16 @@ class LeasingStore : public Store {
     return out;
   }
 
+  // multiSet(keys, values), then compareSet(flag, "", value), returning its answer: whoever
+  // sees `flag` finds `keys` written. One request where the store can (etcd: one transaction,
+  // which then writes `keys` only with `flag`); here, two.
+  virtual std::string multiSetThenCreate(const std::vector<std::string>& keys,
+                                         const std::vector<std::string>& values,
+                                         const std::string& flag, const std::string& value) {
+    multiSet(keys, values);
+    return compareSet(flag, "", value);
+  }
+
   // Deletes every key (releasing leased ones, as deleteKey does); missing keys are no error.
   // One request a key here; a store that can delete many at once does.
   virtual void deleteKeys(const std::vector<std::string>& keys) {
