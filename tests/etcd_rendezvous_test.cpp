@@ -114,7 +114,7 @@ TEST_F(EtcdRendezvousTest, ThreeAgentsFormARoundAndALostOneEndsItForTheOthers) {
 // What a round costs etcd, where each request is CPU on a busy host: per agent one first look,
 // its join, a lease (grant and record, with the read of what it waits for next) and a watch of
 // that (its close, end, assignment and the roster: LeasingStore::expect), and for the closer
-// the close (its claim with the records read, the assignments written, the close); the job's
+// the close (its claim with the records read, then the assignments with the close); the job's
 // first agents create its keys. About 32 for 4 nodes; the bound is 9 a node (it was 12 before the closer
 // knew its own outcome, 10 before the waits and reads after the lease came with its watch).
 // The wait for the round's end then opens no watch.
