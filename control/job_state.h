@@ -14,11 +14,11 @@ namespace dlrun::control {
 struct RoundKeys {
   std::string stop;            // stop: a deliberate stop of the whole job
   std::string current;         // current: the newest round; missing before any agent came
-  std::string closed;          // r/CURRENT/out/closed
-  std::string end;             // r/CURRENT/out/end
-  std::string assignment;      // r/CURRENT/out/assign/1: the restarts used before the round
-  std::string previousClosed;  // r/CURRENT-1/out/closed
-  std::string previousEnd;     // r/CURRENT-1/out/end
+  std::string closed;          // r/CURRENT/closed
+  std::string end;             // r/CURRENT/end
+  std::string assignment;      // r/CURRENT/assign/1: the restarts used before the round
+  std::string previousClosed;  // r/CURRENT-1/closed
+  std::string previousEnd;     // r/CURRENT-1/end
   std::string forgotten;       // forgotten: a closer deleted old rounds, so some round ran
 };
 

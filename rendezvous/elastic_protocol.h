@@ -49,21 +49,18 @@ class Keys {
   std::string node(int round, int index) const {
     return roundKey(round, "node/" + std::to_string(index));
   }
-  // What a member waits for and reads once its round closes (the close, its assignment, the
-  // roster, the round's end) sits under one prefix, out/: on etcd, adjacent keys are watched as
-  // one range, whose events come in the order written (those of separate ranges come in none).
-  std::string closed(int round) const { return roundKey(round, "out/closed"); }
+  std::string closed(int round) const { return roundKey(round, "closed"); }
   std::string closer(int round) const { return roundKey(round, "closer"); }
   std::string assignment(int round, int index) const {
-    return roundKey(round, "out/assign/" + std::to_string(index));
+    return roundKey(round, "assign/" + std::to_string(index));
   }
-  std::string roster(int round) const { return roundKey(round, "out/roster"); }
-  std::string end(int round) const { return roundKey(round, "out/end"); }
+  std::string roster(int round) const { return roundKey(round, "roster"); }
+  std::string end(int round) const { return roundKey(round, "end"); }
   std::string done(int round) const { return roundKey(round, "done"); }
   std::string spares(int round) const { return roundKey(round, "spares"); }
   std::string lost(const std::string& node) const { return root_ + "lost/" + node; }
   std::string stop() const { return root_ + "stop"; }
-  std::string names(int round) const { return roundKey(round, "out/names"); }
+  std::string names(int round) const { return roundKey(round, "names"); }
   std::string gaveUp(int round) const { return roundKey(round, "gave-up"); }
   std::string hangReport(int round, int index) const {
     return roundKey(round, "hang/" + std::to_string(index));

@@ -302,12 +302,12 @@ std::optional<std::vector<std::string>> ElasticRendezvous::closeRound(int round,
   for (const auto& record : records) names.push_back(nodeName(record));
   keys.push_back(keys_.names(round));
   values.push_back(elastic::encodeRoster({.endpoints = names}));
-  // Members read their assignments once they see the round closed. On etcd both land in one
-  // transaction, and a member's keys are one watched range (Keys: out/), so its watch brings
-  // the assignment with the close, in one response.
+  // Two writes, the close last: members read their assignments once they see the round closed.
+  // (One etcd transaction for both would cost half the members a read: etcd sends each watched
+  // key's events separately, in no set order, so the close could come before the assignment.)
+  lease_->multiSet(keys, values);
   const std::string closed = std::to_string(members);
-  if (lease_->multiSetThenCreate(keys, values, keys_.closed(round), closed) != closed)
-    return std::nullopt;
+  if (lease_->compareSet(keys_.closed(round), "", closed) != closed) return std::nullopt;
   closedRound_ = round;
   std::vector<std::string> mine{closed, values[index - 1]};
   if (options_.fetchRoster) mine.push_back(values[members]);

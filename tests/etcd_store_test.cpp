@@ -109,28 +109,21 @@ TEST_F(EtcdStoreTest, CompareSetFollowsPyTorch) {
   EXPECT_EQ(s->compareSet("empty", "", "filled"), "filled");  // an empty value matches too
 }
 
-// The closer's two steps, each one transaction: the claim with a read of the records, and the
-// assignments with the close, written only when the close is (another writer's close wins).
-TEST_F(EtcdStoreTest, CreateThenPeekAndMultiSetThenCreateAreOneTransactionEach) {
+// The closer's claim with its read of the records: one transaction, whether it creates the key
+// or finds another closer's.
+TEST_F(EtcdStoreTest, CreateThenPeekIsOneTransaction) {
   auto s = store();
   s->set("r1", "one");
   const auto txns = [&] { return server->requestsStarted()["Txn"]; };
-  auto before = txns();
+  const auto before = txns();
   EXPECT_EQ(s->createThenPeek("claim", "7", {"r1", "r2"}),
             (std::vector<std::string>{"7", "one", ""}));
   EXPECT_EQ(s->createThenPeek("claim", "8", {"r1"}), (std::vector<std::string>{"7", "one"}));
-  EXPECT_EQ(s->multiSetThenCreate({"a1", "a2", "a1"}, {"x", "y", "z"}, "closed", "2"), "2");
-  EXPECT_EQ(txns() - before, 3);
-  EXPECT_EQ(s->peek({"a1", "a2", "closed"}), (std::vector<std::string>{"z", "y", "2"}));
-  EXPECT_EQ(s->multiSetThenCreate({"a1", "b"}, {"late", "late"}, "closed", "5"), "2");
-  EXPECT_EQ(s->peek({"a1", "b"}), (std::vector<std::string>{"z", ""}));
+  EXPECT_EQ(txns() - before, 2);
   // An empty value matches as compareSet's empty `expected` does.
   s->set("empty", "");
   EXPECT_EQ(s->createThenPeek("empty", "filled", {"r1"}),
             (std::vector<std::string>{"filled", "one"}));
-  s->set("flag", "");
-  EXPECT_EQ(s->multiSetThenCreate({"c"}, {"1"}, "flag", "set"), "set");
-  EXPECT_EQ(s->peek({"c", "flag"}), (std::vector<std::string>{"1", "set"}));
 }
 
 // The rendezvous prepares its lease when it connects: the grant goes on while the store
@@ -180,9 +173,6 @@ TEST_F(EtcdStoreTest, ManyKeysCrossTheTransactionLimit) {
   auto claimed = s->createThenPeek("claim", "1", keys);
   EXPECT_EQ(claimed.front(), "1");
   EXPECT_EQ(std::vector(claimed.begin() + 1, claimed.end()), values);
-  std::vector<std::string> more(values.rbegin(), values.rend());
-  EXPECT_EQ(s->multiSetThenCreate(keys, more, "flag", "set"), "set");
-  EXPECT_EQ(s->peek(keys), more);
 }
 
 TEST_F(EtcdStoreTest, WaitsEndWhenAnotherStoreSetsTheKeyAndGiveUpOnTime) {

@@ -87,6 +87,16 @@ std::string EtcdClient::endpoint() const {
   return connection_ ? connection_->name : std::string();
 }
 
+std::map<std::string, int64_t> EtcdClient::requestsSent() const {
+  std::lock_guard lock(mutex_);
+  return requestsSent_;
+}
+
+void EtcdClient::countRequest(const char* kind) {
+  std::lock_guard lock(mutex_);
+  ++requestsSent_[kind];
+}
+
 std::shared_ptr<EtcdClient::Connection> EtcdClient::connection(
     std::optional<std::chrono::milliseconds> within) {
   std::string failed;  // failed_, read once: the pick runs unlocked
@@ -241,6 +251,7 @@ auto EtcdClient::unary(const char* what, const std::string& key, bool retry, Cal
     grpc::ClientContext context;
     context.set_deadline(detail::grpcDeadline(Clock::now() + timeout.value_or(options_.timeout)));
     authorize(*picked, context);
+    countRequest(what);
     auto [status, response] = call(*picked, context);
     if (status.ok()) return response;
     const auto code = status.error_code();

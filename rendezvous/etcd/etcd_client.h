@@ -33,6 +33,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -199,6 +200,11 @@ class EtcdClient {
   std::string endpoint() const;
   const EtcdClientOptions& options() const { return options_; }
 
+  // The requests sent so far, by kind ("txn", "range", "watch"...; each try of a unary call, each
+  // watch stream opened; not the grant sent ahead nor keep-alives): what a protocol costs etcd,
+  // per agent, where etcd's own counts are the whole cluster's.
+  std::map<std::string, int64_t> requestsSent() const;
+
   // The range_end covering every key that starts with `prefix`: its last byte below 0xff
   // incremented, later bytes dropped; "\0" (everything) when there is none.
   static std::string prefixEnd(const std::string& prefix);
@@ -228,8 +234,11 @@ class EtcdClient {
   int64_t readCounter(const std::string& key);  // add(key, 0)
   int64_t counterValue(const KeyValue& kv) const;  // throws Error when not an integer
 
+  void countRequest(const char* kind);
+
   const EtcdClientOptions options_;
   mutable std::mutex mutex_;
+  std::map<std::string, int64_t> requestsSent_;  // under mutex_
   std::shared_ptr<Connection> connection_;
   std::string failed_;  // the endpoint dropped last: picked only when no other is ready
 };

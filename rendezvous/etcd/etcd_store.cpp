@@ -187,17 +187,6 @@ std::optional<KeyValue> firstKey(const pb::RangeResponse& range) {
   return KeyValue{.key = kv.key(), .value = kv.value(), .modRevision = kv.mod_revision()};
 }
 
-// The indices of `keys` to write, each key's last: etcd refuses a transaction that writes a key
-// twice, and the last value of a key wins, as it would writing them one by one.
-std::vector<size_t> lastOfEach(const std::vector<std::string>& keys) {
-  std::map<std::string, size_t> last;
-  for (size_t i = 0; i < keys.size(); ++i) last[keys[i]] = i;
-  std::vector<size_t> order;
-  for (size_t i = 0; i < keys.size(); ++i)
-    if (last[keys[i]] == i) order.push_back(i);
-  return order;
-}
-
 // A compare that holds while `key` is missing.
 void requireMissing(pb::TxnRequest& request, const std::string& key) {
   auto* compare = request.add_compare();
@@ -361,7 +350,13 @@ void EtcdStore::multiSet(const std::vector<std::string>& keys,
                          const std::vector<std::string>& values) {
   requireSameLength(keys, values);
   requireOpen();
-  const std::vector<size_t> order = lastOfEach(keys);
+  // etcd refuses a transaction that writes a key twice: the last value of a key wins, as it
+  // would writing them one by one.
+  std::map<std::string, size_t> last;
+  for (size_t i = 0; i < keys.size(); ++i) last[keys[i]] = i;
+  std::vector<size_t> order;
+  for (size_t i = 0; i < keys.size(); ++i)
+    if (last[keys[i]] == i) order.push_back(i);
   for (size_t start = 0; start < order.size(); start += kMaxTxnOps) {
     pb::TxnRequest request;
     for (size_t j = start; j < std::min(order.size(), start + kMaxTxnOps); ++j) {
@@ -428,34 +423,6 @@ std::vector<std::string> EtcdStore::createThenPeek(const std::string& key,
     out.push_back(found ? found->value : std::string());
   }
   return out;
-}
-
-std::string EtcdStore::multiSetThenCreate(const std::vector<std::string>& keys,
-                                          const std::vector<std::string>& values,
-                                          const std::string& flag, const std::string& value) {
-  requireSameLength(keys, values);
-  const std::vector<size_t> order = lastOfEach(keys);
-  if (order.size() + 1 > kMaxTxnOps)
-    return LeasingStore::multiSetThenCreate(keys, values, flag, value);
-  requireOpen();
-  // Safe to repeat after a fail-over, as createThenPeek.
-  pb::TxnRequest request;
-  requireMissing(request, dataKey(flag));
-  for (size_t i : order) {
-    auto* put = request.add_success()->mutable_request_put();
-    put->set_key(dataKey(keys[i]));
-    put->set_value(values[i]);
-  }
-  auto* put = request.add_success()->mutable_request_put();
-  put->set_key(dataKey(flag));
-  put->set_value(value);
-  request.add_failure()->mutable_request_range()->set_key(dataKey(flag));
-  const auto response = retrying([&] { return client_->txn(request); });
-  if (response.succeeded()) return value;
-  const auto current = firstKey(response.responses(0).response_range());
-  if (!current || current->value.empty())
-    return LeasingStore::multiSetThenCreate(keys, values, flag, value);
-  return current->value;
 }
 
 namespace {
@@ -687,14 +654,9 @@ std::vector<std::string> EtcdStore::watchFrom(
     ranges.push_back(
         {.key = waited->first, .rangeEnd = waited->second, .only = WatchRange::Only::Puts});
   }
-  if (!expected.empty()) {
-    // The expected keys as one range, from the first to the last: etcd sends one range's
-    // events in the order written, separate ranges' in none (a round's close could come
-    // before the assignment written ahead of it). Callers keep them adjacent.
-    const auto [first, last] = std::minmax_element(expected.begin(), expected.end());
-    std::string end = *last + std::string(1, '\0');
-    if (!waited || *first < waited->first || end > waited->second)
-      ranges.push_back({.key = *first, .rangeEnd = std::move(end), .only = WatchRange::Only::Puts});
+  for (const auto& key : expected) {
+    if (!waited || key < waited->first || key >= waited->second)
+      ranges.push_back({.key = key, .only = WatchRange::Only::Puts});
   }
   {
     std::lock_guard lock(mutex_);

@@ -34,9 +34,8 @@
 // store thus hears of what it waits for and of deletions, not of every write of the job: with N
 // agents waiting, a round costs etcd O(N) events, not O(N^2). A wait for another range opens the watch again,
 // its deletions from where the last one left them, so none is missed between waits; it also
-// follows the keys expect() named, as one range from the first to the last, so their puts come
-// in the order written (expect() opens it at once; their read rides on the next lease's
-// transaction), whose waits and, once seen, peeks then cost nothing. A
+// follows the keys expect() named (expect() opens it at once; their read rides on the next
+// lease's transaction), whose waits and, once seen, peeks then cost nothing. A
 // deleted key whose record was not deleted in the same transaction (a release deletes both) is
 // looked up: its record still standing says the lease lapsed.
 //
@@ -122,13 +121,10 @@ class EtcdStore : public LeasingStore {
   // rendezvous's are. Throws as a wait would when the watch cannot open.
   void expect(const std::vector<std::string>& keys) override;
   std::vector<std::string> peek(const std::vector<std::string>& keys) override;
-  // One transaction each, when it fits in kMaxTxnOps and `key`/`flag` is missing or set (a key
-  // that exists with an empty value, which compareSet matches too, takes the two calls).
+  // One transaction, when it fits in kMaxTxnOps and `key` is missing or set (a key that
+  // exists with an empty value, which compareSet matches too, takes the two calls).
   std::vector<std::string> createThenPeek(const std::string& key, const std::string& value,
                                           const std::vector<std::string>& keys) override;
-  std::string multiSetThenCreate(const std::vector<std::string>& keys,
-                                 const std::vector<std::string>& values,
-                                 const std::string& flag, const std::string& value) override;
   // Every later call throws NetworkError; a blocked wait throws at once.
   void abort() override;
 

@@ -89,6 +89,7 @@ void EtcdWatch::open(const std::string& endpoint, const std::shared_ptr<grpc::Ch
         status.ok() ? grpc::Status(grpc::StatusCode::CANCELLED, "stream closed") : status,
         what + " " + how);
   };
+  client_.countRequest("watch");
   if (!s.start(deadline)) failed("could not start");
   for (size_t i = 0; i < ranges_.size(); ++i) {
     const auto& r = ranges_[i];

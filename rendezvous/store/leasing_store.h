@@ -42,8 +42,7 @@ class LeasingStore : public Store {
 
   // A hint: this connection's waits will come to `keys` (replacing an earlier hint). A store
   // whose waits each cost a watch and a read (etcd) follows them from its next wait on, so a
-  // later wait for them needs neither; it watches the range from the first key to the last,
-  // so keep them adjacent. Nothing else changes; here, it does nothing.
+  // later wait for them needs neither. Nothing else changes; here, it does nothing.
   virtual void expect(const std::vector<std::string>& keys) {}
 
   // The values as they are now, without waiting; a missing key reads as empty.
@@ -57,16 +56,6 @@ class LeasingStore : public Store {
     std::vector<std::string> out{compareSet(key, "", value)};
     for (auto& found : peek(keys)) out.push_back(std::move(found));
     return out;
-  }
-
-  // multiSet(keys, values), then compareSet(flag, "", value), returning its answer: whoever
-  // sees `flag` finds `keys` written. One request where the store can (etcd: one transaction,
-  // which then writes `keys` only with `flag`); here, two.
-  virtual std::string multiSetThenCreate(const std::vector<std::string>& keys,
-                                         const std::vector<std::string>& values,
-                                         const std::string& flag, const std::string& value) {
-    multiSet(keys, values);
-    return compareSet(flag, "", value);
   }
 
   // Deletes every key (releasing leased ones, as deleteKey does); missing keys are no error.

@@ -71,7 +71,7 @@ class Job:
             {"backend": "c10d", "min": 1, "max": 1, "max_restarts": 0, "token": token_hash}))
         store.set("dlrun/jobs", job_id + "\n")
         store.set(self.root + "current", "0")
-        store.set(self.root + "r/0/out/closed", "1")
+        store.set(self.root + "r/0/closed", "1")
 
     def publish(self, kind):
         """An event as an agent publishes it: ADD gives its number, then SET writes it."""
@@ -82,7 +82,7 @@ class Job:
         return seq
 
     def finish(self):
-        self.store.set(self.root + "r/0/out/end", json.dumps({"kind": "finished", "node": ""}))
+        self.store.set(self.root + "r/0/end", json.dumps({"kind": "finished", "node": ""}))
 
 
 class ControlGrpcioTest(unittest.TestCase):
@@ -154,7 +154,7 @@ class ControlGrpcioTest(unittest.TestCase):
                                        timeout=CALL_TIMEOUT_S)
                 self.assertEqual(list(listed.jobs), [])
         # Nothing changed: no stop, no signal, no event beyond the agent's.
-        for key in ("stop", "r/0/out/end", "ctl/signals", "ctl/ev/2"):
+        for key in ("stop", "r/0/end", "ctl/signals", "ctl/ev/2"):
             self.assertFalse(self.store.exists(job.root + key), key)
 
         got = stub.GetJob(pb.JobRef(id=job.id), metadata=right, timeout=CALL_TIMEOUT_S)
