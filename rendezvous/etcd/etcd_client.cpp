@@ -524,14 +524,18 @@ struct PendingLeaseGrant::Call {
   pb::LeaseGrantRequest request;
   pb::LeaseGrantResponse response;
   grpc::Status status;
+  // After the context: it lives in the call's arena, which the context frees.
   std::unique_ptr<grpc::ClientAsyncResponseReader<pb::LeaseGrantResponse>> reader;
+  bool started = false;   // Finish() asked: a completion will come
   bool finished = false;  // its completion taken from the queue
 };
 
 PendingLeaseGrant::~PendingLeaseGrant() {
   if (!call_) return;
-  cancel();
-  take();  // at once after the cancel: a queue is drained before it goes
+  if (call_->started) {
+    cancel();
+    take();  // at once after the cancel: a queue is drained before it goes
+  }
   call_->queue.Shutdown();
   void* tag = nullptr;
   bool ok = false;
@@ -562,6 +566,7 @@ std::unique_ptr<PendingLeaseGrant> EtcdClient::startLeaseGrant(std::chrono::seco
   call.reader = picked->lease->PrepareAsyncLeaseGrant(&call.context, call.request, &call.queue);
   call.reader->StartCall();
   call.reader->Finish(&call.response, &call.status, &call);
+  call.started = true;
   return pending;
 }
 
