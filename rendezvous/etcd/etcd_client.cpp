@@ -379,30 +379,20 @@ SwapResult EtcdClient::swap(const std::string& key, const void* compare,
 
 SwapResult EtcdClient::putIfAbsent(const std::string& key, const std::string& value,
                                    int64_t lease) {
-  pb::Compare compare;
-  compare.set_key(key);
-  compare.set_target(pb::Compare::CREATE);
-  compare.set_result(pb::Compare::EQUAL);
-  compare.set_create_revision(0);
+  const auto compare = detail::missing(key);
   return swap(key, &compare, value, lease);
 }
 
 SwapResult EtcdClient::putIfValue(const std::string& key, const std::string& expected,
                                   const std::string& desired, int64_t lease) {
-  pb::Compare compare;
-  compare.set_key(key);
-  compare.set_target(pb::Compare::VALUE);
-  compare.set_result(pb::Compare::EQUAL);
+  auto compare = detail::compare(key, pb::Compare::VALUE);
   compare.set_value(expected);
   return swap(key, &compare, desired, lease);
 }
 
 SwapResult EtcdClient::putIfRevision(const std::string& key, int64_t modRevision,
                                      const std::string& desired, int64_t lease) {
-  pb::Compare compare;
-  compare.set_key(key);
-  compare.set_target(pb::Compare::MOD);
-  compare.set_result(pb::Compare::EQUAL);
+  auto compare = detail::compare(key, pb::Compare::MOD);
   compare.set_mod_revision(modRevision);
   return swap(key, &compare, desired, lease);
 }
@@ -433,16 +423,14 @@ int64_t EtcdClient::add(const std::string& key, int64_t delta,
     pb::TxnRequest request;
     pb::TxnRequest* level = &request;
     for (int i = 0; i < kAddWindow; ++i) {
-      auto* guard = level->add_compare();
-      guard->set_key(key);
+      // The first exact (the mod revision), whatever the value's spelling.
+      auto& guard = *level->add_compare() =
+          detail::compare(key, i == 0 ? pb::Compare::MOD : pb::Compare::VALUE);
       if (i == 0) {
-        guard->set_target(pb::Compare::MOD);  // exact, whatever the value's spelling
-        guard->set_mod_revision(current ? current->modRevision : 0);
+        guard.set_mod_revision(current ? current->modRevision : 0);
       } else {
-        guard->set_target(pb::Compare::VALUE);
-        guard->set_value(std::to_string(base + i * delta));
+        guard.set_value(std::to_string(base + i * delta));
       }
-      guard->set_result(pb::Compare::EQUAL);
       const std::string next = std::to_string(base + (i + 1) * delta);
       auto* put = level->add_success()->mutable_request_put();
       put->set_key(key);

@@ -14,6 +14,7 @@
 #include "common/clock.h"
 #include "common/error.h"
 #include "etcd/rpc.pb.h"
+#include "rendezvous/etcd/etcd_call.h"
 
 namespace dlrun::rendezvous::etcd {
 namespace detail {
@@ -74,14 +75,6 @@ Clock::time_point deadlineAfter(std::chrono::milliseconds timeout) {
   const auto room = std::chrono::duration_cast<std::chrono::milliseconds>(
       Clock::time_point::max() - now);
   return timeout >= room ? Clock::time_point::max() : now + timeout;
-}
-
-pb::Compare compare(const std::string& key, pb::Compare::CompareTarget target) {
-  pb::Compare c;
-  c.set_key(key);
-  c.set_target(target);
-  c.set_result(pb::Compare::EQUAL);
-  return c;
 }
 
 }  // namespace
@@ -185,15 +178,6 @@ std::optional<KeyValue> firstKey(const pb::RangeResponse& range) {
   if (range.kvs_size() == 0) return std::nullopt;
   const auto& kv = range.kvs(0);
   return KeyValue{.key = kv.key(), .value = kv.value(), .modRevision = kv.mod_revision()};
-}
-
-// A compare that holds while `key` is missing.
-void requireMissing(pb::TxnRequest& request, const std::string& key) {
-  auto* compare = request.add_compare();
-  compare->set_key(key);
-  compare->set_target(pb::Compare::CREATE);
-  compare->set_result(pb::Compare::EQUAL);
-  compare->set_create_revision(0);
 }
 
 }  // namespace
@@ -399,7 +383,7 @@ std::vector<std::string> EtcdStore::createThenPeek(const std::string& key,
   // Either branch reads the keys, after the put or the read of `key`, at one revision. Safe to
   // repeat after a fail-over: a create that applied reads back as this value.
   pb::TxnRequest request;
-  requireMissing(request, dataKey(key));
+  *request.add_compare() = detail::missing(dataKey(key));
   auto* put = request.add_success()->mutable_request_put();
   put->set_key(dataKey(key));
   put->set_value(value);
@@ -561,9 +545,7 @@ void EtcdStore::fire(const std::string& key, const Record& record,
   request.add_success()->mutable_request_delete_range()->set_key(recordKey(key));
   for (const auto& [tripKey, tripValue] : record.tripwires) {
     auto* nested = request.add_success()->mutable_request_txn();
-    auto absent = detail::compare(dataKey(tripKey), pb::Compare::CREATE);
-    absent.set_create_revision(0);
-    *nested->add_compare() = absent;
+    *nested->add_compare() = detail::missing(dataKey(tripKey));
     auto* put = nested->add_success()->mutable_request_put();
     put->set_key(dataKey(tripKey));
     put->set_value(tripValue);
