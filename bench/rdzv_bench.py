@@ -15,7 +15,10 @@ fresh rendezvous id.
     (torchrun gets the underscore spellings, which are all torch 1.13 knows; the monitor interval
     only makes torchrun's agents exit sooner, after the measurement). Every worker (a compiled
     probe, so no tool pays for Python start-ups) records the time at its start with RANK,
-    WORLD_SIZE, GROUP_RANK and MASTER_ADDR/PORT, then exits 0. Measured: from just before the
+    WORLD_SIZE, GROUP_RANK and MASTER_ADDR/PORT, then runs until a stop file appears, which the
+    benchmark writes once it has every record: as a job's workers do, they outlive the launch,
+    so the first agents' ends (a worker that exited at once had its agent report and leave
+    while the last workers started) take no CPU from the window. Measured: from just before the
     first agent is launched to the latest worker start. A run counts when every rank 0..K-1 and
     group rank 0..K-1 started once with WORLD_SIZE K and every agent exited 0. Runs alternate
     between the variants (in reverse order every other round), K ascending. A run still short
@@ -402,9 +405,13 @@ class Job:
                              "its worker exited")
             time.sleep(EXIT_POLL_S)
 
-    def stop(self):
+    def release_workers(self):
+        """Has the workers (given the stop file) exit 0."""
         with open(self.stop_file, "w"):
             pass
+
+    def stop(self):
+        self.release_workers()
         for agent in self.agents:
             kill_agent(agent)
         for record in self.records():
@@ -508,7 +515,7 @@ def rendezvous_run(tool, k, worker, scratch, etcd_endpoint, timeout):
     job = Job(scratch, tool, etcd_endpoint)
     watcher = Watcher(job.targets) if tool.watched else None
     try:
-        argv = tool.argv(k, job.endpoint, job.rdzv_id, 0, [worker, job.out])
+        argv = tool.argv(k, job.endpoint, job.rdzv_id, 0, [worker, job.out, job.stop_file])
         cpu0 = children_cpu()
         store_cpu0 = process_cpu(job.dlrund.pid) if job.dlrund else 0
         t0 = time.time()
@@ -526,6 +533,7 @@ def rendezvous_run(tool, k, worker, scratch, etcd_endpoint, timeout):
             if None in got or sorted(got) != want:
                 raise Failed(f"the workers' {key.upper()} values were {got}, not {want}")
         seconds = max(r["time"] for r in records) - t0
+        job.release_workers()
         stats = None
         if job.dlrund:
             stats = {"t0": t0, "rdzv": seconds,
