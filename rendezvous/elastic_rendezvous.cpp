@@ -187,28 +187,25 @@ bool ElasticRendezvous::waitChunk(const std::string& key) {
 }
 
 ElasticRendezvous::Step ElasticRendezvous::tryRound(int round, Clock::time_point deadline) {
-  const int index = static_cast<int>(lease_->add(keys_.joined(round), 1));
+  // What this node waits for and reads next, followed from before it joins (a hint; on etcd a
+  // watch read with the join below, so the waits and reads after it cost no request): the
+  // round's close, end and plan.
+  lease_->expect({keys_.closed(round), keys_.end(round), keys_.plan(round)});
+  elastic::NodeRecord record = options_.self;
+  record.failures = failures_;
+  record.lastGroupRank = lastGroupRank_;
+  record.workerPorts = reserveFreePorts(record.addr, record.nproc);
+  const RoundEnd lost{.kind = RoundEnd::Kind::NodeLost, .node = nodeName(record)};
+  // The join, and the leased record of each of the first maxNodes arrivals: one request on
+  // etcd, where the record's key follows from the arrival index the join gives.
+  const int index = static_cast<int>(lease_->addThenLease(
+      keys_.joined(round), options_.maxNodes,
+      [&](int64_t arrival) { return keys_.node(round, static_cast<int>(arrival)); },
+      elastic::encode(record), options_.leaseTtl,
+      {{keys_.closed(round), std::string(elastic::kAborted)},
+       {keys_.end(round), elastic::encode(lost)},
+       {keys_.lost(record.name), "1"}}));
   const bool candidate = index <= options_.maxNodes;
-  // What this node waits for and reads next, followed from here on (a hint; on etcd a watch
-  // read with the lease below, so the waits and reads after it cost no request): the round's
-  // close and end, a member's assignment and the roster.
-  std::vector<std::string> next{keys_.closed(round), keys_.end(round)};
-  if (candidate) {
-    next.push_back(keys_.assignment(round, index));
-    if (options_.fetchRoster) next.push_back(keys_.roster(round));
-  }
-  lease_->expect(next);
-  if (candidate) {
-    elastic::NodeRecord record = options_.self;
-    record.failures = failures_;
-    record.lastGroupRank = lastGroupRank_;
-    record.workerPorts = reserveFreePorts(record.addr, record.nproc);
-    RoundEnd lost{.kind = RoundEnd::Kind::NodeLost, .node = nodeName(record)};
-    lease_->lease(keys_.node(round, index), elastic::encode(record), options_.leaseTtl,
-                  {{keys_.closed(round), std::string(elastic::kAborted)},
-                   {keys_.end(round), elastic::encode(lost)},
-                   {keys_.lost(record.name), "1"}});
-  }
   const auto arrival = now();
   const bool canClose = candidate && index >= options_.minNodes;
   // What a member reads once the round closed: the closer knows it already.
@@ -232,10 +229,8 @@ ElasticRendezvous::Step ElasticRendezvous::tryRound(int round, Clock::time_point
     }
   }
   if (!texts) {
-    // One read whatever the outcome: a missing assignment reads as empty.
-    std::vector<std::string> keys{keys_.closed(round), keys_.assignment(round, index)};
-    if (options_.fetchRoster) keys.push_back(keys_.roster(round));
-    texts = lease_->peek(keys);
+    // One read whatever the outcome: a missing plan reads as empty.
+    texts = lease_->peek({keys_.closed(round), keys_.plan(round)});
   }
   const std::string& closed = (*texts)[0];
   if (closed == elastic::kAborted || closed == elastic::kStopped) {
@@ -251,8 +246,8 @@ ElasticRendezvous::Step ElasticRendezvous::tryRound(int round, Clock::time_point
 }
 
 std::optional<std::vector<std::string>> ElasticRendezvous::closeRound(int round, int index) {
-  // One closer per round: its assignments are the only ones, so members read theirs without
-  // knowing the round's size first. If it dies half-way, its lease aborts the round.
+  // One closer per round: its plan is the only one, so members read it without knowing the
+  // round's size first. If it dies half-way, its lease aborts the round.
   const std::string me = std::to_string(index);
   const auto nodeKeys = [&](int members) {
     std::vector<std::string> nodes;
@@ -290,28 +285,18 @@ std::optional<std::vector<std::string>> ElasticRendezvous::closeRound(int round,
     if (text.empty()) return std::nullopt;  // a record vanished with its lease: round aborted
     records.push_back(elastic::decodeNodeRecord(text));
   }
-  const elastic::Plan plan = elastic::planRound(records);
-  std::vector<std::string> keys, values;
-  for (int i = 1; i <= members; ++i) {
-    keys.push_back(keys_.assignment(round, i));
-    values.push_back(elastic::encode(plan.byArrival[i - 1]));
-  }
-  keys.push_back(keys_.roster(round));
-  values.push_back(elastic::encodeRoster(plan.roster));
+  const std::string plan = elastic::encodePlan(elastic::planRound(records));
   std::vector<std::string> names;
   for (const auto& record : records) names.push_back(nodeName(record));
-  keys.push_back(keys_.names(round));
-  values.push_back(elastic::encodeRoster({.endpoints = names}));
-  // Two writes, the close last: members read their assignments once they see the round closed.
-  // (One etcd transaction for both would cost half the members a read: etcd sends each watched
-  // key's events separately, in no set order, so the close could come before the assignment.)
-  lease_->multiSet(keys, values);
+  // Two writes, the close last: members read the plan once they see the round closed. (One
+  // etcd transaction for both would cost half the members a read: etcd sends each watched
+  // key's events separately, in no set order, so the close could come before the plan.)
+  lease_->multiSet({keys_.plan(round), keys_.names(round)},
+                   {plan, elastic::encodeRoster({.endpoints = names})});
   const std::string closed = std::to_string(members);
   if (lease_->compareSet(keys_.closed(round), "", closed) != closed) return std::nullopt;
   closedRound_ = round;
-  std::vector<std::string> mine{closed, values[index - 1]};
-  if (options_.fetchRoster) mine.push_back(values[members]);
-  return mine;
+  return std::vector<std::string>{closed, plan};
 }
 
 void ElasticRendezvous::forgetRounds(int upTo) {
@@ -334,7 +319,12 @@ bool ElasticRendezvous::forgotten(int round) {
 
 World ElasticRendezvous::memberWorld(int round, int index, int members,
                                      const std::vector<std::string>& texts) {
-  const elastic::Assignment a = elastic::decodeAssignment(texts[1]);
+  elastic::Plan plan = elastic::decodePlan(texts[1]);
+  if (plan.byArrival.size() != static_cast<size_t>(members))
+    throw ProtocolError("the plan of round " + std::to_string(round) + " has " +
+                        std::to_string(plan.byArrival.size()) + " members where " +
+                        keys_.closed(round) + " says " + std::to_string(members));
+  const elastic::Assignment& a = plan.byArrival[index - 1];
   member_ = Member{round, index, members, a.failures};
   memberRound_ = round;
   memberCount_ = members;
@@ -344,10 +334,8 @@ World ElasticRendezvous::memberWorld(int round, int index, int members,
   failures_ = a.failures;
   const NodeJob job{options_.runId, options_.self.nproc, options_.maxRestarts,
                     options_.storeHost, options_.storePort};
-  elastic::Roster roster;
-  if (options_.fetchRoster) roster = elastic::decodeRoster(texts[2]);
-  World world = makeWorld(job, round, a, std::move(roster.endpoints));
-  world.workerRoles = std::move(roster.roles);
+  World world = makeWorld(job, round, a, std::move(plan.roster.endpoints));
+  world.workerRoles = std::move(plan.roster.roles);
   return world;
 }
 

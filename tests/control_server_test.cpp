@@ -57,7 +57,8 @@ class ControlServerTest : public ::testing::Test {
     store.set(c.node("n1"), ctl::encode(node));
     store.set(r.current(), "0");
     store.set(r.closed(0), "1");
-    store.set(r.assignment(0, 1), elastic::encode(elastic::Assignment{}));
+    store.set(r.plan(0), elastic::encodePlan(elastic::planRound(
+                             {{.addr = "127.0.0.1", .name = "n1", .nproc = 2, .workerPorts = {1, 2}}})));
   }
 
   void publish(const std::string& id, const std::string& kind) {

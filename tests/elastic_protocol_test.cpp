@@ -127,22 +127,22 @@ TEST(Codecs, StorePortAndMasterRoundTripAndStayOptional) {
   r.storePort = 40123;
   EXPECT_EQ(decodeNodeRecord(encode(r)).storePort, 40123);
 
-  Assignment a{0, 2, 0, 4, 0};
-  EXPECT_FALSE(decodeAssignment(encode(a)).masterAddr);
-  a.masterAddr = "fd00::1";
-  a.masterPort = 40123;
-  const Assignment back = decodeAssignment(encode(a));
+  Plan plan = planRound({node("10.0.0.1", 1)});
+  EXPECT_FALSE(decodePlan(encodePlan(plan)).byArrival[0].masterAddr);
+  plan.byArrival[0].masterAddr = "fd00::1";
+  plan.byArrival[0].masterPort = 40123;
+  const Assignment back = decodePlan(encodePlan(plan)).byArrival[0];
   EXPECT_EQ(back.masterAddr, "fd00::1");
   EXPECT_EQ(back.masterPort, 40123);
-  EXPECT_THROW(decodeAssignment(R"({"group_rank":0,"group_world_size":1,"base_rank":0,)"
-                                R"("world_size":1,"failures":0,"master_addr":"a"})"),
+  EXPECT_THROW(decodePlan(R"({"group_ranks":[0],"base_ranks":[0],"world_size":1,"failures":0,)"
+                          R"("endpoints":["a:1"],"master_addr":"a"})"),
                ProtocolError);  // an address without its port
   EXPECT_THROW(decodeNodeRecord(R"({"addr":"a","name":"n","nproc":1,"ports":[1],"failures":0,)"
                                 R"("store":70000})"),
                ProtocolError);  // not a port
 }
 
-TEST(Codecs, RecordsAssignmentsAndEndsRoundTrip) {
+TEST(Codecs, RecordsPlansAndEndsRoundTrip) {
   NodeRecord r = node("fd00::1", 2, 5);
   r.failures = 1;
   r.lastGroupRank = 3;
@@ -153,11 +153,27 @@ TEST(Codecs, RecordsAssignmentsAndEndsRoundTrip) {
   EXPECT_EQ(back.workerPorts, r.workerPorts);
   EXPECT_EQ(back.failures, 1);
 
-  const Assignment a{2, 3, 8, 12, 1};
-  const Assignment ab = decodeAssignment(encode(a));
-  EXPECT_EQ(ab.groupRank, 2);
-  EXPECT_EQ(ab.baseRank, 8);
-  EXPECT_EQ(ab.worldSize, 12);
+  // Arrivals 1..3 with 4, 2 and 6 workers; the rank hints make arrival 3 group rank 0.
+  const NodeRecord first = node("10.0.0.1", 4), third = node("10.0.0.3", 6, 0);
+  NodeRecord second = node("10.0.0.2", 2);
+  second.failures = 1;
+  second.roles = {"ps", "ps"};
+  const Plan plan = planRound({first, second, third});
+  const Plan pb = decodePlan(encodePlan(plan));
+  ASSERT_EQ(pb.byArrival.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(pb.byArrival[i].groupRank, plan.byArrival[i].groupRank);
+    EXPECT_EQ(pb.byArrival[i].baseRank, plan.byArrival[i].baseRank);
+    EXPECT_EQ(pb.byArrival[i].groupWorldSize, 3);
+    EXPECT_EQ(pb.byArrival[i].worldSize, 12);
+    EXPECT_EQ(pb.byArrival[i].failures, 1);  // the round's: the most any member saw
+  }
+  EXPECT_EQ(pb.byArrival[2].groupRank, 0);
+  EXPECT_EQ(pb.byArrival[0].baseRank, 6);
+  EXPECT_EQ(pb.roster.endpoints, plan.roster.endpoints);
+  EXPECT_EQ(pb.roster.roles, plan.roster.roles);
+  EXPECT_EQ(pb.roster.roles[6], "worker");  // arrival 1's first worker, after arrival 3's six
+  EXPECT_EQ(pb.roster.roles[10], "ps");
 
   RoundEnd e{.kind = RoundEnd::Kind::WorkerFailed, .node = "n1 (10.0.0.2)", .rank = 5,
              .exitCode = 3, .failures = 2, .final = true, .report = "dlrun: line\n"};
@@ -180,7 +196,21 @@ TEST(Codecs, MalformedValuesAreProtocolErrors) {
   EXPECT_THROW(decodeNodeRecord("not json"), ProtocolError);
   EXPECT_THROW(decodeNodeRecord(R"({"addr":"a","name":"n","nproc":2,"ports":[1],"failures":0})"),
                ProtocolError);  // two workers, one port
-  EXPECT_THROW(decodeAssignment(R"({"group_rank":"zero"})"), ProtocolError);
+  EXPECT_THROW(decodePlan(R"({"group_ranks":"zero"})"), ProtocolError);
+  const std::string plan = encodePlan(planRound({node("10.0.0.1", 1), node("10.0.0.2", 1)}));
+  EXPECT_NO_THROW(decodePlan(plan));
+  auto edited = [&](const std::string& from, const std::string& to) {
+    std::string text = plan;
+    const size_t at = text.find(from);
+    EXPECT_NE(at, std::string::npos) << from;
+    return text.replace(at, from.size(), to);
+  };
+  EXPECT_THROW(decodePlan(edited(R"("world_size":2)", R"("world_size":3)")), ProtocolError);
+  EXPECT_THROW(decodePlan(edited(R"("base_ranks":[0,1])", R"("base_ranks":[0])")), ProtocolError);
+  EXPECT_THROW(decodePlan(edited(R"("group_ranks":[0,1])", R"("group_ranks":[0,2])")),
+               ProtocolError);  // no such group rank
+  EXPECT_THROW(decodePlan(edited(R"("group_ranks":[0,1])", R"("group_ranks":[])")),
+               ProtocolError);  // no member
   EXPECT_THROW(decodeRoundEnd(R"({"kind":"exploded","node":"x"})"), ProtocolError);
   EXPECT_THROW(decodeRoster("{}"), ProtocolError);
   EXPECT_THROW(decodeRoster(R"({"endpoints":["a:1"],"roles":[]})"), ProtocolError);
@@ -206,7 +236,7 @@ TEST(Keys, RoundsAndRunsDoNotShareKeys) {
   EXPECT_NE(a.closed(1), a.closed(11));
   EXPECT_NE(a.node(1, 2), a.node(12, 1));
   EXPECT_NE(a.current(), b.current());
-  EXPECT_NE(a.assignment(3, 1), a.assignment(31, 1));
+  EXPECT_NE(a.plan(3), a.plan(31));
 }
 
 }  // namespace

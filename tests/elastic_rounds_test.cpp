@@ -174,7 +174,7 @@ TEST_F(ElasticRoundsTest, ALongJobKeepsTheKeysOfItsLastTwoRoundsOnly) {
     for (const auto& key : keys.ofRound(round, 2)) EXPECT_FALSE(view.check({key})) << key;
   }
   for (int round = 4; round <= 5; ++round) {
-    EXPECT_TRUE(view.check({keys.closed(round), keys.end(round), keys.assignment(round, 2)}));
+    EXPECT_TRUE(view.check({keys.closed(round), keys.end(round), keys.plan(round)}));
   }
   EXPECT_EQ(view.numKeys(), keysAtRound2);  // bounded, however many rounds the job runs
 }

@@ -330,6 +330,34 @@ TEST_F(EtcdStoreTest, AnExpectedKeyIsFollowedFromTheFirstWaitOnWithoutAnotherReq
   EXPECT_TRUE(waiter->waitFor({"other"}, 100ms));
 }
 
+// The rendezvous's arrival: a join and its record in one transaction. Each caller gets its own
+// value and, up to the limit, a record under that value's key, leased as lease()'s is (abort()
+// fires its tripwires); above the limit, nothing. The read expect() owes rides along, so a
+// wait for an expected key that was already there costs no request.
+TEST_F(EtcdStoreTest, AddThenLeaseJoinsAndLeasesInOneTransaction) {
+  auto first = store(), second = store(), third = store(), other = store();
+  other->set("closed", "2");
+  const auto keyOf = [](int64_t n) { return "node/" + std::to_string(n); };
+  const std::vector<std::pair<std::string, std::string>> tripwires{{"end", "lost"}};
+  first->expect({"closed"});
+  const auto requests = [&](const char* method) { return server->requestsStarted()[method]; };
+  const int64_t txns = requests("Txn");
+  EXPECT_EQ(first->addThenLease("joined", 2, keyOf, "one", 2s, tripwires), 1);
+  EXPECT_EQ(requests("Txn") - txns, 1);
+  const auto before = server->requestsStarted();
+  EXPECT_TRUE(first->waitFor({"closed"}, 100ms));
+  for (const char* method : {"Range", "Txn", "Watch"})
+    EXPECT_EQ(requests(method), before.count(method) ? before.at(method) : 0) << method;
+  EXPECT_EQ(second->addThenLease("joined", 2, keyOf, "two", 2s, tripwires), 2);
+  EXPECT_EQ(third->addThenLease("joined", 2, keyOf, "three", 2s, tripwires), 3);
+  EXPECT_EQ(other->peek({"joined", "node/1", "node/2", "node/3"}),
+            (std::vector<std::string>{"3", "one", "two", ""}));
+  second->abort();
+  EXPECT_TRUE(other->waitFor({"end"}, 10s));
+  EXPECT_EQ(other->peek({"node/1", "node/2", "end"}),
+            (std::vector<std::string>{"one", "", "lost"}));
+}
+
 // An agent's stores share one client (one channel to etcd); each keeps its own leases, waits
 // and abort(). A store that only observes (fireLapses = false, the control plane's) hears the
 // puts it waits for but fires no lapsed lease: that is for the stores holding the job's leases.

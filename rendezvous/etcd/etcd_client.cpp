@@ -340,7 +340,12 @@ int64_t EtcdClient::deleteRange(const std::string& key, const std::string& range
 
 pb::TxnResponse EtcdClient::txn(const pb::TxnRequest& request,
                                 std::optional<std::chrono::milliseconds> timeout) {
-  const std::string key = request.compare_size() > 0 ? request.compare(0).key() : std::string();
+  // Messages name the first key compared, also in a transaction whose first operation is one.
+  const pb::TxnRequest* named = &request;
+  while (named->compare_size() == 0 && named->success_size() > 0 &&
+         named->success(0).has_request_txn())
+    named = &named->success(0).request_txn();
+  const std::string key = named->compare_size() > 0 ? named->compare(0).key() : std::string();
   // A transaction of reads only changes nothing, so it is retried as a read is.
   bool readOnly = true;
   for (const auto& op : request.success()) readOnly = readOnly && op.has_request_range();
@@ -412,17 +417,31 @@ std::optional<int64_t> toInteger(std::string_view text) {
 int64_t EtcdClient::add(const std::string& key, int64_t delta,
                         const std::optional<AddMark>& mark) {
   if (delta == 0 && !mark) return readCounter(key);
+  return add(key, delta, mark, {}).value;
+}
+
+EtcdClient::AddResult EtcdClient::add(const std::string& key, int64_t delta,
+                                      const std::optional<AddMark>& mark,
+                                      const AddExtras& extras) {
   // A swap on the value read would cost K adders that come at once (a round's joins, its
   // successes) K^2/2 tries, each a write etcd proposes to its cluster. One transaction instead
   // tries a window of values: the one known (its mod revision: the key missing, the first time),
   // then, nested in each failure branch, that value plus delta, plus 2 delta..., as other
   // adders of the same delta leave it. The last failure branch reads the key for the next try.
   std::optional<KeyValue> current;
-  while (true) {
+  std::shared_ptr<const pb::TxnResponse> ridden;
+  for (bool first = true;; first = false) {
     const int64_t base = current ? counterValue(*current) : 0;
-    pb::TxnRequest request;
-    pb::TxnRequest* level = &request;
-    for (int i = 0; i < kAddWindow; ++i) {
+    // The first try carries the riders, after the window in a transaction without a compare
+    // (its success branch always runs).
+    pb::TxnRequest riders;
+    const bool riding = first && extras.riding;
+    if (riding) extras.riding(riders);
+    // Levels as long as the next fits in etcd's count (the branches' writes make each cost more).
+    auto budget = static_cast<int>(kMaxTxnOps) - (riding ? riders.success_size() + 1 : 0);
+    pb::TxnRequest window;
+    pb::TxnRequest* level = &window;
+    for (int i = 0;; ++i) {
       // The first exact (the mod revision), whatever the value's spelling.
       auto& guard = *level->add_compare() =
           detail::compare(key, i == 0 ? pb::Compare::MOD : pb::Compare::VALUE);
@@ -431,7 +450,8 @@ int64_t EtcdClient::add(const std::string& key, int64_t delta,
       } else {
         guard.set_value(std::to_string(base + i * delta));
       }
-      const std::string next = std::to_string(base + (i + 1) * delta);
+      const int64_t value = base + (i + 1) * delta;
+      const std::string next = std::to_string(value);
       auto* put = level->add_success()->mutable_request_put();
       put->set_key(key);
       put->set_value(next);
@@ -440,16 +460,28 @@ int64_t EtcdClient::add(const std::string& key, int64_t delta,
         marked->set_key(mark->key);
         marked->set_value(mark->token + ":" + next);
       }
-      if (i + 1 < kAddWindow) {
+      if (extras.branch) extras.branch(value, *level);
+      const int cost = level->success_size();
+      budget -= cost;
+      if (i + 1 < kAddWindow && budget >= cost) {
         level = level->add_failure()->mutable_request_txn();
       } else {
         level->add_failure()->mutable_request_range()->set_key(key);
+        break;
       }
     }
-    const auto response = txn(request);
-    const pb::TxnResponse* answer = &response;
+    pb::TxnRequest outer;
+    if (riding) {
+      *outer.add_success()->mutable_request_txn() = std::move(window);
+      for (auto& op : *riders.mutable_success()) *outer.add_success() = std::move(op);
+    }
+    auto response = std::make_shared<const pb::TxnResponse>(txn(riding ? outer : window));
+    if (riding) ridden = response;
+    const pb::TxnResponse* answer =
+        riding ? &response->responses(0).response_txn() : response.get();
     for (int i = 0; i < kAddWindow; ++i) {
-      if (answer->succeeded()) return base + (i + 1) * delta;
+      if (answer->succeeded())
+        return {base + (i + 1) * delta, response->header().revision(), ridden};
       if (answer->responses_size() == 0) break;
       const auto& op = answer->responses(0);
       if (op.has_response_txn()) {

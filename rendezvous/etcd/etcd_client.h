@@ -33,6 +33,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -166,9 +167,27 @@ class EtcdClient {
     std::string token;
   };
   int64_t add(const std::string& key, int64_t delta, const std::optional<AddMark>& mark = {});
+  // What an add's transaction may carry besides (EtcdStore::addThenLease): `branch(v, branch)`
+  // adds operations to the branch that applies value v, after its put (writes whose keys
+  // depend on v); `riding` adds operations to the first try, run after the add whatever it
+  // found (reads, answered in that try's response from index 1 on).
+  struct AddExtras {
+    std::function<void(int64_t value, etcdserverpb::TxnRequest& branch)> branch;
+    std::function<void(etcdserverpb::TxnRequest& riding)> riding;
+  };
+  struct AddResult {
+    int64_t value = 0;
+    int64_t revision = 0;  // the revision of the transaction that applied it
+    std::shared_ptr<const etcdserverpb::TxnResponse> ridden;  // the first try's, with `riding`
+  };
+  AddResult add(const std::string& key, int64_t delta, const std::optional<AddMark>& mark,
+                const AddExtras& extras);
   // The values one add() transaction tries (see add): 32 adders at once (a round of 32 nodes
   // joining, their successes) take one try each, where a try that misses costs etcd a proposal.
   static constexpr int kAddWindow = 32;
+  // etcd refuses a transaction of more than 128 operations by default (--max-txn-ops), counted
+  // along its nesting: each level uses the most of its compares, successes and failures.
+  static constexpr size_t kMaxTxnOps = 128;
   // The result of the marked add() whose mark this is, if that add applied.
   std::optional<int64_t> addApplied(const AddMark& mark);
   // Any transaction (the raw messages), for what the helpers above do not cover. `timeout`

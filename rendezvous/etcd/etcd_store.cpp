@@ -37,6 +37,16 @@ std::string encodeTripwires(const Tripwires& tripwires) {
   return out;
 }
 
+// Tripwires on one key once (etcd refuses a transaction that writes a key twice); the first
+// one stands, as when they are set one after another only where absent.
+Tripwires uniqueTripwires(const Tripwires& tripwires) {
+  Tripwires unique;
+  std::set<std::string> seen;
+  for (const auto& tripwire : tripwires)
+    if (seen.insert(tripwire.first).second) unique.push_back(tripwire);
+  return unique;
+}
+
 // nullopt for a record some other program wrote: it is not fired.
 std::optional<Tripwires> decodeTripwires(std::string_view text) {
   Tripwires out;
@@ -437,91 +447,92 @@ void EtcdStore::prepareLease(std::chrono::milliseconds ttl) {
   if (!aborted_) pending_.emplace(seconds, std::move(sent));
 }
 
+int64_t EtcdStore::leaseId(int64_t seconds) {
+  std::lock_guard granting(grantMutex_);
+  {
+    std::lock_guard lock(mutex_);
+    auto it = leases_.find(seconds);
+    if (it != leases_.end() && it->second.keepAlive->alive()) return it->second.id;
+    // Lapsed or lost: its keys are gone, as on a dropped connection.
+    if (it != leases_.end()) leases_.erase(it);
+  }
+  Granted granted;
+  // A grant sent ahead is taken while fresh (a failed one is made again); it stays in pending_
+  // while its answer is awaited, so that abort() can cancel it. A stale one is cancelled and
+  // left to lapse.
+  PendingLeaseGrant* sent = nullptr;
+  std::unique_ptr<PendingLeaseGrant> stale;  // cancelled as it goes, after the lock
+  {
+    std::lock_guard lock(mutex_);
+    if (auto it = pending_.find(seconds); it != pending_.end()) {
+      if (Clock::now() - it->second.at < std::chrono::milliseconds(seconds * 100)) {
+        sent = it->second.grant.get();
+      } else {
+        stale = std::move(it->second.grant);
+        pending_.erase(it);
+      }
+    }
+  }
+  stale.reset();
+  if (sent) {
+    const auto taken = sent->take();
+    std::lock_guard lock(mutex_);
+    pending_.erase(seconds);
+    granted.id = taken.value_or(0);
+  }
+  requireOpen();
+  if (granted.id == 0) granted.id = client_->leaseGrant(std::chrono::seconds(seconds));
+  // A third of the TTL: two renewals may go missing before the lease lapses.
+  granted.keepAlive =
+      client_->keepAlive(granted.id, std::chrono::milliseconds(seconds * 1000 / 3));
+  const int64_t id = granted.id;
+  std::unique_lock lock(mutex_);
+  if (aborted_) {  // abort() came during the grant: this lease is not kept either
+    lock.unlock();
+    granted.keepAlive->stop();
+    try {
+      client_->leaseRevoke(granted.id, kReleaseTimeout);
+    } catch (const Error&) {
+    }
+    requireOpen();  // throws: aborted
+  }
+  leases_.emplace(seconds, std::move(granted));
+  return id;
+}
+
+void EtcdStore::addLeaseWrites(pb::TxnRequest& request, const std::string& key,
+                               const std::string& value, int64_t lease,
+                               const std::string& tripwires) const {
+  auto* record = request.add_success()->mutable_request_put();
+  record->set_key(recordKey(key));
+  record->set_value(tripwires);
+  auto* put = request.add_success()->mutable_request_put();
+  put->set_key(dataKey(key));
+  put->set_value(value);
+  put->set_lease(lease);
+}
+
+std::optional<EtcdStore::Owed> EtcdStore::takeOwed(std::unique_lock<std::timed_mutex>& watching) {
+  if (options_.fireLapses && watching.try_lock() && owed_ &&
+      owed_->keys.size() + 4 <= kMaxTxnOps)
+    return std::exchange(owed_, std::nullopt);
+  return std::nullopt;
+}
+
 void EtcdStore::lease(const std::string& key, const std::string& value,
                       std::chrono::milliseconds ttl,
                       const std::vector<std::pair<std::string, std::string>>& tripwires) {
   requirePositiveTtl(key, ttl);
   requireOpen();
-  const int64_t seconds = leaseSeconds(ttl);
-  int64_t id = 0;
-  {
-    std::lock_guard granting(grantMutex_);
-    {
-      std::lock_guard lock(mutex_);
-      auto it = leases_.find(seconds);
-      if (it != leases_.end() && !it->second.keepAlive->alive()) {
-        leases_.erase(it);  // lapsed or lost: its keys are gone, as on a dropped connection
-      } else if (it != leases_.end()) {
-        id = it->second.id;
-      }
-    }
-    if (id == 0) {
-      Granted granted;
-      // A grant sent ahead is taken while fresh (a failed one is made again); it stays in
-      // pending_ while its answer is awaited, so that abort() can cancel it. A stale one is
-      // cancelled and left to lapse.
-      PendingLeaseGrant* sent = nullptr;
-      std::unique_ptr<PendingLeaseGrant> stale;  // cancelled as it goes, after the lock
-      {
-        std::lock_guard lock(mutex_);
-        if (auto it = pending_.find(seconds); it != pending_.end()) {
-          if (Clock::now() - it->second.at < std::chrono::milliseconds(seconds * 100)) {
-            sent = it->second.grant.get();
-          } else {
-            stale = std::move(it->second.grant);
-            pending_.erase(it);
-          }
-        }
-      }
-      stale.reset();
-      if (sent) {
-        const auto taken = sent->take();
-        std::lock_guard lock(mutex_);
-        pending_.erase(seconds);
-        granted.id = taken.value_or(0);
-      }
-      requireOpen();
-      if (granted.id == 0) granted.id = client_->leaseGrant(std::chrono::seconds(seconds));
-      // A third of the TTL: two renewals may go missing before the lease lapses.
-      granted.keepAlive =
-          client_->keepAlive(granted.id, std::chrono::milliseconds(seconds * 1000 / 3));
-      id = granted.id;
-      std::unique_lock lock(mutex_);
-      if (aborted_) {  // abort() came during the grant: this lease is not kept either
-        lock.unlock();
-        granted.keepAlive->stop();
-        try {
-          client_->leaseRevoke(granted.id, kReleaseTimeout);
-        } catch (const Error&) {
-        }
-        requireOpen();  // throws: aborted
-      }
-      leases_.emplace(seconds, std::move(granted));
-    }
-  }
-  // Tripwires on one key once (etcd refuses a transaction that writes a key twice); the first
-  // one stands, as when they are set one after another only where absent.
-  detail::Tripwires unique;
-  std::set<std::string> seen;
-  for (const auto& tripwire : tripwires)
-    if (seen.insert(tripwire.first).second) unique.push_back(tripwire);
+  const int64_t id = leaseId(leaseSeconds(ttl));
+  detail::Tripwires unique = detail::uniqueTripwires(tripwires);
   pb::TxnRequest request;
-  auto* record = request.add_success()->mutable_request_put();
-  record->set_key(recordKey(key));
-  record->set_value(detail::encodeTripwires(unique));
-  auto* put = request.add_success()->mutable_request_put();
-  put->set_key(dataKey(key));
-  put->set_value(value);
-  put->set_lease(id);
+  addLeaseWrites(request, key, value, id, detail::encodeTripwires(unique));
   // The read a watch opened by expect() owes rides along: one round trip less on the way into
   // a round (the watch began before this transaction, so what it misses, the read has).
   std::unique_lock watching(watchMutex_, std::defer_lock);
-  std::optional<Owed> owed;
-  if (options_.fireLapses && watching.try_lock() && owed_ &&
-      owed_->keys.size() + 4 <= kMaxTxnOps) {
-    owed = std::exchange(owed_, std::nullopt);
-    addWatchRead(request, owed->scan, owed->keys);
-  }
+  std::optional<Owed> owed = takeOwed(watching);
+  if (owed) addWatchRead(request, owed->scan, owed->keys);
   pb::TxnResponse response;
   try {
     response = retrying([&] { return client_->txn(request); });
@@ -532,6 +543,62 @@ void EtcdStore::lease(const std::string& key, const std::string& value,
   if (owed) noteSeen(owed->keys, takeWatchRead(response, 2, owed->scan, owed->keys.size()));
   std::lock_guard lock(mutex_);
   owned_[key] = Record{std::move(unique), response.header().revision()};
+}
+
+int64_t EtcdStore::addThenLease(const std::string& counter, int64_t limit,
+                                const std::function<std::string(int64_t)>& keyOf,
+                                const std::string& value, std::chrono::milliseconds ttl,
+                                const std::vector<std::pair<std::string, std::string>>& tripwires) {
+  requirePositiveTtl(counter, ttl);
+  requireOpen();
+  const int64_t id = leaseId(leaseSeconds(ttl));
+  detail::Tripwires unique = detail::uniqueTripwires(tripwires);
+  const std::string record = detail::encodeTripwires(unique);
+  // The add's transaction writes the lease's keys in the branch of each value it tries (etcd
+  // has no write whose key is computed), and carries the read a watch opened by expect() owes,
+  // as lease() does: a join and its record cost one round trip and one log entry.
+  std::unique_lock watching(watchMutex_, std::defer_lock);
+  std::optional<Owed> owed = takeOwed(watching);
+  EtcdClient::AddExtras extras{.branch = [&](int64_t n, pb::TxnRequest& branch) {
+    if (n <= limit) addLeaseWrites(branch, keyOf(n), value, id, record);
+  }};
+  if (owed) {
+    extras.riding = [&](pb::TxnRequest& riding) {
+      addWatchRead(riding, owed->scan, owed->keys);
+    };
+  }
+  // Marked, as add(): a try that failed half-way may have applied, and a retry reads so.
+  const EtcdClient::AddMark mark{markKey_, std::to_string(++adds_)};
+  bool sent = false;
+  EtcdClient::AddResult added;
+  try {
+    added = retrying([&] {
+      if (sent) {
+        if (auto applied = client_->addApplied(mark)) return EtcdClient::AddResult{*applied};
+      }
+      sent = true;
+      return client_->add(dataKey(counter), 1, mark, extras);
+    });
+  } catch (...) {
+    if (owed) owed_ = std::move(owed);
+    throw;
+  }
+  if (owed && added.ridden) {
+    noteSeen(owed->keys, takeWatchRead(*added.ridden, 1, owed->scan, owed->keys.size()));
+  } else if (owed) {
+    owed_ = std::move(owed);  // the try that read failed; the one that applied did not read
+  }
+  if (added.value > limit) return added.value;
+  if (added.revision == 0) {
+    // Applied by a try whose answer was lost, at a revision unknown here: leased again (the
+    // same writes), which says it. lease() takes the watch's lock itself.
+    if (watching.owns_lock()) watching.unlock();
+    lease(keyOf(added.value), value, ttl, tripwires);
+    return added.value;
+  }
+  std::lock_guard lock(mutex_);
+  owned_[keyOf(added.value)] = Record{std::move(unique), added.revision};
+  return added.value;
 }
 
 void EtcdStore::fire(const std::string& key, const Record& record,

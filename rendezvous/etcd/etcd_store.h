@@ -73,9 +73,8 @@ struct EtcdStoreOptions {
 
 class EtcdStore : public LeasingStore {
  public:
-  // etcd refuses transactions of more than 128 operations by default (--max-txn-ops): larger
-  // multiSet() and peek() calls are cut into pieces of this many.
-  static constexpr size_t kMaxTxnOps = 128;
+  // Larger multiSet() and peek() calls are cut into pieces of this many operations.
+  static constexpr size_t kMaxTxnOps = EtcdClient::kMaxTxnOps;
   // The deadline of each call abort() and the destructor make (revoke, fire): they must not
   // hold up an agent that is stopping when etcd does not answer; the leases then lapse.
   static constexpr std::chrono::milliseconds kReleaseTimeout{1'000};
@@ -106,6 +105,12 @@ class EtcdStore : public LeasingStore {
 
   void lease(const std::string& key, const std::string& value, std::chrono::milliseconds ttl,
              const std::vector<std::pair<std::string, std::string>>& tripwires) override;
+  // One transaction: the add's, whose branch for each value it tries also writes that value's
+  // lease (and which carries the read expect() owes, as lease() does).
+  int64_t addThenLease(const std::string& counter, int64_t limit,
+                       const std::function<std::string(int64_t)>& keyOf, const std::string& value,
+                       std::chrono::milliseconds ttl,
+                       const std::vector<std::pair<std::string, std::string>>& tripwires) override;
   // Sends the grant of `ttl`'s lease now, unless this store holds one or one is on its way;
   // lease() takes its answer (or grants again, if it failed, or if it was sent more than a
   // tenth of the TTL before: the keep-alive's first renewal, an interval after lease(), must
@@ -117,7 +122,7 @@ class EtcdStore : public LeasingStore {
   // (in its transaction), else at the next wait or peek. Waits for them then cost no request,
   // nor do peeks of them once each was seen: such a wait ends once the key was there at the
   // read or put since, such a peek answers what the watch saw. For keys written once and then
-  // left alone while they matter (a round's close, end, assignments, roster), as the
+  // left alone while they matter (a round's close, end and plan), as the
   // rendezvous's are. Throws as a wait would when the watch cannot open.
   void expect(const std::vector<std::string>& keys) override;
   std::vector<std::string> peek(const std::vector<std::string>& keys) override;
@@ -175,6 +180,12 @@ class EtcdStore : public LeasingStore {
   template <typename Write>
   auto retrying(Write&& write);
   void revokeLeases();
+  // This store's lease of `seconds`: the one it holds while alive, else a grant (taking the
+  // one prepareLease sent) with its keep-alive.
+  int64_t leaseId(int64_t seconds);
+  // A lease's writes, appended to `request`'s success branch: the tripwire record, then the key.
+  void addLeaseWrites(etcdserverpb::TxnRequest& request, const std::string& key,
+                      const std::string& value, int64_t lease, const std::string& tripwires) const;
 
   const EtcdStoreOptions options_;
   const std::string dataPrefix_;
@@ -218,6 +229,9 @@ class EtcdStore : public LeasingStore {
     std::vector<std::string> keys;
   };
   std::optional<Owed> owed_;
+  // owed_, taken for a write to carry, when `watching` (watchMutex_, unlocked) could be taken
+  // at once and the read fits in one transaction with the write; `watching` stays held.
+  std::optional<Owed> takeOwed(std::unique_lock<std::timed_mutex>& watching);
   EtcdWatch* liveWatch_ = nullptr;  // watch_ while a wait may block on it (under mutex_)
 };
 

@@ -10,6 +10,8 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -28,6 +30,18 @@ class LeasingStore : public Store {
   virtual void lease(const std::string& key, const std::string& value,
                      std::chrono::milliseconds ttl,
                      const std::vector<std::pair<std::string, std::string>>& tripwires) = 0;
+
+  // add(counter, 1), then, when the result n is at most `limit`, lease(keyOf(n), value, ttl,
+  // tripwires); returns n. One request where the store can (etcd: the add's transaction
+  // writes the lease's keys in the branch of each value it tries); here, two.
+  virtual int64_t addThenLease(const std::string& counter, int64_t limit,
+                               const std::function<std::string(int64_t)>& keyOf,
+                               const std::string& value, std::chrono::milliseconds ttl,
+                               const std::vector<std::pair<std::string, std::string>>& tripwires) {
+    const int64_t n = add(counter, 1);
+    if (n <= limit) lease(keyOf(n), value, ttl, tripwires);
+    return n;
+  }
 
   // Waits until every key exists: true, or false once `timeout` passed on now()'s clock (the
   // connection stays usable and the wait is forgotten by the store). Throws only when the
