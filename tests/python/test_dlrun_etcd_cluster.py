@@ -7,6 +7,8 @@ inside hosts. Every etcd member is stopped by PID in the test's cleanups, also o
   GROUP_RANK, TF_CONFIG, a torch gloo all-reduce across nodes);
 - the etcd leader SIGKILLed mid-job: no worker restarts; a node started afterwards is admitted
   at the next round; the job ends with exit 0;
+- the etcd member the agents use silenced (its link down, so nothing resets its connections):
+  no worker restarts, and the job still ends within seconds;
 - a dlrun node's link set down: its lease lapses and the survivors restart within TTL + 1 s;
 - the bundled trainer (--synthetic, checkpoints in a shared temp dir) on three nodes loses the
   node of group rank 0, which serves the workers' store (every process of its namespace
@@ -146,6 +148,16 @@ class EtcdClusterTest(unittest.TestCase):
         wait_until(lambda: self.leader() == target, ELECTION_TIMEOUT_S,
                    f"m{target} to lead", on_timeout=self.logs)
 
+    def watch_streams(self, m):
+        """How many Watch streams member m serves (its metrics, read from the first dlrun host)."""
+        script = ("import re, urllib.request; t = urllib.request.urlopen("
+                  f"'http://{self.hosts.address(m)}:2379/metrics', timeout=5).read().decode(); "
+                  "print(re.search(r'^etcd_debugging_mvcc_watch_stream_total (\\S+)', t, "
+                  "re.M).group(1))")
+        result = self.hosts.run(MEMBERS, [PYTHON, "-c", script], timeout=15)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        return float(result.stdout)
+
     # --- dlrun --------------------------------------------------------------------------------
 
     def start_agent(self, node, nnodes, worker_args, nproc=1, extra=()):
@@ -261,6 +273,30 @@ class EtcdClusterTest(unittest.TestCase):
                          [self.hosts.hostname(MEMBERS + n) for n in range(3)])
         self.finish(range(3))
         self.assertEqual(len(self.starts()), 5, self.logs())  # 2, then 3: nothing else
+
+    def test_a_silent_etcd_member_restarts_no_worker_and_the_job_ends_on_time(self):
+        for node in range(2):
+            self.start_agent(node, "2:3", ["--until-file", self.stop_file])
+        first = self.wait_for_starts(0, 2)
+        self.assert_world(first, 2)
+        # The first endpoint, the one the agents use (their watches are there), goes silent: its
+        # link down, no reset reaches anyone, and it is cut off from its cluster too.
+        self.assertGreaterEqual(self.watch_streams(0), 2, self.logs())
+        silenced = time.monotonic()
+        self.hosts.link(0, up=False)
+        deadline = silenced + QUIET_S
+        while time.monotonic() < deadline:
+            self.assertEqual(self.starts(1), [], self.logs())
+            for node, agent in self.agents.items():
+                self.assertIsNone(agent.poll(), f"agent {node} exited\n{self.logs()}")
+            time.sleep(POLL_S)
+        # The job's end reaches both agents through the other members, without waiting for
+        # the silent one's connection to time out.
+        ended = time.monotonic()
+        self.finish(range(2))
+        print(f"job ended {time.monotonic() - ended:.2f} s after its workers were told to")
+        self.assertLess(time.monotonic() - ended, 5.0, self.logs())
+        self.assertEqual(len(self.starts()), 2, self.logs())
 
     def test_a_silent_node_lapses_and_the_survivors_restart_within_ttl(self):
         for node in range(3):
