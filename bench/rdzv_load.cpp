@@ -48,6 +48,7 @@ int main(int argc, char** argv) {
               .storePort = port,
               .self = {.addr = "127.0.0.1", .name = "sim" + std::to_string(i), .nproc = 1},
               .joinTimeout = std::chrono::seconds(120),
+              .fetchRoster = false,
           });
         } catch (const std::exception& e) {
           errors[i] = e.what();

@@ -86,7 +86,7 @@ JobRecord readJob(LeasingStore& store, const std::string& id, bool withNodes) {
   std::vector<std::string> keys;
   const int round = static_cast<int>(storedCount(first[3], r.current()));
   if (!first[3].empty()) {
-    keys = {r.closed(round), r.end(round), r.plan(round)};
+    keys = {r.closed(round), r.end(round), r.members(round)};
     if (round > 0) keys.insert(keys.end(), {r.closed(round - 1), r.end(round - 1)});
   }
   const size_t roundKeys = keys.size();
@@ -94,9 +94,13 @@ JobRecord readJob(LeasingStore& store, const std::string& id, bool withNodes) {
   for (int64_t i = 1; i <= registered; ++i) keys.push_back(c.nodeAt(i));
   if (keys.empty()) return job;
   auto values = store.peek(keys);
-  std::string* into[] = {&job.keys.closed, &job.keys.end, &job.keys.plan,
-                         &job.keys.previousClosed, &job.keys.previousEnd};
+  std::string members;
+  std::string* into[] = {&job.keys.closed, &job.keys.end, &members, &job.keys.previousClosed,
+                         &job.keys.previousEnd};
   for (size_t i = 0; i < roundKeys; ++i) *into[i] = std::move(values[i]);
+  // The first member's assignment: the restarts used before the round (the same in each).
+  if (const auto ids = ctl::lines(members); !ids.empty())
+    job.keys.assignment = store.peek({r.assignment(round, ids.front())})[0];
   // A node that came back (a new agent under the same name) is registered again: listed once.
   std::string names;
   for (size_t i = roundKeys; i < values.size(); ++i) names += values[i] + "\n";

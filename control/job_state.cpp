@@ -50,7 +50,7 @@ JobStatus jobStatus(const RoundKeys& keys) {
   const auto end = roundEnd(keys.end);
   const auto previousEnd = roundEnd(keys.previousEnd);
   const int before =
-      keys.plan.empty() ? 0 : elastic::decodePlan(keys.plan).byArrival.front().failures;
+      keys.assignment.empty() ? 0 : elastic::decodeAssignment(keys.assignment).failures;
   status.restartsUsed = std::max({before, failuresIn(end), failuresIn(previousEnd)});
 
   if (end && end->endsJob()) {

@@ -16,7 +16,7 @@ struct RoundKeys {
   std::string current;         // current: the newest round; missing before any agent came
   std::string closed;          // r/CURRENT/closed
   std::string end;             // r/CURRENT/end
-  std::string plan;            // r/CURRENT/plan: the restarts used before the round
+  std::string assignment;      // the first member's r/CURRENT/assign/ID: the restarts used before
   std::string previousClosed;  // r/CURRENT-1/closed
   std::string previousEnd;     // r/CURRENT-1/end
   std::string forgotten;       // forgotten: a closer deleted old rounds, so some round ran

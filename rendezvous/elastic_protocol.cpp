@@ -6,7 +6,6 @@
 #include <array>
 #include <nlohmann/json.hpp>
 #include <numeric>
-#include <stdexcept>
 
 #include "common/error.h"
 #include "rendezvous/json_fields.h"
@@ -14,14 +13,17 @@
 
 namespace dlrun::rendezvous::elastic {
 
-std::vector<std::string> Keys::ofRound(int round, int joined) const {
+std::vector<std::string> Keys::ofRound(int round, int joined,
+                                      const std::vector<std::string>& members) const {
   std::vector<std::string> keys{this->joined(round), closer(round), closed(round),
-                                plan(round),         end(round),    done(round),
-                                spares(round),       names(round),  gaveUp(round)};
+                                roster(round),       end(round),    done(round),
+                                spares(round),       names(round),  gaveUp(round),
+                                this->members(round)};
   for (int i = 1; i <= joined; ++i) {
     keys.push_back(node(round, i));
     keys.push_back(hangReport(round, i));
   }
+  for (const auto& member : members) keys.push_back(assignment(round, member));
   return keys;
 }
 
@@ -71,8 +73,8 @@ const char* kindName(RoundEnd::Kind kind) {
 }  // namespace
 
 std::string encode(const NodeRecord& r) {
-  json j = {{"addr", r.addr},   {"name", r.name},         {"nproc", r.nproc},
-            {"ports", r.workerPorts}, {"failures", r.failures}};
+  json j = {{"id", r.id},     {"addr", r.addr},         {"name", r.name},
+            {"nproc", r.nproc}, {"ports", r.workerPorts}, {"failures", r.failures}};
   if (r.rankHint) j["hint"] = *r.rankHint;
   if (r.lastGroupRank) j["last"] = *r.lastGroupRank;
   if (r.storePort) j["store"] = *r.storePort;
@@ -84,6 +86,7 @@ NodeRecord decodeNodeRecord(std::string_view text) {
   static constexpr const char* what = "node record";
   const json j = parse(text, what);
   NodeRecord r;
+  r.id = field<std::string>(j, "id", what);
   r.addr = field<std::string>(j, "addr", what);
   r.name = field<std::string>(j, "name", what);
   r.nproc = field<int>(j, "nproc", what);
@@ -93,10 +96,37 @@ NodeRecord decodeNodeRecord(std::string_view text) {
   if (j.contains("last")) r.lastGroupRank = field<int>(j, "last", what);
   if (j.contains("store")) r.storePort = portField(j, "store", what);
   if (j.contains("roles")) r.roles = field<std::vector<std::string>>(j, "roles", what);
+  // The id names a key: never empty, never a path.
+  if (r.id.empty() || r.id.find('/') != std::string::npos)
+    throw ProtocolError("node record of " + r.addr + " has a malformed id");
   if (r.nproc < 1 || r.workerPorts.size() != static_cast<size_t>(r.nproc) ||
       (!r.roles.empty() && r.roles.size() != r.workerPorts.size()))
     throw ProtocolError("node record of " + r.addr + " has an inconsistent worker count");
   return r;
+}
+
+std::string encode(const Assignment& a) {
+  json j = {{"group_rank", a.groupRank},
+            {"group_world_size", a.groupWorldSize},
+            {"base_rank", a.baseRank},
+            {"world_size", a.worldSize},
+            {"failures", a.failures}};
+  if (a.masterAddr) j["master_addr"] = *a.masterAddr;
+  if (a.masterPort) j["master_port"] = *a.masterPort;
+  return j.dump();
+}
+
+Assignment decodeAssignment(std::string_view text) {
+  static constexpr const char* what = "rank assignment";
+  const json j = parse(text, what);
+  Assignment a{field<int>(j, "group_rank", what), field<int>(j, "group_world_size", what),
+               field<int>(j, "base_rank", what), field<int>(j, "world_size", what),
+               field<int>(j, "failures", what)};
+  if (j.contains("master_addr")) a.masterAddr = field<std::string>(j, "master_addr", what);
+  if (j.contains("master_port")) a.masterPort = portField(j, "master_port", what);
+  if (a.masterAddr.has_value() != a.masterPort.has_value())
+    throw ProtocolError("rank assignment has a workers' store address without its port");
+  return a;
 }
 
 Plan planRound(const std::vector<NodeRecord>& byArrival) {
@@ -136,54 +166,6 @@ Plan planRound(const std::vector<NodeRecord>& byArrival) {
     }
     baseRank += r.nproc;
   }
-  return plan;
-}
-
-std::string encodePlan(const Plan& plan) {
-  if (plan.byArrival.empty()) throw std::logic_error("encodePlan: a plan without members");
-  const Assignment& shared = plan.byArrival.front();
-  std::vector<int> groupRanks, baseRanks;
-  for (const Assignment& a : plan.byArrival) {
-    groupRanks.push_back(a.groupRank);
-    baseRanks.push_back(a.baseRank);
-  }
-  json j = {{"group_ranks", groupRanks},       {"base_ranks", baseRanks},
-            {"world_size", shared.worldSize},  {"failures", shared.failures},
-            {"endpoints", plan.roster.endpoints}};
-  if (!plan.roster.roles.empty()) j["roles"] = plan.roster.roles;
-  if (shared.masterAddr) j["master_addr"] = *shared.masterAddr;
-  if (shared.masterPort) j["master_port"] = *shared.masterPort;
-  return j.dump();
-}
-
-Plan decodePlan(std::string_view text) {
-  static constexpr const char* what = "round plan";
-  const json j = parse(text, what);
-  const auto groupRanks = field<std::vector<int>>(j, "group_ranks", what);
-  const auto baseRanks = field<std::vector<int>>(j, "base_ranks", what);
-  const int members = static_cast<int>(groupRanks.size());
-  Assignment shared{.groupWorldSize = members,
-                    .worldSize = field<int>(j, "world_size", what),
-                    .failures = field<int>(j, "failures", what)};
-  if (j.contains("master_addr")) shared.masterAddr = field<std::string>(j, "master_addr", what);
-  if (j.contains("master_port")) shared.masterPort = portField(j, "master_port", what);
-  Plan plan;
-  plan.roster.endpoints = field<std::vector<std::string>>(j, "endpoints", what);
-  if (j.contains("roles")) plan.roster.roles = field<std::vector<std::string>>(j, "roles", what);
-  const auto inRange = [](int value, int end) { return value >= 0 && value < end; };
-  bool consistent = members > 0 && baseRanks.size() == groupRanks.size() &&
-                    plan.roster.endpoints.size() == static_cast<size_t>(shared.worldSize) &&
-                    (plan.roster.roles.empty() ||
-                     plan.roster.roles.size() == plan.roster.endpoints.size()) &&
-                    shared.masterAddr.has_value() == shared.masterPort.has_value();
-  for (int i = 0; consistent && i < members; ++i) {
-    consistent = inRange(groupRanks[i], members) && inRange(baseRanks[i], shared.worldSize);
-    Assignment a = shared;
-    a.groupRank = groupRanks[i];
-    a.baseRank = baseRanks[i];
-    plan.byArrival.push_back(std::move(a));
-  }
-  if (!consistent) throw ProtocolError("inconsistent round plan in the store");
   return plan;
 }
 

@@ -10,11 +10,12 @@
 //                      deletes it and sets r/R/closed = "abort" and r/R/end = NodeLost
 //   r/R/closer         the arrival index of the one agent that closes the round (compare-and-set)
 //   r/R/closed         "N" when the round closed with arrivals 1..N as members, or "abort"
-//   r/R/plan           the round's Plan (written before "closed"): each member's place by
-//                      arrival index, every worker's "host:port" in RANK order (TF_CONFIG), and
-//                      under --roles every worker's role. One key every member reads (it needs
-//                      the roster anyway), named before the agent joins, so a member's waits
-//                      for the round are on keys it knows before it has an arrival index
+//   r/R/assign/ID      the Assignment of the member whose record has id ID (written before
+//                      "closed", so O(1) reads after it). Keyed by an id the agent draws, not its
+//                      arrival index, so the keys a member waits for are known before it joins
+//   r/R/members        the members' ids in arrival order, one a line (written with them)
+//   r/R/roster         every worker's "host:port" in RANK order (TF_CONFIG), and under --roles
+//                      every worker's role
 //   r/R/end            the RoundEnd; first writer wins. Everyone running waits on this key.
 //   r/R/done           members whose workers all succeeded; the last sets end = Finished
 //   r/R/spares         agents waiting for a place while round R runs at its maximum
@@ -53,7 +54,11 @@ class Keys {
   }
   std::string closed(int round) const { return roundKey(round, "closed"); }
   std::string closer(int round) const { return roundKey(round, "closer"); }
-  std::string plan(int round) const { return roundKey(round, "plan"); }
+  std::string assignment(int round, const std::string& member) const {
+    return roundKey(round, "assign/" + member);
+  }
+  std::string members(int round) const { return roundKey(round, "members"); }
+  std::string roster(int round) const { return roundKey(round, "roster"); }
   std::string end(int round) const { return roundKey(round, "end"); }
   std::string done(int round) const { return roundKey(round, "done"); }
   std::string spares(int round) const { return roundKey(round, "spares"); }
@@ -65,8 +70,10 @@ class Keys {
     return roundKey(round, "hang/" + std::to_string(index));
   }
   std::string forgotten() const { return root_ + "forgotten"; }
-  // Every key round `round` may hold, when `joined` agents joined it.
-  std::vector<std::string> ofRound(int round, int joined) const;
+  // Every key round `round` may hold, when `joined` agents joined it and `members` (the ids in
+  // Keys::members) closed it.
+  std::vector<std::string> ofRound(int round, int joined,
+                                   const std::vector<std::string>& members) const;
 
  private:
   std::string roundKey(int round, const std::string& leaf) const {
@@ -80,6 +87,7 @@ inline constexpr std::string_view kStopped = "stop";
 
 // What an agent publishes when it joins a round.
 struct NodeRecord {
+  std::string id;        // drawn by the agent, unique in the job: the key of its assignment
   std::string addr;      // numeric address other nodes reach it at
   std::string name;      // hostname, for messages only (several nodes may share one)
   int nproc = 1;         // workers it runs
@@ -100,6 +108,9 @@ NodeRecord decodeNodeRecord(std::string_view text);  // throws ProtocolError
 // One member's place in a closed round.
 using Assignment = Placement;
 
+std::string encode(const Assignment& assignment);
+Assignment decodeAssignment(std::string_view text);
+
 // Every worker of a round, in RANK order.
 struct Roster {
   std::vector<std::string> endpoints;  // "host:port"
@@ -116,12 +127,6 @@ struct Plan {
 // When group rank 0 serves a workers' store (storePort), every assignment names its address
 // and that port as the workers' MASTER_ADDR/MASTER_PORT.
 Plan planRound(const std::vector<NodeRecord>& byArrival);
-
-// The plan as stored under Keys::plan(): what every assignment shares (world size, failures,
-// the workers' store) once, each member's group and base rank by arrival, and the roster.
-// decodePlan throws ProtocolError when it is malformed or inconsistent.
-std::string encodePlan(const Plan& plan);
-Plan decodePlan(std::string_view text);
 
 // A JSON array of endpoints, or {"endpoints":[...],"roles":[...]} under --roles; throws
 // ProtocolError when malformed, or when some nodes ran --roles and others not.

@@ -2,12 +2,14 @@
 
 #include <algorithm>
 #include <limits>
+#include <random>
 #include <sstream>
 #include <utility>
 
 #include "common/clock.h"
 #include "common/error.h"
 #include "common/log.h"
+#include "rendezvous/control_state.h"
 #include "rendezvous/store/address.h"
 #include "rendezvous/store/leasing_store.h"
 #include "rendezvous/store/tcp_store.h"
@@ -39,8 +41,20 @@ std::string seconds(std::chrono::milliseconds ms) {
 
 }  // namespace
 
+namespace {
+
+// 64 random bits in hex: two agents of one job (which may share a host name) never share one.
+std::string newMemberId() {
+  std::random_device random;
+  std::ostringstream id;
+  id << std::hex << random() << random();
+  return id.str();
+}
+
+}  // namespace
+
 ElasticRendezvous::ElasticRendezvous(ElasticOptions options)
-    : options_(std::move(options)), keys_(options_.runId) {
+    : options_(std::move(options)), keys_(options_.runId), memberId_(newMemberId()) {
   connect(now() + options_.joinTimeout);
   lookFirst();
 }
@@ -189,9 +203,14 @@ bool ElasticRendezvous::waitChunk(const std::string& key) {
 ElasticRendezvous::Step ElasticRendezvous::tryRound(int round, Clock::time_point deadline) {
   // What this node waits for and reads next, followed from before it joins (a hint; on etcd a
   // watch read with the join below, so the waits and reads after it cost no request): the
-  // round's close, end and plan.
-  lease_->expect({keys_.closed(round), keys_.end(round), keys_.plan(round)});
+  // round's close and end, its assignment (keyed by its id, so known before its arrival
+  // index) and the roster.
+  std::vector<std::string> next{keys_.closed(round), keys_.end(round),
+                                keys_.assignment(round, memberId_)};
+  if (options_.fetchRoster) next.push_back(keys_.roster(round));
+  lease_->expect(next);
   elastic::NodeRecord record = options_.self;
+  record.id = memberId_;
   record.failures = failures_;
   record.lastGroupRank = lastGroupRank_;
   record.workerPorts = reserveFreePorts(record.addr, record.nproc);
@@ -229,8 +248,10 @@ ElasticRendezvous::Step ElasticRendezvous::tryRound(int round, Clock::time_point
     }
   }
   if (!texts) {
-    // One read whatever the outcome: a missing plan reads as empty.
-    texts = lease_->peek({keys_.closed(round), keys_.plan(round)});
+    // One read whatever the outcome: a missing assignment reads as empty.
+    std::vector<std::string> keys{keys_.closed(round), keys_.assignment(round, memberId_)};
+    if (options_.fetchRoster) keys.push_back(keys_.roster(round));
+    texts = lease_->peek(keys);
   }
   const std::string& closed = (*texts)[0];
   if (closed == elastic::kAborted || closed == elastic::kStopped) {
@@ -246,8 +267,8 @@ ElasticRendezvous::Step ElasticRendezvous::tryRound(int round, Clock::time_point
 }
 
 std::optional<std::vector<std::string>> ElasticRendezvous::closeRound(int round, int index) {
-  // One closer per round: its plan is the only one, so members read it without knowing the
-  // round's size first. If it dies half-way, its lease aborts the round.
+  // One closer per round: its assignments are the only ones, so members read theirs without
+  // knowing the round's size first. If it dies half-way, its lease aborts the round.
   const std::string me = std::to_string(index);
   const auto nodeKeys = [&](int members) {
     std::vector<std::string> nodes;
@@ -285,18 +306,32 @@ std::optional<std::vector<std::string>> ElasticRendezvous::closeRound(int round,
     if (text.empty()) return std::nullopt;  // a record vanished with its lease: round aborted
     records.push_back(elastic::decodeNodeRecord(text));
   }
-  const std::string plan = elastic::encodePlan(elastic::planRound(records));
+  const elastic::Plan plan = elastic::planRound(records);
+  std::vector<std::string> keys, values;
+  std::string ids;
+  for (int i = 1; i <= members; ++i) {
+    keys.push_back(keys_.assignment(round, records[i - 1].id));
+    values.push_back(elastic::encode(plan.byArrival[i - 1]));
+    ids += records[i - 1].id + "\n";
+  }
+  keys.push_back(keys_.roster(round));
+  values.push_back(elastic::encodeRoster(plan.roster));
   std::vector<std::string> names;
   for (const auto& record : records) names.push_back(nodeName(record));
-  // Two writes, the close last: members read the plan once they see the round closed. (One
-  // etcd transaction for both would cost half the members a read: etcd sends each watched
-  // key's events separately, in no set order, so the close could come before the plan.)
-  lease_->multiSet({keys_.plan(round), keys_.names(round)},
-                   {plan, elastic::encodeRoster({.endpoints = names})});
+  keys.push_back(keys_.names(round));
+  values.push_back(elastic::encodeRoster({.endpoints = names}));
+  keys.push_back(keys_.members(round));
+  values.push_back(ids);
+  // Two writes, the close last: members read their assignments once they see the round closed.
+  // (One etcd transaction for both would cost half the members a read: etcd sends each watched
+  // key's events separately, in no set order, so the close could come before the assignment.)
+  lease_->multiSet(keys, values);
   const std::string closed = std::to_string(members);
   if (lease_->compareSet(keys_.closed(round), "", closed) != closed) return std::nullopt;
   closedRound_ = round;
-  return std::vector<std::string>{closed, plan};
+  std::vector<std::string> mine{closed, values[index - 1]};
+  if (options_.fetchRoster) mine.push_back(values[members]);
+  return mine;
 }
 
 void ElasticRendezvous::forgetRounds(int upTo) {
@@ -304,10 +339,11 @@ void ElasticRendezvous::forgetRounds(int upTo) {
   const int from = done.empty() ? 0 : toCount(done, keys_.forgotten()) + 1;
   if (from > upTo) return;
   for (int round = from; round <= upTo; ++round) {
-    const std::string joined = lease_->peek({keys_.joined(round)})[0];
+    const auto found = lease_->peek({keys_.joined(round), keys_.members(round)});
     lease_->deleteKeys(keys_.ofRound(
-        round, joined.empty() ? 0 : std::min(toCount(joined, keys_.joined(round)),
-                                             options_.maxNodes)));
+        round,
+        found[0].empty() ? 0 : std::min(toCount(found[0], keys_.joined(round)), options_.maxNodes),
+        control::lines(found[1])));
   }
   lease_->set(keys_.forgotten(), std::to_string(upTo));
 }
@@ -319,12 +355,7 @@ bool ElasticRendezvous::forgotten(int round) {
 
 World ElasticRendezvous::memberWorld(int round, int index, int members,
                                      const std::vector<std::string>& texts) {
-  elastic::Plan plan = elastic::decodePlan(texts[1]);
-  if (plan.byArrival.size() != static_cast<size_t>(members))
-    throw ProtocolError("the plan of round " + std::to_string(round) + " has " +
-                        std::to_string(plan.byArrival.size()) + " members where " +
-                        keys_.closed(round) + " says " + std::to_string(members));
-  const elastic::Assignment& a = plan.byArrival[index - 1];
+  const elastic::Assignment a = elastic::decodeAssignment(texts[1]);
   member_ = Member{round, index, members, a.failures};
   memberRound_ = round;
   memberCount_ = members;
@@ -334,8 +365,10 @@ World ElasticRendezvous::memberWorld(int round, int index, int members,
   failures_ = a.failures;
   const NodeJob job{options_.runId, options_.self.nproc, options_.maxRestarts,
                     options_.storeHost, options_.storePort};
-  World world = makeWorld(job, round, a, std::move(plan.roster.endpoints));
-  world.workerRoles = std::move(plan.roster.roles);
+  elastic::Roster roster;
+  if (options_.fetchRoster) roster = elastic::decodeRoster(texts[2]);
+  World world = makeWorld(job, round, a, std::move(roster.endpoints));
+  world.workerRoles = std::move(roster.roles);
   return world;
 }
 

@@ -1,8 +1,9 @@
 // The multi-node rendezvous over a dlrun store (the keys and rules are in elastic_protocol.h),
 // reached through LeasingStore: a TcpStore to dlrund, or in tests a virtual-time MemoryStore.
 // Each agent costs O(1) store operations per round: one ADD for its arrival index, one leased
-// record, one wait for the round to close and one read of the outcome with the round's plan;
-// the one agent that closes a round reads every record once and writes the plan once.
+// record, one wait for the round to close and one read of the outcome with its own
+// assignment; the one agent that closes a round reads every record once and writes every
+// assignment once.
 //
 // Liveness: an agent's record is a lease on the store, renewed by every request on the lease
 // connection (a wait is cut into heartbeat-long pieces, so an idle agent still renews). When
@@ -52,6 +53,9 @@ struct ElasticOptions {
   std::chrono::milliseconds joinTimeout{600'000};
   std::chrono::milliseconds heartbeat{1'000};
   std::chrono::milliseconds leaseTtl{3'000};
+  // Read every worker's endpoint (O(N) bytes, for TF_CONFIG). Off only in load generators that
+  // measure the rendezvous alone.
+  bool fetchRoster = true;
   // A node once lost is not taken back in this job (Slurm: its place went to a spare).
   bool refuseLostNodes = false;
   // A deliberate stop of this node (reportStop) makes only it leave while the job keeps at
@@ -125,7 +129,7 @@ class ElasticRendezvous : public Rendezvous {
   // Closes the round if no other node does first. When this node closed it: what a member
   // reads once a round closed (see memberWorld), as written, so the closer reads nothing more.
   std::optional<std::vector<std::string>> closeRound(int round, int index);
-  // `texts`: the round's closed value and its plan.
+  // `texts`: the round's closed value, this member's assignment, and the roster when fetched.
   World memberWorld(int round, int index, int members, const std::vector<std::string>& texts);
   Step afterLateArrival(int round, int members);
   RoundEnd readEnd(int round);
@@ -143,6 +147,8 @@ class ElasticRendezvous : public Rendezvous {
 
   const ElasticOptions options_;
   const elastic::Keys keys_;
+  // This agent's id in its records (NodeRecord::id): its assignments' key.
+  const std::string memberId_;
   // The job's stop, this node's lost mark and the newest round, as lookFirst() read them: the
   // first next() reads nothing more before it joins.
   std::optional<std::vector<std::string>> firstLook_;

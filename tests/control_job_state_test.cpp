@@ -19,11 +19,8 @@ std::string failed(int failures, bool final, std::string report = "rank 1 failed
                          .report = std::move(report)});
 }
 
-// The plan of a round of one node, which started with `failures` restarts used.
-std::string plan(int failures) {
-  rendezvous::elastic::NodeRecord node{.addr = "10.0.0.1", .name = "n1", .workerPorts = {1},
-                                       .failures = failures};
-  return rendezvous::elastic::encodePlan(rendezvous::elastic::planRound({node}));
+std::string assignment(int failures) {
+  return encode(rendezvous::elastic::Assignment{.failures = failures});
 }
 
 TEST(JobState, NoRoundYetIsForming) {
@@ -42,7 +39,7 @@ TEST(JobState, AnAbortedFirstRoundIsStillForming) {
 }
 
 TEST(JobState, AClosedRoundWithoutAnEndIsRunning) {
-  const JobStatus s = jobStatus({.current = "2", .closed = "3", .plan = plan(1)});
+  const JobStatus s = jobStatus({.current = "2", .closed = "3", .assignment = assignment(1)});
   EXPECT_EQ(s.state, v1::RUNNING);
   EXPECT_EQ(s.round, 2);
   EXPECT_EQ(s.restartsUsed, 1);
@@ -62,7 +59,7 @@ TEST(JobState, ARecoverableEndIsRestartingUntilTheNextRoundCloses) {
   // A membership change counts no restart.
   const auto lost = encode(RoundEnd{.kind = RoundEnd::Kind::NodeLost, .node = "n2"});
   const JobStatus changed = jobStatus({.current = "4", .closed = "2", .end = lost,
-                                       .plan = plan(2)});
+                                       .assignment = assignment(2)});
   EXPECT_EQ(changed.state, v1::RESTARTING);
   EXPECT_EQ(changed.restartsUsed, 2);
   // An aborted round after old rounds were forgotten is a restart, not a first formation.

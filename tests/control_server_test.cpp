@@ -57,8 +57,8 @@ class ControlServerTest : public ::testing::Test {
     store.set(c.node("n1"), ctl::encode(node));
     store.set(r.current(), "0");
     store.set(r.closed(0), "1");
-    store.set(r.plan(0), elastic::encodePlan(elastic::planRound(
-                             {{.addr = "127.0.0.1", .name = "n1", .nproc = 2, .workerPorts = {1, 2}}})));
+    store.set(r.members(0), "m1\n");
+    store.set(r.assignment(0, "m1"), elastic::encode(elastic::Assignment{.failures = 1}));
   }
 
   void publish(const std::string& id, const std::string& kind) {
@@ -125,6 +125,7 @@ TEST_F(ControlServerTest, GetJobAndListJobsOnTheStoresOwnPort) {
   EXPECT_EQ(job.state(), v1::RUNNING);
   EXPECT_EQ(job.max_nodes(), 2);
   EXPECT_EQ(job.max_restarts(), 3);
+  EXPECT_EQ(job.restarts_used(), 1);  // from the first member's assignment
   ASSERT_EQ(job.nodes_size(), 1);
   EXPECT_EQ(job.nodes(0).log_dir(), "/logs/job1");
   ASSERT_EQ(job.nodes(0).workers_size(), 2);

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "common/error.h"
 
 namespace dlrun::rendezvous::elastic {
@@ -9,6 +11,7 @@ namespace {
 
 NodeRecord node(std::string addr, int nproc, std::optional<int> hint = std::nullopt) {
   NodeRecord r;
+  r.id = "id-" + addr;
   r.addr = std::move(addr);
   r.name = "host-" + r.addr;
   r.nproc = nproc;
@@ -127,53 +130,38 @@ TEST(Codecs, StorePortAndMasterRoundTripAndStayOptional) {
   r.storePort = 40123;
   EXPECT_EQ(decodeNodeRecord(encode(r)).storePort, 40123);
 
-  Plan plan = planRound({node("10.0.0.1", 1)});
-  EXPECT_FALSE(decodePlan(encodePlan(plan)).byArrival[0].masterAddr);
-  plan.byArrival[0].masterAddr = "fd00::1";
-  plan.byArrival[0].masterPort = 40123;
-  const Assignment back = decodePlan(encodePlan(plan)).byArrival[0];
+  Assignment a{0, 2, 0, 4, 0};
+  EXPECT_FALSE(decodeAssignment(encode(a)).masterAddr);
+  a.masterAddr = "fd00::1";
+  a.masterPort = 40123;
+  const Assignment back = decodeAssignment(encode(a));
   EXPECT_EQ(back.masterAddr, "fd00::1");
   EXPECT_EQ(back.masterPort, 40123);
-  EXPECT_THROW(decodePlan(R"({"group_ranks":[0],"base_ranks":[0],"world_size":1,"failures":0,)"
-                          R"("endpoints":["a:1"],"master_addr":"a"})"),
+  EXPECT_THROW(decodeAssignment(R"({"group_rank":0,"group_world_size":1,"base_rank":0,)"
+                                R"("world_size":1,"failures":0,"master_addr":"a"})"),
                ProtocolError);  // an address without its port
-  EXPECT_THROW(decodeNodeRecord(R"({"addr":"a","name":"n","nproc":1,"ports":[1],"failures":0,)"
-                                R"("store":70000})"),
+  EXPECT_THROW(decodeNodeRecord(R"({"id":"x","addr":"a","name":"n","nproc":1,"ports":[1],)"
+                                R"("failures":0,"store":70000})"),
                ProtocolError);  // not a port
 }
 
-TEST(Codecs, RecordsPlansAndEndsRoundTrip) {
+TEST(Codecs, RecordsAssignmentsAndEndsRoundTrip) {
   NodeRecord r = node("fd00::1", 2, 5);
   r.failures = 1;
   r.lastGroupRank = 3;
   const NodeRecord back = decodeNodeRecord(encode(r));
+  EXPECT_EQ(back.id, r.id);
   EXPECT_EQ(back.addr, r.addr);
   EXPECT_EQ(back.rankHint, 5);
   EXPECT_EQ(back.lastGroupRank, 3);
   EXPECT_EQ(back.workerPorts, r.workerPorts);
   EXPECT_EQ(back.failures, 1);
 
-  // Arrivals 1..3 with 4, 2 and 6 workers; the rank hints make arrival 3 group rank 0.
-  const NodeRecord first = node("10.0.0.1", 4), third = node("10.0.0.3", 6, 0);
-  NodeRecord second = node("10.0.0.2", 2);
-  second.failures = 1;
-  second.roles = {"ps", "ps"};
-  const Plan plan = planRound({first, second, third});
-  const Plan pb = decodePlan(encodePlan(plan));
-  ASSERT_EQ(pb.byArrival.size(), 3u);
-  for (size_t i = 0; i < 3; ++i) {
-    EXPECT_EQ(pb.byArrival[i].groupRank, plan.byArrival[i].groupRank);
-    EXPECT_EQ(pb.byArrival[i].baseRank, plan.byArrival[i].baseRank);
-    EXPECT_EQ(pb.byArrival[i].groupWorldSize, 3);
-    EXPECT_EQ(pb.byArrival[i].worldSize, 12);
-    EXPECT_EQ(pb.byArrival[i].failures, 1);  // the round's: the most any member saw
-  }
-  EXPECT_EQ(pb.byArrival[2].groupRank, 0);
-  EXPECT_EQ(pb.byArrival[0].baseRank, 6);
-  EXPECT_EQ(pb.roster.endpoints, plan.roster.endpoints);
-  EXPECT_EQ(pb.roster.roles, plan.roster.roles);
-  EXPECT_EQ(pb.roster.roles[6], "worker");  // arrival 1's first worker, after arrival 3's six
-  EXPECT_EQ(pb.roster.roles[10], "ps");
+  const Assignment a{2, 3, 8, 12, 1};
+  const Assignment ab = decodeAssignment(encode(a));
+  EXPECT_EQ(ab.groupRank, 2);
+  EXPECT_EQ(ab.baseRank, 8);
+  EXPECT_EQ(ab.worldSize, 12);
 
   RoundEnd e{.kind = RoundEnd::Kind::WorkerFailed, .node = "n1 (10.0.0.2)", .rank = 5,
              .exitCode = 3, .failures = 2, .final = true, .report = "dlrun: line\n"};
@@ -194,23 +182,15 @@ TEST(Codecs, RecordsPlansAndEndsRoundTrip) {
 
 TEST(Codecs, MalformedValuesAreProtocolErrors) {
   EXPECT_THROW(decodeNodeRecord("not json"), ProtocolError);
-  EXPECT_THROW(decodeNodeRecord(R"({"addr":"a","name":"n","nproc":2,"ports":[1],"failures":0})"),
-               ProtocolError);  // two workers, one port
-  EXPECT_THROW(decodePlan(R"({"group_ranks":"zero"})"), ProtocolError);
-  const std::string plan = encodePlan(planRound({node("10.0.0.1", 1), node("10.0.0.2", 1)}));
-  EXPECT_NO_THROW(decodePlan(plan));
-  auto edited = [&](const std::string& from, const std::string& to) {
-    std::string text = plan;
-    const size_t at = text.find(from);
-    EXPECT_NE(at, std::string::npos) << from;
-    return text.replace(at, from.size(), to);
-  };
-  EXPECT_THROW(decodePlan(edited(R"("world_size":2)", R"("world_size":3)")), ProtocolError);
-  EXPECT_THROW(decodePlan(edited(R"("base_ranks":[0,1])", R"("base_ranks":[0])")), ProtocolError);
-  EXPECT_THROW(decodePlan(edited(R"("group_ranks":[0,1])", R"("group_ranks":[0,2])")),
-               ProtocolError);  // no such group rank
-  EXPECT_THROW(decodePlan(edited(R"("group_ranks":[0,1])", R"("group_ranks":[])")),
-               ProtocolError);  // no member
+  EXPECT_THROW(
+      decodeNodeRecord(R"({"id":"x","addr":"a","name":"n","nproc":2,"ports":[1],"failures":0})"),
+      ProtocolError);  // two workers, one port
+  EXPECT_THROW(decodeNodeRecord(R"({"addr":"a","name":"n","nproc":1,"ports":[1],"failures":0})"),
+               ProtocolError);  // no id: its assignment would have no key
+  EXPECT_THROW(
+      decodeNodeRecord(R"({"id":"../x","addr":"a","name":"n","nproc":1,"ports":[1],"failures":0})"),
+      ProtocolError);  // an id that is a path
+  EXPECT_THROW(decodeAssignment(R"({"group_rank":"zero"})"), ProtocolError);
   EXPECT_THROW(decodeRoundEnd(R"({"kind":"exploded","node":"x"})"), ProtocolError);
   EXPECT_THROW(decodeRoster("{}"), ProtocolError);
   EXPECT_THROW(decodeRoster(R"({"endpoints":["a:1"],"roles":[]})"), ProtocolError);
@@ -236,7 +216,11 @@ TEST(Keys, RoundsAndRunsDoNotShareKeys) {
   EXPECT_NE(a.closed(1), a.closed(11));
   EXPECT_NE(a.node(1, 2), a.node(12, 1));
   EXPECT_NE(a.current(), b.current());
-  EXPECT_NE(a.plan(3), a.plan(31));
+  EXPECT_NE(a.assignment(3, "1"), a.assignment(31, "1"));
+  EXPECT_NE(a.assignment(3, "a"), a.assignment(3, "b"));
+  const auto forgotten = a.ofRound(3, 2, {"a", "b"});
+  for (const auto& key : {a.node(3, 2), a.assignment(3, "b"), a.members(3), a.closed(3)})
+    EXPECT_NE(std::find(forgotten.begin(), forgotten.end(), key), forgotten.end()) << key;
 }
 
 }  // namespace

@@ -113,11 +113,12 @@ TEST_F(EtcdRendezvousTest, ThreeAgentsFormARoundAndALostOneEndsItForTheOthers) {
 
 // What a round costs etcd, where each request is CPU on a busy host: per agent one first look,
 // a lease's grant, its join with its record (and the read of what it waits for next) and a
-// watch of that (the round's close, end and plan: LeasingStore::expect), and for the closer
-// the close (its claim with the records read, the plan written, the close); the job's first
-// agents create its keys. About 28 for 4 nodes; the bound is 8 a node (it was 12 before the
-// closer knew its own outcome, 10 before the waits and reads after the lease came with its
-// watch, 9 before the join and the record were one transaction).
+// watch of that (the round's close and end, its assignment and the roster:
+// LeasingStore::expect), and for the closer the close (its claim with the records read, the
+// assignments written, the close); the job's first agents create its keys. About 28 for 4
+// nodes; the bound is 8 a node (it was 12 before the closer knew its own outcome, 10 before
+// the waits and reads after the lease came with its watch, 9 before the join and the record
+// were one transaction).
 // The wait for the round's end then opens no watch.
 TEST_F(EtcdRendezvousTest, ARoundCostsEtcdAFewRequestsANodeAndItsEndNoWatch) {
   constexpr int kNodes = 4;
@@ -150,11 +151,11 @@ TEST_F(EtcdRendezvousTest, ARoundCostsEtcdAFewRequestsANodeAndItsEndNoWatch) {
 // Members that wait for the close learn their place from what their watch saw: from the last
 // agent's arrival to every world, the closer sends its read of the newest round (its first
 // look, with its connection, came before the job had one), its watch, its join with its
-// record, its claim with the read of the records, the plan and the close: 6 (its lease's
+// record, its claim with the read of the records, the assignments and the close: 6 (its lease's
 // grant, sent ahead with its connection, is not counted). A member sends nothing in the common
 // case, at most one read: etcd sends each watched key's events separately, and when it falls
 // behind one of a member's watchers (two busy loops beside this test: about one round in 60),
-// the close can come before the plan written ahead of it. Each agent's stores share one
+// the close can come before the assignment written ahead of it. Each agent's stores share one
 // client, as launchEtcd's do, so the requests are counted per agent. Long heartbeats, so no
 // waiting member looks again meanwhile.
 TEST_F(EtcdRendezvousTest, TheLastArrivalClosesAndTheMembersNeedNoRequest) {

@@ -122,7 +122,7 @@ class EtcdStore : public LeasingStore {
   // (in its transaction), else at the next wait or peek. Waits for them then cost no request,
   // nor do peeks of them once each was seen: such a wait ends once the key was there at the
   // read or put since, such a peek answers what the watch saw. For keys written once and then
-  // left alone while they matter (a round's close, end and plan), as the
+  // left alone while they matter (a round's close, end, assignments, roster), as the
   // rendezvous's are. Throws as a wait would when the watch cannot open.
   void expect(const std::vector<std::string>& keys) override;
   std::vector<std::string> peek(const std::vector<std::string>& keys) override;
