@@ -39,10 +39,6 @@ std::string seconds(std::chrono::milliseconds ms) {
   return out.str();
 }
 
-}  // namespace
-
-namespace {
-
 // 64 random bits in hex: two agents of one job (which may share a host name) never share one.
 std::string newMemberId() {
   std::random_device random;
