@@ -196,6 +196,15 @@ class EtcdClusterTest(unittest.TestCase):
         for node in nodes:
             self.assertEqual(self.wait_for_exit(node), 0, self.logs())
 
+    def assert_no_restart_until(self, deadline):
+        """Watches until `deadline` (time.monotonic()): no worker of a second attempt starts and
+        every agent runs on."""
+        while time.monotonic() < deadline:
+            self.assertEqual(self.starts(1), [], self.logs())
+            for node, agent in self.agents.items():
+                self.assertIsNone(agent.poll(), f"agent {node} exited\n{self.logs()}")
+            time.sleep(POLL_S)
+
     def assert_world(self, starts, size):
         self.assertEqual([int(s["env"]["RANK"]) for s in starts], list(range(size)), self.logs())
         for s in starts:
@@ -256,12 +265,7 @@ class EtcdClusterTest(unittest.TestCase):
               f"{time.monotonic() - killed:.2f} s")
         # The agents' leases outlive the election: for longer than their TTL after the loss,
         # no worker restarts and every agent runs on.
-        deadline = killed + QUIET_S
-        while time.monotonic() < deadline:
-            self.assertEqual(self.starts(1), [], self.logs())
-            for node, agent in self.agents.items():
-                self.assertIsNone(agent.poll(), f"agent {node} exited\n{self.logs()}")
-            time.sleep(POLL_S)
+        self.assert_no_restart_until(killed + QUIET_S)
         self.assertEqual(len(self.starts()), 2, self.logs())
 
         joined = time.monotonic()
@@ -284,12 +288,7 @@ class EtcdClusterTest(unittest.TestCase):
         self.assertGreaterEqual(self.watch_streams(0), 2, self.logs())
         silenced = time.monotonic()
         self.hosts.link(0, up=False)
-        deadline = silenced + QUIET_S
-        while time.monotonic() < deadline:
-            self.assertEqual(self.starts(1), [], self.logs())
-            for node, agent in self.agents.items():
-                self.assertIsNone(agent.poll(), f"agent {node} exited\n{self.logs()}")
-            time.sleep(POLL_S)
+        self.assert_no_restart_until(silenced + QUIET_S)
         # The job's end reaches both agents through the other members, without waiting for
         # the silent one's connection to time out.
         ended = time.monotonic()
