@@ -115,8 +115,12 @@ class TrainerPsTest(unittest.TestCase):
         self.assertGreater(max_abs_difference(allreduce, asynchronous), 100 * TOLERANCE)
 
     def test_a_killed_worker_restarts_alone_while_the_chief_trains_on(self):
+        # One epoch more than the undisturbed run: the killed worker's pushes in flight are
+        # lost and its replacement starts from the servers' parameters, which cost an async run
+        # about as much accuracy as the undisturbed one has above the bar (0.858 in 3 epochs
+        # once, on cores at half pace).
         job = PsJob(self, "ps:1,worker:2:alone",
-                    ["--epochs", "3", "--progress-every", "50"], ["--max-restarts=1"])
+                    ["--epochs", "4", "--progress-every", "50"], ["--max-restarts=1"])
         wait_until(lambda: len(progress_steps(job.output()[0])) >= 4, PROGRESS_WAIT_S,
                    "the chief to report progress", proc=job.proc, on_timeout=job.describe)
         chief, victim = role_process(job, "worker", 0), role_process(job, "worker", 1)
