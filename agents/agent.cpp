@@ -198,9 +198,15 @@ class AgentImpl {
     }
     log::info("received " + signalName(sig) + ", stopping workers");
     stopSignal_ = sig;
-    // The other nodes hear of a deliberate stop before this one stops its workers, so none
-    // mistakes it for a lost node.
-    reportToRendezvous([&] { stopEnd_ = rendezvous_.reportStop(sig); });
+    if (roundEnd_ && roundEnd_->kind == rendezvous::RoundEnd::Kind::Stopped) {
+      // Another node's stop came first (scancel signals every node, not all at once): that
+      // stop is the job's, and its store may already be gone with the node that served it.
+      stopEnd_ = roundEnd_;
+    } else {
+      // The other nodes hear of a deliberate stop before this one stops its workers, so none
+      // mistakes it for a lost node.
+      reportToRendezvous([&] { stopEnd_ = rendezvous_.reportStop(sig); });
+    }
     stop(sig);
   }
 

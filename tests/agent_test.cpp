@@ -36,6 +36,7 @@ class FakeRendezvous : public rendezvous::Rendezvous {
   int worldSize = 0;                   // 0: this node's workers alone
   std::vector<std::string> endpoints;  // TF_CONFIG's list
   std::map<int, RoundEnd> elsewhere;  // ends that another node brings to a round
+  std::function<bool()> elsewhereWhen;  // an end from elsewhere arrives once this holds
   std::map<int, RoundEnd> whileJoining;  // the job ended while this node waited to join
   std::function<void(int round)> beforeJoin;  // may throw, as a failing rendezvous does
   std::vector<std::string> hangReports;
@@ -64,7 +65,9 @@ class FakeRendezvous : public rendezvous::Rendezvous {
 
   RoundEnd awaitEnd() override {
     std::unique_lock lock(mutex_);
-    changed_.wait(lock, [&] { return end_ || interrupted_; });
+    // Rechecked every few ms: elsewhereWhen looks at the workers, which notify nothing.
+    while (!interrupted_ && !(end_ && (!elsewhereWhen || elsewhereWhen())))
+      changed_.wait_for(lock, std::chrono::milliseconds(5));
     if (!end_) throw Error("interrupted");
     return *end_;
   }
@@ -250,6 +253,26 @@ TEST(AgentTest, AJobStoppedElsewhereExitsWithTheStoppersCode) {
   FakeRendezvous rendezvous;
   rendezvous.elsewhere[0] = rendezvous::jobStopped(SIGTERM, "other");
   EXPECT_EQ(runAgent(rendezvous, "exec sleep 30"), 128 + SIGTERM);
+  EXPECT_TRUE(rendezvous.stops.empty());
+  EXPECT_EQ(rendezvous.rounds(), 1);
+}
+
+TEST(AgentTest, ASignalAfterAStopElsewhereEndsWithThatStopAndReportsNone) {
+  // scancel signals every node, not all at once: this node hears of another's stop first, and
+  // its own SIGTERM arrives while its workers stop (here the workers send it), when the store
+  // may be gone with the node that served it. The job's stop is the other node's.
+  FakeRendezvous rendezvous;
+  rendezvous.nproc = 1;
+  rendezvous.elsewhere[0] = rendezvous::jobStopped(SIGINT, "other");
+  StartMarks marks;  // the stop arrives once the worker's trap is set
+  rendezvous.elsewhereWhen = [&] { return marks.count() == 1; };
+  // The worker answers the agent's SIGTERM with one to the agent, and exits at the next, which
+  // the agent sends once it has taken its own. Its sleep is out of the group the agent signals.
+  EXPECT_EQ(runAgent(rendezvous,
+                     "n=0; trap 'n=$((n+1)); if [ $n = 1 ]; then kill -TERM $PPID; "
+                     "else kill $s; exit 0; fi' TERM; setsid sleep 10 & s=$!; " +
+                         marks.mark() + "while kill -0 $s 2>/dev/null; do wait $s; done"),
+            128 + SIGINT);
   EXPECT_TRUE(rendezvous.stops.empty());
   EXPECT_EQ(rendezvous.rounds(), 1);
 }
