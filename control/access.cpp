@@ -1,11 +1,10 @@
 #include "control/access.h"
 
-#include <openssl/evp.h>
-
 #include <algorithm>
 #include <cctype>
 
 #include "common/error.h"
+#include "common/sha256.h"
 
 namespace dlrun::control {
 
@@ -30,19 +29,7 @@ bool sameHash(std::string_view a, std::string_view b) {
 
 }  // namespace
 
-std::string tokenHash(std::string_view token) {
-  unsigned char digest[EVP_MAX_MD_SIZE];
-  unsigned int length = 0;
-  if (EVP_Digest(token.data(), token.size(), digest, &length, EVP_sha256(), nullptr) != 1)
-    throw Error("cannot hash the job token: OpenSSL's SHA-256 failed");
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string hex;
-  for (unsigned int i = 0; i < length; ++i) {
-    hex += kHex[digest[i] >> 4];
-    hex += kHex[digest[i] & 0xf];
-  }
-  return hex;
-}
+std::string tokenHash(std::string_view token) { return sha256Hex(token); }
 
 std::string_view bearerToken(std::string_view authorization) {
   static constexpr std::string_view kScheme = "bearer ";

@@ -1,7 +1,7 @@
 // Who may call the control plane (ARCHITECTURE.md section 10). A job started with a token
 // (ctl/meta's tokenHash) needs it on every call, as the metadata "authorization: Bearer TOKEN";
 // a job started without one may be read by anyone, and stopped or signalled only from this
-// host. Pure, but for the hash (OpenSSL's SHA-256).
+// host. Pure.
 #pragma once
 
 #include <string>

@@ -6,6 +6,7 @@
 #include "launcher/host_probe.h"
 #include "launcher/launch.h"
 #include "launcher/launch_cli.h"
+#include "launcher/tls_build.h"
 
 int main(int argc, char** argv) {
   using namespace dlrun;
@@ -15,10 +16,15 @@ int main(int argc, char** argv) {
     if (launcher::isControlCommand(args)) {
       auto control = launcher::parseControlArgs(args, launcher::HostProbe::real().env);
       if (control.exitCode) return *control.exitCode;
+      launcher::runTlsBuildIfNeeded(
+          control.request.etcd && control.request.etcd->client.security.tls, argv);
       return launcher::runControl(control.request);
     }
     auto parsed = launcher::parseDlrunArgs(args, launcher::HostProbe::real());
     if (parsed.exitCode) return *parsed.exitCode;
+    launcher::runTlsBuildIfNeeded(parsed.config.rdzvBackend == launcher::RdzvBackend::Etcd &&
+                                      parsed.config.etcdSecurity.tls,
+                                  argv);
     return launcher::launch(parsed.config);
   });
 }

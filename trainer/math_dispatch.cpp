@@ -2,10 +2,9 @@
 
 #include <dlfcn.h>
 
-#include <filesystem>
-
 #include "common/error.h"
 #include "common/log.h"
+#include "common/program_files.h"
 
 namespace dlrun::trainer {
 
@@ -31,21 +30,6 @@ const MlpMath& loadMathModule(const std::string& path) {
   return *entry();
 }
 
-namespace {
-// The module beside the program (a build directory), else in the installed package's library
-// directory; empty when neither holds it.
-std::string findAvx2Module() {
-  std::error_code ec;
-  const auto programDir = std::filesystem::read_symlink("/proc/self/exe", ec).parent_path();
-  if (ec) return {};
-  for (const auto& dir : {programDir, (programDir / DLRUN_MODULE_DIR).lexically_normal()}) {
-    const auto path = dir / kAvx2ModuleName;
-    if (std::filesystem::exists(path, ec)) return path.string();
-  }
-  return {};
-}
-}  // namespace
-
 const MlpMath& cpuMath(const std::string& choice) {
   const MlpMath& baseline = builtInMath();
   if (choice == "baseline") {
@@ -56,7 +40,7 @@ const MlpMath& cpuMath(const std::string& choice) {
     log::debug("CPU math: baseline (this CPU lacks AVX2 or FMA)");
     return baseline;
   }
-  const std::string path = findAvx2Module();
+  const std::string path = findProgramFile(kAvx2ModuleName, DLRUN_MODULE_DIR);
   if (path.empty()) {
     log::debug(std::string("CPU math: baseline (no ") + kAvx2ModuleName +
                " beside the program or in " + DLRUN_MODULE_DIR + " from it)");

@@ -46,7 +46,7 @@ std::shared_ptr<grpc::ChannelCredentials> channelCredentials(const EtcdSecurity&
   ssl.pem_root_certs = security.rootCerts;  // empty: gRPC's default (the system's) roots
   ssl.pem_cert_chain = security.certChain;
   ssl.pem_private_key = security.privateKey;
-  return grpc::SslCredentials(ssl);
+  return proto::tlsCredentials(ssl);
 }
 
 // Why a channel that keeps failing to connect fails, as gRPC's last error says it: a cheap read

@@ -2,14 +2,20 @@
 auth (certificates made by the test with openssl), and etcd's user/password authentication.
 A job runs with the right settings; a wrong CA or bad credentials are one line and a non-zero
 exit within a bounded time, never a wait until join_timeout.
+
+dlrun itself has no TLS, so that no agent loads OpenSSL at its start; it runs dlrun-tls, the
+same program built with TLS, in its stead (launcher/tls_build.h). Every TLS job here goes that
+way.
 """
 import glob
 import os
+import shutil
+import subprocess
 import time
 import unittest
 
-from dlrun_fixture import PYTHON, Dlrun, clean_env, kill_recorded_workers, main, read_json, \
-    temp_dir, worker
+from dlrun_fixture import PYTHON, Dlrun, clean_env, dlrun_binary, kill_recorded_workers, main, \
+    read_json, temp_dir, worker
 from etcd_fixture import Tls, make_ca, start_etcd
 
 WORKER = worker("elastic_worker.py")
@@ -105,6 +111,32 @@ class EtcdSecurityTest(unittest.TestCase):
         self.assertIn("authentication failed", line)  # etcd's own words
         # Without credentials etcd refuses the first call: one line too.
         self.assert_one_line_error(etcd, "join_timeout=600", "user name is empty")
+
+    def test_only_the_tls_build_loads_openssl(self):
+        def needed(path):
+            dynamic = subprocess.run(["readelf", "--dynamic", path], capture_output=True,
+                                     text=True, check=True).stdout
+            return [line.split("[")[1].split("]")[0] for line in dynamic.splitlines()
+                    if "(NEEDED)" in line]
+        plain = needed(dlrun_binary())
+        self.assertIn("libc.so.6", plain)
+        self.assertEqual([lib for lib in plain if lib.startswith(("libssl", "libcrypto"))], [])
+        tls = needed(os.path.join(os.path.dirname(dlrun_binary()), "dlrun-tls"))
+        self.assertIn("libssl.so.3", tls)
+
+    def test_without_its_tls_build_dlrun_says_so_in_one_line(self):
+        directory = temp_dir(self)
+        tls = Tls(directory)
+        alone = os.path.join(directory, "dlrun")  # no dlrun-tls beside it, none installed
+        shutil.copy(dlrun_binary(), alone)
+        r = subprocess.run([alone, "--nnodes=2", "--rdzv-backend=etcd",
+                            "--rdzv-endpoint=127.0.0.1:1", f"--rdzv-conf={tls.client_conf()}",
+                            "true"], env=clean_env(), capture_output=True, text=True,
+                           timeout=JOB_TIMEOUT_S)
+        self.assertEqual(r.returncode, 1, r)
+        lines = r.stderr.splitlines()
+        self.assertEqual(len(lines), 1, r)
+        self.assertIn("etcd over TLS needs dlrun-tls", lines[0])
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ import unittest
 from dlrun_fixture import main
 from package_fixture import build_dir, class_temp_dir, make_package, run
 
-PROGRAMS = ("usr/bin/dlrun", "usr/bin/dlrund", "usr/bin/dlrun-train")
+PROGRAMS = ("usr/bin/dlrun", "usr/bin/dlrund", "usr/bin/dlrun-train", "usr/libexec/dlrun/dlrun-tls")
 
 
 def field(package, name):
@@ -73,6 +73,7 @@ class PackageTest(unittest.TestCase):
         listing = run(["dpkg-deb", "-c", self.package])
         paths = {line.split()[5].removeprefix(".") for line in listing.splitlines()}
         expected = {"/usr/bin/dlrun", "/usr/bin/dlrund", "/usr/bin/dlrun-train",
+                    "/usr/libexec/dlrun/dlrun-tls",
                     "/usr/share/man/man1/dlrun.1.gz", "/usr/share/man/man8/dlrund.8.gz",
                     "/usr/share/man/man1/dlrun-train.1.gz",
                     "/usr/share/bash-completion/completions/dlrun",
