@@ -31,6 +31,9 @@
 #                                  once none is left, or fails after 10 s
 #   netns.sh link PREFIX I up|down host I's eth0 up or down (down: a silent node, connections to
 #                                  and from it time out; up heals it)
+#   netns.sh cut PREFIX I J        drop every IP packet between hosts I and J, both ways, at the
+#                                  switch (a partition: each still reaches every other host);
+#                                  until the set is taken down
 #   netns.sh down PREFIX           kill every process in every namespace of the set, delete the
 #                                  namespaces and /etc/netns/PREFIX-*; never fails, and does
 #                                  nothing for a set that is not (or only partly) there
@@ -211,6 +214,37 @@ cmd_link() {
   ip -n "$1-$2" link set eth0 "$3"
 }
 
+# The switch's port toward host I drops what a filter sends to class 1:2 (a FIFO of no room):
+# an HTB root, whose default class 1:1 passes the rest. Made once per port. HTB because this
+# kernel has it, where prio, netem and tc's drop action are modules it lacks.
+ensure_drop_class() {  # PREFIX I
+  local tc=(ip netns exec "$1-sw" tc) port=p$2
+  # Not `| grep -q`: under pipefail, tc killed by SIGPIPE after grep's match fails the test.
+  [[ $("${tc[@]}" qdisc show dev "$port") == *"qdisc htb 1: root"* ]] && return 0
+  step "cut: the queue of port $port" "${tc[@]}" qdisc add dev "$port" root handle 1: htb default 1
+  for class in 1 2; do
+    step "cut: class 1:$class of port $port" "${tc[@]}" class add dev "$port" parent 1: \
+      classid "1:$class" htb rate 100gbit quantum 200000
+  done
+  step "cut: the drop of port $port" "${tc[@]}" qdisc add dev "$port" parent 1:2 handle 20: \
+    pfifo limit 0
+}
+
+cmd_cut() {
+  (($# == 3)) || die "usage: netns.sh cut PREFIX I J"
+  check_prefix "$1"
+  check_host "$1" "$2"
+  check_host "$1" "$3"
+  [[ $2 != "$3" ]] || die "cut: a host cannot be cut from itself ($2)"
+  local to from
+  for to in "$2" "$3"; do
+    from=$(($2 + $3 - to))
+    ensure_drop_class "$1" "$to"
+    step "cut: host $from's packets to host $to" ip netns exec "$1-sw" tc filter add dev "p$to" \
+      parent 1: protocol ip prio 1 u32 match ip src "$SUBNET.$((FIRST_HOST + from))/32" flowid 1:2
+  done
+}
+
 cmd_down() {
   (($# == 1)) || die "usage: netns.sh down PREFIX"
   check_prefix "$1"
@@ -234,10 +268,10 @@ cmd_list() {
     awk '$1 ~ /^[A-Za-z0-9]+-([0-9]+|sw)$/ { sub(/-[^-]*$/, "", $1); if (!seen[$1]++) print $1 }'
 }
 
-(($# >= 1)) || die "usage: netns.sh up|exec|pids|kill|link|down|list ..."
+(($# >= 1)) || die "usage: netns.sh up|exec|pids|kill|link|cut|down|list ..."
 command=$1
 shift
 case $command in
-  up | exec | pids | kill | link | down | list) "cmd_$command" "$@" ;;
-  *) die "unknown subcommand '$command' (up, exec, pids, kill, link, down, list)" ;;
+  up | exec | pids | kill | link | cut | down | list) "cmd_$command" "$@" ;;
+  *) die "unknown subcommand '$command' (up, exec, pids, kill, link, cut, down, list)" ;;
 esac

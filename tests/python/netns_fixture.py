@@ -249,6 +249,10 @@ class Hosts:
         """Host i's eth0 up or down (down: a silent node, whose traffic times out)."""
         netns_sh("link", self.prefix, self._index(i), "up" if up else "down")
 
+    def cut(self, i, j):
+        """Hosts i and j no longer reach each other (a partition); each reaches every other host."""
+        netns_sh("cut", self.prefix, self._index(i), self._index(j))
+
     def close(self):
         """Kills the processes started here, then takes the set down. Idempotent."""
         if self.closed:

@@ -9,6 +9,9 @@ inside hosts. Every etcd member is stopped by PID in the test's cleanups, also o
   at the next round; the job ends with exit 0;
 - the etcd member the agents use silenced (its link down, so nothing resets its connections):
   no worker restarts, and the job still ends within seconds;
+- the etcd member the agents use cut off from the other members, but not from the agents (a
+  partition): it has no leader and refuses their streams; no worker restarts, the agents leave
+  it, and the job still ends within seconds;
 - a dlrun node's link set down: its lease lapses and the survivors restart within TTL + 1 s;
 - the bundled trainer (--synthetic, checkpoints in a shared temp dir) on three nodes loses the
   node of group rank 0, which serves the workers' store (every process of its namespace
@@ -292,6 +295,26 @@ class EtcdClusterTest(unittest.TestCase):
         self.assert_no_restart_until(silenced + QUIET_S)
         # The job's end reaches both agents through the other members, without waiting for
         # the silent one's connection to time out.
+        ended = time.monotonic()
+        self.finish(range(2))
+        print(f"job ended {time.monotonic() - ended:.2f} s after its workers were told to")
+        self.assertLess(time.monotonic() - ended, 5.0, self.logs())
+        self.assertEqual(len(self.starts()), 2, self.logs())
+
+    def test_an_etcd_member_cut_off_from_its_cluster_restarts_no_worker(self):
+        for node in range(2):
+            self.start_agent(node, "2:3", ["--until-file", self.stop_file])
+        first = self.wait_for_starts(0, 2)
+        self.assert_world(first, 2)
+        # The first endpoint, the one the agents use, loses its peers but not its clients: it
+        # answers, but has no leader, so it refuses their watches and keep-alives (`hasleader`)
+        # and cannot commit their writes. The agents move to the other members.
+        self.assertGreaterEqual(self.watch_streams(0), 2, self.logs())
+        cut = time.monotonic()
+        for member in range(1, MEMBERS):
+            self.hosts.cut(0, member)
+        self.assert_no_restart_until(cut + QUIET_S)
+        self.assertEqual(self.watch_streams(0), 0, self.logs())
         ended = time.monotonic()
         self.finish(range(2))
         print(f"job ended {time.monotonic() - ended:.2f} s after its workers were told to")

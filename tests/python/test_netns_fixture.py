@@ -1,6 +1,7 @@
 """The simulated hosts of netns_fixture.py (scripts/netns.sh): hosts talk over TCP by name and
 address, each has its own hostname, address and hosts file, kill_host leaves nothing running in
-the host, a link taken down makes connects time out and bringing it up heals it, sets coexist
+the host, a link taken down makes connects time out and bringing it up heals it, two hosts cut
+apart stop reaching each other and still reach the rest, sets coexist
 without meeting, and a set is gone after its `with` block, an exception, SIGTERM, or (at the next
 Hosts) the SIGKILL of the process that made it. Every connection starts inside a host: the test
 process only reads files and process states. `netns.sh up` that cannot make a step fails with one
@@ -147,6 +148,18 @@ class NetnsFixtureTest(unittest.TestCase):
         wait_until(lambda: replies.append(self.connect(hosts, 1, hosts.address(0)))
                    or replies[-1] == "reply node0 got node1", EVENT_TIMEOUT_S,
                    "host 0 to answer again after link up", on_timeout=lambda: str(replies))
+
+    def test_cut_hosts_stop_reaching_each_other_and_reach_the_rest(self):
+        hosts = self.hosts(3)
+        for i in range(3):
+            self.serve(hosts, i)
+        hosts.cut(0, 1)
+        hosts.cut(0, 2)  # a second cut on host 0's port
+        expected = {(0, 1): "timeout", (0, 2): "timeout", (1, 0): "timeout", (2, 0): "timeout",
+                    (1, 2): "reply node2 got node1", (2, 1): "reply node1 got node2"}
+        for (i, j), reply in expected.items():
+            self.assertEqual(self.connect(hosts, i, hosts.address(j)), reply, (i, j))
+        self.assertEqual(self.connect(hosts, 0, hosts.address(0)), "reply node0 got node0")
 
     def test_sets_coexist_and_do_not_meet(self):
         first, second = self.hosts(2), self.hosts(2)
