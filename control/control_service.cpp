@@ -76,11 +76,10 @@ JobRecord readJob(LeasingStore& store, const std::string& id, bool withNodes) {
   if (!first[0].empty()) {
     job.meta = ctl::decodeMeta(first[0]);
   } else if (const std::string& shape = first[5]; !shape.empty()) {
-    // Agents that publish no settings still wrote the rendezvous's "min:max".
-    const size_t colon = shape.find(':');
-    job.meta.minNodes = static_cast<int>(storedCount(shape.substr(0, colon), r.shape()));
-    job.meta.maxNodes = static_cast<int>(
-        storedCount(colon == std::string::npos ? "" : shape.substr(colon + 1), r.shape()));
+    // Agents that publish no settings still wrote the rendezvous's shape.
+    const elastic::Shape decoded = elastic::decodeShape(shape);
+    job.meta.minNodes = decoded.minNodes;
+    job.meta.maxNodes = decoded.maxNodes;
   }
 
   std::vector<std::string> keys;

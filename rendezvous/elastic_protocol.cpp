@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <array>
+#include <charconv>
 #include <nlohmann/json.hpp>
 #include <numeric>
 
@@ -239,8 +240,29 @@ std::optional<RoundEnd> endedJob(std::string_view stop, std::string_view newestE
   return end;
 }
 
-std::string encodeShape(int minNodes, int maxNodes) {
-  return std::to_string(minNodes) + ":" + std::to_string(maxNodes);
+std::string encodeShape(const Shape& shape) {
+  return std::to_string(shape.minNodes) + ":" + std::to_string(shape.maxNodes) + "/p" +
+         std::to_string(shape.protocol);
+}
+
+Shape decodeShape(std::string_view text) {
+  Shape shape{.protocol = 1};
+  const auto number = [&](std::string_view digits, int& into) {
+    const auto [end, error] = std::from_chars(digits.data(), digits.data() + digits.size(), into);
+    if (digits.empty() || error != std::errc() || end != digits.data() + digits.size() || into < 0)
+      throw ProtocolError("malformed job shape '" + std::string(text) + "' in the store");
+  };
+  std::string_view range = text;
+  if (const size_t slash = text.find("/p"); slash != std::string_view::npos) {
+    number(text.substr(slash + 2), shape.protocol);
+    range = text.substr(0, slash);
+  }
+  const size_t colon = range.find(':');
+  if (colon == std::string_view::npos)
+    throw ProtocolError("malformed job shape '" + std::string(text) + "' in the store");
+  number(range.substr(0, colon), shape.minNodes);
+  number(range.substr(colon + 1), shape.maxNodes);
+  return shape;
 }
 
 }  // namespace dlrun::rendezvous::elastic

@@ -4,7 +4,7 @@
 //
 // Round r of job ID, keys under "dlrun/ID/":
 //   current            the newest round number (advanced by compare-and-set, one step at a time)
-//   shape              the job's --nnodes range; a second job shape with the same id is refused
+//   shape              the job's --nnodes range and protocol; another shape or protocol is refused
 //   r/R/joined         ADD 1 gives an agent its arrival index i (1-based)
 //   r/R/node/I         the agent's NodeRecord, held under a lease: if the agent dies, the store
 //                      deletes it and sets r/R/closed = "abort" and r/R/end = NodeLost
@@ -142,7 +142,24 @@ RoundEnd decodeRoundEnd(std::string_view text);
 // the same id the old outcome at once.
 std::optional<RoundEnd> endedJob(std::string_view stop, std::string_view newestEnd);
 
-// "min:max", stored under Keys::shape() so a second job with another shape is refused.
-std::string encodeShape(int minNodes, int maxNodes);
+// The rendezvous protocol these agents speak: the keys, the records and what they mean. Raised
+// whenever one of them changes in a way another version's agent would misread, so that a job
+// whose nodes run different dlrun versions is refused at once with one line, rather than
+// failing later on a record one of them cannot read. 1: before it was stored; 2: node records
+// carry an agent id, and assignments are keyed by it.
+inline constexpr int kProtocolVersion = 2;
+
+// The job's --nnodes range and the protocol of the agent that wrote it, stored under
+// Keys::shape(): a second job with another shape, or a node of another protocol, is refused.
+struct Shape {
+  int minNodes = 0;
+  int maxNodes = 0;
+  int protocol = kProtocolVersion;
+  bool operator==(const Shape&) const = default;
+};
+
+// "min:max/pN"; protocol 1's agents wrote "min:max".
+std::string encodeShape(const Shape& shape);
+Shape decodeShape(std::string_view text);  // ProtocolError on anything else
 
 }  // namespace dlrun::rendezvous::elastic

@@ -130,12 +130,21 @@ void ElasticRendezvous::lookFirst() {
                         end->describe() + "); its keys stay in " + options_.endedJobKeys +
                         ": give each job its own --rdzv-id");
   }
-  const std::string mine = elastic::encodeShape(options_.minNodes, options_.maxNodes);
+  const elastic::Shape mine{.minNodes = options_.minNodes, .maxNodes = options_.maxNodes};
   std::string stored = found[0];
-  if (stored.empty()) stored = lease_->compareSet(keys_.shape(), "", mine);
-  if (stored != mine)
+  if (stored.empty()) stored = lease_->compareSet(keys_.shape(), "", elastic::encodeShape(mine));
+  const elastic::Shape theirs = elastic::decodeShape(stored);
+  if (theirs.protocol != mine.protocol)
+    throw ConfigError("job '" + options_.runId + "' was started by a dlrun that speaks rendezvous "
+                      "protocol " + std::to_string(theirs.protocol) + ", and this one speaks " +
+                      std::to_string(mine.protocol) +
+                      ": run the same dlrun version on every node of a job");
+  const auto range = [](const elastic::Shape& s) {
+    return std::to_string(s.minNodes) + ":" + std::to_string(s.maxNodes);
+  };
+  if (theirs != mine)
     throw ConfigError("rendezvous id '" + options_.runId + "' is in use by a job with --nnodes=" +
-                      stored + " (this node has --nnodes=" + mine +
+                      range(theirs) + " (this node has --nnodes=" + range(mine) +
                       "); give each job its own --rdzv-id");
   firstLook_.emplace(found.begin() + 2, found.end());
 }

@@ -180,7 +180,7 @@ TEST_F(ControlServerTest, AnUnknownJobIsNotFound) {
 
 TEST_F(ControlServerTest, AJobWhoseAgentsPublishNoSettingsIsReadFromItsRounds) {
   const elastic::Keys r("bare");
-  store.set(r.shape(), elastic::encodeShape(1, 4));
+  store.set(r.shape(), elastic::encodeShape({.minNodes = 1, .maxNodes = 4}));
   store.set(r.current(), "1");
   store.set(r.closed(1), "2");
   v1::Job job;

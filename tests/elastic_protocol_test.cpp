@@ -196,6 +196,15 @@ TEST(Codecs, MalformedValuesAreProtocolErrors) {
   EXPECT_THROW(decodeRoster(R"({"endpoints":["a:1"],"roles":[]})"), ProtocolError);
 }
 
+TEST(Codecs, ShapesCarryTheProtocolAndProtocol1sAreRead) {
+  const Shape shape{.minNodes = 2, .maxNodes = 3};
+  EXPECT_EQ(encodeShape(shape), "2:3/p" + std::to_string(kProtocolVersion));
+  EXPECT_EQ(decodeShape(encodeShape(shape)), shape);
+  EXPECT_EQ(decodeShape("1:4"), (Shape{.minNodes = 1, .maxNodes = 4, .protocol = 1}));
+  for (const char* bad : {"", "2", "a:3", "2:3/p", "2:3/px", "2:-1", "2:3/p2x", ":3"})
+    EXPECT_THROW(decodeShape(bad), ProtocolError) << bad;
+}
+
 TEST(EndedJob, AStopOrAFinalRoundEndEndsTheJobAnythingElseDoesNot) {
   EXPECT_FALSE(endedJob("", ""));  // never started
   using Kind = RoundEnd::Kind;

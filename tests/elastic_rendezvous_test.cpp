@@ -8,7 +8,9 @@
 #include <set>
 
 #include "common/error.h"
+#include "rendezvous/elastic_protocol.h"
 #include "rendezvous/store/store_server.h"
+#include "rendezvous/store/tcp_store.h"
 
 namespace dlrun::rendezvous {
 namespace {
@@ -127,6 +129,21 @@ TEST_F(ElasticRendezvousTest, AnotherJobShapeWithTheSameIdIsRefused) {
     FAIL() << "a second shape was accepted";
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("--nnodes=2:3"), std::string::npos) << e.what();
+  }
+}
+
+TEST_F(ElasticRendezvousTest, ANodeOfAnotherProtocolIsRefusedInOneLine) {
+  // The shape as a dlrun of rendezvous protocol 1 wrote it: no protocol in it.
+  TcpStore older({.host = server_.address(), .port = server_.port()});
+  older.set(elastic::Keys("job").shape(), "2:3");
+  try {
+    ElasticRendezvous newer(options(2, 3));
+    FAIL() << "a node of another protocol was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "job 'job' was started by a dlrun that speaks rendezvous protocol 1, and this one "
+              "speaks " + std::to_string(elastic::kProtocolVersion) +
+                  ": run the same dlrun version on every node of a job");
   }
 }
 
