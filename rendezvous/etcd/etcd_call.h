@@ -47,11 +47,6 @@ KeyValue fromProto(const mvccpb::KeyValue& kv);
 std::string quoted(const std::string& key);  // 'key', on one line
 // Codes that say the request itself is refused: another endpoint would refuse it too.
 bool permanent(grpc::StatusCode code);
-// A transaction's compare of `key`'s `target` for equality (the caller sets the value).
-etcdserverpb::Compare compare(const std::string& key,
-                              etcdserverpb::Compare::CompareTarget target);
-// A compare that holds while `key` is missing.
-etcdserverpb::Compare missing(const std::string& key);
 
 // One bidirectional stream driven through its own completion queue, one operation in flight at
 // a time (so the completion that arrives is always the one awaited). Every operation started

@@ -9,6 +9,7 @@
 #include "etcd/rpc.grpc.pb.h"
 #include "grpc_runtime.h"
 #include "rendezvous/etcd/etcd_call.h"
+#include "rendezvous/etcd/etcd_compare.h"
 
 namespace dlrun::rendezvous::etcd {
 namespace detail {

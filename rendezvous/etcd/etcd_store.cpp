@@ -14,7 +14,7 @@
 #include "common/clock.h"
 #include "common/error.h"
 #include "etcd/rpc.pb.h"
-#include "rendezvous/etcd/etcd_call.h"
+#include "rendezvous/etcd/etcd_compare.h"
 
 namespace dlrun::rendezvous::etcd {
 namespace detail {
