@@ -209,7 +209,7 @@ RdzvSettings parseRdzvSettings(const std::map<std::string, std::string>& conf) {
     } catch (const std::exception&) {
     }
     throw ConfigError("--rdzv-conf: " + key + "=" + text +
-                      " is not a number of seconds between 0 and 86400");
+                      " is not a number of seconds above 0 and at most 86400");
   };
   for (const auto& [key, value] : conf) {
     if (key == "join_timeout") {

@@ -830,6 +830,17 @@ TEST(ParseRdzvSettings, TorchrunKeys) {
   EXPECT_TRUE(s.stopOnlyNode);
 }
 
+TEST(ParseRdzvSettings, TimeoutsArePositiveSecondsAndTheRefusalSaysSo) {
+  EXPECT_EQ(parseRdzvSettings({{"last_call_timeout", "0.5"}}).lastCall,
+            std::chrono::milliseconds(500));
+  for (const char* value : {"0", "-2", "86401", "nan"}) {
+    SCOPED_TRACE(value);
+    EXPECT_EQ(configError([&] { parseRdzvSettings({{"last_call_timeout", value}}); }),
+              std::string("--rdzv-conf: last_call_timeout=") + value +
+                  " is not a number of seconds above 0 and at most 86400");
+  }
+}
+
 TEST(ParseRdzvSettings, BadValuesNameTheKey) {
   for (const auto& [key, value] : std::vector<std::pair<std::string, std::string>>{
            {"join_timeout", "-1"}, {"last_call_timeout", "soon"},
