@@ -607,7 +607,15 @@ class AgentImpl {
                              .exitCode = w.status().shellCode(),
                              .failures = world_.failures + loneRestarts_,
                              .report = formatFailureReport(failure, world_.failures)};
+    flushEvents();
     reportToRendezvous([&] { rendezvous_.reportFailure(end); });
+  }
+
+  // This node's events reach the store before a report that ends the round, so the events of
+  // the job (group rank 0 publishes the round's end and the restart) show the cause first. It
+  // blocks, as the report itself does; a writer that cannot reach the store costs the bound.
+  void flushEvents() {
+    if (control_) control_->flush(std::chrono::milliseconds(500));
   }
 
   void watchForHangs() {
@@ -642,6 +650,7 @@ class AgentImpl {
                              .hang = true,
                              .report = "dlrun: hang: " + what + "; stacks of every rank are in " +
                                        hang_->stackDir().string() + " on each node\n"};
+    flushEvents();
     reportToRendezvous([&] { rendezvous_.reportFailure(end); });
   }
 

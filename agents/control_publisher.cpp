@@ -56,6 +56,11 @@ void ControlPublisher::event(control::JobEvent event) {
   changed_.notify_all();
 }
 
+void ControlPublisher::flush(std::chrono::milliseconds limit) {
+  std::unique_lock lock(mutex_);
+  written_.wait_for(lock, limit, [&] { return events_.empty(); });
+}
+
 void ControlPublisher::write() {
   yieldToTheJob();
   std::unique_ptr<rendezvous::LeasingStore> store;
@@ -140,6 +145,7 @@ void ControlPublisher::writeOnce(rendezvous::LeasingStore& store) {
   std::lock_guard lock(mutex_);
   events_.erase(events_.begin(), events_.begin() + static_cast<std::ptrdiff_t>(events.size()));
   if (nodeChanges_ == changes) node_.reset();  // else a newer one came: it goes next time
+  written_.notify_all();
 }
 
 void ControlPublisher::listen(int64_t next) {

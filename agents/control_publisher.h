@@ -54,6 +54,10 @@ class ControlPublisher {
 
   void node(rendezvous::control::NodeState state);
   void event(rendezvous::control::JobEvent event);
+  // Waits until every event queued so far is in the store, or `limit` passed: before a report
+  // whose consequences other nodes publish (a failure, then group rank 0's restart), so the
+  // job's events show the cause first.
+  void flush(std::chrono::milliseconds limit);
 
  private:
   void write();
@@ -68,6 +72,7 @@ class ControlPublisher {
 
   std::mutex mutex_;
   std::condition_variable changed_;
+  std::condition_variable written_;  // events_ lost its oldest entries to the store
   std::optional<rendezvous::control::NodeState> node_;
   uint64_t nodeChanges_ = 0;  // node() calls: tells writeOnce whether node_ is the one it wrote
   std::deque<rendezvous::control::JobEvent> events_;
