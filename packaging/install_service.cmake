@@ -9,9 +9,13 @@ else()
 endif()
 set(DLRUND ${CMAKE_INSTALL_PREFIX}/${dlrun_bindir}/dlrund)
 set(DLRUND_SETTINGS ${sysconfdir}/default/dlrund)
-configure_file(${dlrun_packaging_source}/dlrund.service.in
-               ${dlrun_packaging_binary}/dlrund.service @ONLY)
-file(INSTALL ${dlrun_packaging_binary}/dlrund.service
-     DESTINATION ${CMAKE_INSTALL_PREFIX}/lib/systemd/system)
+# A file of this install's own: installs run at once (cpack and cmake --install from one build,
+# as the tests do) would otherwise write one file with their different paths.
+string(RANDOM LENGTH 12 unique)
+set(service ${dlrun_packaging_binary}/dlrund.service.${unique})
+configure_file(${dlrun_packaging_source}/dlrund.service.in ${service} @ONLY)
+file(INSTALL ${service} DESTINATION ${CMAKE_INSTALL_PREFIX}/lib/systemd/system
+     RENAME dlrund.service)
+file(REMOVE ${service})
 file(INSTALL ${dlrun_packaging_source}/dlrund.default DESTINATION ${sysconfdir}/default
      RENAME dlrund)
