@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cctype>
 
-#include "common/error.h"
 #include "common/sha256.h"
 
 namespace dlrun::control {
