@@ -5,9 +5,10 @@ exit within a bounded time, never a wait until join_timeout.
 
 dlrun itself has no TLS, so that no agent loads OpenSSL at its start; it runs dlrun-tls, the
 same program built with TLS, in its stead (launcher/tls_build.h). Every TLS job here goes that
-way.
+way, and so do `dlrun status` and `dlrun stop` of a TLS job.
 """
 import glob
+import json
 import os
 import shutil
 import subprocess
@@ -15,7 +16,7 @@ import time
 import unittest
 
 from dlrun_fixture import PYTHON, Dlrun, clean_env, dlrun_binary, kill_recorded_workers, main, \
-    read_json, temp_dir, worker
+    read_json, run_control, temp_dir, wait_until, worker
 from etcd_fixture import Tls, make_ca, start_etcd
 
 WORKER = worker("elastic_worker.py")
@@ -111,6 +112,30 @@ class EtcdSecurityTest(unittest.TestCase):
         self.assertIn("authentication failed", line)  # etcd's own words
         # Without credentials etcd refuses the first call: one line too.
         self.assert_one_line_error(etcd, "join_timeout=600", "user name is empty")
+
+    def test_status_and_stop_of_a_tls_job_dial_etcd_over_tls(self):
+        tls = Tls(temp_dir(self))
+        etcd = start_etcd(self, tls)
+        job = f"job{etcd.port}"
+        target = ["--rdzv-backend=etcd", f"--rdzv-endpoint={etcd.endpoint}", f"--rdzv-id={job}",
+                  f"--rdzv-conf={tls.client_conf()}"]
+        agents = [Dlrun(self, ["--nnodes=2", "--nproc-per-node=1", *target,
+                               f"--local-addr={addr}", PYTHON, WORKER, self.out, "--wait"],
+                        env=clean_env())
+                  for addr in ("127.0.0.1", "127.0.0.2")]
+
+        def state():
+            code, out, err = run_control("status", "--json", *target)
+            if code == 2 and "no job" in err:
+                return None  # not registered yet
+            self.assertEqual(code, 0, err)
+            return json.loads(out)["state"]
+        wait_until(lambda: state() == "RUNNING", JOB_TIMEOUT_S, "the job to run",
+                   on_timeout=lambda: "\n".join(a.describe() for a in agents))
+        code, out, err = run_control("stop", "--exit-code=7", *target)
+        self.assertEqual(code, 0, err)
+        for agent in agents:
+            self.assertEqual(agent.wait(JOB_TIMEOUT_S).returncode, 7, agent.describe())
 
     def test_only_the_tls_build_loads_openssl(self):
         def needed(path):
