@@ -108,6 +108,17 @@ def kill_if_ours(pid):
             pass
 
 
+def read_shared(f):
+    """All that `f` holds, read without moving its offset. A child writes its stdout or stderr
+    through the same open file (one offset): a seek back here would have its next line overwrite
+    what was already written."""
+    chunks, offset = [], 0
+    while chunk := os.pread(f.fileno(), 1 << 20, offset):
+        chunks.append(chunk)
+        offset += len(chunk)
+    return b"".join(chunks).decode(errors="replace")
+
+
 def wait_until(predicate, timeout, what, proc=None, on_timeout=None):
     """Polls `predicate` until it is true; fails after `timeout` s or when `proc` exits first."""
     deadline = time.monotonic() + timeout
@@ -165,10 +176,7 @@ class Dlrun:
         return self.proc.pid
 
     def output(self):
-        self._out.seek(0)
-        self._err.seek(0)
-        return (self._out.read().decode(errors="replace"),
-                self._err.read().decode(errors="replace"))
+        return read_shared(self._out), read_shared(self._err)
 
     def describe(self):
         out, err = self.output()

@@ -13,7 +13,7 @@ import time
 import urllib.parse
 import urllib.request
 
-from dlrun_fixture import POLL_S, die_with_parent, temp_dir
+from dlrun_fixture import POLL_S, die_with_parent, read_shared, temp_dir
 
 METRICS_LINE = re.compile(r"metrics on http://[^ ]*:(\d+)/metrics")
 PROMETHEUS_START_S = 30
@@ -94,8 +94,7 @@ class Prometheus:
             return False
 
     def describe(self):
-        self.log.seek(0)
-        return "--- prometheus log ---\n" + self.log.read()[-4000:]
+        return "--- prometheus log ---\n" + read_shared(self.log)[-4000:]
 
     def query(self, expression):
         """The instant vector of `expression`: {label tuple: value}."""

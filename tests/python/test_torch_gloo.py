@@ -5,6 +5,7 @@ import tempfile
 import time
 import unittest
 
+from dlrun_fixture import read_shared
 from dlrund_fixture import die_with_parent, main, start_dlrund, stop_process
 
 WORLD_SIZE = 4
@@ -36,8 +37,7 @@ class TorchGlooTest(unittest.TestCase):
             except subprocess.TimeoutExpired:
                 code = None
             if code != 0:
-                log.seek(0)
-                output = log.read().decode(errors="replace")
+                output = read_shared(log)
                 self.fail(f"rank {rank} exited with {code} (None: still running after "
                           f"{TIMEOUT_S}s); its output:\n{output}")
         self.assertIsNone(daemon.proc.poll(), "dlrund exited during the run")
