@@ -98,7 +98,7 @@ JobRecord readJob(LeasingStore& store, const std::string& id, bool withNodes) {
                          &job.keys.previousEnd};
   for (size_t i = 0; i < roundKeys; ++i) *into[i] = std::move(values[i]);
   // The first member's assignment: the restarts used before the round (the same in each).
-  if (const auto ids = ctl::lines(members); !ids.empty())
+  if (const auto ids = elastic::decodeMembers(members); !ids.empty())
     job.keys.assignment = store.peek({r.assignment(round, ids.front())})[0];
   // A node that came back (a new agent under the same name) is registered again: listed once.
   std::string names;

@@ -265,4 +265,20 @@ Shape decodeShape(std::string_view text) {
   return shape;
 }
 
+std::string encodeMembers(const std::vector<std::string>& ids) {
+  std::string text;
+  for (const auto& id : ids) text += id + "\n";
+  return text;
+}
+
+std::vector<std::string> decodeMembers(std::string_view text) {
+  std::vector<std::string> ids;
+  while (!text.empty()) {
+    const size_t end = std::min(text.find('\n'), text.size());
+    if (end > 0) ids.emplace_back(text.substr(0, end));
+    text.remove_prefix(std::min(end + 1, text.size()));
+  }
+  return ids;
+}
+
 }  // namespace dlrun::rendezvous::elastic

@@ -162,4 +162,9 @@ struct Shape {
 std::string encodeShape(const Shape& shape);
 Shape decodeShape(std::string_view text);  // ProtocolError on anything else
 
+// A closed round's members (Keys::members()): their agent ids in arrival order, a line each.
+// Read by whoever deletes the round's keys and by the control plane, which names the first.
+std::string encodeMembers(const std::vector<std::string>& ids);
+std::vector<std::string> decodeMembers(std::string_view text);  // empty text: none
+
 }  // namespace dlrun::rendezvous::elastic

@@ -9,7 +9,6 @@
 #include "common/clock.h"
 #include "common/error.h"
 #include "common/log.h"
-#include "rendezvous/control_state.h"
 #include "rendezvous/store/address.h"
 #include "rendezvous/store/leasing_store.h"
 #include "rendezvous/store/tcp_store.h"
@@ -312,12 +311,11 @@ std::optional<std::vector<std::string>> ElasticRendezvous::closeRound(int round,
     records.push_back(elastic::decodeNodeRecord(text));
   }
   const elastic::Plan plan = elastic::planRound(records);
-  std::vector<std::string> keys, values;
-  std::string ids;
+  std::vector<std::string> keys, values, ids;
   for (int i = 1; i <= members; ++i) {
     keys.push_back(keys_.assignment(round, records[i - 1].id));
     values.push_back(elastic::encode(plan.byArrival[i - 1]));
-    ids += records[i - 1].id + "\n";
+    ids.push_back(records[i - 1].id);
   }
   keys.push_back(keys_.roster(round));
   values.push_back(elastic::encodeRoster(plan.roster));
@@ -326,7 +324,7 @@ std::optional<std::vector<std::string>> ElasticRendezvous::closeRound(int round,
   keys.push_back(keys_.names(round));
   values.push_back(elastic::encodeRoster({.endpoints = names}));
   keys.push_back(keys_.members(round));
-  values.push_back(ids);
+  values.push_back(elastic::encodeMembers(ids));
   // Two writes, the close last: members read their assignments once they see the round closed.
   // (One etcd transaction for both would cost half the members a read: etcd sends each watched
   // key's events separately, in no set order, so the close could come before the assignment.)
@@ -348,7 +346,7 @@ void ElasticRendezvous::forgetRounds(int upTo) {
     lease_->deleteKeys(keys_.ofRound(
         round,
         found[0].empty() ? 0 : std::min(toCount(found[0], keys_.joined(round)), options_.maxNodes),
-        control::lines(found[1])));
+        elastic::decodeMembers(found[1])));
   }
   lease_->set(keys_.forgotten(), std::to_string(upTo));
 }

@@ -205,6 +205,14 @@ TEST(Codecs, ShapesCarryTheProtocolAndProtocol1sAreRead) {
     EXPECT_THROW(decodeShape(bad), ProtocolError) << bad;
 }
 
+TEST(Codecs, MembersAreIdsInArrivalOrder) {
+  const std::vector<std::string> ids{"node-b.12", "node-a.7", "node-c.3"};
+  EXPECT_EQ(encodeMembers(ids), "node-b.12\nnode-a.7\nnode-c.3\n");
+  EXPECT_EQ(decodeMembers(encodeMembers(ids)), ids);
+  EXPECT_EQ(decodeMembers("x\ny"), (std::vector<std::string>{"x", "y"}));  // no final newline
+  EXPECT_TRUE(decodeMembers("").empty());  // the round never closed
+}
+
 TEST(EndedJob, AStopOrAFinalRoundEndEndsTheJobAnythingElseDoesNot) {
   EXPECT_FALSE(endedJob("", ""));  // never started
   using Kind = RoundEnd::Kind;
