@@ -36,10 +36,12 @@
 // ended, a restart, the job's end) come from group rank 0 alone. SignalJob's signals are
 // forwarded to every worker; StopJob stops the job like a signal with a stated exit code.
 //
-// SIGCHLD drives reaping (waitpid(-1) also reaps descendants re-parented to this subreaper);
-// SIGUSR1/SIGUSR2 are forwarded to every worker's process group and change nothing else.
-// Stopping sends SIGTERM (or the terminating signal) to each group, then SIGKILL after the
-// grace period. Worker output is pumped by StreamPump on the same io_context.
+// SIGCHLD drives reaping (waitpid(-1) also reaps descendants re-parented to this subreaper).
+// The signals of --signals-to-handle (SIGTERM, SIGINT, SIGHUP, SIGQUIT by default) stop the job;
+// SIGUSR1/SIGUSR2 otherwise are forwarded to every worker's process group and change nothing
+// else, and a default one left out is ignored. Stopping sends SIGTERM (or the terminating
+// signal) to each group, then SIGKILL after the grace period. Worker output is pumped by
+// StreamPump on the same io_context.
 #include "agents/agent.h"
 
 #include <fcntl.h>
@@ -128,7 +130,14 @@ class AgentImpl {
         signals_(io_),
         launcherLink_(io_),
         stopTimer_(io_),
-        inherited_(currentEnvironment()) {
+        inherited_(currentEnvironment()),
+        stopSignals_(options_.signalsToHandle.value_or(kDefaultStopSignals)) {
+    // As torchrun, for a worker that starts processes of its own through torch.
+    if (options_.signalsToHandle) {
+      std::string names;
+      for (int sig : stopSignals_) names += (names.empty() ? "" : ",") + signalName(sig);
+      services_["TORCHELASTIC_SIGNALS_TO_HANDLE"] = names;
+    }
     if (options_.hang)
       hang_.emplace(io_, *options_.hang,
                     options_.nodeName.empty() ? std::string("this node") : options_.nodeName,
@@ -152,8 +161,10 @@ class AgentImpl {
     }
     becomeSubreaper();
     // Registered before any worker starts, so no exit or signal can be missed.
-    for (int sig : {SIGCHLD, SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2})
-      signals_.add(sig);
+    std::set<int> handled{SIGCHLD, SIGUSR1, SIGUSR2};
+    handled.insert(kDefaultStopSignals.begin(), kDefaultStopSignals.end());
+    handled.insert(stopSignals_.begin(), stopSignals_.end());
+    for (int sig : handled) signals_.add(sig);
     awaitSignal();
     if (options_.controlStdin) followLauncher();
     prepareLogRoot();
@@ -189,9 +200,16 @@ class AgentImpl {
     });
   }
 
+  // A signal that reached this agent, or its launcher (--control-stdin).
   void onSignal(int sig) {
     if (sig == SIGCHLD) return reap();
+    if (std::find(stopSignals_.begin(), stopSignals_.end(), sig) != stopSignals_.end())
+      return stopOn(sig);
     if (sig == SIGUSR1 || sig == SIGUSR2) return signalWorkers(sig);
+    log::info("received " + signalName(sig) + ", which --signals-to-handle leaves out: ignored");
+  }
+
+  void stopOn(int sig) {
     if (state_ == State::Stopping && stopSignal_) {
       signalWorkers(SIGKILL);  // a second terminating signal: no more patience
       return;
@@ -230,7 +248,7 @@ class AgentImpl {
           if (ec == asio::error::operation_aborted || state_ == State::Finished) return;
           if (ec) {
             log::info("the launcher's connection closed");
-            return onSignal(SIGHUP);
+            return stopOn(SIGHUP);
           }
           launcherLines_.feed(std::string_view(launcherBuffer_.data(), n), [&](auto line) {
             if (auto sig = parseSignal(line); sig && sig != SIGCHLD) onSignal(*sig);
@@ -395,7 +413,8 @@ class AgentImpl {
                    .restartCount = world_.round,
                    .tfCluster = tf.set ? std::optional(std::move(cluster)) : std::nullopt,
                    .inheritTfConfig = options_.tfConfig == TfConfigMode::Never,
-                   .services = services_};
+                   .services = services_,
+                   .virtualLocalRank = options_.virtualLocalRank};
     if (hang_) hang_->prepareRound(attemptDir, options_.nprocPerNode, inherited_, spec);
     if (metrics_)
       metrics_->prepareRound(attemptDir, options_.nprocPerNode, hang_ ? hang_->board() : nullptr,
@@ -531,7 +550,8 @@ class AgentImpl {
     launch.rank = world_.baseRank + local;
     launch.argv = options_.command;
     if (!options_.localRankFlag.empty())
-      launch.argv.push_back(options_.localRankFlag + "=" + std::to_string(local));
+      launch.argv.push_back(options_.localRankFlag + "=" +
+                            std::to_string(options_.virtualLocalRank ? 0 : local));
     launch.output = outputFor(options_, local, launch.rank);
     WorkerOutput& output = launch.output;
     if (wantsDir(options_, output)) {
@@ -946,6 +966,7 @@ class AgentImpl {
   fs::path logRoot_;
   bool keepLogRoot_ = false;
   Environment services_;  // the agent's services' variables for its workers (RoundSpec)
+  const std::vector<int> stopSignals_;  // --signals-to-handle
   std::optional<FileTimerServer> fileTimer_;
   std::unordered_map<pid_t, std::string> expiredTimers_;  // by worker: why dlrun signalled it
 };

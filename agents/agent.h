@@ -44,6 +44,14 @@ struct AgentOptions {
   std::string role = "default";
   std::vector<RoleSpec> roles;  // --roles (roles.h); empty: every worker has `role`
   std::chrono::milliseconds stopTimeout{30'000};
+  // --signals-to-handle, in the order given: the signals that stop the job. Unset: SIGTERM,
+  // SIGINT, SIGHUP and SIGQUIT, as torchrun. One of those four left out is ignored (the job goes
+  // on, and no worker is left behind by a dlrun the signal killed); SIGUSR1 and SIGUSR2 left out
+  // are forwarded to the workers and change nothing else.
+  std::optional<std::vector<int>> signalsToHandle;
+  // --virtual-local-rank: every worker's LOCAL_RANK is 0 and its CUDA_VISIBLE_DEVICES names its
+  // own device (worker_env.h).
+  bool virtualLocalRank = false;
   std::optional<std::string> logDir;  // else a temporary directory for error files
   StreamsByRank redirects;            // streams sent only to files
   StreamsByRank tee;                  // streams copied to files

@@ -1,5 +1,6 @@
 #include "agents/worker_env.h"
 
+#include <algorithm>
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
@@ -18,11 +19,27 @@ constexpr std::string_view kTfTail = R"("}})";
 constexpr std::string_view kTfKey = "TF_CONFIG=";
 
 // The variables each worker sets for itself; everything else is shared. Under --roles the
-// role's name and size differ from worker to worker too.
-bool ownKey(const std::string& key, bool roles) {
+// role's name and size differ from worker to worker too, and under --virtual-local-rank its
+// device.
+bool ownKey(const std::string& key, bool roles, bool virtualLocalRank) {
   return key == "RANK" || key == "LOCAL_RANK" || key == "ROLE_RANK" ||
          key == "TORCHELASTIC_ERROR_FILE" || key == "DLRUN_HEARTBEAT_FILE" ||
-         (roles && (key == "ROLE_NAME" || key == "ROLE_WORLD_SIZE"));
+         (roles && (key == "ROLE_NAME" || key == "ROLE_WORLD_SIZE")) ||
+         (virtualLocalRank && key == "CUDA_VISIBLE_DEVICES");
+}
+
+// CUDA_VISIBLE_DEVICES's entries, each without surrounding spaces.
+std::vector<std::string> splitDevices(std::string_view list) {
+  std::vector<std::string> devices;
+  while (true) {
+    const size_t comma = std::min(list.find(','), list.size());
+    std::string_view device = list.substr(0, comma);
+    while (!device.empty() && device.front() == ' ') device.remove_prefix(1);
+    while (!device.empty() && device.back() == ' ') device.remove_suffix(1);
+    devices.emplace_back(device);
+    if (comma == list.size()) return devices;
+    list.remove_prefix(comma + 1);
+  }
 }
 
 }  // namespace
@@ -82,7 +99,13 @@ NodeEnvironment::NodeEnvironment(const Environment& inherited, const rendezvous:
                   ? std::vector<RolePlace>{}
                   : placeRoles(world.workerRoles, world.baseRank, world.localWorldSize)),
       tfCluster_(std::move(spec.tfCluster)),
-      heartbeatDir_(std::move(spec.heartbeatDir)) {
+      heartbeatDir_(std::move(spec.heartbeatDir)),
+      virtualLocalRank_(spec.virtualLocalRank) {
+  if (const auto visible = inherited.find("CUDA_VISIBLE_DEVICES");
+      virtualLocalRank_ && visible != inherited.end()) {
+    checkVirtualLocalRank(world.localWorldSize, visible->second);
+    devices_ = splitDevices(visible->second);
+  }
   Environment env = inherited;
   auto set = [&](const std::string& key, const std::string& value) { env[key] = value; };
   auto setDefault = [&](const std::string& key, const std::string& value) {
@@ -109,7 +132,7 @@ NodeEnvironment::NodeEnvironment(const Environment& inherited, const rendezvous:
   for (auto& [key, value] : spec.services) env[key] = std::move(value);
   shared_.reserve(env.size());
   for (const auto& [key, value] : env) {
-    if (ownKey(key, !places_.empty())) continue;
+    if (ownKey(key, !places_.empty(), virtualLocalRank_)) continue;
     shared_.push_back(key + "=" + value);
     sharedSizes_.add(shared_.back().size());
   }
@@ -118,8 +141,12 @@ NodeEnvironment::NodeEnvironment(const Environment& inherited, const rendezvous:
 std::vector<std::string> NodeEnvironment::ownSmall(int localRank,
                                                    const std::string& errorFile) const {
   const std::string rank = std::to_string(baseRank_ + localRank);
-  std::vector<std::string> entries{"RANK=" + rank, "LOCAL_RANK=" + std::to_string(localRank),
-                                   "TORCHELASTIC_ERROR_FILE=" + errorFile};
+  std::vector<std::string> entries{
+      "RANK=" + rank, "LOCAL_RANK=" + std::to_string(virtualLocalRank_ ? 0 : localRank),
+      "TORCHELASTIC_ERROR_FILE=" + errorFile};
+  if (virtualLocalRank_)
+    entries.push_back("CUDA_VISIBLE_DEVICES=" + (devices_.empty() ? std::to_string(localRank)
+                                                                  : devices_.at(localRank)));
   if (places_.empty()) {
     entries.push_back("ROLE_RANK=" + rank);
   } else {
@@ -131,6 +158,15 @@ std::vector<std::string> NodeEnvironment::ownSmall(int localRank,
   if (heartbeatDir_)
     entries.push_back("DLRUN_HEARTBEAT_FILE=" + heartbeatFile(*heartbeatDir_, localRank));
   return entries;
+}
+
+void checkVirtualLocalRank(int workers, const std::optional<std::string>& visible) {
+  if (!visible) return;
+  const size_t devices = splitDevices(*visible).size();
+  if (static_cast<size_t>(workers) > devices)
+    throw ConfigError("--virtual-local-rank gives each of " + std::to_string(workers) +
+                      " workers a device of its own, but CUDA_VISIBLE_DEVICES='" + *visible +
+                      "' names " + std::to_string(devices));
 }
 
 std::string heartbeatFile(const std::string& heartbeatDir, int localRank) {

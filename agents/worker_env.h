@@ -40,7 +40,16 @@ struct RoundSpec {
   Environment services;
   // With --hang-timeout: each worker's DLRUN_HEARTBEAT_FILE is heartbeatDir/LOCAL_RANK.
   std::optional<std::string> heartbeatDir;
+  // --virtual-local-rank: each worker's LOCAL_RANK is 0 and its CUDA_VISIBLE_DEVICES is its own
+  // device: entry LOCAL_RANK of the inherited list (the launcher checked it is long enough), or
+  // the local rank itself when none is inherited, as torchrun does.
+  bool virtualLocalRank = false;
 };
+
+// --virtual-local-rank with `workers` on the node: each needs a device of its own, so an
+// inherited CUDA_VISIBLE_DEVICES (`visible`, unset: none) must name at least that many. Throws
+// ConfigError naming both.
+void checkVirtualLocalRank(int workers, const std::optional<std::string>& visible);
 
 // A worker's heartbeat file under RoundSpec::heartbeatDir.
 std::string heartbeatFile(const std::string& heartbeatDir, int localRank);
@@ -54,7 +63,8 @@ class NodeEnvironment {
   // "KEY=VALUE" entries every worker of the round gets.
   const std::vector<std::string>& shared() const { return shared_; }
   // The worker's own entries: RANK, LOCAL_RANK, TORCHELASTIC_ERROR_FILE, ROLE_RANK (and under
-  // --roles ROLE_NAME and ROLE_WORLD_SIZE), TF_CONFIG, DLRUN_HEARTBEAT_FILE.
+  // --roles ROLE_NAME and ROLE_WORLD_SIZE), TF_CONFIG, DLRUN_HEARTBEAT_FILE (and under
+  // --virtual-local-rank CUDA_VISIBLE_DEVICES).
   std::vector<std::string> own(int localRank, const std::string& errorFile) const;
   // The sizes shared() and own() pass to exec, without building own()'s TF_CONFIG.
   ExecSizes sizes(int localRank, const std::string& errorFile) const;
@@ -71,6 +81,10 @@ class NodeEnvironment {
   std::vector<RolePlace> places_;  // by local rank, under --roles
   std::optional<std::string> tfCluster_;
   std::optional<std::string> heartbeatDir_;
+  // --virtual-local-rank: the inherited CUDA_VISIBLE_DEVICES split at commas (empty: none was
+  // inherited, so each worker's device is its local rank).
+  bool virtualLocalRank_ = false;
+  std::vector<std::string> devices_;
   std::vector<std::string> shared_;
   ExecSizes sharedSizes_;
 };

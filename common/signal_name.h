@@ -1,11 +1,16 @@
 // Signal names as users read them in messages, and as they write them.
 #pragma once
 
+#include <csignal>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace dlrun {
+
+// The signals that stop a job unless --signals-to-handle says otherwise (torchrun's).
+inline const std::vector<int> kDefaultStopSignals{SIGTERM, SIGINT, SIGHUP, SIGQUIT};
 
 // "SIGTERM" for SIGTERM; "signal 42" for numbers without a name.
 std::string signalName(int signal);

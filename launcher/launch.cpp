@@ -45,6 +45,8 @@ agents::AgentOptions agentOptions(const LaunchConfig& config, bool servesStore,
       .role = config.role,
       .roles = config.roles,
       .stopTimeout = config.stopTimeout,
+      .signalsToHandle = config.signalsToHandle,
+      .virtualLocalRank = config.virtualLocalRank,
       .logDir = config.logDir,
       .redirects = config.redirects,
       .tee = config.tee,
@@ -224,9 +226,11 @@ std::optional<control::StoreWithControl> serveStore(const StorePlan& plan) {
 // waits too: scancel and Ctrl-C reach the nodes at different times, and this node's, coming
 // once its agent had already followed another node's stop, took the store from the nodes still
 // reporting theirs (they exited without the job's stop line, or were killed by Slurm later).
-void lingerForOthers(const rendezvous::StoreServerThread& store) {
+void lingerForOthers(const rendezvous::StoreServerThread& store, const LaunchConfig& config) {
   if (store.connectionCount() == 0) return;
-  for (const int sig : {SIGINT, SIGTERM, SIGHUP}) ::signal(sig, SIG_IGN);
+  for (const int sig : kDefaultStopSignals) ::signal(sig, SIG_IGN);
+  for (const int sig : config.signalsToHandle.value_or(kDefaultStopSignals)) ::signal(sig, SIG_IGN);
+  for (const int sig : {SIGUSR1, SIGUSR2}) ::signal(sig, SIG_IGN);
   log::debug("waiting up to " + std::to_string(kStoreLinger.count()) + " s for " +
              std::to_string(store.connectionCount()) + " connections to the store to close");
   const auto deadline = Clock::now() + kStoreLinger;
@@ -345,7 +349,7 @@ int launchEtcd(const LaunchConfig& config) {
     code = agents::Agent(std::move(agent), rendezvous).run();
   }
   // This node may have served the last round's workers; others may still be hanging up.
-  lingerForOthers(workerStore.store());
+  lingerForOthers(workerStore.store(), config);
   return code;
 }
 
@@ -379,7 +383,9 @@ int launchHosts(const LaunchConfig& config) {
   const bool serve = hosts.backend.empty() && config.rdzvEndpoint.empty();
   std::optional<control::StoreWithControl> store;
   std::unique_ptr<rendezvous::TcpStore> client;  // this process's own view of the job
-  remote::FanoutOptions options{.stopTimeout = config.stopTimeout};
+  remote::FanoutOptions options{
+      .stopTimeout = config.stopTimeout,
+      .stopSignals = config.signalsToHandle.value_or(kDefaultStopSignals)};
   if (serve) {
     auto remote = std::find_if(addresses.begin(), addresses.end(), [](const std::string& a) {
       return !rendezvous::isLocalAddress(a);
@@ -435,7 +441,7 @@ int launchMultiNode(const LaunchConfig& config) {
     rendezvous::ElasticRendezvous rendezvous(std::move(options));
     code = agents::Agent(std::move(agent), rendezvous).run();
   }
-  if (store) lingerForOthers(store->store());
+  if (store) lingerForOthers(store->store(), config);
   return code;
 }
 

@@ -1,5 +1,7 @@
 #include "launcher/launch_cli.h"
 
+#include <signal.h>
+
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <charconv>
@@ -8,6 +10,7 @@
 
 #include "common/error.h"
 #include "common/cli.h"
+#include "common/signal_name.h"
 #include "launcher/entry_point.h"
 #include "common/version.h"
 #include "mpi/discovery.h"
@@ -346,6 +349,30 @@ agents::TfConfigMode parseTfConfig(const std::string& value) {
   throw ConfigError("--tf-config: '" + value + "' is not auto, always or never");
 }
 
+std::vector<int> parseSignalsToHandle(const std::string& value) {
+  const std::string flag = "--signals-to-handle";
+  if (value.empty()) throw ConfigError(flag + " names no signal");
+  std::vector<int> signals;
+  size_t start = 0;
+  while (true) {
+    const size_t end = std::min(value.find(',', start), value.size());
+    const std::string item = value.substr(start, end - start);
+    const std::optional<int> sig = parseSignal(item);
+    if (!sig) throw ConfigError(flag + ": '" + item + "' is not a signal");
+    if (*sig == SIGKILL || *sig == SIGSTOP)
+      throw ConfigError(flag + ": " + signalName(*sig) + " cannot be handled by any process");
+    if (*sig == SIGCHLD)
+      throw ConfigError(flag + ": SIGCHLD is dlrun's own (it says a worker ended)");
+    for (int fault : {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP, SIGSYS, SIGABRT})
+      if (*sig == fault)
+        throw ConfigError(flag + ": " + signalName(*sig) +
+                          " reports a fault in the process it reaches, not a request to stop");
+    if (std::find(signals.begin(), signals.end(), *sig) == signals.end()) signals.push_back(*sig);
+    if (end == value.size()) return signals;
+    start = end + 1;
+  }
+}
+
 std::pair<std::string, std::optional<uint16_t>> parseEndpoint(const std::string& flag,
                                                               const std::string& value) {
   std::string host = value, port;
@@ -421,9 +448,24 @@ LaunchParse parseDlrunArgs(const std::vector<std::string>& args, const HostProbe
   addOption(app, "monitor-interval", monitorInterval,
             "Accepted for torchrun compatibility: dlrun notices worker exits at once")
       ->check(kSeconds);
-  addOption(app, "stop-timeout", stopTimeout,
-            "Seconds between SIGTERM and SIGKILL when workers are stopped")
-      ->check(kSeconds);
+  auto* stopTimeoutOption = addOption(app, "stop-timeout", stopTimeout,
+                                      "Seconds between SIGTERM and SIGKILL when workers are "
+                                      "stopped (else TORCH_ELASTIC_SHUTDOWN_TIMEOUT, else 30)")
+                                ->check(kSeconds);
+  double shutdownTimeout = 30;
+  auto* shutdownTimeoutOption =
+      addOption(app, "shutdown-timeout", shutdownTimeout, "torchrun's name of --stop-timeout")
+          ->check(kSeconds);
+  std::string startMethod = "spawn";
+  addOption(app, "start-method", startMethod,
+            "Accepted for torchrun compatibility (spawn, fork or forkserver): every worker is a "
+            "new process running the entry point, as under torchrun for a script or program");
+  std::string signalsToHandle = "SIGTERM,SIGINT,SIGHUP,SIGQUIT";
+  auto* signalsOption = addOption(
+      app, "signals-to-handle", signalsToHandle,
+      "Signals that stop the job: forwarded to every worker, which then get --stop-timeout "
+      "seconds before SIGKILL. Of the default four, one left out is ignored; SIGUSR1 and "
+      "SIGUSR2 left out are only forwarded");
   auto* roleOption = addOption(app, "role", c.role, "Role name of these workers (ROLE_NAME)");
   std::string roles;
   auto* rolesOption = addOption(
@@ -434,6 +476,9 @@ LaunchParse parseDlrunArgs(const std::vector<std::string>& args, const HostProbe
   addFlag(app, "module", module, "Run the entry point as a Python module (python -m)", "-m");
   addFlag(app, "no-python", noPython, "Execute the entry point directly, without Python");
   addFlag(app, "run-path", runPath, "Run a Python entry point as a script (the default)");
+  addFlag(app, "virtual-local-rank", c.virtualLocalRank,
+          "Every worker sees only its own GPU, as device 0: LOCAL_RANK=0 and CUDA_VISIBLE_DEVICES "
+          "set to the device of its local rank (the inherited list's entry, else the number)");
   addOption(app, "log-dir", logDir, "Directory for per-rank logs and error files");
   addOption(app, "redirects", redirects,
             "Streams sent only to the log files: 0 none, 1 out, 2 err, 3 both, or 0:1,1:2", "-r");
@@ -570,7 +615,22 @@ LaunchParse parseDlrunArgs(const std::vector<std::string>& args, const HostProbe
   if (!logDir.empty()) c.logDir = logDir;
   if (!localAddr.empty()) c.localAddr = localAddr;
   if (masterPort >= 0) c.masterPort = static_cast<uint16_t>(masterPort);
+  if (startMethod != "spawn" && startMethod != "fork" && startMethod != "forkserver")
+    throw ConfigError("--start-method: '" + startMethod + "' is not spawn, fork or forkserver");
+  if (stopTimeoutOption->count() > 0 && shutdownTimeoutOption->count() > 0)
+    throw ConfigError("--stop-timeout and --shutdown-timeout are one setting: give one of them");
+  if (shutdownTimeoutOption->count() > 0) {
+    stopTimeout = shutdownTimeout;
+  } else if (auto it = host.env.find("TORCH_ELASTIC_SHUTDOWN_TIMEOUT");
+             stopTimeoutOption->count() == 0 && it != host.env.end()) {
+    const auto seconds = toInt(it->second);
+    if (!seconds || *seconds < 0 || *seconds > 86'400)
+      throw ConfigError("TORCH_ELASTIC_SHUTDOWN_TIMEOUT: '" + it->second +
+                        "' is not a whole number of seconds from 0 to 86400");
+    stopTimeout = *seconds;
+  }
   c.stopTimeout = std::chrono::milliseconds(static_cast<int64_t>(stopTimeout * 1000));
+  if (signalsOption->count() > 0) c.signalsToHandle = parseSignalsToHandle(signalsToHandle);
   // The backend is decided here and nowhere else. torchrun's classic static launch
   // (--master-addr/--master-port) keeps working unchanged; anything else several nodes run
   // defaults to the elastic c10d rendezvous, and --standalone's own store is a c10d one.
@@ -579,6 +639,13 @@ LaunchParse parseDlrunArgs(const std::vector<std::string>& args, const HostProbe
   const bool slurmBackend = backendFlag && backendFlag->slurm;
   const bool staticFlags = masterAddrOption->count() > 0 || masterPortOption->count() > 0;
   const bool fanout = !hostfile.empty() || !hostList.empty();
+  // Each host of a one-command launch checks its own devices.
+  if (c.virtualLocalRank && !fanout) {
+    const auto visible = host.env.find("CUDA_VISIBLE_DEVICES");
+    agents::checkVirtualLocalRank(c.nprocPerNode, visible == host.env.end()
+                                              ? std::nullopt
+                                              : std::optional(visible->second));
+  }
   if (fanout) {
     // The hosts make the job's shape; the agents get the rest of this command line.
     auto conflict = [](const std::string& flag) {

@@ -57,5 +57,10 @@ std::pair<std::string, std::optional<uint16_t>> parseEndpoint(const std::string&
 std::set<int> parseRanksFilter(const std::string& value);
 // "auto", "always" or "never".
 agents::TfConfigMode parseTfConfig(const std::string& value);
+// --signals-to-handle: "SIGTERM,SIGUSR1" (names as parseSignal reads them, or numbers), in
+// that order without repeats. Refused: an empty list or item, a name of no signal, SIGKILL and
+// SIGSTOP (no process can handle them), SIGCHLD (dlrun's own: a worker ended) and the signals
+// of a fault (SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP, SIGSYS, SIGABRT).
+std::vector<int> parseSignalsToHandle(const std::string& value);
 
 }  // namespace dlrun::launcher

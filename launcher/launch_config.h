@@ -79,6 +79,8 @@ struct LaunchConfig {
   bool standalone = false;
   int maxRestarts = 0;
   std::chrono::milliseconds stopTimeout{30'000};  // SIGTERM, then this long, then SIGKILL
+  std::optional<std::vector<int>> signalsToHandle;  // --signals-to-handle (agents::AgentOptions)
+  bool virtualLocalRank = false;                    // --virtual-local-rank
   std::string role = "default";
   std::vector<agents::RoleSpec> roles;  // --roles; empty: every worker has `role`
   std::optional<std::string> logDir;

@@ -6,7 +6,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <memory>
+#include <set>
 
 #include "agents/output.h"
 #include "agents/process.h"
@@ -46,7 +48,9 @@ class Fanout {
   int run() {
     // A client that died makes writes to its stdin fail (EPIPE) instead of ending this process.
     ::signal(SIGPIPE, SIG_IGN);
-    for (int sig : {SIGCHLD, SIGINT, SIGTERM, SIGHUP}) signals_.add(sig);
+    std::set<int> handled{SIGCHLD, SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2};
+    handled.insert(options_.stopSignals.begin(), options_.stopSignals.end());
+    for (int sig : handled) signals_.add(sig);
     awaitSignal();
     const auto envp = agents::toEnvp(agents::currentEnvironment());
     clients_.reserve(options_.nodes.size());
@@ -77,14 +81,20 @@ class Fanout {
   void awaitSignal() {
     signals_.async_wait([this](const boost::system::error_code& ec, int sig) {
       if (ec) return;
+      const auto& stops = options_.stopSignals;
       if (sig == SIGCHLD) {
         reap();
-      } else {
+      } else if (std::find(stops.begin(), stops.end(), sig) != stops.end()) {
         if (!signal_) {
           signal_ = sig;
           log::info("received " + signalName(sig) + ", stopping every node");
         }
         stopAll(sig);  // a second one reaches the agents too: they kill their workers at once
+      } else if (sig == SIGUSR1 || sig == SIGUSR2) {
+        tellAll(sig);  // the agents forward it to their workers
+      } else {
+        log::info("received " + signalName(sig) +
+                  ", which --signals-to-handle leaves out: ignored");
       }
       if (live_ > 0) awaitSignal();
     });
@@ -137,10 +147,14 @@ class Fanout {
     stopAll(SIGHUP);
   }
 
-  // Tells every live agent that `sig` reached the launcher.
+  // Tells every live agent that `sig`, which stops the job, reached the launcher.
   void stopAll(int sig) {
     stopping_ = true;
     armDeadline();
+    tellAll(sig);
+  }
+
+  void tellAll(int sig) {
     const std::string line = signalName(sig) + "\n";
     for (auto& client : clients_)
       if (client.stdinFd >= 0)

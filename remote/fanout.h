@@ -3,9 +3,12 @@
 //
 // - Output: each client's stdout and stderr are cut into lines and written here with the host's
 //   name in front ("node1: [0]:hello"), one write per line.
-// - Stopping: SIGINT, SIGTERM or SIGHUP here is written as a line ("INT") to every client's
-//   stdin, which the agent reads (--control-stdin) and follows as if the signal had reached it:
-//   the whole job stops as with a Ctrl-C on one node, and this process waits for every agent.
+// - Stopping: a signal of `stopSignals` here (SIGINT, SIGTERM, SIGHUP, SIGQUIT unless
+//   --signals-to-handle says) is written as a line ("SIGINT") to every client's stdin, which the
+//   agent reads (--control-stdin) and follows as if the signal had reached it: the whole job
+//   stops as with a Ctrl-C on one node, and this process waits for every agent. SIGUSR1 and
+//   SIGUSR2 otherwise go the same way, and the agents forward them to their workers; one of the
+//   default four left out is ignored, as the agents do.
 //   The clients lead process groups of their own, so a terminal's Ctrl-C reaches them only
 //   through here. A client that died (killed, or its connection lost) closes its agent's stdin,
 //   and that agent stops the job as on SIGHUP; the others are told "HUP" too.
@@ -21,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "common/signal_name.h"
 #include "rendezvous/round_end.h"
 
 namespace dlrun::remote {
@@ -34,6 +38,7 @@ struct FanoutNode {
 struct FanoutOptions {
   std::vector<FanoutNode> nodes;
   std::chrono::milliseconds stopTimeout{30'000};  // the agents' --stop-timeout
+  std::vector<int> stopSignals = kDefaultStopSignals;  // the agents' --signals-to-handle
   // Whether any round of the job has closed, so workers may have started (unset: unknown).
   std::function<bool()> workersStarted;
   // How the job ended, as its rendezvous says (unset or nullopt: unknown).

@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <csignal>
 #include <cstdio>
 #include <map>
 #include <set>
@@ -343,6 +344,65 @@ TEST(ParseDlrunArgs, UnderscoredSpellings) {
   EXPECT_EQ(c.localRanksFilter, std::set<int>{1});
   EXPECT_EQ(c.stopTimeout, std::chrono::seconds(2));
   EXPECT_EQ(c.masterPort, 99);
+}
+
+// The flags newer torchrun versions added.
+TEST(ParseDlrunArgs, StartMethodIsAcceptedAndChecked) {
+  for (const char* method : {"spawn", "fork", "forkserver"})
+    parse({std::string("--start-method=") + method, "env"});
+  parse({"--start_method", "fork", "env"});
+  const std::string message = configError([] { parse({"--start-method=thread", "env"}); });
+  EXPECT_TRUE(contains(message, "--start-method") && contains(message, "thread")) << message;
+}
+
+TEST(ParseDlrunArgs, ShutdownTimeoutIsTheStopTimeoutAndItsVariableTheDefault) {
+  EXPECT_EQ(parse({"--shutdown-timeout=3", "env"}).stopTimeout, std::chrono::seconds(3));
+  EXPECT_EQ(parse({"--shutdown_timeout", "4", "env"}).stopTimeout, std::chrono::seconds(4));
+  HostProbe host = fakeHost();
+  host.env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] = "7";
+  EXPECT_EQ(parse({"env"}, host).stopTimeout, std::chrono::seconds(7));
+  EXPECT_EQ(parse({"--stop-timeout=2", "env"}, host).stopTimeout, std::chrono::seconds(2));
+  EXPECT_EQ(parse({"--shutdown-timeout=1", "env"}, host).stopTimeout, std::chrono::seconds(1));
+  host.env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] = "soon";
+  const std::string bad = configError([&] { parse({"env"}, host); });
+  EXPECT_TRUE(contains(bad, "TORCH_ELASTIC_SHUTDOWN_TIMEOUT") && contains(bad, "soon")) << bad;
+  const std::string both =
+      configError([] { parse({"--stop-timeout=1", "--shutdown-timeout=2", "env"}); });
+  EXPECT_TRUE(contains(both, "--stop-timeout") && contains(both, "--shutdown-timeout")) << both;
+}
+
+TEST(ParseDlrunArgs, SignalsToHandleInTheOrderGivenUnsetByDefault) {
+  EXPECT_FALSE(parse({"env"}).signalsToHandle);
+  EXPECT_EQ(parse({"--signals-to-handle=SIGTERM,SIGUSR1,USR2,SIGTERM", "env"}).signalsToHandle,
+            (std::vector<int>{SIGTERM, SIGUSR1, SIGUSR2}));
+  EXPECT_EQ(parse({"--signals_to_handle", "sigint,3", "env"}).signalsToHandle,
+            (std::vector<int>{SIGINT, SIGQUIT}));
+}
+
+TEST(ParseSignalsToHandle, RefusesWhatNoJobCanStopOnNamingIt) {
+  const std::vector<std::pair<std::string, std::string>> cases{
+      {"", "names no signal"},        {"SIGTERM,", "''"},
+      {"SIGTERN", "SIGTERN"},         {"SIGKILL", "SIGKILL"},
+      {"SIGTERM,SIGSTOP", "SIGSTOP"}, {"SIGCHLD", "SIGCHLD"},
+      {"SIGSEGV", "SIGSEGV"},         {"SIGABRT", "SIGABRT"}};
+  for (const auto& [value, mention] : cases) {
+    const std::string message = configError([&] { parseSignalsToHandle(value); });
+    EXPECT_TRUE(contains(message, "--signals-to-handle") && contains(message, mention))
+        << value << ": " << message;
+  }
+}
+
+TEST(ParseDlrunArgs, VirtualLocalRankNeedsADeviceForEachWorker) {
+  EXPECT_FALSE(parse({"env"}).virtualLocalRank);
+  EXPECT_TRUE(parse({"--virtual-local-rank", "--nproc-per-node=4", "env"}).virtualLocalRank);
+  HostProbe host = fakeHost();
+  host.env["CUDA_VISIBLE_DEVICES"] = "2,5";
+  EXPECT_TRUE(parse({"--virtual_local_rank", "--nproc-per-node=2", "env"}, host).virtualLocalRank);
+  const std::string message = configError(
+      [&] { parse({"--virtual-local-rank", "--nproc-per-node=3", "env"}, host); });
+  EXPECT_TRUE(contains(message, "--virtual-local-rank") && contains(message, "'2,5'") &&
+              contains(message, "3 workers"))
+      << message;
 }
 
 TEST(ParseDlrunArgs, StandaloneUsesItsOwnStore) {

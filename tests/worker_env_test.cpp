@@ -197,6 +197,32 @@ TEST(WorkerEnv, ServicesAndHeartbeatFilesForHangWatching) {
       "DLRUN_HEARTBEAT_FILE"));
 }
 
+TEST(WorkerEnv, AVirtualLocalRankIsZeroAndTheWorkersOwnDeviceIsItsOnlyOne) {
+  const auto world = twoNodeWorld();
+  RoundSpec round{.virtualLocalRank = true};
+  // The inherited list's entry for the local rank, spaces trimmed, as torchrun does.
+  const NodeEnvironment listed({{"CUDA_VISIBLE_DEVICES", "3, GPU-7f"}}, world, round);
+  for (const auto& entry : listed.shared())
+    EXPECT_FALSE(entry.starts_with("CUDA_VISIBLE_")) << entry;
+  const Environment second = listed.forWorker(1, "/e.json");
+  EXPECT_EQ(second.at("LOCAL_RANK"), "0");
+  EXPECT_EQ(second.at("RANK"), "3");
+  EXPECT_EQ(second.at("CUDA_VISIBLE_DEVICES"), "GPU-7f");
+  EXPECT_EQ(listed.forWorker(0, "/e.json").at("CUDA_VISIBLE_DEVICES"), "3");
+  // None inherited: the local rank's own number.
+  const NodeEnvironment numbered({}, world, round);
+  EXPECT_EQ(numbered.forWorker(1, "/e.json").at("CUDA_VISIBLE_DEVICES"), "1");
+  EXPECT_EQ(numbered.forWorker(1, "/e.json").at("LOCAL_RANK"), "0");
+  ExecSizes expected;
+  for (const auto& entry : listed.shared()) expected.add(entry.size());
+  for (const auto& entry : listed.own(1, "/e.json")) expected.add(entry.size());
+  EXPECT_EQ(listed.sizes(1, "/e.json").bytes, expected.bytes);
+  // Without the flag an inherited list is every worker's, and LOCAL_RANK is the local rank.
+  const NodeEnvironment plain({{"CUDA_VISIBLE_DEVICES", "3,4"}}, world, RoundSpec{});
+  EXPECT_EQ(plain.forWorker(1, "/e.json").at("CUDA_VISIBLE_DEVICES"), "3,4");
+  EXPECT_EQ(plain.forWorker(1, "/e.json").at("LOCAL_RANK"), "1");
+}
+
 TEST(WorkerEnv, SizesAreWhatExecGetsWithoutBuildingTfConfig) {
   const auto world = largeWorld(500);
   const NodeEnvironment node({{"HOME", "/home/u"}}, world, roundSpec(tfConfigCluster(world)));

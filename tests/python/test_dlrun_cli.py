@@ -103,6 +103,11 @@ class DlrunInvalidInputTest(unittest.TestCase):
             (["--local-ranks-filter=one"], ["--local-ranks-filter", "one"]),
             (["--standalone", "--nnodes=2"], ["--standalone", "--nnodes"]),
             (["-m", "--no-python"], ["--module", "--no-python"]),
+            (["--start-method=thread"], ["--start-method", "thread"]),
+            (["--signals-to-handle=SIGTERM,SIGKILL"], ["--signals-to-handle", "SIGKILL"]),
+            (["--signals-to-handle=SIGNOPE"], ["--signals-to-handle", "SIGNOPE"]),
+            (["--stop-timeout=1", "--shutdown-timeout=2"],
+             ["--stop-timeout", "--shutdown-timeout"]),
         ]
         for args, mentions in cases:
             with self.subTest(args=args):

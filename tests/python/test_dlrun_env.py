@@ -35,9 +35,12 @@ class DlrunEnvTest(unittest.TestCase):
     def test_local_rank_argument(self):
         # torch.distributed.launch's scripts run unmodified: --local-rank=N (PyTorch 2.0's
         # spelling), or --local_rank=N for the scripts written before.
-        for flags, style in ((["--use-local-rank-arg"], "dash"), (["--no-use-env"], "dash"),
-                             (["--use_local_rank_arg", "--local-rank-arg-style=underscore"],
-                              "underscore")):
+        for flags, style, local in (
+                (["--use-local-rank-arg"], "dash", (0, 1)), (["--no-use-env"], "dash", (0, 1)),
+                (["--use_local_rank_arg", "--local-rank-arg-style=underscore"], "underscore",
+                 (0, 1)),
+                # Each worker's only device is its device 0.
+                (["--use-local-rank-arg", "--virtual-local-rank"], "dash", (0, 0))):
             with self.subTest(flags=flags):
                 out = temp_dir(self)
                 result = run_dlrun(self, ["--nproc-per-node=2", *flags, PYTHON,
@@ -45,7 +48,7 @@ class DlrunEnvTest(unittest.TestCase):
                 self.assertEqual(result.returncode, 0, result)
                 records = [read_json(os.path.join(out, f"local_rank_{rank}.json"))
                            for rank in (0, 1)]
-                self.assertEqual(records, [{"arg": 0, "env": 0}, {"arg": 1, "env": 1}])
+                self.assertEqual(records, [{"arg": n, "env": n} for n in local])
         # Without the flag, the script gets no argument it does not know (argparse refuses one).
         result = run_dlrun(self, ["--nproc-per-node=1", PYTHON, LOCAL_RANK_WORKER,
                                   temp_dir(self), "dash"])
@@ -117,6 +120,31 @@ class DlrunEnvTest(unittest.TestCase):
                 self.assertIsInstance(config["task"]["index"], int)
                 # The port listed at index RANK is the one reserved for this worker: free to bind.
                 self.assertIsNone(records[rank]["bind_error"])
+
+    def test_newer_torchrun_flags(self):
+        # --virtual-local-rank: LOCAL_RANK 0 and each worker's own device, its entry of the
+        # inherited list; --start-method and --signals-to-handle as torchrun 2.x scripts pass them.
+        _, records = self.dump(["--nproc-per-node=2", "--virtual-local-rank", "--start-method=fork",
+                                "--signals-to-handle=SIGTERM,SIGUSR1"],
+                               env=clean_env(CUDA_VISIBLE_DEVICES="5,7"))
+        self.assertEqual(sorted(records), [0, 1])
+        for rank, device in ((0, "5"), (1, "7")):
+            env = records[rank]["env"]
+            self.assertEqual(env["RANK"], str(rank))
+            self.assertEqual(env["LOCAL_RANK"], "0")
+            self.assertEqual(env["CUDA_VISIBLE_DEVICES"], device)
+            self.assertEqual(env["TORCHELASTIC_SIGNALS_TO_HANDLE"], "SIGTERM,SIGUSR1")
+        # Without the flags: the list is every worker's, and torchrun 1.x's variables only.
+        _, records = self.dump(["--nproc-per-node=2"], env=clean_env(CUDA_VISIBLE_DEVICES="5,7"))
+        self.assertEqual({rec["env"]["CUDA_VISIBLE_DEVICES"] for rec in records.values()}, {"5,7"})
+        self.assertFalse([r for r in records.values()
+                          if "TORCHELASTIC_SIGNALS_TO_HANDLE" in r["env"]])
+        # The one-line refusal when the list is too short for the workers.
+        result = run_dlrun(self, ["--nproc-per-node=3", "--virtual-local-rank", PYTHON, ENV_DUMP,
+                                  temp_dir(self)], env=clean_env(CUDA_VISIBLE_DEVICES="5,7"))
+        self.assertEqual(result.returncode, 2, result)
+        self.assertEqual(len(result.dlrun_lines()), 1, result)
+        self.assertIn("--virtual-local-rank", result.stderr)
 
     def test_pet_nproc_per_node(self):
         _, records = self.dump([], env=clean_env(PET_NPROC_PER_NODE="3"))

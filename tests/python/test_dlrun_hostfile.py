@@ -140,6 +140,20 @@ class HostfileTest(unittest.TestCase):
         self.assertIn("job stopped: SIGINT", self.launcher_log())
         self.assert_nothing_left()
 
+    def test_user_signals_reach_every_worker_and_the_job_goes_on(self):
+        out = temp_dir(self)
+        launcher = self.start_launcher("--hosts=node1:1,node2:1", worker("signal_worker.py"), out,
+                                       "trap")
+        wait_until(lambda: all(os.path.exists(os.path.join(out, f"pid_{r}")) for r in (0, 1)),
+                   60, "2 workers to be ready", proc=launcher, on_timeout=self.launcher_log)
+        launcher.send_signal(signal.SIGUSR1)
+        # Each worker exits 0 on it: the job ends well, and the launcher was not stopped.
+        self.assertEqual(launcher.wait(timeout=30), 0, self.launcher_log())
+        for rank in (0, 1):
+            self.assertTrue(os.path.exists(os.path.join(out, f"got_SIGUSR1_{rank}")),
+                            self.launcher_log())
+        self.assertNotIn("stopping every node", self.launcher_log())
+
     def test_killed_ssh_client_leaves_no_orphan(self):
         launcher = self.start_launcher("--hostfile", self.hostfile, WORKER, ".", "--wait")
         wait_until(lambda: len(worker_starts(self.out)) == 6, 60, "6 workers to start",
