@@ -161,10 +161,8 @@ class AgentImpl {
     }
     becomeSubreaper();
     // Registered before any worker starts, so no exit or signal can be missed.
-    std::set<int> handled{SIGCHLD, SIGUSR1, SIGUSR2};
-    handled.insert(kDefaultStopSignals.begin(), kDefaultStopSignals.end());
-    handled.insert(stopSignals_.begin(), stopSignals_.end());
-    for (int sig : handled) signals_.add(sig);
+    signals_.add(SIGCHLD);
+    for (int sig : jobSignals(stopSignals_)) signals_.add(sig);
     awaitSignal();
     if (options_.controlStdin) followLauncher();
     prepareLogRoot();

@@ -14,6 +14,13 @@ std::string signalName(int signal) {
   return abbrev ? std::string("SIG") + abbrev : "signal " + std::to_string(signal);
 }
 
+std::set<int> jobSignals(const std::vector<int>& stops) {
+  std::set<int> signals{SIGUSR1, SIGUSR2};
+  signals.insert(kDefaultStopSignals.begin(), kDefaultStopSignals.end());
+  signals.insert(stops.begin(), stops.end());
+  return signals;
+}
+
 std::optional<int> parseSignal(std::string_view text) {
   int number = 0;
   const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), number);

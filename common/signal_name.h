@@ -3,6 +3,7 @@
 
 #include <csignal>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -11,6 +12,11 @@ namespace dlrun {
 
 // The signals that stop a job unless --signals-to-handle says otherwise (torchrun's).
 inline const std::vector<int> kDefaultStopSignals{SIGTERM, SIGINT, SIGHUP, SIGQUIT};
+
+// The signals a dlrun process running a job catches: those that stop it (`stops`), the
+// default ones left out of them (ignored rather than left to kill dlrun), and SIGUSR1/SIGUSR2
+// (forwarded to the workers).
+std::set<int> jobSignals(const std::vector<int>& stops);
 
 // "SIGTERM" for SIGTERM; "signal 42" for numbers without a name.
 std::string signalName(int signal);

@@ -15,6 +15,7 @@
 #include "common/clock.h"
 #include "common/error.h"
 #include "common/log.h"
+#include "common/signal_name.h"
 #include "control/access.h"
 #include "control/control_server.h"
 #include "control/liveness_server.h"
@@ -228,9 +229,8 @@ std::optional<control::StoreWithControl> serveStore(const StorePlan& plan) {
 // reporting theirs (they exited without the job's stop line, or were killed by Slurm later).
 void lingerForOthers(const rendezvous::StoreServerThread& store, const LaunchConfig& config) {
   if (store.connectionCount() == 0) return;
-  for (const int sig : kDefaultStopSignals) ::signal(sig, SIG_IGN);
-  for (const int sig : config.signalsToHandle.value_or(kDefaultStopSignals)) ::signal(sig, SIG_IGN);
-  for (const int sig : {SIGUSR1, SIGUSR2}) ::signal(sig, SIG_IGN);
+  for (const int sig : jobSignals(config.signalsToHandle.value_or(kDefaultStopSignals)))
+    ::signal(sig, SIG_IGN);
   log::debug("waiting up to " + std::to_string(kStoreLinger.count()) + " s for " +
              std::to_string(store.connectionCount()) + " connections to the store to close");
   const auto deadline = Clock::now() + kStoreLinger;

@@ -8,7 +8,6 @@
 
 #include <algorithm>
 #include <memory>
-#include <set>
 
 #include "agents/output.h"
 #include "agents/process.h"
@@ -48,9 +47,8 @@ class Fanout {
   int run() {
     // A client that died makes writes to its stdin fail (EPIPE) instead of ending this process.
     ::signal(SIGPIPE, SIG_IGN);
-    std::set<int> handled{SIGCHLD, SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2};
-    handled.insert(options_.stopSignals.begin(), options_.stopSignals.end());
-    for (int sig : handled) signals_.add(sig);
+    signals_.add(SIGCHLD);
+    for (int sig : jobSignals(options_.stopSignals)) signals_.add(sig);
     awaitSignal();
     const auto envp = agents::toEnvp(agents::currentEnvironment());
     clients_.reserve(options_.nodes.size());

@@ -188,5 +188,14 @@ TEST(SignalName, KnownSignals) {
   EXPECT_EQ(signalName(SIGUSR1), "SIGUSR1");
 }
 
+TEST(SignalName, AJobCatchesItsStopSignalsTheDefaultsAndTheUserSignals) {
+  const std::set<int> plain{SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGUSR1, SIGUSR2};
+  EXPECT_EQ(jobSignals(kDefaultStopSignals), plain);
+  EXPECT_EQ(jobSignals({SIGTERM, SIGUSR1}), plain);  // left out: still caught, then ignored
+  std::set<int> more = plain;
+  more.insert(SIGXCPU);
+  EXPECT_EQ(jobSignals({SIGXCPU}), more);
+}
+
 }  // namespace
 }  // namespace dlrun::agents
