@@ -4,6 +4,7 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <cctype>
 #include <charconv>
 #include <fstream>
 #include <sstream>
@@ -214,6 +215,17 @@ RdzvSettings parseRdzvSettings(const std::map<std::string, std::string>& conf) {
     throw ConfigError("--rdzv-conf: " + key + "=" + text +
                       " is not a number of seconds above 0 and at most 86400");
   };
+  // torch's spellings of a boolean setting (RendezvousParameters.get_as_bool).
+  auto boolean = [](const std::string& key, const std::string& text) {
+    std::string lower = text;
+    std::transform(lower.begin(), lower.end(), lower.begin(),
+                   [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
+    for (const char* yes : {"1", "true", "t", "yes", "y"})
+      if (lower == yes) return true;
+    for (const char* no : {"0", "false", "f", "no", "n"})
+      if (lower == no) return false;
+    throw ConfigError("--rdzv-conf: " + key + "=" + text + " is not true or false");
+  };
   for (const auto& [key, value] : conf) {
     if (key == "join_timeout") {
       settings.joinTimeout = seconds(key, value);
@@ -228,9 +240,9 @@ RdzvSettings parseRdzvSettings(const std::map<std::string, std::string>& conf) {
                           " is not a count from 1 to 1000");
       settings.keepAliveMaxAttempt = *attempts;
     } else if (key == "is_host") {
-      if (value != "true" && value != "false" && value != "1" && value != "0")
-        throw ConfigError("--rdzv-conf: is_host=" + value + " is not true or false");
-      settings.isHost = value == "true" || value == "1";
+      settings.isHost = boolean(key, value);
+    } else if (key == "use_libuv") {
+      boolean(key, value);  // torch's choice of its store's event loop: dlrun's store is its own
     } else if (key == "stop_policy") {
       if (value != "job" && value != "node")
         throw ConfigError("--rdzv-conf: stop_policy=" + value + " is not job or node");

@@ -888,6 +888,10 @@ TEST(ParseRdzvSettings, TorchrunKeys) {
   EXPECT_EQ(s.leaseTtl(), std::chrono::seconds(1));
   EXPECT_EQ(s.isHost, true);
   EXPECT_TRUE(s.stopOnlyNode);
+  // torch's boolean spellings; use_libuv (torch 2.x) is checked and means nothing here.
+  EXPECT_EQ(parseRdzvSettings({{"is_host", "No"}}).isHost, false);
+  EXPECT_EQ(parseRdzvSettings({{"is_host", "y"}, {"use_libuv", "0"}}).isHost, true);
+  EXPECT_FALSE(parseRdzvSettings({{"use_libuv", "True"}}).isHost);
 }
 
 TEST(ParseRdzvSettings, TimeoutsArePositiveSecondsAndTheRefusalSaysSo) {
@@ -905,7 +909,7 @@ TEST(ParseRdzvSettings, BadValuesNameTheKey) {
   for (const auto& [key, value] : std::vector<std::pair<std::string, std::string>>{
            {"join_timeout", "-1"}, {"last_call_timeout", "soon"},
            {"keep_alive_max_attempt", "0"}, {"is_host", "maybe"}, {"stop_policy", "all"},
-           {"lease", "3"}}) {
+           {"use_libuv", "sometimes"}, {"lease", "3"}}) {
     try {
       parseRdzvSettings({{key, value}});
       FAIL() << key << "=" << value << " was accepted";
