@@ -12,7 +12,9 @@ namespace {
 
 // Forwarded by default: what finds programs and libraries, and the job's own settings.
 constexpr std::array kNames{"PATH", "PYTHONPATH", "LD_LIBRARY_PATH", "PYTHON_EXEC"};
-constexpr std::array kPrefixes{"CUDA_", "NCCL_", "PET_", "DLRUN_"};
+// TORCH_ and TORCHELASTIC_: the job's torch settings, some read by the agents themselves
+// (TORCH_ELASTIC_SHUTDOWN_TIMEOUT, TORCHELASTIC_ENABLE_FILE_TIMER).
+constexpr std::array kPrefixes{"CUDA_", "NCCL_", "PET_", "DLRUN_", "TORCH_", "TORCHELASTIC_"};
 // Never forwarded, even with --export-all: they describe this machine, this session, or a
 // launcher of another kind (Slurm, Open MPI), which the remote agent would take as its own.
 constexpr std::array kLocalNames{"HOME",    "USER", "LOGNAME", "SHELL", "PWD",     "OLDPWD",

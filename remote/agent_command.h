@@ -15,7 +15,7 @@ using Environment = std::map<std::string, std::string>;
 
 // The variables the agents get from the launcher's environment: PATH, PYTHONPATH,
 // LD_LIBRARY_PATH, PYTHON_EXEC (the workers' Python), CUDA_*, NCCL_*, PET_*, DLRUN_* (dlrun's
-// own), each of `exports` (VAR, or
+// own), TORCH_*, TORCHELASTIC_*, each of `exports` (VAR, or
 // VAR=VALUE to set it), and with `exportAll` everything but what belongs to this machine or
 // session (HOME, USER, SHELL, PWD, HOSTNAME, TERM, SSH_*, XDG_*, SLURM_*, OMPI_*, PMIX_*, ...).
 // Throws ConfigError for an exported VAR that is not set or is not a variable name.

@@ -14,7 +14,8 @@ const Environment kEnv{{"PATH", "/usr/bin"},         {"PYTHONPATH", "/src"},
                        {"DLRUN_LOG_LEVEL", "debug"},  {"HOME", "/root"},
                        {"SSH_AUTH_SOCK", "/tmp/a"},   {"SLURM_JOB_ID", "7"},
                        {"OMPI_COMM_WORLD_RANK", "0"}, {"MY_SETTING", "x"},
-                       {"HOSTNAME", "head"}};
+                       {"HOSTNAME", "head"},          {"TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "5"},
+                       {"TORCHELASTIC_ENABLE_FILE_TIMER", "1"}};
 
 TEST(ForwardedEnvironment, TheJobsVariablesOnly) {
   const Environment out = forwardedEnvironment(kEnv, {}, false);
@@ -24,7 +25,9 @@ TEST(ForwardedEnvironment, TheJobsVariablesOnly) {
                               {"CUDA_VISIBLE_DEVICES", "0,1"},
                               {"NCCL_DEBUG", "INFO"},
                               {"PET_MAX_RESTARTS", "2"},
-                              {"DLRUN_LOG_LEVEL", "debug"}}));
+                              {"DLRUN_LOG_LEVEL", "debug"},
+                              {"TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "5"},
+                              {"TORCHELASTIC_ENABLE_FILE_TIMER", "1"}}));
 }
 
 TEST(ForwardedEnvironment, ExportsAndExportAll) {
