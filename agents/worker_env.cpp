@@ -1,9 +1,9 @@
 #include "agents/worker_env.h"
 
-#include <algorithm>
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
+#include "common/text.h"
 
 extern char** environ;
 
@@ -30,16 +30,12 @@ bool ownKey(const std::string& key, bool roles, bool virtualLocalRank) {
 
 // CUDA_VISIBLE_DEVICES's entries, each without surrounding spaces.
 std::vector<std::string> splitDevices(std::string_view list) {
-  std::vector<std::string> devices;
-  while (true) {
-    const size_t comma = std::min(list.find(','), list.size());
-    std::string_view device = list.substr(0, comma);
-    while (!device.empty() && device.front() == ' ') device.remove_prefix(1);
-    while (!device.empty() && device.back() == ' ') device.remove_suffix(1);
-    devices.emplace_back(device);
-    if (comma == list.size()) return devices;
-    list.remove_prefix(comma + 1);
+  std::vector<std::string> devices = split(list, ',');
+  for (std::string& device : devices) {
+    device.erase(0, device.find_first_not_of(' '));
+    device.erase(device.find_last_not_of(' ') + 1);
   }
+  return devices;
 }
 
 }  // namespace

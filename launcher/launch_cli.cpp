@@ -12,6 +12,7 @@
 #include "common/error.h"
 #include "common/cli.h"
 #include "common/signal_name.h"
+#include "common/text.h"
 #include "launcher/entry_point.h"
 #include "common/version.h"
 #include "mpi/discovery.h"
@@ -32,17 +33,6 @@ std::optional<int> toInt(std::string_view text) {
   auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
   if (ec != std::errc() || end != text.data() + text.size()) return std::nullopt;
   return value;
-}
-
-std::vector<std::string> split(const std::string& text, char separator) {
-  std::vector<std::string> parts;
-  size_t start = 0;
-  while (true) {
-    size_t end = text.find(separator, start);
-    parts.push_back(text.substr(start, end - start));
-    if (end == std::string::npos) return parts;
-    start = end + 1;
-  }
 }
 
 std::optional<agents::Streams> toStreams(std::string_view text) {
@@ -365,10 +355,7 @@ std::vector<int> parseSignalsToHandle(const std::string& value) {
   const std::string flag = "--signals-to-handle";
   if (value.empty()) throw ConfigError(flag + " names no signal");
   std::vector<int> signals;
-  size_t start = 0;
-  while (true) {
-    const size_t end = std::min(value.find(',', start), value.size());
-    const std::string item = value.substr(start, end - start);
+  for (const std::string& item : split(value, ',')) {
     const std::optional<int> sig = parseSignal(item);
     if (!sig) throw ConfigError(flag + ": '" + item + "' is not a signal");
     if (*sig == SIGKILL || *sig == SIGSTOP)
@@ -380,9 +367,8 @@ std::vector<int> parseSignalsToHandle(const std::string& value) {
         throw ConfigError(flag + ": " + signalName(*sig) +
                           " reports a fault in the process it reaches, not a request to stop");
     if (std::find(signals.begin(), signals.end(), *sig) == signals.end()) signals.push_back(*sig);
-    if (end == value.size()) return signals;
-    start = end + 1;
   }
+  return signals;
 }
 
 std::pair<std::string, std::optional<uint16_t>> parseEndpoint(const std::string& flag,

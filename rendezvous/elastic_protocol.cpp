@@ -9,6 +9,7 @@
 #include <numeric>
 
 #include "common/error.h"
+#include "common/text.h"
 #include "rendezvous/json_fields.h"
 #include "rendezvous/store/tcp_stream.h"
 
@@ -272,12 +273,8 @@ std::string encodeMembers(const std::vector<std::string>& ids) {
 }
 
 std::vector<std::string> decodeMembers(std::string_view text) {
-  std::vector<std::string> ids;
-  while (!text.empty()) {
-    const size_t end = std::min(text.find('\n'), text.size());
-    if (end > 0) ids.emplace_back(text.substr(0, end));
-    text.remove_prefix(std::min(end + 1, text.size()));
-  }
+  std::vector<std::string> ids = split(text, '\n');
+  std::erase(ids, "");  // the last line's newline
   return ids;
 }
 
