@@ -132,12 +132,11 @@ class AgentImpl {
         stopTimer_(io_),
         inherited_(currentEnvironment()),
         stopSignals_(options_.signalsToHandle.value_or(kDefaultStopSignals)) {
-    // As torchrun, for a worker that starts processes of its own through torch.
-    if (options_.signalsToHandle) {
-      std::string names;
-      for (int sig : stopSignals_) names += (names.empty() ? "" : ",") + signalName(sig);
-      services_["TORCHELASTIC_SIGNALS_TO_HANDLE"] = names;
-    }
+    // As torchrun 2.x, which gives every worker the list (its default four unless the flag
+    // names others), for a worker that starts processes of its own through torch.
+    std::string names;
+    for (int sig : stopSignals_) names += (names.empty() ? "" : ",") + signalName(sig);
+    services_["TORCHELASTIC_SIGNALS_TO_HANDLE"] = names;
     if (options_.hang)
       hang_.emplace(io_, *options_.hang,
                     options_.nodeName.empty() ? std::string("this node") : options_.nodeName,

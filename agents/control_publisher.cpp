@@ -42,6 +42,8 @@ ControlPublisher::~ControlPublisher() {
 void ControlPublisher::node(control::NodeState state) {
   {
     std::lock_guard lock(mutex_);
+    if (firstRound_ < 0) firstRound_ = state.round;
+    state.firstRound = firstRound_;
     node_ = std::move(state);
     ++nodeChanges_;
   }
@@ -101,7 +103,8 @@ void ControlPublisher::registerNode(rendezvous::LeasingStore& store) {
 }
 
 // Registration once; then the queued events, numbered by the store, and the newest node state
-// (with this node's name, and from the job's first node the job's settings, the first time).
+// under this agent's index (with its host's name, and from the job's first agent the job's
+// settings, the first time).
 void ControlPublisher::writeOnce(rendezvous::LeasingStore& store) {
   registerNode(store);
   // What is queued goes in one batch: one add numbers its events, one multiSet writes them
@@ -127,7 +130,7 @@ void ControlPublisher::writeOnce(rendezvous::LeasingStore& store) {
     }
   }
   if (state) {
-    keys.push_back(keys_.node(options_.nodeName));
+    keys.push_back(keys_.node(*index_));
     values.push_back(control::encode(*state));
   }
   const bool first = *index_ == 1;

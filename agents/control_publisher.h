@@ -6,7 +6,8 @@
 //
 // Nothing is sent before the first node() or event() (the agent's first workers started): an
 // observer stays off the agents' way into a round, where every agent of a job meets the store
-// at once. The first write registers the node and reads where this agent's commands begin;
+// at once. The first write registers this agent (its index in the job is its id, under which
+// its state is kept: agents that share a host stay apart) and reads where its commands begin;
 // commands sent before then are not for it (it had no workers to signal), but a single-node
 // job's stop is also its store's `stop` key, read then too.
 //
@@ -63,7 +64,7 @@ class ControlPublisher {
   void write();
   void listen(int64_t next);
   void writeOnce(rendezvous::LeasingStore& store);
-  // Registers this node (its index in ctl/nodes) and reads the first command's number.
+  // Registers this agent (its index in ctl/nodes, its id) and reads the first command's number.
   void registerNode(rendezvous::LeasingStore& store);
 
   const ControlOptions options_;
@@ -74,6 +75,7 @@ class ControlPublisher {
   std::condition_variable changed_;
   std::condition_variable written_;  // events_ lost its oldest entries to the store
   std::optional<rendezvous::control::NodeState> node_;
+  int firstRound_ = -1;  // the round of the first node(), sent with each (NodeState::firstRound)
   uint64_t nodeChanges_ = 0;  // node() calls: tells writeOnce whether node_ is the one it wrote
   std::deque<rendezvous::control::JobEvent> events_;
   bool stopping_ = false;

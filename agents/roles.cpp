@@ -65,10 +65,13 @@ std::vector<RoleSpec> parseRoles(std::string_view text) {
     }
     roles.push_back(std::move(role));
   }
+  return roles;
+}
+
+void requireEndingRole(const std::vector<RoleSpec>& roles, std::string_view text) {
   bool ends = false;
   for (const auto& role : roles) ends = ends || !role.service;
   if (!ends) bad(text, "every role is a service, so nothing would end the job");
-  return roles;
 }
 
 int workerCount(const std::vector<RoleSpec>& roles) {

@@ -28,6 +28,10 @@ struct RoleSpec {
 
 // "NAME:COUNT[:service][:alone],..." in local-rank order; throws ConfigError naming the flag.
 std::vector<RoleSpec> parseRoles(std::string_view text);
+// A job of one node needs a role that is no service, or nothing would end it; throws ConfigError.
+// On several nodes a node may run services only (TensorFlow's parameter servers on their own
+// nodes): the others' roles end the job.
+void requireEndingRole(const std::vector<RoleSpec>& roles, std::string_view text);
 int workerCount(const std::vector<RoleSpec>& roles);
 // The role of each local rank.
 const RoleSpec& roleOfLocal(const std::vector<RoleSpec>& roles, int localRank);

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Multi-node rendezvous on loopback, dlrun against torchrun (torch 1.13 through
+# Multi-node rendezvous on loopback, dlrun against torchrun (torch 2.13, bench/anchor.sh; 1.13 through
 # bench/torchrun_py311.py), on the c10d backend and/or on etcd; rdzv_bench.py says exactly what
 # is run and measured:
 #   (a) rendezvous: K agents (--nnodes=K, one worker each) started at once; time from the first
@@ -39,7 +39,7 @@
 # etcd is torch's legacy etcd rendezvous, etcd-v2 its dynamic rendezvous on etcd);
 # --recovery-conf: (c)'s --rdzv-conf for every variant (default last_call_timeout=1);
 # --repeats: dlrun's runs of (a) per K and variant (default 5 up to K = 8, then 3).
-# Environment: PYTHON (default /usr/bin/python3, which has torch 1.13; also runs the workers),
+# Environment: PYTHON (bench/anchor.sh: default torch 2.13's environment; also runs the workers),
 #              BUDGET_SECONDS (200: seconds for (a); a run is started only if it looks to fit,
 #              the first of each K always starts).
 set -euo pipefail
@@ -119,7 +119,7 @@ fi
 
 here=$(cd "$(dirname "$0")" && pwd)
 dlrun=$build/bin/dlrun
-python=${PYTHON:-/usr/bin/python3}
+python=${PYTHON:-/usr/bin/python3}  # runs the driver; bench/anchor.sh's when torchrun runs
 [[ -x $dlrun ]] || { echo "rdzv_bench.sh: $dlrun not found; build first" >&2; exit 2; }
 dlrun=$(realpath "$dlrun")
 probe=$build/bin/dlrun-rdzv-probe
@@ -139,18 +139,17 @@ if [[ -n $feature ]]; then
   echo "dlrun alone (--$feature $settings): c10d rendezvous on a dlrund per run on 127.0.0.1," \
     "$(nproc) cores"
 elif [[ $torchrun == yes ]]; then
-  torch_version=$("$python" -c 'import torch; print(torch.__version__)') || {
-    echo "rdzv_bench.sh: $python cannot import torch (or pass --skip-torchrun)" >&2
-    exit 2
-  }
+  anchor_for="rdzv_bench.sh (or pass --skip-torchrun)"
+  # shellcheck source=bench/anchor.sh
+  source "$here/anchor.sh"
   if [[ ,$torchrun_backends, == *,etcd* ]] && ! "$python" -c 'import etcd' 2>/dev/null; then
     echo "rdzv_bench.sh: $python cannot import etcd, which torchrun's etcd backend needs" \
       "(apt-get install python3-etcd; or --torchrun-backends c10d)" >&2
     exit 2
   fi
-  torchrun_args=(--torchrun "$python" "$here/torchrun_py311.py")
-  echo "dlrun ($backends) vs torchrun ($torchrun_backends; torch $torch_version, through" \
-    "bench/torchrun_py311.py): rendezvous on 127.0.0.1, $(nproc) cores"
+  torchrun_args=(--torchrun "${torchrun[@]}")
+  echo "dlrun ($backends) vs $torchrun_name on $torchrun_backends: rendezvous on 127.0.0.1," \
+    "$(nproc) cores"
 else
   echo "dlrun alone (--skip-torchrun): $backends rendezvous on 127.0.0.1, $(nproc) cores"
 fi
@@ -171,7 +170,7 @@ else
   echo "agents start through setpriv --pdeathsig (no PID namespace without root)"
 fi
 status=0
-"${isolate[@]}" "$python" "$here/rdzv_bench.py" --dlrun "$dlrun" "${torchrun_args[@]}" --worker "$probe" \
+"${isolate[@]}" ${no_dns[@]+"${no_dns[@]}"} "$python" "$here/rdzv_bench.py" --dlrun "$dlrun" "${torchrun_args[@]}" --worker "$probe" \
   --ks "$ks" --backends "$backends" --torchrun-backends "$torchrun_backends" \
   --victims "$victims" --recovery-conf "$recovery_conf" --budget "${BUDGET_SECONDS:-200}" \
   "${only[@]}" "${feature_args[@]}" "${repeats[@]}" || status=$?

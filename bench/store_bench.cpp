@@ -1,8 +1,9 @@
 // dlrun-store-bench: drives one TCPStore server, dlrund or torch's own, with a fixed load and
 // prints one result line; bench/store_bench.sh runs it against both servers and compares.
 //
-// Requests use the 1.x wire numbering with no VALIDATE handshake, the only dialect torch 1.13's
-// server understands (dlrund detects the era per connection).
+// --era picks the wire dialect: 1, the 1.x numbering with no handshake, the only one torch 1.13's
+// server understands; 2 (the default), VALIDATE first and the 2.x numbering, the only one torch
+// 2.13's server accepts. dlrund detects the era per connection.
 //
 //   ops --clients K --seconds S   K processes, one connection each, each running a synchronous
 //       [--depth D]               SET/GET/ADD loop for S seconds (D triples in flight at once).
@@ -10,6 +11,7 @@
 //   barrier --clients N           one process, N connections: ADD on every connection, the one
 //                                 that sees N SETs the done key, every connection WAITs on it.
 //                                 Prints "barrier_seconds X", first ADD to last wait reply.
+//     [--native]                  instead, every connection sends torch 2.13's BARRIER (era 2).
 #include <arpa/inet.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
@@ -47,30 +49,31 @@ constexpr auto kBarrierTimeout = std::chrono::seconds(60);
 struct Target {
   std::string host;
   uint16_t port = 0;
+  Era era = Era::V2;
 };
 
-std::string setRequest(std::string_view key, std::string_view value) {
+std::string setRequest(Era era, std::string_view key, std::string_view value) {
   std::string out;
-  wire::Encoder(out).op(Era::V1, Op::Set).bytes(key).bytes(value);
+  wire::Encoder(out).op(era, Op::Set).bytes(key).bytes(value);
   return out;
 }
 
-std::string getRequest(std::string_view key) {
+std::string getRequest(Era era, std::string_view key) {
   std::string out;
-  wire::Encoder(out).op(Era::V1, Op::Get).bytes(key);
+  wire::Encoder(out).op(era, Op::Get).bytes(key);
   return out;
 }
 
-std::string addRequest(std::string_view key, int64_t delta) {
+std::string addRequest(Era era, std::string_view key, int64_t delta) {
   std::string out;
-  wire::Encoder(out).op(Era::V1, Op::Add).bytes(key).i64(delta);
+  wire::Encoder(out).op(era, Op::Add).bytes(key).i64(delta);
   return out;
 }
 
 // CHECK and WAIT carry a key count, then the keys.
-std::string keysRequest(Op op, std::string_view key) {
+std::string keysRequest(Era era, Op op, std::string_view key) {
   std::string out;
-  wire::Encoder(out).op(Era::V1, op).u64(1).bytes(key);
+  wire::Encoder(out).op(era, op).u64(1).bytes(key);
   return out;
 }
 
@@ -87,7 +90,13 @@ TcpStream connectWithRetry(const Target& target, Clock::time_point deadline) {
                                          std::chrono::milliseconds(50));
   while (true) {
     try {
-      return TcpStream::connect(target.host, target.port, deadline);
+      TcpStream stream = TcpStream::connect(target.host, target.port, deadline);
+      if (target.era == Era::V2) {  // the handshake has no reply
+        std::string validate;
+        wire::Encoder(validate).op(Era::V2, Op::Validate).u32(wire::kValidationMagic);
+        stream.writeAll(validate, deadline);
+      }
+      return stream;
     } catch (const NetworkError&) {
       const auto pause = backoff.next();
       if (Clock::now() + pause >= deadline) throw;
@@ -124,15 +133,15 @@ void writeFully(int fd, const void* data, size_t size) {
 // through a small key space. Every GET reads a key this client has just set, because torch
 // 1.13's server drops a connection that GETs a missing key. With depth D, D such triples go
 // out in one write before the replies are read (pipelining, as a busy agent's requests would).
-ClientResult runClient(TcpStream& stream, int index, Seconds duration, int depth) {
+ClientResult runClient(TcpStream& stream, Era era, int index, Seconds duration, int depth) {
   std::vector<std::string> batches;
   for (int k = 0; k < kKeySpace; ++k) {
     std::string batch;
     for (int d = 0; d < depth; ++d) {
       const std::string suffix = std::to_string((k + d) % kKeySpace);
-      batch += setRequest("bench/value/" + suffix, std::string(32, 'v'));
-      batch += getRequest("bench/value/" + suffix);
-      batch += addRequest("bench/counter/" + suffix, 1);
+      batch += setRequest(era, "bench/value/" + suffix, std::string(32, 'v'));
+      batch += getRequest(era, "bench/value/" + suffix);
+      batch += addRequest(era, "bench/counter/" + suffix, 1);
     }
     batches.push_back(std::move(batch));
   }
@@ -171,7 +180,7 @@ ClientResult runClient(TcpStream& stream, int index, Seconds duration, int depth
     ssize_t n;
     while ((n = ::read(goFd, &abort, 1)) < 0 && errno == EINTR) {
     }
-    if (n == 0) result = runClient(stream, index, duration, depth);
+    if (n == 0) result = runClient(stream, target.era, index, duration, depth);
   } catch (const std::exception& e) {
     std::cerr << "client " << index << ": " << e.what() << std::endl;
   }
@@ -249,7 +258,14 @@ void raiseFileLimit(int connections) {
                       "than RLIMIT_NOFILE's hard limit of " + std::to_string(limit.rlim_max));
 }
 
-int runBarrier(const Target& target, int n) {
+// What the server replies to each arrival: one WAIT reply byte.
+void expectStopWaiting(TcpStream& stream, Clock::time_point deadline) {
+  const std::string reply = stream.readExact(1, deadline);
+  if (static_cast<uint8_t>(reply[0]) != static_cast<uint8_t>(wire::WaitReply::StopWaiting))
+    throw ProtocolError("the barrier replied " + std::to_string(static_cast<uint8_t>(reply[0])));
+}
+
+int runBarrier(const Target& target, int n, bool native) {
   raiseFileLimit(n);
   const auto deadline = Clock::now() + kBarrierTimeout;
   std::vector<TcpStream> streams;
@@ -265,14 +281,22 @@ int runBarrier(const Target& target, int n) {
 
   // Connections may still wait in the server's accept queue; one answered CHECK on each keeps
   // accepting out of the timed part.
-  const std::string check = keysRequest(Op::Check, doneKey);
+  const std::string check = keysRequest(target.era, Op::Check, doneKey);
   for (auto& stream : streams) stream.writeAll(check, deadline);
   for (auto& stream : streams) stream.readExact(1, deadline);
 
-  const std::string add = addRequest(countKey, 1);
-  const std::string set = setRequest(doneKey, "1");
-  const std::string wait = keysRequest(Op::Wait, doneKey);
+  const std::string add = addRequest(target.era, countKey, 1);
+  const std::string set = setRequest(target.era, doneKey, "1");
+  const std::string wait = keysRequest(target.era, Op::Wait, doneKey);
+  std::string arrive;
+  wire::Encoder(arrive).op(Era::V2, Op::Barrier).bytes(countKey).i64(n);
   const auto start = Clock::now();
+  if (native) {
+    for (auto& stream : streams) stream.writeAll(arrive, deadline);
+    for (auto& stream : streams) expectStopWaiting(stream, deadline);
+    std::cout << "barrier_seconds " << Seconds(Clock::now() - start).count() << "\n";
+    return 0;
+  }
   for (auto& stream : streams) stream.writeAll(add, deadline);
   int last = 0;
   for (auto& stream : streams) {
@@ -285,11 +309,7 @@ int runBarrier(const Target& target, int n) {
     stream.writeAll(wait, deadline);
   }
   if (last != 1) throw ProtocolError(std::to_string(last) + " connections saw the final count");
-  for (auto& stream : streams) {
-    const std::string reply = stream.readExact(1, deadline);
-    if (static_cast<uint8_t>(reply[0]) != static_cast<uint8_t>(wire::WaitReply::StopWaiting))
-      throw ProtocolError("WAIT replied " + std::to_string(static_cast<uint8_t>(reply[0])));
-  }
+  for (auto& stream : streams) expectStopWaiting(stream, deadline);
   const double seconds = Seconds(Clock::now() - start).count();
   std::cout << "barrier_seconds " << seconds << "\n";
   return 0;
@@ -303,11 +323,15 @@ int main(int argc, char** argv) {
   int depth = 1;
   double seconds = 2.0;
 
-  CLI::App app("Drives a TCPStore server (dlrund or torch's) with the 1.x wire protocol and "
-               "prints one result line.",
+  int era = 2;
+  bool native = false;
+  CLI::App app("Drives a TCPStore server (dlrund or torch's) and prints one result line.",
                "dlrun-store-bench");
   app.add_option("--host", target.host, "Server address (loopback only)")->capture_default_str();
   app.add_option("--port", target.port, "Server port")->required()->check(CLI::Range(1, 65535));
+  app.add_option("--era", era, "Wire dialect: 1 (torch 1.x) or 2 (torch 2.x, VALIDATE first)")
+      ->check(CLI::IsMember({1, 2}))
+      ->capture_default_str();
   auto* ops = app.add_subcommand("ops", "K client processes in a synchronous SET/GET/ADD loop");
   ops->add_option("--clients", clients, "Client processes")->check(CLI::Range(1, 256));
   ops->add_option("--seconds", seconds, "How long each client runs")->check(CLI::Range(0.1, 60.0));
@@ -315,16 +339,22 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 256));
   auto* barrier = app.add_subcommand("barrier", "N connections through an add-then-wait barrier");
   barrier->add_option("--clients", clients, "Connections")->check(CLI::Range(1, 16384));
+  barrier->add_flag("--native", native, "torch 2.13's BARRIER op instead of ADD, SET and WAIT");
   app.require_subcommand(1);
   CLI11_PARSE(app, argc, argv);
 
+  target.era = era == 1 ? Era::V1 : Era::V2;
+  if (native && target.era == Era::V1) {
+    std::cerr << "dlrun-store-bench: --native needs --era 2 (BARRIER is torch 2.13's)\n";
+    return 2;
+  }
   if (!isLoopback(target.host)) {
     std::cerr << "dlrun-store-bench: --host must be a numeric loopback address\n";
     return 2;
   }
   try {
     if (ops->parsed()) return runOps(target, clients, Seconds(seconds), depth);
-    return runBarrier(target, clients);
+    return runBarrier(target, clients, native);
   } catch (const ConfigError& e) {
     std::cerr << "dlrun-store-bench: " << e.what() << "\n";
     return 2;

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Compares dlrund with torch's own TCPStore server (torch 1.13) under the same load from
-# dlrun-store-bench: ops/s for 1, 4 and 16 client processes, and the time N clients take
-# through an add-then-wait barrier. Each measurement alternates between the two servers and
-# reports the median of several runs. Builds nothing.
+# Compares dlrund with torch's own TCPStore server (torch 2.13, bench/anchor.sh; its default
+# backend) under the same load from dlrun-store-bench, in the wire dialect of that torch: ops/s
+# for 1, 4 and 16 client processes, and the time N clients take through an add-then-wait
+# barrier and, against torch 2.x, through its BARRIER op. Each measurement alternates between
+# the two servers and reports the median of several runs. Builds nothing.
 #
 # Usage: bench/store_bench.sh [BUILD_DIR]     (default: build)
-# Environment: PYTHON (default /usr/bin/python3, which has torch), OPS_SECONDS (2),
+# Environment: PYTHON (bench/anchor.sh: default torch 2.13's environment), OPS_SECONDS (2),
 #              OPS_REPEATS (5), BARRIER_REPEATS (5).
 set -euo pipefail
 
@@ -13,7 +14,9 @@ build=${1:-build}
 here=$(cd "$(dirname "$0")" && pwd)
 bench=$build/bin/dlrun-store-bench
 dlrund=$build/bin/dlrund
-python=${PYTHON:-/usr/bin/python3}
+anchor_for=store_bench.sh
+# shellcheck source=bench/anchor.sh
+source "$here/anchor.sh"
 ops_seconds=${OPS_SECONDS:-2}
 ops_repeats=${OPS_REPEATS:-5}
 barrier_repeats=${BARRIER_REPEATS:-5}
@@ -64,10 +67,15 @@ start_dlrund() { start_server dlrund /dev/null "$dlrund" --host 127.0.0.1 --port
 # torch_store_server.py serves until its stdin closes: a fifo this script holds open.
 mkfifo "$tmp/torch.in"
 exec {torch_stdin}<>"$tmp/torch.in"
-start_torch() { start_server torch "$tmp/torch.in" "$python" "$here/torch_store_server.py"; }
+start_torch() {
+  start_server torch "$tmp/torch.in" ${no_dns[@]+"${no_dns[@]}"} "$python" \
+    "$here/torch_store_server.py"
+}
 
 start_dlrund
 start_torch
+era=2
+[[ $torch_version == 1.* ]] && era=1
 
 clk_tck=$(getconf CLK_TCK)
 
@@ -82,7 +90,8 @@ run() {
   shift
   before=$(cpu_ticks "${pid[$server]}" 2>/dev/null || echo 0)
   # In the background, so that INT and TERM reach the traps while it runs.
-  timeout 120 "$bench" --host 127.0.0.1 --port "${port[$server]}" "$@" >"$tmp/run.out" 2>&1 &
+  timeout 120 "$bench" --host 127.0.0.1 --port "${port[$server]}" --era "$era" "$@" \
+    >"$tmp/run.out" 2>&1 &
   bench_pid=$!
   wait "$bench_pid" || status=$?
   bench_pid=
@@ -162,7 +171,7 @@ row() {
     "${cpu[torch]}"
 }
 
-echo "dlrund vs torch $("$python" -c 'import torch; print(torch.__version__)') TCPStore server" \
+echo "dlrund vs torch $torch_version TCPStore server (its default backend)" \
   "on $(nproc) cores; medians of $ops_repeats (ops, $ops_seconds s each) and" \
   "$barrier_repeats (barrier) runs, alternating servers"
 # Other work on the machine skews the wall-clock numbers far more than run-to-run noise.
@@ -185,9 +194,17 @@ for n in 256 1024 4096; do
   measure "$barrier_repeats" barrier --clients "$n"
   row "$n" "%.4f" 0
 done
+if [[ $era == 2 ]]; then
+  for n in 256 1024 4096; do
+    measure "$barrier_repeats" barrier --clients "$n" --native
+    row "$n BARRIER" "%.4f" 0
+  done
+fi
 echo
 echo "speedup: dlrund's ops/s over torch's; torch's barrier time over dlrund's."
 echo "K x16: K clients, each with 16 SET/GET/ADD triples in flight (pipelined requests)."
+echo "N BARRIER: every client sends torch 2.x's BARRIER op; N alone: ADD, then WAIT on a key"
+echo "the last arrival SETs."
 echo "us/op, CPU s: the server's CPU time per op, and per barrier run including its connects"
 echo "and closes (10 ms resolution). Client and server share the cores, so a server's CPU"
 echo "cost shows where the wall-clock numbers are bound by the clients. With 1 client, ops/s"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Compares `dlrun --standalone --nproc-per-node=N train` with the same job in PyTorch DDP
-# (bench/torch_ddp_train.py: gloo, CPU, one thread per worker) under torchrun (torch 1.13,
-# through bench/torchrun_py311.py), for N = 1 and 2: the time from the launch to the end of the
+# (bench/torch_ddp_train.py: gloo, CPU, one thread per worker) under torchrun (torch 2.13,
+# bench/anchor.sh), for N = 1 and 2: the time from the launch to the end of the
 # first epoch whose test accuracy reaches 0.88, and training samples per second. Each system is
 # timed from its launch by train_bench.py, which says how. Builds nothing; by default takes
 # about five to nine minutes (most of it torch with Debian's reference BLAS), at most about ten.
@@ -15,7 +15,7 @@
 # libopenblas0-pthread_*.deb DIR`, then BLAS_DIR=DIR/usr/lib/x86_64-linux-gnu/openblas-pthread.
 #
 # Usage: bench/train_bench.sh [BUILD_DIR]     (default: build)
-# Environment: PYTHON (default /usr/bin/python3, which has torch 1.13), EPOCHS (12: the length
+# Environment: PYTHON (bench/anchor.sh: default torch 2.13's environment), EPOCHS (12: the length
 #              of the run and of the cosine schedule), TARGET (0.88), REPEATS (1),
 #              NPROCS (1,2), STOP_AT_TARGET (1: stop each launch once it reports the target;
 #              0: run all EPOCHS), BLAS_DIR (see above; empty: torch with Debian's BLAS only),
@@ -25,7 +25,9 @@ set -euo pipefail
 
 build=${1:-build}
 here=$(cd "$(dirname "$0")" && pwd)
-python=${PYTHON:-/usr/bin/python3}
+anchor_for=train_bench.sh
+# shellcheck source=bench/anchor.sh
+source "$here/anchor.sh"
 default_blas=/usr/lib/x86_64-linux-gnu/openblas-pthread
 [[ -e $default_blas/libblas.so.3 ]] || default_blas=
 blas_dir=${BLAS_DIR-$default_blas}
@@ -41,11 +43,6 @@ if [[ -n $blas_dir && ! -e $blas_dir/libblas.so.3 ]]; then
   exit 2
 fi
 
-torch_version=$("$python" -c 'import torch; print(torch.__version__)') || {
-  echo "train_bench.sh: $python cannot import torch" >&2
-  exit 2
-}
-
 stop_flag=()
 [[ ${STOP_AT_TARGET:-1} == 1 ]] && stop_flag=(--stop-at-target)
 
@@ -55,8 +52,8 @@ echo "dlrun train vs torch $torch_version DDP (gloo, CPU) under torchrun on $(np
 # Other work on the machine skews the wall-clock numbers far more than run-to-run noise.
 echo "load average at start: $(cut -d ' ' -f 1-3 /proc/loadavg)"
 status=0
-TMPDIR=$scratch "$python" "$here/train_bench.py" --dlrun "$dlrun" --python "$python" \
-  --torchrun "$python" "$here/torchrun_py311.py" --torch-script "$here/torch_ddp_train.py" \
+TMPDIR=$scratch ${no_dns[@]+"${no_dns[@]}"} "$python" "$here/train_bench.py" --dlrun "$dlrun" --python "$python" \
+  --torchrun "${torchrun[@]}" --torch-script "$here/torch_ddp_train.py" \
   --blas-dir "$blas_dir" --nprocs "${NPROCS:-1,2}" --epochs "${EPOCHS:-12}" \
   --target "${TARGET:-0.88}" --repeats "${REPEATS:-1}" --budget "${BUDGET_SECONDS:-540}" \
   --log "${LOG:-/dev/null}" "${stop_flag[@]}" &

@@ -55,12 +55,11 @@ double unixNow() {
 
 using rendezvous::storedCount;
 
-// What the handlers read of one job: two round trips (the nodes' states in the second).
+// What the handlers read of one job: up to three round trips (the agents' states in the second).
 struct JobRecord {
   std::string id;
   ctl::ControlMeta meta;  // none published: defaults, with the node range from `shape`
-  std::vector<std::string> nodeNames;
-  std::vector<std::string> nodeStates;  // with `withNodes`: each name's record, empty if none
+  std::vector<AgentRecord> agents;  // in registration order; states read with `withNodes`
   RoundKeys keys;
 };
 
@@ -89,8 +88,14 @@ JobRecord readJob(LeasingStore& store, const std::string& id, bool withNodes) {
     if (round > 0) keys.insert(keys.end(), {r.closed(round - 1), r.end(round - 1)});
   }
   const size_t roundKeys = keys.size();
+  // A single node's state is its agent's record (localJobStatus).
+  const bool withStates = withNodes || job.meta.backend == ctl::kLocalBackend;
+  const size_t perAgent = withStates ? 2 : 1;  // its name, and its state
   const int64_t registered = storedCount(first[1], c.nodes());
-  for (int64_t i = 1; i <= registered; ++i) keys.push_back(c.nodeAt(i));
+  for (int64_t i = 1; i <= registered; ++i) {
+    keys.push_back(c.nodeAt(i));
+    if (withStates) keys.push_back(c.node(i));
+  }
   if (keys.empty()) return job;
   auto values = store.peek(keys);
   std::string members;
@@ -100,15 +105,14 @@ JobRecord readJob(LeasingStore& store, const std::string& id, bool withNodes) {
   // The first member's assignment: the restarts used before the round (the same in each).
   if (const auto ids = elastic::decodeMembers(members); !ids.empty())
     job.keys.assignment = store.peek({r.assignment(round, ids.front())})[0];
-  // A node that came back (a new agent under the same name) is registered again: listed once.
-  std::string names;
-  for (size_t i = roundKeys; i < values.size(); ++i) names += values[i] + "\n";
-  job.nodeNames = ctl::lines(names);
-  // A single node's state is its node's record (localJobStatus).
-  if ((withNodes || job.meta.backend == ctl::kLocalBackend) && !job.nodeNames.empty()) {
-    std::vector<std::string> states;
-    for (const auto& name : job.nodeNames) states.push_back(c.node(name));
-    job.nodeStates = store.peek(states);
+  // Every registration is an agent of its own, those of one host too; one not named yet (between
+  // its count and its first state) is not listed.
+  for (int64_t i = 1; i <= registered; ++i) {
+    const size_t at = roundKeys + static_cast<size_t>(i - 1) * perAgent;
+    if (values[at].empty()) continue;
+    AgentRecord agent{.id = i, .name = values[at]};
+    if (withStates && !values[at + 1].empty()) agent.state = ctl::decodeNodeState(values[at + 1]);
+    job.agents.push_back(std::move(agent));
   }
   return job;
 }
@@ -116,8 +120,7 @@ JobRecord readJob(LeasingStore& store, const std::string& id, bool withNodes) {
 JobStatus statusOf(const JobRecord& job) {
   if (job.meta.backend != ctl::kLocalBackend) return jobStatus(job.keys);
   std::optional<int> nodeRound;
-  if (!job.nodeStates.empty() && !job.nodeStates[0].empty())
-    nodeRound = ctl::decodeNodeState(job.nodeStates[0]).round;
+  if (!job.agents.empty() && job.agents[0].state) nodeRound = job.agents[0].state->round;
   return localJobStatus(job.keys, nodeRound);
 }
 
@@ -194,11 +197,13 @@ v1::Event toProto(const ctl::JobEvent& e) {
   return out;
 }
 
-v1::Node toProto(const std::string& name, const std::string& text) {
+v1::Node toProto(const AgentRecord& agent, int64_t replacedBy) {
   v1::Node out;
-  out.set_name(name);
-  if (text.empty()) return out;  // listed before its first record landed
-  const ctl::NodeState n = ctl::decodeNodeState(text);
+  out.set_name(agent.name);
+  out.set_agent(static_cast<int32_t>(agent.id));
+  out.set_replaced_by(static_cast<int32_t>(replacedBy));
+  if (!agent.state) return out;  // listed before its first record landed
+  const ctl::NodeState& n = *agent.state;
   out.set_address(n.address);
   out.set_group_rank(n.groupRank);
   out.set_state(n.state);
@@ -331,8 +336,9 @@ grpc::Status ControlService::GetJob(grpc::ServerContext* context, const v1::JobR
     response->set_max_nodes(job.meta.maxNodes);
     response->set_restarts_used(status.restartsUsed);
     response->set_max_restarts(job.meta.maxRestarts);
-    for (size_t i = 0; i < job.nodeNames.size(); ++i)
-      *response->add_nodes() = toProto(job.nodeNames[i], job.nodeStates[i]);
+    const std::vector<int64_t> replaced = replacedBy(job.agents);
+    for (size_t i = 0; i < job.agents.size(); ++i)
+      *response->add_nodes() = toProto(job.agents[i], replaced[i]);
     if (status.state == v1::FAILED) response->set_root_cause(status.end->report);
     return grpc::Status::OK;
   });
@@ -346,7 +352,7 @@ grpc::Status ControlService::ListJobs(grpc::ServerContext* context, const v1::Li
     for (const auto& id : ctl::lines(store->peek({ctl::Keys::jobs()})[0])) {
       std::optional<JobRecord> job;
       try {
-        job = readJob(*store, id, false);
+        job = readJob(*store, id, true);
       } catch (const Refusal&) {
         continue;  // registered, but its keys are gone
       }
@@ -357,7 +363,9 @@ grpc::Status ControlService::ListJobs(grpc::ServerContext* context, const v1::Li
       summary->set_id(id);
       summary->set_state(status.state);
       summary->set_round(status.round);
-      summary->set_nodes(static_cast<int32_t>(job->nodeNames.size()));
+      // The job's nodes: its agents, but those another agent replaced on their host.
+      const auto replaced = replacedBy(job->agents);
+      summary->set_nodes(static_cast<int32_t>(std::count(replaced.begin(), replaced.end(), 0)));
     }
     return grpc::Status::OK;
   });

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <map>
 
 #include "common/error.h"
 #include "rendezvous/elastic_protocol.h"
@@ -83,6 +84,23 @@ JobStatus localJobStatus(const RoundKeys& keys, std::optional<int> nodeRound) {
     status.end = stop;
   }
   return status;
+}
+
+std::vector<int64_t> replacedBy(const std::vector<AgentRecord>& agents) {
+  std::vector<int64_t> out(agents.size(), 0);
+  std::map<std::string, std::vector<size_t>> byHost;  // registration order within each host
+  for (size_t i = 0; i < agents.size(); ++i) byHost[agents[i].name].push_back(i);
+  for (const auto& [name, onHost] : byHost) {
+    for (size_t a = 0; a < onHost.size(); ++a) {
+      const auto& older = agents[onHost[a]].state;
+      if (!older) continue;
+      for (size_t b = a + 1; b < onHost.size() && out[onHost[a]] == 0; ++b) {
+        const auto& later = agents[onHost[b]].state;
+        if (later && later->firstRound > older->round) out[onHost[a]] = agents[onHost[b]].id;
+      }
+    }
+  }
+  return out;
 }
 
 }  // namespace dlrun::control

@@ -2,10 +2,13 @@
 // Pure: the Control service reads the keys, this decides, so tests reach every case directly.
 #pragma once
 
+#include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "dlrun/v1/control.pb.h"
+#include "rendezvous/control_state.h"
 #include "rendezvous/round_end.h"
 
 namespace dlrun::control {
@@ -41,5 +44,20 @@ JobStatus jobStatus(const RoundKeys& keys);
 // is written; else running in its node's round once the node published its state (`nodeRound`,
 // at its workers' start), forming before; each round after the first was a restart.
 JobStatus localJobStatus(const RoundKeys& keys, std::optional<int> nodeRound);
+
+// One agent of the job as GetJob lists it: each registration (ctl/nodes) is an agent of its own.
+struct AgentRecord {
+  int64_t id = 0;    // its index in ctl/nodes: unique in the job
+  std::string name;  // its host's name
+  std::optional<rendezvous::control::NodeState> state;  // none before its first record landed
+};
+
+// For each agent (`agents` in registration order), the id of the later agent on its host that
+// took its place (0: none): one whose first state is from a round after this agent's last. That
+// is a new agent process on the host after this one was lost (it joins a round this one never
+// saw); agents that share a host side by side join together and each keeps its own state. (One
+// joining a host later, in an elastic job, marks an older one there until that one publishes
+// the new round too.)
+std::vector<int64_t> replacedBy(const std::vector<AgentRecord>& agents);
 
 }  // namespace dlrun::control

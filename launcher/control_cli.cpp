@@ -11,6 +11,7 @@
 #include <iomanip>
 #include <iostream>
 #include <sstream>
+#include <tuple>
 
 #include "common/cli.h"
 #include "common/error.h"
@@ -18,6 +19,7 @@
 #include "control/control_server.h"
 #include "dlrun/v1/control.grpc.pb.h"
 #include "launcher/launch_cli.h"
+#include "rendezvous/elastic_protocol.h"
 #include "slurm/discovery.h"
 
 namespace dlrun::launcher {
@@ -230,6 +232,7 @@ ControlParse parseControlArgs(const std::vector<std::string>& args,
                    .connectTimeout = r.timeout,
                    .security = etcdSecurity(settings, endpoints)},
         .prefix = settings.etcdJobPrefix(r.jobId),
+        .root = rendezvous::elastic::Keys(r.jobId).root(),
         .timeout = r.timeout};
   } else {
     if (!conf.empty())
@@ -269,26 +272,39 @@ int runControl(const ControlRequest& request) {
 }
 
 std::string formatJob(const v1::Job& job) {
-  std::ostringstream out;
-  out << "job " << job.id() << " (" << job.backend() << "): " << stateName(job.state())
-      << ", round " << job.round() << ", nodes " << job.nodes_size() << " of "
-      << job.min_nodes() << ":" << job.max_nodes() << ", restarts " << job.restarts_used()
-      << " of " << job.max_restarts() << "\n";
+  // Agents another one replaced on their host (came back after a loss) go last, without the
+  // workers of their last state: those are gone with them.
   std::vector<const v1::Node*> nodes;
   for (const auto& node : job.nodes()) nodes.push_back(&node);
   std::sort(nodes.begin(), nodes.end(), [](const v1::Node* a, const v1::Node* b) {
-    return std::pair(a->group_rank(), a->name()) < std::pair(b->group_rank(), b->name());
+    return std::tuple(a->replaced_by() != 0, a->group_rank(), a->agent()) <
+           std::tuple(b->replaced_by() != 0, b->group_rank(), b->agent());
   });
-  out << std::left << std::setw(6) << "GROUP" << std::setw(24) << "NODE" << std::setw(18)
-      << "ADDRESS" << std::setw(10) << "STATE" << std::setw(7) << "RANK" << std::setw(7)
-      << "LOCAL" << std::setw(9) << "PID" << std::setw(11) << "WORKER" << "EXIT/STEP\n";
+  const auto inPlace = std::count_if(nodes.begin(), nodes.end(),
+                                     [](const v1::Node* n) { return n->replaced_by() == 0; });
+  std::ostringstream out;
+  out << "job " << job.id() << " (" << job.backend() << "): " << stateName(job.state())
+      << ", round " << job.round() << ", nodes " << inPlace << " of " << job.min_nodes() << ":"
+      << job.max_nodes() << ", restarts " << job.restarts_used() << " of " << job.max_restarts()
+      << "\n";
+  out << std::left << std::setw(6) << "GROUP" << std::setw(6) << "AGENT" << std::setw(24)
+      << "NODE" << std::setw(18) << "ADDRESS" << std::setw(10) << "STATE" << std::setw(7)
+      << "RANK" << std::setw(7) << "LOCAL" << std::setw(9) << "PID" << std::setw(11) << "WORKER"
+      << "EXIT/STEP\n";
   for (const v1::Node* node : nodes) {
-    out << std::setw(6) << node->group_rank() << std::setw(24) << node->name() << std::setw(18)
-        << node->address() << std::setw(10) << node->state();
+    const bool replaced = node->replaced_by() != 0;
+    out << std::setw(6) << (replaced ? "-" : std::to_string(node->group_rank())) << std::setw(6)
+        << node->agent() << std::setw(24) << node->name() << std::setw(18) << node->address()
+        << std::setw(10) << (replaced ? "replaced" : node->state());
+    if (replaced) {
+      out << "by agent " << node->replaced_by() << "; last " << node->state() << " in round "
+          << node->round() << " at " << clockTime(node->updated()) << " UTC\n";
+      continue;
+    }
     if (node->workers().empty()) out << "\n";
     bool first = true;
     for (const auto& w : node->workers()) {
-      if (!first) out << std::setw(58) << "";
+      if (!first) out << std::setw(64) << "";
       first = false;
       std::string last = w.exit();
       if (last.empty() && w.step() >= 0) last = "step " + std::to_string(w.step());

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <charconv>
 #include <csignal>
+#include <ctime>
 #include <filesystem>
 #include <cstdlib>
 #include <optional>
@@ -24,6 +25,7 @@
 #include "remote/fanout.h"
 #include "rendezvous/store/address.h"
 #include "rendezvous/elastic_rendezvous.h"
+#include "rendezvous/etcd/etcd_expiry.h"
 #include "rendezvous/etcd/etcd_store.h"
 #include "rendezvous/local_rendezvous.h"
 #include "rendezvous/store/store_server.h"
@@ -279,6 +281,7 @@ rendezvous::etcd::EtcdStoreOptions etcdStoreOptions(const LaunchConfig& config) 
                      .connectTimeout = kEtcdConnectTimeout,
                      .security = config.etcdSecurity},
           .prefix = config.rdzv.etcdJobPrefix(config.rdzvId),
+          .root = rendezvous::elastic::Keys(config.rdzvId).root(),
           .timeout = timeout};
 }
 
@@ -296,6 +299,23 @@ std::optional<rendezvous::RoundEnd> jobEnd(rendezvous::LeasingStore& store,
   const auto round = rendezvous::storedCount(found[0], keys.current());
   if (round > 0) found[2] = store.peek({keys.end(static_cast<int>(round))})[0];
   return rendezvous::elastic::endedJob(found[1], found[2]);
+}
+
+// Once this agent wrote its last, the keys of a job that ended go on a lease of job_ttl, with
+// when (Keys::expiry), so that the id frees then (etcd_expiry.h). Best effort: a failure leaves
+// them to the next agent to leave, and costs this one's exit code nothing.
+void expireEndedJob(const LaunchConfig& config, rendezvous::etcd::EtcdStore& store) {
+  try {
+    if (!jobEnd(store, config.rdzvId)) return;  // left alone: the job goes on without this node
+    const rendezvous::elastic::Keys keys(config.rdzvId);
+    const rendezvous::elastic::Expiry expiry{.endedAt = std::time(nullptr),
+                                             .ttl = config.rdzv.jobTtl.count()};
+    rendezvous::etcd::expireKeys(store.client(), config.rdzv.etcdJobPrefix(config.rdzvId),
+                                 config.rdzv.jobTtl,
+                                 {{store.etcdKey(keys.expiry()), encode(expiry)}});
+  } catch (const Error& e) {
+    log::warn(std::string("could not set the ended job's keys to expire: ") + e.what());
+  }
 }
 
 // No machine is special: the rendezvous lives in etcd, and every agent serves an idle store for
@@ -347,6 +367,10 @@ int launchEtcd(const LaunchConfig& config) {
   {
     rendezvous::ElasticRendezvous rendezvous(std::move(options));
     code = agents::Agent(std::move(agent), rendezvous).run();
+  }
+  {
+    rendezvous::etcd::EtcdStore store(storeOptions, client);
+    expireEndedJob(config, store);
   }
   // This node may have served the last round's workers; others may still be hanging up.
   lingerForOthers(workerStore.store(), config);

@@ -192,6 +192,10 @@ std::map<std::string, std::string> parseRdzvConf(const std::string& value) {
   return conf;
 }
 
+// job_ttl's upper bound: long enough for a re-run's id to wait out, short enough that a
+// forgotten job's keys go.
+constexpr int64_t kMaxJobTtlSeconds = 30 * 86'400;
+
 RdzvSettings parseRdzvSettings(const std::map<std::string, std::string>& conf) {
   RdzvSettings settings;
   auto seconds = [](const std::string& key, const std::string& text) {
@@ -241,6 +245,12 @@ RdzvSettings parseRdzvSettings(const std::map<std::string, std::string>& conf) {
       if (value.empty() || value.find_first_of(" \t\n") != std::string::npos)
         throw ConfigError("--rdzv-conf: etcd_prefix='" + value + "' is not a key prefix");
       settings.etcdPrefix = value.ends_with('/') ? value : value + "/";
+    } else if (key == "job_ttl") {
+      auto ttl = toInt(value);
+      if (!ttl || *ttl < 1 || *ttl > kMaxJobTtlSeconds)
+        throw ConfigError("--rdzv-conf: job_ttl=" + value +
+                          " is not a whole number of seconds from 1 to 2592000 (30 days)");
+      settings.jobTtl = std::chrono::seconds(*ttl);
     } else if (key == "cacert") {
       settings.etcdCaCert = value;
     } else if (key == "cert") {
@@ -257,8 +267,8 @@ RdzvSettings parseRdzvSettings(const std::map<std::string, std::string>& conf) {
       // torchrun's other keys are accepted for compatibility; they have no meaning here.
       throw ConfigError("--rdzv-conf: unknown key '" + key +
                         "' (known: join_timeout, last_call_timeout, keep_alive_interval, "
-                        "keep_alive_max_attempt, is_host, stop_policy, etcd_prefix, cacert, "
-                        "cert, key, user, password, password_file)");
+                        "keep_alive_max_attempt, is_host, stop_policy, etcd_prefix, job_ttl, "
+                        "cacert, cert, key, user, password, password_file)");
     }
   }
   return settings;
@@ -737,6 +747,7 @@ LaunchParse parseDlrunArgs(const std::vector<std::string>& args, const HostProbe
   }
   if (c.maxNodes > 1 && c.rdzvBackend == RdzvBackend::Static && c.minNodes != c.maxNodes)
     throw ConfigError("--nnodes=" + nnodes + ": an elastic range needs --rdzv-backend=c10d");
+  if (c.maxNodes == 1 && !c.roles.empty()) agents::requireEndingRole(c.roles, roles);
   // A c10d rank hint from Slurm may exceed the maximum: spare nodes carry the higher ids.
   if (c.nodeRank && *c.nodeRank >= c.maxNodes &&
       (nodeRank >= 0 || c.rdzvBackend == RdzvBackend::Static))

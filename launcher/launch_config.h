@@ -30,6 +30,9 @@ struct RdzvSettings {
   // etcd_prefix: the etcd backend keeps a job's keys under this + the job id + "/"
   std::string etcdPrefix = "/dlrun/";
   std::string etcdJobPrefix(const std::string& jobId) const { return etcdPrefix + jobId + "/"; }
+  // job_ttl: how long an ended job's keys stay in etcd (its id is refused meanwhile); c10d's
+  // store holds no TTL, so there it means nothing
+  std::chrono::seconds jobTtl{3'600};
   // cacert, cert, key (PEM paths), user, password, password_file: etcd's TLS and authentication,
   // read by etcdSecurity() once the backend is known (they mean nothing to another backend)
   std::string etcdCaCert, etcdCert, etcdKey, etcdUser, etcdPassword, etcdPasswordFile;

@@ -65,9 +65,9 @@ std::string encode(const NodeState& n) {
                        {"step", w.step},
                        {"progress", w.progressTime}});
   }
-  return json{{"name", n.name},       {"addr", n.address},   {"group", n.groupRank},
-              {"state", n.state},     {"round", n.round},    {"logs", n.logDir},
-              {"workers", workers},   {"updated", n.updated}}
+  return json{{"name", n.name},     {"addr", n.address}, {"group", n.groupRank},
+              {"state", n.state},   {"round", n.round},  {"logs", n.logDir},
+              {"workers", workers}, {"updated", n.updated}, {"first", n.firstRound}}
       .dump();
 }
 
@@ -80,7 +80,8 @@ NodeState decodeNodeState(std::string_view text) {
               .state = field<std::string>(j, "state", what),
               .round = field<int>(j, "round", what),
               .logDir = field<std::string>(j, "logs", what),
-              .updated = field<double>(j, "updated", what)};
+              .updated = field<double>(j, "updated", what),
+              .firstRound = field<int>(j, "first", what)};
   for (const auto& w : field<json>(j, "workers", what)) {
     if (!w.is_object()) throw ProtocolError("node state has a malformed 'workers'");
     n.workers.push_back({.rank = field<int>(w, "rank", what),

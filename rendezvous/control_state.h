@@ -7,10 +7,12 @@
 //                       readers drop repeats (lines())
 //   ctl/meta            the job's settings (ControlMeta), written by the job's first agent
 //   ctl/nodes           how many agents registered (ADD: each agent once, at its first write)
-//   ctl/nodes/I         the name of the I-th (from 1), written with its first state: a count
+//   ctl/nodes/I         the host name of agent I (from 1), written with its first state: a count
 //                       and a key each, not one list every agent appends to (on etcd an append
 //                       is a compare-and-swap loop, O(agents^2) tries for a job)
-//   ctl/node/NAME       that node's state (NodeState), rewritten on each change: O(1) a change
+//   ctl/node/I          agent I's state (NodeState), rewritten on each change: O(1) a change.
+//                       Keyed by the agent, not its host: agents that share a host (a GPU group
+//                       each) and one that comes back after a loss each keep their own
 //   ctl/seq             the number of events so far (ADD); event n is at ctl/ev/n
 //   ctl/ev/N            event N (JobEvent), written once right after its ADD
 //   ctl/signals         the number of signals sent to the job (ADD); ctl/signal/N is the Nth
@@ -36,7 +38,7 @@ class Keys {
   std::string meta() const { return ctl_ + "meta"; }
   std::string nodes() const { return ctl_ + "nodes"; }
   std::string nodeAt(int64_t i) const { return ctl_ + "nodes/" + std::to_string(i); }
-  std::string node(const std::string& name) const { return ctl_ + "node/" + name; }
+  std::string node(int64_t agent) const { return ctl_ + "node/" + std::to_string(agent); }
   std::string seq() const { return ctl_ + "seq"; }
   std::string event(int64_t n) const { return ctl_ + "ev/" + std::to_string(n); }
   std::string signals() const { return ctl_ + "signals"; }
@@ -77,6 +79,7 @@ struct NodeState {
   std::string logDir;
   std::vector<WorkerState> workers;
   double updated = 0;  // unix seconds
+  int firstRound = -1;  // the round of this agent's first state: when it joined the job
 };
 
 struct JobEvent {
@@ -108,7 +111,7 @@ ControlMeta decodeMeta(std::string_view text);
 NodeState decodeNodeState(std::string_view text);
 JobEvent decodeEvent(std::string_view text);
 
-// The lines of an appended list (dlrun/jobs, ctl/nodes), each once, in first-seen order.
+// The lines of an appended list (dlrun/jobs), each once, in first-seen order.
 std::vector<std::string> lines(std::string_view text);
 
 }  // namespace dlrun::rendezvous::control

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <array>
 #include <charconv>
+#include <ctime>
 #include <nlohmann/json.hpp>
 #include <numeric>
 
@@ -239,6 +240,39 @@ std::optional<RoundEnd> endedJob(std::string_view stop, std::string_view newestE
   RoundEnd end = decodeRoundEnd(newestEnd);
   if (!end.endsJob()) return std::nullopt;  // a restart or a change of members: it goes on
   return end;
+}
+
+std::string encode(const Expiry& expiry) {
+  return std::to_string(expiry.endedAt) + " " + std::to_string(expiry.ttl);
+}
+
+std::optional<Expiry> decodeExpiry(std::string_view text) {
+  Expiry expiry;
+  const size_t space = text.find(' ');
+  if (space == std::string_view::npos) return std::nullopt;
+  const auto number = [](std::string_view digits, int64_t& into) {
+    const auto [end, error] = std::from_chars(digits.data(), digits.data() + digits.size(), into);
+    return !digits.empty() && error == std::errc() && end == digits.data() + digits.size() &&
+           into >= 0;
+  };
+  if (!number(text.substr(0, space), expiry.endedAt) || !number(text.substr(space + 1), expiry.ttl))
+    return std::nullopt;
+  return expiry;
+}
+
+std::string describe(const Expiry& expiry, int64_t nowUnix, const std::string& how) {
+  const auto clock = [](int64_t unix) {
+    const std::time_t t = static_cast<std::time_t>(unix);
+    std::tm local{};
+    localtime_r(&t, &local);
+    char text[16];
+    std::strftime(text, sizeof text, "%H:%M:%S", &local);
+    return std::string(text);
+  };
+  const int64_t expires = expiry.endedAt + expiry.ttl;
+  return "ended at " + clock(expiry.endedAt) + " (" + how + "); its keys expire at " +
+         clock(expires) + ", in " + std::to_string(std::max<int64_t>(expires - nowUnix, 0)) +
+         " s (--rdzv-conf job_ttl=" + std::to_string(expiry.ttl) + ")";
 }
 
 std::string encodeShape(const Shape& shape) {

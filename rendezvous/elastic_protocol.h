@@ -30,6 +30,8 @@
 //   forgotten          the newest round whose keys are deleted: the closer of round R deletes
 //                      those of rounds up to R - 2 once its workers run, so a long elastic job
 //                      keeps the keys of its last two rounds (and of one forming)
+//   expiry             etcd: when the job ended and the TTL its keys then got (Expiry), written
+//                      by each agent leaving the ended job with the lease that expires them
 #pragma once
 
 #include <cstdint>
@@ -46,6 +48,7 @@ namespace dlrun::rendezvous::elastic {
 class Keys {
  public:
   explicit Keys(const std::string& runId) : root_("dlrun/" + runId + "/") {}
+  const std::string& root() const { return root_; }  // every key of the job starts with it
   std::string current() const { return root_ + "current"; }
   std::string shape() const { return root_ + "shape"; }
   std::string joined(int round) const { return roundKey(round, "joined"); }
@@ -70,6 +73,7 @@ class Keys {
     return roundKey(round, "hang/" + std::to_string(index));
   }
   std::string forgotten() const { return root_ + "forgotten"; }
+  std::string expiry() const { return root_ + "expiry"; }
   // Every key round `round` may hold, when `joined` agents joined it and `members` (the ids in
   // Keys::members) closed it.
   std::vector<std::string> ofRound(int round, int joined,
@@ -141,6 +145,21 @@ RoundEnd decodeRoundEnd(std::string_view text);
 // before it starts. A store that outlives its jobs (etcd) would otherwise hand a new job with
 // the same id the old outcome at once.
 std::optional<RoundEnd> endedJob(std::string_view stop, std::string_view newestEnd);
+
+// When an ended job's keys go (Keys::expiry()): the job ended at `endedAt` (unix seconds, when
+// the agent that wrote it left), and its keys then got a lease of `ttl` seconds.
+struct Expiry {
+  int64_t endedAt = 0;
+  int64_t ttl = 0;
+  bool operator==(const Expiry&) const = default;
+};
+
+std::string encode(const Expiry& expiry);  // "ENDED TTL"
+// Nothing for empty or malformed text: it only words a message.
+std::optional<Expiry> decodeExpiry(std::string_view text);
+// "ended at HH:MM:SS (HOW); its keys expire at HH:MM:SS, in N s (--rdzv-conf job_ttl=TTL)", in
+// local time, counted from `nowUnix`; `how` says how the job ended (RoundEnd::describe()).
+std::string describe(const Expiry& expiry, int64_t nowUnix, const std::string& how);
 
 // The rendezvous protocol these agents speak: the keys, the records and what they mean. Raised
 // whenever one of them changes in a way another version's agent would misread, so that a job

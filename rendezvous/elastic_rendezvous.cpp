@@ -1,6 +1,7 @@
 #include "rendezvous/elastic_rendezvous.h"
 
 #include <algorithm>
+#include <ctime>
 #include <limits>
 #include <random>
 #include <sstream>
@@ -118,17 +119,10 @@ std::string ElasticRendezvous::storeName() const {
 
 void ElasticRendezvous::lookFirst() {
   // Read first: all but the first node find the shape, and a read costs etcd no log entry.
-  std::vector<std::string> found = lease_->peek({keys_.shape(), keys_.end(0), keys_.stop(),
-                                                 keys_.lost(options_.self.name), keys_.current()});
-  if (!options_.endedJobKeys.empty()) {
-    const int64_t round = storedCount(found[4], keys_.current());
-    const std::string newestEnd =
-        round > 0 ? lease_->peek({keys_.end(static_cast<int>(round))})[0] : found[1];
-    if (auto end = elastic::endedJob(found[2], newestEnd))
-      throw ConfigError("rendezvous id '" + options_.runId + "' names a job that already ended (" +
-                        end->describe() + "); its keys stay in " + options_.endedJobKeys +
-                        ": give each job its own --rdzv-id");
-  }
+  std::vector<std::string> found =
+      lease_->peek({keys_.shape(), keys_.end(0), keys_.stop(), keys_.lost(options_.self.name),
+                    keys_.current(), keys_.expiry()});
+  if (!options_.endedJobKeys.empty()) refuseEndedJob(found[2], found[4], found[1], found[5]);
   const elastic::Shape mine{.minNodes = options_.minNodes, .maxNodes = options_.maxNodes};
   std::string stored = found[0];
   if (stored.empty()) stored = lease_->compareSet(keys_.shape(), "", elastic::encodeShape(mine));
@@ -145,7 +139,24 @@ void ElasticRendezvous::lookFirst() {
     throw ConfigError("rendezvous id '" + options_.runId + "' is in use by a job with --nnodes=" +
                       range(theirs) + " (this node has --nnodes=" + range(mine) +
                       "); give each job its own --rdzv-id");
-  firstLook_.emplace(found.begin() + 2, found.end());
+  firstLook_.emplace(found.begin() + 2, found.begin() + 5);
+}
+
+void ElasticRendezvous::refuseEndedJob(const std::string& stop, const std::string& current,
+                                       const std::string& firstEnd, const std::string& expiry) {
+  const int64_t round = storedCount(current, keys_.current());
+  const std::string newestEnd =
+      round > 0 ? lease_->peek({keys_.end(static_cast<int>(round))})[0] : firstEnd;
+  const auto end = elastic::endedJob(stop, newestEnd);
+  if (!end) return;
+  const std::string what = "rendezvous id '" + options_.runId + "' names a job that ";
+  // Its agents lease its keys as they leave (expiry), so the id frees once they expire; before
+  // the first agent left, or when none did (all killed), they stay.
+  if (auto expires = elastic::decodeExpiry(expiry))
+    throw ConfigError(what + elastic::describe(*expires, std::time(nullptr), end->describe()) +
+                      ": give each job its own --rdzv-id, or wait");
+  throw ConfigError(what + "already ended (" + end->describe() + "); its keys stay in " +
+                    options_.endedJobKeys + ": give each job its own --rdzv-id");
 }
 
 JoinResult ElasticRendezvous::next() {

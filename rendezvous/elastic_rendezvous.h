@@ -62,8 +62,9 @@ struct ElasticOptions {
   // least minNodes; otherwise (the default) it stops the whole job.
   bool stopOnlyNode = false;
   // Where a finished job's keys stay (etcd, which outlives its jobs: "etcd under PREFIX/ID/"):
-  // a rendezvous id whose keys say the job ended is refused (ConfigError naming it), where it
-  // would hand every agent of a new job the old outcome at once. Empty: not checked.
+  // a rendezvous id whose keys say the job ended is refused (ConfigError naming it, and when
+  // its keys expire: Keys::expiry), where it would hand every agent of a new job the old
+  // outcome at once. Empty: not checked.
   std::string endedJobKeys;
   // Opens one connection to the store (two are open at a time). Empty: a TcpStore to
   // storeHost:storePort whose reply deadline and connect tries follow leaseTtl and heartbeat.
@@ -118,6 +119,10 @@ class ElasticRendezvous : public Rendezvous {
   using Step = std::variant<World, RoundEnd, NextRound>;
 
   void connect(Clock::time_point deadline);
+  // ConfigError when the job's keys say it ended: from `stop`, the newest round (`current`;
+  // round 0's end is `firstEnd`) and the job's Expiry.
+  void refuseEndedJob(const std::string& stop, const std::string& current,
+                      const std::string& firstEnd, const std::string& expiry);
   std::unique_ptr<LeasingStore> openStore() const;
   std::string storeName() const;  // the store as messages name it
   // The store's time (lease_'s, even a lost one's); the real clock before the first connection.

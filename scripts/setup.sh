@@ -1,27 +1,55 @@
 #!/usr/bin/env bash
-# Installs the Debian 12 packages that building and testing dlrun need (only those missing, so
-# a second run installs nothing), then configures and builds into $DLRUN_BUILD_DIR (./build).
+# setup.sh [--tests] [TARGET...]: installs the Debian 12 or 13 packages that building dlrun and
+# running its main job need (only those missing, so a second run installs nothing), then
+# configures and builds TARGETs (all when none is named) into $DLRUN_BUILD_DIR (./build).
+# With --tests it also installs what the tests need and makes the Python environment of their
+# newer era (below).
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=${DLRUN_BUILD_DIR:-$root/build}
+# torch 2.13 and TensorFlow for the tests (the main job needs neither), pinned: an unpinned torch
+# would pull a CUDA build of several GB. Made once, reused while its pins are met.
+venv=${DLRUN_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/dlrun/venv}
+venv_pins=(torch==2.13.0 tensorflow-cpu==2.21.0)
+tests=false
+if [ "${1:-}" = --tests ]; then
+  tests=true
+  shift
+fi
+targets=("$@")
 
+# Building and the main job (the bundled trainer on Fashion-MNIST).
 packages=(
-  cmake ninja-build g++ ccache          # toolchain
+  cmake ninja-build g++ ccache pkgconf  # toolchain
   libboost-dev libcli11-dev             # Asio, the command line
   nlohmann-json3-dev                    # TF_CONFIG, worker error files
   libgloo-dev libeigen3-dev zlib1g-dev  # the CPU trainer: all-reduce, math, gzip
   dataset-fashion-mnist                 # the trainer's data
-  libgtest-dev                          # unit tests
-  clang libclang-rt-14-dev              # libFuzzer for the wire-parser fuzz test
+  libgtest-dev                          # unit tests (configuring needs it)
+  libslurm-dev                          # libslurm's hostlists
+  # etcd v3 over gRPC: the C++ runtime, protoc and its gRPC plugin (proto/ is compiled at build
+  # time)
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+)
+# gRPC's own schemas (grpc.health.v1) for the control plane's tests: Debian 13 has no
+# grpc-proto, and golang-google-grpc-dev carries the same files (under /usr/share/gocode).
+release=$(. /etc/os-release && echo "${VERSION_ID:-}")
+case $release in
+  12) grpc_schemas=grpc-proto ;;
+  13) grpc_schemas=golang-google-grpc-dev ;;
+  *) echo "setup: Debian 12 or 13 expected, not '${release:-unknown}': using 13's packages" >&2
+     grpc_schemas=golang-google-grpc-dev ;;
+esac
+$tests && packages+=(
+  clang libclang-rt-dev                 # libFuzzer for the wire-parser fuzz test
   python3-torch libtorch-dev            # real TCPStore clients (Python, C++), real DDP workers
+  python3-venv                          # the tests' torch 2.13 and TensorFlow (--tests)
   iproute2 util-linux                   # simulated hosts (scripts/netns.sh): ip, unshare, nsenter
   elfutils gdb                          # hang reports: eu-stack (else gdb) takes workers' stacks
-  libslurm-dev slurm-wlm munge          # Slurm: libslurm's hostlists, a local cluster for tests
-  # etcd v3 over gRPC: the C++ runtime, protoc and its gRPC plugin (proto/ is compiled at build
-  # time), gRPC's own schemas, and a real etcd (3.4) with etcdctl for the tests; python3-etcd
-  # (etcd's v2 API) for torchrun's etcd backend in bench/rdzv_bench.sh
-  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler grpc-proto
-  etcd-server etcd-client python3-etcd
+  slurm-wlm munge                       # a local Slurm cluster
+  # a real etcd (3.4 on Debian 12, 3.5 on 13) with etcdctl; python3-etcd (etcd's v2 API) for
+  # torchrun's etcd backend in bench/rdzv_bench.sh
+  "$grpc_schemas" etcd-server etcd-client python3-etcd
   python3-grpcio python3-grpc-tools     # the control plane's tests: a gRPC client not ours
   openssh-client openssh-server         # dlrun --hostfile: ssh, and real servers in its tests
   openmpi-bin                           # dlrun under mpirun, in the same tests
@@ -32,6 +60,10 @@ packages=(
   # its checks (lintian, a fresh Debian root), the service's (systemd-analyze), man itself
   help2man dpkg-dev lintian debootstrap systemd man-db
 )
+if [ "${DLRUN_SETUP_PRINT:-}" = packages ]; then  # for test_quickstart_releases.py
+  echo "${packages[*]}"
+  exit 0
+fi
 
 missing=()
 for package in "${packages[@]}"; do
@@ -46,5 +78,13 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
 
-cmake -S "$root" -B "$build" -G Ninja
-cmake --build "$build"
+if $tests && ! "$venv/bin/python" -c 'import sys, importlib.metadata as m
+sys.exit(any(m.version(p.split("==")[0]).split("+")[0] != p.split("==")[1] for p in sys.argv[1:]))' \
+    "${venv_pins[@]}" 2>/dev/null; then
+  echo "setup: making the tests' Python environment in $venv (${venv_pins[*]})"
+  /usr/bin/python3 -m venv "$venv"
+  "$venv/bin/python" -m pip install -q "${venv_pins[@]}"
+fi
+
+cmake -S "$root" -B "$build" -G Ninja -DDLRUN_TORCH2_PYTHON="$venv/bin/python"
+cmake --build "$build" ${targets[@]:+--target "${targets[@]}"}

@@ -228,6 +228,20 @@ TEST(AgentTest, AJobFinishedElsewhereStopsTheWorkersAndExits0) {
   EXPECT_EQ(rendezvous.successes, 0);
 }
 
+// As torchrun 2.x: every worker gets the signals that stop the job, torchrun's default four
+// unless --signals-to-handle names others.
+TEST(AgentTest, WorkersGetTheSignalsToHandle) {
+  FakeRendezvous defaults;
+  EXPECT_EQ(runAgent(defaults, "[ \"$TORCHELASTIC_SIGNALS_TO_HANDLE\" = "
+                               "SIGTERM,SIGINT,SIGHUP,SIGQUIT ] || exit 3"),
+            0);
+  FakeRendezvous named;
+  AgentOptions options =
+      shellOptions(named, "[ \"$TORCHELASTIC_SIGNALS_TO_HANDLE\" = SIGTERM,SIGUSR1 ] || exit 3");
+  options.signalsToHandle = std::vector<int>{SIGTERM, SIGUSR1};
+  EXPECT_EQ(Agent(options, named).run(), 0);
+}
+
 TEST(AgentTest, AJobThatEndedWhileJoiningStartsNoWorker) {
   FakeRendezvous rendezvous;
   rendezvous.maxRestarts = 1;

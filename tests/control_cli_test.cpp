@@ -95,17 +95,33 @@ TEST(ControlCli, HumanFormsNameNodesWorkersAndEvents) {
   node->set_address("10.0.0.2");
   node->set_group_rank(1);
   node->set_state("running");
+  node->set_agent(2);
   auto* worker = node->add_workers();
   worker->set_rank(2);
   worker->set_pid(4711);
   worker->set_state("running");
   worker->set_step(12);
+  // Agent 1 of the same host was lost and came back as agent 2.
+  auto* lost = job.add_nodes();
+  *lost = *node;
+  lost->set_agent(1);
+  lost->set_replaced_by(2);
+  lost->set_round(1);
+  lost->mutable_workers(0)->set_pid(4242);
+  job.mutable_nodes()->SwapElements(0, 1);
   const std::string text = formatJob(job);
   EXPECT_NE(text.find("job job (c10d): running, round 2, nodes 1 of 2:3, restarts 1 of 3"),
             std::string::npos)
       << text;
+  EXPECT_NE(text.find("1     2     n1"), std::string::npos) << text;  // GROUP, AGENT, NODE
   EXPECT_NE(text.find("4711"), std::string::npos) << text;
   EXPECT_NE(text.find("step 12"), std::string::npos) << text;
+  // Listed last, with no workers: they went with it.
+  EXPECT_NE(text.find("-     1     n1"), std::string::npos) << text;
+  const size_t replaced = text.find("replaced  by agent 2; last running in round 1 at ");
+  ASSERT_NE(replaced, std::string::npos) << text;
+  EXPECT_GT(replaced, text.find("4711")) << text;
+  EXPECT_EQ(text.find("4242"), std::string::npos) << text;
 
   v1::Event event;
   event.set_seq(3);

@@ -109,5 +109,33 @@ TEST(JobState, MalformedValuesAreProtocolErrors) {
   EXPECT_THROW(jobStatus({.current = "0", .closed = "1", .end = "{"}), ProtocolError);
 }
 
+AgentRecord agent(int64_t id, const std::string& host, int firstRound, int round) {
+  return {.id = id, .name = host,
+          .state = rendezvous::control::NodeState{.name = host, .round = round,
+                                                  .firstRound = firstRound}};
+}
+
+// Agents that share a host side by side are each their own node, through restarts too.
+TEST(JobState, AgentsSideBySideOnAHostReplaceNone) {
+  EXPECT_EQ(replacedBy({agent(1, "h", 0, 0), agent(2, "h", 0, 0)}),
+            (std::vector<int64_t>{0, 0}));
+  // A restart that one of them published first.
+  EXPECT_EQ(replacedBy({agent(1, "h", 0, 0), agent(2, "h", 0, 1)}),
+            (std::vector<int64_t>{0, 0}));
+}
+
+// A new agent on a host after a loss joins a round the lost one never saw: it takes its place,
+// on that host only; an agent without a record yet replaces nothing and is replaced by nothing.
+TEST(JobState, AnAgentThatCameBackReplacesTheLostOneOnItsHost) {
+  const std::vector<AgentRecord> agents{agent(1, "a", 0, 0),
+                                        agent(2, "b", 0, 0),
+                                        {.id = 3, .name = "a"},
+                                        agent(4, "a", 1, 2),
+                                        agent(5, "a", 3, 3)};
+  EXPECT_EQ(replacedBy(agents), (std::vector<int64_t>{4, 0, 0, 5, 0}));
+  EXPECT_EQ(replacedBy({agent(1, "a", 0, 0), agent(2, "b", 1, 1)}),
+            (std::vector<int64_t>{0, 0}));
+}
+
 }  // namespace
 }  // namespace dlrun::control

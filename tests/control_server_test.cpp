@@ -48,17 +48,25 @@ class ControlServerTest : public ::testing::Test {
                                 .tokenHash = token.empty() ? "" : tokenHash(token)};
     store.set(c.meta(), ctl::encode(meta));
     store.append(ctl::Keys::jobs(), id + "\n");
-    store.set(c.nodeAt(store.add(c.nodes(), 1)), "n1");
     ctl::NodeState node{.name = "n1", .address = "127.0.0.1", .groupRank = 0,
-                        .state = "running", .round = 0, .logDir = "/logs/" + id};
+                        .state = "running", .round = 0, .logDir = "/logs/" + id,
+                        .firstRound = 0};
     node.workers.push_back({.rank = 0, .localRank = 0, .pid = 100, .state = "running", .step = 7,
                             .progressTime = 1.5});
     node.workers.push_back({.rank = 1, .localRank = 1, .pid = 101, .state = "running"});
-    store.set(c.node("n1"), ctl::encode(node));
+    registerAgent(id, node);
     store.set(r.current(), "0");
     store.set(r.closed(0), "1");
     store.set(r.members(0), "m1\n");
     store.set(r.assignment(0, "m1"), elastic::encode(elastic::Assignment{.failures = 1}));
+  }
+
+  // An agent as its publisher registers it: its index, its host's name, its state under the index.
+  int64_t registerAgent(const std::string& id, const ctl::NodeState& node) {
+    const ctl::Keys c(id);
+    const int64_t agent = store.add(c.nodes(), 1);
+    store.multiSet({c.nodeAt(agent), c.node(agent)}, {node.name, ctl::encode(node)});
+    return agent;
   }
 
   void publish(const std::string& id, const std::string& kind) {
@@ -127,6 +135,7 @@ TEST_F(ControlServerTest, GetJobAndListJobsOnTheStoresOwnPort) {
   EXPECT_EQ(job.max_restarts(), 3);
   EXPECT_EQ(job.restarts_used(), 1);  // from the first member's assignment
   ASSERT_EQ(job.nodes_size(), 1);
+  EXPECT_EQ(job.nodes(0).agent(), 1);
   EXPECT_EQ(job.nodes(0).log_dir(), "/logs/job1");
   ASSERT_EQ(job.nodes(0).workers_size(), 2);
   EXPECT_EQ(job.nodes(0).workers(0).step(), 7);
@@ -145,28 +154,54 @@ TEST_F(ControlServerTest, GetJobAndListJobsOnTheStoresOwnPort) {
   EXPECT_EQ(list.jobs(1).nodes(), 1);
 }
 
-// Each agent registers once (ctl/nodes counts, ctl/nodes/I names it); a node whose agent came
-// back registers again under the same name and is listed once, and a name not written yet (its
-// agent between the count and its first state) is not listed.
-TEST_F(ControlServerTest, ANodeRegisteredTwiceIsListedOnce) {
+// Each agent registers once (ctl/nodes counts, ctl/nodes/I names its host) and is listed under
+// its own id: two agents of one host both, with their own workers. An agent that came back on a
+// host after a loss is a new one; the lost one stays with its last state, marked as replaced,
+// and is not counted among the job's nodes. A registration not named yet (its agent between the
+// count and its first state) is not listed.
+TEST_F(ControlServerTest, EveryAgentIsListedUnderItsOwnIdThoseOfOneHostToo) {
   writeJob("job1");
+  ctl::NodeState second{.name = "n1", .address = "127.0.0.1", .groupRank = 1,
+                        .state = "running", .round = 0, .firstRound = 0};
+  second.workers.push_back({.rank = 2, .localRank = 0, .pid = 102, .state = "running"});
+  second.workers.push_back({.rank = 3, .localRank = 1, .pid = 103, .state = "running"});
+  EXPECT_EQ(registerAgent("job1", second), 2);
+  ctl::NodeState lost{.name = "n2", .address = "127.0.0.2", .groupRank = 2, .state = "running",
+                      .round = 0, .updated = 12.5, .firstRound = 0};
+  lost.workers.push_back({.rank = 4, .localRank = 0, .pid = 104, .state = "running"});
+  EXPECT_EQ(registerAgent("job1", lost), 3);
   const ctl::Keys c("job1");
-  store.set(c.nodeAt(store.add(c.nodes(), 1)), "n2");
-  store.set(c.nodeAt(store.add(c.nodes(), 1)), "n1");
   store.add(c.nodes(), 1);
+  ctl::NodeState back = lost;
+  back.round = back.firstRound = 1;
+  back.workers[0].pid = 105;
+  EXPECT_EQ(registerAgent("job1", back), 5);
+
   v1::Job job;
   v1::JobRef ref;
   ref.set_id("job1");
   ASSERT_TRUE(stub->GetJob(call().get(), ref, &job).ok());
-  ASSERT_EQ(job.nodes_size(), 2);
+  ASSERT_EQ(job.nodes_size(), 4);
+  std::vector<int> agents, pids;
+  for (const auto& node : job.nodes()) {
+    agents.push_back(node.agent());
+    for (const auto& w : node.workers()) pids.push_back(w.pid());
+  }
+  EXPECT_EQ(agents, (std::vector<int>{1, 2, 3, 5}));
+  EXPECT_EQ(pids, (std::vector<int>{100, 101, 102, 103, 104, 105}));
   EXPECT_EQ(job.nodes(0).name(), "n1");
-  EXPECT_EQ(job.nodes(0).workers_size(), 2);
-  EXPECT_EQ(job.nodes(1).name(), "n2");
-  EXPECT_EQ(job.nodes(1).workers_size(), 0);
+  EXPECT_EQ(job.nodes(1).name(), "n1");
+  EXPECT_EQ(job.nodes(1).group_rank(), 1);
+  EXPECT_EQ(job.nodes(0).replaced_by(), 0);
+  EXPECT_EQ(job.nodes(1).replaced_by(), 0);
+  EXPECT_EQ(job.nodes(2).replaced_by(), 5);
+  EXPECT_EQ(job.nodes(2).state(), "running");  // its last state, as it was when lost
+  EXPECT_EQ(job.nodes(2).updated(), 12.5);
+  EXPECT_EQ(job.nodes(3).replaced_by(), 0);
   v1::ListJobsResponse list;
   ASSERT_TRUE(stub->ListJobs(call().get(), {}, &list).ok());
   ASSERT_EQ(list.jobs_size(), 1);
-  EXPECT_EQ(list.jobs(0).nodes(), 2);
+  EXPECT_EQ(list.jobs(0).nodes(), 3);
 }
 
 TEST_F(ControlServerTest, AnUnknownJobIsNotFound) {

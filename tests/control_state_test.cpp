@@ -11,7 +11,8 @@ namespace {
 
 TEST(ControlState, KeysLiveUnderTheJobsRoot) {
   const Keys keys("job7");
-  EXPECT_EQ(keys.node("n1"), "dlrun/job7/ctl/node/n1");
+  EXPECT_EQ(keys.node(2), "dlrun/job7/ctl/node/2");  // by agent: one host may run several
+  EXPECT_EQ(keys.nodeAt(2), "dlrun/job7/ctl/nodes/2");
   EXPECT_EQ(keys.event(12), "dlrun/job7/ctl/ev/12");
   EXPECT_EQ(keys.signal(3), "dlrun/job7/ctl/signal/3");
   EXPECT_EQ(Keys::jobs(), "dlrun/jobs");
@@ -26,12 +27,13 @@ TEST(ControlState, RecordsRoundTrip) {
   EXPECT_EQ(m.tokenHash, "ab12");
 
   NodeState node{.name = "n1", .address = "10.0.0.2", .groupRank = 1, .state = "running",
-                 .round = 2, .logDir = "/logs", .updated = 1.5};
+                 .round = 2, .logDir = "/logs", .updated = 1.5, .firstRound = 1};
   node.workers.push_back({.rank = 2, .localRank = 0, .pid = 99, .state = "failed",
                           .exit = "exit code 3", .step = 40, .progressTime = 1.25});
   const NodeState n = decodeNodeState(encode(node));
   EXPECT_EQ(n.name, "n1");
   EXPECT_EQ(n.groupRank, 1);
+  EXPECT_EQ(n.firstRound, 1);
   ASSERT_EQ(n.workers.size(), 1u);
   EXPECT_EQ(n.workers[0].pid, 99);
   EXPECT_EQ(n.workers[0].exit, "exit code 3");
@@ -48,7 +50,7 @@ TEST(ControlState, MalformedRecordsAreProtocolErrors) {
   EXPECT_THROW(decodeMeta("{}"), ProtocolError);
   EXPECT_THROW(decodeNodeState("[1]"), ProtocolError);
   EXPECT_THROW(decodeNodeState(R"({"name":"n","addr":"a","group":0,"state":"s","round":0,
-               "logs":"","updated":0,"workers":[7]})"), ProtocolError);
+               "logs":"","updated":0,"first":0,"workers":[7]})"), ProtocolError);
   EXPECT_THROW(decodeEvent("not json"), ProtocolError);
 }
 

@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <ctime>
 
 #include "common/error.h"
 
@@ -226,6 +228,32 @@ TEST(EndedJob, AStopOrAFinalRoundEndEndsTheJobAnythingElseDoesNot) {
   const std::string stop = encode(jobStopped(2, "n"));
   EXPECT_EQ(endedJob(stop, "")->kind, Kind::Stopped);
   EXPECT_THROW(endedJob("", "garbage"), ProtocolError);
+}
+
+TEST(Codecs, AnExpiryRoundTripsAndMalformedTextIsNone) {
+  const Expiry expiry{.endedAt = 1'700'000'000, .ttl = 3600};
+  EXPECT_EQ(encode(expiry), "1700000000 3600");
+  EXPECT_EQ(decodeExpiry(encode(expiry)), expiry);
+  for (const char* text : {"", "1700000000", "1 x", "x 1", "1 -5", "1  2", "1 2 "})
+    EXPECT_FALSE(decodeExpiry(text)) << text;
+}
+
+TEST(Codecs, AnExpirySaysWhenTheJobEndedAndWhenItsKeysGo) {
+  const Expiry expiry{.endedAt = 1'700'000'000, .ttl = 90};  // 2023-11-14 22:13:20 UTC
+  setenv("TZ", "UTC", 1);  // local time, for the test: UTC
+  tzset();
+  EXPECT_EQ(describe(expiry, expiry.endedAt + 30, "every worker finished"),
+            "ended at 22:13:20 (every worker finished); its keys expire at 22:14:50, in 60 s "
+            "(--rdzv-conf job_ttl=90)");
+  EXPECT_NE(describe(expiry, expiry.endedAt + 500, "x").find(", in 0 s"), std::string::npos);
+}
+
+TEST(Keys, EveryKeyOfAJobIsUnderItsRoot) {
+  const Keys keys("job7");
+  EXPECT_EQ(keys.root(), "dlrun/job7/");
+  for (const auto& key : {keys.current(), keys.shape(), keys.stop(), keys.expiry(),
+                          keys.forgotten(), keys.lost("n"), keys.end(3)})
+    EXPECT_TRUE(key.starts_with(keys.root())) << key;
 }
 
 TEST(Keys, RoundsAndRunsDoNotShareKeys) {

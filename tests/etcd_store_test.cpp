@@ -3,6 +3,7 @@
 // watcher when a lease is revoked elsewhere, and by a watcher when the holder is killed (a
 // helper process: this program run again with DLRUN_ETCD_HELPER set, then SIGKILLed).
 #include "rendezvous/etcd/etcd_store.h"
+#include "rendezvous/etcd/etcd_expiry.h"
 
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -300,6 +301,56 @@ TEST_F(EtcdStoreTest, ALeaseRevokedElsewhereIsFiredByAWatcher) {
   holder->client().leaseRevoke(lease);
   EXPECT_TRUE(waiting.get());
   EXPECT_EQ(watcher->peek({"end", "node"}), (std::vector<std::string>{"lost", ""}));
+}
+
+// Under a job's prefix (etcd_prefix + ID + "/"), the rendezvous's own root ("dlrun/ID/") is not
+// repeated: its keys, their tripwire records and what a lapse fires all live under one prefix.
+TEST_F(EtcdStoreTest, KeysUnderTheRootAreStoredWithoutItAndTheirTripwiresStillFire) {
+  auto options = storeOptions(server->endpoints(), prefix());
+  options.root = "dlrun/job/";
+  EtcdStore holder(options), watcher(options);
+  holder.set("dlrun/job/current", "1");
+  holder.set("elsewhere", "2");
+  holder.lease("dlrun/job/node", "record", 2s, {{"dlrun/job/end", "lost"}});
+  EXPECT_EQ(holder.etcdKey("dlrun/job/current"), prefix() + "kv/current");
+  EXPECT_EQ(holder.client().get(prefix() + "kv/current")->value, "1");
+  EXPECT_EQ(holder.client().get(prefix() + "kv/elsewhere")->value, "2");
+  EXPECT_TRUE(holder.client().get(prefix() + "tripwires/node"));
+  for (const auto& kv : holder.client().rangePrefix(prefix()).kvs)
+    EXPECT_EQ(kv.key.find("dlrun/job/"), std::string::npos) << kv.key;
+  EXPECT_EQ(watcher.get("dlrun/job/current"), "1");
+  auto waiting =
+      std::async(std::launch::async, [&] { return watcher.waitFor({"dlrun/job/end"}, 10s); });
+  holder.client().leaseRevoke(holder.client().get(prefix() + "kv/node")->lease);
+  EXPECT_TRUE(waiting.get());
+  EXPECT_EQ(watcher.peek({"dlrun/job/end", "dlrun/job/node"}),
+            (std::vector<std::string>{"lost", ""}));
+}
+
+// An ended job's keys: every one under the prefix moves onto one lease of the TTL, values kept,
+// the marks written with it, keys elsewhere left alone; revoking it (as its lapse would)
+// deletes them all.
+TEST_F(EtcdStoreTest, ExpireKeysPutsEveryKeyOfThePrefixOnOneLease) {
+  auto holder = store();
+  holder->set("a", "1");
+  holder->lease("node", "record", 2s, {{"end", "lost"}});
+  EtcdClient& client = holder->client();
+  const std::string outside = prefix().substr(0, prefix().size() - 1) + "-other";
+  client.put(outside, "kept");
+  // More keys than one transaction takes.
+  for (size_t i = 0; i < kExpireBatch + 3; ++i)
+    client.put(prefix() + "many/" + std::to_string(i), "v");
+  const int64_t lease = expireKeys(client, prefix(), 60s, {{prefix() + "when", "then"}});
+  const auto all = client.rangePrefix(prefix()).kvs;
+  EXPECT_EQ(all.size(), kExpireBatch + 3 + 4);  // many/, a, node, its record, when
+  for (const auto& kv : all) EXPECT_EQ(kv.lease, lease) << kv.key;
+  EXPECT_EQ(client.get(prefix() + "kv/a")->value, "1");
+  EXPECT_EQ(client.get(prefix() + "when")->value, "then");
+  EXPECT_EQ(client.get(outside)->lease, 0);
+  client.leaseRevoke(lease);
+  EXPECT_EQ(client.count(prefix(), EtcdClient::prefixEnd(prefix())), 0);
+  EXPECT_EQ(client.get(outside)->value, "kept");
+  client.deleteKey(outside);
 }
 
 // expect(): the round's end is followed from the hint on, so the wait for the end and a read of

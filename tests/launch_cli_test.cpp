@@ -905,6 +905,18 @@ TEST(ParseRdzvSettings, TimeoutsArePositiveSecondsAndTheRefusalSaysSo) {
   }
 }
 
+TEST(ParseRdzvSettings, JobTtlIsWholeSecondsAnHourByDefault) {
+  EXPECT_EQ(parseRdzvSettings({}).jobTtl, std::chrono::hours(1));
+  EXPECT_EQ(parseRdzvSettings({{"job_ttl", "5"}}).jobTtl, std::chrono::seconds(5));
+  EXPECT_EQ(parseRdzvSettings({{"job_ttl", "2592000"}}).jobTtl, std::chrono::days(30));
+  for (const char* value : {"0", "-1", "1.5", "2592001", "soon", ""}) {
+    SCOPED_TRACE(value);
+    EXPECT_EQ(configError([&] { parseRdzvSettings({{"job_ttl", value}}); }),
+              std::string("--rdzv-conf: job_ttl=") + value +
+                  " is not a whole number of seconds from 1 to 2592000 (30 days)");
+  }
+}
+
 TEST(ParseRdzvSettings, BadValuesNameTheKey) {
   for (const auto& [key, value] : std::vector<std::pair<std::string, std::string>>{
            {"join_timeout", "-1"}, {"last_call_timeout", "soon"},
@@ -984,6 +996,14 @@ TEST(ParseDlrunArgsHostfile, HostsFlagsAndConflicts) {
                        "--roles does not work with --hostfile/--hosts yet"));
   EXPECT_EQ(configError([] { parse({"--hostfile=/no/such/file", "env"}); }),
             "--hostfile: cannot read /no/such/file");
+}
+
+TEST(ParseDlrunArgs, ANodeOfServicesOnlyNeedsAnotherNodeToEndTheJob) {
+  EXPECT_EQ(parse({"--nnodes=2", "--rdzv-endpoint=h:1", "--roles=worker:2:service", "env"})
+                .nprocPerNode,
+            2);
+  EXPECT_TRUE(contains(configError([] { parse({"--standalone", "--roles=ps:1:service", "env"}); }),
+                       "nothing would end the job"));
 }
 
 TEST(ParseDlrunArgs, LocalRankArgument) {

@@ -32,10 +32,16 @@ TEST(Roles, ParseNamesCountsAndMarks) {
 
 TEST(Roles, MalformedStringsAreConfigErrors) {
   for (const char* bad : {"", "ps", "ps:", "ps:0", "ps:-1", "ps:x", "ps:1,ps:2", ":1",
-                          "p s:1", "ps:1:forever", "ps:1:service", "ps:1,,worker:2",
+                          "p s:1", "ps:1:forever", "ps:1,,worker:2",
                           "ps:99999999999"}) {
     EXPECT_THROW(parseRoles(bad), ConfigError) << bad;
   }
+}
+
+TEST(Roles, OnlyServicesParseButEndNoJobOfOneNode) {
+  const auto services = parseRoles("ps:1:service,worker:2:service");
+  EXPECT_THROW(requireEndingRole(services, "ps:1:service,worker:2:service"), ConfigError);
+  EXPECT_NO_THROW(requireEndingRole(parseRoles("chief:1,ps:1:service"), "chief:1,ps:1:service"));
 }
 
 TEST(Roles, RoleRanksFollowRanksAndTheFirstWorkerIsChief) {

@@ -3,6 +3,8 @@
 
 #include <gtest/gtest.h>
 
+#include <functional>
+
 namespace dlrun::rendezvous {
 namespace {
 
@@ -115,6 +117,33 @@ TEST_F(EngineTest, CompareSetFollowsPyTorch) {
   EXPECT_EQ(a.take(), bytes("v1"));  // mismatch: unchanged
   run(a, [](Encoder& e) { e.op(Era::V2, Op::CompareSet).bytes("k").bytes("v1").bytes("v2"); });
   EXPECT_EQ(a.take(), bytes("v2"));
+}
+
+TEST_F(EngineTest, CompareSetOnAMissingKeyWithoutCreatingItWakesNobody) {
+  waitOn(a, "k");
+  run(b, [](Encoder& e) { e.op(Era::V2, Op::CompareSet).bytes("k").bytes("e").bytes("v"); });
+  EXPECT_EQ(a.take(), "");
+  run(b, [](Encoder& e) { e.op(Era::V2, Op::CompareSet).bytes("k").bytes("").bytes("v"); });
+  EXPECT_EQ(a.take(), kWoken);
+}
+
+TEST_F(EngineTest, AddReadsTheLeadingIntegerAsStrtollDoes) {
+  const std::vector<std::pair<std::string, int64_t>> cases = {
+      {"12abc", 13}, {" 7", 8}, {"+4", 5}, {"0x10", 1}, {"\n-3\n", -2},
+      {"-9223372036854775808", INT64_MIN + 1}, {"9223372036854775806 ", INT64_MAX}};
+  for (const auto& [text, sum] : cases) {
+    run(a, [&](Encoder& e) { e.op(Era::V2, Op::Set).bytes("n").bytes(text); });
+    EXPECT_EQ(run(a, [](Encoder& e) { e.op(Era::V2, Op::Add).bytes("n").i64(1); }), "") << text;
+    EXPECT_EQ(a.take(), i64(sum)) << text;
+    EXPECT_EQ(read("n"), std::to_string(sum));
+  }
+  for (const std::string text : {"", " ", "-", "+x", "abc", "99999999999999999999",
+                                 "-9223372036854775809"}) {
+    run(a, [&](Encoder& e) { e.op(Era::V2, Op::Set).bytes("n").bytes(text); });
+    EXPECT_NE(run(a, [](Encoder& e) { e.op(Era::V2, Op::Add).bytes("n").i64(1); }), "") << text;
+    EXPECT_EQ(read("n"), text);  // refused: unchanged
+  }
+  EXPECT_EQ(a.take(), "");
 }
 
 TEST_F(EngineTest, AddStoresDecimalAndRefusesNonIntegers) {
@@ -253,6 +282,100 @@ TEST_F(EngineTest, ALeaseOnALeasedKeyReplacesItWithTheNewOwner) {
   engine.disconnect(b);
   EXPECT_EQ(read("k"), std::nullopt);
   EXPECT_EQ(read("trip-b"), "y");
+}
+
+TEST_F(EngineTest, ListKeysListsEveryKeyButNoQueue) {
+  run(a, [](Encoder& e) { e.op(Era::V2, Op::ListKeys); });
+  EXPECT_EQ(a.take(), i64(0));
+  run(a, [](Encoder& e) { e.op(Era::V2, Op::Set).bytes("/x").bytes("1"); });
+  run(a, [](Encoder& e) { e.op(Era::V2, Op::QueuePush).bytes("/q").bytes("1"); });
+  run(a, [](Encoder& e) { e.op(Era::V2, Op::ListKeys); });
+  EXPECT_EQ(a.take(), i64(1) + bytes("/x"));
+}
+
+TEST_F(EngineTest, CheckAndWaitSeeAQueueWithItems) {
+  run(a, [](Encoder& e) { e.op(Era::V2, Op::QueuePush).bytes("q").bytes("1"); });
+  run(a, [](Encoder& e) { e.op(Era::V2, Op::Check).u64(1).bytes("q"); });
+  EXPECT_EQ(a.take(), std::string(1, '\0'));  // READY
+  waitOn(a, "q");
+  EXPECT_EQ(a.take(), kWoken);
+}
+
+TEST_F(EngineTest, BarrierAnswersTheLastArrivalAndWakesTheEarlierOnes) {
+  RecordingPeer c;
+  auto arrive = [&](RecordingPeer& peer) {
+    EXPECT_EQ(run(peer, [](Encoder& e) { e.op(Era::V2, Op::Barrier).bytes("b").i64(3); }), "");
+  };
+  arrive(a);
+  EXPECT_EQ(a.take(), "");
+  EXPECT_EQ(read("b"), "1");
+  arrive(b);  // short of the world size: wakes nobody
+  EXPECT_EQ(a.take() + b.take(), "");
+  arrive(c);
+  EXPECT_EQ(c.take(), kWoken);
+  EXPECT_EQ(a.take(), kWoken);
+  EXPECT_EQ(b.take(), kWoken);
+  EXPECT_EQ(read("b"), "3");
+  EXPECT_EQ(engine.waiterCount(), 0u);
+  arrive(a);  // past the world size: answered at once
+  EXPECT_EQ(a.take(), kWoken);
+}
+
+TEST_F(EngineTest, BarrierOfWorldOneOrLessIsAnsweredAtOnce) {
+  for (int64_t world : {1, 0, -1}) {
+    const std::string key = "w" + std::to_string(world);
+    run(a, [&](Encoder& e) { e.op(Era::V2, Op::Barrier).bytes(key).i64(world); });
+    EXPECT_EQ(a.take(), kWoken) << world;
+  }
+}
+
+TEST_F(EngineTest, AnyWriteToTheKeyEndsABarriersWait) {
+  const std::vector<std::function<void(Encoder&)>> writes = {
+      [](Encoder& e) { e.op(Era::V2, Op::Set).bytes("b").bytes("7"); },
+      [](Encoder& e) { e.op(Era::V2, Op::Add).bytes("b").i64(0); },
+      [](Encoder& e) { e.op(Era::V2, Op::Append).bytes("b").bytes("0"); },
+      [](Encoder& e) { e.op(Era::V2, Op::CompareSet).bytes("b").bytes("no").bytes("x"); },
+      [](Encoder& e) { e.op(Era::V2, Op::MultiSet).u64(1).bytes("b").bytes("1"); }};
+  run(a, [](Encoder& e) { e.op(Era::V2, Op::Barrier).bytes("b").i64(INT64_MAX); });
+  run(b, [](Encoder& e) { e.op(Era::V2, Op::DeleteKey).bytes("b"); });  // no write
+  EXPECT_EQ(a.take(), "");
+  run(a, [](Encoder& e) { e.op(Era::V2, Op::CancelWait); });
+  a.take();
+  for (const auto& write : writes) {
+    run(a, [](Encoder& e) { e.op(Era::V2, Op::Barrier).bytes("b").i64(INT64_MAX); });
+    EXPECT_EQ(a.take(), "");
+    run(b, write);
+    EXPECT_EQ(a.take(), kWoken);
+    b.take();
+  }
+}
+
+TEST_F(EngineTest, BarrierWaitIsCanceledLikeAWaitAndItsArrivalCounts) {
+  run(a, [](Encoder& e) { e.op(Era::V2, Op::Barrier).bytes("b").i64(2); });
+  run(a, [](Encoder& e) { e.op(Era::V2, Op::CancelWait); });
+  EXPECT_EQ(a.take(), std::string(1, '\1'));  // WAIT_CANCELED
+  EXPECT_EQ(engine.waiterCount(), 0u);
+  run(b, [](Encoder& e) { e.op(Era::V2, Op::Barrier).bytes("b").i64(2); });
+  EXPECT_EQ(b.take(), kWoken);
+  EXPECT_EQ(a.take(), "");
+}
+
+TEST_F(EngineTest, BarrierCountsLikeAddAndRefusesWhatAddRefuses) {
+  run(a, [](Encoder& e) { e.op(Era::V2, Op::Set).bytes("t").bytes("12abc"); });
+  run(a, [](Encoder& e) { e.op(Era::V2, Op::Barrier).bytes("t").i64(13); });
+  EXPECT_EQ(a.take(), kWoken);
+  EXPECT_EQ(read("t"), "13");
+  run(a, [](Encoder& e) { e.op(Era::V2, Op::Set).bytes("w").bytes("abc"); });
+  EXPECT_NE(run(a, [](Encoder& e) { e.op(Era::V2, Op::Barrier).bytes("w").i64(1); }), "");
+  EXPECT_EQ(read("w"), "abc");
+  EXPECT_EQ(a.take(), "");
+}
+
+TEST_F(EngineTest, TheBarriersFirstArrivalCreatesTheKeyForItsWaiters) {
+  waitOn(b, "b");  // dlrun's WAIT returns once the key exists; torch's waits for the last one
+  run(a, [](Encoder& e) { e.op(Era::V2, Op::Barrier).bytes("b").i64(2); });
+  EXPECT_EQ(b.take(), kWoken);
+  EXPECT_EQ(a.take(), "");
 }
 
 }  // namespace

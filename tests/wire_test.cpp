@@ -37,7 +37,13 @@ TEST(Wire, OpCodesFollowEachEra) {
   EXPECT_EQ(encodeOp(Era::V2, Op::DeleteKey), 8);
   EXPECT_EQ(encodeOp(Era::V2, Op::CancelWait), 12);
   EXPECT_EQ(encodeOp(Era::V2, Op::QueueLen), 16);
-  EXPECT_EQ(decodeOp(Era::V2, 17), std::nullopt);
+  EXPECT_EQ(encodeOp(Era::V2, Op::ListKeys), 17);
+  EXPECT_EQ(encodeOp(Era::V2, Op::Barrier), 18);
+  EXPECT_EQ(decodeOp(Era::V2, 19), std::nullopt);
+  EXPECT_EQ(decodeOp(Era::V1, 17), std::nullopt);
+  EXPECT_THROW(encodeOp(Era::V1, Op::Barrier), ProtocolError);
+  EXPECT_EQ(opName(Op::ListKeys), "LIST_KEYS");
+  EXPECT_EQ(opName(Op::Barrier), "BARRIER");
   EXPECT_EQ(decodeOp(Era::V1, 7), Op::WatchKey);
   EXPECT_THROW(encodeOp(Era::V1, Op::Ping), ProtocolError);
   EXPECT_THROW(encodeOp(Era::V2, Op::WatchKey), ProtocolError);
@@ -105,6 +111,23 @@ TEST(Wire, ParsesAddKeyThenDelta) {
   ASSERT_EQ(parse(Era::V1, bytes, r).status, ParseStatus::Complete);
   EXPECT_EQ(r.keys[0], "/c");
   EXPECT_EQ(r.number, -5);
+}
+
+TEST(Wire, ParsesBarrierKeyThenWorldSizeAndListKeysWithoutFields) {
+  std::string bytes;
+  Encoder(bytes).op(Era::V2, Op::Barrier).bytes("/b").i64(3).op(Era::V2, Op::ListKeys);
+  Request r;
+  auto first = parse(Era::V2, bytes, r);
+  ASSERT_EQ(first.status, ParseStatus::Complete);
+  EXPECT_EQ(first.consumed, bytes.size() - 1);
+  EXPECT_EQ(r.op, Op::Barrier);
+  EXPECT_EQ(r.keys, std::vector<std::string_view>{"/b"});
+  EXPECT_EQ(r.number, 3);
+  auto second = parse(Era::V2, bytes.substr(first.consumed), r);
+  ASSERT_EQ(second.status, ParseStatus::Complete);
+  EXPECT_EQ(second.consumed, 1u);
+  EXPECT_EQ(r.op, Op::ListKeys);
+  EXPECT_TRUE(r.keys.empty());
 }
 
 TEST(Wire, EveryPrefixOfARequestIsIncomplete) {

@@ -167,7 +167,7 @@ void EtcdStore::revokeLeases() {
   for (const auto& [key, record] : owned) {
     if (!reachable) break;
     try {
-      fire(key, record, kReleaseTimeout);
+      fire(local(key), record, kReleaseTimeout);
     } catch (const Error&) {
     }
   }
@@ -273,7 +273,7 @@ bool EtcdStore::deleteKey(const std::string& key) {
   // The record goes in the same transaction (and first), so watchers see a release, not a
   // lapse, and fire nothing.
   pb::TxnRequest request;
-  request.add_success()->mutable_request_delete_range()->set_key(recordKey(key));
+  request.add_success()->mutable_request_delete_range()->set_key(recordKey(local(key)));
   request.add_success()->mutable_request_delete_range()->set_key(dataKey(key));
   const auto response = retrying([&] { return client_->txn(request); });
   {
@@ -292,7 +292,7 @@ void EtcdStore::deleteKeys(const std::vector<std::string>& keys) {
   for (size_t start = 0; start < ordered.size(); start += kMaxTxnOps / 2) {
     pb::TxnRequest request;
     for (size_t i = start; i < std::min(ordered.size(), start + kMaxTxnOps / 2); ++i) {
-      request.add_success()->mutable_request_delete_range()->set_key(recordKey(ordered[i]));
+      request.add_success()->mutable_request_delete_range()->set_key(recordKey(local(ordered[i])));
       request.add_success()->mutable_request_delete_range()->set_key(dataKey(ordered[i]));
     }
     retrying([&] { return client_->txn(request); });
@@ -504,7 +504,7 @@ void EtcdStore::addLeaseWrites(pb::TxnRequest& request, const std::string& key,
                                const std::string& value, int64_t lease,
                                const std::string& tripwires) const {
   auto* record = request.add_success()->mutable_request_put();
-  record->set_key(recordKey(key));
+  record->set_key(recordKey(local(key)));
   record->set_value(tripwires);
   auto* put = request.add_success()->mutable_request_put();
   put->set_key(dataKey(key));
@@ -601,15 +601,15 @@ int64_t EtcdStore::addThenLease(const std::string& counter, int64_t limit,
   return added.value;
 }
 
-void EtcdStore::fire(const std::string& key, const Record& record,
+void EtcdStore::fire(const std::string& name, const Record& record,
                      std::optional<std::chrono::milliseconds> timeout) {
   // Only while the record is the one seen: a release, another store's firing or a new lease
   // changed it, and then this transaction changes nothing.
   pb::TxnRequest request;
-  auto guard = detail::compare(recordKey(key), pb::Compare::MOD);
+  auto guard = detail::compare(recordKey(name), pb::Compare::MOD);
   guard.set_mod_revision(record.revision);
   *request.add_compare() = guard;
-  request.add_success()->mutable_request_delete_range()->set_key(recordKey(key));
+  request.add_success()->mutable_request_delete_range()->set_key(recordKey(name));
   for (const auto& [tripKey, tripValue] : record.tripwires) {
     auto* nested = request.add_success()->mutable_request_txn();
     *nested->add_compare() = detail::missing(dataKey(tripKey));
@@ -666,7 +666,7 @@ void EtcdStore::fireOrphans(const pb::TxnResponse& response, int offset) {
   std::vector<std::string> orphans;
   std::vector<int64_t> seen;  // their revisions at the scan
   for (const auto& kv : response.responses(offset).response_range().kvs()) {
-    if (present.contains(dataKey(kv.key().substr(recordPrefix_.size())))) continue;
+    if (present.contains(dataPrefix_ + kv.key().substr(recordPrefix_.size()))) continue;
     orphans.push_back(kv.key());
     seen.push_back(kv.mod_revision());
   }

@@ -1,6 +1,7 @@
 // The LeasingStore of leasing_store.h on etcd, so that ElasticRendezvous runs its rounds on an
-// etcd cluster through ElasticOptions::connect. Keys live under `prefix` + "kv/"; values are
-// etcd values. One EtcdStore is one "connection": its leases live and die together.
+// etcd cluster through ElasticOptions::connect. Keys live under `prefix` + "kv/", less `root`
+// (the job's own key root, which `prefix` already names: one prefix, not two); values are etcd
+// values. One EtcdStore is one "connection": its leases live and die together.
 //
 // Leases: the first lease() grants one etcd lease (TTL rounded up to whole seconds, at least
 // etcd's minimum of 2 s) and keeps it alive on one LeaseKeepAlive stream (EtcdKeepAlive's
@@ -63,6 +64,9 @@ struct EtcdStoreOptions {
   EtcdClientOptions client;
   // Every key of this store lives under it; the stores of one job share it.
   std::string prefix = "dlrun/store/";
+  // A key that starts with it is stored without it (the rendezvous's "dlrun/ID/", when
+  // `prefix` is etcd_prefix + ID + "/"); others are stored whole.
+  std::string root;
   // How long get() and multiGet() wait for keys.
   std::chrono::milliseconds timeout = Store::kDefaultTimeout;
   // Whether this store's waits also watch for lapsed leases and fire their tripwires (see
@@ -134,6 +138,8 @@ class EtcdStore : public LeasingStore {
   void abort() override;
 
   EtcdClient& client() { return *client_; }
+  // The etcd key that holds store key `key`.
+  std::string etcdKey(const std::string& key) const { return dataKey(key); }
 
  private:
   struct Record {  // a leased key's tripwires, as stored, and the record's revision
@@ -141,8 +147,13 @@ class EtcdStore : public LeasingStore {
     int64_t revision = 0;
   };
 
-  std::string dataKey(const std::string& key) const { return dataPrefix_ + key; }
-  std::string recordKey(const std::string& key) const { return recordPrefix_ + key; }
+  // A store key less `root`: what follows dataPrefix_ and recordPrefix_ in its etcd keys.
+  std::string local(const std::string& key) const {
+    return key.starts_with(options_.root) ? key.substr(options_.root.size()) : key;
+  }
+  std::string dataKey(const std::string& key) const { return dataPrefix_ + local(key); }
+  // The record of the key whose local name is `name`.
+  std::string recordKey(const std::string& name) const { return recordPrefix_ + name; }
   // Each etcd key's key, value and modRevision, or nothing when missing, in as few transactions
   // as kMaxTxnOps allows.
   std::vector<std::optional<KeyValue>> readKeys(const std::vector<std::string>& etcdKeys);
@@ -169,8 +180,9 @@ class EtcdStore : public LeasingStore {
                 const std::vector<std::optional<KeyValue>>& found);
   // Applies one batch of watch events: deleted leased keys fired, expected keys' puts seen.
   void follow(const std::vector<WatchEvent>& events);
-  // Writes `key`'s tripwires unless another store did (or the record changed) first.
-  void fire(const std::string& key, const Record& record,
+  // Writes the tripwires of the key whose local name is `name` unless another store did (or the
+  // record changed) first.
+  void fire(const std::string& name, const Record& record,
             std::optional<std::chrono::milliseconds> timeout = {});
   void requireOpen() const;
   // compareSet's one try, on the etcd key `k`.

@@ -1,7 +1,6 @@
 #include "rendezvous/store/store_engine.h"
 
 #include <algorithm>
-#include <charconv>
 
 namespace dlrun::rendezvous {
 namespace {
@@ -20,6 +19,26 @@ std::string encodeBytes(std::string_view value) {
   return out;
 }
 
+// The integer at the start of `text` as C's strtoll reads it, which is how torch reads counters:
+// leading white space, an optional sign, then at least one digit; whatever follows is ignored.
+// nullopt without digits or beyond 64 bits.
+std::optional<int64_t> leadingInteger(std::string_view text) {
+  size_t i = text.find_first_not_of(" \t\n\v\f\r");
+  if (i == std::string_view::npos) return std::nullopt;
+  const bool negative = text[i] == '-';
+  if (text[i] == '-' || text[i] == '+') ++i;
+  const uint64_t limit = negative ? uint64_t{1} << 63 : (uint64_t{1} << 63) - 1;
+  uint64_t magnitude = 0;
+  const size_t first = i;
+  for (; i < text.size() && text[i] >= '0' && text[i] <= '9'; ++i) {
+    const auto digit = static_cast<uint64_t>(text[i] - '0');
+    if (magnitude > (limit - digit) / 10) return std::nullopt;
+    magnitude = magnitude * 10 + digit;
+  }
+  if (i == first) return std::nullopt;
+  return negative ? static_cast<int64_t>(0 - magnitude) : static_cast<int64_t>(magnitude);
+}
+
 void sendByte(Peer& peer, uint8_t value) {
   const char byte = static_cast<char>(value);
   peer.send(std::string_view(&byte, 1));
@@ -36,26 +55,9 @@ std::string StoreEngine::handle(Peer& peer, const wire::Request& r, TimePoint no
     case Op::Set:
       setValue(r.keys[0], r.values[0]);
       return {};
-    case Op::CompareSet: {
-      // PyTorch's semantics: a missing key is created only when `expected` is empty; the reply
-      // is always the value now stored (or `expected` when the key is missing and not created).
-      const std::string key(r.keys[0]);
-      auto it = data_.find(key);
-      if (it == data_.end()) {
-        if (!r.values[0].empty()) {
-          peer.send(encodeBytes(r.values[0]));
-          return {};
-        }
-        setValue(key, r.values[1]);
-        peer.send(encodeBytes(r.values[1]));
-        return {};
-      }
-      if (it->second == r.values[0]) {
-        it->second.assign(r.values[1]);
-      }
-      peer.send(encodeBytes(it->second));
+    case Op::CompareSet:
+      compareSet(peer, r);
       return {};
-    }
     case Op::Get: {
       // Clients WAIT before GET; a key deleted in between reads as empty rather than hanging.
       auto it = data_.find(r.keys[0]);
@@ -65,9 +67,8 @@ std::string StoreEngine::handle(Peer& peer, const wire::Request& r, TimePoint no
     case Op::Add:
       return add(peer, r);
     case Op::Check: {
-      const bool ready = std::all_of(r.keys.begin(), r.keys.end(), [&](std::string_view k) {
-        return data_.contains(k);
-      });
+      const bool ready = std::all_of(r.keys.begin(), r.keys.end(),
+                                     [&](std::string_view k) { return present(k); });
       sendByte(peer, static_cast<uint8_t>(ready ? wire::CheckReply::Ready
                                                 : wire::CheckReply::NotReady));
       return {};
@@ -89,12 +90,12 @@ std::string StoreEngine::handle(Peer& peer, const wire::Request& r, TimePoint no
       return {};
     }
     case Op::Append: {
-      const std::string key(r.keys[0]);
-      auto it = data_.find(key);
+      auto it = data_.find(r.keys[0]);
       if (it == data_.end()) {
-        setValue(key, r.values[0]);
+        setValue(r.keys[0], r.values[0]);
       } else {
         it->second.append(r.values[0]);
+        keyWritten(it->first);
       }
       return {};
     }
@@ -135,6 +136,16 @@ std::string StoreEngine::handle(Peer& peer, const wire::Request& r, TimePoint no
       peer.send(encodeI64(it == queues_.end() ? 0 : static_cast<int64_t>(it->second.size())));
       return {};
     }
+    case Op::ListKeys: {
+      std::string out;
+      wire::Encoder encoder(out);
+      encoder.i64(static_cast<int64_t>(data_.size()));
+      for (const auto& entry : data_) encoder.bytes(entry.first);
+      peer.send(out);
+      return {};
+    }
+    case Op::Barrier:
+      return barrier(peer, r);
     case Op::Lease:
       lease(peer, r, now);
       sendByte(peer, 0);
@@ -143,25 +154,70 @@ std::string StoreEngine::handle(Peer& peer, const wire::Request& r, TimePoint no
   return "unhandled op";
 }
 
-std::string StoreEngine::add(Peer& peer, const wire::Request& r) {
-  const std::string key(r.keys[0]);
+void StoreEngine::compareSet(Peer& peer, const wire::Request& r) {
+  // PyTorch's semantics: a missing key is created only when `expected` is empty; the reply is
+  // always the value now stored (or `expected` when the key is missing and not created).
+  auto it = data_.find(r.keys[0]);
+  if (it == data_.end()) {
+    // Unlike torch's libuv server, waiters on the missing key stay asleep: it still is missing.
+    if (r.values[0].empty()) setValue(r.keys[0], r.values[1]);
+    peer.send(encodeBytes(r.values[0].empty() ? r.values[1] : r.values[0]));
+    return;
+  }
+  if (it->second == r.values[0]) it->second.assign(r.values[1]);
+  keyWritten(it->first);  // a write even when nothing changed, as in torch: it ends barriers
+  peer.send(encodeBytes(it->second));
+}
+
+std::optional<int64_t> StoreEngine::sum(std::string_view key, int64_t delta,
+                                        std::string& error) const {
   int64_t current = 0;
   auto it = data_.find(key);
   if (it != data_.end()) {
-    const std::string& text = it->second;
-    auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), current);
-    if (ec != std::errc() || end != text.data() + text.size())
-      return "ADD on key '" + key + "' whose value is not an integer";
+    auto parsed = leadingInteger(it->second);
+    if (!parsed) {
+      error = "'" + std::string(key) + "' holds no integer (or one beyond 64 bits)";
+      return std::nullopt;
+    }
+    current = *parsed;
   }
   int64_t updated = 0;
-  if (__builtin_add_overflow(current, r.number, &updated))
-    return "ADD on key '" + key + "' overflows a 64-bit integer";
-  if (it == data_.end()) {
-    setValue(key, std::to_string(updated));
-  } else {
-    it->second = std::to_string(updated);
+  if (__builtin_add_overflow(current, delta, &updated)) {
+    // torch wraps around (signed overflow); a counter that jumps sign helps nobody.
+    error = "adding to '" + std::string(key) + "' overflows a 64-bit integer";
+    return std::nullopt;
   }
-  peer.send(encodeI64(updated));
+  return updated;
+}
+
+std::string StoreEngine::add(Peer& peer, const wire::Request& r) {
+  std::string error;
+  const auto updated = sum(r.keys[0], r.number, error);
+  if (!updated) return "ADD refused: " + error;
+  setValue(r.keys[0], std::to_string(*updated));
+  peer.send(encodeI64(*updated));
+  return {};
+}
+
+std::string StoreEngine::barrier(Peer& peer, const wire::Request& r) {
+  // Each arrival adds 1 to the key. The one that reaches the world size is answered at once and
+  // wakes every waiter on the key; earlier ones wait on the key like a WAIT, so any later
+  // write to it also ends their wait (as in torch), but another arrival short of the world
+  // size does not.
+  std::string error;
+  const auto count = sum(r.keys[0], 1, error);
+  if (!count) return "BARRIER refused: " + error;
+  if (*count >= r.number) {
+    setValue(r.keys[0], std::to_string(*count));
+    sendByte(peer, static_cast<uint8_t>(wire::WaitReply::StopWaiting));
+    return {};
+  }
+  if (auto it = data_.find(r.keys[0]); it != data_.end()) {
+    it->second = std::to_string(*count);
+  } else {
+    setValue(r.keys[0], std::to_string(*count));  // unlike torch, WAITs on the key see it appear
+  }
+  addWaiter(peer, {std::string(r.keys[0])});
   return {};
 }
 
@@ -182,37 +238,40 @@ void StoreEngine::queuePop(Peer& peer, const wire::Request& r) {
 }
 
 void StoreEngine::setValue(std::string_view key, std::string_view value) {
-  if (auto it = data_.find(key); it != data_.end()) {
-    it->second.assign(value);
-    return;
-  }
-  auto it = data_.emplace(std::string(key), std::string(value)).first;
-  keyAppeared(it->first);
+  auto it = data_.find(key);
+  if (it == data_.end()) it = data_.emplace(std::string(key), std::string()).first;
+  it->second.assign(value);
+  keyWritten(it->first);
+}
+
+bool StoreEngine::present(std::string_view key) const {
+  if (data_.contains(key)) return true;
+  auto queue = queues_.find(key);
+  return queue != queues_.end() && !queue->second.empty();
 }
 
 void StoreEngine::wait(Peer& peer, const wire::Request& r) {
-  Waiter waiter{&peer, {}, 0};
+  std::vector<std::string> missing;
   for (auto key : r.keys) {
-    std::string k(key);
-    auto queue = queues_.find(k);
-    const bool present = data_.contains(k) || (queue != queues_.end() && !queue->second.empty());
-    if (!present && std::find(waiter.missing.begin(), waiter.missing.end(), k) ==
-                        waiter.missing.end()) {
-      waiter.missing.push_back(std::move(k));
-    }
+    if (!present(key) && std::find(missing.begin(), missing.end(), key) == missing.end())
+      missing.emplace_back(key);
   }
-  if (waiter.missing.empty()) {
+  if (missing.empty()) {
     sendByte(peer, static_cast<uint8_t>(wire::WaitReply::StopWaiting));
     return;
   }
-  waiter.remaining = waiter.missing.size();
-  const uint64_t id = nextWaiterId_++;
-  for (const auto& key : waiter.missing) waitersByKey_[key].push_back(id);
-  waitersByPeer_[&peer].push_back(id);
-  waiters_.emplace(id, std::move(waiter));
+  addWaiter(peer, std::move(missing));
 }
 
-void StoreEngine::keyAppeared(const std::string& key) {
+void StoreEngine::addWaiter(Peer& peer, std::vector<std::string> keys) {
+  const uint64_t id = nextWaiterId_++;
+  for (const auto& key : keys) waitersByKey_[key].push_back(id);
+  waitersByPeer_[&peer].push_back(id);
+  const size_t remaining = keys.size();
+  waiters_.emplace(id, Waiter{&peer, std::move(keys), remaining});
+}
+
+void StoreEngine::keyWritten(const std::string& key) {
   auto byKey = waitersByKey_.find(key);
   if (byKey == waitersByKey_.end()) return;
   std::vector<uint64_t> ids = std::move(byKey->second);

@@ -57,7 +57,7 @@ class StoreEngine {
  private:
   struct Waiter {
     Peer* peer;
-    std::vector<std::string> missing;  // keys not yet present when the wait began
+    std::vector<std::string> missing;  // keys not yet written since the wait began
     size_t remaining;
   };
 
@@ -69,14 +69,23 @@ class StoreEngine {
   };
 
   void wait(Peer& peer, const wire::Request& request);
+  void addWaiter(Peer& peer, std::vector<std::string> keys);  // until each key is written
   void cancelWaits(Peer& peer);
-  void keyAppeared(const std::string& key);  // wakes every waiter on the key
+  // Every write to a key wakes every waiter on it: WAITs, which wait only on keys missing when
+  // they began, and BARRIER arrivals, which wait on their counter.
+  void keyWritten(const std::string& key);
   void wakeOne(const std::string& key);      // wakes the longest waiter on the key
   void keyArrivedFor(uint64_t waiterId);     // one of its keys exists; reply when all do
   void forgetWaiter(uint64_t id);
+  bool present(std::string_view key) const;  // a value, or a queue with items
+  void compareSet(Peer& peer, const wire::Request& request);
+  // The integer at `key` (0 when missing) plus delta; nullopt, with `error`, when the value is
+  // no integer or the sum overflows.
+  std::optional<int64_t> sum(std::string_view key, int64_t delta, std::string& error) const;
   std::string add(Peer& peer, const wire::Request& request);
+  std::string barrier(Peer& peer, const wire::Request& request);
   void queuePop(Peer& peer, const wire::Request& request);
-  void setValue(std::string_view key, std::string_view value);
+  void setValue(std::string_view key, std::string_view value);  // and wakes the key's waiters
   void lease(Peer& peer, const wire::Request& request, TimePoint now);
   void renewLeases(Peer& peer, TimePoint now);
   std::optional<Lease> dropLease(std::string_view key);  // ends it without firing

@@ -29,7 +29,7 @@ struct StoreServerOptions {
   int backlog = 4096;            // a barrier of thousands of clients connects at once
   // When set, a connection whose first byte is 'P' (HTTP/2's preface, "PRI * HTTP/2.0") is no
   // store client: its descriptor goes to this callback, which owns it from then on, with the
-  // bytes unread. A TCPStore request opens with an op code (0..16, or 64). Called on the
+  // bytes unread. A TCPStore request opens with an op code (0..18, or 64). Called on the
   // io_context's thread; it must not block.
   std::function<void(int fd)> foreign;
 };

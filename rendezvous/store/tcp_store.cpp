@@ -22,7 +22,7 @@ constexpr uint64_t kMaxReplyBytes = uint64_t{1} << 32;
 constexpr auto kHandshakeTimeout = std::chrono::seconds(3);
 
 // What a wrong server sent, as one line of text: printable bytes as they are, others escaped.
-std::string quoted(std::string_view bytes) {
+std::string shownBytes(std::string_view bytes) {
   static constexpr size_t kShown = 40;
   std::string text = "\"";
   for (const char c : bytes.substr(0, kShown)) {
@@ -132,7 +132,7 @@ void TcpStore::handshake() {
                            std::to_string(kHandshakeTimeout.count()) + " s");
   }
   if (reply.size() != 4 || wire::loadU32(reply.data()) != nonce)
-    throw NotAStoreError(where + "answered " + quoted(reply));
+    throw NotAStoreError(where + "answered " + shownBytes(reply));
 }
 
 bool TcpStore::usable() {

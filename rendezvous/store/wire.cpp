@@ -14,15 +14,15 @@ constexpr uint8_t kNoCode = 0xFF;
 constexpr size_t kOps = kOpCount;
 constexpr std::array<uint8_t, kOps> kV1Codes = {
     kNoCode, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, kNoCode, kNoCode, kNoCode, kNoCode,
-    kNoCode};
-constexpr std::array<uint8_t, kOps> kV2Codes = {0,  1,  2,  3,  4,  5,  6,  7,  kNoCode, 8,
-                                                9, 10, 11, 12, 13, 14, 15, 16, 0x40};
+    kNoCode, kNoCode, kNoCode};
+constexpr std::array<uint8_t, kOps> kV2Codes = {0,  1,  2,  3,  4,  5,  6,  7,  kNoCode, 8,  9,
+                                                10, 11, 12, 13, 14, 15, 16, 17,      18, 0x40};
 
 constexpr std::array<std::string_view, kOps> kNames = {
     "VALIDATE",   "SET",    "COMPARE_SET", "GET",         "ADD",  "CHECK",
     "WAIT",       "GETNUMKEYS", "WATCH_KEY", "DELETE_KEY", "APPEND", "MULTI_GET",
     "MULTI_SET",  "CANCEL_WAIT", "PING",      "QUEUE_PUSH", "QUEUE_POP", "QUEUE_LEN",
-    "LEASE"};
+    "LIST_KEYS",  "BARRIER",     "LEASE"};
 
 const std::array<uint8_t, kOps>& codes(Era era) { return era == Era::V1 ? kV1Codes : kV2Codes; }
 
@@ -147,10 +147,11 @@ bool parseBody(Cursor& c, Request& out) {
     case Op::QueueLen:
     case Op::WatchKey:
       return c.key(out.keys.emplace_back());
-    case Op::Add: {
-      uint64_t delta = 0;
-      if (!c.key(out.keys.emplace_back()) || !c.u64(delta)) return false;
-      out.number = static_cast<int64_t>(delta);
+    case Op::Add:
+    case Op::Barrier: {  // the key, then ADD's delta or BARRIER's world size
+      uint64_t number = 0;
+      if (!c.key(out.keys.emplace_back()) || !c.u64(number)) return false;
+      out.number = static_cast<int64_t>(number);
       return true;
     }
     case Op::Check:
@@ -164,6 +165,7 @@ bool parseBody(Cursor& c, Request& out) {
              c.ttl(out.ttlMs) && parsePairs(c, out);
     case Op::GetNumKeys:
     case Op::CancelWait:
+    case Op::ListKeys:
       return true;
   }
   return c.invalid("unhandled op");

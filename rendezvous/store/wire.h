@@ -10,11 +10,13 @@
 //    SET=0 COMPARE_SET=1 GET=2 ADD=3 CHECK=4 WAIT=5 GETNUMKEYS=6 WATCH_KEY=7 DELETE_KEY=8,
 //    and from 2.0 APPEND=9 MULTI_GET=10 MULTI_SET=11 CANCEL_WAIT=12.
 //  - V2, PyTorch 2.x from the VALIDATE handshake on, numbering of
-//    torch/csrc/distributed/c10d/TCPStoreBackend.hpp as of release v2.8 (the first with the
-//    queue ops): VALIDATE=0 (+ uint32 magic 0x3C85F7CE, the first request of every
-//    connection, no reply) SET=1 COMPARE_SET=2 GET=3 ADD=4 CHECK=5 WAIT=6 GETNUMKEYS=7
-//    DELETE_KEY=8 APPEND=9 MULTI_GET=10 MULTI_SET=11 CANCEL_WAIT=12 PING=13 QUEUE_PUSH=14
-//    QUEUE_POP=15 QUEUE_LEN=16.
+//    torch/csrc/distributed/c10d/TCPStoreBackend.hpp as of release v2.13: VALIDATE=0 (+ uint32
+//    magic 0x3C85F7CE, the first request of every connection, no reply) SET=1 COMPARE_SET=2
+//    GET=3 ADD=4 CHECK=5 WAIT=6 GETNUMKEYS=7 DELETE_KEY=8 APPEND=9 MULTI_GET=10 MULTI_SET=11
+//    CANCEL_WAIT=12 PING=13, from v2.8 QUEUE_PUSH=14 QUEUE_POP=15 QUEUE_LEN=16, and from
+//    v2.13 LIST_KEYS=17 (no fields; replies int64 n, then n keys: the whole store's) and
+//    BARRIER=18 (key, int64 world size; counts arrivals in the key like ADD, replies
+//    STOP_WAITING once the count reaches the world size, to every arrival waiting till then).
 // dlrun extension, V2 only, at a code no PyTorch era uses (a torch server refuses it):
 //    LEASE=64 (0x40): key, value, uint64 ttl_ms, uint64 n, then n (tripwire key, tripwire value)
 //    pairs; replies one uint8 0. Sets key=value and ties it to the connection: every request on
@@ -55,6 +57,8 @@ enum class Op : uint8_t {
   QueuePush,
   QueuePop,
   QueueLen,
+  ListKeys,
+  Barrier,
   Lease,
 };
 inline constexpr size_t kOpCount = static_cast<size_t>(Op::Lease) + 1;
@@ -91,7 +95,7 @@ struct Request {
                                          // leased key, then its tripwire keys
   std::vector<std::string_view> values;  // SET/APPEND/QUEUE_PUSH: 1; COMPARE_SET: expected,
                                          // desired; MULTI_SET and LEASE: one per key
-  int64_t number = 0;                    // ADD's delta
+  int64_t number = 0;                    // ADD's delta, BARRIER's world size
   uint64_t ttlMs = 0;                    // LEASE's time to live
   uint32_t word = 0;                     // VALIDATE's magic, PING's nonce
 

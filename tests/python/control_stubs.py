@@ -12,7 +12,11 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 PROTO_ROOT = os.path.join(HERE, "..", "..", "proto")
 # Debian's grpc-proto ships the standard schemas; python3-grpcio has no health module.
-HEALTH_PROTO = "/usr/share/grpc-proto/grpc/health/v1/health.proto"
+# Debian 12's grpc-proto; Debian 13 has none, and golang-google-grpc-dev carries the same file.
+HEALTH_PROTOS = ("/usr/share/grpc-proto/grpc/health/v1/health.proto",
+                 "/usr/share/gocode/src/google.golang.org/grpc/debian/missing-sources/grpc/"
+                 "grpc-proto/master/grpc/health/v1/health.proto")
+HEALTH_PROTO = next((p for p in HEALTH_PROTOS if os.path.exists(p)), HEALTH_PROTOS[0])
 
 
 def generate_stubs():

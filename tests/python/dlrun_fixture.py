@@ -1,7 +1,8 @@
 """Runs the dlrun launcher for the Python acceptance tests.
 
 The binary comes from the DLRUN environment variable (ctest sets it). Workers are small scripts
-in workers/ run by the system interpreter (the one with torch). Every wait has a deadline; the
+in workers/ run by the interpreter that runs the test: ctest runs each torch test under both
+eras' interpreters (Debian's torch 1.13 and the set-up's torch 2.13 environment). Every wait has a deadline; the
 events waited for are files that workers create (written to a temporary name, then renamed, so
 a file that exists is complete) and process exits. Every process a test starts is stopped by PID
 in a cleanup, also when the test fails: dlrun itself, and every worker whose PID file the test
@@ -14,11 +15,12 @@ import glob
 import os
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 import unittest
 
-PYTHON = "/usr/bin/python3"
+PYTHON = sys.executable
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKERS = os.path.join(HERE, "workers")
 RUN_TIMEOUT_S = 20   # the longest any single dlrun run may take before the test fails

@@ -8,6 +8,9 @@ serves the c10d rendezvous.
 - `dlrun stop --exit-code 7` ends a 2-node job: every worker gets SIGTERM (one that ignores it,
   SIGKILL after --stop-timeout) and every agent exits 7.
 - `dlrun stop --signal USR1` makes the bundled trainer checkpoint on every rank and exit 0.
+- Two agents of a 2-node job on one host (a GPU group each): status lists both under the host's
+  name, each with its own agent id, group rank and 2 workers (all 4 pids), in --json and in the
+  table.
 """
 import glob
 import json
@@ -39,7 +42,8 @@ class ControlPlaneTest(unittest.TestCase):
         self.addCleanup(self.hosts.close)
         self.agents = {}
 
-    def start_agent(self, node, nnodes, worker_args, nproc=2, extra=()):
+    def start_agent(self, node, nnodes, worker_args, nproc=2, extra=(), host=None):
+        """Agent `node` of the job, on host `node` unless `host` names another."""
         log = open(os.path.join(self.out, f"agent{node}.log"), "w")
         self.addCleanup(log.close)
         args = [binary_from_env("DLRUN", "dlrun"), f"--nnodes={nnodes}",
@@ -47,7 +51,8 @@ class ControlPlaneTest(unittest.TestCase):
                 f"--rdzv-endpoint={self.hosts.address(0)}:{PORT}", "--rdzv-id=ctl",
                 f"--token-file={self.token_file}", *extra, *worker_args]
         env = clean_env(GLOO_SOCKET_IFNAME=None, TMPDIR=self.out)
-        self.agents[node] = self.hosts.popen(node, args, env=env, stdout=log, stderr=log)
+        self.agents[node] = self.hosts.popen(node if host is None else host, args, env=env,
+                                             stdout=log, stderr=log)
 
     def logs(self):
         return log_tails(self.out, "agent*.log", tail=4000)
@@ -136,6 +141,36 @@ class ControlPlaneTest(unittest.TestCase):
             pass
         for node in range(3):
             self.assertEqual(self.wait_for_exit(node), 0, self.logs())
+
+    def test_two_agents_on_one_host_are_listed_apart(self):
+        for node in range(2):
+            self.start_agent(node, 2, [PYTHON, WORKER, self.out, "--wait"], host=0)
+        self.wait_for(lambda: len(self.starts(0)) == 4, "4 workers of round 0")
+        by_rank = {int(s["env"]["RANK"]): s["pid"] for s in self.starts(0)}
+
+        def running(job):
+            return {w["rank"]: w["pid"] for w in self.workers(job) if w["state"] == "running"}
+        self.wait_for(lambda: running(self.status()) == by_rank,
+                      "status to list the 4 running workers")
+        nodes = sorted(self.status()["nodes"], key=lambda n: n["agent"])
+        host = self.hosts.hostname(0)
+        self.assertEqual([(n["agent"], n["name"], n["replaced_by"], len(n["workers"]))
+                          for n in nodes], [(1, host, 0, 2), (2, host, 0, 2)])
+        self.assertEqual(sorted(n["group_rank"] for n in nodes), [0, 1])
+
+        code, out, err = self.control("status")
+        self.assertEqual(code, 0, f"{err}\n{self.logs()}")
+        rows = re.findall(rf"^(\d+)\s+(\d+)\s+{host}\s", out, re.M)  # GROUP, AGENT, NODE
+        self.assertEqual(sorted((int(a), int(g)) for g, a in rows),
+                         [(n["agent"], n["group_rank"]) for n in nodes], out)
+        self.assertIn("nodes 2 of 2:2", out)
+        for pid in by_rank.values():
+            self.assertIn(f" {pid} ", out)
+
+        code, out, err = self.control("stop", "--exit-code=7")
+        self.assertEqual(code, 0, f"{err}\n{self.logs()}")
+        for node in range(2):
+            self.assertEqual(self.wait_for_exit(node), 7, self.logs())
 
     def test_stop_ends_every_node_with_the_stated_code(self):
         # Rank 1 ignores SIGTERM: it goes only with the SIGKILL after --stop-timeout.

@@ -14,7 +14,8 @@ EVERY_VARIABLE = (
     "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
     "ROLE_NAME", "ROLE_RANK", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
     "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS",
-    "TORCHELASTIC_RUN_ID", "TORCHELASTIC_ERROR_FILE", "OMP_NUM_THREADS",
+    "TORCHELASTIC_RUN_ID", "TORCHELASTIC_ERROR_FILE", "TORCHELASTIC_SIGNALS_TO_HANDLE",
+    "OMP_NUM_THREADS",
     "TORCH_NCCL_ASYNC_ERROR_HANDLING", "NCCL_ASYNC_ERROR_HANDLING", "TF_CONFIG")
 OMP_NOTICE = "OMP_NUM_THREADS"
 
@@ -134,11 +135,12 @@ class DlrunEnvTest(unittest.TestCase):
             self.assertEqual(env["LOCAL_RANK"], "0")
             self.assertEqual(env["CUDA_VISIBLE_DEVICES"], device)
             self.assertEqual(env["TORCHELASTIC_SIGNALS_TO_HANDLE"], "SIGTERM,SIGUSR1")
-        # Without the flags: the list is every worker's, and torchrun 1.x's variables only.
+        # Without the flags: the list is every worker's, and the signals are torchrun 2.x's
+        # default four, named as torchrun names them.
         _, records = self.dump(["--nproc-per-node=2"], env=clean_env(CUDA_VISIBLE_DEVICES="5,7"))
         self.assertEqual({rec["env"]["CUDA_VISIBLE_DEVICES"] for rec in records.values()}, {"5,7"})
-        self.assertFalse([r for r in records.values()
-                          if "TORCHELASTIC_SIGNALS_TO_HANDLE" in r["env"]])
+        self.assertEqual({rec["env"]["TORCHELASTIC_SIGNALS_TO_HANDLE"]
+                          for rec in records.values()}, {"SIGTERM,SIGINT,SIGHUP,SIGQUIT"})
         # The one-line refusal when the list is too short for the workers.
         result = run_dlrun(self, ["--nproc-per-node=3", "--virtual-local-rank", PYTHON, ENV_DUMP,
                                   temp_dir(self)], env=clean_env(CUDA_VISIBLE_DEVICES="5,7"))

@@ -18,6 +18,10 @@ JOB_TIMEOUT_S = 60
 # them missed. The survivors' new workers must start within this long of the loss.
 FAST_LEASE = "--rdzv-conf=keep_alive_interval=0.5,keep_alive_max_attempt=3"
 RESTART_WITHIN_S = 3.0
+# An ended job's keys expire this long after its agents left (--rdzv-conf job_ttl); etcd checks
+# its leases every 500 ms, and revokes them in batches.
+JOB_TTL_S = 3
+EXPIRY_SLACK_S = 10
 ERROR_WITHIN_S = 15  # an unreachable cluster is reported within etcd's connect timeout (5 s)
 
 
@@ -127,9 +131,31 @@ class EtcdBackendTest(unittest.TestCase):
                       env=clean_env()).wait(JOB_TIMEOUT_S)
         self.assertEqual(again.returncode, 2, again)
         self.assertEqual(len(again.dlrun_lines()), 1, again)
-        self.assertIn("names a job that already ended (every worker finished)",
-                      again.dlrun_lines()[0])
+        # The line says when the id frees: the job's agents leased its keys as they left.
+        self.assertRegex(again.dlrun_lines()[0],
+                         r"names a job that ended at \d\d:\d\d:\d\d \(every worker finished\); "
+                         r"its keys expire at \d\d:\d\d:\d\d, in \d+ s "
+                         r"\(--rdzv-conf job_ttl=3600\)")
         self.assertEqual(os.listdir(out), [])  # no worker started
+
+    def test_a_rerun_under_the_default_id_starts_once_the_ended_jobs_keys_expired(self):
+        # torchrun's default --rdzv-id (none), as a job script re-run would use it.
+        args = ["--nnodes=1:2", "--nproc-per-node=1", "--rdzv-backend=etcd",
+                f"--rdzv-endpoint={self.etcd.endpoint}",
+                f"--rdzv-conf=job_ttl={JOB_TTL_S},last_call_timeout=0.2"]
+        for run in range(2):
+            out = temp_dir(self)
+            r = Dlrun(self, [*args, PYTHON, WORKER, out], env=clean_env()).wait(JOB_TIMEOUT_S)
+            self.assertEqual(r.returncode, 0, r)
+            self.assertEqual(len(glob.glob(os.path.join(out, "start_*.json"))), 1, r)
+            keys = self.etcd.keys("")
+            self.assertIn("/dlrun/none/kv/expiry", keys)
+            for key in keys:  # one prefix, not the store's and the rendezvous's
+                self.assertTrue(key.startswith("/dlrun/none/"), key)
+                self.assertEqual(key.count("dlrun/none/"), 1, key)
+            # etcd holds no key of the job once its TTL passed.
+            wait_until(lambda: self.etcd.keys("") == [], JOB_TTL_S + EXPIRY_SLACK_S,
+                       f"the keys of run {run} to expire", on_timeout=lambda: self.etcd.keys(""))
 
     def assert_one_line_error(self, args, code, part, within=JOB_TIMEOUT_S):
         started = time.monotonic()

@@ -1,7 +1,8 @@
-"""Real PyTorch 1.13 under dlrun: four workers meet through dlrun's store with
-init_process_group("gloo", env://), train with DistributedDataParallel, and all hold the same
-parameters afterwards. Both entry-point forms: an interpreter with the script as its argument,
-and a .py path run by PYTHON_EXEC."""
+"""Real PyTorch under dlrun, in both eras (ctest runs this file under torch 1.13's and torch
+2.13's interpreters; the workers run under the test's): four workers meet through dlrun's store
+with init_process_group("gloo", env://), train with DistributedDataParallel, and all hold the
+same parameters afterwards. Both entry-point forms: an interpreter with the script as its
+argument, and a .py path run by PYTHON_EXEC."""
 import os
 import unittest
 

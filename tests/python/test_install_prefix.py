@@ -21,10 +21,14 @@ def cpu_has_avx2_and_fma():
 
 
 def expected_commit():
-    """What the build wrote into --version: HEAD's commit, "-dirty" or not, or "unknown"."""
-    head = subprocess.run(["git", "-C", os.environ["DLRUN_SOURCE_DIR"], "rev-parse",
-                           "--short=12", "HEAD"], stdout=subprocess.PIPE,
-                          stderr=subprocess.DEVNULL, text=True)
+    """What the build wrote into --version: HEAD's commit, "-dirty" or not, or "unknown" (also
+    where no git is installed: the build could not ask it either)."""
+    try:
+        head = subprocess.run(["git", "-C", os.environ["DLRUN_SOURCE_DIR"], "rev-parse",
+                               "--short=12", "HEAD"], stdout=subprocess.PIPE,
+                              stderr=subprocess.DEVNULL, text=True)
+    except FileNotFoundError:
+        return "unknown"
     return re.escape(head.stdout.strip()) + "(-dirty)?" if head.returncode == 0 else "unknown"
 
 

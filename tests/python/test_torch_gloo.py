@@ -1,6 +1,7 @@
-"""Four torch 1.13 processes rendezvous through dlrund and all_reduce over gloo."""
+"""Four torch processes (the era of the interpreter running the test) rendezvous through dlrund and all_reduce over gloo."""
 import os
 import subprocess
+import sys
 import tempfile
 import time
 import unittest
@@ -22,7 +23,7 @@ class TorchGlooTest(unittest.TestCase):
         # Output goes to a file, not a pipe nobody drains, and is shown if the worker fails.
         log = tempfile.TemporaryFile()
         self.addCleanup(log.close)
-        proc = subprocess.Popen(["/usr/bin/python3", WORKER], env=env, stdout=log,
+        proc = subprocess.Popen([sys.executable, WORKER], env=env, stdout=log,
                                 stderr=subprocess.STDOUT, preexec_fn=die_with_parent)
         self.addCleanup(stop_process, proc)  # cleanups run in reverse: before log.close
         return proc, log

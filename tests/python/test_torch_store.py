@@ -1,4 +1,4 @@
-"""The real torch 1.13 TCPStore client against dlrund."""
+"""The real torch TCPStore client (the era of the interpreter running the test) against dlrund."""
 import threading
 import time
 import unittest
