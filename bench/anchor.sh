@@ -14,7 +14,9 @@ if [[ $torch_version == 1.* ]]; then
   torchrun=("$python" "$here/torchrun_py311.py")
   torchrun_name="torchrun (torch $torch_version, through bench/torchrun_py311.py)"
 else
-  torchrun=("$python" -m torch.distributed.run)
+  # The environment's own torchrun script: the benchmarks take the prefix as one argument list,
+  # where `-m torch.distributed.run` would read as an option of theirs.
+  torchrun=("$(dirname "$python")/torchrun")
   torchrun_name="torchrun (torch $torch_version)"
 fi
 

@@ -25,8 +25,8 @@
 # A launcher whose run fails (dlrun's multi-node flags, say) prints why and the rest goes on.
 # Builds nothing. c10d alone takes about five minutes with every K on 2 cores; the etcd
 # comparison of issue 11 (one etcd 3.4 with --enable-v2 on loopback for the whole run; torchrun's
-# etcd backends need Debian's python3-etcd, see scripts/setup.sh) about nine:
-#   BUDGET_SECONDS=400 bash bench/rdzv_bench.sh build --backends etcd,c10d \
+# etcd backends need python3-etcd, Debian's, so torch 1.13's torchrun) about nine:
+#   PYTHON=/usr/bin/python3 BUDGET_SECONDS=400 bash bench/rdzv_bench.sh build --backends etcd,c10d \
 #     --torchrun-backends etcd --victims store,other
 # (--torchrun-backends etcd,etcd-v2 adds torchrun's newer etcd backend: about fifteen minutes,
 # with BUDGET_SECONDS=600 for every run of (a)).

@@ -162,6 +162,8 @@ def main():
     parser.add_argument("--blas-dir", default="",
                         help="a directory with an optimised libblas.so.3 (OpenBLAS): adds "
                         "torch configurations with it first on LD_LIBRARY_PATH")
+    parser.add_argument("--torch-blas", default="Debian's libblas.so.3",
+                        help="what torch does its math with, for the tables' titles")
     parser.add_argument("--nprocs", default="1,2")
     parser.add_argument("--epochs", type=int, default=12)
     parser.add_argument("--target", type=float, default=0.88)
@@ -255,7 +257,7 @@ def main():
     torch_names = [name for name, _, _ in configs if name != "dlrun"]
     verdicts = []
     for torch_name in torch_names:
-        label = ("torch (Debian's libblas.so.3)" if torch_name == "torch" else
+        label = (f"torch ({args.torch_blas})" if torch_name == "torch" else
                  f"torch with {args.blas_dir}/libblas.so.3")
         print()
         print(f"dlrun vs {label}, {args.epochs} epochs, target test accuracy {args.target}")

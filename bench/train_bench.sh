@@ -30,6 +30,13 @@ anchor_for=train_bench.sh
 source "$here/anchor.sh"
 default_blas=/usr/lib/x86_64-linux-gnu/openblas-pthread
 [[ -e $default_blas/libblas.so.3 ]] || default_blas=
+# torch 2.x from PyPI brings its own math libraries (MKL, oneDNN): no libblas.so.3 to swap.
+torch_blas="its own MKL and oneDNN"
+if [[ $torch_version == 1.* ]]; then
+  torch_blas="Debian's libblas.so.3"
+else
+  default_blas=
+fi
 blas_dir=${BLAS_DIR-$default_blas}
 
 # Both launchers may write under TMPDIR (torchrun leaves its directories behind): a private one,
@@ -54,7 +61,7 @@ echo "load average at start: $(cut -d ' ' -f 1-3 /proc/loadavg)"
 status=0
 TMPDIR=$scratch ${no_dns[@]+"${no_dns[@]}"} "$python" "$here/train_bench.py" --dlrun "$dlrun" --python "$python" \
   --torchrun "${torchrun[@]}" --torch-script "$here/torch_ddp_train.py" \
-  --blas-dir "$blas_dir" --nprocs "${NPROCS:-1,2}" --epochs "${EPOCHS:-12}" \
+  --blas-dir "$blas_dir" --torch-blas "$torch_blas" --nprocs "${NPROCS:-1,2}" --epochs "${EPOCHS:-12}" \
   --target "${TARGET:-0.88}" --repeats "${REPEATS:-1}" --budget "${BUDGET_SECONDS:-540}" \
   --log "${LOG:-/dev/null}" "${stop_flag[@]}" &
 bench_pid=$!

@@ -36,9 +36,10 @@ if [[ -n $torch1 ]]; then
   PYTHON=$torch1 run store-torch1.13 "$here/store_bench.sh" "$build"
 fi
 
-echo "== summary: the ratio lines of each table (see each for the rest)"
+echo "== summary: each benchmark's title, table rows and verdicts (the notes are above)"
 for file in "$log"/*; do
   echo "-- $(basename "$file")"
-  grep -Ei 'ratio|speedup|x$|vs ' "$file" | grep -v '^load average' || true
+  grep -E '^(dlrun|N |K |ops|barrier N|[0-9]|\(|  +(victim|dlrun-|torchrun-)|goal|  N = )' \
+    "$file" || true
 done
 exit "$status"
