@@ -3,10 +3,10 @@
 #include <sys/stat.h>
 
 #include <algorithm>
-#include <charconv>
 #include <fstream>
 
 #include "common/log.h"
+#include "common/text.h"
 
 namespace dlrun::agents {
 
@@ -44,9 +44,7 @@ Heartbeat readHeartbeat(const fs::path& file, uint64_t seen) {
     std::ifstream in(file);
     std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back()))) text.pop_back();
-    int64_t step = 0;
-    auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), step);
-    if (ec == std::errc() && end == text.data() + text.size() && !text.empty()) beat.step = step;
+    if (const auto step = parseInteger<int64_t>(text)) beat.step = *step;
   }
   return beat;
 }

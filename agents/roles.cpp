@@ -1,10 +1,10 @@
 #include "agents/roles.h"
 
-#include <charconv>
 #include <nlohmann/json.hpp>
 #include <set>
 
 #include "common/error.h"
+#include "common/text.h"
 
 namespace dlrun::agents {
 namespace {
@@ -53,9 +53,8 @@ std::vector<RoleSpec> parseRoles(std::string_view text) {
       bad(text, "role name '" + role.name + "' is not a word");
     if (!names.insert(role.name).second) bad(text, "role '" + role.name + "' appears twice");
     const auto count = fields[1];
-    auto [end, ec] = std::from_chars(count.data(), count.data() + count.size(), role.count);
-    if (ec != std::errc() || end != count.data() + count.size() || role.count < 1 ||
-        role.count > 1 << 20)
+    role.count = parseInteger<int>(count).value_or(0);
+    if (role.count < 1 || role.count > 1 << 20)
       bad(text, "count '" + std::string(count) + "' of role " + role.name +
                     " is not a positive integer");
     for (size_t i = 2; i < fields.size(); ++i) {

@@ -5,13 +5,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <charconv>
 #include <cstdlib>
 #include <cstring>
 #include <string>
 #include <utility>
 
 #include "common/error.h"
+#include "common/text.h"
 
 namespace dlrun {
 namespace {
@@ -33,12 +33,7 @@ ProgressReporter ProgressReporter::fromEnvironment() {
   const char* path = std::getenv("DLRUN_PROGRESS_FILE");
   if (path == nullptr || *path == '\0') return {};
   const char* local = std::getenv("LOCAL_RANK");
-  int slot = -1;
-  if (local != nullptr) {
-    const char* end = local + std::strlen(local);
-    auto [at, ec] = std::from_chars(local, end, slot);
-    if (ec != std::errc() || at != end) slot = -1;
-  }
+  const int slot = local == nullptr ? -1 : parseInteger<int>(local).value_or(-1);
   if (slot < 0)
     throw ConfigError("DLRUN_PROGRESS_FILE is set but LOCAL_RANK is not a local rank");
   const int fd = ::open(path, O_RDWR | O_CLOEXEC);

@@ -5,7 +5,8 @@
 
 #include <algorithm>
 #include <cctype>
-#include <charconv>
+
+#include "common/text.h"
 
 namespace dlrun {
 
@@ -22,10 +23,8 @@ std::set<int> jobSignals(const std::vector<int>& stops) {
 }
 
 std::optional<int> parseSignal(std::string_view text) {
-  int number = 0;
-  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), number);
-  if (!text.empty() && error == std::errc() && end == text.data() + text.size())
-    return number >= 1 && number <= SIGRTMAX ? std::optional<int>(number) : std::nullopt;
+  if (const auto number = parseInteger<int>(text))
+    return *number >= 1 && *number <= SIGRTMAX ? number : std::nullopt;
   std::string name(text);
   std::transform(name.begin(), name.end(), name.begin(),
                  [](unsigned char c) { return static_cast<char>(std::toupper(c)); });

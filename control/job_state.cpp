@@ -1,10 +1,10 @@
 #include "control/job_state.h"
 
 #include <algorithm>
-#include <charconv>
 #include <map>
 
 #include "common/error.h"
+#include "common/text.h"
 #include "rendezvous/elastic_protocol.h"
 
 namespace dlrun::control {
@@ -15,12 +15,7 @@ using rendezvous::RoundEnd;
 namespace elastic = rendezvous::elastic;
 
 // A round number or a round's member count; nullopt for "abort", "stop" or a missing key.
-std::optional<int> number(const std::string& text) {
-  int value = 0;
-  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
-  if (text.empty() || error != std::errc() || end != text.data() + text.size()) return std::nullopt;
-  return value;
-}
+std::optional<int> number(const std::string& text) { return parseInteger<int>(text); }
 
 std::optional<RoundEnd> roundEnd(const std::string& text) {
   if (text.empty()) return std::nullopt;

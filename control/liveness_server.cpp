@@ -1,9 +1,8 @@
 #include "control/liveness_server.h"
 
-#include <fcntl.h>
-
 #include "common/asio.h"
 #include "common/error.h"
+#include "common/listen.h"
 
 namespace dlrun::control {
 
@@ -16,8 +15,6 @@ namespace {
 constexpr std::string_view kAlive =
     "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 6\r\n"
     "Connection: close\r\n\r\nalive\n";
-// The agent's workers must not inherit the port.
-void keepFromChildren(int fd) { ::fcntl(fd, F_SETFD, FD_CLOEXEC); }
 
 // A probe that sends nothing is answered after this long; one that sends a request, at once.
 constexpr auto kRequestWait = std::chrono::milliseconds(500);
@@ -53,38 +50,35 @@ struct Probe : std::enable_shared_from_this<Probe> {
   char request[4096];
 };
 
+tcp::acceptor openPort(asio::io_context& io, const std::string& host, uint16_t port) {
+  const std::string what = "the liveness port " + host + ":" + std::to_string(port);
+  error_code ec;
+  const auto address = asio::ip::make_address(host, ec);
+  if (ec) throw NetworkError("cannot listen on " + what + ": " + ec.message());
+  return listenOn(io, {address, port}, what);
+}
+
 }  // namespace
 
 struct LivenessServer::Impl : std::enable_shared_from_this<Impl> {
-  explicit Impl(asio::io_context& io) : acceptor(io) {}
+  explicit Impl(tcp::acceptor acceptor) : listener(std::move(acceptor)) {}
 
+  // A failed accept only waits for the next: a probe has nothing to be told.
   void accept() {
-    acceptor.async_accept([self = shared_from_this()](const error_code& ec, tcp::socket socket) {
-      if (ec == asio::error::operation_aborted) return;
-      if (!ec) {
-        keepFromChildren(socket.native_handle());
-        std::make_shared<Probe>(std::move(socket))->start();
-      }
-      self->accept();
-    });
+    listener.start(
+        [self = shared_from_this()](tcp::socket socket) {
+          std::make_shared<Probe>(std::move(socket))->start();
+        },
+        [](const error_code&) {});
   }
 
-  tcp::acceptor acceptor;
+  Listener listener;
 };
 
 LivenessServer::LivenessServer(const std::string& host, uint16_t port)
-    : io_(std::make_unique<asio::io_context>(1)), impl_(std::make_shared<Impl>(*io_)) {
-  error_code ec;
-  const tcp::endpoint endpoint(asio::ip::make_address(host, ec), port);
-  if (!ec) impl_->acceptor.open(endpoint.protocol(), ec);
-  if (!ec) impl_->acceptor.set_option(tcp::acceptor::reuse_address(true), ec);
-  if (!ec) impl_->acceptor.bind(endpoint, ec);
-  if (!ec) impl_->acceptor.listen(asio::socket_base::max_listen_connections, ec);
-  if (ec)
-    throw NetworkError("cannot serve the liveness port " + host + ":" + std::to_string(port) +
-                       ": " + ec.message());
-  keepFromChildren(impl_->acceptor.native_handle());
-  port_ = impl_->acceptor.local_endpoint().port();
+    : io_(std::make_unique<asio::io_context>(1)),
+      impl_(std::make_shared<Impl>(openPort(*io_, host, port))) {
+  port_ = impl_->listener.local().port();
   impl_->accept();
   thread_ = std::thread([this] { io_->run(); });
 }

@@ -3,7 +3,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <charconv>
 #include <csignal>
 #include <ctime>
 #include <filesystem>
@@ -17,6 +16,7 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "common/signal_name.h"
+#include "common/text.h"
 #include "control/access.h"
 #include "control/control_server.h"
 #include "control/liveness_server.h"
@@ -475,14 +475,12 @@ int launchMultiNode(const LaunchConfig& config) {
 std::optional<control::LivenessServer> serveLiveness() {
   const char* text = std::getenv("TORCHELASTIC_HEALTH_CHECK_PORT");
   if (!text || !*text) return std::nullopt;
-  uint16_t port = 0;
-  const std::string_view value(text);
-  const auto [end, error] = std::from_chars(value.data(), value.data() + value.size(), port);
-  if (error != std::errc() || end != value.data() + value.size() || port == 0)
-    throw ConfigError("TORCHELASTIC_HEALTH_CHECK_PORT='" + std::string(value) +
+  const auto port = parseInteger<uint16_t>(text);
+  if (!port || *port == 0)
+    throw ConfigError("TORCHELASTIC_HEALTH_CHECK_PORT='" + std::string(text) +
                       "' is not a port (1 to 65535)");
   try {
-    return std::make_optional<control::LivenessServer>("0.0.0.0", port);
+    return std::make_optional<control::LivenessServer>("0.0.0.0", *port);
   } catch (const NetworkError& e) {
     log::warn(std::string(e.what()) + "; going on without it");
     return std::nullopt;

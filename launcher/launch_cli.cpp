@@ -28,15 +28,8 @@ namespace {
 const CLI::Range kCount(0, 1'000'000);
 const CLI::Range kSeconds(0.0, 86'400.0);
 
-std::optional<int> toInt(std::string_view text) {
-  int value = 0;
-  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
-  if (ec != std::errc() || end != text.data() + text.size()) return std::nullopt;
-  return value;
-}
-
 std::optional<agents::Streams> toStreams(std::string_view text) {
-  auto value = toInt(text);
+  auto value = parseInteger<int>(text);
   if (!value || *value < 0 || *value > 3) return std::nullopt;
   return static_cast<agents::Streams>(*value);
 }
@@ -134,8 +127,8 @@ RdzvBackendFlag parseRdzvBackend(const std::string& value) {
 std::pair<int, int> parseNnodes(const std::string& value) {
   auto parts = split(value, ':');
   if (parts.size() > 2) throw ConfigError("--nnodes: '" + value + "' is not N or MIN:MAX");
-  auto low = toInt(parts[0]);
-  auto high = parts.size() == 2 ? toInt(parts[1]) : low;
+  auto low = parseInteger<int>(parts[0]);
+  auto high = parts.size() == 2 ? parseInteger<int>(parts[1]) : low;
   if (!low || !high || *low < 1)
     throw ConfigError("--nnodes: '" + value + "' is not N or MIN:MAX with positive integers");
   if (*low > *high)
@@ -155,7 +148,7 @@ int parseNprocPerNode(const std::string& value, const HostProbe& host) {
     const int gpus = host.gpuCount();
     return gpus > 0 ? gpus : host.cpuCount();
   }
-  auto n = toInt(value);
+  auto n = parseInteger<int>(value);
   if (!n || *n < 1)
     throw ConfigError("--nproc-per-node: '" + value +
                       "' is not a positive integer, cpu, gpu or auto");
@@ -170,7 +163,7 @@ agents::StreamsByRank parseStreams(const std::string& flag, const std::string& v
   }
   for (const auto& item : split(value, ',')) {
     auto pair = split(item, ':');
-    auto rank = pair.size() == 2 ? toInt(pair[0]) : std::nullopt;
+    auto rank = pair.size() == 2 ? parseInteger<int>(pair[0]) : std::nullopt;
     auto streams = pair.size() == 2 ? toStreams(pair[1]) : std::nullopt;
     if (!rank || *rank < 0 || !streams)
       throw ConfigError(flag + ": '" + value +
@@ -228,7 +221,7 @@ RdzvSettings parseRdzvSettings(const std::map<std::string, std::string>& conf) {
     } else if (key == "keep_alive_interval") {
       settings.heartbeat = seconds(key, value);
     } else if (key == "keep_alive_max_attempt") {
-      auto attempts = toInt(value);
+      auto attempts = parseInteger<int>(value);
       if (!attempts || *attempts < 1 || *attempts > 1000)
         throw ConfigError("--rdzv-conf: keep_alive_max_attempt=" + value +
                           " is not a count from 1 to 1000");
@@ -246,7 +239,7 @@ RdzvSettings parseRdzvSettings(const std::map<std::string, std::string>& conf) {
         throw ConfigError("--rdzv-conf: etcd_prefix='" + value + "' is not a key prefix");
       settings.etcdPrefix = value.ends_with('/') ? value : value + "/";
     } else if (key == "job_ttl") {
-      auto ttl = toInt(value);
+      auto ttl = parseInteger<int>(value);
       if (!ttl || *ttl < 1 || *ttl > kMaxJobTtlSeconds)
         throw ConfigError("--rdzv-conf: job_ttl=" + value +
                           " is not a whole number of seconds from 1 to 2592000 (30 days)");
@@ -330,7 +323,7 @@ rendezvous::etcd::EtcdSecurity etcdSecurity(
 std::set<int> parseRanksFilter(const std::string& value) {
   std::set<int> ranks;
   for (const auto& item : split(value, ',')) {
-    auto rank = toInt(item);
+    auto rank = parseInteger<int>(item);
     if (!rank || *rank < 0)
       throw ConfigError("--local-ranks-filter: '" + value + "' is not a list such as 0,2");
     ranks.insert(*rank);
@@ -402,7 +395,7 @@ std::pair<std::string, std::optional<uint16_t>> parseEndpoint(const std::string&
   }
   if (host.empty()) throw ConfigError(flag + ": '" + value + "' has no host");
   if (!hasPort) return {host, std::nullopt};
-  auto number = toInt(port);
+  auto number = parseInteger<int>(port);
   if (!number || *number < 0 || *number > 65535)
     throw ConfigError(flag + ": port '" + port + "' is not a number from 0 to 65535");
   return {host, static_cast<uint16_t>(*number)};
@@ -631,7 +624,7 @@ LaunchParse parseDlrunArgs(const std::vector<std::string>& args, const HostProbe
     stopTimeout = shutdownTimeout;
   } else if (auto it = host.env.find("TORCH_ELASTIC_SHUTDOWN_TIMEOUT");
              stopTimeoutOption->count() == 0 && it != host.env.end()) {
-    const auto seconds = toInt(it->second);
+    const auto seconds = parseInteger<int>(it->second);
     if (!seconds || *seconds < 0 || *seconds > 86'400)
       throw ConfigError("TORCH_ELASTIC_SHUTDOWN_TIMEOUT: '" + it->second +
                         "' is not a whole number of seconds from 0 to 86400");

@@ -1,13 +1,12 @@
 #include "metrics/http_server.h"
 
-#include <fcntl.h>
-
 #include <optional>
 #include <unordered_map>
 #include <vector>
 
 #include "common/asio.h"
 #include "common/error.h"
+#include "common/listen.h"
 #include "common/log.h"
 
 #include <boost/beast/core.hpp>
@@ -33,24 +32,18 @@ class HttpSession;
 class HttpServerImpl : public std::enable_shared_from_this<HttpServerImpl> {
  public:
   HttpServerImpl(asio::io_context& io, HttpServerOptions options, HttpHandler handler)
-      : io_(io),
-        options_(std::move(options)),
+      : options_(std::move(options)),
         handler_(std::move(handler)),
-        acceptor_(io),
-        retryTimer_(io) {}
+        listener_(listen(io, options_)) {}
 
-  void listen();
+  static tcp::acceptor listen(asio::io_context& io, const HttpServerOptions& options);
   void accept();
   void stop();
 
-  asio::io_context& io_;
   const HttpServerOptions options_;
   const HttpHandler handler_;
-  tcp::acceptor acceptor_;
-  asio::steady_timer retryTimer_;
-  tcp::endpoint bound_;
+  Listener listener_;
   std::unordered_map<HttpSession*, std::weak_ptr<HttpSession>> sessions_;
-  bool stopped_ = false;
 };
 
 class HttpSession : public std::enable_shared_from_this<HttpSession> {
@@ -115,52 +108,33 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
   http::response<http::string_body> response_;
 };
 
-void HttpServerImpl::listen() {
+// A port that cannot be had is bad input: the flag's value is wrong.
+tcp::acceptor HttpServerImpl::listen(asio::io_context& io, const HttpServerOptions& options) {
   error_code ec;
-  const auto address = asio::ip::make_address(options_.host, ec);
+  const auto address = asio::ip::make_address(options.host, ec);
+  if (ec) throw ConfigError(options.flag + ": '" + options.host + "' is not a numeric address");
+  tcp::acceptor acceptor(io);
+  ec = openListener(acceptor, {address, options.port}, asio::socket_base::max_listen_connections);
   if (ec)
-    throw ConfigError(options_.flag + ": '" + options_.host + "' is not a numeric address");
-  const tcp::endpoint endpoint(address, options_.port);
-  acceptor_.open(endpoint.protocol(), ec);
-  if (!ec) acceptor_.set_option(tcp::acceptor::reuse_address(true), ec);
-  if (!ec && address.is_v6()) acceptor_.set_option(asio::ip::v6_only(false), ec);
-  if (!ec) acceptor_.bind(endpoint, ec);
-  if (!ec) acceptor_.listen(asio::socket_base::max_listen_connections, ec);
-  if (ec)
-    throw ConfigError(options_.flag + " " + std::to_string(options_.port) + ": cannot listen on " +
-                      options_.host + ": " + ec.message() +
+    throw ConfigError(options.flag + " " + std::to_string(options.port) + ": cannot listen on " +
+                      options.host + ": " + ec.message() +
                       (ec == asio::error::address_in_use ? " (pick another port, or 0 for any)"
                                                          : ""));
-  // Workers the agent starts must not inherit the listener.
-  ::fcntl(acceptor_.native_handle(), F_SETFD, FD_CLOEXEC);
-  bound_ = acceptor_.local_endpoint();
+  return acceptor;
 }
 
 void HttpServerImpl::accept() {
-  acceptor_.async_accept([self = shared_from_this()](const error_code& ec, tcp::socket socket) {
-    if (self->stopped_ || ec == asio::error::operation_aborted) return;
-    if (!ec) {
-      ::fcntl(socket.native_handle(), F_SETFD, FD_CLOEXEC);
-      auto session = std::make_shared<HttpSession>(self, std::move(socket));
-      self->sessions_.emplace(session.get(), session);
-      session->read();
-      return self->accept();
-    }
-    // Out of descriptors (or a transient error): back off instead of spinning.
-    log::debug("metrics: accept failed: " + ec.message());
-    self->retryTimer_.expires_after(std::chrono::milliseconds(50));
-    self->retryTimer_.async_wait([self](const error_code& e) {
-      if (!e && !self->stopped_) self->accept();
-    });
-  });
+  listener_.start(
+      [self = shared_from_this()](tcp::socket socket) {
+        auto session = std::make_shared<HttpSession>(self, std::move(socket));
+        self->sessions_.emplace(session.get(), session);
+        session->read();
+      },
+      [](const error_code& ec) { log::debug("metrics: accept failed: " + ec.message()); });
 }
 
 void HttpServerImpl::stop() {
-  if (stopped_) return;
-  stopped_ = true;
-  error_code ec;
-  acceptor_.close(ec);
-  retryTimer_.cancel();
+  if (!listener_.stop()) return;
   std::vector<std::shared_ptr<HttpSession>> open;
   for (auto& [raw, weak] : sessions_)
     if (auto session = weak.lock()) open.push_back(std::move(session));
@@ -172,15 +146,16 @@ void HttpServerImpl::stop() {
 
 HttpServer::HttpServer(asio::io_context& io, HttpServerOptions options, HttpHandler handler)
     : impl_(std::make_shared<detail::HttpServerImpl>(io, std::move(options), std::move(handler))) {
-  impl_->listen();
   impl_->accept();
 }
 
 HttpServer::~HttpServer() { impl_->stop(); }
 
-uint16_t HttpServer::port() const { return impl_->bound_.port(); }
+uint16_t HttpServer::port() const { return impl_->listener_.local().port(); }
 
-std::string HttpServer::address() const { return impl_->bound_.address().to_string(); }
+std::string HttpServer::address() const {
+  return impl_->listener_.local().address().to_string();
+}
 
 void HttpServer::stop() { impl_->stop(); }
 

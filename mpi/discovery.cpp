@@ -1,8 +1,7 @@
 #include "mpi/discovery.h"
 
-#include <charconv>
-
 #include "common/error.h"
+#include "common/text.h"
 
 namespace dlrun::mpi {
 namespace {
@@ -18,9 +17,8 @@ std::optional<int> firstNumber(const Environment& env, std::initializer_list<con
   for (const char* name : names) {
     const std::string* text = find(env, name);
     if (!text) continue;
-    int value = 0;
-    auto [end, ec] = std::from_chars(text->data(), text->data() + text->size(), value);
-    if (ec != std::errc() || end != text->data() + text->size() || value < min || value > max)
+    const auto value = parseInteger<int>(*text);
+    if (!value || *value < min || *value > max)
       throw ConfigError(std::string(name) + "='" + *text + "' is not a whole number from " +
                         std::to_string(min) + " to " + std::to_string(max) +
                         "; set DLRUN_MPI=0 to ignore mpirun");

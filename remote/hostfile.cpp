@@ -2,11 +2,11 @@
 
 #include <algorithm>
 #include <cctype>
-#include <charconv>
 #include <set>
 #include <sstream>
 
 #include "common/error.h"
+#include "common/text.h"
 
 namespace dlrun::remote {
 namespace {
@@ -24,9 +24,8 @@ bool validName(const std::string& name) {
 }
 
 int slotsOf(const std::string& text, const std::string& where) {
-  int value = 0;
-  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
-  if (ec != std::errc() || end != text.data() + text.size() || value < 1 || value > kMaxSlots)
+  const int value = parseInteger<int>(text).value_or(0);
+  if (value < 1 || value > kMaxSlots)
     throw ConfigError(where + ": slots '" + text + "' is not a whole number from 1 to " +
                       std::to_string(kMaxSlots));
   return value;
@@ -71,11 +70,9 @@ std::vector<Host> parseHostfile(const std::string& text, const std::string& file
 std::vector<Host> parseHostList(const std::string& value) {
   std::vector<Host> hosts;
   std::set<std::string> seen;
-  size_t start = 0;
-  for (int number = 1;; ++number) {
-    const size_t comma = value.find(',', start);
-    const std::string item = value.substr(start, comma - start);
-    Host host{.where = "--hosts entry " + std::to_string(number) + " '" + item + "'"};
+  int number = 0;
+  for (const std::string& item : split(value, ',')) {
+    Host host{.where = "--hosts entry " + std::to_string(++number) + " '" + item + "'"};
     // The last ':' separates the slots, unless the entry is an IPv6 address in brackets.
     const size_t colon = item.rfind(':');
     if (colon != std::string::npos && item.find(']', colon) == std::string::npos &&
@@ -86,9 +83,8 @@ std::vector<Host> parseHostList(const std::string& value) {
       host.name = item;
     }
     add(hosts, seen, std::move(host));
-    if (comma == std::string::npos) return hosts;
-    start = comma + 1;
   }
+  return hosts;
 }
 
 }  // namespace dlrun::remote

@@ -2,9 +2,9 @@
 
 #include <signal.h>
 
-#include <charconv>
 #include <set>
 
+#include "common/text.h"
 #include "rendezvous/json_fields.h"
 
 namespace dlrun::rendezvous::control {
@@ -25,9 +25,9 @@ std::optional<ControlCommand> decodeCommand(std::string_view text) {
     command.kind = ControlCommand::Kind::Stop;
     number.remove_prefix(5);
   }
-  auto [end, ec] = std::from_chars(number.data(), number.data() + number.size(), command.value);
-  if (number.empty() || ec != std::errc() || end != number.data() + number.size())
-    return std::nullopt;
+  const auto value = parseInteger<int>(number);
+  if (!value) return std::nullopt;
+  command.value = *value;
   if (command.kind == ControlCommand::Kind::Signal && (command.value < 1 || command.value > SIGRTMAX))
     return std::nullopt;
   if (command.kind == ControlCommand::Kind::Stop && (command.value < 0 || command.value > 255))

@@ -251,9 +251,8 @@ std::optional<Expiry> decodeExpiry(std::string_view text) {
   const size_t space = text.find(' ');
   if (space == std::string_view::npos) return std::nullopt;
   const auto number = [](std::string_view digits, int64_t& into) {
-    const auto [end, error] = std::from_chars(digits.data(), digits.data() + digits.size(), into);
-    return !digits.empty() && error == std::errc() && end == digits.data() + digits.size() &&
-           into >= 0;
+    into = parseInteger<int64_t>(digits).value_or(-1);
+    return into >= 0;
   };
   if (!number(text.substr(0, space), expiry.endedAt) || !number(text.substr(space + 1), expiry.ttl))
     return std::nullopt;
@@ -283,8 +282,8 @@ std::string encodeShape(const Shape& shape) {
 Shape decodeShape(std::string_view text) {
   Shape shape{.protocol = 1};
   const auto number = [&](std::string_view digits, int& into) {
-    const auto [end, error] = std::from_chars(digits.data(), digits.data() + digits.size(), into);
-    if (digits.empty() || error != std::errc() || end != digits.data() + digits.size() || into < 0)
+    into = parseInteger<int>(digits).value_or(-1);
+    if (into < 0)
       throw ProtocolError("malformed job shape '" + std::string(text) + "' in the store");
   };
   std::string_view range = text;

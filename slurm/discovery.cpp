@@ -1,8 +1,7 @@
 #include "slurm/discovery.h"
 
-#include <charconv>
-
 #include "common/error.h"
+#include "common/text.h"
 #include "slurm/hostlist.h"
 
 namespace dlrun::slurm {
@@ -17,9 +16,8 @@ template <typename T>
 std::optional<T> number(const Environment& env, const std::string& name, T min) {
   const std::string* text = find(env, name);
   if (!text) return std::nullopt;
-  T value{};
-  auto [end, ec] = std::from_chars(text->data(), text->data() + text->size(), value);
-  if (ec != std::errc() || end != text->data() + text->size() || value < min)
+  const std::optional<T> value = parseInteger<T>(*text);
+  if (!value || *value < min)
     throw ConfigError(name + "='" + *text + "' is not a whole number >= " +
                       std::to_string(min) + "; pass --no-slurm to ignore Slurm");
   return value;

@@ -12,6 +12,8 @@
 #include "common/clock.h"
 #include "common/error.h"
 #include "etcd/rpc.pb.h"
+#include "rendezvous/etcd/etcd_keep_alive.h"
+#include "rendezvous/etcd/etcd_watch.h"
 #include "tests/etcd_server.h"
 
 namespace dlrun::rendezvous::etcd {

@@ -14,7 +14,9 @@
 #include "common/clock.h"
 #include "common/error.h"
 #include "rendezvous/etcd/etcd_client.h"
+#include "rendezvous/etcd/etcd_keep_alive.h"
 #include "rendezvous/etcd/etcd_store.h"
+#include "rendezvous/etcd/etcd_watch.h"
 #include "tests/etcd_cluster.h"
 
 namespace dlrun::rendezvous::etcd {

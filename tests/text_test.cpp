@@ -1,7 +1,10 @@
-// common/text.h: the one way dlrun cuts lists (flags, CUDA_VISIBLE_DEVICES, store records).
+// common/text.h: the one way dlrun cuts lists (flags, CUDA_VISIBLE_DEVICES, store records) and
+// reads whole-string integers.
 #include "common/text.h"
 
 #include <gtest/gtest.h>
+
+#include <cstdint>
 
 namespace dlrun {
 namespace {
@@ -14,6 +17,33 @@ TEST(Split, EveryPieceBetweenSeparatorsEmptyOnesIncluded) {
   EXPECT_EQ(split("", ','), (Parts{""}));
   EXPECT_EQ(split("no separator", ','), (Parts{"no separator"}));
   EXPECT_EQ(split("x\ny\n", '\n'), (Parts{"x", "y", ""}));
+}
+
+TEST(ParseInteger, TheWholeStringAsOneDecimalInteger) {
+  EXPECT_EQ(parseInteger<int>("42"), 42);
+  EXPECT_EQ(parseInteger<int>("-7"), -7);
+  EXPECT_EQ(parseInteger<int>("0"), 0);
+  EXPECT_EQ(parseInteger<int64_t>("9223372036854775807"), INT64_MAX);
+  EXPECT_EQ(parseInteger<int64_t>("-9223372036854775808"), INT64_MIN);
+  EXPECT_EQ(parseInteger<uint16_t>("65535"), 65535);
+}
+
+TEST(ParseInteger, NothingButDigitsAndOneMinus) {
+  for (const char* text : {"", "+1", " 1", "1 ", "12abc", "0x10", "1.5", "-", "--1"})
+    EXPECT_EQ(parseInteger<int>(text), std::nullopt) << "'" << text << "'";
+}
+
+TEST(ParseInteger, NoWrapAroundForUnsignedAndNothingOutOfRange) {
+  EXPECT_EQ(parseInteger<unsigned>("-1"), std::nullopt);
+  EXPECT_EQ(parseInteger<uint16_t>("65536"), std::nullopt);
+  EXPECT_EQ(parseInteger<uint16_t>("-0"), std::nullopt);
+  EXPECT_EQ(parseInteger<int>("2147483648"), std::nullopt);
+  EXPECT_EQ(parseInteger<int64_t>("9223372036854775808"), std::nullopt);
+}
+
+TEST(ParseInteger, ReadsOnlyTheViewNotWhatFollowsIt) {
+  const std::string_view text = "123456";
+  EXPECT_EQ(parseInteger<int>(text.substr(0, 3)), 123);
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "common/error.h"
+#include "common/text.h"
 
 namespace dlrun::trainer {
 namespace {
@@ -87,10 +88,8 @@ std::vector<fs::path> checkpointsNewestFirst(const std::string& dir) {
   for (const auto& entry : fs::directory_iterator(dir, ec)) {
     const std::string name = entry.path().filename();
     if (!name.starts_with("checkpoint-") || !name.ends_with(".bin")) continue;
-    try {
-      found.emplace_back(std::stoll(name.substr(11, name.size() - 15)), entry.path());
-    } catch (const std::exception&) {
-    }
+    const std::string_view step = std::string_view(name).substr(11, name.size() - 15);
+    if (const auto number = parseInteger<int64_t>(step)) found.emplace_back(*number, entry.path());
   }
   std::sort(found.begin(), found.end(), [](auto& a, auto& b) { return a.first > b.first; });
   std::vector<fs::path> paths;

@@ -1,12 +1,11 @@
 #include "trainer/config.h"
 
 #include <CLI/CLI.hpp>
-#include <charconv>
 #include <cstdlib>
-#include <cstring>
 
 #include "common/cli.h"
 #include "common/error.h"
+#include "common/text.h"
 #include "common/version.h"
 
 namespace dlrun::trainer {
@@ -15,11 +14,8 @@ namespace {
 std::optional<int64_t> envInt(const char* name) {
   const char* text = std::getenv(name);
   if (text == nullptr) return std::nullopt;
-  int64_t value = 0;
-  const char* end = text + std::strlen(text);
-  auto [at, ec] = std::from_chars(text, end, value);
-  if (ec != std::errc() || at != end)
-    throw ConfigError(std::string(name) + "='" + text + "' is not an integer");
+  const auto value = parseInteger<int64_t>(text);
+  if (!value) throw ConfigError(std::string(name) + "='" + text + "' is not an integer");
   return value;
 }
 

@@ -9,6 +9,7 @@
 #include "common/asio.h"
 #include "common/error.h"
 #include "common/log.h"
+#include "common/text.h"
 #include "trainer/math_dispatch.h"
 #include "trainer/ps_server.h"
 
@@ -42,8 +43,9 @@ class CpuPsEngine final : public PsEngine {
       const size_t space = value.find(' ');
       tcp::socket socket(io_);
       try {
-        socket.connect({asio::ip::make_address(value.substr(0, space)),
-                        static_cast<uint16_t>(std::stoi(value.substr(space + 1)))});
+        const auto port = parseInteger<uint16_t>(std::string_view(value).substr(space + 1));
+        if (!port) throw ProtocolError("no port after the address");
+        socket.connect({asio::ip::make_address(value.substr(0, space)), *port});
       } catch (const std::exception& e) {
         throw NetworkError("cannot reach parameter server " + std::to_string(i) + " at " +
                            value + ": " + e.what());

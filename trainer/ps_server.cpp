@@ -9,6 +9,7 @@
 #include <set>
 
 #include "common/asio.h"
+#include "common/listen.h"
 #include "common/log.h"
 #include "rendezvous/store/address.h"
 #include "trainer/data.h"
@@ -35,10 +36,8 @@ class Server {
         positions_(place.workers) {}
 
   uint16_t listen(const std::string& address) {
-    const tcp::endpoint at(asio::ip::make_address(address), 0);
-    acceptor_.open(at.protocol());
-    acceptor_.bind(at);
-    acceptor_.listen();
+    acceptor_ = listenOn(io_, {asio::ip::make_address(address), 0},
+                         "the parameter server's address " + address);
     accept();
     return acceptor_.local_endpoint().port();
   }

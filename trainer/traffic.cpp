@@ -6,7 +6,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 
-#include <cstdlib>
+#include "common/text.h"
 
 namespace dlrun::trainer {
 
@@ -15,13 +15,13 @@ Traffic tcpTraffic() {
   DIR* fds = ::opendir("/proc/self/fd");
   if (fds == nullptr) return total;
   while (const dirent* entry = ::readdir(fds)) {
-    const int fd = std::atoi(entry->d_name);
+    const auto fd = parseInteger<int>(entry->d_name);  // nullopt for "." and ".."
     struct stat st {};
-    if (entry->d_name[0] == '.' || ::fstat(fd, &st) != 0 || !S_ISSOCK(st.st_mode)) continue;
+    if (!fd || ::fstat(*fd, &st) != 0 || !S_ISSOCK(st.st_mode)) continue;
     tcp_info info{};
     socklen_t size = sizeof(info);
     // Not a TCP socket (the directory's own descriptor, Unix sockets): refused, skipped.
-    if (::getsockopt(fd, IPPROTO_TCP, TCP_INFO, &info, &size) != 0) continue;
+    if (::getsockopt(*fd, IPPROTO_TCP, TCP_INFO, &info, &size) != 0) continue;
     total.sent += info.tcpi_bytes_acked;
     total.received += info.tcpi_bytes_received;
   }

@@ -3,6 +3,7 @@
 #include <charconv>
 
 #include "common/error.h"
+#include "common/text.h"
 
 namespace dlrun::rendezvous::etcd {
 namespace detail {
@@ -75,16 +76,12 @@ std::string Endpoint::text() const {
 std::vector<Endpoint> parseEndpoints(std::string_view list) {
   std::vector<Endpoint> endpoints;
   if (detail::trim(list).empty()) throw ConfigError("etcd endpoints: the list is empty");
-  size_t start = 0;
-  while (true) {
-    const auto comma = list.find(',', start);
-    const auto entry = detail::trim(list.substr(start, comma - start));
+  for (const std::string& part : split(list, ',')) {
+    const auto entry = detail::trim(part);
     if (entry.empty()) {
       throw ConfigError("etcd endpoints '" + std::string(list) + "': an entry is empty");
     }
     endpoints.push_back(detail::parseEntry(entry));
-    if (comma == std::string_view::npos) break;
-    start = comma + 1;
   }
   return endpoints;
 }

@@ -3,6 +3,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <charconv>
+#include <thread>
 
 #include "common/clock.h"
 #include "common/error.h"
@@ -10,6 +11,8 @@
 #include "grpc_runtime.h"
 #include "rendezvous/etcd/etcd_call.h"
 #include "rendezvous/etcd/etcd_compare.h"
+#include "rendezvous/etcd/etcd_keep_alive.h"
+#include "rendezvous/etcd/etcd_watch.h"
 
 namespace dlrun::rendezvous::etcd {
 namespace detail {
@@ -611,6 +614,11 @@ std::unique_ptr<EtcdKeepAlive> EtcdClient::keepAlive(int64_t lease,
 std::unique_ptr<EtcdWatch> EtcdClient::watch(const std::string& key, const std::string& rangeEnd,
                                              int64_t startRevision) {
   return std::make_unique<EtcdWatch>(*this, key, rangeEnd, startRevision);
+}
+
+std::unique_ptr<EtcdWatch> EtcdClient::watchPrefix(const std::string& prefix,
+                                                   int64_t startRevision) {
+  return watch(prefix, prefixEnd(prefix), startRevision);
 }
 
 std::unique_ptr<EtcdWatch> EtcdClient::watch(std::vector<WatchRange> ranges) {

@@ -19,19 +19,18 @@
 // unary call that etcd answers "invalid auth token" (expired) authenticates again and is
 // repeated once. Refused credentials are an Error naming the endpoint and the user.
 //
-// Fail-over of the streams: EtcdWatch and EtcdKeepAlive move to another endpoint by themselves
-// when theirs fails (UNAVAILABLE, the stream's end, a member without a leader refusing
-// `hasleader`), within about a second: the watch resumes from lastRevision() + 1 (no event lost,
-// none twice), the keep-alive renews the same lease (it lives in the cluster, not in a member).
-// Both keep a reference to their EtcdClient, which must outlive them.
+// Fail-over of the streams: EtcdWatch (etcd_watch.h) and EtcdKeepAlive (etcd_keep_alive.h)
+// move to another endpoint by themselves when theirs fails (UNAVAILABLE, the stream's end, a
+// member without a leader refusing `hasleader`), within about a second: the watch resumes from
+// lastRevision() + 1 (no event lost, none twice), the keep-alive renews the same lease (it lives
+// in the cluster, not in a member). Both keep a reference to their EtcdClient, which must
+// outlive them.
 //
 // Threads: every method is thread-safe (gRPC stubs are). EtcdKeepAlive runs one thread of its
 // own (why: see there); EtcdWatch runs none, its owner's thread drives it.
 #pragma once
 
-#include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -39,14 +38,11 @@
 #include <mutex>
 #include <optional>
 #include <string>
-#include <thread>
 #include <vector>
 
-#include "common/clock.h"
 #include "rendezvous/etcd/endpoints.h"
 
 namespace grpc {
-class Channel;
 class ClientContext;
 }
 namespace etcdserverpb {
@@ -209,9 +205,7 @@ class EtcdClient {
   // returns once etcd confirmed the watch, so every later change is seen.
   std::unique_ptr<EtcdWatch> watch(const std::string& key, const std::string& rangeEnd,
                                    int64_t startRevision);
-  std::unique_ptr<EtcdWatch> watchPrefix(const std::string& prefix, int64_t startRevision) {
-    return watch(prefix, prefixEnd(prefix), startRevision);
-  }
+  std::unique_ptr<EtcdWatch> watchPrefix(const std::string& prefix, int64_t startRevision);
   // Several ranges on one stream (see EtcdWatch).
   std::unique_ptr<EtcdWatch> watch(std::vector<WatchRange> ranges);
 
@@ -260,128 +254,6 @@ class EtcdClient {
   std::map<std::string, int64_t> requestsSent_;  // under mutex_
   std::shared_ptr<Connection> connection_;
   std::string failed_;  // the endpoint dropped last: picked only when no other is ready
-};
-
-// Keeps one lease alive over a LeaseKeepAlive stream. It owns a thread: renewals must go on
-// while the lease's owner is blocked elsewhere (a wait, a watch); the thread drives the stream
-// through a completion queue, so a member that stops answering costs one renewal's deadline, and
-// sleeps between renewals on a condition variable, so stop() ends it at once.
-//
-// Fail-over: when the stream fails (UNAVAILABLE, its end, a renewal unanswered within its
-// deadline) the thread opens a new one on another endpoint of the client and goes on renewing
-// the same lease. It gives up only when etcd says the lease is gone (TTL <= 0), or when nothing
-// was acknowledged for the lease's TTL plus kElectionGrace (a new leader extends every lease by
-// its TTL, so a renewal that lands after an election still finds it): alive() turns false and
-// failure() says why, and the keys lapse.
-class EtcdKeepAlive {
- public:
-  // An election on etcd's default settings takes 1 to 2 s; renewals stall meanwhile.
-  static constexpr std::chrono::milliseconds kElectionGrace{3'000};
-  // The longest a pick of an endpoint keeps the thread from seeing stop().
-  static constexpr std::chrono::milliseconds kPickSlice{250};
-
-  EtcdKeepAlive(EtcdClient& client, int64_t lease, std::chrono::milliseconds interval);
-  ~EtcdKeepAlive();  // stop()
-  EtcdKeepAlive(const EtcdKeepAlive&) = delete;
-  EtcdKeepAlive& operator=(const EtcdKeepAlive&) = delete;
-
-  // Ends the renewals (the lease itself lives on until its TTL passes); idempotent. At once,
-  // except while the thread picks a new endpoint with none answering: up to connectTimeout.
-  void stop();
-  bool alive() const { return alive_; }
-  std::string failure() const;
-  int64_t lease() const { return lease_; }
-  // Renewals etcd acknowledged.
-  int64_t renewals() const { return renewals_; }
-  // The endpoint the stream uses now ("" between two).
-  std::string endpoint() const;
-
- private:
-  struct Stream;
-  void run();
-  // One stream on one endpoint until it fails (returns why) or the renewals end (returns "").
-  std::string renewOn(const std::string& endpoint, const std::shared_ptr<grpc::Channel>& channel,
-                      const std::string& token, Clock::time_point& lastAck,
-                      std::chrono::milliseconds& ttl);
-  void fail(std::string why);
-  bool pause(std::chrono::milliseconds duration);  // false when stopping
-
-  EtcdClient& client_;
-  const int64_t lease_;
-  const std::chrono::milliseconds interval_;
-  std::atomic<bool> alive_{true};
-  std::atomic<int64_t> renewals_{0};
-  mutable std::mutex mutex_;  // stopping_, failure_, endpoint_, stream_
-  std::condition_variable wake_;
-  bool stopping_ = false;
-  std::string failure_;
-  std::string endpoint_;
-  Stream* stream_ = nullptr;  // the thread's current stream, for stop() to cancel
-  std::mutex joinMutex_;
-  std::thread thread_;
-};
-
-// A watch of one or more key ranges on its own Watch stream, driven by its owner's thread
-// through a completion queue: next() waits for the next batch of events up to a timeout. Each
-// range's events arrive in revision order, each once; a batch holds one range's events (the
-// ranges of a stream interleave in no promised order). cancel() may be called from any thread
-// and makes a blocked next() throw.
-//
-// Fail-over: when the stream fails (UNAVAILABLE, its end, a member without a leader), next()
-// opens a new one on another endpoint of the client, each range from its lastRevision() + 1,
-// trying for up to the client's connectTimeout (next() may return that much after its own
-// timeout).
-class EtcdWatch {
- public:
-  // Opens the watch (with fail-over across the client's endpoints); returns once etcd confirmed
-  // every range.
-  EtcdWatch(EtcdClient& client, std::vector<WatchRange> ranges);
-  EtcdWatch(EtcdClient& client, std::string key, std::string rangeEnd, int64_t startRevision);
-  ~EtcdWatch();
-  EtcdWatch(const EtcdWatch&) = delete;
-  EtcdWatch& operator=(const EtcdWatch&) = delete;
-
-  // The next events, or none when `timeout` passed first. Throws NetworkError when the stream
-  // ends and no endpoint takes the watch again, or after cancel(); Error when etcd cancelled the
-  // watch (its start revision was compacted, named in the message: re-read, then watch again
-  // from the read's revision + 1).
-  std::vector<WatchEvent> next(std::chrono::milliseconds timeout);
-  void cancel();
-  // The revision of the last event of range `range` delivered (or the revision it started
-  // after): that range resumed from lastRevision() + 1 misses nothing and repeats nothing.
-  int64_t lastRevision(size_t range = 0) const { return ranges_.at(range).lastRevision; }
-  // The endpoint the stream uses now.
-  std::string endpoint() const;
-  // How many times the watch moved to another stream.
-  int reconnects() const { return reconnects_; }
-
- private:
-  struct Stream;
-  // Opens a stream from lastRevision_ + 1 (from now the first time when startRevision was 0),
-  // on the endpoints of the client, avoiding `failed` first; throws after connectTimeout.
-  void connect(const std::string& failed, const std::string& why);
-  // `token`: etcd's auth token, sent as metadata (empty: none).
-  void open(const std::string& endpoint, const std::shared_ptr<grpc::Channel>& channel,
-            const std::string& token);
-  [[noreturn]] void throwCancelled() const;
-  std::string what() const;  // "watch of KEY" for messages
-  // The events of one response of the stream, new to their range (kept for next() while the
-  // stream opens); throws Error when etcd cancelled a range.
-  std::vector<WatchEvent> take(const std::string& endpoint);
-
-  struct Range {
-    WatchRange range;
-    bool fromNow;
-    int64_t lastRevision;
-  };
-  EtcdClient& client_;
-  std::vector<Range> ranges_;  // watch id i + 1 is range i
-  std::vector<WatchEvent> early_;  // events that came while the stream opened
-  int reconnects_ = 0;
-  std::atomic<bool> cancelled_{false};
-  mutable std::mutex mutex_;  // stream_ (swapped here, cancelled from cancel()), endpoint_
-  std::unique_ptr<Stream> stream_;
-  std::string endpoint_;
 };
 
 }  // namespace dlrun::rendezvous::etcd

@@ -1,7 +1,9 @@
-// EtcdKeepAlive (etcd_client.h): one lease renewed over a LeaseKeepAlive stream, on a thread.
-#include "rendezvous/etcd/etcd_call.h"
+// EtcdKeepAlive (etcd_keep_alive.h): one lease renewed over a LeaseKeepAlive stream, on a thread.
+#include "rendezvous/etcd/etcd_keep_alive.h"
 
 #include "common/error.h"
+#include "rendezvous/etcd/etcd_call.h"
+#include "rendezvous/etcd/etcd_client.h"
 
 namespace dlrun::rendezvous::etcd {
 

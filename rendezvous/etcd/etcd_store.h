@@ -42,6 +42,10 @@
 //
 // Threads: every method is thread-safe; waits on one store run one at a time (one watch per
 // store), and abort() may come from any thread, cutting a blocked wait at once.
+//
+// Code: etcd_store.cpp (the store's life, the key-value operations), etcd_store_leases.cpp
+// (leases, tripwire records and their firing), etcd_store_watch.cpp (waits and the watch), and
+// etcd_store_internal.h for what they share.
 #pragma once
 
 #include <atomic>
@@ -55,6 +59,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/clock.h"
 #include "rendezvous/etcd/etcd_client.h"
 #include "rendezvous/store/leasing_store.h"
 

@@ -1,8 +1,13 @@
-// EtcdWatch (etcd_client.h): key ranges watched over one Watch stream, resumed on another
+// EtcdWatch (etcd_watch.h): key ranges watched over one Watch stream, resumed on another
 // endpoint from the last revision seen.
-#include "rendezvous/etcd/etcd_call.h"
+#include "rendezvous/etcd/etcd_watch.h"
 
+#include <algorithm>
+#include <thread>
+
+#include "common/clock.h"
 #include "common/error.h"
+#include "rendezvous/etcd/etcd_call.h"
 
 namespace dlrun::rendezvous::etcd {
 namespace detail {

@@ -7,7 +7,6 @@
 // write; only what the kernel does not take at once goes through async_write.
 #include "rendezvous/store/store_server.h"
 
-#include <fcntl.h>
 #include <sys/socket.h>
 
 #include <atomic>
@@ -18,6 +17,7 @@
 #include "common/asio.h"
 
 #include "common/error.h"
+#include "common/listen.h"
 #include "common/log.h"
 #include "rendezvous/store/store_engine.h"
 #include "rendezvous/store/tcp_stream.h"
@@ -29,10 +29,6 @@ using asio::ip::tcp;
 using boost::system::error_code;
 
 namespace detail {
-
-// Asio opens sockets without close-on-exec; workers the agent starts must not inherit them, or
-// a closed connection would stay open in every worker.
-void keepFromChildren(int fd) { ::fcntl(fd, F_SETFD, ::fcntl(fd, F_GETFD) | FD_CLOEXEC); }
 
 class Session;
 
@@ -54,9 +50,9 @@ class Counter {
 class ServerImpl : public std::enable_shared_from_this<ServerImpl> {
  public:
   ServerImpl(asio::io_context& io, StoreServerOptions options)
-      : io_(io), options_(std::move(options)), acceptor_(io), retryTimer_(io), leaseTimer_(io) {}
+      : io_(io), options_(std::move(options)), listener_(listen(io, options_)), leaseTimer_(io) {}
 
-  void listen();
+  static tcp::acceptor listen(asio::io_context& io, const StoreServerOptions& options);
   void accept();
   void stop();
   void forget(Session* session);
@@ -69,8 +65,7 @@ class ServerImpl : public std::enable_shared_from_this<ServerImpl> {
 
   asio::io_context& io_;
   StoreServerOptions options_;
-  tcp::acceptor acceptor_;
-  asio::steady_timer retryTimer_;
+  Listener listener_;
   asio::steady_timer leaseTimer_;
   std::optional<StoreEngine::TimePoint> leaseTimerAt_;  // when the armed lease timer fires
   StoreEngine engine_;
@@ -88,8 +83,6 @@ class ServerImpl : public std::enable_shared_from_this<ServerImpl> {
   // small requests never faults most of them in; zeroed, all 64 pages were, at every start).
   static constexpr size_t kScratchSize = 256 * 1024;
   std::unique_ptr<char[]> scratch_{new char[kScratchSize]};
-  tcp::endpoint bound_;
-  bool stopped_ = false;
 };
 
 class Session : public Peer, public std::enable_shared_from_this<Session> {
@@ -99,7 +92,6 @@ class Session : public Peer, public std::enable_shared_from_this<Session> {
 
   void start() {
     if (log::verbose()) log::debug("connection from " + peerName());
-    keepFromChildren(socket_.native_handle());
     error_code ec;
     socket_.non_blocking(true, ec);
     socket_.set_option(tcp::no_delay(true), ec);
@@ -280,45 +272,27 @@ class Session : public Peer, public std::enable_shared_from_this<Session> {
   bool sniff_;  // the first read is still to come and StoreServerOptions::foreign is set
 };
 
-void ServerImpl::listen() {
+tcp::acceptor ServerImpl::listen(asio::io_context& io, const StoreServerOptions& options) {
   error_code ec;
-  tcp::resolver resolver(io_);
-  auto endpoints = resolver.resolve(options_.host, std::to_string(options_.port),
+  tcp::resolver resolver(io);
+  auto endpoints = resolver.resolve(options.host, std::to_string(options.port),
                                     tcp::resolver::passive | tcp::resolver::numeric_service, ec);
   if (ec || endpoints.empty())
-    throw NetworkError("cannot resolve listen address '" + options_.host + "': " + ec.message());
-  const tcp::endpoint endpoint = endpoints.begin()->endpoint();
-  acceptor_.open(endpoint.protocol(), ec);
-  if (!ec) acceptor_.set_option(tcp::acceptor::reuse_address(true), ec);
-  if (!ec && endpoint.address().is_v6()) acceptor_.set_option(asio::ip::v6_only(false), ec);
-  if (!ec) acceptor_.bind(endpoint, ec);
-  if (!ec) acceptor_.listen(options_.backlog, ec);
-  if (!ec) keepFromChildren(acceptor_.native_handle());
-  if (ec)
-    throw NetworkError("cannot listen on " + options_.host + ":" +
-                       std::to_string(options_.port) + ": " + ec.message());
-  bound_ = acceptor_.local_endpoint();
+    throw NetworkError("cannot resolve listen address '" + options.host + "': " + ec.message());
+  return listenOn(io, endpoints.begin()->endpoint(),
+                  options.host + ":" + std::to_string(options.port), options.backlog);
 }
 
 void ServerImpl::accept() {
-  acceptor_.async_accept([self = shared_from_this()](const error_code& ec, tcp::socket socket) {
-    if (self->stopped_ || ec == asio::error::operation_aborted) return;
-    if (ec) {
-      // Out of file descriptors (or a transient error): back off instead of spinning.
-      log::warn("accept failed: " + ec.message());
-      self->retryTimer_.expires_after(std::chrono::milliseconds(50));
-      self->retryTimer_.async_wait([self](const error_code& e) {
-        if (!e && !self->stopped_) self->accept();
-      });
-      return;
-    }
-    auto session = std::make_shared<Session>(*self, std::move(socket));
-    self->sessions_.emplace(session.get(), session);
-    self->connectionCount_.store(self->sessions_.size());
-    self->accepted_.bump();
-    session->start();
-    self->accept();
-  });
+  listener_.start(
+      [self = shared_from_this()](tcp::socket socket) {
+        auto session = std::make_shared<Session>(*self, std::move(socket));
+        self->sessions_.emplace(session.get(), session);
+        self->connectionCount_.store(self->sessions_.size());
+        self->accepted_.bump();
+        session->start();
+      },
+      [](const error_code& ec) { log::warn("accept failed: " + ec.message()); });
 }
 
 void ServerImpl::forget(Session* session) {
@@ -335,7 +309,7 @@ void ServerImpl::armLeaseTimer() {
   leaseTimerAt_ = next;
   leaseTimer_.expires_at(*next);  // cancels the wait armed for a later deadline
   leaseTimer_.async_wait([self = shared_from_this()](const error_code& ec) {
-    if (ec || self->stopped_) return;
+    if (ec || self->listener_.stopped()) return;
     self->leaseTimerAt_.reset();
     self->engine_.expireLeases(std::chrono::steady_clock::now());
     self->armLeaseTimer();
@@ -343,11 +317,7 @@ void ServerImpl::armLeaseTimer() {
 }
 
 void ServerImpl::stop() {
-  if (stopped_) return;
-  stopped_ = true;
-  error_code ec;
-  acceptor_.close(ec);
-  retryTimer_.cancel();
+  if (!listener_.stop()) return;
   leaseTimer_.cancel();
   std::vector<std::shared_ptr<Session>> all;
   for (auto& [raw, session] : sessions_) all.push_back(session);
@@ -358,15 +328,16 @@ void ServerImpl::stop() {
 
 StoreServer::StoreServer(asio::io_context& io, StoreServerOptions options)
     : impl_(std::make_shared<detail::ServerImpl>(io, std::move(options))) {
-  impl_->listen();
   impl_->accept();
 }
 
 StoreServer::~StoreServer() = default;
 
-uint16_t StoreServer::port() const { return impl_->bound_.port(); }
+uint16_t StoreServer::port() const { return impl_->listener_.local().port(); }
 
-std::string StoreServer::address() const { return impl_->bound_.address().to_string(); }
+std::string StoreServer::address() const {
+  return impl_->listener_.local().address().to_string();
+}
 
 void StoreServer::stop() { impl_->stop(); }
 
