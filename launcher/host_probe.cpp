@@ -62,7 +62,8 @@ HostProbe HostProbe::real() {
         (name.starts_with("SLURM") || name.starts_with("OMPI_") || name.starts_with("PMIX_") ||
          name == "DLRUN_SLURM" || name == "DLRUN_MPI" || name == "DLRUN_ETCD_ENDPOINTS" ||
          name == "DLRUN_TOKEN" || name == "MASTER_ADDR" || name == "MASTER_PORT" ||
-         name == "CUDA_VISIBLE_DEVICES" || name == "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"))
+         name == "CUDA_VISIBLE_DEVICES" || name == "TORCH_ELASTIC_SHUTDOWN_TIMEOUT" ||
+         name == "TORCHELASTIC_HEALTH_CHECK_PORT"))
       host.env.emplace(text.substr(0, eq), text.substr(eq + 1));
   }
   return host;

@@ -20,7 +20,6 @@
 #include "control/access.h"
 #include "control/control_server.h"
 #include "control/liveness_server.h"
-#include "launcher/launch_cli.h"
 #include "remote/agent_command.h"
 #include "remote/fanout.h"
 #include "rendezvous/store/address.h"
@@ -155,8 +154,8 @@ struct StorePlan {
   bool mustServe = false;    // and nobody else will
 };
 
-// The parser has checked the flags (a c10d endpoint is set and well formed); what is left to
-// fail here is name resolution.
+// The parser has checked the flags and parsed the c10d endpoint (rdzvHost, rdzvPort); what
+// is left to fail here is name resolution.
 StorePlan planStore(const LaunchConfig& config) {
   switch (config.rdzvBackend) {
     case RdzvBackend::Static: {
@@ -165,9 +164,8 @@ StorePlan planStore(const LaunchConfig& config) {
               config.masterPort.value_or(kDefaultMasterPort), first, first};
     }
     case RdzvBackend::C10d: {
-      auto [host, port] = parseEndpoint("--rdzv-endpoint", config.rdzvEndpoint);
-      StorePlan plan{rendezvous::resolveNumeric(host, "--rdzv-endpoint host"),
-                     port.value_or(kDefaultRdzvPort)};
+      StorePlan plan{rendezvous::resolveNumeric(config.rdzvHost, "--rdzv-endpoint host"),
+                     config.rdzvPort.value_or(kDefaultRdzvPort)};
       // Every agent on the endpoint's machine tries; the first to bind serves, the others
       // (and a dlrund already listening there) make the rest clients.
       plan.serve = config.rdzv.isHost.value_or(rendezvous::isLocalAddress(plan.host));
@@ -469,16 +467,11 @@ int launchMultiNode(const LaunchConfig& config) {
   return code;
 }
 
-// torchrun's TORCHELASTIC_HEALTH_CHECK_PORT: a plain liveness answer while this agent runs
-// (control/liveness_server.h). A port already taken (another agent on this host answers there)
-// costs a warning, not the job.
-std::optional<control::LivenessServer> serveLiveness() {
-  const char* text = std::getenv("TORCHELASTIC_HEALTH_CHECK_PORT");
-  if (!text || !*text) return std::nullopt;
-  const auto port = parseInteger<uint16_t>(text);
-  if (!port || *port == 0)
-    throw ConfigError("TORCHELASTIC_HEALTH_CHECK_PORT='" + std::string(text) +
-                      "' is not a port (1 to 65535)");
+// torchrun's TORCHELASTIC_HEALTH_CHECK_PORT (the parser read it): a plain liveness answer
+// while this agent runs (control/liveness_server.h). A port already taken (another agent on this
+// host answers there) costs a warning, not the job.
+std::optional<control::LivenessServer> serveLiveness(std::optional<uint16_t> port) {
+  if (!port) return std::nullopt;
   try {
     return std::make_optional<control::LivenessServer>("0.0.0.0", *port);
   } catch (const NetworkError& e) {
@@ -498,7 +491,7 @@ std::string newRunId() {
 }
 
 int launch(const LaunchConfig& config) {
-  const auto liveness = serveLiveness();
+  const auto liveness = serveLiveness(config.healthCheckPort);
   if (config.hostLaunch) return launchHosts(config);
   return config.singleNode() ? launchSingleNode(config) : launchMultiNode(config);
 }

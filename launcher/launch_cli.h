@@ -55,6 +55,8 @@ std::pair<std::string, std::optional<uint16_t>> parseEndpoint(const std::string&
                                                               const std::string& value);
 // "0,2,3".
 std::set<int> parseRanksFilter(const std::string& value);
+// --hang-action: "report", "restart" or "exit".
+agents::HangAction parseHangAction(const std::string& value);
 // "auto", "always" or "never".
 agents::TfConfigMode parseTfConfig(const std::string& value);
 // --signals-to-handle: "SIGTERM,SIGUSR1" (names as parseSignal reads them, or numbers), in

@@ -73,6 +73,9 @@ struct LaunchConfig {
   std::optional<int> nodeRank;  // --node-rank: the static rank, or a group-rank hint
   RdzvBackend rdzvBackend = RdzvBackend::C10d;
   std::string rdzvEndpoint;  // HOST[:PORT], checked; with C10d on several nodes, never empty
+  // C10d on several nodes (not --hostfile): rdzvEndpoint parsed; no port: the default one.
+  std::string rdzvHost;
+  std::optional<uint16_t> rdzvPort;
   // Etcd: --rdzv-endpoint (else DLRUN_ETCD_ENDPOINTS) parsed; on several nodes, never empty.
   std::vector<rendezvous::etcd::Endpoint> etcdEndpoints;
   // Etcd: TLS (the PEM files' contents) and user/password, from --rdzv-conf.
@@ -95,6 +98,7 @@ struct LaunchConfig {
   std::optional<agents::HangOptions> hang;  // --hang-timeout (off by default), --hang-action
   bool controlPlane = true;  // publish to the control plane (--no-control-plane: not)
   std::optional<agents::MetricsOptions> metrics;  // --metrics-port, --metrics-host
+  std::optional<uint16_t> healthCheckPort;  // TORCHELASTIC_HEALTH_CHECK_PORT: liveness answers
   std::string token;         // --token-file or DLRUN_TOKEN; empty: none
   std::optional<std::string> localAddr;
   std::optional<std::string> nodeName;  // this node in messages (SLURMD_NODENAME), else hostname

@@ -1,6 +1,5 @@
 #include "rendezvous/etcd/endpoints.h"
 
-#include <charconv>
 
 #include "common/error.h"
 #include "common/text.h"
@@ -17,13 +16,10 @@ std::string_view trim(std::string_view text) {
 }
 
 uint16_t parsePort(std::string_view text, std::string_view entry) {
-  unsigned value = 0;
-  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
-  if (text.empty() || error != std::errc() || end != text.data() + text.size() || value == 0 ||
-      value > 65535) {
+  const auto value = parseInteger<uint16_t>(text);
+  if (!value || *value == 0)
     throw ConfigError("etcd endpoint '" + std::string(entry) + "': the port must be 1..65535");
-  }
-  return static_cast<uint16_t>(value);
+  return *value;
 }
 
 Endpoint parseEntry(std::string_view entry) {

@@ -2,11 +2,11 @@
 
 #include <grpcpp/grpcpp.h>
 
-#include <charconv>
 #include <thread>
 
 #include "common/clock.h"
 #include "common/error.h"
+#include "common/text.h"
 #include "etcd/rpc.grpc.pb.h"
 #include "grpc_runtime.h"
 #include "rendezvous/etcd/etcd_call.h"
@@ -406,17 +406,6 @@ SwapResult EtcdClient::putIfRevision(const std::string& key, int64_t modRevision
   return swap(key, &compare, desired, lease);
 }
 
-namespace detail {
-namespace {
-std::optional<int64_t> toInteger(std::string_view text) {
-  int64_t value = 0;
-  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
-  if (text.empty() || error != std::errc() || end != text.data() + text.size())
-    return std::nullopt;
-  return value;
-}
-}  // namespace
-}  // namespace detail
 
 int64_t EtcdClient::add(const std::string& key, int64_t delta,
                         const std::optional<AddMark>& mark) {
@@ -511,7 +500,7 @@ int64_t EtcdClient::readCounter(const std::string& key) {
 }
 
 int64_t EtcdClient::counterValue(const KeyValue& kv) const {
-  const auto value = detail::toInteger(kv.value);
+  const auto value = parseInteger<int64_t>(kv.value);
   if (!value)
     throw Error("etcd " + endpoint() + ": add " + detail::quoted(kv.key) +
                 ": the value is not an integer");
@@ -522,7 +511,7 @@ std::optional<int64_t> EtcdClient::addApplied(const AddMark& mark) {
   const auto found = get(mark.key);
   const std::string prefix = mark.token + ":";
   if (!found || !found->value.starts_with(prefix)) return std::nullopt;
-  return detail::toInteger(std::string_view(found->value).substr(prefix.size()));
+  return parseInteger<int64_t>(std::string_view(found->value).substr(prefix.size()));
 }
 
 int64_t EtcdClient::leaseGrant(std::chrono::seconds ttl) {

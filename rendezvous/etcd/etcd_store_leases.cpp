@@ -3,13 +3,13 @@
 #include "rendezvous/etcd/etcd_store.h"
 
 #include <algorithm>
-#include <charconv>
 #include <map>
 #include <optional>
 #include <set>
 
 #include "common/clock.h"
 #include "common/error.h"
+#include "common/text.h"
 #include "etcd/rpc.pb.h"
 #include "rendezvous/etcd/etcd_compare.h"
 #include "rendezvous/etcd/etcd_keep_alive.h"
@@ -50,14 +50,12 @@ std::optional<Tripwires> decodeTripwires(std::string_view text) {
   Tripwires out;
   std::vector<std::string> fields;
   while (!text.empty()) {
-    size_t length = 0;
     const auto colon = text.find(':');
     if (colon == std::string_view::npos) return std::nullopt;
-    const auto [end, error] = std::from_chars(text.data(), text.data() + colon, length);
-    if (error != std::errc() || end != text.data() + colon || text.size() - colon - 1 < length)
-      return std::nullopt;
-    fields.emplace_back(text.substr(colon + 1, length));
-    text.remove_prefix(colon + 1 + length);
+    const auto length = parseInteger<size_t>(text.substr(0, colon));
+    if (!length || text.size() - colon - 1 < *length) return std::nullopt;
+    fields.emplace_back(text.substr(colon + 1, *length));
+    text.remove_prefix(colon + 1 + *length);
   }
   if (fields.size() % 2 != 0) return std::nullopt;
   for (size_t i = 0; i < fields.size(); i += 2) out.emplace_back(fields[i], fields[i + 1]);

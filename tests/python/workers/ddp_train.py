@@ -17,7 +17,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from worker_util import write_json  # noqa: E402
+from worker_util import exit_past_torch_teardown, write_json  # noqa: E402
 
 STEPS = 5
 
@@ -69,4 +69,4 @@ def main():
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_past_torch_teardown(main())

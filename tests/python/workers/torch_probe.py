@@ -20,7 +20,7 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
 from torch.distributed.rendezvous import _torchelastic_use_agent_store
 
-from worker_util import rank, write_json
+from worker_util import exit_past_torch_teardown, rank, write_json
 
 
 def resolve(host):
@@ -58,4 +58,4 @@ def main():
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_past_torch_teardown(main())

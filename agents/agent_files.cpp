@@ -1,0 +1,86 @@
+// What the agent keeps on disk: the log root (--log-dir, else a temporary directory for error
+// files) and torch's file-based timer, whose FIFO lives there by default (file_timer.h).
+#include <signal.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "agents/agent_impl.h"
+#include "common/log.h"
+#include "common/signal_name.h"
+
+namespace dlrun::agents::detail {
+
+void AgentImpl::prepareLogRoot() {
+  if (options_.logDir) {
+    logRoot_ = *options_.logDir;
+    keepLogRoot_ = true;
+    return;
+  }
+  std::string pattern = (fs::temp_directory_path() / "dlrun-XXXXXX").string();
+  if (::mkdtemp(pattern.data()) == nullptr)
+    throw Error("cannot create a temporary directory for worker error files: " +
+                std::string(std::strerror(errno)));
+  logRoot_ = pattern;
+}
+
+// torch's file-based timer, served as torch's agent serves it: when the agent's environment
+// has TORCHELASTIC_ENABLE_FILE_TIMER=1, at TORCHELASTIC_TIMER_FILE if set, and the workers get
+// that variable. One FIFO for the whole job; its timers go with each round's workers.
+void AgentImpl::serveFileTimer() {
+  const auto enabled = inherited_.find("TORCHELASTIC_ENABLE_FILE_TIMER");
+  if (enabled == inherited_.end() || enabled->second != "1") return;
+  const auto given = inherited_.find("TORCHELASTIC_TIMER_FILE");
+  // --log-dir is otherwise made with the first attempt's directories; a failure to make it
+  // shows as the FIFO's.
+  std::error_code ec;
+  if (given == inherited_.end()) fs::create_directories(logRoot_, ec);
+  const fs::path path = given != inherited_.end()
+                            ? fs::path(given->second)
+                            : logRoot_ / ("torch-timer-" + std::to_string(::getpid()));
+  try {
+    fileTimer_.emplace(io_, path, [this](const TimerExpiry& e) { onTimerExpired(e); });
+  } catch (const Error& e) {
+    cleanUpLogRoot();  // run() ends here, before anything else was written there
+    throw ConfigError("TORCHELASTIC_ENABLE_FILE_TIMER=1, but " + std::string(e.what()) +
+                      " (TORCHELASTIC_TIMER_FILE chooses the path)");
+  }
+  services_["TORCHELASTIC_TIMER_FILE"] = path.string();
+}
+
+// torch's server signals any pid it is told; dlrun signals only this round's workers and the
+// processes in their process groups (each worker leads its own), so a stray request cannot
+// make the agent kill something else.
+void AgentImpl::onTimerExpired(const TimerExpiry& expiry) {
+  const std::string timer = "timer '" + expiry.scope + "' expired";
+  auto it = byPid_.find(expiry.pid);
+  if (it == byPid_.end()) it = byPid_.find(::getpgid(expiry.pid));
+  if (it == byPid_.end() || !it->second->alive()) {
+    log::info("pid " + std::to_string(expiry.pid) + ": " + timer +
+              ", but it is not one of this node's workers; not signalled");
+    return;
+  }
+  const std::string who = "rank " + std::to_string(it->second->rank()) + " (pid " +
+                          std::to_string(expiry.pid) + ")";
+  if (expiry.signal <= 0) {
+    log::info(who + ": " + timer + "; it asked for no signal, so it runs on");
+    return;
+  }
+  log::info(who + ": " + timer + "; sending " + signalName(expiry.signal));
+  expiredTimers_[it->second->pid()] = timer + " at " + formatExpiration(expiry.expiration) +
+                                      "; dlrun sent " + signalName(expiry.signal) + " to pid " +
+                                      std::to_string(expiry.pid);
+  ::kill(expiry.pid, expiry.signal);
+}
+
+void AgentImpl::cleanUpLogRoot() {
+  if (keepLogRoot_) {
+    if (!options_.logDir) log::info("worker logs are in " + logRoot_.string());
+    return;
+  }
+  std::error_code ec;
+  fs::remove_all(logRoot_, ec);
+}
+
+}  // namespace dlrun::agents::detail

@@ -1,0 +1,155 @@
+// The agent's inside (agent.h), one class whose functions live in files named for what they
+// do (each group below names its file); only those files include this.
+#pragma once
+
+#include <sys/types.h>
+
+#include <array>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "agents/agent.h"
+#include "agents/agent_observer.h"
+#include "agents/file_timer.h"
+#include "agents/hang_watcher.h"
+#include "agents/output.h"
+#include "agents/process.h"
+#include "common/asio.h"
+#include "common/error.h"
+#include "common/log.h"
+
+namespace dlrun::agents::detail {
+
+namespace asio = boost::asio;
+namespace fs = std::filesystem;
+
+class AgentImpl {
+ public:
+  AgentImpl(AgentOptions options, rendezvous::Rendezvous& rendezvous);
+  int run();
+
+ private:
+  enum class State { Joining, Running, Done, Stopping, Finished };
+
+  // agent.cpp: the state machine
+  void awaitSignal();
+  void onSignal(int sig);
+  void stopOn(int sig);
+  void onControlCommand(const ControlCommand& command);
+  void beginRound();
+  void runRendezvous();
+  void onJoined(const rendezvous::JoinResult& joined);
+  void onRoundEnd(const rendezvous::RoundEnd& end);
+  void onRendezvousError(int code, const std::string& message);
+  void endOfRound();
+  void startAttempt(const rendezvous::World& world);
+  void onWorkerExit(Worker& w, ExitStatus status);
+  void onSucceeded();
+  void reportFailure(const Worker& w);
+  void watchForHangs();
+  void onHang(const HungWorker& hung);
+  void takeStacksThenStop(const rendezvous::RoundEnd& end);
+
+  // agent_workers.cpp: starting, restarting and reaping workers
+  void prepareLaunches();
+  void startSome(uint64_t attempt);
+  void doneStarting();
+  fs::path attemptDir() const;
+  const RoleSpec* roleOf(int local) const;
+  bool isService(int local) const;
+  bool anyAlone() const;
+  bool restartAlone(const Worker& failed);
+  void failToStart(int code, const std::string& message);
+  WorkerLaunch launchOf(const fs::path& attemptDir, int local);
+  void reap();
+
+  // agent_stop.cpp: stopping them, finishing
+  void signalWorkers(int sig);
+  void stop(int sig);
+  void onStopped();
+  void killLeftovers();
+  void finish(int code);
+
+  // agent_links.cpp: the launcher (--control-stdin), the node serving the store
+  void followLauncher();
+  void readLauncher();
+  void watchStoreHost();
+
+  // agent_publish.cpp: what the observers are told
+  void publishNode(const std::string& state);
+  const char* stateName() const;
+  void publishEvent(const std::string& kind, int rank, const std::string& detail,
+                    bool spokenHere = true);
+  void publishJobEvent(const std::string& kind, int rank, const std::string& detail);
+  void publishStarted();
+  static double wallSeconds();
+  void flushEvents();
+
+  // agent_files.cpp: the log root, torch's file timer
+  void prepareLogRoot();
+  void serveFileTimer();
+  void onTimerExpired(const TimerExpiry& expiry);
+  void cleanUpLogRoot();
+
+  AgentOptions options_;
+  rendezvous::Rendezvous& rendezvous_;
+  asio::io_context io_{1};
+  asio::signal_set signals_;
+  asio::posix::stream_descriptor launcherLink_;  // --control-stdin
+  std::array<char, 256> launcherBuffer_{};
+  LineSplitter launcherLines_;
+  asio::steady_timer stopTimer_;
+  const Environment inherited_;
+  State state_ = State::Joining;
+  std::vector<std::unique_ptr<Worker>> workers_;
+  std::unordered_map<pid_t, Worker*> byPid_;  // the round's workers, for reaping
+  std::vector<std::unique_ptr<Worker>> retired_;  // replaced by restartAlone()
+  size_t live_ = 0;                           // workers not yet reaped
+  size_t liveEnding_ = 0;  // of those, the ones not of a service role (they end the job)
+  int loneRestarts_ = 0;   // this round's workers restarted alone (restartAlone)
+  bool successReported_ = false;
+  // Starting the round's workers (startSome): its number, what is left to start.
+  static constexpr size_t kStartBatch = 64;
+  uint64_t attempt_ = 0;
+  bool starting_ = false;
+  std::optional<NodeEnvironment> environment_;
+  std::vector<WorkerLaunch> launches_;
+  bool tfConfigWarned_ = false;
+  std::optional<int> stopSignal_;
+  std::optional<rendezvous::RoundEnd> stopEnd_;  // how this node's stop ends the job
+  bool launchFailed_ = false;
+  rendezvous::World world_;  // the current round's
+  std::optional<rendezvous::RoundEnd> roundEnd_;
+  std::thread roundThread_;  // the rendezvous's blocking calls (runRendezvous)
+  std::optional<HangWatcher> hang_;  // with --hang-timeout
+  // Told each moment, in this order: --metrics-port's, then the control plane's.
+  std::vector<std::unique_ptr<AgentObserver>> observers_;
+  std::optional<asio::ip::tcp::socket> storeHost_;  // watchStoreHost's connection
+  std::array<char, 1> storeHostByte_{};
+  int exitCode_ = 0;
+  fs::path logRoot_;
+  bool keepLogRoot_ = false;
+  Environment services_;  // the agent's services' variables for its workers (RoundSpec)
+  const std::vector<int> stopSignals_;  // --signals-to-handle
+  std::optional<FileTimerServer> fileTimer_;
+  std::unordered_map<pid_t, std::string> expiredTimers_;  // by worker: why dlrun signalled it
+
+  // A report that cannot reach the store leaves the round to end by the lease: this node's
+  // watcher notices the lost store too.
+  template <typename Fn>
+  void reportToRendezvous(Fn&& fn) {
+    try {
+      fn();
+    } catch (const Error& e) {
+      log::info(std::string("cannot report to the rendezvous store: ") + e.what());
+    }
+  }
+  size_t liveWorkers() const { return live_; }
+};
+
+}  // namespace dlrun::agents::detail

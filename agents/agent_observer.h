@@ -1,0 +1,47 @@
+// What the agent tells those who watch it (agent.h): the moments of its rounds and workers, its
+// node's state and the job's events. The agent keeps a list and tells each one, in order; what
+// an observer does with them is its own business. Every call comes on the agent's io_context.
+//
+// Two observe it (agent_observers.h): --metrics-port's AgentMetrics and the control plane's
+// ControlPublisher, which stay independent of the agent.
+#pragma once
+
+#include <filesystem>
+
+#include "agents/worker_env.h"
+#include "common/clock.h"
+#include "rendezvous/control_state.h"
+#include "rendezvous/round_end.h"
+#include "rendezvous/world.h"
+
+namespace dlrun {
+class ProgressBoard;
+}
+
+namespace dlrun::agents {
+
+class AgentObserver {
+ public:
+  virtual ~AgentObserver() = default;
+
+  // A round's workers are about to be built: an observer may add what they need to `spec`.
+  // `shared`: --hang-timeout's progress board, if any.
+  virtual void onRoundPreparing(const std::filesystem::path& /*attemptDir*/, int /*workers*/,
+                                const ProgressBoard* /*shared*/, RoundSpec& /*spec*/) {}
+  // Every worker of the round started.
+  virtual void onRoundStarted(const rendezvous::World& /*world*/, int /*workers*/,
+                              Clock::time_point /*now*/) {}
+  virtual void onRoundEnded(const rendezvous::RoundEnd& /*end*/, Clock::time_point /*now*/) {}
+  // A new round follows this end.
+  virtual void onRestarting(const rendezvous::RoundEnd& /*end*/) {}
+  virtual void onWorkerExited(int /*shellCode*/) {}
+  virtual void onNodeChanged(const rendezvous::control::NodeState& /*node*/) {}
+  // `spokenHere`: this node speaks for the event to the job (false: an event of the job as a
+  // whole, which group rank 0 speaks for, that this node saw too).
+  virtual void onEvent(const rendezvous::control::JobEvent& /*event*/, bool /*spokenHere*/) {}
+  // A report that ends the round is about to go to the rendezvous: what was told before it
+  // should be out first (blocks, within a bound).
+  virtual void onReporting() {}
+};
+
+}  // namespace dlrun::agents

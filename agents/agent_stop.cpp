@@ -1,0 +1,62 @@
+// Stopping the workers: the stop signal to each process group, SIGKILL after --stop-timeout,
+// then the end that the stop or the round decides; finishing the agent.
+#include <signal.h>
+
+#include "agents/agent_impl.h"
+#include "common/log.h"
+
+namespace dlrun::agents::detail {
+
+void AgentImpl::signalWorkers(int sig) {
+  for (const auto& w : workers_) w->signal(sig);
+}
+
+void AgentImpl::stop(int sig) {
+  state_ = State::Stopping;
+  if (storeHost_) storeHost_.reset();
+  if (hang_) hang_->unwatch();
+  signalWorkers(sig);
+  if (liveWorkers() == 0) return onStopped();
+  stopTimer_.expires_after(options_.stopTimeout);
+  stopTimer_.async_wait([this](const boost::system::error_code& ec) {
+    if (ec) return;
+    for (const auto& w : workers_) {
+      if (w->alive())
+        log::info("rank " + std::to_string(w->rank()) + " did not stop within " +
+                  std::to_string(options_.stopTimeout.count()) + " ms; sending SIGKILL");
+    }
+    signalWorkers(SIGKILL);
+  });
+}
+
+void AgentImpl::onStopped() {
+  stopTimer_.cancel();
+  if (launchFailed_) return finish(exitCode_);
+  if (stopSignal_) {
+    const bool stopped = stopEnd_ && stopEnd_->kind == rendezvous::RoundEnd::Kind::Stopped;
+    if (stopped) log::info(stopEnd_->report);
+    return finish(stopped ? stopEnd_->exitCode : 128 + *stopSignal_);
+  }
+  state_ = State::Done;  // no workers; the round's end decides what follows
+  if (roundEnd_) endOfRound();
+}
+
+// Whatever the workers left behind in their process groups goes with them, so no job leaves
+// orphans, whether it failed or succeeded.
+void AgentImpl::killLeftovers() {
+  for (const auto& w : workers_) w->killGroup();
+}
+
+void AgentImpl::finish(int code) {
+  killLeftovers();
+  state_ = State::Finished;
+  exitCode_ = code;
+  publishNode("exited");
+  publishJobEvent("job_ended", -1, "every agent exits with " + std::to_string(code));
+  stopTimer_.cancel();
+  signals_.cancel();
+  launcherLink_.close();
+  io_.stop();
+}
+
+}  // namespace dlrun::agents::detail

@@ -1,0 +1,257 @@
+// Starting, restarting and reaping the round's workers: their launches (output, directories,
+// error files), every exec checked against the kernel's limits before the first start, the
+// batches of starts, a worker of an `alone` role started again in its place, and SIGCHLD's
+// reaping.
+#include <sys/wait.h>
+
+#include <algorithm>
+
+#include "agents/agent_impl.h"
+#include "common/log.h"
+
+namespace dlrun::agents {
+
+Streams StreamsByRank::forRank(int localRank) const {
+  auto it = byRank.find(localRank);
+  return it == byRank.end() ? all : it->second;
+}
+
+namespace {
+
+// Where a worker's output goes; the caller sets its directory (where wantsDir says).
+WorkerOutput outputFor(const AgentOptions& options, int local, int rank) {
+  WorkerOutput output;
+  output.fileOnly = options.redirects.forRank(local);
+  output.toFile = static_cast<Streams>(static_cast<int>(output.fileOnly) |
+                                       static_cast<int>(options.tee.forRank(local)));
+  output.shown = !options.localRanksFilter || options.localRanksFilter->contains(local);
+  const std::string& role =
+      options.roles.empty() ? options.role : roleOfLocal(options.roles, local).name;
+  output.prefix = expandPrefix(options.logLinePrefixTemplate, rank, local, role);
+  return output;
+}
+
+// A directory per rank only where the user will look; otherwise the error file alone, in the
+// temporary root (creating and removing directories costs a launch milliseconds).
+bool wantsDir(const AgentOptions& options, const WorkerOutput& output) {
+  return options.logDir || output.toFile != Streams::None;
+}
+
+}  // namespace
+
+DescriptorNeeds descriptorNeeds(const AgentOptions& options, int inUse) {
+  DescriptorNeeds needs{.inUse = inUse, .workers = options.nprocPerNode};
+  for (int local = 0; local < options.nprocPerNode; ++local) {
+    WorkerOutput output = outputFor(options, local, local);
+    if (wantsDir(options, output)) output.dir = ".";
+    needs.workerFiles += Worker::descriptors(output);
+  }
+  // torch's workers each open a client to the store at MASTER_ADDR.
+  if (options.servesStore) needs.storeClients = options.nprocPerNode;
+  return needs;
+}
+
+void checkDescriptors(const AgentOptions& options) {
+  const size_t limit = raiseDescriptorLimit();
+  if (auto problem = descriptorProblem(descriptorNeeds(options, openDescriptors()), limit))
+    throw ConfigError(*problem);
+}
+
+}  // namespace dlrun::agents
+
+namespace dlrun::agents::detail {
+
+// Everything a start needs, before the first fork: the shared environment, built once; each
+// worker's launch; and every exec checked against the kernel's limits, so a large job never
+// fails half-way through its start.
+void AgentImpl::prepareLaunches() {
+  const ExecLimits limits = ExecLimits::ofThisProcess();
+  std::string cluster;
+  if (options_.tfConfig != TfConfigMode::Never) cluster = tfConfigCluster(world_);
+  std::string longestType = "worker";
+  for (const auto& role : world_.workerRoles)
+    if (role.size() > longestType.size()) longestType = role;
+  const TfConfigChoice tf = chooseTfConfig(options_.tfConfig, cluster, world_.worldSize,
+                                           limits.maxString, longestType);
+  if (!tf.warning.empty() && !tfConfigWarned_) {
+    log::warn(tf.warning);
+    tfConfigWarned_ = true;
+  }
+  const fs::path attemptDir = this->attemptDir();
+  RoundSpec spec{.role = options_.role,
+                 .maxRestarts = world_.maxRestarts,
+                 .restartCount = world_.round,
+                 .tfCluster = tf.set ? std::optional(std::move(cluster)) : std::nullopt,
+                 .inheritTfConfig = options_.tfConfig == TfConfigMode::Never,
+                 .services = services_,
+                 .virtualLocalRank = options_.virtualLocalRank};
+  if (hang_) hang_->prepareRound(attemptDir, options_.nprocPerNode, inherited_, spec);
+  for (const auto& observer : observers_)
+    observer->onRoundPreparing(attemptDir, options_.nprocPerNode,
+                               hang_ ? hang_->board() : nullptr, spec);
+  environment_.emplace(inherited_, world_, std::move(spec));
+  ExecSizes command;
+  command.add(options_.command.front().size());  // the file name exec copies as well
+  for (const auto& arg : options_.command) command.add(arg.size());
+  launches_.clear();
+  launches_.reserve(options_.nprocPerNode);
+  for (int local = 0; local < options_.nprocPerNode; ++local) {
+    WorkerLaunch launch = launchOf(attemptDir, local);
+    ExecSizes sizes = environment_->sizes(local, launch.errorFile);
+    sizes.add(command);
+    if (!options_.localRankFlag.empty()) sizes.add(launch.argv.back().size());
+    if (auto problem = execProblem(sizes, limits))
+      throw Error("cannot execute " + options_.command.front() + " as rank " +
+                  std::to_string(launch.rank) + ": " + *problem);
+    launches_.push_back(std::move(launch));
+  }
+}
+
+// Starts the next batch of workers, then lets the io_context run before the next one.
+void AgentImpl::startSome(uint64_t attempt) {
+  if (attempt != attempt_) return;  // a batch of a round that already ended
+  if (state_ != State::Running) return doneStarting();
+  const size_t end = std::min(launches_.size(), workers_.size() + kStartBatch);
+  try {
+    while (workers_.size() < end) {
+      const int local = static_cast<int>(workers_.size());
+      WorkerLaunch& launch = launches_[local];
+      launch.envp = environment_->own(local, launch.errorFile);
+      launch.sharedEnvp = environment_->shared();
+      std::unique_ptr<Worker> worker = Worker::start(io_, std::move(launch));
+      byPid_[worker->pid()] = worker.get();
+      ++live_;
+      if (!isService(local)) ++liveEnding_;
+      workers_.push_back(std::move(worker));
+    }
+  } catch (const Error& e) {
+    doneStarting();
+    log::info(std::string("error: ") + e.what());
+    exitCode_ = 127;
+    signalWorkers(SIGKILL);
+    state_ = State::Stopping;
+    launchFailed_ = true;
+    if (liveWorkers() == 0) finish(exitCode_);
+    return;
+  }
+  if (workers_.size() < launches_.size()) {
+    asio::post(io_, [this, attempt] { startSome(attempt); });
+    return;
+  }
+  log::debug("started " + std::to_string(workers_.size()) + " workers");
+  doneStarting();
+  if (hang_) watchForHangs();
+  for (const auto& observer : observers_)
+    observer->onRoundStarted(world_, static_cast<int>(workers_.size()), Clock::now());
+  publishStarted();
+  watchStoreHost();
+  // Every worker may have exited already, or this node may run services only.
+  if (state_ == State::Running && liveEnding_ == 0) onSucceeded();
+}
+
+void AgentImpl::doneStarting() {
+  starting_ = false;
+  launches_ = {};
+  // A worker restarted alone gets the environment its first start had.
+  if (!anyAlone()) environment_.reset();
+}
+
+fs::path AgentImpl::attemptDir() const {
+  return logRoot_ / world_.runId / ("attempt_" + std::to_string(world_.round));
+}
+
+const RoleSpec* AgentImpl::roleOf(int local) const {
+  return options_.roles.empty() ? nullptr : &roleOfLocal(options_.roles, local);
+}
+
+bool AgentImpl::isService(int local) const {
+  const RoleSpec* role = roleOf(local);
+  return role != nullptr && role->service;
+}
+
+bool AgentImpl::anyAlone() const {
+  return std::any_of(options_.roles.begin(), options_.roles.end(),
+                     [](const RoleSpec& role) { return role.alone; });
+}
+
+// A failed worker of an `alone` role while restarts are left: a new process takes its place
+// (same ranks and environment) and the round goes on. False when it must fail the round.
+bool AgentImpl::restartAlone(const Worker& failed) {
+  const int local = failed.localRank();
+  const RoleSpec* role = roleOf(local);
+  if (role == nullptr || !role->alone || !environment_ ||
+      world_.failures + loneRestarts_ >= world_.maxRestarts)
+    return false;
+  WorkerLaunch launch = launchOf(attemptDir(), local);
+  launch.envp = environment_->own(local, launch.errorFile);
+  launch.sharedEnvp = environment_->shared();
+  std::unique_ptr<Worker> worker;
+  try {
+    worker = Worker::start(io_, std::move(launch));
+  } catch (const Error& e) {
+    log::info("cannot restart rank " + std::to_string(failed.rank()) + ": " + e.what());
+    return false;
+  }
+  ++loneRestarts_;
+  const std::string what = "rank " + std::to_string(failed.rank()) + " (" + role->name +
+                           ") " + failed.status().describe() + "; restarted alone, restart " +
+                           std::to_string(world_.failures + loneRestarts_) + " of " +
+                           std::to_string(world_.maxRestarts);
+  log::info(what);
+  publishEvent("restart", failed.rank(), what);
+  byPid_.erase(failed.pid());
+  byPid_[worker->pid()] = worker.get();
+  ++live_;
+  if (!role->service) ++liveEnding_;
+  // `failed` stays until the next round: its output pumps may still hold its last lines.
+  retired_.push_back(std::move(workers_[local]));
+  workers_[local] = std::move(worker);
+  return true;
+}
+
+// Nothing started: the round cannot begin on this node.
+void AgentImpl::failToStart(int code, const std::string& message) {
+  log::info("error: " + message);
+  launchFailed_ = true;
+  finish(code);
+}
+
+WorkerLaunch AgentImpl::launchOf(const fs::path& attemptDir, int local) {
+  WorkerLaunch launch;
+  launch.localRank = local;
+  launch.rank = world_.baseRank + local;
+  launch.argv = options_.command;
+  if (!options_.localRankFlag.empty())
+    launch.argv.push_back(options_.localRankFlag + "=" +
+                          std::to_string(options_.virtualLocalRank ? 0 : local));
+  launch.output = outputFor(options_, local, launch.rank);
+  WorkerOutput& output = launch.output;
+  if (wantsDir(options_, output)) {
+    output.dir = attemptDir / std::to_string(local);
+    fs::create_directories(*output.dir);
+    launch.errorFile = (*output.dir / "error.json").string();
+    if (output.toFile != Streams::None) keepLogRoot_ = true;
+  } else {
+    launch.errorFile = (logRoot_ / ("error-" + std::to_string(world_.round) + "-" +
+                                    std::to_string(local) + ".json")).string();
+  }
+  return launch;
+}
+
+void AgentImpl::reap() {
+  int status = 0;
+  pid_t pid;
+  bool exited = false;
+  while ((pid = ::waitpid(-1, &status, WNOHANG)) > 0) {
+    auto it = byPid_.find(pid);
+    if (it != byPid_.end() && it->second->alive()) {
+      onWorkerExit(*it->second, ExitStatus::fromWaitStatus(status));
+      exited = true;
+    }
+  }
+  // One node state for all the exits one SIGCHLD brings (thousands at a job's end), not one
+  // each; a finished agent has published its last already.
+  if (exited && state_ != State::Finished) publishNode(stateName());
+}
+
+}  // namespace dlrun::agents::detail
