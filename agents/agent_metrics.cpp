@@ -9,7 +9,7 @@
 #include "common/log.h"
 #include "metrics/routes.h"
 #include "metrics/store_metrics.h"
-#include "rendezvous/store/tcp_stream.h"
+#include "store/tcp_stream.h"
 
 namespace dlrun::agents {
 
@@ -85,7 +85,7 @@ void AgentView::workerExited(int shellCode) {
   if (up_ > 0) --up_;
 }
 
-void AgentView::event(rendezvous::control::JobEvent event) {
+void AgentView::event(control::JobEvent event) {
   events_.push_back(std::move(event));
   if (events_.size() > kMaxEvents) events_.pop_front();
 }
@@ -127,7 +127,7 @@ void AgentView::progress(const std::vector<ProgressReading>& workers, double wal
   }
 }
 
-std::string AgentView::metricsText(const std::optional<rendezvous::StoreStats>& store) const {
+std::string AgentView::metricsText(const std::optional<StoreStats>& store) const {
   metrics::Exposition out;
   out.family("dlrun_agent_info", "gauge", "This node's agent: its node name and the job's id");
   out.sample("dlrun_agent_info", {{"node", nodeName_}, {"run_id", world_.runId}}, 1);
@@ -182,7 +182,7 @@ std::string AgentView::metricsText(const std::optional<rendezvous::StoreStats>& 
   return text;
 }
 
-std::string AgentView::stateJson(const std::optional<rendezvous::StoreStats>& store,
+std::string AgentView::stateJson(const std::optional<StoreStats>& store,
                                  double wallNow) const {
   // The job's nodes as this round sees them: consecutive ranks on one host are one node.
   json nodes = json::array();
@@ -252,9 +252,9 @@ AgentMetrics::AgentMetrics(boost::asio::io_context& io, MetricsOptions options,
                                                : std::nullopt,
                                            wallSeconds());
                   })) {
-  log::info("metrics on http://" + rendezvous::joinHostPort(server_.address(), server_.port()) +
+  log::info("metrics on http://" + joinHostPort(server_.address(), server_.port()) +
             "/metrics, the job's page on http://" +
-            rendezvous::joinHostPort(server_.address(), server_.port()) + "/");
+            joinHostPort(server_.address(), server_.port()) + "/");
   sample();
 }
 

@@ -24,9 +24,9 @@
 #include "common/progress_board.h"
 #include "metrics/exposition.h"
 #include "metrics/http_server.h"
-#include "rendezvous/control_state.h"
+#include "control/state/control_state.h"
 #include "rendezvous/round_end.h"
-#include "rendezvous/store/store_server.h"
+#include "store/store_server.h"
 #include "rendezvous/world.h"
 
 namespace dlrun::agents {
@@ -35,7 +35,7 @@ struct MetricsOptions {
   std::string host = "0.0.0.0";
   uint16_t port = 0;  // 0: a free one, printed
   // The store this process serves, if any: its counts join this agent's metrics.
-  std::function<rendezvous::StoreStats()> storeStats;
+  std::function<StoreStats()> storeStats;
 };
 
 // One point of the training curve: a sample that saw a new step.
@@ -63,13 +63,13 @@ class AgentView {
   void roundEnded(const rendezvous::RoundEnd& end, Clock::time_point now);
   void restarting(const rendezvous::RoundEnd& end);  // a new round follows this end
   void workerExited(int shellCode);
-  void node(rendezvous::control::NodeState state) { node_ = std::move(state); }
-  void event(rendezvous::control::JobEvent event);
+  void node(control::NodeState state) { node_ = std::move(state); }
+  void event(control::JobEvent event);
   // One look at the board: this node's workers by local rank.
   void progress(const std::vector<ProgressReading>& workers, double wallNow);
 
-  std::string metricsText(const std::optional<rendezvous::StoreStats>& store) const;
-  std::string stateJson(const std::optional<rendezvous::StoreStats>& store, double wallNow) const;
+  std::string metricsText(const std::optional<StoreStats>& store) const;
+  std::string stateJson(const std::optional<StoreStats>& store, double wallNow) const;
   const std::vector<CurvePoint>& curve() const { return curve_; }
 
  private:
@@ -82,8 +82,8 @@ class AgentView {
   metrics::Histogram recovery_;
   int64_t up_ = 0;
   std::map<int, uint64_t> exits_;
-  std::optional<rendezvous::control::NodeState> node_;
-  std::deque<rendezvous::control::JobEvent> events_;
+  std::optional<control::NodeState> node_;
+  std::deque<control::JobEvent> events_;
   std::vector<CurvePoint> curve_;
   std::optional<ProgressReading> last_;  // local rank 0's newest reading
   int64_t lastSamples_ = -1;             // the workers' sum at the last sample

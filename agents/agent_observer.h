@@ -10,7 +10,7 @@
 
 #include "agents/worker_env.h"
 #include "common/clock.h"
-#include "rendezvous/control_state.h"
+#include "control/state/control_state.h"
 #include "rendezvous/round_end.h"
 #include "rendezvous/world.h"
 
@@ -35,10 +35,10 @@ class AgentObserver {
   // A new round follows this end.
   virtual void onRestarting(const rendezvous::RoundEnd& /*end*/) {}
   virtual void onWorkerExited(int /*shellCode*/) {}
-  virtual void onNodeChanged(const rendezvous::control::NodeState& /*node*/) {}
+  virtual void onNodeChanged(const control::NodeState& /*node*/) {}
   // `spokenHere`: this node speaks for the event to the job (false: an event of the job as a
   // whole, which group rank 0 speaks for, that this node saw too).
-  virtual void onEvent(const rendezvous::control::JobEvent& /*event*/, bool /*spokenHere*/) {}
+  virtual void onEvent(const control::JobEvent& /*event*/, bool /*spokenHere*/) {}
   // A report that ends the round is about to go to the rendezvous: what was told before it
   // should be out first (blocks, within a bound).
   virtual void onReporting() {}

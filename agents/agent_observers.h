@@ -25,8 +25,8 @@ class MetricsObserver : public AgentObserver {
   void onRoundEnded(const rendezvous::RoundEnd& end, Clock::time_point now) override;
   void onRestarting(const rendezvous::RoundEnd& end) override;
   void onWorkerExited(int shellCode) override;
-  void onNodeChanged(const rendezvous::control::NodeState& node) override;
-  void onEvent(const rendezvous::control::JobEvent& event, bool spokenHere) override;
+  void onNodeChanged(const control::NodeState& node) override;
+  void onEvent(const control::JobEvent& event, bool spokenHere) override;
 
  private:
   AgentMetrics metrics_;
@@ -38,8 +38,8 @@ class ControlObserver : public AgentObserver {
   ControlObserver(ControlOptions options, std::function<void(const ControlCommand&)> onCommand)
       : publisher_(std::move(options), std::move(onCommand)) {}
 
-  void onNodeChanged(const rendezvous::control::NodeState& node) override;
-  void onEvent(const rendezvous::control::JobEvent& event, bool spokenHere) override;
+  void onNodeChanged(const control::NodeState& node) override;
+  void onEvent(const control::JobEvent& event, bool spokenHere) override;
   void onReporting() override;
 
  private:

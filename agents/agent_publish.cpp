@@ -8,7 +8,7 @@ namespace dlrun::agents::detail {
 // What the control plane shows of this node: its state and its workers'.
 void AgentImpl::publishNode(const std::string& state) {
   if (observers_.empty()) return;
-  rendezvous::control::NodeState node{.name = options_.control ? options_.control->nodeName
+  control::NodeState node{.name = options_.control ? options_.control->nodeName
                                                                : options_.nodeName,
                                       .address = options_.control ? options_.control->address
                                                                   : "",
@@ -46,7 +46,7 @@ const char* AgentImpl::stateName() const {
 void AgentImpl::publishEvent(const std::string& kind, int rank, const std::string& detail,
                              bool spokenHere) {
   if (observers_.empty()) return;
-  rendezvous::control::JobEvent event{
+  control::JobEvent event{
       .time = wallSeconds(),
       .kind = kind,
       .node = options_.control ? options_.control->nodeName : options_.nodeName,

@@ -9,7 +9,6 @@
 
 namespace dlrun::agents {
 
-namespace control = rendezvous::control;
 
 namespace {
 
@@ -65,7 +64,7 @@ void ControlPublisher::flush(std::chrono::milliseconds limit) {
 
 void ControlPublisher::write() {
   yieldToTheJob();
-  std::unique_ptr<rendezvous::LeasingStore> store;
+  std::unique_ptr<LeasingStore> store;
   bool warned = false;
   while (true) {
     {
@@ -90,12 +89,12 @@ void ControlPublisher::write() {
   }
 }
 
-void ControlPublisher::registerNode(rendezvous::LeasingStore& store) {
+void ControlPublisher::registerNode(LeasingStore& store) {
   if (!index_) index_ = store.add(keys_.nodes(), 1);
   if (firstCommand_) return;
   const rendezvous::elastic::Keys job(options_.runId);
   const auto found = store.peek({keys_.signals(), job.stop()});
-  firstCommand_ = rendezvous::storedCount(found[0], keys_.signals()) + 1;
+  firstCommand_ = storedCount(found[0], keys_.signals()) + 1;
   // A multi-node job's agents follow the stop key through their rendezvous already.
   if (options_.meta.backend == control::kLocalBackend && !found[1].empty())
     onCommand_({.kind = ControlCommand::Kind::Stop,
@@ -105,7 +104,7 @@ void ControlPublisher::registerNode(rendezvous::LeasingStore& store) {
 // Registration once; then the queued events, numbered by the store, and the newest node state
 // under this agent's index (with its host's name, and from the job's first agent the job's
 // settings, the first time).
-void ControlPublisher::writeOnce(rendezvous::LeasingStore& store) {
+void ControlPublisher::writeOnce(LeasingStore& store) {
   registerNode(store);
   // What is queued goes in one batch: one add numbers its events, one multiSet writes them
   // with the node state (on etcd each write is a log entry; a change often brings several
@@ -153,7 +152,7 @@ void ControlPublisher::writeOnce(rendezvous::LeasingStore& store) {
 
 void ControlPublisher::listen(int64_t next) {
   yieldToTheJob();
-  std::unique_ptr<rendezvous::LeasingStore> store;  // outlives listening_'s use of it
+  std::unique_ptr<LeasingStore> store;  // outlives listening_'s use of it
   try {
     store = options_.connect();
     {

@@ -1,6 +1,6 @@
 // What this node's agent tells the control plane, and what the control plane asks of it
 // (ARCHITECTURE.md section 10). The agent hands over its node's state and the job's events as
-// they change; they are written to the job's rendezvous store (rendezvous/control_state.h),
+// they change; they are written to the job's rendezvous store (control/state/control_state.h),
 // where the Control service reads them: one write a change, none a worker step. Signals and
 // stops sent to the job (SignalJob, StopJob) come back as commands.
 //
@@ -26,24 +26,24 @@
 #include <string>
 #include <thread>
 
-#include "rendezvous/control_state.h"
-#include "rendezvous/store/leasing_store.h"
+#include "control/state/control_state.h"
+#include "store/leasing_store.h"
 
 namespace dlrun::agents {
 
 struct ControlOptions {
   std::string runId;
-  rendezvous::control::ControlMeta meta;
+  control::ControlMeta meta;
   std::string nodeName;
   std::string address;  // this node's numeric address
   // Opens a connection to the job's rendezvous store (two are open at a time).
-  std::function<std::unique_ptr<rendezvous::LeasingStore>()> connect;
+  std::function<std::unique_ptr<LeasingStore>()> connect;
   // Said once the agent's set-up has passed (how to reach a job whose id and port are drawn at
   // random), so that bad input stays the one line it prints; empty: nothing.
   std::string announce;
 };
 
-using rendezvous::control::ControlCommand;
+using control::ControlCommand;
 
 class ControlPublisher {
  public:
@@ -53,8 +53,8 @@ class ControlPublisher {
   ControlPublisher(const ControlPublisher&) = delete;
   ControlPublisher& operator=(const ControlPublisher&) = delete;
 
-  void node(rendezvous::control::NodeState state);
-  void event(rendezvous::control::JobEvent event);
+  void node(control::NodeState state);
+  void event(control::JobEvent event);
   // Waits until every event queued so far is in the store, or `limit` passed: before a report
   // whose consequences other nodes publish (a failure, then group rank 0's restart), so the
   // job's events show the cause first.
@@ -63,28 +63,28 @@ class ControlPublisher {
  private:
   void write();
   void listen(int64_t next);
-  void writeOnce(rendezvous::LeasingStore& store);
+  void writeOnce(LeasingStore& store);
   // Registers this agent (its index in ctl/nodes, its id) and reads the first command's number.
-  void registerNode(rendezvous::LeasingStore& store);
+  void registerNode(LeasingStore& store);
 
   const ControlOptions options_;
-  const rendezvous::control::Keys keys_;
+  const control::Keys keys_;
   std::function<void(const ControlCommand&)> onCommand_;
 
   std::mutex mutex_;
   std::condition_variable changed_;
   std::condition_variable written_;  // events_ lost its oldest entries to the store
-  std::optional<rendezvous::control::NodeState> node_;
+  std::optional<control::NodeState> node_;
   int firstRound_ = -1;  // the round of the first node(), sent with each (NodeState::firstRound)
   uint64_t nodeChanges_ = 0;  // node() calls: tells writeOnce whether node_ is the one it wrote
-  std::deque<rendezvous::control::JobEvent> events_;
+  std::deque<control::JobEvent> events_;
   bool stopping_ = false;
   // The writer's alone: this node's place in ctl/nodes, and the first command for it; whether
   // its name (and as the job's first node, the job's settings) went out with a state.
   std::optional<int64_t> index_;
   std::optional<int64_t> firstCommand_;
   bool named_ = false;
-  rendezvous::LeasingStore* listening_ = nullptr;  // the listener's store, to abort it
+  LeasingStore* listening_ = nullptr;  // the listener's store, to abort it
 
   std::thread writer_;
   std::thread listener_;  // started by writer_ (joined after it)

@@ -7,18 +7,16 @@
 // the job's size.
 #pragma once
 
-#include <map>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "agents/limits.h"
 #include "agents/roles.h"
+#include "common/environment.h"
 #include "rendezvous/world.h"
 
 namespace dlrun::agents {
-
-using Environment = std::map<std::string, std::string>;
 
 // --tf-config: whether workers get TF_CONFIG.
 enum class TfConfigMode {

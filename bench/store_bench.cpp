@@ -29,14 +29,13 @@
 
 #include "common/error.h"
 #include "common/clock.h"
-#include "rendezvous/store/backoff.h"
-#include "rendezvous/store/tcp_stream.h"
-#include "rendezvous/store/wire.h"
+#include "store/backoff.h"
+#include "store/tcp_stream.h"
+#include "store/wire.h"
 
 namespace {
 
 using namespace dlrun;
-using rendezvous::TcpStream;
 using wire::Era;
 using wire::Op;
 using Seconds = std::chrono::duration<double>;
@@ -86,7 +85,7 @@ bool isLoopback(const std::string& host) {
 
 // A server accepting thousands of connections at once may refuse some while its backlog is full.
 TcpStream connectWithRetry(const Target& target, Clock::time_point deadline) {
-  rendezvous::ExponentialBackoff backoff(std::chrono::milliseconds(1),
+  ExponentialBackoff backoff(std::chrono::milliseconds(1),
                                          std::chrono::milliseconds(50));
   while (true) {
     try {

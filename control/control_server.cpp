@@ -7,7 +7,7 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "grpc_runtime.h"
-#include "rendezvous/store/tcp_store.h"
+#include "store/tcp_store.h"
 
 namespace dlrun::control {
 
@@ -24,8 +24,8 @@ constexpr auto kShutdownGrace = std::chrono::seconds(1);
 StoreConnector storeAt(const std::string& address, uint16_t port) {
   const std::string host = address == "0.0.0.0" ? "127.0.0.1" : address == "::" ? "::1" : address;
   return [host, port] {
-    return std::make_unique<rendezvous::TcpStore>(
-        rendezvous::TcpStoreOptions{.host = host,
+    return std::make_unique<TcpStore>(
+        TcpStoreOptions{.host = host,
                                     .port = port,
                                     .timeout = kStoreReplyTimeout,
                                     .connectTimeout = kStoreConnectTimeout,
@@ -71,7 +71,7 @@ void ControlServer::readFrom(StoreConnector connect) {
   connect_ = std::move(connect);
 }
 
-std::unique_ptr<rendezvous::LeasingStore> ControlServer::openStore() {
+std::unique_ptr<LeasingStore> ControlServer::openStore() {
   StoreConnector connect;
   {
     std::lock_guard lock(mutex_);
@@ -81,7 +81,7 @@ std::unique_ptr<rendezvous::LeasingStore> ControlServer::openStore() {
   return connect();
 }
 
-StoreWithControl::StoreWithControl(rendezvous::StoreServerOptions options,
+StoreWithControl::StoreWithControl(StoreServerOptions options,
                                    StoreConnector connect)
     : connect_(std::move(connect)), store_([&] {
         options.foreign = [this](int fd) { handOver(fd); };

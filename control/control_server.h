@@ -11,7 +11,7 @@
 #include <string>
 
 #include "control/control_service.h"
-#include "rendezvous/store/store_server.h"
+#include "store/store_server.h"
 
 namespace grpc {
 class Channel;
@@ -24,7 +24,7 @@ class ExternalConnectionAcceptor;
 namespace dlrun::control {
 
 // Opens a connection to the store that holds the jobs' keys (ControlServiceOptions::connect).
-using StoreConnector = std::function<std::unique_ptr<rendezvous::LeasingStore>()>;
+using StoreConnector = std::function<std::unique_ptr<LeasingStore>()>;
 
 // Connections to the dlrun store a server bound at address:port (0.0.0.0 or :: is reached
 // through loopback), with the short deadlines of a store on this host.
@@ -49,7 +49,7 @@ class ControlServer {
   void readFrom(StoreConnector connect);
 
  private:
-  std::unique_ptr<rendezvous::LeasingStore> openStore();
+  std::unique_ptr<LeasingStore> openStore();
 
   std::mutex mutex_;
   StoreConnector connect_;
@@ -69,11 +69,11 @@ class StoreWithControl {
  public:
   // `connect`: the store whose jobs it serves; none: this very store. Throws NetworkError when
   // the port cannot be bound.
-  explicit StoreWithControl(rendezvous::StoreServerOptions options, StoreConnector connect = {});
+  explicit StoreWithControl(StoreServerOptions options, StoreConnector connect = {});
   ~StoreWithControl();
   StoreWithControl(const StoreWithControl&) = delete;
   StoreWithControl& operator=(const StoreWithControl&) = delete;
-  const rendezvous::StoreServerThread& store() const { return store_; }
+  const StoreServerThread& store() const { return store_; }
 
  private:
   void handOver(int fd);  // StoreServerOptions::foreign, on the store's thread
@@ -81,7 +81,7 @@ class StoreWithControl {
   // Declared before the store: they outlive the store that hands them connections.
   StoreConnector connect_;
   std::unique_ptr<ControlServer> control_;  // built on the first handOver, on the store's thread
-  rendezvous::StoreServerThread store_;
+  StoreServerThread store_;
 };
 
 }  // namespace dlrun::control

@@ -10,18 +10,16 @@
 #include "common/signal_name.h"
 #include "control/access.h"
 #include "control/job_state.h"
-#include "rendezvous/control_state.h"
+#include "control/state/control_state.h"
 #include "rendezvous/elastic_protocol.h"
 #include "rendezvous/elastic_rendezvous.h"
-#include "rendezvous/store/address.h"
+#include "store/address.h"
 
 namespace dlrun::control {
 
 namespace {
 
-namespace ctl = rendezvous::control;
 namespace elastic = rendezvous::elastic;
-using rendezvous::LeasingStore;
 using rendezvous::RoundEnd;
 
 // A call refused with a status; caught once in guarded(), so no handler throws.
@@ -53,19 +51,18 @@ double unixNow() {
       .count();
 }
 
-using rendezvous::storedCount;
 
 // What the handlers read of one job: up to three round trips (the agents' states in the second).
 struct JobRecord {
   std::string id;
-  ctl::ControlMeta meta;  // none published: defaults, with the node range from `shape`
+  ControlMeta meta;  // none published: defaults, with the node range from `shape`
   std::vector<AgentRecord> agents;  // in registration order; states read with `withNodes`
   RoundKeys keys;
 };
 
 JobRecord readJob(LeasingStore& store, const std::string& id, bool withNodes) {
   if (id.empty()) refuse(grpc::StatusCode::INVALID_ARGUMENT, "no job id given");
-  const ctl::Keys c(id);
+  const Keys c(id);
   const elastic::Keys r(id);
   const auto first =
       store.peek({c.meta(), c.nodes(), r.stop(), r.current(), r.forgotten(), r.shape()});
@@ -73,7 +70,7 @@ JobRecord readJob(LeasingStore& store, const std::string& id, bool withNodes) {
     refuse(grpc::StatusCode::NOT_FOUND, "no job '" + id + "' on this server");
   JobRecord job{.id = id, .keys = {.stop = first[2], .current = first[3], .forgotten = first[4]}};
   if (!first[0].empty()) {
-    job.meta = ctl::decodeMeta(first[0]);
+    job.meta = decodeMeta(first[0]);
   } else if (const std::string& shape = first[5]; !shape.empty()) {
     // Agents that publish no settings still wrote the rendezvous's shape.
     const elastic::Shape decoded = elastic::decodeShape(shape);
@@ -89,7 +86,7 @@ JobRecord readJob(LeasingStore& store, const std::string& id, bool withNodes) {
   }
   const size_t roundKeys = keys.size();
   // A single node's state is its agent's record (localJobStatus).
-  const bool withStates = withNodes || job.meta.backend == ctl::kLocalBackend;
+  const bool withStates = withNodes || job.meta.backend == kLocalBackend;
   const size_t perAgent = withStates ? 2 : 1;  // its name, and its state
   const int64_t registered = storedCount(first[1], c.nodes());
   for (int64_t i = 1; i <= registered; ++i) {
@@ -111,14 +108,14 @@ JobRecord readJob(LeasingStore& store, const std::string& id, bool withNodes) {
     const size_t at = roundKeys + static_cast<size_t>(i - 1) * perAgent;
     if (values[at].empty()) continue;
     AgentRecord agent{.id = i, .name = values[at]};
-    if (withStates && !values[at + 1].empty()) agent.state = ctl::decodeNodeState(values[at + 1]);
+    if (withStates && !values[at + 1].empty()) agent.state = decodeNodeState(values[at + 1]);
     job.agents.push_back(std::move(agent));
   }
   return job;
 }
 
 JobStatus statusOf(const JobRecord& job) {
-  if (job.meta.backend != ctl::kLocalBackend) return jobStatus(job.keys);
+  if (job.meta.backend != kLocalBackend) return jobStatus(job.keys);
   std::optional<int> nodeRound;
   if (!job.agents.empty() && job.agents[0].state) nodeRound = job.agents[0].state->round;
   return localJobStatus(job.keys, nodeRound);
@@ -133,7 +130,7 @@ std::string presentedToken(const grpc::ServerContext& context) {
 
 bool fromThisHost(const std::string& address) {
   try {
-    return !address.empty() && rendezvous::isLocalAddress(address);
+    return !address.empty() && isLocalAddress(address);
   } catch (const Error&) {
     return false;
   }
@@ -174,10 +171,10 @@ JobStatus requireRunning(const JobRecord& job) {
 }
 
 // Appends an event to the job's log the way agents do: ADD gives it its number, then SET.
-void publish(LeasingStore& store, const ctl::Keys& keys, ctl::JobEvent event) {
+void publish(LeasingStore& store, const Keys& keys, JobEvent event) {
   event.seq = store.add(keys.seq(), 1);
   event.time = unixNow();
-  store.set(keys.event(event.seq), ctl::encode(event));
+  store.set(keys.event(event.seq), encode(event));
 }
 
 std::string clientName(const grpc::ServerContext& context) {
@@ -185,7 +182,7 @@ std::string clientName(const grpc::ServerContext& context) {
   return peer.empty() ? "a control client" : peer;
 }
 
-v1::Event toProto(const ctl::JobEvent& e) {
+v1::Event toProto(const JobEvent& e) {
   v1::Event out;
   out.set_seq(e.seq);
   out.set_time(e.time);
@@ -203,7 +200,7 @@ v1::Node toProto(const AgentRecord& agent, int64_t replacedBy) {
   out.set_agent(static_cast<int32_t>(agent.id));
   out.set_replaced_by(static_cast<int32_t>(replacedBy));
   if (!agent.state) return out;  // listed before its first record landed
-  const ctl::NodeState& n = *agent.state;
+  const NodeState& n = *agent.state;
   out.set_address(n.address);
   out.set_group_rank(n.groupRank);
   out.set_state(n.state);
@@ -293,11 +290,11 @@ class EventStream {
 
   // Event next_ from its record; a "gap" event in place of one never written or unreadable,
   // so the watcher's count stays whole and a reconnect never waits for it again.
-  ctl::JobEvent decoded(const std::string& text) const {
+  JobEvent decoded(const std::string& text) const {
     std::string why = "was counted but never written (its publisher died between ADD and SET)";
     if (!text.empty()) {
       try {
-        ctl::JobEvent event = ctl::decodeEvent(text);
+        JobEvent event = decodeEvent(text);
         event.seq = next_;
         return event;
       } catch (const ProtocolError& e) {
@@ -312,7 +309,7 @@ class EventStream {
 
   const WatchTiming& timing_;
   LeasingStore& store_;
-  const ctl::Keys keys_;
+  const Keys keys_;
   const elastic::Keys rounds_;
   grpc::ServerContext& context_;
   grpc::ServerWriter<v1::Event>& writer_;
@@ -349,7 +346,7 @@ grpc::Status ControlService::ListJobs(grpc::ServerContext* context, const v1::Li
   return guarded([&] {
     auto store = options_.connect();
     const std::string token = presentedToken(*context);
-    for (const auto& id : ctl::lines(store->peek({ctl::Keys::jobs()})[0])) {
+    for (const auto& id : lines(store->peek({Keys::jobs()})[0])) {
       std::optional<JobRecord> job;
       try {
         job = readJob(*store, id, true);
@@ -408,10 +405,10 @@ grpc::Status ControlService::StopJob(grpc::ServerContext* context,
     }
     // Every agent also hears it as a command: one waiting to join, or one whose rendezvous
     // does not follow the store, stops with the same code.
-    const ctl::Keys keys(job.id);
+    const Keys keys(job.id);
     store->set(keys.signal(store->add(keys.signals(), 1)),
-               ctl::encodeCommand({.kind = ctl::ControlCommand::Kind::Stop, .value = code}));
-    publish(*store, ctl::Keys(job.id),
+               encodeCommand({.kind = ControlCommand::Kind::Stop, .value = code}));
+    publish(*store, Keys(job.id),
             {.kind = "stop_requested", .node = client, .round = status.round,
              .detail = stop.report + " (exit code " + std::to_string(code) + ")"});
     response->set_detail("job '" + job.id + "' is stopping: every agent stops its workers and " +
@@ -432,10 +429,10 @@ grpc::Status ControlService::SignalJob(grpc::ServerContext* context,
              "unknown signal '" + request->signal() +
                  "': give a name (USR1, SIGUSR1) or a number");
     const JobStatus status = requireRunning(job);
-    const ctl::Keys keys(job.id);
+    const Keys keys(job.id);
     const int64_t n = store->add(keys.signals(), 1);
     store->set(keys.signal(n),
-               ctl::encodeCommand({.kind = ctl::ControlCommand::Kind::Signal, .value = *signal}));
+               encodeCommand({.kind = ControlCommand::Kind::Signal, .value = *signal}));
     const std::string name = signalName(*signal);
     publish(*store, keys,
             {.kind = "signal_sent", .node = clientName(*context), .round = status.round,

@@ -1,5 +1,5 @@
 // The Control service of proto/dlrun/v1/control.proto over the keys a job's agents keep in its
-// rendezvous store (rendezvous/control_state.h, rendezvous/elastic_protocol.h). ARCHITECTURE.md
+// rendezvous store (control/state/control_state.h, rendezvous/elastic_protocol.h). ARCHITECTURE.md
 // section 10. Every call opens its own store connection: gRPC's synchronous server runs the
 // handlers on its own threads, and a store connection serves one request at a time. Handlers
 // never throw; each failure is a status with a one-line message.
@@ -10,7 +10,7 @@
 #include <memory>
 
 #include "dlrun/v1/control.grpc.pb.h"
-#include "rendezvous/store/leasing_store.h"
+#include "store/leasing_store.h"
 
 namespace dlrun::control {
 
@@ -29,7 +29,7 @@ struct WatchTiming {
 struct ControlServiceOptions {
   // Opens a connection to the store that holds the jobs' keys; throws NetworkError when none
   // can be opened.
-  std::function<std::unique_ptr<rendezvous::LeasingStore>()> connect;
+  std::function<std::unique_ptr<LeasingStore>()> connect;
   WatchTiming watch;
   // Every call comes from this very process (`dlrun stop` under etcd), which reaches the store
   // itself anyway: a job without a token takes its stops and signals as from this host.

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "dlrun/v1/control.pb.h"
-#include "rendezvous/control_state.h"
+#include "control/state/control_state.h"
 #include "rendezvous/round_end.h"
 
 namespace dlrun::control {
@@ -39,7 +39,7 @@ struct JobStatus {
 // agents act on it, then the job's stop). Throws ProtocolError for a malformed value.
 JobStatus jobStatus(const RoundKeys& keys);
 
-// A single-node job's (rendezvous::control::kLocalBackend): its rendezvous keeps no rounds in
+// A single-node job's (control::kLocalBackend): its rendezvous keeps no rounds in
 // the store, and the store goes with its one agent, so no end is ever read. Stopped once `stop`
 // is written; else running in its node's round once the node published its state (`nodeRound`,
 // at its workers' start), forming before; each round after the first was a restart.
@@ -49,7 +49,7 @@ JobStatus localJobStatus(const RoundKeys& keys, std::optional<int> nodeRound);
 struct AgentRecord {
   int64_t id = 0;    // its index in ctl/nodes: unique in the job
   std::string name;  // its host's name
-  std::optional<rendezvous::control::NodeState> state;  // none before its first record landed
+  std::optional<control::NodeState> state;  // none before its first record landed
 };
 
 // For each agent (`agents` in registration order), the id of the later agent on its host that

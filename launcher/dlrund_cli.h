@@ -6,12 +6,12 @@
 #include <string>
 #include <vector>
 
-#include "rendezvous/store/store_server.h"
+#include "store/store_server.h"
 
 namespace dlrun::launcher {
 
 struct DlrundConfig {
-  rendezvous::StoreServerOptions server;
+  StoreServerOptions server;
   bool control = true;  // serve the control plane (gRPC) on the store's port
   bool stats = false;   // print the store's counters (StoreStats) on SIGUSR1 and at exit
   int metricsPort = -1;  // --metrics-port: -1 off, 0 a free one

@@ -11,7 +11,7 @@
 #include "launcher/dlrund_cli.h"
 #include "metrics/routes.h"
 #include "metrics/store_metrics.h"
-#include "rendezvous/store/tcp_stream.h"
+#include "store/tcp_stream.h"
 
 int main(int argc, char** argv) {
   using namespace dlrun;
@@ -28,7 +28,7 @@ int main(int argc, char** argv) {
       parsed.config.server.foreign = [&control](int fd) { control->adopt(fd); };
     }
     boost::asio::io_context io(1);
-    rendezvous::StoreServer server(io, parsed.config.server);
+    StoreServer server(io, parsed.config.server);
     if (control) control->readFrom(control::storeAt(server.address(), server.port()));
     // --metrics-port: on the store's own io_context, so the counts are read on their thread.
     std::optional<metrics::HttpServer> http;
@@ -81,7 +81,7 @@ int main(int argc, char** argv) {
       if (http) http->stop();
       statsSignal.cancel();  // its wait would keep io.run() going
     });
-    std::cout << "dlrund listening on " << rendezvous::joinHostPort(server.address(), server.port())
+    std::cout << "dlrund listening on " << joinHostPort(server.address(), server.port())
               << std::endl;
     // A line of its own: scripts read the port at the end of the first line.
     if (control)
@@ -90,7 +90,7 @@ int main(int argc, char** argv) {
                 << std::endl;
     if (http)
       std::cout << "dlrund serves metrics on http://"
-                << rendezvous::joinHostPort(http->address(), http->port())
+                << joinHostPort(http->address(), http->port())
                 << "/metrics and its page on /" << std::endl;
     io.run();
     if (parsed.config.stats) printStats();

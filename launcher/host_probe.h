@@ -25,7 +25,7 @@ struct HostProbe {
   // the launch and for `dlrun status|events|stop`), CUDA_VISIBLE_DEVICES (--virtual-local-rank),
   // TORCH_ELASTIC_SHUTDOWN_TIMEOUT (--stop-timeout's default) and TORCHELASTIC_HEALTH_CHECK_PORT
   // (the liveness answer's port) variables.
-  slurm::Environment env;
+  Environment env;
   // This machine: its CPU affinity, /dev/nvidia*, PATH, /proc/self/exe and environment.
   static HostProbe real();
 };

@@ -22,14 +22,14 @@
 #include "control/liveness_server.h"
 #include "remote/agent_command.h"
 #include "remote/fanout.h"
-#include "rendezvous/store/address.h"
+#include "store/address.h"
 #include "rendezvous/elastic_rendezvous.h"
 #include "rendezvous/etcd/etcd_expiry.h"
 #include "rendezvous/etcd/etcd_store.h"
 #include "rendezvous/local_rendezvous.h"
-#include "rendezvous/store/store_server.h"
-#include "rendezvous/store/tcp_store.h"
-#include "rendezvous/store/tcp_stream.h"
+#include "store/store_server.h"
+#include "store/tcp_store.h"
+#include "store/tcp_stream.h"
 
 namespace dlrun::launcher {
 namespace {
@@ -73,7 +73,7 @@ using control::StoreConnector;
 // between two calls: 1 in about 300 single-node launches of a no-op).
 StoreConnector tcpStoreAt(const std::string& host, uint16_t port) {
   return [host, port] {
-    return std::make_unique<rendezvous::TcpStore>(rendezvous::TcpStoreOptions{
+    return std::make_unique<TcpStore>(TcpStoreOptions{
         .host = host, .port = port, .connectTimeout = std::chrono::seconds(5),
         .reconnect = false});
   };
@@ -120,7 +120,7 @@ int launchSingleNode(const LaunchConfig& config) {
   // The store runs on its own thread: the agent's thread blocks in rendezvous rounds that
   // talk to this very store. Its port also serves the control plane (built on first use).
   control::StoreWithControl served({.host = host, .port = config.masterPort.value_or(0)});
-  const rendezvous::StoreServerThread& store = served.store();
+  const StoreServerThread& store = served.store();
   if (options.metrics) options.metrics->storeStats = [&store] { return store.stats(); };
   const std::string runId = runIdOf(config);
   const std::string name = config.nodeName.value_or(hostName());
@@ -128,10 +128,10 @@ int launchSingleNode(const LaunchConfig& config) {
     options.control = controlOptions(config, runId, name, store.address(),
                                      tcpStoreAt(store.address(), store.port()));
     // The local rendezvous keeps no keys: the job's state comes from its node's own record.
-    options.control->meta.backend = rendezvous::control::kLocalBackend;
+    options.control->meta.backend = control::kLocalBackend;
     // A standalone job's id and port are drawn at random: this line is how to find it.
     options.control->announce = "control plane: dlrun status --rdzv-endpoint=" +
-                                rendezvous::joinHostPort(store.address(), store.port()) +
+                                joinHostPort(store.address(), store.port()) +
                                 " --rdzv-id=" + runId;
   }
   rendezvous::LocalRendezvous rendezvous({
@@ -160,15 +160,15 @@ StorePlan planStore(const LaunchConfig& config) {
   switch (config.rdzvBackend) {
     case RdzvBackend::Static: {
       const bool first = config.nodeRank.value_or(0) == 0;
-      return {rendezvous::resolveNumeric(config.masterAddr, "--master-addr"),
+      return {resolveNumeric(config.masterAddr, "--master-addr"),
               config.masterPort.value_or(kDefaultMasterPort), first, first};
     }
     case RdzvBackend::C10d: {
-      StorePlan plan{rendezvous::resolveNumeric(config.rdzvHost, "--rdzv-endpoint host"),
+      StorePlan plan{resolveNumeric(config.rdzvHost, "--rdzv-endpoint host"),
                      config.rdzvPort.value_or(kDefaultRdzvPort)};
       // Every agent on the endpoint's machine tries; the first to bind serves, the others
       // (and a dlrund already listening there) make the rest clients.
-      plan.serve = config.rdzv.isHost.value_or(rendezvous::isLocalAddress(plan.host));
+      plan.serve = config.rdzv.isHost.value_or(isLocalAddress(plan.host));
       return plan;
     }
     case RdzvBackend::Etcd:
@@ -181,9 +181,9 @@ StorePlan planStore(const LaunchConfig& config) {
 // refusal: it cannot be told).
 bool answers(const std::string& host, uint16_t port) {
   try {
-    rendezvous::TcpStream::connect(host, port, Clock::now() + std::chrono::seconds(1));
+    TcpStream::connect(host, port, Clock::now() + std::chrono::seconds(1));
     return true;
-  } catch (const rendezvous::ConnectionRefused&) {
+  } catch (const ConnectionRefused&) {
     return false;
   } catch (const Error&) {
     return true;
@@ -205,7 +205,7 @@ std::optional<control::StoreWithControl> serveStore(const StorePlan& plan) {
   for (bool said = false;; said = true) {
     try {
       return std::make_optional<control::StoreWithControl>(
-          rendezvous::StoreServerOptions{.host = plan.host, .port = plan.port});
+          StoreServerOptions{.host = plan.host, .port = plan.port});
     } catch (const NetworkError& e) {
       if (plan.mustServe) throw;
       if (Clock::now() >= deadline || answers(plan.host, plan.port)) {
@@ -227,7 +227,7 @@ std::optional<control::StoreWithControl> serveStore(const StorePlan& plan) {
 // waits too: scancel and Ctrl-C reach the nodes at different times, and this node's, coming
 // once its agent had already followed another node's stop, took the store from the nodes still
 // reporting theirs (they exited without the job's stop line, or were killed by Slurm later).
-void lingerForOthers(const rendezvous::StoreServerThread& store, const LaunchConfig& config) {
+void lingerForOthers(const StoreServerThread& store, const LaunchConfig& config) {
   if (store.connectionCount() == 0) return;
   for (const int sig : jobSignals(config.signalsToHandle.value_or(kDefaultStopSignals)))
     ::signal(sig, SIG_IGN);
@@ -241,8 +241,8 @@ void lingerForOthers(const rendezvous::StoreServerThread& store, const LaunchCon
 // This node's address as the others reach it: --local-addr, else the local end of its route
 // toward the rendezvous store at host:port.
 std::string nodeAddress(const LaunchConfig& config, const std::string& host, uint16_t port) {
-  return config.localAddr ? rendezvous::resolveNumeric(*config.localAddr, "--local-addr")
-                          : rendezvous::localAddressToward(host, port);
+  return config.localAddr ? resolveNumeric(*config.localAddr, "--local-addr")
+                          : localAddressToward(host, port);
 }
 
 rendezvous::ElasticOptions elasticOptions(const LaunchConfig& config, const std::string& addr,
@@ -284,17 +284,17 @@ rendezvous::etcd::EtcdStoreOptions etcdStoreOptions(const LaunchConfig& config) 
 }
 
 // The newest round of job `runId` in the store (0 before any agent came).
-int newestRound(rendezvous::LeasingStore& store, const rendezvous::elastic::Keys& keys) {
-  return static_cast<int>(rendezvous::storedCount(store.peek({keys.current()})[0], keys.current()));
+int newestRound(LeasingStore& store, const rendezvous::elastic::Keys& keys) {
+  return static_cast<int>(storedCount(store.peek({keys.current()})[0], keys.current()));
 }
 
 // How job `runId` ended, as its keys say; nothing while it runs or before it starts. One read
 // while the job is in its first round (round 0's end is read with the round number), two after.
-std::optional<rendezvous::RoundEnd> jobEnd(rendezvous::LeasingStore& store,
+std::optional<rendezvous::RoundEnd> jobEnd(LeasingStore& store,
                                            const std::string& runId) {
   const rendezvous::elastic::Keys keys(runId);
   auto found = store.peek({keys.current(), keys.stop(), keys.end(0)});
-  const auto round = rendezvous::storedCount(found[0], keys.current());
+  const auto round = storedCount(found[0], keys.current());
   if (round > 0) found[2] = store.peek({keys.end(static_cast<int>(round))})[0];
   return rendezvous::elastic::endedJob(found[1], found[2]);
 }
@@ -335,7 +335,7 @@ int launchEtcd(const LaunchConfig& config) {
     try {
       client = std::make_shared<rendezvous::etcd::EtcdClient>(storeOptions.client);
       const auto& first = config.etcdEndpoints.front();
-      addr = nodeAddress(config, rendezvous::resolveNumeric(first.host, "--rdzv-endpoint host"),
+      addr = nodeAddress(config, resolveNumeric(first.host, "--rdzv-endpoint host"),
                          first.port);
     } catch (const NetworkError& e) {
       throw NetworkError(std::string("cannot reach etcd (--rdzv-endpoint): ") + e.what());
@@ -384,7 +384,7 @@ int launchHosts(const LaunchConfig& config) {
   for (const auto& host : hosts.hosts) {
     const std::string name = host.name.substr(host.name.find('@') + 1);  // user@host
     try {
-      addresses.push_back(rendezvous::resolveNumeric(name, "host"));
+      addresses.push_back(resolveNumeric(name, "host"));
     } catch (const NetworkError&) {
       throw ConfigError(host.where + ": unknown host '" + name + "'");
     }
@@ -404,25 +404,25 @@ int launchHosts(const LaunchConfig& config) {
       .entry = hosts.entry};
   const bool serve = hosts.backend.empty() && config.rdzvEndpoint.empty();
   std::optional<control::StoreWithControl> store;
-  std::unique_ptr<rendezvous::TcpStore> client;  // this process's own view of the job
+  std::unique_ptr<TcpStore> client;  // this process's own view of the job
   remote::FanoutOptions options{
       .stopTimeout = config.stopTimeout,
       .stopSignals = config.signalsToHandle.value_or(kDefaultStopSignals)};
   if (serve) {
     auto remote = std::find_if(addresses.begin(), addresses.end(), [](const std::string& a) {
-      return !rendezvous::isLocalAddress(a);
+      return !isLocalAddress(a);
     });
     const std::string addr =
         remote == addresses.end()
             ? addresses.front()
-            : rendezvous::localAddressToward(*remote, hosts.sshPort.value_or(22));
-    store.emplace(rendezvous::StoreServerOptions{.host = addr, .port = 0});
+            : localAddressToward(*remote, hosts.sshPort.value_or(22));
+    store.emplace(StoreServerOptions{.host = addr, .port = 0});
     job.backend = "c10d";
-    job.endpoint = rendezvous::joinHostPort(addr, store->store().port());
+    job.endpoint = joinHostPort(addr, store->store().port());
     // The agents' machines may own the address too (a host of the list is this one).
     job.rdzvConf += std::string(job.rdzvConf.empty() ? "" : ",") + "is_host=false";
-    client = std::make_unique<rendezvous::TcpStore>(
-        rendezvous::TcpStoreOptions{.host = addr, .port = store->store().port()});
+    client = std::make_unique<TcpStore>(
+        TcpStoreOptions{.host = addr, .port = store->store().port()});
     const rendezvous::elastic::Keys keys(job.rdzvId);
     options.workersStarted = [&client, keys] {
       const int round = newestRound(*client, keys);

@@ -16,7 +16,7 @@
 #include "remote/agent_command.h"
 #include "remote/hostfile.h"
 #include "rendezvous/etcd/endpoints.h"
-#include "rendezvous/store/tcp_stream.h"
+#include "store/tcp_stream.h"
 
 namespace dlrun::launcher {
 namespace {
@@ -68,7 +68,7 @@ void applySlurm(const slurm::Settings& s, LaunchConfig& c) {
   if (s.nnodes) c.minNodes = c.maxNodes = *s.nnodes;
   if (s.nodeRank) c.nodeRank = s.nodeRank;
   if (s.nprocPerNode) c.nprocPerNode = *s.nprocPerNode;
-  if (s.endpointHost) c.rdzvEndpoint = rendezvous::joinHostPort(*s.endpointHost, *s.endpointPort);
+  if (s.endpointHost) c.rdzvEndpoint = joinHostPort(*s.endpointHost, *s.endpointPort);
   if (!c.rdzv.isHost) c.rdzv.isHost = s.servesStore;
   if (s.nodeName) c.nodeName = s.nodeName;
   c.refuseLostNodes = true;
@@ -79,7 +79,7 @@ void applyMpi(const mpi::Settings& s, LaunchConfig& c) {
   if (s.rdzvId) c.rdzvId = *s.rdzvId;
   if (s.nnodes) c.minNodes = c.maxNodes = *s.nnodes;
   if (s.nodeRank) c.nodeRank = s.nodeRank;
-  if (s.endpointHost) c.rdzvEndpoint = rendezvous::joinHostPort(*s.endpointHost, *s.endpointPort);
+  if (s.endpointHost) c.rdzvEndpoint = joinHostPort(*s.endpointHost, *s.endpointPort);
 }
 
 // A flag of the launcher alone (--hostfile, --ssh-port, ...): both spellings, but no PET_
@@ -486,7 +486,7 @@ void crossCheck(const DeclaredFlags& f, const LaunchConfig& c) {
 }
 
 // torchrun's TORCHELASTIC_HEALTH_CHECK_PORT (launch() serves the liveness answer there).
-std::optional<uint16_t> healthCheckPort(const slurm::Environment& env) {
+std::optional<uint16_t> healthCheckPort(const Environment& env) {
   const auto it = env.find("TORCHELASTIC_HEALTH_CHECK_PORT");
   if (it == env.end() || it->second.empty()) return std::nullopt;
   const auto port = parseInteger<uint16_t>(it->second);

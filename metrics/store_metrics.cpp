@@ -4,7 +4,7 @@
 
 namespace dlrun::metrics {
 
-void addStoreMetrics(Exposition& out, const rendezvous::StoreStats& stats) {
+void addStoreMetrics(Exposition& out, const StoreStats& stats) {
   const auto count = [](uint64_t n) { return static_cast<double>(n); };
   out.family("dlrun_store_connections_total", "counter", "Store connections accepted");
   out.sample("dlrun_store_connections_total", count(stats.connections));
@@ -33,7 +33,7 @@ void addStoreMetrics(Exposition& out, const rendezvous::StoreStats& stats) {
   out.sample("dlrun_store_waiters", count(stats.waiters));
 }
 
-std::string storeJson(const rendezvous::StoreStats& stats) {
+std::string storeJson(const StoreStats& stats) {
   nlohmann::json ops = nlohmann::json::object();
   for (size_t op = 0; op < stats.ops.size(); ++op)
     if (stats.ops[op])

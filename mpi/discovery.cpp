@@ -31,7 +31,7 @@ std::optional<int> firstNumber(const Environment& env, std::initializer_list<con
 uint16_t portOf(const std::string& jobId) {
   uint32_t hash = 2166136261u;
   for (unsigned char c : jobId) hash = (hash ^ c) * 16777619u;
-  return static_cast<uint16_t>(slurm::kPortBase + hash % slurm::kPortRange);
+  return discovery::derivedPort(hash);
 }
 
 }  // namespace

@@ -15,14 +15,13 @@
 #include <optional>
 #include <string>
 
-#include "slurm/discovery.h"
+#include "common/discovery.h"
 
 namespace dlrun::mpi {
 
-// The same variables map, user flags (nprocAuto means nothing here) and port range as Slurm's:
-// the derived port is slurm::kPortBase + (a hash of the job id) % slurm::kPortRange.
-using Environment = slurm::Environment;
-using UserFlags = slurm::UserFlags;
+// The user flags as Slurm's (nprocAuto means nothing here); the port is derived from a hash of
+// the job id, in Slurm's range (discovery::derivedPort).
+using discovery::UserFlags;
 
 // Whether dlrun runs under mpirun: OMPI_COMM_WORLD_RANK or PMIX_RANK is set, unless
 // DLRUN_MPI=0. Throws ConfigError for a DLRUN_MPI other than 0 or 1.

@@ -4,14 +4,13 @@
 #pragma once
 
 #include <cstdint>
-#include <map>
 #include <optional>
 #include <string>
 #include <vector>
 
-namespace dlrun::remote {
+#include "common/environment.h"
 
-using Environment = std::map<std::string, std::string>;
+namespace dlrun::remote {
 
 // The variables the agents get from the launcher's environment: PATH, PYTHONPATH,
 // LD_LIBRARY_PATH, PYTHON_EXEC (the workers' Python), CUDA_*, NCCL_*, PET_*, DLRUN_* (dlrun's

@@ -11,8 +11,8 @@
 
 #include "common/error.h"
 #include "common/text.h"
-#include "rendezvous/json_fields.h"
-#include "rendezvous/store/tcp_stream.h"
+#include "store/json_fields.h"
+#include "store/tcp_stream.h"
 
 namespace dlrun::rendezvous::elastic {
 

@@ -10,10 +10,10 @@
 #include "common/clock.h"
 #include "common/error.h"
 #include "common/log.h"
-#include "rendezvous/store/address.h"
-#include "rendezvous/store/leasing_store.h"
-#include "rendezvous/store/tcp_store.h"
-#include "rendezvous/store/tcp_stream.h"
+#include "store/address.h"
+#include "store/leasing_store.h"
+#include "store/tcp_store.h"
+#include "store/tcp_stream.h"
 #include "rendezvous/waiting_report.h"
 
 namespace dlrun::rendezvous {

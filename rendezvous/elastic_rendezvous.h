@@ -29,10 +29,12 @@
 #include "rendezvous/elastic_protocol.h"
 #include "rendezvous/rendezvous.h"
 
-namespace dlrun::rendezvous {
-
+namespace dlrun {
 class LeasingStore;
 class Store;
+}  // namespace dlrun
+
+namespace dlrun::rendezvous {
 
 // Stops the whole job `keys` names, from any agent or from the control plane: the first stop
 // written wins and is returned; the end of `round` (-1: none) and of the newest round are set

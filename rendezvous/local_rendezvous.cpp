@@ -1,8 +1,8 @@
 #include "rendezvous/local_rendezvous.h"
 
 #include "common/error.h"
-#include "rendezvous/store/address.h"
-#include "rendezvous/store/tcp_stream.h"
+#include "store/address.h"
+#include "store/tcp_stream.h"
 
 namespace dlrun::rendezvous {
 

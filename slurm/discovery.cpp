@@ -82,7 +82,7 @@ Settings discover(const Environment& env, const UserFlags& user) {
                         "--rdzv-endpoint=HOST[:PORT]");
     const std::vector<std::string> nodes = expandHostlist(*list, variable);
     s.endpointHost = nodes.front();
-    s.endpointPort = static_cast<uint16_t>(kPortBase + *jobId % kPortRange);
+    s.endpointPort = discovery::derivedPort(*jobId);
     if (s.nodeName) s.servesStore = *s.nodeName == nodes.front();
     else if (nodeId) s.servesStore = *nodeId == 0;
   }

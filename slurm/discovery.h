@@ -20,32 +20,18 @@
 #pragma once
 
 #include <cstdint>
-#include <map>
 #include <optional>
 #include <string>
 
+#include "common/discovery.h"
+
 namespace dlrun::slurm {
 
-using Environment = std::map<std::string, std::string>;
-
-// The derived store port: kPortBase + SLURM_JOB_ID % kPortRange, i.e. 29400-31399 (torchrun's
-// c10d port upward, below Linux's ephemeral ports). Every node of a job computes the same
-// port, and jobs sharing a node differ unless their ids are equal modulo kPortRange.
-inline constexpr uint16_t kPortBase = 29400;
-inline constexpr int kPortRange = 2000;
+using discovery::UserFlags;
 
 // Whether the launcher should read Slurm: inside an allocation (SLURM_JOB_ID is set) unless
 // DLRUN_SLURM=0. Throws ConfigError for a DLRUN_SLURM other than 0 or 1.
 bool detected(const Environment& env);
-
-// What the user gave on the command line (or as PET_*); unset or false: not given.
-struct UserFlags {
-  bool nnodes = false;
-  bool nodeRank = false;
-  bool rdzvEndpoint = false;
-  bool rdzvId = false;
-  bool nprocAuto = false;  // --nproc-per-node=auto
-};
 
 // The settings Slurm supplies; each is unset where the user's flag wins or Slurm says nothing.
 struct Settings {

@@ -111,7 +111,7 @@ TEST(JobState, MalformedValuesAreProtocolErrors) {
 
 AgentRecord agent(int64_t id, const std::string& host, int firstRound, int round) {
   return {.id = id, .name = host,
-          .state = rendezvous::control::NodeState{.name = host, .round = round,
+          .state = control::NodeState{.name = host, .round = round,
                                                   .firstRound = firstRound}};
 }
 

@@ -12,15 +12,14 @@
 
 #include "control/access.h"
 #include "control/liveness_server.h"
-#include "rendezvous/control_state.h"
+#include "control/state/control_state.h"
 #include "rendezvous/elastic_protocol.h"
-#include "rendezvous/store/tcp_store.h"
-#include "rendezvous/store/tcp_stream.h"
+#include "store/tcp_store.h"
+#include "store/tcp_stream.h"
 
 namespace dlrun::control {
 namespace {
 
-namespace ctl = rendezvous::control;
 namespace elastic = rendezvous::elastic;
 using rendezvous::RoundEnd;
 using std::chrono::milliseconds;
@@ -41,14 +40,14 @@ class ControlServerTest : public ::testing::Test {
 
   // A running job as its agents leave it: settings, one node with two workers, round 0 closed.
   void writeJob(const std::string& id, const std::string& token = "") {
-    const ctl::Keys c(id);
+    const Keys c(id);
     const elastic::Keys r(id);
-    const ctl::ControlMeta meta{.backend = "c10d", .minNodes = 1, .maxNodes = 2,
+    const ControlMeta meta{.backend = "c10d", .minNodes = 1, .maxNodes = 2,
                                 .maxRestarts = 3,
                                 .tokenHash = token.empty() ? "" : tokenHash(token)};
-    store.set(c.meta(), ctl::encode(meta));
-    store.append(ctl::Keys::jobs(), id + "\n");
-    ctl::NodeState node{.name = "n1", .address = "127.0.0.1", .groupRank = 0,
+    store.set(c.meta(), encode(meta));
+    store.append(Keys::jobs(), id + "\n");
+    NodeState node{.name = "n1", .address = "127.0.0.1", .groupRank = 0,
                         .state = "running", .round = 0, .logDir = "/logs/" + id,
                         .firstRound = 0};
     node.workers.push_back({.rank = 0, .localRank = 0, .pid = 100, .state = "running", .step = 7,
@@ -62,17 +61,17 @@ class ControlServerTest : public ::testing::Test {
   }
 
   // An agent as its publisher registers it: its index, its host's name, its state under the index.
-  int64_t registerAgent(const std::string& id, const ctl::NodeState& node) {
-    const ctl::Keys c(id);
+  int64_t registerAgent(const std::string& id, const NodeState& node) {
+    const Keys c(id);
     const int64_t agent = store.add(c.nodes(), 1);
-    store.multiSet({c.nodeAt(agent), c.node(agent)}, {node.name, ctl::encode(node)});
+    store.multiSet({c.nodeAt(agent), c.node(agent)}, {node.name, encode(node)});
     return agent;
   }
 
   void publish(const std::string& id, const std::string& kind) {
-    const ctl::Keys c(id);
+    const Keys c(id);
     const int64_t n = store.add(c.seq(), 1);
-    store.set(c.event(n), ctl::encode(ctl::JobEvent{.seq = n, .time = 1.0, .kind = kind,
+    store.set(c.event(n), encode(JobEvent{.seq = n, .time = 1.0, .kind = kind,
                                                     .node = "n1", .round = 0}));
   }
 
@@ -117,8 +116,8 @@ class ControlServerTest : public ::testing::Test {
   }
 
   ControlServer control;
-  rendezvous::StoreServerThread server;
-  rendezvous::TcpStore store;
+  StoreServerThread server;
+  TcpStore store;
   std::unique_ptr<v1::Control::Stub> stub;
 };
 
@@ -143,7 +142,7 @@ TEST_F(ControlServerTest, GetJobAndListJobsOnTheStoresOwnPort) {
 
   // TCPStore clients go on on the same port, on connections opened before and after.
   store.set("/after", "grpc");
-  EXPECT_EQ(rendezvous::TcpStore({.host = "127.0.0.1", .port = server.port()}).get("/after"),
+  EXPECT_EQ(TcpStore({.host = "127.0.0.1", .port = server.port()}).get("/after"),
             "grpc");
 
   writeJob("job2");
@@ -161,18 +160,18 @@ TEST_F(ControlServerTest, GetJobAndListJobsOnTheStoresOwnPort) {
 // count and its first state) is not listed.
 TEST_F(ControlServerTest, EveryAgentIsListedUnderItsOwnIdThoseOfOneHostToo) {
   writeJob("job1");
-  ctl::NodeState second{.name = "n1", .address = "127.0.0.1", .groupRank = 1,
+  NodeState second{.name = "n1", .address = "127.0.0.1", .groupRank = 1,
                         .state = "running", .round = 0, .firstRound = 0};
   second.workers.push_back({.rank = 2, .localRank = 0, .pid = 102, .state = "running"});
   second.workers.push_back({.rank = 3, .localRank = 1, .pid = 103, .state = "running"});
   EXPECT_EQ(registerAgent("job1", second), 2);
-  ctl::NodeState lost{.name = "n2", .address = "127.0.0.2", .groupRank = 2, .state = "running",
+  NodeState lost{.name = "n2", .address = "127.0.0.2", .groupRank = 2, .state = "running",
                       .round = 0, .updated = 12.5, .firstRound = 0};
   lost.workers.push_back({.rank = 4, .localRank = 0, .pid = 104, .state = "running"});
   EXPECT_EQ(registerAgent("job1", lost), 3);
-  const ctl::Keys c("job1");
+  const Keys c("job1");
   store.add(c.nodes(), 1);
-  ctl::NodeState back = lost;
+  NodeState back = lost;
   back.round = back.firstRound = 1;
   back.workers[0].pid = 105;
   EXPECT_EQ(registerAgent("job1", back), 5);
@@ -258,7 +257,7 @@ TEST_F(ControlServerTest, AFollowerGetsNewEventsAndEndsAfterTheJob) {
 TEST_F(ControlServerTest, AnEventCountedButNeverWrittenIsAGap) {
   writeJob("job1");
   publish("job1", "round_closed");
-  store.add(ctl::Keys("job1").seq(), 1);  // a publisher that died between ADD and SET
+  store.add(Keys("job1").seq(), 1);  // a publisher that died between ADD and SET
   publish("job1", "worker_started");
   const auto events = watch("job1", 0, false);
   ASSERT_EQ(seqs(events), (std::vector<int64_t>{1, 2, 3}));
@@ -305,7 +304,7 @@ TEST_F(ControlServerTest, SignalJobCountsTheSignalForEveryAgent) {
   request.set_signal("usr1");
   v1::Ack ack;
   ASSERT_TRUE(stub->SignalJob(call().get(), request, &ack).ok());
-  const ctl::Keys c("job1");
+  const Keys c("job1");
   EXPECT_EQ(store.get(c.signals()), "1");
   EXPECT_EQ(store.get(c.signal(1)), std::to_string(SIGUSR1));
   const auto events = watch("job1", 0, false);
@@ -353,7 +352,7 @@ TEST(LivenessServer, AnswersEveryProbeAlive) {
       "Connection: close\r\n\r\nalive\n";
   for (const std::string request : {"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n", ""}) {
     const auto deadline = Clock::now() + std::chrono::seconds(10);
-    auto probe = rendezvous::TcpStream::connect("127.0.0.1", liveness.port(), deadline);
+    auto probe = TcpStream::connect("127.0.0.1", liveness.port(), deadline);
     if (!request.empty()) probe.writeAll(request, deadline);
     EXPECT_EQ(probe.readExact(alive.size(), deadline), alive);
     EXPECT_TRUE(probe.awaitClose(deadline));
@@ -378,19 +377,19 @@ std::vector<std::string> listJobsAt(uint16_t port) {
 TEST(StoreWithControlTest, ServesTheStoreAndTheControlPlaneOnItsPort) {
   StoreWithControl served({.host = "127.0.0.1", .port = 0});
   const uint16_t port = served.store().port();
-  rendezvous::TcpStore store({.host = "127.0.0.1", .port = port});
-  store.set(ctl::Keys("job1").meta(), ctl::encode(ctl::ControlMeta{.backend = "c10d"}));
-  store.append(ctl::Keys::jobs(), "job1\n");
+  TcpStore store({.host = "127.0.0.1", .port = port});
+  store.set(Keys("job1").meta(), encode(ControlMeta{.backend = "c10d"}));
+  store.append(Keys::jobs(), "job1\n");
   EXPECT_EQ(listJobsAt(port), std::vector<std::string>{"job1"});
 }
 
 // Under etcd an agent serves the control plane on its workers' store's port, reading the job
 // from another store (etcd): what the connector opens, not the store it sits on.
 TEST(StoreWithControlTest, ReadsTheJobsFromTheStoreItsConnectorOpens) {
-  rendezvous::StoreServerThread jobs({.host = "127.0.0.1", .port = 0});
-  rendezvous::TcpStore writer({.host = "127.0.0.1", .port = jobs.port()});
-  writer.set(ctl::Keys("elsewhere").meta(), ctl::encode(ctl::ControlMeta{.backend = "etcd"}));
-  writer.append(ctl::Keys::jobs(), "elsewhere\n");
+  StoreServerThread jobs({.host = "127.0.0.1", .port = 0});
+  TcpStore writer({.host = "127.0.0.1", .port = jobs.port()});
+  writer.set(Keys("elsewhere").meta(), encode(ControlMeta{.backend = "etcd"}));
+  writer.append(Keys::jobs(), "elsewhere\n");
   StoreWithControl served({.host = "127.0.0.1", .port = 0}, storeAt("127.0.0.1", jobs.port()));
   EXPECT_EQ(listJobsAt(served.store().port()), std::vector<std::string>{"elsewhere"});
 }
@@ -398,7 +397,7 @@ TEST(StoreWithControlTest, ReadsTheJobsFromTheStoreItsConnectorOpens) {
 // Every agent on the endpoint's host tries to serve; those that lose the bind must fail the
 // way the launcher expects (it goes on as a client).
 TEST(StoreWithControlTest, ATakenPortIsANetworkError) {
-  rendezvous::StoreServerThread first({.host = "127.0.0.1", .port = 0});
+  StoreServerThread first({.host = "127.0.0.1", .port = 0});
   EXPECT_THROW(StoreWithControl({.host = "127.0.0.1", .port = first.port()}), NetworkError);
 }
 
@@ -407,19 +406,19 @@ TEST(StoreWithControlTest, ATakenPortIsANetworkError) {
 TEST(StoreWithControlTest, AGrpcClientThatConnectsAsSoonAsThePortListensIsServed) {
   uint16_t port = 0;
   {
-    rendezvous::StoreServerThread probe({.host = "127.0.0.1", .port = 0});
+    StoreServerThread probe({.host = "127.0.0.1", .port = 0});
     port = probe.port();
   }  // a port that was free a moment ago
   std::atomic<bool> stop{false};
   std::string outcome = "never connected";
   std::thread client([&] {
     const auto deadline = Clock::now() + std::chrono::seconds(20);
-    rendezvous::TcpStream stream;
+    TcpStream stream;
     while (!stream.isOpen()) {
       if (stop || Clock::now() > deadline) return;
       try {
-        stream = rendezvous::TcpStream::connect("127.0.0.1", port, deadline);
-      } catch (const rendezvous::ConnectionRefused&) {
+        stream = TcpStream::connect("127.0.0.1", port, deadline);
+      } catch (const ConnectionRefused&) {
         std::this_thread::sleep_for(std::chrono::microseconds(100));  // not listening yet
       }
     }
@@ -436,7 +435,7 @@ TEST(StoreWithControlTest, AGrpcClientThatConnectsAsSoonAsThePortListensIsServed
   std::this_thread::sleep_for(std::chrono::milliseconds(20));  // the client is trying
   std::optional<StoreWithControl> served;
   try {
-    served.emplace(rendezvous::StoreServerOptions{.host = "127.0.0.1", .port = port});
+    served.emplace(StoreServerOptions{.host = "127.0.0.1", .port = port});
   } catch (const NetworkError&) {
     stop = true;
     client.join();

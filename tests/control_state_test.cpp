@@ -1,12 +1,12 @@
-// The control plane's records in the store (rendezvous/control_state.h): they read back as
+// The control plane's records in the store (control/state/control_state.h): they read back as
 // written, and text another program wrote is a ProtocolError, never a crash.
-#include "rendezvous/control_state.h"
+#include "control/state/control_state.h"
 
 #include <gtest/gtest.h>
 
 #include "common/error.h"
 
-namespace dlrun::rendezvous::control {
+namespace dlrun::control {
 namespace {
 
 TEST(ControlState, KeysLiveUnderTheJobsRoot) {
@@ -60,4 +60,4 @@ TEST(ControlState, AppendedListsReadOnceEach) {
 }
 
 }  // namespace
-}  // namespace dlrun::rendezvous::control
+}  // namespace dlrun::control

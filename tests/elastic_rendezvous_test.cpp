@@ -9,8 +9,8 @@
 
 #include "common/error.h"
 #include "rendezvous/elastic_protocol.h"
-#include "rendezvous/store/store_server.h"
-#include "rendezvous/store/tcp_store.h"
+#include "store/store_server.h"
+#include "store/tcp_store.h"
 
 namespace dlrun::rendezvous {
 namespace {

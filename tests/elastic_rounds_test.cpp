@@ -10,9 +10,9 @@
 #include <set>
 
 #include "common/error.h"
-#include "rendezvous/control_state.h"
+#include "common/text.h"
 #include "rendezvous/elastic_rendezvous.h"
-#include "rendezvous/store/memory_store.h"
+#include "store/memory_store.h"
 
 namespace dlrun::rendezvous {
 namespace {
@@ -167,7 +167,8 @@ TEST_F(ElasticRoundsTest, ALongJobKeepsTheKeysOfItsLastTwoRoundsOnly) {
   std::vector<std::vector<std::string>> members;  // each round's member ids, in arrival order
   for (int round = 0; round <= 5; ++round) {
     for (const World& w : formRound({a.get(), b.get()})) EXPECT_EQ(w.round, round);
-    members.push_back(control::lines(view.peek({keys.members(round)})[0]));
+    members.push_back(split(view.peek({keys.members(round)})[0], '\n'));
+    members.back().pop_back();  // the list ends with a newline
     ASSERT_EQ(members.back().size(), 2u);
     a->reportFailure(RoundEnd{.kind = Kind::WorkerFailed, .node = "n0", .rank = 0, .exitCode = 1});
     auto ends = together<RoundEnd>({[&] { return a->awaitEnd(); }, [&] { return b->awaitEnd(); }});

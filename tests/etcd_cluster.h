@@ -33,7 +33,7 @@
 
 #include "common/clock.h"
 #include "rendezvous/etcd/etcd_client.h"
-#include "rendezvous/store/address.h"
+#include "store/address.h"
 #include "tests/child_process.h"
 
 namespace dlrun::test {
@@ -62,7 +62,7 @@ class EtcdCluster {
     char pattern[] = "/tmp/dlrun-etcd-cluster-XXXXXX";
     if (!mkdtemp(pattern)) throw std::runtime_error("mkdtemp failed");
     dir_ = pattern;
-    const auto ports = rendezvous::reserveFreePorts("127.0.0.1", 2 * kMembers);
+    const auto ports = reserveFreePorts("127.0.0.1", 2 * kMembers);
     std::string initial;
     for (size_t i = 0; i < kMembers; ++i) {
       members_[i].clientPort = ports.at(2 * i);

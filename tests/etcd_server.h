@@ -34,7 +34,7 @@
 
 #include "common/clock.h"
 #include "rendezvous/etcd/etcd_client.h"
-#include "rendezvous/store/address.h"
+#include "store/address.h"
 #include "tests/child_process.h"
 
 namespace dlrun::test {
@@ -58,7 +58,7 @@ class EtcdServer {
     char pattern[] = "/tmp/dlrun-etcd-XXXXXX";
     if (!mkdtemp(pattern)) throw std::runtime_error("mkdtemp failed");
     dir_ = pattern;
-    const auto ports = rendezvous::reserveFreePorts("127.0.0.1", 2);
+    const auto ports = reserveFreePorts("127.0.0.1", 2);
     clientPort_ = ports.at(0);
     const std::string client = "http://127.0.0.1:" + std::to_string(ports.at(0));
     const std::string peer = "http://127.0.0.1:" + std::to_string(ports.at(1));

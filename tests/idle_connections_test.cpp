@@ -7,8 +7,8 @@
 
 #include <fstream>
 
-#include "rendezvous/store/store_server.h"
-#include "rendezvous/store/tcp_store.h"
+#include "store/store_server.h"
+#include "store/tcp_store.h"
 #include "tests/store_test_util.h"
 
 namespace dlrun::rendezvous {

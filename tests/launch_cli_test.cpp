@@ -741,7 +741,7 @@ TEST(ParseDlrunArgs, SeveralC10dNodesNeedAnEndpoint) {
 // --- inside a Slurm allocation -----------------------------------------------------------
 
 // The task of node `nodeId` in a step over node[1-4] of job 4242 (srun --ntasks-per-node=1).
-HostProbe slurmHost(int nodeId, slurm::Environment extra = {}) {
+HostProbe slurmHost(int nodeId, Environment extra = {}) {
   HostProbe host = fakeHost();
   host.env = {{"SLURM_JOB_ID", "4242"},          {"SLURM_JOB_NODELIST", "node[1-4]"},
               {"SLURM_STEP_NODELIST", "node[1-4]"}, {"SLURM_NNODES", "4"},

@@ -1,4 +1,4 @@
-#include "rendezvous/store/memory_store.h"
+#include "store/memory_store.h"
 
 #include <gtest/gtest.h>
 
@@ -7,7 +7,7 @@
 #include <thread>
 
 #include "common/error.h"
-#include "rendezvous/store/store_engine.h"
+#include "store/store_engine.h"
 
 namespace dlrun::rendezvous {
 namespace {

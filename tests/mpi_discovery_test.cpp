@@ -48,8 +48,8 @@ TEST(MpiDiscovery, WorldFromOpenMpi) {
   EXPECT_EQ(s.nnodes, 3);
   EXPECT_EQ(s.endpointHost, "node1");
   ASSERT_TRUE(s.endpointPort);
-  EXPECT_GE(*s.endpointPort, slurm::kPortBase);
-  EXPECT_LT(*s.endpointPort, slurm::kPortBase + slurm::kPortRange);
+  EXPECT_GE(*s.endpointPort, discovery::kPortBase);
+  EXPECT_LT(*s.endpointPort, discovery::kPortBase + discovery::kPortRange);
   // Every process of the job derives the same port.
   EXPECT_EQ(mpi::discover(launched(0), {}).endpointPort, s.endpointPort);
 }

@@ -1,8 +1,8 @@
-#include "rendezvous/store/prefix_store.h"
+#include "store/prefix_store.h"
 
 #include <gtest/gtest.h>
 
-#include "rendezvous/store/memory_store.h"
+#include "store/memory_store.h"
 
 namespace dlrun::rendezvous {
 namespace {

@@ -60,7 +60,7 @@ TEST(SlurmDiscoveryTest, AStepGivesEverythingAMultiNodeLaunchNeeds) {
   const Settings s = discover(step(2), {});
   EXPECT_EQ(s.rdzvId, "4242");
   EXPECT_EQ(s.endpointHost, "node1");  // the first node of the step
-  EXPECT_EQ(s.endpointPort, kPortBase + 4242 % kPortRange);
+  EXPECT_EQ(s.endpointPort, discovery::kPortBase + 4242 % discovery::kPortRange);
   EXPECT_EQ(s.endpointPort, 29642);
   EXPECT_EQ(s.nodeRank, 2);
   EXPECT_EQ(s.nnodes, 4);

@@ -18,7 +18,7 @@
 
 #include "agents/process.h"
 #include "common/clock.h"
-#include "rendezvous/store/address.h"
+#include "store/address.h"
 
 namespace dlrun::agents {
 namespace {
@@ -312,7 +312,7 @@ if dist.get_rank() == 1:
 open(sys.argv[1], "w").close()
 dist.all_reduce(torch.ones(4))
 )");
-  const auto port = rendezvous::reserveFreePorts("127.0.0.1", 1).at(0);
+  const auto port = reserveFreePorts("127.0.0.1", 1).at(0);
   std::vector<StackTarget> targets;
   for (int rank : {0, 1}) {
     Environment env = hook.environment({});

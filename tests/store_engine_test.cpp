@@ -1,5 +1,5 @@
 // The store's semantics, driven directly with parsed requests (no sockets).
-#include "rendezvous/store/store_engine.h"
+#include "store/store_engine.h"
 
 #include <gtest/gtest.h>
 

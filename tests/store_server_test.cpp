@@ -1,6 +1,6 @@
 // The server on the wire: byte-exact 2.x framing, 1.x clients on the same port, and hostile
 // input that must neither crash the server nor make it hold unbounded memory.
-#include "rendezvous/store/store_server.h"
+#include "store/store_server.h"
 
 #include <gtest/gtest.h>
 
@@ -10,7 +10,7 @@
 #include <future>
 #include <random>
 
-#include "rendezvous/store/tcp_store.h"
+#include "store/tcp_store.h"
 #include "tests/store_test_util.h"
 
 namespace dlrun::rendezvous {

@@ -5,8 +5,8 @@
 #include <string>
 #include <thread>
 
-#include "rendezvous/store/tcp_stream.h"
-#include "rendezvous/store/wire.h"
+#include "store/tcp_stream.h"
+#include "store/wire.h"
 
 namespace dlrun::testing {
 
@@ -15,7 +15,7 @@ namespace dlrun::testing {
 class RawClient {
  public:
   explicit RawClient(uint16_t port)
-      : stream_(rendezvous::TcpStream::connect("127.0.0.1", port, deadline())) {}
+      : stream_(TcpStream::connect("127.0.0.1", port, deadline())) {}
 
   void send(const std::string& bytes) { stream_.writeAll(bytes, deadline()); }
   std::string read(size_t n) { return stream_.readExact(n, deadline()); }
@@ -34,7 +34,7 @@ class RawClient {
   static Clock::time_point deadline() {
     return Clock::now() + std::chrono::seconds(10);
   }
-  rendezvous::TcpStream stream_;
+  TcpStream stream_;
 };
 
 // Polls a condition that another thread changes, until it holds or the deadline passes.

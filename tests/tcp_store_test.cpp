@@ -1,14 +1,14 @@
 // The C++ client against the server: every op, timeouts that leave the client usable, and many
 // threads hammering one server with exact final counts.
-#include "rendezvous/store/tcp_store.h"
+#include "store/tcp_store.h"
 
 #include <gtest/gtest.h>
 
 #include <thread>
 
 #include "common/error.h"
-#include "rendezvous/store/prefix_store.h"
-#include "rendezvous/store/store_server.h"
+#include "store/prefix_store.h"
+#include "store/store_server.h"
 #include "tests/store_test_util.h"
 
 namespace dlrun::rendezvous {

@@ -5,7 +5,7 @@
 
 #include <thread>
 
-#include "rendezvous/store/store_server.h"
+#include "store/store_server.h"
 
 namespace dlrun::rendezvous {
 namespace {

@@ -12,8 +12,8 @@
 #include <thread>
 
 #include "common/error.h"
-#include "rendezvous/store/memory_store.h"
-#include "rendezvous/store/prefix_store.h"
+#include "store/memory_store.h"
+#include "store/prefix_store.h"
 
 namespace dlrun::trainer {
 namespace {
@@ -25,9 +25,9 @@ void onRanks(int size, const std::function<void(int)>& body) {
   for (auto& thread : threads) thread.join();
 }
 
-std::shared_ptr<rendezvous::Store> jobStore() {
-  return std::make_shared<rendezvous::PrefixStore>(
-      "job", std::make_shared<rendezvous::MemoryStore>(std::chrono::seconds(10)));
+std::shared_ptr<Store> jobStore() {
+  return std::make_shared<PrefixStore>(
+      "job", std::make_shared<MemoryStore>(std::chrono::seconds(10)));
 }
 
 TEST(SharedMemoryCollective, EveryRankGetsTheSumsInRankOrder) {
@@ -45,7 +45,7 @@ TEST(SharedMemoryCollective, EveryRankGetsTheSumsInRankOrder) {
     for (size_t i = 0; i < count; ++i) expected[i] = (values[0][i] + values[1][i]) + values[2][i];
     auto results = values;
     onRanks(kSize, [&](int rank) {
-      auto prefixed = std::make_shared<rendezvous::PrefixStore>(std::to_string(count), store);
+      auto prefixed = std::make_shared<PrefixStore>(std::to_string(count), store);
       auto collective = makeSharedMemoryCollective(*prefixed, rank, kSize);
       ASSERT_NE(collective, nullptr);
       EXPECT_EQ(collective->rank(), rank);
@@ -57,7 +57,7 @@ TEST(SharedMemoryCollective, EveryRankGetsTheSumsInRankOrder) {
 }
 
 // Names a segment that does not exist, as a rank on another machine would find.
-class ElsewhereStore : public rendezvous::PrefixStore {
+class ElsewhereStore : public PrefixStore {
  public:
   using PrefixStore::PrefixStore;
   std::string get(const std::string& key) override {
@@ -66,13 +66,13 @@ class ElsewhereStore : public rendezvous::PrefixStore {
 };
 
 TEST(SharedMemoryCollective, DeclinedByEveryRankWhenOneCannotMapIt) {
-  auto memory = std::make_shared<rendezvous::MemoryStore>(std::chrono::seconds(10));
+  auto memory = std::make_shared<MemoryStore>(std::chrono::seconds(10));
   onRanks(3, [&](int rank) {
-    std::unique_ptr<rendezvous::Store> store;
+    std::unique_ptr<Store> store;
     if (rank == 2)
       store = std::make_unique<ElsewhereStore>("job", memory);
     else
-      store = std::make_unique<rendezvous::PrefixStore>("job", memory);
+      store = std::make_unique<PrefixStore>("job", memory);
     EXPECT_EQ(makeSharedMemoryCollective(*store, rank, 3), nullptr) << "rank " << rank;
   });
 }

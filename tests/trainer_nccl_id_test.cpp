@@ -12,9 +12,9 @@
 #include <vector>
 
 #include "common/error.h"
-#include "rendezvous/store/prefix_store.h"
-#include "rendezvous/store/store_server.h"
-#include "rendezvous/store/tcp_store.h"
+#include "store/prefix_store.h"
+#include "store/store_server.h"
+#include "store/tcp_store.h"
 
 namespace dlrun::trainer {
 namespace {
@@ -26,10 +26,10 @@ std::string bytesOf(const ncclUniqueId& id) { return std::string(id.internal, si
 class NcclIdTest : public ::testing::Test {
  protected:
   // A client of the server under the attempt's prefix, as each rank makes its own.
-  std::shared_ptr<rendezvous::Store> rankStore(int attempt) {
-    auto tcp = std::make_shared<rendezvous::TcpStore>(
-        rendezvous::TcpStoreOptions{.host = "127.0.0.1", .port = server.port(), .timeout = 10s});
-    return std::make_shared<rendezvous::PrefixStore>(
+  std::shared_ptr<Store> rankStore(int attempt) {
+    auto tcp = std::make_shared<TcpStore>(
+        TcpStoreOptions{.host = "127.0.0.1", .port = server.port(), .timeout = 10s});
+    return std::make_shared<PrefixStore>(
         "dlrun-train/attempt_" + std::to_string(attempt), tcp);
   }
 
@@ -46,7 +46,7 @@ class NcclIdTest : public ::testing::Test {
     return ids;
   }
 
-  rendezvous::StoreServerThread server{{.host = "127.0.0.1", .port = 0}};
+  StoreServerThread server{{.host = "127.0.0.1", .port = 0}};
 };
 
 TEST_F(NcclIdTest, EveryRankGetsRankZerosId) {

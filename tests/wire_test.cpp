@@ -1,5 +1,5 @@
 // The wire codec: era detection, one parse per op, limits checked before allocation.
-#include "rendezvous/store/wire.h"
+#include "store/wire.h"
 
 #include <gtest/gtest.h>
 

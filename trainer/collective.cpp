@@ -40,7 +40,7 @@ class SoloCollective : public Collective {
 // Gloo's rendezvous store over the dlrun store.
 class GlooStore : public gloo::rendezvous::Store {
  public:
-  explicit GlooStore(std::shared_ptr<rendezvous::Store> store) : store_(std::move(store)) {}
+  explicit GlooStore(std::shared_ptr<dlrun::Store> store) : store_(std::move(store)) {}
   void set(const std::string& key, const std::vector<char>& data) override {
     store_->set(key, std::string(data.begin(), data.end()));
   }
@@ -49,7 +49,7 @@ class GlooStore : public gloo::rendezvous::Store {
     return {value.begin(), value.end()};
   }
   void wait(const std::vector<std::string>& keys) override {
-    store_->wait(keys, rendezvous::Store::kDefaultTimeout);
+    store_->wait(keys, dlrun::Store::kDefaultTimeout);
   }
   void wait(const std::vector<std::string>& keys,
             const std::chrono::milliseconds& timeout) override {
@@ -57,12 +57,12 @@ class GlooStore : public gloo::rendezvous::Store {
   }
 
  private:
-  std::shared_ptr<rendezvous::Store> store_;
+  std::shared_ptr<dlrun::Store> store_;
 };
 
 class GlooCollective : public Collective {
  public:
-  GlooCollective(std::shared_ptr<rendezvous::Store> store, int rank, int size,
+  GlooCollective(std::shared_ptr<Store> store, int rank, int size,
                  const std::string& localAddr)
       : rank_(rank), size_(size) {
     gloo::transport::tcp::attr attr;
@@ -106,7 +106,7 @@ std::unique_ptr<Collective> reportingProgress(std::unique_ptr<Collective> inner,
 
 std::unique_ptr<Collective> makeSoloCollective() { return std::make_unique<SoloCollective>(); }
 
-std::unique_ptr<Collective> makeGlooCollective(std::shared_ptr<rendezvous::Store> store, int rank,
+std::unique_ptr<Collective> makeGlooCollective(std::shared_ptr<Store> store, int rank,
                                                int size, const std::string& localAddr) {
   try {
     return std::make_unique<GlooCollective>(std::move(store), rank, size, localAddr);

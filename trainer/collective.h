@@ -8,7 +8,7 @@
 #include <string>
 
 #include "common/progress_board.h"
-#include "rendezvous/store/store.h"
+#include "store/store.h"
 
 namespace dlrun::trainer {
 
@@ -32,7 +32,7 @@ std::unique_ptr<Collective> makeSoloCollective();
 
 // Gloo over TCP. `store` is shared by all ranks (namespaced per attempt by the caller);
 // `localAddr` is this host's address the other ranks can reach.
-std::unique_ptr<Collective> makeGlooCollective(std::shared_ptr<rendezvous::Store> store, int rank,
+std::unique_ptr<Collective> makeGlooCollective(std::shared_ptr<Store> store, int rank,
                                                int size, const std::string& localAddr);
 
 }  // namespace dlrun::trainer

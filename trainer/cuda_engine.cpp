@@ -269,7 +269,7 @@ CudaDevices findCudaDevices() {
 
 std::unique_ptr<Engine> makeCudaEngine(const EngineOptions& options, const Placement& placement,
                                        Collective& collective,
-                                       std::shared_ptr<rendezvous::Store> store) {
+                                       std::shared_ptr<Store> store) {
   const CudaDevices devices = findCudaDevices();
   if (devices.count == 0) throw Error("no usable CUDA device: " + devices.problem);
   // NCCL refuses two ranks on one device. Any rank with too few devices turns every rank to

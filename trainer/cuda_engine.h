@@ -24,6 +24,6 @@ CudaDevices findCudaDevices();
 // failed CUDA, cuBLAS or NCCL call.
 std::unique_ptr<Engine> makeCudaEngine(const EngineOptions& options, const Placement& placement,
                                        Collective& collective,
-                                       std::shared_ptr<rendezvous::Store> store);
+                                       std::shared_ptr<Store> store);
 
 }  // namespace dlrun::trainer

@@ -29,7 +29,7 @@ bool wantsCuda(const std::string& device) {
 
 std::unique_ptr<Engine> makeEngine(const std::string& device, const EngineOptions& options,
                                    const Placement& placement, Collective& collective,
-                                   std::shared_ptr<rendezvous::Store> store) {
+                                   std::shared_ptr<Store> store) {
   const bool cuda = wantsCuda(device);
   // Ranks on different engines would not pair their sums: all must choose the same.
   float onCuda = cuda ? 1.0f : 0.0f;

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "rendezvous/store/store.h"
+#include "store/store.h"
 #include "trainer/collective.h"
 #include "trainer/config.h"
 #include "trainer/model.h"
@@ -52,6 +52,6 @@ struct EngineOptions {
 // when the ranks did not all choose the same engine.
 std::unique_ptr<Engine> makeEngine(const std::string& device, const EngineOptions& options,
                                    const Placement& placement, Collective& collective,
-                                   std::shared_ptr<rendezvous::Store> store);
+                                   std::shared_ptr<Store> store);
 
 }  // namespace dlrun::trainer

@@ -19,7 +19,7 @@ ncclUniqueId newNcclId() {
   return id;
 }
 
-ncclUniqueId shareNcclId(rendezvous::Store& store, int rank) {
+ncclUniqueId shareNcclId(Store& store, int rank) {
   ncclUniqueId id;
   if (rank == 0) {
     id = newNcclId();

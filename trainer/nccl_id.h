@@ -5,13 +5,13 @@
 
 #include <nccl.h>
 
-#include "rendezvous/store/store.h"
+#include "store/store.h"
 
 namespace dlrun::trainer {
 
 // Rank 0 makes the id and sets it in `store` (which the caller namespaces per attempt); the
 // others wait for it. Throws Error when NCCL cannot make one or a stored value is not an id.
-ncclUniqueId shareNcclId(rendezvous::Store& store, int rank);
+ncclUniqueId shareNcclId(Store& store, int rank);
 
 // A fresh id, for a rank alone.
 ncclUniqueId newNcclId();

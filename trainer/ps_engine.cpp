@@ -33,7 +33,7 @@ using asio::ip::tcp;
 
 class CpuPsEngine final : public PsEngine {
  public:
-  CpuPsEngine(const EngineOptions& options, const PsPlace& place, rendezvous::Store& store)
+  CpuPsEngine(const EngineOptions& options, const PsPlace& place, Store& store)
       : model_(options.shape, options.seed, cpuMath(options.cpuMath)),
         place_(place),
         ranges_(shardRanges(model_.params().size(), place.servers)),
@@ -159,7 +159,7 @@ class CpuPsEngine final : public PsEngine {
 }  // namespace
 
 std::unique_ptr<PsEngine> makePsEngine(const EngineOptions& options, const PsPlace& place,
-                                       rendezvous::Store& store) {
+                                       Store& store) {
   return std::make_unique<CpuPsEngine>(options, place, store);
 }
 

@@ -6,7 +6,7 @@
 #include <memory>
 #include <optional>
 
-#include "rendezvous/store/store.h"
+#include "store/store.h"
 #include "trainer/checkpoint.h"
 #include "trainer/engine.h"
 #include "trainer/ps_layout.h"
@@ -29,6 +29,6 @@ class PsEngine : public Engine {
 // Connects to every server, whose addresses it waits for in `store` (the job's, namespaced per
 // attempt). Throws ConfigError when the servers would hold no parameter.
 std::unique_ptr<PsEngine> makePsEngine(const EngineOptions& options, const PsPlace& place,
-                                       rendezvous::Store& store);
+                                       Store& store);
 
 }  // namespace dlrun::trainer

@@ -11,7 +11,7 @@
 #include "common/asio.h"
 #include "common/listen.h"
 #include "common/log.h"
-#include "rendezvous/store/address.h"
+#include "store/address.h"
 #include "trainer/data.h"
 #include "trainer/math_dispatch.h"
 #include "trainer/model.h"
@@ -241,13 +241,13 @@ class Server {
 std::string psAddressKey(int index) { return "ps/" + std::to_string(index); }
 
 void servePs(const TrainConfig& config, const Placement& placement, const PsPlace& place,
-             const std::function<std::shared_ptr<rendezvous::Store>()>& connect) {
+             const std::function<std::shared_ptr<Store>()>& connect) {
   const Split data = config.synthetic ? syntheticData(20000, 4000, 784, config.seed)
                                       : loadFashionMnist(config.dataDir);
   const MlpShape shape{data.train.features, config.hidden, data.train.classes};
   const ShardRange range = shardRanges(shape.parameterCount(), place.servers).at(place.index);
   Server server(config, place, range.size());
-  const std::string address = rendezvous::localAddressToward(placement.masterAddr,
+  const std::string address = localAddressToward(placement.masterAddr,
                                                              placement.masterPort);
   const uint16_t port = server.listen(address);
   connect()->set(psAddressKey(place.index), address + " " + std::to_string(port));

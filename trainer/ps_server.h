@@ -12,7 +12,7 @@
 #include <memory>
 #include <string>
 
-#include "rendezvous/store/store.h"
+#include "store/store.h"
 #include "trainer/config.h"
 #include "trainer/ps_layout.h"
 
@@ -22,7 +22,7 @@ namespace dlrun::trainer {
 // the job, each server for its own traffic). `connect` opens the job's store, namespaced per
 // attempt, once the shard is known to hold parameters.
 void servePs(const TrainConfig& config, const Placement& placement, const PsPlace& place,
-             const std::function<std::shared_ptr<rendezvous::Store>()>& connect);
+             const std::function<std::shared_ptr<Store>()>& connect);
 
 // The store key where server `index` publishes "ADDRESS PORT".
 std::string psAddressKey(int index);

@@ -244,7 +244,7 @@ std::optional<Mapping> openSegment(const std::string& named, int size) {
 
 }  // namespace
 
-std::unique_ptr<Collective> makeSharedMemoryCollective(rendezvous::Store& store, int rank,
+std::unique_ptr<Collective> makeSharedMemoryCollective(Store& store, int rank,
                                                        int size) {
   std::optional<Mapping> mapping;
   std::string name;

@@ -6,7 +6,7 @@
 
 #include <memory>
 
-#include "rendezvous/store/store.h"
+#include "store/store.h"
 #include "trainer/collective.h"
 
 namespace dlrun::trainer {
@@ -16,7 +16,7 @@ namespace dlrun::trainer {
 // could. Returns nullptr on every rank unless all could (ranks on other machines, or in
 // containers with /dev/shm of their own). Once made, a sum throws Error when a peer has exited
 // while it waits, and TimeoutError when one has not arrived within 30 s (Gloo's default).
-std::unique_ptr<Collective> makeSharedMemoryCollective(rendezvous::Store& store, int rank,
+std::unique_ptr<Collective> makeSharedMemoryCollective(Store& store, int rank,
                                                        int size);
 
 }  // namespace dlrun::trainer

@@ -14,9 +14,9 @@
 #include "common/clock.h"
 #include "common/error.h"
 #include "common/log.h"
-#include "rendezvous/store/address.h"
-#include "rendezvous/store/prefix_store.h"
-#include "rendezvous/store/tcp_store.h"
+#include "store/address.h"
+#include "store/prefix_store.h"
+#include "store/tcp_store.h"
 #include "trainer/checkpoint.h"
 #include "trainer/collective.h"
 #include "trainer/engine.h"
@@ -47,16 +47,16 @@ void requestStop(int number) {
 
 // The job's store, namespaced per attempt (a restarted group must not read what its previous
 // attempt published); null when alone.
-std::shared_ptr<rendezvous::Store> jobStore(const Placement& p) {
+std::shared_ptr<Store> jobStore(const Placement& p) {
   if (p.worldSize == 1) return nullptr;
-  auto tcp = std::make_shared<rendezvous::TcpStore>(
-      rendezvous::TcpStoreOptions{.host = p.masterAddr, .port = p.masterPort});
-  return std::make_shared<rendezvous::PrefixStore>(
+  auto tcp = std::make_shared<TcpStore>(
+      TcpStoreOptions{.host = p.masterAddr, .port = p.masterPort});
+  return std::make_shared<PrefixStore>(
       "dlrun-train/attempt_" + std::to_string(p.restartCount), tcp);
 }
 
 std::unique_ptr<Collective> connect(const Placement& p,
-                                    const std::shared_ptr<rendezvous::Store>& store,
+                                    const std::shared_ptr<Store>& store,
                                     bool glooOnly) {
   if (!store) return makeSoloCollective();
   // A job on one machine sums through shared memory where it can.
@@ -68,7 +68,7 @@ std::unique_ptr<Collective> connect(const Placement& p,
   }
   log::debug("all-reduce: Gloo over TCP");
   return makeGlooCollective(store, p.rank, p.worldSize,
-                            rendezvous::localAddressToward(p.masterAddr, p.masterPort));
+                            localAddressToward(p.masterAddr, p.masterPort));
 }
 
 // Fails at once, not at the first checkpoint, when the directory cannot be written.

@@ -61,7 +61,7 @@
 
 #include "common/clock.h"
 #include "rendezvous/etcd/etcd_client.h"
-#include "rendezvous/store/leasing_store.h"
+#include "store/leasing_store.h"
 
 namespace dlrun::rendezvous::etcd {
 

@@ -3,12 +3,12 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "rendezvous/store/store_engine.h"
-#include "rendezvous/store/wire.h"
+#include "store/store_engine.h"
+#include "store/wire.h"
 
 namespace {
 
-struct DiscardingPeer : dlrun::rendezvous::Peer {
+struct DiscardingPeer : dlrun::Peer {
   size_t bytes = 0;
   void send(std::string_view reply) override { bytes += reply.size(); }
 };
@@ -23,11 +23,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::span<const char> in(reinterpret_cast<const char*>(data), size);
   auto era = wire::detectEra(in);
   if (!era) return 0;
-  rendezvous::StoreEngine engine;
+  StoreEngine engine;
   DiscardingPeer peer;
   wire::Request request;
   // Time moves a little with every request, so leases also expire on the way.
-  rendezvous::StoreEngine::TimePoint now{};
+  StoreEngine::TimePoint now{};
   while (!in.empty()) {
     auto result = wire::parseRequest(*era, in, limits, request);
     if (result.status != wire::ParseStatus::Complete) break;

@@ -20,7 +20,7 @@ from dlrund_fixture import main, start_dlrund
 
 CALL_TIMEOUT_S = 30
 
-# TCPStore 1.x op codes (rendezvous/store/wire.h), spoken raw: torch's client prefixes "/" to
+# TCPStore 1.x op codes (store/wire.h), spoken raw: torch's client prefixes "/" to
 # every key, and the agents' keys have none.
 SET, ADD, CHECK = 0, 3, 4
 
@@ -61,7 +61,7 @@ class PlainStore:
 
 
 class Job:
-    """One job's keys (rendezvous/control_state.h, elastic_protocol.h) as its agents write them."""
+    """One job's keys (control/state/control_state.h, elastic_protocol.h) as its agents write them."""
 
     def __init__(self, store, job_id, token=""):
         self.store, self.id = store, job_id

@@ -14,13 +14,13 @@
 #include <string>
 #include <thread>
 
-#include "rendezvous/store/wire.h"
+#include "store/wire.h"
 
 namespace boost::asio {
 class io_context;
 }
 
-namespace dlrun::rendezvous {
+namespace dlrun {
 
 struct StoreServerOptions {
   std::string host = "0.0.0.0";  // numeric address or name to bind; "::" for IPv6
@@ -102,4 +102,4 @@ class StoreServerThread {
   std::thread thread_;
 };
 
-}  // namespace dlrun::rendezvous
+}  // namespace dlrun

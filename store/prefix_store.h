@@ -4,9 +4,9 @@
 
 #include <memory>
 
-#include "rendezvous/store/store.h"
+#include "store/store.h"
 
-namespace dlrun::rendezvous {
+namespace dlrun {
 
 class PrefixStore : public Store {
  public:
@@ -37,4 +37,4 @@ class PrefixStore : public Store {
   const std::shared_ptr<Store> inner_;
 };
 
-}  // namespace dlrun::rendezvous
+}  // namespace dlrun

@@ -1,9 +1,9 @@
-#include "rendezvous/store/memory_store.h"
+#include "store/memory_store.h"
 
 #include "common/error.h"
-#include "rendezvous/store/wire.h"
+#include "store/wire.h"
 
-namespace dlrun::rendezvous {
+namespace dlrun {
 namespace {
 
 using wire::Op;
@@ -188,4 +188,4 @@ bool MemoryStore::waitFor(const std::vector<std::string>& keys,
   return false;
 }
 
-}  // namespace dlrun::rendezvous
+}  // namespace dlrun

@@ -5,7 +5,7 @@
 // Each session waits for readability, reads what is there into the server's scratch buffer,
 // runs every complete request through the engine, and flushes the replies with a non-blocking
 // write; only what the kernel does not take at once goes through async_write.
-#include "rendezvous/store/store_server.h"
+#include "store/store_server.h"
 
 #include <sys/socket.h>
 
@@ -19,10 +19,10 @@
 #include "common/error.h"
 #include "common/listen.h"
 #include "common/log.h"
-#include "rendezvous/store/store_engine.h"
-#include "rendezvous/store/tcp_stream.h"
+#include "store/store_engine.h"
+#include "store/tcp_stream.h"
 
-namespace dlrun::rendezvous {
+namespace dlrun {
 
 namespace asio = boost::asio;
 using asio::ip::tcp;
@@ -385,4 +385,4 @@ StoreServerThread::~StoreServerThread() {
   thread_.join();
 }
 
-}  // namespace dlrun::rendezvous
+}  // namespace dlrun

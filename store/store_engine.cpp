@@ -1,8 +1,8 @@
-#include "rendezvous/store/store_engine.h"
+#include "store/store_engine.h"
 
 #include <algorithm>
 
-namespace dlrun::rendezvous {
+namespace dlrun {
 namespace {
 
 using wire::Op;
@@ -384,4 +384,4 @@ std::optional<StoreEngine::TimePoint> StoreEngine::nextLeaseDeadline() const {
   return leaseDeadlines_.begin()->first;
 }
 
-}  // namespace dlrun::rendezvous
+}  // namespace dlrun

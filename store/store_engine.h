@@ -16,9 +16,9 @@
 #include <unordered_map>
 #include <vector>
 
-#include "rendezvous/store/wire.h"
+#include "store/wire.h"
 
-namespace dlrun::rendezvous {
+namespace dlrun {
 
 // A connected client as the engine sees it. Replies, immediate and deferred, go through send()
 // in the order the engine produces them.
@@ -110,4 +110,4 @@ class StoreEngine {
   std::set<std::pair<TimePoint, std::string>> leaseDeadlines_;
 };
 
-}  // namespace dlrun::rendezvous
+}  // namespace dlrun

@@ -15,10 +15,10 @@
 #include <utility>
 #include <vector>
 
-#include "rendezvous/store/leasing_store.h"
-#include "rendezvous/store/memory_store_server.h"
+#include "store/leasing_store.h"
+#include "store/memory_store_server.h"
 
-namespace dlrun::rendezvous {
+namespace dlrun {
 
 class MemoryStore : public LeasingStore {
  public:
@@ -74,4 +74,4 @@ class MemoryStore : public LeasingStore {
   bool aborted_ = false;  // under the server's mutex
 };
 
-}  // namespace dlrun::rendezvous
+}  // namespace dlrun

@@ -1,4 +1,4 @@
-#include "rendezvous/store/tcp_stream.h"
+#include "store/tcp_stream.h"
 
 #include <fcntl.h>
 #include <netdb.h>
@@ -14,7 +14,7 @@
 
 #include "common/error.h"
 
-namespace dlrun::rendezvous {
+namespace dlrun {
 namespace {
 
 std::string systemError(const std::string& what) { return what + ": " + std::strerror(errno); }
@@ -180,4 +180,4 @@ bool TcpStream::awaitClose(Clock::time_point deadline) {
   }
 }
 
-}  // namespace dlrun::rendezvous
+}  // namespace dlrun

@@ -1,6 +1,6 @@
 // Reading JSON records that other agents wrote to the store: anything malformed is a
-// ProtocolError naming what was read. Shared by the store's record codecs (elastic_protocol,
-// control_state); not for use outside rendezvous/.
+// ProtocolError naming what was read. Shared by the records' codecs (rendezvous/elastic_protocol,
+// control/state/control_state).
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -9,7 +9,7 @@
 
 #include "common/error.h"
 
-namespace dlrun::rendezvous::json_fields {
+namespace dlrun::json_fields {
 
 using nlohmann::json;
 
@@ -30,4 +30,4 @@ T field(const json& object, const char* name, const char* what) {
   }
 }
 
-}  // namespace dlrun::rendezvous::json_fields
+}  // namespace dlrun::json_fields

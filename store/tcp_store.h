@@ -13,10 +13,10 @@
 #include <utility>
 #include <vector>
 
-#include "rendezvous/store/leasing_store.h"
-#include "rendezvous/store/tcp_stream.h"
+#include "store/leasing_store.h"
+#include "store/tcp_stream.h"
 
-namespace dlrun::rendezvous {
+namespace dlrun {
 
 struct TcpStoreOptions {
   std::string host = "127.0.0.1";
@@ -97,4 +97,4 @@ class TcpStore : public LeasingStore {
   bool aborted_ = false;
 };
 
-}  // namespace dlrun::rendezvous
+}  // namespace dlrun

@@ -1,14 +1,14 @@
-#include "rendezvous/store/tcp_store.h"
+#include "store/tcp_store.h"
 
 #include <unistd.h>
 
 #include <thread>
 
 #include "common/error.h"
-#include "rendezvous/store/backoff.h"
-#include "rendezvous/store/wire.h"
+#include "store/backoff.h"
+#include "store/wire.h"
 
-namespace dlrun::rendezvous {
+namespace dlrun {
 namespace {
 
 using wire::Encoder;
@@ -338,4 +338,4 @@ void TcpStore::lease(const std::string& key, const std::string& value,
   });
 }
 
-}  // namespace dlrun::rendezvous
+}  // namespace dlrun

@@ -1,4 +1,4 @@
-#include "rendezvous/store/wire.h"
+#include "store/wire.h"
 
 #include <array>
 #include <cstring>

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-namespace dlrun::rendezvous {
+namespace dlrun {
 
 class Store {
  public:
@@ -52,4 +52,4 @@ class Store {
 // ProtocolError naming `key` for anything else.
 int64_t storedCount(const std::string& text, const std::string& key);
 
-}  // namespace dlrun::rendezvous
+}  // namespace dlrun

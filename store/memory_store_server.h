@@ -20,9 +20,9 @@
 #include <vector>
 
 #include "common/clock.h"
-#include "rendezvous/store/store_engine.h"
+#include "store/store_engine.h"
 
-namespace dlrun::rendezvous {
+namespace dlrun {
 
 class MemoryStore;
 
@@ -86,4 +86,4 @@ class MemoryStoreServer {
   std::vector<Wait*> waits_;  // every wait in block(), stalled or not
 };
 
-}  // namespace dlrun::rendezvous
+}  // namespace dlrun

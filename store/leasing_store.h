@@ -17,9 +17,9 @@
 #include <vector>
 
 #include "common/clock.h"
-#include "rendezvous/store/store.h"
+#include "store/store.h"
 
-namespace dlrun::rendezvous {
+namespace dlrun {
 
 class LeasingStore : public Store {
  public:
@@ -95,4 +95,4 @@ class LeasingStore : public Store {
   static void requirePositiveTtl(const std::string& key, std::chrono::milliseconds ttl);
 };
 
-}  // namespace dlrun::rendezvous
+}  // namespace dlrun

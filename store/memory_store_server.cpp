@@ -1,11 +1,11 @@
-#include "rendezvous/store/memory_store_server.h"
+#include "store/memory_store_server.h"
 
 #include <algorithm>
 #include <stdexcept>
 
 #include "common/error.h"
 
-namespace dlrun::rendezvous {
+namespace dlrun {
 
 Clock::time_point MemoryStoreServer::now() {
   std::lock_guard lock(mutex_);
@@ -115,4 +115,4 @@ void MemoryStoreServer::aborted(const MemoryStore* client) {
   changed_.notify_all();
 }
 
-}  // namespace dlrun::rendezvous
+}  // namespace dlrun

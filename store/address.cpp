@@ -1,4 +1,4 @@
-#include "rendezvous/store/address.h"
+#include "store/address.h"
 
 #include <arpa/inet.h>
 #include <netdb.h>
@@ -12,7 +12,7 @@
 
 #include "common/error.h"
 
-namespace dlrun::rendezvous {
+namespace dlrun {
 namespace {
 
 using AddrInfoList = std::unique_ptr<addrinfo, decltype(&::freeaddrinfo)>;
@@ -106,4 +106,4 @@ std::vector<uint16_t> reserveFreePorts(const std::string& host, int count) {
   return ports;
 }
 
-}  // namespace dlrun::rendezvous
+}  // namespace dlrun

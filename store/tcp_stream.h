@@ -12,7 +12,7 @@
 #include "common/clock.h"
 #include "common/error.h"
 
-namespace dlrun::rendezvous {
+namespace dlrun {
 
 // "host:port", with an IPv6 address in brackets ("[::1]:29500").
 std::string joinHostPort(const std::string& host, uint16_t port);
@@ -59,4 +59,4 @@ class TcpStream {
   int fd_ = -1;
 };
 
-}  // namespace dlrun::rendezvous
+}  // namespace dlrun

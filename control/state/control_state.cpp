@@ -1,13 +1,13 @@
-#include "rendezvous/control_state.h"
+#include "control/state/control_state.h"
 
 #include <signal.h>
 
 #include <set>
 
 #include "common/text.h"
-#include "rendezvous/json_fields.h"
+#include "store/json_fields.h"
 
-namespace dlrun::rendezvous::control {
+namespace dlrun::control {
 
 using json_fields::field;
 using json_fields::json;
@@ -126,4 +126,4 @@ std::vector<std::string> lines(std::string_view text) {
   return out;
 }
 
-}  // namespace dlrun::rendezvous::control
+}  // namespace dlrun::control

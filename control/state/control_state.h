@@ -28,7 +28,7 @@
 #include <string_view>
 #include <vector>
 
-namespace dlrun::rendezvous::control {
+namespace dlrun::control {
 
 class Keys {
  public:
@@ -114,4 +114,4 @@ JobEvent decodeEvent(std::string_view text);
 // The lines of an appended list (dlrun/jobs), each once, in first-seen order.
 std::vector<std::string> lines(std::string_view text);
 
-}  // namespace dlrun::rendezvous::control
+}  // namespace dlrun::control

@@ -1,13 +1,13 @@
 // The helpers Store and LeasingStore give every implementation, so that each message is
 // written once.
-#include "rendezvous/store/store.h"
+#include "store/store.h"
 
 #include <stdexcept>
 
 #include "common/error.h"
-#include "rendezvous/store/leasing_store.h"
+#include "store/leasing_store.h"
 
-namespace dlrun::rendezvous {
+namespace dlrun {
 
 void Store::requireSameLength(const std::vector<std::string>& keys,
                               const std::vector<std::string>& values) {
@@ -41,4 +41,4 @@ int64_t storedCount(const std::string& text, const std::string& key) {
   throw ProtocolError("malformed number '" + text + "' under " + key);
 }
 
-}  // namespace dlrun::rendezvous
+}  // namespace dlrun

@@ -6,7 +6,7 @@
 #include <chrono>
 #include <random>
 
-namespace dlrun::rendezvous {
+namespace dlrun {
 
 class Backoff {
  public:
@@ -42,4 +42,4 @@ class FixedBackoff : public Backoff {
   const std::chrono::milliseconds interval_;
 };
 
-}  // namespace dlrun::rendezvous
+}  // namespace dlrun

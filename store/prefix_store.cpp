@@ -1,6 +1,6 @@
-#include "rendezvous/store/prefix_store.h"
+#include "store/prefix_store.h"
 
-namespace dlrun::rendezvous {
+namespace dlrun {
 
 PrefixStore::PrefixStore(std::string prefix, std::shared_ptr<Store> inner)
     : prefix_(std::move(prefix) + "/"), inner_(std::move(inner)) {}
@@ -50,4 +50,4 @@ void PrefixStore::multiSet(const std::vector<std::string>& keys,
   inner_->multiSet(join(keys), values);
 }
 
-}  // namespace dlrun::rendezvous
+}  // namespace dlrun

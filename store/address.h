@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-namespace dlrun::rendezvous {
+namespace dlrun {
 
 // The numeric form of a host name or address (resolved once, first answer wins).
 // Throws NetworkError naming `what` when it does not resolve.
@@ -23,4 +23,4 @@ bool isLocalAddress(const std::string& address);
 // chosen, then released for the workers to bind.
 std::vector<uint16_t> reserveFreePorts(const std::string& host, int count);
 
-}  // namespace dlrun::rendezvous
+}  // namespace dlrun

@@ -1,8 +1,8 @@
-#include "rendezvous/store/backoff.h"
+#include "store/backoff.h"
 
 #include <algorithm>
 
-namespace dlrun::rendezvous {
+namespace dlrun {
 
 ExponentialBackoff::ExponentialBackoff(std::chrono::milliseconds initial,
                                        std::chrono::milliseconds max, double factor,
@@ -23,4 +23,4 @@ std::chrono::milliseconds ExponentialBackoff::next() {
 
 void ExponentialBackoff::reset() { current_ = static_cast<double>(initial_.count()); }
 
-}  // namespace dlrun::rendezvous
+}  // namespace dlrun
