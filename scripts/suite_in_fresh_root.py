@@ -1,0 +1,64 @@
+#!/usr/bin/env python3
+"""The whole test suite where the README's set-up runs on a fresh machine: in a minimal root of a
+Debian release (debootstrap --variant=minbase, cached by tests/python/chroot_fixture.py) with
+the tree of a commit (default HEAD, DLRUN_COMMIT) copied in and no git, `bash scripts/test.sh`, as root. /sys, /dev/pts and a
+tmpfs /run are mounted in the root, as on a machine. Prints the end of the suite's output and
+exits with test.sh's code. Needs root, a Debian mirror and PyPI; takes some 40 minutes on 2
+cores (the release's ccache, kept beside the cached roots, shortens the build).
+
+    sudo python3 scripts/suite_in_fresh_root.py [bookworm|trixie] [LOG]
+
+DLRUN_BUILD_DIR names a configured build of this tree (default: build/), under which the roots
+are cached (package-chroot-cache/)."""
+import os
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "tests", "python"))
+os.environ.setdefault("DLRUN_BUILD_DIR", os.path.join(ROOT, "build"))
+os.environ.setdefault("DLRUN_SOURCE_DIR", ROOT)
+
+from chroot_fixture import cache_dir, run_in_root  # noqa: E402
+
+RUN_TIMEOUT_S = 2 * 3600
+
+# Runs after chroot_fixture's MOUNT_SCRIPT, with SOURCE CCACHE as its arguments.
+SCRIPT = r"""
+source=$1 ccache=$2
+mkdir -p "$root/src" "$root/ccache"
+mount --bind "$source" "$root/src"
+mount --bind "$ccache" "$root/ccache"
+mount -t sysfs sysfs "$root/sys"
+mount -t cgroup2 cgroup2 "$root/sys/fs/cgroup" 2>/dev/null || true
+mkdir -p "$root/dev/pts" && mount -t devpts devpts "$root/dev/pts"
+mount -t tmpfs run "$root/run"
+in_root CCACHE_DIR=/ccache test -d /usr/bin/git && { echo "git is installed in the root"; exit 3; }
+in_root CCACHE_DIR=/ccache sh -c 'cd /src && bash scripts/test.sh'
+"""
+
+
+def main():
+    release = sys.argv[1] if len(sys.argv) > 1 else "bookworm"
+    log = sys.argv[2] if len(sys.argv) > 2 else None
+    with tempfile.TemporaryDirectory(prefix="dlrun-fresh-root-") as scratch:
+        source = os.path.join(scratch, "src")
+        os.makedirs(source)
+        commit = os.environ.get("DLRUN_COMMIT", "HEAD")
+        archive = subprocess.run(["git", "-C", ROOT, "archive", commit], check=True,
+                                 capture_output=True).stdout
+        subprocess.run(["tar", "-x", "-C", source], input=archive, check=True)
+        ccache = os.path.join(cache_dir(), f"{release}-ccache")
+        os.makedirs(ccache, exist_ok=True)
+        code, output = run_in_root(release, scratch, SCRIPT, [source, ccache], RUN_TIMEOUT_S)
+    if log:
+        with open(log, "w") as f:
+            f.write(output)
+    print(output[-8000:])
+    print(f"suite_in_fresh_root: {release}: scripts/test.sh exited {code}")
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
