@@ -2,16 +2,14 @@
 
 #include <grpcpp/grpcpp.h>
 
-#include <thread>
-
 #include "common/clock.h"
 #include "common/error.h"
 #include "common/text.h"
 #include "etcd/rpc.grpc.pb.h"
 #include "grpc_runtime.h"
 #include "rendezvous/etcd/etcd_call.h"
+#include "rendezvous/etcd/etcd_client_internal.h"
 #include "rendezvous/etcd/etcd_compare.h"
-#include "rendezvous/etcd/etcd_keep_alive.h"
 #include "rendezvous/etcd/etcd_watch.h"
 
 namespace dlrun::rendezvous::etcd {
@@ -230,54 +228,6 @@ void EtcdClient::dropEndpoint(const std::string& failed) {
   std::lock_guard lock(mutex_);
   failed_ = failed;
   if (connection_ && connection_->name == failed) connection_.reset();
-}
-
-// One unary call with the client's deadline. A failure that says the endpoint is gone (or too
-// slow) drops it, so the next call picks again; `retry` (reads only) makes that next call here:
-// once after a deadline, and after UNAVAILABLE again on the next endpoint for as long as
-// connectTimeout (during an election members answer "leader changed", UNAVAILABLE).
-template <typename Call>
-auto EtcdClient::unary(const char* what, const std::string& key, bool retry, Call&& call,
-                       std::optional<std::chrono::milliseconds> timeout) {
-  const auto start = Clock::now();
-  bool reauthenticated = false;
-  for (int attempt = 0;; ++attempt) {
-    // A call with a deadline of its own (a release on the way out) keeps it while picking too.
-    auto picked = connection(timeout);
-    // A connection whose channel is no longer ready (its member died since the last call: the
-    // channel went idle or failing) would fail the call unsent; picking again here lets a
-    // write, which is never retried, reach a live member instead of failing. (With one
-    // endpoint there is nothing else to pick: the call fails at once, as before.)
-    if (options_.endpoints.size() > 1 && picked->channel->GetState(true) != GRPC_CHANNEL_READY) {
-      dropConnection(picked);
-      picked = connection(timeout);
-    }
-    grpc::ClientContext context;
-    context.set_deadline(detail::grpcDeadline(Clock::now() + timeout.value_or(options_.timeout)));
-    authorize(*picked, context);
-    countRequest(what);
-    auto [status, response] = call(*picked, context);
-    if (status.ok()) return response;
-    const auto code = status.error_code();
-    // A simple token expires after etcd's --auth-token-ttl without use: a new one, then again.
-    if (!reauthenticated && !options_.security.user.empty() &&
-        status.error_message().find("invalid auth token") != std::string::npos) {
-      reauthenticated = true;
-      reauthenticate(picked);
-      continue;
-    }
-    const bool endpointFailed = code == grpc::StatusCode::UNAVAILABLE ||
-                                code == grpc::StatusCode::DEADLINE_EXCEEDED;
-    if (endpointFailed) dropConnection(picked);
-    if (endpointFailed && retry &&
-        (attempt == 0 || (code == grpc::StatusCode::UNAVAILABLE &&
-                          Clock::now() - start < options_.connectTimeout))) {
-      if (attempt > 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));  // no spin
-      continue;
-    }
-    detail::throwStatus(status, "etcd " + picked->name + ": " + what +
-                                    (key.empty() ? "" : " " + detail::quoted(key)) + " failed");
-  }
 }
 
 RangeResult EtcdClient::range(const std::string& key, const std::string& rangeEnd,
@@ -512,92 +462,6 @@ std::optional<int64_t> EtcdClient::addApplied(const AddMark& mark) {
   const std::string prefix = mark.token + ":";
   if (!found || !found->value.starts_with(prefix)) return std::nullopt;
   return parseInteger<int64_t>(std::string_view(found->value).substr(prefix.size()));
-}
-
-int64_t EtcdClient::leaseGrant(std::chrono::seconds ttl) {
-  pb::LeaseGrantRequest request;
-  request.set_ttl(ttl.count());
-  const auto response = unary("lease grant", {}, false,
-                              [&](Connection& c, grpc::ClientContext& ctx) {
-                                pb::LeaseGrantResponse reply;
-                                auto status = c.lease->LeaseGrant(&ctx, request, &reply);
-                                return std::pair{status, std::move(reply)};
-                              });
-  if (!response.error().empty()) {
-    throw Error("etcd " + endpoint() + ": lease grant failed: " + detail::oneLine(response.error()));
-  }
-  return response.id();
-}
-
-// An async call on a completion queue of its own, which take() polls: the callback API would
-// start gRPC's "nexting" threads in every agent, two more threads waking every 100 ms.
-struct PendingLeaseGrant::Call {
-  grpc::CompletionQueue queue;  // first: the call goes before it
-  grpc::ClientContext context;
-  pb::LeaseGrantRequest request;
-  pb::LeaseGrantResponse response;
-  grpc::Status status;
-  // After the context: it lives in the call's arena, which the context frees.
-  std::unique_ptr<grpc::ClientAsyncResponseReader<pb::LeaseGrantResponse>> reader;
-  bool started = false;   // Finish() asked: a completion will come
-  bool finished = false;  // its completion taken from the queue
-};
-
-PendingLeaseGrant::~PendingLeaseGrant() {
-  if (!call_) return;
-  if (call_->started) {
-    cancel();
-    take();  // at once after the cancel: a queue is drained before it goes
-  }
-  call_->queue.Shutdown();
-  void* tag = nullptr;
-  bool ok = false;
-  while (call_->queue.Next(&tag, &ok)) {
-  }
-}
-
-std::optional<int64_t> PendingLeaseGrant::take() {
-  if (!call_->finished) {
-    void* tag = nullptr;
-    bool ok = false;
-    call_->queue.Next(&tag, &ok);  // the call's deadline bounds it
-    call_->finished = true;
-  }
-  if (!call_->status.ok() || !call_->response.error().empty()) return std::nullopt;
-  return call_->response.id();
-}
-
-void PendingLeaseGrant::cancel() { call_->context.TryCancel(); }
-
-std::unique_ptr<PendingLeaseGrant> EtcdClient::startLeaseGrant(std::chrono::seconds ttl) {
-  const auto picked = connection();
-  auto pending = std::make_unique<PendingLeaseGrant>();
-  auto& call = *(pending->call_ = std::make_unique<PendingLeaseGrant::Call>());
-  call.request.set_ttl(ttl.count());
-  call.context.set_deadline(detail::grpcDeadline(Clock::now() + options_.timeout));
-  authorize(*picked, call.context);
-  call.reader = picked->lease->PrepareAsyncLeaseGrant(&call.context, call.request, &call.queue);
-  call.reader->StartCall();
-  call.reader->Finish(&call.response, &call.status, &call);
-  call.started = true;
-  return pending;
-}
-
-void EtcdClient::leaseRevoke(int64_t lease, std::optional<std::chrono::milliseconds> timeout) {
-  pb::LeaseRevokeRequest request;
-  request.set_id(lease);
-  unary("lease revoke", std::to_string(lease), false,
-        [&](Connection& c, grpc::ClientContext& ctx) {
-          pb::LeaseRevokeResponse reply;
-          auto status = c.lease->LeaseRevoke(&ctx, request, &reply);
-          return std::pair{status, std::move(reply)};
-        },
-        timeout);
-}
-
-std::unique_ptr<EtcdKeepAlive> EtcdClient::keepAlive(int64_t lease,
-                                                     std::chrono::milliseconds interval) {
-  return std::make_unique<EtcdKeepAlive>(*this, lease, interval);
 }
 
 std::unique_ptr<EtcdWatch> EtcdClient::watch(const std::string& key, const std::string& rangeEnd,
