@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include "agents/agent_impl.h"
+#include "common/host_port.h"
 #include "common/log.h"
 #include "common/signal_name.h"
 
@@ -48,7 +49,7 @@ void AgentImpl::watchStoreHost() {
   boost::system::error_code ec;
   const auto address = asio::ip::make_address(world_.masterAddr, ec);
   if (ec) return;
-  const std::string what = world_.masterAddr + ":" + std::to_string(world_.masterPort);
+  const std::string what = joinHostPort(world_.masterAddr, world_.masterPort);
   storeHost_->async_connect(
       {address, world_.masterPort},
       [this, attempt = attempt_, what](const boost::system::error_code& error) {

@@ -6,10 +6,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/host_port.h"
 #include "common/log.h"
 #include "metrics/routes.h"
 #include "metrics/store_metrics.h"
-#include "store/tcp_stream.h"
 
 namespace dlrun::agents {
 

@@ -2,6 +2,7 @@
 
 #include "common/asio.h"
 #include "common/error.h"
+#include "common/host_port.h"
 #include "common/listen.h"
 
 namespace dlrun::control {
@@ -51,7 +52,7 @@ struct Probe : std::enable_shared_from_this<Probe> {
 };
 
 tcp::acceptor openPort(asio::io_context& io, const std::string& host, uint16_t port) {
-  const std::string what = "the liveness port " + host + ":" + std::to_string(port);
+  const std::string what = "the liveness port " + joinHostPort(host, port);
   error_code ec;
   const auto address = asio::ip::make_address(host, ec);
   if (ec) throw NetworkError("cannot listen on " + what + ": " + ec.message());

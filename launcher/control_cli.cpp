@@ -15,6 +15,7 @@
 
 #include "common/cli.h"
 #include "common/error.h"
+#include "common/host_port.h"
 #include "common/signal_name.h"
 #include "control/control_server.h"
 #include "dlrun/v1/control.grpc.pb.h"
@@ -27,8 +28,6 @@ namespace dlrun::launcher {
 namespace {
 
 namespace v1 = dlrun::v1;
-
-constexpr uint16_t kDefaultPort = 29400;  // torchrun's c10d port, as --rdzv-endpoint's
 
 const char* stateName(v1::JobState state) {
   switch (state) {
@@ -63,7 +62,7 @@ std::string jsonText(const google::protobuf::Message& message) {
 // Where the job's control plane is asked, for messages.
 std::string whereOf(const ControlRequest& r) {
   if (r.etcd) return "etcd " + rendezvous::etcd::describe(r.etcd->client.endpoints);
-  return r.host + ":" + std::to_string(r.port);
+  return joinHostPort(r.host, r.port);
 }
 
 // A failed call as one line: what the user can do about it.
@@ -94,15 +93,12 @@ void authorize(const ControlRequest& r, grpc::ClientContext& context, bool strea
 }
 
 std::unique_ptr<v1::Control::Stub> connect(const ControlRequest& r) {
-  const std::string target = r.host.find(':') != std::string::npos
-                                 ? "[" + r.host + "]:" + std::to_string(r.port)
-                                 : r.host + ":" + std::to_string(r.port);
-  auto channel = grpc::CreateChannel(target, grpc::InsecureChannelCredentials());
+  auto channel =
+      grpc::CreateChannel(joinHostPort(r.host, r.port), grpc::InsecureChannelCredentials());
   // A bounded wait for the connection: an address nobody listens on, or something that never
   // speaks HTTP/2, is one line, not a hang.
   if (!channel->WaitForConnected(std::chrono::system_clock::now() + r.timeout))
-    throw ConfigError("no dlrun control plane answers at " + r.host + ":" +
-                      std::to_string(r.port) + " (--rdzv-endpoint)");
+    throw ConfigError("no dlrun control plane answers at " + whereOf(r) + " (--rdzv-endpoint)");
   return v1::Control::NewStub(channel);
 }
 
@@ -212,7 +208,7 @@ ControlParse parseControlArgs(const std::vector<std::string>& args,
     const slurm::Settings s = slurm::discover(
         env, {.rdzvEndpoint = etcd || !endpoint.empty(), .rdzvId = !r.jobId.empty()});
     if (endpoint.empty() && s.endpointHost)
-      endpoint = *s.endpointHost + ":" + std::to_string(s.endpointPort.value_or(kDefaultPort));
+      endpoint = joinHostPort(*s.endpointHost, s.endpointPort.value_or(kDefaultRdzvPort));
     if (r.jobId.empty() && s.rdzvId) r.jobId = *s.rdzvId;
   }
   if (endpoint.empty()) throw ConfigError("--rdzv-endpoint is needed (outside Slurm)");
@@ -237,9 +233,9 @@ ControlParse parseControlArgs(const std::vector<std::string>& args,
   } else {
     if (!conf.empty())
       throw ConfigError("--rdzv-conf: only --rdzv-backend=etcd reads it");
-    auto [host, port] = parseEndpoint("--rdzv-endpoint", endpoint);
-    r.host = host;
-    r.port = port.value_or(kDefaultPort);
+    const HostPort store = parseRdzvEndpoint(endpoint);
+    r.host = store.host;
+    r.port = store.port;
   }
   if (!tokenFile.empty()) {
     r.token = readTokenFile("--token-file", tokenFile);

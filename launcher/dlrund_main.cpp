@@ -7,11 +7,11 @@
 #include "common/asio.h"
 #include "common/log.h"
 #include "common/cli.h"
+#include "common/host_port.h"
 #include "control/control_server.h"
 #include "launcher/dlrund_cli.h"
 #include "metrics/routes.h"
 #include "metrics/store_metrics.h"
-#include "store/tcp_stream.h"
 
 int main(int argc, char** argv) {
   using namespace dlrun;

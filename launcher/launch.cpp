@@ -14,6 +14,7 @@
 #include "agents/agent.h"
 #include "common/clock.h"
 #include "common/error.h"
+#include "common/host_port.h"
 #include "common/log.h"
 #include "common/signal_name.h"
 #include "common/text.h"
@@ -34,34 +35,17 @@
 namespace dlrun::launcher {
 namespace {
 
-constexpr uint16_t kDefaultRdzvPort = 29400;   // torchrun's c10d default
 constexpr uint16_t kDefaultMasterPort = 29500;  // torchrun's static default
 // How long the agent serving the store waits at the end for the others to hang up.
 constexpr auto kStoreLinger = std::chrono::seconds(10);
 
+// The agent's options as the parser filled them, with what this launch path adds.
 agents::AgentOptions agentOptions(const LaunchConfig& config, bool servesStore,
                                   std::string nodeName = "") {
-  return {
-      .command = config.command,
-      .nprocPerNode = config.nprocPerNode,
-      .role = config.role,
-      .roles = config.roles,
-      .stopTimeout = config.stopTimeout,
-      .signalsToHandle = config.signalsToHandle,
-      .virtualLocalRank = config.virtualLocalRank,
-      .logDir = config.logDir,
-      .redirects = config.redirects,
-      .tee = config.tee,
-      .localRanksFilter = config.localRanksFilter,
-      .logLinePrefixTemplate = config.logLinePrefixTemplate,
-      .nodeName = std::move(nodeName),
-      .tfConfig = config.tfConfig,
-      .servesStore = servesStore,
-      .hang = config.hang,
-      .metrics = config.metrics,
-      .localRankFlag = config.localRankFlag,
-      .controlStdin = config.controlStdin,
-  };
+  agents::AgentOptions options = config.agent;
+  options.servesStore = servesStore;
+  options.nodeName = std::move(nodeName);
+  return options;
 }
 
 using control::StoreConnector;
@@ -136,13 +120,13 @@ int launchSingleNode(const LaunchConfig& config) {
   }
   rendezvous::LocalRendezvous rendezvous({
       .runId = runId,
-      .localWorldSize = config.nprocPerNode,
+      .localWorldSize = config.agent.nprocPerNode,
       .maxRestarts = config.maxRestarts,
       .storeAddr = store.address(),
       .storePort = store.port(),
       .hostAddr = store.address(),
       .nodeName = name,
-      .roles = agents::roleNames(config.roles),
+      .roles = agents::roleNames(config.agent.roles),
   });
   return agents::Agent(std::move(options), rendezvous).run();
 }
@@ -154,8 +138,8 @@ struct StorePlan {
   bool mustServe = false;    // and nobody else will
 };
 
-// The parser has checked the flags and parsed the c10d endpoint (rdzvHost, rdzvPort); what
-// is left to fail here is name resolution.
+// The parser has checked the flags and parsed the c10d endpoint (rdzvStore); what is left to
+// fail here is name resolution.
 StorePlan planStore(const LaunchConfig& config) {
   switch (config.rdzvBackend) {
     case RdzvBackend::Static: {
@@ -164,8 +148,8 @@ StorePlan planStore(const LaunchConfig& config) {
               config.masterPort.value_or(kDefaultMasterPort), first, first};
     }
     case RdzvBackend::C10d: {
-      StorePlan plan{resolveNumeric(config.rdzvHost, "--rdzv-endpoint host"),
-                     config.rdzvPort.value_or(kDefaultRdzvPort)};
+      StorePlan plan{resolveNumeric(config.rdzvStore.host, "--rdzv-endpoint host"),
+                     config.rdzvStore.port};
       // Every agent on the endpoint's machine tries; the first to bind serves, the others
       // (and a dlrund already listening there) make the rest clients.
       plan.serve = config.rdzv.isHost.value_or(isLocalAddress(plan.host));
@@ -229,7 +213,7 @@ std::optional<control::StoreWithControl> serveStore(const StorePlan& plan) {
 // reporting theirs (they exited without the job's stop line, or were killed by Slurm later).
 void lingerForOthers(const StoreServerThread& store, const LaunchConfig& config) {
   if (store.connectionCount() == 0) return;
-  for (const int sig : jobSignals(config.signalsToHandle.value_or(kDefaultStopSignals)))
+  for (const int sig : jobSignals(config.agent.signalsToHandle.value_or(kDefaultStopSignals)))
     ::signal(sig, SIG_IGN);
   log::debug("waiting up to " + std::to_string(kStoreLinger.count()) + " s for " +
              std::to_string(store.connectionCount()) + " connections to the store to close");
@@ -255,9 +239,9 @@ rendezvous::ElasticOptions elasticOptions(const LaunchConfig& config, const std:
       .maxRestarts = config.maxRestarts,
       .self = {.addr = addr,
                .name = name,
-               .nproc = config.nprocPerNode,
+               .nproc = config.agent.nprocPerNode,
                .rankHint = isStatic ? config.nodeRank.value_or(0) : config.nodeRank,
-               .roles = agents::roleNames(config.roles)},
+               .roles = agents::roleNames(config.agent.roles)},
       .lastCall = config.rdzv.lastCall,
       .joinTimeout = config.rdzv.joinTimeout,
       .heartbeat = config.rdzv.heartbeat,
@@ -406,8 +390,8 @@ int launchHosts(const LaunchConfig& config) {
   std::optional<control::StoreWithControl> store;
   std::unique_ptr<TcpStore> client;  // this process's own view of the job
   remote::FanoutOptions options{
-      .stopTimeout = config.stopTimeout,
-      .stopSignals = config.signalsToHandle.value_or(kDefaultStopSignals)};
+      .stopTimeout = config.agent.stopTimeout,
+      .stopSignals = config.agent.signalsToHandle.value_or(kDefaultStopSignals)};
   if (serve) {
     auto remote = std::find_if(addresses.begin(), addresses.end(), [](const std::string& a) {
       return !isLocalAddress(a);

@@ -9,6 +9,7 @@
 
 #include "common/error.h"
 #include "common/cli.h"
+#include "common/host_port.h"
 #include "common/text.h"
 #include "launcher/entry_point.h"
 #include "common/version.h"
@@ -16,7 +17,6 @@
 #include "remote/agent_command.h"
 #include "remote/hostfile.h"
 #include "rendezvous/etcd/endpoints.h"
-#include "store/tcp_stream.h"
 
 namespace dlrun::launcher {
 namespace {
@@ -62,13 +62,19 @@ std::string nodesText(const LaunchConfig& c) {
   return c.minNodes == c.maxNodes ? low : low + ":" + std::to_string(c.maxNodes);
 }
 
+// The c10d store's endpoint that Slurm or mpirun derived, as if --rdzv-endpoint named it.
+void setRdzvStore(LaunchConfig& c, HostPort store) {
+  c.rdzvEndpoint = store.text();
+  c.rdzvStore = std::move(store);
+}
+
 // Slurm's settings where the user gave no flag (slurm/discovery.h says which is which).
 void applySlurm(const slurm::Settings& s, LaunchConfig& c) {
   if (s.rdzvId) c.rdzvId = *s.rdzvId;
   if (s.nnodes) c.minNodes = c.maxNodes = *s.nnodes;
   if (s.nodeRank) c.nodeRank = s.nodeRank;
-  if (s.nprocPerNode) c.nprocPerNode = *s.nprocPerNode;
-  if (s.endpointHost) c.rdzvEndpoint = joinHostPort(*s.endpointHost, *s.endpointPort);
+  if (s.nprocPerNode) c.agent.nprocPerNode = *s.nprocPerNode;
+  if (s.endpointHost) setRdzvStore(c, {*s.endpointHost, *s.endpointPort});
   if (!c.rdzv.isHost) c.rdzv.isHost = s.servesStore;
   if (s.nodeName) c.nodeName = s.nodeName;
   c.refuseLostNodes = true;
@@ -79,7 +85,7 @@ void applyMpi(const mpi::Settings& s, LaunchConfig& c) {
   if (s.rdzvId) c.rdzvId = *s.rdzvId;
   if (s.nnodes) c.minNodes = c.maxNodes = *s.nnodes;
   if (s.nodeRank) c.nodeRank = s.nodeRank;
-  if (s.endpointHost) c.rdzvEndpoint = joinHostPort(*s.endpointHost, *s.endpointPort);
+  if (s.endpointHost) setRdzvStore(c, {*s.endpointHost, *s.endpointPort});
 }
 
 // A flag of the launcher alone (--hostfile, --ssh-port, ...): both spellings, but no PET_
@@ -182,7 +188,7 @@ void declareJobFlags(CLI::App& app, DeclaredFlags& f, LaunchConfig& c) {
       "Signals that stop the job: forwarded to every worker, which then get --stop-timeout "
       "seconds before SIGKILL. Of the default four, one left out is ignored; SIGUSR1 and "
       "SIGUSR2 left out are only forwarded");
-  f.roleOption = addOption(app, "role", c.role, "Role name of these workers (ROLE_NAME)");
+  f.roleOption = addOption(app, "role", c.agent.role, "Role name of these workers (ROLE_NAME)");
   f.rolesOption = addOption(
       app, "roles", f.roles,
       "Several roles on this node, NAME:COUNT[:service][:alone],... in local-rank order, e.g. "
@@ -191,7 +197,7 @@ void declareJobFlags(CLI::App& app, DeclaredFlags& f, LaunchConfig& c) {
   addFlag(app, "module", f.module, "Run the entry point as a Python module (python -m)", "-m");
   addFlag(app, "no-python", f.noPython, "Execute the entry point directly, without Python");
   addFlag(app, "run-path", f.runPath, "Run a Python entry point as a script (the default)");
-  addFlag(app, "virtual-local-rank", c.virtualLocalRank,
+  addFlag(app, "virtual-local-rank", c.agent.virtualLocalRank,
           "Every worker sees only its own GPU, as device 0: LOCAL_RANK=0 and CUDA_VISIBLE_DEVICES "
           "set to the device of its local rank (the inherited list's entry, else the number)");
 }
@@ -204,7 +210,7 @@ void declareOutputFlags(CLI::App& app, DeclaredFlags& f, LaunchConfig& c) {
   addOption(app, "tee", f.tee, "Streams copied to the log files (same values as --redirects)",
             "-t");
   addOption(app, "local-ranks-filter", f.ranksFilter, "Console shows only these local ranks");
-  addOption(app, "log-line-prefix-template", c.logLinePrefixTemplate,
+  addOption(app, "log-line-prefix-template", c.agent.logLinePrefixTemplate,
             "Prefix of each console line; ${rank}, ${local_rank}, ${role_name}");
   addOption(app, "tf-config", f.tfConfig,
             "TF_CONFIG for the workers: auto (when it fits the kernel's limit for one "
@@ -255,7 +261,7 @@ void declareHostFlags(CLI::App& app, DeclaredFlags& f, LaunchConfig& c) {
       ->allow_extra_args(false);
   app.add_flag(spellings("export-all", "").names, f.hostLaunch.exportAll,
                "Give the agents every variable of this environment but this session's own");
-  app.add_flag("--control-stdin", c.controlStdin,
+  app.add_flag("--control-stdin", c.agent.controlStdin,
                "Follow the signals a --hostfile launcher writes on stdin; stop when it closes")
       ->group("");  // the launcher's own business, not the user's
   addFlag(app, "use-local-rank-arg", f.localRankArg,
@@ -295,28 +301,28 @@ void readFlagValues(DeclaredFlags& f, LaunchConfig& c, const HostProbe& host) {
     throw ConfigError("--local-rank-arg-style: '" + f.localRankStyle +
                       "' is not dash or underscore");
   if (f.localRankArg)
-    c.localRankFlag = f.localRankStyle == "dash" ? "--local-rank" : "--local_rank";
+    c.agent.localRankFlag = f.localRankStyle == "dash" ? "--local-rank" : "--local_rank";
   std::tie(c.minNodes, c.maxNodes) = parseNnodes(f.nnodes);
-  c.nprocPerNode = parseNprocPerNode(f.nproc, host);
+  c.agent.nprocPerNode = parseNprocPerNode(f.nproc, host);
   if (f.rolesOption->count() > 0) {
-    c.roles = agents::parseRoles(f.roles);
+    c.agent.roles = agents::parseRoles(f.roles);
     if (f.roleOption->count() > 0)
       throw ConfigError("--role and --roles cannot be used together: --roles names every role");
-    if (f.nprocOption->count() > 0 && c.nprocPerNode != agents::workerCount(c.roles))
+    if (f.nprocOption->count() > 0 && c.agent.nprocPerNode != agents::workerCount(c.agent.roles))
       throw ConfigError("--nproc-per-node=" + f.nproc + " but --roles '" + f.roles + "' makes " +
-                        std::to_string(agents::workerCount(c.roles)) + " workers");
-    c.nprocPerNode = agents::workerCount(c.roles);
+                        std::to_string(agents::workerCount(c.agent.roles)) + " workers");
+    c.agent.nprocPerNode = agents::workerCount(c.agent.roles);
   }
   c.rdzv = parseRdzvSettings(parseRdzvConf(f.rdzvConf));
   if (f.nodeRank >= 0) c.nodeRank = f.nodeRank;
-  c.redirects = parseStreams("--redirects", f.redirects);
-  c.tee = parseStreams("--tee", f.tee);
-  if (!f.ranksFilter.empty()) c.localRanksFilter = parseRanksFilter(f.ranksFilter);
-  c.tfConfig = parseTfConfig(f.tfConfig);
+  c.agent.redirects = parseStreams("--redirects", f.redirects);
+  c.agent.tee = parseStreams("--tee", f.tee);
+  if (!f.ranksFilter.empty()) c.agent.localRanksFilter = parseRanksFilter(f.ranksFilter);
+  c.agent.tfConfig = parseTfConfig(f.tfConfig);
   c.controlPlane = !f.noControlPlane;
   if (f.metricsPort >= 0)
-    c.metrics = agents::MetricsOptions{.host = f.metricsHost,
-                                       .port = static_cast<uint16_t>(f.metricsPort)};
+    c.agent.metrics = agents::MetricsOptions{.host = f.metricsHost,
+                                             .port = static_cast<uint16_t>(f.metricsPort)};
   if (!f.tokenFile.empty()) {
     c.token = readTokenFile("--token-file", f.tokenFile);
   } else if (auto it = host.env.find("DLRUN_TOKEN"); it != host.env.end()) {
@@ -324,14 +330,14 @@ void readFlagValues(DeclaredFlags& f, LaunchConfig& c, const HostProbe& host) {
   }
   const agents::HangAction action = parseHangAction(f.hangAction);
   if (f.hangTimeout > 0) {
-    c.hang = agents::HangOptions{
+    c.agent.hang = agents::HangOptions{
         .timeout = std::chrono::milliseconds(static_cast<int64_t>(f.hangTimeout * 1000)),
         .action = action};
   } else if (f.hangActionOption->count() > 0 && f.hangTimeoutOption->count() == 0) {
     // An action alone is a mistake; an explicit --hang-timeout=0 turns the watch off.
     throw ConfigError("--hang-action needs --hang-timeout=SECONDS (hang watching is off)");
   }
-  if (!f.logDir.empty()) c.logDir = f.logDir;
+  if (!f.logDir.empty()) c.agent.logDir = f.logDir;
   if (!f.localAddr.empty()) c.localAddr = f.localAddr;
   if (f.masterPort >= 0) c.masterPort = static_cast<uint16_t>(f.masterPort);
   if (f.startMethod != "spawn" && f.startMethod != "fork" && f.startMethod != "forkserver")
@@ -348,19 +354,20 @@ void readFlagValues(DeclaredFlags& f, LaunchConfig& c, const HostProbe& host) {
                         "' is not a whole number of seconds from 0 to 86400");
     f.stopTimeout = *seconds;
   }
-  c.stopTimeout = std::chrono::milliseconds(static_cast<int64_t>(f.stopTimeout * 1000));
-  if (f.signalsOption->count() > 0) c.signalsToHandle = parseSignalsToHandle(f.signalsToHandle);
+  c.agent.stopTimeout = std::chrono::milliseconds(static_cast<int64_t>(f.stopTimeout * 1000));
+  if (f.signalsOption->count() > 0)
+    c.agent.signalsToHandle = parseSignalsToHandle(f.signalsToHandle);
   // What resolveBackend decides the backend from.
   if (f.backendOption->count() > 0) f.backendFlag = parseRdzvBackend(f.backend);
   f.slurmBackend = f.backendFlag && f.backendFlag->slurm;
   f.staticFlags = f.masterAddrOption->count() > 0 || f.masterPortOption->count() > 0;
   f.fanout = !f.hostfile.empty() || !f.hostList.empty();
   // Each host of a one-command launch checks its own devices.
-  if (c.virtualLocalRank && !f.fanout) {
+  if (c.agent.virtualLocalRank && !f.fanout) {
     const auto visible = host.env.find("CUDA_VISIBLE_DEVICES");
-    agents::checkVirtualLocalRank(c.nprocPerNode, visible == host.env.end()
-                                              ? std::nullopt
-                                              : std::optional(visible->second));
+    agents::checkVirtualLocalRank(c.agent.nprocPerNode, visible == host.env.end()
+                                                           ? std::nullopt
+                                                           : std::optional(visible->second));
   }
 }
 
@@ -429,7 +436,7 @@ void resolveBackend(const DeclaredFlags& f, LaunchConfig& c, const HostProbe& ho
       throw ConfigError(std::string("--rdzv-endpoint: ") + e.what());
     }
   } else if (!c.rdzvEndpoint.empty()) {
-    parseEndpoint("--rdzv-endpoint", c.rdzvEndpoint);
+    c.rdzvStore = parseRdzvEndpoint(c.rdzvEndpoint);
   }
   if (etcd) {
     c.etcdSecurity = etcdSecurity(c.rdzv, c.etcdEndpoints);
@@ -468,7 +475,7 @@ void resolveBackend(const DeclaredFlags& f, LaunchConfig& c, const HostProbe& ho
 void crossCheck(const DeclaredFlags& f, const LaunchConfig& c) {
   if (c.maxNodes > 1 && c.rdzvBackend == RdzvBackend::Static && c.minNodes != c.maxNodes)
     throw ConfigError("--nnodes=" + f.nnodes + ": an elastic range needs --rdzv-backend=c10d");
-  if (c.maxNodes == 1 && !c.roles.empty()) agents::requireEndingRole(c.roles, f.roles);
+  if (c.maxNodes == 1 && !c.agent.roles.empty()) agents::requireEndingRole(c.agent.roles, f.roles);
   // A c10d rank hint from Slurm may exceed the maximum: spare nodes carry the higher ids.
   if (c.nodeRank && *c.nodeRank >= c.maxNodes &&
       (f.nodeRank >= 0 || c.rdzvBackend == RdzvBackend::Static))
@@ -526,13 +533,10 @@ LaunchParse parseDlrunArgs(const std::vector<std::string>& args, const HostProbe
 
   if (f.fanout) c.hostLaunch = std::move(f.hostLaunch);
   c.entrypoint = f.rest.front();
-  c.command = resolveCommand(f.rest.front(), {f.rest.begin() + 1, f.rest.end()},
-                             {.module = f.module, .noPython = f.noPython}, host);
-  // What launch() reads last: the liveness port, then the c10d store's endpoint where this
-  // node may serve it (checked above where given; Slurm or mpirun may have set it since).
+  c.agent.command = resolveCommand(f.rest.front(), {f.rest.begin() + 1, f.rest.end()},
+                                   {.module = f.module, .noPython = f.noPython}, host);
+  // What launch() reads last: the liveness port.
   c.healthCheckPort = healthCheckPort(host.env);
-  if (c.maxNodes > 1 && c.rdzvBackend == RdzvBackend::C10d && !f.fanout)
-    std::tie(c.rdzvHost, c.rdzvPort) = parseEndpoint("--rdzv-endpoint", c.rdzvEndpoint);
   return result;
 }
 

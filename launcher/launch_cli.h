@@ -46,13 +46,12 @@ RdzvSettings parseRdzvSettings(const std::map<std::string, std::string>& conf);
 // password without a user or the reverse, password and password_file together.
 rendezvous::etcd::EtcdSecurity etcdSecurity(const RdzvSettings& settings,
                                             const std::vector<rendezvous::etcd::Endpoint>& endpoints);
-// "HOST", "HOST:PORT" or "[V6]:PORT"; the port is checked.
 // A job's token (--token-file): the file's text less trailing newlines. Throws ConfigError
 // naming `flag` for a file that cannot be read or is empty.
 std::string readTokenFile(const std::string& flag, const std::string& path);
-
-std::pair<std::string, std::optional<uint16_t>> parseEndpoint(const std::string& flag,
-                                                              const std::string& value);
+// --rdzv-endpoint of c10d: "HOST", "HOST:PORT" or "[V6]:PORT" (common/host_port.h), with
+// kDefaultRdzvPort where it names no port.
+HostPort parseRdzvEndpoint(const std::string& value);
 // "0,2,3".
 std::set<int> parseRanksFilter(const std::string& value);
 // --hang-action: "report", "restart" or "exit".

@@ -101,6 +101,22 @@ std::map<std::string, std::string> parseRdzvConf(const std::string& value) {
 // forgotten job's keys go.
 constexpr int64_t kMaxJobTtlSeconds = 30 * 86'400;
 
+namespace {
+
+// The etcd settings kept as text (etcdSecurity reads them once the backend is known): the
+// member a key sets, or none for another key.
+std::string RdzvSettings::*etcdText(const std::string& key) {
+  static const std::map<std::string, std::string RdzvSettings::*> kTexts = {
+      {"cacert", &RdzvSettings::etcdCaCert}, {"cert", &RdzvSettings::etcdCert},
+      {"key", &RdzvSettings::etcdKey},       {"user", &RdzvSettings::etcdUser},
+      {"password", &RdzvSettings::etcdPassword},
+      {"password_file", &RdzvSettings::etcdPasswordFile}};
+  const auto it = kTexts.find(key);
+  return it == kTexts.end() ? nullptr : it->second;
+}
+
+}  // namespace
+
 RdzvSettings parseRdzvSettings(const std::map<std::string, std::string>& conf) {
   RdzvSettings settings;
   auto seconds = [](const std::string& key, const std::string& text) {
@@ -156,18 +172,8 @@ RdzvSettings parseRdzvSettings(const std::map<std::string, std::string>& conf) {
         throw ConfigError("--rdzv-conf: job_ttl=" + value +
                           " is not a whole number of seconds from 1 to 2592000 (30 days)");
       settings.jobTtl = std::chrono::seconds(*ttl);
-    } else if (key == "cacert") {
-      settings.etcdCaCert = value;
-    } else if (key == "cert") {
-      settings.etcdCert = value;
-    } else if (key == "key") {
-      settings.etcdKey = value;
-    } else if (key == "user") {
-      settings.etcdUser = value;
-    } else if (key == "password") {
-      settings.etcdPassword = value;
-    } else if (key == "password_file") {
-      settings.etcdPasswordFile = value;
+    } else if (std::string RdzvSettings::*text = etcdText(key)) {
+      settings.*text = value;
     } else if (key != "timeout" && key != "close_timeout" && key != "read_timeout") {
       // torchrun's other keys are accepted for compatibility; they have no meaning here.
       throw ConfigError("--rdzv-conf: unknown key '" + key +
@@ -286,31 +292,12 @@ std::vector<int> parseSignalsToHandle(const std::string& value) {
   return signals;
 }
 
-std::pair<std::string, std::optional<uint16_t>> parseEndpoint(const std::string& flag,
-                                                              const std::string& value) {
-  std::string host = value, port;
-  bool hasPort = false;
-  if (value.starts_with("[")) {  // [v6-address]:port
-    const size_t close = value.find(']');
-    if (close == std::string::npos) throw ConfigError(flag + ": '" + value + "' lacks a ']'");
-    host = value.substr(1, close - 1);
-    if (close + 1 < value.size()) {
-      if (value[close + 1] != ':') throw ConfigError(flag + ": '" + value + "' is not [HOST]:PORT");
-      port = value.substr(close + 2);
-      hasPort = true;
-    }
-  } else if (const size_t colon = value.rfind(':'); colon != std::string::npos &&
-                                                    value.find(':') == colon) {
-    host = value.substr(0, colon);
-    port = value.substr(colon + 1);
-    hasPort = true;
+HostPort parseRdzvEndpoint(const std::string& value) {
+  try {
+    return parseHostPort(value, kDefaultRdzvPort);
+  } catch (const ConfigError& e) {
+    throw ConfigError("--rdzv-endpoint: '" + value + "': " + e.what());
   }
-  if (host.empty()) throw ConfigError(flag + ": '" + value + "' has no host");
-  if (!hasPort) return {host, std::nullopt};
-  auto number = parseInteger<int>(port);
-  if (!number || *number < 0 || *number > 65535)
-    throw ConfigError(flag + ": port '" + port + "' is not a number from 0 to 65535");
-  return {host, static_cast<uint16_t>(*number)};
 }
 
 }  // namespace dlrun::launcher

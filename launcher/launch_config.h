@@ -7,11 +7,11 @@
 #include <chrono>
 #include <cstdint>
 #include <optional>
-#include <set>
 #include <string>
 #include <vector>
 
 #include "agents/agent.h"
+#include "common/host_port.h"
 #include "remote/hostfile.h"
 #include "rendezvous/etcd/endpoints.h"
 
@@ -66,16 +66,18 @@ struct HostLaunch {
   std::vector<std::string> entry;  // the entry point and its arguments, as given
 };
 
+// torchrun's --rdzv-endpoint port, where the endpoint names none (the launch and `dlrun status`).
+inline constexpr uint16_t kDefaultRdzvPort = 29400;
+
 struct LaunchConfig {
   int minNodes = 1;
   int maxNodes = 1;
-  int nprocPerNode = 1;
   std::optional<int> nodeRank;  // --node-rank: the static rank, or a group-rank hint
   RdzvBackend rdzvBackend = RdzvBackend::C10d;
   std::string rdzvEndpoint;  // HOST[:PORT], checked; with C10d on several nodes, never empty
-  // C10d on several nodes (not --hostfile): rdzvEndpoint parsed; no port: the default one.
-  std::string rdzvHost;
-  std::optional<uint16_t> rdzvPort;
+  // Not Etcd: rdzvEndpoint parsed (given, or derived from Slurm or mpirun), kDefaultRdzvPort
+  // where it names no port; empty where there is no endpoint. Only launch() resolves the host.
+  HostPort rdzvStore;
   // Etcd: --rdzv-endpoint (else DLRUN_ETCD_ENDPOINTS) parsed; on several nodes, never empty.
   std::vector<rendezvous::etcd::Endpoint> etcdEndpoints;
   // Etcd: TLS (the PEM files' contents) and user/password, from --rdzv-conf.
@@ -84,20 +86,12 @@ struct LaunchConfig {
   RdzvSettings rdzv;  // from --rdzv-conf
   bool standalone = false;
   int maxRestarts = 0;
-  std::chrono::milliseconds stopTimeout{30'000};  // SIGTERM, then this long, then SIGKILL
-  std::optional<std::vector<int>> signalsToHandle;  // --signals-to-handle (agents::AgentOptions)
-  bool virtualLocalRank = false;                    // --virtual-local-rank
-  std::string role = "default";
-  std::vector<agents::RoleSpec> roles;  // --roles; empty: every worker has `role`
-  std::optional<std::string> logDir;
-  agents::StreamsByRank redirects;
-  agents::StreamsByRank tee;
-  std::optional<std::set<int>> localRanksFilter;  // console shows only these local ranks
-  std::string logLinePrefixTemplate = "[${rank}]:";
-  agents::TfConfigMode tfConfig = agents::TfConfigMode::Auto;  // --tf-config
-  std::optional<agents::HangOptions> hang;  // --hang-timeout (off by default), --hang-action
+  // What the flags ask of this node's agent: the workers' command, count, roles, output, stop
+  // and signals, hang watch and metrics. What only launch() learns (whether this node serves
+  // the store, its address in messages, the control plane's connection, the store host's
+  // watch) it adds to its own copy.
+  agents::AgentOptions agent;
   bool controlPlane = true;  // publish to the control plane (--no-control-plane: not)
-  std::optional<agents::MetricsOptions> metrics;  // --metrics-port, --metrics-host
   std::optional<uint16_t> healthCheckPort;  // TORCHELASTIC_HEALTH_CHECK_PORT: liveness answers
   std::string token;         // --token-file or DLRUN_TOKEN; empty: none
   std::optional<std::string> localAddr;
@@ -107,14 +101,9 @@ struct LaunchConfig {
   std::optional<uint16_t> masterPort;  // unset: a free port on the single-node path
 
   std::optional<HostLaunch> hostLaunch;  // --hostfile, --hosts
-  bool controlStdin = false;  // --control-stdin: an agent a --hostfile launch started (agent.h)
-  // --use-local-rank-arg: "--local-rank" or "--local_rank" (--local-rank-arg-style), appended to
-  // every worker's arguments as FLAG=LOCAL_RANK; empty: none
-  std::string localRankFlag;
-
-  // The resolved command every worker runs: argv[0] is an absolute path or a name on PATH.
-  std::vector<std::string> command;
-  std::string entrypoint;  // as the user wrote it, for messages
+  // As the user wrote it, for messages; agent.command is the resolved command, its argv[0] an
+  // absolute path or a name on PATH.
+  std::string entrypoint;
 
   bool singleNode() const { return maxNodes == 1; }
 };

@@ -10,9 +10,9 @@
 #include <numeric>
 
 #include "common/error.h"
+#include "common/host_port.h"
 #include "common/text.h"
 #include "store/json_fields.h"
-#include "store/tcp_stream.h"
 
 namespace dlrun::rendezvous::elastic {
 

@@ -9,6 +9,7 @@
 
 #include "common/clock.h"
 #include "common/error.h"
+#include "common/host_port.h"
 #include "common/log.h"
 #include "store/address.h"
 #include "store/leasing_store.h"

@@ -1,8 +1,8 @@
 #include "rendezvous/local_rendezvous.h"
 
 #include "common/error.h"
+#include "common/host_port.h"
 #include "store/address.h"
-#include "store/tcp_stream.h"
 
 namespace dlrun::rendezvous {
 

@@ -2,7 +2,10 @@
 """The whole test suite where the README's set-up runs on a fresh machine: in a minimal root of a
 Debian release (debootstrap --variant=minbase, cached by tests/python/chroot_fixture.py) with
 the tree of a commit (default HEAD, DLRUN_COMMIT) copied in and no git, `bash scripts/test.sh`, as root. /sys, /dev/pts and a
-tmpfs /run are mounted in the root, as on a machine. Prints the end of the suite's output and
+tmpfs /run are mounted in the root, as on a machine, and the machine's own pip configuration
+(/etc/pip.conf and the local wheel folders under /opt it names) and extra certificate
+authorities (/usr/local/share/ca-certificates) are carried in, as a fresh machine of the same
+site has them. Prints the end of the suite's output and
 exits with test.sh's code. Needs root, a Debian mirror and PyPI; takes some 40 minutes on 2
 cores (the release's ccache, kept beside the cached roots, shortens the build).
 
@@ -34,6 +37,14 @@ mount -t sysfs sysfs "$root/sys"
 mount -t cgroup2 cgroup2 "$root/sys/fs/cgroup" 2>/dev/null || true
 mkdir -p "$root/dev/pts" && mount -t devpts devpts "$root/dev/pts"
 mount -t tmpfs run "$root/run"
+if [[ -f /etc/pip.conf ]]; then
+  cp /etc/pip.conf "$root/etc/pip.conf"
+  for d in $(grep -oE '/opt/[A-Za-z0-9._/-]+' /etc/pip.conf | sed -E 's#^(/opt/[^/]+).*#\1#' | sort -u); do
+    [[ -d $d ]] && mkdir -p "$root$d" && mount --bind "$d" "$root$d"
+  done
+fi
+mkdir -p "$root/usr/local/share/ca-certificates"
+cp -r /usr/local/share/ca-certificates/. "$root/usr/local/share/ca-certificates/" 2>/dev/null || true
 in_root CCACHE_DIR=/ccache test -d /usr/bin/git && { echo "git is installed in the root"; exit 3; }
 in_root CCACHE_DIR=/ccache sh -c 'cd /src && bash scripts/test.sh'
 """

@@ -17,10 +17,10 @@
 #include "common/asio.h"
 
 #include "common/error.h"
+#include "common/host_port.h"
 #include "common/listen.h"
 #include "common/log.h"
 #include "store/store_engine.h"
-#include "store/tcp_stream.h"
 
 namespace dlrun {
 
@@ -280,7 +280,7 @@ tcp::acceptor ServerImpl::listen(asio::io_context& io, const StoreServerOptions&
   if (ec || endpoints.empty())
     throw NetworkError("cannot resolve listen address '" + options.host + "': " + ec.message());
   return listenOn(io, endpoints.begin()->endpoint(),
-                  options.host + ":" + std::to_string(options.port), options.backlog);
+                  joinHostPort(options.host, options.port), options.backlog);
 }
 
 void ServerImpl::accept() {

@@ -5,6 +5,7 @@
 #include <thread>
 
 #include "common/error.h"
+#include "common/host_port.h"
 #include "store/backoff.h"
 #include "store/wire.h"
 

@@ -13,6 +13,7 @@
 #include <cstring>
 
 #include "common/error.h"
+#include "common/host_port.h"
 
 namespace dlrun {
 namespace {
@@ -65,11 +66,6 @@ int connectOne(const addrinfo& ai, Clock::time_point deadline, std::string& erro
 
 }  // namespace
 
-std::string joinHostPort(const std::string& host, uint16_t port) {
-  const bool v6 = host.find(':') != std::string::npos;
-  return (v6 ? "[" + host + "]" : host) + ":" + std::to_string(port);
-}
-
 TcpStream TcpStream::connect(const std::string& host, uint16_t port, Clock::time_point deadline) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
@@ -87,7 +83,7 @@ TcpStream TcpStream::connect(const std::string& host, uint16_t port, Clock::time
   }
   ::freeaddrinfo(list);
   if (fd < 0) {
-    const std::string message = "cannot connect to " + host + ":" + service + ": " + error;
+    const std::string message = "cannot connect to " + joinHostPort(host, port) + ": " + error;
     if (refused) throw ConnectionRefused(message);
     throw NetworkError(message);
   }

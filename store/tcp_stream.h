@@ -14,9 +14,6 @@
 
 namespace dlrun {
 
-// "host:port", with an IPv6 address in brackets ("[::1]:29500").
-std::string joinHostPort(const std::string& host, uint16_t port);
-
 // Nothing listens at the address: the host answered, the server is not there.
 class ConnectionRefused : public NetworkError {
  public:

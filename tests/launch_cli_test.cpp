@@ -186,16 +186,16 @@ TEST(ParseRanksFilter, RejectsBadLists) {
 
 TEST(ParseDlrunArgs, PyScriptRunsUnderPythonUnbuffered) {
   auto c = parse({"script.py", "--lr", "0.1"});
-  EXPECT_EQ(c.command, (Args{"/fake/python3", "-u", "script.py", "--lr", "0.1"}));
+  EXPECT_EQ(c.agent.command, (Args{"/fake/python3", "-u", "script.py", "--lr", "0.1"}));
   EXPECT_EQ(c.entrypoint, "script.py");
   c = parse({"/jobs/train.py"});
-  EXPECT_EQ(c.command, (Args{"/fake/python3", "-u", "/jobs/train.py"}));
+  EXPECT_EQ(c.agent.command, (Args{"/fake/python3", "-u", "/jobs/train.py"}));
 }
 
 TEST(ParseDlrunArgs, Module) {
   for (const std::string flag : {"-m", "--module"}) {
     auto c = parse({flag, "pkg.train", "--epochs", "2"});
-    EXPECT_EQ(c.command, (Args{"/fake/python3", "-u", "-m", "pkg.train", "--epochs", "2"}));
+    EXPECT_EQ(c.agent.command, (Args{"/fake/python3", "-u", "-m", "pkg.train", "--epochs", "2"}));
     EXPECT_EQ(c.entrypoint, "pkg.train");
   }
 }
@@ -203,15 +203,15 @@ TEST(ParseDlrunArgs, Module) {
 TEST(ParseDlrunArgs, NoPythonExecutesTheFileItself) {
   for (const std::string flag : {"--no-python", "--no_python"}) {
     auto c = parse({flag, "/jobs/train.py", "x"});
-    EXPECT_EQ(c.command, (Args{"/jobs/train.py", "x"}));
+    EXPECT_EQ(c.agent.command, (Args{"/jobs/train.py", "x"}));
   }
   auto c = parse({"--no-python", "env", "A=1"});
-  EXPECT_EQ(c.command, (Args{"/usr/bin/env", "A=1"}));
+  EXPECT_EQ(c.agent.command, (Args{"/usr/bin/env", "A=1"}));
 }
 
 TEST(ParseDlrunArgs, NameOnPathRunsAsFound) {
   auto c = parse({"env", "FOO=1", "printenv"});
-  EXPECT_EQ(c.command, (Args{"/usr/bin/env", "FOO=1", "printenv"}));
+  EXPECT_EQ(c.agent.command, (Args{"/usr/bin/env", "FOO=1", "printenv"}));
   EXPECT_EQ(c.entrypoint, "env");
 }
 
@@ -228,7 +228,7 @@ TEST(ParseDlrunArgs, MissingEntryPointIsAnErrorNamingIt) {
 
 TEST(ParseDlrunArgs, BundledTrainerSitsBesideDlrun) {
   auto c = parse({"train", "--epochs", "1"}, fakeHost(0, /*trainerBuilt=*/true));
-  EXPECT_EQ(c.command, (Args{"/opt/dlrun/bin/dlrun-train", "--epochs", "1"}));
+  EXPECT_EQ(c.agent.command, (Args{"/opt/dlrun/bin/dlrun-train", "--epochs", "1"}));
   const std::string message = configError([] { parse({"train"}, fakeHost(0, false)); });
   EXPECT_TRUE(contains(message, "/opt/dlrun/bin/dlrun-train")) << message;
   EXPECT_FALSE(contains(message, "\n")) << message;
@@ -236,12 +236,12 @@ TEST(ParseDlrunArgs, BundledTrainerSitsBesideDlrun) {
 
 TEST(ParseDlrunArgs, EverythingAfterTheEntryPointBelongsToTheWorker) {
   auto c = parse({"--nproc-per-node=2", "script.py", "--nproc-per-node=9", "-m", "--standalone"});
-  EXPECT_EQ(c.nprocPerNode, 2);
+  EXPECT_EQ(c.agent.nprocPerNode, 2);
   EXPECT_FALSE(c.standalone);
-  EXPECT_EQ(c.command,
+  EXPECT_EQ(c.agent.command,
             (Args{"/fake/python3", "-u", "script.py", "--nproc-per-node=9", "-m", "--standalone"}));
   c = parse({"--", "env"});
-  EXPECT_EQ(c.command, (Args{"/usr/bin/env"}));
+  EXPECT_EQ(c.agent.command, (Args{"/usr/bin/env"}));
 }
 
 // --- resolveCommand on its own ------------------------------------------------------------
@@ -289,18 +289,18 @@ TEST(ParseDlrunArgs, Defaults) {
   auto c = parse({"env"});
   EXPECT_EQ(c.minNodes, 1);
   EXPECT_EQ(c.maxNodes, 1);
-  EXPECT_EQ(c.nprocPerNode, 1);
+  EXPECT_EQ(c.agent.nprocPerNode, 1);
   EXPECT_FALSE(c.nodeRank);
   EXPECT_FALSE(c.standalone);
   EXPECT_EQ(c.maxRestarts, 0);
-  EXPECT_EQ(c.role, "default");
-  EXPECT_FALSE(c.logDir);
-  EXPECT_EQ(c.redirects.all, agents::Streams::None);
-  EXPECT_EQ(c.tee.all, agents::Streams::None);
-  EXPECT_FALSE(c.localRanksFilter);
-  EXPECT_EQ(c.logLinePrefixTemplate, "[${rank}]:");
+  EXPECT_EQ(c.agent.role, "default");
+  EXPECT_FALSE(c.agent.logDir);
+  EXPECT_EQ(c.agent.redirects.all, agents::Streams::None);
+  EXPECT_EQ(c.agent.tee.all, agents::Streams::None);
+  EXPECT_FALSE(c.agent.localRanksFilter);
+  EXPECT_EQ(c.agent.logLinePrefixTemplate, "[${rank}]:");
   EXPECT_FALSE(c.masterPort);
-  EXPECT_EQ(c.stopTimeout, std::chrono::seconds(30));
+  EXPECT_EQ(c.agent.stopTimeout, std::chrono::seconds(30));
   EXPECT_TRUE(c.singleNode());
 }
 
@@ -312,37 +312,38 @@ TEST(ParseDlrunArgs, ReadsEveryFlag) {
                   "0:1", "--local-ranks-filter=0,2", "--log-line-prefix-template=<${rank}>",
                   "--local-addr=127.0.0.2", "--master-addr=127.0.0.3", "--master-port=1234",
                   "--run-path", "env"});
-  EXPECT_EQ(c.nprocPerNode, 3);
+  EXPECT_EQ(c.agent.nprocPerNode, 3);
   EXPECT_EQ(c.rdzvBackend, RdzvBackend::C10d);
   EXPECT_EQ(c.rdzvEndpoint, "127.0.0.1:29400");
+  EXPECT_EQ(c.rdzvStore, (HostPort{"127.0.0.1", 29400}));
   EXPECT_EQ(c.rdzvId, "job7");
   EXPECT_EQ(c.rdzv.joinTimeout, std::chrono::seconds(60));
   EXPECT_EQ(c.maxRestarts, 4);
-  EXPECT_EQ(c.stopTimeout, std::chrono::milliseconds(1500));
-  EXPECT_EQ(c.role, "trainer");
-  EXPECT_EQ(c.logDir, "/logs");
-  EXPECT_EQ(c.redirects.all, agents::Streams::Both);
-  EXPECT_EQ(c.tee.forRank(0), agents::Streams::Out);
-  EXPECT_EQ(c.tee.forRank(1), agents::Streams::None);
-  EXPECT_EQ(c.localRanksFilter, (std::set<int>{0, 2}));
-  EXPECT_EQ(c.logLinePrefixTemplate, "<${rank}>");
+  EXPECT_EQ(c.agent.stopTimeout, std::chrono::milliseconds(1500));
+  EXPECT_EQ(c.agent.role, "trainer");
+  EXPECT_EQ(c.agent.logDir, "/logs");
+  EXPECT_EQ(c.agent.redirects.all, agents::Streams::Both);
+  EXPECT_EQ(c.agent.tee.forRank(0), agents::Streams::Out);
+  EXPECT_EQ(c.agent.tee.forRank(1), agents::Streams::None);
+  EXPECT_EQ(c.agent.localRanksFilter, (std::set<int>{0, 2}));
+  EXPECT_EQ(c.agent.logLinePrefixTemplate, "<${rank}>");
   EXPECT_EQ(c.localAddr, "127.0.0.2");
   EXPECT_EQ(c.masterAddr, "127.0.0.3");
   EXPECT_EQ(c.masterPort, 1234);
-  EXPECT_EQ(c.command, (Args{"/usr/bin/env"}));
+  EXPECT_EQ(c.agent.command, (Args{"/usr/bin/env"}));
 }
 
 TEST(ParseDlrunArgs, UnderscoredSpellings) {
   auto c = parse({"--nproc_per_node=3", "--max_restarts", "2", "--rdzv_backend=c10d",
                   "--rdzv_id=x", "--log_dir=/l", "--local_ranks_filter=1", "--stop_timeout=2",
                   "--master_port=99", "env"});
-  EXPECT_EQ(c.nprocPerNode, 3);
+  EXPECT_EQ(c.agent.nprocPerNode, 3);
   EXPECT_EQ(c.maxRestarts, 2);
   EXPECT_EQ(c.rdzvBackend, RdzvBackend::C10d);
   EXPECT_EQ(c.rdzvId, "x");
-  EXPECT_EQ(c.logDir, "/l");
-  EXPECT_EQ(c.localRanksFilter, std::set<int>{1});
-  EXPECT_EQ(c.stopTimeout, std::chrono::seconds(2));
+  EXPECT_EQ(c.agent.logDir, "/l");
+  EXPECT_EQ(c.agent.localRanksFilter, std::set<int>{1});
+  EXPECT_EQ(c.agent.stopTimeout, std::chrono::seconds(2));
   EXPECT_EQ(c.masterPort, 99);
 }
 
@@ -356,13 +357,14 @@ TEST(ParseDlrunArgs, StartMethodIsAcceptedAndChecked) {
 }
 
 TEST(ParseDlrunArgs, ShutdownTimeoutIsTheStopTimeoutAndItsVariableTheDefault) {
-  EXPECT_EQ(parse({"--shutdown-timeout=3", "env"}).stopTimeout, std::chrono::seconds(3));
-  EXPECT_EQ(parse({"--shutdown_timeout", "4", "env"}).stopTimeout, std::chrono::seconds(4));
+  EXPECT_EQ(parse({"--shutdown-timeout=3", "env"}).agent.stopTimeout, std::chrono::seconds(3));
+  EXPECT_EQ(parse({"--shutdown_timeout", "4", "env"}).agent.stopTimeout, std::chrono::seconds(4));
   HostProbe host = fakeHost();
   host.env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] = "7";
-  EXPECT_EQ(parse({"env"}, host).stopTimeout, std::chrono::seconds(7));
-  EXPECT_EQ(parse({"--stop-timeout=2", "env"}, host).stopTimeout, std::chrono::seconds(2));
-  EXPECT_EQ(parse({"--shutdown-timeout=1", "env"}, host).stopTimeout, std::chrono::seconds(1));
+  EXPECT_EQ(parse({"env"}, host).agent.stopTimeout, std::chrono::seconds(7));
+  EXPECT_EQ(parse({"--stop-timeout=2", "env"}, host).agent.stopTimeout, std::chrono::seconds(2));
+  EXPECT_EQ(parse({"--shutdown-timeout=1", "env"}, host).agent.stopTimeout,
+            std::chrono::seconds(1));
   host.env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] = "soon";
   const std::string bad = configError([&] { parse({"env"}, host); });
   EXPECT_TRUE(contains(bad, "TORCH_ELASTIC_SHUTDOWN_TIMEOUT") && contains(bad, "soon")) << bad;
@@ -372,10 +374,11 @@ TEST(ParseDlrunArgs, ShutdownTimeoutIsTheStopTimeoutAndItsVariableTheDefault) {
 }
 
 TEST(ParseDlrunArgs, SignalsToHandleInTheOrderGivenUnsetByDefault) {
-  EXPECT_FALSE(parse({"env"}).signalsToHandle);
-  EXPECT_EQ(parse({"--signals-to-handle=SIGTERM,SIGUSR1,USR2,SIGTERM", "env"}).signalsToHandle,
-            (std::vector<int>{SIGTERM, SIGUSR1, SIGUSR2}));
-  EXPECT_EQ(parse({"--signals_to_handle", "sigint,3", "env"}).signalsToHandle,
+  EXPECT_FALSE(parse({"env"}).agent.signalsToHandle);
+  EXPECT_EQ(
+      parse({"--signals-to-handle=SIGTERM,SIGUSR1,USR2,SIGTERM", "env"}).agent.signalsToHandle,
+      (std::vector<int>{SIGTERM, SIGUSR1, SIGUSR2}));
+  EXPECT_EQ(parse({"--signals_to_handle", "sigint,3", "env"}).agent.signalsToHandle,
             (std::vector<int>{SIGINT, SIGQUIT}));
 }
 
@@ -393,11 +396,12 @@ TEST(ParseSignalsToHandle, RefusesWhatNoJobCanStopOnNamingIt) {
 }
 
 TEST(ParseDlrunArgs, VirtualLocalRankNeedsADeviceForEachWorker) {
-  EXPECT_FALSE(parse({"env"}).virtualLocalRank);
-  EXPECT_TRUE(parse({"--virtual-local-rank", "--nproc-per-node=4", "env"}).virtualLocalRank);
+  EXPECT_FALSE(parse({"env"}).agent.virtualLocalRank);
+  EXPECT_TRUE(parse({"--virtual-local-rank", "--nproc-per-node=4", "env"}).agent.virtualLocalRank);
   HostProbe host = fakeHost();
   host.env["CUDA_VISIBLE_DEVICES"] = "2,5";
-  EXPECT_TRUE(parse({"--virtual_local_rank", "--nproc-per-node=2", "env"}, host).virtualLocalRank);
+  EXPECT_TRUE(
+      parse({"--virtual_local_rank", "--nproc-per-node=2", "env"}, host).agent.virtualLocalRank);
   const std::string message = configError(
       [&] { parse({"--virtual-local-rank", "--nproc-per-node=3", "env"}, host); });
   EXPECT_TRUE(contains(message, "--virtual-local-rank") && contains(message, "'2,5'") &&
@@ -418,13 +422,13 @@ TEST(ParseDlrunArgs, PetVariablesAreDefaults) {
   ScopedEnv role("PET_ROLE", "fromenv");
   ScopedEnv standalone("PET_STANDALONE", "1");
   auto c = parse({"env"});
-  EXPECT_EQ(c.nprocPerNode, 5);
+  EXPECT_EQ(c.agent.nprocPerNode, 5);
   EXPECT_EQ(c.maxRestarts, 3);
-  EXPECT_EQ(c.role, "fromenv");
+  EXPECT_EQ(c.agent.role, "fromenv");
   EXPECT_TRUE(c.standalone);
   // The flag wins, in either spelling.
-  EXPECT_EQ(parse({"--nproc-per-node", "2", "env"}).nprocPerNode, 2);
-  EXPECT_EQ(parse({"--nproc_per_node=2", "env"}).nprocPerNode, 2);
+  EXPECT_EQ(parse({"--nproc-per-node", "2", "env"}).agent.nprocPerNode, 2);
+  EXPECT_EQ(parse({"--nproc_per_node=2", "env"}).agent.nprocPerNode, 2);
   EXPECT_EQ(parse({"--max-restarts=0", "env"}).maxRestarts, 0);
 }
 
@@ -435,12 +439,12 @@ TEST(ParseDlrunArgs, PetVariableWithABadValueIsAnError) {
 }
 
 TEST(ParseDlrunArgs, TfConfigInEverySpellingAndFromPet) {
-  EXPECT_EQ(parse({"env"}).tfConfig, agents::TfConfigMode::Auto);
-  EXPECT_EQ(parse({"--tf-config=always", "env"}).tfConfig, agents::TfConfigMode::Always);
-  EXPECT_EQ(parse({"--tf_config", "never", "env"}).tfConfig, agents::TfConfigMode::Never);
+  EXPECT_EQ(parse({"env"}).agent.tfConfig, agents::TfConfigMode::Auto);
+  EXPECT_EQ(parse({"--tf-config=always", "env"}).agent.tfConfig, agents::TfConfigMode::Always);
+  EXPECT_EQ(parse({"--tf_config", "never", "env"}).agent.tfConfig, agents::TfConfigMode::Never);
   ScopedEnv tf("PET_TF_CONFIG", "never");
-  EXPECT_EQ(parse({"env"}).tfConfig, agents::TfConfigMode::Never);
-  EXPECT_EQ(parse({"--tf-config=auto", "env"}).tfConfig, agents::TfConfigMode::Auto);
+  EXPECT_EQ(parse({"env"}).agent.tfConfig, agents::TfConfigMode::Never);
+  EXPECT_EQ(parse({"--tf-config=auto", "env"}).agent.tfConfig, agents::TfConfigMode::Auto);
 }
 
 TEST(ParseDlrunArgs, TfConfigRejectsOtherValuesNamingTheFlag) {
@@ -452,21 +456,21 @@ TEST(ParseDlrunArgs, TfConfigRejectsOtherValuesNamingTheFlag) {
 }
 
 TEST(ParseDlrunArgs, HangWatchingIsOffUnlessATimeoutIsGiven) {
-  EXPECT_FALSE(parse({"env"}).hang);
+  EXPECT_FALSE(parse({"env"}).agent.hang);
   auto c = parse({"--hang-timeout=2.5", "env"});
-  ASSERT_TRUE(c.hang);
-  EXPECT_EQ(c.hang->timeout, std::chrono::milliseconds(2500));
-  EXPECT_EQ(c.hang->action, agents::HangAction::Restart);
-  EXPECT_EQ(parse({"--hang_timeout", "1", "--hang-action=report", "env"}).hang->action,
+  ASSERT_TRUE(c.agent.hang);
+  EXPECT_EQ(c.agent.hang->timeout, std::chrono::milliseconds(2500));
+  EXPECT_EQ(c.agent.hang->action, agents::HangAction::Restart);
+  EXPECT_EQ(parse({"--hang_timeout", "1", "--hang-action=report", "env"}).agent.hang->action,
             agents::HangAction::Report);
   {
     ScopedEnv timeout("PET_HANG_TIMEOUT", "30");
     ScopedEnv action("PET_HANG_ACTION", "exit");
     c = parse({"env"});
-    ASSERT_TRUE(c.hang);
-    EXPECT_EQ(c.hang->timeout, std::chrono::seconds(30));
-    EXPECT_EQ(c.hang->action, agents::HangAction::Exit);
-    EXPECT_FALSE(parse({"--hang-timeout=0", "env"}).hang);  // the flag wins: off
+    ASSERT_TRUE(c.agent.hang);
+    EXPECT_EQ(c.agent.hang->timeout, std::chrono::seconds(30));
+    EXPECT_EQ(c.agent.hang->action, agents::HangAction::Exit);
+    EXPECT_FALSE(parse({"--hang-timeout=0", "env"}).agent.hang);  // the flag wins: off
   }
   std::string message = configError([&] { parse({"--hang-timeout=1", "--hang-action=kill", "env"}); });
   EXPECT_TRUE(contains(message, "--hang-action")) << message;
@@ -526,6 +530,9 @@ TEST(ParseDlrunArgs, RdzvEndpointWithANonNumericPortIsRejected) {
   for (const std::string endpoint : {"127.0.0.1", "127.0.0.1:29400", "node1:29400", "[::1]:29400"})
     EXPECT_EQ(parse({"--rdzv-backend=c10d", "--rdzv-endpoint=" + endpoint, "env"}).rdzvEndpoint,
               endpoint);
+  // Without a port, torchrun's.
+  EXPECT_EQ(parse({"--nnodes=2", "--rdzv-endpoint=[::1]", "env"}).rdzvStore,
+            (HostPort{"::1", kDefaultRdzvPort}));
 }
 
 TEST(ParseDlrunArgs, HelpAndVersionEndWithZero) {
@@ -759,21 +766,23 @@ TEST(ParseDlrunArgsInSlurm, AStepNeedsNoOtherFlag) {
   EXPECT_EQ(c.maxNodes, 4);
   EXPECT_EQ(c.rdzvId, "4242");
   EXPECT_EQ(c.rdzvEndpoint, "node1:29642");
+  EXPECT_EQ(c.rdzvStore, (HostPort{"node1", 29642}));
   EXPECT_EQ(c.nodeRank, 2);
   EXPECT_EQ(c.nodeName, "node3");
   EXPECT_EQ(c.rdzv.isHost, false);
-  EXPECT_EQ(c.nprocPerNode, 4);
+  EXPECT_EQ(c.agent.nprocPerNode, 4);
   EXPECT_TRUE(c.refuseLostNodes);  // a lost node's place goes to a spare for good
   EXPECT_EQ(parse({"env"}, slurmHost(0)).rdzv.isHost, true);
   EXPECT_FALSE(parse({"--no-slurm", "env"}, slurmHost(0)).refuseLostNodes);
 }
 
 TEST(ParseDlrunArgsInSlurm, AutoWorkersComeFromTheAllocation) {
-  EXPECT_EQ(parse({"--nproc-per-node=auto", "env"}, slurmHost(0)).nprocPerNode, 3);
+  EXPECT_EQ(parse({"--nproc-per-node=auto", "env"}, slurmHost(0)).agent.nprocPerNode, 3);
   EXPECT_EQ(parse({"--nproc-per-node=auto", "env"}, slurmHost(0, {{"SLURM_GPUS_ON_NODE", "2"}}))
-                .nprocPerNode,
+                .agent.nprocPerNode,
             2);
-  EXPECT_EQ(parse({"--nproc-per-node=cpu", "env"}, slurmHost(0)).nprocPerNode, 8);  // the machine
+  // cpu: the machine's CPUs
+  EXPECT_EQ(parse({"--nproc-per-node=cpu", "env"}, slurmHost(0)).agent.nprocPerNode, 8);
 }
 
 TEST(ParseDlrunArgsInSlurm, FlagsWin) {
@@ -1000,18 +1009,18 @@ TEST(ParseDlrunArgsHostfile, HostsFlagsAndConflicts) {
 
 TEST(ParseDlrunArgs, ANodeOfServicesOnlyNeedsAnotherNodeToEndTheJob) {
   EXPECT_EQ(parse({"--nnodes=2", "--rdzv-endpoint=h:1", "--roles=worker:2:service", "env"})
-                .nprocPerNode,
+                .agent.nprocPerNode,
             2);
   EXPECT_TRUE(contains(configError([] { parse({"--standalone", "--roles=ps:1:service", "env"}); }),
                        "nothing would end the job"));
 }
 
 TEST(ParseDlrunArgs, LocalRankArgument) {
-  EXPECT_EQ(parse({"env"}).localRankFlag, "");
-  EXPECT_EQ(parse({"--use-local-rank-arg", "env"}).localRankFlag, "--local-rank");
-  EXPECT_EQ(parse({"--no_use_env", "--local-rank-arg-style=underscore", "env"}).localRankFlag,
+  EXPECT_EQ(parse({"env"}).agent.localRankFlag, "");
+  EXPECT_EQ(parse({"--use-local-rank-arg", "env"}).agent.localRankFlag, "--local-rank");
+  EXPECT_EQ(parse({"--no_use_env", "--local-rank-arg-style=underscore", "env"}).agent.localRankFlag,
             "--local_rank");
-  EXPECT_EQ(parse({"--use-env", "env"}).localRankFlag, "");
+  EXPECT_EQ(parse({"--use-env", "env"}).agent.localRankFlag, "");
   EXPECT_EQ(configError([] { parse({"--local-rank-arg-style=camel", "env"}); }),
             "--local-rank-arg-style: 'camel' is not dash or underscore");
 }

@@ -9,6 +9,7 @@
 #include <set>
 
 #include "common/asio.h"
+#include "common/host_port.h"
 #include "common/listen.h"
 #include "common/log.h"
 #include "store/address.h"
@@ -252,8 +253,8 @@ void servePs(const TrainConfig& config, const Placement& placement, const PsPlac
   const uint16_t port = server.listen(address);
   connect()->set(psAddressKey(place.index), address + " " + std::to_string(port));
   log::debug("parameter server " + std::to_string(place.index) + ": parameters [" +
-             std::to_string(range.begin) + ", " + std::to_string(range.end) + ") at " + address +
-             ":" + std::to_string(port));
+             std::to_string(range.begin) + ", " + std::to_string(range.end) + ") at " +
+             joinHostPort(address, port));
   server.run();
   std::printf("{\"strategy\": \"ps\", \"role\": \"ps\", \"index\": %d, \"parameters\": %zu, "
               "\"pushes\": %lld, \"bytes_sent\": %llu, \"bytes_received\": %llu}\n",

@@ -1,7 +1,7 @@
 #include "rendezvous/etcd/endpoints.h"
 
-
 #include "common/error.h"
+#include "common/host_port.h"
 #include "common/text.h"
 
 namespace dlrun::rendezvous::etcd {
@@ -15,13 +15,6 @@ std::string_view trim(std::string_view text) {
   return text.substr(first, last - first + 1);
 }
 
-uint16_t parsePort(std::string_view text, std::string_view entry) {
-  const auto value = parseInteger<uint16_t>(text);
-  if (!value || *value == 0)
-    throw ConfigError("etcd endpoint '" + std::string(entry) + "': the port must be 1..65535");
-  return *value;
-}
-
 Endpoint parseEntry(std::string_view entry) {
   std::string_view rest = entry;
   Endpoint endpoint;
@@ -32,42 +25,20 @@ Endpoint parseEntry(std::string_view entry) {
     rest.remove_prefix(7);
   }
   if (rest.ends_with("/")) rest.remove_suffix(1);
-  if (rest.empty()) throw ConfigError("etcd endpoint '" + std::string(entry) + "': no host");
-  if (rest.front() == '[') {
-    const auto close = rest.find(']');
-    if (close == std::string_view::npos || close == 1) {
-      throw ConfigError("etcd endpoint '" + std::string(entry) + "': unclosed or empty [");
-    }
-    endpoint.host = std::string(rest.substr(1, close - 1));
-    const auto after = rest.substr(close + 1);
-    if (!after.empty()) {
-      if (after.front() != ':') {
-        throw ConfigError("etcd endpoint '" + std::string(entry) + "': expected :PORT after ]");
-      }
-      endpoint.port = parsePort(after.substr(1), entry);
-    }
-    return endpoint;
+  try {
+    const HostPort parsed = parseHostPort(rest, kDefaultPort);
+    endpoint.host = parsed.host;
+    endpoint.port = parsed.port;
+  } catch (const ConfigError& e) {
+    throw ConfigError("etcd endpoint '" + std::string(entry) + "': " + e.what());
   }
-  const auto colon = rest.find(':');
-  if (colon != std::string_view::npos && rest.find(':', colon + 1) != std::string_view::npos) {
-    throw ConfigError("etcd endpoint '" + std::string(entry) +
-                      "': write an IPv6 address in brackets, as [::1]:2379");
-  }
-  endpoint.host = std::string(rest.substr(0, colon));
-  if (endpoint.host.empty()) {
-    throw ConfigError("etcd endpoint '" + std::string(entry) + "': no host");
-  }
-  if (colon != std::string_view::npos) endpoint.port = parsePort(rest.substr(colon + 1), entry);
   return endpoint;
 }
 
 }  // namespace
 }  // namespace detail
 
-std::string Endpoint::text() const {
-  const std::string shown = host.find(':') == std::string::npos ? host : "[" + host + "]";
-  return shown + ":" + std::to_string(port);
-}
+std::string Endpoint::text() const { return joinHostPort(host, port); }
 
 std::vector<Endpoint> parseEndpoints(std::string_view list) {
   std::vector<Endpoint> endpoints;
