@@ -124,6 +124,7 @@ void ControlPublisher::writeOnce(LeasingStore& store) {
     const int64_t last = store.add(keys_.seq(), static_cast<int64_t>(events.size()));
     for (size_t i = 0; i < events.size(); ++i) {
       events[i].seq = last - static_cast<int64_t>(events.size() - 1 - i);
+      events[i].agent = static_cast<int>(*index_);
       keys.push_back(keys_.event(events[i].seq));
       values.push_back(control::encode(events[i]));
     }

@@ -191,6 +191,7 @@ v1::Event toProto(const JobEvent& e) {
   out.set_round(e.round);
   out.set_rank(e.rank);
   out.set_detail(e.detail);
+  out.set_agent(e.agent);
   return out;
 }
 

@@ -317,6 +317,7 @@ std::string formatEvent(const v1::Event& e) {
   out << std::right << std::setw(5) << e.seq() << "  " << clockTime(e.time()) << "  "
       << std::left << std::setw(15) << e.kind() << " round " << e.round();
   if (!e.node().empty()) out << "  " << e.node();
+  if (e.agent() > 0) out << " (agent " << e.agent() << ")";
   if (e.rank() >= 0) out << "  rank " << e.rank();
   if (!e.detail().empty()) out << ": " << e.detail();
   out << "\n";

@@ -40,10 +40,12 @@ TEST(ControlState, RecordsRoundTrip) {
   EXPECT_EQ(n.workers[0].step, 40);
 
   const JobEvent e = decodeEvent(encode(JobEvent{.seq = 5, .time = 2.5, .kind = "restart",
-                                                 .node = "n0", .round = 1, .detail = "x"}));
+                                                 .node = "n0", .round = 1, .detail = "x",
+                                                 .agent = 3}));
   EXPECT_EQ(e.seq, 5);
   EXPECT_EQ(e.kind, "restart");
   EXPECT_EQ(e.rank, -1);
+  EXPECT_EQ(e.agent, 3);
 }
 
 TEST(ControlState, MalformedRecordsAreProtocolErrors) {

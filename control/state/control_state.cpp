@@ -97,7 +97,7 @@ NodeState decodeNodeState(std::string_view text) {
 
 std::string encode(const JobEvent& e) {
   return json{{"seq", e.seq},   {"time", e.time}, {"kind", e.kind}, {"node", e.node},
-              {"round", e.round}, {"rank", e.rank}, {"detail", e.detail}}
+              {"round", e.round}, {"rank", e.rank}, {"detail", e.detail}, {"agent", e.agent}}
       .dump();
 }
 
@@ -110,7 +110,8 @@ JobEvent decodeEvent(std::string_view text) {
           .node = field<std::string>(j, "node", what),
           .round = field<int>(j, "round", what),
           .rank = field<int>(j, "rank", what),
-          .detail = field<std::string>(j, "detail", what)};
+          .detail = field<std::string>(j, "detail", what),
+          .agent = field<int>(j, "agent", what)};
 }
 
 std::vector<std::string> lines(std::string_view text) {

@@ -90,6 +90,7 @@ struct JobEvent {
   int round = -1;
   int rank = -1;
   std::string detail;
+  int agent = 0;  // the agent that wrote it, its id in `dlrun status` (0: the control plane)
 };
 
 // A command sent to the job through the control plane.

@@ -78,7 +78,7 @@ class Job:
         seq = self.store.add(self.root + "ctl/seq", 1)
         self.store.set(self.root + f"ctl/ev/{seq}", json.dumps(
             {"seq": seq, "time": 1.0, "kind": kind, "node": "n1", "round": 0, "rank": -1,
-             "detail": f"{kind} #{seq}"}))
+             "detail": f"{kind} #{seq}", "agent": 1}))
         return seq
 
     def finish(self):

@@ -167,6 +167,16 @@ class ControlPlaneTest(unittest.TestCase):
         for pid in by_rank.values():
             self.assertIn(f" {pid} ", out)
 
+        # Each agent's events name it, in --json and in the text form, as status lists it.
+        def started_by():
+            return sorted(e.get("agent", 0) for e in self.events()
+                          if e["kind"] == "worker_started")
+        self.wait_for(lambda: started_by() == [1, 2], "both agents' worker_started events")
+        code, out, err = self.control("events")
+        self.assertEqual(code, 0, f"{err}\n{self.logs()}")
+        self.assertEqual(sorted(re.findall(rf"worker_started .*  {host} \(agent (\d)\)", out)),
+                         ["1", "2"], out)
+
         code, out, err = self.control("stop", "--exit-code=7")
         self.assertEqual(code, 0, f"{err}\n{self.logs()}")
         for node in range(2):
