@@ -96,21 +96,11 @@ class EtcdStore : public LeasingStore {
   EtcdStore(const EtcdStore&) = delete;
   EtcdStore& operator=(const EtcdStore&) = delete;
 
-  void set(const std::string& key, const std::string& value) override;
-  std::string get(const std::string& key) override;
-  int64_t add(const std::string& key, int64_t delta) override;
-  // PyTorch's semantics, as dlrund's: a missing key is created only when `expected` is empty;
-  // returns the value stored afterwards (`expected` when the key is missing and not created).
-  std::string compareSet(const std::string& key, const std::string& expected,
-                         const std::string& desired) override;
-  bool deleteKey(const std::string& key) override;
+  // compareSet() has PyTorch's semantics, as dlrund's: a missing key is created only when
+  // `expected` is empty; it returns the value stored afterwards (`expected` when the key is
+  // missing and not created).
+  DLRUN_STORE_KEY_OPS_OVERRIDE;
   void deleteKeys(const std::vector<std::string>& keys) override;  // transactions of many
-  bool check(const std::vector<std::string>& keys) override;
-  int64_t numKeys() override;
-  void append(const std::string& key, const std::string& value) override;
-  std::vector<std::string> multiGet(const std::vector<std::string>& keys) override;
-  void multiSet(const std::vector<std::string>& keys,
-                const std::vector<std::string>& values) override;
 
   void lease(const std::string& key, const std::string& value, std::chrono::milliseconds ttl,
              const std::vector<std::pair<std::string, std::string>>& tripwires) override;
