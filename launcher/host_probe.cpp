@@ -9,7 +9,9 @@
 #include <filesystem>
 #include <string_view>
 
+#include "common/error.h"
 #include "launcher/entry_point.h"
+#include "store/address.h"
 
 namespace dlrun::launcher {
 
@@ -66,6 +68,13 @@ HostProbe HostProbe::real() {
          name == "TORCHELASTIC_HEALTH_CHECK_PORT"))
       host.env.emplace(text.substr(0, eq), text.substr(eq + 1));
   }
+  host.resolveHost = [](const std::string& name) -> std::optional<std::string> {
+    try {
+      return resolveNumeric(name, "host");
+    } catch (const NetworkError&) {
+      return std::nullopt;
+    }
+  };
   return host;
 }
 

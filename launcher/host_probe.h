@@ -18,6 +18,8 @@ struct HostProbe {
   std::function<std::optional<std::string>(const std::string&)> findOnPath;
   // Whether a path names an existing file.
   std::function<bool(const std::string&)> fileExists;
+  // A host name's numeric address, or nullopt where it does not resolve (--hostfile's hosts).
+  std::function<std::optional<std::string>(const std::string&)> resolveHost;
   std::string selfDir;        // where dlrun lives: the bundled dlrun-train sits beside it
   std::string pythonExec;     // PYTHON_EXEC, or "python3"
   // The SLURM*, DLRUN_SLURM (Slurm discovery), OMPI_*, PMIX_*, DLRUN_MPI, MASTER_ADDR,

@@ -364,15 +364,7 @@ int launchEtcd(const LaunchConfig& config) {
 // on a free port, and reads the job's progress and end there.
 int launchHosts(const LaunchConfig& config) {
   const HostLaunch& hosts = *config.hostLaunch;
-  std::vector<std::string> addresses;
-  for (const auto& host : hosts.hosts) {
-    const std::string name = host.name.substr(host.name.find('@') + 1);  // user@host
-    try {
-      addresses.push_back(resolveNumeric(name, "host"));
-    } catch (const NetworkError&) {
-      throw ConfigError(host.where + ": unknown host '" + name + "'");
-    }
-  }
+  const std::vector<std::string>& addresses = hosts.addresses;
   remote::RemoteJob job{
       .dlrun = std::filesystem::read_symlink("/proc/self/exe").string(),
       .workDir = std::filesystem::current_path().string(),

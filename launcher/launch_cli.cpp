@@ -372,7 +372,7 @@ void readFlagValues(DeclaredFlags& f, LaunchConfig& c, const HostProbe& host) {
 }
 
 // Hosts: a --hostfile/--hosts launch takes the job's shape from its hosts.
-void resolveHosts(DeclaredFlags& f, LaunchConfig& c) {
+void resolveHosts(DeclaredFlags& f, LaunchConfig& c, const HostProbe& probe) {
   // The hosts make the job's shape; the agents get the rest of this command line.
   auto conflict = [](const std::string& flag) {
     return ConfigError("--hostfile/--hosts and " + flag +
@@ -389,6 +389,12 @@ void resolveHosts(DeclaredFlags& f, LaunchConfig& c) {
   if (f.slurmBackend || (f.backendFlag && f.backendFlag->backend == RdzvBackend::Static))
     throw conflict("--rdzv-backend=" + f.backend);
   f.hostLaunch.hosts = hostsOf(f.hostfile, f.hostList);
+  for (const auto& host : f.hostLaunch.hosts) {
+    const std::string name = host.name.substr(host.name.find('@') + 1);  // user@host
+    auto address = probe.resolveHost(name);
+    if (!address) throw ConfigError(host.where + ": unknown host '" + name + "'");
+    f.hostLaunch.addresses.push_back(*address);
+  }
   f.hostLaunch.sshCommand = remote::splitCommand(f.sshCommand);
   if (f.sshPort > 0) f.hostLaunch.sshPort = static_cast<uint16_t>(f.sshPort);
   f.hostLaunch.agentFlags = remote::keptFlags(f.flags);
@@ -527,7 +533,7 @@ LaunchParse parseDlrunArgs(const std::vector<std::string>& args, const HostProbe
   if (result.exitCode) return result;
   splitEntryPoint(args, app.remaining(), f);
   readFlagValues(f, c, host);
-  if (f.fanout) resolveHosts(f, c);
+  if (f.fanout) resolveHosts(f, c, host);
   resolveBackend(f, c, host);
   crossCheck(f, c);
 

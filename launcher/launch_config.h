@@ -55,6 +55,7 @@ enum class RdzvBackend {
 // --hostfile or --hosts: this dlrun starts one agent per host over ssh and runs no worker itself.
 struct HostLaunch {
   std::vector<remote::Host> hosts;
+  std::vector<std::string> addresses;          // each host's numeric address, in hosts' order
   std::vector<std::string> sshCommand{"ssh"};  // --ssh-command, split into words
   std::optional<uint16_t> sshPort;             // --ssh-port
   std::vector<std::string> exports;            // --export VAR (or VAR=VALUE), repeatable

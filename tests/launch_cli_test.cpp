@@ -52,6 +52,11 @@ HostProbe fakeHost(int gpus = 0, bool trainerBuilt = false) {
   std::set<std::string> files = {"script.py", "/jobs/train.py", "/jobs/tool"};
   if (trainerBuilt) files.insert("/opt/dlrun/bin/dlrun-train");
   host.fileExists = [files](const std::string& p) { return files.contains(p); };
+  // Every host resolves but those under .invalid (RFC 6761), to one address of the test net.
+  host.resolveHost = [](const std::string& name) -> std::optional<std::string> {
+    if (name.ends_with(".invalid")) return std::nullopt;
+    return "192.0.2.1";
+  };
   host.selfDir = "/opt/dlrun/bin";
   host.pythonExec = "/fake/python3";
   return host;
@@ -993,6 +998,10 @@ TEST(ParseDlrunArgsHostfile, HostsFlagsAndConflicts) {
   EXPECT_EQ(h.agentFlags, Args{"--max-restarts=1"});
   EXPECT_EQ(h.nproc, "");  // each host's slots
   EXPECT_EQ(h.entry, (Args{"/jobs/train.py", "--lr", "1"}));
+  EXPECT_EQ(h.addresses, (Args{"192.0.2.1", "192.0.2.1"}));  // resolved by the parser
+  // A host that does not resolve is refused while parsing, not when the launch starts.
+  EXPECT_EQ(configError([] { parse({"--hosts=a,me@b.invalid", "env"}); }),
+            "--hosts entry 2 'me@b.invalid': unknown host 'b.invalid'");
   EXPECT_EQ(parse({"--hosts=a", "--nproc-per-node=gpu", "env"}, fakeHost(2)).hostLaunch->nproc,
             "gpu");
   EXPECT_TRUE(contains(configError([] { parse({"--hosts=a,b", "--nnodes=2", "env"}); }),
