@@ -21,9 +21,11 @@ namespace {
 // Where a worker's output goes; the caller sets its directory (where wantsDir says).
 WorkerOutput outputFor(const AgentOptions& options, int local, int rank) {
   WorkerOutput output;
-  output.fileOnly = options.redirects.forRank(local);
-  output.toFile = static_cast<Streams>(static_cast<int>(output.fileOnly) |
-                                       static_cast<int>(options.tee.forRank(local)));
+  const int redirected = static_cast<int>(options.redirects.forRank(local));
+  const int teed = static_cast<int>(options.tee.forRank(local));
+  // A stream both redirected and teed goes to the console too: --tee wins, as in torchrun.
+  output.fileOnly = static_cast<Streams>(redirected & ~teed);
+  output.toFile = static_cast<Streams>(redirected | teed);
   output.shown = !options.localRanksFilter || options.localRanksFilter->contains(local);
   const std::string& role =
       options.roles.empty() ? options.role : roleOfLocal(options.roles, local).name;

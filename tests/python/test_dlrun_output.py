@@ -93,6 +93,16 @@ class DlrunOutputTest(unittest.TestCase):
         self.assertIn("out 1 of rank 1\n", self.read_log(log_dir, run_id, 1, "stdout"))
         self.assertEqual(self.read_log(log_dir, run_id, 1, "stderr"), "err 1 of rank 1\n")
 
+    def test_tee_wins_over_redirects(self):
+        # As torchrun: a stream both redirected and teed is in the file and on the console.
+        log_dir = temp_dir(self)
+        result = self.run_workers("--log-dir", log_dir, "--redirects=3", "--tee=1")
+        for rank in range(2):
+            self.assertIn(f"[{rank}]:out 1 of rank {rank}", worker_lines(result.stdout), result)
+            self.assertIn(f"out 1 of rank {rank}\n",
+                          self.read_log(log_dir, self.run_id(result, rank), rank, "stdout"))
+        self.assertEqual(worker_lines(result.stderr), [], result)  # stderr: redirected only
+
     def test_tee_stdout(self):
         log_dir = temp_dir(self)
         result = self.run_workers("--log-dir", log_dir, "--tee=1")
