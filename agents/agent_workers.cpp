@@ -7,6 +7,7 @@
 #include <algorithm>
 
 #include "agents/agent_impl.h"
+#include "agents/worker_args.h"
 #include "common/log.h"
 
 namespace dlrun::agents {
@@ -92,6 +93,7 @@ void AgentImpl::prepareLaunches() {
     observer->onRoundPreparing(attemptDir, options_.nprocPerNode,
                                hang_ ? hang_->board() : nullptr, spec);
   environment_.emplace(inherited_, world_, std::move(spec));
+  // The command as given: substituting ${local_rank} only shortens an argument.
   ExecSizes command;
   command.add(options_.command.front().size());  // the file name exec copies as well
   for (const auto& arg : options_.command) command.add(arg.size());
@@ -222,10 +224,8 @@ WorkerLaunch AgentImpl::launchOf(const fs::path& attemptDir, int local) {
   WorkerLaunch launch;
   launch.localRank = local;
   launch.rank = world_.baseRank + local;
-  launch.argv = options_.command;
-  if (!options_.localRankFlag.empty())
-    launch.argv.push_back(options_.localRankFlag + "=" +
-                          std::to_string(options_.virtualLocalRank ? 0 : local));
+  launch.argv = workerArgv(options_.command, local, options_.localRankFlag,
+                           options_.virtualLocalRank ? 0 : local);
   launch.output = outputFor(options_, local, launch.rank);
   WorkerOutput& output = launch.output;
   if (wantsDir(options_, output)) {

@@ -57,6 +57,15 @@ class DlrunOutputTest(unittest.TestCase):
         self.assertEqual(len(worker_lines(result.stdout)), 3 * 4, result)
         self.assertEqual(len(worker_lines(result.stderr)), 3 * 1, result)
 
+    def test_local_rank_macro_in_arguments(self):
+        # torchrun's ${local_rank} (and $local_rank, $$ for a dollar sign) in the arguments.
+        result = run_dlrun(self, ["--nproc-per-node=2", "--no-python", "echo",
+                                  "shard-${local_rank}", "$local_rank", "$$HOME"],
+                           env=clean_env(OMP_NUM_THREADS="1"))
+        self.assertEqual(result.returncode, 0, result)
+        self.assertEqual(sorted(worker_lines(result.stdout)),
+                         ["[0]:shard-0 0 $HOME", "[1]:shard-1 1 $HOME"], result)
+
     def test_prefix_template(self):
         result = self.run_workers("--log-line-prefix-template", "${role_name}/${local_rank}|",
                                   "--role", "trainer")
