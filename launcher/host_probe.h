@@ -25,8 +25,9 @@ struct HostProbe {
   // The SLURM*, DLRUN_SLURM (Slurm discovery), OMPI_*, PMIX_*, DLRUN_MPI, MASTER_ADDR,
   // MASTER_PORT (mpirun discovery), DLRUN_ETCD_ENDPOINTS, DLRUN_TOKEN (the job's token, for
   // the launch and for `dlrun status|events|stop`), CUDA_VISIBLE_DEVICES (--virtual-local-rank),
-  // TORCH_ELASTIC_SHUTDOWN_TIMEOUT (--stop-timeout's default) and TORCHELASTIC_HEALTH_CHECK_PORT
-  // (the liveness answer's port) variables.
+  // TORCH_ELASTIC_SHUTDOWN_TIMEOUT (--stop-timeout's default), TORCHELASTIC_HEALTH_CHECK_PORT
+  // (the liveness answer's port) and TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE (the prefix's
+  // default) variables.
   Environment env;
   // This machine: its CPU affinity, /dev/nvidia*, PATH, /proc/self/exe and environment.
   static HostProbe real();

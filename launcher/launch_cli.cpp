@@ -134,7 +134,7 @@ struct DeclaredFlags {
               *endpointOption = nullptr, *rdzvIdOption = nullptr, *stopTimeoutOption = nullptr,
               *shutdownTimeoutOption = nullptr, *signalsOption = nullptr, *roleOption = nullptr,
               *rolesOption = nullptr, *hangTimeoutOption = nullptr, *hangActionOption = nullptr,
-              *masterAddrOption = nullptr, *masterPortOption = nullptr;
+              *masterAddrOption = nullptr, *masterPortOption = nullptr, *prefixOption = nullptr;
   // Once parsed: the flags before the entry point, and the entry point with its arguments.
   std::vector<std::string> flags, rest;
   // Once read: --rdzv-backend, and what else the backend is decided from.
@@ -210,8 +210,9 @@ void declareOutputFlags(CLI::App& app, DeclaredFlags& f, LaunchConfig& c) {
   addOption(app, "tee", f.tee, "Streams copied to the log files (same values as --redirects)",
             "-t");
   addOption(app, "local-ranks-filter", f.ranksFilter, "Console shows only these local ranks");
-  addOption(app, "log-line-prefix-template", c.agent.logLinePrefixTemplate,
-            "Prefix of each console line; ${rank}, ${local_rank}, ${role_name}");
+  f.prefixOption = addOption(app, "log-line-prefix-template", c.agent.logLinePrefixTemplate,
+                             "Prefix of each console line; ${rank}, ${local_rank}, "
+                             "${role_name} (else TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE)");
   addOption(app, "tf-config", f.tfConfig,
             "TF_CONFIG for the workers: auto (when it fits the kernel's limit for one "
             "environment variable, else a warning), always (an error when it cannot fit) or "
@@ -355,6 +356,10 @@ void readFlagValues(DeclaredFlags& f, LaunchConfig& c, const HostProbe& host) {
     f.stopTimeout = *seconds;
   }
   c.agent.stopTimeout = std::chrono::milliseconds(static_cast<int64_t>(f.stopTimeout * 1000));
+  // torchrun 2.x sets its prefix through this variable alone.
+  if (auto it = host.env.find("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE");
+      f.prefixOption->count() == 0 && it != host.env.end())
+    c.agent.logLinePrefixTemplate = it->second;
   if (f.signalsOption->count() > 0)
     c.agent.signalsToHandle = parseSignalsToHandle(f.signalsToHandle);
   // What resolveBackend decides the backend from.

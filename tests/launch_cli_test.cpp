@@ -361,6 +361,15 @@ TEST(ParseDlrunArgs, StartMethodIsAcceptedAndChecked) {
   EXPECT_TRUE(contains(message, "--start-method") && contains(message, "thread")) << message;
 }
 
+TEST(ParseDlrunArgs, ThePrefixTemplatesVariableIsItsDefault) {
+  HostProbe host = fakeHost();
+  host.env["TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"] = "${role_name}${local_rank}:";
+  EXPECT_EQ(parse({"env"}, host).agent.logLinePrefixTemplate, "${role_name}${local_rank}:");
+  EXPECT_EQ(parse({"--log-line-prefix-template=<${rank}>", "env"}, host)
+                .agent.logLinePrefixTemplate,
+            "<${rank}>");
+}
+
 TEST(ParseDlrunArgs, ShutdownTimeoutIsTheStopTimeoutAndItsVariableTheDefault) {
   EXPECT_EQ(parse({"--shutdown-timeout=3", "env"}).agent.stopTimeout, std::chrono::seconds(3));
   EXPECT_EQ(parse({"--shutdown_timeout", "4", "env"}).agent.stopTimeout, std::chrono::seconds(4));
