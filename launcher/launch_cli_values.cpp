@@ -148,6 +148,12 @@ RdzvSettings parseRdzvSettings(const std::map<std::string, std::string>& conf) {
       settings.lastCall = seconds(key, value);
     } else if (key == "keep_alive_interval") {
       settings.heartbeat = seconds(key, value);
+    } else if (key == "heartbeat_timeout") {
+      settings.heartbeatTimeout = seconds(key, value);
+    } else if (key == "store_type") {
+      if (value != "tcp")
+        throw ConfigError("--rdzv-conf: store_type=" + value +
+                          ": dlrun's c10d store is served over TCP only (store_type=tcp)");
     } else if (key == "keep_alive_max_attempt") {
       auto attempts = parseInteger<int>(value);
       if (!attempts || *attempts < 1 || *attempts > 1000)
@@ -178,10 +184,14 @@ RdzvSettings parseRdzvSettings(const std::map<std::string, std::string>& conf) {
       // torchrun's other keys are accepted for compatibility; they have no meaning here.
       throw ConfigError("--rdzv-conf: unknown key '" + key +
                         "' (known: join_timeout, last_call_timeout, keep_alive_interval, "
-                        "keep_alive_max_attempt, is_host, stop_policy, etcd_prefix, job_ttl, "
-                        "cacert, cert, key, user, password, password_file)");
+                        "keep_alive_max_attempt, heartbeat_timeout, is_host, store_type, "
+                        "stop_policy, etcd_prefix, job_ttl, cacert, cert, key, user, password, "
+                        "password_file)");
     }
   }
+  if (settings.heartbeatTimeout && *settings.heartbeatTimeout <= settings.heartbeat)
+    throw ConfigError("--rdzv-conf: heartbeat_timeout must be longer than keep_alive_interval, "
+                      "or a live node would be taken for dead between its heartbeats");
   return settings;
 }
 

@@ -23,6 +23,8 @@ struct RdzvSettings {
   std::chrono::milliseconds lastCall{1'000};       // last_call_timeout: after MIN have joined
   std::chrono::milliseconds heartbeat{1'000};      // keep_alive_interval
   int keepAliveMaxAttempt = 3;  // keep_alive_max_attempt: silent heartbeats before a node is dead
+  // heartbeat_timeout: how long a silent node lives, where given (else the two above's product)
+  std::optional<std::chrono::milliseconds> heartbeatTimeout;
   std::optional<bool> isHost;   // is_host: whether this agent serves the store at the endpoint
   // stop_policy: a deliberate stop (SIGINT, SIGTERM, SIGHUP) of one node stops the whole job,
   // or only that node leaves (the others go on while at least MIN remain)
@@ -40,7 +42,9 @@ struct RdzvSettings {
     return !etcdCaCert.empty() || !etcdCert.empty() || !etcdKey.empty() || !etcdUser.empty() ||
            !etcdPassword.empty() || !etcdPasswordFile.empty();
   }
-  std::chrono::milliseconds leaseTtl() const { return heartbeat * keepAliveMaxAttempt; }
+  std::chrono::milliseconds leaseTtl() const {
+    return heartbeatTimeout.value_or(heartbeat * keepAliveMaxAttempt);
+  }
 };
 
 // How the nodes of a multi-node job find each other (the parser picks it from --rdzv-backend,

@@ -898,6 +898,17 @@ TEST(ParseRdzvSettings, DefaultsDetectALostNodeWithinThreeSeconds) {
   EXPECT_FALSE(s.stopOnlyNode);
 }
 
+TEST(ParseRdzvSettings, HeartbeatTimeoutAndStoreTypeAsTorchrunReadsThem) {
+  const RdzvSettings s =
+      parseRdzvSettings({{"heartbeat_timeout", "10"}, {"store_type", "tcp"}});
+  EXPECT_EQ(s.leaseTtl(), std::chrono::seconds(10));  // in place of interval x attempts
+  const std::string file = configError([] { parseRdzvSettings({{"store_type", "file"}}); });
+  EXPECT_TRUE(contains(file, "store_type=file") && contains(file, "TCP only")) << file;
+  const std::string shorter = configError(
+      [] { parseRdzvSettings({{"heartbeat_timeout", "1"}, {"keep_alive_interval", "2"}}); });
+  EXPECT_TRUE(contains(shorter, "heartbeat_timeout must be longer")) << shorter;
+}
+
 TEST(ParseRdzvSettings, TorchrunKeys) {
   const RdzvSettings s = parseRdzvSettings({{"join_timeout", "30"},
                                             {"last_call_timeout", "0.5"},
