@@ -119,7 +119,7 @@ struct DeclaredFlags {
   int nodeRank = -1;
   std::string backend;
   bool noSlurm = false;
-  std::string startMethod = "spawn";
+  std::string startMethod = "spawn", eventLogHandler = "null", logsSpecs = "default";
   std::string signalsToHandle = "SIGTERM,SIGINT,SIGHUP,SIGQUIT";
   std::string roles, tokenFile;
   bool noControlPlane = false;
@@ -183,6 +183,11 @@ void declareJobFlags(CLI::App& app, DeclaredFlags& f, LaunchConfig& c) {
   addOption(app, "start-method", f.startMethod,
             "Accepted for torchrun compatibility (spawn, fork or forkserver): every worker is a "
             "new process running the entry point, as under torchrun for a script or program");
+  addOption(app, "event-log-handler", f.eventLogHandler,
+            "Accepted for torchrun compatibility (null, console or dynamic_rendezvous): dlrun's "
+            "events go to the control plane (dlrun events)");
+  addOption(app, "logs-specs", f.logsSpecs,
+            "Accepted for torchrun compatibility (default): the log tree is torchrun's default");
   f.signalsOption = addOption(
       app, "signals-to-handle", f.signalsToHandle,
       "Signals that stop the job: forwarded to every worker, which then get --stop-timeout "
@@ -343,6 +348,13 @@ void readFlagValues(DeclaredFlags& f, LaunchConfig& c, const HostProbe& host) {
   if (f.masterPort >= 0) c.masterPort = static_cast<uint16_t>(f.masterPort);
   if (f.startMethod != "spawn" && f.startMethod != "fork" && f.startMethod != "forkserver")
     throw ConfigError("--start-method: '" + f.startMethod + "' is not spawn, fork or forkserver");
+  if (f.eventLogHandler != "null" && f.eventLogHandler != "console" &&
+      f.eventLogHandler != "dynamic_rendezvous")
+    throw ConfigError("--event-log-handler: '" + f.eventLogHandler +
+                      "' is not null, console or dynamic_rendezvous (plug-ins are torch's alone)");
+  if (f.logsSpecs != "default")
+    throw ConfigError("--logs-specs: '" + f.logsSpecs +
+                      "' is not default: dlrun writes torchrun's default log tree only");
   if (f.stopTimeoutOption->count() > 0 && f.shutdownTimeoutOption->count() > 0)
     throw ConfigError("--stop-timeout and --shutdown-timeout are one setting: give one of them");
   if (f.shutdownTimeoutOption->count() > 0) {

@@ -361,6 +361,17 @@ TEST(ParseDlrunArgs, StartMethodIsAcceptedAndChecked) {
   EXPECT_TRUE(contains(message, "--start-method") && contains(message, "thread")) << message;
 }
 
+TEST(ParseDlrunArgs, TorchrunsPluginFlagsTakeTheBuiltInNames) {
+  for (const char* handler : {"null", "console", "dynamic_rendezvous"})
+    EXPECT_NO_THROW(parse({std::string("--event-log-handler=") + handler, "env"}));
+  EXPECT_NO_THROW(parse({"--logs-specs", "default", "env"}));
+  EXPECT_EQ(configError([] { parse({"--event-log-handler=mine", "env"}); }),
+            "--event-log-handler: 'mine' is not null, console or dynamic_rendezvous (plug-ins "
+            "are torch's alone)");
+  EXPECT_TRUE(contains(configError([] { parse({"--logs-specs=custom", "env"}); }),
+                       "--logs-specs: 'custom' is not default"));
+}
+
 TEST(ParseDlrunArgs, ThePrefixTemplatesVariableIsItsDefault) {
   HostProbe host = fakeHost();
   host.env["TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"] = "${role_name}${local_rank}:";
