@@ -57,6 +57,9 @@ struct AgentOptions {
   StreamsByRank tee;                  // streams copied to files
   std::optional<std::set<int>> localRanksFilter;
   std::string logLinePrefixTemplate = "[${rank}]:";
+  // --duplicate-stdout-filters/--duplicate-stderr-filters: console lines holding any of these
+  // go to the attempt's filtered_stdout.log/filtered_stderr.log as well; empty: no such file
+  std::vector<std::string> duplicateStdoutFilters, duplicateStderrFilters;
   std::string nodeName;  // "host (address)" in a multi-node job's failure reports
   TfConfigMode tfConfig = TfConfigMode::Auto;
   bool servesStore = false;  // this process serves the store its workers connect to

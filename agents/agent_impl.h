@@ -119,6 +119,8 @@ class AgentImpl {
   bool starting_ = false;
   std::optional<NodeEnvironment> environment_;
   std::vector<WorkerLaunch> launches_;
+  // The round's --duplicate-*-filters copies, which its workers' output pumps share.
+  std::shared_ptr<FilteredLog> filteredOut_, filteredErr_;
   bool tfConfigWarned_ = false;
   std::optional<int> stopSignal_;
   std::optional<rendezvous::RoundEnd> stopEnd_;  // how this node's stop ends the job

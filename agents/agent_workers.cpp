@@ -34,6 +34,14 @@ WorkerOutput outputFor(const AgentOptions& options, int local, int rank) {
   return output;
 }
 
+// The attempt's copy of the console lines holding any of `needles`; none without needles.
+std::shared_ptr<FilteredLog> filteredLog(const std::filesystem::path& file,
+                                         const std::vector<std::string>& needles) {
+  if (needles.empty()) return nullptr;
+  std::filesystem::create_directories(file.parent_path());
+  return std::make_shared<FilteredLog>(file, needles);
+}
+
 // A directory per rank only where the user will look; otherwise the error file alone, in the
 // temporary root (creating and removing directories costs a launch milliseconds).
 bool wantsDir(const AgentOptions& options, const WorkerOutput& output) {
@@ -81,6 +89,9 @@ void AgentImpl::prepareLaunches() {
     tfConfigWarned_ = true;
   }
   const fs::path attemptDir = this->attemptDir();
+  filteredOut_ = filteredLog(attemptDir / "filtered_stdout.log", options_.duplicateStdoutFilters);
+  filteredErr_ = filteredLog(attemptDir / "filtered_stderr.log", options_.duplicateStderrFilters);
+  if (filteredOut_ || filteredErr_) keepLogRoot_ = true;
   RoundSpec spec{.role = options_.role,
                  .maxRestarts = world_.maxRestarts,
                  .restartCount = world_.round,
@@ -228,6 +239,8 @@ WorkerLaunch AgentImpl::launchOf(const fs::path& attemptDir, int local) {
                            options_.virtualLocalRank ? 0 : local);
   launch.output = outputFor(options_, local, launch.rank);
   WorkerOutput& output = launch.output;
+  output.filteredOut = filteredOut_;
+  output.filteredErr = filteredErr_;
   if (wantsDir(options_, output)) {
     output.dir = attemptDir / std::to_string(local);
     fs::create_directories(*output.dir);

@@ -1,10 +1,14 @@
 #include "agents/output.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstring>
 #include <vector>
 
 #include "common/asio.h"
+#include "common/error.h"
 
 namespace dlrun::agents {
 
@@ -22,6 +26,24 @@ void writeAll(int fd, std::string_view bytes) {
 }
 
 }  // namespace
+
+FilteredLog::FilteredLog(const std::filesystem::path& file, std::vector<std::string> needles)
+    : fd_(::open(file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)),
+      needles_(std::move(needles)) {
+  if (fd_ < 0) throw Error("cannot create " + file.string() + ": " + std::strerror(errno));
+}
+
+FilteredLog::~FilteredLog() { ::close(fd_); }
+
+void FilteredLog::offer(std::string_view prefix, std::string_view line) {
+  if (std::none_of(needles_.begin(), needles_.end(),
+                   [&](const std::string& needle) { return line.find(needle) != line.npos; }))
+    return;
+  std::string out(prefix);
+  out += line;
+  out += '\n';
+  writeAll(fd_, out);
+}
 
 std::string expandPrefix(const std::string& pattern, int rank, int localRank,
                          const std::string& role) {
@@ -68,6 +90,7 @@ struct StreamPump::Impl : std::enable_shared_from_this<Impl> {
       out += line;
       out += '\n';
       writeAll(target.consoleFd, out);
+      if (target.filtered) target.filtered->offer(target.prefix, line);
     }
     if (target.keepLines > 0) {
       last.emplace_back(line);

@@ -5,9 +5,11 @@
 
 #include <algorithm>
 #include <deque>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace boost::asio {
 class io_context;
@@ -36,11 +38,31 @@ class LineSplitter {
 std::string expandPrefix(const std::string& pattern, int rank, int localRank,
                          const std::string& role);
 
+// torchrun's --duplicate-stdout-filters/--duplicate-stderr-filters: the console lines of the
+// node's workers that hold any of the needles (case-sensitive substrings), copied with their
+// prefix to one file of the attempt (filtered_stdout.log, filtered_stderr.log). Written from
+// the io_context's thread alone, a line at a time.
+class FilteredLog {
+ public:
+  // Creates (truncates) the file; throws Error naming it when that fails.
+  FilteredLog(const std::filesystem::path& file, std::vector<std::string> needles);
+  ~FilteredLog();
+  FilteredLog(const FilteredLog&) = delete;
+  FilteredLog& operator=(const FilteredLog&) = delete;
+
+  void offer(std::string_view prefix, std::string_view line);
+
+ private:
+  int fd_;
+  std::vector<std::string> needles_;
+};
+
 struct OutputTarget {
   int consoleFd = -1;  // STDOUT_FILENO or STDERR_FILENO; -1 hides the stream from the console
   std::string prefix;  // prepended to each console line
   int fileFd = -1;     // log file receiving the raw bytes; -1 for none (the pump owns it)
   size_t keepLines = 0;
+  std::shared_ptr<FilteredLog> filtered;  // console lines matching its needles, copied there
 };
 
 class StreamPump {

@@ -40,7 +40,7 @@ class LogFile {
 bool pipesStdout(const WorkerOutput& output) {
   const bool outToFile = includes(output.toFile, Streams::Out) && output.dir;
   const bool shownAsIs = output.shown && !includes(output.fileOnly, Streams::Out);
-  return !shownAsIs || outToFile || !output.prefix.empty();
+  return !shownAsIs || outToFile || !output.prefix.empty() || output.filteredOut;
 }
 
 int logFiles(const WorkerOutput& output) {
@@ -73,6 +73,7 @@ std::unique_ptr<Worker> Worker::start(boost::asio::io_context& io, WorkerLaunch 
         .prefix = output.prefix,
         .fileFd = file.release(),
         .keepLines = keep,
+        .filtered = which == Streams::Out ? output.filteredOut : output.filteredErr,
     };
   };
   const SpawnedProcess p = spawnProcess({

@@ -37,6 +37,8 @@ struct WorkerOutput {
   Streams fileOnly = Streams::None;   // streams kept off the console (--redirects)
   Streams toFile = Streams::None;     // streams written to files (--redirects | --tee)
   std::optional<std::filesystem::path> dir;  // where stdout.log and stderr.log go
+  // --duplicate-stdout-filters/--duplicate-stderr-filters: the node's shared copies (output.h)
+  std::shared_ptr<FilteredLog> filteredOut, filteredErr;
 };
 
 struct WorkerLaunch {

@@ -120,6 +120,7 @@ struct DeclaredFlags {
   std::string backend;
   bool noSlurm = false;
   std::string startMethod = "spawn", eventLogHandler = "null", logsSpecs = "default";
+  std::string stdoutFilters, stderrFilters;
   std::string signalsToHandle = "SIGTERM,SIGINT,SIGHUP,SIGQUIT";
   std::string roles, tokenFile;
   bool noControlPlane = false;
@@ -134,7 +135,8 @@ struct DeclaredFlags {
               *endpointOption = nullptr, *rdzvIdOption = nullptr, *stopTimeoutOption = nullptr,
               *shutdownTimeoutOption = nullptr, *signalsOption = nullptr, *roleOption = nullptr,
               *rolesOption = nullptr, *hangTimeoutOption = nullptr, *hangActionOption = nullptr,
-              *masterAddrOption = nullptr, *masterPortOption = nullptr, *prefixOption = nullptr;
+              *masterAddrOption = nullptr, *masterPortOption = nullptr, *prefixOption = nullptr,
+              *stdoutFiltersOption = nullptr, *stderrFiltersOption = nullptr;
   // Once parsed: the flags before the entry point, and the entry point with its arguments.
   std::vector<std::string> flags, rest;
   // Once read: --rdzv-backend, and what else the backend is decided from.
@@ -218,6 +220,12 @@ void declareOutputFlags(CLI::App& app, DeclaredFlags& f, LaunchConfig& c) {
   f.prefixOption = addOption(app, "log-line-prefix-template", c.agent.logLinePrefixTemplate,
                              "Prefix of each console line; ${rank}, ${local_rank}, "
                              "${role_name} (else TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE)");
+  f.stdoutFiltersOption = addOption(
+      app, "duplicate-stdout-filters", f.stdoutFilters,
+      "Console stdout lines holding any of these (a,b; ',,' a comma) also go to the attempt's "
+      "filtered_stdout.log");
+  f.stderrFiltersOption = addOption(app, "duplicate-stderr-filters", f.stderrFilters,
+                                    "The same for stderr, into filtered_stderr.log");
   addOption(app, "tf-config", f.tfConfig,
             "TF_CONFIG for the workers: auto (when it fits the kernel's limit for one "
             "environment variable, else a warning), always (an error when it cannot fit) or "
@@ -368,6 +376,10 @@ void readFlagValues(DeclaredFlags& f, LaunchConfig& c, const HostProbe& host) {
     f.stopTimeout = *seconds;
   }
   c.agent.stopTimeout = std::chrono::milliseconds(static_cast<int64_t>(f.stopTimeout * 1000));
+  if (f.stdoutFiltersOption->count() > 0)
+    c.agent.duplicateStdoutFilters = parseFilterList(f.stdoutFilters);
+  if (f.stderrFiltersOption->count() > 0)
+    c.agent.duplicateStderrFilters = parseFilterList(f.stderrFilters);
   // torchrun 2.x sets its prefix through this variable alone.
   if (auto it = host.env.find("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE");
       f.prefixOption->count() == 0 && it != host.env.end())

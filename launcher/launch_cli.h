@@ -63,5 +63,8 @@ agents::TfConfigMode parseTfConfig(const std::string& value);
 // SIGSTOP (no process can handle them), SIGCHLD (dlrun's own: a worker ended) and the signals
 // of a fault (SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP, SIGSYS, SIGABRT).
 std::vector<int> parseSignalsToHandle(const std::string& value);
+// --duplicate-stdout-filters/--duplicate-stderr-filters, as torchrun reads them: cut at each
+// ',', where ",," is a comma within a needle; "" is one empty needle, which every line holds.
+std::vector<std::string> parseFilterList(const std::string& value);
 
 }  // namespace dlrun::launcher

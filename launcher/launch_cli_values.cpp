@@ -310,4 +310,19 @@ HostPort parseRdzvEndpoint(const std::string& value) {
   }
 }
 
+std::vector<std::string> parseFilterList(const std::string& value) {
+  std::vector<std::string> needles(1);
+  for (size_t i = 0; i < value.size(); ++i) {
+    if (value[i] != ',') {
+      needles.back() += value[i];
+    } else if (i + 1 < value.size() && value[i + 1] == ',') {
+      needles.back() += ',';
+      ++i;
+    } else {
+      needles.emplace_back();
+    }
+  }
+  return needles;
+}
+
 }  // namespace dlrun::launcher

@@ -372,6 +372,16 @@ TEST(ParseDlrunArgs, TorchrunsPluginFlagsTakeTheBuiltInNames) {
                        "--logs-specs: 'custom' is not default"));
 }
 
+TEST(ParseFilterList, CommasCutAndDoubledCommasEscape) {
+  EXPECT_EQ(parseFilterList("apple,orange"), (Args{"apple", "orange"}));
+  EXPECT_EQ(parseFilterList("a,,pple"), Args{"a,pple"});
+  EXPECT_EQ(parseFilterList(""), Args{""});  // one empty needle: every line
+  EXPECT_EQ(parseFilterList("x,"), (Args{"x", ""}));
+  const LaunchConfig c = parse({"--duplicate-stdout-filters=a,b", "env"});
+  EXPECT_EQ(c.agent.duplicateStdoutFilters, (Args{"a", "b"}));
+  EXPECT_TRUE(c.agent.duplicateStderrFilters.empty());  // not given: no file
+}
+
 TEST(ParseDlrunArgs, ThePrefixTemplatesVariableIsItsDefault) {
   HostProbe host = fakeHost();
   host.env["TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"] = "${role_name}${local_rank}:";

@@ -112,6 +112,23 @@ class DlrunOutputTest(unittest.TestCase):
                           self.read_log(log_dir, self.run_id(result, rank), rank, "stdout"))
         self.assertEqual(worker_lines(result.stderr), [], result)  # stderr: redirected only
 
+    def test_duplicate_filters_copy_matching_lines(self):
+        # torchrun's --duplicate-*-filters: the matching console lines of every rank, with
+        # their prefix, in the attempt's filtered_stdout.log/filtered_stderr.log.
+        log_dir = temp_dir(self)
+        result = self.run_workers("--log-dir", log_dir, "--duplicate-stdout-filters",
+                                  "out 1,tail", "--duplicate-stderr-filters=err")
+        (run_id,) = os.listdir(log_dir)
+        attempt = os.path.join(log_dir, run_id, "attempt_0")
+        with open(os.path.join(attempt, "filtered_stdout.log")) as f:
+            self.assertEqual(sorted(f.read().splitlines()),
+                             ["[0]:out 1 of rank 0", "[0]:tail of rank 0",
+                              "[1]:out 1 of rank 1", "[1]:tail of rank 1"], result)
+        with open(os.path.join(attempt, "filtered_stderr.log")) as f:
+            self.assertEqual(sorted(f.read().splitlines()),
+                             ["[0]:err 1 of rank 0", "[1]:err 1 of rank 1"], result)
+        self.assert_rank_shown(result, 0)  # the console is unchanged
+
     def test_tee_stdout(self):
         log_dir = temp_dir(self)
         result = self.run_workers("--log-dir", log_dir, "--tee=1")
