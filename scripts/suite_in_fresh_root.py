@@ -2,7 +2,8 @@
 """The whole test suite where the README's set-up runs on a fresh machine: in a minimal root of a
 Debian release (debootstrap --variant=minbase, cached by tests/python/chroot_fixture.py) with
 the tree of a commit (default HEAD, DLRUN_COMMIT) copied in and no git, `bash scripts/test.sh`, as root. /sys, /dev/pts and a
-tmpfs /run are mounted in the root, as on a machine, and the machine's own pip configuration
+tmpfs /run are mounted in the root, /tmp is a folder of the machine's disk and the machine's name
+resolves, as on a machine, and the machine's own pip configuration
 (/etc/pip.conf and the local wheel folders under /opt it names) and extra certificate
 authorities (/usr/local/share/ca-certificates) are carried in, as a fresh machine of the same
 site has them. Prints the end of the suite's output and
@@ -37,6 +38,11 @@ mount -t sysfs sysfs "$root/sys"
 mount -t cgroup2 cgroup2 "$root/sys/fs/cgroup" 2>/dev/null || true
 mkdir -p "$root/dev/pts" && mount -t devpts devpts "$root/dev/pts"
 mount -t tmpfs run "$root/run"
+# /tmp on the machine's own disk, as on a machine: tests make overlay roots there, and an
+# overlay's upper directory cannot lie on another overlay (the root is one).
+mkdir -p "$scratch/tmp" && chmod 1777 "$scratch/tmp" && mount --bind "$scratch/tmp" "$root/tmp"
+# The machine's name resolves, as on a machine (slurmd looks its own up).
+echo "127.0.1.1 $(hostname)" >> "$root/etc/hosts"
 if [[ -f /etc/pip.conf ]]; then
   cp /etc/pip.conf "$root/etc/pip.conf"
   for d in $(grep -oE '/opt/[A-Za-z0-9._/-]+' /etc/pip.conf | sed -E 's#^(/opt/[^/]+).*#\1#' | sort -u); do
