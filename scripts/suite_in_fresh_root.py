@@ -1,14 +1,15 @@
 #!/usr/bin/env python3
 """The whole test suite where the README's set-up runs on a fresh machine: in a minimal root of a
 Debian release (debootstrap --variant=minbase, cached by tests/python/chroot_fixture.py) with
-the tree of a commit (default HEAD, DLRUN_COMMIT) copied in and no git, `bash scripts/test.sh`, as root. /sys, /dev/pts and a
-tmpfs /run are mounted in the root, /tmp is a folder of the machine's disk and the machine's name
-resolves, as on a machine, and the machine's own pip configuration
-(/etc/pip.conf and the local wheel folders under /opt it names) and extra certificate
-authorities (/usr/local/share/ca-certificates) are carried in, as a fresh machine of the same
-site has them. Prints the end of the suite's output and
-exits with test.sh's code. Needs root, a Debian mirror and PyPI; takes some 40 minutes on 2
-cores (the release's ccache, kept beside the cached roots, shortens the build).
+the tree of a commit (default HEAD, DLRUN_COMMIT) copied in and no git, `bash scripts/test.sh`,
+as root. As on a machine, the machine's /sys (with its cgroup mounts, which slurmd reads), a
+/dev/pts and a tmpfs /run are mounted in the root, /tmp is a folder of the machine's disk and
+the machine's name resolves; and as on a fresh machine of the same site, the machine's pip
+configuration (/etc/pip.conf and the local wheel folders under /opt it names) and extra
+certificate authorities (/usr/local/share/ca-certificates) are carried in. Prints the end of
+the suite's output and exits with test.sh's code. Needs root, a Debian mirror and PyPI; takes
+some 40 minutes on 2 cores (the release's ccache, kept beside the cached roots, shortens the
+build).
 
     sudo python3 scripts/suite_in_fresh_root.py [bookworm|trixie] [LOG]
 
@@ -34,8 +35,7 @@ source=$1 ccache=$2
 mkdir -p "$root/src" "$root/ccache"
 mount --bind "$source" "$root/src"
 mount --bind "$ccache" "$root/ccache"
-mount -t sysfs sysfs "$root/sys"
-mount -t cgroup2 cgroup2 "$root/sys/fs/cgroup" 2>/dev/null || true
+mount --rbind /sys "$root/sys"  # with the machine's cgroup mounts: slurmd reads them
 mkdir -p "$root/dev/pts" && mount -t devpts devpts "$root/dev/pts"
 mount -t tmpfs run "$root/run"
 # /tmp on the machine's own disk, as on a machine: tests make overlay roots there, and an
