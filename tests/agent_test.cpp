@@ -358,6 +358,8 @@ TEST(AgentTest, AnEnvironmentOverTheExecLimitExits127BeforeAnyWorkerStarts) {
 
 // torch's file-based timer, written to as torch's client writes (one JSON line per request).
 // The agent reads its environment when it is made: TORCHELASTIC_ENABLE_FILE_TIMER=1 then.
+// The scripts write $$$$ for the shell's $$ (its pid): worker arguments are read as torchrun
+// reads them, where $$ is an escaped $ (agents/worker_args.h).
 int runAgentWithFileTimer(FakeRendezvous& rendezvous, const std::string& script) {
   ::setenv("TORCHELASTIC_ENABLE_FILE_TIMER", "1", 1);
   Agent agent(shellOptions(rendezvous, script), rendezvous);
@@ -378,7 +380,7 @@ TEST(AgentTest, AnExpiredFileTimerKillsItsWorkerAndTheReportNamesIt) {
   EXPECT_EQ(runAgentWithFileTimer(
                 rendezvous, "[ \"$LOCAL_RANK\" = 0 ] && exit 0; printf '" +
                                 expiredTimer("%d", "stuck", SIGKILL) +
-                                "' $$ > \"$TORCHELASTIC_TIMER_FILE\" && exec sleep 30"),
+                                "' $$$$ > \"$TORCHELASTIC_TIMER_FILE\" && exec sleep 30"),
             128 + SIGKILL);
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
   ASSERT_EQ(rendezvous.failures.size(), 1u);
@@ -406,7 +408,7 @@ TEST(AgentTest, AFileTimerOfAProcessOutsideTheWorkersSignalsNothing) {
                                                   expiredTimer(std::to_string(outsider),
                                                                "elsewhere", SIGKILL) +
                                                   expiredTimer("%d", "own", SIGKILL) +
-                                                  "' $$ > \"$TORCHELASTIC_TIMER_FILE\" && "
+                                                  "' $$$$ > \"$TORCHELASTIC_TIMER_FILE\" && "
                                                   "exec sleep 30"),
             128 + SIGKILL);
   int status = 0;

@@ -82,7 +82,10 @@ def _store_address(t, d, run):
     rendezvous endpoint torchrun's workers use a second store that its group rank 0's agent
     serves, dlrun's the endpoint's store itself (a dlrund there is the one store of the job)."""
     if run["endpoint"] is None:
-        return None if (t["master_addresses"] == d["master_addresses"] == ["127.0.0.1"] and
+        # torchrun's name may resolve to 127.0.1.1, as Debian's /etc/hosts maps the host's name
+        loopback = all(a.startswith("127.") for a in t["master_addresses"])
+        return None if (loopback and t["master_addresses"] and
+                        d["master_addresses"] == ["127.0.0.1"] and
                         d["env"]["MASTER_ADDR"] == "127.0.0.1") else "not this host's loopback"
     host, port = run["endpoint"].rsplit(":", 1)
     if (d["env"]["MASTER_ADDR"], d["env"]["MASTER_PORT"]) != (host, port):
