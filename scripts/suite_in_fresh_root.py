@@ -51,7 +51,7 @@ if [[ -f /etc/pip.conf ]]; then
 fi
 mkdir -p "$root/usr/local/share/ca-certificates"
 cp -r /usr/local/share/ca-certificates/. "$root/usr/local/share/ca-certificates/" 2>/dev/null || true
-in_root CCACHE_DIR=/ccache test -d /usr/bin/git && { echo "git is installed in the root"; exit 3; }
+if in_root sh -c "command -v git" >/dev/null; then echo "git is installed in the root"; exit 3; fi
 in_root CCACHE_DIR=/ccache sh -c 'cd /src && bash scripts/test.sh'
 """
 
