@@ -38,6 +38,11 @@ struct StreamsByRank {
   Streams forRank(int localRank) const;
 };
 
+// How workers' lines reach the console. Dlrun: every line of a shown stream with the prefix, and
+// ended with a newline. Torchrun (--console-format=torchrun): torchrun's bytes, the prefix only
+// on teed streams, nothing added to a last line the worker left unterminated.
+enum class ConsoleFormat { Dlrun, Torchrun };
+
 struct AgentOptions {
   std::vector<std::string> command;  // what every worker runs
   int nprocPerNode = 1;
@@ -52,10 +57,13 @@ struct AgentOptions {
   // --virtual-local-rank: every worker's LOCAL_RANK is 0 and its CUDA_VISIBLE_DEVICES names its
   // own device (worker_env.h).
   bool virtualLocalRank = false;
+  // --numa-binding: each local rank's CPUs (numa_binding.h); empty: no binding
+  std::vector<std::vector<int>> cpuBinding;
   std::optional<std::string> logDir;  // else a temporary directory for error files
   StreamsByRank redirects;            // streams sent only to files
   StreamsByRank tee;                  // streams copied to files
   std::optional<std::set<int>> localRanksFilter;
+  ConsoleFormat consoleFormat = ConsoleFormat::Dlrun;
   std::string logLinePrefixTemplate = "[${rank}]:";
   // --duplicate-stdout-filters/--duplicate-stderr-filters: console lines holding any of these
   // go to the attempt's filtered_stdout.log/filtered_stderr.log as well; empty: no such file

@@ -1,10 +1,12 @@
 // What the agent keeps on disk: the log root (--log-dir, else a temporary directory for error
-// files) and torch's file-based timer, whose FIFO lives there by default (file_timer.h).
+// files), the run's directory in it, and torch's file-based timer, whose FIFO lives there by default (file_timer.h).
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
+#include <random>
 
 #include "agents/agent_impl.h"
 #include "common/log.h"
@@ -23,6 +25,27 @@ void AgentImpl::prepareLogRoot() {
     throw Error("cannot create a temporary directory for worker error files: " +
                 std::string(std::strerror(errno)));
   logRoot_ = pattern;
+}
+
+// torchrun's run directory: tempfile.mkdtemp(prefix=RUN_ID + "_"), a fresh one per launch, so
+// a second job under the same id never writes over the first one's logs.
+fs::path AgentImpl::runDir() {
+  if (runDir_) return *runDir_;
+  std::error_code ec;
+  fs::create_directories(logRoot_, ec);
+  static constexpr char kChars[] = "abcdefghijklmnopqrstuvwxyz0123456789_";  // tempfile's
+  std::random_device random;
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    std::string name = world_.runId + "_";
+    for (int i = 0; i < 8; ++i) name += kChars[random() % (sizeof(kChars) - 1)];
+    const fs::path dir = logRoot_ / name;
+    if (::mkdir(dir.c_str(), 0700) == 0) return *(runDir_ = dir);
+    if (errno != EEXIST)
+      throw Error("cannot create the log directory " + dir.string() + ": " +
+                  std::strerror(errno));
+  }
+  throw Error("cannot create a log directory in " + logRoot_.string() +
+              ": every name tried exists");
 }
 
 // torch's file-based timer, served as torch's agent serves it: when the agent's environment

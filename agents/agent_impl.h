@@ -59,7 +59,7 @@ class AgentImpl {
   void prepareLaunches();
   void startSome(uint64_t attempt);
   void doneStarting();
-  fs::path attemptDir() const;
+  fs::path attemptDir();
   const RoleSpec* roleOf(int local) const;
   bool isService(int local) const;
   bool anyAlone() const;
@@ -135,6 +135,8 @@ class AgentImpl {
   std::array<char, 1> storeHostByte_{};
   int exitCode_ = 0;
   fs::path logRoot_;
+  std::optional<fs::path> runDir_;  // LOG_ROOT/RUN_ID_XXXXXXXX, made on first use (agent_files.cpp)
+  fs::path runDir();
   bool keepLogRoot_ = false;
   Environment services_;  // the agent's services' variables for its workers (RoundSpec)
   const std::vector<int> stopSignals_;  // --signals-to-handle

@@ -31,6 +31,11 @@ WorkerOutput outputFor(const AgentOptions& options, int local, int rank) {
   const std::string& role =
       options.roles.empty() ? options.role : roleOfLocal(options.roles, local).name;
   output.prefix = expandPrefix(options.logLinePrefixTemplate, rank, local, role);
+  if (options.consoleFormat == ConsoleFormat::Torchrun) {
+    output.prefixed = static_cast<Streams>(teed);
+    output.exactBytes = true;
+    output.pythonText = true;
+  }
   return output;
 }
 
@@ -171,8 +176,8 @@ void AgentImpl::doneStarting() {
   if (!anyAlone()) environment_.reset();
 }
 
-fs::path AgentImpl::attemptDir() const {
-  return logRoot_ / world_.runId / ("attempt_" + std::to_string(world_.round));
+fs::path AgentImpl::attemptDir() {
+  return runDir() / ("attempt_" + std::to_string(world_.round));
 }
 
 const RoleSpec* AgentImpl::roleOf(int local) const {
@@ -238,9 +243,13 @@ WorkerLaunch AgentImpl::launchOf(const fs::path& attemptDir, int local) {
   launch.argv = workerArgv(options_.command, local, options_.localRankFlag,
                            options_.virtualLocalRank ? 0 : local);
   launch.output = outputFor(options_, local, launch.rank);
+  if (!options_.cpuBinding.empty()) launch.cpus = options_.cpuBinding.at(local);
   WorkerOutput& output = launch.output;
-  output.filteredOut = filteredOut_;
-  output.filteredErr = filteredErr_;
+  // torchrun copies the lines of teed streams alone.
+  const bool all = options_.consoleFormat == ConsoleFormat::Dlrun;
+  const int teed = static_cast<int>(options_.tee.forRank(local));
+  if (all || (teed & static_cast<int>(Streams::Out))) output.filteredOut = filteredOut_;
+  if (all || (teed & static_cast<int>(Streams::Err))) output.filteredErr = filteredErr_;
   if (wantsDir(options_, output)) {
     output.dir = attemptDir / std::to_string(local);
     fs::create_directories(*output.dir);

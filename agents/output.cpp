@@ -9,6 +9,7 @@
 
 #include "common/asio.h"
 #include "common/error.h"
+#include "common/text.h"
 
 namespace dlrun::agents {
 
@@ -25,7 +26,51 @@ void writeAll(int fd, std::string_view bytes) {
   }
 }
 
+// The length of the UTF-8 sequence at the start of `bytes` when it is well-formed, else the
+// negated length of its maximal ill-formed prefix (at least 1): what one U+FFFD replaces.
+int utf8Sequence(std::string_view bytes) {
+  const auto byte = [&](size_t i) { return static_cast<unsigned char>(bytes[i]); };
+  const unsigned char lead = byte(0);
+  if (lead < 0x80) return 1;
+  int length = 0;
+  unsigned char low = 0x80, high = 0xBF;  // the second byte's range, per the lead
+  if (lead >= 0xC2 && lead <= 0xDF) length = 2;
+  else if (lead >= 0xE0 && lead <= 0xEF) length = 3;
+  else if (lead >= 0xF0 && lead <= 0xF4) length = 4;
+  else return -1;
+  if (lead == 0xE0) low = 0xA0;
+  if (lead == 0xED) high = 0x9F;
+  if (lead == 0xF0) low = 0x90;
+  if (lead == 0xF4) high = 0x8F;
+  for (int i = 1; i < length; ++i) {
+    const bool fits = static_cast<size_t>(i) < bytes.size() &&
+                      byte(i) >= (i == 1 ? low : 0x80) && byte(i) <= (i == 1 ? high : 0xBF);
+    if (!fits) return -i;
+  }
+  return length;
+}
+
 }  // namespace
+
+std::string asPythonText(std::string_view line, bool& ended) {
+  if (line.ends_with('\r')) {
+    line.remove_suffix(1);
+    ended = true;
+  }
+  std::string text;
+  text.reserve(line.size());
+  while (!line.empty()) {
+    const int length = utf8Sequence(line);
+    if (length > 0) {
+      text.append(line.substr(0, static_cast<size_t>(length)));
+    } else {
+      text += "\xEF\xBF\xBD";  // U+FFFD
+    }
+    line.remove_prefix(static_cast<size_t>(length > 0 ? length : -length));
+  }
+  std::replace(text.begin(), text.end(), '\r', '\n');
+  return text;
+}
 
 FilteredLog::FilteredLog(const std::filesystem::path& file, std::vector<std::string> needles)
     : fd_(::open(file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)),
@@ -35,27 +80,21 @@ FilteredLog::FilteredLog(const std::filesystem::path& file, std::vector<std::str
 
 FilteredLog::~FilteredLog() { ::close(fd_); }
 
-void FilteredLog::offer(std::string_view prefix, std::string_view line) {
+void FilteredLog::offer(std::string_view prefix, std::string_view line, bool ended) {
   if (std::none_of(needles_.begin(), needles_.end(),
                    [&](const std::string& needle) { return line.find(needle) != line.npos; }))
     return;
   std::string out(prefix);
   out += line;
-  out += '\n';
+  if (ended) out += '\n';
   writeAll(fd_, out);
 }
 
 std::string expandPrefix(const std::string& pattern, int rank, int localRank,
                          const std::string& role) {
-  std::string out = pattern;
-  auto replace = [&](const std::string& key, const std::string& value) {
-    for (size_t at = out.find(key); at != std::string::npos; at = out.find(key, at + value.size()))
-      out.replace(at, key.size(), value);
-  };
-  replace("${rank}", std::to_string(rank));
-  replace("${local_rank}", std::to_string(localRank));
-  replace("${role_name}", role);
-  return out;
+  return substituteTemplate(pattern, {{"rank", std::to_string(rank)},
+                                      {"local_rank", std::to_string(localRank)},
+                                      {"role_name", role}});
 }
 
 struct StreamPump::Impl : std::enable_shared_from_this<Impl> {
@@ -81,21 +120,35 @@ struct StreamPump::Impl : std::enable_shared_from_this<Impl> {
   void consume(std::string_view bytes) {
     if (bytes.empty()) return;
     if (target.fileFd >= 0) writeAll(target.fileFd, bytes);
-    splitter.feed(bytes, [this](std::string_view line) { emit(line); });
+    splitter.feed(bytes, [this](std::string_view line) { emit(line, true); });
   }
 
-  void emit(std::string_view line) {
+  // `ended`: the worker wrote a newline after the line (a long line's pieces count as ended).
+  void emit(std::string_view line, bool ended) {
     if (target.consoleFd >= 0) {
-      std::string out = target.prefix;
-      out += line;
-      out += '\n';
-      writeAll(target.consoleFd, out);
-      if (target.filtered) target.filtered->offer(target.prefix, line);
+      if (target.pythonText) {
+        const std::string text = asPythonText(line, ended);
+        for (size_t at = 0, end; at <= text.size(); at = end + 1) {
+          end = std::min(text.find('\n', at), text.size());
+          show(std::string_view(text).substr(at, end - at), end < text.size() || ended);
+        }
+      } else {
+        show(line, ended || !target.exactBytes);
+      }
     }
     if (target.keepLines > 0) {
       last.emplace_back(line);
       if (last.size() > target.keepLines) last.pop_front();
     }
+  }
+
+  // One console line, with the prefix, and its copy where it matches the filters.
+  void show(std::string_view line, bool newline) {
+    std::string out = target.prefix;
+    out += line;
+    if (newline) out += '\n';
+    writeAll(target.consoleFd, out);
+    if (target.filtered) target.filtered->offer(target.prefix, line, newline);
   }
 
   void drain() {
@@ -112,7 +165,7 @@ struct StreamPump::Impl : std::enable_shared_from_this<Impl> {
   void close() {
     if (closed) return;
     closed = true;
-    splitter.finish([this](std::string_view line) { emit(line); });
+    splitter.finish([this](std::string_view line) { emit(line, false); });
     boost::system::error_code ec;
     pipe.close(ec);
     if (target.fileFd >= 0) ::close(target.fileFd);

@@ -34,9 +34,16 @@ class LineSplitter {
   bool cut_ = false;  // the last thing emitted was a piece of a longer line
 };
 
-// Expands ${rank}, ${local_rank} and ${role_name} in a prefix template.
+// Expands ${rank}, ${local_rank} and ${role_name} in a prefix template, as torch does
+// (substituteTemplate: `$$` is `$`, other names stay as written).
 std::string expandPrefix(const std::string& pattern, int rank, int localRank,
                          const std::string& role);
+
+// `line` (without its '\n') as torchrun shows a teed stream, which it reads back from the log
+// file in Python's text mode: "\r\n" is one line end and a lone '\r' a line end of its own,
+// so a last '\r' is dropped (and, at the end of the stream, sets `ended`), and the others become
+// '\n'; each ill-formed UTF-8 sequence becomes U+FFFD, as Python's "replace" decoding gives.
+std::string asPythonText(std::string_view line, bool& ended);
 
 // torchrun's --duplicate-stdout-filters/--duplicate-stderr-filters: the console lines of the
 // node's workers that hold any of the needles (case-sensitive substrings), copied with their
@@ -50,7 +57,8 @@ class FilteredLog {
   FilteredLog(const FilteredLog&) = delete;
   FilteredLog& operator=(const FilteredLog&) = delete;
 
-  void offer(std::string_view prefix, std::string_view line);
+  // `line` without its newline; `ended`: it had one (torchrun copies a last line as it is).
+  void offer(std::string_view prefix, std::string_view line, bool ended = true);
 
  private:
   int fd_;
@@ -60,6 +68,8 @@ class FilteredLog {
 struct OutputTarget {
   int consoleFd = -1;  // STDOUT_FILENO or STDERR_FILENO; -1 hides the stream from the console
   std::string prefix;  // prepended to each console line
+  bool exactBytes = false;  // an unterminated last line stays unterminated on the console
+  bool pythonText = false;  // console lines as asPythonText gives them (torchrun's teed streams)
   int fileFd = -1;     // log file receiving the raw bytes; -1 for none (the pump owns it)
   size_t keepLines = 0;
   std::shared_ptr<FilteredLog> filtered;  // console lines matching its needles, copied there

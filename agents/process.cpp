@@ -17,6 +17,7 @@
 #include <utility>
 
 #include "agents/limits.h"
+#include "agents/numa_binding.h"
 #include "common/error.h"
 #include "common/signal_name.h"
 
@@ -66,7 +67,10 @@ struct ChildContext {
   int stderrSlot = -1;
   unsigned keepBelow = 3;
   rlim_t descriptorLimit = RLIM_INFINITY;  // the worker's soft RLIMIT_NOFILE; INFINITY: as is
+  const cpu_set_t* cpus = nullptr;  // the worker's CPUs (--numa-binding); null: the agent's
+  size_t cpusSize = 0;
   volatile int error = 0;  // errno of a failed exec (or of a failed set-up before it)
+  volatile bool pinning = false;  // `error` is sched_setaffinity's
 };
 
 // Runs in the child between clone and exec, in the agent's memory on a stack of its own, with
@@ -105,6 +109,11 @@ int becomeWorker(void* arg) {
       ::sigaction(sig, &byDefault, nullptr);
     }
   }
+  if (c.cpus != nullptr && ::sched_setaffinity(0, c.cpusSize, c.cpus) != 0) {
+    c.error = errno;
+    c.pinning = true;
+    ::_exit(127);
+  }
   if (c.stdinSlot >= 0) ::dup2(c.stdinSlot, STDIN_FILENO);
   if (c.stdoutSlot >= 0) ::dup2(c.stdoutSlot, STDOUT_FILENO);
   if (c.stderrSlot >= 0) ::dup2(c.stderrSlot, STDERR_FILENO);
@@ -115,6 +124,31 @@ int becomeWorker(void* arg) {
   c.error = errno;
   ::_exit(127);
 }
+
+// A CPU set of any size (CPU_ALLOC), for sched_setaffinity; none for an empty list.
+class CpuMask {
+ public:
+  explicit CpuMask(const std::vector<int>& cpus) {
+    if (cpus.empty()) return;
+    const int count = *std::max_element(cpus.begin(), cpus.end()) + 1;
+    set_ = CPU_ALLOC(count);
+    if (set_ == nullptr) throw Error("cannot allocate a CPU set of " + std::to_string(count));
+    size_ = CPU_ALLOC_SIZE(count);
+    CPU_ZERO_S(size_, set_);
+    for (int cpu : cpus) CPU_SET_S(static_cast<size_t>(cpu), size_, set_);
+  }
+  ~CpuMask() {
+    if (set_ != nullptr) CPU_FREE(set_);
+  }
+  CpuMask(const CpuMask&) = delete;
+  CpuMask& operator=(const CpuMask&) = delete;
+  const cpu_set_t* set() const { return set_; }
+  size_t size() const { return size_; }
+
+ private:
+  cpu_set_t* set_ = nullptr;
+  size_t size_ = 0;
+};
 
 // Both ends of a pipe, closed unless taken.
 struct Pipe {
@@ -178,6 +212,10 @@ SpawnedProcess spawnProcess(const SpawnRequest& request) {
   child.stderrSlot = err.parkIn(slots.err);
   child.keepBelow = slots.end();
   if (auto limit = workerDescriptorLimit()) child.descriptorLimit = *limit;
+  // Made here: the child may not allocate.
+  const CpuMask cpus(request.cpus);
+  child.cpus = cpus.set();
+  child.cpusSize = cpus.size();
   // Room for execvpe's own needs (a PATH candidate, a script's argv) on top of a safe margin.
   const size_t stackSize = 64 * 1024 + argv.size() * sizeof(char*) * 2;
   if (slots.stackSize < stackSize) {
@@ -208,6 +246,9 @@ SpawnedProcess spawnProcess(const SpawnRequest& request) {
   if (child.error != 0) {
     if (pidfd >= 0) ::close(pidfd);
     ::waitpid(pid, nullptr, 0);
+    if (child.pinning)
+      throw Error("cannot run " + request.argv[0] + " on CPUs " + cpuListText(request.cpus) +
+                  " (--numa-binding): " + std::strerror(child.error));
     throw Error("cannot execute " + request.argv[0] + ": " + std::strerror(child.error));
   }
   return {.pid = pid,

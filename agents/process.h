@@ -32,6 +32,7 @@ struct SpawnRequest {
   // SpawnedProcess::pidfd: signals and waits that cannot reach a recycled pid, for a child that
   // the agent's waitpid(-1) may reap first (CLONE_PIDFD, Linux 5.2).
   bool wantPidfd = false;
+  std::vector<int> cpus;  // --numa-binding: the CPUs the worker may run on; empty: the agent's
 };
 
 struct SpawnedProcess {

@@ -40,7 +40,8 @@ class LogFile {
 bool pipesStdout(const WorkerOutput& output) {
   const bool outToFile = includes(output.toFile, Streams::Out) && output.dir;
   const bool shownAsIs = output.shown && !includes(output.fileOnly, Streams::Out);
-  return !shownAsIs || outToFile || !output.prefix.empty() || output.filteredOut;
+  const bool prefixed = includes(output.prefixed, Streams::Out) && !output.prefix.empty();
+  return !shownAsIs || outToFile || prefixed || output.filteredOut;
 }
 
 int logFiles(const WorkerOutput& output) {
@@ -70,7 +71,9 @@ std::unique_ptr<Worker> Worker::start(boost::asio::io_context& io, WorkerLaunch 
   auto target = [&](Streams which, int console, LogFile& file, size_t keep) {
     return OutputTarget{
         .consoleFd = output.shown && !includes(output.fileOnly, which) ? console : -1,
-        .prefix = output.prefix,
+        .prefix = includes(output.prefixed, which) ? output.prefix : std::string(),
+        .exactBytes = output.exactBytes,
+        .pythonText = output.pythonText && includes(output.prefixed, which),
         .fileFd = file.release(),
         .keepLines = keep,
         .filtered = which == Streams::Out ? output.filteredOut : output.filteredErr,
@@ -82,6 +85,7 @@ std::unique_ptr<Worker> Worker::start(boost::asio::io_context& io, WorkerLaunch 
       .sharedEnvp = sharedEnvp,
       .pipeStdout = pipesStdout(output),
       .pipeStderr = true,
+      .cpus = w->launch_.cpus,
   });
   w->pid_ = p.pid;
   if (p.stdoutFd >= 0) {

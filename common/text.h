@@ -3,6 +3,7 @@
 
 #include <charconv>
 #include <concepts>
+#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -24,5 +25,11 @@ std::optional<T> parseInteger(std::string_view text) {
   if (text.empty() || error != std::errc() || at != end) return std::nullopt;
   return value;
 }
+
+// Python's string.Template(text).safe_substitute(values), as torch expands its templates (worker
+// arguments, the console prefix): `$name` and `${name}` become the value where `values` has the
+// name, `$$` becomes `$`, anything else stays as written.
+std::string substituteTemplate(std::string_view text,
+                               const std::map<std::string, std::string, std::less<>>& values);
 
 }  // namespace dlrun

@@ -20,6 +20,11 @@ std::vector<std::string> resolveCommand(const std::string& entry,
     head.insert(head.end(), args.begin(), args.end());
     return head;
   };
+  if (flags.runPath) {
+    if (!host.fileExists(entry))
+      throw ConfigError("--run-path: '" + entry + "' is no file (it runs a Python script)");
+    return withArgs({host.pythonExec, "-u", entry});
+  }
   if (flags.module) return withArgs({host.pythonExec, "-u", "-m", entry});
   if (!flags.noPython && entry == "train") {
     const std::string trainer = host.selfDir + "/dlrun-train";

@@ -13,6 +13,9 @@ namespace dlrun::launcher {
 struct EntryPointFlags {
   bool module = false;    // -m: run the entry point as `python -u -m ENTRY`
   bool noPython = false;  // --no-python: execute the entry point itself, whatever its name
+  // --run-path: the entry point is a Python script, whatever -m and --no-python say (torchrun
+  // runs it with runpy.run_path, which sees the same argv and __main__)
+  bool runPath = false;
 };
 
 // The worker's argv: argv[0] is an absolute path, a relative path with a '/', or the Python

@@ -52,6 +52,19 @@ HostProbe HostProbe::real() {
     std::error_code ec;
     return fs::is_regular_file(p, ec);
   };
+  host.numaCpuSets = [](agents::NumaMode mode, int nproc) {
+    const char* root = std::getenv("DLRUN_SYSFS_ROOT");
+    const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+    const agents::CpuTopology topology = agents::readCpuTopology(
+        root && *root ? root : "/", visible ? std::optional<std::string>(visible) : std::nullopt);
+    cpu_set_t set;
+    std::vector<int> allowed;
+    if (sched_getaffinity(0, sizeof(set), &set) == 0) {
+      for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu)
+        if (CPU_ISSET(cpu, &set)) allowed.push_back(cpu);
+    }
+    return agents::numaCpuSets(topology, mode, nproc, allowed);
+  };
   std::error_code ec;
   host.selfDir = fs::read_symlink("/proc/self/exe", ec).parent_path();
   const char* python = std::getenv("PYTHON_EXEC");

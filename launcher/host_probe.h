@@ -7,6 +7,7 @@
 #include <optional>
 #include <string>
 
+#include "agents/numa_binding.h"
 #include "slurm/discovery.h"
 
 namespace dlrun::launcher {
@@ -20,6 +21,9 @@ struct HostProbe {
   std::function<bool(const std::string&)> fileExists;
   // A host name's numeric address, or nullopt where it does not resolve (--hostfile's hosts).
   std::function<std::optional<std::string>(const std::string&)> resolveHost;
+  // --numa-binding: each local rank's CPUs on this machine (agents/numa_binding.h), read from
+  // sysfs under DLRUN_SYSFS_ROOT (tests' fake machines), else /.
+  std::function<std::vector<std::vector<int>>(agents::NumaMode, int nproc)> numaCpuSets;
   std::string selfDir;        // where dlrun lives: the bundled dlrun-train sits beside it
   std::string pythonExec;     // PYTHON_EXEC, or "python3"
   // The SLURM*, DLRUN_SLURM (Slurm discovery), OMPI_*, PMIX_*, DLRUN_MPI, MASTER_ADDR,
@@ -29,7 +33,7 @@ struct HostProbe {
   // (the liveness answer's port) and TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE (the prefix's
   // default) variables.
   Environment env;
-  // This machine: its CPU affinity, /dev/nvidia*, PATH, /proc/self/exe and environment.
+  // This machine: its CPU affinity, /dev/nvidia*, sysfs, PATH, /proc/self/exe and environment.
   static HostProbe real();
 };
 

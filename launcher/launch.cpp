@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <csignal>
 #include <ctime>
 #include <filesystem>
@@ -87,8 +88,13 @@ agents::ControlOptions controlOptions(const LaunchConfig& config, const std::str
           .connect = std::move(connect)};
 }
 
+// torchrun's run id on one node: a fresh one where it picks the store itself (--standalone, or
+// no rendezvous flag at all), else --rdzv-id, whose default is "none".
 std::string runIdOf(const LaunchConfig& config) {
-  return config.standalone || config.rdzvId == "none" ? newRunId() : config.rdzvId;
+  const bool ownStore = config.rdzvEndpoint.empty() && !config.masterPort &&
+                        config.rdzvBackend != RdzvBackend::Static;
+  return config.standalone || (config.rdzvId == "none" && ownStore) ? newRunId()
+                                                                    : config.rdzvId;
 }
 
 std::string hostName() {
@@ -459,10 +465,19 @@ std::optional<control::LivenessServer> serveLiveness(std::optional<uint16_t> por
 }  // namespace
 
 std::string newRunId() {
+  // A random UUID (version 4), as torchrun's uuid.uuid4(): 8-4-4-4-12 hex digits.
   std::random_device random;
-  std::string id;
+  std::array<uint8_t, 16> bytes{};
+  for (auto& byte : bytes) byte = static_cast<uint8_t>(random());
+  bytes[6] = static_cast<uint8_t>((bytes[6] & 0x0f) | 0x40);
+  bytes[8] = static_cast<uint8_t>((bytes[8] & 0x3f) | 0x80);
   static constexpr char kHex[] = "0123456789abcdef";
-  for (int i = 0; i < 32; ++i) id += kHex[random() % 16];
+  std::string id;
+  for (size_t i = 0; i < bytes.size(); ++i) {
+    if (i == 4 || i == 6 || i == 8 || i == 10) id += '-';
+    id += kHex[bytes[i] >> 4];
+    id += kHex[bytes[i] & 0x0f];
+  }
   return id;
 }
 

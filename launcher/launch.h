@@ -8,7 +8,7 @@ namespace dlrun::launcher {
 
 int launch(const LaunchConfig& config);
 
-// A fresh run id (32 hex digits) for --standalone and --rdzv-id=none.
+// A fresh run id, a random UUID as torchrun's, for --standalone and a launch that names none.
 std::string newRunId();
 
 }  // namespace dlrun::launcher

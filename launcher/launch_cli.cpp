@@ -7,12 +7,13 @@
 #include <algorithm>
 #include <fstream>
 
-#include "common/error.h"
 #include "common/cli.h"
+#include "common/error.h"
 #include "common/host_port.h"
 #include "common/text.h"
-#include "launcher/entry_point.h"
 #include "common/version.h"
+#include "launcher/entry_point.h"
+#include "launcher/launch_flags.h"
 #include "mpi/discovery.h"
 #include "remote/agent_command.h"
 #include "remote/hostfile.h"
@@ -20,41 +21,6 @@
 
 namespace dlrun::launcher {
 namespace {
-
-// Ranges with bounds that read well in CLI11's "not in range" message.
-const CLI::Range kCount(0, 1'000'000);
-const CLI::Range kSeconds(0.0, 86'400.0);
-
-// torchrun's spellings of a flag: "-x,--dashed-name,--dashed_name", and its PET_ variable.
-struct Spellings {
-  std::string names;
-  std::string env;
-};
-
-Spellings spellings(const std::string& dashed, const std::string& shortName) {
-  std::string underscored = dashed;
-  std::replace(underscored.begin(), underscored.end(), '-', '_');
-  Spellings s;
-  s.names = shortName.empty() ? "" : shortName + ",";
-  s.names += "--" + dashed;
-  if (underscored != dashed) s.names += ",--" + underscored;
-  s.env = "PET_" + underscored;
-  std::transform(s.env.begin(), s.env.end(), s.env.begin(), ::toupper);
-  return s;
-}
-
-template <typename T>
-CLI::Option* addOption(CLI::App& app, const std::string& dashed, T& target,
-                       const std::string& help, const std::string& shortName = "") {
-  auto s = spellings(dashed, shortName);
-  return app.add_option(s.names, target, help)->envname(s.env);
-}
-
-CLI::Option* addFlag(CLI::App& app, const std::string& dashed, bool& target,
-                     const std::string& help, const std::string& shortName = "") {
-  auto s = spellings(dashed, shortName);
-  return app.add_flag(s.names, target, help)->envname(s.env);
-}
 
 // The node count as --nnodes writes it, whether the flag or Slurm set it.
 std::string nodesText(const LaunchConfig& c) {
@@ -88,14 +54,6 @@ void applyMpi(const mpi::Settings& s, LaunchConfig& c) {
   if (s.endpointHost) setRdzvStore(c, {*s.endpointHost, *s.endpointPort});
 }
 
-// A flag of the launcher alone (--hostfile, --ssh-port, ...): both spellings, but no PET_
-// variable, which would reach the agents with the environment and make each a launcher.
-template <typename T>
-CLI::Option* addLauncherOption(CLI::App& app, const std::string& dashed, T& target,
-                               const std::string& help) {
-  return app.add_option(spellings(dashed, "").names, target, help);
-}
-
 // The hosts of --hostfile FILE or --hosts LIST.
 std::vector<remote::Host> hostsOf(const std::string& hostfile, const std::string& hostList) {
   if (!hostfile.empty() && !hostList.empty())
@@ -105,190 +63,6 @@ std::vector<remote::Host> hostsOf(const std::string& hostfile, const std::string
   if (!in) throw ConfigError("--hostfile: cannot read " + hostfile);
   const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   return remote::parseHostfile(text, hostfile);
-}
-
-
-// The flags' values as given (those not bound to the LaunchConfig itself), carried from the
-// stage that declares them to the stages that read them.
-struct DeclaredFlags {
-  std::string nnodes = "1", nproc = "1", rdzvConf, redirects = "0", tee = "0", ranksFilter;
-  std::string logDir, localAddr, tfConfig = "auto";
-  int masterPort = -1;
-  double monitorInterval = 0.1, stopTimeout = 30, shutdownTimeout = 30, hangTimeout = 0;
-  bool module = false, noPython = false, runPath = false;
-  int nodeRank = -1;
-  std::string backend;
-  bool noSlurm = false;
-  std::string startMethod = "spawn", eventLogHandler = "null", logsSpecs = "default";
-  std::string stdoutFilters, stderrFilters;
-  std::string signalsToHandle = "SIGTERM,SIGINT,SIGHUP,SIGQUIT";
-  std::string roles, tokenFile;
-  bool noControlPlane = false;
-  int metricsPort = -1;
-  std::string metricsHost = "0.0.0.0", hangAction = "restart";
-  std::string hostfile, hostList, sshCommand = "ssh", localRankStyle = "dash";
-  int sshPort = 0;
-  HostLaunch hostLaunch;
-  bool localRankArg = false, useEnv = false;
-  // The flags whose presence counts (option->count() > 0: given as a flag or PET_ variable).
-  CLI::Option *nnodesOption = nullptr, *nprocOption = nullptr, *backendOption = nullptr,
-              *endpointOption = nullptr, *rdzvIdOption = nullptr, *stopTimeoutOption = nullptr,
-              *shutdownTimeoutOption = nullptr, *signalsOption = nullptr, *roleOption = nullptr,
-              *rolesOption = nullptr, *hangTimeoutOption = nullptr, *hangActionOption = nullptr,
-              *masterAddrOption = nullptr, *masterPortOption = nullptr, *prefixOption = nullptr,
-              *stdoutFiltersOption = nullptr, *stderrFiltersOption = nullptr;
-  // Once parsed: the flags before the entry point, and the entry point with its arguments.
-  std::vector<std::string> flags, rest;
-  // Once read: --rdzv-backend, and what else the backend is decided from.
-  std::optional<RdzvBackendFlag> backendFlag;
-  bool slurmBackend = false;  // --rdzv-backend=slurm
-  bool staticFlags = false;   // --master-addr or --master-port
-  bool fanout = false;        // --hostfile or --hosts
-};
-
-// Declaring, 1 of 3: the job's shape, its rendezvous, its workers and their lifetime.
-void declareJobFlags(CLI::App& app, DeclaredFlags& f, LaunchConfig& c) {
-  f.nnodesOption =
-      addOption(app, "nnodes", f.nnodes, "Number of nodes, N or MIN:MAX for an elastic job");
-  f.nprocOption =
-      addOption(app, "nproc-per-node", f.nproc, "Workers per node: N, cpu, gpu or auto");
-  addOption(app, "node-rank", f.nodeRank,
-            "This node's rank for the static backend; a group-rank hint for c10d")
-      ->check(kCount);
-  f.backendOption = addOption(
-      app, "rdzv-backend", f.backend,
-      "Rendezvous backend: c10d (the default) or static (the default with --master-addr or "
-      "--master-port and no --rdzv-endpoint); slurm: c10d set up from the Slurm allocation, "
-      "which must exist; etcd (or etcd-v3): the elastic rendezvous on an etcd v3 cluster");
-  f.endpointOption =
-      addOption(app, "rdzv-endpoint", c.rdzvEndpoint,
-                "HOST[:PORT] of the rendezvous store; with etcd, HOST[:PORT],... (port 2379)");
-  f.rdzvIdOption =
-      addOption(app, "rdzv-id", c.rdzvId, "Job id shared by every node of one job");
-  addFlag(app, "no-slurm", f.noSlurm,
-          "Ignore the Slurm allocation dlrun runs in (as DLRUN_SLURM=0 does)");
-  addOption(app, "rdzv-conf", f.rdzvConf, "Backend settings as key=value,key2=value2");
-  addFlag(app, "standalone", c.standalone,
-          "One node with its own store on a free port; no rendezvous flags needed");
-  addOption(app, "max-restarts", c.maxRestarts, "Restarts of the worker group after a failure")
-      ->check(kCount);
-  addOption(app, "monitor-interval", f.monitorInterval,
-            "Accepted for torchrun compatibility: dlrun notices worker exits at once")
-      ->check(kSeconds);
-  f.stopTimeoutOption = addOption(app, "stop-timeout", f.stopTimeout,
-                                      "Seconds between SIGTERM and SIGKILL when workers are "
-                                      "stopped (else TORCH_ELASTIC_SHUTDOWN_TIMEOUT, else 30)")
-                                ->check(kSeconds);
-  f.shutdownTimeoutOption =
-      addOption(app, "shutdown-timeout", f.shutdownTimeout, "torchrun's name of --stop-timeout")
-          ->check(kSeconds);
-  addOption(app, "start-method", f.startMethod,
-            "Accepted for torchrun compatibility (spawn, fork or forkserver): every worker is a "
-            "new process running the entry point, as under torchrun for a script or program");
-  addOption(app, "event-log-handler", f.eventLogHandler,
-            "Accepted for torchrun compatibility (null, console or dynamic_rendezvous): dlrun's "
-            "events go to the control plane (dlrun events)");
-  addOption(app, "logs-specs", f.logsSpecs,
-            "Accepted for torchrun compatibility (default): the log tree is torchrun's default");
-  f.signalsOption = addOption(
-      app, "signals-to-handle", f.signalsToHandle,
-      "Signals that stop the job: forwarded to every worker, which then get --stop-timeout "
-      "seconds before SIGKILL. Of the default four, one left out is ignored; SIGUSR1 and "
-      "SIGUSR2 left out are only forwarded");
-  f.roleOption = addOption(app, "role", c.agent.role, "Role name of these workers (ROLE_NAME)");
-  f.rolesOption = addOption(
-      app, "roles", f.roles,
-      "Several roles on this node, NAME:COUNT[:service][:alone],... in local-rank order, e.g. "
-      "ps:1:service,worker:2:alone; sets --nproc-per-node. service: does not end the job, "
-      "stopped when the others end; alone: a failed worker restarts alone");
-  addFlag(app, "module", f.module, "Run the entry point as a Python module (python -m)", "-m");
-  addFlag(app, "no-python", f.noPython, "Execute the entry point directly, without Python");
-  addFlag(app, "run-path", f.runPath, "Run a Python entry point as a script (the default)");
-  addFlag(app, "virtual-local-rank", c.agent.virtualLocalRank,
-          "Every worker sees only its own GPU, as device 0: LOCAL_RANK=0 and CUDA_VISIBLE_DEVICES "
-          "set to the device of its local rank (the inherited list's entry, else the number)");
-}
-
-// Declaring, 2 of 3: the workers' output, the watch for hangs, the control plane and metrics.
-void declareOutputFlags(CLI::App& app, DeclaredFlags& f, LaunchConfig& c) {
-  addOption(app, "log-dir", f.logDir, "Directory for per-rank logs and error files");
-  addOption(app, "redirects", f.redirects,
-            "Streams sent only to the log files: 0 none, 1 out, 2 err, 3 both, or 0:1,1:2", "-r");
-  addOption(app, "tee", f.tee, "Streams copied to the log files (same values as --redirects)",
-            "-t");
-  addOption(app, "local-ranks-filter", f.ranksFilter, "Console shows only these local ranks");
-  f.prefixOption = addOption(app, "log-line-prefix-template", c.agent.logLinePrefixTemplate,
-                             "Prefix of each console line; ${rank}, ${local_rank}, "
-                             "${role_name} (else TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE)");
-  f.stdoutFiltersOption = addOption(
-      app, "duplicate-stdout-filters", f.stdoutFilters,
-      "Console stdout lines holding any of these (a,b; ',,' a comma) also go to the attempt's "
-      "filtered_stdout.log");
-  f.stderrFiltersOption = addOption(app, "duplicate-stderr-filters", f.stderrFilters,
-                                    "The same for stderr, into filtered_stderr.log");
-  addOption(app, "tf-config", f.tfConfig,
-            "TF_CONFIG for the workers: auto (when it fits the kernel's limit for one "
-            "environment variable, else a warning), always (an error when it cannot fit) or "
-            "never");
-  addOption(app, "token-file", f.tokenFile,
-            "The job's token (else DLRUN_TOKEN): its control plane then answers only calls "
-            "that carry it, and takes stops and signals from any host");
-  addFlag(app, "no-control-plane", f.noControlPlane,
-          "Publish nothing to the control plane (dlrun status/events/stop) and follow none of "
-          "its commands");
-  addOption(app, "metrics-port", f.metricsPort,
-            "Serve Prometheus metrics (/metrics) and the job's live page (/) over HTTP on this "
-            "port, 0 for a free one; the address is printed (default: off)")
-      ->check(CLI::Range(0, 65535));
-  addOption(app, "metrics-host", f.metricsHost,
-            "Numeric address --metrics-port listens on (\"::\" for IPv6 and IPv4)");
-  f.hangTimeoutOption =
-      addOption(app, "hang-timeout", f.hangTimeout,
-                "Seconds without progress after which a worker that reported progress before "
-                "is hung: stacks of every worker, a summary naming the suspect, then "
-                "--hang-action (0, the default: off)")
-          ->check(kSeconds);
-  f.hangActionOption = addOption(
-      app, "hang-action", f.hangAction,
-      "On a hang: report (stacks and summary, keep waiting), restart (also restart the worker "
-      "group, counted against --max-restarts) or exit (end the job)");
-}
-
-// Declaring, 3 of 3: addresses, --hostfile's fan-out and torch.distributed.launch's flags.
-void declareHostFlags(CLI::App& app, DeclaredFlags& f, LaunchConfig& c) {
-  addOption(app, "local-addr", f.localAddr, "Address of this node as other nodes reach it");
-  f.masterAddrOption =
-      addOption(app, "master-addr", c.masterAddr, "Store address for the static backend");
-  f.masterPortOption =
-      addOption(app, "master-port", f.masterPort, "Store port for the static backend")
-          ->check(CLI::Range(0, 65535));
-  addLauncherOption(app, "hostfile", f.hostfile,
-                    "Start one agent per host over ssh, hosts from FILE ('host slots=N' a line; "
-                    "slots: its workers unless --nproc-per-node says)");
-  addLauncherOption(app, "hosts", f.hostList, "As --hostfile, the hosts given as a:4,b:4");
-  addLauncherOption(app, "ssh-command", f.sshCommand,
-                    "The ssh client of --hostfile and its options (split at spaces)");
-  addLauncherOption(app, "ssh-port", f.sshPort, "The port of the hosts' ssh servers")
-      ->check(CLI::Range(1, 65535));
-  addLauncherOption(app, "export", f.hostLaunch.exports,
-                    "Also give the agents this variable (VAR, or VAR=VALUE); repeatable")
-      ->allow_extra_args(false);
-  app.add_flag(spellings("export-all", "").names, f.hostLaunch.exportAll,
-               "Give the agents every variable of this environment but this session's own");
-  app.add_flag("--control-stdin", c.agent.controlStdin,
-               "Follow the signals a --hostfile launcher writes on stdin; stop when it closes")
-      ->group("");  // the launcher's own business, not the user's
-  addFlag(app, "use-local-rank-arg", f.localRankArg,
-          "Append --local-rank=LOCAL_RANK to every worker's arguments, as "
-          "torch.distributed.launch does");
-  app.add_flag(spellings("no-use-env", "").names, f.localRankArg,
-               "torch.distributed.launch's spelling of --use-local-rank-arg");
-  app.add_flag(spellings("use-env", "").names, f.useEnv,
-               "Accepted for torch.distributed.launch scripts: LOCAL_RANK is always in the "
-               "environment");
-  addOption(app, "local-rank-arg-style", f.localRankStyle,
-            "--use-local-rank-arg's spelling: dash (--local-rank, PyTorch 2.0 on) or underscore "
-            "(--local_rank, before)");
 }
 
 // What CLI11 left over: the entry point and its arguments (less a leading "--"); the flags
@@ -305,7 +79,7 @@ void splitEntryPoint(const std::vector<std::string>& args, std::vector<std::stri
   if (f.rest.front().starts_with("-"))
     throw ConfigError("unknown flag " + f.rest.front().substr(0, f.rest.front().find('=')) +
                       " (see dlrun --help)");
-  if (f.module && f.noPython) throw ConfigError("--module and --no-python cannot be used together");
+  if (f.module && f.noPython && !f.runPath) throw ConfigError("--module and --no-python cannot be used together");
 }
 
 // Reading: each flag's value into the LaunchConfig, and the rest of what the backend is
@@ -380,6 +154,12 @@ void readFlagValues(DeclaredFlags& f, LaunchConfig& c, const HostProbe& host) {
     c.agent.duplicateStdoutFilters = parseFilterList(f.stdoutFilters);
   if (f.stderrFiltersOption->count() > 0)
     c.agent.duplicateStderrFilters = parseFilterList(f.stderrFilters);
+  if (f.consoleFormat == "torchrun") {
+    c.agent.consoleFormat = agents::ConsoleFormat::Torchrun;
+    if (f.prefixOption->count() == 0) c.agent.logLinePrefixTemplate = "[${role_name}${local_rank}]:";
+  } else if (f.consoleFormat != "dlrun") {
+    throw ConfigError("--console-format: '" + f.consoleFormat + "' is not dlrun or torchrun");
+  }
   // torchrun 2.x sets its prefix through this variable alone.
   if (auto it = host.env.find("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE");
       f.prefixOption->count() == 0 && it != host.env.end())
@@ -391,6 +171,14 @@ void readFlagValues(DeclaredFlags& f, LaunchConfig& c, const HostProbe& host) {
   f.slurmBackend = f.backendFlag && f.backendFlag->slurm;
   f.staticFlags = f.masterAddrOption->count() > 0 || f.masterPortOption->count() > 0;
   f.fanout = !f.hostfile.empty() || !f.hostList.empty();
+  // Each host of a one-command launch binds on its own machine.
+  if (!f.numaBinding.empty()) {
+    const auto mode = agents::parseNumaMode(f.numaBinding);
+    if (!mode)
+      throw ConfigError("--numa-binding: '" + f.numaBinding +
+                        "' is not node, socket, exclusive or core-complex");
+    if (!f.fanout) c.agent.cpuBinding = host.numaCpuSets(*mode, c.agent.nprocPerNode);
+  }
   // Each host of a one-command launch checks its own devices.
   if (c.agent.virtualLocalRank && !f.fanout) {
     const auto visible = host.env.find("CUDA_VISIBLE_DEVICES");
@@ -553,14 +341,15 @@ LaunchParse parseDlrunArgs(const std::vector<std::string>& args, const HostProbe
   setUsage(app, {"dlrun [OPTIONS] ENTRYPOINT [ARGS...]", "dlrun status|events|stop [OPTIONS]"});
   app.option_defaults()->always_capture_default();
   app.prefix_command();  // everything from the entry point on belongs to the workers
-  declareJobFlags(app, f, c);
-  declareOutputFlags(app, f, c);
-  declareHostFlags(app, f, c);
+  // torchrun's argparse: a flag given twice takes its last value.
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  declareFlags(app, f, c);
   app.set_version_flag("--version", kVersion);
 
-  result.exitCode = parseCommandLine(app, args, kVersion);
+  const std::vector<std::string> expanded = expandAbbreviations(app, args);
+  result.exitCode = parseCommandLine(app, expanded, kVersion);
   if (result.exitCode) return result;
-  splitEntryPoint(args, app.remaining(), f);
+  splitEntryPoint(expanded, app.remaining(), f);
   readFlagValues(f, c, host);
   if (f.fanout) resolveHosts(f, c, host);
   resolveBackend(f, c, host);
@@ -569,7 +358,7 @@ LaunchParse parseDlrunArgs(const std::vector<std::string>& args, const HostProbe
   if (f.fanout) c.hostLaunch = std::move(f.hostLaunch);
   c.entrypoint = f.rest.front();
   c.agent.command = resolveCommand(f.rest.front(), {f.rest.begin() + 1, f.rest.end()},
-                                   {.module = f.module, .noPython = f.noPython}, host);
+                                   {.module = f.module, .noPython = f.noPython, .runPath = f.runPath}, host);
   // What launch() reads last: the liveness port.
   c.healthCheckPort = healthCheckPort(host.env);
   return result;

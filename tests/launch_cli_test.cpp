@@ -57,6 +57,12 @@ HostProbe fakeHost(int gpus = 0, bool trainerBuilt = false) {
     if (name.ends_with(".invalid")) return std::nullopt;
     return "192.0.2.1";
   };
+  // --numa-binding: local rank i on CPU 10 * mode + i, so a test sees the mode and the count.
+  host.numaCpuSets = [](agents::NumaMode mode, int nproc) {
+    std::vector<std::vector<int>> sets;
+    for (int i = 0; i < nproc; ++i) sets.push_back({10 * static_cast<int>(mode) + i});
+    return sets;
+  };
   host.selfDir = "/opt/dlrun/bin";
   host.pythonExec = "/fake/python3";
   return host;
@@ -316,7 +322,7 @@ TEST(ParseDlrunArgs, ReadsEveryFlag) {
                   "--stop-timeout=1.5", "--role=trainer", "--log-dir=/logs", "-r", "3", "-t",
                   "0:1", "--local-ranks-filter=0,2", "--log-line-prefix-template=<${rank}>",
                   "--local-addr=127.0.0.2", "--master-addr=127.0.0.3", "--master-port=1234",
-                  "--run-path", "env"});
+                  "--console-format=torchrun", "env"});
   EXPECT_EQ(c.agent.nprocPerNode, 3);
   EXPECT_EQ(c.rdzvBackend, RdzvBackend::C10d);
   EXPECT_EQ(c.rdzvEndpoint, "127.0.0.1:29400");
@@ -336,6 +342,84 @@ TEST(ParseDlrunArgs, ReadsEveryFlag) {
   EXPECT_EQ(c.masterAddr, "127.0.0.3");
   EXPECT_EQ(c.masterPort, 1234);
   EXPECT_EQ(c.agent.command, (Args{"/usr/bin/env"}));
+  EXPECT_EQ(c.agent.consoleFormat, agents::ConsoleFormat::Torchrun);
+}
+
+// torchrun's console: only teed streams prefixed, by default with the role and local rank.
+TEST(ParseDlrunArgs, ConsoleFormatAndItsDefaultPrefix) {
+  EXPECT_EQ(parse({"env"}).agent.consoleFormat, agents::ConsoleFormat::Dlrun);
+  EXPECT_EQ(parse({"env"}).agent.logLinePrefixTemplate, "[${rank}]:");
+  auto c = parse({"--console-format", "torchrun", "env"});
+  EXPECT_EQ(c.agent.logLinePrefixTemplate, "[${role_name}${local_rank}]:");
+  c = parse({"--console_format=torchrun", "--log-line-prefix-template=<${rank}>", "env"});
+  EXPECT_EQ(c.agent.logLinePrefixTemplate, "<${rank}>");
+  {
+    ScopedEnv env("PET_CONSOLE_FORMAT", "torchrun");
+    EXPECT_EQ(parseDlrunArgs({"env"}, fakeHost()).config.agent.consoleFormat,
+              agents::ConsoleFormat::Torchrun);
+  }
+  const std::string message = configError([] { parse({"--console-format=raw", "env"}); });
+  EXPECT_TRUE(contains(message, "--console-format")) << message;
+  EXPECT_TRUE(contains(message, "'raw'")) << message;
+}
+
+TEST(ParseDlrunArgs, NumaBindingTakesEachRanksCpusFromTheMachine) {
+  using Sets = std::vector<std::vector<int>>;
+  EXPECT_TRUE(parse({"env"}).agent.cpuBinding.empty());
+  EXPECT_EQ(parse({"--numa-binding=node", "--nproc-per-node=2", "env"}).agent.cpuBinding,
+            (Sets{{0}, {1}}));
+  EXPECT_EQ(parse({"--numa_binding", "core-complex", "env"}).agent.cpuBinding, (Sets{{30}}));
+  EXPECT_EQ(parse({"--numa-binding=socket", "env"}).agent.cpuBinding, (Sets{{10}}));
+  EXPECT_EQ(parse({"--numa-binding=exclusive", "env"}).agent.cpuBinding, (Sets{{20}}));
+  // A --hostfile launch leaves the binding to each host's agent.
+  EXPECT_TRUE(parse({"--numa-binding=node", "--hosts=a:2", "env"}).agent.cpuBinding.empty());
+  for (const std::string value : {"numa", "Node", "node,socket"}) {
+    const std::string message =
+        configError([&] { parse({"--numa-binding=" + value, "env"}); });
+    EXPECT_TRUE(contains(message, "--numa-binding: '" + value + "'")) << message;
+  }
+}
+
+// torchrun's --run-path: the entry point is a Python script whatever -m and --no-python say.
+TEST(ParseDlrunArgs, RunPathRunsAPythonScriptOverModuleAndNoPython) {
+  for (const Args& flags : {Args{"--run-path"}, Args{"--run-path", "-m"},
+                            Args{"--run_path", "--no-python"}, Args{"-m", "--no-python", "--run-path"}}) {
+    Args args = flags;
+    args.insert(args.end(), {"/jobs/tool", "a", "b"});
+    EXPECT_EQ(parse(args).agent.command, (Args{"/fake/python3", "-u", "/jobs/tool", "a", "b"}));
+  }
+  const std::string message = configError([] { parse({"--run-path", "env"}); });
+  EXPECT_TRUE(contains(message, "--run-path")) << message;
+  EXPECT_TRUE(contains(message, "'env'")) << message;
+}
+
+// torchrun's argparse: a flag given again takes the last value (wrappers append overrides).
+TEST(ParseDlrunArgs, AFlagGivenTwiceTakesItsLastValue) {
+  auto c = parse({"--nproc-per-node=2", "--nproc_per_node", "5", "--max-restarts=1",
+                  "--max-restarts=3", "--rdzv-conf=join_timeout=5", "--rdzv-conf=join_timeout=9",
+                  "--standalone", "--standalone", "env"});
+  EXPECT_EQ(c.agent.nprocPerNode, 5);
+  EXPECT_EQ(c.maxRestarts, 3);
+  EXPECT_EQ(c.rdzv.joinTimeout, std::chrono::seconds(9));
+  EXPECT_TRUE(c.standalone);
+}
+
+// argparse's abbreviations: a unique prefix of a long flag is that flag; the entry point's own
+// arguments are never touched.
+TEST(ParseDlrunArgs, AUniquePrefixOfAFlagIsThatFlag) {
+  auto c = parse({"--standa", "--max-rest", "2", "--nproc=3", "--rdzv-i", "job", "--role", "r",
+                  "env", "--standa", "--max-rest"});
+  EXPECT_TRUE(c.standalone);
+  EXPECT_EQ(c.maxRestarts, 2);
+  EXPECT_EQ(c.agent.nprocPerNode, 3);
+  EXPECT_EQ(c.rdzvId, "job");
+  EXPECT_EQ(c.agent.role, "r");  // --role is a flag of its own, not a prefix of --roles
+  EXPECT_EQ(c.agent.command, (Args{"/usr/bin/env", "--standa", "--max-rest"}));
+  const std::string message = configError([] { parse({"--no", "env"}); });
+  EXPECT_TRUE(contains(message, "ambiguous flag --no")) << message;
+  EXPECT_TRUE(contains(message, "--no-python")) << message;
+  EXPECT_TRUE(contains(message, "--no-slurm")) << message;
+  EXPECT_FALSE(contains(message, "\n")) << message;
 }
 
 TEST(ParseDlrunArgs, UnderscoredSpellings) {

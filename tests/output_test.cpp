@@ -109,6 +109,38 @@ TEST(ExpandPrefix, SubstitutedTextIsNotExpandedAgain) {
   EXPECT_EQ(expandPrefix("${role_name}:", 5, 2, "${rank}"), "${rank}:");
 }
 
+// Each expectation is what Python reads back from the bytes in text mode with errors="replace"
+// (torchrun's tail of a teed stream): the text, then whether the last line ended.
+TEST(AsPythonText, LineEndsAndBadUtf8AsPythonReadsThem) {
+  struct Case {
+    std::string line;
+    bool ended;
+    std::string text;
+    bool endedAfter;
+  };
+  const std::string fffd = "\xEF\xBF\xBD";
+  for (const Case& c : std::vector<Case>{
+           {"plain", true, "plain", true},
+           {"no end", false, "no end", false},
+           {"crlf\r", true, "crlf", true},
+           {"cr at the end\r", false, "cr at the end", true},
+           {"a\rb", true, "a\nb", true},
+           {"a\r\r", true, "a\n", true},
+           {"\xff\xfe", true, fffd + fffd, true},
+           {"\xe2\x82", false, fffd, false},          // a truncated sequence: one U+FFFD
+           {"\xe2\x82" "a", true, fffd + "a", true},
+           {"\xed\xa0\x80", true, fffd + fffd + fffd, true},  // a surrogate: ill-formed
+           {"\xf0\x9f\x98\x80 \xc3\xa9", true, "\xf0\x9f\x98\x80 \xc3\xa9", true},
+           {"\xc0\xaf", true, fffd + fffd, true},      // an overlong form
+           {"\xf4\x90\x80\x80", true, fffd + fffd + fffd + fffd, true},  // past U+10FFFF
+       }) {
+    SCOPED_TRACE(c.line);
+    bool ended = c.ended;
+    EXPECT_EQ(asPythonText(c.line, ended), c.text);
+    EXPECT_EQ(ended, c.endedAfter);
+  }
+}
+
 // --- StreamPump --------------------------------------------------------------------------
 
 struct Pipe {

@@ -46,5 +46,27 @@ TEST(ParseInteger, ReadsOnlyTheViewNotWhatFollowsIt) {
   EXPECT_EQ(parseInteger<int>(text.substr(0, 3)), 123);
 }
 
+// Each expectation is what Python's string.Template(text).safe_substitute(values) gives.
+TEST(SubstituteTemplate, BothFormsOfANameAndTheDollarEscape) {
+  const std::map<std::string, std::string, std::less<>> values{{"rank", "3"}, {"role", "ps"}};
+  EXPECT_EQ(substituteTemplate("[${role}${rank}]:", values), "[ps3]:");
+  EXPECT_EQ(substituteTemplate("$rank.$role-$rank", values), "3.ps-3");
+  EXPECT_EQ(substituteTemplate("$$rank costs $$5", values), "$rank costs $5");
+  EXPECT_EQ(substituteTemplate("${RANK}", {{"RANK", "7"}}), "7");
+}
+
+TEST(SubstituteTemplate, WhatIsNoKnownNameStaysAsWritten) {
+  const std::map<std::string, std::string, std::less<>> values{{"rank", "3"}};
+  EXPECT_EQ(substituteTemplate("$ranks ${hostname} $HOME ${rank", values),
+            "$ranks ${hostname} $HOME ${rank");
+  EXPECT_EQ(substituteTemplate("a$ b$ ${} $1 ${ rank}", values), "a$ b$ ${} $1 ${ rank}");
+  EXPECT_EQ(substituteTemplate("", values), "");
+  EXPECT_EQ(substituteTemplate("$", values), "$");
+}
+
+TEST(SubstituteTemplate, ValuesAreNotExpandedAgain) {
+  EXPECT_EQ(substituteTemplate("$a$b", {{"a", "$b"}, {"b", "x"}}), "$bx");
+}
+
 }  // namespace
 }  // namespace dlrun

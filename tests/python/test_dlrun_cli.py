@@ -2,6 +2,7 @@
 and the problem, exit 2, and no worker started; and the entry-point forms (a program on PATH, a
 path, a .py script, -m module, --no-python, the bundled `train`)."""
 import os
+import shutil
 import socket
 import stat
 import subprocess
@@ -133,7 +134,11 @@ class DlrunInvalidInputTest(unittest.TestCase):
                     self.assertIn(word, lines[0])
 
     def test_unknown_flag(self):
-        self.assert_rejected(["--nproc-per-nod=2"], ["--nproc-per-nod"])
+        self.assert_rejected(["--nproc-per-nodes=2"], ["--nproc-per-nodes"])
+
+    def test_ambiguous_abbreviation(self):
+        # argparse's abbreviations, as torchrun takes them: a unique prefix is the flag itself.
+        self.assert_rejected(["--no"], ["ambiguous flag --no", "--no-python"])
 
 
 class DlrunEntryPointTest(unittest.TestCase):
@@ -191,10 +196,11 @@ class DlrunEntryPointTest(unittest.TestCase):
         self.assertEqual(rec["orig_argv"][-1], "--nproc-per-node=3")
 
     def test_bundled_trainer_missing_is_one_line(self):
-        trainer = os.path.join(os.path.dirname(dlrun_binary()), "dlrun-train")
-        if os.path.exists(trainer):
-            self.skipTest("dlrun-train is built")
-        result = run_dlrun(self, ["--nproc-per-node=1", "train"], timeout=10)
+        # A copy of dlrun in a directory without dlrun-train beside it.
+        alone = os.path.join(temp_dir(self), "dlrun")
+        shutil.copy(dlrun_binary(), alone)
+        result = subprocess.run([alone, "--nproc-per-node=1", "train"], capture_output=True,
+                                text=True, timeout=10, env=clean_env())
         self.assertNotEqual(result.returncode, 0, result)
         lines = result.stderr.splitlines()
         self.assertEqual(len(lines), 1, result)

@@ -1,5 +1,5 @@
 """Worker output: each console line prefixed `[rank]:` by default, --local-ranks-filter for the
-console, and per-rank files <log-dir>/<run-id>/attempt_0/<local_rank>/{stdout,stderr}.log with
+console, and per-rank files <log-dir>/<run-id>_<8 random>/attempt_0/<local_rank>/{stdout,stderr}.log with
 --redirects (files only) and --tee (files and console)."""
 import os
 import unittest
@@ -40,8 +40,18 @@ class DlrunOutputTest(unittest.TestCase):
         self.assertEqual(len(ids), 1, result)
         return ids.pop()
 
-    def read_log(self, log_dir, run_id, rank, stream):
-        with open(os.path.join(log_dir, run_id, "attempt_0", str(rank), f"{stream}.log")) as f:
+    def run_dir(self, log_dir, run_id=None):
+        """The launch's one directory in log_dir, named as torchrun names it: RUN_ID_XXXXXXXX,
+        made private (0700) as tempfile.mkdtemp makes it."""
+        (name,) = os.listdir(log_dir)
+        self.assertRegex(name, r"^(.+)_[a-z0-9_]{8}$")
+        if run_id is not None:
+            self.assertEqual(name[:-9], run_id)
+        self.assertEqual(os.stat(os.path.join(log_dir, name)).st_mode & 0o777, 0o700)
+        return os.path.join(log_dir, name)
+
+    def read_log(self, run_dir, rank, stream, attempt=0):
+        with open(os.path.join(run_dir, f"attempt_{attempt}", str(rank), f"{stream}.log")) as f:
             return f.read()
 
     def test_default_prefix_on_every_line(self):
@@ -83,13 +93,13 @@ class DlrunOutputTest(unittest.TestCase):
         result = self.run_workers("--log-dir", log_dir, "--redirects=3")
         self.assertEqual(worker_lines(result.stdout), [], result)
         self.assertEqual(worker_lines(result.stderr), [], result)
-        run_ids = os.listdir(log_dir)
-        self.assertEqual(len(run_ids), 1, run_ids)
+        run_dir = self.run_dir(log_dir)
+        run_id = os.path.basename(run_dir)[:-9]
         for rank in range(2):
-            out = self.read_log(log_dir, run_ids[0], rank, "stdout")
+            out = self.read_log(run_dir, rank, "stdout")
             self.assertEqual(out, "\n".join(stdout_lines(rank)) +
-                             f"\nrun id {run_ids[0]}\ntail of rank {rank}")
-            self.assertEqual(self.read_log(log_dir, run_ids[0], rank, "stderr"),
+                             f"\nrun id {run_id}\ntail of rank {rank}")
+            self.assertEqual(self.read_log(run_dir, rank, "stderr"),
                              f"err 1 of rank {rank}\n")
 
     def test_redirects_for_one_rank(self):
@@ -98,9 +108,9 @@ class DlrunOutputTest(unittest.TestCase):
         self.assert_rank_shown(result, 0)
         for text in (result.stdout, result.stderr):
             self.assertFalse([l for l in worker_lines(text) if l.startswith("[1]:")], result)
-        (run_id,) = os.listdir(log_dir)
-        self.assertIn("out 1 of rank 1\n", self.read_log(log_dir, run_id, 1, "stdout"))
-        self.assertEqual(self.read_log(log_dir, run_id, 1, "stderr"), "err 1 of rank 1\n")
+        run_dir = self.run_dir(log_dir)
+        self.assertIn("out 1 of rank 1\n", self.read_log(run_dir, 1, "stdout"))
+        self.assertEqual(self.read_log(run_dir, 1, "stderr"), "err 1 of rank 1\n")
 
     def test_tee_wins_over_redirects(self):
         # As torchrun: a stream both redirected and teed is in the file and on the console.
@@ -109,7 +119,8 @@ class DlrunOutputTest(unittest.TestCase):
         for rank in range(2):
             self.assertIn(f"[{rank}]:out 1 of rank {rank}", worker_lines(result.stdout), result)
             self.assertIn(f"out 1 of rank {rank}\n",
-                          self.read_log(log_dir, self.run_id(result, rank), rank, "stdout"))
+                          self.read_log(self.run_dir(log_dir, self.run_id(result, rank)), rank,
+                                        "stdout"))
         self.assertEqual(worker_lines(result.stderr), [], result)  # stderr: redirected only
 
     def test_duplicate_filters_copy_matching_lines(self):
@@ -118,8 +129,7 @@ class DlrunOutputTest(unittest.TestCase):
         log_dir = temp_dir(self)
         result = self.run_workers("--log-dir", log_dir, "--duplicate-stdout-filters",
                                   "out 1,tail", "--duplicate-stderr-filters=err")
-        (run_id,) = os.listdir(log_dir)
-        attempt = os.path.join(log_dir, run_id, "attempt_0")
+        attempt = os.path.join(self.run_dir(log_dir), "attempt_0")
         with open(os.path.join(attempt, "filtered_stdout.log")) as f:
             self.assertEqual(sorted(f.read().splitlines()),
                              ["[0]:out 1 of rank 0", "[0]:tail of rank 0",
@@ -136,7 +146,7 @@ class DlrunOutputTest(unittest.TestCase):
             self.assert_rank_shown(result, rank)
             run_id = self.run_id(result, rank)
             self.assertRegex(run_id, r"^\S+$")
-            out = self.read_log(log_dir, run_id, rank, "stdout")
+            out = self.read_log(self.run_dir(log_dir, run_id), rank, "stdout")
             self.assertEqual(out, "\n".join(stdout_lines(rank)) +
                              f"\nrun id {run_id}\ntail of rank {rank}")
             # No prefixes in the files: they hold what the worker wrote.
@@ -150,14 +160,28 @@ class DlrunOutputTest(unittest.TestCase):
                                   "--redirects=3", PYTHON, FAIL_WORKER, out, "fail-first", "1",
                                   "3"], env=clean_env(OMP_NUM_THREADS="1"))
         self.assertEqual(result.returncode, 0, result)
-        (run_id,) = os.listdir(log_dir)
-        self.assertEqual(sorted(os.listdir(os.path.join(log_dir, run_id))),
-                         ["attempt_0", "attempt_1"])
-        first = self.read_log(log_dir, run_id, 1, "stderr")
+        run_dir = self.run_dir(log_dir)
+        self.assertEqual(sorted(os.listdir(run_dir)), ["attempt_0", "attempt_1"])
+        first = self.read_log(run_dir, 1, "stderr")
         self.assertIn("last words of rank 1", first)
-        self.assertEqual(self.read_log(log_dir, run_id, 1, "stderr").count("failing now"), 1)
-        with open(os.path.join(log_dir, run_id, "attempt_1", "1", "stderr.log")) as f:
-            self.assertNotIn("failing now", f.read())
+        self.assertEqual(first.count("failing now"), 1)
+        self.assertNotIn("failing now", self.read_log(run_dir, 1, "stderr", attempt=1))
+
+    def test_a_second_launch_under_the_same_id_keeps_the_first_ones_logs(self):
+        log_dir = temp_dir(self)
+        for word in ("first", "second"):
+            result = run_dlrun(self, ["--nproc-per-node=1", "--rdzv-id=same", "--log-dir",
+                                      log_dir, "--redirects=1", "--no-python", "/bin/echo",
+                                      word], env=clean_env(OMP_NUM_THREADS="1"))
+            self.assertEqual(result.returncode, 0, result)
+        runs = sorted(os.listdir(log_dir))
+        self.assertEqual(len(runs), 2, runs)
+        texts = set()
+        for name in runs:
+            self.assertRegex(name, r"^same_[a-z0-9_]{8}$")
+            with open(os.path.join(log_dir, name, "attempt_0", "0", "stdout.log")) as f:
+                texts.add(f.read())
+        self.assertEqual(texts, {"first\n", "second\n"})
 
 
 if __name__ == "__main__":
