@@ -71,6 +71,9 @@ struct AgentOptions {
   std::string nodeName;  // "host (address)" in a multi-node job's failure reports
   TfConfigMode tfConfig = TfConfigMode::Auto;
   bool servesStore = false;  // this process serves the store its workers connect to
+  // --store-proxy: the workers reach the store through this agent's proxy on loopback
+  // (store/store_proxy.h), which forwards their requests over a few connections of its own
+  bool storeProxy = false;
   std::optional<HangOptions> hang;  // --hang-timeout: watch the workers' progress
   std::optional<ControlOptions> control;  // publish to the control plane, follow its commands
   std::optional<MetricsOptions> metrics;  // --metrics-port: Prometheus metrics and the page

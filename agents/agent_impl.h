@@ -22,6 +22,7 @@
 #include "common/asio.h"
 #include "common/error.h"
 #include "common/log.h"
+#include "store/store_proxy.h"
 
 namespace dlrun::agents::detail {
 
@@ -54,6 +55,10 @@ class AgentImpl {
   void watchForHangs();
   void onHang(const HungWorker& hung);
   void takeStacksThenStop(const rendezvous::RoundEnd& end);
+
+  // agent_links.cpp: --store-proxy's proxy, made or moved to where the round's store is; the
+  // workers' world then names it
+  void proxyStore(rendezvous::World& seen);
 
   // agent_workers.cpp: starting, restarting and reaping workers
   void prepareLaunches();
@@ -134,6 +139,8 @@ class AgentImpl {
   std::optional<asio::ip::tcp::socket> storeHost_;  // watchStoreHost's connection
   std::array<char, 1> storeHostByte_{};
   int exitCode_ = 0;
+  std::unique_ptr<StoreProxy> proxy_;  // --store-proxy
+  std::string proxiedStore_;           // where proxy_ forwards to, HOST:PORT
   fs::path logRoot_;
   std::optional<fs::path> runDir_;  // LOG_ROOT/RUN_ID_XXXXXXXX, made on first use (agent_files.cpp)
   fs::path runDir();

@@ -1,6 +1,6 @@
 // The agent's links to other processes: the launcher's connection on stdin (--control-stdin),
-// whose lines are signals, and a connection to the node serving the workers' store, whose end
-// says that node is gone.
+// whose lines are signals, a connection to the node serving the workers' store, whose end
+// says that node is gone, and --store-proxy's proxy between the workers and that store.
 #include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
@@ -66,6 +66,21 @@ void AgentImpl::watchStoreHost() {
               });
             });
       });
+}
+
+void AgentImpl::proxyStore(rendezvous::World& seen) {
+  const std::string store = joinHostPort(world_.masterAddr, world_.masterPort);
+  if (!proxy_ || proxiedStore_ != store) {
+    proxy_.reset();
+    proxy_ = std::make_unique<StoreProxy>(
+        io_, StoreProxyOptions{.upstreamHost = world_.masterAddr,
+                               .upstreamPort = world_.masterPort});
+    proxiedStore_ = store;
+    log::info("store proxy: this node's workers reach the store at " + store +
+              " through 127.0.0.1:" + std::to_string(proxy_->port()));
+  }
+  seen.masterAddr = "127.0.0.1";
+  seen.masterPort = proxy_->port();
 }
 
 }  // namespace dlrun::agents::detail

@@ -32,7 +32,7 @@
 namespace dlrun::agents {
 
 struct MetricsOptions {
-  std::string host = "0.0.0.0";
+  std::string host;   // empty until the launcher names the address this node uses for the job
   uint16_t port = 0;  // 0: a free one, printed
   // The store this process serves, if any: its counts join this agent's metrics.
   std::function<StoreStats()> storeStats;

@@ -62,8 +62,10 @@ DescriptorNeeds descriptorNeeds(const AgentOptions& options, int inUse) {
     if (wantsDir(options, output)) output.dir = ".";
     needs.workerFiles += Worker::descriptors(output);
   }
-  // torch's workers each open a client to the store at MASTER_ADDR.
-  if (options.servesStore) needs.storeClients = options.nprocPerNode;
+  // torch's workers each open a client to the store at MASTER_ADDR: a store this process
+  // serves, or its proxy (--store-proxy), holds each one's connection.
+  needs.storeClients = options.nprocPerNode * ((options.servesStore ? 1 : 0) +
+                                               (options.storeProxy ? 1 : 0));
   return needs;
 }
 
@@ -108,7 +110,9 @@ void AgentImpl::prepareLaunches() {
   for (const auto& observer : observers_)
     observer->onRoundPreparing(attemptDir, options_.nprocPerNode,
                                hang_ ? hang_->board() : nullptr, spec);
-  environment_.emplace(inherited_, world_, std::move(spec));
+  rendezvous::World seen = world_;  // the world as the workers see it
+  if (options_.storeProxy) proxyStore(seen);
+  environment_.emplace(inherited_, seen, std::move(spec));
   // The command as given: substituting ${local_rank} only shortens an argument.
   ExecSizes command;
   command.add(options_.command.front().size());  // the file name exec copies as well

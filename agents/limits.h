@@ -39,7 +39,8 @@ struct DescriptorNeeds {
   int inUse = 0;         // open before the first worker starts
   int workers = 0;
   int workerFiles = 0;   // the workers' output pipes and log files, all together
-  int storeClients = 0;  // connections to a store this process serves, from this node's workers
+  // connections from this node's workers to a store (or a store proxy) this process serves
+  int storeClients = 0;
   // The event loop, the rendezvous's and the store's own connections, a start's pipes in
   // flight, the parking slots, and room to spare.
   static constexpr int kReserve = 64;

@@ -3,6 +3,7 @@
 #include <CLI/CLI.hpp>
 
 #include "common/cli.h"
+#include "common/error.h"
 #include "common/version.h"
 
 namespace dlrun::launcher {
@@ -39,22 +40,48 @@ DlrundParse parseDlrundArgs(const std::vector<std::string>& args) {
   app.add_option("--max-buffered-bytes", limits.maxBufferedBytes,
                  "Most bytes held per connection (unparsed input plus unsent replies)")
       ->check(kAtLeastOne);
+  std::string allow;
+  app.add_option("--allow", allow,
+                 "Accept connections (store and control plane) only from these addresses and "
+                 "CIDR networks, comma-separated: 10.0.0.0/8,127.0.0.1,::1,fd00::/8; others are "
+                 "closed unread, counted (rejected=N, dlrun_store_rejected_connections_total) "
+                 "and logged once per address (default: from anyone)");
   app.add_flag("!--no-control", result.config.control,
                "Do not serve the gRPC control plane (dlrun status/events/stop) on the port");
   app.add_flag("--stats", result.config.stats,
                "Print the store's counts (connections, requests by op) as one line on stdout, "
                "'dlrund stats: time=UNIX_SECONDS connections=N foreign=N requests=N SET=N "
-               "...' (each op served, in protocol order), on SIGUSR1 and at exit");
+               "...' (each op served, in protocol order; rejected=N after foreign=N once "
+               "--allow turned a peer away), on SIGUSR1 and at exit");
   app.add_option("--metrics-port", result.config.metricsPort,
                  "Serve Prometheus metrics (/metrics) and a live page of the store (/) over HTTP "
                  "on this port, 0 for a free one; printed on stdout (default -1: off)")
       ->check(CLI::Range(-1, 65535));
   app.add_option("--metrics-host", result.config.metricsHost,
-                 "Numeric address --metrics-port listens on");
+                 "Numeric address --metrics-port listens on (default: --host's)");
+  std::string upstream;
+  app.add_option("--upstream", upstream,
+                 "Serve as a store proxy in front of the store at HOST:PORT (a numeric address): "
+                 "clients' requests go there over a few connections, WAITs on the same keys and "
+                 "ADDs to one key in flight together as one (as dlrun --store-proxy); no control "
+                 "plane, metrics or --allow then");
   app.add_flag("-v,--verbose", result.config.verbose, "Log every connection event");
   app.set_version_flag("--version", kVersion);
 
   result.exitCode = parseCommandLine(app, args, kVersion);
+  if (result.exitCode) return result;
+  server.admission = AdmissionRule::parse(allow, "--allow");
+  if (!upstream.empty()) {
+    if (!allow.empty() || result.config.metricsPort >= 0)
+      throw ConfigError("--upstream: a store proxy takes no --allow or --metrics-port");
+    try {
+      result.config.upstream = parseHostPort(upstream, 0);
+    } catch (const ConfigError& e) {
+      throw ConfigError("--upstream: '" + upstream + "': " + e.what());
+    }
+    if (result.config.upstream->port == 0)
+      throw ConfigError("--upstream: '" + upstream + "' names no port (HOST:PORT)");
+  }
   return result;
 }
 

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "common/host_port.h"
 #include "store/store_server.h"
 
 namespace dlrun::launcher {
@@ -15,8 +16,10 @@ struct DlrundConfig {
   bool control = true;  // serve the control plane (gRPC) on the store's port
   bool stats = false;   // print the store's counters (StoreStats) on SIGUSR1 and at exit
   int metricsPort = -1;  // --metrics-port: -1 off, 0 a free one
-  std::string metricsHost = "0.0.0.0";
+  std::string metricsHost;  // empty: --host
   bool verbose = false;
+  // --upstream HOST:PORT: serve as a store proxy in front of that store (store_proxy.h)
+  std::optional<HostPort> upstream;
 };
 
 // Throws ConfigError with a one-line message for bad flags. `exitCode` is set when the run

@@ -12,6 +12,38 @@
 #include "launcher/dlrund_cli.h"
 #include "metrics/routes.h"
 #include "metrics/store_metrics.h"
+#include "store/address.h"
+#include "store/store_proxy.h"
+
+namespace {
+
+// --upstream: a store proxy in front of another store, until SIGINT or SIGTERM.
+int serveProxy(const dlrun::launcher::DlrundConfig& config) {
+  using namespace dlrun;
+  boost::asio::io_context io(1);
+  StoreProxy proxy(io, {.upstreamHost = resolveNumeric(config.upstream->host, "--upstream"),
+                        .upstreamPort = config.upstream->port,
+                        .host = config.server.host,
+                        .port = config.server.port,
+                        .limits = config.server.limits});
+  boost::asio::signal_set signals(io, SIGINT, SIGTERM);
+  signals.async_wait([&](const boost::system::error_code& ec, int) {
+    if (!ec) proxy.stop();
+  });
+  std::cout << "dlrund listening on " << joinHostPort(config.server.host, proxy.port())
+            << std::endl;
+  std::cout << "dlrund is a store proxy for " << config.upstream->text() << std::endl;
+  io.run();
+  const StoreProxyStats stats = proxy.stats();
+  if (config.stats)
+    std::cout << "dlrund proxy stats: clients=" << stats.clients << " requests=" << stats.requests
+              << " upstream_requests=" << stats.upstreamRequests << " upstream_connections="
+              << stats.upstreamConnections << " coalesced_waits=" << stats.coalescedWaits
+              << " coalesced_adds=" << stats.coalescedAdds << std::endl;
+  return 0;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   using namespace dlrun;
@@ -20,6 +52,7 @@ int main(int argc, char** argv) {
     auto parsed = launcher::parseDlrundArgs(std::vector<std::string>(argv + 1, argv + argc));
     if (parsed.exitCode) return *parsed.exitCode;
     if (parsed.config.verbose) log::setVerbose(true);
+    if (parsed.config.upstream) return serveProxy(parsed.config);
 
     // Declared before the store server, which hands it connections until it is gone.
     std::optional<control::ControlServer> control;
@@ -35,7 +68,8 @@ int main(int argc, char** argv) {
     if (parsed.config.metricsPort >= 0) {
       http.emplace(io,
                    metrics::HttpServerOptions{
-                       .host = parsed.config.metricsHost,
+                       .host = parsed.config.metricsHost.empty() ? parsed.config.server.host
+                                                                  : parsed.config.metricsHost,
                        .port = static_cast<uint16_t>(parsed.config.metricsPort)},
                    metrics::routes(
                        [&server] {

@@ -49,6 +49,12 @@ agents::AgentOptions agentOptions(const LaunchConfig& config, bool servesStore,
   return options;
 }
 
+// --metrics-port listens where the job is, unless --metrics-host says otherwise: a page that
+// shows the job's ranks and hosts is not for every network the machine is on.
+void listenWhereTheJobIs(agents::AgentOptions& options, const std::string& address) {
+  if (options.metrics && options.metrics->host.empty()) options.metrics->host = address;
+}
+
 using control::StoreConnector;
 
 // Connections to the dlrun store at host:port for the control plane's publisher. Without
@@ -109,8 +115,10 @@ int launchSingleNode(const LaunchConfig& config) {
   const std::string host = config.localAddr.value_or("127.0.0.1");
   // The store runs on its own thread: the agent's thread blocks in rendezvous rounds that
   // talk to this very store. Its port also serves the control plane (built on first use).
-  control::StoreWithControl served({.host = host, .port = config.masterPort.value_or(0)});
+  control::StoreWithControl served(
+      {.host = host, .port = config.masterPort.value_or(0), .admission = config.storeAllow});
   const StoreServerThread& store = served.store();
+  listenWhereTheJobIs(options, host);
   if (options.metrics) options.metrics->storeStats = [&store] { return store.stats(); };
   const std::string runId = runIdOf(config);
   const std::string name = config.nodeName.value_or(hostName());
@@ -142,6 +150,7 @@ struct StorePlan {
   uint16_t port = 0;
   bool serve = false;        // this agent should try to serve it
   bool mustServe = false;    // and nobody else will
+  AdmissionRule allow;       // --store-allow
 };
 
 // The parser has checked the flags and parsed the c10d endpoint (rdzvStore); what is left to
@@ -195,7 +204,7 @@ std::optional<control::StoreWithControl> serveStore(const StorePlan& plan) {
   for (bool said = false;; said = true) {
     try {
       return std::make_optional<control::StoreWithControl>(
-          StoreServerOptions{.host = plan.host, .port = plan.port});
+          StoreServerOptions{.host = plan.host, .port = plan.port, .admission = plan.allow});
     } catch (const NetworkError& e) {
       if (plan.mustServe) throw;
       if (Clock::now() >= deadline || answers(plan.host, plan.port)) {
@@ -335,7 +344,8 @@ int launchEtcd(const LaunchConfig& config) {
     return std::make_unique<rendezvous::etcd::EtcdStore>(storeOptions, client);
   };
   agents::checkDescriptors(agentOptions(config, true));
-  control::StoreWithControl workerStore({.host = addr, .port = 0}, connectEtcd);
+  control::StoreWithControl workerStore({.host = addr, .port = 0, .admission = config.storeAllow},
+                                        connectEtcd);
   const std::string name = config.nodeName.value_or(hostName());
   rendezvous::ElasticOptions options = elasticOptions(config, addr, name);
   options.storeHost = endpoints;  // for messages: etcd, not an agent, is the rendezvous store
@@ -343,6 +353,7 @@ int launchEtcd(const LaunchConfig& config) {
   options.self.storePort = workerStore.store().port();
   options.connect = connectEtcd;
   agents::AgentOptions agent = agentOptions(config, true, name + " (" + addr + ")");
+  listenWhereTheJobIs(agent, addr);
   agent.watchStoreHost = true;
   if (config.controlPlane) {
     auto observing = storeOptions;
@@ -398,7 +409,7 @@ int launchHosts(const LaunchConfig& config) {
         remote == addresses.end()
             ? addresses.front()
             : localAddressToward(*remote, hosts.sshPort.value_or(22));
-    store.emplace(StoreServerOptions{.host = addr, .port = 0});
+    store.emplace(StoreServerOptions{.host = addr, .port = 0, .admission = config.storeAllow});
     job.backend = "c10d";
     job.endpoint = joinHostPort(addr, store->store().port());
     // The agents' machines may own the address too (a host of the list is this one).
@@ -425,7 +436,8 @@ int launchHosts(const LaunchConfig& config) {
 
 int launchMultiNode(const LaunchConfig& config) {
   if (config.rdzvBackend == RdzvBackend::Etcd) return launchEtcd(config);
-  const StorePlan plan = planStore(config);
+  StorePlan plan = planStore(config);
+  plan.allow = config.storeAllow;
   // Before joining: a node that cannot start its workers must not hold the others up.
   agents::checkDescriptors(agentOptions(config, plan.serve));
   auto store = serveStore(plan);
@@ -437,6 +449,7 @@ int launchMultiNode(const LaunchConfig& config) {
     options.storeHost = plan.host;
     options.storePort = plan.port;
     agents::AgentOptions agent = agentOptions(config, store.has_value(), name + " (" + addr + ")");
+    listenWhereTheJobIs(agent, addr);
     if (agent.metrics && store)
       agent.metrics->storeStats = [&store] { return store->store().stats(); };
     if (config.controlPlane)

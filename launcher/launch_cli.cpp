@@ -171,6 +171,13 @@ void readFlagValues(DeclaredFlags& f, LaunchConfig& c, const HostProbe& host) {
   f.slurmBackend = f.backendFlag && f.backendFlag->slurm;
   f.staticFlags = f.masterAddrOption->count() > 0 || f.masterPortOption->count() > 0;
   f.fanout = !f.hostfile.empty() || !f.hostList.empty();
+  // The node's own workers and agent reach a store it serves on loopback too.
+  if (!f.storeAllow.empty())
+    c.storeAllow = AdmissionRule::parse(f.storeAllow + ",127.0.0.1,::1", "--store-allow");
+  if (f.storeProxy != "auto" && f.storeProxy != "on" && f.storeProxy != "off")
+    throw ConfigError("--store-proxy: '" + f.storeProxy + "' is not auto, on or off");
+  c.agent.storeProxy = f.storeProxy == "on" ||
+                       (f.storeProxy == "auto" && c.agent.nprocPerNode >= kStoreProxyAutoWorkers);
   // Each host of a one-command launch binds on its own machine.
   if (!f.numaBinding.empty()) {
     const auto mode = agents::parseNumaMode(f.numaBinding);

@@ -14,6 +14,7 @@
 #include "common/host_port.h"
 #include "remote/hostfile.h"
 #include "rendezvous/etcd/endpoints.h"
+#include "store/admission.h"
 
 namespace dlrun::launcher {
 
@@ -104,6 +105,10 @@ struct LaunchConfig {
   bool refuseLostNodes = false;  // in a Slurm allocation a lost node's place goes to a spare
   std::string masterAddr = "127.0.0.1";
   std::optional<uint16_t> masterPort;  // unset: a free port on the single-node path
+
+  // --store-allow: who may connect to a store this launch serves (the networks given, and
+  // loopback); empty: anyone
+  AdmissionRule storeAllow;
 
   std::optional<HostLaunch> hostLaunch;  // --hostfile, --hosts
   // As the user wrote it, for messages; agent.command is the resolved command, its argv[0] an

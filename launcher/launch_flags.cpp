@@ -155,7 +155,8 @@ void declareOutputFlags(CLI::App& app, DeclaredFlags& f, LaunchConfig& c) {
             "port, 0 for a free one; the address is printed (default: off)")
       ->check(CLI::Range(0, 65535));
   addOption(app, "metrics-host", f.metricsHost,
-            "Numeric address --metrics-port listens on (\"::\" for IPv6 and IPv4)");
+            "Numeric address --metrics-port listens on (\"::\" or 0.0.0.0: every interface; "
+            "default: the address this node uses for the job)");
   f.hangTimeoutOption =
       addOption(app, "hang-timeout", f.hangTimeout,
                 "Seconds without progress after which a worker that reported progress before "
@@ -171,6 +172,16 @@ void declareOutputFlags(CLI::App& app, DeclaredFlags& f, LaunchConfig& c) {
 // Declaring, 3 of 3: addresses, --hostfile's fan-out and torch.distributed.launch's flags.
 void declareHostFlags(CLI::App& app, DeclaredFlags& f, LaunchConfig& c) {
   addOption(app, "local-addr", f.localAddr, "Address of this node as other nodes reach it");
+  addOption(app, "store-allow", f.storeAllow,
+            "Only these addresses and CIDR networks (10.0.0.0/8,fd00::/8), and loopback, may "
+            "connect to a store this dlrun serves; others are closed unread, counted and logged "
+            "once per address. The list must cover every node of the job, this one included "
+            "(default: anyone)");
+  addOption(app, "store-proxy", f.storeProxy,
+            "on: this node's workers reach the job's store through dlrun on loopback "
+            "(MASTER_ADDR=127.0.0.1), which carries their requests over a few connections and "
+            "makes a barrier one request per node; off: each worker straight to the store; "
+            "auto: on from " + std::to_string(kStoreProxyAutoWorkers) + " workers on a node");
   f.masterAddrOption =
       addOption(app, "master-addr", c.masterAddr, "Store address for the static backend");
   f.masterPortOption =

@@ -22,6 +22,7 @@ namespace dlrun::launcher {
 struct DeclaredFlags {
   std::string nnodes = "1", nproc = "1", rdzvConf, redirects = "0", tee = "0", ranksFilter;
   std::string logDir, localAddr, tfConfig = "auto", consoleFormat = "dlrun", numaBinding;
+  std::string storeProxy = "auto", storeAllow;
   int masterPort = -1;
   double monitorInterval = 0.1, stopTimeout = 30, shutdownTimeout = 30, hangTimeout = 0;
   bool module = false, noPython = false, runPath = false;
@@ -34,7 +35,7 @@ struct DeclaredFlags {
   std::string roles, tokenFile;
   bool noControlPlane = false;
   int metricsPort = -1;
-  std::string metricsHost = "0.0.0.0", hangAction = "restart";
+  std::string metricsHost, hangAction = "restart";
   std::string hostfile, hostList, sshCommand = "ssh", localRankStyle = "dash";
   int sshPort = 0;
   HostLaunch hostLaunch;
@@ -54,6 +55,9 @@ struct DeclaredFlags {
   bool staticFlags = false;   // --master-addr or --master-port
   bool fanout = false;        // --hostfile or --hosts
 };
+
+// --store-proxy=auto turns the proxy on from this many workers on a node.
+inline constexpr int kStoreProxyAutoWorkers = 64;
 
 // Declares every flag on `app`, bound to `f` and `c`.
 void declareFlags(CLI::App& app, DeclaredFlags& f, LaunchConfig& c);

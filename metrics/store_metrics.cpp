@@ -16,6 +16,10 @@ void addStoreMetrics(Exposition& out, const StoreStats& stats) {
   out.family("dlrun_store_refused_connections_total", "counter",
              "Connections closed for breaking the protocol or a limit");
   out.sample("dlrun_store_refused_connections_total", count(stats.refused));
+  out.family("dlrun_store_rejected_connections_total", "counter",
+             "Connections closed unread: the peer is not among the job's hosts or allowed "
+             "networks");
+  out.sample("dlrun_store_rejected_connections_total", count(stats.rejected));
   out.family("dlrun_store_requests_total", "counter", "Store requests served, by operation");
   for (size_t op = 0; op < stats.ops.size(); ++op) {
     if (stats.ops[op] == 0) continue;  // an op never served is no series yet
@@ -40,7 +44,8 @@ std::string storeJson(const StoreStats& stats) {
       ops[std::string(wire::opName(static_cast<wire::Op>(op)))] =
           stats.ops[op];
   return nlohmann::json{{"connections", stats.connections}, {"open", stats.open},
-                        {"refused", stats.refused},         {"requests", stats.requests()},
+                        {"refused", stats.refused},         {"rejected", stats.rejected},
+                        {"requests", stats.requests()},
                         {"bytes_in", stats.bytesIn},        {"bytes_out", stats.bytesOut},
                         {"keys", stats.keys},               {"waiters", stats.waiters},
                         {"ops", ops}}

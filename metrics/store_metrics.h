@@ -9,7 +9,7 @@
 
 namespace dlrun::metrics {
 
-// dlrun_store_*: connections (accepted, open, refused), requests by op, bytes each way, keys,
+// dlrun_store_*: connections (accepted, open, refused, rejected), requests by op, bytes each way, keys,
 // waiters.
 void addStoreMetrics(Exposition& out, const StoreStats& stats);
 

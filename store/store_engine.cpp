@@ -74,6 +74,7 @@ std::string StoreEngine::handle(Peer& peer, const wire::Request& r, TimePoint no
       return {};
     }
     case Op::Wait:
+    case Op::GroupWait:
       wait(peer, r);
       return {};
     case Op::GetNumKeys:
@@ -260,15 +261,15 @@ void StoreEngine::wait(Peer& peer, const wire::Request& r) {
     sendByte(peer, static_cast<uint8_t>(wire::WaitReply::StopWaiting));
     return;
   }
-  addWaiter(peer, std::move(missing));
+  addWaiter(peer, std::move(missing), r.op == wire::Op::GroupWait);
 }
 
-void StoreEngine::addWaiter(Peer& peer, std::vector<std::string> keys) {
+void StoreEngine::addWaiter(Peer& peer, std::vector<std::string> keys, bool group) {
   const uint64_t id = nextWaiterId_++;
   for (const auto& key : keys) waitersByKey_[key].push_back(id);
   waitersByPeer_[&peer].push_back(id);
   const size_t remaining = keys.size();
-  waiters_.emplace(id, Waiter{&peer, std::move(keys), remaining});
+  waiters_.emplace(id, Waiter{&peer, std::move(keys), remaining, group});
 }
 
 void StoreEngine::keyWritten(const std::string& key) {
@@ -279,12 +280,16 @@ void StoreEngine::keyWritten(const std::string& key) {
   for (uint64_t id : ids) keyArrivedFor(id);
 }
 
-void StoreEngine::keyArrivedFor(uint64_t id) {
+void StoreEngine::keyArrivedFor(uint64_t id, bool pushed) {
   auto it = waiters_.find(id);
-  if (it == waiters_.end() || --it->second.remaining > 0) return;
+  if (it == waiters_.end()) return;
+  it->second.pushed = it->second.pushed || pushed;
+  if (--it->second.remaining > 0) return;
   Peer* peer = it->second.peer;
+  const bool one = it->second.group && it->second.pushed;
   forgetWaiter(id);
-  sendByte(*peer, static_cast<uint8_t>(wire::WaitReply::StopWaiting));
+  sendByte(*peer, static_cast<uint8_t>(one ? wire::WaitReply::StopWaitingOne
+                                           : wire::WaitReply::StopWaiting));
 }
 
 void StoreEngine::wakeOne(const std::string& key) {
@@ -293,7 +298,7 @@ void StoreEngine::wakeOne(const std::string& key) {
   const uint64_t id = byKey->second.front();
   byKey->second.erase(byKey->second.begin());
   if (byKey->second.empty()) waitersByKey_.erase(byKey);
-  keyArrivedFor(id);
+  keyArrivedFor(id, true);
 }
 
 void StoreEngine::forgetWaiter(uint64_t id) {

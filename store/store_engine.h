@@ -59,6 +59,8 @@ class StoreEngine {
     Peer* peer;
     std::vector<std::string> missing;  // keys not yet written since the wait began
     size_t remaining;
+    bool group = false;   // GROUP_WAIT's: its reply says whether a push woke it
+    bool pushed = false;  // a QUEUE_PUSH's wake-one brought one of its keys
   };
 
   struct Lease {
@@ -69,13 +71,15 @@ class StoreEngine {
   };
 
   void wait(Peer& peer, const wire::Request& request);
-  void addWaiter(Peer& peer, std::vector<std::string> keys);  // until each key is written
+  // Until each key is written; `group`: a GROUP_WAIT's.
+  void addWaiter(Peer& peer, std::vector<std::string> keys, bool group = false);
   void cancelWaits(Peer& peer);
   // Every write to a key wakes every waiter on it: WAITs, which wait only on keys missing when
   // they began, and BARRIER arrivals, which wait on their counter.
   void keyWritten(const std::string& key);
   void wakeOne(const std::string& key);      // wakes the longest waiter on the key
-  void keyArrivedFor(uint64_t waiterId);     // one of its keys exists; reply when all do
+  // One of its keys exists (`pushed`: a QUEUE_PUSH brought it); reply when all do.
+  void keyArrivedFor(uint64_t waiterId, bool pushed = false);
   void forgetWaiter(uint64_t id);
   bool present(std::string_view key) const;  // a value, or a queue with items
   void compareSet(Peer& peer, const wire::Request& request);

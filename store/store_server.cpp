@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <memory>
+#include <set>
 #include <span>
 #include <unordered_map>
 
@@ -54,6 +55,7 @@ class ServerImpl : public std::enable_shared_from_this<ServerImpl> {
 
   static tcp::acceptor listen(asio::io_context& io, const StoreServerOptions& options);
   void accept();
+  bool admits(tcp::socket& socket);
   void stop();
   void forget(Session* session);
   void armLeaseTimer();
@@ -74,6 +76,11 @@ class ServerImpl : public std::enable_shared_from_this<ServerImpl> {
   Counter accepted_;
   Counter foreign_;
   Counter refused_;
+  Counter rejected_;
+  // Addresses already logged as rejected: bounded, so a scan from many addresses costs a
+  // fixed amount of memory and log (past the bound they are counted, not logged).
+  std::set<IpBytes> loggedRejections_;
+  static constexpr size_t kMaxLoggedRejections = 1024;
   Counter bytesIn_;
   Counter bytesOut_;
   Counter keys_;     // gauges, as of the last request served
@@ -286,6 +293,7 @@ tcp::acceptor ServerImpl::listen(asio::io_context& io, const StoreServerOptions&
 void ServerImpl::accept() {
   listener_.start(
       [self = shared_from_this()](tcp::socket socket) {
+        if (!self->admits(socket)) return;
         auto session = std::make_shared<Session>(*self, std::move(socket));
         self->sessions_.emplace(session.get(), session);
         self->connectionCount_.store(self->sessions_.size());
@@ -293,6 +301,30 @@ void ServerImpl::accept() {
         session->start();
       },
       [](const error_code& ec) { log::warn("accept failed: " + ec.message()); });
+}
+
+// Closes a peer the rule does not admit, unread. The peer's address is looked up only when
+// there is a rule: a getpeername per connection costs a barrier of thousands of clients.
+bool ServerImpl::admits(tcp::socket& socket) {
+  if (options_.admission.empty()) return true;
+  error_code ec;
+  const auto peer = socket.remote_endpoint(ec).address();
+  if (ec) return false;  // gone already; the socket closes as it goes out of scope
+  const auto v6 = peer.is_v4() ? asio::ip::make_address_v6(asio::ip::v4_mapped, peer.to_v4())
+                               : peer.to_v6();
+  const IpBytes bytes = v6.to_bytes();
+  if (options_.admission.allows(bytes)) return true;
+  socket.close(ec);
+  if (loggedRejections_.size() < kMaxLoggedRejections && loggedRejections_.insert(bytes).second) {
+    const std::string shown = v6.is_v4_mapped()
+                                  ? asio::ip::make_address_v4(asio::ip::v4_mapped, v6).to_string()
+                                  : v6.to_string();
+    const std::string& flag = options_.admission.flag();
+    log::warn("store: refused a connection from " + shown + " (not in the job's hosts" +
+              (flag.empty() ? "" : " or " + flag) + ")");
+  }
+  rejected_.bump();  // after the line, so whoever sees the count can find the line too
+  return false;
 }
 
 void ServerImpl::forget(Session* session) {
@@ -341,6 +373,10 @@ std::string StoreServer::address() const {
 
 void StoreServer::stop() { impl_->stop(); }
 
+void StoreServer::allow(const IpBytes& host) {
+  asio::post(impl_->io_, [impl = impl_, host] { impl->options_.admission.add(host); });
+}
+
 size_t StoreServer::connectionCount() const { return impl_->connectionCount_.load(); }
 
 StoreStats StoreServer::stats() const {
@@ -348,6 +384,7 @@ StoreStats StoreServer::stats() const {
                    .foreign = impl_->foreign_.read(),
                    .open = impl_->connectionCount_.load(),
                    .refused = impl_->refused_.read(),
+                   .rejected = impl_->rejected_.read(),
                    .bytesIn = impl_->bytesIn_.read(),
                    .bytesOut = impl_->bytesOut_.read(),
                    .keys = impl_->keys_.read(),
@@ -365,6 +402,7 @@ uint64_t StoreStats::requests() const {
 std::string StoreStats::describe() const {
   std::string text = "connections=" + std::to_string(connections) +
                      " foreign=" + std::to_string(foreign) +
+                     (rejected ? " rejected=" + std::to_string(rejected) : "") +
                      " requests=" + std::to_string(requests());
   for (size_t op = 0; op < wire::kOpCount; ++op) {
     if (ops[op] == 0) continue;

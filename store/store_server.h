@@ -5,6 +5,8 @@
 // LEASE) expire on one timer armed at the earliest deadline. A connection that opens with
 // HTTP/2 may go to another server instead (StoreServerOptions::foreign): one port serves both.
 // The server counts what it serves (StoreStats): connections, requests by op, bytes, refusals.
+// A peer its AdmissionRule does not allow is closed as soon as it is accepted, before any byte
+// is read (HTTP/2 ones too), counted in StoreStats::rejected and logged once per address.
 #pragma once
 
 #include <array>
@@ -14,6 +16,7 @@
 #include <string>
 #include <thread>
 
+#include "store/admission.h"
 #include "store/wire.h"
 
 namespace boost::asio {
@@ -32,16 +35,19 @@ struct StoreServerOptions {
   // bytes unread. A TCPStore request opens with an op code (0..18, or 64). Called on the
   // io_context's thread; it must not block.
   std::function<void(int fd)> foreign;
+  // Who may connect; empty (the default) admits everyone. More hosts: StoreServer::allow.
+  AdmissionRule admission;
 };
 
 // What a server has served since it started: totals, never reset. Counted on the server's
 // thread (a relaxed load and store per request, no read-modify-write: one thread writes);
 // StoreServer::stats() reads them from any thread, each count on its own.
 struct StoreStats {
-  uint64_t connections = 0;  // accepted, foreign ones included
+  uint64_t connections = 0;  // accepted and admitted, foreign ones included
   uint64_t foreign = 0;      // of those, handed to StoreServerOptions::foreign
   uint64_t open = 0;         // connections open now
   uint64_t refused = 0;      // closed for breaking the protocol or a limit
+  uint64_t rejected = 0;     // closed unread: the peer's address is not admitted
   uint64_t bytesIn = 0;      // read from clients
   uint64_t bytesOut = 0;     // written to clients
   uint64_t keys = 0;         // keys held, as of the last request served
@@ -50,7 +56,8 @@ struct StoreStats {
 
   uint64_t requests() const;  // every op
   // One line: "connections=N foreign=N requests=N" then NAME=N for each op served, in
-  // wire::Op order (SET=12 GET=3 ...).
+  // wire::Op order (SET=12 GET=3 ...). "rejected=N" follows foreign= once a peer was rejected:
+  // only then, so the line of a store without admission control reads as it always has.
   std::string describe() const;
 };
 
@@ -74,6 +81,11 @@ class StoreServer {
   // Call on the io_context's thread.
   void stop();
 
+  // Admits one more host (a node of the job) from now on; on an empty rule (everyone) it
+  // makes the rule admit only the hosts added. Safe from any thread: the rule is changed on
+  // the io_context's thread, so it takes effect once that thread gets to it.
+  void allow(const IpBytes& host);
+
   // Safe from any thread.
   size_t connectionCount() const;
   StoreStats stats() const;
@@ -95,6 +107,7 @@ class StoreServerThread {
   std::string address() const { return server_->address(); }
   size_t connectionCount() const { return server_->connectionCount(); }
   StoreStats stats() const { return server_->stats(); }
+  void allow(const IpBytes& host) { server_->allow(host); }
 
  private:
   std::unique_ptr<boost::asio::io_context> io_;

@@ -14,15 +14,16 @@ constexpr uint8_t kNoCode = 0xFF;
 constexpr size_t kOps = kOpCount;
 constexpr std::array<uint8_t, kOps> kV1Codes = {
     kNoCode, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, kNoCode, kNoCode, kNoCode, kNoCode,
-    kNoCode, kNoCode, kNoCode};
+    kNoCode, kNoCode, kNoCode, kNoCode};
 constexpr std::array<uint8_t, kOps> kV2Codes = {0,  1,  2,  3,  4,  5,  6,  7,  kNoCode, 8,  9,
-                                                10, 11, 12, 13, 14, 15, 16, 17,      18, 0x40};
+                                                10, 11, 12, 13, 14, 15, 16, 17,      18, 0x40,
+                                                0x41};
 
 constexpr std::array<std::string_view, kOps> kNames = {
     "VALIDATE",   "SET",    "COMPARE_SET", "GET",         "ADD",  "CHECK",
     "WAIT",       "GETNUMKEYS", "WATCH_KEY", "DELETE_KEY", "APPEND", "MULTI_GET",
     "MULTI_SET",  "CANCEL_WAIT", "PING",      "QUEUE_PUSH", "QUEUE_POP", "QUEUE_LEN",
-    "LIST_KEYS",  "BARRIER",     "LEASE"};
+    "LIST_KEYS",  "BARRIER",     "LEASE",     "GROUP_WAIT"};
 
 const std::array<uint8_t, kOps>& codes(Era era) { return era == Era::V1 ? kV1Codes : kV2Codes; }
 
@@ -156,6 +157,7 @@ bool parseBody(Cursor& c, Request& out) {
     }
     case Op::Check:
     case Op::Wait:
+    case Op::GroupWait:
     case Op::MultiGet:
       return parseKeys(c, out);
     case Op::MultiSet:
@@ -247,6 +249,71 @@ Encoder& Encoder::bytes(std::string_view value) {
   u64(value.size());
   out_.append(value);
   return *this;
+}
+
+namespace {
+
+// Adds the size of one length-prefixed field at `at` to `size`; false while incomplete.
+bool addField(std::span<const char> in, size_t& size, uint64_t limit) {
+  if (in.size() < size + 8) return false;
+  const uint64_t length = loadU64(in.data() + size);
+  if (length > limit)
+    throw ProtocolError("a reply field of " + std::to_string(length) + " bytes");
+  size += 8 + length;
+  return in.size() >= size;
+}
+
+}  // namespace
+
+std::optional<size_t> replySize(Op op, size_t keys, std::span<const char> in,
+                                const Limits& limits) {
+  size_t size = 0;
+  switch (op) {
+    case Op::Validate:
+    case Op::Set:
+    case Op::Append:
+    case Op::MultiSet:
+    case Op::QueuePush:
+      return 0;
+    case Op::Check:
+    case Op::Wait:
+    case Op::GroupWait:
+    case Op::CancelWait:
+    case Op::Barrier:
+    case Op::Lease:
+    case Op::WatchKey:
+      size = 1;
+      break;
+    case Op::Ping:
+      size = 4;
+      break;
+    case Op::Add:
+    case Op::GetNumKeys:
+    case Op::DeleteKey:
+    case Op::QueueLen:
+      size = 8;
+      break;
+    case Op::Get:
+    case Op::CompareSet:
+      return addField(in, size, limits.maxValueBytes) ? std::optional(size) : std::nullopt;
+    case Op::MultiGet:
+      for (size_t i = 0; i < keys; ++i)
+        if (!addField(in, size, limits.maxValueBytes)) return std::nullopt;
+      return size;
+    case Op::QueuePop:  // the length before the pop, then the item when there was one
+    case Op::ListKeys: {  // a count, then that many keys
+      if (in.size() < 8) return std::nullopt;
+      const auto count = static_cast<int64_t>(loadU64(in.data()));
+      size = 8;
+      const uint64_t items = op == Op::QueuePop ? (count > 0 ? 1 : 0) : static_cast<uint64_t>(count);
+      if (count < 0 || items > limits.maxKeysPerOp * 64)
+        throw ProtocolError("a reply of " + std::to_string(count) + " items");
+      for (uint64_t i = 0; i < items; ++i)
+        if (!addField(in, size, limits.maxValueBytes)) return std::nullopt;
+      return size;
+    }
+  }
+  return in.size() >= size ? std::optional(size) : std::nullopt;
 }
 
 uint64_t loadU64(const char* bytes) {

@@ -22,6 +22,10 @@
 //    pairs; replies one uint8 0. Sets key=value and ties it to the connection: every request on
 //    the connection renews the lease for ttl_ms; when the connection closes or the ttl lapses
 //    the server deletes the key and sets each tripwire key that does not exist yet.
+//    GROUP_WAIT=65 (0x41): WAIT's fields and meaning, for a store proxy waiting for a group of
+//    its clients at once; replies STOP_WAITING when a write made the keys exist (every client
+//    may go on), STOP_WAITING_ONE when a QUEUE_PUSH woke it (one client may: the store wakes one
+//    waiter per item).
 // A connection whose first five bytes are VALIDATE + magic speaks V2; any other opening is V1.
 #pragma once
 
@@ -60,8 +64,9 @@ enum class Op : uint8_t {
   ListKeys,
   Barrier,
   Lease,
+  GroupWait,
 };
-inline constexpr size_t kOpCount = static_cast<size_t>(Op::Lease) + 1;
+inline constexpr size_t kOpCount = static_cast<size_t>(Op::GroupWait) + 1;
 
 std::optional<Op> decodeOp(Era era, uint8_t code);
 uint8_t encodeOp(Era era, Op op);  // throws ProtocolError for an op the era lacks
@@ -70,7 +75,7 @@ std::string_view opName(Op op);
 inline constexpr uint32_t kValidationMagic = 0x3C85F7CE;
 
 enum class CheckReply : uint8_t { Ready = 0, NotReady = 1 };
-enum class WaitReply : uint8_t { StopWaiting = 0, WaitCanceled = 1 };
+enum class WaitReply : uint8_t { StopWaiting = 0, WaitCanceled = 1, StopWaitingOne = 2 };
 
 // Checked on every length field before anything is allocated for it.
 struct Limits {
@@ -114,6 +119,13 @@ struct ParseResult {
 // Parses the first request in `in`. Incomplete means more bytes are needed; Invalid means the
 // peer broke the protocol or a limit, and the connection should be dropped.
 ParseResult parseRequest(Era era, std::span<const char> in, const Limits& limits, Request& out);
+
+// The size of the store's reply to `op` (with `keys` keys) at the start of `in`: 0 for an op
+// that has no reply (SET, APPEND, MULTI_SET, QUEUE_PUSH, VALIDATE), nullopt while `in` holds
+// too few bytes. Replies are alike in both eras. Throws ProtocolError for a length beyond
+// `limits` (a reply no store sends).
+std::optional<size_t> replySize(Op op, size_t keys, std::span<const char> in,
+                                const Limits& limits);
 
 // Appends wire fields to a byte string: used for replies and for client requests alike.
 class Encoder {

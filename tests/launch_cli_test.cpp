@@ -380,6 +380,26 @@ TEST(ParseDlrunArgs, NumaBindingTakesEachRanksCpusFromTheMachine) {
   }
 }
 
+TEST(ParseDlrunArgs, StoreProxyIsOnFromSixtyFourWorkersOrAsAsked) {
+  EXPECT_FALSE(parse({"--nproc-per-node=63", "env"}).agent.storeProxy);
+  EXPECT_TRUE(parse({"--nproc-per-node=64", "env"}).agent.storeProxy);
+  EXPECT_TRUE(parse({"--store-proxy=on", "env"}).agent.storeProxy);
+  EXPECT_FALSE(parse({"--store-proxy=off", "--nproc-per-node=64", "env"}).agent.storeProxy);
+  const std::string message = configError([] { parse({"--store-proxy=yes", "env"}); });
+  EXPECT_TRUE(contains(message, "--store-proxy: 'yes'")) << message;
+}
+
+TEST(ParseDlrunArgs, StoreAllowAdmitsItsNetworksAndLoopback) {
+  EXPECT_TRUE(parse({"env"}).storeAllow.empty());
+  const AdmissionRule rule = parse({"--store-allow=10.9.0.0/16,fd00::/8", "env"}).storeAllow;
+  for (const char* admitted : {"10.9.3.4", "fd00::1", "127.0.0.1", "::1"})
+    EXPECT_TRUE(rule.allows(*AdmissionRule::address(admitted))) << admitted;
+  for (const char* refused : {"10.8.0.1", "127.0.0.2", "192.0.2.1"})
+    EXPECT_FALSE(rule.allows(*AdmissionRule::address(refused))) << refused;
+  const std::string message = configError([] { parse({"--store-allow=node1", "env"}); });
+  EXPECT_TRUE(contains(message, "--store-allow")) << message;
+}
+
 // torchrun's --run-path: the entry point is a Python script whatever -m and --no-python say.
 TEST(ParseDlrunArgs, RunPathRunsAPythonScriptOverModuleAndNoPython) {
   for (const Args& flags : {Args{"--run-path"}, Args{"--run-path", "-m"},

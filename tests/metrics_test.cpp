@@ -66,7 +66,7 @@ TEST(StoreMetrics, EveryCountUnderItsNameAndOnlyOpsServed) {
   EXPECT_EQ(text.find("op=\"GET\""), std::string::npos);
   EXPECT_EQ(storeJson(stats),
             R"({"bytes_in":100,"bytes_out":40,"connections":5,"keys":7,"open":2,)"
-            R"("ops":{"SET":9},"refused":1,"requests":9,"waiters":3})");
+            R"("ops":{"SET":9},"refused":1,"rejected":0,"requests":9,"waiters":3})");
 }
 
 }  // namespace

@@ -4,7 +4,10 @@
 
 #include <gtest/gtest.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <poll.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <future>
@@ -57,6 +60,15 @@ class StoreServerTest : public ::testing::Test {
   }
 
   TcpStore client() { return TcpStore({.host = "127.0.0.1", .port = server->port()}); }
+
+  // A server on 127.0.0.1 that admits only 127.0.0.2; `foreign` as StoreServerOptions's.
+  void startAdmittingOnly127002(std::function<void(int)> foreign = {}) {
+    server = std::make_unique<StoreServerThread>(
+        StoreServerOptions{.host = "127.0.0.1",
+                           .port = 0,
+                           .foreign = std::move(foreign),
+                           .admission = AdmissionRule::parse("127.0.0.2", "--allow")});
+  }
 
   std::unique_ptr<StoreServerThread> server;
 };
@@ -314,6 +326,92 @@ TEST_F(StoreServerTest, DeletingALeasedKeyReleasesItWithoutFiring) {
   // Once the server has seen the close, a fired lease would have set the tripwire.
   EXPECT_TRUE(testing::eventually([&] { return server->connectionCount() == 0; }));
   EXPECT_FALSE(client().waitFor({"/trip"}, std::chrono::milliseconds(400)));  // past the TTL
+}
+
+// A client socket that connects from `source`: Linux routes all of 127/8 to loopback, so a
+// socket bound to 127.0.0.2 reaches a server on 127.0.0.1 from another address.
+class SourcedClient {
+ public:
+  SourcedClient(const char* source, uint16_t port) : fd_(::socket(AF_INET, SOCK_STREAM, 0)) {
+    sockaddr_in at{.sin_family = AF_INET};
+    ::inet_pton(AF_INET, source, &at.sin_addr);
+    EXPECT_EQ(::bind(fd_, reinterpret_cast<sockaddr*>(&at), sizeof(at)), 0) << source;
+    at.sin_port = htons(port);
+    ::inet_pton(AF_INET, "127.0.0.1", &at.sin_addr);
+    EXPECT_EQ(::connect(fd_, reinterpret_cast<sockaddr*>(&at), sizeof(at)), 0);
+  }
+  ~SourcedClient() { ::close(fd_); }
+
+  void send(const std::string& bytes) {
+    ASSERT_EQ(::write(fd_, bytes.data(), bytes.size()), static_cast<ssize_t>(bytes.size()));
+  }
+  // Up to `n` bytes, fewer when the server closes first; fails the test after 10 s.
+  std::string read(size_t n) {
+    std::string out;
+    while (out.size() < n) {
+      pollfd readable{.fd = fd_, .events = POLLIN};
+      if (::poll(&readable, 1, 10'000) != 1) {
+        ADD_FAILURE() << "no reply within 10 s";
+        break;
+      }
+      char buffer[64];
+      const ssize_t got = ::read(fd_, buffer, std::min(sizeof(buffer), n - out.size()));
+      if (got <= 0) break;
+      out.append(buffer, static_cast<size_t>(got));
+    }
+    return out;
+  }
+
+ private:
+  int fd_;
+};
+
+// StoreServerOptions::admission: a peer not admitted is closed before anything is read from
+// it, counted apart from protocol refusals, and logged once per address; allow() admits more.
+TEST_F(StoreServerTest, APeerNotAdmittedIsClosedUnreadCountedAndLoggedOnce) {
+  startAdmittingOnly127002();
+  ::testing::internal::CaptureStderr();
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    SourcedClient stranger("127.0.0.1", server->port());
+    EXPECT_EQ(stranger.read(1), "");  // EOF, without sending anything first
+  }
+  EXPECT_TRUE(testing::eventually([&] { return server->stats().rejected == 3; }));
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  const std::string line =
+      "store: refused a connection from 127.0.0.1 (not in the job's hosts or --allow)";
+  EXPECT_NE(log.find(line), std::string::npos) << log;
+  EXPECT_EQ(log.find(line), log.rfind(line)) << "logged more than once:\n" << log;
+
+  SourcedClient node("127.0.0.2", server->port());
+  std::string numKeys;
+  Encoder(numKeys).op(Era::V1, Op::GetNumKeys);
+  node.send(numKeys);
+  EXPECT_EQ(node.read(8), i64Bytes(0));
+  const StoreStats stats = server->stats();
+  EXPECT_EQ(stats.connections, 1u);  // the admitted one only
+  EXPECT_EQ(stats.refused, 0u);
+  EXPECT_EQ(stats.describe(), "connections=1 foreign=0 rejected=3 requests=1 GETNUMKEYS=1");
+
+  server->allow(*AdmissionRule::address("127.0.0.1"));
+  expectServing();
+  EXPECT_EQ(server->stats().rejected, 3u);
+}
+
+// The control plane's connections pass the same rule before the first byte is looked at.
+TEST_F(StoreServerTest, AnHttp2PeerNotAdmittedNeverReachesTheForeignServer) {
+  std::atomic<int> handedOver{0};
+  startAdmittingOnly127002([&](int fd) {
+    ++handedOver;
+    ::close(fd);
+  });
+  SourcedClient stranger("127.0.0.1", server->port());
+  stranger.send("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n");
+  stranger.read(1);  // EOF or a reset: the preface arrived unread
+  EXPECT_TRUE(testing::eventually([&] { return server->stats().rejected == 1; }));
+  SourcedClient node("127.0.0.2", server->port());
+  node.send("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n");
+  EXPECT_TRUE(testing::eventually([&] { return handedOver == 1; }));
+  EXPECT_EQ(server->stats().foreign, 1u);
 }
 
 }  // namespace

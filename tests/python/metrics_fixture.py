@@ -46,8 +46,8 @@ def metrics_port(launcher, timeout=20):
     return wait_for(port, timeout, "the agent's metrics address", launcher.describe)
 
 
-def http_get(port, path, timeout=5):
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=timeout) as reply:
+def http_get(port, path, timeout=5, host="127.0.0.1"):
+    with urllib.request.urlopen(f"http://{host}:{port}{path}", timeout=timeout) as reply:
         return reply.status, reply.headers.get("Content-Type"), reply.read().decode()
 
 
@@ -61,7 +61,8 @@ def promtool_check(test, text):
 
 
 class Prometheus:
-    """A real Prometheus scraping `targets` ({name: port}) every second, on loopback."""
+    """A real Prometheus scraping `targets` ({name: port on 127.0.0.1, or "HOST:PORT"}) every
+    second, on loopback."""
 
     def __init__(self, test, targets):
         if not shutil.which("prometheus"):
@@ -69,8 +70,8 @@ class Prometheus:
                                "scripts/setup.sh installs it)")
         directory = temp_dir(test)
         config = os.path.join(directory, "prometheus.yml")
-        scrape = [{"targets": [f"127.0.0.1:{port}"], "labels": {"node": name}}
-                  for name, port in targets.items()]
+        scrape = [{"targets": [at if isinstance(at, str) else f"127.0.0.1:{at}"],
+                   "labels": {"node": name}} for name, at in targets.items()]
         with open(config, "w") as f:
             # JSON is YAML.
             json.dump({"global": {"scrape_interval": "1s", "scrape_timeout": "1s"},

@@ -30,6 +30,14 @@ class DlrunTorchTest(unittest.TestCase):
                                   out, str(WORLD)], timeout=TIMEOUT_S)
         self.check_replicas(out, result)
 
+    def test_through_the_store_proxy(self):
+        # init_process_group's store client and its barrier through the agent's proxy.
+        out = temp_dir(self)
+        result = run_dlrun(self, ["--standalone", f"--nproc-per-node={WORLD}", "--store-proxy=on",
+                                  PYTHON, DDP_TRAIN, out, str(WORLD)], timeout=TIMEOUT_S)
+        self.check_replicas(out, result)
+        self.assertIn("store proxy: this node's workers reach the store at", result.stderr)
+
     def test_py_script_runs_with_python_exec(self):
         out = temp_dir(self)
         # PATH's python3 may lack torch: the script only works if PYTHON_EXEC is honoured.

@@ -18,9 +18,11 @@ def run_dlrund(*args):
     return subprocess.run([dlrund_binary(), *args], capture_output=True, text=True, timeout=10)
 
 
-def connect(daemon):
-    """A connected client that the server has demonstrably accepted (one round trip)."""
-    sock = socket.create_connection(("127.0.0.1", daemon.port), timeout=5)
+def connect(daemon, source=None):
+    """A connected client that the server has demonstrably accepted (one round trip), from
+    the numeric address `source` when given (all of 127/8 is loopback on Linux)."""
+    sock = socket.create_connection(("127.0.0.1", daemon.port), timeout=5,
+                                    source_address=(source, 0) if source else None)
     sock.sendall(bytes([GETNUMKEYS]))
     reply = b""
     while len(reply) < 8:
@@ -93,11 +95,24 @@ class DlrundCliTest(unittest.TestCase):
                     code = "still running"
                 self.assertEqual(code, 0)
 
+    def test_allow_serves_listed_addresses_and_closes_others_unread(self):
+        daemon = start_dlrund(self, "--allow", "127.0.0.2, ::1", "--stats", "--no-control")
+        stranger = socket.create_connection(("127.0.0.1", daemon.port), timeout=5)
+        self.addCleanup(stranger.close)
+        self.assertEqual(stranger.recv(1), b"")  # closed before it sent anything
+        sock, num_keys = connect(daemon, source="127.0.0.2")
+        self.addCleanup(sock.close)
+        self.assertEqual(num_keys, 0)
+        daemon.proc.send_signal(signal.SIGUSR1)
+        line = read_line(daemon.proc.stdout, STOP_TIMEOUT_S).decode()
+        self.assertRegex(line, r" connections=1 foreign=0 rejected=1 requests=1 GETNUMKEYS=1\n$")
+
     def test_help_mentions_every_flag(self):
         result = run_dlrund("--help")
         self.assertEqual(result.returncode, 0, result.stderr)
         for flag in ("--host", "--port", "--max-key-bytes", "--max-value-bytes",
-                     "--max-keys-per-op", "--max-buffered-bytes", "--stats", "--version"):
+                     "--max-keys-per-op", "--max-buffered-bytes", "--allow", "--stats",
+                     "--version"):
             self.assertIn(flag, result.stdout)
 
     def test_version(self):
@@ -109,7 +124,9 @@ class DlrundCliTest(unittest.TestCase):
         cases = {("--port", "abc"): ["--port", "abc"],
                  ("--port", "70000"): ["--port", "70000"],
                  ("--bogus",): ["--bogus"],
-                 ("--max-key-bytes", "0"): ["--max-key-bytes"]}
+                 ("--max-key-bytes", "0"): ["--max-key-bytes"],
+                 ("--allow", "10.0.0.0/8,node1"): ["--allow", "'node1'"],
+                 ("--allow", "10.0.0.0/33"): ["--allow", "'10.0.0.0/33'"]}
         for args, mentions in cases.items():
             with self.subTest(args=args):
                 result = run_dlrund(*args)

@@ -42,8 +42,12 @@ class PrometheusTest(unittest.TestCase):
     def test_prometheus_sees_the_workers_and_a_restart_after_a_node_is_killed(self):
         dlrund_port, agents = self.start_job()
         ports = [metrics_port(a) for a in agents]
-        prometheus = Prometheus(self, {"node0": ports[0], "node1": ports[1],
+        # Each agent's metrics listen on the address its node uses for the job (--local-addr).
+        prometheus = Prometheus(self, {"node0": ports[0], "node1": f"127.0.0.2:{ports[1]}",
                                        "dlrund": dlrund_port})
+        if ports[1] != ports[0]:  # else 127.0.0.1 has node0's there
+            with self.assertRaises(OSError):
+                http_get(ports[1], "/metrics", timeout=2)  # not on 127.0.0.1
         describe = lambda: prometheus.describe() + "".join(a.describe() for a in agents)
         wait_for(lambda: prometheus.value("sum(dlrun_workers_up)") == 4, JOB_TIMEOUT_S,
                  "Prometheus to see 4 workers up", describe)
@@ -54,8 +58,9 @@ class PrometheusTest(unittest.TestCase):
         self.assertEqual(prometheus.value('dlrun_rendezvous_workers{node="node0"}'), 4)
         self.assertGreater(prometheus.value('dlrun_store_requests_total{node="dlrund",op="ADD"}'),
                            0)
-        for port in [*ports, dlrund_port]:
-            status, content_type, text = http_get(port, "/metrics")
+        for host, port in [("127.0.0.1", ports[0]), ("127.0.0.2", ports[1]),
+                           ("127.0.0.1", dlrund_port)]:
+            status, content_type, text = http_get(port, "/metrics", host=host)
             self.assertEqual(status, 200)
             self.assertTrue(content_type.startswith("text/plain; version=0.0.4"), content_type)
             promtool_check(self, text)

@@ -8,6 +8,8 @@ against dlrund, from three kinds of client:
     steps where torch's two servers agree) and dlrund;
   - torch 1.13 (DLRUN_TORCH1_PYTHON, Debian's), against torch 1.13's own server (a 1.13 client
     cannot talk to a 2.x server) and dlrund.
+Each kind also runs through a store proxy (dlrund --upstream, as dlrun --store-proxy puts one in
+every agent) in front of a dlrund: every outcome must be the one straight on dlrund.
 Every step's outcomes (values, exception classes, timing classes) must match the reference's,
 except the steps in KEPT_DIFFERENCES, which must differ: nothing else may, and nothing listed
 may silently start to agree. Every run gets fresh servers, so key counts and listings compare.
@@ -122,6 +124,10 @@ class StoreDifferentialTest(unittest.TestCase):
             TORCH2, "libuv", "legacy", "libuv", "legacy")
         (torch1_port,) = self.torch_servers(torch1, "legacy")
         dlrunds = [start_dlrund(self).port for _ in range(3)]
+        # The same through a store proxy (dlrund --upstream, dlrun --store-proxy's proxy), each
+        # in front of a store of its own.
+        proxies = [start_dlrund(self, "--upstream", f"127.0.0.1:{start_dlrund(self).port}").port
+                   for _ in range(3)]
         # (client kind, server) -> (interpreter, port, use_libuv)
         runs = {
             ("torch2-libuv", "libuv"): (TORCH2, libuv_a, True),
@@ -132,6 +138,9 @@ class StoreDifferentialTest(unittest.TestCase):
             ("torch2-legacy", "dlrund"): (TORCH2, dlrunds[1], False),
             ("torch1", "torch1"): (torch1, torch1_port, False),
             ("torch1", "dlrund"): (torch1, dlrunds[2], False),
+            ("torch2-libuv", "proxy"): (TORCH2, proxies[0], True),
+            ("torch2-legacy", "proxy"): (TORCH2, proxies[1], False),
+            ("torch1", "proxy"): (torch1, proxies[2], False),
         }
         # All at once: the sequences spend their time blocked on purpose, not computing.
         with ThreadPoolExecutor(len(runs)) as pool:
@@ -158,6 +167,13 @@ class StoreDifferentialTest(unittest.TestCase):
                                     "torch 2.13's legacy server")
         self.assert_differences("torch1", results[("torch1", "dlrund")],
                                 results[("torch1", "torch1")], "torch 1.13's server")
+        # Through the proxy, every client kind sees what it sees straight on dlrund.
+        for kind in ("torch2-libuv", "torch2-legacy", "torch1"):
+            with self.subTest(client=kind, check="through the store proxy as straight"):
+                proxied, direct = results[(kind, "proxy")], results[(kind, "dlrund")]
+                self.assertEqual(differing_steps(proxied, direct), set(), "\n".join(
+                    describe(step, proxied, direct)
+                    for step in sorted(differing_steps(proxied, direct))))
 
         covered = sorted({op for records in results.values() for r in records.values()
                           for op in r.get("ops", [])})

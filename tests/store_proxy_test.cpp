@@ -1,0 +1,217 @@
+// The store proxy (store_proxy.h) between real clients and a real store server: every op
+// through it as straight to the store, ADDs coalesced into distinct values, WAITs coalesced
+// into one at the store, CANCEL_WAIT, blocking pops, and the clients closed when the store goes.
+#include "store/store_proxy.h"
+
+#include <gtest/gtest.h>
+
+#include <future>
+#include <set>
+#include <thread>
+
+#include "common/asio.h"
+#include "store/store_server.h"
+#include "store/tcp_store.h"
+#include "tests/store_test_util.h"
+
+namespace dlrun {
+namespace {
+
+using testing::eventually;
+using testing::i64Bytes;
+using testing::RawClient;
+using wire::Encoder;
+using wire::Era;
+using wire::Op;
+
+// A store, and a proxy in front of it on an io_context of its own thread.
+class StoreProxyTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    store = std::make_unique<StoreServerThread>(StoreServerOptions{.host = "127.0.0.1"});
+    proxy = std::make_unique<StoreProxy>(
+        io, StoreProxyOptions{.upstreamHost = "127.0.0.1", .upstreamPort = store->port()});
+    work.emplace(io.get_executor());
+    thread = std::thread([this] { io.run(); });
+  }
+  void TearDown() override {
+    boost::asio::post(io, [this] { proxy->stop(); });
+    work.reset();
+    thread.join();
+    proxy.reset();
+  }
+
+  TcpStore client() { return TcpStore({.host = "127.0.0.1", .port = proxy->port()}); }
+  uint64_t storeOps(Op op) const { return store->stats().ops[static_cast<size_t>(op)]; }
+  StoreProxyStats proxyStats() const { return proxy->stats(); }
+
+  boost::asio::io_context io;
+  std::optional<boost::asio::executor_work_guard<boost::asio::io_context::executor_type>> work;
+  std::unique_ptr<StoreServerThread> store;
+  std::unique_ptr<StoreProxy> proxy;
+  std::thread thread;
+};
+
+TEST_F(StoreProxyTest, EveryOpAsStraightToTheStore) {
+  TcpStore c = client();
+  c.set("a", "1");
+  EXPECT_EQ(c.get("a"), "1");
+  EXPECT_EQ(c.add("n", 5), 5);
+  EXPECT_EQ(c.add("n", -2), 3);
+  EXPECT_TRUE(c.check({"a", "n"}));
+  EXPECT_FALSE(c.check({"a", "missing"}));
+  EXPECT_EQ(c.compareSet("a", "1", "2"), "2");
+  EXPECT_EQ(c.compareSet("a", "1", "3"), "2");
+  c.append("a", "x");
+  c.multiSet({"m1", "m2"}, {"v1", "v2"});
+  EXPECT_EQ(c.multiGet({"a", "m1", "m2"}), (std::vector<std::string>{"2x", "v1", "v2"}));
+  EXPECT_EQ(c.numKeys(), 4);
+  EXPECT_TRUE(c.deleteKey("m1"));
+  EXPECT_FALSE(c.deleteKey("m1"));
+  c.ping();
+  c.queuePush("q", "item");
+  EXPECT_EQ(c.queueLen("q"), 1);
+  EXPECT_EQ(c.queuePop("q", false), "item");
+  EXPECT_EQ(c.queuePop("q", false), std::nullopt);
+  // What the store holds is what the client wrote.
+  TcpStore direct({.host = "127.0.0.1", .port = store->port()});
+  EXPECT_EQ(direct.get("a"), "2x");
+  EXPECT_EQ(direct.get("n"), "3");
+}
+
+// ADDs pipelined on one connection reach the proxy together: the first goes alone, the other
+// seven as one, and each still gets its own value, as if they had run one by one.
+TEST_F(StoreProxyTest, AddsInFlightTogetherBecomeOneAndGetDistinctValues) {
+  RawClient raw(proxy->port());
+  raw.validate();
+  std::string adds;
+  for (int i = 1; i <= 8; ++i) Encoder(adds).op(Era::V2, Op::Add).bytes("counter").i64(i);
+  raw.send(adds);
+  int64_t expected = 0;
+  for (int i = 1; i <= 8; ++i) EXPECT_EQ(raw.read(8), i64Bytes(expected += i));
+  EXPECT_EQ(storeOps(Op::Add), 2u);
+  EXPECT_EQ(proxyStats().coalescedAdds, 7u);
+}
+
+TEST_F(StoreProxyTest, EightWorkersAddingAtOnceGetEightDistinctValues) {
+  std::vector<std::future<int64_t>> adds;
+  for (int i = 0; i < 8; ++i)
+    adds.push_back(std::async(std::launch::async, [this] { return client().add("k", 3); }));
+  std::set<int64_t> values;
+  for (auto& add : adds) values.insert(add.get());
+  EXPECT_EQ(values, (std::set<int64_t>{3, 6, 9, 12, 15, 18, 21, 24}));
+  EXPECT_EQ(client().get("k"), "24");
+}
+
+// Every local worker waiting on one key costs the store one WAIT.
+TEST_F(StoreProxyTest, WaitsOnOneKeyBecomeOneWaitAtTheStore) {
+  std::vector<std::future<void>> waits;
+  for (int i = 0; i < 8; ++i)
+    waits.push_back(std::async(std::launch::async, [this] { client().wait({"ready"}, std::chrono::seconds(30)); }));
+  ASSERT_TRUE(eventually([&] { return proxyStats().coalescedWaits == 7; }));
+  client().set("ready", "1");
+  for (auto& wait : waits) wait.get();
+  EXPECT_EQ(storeOps(Op::GroupWait), 1u);
+  EXPECT_EQ(storeOps(Op::Wait), 0u);
+  EXPECT_LE(store->stats().connections, 3u);  // the WAIT's, the shared one, a spare
+}
+
+TEST_F(StoreProxyTest, ACanceledWaitIsAnsweredCanceledOnly) {
+  RawClient raw(proxy->port());
+  raw.validate();
+  std::string wait;
+  Encoder(wait).op(Era::V2, Op::Wait).u64(1).bytes("never");
+  raw.send(wait);
+  std::string cancel;
+  Encoder(cancel).op(Era::V2, Op::CancelWait);
+  raw.send(cancel);
+  EXPECT_EQ(raw.read(1), std::string(1, static_cast<char>(wire::WaitReply::WaitCanceled)));
+  // The connection goes on in step.
+  std::string add;
+  Encoder(add).op(Era::V2, Op::Add).bytes("after").i64(1);
+  raw.send(add);
+  EXPECT_EQ(raw.read(8), i64Bytes(1));
+}
+
+// Two blocking pops woken by one WAIT: one push releases one of them, the next the other.
+TEST_F(StoreProxyTest, OnePushReleasesOneBlockedPopper) {
+  auto pop = [this] { return client().queuePop("jobs", true); };
+  auto first = std::async(std::launch::async, pop);
+  auto second = std::async(std::launch::async, pop);
+  ASSERT_TRUE(eventually([&] { return proxyStats().coalescedWaits == 1; }));
+  TcpStore pusher = client();
+  pusher.queuePush("jobs", "one");
+  std::vector<std::future<std::optional<std::string>>*> pending{&first, &second};
+  std::optional<std::string> got;
+  ASSERT_TRUE(eventually([&] {
+    for (auto* f : pending)
+      if (f->wait_for(std::chrono::seconds(0)) == std::future_status::ready) return true;
+    return false;
+  }));
+  auto done = first.wait_for(std::chrono::seconds(0)) == std::future_status::ready ? &first
+                                                                                    : &second;
+  auto other = done == &first ? &second : &first;
+  EXPECT_EQ(done->get(), "one");
+  EXPECT_NE(other->wait_for(std::chrono::milliseconds(300)), std::future_status::ready);
+  pusher.queuePush("jobs", "two");
+  EXPECT_EQ(other->get(), "two");
+}
+
+// torch 1.x gives up on a WAIT without a word (it has no CANCEL_WAIT): the store answers the
+// client's next requests all the same, and so must the proxy.
+TEST_F(StoreProxyTest, AnAbandonedWaitHoldsUpNoLaterReply) {
+  RawClient raw(proxy->port());
+  std::string requests;
+  Encoder(requests).op(Era::V1, Op::Wait).u64(1).bytes("never");
+  Encoder(requests).op(Era::V1, Op::Add).bytes("n").i64(2);
+  raw.send(requests);
+  EXPECT_EQ(raw.read(8), i64Bytes(2));
+}
+
+// A canceled BARRIER leaves its arrival counted, as the store leaves it.
+TEST_F(StoreProxyTest, ACanceledBarrierIsWithdrawn) {
+  RawClient raw(proxy->port());
+  raw.validate();
+  std::string barrier;
+  Encoder(barrier).op(Era::V2, Op::Barrier).bytes("b").i64(2);
+  raw.send(barrier);
+  ASSERT_TRUE(eventually([&] { return storeOps(Op::Barrier) == 1; }));
+  std::string cancel;
+  Encoder(cancel).op(Era::V2, Op::CancelWait);
+  raw.send(cancel);
+  EXPECT_EQ(raw.read(1), std::string(1, static_cast<char>(wire::WaitReply::WaitCanceled)));
+  ASSERT_TRUE(eventually([&] { return store->stats().open == 0; }));  // the barrier's is gone
+  EXPECT_EQ(client().get("b"), "1");
+}
+
+TEST_F(StoreProxyTest, VersionOneClientsPassToo) {
+  RawClient raw(proxy->port());  // torch 1.x: no VALIDATE, its own op codes
+  std::string add;
+  Encoder(add).op(Era::V1, Op::Add).bytes("old").i64(4);
+  raw.send(add);
+  EXPECT_EQ(raw.read(8), i64Bytes(4));
+  EXPECT_EQ(client().add("old", 1), 5);
+}
+
+TEST_F(StoreProxyTest, LeaseIsRefused) {
+  RawClient raw(proxy->port());
+  raw.validate();
+  std::string lease;
+  Encoder(lease).op(Era::V2, Op::Lease).bytes("k").bytes("v").u64(1000).u64(0);
+  raw.send(lease);
+  EXPECT_TRUE(raw.closedByServer());
+}
+
+TEST_F(StoreProxyTest, WhenTheStoreGoesEveryClientIsClosed) {
+  RawClient raw(proxy->port());
+  raw.validate();
+  std::string wait;
+  Encoder(wait).op(Era::V2, Op::Wait).u64(1).bytes("never");
+  raw.send(wait);
+  ASSERT_TRUE(eventually([&] { return storeOps(Op::GroupWait) == 1; }));
+  store.reset();
+  EXPECT_TRUE(raw.closedByServer());
+}
+
+}  // namespace
+}  // namespace dlrun
