@@ -27,7 +27,9 @@ int main(int argc, char** argv) {
   try {
     dlrun::TcpStore store({.host = addr,
                            .port = static_cast<uint16_t>(std::atoi(port)),
-                           .timeout = std::chrono::minutes(10)});
+                           .timeout = std::chrono::minutes(10),
+                           // The agent beside it may be starting thousands of workers.
+                           .handshakeTimeout = std::chrono::minutes(10)});
     if (store.add(prefix + "/count", 1) == std::atoll(world)) store.set(prefix + "/done", "1");
     store.wait({prefix + "/done"}, std::chrono::minutes(10));
   } catch (const std::exception& e) {

@@ -1,5 +1,5 @@
 // dlrun-rdzv-load: K simulated agents, each an ElasticRendezvous on its own thread with its
-// own connections, join one round at a store (a dlrund started by bench/rdzv_load.sh). Prints
+// own connection, join one round at a store (a dlrund started by bench/rdzv_load.sh). Prints
 // the time from the moment all K are connected to the moment the last one holds its rank, and
 // checks that the ranks are a permutation. The roster (TF_CONFIG's O(N) endpoint list) is
 // not read: this measures the rendezvous itself.
@@ -23,7 +23,7 @@ int main(int argc, char** argv) {
     int agents = 256;
     std::string host = "127.0.0.1", runId = "load";
     uint16_t port = 0;
-    app.add_option("--agents", agents, "Simulated agents")->check(CLI::Range(1, 8192));
+    app.add_option("--agents", agents, "Simulated agents")->check(CLI::Range(1, 20000));
     app.add_option("--host", host, "Store address");
     app.add_option("--port", port, "Store port")->required();
     app.add_option("--run-id", runId, "Rendezvous id (fresh per run)");

@@ -30,6 +30,7 @@ run() {
 run launch "$here/launch_bench.sh" "$build"
 run rendezvous "$here/rdzv_bench.sh" "$build" --backends c10d --victims store,other
 run store "$here/store_bench.sh" "$build"
+run proxy "$here/proxy_bench.sh" "$build"
 run train "$here/train_bench.sh" "$build"
 if [[ -n $torch1 ]]; then
   PYTHON=$torch1 run launch-torch1.13 "$here/launch_bench.sh" "$build"

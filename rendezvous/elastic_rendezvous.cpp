@@ -84,11 +84,10 @@ void ElasticRendezvous::connect(Clock::time_point deadline) {
       auto lease = openStore();
       // On etcd the lease's grant goes on from here, alongside the first look and the join.
       lease->prepareLease(options_.leaseTtl);
-      auto control = openStore();
       std::lock_guard lock(connectionMutex_);
       if (interrupted_) throw NetworkError("the rendezvous was interrupted");
       lease_ = std::move(lease);
-      control_ = std::move(control);
+      control_.reset();  // the next report opens its own
       reconnect_ = false;
       return;
     } catch (const Error& e) {
@@ -432,15 +431,29 @@ RoundEnd ElasticRendezvous::awaitEnd() {
   }
 }
 
+// Opened at the first report, not with the lease's: an agent that only joins and waits holds
+// one connection to the store, so a store under a descriptor limit of 20,000 takes 12,500
+// agents and more.
+LeasingStore& ElasticRendezvous::control() {
+  {
+    std::lock_guard lock(connectionMutex_);
+    if (control_) return *control_;
+  }
+  auto opened = openStore();  // outside the lock: interrupt() must not wait for a connect
+  std::lock_guard lock(connectionMutex_);
+  if (!control_) control_ = std::move(opened);
+  return *control_;
+}
+
 void ElasticRendezvous::reportFailure(RoundEnd failure) {
   failure.countFailure(member_->failures, options_.maxRestarts);
-  control_->compareSet(keys_.end(member_->round), "", elastic::encode(failure));
+  control().compareSet(keys_.end(member_->round), "", elastic::encode(failure));
 }
 
 void ElasticRendezvous::reportSuccess() {
-  if (control_->add(keys_.done(member_->round), 1) == member_->members) {
+  if (control().add(keys_.done(member_->round), 1) == member_->members) {
     RoundEnd finished{.kind = RoundEnd::Kind::Finished, .node = options_.self.name};
-    control_->compareSet(keys_.end(member_->round), "", elastic::encode(finished));
+    control().compareSet(keys_.end(member_->round), "", elastic::encode(finished));
   }
 }
 
@@ -449,10 +462,10 @@ RoundEnd ElasticRendezvous::reportStop(int signal) {
   if (options_.stopOnlyNode && round >= 0 && memberCount_ - 1 >= options_.minNodes) {
     // Leaving is a change of members: the others meet again without this node.
     const RoundEnd left = nodeLeft(nodeName(options_.self));
-    control_->compareSet(keys_.end(round), "", elastic::encode(left));
+    control().compareSet(keys_.end(round), "", elastic::encode(left));
     return left;
   }
-  return stopJob(*control_, keys_, jobStopped(signal, options_.self.name), round);
+  return stopJob(control(), keys_, jobStopped(signal, options_.self.name), round);
 }
 
 RoundEnd stopJob(Store& store, const elastic::Keys& keys, const RoundEnd& stop, int round) {
@@ -472,7 +485,7 @@ RoundEnd stopJob(Store& store, const elastic::Keys& keys, const RoundEnd& stop, 
 
 void ElasticRendezvous::reportLost(const std::string& what) {
   const RoundEnd lost{.kind = RoundEnd::Kind::NodeLost, .node = what};
-  control_->compareSet(keys_.end(member_->round), "", elastic::encode(lost));
+  control().compareSet(keys_.end(member_->round), "", elastic::encode(lost));
 }
 
 void ElasticRendezvous::shareHangReport(const std::string& report) {

@@ -11,8 +11,9 @@
 // ends the round, and every agent waiting on the round's end key wakes at once.
 //
 // Threads: next() and awaitEnd() block and run on one thread (the agent's rendezvous thread);
-// reportFailure()/reportSuccess() run on another over a second connection, only between a
-// next() that returned a World and the following next(); interrupt() may be called from anywhere.
+// reportFailure()/reportSuccess() run on another over a second connection (opened at the first
+// report), only between a next() that returned a World and the following next(); interrupt()
+// may be called from anywhere.
 #pragma once
 
 #include <atomic>
@@ -68,8 +69,8 @@ struct ElasticOptions {
   // its keys expire: Keys::expiry), where it would hand every agent of a new job the old
   // outcome at once. Empty: not checked.
   std::string endedJobKeys;
-  // Opens one connection to the store (two are open at a time). Empty: a TcpStore to
-  // storeHost:storePort whose reply deadline and connect tries follow leaseTtl and heartbeat.
+  // Opens one connection to the store (one while joining, two once a report went). Empty: a
+  // TcpStore to storeHost:storePort whose reply deadline and connect tries follow leaseTtl and heartbeat.
   // Tests pass MemoryStore connections to a virtual-time server; the rendezvous measures every
   // deadline on the store's now(). May throw ConnectionRefused or NetworkError: connecting is
   // retried until the join timeout.
@@ -160,7 +161,8 @@ class ElasticRendezvous : public Rendezvous {
   // first next() reads nothing more before it joins.
   std::optional<std::vector<std::string>> firstLook_;
   std::unique_ptr<LeasingStore> lease_;    // joins, waits and this node's lease
-  std::unique_ptr<LeasingStore> control_;  // reports from the agent's thread
+  std::unique_ptr<LeasingStore> control_;  // reports from the agent's thread (control())
+  LeasingStore& control();
   std::optional<Member> member_;
   // The round this node is a member of (-1: none) and its size, for reportStop(), which may
   // run on the agent's thread while next() runs.

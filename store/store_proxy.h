@@ -7,7 +7,8 @@
 //  - WAITs on the same keys: one upstream wait, its reply to every local waiter;
 //  - ADDs to one key while one is in flight: one ADD of their sum, whose result is split so each
 //    client gets the value it would have seen had the ADDs run one after the other.
-// GETs are never cached. Every other op is forwarded as it came, on a connection of the
+// GETs are never cached. PING is answered by the proxy (the server its client reaches). Every
+// other op is forwarded as it came, on a connection of the
 // client's protocol era: immediate ones in order on one shared connection, blocking ones
 // (WAIT, BARRIER) each on a connection of a pool. A group of WAITs is one GROUP_WAIT (wire.h),
 // whose reply says when a QUEUE_PUSH woke it: then one client goes on and the others wait on, so

@@ -89,6 +89,12 @@ class Client : public std::enable_shared_from_this<Client> {
       case Op::WatchKey:
         close(std::string(wire::opName(r.op)) + " is not forwarded to the store");
         return false;
+      case Op::Ping: {  // the proxy is the server this client reaches: it answers itself
+        std::string echo;
+        wire::Encoder(echo).u32(r.word);
+        fill(newSlot(false), echo);
+        return true;
+      }
       case Op::CancelWait:
         withdrawWaits();
         fill(newSlot(false), std::string(1, static_cast<char>(wire::WaitReply::WaitCanceled)));

@@ -18,9 +18,6 @@ using wire::Op;
 
 // A reply longer than this is taken as a broken server rather than allocated.
 constexpr uint64_t kMaxReplyBytes = uint64_t{1} << 32;
-// How long a server that accepted the connection has to answer the opening PING. A dlrun
-// store answers within microseconds; silence this long means something else listens there.
-constexpr auto kHandshakeTimeout = std::chrono::seconds(3);
 
 // What a wrong server sent, as one line of text: printable bytes as they are, others escaped.
 std::string shownBytes(std::string_view bytes) {
@@ -111,7 +108,7 @@ void TcpStore::connect() {
 }
 
 void TcpStore::handshake() {
-  const auto deadline = Clock::now() + kHandshakeTimeout;
+  const auto deadline = Clock::now() + options_.handshakeTimeout;
   std::string hello;
   const uint32_t nonce = static_cast<uint32_t>(::getpid());
   Encoder(hello).op(Era::V2, Op::Validate).u32(wire::kValidationMagic);
@@ -130,7 +127,7 @@ void TcpStore::handshake() {
   } catch (const TimeoutError&) {
     if (reply.empty())
       throw NotAStoreError(where + "accepted the connection but sent nothing back for " +
-                           std::to_string(kHandshakeTimeout.count()) + " s");
+                           std::to_string(options_.handshakeTimeout.count()) + " ms");
   }
   if (reply.size() != 4 || wire::loadU32(reply.data()) != nonce)
     throw NotAStoreError(where + "answered " + shownBytes(reply));

@@ -28,6 +28,11 @@ struct TcpStoreOptions {
   // Whether a call after a failed or aborted connection opens a new one. A client holding
   // leases sets false: a new connection would silently drop them, so calls throw instead.
   bool reconnect = true;
+  // How long a server that accepted the connection has to answer the opening PING before it is
+  // taken for something else than a dlrun store. A dlrun store answers within microseconds;
+  // a client of a store that may be busy for seconds (thousands of workers starting beside
+  // it) allows more.
+  std::chrono::milliseconds handshakeTimeout = std::chrono::seconds(3);
 };
 
 class TcpStore : public LeasingStore {
