@@ -67,6 +67,11 @@ class Load {
     int64_t world = 0;
     int window = 512;
     std::string prefix;
+    // Straight ranks' source addresses: rank i binds to 127.0.0.(2 + i % sources) first (0:
+    // the kernel's choice). Each source address has its own ephemeral ports, as each client
+    // host of a cluster has: from one address, 19,000 connects to one port search a range of
+    // 28k ports that fills up.
+    int sources = 0;
   };
 
   Load(asio::io_context& io, Options options) : io_(io), options_(std::move(options)) {
@@ -114,6 +119,13 @@ class Load {
   void connect(int i) {
     Rank& rank = *ranks_[static_cast<size_t>(i)];
     ++rank.attempts;
+    if (options_.sources > 0) {
+      const std::string source = "127.0.0." + std::to_string(2 + i % options_.sources);
+      error_code ec;
+      rank.socket.open(tcp::v4(), ec);
+      if (!ec) rank.socket.bind({asio::ip::make_address(source), 0}, ec);
+      if (ec) die("rank " + std::to_string(i) + ": cannot bind to " + source + ": " + ec.message());
+    }
     rank.socket.async_connect(target(i), [this, i](const error_code& ec) { onConnect(i, ec); });
   }
 
@@ -196,7 +208,7 @@ void raiseFileLimit(uint64_t needed) {
 int main(int argc, char** argv) {
   std::string host = "127.0.0.1", prefix;
   uint16_t port = 0;
-  int ranks = 0, proxies = 0, window = 512, upstreams = 1;
+  int ranks = 0, proxies = 0, window = 512, upstreams = 1, sources = 0;
   int64_t world = 0;
   double deadline = 120;
   bool go = false, hold = false;
@@ -215,6 +227,11 @@ int main(int argc, char** argv) {
                  "them: each address has its own ephemeral ports, which the proxies' listeners "
                  "share with their store connections (28k on Linux's default range)")
       ->check(CLI::Range(1, 254))
+      ->capture_default_str();
+  app.add_option("--sources", sources,
+                 "Straight ranks connect from 127.0.0.2 .. 127.0.0.(1 + S), as from S client hosts "
+                 "(0: the kernel's choice, 127.0.0.1)")
+      ->check(CLI::Range(0, 250))
       ->capture_default_str();
   app.add_option("--key-prefix", prefix, "Prefix of the barrier's keys, the same in every "
                  "process of one barrier")->required();
@@ -239,7 +256,9 @@ int main(int argc, char** argv) {
     asio::io_context io(1);
     const auto address = asio::ip::make_address(host);
     std::vector<std::unique_ptr<dlrun::StoreProxy>> stores;
-    Load::Options options{.ranks = ranks, .world = world, .window = window, .prefix = prefix};
+    Load::Options options{
+        .ranks = ranks, .world = world, .window = window, .prefix = prefix,
+        .sources = proxies == 0 ? sources : 0};
     if (proxies == 0) {
       options.targets.emplace_back(address, port);
     } else {

@@ -216,7 +216,8 @@ def barrier(args, store, setup, ranks, per_proxy):
                 [args.load, "--port", str(store.port), "--ranks", str(n), "--world", str(ranks),
                  "--proxies", str(p), "--upstream-addresses",
                  str(upstream_addresses(ranks, per_proxy)), "--key-prefix", prefix, "--window", str(window),
-                 "--deadline", str(args.deadline), "--go", "--hold"],
+                 "--deadline", str(args.deadline), "--sources", str(args.sources), "--go",
+                 "--hold"],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True))
             procs[-1].err = err
         for proc in procs:
@@ -337,6 +338,11 @@ def main():
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--deadline", type=float, default=120)
     parser.add_argument("--skip-torch", action="store_true")
+    parser.add_argument("--sources", type=int, default=50,
+                        help="straight ranks connect from this many loopback addresses "
+                             "(127.0.0.2..), as from that many client hosts (0: one; from one, "
+                             "19,000 connects to one port spend their time in the kernel's "
+                             "search for a free ephemeral port)")
     args = parser.parse_args()
     args.dlrund = os.path.join(args.build, "bin", "dlrund")
     args.load = os.path.join(args.build, "bin", "dlrun-barrier-load")
