@@ -55,6 +55,18 @@ void listenWhereTheJobIs(agents::AgentOptions& options, const std::string& addre
   if (options.metrics && options.metrics->host.empty()) options.metrics->host = address;
 }
 
+// Who may connect to the store of a --hostfile launch: the hosts it starts agents on, this
+// machine (at the store's address and loopback) and --store-allow's networks; nobody else.
+AdmissionRule jobHosts(const LaunchConfig& config, const std::vector<std::string>& hosts,
+                       const std::string& self) {
+  AdmissionRule rule = config.storeAllow;
+  std::vector<std::string> admitted = hosts;
+  admitted.insert(admitted.end(), {self, "127.0.0.1", "::1"});
+  for (const std::string& host : admitted)
+    if (auto address = AdmissionRule::address(host)) rule.add(*address);  // numeric already
+  return rule;
+}
+
 using control::StoreConnector;
 
 // Connections to the dlrun store at host:port for the control plane's publisher. Without
@@ -409,7 +421,8 @@ int launchHosts(const LaunchConfig& config) {
         remote == addresses.end()
             ? addresses.front()
             : localAddressToward(*remote, hosts.sshPort.value_or(22));
-    store.emplace(StoreServerOptions{.host = addr, .port = 0, .admission = config.storeAllow});
+    store.emplace(StoreServerOptions{
+        .host = addr, .port = 0, .admission = jobHosts(config, addresses, addr)});
     job.backend = "c10d";
     job.endpoint = joinHostPort(addr, store->store().port());
     // The agents' machines may own the address too (a host of the list is this one).
