@@ -55,15 +55,23 @@ void listenWhereTheJobIs(agents::AgentOptions& options, const std::string& addre
   if (options.metrics && options.metrics->host.empty()) options.metrics->host = address;
 }
 
-// Who may connect to the store of a --hostfile launch: the hosts it starts agents on, this
-// machine (at the store's address and loopback) and --store-allow's networks; nobody else.
+// Who may connect to a store this launch serves when it knows the job's hosts (--hostfile's
+// list, numeric; Slurm's step, by name): those hosts, this machine (at the store's address
+// and loopback) and --store-allow's networks; nobody else. Without hosts: --store-allow's rule.
 AdmissionRule jobHosts(const LaunchConfig& config, const std::vector<std::string>& hosts,
                        const std::string& self) {
+  if (hosts.empty()) return config.storeAllow;
   AdmissionRule rule = config.storeAllow;
-  std::vector<std::string> admitted = hosts;
-  admitted.insert(admitted.end(), {self, "127.0.0.1", "::1"});
+  std::vector<std::string> admitted = {self, "127.0.0.1", "::1"};
+  for (const std::string& host : hosts) {
+    try {
+      admitted.push_back(resolveNumeric(host, "the job's host"));
+    } catch (const NetworkError& e) {
+      log::warn(std::string(e.what()) + "; its agent's connections to the store will be refused");
+    }
+  }
   for (const std::string& host : admitted)
-    if (auto address = AdmissionRule::address(host)) rule.add(*address);  // numeric already
+    if (auto address = AdmissionRule::address(host)) rule.add(*address);
   return rule;
 }
 
@@ -450,7 +458,7 @@ int launchHosts(const LaunchConfig& config) {
 int launchMultiNode(const LaunchConfig& config) {
   if (config.rdzvBackend == RdzvBackend::Etcd) return launchEtcd(config);
   StorePlan plan = planStore(config);
-  plan.allow = config.storeAllow;
+  if (plan.serve) plan.allow = jobHosts(config, config.jobHosts, plan.host);
   // Before joining: a node that cannot start its workers must not hold the others up.
   agents::checkDescriptors(agentOptions(config, plan.serve));
   auto store = serveStore(plan);

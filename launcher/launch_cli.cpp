@@ -43,6 +43,7 @@ void applySlurm(const slurm::Settings& s, LaunchConfig& c) {
   if (s.endpointHost) setRdzvStore(c, {*s.endpointHost, *s.endpointPort});
   if (!c.rdzv.isHost) c.rdzv.isHost = s.servesStore;
   if (s.nodeName) c.nodeName = s.nodeName;
+  c.jobHosts = s.nodes;
   c.refuseLostNodes = true;
 }
 

@@ -109,6 +109,9 @@ struct LaunchConfig {
   // --store-allow: who may connect to a store this launch serves (the networks given, and
   // loopback); empty: anyone
   AdmissionRule storeAllow;
+  // The job's hosts by name where the scheduler says (Slurm's step): a store this launch serves
+  // admits them too, and then only them (with storeAllow and this machine).
+  std::vector<std::string> jobHosts;
 
   std::optional<HostLaunch> hostLaunch;  // --hostfile, --hosts
   // As the user wrote it, for messages; agent.command is the resolved command, its argv[0] an

@@ -80,7 +80,8 @@ Settings discover(const Environment& env, const UserFlags& user) {
     if (!list)
       throw ConfigError("neither SLURM_STEP_NODELIST nor SLURM_JOB_NODELIST is set: pass "
                         "--rdzv-endpoint=HOST[:PORT]");
-    const std::vector<std::string> nodes = expandHostlist(*list, variable);
+    s.nodes = expandHostlist(*list, variable);
+    const std::vector<std::string>& nodes = s.nodes;
     s.endpointHost = nodes.front();
     s.endpointPort = discovery::derivedPort(*jobId);
     if (s.nodeName) s.servesStore = *s.nodeName == nodes.front();

@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "common/discovery.h"
 
@@ -44,6 +45,9 @@ struct Settings {
   std::optional<int> nnodes;
   std::optional<int> nprocPerNode;
   std::optional<std::string> nodeName;
+  // The step's nodes by name, where the endpoint is derived (the first serves the store): the
+  // hosts that store admits.
+  std::vector<std::string> nodes;
 };
 
 // Throws ConfigError naming the variable for a malformed value, a missing node list where the

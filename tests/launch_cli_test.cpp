@@ -911,6 +911,9 @@ TEST(ParseDlrunArgsInSlurm, AStepNeedsNoOtherFlag) {
   EXPECT_EQ(c.rdzv.isHost, false);
   EXPECT_EQ(c.agent.nprocPerNode, 4);
   EXPECT_TRUE(c.refuseLostNodes);  // a lost node's place goes to a spare for good
+  // The store node 1 serves admits the step's nodes (and, with them, nobody else).
+  EXPECT_EQ(c.jobHosts, (Args{"node1", "node2", "node3", "node4"}));
+  EXPECT_TRUE(parse({"--rdzv-endpoint=store:29400", "env"}, slurmHost(2)).jobHosts.empty());
   EXPECT_EQ(parse({"env"}, slurmHost(0)).rdzv.isHost, true);
   EXPECT_FALSE(parse({"--no-slurm", "env"}, slurmHost(0)).refuseLostNodes);
 }
