@@ -249,11 +249,8 @@ WorkerLaunch AgentImpl::launchOf(const fs::path& attemptDir, int local) {
   launch.output = outputFor(options_, local, launch.rank);
   if (!options_.cpuBinding.empty()) launch.cpus = options_.cpuBinding.at(local);
   WorkerOutput& output = launch.output;
-  // torchrun copies the lines of teed streams alone.
-  const bool all = options_.consoleFormat == ConsoleFormat::Dlrun;
-  const int teed = static_cast<int>(options_.tee.forRank(local));
-  if (all || (teed & static_cast<int>(Streams::Out))) output.filteredOut = filteredOut_;
-  if (all || (teed & static_cast<int>(Streams::Err))) output.filteredErr = filteredErr_;
+  output.filteredOut = filteredOut_;
+  output.filteredErr = filteredErr_;
   if (wantsDir(options_, output)) {
     output.dir = attemptDir / std::to_string(local);
     fs::create_directories(*output.dir);

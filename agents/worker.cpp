@@ -76,7 +76,10 @@ std::unique_ptr<Worker> Worker::start(boost::asio::io_context& io, WorkerLaunch 
         .pythonText = output.pythonText && includes(output.prefixed, which),
         .fileFd = file.release(),
         .keepLines = keep,
-        .filtered = which == Streams::Out ? output.filteredOut : output.filteredErr,
+        // The prefixed streams' lines: every shown one, or torchrun's teed ones alone.
+        .filtered = !includes(output.prefixed, which) ? nullptr
+                    : which == Streams::Out           ? output.filteredOut
+                                                      : output.filteredErr,
     };
   };
   const SpawnedProcess p = spawnProcess({

@@ -41,6 +41,7 @@ struct WorkerOutput {
   Streams toFile = Streams::None;     // streams written to files (--redirects | --tee)
   std::optional<std::filesystem::path> dir;  // where stdout.log and stderr.log go
   // --duplicate-stdout-filters/--duplicate-stderr-filters: the node's shared copies (output.h)
+  // of the `prefixed` streams' console lines
   std::shared_ptr<FilteredLog> filteredOut, filteredErr;
 };
 
