@@ -248,9 +248,9 @@ int main(int argc, char** argv) {
   if (world < ranks) die("--world is below --ranks");
   if (proxies > ranks) die("more proxies than ranks");
 
-  // Each rank's socket, each proxy's accepted one, its listener and two store connections.
+  // Each rank's socket, each proxy's accepted one, its listener and its store connection.
   raiseFileLimit(static_cast<uint64_t>(ranks) * (proxies ? 2 : 1) +
-                 static_cast<uint64_t>(proxies) * 3 + 64);
+                 static_cast<uint64_t>(proxies) * 2 + 64);
 
   try {
     asio::io_context io(1);

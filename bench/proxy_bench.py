@@ -24,12 +24,12 @@ still open (the generators exit after). Measured:
   conns, req/rank   connections to the store and (dlrund's --stats, SIGUSR1 before and after)
                requests it served per rank.
 A generator holds at most RLIMIT_NOFILE's hard limit of descriptors: a direct rank costs one, a
-proxied rank two (its socket and the proxy's accepted one), a proxy three (its listener, two
-store connections). The ranks are split over as many generators as that takes, at least two
+proxied rank two (its socket and the proxy's accepted one), a proxy two (its listener, its one
+store connection: GROUP_WAITs share it). The ranks are split over as many generators as that takes, at least two
 (this machine's cores are few; more only share them). Where dlrund would need more descriptors
-than the hard limit (100,000 ranks through proxies of 8: 12,500 proxies, 25,000 connections),
+than the hard limit (say 200,000 ranks through proxies of 8: 25,000 connections),
 it is started through prlimit with a higher one where that is allowed (CAP_SYS_RESOURCE), else
-that row runs at the largest count that fits (79,200 ranks of 8) and says so. Linux's
+that row runs at the largest count that fits and says so. Linux's
 ephemeral ports (28k by default) are shared by the proxies' listeners (a port each) and their
 store connections (a port per destination address): past 10,000 store connections dlrund
 listens on 0.0.0.0 and the proxies reach it at several loopback addresses (the row says so).
@@ -60,6 +60,7 @@ STATS_TIMEOUT_S = 10    # dlrund --stats must print its line this soon after SIG
 STOP_TIMEOUT_S = 10
 SLACK_FDS = 200         # descriptors a process holds besides the connections
 PORTS_PER_ADDRESS = 10000  # store connections per loopback address the proxies reach it at
+STORE_CONNS_PER_PROXY = 1  # its requests and GROUP_WAITs share one (wire.h)
 SYN_WINDOW = 2048       # ranks connecting or awaiting their ADD at once, all generators together
 
 
@@ -178,7 +179,7 @@ def plan(ranks, per_proxy, hard_fds):
     if per_proxy == 0:
         cap = budget
     else:
-        cap = int(budget / (2 + 3 / per_proxy)) // per_proxy * per_proxy
+        cap = int(budget / (2 + (1 + STORE_CONNS_PER_PROXY) / per_proxy)) // per_proxy * per_proxy
     count = max(2, math.ceil(ranks / cap))
     if per_proxy == 0:
         sizes = [ranks // count + (i < ranks % count) for i in range(count)]
@@ -194,13 +195,18 @@ def plan(ranks, per_proxy, hard_fds):
     return out
 
 
+def store_conns(ranks, per_proxy):
+    """Connections to the store: a rank's own, or its proxy's."""
+    return ranks if per_proxy == 0 else STORE_CONNS_PER_PROXY * math.ceil(ranks / per_proxy)
+
+
 def upstream_addresses(ranks, per_proxy):
-    """How many loopback addresses the proxies reach the store at: its connections, two per
+    """How many loopback addresses the proxies reach the store at: its connections, one per
     proxy, and the proxies' listeners share Linux's ephemeral ports (28k by default), a
     listener's port for itself, a connection's per destination address."""
     if per_proxy == 0:
         return 1
-    return max(1, math.ceil(2 * math.ceil(ranks / per_proxy) / PORTS_PER_ADDRESS))
+    return max(1, math.ceil(store_conns(ranks, per_proxy) / PORTS_PER_ADDRESS))
 
 
 def barrier(args, store, setup, ranks, per_proxy):
@@ -306,7 +312,7 @@ def measure(args, setup, ranks, per_proxy):
         if setup == "torch":
             store = start_torch(args)
         else:
-            conns = ranks if per_proxy == 0 else 2 * math.ceil(ranks / per_proxy)
+            conns = store_conns(ranks, per_proxy)
             spread = upstream_addresses(ranks, per_proxy)
             store, note = start_dlrund(args, conns + SLACK_FDS,
                                        "0.0.0.0" if spread > 1 else "127.0.0.1")
@@ -366,7 +372,7 @@ def main():
     cut = {}  # a proxied row's count where it had to be lowered: the one asked for
     for n in proxied:
         for k in per_proxy:
-            fits = (args.hard_fds - SLACK_FDS) // 2 * k
+            fits = (args.hard_fds - SLACK_FDS) // STORE_CONNS_PER_PROXY * k
             if n > fits and not can_raise:
                 cut[(n, k)] = fits
             runs.append(("proxy", min(n, fits) if not can_raise else n, k))
@@ -396,7 +402,7 @@ def main():
             notes.append(row["note"])
         asked = [m for (m, kk), fits in cut.items() if kk == k and fits == n and setup == "proxy"]
         if asked:
-            notes.append(f"not {asked[0]}: its {2 * math.ceil(asked[0] / k)} store connections"
+            notes.append(f"not {asked[0]}: its {store_conns(asked[0], k)} store connections"
                          f" exceed RLIMIT_NOFILE {args.hard_fds}, which may not be raised here;"
                          f" the largest count that fits")
         req = f"{row['req_per_rank']:.3f}" if "req_per_rank" in row else "-"
@@ -434,7 +440,7 @@ def main():
                       f" wall {a['wall']:.3f} vs {b['wall']:.3f} s")
             if (n, k) in [(fits, kk) for (m, kk), fits in cut.items() if m == 100000]:
                 print(f"(b) proxy/{k} at 100000: n/a (dlrund may not hold its"
-                      f" {2 * math.ceil(100000 / k)} connections here); at {n}:"
+                      f" {store_conns(100000, k)} connections here); at {n}:"
                       f" wall {b['wall']:.3f} s")
             if n == 100000:
                 print(f"(b) proxy/{k} at {n}: wall {b['wall']:.3f} s (goal: within 5 s):"

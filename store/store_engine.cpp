@@ -39,11 +39,6 @@ std::optional<int64_t> leadingInteger(std::string_view text) {
   return negative ? static_cast<int64_t>(0 - magnitude) : static_cast<int64_t>(magnitude);
 }
 
-void sendByte(Peer& peer, uint8_t value) {
-  const char byte = static_cast<char>(value);
-  peer.send(std::string_view(&byte, 1));
-}
-
 }  // namespace
 
 std::string StoreEngine::handle(Peer& peer, const wire::Request& r, TimePoint now) {
@@ -61,7 +56,7 @@ std::string StoreEngine::handle(Peer& peer, const wire::Request& r, TimePoint no
     case Op::Get: {
       // Clients WAIT before GET; a key deleted in between reads as empty rather than hanging.
       auto it = data_.find(r.keys[0]);
-      peer.send(encodeBytes(it == data_.end() ? std::string_view() : it->second));
+      reply(peer, encodeBytes(it == data_.end() ? std::string_view() : it->second));
       return {};
     }
     case Op::Add:
@@ -69,7 +64,7 @@ std::string StoreEngine::handle(Peer& peer, const wire::Request& r, TimePoint no
     case Op::Check: {
       const bool ready = std::all_of(r.keys.begin(), r.keys.end(),
                                      [&](std::string_view k) { return present(k); });
-      sendByte(peer, static_cast<uint8_t>(ready ? wire::CheckReply::Ready
+      replyByte(peer, static_cast<uint8_t>(ready ? wire::CheckReply::Ready
                                                 : wire::CheckReply::NotReady));
       return {};
     }
@@ -77,8 +72,11 @@ std::string StoreEngine::handle(Peer& peer, const wire::Request& r, TimePoint no
     case Op::GroupWait:
       wait(peer, r);
       return {};
+    case Op::GroupCancel:
+      cancelGroupWait(peer, static_cast<uint64_t>(r.number));
+      return {};
     case Op::GetNumKeys:
-      peer.send(encodeI64(static_cast<int64_t>(data_.size())));
+      reply(peer, encodeI64(static_cast<int64_t>(data_.size())));
       return {};
     case Op::DeleteKey: {
       auto it = data_.find(r.keys[0]);
@@ -87,7 +85,7 @@ std::string StoreEngine::handle(Peer& peer, const wire::Request& r, TimePoint no
         dropLease(it->first);  // deleting a leased key is its holder's clean release
         data_.erase(it);
       }
-      peer.send(encodeI64(found ? 1 : 0));
+      reply(peer, encodeI64(found ? 1 : 0));
       return {};
     }
     case Op::Append: {
@@ -107,7 +105,7 @@ std::string StoreEngine::handle(Peer& peer, const wire::Request& r, TimePoint no
         auto it = data_.find(key);
         encoder.bytes(it == data_.end() ? std::string_view() : it->second);
       }
-      peer.send(out);
+      reply(peer, out);
       return {};
     }
     case Op::MultiSet:
@@ -115,12 +113,12 @@ std::string StoreEngine::handle(Peer& peer, const wire::Request& r, TimePoint no
       return {};
     case Op::CancelWait:
       cancelWaits(peer);
-      sendByte(peer, static_cast<uint8_t>(wire::WaitReply::WaitCanceled));
+      replyByte(peer, static_cast<uint8_t>(wire::WaitReply::WaitCanceled));
       return {};
     case Op::Ping: {
       std::string out;
       wire::Encoder(out).u32(r.word);
-      peer.send(out);
+      reply(peer, out);
       return {};
     }
     case Op::QueuePush: {
@@ -134,7 +132,7 @@ std::string StoreEngine::handle(Peer& peer, const wire::Request& r, TimePoint no
       return {};
     case Op::QueueLen: {
       auto it = queues_.find(r.keys[0]);
-      peer.send(encodeI64(it == queues_.end() ? 0 : static_cast<int64_t>(it->second.size())));
+      reply(peer, encodeI64(it == queues_.end() ? 0 : static_cast<int64_t>(it->second.size())));
       return {};
     }
     case Op::ListKeys: {
@@ -142,14 +140,14 @@ std::string StoreEngine::handle(Peer& peer, const wire::Request& r, TimePoint no
       wire::Encoder encoder(out);
       encoder.i64(static_cast<int64_t>(data_.size()));
       for (const auto& entry : data_) encoder.bytes(entry.first);
-      peer.send(out);
+      reply(peer, out);
       return {};
     }
     case Op::Barrier:
       return barrier(peer, r);
     case Op::Lease:
       lease(peer, r, now);
-      sendByte(peer, 0);
+      replyByte(peer, 0);
       return {};
   }
   return "unhandled op";
@@ -162,12 +160,12 @@ void StoreEngine::compareSet(Peer& peer, const wire::Request& r) {
   if (it == data_.end()) {
     // Unlike torch's libuv server, waiters on the missing key stay asleep: it still is missing.
     if (r.values[0].empty()) setValue(r.keys[0], r.values[1]);
-    peer.send(encodeBytes(r.values[0].empty() ? r.values[1] : r.values[0]));
+    reply(peer, encodeBytes(r.values[0].empty() ? r.values[1] : r.values[0]));
     return;
   }
   if (it->second == r.values[0]) it->second.assign(r.values[1]);
   keyWritten(it->first);  // a write even when nothing changed, as in torch: it ends barriers
-  peer.send(encodeBytes(it->second));
+  reply(peer, encodeBytes(it->second));
 }
 
 std::optional<int64_t> StoreEngine::sum(std::string_view key, int64_t delta,
@@ -196,7 +194,7 @@ std::string StoreEngine::add(Peer& peer, const wire::Request& r) {
   const auto updated = sum(r.keys[0], r.number, error);
   if (!updated) return "ADD refused: " + error;
   setValue(r.keys[0], std::to_string(*updated));
-  peer.send(encodeI64(*updated));
+  reply(peer, encodeI64(*updated));
   return {};
 }
 
@@ -210,7 +208,7 @@ std::string StoreEngine::barrier(Peer& peer, const wire::Request& r) {
   if (!count) return "BARRIER refused: " + error;
   if (*count >= r.number) {
     setValue(r.keys[0], std::to_string(*count));
-    sendByte(peer, static_cast<uint8_t>(wire::WaitReply::StopWaiting));
+    replyByte(peer, static_cast<uint8_t>(wire::WaitReply::StopWaiting));
     return {};
   }
   if (auto it = data_.find(r.keys[0]); it != data_.end()) {
@@ -235,7 +233,7 @@ void StoreEngine::queuePop(Peer& peer, const wire::Request& r) {
     it->second.pop_front();
     if (it->second.empty()) queues_.erase(it);
   }
-  peer.send(out);
+  reply(peer, out);
 }
 
 void StoreEngine::setValue(std::string_view key, std::string_view value) {
@@ -257,14 +255,17 @@ void StoreEngine::wait(Peer& peer, const wire::Request& r) {
     if (!present(key) && std::find(missing.begin(), missing.end(), key) == missing.end())
       missing.emplace_back(key);
   }
-  if (missing.empty()) {
-    sendByte(peer, static_cast<uint8_t>(wire::WaitReply::StopWaiting));
-    return;
+  if (r.op == wire::Op::GroupWait) {
+    const uint64_t tag = groupWaits_[&peer]++;
+    if (missing.empty()) return replyGroup(peer, tag, wire::WaitReply::StopWaiting);
+    return addWaiter(peer, std::move(missing), tag);
   }
-  addWaiter(peer, std::move(missing), r.op == wire::Op::GroupWait);
+  if (missing.empty()) return replyByte(peer, static_cast<uint8_t>(wire::WaitReply::StopWaiting));
+  addWaiter(peer, std::move(missing));
 }
 
-void StoreEngine::addWaiter(Peer& peer, std::vector<std::string> keys, bool group) {
+void StoreEngine::addWaiter(Peer& peer, std::vector<std::string> keys,
+                            std::optional<uint64_t> group) {
   const uint64_t id = nextWaiterId_++;
   for (const auto& key : keys) waitersByKey_[key].push_back(id);
   waitersByPeer_[&peer].push_back(id);
@@ -286,10 +287,45 @@ void StoreEngine::keyArrivedFor(uint64_t id, bool pushed) {
   it->second.pushed = it->second.pushed || pushed;
   if (--it->second.remaining > 0) return;
   Peer* peer = it->second.peer;
-  const bool one = it->second.group && it->second.pushed;
+  const std::optional<uint64_t> group = it->second.group;
+  const bool pushedOne = it->second.pushed;
   forgetWaiter(id);
-  sendByte(*peer, static_cast<uint8_t>(one ? wire::WaitReply::StopWaitingOne
-                                           : wire::WaitReply::StopWaiting));
+  if (!group) return replyByte(*peer, static_cast<uint8_t>(wire::WaitReply::StopWaiting));
+  replyGroup(*peer, *group,
+             pushedOne ? wire::WaitReply::StopWaitingOne : wire::WaitReply::StopWaiting);
+}
+
+void StoreEngine::cancelGroupWait(Peer& peer, uint64_t tag) {
+  auto byPeer = waitersByPeer_.find(&peer);
+  if (byPeer == waitersByPeer_.end()) return;
+  for (uint64_t id : byPeer->second) {
+    if (waiters_.at(id).group != tag) continue;
+    forgetWaiter(id);  // changes byPeer's vector: return at once
+    return;
+  }
+}
+
+void StoreEngine::reply(Peer& peer, std::string_view bytes) {
+  // An empty reply (MULTI_GET of no keys) stays nothing, framed or not.
+  if (bytes.empty() || groupWaits_.empty() || !groupWaits_.contains(&peer))
+    return peer.send(bytes);
+  std::string framed(1, static_cast<char>(wire::FramedReply::InOrder));
+  framed.append(bytes);
+  peer.send(framed);
+}
+
+void StoreEngine::replyByte(Peer& peer, uint8_t value) {
+  const char byte = static_cast<char>(value);
+  reply(peer, std::string_view(&byte, 1));
+}
+
+void StoreEngine::replyGroup(Peer& peer, uint64_t tag, wire::WaitReply value) {
+  std::string framed;
+  wire::Encoder(framed)
+      .u8(static_cast<uint8_t>(wire::FramedReply::GroupWait))
+      .u64(tag)
+      .u8(static_cast<uint8_t>(value));
+  peer.send(framed);
 }
 
 void StoreEngine::wakeOne(const std::string& key) {
@@ -326,6 +362,7 @@ void StoreEngine::cancelWaits(Peer& peer) {
 
 void StoreEngine::disconnect(Peer& peer) {
   cancelWaits(peer);  // first, so the peer is not answered for its own tripwires
+  groupWaits_.erase(&peer);
   auto byPeer = leasesByPeer_.find(&peer);
   if (byPeer == leasesByPeer_.end()) return;
   for (const auto& key : std::vector<std::string>(byPeer->second)) fireLease(key);

@@ -59,7 +59,8 @@ class StoreEngine {
     Peer* peer;
     std::vector<std::string> missing;  // keys not yet written since the wait began
     size_t remaining;
-    bool group = false;   // GROUP_WAIT's: its reply says whether a push woke it
+    // A GROUP_WAIT's: its number on the peer's connection; its reply says whether a push woke it
+    std::optional<uint64_t> group;
     bool pushed = false;  // a QUEUE_PUSH's wake-one brought one of its keys
   };
 
@@ -71,9 +72,15 @@ class StoreEngine {
   };
 
   void wait(Peer& peer, const wire::Request& request);
-  // Until each key is written; `group`: a GROUP_WAIT's.
-  void addWaiter(Peer& peer, std::vector<std::string> keys, bool group = false);
+  // Until each key is written; `group`: a GROUP_WAIT's number.
+  void addWaiter(Peer& peer, std::vector<std::string> keys,
+                 std::optional<uint64_t> group = std::nullopt);
   void cancelWaits(Peer& peer);
+  void cancelGroupWait(Peer& peer, uint64_t tag);  // GROUP_CANCEL
+  // Every reply goes through these: framed for a peer that has sent a GROUP_WAIT (wire.h).
+  void reply(Peer& peer, std::string_view bytes);
+  void replyByte(Peer& peer, uint8_t value);
+  void replyGroup(Peer& peer, uint64_t tag, wire::WaitReply value);
   // Every write to a key wakes every waiter on it: WAITs, which wait only on keys missing when
   // they began, and BARRIER arrivals, which wait on their counter.
   void keyWritten(const std::string& key);
@@ -109,6 +116,8 @@ class StoreEngine {
   std::unordered_map<uint64_t, Waiter> waiters_;
   KeyMap<std::vector<uint64_t>> waitersByKey_;
   std::unordered_map<Peer*, std::vector<uint64_t>> waitersByPeer_;
+  // Peers that have sent GROUP_WAITs (their replies are framed): how many.
+  std::unordered_map<Peer*, uint64_t> groupWaits_;
   KeyMap<Lease> leases_;
   std::unordered_map<Peer*, std::vector<std::string>> leasesByPeer_;
   std::set<std::pair<TimePoint, std::string>> leaseDeadlines_;

@@ -72,10 +72,14 @@ void ProxyImpl::release(wire::Era era, std::shared_ptr<Upstream> upstream) {
   }
 }
 
-void ProxyImpl::forward(wire::Era era, std::string_view request, Op op, size_t keys, Take take) {
+std::shared_ptr<Upstream>& ProxyImpl::shared(wire::Era era) {
   auto& upstream = shared_[static_cast<size_t>(era)];
   if (!upstream) upstream = connect(era);
-  upstream->send(request, op, keys, std::move(take));
+  return upstream;
+}
+
+void ProxyImpl::forward(wire::Era era, std::string_view request, Op op, size_t keys, Take take) {
+  shared(era)->send(request, op, keys, std::move(take));
 }
 
 Cancel ProxyImpl::forwardBlocking(wire::Era era, std::string_view request, Op op, Take take) {
@@ -118,8 +122,8 @@ Cancel ProxyImpl::wait(wire::Era, std::string_view request, Take take, AfterNext
 
 void ProxyImpl::sendGroupWait(const std::string& id) {
   WaitGroup& group = waits_.at(id);
-  group.withdraw = forwardBlocking(wire::Era::V2, group.request, Op::GroupWait,
-                                   [this, id](std::string_view reply) { groupWoken(id, reply); });
+  group.withdraw = shared(wire::Era::V2)->sendGroupWait(
+      group.request, [this, id](std::string_view reply) { groupWoken(id, reply); });
 }
 
 // A QUEUE_PUSH woke the group (StopWaitingOne): its first client goes on; the others wait on
@@ -128,7 +132,7 @@ void ProxyImpl::sendGroupWait(const std::string& id) {
 void ProxyImpl::groupWoken(const std::string& id, std::string_view reply) {
   auto it = waits_.find(id);
   if (it == waits_.end()) return;
-  it->second.withdraw = nullptr;  // its connection goes back to the pool
+  it->second.withdraw = nullptr;  // the store's wait is over
   const std::string stop(1, static_cast<char>(wire::WaitReply::StopWaiting));
   if (reply[0] == static_cast<char>(wire::WaitReply::StopWaitingOne) &&
       it->second.members.size() > 1) {
@@ -155,11 +159,7 @@ void ProxyImpl::add(wire::Era era, std::string_view key, int64_t delta, Take tak
     batch.key = std::string(key);
   }
   batch.queued.emplace_back(delta, std::move(take));
-  if (batch.inFlight) {
-    ++counters.coalescedAdds;
-    return;
-  }
-  sendAdds(id);
+  if (!batch.inFlight) sendAdds(id);
 }
 
 // Sends the queued ADDs of one key as one. The store answers their sum's result R; the i-th
@@ -177,6 +177,7 @@ void ProxyImpl::sendAdds(const std::string& id) {
                std::make_move_iterator(batch.queued.begin() + static_cast<ptrdiff_t>(taken)));
   batch.queued.erase(batch.queued.begin(), batch.queued.begin() + static_cast<ptrdiff_t>(taken));
   batch.inFlight = true;
+  counters.coalescedAdds += taken - 1;
   std::string request;
   wire::Encoder(request).op(batch.era, Op::Add).bytes(batch.key).i64(sum);
   forward(batch.era, request, Op::Add, 1,

@@ -47,7 +47,7 @@ struct StoreProxyStats {
   uint64_t upstreamRequests = 0;  // requests sent to the store
   uint64_t upstreamConnections = 0;
   uint64_t coalescedWaits = 0;    // local WAITs that joined one already sent
-  uint64_t coalescedAdds = 0;     // local ADDs folded into another's
+  uint64_t coalescedAdds = 0;     // local ADDs folded into another's upstream ADD
 };
 
 namespace detail {

@@ -7,6 +7,8 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
+#include <span>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
@@ -56,17 +58,18 @@ class Outbox {
 
 class ProxyImpl;
 
-class ProxyImpl;
-
 // One connection to the store, in one era: requests go out in order, and replies, which an
-// immediate op's store answers in order, go to their takers in that order.
+// immediate op's store answers in order, go to their takers in that order. GROUP_WAITs share
+// it: from the first on, the store frames its replies (wire.h) and wakes come out of turn.
 class Upstream : public std::enable_shared_from_this<Upstream> {
  public:
   Upstream(ProxyImpl& proxy, wire::Era era);
   void start();
   // Sends `request`; `take` gets its reply (none for an op without one).
   void send(std::string_view request, Op op, size_t keys, Take take);
-  bool idle() const { return expected_.empty(); }
+  // Sends a GROUP_WAIT (V2); `take` gets its one-byte reply. Returns what withdraws it.
+  Cancel sendGroupWait(std::string_view request, Take take);
+  bool idle() const { return expected_.empty() && groups_.empty(); }
   void close();
 
  private:
@@ -74,9 +77,12 @@ class Upstream : public std::enable_shared_from_this<Upstream> {
     Op op;
     size_t keys;
     Take take;
+    bool framed;  // sent after the first GROUP_WAIT
   };
   void read();
   void onRead(const error_code& ec, size_t n);
+  // Hands the reply at the start of `data` to its taker: its size, or nullopt while incomplete.
+  std::optional<size_t> takeReply(std::span<const char> data);
   void flush();
   void fail(const std::string& why);
 
@@ -88,14 +94,15 @@ class Upstream : public std::enable_shared_from_this<Upstream> {
   std::string in_;
   std::vector<char> buffer_ = std::vector<char>(16 * 1024);
   std::deque<Expected> expected_;
+  bool framed_ = false;
+  uint64_t groupsSent_ = 0;
+  std::unordered_map<uint64_t, Take> groups_;  // GROUP_WAITs out, by number
 };
 
 class Client;
 // A worker's connection, served from now on; closeClient ends it.
 std::shared_ptr<Client> startClient(ProxyImpl& proxy, tcp::socket socket);
 void closeClient(Client& client);
-
-class Client;
 
 class ProxyImpl : public std::enable_shared_from_this<ProxyImpl> {
  public:
@@ -121,6 +128,7 @@ class ProxyImpl : public std::enable_shared_from_this<ProxyImpl> {
 
   // An immediate request on the era's shared connection.
   void forward(wire::Era era, std::string_view request, Op op, size_t keys, Take take);
+  std::shared_ptr<Upstream>& shared(wire::Era era);
   // A blocking request (BARRIER) on a connection of its own, back to the pool once answered.
   // Its cancel closes that connection: the store then forgets the request, as CANCEL_WAIT
   // would have it.

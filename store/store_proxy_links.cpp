@@ -87,6 +87,8 @@ class Client : public std::enable_shared_from_this<Client> {
         return true;
       case Op::Lease:
       case Op::WatchKey:
+      case Op::GroupWait:  // a proxy's upstream is the store itself, not another proxy
+      case Op::GroupCancel:
         close(std::string(wire::opName(r.op)) + " is not forwarded to the store");
         return false;
       case Op::Ping: {  // the proxy is the server this client reaches: it answers itself
@@ -235,8 +237,25 @@ void Upstream::send(std::string_view request, Op op, size_t keys, Take take) {
   if (closed_) return;
   ++proxy_.counters.upstreamRequests;
   outbox_.queued().append(request);
-  if (take) expected_.push_back({op, keys, std::move(take)});
+  if (take) expected_.push_back({op, keys, std::move(take), framed_});
   flush();
+}
+
+Cancel Upstream::sendGroupWait(std::string_view request, Take take) {
+  if (closed_) return [] {};
+  ++proxy_.counters.upstreamRequests;
+  framed_ = true;
+  const uint64_t number = groupsSent_++;
+  groups_.emplace(number, std::move(take));
+  outbox_.queued().append(request);
+  flush();
+  return [weak = weak_from_this(), number] {
+    auto self = weak.lock();
+    if (!self || self->closed_ || self->groups_.erase(number) == 0) return;
+    ++self->proxy_.counters.upstreamRequests;
+    wire::Encoder(self->outbox_.queued()).op(wire::Era::V2, Op::GroupCancel).u64(number);
+    self->flush();
+  };
 }
 
 void Upstream::flush() {
@@ -261,23 +280,50 @@ void Upstream::onRead(const error_code& ec, size_t n) {
   in_.append(buffer_.data(), n);
   size_t pos = 0;
   try {
-    while (!expected_.empty()) {
-      const std::span<const char> data(in_.data() + pos, in_.size() - pos);
-      const auto size = wire::replySize(expected_.front().op, expected_.front().keys, data,
-                                        proxy_.limits());
-      if (!size) break;
-      Expected done = std::move(expected_.front());
-      expected_.pop_front();
-      done.take(std::string_view(data.data(), *size));
+    while (pos < in_.size()) {
+      const auto size = takeReply(std::span<const char>(in_.data() + pos, in_.size() - pos));
       if (closed_) return;  // the taker failed everything
+      if (!size) break;
       pos += *size;
     }
   } catch (const ProtocolError& e) {
     return fail(std::string("the store's reply is malformed: ") + e.what());
   }
   in_.erase(0, pos);
-  if (expected_.empty() && !in_.empty()) return fail("the store sent a reply nobody asked for");
   read();
+}
+
+std::optional<size_t> Upstream::takeReply(std::span<const char> data) {
+  const bool framed = expected_.empty() ? framed_ : expected_.front().framed;
+  size_t header = 0;
+  if (framed) {
+    if (data.empty()) return std::nullopt;
+    if (data[0] == static_cast<char>(wire::FramedReply::GroupWait)) {
+      constexpr size_t kSize = 1 + 8 + 1;
+      if (data.size() < kSize) return std::nullopt;
+      const uint64_t number = wire::loadU64(data.data() + 1);
+      auto group = groups_.find(number);
+      if (group == groups_.end()) {
+        if (number >= groupsSent_) throw ProtocolError("a wake for a GROUP_WAIT never sent");
+        return kSize;  // withdrawn meanwhile
+      }
+      const Take take = std::move(group->second);
+      groups_.erase(group);
+      take(std::string_view(data.data() + 9, 1));
+      return kSize;
+    }
+    if (data[0] != static_cast<char>(wire::FramedReply::InOrder))
+      throw ProtocolError("a framed reply of kind " + std::to_string(uint8_t(data[0])));
+    header = 1;
+  }
+  if (expected_.empty()) throw ProtocolError("a reply nobody asked for");
+  const auto size = wire::replySize(expected_.front().op, expected_.front().keys,
+                                    data.subspan(header), proxy_.limits());
+  if (!size) return std::nullopt;
+  Expected done = std::move(expected_.front());
+  expected_.pop_front();
+  done.take(std::string_view(data.data() + header, *size));
+  return header + *size;
 }
 
 void Upstream::fail(const std::string& why) {

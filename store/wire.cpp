@@ -14,16 +14,16 @@ constexpr uint8_t kNoCode = 0xFF;
 constexpr size_t kOps = kOpCount;
 constexpr std::array<uint8_t, kOps> kV1Codes = {
     kNoCode, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, kNoCode, kNoCode, kNoCode, kNoCode,
-    kNoCode, kNoCode, kNoCode, kNoCode};
+    kNoCode, kNoCode, kNoCode, kNoCode, kNoCode};
 constexpr std::array<uint8_t, kOps> kV2Codes = {0,  1,  2,  3,  4,  5,  6,  7,  kNoCode, 8,  9,
                                                 10, 11, 12, 13, 14, 15, 16, 17,      18, 0x40,
-                                                0x41};
+                                                0x41, 0x42};
 
 constexpr std::array<std::string_view, kOps> kNames = {
     "VALIDATE",   "SET",    "COMPARE_SET", "GET",         "ADD",  "CHECK",
     "WAIT",       "GETNUMKEYS", "WATCH_KEY", "DELETE_KEY", "APPEND", "MULTI_GET",
     "MULTI_SET",  "CANCEL_WAIT", "PING",      "QUEUE_PUSH", "QUEUE_POP", "QUEUE_LEN",
-    "LIST_KEYS",  "BARRIER",     "LEASE",     "GROUP_WAIT"};
+    "LIST_KEYS",  "BARRIER",     "LEASE",     "GROUP_WAIT", "GROUP_CANCEL"};
 
 const std::array<uint8_t, kOps>& codes(Era era) { return era == Era::V1 ? kV1Codes : kV2Codes; }
 
@@ -155,6 +155,12 @@ bool parseBody(Cursor& c, Request& out) {
       out.number = static_cast<int64_t>(number);
       return true;
     }
+    case Op::GroupCancel: {
+      uint64_t number = 0;
+      if (!c.u64(number)) return false;
+      out.number = static_cast<int64_t>(number);
+      return true;
+    }
     case Op::Check:
     case Op::Wait:
     case Op::GroupWait:
@@ -274,6 +280,7 @@ std::optional<size_t> replySize(Op op, size_t keys, std::span<const char> in,
     case Op::Append:
     case Op::MultiSet:
     case Op::QueuePush:
+    case Op::GroupCancel:
       return 0;
     case Op::Check:
     case Op::Wait:

@@ -25,7 +25,13 @@
 //    GROUP_WAIT=65 (0x41): WAIT's fields and meaning, for a store proxy waiting for a group of
 //    its clients at once; replies STOP_WAITING when a write made the keys exist (every client
 //    may go on), STOP_WAITING_ONE when a QUEUE_PUSH woke it (one client may: the store wakes one
-//    waiter per item).
+//    waiter per item). So that a proxy needs one connection, whatever it waits on, the reply
+//    comes out of turn and framed: from its first GROUP_WAIT on, every reply on the connection
+//    is a FramedReply byte, then for InOrder the reply as usual (in request order; an empty
+//    one, MULTI_GET's of no keys, stays nothing at all), for
+//    GroupWait the GROUP_WAIT's number on the connection (uint64, from 0) and its one byte.
+//    GROUP_CANCEL=66 (0x42): uint64 number; withdraws that GROUP_WAIT if it still waits. No
+//    reply (a wake already sent still arrives).
 // A connection whose first five bytes are VALIDATE + magic speaks V2; any other opening is V1.
 #pragma once
 
@@ -65,8 +71,9 @@ enum class Op : uint8_t {
   Barrier,
   Lease,
   GroupWait,
+  GroupCancel,
 };
-inline constexpr size_t kOpCount = static_cast<size_t>(Op::GroupWait) + 1;
+inline constexpr size_t kOpCount = static_cast<size_t>(Op::GroupCancel) + 1;
 
 std::optional<Op> decodeOp(Era era, uint8_t code);
 uint8_t encodeOp(Era era, Op op);  // throws ProtocolError for an op the era lacks
@@ -76,6 +83,7 @@ inline constexpr uint32_t kValidationMagic = 0x3C85F7CE;
 
 enum class CheckReply : uint8_t { Ready = 0, NotReady = 1 };
 enum class WaitReply : uint8_t { StopWaiting = 0, WaitCanceled = 1, StopWaitingOne = 2 };
+enum class FramedReply : uint8_t { InOrder = 0, GroupWait = 1 };
 
 // Checked on every length field before anything is allocated for it.
 struct Limits {
@@ -100,7 +108,8 @@ struct Request {
                                          // leased key, then its tripwire keys
   std::vector<std::string_view> values;  // SET/APPEND/QUEUE_PUSH: 1; COMPARE_SET: expected,
                                          // desired; MULTI_SET and LEASE: one per key
-  int64_t number = 0;                    // ADD's delta, BARRIER's world size
+  int64_t number = 0;                    // ADD's delta, BARRIER's world size, GROUP_CANCEL's
+                                         // GROUP_WAIT number
   uint64_t ttlMs = 0;                    // LEASE's time to live
   uint32_t word = 0;                     // VALIDATE's magic, PING's nonce
 

@@ -107,6 +107,48 @@ TEST_F(EngineTest, DisconnectForgetsWaits) {
   EXPECT_EQ(a.take(), "");
 }
 
+// A store proxy waits for several groups on its one connection: GROUP_WAIT's replies come out
+// of turn with their numbers, and every reply after the first GROUP_WAIT is framed.
+TEST_F(EngineTest, GroupWaitsAreFramedAndAnsweredByNumber) {
+  RecordingPeer proxy, writer;
+  run(proxy, [](Encoder& e) { e.op(Era::V2, Op::Add).bytes("n").i64(1); });
+  EXPECT_EQ(proxy.take(), i64(1));  // not framed yet
+  run(proxy, [](Encoder& e) { e.op(Era::V2, Op::GroupWait).u64(1).bytes("a"); });
+  run(proxy, [](Encoder& e) { e.op(Era::V2, Op::GroupWait).u64(1).bytes("b"); });
+  run(proxy, [](Encoder& e) { e.op(Era::V2, Op::Add).bytes("n").i64(1); });
+  EXPECT_EQ(proxy.take(), std::string(1, '\0') + i64(2));
+  run(proxy, [](Encoder& e) { e.op(Era::V2, Op::MultiGet).u64(0); });
+  EXPECT_EQ(proxy.take(), "");  // an empty reply stays nothing
+  auto wake = [](uint64_t number, wire::WaitReply reply) {
+    std::string out;
+    Encoder(out).u8(1).u64(number).u8(static_cast<uint8_t>(reply));
+    return out;
+  };
+  run(writer, [](Encoder& e) { e.op(Era::V2, Op::Set).bytes("b").bytes("x"); });
+  EXPECT_EQ(proxy.take(), wake(1, wire::WaitReply::StopWaiting));
+  run(writer, [](Encoder& e) { e.op(Era::V2, Op::QueuePush).bytes("a").bytes("item"); });
+  EXPECT_EQ(proxy.take(), wake(0, wire::WaitReply::StopWaitingOne));
+  run(proxy, [](Encoder& e) { e.op(Era::V2, Op::GroupWait).u64(1).bytes("b"); });
+  EXPECT_EQ(proxy.take(), wake(2, wire::WaitReply::StopWaiting));  // present: at once
+  EXPECT_EQ(writer.take(), "");  // another peer's replies stay as they were
+}
+
+// A withdrawn GROUP_WAIT takes no item's wake-up from the waiter behind it.
+TEST_F(EngineTest, GroupCancelWithdrawsThatGroupWaitOnly) {
+  RecordingPeer proxy, popper, pusher;
+  run(proxy, [](Encoder& e) { e.op(Era::V2, Op::GroupWait).u64(1).bytes("q"); });
+  run(proxy, [](Encoder& e) { e.op(Era::V2, Op::GroupWait).u64(1).bytes("other"); });
+  waitOn(popper, "q");
+  run(proxy, [](Encoder& e) { e.op(Era::V2, Op::GroupCancel).u64(0); });
+  EXPECT_EQ(proxy.take(), "");  // no reply
+  EXPECT_EQ(engine.waiterCount(), 2u);
+  run(pusher, [](Encoder& e) { e.op(Era::V2, Op::QueuePush).bytes("q").bytes("item"); });
+  EXPECT_EQ(popper.take(), std::string(1, '\0'));
+  EXPECT_EQ(proxy.take(), "");
+  run(proxy, [](Encoder& e) { e.op(Era::V2, Op::GroupCancel).u64(7); });  // unknown: ignored
+  EXPECT_EQ(engine.waiterCount(), 1u);
+}
+
 TEST_F(EngineTest, CompareSetFollowsPyTorch) {
   run(a, [](Encoder& e) { e.op(Era::V2, Op::CompareSet).bytes("k").bytes("").bytes("v1"); });
   EXPECT_EQ(a.take(), bytes("v1"));  // missing + empty expected: created

@@ -44,6 +44,15 @@ class StoreProxyTest : public ::testing::Test {
   TcpStore client() { return TcpStore({.host = "127.0.0.1", .port = proxy->port()}); }
   uint64_t storeOps(Op op) const { return store->stats().ops[static_cast<size_t>(op)]; }
   StoreProxyStats proxyStats() const { return proxy->stats(); }
+  // A raw V2 client of the proxy, waiting on a key nobody writes.
+  RawClient waitingOnNever() {
+    RawClient raw(proxy->port());
+    raw.validate();
+    std::string wait;
+    Encoder(wait).op(Era::V2, Op::Wait).u64(1).bytes("never");
+    raw.send(wait);
+    return raw;
+  }
 
   boost::asio::io_context io;
   std::optional<boost::asio::executor_work_guard<boost::asio::io_context::executor_type>> work;
@@ -90,7 +99,7 @@ TEST_F(StoreProxyTest, AddsInFlightTogetherBecomeOneAndGetDistinctValues) {
   int64_t expected = 0;
   for (int i = 1; i <= 8; ++i) EXPECT_EQ(raw.read(8), i64Bytes(expected += i));
   EXPECT_EQ(storeOps(Op::Add), 2u);
-  EXPECT_EQ(proxyStats().coalescedAdds, 7u);
+  EXPECT_EQ(proxyStats().coalescedAdds, 6u);
 }
 
 TEST_F(StoreProxyTest, EightWorkersAddingAtOnceGetEightDistinctValues) {
@@ -113,7 +122,42 @@ TEST_F(StoreProxyTest, WaitsOnOneKeyBecomeOneWaitAtTheStore) {
   for (auto& wait : waits) wait.get();
   EXPECT_EQ(storeOps(Op::GroupWait), 1u);
   EXPECT_EQ(storeOps(Op::Wait), 0u);
-  EXPECT_LE(store->stats().connections, 3u);  // the WAIT's, the shared one, a spare
+}
+
+// Waits on distinct keys and the immediate ops around them share the proxy's one connection.
+TEST_F(StoreProxyTest, OneConnectionCarriesEveryWaitAndEveryAdd) {
+  std::vector<std::future<int64_t>> waits;
+  for (int i = 0; i < 4; ++i)
+    waits.push_back(std::async(std::launch::async, [this, i] {
+      TcpStore c = client();
+      c.wait({"key" + std::to_string(i)}, std::chrono::seconds(30));
+      return c.add("after", 1);
+    }));
+  ASSERT_TRUE(eventually([&] { return storeOps(Op::GroupWait) == 4; }));
+  TcpStore writer = client();
+  EXPECT_TRUE(writer.multiGet({}).empty());  // a reply of no bytes, framed or not
+  EXPECT_EQ(writer.add("before", 1), 1);
+  for (int i : {2, 0, 3, 1}) writer.set("key" + std::to_string(i), "x");  // out of turn
+  std::set<int64_t> values;
+  for (auto& wait : waits) values.insert(wait.get());
+  EXPECT_EQ(values, (std::set<int64_t>{1, 2, 3, 4}));
+  EXPECT_EQ(store->stats().connections, 1u);
+  EXPECT_EQ(proxyStats().upstreamConnections, 1u);
+}
+
+// A wait every client gave up on is withdrawn at the store (GROUP_CANCEL), on the same
+// connection, which goes on serving.
+TEST_F(StoreProxyTest, AWaitEveryClientGaveUpOnIsWithdrawnAtTheStore) {
+  RawClient raw = waitingOnNever();
+  ASSERT_TRUE(eventually([&] { return storeOps(Op::GroupWait) == 1; }));
+  std::string cancel;
+  Encoder(cancel).op(Era::V2, Op::CancelWait);
+  raw.send(cancel);
+  EXPECT_EQ(raw.read(1), std::string(1, static_cast<char>(wire::WaitReply::WaitCanceled)));
+  ASSERT_TRUE(eventually([&] { return storeOps(Op::GroupCancel) == 1; }));
+  EXPECT_EQ(client().add("n", 1), 1);  // the store's waiter count is as of this request
+  EXPECT_EQ(store->stats().waiters, 0u);
+  EXPECT_EQ(store->stats().connections, 1u);
 }
 
 TEST_F(StoreProxyTest, ACanceledWaitIsAnsweredCanceledOnly) {
@@ -202,12 +246,18 @@ TEST_F(StoreProxyTest, LeaseIsRefused) {
   EXPECT_TRUE(raw.closedByServer());
 }
 
-TEST_F(StoreProxyTest, WhenTheStoreGoesEveryClientIsClosed) {
+// A proxy's upstream is the store: another proxy's GROUP_WAIT is refused, not mis-forwarded.
+TEST_F(StoreProxyTest, GroupWaitFromAnotherProxyIsRefused) {
   RawClient raw(proxy->port());
   raw.validate();
   std::string wait;
-  Encoder(wait).op(Era::V2, Op::Wait).u64(1).bytes("never");
+  Encoder(wait).op(Era::V2, Op::GroupWait).u64(1).bytes("k");
   raw.send(wait);
+  EXPECT_TRUE(raw.closedByServer());
+}
+
+TEST_F(StoreProxyTest, WhenTheStoreGoesEveryClientIsClosed) {
+  RawClient raw = waitingOnNever();
   ASSERT_TRUE(eventually([&] { return storeOps(Op::GroupWait) == 1; }));
   store.reset();
   EXPECT_TRUE(raw.closedByServer());
