@@ -10,6 +10,7 @@
 #include <sys/socket.h>
 
 #include <atomic>
+#include <cstring>
 #include <memory>
 #include <set>
 #include <span>
@@ -140,23 +141,43 @@ class Session : public Peer, public std::enable_shared_from_this<Session> {
     return ec ? "a client" : joinHostPort(remote.address().to_string(), remote.port());
   }
 
+  // async_read_some and async_receive try at once and leave the epoll registration alone when
+  // they must wait; async_wait re-arms it (an epoll_ctl) every time: a third of a barrier
+  // connection's system calls.
   void awaitReadable() {
-    socket_.async_wait(tcp::socket::wait_read,
-                       [self = shared_from_this()](const error_code& ec) { self->onReadable(ec); });
+    auto self = shared_from_this();
+    if (sniff_) {  // peek at the first byte: HTTP/2's preface goes to another server unread
+      socket_.async_receive(asio::buffer(first_, 1), tcp::socket::message_peek,
+                            [self](const error_code& ec, size_t n) { self->onPeeked(ec, n); });
+      return;
+    }
+    socket_.async_read_some(asio::buffer(first_), [self](const error_code& ec, size_t n) {
+      self->onRead(ec, n);
+    });
   }
 
-  void onReadable(const error_code& waitError) {
+  void onPeeked(const error_code& ec, size_t n) {
     if (closed_) return;
-    if (waitError) return close("");
-    if (sniff_) {
-      sniff_ = false;
-      if (handedOver()) return;
-    }
+    if (ec || n == 0) return close("");
+    sniff_ = false;
+    if (first_[0] == 'P') return handOver();
+    awaitReadable();
+  }
+
+  void onRead(const error_code& readError, size_t n) {
+    if (closed_) return;
+    if (readError) return close(readError == asio::error::eof ? "" : readError.message());
+    // Most requests fit first_; a full one may have more behind it, read now into the scratch.
     const std::span<char> scratch = server_.scratch();
-    error_code ec;
-    const size_t n = socket_.read_some(asio::buffer(scratch.data(), scratch.size()), ec);
-    if (ec == asio::error::would_block || ec == asio::error::try_again) return awaitReadable();
-    if (ec) return close(ec == asio::error::eof ? "" : ec.message());
+    std::memcpy(scratch.data(), first_, n);
+    if (n == sizeof(first_)) {
+      error_code ec;
+      n += socket_.read_some(asio::buffer(scratch.data() + n, scratch.size() - n), ec);
+      // Would-block: nothing more yet. End of stream: the next read says so.
+      if (ec && ec != asio::error::would_block && ec != asio::error::try_again &&
+          ec != asio::error::eof)
+        return close(ec.message());
+    }
     server_.bytesIn_.add(n);
 
     // Parse straight from the scratch buffer unless an earlier read left a partial request.
@@ -174,23 +195,16 @@ class Session : public Peer, public std::enable_shared_from_this<Session> {
     if (!closed_) awaitReadable();
   }
 
-  // Whether the connection opened with HTTP/2 and went to StoreServerOptions::foreign. The
-  // first byte is peeked, not read, so the other server reads the whole preface itself: one
-  // recv per connection, none per request.
-  bool handedOver() {
-    char first = 0;
-    if (::recv(socket_.native_handle(), &first, 1, MSG_PEEK) != 1 || first != 'P') return false;
+  // The connection opened with HTTP/2: it goes to StoreServerOptions::foreign, its preface
+  // unread (peeked), so the other server reads all of it itself.
+  void handOver() {
     error_code ec;
     const int fd = socket_.release(ec);
-    if (ec) {
-      close(ec.message());
-      return true;
-    }
+    if (ec) return close(ec.message());
     closed_ = true;  // the engine never saw this peer, so there is nothing to disconnect
     server_.foreign_.bump();
     server_.forget(this);
     server_.options_.foreign(fd);
-    return true;
   }
 
   // Runs every complete request in `data`; keeps the tail of an incomplete one in in_.
@@ -277,6 +291,7 @@ class Session : public Peer, public std::enable_shared_from_this<Session> {
   bool batching_ = false;
   bool closed_ = false;
   bool sniff_;  // the first read is still to come and StoreServerOptions::foreign is set
+  char first_[128];  // each read's first bytes: most requests whole
 };
 
 tcp::acceptor ServerImpl::listen(asio::io_context& io, const StoreServerOptions& options) {
