@@ -33,8 +33,10 @@ fi
   fail 2 "$build has no CUDA engine: CMake found no CUDA, cuBLAS or NCCL (or DLRUN_CUDA=OFF)"
 [[ -f $data/train-images-idx3-ubyte.gz ]] ||
   fail 2 "Fashion-MNIST is not in $data (Debian package dataset-fashion-mnist)"
-cudart=$(ldd "$bin/dlrun-train" | awk '$1 ~ /^libcudart/ {print $3}')
-[[ -f $cudart ]] || fail 2 "dlrun-train finds no CUDA runtime (libcudart): $(ldd "$bin/dlrun-train")"
+# The CUDA engine is the module beside dlrun-train (trainer/cuda_module.h), not dlrun-train.
+module=$bin/dlrun-train-cuda.so
+cudart=$(ldd "$module" | awk '$1 ~ /^libcudart/ {print $3}')
+[[ -f $cudart ]] || fail 2 "$module finds no CUDA runtime (libcudart): $(ldd "$module")"
 
 echo "gpu_check: dlrun-train --single --device cuda --epochs 1"
 status=0
@@ -45,6 +47,14 @@ status=0
 echo "gpu_check: dlrun --standalone --nproc-per-node=2 train --device cuda --epochs 1"
 "$bin/dlrun" --standalone --nproc-per-node=2 train --device cuda --epochs 1 ||
   fail 1 "the 2-worker run failed"
+
+# The CUDA engine trains the MLP only so far: --device auto must take the CPU for the CNN and
+# say so, and the CNN must train there (its step on the CPU, the all-reduce as ever).
+echo "gpu_check: dlrun-train --single --model cnn --device auto --epochs 1 --max-steps 100"
+out=$("$bin/dlrun-train" --single --model cnn --device auto --epochs 1 --max-steps 100 2>&1) ||
+  fail 1 "the CNN run failed: $out"
+grep -q -- '--device auto: cpu, as the CUDA engine trains --model mlp only' <<<"$out" ||
+  fail 1 "the CNN run did not say it trains on the CPU: $out"
 
 log=$(mktemp "${TMPDIR:-/tmp}/gpu_check.XXXXXX")
 trap 'rm -f "$log"' EXIT

@@ -31,7 +31,7 @@ class CudaEngineTest : public ::testing::TestWithParam<bool> {
     std::mt19937 random(5);
     std::uniform_real_distribution<float> uniform(0.0f, 1.0f);
     for (float& v : x) v = uniform(random);
-    for (auto& label : y) label = static_cast<uint8_t>(random() % options.shape.classes);
+    for (auto& label : y) label = static_cast<uint8_t>(random() % options.model.mlp.classes);
     // More ranks on the node than devices: the gradients go through host memory.
     placement.localWorldSize = GetParam() ? devices.count + 1 : 1;
   }
@@ -64,7 +64,7 @@ TEST_P(CudaEngineTest, MatchesTheCpuEngine) {
 
 TEST_P(CudaEngineTest, LoadReplacesTheState) {
   auto gpu = makeCudaEngine(options, placement, *solo, nullptr);
-  const size_t n = options.shape.parameterCount();
+  const size_t n = options.model.parameterCount();
   std::vector<float> params(n), velocity(n);
   for (size_t i = 0; i < n; ++i) {
     params[i] = 0.001f * static_cast<float>(i);

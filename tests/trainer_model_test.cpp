@@ -9,6 +9,7 @@
 #include <cmath>
 #include <random>
 
+#include "tests/gradient_check.h"
 #include "trainer/math_dispatch.h"
 
 namespace dlrun::trainer {
@@ -60,28 +61,15 @@ TEST(Mlp, AnalyticGradientMatchesFiniteDifferences) {
   const std::vector<float> analytic = model.grads();
   const std::vector<float> start = model.params();
 
-  constexpr float kStep = 1e-2f;
-  double worst = 0;
-  size_t worstIndex = 0;
-  int checked = 0;
-  for (size_t i = 0; i < start.size(); ++i) {
-    model.params() = start;
-    model.params()[i] = start[i] + kStep;
-    const double up = lossAt(model, x, y);
-    model.params()[i] = start[i] - kStep;
-    const double down = lossAt(model, x, y);
-    const double numeric = (up - down) / (2.0 * kStep);
-    // Relative error with a floor, so near-zero gradients compare absolutely.
-    const double error = std::abs(numeric - analytic[i]) /
-                         std::max({std::abs(numeric), std::abs(double{analytic[i]}), 1e-2});
-    if (error > worst) {
-      worst = error;
-      worstIndex = i;
-    }
-    ++checked;
-  }
-  EXPECT_EQ(checked, 39);
-  EXPECT_LT(worst, 1e-2) << "parameter " << worstIndex << ": analytic " << analytic[worstIndex];
+  ASSERT_EQ(start.size(), 39u);
+  const auto check = testing::checkGradient(analytic, 0, start.size(), 1e-2, 1e-2,
+                                            [&](size_t i, double delta) {
+                                              model.params() = start;
+                                              model.params()[i] = start[i] + float(delta);
+                                              return lossAt(model, x, y);
+                                            });
+  EXPECT_LT(check.worst, 1e-2) << "parameter " << check.worstIndex << ": analytic "
+                               << analytic[check.worstIndex];
   // The gradient is not trivially zero (a broken backward pass could agree with a flat loss).
   EXPECT_GT(*std::max_element(analytic.begin(), analytic.end(),
                               [](float a, float b) { return std::abs(a) < std::abs(b); }),
@@ -145,16 +133,6 @@ TEST(Sgd, PlainSgdWithoutMomentumOrDecay) {
   EXPECT_EQ(params, (std::vector<float>{0.0f, 3.0f, 3.0f}));
 }
 
-// The largest |a[i] - b[i]| over the largest |a[i]|: float rounding when it is ~1e-6.
-double relativeDifference(const std::vector<float>& a, const std::vector<float>& b) {
-  double difference = 0, scale = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    difference = std::max(difference, double{std::abs(a[i] - b[i])});
-    scale = std::max(scale, double{std::abs(a[i])});
-  }
-  return difference / scale;
-}
-
 #ifdef DLRUN_TRAIN_AVX2_MODULE
 TEST(MlpMath, Avx2ModuleMatchesTheBaseline) {
   if (!cpuHasAvx2()) GTEST_SKIP() << "this CPU lacks AVX2 or FMA";
@@ -177,13 +155,13 @@ TEST(MlpMath, Avx2ModuleMatchesTheBaseline) {
     for (uint8_t& v : y) v = static_cast<uint8_t>(label(random));
     const float loss = baseline.lossAndGradient(x.data(), y.data(), batch);
     EXPECT_NEAR(fast.lossAndGradient(x.data(), y.data(), batch), loss, 1e-5 * loss);
-    EXPECT_LT(relativeDifference(baseline.grads(), fast.grads()), 1e-5) << "batch " << batch;
+    EXPECT_LT(testing::relativeDifference(baseline.grads(), fast.grads()), 1e-5) << "batch " << batch;
     EXPECT_EQ(fast.countCorrect(x.data(), y.data(), batch),
               baseline.countCorrect(x.data(), y.data(), batch));
     // Each steps on its own gradient, so the parameters drift apart by rounding only.
     baselineSgd.step(baseline.params(), baseline.grads().data(), 0.5f);
     fastSgd.step(fast.params(), fast.grads().data(), 0.5f);
-    EXPECT_LT(relativeDifference(baseline.params(), fast.params()), 1e-5) << "batch " << batch;
+    EXPECT_LT(testing::relativeDifference(baseline.params(), fast.params()), 1e-5) << "batch " << batch;
   }
 }
 #endif

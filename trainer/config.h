@@ -21,7 +21,8 @@ struct TrainConfig {
   bool cosine = true;  // anneal the learning rate to zero over the run (by epoch progress)
   float momentum = 0.9f;
   float weightDecay = 5e-4f;
-  std::vector<int> hidden = {256, 128};
+  std::string model = "mlp";  // or "cnn" (cnn_model.h)
+  std::vector<int> hidden = {256, 128};  // the MLP's
   uint64_t seed = 1;
   std::string dataDir = kDefaultDataDir;
   bool synthetic = false;

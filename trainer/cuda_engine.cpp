@@ -61,7 +61,7 @@ class CudaEngine final : public Engine {
   // `ncclId`: sum the gradients with NCCL; nullopt: through host memory with `collective`.
   CudaEngine(const EngineOptions& options, Collective& collective, int device,
              std::optional<ncclUniqueId> ncclId)
-      : shape_(options.shape),
+      : shape_(options.model.mlp),
         layers_(shape_.layers()),
         sgd_(options.sgd),
         collective_(collective),

@@ -1,19 +1,16 @@
-// The CUDA engine (built only with DLRUN_WITH_CUDA): parameters, gradients and momentum in
-// device memory, cuBLAS SGEMMs for the layers, small kernels for the rest, and the gradients
-// summed by NCCL, whose unique id travels through the job's store.
+// The CUDA engine (built only with DLRUN_WITH_CUDA, into the module dlrun-train-cuda.so:
+// cuda_module.h): parameters, gradients and momentum in device memory, cuBLAS SGEMMs for the
+// layers, small kernels for the rest, and the gradients summed by NCCL, whose unique id travels
+// through the job's store.
 #pragma once
 
 #include <memory>
 #include <string>
 
+#include "trainer/cuda_module.h"
 #include "trainer/engine.h"
 
 namespace dlrun::trainer {
-
-struct CudaDevices {
-  int count = 0;
-  std::string problem;  // why there is none, when count is 0
-};
 
 // The devices this process can use (CUDA_VISIBLE_DEVICES applies). Never throws.
 CudaDevices findCudaDevices();

@@ -1,28 +1,40 @@
 #include "trainer/engine.h"
 
 #include "common/error.h"
+#include "common/log.h"
 #include "trainer/cpu_engine.h"
-#ifdef DLRUN_WITH_CUDA
-#include "trainer/cuda_engine.h"
-#endif
+#include "trainer/cuda_module.h"
 
 namespace dlrun::trainer {
 namespace {
 
-// Whether --device picks the CUDA engine on this rank.
-bool wantsCuda(const std::string& device) {
-  if (device == "cpu") return false;
-#ifdef DLRUN_WITH_CUDA
-  const CudaDevices found = findCudaDevices();
-  if (device == "auto") return found.count > 0;
-  if (found.count == 0)
-    throw ConfigError("--device cuda: no usable CUDA device (" + found.problem +
-                      "); use --device cpu");
-  return true;
-#else
-  if (device == "auto") return false;
-  throw ConfigError("--device cuda: this dlrun-train was built without CUDA; use --device cpu");
-#endif
+// The CUDA module where --device picks it on this rank, else null. `say`: this rank tells
+// which engine --device auto chose, in one line.
+const CudaModule* chooseCuda(const std::string& device, const ModelSpec& model, bool say) {
+  if (device == "cpu") return nullptr;
+  if (model.kind != "mlp") {  // the CUDA engine's layers are the MLP's so far
+    if (device == "cuda")
+      throw ConfigError("--device cuda: the CUDA engine trains --model mlp only; use --device cpu");
+    if (say) log::info("--device auto: cpu, as the CUDA engine trains --model mlp only");
+    return nullptr;
+  }
+  const CudaModuleLoad& loaded = loadCudaModule();
+  if (loaded.module == nullptr) {
+    if (device == "cuda") throw ConfigError("--device cuda: " + loaded.problem + "; use --device cpu");
+    if (say) log::info("--device auto: cpu, as " + loaded.problem);
+    return nullptr;
+  }
+  const CudaDevices found = loaded.module->findDevices();
+  if (found.count == 0) {
+    if (device == "cuda")
+      throw ConfigError("--device cuda: no usable CUDA device (" + found.problem +
+                        "); use --device cpu");
+    if (say) log::info("--device auto: cpu, as there is no usable CUDA device (" + found.problem + ")");
+    return nullptr;
+  }
+  if (say && device == "auto")
+    log::info("--device auto: cuda (" + std::to_string(found.count) + " device(s))");
+  return loaded.module;
 }
 
 }  // namespace
@@ -30,16 +42,14 @@ bool wantsCuda(const std::string& device) {
 std::unique_ptr<Engine> makeEngine(const std::string& device, const EngineOptions& options,
                                    const Placement& placement, Collective& collective,
                                    std::shared_ptr<Store> store) {
-  const bool cuda = wantsCuda(device);
+  const CudaModule* cuda = chooseCuda(device, options.model, collective.rank() == 0);
   // Ranks on different engines would not pair their sums: all must choose the same.
   float onCuda = cuda ? 1.0f : 0.0f;
   collective.allreduceSum(&onCuda, 1);
   if (onCuda != 0.0f && onCuda != static_cast<float>(collective.size()))
     throw Error("--device " + device + " chose cuda on some ranks only: pass --device cpu, or "
                 "make a CUDA device usable on every node");
-#ifdef DLRUN_WITH_CUDA
-  if (cuda) return makeCudaEngine(options, placement, collective, std::move(store));
-#endif
+  if (cuda) return cuda->makeEngine(options, placement, collective, std::move(store));
   return makeCpuEngine(options, collective);
 }
 

@@ -39,7 +39,7 @@ class Engine {
 };
 
 struct EngineOptions {
-  MlpShape shape;
+  ModelSpec model;
   uint64_t seed = 1;  // of the initial weights
   SgdOptions sgd;
   std::string cpuMath = "auto";  // the CPU engine's: auto or baseline (math_dispatch.h)

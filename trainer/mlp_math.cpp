@@ -101,9 +101,11 @@ void sgdStep(float* params, float* velocity, const float* grads, size_t count,
 
 const MlpMath& builtInMath() {
 #if defined(__AVX2__) && defined(__FMA__)
-  static constexpr MlpMath math{"avx2", lossAndGradient, countCorrect, sgdStep};
+  static constexpr MlpMath math{"avx2", lossAndGradient, countCorrect, sgdStep,
+                                cnnLossAndGradient, cnnCountCorrect};
 #else
-  static constexpr MlpMath math{"baseline", lossAndGradient, countCorrect, sgdStep};
+  static constexpr MlpMath math{"baseline", lossAndGradient, countCorrect, sgdStep,
+                                cnnLossAndGradient, cnnCountCorrect};
 #endif
   return math;
 }

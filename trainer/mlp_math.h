@@ -9,6 +9,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "trainer/cnn_math.h"
+
 namespace dlrun::trainer {
 
 // Where one layer's parameters sit in the flat buffer.
@@ -40,6 +42,12 @@ struct MlpMath {
   // v = momentum * v + g; p -= learningRate * v.
   void (*sgdStep)(float* params, float* velocity, const float* grads, size_t count,
                   float learningRate, float momentum, float weightDecay, float gradScale);
+  // The convolutional model's (cnn_math.h): the same contracts on its buffers (x: batch x
+  // kCnnInputs).
+  float (*cnnLossAndGradient)(const CnnBuffers& model, const float* x, const uint8_t* labels,
+                              int batch);
+  int (*cnnCountCorrect)(const CnnBuffers& model, const float* x, const uint8_t* labels,
+                         int batch);
 };
 
 // The math as compiled into the binary that calls it: the baseline in dlrun-train.
@@ -47,6 +55,6 @@ const MlpMath& builtInMath();
 
 // The module's one export, returning its table. Bump the version when MlpMath changes, so a
 // stale module is ignored rather than called through another layout.
-inline constexpr const char* kMathModuleEntry = "dlrun_train_math_v1";
+inline constexpr const char* kMathModuleEntry = "dlrun_train_math_v2";
 
 }  // namespace dlrun::trainer

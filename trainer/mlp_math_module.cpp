@@ -3,6 +3,6 @@
 #include "trainer/mlp_math.h"
 
 extern "C" __attribute__((visibility("default"))) const dlrun::trainer::MlpMath*
-dlrun_train_math_v1() {
+dlrun_train_math_v2() {
   return &dlrun::trainer::builtInMath();
 }

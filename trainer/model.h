@@ -1,16 +1,43 @@
-// The model: an MLP (ReLU hidden layers, softmax cross-entropy) whose parameters and gradients
-// each live in one flat buffer, so a whole gradient all-reduces as contiguous buckets and a
-// checkpoint is one array. SGD with momentum and weight decay updates the flat buffer in place.
-// The arithmetic is an MlpMath's (mlp_math.h): the baseline build unless given another.
+// The models: an MLP (ReLU hidden layers, softmax cross-entropy) and a CNN (cnn_model.h), each
+// with its parameters and gradients in one flat buffer, so a whole gradient all-reduces as
+// contiguous buckets and a checkpoint is one array. SGD with momentum and weight decay updates
+// the flat buffer in place. The arithmetic is an MlpMath's (mlp_math.h): the baseline build
+// unless given another.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
+#include <string>
 #include <vector>
 
+#include "trainer/cnn_math.h"
 #include "trainer/mlp_math.h"
 
 namespace dlrun::trainer {
+
+// A model over flat buffers, as the engines train it.
+class Model {
+ public:
+  virtual ~Model() = default;
+  std::vector<float>& params() { return params_; }
+  const std::vector<float>& params() const { return params_; }
+  std::vector<float>& grads() { return grads_; }
+
+  // Forward and backward over a batch (x: batch x inputs, row-major): fills grads() with the
+  // mean gradient over the batch and returns the mean loss.
+  float lossAndGradient(const float* x, const uint8_t* labels, int batch) {
+    return lossAndGradient(x, labels, batch, grads_.data());
+  }
+  // The same into `grads` (params().size() floats), leaving grads() alone.
+  virtual float lossAndGradient(const float* x, const uint8_t* labels, int batch,
+                                float* grads) = 0;
+  // How many of the batch's examples the model classifies correctly.
+  virtual int countCorrect(const float* x, const uint8_t* labels, int batch) = 0;
+
+ protected:
+  std::vector<float> params_, grads_;
+};
 
 struct MlpShape {
   int inputs = 784;
@@ -24,25 +51,15 @@ struct MlpShape {
   size_t parameterCount() const;
 };
 
-class Mlp {
+class Mlp final : public Model {
  public:
   // He-initialised weights and zero biases, the same for every rank given the same seed.
   Mlp(MlpShape shape, uint64_t seed, const MlpMath& math = builtInMath());
 
   const MlpShape& shape() const { return shape_; }
-  std::vector<float>& params() { return params_; }
-  const std::vector<float>& params() const { return params_; }
-  std::vector<float>& grads() { return grads_; }
-
-  // Forward and backward over a batch (x: batch x inputs, row-major): fills grads() with the
-  // mean gradient over the batch and returns the mean loss.
-  float lossAndGradient(const float* x, const uint8_t* labels, int batch) {
-    return lossAndGradient(x, labels, batch, grads_.data());
-  }
-  // The same into `grads` (parameterCount() floats), leaving grads() alone.
-  float lossAndGradient(const float* x, const uint8_t* labels, int batch, float* grads);
-  // How many of the batch's examples the model classifies correctly.
-  int countCorrect(const float* x, const uint8_t* labels, int batch);
+  using Model::lossAndGradient;
+  float lossAndGradient(const float* x, const uint8_t* labels, int batch, float* grads) override;
+  int countCorrect(const float* x, const uint8_t* labels, int batch) override;
 
  private:
   // The buffers sized for `batch`, as the math takes them, the gradient going to `grads`.
@@ -51,11 +68,26 @@ class Mlp {
   MlpShape shape_;
   const MlpMath* math_;
   std::vector<MlpShape::Layer> layers_;
-  std::vector<float> params_, grads_;
   std::vector<std::vector<float>> activations_;  // per layer output, reused across batches
   std::vector<float*> activationData_;
   std::vector<float> scratch_[2];  // the backward pass's deltas
 };
+
+// What --model picks, with its shape.
+struct ModelSpec {
+  std::string kind = "mlp";  // "mlp" or "cnn"
+  MlpShape mlp;
+  CnnShape cnn;
+
+  size_t parameterCount() const;
+  // What a checkpoint records, so that it loads into the same model only: the MLP's layer
+  // widths, or 0 (no width) and then the CNN's sizes.
+  std::vector<int> signature() const;
+};
+
+// The model `spec` names, initialised from `seed` the same way on every rank.
+std::unique_ptr<Model> makeModel(const ModelSpec& spec, uint64_t seed,
+                                 const MlpMath& math = builtInMath());
 
 struct SgdOptions {
   float learningRate = 0.05f;

@@ -34,10 +34,10 @@ using asio::ip::tcp;
 class CpuPsEngine final : public PsEngine {
  public:
   CpuPsEngine(const EngineOptions& options, const PsPlace& place, Store& store)
-      : model_(options.shape, options.seed, cpuMath(options.cpuMath)),
+      : model_(makeModel(options.model, options.seed, cpuMath(options.cpuMath))),
         place_(place),
-        ranges_(shardRanges(model_.params().size(), place.servers)),
-        grads_(model_.params().size()) {
+        ranges_(shardRanges(model_->params().size(), place.servers)),
+        grads_(model_->params().size()) {
     for (int i = 0; i < place.servers; ++i) {
       const std::string value = store.get(psAddressKey(i));
       const size_t space = value.find(' ');
@@ -71,30 +71,30 @@ class CpuPsEngine final : public PsEngine {
     ps::Position at;
     for (int i = 0; i < place_.servers; ++i) send(i, ps::Op::Hello, {});
     for (int i = 0; i < place_.servers; ++i)
-      receive(i, {{&at, sizeof(at)}, shardOf(model_.params(), i)});
+      receive(i, {{&at, sizeof(at)}, shardOf(model_->params(), i)});
     return at;
   }
 
   StepResult step(const float* x, const uint8_t* labels, int batch, float learningRate,
                   bool stopVote) override {
-    const float loss = model_.lossAndGradient(x, labels, batch, grads_.data());
+    const float loss = model_->lossAndGradient(x, labels, batch, grads_.data());
     for (int i = 0; i < place_.servers; ++i)
       send(i, ps::Op::Push, {{&learningRate, sizeof(learningRate)},
                              {&position_, sizeof(position_)},
                              shardOf(grads_, i)});
-    for (int i = 0; i < place_.servers; ++i) receive(i, {shardOf(model_.params(), i)});
+    for (int i = 0; i < place_.servers; ++i) receive(i, {shardOf(model_->params(), i)});
     return {loss, stopVote};
   }
 
   int countCorrect(const float* x, const uint8_t* labels, int batch) override {
-    return model_.countCorrect(x, labels, batch);
+    return model_->countCorrect(x, labels, batch);
   }
 
-  std::vector<float> params() const override { return model_.params(); }
+  std::vector<float> params() const override { return model_->params(); }
 
   // The servers' momentum (the chief checkpoints it with the parameters it pulled last).
   std::vector<float> velocity() const override {
-    std::vector<float> velocity(model_.params().size()), params(velocity.size());
+    std::vector<float> velocity(model_->params().size()), params(velocity.size());
     for (int i = 0; i < place_.servers; ++i) send(i, ps::Op::State, {});
     for (int i = 0; i < place_.servers; ++i)
       receive(i, {shardOf(params, i), shardOf(velocity, i)});
@@ -147,7 +147,7 @@ class CpuPsEngine final : public PsEngine {
     if (ec) lostServer(i, ec == asio::error::eof ? "it closed the connection" : ec.message());
   }
 
-  Mlp model_;
+  std::unique_ptr<Model> model_;
   const PsPlace place_;
   const std::vector<ShardRange> ranges_;
   std::vector<float> grads_;

@@ -17,6 +17,7 @@
 #include "trainer/math_dispatch.h"
 #include "trainer/model.h"
 #include "trainer/ps_wire.h"
+#include "trainer/train.h"
 
 namespace dlrun::trainer {
 namespace {
@@ -243,9 +244,8 @@ std::string psAddressKey(int index) { return "ps/" + std::to_string(index); }
 
 void servePs(const TrainConfig& config, const Placement& placement, const PsPlace& place,
              const std::function<std::shared_ptr<Store>()>& connect) {
-  const Split data = config.synthetic ? syntheticData(20000, 4000, 784, config.seed)
-                                      : loadFashionMnist(config.dataDir);
-  const MlpShape shape{data.train.features, config.hidden, data.train.classes};
+  const Split data = loadData(config);
+  const ModelSpec shape = modelSpec(config, data.train);
   const ShardRange range = shardRanges(shape.parameterCount(), place.servers).at(place.index);
   Server server(config, place, range.size());
   const std::string address = localAddressToward(placement.masterAddr,

@@ -82,10 +82,10 @@ void requireWritable(const std::string& dir) {
 }
 
 // The newest checkpoint, refused when it is for another model.
-std::optional<Checkpoint> loadChecked(const TrainConfig& config, const MlpShape& shape) {
+std::optional<Checkpoint> loadChecked(const TrainConfig& config, const ModelSpec& shape) {
   std::optional<Checkpoint> found = loadNewestCheckpoint(config.checkpointDir);
   const size_t n = shape.parameterCount();
-  if (found && (found->widths != shape.widths() || found->params.size() != n ||
+  if (found && (found->widths != shape.signature() || found->params.size() != n ||
                 found->velocity.size() != n))
     throw Error("the checkpoint in " + config.checkpointDir + " is for another model shape");
   return found;
@@ -94,7 +94,7 @@ std::optional<Checkpoint> loadChecked(const TrainConfig& config, const MlpShape&
 // Rank 0's checkpoint, sent to every rank (a sum where the others contribute zeros), so ranks
 // on nodes without a shared directory resume from the same state.
 std::optional<Checkpoint> resume(const TrainConfig& config, Collective& collective,
-                                 Engine& engine, const MlpShape& shape) {
+                                 Engine& engine, const ModelSpec& shape) {
   if (config.checkpointDir.empty()) return std::nullopt;
   const size_t n = shape.parameterCount();
   std::optional<Checkpoint> found;
@@ -141,10 +141,6 @@ double testAccuracy(Engine& engine, const Dataset& test, Collective& collective)
   return counts[1] > 0 ? counts[0] / counts[1] : 0.0;
 }
 
-Split loadData(const TrainConfig& config) {
-  return config.synthetic ? syntheticData(20000, 4000, 784, config.seed)
-                          : loadFashionMnist(config.dataDir);
-}
 
 // One run: set up once (data, the connection to the other ranks, the engine, a resumed
 // position), then epochs of steps, then the summary.
@@ -173,7 +169,7 @@ class Training {
   const TrainConfig& config_;
   const Placement& placement_;
   const Split data_;
-  const MlpShape shape_;
+  const ModelSpec shape_;
   std::unique_ptr<Collective> collective_;
   std::unique_ptr<Engine> engine_;
   PsEngine* ps_ = nullptr;  // engine_, under --strategy ps
@@ -197,7 +193,7 @@ Training::Training(const TrainConfig& config, const Placement& placement)
     : config_(config),
       placement_(placement),
       data_(loadData(config)),
-      shape_{data_.train.features, config.hidden, data_.train.classes},
+      shape_(modelSpec(config, data_.train)),
       world_(placement.ps ? placement.ps->workers : placement.worldSize),
       rank_(placement.ps ? placement.ps->index : placement.rank),
       report_(rank_ == 0),
@@ -354,7 +350,7 @@ float Training::learningRate(int epoch, int64_t stepInEpoch, int64_t steps) cons
 
 void Training::checkpoint(int epoch, int64_t samples) {
   if (rank_ == 0 && !config_.checkpointDir.empty())
-    saveCheckpoint(config_.checkpointDir, {epoch, samples, step_, shape_.widths(),
+    saveCheckpoint(config_.checkpointDir, {epoch, samples, step_, shape_.signature(),
                                            engine_->params(), engine_->velocity()});
 }
 
@@ -416,6 +412,20 @@ void Training::finish() {
 }
 
 }  // namespace
+
+Split loadData(const TrainConfig& config) {
+  return config.synthetic ? syntheticData(20000, 4000, 784, config.seed)
+                          : loadFashionMnist(config.dataDir);
+}
+
+ModelSpec modelSpec(const TrainConfig& config, const Dataset& data) {
+  ModelSpec spec{.kind = config.model, .mlp = {data.features, config.hidden, data.classes}};
+  spec.cnn.classes = data.classes;
+  if (spec.kind == "cnn" && data.features != kCnnInputs)
+    throw Error("--model cnn takes 28x28 images; this data has " +
+                std::to_string(data.features) + " values per example");
+  return spec;
+}
 
 int train(const TrainConfig& config, const Placement& placement) {
   if (placement.ps && placement.ps->server) {

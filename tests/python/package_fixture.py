@@ -41,14 +41,22 @@ def install(prefix):
     return prefix
 
 
-def make_package(out):
-    """cpack -G DEB from the build, into out; returns the package's path."""
+def make_packages(out):
+    """cpack -G DEB from the build, into out; returns {package name: path}: dlrun, and from a
+    build with CUDA the add-on dlrun-cuda too (packaging/CMakeLists.txt)."""
     run(["cpack", "-G", "DEB", "--config", os.path.join(build_dir(), "CPackConfig.cmake"),
                "-B", out])
-    packages = glob.glob(os.path.join(out, "*.deb"))
-    if len(packages) != 1:
-        raise AssertionError(f"cpack made {packages}, not one package")
-    return packages[0]
+    packages = {os.path.basename(path).split("_")[0]: path
+                for path in glob.glob(os.path.join(out, "*.deb"))}
+    expected = {"dlrun", "dlrun-cuda"} if with_cuda() else {"dlrun"}
+    if set(packages) != expected:
+        raise AssertionError(f"cpack made {sorted(packages.values())}, not {sorted(expected)}")
+    return packages
+
+
+def with_cuda():
+    """Whether the build has the trainer's CUDA engine, the module dlrun-train-cuda.so."""
+    return os.path.isfile(os.path.join(build_dir(), "bin", "dlrun-train-cuda.so"))
 
 
 def long_flags(help_text):

@@ -1,14 +1,15 @@
 """The Debian package (issue 17, acceptance 1): `cpack -G DEB` from the normal build makes
-NAME_VERSION_amd64.deb (NAME dlrun, or dlrun-cuda for a build with CUDA) whose Depends name the
-package of every shared library the programs load (what dpkg-shlibdeps computes), which
-recommends the trainer's data, holds the installed tree at /usr with /etc/default/dlrund as a
+dlrun_VERSION_amd64.deb, the same from any build (a build with CUDA adds
+dlrun-cuda_VERSION_amd64.deb, the trainer's CUDA engine alone, depending on dlrun), whose
+Depends name the package of every shared library the programs load (what dpkg-shlibdeps
+computes), which recommends the trainer's data, holds the installed tree at /usr with /etc/default/dlrund as a
 conffile, and in which lintian finds no error (its warnings are printed)."""
 import os
 import subprocess
 import unittest
 
 from dlrun_fixture import main
-from package_fixture import build_dir, class_temp_dir, make_package, run
+from package_fixture import build_dir, class_temp_dir, make_packages, run, with_cuda
 
 PROGRAMS = ("usr/bin/dlrun", "usr/bin/dlrund", "usr/bin/dlrun-train", "usr/libexec/dlrun/dlrun-tls")
 
@@ -48,10 +49,11 @@ class PackageTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         cls.out = class_temp_dir(cls)
-        cls.package = make_package(cls.out)
+        cls.packages = make_packages(cls.out)
+        cls.package = cls.packages["dlrun"]
 
     def test_name_version_and_fields(self):
-        name = "dlrun-cuda" if os.environ["DLRUN_WITH_CUDA"] == "ON" else "dlrun"
+        name = "dlrun"
         version = os.environ["DLRUN_VERSION"]
         self.assertEqual(os.path.basename(self.package), f"{name}_{version}_amd64.deb")
         self.assertEqual(field(self.package, "Package"), name)
@@ -60,6 +62,23 @@ class PackageTest(unittest.TestCase):
         description = field(self.package, "Description").splitlines()
         self.assertIn("launcher", description[0])
         self.assertGreaterEqual(len(description), 3, "an extended description")
+
+    def test_the_cuda_engine_is_an_add_on(self):
+        listing = run(["dpkg-deb", "-c", self.package])
+        self.assertNotIn("dlrun-train-cuda.so", listing)  # dlrun is the same from every build
+        if not with_cuda():
+            return
+        cuda = self.packages["dlrun-cuda"]
+        version = os.environ["DLRUN_VERSION"]
+        self.assertEqual(os.path.basename(cuda), f"dlrun-cuda_{version}_amd64.deb")
+        self.assertIn(f"dlrun (= {version})", field(cuda, "Depends"))
+        for conflicting in ("Conflicts", "Replaces", "Provides"):
+            self.assertEqual(field(cuda, conflicting), "")
+        paths = {line.split()[5].removeprefix(".")
+                 for line in run(["dpkg-deb", "-c", cuda]).splitlines()}
+        self.assertIn("/usr/lib/dlrun/trainer/dlrun-train-cuda.so", paths)
+        self.assertIn("/usr/share/doc/dlrun-cuda/copyright", paths)
+        self.assertFalse(any(p.startswith("/usr/bin/") for p in paths), paths)
 
     def test_depends_name_every_library_package(self):
         depends = {entry.split()[0] for entry in field(self.package, "Depends").split(", ")}
@@ -88,7 +107,8 @@ class PackageTest(unittest.TestCase):
             self.assertEqual(f.read().split(), ["/etc/default/dlrund"])
 
     def test_lintian_finds_no_error(self):
-        result = subprocess.run(["lintian", "--tag-display-limit", "0", self.package],
+        result = subprocess.run(["lintian", "--tag-display-limit", "0"] +
+                                sorted(self.packages.values()),
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 timeout=300)
         print(result.stdout)

@@ -22,8 +22,9 @@ import subprocess
 import unittest
 
 from dlrun_fixture import Dlrun, clean_env, main, run_dlrun, temp_dir, wait_until
-from trainer_fixture import (SINGLE_TIMEOUT_S, TrainJob, descendants, max_abs_difference,
-                             read_floats, require_data, run_train, train_binary)
+from trainer_fixture import (SINGLE_TIMEOUT_S, TrainJob, chief_summary, descendants,
+                             max_abs_difference, read_floats, require_data, run_train,
+                             train_binary)
 
 ACCURACY_BAR = 0.86
 SYNC_STEPS = 100
@@ -89,11 +90,7 @@ class TrainerPsTest(unittest.TestCase):
             self.assertGreater(other["bytes_received"], 0)
 
     def chief_summary(self, result):
-        for line in reversed(result.stdout.splitlines()):
-            text = line.split(":", 1)[1] if line.startswith("[") else line
-            if text.startswith("{") and '"test_accuracy"' in text:
-                return json.loads(text)
-        self.fail(f"no summary from the chief\n{result}")
+        return chief_summary(self, result)
 
     def sync_weights(self, strategy_args, roles=None):
         path = os.path.join(temp_dir(self), "weights")

@@ -147,6 +147,16 @@ def summary(test, result):
     test.fail(f"no JSON summary from rank 0\n{result}")
 
 
+def chief_summary(test, result):
+    """The summary of the process that scores the model (with --strategy ps: the chief worker,
+    not rank 0, a parameter server): the last JSON line with a test accuracy."""
+    for line in reversed(result.stdout.splitlines()):
+        text = line.split(":", 1)[1] if line.startswith("[") else line
+        if text.startswith("{") and '"test_accuracy"' in text:
+            return json.loads(text)
+    test.fail(f"no summary from the chief\n{result}")
+
+
 def read_floats(path):
     values = array("f")
     with open(path, "rb") as f:
@@ -164,35 +174,36 @@ DATA_PARALLEL_STEPS = 50
 DATA_PARALLEL_TOLERANCE = 1e-4
 
 
-def data_parallel_weights(test, device, nproc, batch_size, path, flags=()):
-    """The weights after DATA_PARALLEL_STEPS steps on Fashion-MNIST at a fixed seed and a
-    constant learning rate, from `nproc` workers (1: dlrun-train --single) at `batch_size` each,
-    with more trainer `flags`."""
-    args = ["--device", device, "--epochs", "1", "--max-steps", str(DATA_PARALLEL_STEPS),
+def data_parallel_weights(test, device, nproc, batch_size, path, flags=(),
+                          steps=DATA_PARALLEL_STEPS):
+    """The weights after `steps` steps on Fashion-MNIST at a fixed seed and a constant learning
+    rate, from `nproc` workers (1: dlrun-train --single) at `batch_size` each, with more trainer
+    `flags`."""
+    args = ["--device", device, "--epochs", "1", "--max-steps", str(steps),
             "--lr-schedule", "constant", "--seed", "7", "--batch-size", str(batch_size),
             "--dump-weights", path, *flags]
     result = run_single(test, args) if nproc == 1 else run_train(test, args, nproc)
     test.assertEqual(result.returncode, 0, result)
     report = summary(test, result)
-    test.assertEqual(report["steps"], DATA_PARALLEL_STEPS, result)
+    test.assertEqual(report["steps"], steps, result)
     test.assertEqual(report["device"], device, result)
     weights = read_floats(path)
     test.assertGreater(len(weights), 0)
     return weights
 
 
-def assert_data_parallel_exact(test, device, flags=()):
+def assert_data_parallel_exact(test, device, flags=(), steps=DATA_PARALLEL_STEPS):
     """4 workers at --batch-size 16 end with the same weights as 1 worker at --batch-size 64 (the
     same global batch), up to float summation order; a control run at another global batch shows
     the comparison can tell runs apart. All with more trainer `flags`. Returns the single
     worker's weights."""
     out = temp_dir(test)
     one, four, control = (os.path.join(out, name) for name in ("one", "four", "control"))
-    alone = data_parallel_weights(test, device, 1, 64, one, flags)
-    parallel = data_parallel_weights(test, device, 4, 16, four, flags)
+    alone = data_parallel_weights(test, device, 1, 64, one, flags, steps)
+    parallel = data_parallel_weights(test, device, 4, 16, four, flags, steps)
     test.assertLessEqual(max_abs_difference(alone, parallel), DATA_PARALLEL_TOLERANCE)
     # The same data at another global batch (16) ends elsewhere: the check has teeth.
-    other = data_parallel_weights(test, device, 1, 16, control, flags)
+    other = data_parallel_weights(test, device, 1, 16, control, flags, steps)
     test.assertGreater(max_abs_difference(alone, other), 100 * DATA_PARALLEL_TOLERANCE)
     return alone
 
