@@ -1,9 +1,12 @@
 """dlrun-train's job in PyTorch DDP, for train_bench.sh: the same model, data, optimizer,
 schedule and data-order semantics, so the two can be timed against each other.
 
-- Model: an MLP 784-256-128-10 (--hidden), ReLU, softmax cross-entropy; weights He-normal
-  (std sqrt(2 / fan_in)) and biases zero, as dlrun-train initialises them (not nn.Linear's
-  default), so both start from equally good (not identical) weights.
+- Model (--model): an MLP 784-256-128-10 (--hidden), ReLU; or dlrun-train's CNN, the same
+  layers (Conv2d(1,16,3,padding=1), ReLU, MaxPool2d(2), Conv2d(16,32,3,padding=1), ReLU,
+  MaxPool2d(2), Flatten, Linear(1568,128), ReLU, Linear(128,10)) after an Unflatten of the
+  784 pixels; softmax cross-entropy. Weights He-normal (std sqrt(2 / fan_in)) and biases zero,
+  as dlrun-train initialises them (not torch's default), so both start from equally good (not
+  identical) weights.
 - Data: Fashion-MNIST read from the IDX gz files in --data with gzip + numpy, scaled to [0, 1].
 - Order: DistributedSampler(shuffle=True, seed=--seed, drop_last=False) with set_epoch, so each
   rank sees every WORLD_SIZE-th index of a permutation seeded by seed + epoch, padded as
@@ -87,13 +90,24 @@ class IndexOnly(torch.utils.data.Dataset):
         return i
 
 
+def he(layer):
+    nn.init.kaiming_normal_(layer.weight, mode="fan_in", nonlinearity="relu")
+    nn.init.zeros_(layer.bias)
+    return layer
+
+
+def make_cnn():
+    return nn.Sequential(
+        nn.Unflatten(1, (1, 28, 28)),
+        he(nn.Conv2d(1, 16, 3, padding=1)), nn.ReLU(), nn.MaxPool2d(2),
+        he(nn.Conv2d(16, 32, 3, padding=1)), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(), he(nn.Linear(32 * 7 * 7, 128)), nn.ReLU(), he(nn.Linear(128, 10)))
+
+
 def make_model(widths):
     layers = []
     for i in range(len(widths) - 1):
-        linear = nn.Linear(widths[i], widths[i + 1])
-        nn.init.kaiming_normal_(linear.weight, mode="fan_in", nonlinearity="relu")
-        nn.init.zeros_(linear.bias)
-        layers.append(linear)
+        layers.append(he(nn.Linear(widths[i], widths[i + 1])))
         if i + 2 < len(widths):
             layers.append(nn.ReLU())
     return nn.Sequential(*layers)
@@ -107,6 +121,7 @@ def main():
     parser.add_argument("--lr-schedule", choices=["cosine", "constant"], default="cosine")
     parser.add_argument("--momentum", type=float, default=0.9)
     parser.add_argument("--weight-decay", type=float, default=5e-4)
+    parser.add_argument("--model", choices=["mlp", "cnn"], default="mlp")
     parser.add_argument("--hidden", type=int, nargs="+", default=[256, 128])
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--data", default="/usr/share/datasets/fashion-mnist")
@@ -133,7 +148,7 @@ def main():
     train_x, train_y = load_split(args.data, "train")
     test_x, test_y = load_split(args.data, "t10k")
     torch.manual_seed(args.seed)  # the same initial weights on every rank
-    model = make_model([train_x.shape[1], *args.hidden, 10])
+    model = make_cnn() if args.model == "cnn" else make_model([train_x.shape[1], *args.hidden, 10])
     ddp = DistributedDataParallel(model)
     loss_fn = nn.CrossEntropyLoss()
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum,

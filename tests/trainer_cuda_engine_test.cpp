@@ -37,7 +37,7 @@ class CudaEngineTest : public ::testing::TestWithParam<bool> {
   }
 
   static constexpr int kBatch = 8;
-  EngineOptions options{{20, {16, 12}, 5}, 3, {0.1f, 0.9f, 1e-3f}};
+  EngineOptions options{{.mlp = {20, {16, 12}, 5}}, 3, {0.1f, 0.9f, 1e-3f}};
   std::vector<float> x = std::vector<float>(kBatch * 20);
   std::vector<uint8_t> y = std::vector<uint8_t>(kBatch);
   Placement placement;

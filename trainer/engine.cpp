@@ -12,12 +12,6 @@ namespace {
 // which engine --device auto chose, in one line.
 const CudaModule* chooseCuda(const std::string& device, const ModelSpec& model, bool say) {
   if (device == "cpu") return nullptr;
-  if (model.kind != "mlp") {  // the CUDA engine's layers are the MLP's so far
-    if (device == "cuda")
-      throw ConfigError("--device cuda: the CUDA engine trains --model mlp only; use --device cpu");
-    if (say) log::info("--device auto: cpu, as the CUDA engine trains --model mlp only");
-    return nullptr;
-  }
   const CudaModuleLoad& loaded = loadCudaModule();
   if (loaded.module == nullptr) {
     if (device == "cuda") throw ConfigError("--device cuda: " + loaded.problem + "; use --device cpu");
@@ -30,6 +24,12 @@ const CudaModule* chooseCuda(const std::string& device, const ModelSpec& model, 
       throw ConfigError("--device cuda: no usable CUDA device (" + found.problem +
                         "); use --device cpu");
     if (say) log::info("--device auto: cpu, as there is no usable CUDA device (" + found.problem + ")");
+    return nullptr;
+  }
+  if (model.kind != "mlp") {  // the CUDA engine's layers are the MLP's so far
+    if (device == "cuda")
+      throw ConfigError("--device cuda: the CUDA engine trains --model mlp only; use --device cpu");
+    if (say) log::info("--device auto: cpu, as the CUDA engine trains --model mlp only");
     return nullptr;
   }
   if (say && device == "auto")

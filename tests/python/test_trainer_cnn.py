@@ -10,11 +10,15 @@
 - a run killed after a checkpoint and resumed ends with the very weights of an uninterrupted
   one, bit for bit;
 - the parameter servers train it too (--strategy ps, 1 server and 2 workers);
+- --metrics-file records it as it records the MLP (the same fields; the page and Prometheus
+  series come from the same numbers);
 - a checkpoint of the MLP does not load into the CNN, and the CNN refuses --hidden."""
+import json
 import os
 import unittest
 
 from dlrun_fixture import Dlrun, main, temp_dir
+from test_trainer_metrics_file import FIELDS
 from trainer_fixture import (TrainJob, assert_data_parallel_exact, chief_summary, require_data,
                              run_single, run_train, summary)
 
@@ -68,6 +72,19 @@ class TrainerCnnTest(unittest.TestCase):
         report = chief_summary(self, result)
         self.assertEqual(report["strategy"], "ps", result)
         self.assertGreater(report["test_accuracy"], 0.5, result)  # 60 steps learn something
+
+    def test_the_metrics_file_records_it(self):
+        path = os.path.join(temp_dir(self), "cnn.jsonl")
+        result = run_single(self, ["--model", "cnn", "--epochs", "1", "--max-steps", "200",
+                                   "--progress-every", "50", "--metrics-file", path])
+        self.assertEqual(result.returncode, 0, result)
+        with open(path) as f:
+            records = [json.loads(line) for line in f]
+        self.assertTrue(all(set(record) == FIELDS for record in records), records)
+        self.assertEqual([r["step"] for r in records if r["kind"] == "step"], [50, 100, 150, 200])
+        epochs = [r for r in records if r["kind"] == "epoch"]
+        self.assertEqual(len(epochs), 1, records)
+        self.assertGreater(epochs[0]["accuracy"], 0.5, records)
 
     def test_an_mlp_checkpoint_does_not_load_into_the_cnn(self):
         checkpoint_dir = temp_dir(self)
