@@ -55,8 +55,8 @@ TrainParse parseTrainArgs(const std::vector<std::string>& args) {
   TrainParse result;
   TrainConfig& c = result.config;
   CLI::App app(
-      "dlrun-train: data-parallel MLP training on Fashion-MNIST, the bundled worker of dlrun.\n"
-      "Start it as 'dlrun --standalone --nproc-per-node=N train [flags]'.",
+      "dlrun-train: data-parallel training (an MLP or a CNN) on Fashion-MNIST, the bundled\n"
+      "worker of dlrun. Start it as 'dlrun --standalone --nproc-per-node=N train [flags]'.",
       "dlrun-train");
   app.option_defaults()->always_capture_default();
   app.add_option("--epochs", c.epochs, "Passes over the training set")
