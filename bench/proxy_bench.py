@@ -445,6 +445,14 @@ def main():
             if n == 100000:
                 print(f"(b) proxy/{k} at {n}: wall {b['wall']:.3f} s (goal: within 5 s):"
                       f" {'met' if b['wall'] <= 5 else 'not met'}")
+                # The issue's own pairing: (b) at 100,000 against (a) at the most that fits.
+                largest = max((m for m in direct if ("direct", m, 0) in results), default=None)
+                if largest is not None and b["cpu_us"] > 0:
+                    a = results[("direct", largest, 0)]
+                    r = a["cpu_us"] / b["cpu_us"]
+                    print(f"(a) at {largest} / (b) proxy/{k} at {n}: store CPU per rank"
+                          f" {a['cpu_us']:.1f} vs {b['cpu_us']:.1f} us, {r:.1f}x lower"
+                          f" (goal: at least 8x): {'met' if r >= 8 else 'not met'}")
     print()
     print("wall: first connect to the last rank's WAIT answered, max(end) - min(start) over the"
           " generators (CLOCK_MONOTONIC), the generators started together on a line from here.")
