@@ -329,7 +329,8 @@ TEST(CnnMath, Avx2ModuleMatchesTheBaseline) {
     const Batch data = randomBatch(batch, shape.classes, 10 + batch);
     const float loss = baseline.loss(data.x.data(), data.y.data(), batch);
     EXPECT_NEAR(fast.loss(data.x.data(), data.y.data(), batch, avx2), loss, 1e-5 * loss);
-    EXPECT_LT(testing::relativeDifference(baseline.grads(), fast.grads()), 1e-5) << "batch " << batch;
+    EXPECT_LT(testing::relativeDifference(baseline.grads(), fast.grads()), 1e-5)
+        << "batch " << batch;
     EXPECT_EQ(fast.correct(data.x.data(), data.y.data(), batch, avx2),
               baseline.correct(data.x.data(), data.y.data(), batch));
   }

@@ -14,7 +14,8 @@ const CudaModule* chooseCuda(const std::string& device, const ModelSpec& model, 
   if (device == "cpu") return nullptr;
   const CudaModuleLoad& loaded = loadCudaModule();
   if (loaded.module == nullptr) {
-    if (device == "cuda") throw ConfigError("--device cuda: " + loaded.problem + "; use --device cpu");
+    if (device == "cuda")
+      throw ConfigError("--device cuda: " + loaded.problem + "; use --device cpu");
     if (say) log::info("--device auto: cpu, as " + loaded.problem);
     return nullptr;
   }
@@ -23,7 +24,8 @@ const CudaModule* chooseCuda(const std::string& device, const ModelSpec& model, 
     if (device == "cuda")
       throw ConfigError("--device cuda: no usable CUDA device (" + found.problem +
                         "); use --device cpu");
-    if (say) log::info("--device auto: cpu, as there is no usable CUDA device (" + found.problem + ")");
+    if (say)
+      log::info("--device auto: cpu, as there is no usable CUDA device (" + found.problem + ")");
     return nullptr;
   }
   if (model.kind != "mlp") {  // the CUDA engine's layers are the MLP's so far

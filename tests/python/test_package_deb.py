@@ -2,8 +2,9 @@
 dlrun_VERSION_amd64.deb, the same from any build (a build with CUDA adds
 dlrun-cuda_VERSION_amd64.deb, the trainer's CUDA engine alone, depending on dlrun), whose
 Depends name the package of every shared library the programs load (what dpkg-shlibdeps
-computes), which recommends the trainer's data, holds the installed tree at /usr with /etc/default/dlrund as a
-conffile, and in which lintian finds no error (its warnings are printed)."""
+computes), which recommends the trainer's data, holds the installed tree at /usr with
+/etc/default/dlrund as a conffile, and in which lintian finds no error (its warnings are
+printed)."""
 import os
 import subprocess
 import unittest
