@@ -149,13 +149,10 @@ bool parseBody(Cursor& c, Request& out) {
     case Op::WatchKey:
       return c.key(out.keys.emplace_back());
     case Op::Add:
-    case Op::Barrier: {  // the key, then ADD's delta or BARRIER's world size
-      uint64_t number = 0;
-      if (!c.key(out.keys.emplace_back()) || !c.u64(number)) return false;
-      out.number = static_cast<int64_t>(number);
-      return true;
-    }
-    case Op::GroupCancel: {
+    case Op::Barrier:
+      if (!c.key(out.keys.emplace_back())) return false;
+      [[fallthrough]];
+    case Op::GroupCancel: {  // then ADD's delta, BARRIER's world size, GROUP_CANCEL's number
       uint64_t number = 0;
       if (!c.u64(number)) return false;
       out.number = static_cast<int64_t>(number);

@@ -12,28 +12,18 @@ namespace {
 // which engine --device auto chose, in one line.
 const CudaModule* chooseCuda(const std::string& device, const ModelSpec& model, bool say) {
   if (device == "cpu") return nullptr;
+  // CUDA cannot run here, for `reason`: an error for --device cuda, the CPU for auto.
+  const auto cpu = [&](const std::string& reason) -> const CudaModule* {
+    if (device == "cuda") throw ConfigError("--device cuda: " + reason + "; use --device cpu");
+    if (say) log::info("--device auto: cpu, as " + reason);
+    return nullptr;
+  };
   const CudaModuleLoad& loaded = loadCudaModule();
-  if (loaded.module == nullptr) {
-    if (device == "cuda")
-      throw ConfigError("--device cuda: " + loaded.problem + "; use --device cpu");
-    if (say) log::info("--device auto: cpu, as " + loaded.problem);
-    return nullptr;
-  }
+  if (loaded.module == nullptr) return cpu(loaded.problem);
   const CudaDevices found = loaded.module->findDevices();
-  if (found.count == 0) {
-    if (device == "cuda")
-      throw ConfigError("--device cuda: no usable CUDA device (" + found.problem +
-                        "); use --device cpu");
-    if (say)
-      log::info("--device auto: cpu, as there is no usable CUDA device (" + found.problem + ")");
-    return nullptr;
-  }
-  if (model.kind != "mlp") {  // the CUDA engine's layers are the MLP's so far
-    if (device == "cuda")
-      throw ConfigError("--device cuda: the CUDA engine trains --model mlp only; use --device cpu");
-    if (say) log::info("--device auto: cpu, as the CUDA engine trains --model mlp only");
-    return nullptr;
-  }
+  if (found.count == 0) return cpu("there is no usable CUDA device (" + found.problem + ")");
+  // The CUDA engine's layers are the MLP's so far.
+  if (model.kind != "mlp") return cpu("the CUDA engine trains --model mlp only");
   if (say && device == "auto")
     log::info("--device auto: cuda (" + std::to_string(found.count) + " device(s))");
   return loaded.module;

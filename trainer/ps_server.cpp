@@ -245,8 +245,8 @@ std::string psAddressKey(int index) { return "ps/" + std::to_string(index); }
 void servePs(const TrainConfig& config, const Placement& placement, const PsPlace& place,
              const std::function<std::shared_ptr<Store>()>& connect) {
   const Split data = loadData(config);
-  const ModelSpec shape = modelSpec(config, data.train);
-  const ShardRange range = shardRanges(shape.parameterCount(), place.servers).at(place.index);
+  const ModelSpec spec = modelSpec(config, data.train);
+  const ShardRange range = shardRanges(spec.parameterCount(), place.servers).at(place.index);
   Server server(config, place, range.size());
   const std::string address = localAddressToward(placement.masterAddr,
                                                              placement.masterPort);

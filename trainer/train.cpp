@@ -82,10 +82,10 @@ void requireWritable(const std::string& dir) {
 }
 
 // The newest checkpoint, refused when it is for another model.
-std::optional<Checkpoint> loadChecked(const TrainConfig& config, const ModelSpec& shape) {
+std::optional<Checkpoint> loadChecked(const TrainConfig& config, const ModelSpec& spec) {
   std::optional<Checkpoint> found = loadNewestCheckpoint(config.checkpointDir);
-  const size_t n = shape.parameterCount();
-  if (found && (found->widths != shape.signature() || found->params.size() != n ||
+  const size_t n = spec.parameterCount();
+  if (found && (found->widths != spec.signature() || found->params.size() != n ||
                 found->velocity.size() != n))
     throw Error("the checkpoint in " + config.checkpointDir + " is for another model shape");
   return found;
@@ -94,11 +94,11 @@ std::optional<Checkpoint> loadChecked(const TrainConfig& config, const ModelSpec
 // Rank 0's checkpoint, sent to every rank (a sum where the others contribute zeros), so ranks
 // on nodes without a shared directory resume from the same state.
 std::optional<Checkpoint> resume(const TrainConfig& config, Collective& collective,
-                                 Engine& engine, const ModelSpec& shape) {
+                                 Engine& engine, const ModelSpec& spec) {
   if (config.checkpointDir.empty()) return std::nullopt;
-  const size_t n = shape.parameterCount();
+  const size_t n = spec.parameterCount();
   std::optional<Checkpoint> found;
-  if (collective.rank() == 0) found = loadChecked(config, shape);
+  if (collective.rank() == 0) found = loadChecked(config, spec);
   std::vector<float> header = {found ? 1.0f : 0.0f,
                                found ? static_cast<float>(found->epoch) : 0.0f};
   collective.allreduceSum(header.data(), header.size());
@@ -169,7 +169,7 @@ class Training {
   const TrainConfig& config_;
   const Placement& placement_;
   const Split data_;
-  const ModelSpec shape_;
+  const ModelSpec spec_;
   std::unique_ptr<Collective> collective_;
   std::unique_ptr<Engine> engine_;
   PsEngine* ps_ = nullptr;  // engine_, under --strategy ps
@@ -193,7 +193,7 @@ Training::Training(const TrainConfig& config, const Placement& placement)
     : config_(config),
       placement_(placement),
       data_(loadData(config)),
-      shape_(modelSpec(config, data_.train)),
+      spec_(modelSpec(config, data_.train)),
       world_(placement.ps ? placement.ps->workers : placement.worldSize),
       rank_(placement.ps ? placement.ps->index : placement.rank),
       report_(rank_ == 0),
@@ -202,9 +202,9 @@ Training::Training(const TrainConfig& config, const Placement& placement)
   if (!config.checkpointDir.empty() && rank_ == 0) requireWritable(config.checkpointDir);
   if (!config.metricsFile.empty() && rank_ == 0) metricsFile_.emplace(config.metricsFile);
   // More servers than parameters is refused before anything connects.
-  if (placement.ps) shardRanges(shape_.parameterCount(), placement.ps->servers);
+  if (placement.ps) shardRanges(spec_.parameterCount(), placement.ps->servers);
   auto store = jobStore(placement);
-  const EngineOptions options{shape_, config.seed,
+  const EngineOptions options{spec_, config.seed,
                               {config.learningRate, config.momentum, config.weightDecay},
                               config.cpuMath};
   if (placement.ps) {
@@ -219,7 +219,7 @@ Training::Training(const TrainConfig& config, const Placement& placement)
         reportingProgress(connect(placement, store, config.allreduce == "gloo"), progress_);
     engine_ = makeEngine(config.device, options, placement, *collective_, store);
   }
-  if (auto resumed = placement.ps ? std::nullopt : resume(config, *collective_, *engine_, shape_)) {
+  if (auto resumed = placement.ps ? std::nullopt : resume(config, *collective_, *engine_, spec_)) {
     startEpoch_ = resumed->epoch;
     skipSamples_ = resumed->samplesInEpoch;
     step_ = resumed->globalStep;
@@ -232,10 +232,10 @@ Training::Training(const TrainConfig& config, const Placement& placement)
 void Training::joinServers() {
   std::optional<Checkpoint> init;
   if (rank_ == 0) {
-    if (!config_.checkpointDir.empty()) init = loadChecked(config_, shape_);
+    if (!config_.checkpointDir.empty()) init = loadChecked(config_, spec_);
     if (init) report_.resumed(init->epoch, init->samplesInEpoch, init->globalStep);
     else init = Checkpoint{.params = engine_->params(),
-                           .velocity = std::vector<float>(shape_.parameterCount(), 0.0f)};
+                           .velocity = std::vector<float>(spec_.parameterCount(), 0.0f)};
   }
   const ps::Position at = ps_->join(init);
   startEpoch_ = static_cast<int>(at.epoch);
@@ -350,7 +350,7 @@ float Training::learningRate(int epoch, int64_t stepInEpoch, int64_t steps) cons
 
 void Training::checkpoint(int epoch, int64_t samples) {
   if (rank_ == 0 && !config_.checkpointDir.empty())
-    saveCheckpoint(config_.checkpointDir, {epoch, samples, step_, shape_.signature(),
+    saveCheckpoint(config_.checkpointDir, {epoch, samples, step_, spec_.signature(),
                                            engine_->params(), engine_->velocity()});
 }
 
