@@ -281,6 +281,7 @@ rendezvous::ElasticOptions elasticOptions(const LaunchConfig& config, const std:
       .joinTimeout = config.rdzv.joinTimeout,
       .heartbeat = config.rdzv.heartbeat,
       .leaseTtl = config.rdzv.leaseTtl(),
+      .storeOutage = config.rdzv.storeOutage,
       .refuseLostNodes = config.refuseLostNodes,
       .stopOnlyNode = config.rdzv.stopOnlyNode,
   };
@@ -296,6 +297,7 @@ rendezvous::etcd::EtcdStoreOptions etcdStoreOptions(const LaunchConfig& config) 
   return {.client = {.endpoints = config.etcdEndpoints,
                      .timeout = timeout,
                      .connectTimeout = kEtcdConnectTimeout,
+                     .outageTimeout = config.rdzv.storeOutage,
                      .security = config.etcdSecurity},
           .prefix = config.rdzv.etcdJobPrefix(config.rdzvId),
           .root = rendezvous::elastic::Keys(config.rdzvId).root(),

@@ -150,6 +150,8 @@ RdzvSettings parseRdzvSettings(const std::map<std::string, std::string>& conf) {
       settings.heartbeat = seconds(key, value);
     } else if (key == "heartbeat_timeout") {
       settings.heartbeatTimeout = seconds(key, value);
+    } else if (key == "store_outage_timeout") {
+      settings.storeOutage = seconds(key, value);
     } else if (key == "store_type") {
       if (value != "tcp")
         throw ConfigError("--rdzv-conf: store_type=" + value +
@@ -184,7 +186,8 @@ RdzvSettings parseRdzvSettings(const std::map<std::string, std::string>& conf) {
       // torchrun's other keys are accepted for compatibility; they have no meaning here.
       throw ConfigError("--rdzv-conf: unknown key '" + key +
                         "' (known: join_timeout, last_call_timeout, keep_alive_interval, "
-                        "keep_alive_max_attempt, heartbeat_timeout, is_host, store_type, "
+                        "keep_alive_max_attempt, heartbeat_timeout, store_outage_timeout, is_host, "
+                        "store_type, "
                         "stop_policy, etcd_prefix, job_ttl, cacert, cert, key, user, password, "
                         "password_file)");
     }

@@ -26,6 +26,9 @@ struct RdzvSettings {
   int keepAliveMaxAttempt = 3;  // keep_alive_max_attempt: silent heartbeats before a node is dead
   // heartbeat_timeout: how long a silent node lives, where given (else the two above's product)
   std::optional<std::chrono::milliseconds> heartbeatTimeout;
+  // store_outage_timeout: how long the rendezvous store may be away before a node gives up
+  // its round (its workers run on meanwhile)
+  std::chrono::milliseconds storeOutage{60'000};
   std::optional<bool> isHost;   // is_host: whether this agent serves the store at the endpoint
   // stop_policy: a deliberate stop (SIGINT, SIGTERM, SIGHUP) of one node stops the whole job,
   // or only that node leaves (the others go on while at least MIN remain)

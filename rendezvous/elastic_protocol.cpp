@@ -85,6 +85,10 @@ std::string encode(const NodeRecord& r) {
   return j.dump();
 }
 
+std::string nodeName(const NodeRecord& record) {
+  return record.name + " (" + record.addr + ")";
+}
+
 NodeRecord decodeNodeRecord(std::string_view text) {
   static constexpr const char* what = "node record";
   const json j = parse(text, what);

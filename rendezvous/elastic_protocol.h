@@ -108,6 +108,8 @@ struct NodeRecord {
 
 std::string encode(const NodeRecord& record);
 NodeRecord decodeNodeRecord(std::string_view text);  // throws ProtocolError
+// A node as messages name it: "host (address)".
+std::string nodeName(const NodeRecord& record);
 
 // One member's place in a closed round.
 using Assignment = Placement;

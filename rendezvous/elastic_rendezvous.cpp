@@ -29,11 +29,6 @@ int toCount(const std::string& text, const std::string& key) {
   return static_cast<int>(value);
 }
 
-// A node as messages name it: "host (address)".
-std::string nodeName(const elastic::NodeRecord& record) {
-  return record.name + " (" + record.addr + ")";
-}
-
 std::string seconds(std::chrono::milliseconds ms) {
   std::ostringstream out;
   out << ms.count() / 1000.0;
@@ -77,8 +72,7 @@ std::unique_ptr<LeasingStore> ElasticRendezvous::openStore() const {
 }
 
 void ElasticRendezvous::connect(Clock::time_point deadline) {
-  bool refusing = false;  // every try since refusedSince was refused
-  Clock::time_point refusedSince{};
+  Refusals refusals;
   while (true) {
     try {
       auto lease = openStore();
@@ -92,21 +86,13 @@ void ElasticRendezvous::connect(Clock::time_point deadline) {
       return;
     } catch (const Error& e) {
       // A server that is not a store, or a broken one, will not become one by waiting.
-      if (dynamic_cast<const ProtocolError*>(&e) || dynamic_cast<const ConfigError*>(&e)) throw;
-      const std::string where = storeName();
-      // After a loss, a store that refuses (rather than a network that drops) is gone for
-      // good: the agent that served it has exited, and its keys with it.
-      const bool refused = dynamic_cast<const ConnectionRefused*>(&e) != nullptr;
+      if (!isOutage(e)) throw;
       const auto at = now();
-      if (refused && !refusing) refusedSince = at;
-      refusing = refused;
-      if (reconnect_ && refusing && at - refusedSince >= options_.leaseTtl)
-        throw NetworkError("the rendezvous store at " + where +
-                           " is gone (connection refused): the agent that served it has "
-                           "exited, so this job cannot go on");
+      if (reconnect_) refusals.note(e, at, options_.leaseTtl, storeName());
       std::lock_guard lock(connectionMutex_);
       if (interrupted_ || at >= deadline)
-        throw NetworkError("cannot reach the rendezvous store at " + where + ": " + e.what());
+        throw NetworkError("cannot reach the rendezvous store at " + storeName() + ": " +
+                           e.what());
     }
   }
 }
@@ -162,11 +148,31 @@ void ElasticRendezvous::refuseEndedJob(const std::string& stop, const std::strin
 JoinResult ElasticRendezvous::next() {
   const auto deadline = now() + options_.joinTimeout;
   if (reconnect_) {
-    log::info("reconnecting to the rendezvous store at " +
-              storeName());
+    log::info("reconnecting to the rendezvous store at " + storeName());
     connect(deadline);
-    member_.reset();
   }
+  {
+    std::lock_guard lock(reportsMutex_);
+    unsent_.clear();  // the last round's, which ended without them
+  }
+  while (true) {
+    joiningRound_ = -1;
+    const auto tried = now();
+    try {
+      return join(deadline);
+    } catch (const Error& e) {
+      // The join timeout's own error, or a store away past the join timeout, ends it.
+      if (!isOutage(e) || now() >= deadline) throw;
+      rideOut(e, tried, "this node's join waits");
+      if (joiningRound_ >= 0) {
+        restoreIfReset(joiningRound_ + 1);
+        abandonJoin(joiningRound_);
+      }
+    }
+  }
+}
+
+JoinResult ElasticRendezvous::join(Clock::time_point deadline) {
   // The newest round is read with the rest; only the job's first agent finds it missing and
   // creates it (an add of 0). The first time, lookFirst() read them already.
   const auto found =
@@ -178,9 +184,16 @@ JoinResult ElasticRendezvous::next() {
                       options_.runId + "' and is not taken back: its place went to another node");
   int round;
   if (member_) {
+    if (endOwnRound_) {
+      const RoundEnd gone{.kind = RoundEnd::Kind::NodeLost, .node = elastic::nodeName(options_.self)};
+      lease_->compareSet(keys_.end(member_->round), "", elastic::encode(gone));
+      endOwnRound_ = false;
+    }
     // Released without firing: this node leaves the old round on purpose.
     lease_->deleteKey(keys_.node(member_->round, member_->index));
-    round = member_->round + 1;
+    // The round after its own, or a newer one where it slept through some (a lost node).
+    round = std::max(member_->round + 1,
+                     found[2].empty() ? 0 : toCount(found[2], keys_.current()));
     member_.reset();
     memberRound_ = -1;
   } else {
@@ -188,6 +201,7 @@ JoinResult ElasticRendezvous::next() {
                              : toCount(found[2], keys_.current());
   }
   for (;; ++round) {
+    joiningRound_ = round;
     advanceCurrent(round);
     Step step = tryRound(round, deadline);
     if (auto* world = std::get_if<World>(&step)) return *world;
@@ -229,7 +243,7 @@ ElasticRendezvous::Step ElasticRendezvous::tryRound(int round, Clock::time_point
   record.failures = failures_;
   record.lastGroupRank = lastGroupRank_;
   record.workerPorts = reserveFreePorts(record.addr, record.nproc);
-  const RoundEnd lost{.kind = RoundEnd::Kind::NodeLost, .node = nodeName(record)};
+  const RoundEnd lost{.kind = RoundEnd::Kind::NodeLost, .node = elastic::nodeName(record)};
   // The join, and the leased record of each of the first maxNodes arrivals: one request on
   // etcd, where the record's key follows from the arrival index the join gives.
   const int index = static_cast<int>(lease_->addThenLease(
@@ -331,7 +345,7 @@ std::optional<std::vector<std::string>> ElasticRendezvous::closeRound(int round,
   keys.push_back(keys_.roster(round));
   values.push_back(elastic::encodeRoster(plan.roster));
   std::vector<std::string> names;
-  for (const auto& record : records) names.push_back(nodeName(record));
+  for (const auto& record : records) names.push_back(elastic::nodeName(record));
   keys.push_back(keys_.names(round));
   values.push_back(elastic::encodeRoster({.endpoints = names}));
   keys.push_back(keys_.members(round));
@@ -388,7 +402,7 @@ World ElasticRendezvous::memberWorld(int round, int index, int members,
 
 ElasticRendezvous::Step ElasticRendezvous::afterLateArrival(int round, int members) {
   if (members < options_.maxNodes) {
-    RoundEnd joined{.kind = RoundEnd::Kind::NodeJoined, .node = nodeName(options_.self)};
+    RoundEnd joined{.kind = RoundEnd::Kind::NodeJoined, .node = elastic::nodeName(options_.self)};
     lease_->compareSet(keys_.end(round), "", elastic::encode(joined));
   } else {
     log::info("the job runs on its maximum number of nodes (" + std::to_string(members) +
@@ -416,18 +430,39 @@ RoundEnd ElasticRendezvous::readEnd(int round) {
 }
 
 RoundEnd ElasticRendezvous::awaitEnd() {
-  try {
-    // The closer tidies up while its workers run, off everyone's way into the round.
-    if (closedRound_ == member_->round) forgetRounds(member_->round - 2);
-    while (!waitChunk(keys_.end(member_->round))) {
+  const int round = member_->round;
+  // The closer tidies up while its workers run, off everyone's way into the round.
+  bool tidy = closedRound_ == round;
+  auto last = now();  // the store's last answer
+  while (true) {
+    try {
+      if (std::exchange(tidy, false)) forgetRounds(round - 2);
+      replayReports();
+      last = now();
+      while (!waitChunk(keys_.end(round))) {
+        replayReports();
+        // Stopped (SIGSTOP) or starved for longer than its lease, this node was lost, and its
+        // round's keys may have gone with two later rounds: it must not wait on them for ever.
+        const auto at = now();
+        if (at - last > options_.leaseTtl)
+          if (auto end = roundAfterOutage(round)) return *end;
+        last = at;
+      }
+      RoundEnd end = readEnd(round);
+      ended_ = Ended{round, member_->members, spares(round), end.kind};
+      return end;
+    } catch (const Error& e) {
+      if (!isOutage(e)) throw;
+      try {
+        rideOut(e, last, "the workers keep running");
+        if (auto end = roundAfterOutage(round)) return *end;
+      } catch (const Error& gone) {
+        if (!isOutage(gone)) throw;
+        reconnect_ = true;
+        endOwnRound_ = true;  // for any member still in it, once the store answers
+        return RoundEnd{.kind = RoundEnd::Kind::StoreLost, .node = gone.what()};
+      }
     }
-    RoundEnd end = readEnd(member_->round);
-    ended_ = Ended{member_->round, member_->members, spares(member_->round), end.kind};
-    return end;
-  } catch (const Error& e) {
-    if (dynamic_cast<const ProtocolError*>(&e)) throw;
-    reconnect_ = true;
-    return RoundEnd{.kind = RoundEnd::Kind::StoreLost, .node = e.what()};
   }
 }
 
@@ -447,21 +482,25 @@ LeasingStore& ElasticRendezvous::control() {
 
 void ElasticRendezvous::reportFailure(RoundEnd failure) {
   failure.countFailure(member_->failures, options_.maxRestarts);
-  control().compareSet(keys_.end(member_->round), "", elastic::encode(failure));
+  report(failure.describe(), [end = keys_.end(member_->round), failure](Store& store) {
+    store.compareSet(end, "", elastic::encode(failure));
+  });
 }
 
 void ElasticRendezvous::reportSuccess() {
-  if (control().add(keys_.done(member_->round), 1) == member_->members) {
-    RoundEnd finished{.kind = RoundEnd::Kind::Finished, .node = options_.self.name};
-    control().compareSet(keys_.end(member_->round), "", elastic::encode(finished));
-  }
+  const RoundEnd finished{.kind = RoundEnd::Kind::Finished, .node = options_.self.name};
+  report("its workers finished", [done = keys_.done(member_->round),
+                                  end = keys_.end(member_->round), members = member_->members,
+                                  finished](Store& store) {
+    if (store.add(done, 1) == members) store.compareSet(end, "", elastic::encode(finished));
+  });
 }
 
 RoundEnd ElasticRendezvous::reportStop(int signal) {
   const int round = memberRound_;
   if (options_.stopOnlyNode && round >= 0 && memberCount_ - 1 >= options_.minNodes) {
     // Leaving is a change of members: the others meet again without this node.
-    const RoundEnd left = nodeLeft(nodeName(options_.self));
+    const RoundEnd left = nodeLeft(elastic::nodeName(options_.self));
     control().compareSet(keys_.end(round), "", elastic::encode(left));
     return left;
   }
@@ -485,7 +524,9 @@ RoundEnd stopJob(Store& store, const elastic::Keys& keys, const RoundEnd& stop, 
 
 void ElasticRendezvous::reportLost(const std::string& what) {
   const RoundEnd lost{.kind = RoundEnd::Kind::NodeLost, .node = what};
-  control().compareSet(keys_.end(member_->round), "", elastic::encode(lost));
+  report(lost.describe(), [end = keys_.end(member_->round), lost](Store& store) {
+    store.compareSet(end, "", elastic::encode(lost));
+  });
 }
 
 void ElasticRendezvous::shareHangReport(const std::string& report) {
@@ -507,7 +548,7 @@ std::vector<std::string> ElasticRendezvous::gatherHangReports(std::chrono::milli
 TimeoutError ElasticRendezvous::timedOut(int round) {
   // Said before this node's record goes, so a node that gives up at the same moment finds it
   // in one list or the other.
-  lease_->append(keys_.gaveUp(round), nodeName(options_.self) + "\n");
+  lease_->append(keys_.gaveUp(round), elastic::nodeName(options_.self) + "\n");
   const int joined = static_cast<int>(lease_->add(keys_.joined(round), 0));
   std::string message = "rendezvous '" + options_.runId + "' gave up after " +
                         seconds(options_.joinTimeout) + " s (join_timeout): " +
@@ -531,7 +572,7 @@ TimeoutError ElasticRendezvous::timedOut(int round) {
     came.push_back(texts.back().substr(start, end - start));
   texts.pop_back();
   for (const auto& text : texts) {
-    if (!text.empty()) came.push_back(nodeName(elastic::decodeNodeRecord(text)));
+    if (!text.empty()) came.push_back(elastic::nodeName(elastic::decodeNodeRecord(text)));
   }
   const auto missing = missingNodes(expected, came);
   for (size_t i = 0; i < missing.size(); ++i)
@@ -542,6 +583,7 @@ TimeoutError ElasticRendezvous::timedOut(int round) {
 void ElasticRendezvous::interrupt() {
   std::lock_guard lock(connectionMutex_);
   interrupted_ = true;
+  interruptedCv_.notify_all();
   if (lease_) lease_->abort();
 }
 

@@ -18,6 +18,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -56,6 +57,10 @@ struct ElasticOptions {
   std::chrono::milliseconds joinTimeout{600'000};
   std::chrono::milliseconds heartbeat{1'000};
   std::chrono::milliseconds leaseTtl{3'000};
+  // How long the store may be away (store_outage_timeout) before this node gives up on its
+  // round: until then its workers keep running, its reports wait, and a round the store still
+  // holds intact when it answers goes on (ARCHITECTURE.md section 4).
+  std::chrono::milliseconds storeOutage{60'000};
   // Read every worker's endpoint (O(N) bytes, for TF_CONFIG). Off only in load generators that
   // measure the rendezvous alone.
   bool fetchRoster = true;
@@ -88,10 +93,14 @@ class ElasticRendezvous : public Rendezvous {
   // Blocks until this node is a member of a closed round, waiting as a spare while the job
   // runs at its maximum size. Throws TimeoutError when too few nodes join in time.
   JoinResult next() override;
-  // Blocks until the round this node is in ends. A lost store is reported as Kind::StoreLost;
-  // the next next() reconnects.
+  // Blocks until the round this node is in ends. A store that stops answering is waited for up
+  // to storeOutage, the workers running; one away longer, or back without the job's keys (a
+  // dlrund that restarted), ends the round as Kind::StoreLost, and the next next() meets the
+  // other nodes in a new round.
   RoundEnd awaitEnd() override;
 
+  // The reports: one that the store does not take (it is away) is made again by awaitEnd()
+  // once the store answers.
   void reportFailure(RoundEnd failure) override;
   // The last member whose workers all succeeded ends the round as Finished.
   void reportSuccess() override;
@@ -105,6 +114,43 @@ class ElasticRendezvous : public Rendezvous {
   void interrupt() override;
 
  private:
+  // A store outage (elastic_rendezvous_outage.cpp). rideOut, after a call failed with
+  // `failure`: waits until the store answers again (one line when it went, saying what goes
+  // on `meanwhile`, one when it came back), opening a new connection where the failed one died
+  // with its lease. Throws NetworkError once the store was away for storeOutage since its last
+  // answer (`since`), or refused connections for a lease's TTL (the agent that served it has
+  // exited), or on interrupt().
+  void rideOut(const Error& failure, Clock::time_point since, const std::string& meanwhile);
+  // After a loss, a store that refuses connections (rather than a network that drops them) for
+  // a lease's life is gone for good: the agent that served it has exited, and its keys with it.
+  class Refusals {
+   public:
+    // Notes a try that failed at `at`; throws NetworkError naming `store` once every try was
+    // refused for `ttl`.
+    void note(const Error& failure, Clock::time_point at, Clock::duration ttl,
+              const std::string& store);
+
+   private:
+    bool refusing_ = false;  // every try since since_ was refused
+    Clock::time_point since_{};
+  };
+  static bool isOutage(const Error& error);
+  void reopen();
+  // Whether the store lost the job's keys (it restarted without them); then the keys nodes
+  // arriving later read first are written again, the newest round as `round`.
+  bool restoreIfReset(int round);
+  // The end of round `round` once the store came back after an outage: its end if set, this
+  // node lost where the round is forgotten (it slept through two rounds), the store's restart
+  // where the store lost it; nothing while it goes on.
+  std::optional<RoundEnd> roundAfterOutage(int round);
+  // A join the store's outage cut short: the round is aborted, or ended where it closed
+  // meanwhile, so that every node meets in the next one.
+  void abandonJoin(int round);
+  using Write = std::function<void(Store&)>;
+  // Makes a report now, or keeps it for replayReports() while the store is away.
+  void report(const std::string& what, const Write& write);
+  void replayReports();
+
   struct Member {
     int round = 0;
     int index = 0;    // arrival index in the round
@@ -122,6 +168,9 @@ class ElasticRendezvous : public Rendezvous {
   using Step = std::variant<World, RoundEnd, NextRound>;
 
   void connect(Clock::time_point deadline);
+  // next()'s one try: from the job's newest round (or the one after this node's) until it has
+  // a place or the job's end.
+  JoinResult join(Clock::time_point deadline);
   // ConfigError when the job's keys say it ended: from `stop`, the newest round (`current`;
   // round 0's end is `firstEnd`) and the job's Expiry.
   void refuseEndedJob(const std::string& stop, const std::string& current,
@@ -175,8 +224,16 @@ class ElasticRendezvous : public Rendezvous {
   std::optional<int> lastGroupRank_;
   std::optional<int> closedRound_;  // the last round this node closed: it forgets old ones
   bool reconnect_ = false;
+  std::atomic<bool> storeAway_{false};  // rideOut() runs: reports are kept at once
+  std::mutex reportsMutex_;
+  std::vector<Write> unsent_;  // reports the store did not take, oldest first
   std::mutex connectionMutex_;  // interrupt() against a reconnect swapping the connections
   bool interrupted_ = false;
+  std::condition_variable interruptedCv_;  // rideOut()'s pauses end at interrupt()
+  int joiningRound_ = -1;  // the round join() tries (-1: none yet)
+  // This node gave up on its round through an outage: the next join() ends it, should another
+  // member still be in it.
+  bool endOwnRound_ = false;
 };
 
 }  // namespace dlrun::rendezvous

@@ -17,7 +17,7 @@ std::string RoundEnd::describe() const {
                    : " failed (exit code " + std::to_string(exitCode) + ")");
     case Kind::Finished: return "every worker finished";
     case Kind::Stopped: return "node " + node + " stopped the job";
-    case Kind::StoreLost: return "lost the rendezvous store: " + node;
+    case Kind::StoreLost: return node;  // a whole sentence: how the store was lost
   }
   return "";
 }

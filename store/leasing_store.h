@@ -82,6 +82,12 @@ class LeasingStore : public Store {
   // (firing its leases) so that call throws NetworkError at once.
   virtual void abort() = 0;
 
+  // Whether this connection and its leases outlive a call that failed on the network, so the
+  // same object is used again once the store answers: etcd's leases are the server's, renewed
+  // by a keep-alive that goes on trying. A dlrund lease is its connection's and dies with it
+  // (false, the default): the caller opens a new connection.
+  virtual bool outlivesFailures() const { return false; }
+
   // The time this store's leases and waits run on: Clock::now() for a real store, the virtual
   // time of a simulated one. Callers measure their own deadlines on it too, so that a test on
   // virtual time drives every timeout of the protocol.

@@ -7,6 +7,7 @@
 #include <future>
 #include <set>
 
+#include "common/asio.h"
 #include "common/error.h"
 #include "rendezvous/elastic_protocol.h"
 #include "store/store_server.h"
@@ -26,8 +27,8 @@ class ElasticRendezvousTest : public ::testing::Test {
     o.minNodes = minNodes;
     o.maxNodes = maxNodes;
     o.maxRestarts = 1;
-    o.storeHost = server_.address();
-    o.storePort = server_.port();
+    o.storeHost = server_->address();
+    o.storePort = server_->port();
     o.self.addr = "127.0.0.1";
     o.self.name = "agent";
     o.self.nproc = 2;
@@ -75,7 +76,9 @@ class ElasticRendezvousTest : public ::testing::Test {
     return out;
   }
 
-  StoreServerThread server_{{.host = "127.0.0.1", .port = 0}};
+  // Restarted in place by the outage tests.
+  std::unique_ptr<StoreServerThread> server_ =
+      std::make_unique<StoreServerThread>(StoreServerOptions{.host = "127.0.0.1", .port = 0});
 };
 
 TEST_F(ElasticRendezvousTest, ThreeAgentsGetUniqueConsistentRanks) {
@@ -90,7 +93,7 @@ TEST_F(ElasticRendezvousTest, ThreeAgentsGetUniqueConsistentRanks) {
     EXPECT_EQ(x.baseRank, 2 * x.groupRank);
     EXPECT_EQ(x.round, 0);
     EXPECT_EQ(x.workerEndpoints, w[0].workerEndpoints);
-    EXPECT_EQ(x.masterPort, server_.port());
+    EXPECT_EQ(x.masterPort, server_->port());
   }
   EXPECT_EQ(groupRanks, (std::set<int>{0, 1, 2}));
   EXPECT_EQ(w[0].workerEndpoints.size(), 6u);
@@ -134,7 +137,7 @@ TEST_F(ElasticRendezvousTest, AnotherJobShapeWithTheSameIdIsRefused) {
 
 TEST_F(ElasticRendezvousTest, ANodeOfAnotherProtocolIsRefusedInOneLine) {
   // The shape as a dlrun of rendezvous protocol 1 wrote it: no protocol in it.
-  TcpStore older({.host = server_.address(), .port = server_.port()});
+  TcpStore older({.host = server_->address(), .port = server_->port()});
   older.set(elastic::Keys("job").shape(), "2:3");
   try {
     ElasticRendezvous newer(options(2, 3));
@@ -251,6 +254,45 @@ TEST_F(ElasticRendezvousTest, ALostNodeIsRefusedWhereLostNodesAreNotTakenBack) {
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("node7 was lost"), std::string::npos) << e.what();
   }
+}
+
+TEST_F(ElasticRendezvousTest, AStoreRestartedWithoutItsKeysCostsOneRoundAndTheRoundsGoOn) {
+  auto a = agents(2, options(2, 2));
+  formRound(a);
+  const uint16_t port = server_->port();
+  server_.reset();  // every connection closes, every key is lost
+  server_ = std::make_unique<StoreServerThread>(
+      StoreServerOptions{.host = "127.0.0.1", .port = port});
+  for (auto& agent : a) {
+    const RoundEnd end = agent->awaitEnd();
+    EXPECT_EQ(end.kind, Kind::StoreLost);
+    EXPECT_NE(end.describe().find("came back without round 0 (it restarted and lost its keys)"),
+              std::string::npos)
+        << end.describe();
+  }
+  for (const World& x : formRound(a)) {
+    EXPECT_EQ(x.round, 1);  // the job's rounds go on where they were
+    EXPECT_EQ(x.groupWorldSize, 2);
+    EXPECT_EQ(x.failures, 0);
+  }
+  // A node that arrives now finds the job's shape and round again.
+  ElasticOptions o = options(2, 3);
+  EXPECT_THROW(ElasticRendezvous{o}, ConfigError);  // another --nnodes: the shape is back
+}
+
+TEST_F(ElasticRendezvousTest, AStoreSilentPastTheOutageTimeoutEndsTheRoundAsLost) {
+  ElasticOptions o = options(2, 2);
+  o.storeOutage = 1s;
+  auto a = agents(2, o);
+  formRound(a);
+  const uint16_t port = server_->port();
+  server_.reset();
+  // Something listens on the port and never answers: no refusal, only silence.
+  boost::asio::io_context io;
+  boost::asio::ip::tcp::acceptor silent(io, {boost::asio::ip::make_address("127.0.0.1"), port});
+  const RoundEnd end = a[0]->awaitEnd();
+  EXPECT_EQ(end.kind, Kind::StoreLost);
+  EXPECT_NE(end.describe().find("(store_outage_timeout)"), std::string::npos) << end.describe();
 }
 
 TEST_F(ElasticRendezvousTest, InterruptUnblocksAWaitingJoin) {

@@ -1037,6 +1037,15 @@ TEST(ParseRdzvSettings, HeartbeatTimeoutAndStoreTypeAsTorchrunReadsThem) {
   EXPECT_TRUE(contains(shorter, "heartbeat_timeout must be longer")) << shorter;
 }
 
+TEST(ParseRdzvSettings, StoreOutageTimeoutIsAMinuteUnlessSet) {
+  EXPECT_EQ(parseRdzvSettings({}).storeOutage, std::chrono::seconds(60));
+  EXPECT_EQ(parseRdzvSettings({{"store_outage_timeout", "2.5"}}).storeOutage,
+            std::chrono::milliseconds(2500));
+  const std::string bad =
+      configError([] { parseRdzvSettings({{"store_outage_timeout", "-1"}}); });
+  EXPECT_TRUE(contains(bad, "store_outage_timeout=-1")) << bad;
+}
+
 TEST(ParseRdzvSettings, TorchrunKeys) {
   const RdzvSettings s = parseRdzvSettings({{"join_timeout", "30"},
                                             {"last_call_timeout", "0.5"},

@@ -58,6 +58,11 @@ struct EtcdClientOptions {
   std::chrono::milliseconds timeout{10'000};
   // How long picking an endpoint may take before NetworkError names them all.
   std::chrono::milliseconds connectTimeout{5'000};
+  // How long a lease's keep-alive (etcd_keep_alive.h) goes on trying while no endpoint
+  // acknowledges a renewal, when longer than the lease's TTL plus an election's grace: a
+  // cluster that comes back with its data extends every lease by its TTL, so the renewals that
+  // go on through its outage keep the lease (a store outage is not a node loss).
+  std::chrono::milliseconds outageTimeout{0};
   // TLS and user/password authentication (none by default).
   EtcdSecurity security;
 };

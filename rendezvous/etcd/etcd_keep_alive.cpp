@@ -1,6 +1,8 @@
 // EtcdKeepAlive (etcd_keep_alive.h): one lease renewed over a LeaseKeepAlive stream, on a thread.
 #include "rendezvous/etcd/etcd_keep_alive.h"
 
+#include <algorithm>
+
 #include "common/error.h"
 #include "rendezvous/etcd/etcd_call.h"
 #include "rendezvous/etcd/etcd_client.h"
@@ -70,8 +72,10 @@ void EtcdKeepAlive::run() {
       std::lock_guard lock(mutex_);
       if (stopping_) return;
     }
-    if (Clock::now() >= lastAck + ttl + kElectionGrace) {
-      fail("nothing acknowledged for " + detail::seconds(ttl + kElectionGrace) + ": " + why);
+    const auto patience = std::max<std::chrono::milliseconds>(ttl + kElectionGrace,
+                                                              client_.options().outageTimeout);
+    if (Clock::now() >= lastAck + patience) {
+      fail("nothing acknowledged for " + detail::seconds(patience) + ": " + why);
       return;
     }
     std::shared_ptr<EtcdClient::Connection> picked;

@@ -29,9 +29,10 @@ class EtcdClient;
 // Fail-over: when the stream fails (UNAVAILABLE, its end, a renewal unanswered within its
 // deadline) the thread opens a new one on another endpoint of the client and goes on renewing
 // the same lease. It gives up only when etcd says the lease is gone (TTL <= 0), or when nothing
-// was acknowledged for the lease's TTL plus kElectionGrace (a new leader extends every lease by
-// its TTL, so a renewal that lands after an election still finds it): alive() turns false and
-// failure() says why, and the keys lapse.
+// was acknowledged for the lease's TTL plus kElectionGrace, or for the client's outageTimeout
+// where longer (a new leader, and a cluster started again with its data, extend every lease by
+// its TTL, so a renewal that lands after an election or an outage still finds it): alive()
+// turns false and failure() says why, and the keys lapse.
 class EtcdKeepAlive {
  public:
   // An election on etcd's default settings takes 1 to 2 s; renewals stall meanwhile.

@@ -83,6 +83,11 @@ void EtcdStore::abort() {
   revokeLeases();
 }
 
+bool EtcdStore::outlivesFailures() const {
+  std::lock_guard lock(mutex_);
+  return !aborted_;
+}
+
 std::vector<std::optional<KeyValue>> EtcdStore::readKeys(
     const std::vector<std::string>& etcdKeys) {
   requireOpen();

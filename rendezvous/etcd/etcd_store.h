@@ -131,6 +131,9 @@ class EtcdStore : public LeasingStore {
                                           const std::vector<std::string>& keys) override;
   // Every later call throws NetworkError; a blocked wait throws at once.
   void abort() override;
+  // Until abort(): calls that failed while etcd was away are made again once it answers, and
+  // the leases' keep-alives go on trying (EtcdClientOptions::outageTimeout).
+  bool outlivesFailures() const override;
 
   EtcdClient& client() { return *client_; }
   // The etcd key that holds store key `key`.

@@ -74,13 +74,13 @@ def stop_process(proc, sig=signal.SIGTERM):
 
 
 class Dlrund:
-    """A running dlrund on 127.0.0.1 with a kernel-chosen port; `binary` defaults to
-    dlrund_binary()."""
+    """A running dlrund on 127.0.0.1 with a kernel-chosen port (or `port`); `binary` defaults
+    to dlrund_binary()."""
 
-    def __init__(self, *extra_args, binary=None):
+    def __init__(self, *extra_args, binary=None, port=0):
         # stderr is inherited so the daemon's diagnostics show up in ctest's output.
         self.proc = subprocess.Popen(
-            [binary or dlrund_binary(), "--host", "127.0.0.1", "--port", "0", *extra_args],
+            [binary or dlrund_binary(), "--host", "127.0.0.1", "--port", str(port), *extra_args],
             stdout=subprocess.PIPE, bufsize=0, preexec_fn=die_with_parent)
         try:
             self.first_line = read_line(self.proc.stdout, STARTUP_TIMEOUT_S)

@@ -78,8 +78,9 @@ class Tls:
 
 
 class Etcd:
-    def __init__(self, proc, client_port, log_path, tls=None):
+    def __init__(self, proc, client_port, log_path, tls=None, argv=()):
         self.proc = proc
+        self.argv = list(argv)  # its command line, for restart()
         self.port = client_port
         self.endpoint = f"127.0.0.1:{client_port}"
         self.log_path = log_path
@@ -102,6 +103,31 @@ class Etcd:
         if self.proc.poll() is None:
             os.kill(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
+
+    def restart(self):
+        """Starts the stopped etcd again with the same command line and data (a member that
+        comes back); returns once it answers, else raises EtcdStartError."""
+        with open(self.log_path, "a") as log:
+            self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=log,
+                                         stderr=log, preexec_fn=die_with_parent)
+        self.await_answer()
+
+    def await_answer(self):
+        """Returns once etcd answers; stops it and raises EtcdStartError if it exits first or
+        does not answer within START_TIMEOUT_S."""
+        try:
+            deadline = time.monotonic() + START_TIMEOUT_S
+            while not self.answers():
+                if self.proc.poll() is not None:
+                    raise EtcdStartError(f"etcd exited with {self.proc.returncode} before it "
+                                         f"answered\n{self.log()}")
+                if time.monotonic() >= deadline:
+                    raise EtcdStartError(
+                        f"etcd did not answer within {START_TIMEOUT_S}s\n{self.log()}")
+                time.sleep(POLL_S)
+        except BaseException:
+            self.stop()
+            raise
 
     def keys(self, prefix):
         """The keys under `prefix`, read with etcdctl."""
@@ -152,31 +178,19 @@ def launch_etcd(directory, tls=None, extra_args=()):
     tls_args = [f"--cert-file={tls.server[0]}", f"--key-file={tls.server[1]}",
                 "--client-cert-auth", f"--trusted-ca-file={tls.ca[0]}"] if tls else []
     log_path = os.path.join(directory, "etcd.log")
+    argv = [ETCD, "--name=default", f"--data-dir={directory}/data",
+            f"--listen-client-urls={scheme}://127.0.0.1:{client}",
+            f"--advertise-client-urls={scheme}://127.0.0.1:{client}",
+            *tls_args,
+            f"--listen-peer-urls=http://127.0.0.1:{peer}",
+            f"--initial-advertise-peer-urls=http://127.0.0.1:{peer}",
+            f"--initial-cluster=default=http://127.0.0.1:{peer}",
+            f"--initial-cluster-token=dlrun-py-{os.getpid()}-{client}", *extra_args]
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(
-            [ETCD, "--name=default", f"--data-dir={directory}/data",
-             f"--listen-client-urls={scheme}://127.0.0.1:{client}",
-             f"--advertise-client-urls={scheme}://127.0.0.1:{client}",
-             *tls_args,
-             f"--listen-peer-urls=http://127.0.0.1:{peer}",
-             f"--initial-advertise-peer-urls=http://127.0.0.1:{peer}",
-             f"--initial-cluster=default=http://127.0.0.1:{peer}",
-             f"--initial-cluster-token=dlrun-py-{os.getpid()}-{client}", *extra_args],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=log, preexec_fn=die_with_parent)
-    etcd = Etcd(proc, client, log_path, tls)
-    try:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while not etcd.answers():
-            if proc.poll() is not None:
-                raise EtcdStartError(
-                    f"etcd exited with {proc.returncode} before it answered\n{etcd.log()}")
-            if time.monotonic() >= deadline:
-                raise EtcdStartError(
-                    f"etcd did not answer within {START_TIMEOUT_S}s\n{etcd.log()}")
-            time.sleep(POLL_S)
-    except BaseException:
-        etcd.stop()
-        raise
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                preexec_fn=die_with_parent)
+    etcd = Etcd(proc, client, log_path, tls, argv)
+    etcd.await_answer()
     return etcd
 
 

@@ -22,6 +22,11 @@ RESTART_WITHIN_S = 3.0
 # its leases every 500 ms, and revokes them in batches.
 JOB_TTL_S = 3
 EXPIRY_SLACK_S = 10
+# A store outage the job rides out (etcd killed, then started again with its data), and how
+# long after it no lease may lapse: the default TTL (3 s) and a second's slack.
+OUTAGE_S = 8
+TTL_S = 3
+LAPSE_SLACK_S = 2
 ERROR_WITHIN_S = 15  # an unreachable cluster is reported within etcd's connect timeout (5 s)
 
 
@@ -106,6 +111,41 @@ class EtcdBackendTest(unittest.TestCase):
         for agent in survivors:
             r = agent.wait(JOB_TIMEOUT_S)
             self.assertEqual(r.returncode, 0, r)
+
+    def test_etcd_down_for_8_s_restarts_no_worker_and_the_lines_say_when_it_went_and_came_back(self):
+        """A store outage is not a node loss: etcd (one member) killed for 8 s and started again
+        with its data. The workers run through it, no round ends, and each agent says when the
+        store went and when it came back."""
+        stop = os.path.join(temp_dir(self), "stop")
+        agents = self.start_agents(2, ["127.0.0.1", "127.0.0.2"], ["--until-file", stop],
+                                   nproc=1)
+        self.wait_for_starts(2, agents, attempt=0)
+        self.etcd.stop()
+        time.sleep(OUTAGE_S)  # the outage itself
+        self.etcd.restart()
+        back = time.monotonic()
+        # Leases lapse one TTL after the cluster is back unless renewed: past it, still no
+        # second attempt and every agent runs on.
+        while time.monotonic() < back + TTL_S + LAPSE_SLACK_S:
+            self.assertEqual([s for s in self.starts()
+                              if s["env"]["TORCHELASTIC_RESTART_COUNT"] != "0"], [],
+                             "\n".join(a.describe() for a in agents))
+            for agent in agents:
+                self.assertIsNone(agent.proc.poll(), agent.describe())
+            time.sleep(0.2)
+        with open(stop, "w"):
+            pass
+        for agent in agents:
+            r = agent.wait(JOB_TIMEOUT_S)
+            self.assertEqual(r.returncode, 0, r)
+            lines = "\n".join(r.dlrun_lines())
+            self.assertRegex(lines, r"the rendezvous store at .+ stopped answering .*the "
+                                    r"workers keep running", r)
+            self.assertRegex(lines, r"the rendezvous store at .+ answers again after "
+                                    r"\d+\.\d s", r)
+            self.assertNotIn("stopping workers", lines, r)
+            self.assertNotIn("spare", lines, r)
+        self.assertEqual(len(self.starts()), 2)
 
     def test_without_local_addr_etcds_side_serves_and_an_ended_job_id_is_refused(self):
         agents = self.start_agents(2, [None, None], ["--allreduce"], nproc=1,

@@ -12,6 +12,8 @@ inside hosts. Every etcd member is stopped by PID in the test's cleanups, also o
 - the etcd member the agents use cut off from the other members, but not from the agents (a
   partition): it has no leader and refuses their streams; no worker restarts, the agents leave
   it, and the job still ends within seconds;
+- every etcd member killed for 8 s and started again with its data: no worker restarts, and
+  each agent says when the store went and when it came back;
 - a dlrun node's link set down: its lease lapses and the survivors restart within TTL + 1 s;
 - the bundled trainer (--synthetic, checkpoints in a shared temp dir) on three nodes loses the
   node of group rank 0, which serves the workers' store (every process of its namespace
@@ -44,6 +46,7 @@ EVENT_TIMEOUT_S = 60      # workers starting, agents ending
 ELECTION_TIMEOUT_S = 15   # a new leader after the old one is killed
 TTL_S = 3.0               # keep_alive_interval (1 s) x keep_alive_max_attempt (3): the defaults
 QUIET_S = TTL_S + 2.0     # after the leader's loss, how long no worker may restart
+OUTAGE_S = 8              # every member down, then started again with its data
 STORE_MOVE_S = 3.0        # from the loss of the workers' store's node to the survivors' workers
 TRAIN_EPOCHS = 4          # the trainer on --synthetic data (20000 examples, batches of 64)
 STEPS_3 = 105             # steps an epoch at world size 3: ceil(ceil(20000 / 3) / 64)
@@ -79,23 +82,29 @@ class EtcdClusterTest(unittest.TestCase):
         return ",".join(f"{self.hosts.address(m)}:2379" for m in members)
 
     def start_cluster(self):
-        token = f"dlrun-{self.hosts.prefix}"
-        initial = ",".join(f"m{m}=http://{self.hosts.address(m)}:2380" for m in range(MEMBERS))
         for m in range(MEMBERS):
-            address = self.hosts.address(m)
-            log = open(os.path.join(self.out, f"etcd{m}.log"), "w")
-            self.addCleanup(log.close)
-            proc = self.hosts.popen(
-                m, [ETCD, f"--name=m{m}", f"--data-dir={self.out}/etcd{m}",
-                    f"--listen-client-urls=http://{address}:2379",
-                    f"--advertise-client-urls=http://{address}:2379",
-                    f"--listen-peer-urls=http://{address}:2380",
-                    f"--initial-advertise-peer-urls=http://{address}:2380",
-                    f"--initial-cluster={initial}", "--initial-cluster-state=new",
-                    f"--initial-cluster-token={token}"],
-                stdout=log, stderr=log)
-            self.members[m] = proc
+            self.start_member(m)
             self.addCleanup(self.stop_member, m)
+        self.await_cluster()
+
+    def start_member(self, m):
+        """Starts member m, with its data directory (kept across restarts)."""
+        token = f"dlrun-{self.hosts.prefix}"
+        initial = ",".join(f"m{i}=http://{self.hosts.address(i)}:2380" for i in range(MEMBERS))
+        address = self.hosts.address(m)
+        log = open(os.path.join(self.out, f"etcd{m}.log"), "a")
+        self.addCleanup(log.close)
+        self.members[m] = self.hosts.popen(
+            m, [ETCD, f"--name=m{m}", f"--data-dir={self.out}/etcd{m}",
+                f"--listen-client-urls=http://{address}:2379",
+                f"--advertise-client-urls=http://{address}:2379",
+                f"--listen-peer-urls=http://{address}:2380",
+                f"--initial-advertise-peer-urls=http://{address}:2380",
+                f"--initial-cluster={initial}", "--initial-cluster-state=new",
+                f"--initial-cluster-token={token}"],
+            stdout=log, stderr=log)
+
+    def await_cluster(self):
         deadline = time.monotonic() + START_TIMEOUT_S
         while not self.healthy(range(MEMBERS)):
             for m, proc in self.members.items():
@@ -315,6 +324,33 @@ class EtcdClusterTest(unittest.TestCase):
                 self.hosts.cut(0, member)
         self.ride_out_trouble_at_member_0(
             cut, afterwards=lambda: self.assertEqual(self.watch_streams(0), 0, self.logs()))
+
+    def test_every_etcd_member_down_for_8_s_restarts_no_worker(self):
+        """A store outage is not a node loss: the whole cluster killed for 8 s and started again
+        with its data. The workers run through it, no round ends, and each agent says when the
+        store went and when it came back."""
+        for node in range(2):
+            self.start_agent(node, "2:3", ["--until-file", self.stop_file])
+        self.assert_world(self.wait_for_starts(0, 2), 2)
+        for m in range(MEMBERS):
+            self.stop_member(m)
+        time.sleep(OUTAGE_S)  # the outage itself
+        for m in range(MEMBERS):
+            self.start_member(m)
+        self.await_cluster()
+        # Leases lapse one TTL after the cluster is back unless renewed.
+        self.assert_no_restart_until(time.monotonic() + QUIET_S)
+        self.finish(range(2))
+        self.assertEqual(len(self.starts()), 2, self.logs())
+        for node in range(2):
+            with open(os.path.join(self.out, f"agent{node}-{node}.log")) as f:
+                lines = f.read()
+            self.assertRegex(lines, r"the rendezvous store at .+ stopped answering .*the "
+                                    r"workers keep running", lines)
+            self.assertRegex(lines, r"the rendezvous store at .+ answers again after "
+                                    r"\d+\.\d s", lines)
+            self.assertNotIn("stopping workers", lines)
+            self.assertNotIn("spare", lines)
 
     def test_a_silent_node_lapses_and_the_survivors_restart_within_ttl(self):
         for node in range(3):

@@ -6,12 +6,14 @@ the first agent to bind serves the store. Workers record what dlrun gave them in
 import glob
 import json
 import os
+import signal
 import socket
 import time
 import unittest
 
 from dlrun_fixture import (PYTHON, Dlrun, clean_env, is_running, kill_recorded_workers, main,
                            read_json, temp_dir, wait_until, worker)
+from dlrund_fixture import Dlrund
 
 WORKER = worker("elastic_worker.py")
 JOB_TIMEOUT_S = 60
@@ -232,6 +234,28 @@ class MultiNodeTest(unittest.TestCase):
         other = agents[1].wait(JOB_TIMEOUT_S)
         self.assertEqual(other.returncode, 1, other)
         self.assertIn("is gone (connection refused)", other.dlrun_lines()[-1])
+
+    def test_a_dlrund_restarted_without_its_state_costs_one_restart_with_the_reason(self):
+        """dlrund restarted on the same port, its keys lost: the agents ride out the gap, find
+        their round gone, say so, and meet again in the next round (one restart, the round
+        number going on); the job then ends with exit 0, never a hang."""
+        daemon = Dlrund()
+        self.addCleanup(lambda: daemon.stop(signal.SIGKILL))
+        stop = os.path.join(temp_dir(self), "stop")
+        agents = self.start_agents(2, "2", ["--until-file", stop], nproc=1,
+                                   per_agent=lambda i: [f"--rdzv-endpoint=127.0.0.1:{daemon.port}"])
+        self.wait_for_starts(2, agents, attempt=0)
+        daemon.stop(signal.SIGKILL)
+        daemon = Dlrund(port=daemon.port)
+        again = self.wait_for_starts(2, agents, attempt=1)
+        self.assertEqual(sorted(s["env"]["RANK"] for s in again), ["0", "1"])
+        with open(stop, "w"):
+            pass
+        for r in self.finish(agents):
+            self.assertEqual(r.returncode, 0, r)
+            lines = "\n".join(r.dlrun_lines())
+            self.assertIn(f"came back without round 0 (it restarted and lost its keys)", lines, r)
+        self.assertEqual(len(self.starts()), 4)  # attempts 0 and 1: nothing else
 
     def test_agents_turned_away_from_the_store_port_serve_once_it_frees(self):
         """Two agents on the store's host both turned away from its port (here by a socket
