@@ -147,6 +147,29 @@ class EtcdBackendTest(unittest.TestCase):
             self.assertNotIn("spare", lines, r)
         self.assertEqual(len(self.starts()), 2)
 
+    def test_a_worker_failure_while_etcd_is_down_is_reported_once_it_is_back(self):
+        """Only what needs the store waits: a worker killed during the outage is reported when
+        etcd answers again, and the job restarts then (attempt 1 on both nodes)."""
+        stop = os.path.join(temp_dir(self), "stop")
+        agents = self.start_agents(2, ["127.0.0.1", "127.0.0.2"], ["--until-file", stop],
+                                   nproc=1, extra=["--max-restarts=1"])
+        first = self.wait_for_starts(2, agents, attempt=0)
+        self.etcd.stop()
+        kill_if_ours(first[1]["pid"])
+        time.sleep(OUTAGE_S)  # the outage itself
+        self.etcd.restart()
+        again = self.wait_for_starts(2, agents, attempt=1)
+        self.assertEqual(sorted(s["env"]["RANK"] for s in again), ["0", "1"])
+        with open(stop, "w"):
+            pass
+        lines = ""
+        for agent in agents:
+            r = agent.wait(JOB_TIMEOUT_S)
+            self.assertEqual(r.returncode, 0, r)
+            lines += "\n".join(r.dlrun_lines())
+        self.assertIn("is made once it does", lines)
+        self.assertEqual(len(self.starts()), 4)
+
     def test_without_local_addr_etcds_side_serves_and_an_ended_job_id_is_refused(self):
         agents = self.start_agents(2, [None, None], ["--allreduce"], nproc=1,
                                    extra=["--rdzv-conf=etcd_prefix=/elsewhere"])
