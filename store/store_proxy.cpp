@@ -159,7 +159,14 @@ void ProxyImpl::add(wire::Era era, std::string_view key, int64_t delta, Take tak
     batch.key = std::string(key);
   }
   batch.queued.emplace_back(delta, std::move(take));
-  if (!batch.inFlight) sendAdds(id);
+  if (batch.inFlight) return;
+  batch.inFlight = true;
+  // Sent once the requests already read in this turn of the loop are in: the ADDs of clients
+  // that sent theirs together (a barrier's) go up as one, at no added wait.
+  asio::post(io_, [weak = weak_from_this(), id] {
+    auto self = weak.lock();
+    if (self && self->adds_.contains(id)) self->sendAdds(id);
+  });
 }
 
 // Sends the queued ADDs of one key as one. The store answers their sum's result R; the i-th

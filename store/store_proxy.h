@@ -5,8 +5,9 @@
 //
 // What it coalesces, where that cannot change an answer:
 //  - WAITs on the same keys: one upstream wait, its reply to every local waiter;
-//  - ADDs to one key while one is in flight: one ADD of their sum, whose result is split so each
-//    client gets the value it would have seen had the ADDs run one after the other.
+//  - ADDs to one key read in one turn of the proxy's loop, or while one is in flight: one ADD of
+//    their sum, whose result is split so each client gets the value it would have seen had the
+//    ADDs run one after the other.
 // GETs are never cached. PING is answered by the proxy (the server its client reaches). Every
 // other op is forwarded as it came, on a connection of the
 // client's protocol era: immediate ones in order on one shared connection, blocking ones

@@ -156,7 +156,7 @@ class ProxyImpl : public std::enable_shared_from_this<ProxyImpl> {
   struct AddBatch {
     wire::Era era;
     std::string key;
-    bool inFlight = false;
+    bool inFlight = false;  // an ADD of this key is sent, or posted to be (add())
     std::vector<std::pair<int64_t, Take>> queued;
   };
 
