@@ -433,9 +433,15 @@ RoundEnd ElasticRendezvous::awaitEnd() {
   const int round = member_->round;
   // The closer tidies up while its workers run, off everyone's way into the round.
   bool tidy = closedRound_ == round;
+  bool wasAway = false;
   auto last = now();  // the store's last answer
   while (true) {
     try {
+      // What became of the round while the store was away (a store that fails again meanwhile
+      // is ridden out again, its outage still counted from `last`).
+      if (wasAway)
+        if (auto end = roundAfterOutage(round)) return *end;
+      wasAway = false;
       if (std::exchange(tidy, false)) forgetRounds(round - 2);
       replayReports();
       last = now();
@@ -455,7 +461,7 @@ RoundEnd ElasticRendezvous::awaitEnd() {
       if (!isOutage(e)) throw;
       try {
         rideOut(e, last, "the workers keep running");
-        if (auto end = roundAfterOutage(round)) return *end;
+        wasAway = true;
       } catch (const Error& gone) {
         if (!isOutage(gone)) throw;
         reconnect_ = true;
