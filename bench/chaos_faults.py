@@ -18,6 +18,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "python"))
 from dlrun_fixture import clean_env, is_running  # noqa: E402
+from dlrund_fixture import stop_process  # noqa: E402
 from netns_fixture import Hosts  # noqa: E402
 from trainer_fixture import descendants  # noqa: E402
 
@@ -63,8 +64,8 @@ class Agent:
 
 
 class Cluster:
-    def __init__(self, backend, out, bindir, log):
-        self.backend, self.out, self.bindir, self.log = backend, out, bindir, log
+    def __init__(self, backend, out, bindir):
+        self.backend, self.out, self.bindir = backend, out, bindir
         self.n = JOB_HOSTS + (ETCD_MEMBERS if backend == "etcd" else 1) + 1
         self.observer = self.n - 1
         self.hosts = Hosts(self.n)
@@ -88,9 +89,9 @@ class Cluster:
         for host in range(JOB_HOSTS):
             path = self.log_disk(host)
             os.makedirs(path, exist_ok=True)
+            self.mounts.append(path)  # first: a signal right after the mount must not leak it
             subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={LOG_TMPFS}", "tmpfs", path],
                            check=True, capture_output=True, timeout=10)
-            self.mounts.append(path)
 
     def popen(self, host, argv, log_path, env=None):
         log = open(log_path, "ab")
@@ -100,13 +101,18 @@ class Cluster:
             log.close()
 
     def close(self):
-        """Stops every process by PID, takes the hosts down, unmounts the disks. Idempotent."""
-        for proc in list(self.members.values()) + ([self.dlrund] if self.dlrund else []):
-            kill_and_reap(proc)
-        self.hosts.close()
-        for path in self.mounts:
-            subprocess.run(["umount", "-l", path], capture_output=True, timeout=10)
-        self.mounts = []
+        """Stops every process by PID, takes the hosts down, unmounts the disks. Idempotent;
+        a second SIGTERM or SIGINT waits until it is done (as Hosts.close)."""
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, (signal.SIGTERM, signal.SIGINT))
+        try:
+            for proc in list(self.members.values()) + ([self.dlrund] if self.dlrund else []):
+                kill_and_reap(proc)
+            self.hosts.close()
+            for path in self.mounts:
+                subprocess.run(["umount", "-l", path], capture_output=True, timeout=10)
+            self.mounts = []
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
     def leftover_pids(self, hosts):
         return {h: pids for h in hosts if (pids := self.hosts.pids(h))}
@@ -240,13 +246,9 @@ class Cluster:
 
 # --- processes -------------------------------------------------------------------------------
 
-def kill_and_reap(proc, timeout=10):
-    if proc is not None and proc.poll() is None:
-        try:
-            os.kill(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait(timeout)
+def kill_and_reap(proc):
+    if proc is not None:
+        stop_process(proc, signal.SIGKILL)
 
 
 def signal_pid(pid, sig):
@@ -461,6 +463,3 @@ def valid_kinds(backend, job, steady):
         kinds.append(kind)
     return kinds
 
-
-__all__ = ["Cluster", "EXPECTED", "INJECT", "Skip", "valid_kinds", "live_agents", "is_running",
-           "JOB_HOSTS", "TTL_S", "kill_and_reap", "descendants"]

@@ -340,7 +340,7 @@ def soak_backend(backend, args, out, bindir, counts, faults, errors):
     monitor = Monitor()
     monitor.start()
     pids = []
-    cluster = Cluster(backend, out, bindir, log=print)
+    cluster = Cluster(backend, out, bindir)
     try:
         pids += [p.pid for p in cluster.members.values()]
         deadline = time.time() + args.duration_per_backend
@@ -373,7 +373,7 @@ def seconds(value):
     return "-" if value is None else f"{value:.1f}s"
 
 
-def table(faults, counts):
+def table(faults):
     rows = [("fault kind", "count", "restarts caused", "expected", "median recovery",
              "worst recovery")]
     for kind, (cost, _) in EXPECTED.items():
@@ -447,7 +447,7 @@ def main(argv=None):
             soak_backend(backend, args, out, bindir, counts, faults, errors)
     except Exception as e:  # a soak that could not run is a failure with its seed too
         errors.append(f"the soak itself failed: {type(e).__name__}: {e}")
-    print(f"\nseed {args.seed}, {len(faults)} faults\n{table(faults, counts)}")
+    print(f"\nseed {args.seed}, {len(faults)} faults\n{table(faults)}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"seed": args.seed, "faults": faults, "errors": errors}, f, indent=1)

@@ -185,8 +185,7 @@ JoinResult ElasticRendezvous::join(Clock::time_point deadline) {
   int round;
   if (member_) {
     if (endOwnRound_) {
-      const RoundEnd gone{.kind = RoundEnd::Kind::NodeLost, .node = elastic::nodeName(options_.self)};
-      lease_->compareSet(keys_.end(member_->round), "", elastic::encode(gone));
+      lease_->compareSet(keys_.end(member_->round), "", elastic::encode(selfLost()));
       endOwnRound_ = false;
     }
     // Released without firing: this node leaves the old round on purpose.
@@ -243,7 +242,7 @@ ElasticRendezvous::Step ElasticRendezvous::tryRound(int round, Clock::time_point
   record.failures = failures_;
   record.lastGroupRank = lastGroupRank_;
   record.workerPorts = reserveFreePorts(record.addr, record.nproc);
-  const RoundEnd lost{.kind = RoundEnd::Kind::NodeLost, .node = elastic::nodeName(record)};
+  const RoundEnd lost = selfLost();
   // The join, and the leased record of each of the first maxNodes arrivals: one request on
   // etcd, where the record's key follows from the arrival index the join gives.
   const int index = static_cast<int>(lease_->addThenLease(

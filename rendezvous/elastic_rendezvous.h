@@ -146,6 +146,10 @@ class ElasticRendezvous : public Rendezvous {
   // A join the store's outage cut short: the round is aborted, or ended where it closed
   // meanwhile, so that every node meets in the next one.
   void abandonJoin(int round);
+  // This node's loss, as its lease's tripwire writes it.
+  RoundEnd selfLost() const {
+    return {.kind = RoundEnd::Kind::NodeLost, .node = elastic::nodeName(options_.self)};
+  }
   using Write = std::function<void(Store&)>;
   // Makes a report now, or keeps it for replayReports() while the store is away.
   void report(const std::string& what, const Write& write);

@@ -104,7 +104,7 @@ std::optional<RoundEnd> ElasticRendezvous::roundAfterOutage(int round) {
   const auto found = lease_->peek({keys_.closed(round), keys_.forgotten()});
   if (!found[1].empty() && storedCount(found[1], keys_.forgotten()) >= round) {
     // Its lease lapsed, its round ended, and two more rounds went by: it is no member now.
-    return RoundEnd{.kind = RoundEnd::Kind::NodeLost, .node = options_.self.name};
+    return selfLost();
   }
   if (found[0] == std::to_string(member_->members)) return std::nullopt;
   // The round as this node knew it is gone: the store lost it (another node may have written
@@ -122,10 +122,8 @@ void ElasticRendezvous::abandonJoin(int round) {
   if (closed == elastic::kAborted || closed == elastic::kStopped) return;
   // It closed meanwhile. With this node a member that never learnt its place, the round ends:
   // every node meets in the next one.
-  if (!lease_->peek({keys_.assignment(round, memberId_)})[0].empty()) {
-    const RoundEnd lost{.kind = RoundEnd::Kind::NodeLost, .node = options_.self.name};
-    lease_->compareSet(keys_.end(round), "", elastic::encode(lost));
-  }
+  if (!lease_->peek({keys_.assignment(round, memberId_)})[0].empty())
+    lease_->compareSet(keys_.end(round), "", elastic::encode(selfLost()));
 }
 
 void ElasticRendezvous::report(const std::string& what, const Write& write) {
