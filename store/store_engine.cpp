@@ -256,7 +256,7 @@ void StoreEngine::wait(Peer& peer, const wire::Request& r) {
       missing.emplace_back(key);
   }
   if (r.op == wire::Op::GroupWait) {
-    const uint64_t tag = groupWaits_[&peer]++;
+    const uint64_t tag = peer.groupWaits_++;
     if (missing.empty()) return replyGroup(peer, tag, wire::WaitReply::StopWaiting);
     return addWaiter(peer, std::move(missing), tag);
   }
@@ -268,7 +268,7 @@ void StoreEngine::addWaiter(Peer& peer, std::vector<std::string> keys,
                             std::optional<uint64_t> group) {
   const uint64_t id = nextWaiterId_++;
   for (const auto& key : keys) waitersByKey_[key].push_back(id);
-  waitersByPeer_[&peer].push_back(id);
+  peer.waiters_.push_back(id);
   const size_t remaining = keys.size();
   waiters_.emplace(id, Waiter{&peer, std::move(keys), remaining, group});
 }
@@ -296,18 +296,16 @@ void StoreEngine::keyArrivedFor(uint64_t id, bool pushed) {
 }
 
 void StoreEngine::cancelGroupWait(Peer& peer, uint64_t tag) {
-  auto byPeer = waitersByPeer_.find(&peer);
-  if (byPeer == waitersByPeer_.end()) return;
-  for (uint64_t id : byPeer->second) {
+  for (uint64_t id : peer.waiters_) {
     if (waiters_.at(id).group != tag) continue;
-    forgetWaiter(id);  // changes byPeer's vector: return at once
+    forgetWaiter(id);  // changes peer.waiters_: return at once
     return;
   }
 }
 
 void StoreEngine::reply(Peer& peer, std::string_view bytes) {
   // An empty reply (MULTI_GET of no keys) stays nothing, framed or not.
-  if (bytes.empty() || groupWaits_.empty() || !groupWaits_.contains(&peer))
+  if (bytes.empty() || peer.groupWaits_ == 0)
     return peer.send(bytes);
   std::string framed(1, static_cast<char>(wire::FramedReply::InOrder));
   framed.append(bytes);
@@ -346,26 +344,18 @@ void StoreEngine::forgetWaiter(uint64_t id) {
     std::erase(byKey->second, id);
     if (byKey->second.empty()) waitersByKey_.erase(byKey);
   }
-  auto byPeer = waitersByPeer_.find(it->second.peer);
-  if (byPeer != waitersByPeer_.end()) {
-    std::erase(byPeer->second, id);
-    if (byPeer->second.empty()) waitersByPeer_.erase(byPeer);
-  }
+  std::erase(it->second.peer->waiters_, id);
   waiters_.erase(it);
 }
 
 void StoreEngine::cancelWaits(Peer& peer) {
-  auto byPeer = waitersByPeer_.find(&peer);
-  if (byPeer == waitersByPeer_.end()) return;
-  for (uint64_t id : std::vector<uint64_t>(byPeer->second)) forgetWaiter(id);
+  for (uint64_t id : std::vector<uint64_t>(peer.waiters_)) forgetWaiter(id);
 }
 
 void StoreEngine::disconnect(Peer& peer) {
   cancelWaits(peer);  // first, so the peer is not answered for its own tripwires
-  groupWaits_.erase(&peer);
-  auto byPeer = leasesByPeer_.find(&peer);
-  if (byPeer == leasesByPeer_.end()) return;
-  for (const auto& key : std::vector<std::string>(byPeer->second)) fireLease(key);
+  peer.groupWaits_ = 0;
+  for (const auto& key : std::vector<std::string>(peer.leases_)) fireLease(key);
 }
 
 void StoreEngine::lease(Peer& peer, const wire::Request& r, TimePoint now) {
@@ -376,14 +366,12 @@ void StoreEngine::lease(Peer& peer, const wire::Request& r, TimePoint now) {
   Lease held{&peer, ttl, now + ttl, {}};
   for (size_t i = 1; i < r.keys.size(); ++i) held.tripwires.emplace_back(r.keys[i], r.values[i]);
   leaseDeadlines_.emplace(held.deadline, key);
-  leasesByPeer_[&peer].push_back(key);
+  peer.leases_.push_back(key);
   leases_.emplace(key, std::move(held));
 }
 
 void StoreEngine::renewLeases(Peer& peer, TimePoint now) {
-  auto byPeer = leasesByPeer_.find(&peer);
-  if (byPeer == leasesByPeer_.end()) return;
-  for (const auto& key : byPeer->second) {
+  for (const auto& key : peer.leases_) {
     Lease& lease = leases_.find(key)->second;
     auto entry = leaseDeadlines_.extract({lease.deadline, key});
     lease.deadline = now + lease.ttl;
@@ -400,9 +388,7 @@ std::optional<StoreEngine::Lease> StoreEngine::dropLease(std::string_view key) {
   const std::string& name = node.key();
   Lease& lease = node.mapped();
   leaseDeadlines_.erase({lease.deadline, name});
-  auto byPeer = leasesByPeer_.find(lease.owner);
-  std::erase(byPeer->second, name);
-  if (byPeer->second.empty()) leasesByPeer_.erase(byPeer);
+  std::erase(lease.owner->leases_, name);
   return std::move(lease);
 }
 

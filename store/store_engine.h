@@ -26,6 +26,14 @@ class Peer {
  public:
   virtual ~Peer() = default;
   virtual void send(std::string_view bytes) = 0;
+
+ private:
+  friend class StoreEngine;
+  // What the engine keeps of each peer lives with the peer, not in maps keyed by it: a reply
+  // or a wait reaches it without a hash lookup, at 100,000 peers a cache miss or two each.
+  std::vector<uint64_t> waiters_;    // its waits, by id
+  uint64_t groupWaits_ = 0;          // GROUP_WAITs it sent: from the first on, replies are framed
+  std::vector<std::string> leases_;  // keys it holds leases on
 };
 
 class StoreEngine {
@@ -115,11 +123,7 @@ class StoreEngine {
   uint64_t nextWaiterId_ = 0;
   std::unordered_map<uint64_t, Waiter> waiters_;
   KeyMap<std::vector<uint64_t>> waitersByKey_;
-  std::unordered_map<Peer*, std::vector<uint64_t>> waitersByPeer_;
-  // Peers that have sent GROUP_WAITs (their replies are framed): how many.
-  std::unordered_map<Peer*, uint64_t> groupWaits_;
   KeyMap<Lease> leases_;
-  std::unordered_map<Peer*, std::vector<std::string>> leasesByPeer_;
   std::set<std::pair<TimePoint, std::string>> leaseDeadlines_;
 };
 
