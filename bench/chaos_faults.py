@@ -72,7 +72,7 @@ class Cluster:
         self.members = {}        # etcd member host -> Popen
         self.dlrund = None
         self.mounts = []
-        self.cuts = []           # switch ports with a drop filter (healed by deleting it)
+        self.cuts = []           # host pairs cut from each other (netns.sh heal ends a cut)
         try:
             self._mount_log_disks()
             self.start_etcd() if backend == "etcd" else self.start_dlrund()
@@ -159,11 +159,8 @@ class Cluster:
         return self.etcdctl(self.member_hosts(), "endpoint", "health").returncode == 0
 
     def wait_healthy(self, timeout=START_TIMEOUT_S):
-        deadline = time.monotonic() + timeout
-        while not self.healthy():
-            if time.monotonic() >= deadline:
-                raise RuntimeError(f"etcd not healthy within {timeout}s")
-            time.sleep(POLL_S)
+        if not wait_for(self.healthy, timeout):
+            raise RuntimeError(f"etcd not healthy within {timeout}s")
 
     def leader(self):
         """The member host every member names as leader, else None (mid-election)."""
@@ -181,24 +178,23 @@ class Cluster:
         return None
 
     def wait_leader(self, timeout=START_TIMEOUT_S):
-        deadline = time.monotonic() + timeout
-        while (leader := self.leader()) is None:
-            if time.monotonic() >= deadline:
-                return None
-            time.sleep(POLL_S)
+        leader = None
+
+        def found():
+            nonlocal leader
+            leader = self.leader()
+            return leader is not None
+
+        wait_for(found, timeout)
         return leader
 
     def cut(self, i, j):
         self.hosts.cut(i, j)
-        self.cuts += [i, j]
+        self.cuts.append((i, j))
 
     def heal_cuts(self):
-        """netns.sh's cuts last until the set goes down: delete their filters (prio 1 on the
-        switch's ports), the way netns.sh added them."""
-        for port in sorted(set(self.cuts)):
-            subprocess.run(["ip", "netns", "exec", f"{self.hosts.prefix}-sw", "tc", "filter",
-                            "del", "dev", f"p{port}", "parent", "1:", "prio", "1"],
-                           capture_output=True, timeout=10, check=True)
+        for i, j in self.cuts:
+            self.hosts.heal(i, j)
         self.cuts = []
 
     # --- dlrund -------------------------------------------------------------------------------
@@ -209,11 +205,9 @@ class Cluster:
         self.dlrund = self.popen(JOB_HOSTS, [
             os.path.join(self.bindir, "dlrund"), "--host", self.hosts.address(JOB_HOSTS),
             "--port", str(DLRUND_PORT)], log_path)
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while b"listening on" not in read_from(log_path, start):
-            if self.dlrund.poll() is not None or time.monotonic() >= deadline:
-                raise RuntimeError(f"dlrund did not start: {read_from(log_path, start)!r}")
-            time.sleep(POLL_S / 10)
+        if not wait_for(lambda: b"listening on" in read_from(log_path, start), START_TIMEOUT_S,
+                        lambda: self.dlrund.poll() is not None, every=POLL_S / 10):
+            raise RuntimeError(f"dlrund did not start: {read_from(log_path, start)!r}")
 
     def restart_dlrund(self):
         kill_and_reap(self.dlrund)
@@ -266,6 +260,16 @@ def exe_of(pid):
         return None
 
 
+def wait_for(predicate, timeout, stop=lambda: False, every=POLL_S):
+    """Polls `predicate` until it holds (True), or `timeout` s pass or `stop` holds (False)."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() >= deadline or stop():
+            return False
+        time.sleep(every)
+    return True
+
+
 def read_from(path, offset):
     try:
         with open(path, "rb") as f:
@@ -308,11 +312,12 @@ def twice(t):
 
 
 def live_agents(job):
-    return [a for a in job.agents if a.alive() and not a.killed]
+    """The agents a fault may hit: running, neither killed nor being stopped."""
+    return [a for a in job.agents if a.alive() and not a.killed and not a.stopped]
 
 
 def pick_agent(job, rng):
-    agents = [a for a in live_agents(job) if not a.stopped]
+    agents = live_agents(job)
     if not agents:
         raise Skip("no agent")
     return rng.choice(agents)
@@ -334,7 +339,7 @@ def agent_kill(cluster, job, rng):
 
 
 def worker_kill(cluster, job, rng):
-    candidates = [(a, w) for a in live_agents(job) if not a.stopped for w in cluster.workers(a)]
+    candidates = [(a, w) for a in live_agents(job) for w in cluster.workers(a)]
     if not candidates:
         raise Skip("no worker")
     agent, pid = rng.choice(candidates)
@@ -446,7 +451,7 @@ def valid_kinds(backend, job, steady):
     """The fault kinds that may be injected now: never fewer than 2 agents left; a fault that must
     cost no restart only while the job trains steadily (so a restart under way is not charged to
     it); late_join only while a host has not joined."""
-    live = [a for a in live_agents(job) if not a.stopped]
+    live = live_agents(job)
     kinds = []
     for kind, (cost, backends) in EXPECTED.items():
         if backend not in backends:

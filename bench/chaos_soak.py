@@ -52,7 +52,7 @@ import threading
 import time
 
 from chaos_faults import (EXPECTED, INJECT, JOB_HOSTS, TTL_S, Cluster, Skip, is_running,
-                          live_agents, valid_kinds)
+                          live_agents, read_from, valid_kinds, wait_for)
 
 FINISH_S = 120          # the last job ends within this after the faults stop
 JOB_STEPS = 8000        # --max-steps of a job: 30-80 s at 2-4 nodes on 2 cores
@@ -124,12 +124,7 @@ class Job:
 
     def _new_lines(self, path):
         offset = self.offsets.get(path, 0)
-        try:
-            with open(path, "rb") as f:
-                f.seek(offset)
-                data = f.read()
-        except OSError:
-            return []
+        data = read_from(path, offset)
         end = data.rfind(b"\n") + 1
         self.offsets[path] = offset + end
         return data[:end].decode(errors="replace").splitlines()
@@ -138,7 +133,7 @@ class Job:
         with self.lock:
             last = self.lines[-1] if self.lines else None
             recent = [t for t, _, _ in self.restart_lines if t > time.time() - STEADY_S - 1]
-        live = [a for a in live_agents(self) if not a.stopped]
+        live = live_agents(self)
         return (last is not None and last["time"] > time.time() - STEADY_S and not recent
                 and last["world_size"] == len(live) and last["step"] < self.steps)
 
@@ -164,22 +159,13 @@ def choose(kinds, counts, rng):
     return rng.choice(sorted(k for k in kinds if counts.get(k, 0) == fewest))
 
 
-def wait_for(predicate, timeout, stop=lambda: False):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() >= deadline or stop():
-            return False
-        time.sleep(MONITOR_S)
-    return True
-
-
 def inject_faults(cluster, job, rng, interval, counts, faults):
     """Faults into `job` until it ends or the soak's duration is spent."""
     next_at = time.time() + interval
     while not job.ending():
-        if not wait_for(lambda: time.time() >= next_at, interval + 1, job.ending):
+        if not wait_for(lambda: time.time() >= next_at, interval + 1, job.ending, MONITOR_S):
             break
-        steady = wait_for(job.steady, STEADY_WAIT_S, job.ending)
+        steady = wait_for(job.steady, STEADY_WAIT_S, job.ending, MONITOR_S)
         if job.ending():
             break
         kinds = valid_kinds(cluster.backend, job, steady)

@@ -33,7 +33,8 @@
 #                                  and from it time out; up heals it)
 #   netns.sh cut PREFIX I J        drop every IP packet between hosts I and J, both ways, at the
 #                                  switch (a partition: each still reaches every other host);
-#                                  until the set is taken down
+#                                  until healed or the set is taken down
+#   netns.sh heal PREFIX I J       end the cut between hosts I and J (none: nothing to do)
 #   netns.sh down PREFIX           kill every process in every namespace of the set, delete the
 #                                  namespaces and /etc/netns/PREFIX-*; never fails, and does
 #                                  nothing for a set that is not (or only partly) there
@@ -230,18 +231,36 @@ ensure_drop_class() {  # PREFIX I
     pfifo limit 0
 }
 
+check_pair() {  # VERB PREFIX I J
+  (($# == 4)) || die "usage: netns.sh $1 PREFIX I J"
+  check_prefix "$2"
+  check_host "$2" "$3"
+  check_host "$2" "$4"
+  [[ $3 != "$4" ]] || die "$1: a host cannot be cut from itself ($3)"
+}
+
+# A cut's filter on host TO's port has the priority 1 + FROM, the host whose packets it drops:
+# heal removes exactly that one.
 cmd_cut() {
-  (($# == 3)) || die "usage: netns.sh cut PREFIX I J"
-  check_prefix "$1"
-  check_host "$1" "$2"
-  check_host "$1" "$3"
-  [[ $2 != "$3" ]] || die "cut: a host cannot be cut from itself ($2)"
+  check_pair cut "$@"
   local to from
   for to in "$2" "$3"; do
     from=$(($2 + $3 - to))
     ensure_drop_class "$1" "$to"
     step "cut: host $from's packets to host $to" ip netns exec "$1-sw" tc filter add dev "p$to" \
-      parent 1: protocol ip prio 1 u32 match ip src "$SUBNET.$((FIRST_HOST + from))/32" flowid 1:2
+      parent 1: protocol ip prio $((1 + from)) u32 \
+      match ip src "$SUBNET.$((FIRST_HOST + from))/32" flowid 1:2
+  done
+}
+
+cmd_heal() {
+  check_pair heal "$@"
+  local tc=(ip netns exec "$1-sw" tc) to from
+  for to in "$2" "$3"; do
+    from=$(($2 + $3 - to))
+    [[ -n $("${tc[@]}" filter show dev "p$to" parent 1: prio $((1 + from))) ]] || continue
+    step "heal: host $from's packets to host $to" "${tc[@]}" filter del dev "p$to" parent 1: \
+      protocol ip prio $((1 + from))
   done
 }
 
@@ -268,10 +287,10 @@ cmd_list() {
     awk '$1 ~ /^[A-Za-z0-9]+-([0-9]+|sw)$/ { sub(/-[^-]*$/, "", $1); if (!seen[$1]++) print $1 }'
 }
 
-(($# >= 1)) || die "usage: netns.sh up|exec|pids|kill|link|cut|down|list ..."
+(($# >= 1)) || die "usage: netns.sh up|exec|pids|kill|link|cut|heal|down|list ..."
 command=$1
 shift
 case $command in
-  up | exec | pids | kill | link | cut | down | list) "cmd_$command" "$@" ;;
-  *) die "unknown subcommand '$command' (up, exec, pids, kill, link, cut, down, list)" ;;
+  up | exec | pids | kill | link | cut | heal | down | list) "cmd_$command" "$@" ;;
+  *) die "unknown subcommand '$command' (up, exec, pids, kill, link, cut, heal, down, list)" ;;
 esac

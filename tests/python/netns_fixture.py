@@ -253,6 +253,10 @@ class Hosts:
         """Hosts i and j no longer reach each other (a partition); each reaches every other host."""
         netns_sh("cut", self.prefix, self._index(i), self._index(j))
 
+    def heal(self, i, j):
+        """Hosts i and j reach each other again (the cut between them ends)."""
+        netns_sh("heal", self.prefix, self._index(i), self._index(j))
+
     def close(self):
         """Kills the processes started here, then takes the set down. Idempotent."""
         if self.closed:

@@ -161,6 +161,19 @@ class NetnsFixtureTest(unittest.TestCase):
             self.assertEqual(self.connect(hosts, i, hosts.address(j)), reply, (i, j))
         self.assertEqual(self.connect(hosts, 0, hosts.address(0)), "reply node0 got node0")
 
+    def test_heal_ends_one_cut_and_leaves_the_others(self):
+        hosts = self.hosts(3)
+        for i in range(3):
+            self.serve(hosts, i)
+        hosts.cut(0, 1)
+        hosts.cut(0, 2)
+        hosts.heal(1, 0)  # either order names the pair
+        hosts.heal(1, 0)  # a pair not cut: nothing to do
+        expected = {(0, 1): "reply node1 got node0", (1, 0): "reply node0 got node1",
+                    (0, 2): "timeout", (2, 0): "timeout"}
+        for (i, j), reply in expected.items():
+            self.assertEqual(self.connect(hosts, i, hosts.address(j)), reply, (i, j))
+
     def test_sets_coexist_and_do_not_meet(self):
         first, second = self.hosts(2), self.hosts(2)
         self.assertNotEqual(first.prefix, second.prefix)
