@@ -83,14 +83,28 @@ void ProxyImpl::forward(wire::Era era, std::string_view request, Op op, size_t k
 }
 
 Cancel ProxyImpl::forwardBlocking(wire::Era era, std::string_view request, Op op, Take take) {
-  auto upstream = pooled(era);
-  upstream->send(request, op, 0,
-                 [this, era, upstream, take = std::move(take)](std::string_view reply) {
-                   take(reply);
-                   release(era, upstream);
-                 });
-  return [this, weak = std::weak_ptr<Upstream>(upstream)] {
-    if (auto upstream = weak.lock(); upstream && !upstream->idle()) drop(upstream);
+  struct Pending {
+    bool canceled = false;
+    std::weak_ptr<Upstream> upstream;  // once sent
+  };
+  auto pending = std::make_shared<Pending>();
+  std::string ping;
+  wire::Encoder(ping).op(era, Op::Ping).u32(0);
+  forward(era, ping, Op::Ping, 0,
+          [this, era, op, pending, request = std::string(request),
+           take = std::move(take)](std::string_view) mutable {
+            if (pending->canceled) return;
+            auto upstream = pooled(era);
+            pending->upstream = upstream;
+            upstream->send(request, op, 0,
+                           [this, era, upstream, take = std::move(take)](std::string_view reply) {
+                             take(reply);
+                             release(era, upstream);
+                           });
+          });
+  return [this, pending] {
+    pending->canceled = true;
+    if (auto upstream = pending->upstream.lock(); upstream && !upstream->idle()) drop(upstream);
   };
 }
 
@@ -173,12 +187,19 @@ void ProxyImpl::add(wire::Era era, std::string_view key, int64_t delta, Take tak
 // gets R less the deltas after it: the value it would have seen with the ADDs one by one.
 void ProxyImpl::sendAdds(const std::string& id) {
   AddBatch& batch = adds_.at(id);
+  if (batch.queued.empty()) return;  // a batch made again after failAll: its own post sent it
   std::vector<std::pair<int64_t, Take>> group;
+  // One batch holds ADDs of one sign whose sum fits in 64 bits, so every value handed back lies
+  // between the key's old value and its new one, as one ADD at a time would give them. The rest
+  // go in the next batch.
+  const bool down = batch.queued.front().first < 0;
   int64_t sum = 0;
   size_t taken = 0;
-  // A sum beyond 64 bits waits for the next batch: the store refuses an overflow, not its parts.
-  for (int64_t next = 0; taken < batch.queued.size(); ++taken, sum = next) {
-    if (__builtin_add_overflow(sum, batch.queued[taken].first, &next) && taken > 0) break;
+  for (; taken < batch.queued.size(); ++taken) {
+    const int64_t delta = batch.queued[taken].first;
+    int64_t next = delta;
+    if (taken > 0 && ((delta < 0) != down || __builtin_add_overflow(sum, delta, &next))) break;
+    sum = next;
   }
   group.assign(std::make_move_iterator(batch.queued.begin()),
                std::make_move_iterator(batch.queued.begin() + static_cast<ptrdiff_t>(taken)));

@@ -29,7 +29,8 @@ using wire::Op;
 using Take = std::function<void(std::string_view)>;
 // Withdraws a blocking request whose client gave up on it (CANCEL_WAIT, or gone).
 using Cancel = std::function<void()>;
-// Runs its argument once the client has had the reply to its next request (or is gone).
+// Runs its argument once the client has had the reply to its next request, or sends a blocking
+// one (a WAIT or BARRIER, whose reply may hang on what waits for it), or is gone.
 using AfterNext = std::function<void(std::function<void()>)>;
 
 // Bytes for a socket, one async_write at a time: what is queued meanwhile goes next.
@@ -129,9 +130,10 @@ class ProxyImpl : public std::enable_shared_from_this<ProxyImpl> {
   // An immediate request on the era's shared connection.
   void forward(wire::Era era, std::string_view request, Op op, size_t keys, Take take);
   std::shared_ptr<Upstream>& shared(wire::Era era);
-  // A blocking request (BARRIER) on a connection of its own, back to the pool once answered.
-  // Its cancel closes that connection: the store then forgets the request, as CANCEL_WAIT
-  // would have it.
+  // A blocking request (BARRIER) on a connection of its own, back to the pool once answered,
+  // sent once a PING on the shared connection is answered: the client's earlier requests there
+  // (a SET has no reply to wait for) are applied first, as on one connection. Its cancel closes
+  // that connection: the store then forgets the request, as CANCEL_WAIT would have it.
   Cancel forwardBlocking(wire::Era era, std::string_view request, Op op, Take take);
   // WAIT on the keys of `request`: joins a WAIT already sent for the same keys, else sends one.
   // Its cancel leaves the group; the last to leave withdraws the store's WAIT.

@@ -103,6 +103,7 @@ class Client : public std::enable_shared_from_this<Client> {
         return true;
       case Op::Wait: {
         const uint64_t slot = newSlot(true);
+        resume(slot);  // a group held back for this request would otherwise wait on it forever
         slots_[slot].cancel = proxy_.wait(era, raw, filler(slot), afterNext());
         return true;
       }
@@ -111,6 +112,7 @@ class Client : public std::enable_shared_from_this<Client> {
         return true;
       case Op::Barrier: {
         const uint64_t slot = newSlot(true);
+        resume(slot);
         slots_[slot].cancel = proxy_.forwardBlocking(era, raw, r.op, filler(slot));
         return true;
       }
