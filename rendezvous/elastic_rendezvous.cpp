@@ -190,9 +190,11 @@ JoinResult ElasticRendezvous::join(Clock::time_point deadline) {
     }
     // Released without firing: this node leaves the old round on purpose.
     lease_->deleteKey(keys_.node(member_->round, member_->index));
-    // The round after its own, or a newer one where it slept through some (a lost node).
-    round = std::max(member_->round + 1,
-                     found[2].empty() ? 0 : toCount(found[2], keys_.current()));
+    // The round after its own, or a newer one where it slept through some (a lost node). A
+    // store that names an older round, or none, restarted without the job's keys.
+    const int stored = found[2].empty() ? -1 : toCount(found[2], keys_.current());
+    round = stored >= member_->round ? std::max(member_->round + 1, stored)
+                                     : restoreAfterReset(member_->round + 1);
     member_.reset();
     memberRound_ = -1;
   } else {
@@ -474,15 +476,16 @@ RoundEnd ElasticRendezvous::awaitEnd() {
 // Opened at the first report, not with the lease's: an agent that only joins and waits holds
 // one connection to the store, so a store under a descriptor limit of 20,000 takes 12,500
 // agents and more.
-LeasingStore& ElasticRendezvous::control() {
+std::shared_ptr<LeasingStore> ElasticRendezvous::control() {
   {
     std::lock_guard lock(connectionMutex_);
-    if (control_) return *control_;
+    if (control_) return control_;
   }
-  auto opened = openStore();  // outside the lock: interrupt() must not wait for a connect
+  // Opened outside the lock: interrupt() must not wait for a connect.
+  std::shared_ptr<LeasingStore> opened = openStore();
   std::lock_guard lock(connectionMutex_);
   if (!control_) control_ = std::move(opened);
-  return *control_;
+  return control_;
 }
 
 void ElasticRendezvous::reportFailure(RoundEnd failure) {
@@ -506,10 +509,10 @@ RoundEnd ElasticRendezvous::reportStop(int signal) {
   if (options_.stopOnlyNode && round >= 0 && memberCount_ - 1 >= options_.minNodes) {
     // Leaving is a change of members: the others meet again without this node.
     const RoundEnd left = nodeLeft(elastic::nodeName(options_.self));
-    control().compareSet(keys_.end(round), "", elastic::encode(left));
+    control()->compareSet(keys_.end(round), "", elastic::encode(left));
     return left;
   }
-  return stopJob(control(), keys_, jobStopped(signal, options_.self.name), round);
+  return stopJob(*control(), keys_, jobStopped(signal, options_.self.name), round);
 }
 
 RoundEnd stopJob(Store& store, const elastic::Keys& keys, const RoundEnd& stop, int round) {

@@ -139,6 +139,9 @@ class ElasticRendezvous : public Rendezvous {
   // Whether the store lost the job's keys (it restarted without them); then the keys nodes
   // arriving later read first are written again, the newest round as `round`.
   bool restoreIfReset(int round);
+  // Writes the job's shape and newest round (`round`) again where missing; returns the round
+  // the store names now.
+  int restoreAfterReset(int round);
   // The end of round `round` once the store came back after an outage: its end if set, this
   // node lost where the round is forgotten (it slept through two rounds), the store's restart
   // where the store lost it; nothing while it goes on.
@@ -214,8 +217,10 @@ class ElasticRendezvous : public Rendezvous {
   // first next() reads nothing more before it joins.
   std::optional<std::vector<std::string>> firstLook_;
   std::unique_ptr<LeasingStore> lease_;    // joins, waits and this node's lease
-  std::unique_ptr<LeasingStore> control_;  // reports from the agent's thread (control())
-  LeasingStore& control();
+  // Reports from the agent's thread: each call holds its own reference, so the rendezvous
+  // thread dropping the connection (a reconnect) never destroys it under a call.
+  std::shared_ptr<LeasingStore> control_;
+  std::shared_ptr<LeasingStore> control();
   std::optional<Member> member_;
   // The round this node is a member of (-1: none) and its size, for reportStop(), which may
   // run on the agent's thread while next() runs.

@@ -89,15 +89,22 @@ void ElasticRendezvous::rideOut(const Error& failure, Clock::time_point since,
 }
 
 bool ElasticRendezvous::restoreIfReset(int round) {
-  if (!lease_->peek({keys_.shape()})[0].empty()) return false;
-  log::warn("the rendezvous store at " + storeName() +
-            " came back without this job's keys (it restarted and lost them): the nodes meet "
-            "again in round " + std::to_string(round));
+  const auto found = lease_->peek({keys_.shape(), keys_.current()});
+  if (!found[0].empty() && !found[1].empty()) return false;
+  restoreAfterReset(round);
+  return true;
+}
+
+int ElasticRendezvous::restoreAfterReset(int round) {
   lease_->compareSet(keys_.shape(), "",
                      elastic::encodeShape({.minNodes = options_.minNodes,
                                            .maxNodes = options_.maxNodes}));
-  lease_->compareSet(keys_.current(), "", std::to_string(round));
-  return true;
+  // A node that arrived since may have written a round already: the nodes meet in that one.
+  const std::string current = lease_->compareSet(keys_.current(), "", std::to_string(round));
+  log::warn("the rendezvous store at " + storeName() +
+            " came back without this job's keys (it restarted and lost them): the nodes meet "
+            "again in round " + current);
+  return static_cast<int>(storedCount(current, keys_.current()));
 }
 
 std::optional<RoundEnd> ElasticRendezvous::roundAfterOutage(int round) {
@@ -129,7 +136,7 @@ void ElasticRendezvous::abandonJoin(int round) {
 void ElasticRendezvous::report(const std::string& what, const Write& write) {
   if (!storeAway_) {
     try {
-      write(control());
+      write(*control());
       return;
     } catch (const Error& e) {
       if (!isOutage(e)) throw;

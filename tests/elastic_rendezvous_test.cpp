@@ -295,6 +295,30 @@ TEST_F(ElasticRendezvousTest, AStoreSilentPastTheOutageTimeoutEndsTheRoundAsLost
   EXPECT_NE(end.describe().find("(store_outage_timeout)"), std::string::npos) << end.describe();
 }
 
+// Back empty after the nodes gave up on it: they meet again and write the job's shape and
+// newest round again, so that a node arriving later joins them, not a round 0 of its own.
+TEST_F(ElasticRendezvousTest, AStoreBackEmptyAfterTheOutageTimeoutGetsTheJobsKeysAgain) {
+  ElasticOptions o = options(2, 2);
+  o.storeOutage = 1s;
+  auto a = agents(2, o);
+  formRound(a);
+  const uint16_t port = server_->port();
+  server_.reset();
+  {
+    boost::asio::io_context io;  // silence on the port, past the outage timeout
+    boost::asio::ip::tcp::acceptor silent(io, {boost::asio::ip::make_address("127.0.0.1"), port});
+    for (auto& agent : a) EXPECT_EQ(agent->awaitEnd().kind, Kind::StoreLost);
+  }
+  server_ = std::make_unique<StoreServerThread>(
+      StoreServerOptions{.host = "127.0.0.1", .port = port});
+  for (const World& x : formRound(a)) EXPECT_EQ(x.round, 1);
+  const elastic::Keys keys("job");
+  TcpStore direct({.host = "127.0.0.1", .port = port});
+  ASSERT_TRUE(direct.check({keys.current(), keys.shape()}));
+  EXPECT_EQ(direct.get(keys.current()), "1");
+  EXPECT_THROW(ElasticRendezvous{options(2, 3)}, ConfigError);  // another --nnodes
+}
+
 TEST_F(ElasticRendezvousTest, InterruptUnblocksAWaitingJoin) {
   ElasticRendezvous alone(options(2, 2));
   auto join = joinLater(alone);
