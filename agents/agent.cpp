@@ -292,7 +292,7 @@ void AgentImpl::startAttempt(const rendezvous::World& world) {
     prepareLaunches();
   } catch (const ConfigError& e) {
     return failToStart(2, e.what());
-  } catch (const Error& e) {
+  } catch (const std::exception& e) {  // dlrun's errors, and the filesystem's (the log dir)
     return failToStart(127, e.what());
   }
   starting_ = true;
@@ -390,8 +390,8 @@ void AgentImpl::takeStacksThenStop(const rendezvous::RoundEnd& end) {
   hang_->unwatch();
   keepLogRoot_ = true;
   log::info("taking the stacks of this node's workers into " + hang_->stackDir().string());
-  hang_->collect(true, end.node == options_.nodeName, [this, end] {
-    if (state_ != State::Running) return;
+  hang_->collect(true, end.node == options_.nodeName, [this, end, attempt = attempt_] {
+    if (state_ != State::Running || attempt != attempt_) return;  // a later round's workers
     // Hung workers heed no SIGTERM (those waiting in a collective never get to): no grace.
     log::info("stopping workers: " + end.describe());
     stop(SIGKILL);

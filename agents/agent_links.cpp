@@ -53,7 +53,8 @@ void AgentImpl::watchStoreHost() {
   storeHost_->async_connect(
       {address, world_.masterPort},
       [this, attempt = attempt_, what](const boost::system::error_code& error) {
-        if (error || attempt != attempt_) return;  // never watched: the lease still is
+        // Never watched (the lease still is), or stopped meanwhile (stop() let go of it).
+        if (error || attempt != attempt_ || !storeHost_) return;
         storeHost_->async_read_some(
             asio::buffer(storeHostByte_),
             [this, attempt, what](const boost::system::error_code& gone, size_t) {

@@ -45,6 +45,7 @@ void AgentImpl::onStopped() {
 // orphans, whether it failed or succeeded.
 void AgentImpl::killLeftovers() {
   for (const auto& w : workers_) w->killGroup();
+  for (const auto& w : retired_) w->killGroup();  // the children of those restarted alone
 }
 
 void AgentImpl::finish(int code) {

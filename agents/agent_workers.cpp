@@ -206,13 +206,13 @@ bool AgentImpl::restartAlone(const Worker& failed) {
   if (role == nullptr || !role->alone || !environment_ ||
       world_.failures + loneRestarts_ >= world_.maxRestarts)
     return false;
-  WorkerLaunch launch = launchOf(attemptDir(), local);
-  launch.envp = environment_->own(local, launch.errorFile);
-  launch.sharedEnvp = environment_->shared();
   std::unique_ptr<Worker> worker;
   try {
+    WorkerLaunch launch = launchOf(attemptDir(), local);
+    launch.envp = environment_->own(local, launch.errorFile);
+    launch.sharedEnvp = environment_->shared();
     worker = Worker::start(io_, std::move(launch));
-  } catch (const Error& e) {
+  } catch (const std::exception& e) {  // dlrun's errors, and the filesystem's (the log dir)
     log::info("cannot restart rank " + std::to_string(failed.rank()) + ": " + e.what());
     return false;
   }

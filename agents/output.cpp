@@ -1,8 +1,10 @@
 #include "agents/output.h"
 
 #include <fcntl.h>
+#include <sys/ioctl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <vector>
@@ -151,13 +153,19 @@ struct StreamPump::Impl : std::enable_shared_from_this<Impl> {
     if (target.filtered) target.filtered->offer(target.prefix, line, newline);
   }
 
+  // What the pipe holds now, no more: a child of the worker that still writes to it would
+  // otherwise keep this loop, and the agent's, from ever ending.
   void drain() {
     if (closed) return;
+    int queued = 0;
+    if (::ioctl(pipe.native_handle(), FIONREAD, &queued) != 0) queued = 0;
     boost::system::error_code ec;
-    while (true) {
-      const size_t n = pipe.read_some(asio::buffer(buffer), ec);
-      if (ec) break;  // would_block (nothing more now) or eof
+    for (size_t left = static_cast<size_t>(queued); left > 0;) {
+      const size_t n =
+          pipe.read_some(asio::buffer(buffer.data(), std::min(left, buffer.size())), ec);
+      if (ec) break;  // would_block or eof
       consume(std::string_view(buffer.data(), n));
+      left -= n;
     }
     close();
   }

@@ -113,6 +113,9 @@ void Worker::signal(int sig) const {
   if (alive()) ::kill(-pid_, sig);
 }
 
-void Worker::killGroup() const { ::kill(-pid_, SIGKILL); }
+void Worker::killGroup() {
+  if (std::exchange(groupKilled_, true)) return;
+  ::kill(-pid_, SIGKILL);
+}
 
 }  // namespace dlrun::agents

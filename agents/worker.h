@@ -76,8 +76,8 @@ class Worker {
   // To the worker's process group while it runs.
   void signal(int sig) const;
   // SIGKILL to the process group, whether or not the worker itself is gone: its children may
-  // outlive it.
-  void killGroup() const;
+  // outlive it. Once only: a group found empty may take a new process's number later.
+  void killGroup();
 
   State state() const { return state_; }
   bool alive() const { return state_ != State::Exited; }
@@ -98,6 +98,7 @@ class Worker {
 
   const WorkerLaunch launch_;  // without its environment
   State state_ = State::Running;
+  bool groupKilled_ = false;
   pid_t pid_ = -1;
   ExitStatus status_;
   std::unique_ptr<StreamPump> out_, err_;

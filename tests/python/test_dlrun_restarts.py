@@ -106,16 +106,34 @@ class DlrunRestartTest(unittest.TestCase):
         report = self.assert_report_names_rank(result, FAILING_RANK)
         self.assertIn(f"RuntimeError: {message}", report)
 
+    def assert_grandchildren_gone(self, out, count, result):
+        pids = []
+        for name in os.listdir(out):
+            if name.startswith("grandchild_"):
+                with open(os.path.join(out, name)) as f:
+                    pids.append(int(f.read()))
+        try:
+            self.assertEqual(len(pids), count, result)
+            wait_until(lambda: not any(is_running(pid) for pid in pids), 2,
+                       f"the workers' children {pids} to be gone")
+        finally:
+            for pid in pids:
+                if is_running(pid):
+                    os.kill(pid, signal.SIGKILL)
+
     def test_failed_workers_children_are_stopped(self):
         out, result = self.run_failing("grandchild", "", nproc=1, failing_rank=0)
         self.assertEqual(result.returncode, 1, result)
-        with open(os.path.join(out, "grandchild")) as f:
-            pid = int(f.read())
-        try:
-            wait_until(lambda: not is_running(pid), 2, f"the worker's child {pid} to be gone")
-        finally:
-            if is_running(pid):
-                os.kill(pid, signal.SIGKILL)
+        self.assert_grandchildren_gone(out, 1, result)
+
+    def test_the_children_of_a_worker_restarted_alone_are_stopped_too(self):
+        out = temp_dir(self)
+        self.addCleanup(kill_recorded_workers, out)
+        result = run_dlrun(self, ["--roles", "steady:1,flaky:1:alone", "--max-restarts=1",
+                                  PYTHON, FAIL_WORKER, out, "grandchild", "1"])
+        self.assertEqual(result.returncode, 1, result)
+        self.assertTrue(any("restarted alone" in line for line in result.dlrun_lines()), result)
+        self.assert_grandchildren_gone(out, 2, result)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,8 @@ be stopped on a failing attempt, and exit 0 on the others.
   error-file TEXT    writes TEXT to TORCHELASTIC_ERROR_FILE in torch's @record format, exits 1
   error-dir CODE     leaves a directory where its error file goes, exits CODE
   record TEXT        raises RuntimeError(TEXT) inside torch's own @record, which writes the file
-  grandchild         starts a child process (its pid in OUT_DIR/grandchild), then exits 1
+  grandchild         starts a child process (its pid in OUT_DIR/grandchild_<own pid>), then
+                     exits 1
 Before failing it writes "last words of rank R" and "failing now" to stderr.
 """
 import json
@@ -62,7 +63,7 @@ def fail(mode, arg, my_rank, out_dir):
         main()
     if mode == "grandchild":
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-        write_atomic(os.path.join(out_dir, "grandchild"), str(child.pid))
+        write_atomic(os.path.join(out_dir, f"grandchild_{os.getpid()}"), str(child.pid))
         sys.exit(1)
     raise SystemExit(f"unknown mode {mode}")
 
