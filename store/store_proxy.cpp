@@ -34,6 +34,7 @@ void ProxyImpl::failAll(const std::string& why) {
   for (auto& pool : pool_) pool.clear();
   waits_.clear();
   adds_.clear();
+  posted_.clear();
   auto clients = std::move(clients_);
   clients_.clear();
   for (auto& [raw, client] : clients) closeClient(*client);
@@ -79,6 +80,7 @@ std::shared_ptr<Upstream>& ProxyImpl::shared(wire::Era era) {
 }
 
 void ProxyImpl::forward(wire::Era era, std::string_view request, Op op, size_t keys, Take take) {
+  sendPostedAdds();
   shared(era)->send(request, op, keys, std::move(take));
 }
 
@@ -135,6 +137,7 @@ Cancel ProxyImpl::wait(wire::Era, std::string_view request, Take take, AfterNext
 }
 
 void ProxyImpl::sendGroupWait(const std::string& id) {
+  sendPostedAdds();
   WaitGroup& group = waits_.at(id);
   group.withdraw = shared(wire::Era::V2)->sendGroupWait(
       group.request, [this, id](std::string_view reply) { groupWoken(id, reply); });
@@ -175,19 +178,31 @@ void ProxyImpl::add(wire::Era era, std::string_view key, int64_t delta, Take tak
   batch.queued.emplace_back(delta, std::move(take));
   if (batch.inFlight) return;
   batch.inFlight = true;
+  batch.posted = true;
+  posted_.push_back(std::move(id));
+  if (posted_.size() > 1) return;
   // Sent once the requests already read in this turn of the loop are in: the ADDs of clients
   // that sent theirs together (a barrier's) go up as one, at no added wait.
-  asio::post(io_, [weak = weak_from_this(), id] {
-    auto self = weak.lock();
-    if (self && self->adds_.contains(id)) self->sendAdds(id);
+  asio::post(io_, [weak = weak_from_this()] {
+    if (auto self = weak.lock()) self->sendPostedAdds();
   });
+}
+
+void ProxyImpl::sendPostedAdds() {
+  const std::vector<std::string> ids = std::move(posted_);
+  posted_.clear();
+  for (const auto& id : ids) {
+    auto it = adds_.find(id);
+    if (it == adds_.end() || !it->second.posted) continue;
+    it->second.posted = false;
+    sendAdds(id);
+  }
 }
 
 // Sends the queued ADDs of one key as one. The store answers their sum's result R; the i-th
 // gets R less the deltas after it: the value it would have seen with the ADDs one by one.
 void ProxyImpl::sendAdds(const std::string& id) {
   AddBatch& batch = adds_.at(id);
-  if (batch.queued.empty()) return;  // a batch made again after failAll: its own post sent it
   std::vector<std::pair<int64_t, Take>> group;
   // One batch holds ADDs of one sign whose sum fits in 64 bits, so every value handed back lies
   // between the key's old value and its new one, as one ADD at a time would give them. The rest

@@ -154,11 +154,15 @@ class ProxyImpl : public std::enable_shared_from_this<ProxyImpl> {
   void sendGroupWait(const std::string& id);
   void groupWoken(const std::string& id, std::string_view reply);
   void sendAdds(const std::string& id);
+  // Sends the ADDs held for the end of this loop turn (add()); every other request goes up
+  // after them, so a client's requests reach the store in the order it sent them.
+  void sendPostedAdds();
 
   struct AddBatch {
     wire::Era era;
     std::string key;
     bool inFlight = false;  // an ADD of this key is sent, or posted to be (add())
+    bool posted = false;    // held for the end of this loop turn
     std::vector<std::pair<int64_t, Take>> queued;
   };
 
@@ -183,6 +187,7 @@ class ProxyImpl : public std::enable_shared_from_this<ProxyImpl> {
   std::map<std::string, WaitGroup> waits_;  // by era and the WAIT's keys
   uint64_t nextMember_ = 0;
   std::map<std::string, AddBatch> adds_;            // by era and key
+  std::vector<std::string> posted_;                 // the batches held (AddBatch::posted)
   bool failing_ = false;
 };
 

@@ -241,6 +241,22 @@ TEST_F(StoreProxyTest, AddsOfBothSignsGetTheirOneByOneValues) {
   EXPECT_EQ(storeOps(Op::Add), 3u);
 }
 
+// A client's requests reach the store in the order it sent them, an ADD held for the end of
+// the proxy's loop turn (to be summed with others) included.
+TEST_F(StoreProxyTest, AnAddAndTheRequestsPipelinedAfterItKeepTheirOrder) {
+  RawClient raw(proxy->port());
+  raw.validate();
+  std::string requests;
+  Encoder(requests).op(Era::V2, Op::Add).bytes("k").i64(1);
+  Encoder(requests).op(Era::V2, Op::Set).bytes("k").bytes("10");
+  Encoder(requests).op(Era::V2, Op::Get).bytes("k");
+  raw.send(requests);
+  EXPECT_EQ(raw.read(8), i64Bytes(1));
+  std::string ten;
+  Encoder(ten).bytes("10");
+  EXPECT_EQ(raw.read(ten.size()), ten);
+}
+
 // An ADD the store refuses (it overflows) is refused as straight to the store: the client's
 // connection closes and the ADD after it, which would fit, is not applied either.
 TEST_F(StoreProxyTest, AnOverflowingAddIsRefusedAsStraightToTheStore) {
