@@ -178,7 +178,6 @@ void ProxyImpl::add(wire::Era era, std::string_view key, int64_t delta, Take tak
   batch.queued.emplace_back(delta, std::move(take));
   if (batch.inFlight) return;
   batch.inFlight = true;
-  batch.posted = true;
   posted_.push_back(std::move(id));
   if (posted_.size() > 1) return;
   // Sent once the requests already read in this turn of the loop are in: the ADDs of clients
@@ -191,12 +190,7 @@ void ProxyImpl::add(wire::Era era, std::string_view key, int64_t delta, Take tak
 void ProxyImpl::sendPostedAdds() {
   const std::vector<std::string> ids = std::move(posted_);
   posted_.clear();
-  for (const auto& id : ids) {
-    auto it = adds_.find(id);
-    if (it == adds_.end() || !it->second.posted) continue;
-    it->second.posted = false;
-    sendAdds(id);
-  }
+  for (const auto& id : ids) sendAdds(id);  // failAll empties posted_ with adds_
 }
 
 // Sends the queued ADDs of one key as one. The store answers their sum's result R; the i-th

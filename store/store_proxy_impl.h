@@ -161,8 +161,7 @@ class ProxyImpl : public std::enable_shared_from_this<ProxyImpl> {
   struct AddBatch {
     wire::Era era;
     std::string key;
-    bool inFlight = false;  // an ADD of this key is sent, or posted to be (add())
-    bool posted = false;    // held for the end of this loop turn
+    bool inFlight = false;  // an ADD of this key is sent, or held in posted_ to be
     std::vector<std::pair<int64_t, Take>> queued;
   };
 
@@ -187,7 +186,7 @@ class ProxyImpl : public std::enable_shared_from_this<ProxyImpl> {
   std::map<std::string, WaitGroup> waits_;  // by era and the WAIT's keys
   uint64_t nextMember_ = 0;
   std::map<std::string, AddBatch> adds_;            // by era and key
-  std::vector<std::string> posted_;                 // the batches held (AddBatch::posted)
+  std::vector<std::string> posted_;  // batches held for the end of this loop turn, unsent
   bool failing_ = false;
 };
 

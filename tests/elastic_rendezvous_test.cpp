@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <future>
+#include <optional>
 #include <set>
 
 #include "common/asio.h"
@@ -76,9 +77,26 @@ class ElasticRendezvousTest : public ::testing::Test {
     return out;
   }
 
+  // Two agents in round 0 with a store_outage_timeout of 1 s; then their store goes and its
+  // port is held by a listener that accepts and never answers (no refusal, only silence) until
+  // silent_ is reset.
+  std::vector<std::unique_ptr<ElasticRendezvous>> roundThenSilence() {
+    ElasticOptions o = options(2, 2);
+    o.storeOutage = 1s;
+    auto a = agents(2, o);
+    formRound(a);
+    const uint16_t port = server_->port();
+    server_.reset();
+    silent_.emplace(silentIo_, boost::asio::ip::tcp::endpoint(
+                                   boost::asio::ip::make_address("127.0.0.1"), port));
+    return a;
+  }
+
   // Restarted in place by the outage tests.
   std::unique_ptr<StoreServerThread> server_ =
       std::make_unique<StoreServerThread>(StoreServerOptions{.host = "127.0.0.1", .port = 0});
+  boost::asio::io_context silentIo_;
+  std::optional<boost::asio::ip::tcp::acceptor> silent_;
 };
 
 TEST_F(ElasticRendezvousTest, ThreeAgentsGetUniqueConsistentRanks) {
@@ -281,15 +299,7 @@ TEST_F(ElasticRendezvousTest, AStoreRestartedWithoutItsKeysCostsOneRoundAndTheRo
 }
 
 TEST_F(ElasticRendezvousTest, AStoreSilentPastTheOutageTimeoutEndsTheRoundAsLost) {
-  ElasticOptions o = options(2, 2);
-  o.storeOutage = 1s;
-  auto a = agents(2, o);
-  formRound(a);
-  const uint16_t port = server_->port();
-  server_.reset();
-  // Something listens on the port and never answers: no refusal, only silence.
-  boost::asio::io_context io;
-  boost::asio::ip::tcp::acceptor silent(io, {boost::asio::ip::make_address("127.0.0.1"), port});
+  auto a = roundThenSilence();
   const RoundEnd end = a[0]->awaitEnd();
   EXPECT_EQ(end.kind, Kind::StoreLost);
   EXPECT_NE(end.describe().find("(store_outage_timeout)"), std::string::npos) << end.describe();
@@ -298,17 +308,10 @@ TEST_F(ElasticRendezvousTest, AStoreSilentPastTheOutageTimeoutEndsTheRoundAsLost
 // Back empty after the nodes gave up on it: they meet again and write the job's shape and
 // newest round again, so that a node arriving later joins them, not a round 0 of its own.
 TEST_F(ElasticRendezvousTest, AStoreBackEmptyAfterTheOutageTimeoutGetsTheJobsKeysAgain) {
-  ElasticOptions o = options(2, 2);
-  o.storeOutage = 1s;
-  auto a = agents(2, o);
-  formRound(a);
-  const uint16_t port = server_->port();
-  server_.reset();
-  {
-    boost::asio::io_context io;  // silence on the port, past the outage timeout
-    boost::asio::ip::tcp::acceptor silent(io, {boost::asio::ip::make_address("127.0.0.1"), port});
-    for (auto& agent : a) EXPECT_EQ(agent->awaitEnd().kind, Kind::StoreLost);
-  }
+  auto a = roundThenSilence();
+  for (auto& agent : a) EXPECT_EQ(agent->awaitEnd().kind, Kind::StoreLost);
+  const uint16_t port = silent_->local_endpoint().port();
+  silent_.reset();
   server_ = std::make_unique<StoreServerThread>(
       StoreServerOptions{.host = "127.0.0.1", .port = port});
   for (const World& x : formRound(a)) EXPECT_EQ(x.round, 1);
