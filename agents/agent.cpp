@@ -125,6 +125,7 @@ int AgentImpl::run() {
     rendezvous_.interrupt();
     roundThread_.join();
   }
+  closeAttemptSpace();
   cleanUpLogRoot();
   return exitCode_;
 }
@@ -199,9 +200,13 @@ void AgentImpl::runRendezvous() {
   };
   try {
     rendezvous::JoinResult joined = rendezvous_.next();
-    const bool member = std::holds_alternative<rendezvous::World>(joined);
-    asio::post(io_, [this, joined = std::move(joined)] { onJoined(joined); });
-    if (!member) return;
+    auto* world = std::get_if<rendezvous::World>(&joined);
+    if (world && !openAttemptSpace(*world)) {
+      asio::post(io_, [this, world = *world] { sitOut(world); });
+    } else {
+      asio::post(io_, [this, joined = std::move(joined)] { onJoined(joined); });
+    }
+    if (!world) return;
     asio::post(io_, [this, end = rendezvous_.awaitEnd()] { onRoundEnd(end); });
   } catch (const ConfigError& e) {
     fail(2, e.what());

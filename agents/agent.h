@@ -10,6 +10,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -43,6 +44,21 @@ struct StreamsByRank {
 // on teed streams, nothing added to a last line the worker left unterminated.
 enum class ConsoleFormat { Dlrun, Torchrun };
 
+// Each attempt's workers get a key space of their own on the workers' store (store/wire.h's
+// SPACE_OPEN, ARCHITECTURE.md section 3), so a restarted worker never reads a key of a dead
+// attempt (torch 2.x workers would take its addresses for the living ones').
+struct AttemptSpaces {
+  // Called on the rendezvous thread with each round's world (storePort: the store's own): the
+  // port of the round's space; nullopt when the round is over already (a later round's space
+  // is open). Throws Error when the store cannot be reached.
+  std::function<std::optional<uint16_t>(const rendezvous::World&)> open;
+  // Called once as the agent exits, when the job is over: the space goes with the last of its
+  // connections (another node's workers may still be stopping).
+  std::function<void(const rendezvous::World&)> close;
+};
+// The spaces of a dlrun store (dlrund's, or an agent's), over TCP.
+AttemptSpaces attemptSpacesOverTcp();
+
 struct AgentOptions {
   std::vector<std::string> command;  // what every worker runs
   int nprocPerNode = 1;
@@ -71,6 +87,7 @@ struct AgentOptions {
   std::string nodeName;  // "host (address)" in a multi-node job's failure reports
   TfConfigMode tfConfig = TfConfigMode::Auto;
   bool servesStore = false;  // this process serves the store its workers connect to
+  std::optional<AttemptSpaces> attemptSpaces;  // unset: workers share the store's own keys
   // --store-proxy: the workers reach the store through this agent's proxy on loopback
   // (store/store_proxy.h), which forwards their requests over a few connections of its own
   bool storeProxy = false;

@@ -84,6 +84,9 @@ class AgentImpl {
   void followLauncher();
   void readLauncher();
   void watchStoreHost();
+  bool openAttemptSpace(rendezvous::World& world);  // on the rendezvous thread
+  void sitOut(const rendezvous::World& world);
+  void closeAttemptSpace();
 
   // agent_publish.cpp: what the observers are told
   void publishNode(const std::string& state);

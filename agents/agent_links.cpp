@@ -1,6 +1,7 @@
 // The agent's links to other processes: the launcher's connection on stdin (--control-stdin),
 // whose lines are signals, a connection to the node serving the workers' store, whose end
-// says that node is gone, and --store-proxy's proxy between the workers and that store.
+// says that node is gone, each attempt's key space on that store, and --store-proxy's proxy
+// between the workers and that space.
 #include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
@@ -9,6 +10,7 @@
 #include "common/host_port.h"
 #include "common/log.h"
 #include "common/signal_name.h"
+#include "store/tcp_store.h"
 
 namespace dlrun::agents::detail {
 
@@ -49,9 +51,11 @@ void AgentImpl::watchStoreHost() {
   boost::system::error_code ec;
   const auto address = asio::ip::make_address(world_.masterAddr, ec);
   if (ec) return;
-  const std::string what = joinHostPort(world_.masterAddr, world_.masterPort);
+  // The store's own port: the attempt's closes when another node opens the next attempt's,
+  // which says nothing of the node.
+  const std::string what = joinHostPort(world_.masterAddr, world_.storePort);
   storeHost_->async_connect(
-      {address, world_.masterPort},
+      {address, world_.storePort},
       [this, attempt = attempt_, what](const boost::system::error_code& error) {
         // Never watched (the lease still is), or stopped meanwhile (stop() let go of it).
         if (error || attempt != attempt_ || !storeHost_) return;
@@ -67,6 +71,54 @@ void AgentImpl::watchStoreHost() {
               });
             });
       });
+}
+
+// The round's key space for its workers. False when the round cannot run here: it is over
+// already, or the store is out of reach (the round then ends as that store's node lost).
+bool AgentImpl::openAttemptSpace(rendezvous::World& world) {
+  if (!options_.attemptSpaces) return true;
+  const std::string store = joinHostPort(world.masterAddr, world.storePort);
+  try {
+    if (const auto port = options_.attemptSpaces->open(world)) {
+      world.masterPort = *port;
+      return true;
+    }
+    log::info("round " + std::to_string(world.round) + " is over already: the store at " +
+              store + " has a later round's workers");
+  } catch (const Error& e) {
+    log::info("cannot open round " + std::to_string(world.round) + "'s key space for the "
+              "workers at " + store + ": " + e.what());
+    reportToRendezvous(
+        [&] { rendezvous_.reportLost("the node serving the workers' store at " + store); });
+  }
+  return false;
+}
+
+// A member with no workers this round: its end decides what follows.
+void AgentImpl::sitOut(const rendezvous::World& world) {
+  if (state_ != State::Joining) return;  // a signal is ending dlrun
+  world_ = world;
+  workers_.clear();
+  retired_.clear();
+  byPid_.clear();
+  live_ = liveEnding_ = 0;
+  state_ = State::Done;
+  if (roundEnd_) endOfRound();
+}
+
+// The job is over (not only this node's part): its last space goes.
+void AgentImpl::closeAttemptSpace() {
+  using Kind = rendezvous::RoundEnd::Kind;
+  const auto& end = stopEnd_ ? stopEnd_ : roundEnd_;
+  if (!options_.attemptSpaces || world_.storePort == 0 || !end) return;
+  if (end->kind != Kind::Finished && end->kind != Kind::Stopped &&
+      !(end->countsAsFailure() && end->final))
+    return;
+  try {
+    options_.attemptSpaces->close(world_);
+  } catch (const Error& e) {
+    log::debug(std::string("the job's last key space stays: ") + e.what());
+  }
 }
 
 void AgentImpl::proxyStore(rendezvous::World& seen) {
@@ -85,3 +137,35 @@ void AgentImpl::proxyStore(rendezvous::World& seen) {
 }
 
 }  // namespace dlrun::agents::detail
+
+namespace dlrun::agents {
+
+namespace {
+
+TcpStore storeOf(const rendezvous::World& world, std::chrono::milliseconds patience) {
+  return TcpStore({.host = world.masterAddr,
+                   .port = world.storePort,
+                   .timeout = patience,
+                   .connectTimeout = patience,
+                   .reconnect = false});
+}
+
+}  // namespace
+
+AttemptSpaces attemptSpacesOverTcp() {
+  return {
+      .open = [](const rendezvous::World& world) -> std::optional<uint16_t> {
+        // The store answered this round's rendezvous a moment ago (or, on etcd, its node's
+        // lease did): one that does not within a few seconds is gone.
+        const uint16_t port = storeOf(world, std::chrono::seconds(5)).openSpace(
+            world.runId, world.round);
+        return port == 0 ? std::nullopt : std::optional(port);
+      },
+      // At exit: a store gone already must not hold the agent up.
+      .close = [](const rendezvous::World& world) {
+        storeOf(world, std::chrono::seconds(1)).closeSpace(world.runId);
+      },
+  };
+}
+
+}  // namespace dlrun::agents

@@ -46,6 +46,7 @@ agents::AgentOptions agentOptions(const LaunchConfig& config, bool servesStore,
   agents::AgentOptions options = config.agent;
   options.servesStore = servesStore;
   options.nodeName = std::move(nodeName);
+  options.attemptSpaces = agents::attemptSpacesOverTcp();
   return options;
 }
 

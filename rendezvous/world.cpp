@@ -16,6 +16,7 @@ World makeWorld(const NodeJob& job, int round, const Placement& place,
       .maxRestarts = job.maxRestarts,
       .masterAddr = place.masterAddr.value_or(job.masterAddr),
       .masterPort = place.masterPort.value_or(job.masterPort),
+      .storePort = place.masterPort.value_or(job.masterPort),
       .agentStore = true,
       .workerEndpoints = std::move(workerEndpoints),
   };

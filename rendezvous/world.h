@@ -21,7 +21,10 @@ struct World {
   int failures = 0;         // failure restarts used before this round
   int maxRestarts = 0;      // failure restarts the job allows (--max-restarts)
   std::string masterAddr;   // numeric address of the store workers use
+  // The port workers use: once the agent opened this attempt's key space on the store
+  // (AgentOptions::attemptSpaces), the space's; until then the store's own.
   uint16_t masterPort = 0;
+  uint16_t storePort = 0;   // the store's own port (its rendezvous, the agents' connections)
   bool agentStore = true;   // the store is dlrun's own (torch then opens a client only)
   std::vector<std::string> workerEndpoints;  // "host:port" per worker, ordered by RANK
   // Each RANK's role name under --roles (agents/roles.h); empty: every worker has --role.

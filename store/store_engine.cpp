@@ -47,6 +47,9 @@ std::string StoreEngine::handle(Peer& peer, const wire::Request& r, TimePoint no
     case Op::Validate:  // the parser has checked the magic; VALIDATE has no reply
     case Op::WatchKey:  // refused by the parser
       return {};
+    case Op::SpaceOpen:  // the server's, which opens ports: an engine holds one space's keys
+    case Op::SpaceClose:
+      return std::string(wire::opName(r.op)) + " is not served here";
     case Op::Set:
       setValue(r.keys[0], r.values[0]);
       return {};

@@ -89,6 +89,8 @@ class Client : public std::enable_shared_from_this<Client> {
       case Op::WatchKey:
       case Op::GroupWait:  // a proxy's upstream is the store itself, not another proxy
       case Op::GroupCancel:
+      case Op::SpaceOpen:  // the agent opens its workers' space itself
+      case Op::SpaceClose:
         close(std::string(wire::opName(r.op)) + " is not forwarded to the store");
         return false;
       case Op::Ping: {  // the proxy is the server this client reaches: it answers itself

@@ -3,18 +3,26 @@
 // server and every other client carry on. Only the constructor throws (it cannot bind).
 //
 // Each session waits for readability, reads what is there into the server's scratch buffer,
-// runs every complete request through the engine, and flushes the replies with a non-blocking
+// runs every complete request through its engine, and flushes the replies with a non-blocking
 // write; only what the kernel does not take at once goes through async_write.
+//
+// Spaces (wire.h's SPACE_OPEN): an attempt's key space is a listener of its own on the store's
+// address, port 0, with an engine of its own; its sessions reach that engine alone, so nothing
+// an attempt's workers write is seen by another attempt's, and closing the space (its listener,
+// its sessions, its engine) frees every key at once. HTTP/2 goes to the foreign server there
+// too: the control plane answers wherever the workers find the store.
 #include "store/store_server.h"
 
 #include <sys/socket.h>
 
 #include <atomic>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <set>
 #include <span>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "common/asio.h"
 
@@ -33,6 +41,17 @@ using boost::system::error_code;
 namespace detail {
 
 class Session;
+
+// One attempt's key space (wire.h, SPACE_OPEN): the group's newest attempt.
+struct Space {
+  Space(tcp::acceptor acceptor, int64_t attempt)
+      : attempt(attempt), listener(std::move(acceptor)) {}
+  int64_t attempt;
+  Listener listener;
+  StoreEngine engine;
+  std::unordered_set<Session*> sessions;
+  bool closing = false;  // SPACE_CLOSE came: it goes with its last connection
+};
 
 // A count with one writer, the io_context's thread: a relaxed load and store (a plain increment
 // on x86), no locked read-modify-write on the request path; readable from any thread.
@@ -60,10 +79,20 @@ class ServerImpl : public std::enable_shared_from_this<ServerImpl> {
   void stop();
   void forget(Session* session);
   void armLeaseTimer();
+  // SPACE_OPEN and SPACE_CLOSE (wire.h): the group's space's port, 0 for an older attempt or
+  // a closing space; a space that closes at once (its connections cut), or once its last
+  // connection has gone.
+  uint16_t openSpace(std::string_view group, int64_t attempt);
+  void closeSpace(std::string_view group);
+  void closeSpaceWhenIdle(std::string_view group);
+  void leftSpace(Space& space);  // one of its sessions closed
+  void acceptInto(Space& space);
+  void admit(tcp::socket socket, StoreEngine& engine, Space* space);
+  // Keys and waiters of every engine, as of the last request served.
+  void noteCounts();
 
   asio::io_context& io() { return io_; }
   const wire::Limits& limits() const { return options_.limits; }
-  StoreEngine& engine() { return engine_; }
   std::span<char> scratch() { return {scratch_.get(), kScratchSize}; }
 
   asio::io_context& io_;
@@ -72,6 +101,7 @@ class ServerImpl : public std::enable_shared_from_this<ServerImpl> {
   asio::steady_timer leaseTimer_;
   std::optional<StoreEngine::TimePoint> leaseTimerAt_;  // when the armed lease timer fires
   StoreEngine engine_;
+  std::map<std::string, std::unique_ptr<Space>, std::less<>> spaces_;  // by group
   std::unordered_map<Session*, std::shared_ptr<Session>> sessions_;
   std::atomic<size_t> connectionCount_{0};
   Counter accepted_;
@@ -86,6 +116,7 @@ class ServerImpl : public std::enable_shared_from_this<ServerImpl> {
   Counter bytesOut_;
   Counter keys_;     // gauges, as of the last request served
   Counter waiters_;
+  Counter spacesOpen_;
   std::array<Counter, wire::kOpCount> ops_;
   // Left uninitialised: its pages are touched only as large reads come (a store that serves
   // small requests never faults most of them in; zeroed, all 64 pages were, at every start).
@@ -95,8 +126,14 @@ class ServerImpl : public std::enable_shared_from_this<ServerImpl> {
 
 class Session : public Peer, public std::enable_shared_from_this<Session> {
  public:
-  Session(ServerImpl& server, tcp::socket socket)
-      : server_(server), socket_(std::move(socket)), sniff_(bool(server.options_.foreign)) {}
+  // `space`: the attempt's space this connection reached through its port; null for the
+  // store's own port.
+  Session(ServerImpl& server, tcp::socket socket, StoreEngine& engine, Space* space)
+      : server_(server),
+        engine_(engine),
+        space_(space),
+        socket_(std::move(socket)),
+        sniff_(bool(server.options_.foreign)) {}
 
   void start() {
     if (log::verbose()) log::debug("connection from " + peerName());
@@ -121,10 +158,14 @@ class Session : public Peer, public std::enable_shared_from_this<Session> {
     } else if (log::verbose()) {
       log::debug("connection from " + peerName() + " closed");
     }
-    server_.engine().disconnect(*this);
+    engine_.disconnect(*this);
     error_code ec;
     socket_.close(ec);
     server_.forget(this);
+    if (space_) {
+      space_->sessions.erase(this);
+      server_.leftSpace(*space_);  // may end the space: the last use of space_
+    }
   }
 
  private:
@@ -187,8 +228,7 @@ class Session : public Peer, public std::enable_shared_from_this<Session> {
       data = std::span<const char>(in_.data(), in_.size());
     }
     if (data.size() >= needed_ && !process(data)) return;
-    server_.keys_.set(server_.engine().keyCount());
-    server_.waiters_.set(server_.engine().waiterCount());
+    server_.noteCounts();
     server_.armLeaseTimer();
     if (in_.size() + out_.size() > server_.limits().maxBufferedBytes) return refuse(overLimit());
     flush();
@@ -228,7 +268,7 @@ class Session : public Peer, public std::enable_shared_from_this<Session> {
         return false;
       }
       server_.ops_[static_cast<size_t>(request_.op)].bump();
-      if (auto refused = server_.engine().handle(*this, request_, now); !refused.empty()) {
+      if (auto refused = handle(now); !refused.empty()) {
         refuse(refused);
         return false;
       }
@@ -248,6 +288,25 @@ class Session : public Peer, public std::enable_shared_from_this<Session> {
     }
     if (in_.empty()) in_.shrink_to_fit();  // a finished large request gives its memory back
     return true;
+  }
+
+  // The server's own ops, then the engine's. A space serves no leases (their one timer is the
+  // store's) and opens no spaces.
+  std::string handle(std::chrono::steady_clock::time_point now) {
+    const wire::Op op = request_.op;
+    const bool serverOp = op == wire::Op::SpaceOpen || op == wire::Op::SpaceClose;
+    if (space_ && (serverOp || op == wire::Op::Lease))
+      return std::string(wire::opName(op)) + " on an attempt's port";
+    if (!serverOp) return engine_.handle(*this, request_, now);
+    std::string out;
+    if (op == wire::Op::SpaceOpen) {
+      wire::Encoder(out).u64(server_.openSpace(request_.keys[0], request_.number));
+    } else {
+      server_.closeSpaceWhenIdle(request_.keys[0]);
+      wire::Encoder(out).u8(0);
+    }
+    send(out);
+    return {};
   }
 
   std::string overLimit() const {
@@ -280,6 +339,8 @@ class Session : public Peer, public std::enable_shared_from_this<Session> {
   }
 
   ServerImpl& server_;
+  StoreEngine& engine_;
+  Space* space_;
   tcp::socket socket_;
   std::optional<wire::Era> era_;
   wire::Request request_;  // reused across requests to keep its vectors' capacity
@@ -308,14 +369,90 @@ tcp::acceptor ServerImpl::listen(asio::io_context& io, const StoreServerOptions&
 void ServerImpl::accept() {
   listener_.start(
       [self = shared_from_this()](tcp::socket socket) {
-        if (!self->admits(socket)) return;
-        auto session = std::make_shared<Session>(*self, std::move(socket));
-        self->sessions_.emplace(session.get(), session);
-        self->connectionCount_.store(self->sessions_.size());
-        self->accepted_.bump();
-        session->start();
+        self->admit(std::move(socket), self->engine_, nullptr);
       },
       [](const error_code& ec) { log::warn("accept failed: " + ec.message()); });
+}
+
+void ServerImpl::admit(tcp::socket socket, StoreEngine& engine, Space* space) {
+  if (!admits(socket)) return;
+  auto session = std::make_shared<Session>(*this, std::move(socket), engine, space);
+  sessions_.emplace(session.get(), session);
+  if (space) space->sessions.insert(session.get());
+  connectionCount_.store(sessions_.size());
+  accepted_.bump();
+  session->start();
+}
+
+// The space's listener stops before its Space goes (closeSpace), so the Space outlives every
+// handler that reaches it.
+void ServerImpl::acceptInto(Space& space) {
+  space.listener.start(
+      [self = shared_from_this(), &space](tcp::socket socket) {
+        self->admit(std::move(socket), space.engine, &space);
+      },
+      [](const error_code& ec) { log::warn("accept failed: " + ec.message()); });
+}
+
+uint16_t ServerImpl::openSpace(std::string_view group, int64_t attempt) {
+  auto it = spaces_.find(group);
+  if (it != spaces_.end()) {
+    if (attempt < it->second->attempt) return 0;
+    if (attempt == it->second->attempt)
+      return it->second->closing ? 0 : it->second->listener.local().port();
+    closeSpace(group);
+  }
+  const tcp::endpoint at(listener_.local().address(), 0);
+  tcp::acceptor acceptor(io_);
+  if (const error_code failed = openListener(acceptor, at, options_.backlog)) {
+    log::warn("store: cannot open a port for attempt " + std::to_string(attempt) + " of '" +
+              std::string(group) + "': " + failed.message());
+    return 0;
+  }
+  auto& space = *spaces_.emplace(std::string(group), std::make_unique<Space>(
+                                                         std::move(acceptor), attempt))
+                     .first->second;
+  spacesOpen_.set(spaces_.size());
+  acceptInto(space);
+  return space.listener.local().port();
+}
+
+void ServerImpl::closeSpace(std::string_view group) {
+  auto it = spaces_.find(group);
+  if (it == spaces_.end()) return;
+  Space& space = *it->second;
+  space.closing = true;
+  space.listener.stop();
+  const std::vector<Session*> open(space.sessions.begin(), space.sessions.end());
+  for (Session* session : open) session->close("");  // the last one erases the space
+  if (open.empty()) leftSpace(space);
+}
+
+// The job is over, but another node's workers may still be stopping (and writing): the space
+// takes no new connection and goes with the last one open.
+void ServerImpl::closeSpaceWhenIdle(std::string_view group) {
+  auto it = spaces_.find(group);
+  if (it == spaces_.end()) return;
+  it->second->closing = true;
+  it->second->listener.stop();
+  if (it->second->sessions.empty()) leftSpace(*it->second);
+}
+
+void ServerImpl::leftSpace(Space& space) {
+  if (!space.closing || !space.sessions.empty()) return;
+  std::erase_if(spaces_, [&](const auto& entry) { return entry.second.get() == &space; });
+  spacesOpen_.set(spaces_.size());
+  noteCounts();
+}
+
+void ServerImpl::noteCounts() {
+  size_t keys = engine_.keyCount(), waiters = engine_.waiterCount();
+  for (const auto& [group, space] : spaces_) {
+    keys += space->engine.keyCount();
+    waiters += space->engine.waiterCount();
+  }
+  keys_.set(keys);
+  waiters_.set(waiters);
 }
 
 // Closes a peer the rule does not admit, unread. The peer's address is looked up only when
@@ -366,6 +503,7 @@ void ServerImpl::armLeaseTimer() {
 void ServerImpl::stop() {
   if (!listener_.stop()) return;
   leaseTimer_.cancel();
+  while (!spaces_.empty()) closeSpace(spaces_.begin()->first);
   std::vector<std::shared_ptr<Session>> all;
   for (auto& [raw, session] : sessions_) all.push_back(session);
   for (auto& session : all) session->close("");
@@ -403,7 +541,8 @@ StoreStats StoreServer::stats() const {
                    .bytesIn = impl_->bytesIn_.read(),
                    .bytesOut = impl_->bytesOut_.read(),
                    .keys = impl_->keys_.read(),
-                   .waiters = impl_->waiters_.read()};
+                   .waiters = impl_->waiters_.read(),
+                   .spaces = impl_->spacesOpen_.read()};
   for (size_t op = 0; op < wire::kOpCount; ++op) stats.ops[op] = impl_->ops_[op].read();
   return stats;
 }

@@ -7,6 +7,9 @@
 // The server counts what it serves (StoreStats): connections, requests by op, bytes, refusals.
 // A peer its AdmissionRule does not allow is closed as soon as it is accepted, before any byte
 // is read (HTTP/2 ones too), counted in StoreStats::rejected and logged once per address.
+// Each attempt of a job may get a key space of its own behind a port of its own (wire.h's
+// SPACE_OPEN): the workers of one attempt never read another's keys, and a space's keys go
+// with it when the job's next attempt opens its own.
 #pragma once
 
 #include <array>
@@ -32,7 +35,7 @@ struct StoreServerOptions {
   int backlog = 4096;            // a barrier of thousands of clients connects at once
   // When set, a connection whose first byte is 'P' (HTTP/2's preface, "PRI * HTTP/2.0") is no
   // store client: its descriptor goes to this callback, which owns it from then on, with the
-  // bytes unread. A TCPStore request opens with an op code (0..18, or 64). Called on the
+  // bytes unread. A TCPStore request opens with an op code (0..18, or 64..68). Called on the
   // io_context's thread; it must not block.
   std::function<void(int fd)> foreign;
   // Who may connect; empty (the default) admits everyone. More hosts: StoreServer::allow.
@@ -52,6 +55,7 @@ struct StoreStats {
   uint64_t bytesOut = 0;     // written to clients
   uint64_t keys = 0;         // keys held, as of the last request served
   uint64_t waiters = 0;      // WAITs not yet answered, as of the last request served
+  uint64_t spaces = 0;       // attempts' key spaces open now (wire.h, SPACE_OPEN)
   std::array<uint64_t, wire::kOpCount> ops{};  // requests handled, indexed by wire::Op
 
   uint64_t requests() const;  // every op

@@ -336,4 +336,23 @@ void TcpStore::lease(const std::string& key, const std::string& value,
   });
 }
 
+uint16_t TcpStore::openSpace(const std::string& group, int64_t attempt) {
+  std::string out;
+  Encoder(out).op(Era::V2, Op::SpaceOpen).bytes(group).i64(attempt);
+  const int64_t port = locked([&] {
+    send(out);
+    return readI64();
+  });
+  if (port < 0 || port > 65535)
+    throw ProtocolError("the store answered SPACE_OPEN with port " + std::to_string(port));
+  return static_cast<uint16_t>(port);
+}
+
+void TcpStore::closeSpace(const std::string& group) {
+  locked([&] {
+    send(keyRequest(Op::SpaceClose, group));
+    if (const uint8_t reply = readU8(); reply != 0) throw unexpectedReply(reply, Op::SpaceClose);
+  });
+}
+
 }  // namespace dlrun

@@ -51,6 +51,10 @@ class TcpStore : public LeasingStore {
   // Returns nullopt when the queue is empty.
   std::optional<std::string> queuePop(const std::string& key, bool block);
   int64_t queueLen(const std::string& key);
+  // dlrund's SPACE_OPEN and SPACE_CLOSE (wire.h): the port of `attempt`'s key space in
+  // `group` (0: a later attempt's is open), and the end of the group's space.
+  uint16_t openSpace(const std::string& group, int64_t attempt);
+  void closeSpace(const std::string& group);
 
   // LeasingStore (leasing_store.h). lease() is dlrund's LEASE op: a PyTorch server drops the
   // connection. A wait that times out sends CANCEL_WAIT. After abort(), later calls reconnect,

@@ -14,16 +14,17 @@ constexpr uint8_t kNoCode = 0xFF;
 constexpr size_t kOps = kOpCount;
 constexpr std::array<uint8_t, kOps> kV1Codes = {
     kNoCode, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, kNoCode, kNoCode, kNoCode, kNoCode,
-    kNoCode, kNoCode, kNoCode, kNoCode, kNoCode};
+    kNoCode, kNoCode, kNoCode, kNoCode, kNoCode, kNoCode, kNoCode};
 constexpr std::array<uint8_t, kOps> kV2Codes = {0,  1,  2,  3,  4,  5,  6,  7,  kNoCode, 8,  9,
                                                 10, 11, 12, 13, 14, 15, 16, 17,      18, 0x40,
-                                                0x41, 0x42};
+                                                0x41, 0x42, 0x43, 0x44};
 
 constexpr std::array<std::string_view, kOps> kNames = {
     "VALIDATE",   "SET",    "COMPARE_SET", "GET",         "ADD",  "CHECK",
     "WAIT",       "GETNUMKEYS", "WATCH_KEY", "DELETE_KEY", "APPEND", "MULTI_GET",
     "MULTI_SET",  "CANCEL_WAIT", "PING",      "QUEUE_PUSH", "QUEUE_POP", "QUEUE_LEN",
-    "LIST_KEYS",  "BARRIER",     "LEASE",     "GROUP_WAIT", "GROUP_CANCEL"};
+    "LIST_KEYS",  "BARRIER",     "LEASE",     "GROUP_WAIT", "GROUP_CANCEL", "SPACE_OPEN",
+    "SPACE_CLOSE"};
 
 const std::array<uint8_t, kOps>& codes(Era era) { return era == Era::V1 ? kV1Codes : kV2Codes; }
 
@@ -147,12 +148,15 @@ bool parseBody(Cursor& c, Request& out) {
     case Op::QueuePop:
     case Op::QueueLen:
     case Op::WatchKey:
+    case Op::SpaceClose:
       return c.key(out.keys.emplace_back());
     case Op::Add:
     case Op::Barrier:
+    case Op::SpaceOpen:
       if (!c.key(out.keys.emplace_back())) return false;
       [[fallthrough]];
-    case Op::GroupCancel: {  // then ADD's delta, BARRIER's world size, GROUP_CANCEL's number
+    case Op::GroupCancel: {  // then ADD's delta, BARRIER's world size, GROUP_CANCEL's number,
+                             // SPACE_OPEN's attempt
       uint64_t number = 0;
       if (!c.u64(number)) return false;
       out.number = static_cast<int64_t>(number);
@@ -286,6 +290,7 @@ std::optional<size_t> replySize(Op op, size_t keys, std::span<const char> in,
     case Op::Barrier:
     case Op::Lease:
     case Op::WatchKey:
+    case Op::SpaceClose:
       size = 1;
       break;
     case Op::Ping:
@@ -295,6 +300,7 @@ std::optional<size_t> replySize(Op op, size_t keys, std::span<const char> in,
     case Op::GetNumKeys:
     case Op::DeleteKey:
     case Op::QueueLen:
+    case Op::SpaceOpen:
       size = 8;
       break;
     case Op::Get:

@@ -32,6 +32,14 @@
 //    GroupWait the GROUP_WAIT's number on the connection (uint64, from 0) and its one byte.
 //    GROUP_CANCEL=66 (0x42): uint64 number; withdraws that GROUP_WAIT if it still waits. No
 //    reply (a wake already sent still arrives).
+//    SPACE_OPEN=67 (0x43): key (a group: a job's run id), int64 attempt; replies uint64 port.
+//    Each attempt of a job gets a key space of its own behind a port of its own (the workers'
+//    MASTER_PORT), on the address the store listens on: every connection to that port sees only
+//    the space's keys. The group's newest attempt wins: opening a later attempt closes the
+//    group's space (its port, its connections, its keys); opening the open one returns its
+//    port; opening an earlier one opens nothing and replies port 0. Not on a space's own port.
+//    SPACE_CLOSE=68 (0x44): key (a group); closes the group's space if one is open; replies one
+//    uint8 0. Not on a space's own port.
 // A connection whose first five bytes are VALIDATE + magic speaks V2; any other opening is V1.
 #pragma once
 
@@ -72,8 +80,10 @@ enum class Op : uint8_t {
   Lease,
   GroupWait,
   GroupCancel,
+  SpaceOpen,
+  SpaceClose,
 };
-inline constexpr size_t kOpCount = static_cast<size_t>(Op::GroupCancel) + 1;
+inline constexpr size_t kOpCount = static_cast<size_t>(Op::SpaceClose) + 1;
 
 std::optional<Op> decodeOp(Era era, uint8_t code);
 uint8_t encodeOp(Era era, Op op);  // throws ProtocolError for an op the era lacks
@@ -109,7 +119,7 @@ struct Request {
   std::vector<std::string_view> values;  // SET/APPEND/QUEUE_PUSH: 1; COMPARE_SET: expected,
                                          // desired; MULTI_SET and LEASE: one per key
   int64_t number = 0;                    // ADD's delta, BARRIER's world size, GROUP_CANCEL's
-                                         // GROUP_WAIT number
+                                         // GROUP_WAIT number, SPACE_OPEN's attempt
   uint64_t ttlMs = 0;                    // LEASE's time to live
   uint32_t word = 0;                     // VALIDATE's magic, PING's nonce
 

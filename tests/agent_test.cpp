@@ -58,7 +58,7 @@ class FakeRendezvous : public rendezvous::Rendezvous {
     world.failures = failuresUsed_;
     world.maxRestarts = maxRestarts;
     world.masterAddr = "127.0.0.1";
-    world.masterPort = 1;
+    world.masterPort = world.storePort = 1;
     if (auto it = elsewhere.find(world.round); it != elsewhere.end()) end_ = it->second;
     return world;
   }
@@ -218,6 +218,56 @@ TEST(AgentTest, ARoundEndedElsewhereStopsTheWorkersAndJoinsAgainWithoutAFailure)
             0);
   EXPECT_EQ(rendezvous.rounds(), 2);
   EXPECT_TRUE(rendezvous.failures.empty());
+}
+
+// Each round's workers reach the store through the port of their attempt's key space, and the
+// job's space is closed as the agent exits.
+TEST(AgentTest, EachRoundsWorkersGetTheirAttemptsPortAndTheJobsSpaceCloses) {
+  FakeRendezvous rendezvous;
+  rendezvous.maxRestarts = 1;
+  AgentOptions options = shellOptions(
+      rendezvous,
+      "[ \"$MASTER_PORT\" = $((40000 + TORCHELASTIC_RESTART_COUNT)) ] || exit 9; "
+      "[ \"$TORCHELASTIC_RESTART_COUNT\" = 0 ] && exit 3; exit 0");
+  std::vector<int> opened, closed;
+  options.attemptSpaces = AttemptSpaces{
+      .open = [&](const rendezvous::World& world) -> std::optional<uint16_t> {
+        EXPECT_EQ(world.storePort, 1);
+        opened.push_back(world.round);
+        return static_cast<uint16_t>(40000 + world.round);
+      },
+      .close = [&](const rendezvous::World& world) { closed.push_back(world.round); },
+  };
+  EXPECT_EQ(Agent(options, rendezvous).run(), 0);
+  ASSERT_EQ(rendezvous.failures.size(), 1u);
+  EXPECT_EQ(rendezvous.failures[0].exitCode, 3);
+  EXPECT_EQ(opened, (std::vector<int>{0, 1}));
+  EXPECT_EQ(closed, (std::vector<int>{1}));
+}
+
+// A round that is over before its space opened (a later round's is open), or whose store is out
+// of reach, starts no worker and counts no failure: the round's end decides what follows.
+TEST(AgentTest, ARoundWithoutItsSpaceRunsNoWorkerAndTheNextRoundDoes) {
+  for (const bool reachable : {true, false}) {
+    FakeRendezvous rendezvous;
+    if (reachable) rendezvous.elsewhere[0] = RoundEnd{.kind = Kind::NodeJoined, .node = "n"};
+    StartMarks marks;
+    AgentOptions options = shellOptions(rendezvous, marks.mark() + "exit 0");
+    options.attemptSpaces = AttemptSpaces{
+        .open = [&](const rendezvous::World& world) -> std::optional<uint16_t> {
+          if (world.round > 0) return 40000;
+          if (!reachable) throw NetworkError("connection refused");
+          return std::nullopt;
+        },
+        .close = [](const rendezvous::World&) {},
+    };
+    // Unreachable: the agent reports the store's node lost, which ends round 0.
+    EXPECT_EQ(Agent(options, rendezvous).run(), 0);
+    EXPECT_EQ(rendezvous.rounds(), 2) << reachable;
+    EXPECT_TRUE(rendezvous.failures.empty());
+    EXPECT_EQ(rendezvous.successes, 1);
+    EXPECT_EQ(marks.count(), 2u);  // round 1's two workers alone
+  }
 }
 
 TEST(AgentTest, AJobFinishedElsewhereStopsTheWorkersAndExits0) {

@@ -57,6 +57,25 @@ TEST(Wire, LeaseIsADlrunExtensionOfV2Only) {
   EXPECT_EQ(opName(Op::Lease), "LEASE");
 }
 
+TEST(Wire, SpaceOpenAndCloseAreDlrunExtensionsOfV2Only) {
+  EXPECT_EQ(encodeOp(Era::V2, Op::SpaceOpen), 0x43);
+  EXPECT_EQ(encodeOp(Era::V2, Op::SpaceClose), 0x44);
+  EXPECT_EQ(decodeOp(Era::V1, 0x43), std::nullopt);
+  EXPECT_EQ(opName(Op::SpaceOpen), "SPACE_OPEN");
+  std::string open, close;
+  Encoder(open).op(Era::V2, Op::SpaceOpen).bytes("job").i64(7);
+  Encoder(close).op(Era::V2, Op::SpaceClose).bytes("job");
+  Request r;
+  ASSERT_EQ(parse(Era::V2, open, r).status, ParseStatus::Complete);
+  EXPECT_EQ(r.keys, std::vector<std::string_view>{"job"});
+  EXPECT_EQ(r.number, 7);
+  ASSERT_EQ(parse(Era::V2, close, r).status, ParseStatus::Complete);
+  EXPECT_EQ(r.keys, std::vector<std::string_view>{"job"});
+  const std::string port(8, '\0'), done(1, '\0');
+  EXPECT_EQ(replySize(Op::SpaceOpen, 0, bytesOf(port), {}), 8u);
+  EXPECT_EQ(replySize(Op::SpaceClose, 0, bytesOf(done), {}), 1u);
+}
+
 std::string leaseRequest(uint64_t ttlMs, uint64_t tripwires) {
   std::string bytes;
   Encoder e(bytes);

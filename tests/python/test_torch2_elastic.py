@@ -80,7 +80,8 @@ def _store_address(t, d, run):
     """MASTER_ADDR: torchrun gives a name (standalone `localhost`; two nodes the FQDN of group
     rank 0's node), dlrun a numeric address. Standalone both name this host's loopback. Through a
     rendezvous endpoint torchrun's workers use a second store that its group rank 0's agent
-    serves, dlrun's the endpoint's store itself (a dlrund there is the one store of the job)."""
+    serves, dlrun's the endpoint's store itself (a dlrund there is the one store of the job),
+    through the port of their attempt's key space on it (ARCHITECTURE.md section 3a)."""
     if run["endpoint"] is None:
         # torchrun's name may resolve to 127.0.1.1, as Debian's /etc/hosts maps the host's name
         loopback = all(a.startswith("127.") for a in t["master_addresses"])
@@ -88,8 +89,8 @@ def _store_address(t, d, run):
                         d["master_addresses"] == ["127.0.0.1"] and
                         d["env"]["MASTER_ADDR"] == "127.0.0.1") else "not this host's loopback"
     host, port = run["endpoint"].rsplit(":", 1)
-    if (d["env"]["MASTER_ADDR"], d["env"]["MASTER_PORT"]) != (host, port):
-        return f"dlrun's store is not the endpoint {run['endpoint']}"
+    if d["env"]["MASTER_ADDR"] != host or d["env"]["MASTER_PORT"] == port:
+        return f"dlrun's workers do not reach an attempt's port of the endpoint {run['endpoint']}"
     if not set(t["master_addresses"]) & set(run["group0"]["torchrun"]):
         return "torchrun's store is not on its group rank 0's host"
     if t["env"]["MASTER_PORT"] == port:
@@ -108,7 +109,8 @@ DOCUMENTED = {
     "MASTER_ADDR": ("records", _store_address, "dlrun's addresses are numeric; "
                     "through an endpoint dlrun's workers use its store"),
     "MASTER_PORT": ("records", _store_address, "through an endpoint dlrun's workers use its "
-                    "store; torchrun 2.x's group rank 0 agent serves them another"),
+                    "store, at their attempt's port; torchrun 2.x's group rank 0 agent serves "
+                    "them another"),
 }
 
 
