@@ -53,7 +53,8 @@ struct AttemptSpaces {
   // is open). Throws Error when the store cannot be reached.
   std::function<std::optional<uint16_t>(const rendezvous::World&)> open;
   // Called once as the agent exits, when the job is over: the space goes with the last of its
-  // connections (another node's workers may still be stopping).
+  // connections (another node's workers may still be stopping). Unset where the store goes
+  // with an agent anyway.
   std::function<void(const rendezvous::World&)> close;
 };
 // The spaces of a dlrun store (dlrund's, or an agent's), over TCP.

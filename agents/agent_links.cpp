@@ -110,7 +110,9 @@ void AgentImpl::sitOut(const rendezvous::World& world) {
 void AgentImpl::closeAttemptSpace() {
   using Kind = rendezvous::RoundEnd::Kind;
   const auto& end = stopEnd_ ? stopEnd_ : roundEnd_;
-  if (!options_.attemptSpaces || world_.storePort == 0 || !end) return;
+  if (!options_.attemptSpaces || !options_.attemptSpaces->close || world_.storePort == 0 ||
+      !end)
+    return;
   if (end->kind != Kind::Finished && end->kind != Kind::Stopped &&
       !(end->countsAsFailure() && end->final))
     return;
@@ -163,7 +165,7 @@ AttemptSpaces attemptSpacesOverTcp() {
       },
       // At exit: a store gone already must not hold the agent up.
       .close = [](const rendezvous::World& world) {
-        storeOf(world, std::chrono::seconds(1)).closeSpace(world.runId);
+        storeOf(world, std::chrono::milliseconds(500)).closeSpace(world.runId);
       },
   };
 }

@@ -132,6 +132,7 @@ std::string hostName() {
 
 int launchSingleNode(const LaunchConfig& config) {
   agents::AgentOptions options = agentOptions(config, true);
+  options.attemptSpaces->close = nullptr;  // the store goes with this process
   agents::checkDescriptors(options);
   const std::string host = config.localAddr.value_or("127.0.0.1");
   // The store runs on its own thread: the agent's thread blocks in rendezvous rounds that
@@ -378,6 +379,8 @@ int launchEtcd(const LaunchConfig& config) {
   agents::AgentOptions agent = agentOptions(config, true, name + " (" + addr + ")");
   listenWhereTheJobIs(agent, addr);
   agent.watchStoreHost = true;
+  // The workers' store goes with the agent serving it (others find nothing to close there).
+  agent.attemptSpaces->close = nullptr;
   if (config.controlPlane) {
     auto observing = storeOptions;
     observing.fireLapses = false;  // it holds no lease; the rendezvous's stores fire lapses
