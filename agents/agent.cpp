@@ -119,12 +119,15 @@ int AgentImpl::run() {
   if (options_.nprocPerNode > 1 && !inherited_.contains("OMP_NUM_THREADS"))
     log::info("setting OMP_NUM_THREADS=1 for each worker to avoid overloading the CPUs; "
               "set it yourself to tune");
-  beginRound();
+  // Before the first round closes, so that the first attempt finds it ready, or nearly.
+  if (options_.warmStart) startZygote();
+  if (state_ != State::Finished) beginRound();
   io_.run();
   if (roundThread_.joinable()) {
     rendezvous_.interrupt();
     roundThread_.join();
   }
+  zygote_.reset();
   closeAttemptSpace();
   cleanUpLogRoot();
   return exitCode_;
@@ -301,7 +304,8 @@ void AgentImpl::startAttempt(const rendezvous::World& world) {
     return failToStart(127, e.what());
   }
   starting_ = true;
-  startSome(attempt_);
+  awaitingZygote_ = zygote_ && zygote_->state() == Zygote::State::Starting;
+  if (!awaitingZygote_) startSome(attempt_);  // else once it is ready (onZygoteSettled)
 }
 
 void AgentImpl::onWorkerExit(Worker& w, ExitStatus status) {

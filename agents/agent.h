@@ -22,6 +22,7 @@
 #include "agents/control_publisher.h"
 #include "agents/hang_watch.h"
 #include "agents/limits.h"
+#include "agents/warm_start.h"
 #include "agents/worker.h"
 #include "agents/worker_env.h"
 #include "rendezvous/rendezvous.h"
@@ -105,6 +106,9 @@ struct AgentOptions {
   // naming a signal ("SIGINT") acts as that signal reaching this agent; its end (the connection
   // died) acts as SIGHUP. The workers get /dev/null as stdin.
   bool controlStdin = false;
+  // --warm-start: workers are forked from a Python interpreter that started with the agent and
+  // imported --preload's modules (warm_start.h)
+  std::optional<WarmStartOptions> warmStart;
 };
 
 // The descriptors this node's workers need with these options (pure; `inUse`: those open now).

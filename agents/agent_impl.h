@@ -72,6 +72,8 @@ class AgentImpl {
   void failToStart(int code, const std::string& message);
   WorkerLaunch launchOf(const fs::path& attemptDir, int local);
   void reap();
+  void startZygote();
+  void onZygoteSettled();
 
   // agent_stop.cpp: stopping them, finishing
   void signalWorkers(int sig);
@@ -152,6 +154,8 @@ class AgentImpl {
   const std::vector<int> stopSignals_;  // --signals-to-handle
   std::optional<FileTimerServer> fileTimer_;
   std::unordered_map<pid_t, std::string> expiredTimers_;  // by worker: why dlrun signalled it
+  std::unique_ptr<Zygote> zygote_;  // --warm-start
+  bool awaitingZygote_ = false;     // an attempt's start waits for it to be ready
 
   // A report that cannot reach the store leaves the round to end by the lease: this node's
   // watcher notices the lost store too.

@@ -66,6 +66,8 @@ DescriptorNeeds descriptorNeeds(const AgentOptions& options, int inUse) {
   // serves, or its proxy (--store-proxy), holds each one's connection.
   needs.storeClients = options.nprocPerNode * ((options.servesStore ? 1 : 0) +
                                                (options.storeProxy ? 1 : 0));
+  // --warm-start: the zygote's socket, and a start's "go" socket while it waits for its answer
+  if (options.warmStart) needs.workerFiles += 2;
   return needs;
 }
 
@@ -142,7 +144,7 @@ void AgentImpl::startSome(uint64_t attempt) {
       WorkerLaunch& launch = launches_[local];
       launch.envp = environment_->own(local, launch.errorFile);
       launch.sharedEnvp = environment_->shared();
-      std::unique_ptr<Worker> worker = Worker::start(io_, std::move(launch));
+      std::unique_ptr<Worker> worker = Worker::start(io_, std::move(launch), zygote_.get());
       byPid_[worker->pid()] = worker.get();
       ++live_;
       if (!isService(local)) ++liveEnding_;
@@ -211,7 +213,7 @@ bool AgentImpl::restartAlone(const Worker& failed) {
     WorkerLaunch launch = launchOf(attemptDir(), local);
     launch.envp = environment_->own(local, launch.errorFile);
     launch.sharedEnvp = environment_->shared();
-    worker = Worker::start(io_, std::move(launch));
+    worker = Worker::start(io_, std::move(launch), zygote_.get());
   } catch (const std::exception& e) {  // dlrun's errors, and the filesystem's (the log dir)
     log::info("cannot restart rank " + std::to_string(failed.rank()) + ": " + e.what());
     return false;
@@ -268,6 +270,7 @@ void AgentImpl::reap() {
   pid_t pid;
   bool exited = false;
   while ((pid = ::waitpid(-1, &status, WNOHANG)) > 0) {
+    if (zygote_ && zygote_->reaped(pid, ExitStatus::fromWaitStatus(status))) continue;
     auto it = byPid_.find(pid);
     if (it != byPid_.end() && it->second->alive()) {
       onWorkerExit(*it->second, ExitStatus::fromWaitStatus(status));
@@ -277,6 +280,32 @@ void AgentImpl::reap() {
   // One node state for all the exits one SIGCHLD brings (thousands at a job's end), not one
   // each; a finished agent has published its last already.
   if (exited && state_ != State::Finished) publishNode(stateName());
+}
+
+// --warm-start: the zygote, with the node's common environment (warm_start.h). A zygote that
+// cannot start fails the launch as a worker that cannot (127), or as a bad setting (2).
+void AgentImpl::startZygote() {
+  try {
+    const int last = options_.nprocPerNode - 1;  // the longest ${local_rank}
+    zygote_ = std::make_unique<Zygote>(
+        io_, *options_.warmStart, zygoteEnvironment(inherited_, options_.nprocPerNode, services_),
+        workerArgv(options_.command, last, options_.localRankFlag,
+                   options_.virtualLocalRank ? 0 : last),
+        [this] { onZygoteSettled(); });
+  } catch (const ConfigError& e) {
+    failToStart(2, e.what());
+  } catch (const Error& e) {
+    failToStart(127, e.what());
+  }
+}
+
+// The zygote is ready, or failed before it was: a failure ends the launch (no worker has
+// started: attempts wait for it), readiness lets a waiting attempt start.
+void AgentImpl::onZygoteSettled() {
+  if (state_ == State::Finished) return;
+  if (!zygote_->everReady()) return failToStart(2, zygote_->problem());
+  if (!std::exchange(awaitingZygote_, false)) return;
+  startSome(attempt_);
 }
 
 }  // namespace dlrun::agents::detail

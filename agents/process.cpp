@@ -208,6 +208,8 @@ SpawnedProcess spawnProcess(const SpawnRequest& request) {
   child.agent = ::getpid();
   if (request.nullStdin) child.stdinSlot = slots.null;
   if (request.pipeStdin) child.stdinSlot = in.parkIn(slots.in, true);
+  if (request.stdinFrom >= 0 && ::dup3(request.stdinFrom, slots.in, O_CLOEXEC) >= 0)
+    child.stdinSlot = slots.in;
   child.stdoutSlot = out.parkIn(slots.out);
   child.stderrSlot = err.parkIn(slots.err);
   child.keepBelow = slots.end();

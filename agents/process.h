@@ -29,6 +29,9 @@ struct SpawnRequest {
   bool pipeStderr = false;
   bool nullStdin = false;   // else the worker inherits the agent's stdin
   bool pipeStdin = false;   // a pipe the caller writes to (an ssh client's, remote/fanout.h)
+  // A descriptor of the caller's as the child's stdin (the warm-start zygote's control socket,
+  // warm_start.h); -1: none
+  int stdinFrom = -1;
   // SpawnedProcess::pidfd: signals and waits that cannot reach a recycled pid, for a child that
   // the agent's waitpid(-1) may reap first (CLONE_PIDFD, Linux 5.2).
   bool wantPidfd = false;

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <utility>
 
+#include "agents/warm_start.h"
 #include "common/error.h"
 
 namespace dlrun::agents {
@@ -56,7 +57,8 @@ int Worker::descriptors(const WorkerOutput& output) {
   return 1 + (pipesStdout(output) ? 1 : 0) + logFiles(output);
 }
 
-std::unique_ptr<Worker> Worker::start(boost::asio::io_context& io, WorkerLaunch launch) {
+std::unique_ptr<Worker> Worker::start(boost::asio::io_context& io, WorkerLaunch launch,
+                                      Zygote* zygote) {
   // The environment is needed only for the exec; a large node's workers would hold megabytes.
   std::vector<std::string> envp = std::move(launch.envp);
   launch.envp.clear();
@@ -82,14 +84,15 @@ std::unique_ptr<Worker> Worker::start(boost::asio::io_context& io, WorkerLaunch 
                                                       : output.filteredErr,
     };
   };
-  const SpawnedProcess p = spawnProcess({
+  SpawnRequest request{
       .argv = w->launch_.argv,
       .envp = std::move(envp),
       .sharedEnvp = sharedEnvp,
       .pipeStdout = pipesStdout(output),
       .pipeStderr = true,
       .cpus = w->launch_.cpus,
-  });
+  };
+  const SpawnedProcess p = zygote ? zygote->start(request) : spawnProcess(request);
   w->pid_ = p.pid;
   if (p.stdoutFd >= 0) {
     w->out_ = std::make_unique<StreamPump>(io, p.stdoutFd,

@@ -27,6 +27,8 @@ class io_context;
 
 namespace dlrun::agents {
 
+class Zygote;
+
 // Which of a worker's streams go to files (torchrun's Std: 0 none, 1 stdout, 2 stderr, 3 both).
 enum class Streams : uint8_t { None = 0, Out = 1, Err = 2, Both = 3 };
 
@@ -60,9 +62,11 @@ class Worker {
  public:
   enum class State { Running, Exited };
 
-  // Opens the log files and starts the process. Throws Error (nothing left behind) when a log
-  // file cannot be opened, or the fork or the exec fails (naming the program).
-  static std::unique_ptr<Worker> start(boost::asio::io_context& io, WorkerLaunch launch);
+  // Opens the log files and starts the process: forked from `zygote` (--warm-start) where one
+  // is given, else executed. Throws Error (nothing left behind) when a log file cannot be
+  // opened, or the fork or the exec fails (naming the program).
+  static std::unique_ptr<Worker> start(boost::asio::io_context& io, WorkerLaunch launch,
+                                       Zygote* zygote = nullptr);
   Worker(const Worker&) = delete;
   Worker& operator=(const Worker&) = delete;
 

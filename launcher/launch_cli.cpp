@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <fstream>
 
+#include "agents/warm_start_wire.h"
 #include "common/cli.h"
 #include "common/error.h"
 #include "common/host_port.h"
@@ -167,6 +168,8 @@ void readFlagValues(DeclaredFlags& f, LaunchConfig& c, const HostProbe& host) {
     c.agent.logLinePrefixTemplate = it->second;
   if (f.signalsOption->count() > 0)
     c.agent.signalsToHandle = parseSignalsToHandle(f.signalsToHandle);
+  if (f.preloadOption->count() > 0 && !f.warmStart)
+    throw ConfigError("--preload needs --warm-start (the modules are imported for warm starts)");
   // What resolveBackend decides the backend from.
   if (f.backendOption->count() > 0) f.backendFlag = parseRdzvBackend(f.backend);
   f.slurmBackend = f.backendFlag && f.backendFlag->slurm;
@@ -323,6 +326,23 @@ void crossCheck(const DeclaredFlags& f, const LaunchConfig& c) {
                       "DLRUN_ETCD_ENDPOINTS)");
 }
 
+// --warm-start: only for a Python interpreter running a script or a module, since the workers
+// are forked from one (agents/warm_start_wire.h).
+agents::WarmStartOptions warmStartOf(const DeclaredFlags& f,
+                                     const std::vector<std::string>& command,
+                                     const HostProbe& host) {
+  if (f.noPython)
+    throw ConfigError("--warm-start and --no-python conflict: warm starts fork a Python "
+                      "interpreter, and --no-python runs the entry point as a program");
+  if (f.rest.front() == "train")
+    throw ConfigError("--warm-start: the bundled trainer (train) is no Python program; drop "
+                      "--warm-start");
+  agents::WarmStartOptions options{
+      .interpreter = agents::warm::parsePythonCommand(command, host.pythonExec).interpreter};
+  if (f.preloadOption->count() > 0) options.preload = agents::warm::parsePreload(f.preload);
+  return options;
+}
+
 // torchrun's TORCHELASTIC_HEALTH_CHECK_PORT (launch() serves the liveness answer there).
 std::optional<uint16_t> healthCheckPort(const Environment& env) {
   const auto it = env.find("TORCHELASTIC_HEALTH_CHECK_PORT");
@@ -367,6 +387,7 @@ LaunchParse parseDlrunArgs(const std::vector<std::string>& args, const HostProbe
   c.entrypoint = f.rest.front();
   c.agent.command = resolveCommand(f.rest.front(), {f.rest.begin() + 1, f.rest.end()},
                                    {.module = f.module, .noPython = f.noPython, .runPath = f.runPath}, host);
+  if (f.warmStart) c.agent.warmStart = warmStartOf(f, c.agent.command, host);
   // What launch() reads last: the liveness port.
   c.healthCheckPort = healthCheckPort(host.env);
   return result;

@@ -111,6 +111,13 @@ void declareJobFlags(CLI::App& app, DeclaredFlags& f, LaunchConfig& c) {
   addFlag(app, "module", f.module, "Run the entry point as a Python module (python -m)", "-m");
   addFlag(app, "no-python", f.noPython, "Execute the entry point directly, without Python");
   addFlag(app, "run-path", f.runPath, "Run a Python entry point as a script (the default)");
+  addFlag(app, "warm-start", f.warmStart,
+          "Start and restart the workers by forking a Python interpreter that started with "
+          "dlrun (and imported --preload's modules) instead of a new one; a Python script or "
+          "module only (see docs/warm_start.md)");
+  f.preloadOption = addOption(app, "preload", f.preload,
+                              "With --warm-start: modules imported once, before the workers are "
+                              "forked, as MOD[,MOD...] (e.g. torch,numpy)");
   addOption(app, "numa-binding", f.numaBinding,
             "Pin each worker to CPUs near its GPU (on a node without GPUs: its share of the "
             "NUMA nodes): node, socket, exclusive or core-complex, as torchrun");

@@ -26,6 +26,8 @@ struct DeclaredFlags {
   int masterPort = -1;
   double monitorInterval = 0.1, stopTimeout = 30, shutdownTimeout = 30, hangTimeout = 0;
   bool module = false, noPython = false, runPath = false;
+  bool warmStart = false;  // --warm-start
+  std::string preload;     // --preload
   int nodeRank = -1;
   std::string backend;
   bool noSlurm = false;
@@ -46,7 +48,8 @@ struct DeclaredFlags {
               *shutdownTimeoutOption = nullptr, *signalsOption = nullptr, *roleOption = nullptr,
               *rolesOption = nullptr, *hangTimeoutOption = nullptr, *hangActionOption = nullptr,
               *masterAddrOption = nullptr, *masterPortOption = nullptr, *prefixOption = nullptr,
-              *stdoutFiltersOption = nullptr, *stderrFiltersOption = nullptr;
+              *stdoutFiltersOption = nullptr, *stderrFiltersOption = nullptr,
+              *preloadOption = nullptr;
   // Once parsed: the flags before the entry point, and the entry point with its arguments.
   std::vector<std::string> flags, rest;
   // Once read: --rdzv-backend, and what else the backend is decided from.

@@ -1191,5 +1191,42 @@ TEST(ParseDlrunArgs, LocalRankArgument) {
             "--local-rank-arg-style: 'camel' is not dash or underscore");
 }
 
+// --warm-start: the interpreter and its options the zygote runs under, the preload list; both
+// spellings and the PET_ variables.
+TEST(ParseDlrunArgs, WarmStart) {
+  EXPECT_FALSE(parse({"script.py"}).agent.warmStart);
+  auto c = parse({"--warm-start", "--preload", "torch,numpy", "script.py", "--lr", "1"});
+  ASSERT_TRUE(c.agent.warmStart);
+  EXPECT_EQ(c.agent.warmStart->interpreter, (Args{"/fake/python3", "-u"}));
+  EXPECT_EQ(c.agent.warmStart->preload, (Args{"torch", "numpy"}));
+  c = parse({"--warm_start", "-m", "pkg.train"});
+  ASSERT_TRUE(c.agent.warmStart);
+  EXPECT_TRUE(c.agent.warmStart->preload.empty());
+  HostProbe host = fakeHost();
+  host.findOnPath = [](const std::string& name) -> std::optional<std::string> {
+    return "/opt/py/bin/" + name;
+  };
+  c = parse({"--warm-start", "python3.11", "-X", "dev", "script.py"}, host);
+  EXPECT_EQ(c.agent.warmStart->interpreter, (Args{"/opt/py/bin/python3.11", "-X", "dev"}));
+  ScopedEnv warm("PET_WARM_START", "1");
+  ScopedEnv preload("PET_PRELOAD", "torch");
+  c = parse({"script.py"});
+  ASSERT_TRUE(c.agent.warmStart);
+  EXPECT_EQ(c.agent.warmStart->preload, (Args{"torch"}));
+}
+
+TEST(ParseDlrunArgs, WarmStartRefusesWhatIsNoPythonProgram) {
+  EXPECT_TRUE(contains(configError([] { parse({"--warm-start", "--no-python", "/jobs/tool"}); }),
+                       "--warm-start and --no-python conflict"));
+  EXPECT_TRUE(contains(configError([] { parse({"--warm-start", "train"}, fakeHost(0, true)); }),
+                       "the bundled trainer"));
+  EXPECT_TRUE(contains(configError([] { parse({"--warm-start", "env", "A=1"}); }),
+                       "--warm-start: the entry point runs /usr/bin/env, which is no Python"));
+  EXPECT_EQ(configError([] { parse({"--preload=torch", "script.py"}); }),
+            "--preload needs --warm-start (the modules are imported for warm starts)");
+  EXPECT_EQ(configError([] { parse({"--warm-start", "--preload=to-rch", "script.py"}); }),
+            "--preload: 'to-rch' is not a module name (MOD[,MOD...])");
+}
+
 }  // namespace
 }  // namespace dlrun::launcher

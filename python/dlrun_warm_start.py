@@ -1,0 +1,478 @@
+"""dlrun's warm-start zygote (agents/warm_start.h, docs/warm_start.md).
+
+The dlrun agent runs it as `INTERPRETER [OPTIONS] dlrun_warm_start.py MODULES -- WORKER_ARGV`,
+under the workers' own interpreter and options, with the node's common environment and its
+control socket as stdin (WORKER_ARGV, the longest of its workers', only makes room for each
+worker's own argv in /proc/PID/cmdline). It imports MODULES (comma-separated), answers Ready
+(or Refused, one line, and exits), then forks one worker per Spawn request (the frames of
+agents/warm_start_wire.h).
+
+Each worker becomes what `INTERPRETER [OPTIONS] SCRIPT ARGS` (or `-m MODULE ARGS`) started by
+the agent would be: environment, working directory, sys.argv, sys.path, __main__, stdio (-u
+too), process group, parent (the agent: the zygote forks a middle child that forks the worker
+and exits), parent-death signal, signal dispositions and mask, sitecustomize, and Python's own
+exit codes: SystemExit's, 1 after an uncaught exception's traceback, death by SIGINT after an
+uncaught KeyboardInterrupt.
+"""
+import os
+import signal
+import sys
+
+# A fresh interpreter's state, as the agent's fresh workers start with it: taken before
+# anything else runs, since this process is a fresh interpreter started as they are.
+_FRESH = {
+    "signals": {sig: signal.getsignal(sig) for sig in signal.valid_signals()
+                if sig not in (signal.SIGKILL, signal.SIGSTOP)},
+    "mask": signal.pthread_sigmask(signal.SIG_BLOCK, ()),
+    "path": list(sys.path),
+    "pythonpath": None if sys.flags.ignore_environment else os.environ.get("PYTHONPATH"),
+    "stdio": [(s.encoding, s.errors) if s is not None else None
+              for s in (sys.stdin, sys.stdout, sys.stderr)],
+    "unbuffered": sys.stdout is not None and sys.stdout.write_through,
+}
+
+import ctypes  # noqa: E402  (after the snapshot above)
+import io  # noqa: E402
+import socket  # noqa: E402
+import struct  # noqa: E402
+
+SPAWN = 1
+READY, REFUSED, SPAWNED, FAILED = 1, 2, 3, 4
+MAX_FRAME = 64 << 20
+PR_SET_PDEATHSIG = 1
+PR_SET_PTRACER = 0x59616D61
+SELF = (lambda: None).__code__.co_filename  # this file, as its frames name it
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def frame(kind, payload=b""):
+    return struct.pack("<IB", 1 + len(payload), kind) + payload
+
+
+def text_frame(kind, text):
+    data = " ".join(str(text).split("\n")).encode("utf-8", "replace")
+    return frame(kind, struct.pack("<I", len(data)) + data)
+
+
+class Reader:
+    def __init__(self, data):
+        self.data, self.at = data, 0
+
+    def u32(self):
+        (value,) = struct.unpack_from("<I", self.data, self.at)
+        self.at += 4
+        return value
+
+    def text(self):
+        size = self.u32()
+        value = bytes(self.data[self.at:self.at + size])
+        if len(value) != size:
+            raise ValueError("a field runs past the frame")
+        self.at += size
+        return value
+
+    def texts(self):
+        return [self.text() for _ in range(self.u32())]
+
+
+class Spawn:
+    """One Spawn frame: what the worker is to become."""
+
+    def __init__(self, body):
+        r = Reader(body)
+        self.agent = r.u32()
+        self.argv = [os.fsdecode(a) for a in r.texts()]
+        self.env = r.texts()
+        self.cwd = r.text()
+        self.cpus = [r.u32() for _ in range(r.u32())]
+
+
+def receive(ctl):
+    """The next frame's body and the descriptors that came with it; (None, []) at the end."""
+    data, fds, flags, _ = socket.recv_fds(ctl, 1 << 16, 8)
+    if flags & getattr(socket, "MSG_CTRUNC", 0):
+        raise ValueError("descriptors were lost on the way")
+    while 0 < len(data) < 4:
+        more = ctl.recv(4 - len(data))
+        if not more:
+            break
+        data += more
+    if len(data) < 4:
+        return None, fds
+    (length,) = struct.unpack_from("<I", data)
+    if length == 0 or length > MAX_FRAME:
+        raise ValueError(f"a frame of {length} bytes")
+    while len(data) < 4 + length:
+        more = ctl.recv(min(1 << 20, 4 + length - len(data)))
+        if not more:
+            return None, fds
+        data += more
+    return data[4:], fds
+
+
+def preload(modules):
+    """Imports `modules`; None, or why this zygote cannot serve (one line)."""
+    import importlib
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except BaseException as e:  # SystemExit and KeyboardInterrupt refuse too
+            return f"cannot import {name} (--preload): {type(e).__name__}: {e}"
+    torch = sys.modules.get("torch")
+    try:
+        cuda = torch is not None and torch.cuda.is_initialized()
+    except Exception:
+        cuda = False
+    if cuda:
+        return ("CUDA was initialised while preloading (torch.cuda.is_initialized()), and a "
+                "forked worker cannot use it: preload no module that initialises CUDA")
+    import threading
+    threads = [t.name for t in threading.enumerate() if t is not threading.main_thread()]
+    if threads:
+        return (f"preloading started Python threads ({', '.join(threads)}), which a forked "
+                "worker would not have: preload no module that starts threads at import")
+    return None
+
+
+def parse_command(argv):
+    """('script' or 'module', target, arguments) of a Python command line, as the agent's
+    warm::parsePythonCommand read it."""
+    i = 1
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--":
+            i += 1
+            break
+        if arg == "-" or not arg.startswith("-"):
+            break
+        if arg == "--check-hash-based-pycs":
+            i += 2
+            continue
+        for j, c in enumerate(arg[1:], 1):
+            if c in "mWX":
+                value = arg[j + 1:]
+                if not value:
+                    i += 1
+                    value = argv[i]
+                if c == "m":
+                    return "module", value, argv[i + 1:]
+                break
+        i += 1
+    return "script", argv[i], argv[i + 1:]
+
+
+def prctl(option, value):
+    _libc.prctl(ctypes.c_int(option), ctypes.c_ulong(value), ctypes.c_ulong(0),
+                ctypes.c_ulong(0), ctypes.c_ulong(0))
+
+
+def retitle(argv):
+    """/proc/self/cmdline (ps, pkill -f) shows `argv`, as far as the zygote's own had room: the
+    kernel reads it from this process's original argv area, which setproctitle rewrites too."""
+    try:
+        with open("/proc/self/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        start, end = int(fields[45]), int(fields[46])  # arg_start, arg_end: fields 48, 49
+        data = b"\0".join(os.fsencode(a) for a in argv)[:end - start - 1]
+        ctypes.memmove(start, data.ljust(end - start, b"\0"), end - start)
+    except (OSError, ValueError, IndexError):
+        pass  # the zygote's command line stays
+
+
+def set_environment(entries):
+    """The worker's environment, wholesale: os.environ and the C library's alike."""
+    os.environ.clear()
+    _libc.clearenv()
+    for entry in entries:
+        key, sep, value = entry.partition(b"=")
+        if sep and key:
+            os.environb[key] = value
+
+
+def fresh_stdio():
+    """sys.stdin, stdout and stderr over descriptors 0, 1 and 2, as CPython makes them."""
+    unbuffered = _FRESH["unbuffered"]
+    streams = []
+    for fd, (name, mode) in enumerate((("<stdin>", "r"), ("<stdout>", "w"), ("<stderr>", "w"))):
+        encoding, errors = _FRESH["stdio"][fd] or (None, None)
+        buffering = 0 if unbuffered and mode == "w" else -1
+        try:
+            buf = io.open(fd, mode + "b", buffering, closefd=False)
+        except OSError:
+            streams.append(None)
+            continue
+        raw = buf if buffering == 0 else buf.raw
+        raw.name = name
+        line = not unbuffered and (raw.isatty() or fd == 2)
+        stream = io.TextIOWrapper(buf, encoding, errors, newline="\n", line_buffering=line,
+                                  write_through=unbuffered)
+        stream.mode = mode
+        streams.append(stream)
+    sys.stdin, sys.stdout, sys.stderr = streams
+    sys.__stdin__, sys.__stdout__, sys.__stderr__ = streams
+
+
+def fresh_path(kind, target):
+    """sys.path as CPython computes it for this command, cwd and PYTHONPATH."""
+    safe = getattr(sys.flags, "safe_path", False)
+    own = _FRESH["pythonpath"]
+    rest = _FRESH["path"][(0 if safe else 1) + (len(own.split(os.pathsep)) if own else 0):]
+    head = []
+    if not safe:
+        head.append(os.getcwd() if kind == "module"
+                    else os.path.dirname(os.path.realpath(os.path.join(os.getcwd(), target))))
+    pythonpath = None if sys.flags.ignore_environment else os.environ.get("PYTHONPATH")
+    if pythonpath:
+        head += [os.path.abspath(p) for p in pythonpath.split(os.pathsep)]
+    sys.path[:] = head + rest
+    import importlib
+    importlib.invalidate_caches()  # directories written since the zygote looked
+
+
+def fresh_signals():
+    for sig, handler in _FRESH["signals"].items():
+        if handler is not None:
+            try:
+                signal.signal(sig, handler)
+            except (OSError, ValueError, RuntimeError):
+                pass
+    signal.set_wakeup_fd(-1)
+
+
+def rerun_site():
+    """sitecustomize (dlrun's stack hook among them) and usercustomize from the worker's path."""
+    if sys.flags.no_site:
+        return
+    import site
+    sys.modules.pop("sitecustomize", None)
+    site.execsitecustomize()
+    if site.ENABLE_USER_SITE:
+        sys.modules.pop("usercustomize", None)
+        site.execusercustomize()
+
+
+def become_worker(ctl, request, fds):
+    """In the worker: wait for the agent's go, take on the worker's state. Never returns."""
+    try:
+        ctl.close()
+        stdin, stdout, stderr, go = fds
+        os.setpgid(0, 0)
+        if os.read(go, 1) != b"g":
+            os._exit(127)  # the agent is gone
+        os.close(go)
+        prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != request.agent:
+            os._exit(127)  # the agent died before the line above
+        prctl(PR_SET_PTRACER, request.agent)
+        for target, fd in ((0, stdin), (1, stdout), (2, stderr)):
+            os.dup2(fd, target)
+        for fd in {stdin, stdout, stderr}:
+            os.close(fd)
+        if request.cwd:
+            os.chdir(request.cwd)
+        set_environment(request.env)
+        retitle(request.argv)
+        kind, target, args = parse_command(request.argv)
+        fresh_stdio()
+        fresh_path(kind, target)
+        fresh_signals()  # before sitecustomize, whose stack hook registers a signal
+        rerun_site()
+        signal.pthread_sigmask(signal.SIG_SETMASK, _FRESH["mask"])
+    except BaseException as e:
+        os.write(2, f"dlrun warm start: cannot set up the worker: {type(e).__name__}: {e}\n"
+                 .encode(errors="replace"))
+        os._exit(127)
+    os._exit(run(request.argv, kind, target, args))
+
+
+def fresh_main():
+    import builtins
+    import types
+    main = types.ModuleType("__main__")
+    main.__annotations__ = {}
+    main.__builtins__ = builtins
+    sys.modules["__main__"] = main
+    return main
+
+
+def run_script(main, path, program):
+    filename = os.path.join(os.getcwd(), path)  # absolute, not normalised, as CPython's
+    try:
+        with io.open_code(filename) as f:
+            source = f.read()
+    except OSError as e:
+        sys.stderr.write(f"{program}: can't open file {filename!r}: [Errno {e.errno}] "
+                         f"{e.strerror}\n")
+        return 2
+    main.__file__ = filename
+    main.__cached__ = None
+    import importlib.machinery
+    main.__loader__ = importlib.machinery.SourceFileLoader("__main__", filename)
+    exec(compile(source, filename, "exec", dont_inherit=True), main.__dict__)
+    return 0
+
+
+def print_exception(e):
+    """As PyErr_Print: the traceback from the program's own first frame."""
+    tb = e.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename == SELF:
+        tb = tb.tb_next
+    e.__traceback__ = tb
+    sys.last_type, sys.last_value, sys.last_traceback = type(e), e, tb
+    sys.excepthook(type(e), e, tb)
+
+
+def exit_code(e):
+    """SystemExit's code as CPython's exit."""
+    code = e.code
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF if -(1 << 63) <= code < (1 << 63) else 0xFF
+    try:
+        sys.stderr.write(f"{code}\n")
+    except Exception:
+        pass
+    return 1
+
+
+def run(argv, kind, target, args):
+    """The program as __main__, then Python's finalisation; the exit code."""
+    main = fresh_main()
+    sys.orig_argv = list(argv)
+    interrupted = False
+    try:
+        if kind == "module":
+            import runpy
+            sys.argv = ["-m", *args]
+            code = 0
+            runpy._run_module_as_main(target, alter_argv=True)
+        else:
+            sys.argv = [target, *args]
+            code = run_script(main, target, argv[0])
+    except SystemExit as e:
+        code = exit_code(e)
+    except BaseException as e:
+        print_exception(e)
+        code = 1
+        interrupted = isinstance(e, KeyboardInterrupt)
+    if kind == "script":
+        main.__dict__.pop("__file__", None)
+        main.__dict__.pop("__cached__", None)
+    return finish(code, interrupted)
+
+
+def finish(code, interrupted):
+    """Py_FinalizeEx's visible part: threads joined, atexit, stdio flushed."""
+    threading = sys.modules.get("threading")
+    if threading is not None:
+        try:
+            threading._shutdown()
+        except BaseException as e:
+            print_exception(e)
+    import atexit
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            if stream is not None and not stream.closed:
+                stream.flush()
+        except Exception:
+            code = 120
+    if interrupted:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
+        os.kill(os.getpid(), signal.SIGINT)
+        code = 130
+    return code
+
+
+def spawn(ctl, request, fds):
+    """Forks the worker through a middle child, which exits once the worker leads its process
+    group: the worker is reparented to the agent. The reply frame."""
+    r, w = os.pipe()
+    for stream in (sys.stdout, sys.stderr):
+        if stream is not None:
+            stream.flush()
+    try:
+        middle = os.fork()
+    except OSError as e:
+        for fd in (r, w, *fds):
+            os.close(fd)
+        return text_frame(FAILED, f"fork: {e.strerror}")
+    if middle == 0:
+        try:
+            os.close(r)
+            if request.cpus:
+                try:
+                    os.sched_setaffinity(0, request.cpus)
+                except OSError as e:
+                    os.write(w, f"Ecannot run on CPUs {request.cpus} (--numa-binding): "
+                                f"{e.strerror}".encode())
+                    os._exit(0)
+            pid = os.fork()
+            if pid == 0:
+                os.close(w)
+                become_worker(ctl, request, fds)
+            try:
+                os.setpgid(pid, pid)
+            except OSError:
+                pass  # it did so itself
+            os.write(w, b"P" + struct.pack("<I", pid))
+        except BaseException as e:
+            os.write(w, f"E{type(e).__name__}: {e}".encode(errors="replace"))
+        os._exit(0)
+    os.close(w)
+    for fd in fds:
+        os.close(fd)
+    os.waitpid(middle, 0)
+    os.set_blocking(r, False)
+    try:
+        said = os.read(r, 1 << 16)
+    except BlockingIOError:
+        said = b""
+    os.close(r)
+    if said[:1] == b"P" and len(said) == 5:
+        return frame(SPAWNED, said[1:])
+    if said[:1] == b"E":
+        return text_frame(FAILED, said[1:].decode(errors="replace"))
+    return text_frame(FAILED, "the middle child ended without a word")
+
+
+def control_socket():
+    """The agent's socket, moved off stdin (which becomes /dev/null)."""
+    ctl = socket.socket(fileno=os.dup(0))
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    return ctl
+
+
+def main():
+    import time
+    ctl = control_socket()
+    modules = [m for m in sys.argv[1].split(",") if m] if len(sys.argv) > 1 else []
+    began = time.monotonic()
+    problem = preload(modules)
+    if problem:
+        ctl.sendall(text_frame(REFUSED, problem))
+        return 0
+    import gc
+    gc.collect()
+    gc.freeze()  # the forks' collections then leave the shared pages alone
+    version = ".".join(map(str, sys.version_info[:3]))
+    ctl.sendall(text_frame(READY, f"Python {version} (pid {os.getpid()}) ready, "
+                                  f"{', '.join(modules) or 'no module'} imported in "
+                                  f"{time.monotonic() - began:.2f} s"))
+    while True:
+        body, fds = receive(ctl)
+        if body is None:
+            return 0  # the agent is gone
+        if body[0] != SPAWN or len(fds) != 4:
+            for fd in fds:
+                os.close(fd)
+            raise ValueError(f"a frame of kind {body[0]} with {len(fds)} descriptors")
+        ctl.sendall(spawn(ctl, Spawn(body[1:]), fds))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
