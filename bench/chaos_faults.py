@@ -240,6 +240,13 @@ class Cluster:
 
 # --- processes -------------------------------------------------------------------------------
 
+def stop_on_sigterm(signum, frame):
+    """A bench's SIGTERM handler: raised in the main thread, so every finally runs (processes
+    killed by PID, hosts down, disks unmounted); netns_fixture's own handler, installed after
+    this one, takes the hosts down first, then calls it."""
+    raise SystemExit(143)
+
+
 def kill_and_reap(proc):
     if proc is not None:
         stop_process(proc, signal.SIGKILL)

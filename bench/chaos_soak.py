@@ -52,7 +52,7 @@ import threading
 import time
 
 from chaos_faults import (EXPECTED, INJECT, JOB_HOSTS, TTL_S, Cluster, Skip, is_running,
-                          live_agents, read_from, valid_kinds, wait_for)
+                          live_agents, read_from, stop_on_sigterm, valid_kinds, wait_for)
 
 FINISH_S = 120          # the last job ends within this after the faults stop
 JOB_STEPS = 8000        # --max-steps of a job: 30-80 s at 2-4 nodes on 2 cores
@@ -405,12 +405,6 @@ def snapshot(bindir, into):
         if os.path.exists(source):
             shutil.copy2(source, os.path.join(into, name))
     return into
-
-
-def stop_on_sigterm(signum, frame):
-    # Raised in the main thread, so every finally runs: hosts down, disks unmounted. (netns
-    # fixture's own handler, installed after this one, takes the hosts down first, then calls it.)
-    raise SystemExit(143)
 
 
 def main(argv=None):

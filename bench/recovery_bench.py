@@ -1,0 +1,298 @@
+"""What a failure costs a training job: the time from the fault to the next completed training
+step, dlrun against torchrun (torch 2.x, bench/anchor.sh), for recovery_bench.sh.
+
+The job (bench/recovery_worker.py): torch DDP over gloo on CPU, an MLP of 1.2 M parameters, a
+checkpoint every step written by rank 0 and loaded by every rank at its start, so a restarted
+job resumes. The faults (--cases; recovery_trials.py has the mechanics):
+  worker  one worker SIGKILLed: --standalone --nproc-per-node=N on host 0;
+  host    a member host killed (SIGKILL to every process in its network namespace) in a job of
+          --nnodes=2 with a spare: 3 agents on hosts 0-2, 2 running, the third waiting in the
+          rendezvous; the spare must take the lost node's place;
+  agent   the launcher of one node SIGKILLed in a job of --nnodes=1:2 on hosts 0-1: an agent
+          lost is a node lost, and with min 1 node the survivor restarts alone (both launchers
+          can recover so; with min 2 and no spare neither could). dlrun's workers die with
+          their agent (PDEATHSIG); torchrun's do not (their own sessions): those still running
+          0.5 s after the kill are SIGKILLed, as a lost node's would be, and the row says so.
+The multi-node cases rendezvous (c10d, is_host=false) through a fresh dlrund on host 3 per
+trial. Every launcher gets the same flags (--max-restarts, --rdzv-conf), the launchers' own
+defaults otherwise: torchrun's last_call_timeout (30 s) holds a round below max nodes open
+that long, so its agent case waits it out; --rdzv-conf=last_call_timeout=1 gives both 1 s.
+The launchers (--launchers): dlrun; dlrun-warm, dlrun with WARM_FLAGS where `dlrun --help`
+lists --warm-start (else its rows say n/a); torchrun.
+
+A trial: the job starts, trains steadily, the fault (its time taken right before the kill),
+then the recovery: the first step completed by a restarted rank 0, minus the fault's time (both
+time.time(): one kernel, one clock across the namespaces). It fails when no step comes within
+--deadline s, when an agent that was not killed exits before, when an agent exits non-zero
+after the stop file, or when a step is taken twice after it was checkpointed. A hung trial is
+killed at its deadline.
+
+The floor: the same workers' own start with no launcher at all, the processes started together
+by hand with torchrun's environment and a fresh torch TCPStore: interpreter start, import
+torch, init_process_group, checkpoint load, one step; from their start to the first completed
+step, measured in the same run, for each world size a recovery ends in (worker, agent: N; host:
+2N). Every round is: the floors, then one trial of each case and launcher, in reverse order
+every other round, so slow drifts in the machine's load touch every row alike.
+
+Prints a table per case (launcher, successes/trials, median and worst recovery, the median's
+ratio to the floor, the median of its first part: from the fault to the start of the new rank
+0 process, the rest being that process's own start-up; the failures by kind, each failed trial's
+reason), the floor, one summary line. Exit status: 0, or 1 when a dlrun trial
+failed or the floor could not be measured; torchrun's failures are results.
+"""
+import argparse
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+
+from recovery_trials import CASES, Failed, Trial, floor_trial, run_bare
+from netns_fixture import Hosts  # noqa: E402  (recovery_trials put tests/python on the path)
+from chaos_faults import stop_on_sigterm  # noqa: E402
+
+# dlrun-warm's flags. Its row runs where `dlrun --help` lists the first of them.
+WARM_FLAGS = ["--warm-start", "--preload", "torch"]
+LAUNCHERS = ("dlrun", "dlrun-warm", "torchrun")
+HOSTS = 4  # agents on 0-2, dlrund on 3
+LEGEND = ("failed: start = never trained steadily; hang = no step by the deadline, the agents "
+          "still running (killed then); exit = an agent exited before recovering; stop = no exit "
+          "0 after the stop file; twice = a checkpointed step taken again; setup = the "
+          "benchmark's own")
+
+
+class Setup:
+    """What every trial shares."""
+
+    def __init__(self, args, hosts, scratch):
+        self.hosts, self.scratch = hosts, scratch
+        self.python, self.dlrund = args.python, args.dlrund
+        self.nproc, self.max_restarts = args.nproc, args.max_restarts
+        self.deadline, self.rdzv_conf = args.deadline, args.rdzv_conf
+        self.checkpoint = os.path.join(scratch, "template.pt")
+
+
+def has_warm_start(dlrun):
+    try:
+        result = subprocess.run([dlrun, "--help"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return WARM_FLAGS[0] in result.stdout + result.stderr
+
+
+def launcher_prefixes(args):
+    """name -> argv prefix, or None for a row that cannot run here."""
+    prefixes = {"dlrun": [args.dlrun], "torchrun": list(args.torchrun)}
+    prefixes["dlrun-warm"] = [args.dlrun, *WARM_FLAGS] if has_warm_start(args.dlrun) else None
+    return {name: prefixes[name] for name in args.launchers}
+
+
+def make_template(setup):
+    """An untimed bare run: fills the page cache (torch's imports) for every row alike and
+    leaves the checkpoint every trial starts from, so even a first start loads one."""
+    out = os.path.join(setup.scratch, "warm-up")
+    os.makedirs(out)
+    run_bare(setup, setup.nproc, out)
+    shutil.copy(os.path.join(out, "checkpoint.pt"), setup.checkpoint)
+
+
+# --- the rounds ------------------------------------------------------------------------------
+
+def floor_worlds(args):
+    return sorted({CASES[c].world_after * args.nproc for c in args.cases})
+
+
+def keep(args, directory):
+    """Copies a trial's files but its checkpoints to --keep, then removes them here."""
+    if args.keep and os.path.isdir(directory):
+        shutil.copytree(directory, os.path.join(args.keep, os.path.basename(directory)),
+                        ignore=shutil.ignore_patterns("checkpoint.pt*"))
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+def run_rounds(args, setup, prefixes, results, floors):
+    pairs = [(c, l) for c in args.cases for l in args.launchers if prefixes[l] is not None]
+    for index in range(args.trials):
+        for world in floor_worlds(args):
+            try:
+                took, resume = floor_trial(setup, world, index)
+                floors.setdefault(world, []).append((took, resume))
+                print(f"  round {index + 1} floor N={world}: {took:.2f} s", flush=True)
+            except Failed as failure:
+                print(f"  round {index + 1} floor N={world}: FAILED: {failure}", flush=True)
+            keep(args, os.path.join(setup.scratch, f"floor{world}-{index}"))
+        for case, launcher in (pairs if index % 2 == 0 else pairs[::-1]):
+            trial = Trial(setup, CASES[case], launcher, prefixes[launcher], index)
+            outcome = trial.run()
+            results.setdefault((case, launcher), []).append(outcome)
+            if outcome.reason is None:
+                text = f"{outcome.recovery:.2f} s" + (f" ({outcome.note})" if outcome.note
+                                                      else "")
+            else:
+                text = f"FAILED: {outcome.reason}"
+            print(f"  round {index + 1} {case} {launcher}: {text}", flush=True)
+            keep(args, trial.dir)
+
+
+# --- the report ------------------------------------------------------------------------------
+
+def seconds(value):
+    return "-" if value is None else f"{value:.2f} s"
+
+
+def render(rows):
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip()
+                     for r in rows)
+
+
+def floor_median(floors, world):
+    values = [s for s, _ in floors.get(world, [])]
+    return statistics.median(values) if values else None
+
+
+def case_header(args, case):
+    c = CASES[case]
+    if c.nnodes is None:
+        job = f"--standalone --nproc-per-node={args.nproc}"
+    else:
+        job = (f"--nnodes={c.nnodes} --nproc-per-node={args.nproc} on {len(c.hosts)} hosts, "
+               f"c10d through dlrund" + (f", --rdzv-conf={args.rdzv_conf}" if args.rdzv_conf
+                                          else ""))
+    return (f"{case}: {c.title} ({job} --max-restarts={args.max_restarts}); recovery ends in "
+            f"a world of {c.world_after * args.nproc}")
+
+
+def case_table(args, case, prefixes, results, floors):
+    floor = floor_median(floors, CASES[case].world_after * args.nproc)
+    rows = [("launcher", "ok", "median", "worst", "/ floor", "of which to restart", "failed")]
+    notes = []
+    for launcher in args.launchers:
+        if prefixes[launcher] is None:
+            rows.append((launcher, f"n/a (dlrun has no {WARM_FLAGS[0]})", "", "", "", "", ""))
+            continue
+        outcomes = results.get((case, launcher), [])
+        times = [o.recovery for o in outcomes if o.reason is None]
+        median = statistics.median(times) if times else None
+        kinds = [o.kind for o in outcomes if o.reason is not None]
+        respawns = [o.respawn for o in outcomes if o.reason is None and o.respawn is not None]
+        rows.append((launcher, f"{len(times)}/{len(outcomes)}", seconds(median),
+                     seconds(max(times) if times else None),
+                     f"{median / floor:.2f}x" if median and floor else "-",
+                     seconds(statistics.median(respawns) if respawns else None),
+                     ", ".join(f"{kinds.count(k)} {k}" for k in sorted(set(kinds)))))
+        for i, o in enumerate(outcomes):
+            if o.reason is not None:
+                notes.append(f"{launcher} round {i + 1}: {o.reason}")
+        noted = [o.note for o in outcomes if o.note]
+        if noted:
+            notes.append(f"{launcher}: {noted[0]} in {len(noted)} of {len(outcomes)} trials "
+                         "(SIGKILLed 0.5 s after the agent; the recovery counts from the agent's "
+                         "kill)")
+    text = f"{case_header(args, case)}\n{render(rows)}"
+    return text + "".join(f"\n    {n}" for n in notes)
+
+
+def floor_table(floors):
+    rows = [("world", "ok", "median", "worst", "exec", "import torch", "init_process_group",
+             "model+checkpoint+DDP", "first step")]
+    phases = ("launched", "start", "imported", "joined", "loaded", "first")
+    for world, runs in sorted(floors.items()):
+        times = [s for s, _ in runs]
+        rows.append((str(world), str(len(runs)), seconds(statistics.median(times)),
+                     seconds(max(times)), *(
+                         seconds(statistics.median(r[b] - r[a] for _, r in runs))
+                         for a, b in zip(phases, phases[1:]))))
+    return ("floor: the workers started by hand, no launcher (their start to the first "
+            "completed step; then rank 0's phases, medians; DDP's first construction imports "
+            "torch._dynamo, about 800 modules)\n" + render(rows))
+
+
+def summary(args, prefixes, results, floors):
+    parts = []
+    for case in args.cases:
+        cells = []
+        for launcher in args.launchers:
+            outcomes = results.get((case, launcher), [])
+            times = [o.recovery for o in outcomes if o.reason is None]
+            if prefixes[launcher] is None:
+                continue
+            cells.append(f"{launcher} {seconds(statistics.median(times) if times else None)} "
+                         f"({len(times)}/{len(outcomes)})")
+        parts.append(f"{case}: " + ", ".join(cells))
+    floor = ", ".join(f"N={w} {seconds(floor_median(floors, w))}" for w in sorted(floors))
+    return "summary: median recovery " + "; ".join(parts) + f"; floor {floor}"
+
+
+# --- main ------------------------------------------------------------------------------------
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--dlrun", required=True)
+    parser.add_argument("--dlrund", required=True)
+    parser.add_argument("--python", required=True, help="the workers' interpreter (torch 2.x)")
+    parser.add_argument("--torchrun", required=True, nargs="+", help="argv prefix of torchrun")
+    parser.add_argument("--scratch", required=True, help="trials' directories (checkpoints)")
+    parser.add_argument("--trials", type=int, help="rounds (default 10; --quick: 2)")
+    parser.add_argument("--nproc", type=int, default=2, help="workers per node")
+    parser.add_argument("--cases", default="worker,host,agent")
+    parser.add_argument("--launchers", default=",".join(LAUNCHERS))
+    parser.add_argument("--deadline", type=float, default=60,
+                        help="seconds from the fault to the next step before a trial fails")
+    parser.add_argument("--max-restarts", type=int, default=3)
+    parser.add_argument("--rdzv-conf", default="",
+                        help="more --rdzv-conf for both launchers (e.g. last_call_timeout=1)")
+    parser.add_argument("--quick", action="store_true", help="a smoke run: 2 rounds")
+    parser.add_argument("--keep", metavar="DIR",
+                        help="copy each trial's files and logs (not its checkpoints) into DIR")
+    args = parser.parse_args(argv)
+    args.trials = args.trials or (2 if args.quick else 10)
+    if args.keep:
+        os.makedirs(args.keep, exist_ok=True)
+    args.cases = [c for c in args.cases.split(",") if c]
+    args.launchers = [l for l in args.launchers.split(",") if l]
+    for name, given, known in (("case", args.cases, CASES), ("launcher", args.launchers,
+                                                               LAUNCHERS)):
+        unknown = [g for g in given if g not in known]
+        if unknown or not given:
+            parser.error(f"unknown {name} {unknown}: choose from {', '.join(known)}")
+    if args.nproc < 1 or args.trials < 1:
+        parser.error("--nproc and --trials must be at least 1")
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    signal.signal(signal.SIGTERM, stop_on_sigterm)
+    if os.geteuid() != 0:
+        print("recovery_bench: needs root (network namespaces)", file=sys.stderr)
+        return 2
+    prefixes = launcher_prefixes(args)
+    print(f"rounds: {args.trials}, {args.nproc} workers per node, cases {', '.join(args.cases)}, "
+          f"deadline {args.deadline:g} s; launchers: " +
+          ", ".join(f"{n} = {' '.join(p) if p else 'n/a'}" for n, p in prefixes.items()),
+          flush=True)
+    results, floors = {}, {}
+    with Hosts(HOSTS) as hosts:
+        setup = Setup(args, hosts, args.scratch)
+        try:
+            make_template(setup)
+        except Failed as failure:
+            print(f"recovery_bench: the warm-up run failed: {failure}", file=sys.stderr)
+            return 1
+        run_rounds(args, setup, prefixes, results, floors)
+    print()
+    for case in args.cases:
+        print(case_table(args, case, prefixes, results, floors) + "\n")
+    print(LEGEND + "\n")
+    if floors:
+        print(floor_table(floors) + "\n")
+    print(summary(args, prefixes, results, floors), flush=True)
+    dlrun_failed = any(o.reason for (_, l), outs in results.items() for o in outs
+                       if l.startswith("dlrun"))
+    return 1 if dlrun_failed or len(floors) < len(floor_worlds(args)) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

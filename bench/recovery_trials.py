@@ -1,0 +1,471 @@
+"""One trial of bench/recovery_bench.py: a training job (bench/recovery_worker.py) under a
+launcher, one fault, the time to the job's next completed step, and the checks; and the floor,
+the same workers started by hand with no launcher.
+
+The simulated hosts (scripts/netns.sh through tests/python/netns_fixture.py): hosts 0-2 run the
+launchers (one agent each), host 3 a fresh dlrund per trial (the c10d rendezvous of the
+multi-node cases, the store of both launchers there: `is_host=false`). Every connection starts
+inside a namespace; the benchmark itself only reads and writes files. The floor runs in the
+root namespace on loopback.
+
+A trial:
+1. the agents start; the job is steady once rank 0 of one incarnation (a resume line) has taken
+   STEADY_STEPS steps in the world the case expects (and, where a spare waits, SETTLE_S more
+   without a restart, so the spare is in place);
+2. the fault, its time (time.time()) taken right before the kill;
+3. recovery: the first step line of another incarnation than the one stepping at the fault,
+   minus the fault's time; failed when none comes within --deadline s, or an agent that was not
+   killed exits first (any exit before recovery fails: the job did not come back);
+4. the stop file: every agent not killed must exit 0 within STOP_TIMEOUT_S;
+5. the lineage: no resume from an older step than one already logged (a step line means its
+   checkpoint was in place), no step logged twice;
+6. everything left is killed: each agent by PID, then every process in the trial's hosts
+   (netns.sh kill), dlrund by PID.
+"""
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+from chaos_faults import kill_and_reap, read_from, signal_pid, wait_for
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "tests", "python"))
+from dlrun_fixture import clean_env, die_with_parent  # noqa: E402
+from dlrund_fixture import read_line  # noqa: E402
+from rdzv_bench import start_time  # noqa: E402
+
+WORKER = os.path.join(HERE, "recovery_worker.py")
+STORE_SERVER = os.path.join(HERE, "torch_store_server.py")
+DLRUND_HOST = 3
+DLRUND_PORT = 29400
+STEADY_STEPS = 5         # steps of one incarnation before the job counts as training
+SETTLE_S = 2.0           # more steady time where a spare must be in place before the fault
+START_TIMEOUT_S = 120    # launch to steady training (torch's start-up on 2 shared cores)
+STOP_TIMEOUT_S = 60      # the stop file to every agent's exit
+ORPHAN_GRACE_S = 0.5     # an agent's workers still running this long after it was killed
+POLL_S = 0.02
+
+
+class Case:
+    """A fault and the job it hits: the hosts with agents, --nnodes (None: --standalone), the
+    world before the fault and after recovery (in nproc units), and the fault itself."""
+
+    def __init__(self, name, title, hosts, nnodes, world, world_after, settle, fault):
+        self.name, self.title, self.hosts, self.nnodes = name, title, hosts, nnodes
+        self.world, self.world_after, self.settle, self.fault = world, world_after, settle, fault
+
+
+class Outcome:
+    def __init__(self, recovery=None, respawn=None, reason=None, kind=None, note=None):
+        self.recovery = recovery  # seconds, when the trial succeeded
+        self.respawn = respawn    # of which from the fault to the new rank 0's start
+        self.reason = reason      # why it failed, else None
+        self.kind = kind          # Failed.kind
+        self.note = note          # a remark that is no failure (torchrun's orphaned workers)
+
+
+class Failed(Exception):
+    """A trial that failed; `kind` sorts it for the table: "start" (never trained steadily),
+    "hang" (no step by the deadline, the agents still running), "exit" (an agent exited before
+    recovering), "stop" (no clean exit after the stop file), "twice" (a checkpointed step taken
+    again), "setup" (the benchmark's own: no victim, no dlrund)."""
+
+    def __init__(self, kind, message):
+        super().__init__(message)
+        self.kind = kind
+
+
+# --- what the worker writes ------------------------------------------------------------------
+
+class StepLog:
+    """steps.jsonl as it grows: only whole lines, each read once."""
+
+    def __init__(self, path):
+        self.path, self.offset, self.records = path, 0, []
+
+    def poll(self):
+        data = read_from(self.path, self.offset)
+        end = data.rfind(b"\n") + 1
+        self.offset += end
+        for line in data[:end].splitlines():
+            try:
+                self.records.append(json.loads(line))
+            except ValueError:
+                continue  # not the worker's (a single write(2) per line leaves no half line)
+        return self.records
+
+    def steady(self, world, count):
+        """The incarnation of rank 0 when it took `count` steps since its resume in `world`."""
+        records = self.poll()
+        starts = [i for i, r in enumerate(records) if r["kind"] == "resume"]
+        if not starts or records[starts[-1]]["world"] != world:
+            return None
+        inc = records[starts[-1]]["inc"]
+        steps = [r for r in records[starts[-1] + 1:] if r["kind"] == "step" and r["inc"] == inc]
+        return inc if len(steps) >= count else None
+
+    def stepping(self):
+        """The incarnation of the last step line, or None."""
+        steps = [r for r in self.poll() if r["kind"] == "step"]
+        return steps[-1]["inc"] if steps else None
+
+    def first_step_after(self, t, other_than):
+        for r in self.poll():
+            if r["kind"] == "step" and r["inc"] != other_than and r["time"] > t:
+                return r
+        return None
+
+    def respawn(self, t, other_than):
+        """Seconds from `t` to the start of the rank 0 that took the first step after it."""
+        step = self.first_step_after(t, other_than)
+        starts = [r["start"] for r in self.records if r["kind"] == "resume"
+                  and step is not None and r["inc"] == step["inc"]]
+        return starts[0] - t if starts else None
+
+    def lineage_error(self):
+        """A step taken twice after it was checkpointed, else None."""
+        logged = 0
+        for r in self.poll():
+            if r["kind"] == "resume" and r["step"] < logged:
+                return f"resumed from step {r['step']} after step {logged} was checkpointed"
+            if r["kind"] == "step":
+                if r["step"] <= logged:
+                    return f"step {r['step']} taken twice"
+                logged = r["step"]
+        return None
+
+
+def running_workers(out):
+    """The worker processes of `out` that run now: their procs/ records."""
+    found = []
+    directory = os.path.join(out, "procs")
+    for name in os.listdir(directory) if os.path.isdir(directory) else []:
+        try:
+            with open(os.path.join(directory, name)) as f:
+                record = json.load(f)
+        except (OSError, ValueError):
+            continue
+        if is_worker(record):
+            found.append(record)
+    return found
+
+
+def is_worker(record):
+    """Whether the worker of `record` still runs (its PID, started when it says: not a reused
+    PID)."""
+    return start_time(record["pid"]) == record["ticks"]
+
+
+def host_index(name):
+    return int(name[len("node"):]) if name.startswith("node") else None
+
+
+# torch 2.13's stores warn on every accept where a peer's name cannot be looked up (the simulated
+# hosts have no DNS): noise for a failure's reason.
+NOISE = re.compile(r"hostname of the client socket cannot be retrieved|^[\s^~]*$")
+
+
+def last_line(path):
+    """What a log says last: its newest line naming an error among the last 40, else its last
+    line (noise left out)."""
+    lines = [line.strip() for line in read_from(path, 0).decode(errors="replace").splitlines()
+             if not NOISE.search(line)][-40:]
+    errors = [line for line in lines if "Error" in line or "error:" in line]
+    text = (errors or lines or ["(no output)"])[-1]
+    return text[:240]
+
+
+# --- the faults ------------------------------------------------------------------------------
+# Each takes the trial, picks its victim from the trial's number (even: rank 0's, odd: another,
+# so both kinds come up alike for every launcher), calls trial.stamp_fault() right before the
+# kill, and returns a note or None.
+
+def victim_worker(trial, rank):
+    mine = [w for w in running_workers(trial.dir) if w["rank"] == rank]
+    if not mine:
+        raise Failed("setup", f"no running worker of rank {rank} to kill")
+    return mine[0]
+
+
+def kill_worker(trial):
+    rank = 0 if trial.index % 2 == 0 else trial.nproc - 1
+    worker = victim_worker(trial, rank)
+    trial.stamp_fault()
+    signal_pid(worker["pid"], signal.SIGKILL)
+    return None
+
+
+def victim_host(trial):
+    """The host of rank 0 (even trials) or another host with running workers (odd)."""
+    rank0 = host_index(victim_worker(trial, 0)["host"])
+    if trial.index % 2 == 0:
+        return rank0
+    others = sorted({host_index(w["host"]) for w in running_workers(trial.dir)} - {rank0})
+    if not others:
+        raise Failed("setup", "no second host with running workers")
+    return others[0]
+
+
+def kill_host(trial):
+    host = victim_host(trial)
+    pids = trial.hosts.pids(host)
+    trial.stamp_fault()
+    for pid in pids:  # at once, by PID; netns.sh kill then makes sure nothing is left
+        signal_pid(pid, signal.SIGKILL)
+    trial.hosts.kill_host(host)
+    trial.killed.add(host)
+    return None
+
+
+def kill_agent(trial):
+    """SIGKILLs the agent alone. A lost node takes its workers with it: those still running
+    ORPHAN_GRACE_S later (torchrun's run in sessions of their own, with no PDEATHSIG) are
+    SIGKILLed then, and the note says so; the recovery still counts from the agent's kill."""
+    host = victim_host(trial)
+    workers = [w for w in running_workers(trial.dir) if host_index(w["host"]) == host]
+    agent = trial.agents[host]
+    trial.stamp_fault()
+    signal_pid(agent.pid, signal.SIGKILL)
+    trial.killed.add(host)
+    wait_for(lambda: not any(is_worker(w) for w in workers), ORPHAN_GRACE_S,
+             every=POLL_S / 4)
+    orphans = [w for w in workers if is_worker(w)]
+    for w in orphans:
+        signal_pid(w["pid"], signal.SIGKILL)
+    kill_and_reap(agent)
+    if orphans:
+        return f"{len(orphans)} of {len(workers)} workers outlived their agent"
+    return None
+
+
+CASES = {
+    "worker": Case("worker", "one worker SIGKILLed", (0,), None, 1, 1, 0.0, kill_worker),
+    "host": Case("host", "a member host killed, a spare waiting", (0, 1, 2), "2", 2, 2,
+                 SETTLE_S, kill_host),
+    "agent": Case("agent", "an agent SIGKILLed", (0, 1), "1:2", 2, 1, 0.0, kill_agent),
+}
+
+
+# --- a trial ---------------------------------------------------------------------------------
+
+class Trial:
+    """One launch of one case under one launcher (`argv_prefix`: the launcher and its own flags)."""
+
+    def __init__(self, setup, case, launcher, argv_prefix, index):
+        self.setup, self.case, self.launcher, self.index = setup, case, launcher, index
+        self.hosts, self.nproc = setup.hosts, setup.nproc
+        self.dir = os.path.join(setup.scratch, f"{case.name}-{launcher}-{index}")
+        os.makedirs(self.dir)
+        shutil.copy(setup.checkpoint, os.path.join(self.dir, "checkpoint.pt"))
+        self.log = StepLog(os.path.join(self.dir, "steps.jsonl"))
+        self.argv_prefix = argv_prefix
+        self.agents = {}          # host -> Popen of its launcher
+        self.killed = set()       # hosts whose agent the fault took
+        self.dlrund = None
+        self.fault_time = None
+        self.fault_inc = None
+
+    def flags(self):
+        s = self.setup
+        flags = [f"--nproc-per-node={self.nproc}", f"--max-restarts={s.max_restarts}"]
+        if self.case.nnodes is None:
+            return ["--standalone", *flags]
+        conf = ",".join(["is_host=false", *([s.rdzv_conf] if s.rdzv_conf else [])])
+        return [f"--nnodes={self.case.nnodes}", *flags, "--rdzv-backend=c10d",
+                f"--rdzv-endpoint={self.hosts.address(DLRUND_HOST)}:{DLRUND_PORT}",
+                f"--rdzv-id=recovery-{self.launcher}-{self.case.name}-{self.index}",
+                f"--rdzv-conf={conf}"]
+
+    def start(self):
+        if self.case.nnodes is not None:
+            self.start_dlrund()
+        env = clean_env(PYTHON_EXEC=self.setup.python, TMPDIR=self.dir,
+                        GLOO_SOCKET_IFNAME="lo" if self.case.nnodes is None else "eth0")
+        argv = [*self.argv_prefix, *self.flags(), WORKER, "--out", self.dir]
+        for host in self.case.hosts:
+            with open(self.agent_log(host), "wb") as log:
+                self.agents[host] = self.hosts.popen(host, argv, env=env, stdout=log,
+                                                     stderr=subprocess.STDOUT)
+
+    def start_dlrund(self):
+        path = os.path.join(self.dir, "dlrund.log")
+        with open(path, "wb") as log:
+            self.dlrund = self.hosts.popen(DLRUND_HOST, [
+                self.setup.dlrund, "--host", self.hosts.address(DLRUND_HOST),
+                "--port", str(DLRUND_PORT)], stdout=log, stderr=subprocess.STDOUT)
+        if not wait_for(lambda: b"listening on" in read_from(path, 0), 30,
+                        lambda: self.dlrund.poll() is not None, every=POLL_S):
+            raise Failed("setup", f"dlrund did not start: {last_line(path)}")
+
+    def stamp_fault(self):
+        """Right before the kill: its time, and the incarnation of rank 0 stepping then (the
+        job may have restarted since it was steady: a step of that one is no recovery)."""
+        self.fault_inc = self.log.stepping()
+        self.fault_time = time.time()
+
+    def agent_log(self, host):
+        return os.path.join(self.dir, f"agent{host}.log")
+
+    def live_agents(self):
+        return {h: p for h, p in self.agents.items() if h not in self.killed}
+
+    def agent_exit(self):
+        """'host H exited C: its last line' for the first agent not killed that exited."""
+        for host, proc in self.live_agents().items():
+            if proc.poll() is not None:
+                return (f"host{host}'s {self.launcher} exited {proc.returncode}: "
+                        f"{last_line(self.agent_log(host))}")
+        return None
+
+    def wait_steady(self):
+        world = self.case.world * self.nproc
+        inc = None
+
+        def steady():
+            nonlocal inc
+            inc = self.log.steady(world, STEADY_STEPS)
+            return inc is not None
+
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:
+            if not wait_for(steady, deadline - time.monotonic(), self.agent_exit, POLL_S):
+                why = self.agent_exit() or f"no steady training within {START_TIMEOUT_S} s"
+                raise Failed("start", f"did not start: {why}")
+            if not self.case.settle:
+                return inc
+            time.sleep(self.case.settle)  # the spare's join; a restart meanwhile starts over
+            if self.log.steady(world, STEADY_STEPS) == inc and self.log.stepping() == inc:
+                return inc
+
+    def wait_recovery(self, inc):
+        found = None
+
+        def recovered():
+            nonlocal found
+            found = self.log.first_step_after(self.fault_time, inc)
+            return found is not None
+
+        deadline = self.fault_time + self.setup.deadline
+        if not wait_for(recovered, max(0.0, deadline - time.time()), self.agent_exit, POLL_S):
+            if recovered():  # the step came just as an agent exited
+                return found["time"] - self.fault_time
+            exited = self.agent_exit()
+            if exited:
+                raise Failed("exit", exited)
+            raise Failed("hang", f"no step within {self.setup.deadline:g} s of the fault; " +
+                         "; ".join(f"host{h}: {last_line(self.agent_log(h))}"
+                                   for h in self.live_agents()))
+        return found["time"] - self.fault_time
+
+    def stop(self):
+        with open(os.path.join(self.dir, "stop"), "w"):
+            pass
+        live = self.live_agents()
+        if not wait_for(lambda: all(p.poll() is not None for p in live.values()),
+                        STOP_TIMEOUT_S, every=POLL_S):
+            raise Failed("stop", f"still running {STOP_TIMEOUT_S} s after the stop")
+        bad = self.agent_exit_codes(live)
+        if bad:
+            raise Failed("stop", f"exited non-zero after recovering: {bad}")
+
+    def agent_exit_codes(self, agents):
+        bad = []
+        for host, proc in agents.items():
+            if proc.returncode != 0:
+                bad.append(f"host{host} {proc.returncode} ({last_line(self.agent_log(host))})")
+        return "; ".join(bad)
+
+    def run(self):
+        """Runs the trial; returns an Outcome. Everything it started is stopped before it
+        returns."""
+        try:
+            self.start()
+            self.wait_steady()
+            note = self.case.fault(self)
+            recovery = self.wait_recovery(self.fault_inc)
+            respawn = self.log.respawn(self.fault_time, self.fault_inc)
+            self.stop()
+            error = self.log.lineage_error()
+            if error:
+                raise Failed("twice", error)
+            return Outcome(recovery=recovery, respawn=respawn, note=note)
+        except Failed as failure:
+            return Outcome(reason=str(failure), kind=failure.kind)
+        finally:
+            self.close()
+
+    def close(self):
+        for proc in self.agents.values():
+            kill_and_reap(proc)
+        for host in self.case.hosts:  # torchrun's orphaned workers, whatever else is left
+            if self.hosts.closed:
+                break  # a signal's handler took every host down already
+            try:
+                self.hosts.kill_host(host)
+            except RuntimeError as error:  # netns.sh kill: something outlived 10 s of SIGKILLs
+                print(f"recovery_bench: {error}", file=sys.stderr, flush=True)
+        kill_and_reap(self.dlrund)
+
+
+# --- the floor -------------------------------------------------------------------------------
+
+def floor_trial(setup, world, index):
+    """The workers' own start, no launcher: `world` processes started at once on loopback with
+    the environment torchrun gives (rank by hand, a fresh torch TCPStore served by
+    torch_store_server.py, as a launcher's store exists before its workers), each loading the
+    checkpoint; returns (seconds from their start to the first completed step, rank 0's resume
+    record with the times it was launched and took its first step), or raises Failed."""
+    out = os.path.join(setup.scratch, f"floor{world}-{index}")
+    os.makedirs(out)
+    shutil.copy(setup.checkpoint, os.path.join(out, "checkpoint.pt"))
+    return run_bare(setup, world, out)
+
+
+def run_bare(setup, world, out):
+    """Runs the workers of `out` by hand until their first step, then stops them."""
+    store = subprocess.Popen([setup.python, STORE_SERVER], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, preexec_fn=die_with_parent)
+    workers = []
+    try:
+        port = int(read_line(store.stdout, 30))
+        log = StepLog(os.path.join(out, "steps.jsonl"))
+        base = clean_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                         WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world), GROUP_RANK="0",
+                         GROUP_WORLD_SIZE="1", TORCHELASTIC_USE_AGENT_STORE="True",
+                         TORCHELASTIC_RESTART_COUNT="0", TORCHELASTIC_MAX_RESTARTS="0",
+                         TORCHELASTIC_RUN_ID="floor", OMP_NUM_THREADS="1", TMPDIR=out)
+        start = time.time()
+        for rank in range(world):
+            env = dict(base, RANK=str(rank), LOCAL_RANK=str(rank), ROLE_RANK=str(rank))
+            with open(os.path.join(out, f"rank{rank}.log"), "wb") as f:
+                workers.append(subprocess.Popen(
+                    [setup.python, "-u", WORKER, "--out", out], env=env,
+                    stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT,
+                    preexec_fn=die_with_parent))
+        first = None
+
+        def stepped():
+            nonlocal first
+            first = next((r for r in log.poll() if r["kind"] == "step"), None)
+            return first is not None
+
+        exited = lambda: any(w.poll() is not None for w in workers)  # noqa: E731
+        if not wait_for(stepped, START_TIMEOUT_S, exited, POLL_S):
+            why = last_line(os.path.join(out, "rank0.log"))
+            raise Failed("start", f"the bare workers took no step: {why}")
+        with open(os.path.join(out, "stop"), "w"):
+            pass
+        wait_for(lambda: all(w.poll() is not None for w in workers), STOP_TIMEOUT_S)
+        resume = next(r for r in log.poll() if r["kind"] == "resume")
+        return first["time"] - start, dict(resume, launched=start, first=first["time"])
+    finally:
+        for proc in workers:
+            kill_and_reap(proc)
+        store.stdin.close()
+        kill_and_reap(store)
+        store.stdout.close()

@@ -1,0 +1,159 @@
+"""The training job of bench/recovery_bench.py: torch DDP over gloo on CPU, an MLP of about
+1.2 M parameters (784-1024-384-10, 4.8 MB), SGD, a checkpoint every step.
+
+Usage: recovery_worker.py --out DIR [--step-seconds S] [--max-seconds T]
+Runs under a launcher (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT...) or started by hand with
+that environment (the benchmark's floor). Files in DIR:
+- procs/<incarnation>.json: this process (rank, host, pid and start time), written at its start,
+  so the
+  benchmark can find the worker or the host to kill.
+- checkpoint.pt: written by rank 0 after every step, to a temporary name and renamed (a crash
+  leaves the previous one whole); loaded at the start by every rank, so a restart resumes.
+- steps.jsonl: rank 0 appends one line when it starts ({"kind": "resume", "step": the
+  checkpoint's step, and the times of its start-up phases}) and one per step, after that step's
+  checkpoint is in place ({"kind": "step", "step": N, "time": time.time()}). A step line thus
+  means "checkpointed": a later resume from an older step would take a step twice. The
+  wall clock, not a monotonic one: the benchmark compares these times with its own across
+  network namespaces (one kernel, one clock).
+- stop: the benchmark's request to end; every rank sees the same answer each step (a one-element
+  all-reduce), so all leave together and exit 0.
+Each line carries the process's incarnation (a random id): the benchmark tells the restarted
+job's first step from a step the old one was finishing when the fault came.
+"""
+
+import time
+
+PROCESS_START = time.time()  # before the imports: they are part of a worker's start
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import socket  # noqa: E402
+import sys  # noqa: E402
+import threading  # noqa: E402
+from datetime import timedelta  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "tests", "python", "workers"))
+from worker_util import exit_past_torch_teardown, write_json  # noqa: E402
+
+WIDTHS = (784, 1024, 384, 10)
+BATCH = 64
+# Collectives give up after this long: a peer lost for good fails the step (and the worker),
+# which is how a launcher that does not notice the loss still gets a failure to act on.
+PG_TIMEOUT_S = 60
+
+
+def parse_args():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--step-seconds", type=float, default=0.1,
+                        help="the least time between steps (a step that takes longer goes on "
+                        "at once): leaves the shared cores to the launchers' restarts")
+    parser.add_argument("--max-seconds", type=float, default=600,
+                        help="exit 3 after this long: a worker whose launcher and benchmark "
+                        "are gone (torchrun's workers do not die with their agent) ends anyway")
+    return parser.parse_args()
+
+
+def start_ticks():
+    """This process's start time in clock ticks (/proc/self/stat): with the PID, it names the
+    process even where its command line is another's (dlrun --warm-start forks the workers from
+    a Python that started as its own program)."""
+    with open("/proc/self/stat", "rb") as f:
+        stat = f.read()
+    return int(stat[stat.rindex(b")") + 2:].split()[19])
+
+
+def append_line(path, record):
+    """One write(2) of the whole line on an O_APPEND descriptor: a kill leaves no half line
+    between two whole ones."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, (json.dumps(record) + "\n").encode())
+    finally:
+        os.close(fd)
+
+
+def save_atomic(torch, state, path):
+    tmp = f"{path}.tmp.{os.getpid()}"
+    torch.save(state, tmp)
+    os.replace(tmp, path)
+
+
+def main():
+    args = parse_args()
+    incarnation = os.urandom(6).hex()
+    rank = int(os.environ["RANK"])
+    os.makedirs(os.path.join(args.out, "procs"), exist_ok=True)
+    write_json(os.path.join(args.out, "procs", f"{incarnation}.json"), {
+        "rank": rank, "world": int(os.environ["WORLD_SIZE"]), "host": socket.gethostname(),
+        "pid": os.getpid(), "ticks": start_ticks(), "inc": incarnation,
+        "restart": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))})
+    # The safety net of --max-seconds: a daemon timer, so no step waits for it.
+    timer = threading.Timer(args.max_seconds, os._exit, (3,))
+    timer.daemon = True
+    timer.start()
+
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+    imported = time.time()
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method="env://", timeout=timedelta(seconds=PG_TIMEOUT_S))
+    world = dist.get_world_size()
+    joined = time.time()
+
+    torch.manual_seed(0)
+    layers = []
+    for i in range(len(WIDTHS) - 1):
+        layers.append(torch.nn.Linear(WIDTHS[i], WIDTHS[i + 1]))
+        if i + 2 < len(WIDTHS):
+            layers.append(torch.nn.ReLU())
+    model = torch.nn.Sequential(*layers)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    checkpoint = os.path.join(args.out, "checkpoint.pt")
+    step = 0
+    if os.path.exists(checkpoint):
+        state = torch.load(checkpoint)
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        step = state["step"]
+    ddp = DistributedDataParallel(model)
+    loaded = time.time()
+    steps_file = os.path.join(args.out, "steps.jsonl")
+    if rank == 0:
+        append_line(steps_file, {
+            "kind": "resume", "step": step, "inc": incarnation, "world": world,
+            "restart": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
+            "start": PROCESS_START, "imported": imported, "joined": joined, "loaded": loaded})
+
+    stop_path = os.path.join(args.out, "stop")
+    loss_fn = torch.nn.CrossEntropyLoss()
+    while True:
+        began = time.monotonic()
+        step += 1
+        # The batch depends on the step and rank only, so a resumed job sees the same data.
+        generator = torch.Generator().manual_seed(step * 1000 + rank)
+        x = torch.randn(BATCH, WIDTHS[0], generator=generator)
+        y = torch.randint(0, WIDTHS[-1], (BATCH,), generator=generator)
+        optimizer.zero_grad(set_to_none=True)
+        loss_fn(ddp(x), y).backward()
+        optimizer.step()
+        if rank == 0:
+            save_atomic(torch, {"step": step, "model": model.state_dict(),
+                                "optimizer": optimizer.state_dict()}, checkpoint)
+            append_line(steps_file, {"kind": "step", "step": step, "time": time.time(),
+                                     "inc": incarnation, "world": world})
+        stop = torch.tensor([1 if os.path.exists(stop_path) else 0])
+        dist.all_reduce(stop, op=dist.ReduceOp.MAX)
+        if stop.item():
+            break
+        time.sleep(max(0.0, args.step_seconds - (time.monotonic() - began)))
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    exit_past_torch_teardown(main())
