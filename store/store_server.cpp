@@ -150,9 +150,12 @@ bool ServerImpl::admits(tcp::socket& socket) {
   return false;
 }
 
-void ServerImpl::forget(Session* session) {
+void ServerImpl::forget(Session* session, Space* space) {
   sessions_.erase(session);
   connectionCount_.store(sessions_.size());
+  if (!space) return;
+  space->sessions.erase(session);
+  leftSpace(*space);
 }
 
 // One timer serves every lease, armed at the earliest deadline. Renewals only move deadlines
@@ -174,7 +177,9 @@ void ServerImpl::armLeaseTimer() {
 void ServerImpl::stop() {
   if (!listener_.stop()) return;
   leaseTimer_.cancel();
-  while (!spaces_.empty()) closeSpace(spaces_.begin()->first);
+  std::vector<std::string> groups;
+  for (const auto& [group, space] : spaces_) groups.push_back(group);
+  for (const auto& group : groups) closeSpace(group);
   std::vector<std::shared_ptr<Session>> all;
   for (auto& [raw, session] : sessions_) all.push_back(session);
   for (auto& session : all) session->close("");

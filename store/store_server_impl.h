@@ -62,7 +62,8 @@ class ServerImpl : public std::enable_shared_from_this<ServerImpl> {
   void accept();
   bool admits(tcp::socket& socket);
   void stop();
-  void forget(Session* session);
+  // A session that closed or was handed over, and left its space (which may then end).
+  void forget(Session* session, Space* space);
   void armLeaseTimer();
   // SPACE_OPEN and SPACE_CLOSE (wire.h): the group's space's port, 0 for an older attempt or
   // a closing space; a space that closes at once (its connections cut), or once its last

@@ -36,11 +36,7 @@ void Session::close(const std::string& reason) {
   engine_.disconnect(*this);
   error_code ec;
   socket_.close(ec);
-  server_.forget(this);
-  if (space_) {
-    space_->sessions.erase(this);
-    server_.leftSpace(*space_);  // may end the space: the last use of space_
-  }
+  server_.forget(this, space_);  // may end the space: the last use of space_
 }
 
 void Session::refuse(const std::string& reason) {
@@ -110,7 +106,7 @@ void Session::handOver() {
   if (ec) return close(ec.message());
   closed_ = true;  // the engine never saw this peer, so there is nothing to disconnect
   server_.foreign_.bump();
-  server_.forget(this);
+  server_.forget(this, space_);
   server_.options_.foreign(fd);
 }
 

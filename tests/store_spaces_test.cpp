@@ -2,6 +2,9 @@
 // of their own whose keys no other attempt sees, the group's newest attempt wins, and a closed
 // space's port, connections and keys are gone.
 #include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <atomic>
 
 #include "common/error.h"
 #include "store/store_server.h"
@@ -147,6 +150,30 @@ TEST_F(StoreSpacesTest, StoppingTheServerClosesItsSpaces) {
   server.reset();
   EXPECT_FALSE(serves(port));
   EXPECT_THROW(worker.get("/k"), Error);
+}
+
+// The control plane's HTTP/2 on an attempt's port is handed over as on the store's own; the
+// connection handed over is no longer the space's, so the space can end and the server stop.
+TEST_F(StoreSpacesTest, AnHttp2ConnectionToAnAttemptsPortGoesToTheForeignServer) {
+  std::atomic<int> handed{0};
+  server = std::make_unique<StoreServerThread>(StoreServerOptions{
+      .host = "127.0.0.1", .port = 0, .foreign = [&](int fd) {
+        ++handed;
+        ::close(fd);
+      }});
+  auto rendezvous = store();
+  const uint16_t port = rendezvous.openSpace("job", 0);
+  RawClient grpc(port);
+  grpc.send("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n");
+  EXPECT_TRUE(grpc.closedByServer());
+  EXPECT_EQ(handed.load(), 1);
+  rendezvous.closeSpace("job");
+  EXPECT_TRUE(eventually([&] { return server->stats().spaces == 0; }));
+  rendezvous.openSpace("job", 1);
+  RawClient another(rendezvous.openSpace("job", 1));
+  another.send("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n");
+  EXPECT_TRUE(another.closedByServer());
+  server.reset();  // returns: the space handed over holds nothing up
 }
 
 }  // namespace
