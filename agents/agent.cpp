@@ -286,11 +286,7 @@ void AgentImpl::startAttempt(const rendezvous::World& world) {
              std::to_string(world.localWorldSize) + " of " + std::to_string(world.worldSize));
   state_ = State::Running;
   world_ = world;
-  workers_.clear();
-  retired_.clear();
-  byPid_.clear();
-  live_ = 0;
-  liveEnding_ = 0;
+  forgetWorkers();
   loneRestarts_ = 0;
   successReported_ = false;
   if (fileTimer_) fileTimer_->clear();

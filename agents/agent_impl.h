@@ -80,6 +80,7 @@ class AgentImpl {
   void stop(int sig);
   void onStopped();
   void killLeftovers();
+  void forgetWorkers();
   void finish(int code);
 
   // agent_links.cpp: the launcher (--control-stdin), the node serving the store

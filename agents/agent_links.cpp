@@ -98,10 +98,7 @@ bool AgentImpl::openAttemptSpace(rendezvous::World& world) {
 void AgentImpl::sitOut(const rendezvous::World& world) {
   if (state_ != State::Joining) return;  // a signal is ending dlrun
   world_ = world;
-  workers_.clear();
-  retired_.clear();
-  byPid_.clear();
-  live_ = liveEnding_ = 0;
+  forgetWorkers();
   state_ = State::Done;
   if (roundEnd_) endOfRound();
 }

@@ -48,6 +48,14 @@ void AgentImpl::killLeftovers() {
   for (const auto& w : retired_) w->killGroup();  // the children of those restarted alone
 }
 
+// The last round's workers, all reaped: a new round starts without them.
+void AgentImpl::forgetWorkers() {
+  workers_.clear();
+  retired_.clear();
+  byPid_.clear();
+  live_ = liveEnding_ = 0;
+}
+
 void AgentImpl::finish(int code) {
   killLeftovers();
   state_ = State::Finished;

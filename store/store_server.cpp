@@ -25,7 +25,6 @@ namespace asio = boost::asio;
 
 namespace detail {
 
-
 tcp::acceptor ServerImpl::listen(asio::io_context& io, const StoreServerOptions& options) {
   error_code ec;
   tcp::resolver resolver(io);
@@ -80,9 +79,8 @@ uint16_t ServerImpl::openSpace(std::string_view group, int64_t attempt) {
               std::string(group) + "': " + failed.message());
     return 0;
   }
-  auto& space = *spaces_.emplace(std::string(group), std::make_unique<Space>(
-                                                         std::move(acceptor), attempt))
-                     .first->second;
+  auto made = std::make_unique<Space>(std::string(group), std::move(acceptor), attempt);
+  Space& space = *spaces_.emplace(made->group, std::move(made)).first->second;
   spacesOpen_.set(spaces_.size());
   acceptInto(space);
   return space.listener.local().port();
@@ -91,12 +89,9 @@ uint16_t ServerImpl::openSpace(std::string_view group, int64_t attempt) {
 void ServerImpl::closeSpace(std::string_view group) {
   auto it = spaces_.find(group);
   if (it == spaces_.end()) return;
-  Space& space = *it->second;
-  space.closing = true;
-  space.listener.stop();
-  const std::vector<Session*> open(space.sessions.begin(), space.sessions.end());
+  const std::vector<Session*> open(it->second->sessions.begin(), it->second->sessions.end());
+  closeSpaceWhenIdle(group);
   for (Session* session : open) session->close("");  // the last one erases the space
-  if (open.empty()) leftSpace(space);
 }
 
 // The job is over, but another node's workers may still be stopping (and writing): the space
@@ -111,7 +106,8 @@ void ServerImpl::closeSpaceWhenIdle(std::string_view group) {
 
 void ServerImpl::leftSpace(Space& space) {
   if (!space.closing || !space.sessions.empty()) return;
-  std::erase_if(spaces_, [&](const auto& entry) { return entry.second.get() == &space; });
+  const std::string group = space.group;  // erasing destroys the space, and its group with it
+  spaces_.erase(group);
   spacesOpen_.set(spaces_.size());
   noteCounts();
 }

@@ -29,8 +29,9 @@ class Session;
 
 // One attempt's key space (wire.h, SPACE_OPEN): the group's newest attempt.
 struct Space {
-  Space(tcp::acceptor acceptor, int64_t attempt)
-      : attempt(attempt), listener(std::move(acceptor)) {}
+  Space(std::string group, tcp::acceptor acceptor, int64_t attempt)
+      : group(std::move(group)), attempt(attempt), listener(std::move(acceptor)) {}
+  std::string group;  // its key in ServerImpl::spaces_
   int64_t attempt;
   Listener listener;
   StoreEngine engine;
