@@ -98,9 +98,10 @@ def _store_address(t, d, run):
     return None
 
 
-# The documented differences: variable -> (its check, the README's words). Each check takes both
-# records of a rank (or, for a variable one launcher lacks, both values) and the launch, and
-# returns what no longer holds (None: the difference is as documented).
+# The documented differences: variable -> (its check, the words of
+# docs/guides/moving-from-torchrun.md). Each check takes both records of a rank (or, for a
+# variable one launcher lacks, both values) and the launch, and returns what no longer holds
+# (None: the difference is as documented).
 DOCUMENTED = {
     "TF_CONFIG": ("values", _dlrun_only,
                   "dlrun describes the job to TensorFlow's strategies (--tf-config=never: not)"),
