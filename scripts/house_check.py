@@ -1,8 +1,11 @@
 #!/usr/bin/env python3
 """The house rules that can be counted (ARCHITECTURE.md section 1): no source file outside
 tests/ and bench/ over 600 lines, no function over 120, and no ConfigError raised by the launch
-(every check runs in the parser; launcher/launch.cpp throws none). Prints each breach on a line
-and exits 1 when there is one.
+(every check runs in the parser; launcher/launch.cpp throws none). And the map stays whole:
+every source file outside tests/ is named by its path (store/wire.cpp) in ARCHITECTURE.md or a
+page of docs/design/, so a new file is placed where the next reader looks; and every path they
+name exists, so a file moved or gone leaves no stale pointer. Prints each breach on a line and
+exits 1 when there is one.
 
     python3 scripts/house_check.py [SOURCE_DIR]
 
@@ -19,6 +22,14 @@ SIGNATURE = re.compile(r"^[A-Za-z_].*\)\s*(const\s*)?(override\s*)?(noexcept\s*)
 OPENING = re.compile(r"^[A-Za-z_][^;]*[(,]\s*$")
 NOT_A_FUNCTION = ("namespace", "class", "struct", "enum", "union", "using", "template", "#",
                   "extern")
+# The files the map must name, and the paths it may name: a top-level folder of the tree, then a
+# file name with an extension (not preceded by a path character, so share/dlrun/python/x.py in
+# an install path is no tree path).
+NAMED_EXTENSIONS = (".cpp", ".h", ".cu", ".py", ".sh", ".proto")
+TOP_FOLDERS = ("agents", "bench", "cmake", "common", "control", "docs", "examples", "launcher",
+               "metrics", "mpi", "packaging", "proto", "python", "remote", "rendezvous",
+               "scripts", "slurm", "store", "tests", "trainer")
+PATH = re.compile(r"(?<![\w./-])(?:%s)/[\w./-]*\.[A-Za-z0-9]+\b" % "|".join(TOP_FOLDERS))
 
 
 def sources(root):
@@ -28,6 +39,36 @@ def sources(root):
         for name in sorted(files):
             if name.endswith((".cpp", ".h", ".cu")):
                 yield os.path.join(top, name)
+
+
+def map_pages(root):
+    yield os.path.join(root, "ARCHITECTURE.md")
+    design = os.path.join(root, "docs", "design")
+    for name in sorted(os.listdir(design)) if os.path.isdir(design) else []:
+        if name.endswith(".md"):
+            yield os.path.join(design, name)
+
+
+def map_breaches(root):
+    """Source files outside tests/ that the map and the design pages do not name, and the paths
+    they name that do not exist."""
+    named = set()
+    for page in map_pages(root):
+        with open(page, encoding="utf-8") as f:
+            for number, line in enumerate(f, 1):
+                for path in PATH.findall(line):
+                    path = path.rstrip(".")
+                    named.add(path)
+                    if not os.path.exists(os.path.join(root, path)):
+                        yield (f"{os.path.relpath(page, root)}:{number}: names {path}, "
+                               "which is not in the tree")
+    for top, dirs, files in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if not d.startswith(("build", ".", "__pycache__"))
+                         and not (top == root and d == "tests"))
+        for name in sorted(files):
+            path = os.path.relpath(os.path.join(top, name), root)
+            if name.endswith(NAMED_EXTENSIONS) and path not in named:
+                yield f"{path}: named in neither ARCHITECTURE.md nor docs/design/"
 
 
 def long_functions(lines):
@@ -69,6 +110,7 @@ def main():
         for number, line in enumerate(f, 1):
             if "ConfigError(" in line:
                 breaches.append(f"launcher/launch.cpp:{number}: a ConfigError after the parser")
+    breaches.extend(map_breaches(root))
     for breach in breaches:
         print(f"house_check: {breach}")
     return 1 if breaches else 0
