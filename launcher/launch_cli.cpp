@@ -35,8 +35,9 @@ void setRdzvStore(LaunchConfig& c, HostPort store) {
   c.rdzvStore = std::move(store);
 }
 
-// Slurm's settings where the user gave no flag (slurm/discovery.h says which is which).
-void applySlurm(const slurm::Settings& s, LaunchConfig& c) {
+// Slurm's or mpirun's settings where the user gave no flag (common/discovery.h says which
+// scheduler gives which).
+void applyDiscovered(const discovery::Settings& s, LaunchConfig& c) {
   if (s.rdzvId) c.rdzvId = *s.rdzvId;
   if (s.nnodes) c.minNodes = c.maxNodes = *s.nnodes;
   if (s.nodeRank) c.nodeRank = s.nodeRank;
@@ -45,15 +46,7 @@ void applySlurm(const slurm::Settings& s, LaunchConfig& c) {
   if (!c.rdzv.isHost) c.rdzv.isHost = s.servesStore;
   if (s.nodeName) c.nodeName = s.nodeName;
   c.jobHosts = s.nodes;
-  c.refuseLostNodes = true;
-}
-
-// Open MPI's (or PMIx's) settings where the user gave no flag (mpi/discovery.h).
-void applyMpi(const mpi::Settings& s, LaunchConfig& c) {
-  if (s.rdzvId) c.rdzvId = *s.rdzvId;
-  if (s.nnodes) c.minNodes = c.maxNodes = *s.nnodes;
-  if (s.nodeRank) c.nodeRank = s.nodeRank;
-  if (s.endpointHost) setRdzvStore(c, {*s.endpointHost, *s.endpointPort});
+  c.refuseLostNodes = s.refuseLostNodes;
 }
 
 // The hosts of --hostfile FILE or --hosts LIST.
@@ -285,24 +278,14 @@ void resolveBackend(const DeclaredFlags& f, LaunchConfig& c, const HostProbe& ho
   // (PMIx alone, which srun --mpi=pmix sets as well, does not).
   const bool underMpi = !f.fanout && !c.standalone && !f.slurmBackend && mpi::detected(host.env) &&
                         (!inSlurm || host.env.contains("OMPI_COMM_WORLD_RANK"));
-  if (underMpi) {
-    applyMpi(mpi::discover(host.env,
-                           {.nnodes = f.nnodesOption->count() > 0,
-                            .nodeRank = f.nodeRank >= 0,
-                            .rdzvEndpoint = f.endpointOption->count() > 0 ||
-                                            c.rdzvBackend != RdzvBackend::C10d,
-                            .rdzvId = f.rdzvIdOption->count() > 0}),
-             c);
-  } else if (f.slurmBackend || inSlurm) {
-    applySlurm(slurm::discover(host.env,
-                               {.nnodes = f.nnodesOption->count() > 0,
-                                .nodeRank = f.nodeRank >= 0,
-                                .rdzvEndpoint = f.endpointOption->count() > 0 ||
-                                                c.rdzvBackend != RdzvBackend::C10d,
-                                .rdzvId = f.rdzvIdOption->count() > 0,
-                                .nprocAuto = f.nproc == "auto"}),
-               c);
-  }
+  const discovery::UserFlags user{
+      .nnodes = f.nnodesOption->count() > 0,
+      .nodeRank = f.nodeRank >= 0,
+      .rdzvEndpoint = f.endpointOption->count() > 0 || c.rdzvBackend != RdzvBackend::C10d,
+      .rdzvId = f.rdzvIdOption->count() > 0,
+      .nprocAuto = f.nproc == "auto"};
+  if (underMpi) applyDiscovered(mpi::discover(host.env, user), c);
+  else if (f.slurmBackend || inSlurm) applyDiscovered(slurm::discover(host.env, user), c);
 }
 
 // The checks across flags, once the backend and the node count are known.
