@@ -80,9 +80,6 @@ void splitEntryPoint(const std::vector<std::string>& args, std::vector<std::stri
 // Reading: each flag's value into the LaunchConfig, and the rest of what the backend is
 // decided from.
 void readFlagValues(DeclaredFlags& f, LaunchConfig& c, const HostProbe& host) {
-  if (f.localRankStyle != "dash" && f.localRankStyle != "underscore")
-    throw ConfigError("--local-rank-arg-style: '" + f.localRankStyle +
-                      "' is not dash or underscore");
   if (f.localRankArg)
     c.agent.localRankFlag = f.localRankStyle == "dash" ? "--local-rank" : "--local_rank";
   std::tie(c.minNodes, c.maxNodes) = parseNnodes(f.nnodes);
@@ -123,15 +120,6 @@ void readFlagValues(DeclaredFlags& f, LaunchConfig& c, const HostProbe& host) {
   if (!f.logDir.empty()) c.agent.logDir = f.logDir;
   if (!f.localAddr.empty()) c.localAddr = f.localAddr;
   if (f.masterPort >= 0) c.masterPort = static_cast<uint16_t>(f.masterPort);
-  if (f.startMethod != "spawn" && f.startMethod != "fork" && f.startMethod != "forkserver")
-    throw ConfigError("--start-method: '" + f.startMethod + "' is not spawn, fork or forkserver");
-  if (f.eventLogHandler != "null" && f.eventLogHandler != "console" &&
-      f.eventLogHandler != "dynamic_rendezvous")
-    throw ConfigError("--event-log-handler: '" + f.eventLogHandler +
-                      "' is not null, console or dynamic_rendezvous (plug-ins are torch's alone)");
-  if (f.logsSpecs != "default")
-    throw ConfigError("--logs-specs: '" + f.logsSpecs +
-                      "' is not default: dlrun writes torchrun's default log tree only");
   if (f.stopTimeoutOption->count() > 0 && f.shutdownTimeoutOption->count() > 0)
     throw ConfigError("--stop-timeout and --shutdown-timeout are one setting: give one of them");
   if (f.shutdownTimeoutOption->count() > 0) {
@@ -152,8 +140,6 @@ void readFlagValues(DeclaredFlags& f, LaunchConfig& c, const HostProbe& host) {
   if (f.consoleFormat == "torchrun") {
     c.agent.consoleFormat = agents::ConsoleFormat::Torchrun;
     if (f.prefixOption->count() == 0) c.agent.logLinePrefixTemplate = "[${role_name}${local_rank}]:";
-  } else if (f.consoleFormat != "dlrun") {
-    throw ConfigError("--console-format: '" + f.consoleFormat + "' is not dlrun or torchrun");
   }
   // torchrun 2.x sets its prefix through this variable alone.
   if (auto it = host.env.find("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE");
@@ -171,8 +157,6 @@ void readFlagValues(DeclaredFlags& f, LaunchConfig& c, const HostProbe& host) {
   // The node's own workers and agent reach a store it serves on loopback too.
   if (!f.storeAllow.empty())
     c.storeAllow = AdmissionRule::parse(f.storeAllow + ",127.0.0.1,::1", "--store-allow");
-  if (f.storeProxy != "auto" && f.storeProxy != "on" && f.storeProxy != "off")
-    throw ConfigError("--store-proxy: '" + f.storeProxy + "' is not auto, on or off");
   c.agent.storeProxy = f.storeProxy == "on" ||
                        (f.storeProxy == "auto" && c.agent.nprocPerNode >= kStoreProxyAutoWorkers);
   // Each host of a one-command launch binds on its own machine.
