@@ -1,6 +1,7 @@
 #include "common/cli.h"
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <iostream>
 
 #include "common/error.h"
@@ -43,6 +44,21 @@ std::optional<int> parseCommandLine(CLI::App& app, const std::vector<std::string
 
 void setUsage(CLI::App& app, const std::vector<std::string>& forms) {
   app.formatter(std::make_shared<UsageFormatter>(forms));
+}
+
+CLI::Validator oneOf(std::vector<std::string> names, const std::string& why) {
+  std::string listed;
+  for (size_t i = 0; i < names.size(); ++i)
+    listed += (i == 0 ? "" : i + 1 == names.size() ? " or " : ", ") + names[i];
+  listed += why;
+  // CLI11 puts "--flag: " before the message; the empty description keeps --help as it was.
+  return CLI::Validator(
+      [names = std::move(names), listed = std::move(listed)](std::string& value) {
+        return std::ranges::find(names, value) != names.end()
+                   ? std::string()
+                   : "'" + value + "' is not " + listed;
+      },
+      "");
 }
 
 int guardedMain(const std::function<int()>& body) {

@@ -1,8 +1,12 @@
 // What the schedulers' discovery (slurm/, mpi/) shares: the environment it reads, the flags
-// the user gave (which win over anything discovered), and the range of derived store ports.
+// the user gave (which win over anything discovered), the settings it hands the launcher (one
+// type, so the launcher merges them in one place), and the range of derived store ports.
 #pragma once
 
 #include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
 
 #include "common/environment.h"
 
@@ -15,6 +19,23 @@ struct UserFlags {
   bool rdzvEndpoint = false;
   bool rdzvId = false;
   bool nprocAuto = false;  // --nproc-per-node=auto (Slurm alone reads it)
+};
+
+// The settings a scheduler supplies; each is unset where the user's flag wins or the scheduler
+// says nothing. mpirun gives only the first five.
+struct Settings {
+  std::optional<std::string> rdzvId;
+  std::optional<std::string> endpointHost;  // the store's host, by name: resolved once, later
+  std::optional<uint16_t> endpointPort;     // set with endpointHost
+  std::optional<int> nodeRank;              // the group-rank hint: ranks follow its order
+  std::optional<int> nnodes;                // a fixed size
+  std::optional<bool> servesStore;  // with a derived endpoint: whether this node serves it
+  std::optional<int> nprocPerNode;  // --nproc-per-node=auto as the scheduler sizes the node
+  std::optional<std::string> nodeName;  // the node's name in messages
+  // The job's nodes by name, where the endpoint is derived: the hosts that store admits.
+  std::vector<std::string> nodes;
+  // The nodes are the scheduler's allocation: a lost node's place goes to a spare for good.
+  bool refuseLostNodes = false;
 };
 
 // The derived store port: kPortBase + a job key % kPortRange, i.e. 29400-31399 (torchrun's

@@ -35,8 +35,9 @@ void setRdzvStore(LaunchConfig& c, HostPort store) {
   c.rdzvStore = std::move(store);
 }
 
-// Slurm's settings where the user gave no flag (slurm/discovery.h says which is which).
-void applySlurm(const slurm::Settings& s, LaunchConfig& c) {
+// Slurm's or mpirun's settings where the user gave no flag (common/discovery.h says which
+// scheduler gives which).
+void applyDiscovered(const discovery::Settings& s, LaunchConfig& c) {
   if (s.rdzvId) c.rdzvId = *s.rdzvId;
   if (s.nnodes) c.minNodes = c.maxNodes = *s.nnodes;
   if (s.nodeRank) c.nodeRank = s.nodeRank;
@@ -45,15 +46,7 @@ void applySlurm(const slurm::Settings& s, LaunchConfig& c) {
   if (!c.rdzv.isHost) c.rdzv.isHost = s.servesStore;
   if (s.nodeName) c.nodeName = s.nodeName;
   c.jobHosts = s.nodes;
-  c.refuseLostNodes = true;
-}
-
-// Open MPI's (or PMIx's) settings where the user gave no flag (mpi/discovery.h).
-void applyMpi(const mpi::Settings& s, LaunchConfig& c) {
-  if (s.rdzvId) c.rdzvId = *s.rdzvId;
-  if (s.nnodes) c.minNodes = c.maxNodes = *s.nnodes;
-  if (s.nodeRank) c.nodeRank = s.nodeRank;
-  if (s.endpointHost) setRdzvStore(c, {*s.endpointHost, *s.endpointPort});
+  c.refuseLostNodes = s.refuseLostNodes;
 }
 
 // The hosts of --hostfile FILE or --hosts LIST.
@@ -87,9 +80,6 @@ void splitEntryPoint(const std::vector<std::string>& args, std::vector<std::stri
 // Reading: each flag's value into the LaunchConfig, and the rest of what the backend is
 // decided from.
 void readFlagValues(DeclaredFlags& f, LaunchConfig& c, const HostProbe& host) {
-  if (f.localRankStyle != "dash" && f.localRankStyle != "underscore")
-    throw ConfigError("--local-rank-arg-style: '" + f.localRankStyle +
-                      "' is not dash or underscore");
   if (f.localRankArg)
     c.agent.localRankFlag = f.localRankStyle == "dash" ? "--local-rank" : "--local_rank";
   std::tie(c.minNodes, c.maxNodes) = parseNnodes(f.nnodes);
@@ -130,15 +120,6 @@ void readFlagValues(DeclaredFlags& f, LaunchConfig& c, const HostProbe& host) {
   if (!f.logDir.empty()) c.agent.logDir = f.logDir;
   if (!f.localAddr.empty()) c.localAddr = f.localAddr;
   if (f.masterPort >= 0) c.masterPort = static_cast<uint16_t>(f.masterPort);
-  if (f.startMethod != "spawn" && f.startMethod != "fork" && f.startMethod != "forkserver")
-    throw ConfigError("--start-method: '" + f.startMethod + "' is not spawn, fork or forkserver");
-  if (f.eventLogHandler != "null" && f.eventLogHandler != "console" &&
-      f.eventLogHandler != "dynamic_rendezvous")
-    throw ConfigError("--event-log-handler: '" + f.eventLogHandler +
-                      "' is not null, console or dynamic_rendezvous (plug-ins are torch's alone)");
-  if (f.logsSpecs != "default")
-    throw ConfigError("--logs-specs: '" + f.logsSpecs +
-                      "' is not default: dlrun writes torchrun's default log tree only");
   if (f.stopTimeoutOption->count() > 0 && f.shutdownTimeoutOption->count() > 0)
     throw ConfigError("--stop-timeout and --shutdown-timeout are one setting: give one of them");
   if (f.shutdownTimeoutOption->count() > 0) {
@@ -159,8 +140,6 @@ void readFlagValues(DeclaredFlags& f, LaunchConfig& c, const HostProbe& host) {
   if (f.consoleFormat == "torchrun") {
     c.agent.consoleFormat = agents::ConsoleFormat::Torchrun;
     if (f.prefixOption->count() == 0) c.agent.logLinePrefixTemplate = "[${role_name}${local_rank}]:";
-  } else if (f.consoleFormat != "dlrun") {
-    throw ConfigError("--console-format: '" + f.consoleFormat + "' is not dlrun or torchrun");
   }
   // torchrun 2.x sets its prefix through this variable alone.
   if (auto it = host.env.find("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE");
@@ -178,8 +157,6 @@ void readFlagValues(DeclaredFlags& f, LaunchConfig& c, const HostProbe& host) {
   // The node's own workers and agent reach a store it serves on loopback too.
   if (!f.storeAllow.empty())
     c.storeAllow = AdmissionRule::parse(f.storeAllow + ",127.0.0.1,::1", "--store-allow");
-  if (f.storeProxy != "auto" && f.storeProxy != "on" && f.storeProxy != "off")
-    throw ConfigError("--store-proxy: '" + f.storeProxy + "' is not auto, on or off");
   c.agent.storeProxy = f.storeProxy == "on" ||
                        (f.storeProxy == "auto" && c.agent.nprocPerNode >= kStoreProxyAutoWorkers);
   // Each host of a one-command launch binds on its own machine.
@@ -285,24 +262,14 @@ void resolveBackend(const DeclaredFlags& f, LaunchConfig& c, const HostProbe& ho
   // (PMIx alone, which srun --mpi=pmix sets as well, does not).
   const bool underMpi = !f.fanout && !c.standalone && !f.slurmBackend && mpi::detected(host.env) &&
                         (!inSlurm || host.env.contains("OMPI_COMM_WORLD_RANK"));
-  if (underMpi) {
-    applyMpi(mpi::discover(host.env,
-                           {.nnodes = f.nnodesOption->count() > 0,
-                            .nodeRank = f.nodeRank >= 0,
-                            .rdzvEndpoint = f.endpointOption->count() > 0 ||
-                                            c.rdzvBackend != RdzvBackend::C10d,
-                            .rdzvId = f.rdzvIdOption->count() > 0}),
-             c);
-  } else if (f.slurmBackend || inSlurm) {
-    applySlurm(slurm::discover(host.env,
-                               {.nnodes = f.nnodesOption->count() > 0,
-                                .nodeRank = f.nodeRank >= 0,
-                                .rdzvEndpoint = f.endpointOption->count() > 0 ||
-                                                c.rdzvBackend != RdzvBackend::C10d,
-                                .rdzvId = f.rdzvIdOption->count() > 0,
-                                .nprocAuto = f.nproc == "auto"}),
-               c);
-  }
+  const discovery::UserFlags user{
+      .nnodes = f.nnodesOption->count() > 0,
+      .nodeRank = f.nodeRank >= 0,
+      .rdzvEndpoint = f.endpointOption->count() > 0 || c.rdzvBackend != RdzvBackend::C10d,
+      .rdzvId = f.rdzvIdOption->count() > 0,
+      .nprocAuto = f.nproc == "auto"};
+  if (underMpi) applyDiscovered(mpi::discover(host.env, user), c);
+  else if (f.slurmBackend || inSlurm) applyDiscovered(slurm::discover(host.env, user), c);
 }
 
 // The checks across flags, once the backend and the node count are known.

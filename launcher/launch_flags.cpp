@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "common/cli.h"
 #include "common/error.h"
 
 namespace dlrun::launcher {
@@ -91,12 +92,15 @@ void declareJobFlags(CLI::App& app, DeclaredFlags& f, LaunchConfig& c) {
           ->check(kSeconds);
   addOption(app, "start-method", f.startMethod,
             "Accepted for torchrun compatibility (spawn, fork or forkserver): every worker is a "
-            "new process running the entry point, as under torchrun for a script or program");
+            "new process running the entry point, as under torchrun for a script or program")
+      ->check(oneOf({"spawn", "fork", "forkserver"}));
   addOption(app, "event-log-handler", f.eventLogHandler,
             "Accepted for torchrun compatibility (null, console or dynamic_rendezvous): dlrun's "
-            "events go to the control plane (dlrun events)");
+            "events go to the control plane (dlrun events)")
+      ->check(oneOf({"null", "console", "dynamic_rendezvous"}, " (plug-ins are torch's alone)"));
   addOption(app, "logs-specs", f.logsSpecs,
-            "Accepted for torchrun compatibility (default): the log tree is torchrun's default");
+            "Accepted for torchrun compatibility (default): the log tree is torchrun's default")
+      ->check(oneOf({"default"}, ": dlrun writes torchrun's default log tree only"));
   f.signalsOption = addOption(
       app, "signals-to-handle", f.signalsToHandle,
       "Signals that stop the job: forwarded to every worker, which then get --stop-timeout "
@@ -140,7 +144,8 @@ void declareOutputFlags(CLI::App& app, DeclaredFlags& f, LaunchConfig& c) {
   addOption(app, "console-format", f.consoleFormat,
             "dlrun: every worker line on the console prefixed (default [${rank}]:) and ended "
             "with a newline; torchrun: torchrun's bytes, only --tee's streams prefixed (default "
-            "[${role_name}${local_rank}]:), the others as the workers write them");
+            "[${role_name}${local_rank}]:), the others as the workers write them")
+      ->check(oneOf({"dlrun", "torchrun"}));
   f.stdoutFiltersOption = addOption(
       app, "duplicate-stdout-filters", f.stdoutFilters,
       "Console stdout lines holding any of these (a,b; ',,' a comma) also go to the attempt's "
@@ -188,7 +193,8 @@ void declareHostFlags(CLI::App& app, DeclaredFlags& f, LaunchConfig& c) {
             "on: this node's workers reach the job's store through dlrun on loopback "
             "(MASTER_ADDR=127.0.0.1), which carries their requests over a few connections and "
             "makes a barrier one request per node; off: each worker straight to the store; "
-            "auto: on from " + std::to_string(kStoreProxyAutoWorkers) + " workers on a node");
+            "auto: on from " + std::to_string(kStoreProxyAutoWorkers) + " workers on a node")
+      ->check(oneOf({"auto", "on", "off"}));
   f.masterAddrOption =
       addOption(app, "master-addr", c.masterAddr, "Store address for the static backend");
   f.masterPortOption =
@@ -221,7 +227,8 @@ void declareHostFlags(CLI::App& app, DeclaredFlags& f, LaunchConfig& c) {
                "environment");
   addOption(app, "local-rank-arg-style", f.localRankStyle,
             "--use-local-rank-arg's spelling: dash (--local-rank, PyTorch 2.0 on) or underscore "
-            "(--local_rank, before)");
+            "(--local_rank, before)")
+      ->check(oneOf({"dash", "underscore"}));
 }
 
 // The option `arg` names ("--name", "--name=value", "-x"), with a long name's unique prefix

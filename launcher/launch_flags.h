@@ -31,6 +31,7 @@ struct DeclaredFlags {
   int nodeRank = -1;
   std::string backend;
   bool noSlurm = false;
+  // torchrun's, accepted: CLI11 checks their choices as it parses (oneOf); nothing reads them
   std::string startMethod = "spawn", eventLogHandler = "null", logsSpecs = "default";
   std::string stdoutFilters, stderrFilters;
   std::string signalsToHandle = "SIGTERM,SIGINT,SIGHUP,SIGQUIT";

@@ -11,10 +11,6 @@
 //   DLRUN_MPI=0                               turns the discovery off
 #pragma once
 
-#include <cstdint>
-#include <optional>
-#include <string>
-
 #include "common/discovery.h"
 
 namespace dlrun::mpi {
@@ -27,13 +23,8 @@ using discovery::UserFlags;
 // DLRUN_MPI=0. Throws ConfigError for a DLRUN_MPI other than 0 or 1.
 bool detected(const Environment& env);
 
-struct Settings {
-  std::optional<std::string> rdzvId;
-  std::optional<std::string> endpointHost;  // MASTER_ADDR, by name: resolved later
-  std::optional<uint16_t> endpointPort;
-  std::optional<int> nodeRank;
-  std::optional<int> nnodes;
-};
+// What mpirun gives: the id, the endpoint (MASTER_ADDR), the rank hint and the size.
+using discovery::Settings;
 
 // Throws ConfigError naming the variable for a malformed value, for a job whose size no variable
 // gives (PMIx alone) without --nnodes, and for a missing MASTER_ADDR without --rdzv-endpoint.

@@ -55,7 +55,7 @@ bool detected(const Environment& env) {
 Settings discover(const Environment& env, const UserFlags& user) {
   const auto jobId = number<uint64_t>(env, "SLURM_JOB_ID", 0);
   if (!jobId) throw ConfigError("not inside a Slurm allocation: SLURM_JOB_ID is not set");
-  Settings s;
+  Settings s{.refuseLostNodes = true};
   if (!user.rdzvId) s.rdzvId = std::to_string(*jobId);
   if (const std::string* name = find(env, "SLURMD_NODENAME"); name && !name->empty())
     s.nodeName = *name;

@@ -19,36 +19,18 @@
 //                                        is refused (one dlrun would wait for the others)
 #pragma once
 
-#include <cstdint>
-#include <optional>
-#include <string>
-#include <vector>
-
 #include "common/discovery.h"
 
 namespace dlrun::slurm {
 
 using discovery::UserFlags;
+// Slurm can fill every field: the endpoint is the step's first node (servesStore: this node is it,
+// by SLURMD_NODENAME, else SLURM_NODEID 0), nodes the step's nodes, refuseLostNodes always.
+using discovery::Settings;
 
 // Whether the launcher should read Slurm: inside an allocation (SLURM_JOB_ID is set) unless
 // DLRUN_SLURM=0. Throws ConfigError for a DLRUN_SLURM other than 0 or 1.
 bool detected(const Environment& env);
-
-// The settings Slurm supplies; each is unset where the user's flag wins or Slurm says nothing.
-struct Settings {
-  std::optional<std::string> rdzvId;
-  std::optional<std::string> endpointHost;  // the first node, by name: resolved once, later
-  std::optional<uint16_t> endpointPort;
-  std::optional<bool> servesStore;          // with the derived endpoint: this is the first node
-                                            // (by SLURMD_NODENAME, else SLURM_NODEID 0)
-  std::optional<int> nodeRank;
-  std::optional<int> nnodes;
-  std::optional<int> nprocPerNode;
-  std::optional<std::string> nodeName;
-  // The step's nodes by name, where the endpoint is derived (the first serves the store): the
-  // hosts that store admits.
-  std::vector<std::string> nodes;
-};
 
 // Throws ConfigError naming the variable for a malformed value, a missing node list where the
 // endpoint must be derived, or a several-node job outside a job step.

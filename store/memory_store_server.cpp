@@ -35,12 +35,15 @@ void MemoryStoreServer::Wait::send(std::string_view bytes) {
 void MemoryStoreServer::handle(Peer& peer, const wire::Request& request) {
   const auto now = nowLocked();
   engine_.expireLeases(now);
-  const std::string refused = engine_.handle(peer, request, now);
-  changed_.notify_all();  // the request may have answered waits (or, on real time, moved a
-                          // lease deadline a waiter sleeps towards)
+  // The request may have answered waits (or, on real time, moved a lease deadline a waiter
+  // sleeps towards), a refused one too: it renewed the peer's leases.
+  struct Notify {
+    std::condition_variable& changed;
+    ~Notify() { changed.notify_all(); }
+  } notify{changed_};
   // dlrund drops a connection that sent a refused request; in process the caller gets the
-  // same text as an exception and the store is unchanged either way.
-  if (!refused.empty()) throw Error(refused);
+  // engine's RequestError (an Error) and the store is unchanged either way.
+  engine_.handle(peer, request, now);
 }
 
 void MemoryStoreServer::block(std::unique_lock<std::mutex>& lock, Wait& wait) {

@@ -41,26 +41,26 @@ std::optional<int64_t> leadingInteger(std::string_view text) {
 
 }  // namespace
 
-std::string StoreEngine::handle(Peer& peer, const wire::Request& r, TimePoint now) {
+void StoreEngine::handle(Peer& peer, const wire::Request& r, TimePoint now) {
   renewLeases(peer, now);
   switch (r.op) {
     case Op::Validate:  // the parser has checked the magic; VALIDATE has no reply
     case Op::WatchKey:  // refused by the parser
-      return {};
+      return;
     case Op::SpaceOpen:  // the server's, which opens ports: an engine holds one space's keys
     case Op::SpaceClose:
-      return std::string(wire::opName(r.op)) + " is not served here";
+      throw RequestError(std::string(wire::opName(r.op)) + " is not served here");
     case Op::Set:
       setValue(r.keys[0], r.values[0]);
-      return {};
+      return;
     case Op::CompareSet:
       compareSet(peer, r);
-      return {};
+      return;
     case Op::Get: {
       // Clients WAIT before GET; a key deleted in between reads as empty rather than hanging.
       auto it = data_.find(r.keys[0]);
       reply(peer, encodeBytes(it == data_.end() ? std::string_view() : it->second));
-      return {};
+      return;
     }
     case Op::Add:
       return add(peer, r);
@@ -69,18 +69,18 @@ std::string StoreEngine::handle(Peer& peer, const wire::Request& r, TimePoint no
                                      [&](std::string_view k) { return present(k); });
       replyByte(peer, static_cast<uint8_t>(ready ? wire::CheckReply::Ready
                                                 : wire::CheckReply::NotReady));
-      return {};
+      return;
     }
     case Op::Wait:
     case Op::GroupWait:
       wait(peer, r);
-      return {};
+      return;
     case Op::GroupCancel:
       cancelGroupWait(peer, static_cast<uint64_t>(r.number));
-      return {};
+      return;
     case Op::GetNumKeys:
       reply(peer, encodeI64(static_cast<int64_t>(data_.size())));
-      return {};
+      return;
     case Op::DeleteKey: {
       auto it = data_.find(r.keys[0]);
       const bool found = it != data_.end();
@@ -89,7 +89,7 @@ std::string StoreEngine::handle(Peer& peer, const wire::Request& r, TimePoint no
         data_.erase(it);
       }
       reply(peer, encodeI64(found ? 1 : 0));
-      return {};
+      return;
     }
     case Op::Append: {
       auto it = data_.find(r.keys[0]);
@@ -99,7 +99,7 @@ std::string StoreEngine::handle(Peer& peer, const wire::Request& r, TimePoint no
         it->second.append(r.values[0]);
         keyWritten(it->first);
       }
-      return {};
+      return;
     }
     case Op::MultiGet: {
       std::string out;
@@ -109,34 +109,34 @@ std::string StoreEngine::handle(Peer& peer, const wire::Request& r, TimePoint no
         encoder.bytes(it == data_.end() ? std::string_view() : it->second);
       }
       reply(peer, out);
-      return {};
+      return;
     }
     case Op::MultiSet:
       for (size_t i = 0; i < r.keys.size(); ++i) setValue(r.keys[i], r.values[i]);
-      return {};
+      return;
     case Op::CancelWait:
       cancelWaits(peer);
       replyByte(peer, static_cast<uint8_t>(wire::WaitReply::WaitCanceled));
-      return {};
+      return;
     case Op::Ping: {
       std::string out;
       wire::Encoder(out).u32(r.word);
       reply(peer, out);
-      return {};
+      return;
     }
     case Op::QueuePush: {
       const std::string key(r.keys[0]);
       queues_[key].emplace_back(r.values[0]);
       wakeOne(key);  // one new item satisfies one blocked pop, as in PyTorch
-      return {};
+      return;
     }
     case Op::QueuePop:
       queuePop(peer, r);
-      return {};
+      return;
     case Op::QueueLen: {
       auto it = queues_.find(r.keys[0]);
       reply(peer, encodeI64(it == queues_.end() ? 0 : static_cast<int64_t>(it->second.size())));
-      return {};
+      return;
     }
     case Op::ListKeys: {
       std::string out;
@@ -144,16 +144,16 @@ std::string StoreEngine::handle(Peer& peer, const wire::Request& r, TimePoint no
       encoder.i64(static_cast<int64_t>(data_.size()));
       for (const auto& entry : data_) encoder.bytes(entry.first);
       reply(peer, out);
-      return {};
+      return;
     }
     case Op::Barrier:
       return barrier(peer, r);
     case Op::Lease:
       lease(peer, r, now);
       replyByte(peer, 0);
-      return {};
+      return;
   }
-  return "unhandled op";
+  throw RequestError("unhandled op");
 }
 
 void StoreEngine::compareSet(Peer& peer, const wire::Request& r) {
@@ -171,56 +171,48 @@ void StoreEngine::compareSet(Peer& peer, const wire::Request& r) {
   reply(peer, encodeBytes(it->second));
 }
 
-std::optional<int64_t> StoreEngine::sum(std::string_view key, int64_t delta,
-                                        std::string& error) const {
+int64_t StoreEngine::sum(wire::Op op, std::string_view key, int64_t delta) const {
+  const auto refused = [&](const std::string& why) {
+    return RequestError(std::string(wire::opName(op)) + " refused: " + why);
+  };
   int64_t current = 0;
   auto it = data_.find(key);
   if (it != data_.end()) {
     auto parsed = leadingInteger(it->second);
-    if (!parsed) {
-      error = "'" + std::string(key) + "' holds no integer (or one beyond 64 bits)";
-      return std::nullopt;
-    }
+    if (!parsed)
+      throw refused("'" + std::string(key) + "' holds no integer (or one beyond 64 bits)");
     current = *parsed;
   }
   int64_t updated = 0;
-  if (__builtin_add_overflow(current, delta, &updated)) {
-    // torch wraps around (signed overflow); a counter that jumps sign helps nobody.
-    error = "adding to '" + std::string(key) + "' overflows a 64-bit integer";
-    return std::nullopt;
-  }
+  // torch wraps around (signed overflow); a counter that jumps sign helps nobody.
+  if (__builtin_add_overflow(current, delta, &updated))
+    throw refused("adding to '" + std::string(key) + "' overflows a 64-bit integer");
   return updated;
 }
 
-std::string StoreEngine::add(Peer& peer, const wire::Request& r) {
-  std::string error;
-  const auto updated = sum(r.keys[0], r.number, error);
-  if (!updated) return "ADD refused: " + error;
-  setValue(r.keys[0], std::to_string(*updated));
-  reply(peer, encodeI64(*updated));
-  return {};
+void StoreEngine::add(Peer& peer, const wire::Request& r) {
+  const int64_t updated = sum(r.op, r.keys[0], r.number);
+  setValue(r.keys[0], std::to_string(updated));
+  reply(peer, encodeI64(updated));
 }
 
-std::string StoreEngine::barrier(Peer& peer, const wire::Request& r) {
+void StoreEngine::barrier(Peer& peer, const wire::Request& r) {
   // Each arrival adds 1 to the key. The one that reaches the world size is answered at once and
   // wakes every waiter on the key; earlier ones wait on the key like a WAIT, so any later
   // write to it also ends their wait (as in torch), but another arrival short of the world
   // size does not.
-  std::string error;
-  const auto count = sum(r.keys[0], 1, error);
-  if (!count) return "BARRIER refused: " + error;
-  if (*count >= r.number) {
-    setValue(r.keys[0], std::to_string(*count));
+  const int64_t count = sum(r.op, r.keys[0], 1);
+  if (count >= r.number) {
+    setValue(r.keys[0], std::to_string(count));
     replyByte(peer, static_cast<uint8_t>(wire::WaitReply::StopWaiting));
-    return {};
+    return;
   }
   if (auto it = data_.find(r.keys[0]); it != data_.end()) {
-    it->second = std::to_string(*count);
+    it->second = std::to_string(count);
   } else {
-    setValue(r.keys[0], std::to_string(*count));  // unlike torch, WAITs on the key see it appear
+    setValue(r.keys[0], std::to_string(count));  // unlike torch, WAITs on the key see it appear
   }
   addWaiter(peer, {std::string(r.keys[0])});
-  return {};
 }
 
 void StoreEngine::queuePop(Peer& peer, const wire::Request& r) {

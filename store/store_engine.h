@@ -16,9 +16,18 @@
 #include <unordered_map>
 #include <vector>
 
+#include "common/error.h"
 #include "store/wire.h"
 
 namespace dlrun {
+
+// A request the engine refuses (an ADD to a key that holds no integer, an op this engine does
+// not serve), with why. The store is left unchanged; the caller answers its client: dlrund by
+// dropping the connection, the in-process store by passing the exception on.
+class RequestError : public Error {
+ public:
+  using Error::Error;
+};
 
 // A connected client as the engine sees it. Replies, immediate and deferred, go through send()
 // in the order the engine produces them.
@@ -45,9 +54,8 @@ class StoreEngine {
   StoreEngine& operator=(const StoreEngine&) = delete;
 
   // Applies one request from `peer`, received at `now`; any request renews the peer's leases.
-  // Returns an empty string, or why the request is refused (the caller then drops the
-  // connection; the store is left unchanged).
-  std::string handle(Peer& peer, const wire::Request& request, TimePoint now);
+  // Throws RequestError for a refused request.
+  void handle(Peer& peer, const wire::Request& request, TimePoint now);
 
   // Forgets every wait of a peer that went away and fires its leases. Must be called before
   // the peer is destroyed.
@@ -98,11 +106,11 @@ class StoreEngine {
   void forgetWaiter(uint64_t id);
   bool present(std::string_view key) const;  // a value, or a queue with items
   void compareSet(Peer& peer, const wire::Request& request);
-  // The integer at `key` (0 when missing) plus delta; nullopt, with `error`, when the value is
-  // no integer or the sum overflows.
-  std::optional<int64_t> sum(std::string_view key, int64_t delta, std::string& error) const;
-  std::string add(Peer& peer, const wire::Request& request);
-  std::string barrier(Peer& peer, const wire::Request& request);
+  // The integer at `key` (0 when missing) plus delta; RequestError, naming `op`, when the value
+  // is no integer or the sum overflows.
+  int64_t sum(wire::Op op, std::string_view key, int64_t delta) const;
+  void add(Peer& peer, const wire::Request& request);
+  void barrier(Peer& peer, const wire::Request& request);
   void queuePop(Peer& peer, const wire::Request& request);
   void setValue(std::string_view key, std::string_view value);  // and wakes the key's waiters
   void lease(Peer& peer, const wire::Request& request, TimePoint now);

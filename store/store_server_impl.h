@@ -151,8 +151,8 @@ class Session : public Peer, public std::enable_shared_from_this<Session> {
   bool process(std::span<const char> data);
 
   // The server's own ops, then the engine's. A space serves no leases (their one timer is the
-  // store's) and opens no spaces.
-  std::string handle(std::chrono::steady_clock::time_point now);
+  // store's) and opens no spaces. Throws RequestError for a refused request.
+  void handle(std::chrono::steady_clock::time_point now);
   std::string overLimit() const;
   void flush();
   ServerImpl& server_;

@@ -129,8 +129,11 @@ bool Session::process(std::span<const char> data) {
       return false;
     }
     server_.ops_[static_cast<size_t>(request_.op)].bump();
-    if (auto refused = handle(now); !refused.empty()) {
-      refuse(refused);
+    // The one place a refused request is answered: the connection goes, the server stays.
+    try {
+      handle(now);
+    } catch (const RequestError& e) {
+      refuse(e.what());
       return false;
     }
     pos += result.consumed;
@@ -151,11 +154,11 @@ bool Session::process(std::span<const char> data) {
   return true;
 }
 
-std::string Session::handle(std::chrono::steady_clock::time_point now) {
+void Session::handle(std::chrono::steady_clock::time_point now) {
   const wire::Op op = request_.op;
   const bool serverOp = op == wire::Op::SpaceOpen || op == wire::Op::SpaceClose;
   if (space_ && (serverOp || op == wire::Op::Lease))
-    return std::string(wire::opName(op)) + " on an attempt's port";
+    throw RequestError(std::string(wire::opName(op)) + " on an attempt's port");
   if (!serverOp) return engine_.handle(*this, request_, now);
   std::string out;
   if (op == wire::Op::SpaceOpen) {
@@ -165,7 +168,6 @@ std::string Session::handle(std::chrono::steady_clock::time_point now) {
     wire::Encoder(out).u8(0);
   }
   send(out);
-  return {};
 }
 
 std::string Session::overLimit() const {

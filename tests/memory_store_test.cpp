@@ -66,12 +66,17 @@ TEST(MemoryStore, RefusesWithTheEnginesOwnWords) {
   set.op = wire::Op::Set;
   set.keys = {"s"};
   set.values = {"abc"};
-  ASSERT_EQ(engine.handle(peer, set, {}), "");
+  ASSERT_NO_THROW(engine.handle(peer, set, {}));
   wire::Request add;
   add.op = wire::Op::Add;
   add.keys = {"s"};
   add.number = 1;
-  const std::string refusal = engine.handle(peer, add, {});
+  std::string refusal;
+  try {
+    engine.handle(peer, add, {});
+  } catch (const RequestError& e) {
+    refusal = e.what();
+  }
   ASSERT_NE(refusal, "");
 
   MemoryStore store;

@@ -29,7 +29,12 @@ class EngineTest : public ::testing::Test {
     wire::Request request;
     auto parsed = wire::parseRequest(Era::V2, {bytes.data(), bytes.size()}, {}, request);
     EXPECT_EQ(parsed.status, wire::ParseStatus::Complete);
-    return engine.handle(peer, request, now);
+    try {
+      engine.handle(peer, request, now);
+    } catch (const RequestError& e) {
+      return e.what();
+    }
+    return "";
   }
 
   // LEASE with `ttl` and tripwires given as key, value, key, value...; expects the ack byte.

@@ -13,11 +13,10 @@
 #include "common/listen.h"
 #include "common/log.h"
 #include "store/address.h"
-#include "trainer/data.h"
+#include "trainer/job_data.h"
 #include "trainer/math_dispatch.h"
 #include "trainer/model.h"
 #include "trainer/ps_wire.h"
-#include "trainer/train.h"
 
 namespace dlrun::trainer {
 namespace {

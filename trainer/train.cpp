@@ -20,6 +20,7 @@
 #include "trainer/checkpoint.h"
 #include "trainer/collective.h"
 #include "trainer/engine.h"
+#include "trainer/job_data.h"
 #include "trainer/metrics_file.h"
 #include "trainer/ps_engine.h"
 #include "trainer/ps_server.h"
@@ -412,20 +413,6 @@ void Training::finish() {
 }
 
 }  // namespace
-
-Split loadData(const TrainConfig& config) {
-  return config.synthetic ? syntheticData(20000, 4000, 784, config.seed)
-                          : loadFashionMnist(config.dataDir);
-}
-
-ModelSpec modelSpec(const TrainConfig& config, const Dataset& data) {
-  ModelSpec spec{.kind = config.model, .mlp = {data.features, config.hidden, data.classes}};
-  spec.cnn.classes = data.classes;
-  if (spec.kind == "cnn" && data.features != kCnnInputs)
-    throw Error("--model cnn takes 28x28 images; this data has " +
-                std::to_string(data.features) + " values per example");
-  return spec;
-}
 
 int train(const TrainConfig& config, const Placement& placement) {
   if (placement.ps && placement.ps->server) {

@@ -4,17 +4,8 @@
 #pragma once
 
 #include "trainer/config.h"
-#include "trainer/data.h"
-#include "trainer/model.h"
 
 namespace dlrun::trainer {
-
-// The data --data (or --synthetic) names: every rank and parameter server loads the same.
-Split loadData(const TrainConfig& config);
-
-// The model --model names, sized for the data: --hidden for the MLP; the CNN takes 28x28
-// images (Error otherwise).
-ModelSpec modelSpec(const TrainConfig& config, const Dataset& data);
 
 // Returns the process exit code.
 int train(const TrainConfig& config, const Placement& placement);

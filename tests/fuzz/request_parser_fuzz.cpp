@@ -34,7 +34,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (result.consumed == 0 || result.consumed > in.size()) __builtin_trap();
     now += std::chrono::milliseconds(100);
     engine.expireLeases(now);
-    if (!engine.handle(peer, request, now).empty()) break;
+    try {
+      engine.handle(peer, request, now);
+    } catch (const RequestError&) {
+      break;
+    }
     in = in.subspan(result.consumed);
   }
   engine.disconnect(peer);
