@@ -268,7 +268,7 @@ void AgentImpl::endOfRound() {
   }
   if (end.countsAsFailure()) {
     const std::string attempt = "attempt " + std::to_string(end.failures) + " of " +
-                                std::to_string(world_.maxRestarts);
+                                std::to_string(world_.restarts.maxRestarts);
     log::info("worker group failed (" + end.describe() + "); restarting, " + attempt);
     publishJobEvent("restart", -1, attempt + " after " + end.describe());
   }

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "agents/agent.h"
+#include "rendezvous/round_end.h"
 #include "common/host_port.h"
 #include "remote/hostfile.h"
 #include "rendezvous/etcd/endpoints.h"
@@ -94,7 +95,7 @@ struct LaunchConfig {
   std::string rdzvId = "none";
   RdzvSettings rdzv;  // from --rdzv-conf
   bool standalone = false;
-  int maxRestarts = 0;
+  rendezvous::RestartPolicy restarts;  // --max-restarts
   // What the flags ask of this node's agent: the workers' command, count, roles, output, stop
   // and signals, hang watch and metrics. What only launch() learns (whether this node serves
   // the store, its address in messages, the control plane's connection, the store host's

@@ -77,7 +77,7 @@ void declareJobFlags(CLI::App& app, DeclaredFlags& f, LaunchConfig& c) {
   addOption(app, "rdzv-conf", f.rdzvConf, "Backend settings as key=value,key2=value2");
   addFlag(app, "standalone", c.standalone,
           "One node with its own store on a free port; no rendezvous flags needed");
-  addOption(app, "max-restarts", c.maxRestarts, "Restarts of the worker group after a failure")
+  addOption(app, "max-restarts", c.restarts.maxRestarts, "Restarts of the worker group after a failure")
       ->check(kCount);
   addOption(app, "monitor-interval", f.monitorInterval,
             "Accepted for torchrun compatibility: dlrun notices worker exits at once")

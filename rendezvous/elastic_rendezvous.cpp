@@ -392,7 +392,7 @@ World ElasticImpl::memberWorld(int round, int index, int members,
   lastRound_ = round;
   lastGroupRank_ = a.groupRank;
   failures_ = a.failures;
-  const NodeJob job{options_.runId, options_.self.nproc, options_.maxRestarts,
+  const NodeJob job{options_.runId, options_.self.nproc, options_.restarts,
                     options_.storeHost, options_.storePort};
   elastic::Roster roster;
   if (options_.fetchRoster) roster = elastic::decodeRoster(texts[2]);

@@ -41,7 +41,7 @@ struct ElasticOptions {
   std::string runId;
   int minNodes = 1;
   int maxNodes = 1;
-  int maxRestarts = 0;
+  RestartPolicy restarts;
   std::string storeHost;   // with storePort 0: the store's name for messages (etcd's endpoints)
   uint16_t storePort = 0;
   // addr, name, nproc, rank hint and the workers' store port (etcd); worker ports are chosen

@@ -38,7 +38,7 @@ std::shared_ptr<LeasingStore> ElasticImpl::control() {
 }
 
 void ElasticImpl::reportFailure(RoundEnd failure) {
-  failure.countFailure(member_->failures, options_.maxRestarts);
+  failure.countFailure(member_->failures, options_.restarts);
   report(failure.describe(), [end = keys_.end(member_->round), failure](Store& store) {
     store.compareSet(end, "", elastic::encode(failure));
   });

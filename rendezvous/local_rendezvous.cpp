@@ -10,7 +10,7 @@ JoinResult LocalRendezvous::next() {
   std::vector<std::string> endpoints;
   for (uint16_t port : reserveFreePorts(options_.hostAddr, options_.localWorldSize))
     endpoints.push_back(joinHostPort(options_.hostAddr, port));
-  const NodeJob job{options_.runId, options_.localWorldSize, options_.maxRestarts,
+  const NodeJob job{options_.runId, options_.localWorldSize, options_.restarts,
                     options_.storeAddr, options_.storePort};
   std::lock_guard lock(mutex_);
   end_.reset();
@@ -30,7 +30,7 @@ RoundEnd LocalRendezvous::awaitEnd() {
 
 void LocalRendezvous::reportFailure(RoundEnd failure) {
   std::lock_guard lock(mutex_);
-  failure.countFailure(failures_, options_.maxRestarts);
+  failure.countFailure(failures_, options_.restarts);
   failures_ = failure.failures;
   end_ = std::move(failure);
   ended_.notify_all();

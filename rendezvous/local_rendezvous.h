@@ -15,7 +15,7 @@ namespace dlrun::rendezvous {
 struct LocalRendezvousOptions {
   std::string runId;
   int localWorldSize = 1;
-  int maxRestarts = 0;
+  RestartPolicy restarts;
   std::string storeAddr;  // where workers reach the agent's store
   uint16_t storePort = 0;
   std::string hostAddr = "127.0.0.1";  // this node's address in TF_CONFIG

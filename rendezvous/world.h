@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "rendezvous/round_end.h"
+
 namespace dlrun::rendezvous {
 
 struct World {
@@ -19,7 +21,7 @@ struct World {
   int baseRank = 0;         // RANK of this node's local rank 0
   int worldSize = 1;        // workers in the job
   int failures = 0;         // failure restarts used before this round
-  int maxRestarts = 0;      // failure restarts the job allows (--max-restarts)
+  RestartPolicy restarts;   // --max-restarts
   std::string masterAddr;   // numeric address of the store workers use
   // The port workers use: once the agent opened this attempt's key space on the store
   // (AgentOptions::attemptSpaces), the space's; until then the store's own.
@@ -35,7 +37,7 @@ struct World {
 struct NodeJob {
   std::string runId;
   int localWorldSize = 1;
-  int maxRestarts = 0;
+  RestartPolicy restarts;
   std::string masterAddr;
   uint16_t masterPort = 0;
 };

@@ -27,7 +27,7 @@ class ElasticRendezvousTest : public ::testing::Test {
     o.runId = "job";
     o.minNodes = minNodes;
     o.maxNodes = maxNodes;
-    o.maxRestarts = 1;
+    o.restarts.maxRestarts = 1;
     o.storeHost = server_->address();
     o.storePort = server_->port();
     o.self.addr = "127.0.0.1";

@@ -303,7 +303,7 @@ TEST(ParseDlrunArgs, Defaults) {
   EXPECT_EQ(c.agent.nprocPerNode, 1);
   EXPECT_FALSE(c.nodeRank);
   EXPECT_FALSE(c.standalone);
-  EXPECT_EQ(c.maxRestarts, 0);
+  EXPECT_EQ(c.restarts.maxRestarts, 0);
   EXPECT_EQ(c.agent.role, "default");
   EXPECT_FALSE(c.agent.logDir);
   EXPECT_EQ(c.agent.redirects.all, agents::Streams::None);
@@ -329,7 +329,7 @@ TEST(ParseDlrunArgs, ReadsEveryFlag) {
   EXPECT_EQ(c.rdzvStore, (HostPort{"127.0.0.1", 29400}));
   EXPECT_EQ(c.rdzvId, "job7");
   EXPECT_EQ(c.rdzv.joinTimeout, std::chrono::seconds(60));
-  EXPECT_EQ(c.maxRestarts, 4);
+  EXPECT_EQ(c.restarts.maxRestarts, 4);
   EXPECT_EQ(c.agent.stopTimeout, std::chrono::milliseconds(1500));
   EXPECT_EQ(c.agent.role, "trainer");
   EXPECT_EQ(c.agent.logDir, "/logs");
@@ -419,7 +419,7 @@ TEST(ParseDlrunArgs, AFlagGivenTwiceTakesItsLastValue) {
                   "--max-restarts=3", "--rdzv-conf=join_timeout=5", "--rdzv-conf=join_timeout=9",
                   "--standalone", "--standalone", "env"});
   EXPECT_EQ(c.agent.nprocPerNode, 5);
-  EXPECT_EQ(c.maxRestarts, 3);
+  EXPECT_EQ(c.restarts.maxRestarts, 3);
   EXPECT_EQ(c.rdzv.joinTimeout, std::chrono::seconds(9));
   EXPECT_TRUE(c.standalone);
 }
@@ -430,7 +430,7 @@ TEST(ParseDlrunArgs, AUniquePrefixOfAFlagIsThatFlag) {
   auto c = parse({"--standa", "--max-rest", "2", "--nproc=3", "--rdzv-i", "job", "--role", "r",
                   "env", "--standa", "--max-rest"});
   EXPECT_TRUE(c.standalone);
-  EXPECT_EQ(c.maxRestarts, 2);
+  EXPECT_EQ(c.restarts.maxRestarts, 2);
   EXPECT_EQ(c.agent.nprocPerNode, 3);
   EXPECT_EQ(c.rdzvId, "job");
   EXPECT_EQ(c.agent.role, "r");  // --role is a flag of its own, not a prefix of --roles
@@ -447,7 +447,7 @@ TEST(ParseDlrunArgs, UnderscoredSpellings) {
                   "--rdzv_id=x", "--log_dir=/l", "--local_ranks_filter=1", "--stop_timeout=2",
                   "--master_port=99", "env"});
   EXPECT_EQ(c.agent.nprocPerNode, 3);
-  EXPECT_EQ(c.maxRestarts, 2);
+  EXPECT_EQ(c.restarts.maxRestarts, 2);
   EXPECT_EQ(c.rdzvBackend, RdzvBackend::C10d);
   EXPECT_EQ(c.rdzvId, "x");
   EXPECT_EQ(c.agent.logDir, "/l");
@@ -562,13 +562,13 @@ TEST(ParseDlrunArgs, PetVariablesAreDefaults) {
   ScopedEnv standalone("PET_STANDALONE", "1");
   auto c = parse({"env"});
   EXPECT_EQ(c.agent.nprocPerNode, 5);
-  EXPECT_EQ(c.maxRestarts, 3);
+  EXPECT_EQ(c.restarts.maxRestarts, 3);
   EXPECT_EQ(c.agent.role, "fromenv");
   EXPECT_TRUE(c.standalone);
   // The flag wins, in either spelling.
   EXPECT_EQ(parse({"--nproc-per-node", "2", "env"}).agent.nprocPerNode, 2);
   EXPECT_EQ(parse({"--nproc_per_node=2", "env"}).agent.nprocPerNode, 2);
-  EXPECT_EQ(parse({"--max-restarts=0", "env"}).maxRestarts, 0);
+  EXPECT_EQ(parse({"--max-restarts=0", "env"}).restarts.maxRestarts, 0);
 }
 
 TEST(ParseDlrunArgs, PetVariableWithABadValueIsAnError) {
