@@ -68,7 +68,7 @@ void declareJobFlags(CLI::App& app, DeclaredFlags& f, LaunchConfig& c) {
       "--master-port and no --rdzv-endpoint); slurm: c10d set up from the Slurm allocation, "
       "which must exist; etcd (or etcd-v3): the elastic rendezvous on an etcd v3 cluster");
   f.endpointOption =
-      addOption(app, "rdzv-endpoint", c.rdzvEndpoint,
+      addOption(app, "rdzv-endpoint", c.rdzvEndpoint.text,
                 "HOST[:PORT] of the rendezvous store; with etcd, HOST[:PORT],... (port 2379)");
   f.rdzvIdOption =
       addOption(app, "rdzv-id", c.rdzvId, "Job id shared by every node of one job");

@@ -59,10 +59,11 @@ Clock::time_point ElasticImpl::now() const {
 }
 
 std::unique_ptr<LeasingStore> ElasticImpl::openStore() const {
-  if (options_.connect) return options_.connect();
+  if (const auto* opener = std::get_if<StoreOpener>(&options_.store)) return opener->open();
+  const auto& store = std::get<HostPort>(options_.store);
   return std::make_unique<TcpStore>(TcpStoreOptions{
-      .host = options_.storeHost,
-      .port = options_.storePort,
+      .host = store.host,
+      .port = store.port,
       // A store that does not answer within a lease's life is as good as gone.
       .timeout = options_.leaseTtl + options_.heartbeat,
       // Short tries, so an interrupt() between them is seen within a heartbeat.
@@ -98,9 +99,8 @@ void ElasticImpl::connect(Clock::time_point deadline) {
 }
 
 std::string ElasticImpl::storeName() const {
-  // Port 0: storeHost already names the store as a whole (etcd's endpoint list).
-  return options_.storePort == 0 ? options_.storeHost
-                                 : joinHostPort(options_.storeHost, options_.storePort);
+  if (const auto* opener = std::get_if<StoreOpener>(&options_.store)) return opener->name;
+  return std::get<HostPort>(options_.store).text();
 }
 
 void ElasticImpl::lookFirst() {
@@ -392,8 +392,10 @@ World ElasticImpl::memberWorld(int round, int index, int members,
   lastRound_ = round;
   lastGroupRank_ = a.groupRank;
   failures_ = a.failures;
+  // Over another kind of store (etcd) the round names the workers' store.
+  const auto* store = std::get_if<HostPort>(&options_.store);
   const NodeJob job{options_.runId, options_.self.nproc, options_.restarts,
-                    options_.storeHost, options_.storePort};
+                    store ? *store : HostPort{}};
   elastic::Roster roster;
   if (options_.fetchRoster) roster = elastic::decodeRoster(texts[2]);
   World world = makeWorld(job, round, a, std::move(roster.endpoints));

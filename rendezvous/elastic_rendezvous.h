@@ -20,8 +20,10 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <variant>
 #include <vector>
 
+#include "common/host_port.h"
 #include "rendezvous/elastic_protocol.h"
 #include "rendezvous/rendezvous.h"
 
@@ -37,13 +39,24 @@ namespace dlrun::rendezvous {
 // to it, so members and nodes waiting for a round to close all wake.
 RoundEnd stopJob(Store& store, const elastic::Keys& keys, const RoundEnd& stop, int round = -1);
 
+// A rendezvous store other than dlrun's over TCP (etcd's, or in tests a virtual-time
+// MemoryStore's): the rendezvous measures every deadline on the store's now().
+struct StoreOpener {
+  std::string name;  // the store in messages ("etcd1:2379, etcd2:2379")
+  // Opens one connection to the store (one while joining, two once a report went). May throw
+  // ConnectionRefused or NetworkError: connecting is retried until the join timeout.
+  std::function<std::unique_ptr<LeasingStore>()> open;
+};
+
 struct ElasticOptions {
   std::string runId;
   int minNodes = 1;
   int maxNodes = 1;
   RestartPolicy restarts;
-  std::string storeHost;   // with storePort 0: the store's name for messages (etcd's endpoints)
-  uint16_t storePort = 0;
+  // Where the rounds are: the c10d store at its numeric HOST:PORT, which the rendezvous dials
+  // (a TcpStore whose reply deadline and connect tries follow leaseTtl and heartbeat) and the
+  // workers use unless a round names theirs; or a store that `open` opens.
+  std::variant<HostPort, StoreOpener> store;
   // addr, name, nproc, rank hint and the workers' store port (etcd); worker ports are chosen
   // per round
   elastic::NodeRecord self;
@@ -68,12 +81,6 @@ struct ElasticOptions {
   // its keys expire: Keys::expiry), where it would hand every agent of a new job the old
   // outcome at once. Empty: not checked.
   std::string endedJobKeys;
-  // Opens one connection to the store (one while joining, two once a report went). Empty: a
-  // TcpStore to storeHost:storePort whose reply deadline and connect tries follow leaseTtl and heartbeat.
-  // Tests pass MemoryStore connections to a virtual-time server; the rendezvous measures every
-  // deadline on the store's now(). May throw ConnectionRefused or NetworkError: connecting is
-  // retried until the join timeout.
-  std::function<std::unique_ptr<LeasingStore>()> connect;
 };
 
 namespace detail {

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "common/host_port.h"
 #include "rendezvous/round_end.h"
 
 namespace dlrun::rendezvous {
@@ -38,8 +39,7 @@ struct NodeJob {
   std::string runId;
   int localWorldSize = 1;
   RestartPolicy restarts;
-  std::string masterAddr;
-  uint16_t masterPort = 0;
+  HostPort store;  // where the workers reach the store, unless a round's Placement names it
 };
 
 // One node's place in a round, as the rendezvous decides it.
@@ -50,7 +50,7 @@ struct Placement {
   int worldSize = 1;
   int failures = 0;  // failure restarts used before this round
   // Where the workers' store is when the round decides it (etcd: served by the agent of group
-  // rank 0); unset: NodeJob's address, the rendezvous store (c10d, static).
+  // rank 0); unset: NodeJob's store, the rendezvous store (c10d, static).
   std::optional<std::string> masterAddr;
   std::optional<uint16_t> masterPort;
 };

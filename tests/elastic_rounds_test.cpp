@@ -34,7 +34,9 @@ class ElasticRoundsTest : public ::testing::Test {
     o.joinTimeout = 10min;
     o.heartbeat = 1s;
     o.leaseTtl = 3s;
-    o.connect = [server = server_] { return std::make_unique<MemoryStore>(server); };
+    o.store = StoreOpener{.name = "the memory store", .open = [server = server_] {
+                            return std::make_unique<MemoryStore>(server);
+                          }};
     return o;
   }
 
