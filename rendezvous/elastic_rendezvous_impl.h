@@ -19,6 +19,7 @@ class ElasticImpl {
  public:
   explicit ElasticImpl(ElasticOptions options);
 
+  // ElasticRendezvous's calls, as elastic_rendezvous.h describes them.
   JoinResult next();
   RoundEnd awaitEnd();
   void reportFailure(RoundEnd failure);
