@@ -268,7 +268,7 @@ void AgentImpl::endOfRound() {
   }
   if (end.countsAsFailure()) {
     const std::string attempt = "attempt " + std::to_string(end.failures) + " of " +
-                                std::to_string(world_.maxRestarts);
+                                std::to_string(world_.restarts.maxRestarts);
     log::info("worker group failed (" + end.describe() + "); restarting, " + attempt);
     publishJobEvent("restart", -1, attempt + " after " + end.describe());
   }
@@ -372,7 +372,8 @@ void AgentImpl::onHang(const HungWorker& hung) {
   publishEvent("hang", hung.rank, what);
   keepLogRoot_ = true;  // the stacks go there
   if (hang_->options().action == HangAction::Report) {
-    hang_->collect(false, true, [this, dir = hang_->stackDir()] {
+    const HangWatcher::Collect what{.shareWithJob = false, .summarize = true};
+    hang_->collect(what, [this, dir = hang_->stackDir()] {
       log::info("stacks are in " + dir.string() + "; the job goes on (--hang-action=report)");
     });
     return;
@@ -395,7 +396,8 @@ void AgentImpl::takeStacksThenStop(const rendezvous::RoundEnd& end) {
   hang_->unwatch();
   keepLogRoot_ = true;
   log::info("taking the stacks of this node's workers into " + hang_->stackDir().string());
-  hang_->collect(true, end.node == options_.nodeName, [this, end, attempt = attempt_] {
+  const HangWatcher::Collect what{.shareWithJob = true, .summarize = end.node == options_.nodeName};
+  hang_->collect(what, [this, end, attempt = attempt_] {
     if (state_ != State::Running || attempt != attempt_) return;  // a later round's workers
     // Hung workers heed no SIGTERM (those waiting in a collective never get to): no grace.
     log::info("stopping workers: " + end.describe());

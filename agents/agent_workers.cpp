@@ -102,7 +102,6 @@ void AgentImpl::prepareLaunches() {
   filteredErr_ = filteredLog(attemptDir / "filtered_stderr.log", options_.duplicateStderrFilters);
   if (filteredOut_ || filteredErr_) keepLogRoot_ = true;
   RoundSpec spec{.role = options_.role,
-                 .maxRestarts = world_.maxRestarts,
                  .restartCount = world_.round,
                  .tfCluster = tf.set ? std::optional(std::move(cluster)) : std::nullopt,
                  .inheritTfConfig = options_.tfConfig == TfConfigMode::Never,
@@ -206,7 +205,7 @@ bool AgentImpl::restartAlone(const Worker& failed) {
   const int local = failed.localRank();
   const RoleSpec* role = roleOf(local);
   if (role == nullptr || !role->alone || !environment_ ||
-      world_.failures + loneRestarts_ >= world_.maxRestarts)
+      !world_.restarts.allowsRestart(world_.failures + loneRestarts_ + 1))
     return false;
   std::unique_ptr<Worker> worker;
   try {
@@ -222,7 +221,7 @@ bool AgentImpl::restartAlone(const Worker& failed) {
   const std::string what = "rank " + std::to_string(failed.rank()) + " (" + role->name +
                            ") " + failed.status().describe() + "; restarted alone, restart " +
                            std::to_string(world_.failures + loneRestarts_) + " of " +
-                           std::to_string(world_.maxRestarts);
+                           std::to_string(world_.restarts.maxRestarts);
   log::info(what);
   publishEvent("restart", failed.rank(), what);
   byPid_.erase(failed.pid());

@@ -8,15 +8,15 @@
 
 namespace dlrun::agents {
 
-void ProgressTrack::observe(ProgressSource source, uint64_t marker, Clock::time_point now,
-                            std::optional<int64_t> step, bool inCollective) {
-  uint64_t& seen = markers_[static_cast<size_t>(source)];
-  if (marker == 0 || marker == seen) return;
-  seen = marker;
+void ProgressTrack::observe(ProgressSource source, const ProgressSighting& seen,
+                            Clock::time_point now) {
+  uint64_t& last = markers_[static_cast<size_t>(source)];
+  if (seen.marker == 0 || seen.marker == last) return;
+  last = seen.marker;
   reported_ = true;
   last_ = now;
-  if (step) step_ = step;
-  inCollective_ = inCollective;
+  if (seen.step) step_ = seen.step;
+  inCollective_ = seen.inCollective;
 }
 
 std::string encodeRankReports(const std::vector<RankReport>& reports) {

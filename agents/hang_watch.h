@@ -40,13 +40,19 @@ inline constexpr int kHangExitCode = 124;
 // Where a worker's progress comes from.
 enum class ProgressSource { Board, Heartbeat };
 
+// One look at a worker's progress in one source.
+struct ProgressSighting {
+  // Changes whenever the worker makes progress there (the board's beats, the heartbeat file's
+  // modification time); 0 means nothing reported yet.
+  uint64_t marker = 0;
+  std::optional<int64_t> step;
+  bool inCollective = false;  // the board says the worker waits in a collective
+};
+
 // What the agent knows of one worker's progress.
 class ProgressTrack {
  public:
-  // One look at a source: `marker` changes whenever the worker makes progress there (the
-  // board's beats, the heartbeat file's modification time); 0 means nothing reported yet.
-  void observe(ProgressSource source, uint64_t marker, Clock::time_point now,
-               std::optional<int64_t> step, bool inCollective);
+  void observe(ProgressSource source, const ProgressSighting& seen, Clock::time_point now);
   bool reported() const { return reported_; }
   Clock::duration silentFor(Clock::time_point now) const { return now - last_; }
   bool hung(Clock::time_point now, Clock::duration timeout) const {

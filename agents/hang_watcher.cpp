@@ -120,13 +120,16 @@ void HangWatcher::look() {
     ProgressTrack& track = tracks_[i];
     if (local < board_->workers()) {
       const ProgressReading r = board_->read(local);
-      track.observe(ProgressSource::Board, r.beats, now, r.step,
-                    r.phase == ProgressPhase::Collective);
+      track.observe(ProgressSource::Board,
+                    {.marker = r.beats,
+                     .step = r.step,
+                     .inCollective = r.phase == ProgressPhase::Collective},
+                    now);
     }
     const Heartbeat beat = readHeartbeat(heartbeatFile(heartbeatDir_.string(), local),
                                          heartbeats_[i]);
     heartbeats_[i] = beat.marker;
-    track.observe(ProgressSource::Heartbeat, beat.marker, now, beat.step, false);
+    track.observe(ProgressSource::Heartbeat, {.marker = beat.marker, .step = beat.step}, now);
     if (!track.hung(now, options_.timeout)) continue;
     anyHung = true;
     auto rank = [&](size_t j) {
@@ -160,7 +163,7 @@ std::vector<RankReport> HangWatcher::localReports(Clock::time_point now) const {
   return reports;
 }
 
-void HangWatcher::collect(bool job, bool summarize, std::function<void()> done) {
+void HangWatcher::collect(Collect what, std::function<void()> done) {
   if (collector_.joinable()) collector_.join();
   std::vector<RankReport> reports = localReports(Clock::now());
   std::vector<StackTarget> targets;
@@ -169,8 +172,8 @@ void HangWatcher::collect(bool job, bool summarize, std::function<void()> done) 
   const double timeout = toSeconds(options_.timeout);
   // A thread: the debuggers and the other nodes' reports are waited for. It lives until the
   // tools it starts are done (their death signal is tied to it).
-  collector_ = std::thread([this, reports = std::move(reports), targets = std::move(targets), job,
-                            summarize, timeout, done = std::move(done)]() mutable {
+  collector_ = std::thread([this, reports = std::move(reports), targets = std::move(targets), what,
+                            timeout, done = std::move(done)]() mutable {
     try {
       fs::create_directories(stackDir());
       const auto dumps = dumpStacks(targets, pythonHook_.get(), kStackTimeout);
@@ -185,9 +188,9 @@ void HangWatcher::collect(bool job, bool summarize, std::function<void()> done) 
       }
       std::vector<RankReport> all;
       int reported = 1, nodes = 1;
-      if (job) {
+      if (what.shareWithJob) {
         rendezvous_.shareHangReport(encodeRankReports(reports));
-        if (summarize) {
+        if (what.summarize) {
           const auto texts = rendezvous_.gatherHangReports(kGatherTimeout);
           nodes = static_cast<int>(texts.size());
           reported = 0;
@@ -201,7 +204,7 @@ void HangWatcher::collect(bool job, bool summarize, std::function<void()> done) 
       } else {
         all = reports;
       }
-      if (summarize) log::info(hangSummary(all, timeout, reported, nodes));
+      if (what.summarize) log::info(hangSummary(all, timeout, reported, nodes));
     } catch (const std::exception& e) {
       log::info(std::string("cannot complete the hang report: ") + e.what());
     }

@@ -66,11 +66,17 @@ class HangWatcher {
   void watch(std::vector<WatchedWorker> workers, std::function<void(const HungWorker&)> onHang);
   void unwatch();
 
-  // Takes every watched worker's stack into attemptDir/stacks/rank_R.txt. `job`: share this
-  // node's ranks through the rendezvous (a hang that ended the round), and with `summarize`
-  // gather every node's and print the summary; without `job` (--hang-action=report) the
-  // summary covers this node. `done` is posted to the io_context when all is written.
-  void collect(bool job, bool summarize, std::function<void()> done);
+  // What collect() does beyond taking this node's stacks.
+  struct Collect {
+    // Share this node's ranks through the rendezvous (a hang that ended the round); without
+    // it (--hang-action=report) the summary covers this node alone.
+    bool shareWithJob = false;
+    // Print the summary; with shareWithJob, once every node's ranks are gathered.
+    bool summarize = false;
+  };
+  // Takes every watched worker's stack into attemptDir/stacks/rank_R.txt, then does `what`.
+  // `done` is posted to the io_context when all is written.
+  void collect(Collect what, std::function<void()> done);
   // The round's progress board (null before the first round), which --metrics-port reads too.
   const ProgressBoard* board() const { return board_.get(); }
   // Where collect() writes, for the log line that points users there.

@@ -118,7 +118,7 @@ NodeEnvironment::NodeEnvironment(const Environment& inherited, const rendezvous:
   set("MASTER_PORT", std::to_string(world.masterPort));
   set("TORCHELASTIC_USE_AGENT_STORE", world.agentStore ? "True" : "False");
   set("TORCHELASTIC_RESTART_COUNT", std::to_string(spec.restartCount));
-  set("TORCHELASTIC_MAX_RESTARTS", std::to_string(spec.maxRestarts));
+  set("TORCHELASTIC_MAX_RESTARTS", std::to_string(world.restarts.maxRestarts));
   set("TORCHELASTIC_RUN_ID", world.runId);
   if (world.localWorldSize > 1) setDefault("OMP_NUM_THREADS", "1");
   // A failed NCCL op then ends the worker instead of hanging it, so the agent can restart.
@@ -209,7 +209,6 @@ Environment workerEnvironment(const Environment& inherited, const rendezvous::Wo
                               const WorkerSpec& spec, int localRank) {
   const NodeEnvironment node(inherited, world,
                              {.role = spec.role,
-                              .maxRestarts = spec.maxRestarts,
                               .restartCount = spec.restartCount,
                               .tfCluster = tfConfigCluster(world)});
   return node.forWorker(localRank, spec.errorFile);

@@ -27,7 +27,6 @@ enum class TfConfigMode {
 
 struct RoundSpec {
   std::string role = "default";
-  int maxRestarts = 0;
   int restartCount = 0;
   // TF_CONFIG's cluster part (tfConfigCluster) when the workers get TF_CONFIG. Without it an
   // inherited TF_CONFIG is removed (it describes another job) unless inheritTfConfig is set.
@@ -89,7 +88,6 @@ class NodeEnvironment {
 
 struct WorkerSpec {
   std::string role = "default";
-  int maxRestarts = 0;
   int restartCount = 0;
   std::string errorFile;  // TORCHELASTIC_ERROR_FILE for this worker
 };

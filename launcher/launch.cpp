@@ -78,15 +78,15 @@ AdmissionRule jobHosts(const LaunchConfig& config, const std::vector<std::string
 
 using control::StoreConnector;
 
-// Connections to the dlrun store at host:port for the control plane's publisher. Without
+// Connections to the dlrun store at `store` for the control plane's publisher. Without
 // reconnecting: the publisher opens a new one itself after a failure, and its destructor's
 // abort() must fail the listener's next call (a reconnecting store would open a fresh
 // connection and wait an hour there, holding up the agent's exit whenever the abort came
 // between two calls: 1 in about 300 single-node launches of a no-op).
-StoreConnector tcpStoreAt(const std::string& host, uint16_t port) {
-  return [host, port] {
+StoreConnector tcpStoreAt(const HostPort& store) {
+  return [store] {
     return std::make_unique<TcpStore>(TcpStoreOptions{
-        .host = host, .port = port, .connectTimeout = std::chrono::seconds(5),
+        .host = store.host, .port = store.port, .connectTimeout = std::chrono::seconds(5),
         .reconnect = false});
   };
 }
@@ -108,7 +108,7 @@ agents::ControlOptions controlOptions(const LaunchConfig& config, const std::str
           .meta = {.backend = backendName(config.rdzvBackend),
                    .minNodes = config.minNodes,
                    .maxNodes = config.maxNodes,
-                   .maxRestarts = config.maxRestarts,
+                   .maxRestarts = config.restarts.maxRestarts,
                    .tokenHash = config.token.empty() ? "" : control::tokenHash(config.token)},
           .nodeName = name,
           .address = addr,
@@ -118,7 +118,7 @@ agents::ControlOptions controlOptions(const LaunchConfig& config, const std::str
 // torchrun's run id on one node: a fresh one where it picks the store itself (--standalone, or
 // no rendezvous flag at all), else --rdzv-id, whose default is "none".
 std::string runIdOf(const LaunchConfig& config) {
-  const bool ownStore = config.rdzvEndpoint.empty() && !config.masterPort &&
+  const bool ownStore = !config.rdzvEndpoint.given() && !config.masterPort &&
                         config.rdzvBackend != RdzvBackend::Static;
   return config.standalone || (config.rdzvId == "none" && ownStore) ? newRunId()
                                                                     : config.rdzvId;
@@ -146,7 +146,7 @@ int launchSingleNode(const LaunchConfig& config) {
   const std::string name = config.nodeName.value_or(hostName());
   if (config.controlPlane) {
     options.control = controlOptions(config, runId, name, store.address(),
-                                     tcpStoreAt(store.address(), store.port()));
+                                     tcpStoreAt({store.address(), store.port()}));
     // The local rendezvous keeps no keys: the job's state comes from its node's own record.
     options.control->meta.backend = control::kLocalBackend;
     // A standalone job's id and port are drawn at random: this line is how to find it.
@@ -157,9 +157,8 @@ int launchSingleNode(const LaunchConfig& config) {
   rendezvous::LocalRendezvous rendezvous({
       .runId = runId,
       .localWorldSize = config.agent.nprocPerNode,
-      .maxRestarts = config.maxRestarts,
-      .storeAddr = store.address(),
-      .storePort = store.port(),
+      .restarts = config.restarts,
+      .store = {store.address(), store.port()},
       .hostAddr = store.address(),
       .nodeName = name,
       .roles = agents::roleNames(config.agent.roles),
@@ -168,28 +167,29 @@ int launchSingleNode(const LaunchConfig& config) {
 }
 
 struct StorePlan {
-  std::string host;  // numeric
-  uint16_t port = 0;
+  HostPort store;            // the host numeric
   bool serve = false;        // this agent should try to serve it
   bool mustServe = false;    // and nobody else will
   AdmissionRule allow;       // --store-allow
 };
 
-// The parser has checked the flags and parsed the c10d endpoint (rdzvStore); what is left to
-// fail here is name resolution.
+// The parser has checked the flags and parsed the c10d endpoint; what is left to fail here is
+// name resolution.
 StorePlan planStore(const LaunchConfig& config) {
   switch (config.rdzvBackend) {
     case RdzvBackend::Static: {
       const bool first = config.nodeRank.value_or(0) == 0;
-      return {resolveNumeric(config.masterAddr, "--master-addr"),
-              config.masterPort.value_or(kDefaultMasterPort), first, first};
+      return {{resolveNumeric(config.masterAddr, "--master-addr"),
+               config.masterPort.value_or(kDefaultMasterPort)},
+              first,
+              first};
     }
     case RdzvBackend::C10d: {
-      StorePlan plan{resolveNumeric(config.rdzvStore.host, "--rdzv-endpoint host"),
-                     config.rdzvStore.port};
+      const HostPort& endpoint = config.rdzvEndpoint.store();
+      StorePlan plan{{resolveNumeric(endpoint.host, "--rdzv-endpoint host"), endpoint.port}};
       // Every agent on the endpoint's machine tries; the first to bind serves, the others
       // (and a dlrund already listening there) make the rest clients.
-      plan.serve = config.rdzv.isHost.value_or(isLocalAddress(plan.host));
+      plan.serve = config.rdzv.isHost.value_or(isLocalAddress(plan.store.host));
       return plan;
     }
     case RdzvBackend::Etcd:
@@ -226,16 +226,17 @@ std::optional<control::StoreWithControl> serveStore(const StorePlan& plan) {
   for (bool said = false;; said = true) {
     try {
       return std::make_optional<control::StoreWithControl>(
-          StoreServerOptions{.host = plan.host, .port = plan.port, .admission = plan.allow});
+          StoreServerOptions{
+              .host = plan.store.host, .port = plan.store.port, .admission = plan.allow});
     } catch (const NetworkError& e) {
       if (plan.mustServe) throw;
-      if (Clock::now() >= deadline || answers(plan.host, plan.port)) {
+      if (Clock::now() >= deadline || answers(plan.store.host, plan.store.port)) {
         log::debug(std::string("not serving the store: ") + e.what());
         return std::nullopt;
       }
       if (!said) {
         random.seed(std::random_device{}());
-        log::debug("the store's port " + std::to_string(plan.port) +
+        log::debug("the store's port " + std::to_string(plan.store.port) +
                    " is taken and nothing answers there: trying again to serve the store");
       }
     }
@@ -273,7 +274,7 @@ rendezvous::ElasticOptions elasticOptions(const LaunchConfig& config, const std:
       .runId = isStatic && config.rdzvId == "none" ? "static" : config.rdzvId,
       .minNodes = config.minNodes,
       .maxNodes = config.maxNodes,
-      .maxRestarts = config.maxRestarts,
+      .restarts = config.restarts,
       .self = {.addr = addr,
                .name = name,
                .nproc = config.agent.nprocPerNode,
@@ -296,7 +297,7 @@ constexpr auto kEtcdConnectTimeout = std::chrono::seconds(5);
 rendezvous::etcd::EtcdStoreOptions etcdStoreOptions(const LaunchConfig& config) {
   const auto timeout = std::max<std::chrono::milliseconds>(
       config.rdzv.leaseTtl() + config.rdzv.heartbeat, std::chrono::seconds(2));
-  return {.client = {.endpoints = config.etcdEndpoints,
+  return {.client = {.endpoints = config.rdzvEndpoint.etcd(),
                      .timeout = timeout,
                      .connectTimeout = kEtcdConnectTimeout,
                      .outageTimeout = config.rdzv.storeOutage,
@@ -345,7 +346,6 @@ void expireEndedJob(const LaunchConfig& config, rendezvous::etcd::EtcdStore& sto
 // service over etcd on its workers' store's port.
 int launchEtcd(const LaunchConfig& config) {
   const auto storeOptions = etcdStoreOptions(config);
-  const std::string endpoints = rendezvous::etcd::describe(config.etcdEndpoints);
   // Every store of this agent (the rendezvous's, the control plane's) is a "connection" of its
   // own to etcd, with its own leases and waits, over one channel: etcd and the agent then keep
   // one HTTP/2 connection per agent, not one per store.
@@ -357,7 +357,7 @@ int launchEtcd(const LaunchConfig& config) {
     // this node reaches etcd from is the one other nodes reach it at (without --local-addr).
     try {
       client = std::make_shared<rendezvous::etcd::EtcdClient>(storeOptions.client);
-      const auto& first = config.etcdEndpoints.front();
+      const auto& first = config.rdzvEndpoint.etcd().front();
       addr = nodeAddress(config, resolveNumeric(first.host, "--rdzv-endpoint host"),
                          first.port);
     } catch (const NetworkError& e) {
@@ -372,10 +372,11 @@ int launchEtcd(const LaunchConfig& config) {
                                         connectEtcd);
   const std::string name = config.nodeName.value_or(hostName());
   rendezvous::ElasticOptions options = elasticOptions(config, addr, name);
-  options.storeHost = endpoints;  // for messages: etcd, not an agent, is the rendezvous store
+  // etcd, not an agent, is the rendezvous store
+  options.store = rendezvous::StoreOpener{
+      .name = rendezvous::etcd::describe(config.rdzvEndpoint.etcd()), .open = connectEtcd};
   options.endedJobKeys = "etcd under " + config.rdzv.etcdPrefix + config.rdzvId + "/";
   options.self.storePort = workerStore.store().port();
-  options.connect = connectEtcd;
   agents::AgentOptions agent = agentOptions(config, true, name + " (" + addr + ")");
   listenWhereTheJobIs(agent, addr);
   agent.watchStoreHost = true;
@@ -417,11 +418,11 @@ int launchHosts(const LaunchConfig& config) {
       .nodes = static_cast<int>(hosts.hosts.size()),
       .nproc = hosts.nproc,
       .backend = hosts.backend,
-      .endpoint = config.rdzvEndpoint,
+      .endpoint = config.rdzvEndpoint.text,
       .rdzvId = config.rdzvId == "none" ? newRunId() : config.rdzvId,
       .rdzvConf = hosts.rdzvConf,
       .entry = hosts.entry};
-  const bool serve = hosts.backend.empty() && config.rdzvEndpoint.empty();
+  const bool serve = hosts.backend.empty() && !config.rdzvEndpoint.given();
   std::optional<control::StoreWithControl> store;
   std::unique_ptr<TcpStore> client;  // this process's own view of the job
   remote::FanoutOptions options{
@@ -464,24 +465,23 @@ int launchHosts(const LaunchConfig& config) {
 int launchMultiNode(const LaunchConfig& config) {
   if (config.rdzvBackend == RdzvBackend::Etcd) return launchEtcd(config);
   StorePlan plan = planStore(config);
-  if (plan.serve) plan.allow = jobHosts(config, config.jobHosts, plan.host);
+  if (plan.serve) plan.allow = jobHosts(config, config.jobHosts, plan.store.host);
   // Before joining: a node that cannot start its workers must not hold the others up.
   agents::checkDescriptors(agentOptions(config, plan.serve));
   auto store = serveStore(plan);
-  const std::string addr = nodeAddress(config, plan.host, plan.port);
+  const std::string addr = nodeAddress(config, plan.store.host, plan.store.port);
   const std::string name = config.nodeName.value_or(hostName());
   int code;
   {
     rendezvous::ElasticOptions options = elasticOptions(config, addr, name);
-    options.storeHost = plan.host;
-    options.storePort = plan.port;
+    options.store = plan.store;
     agents::AgentOptions agent = agentOptions(config, store.has_value(), name + " (" + addr + ")");
     listenWhereTheJobIs(agent, addr);
     if (agent.metrics && store)
       agent.metrics->storeStats = [&store] { return store->store().stats(); };
     if (config.controlPlane)
       agent.control =
-          controlOptions(config, options.runId, name, addr, tcpStoreAt(plan.host, plan.port));
+          controlOptions(config, options.runId, name, addr, tcpStoreAt(plan.store));
     rendezvous::ElasticRendezvous rendezvous(std::move(options));
     code = agents::Agent(std::move(agent), rendezvous).run();
   }

@@ -31,8 +31,7 @@ std::string nodesText(const LaunchConfig& c) {
 
 // The c10d store's endpoint that Slurm or mpirun derived, as if --rdzv-endpoint named it.
 void setRdzvStore(LaunchConfig& c, HostPort store) {
-  c.rdzvEndpoint = store.text();
-  c.rdzvStore = std::move(store);
+  c.rdzvEndpoint = {.text = store.text(), .where = std::move(store)};
 }
 
 // Slurm's or mpirun's settings where the user gave no flag (common/discovery.h says which
@@ -222,7 +221,7 @@ void resolveBackend(const DeclaredFlags& f, LaunchConfig& c, const HostProbe& ho
   } else if (f.backendFlag) {
     c.rdzvBackend = f.backendFlag->backend;
   } else {
-    c.rdzvBackend = f.staticFlags && c.rdzvEndpoint.empty() ? RdzvBackend::Static
+    c.rdzvBackend = f.staticFlags && !c.rdzvEndpoint.given() ? RdzvBackend::Static
                                                           : RdzvBackend::C10d;
   }
   // Inside an allocation Slurm fills in what the flags leave open; --rdzv-backend=slurm
@@ -236,21 +235,24 @@ void resolveBackend(const DeclaredFlags& f, LaunchConfig& c, const HostProbe& ho
   // etcd's endpoints: one list, checked before anything else is decided from them. Where the
   // flag is not given, DLRUN_ETCD_ENDPOINTS names them (set once for a cluster or a site).
   const bool etcd = c.rdzvBackend == RdzvBackend::Etcd;
-  if (etcd && c.rdzvEndpoint.empty()) {
+  RdzvEndpoint& endpoint = c.rdzvEndpoint;
+  if (etcd && !endpoint.given()) {
     if (auto it = host.env.find("DLRUN_ETCD_ENDPOINTS"); it != host.env.end())
-      c.rdzvEndpoint = it->second;
+      endpoint.text = it->second;
   }
-  if (etcd && !c.rdzvEndpoint.empty()) {
+  if (etcd && endpoint.given()) {
     try {
-      c.etcdEndpoints = rendezvous::etcd::parseEndpoints(c.rdzvEndpoint);
+      endpoint.where = rendezvous::etcd::parseEndpoints(endpoint.text);
     } catch (const ConfigError& e) {
       throw ConfigError(std::string("--rdzv-endpoint: ") + e.what());
     }
-  } else if (!c.rdzvEndpoint.empty()) {
-    c.rdzvStore = parseRdzvEndpoint(c.rdzvEndpoint);
+  } else if (endpoint.given()) {
+    endpoint.where = parseRdzvEndpoint(endpoint.text);
   }
   if (etcd) {
-    c.etcdSecurity = etcdSecurity(c.rdzv, c.etcdEndpoints);
+    c.etcdSecurity =
+        etcdSecurity(c.rdzv, endpoint.given() ? endpoint.etcd()
+                                              : std::vector<rendezvous::etcd::Endpoint>{});
   } else if (c.rdzv.etcdSecurityGiven()) {
     throw ConfigError("--rdzv-conf: cacert, cert, key, user, password and password_file are "
                       "settings of --rdzv-backend=etcd");
@@ -284,10 +286,11 @@ void crossCheck(const DeclaredFlags& f, const LaunchConfig& c) {
                       std::to_string(*c.nodeRank) + " is not below --nnodes " +
                       std::to_string(c.maxNodes));
   // Every node must find the c10d store; Slurm derives its place, elsewhere the user names it.
-  if (c.maxNodes > 1 && c.rdzvBackend == RdzvBackend::C10d && c.rdzvEndpoint.empty() && !f.fanout)
+  if (c.maxNodes > 1 && c.rdzvBackend == RdzvBackend::C10d && !c.rdzvEndpoint.given() &&
+      !f.fanout)
     throw ConfigError("--nnodes=" + nodesText(c) +
                       " with the c10d backend needs --rdzv-endpoint=HOST[:PORT]");
-  if (c.maxNodes > 1 && c.rdzvBackend == RdzvBackend::Etcd && c.etcdEndpoints.empty())
+  if (c.maxNodes > 1 && c.rdzvBackend == RdzvBackend::Etcd && !c.rdzvEndpoint.given())
     throw ConfigError("--nnodes=" + nodesText(c) +
                       " with the etcd backend needs --rdzv-endpoint=HOST[:PORT],... (or "
                       "DLRUN_ETCD_ENDPOINTS)");

@@ -8,9 +8,11 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include "agents/agent.h"
+#include "rendezvous/round_end.h"
 #include "common/host_port.h"
 #include "remote/hostfile.h"
 #include "rendezvous/etcd/endpoints.h"
@@ -78,23 +80,34 @@ struct HostLaunch {
 // torchrun's --rdzv-endpoint port, where the endpoint names none (the launch and `dlrun status`).
 inline constexpr uint16_t kDefaultRdzvPort = 29400;
 
+// Where the nodes meet, as --rdzv-endpoint (else DLRUN_ETCD_ENDPOINTS, Slurm or mpirun) names
+// it: parsed once, by the parser, into the backend's form, and read as that form downstream.
+struct RdzvEndpoint {
+  std::string text;  // as given: for messages, and for the agents a --hostfile launch starts
+  // None where no endpoint is given. Etcd: the cluster's endpoints. Any other backend: the
+  // c10d store, kDefaultRdzvPort where the text names no port (only launch() resolves it).
+  std::variant<std::monostate, HostPort, std::vector<rendezvous::etcd::Endpoint>> where;
+
+  bool given() const { return !text.empty(); }
+  const HostPort& store() const { return std::get<HostPort>(where); }
+  const std::vector<rendezvous::etcd::Endpoint>& etcd() const {
+    return std::get<std::vector<rendezvous::etcd::Endpoint>>(where);
+  }
+};
+
 struct LaunchConfig {
   int minNodes = 1;
   int maxNodes = 1;
   std::optional<int> nodeRank;  // --node-rank: the static rank, or a group-rank hint
   RdzvBackend rdzvBackend = RdzvBackend::C10d;
-  std::string rdzvEndpoint;  // HOST[:PORT], checked; with C10d on several nodes, never empty
-  // Not Etcd: rdzvEndpoint parsed (given, or derived from Slurm or mpirun), kDefaultRdzvPort
-  // where it names no port; empty where there is no endpoint. Only launch() resolves the host.
-  HostPort rdzvStore;
-  // Etcd: --rdzv-endpoint (else DLRUN_ETCD_ENDPOINTS) parsed; on several nodes, never empty.
-  std::vector<rendezvous::etcd::Endpoint> etcdEndpoints;
+  // Given on several nodes, except where a --hostfile launch serves the store itself.
+  RdzvEndpoint rdzvEndpoint;
   // Etcd: TLS (the PEM files' contents) and user/password, from --rdzv-conf.
   rendezvous::etcd::EtcdSecurity etcdSecurity;
   std::string rdzvId = "none";
   RdzvSettings rdzv;  // from --rdzv-conf
   bool standalone = false;
-  int maxRestarts = 0;
+  rendezvous::RestartPolicy restarts;  // --max-restarts
   // What the flags ask of this node's agent: the workers' command, count, roles, output, stop
   // and signals, hang watch and metrics. What only launch() learns (whether this node serves
   // the store, its address in messages, the control plane's connection, the store host's

@@ -69,7 +69,7 @@ void declareJobFlags(CLI::App& app, DeclaredFlags& f, LaunchConfig& c) {
       "--master-port and no --rdzv-endpoint); slurm: c10d set up from the Slurm allocation, "
       "which must exist; etcd (or etcd-v3): the elastic rendezvous on an etcd v3 cluster");
   f.endpointOption =
-      addOption(app, "rdzv-endpoint", c.rdzvEndpoint,
+      addOption(app, "rdzv-endpoint", c.rdzvEndpoint.text,
                 "HOST[:PORT] of the rendezvous store; with etcd, HOST[:PORT],... (port 2379)");
   f.rdzvIdOption =
       addOption(app, "rdzv-id", c.rdzvId, "Job id shared by every node of one job");
@@ -78,7 +78,7 @@ void declareJobFlags(CLI::App& app, DeclaredFlags& f, LaunchConfig& c) {
   addOption(app, "rdzv-conf", f.rdzvConf, "Backend settings as key=value,key2=value2");
   addFlag(app, "standalone", c.standalone,
           "One node with its own store on a free port; no rendezvous flags needed");
-  addOption(app, "max-restarts", c.maxRestarts, "Restarts of the worker group after a failure")
+  addOption(app, "max-restarts", c.restarts.maxRestarts, "Restarts of the worker group after a failure")
       ->check(kCount);
   addOption(app, "monitor-interval", f.monitorInterval,
             "Accepted for torchrun compatibility: dlrun notices worker exits at once")

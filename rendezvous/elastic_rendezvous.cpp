@@ -1,4 +1,4 @@
-#include "rendezvous/elastic_rendezvous.h"
+#include "rendezvous/elastic_rendezvous_impl.h"
 
 #include <algorithm>
 #include <ctime>
@@ -45,24 +45,25 @@ std::string newMemberId() {
 
 }  // namespace
 
-ElasticRendezvous::ElasticRendezvous(ElasticOptions options)
+namespace detail {
+
+ElasticImpl::ElasticImpl(ElasticOptions options)
     : options_(std::move(options)), keys_(options_.runId), memberId_(newMemberId()) {
   connect(now() + options_.joinTimeout);
   lookFirst();
 }
 
-ElasticRendezvous::~ElasticRendezvous() = default;
-
-Clock::time_point ElasticRendezvous::now() const {
+Clock::time_point ElasticImpl::now() const {
   // Before the first connection there is no store to ask; only connect() runs then.
   return lease_ ? lease_->now() : Clock::now();
 }
 
-std::unique_ptr<LeasingStore> ElasticRendezvous::openStore() const {
-  if (options_.connect) return options_.connect();
+std::unique_ptr<LeasingStore> ElasticImpl::openStore() const {
+  if (const auto* opener = std::get_if<StoreOpener>(&options_.store)) return opener->open();
+  const auto& store = std::get<HostPort>(options_.store);
   return std::make_unique<TcpStore>(TcpStoreOptions{
-      .host = options_.storeHost,
-      .port = options_.storePort,
+      .host = store.host,
+      .port = store.port,
       // A store that does not answer within a lease's life is as good as gone.
       .timeout = options_.leaseTtl + options_.heartbeat,
       // Short tries, so an interrupt() between them is seen within a heartbeat.
@@ -71,7 +72,7 @@ std::unique_ptr<LeasingStore> ElasticRendezvous::openStore() const {
   });
 }
 
-void ElasticRendezvous::connect(Clock::time_point deadline) {
+void ElasticImpl::connect(Clock::time_point deadline) {
   Refusals refusals;
   while (true) {
     try {
@@ -97,13 +98,12 @@ void ElasticRendezvous::connect(Clock::time_point deadline) {
   }
 }
 
-std::string ElasticRendezvous::storeName() const {
-  // Port 0: storeHost already names the store as a whole (etcd's endpoint list).
-  return options_.storePort == 0 ? options_.storeHost
-                                 : joinHostPort(options_.storeHost, options_.storePort);
+std::string ElasticImpl::storeName() const {
+  if (const auto* opener = std::get_if<StoreOpener>(&options_.store)) return opener->name;
+  return std::get<HostPort>(options_.store).text();
 }
 
-void ElasticRendezvous::lookFirst() {
+void ElasticImpl::lookFirst() {
   // Read first: all but the first node find the shape, and a read costs etcd no log entry.
   std::vector<std::string> found =
       lease_->peek({keys_.shape(), keys_.end(0), keys_.stop(), keys_.lost(options_.self.name),
@@ -128,7 +128,7 @@ void ElasticRendezvous::lookFirst() {
   firstLook_.emplace(found.begin() + 2, found.begin() + 5);
 }
 
-void ElasticRendezvous::refuseEndedJob(const std::string& stop, const std::string& current,
+void ElasticImpl::refuseEndedJob(const std::string& stop, const std::string& current,
                                        const std::string& firstEnd, const std::string& expiry) {
   const int64_t round = storedCount(current, keys_.current());
   const std::string newestEnd =
@@ -145,7 +145,7 @@ void ElasticRendezvous::refuseEndedJob(const std::string& stop, const std::strin
                     options_.endedJobKeys + ": give each job its own --rdzv-id");
 }
 
-JoinResult ElasticRendezvous::next() {
+JoinResult ElasticImpl::next() {
   const auto deadline = now() + options_.joinTimeout;
   if (reconnect_) {
     log::info("reconnecting to the rendezvous store at " + storeName());
@@ -172,7 +172,7 @@ JoinResult ElasticRendezvous::next() {
   }
 }
 
-JoinResult ElasticRendezvous::join(Clock::time_point deadline) {
+JoinResult ElasticImpl::join(Clock::time_point deadline) {
   // The newest round is read with the rest; only the job's first agent finds it missing and
   // creates it (an add of 0). The first time, lookFirst() read them already.
   const auto found =
@@ -210,12 +210,12 @@ JoinResult ElasticRendezvous::join(Clock::time_point deadline) {
   }
 }
 
-void ElasticRendezvous::advanceCurrent(int toRound) {
+void ElasticImpl::advanceCurrent(int toRound) {
   if (toRound > 0)
     lease_->compareSet(keys_.current(), std::to_string(toRound - 1), std::to_string(toRound));
 }
 
-int ElasticRendezvous::targetSize(int round) const {
+int ElasticImpl::targetSize(int round) const {
   // After a round ends its members come back, less a lost node, plus a node that asked to join
   // and the spares that waited: close as soon as that many have, not after the last call.
   if (!ended_ || ended_->round != round - 1) return options_.maxNodes;
@@ -226,11 +226,11 @@ int ElasticRendezvous::targetSize(int round) const {
   return std::clamp(expected, options_.minNodes, options_.maxNodes);
 }
 
-bool ElasticRendezvous::waitChunk(const std::string& key) {
+bool ElasticImpl::waitChunk(const std::string& key) {
   return lease_->waitFor({key}, options_.heartbeat);
 }
 
-ElasticRendezvous::Step ElasticRendezvous::tryRound(int round, Clock::time_point deadline) {
+ElasticImpl::Step ElasticImpl::tryRound(int round, Clock::time_point deadline) {
   // What this node waits for and reads next, followed from before it joins (a hint; on etcd a
   // watch read with the join below, so the waits and reads after it cost no request): the
   // round's close and end, its assignment (keyed by its id, so known before its arrival
@@ -296,7 +296,7 @@ ElasticRendezvous::Step ElasticRendezvous::tryRound(int round, Clock::time_point
   return afterLateArrival(round, members);
 }
 
-std::optional<std::vector<std::string>> ElasticRendezvous::closeRound(int round, int index) {
+std::optional<std::vector<std::string>> ElasticImpl::closeRound(int round, int index) {
   // One closer per round: its assignments are the only ones, so members read theirs without
   // knowing the round's size first. If it dies half-way, its lease aborts the round.
   const std::string me = std::to_string(index);
@@ -363,7 +363,7 @@ std::optional<std::vector<std::string>> ElasticRendezvous::closeRound(int round,
   return mine;
 }
 
-void ElasticRendezvous::forgetRounds(int upTo) {
+void ElasticImpl::forgetRounds(int upTo) {
   const std::string done = lease_->peek({keys_.forgotten()})[0];
   const int from = done.empty() ? 0 : toCount(done, keys_.forgotten()) + 1;
   if (from > upTo) return;
@@ -377,12 +377,12 @@ void ElasticRendezvous::forgetRounds(int upTo) {
   lease_->set(keys_.forgotten(), std::to_string(upTo));
 }
 
-bool ElasticRendezvous::forgotten(int round) {
+bool ElasticImpl::forgotten(int round) {
   const std::string done = lease_->peek({keys_.forgotten()})[0];
   return !done.empty() && toCount(done, keys_.forgotten()) >= round;
 }
 
-World ElasticRendezvous::memberWorld(int round, int index, int members,
+World ElasticImpl::memberWorld(int round, int index, int members,
                                      const std::vector<std::string>& texts) {
   const elastic::Assignment a = elastic::decodeAssignment(texts[1]);
   member_ = Member{round, index, members, a.failures};
@@ -392,8 +392,10 @@ World ElasticRendezvous::memberWorld(int round, int index, int members,
   lastRound_ = round;
   lastGroupRank_ = a.groupRank;
   failures_ = a.failures;
-  const NodeJob job{options_.runId, options_.self.nproc, options_.maxRestarts,
-                    options_.storeHost, options_.storePort};
+  // Over another kind of store (etcd) the round names the workers' store.
+  const auto* store = std::get_if<HostPort>(&options_.store);
+  const NodeJob job{options_.runId, options_.self.nproc, options_.restarts,
+                    store ? *store : HostPort{}};
   elastic::Roster roster;
   if (options_.fetchRoster) roster = elastic::decodeRoster(texts[2]);
   World world = makeWorld(job, round, a, std::move(roster.endpoints));
@@ -401,7 +403,7 @@ World ElasticRendezvous::memberWorld(int round, int index, int members,
   return world;
 }
 
-ElasticRendezvous::Step ElasticRendezvous::afterLateArrival(int round, int members) {
+ElasticImpl::Step ElasticImpl::afterLateArrival(int round, int members) {
   if (members < options_.maxNodes) {
     RoundEnd joined{.kind = RoundEnd::Kind::NodeJoined, .node = elastic::nodeName(options_.self)};
     lease_->compareSet(keys_.end(round), "", elastic::encode(joined));
@@ -420,17 +422,17 @@ ElasticRendezvous::Step ElasticRendezvous::afterLateArrival(int round, int membe
   return NextRound{};
 }
 
-int ElasticRendezvous::spares(int round) {
+int ElasticImpl::spares(int round) {
   return static_cast<int>(lease_->add(keys_.spares(round), 0));
 }
 
-RoundEnd ElasticRendezvous::readEnd(int round) {
+RoundEnd ElasticImpl::readEnd(int round) {
   RoundEnd end = elastic::decodeRoundEnd(lease_->peek({keys_.end(round)})[0]);
   if (end.countsAsFailure()) failures_ = end.failures;
   return end;
 }
 
-RoundEnd ElasticRendezvous::awaitEnd() {
+RoundEnd ElasticImpl::awaitEnd() {
   const int round = member_->round;
   // The closer tidies up while its workers run, off everyone's way into the round.
   bool tidy = closedRound_ == round;
@@ -473,87 +475,7 @@ RoundEnd ElasticRendezvous::awaitEnd() {
   }
 }
 
-// Opened at the first report, not with the lease's: an agent that only joins and waits holds
-// one connection to the store, so a store under a descriptor limit of 20,000 takes 12,500
-// agents and more.
-std::shared_ptr<LeasingStore> ElasticRendezvous::control() {
-  {
-    std::lock_guard lock(connectionMutex_);
-    if (control_) return control_;
-  }
-  // Opened outside the lock: interrupt() must not wait for a connect.
-  std::shared_ptr<LeasingStore> opened = openStore();
-  std::lock_guard lock(connectionMutex_);
-  if (!control_) control_ = std::move(opened);
-  return control_;
-}
-
-void ElasticRendezvous::reportFailure(RoundEnd failure) {
-  failure.countFailure(member_->failures, options_.maxRestarts);
-  report(failure.describe(), [end = keys_.end(member_->round), failure](Store& store) {
-    store.compareSet(end, "", elastic::encode(failure));
-  });
-}
-
-void ElasticRendezvous::reportSuccess() {
-  const RoundEnd finished{.kind = RoundEnd::Kind::Finished, .node = options_.self.name};
-  report("its workers finished", [done = keys_.done(member_->round),
-                                  end = keys_.end(member_->round), members = member_->members,
-                                  finished](Store& store) {
-    if (store.add(done, 1) == members) store.compareSet(end, "", elastic::encode(finished));
-  });
-}
-
-RoundEnd ElasticRendezvous::reportStop(int signal) {
-  const int round = memberRound_;
-  if (options_.stopOnlyNode && round >= 0 && memberCount_ - 1 >= options_.minNodes) {
-    // Leaving is a change of members: the others meet again without this node.
-    const RoundEnd left = nodeLeft(elastic::nodeName(options_.self));
-    control()->compareSet(keys_.end(round), "", elastic::encode(left));
-    return left;
-  }
-  return stopJob(*control(), keys_, jobStopped(signal, options_.self.name), round);
-}
-
-RoundEnd stopJob(Store& store, const elastic::Keys& keys, const RoundEnd& stop, int round) {
-  // The job's stop first (the first stop wins, so every node reports the same one), then the
-  // keys the others wait on: the end of `round`, and the newest round, where nodes may be
-  // waiting for it to close.
-  const RoundEnd first =
-      elastic::decodeRoundEnd(store.compareSet(keys.stop(), "", elastic::encode(stop)));
-  const int newest = static_cast<int>(store.add(keys.current(), 0));
-  for (int r : {round, newest}) {
-    if (r < 0) continue;
-    store.compareSet(keys.closed(r), "", std::string(elastic::kStopped));
-    store.compareSet(keys.end(r), "", elastic::encode(first));
-  }
-  return first;
-}
-
-void ElasticRendezvous::reportLost(const std::string& what) {
-  const RoundEnd lost{.kind = RoundEnd::Kind::NodeLost, .node = what};
-  report(lost.describe(), [end = keys_.end(member_->round), lost](Store& store) {
-    store.compareSet(end, "", elastic::encode(lost));
-  });
-}
-
-void ElasticRendezvous::shareHangReport(const std::string& report) {
-  const int round = memberRound_;
-  if (round < 0) return;
-  openStore()->set(keys_.hangReport(round, memberIndex_), report);
-}
-
-std::vector<std::string> ElasticRendezvous::gatherHangReports(std::chrono::milliseconds timeout) {
-  const int round = memberRound_;
-  if (round < 0) return {};
-  std::vector<std::string> keys;
-  for (int i = 1; i <= memberCount_; ++i) keys.push_back(keys_.hangReport(round, i));
-  auto store = openStore();
-  store->waitFor(keys, timeout);  // whatever came in time
-  return store->peek(keys);
-}
-
-TimeoutError ElasticRendezvous::timedOut(int round) {
+TimeoutError ElasticImpl::timedOut(int round) {
   // Said before this node's record goes, so a node that gives up at the same moment finds it
   // in one list or the other.
   lease_->append(keys_.gaveUp(round), elastic::nodeName(options_.self) + "\n");
@@ -588,11 +510,32 @@ TimeoutError ElasticRendezvous::timedOut(int round) {
   return TimeoutError(message);
 }
 
-void ElasticRendezvous::interrupt() {
+void ElasticImpl::interrupt() {
   std::lock_guard lock(connectionMutex_);
   interrupted_ = true;
   interruptedCv_.notify_all();
   if (lease_) lease_->abort();
 }
+
+}  // namespace detail
+
+ElasticRendezvous::ElasticRendezvous(ElasticOptions options)
+    : impl_(std::make_unique<detail::ElasticImpl>(std::move(options))) {}
+ElasticRendezvous::~ElasticRendezvous() = default;
+JoinResult ElasticRendezvous::next() { return impl_->next(); }
+RoundEnd ElasticRendezvous::awaitEnd() { return impl_->awaitEnd(); }
+void ElasticRendezvous::reportFailure(RoundEnd failure) {
+  impl_->reportFailure(std::move(failure));
+}
+void ElasticRendezvous::reportSuccess() { impl_->reportSuccess(); }
+RoundEnd ElasticRendezvous::reportStop(int signal) { return impl_->reportStop(signal); }
+void ElasticRendezvous::reportLost(const std::string& what) { impl_->reportLost(what); }
+void ElasticRendezvous::shareHangReport(const std::string& report) {
+  impl_->shareHangReport(report);
+}
+std::vector<std::string> ElasticRendezvous::gatherHangReports(std::chrono::milliseconds timeout) {
+  return impl_->gatherHangReports(timeout);
+}
+void ElasticRendezvous::interrupt() { impl_->interrupt(); }
 
 }  // namespace dlrun::rendezvous

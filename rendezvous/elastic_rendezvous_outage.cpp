@@ -1,17 +1,18 @@
-// ElasticRendezvous through an outage of its store (ARCHITECTURE.md section 4): a store that
-// stops answering is not a lost node. The workers keep running and the agent keeps trying; once
-// the store answers, a round it still holds intact goes on with no restart, and the nodes it
-// lost (their leases lapsed meanwhile) end it as they always do. Only what needs the store
-// waits: a join, and the reports, which are kept and made again once it answers.
+// ElasticRendezvous (elastic_rendezvous_impl.h) through an outage of its store (ARCHITECTURE.md
+// section 4): a store that stops answering is not a lost node. The workers keep running and the
+// agent keeps trying; once the store answers, a round it still holds intact goes on with no
+// restart, and the nodes it lost (their leases lapsed meanwhile) end it as they always do. Only
+// what needs the store waits: a join, and the reports, which are kept and made again once it
+// answers.
 #include <algorithm>
 #include <sstream>
 
 #include "common/log.h"
-#include "rendezvous/elastic_rendezvous.h"
+#include "rendezvous/elastic_rendezvous_impl.h"
 #include "store/leasing_store.h"
 #include "store/tcp_stream.h"
 
-namespace dlrun::rendezvous {
+namespace dlrun::rendezvous::detail {
 
 namespace {
 
@@ -24,7 +25,7 @@ std::string seconds(Clock::duration elapsed) {
 
 }  // namespace
 
-void ElasticRendezvous::Refusals::note(const Error& failure, Clock::time_point at,
+void ElasticImpl::Refusals::note(const Error& failure, Clock::time_point at,
                                        Clock::duration ttl, const std::string& store) {
   const bool refused = dynamic_cast<const ConnectionRefused*>(&failure) != nullptr;
   if (refused && !refusing_) since_ = at;
@@ -35,12 +36,12 @@ void ElasticRendezvous::Refusals::note(const Error& failure, Clock::time_point a
                        "so this job cannot go on");
 }
 
-bool ElasticRendezvous::isOutage(const Error& error) {
+bool ElasticImpl::isOutage(const Error& error) {
   // A peer that speaks something else, or a bad configuration, will not mend by waiting.
   return !dynamic_cast<const ProtocolError*>(&error) && !dynamic_cast<const ConfigError*>(&error);
 }
 
-void ElasticRendezvous::reopen() {
+void ElasticImpl::reopen() {
   auto opened = openStore();
   std::lock_guard lock(connectionMutex_);
   if (interrupted_) throw NetworkError("the rendezvous was interrupted");
@@ -48,7 +49,7 @@ void ElasticRendezvous::reopen() {
   control_.reset();  // the next report opens its own
 }
 
-void ElasticRendezvous::rideOut(const Error& failure, Clock::time_point since,
+void ElasticImpl::rideOut(const Error& failure, Clock::time_point since,
                                 const std::string& meanwhile) {
   {
     std::lock_guard lock(connectionMutex_);  // interrupt() cut the call: no outage
@@ -88,14 +89,14 @@ void ElasticRendezvous::rideOut(const Error& failure, Clock::time_point since,
   }
 }
 
-bool ElasticRendezvous::restoreIfReset(int round) {
+bool ElasticImpl::restoreIfReset(int round) {
   const auto found = lease_->peek({keys_.shape(), keys_.current()});
   if (!found[0].empty() && !found[1].empty()) return false;
   restoreAfterReset(round);
   return true;
 }
 
-int ElasticRendezvous::restoreAfterReset(int round) {
+int ElasticImpl::restoreAfterReset(int round) {
   lease_->compareSet(keys_.shape(), "",
                      elastic::encodeShape({.minNodes = options_.minNodes,
                                            .maxNodes = options_.maxNodes}));
@@ -107,7 +108,7 @@ int ElasticRendezvous::restoreAfterReset(int round) {
   return static_cast<int>(storedCount(current, keys_.current()));
 }
 
-std::optional<RoundEnd> ElasticRendezvous::roundAfterOutage(int round) {
+std::optional<RoundEnd> ElasticImpl::roundAfterOutage(int round) {
   const auto found = lease_->peek({keys_.closed(round), keys_.forgotten()});
   if (!found[1].empty() && storedCount(found[1], keys_.forgotten()) >= round) {
     // Its lease lapsed, its round ended, and two more rounds went by: it is no member now.
@@ -123,7 +124,7 @@ std::optional<RoundEnd> ElasticRendezvous::roundAfterOutage(int round) {
                           " (it restarted and lost its keys)"};
 }
 
-void ElasticRendezvous::abandonJoin(int round) {
+void ElasticImpl::abandonJoin(int round) {
   const std::string closed =
       lease_->compareSet(keys_.closed(round), "", std::string(elastic::kAborted));
   if (closed == elastic::kAborted || closed == elastic::kStopped) return;
@@ -133,7 +134,7 @@ void ElasticRendezvous::abandonJoin(int round) {
     lease_->compareSet(keys_.end(round), "", elastic::encode(selfLost()));
 }
 
-void ElasticRendezvous::report(const std::string& what, const Write& write) {
+void ElasticImpl::report(const std::string& what, const Write& write) {
   if (!storeAway_) {
     try {
       write(*control());
@@ -150,7 +151,7 @@ void ElasticRendezvous::report(const std::string& what, const Write& write) {
   unsent_.push_back(write);
 }
 
-void ElasticRendezvous::replayReports() {
+void ElasticImpl::replayReports() {
   std::vector<Write> unsent;
   {
     std::lock_guard lock(reportsMutex_);
@@ -168,4 +169,4 @@ void ElasticRendezvous::replayReports() {
   }
 }
 
-}  // namespace dlrun::rendezvous
+}  // namespace dlrun::rendezvous::detail

@@ -10,8 +10,7 @@ JoinResult LocalRendezvous::next() {
   std::vector<std::string> endpoints;
   for (uint16_t port : reserveFreePorts(options_.hostAddr, options_.localWorldSize))
     endpoints.push_back(joinHostPort(options_.hostAddr, port));
-  const NodeJob job{options_.runId, options_.localWorldSize, options_.maxRestarts,
-                    options_.storeAddr, options_.storePort};
+  const NodeJob job{options_.runId, options_.localWorldSize, options_.restarts, options_.store};
   std::lock_guard lock(mutex_);
   end_.reset();
   World world = makeWorld(job, round_++,
@@ -30,7 +29,7 @@ RoundEnd LocalRendezvous::awaitEnd() {
 
 void LocalRendezvous::reportFailure(RoundEnd failure) {
   std::lock_guard lock(mutex_);
-  failure.countFailure(failures_, options_.maxRestarts);
+  failure.countFailure(failures_, options_.restarts);
   failures_ = failure.failures;
   end_ = std::move(failure);
   ended_.notify_all();

@@ -8,6 +8,7 @@
 #include <optional>
 #include <string>
 
+#include "common/host_port.h"
 #include "rendezvous/rendezvous.h"
 
 namespace dlrun::rendezvous {
@@ -15,9 +16,8 @@ namespace dlrun::rendezvous {
 struct LocalRendezvousOptions {
   std::string runId;
   int localWorldSize = 1;
-  int maxRestarts = 0;
-  std::string storeAddr;  // where workers reach the agent's store
-  uint16_t storePort = 0;
+  RestartPolicy restarts;
+  HostPort store;  // where workers reach the agent's store
   std::string hostAddr = "127.0.0.1";  // this node's address in TF_CONFIG
   std::string nodeName;                // this node in messages
   std::vector<std::string> roles;      // each worker's role under --roles; else empty

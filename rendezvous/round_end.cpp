@@ -22,10 +22,10 @@ std::string RoundEnd::describe() const {
   return "";
 }
 
-void RoundEnd::countFailure(int before, int maxRestarts) {
+void RoundEnd::countFailure(int before, const RestartPolicy& policy) {
   kind = Kind::WorkerFailed;
   failures = std::max(before, failures) + 1;
-  final = final || failures > maxRestarts;
+  final = final || !policy.allowsRestart(failures);
 }
 
 RoundEnd jobStopped(int signal, const std::string& node) {

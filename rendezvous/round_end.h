@@ -8,6 +8,14 @@
 
 namespace dlrun::rendezvous {
 
+// --max-restarts, held once per layer's options and passed whole.
+struct RestartPolicy {
+  int maxRestarts = 0;  // failure restarts the job allows
+  // Whether the job restarts after its `failures`-th failure (counting it): the one rule, for
+  // the rendezvous (one node and several) and for the agent's lone restarts (roles.h).
+  bool allowsRestart(int failures) const { return failures <= maxRestarts; }
+};
+
 struct RoundEnd {
   enum class Kind { NodeLost, NodeJoined, NodeLeft, WorkerFailed, Finished, Stopped, StoreLost };
   Kind kind = Kind::Finished;
@@ -28,11 +36,11 @@ struct RoundEnd {
   }
   // Whether the round loses a member for good (a lost or departed node).
   bool losesMember() const { return kind == Kind::NodeLost || kind == Kind::NodeLeft; }
-  // Makes this a worker failure that uses one more restart, after `before` of the job's
-  // `maxRestarts`: the one rule for one node and for several. One already final stays final
-  // (--hang-action=exit); `failures` already set counts when higher than `before` (the
-  // restarts a node's agent made alone, roles.h).
-  void countFailure(int before, int maxRestarts);
+  // Makes this a worker failure that uses one more restart, after `before` used, final where
+  // `policy` allows no more. One already final stays final (--hang-action=exit); `failures`
+  // already set counts when higher than `before` (the restarts a node's agent made alone,
+  // roles.h).
+  void countFailure(int before, const RestartPolicy& policy);
   std::string describe() const;  // one line for logs
 };
 

@@ -8,6 +8,9 @@
 #include <string>
 #include <vector>
 
+#include "common/host_port.h"
+#include "rendezvous/round_end.h"
+
 namespace dlrun::rendezvous {
 
 struct World {
@@ -19,7 +22,7 @@ struct World {
   int baseRank = 0;         // RANK of this node's local rank 0
   int worldSize = 1;        // workers in the job
   int failures = 0;         // failure restarts used before this round
-  int maxRestarts = 0;      // failure restarts the job allows (--max-restarts)
+  RestartPolicy restarts;   // --max-restarts
   std::string masterAddr;   // numeric address of the store workers use
   // The port workers use: once the agent opened this attempt's key space on the store
   // (AgentOptions::attemptSpaces), the space's; until then the store's own.
@@ -35,9 +38,8 @@ struct World {
 struct NodeJob {
   std::string runId;
   int localWorldSize = 1;
-  int maxRestarts = 0;
-  std::string masterAddr;
-  uint16_t masterPort = 0;
+  RestartPolicy restarts;
+  HostPort store;  // where the workers reach the store, unless a round's Placement names it
 };
 
 // One node's place in a round, as the rendezvous decides it.
@@ -48,7 +50,7 @@ struct Placement {
   int worldSize = 1;
   int failures = 0;  // failure restarts used before this round
   // Where the workers' store is when the round decides it (etcd: served by the agent of group
-  // rank 0); unset: NodeJob's address, the rendezvous store (c10d, static).
+  // rank 0); unset: NodeJob's store, the rendezvous store (c10d, static).
   std::optional<std::string> masterAddr;
   std::optional<uint16_t> masterPort;
 };

@@ -56,7 +56,7 @@ class FakeRendezvous : public rendezvous::Rendezvous {
     if (worldSize > 0) world.worldSize = worldSize;
     world.workerEndpoints = endpoints;
     world.failures = failuresUsed_;
-    world.maxRestarts = maxRestarts;
+    world.restarts = {.maxRestarts = maxRestarts};
     world.masterAddr = "127.0.0.1";
     world.masterPort = world.storePort = 1;
     if (auto it = elsewhere.find(world.round); it != elsewhere.end()) end_ = it->second;
@@ -74,7 +74,7 @@ class FakeRendezvous : public rendezvous::Rendezvous {
 
   void reportFailure(RoundEnd failure) override {
     std::lock_guard lock(mutex_);
-    failure.countFailure(failuresUsed_, maxRestarts);
+    failure.countFailure(failuresUsed_, {.maxRestarts = maxRestarts});
     failuresUsed_ = failure.failures;
     failures.push_back(failure);
     end_ = failure;

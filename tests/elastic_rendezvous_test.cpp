@@ -27,9 +27,8 @@ class ElasticRendezvousTest : public ::testing::Test {
     o.runId = "job";
     o.minNodes = minNodes;
     o.maxNodes = maxNodes;
-    o.maxRestarts = 1;
-    o.storeHost = server_->address();
-    o.storePort = server_->port();
+    o.restarts.maxRestarts = 1;
+    o.store = HostPort{server_->address(), server_->port()};
     o.self.addr = "127.0.0.1";
     o.self.name = "agent";
     o.self.nproc = 2;

@@ -27,14 +27,16 @@ class ElasticRoundsTest : public ::testing::Test {
     o.runId = "job";
     o.minNodes = minNodes;
     o.maxNodes = maxNodes;
-    o.maxRestarts = 1;
+    o.restarts.maxRestarts = 1;
     o.self.addr = "127.0.0.1";
     o.self.nproc = 2;
     o.lastCall = 5s;
     o.joinTimeout = 10min;
     o.heartbeat = 1s;
     o.leaseTtl = 3s;
-    o.connect = [server = server_] { return std::make_unique<MemoryStore>(server); };
+    o.store = StoreOpener{.name = "the memory store", .open = [server = server_] {
+                            return std::make_unique<MemoryStore>(server);
+                          }};
     return o;
   }
 
@@ -159,7 +161,7 @@ TEST_F(ElasticRoundsTest, ASpareTakesAKilledNodesPlace) {
 
 TEST_F(ElasticRoundsTest, ALongJobKeepsTheKeysOfItsLastTwoRoundsOnly) {
   ElasticOptions o = options(2, 2);
-  o.maxRestarts = 10;
+  o.restarts.maxRestarts = 10;
   auto a = agent(o, "n0"), b = agent(o, "n1");
   const elastic::Keys keys("job");
   MemoryStore view(server_);

@@ -1,5 +1,6 @@
-// ElasticRendezvous on etcd: the same round protocol as on dlrund, reached through
-// ElasticOptions::connect with EtcdStore connections to a real etcd (tests/etcd_server.h).
+// ElasticRendezvous on etcd: the same round protocol as on dlrund, reached through a
+// StoreOpener (ElasticOptions::store) of EtcdStore connections to a real etcd
+// (tests/etcd_server.h).
 // Three agents form a round; one lost agent (interrupt(), which aborts its store and revokes
 // its lease) ends the round for the others, who meet again without it.
 #include <gtest/gtest.h>
@@ -42,8 +43,6 @@ class EtcdRendezvousTest : public ::testing::Test {
     o.runId = ::testing::UnitTest::GetInstance()->current_test_info()->name();
     o.minNodes = minNodes;
     o.maxNodes = maxNodes;
-    o.storeHost = "127.0.0.1";
-    o.storePort = server->clientPort();
     o.self.addr = "127.0.0.1";
     o.self.name = name;
     o.self.nproc = 2;
@@ -51,12 +50,14 @@ class EtcdRendezvousTest : public ::testing::Test {
     o.joinTimeout = 20s;
     o.heartbeat = 200ms;
     o.leaseTtl = 2s;  // etcd's minimum
-    o.connect = [endpoints = server->endpoints(), prefix = prefix()] {
-      return std::make_unique<etcd::EtcdStore>(etcd::EtcdStoreOptions{
-          .client = {.endpoints = endpoints, .timeout = 5s, .connectTimeout = 2s},
-          .prefix = prefix,
-          .timeout = 5s});
-    };
+    o.store = StoreOpener{
+        .name = joinHostPort("127.0.0.1", server->clientPort()),
+        .open = [endpoints = server->endpoints(), prefix = prefix()] {
+          return std::make_unique<etcd::EtcdStore>(etcd::EtcdStoreOptions{
+              .client = {.endpoints = endpoints, .timeout = 5s, .connectTimeout = 2s},
+              .prefix = prefix,
+              .timeout = 5s});
+        }};
     return o;
   }
 
@@ -166,7 +167,7 @@ TEST_F(EtcdRendezvousTest, TheLastArrivalClosesAndTheMembersNeedNoRequest) {
     o.heartbeat = 30s;
     clients.push_back(std::make_shared<etcd::EtcdClient>(
         etcd::EtcdClientOptions{.endpoints = server->endpoints(), .timeout = 5s}));
-    o.connect = [client = clients.back(), prefix = prefix()] {
+    std::get<StoreOpener>(o.store).open = [client = clients.back(), prefix = prefix()] {
       return std::make_unique<etcd::EtcdStore>(
           etcd::EtcdStoreOptions{.prefix = prefix, .timeout = 5s}, client);
     };
@@ -177,7 +178,7 @@ TEST_F(EtcdRendezvousTest, TheLastArrivalClosesAndTheMembersNeedNoRequest) {
     joins.push_back(std::async(std::launch::async, [&, i] { return agents[i]->next(); }));
   // Both members are waiting once both records are there (nothing after the record asks etcd).
   const ElasticOptions observing = options(3, 3, "observer");
-  const auto observer = observing.connect();
+  const auto observer = std::get<StoreOpener>(observing.store).open();
   const elastic::Keys keys(observing.runId);
   ASSERT_TRUE(observer->waitFor({keys.node(0, 1), keys.node(0, 2)}, 20s));
   std::vector<std::map<std::string, int64_t>> before;

@@ -14,20 +14,21 @@ using namespace std::chrono_literals;
 TEST(ProgressTrack, HungOnlyAfterProgressThenSilenceForTheTimeout) {
   const auto t0 = Clock::time_point{} + 1h;
   ProgressTrack track;
-  track.observe(ProgressSource::Board, 0, t0, std::nullopt, false);  // nothing yet
+  track.observe(ProgressSource::Board, {.marker = 0}, t0);  // nothing yet
   EXPECT_FALSE(track.reported());
   EXPECT_FALSE(track.hung(t0 + 1h, 5s));  // never reported: never hung
-  track.observe(ProgressSource::Board, 1, t0, 3, false);
+  track.observe(ProgressSource::Board, {.marker = 1, .step = 3}, t0);
   EXPECT_TRUE(track.reported());
   EXPECT_EQ(track.step(), 3);
-  track.observe(ProgressSource::Board, 1, t0 + 4s, 3, false);  // the same beat: no progress
+  // The same beat: no progress.
+  track.observe(ProgressSource::Board, {.marker = 1, .step = 3}, t0 + 4s);
   EXPECT_FALSE(track.hung(t0 + 4s, 5s));
   EXPECT_TRUE(track.hung(t0 + 5s, 5s));
   // The heartbeat file is a second source: its change is progress too.
-  track.observe(ProgressSource::Heartbeat, 1, t0 + 6s, std::nullopt, false);
+  track.observe(ProgressSource::Heartbeat, {.marker = 1}, t0 + 6s);
   EXPECT_FALSE(track.hung(t0 + 6s, 5s));
   EXPECT_EQ(track.step(), 3);  // a touch without a number keeps the step
-  track.observe(ProgressSource::Board, 2, t0 + 7s, 4, true);
+  track.observe(ProgressSource::Board, {.marker = 2, .step = 4, .inCollective = true}, t0 + 7s);
   EXPECT_TRUE(track.inCollective());
   EXPECT_EQ(track.silentFor(t0 + 9s), 2s);
 }

@@ -303,7 +303,7 @@ TEST(ParseDlrunArgs, Defaults) {
   EXPECT_EQ(c.agent.nprocPerNode, 1);
   EXPECT_FALSE(c.nodeRank);
   EXPECT_FALSE(c.standalone);
-  EXPECT_EQ(c.maxRestarts, 0);
+  EXPECT_EQ(c.restarts.maxRestarts, 0);
   EXPECT_EQ(c.agent.role, "default");
   EXPECT_FALSE(c.agent.logDir);
   EXPECT_EQ(c.agent.redirects.all, agents::Streams::None);
@@ -325,11 +325,11 @@ TEST(ParseDlrunArgs, ReadsEveryFlag) {
                   "--console-format=torchrun", "env"});
   EXPECT_EQ(c.agent.nprocPerNode, 3);
   EXPECT_EQ(c.rdzvBackend, RdzvBackend::C10d);
-  EXPECT_EQ(c.rdzvEndpoint, "127.0.0.1:29400");
-  EXPECT_EQ(c.rdzvStore, (HostPort{"127.0.0.1", 29400}));
+  EXPECT_EQ(c.rdzvEndpoint.text, "127.0.0.1:29400");
+  EXPECT_EQ(c.rdzvEndpoint.store(), (HostPort{"127.0.0.1", 29400}));
   EXPECT_EQ(c.rdzvId, "job7");
   EXPECT_EQ(c.rdzv.joinTimeout, std::chrono::seconds(60));
-  EXPECT_EQ(c.maxRestarts, 4);
+  EXPECT_EQ(c.restarts.maxRestarts, 4);
   EXPECT_EQ(c.agent.stopTimeout, std::chrono::milliseconds(1500));
   EXPECT_EQ(c.agent.role, "trainer");
   EXPECT_EQ(c.agent.logDir, "/logs");
@@ -419,7 +419,7 @@ TEST(ParseDlrunArgs, AFlagGivenTwiceTakesItsLastValue) {
                   "--max-restarts=3", "--rdzv-conf=join_timeout=5", "--rdzv-conf=join_timeout=9",
                   "--standalone", "--standalone", "env"});
   EXPECT_EQ(c.agent.nprocPerNode, 5);
-  EXPECT_EQ(c.maxRestarts, 3);
+  EXPECT_EQ(c.restarts.maxRestarts, 3);
   EXPECT_EQ(c.rdzv.joinTimeout, std::chrono::seconds(9));
   EXPECT_TRUE(c.standalone);
 }
@@ -430,7 +430,7 @@ TEST(ParseDlrunArgs, AUniquePrefixOfAFlagIsThatFlag) {
   auto c = parse({"--standa", "--max-rest", "2", "--nproc=3", "--rdzv-i", "job", "--role", "r",
                   "env", "--standa", "--max-rest"});
   EXPECT_TRUE(c.standalone);
-  EXPECT_EQ(c.maxRestarts, 2);
+  EXPECT_EQ(c.restarts.maxRestarts, 2);
   EXPECT_EQ(c.agent.nprocPerNode, 3);
   EXPECT_EQ(c.rdzvId, "job");
   EXPECT_EQ(c.agent.role, "r");  // --role is a flag of its own, not a prefix of --roles
@@ -447,7 +447,7 @@ TEST(ParseDlrunArgs, UnderscoredSpellings) {
                   "--rdzv_id=x", "--log_dir=/l", "--local_ranks_filter=1", "--stop_timeout=2",
                   "--master_port=99", "env"});
   EXPECT_EQ(c.agent.nprocPerNode, 3);
-  EXPECT_EQ(c.maxRestarts, 2);
+  EXPECT_EQ(c.restarts.maxRestarts, 2);
   EXPECT_EQ(c.rdzvBackend, RdzvBackend::C10d);
   EXPECT_EQ(c.rdzvId, "x");
   EXPECT_EQ(c.agent.logDir, "/l");
@@ -562,13 +562,13 @@ TEST(ParseDlrunArgs, PetVariablesAreDefaults) {
   ScopedEnv standalone("PET_STANDALONE", "1");
   auto c = parse({"env"});
   EXPECT_EQ(c.agent.nprocPerNode, 5);
-  EXPECT_EQ(c.maxRestarts, 3);
+  EXPECT_EQ(c.restarts.maxRestarts, 3);
   EXPECT_EQ(c.agent.role, "fromenv");
   EXPECT_TRUE(c.standalone);
   // The flag wins, in either spelling.
   EXPECT_EQ(parse({"--nproc-per-node", "2", "env"}).agent.nprocPerNode, 2);
   EXPECT_EQ(parse({"--nproc_per_node=2", "env"}).agent.nprocPerNode, 2);
-  EXPECT_EQ(parse({"--max-restarts=0", "env"}).maxRestarts, 0);
+  EXPECT_EQ(parse({"--max-restarts=0", "env"}).restarts.maxRestarts, 0);
 }
 
 TEST(ParseDlrunArgs, PetVariableWithABadValueIsAnError) {
@@ -667,10 +667,11 @@ TEST(ParseDlrunArgs, RdzvEndpointWithANonNumericPortIsRejected) {
   }
   // Host alone, host:port and bracketed IPv6 are fine.
   for (const std::string endpoint : {"127.0.0.1", "127.0.0.1:29400", "node1:29400", "[::1]:29400"})
-    EXPECT_EQ(parse({"--rdzv-backend=c10d", "--rdzv-endpoint=" + endpoint, "env"}).rdzvEndpoint,
+    EXPECT_EQ(
+        parse({"--rdzv-backend=c10d", "--rdzv-endpoint=" + endpoint, "env"}).rdzvEndpoint.text,
               endpoint);
   // Without a port, torchrun's.
-  EXPECT_EQ(parse({"--nnodes=2", "--rdzv-endpoint=[::1]", "env"}).rdzvStore,
+  EXPECT_EQ(parse({"--nnodes=2", "--rdzv-endpoint=[::1]", "env"}).rdzvEndpoint.store(),
             (HostPort{"::1", kDefaultRdzvPort}));
 }
 
@@ -724,7 +725,7 @@ TEST(ParseDlrunArgs, EtcdTakesAnEndpointListWithEtcdsDefaultPort) {
                         "--rdzv-endpoint=e1,10.0.0.2:2380,[fd00::3]", "--rdzv-id=j", "env"});
   EXPECT_EQ(c.rdzvBackend, RdzvBackend::Etcd);
   using rendezvous::etcd::Endpoint;
-  EXPECT_EQ(c.etcdEndpoints, (std::vector<Endpoint>{{"e1", 2379}, {"10.0.0.2", 2380},
+  EXPECT_EQ(c.rdzvEndpoint.etcd(), (std::vector<Endpoint>{{"e1", 2379}, {"10.0.0.2", 2380},
                                                     {"fd00::3", 2379}}));
   EXPECT_EQ(c.rdzv.etcdPrefix, "/dlrun/");
   EXPECT_EQ(c.minNodes, 2);
@@ -744,9 +745,10 @@ TEST(ParseDlrunArgs, EtcdPrefixComesFromRdzvConf) {
 TEST(ParseDlrunArgs, EtcdEndpointsMayComeFromTheEnvironmentTheFlagWinning) {
   HostProbe host = fakeHost();
   host.env["DLRUN_ETCD_ENDPOINTS"] = "e1:1,e2:2";
-  EXPECT_EQ(parse({"--nnodes=2", "--rdzv-backend=etcd", "env"}, host).etcdEndpoints.size(), 2u);
+  EXPECT_EQ(
+      parse({"--nnodes=2", "--rdzv-backend=etcd", "env"}, host).rdzvEndpoint.etcd().size(), 2u);
   EXPECT_EQ(parse({"--nnodes=2", "--rdzv-backend=etcd", "--rdzv-endpoint=e3", "env"}, host)
-                .etcdEndpoints,
+                .rdzvEndpoint.etcd(),
             (std::vector<rendezvous::etcd::Endpoint>{{"e3", 2379}}));
 }
 
@@ -904,8 +906,8 @@ TEST(ParseDlrunArgsInSlurm, AStepNeedsNoOtherFlag) {
   EXPECT_EQ(c.minNodes, 4);
   EXPECT_EQ(c.maxNodes, 4);
   EXPECT_EQ(c.rdzvId, "4242");
-  EXPECT_EQ(c.rdzvEndpoint, "node1:29642");
-  EXPECT_EQ(c.rdzvStore, (HostPort{"node1", 29642}));
+  EXPECT_EQ(c.rdzvEndpoint.text, "node1:29642");
+  EXPECT_EQ(c.rdzvEndpoint.store(), (HostPort{"node1", 29642}));
   EXPECT_EQ(c.nodeRank, 2);
   EXPECT_EQ(c.nodeName, "node3");
   EXPECT_EQ(c.rdzv.isHost, false);
@@ -933,7 +935,7 @@ TEST(ParseDlrunArgsInSlurm, FlagsWin) {
                        slurmHost(3));
   EXPECT_EQ(c.minNodes, 2);
   EXPECT_EQ(c.maxNodes, 3);
-  EXPECT_EQ(c.rdzvEndpoint, "store:5");
+  EXPECT_EQ(c.rdzvEndpoint.text, "store:5");
   EXPECT_EQ(c.rdzvId, "mine");
   EXPECT_EQ(c.rdzv.isHost, true);
   EXPECT_EQ(c.nodeRank, 3);  // a spare's hint may exceed the maximum
@@ -957,7 +959,7 @@ TEST(ParseDlrunArgsInSlurm, EtcdKeepsSlurmsJobNodesAndOrder) {
     else args.insert(args.begin(), "--rdzv-endpoint=etcd1:2379,etcd2");
     const auto c = parse(args, host);
     EXPECT_EQ(c.rdzvBackend, RdzvBackend::Etcd);
-    EXPECT_EQ(c.etcdEndpoints.size(), 2u);
+    EXPECT_EQ(c.rdzvEndpoint.etcd().size(), 2u);
     EXPECT_EQ(c.rdzvId, "4242");
     EXPECT_EQ(c.minNodes, 4);
     EXPECT_EQ(c.maxNodes, 4);
@@ -974,7 +976,7 @@ TEST(ParseDlrunArgsInSlurm, StaticFlagsKeepTheirStoreAndTakeTheRank) {
   const auto c = parse({"--master-addr=head", "--master-port=5", "env"}, slurmHost(2));
   EXPECT_EQ(c.rdzvBackend, RdzvBackend::Static);
   EXPECT_EQ(c.masterAddr, "head");
-  EXPECT_TRUE(c.rdzvEndpoint.empty());
+  EXPECT_TRUE(c.rdzvEndpoint.text.empty());
   EXPECT_EQ(c.nodeRank, 2);
   EXPECT_EQ(c.maxNodes, 4);
 }
@@ -996,12 +998,12 @@ TEST(ParseDlrunArgsInSlurm, SwitchedOffByFlagEnvironmentOrStandalone) {
 TEST(ParseDlrunArgsInSlurm, TheSlurmBackendRequiresAnAllocation) {
   const auto c = parse({"--rdzv-backend=slurm", "env"}, slurmHost(1, {{"DLRUN_SLURM", "0"}}));
   EXPECT_EQ(c.rdzvBackend, RdzvBackend::C10d);
-  EXPECT_EQ(c.rdzvEndpoint, "node1:29642");
+  EXPECT_EQ(c.rdzvEndpoint.text, "node1:29642");
   // "slurm" is c10d from the allocation even beside the static flags, which it then ignores.
   const auto withStatic =
       parse({"--rdzv-backend=slurm", "--master-addr=head", "env"}, slurmHost(1));
   EXPECT_EQ(withStatic.rdzvBackend, RdzvBackend::C10d);
-  EXPECT_EQ(withStatic.rdzvEndpoint, "node1:29642");
+  EXPECT_EQ(withStatic.rdzvEndpoint.text, "node1:29642");
   for (const auto& [args, host, mention] : std::vector<std::tuple<Args, HostProbe, std::string>>{
            {{"--rdzv-backend=slurm", "env"}, fakeHost(), "SLURM_JOB_ID is unset"},
            {{"--rdzv-backend=slurm", "--no-slurm", "env"}, slurmHost(1), "--no-slurm"},
@@ -1127,13 +1129,13 @@ TEST(ParseDlrunArgsUnderMpirun, TheWorldFromOpenMpiFlagsWin) {
   EXPECT_EQ(c.maxNodes, 3);
   EXPECT_EQ(c.nodeRank, 2);
   EXPECT_EQ(c.rdzvId, "mpi-77");
-  EXPECT_EQ(c.rdzvEndpoint, "node1:29555");
+  EXPECT_EQ(c.rdzvEndpoint.text, "node1:29555");
   c = parse({"--nnodes=2", "--node-rank=0", "--rdzv-endpoint=store:5", "--rdzv-id=mine", "env"},
             mpiHost(2));
   EXPECT_EQ(c.maxNodes, 2);
   EXPECT_EQ(c.nodeRank, 0);
   EXPECT_EQ(c.rdzvId, "mine");
-  EXPECT_EQ(c.rdzvEndpoint, "store:5");
+  EXPECT_EQ(c.rdzvEndpoint.text, "store:5");
   // mpirun inside a Slurm allocation: mpirun's world, not the allocation's.
   c = parse({"env"}, mpiHost(1, {{"SLURM_JOB_ID", "9"}, {"SLURM_NNODES", "8"}}));
   EXPECT_EQ(c.maxNodes, 3);

@@ -22,6 +22,7 @@ rendezvous::World twoNodeWorld() {
   world.localWorldSize = 2;
   world.baseRank = 2;
   world.worldSize = 4;
+  world.restarts = {.maxRestarts = 3};
   world.masterAddr = "10.0.0.1";
   world.masterPort = 29500;
   world.agentStore = true;
@@ -29,7 +30,7 @@ rendezvous::World twoNodeWorld() {
   return world;
 }
 
-WorkerSpec spec() { return WorkerSpec{"trainer", 3, 1, "/logs/job42/attempt_1/1/error.json"}; }
+WorkerSpec spec() { return WorkerSpec{"trainer", 1, "/logs/job42/attempt_1/1/error.json"}; }
 
 TEST(WorkerEnv, EveryVariable) {
   const Environment env = workerEnvironment({}, twoNodeWorld(), spec(), 1);
@@ -152,7 +153,6 @@ rendezvous::World largeWorld(int size) {
 
 RoundSpec roundSpec(std::optional<std::string> tfCluster, bool inheritTfConfig = false) {
   return {.role = "trainer",
-          .maxRestarts = 3,
           .restartCount = 1,
           .tfCluster = std::move(tfCluster),
           .inheritTfConfig = inheritTfConfig};
@@ -172,7 +172,7 @@ TEST(WorkerEnv, TheNodesSharedPartHoldsAllButEachWorkersOwnFive) {
                                            "TORCHELASTIC_ERROR_FILE=/e.json", "ROLE_RANK=3",
                                            "TF_CONFIG=" + tfConfig(world, 3)}));
   // Together they are the one-worker environment.
-  const WorkerSpec one{"trainer", 3, 1, "/e.json"};
+  const WorkerSpec one{"trainer", 1, "/e.json"};
   EXPECT_EQ(node.forWorker(1, "/e.json"), workerEnvironment(inherited, world, one, 1));
 }
 

@@ -231,13 +231,13 @@ void EtcdClient::dropEndpoint(const std::string& failed) {
 }
 
 RangeResult EtcdClient::range(const std::string& key, const std::string& rangeEnd,
-                              int64_t revision, bool keysOnly) {
+                              int64_t revision, Values values) {
   pb::RangeRequest request;
   request.set_key(key);
   request.set_range_end(rangeEnd);
   request.set_revision(revision);
-  request.set_keys_only(keysOnly);
-  const auto response = unary("range", key, true, [&](Connection& c, grpc::ClientContext& ctx) {
+  request.set_keys_only(values == Values::Omitted);
+  const auto response = unary("range", key, CallKind::Read, [&](Connection& c, grpc::ClientContext& ctx) {
     pb::RangeResponse reply;
     auto status = c.kv->Range(&ctx, request, &reply);
     return std::pair{status, std::move(reply)};
@@ -259,7 +259,7 @@ int64_t EtcdClient::count(const std::string& key, const std::string& rangeEnd) {
   request.set_key(key);
   request.set_range_end(rangeEnd);
   request.set_count_only(true);
-  const auto response = unary("count", key, true, [&](Connection& c, grpc::ClientContext& ctx) {
+  const auto response = unary("count", key, CallKind::Read, [&](Connection& c, grpc::ClientContext& ctx) {
     pb::RangeResponse reply;
     auto status = c.kv->Range(&ctx, request, &reply);
     return std::pair{status, std::move(reply)};
@@ -272,7 +272,7 @@ int64_t EtcdClient::put(const std::string& key, const std::string& value, int64_
   request.set_key(key);
   request.set_value(value);
   request.set_lease(lease);
-  const auto response = unary("put", key, false, [&](Connection& c, grpc::ClientContext& ctx) {
+  const auto response = unary("put", key, CallKind::Write, [&](Connection& c, grpc::ClientContext& ctx) {
     pb::PutResponse reply;
     auto status = c.kv->Put(&ctx, request, &reply);
     return std::pair{status, std::move(reply)};
@@ -284,7 +284,7 @@ int64_t EtcdClient::deleteRange(const std::string& key, const std::string& range
   pb::DeleteRangeRequest request;
   request.set_key(key);
   request.set_range_end(rangeEnd);
-  const auto response = unary("delete", key, false, [&](Connection& c, grpc::ClientContext& ctx) {
+  const auto response = unary("delete", key, CallKind::Write, [&](Connection& c, grpc::ClientContext& ctx) {
     pb::DeleteRangeResponse reply;
     auto status = c.kv->DeleteRange(&ctx, request, &reply);
     return std::pair{status, std::move(reply)};
@@ -304,7 +304,8 @@ pb::TxnResponse EtcdClient::txn(const pb::TxnRequest& request,
   bool readOnly = true;
   for (const auto& op : request.success()) readOnly = readOnly && op.has_request_range();
   for (const auto& op : request.failure()) readOnly = readOnly && op.has_request_range();
-  return unary("txn", key, readOnly, [&](Connection& c, grpc::ClientContext& ctx) {
+  const CallKind kind = readOnly ? CallKind::Read : CallKind::Write;
+  return unary("txn", key, kind, [&](Connection& c, grpc::ClientContext& ctx) {
     pb::TxnResponse reply;
     auto status = c.kv->Txn(&ctx, request, &reply);
     return std::pair{status, std::move(reply)};

@@ -136,10 +136,11 @@ class EtcdClient {
   EtcdClient(const EtcdClient&) = delete;
   EtcdClient& operator=(const EtcdClient&) = delete;
 
-  // [key, rangeEnd), or the key alone when rangeEnd is empty; at `revision` when > 0; with
-  // `keysOnly`, the values are left out (empty).
+  // Whether a range's values are read, or left out (empty).
+  enum class Values { Read, Omitted };
+  // [key, rangeEnd), or the key alone when rangeEnd is empty; at `revision` when > 0.
   RangeResult range(const std::string& key, const std::string& rangeEnd = {},
-                    int64_t revision = 0, bool keysOnly = false);
+                    int64_t revision = 0, Values values = Values::Read);
   RangeResult rangePrefix(const std::string& prefix) { return range(prefix, prefixEnd(prefix)); }
   std::optional<KeyValue> get(const std::string& key);
   // How many keys [key, rangeEnd) holds, without reading them.
@@ -244,8 +245,11 @@ class EtcdClient {
   void reauthenticate(const std::shared_ptr<Connection>& connection);
   void dropConnection(const std::shared_ptr<Connection>& failed);
   void dropEndpoint(const std::string& failed);  // by name, for a stream that failed
+  // A read changes nothing, so it may be made again; a write is never retried (it may have
+  // happened).
+  enum class CallKind { Read, Write };
   template <typename Call>
-  auto unary(const char* what, const std::string& key, bool retry, Call&& call,
+  auto unary(const char* what, const std::string& key, CallKind kind, Call&& call,
              std::optional<std::chrono::milliseconds> timeout = {});
   SwapResult swap(const std::string& key, const void* compare, const std::string& desired,
                   int64_t lease);

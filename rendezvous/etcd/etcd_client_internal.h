@@ -16,11 +16,11 @@
 namespace dlrun::rendezvous::etcd {
 
 // One unary call with the client's deadline. A failure that says the endpoint is gone (or too
-// slow) drops it, so the next call picks again; `retry` (reads only) makes that next call here:
+// slow) drops it, so the next call picks again; a Read makes that next call here:
 // once after a deadline, and after UNAVAILABLE again on the next endpoint for as long as
 // connectTimeout (during an election members answer "leader changed", UNAVAILABLE).
 template <typename Call>
-auto EtcdClient::unary(const char* what, const std::string& key, bool retry, Call&& call,
+auto EtcdClient::unary(const char* what, const std::string& key, CallKind kind, Call&& call,
                        std::optional<std::chrono::milliseconds> timeout) {
   const auto start = Clock::now();
   bool reauthenticated = false;
@@ -52,7 +52,7 @@ auto EtcdClient::unary(const char* what, const std::string& key, bool retry, Cal
     const bool endpointFailed = code == grpc::StatusCode::UNAVAILABLE ||
                                 code == grpc::StatusCode::DEADLINE_EXCEEDED;
     if (endpointFailed) dropConnection(picked);
-    if (endpointFailed && retry &&
+    if (endpointFailed && kind == CallKind::Read &&
         (attempt == 0 || (code == grpc::StatusCode::UNAVAILABLE &&
                           Clock::now() - start < options_.connectTimeout))) {
       if (attempt > 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));  // no spin

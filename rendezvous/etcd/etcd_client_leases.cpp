@@ -18,7 +18,7 @@ namespace pb = etcdserverpb;
 int64_t EtcdClient::leaseGrant(std::chrono::seconds ttl) {
   pb::LeaseGrantRequest request;
   request.set_ttl(ttl.count());
-  const auto response = unary("lease grant", {}, false,
+  const auto response = unary("lease grant", {}, CallKind::Write,
                               [&](Connection& c, grpc::ClientContext& ctx) {
                                 pb::LeaseGrantResponse reply;
                                 auto status = c.lease->LeaseGrant(&ctx, request, &reply);
@@ -87,7 +87,7 @@ std::unique_ptr<PendingLeaseGrant> EtcdClient::startLeaseGrant(std::chrono::seco
 void EtcdClient::leaseRevoke(int64_t lease, std::optional<std::chrono::milliseconds> timeout) {
   pb::LeaseRevokeRequest request;
   request.set_id(lease);
-  unary("lease revoke", std::to_string(lease), false,
+  unary("lease revoke", std::to_string(lease), CallKind::Write,
         [&](Connection& c, grpc::ClientContext& ctx) {
           pb::LeaseRevokeResponse reply;
           auto status = c.lease->LeaseRevoke(&ctx, request, &reply);

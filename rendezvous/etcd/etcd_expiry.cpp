@@ -24,7 +24,9 @@ int64_t expireKeys(EtcdClient& client, const std::string& prefix, std::chrono::s
   }
   if (!marks.empty()) client.txn(first);
   std::vector<std::string> keys;
-  for (const auto& kv : client.range(prefix, EtcdClient::prefixEnd(prefix), 0, true).kvs)
+  const auto found =
+      client.range(prefix, EtcdClient::prefixEnd(prefix), 0, EtcdClient::Values::Omitted);
+  for (const auto& kv : found.kvs)
     if (!marked.contains(kv.key)) keys.push_back(kv.key);
   for (size_t start = 0; start < keys.size(); start += kExpireBatch) {
     pb::TxnRequest request;

@@ -159,13 +159,18 @@ class EtcdStore : public LeasingStore {
   // With watchMutex_ held: fires the records whose key is gone, and reads `etcdKeys` (as
   // readKeys) in the same transaction.
   std::vector<std::optional<KeyValue>> fireLapsed(const std::vector<std::string>& etcdKeys);
-  // The read after a watch began, appended to `request`: with `scan`, fireLapsed's names of the
-  // tripwire records and of the keys; then `etcdKeys`. takeWatchRead takes its answers from
-  // `response` at `offset` (with `scan`, orphans fired by fireOrphans) and returns the keys'.
-  void addWatchRead(etcdserverpb::TxnRequest& request, bool scan,
-                    const std::vector<std::string>& etcdKeys) const;
+  // The read a watch opened by expect() owes: its keys, and whether it scans for lapses.
+  struct Owed {
+    bool scan = false;
+    std::vector<std::string> keys;
+  };
+  // The read after a watch began, appended to `request`: with `read.scan`, fireLapsed's names
+  // of the tripwire records and of the keys; then `read.keys`. takeWatchRead takes its answers
+  // from `response` at `offset` (with `scan`, orphans fired by fireOrphans) and returns the
+  // keys'.
+  void addWatchRead(etcdserverpb::TxnRequest& request, const Owed& read) const;
   std::vector<std::optional<KeyValue>> takeWatchRead(const etcdserverpb::TxnResponse& response,
-                                                     int offset, bool scan, size_t keys);
+                                                     int offset, const Owed& read);
   void fireOrphans(const etcdserverpb::TxnResponse& response, int offset);
   // With watchMutex_ held: a watch of the puts in `waited` (none: expect()'s) from now, of
   // deletions, and of the expected keys; returns those (the caller reads them after it).
@@ -233,11 +238,6 @@ class EtcdStore : public LeasingStore {
     int64_t revision = 0;
   };
   std::map<std::string, Seen> seen_;  // those of them read or put since watch_ began
-  // The read a watch opened by expect() owes: its keys, and whether it scans for lapses.
-  struct Owed {
-    bool scan = false;
-    std::vector<std::string> keys;
-  };
   std::optional<Owed> owed_;
   // owed_, taken for a write to carry, when `watching` (watchMutex_, unlocked) could be taken
   // at once and the read fits in one transaction with the write; `watching` stays held.

@@ -212,7 +212,7 @@ void EtcdStore::lease(const std::string& key, const std::string& value,
   // a round (the watch began before this transaction, so what it misses, the read has).
   std::unique_lock watching(watchMutex_, std::defer_lock);
   std::optional<Owed> owed = takeOwed(watching);
-  if (owed) addWatchRead(request, owed->scan, owed->keys);
+  if (owed) addWatchRead(request, *owed);
   pb::TxnResponse response;
   try {
     response = retrying([&] { return client_->txn(request); });
@@ -220,7 +220,7 @@ void EtcdStore::lease(const std::string& key, const std::string& value,
     if (owed) owed_ = std::move(owed);  // still owed
     throw;
   }
-  if (owed) noteSeen(owed->keys, takeWatchRead(response, 2, owed->scan, owed->keys.size()));
+  if (owed) noteSeen(owed->keys, takeWatchRead(response, 2, *owed));
   std::lock_guard lock(mutex_);
   owned_[key] = Record{std::move(unique), response.header().revision()};
 }
@@ -244,7 +244,7 @@ int64_t EtcdStore::addThenLease(const std::string& counter, int64_t limit,
   }};
   if (owed) {
     extras.riding = [&](pb::TxnRequest& riding) {
-      addWatchRead(riding, owed->scan, owed->keys);
+      addWatchRead(riding, *owed);
     };
   }
   // Marked, as add(): a try that failed half-way may have applied, and a retry reads so.
@@ -264,7 +264,7 @@ int64_t EtcdStore::addThenLease(const std::string& counter, int64_t limit,
     throw;
   }
   if (owed && added.ridden) {
-    noteSeen(owed->keys, takeWatchRead(*added.ridden, 1, owed->scan, owed->keys.size()));
+    noteSeen(owed->keys, takeWatchRead(*added.ridden, 1, *owed));
   } else if (owed) {
     owed_ = std::move(owed);  // the try that read failed; the one that applied did not read
   }
@@ -307,8 +307,9 @@ std::vector<std::optional<KeyValue>> EtcdStore::fireLapsed(
     return readKeys(etcdKeys);
   }
   pb::TxnRequest request;
-  addWatchRead(request, true, etcdKeys);
-  return takeWatchRead(client_->txn(request), 0, true, etcdKeys.size());
+  const Owed read{.scan = true, .keys = etcdKeys};
+  addWatchRead(request, read);
+  return takeWatchRead(client_->txn(request), 0, read);
 }
 
 void EtcdStore::fireOrphans(const pb::TxnResponse& response, int offset) {

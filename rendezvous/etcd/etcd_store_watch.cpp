@@ -35,30 +35,29 @@ std::optional<EtcdStore::Owed> EtcdStore::takeOwed(std::unique_lock<std::timed_m
   return std::nullopt;
 }
 
-void EtcdStore::addWatchRead(pb::TxnRequest& request, bool scan,
-                             const std::vector<std::string>& etcdKeys) const {
+void EtcdStore::addWatchRead(pb::TxnRequest& request, const Owed& read) const {
   // A record whose key is gone outlived a lease that lapsed while no store watched: fire it now.
   // Keys-only reads of the records and of the data say which (every agent of a job reads them
   // as it starts to wait: names, not the records' texts, which only an orphan's firing needs).
   // Both, and the keys asked for, in one transaction: one round trip, one revision.
   const std::vector<const std::string*> scanned =
-      scan ? std::vector{&recordPrefix_, &dataPrefix_} : std::vector<const std::string*>{};
+      read.scan ? std::vector{&recordPrefix_, &dataPrefix_} : std::vector<const std::string*>{};
   for (const std::string* prefix : scanned) {
     auto* range = request.add_success()->mutable_request_range();
     range->set_key(*prefix);
     range->set_range_end(EtcdClient::prefixEnd(*prefix));
     range->set_keys_only(true);
   }
-  for (const auto& key : etcdKeys) request.add_success()->mutable_request_range()->set_key(key);
+  for (const auto& key : read.keys)
+    request.add_success()->mutable_request_range()->set_key(key);
 }
 
 std::vector<std::optional<KeyValue>> EtcdStore::takeWatchRead(const pb::TxnResponse& response,
-                                                              int offset, bool scan,
-                                                              size_t keys) {
-  if (scan) fireOrphans(response, offset);
-  const int first = offset + (scan ? 2 : 0);
+                                                              int offset, const Owed& read) {
+  if (read.scan) fireOrphans(response, offset);
+  const int first = offset + (read.scan ? 2 : 0);
   std::vector<std::optional<KeyValue>> found;
-  for (size_t i = 0; i < keys; ++i)
+  for (size_t i = 0; i < read.keys.size(); ++i)
     found.push_back(
         detail::firstKey(response.responses(first + static_cast<int>(i)).response_range()));
   return found;

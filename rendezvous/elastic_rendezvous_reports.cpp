@@ -1,0 +1,91 @@
+// ElasticRendezvous's reports (elastic_rendezvous_impl.h): how a round ends from this node, over
+// a connection of their own, and the hang reports the members share.
+#include "rendezvous/elastic_rendezvous_impl.h"
+#include "store/leasing_store.h"
+
+namespace dlrun::rendezvous {
+
+RoundEnd stopJob(Store& store, const elastic::Keys& keys, const RoundEnd& stop, int round) {
+  // The job's stop first (the first stop wins, so every node reports the same one), then the
+  // keys the others wait on: the end of `round`, and the newest round, where nodes may be
+  // waiting for it to close.
+  const RoundEnd first =
+      elastic::decodeRoundEnd(store.compareSet(keys.stop(), "", elastic::encode(stop)));
+  const int newest = static_cast<int>(store.add(keys.current(), 0));
+  for (int r : {round, newest}) {
+    if (r < 0) continue;
+    store.compareSet(keys.closed(r), "", std::string(elastic::kStopped));
+    store.compareSet(keys.end(r), "", elastic::encode(first));
+  }
+  return first;
+}
+
+namespace detail {
+
+// Opened at the first report, not with the lease's: an agent that only joins and waits holds
+// one connection to the store, so a store under a descriptor limit of 20,000 takes 12,500
+// agents and more.
+std::shared_ptr<LeasingStore> ElasticImpl::control() {
+  {
+    std::lock_guard lock(connectionMutex_);
+    if (control_) return control_;
+  }
+  // Opened outside the lock: interrupt() must not wait for a connect.
+  std::shared_ptr<LeasingStore> opened = openStore();
+  std::lock_guard lock(connectionMutex_);
+  if (!control_) control_ = std::move(opened);
+  return control_;
+}
+
+void ElasticImpl::reportFailure(RoundEnd failure) {
+  failure.countFailure(member_->failures, options_.restarts);
+  report(failure.describe(), [end = keys_.end(member_->round), failure](Store& store) {
+    store.compareSet(end, "", elastic::encode(failure));
+  });
+}
+
+void ElasticImpl::reportSuccess() {
+  const RoundEnd finished{.kind = RoundEnd::Kind::Finished, .node = options_.self.name};
+  report("its workers finished", [done = keys_.done(member_->round),
+                                  end = keys_.end(member_->round), members = member_->members,
+                                  finished](Store& store) {
+    if (store.add(done, 1) == members) store.compareSet(end, "", elastic::encode(finished));
+  });
+}
+
+RoundEnd ElasticImpl::reportStop(int signal) {
+  const int round = memberRound_;
+  if (options_.stopOnlyNode && round >= 0 && memberCount_ - 1 >= options_.minNodes) {
+    // Leaving is a change of members: the others meet again without this node.
+    const RoundEnd left = nodeLeft(elastic::nodeName(options_.self));
+    control()->compareSet(keys_.end(round), "", elastic::encode(left));
+    return left;
+  }
+  return stopJob(*control(), keys_, jobStopped(signal, options_.self.name), round);
+}
+
+void ElasticImpl::reportLost(const std::string& what) {
+  const RoundEnd lost{.kind = RoundEnd::Kind::NodeLost, .node = what};
+  report(lost.describe(), [end = keys_.end(member_->round), lost](Store& store) {
+    store.compareSet(end, "", elastic::encode(lost));
+  });
+}
+
+void ElasticImpl::shareHangReport(const std::string& report) {
+  const int round = memberRound_;
+  if (round < 0) return;
+  openStore()->set(keys_.hangReport(round, memberIndex_), report);
+}
+
+std::vector<std::string> ElasticImpl::gatherHangReports(std::chrono::milliseconds timeout) {
+  const int round = memberRound_;
+  if (round < 0) return {};
+  std::vector<std::string> keys;
+  for (int i = 1; i <= memberCount_; ++i) keys.push_back(keys_.hangReport(round, i));
+  auto store = openStore();
+  store->waitFor(keys, timeout);  // whatever came in time
+  return store->peek(keys);
+}
+
+}  // namespace detail
+}  // namespace dlrun::rendezvous
