@@ -57,13 +57,12 @@ std::string peerAddress(std::string_view peer) {
   return std::string(host);
 }
 
-Access access(std::string_view hash, std::string_view presented, bool mutating,
-              bool fromThisHost) {
+Access access(std::string_view hash, std::string_view presented, Call call) {
   if (!hash.empty()) {
     if (presented.empty()) return Access::NoToken;
     return sameHash(tokenHash(presented), hash) ? Access::Granted : Access::WrongToken;
   }
-  return mutating && !fromThisHost ? Access::NotLocal : Access::Granted;
+  return call.mutating && !call.fromThisHost ? Access::NotLocal : Access::Granted;
 }
 
 }  // namespace dlrun::control

@@ -28,9 +28,13 @@ enum class Access {
   NotLocal,    // a stop or a signal from another host to a job without a token: PERMISSION_DENIED
 };
 
-// `presented`: the call's bearer token (empty: none). `mutating`: StopJob, SignalJob.
-// `fromThisHost`: the peer is a loopback address or one of this machine's.
-Access access(std::string_view tokenHash, std::string_view presented, bool mutating,
-              bool fromThisHost);
+// What a call asks, and from where.
+struct Call {
+  bool mutating = false;      // StopJob, SignalJob
+  bool fromThisHost = false;  // the peer is a loopback address or one of this machine's
+};
+
+// `presented`: the call's bearer token (empty: none).
+Access access(std::string_view tokenHash, std::string_view presented, Call call);
 
 }  // namespace dlrun::control

@@ -142,7 +142,8 @@ void authorize(const grpc::ServerContext& context, const JobRecord& job, bool mu
   // Only a stop or a signal to a job without a token asks where the call comes from.
   const bool local =
       job.meta.tokenHash.empty() && mutating && (inProcess || fromThisHost(peer));
-  switch (access(job.meta.tokenHash, presentedToken(context), mutating, local)) {
+  switch (access(job.meta.tokenHash, presentedToken(context),
+                 {.mutating = mutating, .fromThisHost = local})) {
     case Access::Granted:
       return;
     case Access::NoToken:
@@ -355,7 +356,7 @@ grpc::Status ControlService::ListJobs(grpc::ServerContext* context, const v1::Li
         continue;  // registered, but its keys are gone
       }
       // A job with a token is listed only to callers that carry it.
-      if (access(job->meta.tokenHash, token, false, false) != Access::Granted) continue;
+      if (access(job->meta.tokenHash, token, Call{}) != Access::Granted) continue;
       const JobStatus status = statusOf(*job);
       v1::JobSummary* summary = response->add_jobs();
       summary->set_id(id);

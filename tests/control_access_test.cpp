@@ -39,21 +39,21 @@ TEST(ControlAccess, AJobWithATokenNeedsItOnEveryCall) {
   const std::string hash = tokenHash("secret");
   for (bool mutating : {false, true}) {
     for (bool local : {false, true}) {
-      EXPECT_EQ(access(hash, "", mutating, local), Access::NoToken);
-      EXPECT_EQ(access(hash, "guess", mutating, local), Access::WrongToken);
-      EXPECT_EQ(access(hash, "secret", mutating, local), Access::Granted);
+      EXPECT_EQ(access(hash, "", {.mutating = mutating, .fromThisHost = local}), Access::NoToken);
+      EXPECT_EQ(access(hash, "guess", {.mutating = mutating, .fromThisHost = local}), Access::WrongToken);
+      EXPECT_EQ(access(hash, "secret", {.mutating = mutating, .fromThisHost = local}), Access::Granted);
     }
   }
   std::string upper = hash;
   for (auto& c : upper) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
-  EXPECT_EQ(access(upper, "secret", true, false), Access::Granted);
+  EXPECT_EQ(access(upper, "secret", {.mutating = true, .fromThisHost = false}), Access::Granted);
 }
 
 TEST(ControlAccess, AJobWithoutATokenIsReadByAnyoneAndStoppedOnlyFromThisHost) {
-  EXPECT_EQ(access("", "", false, false), Access::Granted);
-  EXPECT_EQ(access("", "", true, true), Access::Granted);
-  EXPECT_EQ(access("", "", true, false), Access::NotLocal);
-  EXPECT_EQ(access("", "anything", true, false), Access::NotLocal);
+  EXPECT_EQ(access("", "", {.mutating = false, .fromThisHost = false}), Access::Granted);
+  EXPECT_EQ(access("", "", {.mutating = true, .fromThisHost = true}), Access::Granted);
+  EXPECT_EQ(access("", "", {.mutating = true, .fromThisHost = false}), Access::NotLocal);
+  EXPECT_EQ(access("", "anything", {.mutating = true, .fromThisHost = false}), Access::NotLocal);
 }
 
 TEST(SignalName, ParsesNamesAndNumbers) {
