@@ -160,6 +160,26 @@ std::string_view baseName(std::string_view path) {
   return slash == std::string_view::npos ? path : path.substr(slash + 1);
 }
 
+// The width of the length before a string opcode's bytes: BINUNICODE, BINBYTES, BINSTRING,
+// their SHORT_ (1-byte length) and 8-byte forms; 0 for any other opcode.
+size_t stringLengthWidth(uint8_t op) {
+  switch (op) {
+    case 'X': case 'B': case 'T': return 4;
+    case 0x8c: case 'C': case 'U': return 1;
+    case 0x8d: case 0x8e: return 8;
+    default: return 0;
+  }
+}
+
+// Containers, constants, calls: opcodes with no argument, which leave nothing this reads on top.
+bool isBareOp(uint8_t op) {
+  static constexpr uint8_t kOps[] = {
+      '}', ']', ')', '(', 'u', 's', 'e', 'a', 't', 0x85, 0x86, 0x87, 'N', 0x88, 0x89,
+      'R', 'b', 0x81, 0x92, '0', '1', '2', 0x93, 'Q', 0x8f, 0x90, 0x91, 'd', 'l',
+  };
+  return std::ranges::find(kOps, op) != std::end(kOps);
+}
+
 // The strings and integers (in decimal) of a pickle, in stream order, memo references resolved.
 // Stops at STOP, at the end, or at an opcode it does not know.
 std::vector<std::string> pickleScalars(std::string_view data) {
@@ -180,19 +200,15 @@ std::vector<std::string> pickleScalars(std::string_view data) {
   };
   while (at < data.size()) {
     const auto op = static_cast<uint8_t>(data[at++]);
+    if (const size_t width = stringLengthWidth(op)) {
+      if (!has(width)) return out;
+      const uint64_t n = little(width);
+      if (!has(n)) return out;
+      push(std::string(data.substr(at, n)));
+      at += n;
+      continue;
+    }
     switch (op) {
-      case 'X': case 'B': case 'T': case 0x8c: case 'C': case 'U': case 0x8d: case 0x8e: {
-        // BINUNICODE, BINBYTES, BINSTRING; their SHORT_ (1-byte length) and 8-byte forms
-        const size_t width = (op == 'X' || op == 'B' || op == 'T') ? 4
-                             : (op == 0x8d || op == 0x8e)          ? 8
-                                                                   : 1;
-        if (!has(width)) return out;
-        const uint64_t n = little(width);
-        if (!has(n)) return out;
-        push(std::string(data.substr(at, n)));
-        at += n;
-        break;
-      }
       case 'K': case 'M': case 'J': {  // BININT1, BININT2, BININT (signed 32-bit)
         const size_t width = op == 'K' ? 1 : op == 'M' ? 2 : 4;
         if (!has(width)) return out;
@@ -259,14 +275,10 @@ std::vector<std::string> pickleScalars(std::string_view data) {
         top.reset();
         break;
       }
-      case '}': case ']': case ')': case '(': case 'u': case 's': case 'e': case 'a': case 't':
-      case 0x85: case 0x86: case 0x87: case 'N': case 0x88: case 0x89: case 'R': case 'b':
-      case 0x81: case 0x92: case '0': case '1': case '2': case 0x93: case 'Q': case 0x8f:
-      case 0x90: case 0x91: case 'd': case 'l':
-        top.reset();  // containers, constants, calls: nothing this reads
+      default:
+        if (!isBareOp(op)) return out;  // STOP, or what this does not know
+        top.reset();
         break;
-      default:  // STOP, or what this does not know
-        return out;
     }
   }
   return out;
