@@ -109,16 +109,17 @@ int AgentImpl::run() {
   if (options_.controlStdin) followLauncher();
   prepareLogRoot();
   if (options_.control)
-    observers_.push_back(std::make_unique<ControlObserver>(
-        *options_.control, [this](const ControlCommand& command) {
+    observers_.push_back(
+        std::make_unique<ControlObserver>(*options_.control, [this](const ControlCommand& command) {
           asio::post(io_, [this, command] { onControlCommand(command); });
         }));
   serveFileTimer();
   if (options_.control && !options_.control->announce.empty())
     log::info(options_.control->announce);
   if (options_.nprocPerNode > 1 && !inherited_.contains("OMP_NUM_THREADS"))
-    log::info("setting OMP_NUM_THREADS=1 for each worker to avoid overloading the CPUs; "
-              "set it yourself to tune");
+    log::info(
+        "setting OMP_NUM_THREADS=1 for each worker to avoid overloading the CPUs; "
+        "set it yourself to tune");
   // Before the first round closes, so that the first attempt finds it ready, or nearly.
   if (options_.warmStart) startZygote();
   if (state_ != State::Finished) beginRound();
@@ -176,8 +177,7 @@ void AgentImpl::onControlCommand(const ControlCommand& command) {
     return signalWorkers(command.value);
   }
   if (stopSignal_) return;
-  log::info("control plane: stopping the job (exit code " + std::to_string(command.value) +
-            ")");
+  log::info("control plane: stopping the job (exit code " + std::to_string(command.value) + ")");
   stopSignal_ = SIGTERM;
   reportToRendezvous([&] { stopEnd_ = rendezvous_.reportStop(SIGTERM); });
   // On one node the rendezvous knows nothing of the control plane's stop: its code stands.
@@ -197,9 +197,8 @@ void AgentImpl::beginRound() {
 // would end the process without stopping the workers.
 void AgentImpl::runRendezvous() {
   auto fail = [this](int code, std::string message) {
-    asio::post(io_, [this, code, message = std::move(message)] {
-      onRendezvousError(code, message);
-    });
+    asio::post(io_,
+               [this, code, message = std::move(message)] { onRendezvousError(code, message); });
   };
   try {
     rendezvous::JoinResult joined = rendezvous_.next();
@@ -271,8 +270,7 @@ void AgentImpl::endOfRound() {
                                 std::to_string(world_.restarts.maxRestarts);
     log::info("worker group failed (" + end.describe() + "); restarting, " + attempt);
     publishJobEvent("restart", -1, attempt + " after " + end.describe());
-  }
-  else
+  } else
     log::info("re-rendezvous: " + end.describe());
   for (const auto& observer : observers_) observer->onRestarting(end);
   killLeftovers();
@@ -340,8 +338,12 @@ void AgentImpl::onSucceeded() {
 
 void AgentImpl::reportFailure(const Worker& w) {
   const auto timer = expiredTimers_.find(w.pid());
-  const WorkerFailure failure{w.rank(), w.localRank(), options_.nodeName, w.status(),
-                              readErrorFile(w.errorFile()), w.lastErrorLines(),
+  const WorkerFailure failure{w.rank(),
+                              w.localRank(),
+                              options_.nodeName,
+                              w.status(),
+                              readErrorFile(w.errorFile()),
+                              w.lastErrorLines(),
                               timer == expiredTimers_.end() ? "" : timer->second};
   rendezvous::RoundEnd end{.kind = rendezvous::RoundEnd::Kind::WorkerFailed,
                            .node = options_.nodeName,
@@ -363,11 +365,11 @@ void AgentImpl::onHang(const HungWorker& hung) {
   if (state_ != State::Running) return;
   std::ostringstream silent;
   silent << std::fixed << std::setprecision(1) << hung.silentSeconds;
-  const std::string what =
-      "rank " + std::to_string(hung.rank) +
-      (options_.nodeName.empty() ? "" : " on " + options_.nodeName) +
-      " made no progress for " + silent.str() + " s" +
-      (hung.step ? " after step " + std::to_string(*hung.step) : "") + " (--hang-timeout)";
+  const std::string what = "rank " + std::to_string(hung.rank) +
+                           (options_.nodeName.empty() ? "" : " on " + options_.nodeName) +
+                           " made no progress for " + silent.str() + " s" +
+                           (hung.step ? " after step " + std::to_string(*hung.step) : "") +
+                           " (--hang-timeout)";
   log::info("hang: " + what);
   publishEvent("hang", hung.rank, what);
   keepLogRoot_ = true;  // the stacks go there

@@ -93,7 +93,7 @@ struct AgentOptions {
   // --store-proxy: the workers reach the store through this agent's proxy on loopback
   // (store/store_proxy.h), which forwards their requests over a few connections of its own
   bool storeProxy = false;
-  std::optional<HangOptions> hang;  // --hang-timeout: watch the workers' progress
+  std::optional<HangOptions> hang;        // --hang-timeout: watch the workers' progress
   std::optional<ControlOptions> control;  // publish to the control plane, follow its commands
   std::optional<MetricsOptions> metrics;  // --metrics-port: Prometheus metrics and the page
   // etcd: another node's agent serves the workers' store; a connection to it that breaks says

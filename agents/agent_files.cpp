@@ -1,5 +1,6 @@
 // What the agent keeps on disk: the log root (--log-dir, else a temporary directory for error
-// files), the run's directory in it, and torch's file-based timer, whose FIFO lives there by default (file_timer.h).
+// files), the run's directory in it, and torch's file-based timer, whose FIFO lives there by
+// default (file_timer.h).
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -41,8 +42,7 @@ fs::path AgentImpl::runDir() {
     const fs::path dir = logRoot_ / name;
     if (::mkdir(dir.c_str(), 0700) == 0) return *(runDir_ = dir);
     if (errno != EEXIST)
-      throw Error("cannot create the log directory " + dir.string() + ": " +
-                  std::strerror(errno));
+      throw Error("cannot create the log directory " + dir.string() + ": " + std::strerror(errno));
   }
   throw Error("cannot create a log directory in " + logRoot_.string() +
               ": every name tried exists");
@@ -84,8 +84,8 @@ void AgentImpl::onTimerExpired(const TimerExpiry& expiry) {
               ", but it is not one of this node's workers; not signalled");
     return;
   }
-  const std::string who = "rank " + std::to_string(it->second->rank()) + " (pid " +
-                          std::to_string(expiry.pid) + ")";
+  const std::string who =
+      "rank " + std::to_string(it->second->rank()) + " (pid " + std::to_string(expiry.pid) + ")";
   if (expiry.signal <= 0) {
     log::info(who + ": " + timer + "; it asked for no signal, so it runs on");
     return;

@@ -118,9 +118,9 @@ class AgentImpl {
   const Environment inherited_;
   State state_ = State::Joining;
   std::vector<std::unique_ptr<Worker>> workers_;
-  std::unordered_map<pid_t, Worker*> byPid_;  // the round's workers, for reaping
+  std::unordered_map<pid_t, Worker*> byPid_;      // the round's workers, for reaping
   std::vector<std::unique_ptr<Worker>> retired_;  // replaced by restartAlone()
-  size_t live_ = 0;                           // workers not yet reaped
+  size_t live_ = 0;                               // workers not yet reaped
   size_t liveEnding_ = 0;  // of those, the ones not of a service role (they end the job)
   int loneRestarts_ = 0;   // this round's workers restarted alone (restartAlone)
   bool successReported_ = false;
@@ -138,7 +138,7 @@ class AgentImpl {
   bool launchFailed_ = false;
   rendezvous::World world_;  // the current round's
   std::optional<rendezvous::RoundEnd> roundEnd_;
-  std::thread roundThread_;  // the rendezvous's blocking calls (runRendezvous)
+  std::thread roundThread_;          // the rendezvous's blocking calls (runRendezvous)
   std::optional<HangWatcher> hang_;  // with --hang-timeout
   // Told each moment, in this order: --metrics-port's, then the control plane's.
   std::vector<std::unique_ptr<AgentObserver>> observers_;
@@ -155,8 +155,8 @@ class AgentImpl {
   const std::vector<int> stopSignals_;  // --signals-to-handle
   std::optional<FileTimerServer> fileTimer_;
   std::unordered_map<pid_t, std::string> expiredTimers_;  // by worker: why dlrun signalled it
-  std::unique_ptr<Zygote> zygote_;  // --warm-start
-  bool awaitingZygote_ = false;     // an attempt's start waits for it to be ready
+  std::unique_ptr<Zygote> zygote_;                        // --warm-start
+  bool awaitingZygote_ = false;  // an attempt's start waits for it to be ready
 
   // A report that cannot reach the store leaves the round to end by the lease: this node's
   // watcher notices the lost store too.

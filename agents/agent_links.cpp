@@ -83,11 +83,13 @@ bool AgentImpl::openAttemptSpace(rendezvous::World& world) {
       world.masterPort = *port;
       return true;
     }
-    log::info("round " + std::to_string(world.round) + " is over already: the store at " +
-              store + " has a later round's workers");
+    log::info("round " + std::to_string(world.round) + " is over already: the store at " + store +
+              " has a later round's workers");
   } catch (const Error& e) {
-    log::info("cannot open round " + std::to_string(world.round) + "'s key space for the "
-              "workers at " + store + ": " + e.what());
+    log::info("cannot open round " + std::to_string(world.round) +
+              "'s key space for the "
+              "workers at " +
+              store + ": " + e.what());
     reportToRendezvous(
         [&] { rendezvous_.reportLost("the node serving the workers' store at " + store); });
   }
@@ -107,8 +109,7 @@ void AgentImpl::sitOut(const rendezvous::World& world) {
 void AgentImpl::closeAttemptSpace() {
   using Kind = rendezvous::RoundEnd::Kind;
   const auto& end = stopEnd_ ? stopEnd_ : roundEnd_;
-  if (!options_.attemptSpaces || !options_.attemptSpaces->close || world_.storePort == 0 ||
-      !end)
+  if (!options_.attemptSpaces || !options_.attemptSpaces->close || world_.storePort == 0 || !end)
     return;
   if (end->kind != Kind::Finished && end->kind != Kind::Stopped &&
       !(end->countsAsFailure() && end->final))
@@ -125,8 +126,8 @@ void AgentImpl::proxyStore(rendezvous::World& seen) {
   if (!proxy_ || proxiedStore_ != store) {
     proxy_.reset();
     proxy_ = std::make_unique<StoreProxy>(
-        io_, StoreProxyOptions{.upstreamHost = world_.masterAddr,
-                               .upstreamPort = world_.masterPort});
+        io_,
+        StoreProxyOptions{.upstreamHost = world_.masterAddr, .upstreamPort = world_.masterPort});
     proxiedStore_ = store;
     log::info("store proxy: this node's workers reach the store at " + store +
               " through 127.0.0.1:" + std::to_string(proxy_->port()));
@@ -156,14 +157,15 @@ AttemptSpaces attemptSpacesOverTcp() {
       .open = [](const rendezvous::World& world) -> std::optional<uint16_t> {
         // The store answered this round's rendezvous a moment ago (or, on etcd, its node's
         // lease did): one that does not within a few seconds is gone.
-        const uint16_t port = storeOf(world, std::chrono::seconds(5)).openSpace(
-            world.runId, world.round);
+        const uint16_t port =
+            storeOf(world, std::chrono::seconds(5)).openSpace(world.runId, world.round);
         return port == 0 ? std::nullopt : std::optional(port);
       },
       // At exit: a store gone already must not hold the agent up.
-      .close = [](const rendezvous::World& world) {
-        storeOf(world, std::chrono::milliseconds(500)).closeSpace(world.runId);
-      },
+      .close =
+          [](const rendezvous::World& world) {
+            storeOf(world, std::chrono::milliseconds(500)).closeSpace(world.runId);
+          },
   };
 }
 

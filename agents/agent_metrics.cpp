@@ -20,8 +20,8 @@ using Kind = rendezvous::RoundEnd::Kind;
 namespace {
 
 constexpr auto kSampleEvery = std::chrono::milliseconds(500);
-const char* const kCauses[] = {"failure", "hang", "node_lost", "scale_up", "node_left",
-                               "store_lost"};
+const char* const kCauses[] = {"failure",  "hang",      "node_lost",
+                               "scale_up", "node_left", "store_lost"};
 
 // A single-node job's agent has no name of its own: the host's, then.
 std::string nameOrHost(std::string name) {
@@ -31,8 +31,7 @@ std::string nameOrHost(std::string name) {
 }
 
 double wallSeconds() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
 json optionalJson(const std::optional<double>& value) {
@@ -114,8 +113,7 @@ void AgentView::progress(const std::vector<ProgressReading>& workers, double wal
        .step = first.step,
        .epoch = first.epoch,
        .loss = first.results & kReportedLoss ? std::optional(first.loss) : std::nullopt,
-       .accuracy =
-           first.results & kReportedAccuracy ? std::optional(first.accuracy) : std::nullopt,
+       .accuracy = first.results & kReportedAccuracy ? std::optional(first.accuracy) : std::nullopt,
        .samplesPerSecond = samplesPerSecond_});
   if (curve_.size() > kMaxCurve) {
     // Keep every other point, and always the newest.
@@ -182,8 +180,7 @@ std::string AgentView::metricsText(const std::optional<StoreStats>& store) const
   return text;
 }
 
-std::string AgentView::stateJson(const std::optional<StoreStats>& store,
-                                 double wallNow) const {
+std::string AgentView::stateJson(const std::optional<StoreStats>& store, double wallNow) const {
   // The job's nodes as this round sees them: consecutive ranks on one host are one node.
   json nodes = json::array();
   for (size_t rank = 0; rank < world_.workerEndpoints.size(); ++rank) {
@@ -198,16 +195,22 @@ std::string AgentView::stateJson(const std::optional<StoreStats>& store,
   json thisNode = nullptr;
   if (node_) {
     for (const auto& w : node_->workers)
-      workers.push_back({{"rank", w.rank}, {"local_rank", w.localRank}, {"pid", w.pid},
-                         {"state", w.state}, {"exit", w.exit}});
-    thisNode = {{"name", node_->name}, {"address", node_->address}, {"state", node_->state},
-                {"round", node_->round}, {"group_rank", node_->groupRank},
-                {"workers", workers}};
+      workers.push_back({{"rank", w.rank},
+                         {"local_rank", w.localRank},
+                         {"pid", w.pid},
+                         {"state", w.state},
+                         {"exit", w.exit}});
+    thisNode = {{"name", node_->name},   {"address", node_->address},      {"state", node_->state},
+                {"round", node_->round}, {"group_rank", node_->groupRank}, {"workers", workers}};
   }
   json events = json::array();
   for (const auto& e : events_)
-    events.push_back({{"time", e.time}, {"kind", e.kind}, {"node", e.node}, {"round", e.round},
-                      {"rank", e.rank}, {"detail", e.detail}});
+    events.push_back({{"time", e.time},
+                      {"kind", e.kind},
+                      {"node", e.node},
+                      {"round", e.round},
+                      {"rank", e.rank},
+                      {"detail", e.detail}});
   json curve = json::array();
   for (const auto& p : curve_)
     curve.push_back({p.time, p.step, p.epoch, optionalJson(p.loss), optionalJson(p.accuracy),
@@ -242,15 +245,13 @@ AgentMetrics::AgentMetrics(boost::asio::io_context& io, MetricsOptions options,
       server_(io, {.host = options_.host, .port = options_.port},
               metrics::routes(
                   [this] {
-                    return view_.metricsText(options_.storeStats
-                                                 ? std::optional(options_.storeStats())
-                                                 : std::nullopt);
+                    return view_.metricsText(
+                        options_.storeStats ? std::optional(options_.storeStats()) : std::nullopt);
                   },
                   [this] {
-                    return view_.stateJson(options_.storeStats
-                                               ? std::optional(options_.storeStats())
-                                               : std::nullopt,
-                                           wallSeconds());
+                    return view_.stateJson(
+                        options_.storeStats ? std::optional(options_.storeStats()) : std::nullopt,
+                        wallSeconds());
                   })) {
   log::info("metrics on http://" + joinHostPort(server_.address(), server_.port()) +
             "/metrics, the job's page on http://" +

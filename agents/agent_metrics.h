@@ -22,12 +22,12 @@
 #include "common/asio.h"
 #include "common/clock.h"
 #include "common/progress_board.h"
+#include "control/state/control_state.h"
 #include "metrics/exposition.h"
 #include "metrics/http_server.h"
-#include "control/state/control_state.h"
 #include "rendezvous/round_end.h"
-#include "store/store_server.h"
 #include "rendezvous/world.h"
+#include "store/store_server.h"
 
 namespace dlrun::agents {
 
@@ -88,7 +88,7 @@ class AgentView {
   std::optional<ProgressReading> last_;  // local rank 0's newest reading
   int64_t lastSamples_ = -1;             // the workers' sum at the last sample
   double lastSampleTime_ = 0;
-  uint64_t samplesTotal_ = 0;            // monotonic across rounds
+  uint64_t samplesTotal_ = 0;  // monotonic across rounds
   double samplesPerSecond_ = 0;
 };
 

@@ -24,18 +24,14 @@ void MetricsObserver::onRestarting(const rendezvous::RoundEnd& end) {
 
 void MetricsObserver::onWorkerExited(int shellCode) { metrics_.view().workerExited(shellCode); }
 
-void MetricsObserver::onNodeChanged(const control::NodeState& node) {
-  metrics_.view().node(node);
-}
+void MetricsObserver::onNodeChanged(const control::NodeState& node) { metrics_.view().node(node); }
 
 // Every node's page shows what it saw, whoever speaks for it.
 void MetricsObserver::onEvent(const control::JobEvent& event, bool) {
   metrics_.view().event(event);
 }
 
-void ControlObserver::onNodeChanged(const control::NodeState& node) {
-  publisher_.node(node);
-}
+void ControlObserver::onNodeChanged(const control::NodeState& node) { publisher_.node(node); }
 
 void ControlObserver::onEvent(const control::JobEvent& event, bool spokenHere) {
   if (spokenHere) publisher_.event(event);

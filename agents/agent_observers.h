@@ -20,8 +20,7 @@ class MetricsObserver : public AgentObserver {
 
   void onRoundPreparing(const std::filesystem::path& attemptDir, int workers,
                         const ProgressBoard* shared, RoundSpec& spec) override;
-  void onRoundStarted(const rendezvous::World& world, int workers,
-                      Clock::time_point now) override;
+  void onRoundStarted(const rendezvous::World& world, int workers, Clock::time_point now) override;
   void onRoundEnded(const rendezvous::RoundEnd& end, Clock::time_point now) override;
   void onRestarting(const rendezvous::RoundEnd& end) override;
   void onWorkerExited(int shellCode) override;

@@ -8,26 +8,23 @@ namespace dlrun::agents::detail {
 // What the control plane shows of this node: its state and its workers'.
 void AgentImpl::publishNode(const std::string& state) {
   if (observers_.empty()) return;
-  control::NodeState node{.name = options_.control ? options_.control->nodeName
-                                                               : options_.nodeName,
-                                      .address = options_.control ? options_.control->address
-                                                                  : "",
-                                      .groupRank = world_.groupRank,
-                                      .state = state,
-                                      .round = world_.round,
-                                      .logDir = logRoot_.string(),
-                                      .updated = wallSeconds()};
+  control::NodeState node{.name = options_.control ? options_.control->nodeName : options_.nodeName,
+                          .address = options_.control ? options_.control->address : "",
+                          .groupRank = world_.groupRank,
+                          .state = state,
+                          .round = world_.round,
+                          .logDir = logRoot_.string(),
+                          .updated = wallSeconds()};
   for (const auto& w : workers_) {
     const bool done = !w->alive();
-    node.workers.push_back(
-        {.rank = w->rank(),
-         .localRank = w->localRank(),
-         .pid = w->pid(),
-         .state = !done ? "running"
-                  : w->status().success() ? "succeeded"
-                  : stopSignal_ || roundEnd_ ? "stopped"
-                                             : "failed",
-         .exit = done ? w->status().describe() : ""});
+    node.workers.push_back({.rank = w->rank(),
+                            .localRank = w->localRank(),
+                            .pid = w->pid(),
+                            .state = !done                      ? "running"
+                                     : w->status().success()    ? "succeeded"
+                                     : stopSignal_ || roundEnd_ ? "stopped"
+                                                                : "failed",
+                            .exit = done ? w->status().describe() : ""});
   }
   for (const auto& observer : observers_) observer->onNodeChanged(node);
 }
@@ -46,13 +43,12 @@ const char* AgentImpl::stateName() const {
 void AgentImpl::publishEvent(const std::string& kind, int rank, const std::string& detail,
                              bool spokenHere) {
   if (observers_.empty()) return;
-  control::JobEvent event{
-      .time = wallSeconds(),
-      .kind = kind,
-      .node = options_.control ? options_.control->nodeName : options_.nodeName,
-      .round = world_.round,
-      .rank = rank,
-      .detail = detail};
+  control::JobEvent event{.time = wallSeconds(),
+                          .kind = kind,
+                          .node = options_.control ? options_.control->nodeName : options_.nodeName,
+                          .round = world_.round,
+                          .rank = rank,
+                          .detail = detail};
   for (const auto& observer : observers_) observer->onEvent(event, spokenHere);
 }
 
@@ -75,8 +71,7 @@ void AgentImpl::publishStarted() {
 }
 
 double AgentImpl::wallSeconds() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
 // This node's events reach the store before a report that ends the round, so the events of

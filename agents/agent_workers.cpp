@@ -64,8 +64,8 @@ DescriptorNeeds descriptorNeeds(const AgentOptions& options, int inUse) {
   }
   // torch's workers each open a client to the store at MASTER_ADDR: a store this process
   // serves, or its proxy (--store-proxy), holds each one's connection.
-  needs.storeClients = options.nprocPerNode * ((options.servesStore ? 1 : 0) +
-                                               (options.storeProxy ? 1 : 0));
+  needs.storeClients =
+      options.nprocPerNode * ((options.servesStore ? 1 : 0) + (options.storeProxy ? 1 : 0));
   // --warm-start: the zygote's socket, and a start's "go" socket while it waits for its answer
   if (options.warmStart) needs.workerFiles += 2;
   return needs;
@@ -91,8 +91,8 @@ void AgentImpl::prepareLaunches() {
   std::string longestType = "worker";
   for (const auto& role : world_.workerRoles)
     if (role.size() > longestType.size()) longestType = role;
-  const TfConfigChoice tf = chooseTfConfig(options_.tfConfig, cluster, world_.worldSize,
-                                           limits.maxString, longestType);
+  const TfConfigChoice tf =
+      chooseTfConfig(options_.tfConfig, cluster, world_.worldSize, limits.maxString, longestType);
   if (!tf.warning.empty() && !tfConfigWarned_) {
     log::warn(tf.warning);
     tfConfigWarned_ = true;
@@ -109,8 +109,8 @@ void AgentImpl::prepareLaunches() {
                  .virtualLocalRank = options_.virtualLocalRank};
   if (hang_) hang_->prepareRound(attemptDir, options_.nprocPerNode, inherited_, spec);
   for (const auto& observer : observers_)
-    observer->onRoundPreparing(attemptDir, options_.nprocPerNode,
-                               hang_ ? hang_->board() : nullptr, spec);
+    observer->onRoundPreparing(attemptDir, options_.nprocPerNode, hang_ ? hang_->board() : nullptr,
+                               spec);
   rendezvous::World seen = world_;  // the world as the workers see it
   if (options_.storeProxy) proxyStore(seen);
   environment_.emplace(inherited_, seen, std::move(spec));
@@ -181,9 +181,7 @@ void AgentImpl::doneStarting() {
   if (!anyAlone()) environment_.reset();
 }
 
-fs::path AgentImpl::attemptDir() {
-  return runDir() / ("attempt_" + std::to_string(world_.round));
-}
+fs::path AgentImpl::attemptDir() { return runDir() / ("attempt_" + std::to_string(world_.round)); }
 
 const RoleSpec* AgentImpl::roleOf(int local) const {
   return options_.roles.empty() ? nullptr : &roleOfLocal(options_.roles, local);
@@ -218,8 +216,8 @@ bool AgentImpl::restartAlone(const Worker& failed) {
     return false;
   }
   ++loneRestarts_;
-  const std::string what = "rank " + std::to_string(failed.rank()) + " (" + role->name +
-                           ") " + failed.status().describe() + "; restarted alone, restart " +
+  const std::string what = "rank " + std::to_string(failed.rank()) + " (" + role->name + ") " +
+                           failed.status().describe() + "; restarted alone, restart " +
                            std::to_string(world_.failures + loneRestarts_) + " of " +
                            std::to_string(world_.restarts.maxRestarts);
   log::info(what);
@@ -259,7 +257,8 @@ WorkerLaunch AgentImpl::launchOf(const fs::path& attemptDir, int local) {
     if (output.toFile != Streams::None) keepLogRoot_ = true;
   } else {
     launch.errorFile = (logRoot_ / ("error-" + std::to_string(world_.round) + "-" +
-                                    std::to_string(local) + ".json")).string();
+                                    std::to_string(local) + ".json"))
+                           .string();
   }
   return launch;
 }

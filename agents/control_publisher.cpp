@@ -9,15 +9,12 @@
 
 namespace dlrun::agents {
 
-
 namespace {
 
 // The publisher is an observer: where CPUs are short (many agents on one host, a node busy
 // starting its workers), the job's own threads go first. A niced thread that wakes still runs
 // within milliseconds, so commands are not held up.
-void yieldToTheJob() {
-  ::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), 10);
-}
+void yieldToTheJob() { ::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), 10); }
 
 }  // namespace
 

@@ -15,9 +15,9 @@ struct WorkerFailure {
   int localRank = 0;
   std::string node;  // where it ran, in a multi-node job
   ExitStatus status;
-  std::string errorMessage;           // from TORCHELASTIC_ERROR_FILE, if the worker wrote one
+  std::string errorMessage;            // from TORCHELASTIC_ERROR_FILE, if the worker wrote one
   std::deque<std::string> stderrTail;  // captured when stderr was piped
-  std::string expiredTimer;  // a torch timer that made dlrun signal it (one line), if any
+  std::string expiredTimer;            // a torch timer that made dlrun signal it (one line), if any
 };
 
 // The message in a TORCHELASTIC_ERROR_FILE, as PyTorch's @record writes it

@@ -38,7 +38,8 @@ constexpr size_t kQuoted = 200;
   std::string quoted(line.substr(0, kQuoted));
   if (line.size() > kQuoted) quoted += "...";
   // The message stays one line whatever the client wrote.
-  std::replace_if(quoted.begin(), quoted.end(), [](unsigned char c) { return c < ' '; }, ' ');
+  std::replace_if(
+      quoted.begin(), quoted.end(), [](unsigned char c) { return c < ' '; }, ' ');
   throw ProtocolError("timer request " + why + ": " + quoted);
 }
 
@@ -51,9 +52,8 @@ const json& field(const json& request, std::string_view line, const char* name) 
 int64_t integerIn(const json& request, std::string_view line, const char* name, int64_t low,
                   int64_t high) {
   const json& value = field(request, line, name);
-  const std::string range =
-      "\"" + std::string(name) + "\" must be an integer from " + std::to_string(low) + " to " +
-      std::to_string(high);
+  const std::string range = "\"" + std::string(name) + "\" must be an integer from " +
+                            std::to_string(low) + " to " + std::to_string(high);
   if (!value.is_number_integer()) bad(line, range);
   // An unsigned value above int64's range would wrap in get<int64_t>.
   if (value.is_number_unsigned() && value.get<uint64_t>() > static_cast<uint64_t>(high))
@@ -77,8 +77,8 @@ TimerRequest parseTimerRequest(std::string_view line) {
   if (request.is_discarded() || !request.is_object()) bad(line, "is not a JSON object");
   TimerRequest parsed;
   // Not 0 or below: kill(2) would take those for process groups or every process.
-  parsed.pid = static_cast<pid_t>(
-      integerIn(request, line, "pid", 1, std::numeric_limits<pid_t>::max()));
+  parsed.pid =
+      static_cast<pid_t>(integerIn(request, line, "pid", 1, std::numeric_limits<pid_t>::max()));
   const json& scope = field(request, line, "scope_id");
   if (!scope.is_string()) bad(line, "\"scope_id\" must be a string");
   parsed.scope = scope.get<std::string>();
@@ -86,9 +86,8 @@ TimerRequest parseTimerRequest(std::string_view line) {
   if (!expiration.is_number()) bad(line, "\"expiration_time\" must be a number");
   parsed.expiration = expiration.get<double>();
   // torch's client sends 0 with a release, and "a negative or zero signal will not kill".
-  parsed.signal =
-      static_cast<int>(integerIn(request, line, "signal", std::numeric_limits<int>::min(),
-                                 NSIG - 1));
+  parsed.signal = static_cast<int>(
+      integerIn(request, line, "signal", std::numeric_limits<int>::min(), NSIG - 1));
   return parsed;
 }
 
@@ -124,9 +123,8 @@ std::vector<TimerExpiry> TimerTable::takeExpired(double now) {
     expired.push_back(std::move(*chosen));
     it = timers_.erase(first, it);
   }
-  std::stable_sort(expired.begin(), expired.end(), [](const auto& a, const auto& b) {
-    return a.expiration < b.expiration;
-  });
+  std::stable_sort(expired.begin(), expired.end(),
+                   [](const auto& a, const auto& b) { return a.expiration < b.expiration; });
   return expired;
 }
 

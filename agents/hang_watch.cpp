@@ -22,12 +22,9 @@ void ProgressTrack::observe(ProgressSource source, const ProgressSighting& seen,
 std::string encodeRankReports(const std::vector<RankReport>& reports) {
   nlohmann::json out = nlohmann::json::array();
   for (const auto& r : reports) {
-    nlohmann::json one{{"rank", r.rank},
-                       {"node", r.node},
-                       {"reported", r.reported},
-                       {"silent", r.silentSeconds},
-                       {"frames", r.topFrames},
-                       {"stack", r.stackFile}};
+    nlohmann::json one{{"rank", r.rank},         {"node", r.node},
+                       {"reported", r.reported}, {"silent", r.silentSeconds},
+                       {"frames", r.topFrames},  {"stack", r.stackFile}};
     if (r.step) one["step"] = *r.step;
     if (r.collective) one["collective"] = *r.collective;
     if (r.lastCollective) one["last"] = *r.lastCollective;
@@ -94,8 +91,8 @@ constexpr size_t kOtherLines = 16;
 
 }  // namespace
 
-std::string hangSummary(std::vector<RankReport> reports, double timeoutSeconds,
-                        int nodesReported, int nodes) {
+std::string hangSummary(std::vector<RankReport> reports, double timeoutSeconds, int nodesReported,
+                        int nodes) {
   std::string out = "hang: no progress for " + seconds(timeoutSeconds) + " (--hang-timeout)";
   const auto pick = suspect(reports);
   std::optional<int> suspectRank;

@@ -76,7 +76,7 @@ struct RankReport {
   bool reported = false;  // it had made progress before
   std::optional<int64_t> step;
   double silentSeconds = 0;
-  std::optional<std::string> collective;  // the collective it waits in, where known
+  std::optional<std::string> collective;      // the collective it waits in, where known
   std::optional<std::string> lastCollective;  // NCCL's flight recorder's newest entry
   std::vector<std::string> topFrames;
   std::string stackFile;  // where its stack was written (on its node)
@@ -93,7 +93,7 @@ std::optional<size_t> suspect(const std::vector<RankReport>& reports);
 
 // The summary the node that saw the hang prints: the suspect (rank, node, last step, top
 // frames), how long the others have waited and where, and how many nodes sent their part.
-std::string hangSummary(std::vector<RankReport> reports, double timeoutSeconds,
-                        int nodesReported, int nodes);
+std::string hangSummary(std::vector<RankReport> reports, double timeoutSeconds, int nodesReported,
+                        int nodes);
 
 }  // namespace dlrun::agents

@@ -120,14 +120,13 @@ void HangWatcher::look() {
     ProgressTrack& track = tracks_[i];
     if (local < board_->workers()) {
       const ProgressReading r = board_->read(local);
-      track.observe(ProgressSource::Board,
-                    {.marker = r.beats,
-                     .step = r.step,
-                     .inCollective = r.phase == ProgressPhase::Collective},
-                    now);
+      track.observe(
+          ProgressSource::Board,
+          {.marker = r.beats, .step = r.step, .inCollective = r.phase == ProgressPhase::Collective},
+          now);
     }
-    const Heartbeat beat = readHeartbeat(heartbeatFile(heartbeatDir_.string(), local),
-                                         heartbeats_[i]);
+    const Heartbeat beat =
+        readHeartbeat(heartbeatFile(heartbeatDir_.string(), local), heartbeats_[i]);
     heartbeats_[i] = beat.marker;
     track.observe(ProgressSource::Heartbeat, {.marker = beat.marker, .step = beat.step}, now);
     if (!track.hung(now, options_.timeout)) continue;

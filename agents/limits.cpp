@@ -55,10 +55,9 @@ void ExecSizes::add(const ExecSizes& more) {
 
 std::optional<std::string> execProblem(const ExecSizes& sizes, const ExecLimits& limits) {
   if (sizes.longest > limits.maxString)
-    return "one of its arguments or environment variables takes " +
-           std::to_string(sizes.longest) + " bytes, over the kernel's limit of " +
-           std::to_string(limits.maxString) + " bytes (" + kib(limits.maxString) +
-           ") for one string";
+    return "one of its arguments or environment variables takes " + std::to_string(sizes.longest) +
+           " bytes, over the kernel's limit of " + std::to_string(limits.maxString) + " bytes (" +
+           kib(limits.maxString) + ") for one string";
   // execve also places a pointer to each string on the new stack.
   const size_t total = sizes.bytes + sizes.count * sizeof(void*);
   if (total > limits.maxTotal)
@@ -74,9 +73,8 @@ std::optional<std::string> descriptorProblem(const DescriptorNeeds& needs, size_
   if (needs.storeClients > 0)
     parts += ", " + std::to_string(needs.storeClients) + " for their connections to the store";
   parts += ", " + std::to_string(needs.inUse + DescriptorNeeds::kReserve) + " for the agent";
-  return std::to_string(needs.workers) + " workers need about " +
-         std::to_string(needs.total()) + " file descriptors (" + parts +
-         "), over the limit of " + std::to_string(limit) +
+  return std::to_string(needs.workers) + " workers need about " + std::to_string(needs.total()) +
+         " file descriptors (" + parts + "), over the limit of " + std::to_string(limit) +
          " (ulimit -n, already raised to the hard limit); raise the hard limit or start fewer "
          "workers per node (--nproc-per-node)";
 }

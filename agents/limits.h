@@ -15,7 +15,7 @@ namespace dlrun::agents {
 // and all strings with their pointers together (a quarter of the stack limit, capped at 6 MiB,
 // at least 128 KiB).
 struct ExecLimits {
-  size_t maxString = 32 * 4096;  // bytes of one "KEY=VALUE" or argument, its NUL included
+  size_t maxString = 32 * 4096;       // bytes of one "KEY=VALUE" or argument, its NUL included
   size_t maxTotal = 2 * 1024 * 1024;  // bytes of every string, NULs and pointers included
 
   static ExecLimits forStack(size_t stackSoftLimit, size_t pageSize);  // pure
@@ -36,9 +36,9 @@ std::optional<std::string> execProblem(const ExecSizes& sizes, const ExecLimits&
 
 // The descriptors a node needs while its workers run.
 struct DescriptorNeeds {
-  int inUse = 0;         // open before the first worker starts
+  int inUse = 0;  // open before the first worker starts
   int workers = 0;
-  int workerFiles = 0;   // the workers' output pipes and log files, all together
+  int workerFiles = 0;  // the workers' output pipes and log files, all together
   // connections from this node's workers to a store (or a store proxy) this process serves
   int storeClients = 0;
   // The event loop, the rendezvous's and the store's own connections, a start's pipes in

@@ -203,8 +203,10 @@ std::vector<int> visibleGpuNodes(const std::vector<int>& pciNodes, const std::st
   for (const std::string& entry : split(visible, ',')) {
     const auto index = parseInteger<int>(entry);
     if (!index && !entry.empty())
-      throw ConfigError("--numa-binding: CUDA_VISIBLE_DEVICES must list GPU indices such as 0,1 "
-                        "to find each GPU's NUMA node, not \"" + entry + "\"");
+      throw ConfigError(
+          "--numa-binding: CUDA_VISIBLE_DEVICES must list GPU indices such as 0,1 "
+          "to find each GPU's NUMA node, not \"" +
+          entry + "\"");
     if (!index || *index < 0 || static_cast<size_t>(*index) >= pciNodes.size() || taken[*index])
       break;
     taken[*index] = true;
@@ -369,8 +371,7 @@ std::vector<std::vector<int>> numaCpuSets(const CpuTopology& topology, NumaMode 
     if (sets.back().empty())
       throw ConfigError("--numa-binding: local rank " + std::to_string(i) +
                         " would get no CPUs under " + modeName(mode) + ": NUMA node " +
-                        std::to_string(node) +
-                        " has none this process may run on");
+                        std::to_string(node) + " has none this process may run on");
   }
   return sets;
 }

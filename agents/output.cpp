@@ -36,17 +36,21 @@ int utf8Sequence(std::string_view bytes) {
   if (lead < 0x80) return 1;
   int length = 0;
   unsigned char low = 0x80, high = 0xBF;  // the second byte's range, per the lead
-  if (lead >= 0xC2 && lead <= 0xDF) length = 2;
-  else if (lead >= 0xE0 && lead <= 0xEF) length = 3;
-  else if (lead >= 0xF0 && lead <= 0xF4) length = 4;
-  else return -1;
+  if (lead >= 0xC2 && lead <= 0xDF)
+    length = 2;
+  else if (lead >= 0xE0 && lead <= 0xEF)
+    length = 3;
+  else if (lead >= 0xF0 && lead <= 0xF4)
+    length = 4;
+  else
+    return -1;
   if (lead == 0xE0) low = 0xA0;
   if (lead == 0xED) high = 0x9F;
   if (lead == 0xF0) low = 0x90;
   if (lead == 0xF4) high = 0x8F;
   for (int i = 1; i < length; ++i) {
-    const bool fits = static_cast<size_t>(i) < bytes.size() &&
-                      byte(i) >= (i == 1 ? low : 0x80) && byte(i) <= (i == 1 ? high : 0xBF);
+    const bool fits = static_cast<size_t>(i) < bytes.size() && byte(i) >= (i == 1 ? low : 0x80) &&
+                      byte(i) <= (i == 1 ? high : 0xBF);
     if (!fits) return -i;
   }
   return length;
@@ -106,17 +110,15 @@ struct StreamPump::Impl : std::enable_shared_from_this<Impl> {
   }
 
   void read() {
-    pipe.async_read_some(asio::buffer(buffer),
-                         [self = shared_from_this()](const boost::system::error_code& ec,
-                                                     size_t n) {
-                           if (self->closed) return;
-                           self->consume(std::string_view(self->buffer.data(), n));
-                           if (ec) return self->close();
-                           // A full read: the worker writes a lot, so read more at a time.
-                           if (n == self->buffer.size() && n < kMaxBuffer)
-                             self->buffer.resize(n * 2);
-                           self->read();
-                         });
+    pipe.async_read_some(asio::buffer(buffer), [self = shared_from_this()](
+                                                   const boost::system::error_code& ec, size_t n) {
+      if (self->closed) return;
+      self->consume(std::string_view(self->buffer.data(), n));
+      if (ec) return self->close();
+      // A full read: the worker writes a lot, so read more at a time.
+      if (n == self->buffer.size() && n < kMaxBuffer) self->buffer.resize(n * 2);
+      self->read();
+    });
   }
 
   void consume(std::string_view bytes) {

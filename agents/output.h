@@ -66,11 +66,11 @@ class FilteredLog {
 };
 
 struct OutputTarget {
-  int consoleFd = -1;  // STDOUT_FILENO or STDERR_FILENO; -1 hides the stream from the console
-  std::string prefix;  // prepended to each console line
+  int consoleFd = -1;       // STDOUT_FILENO or STDERR_FILENO; -1 hides the stream from the console
+  std::string prefix;       // prepended to each console line
   bool exactBytes = false;  // an unterminated last line stays unterminated on the console
   bool pythonText = false;  // console lines as asPythonText gives them (torchrun's teed streams)
-  int fileFd = -1;     // log file receiving the raw bytes; -1 for none (the pump owns it)
+  int fileFd = -1;          // log file receiving the raw bytes; -1 for none (the pump owns it)
   size_t keepLines = 0;
   std::shared_ptr<FilteredLog> filtered;  // console lines matching its needles, copied there
 };

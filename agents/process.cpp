@@ -24,8 +24,8 @@
 namespace dlrun::agents {
 namespace {
 
-// Where a child's stdin, stdout and stderr wait between its clone and its exec. They are reserved at
-// the first start, while the agent holds few descriptors, so they sit low in the table: the
+// Where a child's stdin, stdout and stderr wait between its clone and its exec. They are reserved
+// at the first start, while the agent holds few descriptors, so they sit low in the table: the
 // child then copies only the descriptors below them. Between starts they hold /dev/null.
 struct ParkingSlots {
   static ParkingSlots& get() {
@@ -67,9 +67,9 @@ struct ChildContext {
   int stderrSlot = -1;
   unsigned keepBelow = 3;
   rlim_t descriptorLimit = RLIM_INFINITY;  // the worker's soft RLIMIT_NOFILE; INFINITY: as is
-  const cpu_set_t* cpus = nullptr;  // the worker's CPUs (--numa-binding); null: the agent's
+  const cpu_set_t* cpus = nullptr;         // the worker's CPUs (--numa-binding); null: the agent's
   size_t cpusSize = 0;
-  volatile int error = 0;  // errno of a failed exec (or of a failed set-up before it)
+  volatile int error = 0;         // errno of a failed exec (or of a failed set-up before it)
   volatile bool pinning = false;  // `error` is sched_setaffinity's
 };
 

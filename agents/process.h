@@ -27,8 +27,8 @@ struct SpawnRequest {
   std::span<const std::string> sharedEnvp;
   bool pipeStdout = false;  // else the worker inherits the agent's stdout
   bool pipeStderr = false;
-  bool nullStdin = false;   // else the worker inherits the agent's stdin
-  bool pipeStdin = false;   // a pipe the caller writes to (an ssh client's, remote/fanout.h)
+  bool nullStdin = false;  // else the worker inherits the agent's stdin
+  bool pipeStdin = false;  // a pipe the caller writes to (an ssh client's, remote/fanout.h)
   // A descriptor of the caller's as the child's stdin (the warm-start zygote's control socket,
   // warm_start.h); -1: none
   int stdinFrom = -1;
@@ -43,7 +43,7 @@ struct SpawnedProcess {
   int stdoutFd = -1;  // read end of the pipe, when requested (non-blocking, close-on-exec)
   int stderrFd = -1;
   int stdinFd = -1;  // write end of the stdin pipe, when requested (close-on-exec)
-  int pidfd = -1;  // when requested (close-on-exec); the caller closes it
+  int pidfd = -1;    // when requested (close-on-exec); the caller closes it
 };
 
 // Starts the program and returns once it has been executed. Throws Error naming the program

@@ -55,12 +55,15 @@ std::vector<RoleSpec> parseRoles(std::string_view text) {
     const auto count = fields[1];
     role.count = parseInteger<int>(count).value_or(0);
     if (role.count < 1 || role.count > 1 << 20)
-      bad(text, "count '" + std::string(count) + "' of role " + role.name +
-                    " is not a positive integer");
+      bad(text,
+          "count '" + std::string(count) + "' of role " + role.name + " is not a positive integer");
     for (size_t i = 2; i < fields.size(); ++i) {
-      if (fields[i] == "service") role.service = true;
-      else if (fields[i] == "alone") role.alone = true;
-      else bad(text, "unknown mark '" + std::string(fields[i]) + "' of role " + role.name);
+      if (fields[i] == "service")
+        role.service = true;
+      else if (fields[i] == "alone")
+        role.alone = true;
+      else
+        bad(text, "unknown mark '" + std::string(fields[i]) + "' of role " + role.name);
     }
     roles.push_back(std::move(role));
   }

@@ -41,16 +41,15 @@ std::vector<std::string> roleNames(const std::vector<RoleSpec>& roles);
 // One worker's place among the roles of the round.
 struct RolePlace {
   std::string name;
-  int rank = 0;       // ROLE_RANK
-  int worldSize = 1;  // ROLE_WORLD_SIZE
+  int rank = 0;        // ROLE_RANK
+  int worldSize = 1;   // ROLE_WORLD_SIZE
   std::string tfType;  // TF_CONFIG's task: "chief" for the first worker, else the role's name
   int tfIndex = 0;
 };
 
 // The places of ranks [first, first + count) given every RANK's role name (the round's).
 // Throws ConfigError when the roles do not cover the job.
-std::vector<RolePlace> placeRoles(const std::vector<std::string>& roleOfRank, int first,
-                                  int count);
+std::vector<RolePlace> placeRoles(const std::vector<std::string>& roleOfRank, int first, int count);
 
 // TF_CONFIG's cluster part: {"chief":[...],"ps":[...],"worker":[...]} from each RANK's endpoint
 // and role, the first worker moved to chief as placeRoles() does.

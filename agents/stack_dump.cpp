@@ -95,9 +95,9 @@ TargetDump::TargetDump(const StackTarget& target, const PythonStackHook* hook, c
   pidfd_ = target.pid > 0 ? pidfdOpen(target.pid) : -1;
   if (pidfd_ < 0) {
     const int error = target.pid > 0 ? errno : ESRCH;
-    dump_.error = error == ESRCH
-                      ? "process " + std::to_string(target.pid) + " is gone"
-                      : "cannot open process " + std::to_string(target.pid) + ": " + errnoText(error);
+    dump_.error = error == ESRCH ? "process " + std::to_string(target.pid) + " is gone"
+                                 : "cannot open process " + std::to_string(target.pid) + ": " +
+                                       errnoText(error);
     step_ = Step::Done;
     return;
   }
@@ -179,8 +179,7 @@ std::string TargetDump::report(const std::string& python) const {
   }
   if (!dump_.error.empty()) text += "error: " + dump_.error + "\n";
   if (!python.empty()) text += "\n== Python stacks (faulthandler) ==\n" + python;
-  if (!nativeText_.empty())
-    text += "\n== native stacks (" + toolCommand_ + ") ==\n" + nativeText_;
+  if (!nativeText_.empty()) text += "\n== native stacks (" + toolCommand_ + ") ==\n" + nativeText_;
   if (dump_.ncclTrace) {
     text += "\n== NCCL flight recorder ==\ndump: " + dump_.ncclTrace->string() + "\n";
     text += "newest entry: " + dump_.lastNcclCollective.value_or("none found") + "\n";

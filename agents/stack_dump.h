@@ -84,7 +84,6 @@ struct StackDump {
 // every child (the agent's waitpid(-1)), a tool's exit status may be lost, never its output.
 // `hook` may be null: then no process is signalled.
 std::vector<StackDump> dumpStacks(const std::vector<StackTarget>& targets,
-                                  const PythonStackHook* hook,
-                                  std::chrono::milliseconds timeout);
+                                  const PythonStackHook* hook, std::chrono::milliseconds timeout);
 
 }  // namespace dlrun::agents

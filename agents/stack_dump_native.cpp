@@ -98,8 +98,10 @@ void ToolRun::kill() {
 
 std::string ToolRun::trouble() const {
   std::string what;
-  if (killed_) what = "killed at the deadline";
-  else if (status_ && !status_->success()) what = status_->describe();
+  if (killed_)
+    what = "killed at the deadline";
+  else if (status_ && !status_->success())
+    what = status_->describe();
   const std::string_view message = [&] {
     std::string_view m(err_);
     while (!m.empty() && (m.back() == '\n' || m.back() == ' ')) m.remove_suffix(1);
@@ -108,8 +110,7 @@ std::string ToolRun::trouble() const {
   if (!message.empty()) what += (what.empty() ? "" : ": ") + std::string(message);
   if (message.find("Operation not permitted") != std::string_view::npos ||
       message.find("Permission denied") != std::string_view::npos)
-    what +=
-        " (ptrace refused: see /proc/sys/kernel/yama/ptrace_scope, or another user's process)";
+    what += " (ptrace refused: see /proc/sys/kernel/yama/ptrace_scope, or another user's process)";
   return what;
 }
 
@@ -124,8 +125,7 @@ void ToolRun::drain(int fd, std::string& into) {
 
 void ToolRun::reap() {
   siginfo_t info{};
-  if (::waitid(kByPidfd, process_.pidfd, &info, WEXITED | WNOHANG) == 0 &&
-      info.si_pid != 0)
+  if (::waitid(kByPidfd, process_.pidfd, &info, WEXITED | WNOHANG) == 0 && info.si_pid != 0)
     status_ = info.si_code == CLD_EXITED ? ExitStatus{false, info.si_status}
                                          : ExitStatus{true, info.si_status};
   exited_ = true;
@@ -138,8 +138,9 @@ Tools::Tools() : euStack(findProgram("eu-stack")), gdb(findProgram("gdb")) {}
 void TargetDump::startNative() {
   if (tools_.euStack) return startTool("eu-stack");
   if (tools_.gdb) return startTool("gdb");
-  notes_.emplace_back("no native stacks: neither eu-stack nor gdb is installed (Debian: "
-                      "apt-get install elfutils)");
+  notes_.emplace_back(
+      "no native stacks: neither eu-stack nor gdb is installed (Debian: "
+      "apt-get install elfutils)");
   step_ = Step::Done;
 }
 
@@ -150,9 +151,17 @@ void TargetDump::startTool(const std::string& name) {
     argv = {tools_.euStack->string(), "-p", pid};
   } else {
     // No debuginfod queries, no scripts from auto-load: a quick, local backtrace.
-    argv = {tools_.gdb->string(), "-batch", "-nx", "-iex", "set debuginfod enabled off",
-            "-iex", "set auto-load python-scripts off", "-p", pid,
-            "-ex", "thread apply all bt"};
+    argv = {tools_.gdb->string(),
+            "-batch",
+            "-nx",
+            "-iex",
+            "set debuginfod enabled off",
+            "-iex",
+            "set auto-load python-scripts off",
+            "-p",
+            pid,
+            "-ex",
+            "thread apply all bt"};
   }
   try {
     tool_ = std::make_unique<ToolRun>(name, std::move(argv));

@@ -34,8 +34,8 @@ bool holdsOpen(pid_t pid, const fs::path& file) {
 
 bool TargetDump::startPython(const PythonStackHook* hook, Clock::time_point start,
                              milliseconds timeout) {
-  const fs::path pyFile = hook ? hook->dir() / ("py-" + std::to_string(target_.pid) + ".txt")
-                               : fs::path();
+  const fs::path pyFile =
+      hook ? hook->dir() / ("py-" + std::to_string(target_.pid) + ".txt") : fs::path();
   if (hook && holdsOpen(target_.pid, pyFile)) {
     python_.emplace(pyFile);
     if (pidfdSignal(pidfd_, PythonStackHook::signal()) == 0) {
@@ -47,8 +47,9 @@ bool TargetDump::startPython(const PythonStackHook* hook, Clock::time_point star
     notes_.push_back("cannot signal the Python hook: " + errnoText(errno));
     python_.reset();
   } else if (hook) {
-    notes_.emplace_back("no Python stacks: the process has not loaded dlrun's hook (not "
-                        "Python, or Python without site or PYTHONPATH)");
+    notes_.emplace_back(
+        "no Python stacks: the process has not loaded dlrun's hook (not "
+        "Python, or Python without site or PYTHONPATH)");
   }
   return false;
 }
@@ -89,7 +90,8 @@ int PythonStackHook::signal() { return SIGRTMAX - 4; }
 std::string PythonStackHook::source(int signal) {
   const std::string sig = std::to_string(signal);
   return R"(# dlrun's stack hook, written by the dlrun agent (dlrun's ARCHITECTURE.md, section 5).
-# On signal )" + sig + R"(, faulthandler writes every thread's Python stack to py-<pid>.txt next to
+# On signal )" +
+         sig + R"(, faulthandler writes every thread's Python stack to py-<pid>.txt next to
 # this file; the agent sends that signal, when the job hangs, only to a process holding its file.
 # Then the next sitecustomize on sys.path runs, as if this one were not here.
 
@@ -104,10 +106,12 @@ def _dlrun_stack_hook():
     # The file gets its name once the handler is in place: before, the signal would kill.
     dump = open(path + ".part", "w")
     try:
-        faulthandler.register()" + sig + R"(, file=dump, all_threads=True, chain=False)
+        faulthandler.register()" +
+         sig + R"(, file=dump, all_threads=True, chain=False)
         os.rename(path + ".part", path)
     except BaseException:
-        faulthandler.unregister()" + sig + R"()
+        faulthandler.unregister()" +
+         sig + R"()
         dump.close()
         os.unlink(path + ".part")
         raise

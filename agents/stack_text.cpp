@@ -92,14 +92,42 @@ std::string lowered(std::string_view s) {
 // torch.distributed's blocking calls, as distributed_c10d.py names them; init_process_group and
 // new_group wait for every rank too.
 constexpr std::array kTorchCollectives = {
-    "all_reduce", "all_reduce_coalesced", "all_reduce_multigpu", "all_gather",
-    "all_gather_into_tensor", "all_gather_object", "all_gather_coalesced",
-    "all_gather_multigpu", "_all_gather_base", "all_to_all", "all_to_all_single", "barrier",
-    "monitored_barrier", "broadcast", "broadcast_multigpu", "broadcast_object_list", "gather",
-    "gather_object", "scatter", "scatter_object_list", "reduce", "reduce_multigpu",
-    "reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_multigpu", "_reduce_scatter_base",
-    "send", "recv", "isend", "irecv", "batch_isend_irecv", "send_object_list",
-    "recv_object_list", "init_process_group", "new_group"};
+    "all_reduce",
+    "all_reduce_coalesced",
+    "all_reduce_multigpu",
+    "all_gather",
+    "all_gather_into_tensor",
+    "all_gather_object",
+    "all_gather_coalesced",
+    "all_gather_multigpu",
+    "_all_gather_base",
+    "all_to_all",
+    "all_to_all_single",
+    "barrier",
+    "monitored_barrier",
+    "broadcast",
+    "broadcast_multigpu",
+    "broadcast_object_list",
+    "gather",
+    "gather_object",
+    "scatter",
+    "scatter_object_list",
+    "reduce",
+    "reduce_multigpu",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "reduce_scatter_multigpu",
+    "_reduce_scatter_base",
+    "send",
+    "recv",
+    "isend",
+    "irecv",
+    "batch_isend_irecv",
+    "send_object_list",
+    "recv_object_list",
+    "init_process_group",
+    "new_group",
+};
 
 // Op names as gloo, NCCL and ProcessGroup*'s methods spell them (lowered), longest first where
 // one begins another: "reducescatter" before "reduce".
@@ -123,15 +151,16 @@ constexpr std::array<std::pair<std::string_view, std::string_view>, 13> kNativeO
 // gloo::AllreduceRing), ProcessGroupGloo's work (AsyncAllreduceWork) and methods, NCCL's calls
 // (ncclAllReduce). gloo's transport, ProcessGroupGloo::runLoop and NCCL's proxies name none.
 constexpr std::array kOpPrefixes = {"gloo::", "c10d::ProcessGroupGloo::Async",
-                                    "c10d::ProcessGroupGloo::", "c10d::ProcessGroupNCCL::",
-                                    "nccl"};
+                                    "c10d::ProcessGroupGloo::", "c10d::ProcessGroupNCCL::", "nccl"};
 
 // Waits on a collective that name no op: a caller blocked on its work, gloo's transfers.
-constexpr std::array kCollectiveWaits = {
-    "c10d::Work::wait", "c10d::ProcessGroup::Work::wait",
-    "c10d::ProcessGroupNCCL::WorkNCCL::wait", "c10d::ProcessGroupNCCL::WorkNCCL::synchronize",
-    "c10d::ProcessGroupGloo::AsyncWork::execute", "gloo::transport::tcp::UnboundBuffer::wait",
-    "gloo::rendezvous::Context::connectFullMesh"};
+constexpr std::array kCollectiveWaits = {"c10d::Work::wait",
+                                         "c10d::ProcessGroup::Work::wait",
+                                         "c10d::ProcessGroupNCCL::WorkNCCL::wait",
+                                         "c10d::ProcessGroupNCCL::WorkNCCL::synchronize",
+                                         "c10d::ProcessGroupGloo::AsyncWork::execute",
+                                         "gloo::transport::tcp::UnboundBuffer::wait",
+                                         "gloo::rendezvous::Context::connectFullMesh"};
 
 std::optional<std::string> nativeOp(std::string_view name) {
   // dlrun-train's Collective has one operation.
@@ -164,9 +193,14 @@ std::string_view baseName(std::string_view path) {
 // their SHORT_ (1-byte length) and 8-byte forms; 0 for any other opcode.
 size_t stringLengthWidth(uint8_t op) {
   switch (op) {
-    case 'X': case 'B': case 'T': return 4;
-    case 0x8c: case 'C': case 'U': return 1;
-    case 0x8d: case 0x8e: return 8;
+    case 'X':
+    case 'B':
+    case 'T': return 4;
+    case 0x8c:
+    case 'C':
+    case 'U': return 1;
+    case 0x8d:
+    case 0x8e: return 8;
     default: return 0;
   }
 }
@@ -174,7 +208,7 @@ size_t stringLengthWidth(uint8_t op) {
 // Containers, constants, calls: opcodes with no argument, which leave nothing this reads on top.
 bool isBareOp(uint8_t op) {
   static constexpr uint8_t kOps[] = {
-      '}', ']', ')', '(', 'u', 's', 'e', 'a', 't', 0x85, 0x86, 0x87, 'N', 0x88, 0x89,
+      '}', ']', ')',  '(',  'u', 's', 'e', 'a',  't', 0x85, 0x86, 0x87, 'N', 0x88, 0x89,
       'R', 'b', 0x81, 0x92, '0', '1', '2', 0x93, 'Q', 0x8f, 0x90, 0x91, 'd', 'l',
   };
   return std::ranges::find(kOps, op) != std::end(kOps);
@@ -209,7 +243,9 @@ std::vector<std::string> pickleScalars(std::string_view data) {
       continue;
     }
     switch (op) {
-      case 'K': case 'M': case 'J': {  // BININT1, BININT2, BININT (signed 32-bit)
+      case 'K':
+      case 'M':
+      case 'J': {  // BININT1, BININT2, BININT (signed 32-bit)
         const size_t width = op == 'K' ? 1 : op == 'M' ? 2 : 4;
         if (!has(width)) return out;
         const uint64_t raw = little(width);
@@ -239,14 +275,17 @@ std::vector<std::string> pickleScalars(std::string_view data) {
         top.reset();
         break;
       }
-      case 0x80: case 'G': case 0x95: {  // PROTO, BINFLOAT, FRAME
+      case 0x80:
+      case 'G':
+      case 0x95: {  // PROTO, BINFLOAT, FRAME
         const size_t width = op == 0x80 ? 1 : 8;
         if (!has(width)) return out;
         at += width;
         if (op == 'G') top.reset();
         break;
       }
-      case 'q': case 'r': {  // BINPUT, LONG_BINPUT: the top stays
+      case 'q':
+      case 'r': {  // BINPUT, LONG_BINPUT: the top stays
         const size_t width = op == 'q' ? 1 : 4;
         if (!has(width)) return out;
         memo[little(width)] = top;
@@ -255,7 +294,8 @@ std::vector<std::string> pickleScalars(std::string_view data) {
       case 0x94:  // MEMOIZE
         memo[memo.size()] = top;
         break;
-      case 'h': case 'j': {  // BINGET, LONG_BINGET
+      case 'h':
+      case 'j': {  // BINGET, LONG_BINGET
         const size_t width = op == 'h' ? 1 : 4;
         if (!has(width)) return out;
         const auto it = memo.find(little(width));

@@ -225,8 +225,8 @@ warm::Reply Zygote::Impl::answer(Clock::time_point deadline) {
       return *reply;
     }
     if (!awaitFd(channel.native_handle(), POLLIN, deadline))
-      throw ZygoteLost(name() + " did not answer within " +
-                       std::to_string(kAnswerTimeout.count()) + " s");
+      throw ZygoteLost(name() + " did not answer within " + std::to_string(kAnswerTimeout.count()) +
+                       " s");
     char chunk[4096];
     const ssize_t n = ::recv(channel.native_handle(), chunk, sizeof chunk, MSG_DONTWAIT);
     if (n == 0) throw ZygoteLost(name() + " ended");
@@ -267,8 +267,8 @@ SpawnedProcess Zygote::Impl::fork(const SpawnRequest& request) {
   workerGo.reset();
   const warm::Reply reply = answer(deadline);
   if (reply.kind == warm::Reply::Kind::Failed)
-    throw Error("cannot start " + request.argv.front() + " from the warm-start zygote: " +
-                reply.text);
+    throw Error("cannot start " + request.argv.front() +
+                " from the warm-start zygote: " + reply.text);
   if (reply.kind != warm::Reply::Kind::Spawned || reply.pid == 0)
     throw ZygoteLost(name() + " answered out of turn");
   // The pid is known (the caller records it before it reaps anything): the worker may go on.
@@ -294,10 +294,9 @@ Zygote::Zygote(asio::io_context& io, const WarmStartOptions& options,
   auto [agentEnd, zygoteEnd] = socketPair();
   std::vector<std::string> envp;
   for (const auto& [key, value] : environment) envp.push_back(key + "=" + value);
-  impl_->pid = spawnProcess({.argv = std::move(argv),
-                             .envp = std::move(envp),
-                             .stdinFrom = zygoteEnd.get()})
-                   .pid;
+  impl_->pid =
+      spawnProcess({.argv = std::move(argv), .envp = std::move(envp), .stdinFrom = zygoteEnd.get()})
+          .pid;
   impl_->channel.assign(agentEnd.release());
   impl_->awaitReady();
 }
@@ -329,8 +328,8 @@ bool Zygote::reaped(pid_t pid, const ExitStatus& status) {
   if (pid != impl_->pid || impl_->reaped) return false;
   impl_->reaped = true;
   if (impl_->state == State::Starting) {
-    impl_->settle(State::Failed, impl_->name() + " ended with " + status.describe() +
-                                     " before it was ready");
+    impl_->settle(State::Failed,
+                  impl_->name() + " ended with " + status.describe() + " before it was ready");
   } else if (impl_->state == State::Ready) {
     impl_->state = State::Failed;
     impl_->problem = impl_->name() + " ended with " + status.describe();

@@ -20,9 +20,7 @@ bool namedPython(std::string_view path) {
   });
 }
 
-ConfigError refused(const std::string& why) {
-  return ConfigError("--warm-start: " + why);
-}
+ConfigError refused(const std::string& why) { return ConfigError("--warm-start: " + why); }
 
 // Options that only change how the interpreter runs, which the zygote, started with the same
 // options, shares with every worker it forks.
@@ -51,8 +49,7 @@ PythonCommand parsePythonCommand(const std::vector<std::string>& argv,
       command.interpreter.insert(command.interpreter.end(), {arg, argv[++i]});
       continue;
     }
-    if (arg.starts_with("--"))
-      throw refused("the interpreter option " + arg + " is not supported");
+    if (arg.starts_with("--")) throw refused("the interpreter option " + arg + " is not supported");
     for (size_t j = 1; j < arg.size(); ++j) {
       const char c = arg[j];
       const std::string rest = arg.substr(j + 1);
@@ -186,14 +183,10 @@ std::optional<Reply> decodeReply(std::string_view buffer, size_t& used) {
   Reply reply;
   reply.kind = static_cast<Reply::Kind>(in.u8());
   switch (reply.kind) {
-    case Reply::Kind::Spawned:
-      reply.pid = in.u32();
-      break;
+    case Reply::Kind::Spawned: reply.pid = in.u32(); break;
     case Reply::Kind::Ready:
     case Reply::Kind::Refused:
-    case Reply::Kind::Failed:
-      reply.text = in.text();
-      break;
+    case Reply::Kind::Failed: reply.text = in.text(); break;
     default:
       throw ProtocolError("warm start: a zygote frame of unknown kind " +
                           std::to_string(static_cast<int>(reply.kind)));

@@ -32,8 +32,7 @@ struct PythonCommand {
 // script or -m (any other argv[0] must be named python, python3, python3.11...). Throws
 // ConfigError, one line naming --warm-start, for a program that is not Python, -c, a script
 // from stdin, or an interpreter option that would not run the program (-i, -h, -V, -x).
-PythonCommand parsePythonCommand(const std::vector<std::string>& argv,
-                                 std::string_view pythonExec);
+PythonCommand parsePythonCommand(const std::vector<std::string>& argv, std::string_view pythonExec);
 
 // --preload's list: dotted module names, comma-separated. Throws ConfigError naming the one
 // that is not.

@@ -34,13 +34,13 @@ enum class Streams : uint8_t { None = 0, Out = 1, Err = 2, Both = 3 };
 
 // Where one worker's output goes.
 struct WorkerOutput {
-  std::string prefix;                 // before each console line of a `prefixed` stream
+  std::string prefix;  // before each console line of a `prefixed` stream
   Streams prefixed = Streams::Both;
-  bool exactBytes = false;            // add no newline to an unterminated last line
-  bool pythonText = false;            // prefixed lines as torchrun reads them (asPythonText)
-  bool shown = true;                  // on the console at all (--local-ranks-filter)
-  Streams fileOnly = Streams::None;   // streams kept off the console (--redirects)
-  Streams toFile = Streams::None;     // streams written to files (--redirects | --tee)
+  bool exactBytes = false;                   // add no newline to an unterminated last line
+  bool pythonText = false;                   // prefixed lines as torchrun reads them (asPythonText)
+  bool shown = true;                         // on the console at all (--local-ranks-filter)
+  Streams fileOnly = Streams::None;          // streams kept off the console (--redirects)
+  Streams toFile = Streams::None;            // streams written to files (--redirects | --tee)
   std::optional<std::filesystem::path> dir;  // where stdout.log and stderr.log go
   // --duplicate-stdout-filters/--duplicate-stderr-filters: the node's shared copies (output.h)
   // of the `prefixed` streams' console lines
@@ -53,8 +53,8 @@ struct WorkerLaunch {
   std::vector<std::string> argv;
   std::vector<std::string> envp;  // "KEY=VALUE": the worker's own, dropped once it started
   std::span<const std::string> sharedEnvp;  // the round's shared entries (NodeEnvironment)
-  std::string errorFile;          // the worker's TORCHELASTIC_ERROR_FILE
-  std::vector<int> cpus;          // --numa-binding's CPUs; empty: the agent's
+  std::string errorFile;                    // the worker's TORCHELASTIC_ERROR_FILE
+  std::vector<int> cpus;                    // --numa-binding's CPUs; empty: the agent's
   WorkerOutput output;
 };
 

@@ -41,8 +41,7 @@ std::vector<std::string> splitDevices(std::string_view list) {
 }  // namespace
 
 std::string tfConfigCluster(const rendezvous::World& world) {
-  if (!world.workerRoles.empty())
-    return tfClusterOfRoles(world.workerEndpoints, world.workerRoles);
+  if (!world.workerRoles.empty()) return tfClusterOfRoles(world.workerEndpoints, world.workerRoles);
   return nlohmann::json{{"worker", world.workerEndpoints}}.dump();
 }
 
@@ -84,8 +83,9 @@ TfConfigChoice chooseTfConfig(TfConfigMode mode, const std::string& cluster, int
     throw ConfigError("--tf-config=always: " + why +
                       ", so no worker could be started with it (--tf-config=auto leaves it out)");
   return {.set = false,
-          .warning = why + ", so the workers start without it (--tf-config=never leaves it out "
-                           "without this warning)"};
+          .warning = why +
+                     ", so the workers start without it (--tf-config=never leaves it out "
+                     "without this warning)"};
 }
 
 NodeEnvironment::NodeEnvironment(const Environment& inherited, const rendezvous::World& world,
@@ -141,8 +141,8 @@ std::vector<std::string> NodeEnvironment::ownSmall(int localRank,
       "RANK=" + rank, "LOCAL_RANK=" + std::to_string(virtualLocalRank_ ? 0 : localRank),
       "TORCHELASTIC_ERROR_FILE=" + errorFile};
   if (virtualLocalRank_)
-    entries.push_back("CUDA_VISIBLE_DEVICES=" + (devices_.empty() ? std::to_string(localRank)
-                                                                  : devices_.at(localRank)));
+    entries.push_back("CUDA_VISIBLE_DEVICES=" +
+                      (devices_.empty() ? std::to_string(localRank) : devices_.at(localRank)));
   if (places_.empty()) {
     entries.push_back("ROLE_RANK=" + rank);
   } else {
@@ -207,10 +207,9 @@ Environment NodeEnvironment::forWorker(int localRank, const std::string& errorFi
 
 Environment workerEnvironment(const Environment& inherited, const rendezvous::World& world,
                               const WorkerSpec& spec, int localRank) {
-  const NodeEnvironment node(inherited, world,
-                             {.role = spec.role,
-                              .restartCount = spec.restartCount,
-                              .tfCluster = tfConfigCluster(world)});
+  const NodeEnvironment node(
+      inherited, world,
+      {.role = spec.role, .restartCount = spec.restartCount, .tfCluster = tfConfigCluster(world)});
   return node.forWorker(localRank, spec.errorFile);
 }
 

@@ -195,9 +195,11 @@ class Load {
 
 void raiseFileLimit(uint64_t needed) {
   rlimit limit{};
-  if (::getrlimit(RLIMIT_NOFILE, &limit) != 0) die(std::string("getrlimit: ") + std::strerror(errno));
+  if (::getrlimit(RLIMIT_NOFILE, &limit) != 0)
+    die(std::string("getrlimit: ") + std::strerror(errno));
   limit.rlim_cur = limit.rlim_max;
-  if (::setrlimit(RLIMIT_NOFILE, &limit) != 0) die(std::string("setrlimit: ") + std::strerror(errno));
+  if (::setrlimit(RLIMIT_NOFILE, &limit) != 0)
+    die(std::string("setrlimit: ") + std::strerror(errno));
   if (limit.rlim_cur != RLIM_INFINITY && limit.rlim_cur < needed)
     die(std::to_string(needed) + " descriptors needed, RLIMIT_NOFILE's hard limit is " +
         std::to_string(limit.rlim_max) + ": split the ranks over more processes");
@@ -212,12 +214,15 @@ int main(int argc, char** argv) {
   int64_t world = 0;
   double deadline = 120;
   bool go = false, hold = false;
-  CLI::App app("dlrun-barrier-load: N ranks through one ADD/SET/WAIT store barrier, straight to "
-               "the store or through in-process store proxies; prints one JSON line.",
-               "dlrun-barrier-load");
+  CLI::App app(
+      "dlrun-barrier-load: N ranks through one ADD/SET/WAIT store barrier, straight to "
+      "the store or through in-process store proxies; prints one JSON line.",
+      "dlrun-barrier-load");
   app.add_option("--host", host, "Store address (numeric)")->capture_default_str();
   app.add_option("--port", port, "Store port")->required()->check(CLI::Range(1, 65535));
-  app.add_option("--ranks", ranks, "Ranks in this process")->required()->check(CLI::Range(1, 1 << 20));
+  app.add_option("--ranks", ranks, "Ranks in this process")
+      ->required()
+      ->check(CLI::Range(1, 1 << 20));
   app.add_option("--world", world, "World size (all processes' ranks; default --ranks)");
   app.add_option("--proxies", proxies, "Store proxies in this process (0: ranks go straight)")
       ->check(CLI::Range(0, 1 << 20))
@@ -233,8 +238,10 @@ int main(int argc, char** argv) {
                  "(0: the kernel's choice, 127.0.0.1)")
       ->check(CLI::Range(0, 250))
       ->capture_default_str();
-  app.add_option("--key-prefix", prefix, "Prefix of the barrier's keys, the same in every "
-                 "process of one barrier")->required();
+  app.add_option("--key-prefix", prefix,
+                 "Prefix of the barrier's keys, the same in every "
+                 "process of one barrier")
+      ->required();
   app.add_option("--window", window, "Ranks connecting or awaiting their ADD at once")
       ->check(CLI::Range(1, 1 << 20))
       ->capture_default_str();
@@ -256,9 +263,11 @@ int main(int argc, char** argv) {
     asio::io_context io(1);
     const auto address = asio::ip::make_address(host);
     std::vector<std::unique_ptr<dlrun::StoreProxy>> stores;
-    Load::Options options{
-        .ranks = ranks, .world = world, .window = window, .prefix = prefix,
-        .sources = proxies == 0 ? sources : 0};
+    Load::Options options{.ranks = ranks,
+                          .world = world,
+                          .window = window,
+                          .prefix = prefix,
+                          .sources = proxies == 0 ? sources : 0};
     if (proxies == 0) {
       options.targets.emplace_back(address, port);
     } else {
@@ -303,15 +312,14 @@ int main(int argc, char** argv) {
       sum.coalescedWaits += s.coalescedWaits;
       sum.coalescedAdds += s.coalescedAdds;
     }
-    const uint64_t storeConnections = proxies ? sum.upstreamConnections
-                                              : static_cast<uint64_t>(ranks);
+    const uint64_t storeConnections =
+        proxies ? sum.upstreamConnections : static_cast<uint64_t>(ranks);
     std::cout << "{\"start_ns\": " << load.startNs << ", \"end_ns\": " << load.endNs
               << ", \"ranks\": " << ranks << ", \"world\": " << world
               << ", \"proxies\": " << proxies << ", \"failures\": 0, \"finals\": " << load.finals
               << ", \"retries\": " << load.retries
               << ", \"store_connections\": " << storeConnections
-              << ", \"proxy_clients\": " << sum.clients
-              << ", \"proxy_requests\": " << sum.requests
+              << ", \"proxy_clients\": " << sum.clients << ", \"proxy_requests\": " << sum.requests
               << ", \"upstream_requests\": " << sum.upstreamRequests
               << ", \"coalesced_waits\": " << sum.coalescedWaits
               << ", \"coalesced_adds\": " << sum.coalescedAdds << "}" << std::endl;

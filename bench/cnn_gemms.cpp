@@ -24,8 +24,11 @@ struct Layer {
 struct Buffers {
   RowMatrix x, w, y, d, gw, dx;
   explicit Buffers(const Layer& l)
-      : x(RowMatrix::Random(l.rows, l.in)), w(RowMatrix::Random(l.out, l.in)),
-        y(l.rows, l.out), d(RowMatrix::Random(l.rows, l.out)), gw(l.out, l.in),
+      : x(RowMatrix::Random(l.rows, l.in)),
+        w(RowMatrix::Random(l.out, l.in)),
+        y(l.rows, l.out),
+        d(RowMatrix::Random(l.rows, l.out)),
+        gw(l.out, l.in),
         dx(l.rows, l.in) {}
 };
 
@@ -54,8 +57,8 @@ int main(int argc, char** argv) {
     const auto start = std::chrono::steady_clock::now();
     for (size_t i = 0; i < layers.size(); ++i) {
       Buffers& b = buffers[i];
-      b.y.noalias() = b.x * b.w.transpose();    // forward
-      b.gw.noalias() = b.d.transpose() * b.x;  // the weight's gradient
+      b.y.noalias() = b.x * b.w.transpose();                    // forward
+      b.gw.noalias() = b.d.transpose() * b.x;                   // the weight's gradient
       if (layers[i].inputGradient) b.dx.noalias() = b.d * b.w;  // the input's
     }
     const std::chrono::duration<double, std::milli> took = std::chrono::steady_clock::now() - start;

@@ -27,10 +27,10 @@ int main(int argc, char** argv) {
   }
   const char* tfConfig = std::getenv("TF_CONFIG");
   char line[128];
-  const int length = std::snprintf(
-      line, sizeof(line), "%s %lld %ld\n", rank,
-      static_cast<long long>(now.tv_sec) * 1'000'000'000LL + now.tv_nsec,
-      tfConfig != nullptr ? static_cast<long>(std::strlen(tfConfig)) : -1L);
+  const int length =
+      std::snprintf(line, sizeof(line), "%s %lld %ld\n", rank,
+                    static_cast<long long>(now.tv_sec) * 1'000'000'000LL + now.tv_nsec,
+                    tfConfig != nullptr ? static_cast<long>(std::strlen(tfConfig)) : -1L);
   const int fd = ::open(argv[1], O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
   if (fd < 0 || ::write(fd, line, length) != length) {
     std::perror("dlrun-rank-probe");

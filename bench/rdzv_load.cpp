@@ -77,8 +77,8 @@ int main(int argc, char** argv) {
       return std::chrono::duration<double>(t - connected).count();
     };
     // The first agent to hold its rank shows when the round closed; the rest is fan-out.
-    std::printf("agents=%d rendezvous_s=%.4f first_s=%.4f median_s=%.4f\n", agents,
-                since(joined), since(done.front()), since(done[agents / 2]));
+    std::printf("agents=%d rendezvous_s=%.4f first_s=%.4f median_s=%.4f\n", agents, since(joined),
+                since(done.front()), since(done[agents / 2]));
     return 0;
   });
 }

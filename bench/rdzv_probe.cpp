@@ -71,14 +71,13 @@ int main(int argc, char** argv) {
                 start.tv_nsec / 1000);
   const std::string nanos =
       std::to_string(static_cast<long long>(start.tv_sec) * 1'000'000'000LL + start.tv_nsec);
-  const std::string record = std::string("{\"time\": ") + time + ", \"rank\": " + number("RANK") +
-                             ", \"world_size\": " + number("WORLD_SIZE") +
-                             ", \"group_rank\": " + number("GROUP_RANK") +
-                             ", \"restart_count\": " + number("TORCHELASTIC_RESTART_COUNT") +
-                             ", \"master_addr\": " + text("MASTER_ADDR") +
-                             ", \"master_port\": " + number("MASTER_PORT") +
-                             ", \"pid\": " + pid + ", \"uid\": \"" + pid + "-" + nanos +
-                             "\", \"agent\": " + text("BENCH_AGENT") + "}";
+  const std::string record =
+      std::string("{\"time\": ") + time + ", \"rank\": " + number("RANK") +
+      ", \"world_size\": " + number("WORLD_SIZE") + ", \"group_rank\": " + number("GROUP_RANK") +
+      ", \"restart_count\": " + number("TORCHELASTIC_RESTART_COUNT") +
+      ", \"master_addr\": " + text("MASTER_ADDR") + ", \"master_port\": " + number("MASTER_PORT") +
+      ", \"pid\": " + pid + ", \"uid\": \"" + pid + "-" + nanos +
+      "\", \"agent\": " + text("BENCH_AGENT") + "}";
   const std::string name = std::string(argv[1]) + "/" + number("RANK") + "-" +
                            number("TORCHELASTIC_RESTART_COUNT") + "-" + pid + ".json";
   if (!writeFile(name + ".tmp", record) || ::rename((name + ".tmp").c_str(), name.c_str()) != 0) {

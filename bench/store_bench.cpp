@@ -27,8 +27,8 @@
 #include <thread>
 #include <vector>
 
-#include "common/error.h"
 #include "common/clock.h"
+#include "common/error.h"
 #include "store/backoff.h"
 #include "store/tcp_stream.h"
 #include "store/wire.h"
@@ -85,8 +85,7 @@ bool isLoopback(const std::string& host) {
 
 // A server accepting thousands of connections at once may refuse some while its backlog is full.
 TcpStream connectWithRetry(const Target& target, Clock::time_point deadline) {
-  ExponentialBackoff backoff(std::chrono::milliseconds(1),
-                                         std::chrono::milliseconds(50));
+  ExponentialBackoff backoff(std::chrono::milliseconds(1), std::chrono::milliseconds(50));
   while (true) {
     try {
       TcpStream stream = TcpStream::connect(target.host, target.port, deadline);
@@ -253,8 +252,10 @@ void raiseFileLimit(int connections) {
   if (::setrlimit(RLIMIT_NOFILE, &limit) != 0)
     throw Error(std::string("setrlimit: ") + std::strerror(errno));
   if (limit.rlim_cur != RLIM_INFINITY && limit.rlim_cur < static_cast<rlim_t>(connections) + 64)
-    throw ConfigError(std::to_string(connections) + " connections need more file descriptors "
-                      "than RLIMIT_NOFILE's hard limit of " + std::to_string(limit.rlim_max));
+    throw ConfigError(std::to_string(connections) +
+                      " connections need more file descriptors "
+                      "than RLIMIT_NOFILE's hard limit of " +
+                      std::to_string(limit.rlim_max));
 }
 
 // What the server replies to each arrival: one WAIT reply byte.

@@ -54,9 +54,8 @@ CLI::Validator oneOf(std::vector<std::string> names, const std::string& why) {
   // CLI11 puts "--flag: " before the message; the empty description keeps --help as it was.
   return CLI::Validator(
       [names = std::move(names), listed = std::move(listed)](std::string& value) {
-        return std::ranges::find(names, value) != names.end()
-                   ? std::string()
-                   : "'" + value + "' is not " + listed;
+        return std::ranges::find(names, value) != names.end() ? std::string()
+                                                              : "'" + value + "' is not " + listed;
       },
       "");
 }

@@ -19,12 +19,10 @@ HostPort parseHostPort(std::string_view text, uint16_t defaultPort) {
   bool hasPort = false;
   if (text.starts_with('[')) {
     const size_t close = text.find(']');
-    if (close == std::string_view::npos || close == 1)
-      throw ConfigError("an unclosed or empty [");
+    if (close == std::string_view::npos || close == 1) throw ConfigError("an unclosed or empty [");
     parsed.host = std::string(text.substr(1, close - 1));
     const std::string_view after = text.substr(close + 1);
-    if (!after.empty() && after.front() != ':')
-      throw ConfigError("expected :PORT after ]");
+    if (!after.empty() && after.front() != ':') throw ConfigError("expected :PORT after ]");
     hasPort = !after.empty();
     if (hasPort) port = after.substr(1);
   } else {

@@ -51,40 +51,40 @@ void Listener::start(OnSocket onSocket, OnFailure onFailure) {
 }
 
 void Listener::accept(OnSocket onSocket, OnFailure onFailure) {
-  acceptor_.async_wait(tcp::acceptor::wait_read, [this, onSocket = std::move(onSocket),
-                                                  onFailure = std::move(onFailure)](
-                                                     const error_code& ec) mutable {
-    if (ec == asio::error::operation_aborted || stopped_) return;
-    error_code failure = ec;
-    // A bounded batch per wake, so a burst of connections does not hold up the others'
-    // requests; the next wait finds the rest (re-arming the wait re-checks readiness).
-    for (int batch = 0; !failure && !stopped_ && batch < 64; ++batch) {
-      // accept4 sets close-on-exec in the same call: accept, then fcntl twice, cost a barrier
-      // two more system calls per connection.
-      const int fd = ::accept4(acceptor_.native_handle(), nullptr, nullptr, SOCK_CLOEXEC);
-      if (fd < 0) {
-        if (errno == EAGAIN || errno == EWOULDBLOCK) break;
-        if (errno == EINTR || errno == ECONNABORTED) continue;  // the peer gave up: next
-        failure = error_code(errno, asio::error::get_system_category());
-        break;
-      }
-      tcp::socket socket(acceptor_.get_executor());
-      socket.assign(bound_.protocol(), fd, failure);
-      if (failure) {
-        ::close(fd);
-        break;
-      }
-      onSocket(std::move(socket));
-    }
-    if (stopped_) return;
-    if (!failure) return accept(std::move(onSocket), std::move(onFailure));
-    onFailure(failure);
-    retry_.expires_after(std::chrono::milliseconds(50));
-    retry_.async_wait([this, onSocket = std::move(onSocket),
-                       onFailure = std::move(onFailure)](const error_code& e) mutable {
-      if (!e && !stopped_) accept(std::move(onSocket), std::move(onFailure));
-    });
-  });
+  acceptor_.async_wait(
+      tcp::acceptor::wait_read, [this, onSocket = std::move(onSocket),
+                                 onFailure = std::move(onFailure)](const error_code& ec) mutable {
+        if (ec == asio::error::operation_aborted || stopped_) return;
+        error_code failure = ec;
+        // A bounded batch per wake, so a burst of connections does not hold up the others'
+        // requests; the next wait finds the rest (re-arming the wait re-checks readiness).
+        for (int batch = 0; !failure && !stopped_ && batch < 64; ++batch) {
+          // accept4 sets close-on-exec in the same call: accept, then fcntl twice, cost a barrier
+          // two more system calls per connection.
+          const int fd = ::accept4(acceptor_.native_handle(), nullptr, nullptr, SOCK_CLOEXEC);
+          if (fd < 0) {
+            if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+            if (errno == EINTR || errno == ECONNABORTED) continue;  // the peer gave up: next
+            failure = error_code(errno, asio::error::get_system_category());
+            break;
+          }
+          tcp::socket socket(acceptor_.get_executor());
+          socket.assign(bound_.protocol(), fd, failure);
+          if (failure) {
+            ::close(fd);
+            break;
+          }
+          onSocket(std::move(socket));
+        }
+        if (stopped_) return;
+        if (!failure) return accept(std::move(onSocket), std::move(onFailure));
+        onFailure(failure);
+        retry_.expires_after(std::chrono::milliseconds(50));
+        retry_.async_wait([this, onSocket = std::move(onSocket),
+                           onFailure = std::move(onFailure)](const error_code& e) mutable {
+          if (!e && !stopped_) accept(std::move(onSocket), std::move(onFailure));
+        });
+      });
 }
 
 bool Listener::stop() {

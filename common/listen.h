@@ -18,8 +18,8 @@ boost::system::error_code openListener(boost::asio::ip::tcp::acceptor& acceptor,
 
 // The same on a new acceptor; throws NetworkError "cannot listen on WHAT: REASON".
 boost::asio::ip::tcp::acceptor listenOn(
-    boost::asio::io_context& io, const boost::asio::ip::tcp::endpoint& at,
-    const std::string& what, int backlog = boost::asio::socket_base::max_listen_connections);
+    boost::asio::io_context& io, const boost::asio::ip::tcp::endpoint& at, const std::string& what,
+    int backlog = boost::asio::socket_base::max_listen_connections);
 
 // Accepts on a listening acceptor until stop(). Runs on the acceptor's io_context thread.
 class Listener {

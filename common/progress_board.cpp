@@ -34,8 +34,7 @@ ProgressReporter ProgressReporter::fromEnvironment() {
   if (path == nullptr || *path == '\0') return {};
   const char* local = std::getenv("LOCAL_RANK");
   const int slot = local == nullptr ? -1 : parseInteger<int>(local).value_or(-1);
-  if (slot < 0)
-    throw ConfigError("DLRUN_PROGRESS_FILE is set but LOCAL_RANK is not a local rank");
+  if (slot < 0) throw ConfigError("DLRUN_PROGRESS_FILE is set but LOCAL_RANK is not a local rank");
   const int fd = ::open(path, O_RDWR | O_CLOEXEC);
   if (fd < 0) throw ConfigError("DLRUN_PROGRESS_FILE=" + std::string(path) + ": " + why());
   struct stat info {};

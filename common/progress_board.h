@@ -2,8 +2,8 @@
 // --metrics-port: a small file that both map, one cache line per local worker. A worker reports
 // a step with a few stores and no system call, so reporting every step costs nothing
 // measurable; the agent reads every worker's slot when it looks, without asking anyone. The file
-// is DLRUN_PROGRESS_FILE and a worker's slot is its LOCAL_RANK. Lives in dlrun_common because both the agent and the
-// bundled trainer use it.
+// is DLRUN_PROGRESS_FILE and a worker's slot is its LOCAL_RANK. Lives in dlrun_common because both
+// the agent and the bundled trainer use it.
 #pragma once
 
 #include <atomic>

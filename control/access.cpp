@@ -44,8 +44,8 @@ std::string peerAddress(std::string_view peer) {
     host = peer.substr(5, peer.rfind(':') - 5);
   } else if (peer.starts_with("ipv6:")) {
     std::string_view rest = peer.substr(5);
-    for (auto [open, close] : {std::pair<std::string_view, std::string_view>{"[", "]"},
-                               {"%5B", "%5D"}}) {
+    for (auto [open, close] :
+         {std::pair<std::string_view, std::string_view>{"[", "]"}, {"%5B", "%5D"}}) {
       if (!rest.starts_with(open)) continue;
       const size_t end = rest.find(close);
       if (end == std::string_view::npos) return {};

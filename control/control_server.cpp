@@ -24,18 +24,17 @@ constexpr auto kShutdownGrace = std::chrono::seconds(1);
 StoreConnector storeAt(const std::string& address, uint16_t port) {
   const std::string host = address == "0.0.0.0" ? "127.0.0.1" : address == "::" ? "::1" : address;
   return [host, port] {
-    return std::make_unique<TcpStore>(
-        TcpStoreOptions{.host = host,
-                                    .port = port,
-                                    .timeout = kStoreReplyTimeout,
-                                    .connectTimeout = kStoreConnectTimeout,
-                                    .reconnect = false});
+    return std::make_unique<TcpStore>(TcpStoreOptions{.host = host,
+                                                      .port = port,
+                                                      .timeout = kStoreReplyTimeout,
+                                                      .connectTimeout = kStoreConnectTimeout,
+                                                      .reconnect = false});
   };
 }
 
 ControlServer::ControlServer(WatchTiming timing, bool inProcess)
-    : service_({.connect = [this] { return openStore(); }, .watch = timing,
-                .inProcess = inProcess}) {
+    : service_(
+          {.connect = [this] { return openStore(); }, .watch = timing, .inProcess = inProcess}) {
   proto::prepareGrpc();
   // Process-wide, read by the builder: grpc.health.v1.Health answers SERVING for "" and for
   // the Control service while the server runs.
@@ -81,8 +80,7 @@ std::unique_ptr<LeasingStore> ControlServer::openStore() {
   return connect();
 }
 
-StoreWithControl::StoreWithControl(StoreServerOptions options,
-                                   StoreConnector connect)
+StoreWithControl::StoreWithControl(StoreServerOptions options, StoreConnector connect)
     : connect_(std::move(connect)), store_([&] {
         options.foreign = [this](int fd) { handOver(fd); };
         return std::move(options);

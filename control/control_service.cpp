@@ -47,15 +47,13 @@ grpc::Status guarded(Fn&& fn) {
 }
 
 double unixNow() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
-
 
 // What the handlers read of one job: up to three round trips (the agents' states in the second).
 struct JobRecord {
   std::string id;
-  ControlMeta meta;  // none published: defaults, with the node range from `shape`
+  ControlMeta meta;                 // none published: defaults, with the node range from `shape`
   std::vector<AgentRecord> agents;  // in registration order; states read with `withNodes`
   RoundKeys keys;
 };
@@ -140,24 +138,23 @@ void authorize(const grpc::ServerContext& context, const JobRecord& job, bool mu
                bool inProcess) {
   const std::string peer = peerAddress(context.peer());
   // Only a stop or a signal to a job without a token asks where the call comes from.
-  const bool local =
-      job.meta.tokenHash.empty() && mutating && (inProcess || fromThisHost(peer));
+  const bool local = job.meta.tokenHash.empty() && mutating && (inProcess || fromThisHost(peer));
   switch (access(job.meta.tokenHash, presentedToken(context),
                  {.mutating = mutating, .fromThisHost = local})) {
-    case Access::Granted:
-      return;
+    case Access::Granted: return;
     case Access::NoToken:
-      refuse(grpc::StatusCode::UNAUTHENTICATED,
-             "job '" + job.id +
-                 "' was started with a token: pass it (--token-file or DLRUN_TOKEN)");
+      refuse(
+          grpc::StatusCode::UNAUTHENTICATED,
+          "job '" + job.id + "' was started with a token: pass it (--token-file or DLRUN_TOKEN)");
     case Access::WrongToken:
-      refuse(grpc::StatusCode::UNAUTHENTICATED,
-             "the token given is not job '" + job.id + "''s");
+      refuse(grpc::StatusCode::UNAUTHENTICATED, "the token given is not job '" + job.id + "''s");
     case Access::NotLocal:
       refuse(grpc::StatusCode::PERMISSION_DENIED,
-             "job '" + job.id + "' has no token, so it is stopped or signalled only from its "
-             "store's host (this call came from " + (peer.empty() ? context.peer() : peer) +
-             "); start it with --token-file to allow other hosts");
+             "job '" + job.id +
+                 "' has no token, so it is stopped or signalled only from its "
+                 "store's host (this call came from " +
+                 (peer.empty() ? context.peer() : peer) +
+                 "); start it with --token-file to allow other hosts");
   }
 }
 
@@ -237,7 +234,11 @@ class EventStream {
  public:
   EventStream(const WatchTiming& timing, LeasingStore& store, const std::string& id,
               grpc::ServerContext& context, grpc::ServerWriter<v1::Event>& writer)
-      : timing_(timing), store_(store), keys_(id), rounds_(id), context_(context),
+      : timing_(timing),
+        store_(store),
+        keys_(id),
+        rounds_(id),
+        context_(context),
         writer_(writer) {}
 
   grpc::Status run(int64_t since, bool follow) {
@@ -411,7 +412,9 @@ grpc::Status ControlService::StopJob(grpc::ServerContext* context,
     store->set(keys.signal(store->add(keys.signals(), 1)),
                encodeCommand({.kind = ControlCommand::Kind::Stop, .value = code}));
     publish(*store, Keys(job.id),
-            {.kind = "stop_requested", .node = client, .round = status.round,
+            {.kind = "stop_requested",
+             .node = client,
+             .round = status.round,
              .detail = stop.report + " (exit code " + std::to_string(code) + ")"});
     response->set_detail("job '" + job.id + "' is stopping: every agent stops its workers and " +
                          "exits " + std::to_string(code));
@@ -428,8 +431,7 @@ grpc::Status ControlService::SignalJob(grpc::ServerContext* context,
     const auto signal = parseSignal(request->signal());
     if (!signal)
       refuse(grpc::StatusCode::INVALID_ARGUMENT,
-             "unknown signal '" + request->signal() +
-                 "': give a name (USR1, SIGUSR1) or a number");
+             "unknown signal '" + request->signal() + "': give a name (USR1, SIGUSR1) or a number");
     const JobStatus status = requireRunning(job);
     const Keys keys(job.id);
     const int64_t n = store->add(keys.signals(), 1);
@@ -437,7 +439,9 @@ grpc::Status ControlService::SignalJob(grpc::ServerContext* context,
                encodeCommand({.kind = ControlCommand::Kind::Signal, .value = *signal}));
     const std::string name = signalName(*signal);
     publish(*store, keys,
-            {.kind = "signal_sent", .node = clientName(*context), .round = status.round,
+            {.kind = "signal_sent",
+             .node = clientName(*context),
+             .round = status.round,
              .detail = name + " to every worker"});
     response->set_detail(name + " sent to job '" + job.id + "' (signal " + std::to_string(n) +
                          " of the job)");

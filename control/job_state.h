@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "dlrun/v1/control.pb.h"
 #include "control/state/control_state.h"
+#include "dlrun/v1/control.pb.h"
 #include "rendezvous/round_end.h"
 
 namespace dlrun::control {
@@ -47,8 +47,8 @@ JobStatus localJobStatus(const RoundKeys& keys, std::optional<int> nodeRound);
 
 // One agent of the job as GetJob lists it: each registration (ctl/nodes) is an agent of its own.
 struct AgentRecord {
-  int64_t id = 0;    // its index in ctl/nodes: unique in the job
-  std::string name;  // its host's name
+  int64_t id = 0;                           // its index in ctl/nodes: unique in the job
+  std::string name;                         // its host's name
   std::optional<control::NodeState> state;  // none before its first record landed
 };
 

@@ -66,11 +66,9 @@ struct LivenessServer::Impl : std::enable_shared_from_this<Impl> {
 
   // A failed accept only waits for the next: a probe has nothing to be told.
   void accept() {
-    listener.start(
-        [self = shared_from_this()](tcp::socket socket) {
-          std::make_shared<Probe>(std::move(socket))->start();
-        },
-        [](const error_code&) {});
+    listener.start([self = shared_from_this()](
+                       tcp::socket socket) { std::make_shared<Probe>(std::move(socket))->start(); },
+                   [](const error_code&) {});
   }
 
   Listener listener;

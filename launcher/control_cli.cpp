@@ -82,8 +82,8 @@ std::string whereOf(const ControlRequest& r) {
       if (r.etcd)
         throw ConfigError("cannot read job '" + r.jobId + "' from " + where +
                           " (--rdzv-endpoint): " + status.error_message());
-      throw ConfigError("no dlrun control plane answers at " + where + " (--rdzv-endpoint): " +
-                        status.error_message());
+      throw ConfigError("no dlrun control plane answers at " + where +
+                        " (--rdzv-endpoint): " + status.error_message());
   }
 }
 
@@ -231,8 +231,7 @@ ControlParse parseControlArgs(const std::vector<std::string>& args,
         .root = rendezvous::elastic::Keys(r.jobId).root(),
         .timeout = r.timeout};
   } else {
-    if (!conf.empty())
-      throw ConfigError("--rdzv-conf: only --rdzv-backend=etcd reads it");
+    if (!conf.empty()) throw ConfigError("--rdzv-conf: only --rdzv-backend=etcd reads it");
     const HostPort store = parseRdzvEndpoint(endpoint);
     r.host = store.host;
     r.port = store.port;
@@ -283,9 +282,9 @@ std::string formatJob(const v1::Job& job) {
       << ", round " << job.round() << ", nodes " << inPlace << " of " << job.min_nodes() << ":"
       << job.max_nodes() << ", restarts " << job.restarts_used() << " of " << job.max_restarts()
       << "\n";
-  out << std::left << std::setw(6) << "GROUP" << std::setw(6) << "AGENT" << std::setw(24)
-      << "NODE" << std::setw(18) << "ADDRESS" << std::setw(10) << "STATE" << std::setw(7)
-      << "RANK" << std::setw(7) << "LOCAL" << std::setw(9) << "PID" << std::setw(11) << "WORKER"
+  out << std::left << std::setw(6) << "GROUP" << std::setw(6) << "AGENT" << std::setw(24) << "NODE"
+      << std::setw(18) << "ADDRESS" << std::setw(10) << "STATE" << std::setw(7) << "RANK"
+      << std::setw(7) << "LOCAL" << std::setw(9) << "PID" << std::setw(11) << "WORKER"
       << "EXIT/STEP\n";
   for (const v1::Node* node : nodes) {
     const bool replaced = node->replaced_by() != 0;
@@ -304,8 +303,8 @@ std::string formatJob(const v1::Job& job) {
       first = false;
       std::string last = w.exit();
       if (last.empty() && w.step() >= 0) last = "step " + std::to_string(w.step());
-      out << std::setw(7) << w.rank() << std::setw(7) << w.local_rank() << std::setw(9)
-          << w.pid() << std::setw(11) << w.state() << last << "\n";
+      out << std::setw(7) << w.rank() << std::setw(7) << w.local_rank() << std::setw(9) << w.pid()
+          << std::setw(11) << w.state() << last << "\n";
     }
   }
   if (!job.root_cause().empty()) out << "root cause:\n" << job.root_cause();
@@ -314,8 +313,8 @@ std::string formatJob(const v1::Job& job) {
 
 std::string formatEvent(const v1::Event& e) {
   std::ostringstream out;
-  out << std::right << std::setw(5) << e.seq() << "  " << clockTime(e.time()) << "  "
-      << std::left << std::setw(15) << e.kind() << " round " << e.round();
+  out << std::right << std::setw(5) << e.seq() << "  " << clockTime(e.time()) << "  " << std::left
+      << std::setw(15) << e.kind() << " round " << e.round();
   if (!e.node().empty()) out << "  " << e.node();
   if (e.agent() > 0) out << " (agent " << e.agent() << ")";
   if (e.rank() >= 0) out << "  rank " << e.rank();

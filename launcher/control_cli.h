@@ -34,12 +34,12 @@ struct ControlRequest {
   std::optional<rendezvous::etcd::EtcdStoreOptions> etcd;
   std::string jobId;
   bool json = false;
-  bool follow = false;   // events: keep following until the job ends
-  int64_t since = 0;     // events: after this sequence number
+  bool follow = false;        // events: keep following until the job ends
+  int64_t since = 0;          // events: after this sequence number
   std::optional<int> signal;  // stop --signal: send it instead of stopping
-  int exitCode = 0;      // stop: what every agent exits with (0: 143, as after SIGTERM)
+  int exitCode = 0;           // stop: what every agent exits with (0: 143, as after SIGTERM)
   std::string reason;
-  std::string token;     // --token-file's content or DLRUN_TOKEN
+  std::string token;                         // --token-file's content or DLRUN_TOKEN
   std::chrono::milliseconds timeout{5'000};  // each call's deadline (not a followed stream's)
 };
 

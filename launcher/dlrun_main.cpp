@@ -1,7 +1,7 @@
 // dlrun: the launcher and per-node agent. Parses torchrun's flags and runs the workers; or, as
 // `dlrun status|events|stop`, asks a running job's control plane.
-#include "common/log.h"
 #include "common/cli.h"
+#include "common/log.h"
 #include "launcher/control_cli.h"
 #include "launcher/host_probe.h"
 #include "launcher/launch.h"
@@ -22,9 +22,9 @@ int main(int argc, char** argv) {
     }
     auto parsed = launcher::parseDlrunArgs(args, launcher::HostProbe::real());
     if (parsed.exitCode) return *parsed.exitCode;
-    launcher::runTlsBuildIfNeeded(parsed.config.rdzvBackend == launcher::RdzvBackend::Etcd &&
-                                      parsed.config.etcdSecurity.tls,
-                                  argv);
+    launcher::runTlsBuildIfNeeded(
+        parsed.config.rdzvBackend == launcher::RdzvBackend::Etcd && parsed.config.etcdSecurity.tls,
+        argv);
     return launcher::launch(parsed.config);
   });
 }

@@ -13,9 +13,9 @@ namespace dlrun::launcher {
 
 struct DlrundConfig {
   StoreServerOptions server;
-  bool control = true;  // serve the control plane (gRPC) on the store's port
-  bool stats = false;   // print the store's counters (StoreStats) on SIGUSR1 and at exit
-  int metricsPort = -1;  // --metrics-port: -1 off, 0 a free one
+  bool control = true;      // serve the control plane (gRPC) on the store's port
+  bool stats = false;       // print the store's counters (StoreStats) on SIGUSR1 and at exit
+  int metricsPort = -1;     // --metrics-port: -1 off, 0 a free one
   std::string metricsHost;  // empty: --host
   bool verbose = false;
   // --upstream HOST:PORT: serve as a store proxy in front of that store (store_proxy.h)

@@ -5,9 +5,9 @@
 #include <iostream>
 
 #include "common/asio.h"
-#include "common/log.h"
 #include "common/cli.h"
 #include "common/host_port.h"
+#include "common/log.h"
 #include "control/control_server.h"
 #include "launcher/dlrund_cli.h"
 #include "metrics/routes.h"
@@ -37,8 +37,9 @@ int serveProxy(const dlrun::launcher::DlrundConfig& config) {
   const StoreProxyStats stats = proxy.stats();
   if (config.stats)
     std::cout << "dlrund proxy stats: clients=" << stats.clients << " requests=" << stats.requests
-              << " upstream_requests=" << stats.upstreamRequests << " upstream_connections="
-              << stats.upstreamConnections << " coalesced_waits=" << stats.coalescedWaits
+              << " upstream_requests=" << stats.upstreamRequests
+              << " upstream_connections=" << stats.upstreamConnections
+              << " coalesced_waits=" << stats.coalescedWaits
               << " coalesced_adds=" << stats.coalescedAdds << std::endl;
   return 0;
 }
@@ -66,31 +67,30 @@ int main(int argc, char** argv) {
     // --metrics-port: on the store's own io_context, so the counts are read on their thread.
     std::optional<metrics::HttpServer> http;
     if (parsed.config.metricsPort >= 0) {
-      http.emplace(io,
-                   metrics::HttpServerOptions{
-                       .host = parsed.config.metricsHost.empty() ? parsed.config.server.host
-                                                                  : parsed.config.metricsHost,
-                       .port = static_cast<uint16_t>(parsed.config.metricsPort)},
-                   metrics::routes(
-                       [&server] {
-                         metrics::Exposition out;
-                         metrics::addStoreMetrics(out, server.stats());
-                         return out.text();
-                       },
-                       [&server] {
-                         return R"({"kind":"store","store":)" +
-                                metrics::storeJson(server.stats()) + "}";
-                       }));
+      http.emplace(
+          io,
+          metrics::HttpServerOptions{.host = parsed.config.metricsHost.empty()
+                                                 ? parsed.config.server.host
+                                                 : parsed.config.metricsHost,
+                                     .port = static_cast<uint16_t>(parsed.config.metricsPort)},
+          metrics::routes(
+              [&server] {
+                metrics::Exposition out;
+                metrics::addStoreMetrics(out, server.stats());
+                return out.text();
+              },
+              [&server] {
+                return R"({"kind":"store","store":)" + metrics::storeJson(server.stats()) + "}";
+              }));
     }
     // --stats: the counts so far on SIGUSR1, read on the server's own thread.
     const auto printStats = [&] {
-      const double now = std::chrono::duration<double>(
-                             std::chrono::system_clock::now().time_since_epoch())
-                             .count();
+      const double now =
+          std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
+              .count();
       char time[32];
       std::snprintf(time, sizeof(time), "%.6f", now);
-      std::cout << "dlrund stats: time=" << time << ' ' << server.stats().describe()
-                << std::endl;
+      std::cout << "dlrund stats: time=" << time << ' ' << server.stats().describe() << std::endl;
     };
     boost::asio::signal_set statsSignal(io);
     bool stopping = false;
@@ -123,8 +123,7 @@ int main(int argc, char** argv) {
                    "the same port"
                 << std::endl;
     if (http)
-      std::cout << "dlrund serves metrics on http://"
-                << joinHostPort(http->address(), http->port())
+      std::cout << "dlrund serves metrics on http://" << joinHostPort(http->address(), http->port())
                 << "/metrics and its page on /" << std::endl;
     io.run();
     if (parsed.config.stats) printStats();

@@ -14,8 +14,8 @@ bool isExecutableFile(const std::string& path) {
 }
 
 std::vector<std::string> resolveCommand(const std::string& entry,
-                                        const std::vector<std::string>& args,
-                                        EntryPointFlags flags, const HostProbe& host) {
+                                        const std::vector<std::string>& args, EntryPointFlags flags,
+                                        const HostProbe& host) {
   auto withArgs = [&](std::vector<std::string> head) {
     head.insert(head.end(), args.begin(), args.end());
     return head;
@@ -34,8 +34,7 @@ std::vector<std::string> resolveCommand(const std::string& entry,
   }
   const bool isPath = entry.find('/') != std::string::npos;
   if (host.fileExists(entry)) {
-    const bool python =
-        !flags.noPython && (entry.ends_with(".py") || !isExecutableFile(entry));
+    const bool python = !flags.noPython && (entry.ends_with(".py") || !isExecutableFile(entry));
     if (python) return withArgs({host.pythonExec, "-u", entry});
     // exec would search PATH for a bare name; "./" keeps it the file in this directory.
     return withArgs({isPath ? entry : "./" + entry});

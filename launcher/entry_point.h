@@ -22,8 +22,8 @@ struct EntryPointFlags {
 // interpreter, followed by `args`. Throws ConfigError naming the entry point when it is neither
 // a file nor a program on PATH, or when `train` finds no bundled trainer beside dlrun.
 std::vector<std::string> resolveCommand(const std::string& entry,
-                                        const std::vector<std::string>& args,
-                                        EntryPointFlags flags, const HostProbe& host);
+                                        const std::vector<std::string>& args, EntryPointFlags flags,
+                                        const HostProbe& host);
 
 // Whether `path` is a regular file this process may execute.
 bool isExecutableFile(const std::string& path);

@@ -24,8 +24,8 @@ struct HostProbe {
   // --numa-binding: each local rank's CPUs on this machine (agents/numa_binding.h), read from
   // sysfs under DLRUN_SYSFS_ROOT (tests' fake machines), else /.
   std::function<std::vector<std::vector<int>>(agents::NumaMode, int nproc)> numaCpuSets;
-  std::string selfDir;        // where dlrun lives: the bundled dlrun-train sits beside it
-  std::string pythonExec;     // PYTHON_EXEC, or "python3"
+  std::string selfDir;     // where dlrun lives: the bundled dlrun-train sits beside it
+  std::string pythonExec;  // PYTHON_EXEC, or "python3"
   // The SLURM*, DLRUN_SLURM (Slurm discovery), OMPI_*, PMIX_*, DLRUN_MPI, MASTER_ADDR,
   // MASTER_PORT (mpirun discovery), DLRUN_ETCD_ENDPOINTS, DLRUN_TOKEN (the job's token, for
   // the launch and for `dlrun status|events|stop`), CUDA_VISIBLE_DEVICES (--virtual-local-rank),

@@ -5,9 +5,9 @@
 #include <algorithm>
 #include <array>
 #include <csignal>
+#include <cstdlib>
 #include <ctime>
 #include <filesystem>
-#include <cstdlib>
 #include <optional>
 #include <random>
 #include <thread>
@@ -24,11 +24,11 @@
 #include "control/liveness_server.h"
 #include "remote/agent_command.h"
 #include "remote/fanout.h"
-#include "store/address.h"
 #include "rendezvous/elastic_rendezvous.h"
 #include "rendezvous/etcd/etcd_expiry.h"
 #include "rendezvous/etcd/etcd_store.h"
 #include "rendezvous/local_rendezvous.h"
+#include "store/address.h"
 #include "store/store_server.h"
 #include "store/tcp_store.h"
 #include "store/tcp_stream.h"
@@ -85,9 +85,10 @@ using control::StoreConnector;
 // between two calls: 1 in about 300 single-node launches of a no-op).
 StoreConnector tcpStoreAt(const HostPort& store) {
   return [store] {
-    return std::make_unique<TcpStore>(TcpStoreOptions{
-        .host = store.host, .port = store.port, .connectTimeout = std::chrono::seconds(5),
-        .reconnect = false});
+    return std::make_unique<TcpStore>(TcpStoreOptions{.host = store.host,
+                                                      .port = store.port,
+                                                      .connectTimeout = std::chrono::seconds(5),
+                                                      .reconnect = false});
   };
 }
 
@@ -120,8 +121,7 @@ agents::ControlOptions controlOptions(const LaunchConfig& config, const std::str
 std::string runIdOf(const LaunchConfig& config) {
   const bool ownStore = !config.rdzvEndpoint.given() && !config.masterPort &&
                         config.rdzvBackend != RdzvBackend::Static;
-  return config.standalone || (config.rdzvId == "none" && ownStore) ? newRunId()
-                                                                    : config.rdzvId;
+  return config.standalone || (config.rdzvId == "none" && ownStore) ? newRunId() : config.rdzvId;
 }
 
 std::string hostName() {
@@ -151,8 +151,7 @@ int launchSingleNode(const LaunchConfig& config) {
     options.control->meta.backend = control::kLocalBackend;
     // A standalone job's id and port are drawn at random: this line is how to find it.
     options.control->announce = "control plane: dlrun status --rdzv-endpoint=" +
-                                joinHostPort(store.address(), store.port()) +
-                                " --rdzv-id=" + runId;
+                                joinHostPort(store.address(), store.port()) + " --rdzv-id=" + runId;
   }
   rendezvous::LocalRendezvous rendezvous({
       .runId = runId,
@@ -167,10 +166,10 @@ int launchSingleNode(const LaunchConfig& config) {
 }
 
 struct StorePlan {
-  HostPort store;            // the host numeric
-  bool serve = false;        // this agent should try to serve it
-  bool mustServe = false;    // and nobody else will
-  AdmissionRule allow;       // --store-allow
+  HostPort store;          // the host numeric
+  bool serve = false;      // this agent should try to serve it
+  bool mustServe = false;  // and nobody else will
+  AdmissionRule allow;     // --store-allow
 };
 
 // The parser has checked the flags and parsed the c10d endpoint; what is left to fail here is
@@ -225,9 +224,8 @@ std::optional<control::StoreWithControl> serveStore(const StorePlan& plan) {
   std::minstd_rand random;  // seeded at the first refusal: most agents never need it
   for (bool said = false;; said = true) {
     try {
-      return std::make_optional<control::StoreWithControl>(
-          StoreServerOptions{
-              .host = plan.store.host, .port = plan.store.port, .admission = plan.allow});
+      return std::make_optional<control::StoreWithControl>(StoreServerOptions{
+          .host = plan.store.host, .port = plan.store.port, .admission = plan.allow});
     } catch (const NetworkError& e) {
       if (plan.mustServe) throw;
       if (Clock::now() >= deadline || answers(plan.store.host, plan.store.port)) {
@@ -314,8 +312,7 @@ int newestRound(LeasingStore& store, const rendezvous::elastic::Keys& keys) {
 
 // How job `runId` ended, as its keys say; nothing while it runs or before it starts. One read
 // while the job is in its first round (round 0's end is read with the round number), two after.
-std::optional<rendezvous::RoundEnd> jobEnd(LeasingStore& store,
-                                           const std::string& runId) {
+std::optional<rendezvous::RoundEnd> jobEnd(LeasingStore& store, const std::string& runId) {
   const rendezvous::elastic::Keys keys(runId);
   auto found = store.peek({keys.current(), keys.stop(), keys.end(0)});
   const auto round = storedCount(found[0], keys.current());
@@ -358,8 +355,7 @@ int launchEtcd(const LaunchConfig& config) {
     try {
       client = std::make_shared<rendezvous::etcd::EtcdClient>(storeOptions.client);
       const auto& first = config.rdzvEndpoint.etcd().front();
-      addr = nodeAddress(config, resolveNumeric(first.host, "--rdzv-endpoint host"),
-                         first.port);
+      addr = nodeAddress(config, resolveNumeric(first.host, "--rdzv-endpoint host"), first.port);
     } catch (const NetworkError& e) {
       throw NetworkError(std::string("cannot reach etcd (--rdzv-endpoint): ") + e.what());
     }
@@ -409,19 +405,18 @@ int launchEtcd(const LaunchConfig& config) {
 int launchHosts(const LaunchConfig& config) {
   const HostLaunch& hosts = *config.hostLaunch;
   const std::vector<std::string>& addresses = hosts.addresses;
-  remote::RemoteJob job{
-      .dlrun = std::filesystem::read_symlink("/proc/self/exe").string(),
-      .workDir = std::filesystem::current_path().string(),
-      .env = remote::forwardedEnvironment(agents::currentEnvironment(), hosts.exports,
-                                          hosts.exportAll),
-      .flags = hosts.agentFlags,
-      .nodes = static_cast<int>(hosts.hosts.size()),
-      .nproc = hosts.nproc,
-      .backend = hosts.backend,
-      .endpoint = config.rdzvEndpoint.text,
-      .rdzvId = config.rdzvId == "none" ? newRunId() : config.rdzvId,
-      .rdzvConf = hosts.rdzvConf,
-      .entry = hosts.entry};
+  remote::RemoteJob job{.dlrun = std::filesystem::read_symlink("/proc/self/exe").string(),
+                        .workDir = std::filesystem::current_path().string(),
+                        .env = remote::forwardedEnvironment(agents::currentEnvironment(),
+                                                            hosts.exports, hosts.exportAll),
+                        .flags = hosts.agentFlags,
+                        .nodes = static_cast<int>(hosts.hosts.size()),
+                        .nproc = hosts.nproc,
+                        .backend = hosts.backend,
+                        .endpoint = config.rdzvEndpoint.text,
+                        .rdzvId = config.rdzvId == "none" ? newRunId() : config.rdzvId,
+                        .rdzvConf = hosts.rdzvConf,
+                        .entry = hosts.entry};
   const bool serve = hosts.backend.empty() && !config.rdzvEndpoint.given();
   std::optional<control::StoreWithControl> store;
   std::unique_ptr<TcpStore> client;  // this process's own view of the job
@@ -429,21 +424,19 @@ int launchHosts(const LaunchConfig& config) {
       .stopTimeout = config.agent.stopTimeout,
       .stopSignals = config.agent.signalsToHandle.value_or(kDefaultStopSignals)};
   if (serve) {
-    auto remote = std::find_if(addresses.begin(), addresses.end(), [](const std::string& a) {
-      return !isLocalAddress(a);
-    });
-    const std::string addr =
-        remote == addresses.end()
-            ? addresses.front()
-            : localAddressToward(*remote, hosts.sshPort.value_or(22));
+    auto remote = std::find_if(addresses.begin(), addresses.end(),
+                               [](const std::string& a) { return !isLocalAddress(a); });
+    const std::string addr = remote == addresses.end()
+                                 ? addresses.front()
+                                 : localAddressToward(*remote, hosts.sshPort.value_or(22));
     store.emplace(StoreServerOptions{
         .host = addr, .port = 0, .admission = jobHosts(config, addresses, addr)});
     job.backend = "c10d";
     job.endpoint = joinHostPort(addr, store->store().port());
     // The agents' machines may own the address too (a host of the list is this one).
     job.rdzvConf += std::string(job.rdzvConf.empty() ? "" : ",") + "is_host=false";
-    client = std::make_unique<TcpStore>(
-        TcpStoreOptions{.host = addr, .port = store->store().port()});
+    client =
+        std::make_unique<TcpStore>(TcpStoreOptions{.host = addr, .port = store->store().port()});
     const rendezvous::elastic::Keys keys(job.rdzvId);
     options.workersStarted = [&client, keys] {
       const int round = newestRound(*client, keys);
@@ -480,8 +473,7 @@ int launchMultiNode(const LaunchConfig& config) {
     if (agent.metrics && store)
       agent.metrics->storeStats = [&store] { return store->store().stats(); };
     if (config.controlPlane)
-      agent.control =
-          controlOptions(config, options.runId, name, addr, tcpStoreAt(plan.store));
+      agent.control = controlOptions(config, options.runId, name, addr, tcpStoreAt(plan.store));
     rendezvous::ElasticRendezvous rendezvous(std::move(options));
     code = agents::Agent(std::move(agent), rendezvous).run();
   }

@@ -73,7 +73,8 @@ void splitEntryPoint(const std::vector<std::string>& args, std::vector<std::stri
   if (f.rest.front().starts_with("-"))
     throw ConfigError("unknown flag " + f.rest.front().substr(0, f.rest.front().find('=')) +
                       " (see dlrun --help)");
-  if (f.module && f.noPython && !f.runPath) throw ConfigError("--module and --no-python cannot be used together");
+  if (f.module && f.noPython && !f.runPath)
+    throw ConfigError("--module and --no-python cannot be used together");
 }
 
 // Reading: each flag's value into the LaunchConfig, and the rest of what the backend is
@@ -100,8 +101,8 @@ void readFlagValues(DeclaredFlags& f, LaunchConfig& c, const HostProbe& host) {
   c.agent.tfConfig = parseTfConfig(f.tfConfig);
   c.controlPlane = !f.noControlPlane;
   if (f.metricsPort >= 0)
-    c.agent.metrics = agents::MetricsOptions{.host = f.metricsHost,
-                                             .port = static_cast<uint16_t>(f.metricsPort)};
+    c.agent.metrics =
+        agents::MetricsOptions{.host = f.metricsHost, .port = static_cast<uint16_t>(f.metricsPort)};
   if (!f.tokenFile.empty()) {
     c.token = readTokenFile("--token-file", f.tokenFile);
   } else if (auto it = host.env.find("DLRUN_TOKEN"); it != host.env.end()) {
@@ -138,7 +139,8 @@ void readFlagValues(DeclaredFlags& f, LaunchConfig& c, const HostProbe& host) {
     c.agent.duplicateStderrFilters = parseFilterList(f.stderrFilters);
   if (f.consoleFormat == "torchrun") {
     c.agent.consoleFormat = agents::ConsoleFormat::Torchrun;
-    if (f.prefixOption->count() == 0) c.agent.logLinePrefixTemplate = "[${role_name}${local_rank}]:";
+    if (f.prefixOption->count() == 0)
+      c.agent.logLinePrefixTemplate = "[${role_name}${local_rank}]:";
   }
   // torchrun 2.x sets its prefix through this variable alone.
   if (auto it = host.env.find("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE");
@@ -170,8 +172,8 @@ void readFlagValues(DeclaredFlags& f, LaunchConfig& c, const HostProbe& host) {
   if (c.agent.virtualLocalRank && !f.fanout) {
     const auto visible = host.env.find("CUDA_VISIBLE_DEVICES");
     agents::checkVirtualLocalRank(c.agent.nprocPerNode, visible == host.env.end()
-                                                           ? std::nullopt
-                                                           : std::optional(visible->second));
+                                                            ? std::nullopt
+                                                            : std::optional(visible->second));
   }
 }
 
@@ -188,8 +190,9 @@ void resolveHosts(DeclaredFlags& f, LaunchConfig& c, const HostProbe& probe) {
   if (f.staticFlags) throw conflict("--master-addr/--master-port");
   // Each host's slots give its workers; roles would have to say which host runs which.
   if (f.rolesOption->count() > 0)
-    throw ConfigError("--roles does not work with --hostfile/--hosts yet: start one dlrun per "
-                      "node with --roles (by hand, Slurm or mpirun)");
+    throw ConfigError(
+        "--roles does not work with --hostfile/--hosts yet: start one dlrun per "
+        "node with --roles (by hand, Slurm or mpirun)");
   if (f.slurmBackend || (f.backendFlag && f.backendFlag->backend == RdzvBackend::Static))
     throw conflict("--rdzv-backend=" + f.backend);
   f.hostLaunch.hosts = hostsOf(f.hostfile, f.hostList);
@@ -221,16 +224,17 @@ void resolveBackend(const DeclaredFlags& f, LaunchConfig& c, const HostProbe& ho
   } else if (f.backendFlag) {
     c.rdzvBackend = f.backendFlag->backend;
   } else {
-    c.rdzvBackend = f.staticFlags && !c.rdzvEndpoint.given() ? RdzvBackend::Static
-                                                          : RdzvBackend::C10d;
+    c.rdzvBackend =
+        f.staticFlags && !c.rdzvEndpoint.given() ? RdzvBackend::Static : RdzvBackend::C10d;
   }
   // Inside an allocation Slurm fills in what the flags leave open; --rdzv-backend=slurm
   // insists on it, --standalone and --no-slurm (DLRUN_SLURM=0) turn it off.
   if (f.slurmBackend) {
     if (f.noSlurm) throw ConfigError("--rdzv-backend=slurm and --no-slurm conflict");
     if (!host.env.contains("SLURM_JOB_ID"))
-      throw ConfigError("--rdzv-backend=slurm: SLURM_JOB_ID is unset, so this is no Slurm "
-                        "allocation; start dlrun with srun, or use --rdzv-backend=c10d");
+      throw ConfigError(
+          "--rdzv-backend=slurm: SLURM_JOB_ID is unset, so this is no Slurm "
+          "allocation; start dlrun with srun, or use --rdzv-backend=c10d");
   }
   // etcd's endpoints: one list, checked before anything else is decided from them. Where the
   // flag is not given, DLRUN_ETCD_ENDPOINTS names them (set once for a cluster or a site).
@@ -250,12 +254,12 @@ void resolveBackend(const DeclaredFlags& f, LaunchConfig& c, const HostProbe& ho
     endpoint.where = parseRdzvEndpoint(endpoint.text);
   }
   if (etcd) {
-    c.etcdSecurity =
-        etcdSecurity(c.rdzv, endpoint.given() ? endpoint.etcd()
-                                              : std::vector<rendezvous::etcd::Endpoint>{});
+    c.etcdSecurity = etcdSecurity(
+        c.rdzv, endpoint.given() ? endpoint.etcd() : std::vector<rendezvous::etcd::Endpoint>{});
   } else if (c.rdzv.etcdSecurityGiven()) {
-    throw ConfigError("--rdzv-conf: cacert, cert, key, user, password and password_file are "
-                      "settings of --rdzv-backend=etcd");
+    throw ConfigError(
+        "--rdzv-conf: cacert, cert, key, user, password and password_file are "
+        "settings of --rdzv-backend=etcd");
   }
   // Under etcd Slurm gives the job id, the node count and the node order (SLURM_NODEID as the
   // group-rank hint), but no endpoint: nobody serves the rendezvous.
@@ -270,8 +274,10 @@ void resolveBackend(const DeclaredFlags& f, LaunchConfig& c, const HostProbe& ho
       .rdzvEndpoint = f.endpointOption->count() > 0 || c.rdzvBackend != RdzvBackend::C10d,
       .rdzvId = f.rdzvIdOption->count() > 0,
       .nprocAuto = f.nproc == "auto"};
-  if (underMpi) applyDiscovered(mpi::discover(host.env, user), c);
-  else if (f.slurmBackend || inSlurm) applyDiscovered(slurm::discover(host.env, user), c);
+  if (underMpi)
+    applyDiscovered(mpi::discover(host.env, user), c);
+  else if (f.slurmBackend || inSlurm)
+    applyDiscovered(slurm::discover(host.env, user), c);
 }
 
 // The checks across flags, once the backend and the node count are known.
@@ -286,8 +292,7 @@ void crossCheck(const DeclaredFlags& f, const LaunchConfig& c) {
                       std::to_string(*c.nodeRank) + " is not below --nnodes " +
                       std::to_string(c.maxNodes));
   // Every node must find the c10d store; Slurm derives its place, elsewhere the user names it.
-  if (c.maxNodes > 1 && c.rdzvBackend == RdzvBackend::C10d && !c.rdzvEndpoint.given() &&
-      !f.fanout)
+  if (c.maxNodes > 1 && c.rdzvBackend == RdzvBackend::C10d && !c.rdzvEndpoint.given() && !f.fanout)
     throw ConfigError("--nnodes=" + nodesText(c) +
                       " with the c10d backend needs --rdzv-endpoint=HOST[:PORT]");
   if (c.maxNodes > 1 && c.rdzvBackend == RdzvBackend::Etcd && !c.rdzvEndpoint.given())
@@ -302,11 +307,13 @@ agents::WarmStartOptions warmStartOf(const DeclaredFlags& f,
                                      const std::vector<std::string>& command,
                                      const HostProbe& host) {
   if (f.noPython)
-    throw ConfigError("--warm-start and --no-python conflict: warm starts fork a Python "
-                      "interpreter, and --no-python runs the entry point as a program");
+    throw ConfigError(
+        "--warm-start and --no-python conflict: warm starts fork a Python "
+        "interpreter, and --no-python runs the entry point as a program");
   if (f.rest.front() == "train")
-    throw ConfigError("--warm-start: the bundled trainer (train) is no Python program; drop "
-                      "--warm-start");
+    throw ConfigError(
+        "--warm-start: the bundled trainer (train) is no Python program; drop "
+        "--warm-start");
   agents::WarmStartOptions options{
       .interpreter = agents::warm::parsePythonCommand(command, host.pythonExec).interpreter};
   if (f.preloadOption->count() > 0) options.preload = agents::warm::parsePreload(f.preload);
@@ -355,8 +362,9 @@ LaunchParse parseDlrunArgs(const std::vector<std::string>& args, const HostProbe
 
   if (f.fanout) c.hostLaunch = std::move(f.hostLaunch);
   c.entrypoint = f.rest.front();
-  c.agent.command = resolveCommand(f.rest.front(), {f.rest.begin() + 1, f.rest.end()},
-                                   {.module = f.module, .noPython = f.noPython, .runPath = f.runPath}, host);
+  c.agent.command =
+      resolveCommand(f.rest.front(), {f.rest.begin() + 1, f.rest.end()},
+                     {.module = f.module, .noPython = f.noPython, .runPath = f.runPath}, host);
   if (f.warmStart) c.agent.warmStart = warmStartOf(f, c.agent.command, host);
   // What launch() reads last: the liveness port.
   c.healthCheckPort = healthCheckPort(host.env);

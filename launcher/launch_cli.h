@@ -44,8 +44,8 @@ RdzvSettings parseRdzvSettings(const std::map<std::string, std::string>& conf);
 // password_file (files read here) and the endpoints' scheme (https:// turns TLS on). Throws
 // ConfigError naming the key: an unreadable or empty file, cert without key or the reverse, a
 // password without a user or the reverse, password and password_file together.
-rendezvous::etcd::EtcdSecurity etcdSecurity(const RdzvSettings& settings,
-                                            const std::vector<rendezvous::etcd::Endpoint>& endpoints);
+rendezvous::etcd::EtcdSecurity etcdSecurity(
+    const RdzvSettings& settings, const std::vector<rendezvous::etcd::Endpoint>& endpoints);
 // A job's token (--token-file): the file's text less trailing newlines. Throws ConfigError
 // naming `flag` for a file that cannot be read or is empty.
 std::string readTokenFile(const std::string& flag, const std::string& path);

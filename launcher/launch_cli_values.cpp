@@ -31,8 +31,9 @@ RdzvBackendFlag parseRdzvBackend(const std::string& value) {
   if (value == "etcd" || value == "etcd-v3") return {.backend = RdzvBackend::Etcd};
   // torchrun's v2 backend: named apart from a typo, with what to use instead.
   if (value == "etcd-v2")
-    throw ConfigError("--rdzv-backend=etcd-v2: dlrun speaks etcd's v3 API; use "
-                      "--rdzv-backend=etcd");
+    throw ConfigError(
+        "--rdzv-backend=etcd-v2: dlrun speaks etcd's v3 API; use "
+        "--rdzv-backend=etcd");
   throw ConfigError("--rdzv-backend: '" + value + "' is not c10d, static, etcd or slurm");
 }
 
@@ -107,8 +108,10 @@ namespace {
 // member a key sets, or none for another key.
 std::string RdzvSettings::*etcdText(const std::string& key) {
   static const std::map<std::string, std::string RdzvSettings::*> kTexts = {
-      {"cacert", &RdzvSettings::etcdCaCert}, {"cert", &RdzvSettings::etcdCert},
-      {"key", &RdzvSettings::etcdKey},       {"user", &RdzvSettings::etcdUser},
+      {"cacert", &RdzvSettings::etcdCaCert},
+      {"cert", &RdzvSettings::etcdCert},
+      {"key", &RdzvSettings::etcdKey},
+      {"user", &RdzvSettings::etcdUser},
       {"password", &RdzvSettings::etcdPassword},
       {"password_file", &RdzvSettings::etcdPasswordFile}};
   const auto it = kTexts.find(key);
@@ -193,8 +196,9 @@ RdzvSettings parseRdzvSettings(const std::map<std::string, std::string>& conf) {
     }
   }
   if (settings.heartbeatTimeout && *settings.heartbeatTimeout <= settings.heartbeat)
-    throw ConfigError("--rdzv-conf: heartbeat_timeout must be longer than keep_alive_interval, "
-                      "or a live node would be taken for dead between its heartbeats");
+    throw ConfigError(
+        "--rdzv-conf: heartbeat_timeout must be longer than keep_alive_interval, "
+        "or a live node would be taken for dead between its heartbeats");
   return settings;
 }
 
@@ -218,8 +222,9 @@ rendezvous::etcd::EtcdSecurity etcdSecurity(
     const RdzvSettings& settings, const std::vector<rendezvous::etcd::Endpoint>& endpoints) {
   rendezvous::etcd::EtcdSecurity security;
   if (settings.etcdCert.empty() != settings.etcdKey.empty())
-    throw ConfigError("--rdzv-conf: cert and key go together (the client certificate and its "
-                      "private key)");
+    throw ConfigError(
+        "--rdzv-conf: cert and key go together (the client certificate and its "
+        "private key)");
   if (!settings.etcdPassword.empty() && !settings.etcdPasswordFile.empty())
     throw ConfigError("--rdzv-conf: give password or password_file, not both");
   const bool password = !settings.etcdPassword.empty() || !settings.etcdPasswordFile.empty();

@@ -12,10 +12,10 @@
 #include <vector>
 
 #include "agents/agent.h"
-#include "rendezvous/round_end.h"
 #include "common/host_port.h"
 #include "remote/hostfile.h"
 #include "rendezvous/etcd/endpoints.h"
+#include "rendezvous/round_end.h"
 #include "store/admission.h"
 
 namespace dlrun::launcher {
@@ -31,7 +31,7 @@ struct RdzvSettings {
   // store_outage_timeout: how long the rendezvous store may be away before a node gives up
   // its round (its workers run on meanwhile)
   std::chrono::milliseconds storeOutage{60'000};
-  std::optional<bool> isHost;   // is_host: whether this agent serves the store at the endpoint
+  std::optional<bool> isHost;  // is_host: whether this agent serves the store at the endpoint
   // stop_policy: a deliberate stop (SIGINT, SIGTERM, SIGHUP) of one node stops the whole job,
   // or only that node leaves (the others go on while at least MIN remain)
   bool stopOnlyNode = false;
@@ -71,9 +71,9 @@ struct HostLaunch {
   std::vector<std::string> exports;            // --export VAR (or VAR=VALUE), repeatable
   bool exportAll = false;                      // --export-all
   std::vector<std::string> agentFlags;  // this command line's flags that the agents get as they are
-  std::string nproc;    // --nproc-per-node as given (each host evaluates it); empty: the slots
-  std::string backend;  // --rdzv-backend as given; empty: c10d on a store this dlrun serves
-  std::string rdzvConf;            // --rdzv-conf as given
+  std::string nproc;     // --nproc-per-node as given (each host evaluates it); empty: the slots
+  std::string backend;   // --rdzv-backend as given; empty: c10d on a store this dlrun serves
+  std::string rdzvConf;  // --rdzv-conf as given
   std::vector<std::string> entry;  // the entry point and its arguments, as given
 };
 
@@ -115,10 +115,10 @@ struct LaunchConfig {
   agents::AgentOptions agent;
   bool controlPlane = true;  // publish to the control plane (--no-control-plane: not)
   std::optional<uint16_t> healthCheckPort;  // TORCHELASTIC_HEALTH_CHECK_PORT: liveness answers
-  std::string token;         // --token-file or DLRUN_TOKEN; empty: none
+  std::string token;                        // --token-file or DLRUN_TOKEN; empty: none
   std::optional<std::string> localAddr;
   std::optional<std::string> nodeName;  // this node in messages (SLURMD_NODENAME), else hostname
-  bool refuseLostNodes = false;  // in a Slurm allocation a lost node's place goes to a spare
+  bool refuseLostNodes = false;         // in a Slurm allocation a lost node's place goes to a spare
   std::string masterAddr = "127.0.0.1";
   std::optional<uint16_t> masterPort;  // unset: a free port on the single-node path
 

@@ -34,8 +34,8 @@ Spellings spellings(const std::string& dashed, const std::string& shortName) {
 }
 
 template <typename T>
-CLI::Option* addOption(CLI::App& app, const std::string& dashed, T& target,
-                       const std::string& help, const std::string& shortName = "") {
+CLI::Option* addOption(CLI::App& app, const std::string& dashed, T& target, const std::string& help,
+                       const std::string& shortName = "") {
   auto s = spellings(dashed, shortName);
   return app.add_option(s.names, target, help)->envname(s.env);
 }
@@ -71,22 +71,22 @@ void declareJobFlags(CLI::App& app, DeclaredFlags& f, LaunchConfig& c) {
   f.endpointOption =
       addOption(app, "rdzv-endpoint", c.rdzvEndpoint.text,
                 "HOST[:PORT] of the rendezvous store; with etcd, HOST[:PORT],... (port 2379)");
-  f.rdzvIdOption =
-      addOption(app, "rdzv-id", c.rdzvId, "Job id shared by every node of one job");
+  f.rdzvIdOption = addOption(app, "rdzv-id", c.rdzvId, "Job id shared by every node of one job");
   addFlag(app, "no-slurm", f.noSlurm,
           "Ignore the Slurm allocation dlrun runs in (as DLRUN_SLURM=0 does)");
   addOption(app, "rdzv-conf", f.rdzvConf, "Backend settings as key=value,key2=value2");
   addFlag(app, "standalone", c.standalone,
           "One node with its own store on a free port; no rendezvous flags needed");
-  addOption(app, "max-restarts", c.restarts.maxRestarts, "Restarts of the worker group after a failure")
+  addOption(app, "max-restarts", c.restarts.maxRestarts,
+            "Restarts of the worker group after a failure")
       ->check(kCount);
   addOption(app, "monitor-interval", f.monitorInterval,
             "Accepted for torchrun compatibility: dlrun notices worker exits at once")
       ->check(kSeconds);
   f.stopTimeoutOption = addOption(app, "stop-timeout", f.stopTimeout,
-                                      "Seconds between SIGTERM and SIGKILL when workers are "
-                                      "stopped (else TORCH_ELASTIC_SHUTDOWN_TIMEOUT, else 30)")
-                                ->check(kSeconds);
+                                  "Seconds between SIGTERM and SIGKILL when workers are "
+                                  "stopped (else TORCH_ELASTIC_SHUTDOWN_TIMEOUT, else 30)")
+                            ->check(kSeconds);
   f.shutdownTimeoutOption =
       addOption(app, "shutdown-timeout", f.shutdownTimeout, "torchrun's name of --stop-timeout")
           ->check(kSeconds);
@@ -193,7 +193,8 @@ void declareHostFlags(CLI::App& app, DeclaredFlags& f, LaunchConfig& c) {
             "on: this node's workers reach the job's store through dlrun on loopback "
             "(MASTER_ADDR=127.0.0.1), which carries their requests over a few connections and "
             "makes a barrier one request per node; off: each worker straight to the store; "
-            "auto: on from " + std::to_string(kStoreProxyAutoWorkers) + " workers on a node")
+            "auto: on from " +
+                std::to_string(kStoreProxyAutoWorkers) + " workers on a node")
       ->check(oneOf({"auto", "on", "off"}));
   f.masterAddrOption =
       addOption(app, "master-addr", c.masterAddr, "Store address for the static backend");
@@ -270,8 +271,7 @@ std::vector<std::string> expandAbbreviations(const CLI::App& app,
   out.reserve(args.size());
   size_t at = 0;
   // Up to the entry point, or the "--" before it: what follows is the workers'.
-  for (; at < args.size() && args[at] != "--" && args[at].size() > 1 && args[at][0] == '-';
-       ++at) {
+  for (; at < args.size() && args[at] != "--" && args[at].size() > 1 && args[at][0] == '-'; ++at) {
     out.push_back(args[at]);
     const CLI::Option* option = optionOf(app, out.back());
     // A value in the next argument ("--nnodes 2", "-r 3") is no flag to expand.

@@ -56,10 +56,9 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
     parser_->header_limit(kHeaderLimit);
     parser_->body_limit(kBodyLimit);
     stream_.expires_after(server_->options_.requestTimeout);
-    http::async_read(stream_, buffer_, *parser_,
-                     [self = shared_from_this()](const error_code& ec, size_t) {
-                       self->onRequest(ec);
-                     });
+    http::async_read(
+        stream_, buffer_, *parser_,
+        [self = shared_from_this()](const error_code& ec, size_t) { self->onRequest(ec); });
   }
 
   void close() {
@@ -87,18 +86,19 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
       const std::string_view target(request.target().data(), request.target().size());
       const size_t q = target.find('?');
       HttpReply reply = server_->handler_(target.substr(0, q),
-                                         q == std::string_view::npos ? "" : target.substr(q + 1));
+                                          q == std::string_view::npos ? "" : target.substr(q + 1));
       response_.result(static_cast<unsigned>(reply.status));
       response_.set(http::field::content_type, reply.contentType);
-      if (request.method() == http::verb::get) response_.body() = std::move(reply.body);
-      else response_.content_length(reply.body.size());
+      if (request.method() == http::verb::get)
+        response_.body() = std::move(reply.body);
+      else
+        response_.content_length(reply.body.size());
     }
     if (request.method() == http::verb::get) response_.prepare_payload();
-    http::async_write(stream_, response_,
-                      [self = shared_from_this()](const error_code& e, size_t) {
-                        if (e || !self->response_.keep_alive()) return self->close();
-                        self->read();
-                      });
+    http::async_write(stream_, response_, [self = shared_from_this()](const error_code& e, size_t) {
+      if (e || !self->response_.keep_alive()) return self->close();
+      self->read();
+    });
   }
 
   std::shared_ptr<HttpServerImpl> server_;  // outlives the session's last handler
@@ -116,10 +116,10 @@ tcp::acceptor HttpServerImpl::listen(asio::io_context& io, const HttpServerOptio
   tcp::acceptor acceptor(io);
   ec = openListener(acceptor, {address, options.port}, asio::socket_base::max_listen_connections);
   if (ec)
-    throw ConfigError(options.flag + " " + std::to_string(options.port) + ": cannot listen on " +
-                      options.host + ": " + ec.message() +
-                      (ec == asio::error::address_in_use ? " (pick another port, or 0 for any)"
-                                                         : ""));
+    throw ConfigError(
+        options.flag + " " + std::to_string(options.port) + ": cannot listen on " + options.host +
+        ": " + ec.message() +
+        (ec == asio::error::address_in_use ? " (pick another port, or 0 for any)" : ""));
   return acceptor;
 }
 
@@ -153,9 +153,7 @@ HttpServer::~HttpServer() { impl_->stop(); }
 
 uint16_t HttpServer::port() const { return impl_->listener_.local().port(); }
 
-std::string HttpServer::address() const {
-  return impl_->listener_.local().address().to_string();
-}
+std::string HttpServer::address() const { return impl_->listener_.local().address().to_string(); }
 
 void HttpServer::stop() { impl_->stop(); }
 

@@ -26,8 +26,8 @@ struct HttpReply {
 };
 
 struct HttpServerOptions {
-  std::string host = "0.0.0.0";  // numeric address to bind
-  uint16_t port = 0;             // 0 picks a free one; read it back with port()
+  std::string host = "0.0.0.0";         // numeric address to bind
+  uint16_t port = 0;                    // 0 picks a free one; read it back with port()
   std::string flag = "--metrics-port";  // named in the error when the port cannot be had
   std::chrono::milliseconds requestTimeout{10'000};  // to receive a whole request
 };

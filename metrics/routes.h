@@ -16,6 +16,7 @@ namespace dlrun::metrics {
 std::string_view pageHtml();
 
 // `metricsText` and `stateJson` run on the server's io_context thread, at each request.
-HttpHandler routes(std::function<std::string()> metricsText, std::function<std::string()> stateJson);
+HttpHandler routes(std::function<std::string()> metricsText,
+                   std::function<std::string()> stateJson);
 
 }  // namespace dlrun::metrics

@@ -40,15 +40,12 @@ void addStoreMetrics(Exposition& out, const StoreStats& stats) {
 std::string storeJson(const StoreStats& stats) {
   nlohmann::json ops = nlohmann::json::object();
   for (size_t op = 0; op < stats.ops.size(); ++op)
-    if (stats.ops[op])
-      ops[std::string(wire::opName(static_cast<wire::Op>(op)))] =
-          stats.ops[op];
+    if (stats.ops[op]) ops[std::string(wire::opName(static_cast<wire::Op>(op)))] = stats.ops[op];
   return nlohmann::json{{"connections", stats.connections}, {"open", stats.open},
                         {"refused", stats.refused},         {"rejected", stats.rejected},
-                        {"requests", stats.requests()},
-                        {"bytes_in", stats.bytesIn},        {"bytes_out", stats.bytesOut},
-                        {"keys", stats.keys},               {"waiters", stats.waiters},
-                        {"ops", ops}}
+                        {"requests", stats.requests()},     {"bytes_in", stats.bytesIn},
+                        {"bytes_out", stats.bytesOut},      {"keys", stats.keys},
+                        {"waiters", stats.waiters},         {"ops", ops}}
       .dump();
 }
 

@@ -9,8 +9,8 @@
 
 namespace dlrun::metrics {
 
-// dlrun_store_*: connections (accepted, open, refused, rejected), requests by op, bytes each way, keys,
-// waiters.
+// dlrun_store_*: connections (accepted, open, refused, rejected), requests by op, bytes each way,
+// keys, waiters.
 void addStoreMetrics(Exposition& out, const StoreStats& stats);
 
 // {"connections":N,"open":N,"refused":N,"requests":N,"bytes_in":N,"bytes_out":N,"keys":N,

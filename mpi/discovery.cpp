@@ -53,14 +53,16 @@ Settings discover(const Environment& env, const UserFlags& user) {
   if (!user.nnodes) {
     s.nnodes = firstNumber(env, {"OMPI_COMM_WORLD_SIZE"}, 1);
     if (!s.nnodes)
-      throw ConfigError("under mpirun (PMIX_RANK is set) no variable gives the number of "
-                        "dlrun processes: pass --nnodes");
+      throw ConfigError(
+          "under mpirun (PMIX_RANK is set) no variable gives the number of "
+          "dlrun processes: pass --nnodes");
   }
   if (!user.rdzvEndpoint) {
     const std::string* host = find(env, "MASTER_ADDR");
     if (!host)
-      throw ConfigError("under mpirun the store's host is MASTER_ADDR, which is not set: run "
-                        "mpirun -x MASTER_ADDR=HOST, or pass --rdzv-endpoint=HOST[:PORT]");
+      throw ConfigError(
+          "under mpirun the store's host is MASTER_ADDR, which is not set: run "
+          "mpirun -x MASTER_ADDR=HOST, or pass --rdzv-endpoint=HOST[:PORT]");
     s.endpointHost = *host;
     if (auto port = firstNumber(env, {"MASTER_PORT"}, 1, 65535))
       s.endpointPort = static_cast<uint16_t>(*port);

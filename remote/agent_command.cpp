@@ -17,11 +17,9 @@ constexpr std::array kNames{"PATH", "PYTHONPATH", "LD_LIBRARY_PATH", "PYTHON_EXE
 constexpr std::array kPrefixes{"CUDA_", "NCCL_", "PET_", "DLRUN_", "TORCH_", "TORCHELASTIC_"};
 // Never forwarded, even with --export-all: they describe this machine, this session, or a
 // launcher of another kind (Slurm, Open MPI), which the remote agent would take as its own.
-constexpr std::array kLocalNames{"HOME",    "USER", "LOGNAME", "SHELL", "PWD",     "OLDPWD",
-                                 "SHLVL",   "HOSTNAME", "TERM", "DISPLAY", "MAIL", "_",
-                                 "COLUMNS", "LINES"};
-constexpr std::array kLocalPrefixes{"SSH_", "XDG_", "SLURM", "OMPI_", "PMIX_", "TMUX",
-                                    "DBUS_"};
+constexpr std::array kLocalNames{"HOME",     "USER", "LOGNAME", "SHELL", "PWD", "OLDPWD",  "SHLVL",
+                                 "HOSTNAME", "TERM", "DISPLAY", "MAIL",  "_",   "COLUMNS", "LINES"};
+constexpr std::array kLocalPrefixes{"SSH_", "XDG_", "SLURM", "OMPI_", "PMIX_", "TMUX", "DBUS_"};
 
 bool hasPrefix(const std::string& name, const auto& prefixes) {
   return std::any_of(prefixes.begin(), prefixes.end(),
@@ -34,17 +32,16 @@ bool isOneOf(const std::string& name, const auto& names) {
 
 bool validName(std::string_view name) {
   return !name.empty() && !std::isdigit(static_cast<unsigned char>(name.front())) &&
-         std::all_of(name.begin(), name.end(), [](unsigned char c) {
-           return std::isalnum(c) || c == '_';
-         });
+         std::all_of(name.begin(), name.end(),
+                     [](unsigned char c) { return std::isalnum(c) || c == '_'; });
 }
 
 // Flags the agents never get from the launcher's command line, by dashed name; all but those of
 // kFlagsWithoutValue take a value (as --flag=VALUE or as the next word).
-constexpr std::array kDropped{"hostfile",      "hosts",        "ssh-command", "ssh-port",
-                              "export",        "export-all",   "nnodes",      "nproc-per-node",
-                              "node-rank",     "rdzv-backend", "rdzv-endpoint", "rdzv-id",
-                              "rdzv-conf",     "standalone"};
+constexpr std::array kDropped{"hostfile",  "hosts",        "ssh-command",   "ssh-port",
+                              "export",    "export-all",   "nnodes",        "nproc-per-node",
+                              "node-rank", "rdzv-backend", "rdzv-endpoint", "rdzv-id",
+                              "rdzv-conf", "standalone"};
 constexpr std::array kFlagsWithoutValue{"export-all", "standalone"};
 
 }  // namespace
@@ -91,8 +88,10 @@ std::vector<std::string> keptFlags(const std::vector<std::string>& flags) {
 std::string shellQuote(const std::string& text) {
   std::string quoted = "'";
   for (char c : text) {
-    if (c == '\'') quoted += "'\\''";
-    else quoted += c;
+    if (c == '\'')
+      quoted += "'\\''";
+    else
+      quoted += c;
   }
   return quoted + "'";
 }

@@ -60,9 +60,11 @@ class Fanout {
 
  private:
   void start(const FanoutNode& node, const std::vector<std::string>& envp) {
-    const agents::SpawnedProcess p = agents::spawnProcess(
-        {.argv = node.argv, .envp = envp, .pipeStdout = true, .pipeStderr = true,
-         .pipeStdin = true});
+    const agents::SpawnedProcess p = agents::spawnProcess({.argv = node.argv,
+                                                           .envp = envp,
+                                                           .pipeStdout = true,
+                                                           .pipeStderr = true,
+                                                           .pipeStdin = true});
     Client& client = clients_.emplace_back();
     client.node = &node;
     client.pid = p.pid;
@@ -155,8 +157,8 @@ class Fanout {
   void tellAll(int sig) {
     const std::string line = signalName(sig) + "\n";
     for (auto& client : clients_)
-      if (client.stdinFd >= 0)
-        [[maybe_unused]] auto n = ::write(client.stdinFd, line.data(), line.size());
+      if (client.stdinFd >= 0) [[maybe_unused]]
+        auto n = ::write(client.stdinFd, line.data(), line.size());
   }
 
   void armDeadline() {

@@ -37,7 +37,7 @@ struct FanoutNode {
 
 struct FanoutOptions {
   std::vector<FanoutNode> nodes;
-  std::chrono::milliseconds stopTimeout{30'000};  // the agents' --stop-timeout
+  std::chrono::milliseconds stopTimeout{30'000};       // the agents' --stop-timeout
   std::vector<int> stopSignals = kDefaultStopSignals;  // the agents' --signals-to-handle
   // Whether any round of the job has closed, so workers may have started (unset: unknown).
   std::function<bool()> workersStarted;

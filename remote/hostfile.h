@@ -11,7 +11,7 @@
 namespace dlrun::remote {
 
 struct Host {
-  std::string name;  // as written: what ssh is given and what prefixes the node's output
+  std::string name;          // as written: what ssh is given and what prefixes the node's output
   std::optional<int> slots;  // workers on it, when the entry says
   std::string where;         // "FILE line 3" or "--hosts entry 2", for messages
 };

@@ -17,11 +17,10 @@
 namespace dlrun::rendezvous::elastic {
 
 std::vector<std::string> Keys::ofRound(int round, int joined,
-                                      const std::vector<std::string>& members) const {
-  std::vector<std::string> keys{this->joined(round), closer(round), closed(round),
-                                roster(round),       end(round),    done(round),
-                                spares(round),       names(round),  gaveUp(round),
-                                this->members(round)};
+                                       const std::vector<std::string>& members) const {
+  std::vector<std::string> keys{
+      this->joined(round), closer(round), closed(round), roster(round), end(round),
+      done(round),         spares(round), names(round),  gaveUp(round), this->members(round)};
   for (int i = 1; i <= joined; ++i) {
     keys.push_back(node(round, i));
     keys.push_back(hangReport(round, i));
@@ -32,9 +31,9 @@ std::vector<std::string> Keys::ofRound(int round, int joined,
 
 namespace {
 
-using nlohmann::json;
 using json_fields::field;
 using json_fields::parse;
+using nlohmann::json;
 
 // nlohmann converts 70000 to a uint16_t without a word: a port is read as an int and checked.
 uint16_t portField(const json& object, const char* name, const char* what) {
@@ -55,8 +54,10 @@ struct AddressKey {
 
 AddressKey addressKey(const std::string& addr) {
   AddressKey key{2, {}, addr};
-  if (inet_pton(AF_INET, addr.c_str(), key.bytes.data()) == 1) key.family = 0;
-  else if (inet_pton(AF_INET6, addr.c_str(), key.bytes.data()) == 1) key.family = 1;
+  if (inet_pton(AF_INET, addr.c_str(), key.bytes.data()) == 1)
+    key.family = 0;
+  else if (inet_pton(AF_INET6, addr.c_str(), key.bytes.data()) == 1)
+    key.family = 1;
   return key;
 }
 
@@ -76,7 +77,7 @@ const char* kindName(RoundEnd::Kind kind) {
 }  // namespace
 
 std::string encode(const NodeRecord& r) {
-  json j = {{"id", r.id},     {"addr", r.addr},         {"name", r.name},
+  json j = {{"id", r.id},       {"addr", r.addr},         {"name", r.name},
             {"nproc", r.nproc}, {"ports", r.workerPorts}, {"failures", r.failures}};
   if (r.rankHint) j["hint"] = *r.rankHint;
   if (r.lastGroupRank) j["last"] = *r.lastGroupRank;
@@ -85,9 +86,7 @@ std::string encode(const NodeRecord& r) {
   return j.dump();
 }
 
-std::string nodeName(const NodeRecord& record) {
-  return record.name + " (" + record.addr + ")";
-}
+std::string nodeName(const NodeRecord& record) { return record.name + " (" + record.addr + ")"; }
 
 NodeRecord decodeNodeRecord(std::string_view text) {
   static constexpr const char* what = "node record";
@@ -164,12 +163,13 @@ Plan planRound(const std::vector<NodeRecord>& byArrival) {
       a.masterAddr = first.addr;
       a.masterPort = *first.storePort;
     }
-    for (uint16_t port : r.workerPorts)
-      plan.roster.endpoints.push_back(joinHostPort(r.addr, port));
+    for (uint16_t port : r.workerPorts) plan.roster.endpoints.push_back(joinHostPort(r.addr, port));
     // A node without --roles in a job with them: its workers take the role "worker".
     if (withRoles > 0) {
-      if (r.roles.empty()) plan.roster.roles.insert(plan.roster.roles.end(), r.nproc, "worker");
-      else plan.roster.roles.insert(plan.roster.roles.end(), r.roles.begin(), r.roles.end());
+      if (r.roles.empty())
+        plan.roster.roles.insert(plan.roster.roles.end(), r.nproc, "worker");
+      else
+        plan.roster.roles.insert(plan.roster.roles.end(), r.roles.begin(), r.roles.end());
     }
     baseRank += r.nproc;
   }
@@ -218,8 +218,7 @@ RoundEnd decodeRoundEnd(std::string_view text) {
   const auto kind = field<std::string>(j, "kind", what);
   e.node = field<std::string>(j, "node", what);
   for (auto k : {RoundEnd::Kind::NodeLost, RoundEnd::Kind::NodeJoined, RoundEnd::Kind::NodeLeft,
-                 RoundEnd::Kind::WorkerFailed, RoundEnd::Kind::Finished,
-                 RoundEnd::Kind::Stopped}) {
+                 RoundEnd::Kind::WorkerFailed, RoundEnd::Kind::Finished, RoundEnd::Kind::Stopped}) {
     if (kind == kindName(k)) e.kind = k;
   }
   if (kind != kindName(e.kind)) throw ProtocolError("unknown round end '" + kind + "'");

@@ -91,14 +91,14 @@ inline constexpr std::string_view kStopped = "stop";
 
 // What an agent publishes when it joins a round.
 struct NodeRecord {
-  std::string id;        // drawn by the agent, unique in the job: the key of its assignment
-  std::string addr;      // numeric address other nodes reach it at
-  std::string name;      // hostname, for messages only (several nodes may share one)
-  int nproc = 1;         // workers it runs
-  std::optional<int> rankHint;       // --node-rank or the Slurm node id
+  std::string id;               // drawn by the agent, unique in the job: the key of its assignment
+  std::string addr;             // numeric address other nodes reach it at
+  std::string name;             // hostname, for messages only (several nodes may share one)
+  int nproc = 1;                // workers it runs
+  std::optional<int> rankHint;  // --node-rank or the Slurm node id
   std::vector<uint16_t> workerPorts;  // one free port per local worker, for TF_CONFIG
-  int failures = 0;      // failure restarts this agent has seen in the job so far
-  std::optional<int> lastGroupRank;  // its group rank in the round before, kept where possible
+  int failures = 0;                   // failure restarts this agent has seen in the job so far
+  std::optional<int> lastGroupRank;   // its group rank in the round before, kept where possible
   // The port of the workers' store this agent serves on `addr` (etcd: no machine is special,
   // so whichever agent gets group rank 0 serves its round's workers); unset under c10d.
   std::optional<uint16_t> storePort;
@@ -128,10 +128,10 @@ struct Plan {
   Roster roster;
 };
 
-// Group ranks by (rank hint, numeric address, last group rank, arrival); base ranks are the prefix sums of the
-// members' worker counts in group-rank order, so nodes may run different numbers of workers.
-// When group rank 0 serves a workers' store (storePort), every assignment names its address
-// and that port as the workers' MASTER_ADDR/MASTER_PORT.
+// Group ranks by (rank hint, numeric address, last group rank, arrival); base ranks are the prefix
+// sums of the members' worker counts in group-rank order, so nodes may run different numbers of
+// workers. When group rank 0 serves a workers' store (storePort), every assignment names its
+// address and that port as the workers' MASTER_ADDR/MASTER_PORT.
 Plan planRound(const std::vector<NodeRecord>& byArrival);
 
 // A JSON array of endpoints, or {"endpoints":[...],"roles":[...]} under --roles; throws

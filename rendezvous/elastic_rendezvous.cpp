@@ -11,11 +11,11 @@
 #include "common/error.h"
 #include "common/host_port.h"
 #include "common/log.h"
+#include "rendezvous/waiting_report.h"
 #include "store/address.h"
 #include "store/leasing_store.h"
 #include "store/tcp_store.h"
 #include "store/tcp_stream.h"
-#include "rendezvous/waiting_report.h"
 
 namespace dlrun::rendezvous {
 
@@ -92,8 +92,7 @@ void ElasticImpl::connect(Clock::time_point deadline) {
       if (reconnect_) refusals.note(e, at, options_.leaseTtl, storeName());
       std::lock_guard lock(connectionMutex_);
       if (interrupted_ || at >= deadline)
-        throw NetworkError("cannot reach the rendezvous store at " + storeName() + ": " +
-                           e.what());
+        throw NetworkError("cannot reach the rendezvous store at " + storeName() + ": " + e.what());
     }
   }
 }
@@ -114,22 +113,24 @@ void ElasticImpl::lookFirst() {
   if (stored.empty()) stored = lease_->compareSet(keys_.shape(), "", elastic::encodeShape(mine));
   const elastic::Shape theirs = elastic::decodeShape(stored);
   if (theirs.protocol != mine.protocol)
-    throw ConfigError("job '" + options_.runId + "' was started by a dlrun that speaks rendezvous "
-                      "protocol " + std::to_string(theirs.protocol) + ", and this one speaks " +
+    throw ConfigError("job '" + options_.runId +
+                      "' was started by a dlrun that speaks rendezvous "
+                      "protocol " +
+                      std::to_string(theirs.protocol) + ", and this one speaks " +
                       std::to_string(mine.protocol) +
                       ": run the same dlrun version on every node of a job");
   const auto range = [](const elastic::Shape& s) {
     return std::to_string(s.minNodes) + ":" + std::to_string(s.maxNodes);
   };
   if (theirs != mine)
-    throw ConfigError("rendezvous id '" + options_.runId + "' is in use by a job with --nnodes=" +
-                      range(theirs) + " (this node has --nnodes=" + range(mine) +
-                      "); give each job its own --rdzv-id");
+    throw ConfigError(
+        "rendezvous id '" + options_.runId + "' is in use by a job with --nnodes=" + range(theirs) +
+        " (this node has --nnodes=" + range(mine) + "); give each job its own --rdzv-id");
   firstLook_.emplace(found.begin() + 2, found.begin() + 5);
 }
 
 void ElasticImpl::refuseEndedJob(const std::string& stop, const std::string& current,
-                                       const std::string& firstEnd, const std::string& expiry) {
+                                 const std::string& firstEnd, const std::string& expiry) {
   const int64_t round = storedCount(current, keys_.current());
   const std::string newestEnd =
       round > 0 ? lease_->peek({keys_.end(static_cast<int>(round))})[0] : firstEnd;
@@ -180,8 +181,8 @@ JoinResult ElasticImpl::join(Clock::time_point deadline) {
                  : lease_->peek({keys_.stop(), keys_.lost(options_.self.name), keys_.current()});
   if (!found[0].empty()) return elastic::decodeRoundEnd(found[0]);  // stopped on purpose
   if (options_.refuseLostNodes && !found[1].empty())
-    throw ConfigError("node " + options_.self.name + " was lost earlier in job '" +
-                      options_.runId + "' and is not taken back: its place went to another node");
+    throw ConfigError("node " + options_.self.name + " was lost earlier in job '" + options_.runId +
+                      "' and is not taken back: its place went to another node");
   int round;
   if (member_) {
     if (endOwnRound_) {
@@ -314,9 +315,9 @@ std::optional<std::vector<std::string>> ElasticImpl::closeRound(int round, int i
       keys_.closer(round), me,
       atMaximum ? nodeKeys(options_.maxNodes) : std::vector{keys_.joined(round)});
   if (claim[0] != me) return std::nullopt;
-  const int members = atMaximum ? options_.maxNodes
-                                : std::min(toCount(claim[1], keys_.joined(round)),
-                                           options_.maxNodes);
+  const int members = atMaximum
+                          ? options_.maxNodes
+                          : std::min(toCount(claim[1], keys_.joined(round)), options_.maxNodes);
   const std::vector<std::string> nodes = nodeKeys(members);
   std::vector<std::string> texts =
       atMaximum ? std::vector(claim.begin() + 1, claim.end()) : lease_->peek(nodes);
@@ -383,7 +384,7 @@ bool ElasticImpl::forgotten(int round) {
 }
 
 World ElasticImpl::memberWorld(int round, int index, int members,
-                                     const std::vector<std::string>& texts) {
+                               const std::vector<std::string>& texts) {
   const elastic::Assignment a = elastic::decodeAssignment(texts[1]);
   member_ = Member{round, index, members, a.failures};
   memberRound_ = round;
@@ -422,9 +423,7 @@ ElasticImpl::Step ElasticImpl::afterLateArrival(int round, int members) {
   return NextRound{};
 }
 
-int ElasticImpl::spares(int round) {
-  return static_cast<int>(lease_->add(keys_.spares(round), 0));
-}
+int ElasticImpl::spares(int round) { return static_cast<int>(lease_->add(keys_.spares(round), 0)); }
 
 RoundEnd ElasticImpl::readEnd(int round) {
   RoundEnd end = elastic::decodeRoundEnd(lease_->peek({keys_.end(round)})[0]);
@@ -481,8 +480,8 @@ TimeoutError ElasticImpl::timedOut(int round) {
   lease_->append(keys_.gaveUp(round), elastic::nodeName(options_.self) + "\n");
   const int joined = static_cast<int>(lease_->add(keys_.joined(round), 0));
   std::string message = "rendezvous '" + options_.runId + "' gave up after " +
-                        seconds(options_.joinTimeout) + " s (join_timeout): " +
-                        std::to_string(joined) + " of at least " +
+                        seconds(options_.joinTimeout) +
+                        " s (join_timeout): " + std::to_string(joined) + " of at least " +
                         std::to_string(options_.minNodes) + " nodes joined";
   std::vector<std::string> records;
   for (int i = 1; i <= std::min(joined, options_.maxNodes); ++i)
@@ -492,9 +491,9 @@ TimeoutError ElasticImpl::timedOut(int round) {
   // (Before this node's first round closed, the key does not exist: nobody is expected.)
   records.push_back(keys_.names(lastRound_.value_or(round)));
   std::vector<std::string> texts = lease_->peek(records);
-  const std::vector<std::string> expected =
-      texts.back().empty() ? std::vector<std::string>{}
-                           : elastic::decodeRoster(texts.back()).endpoints;
+  const std::vector<std::string> expected = texts.back().empty()
+                                                ? std::vector<std::string>{}
+                                                : elastic::decodeRoster(texts.back()).endpoints;
   texts.pop_back();
   std::vector<std::string> came;
   for (size_t start = 0, end; (end = texts.back().find('\n', start)) != std::string::npos;

@@ -77,14 +77,14 @@ class ElasticImpl {
 
   struct Member {
     int round = 0;
-    int index = 0;    // arrival index in the round
-    int members = 0;  // the round's size
-    int failures = 0; // failure restarts used before the round
+    int index = 0;     // arrival index in the round
+    int members = 0;   // the round's size
+    int failures = 0;  // failure restarts used before the round
   };
-  struct Ended {      // the last round this node saw end
+  struct Ended {  // the last round this node saw end
     int round = 0;
     int members = 0;
-    int spares = 0;   // agents that waited for a place in it
+    int spares = 0;  // agents that waited for a place in it
     RoundEnd::Kind kind{};
   };
   // What a round gave this node: a place, the job's end, or a reason to try the next round.
@@ -133,7 +133,7 @@ class ElasticImpl {
   // The job's stop, this node's lost mark and the newest round, as lookFirst() read them: the
   // first next() reads nothing more before it joins.
   std::optional<std::vector<std::string>> firstLook_;
-  std::unique_ptr<LeasingStore> lease_;    // joins, waits and this node's lease
+  std::unique_ptr<LeasingStore> lease_;  // joins, waits and this node's lease
   // Reports from the agent's thread: each call holds its own reference, so the rendezvous
   // thread dropping the connection (a reconnect) never destroys it under a call.
   std::shared_ptr<LeasingStore> control_;
@@ -152,11 +152,11 @@ class ElasticImpl {
   bool reconnect_ = false;
   std::atomic<bool> storeAway_{false};  // rideOut() runs: reports are kept at once
   std::mutex reportsMutex_;
-  std::vector<Write> unsent_;  // reports the store did not take, oldest first
+  std::vector<Write> unsent_;   // reports the store did not take, oldest first
   std::mutex connectionMutex_;  // interrupt() against a reconnect swapping the connections
   bool interrupted_ = false;
   std::condition_variable interruptedCv_;  // rideOut()'s pauses end at interrupt()
-  int joiningRound_ = -1;  // the round join() tries (-1: none yet)
+  int joiningRound_ = -1;                  // the round join() tries (-1: none yet)
   // This node gave up on its round through an outage: the next join() ends it, should another
   // member still be in it.
   bool endOwnRound_ = false;

@@ -25,8 +25,8 @@ std::string seconds(Clock::duration elapsed) {
 
 }  // namespace
 
-void ElasticImpl::Refusals::note(const Error& failure, Clock::time_point at,
-                                       Clock::duration ttl, const std::string& store) {
+void ElasticImpl::Refusals::note(const Error& failure, Clock::time_point at, Clock::duration ttl,
+                                 const std::string& store) {
   const bool refused = dynamic_cast<const ConnectionRefused*>(&failure) != nullptr;
   if (refused && !refusing_) since_ = at;
   refusing_ = refused;
@@ -50,7 +50,7 @@ void ElasticImpl::reopen() {
 }
 
 void ElasticImpl::rideOut(const Error& failure, Clock::time_point since,
-                                const std::string& meanwhile) {
+                          const std::string& meanwhile) {
   {
     std::lock_guard lock(connectionMutex_);  // interrupt() cut the call: no outage
     if (interrupted_) throw NetworkError("the rendezvous was interrupted");
@@ -97,14 +97,15 @@ bool ElasticImpl::restoreIfReset(int round) {
 }
 
 int ElasticImpl::restoreAfterReset(int round) {
-  lease_->compareSet(keys_.shape(), "",
-                     elastic::encodeShape({.minNodes = options_.minNodes,
-                                           .maxNodes = options_.maxNodes}));
+  lease_->compareSet(
+      keys_.shape(), "",
+      elastic::encodeShape({.minNodes = options_.minNodes, .maxNodes = options_.maxNodes}));
   // A node that arrived since may have written a round already: the nodes meet in that one.
   const std::string current = lease_->compareSet(keys_.current(), "", std::to_string(round));
   log::warn("the rendezvous store at " + storeName() +
             " came back without this job's keys (it restarted and lost them): the nodes meet "
-            "again in round " + current);
+            "again in round " +
+            current);
   return static_cast<int>(storedCount(current, keys_.current()));
 }
 
@@ -119,9 +120,8 @@ std::optional<RoundEnd> ElasticImpl::roundAfterOutage(int round) {
   // the job's first keys again already).
   restoreIfReset(round + 1);
   return RoundEnd{.kind = RoundEnd::Kind::StoreLost,
-                  .node = "the rendezvous store at " + storeName() +
-                          " came back without round " + std::to_string(round) +
-                          " (it restarted and lost its keys)"};
+                  .node = "the rendezvous store at " + storeName() + " came back without round " +
+                          std::to_string(round) + " (it restarted and lost its keys)"};
 }
 
 void ElasticImpl::abandonJoin(int round) {

@@ -46,11 +46,11 @@ void ElasticImpl::reportFailure(RoundEnd failure) {
 
 void ElasticImpl::reportSuccess() {
   const RoundEnd finished{.kind = RoundEnd::Kind::Finished, .node = options_.self.name};
-  report("its workers finished", [done = keys_.done(member_->round),
-                                  end = keys_.end(member_->round), members = member_->members,
-                                  finished](Store& store) {
-    if (store.add(done, 1) == members) store.compareSet(end, "", elastic::encode(finished));
-  });
+  report("its workers finished",
+         [done = keys_.done(member_->round), end = keys_.end(member_->round),
+          members = member_->members, finished](Store& store) {
+           if (store.add(done, 1) == members) store.compareSet(end, "", elastic::encode(finished));
+         });
 }
 
 RoundEnd ElasticImpl::reportStop(int signal) {

@@ -13,9 +13,9 @@ JoinResult LocalRendezvous::next() {
   const NodeJob job{options_.runId, options_.localWorldSize, options_.restarts, options_.store};
   std::lock_guard lock(mutex_);
   end_.reset();
-  World world = makeWorld(job, round_++,
-                          {.worldSize = options_.localWorldSize, .failures = failures_},
-                          std::move(endpoints));
+  World world =
+      makeWorld(job, round_++, {.worldSize = options_.localWorldSize, .failures = failures_},
+                std::move(endpoints));
   world.workerRoles = options_.roles;
   return world;
 }
@@ -41,9 +41,7 @@ void LocalRendezvous::reportSuccess() {
   ended_.notify_all();
 }
 
-RoundEnd LocalRendezvous::reportStop(int signal) {
-  return jobStopped(signal, options_.nodeName);
-}
+RoundEnd LocalRendezvous::reportStop(int signal) { return jobStopped(signal, options_.nodeName); }
 
 void LocalRendezvous::shareHangReport(const std::string& report) {
   std::lock_guard lock(mutex_);

@@ -17,7 +17,7 @@ struct LocalRendezvousOptions {
   std::string runId;
   int localWorldSize = 1;
   RestartPolicy restarts;
-  HostPort store;  // where workers reach the agent's store
+  HostPort store;                      // where workers reach the agent's store
   std::string hostAddr = "127.0.0.1";  // this node's address in TF_CONFIG
   std::string nodeName;                // this node in messages
   std::vector<std::string> roles;      // each worker's role under --roles; else empty

@@ -12,8 +12,8 @@ std::optional<std::string> WaitingReport::update(int joined, Clock::time_point n
   lastJoined_ = joined;
   lastSaid_ = now;
   const auto left = std::chrono::ceil<std::chrono::seconds>(std::max(giveUp - now, {}));
-  return "waiting for " + std::to_string(minNodes_ - joined) + " more node(s): " +
-         std::to_string(joined) + " of " + std::to_string(minNodes_) +
+  return "waiting for " + std::to_string(minNodes_ - joined) +
+         " more node(s): " + std::to_string(joined) + " of " + std::to_string(minNodes_) +
          " joined, giving up in " + std::to_string(left.count()) + " s";
 }
 

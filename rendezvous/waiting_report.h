@@ -20,8 +20,7 @@ class WaitingReport {
   // The line to print now, if any, with `joined` nodes in the round: at once when the count
   // changed, else at most every kEvery while the round is below its minimum.
   // "waiting for 1 more node(s): 2 of 3 joined, giving up in 598 s"
-  std::optional<std::string> update(int joined, Clock::time_point now,
-                                    Clock::time_point giveUp);
+  std::optional<std::string> update(int joined, Clock::time_point now, Clock::time_point giveUp);
 
  private:
   const int minNodes_;

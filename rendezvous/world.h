@@ -15,20 +15,20 @@ namespace dlrun::rendezvous {
 
 struct World {
   std::string runId;
-  int round = 0;            // rendezvous round that produced this world
-  int groupRank = 0;        // this node's rank among nodes
-  int groupWorldSize = 1;   // nodes in the job
-  int localWorldSize = 1;   // workers on this node
-  int baseRank = 0;         // RANK of this node's local rank 0
-  int worldSize = 1;        // workers in the job
-  int failures = 0;         // failure restarts used before this round
-  RestartPolicy restarts;   // --max-restarts
-  std::string masterAddr;   // numeric address of the store workers use
+  int round = 0;           // rendezvous round that produced this world
+  int groupRank = 0;       // this node's rank among nodes
+  int groupWorldSize = 1;  // nodes in the job
+  int localWorldSize = 1;  // workers on this node
+  int baseRank = 0;        // RANK of this node's local rank 0
+  int worldSize = 1;       // workers in the job
+  int failures = 0;        // failure restarts used before this round
+  RestartPolicy restarts;  // --max-restarts
+  std::string masterAddr;  // numeric address of the store workers use
   // The port workers use: once the agent opened this attempt's key space on the store
   // (AgentOptions::attemptSpaces), the space's; until then the store's own.
   uint16_t masterPort = 0;
-  uint16_t storePort = 0;   // the store's own port (its rendezvous, the agents' connections)
-  bool agentStore = true;   // the store is dlrun's own (torch then opens a client only)
+  uint16_t storePort = 0;  // the store's own port (its rendezvous, the agents' connections)
+  bool agentStore = true;  // the store is dlrun's own (torch then opens a client only)
   std::vector<std::string> workerEndpoints;  // "host:port" per worker, ordered by RANK
   // Each RANK's role name under --roles (agents/roles.h); empty: every worker has --role.
   std::vector<std::string> workerRoles;

@@ -18,8 +18,8 @@ std::optional<T> number(const Environment& env, const std::string& name, T min) 
   if (!text) return std::nullopt;
   const std::optional<T> value = parseInteger<T>(*text);
   if (!value || *value < min)
-    throw ConfigError(name + "='" + *text + "' is not a whole number >= " +
-                      std::to_string(min) + "; pass --no-slurm to ignore Slurm");
+    throw ConfigError(name + "='" + *text + "' is not a whole number >= " + std::to_string(min) +
+                      "; pass --no-slurm to ignore Slurm");
   return value;
 }
 
@@ -78,14 +78,17 @@ Settings discover(const Environment& env, const UserFlags& user) {
     const std::string* list = find(env, variable);
     if (!list) list = find(env, variable = "SLURM_JOB_NODELIST");
     if (!list)
-      throw ConfigError("neither SLURM_STEP_NODELIST nor SLURM_JOB_NODELIST is set: pass "
-                        "--rdzv-endpoint=HOST[:PORT]");
+      throw ConfigError(
+          "neither SLURM_STEP_NODELIST nor SLURM_JOB_NODELIST is set: pass "
+          "--rdzv-endpoint=HOST[:PORT]");
     s.nodes = expandHostlist(*list, variable);
     const std::vector<std::string>& nodes = s.nodes;
     s.endpointHost = nodes.front();
     s.endpointPort = discovery::derivedPort(*jobId);
-    if (s.nodeName) s.servesStore = *s.nodeName == nodes.front();
-    else if (nodeId) s.servesStore = *nodeId == 0;
+    if (s.nodeName)
+      s.servesStore = *s.nodeName == nodes.front();
+    else if (nodeId)
+      s.servesStore = *nodeId == 0;
   }
   return s;
 }

@@ -17,8 +17,7 @@ namespace {
 
 using AddrInfoList = std::unique_ptr<addrinfo, decltype(&::freeaddrinfo)>;
 
-AddrInfoList lookUp(const std::string& host, uint16_t port, int socktype,
-                    const std::string& what) {
+AddrInfoList lookUp(const std::string& host, uint16_t port, int socktype, const std::string& what) {
   addrinfo hints{};
   hints.ai_socktype = socktype;
   addrinfo* list = nullptr;
@@ -30,11 +29,10 @@ AddrInfoList lookUp(const std::string& host, uint16_t port, int socktype,
 
 std::string numeric(const sockaddr* address) {
   char text[INET6_ADDRSTRLEN] = {};
-  const void* bytes = address->sa_family == AF_INET
-                          ? static_cast<const void*>(
-                                &reinterpret_cast<const sockaddr_in*>(address)->sin_addr)
-                          : static_cast<const void*>(
-                                &reinterpret_cast<const sockaddr_in6*>(address)->sin6_addr);
+  const void* bytes =
+      address->sa_family == AF_INET
+          ? static_cast<const void*>(&reinterpret_cast<const sockaddr_in*>(address)->sin_addr)
+          : static_cast<const void*>(&reinterpret_cast<const sockaddr_in6*>(address)->sin6_addr);
   ::inet_ntop(address->sa_family, bytes, text, sizeof(text));
   return text;
 }

@@ -5,8 +5,7 @@
 namespace dlrun {
 
 ExponentialBackoff::ExponentialBackoff(std::chrono::milliseconds initial,
-                                       std::chrono::milliseconds max, double factor,
-                                       double jitter)
+                                       std::chrono::milliseconds max, double factor, double jitter)
     : initial_(initial),
       max_(max),
       factor_(factor),

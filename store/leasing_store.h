@@ -46,8 +46,7 @@ class LeasingStore : public Store {
   // Waits until every key exists: true, or false once `timeout` passed on now()'s clock (the
   // connection stays usable and the wait is forgotten by the store). Throws only when the
   // store fails or the connection was aborted.
-  virtual bool waitFor(const std::vector<std::string>& keys,
-                       std::chrono::milliseconds timeout) = 0;
+  virtual bool waitFor(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) = 0;
 
   // A hint: lease() with this `ttl` comes soon. A store that grants leases by a request of
   // their own (etcd) sends it now, so that it goes on alongside the requests before lease();
@@ -64,8 +63,7 @@ class LeasingStore : public Store {
 
   // compareSet(key, "", value), then peek(keys): compareSet's answer, then the values. One
   // request where the store can (etcd: one transaction); here, two.
-  virtual std::vector<std::string> createThenPeek(const std::string& key,
-                                                  const std::string& value,
+  virtual std::vector<std::string> createThenPeek(const std::string& key, const std::string& value,
                                                   const std::vector<std::string>& keys) {
     std::vector<std::string> out{compareSet(key, "", value)};
     for (auto& found : peek(keys)) out.push_back(std::move(found));

@@ -45,8 +45,8 @@ class Reply {
 
 Clock::time_point deadlineAfter(Clock::time_point now, std::chrono::milliseconds timeout) {
   // Saturates, so that "wait practically forever" cannot overflow the clock.
-  const auto room = std::chrono::duration_cast<std::chrono::milliseconds>(
-      Clock::time_point::max() - now);
+  const auto room =
+      std::chrono::duration_cast<std::chrono::milliseconds>(Clock::time_point::max() - now);
   return timeout >= room ? Clock::time_point::max() : now + timeout;
 }
 
@@ -157,8 +157,7 @@ void MemoryStore::lease(const std::string& key, const std::string& value,
     throw ProtocolError("the store engine answered LEASE with " + std::to_string(reply));
 }
 
-bool MemoryStore::waitFor(const std::vector<std::string>& keys,
-                          std::chrono::milliseconds timeout) {
+bool MemoryStore::waitFor(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) {
   const wire::Request wait = makeRequest(Op::Wait, views(keys));
   std::unique_lock lock(server_->mutex_);
   // Over TCP the WAIT (and a CANCEL_WAIT) renews the connection's leases; here the wait is a

@@ -18,10 +18,10 @@ void Store::requireSameLength(const std::vector<std::string>& keys,
 
 void LeasingStore::wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) {
   if (!waitFor(keys, timeout))
-    throw TimeoutError("timed out after " + std::to_string(timeout.count()) +
-                       " ms waiting for store key(s) " + keys.front() +
-                       (keys.size() > 1 ? " and " + std::to_string(keys.size() - 1) + " more"
-                                        : ""));
+    throw TimeoutError(
+        "timed out after " + std::to_string(timeout.count()) + " ms waiting for store key(s) " +
+        keys.front() +
+        (keys.size() > 1 ? " and " + std::to_string(keys.size() - 1) + " more" : ""));
 }
 
 void LeasingStore::requirePositiveTtl(const std::string& key, std::chrono::milliseconds ttl) {

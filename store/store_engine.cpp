@@ -50,37 +50,26 @@ void StoreEngine::handle(Peer& peer, const wire::Request& r, TimePoint now) {
     case Op::SpaceOpen:  // the server's, which opens ports: an engine holds one space's keys
     case Op::SpaceClose:
       throw RequestError(std::string(wire::opName(r.op)) + " is not served here");
-    case Op::Set:
-      setValue(r.keys[0], r.values[0]);
-      return;
-    case Op::CompareSet:
-      compareSet(peer, r);
-      return;
+    case Op::Set: setValue(r.keys[0], r.values[0]); return;
+    case Op::CompareSet: compareSet(peer, r); return;
     case Op::Get: {
       // Clients WAIT before GET; a key deleted in between reads as empty rather than hanging.
       auto it = data_.find(r.keys[0]);
       reply(peer, encodeBytes(it == data_.end() ? std::string_view() : it->second));
       return;
     }
-    case Op::Add:
-      return add(peer, r);
+    case Op::Add: return add(peer, r);
     case Op::Check: {
-      const bool ready = std::all_of(r.keys.begin(), r.keys.end(),
-                                     [&](std::string_view k) { return present(k); });
-      replyByte(peer, static_cast<uint8_t>(ready ? wire::CheckReply::Ready
-                                                : wire::CheckReply::NotReady));
+      const bool ready =
+          std::all_of(r.keys.begin(), r.keys.end(), [&](std::string_view k) { return present(k); });
+      replyByte(peer,
+                static_cast<uint8_t>(ready ? wire::CheckReply::Ready : wire::CheckReply::NotReady));
       return;
     }
     case Op::Wait:
-    case Op::GroupWait:
-      wait(peer, r);
-      return;
-    case Op::GroupCancel:
-      cancelGroupWait(peer, static_cast<uint64_t>(r.number));
-      return;
-    case Op::GetNumKeys:
-      reply(peer, encodeI64(static_cast<int64_t>(data_.size())));
-      return;
+    case Op::GroupWait: wait(peer, r); return;
+    case Op::GroupCancel: cancelGroupWait(peer, static_cast<uint64_t>(r.number)); return;
+    case Op::GetNumKeys: reply(peer, encodeI64(static_cast<int64_t>(data_.size()))); return;
     case Op::DeleteKey: {
       auto it = data_.find(r.keys[0]);
       const bool found = it != data_.end();
@@ -130,9 +119,7 @@ void StoreEngine::handle(Peer& peer, const wire::Request& r, TimePoint now) {
       wakeOne(key);  // one new item satisfies one blocked pop, as in PyTorch
       return;
     }
-    case Op::QueuePop:
-      queuePop(peer, r);
-      return;
+    case Op::QueuePop: queuePop(peer, r); return;
     case Op::QueueLen: {
       auto it = queues_.find(r.keys[0]);
       reply(peer, encodeI64(it == queues_.end() ? 0 : static_cast<int64_t>(it->second.size())));
@@ -146,8 +133,7 @@ void StoreEngine::handle(Peer& peer, const wire::Request& r, TimePoint now) {
       reply(peer, out);
       return;
     }
-    case Op::Barrier:
-      return barrier(peer, r);
+    case Op::Barrier: return barrier(peer, r);
     case Op::Lease:
       lease(peer, r, now);
       replyByte(peer, 0);
@@ -300,8 +286,7 @@ void StoreEngine::cancelGroupWait(Peer& peer, uint64_t tag) {
 
 void StoreEngine::reply(Peer& peer, std::string_view bytes) {
   // An empty reply (MULTI_GET of no keys) stays nothing, framed or not.
-  if (bytes.empty() || peer.groupWaits_ == 0)
-    return peer.send(bytes);
+  if (bytes.empty() || peer.groupWaits_ == 0) return peer.send(bytes);
   std::string framed(1, static_cast<char>(wire::FramedReply::InOrder));
   framed.append(bytes);
   peer.send(framed);

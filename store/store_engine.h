@@ -100,7 +100,7 @@ class StoreEngine {
   // Every write to a key wakes every waiter on it: WAITs, which wait only on keys missing when
   // they began, and BARRIER arrivals, which wait on their counter.
   void keyWritten(const std::string& key);
-  void wakeOne(const std::string& key);      // wakes the longest waiter on the key
+  void wakeOne(const std::string& key);  // wakes the longest waiter on the key
   // One of its keys exists (`pushed`: a QUEUE_PUSH brought it); reply when all do.
   void keyArrivedFor(uint64_t waiterId, bool pushed = false);
   void forgetWaiter(uint64_t id);

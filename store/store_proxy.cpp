@@ -119,9 +119,8 @@ Cancel ProxyImpl::wait(wire::Era, std::string_view request, Take take, AfterNext
   const uint64_t member = nextMember_++;
   group->second.members.emplace(member, Member{std::move(take), std::move(afterNext)});
   if (fresh) {
-    group->second.request = std::string(1, static_cast<char>(wire::encodeOp(wire::Era::V2,
-                                                                              Op::GroupWait))) +
-                            id;
+    group->second.request =
+        std::string(1, static_cast<char>(wire::encodeOp(wire::Era::V2, Op::GroupWait))) + id;
     sendGroupWait(id);
   } else {
     ++counters.coalescedWaits;
@@ -139,8 +138,10 @@ Cancel ProxyImpl::wait(wire::Era, std::string_view request, Take take, AfterNext
 void ProxyImpl::sendGroupWait(const std::string& id) {
   sendPostedAdds();
   WaitGroup& group = waits_.at(id);
-  group.withdraw = shared(wire::Era::V2)->sendGroupWait(
-      group.request, [this, id](std::string_view reply) { groupWoken(id, reply); });
+  group.withdraw =
+      shared(wire::Era::V2)->sendGroupWait(group.request, [this, id](std::string_view reply) {
+        groupWoken(id, reply);
+      });
 }
 
 // A QUEUE_PUSH woke the group (StopWaitingOne): its first client goes on; the others wait on

@@ -14,8 +14,9 @@
 // (WAIT, BARRIER) each on a connection of a pool. A group of WAITs is one GROUP_WAIT (wire.h),
 // whose reply says when a QUEUE_PUSH woke it: then one client goes on and the others wait on, so
 // one push still releases one blocked popper, as the store's wake-one does. LEASE is refused: it
-// is the agents' own. The store must be dlrun's (dlrund's or an agent's). When the store's connection fails, every client's is closed: as a worker straight on the
-// store would, each sees its store gone.
+// is the agents' own. The store must be dlrun's (dlrund's or an agent's). When the store's
+// connection fails, every client's is closed: as a worker straight on the store would, each sees
+// its store gone.
 //
 // Runs on the caller's io_context; not thread-safe (call everything on that thread but stats()).
 #pragma once
@@ -47,8 +48,8 @@ struct StoreProxyStats {
   uint64_t requests = 0;          // requests from them
   uint64_t upstreamRequests = 0;  // requests sent to the store
   uint64_t upstreamConnections = 0;
-  uint64_t coalescedWaits = 0;    // local WAITs that joined one already sent
-  uint64_t coalescedAdds = 0;     // local ADDs folded into another's upstream ADD
+  uint64_t coalescedWaits = 0;  // local WAITs that joined one already sent
+  uint64_t coalescedAdds = 0;   // local ADDs folded into another's upstream ADD
 };
 
 namespace detail {

@@ -110,8 +110,7 @@ class ProxyImpl : public std::enable_shared_from_this<ProxyImpl> {
   ProxyImpl(asio::io_context& io, StoreProxyOptions options)
       : io_(io),
         options_(std::move(options)),
-        listener_(listenOn(io, tcp::endpoint(asio::ip::make_address(options_.host),
-                                             options_.port),
+        listener_(listenOn(io, tcp::endpoint(asio::ip::make_address(options_.host), options_.port),
                            "the store proxy on " + options_.host)),
         upstream_(asio::ip::make_address(options_.upstreamHost), options_.upstreamPort) {}
 
@@ -172,7 +171,7 @@ class ProxyImpl : public std::enable_shared_from_this<ProxyImpl> {
   std::vector<char> scratch_ = std::vector<char>(64 * 1024);
   std::unordered_map<Client*, std::shared_ptr<Client>> clients_;
   std::unordered_set<std::shared_ptr<Upstream>> upstreams_;  // every open one
-  std::array<std::shared_ptr<Upstream>, 2> shared_;  // by era
+  std::array<std::shared_ptr<Upstream>, 2> shared_;          // by era
   std::array<std::vector<std::shared_ptr<Upstream>>, 2> pool_;
   struct Member {
     Take take;
@@ -185,8 +184,8 @@ class ProxyImpl : public std::enable_shared_from_this<ProxyImpl> {
   };
   std::map<std::string, WaitGroup> waits_;  // by era and the WAIT's keys
   uint64_t nextMember_ = 0;
-  std::map<std::string, AddBatch> adds_;            // by era and key
-  std::vector<std::string> posted_;  // batches held for the end of this loop turn, unsent
+  std::map<std::string, AddBatch> adds_;  // by era and key
+  std::vector<std::string> posted_;       // batches held for the end of this loop turn, unsent
   bool failing_ = false;
 };
 

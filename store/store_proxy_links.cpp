@@ -109,17 +109,14 @@ class Client : public std::enable_shared_from_this<Client> {
         slots_[slot].cancel = proxy_.wait(era, raw, filler(slot), afterNext());
         return true;
       }
-      case Op::Add:
-        proxy_.add(era, r.keys[0], r.number, filler(newSlot(false)));
-        return true;
+      case Op::Add: proxy_.add(era, r.keys[0], r.number, filler(newSlot(false))); return true;
       case Op::Barrier: {
         const uint64_t slot = newSlot(true);
         resume(slot);
         slots_[slot].cancel = proxy_.forwardBlocking(era, raw, r.op, filler(slot));
         return true;
       }
-      default:
-        break;
+      default: break;
     }
     // Nothing of a reply yet: an op without one is known by its size 0.
     const auto size = wire::replySize(r.op, r.keys.size(), {}, proxy_.limits());
@@ -272,10 +269,9 @@ void Upstream::flush() {
 }
 
 void Upstream::read() {
-  socket_.async_read_some(asio::buffer(buffer_),
-                          [self = shared_from_this()](const error_code& ec, size_t n) {
-                            self->onRead(ec, n);
-                          });
+  socket_.async_read_some(
+      asio::buffer(buffer_),
+      [self = shared_from_this()](const error_code& ec, size_t n) { self->onRead(ec, n); });
 }
 
 void Upstream::onRead(const error_code& ec, size_t n) {

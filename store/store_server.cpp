@@ -32,8 +32,8 @@ tcp::acceptor ServerImpl::listen(asio::io_context& io, const StoreServerOptions&
                                     tcp::resolver::passive | tcp::resolver::numeric_service, ec);
   if (ec || endpoints.empty())
     throw NetworkError("cannot resolve listen address '" + options.host + "': " + ec.message());
-  return listenOn(io, endpoints.begin()->endpoint(),
-                  joinHostPort(options.host, options.port), options.backlog);
+  return listenOn(io, endpoints.begin()->endpoint(), joinHostPort(options.host, options.port),
+                  options.backlog);
 }
 
 void ServerImpl::accept() {
@@ -129,8 +129,8 @@ bool ServerImpl::admits(tcp::socket& socket) {
   error_code ec;
   const auto peer = socket.remote_endpoint(ec).address();
   if (ec) return false;  // gone already; the socket closes as it goes out of scope
-  const auto v6 = peer.is_v4() ? asio::ip::make_address_v6(asio::ip::v4_mapped, peer.to_v4())
-                               : peer.to_v6();
+  const auto v6 =
+      peer.is_v4() ? asio::ip::make_address_v6(asio::ip::v4_mapped, peer.to_v4()) : peer.to_v6();
   const IpBytes bytes = v6.to_bytes();
   if (options_.admission.allows(bytes)) return true;
   socket.close(ec);
@@ -192,9 +192,7 @@ StoreServer::~StoreServer() = default;
 
 uint16_t StoreServer::port() const { return impl_->listener_.local().port(); }
 
-std::string StoreServer::address() const {
-  return impl_->listener_.local().address().to_string();
-}
+std::string StoreServer::address() const { return impl_->listener_.local().address().to_string(); }
 
 void StoreServer::stop() { impl_->stop(); }
 

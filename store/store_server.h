@@ -32,7 +32,7 @@ struct StoreServerOptions {
   std::string host = "0.0.0.0";  // numeric address or name to bind; "::" for IPv6
   uint16_t port = 0;             // 0 picks a free port; read it back with port()
   wire::Limits limits;
-  int backlog = 4096;            // a barrier of thousands of clients connects at once
+  int backlog = 4096;  // a barrier of thousands of clients connects at once
   // When set, a connection whose first byte is 'P' (HTTP/2's preface, "PRI * HTTP/2.0") is no
   // store client: its descriptor goes to this callback, which owns it from then on, with the
   // bytes unread. A TCPStore request opens with an op code (0..18, or 64..68). Called on the

@@ -101,7 +101,7 @@ class ServerImpl : public std::enable_shared_from_this<ServerImpl> {
   static constexpr size_t kMaxLoggedRejections = 1024;
   Counter bytesIn_;
   Counter bytesOut_;
-  Counter keys_;     // gauges, as of the last request served
+  Counter keys_;  // gauges, as of the last request served
   Counter waiters_;
   Counter spacesOpen_;
   std::array<Counter, wire::kOpCount> ops_;
@@ -168,7 +168,7 @@ class Session : public Peer, public std::enable_shared_from_this<Session> {
   bool writing_ = false;
   bool batching_ = false;
   bool closed_ = false;
-  bool sniff_;  // the first read is still to come and StoreServerOptions::foreign is set
+  bool sniff_;       // the first read is still to come and StoreServerOptions::foreign is set
   char first_[128];  // each read's first bytes: most requests whole
 };
 

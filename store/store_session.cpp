@@ -57,9 +57,8 @@ void Session::awaitReadable() {
                           [self](const error_code& ec, size_t n) { self->onPeeked(ec, n); });
     return;
   }
-  socket_.async_read_some(asio::buffer(first_), [self](const error_code& ec, size_t n) {
-    self->onRead(ec, n);
-  });
+  socket_.async_read_some(asio::buffer(first_),
+                          [self](const error_code& ec, size_t n) { self->onRead(ec, n); });
 }
 
 void Session::onPeeked(const error_code& ec, size_t n) {

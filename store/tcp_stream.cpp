@@ -26,8 +26,7 @@ int remainingMs(Clock::time_point deadline) {
 }
 
 // Starts a non-blocking connect to one address and waits for it by the deadline.
-int connectOne(const addrinfo& ai, Clock::time_point deadline, std::string& error,
-               bool& refused) {
+int connectOne(const addrinfo& ai, Clock::time_point deadline, std::string& error, bool& refused) {
   refused = false;
   int fd = ::socket(ai.ai_family, ai.ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, ai.ai_protocol);
   if (fd < 0) {

@@ -13,18 +13,19 @@ constexpr uint8_t kNoCode = 0xFF;
 // Wire code of each Op (indexed by Op) per era; kNoCode where the era lacks the op.
 constexpr size_t kOps = kOpCount;
 constexpr std::array<uint8_t, kOps> kV1Codes = {
-    kNoCode, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, kNoCode, kNoCode, kNoCode, kNoCode,
+    kNoCode, 0,       1,       2,       3,       4,       5,       6,       7,
+    8,       9,       10,      11,      12,      kNoCode, kNoCode, kNoCode, kNoCode,
     kNoCode, kNoCode, kNoCode, kNoCode, kNoCode, kNoCode, kNoCode};
-constexpr std::array<uint8_t, kOps> kV2Codes = {0,  1,  2,  3,  4,  5,  6,  7,  kNoCode, 8,  9,
-                                                10, 11, 12, 13, 14, 15, 16, 17,      18, 0x40,
-                                                0x41, 0x42, 0x43, 0x44};
+constexpr std::array<uint8_t, kOps> kV2Codes = {0,  1,  2,    3,    4,    5,    6,   7,  kNoCode,
+                                                8,  9,  10,   11,   12,   13,   14,  15, 16,
+                                                17, 18, 0x40, 0x41, 0x42, 0x43, 0x44};
 
 constexpr std::array<std::string_view, kOps> kNames = {
-    "VALIDATE",   "SET",    "COMPARE_SET", "GET",         "ADD",  "CHECK",
-    "WAIT",       "GETNUMKEYS", "WATCH_KEY", "DELETE_KEY", "APPEND", "MULTI_GET",
-    "MULTI_SET",  "CANCEL_WAIT", "PING",      "QUEUE_PUSH", "QUEUE_POP", "QUEUE_LEN",
-    "LIST_KEYS",  "BARRIER",     "LEASE",     "GROUP_WAIT", "GROUP_CANCEL", "SPACE_OPEN",
-    "SPACE_CLOSE"};
+    "VALIDATE",   "SET",        "COMPARE_SET",  "GET",         "ADD",
+    "CHECK",      "WAIT",       "GETNUMKEYS",   "WATCH_KEY",   "DELETE_KEY",
+    "APPEND",     "MULTI_GET",  "MULTI_SET",    "CANCEL_WAIT", "PING",
+    "QUEUE_PUSH", "QUEUE_POP",  "QUEUE_LEN",    "LIST_KEYS",   "BARRIER",
+    "LEASE",      "GROUP_WAIT", "GROUP_CANCEL", "SPACE_OPEN",  "SPACE_CLOSE"};
 
 const std::array<uint8_t, kOps>& codes(Era era) { return era == Era::V1 ? kV1Codes : kV2Codes; }
 
@@ -134,12 +135,10 @@ bool parseBody(Cursor& c, Request& out) {
     case Op::Validate:
       if (!c.u32(out.word)) return false;
       return out.word == kValidationMagic || c.invalid("VALIDATE with a wrong magic number");
-    case Op::Ping:
-      return c.u32(out.word);
+    case Op::Ping: return c.u32(out.word);
     case Op::Set:
     case Op::Append:
-    case Op::QueuePush:
-      return c.key(out.keys.emplace_back()) && c.value(out.values.emplace_back());
+    case Op::QueuePush: return c.key(out.keys.emplace_back()) && c.value(out.values.emplace_back());
     case Op::CompareSet:
       return c.key(out.keys.emplace_back()) && c.value(out.values.emplace_back()) &&
              c.value(out.values.emplace_back());
@@ -148,8 +147,7 @@ bool parseBody(Cursor& c, Request& out) {
     case Op::QueuePop:
     case Op::QueueLen:
     case Op::WatchKey:
-    case Op::SpaceClose:
-      return c.key(out.keys.emplace_back());
+    case Op::SpaceClose: return c.key(out.keys.emplace_back());
     case Op::Add:
     case Op::Barrier:
     case Op::SpaceOpen:
@@ -165,17 +163,14 @@ bool parseBody(Cursor& c, Request& out) {
     case Op::Check:
     case Op::Wait:
     case Op::GroupWait:
-    case Op::MultiGet:
-      return parseKeys(c, out);
-    case Op::MultiSet:
-      return parsePairs(c, out);
+    case Op::MultiGet: return parseKeys(c, out);
+    case Op::MultiSet: return parsePairs(c, out);
     case Op::Lease:
       return c.key(out.keys.emplace_back()) && c.value(out.values.emplace_back()) &&
              c.ttl(out.ttlMs) && parsePairs(c, out);
     case Op::GetNumKeys:
     case Op::CancelWait:
-    case Op::ListKeys:
-      return true;
+    case Op::ListKeys: return true;
   }
   return c.invalid("unhandled op");
 }
@@ -264,8 +259,7 @@ namespace {
 bool addField(std::span<const char> in, size_t& size, uint64_t limit) {
   if (in.size() < size + 8) return false;
   const uint64_t length = loadU64(in.data() + size);
-  if (length > limit)
-    throw ProtocolError("a reply field of " + std::to_string(length) + " bytes");
+  if (length > limit) throw ProtocolError("a reply field of " + std::to_string(length) + " bytes");
   size += 8 + length;
   return in.size() >= size;
 }
@@ -281,8 +275,7 @@ std::optional<size_t> replySize(Op op, size_t keys, std::span<const char> in,
     case Op::Append:
     case Op::MultiSet:
     case Op::QueuePush:
-    case Op::GroupCancel:
-      return 0;
+    case Op::GroupCancel: return 0;
     case Op::Check:
     case Op::Wait:
     case Op::GroupWait:
@@ -290,19 +283,13 @@ std::optional<size_t> replySize(Op op, size_t keys, std::span<const char> in,
     case Op::Barrier:
     case Op::Lease:
     case Op::WatchKey:
-    case Op::SpaceClose:
-      size = 1;
-      break;
-    case Op::Ping:
-      size = 4;
-      break;
+    case Op::SpaceClose: size = 1; break;
+    case Op::Ping: size = 4; break;
     case Op::Add:
     case Op::GetNumKeys:
     case Op::DeleteKey:
     case Op::QueueLen:
-    case Op::SpaceOpen:
-      size = 8;
-      break;
+    case Op::SpaceOpen: size = 8; break;
     case Op::Get:
     case Op::CompareSet:
       return addField(in, size, limits.maxValueBytes) ? std::optional(size) : std::nullopt;
@@ -310,12 +297,13 @@ std::optional<size_t> replySize(Op op, size_t keys, std::span<const char> in,
       for (size_t i = 0; i < keys; ++i)
         if (!addField(in, size, limits.maxValueBytes)) return std::nullopt;
       return size;
-    case Op::QueuePop:  // the length before the pop, then the item when there was one
+    case Op::QueuePop:    // the length before the pop, then the item when there was one
     case Op::ListKeys: {  // a count, then that many keys
       if (in.size() < 8) return std::nullopt;
       const auto count = static_cast<int64_t>(loadU64(in.data()));
       size = 8;
-      const uint64_t items = op == Op::QueuePop ? (count > 0 ? 1 : 0) : static_cast<uint64_t>(count);
+      const uint64_t items =
+          op == Op::QueuePop ? (count > 0 ? 1 : 0) : static_cast<uint64_t>(count);
       if (count < 0 || items > limits.maxKeysPerOp * 64)
         throw ProtocolError("a reply of " + std::to_string(count) + " items");
       for (uint64_t i = 0; i < items; ++i)

@@ -143,8 +143,7 @@ ParseResult parseRequest(Era era, std::span<const char> in, const Limits& limits
 // that has no reply (SET, APPEND, MULTI_SET, QUEUE_PUSH, VALIDATE), nullopt while `in` holds
 // too few bytes. Replies are alike in both eras. Throws ProtocolError for a length beyond
 // `limits` (a reply no store sends).
-std::optional<size_t> replySize(Op op, size_t keys, std::span<const char> in,
-                                const Limits& limits);
+std::optional<size_t> replySize(Op op, size_t keys, std::span<const char> in, const Limits& limits);
 
 // Appends wire fields to a byte string: used for replies and for client requests alike.
 class Encoder {

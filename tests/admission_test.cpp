@@ -97,11 +97,11 @@ TEST(Admission, AddressesAreNumericOnly) {
 
 TEST(Admission, BadListsAreOneLineNamingTheFlagAndTheEntry) {
   const std::map<std::string, std::string> cases = {
-      {"10.0.0.0/8,bogus", "'bogus'"},      {"node1", "'node1'"},
-      {"10.0.0.0/33", "'10.0.0.0/33'"},     {"::1/129", "'::1/129'"},
-      {"10.0.0.0/", "'10.0.0.0/'"},         {"10.0.0.0/8x", "'10.0.0.0/8x'"},
-      {"10.0.0.0/-1", "'10.0.0.0/-1'"},     {"10.0.0.1,,::1", "empty"},
-      {"10.0.0.1,", "empty"},               {"1.2.3.4/8/8", "'1.2.3.4/8/8'"}};
+      {"10.0.0.0/8,bogus", "'bogus'"},  {"node1", "'node1'"},
+      {"10.0.0.0/33", "'10.0.0.0/33'"}, {"::1/129", "'::1/129'"},
+      {"10.0.0.0/", "'10.0.0.0/'"},     {"10.0.0.0/8x", "'10.0.0.0/8x'"},
+      {"10.0.0.0/-1", "'10.0.0.0/-1'"}, {"10.0.0.1,,::1", "empty"},
+      {"10.0.0.1,", "empty"},           {"1.2.3.4/8/8", "'1.2.3.4/8/8'"}};
   for (const auto& [list, mention] : cases) {
     const std::string message = refusal(list);
     EXPECT_EQ(message.rfind("--allow: ", 0), 0u) << message;

@@ -8,13 +8,20 @@
 namespace dlrun::remote {
 namespace {
 
-const Environment kEnv{{"PATH", "/usr/bin"},         {"PYTHONPATH", "/src"},
-                       {"LD_LIBRARY_PATH", "/lib"},  {"CUDA_VISIBLE_DEVICES", "0,1"},
-                       {"NCCL_DEBUG", "INFO"},        {"PET_MAX_RESTARTS", "2"},
-                       {"DLRUN_LOG_LEVEL", "debug"},  {"HOME", "/root"},
-                       {"SSH_AUTH_SOCK", "/tmp/a"},   {"SLURM_JOB_ID", "7"},
-                       {"OMPI_COMM_WORLD_RANK", "0"}, {"MY_SETTING", "x"},
-                       {"HOSTNAME", "head"},          {"TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "5"},
+const Environment kEnv{{"PATH", "/usr/bin"},
+                       {"PYTHONPATH", "/src"},
+                       {"LD_LIBRARY_PATH", "/lib"},
+                       {"CUDA_VISIBLE_DEVICES", "0,1"},
+                       {"NCCL_DEBUG", "INFO"},
+                       {"PET_MAX_RESTARTS", "2"},
+                       {"DLRUN_LOG_LEVEL", "debug"},
+                       {"HOME", "/root"},
+                       {"SSH_AUTH_SOCK", "/tmp/a"},
+                       {"SLURM_JOB_ID", "7"},
+                       {"OMPI_COMM_WORLD_RANK", "0"},
+                       {"MY_SETTING", "x"},
+                       {"HOSTNAME", "head"},
+                       {"TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "5"},
                        {"TORCHELASTIC_ENABLE_FILE_TIMER", "1"}};
 
 TEST(ForwardedEnvironment, TheJobsVariablesOnly) {
@@ -37,8 +44,8 @@ TEST(ForwardedEnvironment, ExportsAndExportAll) {
   EXPECT_FALSE(out.contains("HOME"));
   out = forwardedEnvironment(kEnv, {}, true);
   EXPECT_EQ(out.at("MY_SETTING"), "x");
-  for (const char* local : {"HOME", "SSH_AUTH_SOCK", "SLURM_JOB_ID", "OMPI_COMM_WORLD_RANK",
-                            "HOSTNAME"})
+  for (const char* local :
+       {"HOME", "SSH_AUTH_SOCK", "SLURM_JOB_ID", "OMPI_COMM_WORLD_RANK", "HOSTNAME"})
     EXPECT_FALSE(out.contains(local)) << local;
   // Exported by name, a variable of this session goes all the same.
   EXPECT_EQ(forwardedEnvironment(kEnv, {"HOME"}, true).at("HOME"), "/root");
@@ -51,13 +58,28 @@ TEST(ForwardedEnvironment, BadExports) {
 }
 
 TEST(KeptFlags, DropsWhatTheLauncherSets) {
-  EXPECT_EQ(keptFlags({"--hostfile", "h.txt", "--max-restarts=2", "--ssh_port=2222",
-                       "--export", "A", "--export-all", "--nproc-per-node", "4", "--rdzv-conf",
-                       "join_timeout=5", "--rdzv_id=x", "--log-dir", "/l", "--standalone",
-                       "--use-local-rank-arg", "--ssh-command", "ssh -i k", "--hosts=a,b",
+  EXPECT_EQ(keptFlags({"--hostfile",
+                       "h.txt",
+                       "--max-restarts=2",
+                       "--ssh_port=2222",
+                       "--export",
+                       "A",
+                       "--export-all",
+                       "--nproc-per-node",
+                       "4",
+                       "--rdzv-conf",
+                       "join_timeout=5",
+                       "--rdzv_id=x",
+                       "--log-dir",
+                       "/l",
+                       "--standalone",
+                       "--use-local-rank-arg",
+                       "--ssh-command",
+                       "ssh -i k",
+                       "--hosts=a,b",
                        "-m"}),
-            (std::vector<std::string>{"--max-restarts=2", "--log-dir", "/l",
-                                      "--use-local-rank-arg", "-m"}));
+            (std::vector<std::string>{"--max-restarts=2", "--log-dir", "/l", "--use-local-rank-arg",
+                                      "-m"}));
 }
 
 TEST(AgentCommand, EveryWordQuoted) {

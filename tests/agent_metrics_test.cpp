@@ -11,8 +11,8 @@ namespace {
 using Kind = rendezvous::RoundEnd::Kind;
 
 rendezvous::World world(int round, int nodes, int workers) {
-  rendezvous::World w{.runId = "job", .round = round, .groupWorldSize = nodes,
-                      .worldSize = workers};
+  rendezvous::World w{
+      .runId = "job", .round = round, .groupWorldSize = nodes, .worldSize = workers};
   for (int rank = 0; rank < workers; ++rank)
     w.workerEndpoints.push_back("10.0.0." + std::to_string(rank / 2 + 1) + ":100" +
                                 std::to_string(rank));
@@ -82,8 +82,8 @@ TEST(AgentView, TheCurveStaysBoundedAndKeepsTheNewest) {
 TEST(AgentView, StateJsonGroupsRanksIntoNodes) {
   AgentView view("node-a");
   view.roundStarted(world(3, 2, 4), 2, Clock::now());
-  view.event({.time = 1, .kind = "round_ended", .node = "node-a", .round = 3,
-              .detail = "node lost: b"});
+  view.event(
+      {.time = 1, .kind = "round_ended", .node = "node-a", .round = 3, .detail = "node lost: b"});
   const auto state = nlohmann::json::parse(view.stateJson(std::nullopt, 5));
   EXPECT_EQ(state["kind"], "agent");
   EXPECT_EQ(state["round"], 3);

@@ -33,11 +33,11 @@ class FakeRendezvous : public rendezvous::Rendezvous {
  public:
   int maxRestarts = 0;
   int nproc = 2;
-  int worldSize = 0;                   // 0: this node's workers alone
-  std::vector<std::string> endpoints;  // TF_CONFIG's list
-  std::map<int, RoundEnd> elsewhere;  // ends that another node brings to a round
-  std::function<bool()> elsewhereWhen;  // an end from elsewhere arrives once this holds
-  std::map<int, RoundEnd> whileJoining;  // the job ended while this node waited to join
+  int worldSize = 0;                          // 0: this node's workers alone
+  std::vector<std::string> endpoints;         // TF_CONFIG's list
+  std::map<int, RoundEnd> elsewhere;          // ends that another node brings to a round
+  std::function<bool()> elsewhereWhen;        // an end from elsewhere arrives once this holds
+  std::map<int, RoundEnd> whileJoining;       // the job ended while this node waited to join
   std::function<void(int round)> beforeJoin;  // may throw, as a failing rendezvous does
   std::vector<std::string> hangReports;
 
@@ -213,9 +213,8 @@ TEST(AgentTest, ARoundEndedElsewhereStopsTheWorkersAndJoinsAgainWithoutAFailure)
   FakeRendezvous rendezvous;
   rendezvous.elsewhere[0] = RoundEnd{.kind = Kind::NodeLost, .node = "other"};
   // Round 0's workers would sleep for ever; the lost node ends that round.
-  EXPECT_EQ(runAgent(rendezvous,
-                     "[ \"$TORCHELASTIC_RESTART_COUNT\" = 0 ] && exec sleep 30; exit 0"),
-            0);
+  EXPECT_EQ(
+      runAgent(rendezvous, "[ \"$TORCHELASTIC_RESTART_COUNT\" = 0 ] && exec sleep 30; exit 0"), 0);
   EXPECT_EQ(rendezvous.rounds(), 2);
   EXPECT_TRUE(rendezvous.failures.empty());
 }
@@ -225,10 +224,10 @@ TEST(AgentTest, ARoundEndedElsewhereStopsTheWorkersAndJoinsAgainWithoutAFailure)
 TEST(AgentTest, EachRoundsWorkersGetTheirAttemptsPortAndTheJobsSpaceCloses) {
   FakeRendezvous rendezvous;
   rendezvous.maxRestarts = 1;
-  AgentOptions options = shellOptions(
-      rendezvous,
-      "[ \"$MASTER_PORT\" = $((40000 + TORCHELASTIC_RESTART_COUNT)) ] || exit 9; "
-      "[ \"$TORCHELASTIC_RESTART_COUNT\" = 0 ] && exit 3; exit 0");
+  AgentOptions options =
+      shellOptions(rendezvous,
+                   "[ \"$MASTER_PORT\" = $((40000 + TORCHELASTIC_RESTART_COUNT)) ] || exit 9; "
+                   "[ \"$TORCHELASTIC_RESTART_COUNT\" = 0 ] && exit 3; exit 0");
   std::vector<int> opened, closed;
   options.attemptSpaces = AttemptSpaces{
       .open = [&](const rendezvous::World& world) -> std::optional<uint16_t> {
@@ -282,8 +281,9 @@ TEST(AgentTest, AJobFinishedElsewhereStopsTheWorkersAndExits0) {
 // unless --signals-to-handle names others.
 TEST(AgentTest, WorkersGetTheSignalsToHandle) {
   FakeRendezvous defaults;
-  EXPECT_EQ(runAgent(defaults, "[ \"$TORCHELASTIC_SIGNALS_TO_HANDLE\" = "
-                               "SIGTERM,SIGINT,SIGHUP,SIGQUIT ] || exit 3"),
+  EXPECT_EQ(runAgent(defaults,
+                     "[ \"$TORCHELASTIC_SIGNALS_TO_HANDLE\" = "
+                     "SIGTERM,SIGINT,SIGHUP,SIGQUIT ] || exit 3"),
             0);
   FakeRendezvous named;
   AgentOptions options =
@@ -427,10 +427,10 @@ std::string expiredTimer(const std::string& pid, const std::string& scope, int s
 TEST(AgentTest, AnExpiredFileTimerKillsItsWorkerAndTheReportNamesIt) {
   FakeRendezvous rendezvous;
   const auto start = std::chrono::steady_clock::now();
-  EXPECT_EQ(runAgentWithFileTimer(
-                rendezvous, "[ \"$LOCAL_RANK\" = 0 ] && exit 0; printf '" +
-                                expiredTimer("%d", "stuck", SIGKILL) +
-                                "' $$$$ > \"$TORCHELASTIC_TIMER_FILE\" && exec sleep 30"),
+  EXPECT_EQ(runAgentWithFileTimer(rendezvous,
+                                  "[ \"$LOCAL_RANK\" = 0 ] && exit 0; printf '" +
+                                      expiredTimer("%d", "stuck", SIGKILL) +
+                                      "' $$$$ > \"$TORCHELASTIC_TIMER_FILE\" && exec sleep 30"),
             128 + SIGKILL);
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
   ASSERT_EQ(rendezvous.failures.size(), 1u);
@@ -454,13 +454,13 @@ TEST(AgentTest, AFileTimerOfAProcessOutsideTheWorkersSignalsNothing) {
   }
   FakeRendezvous rendezvous;
   rendezvous.nproc = 1;
-  EXPECT_EQ(runAgentWithFileTimer(rendezvous, "printf '" +
-                                                  expiredTimer(std::to_string(outsider),
-                                                               "elsewhere", SIGKILL) +
-                                                  expiredTimer("%d", "own", SIGKILL) +
-                                                  "' $$$$ > \"$TORCHELASTIC_TIMER_FILE\" && "
-                                                  "exec sleep 30"),
-            128 + SIGKILL);
+  EXPECT_EQ(
+      runAgentWithFileTimer(
+          rendezvous, "printf '" + expiredTimer(std::to_string(outsider), "elsewhere", SIGKILL) +
+                          expiredTimer("%d", "own", SIGKILL) +
+                          "' $$$$ > \"$TORCHELASTIC_TIMER_FILE\" && "
+                          "exec sleep 30"),
+      128 + SIGKILL);
   int status = 0;
   EXPECT_EQ(::waitpid(outsider, &status, WNOHANG), 0) << "the outsider was signalled";
   ::kill(outsider, SIGKILL);

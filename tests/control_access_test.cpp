@@ -40,8 +40,10 @@ TEST(ControlAccess, AJobWithATokenNeedsItOnEveryCall) {
   for (bool mutating : {false, true}) {
     for (bool local : {false, true}) {
       EXPECT_EQ(access(hash, "", {.mutating = mutating, .fromThisHost = local}), Access::NoToken);
-      EXPECT_EQ(access(hash, "guess", {.mutating = mutating, .fromThisHost = local}), Access::WrongToken);
-      EXPECT_EQ(access(hash, "secret", {.mutating = mutating, .fromThisHost = local}), Access::Granted);
+      EXPECT_EQ(access(hash, "guess", {.mutating = mutating, .fromThisHost = local}),
+                Access::WrongToken);
+      EXPECT_EQ(access(hash, "secret", {.mutating = mutating, .fromThisHost = local}),
+                Access::Granted);
     }
   }
   std::string upper = hash;

@@ -35,8 +35,8 @@ TEST(ControlCli, OnlyTheThreeWordsAreCommands) {
 }
 
 TEST(ControlCli, FlagsBecomeARequest) {
-  auto r = parse({"events", "--rdzv-endpoint=10.0.0.1", "--rdzv_id", "job", "-f", "--since=7",
-                  "--json"});
+  auto r = parse(
+      {"events", "--rdzv-endpoint=10.0.0.1", "--rdzv_id", "job", "-f", "--since=7", "--json"});
   EXPECT_EQ(r.command, "events");
   EXPECT_EQ(r.host, "10.0.0.1");
   EXPECT_EQ(r.port, 29400);
@@ -56,8 +56,7 @@ TEST(ControlCli, FlagsBecomeARequest) {
 }
 
 TEST(ControlCli, InsideSlurmTheLaunchersEndpointAndId) {
-  const Env slurm{{"SLURM_JOB_ID", "4242"}, {"SLURM_JOB_NODELIST", "node1"},
-                  {"SLURM_NNODES", "1"}};
+  const Env slurm{{"SLURM_JOB_ID", "4242"}, {"SLURM_JOB_NODELIST", "node1"}, {"SLURM_NNODES", "1"}};
   const auto r = parse({"status"}, slurm);
   EXPECT_EQ(r.jobId, "4242");
   EXPECT_EQ(r.host, "node1");
@@ -71,9 +70,9 @@ TEST(ControlCli, BadInputIsOneLineNamingTheFlag) {
             std::string::npos);
   EXPECT_NE(errorOf({"status", "--rdzv-endpoint=h:abc", "--rdzv-id=j"}).find("--rdzv-endpoint"),
             std::string::npos);
-  EXPECT_NE(errorOf({"stop", "--rdzv-endpoint=h", "--rdzv-id=j", "--signal=FOO"})
-                .find("--signal: 'FOO'"),
-            std::string::npos);
+  EXPECT_NE(
+      errorOf({"stop", "--rdzv-endpoint=h", "--rdzv-id=j", "--signal=FOO"}).find("--signal: 'FOO'"),
+      std::string::npos);
   EXPECT_NE(errorOf({"status", "--follow"}).find("--follow"), std::string::npos);
   EXPECT_NE(errorOf({"status", "--rdzv-endpoint=h", "--rdzv-id=j", "--token-file=/nonexistent"})
                 .find("--token-file"),

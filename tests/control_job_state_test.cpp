@@ -14,8 +14,12 @@ using rendezvous::RoundEnd;
 using rendezvous::elastic::encode;
 
 std::string failed(int failures, bool final, std::string report = "rank 1 failed") {
-  return encode(RoundEnd{.kind = RoundEnd::Kind::WorkerFailed, .node = "n1", .rank = 1,
-                         .exitCode = 3, .failures = failures, .final = final,
+  return encode(RoundEnd{.kind = RoundEnd::Kind::WorkerFailed,
+                         .node = "n1",
+                         .rank = 1,
+                         .exitCode = 3,
+                         .failures = failures,
+                         .final = final,
                          .report = std::move(report)});
 }
 
@@ -32,7 +36,8 @@ TEST(JobState, NoRoundYetIsForming) {
 }
 
 TEST(JobState, AnAbortedFirstRoundIsStillForming) {
-  EXPECT_EQ(jobStatus({.current = "1", .previousClosed = "abort",
+  EXPECT_EQ(jobStatus({.current = "1",
+                       .previousClosed = "abort",
                        .previousEnd = encode(RoundEnd{.kind = RoundEnd::Kind::NodeLost})})
                 .state,
             v1::FORMING);
@@ -52,21 +57,21 @@ TEST(JobState, ARecoverableEndIsRestartingUntilTheNextRoundCloses) {
   EXPECT_EQ(ended.restartsUsed, 1);
   EXPECT_FALSE(ended.end);
   // The next round forms after one that ran.
-  const JobStatus forming = jobStatus({.current = "1", .previousClosed = "2",
-                                       .previousEnd = failed(1, false)});
+  const JobStatus forming =
+      jobStatus({.current = "1", .previousClosed = "2", .previousEnd = failed(1, false)});
   EXPECT_EQ(forming.state, v1::RESTARTING);
   EXPECT_EQ(forming.restartsUsed, 1);
   // A membership change counts no restart.
   const auto lost = encode(RoundEnd{.kind = RoundEnd::Kind::NodeLost, .node = "n2"});
-  const JobStatus changed = jobStatus({.current = "4", .closed = "2", .end = lost,
-                                       .assignment = assignment(2)});
+  const JobStatus changed =
+      jobStatus({.current = "4", .closed = "2", .end = lost, .assignment = assignment(2)});
   EXPECT_EQ(changed.state, v1::RESTARTING);
   EXPECT_EQ(changed.restartsUsed, 2);
   // An aborted round after old rounds were forgotten is a restart, not a first formation.
-  EXPECT_EQ(jobStatus({.current = "7", .closed = "abort", .previousClosed = "abort",
-                       .forgotten = "4"})
-                .state,
-            v1::RESTARTING);
+  EXPECT_EQ(
+      jobStatus({.current = "7", .closed = "abort", .previousClosed = "abort", .forgotten = "4"})
+          .state,
+      v1::RESTARTING);
 }
 
 TEST(JobState, FinishedIsSucceeded) {
@@ -77,8 +82,8 @@ TEST(JobState, FinishedIsSucceeded) {
 }
 
 TEST(JobState, AFinalFailureIsFailedWithItsReport) {
-  const JobStatus s = jobStatus({.current = "3", .closed = "2",
-                                 .end = failed(3, true, "rank 1 on n1 failed: exit code 3")});
+  const JobStatus s = jobStatus(
+      {.current = "3", .closed = "2", .end = failed(3, true, "rank 1 on n1 failed: exit code 3")});
   EXPECT_EQ(s.state, v1::FAILED);
   ASSERT_TRUE(s.end);
   EXPECT_EQ(s.end->report, "rank 1 on n1 failed: exit code 3");
@@ -98,7 +103,9 @@ TEST(JobState, AStopIsStoppedWhetherOrNotTheRoundsEndShowsItYet) {
 TEST(JobState, AnEndThatAgentsActedOnWinsOverALaterStop) {
   // A stop written after the last round finished: agents exited 0, so the job succeeded.
   const auto stop = encode(rendezvous::jobStopped(15, "n1"));
-  EXPECT_EQ(jobStatus({.stop = stop, .current = "0", .closed = "1",
+  EXPECT_EQ(jobStatus({.stop = stop,
+                       .current = "0",
+                       .closed = "1",
                        .end = encode(RoundEnd{.kind = RoundEnd::Kind::Finished})})
                 .state,
             v1::SUCCEEDED);
@@ -110,18 +117,16 @@ TEST(JobState, MalformedValuesAreProtocolErrors) {
 }
 
 AgentRecord agent(int64_t id, const std::string& host, int firstRound, int round) {
-  return {.id = id, .name = host,
-          .state = control::NodeState{.name = host, .round = round,
-                                                  .firstRound = firstRound}};
+  return {.id = id,
+          .name = host,
+          .state = control::NodeState{.name = host, .round = round, .firstRound = firstRound}};
 }
 
 // Agents that share a host side by side are each their own node, through restarts too.
 TEST(JobState, AgentsSideBySideOnAHostReplaceNone) {
-  EXPECT_EQ(replacedBy({agent(1, "h", 0, 0), agent(2, "h", 0, 0)}),
-            (std::vector<int64_t>{0, 0}));
+  EXPECT_EQ(replacedBy({agent(1, "h", 0, 0), agent(2, "h", 0, 0)}), (std::vector<int64_t>{0, 0}));
   // A restart that one of them published first.
-  EXPECT_EQ(replacedBy({agent(1, "h", 0, 0), agent(2, "h", 0, 1)}),
-            (std::vector<int64_t>{0, 0}));
+  EXPECT_EQ(replacedBy({agent(1, "h", 0, 0), agent(2, "h", 0, 1)}), (std::vector<int64_t>{0, 0}));
 }
 
 // A new agent on a host after a loss joins a round the lost one never saw: it takes its place,
@@ -133,8 +138,7 @@ TEST(JobState, AnAgentThatCameBackReplacesTheLostOneOnItsHost) {
                                         agent(4, "a", 1, 2),
                                         agent(5, "a", 3, 3)};
   EXPECT_EQ(replacedBy(agents), (std::vector<int64_t>{4, 0, 0, 5, 0}));
-  EXPECT_EQ(replacedBy({agent(1, "a", 0, 0), agent(2, "b", 1, 1)}),
-            (std::vector<int64_t>{0, 0}));
+  EXPECT_EQ(replacedBy({agent(1, "a", 0, 0), agent(2, "b", 1, 1)}), (std::vector<int64_t>{0, 0}));
 }
 
 }  // namespace

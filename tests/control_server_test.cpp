@@ -27,14 +27,13 @@ using std::chrono::milliseconds;
 class ControlServerTest : public ::testing::Test {
  protected:
   ControlServerTest()
-      : control({.poll = milliseconds(50), .gapWait = milliseconds(300),
+      : control({.poll = milliseconds(50),
+                 .gapWait = milliseconds(300),
                  .endQuiet = milliseconds(1000)}),
-        server({.host = "127.0.0.1",
-                .port = 0,
-                .foreign = [this](int fd) { control.adopt(fd); }}),
+        server({.host = "127.0.0.1", .port = 0, .foreign = [this](int fd) { control.adopt(fd); }}),
         store({.host = "127.0.0.1", .port = server.port()}),
-        stub(v1::Control::NewStub(grpc::CreateChannel(
-            "127.0.0.1:" + std::to_string(server.port()), grpc::InsecureChannelCredentials()))) {
+        stub(v1::Control::NewStub(grpc::CreateChannel("127.0.0.1:" + std::to_string(server.port()),
+                                                      grpc::InsecureChannelCredentials()))) {
     control.readFrom(storeAt(server.address(), server.port()));
   }
 
@@ -42,15 +41,25 @@ class ControlServerTest : public ::testing::Test {
   void writeJob(const std::string& id, const std::string& token = "") {
     const Keys c(id);
     const elastic::Keys r(id);
-    const ControlMeta meta{.backend = "c10d", .minNodes = 1, .maxNodes = 2,
-                                .maxRestarts = 3,
-                                .tokenHash = token.empty() ? "" : tokenHash(token)};
+    const ControlMeta meta{.backend = "c10d",
+                           .minNodes = 1,
+                           .maxNodes = 2,
+                           .maxRestarts = 3,
+                           .tokenHash = token.empty() ? "" : tokenHash(token)};
     store.set(c.meta(), encode(meta));
     store.append(Keys::jobs(), id + "\n");
-    NodeState node{.name = "n1", .address = "127.0.0.1", .groupRank = 0,
-                        .state = "running", .round = 0, .logDir = "/logs/" + id,
-                        .firstRound = 0};
-    node.workers.push_back({.rank = 0, .localRank = 0, .pid = 100, .state = "running", .step = 7,
+    NodeState node{.name = "n1",
+                   .address = "127.0.0.1",
+                   .groupRank = 0,
+                   .state = "running",
+                   .round = 0,
+                   .logDir = "/logs/" + id,
+                   .firstRound = 0};
+    node.workers.push_back({.rank = 0,
+                            .localRank = 0,
+                            .pid = 100,
+                            .state = "running",
+                            .step = 7,
                             .progressTime = 1.5});
     node.workers.push_back({.rank = 1, .localRank = 1, .pid = 101, .state = "running"});
     registerAgent(id, node);
@@ -71,8 +80,8 @@ class ControlServerTest : public ::testing::Test {
   void publish(const std::string& id, const std::string& kind) {
     const Keys c(id);
     const int64_t n = store.add(c.seq(), 1);
-    store.set(c.event(n), encode(JobEvent{.seq = n, .time = 1.0, .kind = kind,
-                                                    .node = "n1", .round = 0}));
+    store.set(c.event(n),
+              encode(JobEvent{.seq = n, .time = 1.0, .kind = kind, .node = "n1", .round = 0}));
   }
 
   // Every call has a deadline, so a server that never answers fails the test instead.
@@ -106,8 +115,7 @@ class ControlServerTest : public ::testing::Test {
     return out;
   }
 
-  grpc::Status stop(const std::string& id, const std::string& token, v1::Ack* ack,
-                    int code = 0) {
+  grpc::Status stop(const std::string& id, const std::string& token, v1::Ack* ack, int code = 0) {
     v1::StopJobRequest request;
     request.mutable_job()->set_id(id);
     request.set_exit_code(code);
@@ -142,8 +150,7 @@ TEST_F(ControlServerTest, GetJobAndListJobsOnTheStoresOwnPort) {
 
   // TCPStore clients go on on the same port, on connections opened before and after.
   store.set("/after", "grpc");
-  EXPECT_EQ(TcpStore({.host = "127.0.0.1", .port = server.port()}).get("/after"),
-            "grpc");
+  EXPECT_EQ(TcpStore({.host = "127.0.0.1", .port = server.port()}).get("/after"), "grpc");
 
   writeJob("job2");
   v1::ListJobsResponse list;
@@ -160,13 +167,22 @@ TEST_F(ControlServerTest, GetJobAndListJobsOnTheStoresOwnPort) {
 // count and its first state) is not listed.
 TEST_F(ControlServerTest, EveryAgentIsListedUnderItsOwnIdThoseOfOneHostToo) {
   writeJob("job1");
-  NodeState second{.name = "n1", .address = "127.0.0.1", .groupRank = 1,
-                        .state = "running", .round = 0, .firstRound = 0};
+  NodeState second{.name = "n1",
+                   .address = "127.0.0.1",
+                   .groupRank = 1,
+                   .state = "running",
+                   .round = 0,
+                   .firstRound = 0};
   second.workers.push_back({.rank = 2, .localRank = 0, .pid = 102, .state = "running"});
   second.workers.push_back({.rank = 3, .localRank = 1, .pid = 103, .state = "running"});
   EXPECT_EQ(registerAgent("job1", second), 2);
-  NodeState lost{.name = "n2", .address = "127.0.0.2", .groupRank = 2, .state = "running",
-                      .round = 0, .updated = 12.5, .firstRound = 0};
+  NodeState lost{.name = "n2",
+                 .address = "127.0.0.2",
+                 .groupRank = 2,
+                 .state = "running",
+                 .round = 0,
+                 .updated = 12.5,
+                 .firstRound = 0};
   lost.workers.push_back({.rank = 4, .localRank = 0, .pid = 104, .state = "running"});
   EXPECT_EQ(registerAgent("job1", lost), 3);
   const Keys c("job1");
@@ -323,8 +339,7 @@ TEST_F(ControlServerTest, AJobWithATokenRefusesCallsWithoutItAndChangesNothing) 
   v1::Job job;
   v1::JobRef ref;
   ref.set_id("secure");
-  EXPECT_EQ(stub->GetJob(call().get(), ref, &job).error_code(),
-            grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(stub->GetJob(call().get(), ref, &job).error_code(), grpc::StatusCode::UNAUTHENTICATED);
   EXPECT_EQ(stub->GetJob(call("wrong").get(), ref, &job).error_code(),
             grpc::StatusCode::UNAUTHENTICATED);
   v1::Ack ack;
@@ -361,8 +376,8 @@ TEST(LivenessServer, AnswersEveryProbeAlive) {
 
 // The ids ListJobs answers on the gRPC port at 127.0.0.1:port.
 std::vector<std::string> listJobsAt(uint16_t port) {
-  auto stub = v1::Control::NewStub(grpc::CreateChannel("127.0.0.1:" + std::to_string(port),
-                                                       grpc::InsecureChannelCredentials()));
+  auto stub = v1::Control::NewStub(
+      grpc::CreateChannel("127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials()));
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
   v1::ListJobsResponse list;

@@ -19,17 +19,28 @@ TEST(ControlState, KeysLiveUnderTheJobsRoot) {
 }
 
 TEST(ControlState, RecordsRoundTrip) {
-  const ControlMeta meta{.backend = "c10d", .minNodes = 2, .maxNodes = 3, .maxRestarts = 1,
-                         .tokenHash = "ab12"};
+  const ControlMeta meta{
+      .backend = "c10d", .minNodes = 2, .maxNodes = 3, .maxRestarts = 1, .tokenHash = "ab12"};
   const ControlMeta m = decodeMeta(encode(meta));
   EXPECT_EQ(m.backend, "c10d");
   EXPECT_EQ(m.maxNodes, 3);
   EXPECT_EQ(m.tokenHash, "ab12");
 
-  NodeState node{.name = "n1", .address = "10.0.0.2", .groupRank = 1, .state = "running",
-                 .round = 2, .logDir = "/logs", .updated = 1.5, .firstRound = 1};
-  node.workers.push_back({.rank = 2, .localRank = 0, .pid = 99, .state = "failed",
-                          .exit = "exit code 3", .step = 40, .progressTime = 1.25});
+  NodeState node{.name = "n1",
+                 .address = "10.0.0.2",
+                 .groupRank = 1,
+                 .state = "running",
+                 .round = 2,
+                 .logDir = "/logs",
+                 .updated = 1.5,
+                 .firstRound = 1};
+  node.workers.push_back({.rank = 2,
+                          .localRank = 0,
+                          .pid = 99,
+                          .state = "failed",
+                          .exit = "exit code 3",
+                          .step = 40,
+                          .progressTime = 1.25});
   const NodeState n = decodeNodeState(encode(node));
   EXPECT_EQ(n.name, "n1");
   EXPECT_EQ(n.groupRank, 1);
@@ -39,8 +50,12 @@ TEST(ControlState, RecordsRoundTrip) {
   EXPECT_EQ(n.workers[0].exit, "exit code 3");
   EXPECT_EQ(n.workers[0].step, 40);
 
-  const JobEvent e = decodeEvent(encode(JobEvent{.seq = 5, .time = 2.5, .kind = "restart",
-                                                 .node = "n0", .round = 1, .detail = "x",
+  const JobEvent e = decodeEvent(encode(JobEvent{.seq = 5,
+                                                 .time = 2.5,
+                                                 .kind = "restart",
+                                                 .node = "n0",
+                                                 .round = 1,
+                                                 .detail = "x",
                                                  .agent = 3}));
   EXPECT_EQ(e.seq, 5);
   EXPECT_EQ(e.kind, "restart");
@@ -52,7 +67,8 @@ TEST(ControlState, MalformedRecordsAreProtocolErrors) {
   EXPECT_THROW(decodeMeta("{}"), ProtocolError);
   EXPECT_THROW(decodeNodeState("[1]"), ProtocolError);
   EXPECT_THROW(decodeNodeState(R"({"name":"n","addr":"a","group":0,"state":"s","round":0,
-               "logs":"","updated":0,"first":0,"workers":[7]})"), ProtocolError);
+               "logs":"","updated":0,"first":0,"workers":[7]})"),
+               ProtocolError);
   EXPECT_THROW(decodeEvent("not json"), ProtocolError);
 }
 

@@ -32,7 +32,8 @@ TEST(PlanRound, GroupRanksFollowNumericAddressesNotText) {
 }
 
 TEST(PlanRound, RankHintsComeFirstAndGapsAreClosed) {
-  const Plan plan = planRound({node("10.0.0.1", 1, 7), node("10.0.0.2", 1, 3), node("10.0.0.3", 1)});
+  const Plan plan =
+      planRound({node("10.0.0.1", 1, 7), node("10.0.0.2", 1, 3), node("10.0.0.3", 1)});
   EXPECT_EQ(plan.byArrival[1].groupRank, 0);
   EXPECT_EQ(plan.byArrival[0].groupRank, 1);
   EXPECT_EQ(plan.byArrival[2].groupRank, 2);  // no hint: after every hinted node
@@ -165,8 +166,13 @@ TEST(Codecs, RecordsAssignmentsAndEndsRoundTrip) {
   EXPECT_EQ(ab.baseRank, 8);
   EXPECT_EQ(ab.worldSize, 12);
 
-  RoundEnd e{.kind = RoundEnd::Kind::WorkerFailed, .node = "n1 (10.0.0.2)", .rank = 5,
-             .exitCode = 3, .failures = 2, .final = true, .report = "dlrun: line\n"};
+  RoundEnd e{.kind = RoundEnd::Kind::WorkerFailed,
+             .node = "n1 (10.0.0.2)",
+             .rank = 5,
+             .exitCode = 3,
+             .failures = 2,
+             .final = true,
+             .report = "dlrun: line\n"};
   const RoundEnd eb = decodeRoundEnd(encode(e));
   EXPECT_EQ(eb.kind, RoundEnd::Kind::WorkerFailed);
   EXPECT_EQ(eb.rank, 5);
@@ -212,7 +218,7 @@ TEST(Codecs, MembersAreIdsInArrivalOrder) {
   EXPECT_EQ(encodeMembers(ids), "node-b.12\nnode-a.7\nnode-c.3\n");
   EXPECT_EQ(decodeMembers(encodeMembers(ids)), ids);
   EXPECT_EQ(decodeMembers("x\ny"), (std::vector<std::string>{"x", "y"}));  // no final newline
-  EXPECT_TRUE(decodeMembers("").empty());  // the round never closed
+  EXPECT_TRUE(decodeMembers("").empty());                                  // the round never closed
 }
 
 TEST(EndedJob, AStopOrAFinalRoundEndEndsTheJobAnythingElseDoesNot) {
@@ -240,7 +246,7 @@ TEST(Codecs, AnExpiryRoundTripsAndMalformedTextIsNone) {
 
 TEST(Codecs, AnExpirySaysWhenTheJobEndedAndWhenItsKeysGo) {
   const Expiry expiry{.endedAt = 1'700'000'000, .ttl = 90};  // 2023-11-14 22:13:20 UTC
-  setenv("TZ", "UTC", 1);  // local time, for the test: UTC
+  setenv("TZ", "UTC", 1);                                    // local time, for the test: UTC
   tzset();
   EXPECT_EQ(describe(expiry, expiry.endedAt + 30, "every worker finished"),
             "ended at 22:13:20 (every worker finished); its keys expire at 22:14:50, in 60 s "

@@ -70,7 +70,8 @@ class ElasticRendezvousTest : public ::testing::Test {
     return std::async(std::launch::async, [&agent] { return agent.next(); });
   }
 
-  static std::vector<ElasticRendezvous*> raw(const std::vector<std::unique_ptr<ElasticRendezvous>>& v) {
+  static std::vector<ElasticRendezvous*> raw(
+      const std::vector<std::unique_ptr<ElasticRendezvous>>& v) {
     std::vector<ElasticRendezvous*> out;
     for (const auto& a : v) out.push_back(a.get());
     return out;
@@ -162,7 +163,8 @@ TEST_F(ElasticRendezvousTest, ANodeOfAnotherProtocolIsRefusedInOneLine) {
   } catch (const ConfigError& e) {
     EXPECT_EQ(std::string(e.what()),
               "job 'job' was started by a dlrun that speaks rendezvous protocol 1, and this one "
-              "speaks " + std::to_string(elastic::kProtocolVersion) +
+              "speaks " +
+                  std::to_string(elastic::kProtocolVersion) +
                   ": run the same dlrun version on every node of a job");
   }
 }
@@ -278,8 +280,8 @@ TEST_F(ElasticRendezvousTest, AStoreRestartedWithoutItsKeysCostsOneRoundAndTheRo
   formRound(a);
   const uint16_t port = server_->port();
   server_.reset();  // every connection closes, every key is lost
-  server_ = std::make_unique<StoreServerThread>(
-      StoreServerOptions{.host = "127.0.0.1", .port = port});
+  server_ =
+      std::make_unique<StoreServerThread>(StoreServerOptions{.host = "127.0.0.1", .port = port});
   for (auto& agent : a) {
     const RoundEnd end = agent->awaitEnd();
     EXPECT_EQ(end.kind, Kind::StoreLost);
@@ -311,8 +313,8 @@ TEST_F(ElasticRendezvousTest, AStoreBackEmptyAfterTheOutageTimeoutGetsTheJobsKey
   for (auto& agent : a) EXPECT_EQ(agent->awaitEnd().kind, Kind::StoreLost);
   const uint16_t port = silent_->local_endpoint().port();
   silent_.reset();
-  server_ = std::make_unique<StoreServerThread>(
-      StoreServerOptions{.host = "127.0.0.1", .port = port});
+  server_ =
+      std::make_unique<StoreServerThread>(StoreServerOptions{.host = "127.0.0.1", .port = port});
   for (const World& x : formRound(a)) EXPECT_EQ(x.round, 1);
   const elastic::Keys keys("job");
   TcpStore direct({.host = "127.0.0.1", .port = port});

@@ -182,8 +182,8 @@ TEST_F(ElasticRoundsTest, ALongJobKeepsTheKeysOfItsLastTwoRoundsOnly) {
       EXPECT_FALSE(view.check({key})) << key;
   }
   for (int round = 4; round <= 5; ++round) {
-    EXPECT_TRUE(view.check({keys.closed(round), keys.end(round),
-                            keys.assignment(round, members[round][1])}));
+    EXPECT_TRUE(view.check(
+        {keys.closed(round), keys.end(round), keys.assignment(round, members[round][1])}));
   }
   EXPECT_EQ(view.numKeys(), keysAtRound2);  // bounded, however many rounds the job runs
 }

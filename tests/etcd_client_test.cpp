@@ -4,8 +4,8 @@
 // revision, and endpoints that do not answer. Each test uses keys of its own.
 #include "rendezvous/etcd/etcd_client.h"
 
-#include <algorithm>
 #include <gtest/gtest.h>
+#include <algorithm>
 
 #include <thread>
 
@@ -224,9 +224,8 @@ TEST_F(EtcdClientTest, WatchFromARevisionSeesEveryEventOnceInOrder) {
   client.deleteKey(key("b"));
 
   const std::vector<std::pair<WatchEvent::Type, std::string>> expected = {
-      {WatchEvent::Type::Put, "a"},    {WatchEvent::Type::Put, "b"},
-      {WatchEvent::Type::Delete, "a"}, {WatchEvent::Type::Put, "b"},
-      {WatchEvent::Type::Put, "c"},    {WatchEvent::Type::Delete, "b"}};
+      {WatchEvent::Type::Put, "a"}, {WatchEvent::Type::Put, "b"}, {WatchEvent::Type::Delete, "a"},
+      {WatchEvent::Type::Put, "b"}, {WatchEvent::Type::Put, "c"}, {WatchEvent::Type::Delete, "b"}};
   std::vector<WatchEvent> seen;
   const auto deadline = Clock::now() + 5s;
   while (seen.size() < expected.size() && Clock::now() < deadline) {
@@ -258,10 +257,14 @@ TEST_F(EtcdClientTest, AWatchOfSeveralRangesKeepsEachRangesFilterAndRevisions) {
   client.put(key("other"), "x");
   client.deleteKey(key("other"));
   // Deletes anywhere under the prefix; puts of wait/ only (from an older revision: history).
-  auto watch = client.watch({{.key = key(""), .rangeEnd = EtcdClient::prefixEnd(key("")),
-                              .only = WatchRange::Only::Deletes, .startRevision = start + 1},
-                             {.key = key("wait/"), .rangeEnd = EtcdClient::prefixEnd(key("wait/")),
-                              .only = WatchRange::Only::Puts, .startRevision = start}});
+  auto watch = client.watch({{.key = key(""),
+                              .rangeEnd = EtcdClient::prefixEnd(key("")),
+                              .only = WatchRange::Only::Deletes,
+                              .startRevision = start + 1},
+                             {.key = key("wait/"),
+                              .rangeEnd = EtcdClient::prefixEnd(key("wait/")),
+                              .only = WatchRange::Only::Puts,
+                              .startRevision = start}});
   client.put(key("other"), "y");  // ...and after: neither range takes this put
   client.deleteKey(key("wait/a"));
   client.put(key("wait/b"), "2");

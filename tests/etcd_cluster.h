@@ -76,9 +76,9 @@ class EtcdCluster {
     for (size_t i = 0; i < kMembers; ++i) {
       spawn(i, {kBinary, "--name=" + name(i), "--data-dir=" + dir_ + "/" + name(i),
                 "--listen-client-urls=" + clientUrl(i), "--advertise-client-urls=" + clientUrl(i),
-                "--listen-peer-urls=" + peerUrl(i),
-                "--initial-advertise-peer-urls=" + peerUrl(i), "--initial-cluster=" + initial,
-                "--initial-cluster-state=new", "--initial-cluster-token=" + token});
+                "--listen-peer-urls=" + peerUrl(i), "--initial-advertise-peer-urls=" + peerUrl(i),
+                "--initial-cluster=" + initial, "--initial-cluster-state=new",
+                "--initial-cluster-token=" + token});
     }
     // Ready: a leader is elected and every member serves a linearizable read.
     const auto deadline = Clock::now() + kStartTimeout;

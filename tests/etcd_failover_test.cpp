@@ -122,9 +122,9 @@ TEST_F(EtcdFailover, ALeaseKeptAliveAcrossTheKillOfItsStreamsMemberDoesNotLapse)
   }
   const auto moved = Clock::now() - killed;
   EXPECT_LT(moved, kLeaderFailover);
-  std::printf("keep-alive: renewed on another member %lld ms after the kill\n",
-              static_cast<long long>(
-                  std::chrono::duration_cast<std::chrono::milliseconds>(moved).count()));
+  std::printf(
+      "keep-alive: renewed on another member %lld ms after the kill\n",
+      static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(moved).count()));
   // Three TTLs from the kill: a lease that missed its renewals would have lapsed twice over.
   std::this_thread::sleep_until(killed + 6s);
   EXPECT_TRUE(keepAlive->alive()) << keepAlive->failure();
@@ -201,9 +201,10 @@ TEST_F(EtcdFailover, AWatchSeesEveryEventOnceInOrderAcrossAMemberKill) {
   }
   EXPECT_GE(watch->reconnects(), 1);
   EXPECT_LT(movedAt - killedAt, kLeaderFailover);
-  std::printf("watch: moved to another member %lld ms after the kill\n",
-              static_cast<long long>(
-                  std::chrono::duration_cast<std::chrono::milliseconds>(movedAt - killedAt).count()));
+  std::printf(
+      "watch: moved to another member %lld ms after the kill\n",
+      static_cast<long long>(
+          std::chrono::duration_cast<std::chrono::milliseconds>(movedAt - killedAt).count()));
   EXPECT_NE(watch->endpoint(), cluster_.endpoint(victim).text());
   EXPECT_EQ(watch->lastRevision(), seen.back().kv.modRevision);
 }

@@ -34,8 +34,8 @@ class EtcdRendezvousTest : public ::testing::Test {
   }
 
   static std::string prefix() {
-    return std::string("rdzv/") +
-           ::testing::UnitTest::GetInstance()->current_test_info()->name() + "/";
+    return std::string("rdzv/") + ::testing::UnitTest::GetInstance()->current_test_info()->name() +
+           "/";
   }
 
   ElasticOptions options(int minNodes, int maxNodes, const std::string& name) {
@@ -50,14 +50,14 @@ class EtcdRendezvousTest : public ::testing::Test {
     o.joinTimeout = 20s;
     o.heartbeat = 200ms;
     o.leaseTtl = 2s;  // etcd's minimum
-    o.store = StoreOpener{
-        .name = joinHostPort("127.0.0.1", server->clientPort()),
-        .open = [endpoints = server->endpoints(), prefix = prefix()] {
-          return std::make_unique<etcd::EtcdStore>(etcd::EtcdStoreOptions{
-              .client = {.endpoints = endpoints, .timeout = 5s, .connectTimeout = 2s},
-              .prefix = prefix,
-              .timeout = 5s});
-        }};
+    o.store =
+        StoreOpener{.name = joinHostPort("127.0.0.1", server->clientPort()),
+                    .open = [endpoints = server->endpoints(), prefix = prefix()] {
+                      return std::make_unique<etcd::EtcdStore>(etcd::EtcdStoreOptions{
+                          .client = {.endpoints = endpoints, .timeout = 5s, .connectTimeout = 2s},
+                          .prefix = prefix,
+                          .timeout = 5s});
+                    }};
     return o;
   }
 
@@ -76,7 +76,8 @@ class EtcdRendezvousTest : public ::testing::Test {
 TEST_F(EtcdRendezvousTest, ThreeAgentsFormARoundAndALostOneEndsItForTheOthers) {
   std::vector<std::unique_ptr<ElasticRendezvous>> agents;
   for (int i = 0; i < 3; ++i)
-    agents.push_back(std::make_unique<ElasticRendezvous>(options(2, 3, "node" + std::to_string(i))));
+    agents.push_back(
+        std::make_unique<ElasticRendezvous>(options(2, 3, "node" + std::to_string(i))));
   const auto worlds = formRound({agents[0].get(), agents[1].get(), agents[2].get()});
   std::set<int> groupRanks;
   for (const World& world : worlds) {
@@ -127,8 +128,8 @@ TEST_F(EtcdRendezvousTest, ARoundCostsEtcdAFewRequestsANodeAndItsEndNoWatch) {
   std::vector<std::unique_ptr<ElasticRendezvous>> agents;
   std::vector<ElasticRendezvous*> all;
   for (int i = 0; i < kNodes; ++i) {
-    agents.push_back(std::make_unique<ElasticRendezvous>(
-        options(kNodes, kNodes, "node" + std::to_string(i))));
+    agents.push_back(
+        std::make_unique<ElasticRendezvous>(options(kNodes, kNodes, "node" + std::to_string(i))));
     all.push_back(agents.back().get());
   }
   EXPECT_EQ(formRound(all).size(), static_cast<size_t>(kNodes));

@@ -83,9 +83,9 @@ class EtcdServer {
         throw std::runtime_error("etcd exited at start: " + logTail());
       }
       try {
-        rendezvous::etcd::EtcdClient probe(
-            {.endpoints = endpoints(), .timeout = std::chrono::seconds(2),
-             .connectTimeout = std::chrono::milliseconds(500)});
+        rendezvous::etcd::EtcdClient probe({.endpoints = endpoints(),
+                                            .timeout = std::chrono::seconds(2),
+                                            .connectTimeout = std::chrono::milliseconds(500)});
         probe.range("probe");
         return;
       } catch (const std::exception&) {
@@ -119,9 +119,7 @@ class EtcdServer {
     }
   }
 
-  std::vector<rendezvous::etcd::Endpoint> endpoints() const {
-    return {{"127.0.0.1", clientPort_}};
-  }
+  std::vector<rendezvous::etcd::Endpoint> endpoints() const { return {{"127.0.0.1", clientPort_}}; }
   uint16_t clientPort() const { return clientPort_; }
   pid_t pid() const { return pid_; }
 

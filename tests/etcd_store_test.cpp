@@ -193,8 +193,8 @@ TEST_F(EtcdStoreTest, WaitsEndWhenAnotherStoreSetsTheKeyAndGiveUpOnTime) {
   EXPECT_LT(Clock::now() - started, 5s);
   later.get();
   EXPECT_EQ(waiter->get("go"), "1");
-  EtcdStore quick({.client = {.endpoints = server->endpoints()}, .prefix = prefix(),
-                   .timeout = 200ms});
+  EtcdStore quick(
+      {.client = {.endpoints = server->endpoints()}, .prefix = prefix(), .timeout = 200ms});
   EXPECT_THROW(quick.get("never"), TimeoutError);
 }
 

@@ -71,10 +71,10 @@ TEST_F(ErrorFileTest, DirectoryIsEmptyNotAnException) {
 }
 
 TEST_F(ErrorFileTest, GarbageIsEmpty) {
-  for (const std::string& contents : std::vector<std::string>{
-           "", "not json", "{\"message\": ", "[1, 2]", "\"message\"", "{\"other\": 1}",
-           "{\"message\": 5}", "{\"message\": null}", "{\"message\": [\"a\"]}",
-           std::string("\x00\xff\xfe", 3)}) {
+  for (const std::string& contents :
+       std::vector<std::string>{"", "not json", "{\"message\": ", "[1, 2]", "\"message\"",
+                                "{\"other\": 1}", "{\"message\": 5}", "{\"message\": null}",
+                                "{\"message\": [\"a\"]}", std::string("\x00\xff\xfe", 3)}) {
     SCOPED_TRACE(contents);
     EXPECT_EQ(readErrorFile(write(contents)), "");
   }

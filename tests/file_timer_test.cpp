@@ -51,8 +51,7 @@ TEST(ParseTimerRequest, IntegerExpirationEscapedScopeAndNoVersion) {
   EXPECT_DOUBLE_EQ(r.expiration, 1700000000.0);
   EXPECT_EQ(r.signal, SIGTERM);
   // A negative signal is torch's "do not kill", not an error.
-  EXPECT_EQ(parseTimerRequest(
-                R"({"pid": 7, "scope_id": "s", "expiration_time": 1, "signal": -3})")
+  EXPECT_EQ(parseTimerRequest(R"({"pid": 7, "scope_id": "s", "expiration_time": 1, "signal": -3})")
                 .signal,
             -3);
 }
@@ -341,8 +340,7 @@ TEST_F(FileTimerServerTest, ReplacesAStaleFifoRefusesAFileAndRemovesItsOwn) {
     EXPECT_NE(std::string(e.what()).find(fifo_.string()), std::string::npos) << e.what();
   }
   EXPECT_TRUE(fs::is_regular_file(fifo_));
-  EXPECT_THROW(FileTimerServer(io_, dir_ / "missing" / "timer", [](const TimerExpiry&) {}),
-               Error);
+  EXPECT_THROW(FileTimerServer(io_, dir_ / "missing" / "timer", [](const TimerExpiry&) {}), Error);
 }
 
 }  // namespace

@@ -10,9 +10,9 @@
 namespace dlrun::testing {
 
 struct GradientCheck {
-  double worst = 0;      // the largest relative error
+  double worst = 0;  // the largest relative error
   size_t worstIndex = 0;
-  double largest = 0;    // the largest analytic |gradient|: a flat loss would pass otherwise
+  double largest = 0;  // the largest analytic |gradient|: a flat loss would pass otherwise
 };
 
 // Over parameters [begin, end): (loss(p + step) - loss(p - step)) / 2 step against analytic[i],

@@ -46,8 +46,8 @@ RankReport rank(int r, double silent, bool inCollective, bool reported = true) {
 
 TEST(HangSuspect, ARankOutsideACollectiveBeforeTheOnesItHoldsUp) {
   // Rank 3 sleeps before its all-reduce; the others wait in it, some of them longer.
-  const std::vector<RankReport> reports{rank(0, 9.0, true), rank(1, 9.5, true),
-                                        rank(2, 9.1, true), rank(3, 5.0, false)};
+  const std::vector<RankReport> reports{rank(0, 9.0, true), rank(1, 9.5, true), rank(2, 9.1, true),
+                                        rank(3, 5.0, false)};
   EXPECT_EQ(suspect(reports), 3u);
 }
 

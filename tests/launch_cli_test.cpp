@@ -316,13 +316,29 @@ TEST(ParseDlrunArgs, Defaults) {
 }
 
 TEST(ParseDlrunArgs, ReadsEveryFlag) {
-  auto c = parse({"--nnodes=1", "--nproc-per-node=3", "--node-rank=0", "--rdzv-backend=c10d",
-                  "--rdzv-endpoint=127.0.0.1:29400", "--rdzv-id=job7",
-                  "--rdzv-conf=join_timeout=60", "--max-restarts=4", "--monitor-interval=5",
-                  "--stop-timeout=1.5", "--role=trainer", "--log-dir=/logs", "-r", "3", "-t",
-                  "0:1", "--local-ranks-filter=0,2", "--log-line-prefix-template=<${rank}>",
-                  "--local-addr=127.0.0.2", "--master-addr=127.0.0.3", "--master-port=1234",
-                  "--console-format=torchrun", "env"});
+  auto c = parse({"--nnodes=1",
+                  "--nproc-per-node=3",
+                  "--node-rank=0",
+                  "--rdzv-backend=c10d",
+                  "--rdzv-endpoint=127.0.0.1:29400",
+                  "--rdzv-id=job7",
+                  "--rdzv-conf=join_timeout=60",
+                  "--max-restarts=4",
+                  "--monitor-interval=5",
+                  "--stop-timeout=1.5",
+                  "--role=trainer",
+                  "--log-dir=/logs",
+                  "-r",
+                  "3",
+                  "-t",
+                  "0:1",
+                  "--local-ranks-filter=0,2",
+                  "--log-line-prefix-template=<${rank}>",
+                  "--local-addr=127.0.0.2",
+                  "--master-addr=127.0.0.3",
+                  "--master-port=1234",
+                  "--console-format=torchrun",
+                  "env"});
   EXPECT_EQ(c.agent.nprocPerNode, 3);
   EXPECT_EQ(c.rdzvBackend, RdzvBackend::C10d);
   EXPECT_EQ(c.rdzvEndpoint.text, "127.0.0.1:29400");
@@ -374,8 +390,7 @@ TEST(ParseDlrunArgs, NumaBindingTakesEachRanksCpusFromTheMachine) {
   // A --hostfile launch leaves the binding to each host's agent.
   EXPECT_TRUE(parse({"--numa-binding=node", "--hosts=a:2", "env"}).agent.cpuBinding.empty());
   for (const std::string value : {"numa", "Node", "node,socket"}) {
-    const std::string message =
-        configError([&] { parse({"--numa-binding=" + value, "env"}); });
+    const std::string message = configError([&] { parse({"--numa-binding=" + value, "env"}); });
     EXPECT_TRUE(contains(message, "--numa-binding: '" + value + "'")) << message;
   }
 }
@@ -402,8 +417,9 @@ TEST(ParseDlrunArgs, StoreAllowAdmitsItsNetworksAndLoopback) {
 
 // torchrun's --run-path: the entry point is a Python script whatever -m and --no-python say.
 TEST(ParseDlrunArgs, RunPathRunsAPythonScriptOverModuleAndNoPython) {
-  for (const Args& flags : {Args{"--run-path"}, Args{"--run-path", "-m"},
-                            Args{"--run_path", "--no-python"}, Args{"-m", "--no-python", "--run-path"}}) {
+  for (const Args& flags :
+       {Args{"--run-path"}, Args{"--run-path", "-m"}, Args{"--run_path", "--no-python"},
+        Args{"-m", "--no-python", "--run-path"}}) {
     Args args = flags;
     args.insert(args.end(), {"/jobs/tool", "a", "b"});
     EXPECT_EQ(parse(args).agent.command, (Args{"/fake/python3", "-u", "/jobs/tool", "a", "b"}));
@@ -443,9 +459,9 @@ TEST(ParseDlrunArgs, AUniquePrefixOfAFlagIsThatFlag) {
 }
 
 TEST(ParseDlrunArgs, UnderscoredSpellings) {
-  auto c = parse({"--nproc_per_node=3", "--max_restarts", "2", "--rdzv_backend=c10d",
-                  "--rdzv_id=x", "--log_dir=/l", "--local_ranks_filter=1", "--stop_timeout=2",
-                  "--master_port=99", "env"});
+  auto c = parse({"--nproc_per_node=3", "--max_restarts", "2", "--rdzv_backend=c10d", "--rdzv_id=x",
+                  "--log_dir=/l", "--local_ranks_filter=1", "--stop_timeout=2", "--master_port=99",
+                  "env"});
   EXPECT_EQ(c.agent.nprocPerNode, 3);
   EXPECT_EQ(c.restarts.maxRestarts, 2);
   EXPECT_EQ(c.rdzvBackend, RdzvBackend::C10d);
@@ -469,10 +485,14 @@ TEST(ParseDlrunArgs, TorchrunsPluginFlagsTakeTheBuiltInNames) {
   for (const char* handler : {"null", "console", "dynamic_rendezvous"})
     EXPECT_NO_THROW(parse({std::string("--event-log-handler=") + handler, "env"}));
   EXPECT_NO_THROW(parse({"--logs-specs", "default", "env"}));
-  EXPECT_EQ(configError([] { parse({"--event-log-handler=mine", "env"}); }),
+  EXPECT_EQ(configError([] {
+              parse({"--event-log-handler=mine", "env"});
+            }),
             "--event-log-handler: 'mine' is not null, console or dynamic_rendezvous (plug-ins "
             "are torch's alone)");
-  EXPECT_TRUE(contains(configError([] { parse({"--logs-specs=custom", "env"}); }),
+  EXPECT_TRUE(contains(configError([] {
+                         parse({"--logs-specs=custom", "env"});
+                       }),
                        "--logs-specs: 'custom' is not default"));
 }
 
@@ -490,9 +510,9 @@ TEST(ParseDlrunArgs, ThePrefixTemplatesVariableIsItsDefault) {
   HostProbe host = fakeHost();
   host.env["TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"] = "${role_name}${local_rank}:";
   EXPECT_EQ(parse({"env"}, host).agent.logLinePrefixTemplate, "${role_name}${local_rank}:");
-  EXPECT_EQ(parse({"--log-line-prefix-template=<${rank}>", "env"}, host)
-                .agent.logLinePrefixTemplate,
-            "<${rank}>");
+  EXPECT_EQ(
+      parse({"--log-line-prefix-template=<${rank}>", "env"}, host).agent.logLinePrefixTemplate,
+      "<${rank}>");
 }
 
 TEST(ParseDlrunArgs, ShutdownTimeoutIsTheStopTimeoutAndItsVariableTheDefault) {
@@ -507,8 +527,9 @@ TEST(ParseDlrunArgs, ShutdownTimeoutIsTheStopTimeoutAndItsVariableTheDefault) {
   host.env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] = "soon";
   const std::string bad = configError([&] { parse({"env"}, host); });
   EXPECT_TRUE(contains(bad, "TORCH_ELASTIC_SHUTDOWN_TIMEOUT") && contains(bad, "soon")) << bad;
-  const std::string both =
-      configError([] { parse({"--stop-timeout=1", "--shutdown-timeout=2", "env"}); });
+  const std::string both = configError([] {
+    parse({"--stop-timeout=1", "--shutdown-timeout=2", "env"});
+  });
   EXPECT_TRUE(contains(both, "--stop-timeout") && contains(both, "--shutdown-timeout")) << both;
 }
 
@@ -541,8 +562,9 @@ TEST(ParseDlrunArgs, VirtualLocalRankNeedsADeviceForEachWorker) {
   host.env["CUDA_VISIBLE_DEVICES"] = "2,5";
   EXPECT_TRUE(
       parse({"--virtual_local_rank", "--nproc-per-node=2", "env"}, host).agent.virtualLocalRank);
-  const std::string message = configError(
-      [&] { parse({"--virtual-local-rank", "--nproc-per-node=3", "env"}, host); });
+  const std::string message = configError([&] {
+    parse({"--virtual-local-rank", "--nproc-per-node=3", "env"}, host);
+  });
   EXPECT_TRUE(contains(message, "--virtual-local-rank") && contains(message, "'2,5'") &&
               contains(message, "3 workers"))
       << message;
@@ -611,7 +633,9 @@ TEST(ParseDlrunArgs, HangWatchingIsOffUnlessATimeoutIsGiven) {
     EXPECT_EQ(c.agent.hang->action, agents::HangAction::Exit);
     EXPECT_FALSE(parse({"--hang-timeout=0", "env"}).agent.hang);  // the flag wins: off
   }
-  std::string message = configError([&] { parse({"--hang-timeout=1", "--hang-action=kill", "env"}); });
+  std::string message = configError([&] {
+    parse({"--hang-timeout=1", "--hang-action=kill", "env"});
+  });
   EXPECT_TRUE(contains(message, "--hang-action")) << message;
   EXPECT_TRUE(contains(message, "report, restart or exit")) << message;
   message = configError([&] { parse({"--hang-action=exit", "env"}); });
@@ -621,8 +645,8 @@ TEST(ParseDlrunArgs, HangWatchingIsOffUnlessATimeoutIsGiven) {
 }
 
 TEST(ParseDlrunArgs, NodeRankAndNnodes) {
-  auto c = parse(
-      {"--nnodes=2:4", "--rdzv-backend=c10d", "--rdzv-endpoint=h:1", "--node-rank=3", "env"});
+  auto c =
+      parse({"--nnodes=2:4", "--rdzv-backend=c10d", "--rdzv-endpoint=h:1", "--node-rank=3", "env"});
   EXPECT_EQ(c.minNodes, 2);
   EXPECT_EQ(c.maxNodes, 4);
   EXPECT_EQ(c.nodeRank, 3);
@@ -661,15 +685,16 @@ TEST(ParseDlrunArgs, InvalidInputNamesTheFlag) {
 TEST(ParseDlrunArgs, RdzvEndpointWithANonNumericPortIsRejected) {
   for (const std::string endpoint : {"127.0.0.1:abc", "host:", "[::1]:x", "h:70000"}) {
     SCOPED_TRACE(endpoint);
-    const std::string message = configError(
-        [&] { parse({"--rdzv-backend=c10d", "--rdzv-endpoint=" + endpoint, "env"}); });
+    const std::string message = configError([&] {
+      parse({"--rdzv-backend=c10d", "--rdzv-endpoint=" + endpoint, "env"});
+    });
     EXPECT_TRUE(contains(message, "--rdzv-endpoint")) << message;
   }
   // Host alone, host:port and bracketed IPv6 are fine.
   for (const std::string endpoint : {"127.0.0.1", "127.0.0.1:29400", "node1:29400", "[::1]:29400"})
     EXPECT_EQ(
         parse({"--rdzv-backend=c10d", "--rdzv-endpoint=" + endpoint, "env"}).rdzvEndpoint.text,
-              endpoint);
+        endpoint);
   // Without a port, torchrun's.
   EXPECT_EQ(parse({"--nnodes=2", "--rdzv-endpoint=[::1]", "env"}).rdzvEndpoint.store(),
             (HostPort{"::1", kDefaultRdzvPort}));
@@ -684,7 +709,6 @@ TEST(ParseDlrunArgs, HelpAndVersionEndWithZero) {
     EXPECT_FALSE(out.empty());
   }
 }
-
 
 // --- parseDlrunArgs: the rendezvous backend ----------------------------------------------
 
@@ -711,8 +735,9 @@ TEST(ParseDlrunArgs, EtcdV2IsRefusedAtParseTime) {
        {Args{"--rdzv-backend=etcd-v2", "env"},
         Args{"--nnodes=2", "--rdzv-backend=etcd-v2", "--rdzv-endpoint=h:1", "env"}}) {
     const std::string message = configError([&] { parse(args); });
-    EXPECT_EQ(message, "--rdzv-backend=etcd-v2: dlrun speaks etcd's v3 API; use "
-                       "--rdzv-backend=etcd");
+    EXPECT_EQ(message,
+              "--rdzv-backend=etcd-v2: dlrun speaks etcd's v3 API; use "
+              "--rdzv-backend=etcd");
   }
   ScopedEnv backend("PET_RDZV_BACKEND", "etcd-v2");
   EXPECT_TRUE(contains(configError([] { parse({"env"}); }), "--rdzv-backend=etcd-v2"));
@@ -725,28 +750,30 @@ TEST(ParseDlrunArgs, EtcdTakesAnEndpointListWithEtcdsDefaultPort) {
                         "--rdzv-endpoint=e1,10.0.0.2:2380,[fd00::3]", "--rdzv-id=j", "env"});
   EXPECT_EQ(c.rdzvBackend, RdzvBackend::Etcd);
   using rendezvous::etcd::Endpoint;
-  EXPECT_EQ(c.rdzvEndpoint.etcd(), (std::vector<Endpoint>{{"e1", 2379}, {"10.0.0.2", 2380},
-                                                    {"fd00::3", 2379}}));
+  EXPECT_EQ(c.rdzvEndpoint.etcd(),
+            (std::vector<Endpoint>{{"e1", 2379}, {"10.0.0.2", 2380}, {"fd00::3", 2379}}));
   EXPECT_EQ(c.rdzv.etcdPrefix, "/dlrun/");
   EXPECT_EQ(c.minNodes, 2);
-  EXPECT_EQ(parse({"--nnodes=2", "--rdzv-backend=etcd-v3", "--rdzv-endpoint=e1", "env"})
-                .rdzvBackend,
-            RdzvBackend::Etcd);
+  EXPECT_EQ(
+      parse({"--nnodes=2", "--rdzv-backend=etcd-v3", "--rdzv-endpoint=e1", "env"}).rdzvBackend,
+      RdzvBackend::Etcd);
 }
 
 TEST(ParseDlrunArgs, EtcdPrefixComesFromRdzvConf) {
   const auto c = parse({"--nnodes=2", "--rdzv-backend=etcd", "--rdzv-endpoint=e1",
                         "--rdzv-conf=etcd_prefix=/site/jobs", "env"});
   EXPECT_EQ(c.rdzv.etcdPrefix, "/site/jobs/");  // keys under PREFIX/ID/
-  EXPECT_TRUE(contains(configError([] { parseRdzvSettings({{"etcd_prefix", ""}}); }),
+  EXPECT_TRUE(contains(configError([] {
+                         parseRdzvSettings({{"etcd_prefix", ""}});
+                       }),
                        "etcd_prefix"));
 }
 
 TEST(ParseDlrunArgs, EtcdEndpointsMayComeFromTheEnvironmentTheFlagWinning) {
   HostProbe host = fakeHost();
   host.env["DLRUN_ETCD_ENDPOINTS"] = "e1:1,e2:2";
-  EXPECT_EQ(
-      parse({"--nnodes=2", "--rdzv-backend=etcd", "env"}, host).rdzvEndpoint.etcd().size(), 2u);
+  EXPECT_EQ(parse({"--nnodes=2", "--rdzv-backend=etcd", "env"}, host).rdzvEndpoint.etcd().size(),
+            2u);
   EXPECT_EQ(parse({"--nnodes=2", "--rdzv-backend=etcd", "--rdzv-endpoint=e3", "env"}, host)
                 .rdzvEndpoint.etcd(),
             (std::vector<rendezvous::etcd::Endpoint>{{"e3", 2379}}));
@@ -762,8 +789,7 @@ TEST(ParseDlrunArgs, EtcdEndpointErrorsAreOneLineAtParseTime) {
     EXPECT_TRUE(contains(message, "--rdzv-endpoint")) << message;
     EXPECT_FALSE(contains(message, "\n")) << message;
   }
-  const std::string none =
-      configError([] { parse({"--nnodes=2", "--rdzv-backend=etcd", "env"}); });
+  const std::string none = configError([] { parse({"--nnodes=2", "--rdzv-backend=etcd", "env"}); });
   EXPECT_TRUE(contains(none, "--rdzv-endpoint")) << none;
   EXPECT_TRUE(contains(none, "DLRUN_ETCD_ENDPOINTS")) << none;
 }
@@ -830,8 +856,9 @@ TEST(ParseDlrunArgs, EtcdSecurityErrorsAreOneLineAtParseTime) {
   };
   for (const auto& [conf, part] : cases) {
     SCOPED_TRACE(conf);
-    const std::string message = configError(
-        [&] { parse({etcd[0], etcd[1], etcd[2], "--rdzv-conf=" + conf, "env"}); });
+    const std::string message = configError([&] {
+      parse({etcd[0], etcd[1], etcd[2], "--rdzv-conf=" + conf, "env"});
+    });
     EXPECT_TRUE(contains(message, part)) << message;
     EXPECT_FALSE(contains(message, "\n")) << message;
   }
@@ -859,17 +886,16 @@ TEST(ParseDlrunArgs, BackendDefaultsToC10dUnlessTheClassicStaticFlagsAreGiven) {
 }
 
 TEST(ParseDlrunArgs, AnExplicitBackendWins) {
-  EXPECT_EQ(parse({"--nnodes=2", "--master-addr=h", "--rdzv-backend=c10d", "--rdzv-endpoint=h:1",
-                   "env"})
-                .rdzvBackend,
-            RdzvBackend::C10d);
-  EXPECT_EQ(parse({"--nnodes=2", "--rdzv-backend=static", "--rdzv-endpoint=h:1", "env"})
-                .rdzvBackend,
-            RdzvBackend::Static);
+  EXPECT_EQ(
+      parse({"--nnodes=2", "--master-addr=h", "--rdzv-backend=c10d", "--rdzv-endpoint=h:1", "env"})
+          .rdzvBackend,
+      RdzvBackend::C10d);
+  EXPECT_EQ(
+      parse({"--nnodes=2", "--rdzv-backend=static", "--rdzv-endpoint=h:1", "env"}).rdzvBackend,
+      RdzvBackend::Static);
   EXPECT_EQ(parse({"--rdzv_backend=static", "env"}).rdzvBackend, RdzvBackend::Static);
   // --standalone serves its own store, whatever the backend says.
-  EXPECT_EQ(parse({"--standalone", "--rdzv-backend=static", "env"}).rdzvBackend,
-            RdzvBackend::C10d);
+  EXPECT_EQ(parse({"--standalone", "--rdzv-backend=static", "env"}).rdzvBackend, RdzvBackend::C10d);
 }
 
 // A c10d job of several nodes needs a store every node reaches: refused when the flags are
@@ -891,10 +917,14 @@ TEST(ParseDlrunArgs, SeveralC10dNodesNeedAnEndpoint) {
 // The task of node `nodeId` in a step over node[1-4] of job 4242 (srun --ntasks-per-node=1).
 HostProbe slurmHost(int nodeId, Environment extra = {}) {
   HostProbe host = fakeHost();
-  host.env = {{"SLURM_JOB_ID", "4242"},          {"SLURM_JOB_NODELIST", "node[1-4]"},
-              {"SLURM_STEP_NODELIST", "node[1-4]"}, {"SLURM_NNODES", "4"},
-              {"SLURM_STEP_NUM_NODES", "4"},     {"SLURM_NODEID", std::to_string(nodeId)},
-              {"SLURM_STEP_ID", "0"},            {"SLURM_CPUS_ON_NODE", "3"},
+  host.env = {{"SLURM_JOB_ID", "4242"},
+              {"SLURM_JOB_NODELIST", "node[1-4]"},
+              {"SLURM_STEP_NODELIST", "node[1-4]"},
+              {"SLURM_NNODES", "4"},
+              {"SLURM_STEP_NUM_NODES", "4"},
+              {"SLURM_NODEID", std::to_string(nodeId)},
+              {"SLURM_STEP_ID", "0"},
+              {"SLURM_CPUS_ON_NODE", "3"},
               {"SLURMD_NODENAME", "node" + std::to_string(nodeId + 1)}};
   for (auto& [key, value] : extra) host.env[key] = value;
   return host;
@@ -944,8 +974,9 @@ TEST(ParseDlrunArgsInSlurm, FlagsWin) {
     ScopedEnv nnodes("PET_NNODES", "1:2");  // a PET_ variable counts as given
     EXPECT_EQ(parse({"env"}, slurmHost(3)).maxNodes, 2);
   }
-  const std::string message =
-      configError([] { parse({"--nnodes=2", "--node-rank=3", "env"}, slurmHost(3)); });
+  const std::string message = configError([] {
+    parse({"--nnodes=2", "--node-rank=3", "env"}, slurmHost(3));
+  });
   EXPECT_TRUE(contains(message, "--node-rank 3")) << message;
 }
 
@@ -955,8 +986,10 @@ TEST(ParseDlrunArgsInSlurm, EtcdKeepsSlurmsJobNodesAndOrder) {
     SCOPED_TRACE(fromEnv);
     HostProbe host = slurmHost(2);
     Args args = {"--rdzv-backend=etcd", "env"};
-    if (fromEnv) host.env["DLRUN_ETCD_ENDPOINTS"] = "etcd1:2379,etcd2";
-    else args.insert(args.begin(), "--rdzv-endpoint=etcd1:2379,etcd2");
+    if (fromEnv)
+      host.env["DLRUN_ETCD_ENDPOINTS"] = "etcd1:2379,etcd2";
+    else
+      args.insert(args.begin(), "--rdzv-endpoint=etcd1:2379,etcd2");
     const auto c = parse(args, host);
     EXPECT_EQ(c.rdzvBackend, RdzvBackend::Etcd);
     EXPECT_EQ(c.rdzvEndpoint.etcd().size(), 2u);
@@ -982,10 +1015,10 @@ TEST(ParseDlrunArgsInSlurm, StaticFlagsKeepTheirStoreAndTakeTheRank) {
 }
 
 TEST(ParseDlrunArgsInSlurm, SwitchedOffByFlagEnvironmentOrStandalone) {
-  for (const auto& [args, host] : std::vector<std::pair<Args, HostProbe>>{
-           {{"--no-slurm", "env"}, slurmHost(1)},
-           {{"env"}, slurmHost(1, {{"DLRUN_SLURM", "0"}})},
-           {{"--standalone", "env"}, slurmHost(1)}}) {
+  for (const auto& [args, host] :
+       std::vector<std::pair<Args, HostProbe>>{{{"--no-slurm", "env"}, slurmHost(1)},
+                                               {{"env"}, slurmHost(1, {{"DLRUN_SLURM", "0"}})},
+                                               {{"--standalone", "env"}, slurmHost(1)}}) {
     SCOPED_TRACE(args.front());
     const auto c = parse(args, host);
     EXPECT_TRUE(c.singleNode());
@@ -1014,8 +1047,9 @@ TEST(ParseDlrunArgsInSlurm, TheSlurmBackendRequiresAnAllocation) {
 }
 
 TEST(ParseDlrunArgsInSlurm, MalformedVariablesAreConfigErrors) {
-  const std::string message = configError(
-      [] { parse({"env"}, slurmHost(1, {{"SLURM_STEP_NODELIST", "node[3-1]"}})); });
+  const std::string message = configError([] {
+    parse({"env"}, slurmHost(1, {{"SLURM_STEP_NODELIST", "node[3-1]"}}));
+  });
   EXPECT_TRUE(contains(message, "SLURM_STEP_NODELIST='node[3-1]'")) << message;
 }
 
@@ -1029,13 +1063,13 @@ TEST(ParseRdzvSettings, DefaultsDetectALostNodeWithinThreeSeconds) {
 }
 
 TEST(ParseRdzvSettings, HeartbeatTimeoutAndStoreTypeAsTorchrunReadsThem) {
-  const RdzvSettings s =
-      parseRdzvSettings({{"heartbeat_timeout", "10"}, {"store_type", "tcp"}});
+  const RdzvSettings s = parseRdzvSettings({{"heartbeat_timeout", "10"}, {"store_type", "tcp"}});
   EXPECT_EQ(s.leaseTtl(), std::chrono::seconds(10));  // in place of interval x attempts
   const std::string file = configError([] { parseRdzvSettings({{"store_type", "file"}}); });
   EXPECT_TRUE(contains(file, "store_type=file") && contains(file, "TCP only")) << file;
-  const std::string shorter = configError(
-      [] { parseRdzvSettings({{"heartbeat_timeout", "1"}, {"keep_alive_interval", "2"}}); });
+  const std::string shorter = configError([] {
+    parseRdzvSettings({{"heartbeat_timeout", "1"}, {"keep_alive_interval", "2"}});
+  });
   EXPECT_TRUE(contains(shorter, "heartbeat_timeout must be longer")) << shorter;
 }
 
@@ -1043,8 +1077,7 @@ TEST(ParseRdzvSettings, StoreOutageTimeoutIsAMinuteUnlessSet) {
   EXPECT_EQ(parseRdzvSettings({}).storeOutage, std::chrono::seconds(60));
   EXPECT_EQ(parseRdzvSettings({{"store_outage_timeout", "2.5"}}).storeOutage,
             std::chrono::milliseconds(2500));
-  const std::string bad =
-      configError([] { parseRdzvSettings({{"store_outage_timeout", "-1"}}); });
+  const std::string bad = configError([] { parseRdzvSettings({{"store_outage_timeout", "-1"}}); });
   EXPECT_TRUE(contains(bad, "store_outage_timeout=-1")) << bad;
 }
 
@@ -1072,7 +1105,9 @@ TEST(ParseRdzvSettings, TimeoutsArePositiveSecondsAndTheRefusalSaysSo) {
             std::chrono::milliseconds(500));
   for (const char* value : {"0", "-2", "86401", "nan"}) {
     SCOPED_TRACE(value);
-    EXPECT_EQ(configError([&] { parseRdzvSettings({{"last_call_timeout", value}}); }),
+    EXPECT_EQ(configError([&] {
+                parseRdzvSettings({{"last_call_timeout", value}});
+              }),
               std::string("--rdzv-conf: last_call_timeout=") + value +
                   " is not a number of seconds above 0 and at most 86400");
   }
@@ -1084,17 +1119,23 @@ TEST(ParseRdzvSettings, JobTtlIsWholeSecondsAnHourByDefault) {
   EXPECT_EQ(parseRdzvSettings({{"job_ttl", "2592000"}}).jobTtl, std::chrono::days(30));
   for (const char* value : {"0", "-1", "1.5", "2592001", "soon", ""}) {
     SCOPED_TRACE(value);
-    EXPECT_EQ(configError([&] { parseRdzvSettings({{"job_ttl", value}}); }),
+    EXPECT_EQ(configError([&] {
+                parseRdzvSettings({{"job_ttl", value}});
+              }),
               std::string("--rdzv-conf: job_ttl=") + value +
                   " is not a whole number of seconds from 1 to 2592000 (30 days)");
   }
 }
 
 TEST(ParseRdzvSettings, BadValuesNameTheKey) {
-  for (const auto& [key, value] : std::vector<std::pair<std::string, std::string>>{
-           {"join_timeout", "-1"}, {"last_call_timeout", "soon"},
-           {"keep_alive_max_attempt", "0"}, {"is_host", "maybe"}, {"stop_policy", "all"},
-           {"use_libuv", "sometimes"}, {"lease", "3"}}) {
+  for (const auto& [key, value] :
+       std::vector<std::pair<std::string, std::string>>{{"join_timeout", "-1"},
+                                                        {"last_call_timeout", "soon"},
+                                                        {"keep_alive_max_attempt", "0"},
+                                                        {"is_host", "maybe"},
+                                                        {"stop_policy", "all"},
+                                                        {"use_libuv", "sometimes"},
+                                                        {"lease", "3"}}) {
     try {
       parseRdzvSettings({{key, value}});
       FAIL() << key << "=" << value << " was accepted";
@@ -1139,9 +1180,8 @@ TEST(ParseDlrunArgsUnderMpirun, TheWorldFromOpenMpiFlagsWin) {
   // mpirun inside a Slurm allocation: mpirun's world, not the allocation's.
   c = parse({"env"}, mpiHost(1, {{"SLURM_JOB_ID", "9"}, {"SLURM_NNODES", "8"}}));
   EXPECT_EQ(c.maxNodes, 3);
-  EXPECT_EQ(parse({"env"}, mpiHost(1, {{"DLRUN_MPI", "0"}, {"OMPI_COMM_WORLD_SIZE", "3"}}))
-                .maxNodes,
-            1);
+  EXPECT_EQ(
+      parse({"env"}, mpiHost(1, {{"DLRUN_MPI", "0"}, {"OMPI_COMM_WORLD_SIZE", "3"}})).maxNodes, 1);
 }
 
 TEST(ParseDlrunArgsHostfile, HostsFlagsAndConflicts) {
@@ -1159,19 +1199,31 @@ TEST(ParseDlrunArgsHostfile, HostsFlagsAndConflicts) {
   EXPECT_EQ(h.entry, (Args{"/jobs/train.py", "--lr", "1"}));
   EXPECT_EQ(h.addresses, (Args{"192.0.2.1", "192.0.2.1"}));  // resolved by the parser
   // A host that does not resolve is refused while parsing, not when the launch starts.
-  EXPECT_EQ(configError([] { parse({"--hosts=a,me@b.invalid", "env"}); }),
+  EXPECT_EQ(configError([] {
+              parse({"--hosts=a,me@b.invalid", "env"});
+            }),
             "--hosts entry 2 'me@b.invalid': unknown host 'b.invalid'");
   EXPECT_EQ(parse({"--hosts=a", "--nproc-per-node=gpu", "env"}, fakeHost(2)).hostLaunch->nproc,
             "gpu");
-  EXPECT_TRUE(contains(configError([] { parse({"--hosts=a,b", "--nnodes=2", "env"}); }),
+  EXPECT_TRUE(contains(configError([] {
+                         parse({"--hosts=a,b", "--nnodes=2", "env"});
+                       }),
                        "--hostfile/--hosts and --nnodes conflict"));
-  EXPECT_TRUE(contains(configError([] { parse({"--hosts=a", "--standalone", "env"}); }),
+  EXPECT_TRUE(contains(configError([] {
+                         parse({"--hosts=a", "--standalone", "env"});
+                       }),
                        "--standalone"));
-  EXPECT_TRUE(contains(configError([] { parse({"--hosts=a", "--hostfile=f", "env"}); }),
+  EXPECT_TRUE(contains(configError([] {
+                         parse({"--hosts=a", "--hostfile=f", "env"});
+                       }),
                        "give one of them"));
-  EXPECT_TRUE(contains(configError([] { parse({"--hosts=a:2", "--roles=ps:1,worker:1", "env"}); }),
+  EXPECT_TRUE(contains(configError([] {
+                         parse({"--hosts=a:2", "--roles=ps:1,worker:1", "env"});
+                       }),
                        "--roles does not work with --hostfile/--hosts yet"));
-  EXPECT_EQ(configError([] { parse({"--hostfile=/no/such/file", "env"}); }),
+  EXPECT_EQ(configError([] {
+              parse({"--hostfile=/no/such/file", "env"});
+            }),
             "--hostfile: cannot read /no/such/file");
 }
 
@@ -1179,7 +1231,9 @@ TEST(ParseDlrunArgs, ANodeOfServicesOnlyNeedsAnotherNodeToEndTheJob) {
   EXPECT_EQ(parse({"--nnodes=2", "--rdzv-endpoint=h:1", "--roles=worker:2:service", "env"})
                 .agent.nprocPerNode,
             2);
-  EXPECT_TRUE(contains(configError([] { parse({"--standalone", "--roles=ps:1:service", "env"}); }),
+  EXPECT_TRUE(contains(configError([] {
+                         parse({"--standalone", "--roles=ps:1:service", "env"});
+                       }),
                        "nothing would end the job"));
 }
 
@@ -1189,7 +1243,9 @@ TEST(ParseDlrunArgs, LocalRankArgument) {
   EXPECT_EQ(parse({"--no_use_env", "--local-rank-arg-style=underscore", "env"}).agent.localRankFlag,
             "--local_rank");
   EXPECT_EQ(parse({"--use-env", "env"}).agent.localRankFlag, "");
-  EXPECT_EQ(configError([] { parse({"--local-rank-arg-style=camel", "env"}); }),
+  EXPECT_EQ(configError([] {
+              parse({"--local-rank-arg-style=camel", "env"});
+            }),
             "--local-rank-arg-style: 'camel' is not dash or underscore");
 }
 
@@ -1218,15 +1274,25 @@ TEST(ParseDlrunArgs, WarmStart) {
 }
 
 TEST(ParseDlrunArgs, WarmStartRefusesWhatIsNoPythonProgram) {
-  EXPECT_TRUE(contains(configError([] { parse({"--warm-start", "--no-python", "/jobs/tool"}); }),
+  EXPECT_TRUE(contains(configError([] {
+                         parse({"--warm-start", "--no-python", "/jobs/tool"});
+                       }),
                        "--warm-start and --no-python conflict"));
-  EXPECT_TRUE(contains(configError([] { parse({"--warm-start", "train"}, fakeHost(0, true)); }),
+  EXPECT_TRUE(contains(configError([] {
+                         parse({"--warm-start", "train"}, fakeHost(0, true));
+                       }),
                        "the bundled trainer"));
-  EXPECT_TRUE(contains(configError([] { parse({"--warm-start", "env", "A=1"}); }),
+  EXPECT_TRUE(contains(configError([] {
+                         parse({"--warm-start", "env", "A=1"});
+                       }),
                        "--warm-start: the entry point runs /usr/bin/env, which is no Python"));
-  EXPECT_EQ(configError([] { parse({"--preload=torch", "script.py"}); }),
+  EXPECT_EQ(configError([] {
+              parse({"--preload=torch", "script.py"});
+            }),
             "--preload needs --warm-start (the modules are imported for warm starts)");
-  EXPECT_EQ(configError([] { parse({"--warm-start", "--preload=to-rch", "script.py"}); }),
+  EXPECT_EQ(configError([] {
+              parse({"--warm-start", "--preload=to-rch", "script.py"});
+            }),
             "--preload: 'to-rch' is not a module name (MOD[,MOD...])");
 }
 

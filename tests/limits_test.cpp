@@ -18,8 +18,8 @@ constexpr size_t kKiB = 1024, kMiB = 1024 * 1024;
 
 TEST(Limits, ExecLimitsFollowTheStackLimit) {
   const ExecLimits usual = ExecLimits::forStack(8 * kMiB, 4096);
-  EXPECT_EQ(usual.maxString, 128 * kKiB);  // MAX_ARG_STRLEN
-  EXPECT_EQ(usual.maxTotal, 2 * kMiB);     // a quarter of 8 MiB
+  EXPECT_EQ(usual.maxString, 128 * kKiB);                              // MAX_ARG_STRLEN
+  EXPECT_EQ(usual.maxTotal, 2 * kMiB);                                 // a quarter of 8 MiB
   EXPECT_EQ(ExecLimits::forStack(SIZE_MAX, 4096).maxTotal, 6 * kMiB);  // unlimited: 3/4 of 8 MiB
   EXPECT_EQ(ExecLimits::forStack(256 * kKiB, 4096).maxTotal, 128 * kKiB);  // never below ARG_MAX
   EXPECT_GE(ExecLimits::ofThisProcess().maxString, 128 * kKiB);
@@ -63,17 +63,16 @@ TEST(Limits, AnExecOverEitherLimitIsNamed) {
 }
 
 TEST(Limits, TheDescriptorBudgetIsRefusedInOneLineNamingTheLimit) {
-  const DescriptorNeeds needs{.inUse = 10, .workers = 8192, .workerFiles = 16384,
-                              .storeClients = 8192};
+  const DescriptorNeeds needs{
+      .inUse = 10, .workers = 8192, .workerFiles = 16384, .storeClients = 8192};
   EXPECT_EQ(needs.total(), 10 + DescriptorNeeds::kReserve + 16384 + 8192);
   EXPECT_EQ(descriptorProblem(needs, needs.total()), std::nullopt);
   const auto problem = descriptorProblem(needs, 20000);
   ASSERT_TRUE(problem);
   EXPECT_EQ(problem->find('\n'), std::string::npos);
-  for (const std::string& part : std::vector<std::string>{"8192 workers",
-                                                          std::to_string(needs.total()),
-                                                          "limit of 20000", "ulimit -n",
-                                                          "--nproc-per-node"})
+  for (const std::string& part :
+       std::vector<std::string>{"8192 workers", std::to_string(needs.total()), "limit of 20000",
+                                "ulimit -n", "--nproc-per-node"})
     EXPECT_NE(problem->find(part), std::string::npos) << part << " in: " << *problem;
 }
 

@@ -114,11 +114,13 @@ class VirtualTime : public ::testing::Test {
   template <typename Fn>
   auto alone(Fn fn) {
     server->addParticipants(1);
-    return std::async(std::launch::async, [this, fn] {
-      auto result = fn();
-      server->removeParticipant();
-      return result;
-    }).get();
+    return std::async(std::launch::async,
+                      [this, fn] {
+                        auto result = fn();
+                        server->removeParticipant();
+                        return result;
+                      })
+        .get();
   }
 
   std::shared_ptr<MemoryStoreServer> server =

@@ -51,8 +51,14 @@ TEST(Exposition, HistogramBucketsAreCumulative) {
 }
 
 TEST(StoreMetrics, EveryCountUnderItsNameAndOnlyOpsServed) {
-  StoreStats stats{.connections = 5, .foreign = 1, .open = 2, .refused = 1,
-                               .bytesIn = 100, .bytesOut = 40, .keys = 7, .waiters = 3};
+  StoreStats stats{.connections = 5,
+                   .foreign = 1,
+                   .open = 2,
+                   .refused = 1,
+                   .bytesIn = 100,
+                   .bytesOut = 40,
+                   .keys = 7,
+                   .waiters = 3};
   stats.ops[static_cast<size_t>(wire::Op::Set)] = 9;
   Exposition out;
   addStoreMetrics(out, stats);

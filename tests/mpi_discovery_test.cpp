@@ -63,9 +63,8 @@ TEST(MpiDiscovery, MasterPortWins) {
 }
 
 TEST(MpiDiscovery, FlagsWin) {
-  const Settings s = mpi::discover(launched(),
-                              {.nnodes = true, .nodeRank = true, .rdzvEndpoint = true,
-                               .rdzvId = true});
+  const Settings s = mpi::discover(
+      launched(), {.nnodes = true, .nodeRank = true, .rdzvEndpoint = true, .rdzvId = true});
   EXPECT_FALSE(s.rdzvId);
   EXPECT_FALSE(s.nodeRank);
   EXPECT_FALSE(s.nnodes);
@@ -74,8 +73,8 @@ TEST(MpiDiscovery, FlagsWin) {
 }
 
 TEST(MpiDiscovery, PmixAlone) {
-  const Environment pmix{{"PMIX_RANK", "1"}, {"PMIX_NAMESPACE", "prterun-h-77@1"},
-                         {"MASTER_ADDR", "10.0.0.1"}};
+  const Environment pmix{
+      {"PMIX_RANK", "1"}, {"PMIX_NAMESPACE", "prterun-h-77@1"}, {"MASTER_ADDR", "10.0.0.1"}};
   EXPECT_NE(errorOf(pmix).find("pass --nnodes"), std::string::npos);
   const Settings s = mpi::discover(pmix, {.nnodes = true});
   EXPECT_EQ(s.nodeRank, 1);

@@ -57,10 +57,9 @@ class NumaBindingTest : public ::testing::Test {
     write("sys/devices/system/node/node0/cpulist", "0-7,16-23\n");
     write("sys/devices/system/node/node1/cpulist", "8-15,24-31\n");
     for (int cpu = 0; cpu < 32; ++cpu) writeCpu(cpu);
-    const std::pair<const char*, int> gpus[] = {{"0000:9a:00.0", 1}, {"0000:18:00.0", 0},
-                                                {"0000:db:00.0", 1}, {"0000:3a:00.0", 0},
-                                                {"0000:ab:00.0", 1}, {"0000:5d:00.0", 0},
-                                                {"0000:ba:00.0", 1}, {"0000:2a:00.0", 0}};
+    const std::pair<const char*, int> gpus[] = {
+        {"0000:9a:00.0", 1}, {"0000:18:00.0", 0}, {"0000:db:00.0", 1}, {"0000:3a:00.0", 0},
+        {"0000:ab:00.0", 1}, {"0000:5d:00.0", 0}, {"0000:ba:00.0", 1}, {"0000:2a:00.0", 0}};
     for (const auto& [address, node] : gpus) writePci(address, "0x10de", "0x030200", node);
     writePci("0000:2a:00.0", "0x10de", "0x030000", 0);  // a GPU may be a VGA controller
     writePci("0000:17:00.0", "0x15b3", "0x020700", 0);  // a Mellanox NIC
@@ -288,8 +287,9 @@ TEST(NumaCpuSets, SocketModeTakesEveryNodeOfTheSocket) {
   EXPECT_EQ(texts(numaCpuSets(topology, NumaMode::Node, 2, cpus("0-7"))),
             (std::vector<std::string>{"6-7", "0-1"}));
   // Without cache information there are no complexes to bind to.
-  EXPECT_NE(configError([&] { numaCpuSets(topology, NumaMode::CoreComplex, 1, cpus("0-7")); })
-                .find("core-complex needs the caches of CPU 6"),
+  EXPECT_NE(configError([&] {
+              numaCpuSets(topology, NumaMode::CoreComplex, 1, cpus("0-7"));
+            }).find("core-complex needs the caches of CPU 6"),
             std::string::npos);
 }
 

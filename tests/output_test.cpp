@@ -27,9 +27,7 @@ Lines split(const std::vector<std::string>& chunks, size_t maxLine = 64 * 1024) 
   return lines;
 }
 
-TEST(LineSplitter, CompleteLines) {
-  EXPECT_EQ(split({"a\nbb\nccc\n"}), (Lines{"a", "bb", "ccc"}));
-}
+TEST(LineSplitter, CompleteLines) { EXPECT_EQ(split({"a\nbb\nccc\n"}), (Lines{"a", "bb", "ccc"})); }
 
 TEST(LineSplitter, LinesAcrossChunks) {
   EXPECT_EQ(split({"he", "llo\nwo", "rld", "\n"}), (Lines{"hello", "world"}));
@@ -127,11 +125,13 @@ TEST(AsPythonText, LineEndsAndBadUtf8AsPythonReadsThem) {
            {"a\rb", true, "a\nb", true},
            {"a\r\r", true, "a\n", true},
            {"\xff\xfe", true, fffd + fffd, true},
-           {"\xe2\x82", false, fffd, false},          // a truncated sequence: one U+FFFD
-           {"\xe2\x82" "a", true, fffd + "a", true},
+           {"\xe2\x82", false, fffd, false},  // a truncated sequence: one U+FFFD
+           {"\xe2\x82"
+            "a",
+            true, fffd + "a", true},
            {"\xed\xa0\x80", true, fffd + fffd + fffd, true},  // a surrogate: ill-formed
            {"\xf0\x9f\x98\x80 \xc3\xa9", true, "\xf0\x9f\x98\x80 \xc3\xa9", true},
-           {"\xc0\xaf", true, fffd + fffd, true},      // an overlong form
+           {"\xc0\xaf", true, fffd + fffd, true},                        // an overlong form
            {"\xf4\x90\x80\x80", true, fffd + fffd + fffd + fffd, true},  // past U+10FFFF
        }) {
     SCOPED_TRACE(c.line);

@@ -35,8 +35,7 @@ std::map<pid_t, ExitStatus> reapAll(size_t count) {
 TEST(ProcessTest, ManyChildrenAreAllReapedWithTheirOwnCodes) {
   constexpr int kChildren = 64;
   std::map<pid_t, int> expected;
-  for (int i = 0; i < kChildren; ++i)
-    expected[spawnShell("exit " + std::to_string(i)).pid] = i;
+  for (int i = 0; i < kChildren; ++i) expected[spawnShell("exit " + std::to_string(i)).pid] = i;
   const auto reaped = reapAll(kChildren);
   ASSERT_EQ(reaped.size(), expected.size());
   for (const auto& [pid, code] : expected) {
@@ -61,8 +60,7 @@ TEST(ProcessTest, AProgramThatCannotBeExecutedIsAnError) {
     spawnProcess({.argv = {"/nonexistent/program"}, .envp = {}, .pipeStderr = true});
     FAIL() << "exec of a missing program was confirmed";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("cannot execute /nonexistent/program"),
-              std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("cannot execute /nonexistent/program"), std::string::npos)
         << e.what();
   }
   EXPECT_EQ(::waitpid(-1, nullptr, WNOHANG), -1);  // the failed child was reaped
@@ -107,7 +105,8 @@ TEST(ProcessTest, DescriptorsOpenedAfterTheFirstStartAreNotInherited) {
   const int leaked = ::open("/dev/null", O_RDONLY);
   ASSERT_GE(leaked, 0);
   SpawnedProcess p = spawnProcess(
-      {.argv = {"/bin/sh", "-c", "test -e /proc/self/fd/" + std::to_string(leaked) + " && echo open || echo closed"},
+      {.argv = {"/bin/sh", "-c",
+                "test -e /proc/self/fd/" + std::to_string(leaked) + " && echo open || echo closed"},
        .envp = {"PATH=/bin"},
        .pipeStdout = true});
   EXPECT_EQ(readAll(p.stdoutFd), "closed\n");

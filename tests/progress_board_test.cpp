@@ -65,7 +65,10 @@ TEST_F(ProgressBoardTest, AnUnusableSettingIsOneClearError) {
 
 TEST_F(ProgressBoardTest, TheBoardGoesWithTheAgent) {
   const auto path = boardPath();
-  { ProgressBoard board(path, 1); EXPECT_TRUE(std::filesystem::exists(path)); }
+  {
+    ProgressBoard board(path, 1);
+    EXPECT_TRUE(std::filesystem::exists(path));
+  }
   EXPECT_FALSE(std::filesystem::exists(path));
 }
 

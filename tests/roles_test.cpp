@@ -31,9 +31,8 @@ TEST(Roles, ParseNamesCountsAndMarks) {
 }
 
 TEST(Roles, MalformedStringsAreConfigErrors) {
-  for (const char* bad : {"", "ps", "ps:", "ps:0", "ps:-1", "ps:x", "ps:1,ps:2", ":1",
-                          "p s:1", "ps:1:forever", "ps:1,,worker:2",
-                          "ps:99999999999"}) {
+  for (const char* bad : {"", "ps", "ps:", "ps:0", "ps:-1", "ps:x", "ps:1,ps:2", ":1", "p s:1",
+                          "ps:1:forever", "ps:1,,worker:2", "ps:99999999999"}) {
     EXPECT_THROW(parseRoles(bad), ConfigError) << bad;
   }
 }
@@ -70,9 +69,9 @@ TEST(Roles, AChiefRoleKeepsEveryWorkerAWorker) {
   EXPECT_EQ(places[0].tfType, "chief");
   EXPECT_EQ(places[1].tfType, "worker");
   EXPECT_EQ(places[1].tfIndex, 0);
-  EXPECT_EQ(nlohmann::json::parse(tfClusterOfRoles({"a:1", "b:2", "c:3"},
-                                                   {"chief", "worker", "worker"})),
-            nlohmann::json::parse(R"({"chief":["a:1"],"worker":["b:2","c:3"]})"));
+  EXPECT_EQ(
+      nlohmann::json::parse(tfClusterOfRoles({"a:1", "b:2", "c:3"}, {"chief", "worker", "worker"})),
+      nlohmann::json::parse(R"({"chief":["a:1"],"worker":["b:2","c:3"]})"));
 }
 
 // TFConfigClusterResolver's rules: the task's type is a job of the cluster and its index is in

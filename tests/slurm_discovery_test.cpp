@@ -75,8 +75,8 @@ TEST(SlurmDiscoveryTest, TheFirstNodeServesTheStore) {
   EXPECT_EQ(discover(with(step(3), {{"SLURMD_NODENAME", "node1"}}), {}).servesStore, true);
   EXPECT_EQ(discover(without(step(0), "SLURMD_NODENAME"), {}).servesStore, true);
   EXPECT_EQ(discover(without(step(1), "SLURMD_NODENAME"), {}).servesStore, false);
-  EXPECT_FALSE(discover(without(without(step(0), "SLURMD_NODENAME"), "SLURM_NODEID"), {})
-                   .servesStore);
+  EXPECT_FALSE(
+      discover(without(without(step(0), "SLURMD_NODENAME"), "SLURM_NODEID"), {}).servesStore);
 }
 
 TEST(SlurmDiscoveryTest, TheStepsNodesWinOverTheJobs) {
@@ -102,10 +102,8 @@ TEST(SlurmDiscoveryTest, PortsDifferByJobAndStayBelowTheEphemeralRange) {
 }
 
 TEST(SlurmDiscoveryTest, ExplicitFlagsWin) {
-  const Settings s = discover(step(2), {.nnodes = true,
-                                        .nodeRank = true,
-                                        .rdzvEndpoint = true,
-                                        .rdzvId = true});
+  const Settings s =
+      discover(step(2), {.nnodes = true, .nodeRank = true, .rdzvEndpoint = true, .rdzvId = true});
   EXPECT_FALSE(s.nnodes);
   EXPECT_FALSE(s.nodeRank);
   EXPECT_FALSE(s.endpointHost);
@@ -120,8 +118,7 @@ TEST(SlurmDiscoveryTest, AutoWorkersAreTheNodesGpusElseTasksElseCpus) {
   EXPECT_EQ(discover(step(), autoNproc).nprocPerNode, 6);  // one task per node: the CPUs
   EXPECT_EQ(discover(with(step(), {{"SLURM_GPUS_ON_NODE", "4"}}), autoNproc).nprocPerNode, 4);
   EXPECT_EQ(discover(with(step(), {{"SLURM_GPUS_ON_NODE", "0"}}), autoNproc).nprocPerNode, 6);
-  EXPECT_EQ(discover(with(step(), {{"SLURM_NTASKS_PER_NODE", "3"}}), autoNproc).nprocPerNode,
-            3);
+  EXPECT_EQ(discover(with(step(), {{"SLURM_NTASKS_PER_NODE", "3"}}), autoNproc).nprocPerNode, 3);
   EXPECT_EQ(discover(with(step(), {{"SLURM_NTASKS_PER_NODE", "3"}, {"SLURM_GPUS_ON_NODE", "2"}}),
                      autoNproc)
                 .nprocPerNode,
@@ -154,8 +151,8 @@ TEST(SlurmDiscoveryTest, MalformedVariablesAreNamed) {
   EXPECT_TRUE(contains(errorOf(with(step(), {{"SLURM_NODEID", "x"}})), "SLURM_NODEID='x'"));
   EXPECT_TRUE(contains(errorOf(with(step(), {{"SLURM_NODEID", "-1"}})), "SLURM_NODEID='-1'"));
   EXPECT_TRUE(contains(errorOf(with(step(), {{"SLURM_JOB_ID", "12a"}})), "SLURM_JOB_ID='12a'"));
-  EXPECT_TRUE(contains(errorOf(with(step(), {{"SLURM_STEP_NUM_NODES", "0"}})),
-                       "SLURM_STEP_NUM_NODES='0'"));
+  EXPECT_TRUE(
+      contains(errorOf(with(step(), {{"SLURM_STEP_NUM_NODES", "0"}})), "SLURM_STEP_NUM_NODES='0'"));
   EXPECT_TRUE(contains(errorOf(with(step(), {{"SLURM_CPUS_ON_NODE", "many"}}), {.nprocAuto = true}),
                        "SLURM_CPUS_ON_NODE='many'"));
   EXPECT_TRUE(contains(errorOf(with(step(), {{"SLURM_STEP_NODELIST", "node[1-"}})),

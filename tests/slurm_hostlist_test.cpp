@@ -51,8 +51,9 @@ TEST(SlurmHostlistTest, CountsWithoutExpanding) {
 
 TEST(SlurmHostlistTest, RefusesAnUnclosedBracket) {
   const std::string message = errorOf("x[1-");
-  EXPECT_EQ(message, "SLURM_JOB_NODELIST='x[1-' is not a Slurm hostlist: '[' at character 2 "
-                     "is never closed");
+  EXPECT_EQ(message,
+            "SLURM_JOB_NODELIST='x[1-' is not a Slurm hostlist: '[' at character 2 "
+            "is never closed");
   EXPECT_NE(errorOf("x[").find("never closed"), std::string::npos);
   EXPECT_NE(errorOf("x[1,2").find("never closed"), std::string::npos);
 }
@@ -62,19 +63,16 @@ TEST(SlurmHostlistTest, RefusesAReversedRange) {
 }
 
 TEST(SlurmHostlistTest, RefusesBoundsThatAreNotNumbers) {
-  EXPECT_NE(errorOf("x[a-b]").find("'a' at character 3 is not a range bound"),
-            std::string::npos);
+  EXPECT_NE(errorOf("x[a-b]").find("'a' at character 3 is not a range bound"), std::string::npos);
   EXPECT_NE(errorOf("x[]").find("']' at character 3 is not a range bound"), std::string::npos);
-  EXPECT_NE(errorOf("x[1,,2]").find("',' at character 5 is not a range bound"),
-            std::string::npos);
+  EXPECT_NE(errorOf("x[1,,2]").find("',' at character 5 is not a range bound"), std::string::npos);
   EXPECT_NE(errorOf("x[1-2-3]").find("'-' at character 6 follows a range where"),
             std::string::npos);
 }
 
 TEST(SlurmHostlistTest, RefusesStrayBracketsAndCharacters) {
   EXPECT_NE(errorOf("x1]").find("']' at character 3 has no '['"), std::string::npos);
-  EXPECT_NE(errorOf("x[[1]").find("'[' at character 3 is not a range bound"),
-            std::string::npos);
+  EXPECT_NE(errorOf("x[[1]").find("'[' at character 3 is not a range bound"), std::string::npos);
   EXPECT_NE(errorOf("a b").find("' ' at character 2 is not allowed"), std::string::npos);
   EXPECT_NE(errorOf("a:1").find("':' at character 2 is not allowed"), std::string::npos);
 }

@@ -118,11 +118,14 @@ class StackDumpTest : public ::testing::Test {
   pid_t startPythonSleeping(const std::string& function, const Environment& env,
                             std::vector<std::string> flags = {}) {
     const fs::path script = dir_ / (function + ".py"), ready = dir_ / (function + ".ready");
-    writeFile(script, "import sys, time\n"
-                      "def " + function + "():\n"
-                      "    open(sys.argv[1], 'w').close()\n"
-                      "    time.sleep(600)\n" +
-                      function + "()\n");
+    writeFile(script,
+              "import sys, time\n"
+              "def " +
+                  function +
+                  "():\n"
+                  "    open(sys.argv[1], 'w').close()\n"
+                  "    time.sleep(600)\n" +
+                  function + "()\n");
     std::vector<std::string> argv = {kPython};
     argv.insert(argv.end(), flags.begin(), flags.end());
     argv.insert(argv.end(), {script, ready});
@@ -164,9 +167,9 @@ TEST_F(StackDumpTest, GdbWhereEuStackIsMissing) {
   const auto dumps = dumpStacks({{pid, 1, dir_ / "rank-1.txt"}}, nullptr, kDump);
   EXPECT_EQ(dumps[0].error, "");
   EXPECT_TRUE(contains(dumps[0].text, "== native stacks (gdb -p ")) << dumps[0].text;
-  EXPECT_NE(std::find(dumps[0].topFrames.begin(), dumps[0].topFrames.end(),
-                      "dlrunStackTestBlockedHere"),
-            dumps[0].topFrames.end())
+  EXPECT_NE(
+      std::find(dumps[0].topFrames.begin(), dumps[0].topFrames.end(), "dlrunStackTestBlockedHere"),
+      dumps[0].topFrames.end())
       << dumps[0].text;
   EXPECT_TRUE(runsUnharmed(pid, SIGCONT));
 }
@@ -259,9 +262,8 @@ while True:
 TEST_F(StackDumpTest, NoReaderOnTheFlightRecordersPipeIsANote) {
   const fs::path pipe = dir_ / "nccl_pipe_0.pipe";
   ASSERT_EQ(::mkfifo(pipe.c_str(), 0600), 0);
-  const pid_t pid =
-      start({STACK_DUMP_BLOCKED, dir_ / "quiet.ready"},
-            {{"TORCH_NCCL_DEBUG_INFO_PIPE_FILE", (dir_ / "nccl_pipe_").string()}});
+  const pid_t pid = start({STACK_DUMP_BLOCKED, dir_ / "quiet.ready"},
+                          {{"TORCH_NCCL_DEBUG_INFO_PIPE_FILE", (dir_ / "nccl_pipe_").string()}});
   ASSERT_TRUE(waitForFile(dir_ / "quiet.ready"));
   const auto dumps = dumpStacks({{pid, 0, dir_ / "rank-0.txt"}}, nullptr, kDump);
   EXPECT_EQ(dumps[0].ncclTrace, std::nullopt);
@@ -316,8 +318,10 @@ dist.all_reduce(torch.ones(4))
   std::vector<StackTarget> targets;
   for (int rank : {0, 1}) {
     Environment env = hook.environment({});
-    env.insert({{"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", std::to_string(port)},
-                {"WORLD_SIZE", "2"}, {"RANK", std::to_string(rank)}});
+    env.insert({{"MASTER_ADDR", "127.0.0.1"},
+                {"MASTER_PORT", std::to_string(port)},
+                {"WORLD_SIZE", "2"},
+                {"RANK", std::to_string(rank)}});
     targets.push_back(
         {start({kPython, script, dir_ / ("rank" + std::to_string(rank) + ".ready")}, env), rank,
          dir_ / "stacks" / ("rank-" + std::to_string(rank) + ".txt")});

@@ -176,16 +176,21 @@ TEST_F(EngineTest, CompareSetOnAMissingKeyWithoutCreatingItWakesNobody) {
 
 TEST_F(EngineTest, AddReadsTheLeadingIntegerAsStrtollDoes) {
   const std::vector<std::pair<std::string, int64_t>> cases = {
-      {"12abc", 13}, {" 7", 8}, {"+4", 5}, {"0x10", 1}, {"\n-3\n", -2},
-      {"-9223372036854775808", INT64_MIN + 1}, {"9223372036854775806 ", INT64_MAX}};
+      {"12abc", 13},
+      {" 7", 8},
+      {"+4", 5},
+      {"0x10", 1},
+      {"\n-3\n", -2},
+      {"-9223372036854775808", INT64_MIN + 1},
+      {"9223372036854775806 ", INT64_MAX}};
   for (const auto& [text, sum] : cases) {
     run(a, [&](Encoder& e) { e.op(Era::V2, Op::Set).bytes("n").bytes(text); });
     EXPECT_EQ(run(a, [](Encoder& e) { e.op(Era::V2, Op::Add).bytes("n").i64(1); }), "") << text;
     EXPECT_EQ(a.take(), i64(sum)) << text;
     EXPECT_EQ(read("n"), std::to_string(sum));
   }
-  for (const std::string text : {"", " ", "-", "+x", "abc", "99999999999999999999",
-                                 "-9223372036854775809"}) {
+  for (const std::string text :
+       {"", " ", "-", "+x", "abc", "99999999999999999999", "-9223372036854775809"}) {
     run(a, [&](Encoder& e) { e.op(Era::V2, Op::Set).bytes("n").bytes(text); });
     EXPECT_NE(run(a, [](Encoder& e) { e.op(Era::V2, Op::Add).bytes("n").i64(1); }), "") << text;
     EXPECT_EQ(read("n"), text);  // refused: unchanged

@@ -117,7 +117,8 @@ TEST_F(StoreProxyTest, EightWorkersAddingAtOnceGetEightDistinctValues) {
 TEST_F(StoreProxyTest, WaitsOnOneKeyBecomeOneWaitAtTheStore) {
   std::vector<std::future<void>> waits;
   for (int i = 0; i < 8; ++i)
-    waits.push_back(std::async(std::launch::async, [this] { client().wait({"ready"}, std::chrono::seconds(30)); }));
+    waits.push_back(std::async(std::launch::async,
+                               [this] { client().wait({"ready"}, std::chrono::seconds(30)); }));
   ASSERT_TRUE(eventually([&] { return proxyStats().coalescedWaits == 7; }));
   client().set("ready", "1");
   for (auto& wait : waits) wait.get();
@@ -193,8 +194,8 @@ TEST_F(StoreProxyTest, OnePushReleasesOneBlockedPopper) {
       if (f->wait_for(std::chrono::seconds(0)) == std::future_status::ready) return true;
     return false;
   }));
-  auto done = first.wait_for(std::chrono::seconds(0)) == std::future_status::ready ? &first
-                                                                                    : &second;
+  auto done =
+      first.wait_for(std::chrono::seconds(0)) == std::future_status::ready ? &first : &second;
   auto other = done == &first ? &second : &first;
   EXPECT_EQ(done->get(), "one");
   EXPECT_NE(other->wait_for(std::chrono::milliseconds(300)), std::future_status::ready);

@@ -86,8 +86,7 @@ TEST_F(StoreServerTest, MultiSetThenMultiGetBytes) {
   c.send(v2(Op::MultiSet) + i64Bytes(2) + lengthPrefixed("/a") + lengthPrefixed("1") +
          lengthPrefixed("/b") + lengthPrefixed(std::string("\0\xff", 2)));
   c.send(v2(Op::MultiGet) + i64Bytes(2) + lengthPrefixed("/b") + lengthPrefixed("/a"));
-  EXPECT_EQ(c.read(8 + 2 + 8 + 1),
-            lengthPrefixed(std::string("\0\xff", 2)) + lengthPrefixed("1"));
+  EXPECT_EQ(c.read(8 + 2 + 8 + 1), lengthPrefixed(std::string("\0\xff", 2)) + lengthPrefixed("1"));
 }
 
 TEST_F(StoreServerTest, AppendCreatesThenExtends) {

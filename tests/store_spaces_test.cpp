@@ -41,8 +41,8 @@ class StoreSpacesTest : public ::testing::Test {
     }
   }
 
-  std::unique_ptr<StoreServerThread> server = std::make_unique<StoreServerThread>(
-      StoreServerOptions{.host = "127.0.0.1", .port = 0});
+  std::unique_ptr<StoreServerThread> server =
+      std::make_unique<StoreServerThread>(StoreServerOptions{.host = "127.0.0.1", .port = 0});
 };
 
 TEST_F(StoreSpacesTest, AnAttemptsKeysAreItsOwnAndNotTheStores) {
@@ -90,8 +90,8 @@ TEST_F(StoreSpacesTest, AClosedSpaceGoesWithItsLastConnection) {
   auto stopping = client(port);
   stopping.set("/k", "v");
   rendezvous.closeSpace("job");
-  EXPECT_FALSE(serves(port));                // no new connection
-  EXPECT_EQ(stopping.get("/k"), "v");        // a worker still stopping is still served
+  EXPECT_FALSE(serves(port));                    // no new connection
+  EXPECT_EQ(stopping.get("/k"), "v");            // a worker still stopping is still served
   EXPECT_EQ(rendezvous.openSpace("job", 0), 0);  // and its attempt is over
   EXPECT_EQ(server->stats().spaces, 1u);
   stopping.abort();
@@ -140,7 +140,8 @@ TEST_F(StoreSpacesTest, ATwentyAttemptJobLeavesOneSpaceOfItsLastAttemptsKeys) {
     worker.set("/attempt_" + std::to_string(attempt), "here");
     EXPECT_EQ(worker.numKeys(), 51);
   }
-  EXPECT_TRUE(eventually([&] { return server->stats().keys == 51 && server->stats().spaces == 1; }));
+  EXPECT_TRUE(
+      eventually([&] { return server->stats().keys == 51 && server->stats().spaces == 1; }));
 }
 
 TEST_F(StoreSpacesTest, StoppingTheServerClosesItsSpaces) {
@@ -156,11 +157,11 @@ TEST_F(StoreSpacesTest, StoppingTheServerClosesItsSpaces) {
 // connection handed over is no longer the space's, so the space can end and the server stop.
 TEST_F(StoreSpacesTest, AnHttp2ConnectionToAnAttemptsPortGoesToTheForeignServer) {
   std::atomic<int> handed{0};
-  server = std::make_unique<StoreServerThread>(StoreServerOptions{
-      .host = "127.0.0.1", .port = 0, .foreign = [&](int fd) {
-        ++handed;
-        ::close(fd);
-      }});
+  server = std::make_unique<StoreServerThread>(
+      StoreServerOptions{.host = "127.0.0.1", .port = 0, .foreign = [&](int fd) {
+                           ++handed;
+                           ::close(fd);
+                         }});
   auto rendezvous = store();
   const uint16_t port = rendezvous.openSpace("job", 0);
   RawClient grpc(port);

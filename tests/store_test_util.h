@@ -14,8 +14,7 @@ namespace dlrun::testing {
 // hanging.
 class RawClient {
  public:
-  explicit RawClient(uint16_t port)
-      : stream_(TcpStream::connect("127.0.0.1", port, deadline())) {}
+  explicit RawClient(uint16_t port) : stream_(TcpStream::connect("127.0.0.1", port, deadline())) {}
 
   void send(const std::string& bytes) { stream_.writeAll(bytes, deadline()); }
   std::string read(size_t n) { return stream_.readExact(n, deadline()); }
@@ -31,9 +30,7 @@ class RawClient {
   }
 
  private:
-  static Clock::time_point deadline() {
-    return Clock::now() + std::chrono::seconds(10);
-  }
+  static Clock::time_point deadline() { return Clock::now() + std::chrono::seconds(10); }
   TcpStream stream_;
 };
 

@@ -70,7 +70,9 @@ class CheckpointTest : public testing::Test {
     fs::permissions(dir_, fs::perms::owner_all, fs::perm_options::add, ec);
     fs::remove_all(dir_, ec);
   }
-  fs::path file(int64_t step) const { return dir_ / ("checkpoint-" + std::to_string(step) + ".bin"); }
+  fs::path file(int64_t step) const {
+    return dir_ / ("checkpoint-" + std::to_string(step) + ".bin");
+  }
 
   fs::path dir_;
 };

@@ -148,8 +148,8 @@ std::vector<double> maxPool(const std::vector<double>& in, int channels, int sid
   return out;
 }
 
-std::vector<double> dense(const std::vector<double>& in, const double* weight,
-                          const double* bias, int outputs, bool relu) {
+std::vector<double> dense(const std::vector<double>& in, const double* weight, const double* bias,
+                          int outputs, bool relu) {
   std::vector<double> out(outputs);
   for (int o = 0; o < outputs; ++o) {
     double sum = bias[o];
@@ -168,9 +168,9 @@ double referenceLoss(const CnnShape& s, const std::vector<double>& p, const Batc
     const std::vector<double> pool1 =
         maxPool(convRelu(image, 1, 28, &p[l.conv1Weight], &p[l.conv1Bias], s.channels1, s.kernel),
                 s.channels1, 28);
-    const std::vector<double> pool2 = maxPool(convRelu(pool1, s.channels1, 14, &p[l.conv2Weight],
-                                                       &p[l.conv2Bias], s.channels2, s.kernel),
-                                              s.channels2, 14);
+    const std::vector<double> pool2 = maxPool(
+        convRelu(pool1, s.channels1, 14, &p[l.conv2Weight], &p[l.conv2Bias], s.channels2, s.kernel),
+        s.channels2, 14);
     const std::vector<double> hidden = dense(pool2, &p[l.fc1Weight], &p[l.fc1Bias], s.hidden, true);
     const std::vector<double> z = dense(hidden, &p[l.fc2Weight], &p[l.fc2Bias], s.classes, false);
     const double max = *std::max_element(z.begin(), z.end());
@@ -196,14 +196,11 @@ TEST(CnnMath, LossAndGradientMatchANaiveDoubleReferenceInEveryBlock) {
   const struct {
     const char* name;
     size_t begin, end;
-  } blocks[] = {{"conv1.weight", l.conv1Weight, l.conv1Bias},
-                {"conv1.bias", l.conv1Bias, l.conv2Weight},
-                {"conv2.weight", l.conv2Weight, l.conv2Bias},
-                {"conv2.bias", l.conv2Bias, l.fc1Weight},
-                {"fc1.weight", l.fc1Weight, l.fc1Bias},
-                {"fc1.bias", l.fc1Bias, l.fc2Weight},
-                {"fc2.weight", l.fc2Weight, l.fc2Bias},
-                {"fc2.bias", l.fc2Bias, l.parameterCount}};
+  } blocks[] = {
+      {"conv1.weight", l.conv1Weight, l.conv1Bias}, {"conv1.bias", l.conv1Bias, l.conv2Weight},
+      {"conv2.weight", l.conv2Weight, l.conv2Bias}, {"conv2.bias", l.conv2Bias, l.fc1Weight},
+      {"fc1.weight", l.fc1Weight, l.fc1Bias},       {"fc1.bias", l.fc1Bias, l.fc2Weight},
+      {"fc2.weight", l.fc2Weight, l.fc2Bias},       {"fc2.bias", l.fc2Bias, l.parameterCount}};
   const auto lossAt = [&](size_t i, double delta) {
     const double start = p[i];
     p[i] = start + delta;
@@ -212,8 +209,7 @@ TEST(CnnMath, LossAndGradientMatchANaiveDoubleReferenceInEveryBlock) {
     return moved;
   };
   for (const auto& block : blocks) {
-    const auto check =
-        testing::checkGradient(analytic, block.begin, block.end, 1e-6, 1e-3, lossAt);
+    const auto check = testing::checkGradient(analytic, block.begin, block.end, 1e-6, 1e-3, lossAt);
     EXPECT_LT(check.worst, 1e-3) << block.name << " [" << check.worstIndex - block.begin
                                  << "]: analytic " << analytic[check.worstIndex];
     // Not trivially zero: a broken backward pass could agree with a flat loss.
@@ -233,10 +229,10 @@ TEST(CnnMath, HandCheckedLossGradientAndCount) {
   std::fill(model.params() + l.fc1Weight, model.params() + l.fc1Bias, 1.0f);  // their sum
   model.params()[l.fc2Weight + 3] = 0.5f;  // class 3's logit is half the sum, the others 0
   std::vector<float> x(2 * kCnnInputs, 0.0f);
-  x[1 * 28 + 2] = 3.0f;    // the top-left block's max ...
-  x[1 * 28 + 3] = 2.0f;    // ... over this one
-  x[27 * 28 + 27] = 1.0f;  // the bottom-right block's
-  x[10 * 28 + 10] = -5.0f;  // clipped by the ReLU
+  x[1 * 28 + 2] = 3.0f;                   // the top-left block's max ...
+  x[1 * 28 + 3] = 2.0f;                   // ... over this one
+  x[27 * 28 + 27] = 1.0f;                 // the bottom-right block's
+  x[10 * 28 + 10] = -5.0f;                // clipped by the ReLU
   const std::vector<uint8_t> y = {3, 0};  // the second image is blank: all logits 0
   const double e2 = std::exp(2.0);
   const double loss0 = std::log(e2 + 9) - 2, loss1 = std::log(10.0);
@@ -261,7 +257,7 @@ TEST(CnnMath, FlattenIsTorchsChannelMajorOrder) {
   model.params()[l.fc1Weight + 1 * 49 + 2 * 7 + 5] = 1.0f;  // channel 1, row 2, column 5
   model.params()[l.fc2Weight + 1] = 1.0f;
   std::vector<float> x(kCnnInputs, 0.0f);
-  x[9 * 28 + 22] = 3.0f;  // in the 4x4 block at row 2, column 5
+  x[9 * 28 + 22] = 3.0f;   // in the 4x4 block at row 2, column 5
   x[17 * 28 + 25] = 7.0f;  // row 4, column 6, channel 0: index 68 of an NHWC flatten
   const uint8_t y = 1;
   EXPECT_NEAR(model.loss(x.data(), &y, 1), std::log(std::exp(3.0) + 9) - 3, 1e-6);

@@ -26,8 +26,8 @@ void onRanks(int size, const std::function<void(int)>& body) {
 }
 
 std::shared_ptr<Store> jobStore() {
-  return std::make_shared<PrefixStore>(
-      "job", std::make_shared<MemoryStore>(std::chrono::seconds(10)));
+  return std::make_shared<PrefixStore>("job",
+                                       std::make_shared<MemoryStore>(std::chrono::seconds(10)));
 }
 
 TEST(SharedMemoryCollective, EveryRankGetsTheSumsInRankOrder) {

@@ -55,9 +55,9 @@ std::string errorOf(const std::function<void()>& f) {
   return "";
 }
 
-#define EXPECT_ONE_LINE_NAMING(message, path)                                    \
-  do {                                                                           \
-    EXPECT_EQ((message).find('\n'), std::string::npos) << (message);             \
+#define EXPECT_ONE_LINE_NAMING(message, path)                                            \
+  do {                                                                                   \
+    EXPECT_EQ((message).find('\n'), std::string::npos) << (message);                     \
     EXPECT_NE((message).find(path), std::string::npos) << (message) << " vs " << (path); \
   } while (0)
 
@@ -245,8 +245,8 @@ TEST_F(ReadIdxTest, DamagedGzipStream) {
 TEST(FashionMnist, LoadsDebianFiles) {
   if (!fs::is_directory(kDefaultDataDir)) GTEST_SKIP() << kDefaultDataDir << " is not installed";
   const Split split = loadFashionMnist(kDefaultDataDir);
-  const std::array<std::pair<const Dataset*, int>, 2> sets = {
-      std::pair{&split.train, 60000}, std::pair{&split.test, 10000}};
+  const std::array<std::pair<const Dataset*, int>, 2> sets = {std::pair{&split.train, 60000},
+                                                              std::pair{&split.test, 10000}};
   for (const auto& [data, rows] : sets) {
     EXPECT_EQ(data->rows, rows);
     EXPECT_EQ(data->features, 784);
@@ -456,7 +456,8 @@ TEST(ShardForEpoch, RankBatchesUnionToTheSingleWorkerBatch) {
   constexpr int kRows = 1000, kWorld = 4, kBatch = 16;
   const std::vector<int> single = shardForEpoch(kRows, 1, 0, 9, 4);
   std::vector<std::vector<int>> shards;
-  for (int rank = 0; rank < kWorld; ++rank) shards.push_back(shardForEpoch(kRows, kWorld, rank, 9, 4));
+  for (int rank = 0; rank < kWorld; ++rank)
+    shards.push_back(shardForEpoch(kRows, kWorld, rank, 9, 4));
   for (int k = 0; k < 10; ++k) {
     std::multiset<int> ranksBatch;
     for (const auto& shard : shards)

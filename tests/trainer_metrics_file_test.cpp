@@ -9,10 +9,16 @@ namespace dlrun::trainer {
 namespace {
 
 TEST(MetricsLine, AStepLineHasEveryFieldAndNoAccuracy) {
-  const std::string line = metricsLine({.kind = "step", .time = 1.5, .elapsed = 0.25,
-                                        .step = 100, .epoch = 1, .loss = 0.5,
-                                        .samplesPerSecond = 2000, .learningRate = 0.05,
-                                        .worldSize = 4, .restart = 2});
+  const std::string line = metricsLine({.kind = "step",
+                                        .time = 1.5,
+                                        .elapsed = 0.25,
+                                        .step = 100,
+                                        .epoch = 1,
+                                        .loss = 0.5,
+                                        .samplesPerSecond = 2000,
+                                        .learningRate = 0.05,
+                                        .worldSize = 4,
+                                        .restart = 2});
   EXPECT_EQ(line.find('\n'), std::string::npos);
   EXPECT_EQ(line,
             R"({"kind":"step","time":1.5,"elapsed":0.25,"step":100,"epoch":1,"loss":0.5,)"

@@ -62,12 +62,12 @@ TEST(Mlp, AnalyticGradientMatchesFiniteDifferences) {
   const std::vector<float> start = model.params();
 
   ASSERT_EQ(start.size(), 39u);
-  const auto check = testing::checkGradient(analytic, 0, start.size(), 1e-2, 1e-2,
-                                            [&](size_t i, double delta) {
-                                              model.params() = start;
-                                              model.params()[i] = start[i] + float(delta);
-                                              return lossAt(model, x, y);
-                                            });
+  const auto check =
+      testing::checkGradient(analytic, 0, start.size(), 1e-2, 1e-2, [&](size_t i, double delta) {
+        model.params() = start;
+        model.params()[i] = start[i] + float(delta);
+        return lossAt(model, x, y);
+      });
   EXPECT_LT(check.worst, 1e-2) << "parameter " << check.worstIndex << ": analytic "
                                << analytic[check.worstIndex];
   // The gradient is not trivially zero (a broken backward pass could agree with a flat loss).
@@ -155,13 +155,15 @@ TEST(MlpMath, Avx2ModuleMatchesTheBaseline) {
     for (uint8_t& v : y) v = static_cast<uint8_t>(label(random));
     const float loss = baseline.lossAndGradient(x.data(), y.data(), batch);
     EXPECT_NEAR(fast.lossAndGradient(x.data(), y.data(), batch), loss, 1e-5 * loss);
-    EXPECT_LT(testing::relativeDifference(baseline.grads(), fast.grads()), 1e-5) << "batch " << batch;
+    EXPECT_LT(testing::relativeDifference(baseline.grads(), fast.grads()), 1e-5)
+        << "batch " << batch;
     EXPECT_EQ(fast.countCorrect(x.data(), y.data(), batch),
               baseline.countCorrect(x.data(), y.data(), batch));
     // Each steps on its own gradient, so the parameters drift apart by rounding only.
     baselineSgd.step(baseline.params(), baseline.grads().data(), 0.5f);
     fastSgd.step(fast.params(), fast.grads().data(), 0.5f);
-    EXPECT_LT(testing::relativeDifference(baseline.params(), fast.params()), 1e-5) << "batch " << batch;
+    EXPECT_LT(testing::relativeDifference(baseline.params(), fast.params()), 1e-5)
+        << "batch " << batch;
   }
 }
 #endif

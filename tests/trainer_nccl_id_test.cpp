@@ -21,7 +21,9 @@ namespace {
 
 using namespace std::chrono_literals;
 
-std::string bytesOf(const ncclUniqueId& id) { return std::string(id.internal, sizeof(id.internal)); }
+std::string bytesOf(const ncclUniqueId& id) {
+  return std::string(id.internal, sizeof(id.internal));
+}
 
 class NcclIdTest : public ::testing::Test {
  protected:
@@ -29,8 +31,7 @@ class NcclIdTest : public ::testing::Test {
   std::shared_ptr<Store> rankStore(int attempt) {
     auto tcp = std::make_shared<TcpStore>(
         TcpStoreOptions{.host = "127.0.0.1", .port = server.port(), .timeout = 10s});
-    return std::make_shared<PrefixStore>(
-        "dlrun-train/attempt_" + std::to_string(attempt), tcp);
+    return std::make_shared<PrefixStore>("dlrun-train/attempt_" + std::to_string(attempt), tcp);
   }
 
   // Runs `ranks` threads through shareNcclId, rank 0 last so the others wait in get().

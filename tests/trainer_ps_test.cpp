@@ -42,11 +42,13 @@ TEST(PsPlace, WorkersAndServersFromTfConfig) {
 TEST(PsPlace, MissingOrMalformedTfConfigIsAConfigError) {
   EXPECT_THROW(psPlaceFromTfConfig(nullptr), ConfigError);
   EXPECT_THROW(psPlaceFromTfConfig("not json"), ConfigError);
-  EXPECT_THROW(psPlaceFromTfConfig(R"({"cluster":{"worker":["a:1"]},"task":{"type":"worker","index":0}})"),
-               ConfigError);  // no ps
+  EXPECT_THROW(
+      psPlaceFromTfConfig(R"({"cluster":{"worker":["a:1"]},"task":{"type":"worker","index":0}})"),
+      ConfigError);  // no ps
   EXPECT_THROW(psPlaceFromTfConfig(R"({"cluster":{"ps":["a:1"]},"task":{"type":"ps","index":0}})"),
                ConfigError);  // no worker
-  EXPECT_THROW(psPlaceFromTfConfig(R"({"cluster":{"ps":"a:1","worker":["b:1"]},"task":{"type":"ps","index":0}})"),
+  EXPECT_THROW(psPlaceFromTfConfig(
+                   R"({"cluster":{"ps":"a:1","worker":["b:1"]},"task":{"type":"ps","index":0}})"),
                ConfigError);
 }
 

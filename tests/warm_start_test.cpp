@@ -69,17 +69,14 @@ TEST(PreloadTest, DottedNamesOnly) {
 }
 
 TEST(WireTest, SpawnFrameByteByByte) {
-  const std::string frame = encodeSpawn({.agentPid = 0x01020304,
-                                         .argv = {"py", "x"},
-                                         .envp = {"A=1"},
-                                         .cwd = "/w",
-                                         .cpus = {3}});
-  const std::string body = std::string("\x01", 1) +            // kind
+  const std::string frame = encodeSpawn(
+      {.agentPid = 0x01020304, .argv = {"py", "x"}, .envp = {"A=1"}, .cwd = "/w", .cpus = {3}});
+  const std::string body = std::string("\x01", 1) +              // kind
                            std::string("\x04\x03\x02\x01", 4) +  // agent pid
                            std::string("\x02\0\0\0", 4) + std::string("\x02\0\0\0py", 6) +
-                           std::string("\x01\0\0\0x", 5) +       // argv
+                           std::string("\x01\0\0\0x", 5) +  // argv
                            std::string("\x01\0\0\0", 4) + std::string("\x03\0\0\0A=1", 7) +
-                           std::string("\x02\0\0\0/w", 6) +      // cwd
+                           std::string("\x02\0\0\0/w", 6) +         // cwd
                            std::string("\x01\0\0\0\x03\0\0\0", 8);  // cpus
   ASSERT_EQ(frame.size(), 4 + body.size());
   EXPECT_EQ(static_cast<unsigned char>(frame[0]), body.size());
@@ -128,9 +125,9 @@ namespace {
 TEST(ZygoteEnvironmentTest, TheWorkersDefaultsAndNothingOfTheRound) {
   rendezvous::World world;
   world.localWorldSize = world.worldSize = 4;
-  for (const Environment& inherited : {Environment{{"PATH", "/bin"}},
-                                       Environment{{"OMP_NUM_THREADS", "8"},
-                                                   {"NCCL_ASYNC_ERROR_HANDLING", "0"}}}) {
+  for (const Environment& inherited :
+       {Environment{{"PATH", "/bin"}},
+        Environment{{"OMP_NUM_THREADS", "8"}, {"NCCL_ASYNC_ERROR_HANDLING", "0"}}}) {
     const Environment services{{"TORCHELASTIC_SIGNALS_TO_HANDLE", "SIGTERM"}};
     const Environment zygote = zygoteEnvironment(inherited, 4, services);
     const Environment worker =

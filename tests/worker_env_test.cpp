@@ -163,14 +163,14 @@ TEST(WorkerEnv, TheNodesSharedPartHoldsAllButEachWorkersOwnFive) {
   const Environment inherited = {{"PATH", "/usr/bin"}, {"RANK", "99"}, {"TF_CONFIG", "{}"}};
   const NodeEnvironment node(inherited, world, roundSpec(tfConfigCluster(world)));
   for (const auto& entry : node.shared()) {
-    for (const char* own : {"RANK=", "LOCAL_RANK=", "ROLE_RANK=", "TORCHELASTIC_ERROR_FILE=",
-                            "TF_CONFIG="})
+    for (const char* own :
+         {"RANK=", "LOCAL_RANK=", "ROLE_RANK=", "TORCHELASTIC_ERROR_FILE=", "TF_CONFIG="})
       EXPECT_FALSE(entry.starts_with(own)) << entry;
   }
   const auto own = node.own(1, "/e.json");
-  EXPECT_EQ(own, (std::vector<std::string>{"RANK=3", "LOCAL_RANK=1",
-                                           "TORCHELASTIC_ERROR_FILE=/e.json", "ROLE_RANK=3",
-                                           "TF_CONFIG=" + tfConfig(world, 3)}));
+  EXPECT_EQ(own,
+            (std::vector<std::string>{"RANK=3", "LOCAL_RANK=1", "TORCHELASTIC_ERROR_FILE=/e.json",
+                                      "ROLE_RANK=3", "TF_CONFIG=" + tfConfig(world, 3)}));
   // Together they are the one-worker environment.
   const WorkerSpec one{"trainer", 1, "/e.json"};
   EXPECT_EQ(node.forWorker(1, "/e.json"), workerEnvironment(inherited, world, one, 1));
@@ -193,8 +193,8 @@ TEST(WorkerEnv, ServicesAndHeartbeatFilesForHangWatching) {
   for (const auto& entry : node.own(1, "/e.json")) expected.add(entry.size());
   EXPECT_EQ(sizes.bytes, expected.bytes);
   // Without a heartbeat directory nothing is set.
-  EXPECT_FALSE(NodeEnvironment({}, world, RoundSpec{}).forWorker(0, "/e").contains(
-      "DLRUN_HEARTBEAT_FILE"));
+  EXPECT_FALSE(
+      NodeEnvironment({}, world, RoundSpec{}).forWorker(0, "/e").contains("DLRUN_HEARTBEAT_FILE"));
 }
 
 TEST(WorkerEnv, AVirtualLocalRankIsZeroAndTheWorkersOwnDeviceIsItsOnlyOne) {

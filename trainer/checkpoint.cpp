@@ -67,8 +67,8 @@ std::string encode(const Checkpoint& c) {
   for (int w : c.widths) put<int32_t>(out, w);
   putFloats(out, c.params);
   putFloats(out, c.velocity);
-  put<uint32_t>(out, static_cast<uint32_t>(
-                         crc32(0, reinterpret_cast<const Bytef*>(out.data()), out.size())));
+  put<uint32_t>(
+      out, static_cast<uint32_t>(crc32(0, reinterpret_cast<const Bytef*>(out.data()), out.size())));
   return out;
 }
 
@@ -103,12 +103,11 @@ void saveCheckpoint(const std::string& dir, const Checkpoint& checkpoint, int ke
   std::error_code ec;
   fs::create_directories(dir, ec);
   const std::string bytes = encode(checkpoint);
-  const fs::path final = fs::path(dir) / ("checkpoint-" + std::to_string(checkpoint.globalStep) +
-                                          ".bin");
+  const fs::path final =
+      fs::path(dir) / ("checkpoint-" + std::to_string(checkpoint.globalStep) + ".bin");
   const fs::path temp = fs::path(dir) / (".checkpoint-" + std::to_string(::getpid()) + ".tmp");
   int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0)
-    throw Error("cannot write checkpoints to " + dir + ": " + std::strerror(errno));
+  if (fd < 0) throw Error("cannot write checkpoints to " + dir + ": " + std::strerror(errno));
   try {
     writeFully(fd, bytes, temp.string());
     if (::fsync(fd) != 0)

@@ -14,7 +14,7 @@ struct Checkpoint {
   int epoch = 0;               // the epoch in progress
   int64_t samplesInEpoch = 0;  // global samples of that epoch already trained on
   int64_t globalStep = 0;
-  std::vector<int> widths;     // the model's layer widths, checked on load
+  std::vector<int> widths;  // the model's layer widths, checked on load
   std::vector<float> params;
   std::vector<float> velocity;
 };

@@ -48,8 +48,19 @@ CnnLayout layoutOf(const CnnShape& s) {
 
 // The workspace's arrays, in the order they sit in it.
 enum Slot {
-  kCols1, kAct1, kPool1, kCols2, kAct2, kFlat, kHidden, kLogits,  // forward
-  kDHidden, kDFlat, kDAct2, kDPool1, kDAct1,                       // backward
+  kCols1,
+  kAct1,
+  kPool1,
+  kCols2,
+  kAct2,
+  kFlat,
+  kHidden,
+  kLogits,  // forward
+  kDHidden,
+  kDFlat,
+  kDAct2,
+  kDPool1,
+  kDAct1,  // backward
   kSlotCount
 };
 
@@ -61,9 +72,19 @@ std::array<size_t, kSlotCount> slotSizes(const CnnShape& s, int batch) {
   const size_t hidden = static_cast<size_t>(batch) * s.hidden;
   const size_t logits = static_cast<size_t>(batch) * s.classes;
   // The backward pass writes conv2's patch gradients over kCols2 (see cnnLossAndGradient).
-  return {pixels1 * k2, pixels1 * s.channels1, pixels2 * s.channels1,
-          pixels2 * s.channels1 * k2, pixels2 * s.channels2, flat, hidden, logits,
-          hidden, flat, pixels2 * s.channels2, pixels2 * s.channels1, pixels1 * s.channels1};
+  return {pixels1 * k2,
+          pixels1 * s.channels1,
+          pixels2 * s.channels1,
+          pixels2 * s.channels1 * k2,
+          pixels2 * s.channels2,
+          flat,
+          hidden,
+          logits,
+          hidden,
+          flat,
+          pixels2 * s.channels2,
+          pixels2 * s.channels1,
+          pixels1 * s.channels1};
 }
 
 struct Workspace {
@@ -142,8 +163,8 @@ void col2im(const float* cols, int batch, int side, int channels, int kernel, fl
 void affine(const float* in, int rows, int inWidth, const float* weights, const float* bias,
             int outWidth, bool relu, float* out) {
   MatrixMap o(out, rows, outWidth);
-  o.noalias() = ConstMatrixMap(in, rows, inWidth) *
-                ConstMatrixMap(weights, outWidth, inWidth).transpose();
+  o.noalias() =
+      ConstMatrixMap(in, rows, inWidth) * ConstMatrixMap(weights, outWidth, inWidth).transpose();
   o.rowwise() += Eigen::Map<const Eigen::RowVectorXf>(bias, outWidth);
   if (relu) o = o.cwiseMax(0.0f);
 }
@@ -186,9 +207,9 @@ void maxPool(const float* in, int batch, int side, int channels, bool channelsFi
         for (int c = 0; c < channels; ++c) {
           // The max first, then the first element equal to it: both vectorize across channels.
           const float* at = in + first + c;
-          const float best = std::max(std::max(at[0], at[offsets[0]]),
-                                      std::max(at[offsets[1]], at[offsets[2]]));
-          const int32_t offset = at[0] == best              ? 0
+          const float best =
+              std::max(std::max(at[0], at[offsets[0]]), std::max(at[offsets[1]], at[offsets[2]]));
+          const int32_t offset = at[0] == best            ? 0
                                  : at[offsets[0]] == best ? offsets[0]
                                  : at[offsets[1]] == best ? offsets[1]
                                                           : offsets[2];
@@ -204,8 +225,7 @@ void maxPool(const float* in, int batch, int side, int channels, bool channelsFi
 }
 
 // maxPool's backward: each output's gradient to its max, none to the rest of its window.
-void unpool(const float* dOut, const int32_t* argmax, size_t outCount, float* dIn,
-            size_t inCount) {
+void unpool(const float* dOut, const int32_t* argmax, size_t outCount, float* dIn, size_t inCount) {
   std::fill(dIn, dIn + inCount, 0.0f);
   for (size_t o = 0; o < outCount; ++o) dIn[argmax[o]] = dOut[o];
 }
@@ -222,11 +242,11 @@ Workspace forward(const CnnBuffers& model, const float* x, int batch) {
          w.at[kAct1]);
   maxPool(w.at[kAct1], batch, kSide1, s.channels1, false, w.at[kPool1], w.argmax1);
   im2col(w.at[kPool1], batch, kSide2, s.channels1, s.kernel, w.at[kCols2]);
-  affine(w.at[kCols2], pixels2, s.channels1 * k2, p + l.conv2Weight, p + l.conv2Bias,
-         s.channels2, true, w.at[kAct2]);
+  affine(w.at[kCols2], pixels2, s.channels1 * k2, p + l.conv2Weight, p + l.conv2Bias, s.channels2,
+         true, w.at[kAct2]);
   maxPool(w.at[kAct2], batch, kSide2, s.channels2, true, w.at[kFlat], w.argmax2);
-  affine(w.at[kFlat], batch, s.channels2 * kFlatPixels, p + l.fc1Weight, p + l.fc1Bias,
-         s.hidden, true, w.at[kHidden]);
+  affine(w.at[kFlat], batch, s.channels2 * kFlatPixels, p + l.fc1Weight, p + l.fc1Bias, s.hidden,
+         true, w.at[kHidden]);
   affine(w.at[kHidden], batch, s.hidden, p + l.fc2Weight, p + l.fc2Bias, s.classes, false,
          w.at[kLogits]);
   return w;
@@ -315,8 +335,7 @@ float cnnLossAndGradient(const CnnBuffers& model, const float* x, const uint8_t*
   // conv2's patch gradients overwrite its patches, which its weight gradient has used: the
   // largest array, so the workspace holds it once.
   affineBackward(w.at[kDAct2], w.at[kCols2], static_cast<int>(pixels2), s.channels1 * k2,
-                 s.channels2, p + l.conv2Weight, g + l.conv2Weight, g + l.conv2Bias,
-                 w.at[kCols2]);
+                 s.channels2, p + l.conv2Weight, g + l.conv2Weight, g + l.conv2Bias, w.at[kCols2]);
   col2im(w.at[kCols2], batch, kSide2, s.channels1, s.kernel, w.at[kDPool1]);
   unpool(w.at[kDPool1], w.argmax1, pixels2 * s.channels1, w.at[kDAct1], pixels1 * s.channels1);
   maskRelu(w.at[kDAct1], w.at[kAct1], pixels1 * s.channels1);

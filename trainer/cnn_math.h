@@ -56,8 +56,7 @@ struct CnnBuffers {
 // are this binary's build; through cpuMath() (math_dispatch.h), the AVX2 one where the CPU has
 // it. Deterministic: the same inputs give bit-identical outputs, wherever the buffers sit.
 // Fills grads with the mean gradient over the batch and returns the mean cross-entropy.
-float cnnLossAndGradient(const CnnBuffers& model, const float* x, const uint8_t* labels,
-                         int batch);
+float cnnLossAndGradient(const CnnBuffers& model, const float* x, const uint8_t* labels, int batch);
 // How many of the batch's examples the model classifies correctly.
 int cnnCountCorrect(const CnnBuffers& model, const float* x, const uint8_t* labels, int batch);
 

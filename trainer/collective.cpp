@@ -1,12 +1,12 @@
 #include "trainer/collective.h"
 
-#include <algorithm>
-#include <cstring>
 #include <gloo/allreduce.h>
 #include <gloo/math.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/device.h>
+#include <algorithm>
+#include <cstring>
 
 #include "common/error.h"
 
@@ -62,8 +62,7 @@ class GlooStore : public gloo::rendezvous::Store {
 
 class GlooCollective : public Collective {
  public:
-  GlooCollective(std::shared_ptr<Store> store, int rank, int size,
-                 const std::string& localAddr)
+  GlooCollective(std::shared_ptr<Store> store, int rank, int size, const std::string& localAddr)
       : rank_(rank), size_(size) {
     gloo::transport::tcp::attr attr;
     attr.hostname = localAddr;
@@ -106,8 +105,8 @@ std::unique_ptr<Collective> reportingProgress(std::unique_ptr<Collective> inner,
 
 std::unique_ptr<Collective> makeSoloCollective() { return std::make_unique<SoloCollective>(); }
 
-std::unique_ptr<Collective> makeGlooCollective(std::shared_ptr<Store> store, int rank,
-                                               int size, const std::string& localAddr) {
+std::unique_ptr<Collective> makeGlooCollective(std::shared_ptr<Store> store, int rank, int size,
+                                               const std::string& localAddr) {
   try {
     return std::make_unique<GlooCollective>(std::move(store), rank, size, localAddr);
   } catch (const ::gloo::Exception& e) {

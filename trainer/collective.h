@@ -32,7 +32,7 @@ std::unique_ptr<Collective> makeSoloCollective();
 
 // Gloo over TCP. `store` is shared by all ranks (namespaced per attempt by the caller);
 // `localAddr` is this host's address the other ranks can reach.
-std::unique_ptr<Collective> makeGlooCollective(std::shared_ptr<Store> store, int rank,
-                                               int size, const std::string& localAddr);
+std::unique_ptr<Collective> makeGlooCollective(std::shared_ptr<Store> store, int rank, int size,
+                                               const std::string& localAddr);
 
 }  // namespace dlrun::trainer

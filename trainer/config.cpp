@@ -27,8 +27,8 @@ Placement placementFromEnvironment() {
         "RANK and WORLD_SIZE are not set: start it with dlrun, e.g. "
         "'dlrun --standalone --nproc-per-node=4 train', or pass --single to train alone");
   if (*world < 1 || *rank < 0 || *rank >= *world)
-    throw ConfigError("RANK=" + std::to_string(*rank) + " does not fit WORLD_SIZE=" +
-                      std::to_string(*world));
+    throw ConfigError("RANK=" + std::to_string(*rank) +
+                      " does not fit WORLD_SIZE=" + std::to_string(*world));
   p.rank = static_cast<int>(*rank);
   p.worldSize = static_cast<int>(*world);
   // Without the local variables, the whole job is taken to share this node.
@@ -69,8 +69,7 @@ TrainParse parseTrainArgs(const std::vector<std::string>& args) {
   app.add_option("--lr-schedule", schedule, "cosine (to zero over the run) or constant")
       ->check(CLI::IsMember({"cosine", "constant"}));
   app.add_option("--momentum", c.momentum, "SGD momentum")->check(CLI::Range(0.0f, 1.0f));
-  app.add_option("--weight-decay", c.weightDecay, "L2 weight decay")
-      ->check(CLI::Range(0.0f, 1.0f));
+  app.add_option("--weight-decay", c.weightDecay, "L2 weight decay")->check(CLI::Range(0.0f, 1.0f));
   app.add_option("--model", c.model,
                  "mlp (two hidden layers) or cnn (two convolutions with pooling, then two dense "
                  "layers; 8 epochs unless --epochs says otherwise)")
@@ -129,7 +128,8 @@ TrainParse parseTrainArgs(const std::vector<std::string>& args) {
   if (c.psSync && c.strategy != "ps") throw ConfigError("--ps-sync needs --strategy ps");
   if (c.strategy == "ps") {
     if (c.single) throw ConfigError("--strategy ps needs dlrun's roles, not --single");
-    if (c.device == "cuda") throw ConfigError("--strategy ps trains on the CPU: drop --device cuda");
+    if (c.device == "cuda")
+      throw ConfigError("--strategy ps trains on the CPU: drop --device cuda");
     c.device = "cpu";
   }
   if (!c.single) result.placement = placementFromEnvironment();

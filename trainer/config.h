@@ -21,20 +21,20 @@ struct TrainConfig {
   bool cosine = true;  // anneal the learning rate to zero over the run (by epoch progress)
   float momentum = 0.9f;
   float weightDecay = 5e-4f;
-  std::string model = "mlp";  // or "cnn" (cnn_model.h)
+  std::string model = "mlp";             // or "cnn" (cnn_model.h)
   std::vector<int> hidden = {256, 128};  // the MLP's
   uint64_t seed = 1;
   std::string dataDir = kDefaultDataDir;
   bool synthetic = false;
-  std::string device = "auto";  // cpu, cuda, auto
+  std::string device = "auto";     // cpu, cuda, auto
   std::string cpuMath = "auto";    // auto (the AVX2 build where the CPU runs it), baseline
   std::string allreduce = "auto";  // auto (shared memory for a job on one machine), gloo
-  std::string checkpointDir;    // empty: no checkpoints
-  std::string metricsFile;      // --metrics-file: JSON lines of the run's numbers (rank 0)
-  int checkpointEvery = 0;      // steps between checkpoints (0: at each epoch's end only)
-  int64_t maxSteps = -1;        // stop after this many global steps (tests, benchmarks)
-  std::string dumpWeights;      // write the final parameters here (raw float32)
-  int progressEvery = 100;      // steps between progress lines
+  std::string checkpointDir;       // empty: no checkpoints
+  std::string metricsFile;         // --metrics-file: JSON lines of the run's numbers (rank 0)
+  int checkpointEvery = 0;         // steps between checkpoints (0: at each epoch's end only)
+  int64_t maxSteps = -1;           // stop after this many global steps (tests, benchmarks)
+  std::string dumpWeights;         // write the final parameters here (raw float32)
+  int progressEvery = 100;         // steps between progress lines
   // A testing aid for the resume tests: rank 1 (rank 0 when alone) exits with code 1 right
   // after global step failAtStep (and any checkpoint of it), on attempt 0 only
   // (TORCHELASTIC_RESTART_COUNT=0), so a restarted group runs through. -1: never.
@@ -43,7 +43,7 @@ struct TrainConfig {
   // step hangAtStep, before its all-reduce, on attempt 0 only, so its peers wait in the
   // all-reduce. -1: never.
   int64_t hangAtStep = -1;
-  bool single = false;          // run alone, without dlrun
+  bool single = false;                 // run alone, without dlrun
   std::string strategy = "allreduce";  // or "ps": parameter servers (ps_server.h)
   bool psSync = false;  // --ps-sync: the servers wait for every worker's push of a step
 };

@@ -17,8 +17,7 @@ void* open() {
   if (library != nullptr) return library;
   const std::string bySoname = ::dlerror();
   library = ::dlopen(DLRUN_CUBLAS_LIBRARY, RTLD_NOW | RTLD_LOCAL);
-  if (library == nullptr)
-    throw Error("cannot load cuBLAS: " + bySoname + "; " + ::dlerror());
+  if (library == nullptr) throw Error("cannot load cuBLAS: " + bySoname + "; " + ::dlerror());
   return library;
 }
 

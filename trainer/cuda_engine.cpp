@@ -103,8 +103,8 @@ class CudaEngine final : public Engine {
     sumOverRanks(exchange_.get(), n_ + 2);
     // The mean gradient over the global batch, applied in the same pass as the update.
     const float scale = 1.0f / static_cast<float>(collective_.size());
-    cuda::sgdStep(params_.get(), velocity_.get(), exchange_.get(), n_, learningRate,
-                  sgd_.momentum, sgd_.weightDecay, scale, stream());
+    cuda::sgdStep(params_.get(), velocity_.get(), exchange_.get(), n_, learningRate, sgd_.momentum,
+                  sgd_.weightDecay, scale, stream());
     float tail[2];
     download(tail, exchange_.get() + n_, 2);
     return {tail[0] * scale, tail[1] > 0.0f};
@@ -129,8 +129,7 @@ class CudaEngine final : public Engine {
   void load(const std::vector<float>& params, const std::vector<float>& velocity) override {
     check(cudaMemcpy(params_.get(), params.data(), n_ * sizeof(float), cudaMemcpyHostToDevice),
           "cudaMemcpy of the parameters");
-    check(cudaMemcpy(velocity_.get(), velocity.data(), n_ * sizeof(float),
-                     cudaMemcpyHostToDevice),
+    check(cudaMemcpy(velocity_.get(), velocity.data(), n_ * sizeof(float), cudaMemcpyHostToDevice),
           "cudaMemcpy of the momentum");
   }
 
@@ -143,9 +142,9 @@ class CudaEngine final : public Engine {
   void upload(const float* x, const uint8_t* labels, int batch) {
     const size_t values = static_cast<size_t>(batch) * shape_.inputs;
     input_.reserve(values);
-    check(cudaMemcpyAsync(input_.get(), x, values * sizeof(float), cudaMemcpyHostToDevice,
-                          stream()),
-          "cudaMemcpyAsync of the batch");
+    check(
+        cudaMemcpyAsync(input_.get(), x, values * sizeof(float), cudaMemcpyHostToDevice, stream()),
+        "cudaMemcpyAsync of the batch");
     if (labels != nullptr) {
       labels_.reserve(batch);
       check(cudaMemcpyAsync(labels_.get(), labels, batch, cudaMemcpyHostToDevice, stream()),
@@ -174,8 +173,8 @@ class CudaEngine final : public Engine {
   void gemm(cublasOperation_t opA, cublasOperation_t opB, int m, int n, int k, const float* a,
             int lda, const float* b, int ldb, float* c, int ldc) {
     const float one = 1.0f, zero = 0.0f;
-    check(cuda::cublasApi().sgemm(cublas_.get(), opA, opB, m, n, k, &one, a, lda, b, ldb, &zero,
-                                  c, ldc),
+    check(cuda::cublasApi().sgemm(cublas_.get(), opA, opB, m, n, k, &one, a, lda, b, ldb, &zero, c,
+                                  ldc),
           "cublasSgemm");
   }
 
@@ -268,8 +267,7 @@ CudaDevices findCudaDevices() {
 }
 
 std::unique_ptr<Engine> makeCudaEngine(const EngineOptions& options, const Placement& placement,
-                                       Collective& collective,
-                                       std::shared_ptr<Store> store) {
+                                       Collective& collective, std::shared_ptr<Store> store) {
   const CudaDevices devices = findCudaDevices();
   if (devices.count == 0) throw Error("no usable CUDA device: " + devices.problem);
   // NCCL refuses two ranks on one device. Any rank with too few devices turns every rank to
@@ -278,8 +276,7 @@ std::unique_ptr<Engine> makeCudaEngine(const EngineOptions& options, const Place
   collective.allreduceSum(&crowded, 1);
   std::optional<ncclUniqueId> id;
   if (crowded == 0.0f) id = store ? shareNcclId(*store, collective.rank()) : newNcclId();
-  return std::make_unique<CudaEngine>(options, collective, placement.localRank % devices.count,
-                                      id);
+  return std::make_unique<CudaEngine>(options, collective, placement.localRank % devices.count, id);
 }
 
 }  // namespace dlrun::trainer

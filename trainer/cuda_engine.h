@@ -20,7 +20,6 @@ CudaDevices findCudaDevices();
 // (all ranks agree on which). `collective` must outlive the engine. Throws Error naming the
 // failed CUDA, cuBLAS or NCCL call.
 std::unique_ptr<Engine> makeCudaEngine(const EngineOptions& options, const Placement& placement,
-                                       Collective& collective,
-                                       std::shared_ptr<Store> store);
+                                       Collective& collective, std::shared_ptr<Store> store);
 
 }  // namespace dlrun::trainer

@@ -14,8 +14,8 @@ int blocksFor(size_t count) { return static_cast<int>((count + kThreads - 1) / k
 void checkLaunch(const char* kernel) {
   const cudaError_t status = cudaGetLastError();
   if (status != cudaSuccess)
-    throw Error(std::string("launching the ") + kernel + " kernel failed: " +
-                cudaGetErrorString(status));
+    throw Error(std::string("launching the ") + kernel +
+                " kernel failed: " + cudaGetErrorString(status));
 }
 
 __global__ void addBiasKernel(float* y, const float* bias, size_t count, int cols, bool relu) {
@@ -118,9 +118,8 @@ void argmaxRows(const float* x, int rows, int cols, int* out, cudaStream_t strea
 
 void sgdStep(float* params, float* velocity, const float* grads, size_t count, float learningRate,
              float momentum, float weightDecay, float gradScale, cudaStream_t stream) {
-  sgdStepKernel<<<blocksFor(count), kThreads, 0, stream>>>(params, velocity, grads, count,
-                                                            learningRate, momentum, weightDecay,
-                                                            gradScale);
+  sgdStepKernel<<<blocksFor(count), kThreads, 0, stream>>>(
+      params, velocity, grads, count, learningRate, momentum, weightDecay, gradScale);
   checkLaunch("SGD");
 }
 

@@ -198,7 +198,7 @@ Split loadFashionMnist(const std::string& dir) {
 
 Split syntheticData(int trainRows, int testRows, int features, uint64_t seed) {
   constexpr int kClasses = 10;
-  constexpr double kSigma = 0.3;  // large enough that the signal is not lost in the 0.5 offset
+  constexpr double kSigma = 0.3;       // large enough that the signal is not lost in the 0.5 offset
   constexpr double kSeparation = 6.0;  // closest centers, in sigmas: about 99% for nearest mean
   if (trainRows < 1 || testRows < 0 || features < 1) {
     throw Error("syntheticData: need trainRows >= 1, testRows >= 0 and features >= 1, got " +

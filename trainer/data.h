@@ -10,8 +10,8 @@
 namespace dlrun::trainer {
 
 struct Dataset {
-  int rows = 0;                 // examples
-  int features = 0;             // pixels per example
+  int rows = 0;      // examples
+  int features = 0;  // pixels per example
   int classes = 10;
   std::vector<float> images;    // rows x features, scaled to [0, 1], row-major
   std::vector<uint8_t> labels;  // rows

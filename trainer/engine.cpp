@@ -39,7 +39,8 @@ std::unique_ptr<Engine> makeEngine(const std::string& device, const EngineOption
   float onCuda = cuda ? 1.0f : 0.0f;
   collective.allreduceSum(&onCuda, 1);
   if (onCuda != 0.0f && onCuda != static_cast<float>(collective.size()))
-    throw Error("--device " + device + " chose cuda on some ranks only: pass --device cpu, or "
+    throw Error("--device " + device +
+                " chose cuda on some ranks only: pass --device cpu, or "
                 "make a CUDA device usable on every node");
   if (cuda) return cuda->makeEngine(options, placement, collective, std::move(store));
   return makeCpuEngine(options, collective);

@@ -15,8 +15,8 @@ ModelSpec modelSpec(const TrainConfig& config, const Dataset& data) {
   ModelSpec spec{.kind = config.model, .mlp = {data.features, config.hidden, data.classes}};
   spec.cnn.classes = data.classes;
   if (spec.kind == "cnn" && data.features != kCnnInputs)
-    throw Error("--model cnn takes 28x28 images; this data has " +
-                std::to_string(data.features) + " values per example");
+    throw Error("--model cnn takes 28x28 images; this data has " + std::to_string(data.features) +
+                " values per example");
   return spec;
 }
 

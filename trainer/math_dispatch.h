@@ -20,8 +20,9 @@ bool cpuHasAvx2();
 // Error naming the path when it cannot be loaded or lacks the entry point.
 const MlpMath& loadMathModule(const std::string& path);
 
-// The CPU engine's math for --cpu-math `choice`: with "auto", the module where the CPU has AVX2 and FMA; else, or with "baseline", the baseline. Logs the choice at
-// debug level, and a module that exists but does not load as a warning.
+// The CPU engine's math for --cpu-math `choice`: with "auto", the module where the CPU has AVX2 and
+// FMA; else, or with "baseline", the baseline. Logs the choice at debug level, and a module that
+// exists but does not load as a warning.
 const MlpMath& cpuMath(const std::string& choice);
 
 }  // namespace dlrun::trainer

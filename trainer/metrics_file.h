@@ -12,12 +12,12 @@
 namespace dlrun::trainer {
 
 struct MetricsRecord {
-  std::string kind;  // "step" or "epoch"
-  double time = 0;   // unix seconds
-  double elapsed = 0;  // seconds since this run's training started
-  int64_t step = 0;    // global steps so far
-  int epoch = 0;       // 1-based
-  double loss = 0;     // step: that step's; epoch: the epoch's mean training loss
+  std::string kind;                // "step" or "epoch"
+  double time = 0;                 // unix seconds
+  double elapsed = 0;              // seconds since this run's training started
+  int64_t step = 0;                // global steps so far
+  int epoch = 0;                   // 1-based
+  double loss = 0;                 // step: that step's; epoch: the epoch's mean training loss
   std::optional<double> accuracy;  // test accuracy, measured at an epoch's end
   double samplesPerSecond = 0;     // every rank's together, since the line before
   double learningRate = 0;

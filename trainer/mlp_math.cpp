@@ -30,8 +30,7 @@ void forward(const MlpBuffers& model, const float* x, int batch) {
   }
 }
 
-float lossAndGradient(const MlpBuffers& model, const float* x, const uint8_t* labels,
-                      int batch) {
+float lossAndGradient(const MlpBuffers& model, const float* x, const uint8_t* labels, int batch) {
   forward(model, x, batch);
   const MlpLayer& last = model.layers[model.layerCount - 1];
   // Softmax cross-entropy; the logits become dL/dlogits in place. Plain loops, not Eigen's:
@@ -88,8 +87,8 @@ int countCorrect(const MlpBuffers& model, const float* x, const uint8_t* labels,
   return correct;
 }
 
-void sgdStep(float* params, float* velocity, const float* grads, size_t count,
-             float learningRate, float momentum, float weightDecay, float gradScale) {
+void sgdStep(float* params, float* velocity, const float* grads, size_t count, float learningRate,
+             float momentum, float weightDecay, float gradScale) {
   for (size_t i = 0; i < count; ++i) {
     const float g = grads[i] * gradScale + weightDecay * params[i];
     velocity[i] = momentum * velocity[i] + g;
@@ -101,11 +100,11 @@ void sgdStep(float* params, float* velocity, const float* grads, size_t count,
 
 const MlpMath& builtInMath() {
 #if defined(__AVX2__) && defined(__FMA__)
-  static constexpr MlpMath math{"avx2", lossAndGradient, countCorrect, sgdStep,
-                                cnnLossAndGradient, cnnCountCorrect};
+  static constexpr MlpMath math{"avx2",  lossAndGradient,    countCorrect,
+                                sgdStep, cnnLossAndGradient, cnnCountCorrect};
 #else
-  static constexpr MlpMath math{"baseline", lossAndGradient, countCorrect, sgdStep,
-                                cnnLossAndGradient, cnnCountCorrect};
+  static constexpr MlpMath math{"baseline", lossAndGradient,    countCorrect,
+                                sgdStep,    cnnLossAndGradient, cnnCountCorrect};
 #endif
   return math;
 }

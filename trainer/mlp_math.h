@@ -46,8 +46,7 @@ struct MlpMath {
   // kCnnInputs).
   float (*cnnLossAndGradient)(const CnnBuffers& model, const float* x, const uint8_t* labels,
                               int batch);
-  int (*cnnCountCorrect)(const CnnBuffers& model, const float* x, const uint8_t* labels,
-                         int batch);
+  int (*cnnCountCorrect)(const CnnBuffers& model, const float* x, const uint8_t* labels, int batch);
 };
 
 // The math as compiled into the binary that calls it: the baseline in dlrun-train.

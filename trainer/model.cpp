@@ -54,7 +54,7 @@ MlpBuffers Mlp::buffers(int batch, float* grads) {
   // The deltas below the logits are as wide as a hidden layer.
   const int widest = shape_.hidden.empty() ? 0 : std::ranges::max(shape_.hidden);
   for (auto& scratch : scratch_) scratch.resize(static_cast<size_t>(batch) * widest);
-  return {layers_.data(), layers_.size(),       params_.data(),
+  return {layers_.data(), layers_.size(),         params_.data(),
           grads,          activationData_.data(), {scratch_[0].data(), scratch_[1].data()}};
 }
 

@@ -30,8 +30,7 @@ class Model {
     return lossAndGradient(x, labels, batch, grads_.data());
   }
   // The same into `grads` (params().size() floats), leaving grads() alone.
-  virtual float lossAndGradient(const float* x, const uint8_t* labels, int batch,
-                                float* grads) = 0;
+  virtual float lossAndGradient(const float* x, const uint8_t* labels, int batch, float* grads) = 0;
   // How many of the batch's examples the model classifies correctly.
   virtual int countCorrect(const float* x, const uint8_t* labels, int batch) = 0;
 

@@ -47,8 +47,8 @@ class CpuPsEngine final : public PsEngine {
         if (!port) throw ProtocolError("no port after the address");
         socket.connect({asio::ip::make_address(value.substr(0, space)), *port});
       } catch (const std::exception& e) {
-        throw NetworkError("cannot reach parameter server " + std::to_string(i) + " at " +
-                           value + ": " + e.what());
+        throw NetworkError("cannot reach parameter server " + std::to_string(i) + " at " + value +
+                           ": " + e.what());
       }
       socket.set_option(tcp::no_delay(true));
       servers_.push_back(std::move(socket));
@@ -62,9 +62,10 @@ class CpuPsEngine final : public PsEngine {
       for (int i = 0; i < place_.servers; ++i) {
         const ShardRange r = ranges_[i];
         const ps::Position at{init->epoch, init->samplesInEpoch, init->globalStep};
-        send(i, ps::Op::Init, {{&at, sizeof(at)},
-                               {init->params.data() + r.begin, r.size() * sizeof(float)},
-                               {init->velocity.data() + r.begin, r.size() * sizeof(float)}});
+        send(i, ps::Op::Init,
+             {{&at, sizeof(at)},
+              {init->params.data() + r.begin, r.size() * sizeof(float)},
+              {init->velocity.data() + r.begin, r.size() * sizeof(float)}});
       }
       for (int i = 0; i < place_.servers; ++i) receive(i, {});
     }
@@ -79,9 +80,10 @@ class CpuPsEngine final : public PsEngine {
                   bool stopVote) override {
     const float loss = model_->lossAndGradient(x, labels, batch, grads_.data());
     for (int i = 0; i < place_.servers; ++i)
-      send(i, ps::Op::Push, {{&learningRate, sizeof(learningRate)},
-                             {&position_, sizeof(position_)},
-                             shardOf(grads_, i)});
+      send(i, ps::Op::Push,
+           {{&learningRate, sizeof(learningRate)},
+            {&position_, sizeof(position_)},
+            shardOf(grads_, i)});
     for (int i = 0; i < place_.servers; ++i) receive(i, {shardOf(model_->params(), i)});
     return {loss, stopVote};
   }
@@ -96,8 +98,7 @@ class CpuPsEngine final : public PsEngine {
   std::vector<float> velocity() const override {
     std::vector<float> velocity(model_->params().size()), params(velocity.size());
     for (int i = 0; i < place_.servers; ++i) send(i, ps::Op::State, {});
-    for (int i = 0; i < place_.servers; ++i)
-      receive(i, {shardOf(params, i), shardOf(velocity, i)});
+    for (int i = 0; i < place_.servers; ++i) receive(i, {shardOf(params, i), shardOf(velocity, i)});
     return velocity;
   }
 

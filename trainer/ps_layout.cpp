@@ -10,8 +10,9 @@ namespace {
 size_t listSize(const nlohmann::json& cluster, const char* job) {
   if (!cluster.contains(job)) return 0;
   const auto& list = cluster.at(job);
-  if (!list.is_array()) throw ConfigError(std::string("TF_CONFIG's cluster '") + job +
-                                          "' is not a list of host:port entries");
+  if (!list.is_array())
+    throw ConfigError(std::string("TF_CONFIG's cluster '") + job +
+                      "' is not a list of host:port entries");
   return list.size();
 }
 
@@ -24,9 +25,9 @@ PsPlace psPlaceFromTfConfig(const char* tfConfig) {
   if (tfConfig == nullptr) throw ConfigError("--strategy ps: TF_CONFIG is not set" + launch);
   const auto config = nlohmann::json::parse(tfConfig, nullptr, /*allow_exceptions=*/false);
   if (!config.is_object() || !config.contains("cluster") || !config["cluster"].is_object() ||
-      !config.contains("task") || !config["task"].is_object() ||
-      !config["task"].contains("type") || !config["task"]["type"].is_string() ||
-      !config["task"].contains("index") || !config["task"]["index"].is_number_integer())
+      !config.contains("task") || !config["task"].is_object() || !config["task"].contains("type") ||
+      !config["task"]["type"].is_string() || !config["task"].contains("index") ||
+      !config["task"]["index"].is_number_integer())
     throw ConfigError("--strategy ps: TF_CONFIG is not {\"cluster\":{...},\"task\":{...}}");
   const auto& cluster = config["cluster"];
   const size_t servers = listSize(cluster, "ps");
@@ -41,7 +42,8 @@ PsPlace psPlaceFromTfConfig(const char* tfConfig) {
     throw ConfigError("--strategy ps: TF_CONFIG's task " + type + ":" + std::to_string(index) +
                       " is not in its cluster");
   PsPlace place{static_cast<int>(servers), static_cast<int>(workers), type == "ps", index};
-  if (type == "worker") place.index = index + static_cast<int>(chiefs);
+  if (type == "worker")
+    place.index = index + static_cast<int>(chiefs);
   else if (type != "ps" && type != "chief")
     throw ConfigError("--strategy ps: a task of type '" + type +
                       "' has no part in training (ps, chief or worker)");
@@ -50,8 +52,8 @@ PsPlace psPlaceFromTfConfig(const char* tfConfig) {
 
 std::vector<ShardRange> shardRanges(size_t parameters, int servers) {
   if (servers < 1 || static_cast<size_t>(servers) > parameters)
-    throw ConfigError("--strategy ps: " + std::to_string(servers) +
-                      " parameter servers for " + std::to_string(parameters) +
+    throw ConfigError("--strategy ps: " + std::to_string(servers) + " parameter servers for " +
+                      std::to_string(parameters) +
                       " parameters; use at most one server per parameter");
   std::vector<ShardRange> ranges;
   const size_t base = parameters / servers, extra = parameters % servers;

@@ -147,11 +147,9 @@ class Server {
         return applySyncStep();
       }
       case ps::Op::State:
-        return reply(s, {{params_.data(), floats(shard())},
-                         {sgd_.velocity().data(), floats(shard())}});
-      case ps::Op::Done:
-        done_.insert(worker);
-        return reply(s, {});
+        return reply(
+            s, {{params_.data(), floats(shard())}, {sgd_.velocity().data(), floats(shard())}});
+      case ps::Op::Done: done_.insert(worker); return reply(s, {});
     }
   }
 
@@ -216,8 +214,7 @@ class Server {
     asio::async_write(s->socket, asio::buffer(s->reply),
                       [this, s](boost::system::error_code ec, size_t) {
                         if (ec) return forget(s);
-                        if (done_.size() == static_cast<size_t>(place_.workers))
-                          return io_.stop();
+                        if (done_.size() == static_cast<size_t>(place_.workers)) return io_.stop();
                         read(s);
                       });
   }
@@ -229,8 +226,8 @@ class Server {
   asio::io_context io_{1};
   tcp::acceptor acceptor_;
   bool initialized_ = false;
-  std::vector<SessionPtr> pending_;  // --ps-sync: each worker's push of the step, parked
-  std::vector<SessionPtr> hellos_;   // waiting for the chief's Init
+  std::vector<SessionPtr> pending_;      // --ps-sync: each worker's push of the step, parked
+  std::vector<SessionPtr> hellos_;       // waiting for the chief's Init
   std::vector<ps::Position> positions_;  // each worker's last
   std::set<int> done_;
   uint64_t sent_ = 0, received_ = 0;
@@ -247,19 +244,19 @@ void servePs(const TrainConfig& config, const Placement& placement, const PsPlac
   const ModelSpec spec = modelSpec(config, data.train);
   const ShardRange range = shardRanges(spec.parameterCount(), place.servers).at(place.index);
   Server server(config, place, range.size());
-  const std::string address = localAddressToward(placement.masterAddr,
-                                                             placement.masterPort);
+  const std::string address = localAddressToward(placement.masterAddr, placement.masterPort);
   const uint16_t port = server.listen(address);
   connect()->set(psAddressKey(place.index), address + " " + std::to_string(port));
   log::debug("parameter server " + std::to_string(place.index) + ": parameters [" +
              std::to_string(range.begin) + ", " + std::to_string(range.end) + ") at " +
              joinHostPort(address, port));
   server.run();
-  std::printf("{\"strategy\": \"ps\", \"role\": \"ps\", \"index\": %d, \"parameters\": %zu, "
-              "\"pushes\": %lld, \"bytes_sent\": %llu, \"bytes_received\": %llu}\n",
-              place.index, range.size(), static_cast<long long>(server.pushes()),
-              static_cast<unsigned long long>(server.sent()),
-              static_cast<unsigned long long>(server.received()));
+  std::printf(
+      "{\"strategy\": \"ps\", \"role\": \"ps\", \"index\": %d, \"parameters\": %zu, "
+      "\"pushes\": %lld, \"bytes_sent\": %llu, \"bytes_received\": %llu}\n",
+      place.index, range.size(), static_cast<long long>(server.pushes()),
+      static_cast<unsigned long long>(server.sent()),
+      static_cast<unsigned long long>(server.received()));
   std::fflush(stdout);
 }
 

@@ -20,8 +20,8 @@ void Reporter::progress(int epoch, int epochs, int64_t step, int64_t steps, doub
 void Reporter::epoch(const EpochResult& r) const {
   char text[200];
   std::snprintf(text, sizeof(text),
-                "epoch %d/%d: train loss %.4f, test accuracy %.4f, %.0f samples/s, %.1f s",
-                r.epoch, r.epochs, r.trainLoss, r.testAccuracy, r.samplesPerSecond, r.seconds);
+                "epoch %d/%d: train loss %.4f, test accuracy %.4f, %.0f samples/s, %.1f s", r.epoch,
+                r.epochs, r.trainLoss, r.testAccuracy, r.samplesPerSecond, r.seconds);
   line(text);
 }
 
@@ -31,8 +31,8 @@ void Reporter::resumed(int epoch, int64_t samplesInEpoch, int64_t globalStep) co
 }
 
 void Reporter::summary(const EpochResult& last, int worldSize, int64_t steps,
-                       const std::string& device, const std::string& strategy,
-                       uint64_t bytesSent, uint64_t bytesReceived) const {
+                       const std::string& device, const std::string& strategy, uint64_t bytesSent,
+                       uint64_t bytesReceived) const {
   char text[440];
   std::snprintf(text, sizeof(text),
                 "{\"epochs\": %d, \"steps\": %lld, \"world_size\": %d, \"train_loss\": %.6f, "

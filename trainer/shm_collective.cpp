@@ -69,8 +69,8 @@ void pause() {
 class Mapping {
  public:
   Mapping(void* base, size_t bytes) : base_(base), bytes_(bytes) {}
-  Mapping(Mapping&& other) noexcept : base_(std::exchange(other.base_, nullptr)),
-                                      bytes_(other.bytes_) {}
+  Mapping(Mapping&& other) noexcept
+      : base_(std::exchange(other.base_, nullptr)), bytes_(other.bytes_) {}
   Mapping& operator=(Mapping&& other) noexcept {
     std::swap(base_, other.base_);
     std::swap(bytes_, other.bytes_);
@@ -226,8 +226,8 @@ std::optional<Mapping> openSegment(const std::string& named, int size) {
   if (name.empty()) return std::nullopt;  // rank 0 could not make one
   const int fd = ::shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0);
   if (fd < 0) {
-    log::debug("cannot open shared memory " + name + " (on another machine?): " +
-               std::strerror(errno));
+    log::debug("cannot open shared memory " + name +
+               " (on another machine?): " + std::strerror(errno));
     return std::nullopt;
   }
   const size_t bytes = segmentBytes(size);
@@ -244,8 +244,7 @@ std::optional<Mapping> openSegment(const std::string& named, int size) {
 
 }  // namespace
 
-std::unique_ptr<Collective> makeSharedMemoryCollective(Store& store, int rank,
-                                                       int size) {
+std::unique_ptr<Collective> makeSharedMemoryCollective(Store& store, int rank, int size) {
   std::optional<Mapping> mapping;
   std::string name;
   if (rank == 0) {

@@ -16,7 +16,6 @@ namespace dlrun::trainer {
 // could. Returns nullptr on every rank unless all could (ranks on other machines, or in
 // containers with /dev/shm of their own). Once made, a sum throws Error when a peer has exited
 // while it waits, and TimeoutError when one has not arrived within 30 s (Gloo's default).
-std::unique_ptr<Collective> makeSharedMemoryCollective(Store& store, int rank,
-                                                       int size);
+std::unique_ptr<Collective> makeSharedMemoryCollective(Store& store, int rank, int size);
 
 }  // namespace dlrun::trainer

@@ -50,14 +50,13 @@ void requestStop(int number) {
 // attempt published); null when alone.
 std::shared_ptr<Store> jobStore(const Placement& p) {
   if (p.worldSize == 1) return nullptr;
-  auto tcp = std::make_shared<TcpStore>(
-      TcpStoreOptions{.host = p.masterAddr, .port = p.masterPort});
-  return std::make_shared<PrefixStore>(
-      "dlrun-train/attempt_" + std::to_string(p.restartCount), tcp);
+  auto tcp =
+      std::make_shared<TcpStore>(TcpStoreOptions{.host = p.masterAddr, .port = p.masterPort});
+  return std::make_shared<PrefixStore>("dlrun-train/attempt_" + std::to_string(p.restartCount),
+                                       tcp);
 }
 
-std::unique_ptr<Collective> connect(const Placement& p,
-                                    const std::shared_ptr<Store>& store,
+std::unique_ptr<Collective> connect(const Placement& p, const std::shared_ptr<Store>& store,
                                     bool glooOnly) {
   if (!store) return makeSoloCollective();
   // A job on one machine sums through shared memory where it can.
@@ -94,8 +93,8 @@ std::optional<Checkpoint> loadChecked(const TrainConfig& config, const ModelSpec
 
 // Rank 0's checkpoint, sent to every rank (a sum where the others contribute zeros), so ranks
 // on nodes without a shared directory resume from the same state.
-std::optional<Checkpoint> resume(const TrainConfig& config, Collective& collective,
-                                 Engine& engine, const ModelSpec& spec) {
+std::optional<Checkpoint> resume(const TrainConfig& config, Collective& collective, Engine& engine,
+                                 const ModelSpec& spec) {
   if (config.checkpointDir.empty()) return std::nullopt;
   const size_t n = spec.parameterCount();
   std::optional<Checkpoint> found;
@@ -141,7 +140,6 @@ double testAccuracy(Engine& engine, const Dataset& test, Collective& collective)
   collective.allreduceSum(counts, 2);
   return counts[1] > 0 ? counts[0] / counts[1] : 0.0;
 }
-
 
 // One run: set up once (data, the connection to the other ranks, the engine, a resumed
 // position), then epochs of steps, then the summary.
@@ -205,7 +203,8 @@ Training::Training(const TrainConfig& config, const Placement& placement)
   // More servers than parameters is refused before anything connects.
   if (placement.ps) shardRanges(spec_.parameterCount(), placement.ps->servers);
   auto store = jobStore(placement);
-  const EngineOptions options{spec_, config.seed,
+  const EngineOptions options{spec_,
+                              config.seed,
                               {config.learningRate, config.momentum, config.weightDecay},
                               config.cpuMath};
   if (placement.ps) {
@@ -234,9 +233,11 @@ void Training::joinServers() {
   std::optional<Checkpoint> init;
   if (rank_ == 0) {
     if (!config_.checkpointDir.empty()) init = loadChecked(config_, spec_);
-    if (init) report_.resumed(init->epoch, init->samplesInEpoch, init->globalStep);
-    else init = Checkpoint{.params = engine_->params(),
-                           .velocity = std::vector<float>(spec_.parameterCount(), 0.0f)};
+    if (init)
+      report_.resumed(init->epoch, init->samplesInEpoch, init->globalStep);
+    else
+      init = Checkpoint{.params = engine_->params(),
+                        .velocity = std::vector<float>(spec_.parameterCount(), 0.0f)};
   }
   const ps::Position at = ps_->join(init);
   startEpoch_ = static_cast<int>(at.epoch);
@@ -386,8 +387,11 @@ void Training::finish() {
   if (last_.epoch == 0) {
     // Nothing was left to train (resumed from the end of a finished run, or at --max-steps):
     // the summary still reports the model's accuracy, not zeros.
-    last_ = {std::min(startEpoch_ + 1, config_.epochs), config_.epochs, 0.0,
-             testAccuracy(*engine_, data_.test, *collective_), 0.0,
+    last_ = {std::min(startEpoch_ + 1, config_.epochs),
+             config_.epochs,
+             0.0,
+             testAccuracy(*engine_, data_.test, *collective_),
+             0.0,
              std::chrono::duration<double>(Clock::now() - started_).count()};
   }
   if (ps_) ps_->done();
@@ -396,11 +400,11 @@ void Training::finish() {
                   traffic.received);
   // Under ps every worker's traffic differs (the chief's summary says its own): each says it.
   if (ps_ && rank_ != 0) {
-    std::printf("{\"strategy\": \"ps\", \"role\": \"worker\", \"index\": %d, \"steps\": %lld, "
-                "\"bytes_sent\": %llu, \"bytes_received\": %llu}\n",
-                rank_, static_cast<long long>(step_),
-                static_cast<unsigned long long>(traffic.sent),
-                static_cast<unsigned long long>(traffic.received));
+    std::printf(
+        "{\"strategy\": \"ps\", \"role\": \"worker\", \"index\": %d, \"steps\": %lld, "
+        "\"bytes_sent\": %llu, \"bytes_received\": %llu}\n",
+        rank_, static_cast<long long>(step_), static_cast<unsigned long long>(traffic.sent),
+        static_cast<unsigned long long>(traffic.received));
     std::fflush(stdout);
   }
   if (rank_ == 0 && !config_.dumpWeights.empty()) {

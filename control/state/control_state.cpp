@@ -28,7 +28,8 @@ std::optional<ControlCommand> decodeCommand(std::string_view text) {
   const auto value = parseInteger<int>(number);
   if (!value) return std::nullopt;
   command.value = *value;
-  if (command.kind == ControlCommand::Kind::Signal && (command.value < 1 || command.value > SIGRTMAX))
+  if (command.kind == ControlCommand::Kind::Signal &&
+      (command.value < 1 || command.value > SIGRTMAX))
     return std::nullopt;
   if (command.kind == ControlCommand::Kind::Stop && (command.value < 0 || command.value > 255))
     return std::nullopt;
@@ -65,8 +66,8 @@ std::string encode(const NodeState& n) {
                        {"step", w.step},
                        {"progress", w.progressTime}});
   }
-  return json{{"name", n.name},     {"addr", n.address}, {"group", n.groupRank},
-              {"state", n.state},   {"round", n.round},  {"logs", n.logDir},
+  return json{{"name", n.name},     {"addr", n.address},    {"group", n.groupRank},
+              {"state", n.state},   {"round", n.round},     {"logs", n.logDir},
               {"workers", workers}, {"updated", n.updated}, {"first", n.firstRound}}
       .dump();
 }
@@ -96,7 +97,7 @@ NodeState decodeNodeState(std::string_view text) {
 }
 
 std::string encode(const JobEvent& e) {
-  return json{{"seq", e.seq},   {"time", e.time}, {"kind", e.kind}, {"node", e.node},
+  return json{{"seq", e.seq},     {"time", e.time}, {"kind", e.kind},     {"node", e.node},
               {"round", e.round}, {"rank", e.rank}, {"detail", e.detail}, {"agent", e.agent}}
       .dump();
 }

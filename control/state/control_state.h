@@ -32,8 +32,7 @@ namespace dlrun::control {
 
 class Keys {
  public:
-  explicit Keys(const std::string& runId)
-      : root_("dlrun/" + runId + "/"), ctl_(root_ + "ctl/") {}
+  explicit Keys(const std::string& runId) : root_("dlrun/" + runId + "/"), ctl_(root_ + "ctl/") {}
   static std::string jobs() { return "dlrun/jobs"; }
   std::string meta() const { return ctl_ + "meta"; }
   std::string nodes() const { return ctl_ + "nodes"; }
@@ -64,9 +63,9 @@ struct WorkerState {
   int rank = 0;
   int localRank = 0;
   int pid = 0;
-  std::string state;  // running, succeeded, failed, stopped
-  std::string exit;   // "exit code 3", "signal SIGKILL"; empty while it runs
-  int64_t step = -1;  // last reported step (-1: none)
+  std::string state;        // running, succeeded, failed, stopped
+  std::string exit;         // "exit code 3", "signal SIGKILL"; empty while it runs
+  int64_t step = -1;        // last reported step (-1: none)
   double progressTime = 0;  // unix seconds of that report
 };
 
@@ -78,7 +77,7 @@ struct NodeState {
   int round = -1;
   std::string logDir;
   std::vector<WorkerState> workers;
-  double updated = 0;  // unix seconds
+  double updated = 0;   // unix seconds
   int firstRound = -1;  // the round of this agent's first state: when it joined the job
 };
 

@@ -6,8 +6,7 @@ namespace dlrun::rendezvous::etcd::detail {
 
 std::chrono::system_clock::time_point grpcDeadline(Clock::time_point deadline) {
   return std::chrono::system_clock::now() +
-         std::chrono::duration_cast<std::chrono::system_clock::duration>(deadline -
-                                                                         Clock::now());
+         std::chrono::duration_cast<std::chrono::system_clock::duration>(deadline - Clock::now());
 }
 
 std::string seconds(std::chrono::milliseconds duration) {

@@ -198,10 +198,9 @@ std::string EtcdClient::authenticate(const Connection& connection) {
   pb::AuthenticateResponse reply;
   const auto status = stub->Authenticate(&context, request, &reply);
   if (status.ok()) return reply.token();
-  const std::string what = "etcd " + connection.name + ": authentication as '" +
-                           options_.security.user + "' failed";
-  if (detail::permanent(status.error_code()) ||
-      status.error_code() == grpc::StatusCode::UNKNOWN) {
+  const std::string what =
+      "etcd " + connection.name + ": authentication as '" + options_.security.user + "' failed";
+  if (detail::permanent(status.error_code()) || status.error_code() == grpc::StatusCode::UNKNOWN) {
     throw Error(what + ": " + detail::statusText(status));
   }
   detail::throwStatus(status, what);
@@ -230,18 +229,19 @@ void EtcdClient::dropEndpoint(const std::string& failed) {
   if (connection_ && connection_->name == failed) connection_.reset();
 }
 
-RangeResult EtcdClient::range(const std::string& key, const std::string& rangeEnd,
-                              int64_t revision, Values values) {
+RangeResult EtcdClient::range(const std::string& key, const std::string& rangeEnd, int64_t revision,
+                              Values values) {
   pb::RangeRequest request;
   request.set_key(key);
   request.set_range_end(rangeEnd);
   request.set_revision(revision);
   request.set_keys_only(values == Values::Omitted);
-  const auto response = unary("range", key, CallKind::Read, [&](Connection& c, grpc::ClientContext& ctx) {
-    pb::RangeResponse reply;
-    auto status = c.kv->Range(&ctx, request, &reply);
-    return std::pair{status, std::move(reply)};
-  });
+  const auto response =
+      unary("range", key, CallKind::Read, [&](Connection& c, grpc::ClientContext& ctx) {
+        pb::RangeResponse reply;
+        auto status = c.kv->Range(&ctx, request, &reply);
+        return std::pair{status, std::move(reply)};
+      });
   RangeResult result;
   result.revision = response.header().revision();
   for (const auto& kv : response.kvs()) result.kvs.push_back(detail::fromProto(kv));
@@ -259,11 +259,12 @@ int64_t EtcdClient::count(const std::string& key, const std::string& rangeEnd) {
   request.set_key(key);
   request.set_range_end(rangeEnd);
   request.set_count_only(true);
-  const auto response = unary("count", key, CallKind::Read, [&](Connection& c, grpc::ClientContext& ctx) {
-    pb::RangeResponse reply;
-    auto status = c.kv->Range(&ctx, request, &reply);
-    return std::pair{status, std::move(reply)};
-  });
+  const auto response =
+      unary("count", key, CallKind::Read, [&](Connection& c, grpc::ClientContext& ctx) {
+        pb::RangeResponse reply;
+        auto status = c.kv->Range(&ctx, request, &reply);
+        return std::pair{status, std::move(reply)};
+      });
   return response.count();
 }
 
@@ -272,11 +273,12 @@ int64_t EtcdClient::put(const std::string& key, const std::string& value, int64_
   request.set_key(key);
   request.set_value(value);
   request.set_lease(lease);
-  const auto response = unary("put", key, CallKind::Write, [&](Connection& c, grpc::ClientContext& ctx) {
-    pb::PutResponse reply;
-    auto status = c.kv->Put(&ctx, request, &reply);
-    return std::pair{status, std::move(reply)};
-  });
+  const auto response =
+      unary("put", key, CallKind::Write, [&](Connection& c, grpc::ClientContext& ctx) {
+        pb::PutResponse reply;
+        auto status = c.kv->Put(&ctx, request, &reply);
+        return std::pair{status, std::move(reply)};
+      });
   return response.header().revision();
 }
 
@@ -284,11 +286,12 @@ int64_t EtcdClient::deleteRange(const std::string& key, const std::string& range
   pb::DeleteRangeRequest request;
   request.set_key(key);
   request.set_range_end(rangeEnd);
-  const auto response = unary("delete", key, CallKind::Write, [&](Connection& c, grpc::ClientContext& ctx) {
-    pb::DeleteRangeResponse reply;
-    auto status = c.kv->DeleteRange(&ctx, request, &reply);
-    return std::pair{status, std::move(reply)};
-  });
+  const auto response =
+      unary("delete", key, CallKind::Write, [&](Connection& c, grpc::ClientContext& ctx) {
+        pb::DeleteRangeResponse reply;
+        auto status = c.kv->DeleteRange(&ctx, request, &reply);
+        return std::pair{status, std::move(reply)};
+      });
   return response.deleted();
 }
 
@@ -305,16 +308,19 @@ pb::TxnResponse EtcdClient::txn(const pb::TxnRequest& request,
   for (const auto& op : request.success()) readOnly = readOnly && op.has_request_range();
   for (const auto& op : request.failure()) readOnly = readOnly && op.has_request_range();
   const CallKind kind = readOnly ? CallKind::Read : CallKind::Write;
-  return unary("txn", key, kind, [&](Connection& c, grpc::ClientContext& ctx) {
-    pb::TxnResponse reply;
-    auto status = c.kv->Txn(&ctx, request, &reply);
-    return std::pair{status, std::move(reply)};
-  }, timeout);
+  return unary(
+      "txn", key, kind,
+      [&](Connection& c, grpc::ClientContext& ctx) {
+        pb::TxnResponse reply;
+        auto status = c.kv->Txn(&ctx, request, &reply);
+        return std::pair{status, std::move(reply)};
+      },
+      timeout);
 }
 
 // `compare` is a pb::Compare (void* keeps the protobuf types out of the header).
-SwapResult EtcdClient::swap(const std::string& key, const void* compare,
-                            const std::string& desired, int64_t lease) {
+SwapResult EtcdClient::swap(const std::string& key, const void* compare, const std::string& desired,
+                            int64_t lease) {
   pb::TxnRequest request;
   *request.add_compare() = *static_cast<const pb::Compare*>(compare);
   auto* put = request.add_success()->mutable_request_put();
@@ -328,8 +334,8 @@ SwapResult EtcdClient::swap(const std::string& key, const void* compare,
   result.swapped = response.succeeded();
   result.revision = response.header().revision();
   if (result.swapped) {
-    result.current = KeyValue{.key = key, .value = desired, .modRevision = result.revision,
-                              .lease = lease};
+    result.current =
+        KeyValue{.key = key, .value = desired, .modRevision = result.revision, .lease = lease};
   } else if (response.responses_size() > 0 &&
              response.responses(0).response_range().kvs_size() > 0) {
     result.current = detail::fromProto(response.responses(0).response_range().kvs(0));
@@ -357,16 +363,13 @@ SwapResult EtcdClient::putIfRevision(const std::string& key, int64_t modRevision
   return swap(key, &compare, desired, lease);
 }
 
-
-int64_t EtcdClient::add(const std::string& key, int64_t delta,
-                        const std::optional<AddMark>& mark) {
+int64_t EtcdClient::add(const std::string& key, int64_t delta, const std::optional<AddMark>& mark) {
   if (delta == 0 && !mark) return readCounter(key);
   return add(key, delta, mark, {}).value;
 }
 
 EtcdClient::AddResult EtcdClient::add(const std::string& key, int64_t delta,
-                                      const std::optional<AddMark>& mark,
-                                      const AddExtras& extras) {
+                                      const std::optional<AddMark>& mark, const AddExtras& extras) {
   // A swap on the value read would cost K adders that come at once (a round's joins, its
   // successes) K^2/2 tries, each a write etcd proposes to its cluster. One transaction instead
   // tries a window of values: the one known (its mod revision: the key missing, the first time),
@@ -433,7 +436,8 @@ EtcdClient::AddResult EtcdClient::add(const std::string& key, int64_t delta,
         continue;
       }
       current.reset();
-      if (op.response_range().kvs_size() > 0) current = detail::fromProto(op.response_range().kvs(0));
+      if (op.response_range().kvs_size() > 0)
+        current = detail::fromProto(op.response_range().kvs(0));
       break;
     }
   }

@@ -14,10 +14,11 @@
 // Security (options.security): with TLS every channel is an SSL channel (the given CA, else the
 // system's; a client certificate when given). A TLS handshake that fails (an unknown CA, a
 // refused certificate) is a NetworkError naming the endpoint and gRPC's cause, at once when
-// every endpoint failed so (else when no other connected within connectTimeout). With a user, the client authenticates (Auth.Authenticate) when it
-// picks an endpoint and sends the token as the metadata `token` with every call and stream; a
-// unary call that etcd answers "invalid auth token" (expired) authenticates again and is
-// repeated once. Refused credentials are an Error naming the endpoint and the user.
+// every endpoint failed so (else when no other connected within connectTimeout). With a user, the
+// client authenticates (Auth.Authenticate) when it picks an endpoint and sends the token as the
+// metadata `token` with every call and stream; a unary call that etcd answers "invalid auth token"
+// (expired) authenticates again and is repeated once. Refused credentials are an Error naming the
+// endpoint and the user.
 //
 // Fail-over of the streams: EtcdWatch (etcd_watch.h) and EtcdKeepAlive (etcd_keep_alive.h)
 // move to another endpoint by themselves when theirs fails (UNAVAILABLE, the stream's end, a
@@ -48,7 +49,7 @@ class ClientContext;
 namespace etcdserverpb {
 class TxnRequest;
 class TxnResponse;
-}
+}  // namespace etcdserverpb
 
 namespace dlrun::rendezvous::etcd {
 
@@ -139,8 +140,8 @@ class EtcdClient {
   // Whether a range's values are read, or left out (empty).
   enum class Values { Read, Omitted };
   // [key, rangeEnd), or the key alone when rangeEnd is empty; at `revision` when > 0.
-  RangeResult range(const std::string& key, const std::string& rangeEnd = {},
-                    int64_t revision = 0, Values values = Values::Read);
+  RangeResult range(const std::string& key, const std::string& rangeEnd = {}, int64_t revision = 0,
+                    Values values = Values::Read);
   RangeResult rangePrefix(const std::string& prefix) { return range(prefix, prefixEnd(prefix)); }
   std::optional<KeyValue> get(const std::string& key);
   // How many keys [key, rangeEnd) holds, without reading them.
@@ -157,8 +158,8 @@ class EtcdClient {
   SwapResult putIfAbsent(const std::string& key, const std::string& value, int64_t lease = 0);
   SwapResult putIfValue(const std::string& key, const std::string& expected,
                         const std::string& desired, int64_t lease = 0);
-  SwapResult putIfRevision(const std::string& key, int64_t modRevision,
-                           const std::string& desired, int64_t lease = 0);
+  SwapResult putIfRevision(const std::string& key, int64_t modRevision, const std::string& desired,
+                           int64_t lease = 0);
   // Adds to a decimal integer value (missing counts as 0) by a swap on the value, as many tries
   // as conflicts take; returns the result. Throws Error when the value is not an integer.
   // Adding 0 without a mark only reads (it creates a missing key as "0", as TCPStore does).
@@ -253,7 +254,7 @@ class EtcdClient {
              std::optional<std::chrono::milliseconds> timeout = {});
   SwapResult swap(const std::string& key, const void* compare, const std::string& desired,
                   int64_t lease);
-  int64_t readCounter(const std::string& key);  // add(key, 0)
+  int64_t readCounter(const std::string& key);     // add(key, 0)
   int64_t counterValue(const KeyValue& kv) const;  // throws Error when not an integer
 
   void countRequest(const char* kind);

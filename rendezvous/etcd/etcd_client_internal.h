@@ -49,8 +49,8 @@ auto EtcdClient::unary(const char* what, const std::string& key, CallKind kind, 
       reauthenticate(picked);
       continue;
     }
-    const bool endpointFailed = code == grpc::StatusCode::UNAVAILABLE ||
-                                code == grpc::StatusCode::DEADLINE_EXCEEDED;
+    const bool endpointFailed =
+        code == grpc::StatusCode::UNAVAILABLE || code == grpc::StatusCode::DEADLINE_EXCEEDED;
     if (endpointFailed) dropConnection(picked);
     if (endpointFailed && kind == CallKind::Read &&
         (attempt == 0 || (code == grpc::StatusCode::UNAVAILABLE &&

@@ -18,14 +18,15 @@ namespace pb = etcdserverpb;
 int64_t EtcdClient::leaseGrant(std::chrono::seconds ttl) {
   pb::LeaseGrantRequest request;
   request.set_ttl(ttl.count());
-  const auto response = unary("lease grant", {}, CallKind::Write,
-                              [&](Connection& c, grpc::ClientContext& ctx) {
-                                pb::LeaseGrantResponse reply;
-                                auto status = c.lease->LeaseGrant(&ctx, request, &reply);
-                                return std::pair{status, std::move(reply)};
-                              });
+  const auto response =
+      unary("lease grant", {}, CallKind::Write, [&](Connection& c, grpc::ClientContext& ctx) {
+        pb::LeaseGrantResponse reply;
+        auto status = c.lease->LeaseGrant(&ctx, request, &reply);
+        return std::pair{status, std::move(reply)};
+      });
   if (!response.error().empty()) {
-    throw Error("etcd " + endpoint() + ": lease grant failed: " + detail::oneLine(response.error()));
+    throw Error("etcd " + endpoint() +
+                ": lease grant failed: " + detail::oneLine(response.error()));
   }
   return response.id();
 }
@@ -87,13 +88,14 @@ std::unique_ptr<PendingLeaseGrant> EtcdClient::startLeaseGrant(std::chrono::seco
 void EtcdClient::leaseRevoke(int64_t lease, std::optional<std::chrono::milliseconds> timeout) {
   pb::LeaseRevokeRequest request;
   request.set_id(lease);
-  unary("lease revoke", std::to_string(lease), CallKind::Write,
-        [&](Connection& c, grpc::ClientContext& ctx) {
-          pb::LeaseRevokeResponse reply;
-          auto status = c.lease->LeaseRevoke(&ctx, request, &reply);
-          return std::pair{status, std::move(reply)};
-        },
-        timeout);
+  unary(
+      "lease revoke", std::to_string(lease), CallKind::Write,
+      [&](Connection& c, grpc::ClientContext& ctx) {
+        pb::LeaseRevokeResponse reply;
+        auto status = c.lease->LeaseRevoke(&ctx, request, &reply);
+        return std::pair{status, std::move(reply)};
+      },
+      timeout);
 }
 
 std::unique_ptr<EtcdKeepAlive> EtcdClient::keepAlive(int64_t lease,

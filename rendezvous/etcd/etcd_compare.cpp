@@ -2,8 +2,7 @@
 
 namespace dlrun::rendezvous::etcd::detail {
 
-etcdserverpb::Compare compare(const std::string& key,
-                              etcdserverpb::Compare::CompareTarget target) {
+etcdserverpb::Compare compare(const std::string& key, etcdserverpb::Compare::CompareTarget target) {
   etcdserverpb::Compare c;
   c.set_key(key);
   c.set_target(target);

@@ -9,8 +9,7 @@
 namespace dlrun::rendezvous::etcd::detail {
 
 // A transaction's compare of `key`'s `target` for equality (the caller sets the value).
-etcdserverpb::Compare compare(const std::string& key,
-                              etcdserverpb::Compare::CompareTarget target);
+etcdserverpb::Compare compare(const std::string& key, etcdserverpb::Compare::CompareTarget target);
 // A compare that holds while `key` is missing.
 etcdserverpb::Compare missing(const std::string& key);
 

@@ -16,8 +16,7 @@ struct EtcdKeepAlive::Stream
   std::unique_ptr<pb::Lease::Stub> stub;
 };
 
-EtcdKeepAlive::EtcdKeepAlive(EtcdClient& client, int64_t lease,
-                             std::chrono::milliseconds interval)
+EtcdKeepAlive::EtcdKeepAlive(EtcdClient& client, int64_t lease, std::chrono::milliseconds interval)
     : client_(client), lease_(lease), interval_(interval) {
   thread_ = std::thread([this] { run(); });
 }
@@ -72,8 +71,8 @@ void EtcdKeepAlive::run() {
       std::lock_guard lock(mutex_);
       if (stopping_) return;
     }
-    const auto patience = std::max<std::chrono::milliseconds>(ttl + kElectionGrace,
-                                                              client_.options().outageTimeout);
+    const auto patience =
+        std::max<std::chrono::milliseconds>(ttl + kElectionGrace, client_.options().outageTimeout);
     if (Clock::now() >= lastAck + patience) {
       fail("nothing acknowledged for " + detail::seconds(patience) + ": " + why);
       return;
@@ -128,10 +127,11 @@ std::string EtcdKeepAlive::renewOn(const std::string& endpoint,
   } detach{*this};
   // A renewal is answered in milliseconds; one unanswered for this long (or the client's
   // deadline, if shorter) means the member is gone or cut off: another one is tried.
-  const auto renewTimeout =
-      std::min<std::chrono::milliseconds>(client_.options().timeout,
-                                          std::max<std::chrono::milliseconds>(interval_, std::chrono::seconds(1)));
-  if (!stream->start(Clock::now() + renewTimeout)) return "the stream did not start: " + detail::statusText(stream->finish());
+  const auto renewTimeout = std::min<std::chrono::milliseconds>(
+      client_.options().timeout,
+      std::max<std::chrono::milliseconds>(interval_, std::chrono::seconds(1)));
+  if (!stream->start(Clock::now() + renewTimeout))
+    return "the stream did not start: " + detail::statusText(stream->finish());
   pb::LeaseKeepAliveRequest request;
   request.set_id(lease_);
   while (true) {

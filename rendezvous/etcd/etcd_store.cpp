@@ -68,8 +68,9 @@ EtcdStore::~EtcdStore() {
 
 void EtcdStore::requireOpen() const {
   std::lock_guard lock(mutex_);
-  if (aborted_) throw NetworkError("etcd " + client_->options().endpoints.front().text() +
-                                   ": the store connection was aborted");
+  if (aborted_)
+    throw NetworkError("etcd " + client_->options().endpoints.front().text() +
+                       ": the store connection was aborted");
 }
 
 void EtcdStore::abort() {
@@ -77,7 +78,7 @@ void EtcdStore::abort() {
     std::lock_guard lock(mutex_);
     if (aborted_) return;
     aborted_ = true;
-    if (liveWatch_) liveWatch_->cancel();  // a blocked wait throws at once
+    if (liveWatch_) liveWatch_->cancel();                         // a blocked wait throws at once
     for (auto& [seconds, sent] : pending_) sent.grant->cancel();  // and a lease() awaiting one
   }
   revokeLeases();
@@ -88,8 +89,7 @@ bool EtcdStore::outlivesFailures() const {
   return !aborted_;
 }
 
-std::vector<std::optional<KeyValue>> EtcdStore::readKeys(
-    const std::vector<std::string>& etcdKeys) {
+std::vector<std::optional<KeyValue>> EtcdStore::readKeys(const std::vector<std::string>& etcdKeys) {
   requireOpen();
   std::vector<std::optional<KeyValue>> out;
   out.reserve(etcdKeys.size());
@@ -282,8 +282,7 @@ std::vector<std::string> EtcdStore::peek(const std::vector<std::string>& keys) {
   return out;
 }
 
-std::vector<std::string> EtcdStore::createThenPeek(const std::string& key,
-                                                   const std::string& value,
+std::vector<std::string> EtcdStore::createThenPeek(const std::string& key, const std::string& value,
                                                    const std::vector<std::string>& keys) {
   if (keys.size() + 1 > kMaxTxnOps) return LeasingStore::createThenPeek(key, value, keys);
   requireOpen();
@@ -305,8 +304,7 @@ std::vector<std::string> EtcdStore::createThenPeek(const std::string& key,
     out.push_back(value);
   } else {
     const auto current = detail::firstKey(response.responses(0).response_range());
-    if (!current || current->value.empty())
-      return LeasingStore::createThenPeek(key, value, keys);
+    if (!current || current->value.empty()) return LeasingStore::createThenPeek(key, value, keys);
     out.push_back(current->value);
   }
   for (int i = 1; i < response.responses_size(); ++i) {

@@ -33,9 +33,9 @@
 // stream: the puts of the range that holds the waited keys (from the watch's start, with a read
 // after it), and with fireLapses the deletions under the whole prefix (for the tripwires). A
 // store thus hears of what it waits for and of deletions, not of every write of the job: with N
-// agents waiting, a round costs etcd O(N) events, not O(N^2). A wait for another range opens the watch again,
-// its deletions from where the last one left them, so none is missed between waits; it also
-// follows the keys expect() named (expect() opens it at once; their read rides on the next
+// agents waiting, a round costs etcd O(N) events, not O(N^2). A wait for another range opens the
+// watch again, its deletions from where the last one left them, so none is missed between waits; it
+// also follows the keys expect() named (expect() opens it at once; their read rides on the next
 // lease's transaction), whose waits and, once seen, peeks then cost nothing. A
 // deleted key whose record was not deleted in the same transaction (a release deletes both) is
 // looked up: its record still standing says the lease lapsed.
@@ -51,10 +51,10 @@
 #include <atomic>
 #include <chrono>
 #include <map>
-#include <optional>
-#include <set>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -231,8 +231,8 @@ class EtcdStore : public LeasingStore {
   std::timed_mutex watchMutex_;
   std::unique_ptr<EtcdWatch> watch_;
   std::pair<std::string, std::string> waited_;  // the range of watch_ that takes puts
-  std::vector<std::string> expected_;  // etcd keys (expect()), under mutex_
-  std::set<std::string> followed_;     // the expected keys watch_ follows
+  std::vector<std::string> expected_;           // etcd keys (expect()), under mutex_
+  std::set<std::string> followed_;              // the expected keys watch_ follows
   struct Seen {
     std::string value;
     int64_t revision = 0;

@@ -170,8 +170,7 @@ int64_t EtcdStore::leaseId(int64_t seconds) {
   requireOpen();
   if (granted.id == 0) granted.id = client_->leaseGrant(std::chrono::seconds(seconds));
   // A third of the TTL: two renewals may go missing before the lease lapses.
-  granted.keepAlive =
-      client_->keepAlive(granted.id, std::chrono::milliseconds(seconds * 1000 / 3));
+  granted.keepAlive = client_->keepAlive(granted.id, std::chrono::milliseconds(seconds * 1000 / 3));
   const int64_t id = granted.id;
   std::unique_lock lock(mutex_);
   if (aborted_) {  // abort() came during the grant: this lease is not kept either
@@ -243,9 +242,7 @@ int64_t EtcdStore::addThenLease(const std::string& counter, int64_t limit,
     if (n <= limit) addLeaseWrites(branch, keyOf(n), value, id, record);
   }};
   if (owed) {
-    extras.riding = [&](pb::TxnRequest& riding) {
-      addWatchRead(riding, *owed);
-    };
+    extras.riding = [&](pb::TxnRequest& riding) { addWatchRead(riding, *owed); };
   }
   // Marked, as add(): a try that failed half-way may have applied, and a retry reads so.
   const EtcdClient::AddMark mark{markKey_, std::to_string(++adds_)};

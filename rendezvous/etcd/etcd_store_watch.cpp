@@ -18,8 +18,8 @@ namespace {
 
 Clock::time_point deadlineAfter(std::chrono::milliseconds timeout) {
   const auto now = Clock::now();
-  const auto room = std::chrono::duration_cast<std::chrono::milliseconds>(
-      Clock::time_point::max() - now);
+  const auto room =
+      std::chrono::duration_cast<std::chrono::milliseconds>(Clock::time_point::max() - now);
   return timeout >= room ? Clock::time_point::max() : now + timeout;
 }
 
@@ -29,8 +29,7 @@ Clock::time_point deadlineAfter(std::chrono::milliseconds timeout) {
 namespace pb = etcdserverpb;
 
 std::optional<EtcdStore::Owed> EtcdStore::takeOwed(std::unique_lock<std::timed_mutex>& watching) {
-  if (options_.fireLapses && watching.try_lock() && owed_ &&
-      owed_->keys.size() + 4 <= kMaxTxnOps)
+  if (options_.fireLapses && watching.try_lock() && owed_ && owed_->keys.size() + 4 <= kMaxTxnOps)
     return std::exchange(owed_, std::nullopt);
   return std::nullopt;
 }
@@ -48,8 +47,7 @@ void EtcdStore::addWatchRead(pb::TxnRequest& request, const Owed& read) const {
     range->set_range_end(EtcdClient::prefixEnd(*prefix));
     range->set_keys_only(true);
   }
-  for (const auto& key : read.keys)
-    request.add_success()->mutable_request_range()->set_key(key);
+  for (const auto& key : read.keys) request.add_success()->mutable_request_range()->set_key(key);
 }
 
 std::vector<std::optional<KeyValue>> EtcdStore::takeWatchRead(const pb::TxnResponse& response,
@@ -106,7 +104,7 @@ std::vector<std::string> EtcdStore::watchFrom(
 }
 
 void EtcdStore::noteSeen(const std::vector<std::string>& etcdKeys,
-                        const std::vector<std::optional<KeyValue>>& found) {
+                         const std::vector<std::optional<KeyValue>>& found) {
   for (size_t i = 0; i < etcdKeys.size(); ++i) {
     if (!found[i] || !followed_.contains(etcdKeys[i])) continue;
     auto& seen = seen_[etcdKeys[i]];
@@ -232,8 +230,8 @@ bool EtcdStore::waitFor(const std::vector<std::string>& keys, std::chrono::milli
     while (!missing.empty()) {
       const auto now = Clock::now();
       if (now >= deadline) return false;
-      const auto events = watch_->next(
-          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now));
+      const auto events =
+          watch_->next(std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now));
       follow(events);
       for (const auto& e : events)
         if (e.type == WatchEvent::Type::Put) std::erase(missing, e.kv.key);

@@ -15,8 +15,8 @@ namespace {
 
 // Why etcd cancelled a watch, as one line; a compaction names the revisions involved.
 std::string cancelReason(const etcdserverpb::WatchResponse& response, int64_t lastRevision) {
-  std::string why = response.cancel_reason().empty() ? "cancelled by etcd"
-                                                     : oneLine(response.cancel_reason());
+  std::string why =
+      response.cancel_reason().empty() ? "cancelled by etcd" : oneLine(response.cancel_reason());
   if (response.compact_revision() > 0)
     why += " (history compacted up to revision " + std::to_string(response.compact_revision()) +
            "; the watch resumes from " + std::to_string(lastRevision + 1) + ")";
@@ -189,9 +189,9 @@ std::vector<WatchEvent> EtcdWatch::take(const std::string& endpoint) {
     // Revisions only grow within a range, and a resumed range starts after its lastRevision;
     // the check keeps "each event once" true by design.
     if (event.kv().mod_revision() <= r.lastRevision) continue;
-    events.push_back({event.type() == mvccpb::Event::DELETE ? WatchEvent::Type::Delete
-                                                            : WatchEvent::Type::Put,
-                      detail::fromProto(event.kv())});
+    events.push_back(
+        {event.type() == mvccpb::Event::DELETE ? WatchEvent::Type::Delete : WatchEvent::Type::Put,
+         detail::fromProto(event.kv())});
   }
   // A revision may hold several events (one txn): advance only after the whole batch.
   for (const auto& event : events) r.lastRevision = std::max(r.lastRevision, event.kv.modRevision);
@@ -212,8 +212,8 @@ std::vector<WatchEvent> EtcdWatch::next(std::chrono::milliseconds timeout) {
     if (!*ok) {
       const auto status = s.finish();
       if (cancelled_) throwCancelled();
-      const std::string why = "etcd " + s.endpoint + ": " + what() + " ended: " +
-                              detail::statusText(status);
+      const std::string why =
+          "etcd " + s.endpoint + ": " + what() + " ended: " + detail::statusText(status);
       if (detail::permanent(status.error_code())) throw Error(why);
       {
         std::lock_guard lock(mutex_);

@@ -72,7 +72,7 @@ class EtcdWatch {
     int64_t lastRevision;
   };
   EtcdClient& client_;
-  std::vector<Range> ranges_;  // watch id i + 1 is range i
+  std::vector<Range> ranges_;      // watch id i + 1 is range i
   std::vector<WatchEvent> early_;  // events that came while the stream opened
   int reconnects_ = 0;
   std::atomic<bool> cancelled_{false};

@@ -18,8 +18,8 @@ struct DiscardingPeer : dlrun::Peer {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace dlrun;
   // Small limits so the fuzzer reaches the limit checks with short inputs.
-  const wire::Limits limits{.maxKeyBytes = 64, .maxValueBytes = 256, .maxKeysPerOp = 16,
-                            .maxBufferedBytes = 4096};
+  const wire::Limits limits{
+      .maxKeyBytes = 64, .maxValueBytes = 256, .maxKeysPerOp = 16, .maxBufferedBytes = 4096};
   std::span<const char> in(reinterpret_cast<const char*>(data), size);
   auto era = wire::detectEra(in);
   if (!era) return 0;
