@@ -24,6 +24,7 @@ std::vector<std::string> Keys::ofRound(int round, int joined,
   for (int i = 1; i <= joined; ++i) {
     keys.push_back(node(round, i));
     keys.push_back(hangReport(round, i));
+    keys.push_back(succeeded(round, i));
   }
   for (const auto& member : members) keys.push_back(assignment(round, member));
   return keys;

@@ -17,7 +17,11 @@
 //   r/R/roster         every worker's "host:port" in RANK order (TF_CONFIG), and under --roles
 //                      every worker's role
 //   r/R/end            the RoundEnd; first writer wins. Everyone running waits on this key.
-//   r/R/done           members whose workers all succeeded; the last sets end = Finished
+//   r/R/done/I         "1" once member I's workers all succeeded (set again by a report made
+//                      again: a set of members, not a count, says when all did)
+//   r/R/done           ADD 1 after each such mark (a hint: a report made again after its reply
+//                      was lost adds twice); a member whose ADD reaches the round's size, and who
+//                      finds every member's mark, sets end = Finished
 //   r/R/spares         agents waiting for a place while round R runs at its maximum
 //   lost/NAME          set by the store when the lease of node NAME lapsed or dropped
 //   stop               the RoundEnd of a deliberate stop of the whole job (first writer wins);
@@ -64,6 +68,9 @@ class Keys {
   std::string roster(int round) const { return roundKey(round, "roster"); }
   std::string end(int round) const { return roundKey(round, "end"); }
   std::string done(int round) const { return roundKey(round, "done"); }
+  std::string succeeded(int round, int index) const {
+    return roundKey(round, "done/" + std::to_string(index));
+  }
   std::string spares(int round) const { return roundKey(round, "spares"); }
   std::string lost(const std::string& node) const { return root_ + "lost/" + node; }
   std::string stop() const { return root_ + "stop"; }
@@ -167,8 +174,9 @@ std::string describe(const Expiry& expiry, int64_t nowUnix, const std::string& h
 // whenever one of them changes in a way another version's agent would misread, so that a job
 // whose nodes run different dlrun versions is refused at once with one line, rather than
 // failing later on a record one of them cannot read. 1: before it was stored; 2: node records
-// carry an agent id, and assignments are keyed by it.
-inline constexpr int kProtocolVersion = 2;
+// carry an agent id, and assignments are keyed by it; 3: a member's success is marked under
+// done/I, and the round finishes once every member's mark is there.
+inline constexpr int kProtocolVersion = 3;
 
 // The job's --nnodes range and the protocol of the agent that wrote it, stored under
 // Keys::shape(): a second job with another shape, or a node of another protocol, is refused.

@@ -46,11 +46,17 @@ void ElasticImpl::reportFailure(RoundEnd failure) {
 
 void ElasticImpl::reportSuccess() {
   const RoundEnd finished{.kind = RoundEnd::Kind::Finished, .node = options_.self.name};
-  report("its workers finished",
-         [done = keys_.done(member_->round), end = keys_.end(member_->round),
-          members = member_->members, finished](Store& store) {
-           if (store.add(done, 1) == members) store.compareSet(end, "", elastic::encode(finished));
-         });
+  const int round = member_->round;
+  std::vector<std::string> marks;
+  for (int i = 1; i <= member_->members; ++i) marks.push_back(keys_.succeeded(round, i));
+  // A report made again after its reply was lost adds twice: the count only says when to look,
+  // the marks (each set before its ADD, so the last ADD finds them all) say whether all did.
+  report("its workers finished", [mark = marks[member_->index - 1], marks, done = keys_.done(round),
+                                  end = keys_.end(round), finished](Store& store) {
+    store.set(mark, "1");
+    if (store.add(done, 1) >= static_cast<int64_t>(marks.size()) && store.check(marks))
+      store.compareSet(end, "", elastic::encode(finished));
+  });
 }
 
 RoundEnd ElasticImpl::reportStop(int signal) {

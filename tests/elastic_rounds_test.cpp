@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <atomic>
 #include <functional>
 #include <future>
 #include <set>
@@ -19,6 +20,27 @@ namespace {
 
 using namespace std::chrono_literals;
 using Kind = RoundEnd::Kind;
+
+// What goes wrong on a FaultyStore's connections, shared by every connection of one agent.
+struct Faults {
+  std::atomic<bool> loseDoneReply{false};  // the next ADD to a round's done applies, unanswered
+};
+
+// A connection to the test's server that fails as a test says (Faults).
+class FaultyStore : public MemoryStore {
+ public:
+  FaultyStore(std::shared_ptr<MemoryStoreServer> server, std::shared_ptr<Faults> faults)
+      : MemoryStore(std::move(server)), faults_(std::move(faults)) {}
+  int64_t add(const std::string& key, int64_t delta) override {
+    const int64_t value = MemoryStore::add(key, delta);
+    if (key.ends_with("/done") && faults_->loseDoneReply.exchange(false))
+      throw NetworkError("the store's reply was lost");
+    return value;
+  }
+
+ private:
+  std::shared_ptr<Faults> faults_;
+};
 
 class ElasticRoundsTest : public ::testing::Test {
  protected:
@@ -36,6 +58,14 @@ class ElasticRoundsTest : public ::testing::Test {
     o.leaseTtl = 3s;
     o.store = StoreOpener{.name = "the memory store", .open = [server = server_] {
                             return std::make_unique<MemoryStore>(server);
+                          }};
+    return o;
+  }
+
+  // `o` on FaultyStore connections that fail as `faults` says.
+  ElasticOptions faulty(ElasticOptions o, std::shared_ptr<Faults> faults) {
+    o.store = StoreOpener{.name = "the memory store", .open = [server = server_, faults] {
+                            return std::make_unique<FaultyStore>(server, faults);
                           }};
     return o;
   }
@@ -308,6 +338,38 @@ TEST_F(ElasticRoundsTest, TheJoinTimeoutNamesTheNodesThatDidNotComeBack) {
               std::string::npos)
         << message;
   }
+}
+
+// A success report whose reply was lost is made again: it counts once, so the round finishes
+// when the last member's workers do, not while they still run.
+TEST_F(ElasticRoundsTest, ASuccessReportMadeAgainAfterItsReplyWasLostCountsOnce) {
+  const ElasticOptions o = options(3, 3);
+  auto faults = std::make_shared<Faults>();
+  auto a = agent(faulty(o, faults), "n0"), b = agent(o, "n1"), c = agent(o, "n2");
+  formRound({a.get(), b.get(), c.get()});
+  const auto start = server_->now();
+  faults->loseDoneReply = true;
+  a->reportSuccess();  // applied by the store, its reply lost: kept and made again
+  b->reportSuccess();
+  auto ends = together<RoundEnd>({
+      [&] { return a->awaitEnd(); },
+      [&] { return b->awaitEnd(); },
+      [&] { return c->awaitEnd(); },
+      [&] {
+        // n2's workers run for a minute more.
+        EXPECT_FALSE(MemoryStore(server_).waitFor({"n2's workers end"}, 1min));
+        c->reportSuccess();
+        return RoundEnd{};
+      },
+  });
+  ends.back().get();
+  ends.pop_back();
+  for (auto& end : ends) {
+    const RoundEnd e = end.get();
+    EXPECT_EQ(e.kind, Kind::Finished);
+    EXPECT_EQ(e.node, "n2");  // the last to finish ends the round
+  }
+  EXPECT_EQ(elapsedSince(start), 1min);
 }
 
 }  // namespace
