@@ -23,7 +23,8 @@
 //                      was lost adds twice); a member whose ADD reaches the round's size, and who
 //                      finds every member's mark, sets end = Finished
 //   r/R/spares         agents waiting for a place while round R runs at its maximum
-//   lost/NAME          set by the store when the lease of node NAME lapsed or dropped
+//   lost/NAME          set by the store when the lease of node NAME lapsed or dropped: the id of
+//                      the agent that held it (one that comes back alive is no lost node)
 //   stop               the RoundEnd of a deliberate stop of the whole job (first writer wins);
 //                      the stopper also sets the newest round's end, and its closed = "stop"
 //                      so agents still waiting for that round to close wake up

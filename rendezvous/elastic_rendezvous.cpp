@@ -180,7 +180,9 @@ JoinResult ElasticImpl::join(Clock::time_point deadline) {
       firstLook_ ? *std::exchange(firstLook_, std::nullopt)
                  : lease_->peek({keys_.stop(), keys_.lost(options_.self.name), keys_.current()});
   if (!found[0].empty()) return elastic::decodeRoundEnd(found[0]);  // stopped on purpose
-  if (options_.refuseLostNodes && !found[1].empty())
+  // The mark names the agent whose lease lapsed: this very agent was only slow (a stall of the
+  // store or of this node lapses a live agent's lease too), and is taken back.
+  if (options_.refuseLostNodes && !found[1].empty() && found[1] != memberId_)
     throw ConfigError("node " + options_.self.name + " was lost earlier in job '" + options_.runId +
                       "' and is not taken back: its place went to another node");
   int round;
@@ -254,7 +256,7 @@ ElasticImpl::Step ElasticImpl::tryRound(int round, Clock::time_point deadline) {
       elastic::encode(record), options_.leaseTtl,
       {{keys_.closed(round), std::string(elastic::kAborted)},
        {keys_.end(round), elastic::encode(lost)},
-       {keys_.lost(record.name), "1"}}));
+       {keys_.lost(record.name), memberId_}}));
   const bool candidate = index <= options_.maxNodes;
   const auto arrival = now();
   const bool canClose = candidate && index >= options_.minNodes;

@@ -372,5 +372,25 @@ TEST_F(ElasticRoundsTest, ASuccessReportMadeAgainAfterItsReplyWasLostCountsOnce)
   EXPECT_EQ(elapsedSince(start), 1min);
 }
 
+// A store stalled past the lease TTL lapses every node's lease, and marks each node lost. Where
+// lost nodes are not taken back (Slurm), the nodes, alive all along, still meet again: only a
+// node that died is refused
+// (ElasticRendezvousTest.ALostNodeIsRefusedWhereLostNodesAreNotTakenBack).
+TEST_F(ElasticRoundsTest, AStallPastTheLeaseTtlRefusesNoLiveNodeWhereLostNodesAreNotTakenBack) {
+  ElasticOptions o = options(2, 2);
+  o.refuseLostNodes = true;
+  auto a = agent(o, "n0"), b = agent(o, "n1");
+  formRound({a.get(), b.get()});
+  // Nobody's request is answered for two leases' lives, as through a stall of the store.
+  auto stall = together<bool>(
+      {[&] { return MemoryStore(server_).waitFor({"the stall's end"}, 2 * o.leaseTtl); }});
+  EXPECT_FALSE(stall[0].get());
+  const elastic::Keys keys("job");
+  EXPECT_TRUE(MemoryStore(server_).check({keys.lost("n0"), keys.lost("n1")}));
+  auto ends = together<RoundEnd>({[&] { return a->awaitEnd(); }, [&] { return b->awaitEnd(); }});
+  for (auto& end : ends) EXPECT_EQ(end.get().kind, Kind::NodeLost);
+  for (const World& w : formRound({a.get(), b.get()})) EXPECT_EQ(w.round, 1);
+}
+
 }  // namespace
 }  // namespace dlrun::rendezvous
