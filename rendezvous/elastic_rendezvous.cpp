@@ -158,13 +158,16 @@ JoinResult ElasticImpl::next() {
   }
   while (true) {
     joiningRound_ = -1;
-    const auto tried = now();
+    answered_ = now();
     try {
       return join(deadline);
+    } catch (const JoinTimedOut&) {
+      throw;
     } catch (const Error& e) {
-      // The join timeout's own error, or a store away past the join timeout, ends it.
-      if (!isOutage(e) || now() >= deadline) throw;
-      rideOut(e, tried, "this node's join waits");
+      // Past the join timeout too: a spare waits as long as the job runs, and a join that ends
+      // below the minimum times out once the store answers again.
+      if (!isOutage(e)) throw;
+      rideOut(e, answered_, "this node's join waits");
       if (joiningRound_ >= 0) {
         restoreIfReset(joiningRound_ + 1);
         abandonJoin(joiningRound_);
@@ -230,7 +233,9 @@ int ElasticImpl::targetSize(int round) const {
 }
 
 bool ElasticImpl::waitChunk(const std::string& key) {
-  return lease_->waitFor({key}, options_.heartbeat);
+  const bool set = lease_->waitFor({key}, options_.heartbeat);
+  answered_ = now();
+  return set;
 }
 
 ElasticImpl::Step ElasticImpl::tryRound(int round, Clock::time_point deadline) {
@@ -268,7 +273,7 @@ ElasticImpl::Step ElasticImpl::tryRound(int round, Clock::time_point deadline) {
     if (canClose && now() - arrival >= options_.lastCall) {
       texts = closeRound(round, index);
     } else if (now() >= deadline) {
-      const TimeoutError error = timedOut(round);
+      const JoinTimedOut error = timedOut(round);
       if (candidate) lease_->deleteKey(keys_.node(round, index));
       throw error;
     } else if (!canClose) {
@@ -476,7 +481,7 @@ RoundEnd ElasticImpl::awaitEnd() {
   }
 }
 
-TimeoutError ElasticImpl::timedOut(int round) {
+JoinTimedOut ElasticImpl::timedOut(int round) {
   // Said before this node's record goes, so a node that gives up at the same moment finds it
   // in one list or the other.
   lease_->append(keys_.gaveUp(round), elastic::nodeName(options_.self) + "\n");
@@ -508,7 +513,7 @@ TimeoutError ElasticImpl::timedOut(int round) {
   const auto missing = missingNodes(expected, came);
   for (size_t i = 0; i < missing.size(); ++i)
     message += (i == 0 ? "; nodes that did not come back: " : ", ") + missing[i];
-  return TimeoutError(message);
+  return JoinTimedOut(message);
 }
 
 void ElasticImpl::interrupt() {

@@ -15,6 +15,12 @@
 
 namespace dlrun::rendezvous::detail {
 
+// The join timeout's own error: it ends a join, where a store's TimeoutError is an outage.
+class JoinTimedOut : public TimeoutError {
+ public:
+  using TimeoutError::TimeoutError;
+};
+
 class ElasticImpl {
  public:
   explicit ElasticImpl(ElasticOptions options);
@@ -115,7 +121,7 @@ class ElasticImpl {
   Step afterLateArrival(int round, int members);
   RoundEnd readEnd(int round);
   // The join timeout's error, naming the last round's members that did not come back.
-  TimeoutError timedOut(int round);
+  JoinTimedOut timedOut(int round);
   int spares(int round);
   int targetSize(int round) const;
   void advanceCurrent(int toRound);
@@ -157,6 +163,9 @@ class ElasticImpl {
   bool interrupted_ = false;
   std::condition_variable interruptedCv_;  // rideOut()'s pauses end at interrupt()
   int joiningRound_ = -1;                  // the round join() tries (-1: none yet)
+  // The store's last answer to a join's wait: an outage that cuts the join counts from it, not
+  // from the join's start (a spare waits as long as the job runs).
+  Clock::time_point answered_{};
   // This node gave up on its round through an outage: the next join() ends it, should another
   // member still be in it.
   bool endOwnRound_ = false;

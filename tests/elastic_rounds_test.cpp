@@ -23,6 +23,7 @@ using Kind = RoundEnd::Kind;
 
 // What goes wrong on a FaultyStore's connections, shared by every connection of one agent.
 struct Faults {
+  std::atomic<int> unanswered{0};          // the next waits and reads fail, as with a store away
   std::atomic<bool> loseDoneReply{false};  // the next ADD to a round's done applies, unanswered
 };
 
@@ -37,8 +38,21 @@ class FaultyStore : public MemoryStore {
       throw NetworkError("the store's reply was lost");
     return value;
   }
+  bool waitFor(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override {
+    away();
+    return MemoryStore::waitFor(keys, timeout);
+  }
+  std::vector<std::string> peek(const std::vector<std::string>& keys) override {
+    away();
+    return MemoryStore::peek(keys);
+  }
 
  private:
+  void away() {
+    for (int left = faults_->unanswered; left > 0;)
+      if (faults_->unanswered.compare_exchange_weak(left, left - 1))
+        throw NetworkError("the store does not answer");
+  }
   std::shared_ptr<Faults> faults_;
 };
 
@@ -370,6 +384,38 @@ TEST_F(ElasticRoundsTest, ASuccessReportMadeAgainAfterItsReplyWasLostCountsOnce)
     EXPECT_EQ(e.node, "n2");  // the last to finish ends the round
   }
   EXPECT_EQ(elapsedSince(start), 1min);
+}
+
+// A spare waits as long as the job runs, past its join timeout; a store outage then is ridden
+// out, counted from the store's last answer, and the spare still learns how the job ended.
+TEST_F(ElasticRoundsTest, ASparePastItsJoinTimeoutRidesOutAStoreOutage) {
+  const ElasticOptions o = options(1, 2);
+  auto faults = std::make_shared<Faults>();
+  auto a = agent(o, "n0"), b = agent(o, "n1"), spare = agent(faulty(o, faults), "n2");
+  formRound({a.get(), b.get()});
+  auto runs = together<std::string>({
+      [&] { return a->awaitEnd().describe(); },
+      [&] { return b->awaitEnd().describe(); },
+      [&]() -> std::string {
+        try {
+          const JoinResult result = spare->next();
+          const auto* end = std::get_if<RoundEnd>(&result);
+          return end ? end->describe() : "a place";
+        } catch (const Error& e) {
+          return e.what();
+        }
+      },
+      [&]() -> std::string {
+        MemoryStore view(server_);
+        EXPECT_TRUE(view.waitFor({elastic::Keys("job").spares(0)}, 1h));
+        EXPECT_FALSE(view.waitFor({"the spare's join timeout"}, o.joinTimeout + 1min));
+        faults->unanswered = 3;  // the store stops answering the spare for three calls
+        a->reportSuccess();
+        b->reportSuccess();
+        return "every worker finished";
+      },
+  });
+  for (auto& run : runs) EXPECT_EQ(run.get(), "every worker finished");
 }
 
 // A store stalled past the lease TTL lapses every node's lease, and marks each node lost. Where
