@@ -123,13 +123,18 @@ std::string RdzvSettings::*etcdText(const std::string& key) {
 RdzvSettings parseRdzvSettings(const std::map<std::string, std::string>& conf) {
   RdzvSettings settings;
   auto seconds = [](const std::string& key, const std::string& text) {
+    double value = 0;
+    size_t used = 0;
     try {
-      size_t used = 0;
-      const double value = std::stod(text, &used);
-      if (used == text.size() && value > 0 && value <= 86'400)
-        return std::chrono::milliseconds(static_cast<int64_t>(value * 1000));
+      value = std::stod(text, &used);
     } catch (const std::exception&) {
     }
+    // Under a millisecond it would be 0 ms, and the rendezvous would spin on waits of 0 ms.
+    if (used == text.size() && value > 0 && value < 0.001)
+      throw ConfigError("--rdzv-conf: " + key + "=" + text +
+                        " is under a millisecond: give at least 0.001 (seconds)");
+    if (used == text.size() && value > 0 && value <= 86'400)
+      return std::chrono::milliseconds(static_cast<int64_t>(value * 1000));
     throw ConfigError("--rdzv-conf: " + key + "=" + text +
                       " is not a number of seconds above 0 and at most 86400");
   };

@@ -89,7 +89,7 @@ void ElasticImpl::connect(Clock::time_point deadline) {
       // A server that is not a store, or a broken one, will not become one by waiting.
       if (!isOutage(e)) throw;
       const auto at = now();
-      if (reconnect_) refusals.note(e, at, options_.leaseTtl, storeName());
+      if (reconnect_) refusals.note(e, at, options_.leaseTtl, storeName(), "this node gives up");
       std::lock_guard lock(connectionMutex_);
       if (interrupted_ || at >= deadline)
         throw NetworkError("cannot reach the rendezvous store at " + storeName() + ": " + e.what());
@@ -167,7 +167,7 @@ JoinResult ElasticImpl::next() {
       // Past the join timeout too: a spare waits as long as the job runs, and a join that ends
       // below the minimum times out once the store answers again.
       if (!isOutage(e)) throw;
-      rideOut(e, answered_, "this node's join waits");
+      rideOut(e, answered_, "this node's join waits", "this node gives up its join");
       if (joiningRound_ >= 0) {
         restoreIfReset(joiningRound_ + 1);
         abandonJoin(joiningRound_);
@@ -469,7 +469,8 @@ RoundEnd ElasticImpl::awaitEnd() {
     } catch (const Error& e) {
       if (!isOutage(e)) throw;
       try {
-        rideOut(e, last, "the workers keep running");
+        rideOut(e, last, "the workers keep running",
+                "the round ends: this node stops its workers and reconnects");
         wasAway = true;
       } catch (const Error& gone) {
         if (!isOutage(gone)) throw;

@@ -42,16 +42,17 @@ class ElasticImpl {
   // on `meanwhile`, one when it came back), opening a new connection where the failed one died
   // with its lease. Throws NetworkError once the store was away for storeOutage since its last
   // answer (`since`), or refused connections for a lease's TTL (the agent that served it has
-  // exited), or on interrupt().
-  void rideOut(const Error& failure, Clock::time_point since, const std::string& meanwhile);
+  // exited: its message ends with `onGone`, what the caller does then), or on interrupt().
+  void rideOut(const Error& failure, Clock::time_point since, const std::string& meanwhile,
+               const std::string& onGone);
   // After a loss, a store that refuses connections (rather than a network that drops them) for
   // a lease's life is gone for good: the agent that served it has exited, and its keys with it.
   class Refusals {
    public:
     // Notes a try that failed at `at`; throws NetworkError naming `store` once every try was
-    // refused for `ttl`.
+    // refused for `ttl`, its message ending with `then`: what this node does next.
     void note(const Error& failure, Clock::time_point at, Clock::duration ttl,
-              const std::string& store);
+              const std::string& store, const std::string& then);
 
    private:
     bool refusing_ = false;  // every try since since_ was refused

@@ -26,14 +26,14 @@ std::string seconds(Clock::duration elapsed) {
 }  // namespace
 
 void ElasticImpl::Refusals::note(const Error& failure, Clock::time_point at, Clock::duration ttl,
-                                 const std::string& store) {
+                                 const std::string& store, const std::string& then) {
   const bool refused = dynamic_cast<const ConnectionRefused*>(&failure) != nullptr;
   if (refused && !refusing_) since_ = at;
   refusing_ = refused;
   if (refusing_ && at - since_ >= ttl)
     throw NetworkError("the rendezvous store at " + store +
-                       " is gone (connection refused): the agent that served it has exited, "
-                       "so this job cannot go on");
+                       " is gone (connection refused): the agent that served it has exited; " +
+                       then);
 }
 
 bool ElasticImpl::isOutage(const Error& error) {
@@ -50,7 +50,7 @@ void ElasticImpl::reopen() {
 }
 
 void ElasticImpl::rideOut(const Error& failure, Clock::time_point since,
-                          const std::string& meanwhile) {
+                          const std::string& meanwhile, const std::string& onGone) {
   {
     std::lock_guard lock(connectionMutex_);  // interrupt() cut the call: no outage
     if (interrupted_) throw NetworkError("the rendezvous was interrupted");
@@ -78,7 +78,7 @@ void ElasticImpl::rideOut(const Error& failure, Clock::time_point since,
       // A store stopped (SIGSTOP) or overloaded accepts and says nothing: it was a store.
       if (!isOutage(e) && !dynamic_cast<const NotAStoreError*>(&e)) throw;
       const auto at = now();
-      refusals.note(e, at, options_.leaseTtl, storeName());
+      refusals.note(e, at, options_.leaseTtl, storeName(), onGone);
       if (at - since >= options_.storeOutage)
         throw NetworkError("the rendezvous store at " + storeName() + " did not answer for " +
                            seconds(at - since) + " s (store_outage_timeout): " + e.what());

@@ -323,6 +323,20 @@ TEST_F(ElasticRendezvousTest, AStoreBackEmptyAfterTheOutageTimeoutGetsTheJobsKey
   EXPECT_THROW(ElasticRendezvous{options(2, 3)}, ConfigError);  // another --nnodes
 }
 
+// A store that refuses connections for a lease's life is gone: the round ends, and the line says
+// what this node does then (it stops its workers and reconnects), not that the job is over.
+TEST_F(ElasticRendezvousTest, AStoreGoneForGoodEndsTheRoundAndTheNodeSaysItReconnects) {
+  auto a = agents(2, options(2, 2));
+  formRound(a);
+  server_.reset();  // nothing listens at its port any more
+  const RoundEnd end = a[0]->awaitEnd();
+  EXPECT_EQ(end.kind, Kind::StoreLost);
+  const std::string line = end.describe();
+  EXPECT_NE(line.find("is gone (connection refused)"), std::string::npos) << line;
+  EXPECT_NE(line.find("reconnects"), std::string::npos) << line;
+  EXPECT_EQ(line.find("cannot go on"), std::string::npos) << line;
+}
+
 TEST_F(ElasticRendezvousTest, InterruptUnblocksAWaitingJoin) {
   ElasticRendezvous alone(options(2, 2));
   auto join = joinLater(alone);

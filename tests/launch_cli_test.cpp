@@ -1113,6 +1113,21 @@ TEST(ParseRdzvSettings, TimeoutsArePositiveSecondsAndTheRefusalSaysSo) {
   }
 }
 
+// Under a millisecond a setting would be 0 ms, and the rendezvous would spin on it.
+TEST(ParseRdzvSettings, ASettingUnderAMillisecondIsRefusedInOneLine) {
+  for (const char* key : {"join_timeout", "last_call_timeout", "keep_alive_interval",
+                          "heartbeat_timeout", "store_outage_timeout"}) {
+    SCOPED_TRACE(key);
+    EXPECT_EQ(configError([&] {
+                parseRdzvSettings({{key, "0.0004"}});
+              }),
+              std::string("--rdzv-conf: ") + key +
+                  "=0.0004 is under a millisecond: give at least 0.001 (seconds)");
+  }
+  EXPECT_EQ(parseRdzvSettings({{"keep_alive_interval", "0.001"}}).heartbeat,
+            std::chrono::milliseconds(1));
+}
+
 TEST(ParseRdzvSettings, JobTtlIsWholeSecondsAnHourByDefault) {
   EXPECT_EQ(parseRdzvSettings({}).jobTtl, std::chrono::hours(1));
   EXPECT_EQ(parseRdzvSettings({{"job_ttl", "5"}}).jobTtl, std::chrono::seconds(5));
