@@ -1,9 +1,12 @@
 // The store proxy (store_proxy.h) between real clients and a real store server: every op
 // through it as straight to the store, ADDs coalesced into distinct values, WAITs coalesced
-// into one at the store, CANCEL_WAIT, blocking pops, and the clients closed when the store goes.
+// into one at the store, CANCEL_WAIT, blocking pops, the clients closed when the store goes, and
+// no socket inherited by a program executed meanwhile.
 #include "store/store_proxy.h"
 
 #include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <future>
 #include <set>
@@ -355,6 +358,21 @@ TEST_F(StoreProxyTest, WhenTheStoreGoesEveryClientIsClosed) {
   ASSERT_TRUE(eventually([&] { return storeOps(Op::GroupWait) == 1; }));
   store.reset();
   EXPECT_TRUE(raw.closedByServer());
+}
+
+// Every socket the proxy opens is close-on-exec: a program the agent executes (a worker)
+// inherits none, its connection to the store included.
+TEST_F(StoreProxyTest, AProgramExecutedMeanwhileInheritsNoSocket) {
+  TcpStore worker = client();
+  EXPECT_EQ(worker.add("n", 1), 1);  // the proxy's connection to the store is open now
+  const pid_t child = ::fork();
+  if (child == 0) {
+    ::execl("/bin/sh", "sh", "-c", "! ls -l /proc/self/fd | grep -q 'socket:'", nullptr);
+    ::_exit(127);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "a socket was inherited";
 }
 
 }  // namespace
