@@ -302,8 +302,8 @@ void AgentImpl::startAttempt(const rendezvous::World& world) {
   if (!awaitingZygote_) startSome(attempt_);  // else once it is ready (onZygoteSettled)
 }
 
-void AgentImpl::onWorkerExit(Worker& w, ExitStatus status) {
-  w.exited(status);
+void AgentImpl::onWorkerExit(Worker& w, ExitStatus status, int groupFd) {
+  w.exited(status, groupFd);
   --live_;
   if (!isService(w.localRank())) --liveEnding_;
   for (const auto& observer : observers_) observer->onWorkerExited(status.shellCode());

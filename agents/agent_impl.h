@@ -49,7 +49,7 @@ class AgentImpl {
   void onRendezvousError(int code, const std::string& message);
   void endOfRound();
   void startAttempt(const rendezvous::World& world);
-  void onWorkerExit(Worker& w, ExitStatus status);
+  void onWorkerExit(Worker& w, ExitStatus status, int groupFd);
   void onSucceeded();
   void reportFailure(const Worker& w);
   void watchForHangs();

@@ -8,6 +8,7 @@
 
 #include "agents/agent_impl.h"
 #include "common/host_port.h"
+#include "common/listen.h"
 #include "common/log.h"
 #include "common/signal_name.h"
 #include "store/tcp_store.h"
@@ -54,9 +55,11 @@ void AgentImpl::watchStoreHost() {
   // The store's own port: the attempt's closes when another node opens the next attempt's,
   // which says nothing of the node.
   const std::string what = joinHostPort(world_.masterAddr, world_.storePort);
+  const asio::ip::tcp::endpoint at(address, world_.storePort);
+  // Where this fails, async_connect opens the socket itself and reports the same failure.
+  [[maybe_unused]] const auto opened = openCloseOnExec(*storeHost_, at.protocol());
   storeHost_->async_connect(
-      {address, world_.storePort},
-      [this, attempt = attempt_, what](const boost::system::error_code& error) {
+      at, [this, attempt = attempt_, what](const boost::system::error_code& error) {
         // Never watched (the lease still is), or stopped meanwhile (stop() let go of it).
         if (error || attempt != attempt_ || !storeHost_) return;
         storeHost_->async_read_some(

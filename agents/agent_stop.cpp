@@ -2,6 +2,8 @@
 // then the end that the stop or the round decides; finishing the agent.
 #include <signal.h>
 
+#include <utility>
+
 #include "agents/agent_impl.h"
 #include "common/log.h"
 
@@ -11,12 +13,15 @@ void AgentImpl::signalWorkers(int sig) {
   for (const auto& w : workers_) w->signal(sig);
 }
 
+// A stop while stopping (a signal after a worker's failure, the control plane's stop) signals
+// again but keeps the first stop's deadline: no stop buys the workers a new grace period.
 void AgentImpl::stop(int sig) {
-  state_ = State::Stopping;
+  const bool stopping = std::exchange(state_, State::Stopping) == State::Stopping;
   if (storeHost_) storeHost_.reset();
   if (hang_) hang_->unwatch();
   signalWorkers(sig);
   if (liveWorkers() == 0) return onStopped();
+  if (stopping) return;
   stopTimer_.expires_after(options_.stopTimeout);
   stopTimer_.async_wait([this](const boost::system::error_code& ec) {
     if (ec) return;

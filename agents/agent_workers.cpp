@@ -264,16 +264,17 @@ WorkerLaunch AgentImpl::launchOf(const fs::path& attemptDir, int local) {
 }
 
 void AgentImpl::reap() {
-  int status = 0;
-  pid_t pid;
   bool exited = false;
-  while ((pid = ::waitpid(-1, &status, WNOHANG)) > 0) {
-    if (zygote_ && zygote_->reaped(pid, ExitStatus::fromWaitStatus(status))) continue;
+  // A worker's pidfd is kept past its reap, for killLeftovers (Worker::killGroup).
+  auto isWorker = [this](pid_t pid) {
     auto it = byPid_.find(pid);
-    if (it != byPid_.end() && it->second->alive()) {
-      onWorkerExit(*it->second, ExitStatus::fromWaitStatus(status));
-      exited = true;
-    }
+    return it != byPid_.end() && it->second->alive();
+  };
+  while (const auto child = reapChild(isWorker)) {
+    if (zygote_ && zygote_->reaped(child->pid, child->status)) continue;
+    if (!isWorker(child->pid)) continue;  // a descendant re-parented here
+    onWorkerExit(*byPid_.at(child->pid), child->status, child->groupFd);
+    exited = true;
   }
   // One node state for all the exits one SIGCHLD brings (thousands at a job's end), not one
   // each; a finished agent has published its last already.

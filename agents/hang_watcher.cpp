@@ -170,12 +170,14 @@ void HangWatcher::collect(Collect what, std::function<void()> done) {
     targets.push_back({w.pid, w.rank, stackDir() / ("rank_" + std::to_string(w.rank) + ".txt")});
   const double timeout = toSeconds(options_.timeout);
   // A thread: the debuggers and the other nodes' reports are waited for. It lives until the
-  // tools it starts are done (their death signal is tied to it).
+  // tools it starts are done (their death signal is tied to it). It gets this round's folder
+  // and hook by copy: prepareRound() may set up the next round's meanwhile.
   collector_ = std::thread([this, reports = std::move(reports), targets = std::move(targets), what,
-                            timeout, done = std::move(done)]() mutable {
+                            timeout, stacks = stackDir(), hook = pythonHook_.get(),
+                            done = std::move(done)]() mutable {
     try {
-      fs::create_directories(stackDir());
-      const auto dumps = dumpStacks(targets, pythonHook_.get(), kStackTimeout);
+      fs::create_directories(stacks);
+      const auto dumps = dumpStacks(targets, hook, kStackTimeout);
       for (size_t i = 0; i < dumps.size(); ++i) {
         RankReport& r = reports[i];
         r.stackFile = targets[i].outFile.string();

@@ -5,13 +5,17 @@
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <memory>
 #include <mutex>
 #include <utility>
@@ -267,6 +271,68 @@ ExitStatus ExitStatus::fromWaitStatus(int status) {
 
 std::string ExitStatus::describe() const {
   return signaled ? "signal " + signalName(value) : "exit code " + std::to_string(value);
+}
+
+std::optional<ReapedChild> reapChild(const std::function<bool(pid_t)>& holdGroup) {
+  for (;;) {
+    siginfo_t info{};
+    // WNOWAIT: the child stays a zombie, its number its own, until it is reaped below.
+    if (::waitid(P_ALL, 0, &info, WEXITED | WNOHANG | WNOWAIT) != 0 || info.si_pid == 0)
+      return std::nullopt;
+    ReapedChild child{.pid = info.si_pid};
+    if (holdGroup(child.pid))
+      child.groupFd = static_cast<int>(::syscall(SYS_pidfd_open, child.pid, 0));
+    int status = 0;
+    if (::waitpid(child.pid, &status, WNOHANG) == child.pid) {
+      child.status = ExitStatus::fromWaitStatus(status);
+      return child;
+    }
+    // Reaped meanwhile through its own pidfd on another thread (a stack tool, stack_dump.h).
+    if (child.groupFd >= 0) ::close(child.groupFd);
+  }
+}
+
+namespace {
+
+// Linux 6.9's flag of pidfd_send_signal (glibc's headers may predate it).
+constexpr unsigned kSignalProcessGroup = 1U << 2;
+
+// Whether /proc shows a process of this number, and a member of group `group` that is this
+// process's child.
+struct GroupSighting {
+  bool numberTaken = false;
+  bool childMember = false;
+};
+
+GroupSighting sightGroup(pid_t group) {
+  GroupSighting seen;
+  const pid_t self = ::getpid();
+  std::error_code ec;
+  seen.numberTaken = std::filesystem::exists("/proc/" + std::to_string(group), ec);
+  for (const auto& entry : std::filesystem::directory_iterator("/proc", ec)) {
+    std::ifstream stat(entry.path() / "stat");
+    std::string text;
+    if (!stat || !std::getline(stat, text)) continue;
+    // "pid (comm) state ppid pgrp ...": comm may hold anything, so read after its last ')'.
+    const size_t end = text.rfind(')');
+    if (end == std::string::npos) continue;
+    char state = 0;
+    long ppid = 0, pgrp = 0;
+    if (std::sscanf(text.c_str() + end + 1, " %c %ld %ld", &state, &ppid, &pgrp) != 3) continue;
+    if (pgrp == group && ppid == self) seen.childMember = true;
+  }
+  return seen;
+}
+
+}  // namespace
+
+void signalReapedGroup(int groupFd, pid_t group, int sig) {
+  if (groupFd >= 0 &&
+      ::syscall(SYS_pidfd_send_signal, groupFd, sig, nullptr, kSignalProcessGroup) == 0)
+    return;
+  if (groupFd >= 0 && errno == ESRCH) return;  // nothing of the group is left
+  const GroupSighting seen = sightGroup(group);
+  if (seen.childMember && !seen.numberTaken) ::kill(-group, sig);
 }
 
 void becomeSubreaper() {

@@ -14,6 +14,8 @@
 
 #include <sys/types.h>
 
+#include <functional>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -60,6 +62,27 @@ struct ExitStatus {
   int shellCode() const { return signaled ? 128 + value : value; }  // as a shell reports it
   std::string describe() const;  // "exit code 3" or "signal SIGKILL"
 };
+
+// A child that ended, reaped by reapChild.
+struct ReapedChild {
+  pid_t pid = -1;
+  ExitStatus status;
+  int groupFd = -1;  // its pidfd where asked for (close-on-exec); the caller closes it
+};
+
+// Reaps one child that ended, without blocking; nullopt when none has. For a child that
+// `holdGroup` picks (a process group's leader), a pidfd is opened first, while the child is a
+// zombie whose number no new process can take: once reaped and its group empty, that number is
+// free, and only the pidfd still names the group (signalReapedGroup).
+std::optional<ReapedChild> reapChild(const std::function<bool(pid_t)>& holdGroup);
+
+// Sends `sig` to what is left of the process group whose leader `group` was reaped (`groupFd`:
+// its pidfd from reapChild, or -1), never to a later group that took its number. Linux 6.9's
+// PIDFD_SIGNAL_PROCESS_GROUP signals the group the pidfd names. Before it, the number is
+// signalled only while a member is this process's child (an orphan of the group, re-parented
+// to this subreaper: it holds the number until reaped here) and no process has that number (it
+// would lead a new group).
+void signalReapedGroup(int groupFd, pid_t group, int sig);
 
 // Makes this process a child subreaper: orphaned descendants are reparented to it and reaped.
 void becomeSubreaper();

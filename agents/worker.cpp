@@ -105,9 +105,14 @@ std::unique_ptr<Worker> Worker::start(boost::asio::io_context& io, WorkerLaunch 
   return w;
 }
 
-void Worker::exited(ExitStatus status) {
+Worker::~Worker() {
+  if (groupFd_ >= 0) ::close(groupFd_);
+}
+
+void Worker::exited(ExitStatus status, int groupFd) {
   state_ = State::Exited;
   status_ = status;
+  groupFd_ = groupFd;
   if (out_) out_->drain();
   err_->drain();
 }
@@ -116,9 +121,13 @@ void Worker::signal(int sig) const {
   if (alive()) ::kill(-pid_, sig);
 }
 
+// Unreaped, the worker holds its group's number; reaped, only its pidfd names the group.
 void Worker::killGroup() {
   if (std::exchange(groupKilled_, true)) return;
-  ::kill(-pid_, SIGKILL);
+  if (alive())
+    ::kill(-pid_, SIGKILL);
+  else
+    signalReapedGroup(groupFd_, pid_, SIGKILL);
 }
 
 }  // namespace dlrun::agents

@@ -74,13 +74,16 @@ class Worker {
   // and log files.
   static int descriptors(const WorkerOutput& output);
 
-  // The process was reaped: reads what its pipes still hold and closes them.
-  void exited(ExitStatus status);
+  ~Worker();
+
+  // The process was reaped: reads what its pipes still hold and closes them. `groupFd`, its
+  // pidfd from reapChild (or -1), is kept: it names the worker's group past the reap.
+  void exited(ExitStatus status, int groupFd = -1);
 
   // To the worker's process group while it runs.
   void signal(int sig) const;
   // SIGKILL to the process group, whether or not the worker itself is gone: its children may
-  // outlive it. Once only: a group found empty may take a new process's number later.
+  // outlive it. Once reaped, the group's number may be another's (signalReapedGroup); once only.
   void killGroup();
 
   State state() const { return state_; }
@@ -104,6 +107,7 @@ class Worker {
   State state_ = State::Running;
   bool groupKilled_ = false;
   pid_t pid_ = -1;
+  int groupFd_ = -1;  // from exited()
   ExitStatus status_;
   std::unique_ptr<StreamPump> out_, err_;
 };

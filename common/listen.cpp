@@ -1,6 +1,5 @@
 #include "common/listen.h"
 
-#include <fcntl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -17,17 +16,31 @@ using asio::ip::tcp;
 using boost::system::error_code;
 
 namespace {
-void keepFromChildren(int fd) { ::fcntl(fd, F_SETFD, ::fcntl(fd, F_GETFD) | FD_CLOEXEC); }
+template <typename Socket>
+error_code openNatively(Socket& socket, const tcp& protocol) {
+  const int fd = ::socket(protocol.family(), SOCK_STREAM | SOCK_CLOEXEC, protocol.protocol());
+  if (fd < 0) return {errno, boost::system::system_category()};
+  error_code ec;
+  socket.assign(protocol, fd, ec);
+  if (ec) ::close(fd);
+  return ec;
+}
 }  // namespace
 
+error_code openCloseOnExec(tcp::acceptor& socket, const tcp& protocol) {
+  return openNatively(socket, protocol);
+}
+
+error_code openCloseOnExec(tcp::socket& socket, const tcp& protocol) {
+  return openNatively(socket, protocol);
+}
+
 error_code openListener(tcp::acceptor& acceptor, const tcp::endpoint& at, int backlog) {
-  error_code ec;
-  acceptor.open(at.protocol(), ec);
+  error_code ec = openCloseOnExec(acceptor, at.protocol());
   if (!ec) acceptor.set_option(tcp::acceptor::reuse_address(true), ec);
   if (!ec && at.address().is_v6()) acceptor.set_option(asio::ip::v6_only(false), ec);
   if (!ec) acceptor.bind(at, ec);
   if (!ec) acceptor.listen(backlog, ec);
-  if (!ec) keepFromChildren(acceptor.native_handle());
   return ec;
 }
 

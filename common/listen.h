@@ -1,5 +1,6 @@
 // How every dlrun server takes a TCP port and accepts on it (the store, --metrics-port, the
-// liveness port, the parameter server): one listen sequence, one accept loop with one stop.
+// liveness port, the parameter server): one listen sequence, one accept loop with one stop;
+// and how every socket is opened close-on-exec.
 #pragma once
 
 #include <functional>
@@ -15,6 +16,14 @@ namespace dlrun {
 // the step that failed, for a caller that words its own message.
 boost::system::error_code openListener(boost::asio::ip::tcp::acceptor& acceptor,
                                        const boost::asio::ip::tcp::endpoint& at, int backlog);
+
+// Opens `socket` for `protocol`, close-on-exec from the start: Asio's open() (and so its
+// async_connect on a closed socket) leaves a descriptor every program this process executes
+// inherits, the agent's workers among them.
+boost::system::error_code openCloseOnExec(boost::asio::ip::tcp::acceptor& socket,
+                                          const boost::asio::ip::tcp& protocol);
+boost::system::error_code openCloseOnExec(boost::asio::ip::tcp::socket& socket,
+                                          const boost::asio::ip::tcp& protocol);
 
 // The same on a new acceptor; throws NetworkError "cannot listen on WHAT: REASON".
 boost::asio::ip::tcp::acceptor listenOn(

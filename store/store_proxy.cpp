@@ -119,6 +119,7 @@ Cancel ProxyImpl::wait(wire::Era, std::string_view request, Take take, AfterNext
   const uint64_t member = nextMember_++;
   group->second.members.emplace(member, Member{std::move(take), std::move(afterNext)});
   if (fresh) {
+    group->second.serial = member;
     group->second.request =
         std::string(1, static_cast<char>(wire::encodeOp(wire::Era::V2, Op::GroupWait))) + id;
     sendGroupWait(id);
@@ -138,6 +139,7 @@ Cancel ProxyImpl::wait(wire::Era, std::string_view request, Take take, AfterNext
 void ProxyImpl::sendGroupWait(const std::string& id) {
   sendPostedAdds();
   WaitGroup& group = waits_.at(id);
+  group.covered = nextMember_;
   group.withdraw =
       shared(wire::Era::V2)->sendGroupWait(group.request, [this, id](std::string_view reply) {
         groupWoken(id, reply);
@@ -146,26 +148,62 @@ void ProxyImpl::sendGroupWait(const std::string& id) {
 
 // A QUEUE_PUSH woke the group (StopWaitingOne): its first client goes on; the others wait on
 // once that client's next request (its QUEUE_POP) has been answered, so they do not find the
-// item it is about to take and wake for nothing.
+// item it is about to take and wake for nothing. A write woke it (StopWaiting): every client
+// the wake covers goes on (releaseCovered).
 void ProxyImpl::groupWoken(const std::string& id, std::string_view reply) {
   auto it = waits_.find(id);
   if (it == waits_.end()) return;
-  it->second.withdraw = nullptr;  // the store's wait is over
-  const std::string stop(1, static_cast<char>(wire::WaitReply::StopWaiting));
-  if (reply[0] == static_cast<char>(wire::WaitReply::StopWaitingOne) &&
-      it->second.members.size() > 1) {
-    const Member first = std::move(it->second.members.begin()->second);
-    it->second.members.erase(it->second.members.begin());
-    first.take(stop);
+  WaitGroup& group = it->second;
+  group.withdraw = nullptr;  // the store's wait is over
+  if (reply[0] == static_cast<char>(wire::WaitReply::StopWaitingOne) && group.members.size() > 1) {
+    // A first that joined after the wait was sent may find the item taken: all ask again.
+    if (group.members.begin()->first >= group.covered) return sendGroupWait(id);
+    const Member first = std::move(group.members.begin()->second);
+    group.members.erase(group.members.begin());
+    first.take(std::string(1, static_cast<char>(wire::WaitReply::StopWaiting)));
     first.afterNext([this, id] {
       auto group = waits_.find(id);
-      if (group != waits_.end() && !group->second.withdraw) sendGroupWait(id);
+      if (group != waits_.end() && !group->second.withdraw && !group->second.checking)
+        sendGroupWait(id);
     });
     return;
   }
-  const std::map<uint64_t, Member> members = std::move(it->second.members);
-  waits_.erase(it);
-  for (const auto& [number, member] : members) member.take(stop);
+  releaseCovered(id);
+}
+
+// Releases the members the store's answer covers. Those that joined later may have joined
+// after the keys were deleted again (the wake was on its way): the store is asked for them.
+void ProxyImpl::releaseCovered(const std::string& id) {
+  auto it = waits_.find(id);
+  std::map<uint64_t, Member>& members = it->second.members;
+  auto late = members.lower_bound(it->second.covered);
+  std::map<uint64_t, Member> released(std::make_move_iterator(members.begin()),
+                                      std::make_move_iterator(late));
+  members.erase(members.begin(), late);
+  if (members.empty())
+    waits_.erase(it);
+  else
+    checkLate(id);
+  const std::string stop(1, static_cast<char>(wire::WaitReply::StopWaiting));
+  for (const auto& [number, member] : released) member.take(stop);
+}
+
+// Asks the store whether the keys exist now, for the members that joined after the last
+// answer was asked for: they go on if so, else the group waits again (with them covered).
+void ProxyImpl::checkLate(const std::string& id) {
+  WaitGroup& group = waits_.at(id);
+  group.checking = true;
+  group.covered = nextMember_;
+  const std::string check =
+      std::string(1, static_cast<char>(wire::encodeOp(wire::Era::V2, Op::Check))) + id;
+  forward(wire::Era::V2, check, Op::Check, 0,
+          [this, id, serial = group.serial](std::string_view reply) {
+            auto it = waits_.find(id);
+            if (it == waits_.end() || it->second.serial != serial) return;  // all gave up
+            it->second.checking = false;
+            if (reply[0] == static_cast<char>(wire::CheckReply::Ready)) return releaseCovered(id);
+            if (!it->second.withdraw) sendGroupWait(id);
+          });
 }
 
 void ProxyImpl::add(wire::Era era, std::string_view key, int64_t delta, Take take) {

@@ -152,6 +152,8 @@ class ProxyImpl : public std::enable_shared_from_this<ProxyImpl> {
   void drop(const std::shared_ptr<Upstream>& upstream);
   void sendGroupWait(const std::string& id);
   void groupWoken(const std::string& id, std::string_view reply);
+  void releaseCovered(const std::string& id);
+  void checkLate(const std::string& id);
   void sendAdds(const std::string& id);
   // Sends the ADDs held for the end of this loop turn (add()); every other request goes up
   // after them, so a client's requests reach the store in the order it sent them.
@@ -178,9 +180,14 @@ class ProxyImpl : public std::enable_shared_from_this<ProxyImpl> {
     AfterNext afterNext;
   };
   struct WaitGroup {
+    uint64_t serial = 0;                 // this group's own (a later one may take its keys)
     std::string request;                 // the GROUP_WAIT
     std::map<uint64_t, Member> members;  // in arrival order
     Cancel withdraw;                     // the store's GROUP_WAIT while it is out
+    bool checking = false;               // a CHECK of the keys is out (checkLate)
+    // Members numbered below it joined before the GROUP_WAIT or CHECK out was sent: its answer
+    // holds for them alone.
+    uint64_t covered = 0;
   };
   std::map<std::string, WaitGroup> waits_;  // by era and the WAIT's keys
   uint64_t nextMember_ = 0;

@@ -223,6 +223,8 @@ Upstream::Upstream(ProxyImpl& proxy, wire::Era era)
 void Upstream::start() {
   if (era_ == wire::Era::V2)
     wire::Encoder(outbox_.queued()).op(era_, Op::Validate).u32(wire::kValidationMagic);
+  // Where this fails, async_connect opens the socket itself and reports the same failure.
+  [[maybe_unused]] const error_code opened = openCloseOnExec(socket_, proxy_.upstream().protocol());
   socket_.async_connect(proxy_.upstream(), [self = shared_from_this()](const error_code& ec) {
     if (self->closed_) return;
     if (ec) return self->fail("cannot connect to the store: " + ec.message());

@@ -165,6 +165,7 @@ class StartMarks {
   ~StartMarks() { std::filesystem::remove_all(dir_); }
   // Shell code that marks this worker as started.
   std::string mark() const { return ": > " + dir_.string() + "/started_$LOCAL_RANK; "; }
+  const std::filesystem::path& dir() const { return dir_; }
   size_t count() const {
     return std::distance(std::filesystem::directory_iterator(dir_),
                          std::filesystem::directory_iterator());
@@ -339,6 +340,27 @@ TEST(AgentTest, ASignalAfterAStopElsewhereEndsWithThatStopAndReportsNone) {
             128 + SIGINT);
   EXPECT_TRUE(rendezvous.stops.empty());
   EXPECT_EQ(rendezvous.rounds(), 1);
+}
+
+// A stop while the workers stop (here the agent's SIGTERM after a worker's failure) keeps the
+// first stop's deadline: SIGKILL comes --stop-timeout after the first, not after the second.
+TEST(AgentTest, ASecondStopKeepsTheFirstStopsDeadline) {
+  FakeRendezvous rendezvous;
+  StartMarks marks;
+  AgentOptions options = shellOptions(
+      rendezvous,
+      // Rank 1 ignores SIGTERM; at the first it waits 2 s, then stops the agent itself. Rank 0
+      // fails once rank 1's trap is set.
+      "if [ \"$LOCAL_RANK\" = 0 ]; then until [ -e " + marks.dir().string() +
+          "/started_1 ]; do sleep 0.01; done; exit 1; fi; "
+          "n=0; trap 'n=$((n+1)); if [ $n = 1 ]; then sleep 2; kill -TERM $PPID; fi' TERM; " +
+          marks.mark() + "while :; do sleep 1; done");
+  options.stopTimeout = std::chrono::seconds(3);
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_EQ(Agent(options, rendezvous).run(), 128 + SIGTERM);
+  // Killed 3 s after the failure; a grace restarted by the second stop would end it after 5.
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(4500));
+  EXPECT_EQ(rendezvous.stops, std::vector<int>{SIGTERM});
 }
 
 TEST(AgentTest, ABadConfigurationInTheRendezvousExits2) {

@@ -1,9 +1,16 @@
 // The hang rules (agents/hang_watch.h) as pure functions: when a worker counts as hung, whom a
-// report suspects, and what the summary says.
+// report suspects, and what the summary says; and the watcher's collection (hang_watcher.h)
+// writing into the round it was asked for.
 #include "agents/hang_watch.h"
 
 #include <gtest/gtest.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdlib.h>
 
+#include <filesystem>
+
+#include "agents/hang_watcher.h"
 #include "common/error.h"
 
 namespace dlrun::agents {
@@ -103,6 +110,60 @@ TEST(HangSummary, ManyRanksAreCutShort) {
   for (int r = 0; r < 100; ++r) many.push_back(rank(r, 6.0, true));
   const std::string text = hangSummary(many, 5.0, 50, 50);
   EXPECT_NE(text.find("... and 83 more"), std::string::npos) << text;
+}
+
+// A rendezvous the collection below never needs (it shares nothing).
+class NoRendezvous : public rendezvous::Rendezvous {
+ public:
+  rendezvous::JoinResult next() override { throw Error("unused"); }
+  rendezvous::RoundEnd awaitEnd() override { throw Error("unused"); }
+  void reportFailure(rendezvous::RoundEnd) override {}
+  void reportSuccess() override {}
+  rendezvous::RoundEnd reportStop(int) override { throw Error("unused"); }
+  void reportLost(const std::string&) override {}
+  void shareHangReport(const std::string&) override {}
+  std::vector<std::string> gatherHangReports(std::chrono::milliseconds) override { return {}; }
+  void interrupt() override {}
+};
+
+// The next round may be set up while a collection runs (--hang-action=report): the collection
+// still writes into the round it was asked for. On one CPU, first in first out, the collection's
+// thread starts only once this one waits, after the next round is set up.
+TEST(HangWatcher, ACollectionWritesIntoItsOwnRoundWhileTheNextIsSetUp) {
+  cpu_set_t all, one;
+  ASSERT_EQ(::sched_getaffinity(0, sizeof all, &all), 0);
+  CPU_ZERO(&one);
+  CPU_SET(::sched_getcpu(), &one);
+  ASSERT_EQ(::sched_setaffinity(0, sizeof one, &one), 0);
+  sched_param fifo{.sched_priority = 1}, old{};
+  int oldPolicy = 0;
+  ASSERT_EQ(::pthread_getschedparam(::pthread_self(), &oldPolicy, &old), 0);
+  if (::pthread_setschedparam(::pthread_self(), SCHED_FIFO, &fifo) != 0) {
+    ::sched_setaffinity(0, sizeof all, &all);
+    GTEST_SKIP() << "real-time scheduling is not allowed here";
+  }
+  std::string pattern = (std::filesystem::temp_directory_path() / "hang-test-XXXXXX").string();
+  const std::filesystem::path dir = ::mkdtemp(pattern.data());
+  boost::asio::io_context io;
+  auto work = boost::asio::make_work_guard(io);  // run_one() waits for `done`
+  NoRendezvous rendezvous;
+  {
+    HangWatcher watcher(io, {.timeout = 1s}, "node", rendezvous);
+    auto attempt = [&](int round) { return dir / ("attempt_" + std::to_string(round)); };
+    RoundSpec spec;
+    watcher.prepareRound(attempt(0), 1, {}, spec);
+    for (int round = 0; round < 20; ++round) {
+      bool done = false;
+      watcher.collect({}, [&] { done = true; });
+      watcher.prepareRound(attempt(round + 1), 1, {}, spec);
+      while (!done) io.run_one();
+      EXPECT_TRUE(std::filesystem::exists(attempt(round) / "stacks")) << round;
+      EXPECT_FALSE(std::filesystem::exists(attempt(round + 1) / "stacks")) << round;
+    }
+  }
+  ::pthread_setschedparam(::pthread_self(), oldPolicy, &old);
+  ::sched_setaffinity(0, sizeof all, &all);
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

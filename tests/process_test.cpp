@@ -1,16 +1,23 @@
 // Spawning and reaping worker processes: many children started at once are all reaped with
 // their own exit codes, a program that cannot be executed is an error (not a worker exit), and
-// a grandchild orphaned by its parent comes back to this subreaper to be reaped.
+// a grandchild orphaned by its parent comes back to this subreaper to be reaped, and a worker's
+// group is killed after its reap but a later group of the same number is not.
 #include "agents/process.h"
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sched.h>
 #include <signal.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdint>
+#include <functional>
 #include <map>
 
+#include "agents/worker.h"
+#include "common/asio.h"
 #include "common/error.h"
 
 namespace dlrun::agents {
@@ -141,6 +148,81 @@ TEST(ProcessTest, OrphanedGrandchildrenComeBackToTheSubreaper) {
   EXPECT_EQ(reaped.at(child).value, 0);
   for (const auto& [pid, status] : reaped)
     if (pid != child) EXPECT_EQ(status.value, 7);
+}
+
+// Runs `scenario` as the first process (the init) of a pid namespace of its own, where a process
+// number can be handed out again at will; returns its exit code, or -1 without such a namespace.
+int inPidNamespace(const std::function<int()>& scenario) {
+  const pid_t outer = ::fork();
+  if (outer == 0) {
+    if (::unshare(CLONE_NEWPID) != 0 && ::unshare(CLONE_NEWUSER | CLONE_NEWPID) != 0) ::_exit(99);
+    const pid_t init = ::fork();
+    if (init == 0) ::_exit(scenario());
+    int status = 0;
+    ::waitpid(init, &status, 0);
+    ::_exit(WIFEXITED(status) ? WEXITSTATUS(status) : 98);
+  }
+  int status = 0;
+  ::waitpid(outer, &status, 0);
+  if (!WIFEXITED(status) || WEXITSTATUS(status) == 99) return -1;
+  return WEXITSTATUS(status);
+}
+
+// A child that takes the number `pid` (clone3's set_tid, allowed in a namespace of one's own)
+// and waits to be signalled; -1 when the number is taken.
+pid_t childNumbered(pid_t pid) {
+  struct {
+    uint64_t flags, pidfd, childTid, parentTid, exitSignal, stack, stackSize, tls, setTid,
+        setTidSize, cgroup;
+  } args{};
+  args.exitSignal = SIGCHLD;
+  args.setTid = reinterpret_cast<uintptr_t>(&pid);
+  args.setTidSize = 1;
+  const long child = ::syscall(SYS_clone3, &args, sizeof args);
+  if (child == 0) {
+    for (;;) ::pause();
+  }
+  return static_cast<pid_t>(child);
+}
+
+// Reaps the worker as the agent does (keeping its pidfd), and tells it so.
+void reapWorker(Worker& worker) {
+  siginfo_t info{};
+  ::waitid(P_PID, worker.pid(), &info, WEXITED | WNOWAIT);  // until it has ended
+  const auto child = reapChild([](pid_t) { return true; });
+  worker.exited(child->status, child->groupFd);
+}
+
+// How a process this one reaps (waiting for it) ended: the signal, or 0.
+int killedBy(pid_t pid) {
+  int status = 0;
+  if (::waitpid(pid, &status, 0) < 0 || !WIFSIGNALED(status)) return 0;
+  return WTERMSIG(status);
+}
+
+// After the agent reaped a worker, its group goes (the children it left); once the group was
+// empty its number may lead another process's group, which must not get the SIGKILL.
+TEST(ProcessTest, AReapedWorkersGroupIsKilledButNotALaterGroupOfItsNumber) {
+  const int code = inPidNamespace([] {
+    boost::asio::io_context io;
+    auto start = [&](const std::string& script) {
+      return Worker::start(io, {.argv = {"/bin/sh", "-c", script}, .envp = {"PATH=/bin:/usr/bin"}});
+    };
+    const auto leaving = start("sleep 30 & exit 0");
+    reapWorker(*leaving);
+    leaving->killGroup();
+    if (killedBy(-1) != SIGKILL) return 3;  // its sleep, orphaned to this init, is killed
+    const auto quick = start("exit 0");
+    reapWorker(*quick);
+    const pid_t foreign = childNumbered(quick->pid());
+    if (foreign < 0 || ::setpgid(foreign, foreign) != 0) return 2;
+    quick->killGroup();
+    ::kill(foreign, SIGTERM);
+    return killedBy(foreign) == SIGTERM ? 0 : 4;
+  });
+  if (code < 0) GTEST_SKIP() << "no pid namespace can be made here";
+  // 3: the group's leftover lived on; 4: the later group was killed; 2: no number reused.
+  EXPECT_EQ(code, 0);
 }
 
 }  // namespace

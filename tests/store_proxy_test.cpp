@@ -1,10 +1,18 @@
 // The store proxy (store_proxy.h) between real clients and a real store server: every op
 // through it as straight to the store, ADDs coalesced into distinct values, WAITs coalesced
-// into one at the store, CANCEL_WAIT, blocking pops, and the clients closed when the store goes.
+// into one at the store, CANCEL_WAIT, blocking pops, and the clients closed when the store goes;
+// and, against a scripted store, a WAIT that joins a group after its wake left the store.
 #include "store/store_proxy.h"
 
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include <functional>
 #include <future>
 #include <set>
 #include <thread>
@@ -355,6 +363,126 @@ TEST_F(StoreProxyTest, WhenTheStoreGoesEveryClientIsClosed) {
   ASSERT_TRUE(eventually([&] { return storeOps(Op::GroupWait) == 1; }));
   store.reset();
   EXPECT_TRUE(raw.closedByServer());
+}
+
+// Every socket the proxy opens is close-on-exec: a program the agent executes (a worker)
+// inherits none, its connection to the store included.
+TEST_F(StoreProxyTest, AProgramExecutedMeanwhileInheritsNoSocket) {
+  TcpStore worker = client();
+  EXPECT_EQ(worker.add("n", 1), 1);  // the proxy's connection to the store is open now
+  const pid_t child = ::fork();
+  if (child == 0) {
+    ::execl("/bin/sh", "sh", "-c", "! ls -l /proc/self/fd | grep -q 'socket:'", nullptr);
+    ::_exit(127);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "a socket was inherited";
+}
+
+// A store the test scripts byte by byte: it reads the proxy's requests and answers when told,
+// so a wake can be on its way while a client joins.
+class ScriptedStore {
+ public:
+  ScriptedStore() {
+    listener_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in at{};
+    at.sin_family = AF_INET;
+    at.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t size = sizeof at;
+    if (::bind(listener_, reinterpret_cast<sockaddr*>(&at), size) != 0 ||
+        ::listen(listener_, 1) != 0 ||
+        ::getsockname(listener_, reinterpret_cast<sockaddr*>(&at), &size) != 0)
+      throw Error("cannot listen for the scripted store");
+    port_ = ntohs(at.sin_port);
+  }
+  ~ScriptedStore() {
+    for (int fd : {listener_, peer_})
+      if (fd >= 0) ::close(fd);
+  }
+  uint16_t port() const { return port_; }
+
+  // The next `expected.size()` bytes from the proxy (accepting its connection first), or what
+  // came of them within 10 s.
+  std::string read(const std::string& expected) {
+    if (peer_ < 0 && readable(listener_))
+      peer_ = ::accept4(listener_, nullptr, nullptr, SOCK_CLOEXEC);
+    std::string got;
+    char byte;
+    while (peer_ >= 0 && got.size() < expected.size() && readable(peer_) &&
+           ::read(peer_, &byte, 1) == 1)
+      got.push_back(byte);
+    return got;
+  }
+  void send(const std::string& bytes) {
+    [[maybe_unused]] ssize_t n = ::write(peer_, bytes.data(), bytes.size());
+  }
+
+ private:
+  static bool readable(int fd) {
+    pollfd p{.fd = fd, .events = POLLIN, .revents = 0};
+    return ::poll(&p, 1, 10'000) == 1;
+  }
+  int listener_ = -1, peer_ = -1;
+  uint16_t port_ = 0;
+};
+
+std::string groupWake(uint64_t number, wire::WaitReply reply) {
+  std::string out;
+  Encoder(out)
+      .u8(static_cast<uint8_t>(wire::FramedReply::GroupWait))
+      .u64(number)
+      .u8(static_cast<uint8_t>(reply));
+  return out;
+}
+
+// The store wakes a group's WAIT (its key was set), a client joins the group before the wake
+// arrives, having seen the key deleted again: the wake released the others, not that client,
+// whose own question to the store (a CHECK) finds no key, so it waits on.
+TEST(StoreProxyJoin, AWaitJoiningAGroupWhoseWakeIsOnItsWayWaitsForItsOwnAnswer) {
+  ScriptedStore store;
+  boost::asio::io_context io;
+  StoreProxy proxy(io,
+                   StoreProxyOptions{.upstreamHost = "127.0.0.1", .upstreamPort = store.port()});
+  auto work = boost::asio::make_work_guard(io);
+  std::thread thread([&] { io.run(); });
+  struct Stopper {  // also when a read below throws
+    std::function<void()> stop;
+    ~Stopper() { stop(); }
+  } stopper{[&] {
+    boost::asio::post(io, [&] { proxy.stop(); });
+    work.reset();
+    thread.join();
+  }};
+  std::string hello, wait, groupWait, check;
+  Encoder(hello).op(Era::V2, Op::Validate).u32(wire::kValidationMagic);
+  Encoder(wait).op(Era::V2, Op::Wait).u64(1).bytes("k");
+  Encoder(groupWait).op(Era::V2, Op::GroupWait).u64(1).bytes("k");
+  Encoder(check).op(Era::V2, Op::Check).u64(1).bytes("k");
+  RawClient first(proxy.port()), late(proxy.port());
+  first.validate();
+  late.validate();
+  first.send(wait);
+  EXPECT_EQ(store.read(hello + groupWait), hello + groupWait);
+  late.send(wait);
+  EXPECT_TRUE(eventually([&] { return proxy.stats().coalescedWaits == 1; }));
+  store.send(groupWake(0, wire::WaitReply::StopWaiting));  // sent before the join
+  const std::string stop(1, static_cast<char>(wire::WaitReply::StopWaiting));
+  EXPECT_EQ(first.read(1), stop);
+  EXPECT_EQ(store.read(check), check);
+  std::string notReady;
+  Encoder(notReady)
+      .u8(static_cast<uint8_t>(wire::FramedReply::InOrder))
+      .u8(static_cast<uint8_t>(wire::CheckReply::NotReady));
+  store.send(notReady);
+  EXPECT_EQ(store.read(groupWait), groupWait);  // the late client's own wait
+  std::string ping, echo;
+  Encoder(ping).op(Era::V2, Op::Ping).u32(7);
+  Encoder(echo).u32(7);
+  late.send(ping);
+  EXPECT_EQ(late.read(4), echo);  // its WAIT not answered yet
+  store.send(groupWake(1, wire::WaitReply::StopWaiting));
+  EXPECT_EQ(late.read(1), stop);
 }
 
 }  // namespace
