@@ -147,7 +147,9 @@ TEST(ProcessTest, OrphanedGrandchildrenComeBackToTheSubreaper) {
   ASSERT_TRUE(reaped.contains(child));
   EXPECT_EQ(reaped.at(child).value, 0);
   for (const auto& [pid, status] : reaped)
-    if (pid != child) EXPECT_EQ(status.value, 7);
+    if (pid != child) {
+      EXPECT_EQ(status.value, 7);
+    }
 }
 
 // Runs `scenario` as the first process (the init) of a pid namespace of its own, where a process
