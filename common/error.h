@@ -27,6 +27,13 @@ class NotAStoreError : public ConfigError {
   using ConfigError::ConfigError;
 };
 
+// A server that accepted the connection and sent nothing back: another kind of server that
+// waits for its client to speak first, or a dlrun store stopped (SIGSTOP) or overloaded.
+class SilentServerError : public NotAStoreError {
+ public:
+  using NotAStoreError::NotAStoreError;
+};
+
 // A deadline passed (a store wait, a connect).
 class TimeoutError : public Error {
  public:

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <utility>
 
 namespace dlrun::log {
 namespace {
@@ -23,7 +24,17 @@ std::atomic<bool>& verboseFlag() {
   return flag;
 }
 
+std::function<void(std::string_view)>& threadSink() {
+  thread_local std::function<void(std::string_view)> sink;
+  return sink;
+}
+
 void emit(std::string_view level, std::string_view message) {
+  if (auto& sink = threadSink()) {
+    std::string line(level);
+    line += message;
+    return sink(line);
+  }
   std::string line = programName();
   line += ": ";
   line += level;
@@ -35,6 +46,7 @@ void emit(std::string_view level, std::string_view message) {
 
 }  // namespace
 
+void setThreadSink(std::function<void(std::string_view)> sink) { threadSink() = std::move(sink); }
 void setProgramName(std::string_view name) { programName() = std::string(name); }
 void setVerbose(bool verbose) { verboseFlag() = verbose; }
 bool verbose() { return verboseFlag(); }

@@ -75,6 +75,9 @@ class Keys {
   std::string spares(int round) const { return roundKey(round, "spares"); }
   std::string lost(const std::string& node) const { return root_ + "lost/" + node; }
   std::string stop() const { return root_ + "stop"; }
+  // The failure restarts the job used, as its last WorkerFailed end counted them: a round's
+  // closer reads it, so the count holds when no member of the failed rounds is in the next.
+  std::string failures() const { return root_ + "failures"; }
   std::string names(int round) const { return roundKey(round, "names"); }
   std::string gaveUp(int round) const { return roundKey(round, "gave-up"); }
   std::string hangReport(int round, int index) const {

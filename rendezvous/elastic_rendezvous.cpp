@@ -21,14 +21,6 @@ namespace dlrun::rendezvous {
 
 namespace {
 
-// A count the protocol wrote: present, not negative, an int.
-int toCount(const std::string& text, const std::string& key) {
-  const int64_t value = text.empty() ? -1 : storedCount(text, key);
-  if (value < 0 || value > std::numeric_limits<int>::max())
-    throw ProtocolError("malformed value '" + text + "' under " + key + " in the store");
-  return static_cast<int>(value);
-}
-
 std::string seconds(std::chrono::milliseconds ms) {
   std::ostringstream out;
   out << ms.count() / 1000.0;
@@ -47,15 +39,26 @@ std::string newMemberId() {
 
 namespace detail {
 
+int toCount(const std::string& text, const std::string& key) {
+  const int64_t value = text.empty() ? -1 : storedCount(text, key);
+  if (value < 0 || value > std::numeric_limits<int>::max())
+    throw ProtocolError("malformed value '" + text + "' under " + key + " in the store");
+  return static_cast<int>(value);
+}
+
 ElasticImpl::ElasticImpl(ElasticOptions options)
-    : options_(std::move(options)), keys_(options_.runId), memberId_(newMemberId()) {
+    : options_(std::move(options)),
+      keys_(options_.runId),
+      memberId_(options_.memberId.empty() ? newMemberId() : options_.memberId) {
   connect(now() + options_.joinTimeout);
   lookFirst();
 }
 
 Clock::time_point ElasticImpl::now() const {
   // Before the first connection there is no store to ask; only connect() runs then.
-  return lease_ ? lease_->now() : Clock::now();
+  if (lease_) return lease_->now();
+  const auto* opener = std::get_if<StoreOpener>(&options_.store);
+  return opener && opener->now ? opener->now() : Clock::now();
 }
 
 std::unique_ptr<LeasingStore> ElasticImpl::openStore() const {
@@ -74,6 +77,7 @@ std::unique_ptr<LeasingStore> ElasticImpl::openStore() const {
 
 void ElasticImpl::connect(Clock::time_point deadline) {
   Refusals refusals;
+  std::optional<Clock::time_point> silentSince;
   while (true) {
     try {
       auto lease = openStore();
@@ -86,9 +90,14 @@ void ElasticImpl::connect(Clock::time_point deadline) {
       reconnect_ = false;
       return;
     } catch (const Error& e) {
-      // A server that is not a store, or a broken one, will not become one by waiting.
-      if (!isOutage(e)) throw;
       const auto at = now();
+      // A store stopped or overloaded says nothing for a while, as it would to a node already
+      // in the job: waited for up to store_outage_timeout, then taken for another kind of
+      // server. One that answers something else, or a broken one, will not become a store.
+      const bool silent = dynamic_cast<const SilentServerError*>(&e) != nullptr;
+      if (!silent) silentSince.reset();
+      if (silent && !silentSince) silentSince = at;
+      if (!isOutage(e) && !(silent && at - *silentSince < options_.storeOutage)) throw;
       if (reconnect_) refusals.note(e, at, options_.leaseTtl, storeName(), "this node gives up");
       std::lock_guard lock(connectionMutex_);
       if (interrupted_ || at >= deadline)
@@ -156,10 +165,17 @@ JoinResult ElasticImpl::next() {
     std::lock_guard lock(reportsMutex_);
     unsent_.clear();  // the last round's, which ended without them
   }
+  std::optional<int> abandoned;  // a join the store's outage cut short, not yet given up
   while (true) {
     joiningRound_ = -1;
     answered_ = now();
     try {
+      // Given up in the store once it answers: a failure meanwhile is an outage like any other.
+      if (abandoned) {
+        restoreIfReset(*abandoned + 1);
+        abandonJoin(*abandoned);
+        abandoned.reset();
+      }
       return join(deadline);
     } catch (const JoinTimedOut&) {
       throw;
@@ -167,11 +183,8 @@ JoinResult ElasticImpl::next() {
       // Past the join timeout too: a spare waits as long as the job runs, and a join that ends
       // below the minimum times out once the store answers again.
       if (!isOutage(e)) throw;
+      if (joiningRound_ >= 0) abandoned = joiningRound_;
       rideOut(e, answered_, "this node's join waits", "this node gives up its join");
-      if (joiningRound_ >= 0) {
-        restoreIfReset(joiningRound_ + 1);
-        abandonJoin(joiningRound_);
-      }
     }
   }
 }
@@ -208,17 +221,22 @@ JoinResult ElasticImpl::join(Clock::time_point deadline) {
                              : toCount(found[2], keys_.current());
   }
   for (;; ++round) {
+    round = advanceCurrent(round);
     joiningRound_ = round;
-    advanceCurrent(round);
     Step step = tryRound(round, deadline);
     if (auto* world = std::get_if<World>(&step)) return *world;
     if (auto* end = std::get_if<RoundEnd>(&step)) return *end;
   }
 }
 
-void ElasticImpl::advanceCurrent(int toRound) {
-  if (toRound > 0)
-    lease_->compareSet(keys_.current(), std::to_string(toRound - 1), std::to_string(toRound));
+int ElasticImpl::advanceCurrent(int toRound) {
+  if (toRound == 0) return 0;
+  const std::string stored =
+      lease_->compareSet(keys_.current(), std::to_string(toRound - 1), std::to_string(toRound));
+  // The job went on without this node (it was stopped through rounds that are forgotten now):
+  // it joins the newest round, never an old one again.
+  const int current = stored.empty() ? toRound : toCount(stored, keys_.current());
+  return std::max(toRound, current);
 }
 
 int ElasticImpl::targetSize(int round) const {
@@ -251,7 +269,8 @@ ElasticImpl::Step ElasticImpl::tryRound(int round, Clock::time_point deadline) {
   record.id = memberId_;
   record.failures = failures_;
   record.lastGroupRank = lastGroupRank_;
-  record.workerPorts = reserveFreePorts(record.addr, record.nproc);
+  record.workerPorts = options_.workerPorts ? options_.workerPorts(record.addr, record.nproc)
+                                            : reserveFreePorts(record.addr, record.nproc);
   const RoundEnd lost = selfLost();
   // The join, and the leased record of each of the first maxNodes arrivals: one request on
   // etcd, where the record's key follows from the arrival index the join gives.
@@ -273,6 +292,12 @@ ElasticImpl::Step ElasticImpl::tryRound(int round, Clock::time_point deadline) {
     if (canClose && now() - arrival >= options_.lastCall) {
       texts = closeRound(round, index);
     } else if (now() >= deadline) {
+      // The closer may have read this node's record already: the round is aborted first, so
+      // that it never closes with a member that left, unless it closed meanwhile, and then
+      // this node is in it after all.
+      if (candidate && lease_->compareSet(keys_.closed(round), "",
+                                          std::string(elastic::kAborted)) != elastic::kAborted)
+        break;
       const JoinTimedOut error = timedOut(round);
       if (candidate) lease_->deleteKey(keys_.node(round, index));
       throw error;
@@ -281,7 +306,14 @@ ElasticImpl::Step ElasticImpl::tryRound(int round, Clock::time_point deadline) {
         if (candidate) lease_->deleteKey(keys_.node(round, index));
         return NextRound{};
       }
-      const int joined = static_cast<int>(lease_->add(keys_.joined(round), 0));
+      // The job's stop too: one written after this node's first look, while the stopper read
+      // an older round as the newest, reaches it here (or through the closer, closeRound).
+      const auto found = lease_->peek({keys_.joined(round), keys_.stop()});
+      if (!found[1].empty()) {
+        if (candidate) lease_->deleteKey(keys_.node(round, index));
+        return elastic::decodeRoundEnd(found[1]);
+      }
+      const int joined = found[0].empty() ? 0 : toCount(found[0], keys_.joined(round));
       if (auto line = waiting.update(joined, now(), deadline)) log::info(*line);
     }
   }
@@ -292,7 +324,16 @@ ElasticImpl::Step ElasticImpl::tryRound(int round, Clock::time_point deadline) {
     texts = lease_->peek(keys);
   }
   const std::string& closed = (*texts)[0];
-  if (closed == elastic::kAborted || closed == elastic::kStopped) {
+  // Closed, then forgotten two rounds later while this node was stopped or starved between
+  // its wait's answer and this read: it meets the others in a newer round.
+  if (closed.empty() || closed == elastic::kAborted || closed == elastic::kStopped) {
+    // Aborted by a node that gave up as this one's time ran out too: both give up in this
+    // round, each naming the nodes that did not come.
+    if (closed == elastic::kAborted && now() >= deadline) {
+      const JoinTimedOut error = timedOut(round);
+      if (candidate) lease_->deleteKey(keys_.node(round, index));
+      throw error;
+    }
     if (candidate) lease_->deleteKey(keys_.node(round, index));
     if (closed == elastic::kStopped)
       return elastic::decodeRoundEnd(lease_->peek({keys_.stop()})[0]);
@@ -304,96 +345,10 @@ ElasticImpl::Step ElasticImpl::tryRound(int round, Clock::time_point deadline) {
   return afterLateArrival(round, members);
 }
 
-std::optional<std::vector<std::string>> ElasticImpl::closeRound(int round, int index) {
-  // One closer per round: its assignments are the only ones, so members read theirs without
-  // knowing the round's size first. If it dies half-way, its lease aborts the round.
-  const std::string me = std::to_string(index);
-  const auto nodeKeys = [&](int members) {
-    std::vector<std::string> nodes;
-    for (int i = 1; i <= members; ++i) nodes.push_back(keys_.node(round, i));
-    return nodes;
-  };
-  // At the maximum the round holds the first maxNodes to join: no need to count them, and the
-  // claim reads their records. The closer mostly came last: the records are there, and that
-  // one read finds them. A member that dies after its record lands aborts the round through its
-  // lease; one that died before it leased anything is waited for only a lease's lifetime.
-  const bool atMaximum = index >= options_.maxNodes;
-  const auto claim = lease_->createThenPeek(
-      keys_.closer(round), me,
-      atMaximum ? nodeKeys(options_.maxNodes) : std::vector{keys_.joined(round)});
-  if (claim[0] != me) return std::nullopt;
-  const int members = atMaximum
-                          ? options_.maxNodes
-                          : std::min(toCount(claim[1], keys_.joined(round)), options_.maxNodes);
-  const std::vector<std::string> nodes = nodeKeys(members);
-  std::vector<std::string> texts =
-      atMaximum ? std::vector(claim.begin() + 1, claim.end()) : lease_->peek(nodes);
-  if (std::any_of(texts.begin(), texts.end(), [](const auto& t) { return t.empty(); })) {
-    const auto giveUp = now() + options_.leaseTtl;
-    while (!lease_->waitFor(nodes, options_.heartbeat)) {
-      if (lease_->check({keys_.closed(round)})) return std::nullopt;
-      if (now() >= giveUp) {
-        lease_->compareSet(keys_.closed(round), "", std::string(elastic::kAborted));
-        return std::nullopt;
-      }
-    }
-    texts = lease_->peek(nodes);
-  }
-  std::vector<elastic::NodeRecord> records;
-  for (const std::string& text : texts) {
-    if (text.empty()) return std::nullopt;  // a record vanished with its lease: round aborted
-    records.push_back(elastic::decodeNodeRecord(text));
-  }
-  const elastic::Plan plan = elastic::planRound(records);
-  std::vector<std::string> keys, values, ids;
-  for (int i = 1; i <= members; ++i) {
-    keys.push_back(keys_.assignment(round, records[i - 1].id));
-    values.push_back(elastic::encode(plan.byArrival[i - 1]));
-    ids.push_back(records[i - 1].id);
-  }
-  keys.push_back(keys_.roster(round));
-  values.push_back(elastic::encodeRoster(plan.roster));
-  std::vector<std::string> names;
-  for (const auto& record : records) names.push_back(elastic::nodeName(record));
-  keys.push_back(keys_.names(round));
-  values.push_back(elastic::encodeRoster({.endpoints = names}));
-  keys.push_back(keys_.members(round));
-  values.push_back(elastic::encodeMembers(ids));
-  // Two writes, the close last: members read their assignments once they see the round closed.
-  // (One etcd transaction for both would cost half the members a read: etcd sends each watched
-  // key's events separately, in no set order, so the close could come before the assignment.)
-  lease_->multiSet(keys, values);
-  const std::string closed = std::to_string(members);
-  if (lease_->compareSet(keys_.closed(round), "", closed) != closed) return std::nullopt;
-  closedRound_ = round;
-  std::vector<std::string> mine{closed, values[index - 1]};
-  if (options_.fetchRoster) mine.push_back(values[members]);
-  return mine;
-}
-
-void ElasticImpl::forgetRounds(int upTo) {
-  const std::string done = lease_->peek({keys_.forgotten()})[0];
-  const int from = done.empty() ? 0 : toCount(done, keys_.forgotten()) + 1;
-  if (from > upTo) return;
-  for (int round = from; round <= upTo; ++round) {
-    const auto found = lease_->peek({keys_.joined(round), keys_.members(round)});
-    lease_->deleteKeys(keys_.ofRound(
-        round,
-        found[0].empty() ? 0 : std::min(toCount(found[0], keys_.joined(round)), options_.maxNodes),
-        elastic::decodeMembers(found[1])));
-  }
-  lease_->set(keys_.forgotten(), std::to_string(upTo));
-}
-
-bool ElasticImpl::forgotten(int round) {
-  const std::string done = lease_->peek({keys_.forgotten()})[0];
-  return !done.empty() && toCount(done, keys_.forgotten()) >= round;
-}
-
 World ElasticImpl::memberWorld(int round, int index, int members,
                                const std::vector<std::string>& texts) {
   const elastic::Assignment a = elastic::decodeAssignment(texts[1]);
-  member_ = Member{round, index, members, a.failures};
+  member_ = Member{round, index, members, a.failures, now()};
   memberRound_ = round;
   memberCount_ = members;
   memberIndex_ = index;
@@ -424,16 +379,23 @@ ElasticImpl::Step ElasticImpl::afterLateArrival(int round, int members) {
   while (!waitChunk(keys_.end(round))) {
     if (forgotten(round)) return NextRound{};
   }
-  RoundEnd end = readEnd(round);
-  ended_ = Ended{round, members, spares(round), end.kind};
-  if (end.endsJob()) return end;
+  const std::optional<RoundEnd> end = readEnd(round);
+  if (!end) return NextRound{};
+  ended_ = Ended{round, members, spares(round), end->kind};
+  if (end->endsJob()) return *end;
   return NextRound{};
 }
 
 int ElasticImpl::spares(int round) { return static_cast<int>(lease_->add(keys_.spares(round), 0)); }
 
-RoundEnd ElasticImpl::readEnd(int round) {
-  RoundEnd end = elastic::decodeRoundEnd(lease_->peek({keys_.end(round)})[0]);
+std::optional<RoundEnd> ElasticImpl::readEnd(int round) {
+  const std::string text = lease_->peek({keys_.end(round)})[0];
+  // Its end came, then went with the round's other keys two rounds later (forgetRounds, whose
+  // mark comes last), while this node was stopped or starved between its wait's answer and
+  // this read: only forgetting deletes an end, and the same connection cannot outlive a store
+  // that lost its keys.
+  if (text.empty()) return std::nullopt;
+  RoundEnd end = elastic::decodeRoundEnd(text);
   if (end.countsAsFailure()) failures_ = end.failures;
   return end;
 }
@@ -453,6 +415,9 @@ RoundEnd ElasticImpl::awaitEnd() {
       wasAway = false;
       if (std::exchange(tidy, false)) forgetRounds(round - 2);
       replayReports();
+      // A member slow to begin waiting (it tidied, or was stopped a while) may find its round
+      // over and forgotten: two rounds went by without it, and its end is gone.
+      if (now() - member_->since > options_.heartbeat && forgotten(round)) return selfLost();
       last = now();
       while (!waitChunk(keys_.end(round))) {
         replayReports();
@@ -463,9 +428,10 @@ RoundEnd ElasticImpl::awaitEnd() {
           if (auto end = roundAfterOutage(round)) return *end;
         last = at;
       }
-      RoundEnd end = readEnd(round);
-      ended_ = Ended{round, member_->members, spares(round), end.kind};
-      return end;
+      const std::optional<RoundEnd> end = readEnd(round);
+      if (!end) return selfLost();  // it slept through two rounds, as roundAfterOutage says
+      ended_ = Ended{round, member_->members, spares(round), end->kind};
+      return *end;
     } catch (const Error& e) {
       if (!isOutage(e)) throw;
       try {

@@ -23,6 +23,7 @@
 #include <variant>
 #include <vector>
 
+#include "common/clock.h"
 #include "common/host_port.h"
 #include "rendezvous/elastic_protocol.h"
 #include "rendezvous/rendezvous.h"
@@ -46,6 +47,10 @@ struct StoreOpener {
   // Opens one connection to the store (one while joining, two once a report went). May throw
   // ConnectionRefused or NetworkError: connecting is retried until the join timeout.
   std::function<std::unique_ptr<LeasingStore>()> open;
+  // A simulated store's clock, for the times no connection is open to ask (before the first,
+  // and the pauses between tries while it is away). Empty: the real clock.
+  std::function<Clock::time_point()> now;
+  std::function<void(std::chrono::milliseconds)> pause;
 };
 
 struct ElasticOptions {
@@ -68,6 +73,11 @@ struct ElasticOptions {
   // round: until then its workers keep running, its reports wait, and a round the store still
   // holds intact when it answers goes on (ARCHITECTURE.md section 4).
   std::chrono::milliseconds storeOutage{60'000};
+  // This agent's id in its records (NodeRecord::id). Empty: 64 random bits. The simulation
+  // names its agents', so that a seed replays the same rounds.
+  std::string memberId;
+  // How the workers' free ports are found: reserveFreePorts (empty), or the simulation's.
+  std::function<std::vector<uint16_t>(const std::string& host, int count)> workerPorts;
   // Read every worker's endpoint (O(N) bytes, for TF_CONFIG). Off only in load generators that
   // measure the rendezvous alone.
   bool fetchRoster = true;

@@ -1,6 +1,7 @@
-// ElasticRendezvous's inside (elastic_rendezvous.h): the rounds in elastic_rendezvous.cpp, the
-// reports in elastic_rendezvous_reports.cpp, a store's outage in elastic_rendezvous_outage.cpp;
-// only those files include this.
+// ElasticRendezvous's inside (elastic_rendezvous.h): the joins and waits in
+// elastic_rendezvous.cpp, a round's close and the forgetting of old ones in
+// elastic_rendezvous_close.cpp, the reports in elastic_rendezvous_reports.cpp, a store's outage
+// in elastic_rendezvous_outage.cpp; only those files include this.
 #pragma once
 
 #include <atomic>
@@ -20,6 +21,9 @@ class JoinTimedOut : public TimeoutError {
  public:
   using TimeoutError::TimeoutError;
 };
+
+// A count the protocol wrote: present, not negative, an int; ProtocolError naming `key` else.
+int toCount(const std::string& text, const std::string& key);
 
 class ElasticImpl {
  public:
@@ -59,6 +63,8 @@ class ElasticImpl {
     Clock::time_point since_{};
   };
   static bool isOutage(const Error& error);
+  // Waits `pause` on the store's clock; whether interrupt() came meanwhile.
+  bool pauseInterrupted(std::chrono::milliseconds pause);
   void reopen();
   // Whether the store lost the job's keys (it restarted without them); then the keys nodes
   // arriving later read first are written again, the newest round as `round`.
@@ -80,13 +86,16 @@ class ElasticImpl {
   using Write = std::function<void(Store&)>;
   // Makes a report now, or keeps it for replayReports() while the store is away.
   void report(const std::string& what, const Write& write);
+  // Whether `store` still holds this node's assignment in `round`.
+  bool stillMember(Store& store, int round) const;
   void replayReports();
 
   struct Member {
     int round = 0;
-    int index = 0;     // arrival index in the round
-    int members = 0;   // the round's size
-    int failures = 0;  // failure restarts used before the round
+    int index = 0;              // arrival index in the round
+    int members = 0;            // the round's size
+    int failures = 0;           // failure restarts used before the round
+    Clock::time_point since{};  // when this node learnt its place
   };
   struct Ended {  // the last round this node saw end
     int round = 0;
@@ -120,12 +129,16 @@ class ElasticImpl {
   // `texts`: the round's closed value, this member's assignment, and the roster when fetched.
   World memberWorld(int round, int index, int members, const std::vector<std::string>& texts);
   Step afterLateArrival(int round, int members);
-  RoundEnd readEnd(int round);
+  // Round `round`'s end, once its wait said it is set; nothing when the round was forgotten
+  // since.
+  std::optional<RoundEnd> readEnd(int round);
   // The join timeout's error, naming the last round's members that did not come back.
   JoinTimedOut timedOut(int round);
   int spares(int round);
   int targetSize(int round) const;
-  void advanceCurrent(int toRound);
+  // Moves the newest round on to `toRound`; returns the round to join: `toRound`, or the
+  // newer one the store names.
+  int advanceCurrent(int toRound);
   bool waitChunk(const std::string& key);
   // Deletes the keys of the rounds up to `upTo` not deleted yet (Keys::forgotten()).
   void forgetRounds(int upTo);

@@ -83,10 +83,19 @@ void ElasticImpl::rideOut(const Error& failure, Clock::time_point since,
         throw NetworkError("the rendezvous store at " + storeName() + " did not answer for " +
                            seconds(at - since) + " s (store_outage_timeout): " + e.what());
     }
-    std::unique_lock lock(connectionMutex_);
-    if (interrupted_ || interruptedCv_.wait_for(lock, pause, [this] { return interrupted_; }))
-      throw NetworkError("the rendezvous was interrupted");
+    if (pauseInterrupted(pause)) throw NetworkError("the rendezvous was interrupted");
   }
+}
+
+bool ElasticImpl::pauseInterrupted(std::chrono::milliseconds pause) {
+  const auto* opener = std::get_if<StoreOpener>(&options_.store);
+  if (opener && opener->pause) {
+    opener->pause(pause);  // a simulated store's time
+    std::lock_guard lock(connectionMutex_);
+    return interrupted_;
+  }
+  std::unique_lock lock(connectionMutex_);
+  return interrupted_ || interruptedCv_.wait_for(lock, pause, [this] { return interrupted_; });
 }
 
 bool ElasticImpl::restoreIfReset(int round) {
@@ -110,12 +119,15 @@ int ElasticImpl::restoreAfterReset(int round) {
 }
 
 std::optional<RoundEnd> ElasticImpl::roundAfterOutage(int round) {
-  const auto found = lease_->peek({keys_.closed(round), keys_.forgotten()});
+  const auto found =
+      lease_->peek({keys_.closed(round), keys_.forgotten(), keys_.assignment(round, memberId_)});
   if (!found[1].empty() && storedCount(found[1], keys_.forgotten()) >= round) {
     // Its lease lapsed, its round ended, and two more rounds went by: it is no member now.
     return selfLost();
   }
-  if (found[0] == std::to_string(member_->members)) return std::nullopt;
+  // Its own assignment says the round is the one it knew, not one of that number that nodes
+  // formed anew in a store that restarted without the job's keys.
+  if (found[0] == std::to_string(member_->members) && !found[2].empty()) return std::nullopt;
   // The round as this node knew it is gone: the store lost it (another node may have written
   // the job's first keys again already).
   restoreIfReset(round + 1);

@@ -37,11 +37,26 @@ std::shared_ptr<LeasingStore> ElasticImpl::control() {
   return control_;
 }
 
+// A report goes to this node's round only: a store that restarted without the job's keys may
+// hold a round of that number that other nodes formed anew. (Its own assignment is read on the
+// connection that writes: one connection never outlives the store's keys.)
+bool ElasticImpl::stillMember(Store& store, int round) const {
+  return store.check({keys_.assignment(round, memberId_)});
+}
+
 void ElasticImpl::reportFailure(RoundEnd failure) {
   failure.countFailure(member_->failures, options_.restarts);
-  report(failure.describe(), [end = keys_.end(member_->round), failure](Store& store) {
-    store.compareSet(end, "", elastic::encode(failure));
-  });
+  report(failure.describe(),
+         [this, round = member_->round, end = keys_.end(member_->round), failure](Store& store) {
+           if (!stillMember(store, round)) return;
+           const std::string mine = elastic::encode(failure);
+           // The job's count, by the failure that ended the round (made again alike after a lost
+           // reply), unless the round was over and forgotten before this report came.
+           if (store.compareSet(end, "", mine) != mine) return;
+           const bool some = store.check({keys_.forgotten()});
+           if (!some || storedCount(store.get(keys_.forgotten()), keys_.forgotten()) < round)
+             store.set(keys_.failures(), std::to_string(failure.failures));
+         });
 }
 
 void ElasticImpl::reportSuccess() {
@@ -51,12 +66,14 @@ void ElasticImpl::reportSuccess() {
   for (int i = 1; i <= member_->members; ++i) marks.push_back(keys_.succeeded(round, i));
   // A report made again after its reply was lost adds twice: the count only says when to look,
   // the marks (each set before its ADD, so the last ADD finds them all) say whether all did.
-  report("its workers finished", [mark = marks[member_->index - 1], marks, done = keys_.done(round),
-                                  end = keys_.end(round), finished](Store& store) {
-    store.set(mark, "1");
-    if (store.add(done, 1) >= static_cast<int64_t>(marks.size()) && store.check(marks))
-      store.compareSet(end, "", elastic::encode(finished));
-  });
+  report("its workers finished",
+         [this, round, mark = marks[member_->index - 1], marks, done = keys_.done(round),
+          end = keys_.end(round), finished](Store& store) {
+           if (!stillMember(store, round)) return;
+           store.set(mark, "1");
+           if (store.add(done, 1) >= static_cast<int64_t>(marks.size()) && store.check(marks))
+             store.compareSet(end, "", elastic::encode(finished));
+         });
 }
 
 RoundEnd ElasticImpl::reportStop(int signal) {
@@ -72,9 +89,10 @@ RoundEnd ElasticImpl::reportStop(int signal) {
 
 void ElasticImpl::reportLost(const std::string& what) {
   const RoundEnd lost{.kind = RoundEnd::Kind::NodeLost, .node = what};
-  report(lost.describe(), [end = keys_.end(member_->round), lost](Store& store) {
-    store.compareSet(end, "", elastic::encode(lost));
-  });
+  report(lost.describe(),
+         [this, round = member_->round, end = keys_.end(member_->round), lost](Store& store) {
+           if (stillMember(store, round)) store.compareSet(end, "", elastic::encode(lost));
+         });
 }
 
 void ElasticImpl::shareHangReport(const std::string& report) {

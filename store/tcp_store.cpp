@@ -126,8 +126,8 @@ void TcpStore::handshake() {
     }
   } catch (const TimeoutError&) {
     if (reply.empty())
-      throw NotAStoreError(where + "accepted the connection but sent nothing back for " +
-                           std::to_string(options_.handshakeTimeout.count()) + " ms");
+      throw SilentServerError(where + "accepted the connection but sent nothing back for " +
+                              std::to_string(options_.handshakeTimeout.count()) + " ms");
   }
   if (reply.size() != 4 || wire::loadU32(reply.data()) != nonce)
     throw NotAStoreError(where + "answered " + shownBytes(reply));

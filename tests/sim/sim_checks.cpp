@@ -1,0 +1,185 @@
+// The invariants of issue 44, checked on what one schedule's agents did (sim_record.h).
+#include <algorithm>
+#include <set>
+#include <sstream>
+
+#include "tests/sim/sim_record.h"
+
+namespace dlrun::sim {
+
+namespace {
+
+using rendezvous::RoundEnd;
+using Kind = RoundEnd::Kind;
+
+std::string name(const Record& r, int owner) { return r.agents[static_cast<size_t>(owner)].label; }
+
+std::string roundName(const RoundId& id) {
+  return "round " + std::to_string(id.second) +
+         (id.first > 0 ? " (store life " + std::to_string(id.first) + ")" : "");
+}
+
+// Each round: node ranks 0..G-1 once each, every member agreeing on the round's size and
+// failures, the ranks tiling 0..W-1, no node twice, never more than maxNodes (a spare never
+// takes a rank in a full round), never fewer than minNodes.
+std::optional<std::string> checkRounds(const Record& r) {
+  for (const auto& [round, members] : r.worlds) {
+    const std::string where = roundName(round) + ": ";
+    const auto& first = members.front().second;
+    std::set<int> ranks, bases;
+    std::set<int> nodes;
+    for (const auto& [owner, w] : members) {
+      if (w.groupWorldSize != first.groupWorldSize || w.worldSize != first.worldSize ||
+          w.failures != first.failures)
+        return where + name(r, owner) + " disagrees with " + name(r, members.front().first) +
+               " on the round's size or failures";
+      if (w.groupRank < 0 || w.groupRank >= w.groupWorldSize || !ranks.insert(w.groupRank).second)
+        return where + "node rank " + std::to_string(w.groupRank) + " given twice or out of range";
+      if (w.baseRank < 0 || w.baseRank + w.localWorldSize > w.worldSize ||
+          !bases.insert(w.baseRank).second)
+        return where + "ranks from " + std::to_string(w.baseRank) + " given twice or out of range";
+      if (!nodes.insert(r.agents[static_cast<size_t>(owner)].node).second)
+        return where + "node n" + std::to_string(r.agents[static_cast<size_t>(owner)].node) +
+               " is a member twice";
+    }
+    if (first.groupWorldSize > r.shape.maxNodes || first.groupWorldSize < r.shape.minNodes)
+      return where + std::to_string(first.groupWorldSize) + " members, outside --nnodes";
+    if (static_cast<int>(members.size()) > first.groupWorldSize)
+      return where + "more members than its size";
+    if (first.worldSize != 2 * first.groupWorldSize)
+      return where + "world size " + std::to_string(first.worldSize) + " for " +
+             std::to_string(first.groupWorldSize) + " nodes of 2 workers";
+  }
+  return std::nullopt;
+}
+
+// How a round ended, where the store said it (not an end a node concluded alone: its own loss
+// or the store's): every member that read it read the same.
+bool fromStore(const RoundEnd& end) {
+  return end.kind == Kind::Finished || end.kind == Kind::WorkerFailed || end.kind == Kind::Stopped;
+}
+
+// Each round's end agreed on; a success counted once (Finished only once every member's workers
+// finished); each failure counted once (a WorkerFailed end's count is the failed rounds before
+// it plus one, and final exactly when no restart is left).
+std::optional<std::string> checkEnds(const Record& r) {
+  std::map<RoundId, RoundEnd> agreed;
+  for (const auto& [round, seen] : r.ends) {
+    const std::string where = roundName(round) + ": ";
+    for (const auto& [owner, end] : seen) {
+      if (!fromStore(end)) continue;
+      auto [it, fresh] = agreed.emplace(round, end);
+      if (!fresh && (it->second.kind != end.kind || it->second.failures != end.failures))
+        return where + name(r, owner) + " saw it end as '" + end.describe() + "', another as '" +
+               it->second.describe() + "'";
+    }
+  }
+  for (const auto& [round, end] : agreed) {
+    if (end.kind != Kind::Finished) continue;
+    const auto worlds = r.worlds.find(round);
+    const int members = worlds == r.worlds.end() ? 0 : worlds->second.front().second.groupWorldSize;
+    const auto done = r.succeeded.find(round);
+    const int succeeded = done == r.succeeded.end() ? 0 : static_cast<int>(done->second.size());
+    if (succeeded != members)
+      return roundName(round) + ": ended as Finished after " + std::to_string(succeeded) +
+             " of its " + std::to_string(members) + " members' workers finished";
+  }
+  // The count lives in the store and in its members' records: a store restarted without its
+  // keys keeps only what surviving members remember, so the count is checked while the store
+  // never lost the job's keys (its first life).
+  int failed = 0;
+  for (const auto& [round, end] : agreed) {
+    if (round.first > 0 || end.kind != Kind::WorkerFailed) continue;
+    const std::string where = roundName(round) + ": ";
+    ++failed;
+    if (end.failures != failed)
+      return where + "its failure counts as restart " + std::to_string(end.failures) +
+             ", but it is the job's failure " + std::to_string(failed);
+    if (end.final != !rendezvous::RestartPolicy{r.shape.maxRestarts}.allowsRestart(end.failures))
+      return where + "failure " + std::to_string(end.failures) + " of max_restarts " +
+             std::to_string(r.shape.maxRestarts) + (end.final ? " ended" : " did not end") +
+             " the job";
+  }
+  for (const auto& [round, members] : r.worlds) {
+    if (round.first > 0) continue;
+    int before = 0;
+    for (const auto& [earlier, end] : agreed)
+      if (earlier < round && end.kind == Kind::WorkerFailed) ++before;
+    if (members.front().second.failures != before)
+      return roundName(round) + ": " + std::to_string(members.front().second.failures) +
+             " failures before it, not " + std::to_string(before);
+  }
+  return std::nullopt;
+}
+
+// How each agent ended: a job's end, or an error the rendezvous names for what happened
+// (too few nodes in time, the store gone); never an error of the protocol itself, never a
+// node refused for being slow (Slurm's rule refuses only a node started again), and every
+// agent alive agrees on how the job ended.
+std::optional<std::string> checkOutcomes(const Record& r) {
+  std::optional<RoundEnd> job;
+  for (const auto& a : r.agents) {
+    // A node sent SIGTERM exits 128 + 15 however the job ends (a stop racing its end).
+    if (a.killed || !a.ended || a.stopAsked) continue;
+    if (!a.end) {
+      if (a.errorKind == "Stopped" || a.errorKind == "NotStarted") continue;
+      const bool refused = a.error.find("is not taken back") != std::string::npos;
+      if (refused && a.life > 0 && r.shape.refuseLostNodes) continue;
+      if (a.errorKind != "TimeoutError" && a.errorKind != "NetworkError")
+        return a.label + " ended with " + a.errorKind + ": " + a.error;
+      continue;
+    }
+    if (!a.end->endsJob()) continue;  // left on purpose (stop_policy=node)
+    if (job && job->kind != a.end->kind)
+      return a.label + " ended as '" + a.end->describe() + "', another agent as '" +
+             job->describe() + "'";
+    job = a.end;
+  }
+  return std::nullopt;
+}
+
+// A duration in seconds, for messages.
+std::string secs(Duration d) {
+  std::ostringstream out;
+  out << d.count() / 1000.0 << " s";
+  return out.str();
+}
+
+// No node runs workers of an older round long after another started a newer one: once a newer
+// round's workers start, the old round's stop within a lease and two heartbeats (and a reply's
+// timeout) of the time that node could run and reach the store.
+std::optional<std::string> checkOverlap(const Record& r) {
+  const Duration grace = r.shape.leaseTtl + 2 * r.shape.heartbeat + Duration(4'000) + 1s;
+  auto overlapped = [](Time a0, Time a1, Time b0, Time b1) {
+    const Time from = std::max(a0, b0), to = std::min(a1, b1);
+    return to > from ? std::chrono::duration_cast<Duration>(to - from) : Duration(0);
+  };
+  for (const auto& newer : r.running) {
+    for (const auto& old : r.running) {
+      if (old.round >= newer.round || old.owner == newer.owner) continue;
+      const Time stopped = old.to.value_or(r.agents[static_cast<size_t>(old.owner)].endedAt);
+      if (stopped <= newer.from) continue;
+      Duration excused(0);
+      for (const auto& [owner, span] : r.paused)
+        if (owner == old.owner) excused += overlapped(newer.from, stopped, span.first, span.second);
+      for (const auto& span : r.storeAway)
+        excused += overlapped(newer.from, stopped, span.first, span.second + r.shape.heartbeat);
+      const auto late = std::chrono::duration_cast<Duration>(stopped - newer.from) - excused;
+      if (late > grace)
+        return name(r, old.owner) + " ran " + roundName(old.round) + "'s workers " + secs(late) +
+               " after " + name(r, newer.owner) + " started " + roundName(newer.round) +
+               "'s (grace " + secs(grace) + ")";
+    }
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::optional<std::string> firstViolation(const Record& record, const Simulation&) {
+  for (auto check : {checkRounds, checkEnds, checkOutcomes, checkOverlap})
+    if (auto broken = check(record)) return broken;
+  return std::nullopt;
+}
+
+}  // namespace dlrun::sim

@@ -1,0 +1,72 @@
+// What a schedule's agents did, as the invariants need it: kept by sim_job.cpp as it happens,
+// checked by sim_checks.cpp once the schedule is over.
+#pragma once
+
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "rendezvous/round_end.h"
+#include "rendezvous/world.h"
+#include "tests/sim/simulation.h"
+
+namespace dlrun::sim {
+
+struct Shape {
+  int nodes = 2;
+  int minNodes = 1;
+  int maxNodes = 2;
+  int maxRestarts = 0;
+  bool refuseLostNodes = false;
+  Duration heartbeat{1'000};
+  Duration leaseTtl{3'000};
+  Duration lastCall{1'000};
+  Duration joinTimeout{60'000};
+  Duration storeOutage{20'000};
+};
+
+// One process of an agent: a node's first, or one started again after it was killed.
+struct Incarnation {
+  int owner = 0;  // the simulation's owner number
+  int node = 0;
+  int life = 0;       // 0: the node's first process
+  std::string label;  // "n2#1": node 2's second process
+  bool killed = false;
+  bool ended = false;
+  Time endedAt{};
+  std::optional<rendezvous::RoundEnd> end;  // how the job ended for it
+  std::string error;                        // or the error it ended with
+  std::string errorKind;                    // the error's type
+  bool stopAsked = false;                   // a stop (SIGTERM) was sent to it
+};
+
+// A round as the store knew it: its number, and the store's life it closed in (a store
+// restarted without its keys may see a number again, while the nodes meet anew).
+using RoundId = std::pair<int, int>;  // (store life, round)
+
+struct Running {  // a node's workers of one round
+  int owner;
+  RoundId round;
+  Time from;
+  std::optional<Time> to;
+};
+
+struct Record {
+  Shape shape;
+  std::vector<Incarnation> agents;
+  std::map<RoundId, std::vector<std::pair<int, rendezvous::World>>> worlds;   // (owner, World)
+  std::map<RoundId, std::vector<std::pair<int, rendezvous::RoundEnd>>> ends;  // as awaitEnd saw
+  std::map<RoundId, std::set<int>> succeeded;  // owners that reported success
+  std::vector<Running> running;
+  std::vector<std::pair<int, std::pair<Time, Time>>> paused;  // owner, interval
+  std::vector<std::pair<Time, Time>> storeAway;               // stopped or down
+  Time lastFault{};
+  int injectedFailures = 0;
+};
+
+// The first invariant `record` breaks, or nothing.
+std::optional<std::string> firstViolation(const Record& record, const Simulation& sim);
+
+}  // namespace dlrun::sim
