@@ -117,7 +117,12 @@ std::optional<std::string> checkEnds(const Record& r) {
 // node refused for being slow (Slurm's rule refuses only a node started again), and every
 // agent alive agrees on how the job ended.
 std::optional<std::string> checkOutcomes(const Record& r) {
-  std::optional<RoundEnd> job;
+  // Agents agree where they took part in one store life: a store restarted without its keys
+  // after the job ended holds a new job for a node that comes only then.
+  std::map<int, int> lastLife;
+  for (const auto& [round, members] : r.worlds)
+    for (const auto& [owner, world] : members) lastLife[owner] = round.first;
+  std::map<int, RoundEnd> job;  // by store life
   for (const auto& a : r.agents) {
     // A node sent SIGTERM exits 128 + 15 however the job ends (a stop racing its end).
     if (a.killed || !a.ended || a.stopAsked) continue;
@@ -130,10 +135,12 @@ std::optional<std::string> checkOutcomes(const Record& r) {
       continue;
     }
     if (!a.end->endsJob()) continue;  // left on purpose (stop_policy=node)
-    if (job && job->kind != a.end->kind)
+    const auto life = lastLife.find(a.owner);
+    if (life == lastLife.end()) continue;  // it read the job's end, in no round itself
+    auto [agreed, fresh] = job.emplace(life->second, *a.end);
+    if (!fresh && agreed->second.kind != a.end->kind)
       return a.label + " ended as '" + a.end->describe() + "', another agent as '" +
-             job->describe() + "'";
-    job = a.end;
+             agreed->second.describe() + "'";
   }
   return std::nullopt;
 }

@@ -8,6 +8,7 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "rendezvous/elastic_rendezvous.h"
+#include "tests/sim/sim_etcd.h"
 #include "tests/sim/sim_record.h"
 #include "tests/sim/sim_store.h"
 
@@ -47,11 +48,14 @@ std::string kindName(const std::exception& e) {
 
 class Job {
  public:
-  Job(uint64_t seed, bool keepTrace)
-      : sim_(seed, keepTrace),
-        server_(sim_,
-                NetworkShape{.replyTimeout = Duration(4'000), .connectTimeout = Duration(1'000)}) {
+  Job(uint64_t seed, bool keepTrace) : sim_(seed, keepTrace) {
     record_.shape = drawShape(sim_);
+    const NetworkShape network{.replyTimeout = Duration(4'000), .connectTimeout = Duration(1'000)};
+    if (sim_.chance(0.5)) {
+      store_ = std::make_unique<SimEtcd>(sim_, network);
+    } else {
+      store_ = std::make_unique<SimStoreServer>(sim_, network);
+    }
     log::setThreadSink([this](std::string_view line) {
       sim_.note(label(sim_.owner()) + " says: " + std::string(line));
     });
@@ -83,7 +87,7 @@ class Job {
   std::string summary() const;
 
   Simulation sim_;
-  SimStoreServer server_;
+  std::unique_ptr<SimBackend> store_;
   Record record_;
   double failureChance_ = 0;
   std::map<int, std::shared_ptr<Agent>> live_;  // by owner, while its agent task runs
@@ -142,7 +146,7 @@ ElasticOptions Job::options(const Incarnation& me) {
   const int owner = me.owner;
   o.store =
       rendezvous::StoreOpener{.name = "the store",
-                              .open = [this, owner] { return server_.open(owner, label(owner)); },
+                              .open = [this, owner] { return store_->open(owner, label(owner)); },
                               .now = [this] { return sim_.now(); },
                               .pause = [this](std::chrono::milliseconds d) { sim_.sleep(d); }};
   return o;
@@ -169,7 +173,7 @@ void Job::agentBody(int owner) {
       sim_.note(label(owner) + " is in round " + std::to_string(world.round) + ": node rank " +
                 std::to_string(world.groupRank) + " of " + std::to_string(world.groupWorldSize) +
                 ", " + std::to_string(world.failures) + " failures before");
-      const RoundId id{server_.life(), world.round};
+      const RoundId id{store_->lifeOfLastRead(owner), world.round};
       record_.worlds[id].emplace_back(owner, world);
       record_.running.push_back({owner, id, sim_.now(), std::nullopt});
       agent->workersRunning = true;
@@ -267,19 +271,19 @@ void Job::planFaults() {
     const int node = static_cast<int>(sim_.uniform(1, record_.shape.nodes));
     const Duration d = sim_.between(Duration(300), Duration(12'000));
     if (kind < 15) {
-      fault(at, "cut a connection", [this] { server_.cutRandomLink(); });
+      fault(at, "cut a connection", [this] { store_->cutRandomLink(); });
     } else if (kind < 27) {
       const Duration window = sim_.between(Duration(500), Duration(5'000));
       fault(at, "lose replies for " + std::to_string(window.count()) + " ms", [this, window] {
-        server_.loseReplies(0.2);
-        sim_.at(sim_.now() + window, [this] { server_.loseReplies(0); });
+        store_->loseReplies(0.2);
+        sim_.at(sim_.now() + window, [this] { store_->loseReplies(0); });
       });
     } else if (kind < 40) {
       record_.storeAway.push_back({at, at + d});
-      fault(at, "stop the store", [this, d] { server_.pause(d); });
+      fault(at, "stop the store", [this, d] { store_->pause(d); });
     } else if (kind < 52) {
       record_.storeAway.push_back({at, at + d});
-      fault(at, "restart the store", [this, d] { server_.restart(d); });
+      fault(at, "restart the store", [this, d] { store_->restart(d); });
     } else if (kind < 70) {
       fault(at,
             "stop n" + std::to_string(node) + "'s agent for " + std::to_string(d.count()) + " ms",
@@ -300,7 +304,7 @@ void Job::planFaults() {
                 a.killed = true;
                 a.endedAt = sim_.now();
                 sim_.killOwner(a.owner);
-                server_.cutLinksOf(a.owner);
+                store_->cutLinksOf(a.owner);
                 if (again) start(node, a.life + 1, sim_.now() + d);
                 break;
               }
@@ -335,15 +339,16 @@ void Job::stopAgent(int owner) {
   }
   for (auto& r : record_.running)
     if (r.owner == owner && !r.to) r.to = sim_.now();
-  server_.cutLinksOf(owner);
+  store_->cutLinksOf(owner);
   sim_.killOwner(owner);  // its process exits: every task of it ends
 }
 
 std::string Job::summary() const {
   const Shape& s = record_.shape;
   std::ostringstream out;
-  out << s.nodes << " nodes, --nnodes=" << s.minNodes << ":" << s.maxNodes << ", max_restarts "
-      << s.maxRestarts << (s.refuseLostNodes ? ", lost nodes refused" : "") << "; ends:";
+  out << store_->name() << ", " << s.nodes << " nodes, --nnodes=" << s.minNodes << ":" << s.maxNodes
+      << ", max_restarts " << s.maxRestarts << (s.refuseLostNodes ? ", lost nodes refused" : "")
+      << "; ends:";
   for (const auto& a : record_.agents)
     out << " " << a.label << "="
         << (a.killed   ? "killed"

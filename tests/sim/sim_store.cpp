@@ -172,6 +172,7 @@ class SimStore : public LeasingStore {
       throw TimeoutError("the store did not answer within " +
                          std::to_string(server_.shape().replyTimeout.count()) + " ms");
     requireUnbroken();
+    server_.noteRead(link_->owner, link_->epoch);
     std::string out = link_->inbox.substr(0, n);
     link_->inbox.erase(0, n);
     return out;
@@ -201,6 +202,11 @@ SimStoreServer::~SimStoreServer() {
 }
 
 bool SimStoreServer::up() const { return sim_.now() >= downUntil_; }
+
+int SimStoreServer::lifeOfLastRead(int owner) const {
+  const auto found = lastRead_.find(owner);
+  return found == lastRead_.end() ? epoch_ : found->second;
+}
 
 std::unique_ptr<LeasingStore> SimStoreServer::open(int owner, const std::string& who) {
   sim_.sleep(latency());

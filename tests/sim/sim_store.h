@@ -6,6 +6,7 @@
 // (SIGSTOP: requests wait, connections stay), and the store restarted without its keys.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -25,25 +26,46 @@ struct NetworkShape {
   Duration handshakeTimeout{3'000};
 };
 
-class SimStoreServer {
+// A rendezvous store in the simulation, as the schedule's faults reach it: dlrund's
+// (SimStoreServer) or etcd's (sim_etcd.h).
+class SimBackend {
+ public:
+  virtual ~SimBackend() = default;
+  virtual std::string name() const = 0;  // "dlrund", "etcd"
+  // In a task of `owner`: one connection, as the production client opens one. `who` names it
+  // in traces.
+  virtual std::unique_ptr<LeasingStore> open(int owner, const std::string& who) = 0;
+  // The store stops answering for `d` (SIGSTOP, an election), keeping its connections.
+  virtual void pause(Duration d) = 0;
+  // The store goes away for `down`: dlrund restarts without its keys, etcd keeps them.
+  virtual void restart(Duration down) = 0;
+  virtual void cutRandomLink() = 0;
+  virtual void cutLinksOf(int owner) = 0;  // its process died
+  // Each reply lost with `probability` after its request was applied.
+  virtual void loseReplies(double probability) = 0;
+  // The store's life (restarts that lost its keys) that `owner`'s last reply came from: a round
+  // read just before a restart belongs to the life before it.
+  virtual int lifeOfLastRead(int owner) const = 0;
+};
+
+class SimStoreServer : public SimBackend {
  public:
   SimStoreServer(Simulation& sim, NetworkShape shape);
-  ~SimStoreServer();
+  ~SimStoreServer() override;
 
-  // In a task of `owner`: one connection, as TcpStore opens one (ConnectionRefused while the
-  // store is down, NotAStoreError when it accepts and says nothing). `who` names it in traces.
-  std::unique_ptr<LeasingStore> open(int owner, const std::string& who);
+  std::string name() const override { return "dlrund"; }
+  // ConnectionRefused while the store is down, SilentServerError when it accepts and says
+  // nothing, as TcpStore's connect.
+  std::unique_ptr<LeasingStore> open(int owner, const std::string& who) override;
+  void pause(Duration d) override;
+  void restart(Duration down) override;
+  void cutRandomLink() override;
+  void cutLinksOf(int owner) override;  // the kernel closes its sockets
+  void loseReplies(double probability) override { loseReplies_ = probability; }
+  int lifeOfLastRead(int owner) const override;
 
-  // Faults.
-  void pause(Duration d);
-  void restart(Duration down);
-  void cutRandomLink();
-  void cutLinksOf(int owner);  // its process died: the kernel closes its sockets
-  void loseReplies(double probability) { loseReplies_ = probability; }
-
-  // For invariants: the engine's value of `key` is not exposed; the checks read the agents'.
   bool up() const;
-  int life() const { return epoch_; }  // restarts so far
+  void noteRead(int owner, int life) { lastRead_[owner] = life; }
   const NetworkShape& shape() const { return shape_; }
   Simulation& sim() { return sim_; }
 
@@ -73,6 +95,7 @@ class SimStoreServer {
   std::vector<std::shared_ptr<Link>> links_;  // the ones the engine holds
   std::optional<Time> timerAt_;
   double loseReplies_ = 0;
+  std::map<int, int> lastRead_;
 };
 
 }  // namespace dlrun::sim
