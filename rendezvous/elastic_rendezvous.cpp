@@ -97,7 +97,14 @@ void ElasticImpl::connect(Clock::time_point deadline) {
       const bool silent = dynamic_cast<const SilentServerError*>(&e) != nullptr;
       if (!silent) silentSince.reset();
       if (silent && !silentSince) silentSince = at;
-      if (!isOutage(e) && !(silent && at - *silentSince < options_.storeOutage)) throw;
+      if (!isOutage(e) && !silent) throw;
+      // Silent for longer: a store away too long, as it is to a node already in the job.
+      if (silent && at - *silentSince >= options_.storeOutage)
+        throw NetworkError(
+            "the rendezvous store at " + storeName() + " did not answer for " +
+            std::to_string(
+                std::chrono::duration_cast<std::chrono::seconds>(at - *silentSince).count()) +
+            " s (store_outage_timeout): " + e.what());
       if (reconnect_) refusals.note(e, at, options_.leaseTtl, storeName(), "this node gives up");
       std::lock_guard lock(connectionMutex_);
       if (interrupted_ || at >= deadline)
@@ -286,10 +293,14 @@ ElasticImpl::Step ElasticImpl::tryRound(int round, Clock::time_point deadline) {
   const bool canClose = candidate && index >= options_.minNodes;
   // What a member reads once the round closed: the closer knows it already.
   std::optional<std::vector<std::string>> texts;
-  if (canClose && index >= targetSize(round)) texts = closeRound(round, index);
+  if (canClose && index >= targetSize(round)) {
+    asked_ = now();
+    texts = closeRound(round, index);
+  }
   WaitingReport waiting(options_.minNodes);
   while (!texts && !waitChunk(keys_.closed(round))) {
     if (canClose && now() - arrival >= options_.lastCall) {
+      asked_ = now();
       texts = closeRound(round, index);
     } else if (now() >= deadline) {
       // The closer may have read this node's record already: the round is aborted first, so
@@ -321,6 +332,7 @@ ElasticImpl::Step ElasticImpl::tryRound(int round, Clock::time_point deadline) {
     // One read whatever the outcome: a missing assignment reads as empty.
     std::vector<std::string> keys{keys_.closed(round), keys_.assignment(round, memberId_)};
     if (options_.fetchRoster) keys.push_back(keys_.roster(round));
+    asked_ = now();
     texts = lease_->peek(keys);
   }
   const std::string& closed = (*texts)[0];
@@ -348,7 +360,7 @@ ElasticImpl::Step ElasticImpl::tryRound(int round, Clock::time_point deadline) {
 World ElasticImpl::memberWorld(int round, int index, int members,
                                const std::vector<std::string>& texts) {
   const elastic::Assignment a = elastic::decodeAssignment(texts[1]);
-  member_ = Member{round, index, members, a.failures, now()};
+  member_ = Member{round, index, members, a.failures, asked_};
   memberRound_ = round;
   memberCount_ = members;
   memberIndex_ = index;
@@ -400,6 +412,13 @@ std::optional<RoundEnd> ElasticImpl::readEnd(int round) {
   return end;
 }
 
+RoundEnd ElasticImpl::endedHere(RoundEnd end) {
+  // The store may hold another round of this number (formed anew where it lost its keys), or
+  // none: the next join ends it, so no node stays in it while this one goes to the next.
+  endOwnRound_ = true;
+  return end;
+}
+
 RoundEnd ElasticImpl::awaitEnd() {
   const int round = member_->round;
   // The closer tidies up while its workers run, off everyone's way into the round.
@@ -411,13 +430,14 @@ RoundEnd ElasticImpl::awaitEnd() {
       // What became of the round while the store was away (a store that fails again meanwhile
       // is ridden out again, its outage still counted from `last`).
       if (wasAway)
-        if (auto end = roundAfterOutage(round)) return *end;
+        if (auto end = roundAfterOutage(round)) return endedHere(*end);
       wasAway = false;
       if (std::exchange(tidy, false)) forgetRounds(round - 2);
       replayReports();
       // A member slow to begin waiting (it tidied, or was stopped a while) may find its round
       // over and forgotten: two rounds went by without it, and its end is gone.
-      if (now() - member_->since > options_.heartbeat && forgotten(round)) return selfLost();
+      if (now() - member_->since > options_.heartbeat && forgotten(round))
+        return endedHere(selfLost());
       last = now();
       while (!waitChunk(keys_.end(round))) {
         replayReports();
@@ -425,11 +445,11 @@ RoundEnd ElasticImpl::awaitEnd() {
         // round's keys may have gone with two later rounds: it must not wait on them for ever.
         const auto at = now();
         if (at - last > options_.leaseTtl)
-          if (auto end = roundAfterOutage(round)) return *end;
+          if (auto end = roundAfterOutage(round)) return endedHere(*end);
         last = at;
       }
       const std::optional<RoundEnd> end = readEnd(round);
-      if (!end) return selfLost();  // it slept through two rounds, as roundAfterOutage says
+      if (!end) return endedHere(selfLost());  // it slept through two rounds
       ended_ = Ended{round, member_->members, spares(round), end->kind};
       return *end;
     } catch (const Error& e) {

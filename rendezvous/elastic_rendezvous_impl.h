@@ -79,6 +79,9 @@ class ElasticImpl {
   // A join the store's outage cut short: the round is aborted, or ended where it closed
   // meanwhile, so that every node meets in the next one.
   void abandonJoin(int round);
+  // An end this node concluded itself (its round is gone from the store, or forgotten):
+  // returned after marking the round for ending at the next join (endOwnRound_).
+  RoundEnd endedHere(RoundEnd end);
   // This node's loss, as its lease's tripwire writes it.
   RoundEnd selfLost() const {
     return {.kind = RoundEnd::Kind::NodeLost, .node = elastic::nodeName(options_.self)};
@@ -92,10 +95,12 @@ class ElasticImpl {
 
   struct Member {
     int round = 0;
-    int index = 0;              // arrival index in the round
-    int members = 0;            // the round's size
-    int failures = 0;           // failure restarts used before the round
-    Clock::time_point since{};  // when this node learnt its place
+    int index = 0;     // arrival index in the round
+    int members = 0;   // the round's size
+    int failures = 0;  // failure restarts used before the round
+    // When this node asked for its place: a node stopped between that and its first wait has
+    // not renewed its lease since.
+    Clock::time_point since{};
   };
   struct Ended {  // the last round this node saw end
     int round = 0;
@@ -180,6 +185,7 @@ class ElasticImpl {
   // The store's last answer to a join's wait: an outage that cuts the join counts from it, not
   // from the join's start (a spare waits as long as the job runs).
   Clock::time_point answered_{};
+  Clock::time_point asked_{};  // when the join's last read, or the round's close, was asked for
   // This node gave up on its round through an outage: the next join() ends it, should another
   // member still be in it.
   bool endOwnRound_ = false;

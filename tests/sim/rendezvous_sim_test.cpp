@@ -1,5 +1,5 @@
 // The simulation's own promises: a seed replays bit for bit, different seeds differ, and each
-// kind of fault it injects happens within a modest range of seeds.
+// kind of fault it injects, on dlrund and on etcd, happens within a modest range of seeds.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -43,7 +43,12 @@ TEST(RendezvousSim, EveryKindOfFaultIsInjectedAndTheJobsEndEveryWay) {
                                         "'s worker fails",
                                         "waiting as a spare",
                                         "ends: every worker finished",
-                                        "stopped answering"};
+                                        "stopped answering",
+                                        "granted etcd lease",
+                                        "lapsed",
+                                        "etcd answers again",
+                                        "reply lost: the call is made again",
+                                        "'s connection fails"};
   std::set<std::string> seen;
   for (uint64_t seed = 1; seed <= 400 && seen.size() < wanted.size(); ++seed) {
     const Verdict v = runSchedule(seed, true);

@@ -223,6 +223,7 @@ void Job::workerBody(const std::shared_ptr<Agent>& agent, World world, RoundId i
   try {
     if (fail) {
       ++record_.injectedFailures;
+      record_.failureReported.insert(id);
       record_.lastFault = std::max(record_.lastFault, sim_.now());
       sim_.note(who + "'s worker fails in round " + std::to_string(world.round));
       agent->rendezvous->reportFailure(

@@ -59,6 +59,7 @@ struct Record {
   std::map<RoundId, std::vector<std::pair<int, rendezvous::World>>> worlds;   // (owner, World)
   std::map<RoundId, std::vector<std::pair<int, rendezvous::RoundEnd>>> ends;  // as awaitEnd saw
   std::map<RoundId, std::set<int>> succeeded;  // owners that reported success
+  std::set<RoundId> failureReported;           // rounds some worker's failure was reported in
   std::vector<Running> running;
   std::vector<std::pair<int, std::pair<Time, Time>>> paused;  // owner, interval
   std::vector<std::pair<Time, Time>> storeAway;               // stopped or down
