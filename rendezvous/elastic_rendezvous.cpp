@@ -448,6 +448,9 @@ RoundEnd ElasticImpl::awaitEnd() {
           if (auto end = roundAfterOutage(round)) return endedHere(*end);
         last = at;
       }
+      // A report the store took but whose reply was lost is made again even so: the failure
+      // it carries is the job's count (the failures key).
+      replayReports();
       const std::optional<RoundEnd> end = readEnd(round);
       if (!end) return endedHere(selfLost());  // it slept through two rounds
       ended_ = Ended{round, member_->members, spares(round), end->kind};
