@@ -18,15 +18,18 @@ namespace dlrun::rendezvous::elastic {
 
 std::vector<std::string> Keys::ofRound(int round, int joined,
                                        const std::vector<std::string>& members) const {
-  std::vector<std::string> keys{
-      this->joined(round), closer(round), closed(round), roster(round), end(round),
-      done(round),         spares(round), names(round),  gaveUp(round), this->members(round)};
+  std::vector<std::string> keys{this->joined(round), closer(round), closed(round),
+                                roster(round),       done(round),   spares(round),
+                                names(round),        gaveUp(round), this->members(round)};
   for (int i = 1; i <= joined; ++i) {
     keys.push_back(node(round, i));
     keys.push_back(hangReport(round, i));
     keys.push_back(succeeded(round, i));
   }
   for (const auto& member : members) keys.push_back(assignment(round, member));
+  // The end last, after the assignments: a late report that finds its assignment wrote its end
+  // before the end went (ElasticImpl::endRound).
+  keys.push_back(end(round));
   return keys;
 }
 

@@ -86,7 +86,7 @@ class Keys {
   std::string forgotten() const { return root_ + "forgotten"; }
   std::string expiry() const { return root_ + "expiry"; }
   // Every key round `round` may hold, when `joined` agents joined it and `members` (the ids in
-  // Keys::members) closed it.
+  // Keys::members) closed it; the end last.
   std::vector<std::string> ofRound(int round, int joined,
                                    const std::vector<std::string>& members) const;
 

@@ -91,6 +91,9 @@ class ElasticImpl {
   void report(const std::string& what, const Write& write);
   // Whether `store` still holds this node's assignment in `round`.
   bool stillMember(Store& store, int round) const;
+  // Ends `round` as `end` unless it has an end, for a member of it; whether this end is the
+  // round's (also when made again after a lost reply).
+  bool endRound(Store& store, int round, const RoundEnd& end);
   void replayReports();
 
   struct Member {

@@ -44,19 +44,24 @@ bool ElasticImpl::stillMember(Store& store, int round) const {
   return store.check({keys_.assignment(round, memberId_)});
 }
 
+bool ElasticImpl::endRound(Store& store, int round, const RoundEnd& end) {
+  if (!stillMember(store, round)) return false;
+  const std::string mine = elastic::encode(end);
+  if (store.compareSet(keys_.end(round), "", mine) != mine) return false;
+  // Written after the round's end was deleted with its other keys (forgetRounds deletes the
+  // assignments first): a late report gives a forgotten round no end; it is taken back.
+  if (stillMember(store, round)) return true;
+  store.deleteKey(keys_.end(round));
+  return false;
+}
+
 void ElasticImpl::reportFailure(RoundEnd failure) {
   failure.countFailure(member_->failures, options_.restarts);
-  report(failure.describe(),
-         [this, round = member_->round, end = keys_.end(member_->round), failure](Store& store) {
-           if (!stillMember(store, round)) return;
-           const std::string mine = elastic::encode(failure);
-           // The job's count, by the failure that ended the round (made again alike after a lost
-           // reply), unless the round was over and forgotten before this report came.
-           if (store.compareSet(end, "", mine) != mine) return;
-           const bool some = store.check({keys_.forgotten()});
-           if (!some || storedCount(store.get(keys_.forgotten()), keys_.forgotten()) < round)
-             store.set(keys_.failures(), std::to_string(failure.failures));
-         });
+  report(failure.describe(), [this, round = member_->round, failure](Store& store) {
+    // The job's count, by the failure that ended the round (made again alike after a lost reply).
+    if (endRound(store, round, failure))
+      store.set(keys_.failures(), std::to_string(failure.failures));
+  });
 }
 
 void ElasticImpl::reportSuccess() {
@@ -90,9 +95,7 @@ RoundEnd ElasticImpl::reportStop(int signal) {
 void ElasticImpl::reportLost(const std::string& what) {
   const RoundEnd lost{.kind = RoundEnd::Kind::NodeLost, .node = what};
   report(lost.describe(),
-         [this, round = member_->round, end = keys_.end(member_->round), lost](Store& store) {
-           if (stillMember(store, round)) store.compareSet(end, "", elastic::encode(lost));
-         });
+         [this, round = member_->round, lost](Store& store) { endRound(store, round, lost); });
 }
 
 void ElasticImpl::shareHangReport(const std::string& report) {
