@@ -352,7 +352,22 @@ ElasticImpl::Step ElasticImpl::tryRound(int round, Clock::time_point deadline) {
     return NextRound{};
   }
   const int members = toCount(closed, keys_.closed(round));
-  if (candidate && index <= members) return memberWorld(round, index, members, *texts);
+  if (candidate && index <= members) {
+    World world = memberWorld(round, index, members, *texts);
+    if (options_.restarts.allowsRestart(world.failures)) return world;
+    // The job failed for good already, and the store restarted without that round's end
+    // before every node read it: the round ends at once, the same way for every member.
+    RoundEnd failed{
+        .kind = RoundEnd::Kind::WorkerFailed,
+        .exitCode = 1,
+        .failures = world.failures,
+        .final = true,
+        .report = "dlrun: the job failed for good (failure " + std::to_string(world.failures) +
+                  " with --max-restarts=" + std::to_string(options_.restarts.maxRestarts) +
+                  ") before its rendezvous store restarted and lost the report\n"};
+    lease_->compareSet(keys_.end(round), "", elastic::encode(failed));
+    return elastic::decodeRoundEnd(lease_->peek({keys_.end(round)})[0]);
+  }
   if (candidate) lease_->deleteKey(keys_.node(round, index));
   return afterLateArrival(round, members);
 }
