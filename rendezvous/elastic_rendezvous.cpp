@@ -196,13 +196,29 @@ JoinResult ElasticImpl::next() {
   }
 }
 
+RoundEnd ElasticImpl::stopOrEnd(const std::string& stop, int round) {
+  // A stop that came once the job had ended already (a final failure, or its finish) changes
+  // nothing: the members read that end, and so does every other node.
+  if (round >= 0) {
+    const std::string text = lease_->peek({keys_.end(round)})[0];
+    if (!text.empty()) {
+      RoundEnd end = elastic::decodeRoundEnd(text);
+      if (end.endsJob()) return end;
+    }
+  }
+  return elastic::decodeRoundEnd(stop);
+}
+
 JoinResult ElasticImpl::join(Clock::time_point deadline) {
   // The newest round is read with the rest; only the job's first agent finds it missing and
   // creates it (an add of 0). The first time, lookFirst() read them already.
   const auto found =
       firstLook_ ? *std::exchange(firstLook_, std::nullopt)
                  : lease_->peek({keys_.stop(), keys_.lost(options_.self.name), keys_.current()});
-  if (!found[0].empty()) return elastic::decodeRoundEnd(found[0]);  // stopped on purpose
+  if (!found[0].empty()) {  // stopped on purpose
+    const int newest = found[2].empty() ? -1 : toCount(found[2], keys_.current());
+    return stopOrEnd(found[0], newest);
+  }
   // The mark names the agent whose lease lapsed: this very agent was only slow (a stall of the
   // store or of this node lapses a live agent's lease too), and is taken back.
   if (options_.refuseLostNodes && !found[1].empty() && found[1] != memberId_)
@@ -322,7 +338,7 @@ ElasticImpl::Step ElasticImpl::tryRound(int round, Clock::time_point deadline) {
       const auto found = lease_->peek({keys_.joined(round), keys_.stop()});
       if (!found[1].empty()) {
         if (candidate) lease_->deleteKey(keys_.node(round, index));
-        return elastic::decodeRoundEnd(found[1]);
+        return stopOrEnd(found[1], round);
       }
       const int joined = found[0].empty() ? 0 : toCount(found[0], keys_.joined(round));
       if (auto line = waiting.update(joined, now(), deadline)) log::info(*line);
@@ -347,8 +363,7 @@ ElasticImpl::Step ElasticImpl::tryRound(int round, Clock::time_point deadline) {
       throw error;
     }
     if (candidate) lease_->deleteKey(keys_.node(round, index));
-    if (closed == elastic::kStopped)
-      return elastic::decodeRoundEnd(lease_->peek({keys_.stop()})[0]);
+    if (closed == elastic::kStopped) return stopOrEnd(lease_->peek({keys_.stop()})[0], round);
     return NextRound{};
   }
   const int members = toCount(closed, keys_.closed(round));
@@ -456,10 +471,12 @@ RoundEnd ElasticImpl::awaitEnd() {
       last = now();
       while (!waitChunk(keys_.end(round))) {
         replayReports();
-        // Stopped (SIGSTOP) or starved for longer than its lease, this node was lost, and its
-        // round's keys may have gone with two later rounds: it must not wait on them for ever.
+        // Stopped (SIGSTOP) or starved long enough for its lease to lapse (on etcd, renewed a
+        // third of a TTL apart, after two thirds), this node was lost, and its round's keys
+        // may have gone with two later rounds: it must not wait on them for ever. A wait's own
+        // piece takes a heartbeat.
         const auto at = now();
-        if (at - last > options_.leaseTtl)
+        if (at - last > options_.heartbeat + options_.leaseTtl / 4)
           if (auto end = roundAfterOutage(round)) return endedHere(*end);
         last = at;
       }

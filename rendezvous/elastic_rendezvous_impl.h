@@ -119,6 +119,9 @@ class ElasticImpl {
   // next()'s one try: from the job's newest round (or the one after this node's) until it has
   // a place or the job's end.
   JoinResult join(Clock::time_point deadline);
+  // How the job ended for a node that found its `stop` record: round `round`'s end where that
+  // ended the job first, else the stop.
+  RoundEnd stopOrEnd(const std::string& stop, int round);
   // ConfigError when the job's keys say it ended: from `stop`, the newest round (`current`;
   // round 0's end is `firstEnd`) and the job's Expiry.
   void refuseEndedJob(const std::string& stop, const std::string& current,
