@@ -91,10 +91,12 @@ void ElasticImpl::connect(Clock::time_point deadline) {
       return;
     } catch (const Error& e) {
       const auto at = now();
-      // A store stopped or overloaded says nothing for a while, as it would to a node already
-      // in the job: waited for up to store_outage_timeout, then taken for another kind of
-      // server. One that answers something else, or a broken one, will not become a store.
-      const bool silent = dynamic_cast<const SilentServerError*>(&e) != nullptr;
+      // A node reconnecting to a store it reached before may find it stopped or overloaded,
+      // saying nothing a while: that is waited for up to store_outage_timeout, then reported as
+      // away. At first contact a server that says nothing is named at once as not a store (a
+      // wrong endpoint is far likelier than a store stopped just then). One that answers
+      // something else, or a broken one, will not become a store.
+      const bool silent = reconnect_ && dynamic_cast<const SilentServerError*>(&e) != nullptr;
       if (!silent) silentSince.reset();
       if (silent && !silentSince) silentSince = at;
       if (!isOutage(e) && !silent) throw;

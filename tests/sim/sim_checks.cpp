@@ -127,6 +127,13 @@ std::optional<std::string> checkEnds(const Record& r) {
   return std::nullopt;
 }
 
+bool everJoined(const Record& r, int owner) {
+  for (const auto& [round, members] : r.worlds)
+    for (const auto& member : members)
+      if (member.first == owner) return true;
+  return false;
+}
+
 // How each agent ended: a job's end, or an error the rendezvous names for what happened
 // (too few nodes in time, the store gone); never an error of the protocol itself, never a
 // node refused for being slow (Slurm's rule refuses only a node started again), and every
@@ -145,6 +152,10 @@ std::optional<std::string> checkOutcomes(const Record& r) {
       if (a.errorKind == "Stopped" || a.errorKind == "NotStarted") continue;
       const bool refused = a.error.find("is not taken back") != std::string::npos;
       if (refused && a.life > 0 && r.shape.refuseLostNodes) continue;
+      // A node's first contact with a store that says nothing names it as not a store, at once
+      // (by design: a wrong endpoint is the likelier cause); never a node in the job already.
+      const bool silent = a.error.find("sent nothing back") != std::string::npos;
+      if (silent && a.errorKind == "ConfigError" && !everJoined(r, a.owner)) continue;
       if (a.errorKind != "TimeoutError" && a.errorKind != "NetworkError")
         return a.label + " ended with " + a.errorKind + ": " + a.error;
       continue;
