@@ -327,22 +327,21 @@ ElasticImpl::Step ElasticImpl::tryRound(int round, Clock::time_point deadline) {
       if (candidate && lease_->compareSet(keys_.closed(round), "",
                                           std::string(elastic::kAborted)) != elastic::kAborted)
         break;
-      const JoinTimedOut error = timedOut(round);
-      if (candidate) lease_->deleteKey(keys_.node(round, index));
-      throw error;
+      giveUpJoin(round, candidate ? index : 0);
     } else if (!canClose) {
-      if (forgotten(round)) {
+      // One read a heartbeat: whether the round was forgotten, the job's stop (one written
+      // after this node's first look, while the stopper read an older round as the newest,
+      // reaches it here or through the closer), and who joined.
+      const auto found = lease_->peek({keys_.forgotten(), keys_.stop(), keys_.joined(round)});
+      if (!found[0].empty() && toCount(found[0], keys_.forgotten()) >= round) {
         if (candidate) lease_->deleteKey(keys_.node(round, index));
         return NextRound{};
       }
-      // The job's stop too: one written after this node's first look, while the stopper read
-      // an older round as the newest, reaches it here (or through the closer, closeRound).
-      const auto found = lease_->peek({keys_.joined(round), keys_.stop()});
       if (!found[1].empty()) {
         if (candidate) lease_->deleteKey(keys_.node(round, index));
         return stopOrEnd(found[1], round);
       }
-      const int joined = found[0].empty() ? 0 : toCount(found[0], keys_.joined(round));
+      const int joined = found[2].empty() ? 0 : toCount(found[2], keys_.joined(round));
       if (auto line = waiting.update(joined, now(), deadline)) log::info(*line);
     }
   }
@@ -359,11 +358,7 @@ ElasticImpl::Step ElasticImpl::tryRound(int round, Clock::time_point deadline) {
   if (closed.empty() || closed == elastic::kAborted || closed == elastic::kStopped) {
     // Aborted by a node that gave up as this one's time ran out too: both give up in this
     // round, each naming the nodes that did not come.
-    if (closed == elastic::kAborted && now() >= deadline) {
-      const JoinTimedOut error = timedOut(round);
-      if (candidate) lease_->deleteKey(keys_.node(round, index));
-      throw error;
-    }
+    if (closed == elastic::kAborted && now() >= deadline) giveUpJoin(round, candidate ? index : 0);
     if (candidate) lease_->deleteKey(keys_.node(round, index));
     if (closed == elastic::kStopped) return stopOrEnd(lease_->peek({keys_.stop()})[0], round);
     return NextRound{};
@@ -434,10 +429,10 @@ int ElasticImpl::spares(int round) { return static_cast<int>(lease_->add(keys_.s
 
 std::optional<RoundEnd> ElasticImpl::readEnd(int round) {
   const std::string text = lease_->peek({keys_.end(round)})[0];
-  // Its end came, then went with the round's other keys two rounds later (forgetRounds, whose
-  // mark comes last), while this node was stopped or starved between its wait's answer and
-  // this read: only forgetting deletes an end, and the same connection cannot outlive a store
-  // that lost its keys.
+  // Its end came, then went with the round's other keys two rounds later (forgetRounds),
+  // while this node was stopped or starved between its wait's answer and this read: only
+  // forgetting deletes an end, and the same connection cannot outlive a store that lost its
+  // keys.
   if (text.empty()) return std::nullopt;
   RoundEnd end = elastic::decodeRoundEnd(text);
   if (end.countsAsFailure()) failures_ = end.failures;
@@ -503,6 +498,12 @@ RoundEnd ElasticImpl::awaitEnd() {
       }
     }
   }
+}
+
+void ElasticImpl::giveUpJoin(int round, int index) {
+  const JoinTimedOut error = timedOut(round);
+  if (index > 0) lease_->deleteKey(keys_.node(round, index));
+  throw error;
 }
 
 JoinTimedOut ElasticImpl::timedOut(int round) {

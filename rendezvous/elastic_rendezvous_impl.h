@@ -145,6 +145,8 @@ class ElasticImpl {
   std::optional<RoundEnd> readEnd(int round);
   // The join timeout's error, naming the last round's members that did not come back.
   JoinTimedOut timedOut(int round);
+  // Throws timedOut(round), after releasing this node's record `index` (0: none) in it.
+  [[noreturn]] void giveUpJoin(int round, int index);
   int spares(int round);
   int targetSize(int round) const;
   // Moves the newest round on to `toRound`; returns the round to join: `toRound`, or the
