@@ -79,6 +79,12 @@ AgentImpl::AgentImpl(AgentOptions options, rendezvous::Rendezvous& rendezvous)
   std::string names;
   for (int sig : stopSignals_) names += (names.empty() ? "" : ",") + signalName(sig);
   services_["TORCHELASTIC_SIGNALS_TO_HANDLE"] = names;
+  // `import dlrun.progress` works in every Python worker; the workers' own path comes first.
+  if (const std::string dir = pythonModulesDir(); !dir.empty()) {
+    auto it = inherited_.find("PYTHONPATH");
+    services_["PYTHONPATH"] =
+        it == inherited_.end() || it->second.empty() ? dir : it->second + ":" + dir;
+  }
   if (options_.hang)
     hang_.emplace(io_, *options_.hang,
                   options_.nodeName.empty() ? std::string("this node") : options_.nodeName,
@@ -109,11 +115,21 @@ int AgentImpl::run() {
   if (options_.controlStdin) followLauncher();
   prepareLogRoot();
   if (options_.control)
-    observers_.push_back(
-        std::make_unique<ControlObserver>(*options_.control, [this](const ControlCommand& command) {
+    observers_.push_back(std::make_unique<ControlObserver>(
+        *options_.control,
+        [this](const ControlCommand& command) {
           asio::post(io_, [this, command] { onControlCommand(command); });
+        },
+        [this](const std::map<int, control::Straggler>& named) {
+          asio::post(io_, [this, named] {
+            for (const auto& observer : observers_) observer->onStragglers(named);
+          });
         }));
   serveFileTimer();
+  if (hang_ || !observers_.empty())
+    progress_.emplace(io_, [this](const ProgressSample& sample) {
+      for (const auto& observer : observers_) observer->onProgress(sample);
+    });
   if (options_.control && !options_.control->announce.empty())
     log::info(options_.control->announce);
   if (options_.nprocPerNode > 1 && !inherited_.contains("OMP_NUM_THREADS"))

@@ -140,6 +140,9 @@ class AgentImpl {
   std::optional<rendezvous::RoundEnd> roundEnd_;
   std::thread roundThread_;          // the rendezvous's blocking calls (runRendezvous)
   std::optional<HangWatcher> hang_;  // with --hang-timeout
+  // The workers' progress board and its look twice a second, for the hang watch and the
+  // observers: made when either is there.
+  std::optional<ProgressSampler> progress_;
   // Told each moment, in this order: --metrics-port's, then the control plane's.
   std::vector<std::unique_ptr<AgentObserver>> observers_;
   std::optional<asio::ip::tcp::socket> storeHost_;  // watchStoreHost's connection

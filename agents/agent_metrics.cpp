@@ -13,13 +13,11 @@
 
 namespace dlrun::agents {
 
-namespace fs = std::filesystem;
 using nlohmann::json;
 using Kind = rendezvous::RoundEnd::Kind;
 
 namespace {
 
-constexpr auto kSampleEvery = std::chrono::milliseconds(500);
 const char* const kCauses[] = {"failure",  "hang",      "node_lost",
                                "scale_up", "node_left", "store_lost"};
 
@@ -150,6 +148,16 @@ std::string AgentView::metricsText(const std::optional<StoreStats>& store) const
   for (const auto& [code, n] : exits_)
     out.sample("dlrun_worker_exits_total", {{"code", std::to_string(code)}},
                static_cast<double>(n));
+  out.family("dlrun_stragglers", "gauge",
+             "Ranks this node's watch names slow now (group rank 0's agent watches the job)");
+  out.sample("dlrun_stragglers", static_cast<double>(stragglers_.size()));
+  if (!stragglers_.empty()) {
+    out.family("dlrun_straggler_pace_ratio", "gauge",
+               "A slow rank's steps per second over the median of the job's ranks");
+    for (const auto& [rank, s] : stragglers_)
+      out.sample("dlrun_straggler_pace_ratio", {{"rank", std::to_string(rank)}, {"node", s.node}},
+                 s.median > 0 ? s.stepsPerSecond / s.median : 0);
+  }
   if (last_) {
     out.family("dlrun_progress_step", "gauge", "The step local rank 0 reported last");
     out.sample("dlrun_progress_step", static_cast<double>(last_->step));
@@ -241,7 +249,6 @@ AgentMetrics::AgentMetrics(boost::asio::io_context& io, MetricsOptions options,
                            std::string nodeName)
     : options_(std::move(options)),
       view_(nameOrHost(std::move(nodeName))),
-      timer_(io),
       server_(io, {.host = options_.host, .port = options_.port},
               metrics::routes(
                   [this] {
@@ -252,40 +259,13 @@ AgentMetrics::AgentMetrics(boost::asio::io_context& io, MetricsOptions options,
                     return view_.stateJson(
                         options_.storeStats ? std::optional(options_.storeStats()) : std::nullopt,
                         wallSeconds());
-                  })) {
-  log::info("metrics on http://" + joinHostPort(server_.address(), server_.port()) +
-            "/metrics, the job's page on http://" +
-            joinHostPort(server_.address(), server_.port()) + "/");
-  sample();
+                  },
+                  options_.jobApi)) {
+  const std::string at = "http://" + joinHostPort(server_.address(), server_.port());
+  log::info("metrics on " + at + "/metrics, this node's page on " + at + "/" +
+            (options_.jobApi ? ", the whole job's on " + at + "/job" : std::string()));
 }
 
 AgentMetrics::~AgentMetrics() = default;
-
-void AgentMetrics::prepareRound(const fs::path& attemptDir, int workers,
-                                const ProgressBoard* shared, RoundSpec& spec) {
-  if (shared) {
-    ownBoard_.reset();
-    board_ = shared;
-    return;
-  }
-  fs::create_directories(attemptDir);
-  ownBoard_.reset();
-  ownBoard_ = std::make_unique<ProgressBoard>(attemptDir / "progress", workers);
-  board_ = ownBoard_.get();
-  spec.services["DLRUN_PROGRESS_FILE"] = board_->path().string();
-}
-
-void AgentMetrics::sample() {
-  if (board_) {
-    std::vector<ProgressReading> readings;
-    readings.reserve(board_->workers());
-    for (int local = 0; local < board_->workers(); ++local) readings.push_back(board_->read(local));
-    view_.progress(readings, wallSeconds());
-  }
-  timer_.expires_after(kSampleEvery);
-  timer_.async_wait([this](const boost::system::error_code& ec) {
-    if (!ec) sample();
-  });
-}
 
 }  // namespace dlrun::agents

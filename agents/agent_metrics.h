@@ -1,11 +1,11 @@
 // --metrics-port on an agent: Prometheus metrics and the live page for this node, served on the
 // agent's own io_context (metrics/http_server.h). The agent tells AgentView what changes (a
 // round, a restart, a worker's exit, its node state and events: the same moments it publishes
-// to the control plane, O(1) each); a sampler reads the progress board twice a second for the
-// training curve, so a worker step costs nothing beyond the board's stores.
+// to the control plane, O(1) each), and each look the agent's sampler takes at the progress
+// board twice a second (progress_sampler.h), for the training curve.
 //
 // AgentView is pure (time comes from the caller), so its counts and texts are unit-tested;
-// AgentMetrics adds the server, the sampler and, without --hang-timeout, a board of its own.
+// AgentMetrics adds the server.
 #pragma once
 
 #include <cstdint>
@@ -23,8 +23,10 @@
 #include "common/clock.h"
 #include "common/progress_board.h"
 #include "control/state/control_state.h"
+#include "control/state/stragglers.h"
 #include "metrics/exposition.h"
 #include "metrics/http_server.h"
+#include "metrics/routes.h"
 #include "rendezvous/round_end.h"
 #include "rendezvous/world.h"
 #include "store/store_server.h"
@@ -36,6 +38,8 @@ struct MetricsOptions {
   uint16_t port = 0;  // 0: a free one, printed
   // The store this process serves, if any: its counts join this agent's metrics.
   std::function<StoreStats()> storeStats;
+  // The whole job's page (/job, /api/job), where the launcher can read the job's store.
+  metrics::JobApi jobApi;
 };
 
 // One point of the training curve: a sample that saw a new step.
@@ -64,6 +68,8 @@ class AgentView {
   void restarting(const rendezvous::RoundEnd& end);  // a new round follows this end
   void workerExited(int shellCode);
   void node(control::NodeState state) { node_ = std::move(state); }
+  // The ranks group rank 0's watch names slow now (on group rank 0's agent; none elsewhere).
+  void stragglers(std::map<int, control::Straggler> named) { stragglers_ = std::move(named); }
   void event(control::JobEvent event);
   // One look at the board: this node's workers by local rank.
   void progress(const std::vector<ProgressReading>& workers, double wallNow);
@@ -83,6 +89,7 @@ class AgentView {
   int64_t up_ = 0;
   std::map<int, uint64_t> exits_;
   std::optional<control::NodeState> node_;
+  std::map<int, control::Straggler> stragglers_;
   std::deque<control::JobEvent> events_;
   std::vector<CurvePoint> curve_;
   std::optional<ProgressReading> last_;  // local rank 0's newest reading
@@ -99,19 +106,10 @@ class AgentMetrics {
   ~AgentMetrics();
 
   AgentView& view() { return view_; }
-  // A round begins: sample `shared` (--hang-timeout's board), else a board of this agent's own,
-  // whose path goes to the workers through `spec`.
-  void prepareRound(const std::filesystem::path& attemptDir, int workers,
-                    const ProgressBoard* shared, RoundSpec& spec);
 
  private:
-  void sample();
-
   const MetricsOptions options_;
   AgentView view_;
-  boost::asio::steady_timer timer_;
-  std::unique_ptr<ProgressBoard> ownBoard_;
-  const ProgressBoard* board_ = nullptr;
   metrics::HttpServer server_;
 };
 

@@ -6,17 +6,12 @@
 // ControlPublisher, which stay independent of the agent.
 #pragma once
 
-#include <filesystem>
-
-#include "agents/worker_env.h"
+#include "agents/progress_sampler.h"
 #include "common/clock.h"
 #include "control/state/control_state.h"
+#include "control/state/stragglers.h"
 #include "rendezvous/round_end.h"
 #include "rendezvous/world.h"
-
-namespace dlrun {
-class ProgressBoard;
-}
 
 namespace dlrun::agents {
 
@@ -24,10 +19,6 @@ class AgentObserver {
  public:
   virtual ~AgentObserver() = default;
 
-  // A round's workers are about to be built: an observer may add what they need to `spec`.
-  // `shared`: --hang-timeout's progress board, if any.
-  virtual void onRoundPreparing(const std::filesystem::path& /*attemptDir*/, int /*workers*/,
-                                const ProgressBoard* /*shared*/, RoundSpec& /*spec*/) {}
   // Every worker of the round started.
   virtual void onRoundStarted(const rendezvous::World& /*world*/, int /*workers*/,
                               Clock::time_point /*now*/) {}
@@ -35,7 +26,11 @@ class AgentObserver {
   // A new round follows this end.
   virtual void onRestarting(const rendezvous::RoundEnd& /*end*/) {}
   virtual void onWorkerExited(int /*shellCode*/) {}
+  // One look at the round's progress board, twice a second (progress_sampler.h).
+  virtual void onProgress(const ProgressSample& /*sample*/) {}
   virtual void onNodeChanged(const control::NodeState& /*node*/) {}
+  // The ranks named slow now (group rank 0's straggler watch), each time that changes.
+  virtual void onStragglers(const std::map<int, control::Straggler>& /*named*/) {}
   // `spokenHere`: this node speaks for the event to the job (false: an event of the job as a
   // whole, which group rank 0 speaks for, that this node saw too).
   virtual void onEvent(const control::JobEvent& /*event*/, bool /*spokenHere*/) {}

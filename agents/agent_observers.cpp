@@ -4,11 +4,6 @@
 
 namespace dlrun::agents {
 
-void MetricsObserver::onRoundPreparing(const std::filesystem::path& attemptDir, int workers,
-                                       const ProgressBoard* shared, RoundSpec& spec) {
-  metrics_.prepareRound(attemptDir, workers, shared, spec);
-}
-
 void MetricsObserver::onRoundStarted(const rendezvous::World& world, int workers,
                                      Clock::time_point now) {
   metrics_.view().roundStarted(world, workers, now);
@@ -24,14 +19,45 @@ void MetricsObserver::onRestarting(const rendezvous::RoundEnd& end) {
 
 void MetricsObserver::onWorkerExited(int shellCode) { metrics_.view().workerExited(shellCode); }
 
+void MetricsObserver::onProgress(const ProgressSample& sample) {
+  metrics_.view().progress(sample.board, sample.wall);
+}
+
 void MetricsObserver::onNodeChanged(const control::NodeState& node) { metrics_.view().node(node); }
+
+void MetricsObserver::onStragglers(const std::map<int, control::Straggler>& named) {
+  metrics_.view().stragglers(named);
+}
 
 // Every node's page shows what it saw, whoever speaks for it.
 void MetricsObserver::onEvent(const control::JobEvent& event, bool) {
   metrics_.view().event(event);
 }
 
-void ControlObserver::onNodeChanged(const control::NodeState& node) { publisher_.node(node); }
+void ControlObserver::onRoundStarted(const rendezvous::World& world, int workers,
+                                     Clock::time_point) {
+  rates_.reset(world.round, world.baseRank, workers);
+  sent_.reset();
+  exited_.clear();
+  publisher_.round(world.round, world.groupRank == 0);
+}
+
+// Handed over when a step or a result changed, or every few seconds: the publisher writes the
+// newest at most once a second.
+void ControlObserver::onProgress(const ProgressSample& sample) {
+  control::NodeProgress next =
+      rates_.observe(sample.board, sample.metrics, sample.now, sample.wall);
+  for (auto& rank : next.ranks) rank.exited = exited_.contains(rank.rank);
+  if (next.ranks.empty() || (sent_ && !progressChanged(*sent_, next, kRefresh))) return;
+  sent_ = next;
+  publisher_.progress(std::move(next));
+}
+
+void ControlObserver::onNodeChanged(const control::NodeState& node) {
+  for (const auto& w : node.workers)
+    if (w.state != "running") exited_.insert(w.rank);
+  publisher_.node(node);
+}
 
 void ControlObserver::onEvent(const control::JobEvent& event, bool spokenHere) {
   if (spokenHere) publisher_.event(event);

@@ -4,10 +4,12 @@
 
 #include <functional>
 #include <memory>
+#include <set>
 
 #include "agents/agent_metrics.h"
 #include "agents/agent_observer.h"
 #include "agents/control_publisher.h"
+#include "agents/rank_rates.h"
 
 namespace dlrun::agents {
 
@@ -18,31 +20,41 @@ class MetricsObserver : public AgentObserver {
   MetricsObserver(boost::asio::io_context& io, MetricsOptions options, std::string nodeName)
       : metrics_(io, std::move(options), std::move(nodeName)) {}
 
-  void onRoundPreparing(const std::filesystem::path& attemptDir, int workers,
-                        const ProgressBoard* shared, RoundSpec& spec) override;
   void onRoundStarted(const rendezvous::World& world, int workers, Clock::time_point now) override;
   void onRoundEnded(const rendezvous::RoundEnd& end, Clock::time_point now) override;
   void onRestarting(const rendezvous::RoundEnd& end) override;
   void onWorkerExited(int shellCode) override;
+  void onProgress(const ProgressSample& sample) override;
   void onNodeChanged(const control::NodeState& node) override;
+  void onStragglers(const std::map<int, control::Straggler>& named) override;
   void onEvent(const control::JobEvent& event, bool spokenHere) override;
 
  private:
   AgentMetrics metrics_;
 };
 
-// The node's state and the events this node speaks for go to the control plane.
+// The node's state, its ranks' pace and the events this node speaks for go to the control
+// plane.
 class ControlObserver : public AgentObserver {
  public:
-  ControlObserver(ControlOptions options, std::function<void(const ControlCommand&)> onCommand)
-      : publisher_(std::move(options), std::move(onCommand)) {}
+  ControlObserver(ControlOptions options, std::function<void(const ControlCommand&)> onCommand,
+                  ControlPublisher::StragglersSeen onStragglers)
+      : publisher_(std::move(options), std::move(onCommand), std::move(onStragglers)) {}
 
+  void onRoundStarted(const rendezvous::World& world, int workers, Clock::time_point now) override;
+  void onProgress(const ProgressSample& sample) override;
   void onNodeChanged(const control::NodeState& node) override;
   void onEvent(const control::JobEvent& event, bool spokenHere) override;
   void onReporting() override;
 
  private:
+  // A record unchanged but for the time since the ranks' last steps is rewritten this often.
+  static constexpr double kRefresh = 5;
+
   ControlPublisher publisher_;
+  RankRates rates_;
+  std::optional<control::NodeProgress> sent_;  // the last record handed to the publisher
+  std::set<int> exited_;                       // ranks whose workers are gone, this round
 };
 
 }  // namespace dlrun::agents

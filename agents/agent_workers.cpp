@@ -107,10 +107,8 @@ void AgentImpl::prepareLaunches() {
                  .inheritTfConfig = options_.tfConfig == TfConfigMode::Never,
                  .services = services_,
                  .virtualLocalRank = options_.virtualLocalRank};
-  if (hang_) hang_->prepareRound(attemptDir, options_.nprocPerNode, inherited_, spec);
-  for (const auto& observer : observers_)
-    observer->onRoundPreparing(attemptDir, options_.nprocPerNode, hang_ ? hang_->board() : nullptr,
-                               spec);
+  if (progress_) progress_->prepareRound(attemptDir, options_.nprocPerNode, spec);
+  if (hang_) hang_->prepareRound(attemptDir, *progress_->board(), inherited_, spec);
   rendezvous::World seen = world_;  // the world as the workers see it
   if (options_.storeProxy) proxyStore(seen);
   environment_.emplace(inherited_, seen, std::move(spec));

@@ -16,11 +16,24 @@ namespace {
 // within milliseconds, so commands are not held up.
 void yieldToTheJob() { ::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), 10); }
 
+constexpr auto kProgressEvery = std::chrono::seconds(1);  // at most one pace record a second
+constexpr auto kWatchEvery = std::chrono::seconds(2);     // the leader's look for stragglers
+constexpr double kStaleProgress = 30;  // seconds: a record older is an agent gone (or stopped)
+
+double wallNow() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
 }  // namespace
 
 ControlPublisher::ControlPublisher(ControlOptions options,
-                                   std::function<void(const ControlCommand&)> onCommand)
-    : options_(std::move(options)), keys_(options_.runId), onCommand_(std::move(onCommand)) {
+                                   std::function<void(const ControlCommand&)> onCommand,
+                                   StragglersSeen onStragglers)
+    : options_(std::move(options)),
+      keys_(options_.runId),
+      onCommand_(std::move(onCommand)),
+      onStragglers_(std::move(onStragglers)),
+      stragglers_(options_.stragglers) {
   writer_ = std::thread([this] { write(); });
 }
 
@@ -54,6 +67,38 @@ void ControlPublisher::event(control::JobEvent event) {
   changed_.notify_all();
 }
 
+void ControlPublisher::progress(control::NodeProgress progress) {
+  {
+    std::lock_guard lock(mutex_);
+    progress_ = std::move(progress);
+  }
+  changed_.notify_all();
+}
+
+void ControlPublisher::round(int round, bool leader) {
+  {
+    std::lock_guard lock(mutex_);
+    round_ = round;
+    leader_ = leader && options_.stragglers.fraction > 0;
+    watchAt_ = Clock::now() + kWatchEvery;
+  }
+  changed_.notify_all();
+}
+
+bool ControlPublisher::due(Clock::time_point now, Clock::time_point& next) const {
+  if (stopping_ || node_ || !events_.empty()) return true;
+  next = Clock::time_point::max();
+  if (progress_) {
+    if (now >= progressAt_) return true;
+    next = progressAt_;
+  }
+  if (leader_) {
+    if (now >= watchAt_) return true;
+    next = std::min(next, watchAt_);
+  }
+  return false;
+}
+
 void ControlPublisher::flush(std::chrono::milliseconds limit) {
   std::unique_lock lock(mutex_);
   written_.wait_for(lock, limit, [&] { return events_.empty(); });
@@ -64,14 +109,26 @@ void ControlPublisher::write() {
   std::unique_ptr<LeasingStore> store;
   bool warned = false;
   while (true) {
+    bool watch = false;
     {
       std::unique_lock lock(mutex_);
-      changed_.wait(lock, [&] { return stopping_ || node_ || !events_.empty(); });
-      if (!node_ && events_.empty()) return;  // stopping, nothing left
+      for (Clock::time_point next; !due(Clock::now(), next);) {
+        if (next == Clock::time_point::max()) {
+          changed_.wait(lock);
+        } else {
+          changed_.wait_until(lock, next);
+        }
+      }
+      if (stopping_ && !node_ && events_.empty()) return;  // nothing left
+      if (leader_ && Clock::now() >= watchAt_ && !stopping_) {
+        watch = true;
+        watchAt_ = Clock::now() + kWatchEvery;
+      }
     }
     try {
       if (!store) store = options_.connect();
       writeOnce(*store);
+      if (watch) watchStragglers(*store);
       std::lock_guard lock(mutex_);
       if (!stopping_ && !listener_.joinable())
         listener_ = std::thread([this, next = *firstCommand_] { listen(next); });
@@ -108,14 +165,20 @@ void ControlPublisher::writeOnce(LeasingStore& store) {
   // events at once, and the node's state with them).
   std::vector<control::JobEvent> events;
   std::optional<control::NodeState> state;
+  std::optional<control::NodeProgress> progress;
   uint64_t changes;
   {
     std::lock_guard lock(mutex_);
     events.assign(events_.begin(), events_.end());
     state = node_;
     changes = nodeChanges_;
+    if (progress_ && Clock::now() >= progressAt_ && !stopping_) {
+      progress = std::move(progress_);
+      progress_.reset();
+      progressAt_ = Clock::now() + kProgressEvery;
+    }
   }
-  if (events.empty() && !state && named_) return;
+  if (events.empty() && !state && !progress && named_) return;
   std::vector<std::string> keys, values;
   if (!events.empty()) {
     const int64_t last = store.add(keys_.seq(), static_cast<int64_t>(events.size()));
@@ -129,6 +192,10 @@ void ControlPublisher::writeOnce(LeasingStore& store) {
   if (state) {
     keys.push_back(keys_.node(*index_));
     values.push_back(control::encode(*state));
+  }
+  if (progress) {
+    keys.push_back(keys_.progress(*index_));
+    values.push_back(control::encode(*progress));
   }
   const bool first = *index_ == 1;
   if (!named_) {
@@ -146,6 +213,66 @@ void ControlPublisher::writeOnce(LeasingStore& store) {
   events_.erase(events_.begin(), events_.begin() + static_cast<std::ptrdiff_t>(events.size()));
   if (nodeChanges_ == changes) node_.reset();  // else a newer one came: it goes next time
   written_.notify_all();
+}
+
+// Group rank 0's look at every agent's pace: one request for the count and the records (and
+// the names of agents not seen before), the rule, then what changed goes out as events.
+void ControlPublisher::watchStragglers(LeasingStore& store) {
+  int round;
+  {
+    std::lock_guard lock(mutex_);
+    round = round_;
+  }
+  const int64_t agents = storedCount(store.peek({keys_.nodes()})[0], keys_.nodes());
+  std::vector<std::string> keys;
+  for (int64_t i = 1; i <= agents; ++i) keys.push_back(keys_.progress(i));
+  for (int64_t i = 1; i <= agents; ++i)
+    if (!names_.contains(i)) keys.push_back(keys_.nodeAt(i));
+  const auto values = store.peek(keys);
+  size_t named = static_cast<size_t>(agents);
+  for (int64_t i = 1; i <= agents; ++i)
+    if (!names_.contains(i) && !values[named++].empty()) names_[i] = values[named - 1];
+  const double now = wallNow();
+  std::vector<control::RankRate> ranks;
+  for (int64_t i = 1; i <= agents; ++i) {
+    const std::string& text = values[static_cast<size_t>(i - 1)];
+    if (text.empty()) continue;
+    try {
+      const control::NodeProgress p = control::decodeNodeProgress(text);
+      if (p.round != round || now - p.time > kStaleProgress) continue;
+      for (const auto& r : p.ranks)
+        if (!r.exited)
+          ranks.push_back({.rank = r.rank, .node = names_[i], .stepsPerSecond = r.stepsPerSecond});
+    } catch (const ProtocolError&) {
+      continue;  // a record this version cannot read says nothing of anyone's pace
+    }
+  }
+  const bool fresh = watchedRound_ != round;
+  if (fresh) stragglers_.reset();
+  watchedRound_ = round;
+  const control::StragglerChanges changes = stragglers_.observe(ranks, now);
+  if (!fresh && changes.named.empty() && changes.cleared.empty()) return;
+  store.set(keys_.stragglers(), control::encodeStragglers(stragglers_.named()));
+  {
+    std::lock_guard lock(mutex_);
+    for (const auto& s : changes.named) {
+      log::warn("straggler: " + control::describe(s, now));
+      events_.push_back({.time = now,
+                         .kind = "straggler",
+                         .node = s.node,
+                         .round = round,
+                         .rank = s.rank,
+                         .detail = control::describe(s, now)});
+    }
+    for (const auto& s : changes.cleared)
+      events_.push_back({.time = now,
+                         .kind = "straggler_cleared",
+                         .node = s.node,
+                         .round = round,
+                         .rank = s.rank,
+                         .detail = "rank " + std::to_string(s.rank) + " keeps pace again"});
+  }
+  if (onStragglers_) onStragglers_(stragglers_.named());
 }
 
 void ControlPublisher::listen(int64_t next) {

@@ -11,22 +11,32 @@
 // commands sent before then are not for it (it had no workers to signal), but a single-node
 // job's stop is also its store's `stop` key, read then too.
 //
+// The ranks' pace (progress()) is written at most once a second, the newest replacing a queued
+// one. Group rank 0's publisher also watches for stragglers (control/state/stragglers.h): every
+// two seconds it reads every agent's pace in one request, names the ranks that stay slow as
+// events, in ctl/stragglers, on stderr and to the agent (onStragglers).
+//
 // Threads: two of its own, because each blocks on the store while the agent's io_context must
-// not: one writes what node() and event() queue (a newer node state replaces a queued one), one
-// (started by the first) waits for the job's next command. Store failures are logged once and
-// never reach the agent: the control plane is an observer, a job runs the same without it.
+// not: one writes what node(), event() and progress() queue (a newer node state replaces a
+// queued one) and watches, one (started by the first) waits for the job's next command. Store
+// failures are logged once and never reach the agent: the control plane is an observer, a job runs
+// the same without it.
 #pragma once
 
 #include <condition_variable>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
 
+#include "common/clock.h"
 #include "control/state/control_state.h"
+#include "control/state/progress_record.h"
+#include "control/state/stragglers.h"
 #include "store/leasing_store.h"
 
 namespace dlrun::agents {
@@ -41,20 +51,30 @@ struct ControlOptions {
   // Said once the agent's set-up has passed (how to reach a job whose id and port are drawn at
   // random), so that bad input stays the one line it prints; empty: nothing.
   std::string announce;
+  control::StragglerRule stragglers;  // --straggler-fraction, --straggler-window
 };
 
 using control::ControlCommand;
 
 class ControlPublisher {
  public:
-  // `onCommand` runs on the publisher's own thread: post it to where it belongs.
-  ControlPublisher(ControlOptions options, std::function<void(const ControlCommand&)> onCommand);
+  // The ranks named slow now, by rank, each time that changes (group rank 0's alone).
+  using StragglersSeen = std::function<void(const std::map<int, control::Straggler>&)>;
+
+  // `onCommand` and `onStragglers` run on the publisher's own thread: post them to where they
+  // belong.
+  ControlPublisher(ControlOptions options, std::function<void(const ControlCommand&)> onCommand,
+                   StragglersSeen onStragglers = {});
   ~ControlPublisher();  // writes what is queued (within a few seconds), then stops
   ControlPublisher(const ControlPublisher&) = delete;
   ControlPublisher& operator=(const ControlPublisher&) = delete;
 
   void node(control::NodeState state);
   void event(control::JobEvent event);
+  void progress(control::NodeProgress progress);
+  // A round's workers started; `leader`: this node is its group rank 0, which watches for
+  // stragglers.
+  void round(int round, bool leader);
   // Waits until every event queued so far is in the store, or `limit` passed: before a report
   // whose consequences other nodes publish (a failure, then group rank 0's restart), so the
   // job's events show the cause first.
@@ -66,6 +86,9 @@ class ControlPublisher {
   void writeOnce(LeasingStore& store);
   // Registers this agent (its index in ctl/nodes, its id) and reads the first command's number.
   void registerNode(LeasingStore& store);
+  // Whether the writer has something to do at `now` (mutex_ held); else when it will.
+  bool due(Clock::time_point now, Clock::time_point& next) const;
+  void watchStragglers(LeasingStore& store);
 
   const ControlOptions options_;
   const control::Keys keys_;
@@ -78,6 +101,11 @@ class ControlPublisher {
   int firstRound_ = -1;  // the round of the first node(), sent with each (NodeState::firstRound)
   uint64_t nodeChanges_ = 0;  // node() calls: tells writeOnce whether node_ is the one it wrote
   std::deque<control::JobEvent> events_;
+  std::optional<control::NodeProgress> progress_;
+  Clock::time_point progressAt_{};  // when progress may be written next
+  int round_ = -1;
+  bool leader_ = false;
+  Clock::time_point watchAt_{};  // when the leader looks for stragglers next
   bool stopping_ = false;
   // The writer's alone: this node's place in ctl/nodes, and the first command for it; whether
   // its name (and as the job's first node, the job's settings) went out with a state.
@@ -85,6 +113,12 @@ class ControlPublisher {
   std::optional<int64_t> firstCommand_;
   bool named_ = false;
   LeasingStore* listening_ = nullptr;  // the listener's store, to abort it
+  // The straggler watch's, on the writer's thread: the rule over this round's ranks, the agents'
+  // host names, whether this round's list went out.
+  StragglersSeen onStragglers_;
+  control::StragglerTracker stragglers_;
+  int watchedRound_ = -1;
+  std::map<int64_t, std::string> names_;
 
   std::thread writer_;
   std::thread listener_;  // started by writer_ (joined after it)

@@ -70,20 +70,21 @@ HangWatcher::~HangWatcher() {
   }
 }
 
-void HangWatcher::prepareRound(const fs::path& attemptDir, int workers,
+void HangWatcher::prepareRound(const fs::path& attemptDir, const ProgressBoard& board,
                                const Environment& inherited, RoundSpec& spec) {
   unwatch();
   attemptDir_ = attemptDir;
   fs::create_directories(attemptDir_);
   if (!pythonHook_)
     pythonHook_ = std::make_unique<PythonStackHook>(attemptDir_.parent_path() / "python-hook");
-  for (auto& [key, value] : pythonHook_->environment(inherited)) spec.services[key] = value;
-  board_.reset();
-  board_ = std::make_unique<ProgressBoard>(attemptDir_ / "progress", workers);
+  Environment base = inherited;
+  if (auto it = spec.services.find("PYTHONPATH"); it != spec.services.end())
+    base["PYTHONPATH"] = it->second;
+  for (auto& [key, value] : pythonHook_->environment(base)) spec.services[key] = value;
+  board_ = &board;
   heartbeatDir_ = attemptDir_ / "heartbeat";
   fs::remove_all(heartbeatDir_);  // a file left from another run is not progress
   fs::create_directories(heartbeatDir_);
-  spec.services["DLRUN_PROGRESS_FILE"] = board_->path().string();
   spec.heartbeatDir = heartbeatDir_.string();
 }
 

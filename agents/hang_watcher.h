@@ -1,6 +1,6 @@
 // The agent's hang watch under --hang-timeout (ARCHITECTURE.md section 9), on the agent's
-// io_context. Each round it sets up where workers report progress: the progress board
-// (DLRUN_PROGRESS_FILE, the bundled trainer's) and one heartbeat file a worker
+// io_context. Workers report progress on the round's progress board (DLRUN_PROGRESS_FILE, which
+// the agent's ProgressSampler makes) and, set up here each round, in one heartbeat file a worker
 // (DLRUN_HEARTBEAT_FILE: touch it, or write a step number). It looks at both a few times a
 // second and calls back once when a worker that made progress before has made none for the
 // timeout. When a hang ends a round, collect() takes every worker's stack into the log
@@ -56,10 +56,11 @@ class HangWatcher {
 
   const HangOptions& options() const { return options_; }
 
-  // A round begins in `attemptDir`: a fresh board and heartbeat directory for `workers`, and
-  // the variables that point workers at them (and Python workers at the stack hook) added to
+  // A round begins in `attemptDir`: its workers report on `board` (which outlives the round's
+  // watch); a fresh heartbeat directory, and the variables that point workers at it (and Python
+  // workers at the stack hook, before the PYTHONPATH `spec` or else `inherited` gives) added to
   // `spec`.
-  void prepareRound(const std::filesystem::path& attemptDir, int workers,
+  void prepareRound(const std::filesystem::path& attemptDir, const ProgressBoard& board,
                     const Environment& inherited, RoundSpec& spec);
   // The round's workers run: watched until unwatch(). `onHang` runs on the io_context once per
   // stall (again only after every hung worker made progress since).
@@ -77,8 +78,6 @@ class HangWatcher {
   // Takes every watched worker's stack into attemptDir/stacks/rank_R.txt, then does `what`.
   // `done` is posted to the io_context when all is written.
   void collect(Collect what, std::function<void()> done);
-  // The round's progress board (null before the first round), which --metrics-port reads too.
-  const ProgressBoard* board() const { return board_.get(); }
   // Where collect() writes, for the log line that points users there.
   std::filesystem::path stackDir() const { return attemptDir_ / "stacks"; }
 
@@ -94,7 +93,7 @@ class HangWatcher {
   boost::asio::steady_timer timer_;
   std::filesystem::path attemptDir_;
   std::filesystem::path heartbeatDir_;
-  std::unique_ptr<ProgressBoard> board_;
+  const ProgressBoard* board_ = nullptr;
   std::unique_ptr<PythonStackHook> pythonHook_;  // the job's, made with its first round
   std::vector<WatchedWorker> workers_;
   std::vector<ProgressTrack> tracks_;

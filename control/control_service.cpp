@@ -9,6 +9,7 @@
 #include "common/error.h"
 #include "common/signal_name.h"
 #include "control/access.h"
+#include "control/job_read.h"
 #include "control/job_state.h"
 #include "control/state/control_state.h"
 #include "rendezvous/elastic_protocol.h"
@@ -21,15 +22,6 @@ namespace {
 
 namespace elastic = rendezvous::elastic;
 using rendezvous::RoundEnd;
-
-// A call refused with a status; caught once in guarded(), so no handler throws.
-struct Refusal {
-  grpc::Status status;
-};
-
-[[noreturn]] void refuse(grpc::StatusCode code, const std::string& message) {
-  throw Refusal{grpc::Status(code, message)};
-}
 
 template <typename Fn>
 grpc::Status guarded(Fn&& fn) {
@@ -44,79 +36,6 @@ grpc::Status guarded(Fn&& fn) {
   } catch (const std::exception& e) {
     return {grpc::StatusCode::INTERNAL, e.what()};
   }
-}
-
-double unixNow() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
-
-// What the handlers read of one job: up to three round trips (the agents' states in the second).
-struct JobRecord {
-  std::string id;
-  ControlMeta meta;                 // none published: defaults, with the node range from `shape`
-  std::vector<AgentRecord> agents;  // in registration order; states read with `withNodes`
-  RoundKeys keys;
-};
-
-JobRecord readJob(LeasingStore& store, const std::string& id, bool withNodes) {
-  if (id.empty()) refuse(grpc::StatusCode::INVALID_ARGUMENT, "no job id given");
-  const Keys c(id);
-  const elastic::Keys r(id);
-  const auto first =
-      store.peek({c.meta(), c.nodes(), r.stop(), r.current(), r.forgotten(), r.shape()});
-  if (first[0].empty() && first[3].empty())
-    refuse(grpc::StatusCode::NOT_FOUND, "no job '" + id + "' on this server");
-  JobRecord job{.id = id, .keys = {.stop = first[2], .current = first[3], .forgotten = first[4]}};
-  if (!first[0].empty()) {
-    job.meta = decodeMeta(first[0]);
-  } else if (const std::string& shape = first[5]; !shape.empty()) {
-    // Agents that publish no settings still wrote the rendezvous's shape.
-    const elastic::Shape decoded = elastic::decodeShape(shape);
-    job.meta.minNodes = decoded.minNodes;
-    job.meta.maxNodes = decoded.maxNodes;
-  }
-
-  std::vector<std::string> keys;
-  const int round = static_cast<int>(storedCount(first[3], r.current()));
-  if (!first[3].empty()) {
-    keys = {r.closed(round), r.end(round), r.members(round)};
-    if (round > 0) keys.insert(keys.end(), {r.closed(round - 1), r.end(round - 1)});
-  }
-  const size_t roundKeys = keys.size();
-  // A single node's state is its agent's record (localJobStatus).
-  const bool withStates = withNodes || job.meta.backend == kLocalBackend;
-  const size_t perAgent = withStates ? 2 : 1;  // its name, and its state
-  const int64_t registered = storedCount(first[1], c.nodes());
-  for (int64_t i = 1; i <= registered; ++i) {
-    keys.push_back(c.nodeAt(i));
-    if (withStates) keys.push_back(c.node(i));
-  }
-  if (keys.empty()) return job;
-  auto values = store.peek(keys);
-  std::string members;
-  std::string* into[] = {&job.keys.closed, &job.keys.end, &members, &job.keys.previousClosed,
-                         &job.keys.previousEnd};
-  for (size_t i = 0; i < roundKeys; ++i) *into[i] = std::move(values[i]);
-  // The first member's assignment: the restarts used before the round (the same in each).
-  if (const auto ids = elastic::decodeMembers(members); !ids.empty())
-    job.keys.assignment = store.peek({r.assignment(round, ids.front())})[0];
-  // Every registration is an agent of its own, those of one host too; one not named yet (between
-  // its count and its first state) is not listed.
-  for (int64_t i = 1; i <= registered; ++i) {
-    const size_t at = roundKeys + static_cast<size_t>(i - 1) * perAgent;
-    if (values[at].empty()) continue;
-    AgentRecord agent{.id = i, .name = values[at]};
-    if (withStates && !values[at + 1].empty()) agent.state = decodeNodeState(values[at + 1]);
-    job.agents.push_back(std::move(agent));
-  }
-  return job;
-}
-
-JobStatus statusOf(const JobRecord& job) {
-  if (job.meta.backend != kLocalBackend) return jobStatus(job.keys);
-  std::optional<int> nodeRound;
-  if (!job.agents.empty() && job.agents[0].state) nodeRound = job.agents[0].state->round;
-  return localJobStatus(job.keys, nodeRound);
 }
 
 std::string presentedToken(const grpc::ServerContext& context) {
@@ -178,45 +97,6 @@ void publish(LeasingStore& store, const Keys& keys, JobEvent event) {
 std::string clientName(const grpc::ServerContext& context) {
   const std::string peer = peerAddress(context.peer());
   return peer.empty() ? "a control client" : peer;
-}
-
-v1::Event toProto(const JobEvent& e) {
-  v1::Event out;
-  out.set_seq(e.seq);
-  out.set_time(e.time);
-  out.set_kind(e.kind);
-  out.set_node(e.node);
-  out.set_round(e.round);
-  out.set_rank(e.rank);
-  out.set_detail(e.detail);
-  out.set_agent(e.agent);
-  return out;
-}
-
-v1::Node toProto(const AgentRecord& agent, int64_t replacedBy) {
-  v1::Node out;
-  out.set_name(agent.name);
-  out.set_agent(static_cast<int32_t>(agent.id));
-  out.set_replaced_by(static_cast<int32_t>(replacedBy));
-  if (!agent.state) return out;  // listed before its first record landed
-  const NodeState& n = *agent.state;
-  out.set_address(n.address);
-  out.set_group_rank(n.groupRank);
-  out.set_state(n.state);
-  out.set_round(n.round);
-  out.set_log_dir(n.logDir);
-  out.set_updated(n.updated);
-  for (const auto& w : n.workers) {
-    v1::Worker* worker = out.add_workers();
-    worker->set_rank(w.rank);
-    worker->set_local_rank(w.localRank);
-    worker->set_pid(w.pid);
-    worker->set_state(w.state);
-    worker->set_exit(w.exit);
-    worker->set_step(w.step);
-    worker->set_progress_time(w.progressTime);
-  }
-  return out;
 }
 
 // Whether the job ended, as its agents see it (the stop, or an end of the newest round that
@@ -327,19 +207,7 @@ grpc::Status ControlService::GetJob(grpc::ServerContext* context, const v1::JobR
     auto store = options_.connect();
     const JobRecord job = readJob(*store, request->id(), true);
     authorize(*context, job, false, options_.inProcess);
-    const JobStatus status = statusOf(job);
-    response->set_id(job.id);
-    response->set_backend(job.meta.backend);
-    response->set_state(status.state);
-    response->set_round(status.round);
-    response->set_min_nodes(job.meta.minNodes);
-    response->set_max_nodes(job.meta.maxNodes);
-    response->set_restarts_used(status.restartsUsed);
-    response->set_max_restarts(job.meta.maxRestarts);
-    const std::vector<int64_t> replaced = replacedBy(job.agents);
-    for (size_t i = 0; i < job.agents.size(); ++i)
-      *response->add_nodes() = toProto(job.agents[i], replaced[i]);
-    if (status.state == v1::FAILED) response->set_root_cause(status.end->report);
+    fillJob(job, unixNow(), *response);
     return grpc::Status::OK;
   });
 }

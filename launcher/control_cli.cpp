@@ -1,6 +1,5 @@
 #include "launcher/control_cli.h"
 
-#include <google/protobuf/util/json_util.h>
 #include <grpcpp/grpcpp.h>
 
 #include <CLI/CLI.hpp>
@@ -18,7 +17,9 @@
 #include "common/host_port.h"
 #include "common/signal_name.h"
 #include "control/control_server.h"
+#include "control/job_read.h"
 #include "dlrun/v1/control.grpc.pb.h"
+#include "launcher/control_top.h"
 #include "launcher/launch_cli.h"
 #include "rendezvous/elastic_protocol.h"
 #include "slurm/discovery.h"
@@ -29,35 +30,7 @@ namespace {
 
 namespace v1 = dlrun::v1;
 
-const char* stateName(v1::JobState state) {
-  switch (state) {
-    case v1::FORMING: return "forming";
-    case v1::RUNNING: return "running";
-    case v1::RESTARTING: return "restarting";
-    case v1::SUCCEEDED: return "succeeded";
-    case v1::FAILED: return "failed";
-    case v1::STOPPED: return "stopped";
-    default: return "unknown";
-  }
-}
-
-std::string clockTime(double unixSeconds) {
-  const std::time_t seconds = static_cast<std::time_t>(unixSeconds);
-  std::tm utc{};
-  ::gmtime_r(&seconds, &utc);
-  char text[32];
-  std::strftime(text, sizeof text, "%H:%M:%S", &utc);
-  return text;
-}
-
-std::string jsonText(const google::protobuf::Message& message) {
-  std::string out;
-  google::protobuf::util::JsonPrintOptions options;
-  options.preserve_proto_field_names = true;
-  options.always_print_primitive_fields = true;
-  (void)google::protobuf::util::MessageToJsonString(message, &out, options);
-  return out;
-}
+using control::protoJson;
 
 // Where the job's control plane is asked, for messages.
 std::string whereOf(const ControlRequest& r) {
@@ -102,7 +75,7 @@ std::unique_ptr<v1::Control::Stub> connect(const ControlRequest& r) {
   return v1::Control::NewStub(channel);
 }
 
-int status(const ControlRequest& r, v1::Control::Stub& stub) {
+v1::Job getJob(const ControlRequest& r, v1::Control::Stub& stub) {
   grpc::ClientContext context;
   authorize(r, context);
   v1::JobRef ref;
@@ -110,8 +83,32 @@ int status(const ControlRequest& r, v1::Control::Stub& stub) {
   v1::Job job;
   const grpc::Status s = stub.GetJob(&context, ref, &job);
   if (!s.ok()) fail(r, s);
-  std::cout << (r.json ? jsonText(job) + "\n" : formatJob(job));
+  return job;
+}
+
+int status(const ControlRequest& r, v1::Control::Stub& stub) {
+  const v1::Job job = getJob(r, stub);
+  std::cout << (r.json ? protoJson(job) + "\n" : formatJob(job));
   return 0;
+}
+
+// top's looks: the job, and the events after the last one it showed (not followed).
+TopSource topSource(const ControlRequest& r, v1::Control::Stub& stub) {
+  return {.job = [&r, &stub] { return getJob(r, stub); },
+          .events =
+              [&r, &stub](int64_t since) {
+                grpc::ClientContext context;
+                authorize(r, context);
+                v1::WatchEventsRequest request;
+                request.mutable_job()->set_id(r.jobId);
+                request.set_since(since);
+                auto reader = stub.WatchEvents(&context, request);
+                std::vector<v1::Event> out;
+                for (v1::Event event; reader->Read(&event);) out.push_back(event);
+                const grpc::Status s = reader->Finish();
+                if (!s.ok()) fail(r, s);
+                return out;
+              }};
 }
 
 int events(const ControlRequest& r, v1::Control::Stub& stub) {
@@ -124,7 +121,7 @@ int events(const ControlRequest& r, v1::Control::Stub& stub) {
   auto reader = stub.WatchEvents(&context, request);
   v1::Event event;
   while (reader->Read(&event))
-    std::cout << (r.json ? jsonText(event) + "\n" : formatEvent(event)) << std::flush;
+    std::cout << (r.json ? protoJson(event) + "\n" : formatEvent(event)) << std::flush;
   const grpc::Status s = reader->Finish();
   if (!s.ok()) fail(r, s);
   return 0;
@@ -148,15 +145,36 @@ int stop(const ControlRequest& r, v1::Control::Stub& stub) {
     s = stub.StopJob(&context, request, &ack);
   }
   if (!s.ok()) fail(r, s);
-  std::cout << (r.json ? jsonText(ack) : ack.detail()) << "\n";
+  std::cout << (r.json ? protoJson(ack) : ack.detail()) << "\n";
   return 0;
 }
 
 }  // namespace
 
+const char* stateName(v1::JobState state) {
+  switch (state) {
+    case v1::FORMING: return "forming";
+    case v1::RUNNING: return "running";
+    case v1::RESTARTING: return "restarting";
+    case v1::SUCCEEDED: return "succeeded";
+    case v1::FAILED: return "failed";
+    case v1::STOPPED: return "stopped";
+    default: return "unknown";
+  }
+}
+
+std::string clockTime(double unixSeconds) {
+  const std::time_t seconds = static_cast<std::time_t>(unixSeconds);
+  std::tm utc{};
+  ::gmtime_r(&seconds, &utc);
+  char text[32];
+  std::strftime(text, sizeof text, "%H:%M:%S", &utc);
+  return text;
+}
+
 bool isControlCommand(const std::vector<std::string>& args) {
-  return !args.empty() &&
-         (args.front() == "status" || args.front() == "events" || args.front() == "stop");
+  return !args.empty() && (args.front() == "status" || args.front() == "events" ||
+                           args.front() == "stop" || args.front() == "top");
 }
 
 ControlParse parseControlArgs(const std::vector<std::string>& args,
@@ -186,6 +204,12 @@ ControlParse parseControlArgs(const std::vector<std::string>& args,
     app.add_option("--since", r.since, "Only events after this sequence number")
         ->check(CLI::NonNegativeNumber);
   }
+  double interval = 1;
+  if (r.command == "top") {
+    app.add_option("--interval", interval, "Seconds between frames (default 1)")
+        ->check(CLI::Range(0.1, 3600.0));
+    app.add_flag("--once", r.once, "Print one frame and exit (no screen control)");
+  }
   if (r.command == "stop") {
     app.add_option("--signal", signal, "Send this signal (USR1, SIGUSR1, 10) instead");
     app.add_option("--exit-code", r.exitCode, "What every agent exits with (default 143)")
@@ -195,6 +219,7 @@ ControlParse parseControlArgs(const std::vector<std::string>& args,
   result.exitCode = parseCommandLine(app, {args.begin() + 1, args.end()}, "dlrun");
   if (result.exitCode) return result;
   r.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout * 1000));
+  r.interval = std::chrono::milliseconds(static_cast<int64_t>(interval * 1000));
   if (!signal.empty()) {
     r.signal = parseSignal(signal);
     if (!r.signal) throw ConfigError("--signal: '" + signal + "' is no signal (say USR1 or 10)");
@@ -263,6 +288,7 @@ int runControl(const ControlRequest& request) {
   }
   if (request.command == "status") return status(request, *stub);
   if (request.command == "events") return events(request, *stub);
+  if (request.command == "top") return top(request, topSource(request, *stub));
   return stop(request, *stub);
 }
 

@@ -16,10 +16,8 @@
 
 #include "rendezvous/etcd/etcd_store.h"
 
-namespace dlrun::v1 {
-class Job;
-class Event;
-}  // namespace dlrun::v1
+#include "dlrun/v1/control.pb.h"
+
 
 namespace dlrun::launcher {
 
@@ -27,7 +25,7 @@ namespace dlrun::launcher {
 bool isControlCommand(const std::vector<std::string>& args);
 
 struct ControlRequest {
-  std::string command;  // status, events, stop
+  std::string command;  // status, events, stop, top
   std::string host;
   uint16_t port = 0;
   // --rdzv-backend=etcd: the job's keys in etcd (host and port stay unset)
@@ -39,8 +37,10 @@ struct ControlRequest {
   std::optional<int> signal;  // stop --signal: send it instead of stopping
   int exitCode = 0;           // stop: what every agent exits with (0: 143, as after SIGTERM)
   std::string reason;
-  std::string token;                         // --token-file's content or DLRUN_TOKEN
-  std::chrono::milliseconds timeout{5'000};  // each call's deadline (not a followed stream's)
+  std::string token;                          // --token-file's content or DLRUN_TOKEN
+  std::chrono::milliseconds timeout{5'000};   // each call's deadline (not a followed stream's)
+  std::chrono::milliseconds interval{1'000};  // top: between frames
+  bool once = false;                          // top: one frame, no screen control
 };
 
 struct ControlParse {
@@ -57,6 +57,10 @@ ControlParse parseControlArgs(const std::vector<std::string>& args,
 // (exit 2) when the endpoint cannot be reached, is not a dlrun control plane, or does not know
 // the job, and when the call is refused.
 int runControl(const ControlRequest& request);
+
+// A job's state and a unix time of day (UTC, HH:MM:SS) as the human forms say them.
+const char* stateName(dlrun::v1::JobState state);
+std::string clockTime(double unixSeconds);
 
 // The human forms (pure, for tests).
 std::string formatJob(const dlrun::v1::Job& job);

@@ -9,6 +9,7 @@
 #include "common/host_port.h"
 #include "common/log.h"
 #include "control/control_server.h"
+#include "control/job_watch.h"
 #include "launcher/dlrund_cli.h"
 #include "metrics/routes.h"
 #include "metrics/store_metrics.h"
@@ -66,7 +67,12 @@ int main(int argc, char** argv) {
     if (control) control->readFrom(control::storeAt(server.address(), server.port()));
     // --metrics-port: on the store's own io_context, so the counts are read on their thread.
     std::optional<metrics::HttpServer> http;
+    std::optional<control::JobWatch> jobPage;  // /job?id=ID: any job here without a token
     if (parsed.config.metricsPort >= 0) {
+      jobPage.emplace(control::JobWatchOptions{
+          .connect = control::storeAt(server.address(), server.port()),
+          .showTokenJobs = false,
+          .storeJson = [&server] { return metrics::storeJson(server.stats()); }});
       http.emplace(
           io,
           metrics::HttpServerOptions{.host = parsed.config.metricsHost.empty()
@@ -81,7 +87,8 @@ int main(int argc, char** argv) {
               },
               [&server] {
                 return R"({"kind":"store","store":)" + metrics::storeJson(server.stats()) + "}";
-              }));
+              },
+              [&jobPage](std::string_view query) { return jobPage->api(query); }));
     }
     // --stats: the counts so far on SIGUSR1, read on the server's own thread.
     const auto printStats = [&] {
@@ -124,7 +131,7 @@ int main(int argc, char** argv) {
                 << std::endl;
     if (http)
       std::cout << "dlrund serves metrics on http://" << joinHostPort(http->address(), http->port())
-                << "/metrics and its page on /" << std::endl;
+                << "/metrics, its page on / and each job's on /job?id=ID" << std::endl;
     io.run();
     if (parsed.config.stats) printStats();
     return 0;

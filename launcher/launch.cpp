@@ -21,7 +21,9 @@
 #include "common/text.h"
 #include "control/access.h"
 #include "control/control_server.h"
+#include "control/job_watch.h"
 #include "control/liveness_server.h"
+#include "metrics/store_metrics.h"
 #include "remote/agent_command.h"
 #include "remote/fanout.h"
 #include "rendezvous/elastic_rendezvous.h"
@@ -113,7 +115,8 @@ agents::ControlOptions controlOptions(const LaunchConfig& config, const std::str
                    .tokenHash = config.token.empty() ? "" : control::tokenHash(config.token)},
           .nodeName = name,
           .address = addr,
-          .connect = std::move(connect)};
+          .connect = std::move(connect),
+          .stragglers = config.stragglers};
 }
 
 // torchrun's run id on one node: a fresh one where it picks the store itself (--standalone, or
@@ -128,6 +131,19 @@ std::string hostName() {
   char name[256] = {};
   if (::gethostname(name, sizeof(name) - 1) != 0) return "unknown-host";
   return name;
+}
+
+// The whole job's page on this agent's --metrics-port (control/job_watch.h), read from the job's
+// store through the control plane's connection. It outlives the agent, whose server calls it.
+std::unique_ptr<control::JobWatch> watchJobPage(agents::AgentOptions& agent) {
+  if (!agent.metrics || !agent.control) return nullptr;
+  control::JobWatchOptions options{.connect = agent.control->connect,
+                                   .ownJob = agent.control->runId};
+  if (auto stats = agent.metrics->storeStats)
+    options.storeJson = [stats] { return metrics::storeJson(stats()); };
+  auto watch = std::make_unique<control::JobWatch>(std::move(options));
+  agent.metrics->jobApi = [page = watch.get()](std::string_view query) { return page->api(query); };
+  return watch;
 }
 
 int launchSingleNode(const LaunchConfig& config) {
@@ -162,6 +178,7 @@ int launchSingleNode(const LaunchConfig& config) {
       .nodeName = name,
       .roles = agents::roleNames(config.agent.roles),
   });
+  const auto page = watchJobPage(options);
   return agents::Agent(std::move(options), rendezvous).run();
 }
 
@@ -388,6 +405,7 @@ int launchEtcd(const LaunchConfig& config) {
   int code;
   {
     rendezvous::ElasticRendezvous rendezvous(std::move(options));
+    const auto page = watchJobPage(agent);
     code = agents::Agent(std::move(agent), rendezvous).run();
   }
   {
@@ -474,6 +492,7 @@ int launchMultiNode(const LaunchConfig& config) {
       agent.metrics->storeStats = [&store] { return store->store().stats(); };
     if (config.controlPlane)
       agent.control = controlOptions(config, options.runId, name, addr, tcpStoreAt(plan.store));
+    const auto page = watchJobPage(agent);
     rendezvous::ElasticRendezvous rendezvous(std::move(options));
     code = agents::Agent(std::move(agent), rendezvous).run();
   }

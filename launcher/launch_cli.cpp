@@ -100,6 +100,7 @@ void readFlagValues(DeclaredFlags& f, LaunchConfig& c, const HostProbe& host) {
   if (!f.ranksFilter.empty()) c.agent.localRanksFilter = parseRanksFilter(f.ranksFilter);
   c.agent.tfConfig = parseTfConfig(f.tfConfig);
   c.controlPlane = !f.noControlPlane;
+  c.stragglers = {.fraction = f.stragglerFraction, .window = f.stragglerWindow};
   if (f.metricsPort >= 0)
     c.agent.metrics =
         agents::MetricsOptions{.host = f.metricsHost, .port = static_cast<uint16_t>(f.metricsPort)};

@@ -113,7 +113,8 @@ struct LaunchConfig {
   // the store, its address in messages, the control plane's connection, the store host's
   // watch) it adds to its own copy.
   agents::AgentOptions agent;
-  bool controlPlane = true;  // publish to the control plane (--no-control-plane: not)
+  bool controlPlane = true;           // publish to the control plane (--no-control-plane: not)
+  control::StragglerRule stragglers;  // --straggler-fraction, --straggler-window
   std::optional<uint16_t> healthCheckPort;  // TORCHELASTIC_HEALTH_CHECK_PORT: liveness answers
   std::string token;                        // --token-file or DLRUN_TOKEN; empty: none
   std::optional<std::string> localAddr;

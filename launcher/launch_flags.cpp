@@ -162,6 +162,14 @@ void declareOutputFlags(CLI::App& app, DeclaredFlags& f, LaunchConfig& c) {
   addFlag(app, "no-control-plane", f.noControlPlane,
           "Publish nothing to the control plane (dlrun status/events/stop) and follow none of "
           "its commands");
+  addOption(app, "straggler-fraction", f.stragglerFraction,
+            "A rank stepping slower than this fraction of the ranks' median pace for "
+            "--straggler-window seconds is named a straggler: an event, a line, a metric, marked "
+            "on the job's page and in dlrun top (0: off; default 0.7)")
+      ->check(CLI::Range(0.0, 1.0));
+  addOption(app, "straggler-window", f.stragglerWindow,
+            "Seconds a rank stays below --straggler-fraction before it is named (default 30)")
+      ->check(CLI::Range(1.0, 86400.0));
   addOption(app, "metrics-port", f.metricsPort,
             "Serve Prometheus metrics (/metrics) and the job's live page (/) over HTTP on this "
             "port, 0 for a free one; the address is printed (default: off)")

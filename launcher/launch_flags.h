@@ -25,6 +25,7 @@ struct DeclaredFlags {
   std::string storeProxy = "auto", storeAllow;
   int masterPort = -1;
   double monitorInterval = 0.1, stopTimeout = 30, shutdownTimeout = 30, hangTimeout = 0;
+  double stragglerFraction = 0.7, stragglerWindow = 30;
   bool module = false, noPython = false, runPath = false;
   bool warmStart = false;  // --warm-start
   std::string preload;     // --preload

@@ -6,6 +6,7 @@
 
 #include "common/error.h"
 #include "dlrun/v1/control.pb.h"
+#include "launcher/control_top.h"
 
 namespace dlrun::launcher {
 namespace {
@@ -25,10 +26,11 @@ std::string errorOf(const std::vector<std::string>& args, const Env& env = {}) {
   return "no error";
 }
 
-TEST(ControlCli, OnlyTheThreeWordsAreCommands) {
+TEST(ControlCli, OnlyTheFourWordsAreCommands) {
   EXPECT_TRUE(isControlCommand({"status"}));
   EXPECT_TRUE(isControlCommand({"events", "--follow"}));
   EXPECT_TRUE(isControlCommand({"stop"}));
+  EXPECT_TRUE(isControlCommand({"top"}));
   EXPECT_FALSE(isControlCommand({"train"}));
   EXPECT_FALSE(isControlCommand({"./status"}));
   EXPECT_FALSE(isControlCommand({}));
@@ -132,6 +134,90 @@ TEST(ControlCli, HumanFormsNameNodesWorkersAndEvents) {
   const std::string line = formatEvent(event);
   EXPECT_NE(line.find("worker_failed"), std::string::npos) << line;
   EXPECT_NE(line.find("rank 2: exit code 3"), std::string::npos) << line;
+}
+
+// A job of 3 nodes and 12 ranks, rank 7 slow.
+v1::Job topJob() {
+  v1::Job job;
+  job.set_id("job-with-a-rather-long-identifier-0123456789abcdef-0123456789abcdef");
+  job.set_backend("c10d");
+  job.set_state(v1::RUNNING);
+  job.set_round(1);
+  job.set_min_nodes(2);
+  job.set_max_nodes(4);
+  job.set_restarts_used(1);
+  job.set_max_restarts(3);
+  job.set_time(3600 * 5 + 61);
+  for (int n = 0; n < 3; ++n) {
+    auto* node = job.add_nodes();
+    node->set_name("node-with-a-long-name-" + std::to_string(n));
+    node->set_agent(n + 1);
+    node->set_state("running");
+    for (int local = 0; local < 4; ++local) {
+      auto* w = node->add_workers();
+      const int rank = n * 4 + local;
+      w->set_rank(rank);
+      w->set_pid(1000 + rank);
+      w->set_state("running");
+      w->set_reported(true);
+      w->set_step(rank == 7 ? 100 : 400);
+      w->set_steps_per_second(rank == 7 ? 1 : 4);
+      w->set_since_step(0.5);
+      w->set_has_loss(true);
+      w->set_loss(0.123456);
+      w->set_straggler(rank == 7);
+    }
+  }
+  auto* s = job.add_stragglers();
+  s->set_rank(7);
+  return job;
+}
+
+TEST(ControlTop, AFrameFitsEightyColumnsAndPutsStragglersFirst) {
+  std::deque<v1::Event> events;
+  v1::Event e;
+  e.set_time(3600 * 5);
+  e.set_kind("straggler");
+  e.set_detail(
+      "rank 7 on node-with-a-long-name-1 at 1.00 steps/s, 0.25 of the median 4.00, for 31 s");
+  events.push_back(e);
+  const std::string frame = formatTop(topJob(), events, 80, 40);
+  std::istringstream lines(frame);
+  std::vector<std::string> all;
+  for (std::string line; std::getline(lines, line);) {
+    EXPECT_LE(line.size(), 80u) << line;
+    all.push_back(line);
+  }
+  EXPECT_NE(frame.find("05:01:01 UTC"), std::string::npos) << frame;
+  EXPECT_NE(frame.find("running, round 1, restarts 1/3, nodes 3 (2:4), ranks 12"),
+            std::string::npos)
+      << frame;
+  EXPECT_NE(frame.find("median pace 4.00 steps/s, stragglers 1"), std::string::npos) << frame;
+  // The header, then rank 7 first, marked.
+  size_t header = 0;
+  while (header < all.size() && all[header].find("STEPS/S") == std::string::npos) ++header;
+  ASSERT_LT(header + 1, all.size()) << frame;
+  EXPECT_NE(all[header + 1].find(" 7 "), std::string::npos) << all[header + 1];
+  EXPECT_NE(all[header + 1].find("SLOW"), std::string::npos) << all[header + 1];
+  EXPECT_EQ(frame.find("SLOW", frame.find("SLOW") + 1), std::string::npos) << frame;  // once
+  EXPECT_NE(frame.find("events:"), std::string::npos);
+  EXPECT_NE(frame.find("straggler"), std::string::npos);
+}
+
+TEST(ControlTop, ASmallTerminalShowsTheStragglersAndCountsTheRest) {
+  const std::string frame = formatTop(topJob(), {}, 80, 10);
+  EXPECT_LE(std::count(frame.begin(), frame.end(), '\n'), 10) << frame;
+  EXPECT_NE(frame.find("SLOW"), std::string::npos) << frame;
+  EXPECT_NE(frame.find("more ranks (dlrun status lists all)"), std::string::npos) << frame;
+}
+
+TEST(ControlTop, HasFlagsOfItsOwn) {
+  const auto parsed = parseControlArgs(
+      {"top", "--rdzv-endpoint=h:1", "--rdzv-id=j", "--interval=2.5", "--once"}, {});
+  EXPECT_TRUE(parsed.request.once);
+  EXPECT_EQ(parsed.request.interval, std::chrono::milliseconds(2500));
+  EXPECT_THROW(parseControlArgs({"top", "--rdzv-endpoint=h:1", "--rdzv-id=j", "--interval=0"}, {}),
+               ConfigError);
 }
 
 }  // namespace

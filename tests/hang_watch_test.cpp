@@ -151,11 +151,13 @@ TEST(HangWatcher, ACollectionWritesIntoItsOwnRoundWhileTheNextIsSetUp) {
     HangWatcher watcher(io, {.timeout = 1s}, "node", rendezvous);
     auto attempt = [&](int round) { return dir / ("attempt_" + std::to_string(round)); };
     RoundSpec spec;
-    watcher.prepareRound(attempt(0), 1, {}, spec);
+    std::filesystem::create_directories(dir);
+    const ProgressBoard board(dir / "progress", 1);
+    watcher.prepareRound(attempt(0), board, {}, spec);
     for (int round = 0; round < 20; ++round) {
       bool done = false;
       watcher.collect({}, [&] { done = true; });
-      watcher.prepareRound(attempt(round + 1), 1, {}, spec);
+      watcher.prepareRound(attempt(round + 1), board, {}, spec);
       while (!done) io.run_one();
       EXPECT_TRUE(std::filesystem::exists(attempt(round) / "stacks")) << round;
       EXPECT_FALSE(std::filesystem::exists(attempt(round + 1) / "stacks")) << round;

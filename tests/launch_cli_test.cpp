@@ -1312,4 +1312,23 @@ TEST(ParseDlrunArgs, WarmStartRefusesWhatIsNoPythonProgram) {
 }
 
 }  // namespace
+TEST(ParseDlrunArgs, StragglerFlagsHaveDefaultsAndRanges) {
+  const LaunchConfig defaults = parse({"script.py"});
+  EXPECT_EQ(defaults.stragglers.fraction, 0.7);
+  EXPECT_EQ(defaults.stragglers.window, 30);
+  const LaunchConfig given =
+      parse({"--straggler-fraction=0.5", "--straggler-window=12", "script.py"});
+  EXPECT_EQ(given.stragglers.fraction, 0.5);
+  EXPECT_EQ(given.stragglers.window, 12);
+  EXPECT_EQ(parse({"--straggler-fraction=0", "script.py"}).stragglers.fraction, 0);  // off
+  EXPECT_NE(configError([] {
+              parseDlrunArgs({"--straggler-fraction=1.5", "script.py"}, fakeHost());
+            }).find("--straggler-fraction"),
+            std::string::npos);
+  EXPECT_NE(configError([] {
+              parseDlrunArgs({"--straggler-window=0", "script.py"}, fakeHost());
+            }).find("--straggler-window"),
+            std::string::npos);
+}
+
 }  // namespace dlrun::launcher

@@ -13,6 +13,9 @@
 //   ctl/node/I          agent I's state (NodeState), rewritten on each change: O(1) a change.
 //                       Keyed by the agent, not its host: agents that share a host (a GPU group
 //                       each) and one that comes back after a loss each keep their own
+//   ctl/prog/I          how far agent I's ranks got (progress_record.h), rewritten at most once
+//                       a second while they report
+//   ctl/stragglers      the ranks named slow now (stragglers.h), written by group rank 0
 //   ctl/seq             the number of events so far (ADD); event n is at ctl/ev/n
 //   ctl/ev/N            event N (JobEvent), written once right after its ADD
 //   ctl/signals         the number of signals sent to the job (ADD); ctl/signal/N is the Nth
@@ -38,6 +41,8 @@ class Keys {
   std::string nodes() const { return ctl_ + "nodes"; }
   std::string nodeAt(int64_t i) const { return ctl_ + "nodes/" + std::to_string(i); }
   std::string node(int64_t agent) const { return ctl_ + "node/" + std::to_string(agent); }
+  std::string progress(int64_t agent) const { return ctl_ + "prog/" + std::to_string(agent); }
+  std::string stragglers() const { return ctl_ + "stragglers"; }
   std::string seq() const { return ctl_ + "seq"; }
   std::string event(int64_t n) const { return ctl_ + "ev/" + std::to_string(n); }
   std::string signals() const { return ctl_ + "signals"; }

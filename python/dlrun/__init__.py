@@ -1,0 +1,7 @@
+"""dlrun's Python package, shipped with dlrun: the dlrun agent puts the directory that holds it
+on each worker's PYTHONPATH, so a worker imports it without pip.
+
+    import dlrun.progress  # report steps, loss, accuracy and metrics to the agent
+
+Importing `dlrun` imports nothing else (docs/progress.md).
+"""
