@@ -18,7 +18,6 @@
 
 #include "dlrun/v1/control.pb.h"
 
-
 namespace dlrun::launcher {
 
 // Whether dlrun's first argument names a control command rather than an entry point.

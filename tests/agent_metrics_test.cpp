@@ -103,5 +103,17 @@ TEST(AgentView, RestartCauses) {
   EXPECT_EQ(restartCause({.kind = Kind::StoreLost}), "store_lost");
 }
 
+TEST(AgentView, StragglersAreCountedAndEachOnesPaceShown) {
+  AgentView view("n1");
+  EXPECT_NE(view.metricsText(std::nullopt).find("\ndlrun_stragglers 0\n"), std::string::npos);
+  view.stragglers({{5, {.rank = 5, .node = "n3", .stepsPerSecond = 1, .median = 4}}});
+  const std::string text = view.metricsText(std::nullopt);
+  EXPECT_NE(text.find("\ndlrun_stragglers 1\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("dlrun_straggler_pace_ratio{rank=\"5\",node=\"n3\"} 0.25"), std::string::npos)
+      << text;
+  view.stragglers({});
+  EXPECT_EQ(view.metricsText(std::nullopt).find("dlrun_straggler_pace_ratio{"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace dlrun::agents
