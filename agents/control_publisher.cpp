@@ -3,6 +3,8 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <cstdio>
+
 #include "common/error.h"
 #include "common/log.h"
 #include "rendezvous/elastic_protocol.h"
@@ -19,6 +21,15 @@ void yieldToTheJob() { ::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid())
 constexpr auto kProgressEvery = std::chrono::seconds(1);  // at most one pace record a second
 constexpr auto kWatchEvery = std::chrono::seconds(2);     // the leader's look for stragglers
 constexpr double kStaleProgress = 30;  // seconds: a record older is an agent gone (or stopped)
+
+std::string clearedDetail(const control::Straggler& s) {
+  const std::string rank = "rank " + std::to_string(s.rank) + " on " + s.node;
+  if (s.stepsPerSecond < 0) return rank + " no longer runs";
+  char pace[96];
+  std::snprintf(pace, sizeof pace, " keeps pace again: %.2f steps/s, the median %.2f",
+                s.stepsPerSecond, s.median);
+  return rank + pace;
+}
 
 double wallNow() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
@@ -257,9 +268,10 @@ void ControlPublisher::watchStragglers(LeasingStore& store) {
     std::lock_guard lock(mutex_);
     for (const auto& s : changes.named) {
       log::warn("straggler: " + control::describe(s, now));
+      // The event is this node's (it judged); the detail names the slow rank's node.
       events_.push_back({.time = now,
                          .kind = "straggler",
-                         .node = s.node,
+                         .node = options_.nodeName,
                          .round = round,
                          .rank = s.rank,
                          .detail = control::describe(s, now)});
@@ -267,10 +279,10 @@ void ControlPublisher::watchStragglers(LeasingStore& store) {
     for (const auto& s : changes.cleared)
       events_.push_back({.time = now,
                          .kind = "straggler_cleared",
-                         .node = s.node,
+                         .node = options_.nodeName,
                          .round = round,
                          .rank = s.rank,
-                         .detail = "rank " + std::to_string(s.rank) + " keeps pace again"});
+                         .detail = clearedDetail(s)});
   }
   if (onStragglers_) onStragglers_(stragglers_.named());
 }

@@ -16,6 +16,7 @@ using SteadyClock = std::chrono::steady_clock;
 
 constexpr double kPointEvery = 10;  // seconds: a point at least this often, else on new steps
 constexpr int64_t kEventBatch = 256;
+constexpr auto kUnwrittenWait = std::chrono::seconds(3);  // as WatchTiming::gapWait
 
 json orNull(const std::optional<double>& value) { return value ? json(*value) : json(nullptr); }
 
@@ -225,8 +226,15 @@ void JobWatch::look(LeasingStore& store, const std::string& id) {
     eventKeys.push_back(keys.event(n));
   if (!eventKeys.empty()) {
     for (const std::string& text : store.peek(eventKeys)) {
+      if (text.empty()) {
+        // Counted, not written yet: wait for it a while (its publisher is between the two
+        // requests), then go on without it (it died there).
+        if (!w.unwrittenSince) w.unwrittenSince = SteadyClock::now();
+        if (SteadyClock::now() - *w.unwrittenSince < kUnwrittenWait) break;
+      }
+      w.unwrittenSince.reset();
       ++w.eventsSeen;
-      if (text.empty()) continue;  // counted, not written yet, or never: the list goes on
+      if (text.empty()) continue;
       try {
         JobEvent e = decodeEvent(text);
         e.seq = w.eventsSeen;

@@ -73,6 +73,9 @@ class JobWatch {
     std::vector<JobPoint> curve;
     std::deque<std::string> events;  // JSON, oldest first
     int64_t eventsSeen = 0;
+    // Since when the next event was counted but not written (its publisher numbers it, then
+    // writes it): waited for a while, as WatchEvents does, then passed over.
+    std::optional<std::chrono::steady_clock::time_point> unwrittenSince;
   };
   void run();
   void look(LeasingStore& store, const std::string& id);

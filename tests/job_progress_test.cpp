@@ -151,6 +151,22 @@ TEST(Stragglers, ARankThatLeftIsForgottenAndAResetStartsAfresh) {
   EXPECT_TRUE(t.observe(rates({10, 10, 1}), 3.5).named.empty());  // its time below restarted
 }
 
+TEST(Stragglers, WithoutAMedianTheNamedStayUntilTheyAreGone) {
+  StragglerTracker t({.fraction = 0.7, .window = 1});
+  t.observe(rates({10, 10, 10, 2}), 0);
+  ASSERT_EQ(t.observe(rates({10, 10, 10, 2}), 1).named.size(), 1u);
+  // The fast ranks finished: one known pace is no median, so rank 3 is neither cleared nor
+  // said to keep pace.
+  std::vector<RankRate> alone{{.rank = 3, .node = "n1", .stepsPerSecond = 2}};
+  const auto still = t.observe(alone, 2);
+  EXPECT_TRUE(still.cleared.empty());
+  EXPECT_EQ(t.named().size(), 1u);
+  const auto gone = t.observe({}, 3);
+  ASSERT_EQ(gone.cleared.size(), 1u);
+  EXPECT_LT(gone.cleared[0].stepsPerSecond, 0);  // gone, not back to pace
+  EXPECT_TRUE(t.named().empty());
+}
+
 TEST(Stragglers, TheListRoundTripsAndMalformedOnesAreProtocolErrors) {
   std::map<int, Straggler> named{
       {5, {.rank = 5, .node = "h", .stepsPerSecond = 1, .median = 4, .below = 12}}};

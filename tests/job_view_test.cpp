@@ -135,6 +135,22 @@ TEST_F(JobViewTest, ThePageReadsTheJobOnceAskedThenAnswersWithItsCurveAndEvents)
   EXPECT_EQ(watch.api("id=job").status, 200);
 }
 
+TEST_F(JobViewTest, AnEventCountedButNotYetWrittenIsWaitedFor) {
+  writeJob("job");
+  JobWatch watch(watchOptions("job"));
+  const Keys c("job");
+  const int64_t late = store.add(c.seq(), 1);  // numbered; its publisher writes it next
+  ASSERT_EQ(firstReading(watch, "").status, 200);
+  store.set(c.event(late), encode(JobEvent{.time = unixNow(), .kind = "worker_failed"}));
+  const auto giveUp = Clock::now() + std::chrono::seconds(2);  // within the 3 s it waits
+  json answer;
+  do {
+    answer = json::parse(watch.api("").body);
+  } while (answer["events"].size() < 2 && Clock::now() < giveUp);
+  ASSERT_EQ(answer["events"].size(), 2u) << answer["events"].dump();
+  EXPECT_EQ(answer["events"][1]["kind"], "worker_failed");
+}
+
 TEST_F(JobViewTest, BadRequestsAndUnknownJobsGetAClearError) {
   writeJob("job");
   JobWatch own(watchOptions("job"));

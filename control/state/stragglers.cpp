@@ -31,6 +31,24 @@ StragglerChanges StragglerTracker::observe(const std::vector<RankRate>& ranks, d
   // Two known rates at least, and a job that moves: a job stalled as a whole is a hang's
   // business (--hang-timeout), not a straggler's.
   const bool judged = rule_.fraction > 0 && rates.size() >= 2 && middle > 0;
+  if (!judged) {
+    // No median to judge by (the other ranks finished, or none moves): who was named stays
+    // named while it runs; time below starts again once there is a median.
+    below_.clear();
+    for (auto it = named_.begin(); it != named_.end();) {
+      const bool present = std::any_of(ranks.begin(), ranks.end(),
+                                       [&](const RankRate& r) { return r.rank == it->first; });
+      if (present) {
+        ++it;
+        continue;
+      }
+      Straggler gone = it->second;
+      gone.stepsPerSecond = -1;
+      changes.cleared.push_back(gone);
+      it = named_.erase(it);
+    }
+    return changes;
+  }
   std::map<int, double> below;
   std::map<int, Straggler> named;
   for (const auto& r : ranks) {
@@ -50,6 +68,7 @@ StragglerChanges StragglerTracker::observe(const std::vector<RankRate>& ranks, d
   for (const auto& [rank, s] : named_) {
     if (named.contains(rank)) continue;
     Straggler cleared = s;
+    cleared.stepsPerSecond = -1;  // gone, unless it is still there
     for (const auto& r : ranks)
       if (r.rank == rank) cleared.stepsPerSecond = r.stepsPerSecond;
     cleared.median = middle;

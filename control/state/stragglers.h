@@ -37,6 +37,7 @@ struct Straggler {
 
 struct StragglerChanges {
   std::vector<Straggler> named;
+  // Back up to pace, or gone from the round (its stepsPerSecond then < 0).
   std::vector<Straggler> cleared;
 };
 
@@ -48,7 +49,8 @@ class StragglerTracker {
   explicit StragglerTracker(StragglerRule rule) : rule_(rule) {}
 
   // One look at every rank of the round at `now` (seconds, any fixed origin): who was named or
-  // cleared by it. Ranks not in `ranks` are forgotten.
+  // cleared by it. Ranks not in `ranks` are forgotten. Without a median to judge by (fewer than
+  // two known paces, or a median of 0) nobody is named or cleared but for ranks gone.
   StragglerChanges observe(const std::vector<RankRate>& ranks, double now);
   // The ranks named now, by rank.
   const std::map<int, Straggler>& named() const { return named_; }
