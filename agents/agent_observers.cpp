@@ -39,7 +39,8 @@ void ControlObserver::onRoundStarted(const rendezvous::World& world, int workers
   rates_.reset(world.round, world.baseRank, workers);
   sent_.reset();
   exited_.clear();
-  publisher_.round(world.round, world.groupRank == 0);
+  rates_.period(control::recordPeriod(world.groupWorldSize));
+  publisher_.round(world.round, world.groupWorldSize, world.groupRank == 0);
 }
 
 // Handed over when a step or a result changed, or every few seconds: the publisher writes the

@@ -18,8 +18,7 @@ namespace {
 // within milliseconds, so commands are not held up.
 void yieldToTheJob() { ::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), 10); }
 
-constexpr auto kProgressEvery = std::chrono::seconds(1);  // at most one pace record a second
-constexpr auto kWatchEvery = std::chrono::seconds(2);     // the leader's look for stragglers
+constexpr auto kWatchEvery = std::chrono::seconds(2);  // the leader's look for stragglers
 constexpr double kStaleProgress = 30;  // seconds: a record older is an agent gone (or stopped)
 
 std::string clearedDetail(const control::Straggler& s) {
@@ -86,10 +85,12 @@ void ControlPublisher::progress(control::NodeProgress progress) {
   changed_.notify_all();
 }
 
-void ControlPublisher::round(int round, bool leader) {
+void ControlPublisher::round(int round, int nodes, bool leader) {
   {
     std::lock_guard lock(mutex_);
     round_ = round;
+    progressEvery_ = std::chrono::duration_cast<Clock::duration>(
+        std::chrono::duration<double>(control::recordPeriod(nodes)));
     leader_ = leader && options_.stragglers.fraction > 0;
     watchAt_ = Clock::now() + kWatchEvery;
   }
@@ -133,7 +134,7 @@ void ControlPublisher::write() {
       if (stopping_ && !node_ && events_.empty()) return;  // nothing left
       if (leader_ && Clock::now() >= watchAt_ && !stopping_) {
         watch = true;
-        watchAt_ = Clock::now() + kWatchEvery;
+        watchAt_ = Clock::now() + std::max<Clock::duration>(kWatchEvery, progressEvery_);
       }
     }
     try {
@@ -186,7 +187,7 @@ void ControlPublisher::writeOnce(LeasingStore& store) {
     if (progress_ && Clock::now() >= progressAt_ && !stopping_) {
       progress = std::move(progress_);
       progress_.reset();
-      progressAt_ = Clock::now() + kProgressEvery;
+      progressAt_ = Clock::now() + progressEvery_;
     }
   }
   if (events.empty() && !state && !progress && named_) return;
@@ -250,7 +251,7 @@ void ControlPublisher::watchStragglers(LeasingStore& store) {
     if (text.empty()) continue;
     try {
       const control::NodeProgress p = control::decodeNodeProgress(text);
-      if (p.round != round || now - p.time > kStaleProgress) continue;
+      if (p.round != round || now - p.time > std::max(kStaleProgress, 3 * p.period)) continue;
       for (const auto& r : p.ranks)
         if (!r.exited)
           ranks.push_back({.rank = r.rank, .node = names_[i], .stepsPerSecond = r.stepsPerSecond});

@@ -72,9 +72,9 @@ class ControlPublisher {
   void node(control::NodeState state);
   void event(control::JobEvent event);
   void progress(control::NodeProgress progress);
-  // A round's workers started; `leader`: this node is its group rank 0, which watches for
-  // stragglers.
-  void round(int round, bool leader);
+  // A round of `nodes` started its workers; `leader`: this node is its group rank 0, which
+  // watches for stragglers. The job's size sets how often the pace is written (recordPeriod).
+  void round(int round, int nodes, bool leader);
   // Waits until every event queued so far is in the store, or `limit` passed: before a report
   // whose consequences other nodes publish (a failure, then group rank 0's restart), so the
   // job's events show the cause first.
@@ -103,6 +103,7 @@ class ControlPublisher {
   std::deque<control::JobEvent> events_;
   std::optional<control::NodeProgress> progress_;
   Clock::time_point progressAt_{};  // when progress may be written next
+  Clock::duration progressEvery_ = std::chrono::seconds(1);
   int round_ = -1;
   bool leader_ = false;
   Clock::time_point watchAt_{};  // when the leader looks for stragglers next

@@ -11,7 +11,7 @@ void RankRates::reset(int round, int baseRank, int workers) {
 control::NodeProgress RankRates::observe(const std::vector<ProgressReading>& board,
                                          const std::vector<std::map<std::string, double>>& metrics,
                                          double now, double wall) {
-  control::NodeProgress out{.time = wall, .round = round_};
+  control::NodeProgress out{.time = wall, .round = round_, .period = period_};
   const size_t n = std::min(board.size(), tracks_.size());
   for (size_t local = 0; local < n; ++local) {
     const ProgressReading& r = board[local];

@@ -22,6 +22,8 @@ class RankRates {
 
   // A new round: `workers` local ranks from `baseRank`.
   void reset(int round, int baseRank, int workers);
+  // Seconds between the records the publisher writes, said in each (NodeProgress::period).
+  void period(double seconds) { period_ = seconds; }
   // One look at the board (by local rank) and at what the ranks reported by name, at `now`
   // (steady seconds) and `wall` (unix seconds): the record of the ranks that reported.
   control::NodeProgress observe(const std::vector<ProgressReading>& board,
@@ -37,6 +39,7 @@ class RankRates {
   };
   int round_ = -1;
   int baseRank_ = 0;
+  double period_ = 1;
   std::vector<Track> tracks_;
 };
 

@@ -26,12 +26,13 @@ auto decodedOr(const std::string& text, Decode decode) -> std::optional<decltype
 }
 
 // A worker's pace from its agent's record, where the record is of the worker's round.
-void fillProgress(const RankProgress& r, double written, double now, v1::Worker& out) {
+void fillProgress(const RankProgress& r, const NodeProgress& record, double now, v1::Worker& out) {
+  const double written = record.time;
   out.set_reported(true);
   out.set_step(r.step);
   out.set_progress_time(written - r.sinceStep);
   out.set_steps_per_second(r.stepsPerSecond);
-  out.set_since_step(secondsSinceStep(r, written, now));
+  out.set_since_step(secondsSinceStep(r, record, now));
   out.set_has_loss(r.loss.has_value());
   out.set_has_accuracy(r.accuracy.has_value());
   if (r.loss) out.set_loss(*r.loss);
@@ -66,7 +67,7 @@ v1::Node toProto(const AgentRecord& agent, int64_t replacedBy, const NodeProgres
     worker->set_progress_time(w.progressTime);
     if (progress && progress->round == n.round)
       for (const auto& r : progress->ranks)
-        if (r.rank == w.rank) fillProgress(r, progress->time, now, *worker);
+        if (r.rank == w.rank) fillProgress(r, *progress, now, *worker);
     for (const auto& s : stragglers)
       if (s.rank == w.rank && n.state == "running") worker->set_straggler(true);
   }

@@ -5,6 +5,7 @@
 
 #include "common/error.h"
 #include "control/job_read.h"
+#include "control/state/progress_record.h"
 #include "control/state/stragglers.h"
 
 namespace dlrun::control {
@@ -158,7 +159,8 @@ void JobWatch::run() {
       continue;
     }
     std::vector<std::string> ids;
-    for (const auto& [id, job] : jobs_) ids.push_back(id);
+    for (const auto& [id, job] : jobs_)
+      if (SteadyClock::now() >= job.nextLook) ids.push_back(id);
     lock.unlock();
     for (const auto& id : ids) {
       try {
@@ -212,6 +214,11 @@ void JobWatch::look(LeasingStore& store, const std::string& id) {
   }
   v1::Job job;
   fillJob(*record, unixNow(), job);
+  w.nextLook =
+      SteadyClock::now() +
+      std::max<SteadyClock::duration>(
+          options_.every, std::chrono::duration_cast<SteadyClock::duration>(
+                              std::chrono::duration<double>(recordPeriod(job.nodes_size()))));
   const JobPoint point = jobPoint(job);
   if (w.curve.empty() || w.curve.back().step != point.step ||
       point.time - w.curve.back().time >= kPointEvery) {

@@ -1,6 +1,7 @@
 // The job's one page, its data (ARCHITECTURE.md section 10): what /api/job answers on an agent's
 // --metrics-port (its own job) and on dlrund's (any job without a token, by ?id=). A watch
-// reads the job from its store once a second while someone looks (job_read.h: every node, rank,
+// reads the job from its store once a second (less often for a job of more than 200 agents,
+// whose records come less often) while someone looks (job_read.h: every node, rank,
 // pace and straggler), keeps the job's curves since it began (rank 0's loss and accuracy, the
 // spread of pace and loss across ranks) and its last events, and hands the page the newest as
 // JSON. Nobody looking for a minute: it stops reading.
@@ -76,6 +77,9 @@ class JobWatch {
     // Since when the next event was counted but not written (its publisher numbers it, then
     // writes it): waited for a while, as WatchEvents does, then passed over.
     std::optional<std::chrono::steady_clock::time_point> unwrittenSince;
+    // Not before: a large job's agents write their pace less often than every second
+    // (recordPeriod), and reading the whole job costs its store in proportion to its size.
+    std::chrono::steady_clock::time_point nextLook{};
   };
   void run();
   void look(LeasingStore& store, const std::string& id);

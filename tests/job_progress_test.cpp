@@ -14,7 +14,7 @@ namespace dlrun::control {
 namespace {
 
 TEST(ProgressRecord, RoundTripsEveryField) {
-  NodeProgress p{.time = 1000.5, .round = 3};
+  NodeProgress p{.time = 1000.5, .round = 3, .period = 2.5};
   p.ranks.push_back({.rank = 4,
                      .step = 120,
                      .epoch = 2,
@@ -28,6 +28,7 @@ TEST(ProgressRecord, RoundTripsEveryField) {
   const NodeProgress back = decodeNodeProgress(encode(p));
   EXPECT_EQ(back.time, 1000.5);
   EXPECT_EQ(back.round, 3);
+  EXPECT_EQ(back.period, 2.5);
   ASSERT_EQ(back.ranks.size(), 2u);
   EXPECT_EQ(back.ranks[0].rank, 4);
   EXPECT_EQ(back.ranks[0].step, 120);
@@ -58,18 +59,27 @@ TEST(ProgressRecord, ADivergedLossIsSentAsNone) {
 
 TEST(ProgressRecord, MalformedRecordsAreProtocolErrors) {
   for (const char* text :
-       {"", "[]", "{}", R"({"t":1,"round":0})", R"({"t":1,"round":0,"ranks":[1]})",
-        R"({"t":1,"round":0,"ranks":[{"r":0}]})",
-        R"({"t":1,"round":0,"ranks":[{"r":0,"s":1,"e":0,"v":1,"a":0,"n":0,"l":"x"}]})"})
+       {"", "[]", "{}", R"({"t":1,"round":0,"ranks":[]})", R"({"t":1,"round":0,"p":1,"ranks":[1]})",
+        R"({"t":1,"round":0,"p":1,"ranks":[{"r":0}]})",
+        R"({"t":1,"round":0,"p":1,"ranks":[{"r":0,"s":1,"e":0,"v":1,"a":0,"n":0,"l":"x"}]})"})
     EXPECT_THROW(decodeNodeProgress(text), ProtocolError) << text;
 }
 
-TEST(ProgressRecord, TheTimeSinceAStepGrowsOnlyPastTheRecordsSlack) {
+TEST(ProgressRecord, TheTimeSinceAStepGrowsOnlyPastTheRecordsPeriod) {
   const RankProgress r{.sinceStep = 2};
-  EXPECT_EQ(secondsSinceStep(r, 100, 100), 2);
-  EXPECT_EQ(secondsSinceStep(r, 100, 100 + kRecordSlack), 2);
-  EXPECT_EQ(secondsSinceStep(r, 100, 110), 2 + 10 - kRecordSlack);
-  EXPECT_EQ(secondsSinceStep(r, 100, 50), 2);  // a reader's clock behind the writer's
+  const NodeProgress written{.time = 100, .period = 4};
+  EXPECT_EQ(secondsSinceStep(r, written, 100), 2);
+  EXPECT_EQ(secondsSinceStep(r, written, 104.5), 2);  // the next record may be on its way
+  EXPECT_EQ(secondsSinceStep(r, written, 110), 2 + 10 - 4.5);
+  EXPECT_EQ(secondsSinceStep(r, written, 50), 2);  // a reader's clock behind the writer's
+}
+
+TEST(ProgressRecord, ALargeJobsAgentsWriteLessOftenSoTheJobStaysWithinItsRate) {
+  EXPECT_EQ(recordPeriod(1), 1);
+  EXPECT_EQ(recordPeriod(static_cast<int>(kRecordsPerSecond)), 1);
+  EXPECT_EQ(recordPeriod(1000), 1000 / kRecordsPerSecond);
+  for (int agents : {1, 50, 200, 201, 1000, 12500})
+    EXPECT_LE(agents / recordPeriod(agents), kRecordsPerSecond + 1e-9) << agents;
 }
 
 TEST(ProgressRecord, KeysLiveUnderTheControlPlanes) {

@@ -50,12 +50,16 @@ std::string encode(const NodeProgress& progress) {
     }
     ranks.push_back(std::move(rank));
   }
-  return json{{"t", progress.time}, {"round", progress.round}, {"ranks", ranks}}.dump();
+  return json{
+      {"t", progress.time}, {"round", progress.round}, {"p", progress.period}, {"ranks", ranks}}
+      .dump();
 }
 
 NodeProgress decodeNodeProgress(std::string_view text) {
   const json j = parse(text, kWhat);
-  NodeProgress out{.time = field<double>(j, "t", kWhat), .round = field<int>(j, "round", kWhat)};
+  NodeProgress out{.time = field<double>(j, "t", kWhat),
+                   .round = field<int>(j, "round", kWhat),
+                   .period = field<double>(j, "p", kWhat)};
   for (const auto& r : field<json>(j, "ranks", kWhat)) {
     if (!r.is_object()) throw ProtocolError(std::string(kWhat) + " has a malformed 'ranks'");
     RankProgress rank{.rank = field<int>(r, "r", kWhat),
@@ -77,8 +81,10 @@ NodeProgress decodeNodeProgress(std::string_view text) {
   return out;
 }
 
-double secondsSinceStep(const RankProgress& rank, double written, double now) {
-  return rank.sinceStep + std::max(0.0, now - written - kRecordSlack);
+double recordPeriod(int agents) { return std::max(1.0, agents / kRecordsPerSecond); }
+
+double secondsSinceStep(const RankProgress& rank, const NodeProgress& progress, double now) {
+  return rank.sinceStep + std::max(0.0, now - progress.time - progress.period - 0.5);
 }
 
 }  // namespace dlrun::control

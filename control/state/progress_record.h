@@ -1,7 +1,8 @@
 // How far each rank got, as its agent publishes it for the job's one view (ARCHITECTURE.md
-// section 10): one small record an agent, rewritten at most once a second while its workers
-// report, so a job of 1,000 nodes costs its store well under 1% of a core. Pure: the record and
-// its codec. Written by agents/control_publisher.h under ctl/prog/I (I the agent's id), read by
+// section 10): one small record an agent, rewritten while its workers report at most once a
+// recordPeriod(), so that the whole job writes at most kRecordsPerSecond records a second
+// whatever its size, well under 1% of a core at its store. Pure: the record, its period and its
+// codec. Written by agents/control_publisher.h under ctl/prog/I (I the agent's id), read by
 // the Control service (GetJob), the job's page and group rank 0's straggler watch.
 #pragma once
 
@@ -30,6 +31,7 @@ struct RankProgress {
 struct NodeProgress {
   double time = 0;  // unix seconds when the agent wrote it
   int round = -1;
+  double period = 1;                // seconds between its agent's writes while its ranks step
   std::vector<RankProgress> ranks;  // the ranks that reported at least once
 };
 
@@ -37,13 +39,19 @@ std::string encode(const NodeProgress& progress);
 // Throws ProtocolError naming the record for text that is not one.
 NodeProgress decodeNodeProgress(std::string_view text);
 
-// An agent rewrites its record within this many seconds of a new step: a record older than that
-// means no rank of it stepped since (up to the refresh of a record that did not change).
-inline constexpr double kRecordSlack = 1.5;
+// The records a job's agents write a second at most, all together: a store spends 20 to 30 µs
+// of CPU on a lone request (most of it waking up), so 200 a second cost it about 0.5% of a core
+// (docs/benchmarks.md, "The job's one view").
+inline constexpr double kRecordsPerSecond = 200;
 
-// Seconds since `rank` last stepped as of `now` (unix seconds), from a record written at
-// `written`: its own figure, plus the time since beyond kRecordSlack. Clocks of different hosts
-// only ever add, never go back past the record.
-double secondsSinceStep(const RankProgress& rank, double written, double now);
+// Seconds between one agent's records in a job of `agents`: 1, or more where the job is larger
+// than kRecordsPerSecond agents.
+double recordPeriod(int agents);
+
+// Seconds since `rank` last stepped as of `now` (unix seconds), from a record `progress` written:
+// its own figure, plus the time since beyond the record's period and half a second (a record that
+// old means no rank of it stepped since, up to the refresh of a record that did not change).
+// Clocks of different hosts only ever add, never go back past the record.
+double secondsSinceStep(const RankProgress& rank, const NodeProgress& progress, double now);
 
 }  // namespace dlrun::control
