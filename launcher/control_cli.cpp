@@ -220,6 +220,8 @@ ControlParse parseControlArgs(const std::vector<std::string>& args,
   if (result.exitCode) return result;
   r.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout * 1000));
   r.interval = std::chrono::milliseconds(static_cast<int64_t>(interval * 1000));
+  if (r.command == "top" && r.json)
+    throw ConfigError("--json: dlrun top draws a screen; dlrun status --json prints the job");
   if (!signal.empty()) {
     r.signal = parseSignal(signal);
     if (!r.signal) throw ConfigError("--signal: '" + signal + "' is no signal (say USR1 or 10)");

@@ -218,6 +218,8 @@ TEST(ControlTop, HasFlagsOfItsOwn) {
   EXPECT_EQ(parsed.request.interval, std::chrono::milliseconds(2500));
   EXPECT_THROW(parseControlArgs({"top", "--rdzv-endpoint=h:1", "--rdzv-id=j", "--interval=0"}, {}),
                ConfigError);
+  EXPECT_THROW(parseControlArgs({"top", "--rdzv-endpoint=h:1", "--rdzv-id=j", "--json"}, {}),
+               ConfigError);
 }
 
 }  // namespace
