@@ -55,7 +55,7 @@ class Launch:
                 value = value.replace(old, new)
             value = re.sub(r"/dlrun-[A-Za-z0-9]{6}/", "/dlrun-<random>/", value)
             # The run's log folder (the progress board's, DLRUN_PROGRESS_FILE) ends at random.
-            value = re.sub(r"<run>_[A-Za-z0-9]{8}/", "<run>_<random>/", value)
+            value = re.sub(r"<run>_[^/]+/", "<run>_<random>/", value)
         return value
 
 

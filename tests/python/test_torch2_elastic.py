@@ -76,6 +76,14 @@ def _dlrun_only(t, d, run):
     return None if (t is None, d is None) == (True, False) else "set by dlrun alone"
 
 
+def _package_appended(t, d, run):
+    """PYTHONPATH: the inherited one (if any), then the directory of dlrun's package."""
+    if d is None or not d.endswith("/share/dlrun/python"):
+        return "dlrun's package directory is not last"
+    inherited = d.rpartition(":")[0] if ":" in d else None
+    return None if inherited == (t or None) else "the inherited PYTHONPATH is not kept first"
+
+
 def _store_address(t, d, run):
     """MASTER_ADDR: torchrun gives a name (standalone `localhost`; two nodes the FQDN of group
     rank 0's node), dlrun a numeric address. Standalone both name this host's loopback. Through a
@@ -107,6 +115,9 @@ DOCUMENTED = {
                   "dlrun describes the job to TensorFlow's strategies (--tf-config=never: not)"),
     "NCCL_ASYNC_ERROR_HANDLING": ("values", _dlrun_only,
                                   "torch 1.x's name of TORCH_NCCL_ASYNC_ERROR_HANDLING"),
+    "DLRUN_PROGRESS_FILE": ("values", _dlrun_only, "the progress board dlrun.progress writes"),
+    "PYTHONPATH": ("values", _package_appended,
+                   "dlrun appends the directory of its Python package, after the worker's own"),
     "MASTER_ADDR": ("records", _store_address, "dlrun's addresses are numeric; "
                     "through an endpoint dlrun's workers use its store"),
     "MASTER_PORT": ("records", _store_address, "through an endpoint dlrun's workers use its "
