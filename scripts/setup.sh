@@ -28,7 +28,7 @@ packages=(
   libgloo-dev libeigen3-dev zlib1g-dev  # the CPU trainer: all-reduce, math, gzip
   dataset-fashion-mnist                 # the trainer's data
   libgtest-dev                          # unit tests (configuring needs it)
-  libslurm-dev                          # libslurm's hostlists
+  libslurm-dev                          # libslurm's hostlists, opened at run time (tests compare)
   # etcd v3 over gRPC: the C++ runtime, protoc and its gRPC plugin (proto/ is compiled at build
   # time)
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
