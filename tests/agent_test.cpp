@@ -350,16 +350,17 @@ TEST(AgentTest, ASecondStopKeepsTheFirstStopsDeadline) {
   AgentOptions options = shellOptions(
       rendezvous,
       // Rank 1 ignores SIGTERM; at the first it waits 2 s, then stops the agent itself. Rank 0
-      // fails once rank 1's trap is set.
+      // fails once rank 1's trap is set. Short sleeps in the loop: bash runs a trap only once
+      // the command in the foreground is done, so the second stop comes 2 s after the first.
       "if [ \"$LOCAL_RANK\" = 0 ]; then until [ -e " + marks.dir().string() +
           "/started_1 ]; do sleep 0.01; done; exit 1; fi; "
           "n=0; trap 'n=$((n+1)); if [ $n = 1 ]; then sleep 2; kill -TERM $PPID; fi' TERM; " +
-          marks.mark() + "while :; do sleep 1; done");
-  options.stopTimeout = std::chrono::seconds(3);
+          marks.mark() + "while :; do sleep 0.05; done");
+  options.stopTimeout = std::chrono::seconds(4);
   const auto start = std::chrono::steady_clock::now();
   EXPECT_EQ(Agent(options, rendezvous).run(), 128 + SIGTERM);
-  // Killed 3 s after the failure; a grace restarted by the second stop would end it after 5.
-  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(4500));
+  // Killed 4 s after the failure; a grace restarted by the second stop would end it after 6.
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(5000));
   EXPECT_EQ(rendezvous.stops, std::vector<int>{SIGTERM});
 }
 
