@@ -68,7 +68,9 @@ HostProbe HostProbe::real() {
   std::error_code ec;
   host.selfDir = fs::read_symlink("/proc/self/exe", ec).parent_path();
   const char* python = std::getenv("PYTHON_EXEC");
-  host.pythonExec = python && *python ? python : "python3";
+  const std::string own =
+      environmentPython(host.selfDir, [](const std::string& path) { return fs::exists(path); });
+  host.pythonExec = python && *python ? python : !own.empty() ? own : "python3";
   for (char** entry = environ; *entry; ++entry) {
     const std::string_view text(*entry);
     const size_t eq = text.find('=');
@@ -90,6 +92,20 @@ HostProbe HostProbe::real() {
     }
   };
   return host;
+}
+
+std::string environmentPython(const std::string& selfDir,
+                              const std::function<bool(const std::string&)>& exists) {
+  if (selfDir.empty()) return {};
+  const fs::path dir(selfDir);
+  const fs::path prefix = dir.parent_path();
+  if (!exists((prefix / "pyvenv.cfg").string()) && !exists((prefix / "conda-meta").string()))
+    return {};
+  for (const char* name : {"python3", "python"}) {
+    const fs::path interpreter = dir / name;
+    if (exists(interpreter.string())) return interpreter.string();
+  }
+  return {};
 }
 
 }  // namespace dlrun::launcher

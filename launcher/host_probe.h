@@ -25,7 +25,7 @@ struct HostProbe {
   // sysfs under DLRUN_SYSFS_ROOT (tests' fake machines), else /.
   std::function<std::vector<std::vector<int>>(agents::NumaMode, int nproc)> numaCpuSets;
   std::string selfDir;     // where dlrun lives: the bundled dlrun-train sits beside it
-  std::string pythonExec;  // PYTHON_EXEC, or "python3"
+  std::string pythonExec;  // PYTHON_EXEC, else environmentPython(), else "python3"
   // The SLURM*, DLRUN_SLURM (Slurm discovery), OMPI_*, PMIX_*, DLRUN_MPI, MASTER_ADDR,
   // MASTER_PORT (mpirun discovery), DLRUN_ETCD_ENDPOINTS, DLRUN_TOKEN (the job's token, for
   // the launch and for `dlrun status|events|stop`), CUDA_VISIBLE_DEVICES (--virtual-local-rank),
@@ -36,5 +36,12 @@ struct HostProbe {
   // This machine: its CPU affinity, /dev/nvidia*, sysfs, PATH, /proc/self/exe and environment.
   static HostProbe real();
 };
+
+// The interpreter of the Python environment dlrun is installed in (a venv: `pyvenv.cfg` above
+// its directory; a conda environment: `conda-meta/`), as torchrun runs a script with its own;
+// empty elsewhere (a system or build-tree dlrun runs the `python3` on PATH, as before). Pure:
+// `exists` answers for files and directories.
+std::string environmentPython(const std::string& selfDir,
+                              const std::function<bool(const std::string&)>& exists);
 
 }  // namespace dlrun::launcher

@@ -1331,4 +1331,18 @@ TEST(ParseDlrunArgs, StragglerFlagsHaveDefaultsAndRanges) {
             std::string::npos);
 }
 
+TEST(EnvironmentPython, ADlrunInAVenvOrCondaEnvironmentRunsItsInterpreter) {
+  auto having = [](std::set<std::string> files) {
+    return [files](const std::string& path) { return files.contains(path); };
+  };
+  EXPECT_EQ(environmentPython("/venv/bin", having({"/venv/pyvenv.cfg", "/venv/bin/python3"})),
+            "/venv/bin/python3");
+  EXPECT_EQ(environmentPython("/conda/bin", having({"/conda/conda-meta", "/conda/bin/python"})),
+            "/conda/bin/python");
+  // A system or build-tree dlrun: the python3 on PATH, as before.
+  EXPECT_EQ(environmentPython("/usr/bin", having({"/usr/bin/python3"})), "");
+  EXPECT_EQ(environmentPython("/venv/bin", having({"/venv/pyvenv.cfg"})), "");
+  EXPECT_EQ(environmentPython("", having({})), "");
+}
+
 }  // namespace dlrun::launcher
