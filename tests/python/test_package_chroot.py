@@ -25,8 +25,10 @@ for package in "$@"; do
 done
 in_root apt-get update -q
 in_root apt-get install -y -q "${names[@]}"
-# libslurm38: a shared library's package, pulled through the computed Depends (gRPC is linked in)
-echo "dpkg: $(in_root dpkg-query -W -f='${Status} ' dataset-fashion-mnist libslurm38)"
+# libgloo0: a shared library's package, pulled through the computed Depends (gRPC is linked in);
+# no libslurm: dlrun opens the node's own at run time, where it has one
+echo "dpkg: $(in_root dpkg-query -W -f='${Status} ' dataset-fashion-mnist libgloo0)"
+echo "libslurm files: $(in_root sh -c 'ls /usr/lib/x86_64-linux-gnu | grep -c ^libslurm')"
 echo "dlrun on PATH: $(in_root sh -c 'command -v dlrun')"
 in_root sh -c 'cd /tmp && dlrun --standalone --nproc-per-node=2 train --epochs 1'
 in_root MANWIDTH=100 man dlrun
@@ -52,6 +54,7 @@ class PackageChrootTest(unittest.TestCase):
                                    INSTALL_TIMEOUT_S, include=["man-db"])
         self.assertEqual(code, 0, output[-6000:])
         self.assertIn("dpkg: install ok installed install ok installed", output)
+        self.assertIn("libslurm files: 0", output)
         self.assertIn("dlrun on PATH: /usr/bin/dlrun", output)
         self.assertRegex(output, r'\[0\]:\{"epochs": 1, .*"world_size": 2, .*"device": "cpu"')
         self.assertRegex(output, r"NAME\s+dlrun - launch workers on every node")
