@@ -10,13 +10,12 @@ worker_util.MAX_WAIT_S), then exits past torch's teardown.
 import os
 import sys
 import tempfile
-import time
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import dlrun.progress  # noqa: E402
-from worker_util import MAX_WAIT_S, exit_past_torch_teardown, write_json  # noqa: E402
+from worker_util import exit_past_torch_teardown, wait_for_release, write_json  # noqa: E402
 
 MAX_STEPS = 30
 BATCH = 4
@@ -116,13 +115,7 @@ def main():
     board = os.environ["DLRUN_PROGRESS_FILE"]
     record.update(pid=os.getpid(), board=board, metrics_file=f"{board}.metrics.{local_rank}")
     write_json(os.path.join(out_dir, f"ready_{local_rank}.json"), record)
-    release = os.path.join(out_dir, "release")
-    deadline = time.monotonic() + MAX_WAIT_S
-    while not os.path.exists(release):
-        if time.monotonic() > deadline:
-            return 4
-        time.sleep(0.01)
-    return 0
+    return wait_for_release(out_dir)
 
 
 if __name__ == "__main__":

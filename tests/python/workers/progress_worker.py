@@ -16,7 +16,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import dlrun.progress as progress  # noqa: E402
-from worker_util import MAX_WAIT_S, write_json  # noqa: E402
+from worker_util import wait_for_release, write_json  # noqa: E402
 
 # Local rank 0's first report names 10 valid metrics: the first 8 are kept. Local rank 1's
 # names valid and invalid ones: only the valid ones are kept. Later reports change lr, which
@@ -90,13 +90,7 @@ def main():
     record["metrics_file_unchanged"] = read_bytes(metrics_file) == before[1]
     write_json(os.path.join(out_dir, f"ready_{local_rank}.json"), record)
 
-    release = os.path.join(out_dir, "release")
-    deadline = time.monotonic() + MAX_WAIT_S
-    while not os.path.exists(release):
-        if time.monotonic() > deadline:
-            return 4
-        time.sleep(0.01)
-    return 0
+    return wait_for_release(out_dir)
 
 
 if __name__ == "__main__":

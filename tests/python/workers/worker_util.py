@@ -1,4 +1,5 @@
-"""What the test workers share: atomic file writes and bounded waits to be stopped."""
+"""What the test workers share: atomic file writes and bounded waits to be stopped or
+released."""
 import json
 import os
 import sys
@@ -31,6 +32,18 @@ def wait_to_be_stopped():
     while time.monotonic() < deadline:
         time.sleep(deadline - time.monotonic())
     os._exit(4)
+
+
+def wait_for_release(out_dir):
+    """Waits for the test's file `release` in `out_dir`: 0, or 4 if it does not come within
+    MAX_WAIT_S."""
+    release = os.path.join(out_dir, "release")
+    deadline = time.monotonic() + MAX_WAIT_S
+    while not os.path.exists(release):
+        if time.monotonic() > deadline:
+            return 4
+        time.sleep(0.01)
+    return 0
 
 
 def exit_past_torch_teardown(code):
