@@ -186,80 +186,85 @@ void JobWatch::run() {
   }
 }
 
-// One reading of job `id`: the job, its new events; then the answer, built outside the lock.
+// One reading of job `id`: the job, its new events; then the answer. The store is read and the
+// answer built without the lock: the HTTP thread that takes the lock in api() is, in dlrund, the
+// store's own, which must go on serving these very reads. Only this thread changes an entry's
+// readings (the curve, the events) and erases entries, so they need no lock; the lock guards the
+// map and what api() copies.
 void JobWatch::look(LeasingStore& store, const std::string& id) {
-  int status = 200;
-  std::string problem;
+  Watched* w;
+  {
+    std::lock_guard lock(mutex_);
+    auto it = jobs_.find(id);
+    if (it == jobs_.end()) return;
+    w = &it->second;
+  }
+  const auto answer = [&](int status, std::string text, SteadyClock::duration wait) {
+    std::lock_guard lock(mutex_);
+    w->status = status;
+    w->answer = std::move(text);
+    w->nextLook = SteadyClock::now() + wait;
+  };
   std::optional<JobRecord> record;
   try {
     record = readJob(store, id, true);
-    if (!options_.showTokenJobs && !record->meta.tokenHash.empty()) {
-      status = 403;
-      problem = "job '" + id +
-                "' was started with a token: its page is on its agents' "
-                "--metrics-port";
-    }
   } catch (const Refusal& refusal) {
-    status = refusal.status.error_code() == grpc::StatusCode::NOT_FOUND ? 404 : 400;
-    problem = refusal.status.error_message();
+    const bool unknown = refusal.status.error_code() == grpc::StatusCode::NOT_FOUND;
+    return answer(unknown ? 404 : 400, errorJson(refusal.status.error_message()), options_.every);
   }
-  std::lock_guard lock(mutex_);
-  auto it = jobs_.find(id);
-  if (it == jobs_.end()) return;
-  Watched& w = it->second;
-  if (status != 200) {
-    w.status = status;
-    w.answer = errorJson(problem);
-    return;
-  }
+  if (!options_.showTokenJobs && !record->meta.tokenHash.empty())
+    return answer(403,
+                  errorJson("job '" + id +
+                            "' was started with a token: its page is on its agents' "
+                            "--metrics-port"),
+                  options_.every);
   v1::Job job;
   fillJob(*record, unixNow(), job);
-  w.nextLook =
-      SteadyClock::now() +
-      std::max<SteadyClock::duration>(
-          options_.every, std::chrono::duration_cast<SteadyClock::duration>(
-                              std::chrono::duration<double>(recordPeriod(job.nodes_size()))));
   const JobPoint point = jobPoint(job);
-  if (w.curve.empty() || w.curve.back().step != point.step ||
-      point.time - w.curve.back().time >= kPointEvery) {
-    w.curve.push_back(point);
-    thin(w.curve);
+  if (w->curve.empty() || w->curve.back().step != point.step ||
+      point.time - w->curve.back().time >= kPointEvery) {
+    w->curve.push_back(point);
+    thin(w->curve);
   }
-  // The events after the last seen, a batch a look.
-  const Keys keys(id);
+  readEvents(store, Keys(id), *w);
+  std::string text = "{\"job\":" + protoJson(job) + ",\"curve\":[";
+  for (size_t i = 0; i < w->curve.size(); ++i)
+    text += (i ? "," : "") + pointJson(w->curve[i]).dump();
+  text += "],\"events\":[";
+  for (size_t i = 0; i < w->events.size(); ++i) text += (i ? "," : "") + w->events[i];
+  text += "]}";
+  answer(200, std::move(text),
+         std::max<SteadyClock::duration>(
+             options_.every, std::chrono::duration_cast<SteadyClock::duration>(
+                                 std::chrono::duration<double>(recordPeriod(job.nodes_size())))));
+}
+
+// The events after the last seen, a batch a look.
+void JobWatch::readEvents(LeasingStore& store, const Keys& keys, Watched& w) {
   const int64_t count = storedCount(store.peek({keys.seq()})[0], keys.seq());
   std::vector<std::string> eventKeys;
   for (int64_t n = w.eventsSeen + 1; n <= std::min(count, w.eventsSeen + kEventBatch); ++n)
     eventKeys.push_back(keys.event(n));
-  if (!eventKeys.empty()) {
-    for (const std::string& text : store.peek(eventKeys)) {
-      if (text.empty()) {
-        // Counted, not written yet: wait for it a while (its publisher is between the two
-        // requests), then go on without it (it died there).
-        if (!w.unwrittenSince) w.unwrittenSince = SteadyClock::now();
-        if (SteadyClock::now() - *w.unwrittenSince < kUnwrittenWait) break;
-      }
-      w.unwrittenSince.reset();
-      ++w.eventsSeen;
-      if (text.empty()) continue;
-      try {
-        JobEvent e = decodeEvent(text);
-        e.seq = w.eventsSeen;
-        w.events.push_back(protoJson(toProto(e)));
-      } catch (const ProtocolError&) {
-        continue;
-      }
-      if (w.events.size() > kMaxEvents) w.events.pop_front();
+  if (eventKeys.empty()) return;
+  for (const std::string& text : store.peek(eventKeys)) {
+    if (text.empty()) {
+      // Counted, not written yet: wait for it a while (its publisher is between the two
+      // requests), then go on without it (it died there).
+      if (!w.unwrittenSince) w.unwrittenSince = SteadyClock::now();
+      if (SteadyClock::now() - *w.unwrittenSince < kUnwrittenWait) return;
     }
+    w.unwrittenSince.reset();
+    ++w.eventsSeen;
+    if (text.empty()) continue;
+    try {
+      JobEvent e = decodeEvent(text);
+      e.seq = w.eventsSeen;
+      w.events.push_back(protoJson(toProto(e)));
+    } catch (const ProtocolError&) {
+      continue;
+    }
+    if (w.events.size() > kMaxEvents) w.events.pop_front();
   }
-  std::string answer = "{\"job\":" + protoJson(job) + ",\"curve\":[";
-  for (size_t i = 0; i < w.curve.size(); ++i)
-    answer += (i ? "," : "") + pointJson(w.curve[i]).dump();
-  answer += "],\"events\":[";
-  for (size_t i = 0; i < w.events.size(); ++i) answer += (i ? "," : "") + w.events[i];
-  answer += "]}";
-  w.status = 200;
-  w.answer = std::move(answer);
 }
 
 }  // namespace dlrun::control

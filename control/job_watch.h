@@ -68,21 +68,24 @@ class JobWatch {
 
  private:
   struct Watched {
+    // Under mutex_: when api() last asked, the newest answer, when the thread reads again.
     std::chrono::steady_clock::time_point asked;
     std::string answer;  // the newest JSON, empty before the first read
     int status = 200;
+    // Not before: a large job's agents write their pace less often than every second
+    // (recordPeriod), and reading the whole job costs its store in proportion to its size.
+    std::chrono::steady_clock::time_point nextLook{};
+    // The thread's alone (it also erases entries): the readings so far.
     std::vector<JobPoint> curve;
     std::deque<std::string> events;  // JSON, oldest first
     int64_t eventsSeen = 0;
     // Since when the next event was counted but not written (its publisher numbers it, then
     // writes it): waited for a while, as WatchEvents does, then passed over.
     std::optional<std::chrono::steady_clock::time_point> unwrittenSince;
-    // Not before: a large job's agents write their pace less often than every second
-    // (recordPeriod), and reading the whole job costs its store in proportion to its size.
-    std::chrono::steady_clock::time_point nextLook{};
   };
   void run();
   void look(LeasingStore& store, const std::string& id);
+  void readEvents(LeasingStore& store, const Keys& keys, Watched& watched);
 
   const JobWatchOptions options_;
   std::mutex mutex_;
