@@ -88,5 +88,8 @@ sys.exit(any(m.version(p.split("==")[0]).split("+")[0] != p.split("==")[1] for p
   "$venv/bin/python" -m pip install -q "${venv_pins[@]}"
 fi
 
+# The wheel's packing tools (scripts/wheel.sh), so its test fetches nothing.
+$tests && bash "$root/scripts/wheel.sh" --tools
+
 cmake -S "$root" -B "$build" -G Ninja -DDLRUN_TORCH2_PYTHON="$venv/bin/python"
 cmake --build "$build" ${targets[@]:+--target "${targets[@]}"}

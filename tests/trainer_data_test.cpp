@@ -326,6 +326,26 @@ TEST_F(FashionDirTest, MissingFileIsNamed) {
   EXPECT_ONE_LINE_NAMING(message, "t10k-labels-idx1-ubyte");
 }
 
+TEST_F(FashionDirTest, DataDirIsTheDirectoryOrTorchvisionsRawBelowIt) {
+  writeSet(4, 4);
+  EXPECT_EQ(fashionMnistDir(dir_.string()), dir_.string());
+  const fs::path root = dir_ / "torchvision";
+  fs::create_directories(root / "FashionMNIST" / "raw");
+  for (const auto& entry : fs::directory_iterator(dir_)) {
+    if (entry.is_regular_file()) fs::copy(entry.path(), root / "FashionMNIST" / "raw");
+  }
+  EXPECT_EQ(fashionMnistDir(root.string()), (root / "FashionMNIST" / "raw").string());
+  EXPECT_EQ(loadFashionMnist(fashionMnistDir(root.string())).train.rows, 4);
+}
+
+TEST_F(FashionDirTest, DataDirThatIsNoDirectoryIsOneLine) {
+  const std::string missing = (dir_ / "nowhere").string();
+  const std::string message = errorOf([&] { fashionMnistDir(missing); });
+  EXPECT_ONE_LINE_NAMING(message, "--data-dir " + missing + ": no such directory");
+  // An empty directory goes on to the loader, which names the first file it lacks.
+  EXPECT_EQ(fashionMnistDir(dir_.string()), dir_.string());
+}
+
 // --- Synthetic data ---
 
 TEST(SyntheticData, SameSeedSameDataOtherSeedOtherData) {

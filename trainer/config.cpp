@@ -77,7 +77,9 @@ TrainParse parseTrainArgs(const std::vector<std::string>& args) {
   app.add_option("--hidden", c.hidden, "The MLP's hidden layer widths, e.g. --hidden 256 128")
       ->check(CLI::Range(1, 1 << 16));
   app.add_option("--seed", c.seed, "Seed of the initial weights and the data order");
-  app.add_option("--data", c.dataDir, "Directory with the Fashion-MNIST IDX files");
+  app.add_option("--data-dir,--data", c.dataDir,
+                 "Directory with the Fashion-MNIST IDX files (or torchvision's FashionMNIST/raw "
+                 "below it); the default is where Debian's dataset-fashion-mnist puts them");
   app.add_flag("--synthetic", c.synthetic, "Train on generated data instead");
   app.add_option("--device", c.device, "cpu, cuda or auto")
       ->check(CLI::IsMember({"cpu", "cuda", "auto"}));

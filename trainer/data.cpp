@@ -196,6 +196,25 @@ Split loadFashionMnist(const std::string& dir) {
   return {std::move(sets[0]), std::move(sets[1])};
 }
 
+std::string fashionMnistDir(const std::string& dir) {
+  const auto holds = [](const fs::path& d) {
+    std::error_code ec;
+    return fs::exists(d / "train-images-idx3-ubyte.gz", ec) ||
+           fs::exists(d / "train-images-idx3-ubyte", ec);
+  };
+  if (holds(dir)) return dir;
+  if (const fs::path raw = fs::path(dir) / "FashionMNIST" / "raw"; holds(raw)) return raw.string();
+  std::error_code ec;
+  if (dir == kDefaultDataDir && !fs::exists(dir, ec)) {
+    throw Error(std::string("no Fashion-MNIST in ") + kDefaultDataDir +
+                ": install Debian's package dataset-fashion-mnist there, or put the dataset's four "
+                ".gz files (github.com/zalandoresearch/fashion-mnist) in a directory and pass "
+                "--data-dir DIR; --synthetic trains on generated data");
+  }
+  if (!fs::is_directory(dir, ec)) throw Error("--data-dir " + dir + ": no such directory");
+  return dir;  // loadFashionMnist names the file that is missing
+}
+
 Split syntheticData(int trainRows, int testRows, int features, uint64_t seed) {
   constexpr int kClasses = 10;
   constexpr double kSigma = 0.3;       // large enough that the signal is not lost in the 0.5 offset

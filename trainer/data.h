@@ -17,6 +17,7 @@ struct Dataset {
   std::vector<uint8_t> labels;  // rows
 };
 
+// Where Debian's package dataset-fashion-mnist puts the files: --data-dir's default.
 inline constexpr const char* kDefaultDataDir = "/usr/share/datasets/fashion-mnist";
 
 struct Split {
@@ -28,6 +29,12 @@ struct Split {
 // .gz are read too). Throws Error with one line naming the file and the problem: missing,
 // truncated, a wrong magic number, or images and labels that disagree.
 Split loadFashionMnist(const std::string& dir);
+
+// The directory loadFashionMnist reads for --data-dir `dir`: `dir` itself, or its
+// FashionMNIST/raw where torchvision's download put the files. Throws Error with one line saying
+// how to get the data where the default (Debian's package) is missing, or `dir` is no directory.
+// Never reaches the network.
+std::string fashionMnistDir(const std::string& dir);
 
 // One IDX file's payload: dimensions and raw bytes. `expectedDims` is 3 for images, 1 labels.
 struct IdxFile {

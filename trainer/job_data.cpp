@@ -8,7 +8,7 @@ namespace dlrun::trainer {
 
 Split loadData(const TrainConfig& config) {
   return config.synthetic ? syntheticData(20000, 4000, 784, config.seed)
-                          : loadFashionMnist(config.dataDir);
+                          : loadFashionMnist(fashionMnistDir(config.dataDir));
 }
 
 ModelSpec modelSpec(const TrainConfig& config, const Dataset& data) {

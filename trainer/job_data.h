@@ -9,7 +9,7 @@
 
 namespace dlrun::trainer {
 
-// The data --data (or --synthetic) names: every rank and parameter server loads the same.
+// The data --data-dir (or --synthetic) names: every rank and parameter server loads the same.
 Split loadData(const TrainConfig& config);
 
 // The model --model names, sized for the data: --hidden for the MLP; the CNN takes 28x28
