@@ -6,6 +6,8 @@ mount namespace of each run's own) and PATH the venv's bin and the system's:
 - `dlrun`, `dlrund` and `dlrun-train` on PATH are the venv's; `python -m dlrun` runs dlrun;
 - a torch 2.13 DDP script under `dlrun --standalone --nproc-per-node=2` runs with the venv's
   interpreter, imports dlrun.progress from the venv, and its steps reach the agent (/api/state);
+- with --warm-start, workers fork from a zygote of the venv's interpreter (the zygote's file
+  from the venv's share/dlrun/python);
 - `dlrun train --synthetic` trains on 2 workers with the venv's AVX2 module;
 - a job rendezvouses through the venv's dlrund, which counts its connections;
 - without dlrun, the venv's Python imports dlrun.progress from site-packages, inactive.
@@ -19,8 +21,8 @@ import shutil
 import subprocess
 import unittest
 
-from dlrun_fixture import (EVENT_TIMEOUT_S, Dlrun, clean_env, main, run_dlrun, temp_dir,
-                           wait_until, worker)
+from dlrun_fixture import (EVENT_TIMEOUT_S, Dlrun, clean_env, main, temp_dir, wait_until,
+                           worker)
 from dlrund_fixture import Dlrund
 from metrics_fixture import http_get, metrics_port
 from package_fixture import build_dir, class_temp_dir, run
@@ -82,6 +84,11 @@ class WheelTest(unittest.TestCase):
     def hidden(self, args, **kwargs):
         return run([self.hide, *args], env=self.env, cwd=self.scratch, **kwargs)
 
+    def hidden_dlrun(self, args, env=None):
+        """The venv's dlrun run to its end with the build hidden: its Result."""
+        return Dlrun(self, args, env=env or self.env, cwd=self.scratch,
+                     wrapper=[self.hide]).wait(JOB_TIMEOUT_S)
+
     def test_wheel_is_manylinux_within_its_budget_and_installs_without_the_network(self):
         self.assertRegex(os.path.basename(self.wheel),
                          r"^dlrun-[\d.]+-py3-none-manylinux_2_\d+_x86_64\.whl$")
@@ -134,11 +141,23 @@ class WheelTest(unittest.TestCase):
             self.assertTrue(report["progress"].startswith(self.venv + "/"), report)
             self.assertTrue(report["reports"], report)
 
+    def test_warm_start_forks_workers_from_the_venvs_zygote(self):
+        probe = os.path.join(temp_dir(self), "probe.py")
+        with open(probe, "w") as f:
+            f.write("import sys\n"
+                    "print('worker:', sys.executable, 'dlrun.progress' in sys.modules)\n")
+        result = self.hidden_dlrun(["--standalone", "--nproc-per-node=2", "--warm-start",
+                                    "--preload=dlrun.progress", probe])
+        self.assertEqual(result.returncode, 0, result)
+        self.assertRegex(result.stderr, r"warm start: Python [\d.]+ \(pid \d+\) ready, "
+                                        r"dlrun.progress imported")
+        python = os.path.join(self.venv, "bin", "python3")
+        self.assertEqual(result.stdout.count(f"worker: {python} True"), 2, result)
+
     def test_bundled_trainer_trains_on_synthetic_data(self):
         env = dict(self.env, DLRUN_LOG_LEVEL="debug")
-        result = run_dlrun(self, ["--standalone", "--nproc-per-node=2", "train", "--synthetic",
-                                  "--epochs", "1", "--max-steps", "20"],
-                           env=env, timeout=JOB_TIMEOUT_S, cwd=self.scratch)
+        result = self.hidden_dlrun(["--standalone", "--nproc-per-node=2", "train", "--synthetic",
+                                    "--epochs", "1", "--max-steps", "20"], env=env)
         result_text = result.stdout + result.stderr
         self.assertEqual(result.returncode, 0, result_text)
         self.assertRegex(result.stdout, r'"world_size": 2, .*"device": "cpu"')
