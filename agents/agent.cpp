@@ -361,12 +361,19 @@ void AgentImpl::reportFailure(const Worker& w) {
                               readErrorFile(w.errorFile()),
                               w.lastErrorLines(),
                               timer == expiredTimers_.end() ? "" : timer->second};
+  const bool final = endsWithoutRestart(w.status());
   rendezvous::RoundEnd end{.kind = rendezvous::RoundEnd::Kind::WorkerFailed,
                            .node = options_.nodeName,
                            .rank = w.rank(),
                            .exitCode = w.status().shellCode(),
                            .failures = world_.failures + loneRestarts_,
+                           .final = final,
                            .report = formatFailureReport(failure, world_.failures)};
+  if (final) {
+    end.report = "dlrun: rank " + std::to_string(w.rank()) + " exited with " +
+                 std::to_string(options_.noRestartExitCode) +
+                 ", --no-restart-exit-code: the job ends without a restart\n" + end.report;
+  }
   flushEvents();
   reportToRendezvous([&] { rendezvous_.reportFailure(end); });
 }

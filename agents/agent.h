@@ -67,6 +67,10 @@ struct AgentOptions {
   std::string role = "default";
   std::vector<RoleSpec> roles;  // --roles (roles.h); empty: every worker has `role`
   std::chrono::milliseconds stopTimeout{30'000};
+  // --no-restart-exit-code: a worker exiting with this code ends the job on every node at once,
+  // with this code, whatever restarts are left (0: off). The program's way to say "do not
+  // restart me" (a bad configuration, a finished sweep).
+  int noRestartExitCode = 0;
   // --signals-to-handle, in the order given: the signals that stop the job. Unset: SIGTERM,
   // SIGINT, SIGHUP and SIGQUIT, as torchrun. One of those four left out is ignored (the job goes
   // on, and no worker is left behind by a dlrun the signal killed); SIGUSR1 and SIGUSR2 left out

@@ -69,6 +69,11 @@ class AgentImpl {
   bool isService(int local) const;
   bool anyAlone() const;
   bool restartAlone(const Worker& failed);
+  // Whether `status` is --no-restart-exit-code's: the job ends with it, without a restart.
+  bool endsWithoutRestart(const ExitStatus& status) const {
+    return options_.noRestartExitCode != 0 && !status.signaled &&
+           status.value == options_.noRestartExitCode;
+  }
   void failToStart(int code, const std::string& message);
   WorkerLaunch launchOf(const fs::path& attemptDir, int local);
   void reap();

@@ -200,7 +200,7 @@ bool AgentImpl::anyAlone() const {
 bool AgentImpl::restartAlone(const Worker& failed) {
   const int local = failed.localRank();
   const RoleSpec* role = roleOf(local);
-  if (role == nullptr || !role->alone || !environment_ ||
+  if (role == nullptr || !role->alone || !environment_ || endsWithoutRestart(failed.status()) ||
       !world_.restarts.allowsRestart(world_.failures + loneRestarts_ + 1))
     return false;
   std::unique_ptr<Worker> worker;

@@ -80,6 +80,10 @@ void declareJobFlags(CLI::App& app, DeclaredFlags& f, LaunchConfig& c) {
   addOption(app, "max-restarts", c.restarts.maxRestarts,
             "Restarts of the worker group after a failure")
       ->check(kCount);
+  addOption(app, "no-restart-exit-code", c.agent.noRestartExitCode,
+            "A worker exiting with this code ends the job on every node at once with that code, "
+            "without a restart (0, the default: off; NVIDIA's launchers use 93)")
+      ->check(CLI::Range(0, 255));
   addOption(app, "monitor-interval", f.monitorInterval,
             "Accepted for torchrun compatibility: dlrun notices worker exits at once")
       ->check(kSeconds);

@@ -176,6 +176,16 @@ class MultiNodeTest(unittest.TestCase):
         self.assertIn("exit code 3", reports[0])
         self.assertIn("after 1 restart", reports[0])
 
+    def test_the_no_restart_exit_code_ends_every_node_at_once_with_it(self):
+        agents = self.start_agents(2, "2", ["--fail-rank", "3", "--fail-rounds", "-1",
+                                            "--fail-code", "93"],
+                                   extra=["--max-restarts=3", "--no-restart-exit-code=93"])
+        for r in self.finish(agents):
+            self.assertEqual(r.returncode, 93, r)
+            self.assertIn("dlrun: rank 3 exited with 93, --no-restart-exit-code: the job ends "
+                          "without a restart", r.stderr)
+        self.assertEqual({s["env"]["TORCHELASTIC_RESTART_COUNT"] for s in self.starts()}, {"0"})
+
     def test_a_node_that_finished_first_keeps_the_job_open_for_the_others(self):
         stop = os.path.join(temp_dir(self), "stop")
         agents = self.start_agents(2, "2", ["--until-file", stop, "--hold-ranks", "2,3"])

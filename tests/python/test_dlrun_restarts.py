@@ -57,6 +57,19 @@ class DlrunRestartTest(unittest.TestCase):
                          [(a, r) for a in range(3) for r in range(NPROC)], result)
         self.assert_report_names_rank(result, FAILING_RANK)
 
+    def test_the_no_restart_exit_code_ends_the_job_without_restarts_left_unused(self):
+        out, result = self.run_failing("exit", "93", "--max-restarts=3",
+                                       "--no-restart-exit-code=93")
+        self.assertEqual(result.returncode, 93, result)
+        self.assertEqual(sorted(self.attempts(out)), [(0, 0), (0, 1)], result)
+        self.assertIn("dlrun: rank 1 exited with 93, --no-restart-exit-code: the job ends without "
+                      "a restart", result.stderr)
+        # Another code restarts as before.
+        out, result = self.run_failing("exit", "3", "--max-restarts=1",
+                                       "--no-restart-exit-code=93")
+        self.assertEqual(result.returncode, 3, result)
+        self.assertEqual(len(self.attempts(out)), 2 * NPROC, result)
+
     def test_no_restarts_exits_with_the_workers_code(self):
         # Rank 0 would wait 60 s: dlrun must stop it to finish in time.
         out, result = self.run_failing("fail-first", "3", "--max-restarts=0")

@@ -1,10 +1,11 @@
 """A worker of the multi-node tests: records its start, then does what the flags say.
 
-Usage: elastic_worker.py OUT_DIR [--allreduce] [--fail-rank R --fail-rounds N] [--wait]
+Usage: elastic_worker.py OUT_DIR [--allreduce] [--fail-rank R --fail-rounds N [--fail-code C]]
+                         [--wait]
                          [--until-file PATH [--hold-ranks R,R...]] [--exec COMMAND...]
 Writes OUT_DIR/start_<restart count>_<rank>_<pid>.json with the time, its pid and the
 variables dlrun set. --allreduce runs a torch gloo all-reduce over the whole world (env://,
-dlrun's store) and records the sum. --fail-rank exits 3 on that rank while
+dlrun's store) and records the sum. --fail-rank exits 3 (or C) on that rank while
 TORCHELASTIC_RESTART_COUNT < N (N = -1: always). --wait blocks until a signal stops it;
 --until-file exits 0 once PATH exists (or 4 after worker_util.MAX_WAIT_S); with --hold-ranks
 only those ranks wait for it, the others exit 0 at once. --exec (last) replaces the worker by
@@ -40,6 +41,7 @@ def main():
     parser.add_argument("out_dir")
     parser.add_argument("--allreduce", action="store_true")
     parser.add_argument("--fail-rank", type=int, default=-1)
+    parser.add_argument("--fail-code", type=int, default=3)
     parser.add_argument("--fail-rounds", type=int, default=0)
     parser.add_argument("--wait", action="store_true")
     parser.add_argument("--until-file")
@@ -59,7 +61,7 @@ def main():
         os.execv(args.exec[0], args.exec)
     if rank == args.fail_rank and (args.fail_rounds < 0 or attempt < args.fail_rounds):
         print(f"rank {rank} fails on purpose", file=sys.stderr, flush=True)
-        return 3
+        return args.fail_code
     if args.wait:
         wait_to_be_stopped()
     held = args.hold_ranks is None or str(rank) in args.hold_ranks.split(",")
