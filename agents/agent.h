@@ -71,6 +71,11 @@ struct AgentOptions {
   // with this code, whatever restarts are left (0: off). The program's way to say "do not
   // restart me" (a bad configuration, a finished sweep).
   int noRestartExitCode = 0;
+  // Times the scheduler started this job again (SLURM_RESTART_COUNT; unset outside Slurm): with
+  // --log-dir, the newest run directory of this run id that this group rank's node made there
+  // goes on, its attempts numbered on from the last. Under Slurm each run directory says which
+  // group rank made it (a file `group_rank`; torchrun's tree elsewhere).
+  std::optional<int> requeues;
   // --signals-to-handle, in the order given: the signals that stop the job. Unset: SIGTERM,
   // SIGINT, SIGHUP and SIGQUIT, as torchrun. One of those four left out is ignored (the job goes
   // on, and no worker is left behind by a dlrun the signal killed); SIGUSR1 and SIGUSR2 left out

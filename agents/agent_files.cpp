@@ -7,15 +7,25 @@
 
 #include <cerrno>
 #include <cstring>
+#include <fstream>
 #include <random>
 
 #include "agents/agent_impl.h"
 #include "common/log.h"
 #include "common/signal_name.h"
+#include "common/text.h"
 
 namespace dlrun::agents::detail {
+namespace {
+// In a run directory: the group rank of the node that made it, at its first round.
+constexpr const char* kRunDirOwner = "group_rank";
+}  // namespace
 
 void AgentImpl::prepareLogRoot() {
+  if (options_.requeues.value_or(0) > 0 && !options_.logDir)
+    log::info(
+        "this Slurm job was requeued (SLURM_RESTART_COUNT=" + std::to_string(*options_.requeues) +
+        "): a new run; with --log-dir its log tree would go on");
   if (options_.logDir) {
     logRoot_ = *options_.logDir;
     keepLogRoot_ = true;
@@ -34,18 +44,60 @@ fs::path AgentImpl::runDir() {
   if (runDir_) return *runDir_;
   std::error_code ec;
   fs::create_directories(logRoot_, ec);
+  if (auto before = requeuedRunDir()) return *(runDir_ = *before);
   static constexpr char kChars[] = "abcdefghijklmnopqrstuvwxyz0123456789_";  // tempfile's
   std::random_device random;
   for (int attempt = 0; attempt < 100; ++attempt) {
     std::string name = world_.runId + "_";
     for (int i = 0; i < 8; ++i) name += kChars[random() % (sizeof(kChars) - 1)];
     const fs::path dir = logRoot_ / name;
-    if (::mkdir(dir.c_str(), 0700) == 0) return *(runDir_ = dir);
+    if (::mkdir(dir.c_str(), 0700) == 0) {
+      // Which node's tree this is, for a requeue's agents sharing the log root (requeuedRunDir).
+      if (options_.requeues) std::ofstream(dir / kRunDirOwner) << world_.groupRank << '\n';
+      return *(runDir_ = dir);
+    }
     if (errno != EEXIST)
       throw Error("cannot create the log directory " + dir.string() + ": " + std::strerror(errno));
   }
   throw Error("cannot create a log directory in " + logRoot_.string() +
               ": every name tried exists");
+}
+
+// A requeued job (SLURM_RESTART_COUNT) under --log-dir: the newest directory of this run id there
+// that the node of this group rank made (a log root on a shared file system holds every node's),
+// and the attempt after its last. The job id, and so the run id, stays across requeues.
+std::optional<fs::path> AgentImpl::requeuedRunDir() {
+  if (options_.requeues.value_or(0) == 0 || !options_.logDir) return std::nullopt;
+  const std::string prefix = world_.runId + "_";
+  std::optional<fs::path> newest;
+  fs::file_time_type newestTime;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(logRoot_, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (!entry.is_directory(ec) || !name.starts_with(prefix) || name.size() != prefix.size() + 8)
+      continue;
+    int owner = -1;
+    std::ifstream(entry.path() / kRunDirOwner) >> owner;
+    if (owner != world_.groupRank) continue;
+    const auto time = entry.last_write_time(ec);
+    if (!newest || time > newestTime) newest = entry.path(), newestTime = time;
+  }
+  const std::string requeued =
+      "this Slurm job was requeued (SLURM_RESTART_COUNT=" + std::to_string(*options_.requeues) +
+      ")";
+  if (!newest) {
+    log::info(requeued + ": no log tree of the run before in " + logRoot_.string());
+    return std::nullopt;
+  }
+  for (const auto& entry : fs::directory_iterator(*newest, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (!name.starts_with("attempt_")) continue;
+    if (const auto n = parseInteger<int>(name.substr(8)); n && *n >= firstAttempt_)
+      firstAttempt_ = *n + 1;
+  }
+  log::info(requeued + ": its log tree goes on in " + newest->string() + " from attempt_" +
+            std::to_string(firstAttempt_));
+  return newest;
 }
 
 // torch's file-based timer, served as torch's agent serves it: when the agent's environment

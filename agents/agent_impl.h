@@ -158,6 +158,9 @@ class AgentImpl {
   fs::path logRoot_;
   std::optional<fs::path> runDir_;  // LOG_ROOT/RUN_ID_XXXXXXXX, made on first use (agent_files.cpp)
   fs::path runDir();
+  // A requeued job's run before it in --log-dir (the newest RUN_ID_* this group rank made), if any.
+  std::optional<fs::path> requeuedRunDir();
+  int firstAttempt_ = 0;  // the number of round 0's attempt_N: after a requeued run's last
   bool keepLogRoot_ = false;
   Environment services_;  // the agent's services' variables for its workers (RoundSpec)
   const std::vector<int> stopSignals_;  // --signals-to-handle

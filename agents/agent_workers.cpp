@@ -179,7 +179,10 @@ void AgentImpl::doneStarting() {
   if (!anyAlone()) environment_.reset();
 }
 
-fs::path AgentImpl::attemptDir() { return runDir() / ("attempt_" + std::to_string(world_.round)); }
+fs::path AgentImpl::attemptDir() {
+  const fs::path run = runDir();  // sets firstAttempt_ for a requeued job
+  return run / ("attempt_" + std::to_string(firstAttempt_ + world_.round));
+}
 
 const RoleSpec* AgentImpl::roleOf(int local) const {
   return options_.roles.empty() ? nullptr : &roleOfLocal(options_.roles, local);

@@ -36,6 +36,9 @@ struct Settings {
   std::vector<std::string> nodes;
   // The nodes are the scheduler's allocation: a lost node's place goes to a spare for good.
   bool refuseLostNodes = false;
+  // Times the scheduler started this job again (Slurm's requeues; 0: the first run of a job it
+  // may requeue; unset: none it would): the agent continues the log tree of the run before.
+  std::optional<int> requeues;
 };
 
 // The derived store port: kPortBase + a job key % kPortRange, i.e. 29400-31399 (torchrun's

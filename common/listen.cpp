@@ -8,6 +8,7 @@
 #include <chrono>
 
 #include "common/error.h"
+#include "common/port_holder.h"
 
 namespace dlrun {
 
@@ -47,8 +48,11 @@ error_code openListener(tcp::acceptor& acceptor, const tcp::endpoint& at, int ba
 tcp::acceptor listenOn(asio::io_context& io, const tcp::endpoint& at, const std::string& what,
                        int backlog) {
   tcp::acceptor acceptor(io);
-  if (const error_code ec = openListener(acceptor, at, backlog))
-    throw NetworkError("cannot listen on " + what + ": " + ec.message());
+  if (const error_code ec = openListener(acceptor, at, backlog)) {
+    const auto holder = ec == asio::error::address_in_use ? portHolder(at.port()) : std::nullopt;
+    throw NetworkError("cannot listen on " + what + ": " + ec.message() +
+                       (holder ? " (by " + *holder + ")" : ""));
+  }
   return acceptor;
 }
 

@@ -80,7 +80,7 @@ HostProbe HostProbe::real() {
          name == "DLRUN_SLURM" || name == "DLRUN_MPI" || name == "DLRUN_ETCD_ENDPOINTS" ||
          name == "DLRUN_TOKEN" || name == "MASTER_ADDR" || name == "MASTER_PORT" ||
          name == "CUDA_VISIBLE_DEVICES" || name == "TORCH_ELASTIC_SHUTDOWN_TIMEOUT" ||
-         name == "TORCHELASTIC_HEALTH_CHECK_PORT" ||
+         name == "TORCHELASTIC_HEALTH_CHECK_PORT" || name == "KUBERNETES_SERVICE_HOST" ||
          name == "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"))
       host.env.emplace(text.substr(0, eq), text.substr(eq + 1));
   }

@@ -30,8 +30,8 @@ struct HostProbe {
   // MASTER_PORT (mpirun discovery), DLRUN_ETCD_ENDPOINTS, DLRUN_TOKEN (the job's token, for
   // the launch and for `dlrun status|events|stop`), CUDA_VISIBLE_DEVICES (--virtual-local-rank),
   // TORCH_ELASTIC_SHUTDOWN_TIMEOUT (--stop-timeout's default), TORCHELASTIC_HEALTH_CHECK_PORT
-  // (the liveness answer's port) and TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE (the prefix's
-  // default) variables.
+  // (the liveness answer's port), TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE (the prefix's
+  // default) and KUBERNETES_SERVICE_HOST (in a pod: stop_policy's default) variables.
   Environment env;
   // This machine: its CPU affinity, /dev/nvidia*, sysfs, PATH, /proc/self/exe and environment.
   static HostProbe real();

@@ -189,20 +189,35 @@ struct StorePlan {
   AdmissionRule allow;     // --store-allow
 };
 
+// A host the job's flags name, resolved. A name that does not resolve yet is waited for until
+// the rendezvous timeout: in Kubernetes the master's name resolves only once its pod is ready,
+// and pods start in any order.
+std::string resolveJobHost(const LaunchConfig& config, const std::string& host,
+                           const std::string& what) {
+  const auto timeout = config.rdzv.joinTimeout;
+  return resolveNumericWaiting(host, what, Clock::now() + timeout, [&](const std::string& error) {
+    log::warn("waiting for " + what + " '" + host + "' to resolve (" + error +
+              "): its host may not be up yet; trying until the rendezvous timeout (" +
+              std::to_string(std::chrono::duration_cast<std::chrono::seconds>(timeout).count()) +
+              " s)");
+  });
+}
+
 // The parser has checked the flags and parsed the c10d endpoint; what is left to fail here is
 // name resolution.
 StorePlan planStore(const LaunchConfig& config) {
   switch (config.rdzvBackend) {
     case RdzvBackend::Static: {
       const bool first = config.nodeRank.value_or(0) == 0;
-      return {{resolveNumeric(config.masterAddr, "--master-addr"),
+      return {{resolveJobHost(config, config.masterAddr, "--master-addr"),
                config.masterPort.value_or(kDefaultMasterPort)},
               first,
               first};
     }
     case RdzvBackend::C10d: {
       const HostPort& endpoint = config.rdzvEndpoint.store();
-      StorePlan plan{{resolveNumeric(endpoint.host, "--rdzv-endpoint host"), endpoint.port}};
+      StorePlan plan{
+          {resolveJobHost(config, endpoint.host, "--rdzv-endpoint host"), endpoint.port}};
       // Every agent on the endpoint's machine tries; the first to bind serves, the others
       // (and a dlrund already listening there) make the rest clients.
       plan.serve = config.rdzv.isHost.value_or(isLocalAddress(plan.store.host));
@@ -244,7 +259,10 @@ std::optional<control::StoreWithControl> serveStore(const StorePlan& plan) {
       return std::make_optional<control::StoreWithControl>(StoreServerOptions{
           .host = plan.store.host, .port = plan.store.port, .admission = plan.allow});
     } catch (const NetworkError& e) {
-      if (plan.mustServe) throw;
+      if (plan.mustServe)
+        throw NetworkError(std::string(e.what()) +
+                           "; the store needs a free port: pass another --master-port (under "
+                           "Slurm, srun --resv-ports=1 reserves one for the step)");
       if (Clock::now() >= deadline || answers(plan.store.host, plan.store.port)) {
         log::debug(std::string("not serving the store: ") + e.what());
         return std::nullopt;

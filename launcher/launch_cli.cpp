@@ -46,6 +46,7 @@ void applyDiscovered(const discovery::Settings& s, LaunchConfig& c) {
   if (s.nodeName) c.nodeName = s.nodeName;
   c.jobHosts = s.nodes;
   c.refuseLostNodes = s.refuseLostNodes;
+  c.agent.requeues = s.requeues;
 }
 
 // The hosts of --hostfile FILE or --hosts LIST.
@@ -93,7 +94,13 @@ void readFlagValues(DeclaredFlags& f, LaunchConfig& c, const HostProbe& host) {
                         std::to_string(agents::workerCount(c.agent.roles)) + " workers");
     c.agent.nprocPerNode = agents::workerCount(c.agent.roles);
   }
-  c.rdzv = parseRdzvSettings(parseRdzvConf(f.rdzvConf));
+  const auto rdzvConf = parseRdzvConf(f.rdzvConf);
+  c.rdzv = parseRdzvSettings(rdzvConf);
+  // In a Kubernetes pod, SIGTERM is the pod's deletion (a scale-down, a preemption, a drained
+  // node): in an elastic job that node leaves and the others go on, unless stop_policy says.
+  if (!rdzvConf.contains("stop_policy") && c.minNodes < c.maxNodes &&
+      host.env.contains("KUBERNETES_SERVICE_HOST"))
+    c.rdzv.stopOnlyNode = true;
   if (f.nodeRank >= 0) c.nodeRank = f.nodeRank;
   c.agent.redirects = parseStreams("--redirects", f.redirects);
   c.agent.tee = parseStreams("--tee", f.tee);
@@ -132,6 +139,10 @@ void readFlagValues(DeclaredFlags& f, LaunchConfig& c, const HostProbe& host) {
       throw ConfigError("TORCH_ELASTIC_SHUTDOWN_TIMEOUT: '" + it->second +
                         "' is not a whole number of seconds from 0 to 86400");
     f.stopTimeout = *seconds;
+  } else if (f.stopTimeoutOption->count() == 0 && host.env.contains("KUBERNETES_SERVICE_HOST")) {
+    // A deleted pod has 30 s (terminationGracePeriodSeconds' default) between SIGTERM and the
+    // kubelet's SIGKILL: dlrun's own SIGKILL and its exit report come before.
+    f.stopTimeout = kPodStopTimeoutSeconds;
   }
   c.agent.stopTimeout = std::chrono::milliseconds(static_cast<int64_t>(f.stopTimeout * 1000));
   if (f.stdoutFiltersOption->count() > 0)

@@ -38,6 +38,10 @@ int parseNprocPerNode(const std::string& value, const HostProbe& host);
 agents::StreamsByRank parseStreams(const std::string& flag, const std::string& value);
 // "k=v,k2=v2": the first step of --rdzv-conf, whose pairs parseRdzvSettings reads.
 std::map<std::string, std::string> parseRdzvConf(const std::string& value);
+
+// --stop-timeout's default in a Kubernetes pod (KUBERNETES_SERVICE_HOST set): under the 30 s a
+// deleted pod gets before SIGKILL, so the whole node's job stops within that grace.
+inline constexpr double kPodStopTimeoutSeconds = 25;
 // The rendezvous settings in --rdzv-conf; unknown keys are refused.
 RdzvSettings parseRdzvSettings(const std::map<std::string, std::string>& conf);
 // The etcd client's security from the settings' cacert, cert, key, user, password and

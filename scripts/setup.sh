@@ -80,12 +80,25 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
 
-if $tests && ! "$venv/bin/python" -c 'import sys, importlib.metadata as m
+# pinned_venv DIR WHAT PIN...: makes the Python environment DIR with the packages PIN... unless
+# it has them already.
+pinned_venv() {
+  local dir=$1 what=$2
+  shift 2
+  "$dir/bin/python" -c 'import sys, importlib.metadata as m
 sys.exit(any(m.version(p.split("==")[0]).split("+")[0] != p.split("==")[1] for p in sys.argv[1:]))' \
-    "${venv_pins[@]}" 2>/dev/null; then
-  echo "setup: making the tests' Python environment in $venv (${venv_pins[*]})"
-  /usr/bin/python3 -m venv "$venv"
-  "$venv/bin/python" -m pip install -q "${venv_pins[@]}"
+    "$@" 2>/dev/null && return
+  echo "setup: making $what in $dir ($*)"
+  /usr/bin/python3 -m venv "$dir"
+  "$dir/bin/python" -m pip install -q "$@"
+}
+if $tests; then
+  pinned_venv "$venv" "the tests' Python environment" "${venv_pins[@]}"
+  # The Kubernetes operators' published API schemas (their own Python SDKs) and a validator, for
+  # the manifests of docs/guides/kubernetes.md (tests/python/test_kubernetes_manifests.py).
+  pinned_venv "${DLRUN_SCHEMA_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/dlrun/k8s-schemas}" \
+    "the operators' schemas" kubeflow-trainer-api==2.3.0 kubeflow-training==1.9.4 \
+    kubernetes==35.0.0 jsonschema==4.26.0 PyYAML==6.0.4
 fi
 
 # The wheel's packing tools (scripts/wheel.sh), so its test fetches nothing.

@@ -6,7 +6,8 @@
 #   PREFIX  the netns.sh set to use: created with N+1 hosts unless it exists (then it must have
 #           at least N+1 hosts, and it is left to its owner at the end)
 #   N       Slurm nodes, 1..9: slurmd K runs on host K (hostname nodeK, 10.77.0.(10+K)),
-#           slurmctld on host 0 (node0, 10.77.0.10); partition "debug" holds them all
+#           slurmctld on host 0 (node0, 10.77.0.10); partition "debug" holds them all; steps
+#           get reserved ports (MpiParams=ports=12000-12999, srun --resv-ports=COUNT)
 #   DIR     where everything lives (default /tmp/dlrun-slurm-PREFIX): slurm.conf, the munge key
 #           and socket, state, spool, pid and log files, and DIR/env (export SLURM_CONF=...)
 # A munged of its own (its socket in DIR) serves the cluster, so nothing under /etc or /run is
@@ -84,6 +85,9 @@ SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 SchedulerType=sched/builtin
 MpiDefault=none
+# Ports Slurm reserves for steps (SLURM_STEP_RESV_PORTS): srun --resv-ports=COUNT; with Slurm
+# 22.05 a step without the option gets some too, and a bare --resv-ports none (a count of 0).
+MpiParams=ports=12000-12999
 JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
 SlurmdParameters=config_overrides

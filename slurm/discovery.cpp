@@ -27,6 +27,18 @@ std::optional<int> count(const Environment& env, const std::string& name, int mi
   return number<int>(env, name, min);
 }
 
+// srun --resv-ports: the ports Slurm reserved for this step (MpiParams=ports=), the same on
+// every node of it, as "12000-12003" or "12000,12002": the store takes the first, which no other
+// step's store can hold.
+uint16_t firstReservedPort(const std::string& ports) {
+  const std::string first = ports.substr(0, ports.find_first_of("-,"));
+  const auto port = parseInteger<int>(first);
+  if (!port || *port < 1 || *port > 65535)
+    throw ConfigError("SLURM_STEP_RESV_PORTS='" + ports +
+                      "' does not begin with a port; pass --rdzv-endpoint=HOST:PORT");
+  return static_cast<uint16_t>(*port);
+}
+
 // The first variable of `names` that is set, as a count.
 std::optional<int> firstCount(const Environment& env, std::initializer_list<const char*> names) {
   for (const char* name : names)
@@ -59,6 +71,7 @@ Settings discover(const Environment& env, const UserFlags& user) {
   if (!user.rdzvId) s.rdzvId = std::to_string(*jobId);
   if (const std::string* name = find(env, "SLURMD_NODENAME"); name && !name->empty())
     s.nodeName = *name;
+  s.requeues = count(env, "SLURM_RESTART_COUNT").value_or(0);  // any Slurm job may be requeued
   const auto nodeId = count(env, "SLURM_NODEID");
   if (!user.nodeRank) s.nodeRank = nodeId;
   if (user.nprocAuto) s.nprocPerNode = workersPerNode(env);
@@ -84,7 +97,8 @@ Settings discover(const Environment& env, const UserFlags& user) {
     s.nodes = expandHostlist(*list, variable);
     const std::vector<std::string>& nodes = s.nodes;
     s.endpointHost = nodes.front();
-    s.endpointPort = discovery::derivedPort(*jobId);
+    const std::string* reserved = find(env, "SLURM_STEP_RESV_PORTS");
+    s.endpointPort = reserved ? firstReservedPort(*reserved) : discovery::derivedPort(*jobId);
     if (s.nodeName)
       s.servesStore = *s.nodeName == nodes.front();
     else if (nodeId)

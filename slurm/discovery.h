@@ -4,6 +4,8 @@
 // gave always win. The one lookup it leaves to the launcher is resolving the store's host.
 //
 //   SLURM_JOB_ID                         the rendezvous id, and the store's port (below)
+//   SLURM_STEP_RESV_PORTS                srun --resv-ports: the store's port is the first of
+//                                        the step's reserved ports (else one from the job id)
 //   SLURM_STEP_NODELIST, else SLURM_JOB_NODELIST
 //                                        the nodes; the store is served on the first one
 //   SLURM_NODEID                         the group-rank hint (ranks follow Slurm's node order)
@@ -15,6 +17,7 @@
 //                                        them as workers), else its CPUs
 //   SLURMD_NODENAME                      the node's name: several slurmd may share one host,
 //                                        so the host name alone does not tell nodes apart
+//   SLURM_RESTART_COUNT                  a requeued job: the log tree of the run before goes on
 //   SLURM_STEP_ID                        unset in a batch script: a job of several nodes there
 //                                        is refused (one dlrun would wait for the others)
 #pragma once

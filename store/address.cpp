@@ -6,9 +6,12 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <memory>
+#include <random>
+#include <thread>
 
 #include "common/error.h"
 
@@ -41,6 +44,38 @@ std::string numeric(const sockaddr* address) {
 
 std::string resolveNumeric(const std::string& host, const std::string& what) {
   return numeric(lookUp(host, 0, SOCK_STREAM, what)->ai_addr);
+}
+
+std::string resolveNumericWaiting(const std::string& host, const std::string& what,
+                                  Clock::time_point deadline,
+                                  const std::function<void(const std::string&)>& waiting) {
+  std::chrono::milliseconds pause(50);
+  std::minstd_rand random(std::random_device{}());
+  for (bool said = false;; said = true) {
+    addrinfo hints{};
+    hints.ai_socktype = SOCK_STREAM;
+    addrinfo* list = nullptr;
+    const int rc = ::getaddrinfo(host.c_str(), nullptr, &hints, &list);
+    if (rc == 0 && list) {
+      const AddrInfoList owned(list, &::freeaddrinfo);
+      return numeric(owned->ai_addr);
+    }
+    const bool notYet = rc == EAI_NONAME || rc == EAI_AGAIN || rc == EAI_FAIL
+#ifdef EAI_NODATA
+                        || rc == EAI_NODATA
+#endif
+        ;
+    const std::string error = ::gai_strerror(rc);
+    const auto left = deadline - Clock::now();
+    if (!notYet || left <= Clock::duration::zero())
+      throw NetworkError("cannot resolve " + what + " '" + host + "': " + error +
+                         (notYet && said ? " (tried until the rendezvous timeout)" : ""));
+    if (!said) waiting(error);
+    // Jittered, so the pods of a job that started together do not ask the resolver in step.
+    std::this_thread::sleep_for(
+        std::min<Clock::duration>(pause * (50 + random() % 51) / 100, left));
+    pause = std::min<std::chrono::milliseconds>(pause * 2, std::chrono::seconds(2));
+  }
 }
 
 std::string localAddressToward(const std::string& host, uint16_t port) {

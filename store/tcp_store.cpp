@@ -6,6 +6,8 @@
 
 #include "common/error.h"
 #include "common/host_port.h"
+#include "common/port_holder.h"
+#include "store/address.h"
 #include "store/backoff.h"
 #include "store/wire.h"
 
@@ -114,8 +116,17 @@ void TcpStore::handshake() {
   Encoder(hello).op(Era::V2, Op::Validate).u32(wire::kValidationMagic);
   Encoder(hello).op(Era::V2, Op::Ping).u32(nonce);
   const std::string endpoint = joinHostPort(options_.host, options_.port);
-  const std::string where =
-      "the server at " + endpoint + " is not a dlrun store (check the endpoint): it ";
+  // Named with the program holding the port where it is on this machine (a shared node's usual
+  // case); looked up only once the server proved to be something else.
+  const auto where = [&] {
+    std::optional<std::string> holder;
+    try {
+      if (isLocalAddress(options_.host)) holder = portHolder(options_.port);
+    } catch (const NetworkError&) {
+    }
+    return "the server at " + endpoint + (holder ? " (" + *holder + ")" : "") +
+           " is not a dlrun store (check the endpoint): it ";
+  };
   std::string reply;
   try {
     stream_.writeAll(hello, deadline);
@@ -126,11 +137,11 @@ void TcpStore::handshake() {
     }
   } catch (const TimeoutError&) {
     if (reply.empty())
-      throw SilentServerError(where + "accepted the connection but sent nothing back for " +
+      throw SilentServerError(where() + "accepted the connection but sent nothing back for " +
                               std::to_string(options_.handshakeTimeout.count()) + " ms");
   }
   if (reply.size() != 4 || wire::loadU32(reply.data()) != nonce)
-    throw NotAStoreError(where + "answered " + shownBytes(reply));
+    throw NotAStoreError(where() + "answered " + shownBytes(reply));
 }
 
 bool TcpStore::usable() {

@@ -86,6 +86,30 @@ class ScopedEnv {
   const char* name_;
 };
 
+// --- Kubernetes ----------------------------------------------------------------------
+
+// A pod's SIGTERM is its deletion: in an elastic job that node leaves, unless stop_policy says.
+TEST(Kubernetes, InAPodAnElasticJobsStoppedNodeOnlyLeaves) {
+  HostProbe pod = fakeHost();
+  pod.env["KUBERNETES_SERVICE_HOST"] = "10.96.0.1";
+  const Args elastic = {"--nnodes=2:3", "--rdzv-endpoint=job-worker-0:23456", "script.py"};
+  EXPECT_TRUE(parse(elastic, pod).rdzv.stopOnlyNode);
+  EXPECT_FALSE(parse(elastic).rdzv.stopOnlyNode);  // not in a pod
+  EXPECT_FALSE(parse({"--nnodes=2:3", "--rdzv-endpoint=job-worker-0:23456",
+                      "--rdzv-conf=stop_policy=job", "script.py"},
+                     pod)
+                   .rdzv.stopOnlyNode);
+  // Its workers get 25 s between SIGTERM and SIGKILL, under the pod's 30 s of grace.
+  EXPECT_EQ(parse(elastic, pod).agent.stopTimeout, std::chrono::seconds(25));
+  EXPECT_EQ(parse(elastic).agent.stopTimeout, std::chrono::seconds(30));
+  Args given = elastic;
+  given.insert(given.begin(), "--stop-timeout=40");
+  EXPECT_EQ(parse(given, pod).agent.stopTimeout, std::chrono::seconds(40));
+  // A static job cannot go on without the node: it stops as a whole.
+  EXPECT_FALSE(parse({"--nnodes=3", "--rdzv-endpoint=job-worker-0:23456", "script.py"}, pod)
+                   .rdzv.stopOnlyNode);
+}
+
 // --- parseNnodes -------------------------------------------------------------------------
 
 TEST(ParseNnodes, SingleNumberOrRange) {

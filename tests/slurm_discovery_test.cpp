@@ -101,6 +101,23 @@ TEST(SlurmDiscoveryTest, PortsDifferByJobAndStayBelowTheEphemeralRange) {
   EXPECT_EQ(discover(with(step(), {{"SLURM_JOB_ID", "2000"}}), {}).endpointPort, 29400);
 }
 
+TEST(SlurmDiscoveryTest, TheStepsReservedPortsGiveTheStoresPort) {
+  EXPECT_EQ(discover(with(step(), {{"SLURM_STEP_RESV_PORTS", "12000-12003"}}), {}).endpointPort,
+            12000);
+  EXPECT_EQ(discover(with(step(), {{"SLURM_STEP_RESV_PORTS", "12005,12007"}}), {}).endpointPort,
+            12005);
+  EXPECT_EQ(discover(with(step(), {{"SLURM_STEP_RESV_PORTS", "12010"}}), {}).endpointPort, 12010);
+  for (const char* bad : {"", "x-12", "0-3", "70000"}) {
+    SCOPED_TRACE(bad);
+    try {
+      discover(with(step(), {{"SLURM_STEP_RESV_PORTS", bad}}), {});
+      ADD_FAILURE() << "accepted";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("SLURM_STEP_RESV_PORTS='"), std::string::npos);
+    }
+  }
+}
+
 TEST(SlurmDiscoveryTest, ExplicitFlagsWin) {
   const Settings s =
       discover(step(2), {.nnodes = true, .nodeRank = true, .rdzvEndpoint = true, .rdzvId = true});

@@ -3,6 +3,7 @@ scripts/slurm_local_down.sh driven from Python.
 
     with SlurmCluster(3) as cluster:          # slurmctld on host 0, slurmd "nodeK" on host K
         job = cluster.submit(SCRIPT, env=job_env, cwd=out_dir)
+        cluster.wait_for_job(job, lambda info: info["JobState"] == "RUNNING", 30, "its start")
         info = cluster.wait_for_end(job, 60)  # scontrol's fields: info["JobState"], ...
         cluster.kill_host(2)                  # node2 crashes: slurmd and its tasks die
 
@@ -98,19 +99,25 @@ class SlurmCluster(Hosts):
         text = self.checked(["scontrol", "show", "node", "--oneliner", name])
         return dict(re.findall(r"(\w+)=(\S*)", text))["State"]
 
-    def wait_for_end(self, job_id, timeout, describe=None):
-        """Polls the job until it is in a final state; returns its fields. Fails after timeout
-        seconds with describe()'s text."""
+    def wait_for_job(self, job_id, condition, timeout, what, describe=None):
+        """Polls the job until condition(fields) is true; returns its fields. Fails after
+        timeout seconds, naming `what`, with describe()'s text."""
         deadline = time.monotonic() + timeout
         while True:
             info = self.job(job_id)
-            if info.get("JobState") in FINAL_STATES:
+            if condition(info):
                 return info
             if time.monotonic() >= deadline:
                 detail = describe() if describe else ""
                 raise AssertionError(f"job {job_id} still {info.get('JobState')} after "
-                                     f"{timeout} s\n{detail}")
+                                     f"{timeout} s waiting for {what}\n{detail}")
             time.sleep(STATE_POLL_S)
+
+    def wait_for_end(self, job_id, timeout, describe=None):
+        """Polls the job until it is in a final state; returns its fields. Fails after timeout
+        seconds with describe()'s text."""
+        return self.wait_for_job(job_id, lambda info: info.get("JobState") in FINAL_STATES,
+                                 timeout, "its end", describe)
 
     def close(self):
         """Stops the daemons by PID and removes the directory, then takes the hosts down."""

@@ -187,23 +187,37 @@ class HostfileTest(unittest.TestCase):
         self.assertEqual(len(worker_starts(self.out, attempt=0)), 6)  # rank 3 failed
         self.assert_host_world(worker_starts(self.out, attempt=1))
 
-    def test_mpirun_world_matches_the_hostfiles(self):
+    def run_mpirun(self, hosts):
+        """mpirun (over the test's ssh) of one dlrun per host, `hosts` its placement flags."""
         self.assertTrue(shutil.which("mpirun"),
                         "mpirun is missing: the test needs Debian's openmpi-bin (scripts/setup.sh)")
         agent = os.path.join(self.out, "rsh_agent.sh")
         with open(agent, "w") as f:
             f.write("#!/bin/sh\nexec " + self.hosts.ssh_command() + f' -p {SSH_PORT} "$@"\n')
         os.chmod(agent, 0o755)
-        argv = ["mpirun", "--allow-run-as-root", "-np", "3", "-H", "node1:1,node2:1,node3:1",
+        argv = ["mpirun", "--allow-run-as-root", "-np", "3", *hosts,
                 "--mca", "plm_rsh_agent", agent, "-x", "MASTER_ADDR=node1", "-x", "PATH",
                 "-x", "PYTHON_EXEC", "--wdir", self.out,
                 binary_from_env("DLRUN", "dlrun"), "--nproc-per-node=2", WORKER, ".",
                 "--allreduce"]
-        result = self.hosts.run(0, argv, timeout=RUN_TIMEOUT_S, env=self.env(), cwd=self.out)
+        return self.hosts.run(0, argv, timeout=RUN_TIMEOUT_S, env=self.env(), cwd=self.out)
+
+    def test_mpirun_world_matches_the_hostfiles(self):
+        result = self.run_mpirun(["-H", "node1:1,node2:1,node3:1"])
         self.assertEqual(result.returncode, 0, result)
         self.assert_host_world(worker_starts(self.out))
         self.assertTrue(all(r["env"]["TORCHELASTIC_RUN_ID"].startswith("mpi-")
                             for r in worker_starts(self.out)))
+        self.assert_nothing_left()
+
+    def test_mpirun_with_an_mpi_operator_hostfile_maps_one_dlrun_a_host(self):
+        # The MPI operator's /etc/mpi/hostfile: `HOST slots=N` lines (docs/guides/kubernetes.md).
+        hostfile = os.path.join(self.out, "mpi_hostfile")
+        with open(hostfile, "w") as f:
+            f.write("".join(f"{host} slots=2\n" for host in HOSTS))
+        result = self.run_mpirun(["--hostfile", hostfile, "--map-by", "ppr:1:node"])
+        self.assertEqual(result.returncode, 0, result)
+        self.assert_host_world(worker_starts(self.out))
         self.assert_nothing_left()
 
     def check_refused(self, text, expected):

@@ -21,6 +21,17 @@ behind a wrapper that records each worker's start; dlrun comes first on the job'
   step once, test accuracy >= 0.3) and the job is COMPLETED once Slurm has declared the node
   down.
 
+Job scripts of the tests' own, for what the examples leave out:
+- srun --resv-ports=2 (slurm.conf's MpiParams=ports=12000-12999): the store is served on the
+  first node at the step's first reserved port (dlrun listens there, the other node's dlrun is
+  connected there), not at the port derived from the job id; the job is COMPLETED.
+- sbatch --requeue, dlrun --log-dir: scontrol requeue ends the first run while its workers
+  wait; the run after it (SLURM_RESTART_COUNT=1) says it goes on in the first run's log tree and
+  does: one run directory, the first run's attempt_0 and its own attempt_1; COMPLETED.
+- --no-restart-exit-code=93 with --max-restarts=3 on 2 nodes: a worker on the second node exits
+  93; every node's dlrun exits 93 within seconds, each naming the rank and the flag, attempt 0
+  the only one; the job is FAILED with exit code 93.
+
 Needs root (namespaces) and Debian's slurm-wlm and munge (scripts/setup.sh); skipped without
 root.
 """
@@ -35,7 +46,7 @@ import unittest
 from dlrun_fixture import (PYTHON, binary_from_env, clean_env, read_json, temp_dir, wait_until,
                            worker)
 from netns_fixture import main
-from slurm_fixture import SlurmCluster
+from slurm_fixture import CLIENT_TIMEOUT_S, SlurmCluster
 from trainer_fixture import checkpoints
 
 EXAMPLES = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
@@ -52,6 +63,13 @@ MIN_ACCURACY = 0.3          # of 10 classes (chance: 0.1)
 # its first epoch): resumed runs ended anywhere from 0.29 to 0.96, two resumes from one
 # checkpoint apart; at 0.02 every resume point tried ends at the same 0.98.
 TRAIN_LR = 0.02
+# Without SLURM_STEP_RESV_PORTS the store's port is derived from the job id: 29400 + id % 2000
+# (common/discovery.h).
+DERIVED_PORT_BASE = 29400
+DERIVED_PORTS = 2000
+NO_RESTART_LIMIT_S = 5.0  # a worker exits with --no-restart-exit-code -> every node's dlrun out
+NO_RESTART_LINE = ("dlrun: rank 2 exited with 93, --no-restart-exit-code: the job ends without a "
+                   "restart")
 PRINTED = ("RANK", "WORLD_SIZE", "GROUP_RANK", "LOCAL_RANK", "SLURMD_NODENAME", "MASTER_ADDR",
            "TORCHELASTIC_RUN_ID")
 
@@ -62,7 +80,7 @@ def setUpModule():
         raise unittest.SkipTest("network namespaces need root")
 
 
-def job_env(out, worker_command):
+def job_env(out, worker_command=None):
     """The submission environment (sbatch exports it to the job): dlrun first on PATH."""
     dlrun = binary_from_env("DLRUN", "dlrun")
     return clean_env(PATH=f"{os.path.dirname(dlrun)}:{os.environ['PATH']}", TMPDIR=out,
@@ -84,6 +102,47 @@ def worker_lines(output):
     for match in re.finditer(r"^\[(\d+)\]:(.*)$", output, re.MULTILINE):
         lines.setdefault(int(match.group(1)), []).append(match.group(2))
     return lines
+
+
+def write_executable(path, text):
+    with open(path, "w") as f:
+        f.write(text)
+    os.chmod(path, 0o755)
+    return path
+
+
+def exit_recording_dlrun(bin_dir, out):
+    """A `dlrun` in bin_dir, for the front of a job's PATH: it runs the real one and writes its
+    exit code to out/exit_<node> (the file's time: when it exited). Signals go to the whole
+    step, the real dlrun included; the wrapper passes on those that reach it."""
+    return write_executable(os.path.join(bin_dir, "dlrun"), f"""#!/bin/bash
+{os.path.abspath(binary_from_env("DLRUN", "dlrun"))} "$@" &
+child=$!
+trap 'kill -TERM $child' TERM
+trap 'kill -INT $child' INT
+while wait $child; code=$?; kill -0 $child 2>/dev/null; do :; done
+echo $code > {out}/exit_$SLURMD_NODENAME
+exit $code
+""")
+
+
+def exit_codes(out):
+    """{node: (dlrun's exit code there, when it exited)} from exit_recording_dlrun's files."""
+    codes = {}
+    for path in glob.glob(os.path.join(out, "exit_node*")):
+        with open(path) as f:
+            codes[os.path.basename(path)[len("exit_"):]] = (f.read().strip(),
+                                                           os.path.getmtime(path))
+    return codes
+
+
+def sockets(cluster, host):
+    """The TCP sockets on a host, as (state, local address, peer address, process) tuples."""
+    result = cluster.run(host, ["ss", "-Htanp"], CLIENT_TIMEOUT_S)
+    if result.returncode != 0:
+        raise AssertionError(f"ss failed with {result.returncode}: {result.stderr}")
+    return [(fields[0], fields[3], fields[4], " ".join(fields[5:]))
+            for fields in map(str.split, result.stdout.splitlines())]
 
 
 class SlurmExamplesTest(unittest.TestCase):
@@ -165,21 +224,9 @@ class SlurmExamplesTest(unittest.TestCase):
 
     def test_scancel_stops_every_node_as_one_job(self):
         out = temp_dir(self)
-        # dlrun behind a wrapper that records its exit code on each node (signals go to the
-        # whole step, the wrapper's dlrun included).
+        # dlrun behind a wrapper that records its exit code on each node.
         bin_dir = temp_dir(self)
-        wrapper = os.path.join(bin_dir, "dlrun")
-        with open(wrapper, "w") as f:
-            f.write(f"""#!/bin/bash
-{os.path.abspath(binary_from_env("DLRUN", "dlrun"))} "$@" &
-child=$!
-trap 'kill -TERM $child' TERM
-trap 'kill -INT $child' INT
-while wait $child; code=$?; kill -0 $child 2>/dev/null; do :; done
-echo $code > {out}/exit_$SLURMD_NODENAME
-exit $code
-""")
-        os.chmod(wrapper, 0o755)
+        exit_recording_dlrun(bin_dir, out)
         env = job_env(out, f"{PYTHON} {worker('elastic_worker.py')} {out} --wait")
         env["PATH"] = f"{bin_dir}:{env['PATH']}"
         job_id = self.cluster.submit(os.path.join(EXAMPLES, "multi_node.sbatch"), env, out)
@@ -193,15 +240,144 @@ exit $code
         self.assertEqual(info["JobState"], "CANCELLED", describe())
         wait_until(lambda: len(glob.glob(os.path.join(out, "exit_node*"))) == 3, EVENT_TIMEOUT_S,
                    "every node's dlrun to exit", on_timeout=describe)
-        codes = set()
-        for path in glob.glob(os.path.join(out, "exit_node*")):
-            with open(path) as f:
-                codes.add(f.read().strip())
+        codes = {code for code, _ in exit_codes(out).values()}
         self.assertEqual(codes, {"143"}, describe())  # 128 + SIGTERM on every node
         stopped = [line for line in describe().splitlines() if "job stopped:" in line]
         self.assertEqual(len(stopped), 3, describe())
         self.assertEqual(len(set(stopped)), 1, describe())  # one stop, named the same way
         self.assertRegex(stopped[0], r"dlrun: job stopped: SIGTERM on node node[123]$")
+
+
+    def submit_script(self, out, name, text, env=None):
+        """Submits a job script of the test's own from out: #SBATCH lines naming the job and its
+        output file (%x-%j.out), then text. Returns the job id and a describe() of its output."""
+        script = write_executable(os.path.join(out, f"{name}.sbatch"), f"""#!/bin/bash
+#SBATCH --job-name={name}
+#SBATCH --output=%x-%j.out
+{text}""")
+        job_id = self.cluster.submit(script, env or job_env(out), out)
+        return job_id, lambda: output_of(out, name, job_id)
+
+    def test_the_store_listens_on_the_steps_first_reserved_port(self):
+        out = temp_dir(self)
+        # Each worker records the ports Slurm reserved for its step, then waits for the test.
+        command = write_executable(os.path.join(out, "worker.sh"), f"""#!/bin/bash
+printenv SLURM_STEP_RESV_PORTS > {out}/ports_$RANK
+exec {PYTHON} {worker('elastic_worker.py')} {out} --until-file {out}/release
+""")
+        job_id, describe = self.submit_script(out, "dlrun-ports", f"""#SBATCH --nodes=2
+#SBATCH --ntasks-per-node=1
+#SBATCH --cpus-per-task=1
+srun --resv-ports=2 dlrun --nproc-per-node=1 {command}
+""")
+        wait_until(lambda: len(glob.glob(os.path.join(out, "start_0_*.json"))) == 2,
+                   EVENT_TIMEOUT_S, "both workers to start", on_timeout=describe)
+        reserved = set()
+        for rank in range(2):
+            with open(os.path.join(out, f"ports_{rank}")) as f:
+                reserved.add(f.read().strip())
+        self.assertEqual(len(reserved), 1, reserved)  # one step: the same ports on every node
+        ports = reserved.pop()
+        self.assertRegex(ports, r"^\d+-\d+$")  # two ports, as a range
+        first = int(ports.split("-")[0])
+        self.assertTrue(12000 <= first <= 12998, ports)  # in slurm.conf's MpiParams=ports=
+        store = f"{self.cluster.address(1)}:{first}"
+        # node1's dlrun serves the store there (and nothing listens at the derived port) ...
+        node1 = sockets(self.cluster, 1)
+        self.assertIn(("LISTEN", store), {(s[0], s[1]) for s in node1 if '"dlrun"' in s[3]},
+                      f"{node1}\n{describe()}")
+        derived = DERIVED_PORT_BASE + job_id % DERIVED_PORTS
+        self.assertEqual([s for s in node1 if s[1].endswith(f":{derived}")], [], describe())
+        # ... and node2's dlrun, a client of the store, is connected to it there.
+        node2 = sockets(self.cluster, 2)
+        self.assertTrue(any(s[0] == "ESTAB" and s[2] == store and '"dlrun"' in s[3]
+                            for s in node2), f"{node2}\n{describe()}")
+        with open(os.path.join(out, "release"), "w"):
+            pass
+        info = self.cluster.wait_for_end(job_id, JOB_TIMEOUT_S, describe)
+        self.assertEqual((info["JobState"], info["ExitCode"]), ("COMPLETED", "0:0"), describe())
+
+    def test_a_requeued_job_goes_on_in_its_log_tree(self):
+        out = temp_dir(self)
+        logs = os.path.join(out, "logs")
+        # The workers of the job's run N record their start in out/run_N; the first run's wait
+        # to be stopped, the next run's exit 0.
+        command = write_executable(os.path.join(out, "worker.sh"), f"""#!/bin/bash
+run={out}/run_${{SLURM_RESTART_COUNT:-0}}
+mkdir -p $run
+[[ ${{SLURM_RESTART_COUNT:-0}} != 0 ]] || wait=--wait
+exec {PYTHON} {worker('elastic_worker.py')} $run $wait
+""")
+        job_id, describe = self.submit_script(out, "dlrun-requeue", f"""#SBATCH --nodes=1
+#SBATCH --ntasks-per-node=1
+#SBATCH --cpus-per-task=2
+#SBATCH --requeue
+srun dlrun --nproc-per-node=2 --log-dir {logs} {command}
+""")
+
+        def started(run):
+            return len(glob.glob(os.path.join(out, f"run_{run}", "start_*.json")))
+        wait_until(lambda: started(0) == 2, EVENT_TIMEOUT_S, "the first run's workers",
+                   on_timeout=describe)
+        self.cluster.checked(["scontrol", "requeue", str(job_id)])
+        # Slurm (22.05) holds a requeued job back for its credentials' lifetime (AuthInfo's
+        # cred_expire, 120 s): once it is pending again, StartTime=now lets it go at once.
+        self.cluster.wait_for_job(
+            job_id, lambda info: (info["JobState"], info["Restarts"]) == ("PENDING", "1"),
+            JOB_TIMEOUT_S, "the job pending again", describe)
+        self.cluster.checked(["scontrol", "update", f"JobId={job_id}", "StartTime=now"])
+        info = self.cluster.wait_for_end(job_id, JOB_TIMEOUT_S, describe)
+        output = describe()  # the requeued run's (Slurm starts the file anew)
+        self.assertEqual((info["JobState"], info["ExitCode"], info["Restarts"]),
+                         ("COMPLETED", "0:0", "1"), output)
+        self.assertEqual(started(1), 2, output)
+        # One run directory: the first run's attempt_0, the requeued run's attempt_1, and the
+        # group rank of the node that made it (a shared log root holds every node's).
+        runs = os.listdir(logs)
+        self.assertEqual(len(runs), 1, runs)
+        self.assertRegex(runs[0], rf"^{job_id}_\w{{8}}$")
+        run_dir = os.path.join(logs, runs[0])
+        self.assertEqual(sorted(os.listdir(run_dir)), ["attempt_0", "attempt_1", "group_rank"],
+                         output)
+        with open(os.path.join(run_dir, "group_rank")) as f:
+            self.assertEqual(f.read(), "0\n")
+        self.assertIn("dlrun: this Slurm job was requeued (SLURM_RESTART_COUNT=1): its log tree "
+                      f"goes on in {run_dir} from attempt_1", output.splitlines())
+
+    def test_the_no_restart_exit_code_ends_every_node_at_once(self):
+        out = temp_dir(self)
+        bin_dir = temp_dir(self)
+        exit_recording_dlrun(bin_dir, out)
+        env = job_env(out)
+        env["PATH"] = f"{bin_dir}:{env['PATH']}"
+        # Ranks 0-1 on node1, 2-3 on node2: rank 2 exits 93 at once, the others wait to be
+        # stopped. srun --label puts the task (the node) before each line.
+        job_id, describe = self.submit_script(out, "dlrun-no-restart", f"""#SBATCH --nodes=2
+#SBATCH --ntasks-per-node=1
+#SBATCH --cpus-per-task=2
+srun --label dlrun --nproc-per-node=2 --max-restarts=3 --no-restart-exit-code=93 \\
+  {PYTHON} {worker('elastic_worker.py')} {out} --fail-rank 2 --fail-rounds -1 --fail-code 93 \\
+  --wait
+""", env)
+        info = self.cluster.wait_for_end(job_id, JOB_TIMEOUT_S, describe)
+        output = describe()
+        self.assertEqual((info["JobState"], info["ExitCode"]), ("FAILED", "93:0"), output)
+        # Attempt 0 only: no restart, though 3 were allowed (a restart would have started rank 2
+        # again, which records its start before it fails; the others may be stopped before they
+        # record theirs).
+        starts = [read_json(p) for p in glob.glob(os.path.join(out, "start_*.json"))]
+        self.assertEqual({r["env"]["TORCHELASTIC_RESTART_COUNT"] for r in starts}, {"0"}, output)
+        failed = [r for r in starts if r["env"]["RANK"] == "2"]
+        self.assertEqual([r["host"] for r in failed], ["node2"], output)
+        # Every node's dlrun exited 93, both soon after rank 2 did, each saying why.
+        codes = exit_codes(out)
+        self.assertEqual({node: code for node, (code, _) in codes.items()},
+                         {"node1": "93", "node2": "93"}, output)
+        took = max(at for _, at in codes.values()) - failed[0]["time"]
+        self.assertLessEqual(took, NO_RESTART_LIMIT_S, output)
+        said = {line.split(": ", 1)[0] for line in output.splitlines()
+                if line.endswith(": " + NO_RESTART_LINE)}
+        self.assertEqual(said, {"0", "1"}, output)  # srun's task 0 on node1, 1 on node2
 
 
 class SlurmNodeLossTest(unittest.TestCase):
