@@ -184,6 +184,7 @@ int launchSingleNode(const LaunchConfig& config) {
 
 struct StorePlan {
   HostPort store;          // the host numeric
+  std::string name;        // the host as the flags name it, which clients dial (a moved store)
   bool serve = false;      // this agent should try to serve it
   bool mustServe = false;  // and nobody else will
   AdmissionRule allow;     // --store-allow
@@ -211,13 +212,14 @@ StorePlan planStore(const LaunchConfig& config) {
       const bool first = config.nodeRank.value_or(0) == 0;
       return {{resolveJobHost(config, config.masterAddr, "--master-addr"),
                config.masterPort.value_or(kDefaultMasterPort)},
+              config.masterAddr,
               first,
               first};
     }
     case RdzvBackend::C10d: {
       const HostPort& endpoint = config.rdzvEndpoint.store();
-      StorePlan plan{
-          {resolveJobHost(config, endpoint.host, "--rdzv-endpoint host"), endpoint.port}};
+      StorePlan plan{{resolveJobHost(config, endpoint.host, "--rdzv-endpoint host"), endpoint.port},
+                     endpoint.host};
       // Every agent on the endpoint's machine tries; the first to bind serves, the others
       // (and a dlrund already listening there) make the rest clients.
       plan.serve = config.rdzv.isHost.value_or(isLocalAddress(plan.store.host));
@@ -504,12 +506,14 @@ int launchMultiNode(const LaunchConfig& config) {
   {
     rendezvous::ElasticOptions options = elasticOptions(config, addr, name);
     options.store = plan.store;
+    options.storeName = plan.name;
     agents::AgentOptions agent = agentOptions(config, store.has_value(), name + " (" + addr + ")");
     listenWhereTheJobIs(agent, addr);
     if (agent.metrics && store)
       agent.metrics->storeStats = [&store] { return store->store().stats(); };
     if (config.controlPlane)
-      agent.control = controlOptions(config, options.runId, name, addr, tcpStoreAt(plan.store));
+      agent.control = controlOptions(config, options.runId, name, addr,
+                                     tcpStoreAt({plan.name, plan.store.port}));
     const auto page = watchJobPage(agent);
     rendezvous::ElasticRendezvous rendezvous(std::move(options));
     code = agents::Agent(std::move(agent), rendezvous).run();

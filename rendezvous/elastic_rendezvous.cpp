@@ -64,8 +64,20 @@ Clock::time_point ElasticImpl::now() const {
 std::unique_ptr<LeasingStore> ElasticImpl::openStore() const {
   if (const auto* opener = std::get_if<StoreOpener>(&options_.store)) return opener->open();
   const auto& store = std::get<HostPort>(options_.store);
+  std::string host = store.host;
+  if (!options_.storeName.empty()) {
+    // Each connection resolves the name again: a store that moved is followed. A name that
+    // does not resolve this moment (its pod being replaced) leaves the last address.
+    try {
+      host = resolveNumeric(options_.storeName, "the rendezvous store's host");
+    } catch (const NetworkError&) {
+      host = storeAddress();
+    }
+    std::lock_guard lock(storeAddressMutex_);
+    storeAddress_ = host;
+  }
   return std::make_unique<TcpStore>(TcpStoreOptions{
-      .host = store.host,
+      .host = host,
       .port = store.port,
       // A store that does not answer within a lease's life is as good as gone.
       .timeout = options_.leaseTtl + options_.heartbeat,
@@ -73,6 +85,13 @@ std::unique_ptr<LeasingStore> ElasticImpl::openStore() const {
       .connectTimeout = options_.heartbeat,
       .reconnect = false,  // a silent reconnect would drop this connection's lease
   });
+}
+
+std::string ElasticImpl::storeAddress() const {
+  std::lock_guard lock(storeAddressMutex_);
+  if (!storeAddress_.empty()) return storeAddress_;
+  const auto* store = std::get_if<HostPort>(&options_.store);
+  return store ? store->host : "";
 }
 
 void ElasticImpl::connect(Clock::time_point deadline) {
@@ -397,7 +416,7 @@ World ElasticImpl::memberWorld(int round, int index, int members,
   // Over another kind of store (etcd) the round names the workers' store.
   const auto* store = std::get_if<HostPort>(&options_.store);
   const NodeJob job{options_.runId, options_.self.nproc, options_.restarts,
-                    store ? *store : HostPort{}};
+                    store ? HostPort{storeAddress(), store->port} : HostPort{}};
   elastic::Roster roster;
   if (options_.fetchRoster) roster = elastic::decodeRoster(texts[2]);
   World world = makeWorld(job, round, a, std::move(roster.endpoints));

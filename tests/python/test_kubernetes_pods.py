@@ -2,7 +2,8 @@
 docs/guides/kubernetes.md). Each pod is a simulated host (a network namespace, scripts/netns.sh)
 with its operator's environment exactly (KUBERNETES_SERVICE_HOST too, as in every pod); the pods
 start in a random order (the seed is printed); the operator's service names are not in the pods'
-hosts files until the test writes them, as a pod's DNS record appears only once it is ready.
+hosts files until every pod said it waits for them (one line each), as a pod's DNS record
+appears only once it is ready.
 
 - Kubeflow Trainer v2's torch runtime (kubeflow/trainer pkg/runtime/framework/plugins/torch):
   PET_NNODES, PET_NPROC_PER_NODE, PET_NODE_RANK (the completion index), PET_MASTER_ADDR=
@@ -20,6 +21,8 @@ hosts files until the test writes them, as a pod's DNS record appears only once 
   PET_NNODES=2:3, PET_NPROC_PER_NODE=1, PET_MAX_RESTARTS. A pod deleted leaves the job (a pod's
   default stop_policy in an elastic job): the two others meet again without it within 5 s,
   counting no restart, and finish.
+- A dlrund behind a name (a headless service) whose pod is replaced: the agents dial the store by
+  that name, follow it to the new pod, and meet again after one restart.
 
 Needs root (network namespaces)."""
 import glob
@@ -60,9 +63,9 @@ class KubernetesPodsTest(unittest.TestCase):
         print(f"test_kubernetes_pods: start order seed {seed}", flush=True)
         self.random = random.Random(seed)
 
-    def start_pods(self, env_of, worker_args):
-        """Starts every pod's dlrun, in a random order, with env_of(i) added to a clean env."""
-        order = list(range(PODS))
+    def start_pods(self, env_of, worker_args, pods=range(PODS)):
+        """Starts the pods' dlrun, in a random order, with env_of(i) added to a clean env."""
+        order = list(pods)
         self.random.shuffle(order)
         for i in order:
             log = open(os.path.join(self.out, f"pod{i}.log"), "w")
@@ -80,6 +83,32 @@ class KubernetesPodsTest(unittest.TestCase):
         for i in range(PODS):
             with open(f"/etc/netns/{self.hosts.namespace(i)}/hosts", "a") as f:
                 f.write(lines)
+
+    def move_name(self, name, i):
+        """`name` now resolves to pod i's address, in every pod: its line rewritten in place."""
+        for j in range(PODS):
+            with open(f"/etc/netns/{self.hosts.namespace(j)}/hosts", "r+") as f:
+                lines = [line for line in f.read().splitlines()
+                         if name not in line.split()[1:]]
+                f.seek(0)
+                f.write("\n".join(lines + [f"{self.hosts.address(i)} {name}"]) + "\n")
+                f.truncate()
+
+    def start_dlrund(self, i):
+        """A dlrund in pod i on the store's port; its PID, killed with the pod set."""
+        args = [binary_from_env("DLRUND", "dlrund"), "--host", "0.0.0.0", "--port", "29400"]
+        log = open(os.path.join(self.out, f"dlrund{i}.log"), "w")
+        self.addCleanup(log.close)
+        return self.hosts.popen(i, args, stdout=log, stderr=log)
+
+    def publish_names_once_awaited(self, what, host, names):
+        """Waits until every pod said once that it waits for `what` `host` to resolve, then
+        publishes `names` (publish_names)."""
+        waiting = f"waiting for {what} '{host}' to resolve"
+        wait_until(lambda: all(waiting in self.log(i) for i in range(PODS)), EVENT_TIMEOUT_S,
+                   f"every pod to wait for {host}", on_timeout=self.logs)
+        self.publish_names(names)
+        return waiting
 
     def log(self, i):
         with open(os.path.join(self.out, f"pod{i}.log")) as f:
@@ -120,10 +149,9 @@ class KubernetesPodsTest(unittest.TestCase):
 
         self.start_pods(env_of, ["--allreduce", *STUBBORN,
                                  os.path.join(self.out, "stubborn")])
-        waiting = "waiting for --master-addr 'job-node-0-0.job' to resolve"
-        wait_until(lambda: all(waiting in self.log(i) for i in range(PODS)), EVENT_TIMEOUT_S,
-                   "every pod to wait for the master's name", on_timeout=self.logs)
-        self.publish_names({i: [f"job-node-0-{i}.job", f"job-node-0-{i}"] for i in range(PODS)})
+        waiting = self.publish_names_once_awaited(
+            "--master-addr", "job-node-0-0.job",
+            {i: [f"job-node-0-{i}.job", f"job-node-0-{i}"] for i in range(PODS)})
         starts = self.wait_for_starts(0, 2 * PODS)
         self.assertEqual(sorted(int(s["env"]["RANK"]) for s in starts), list(range(2 * PODS)))
         for s in starts:
@@ -146,9 +174,6 @@ class KubernetesPodsTest(unittest.TestCase):
         print(f"test_kubernetes_pods: the deleted pod's dlrun exited after {seconds:.1f} s")
 
     def test_pytorchjob_v1_static_workers_get_dlruns_ranks_not_the_pods(self):
-        names = {0: ["job-master-0"], 1: ["job-worker-0"], 2: ["job-worker-1"]}
-        self.publish_names(names)
-
         def env_of(i):
             return {"MASTER_ADDR": "job-master-0", "MASTER_PORT": "23456",
                     "WORLD_SIZE": str(2 * PODS), "RANK": str(i), "PYTHONUNBUFFERED": "0",
@@ -156,6 +181,9 @@ class KubernetesPodsTest(unittest.TestCase):
                     "PET_MASTER_ADDR": "job-master-0", "PET_MASTER_PORT": "23456"}
 
         self.start_pods(env_of, [])
+        self.publish_names_once_awaited(
+            "--master-addr", "job-master-0",
+            {0: ["job-master-0"], 1: ["job-worker-0"], 2: ["job-worker-1"]})
         self.wait_all(range(PODS), 0)
         starts = worker_starts(self.out, 0)
         by_pod_rank = sorted((int(s["env"]["GROUP_RANK"]), int(s["env"]["RANK"])) for s in starts)
@@ -163,14 +191,14 @@ class KubernetesPodsTest(unittest.TestCase):
         self.assertEqual({s["env"]["WORLD_SIZE"] for s in starts}, {str(2 * PODS)})
 
     def test_pytorchjob_v1_elastic_pod_deleted_leaves_and_the_others_go_on(self):
-        self.publish_names({i: [f"job-worker-{i}"] for i in range(PODS)})
-
         def env_of(i):
             return {"PET_RDZV_BACKEND": "c10d", "PET_RDZV_ENDPOINT": "job-worker-0:23456",
                     "PET_NNODES": f"2:{PODS}", "PET_NPROC_PER_NODE": "1",
                     "PET_MAX_RESTARTS": "3", "PYTHONUNBUFFERED": "0"}
 
         self.start_pods(env_of, ["--until-file", self.stop_file])
+        self.publish_names_once_awaited("--rdzv-endpoint host", "job-worker-0",
+                                        {i: [f"job-worker-{i}"] for i in range(PODS)})
         self.wait_for_starts(0, PODS)
         seconds = self.delete_pod(2)
         start = time.monotonic()
@@ -185,6 +213,33 @@ class KubernetesPodsTest(unittest.TestCase):
         self.wait_all([0, 1], 0)
         print(f"test_kubernetes_pods: the deleted pod's dlrun exited after {seconds:.1f} s "
               f"(code {self.pods[2].returncode}); the others met again in {recovered:.1f} s")
+
+    def test_a_store_whose_pod_is_replaced_is_followed_under_its_name(self):
+        """dlrund behind the name store-0 (a headless service): its pod is replaced (SIGKILL,
+        a new dlrund in another pod, the name now that pod's address). The agents dial the store
+        by its name, so they reach the new one, find their round gone, say so, and meet again:
+        one restart, then the job ends with exit 0."""
+        self.publish_names({2: ["store-0"]})
+        daemon = self.start_dlrund(2)
+
+        def env_of(i):
+            return {"PET_RDZV_BACKEND": "c10d", "PET_RDZV_ENDPOINT": "store-0:29400",
+                    "PET_NNODES": "2", "PET_NPROC_PER_NODE": "1", "PET_MAX_RESTARTS": "3"}
+
+        self.start_pods(env_of, ["--until-file", self.stop_file], pods=[0, 1])
+        self.wait_for_starts(0, 2)
+        daemon.kill()
+        daemon.wait()
+        self.move_name("store-0", 0)
+        self.start_dlrund(0)
+        again = self.wait_for_starts(1, 2)
+        self.assertEqual(sorted(int(s["env"]["RANK"]) for s in again), [0, 1])
+        with open(self.stop_file, "w"):
+            pass
+        self.wait_all([0, 1], 0)
+        for i in (0, 1):
+            self.assertIn("came back without round 0 (it restarted and lost its keys)",
+                          self.log(i))
 
 
 if __name__ == "__main__":
