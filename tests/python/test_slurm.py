@@ -25,9 +25,10 @@ Job scripts of the tests' own, for what the examples leave out:
 - srun --resv-ports=2 (slurm.conf's MpiParams=ports=12000-12999): the store is served on the
   first node at the step's first reserved port (dlrun listens there, the other node's dlrun is
   connected there), not at the port derived from the job id; the job is COMPLETED.
-- sbatch --requeue, dlrun --log-dir: scontrol requeue ends the first run while its workers
-  wait; the run after it (SLURM_RESTART_COUNT=1) says it goes on in the first run's log tree and
-  does: one run directory, the first run's attempt_0 and its own attempt_1; COMPLETED.
+- requeue.sbatch (--requeue, --resv-ports=1, a shared --log-dir) on 2 nodes: scontrol requeue
+  ends the first run while its workers wait; in the run after it (SLURM_RESTART_COUNT=1) each
+  node says it goes on in its first run's log tree and does: one run directory a node (its
+  group_rank in it), the first run's attempt_0 and its own attempt_1; COMPLETED.
 - --no-restart-exit-code=93 with --max-restarts=3 on 2 nodes: a worker on the second node exits
   93; every node's dlrun exits 93 within seconds, each naming the rank and the flag, attempt 0
   the only one; the job is FAILED with exit code 93.
@@ -298,8 +299,11 @@ srun --resv-ports=2 dlrun --nproc-per-node=1 {command}
         self.assertEqual((info["JobState"], info["ExitCode"]), ("COMPLETED", "0:0"), describe())
 
     def test_a_requeued_job_goes_on_in_its_log_tree(self):
+        """requeue.sbatch on 2 nodes, requeued by scontrol while its first run's workers wait:
+        the second run says it is a requeue, and each node's log tree (one shared --log-dir)
+        goes on from the attempt after its first run's."""
         out = temp_dir(self)
-        logs = os.path.join(out, "logs")
+        logs = os.path.join(out, "logs-dlrun-requeue")
         # The workers of the job's run N record their start in out/run_N; the first run's wait
         # to be stopped, the next run's exit 0.
         command = write_executable(os.path.join(out, "worker.sh"), f"""#!/bin/bash
@@ -308,16 +312,16 @@ mkdir -p $run
 [[ ${{SLURM_RESTART_COUNT:-0}} != 0 ]] || wait=--wait
 exec {PYTHON} {worker('elastic_worker.py')} $run $wait
 """)
-        job_id, describe = self.submit_script(out, "dlrun-requeue", f"""#SBATCH --nodes=1
-#SBATCH --ntasks-per-node=1
-#SBATCH --cpus-per-task=2
-#SBATCH --requeue
-srun dlrun --nproc-per-node=2 --log-dir {logs} {command}
-""")
+        job_id = self.cluster.submit(os.path.join(EXAMPLES, "requeue.sbatch"),
+                                     job_env(out, command), out)
+
+        def describe():
+            return output_of(out, "dlrun-requeue", job_id)
 
         def started(run):
             return len(glob.glob(os.path.join(out, f"run_{run}", "start_*.json")))
-        wait_until(lambda: started(0) == 2, EVENT_TIMEOUT_S, "the first run's workers",
+        workers = 2 * 2  # --nproc-per-node=auto: the 2 CPUs of each of 2 nodes
+        wait_until(lambda: started(0) == workers, EVENT_TIMEOUT_S, "the first run's workers",
                    on_timeout=describe)
         self.cluster.checked(["scontrol", "requeue", str(job_id)])
         # Slurm (22.05) holds a requeued job back for its credentials' lifetime (AuthInfo's
@@ -327,22 +331,26 @@ srun dlrun --nproc-per-node=2 --log-dir {logs} {command}
             JOB_TIMEOUT_S, "the job pending again", describe)
         self.cluster.checked(["scontrol", "update", f"JobId={job_id}", "StartTime=now"])
         info = self.cluster.wait_for_end(job_id, JOB_TIMEOUT_S, describe)
-        output = describe()  # the requeued run's (Slurm starts the file anew)
+        output = describe()  # both runs' (the example appends)
         self.assertEqual((info["JobState"], info["ExitCode"], info["Restarts"]),
                          ("COMPLETED", "0:0", "1"), output)
-        self.assertEqual(started(1), 2, output)
-        # One run directory: the first run's attempt_0, the requeued run's attempt_1, and the
-        # group rank of the node that made it (a shared log root holds every node's).
-        runs = os.listdir(logs)
-        self.assertEqual(len(runs), 1, runs)
-        self.assertRegex(runs[0], rf"^{job_id}_\w{{8}}$")
-        run_dir = os.path.join(logs, runs[0])
-        self.assertEqual(sorted(os.listdir(run_dir)), ["attempt_0", "attempt_1", "group_rank"],
-                         output)
-        with open(os.path.join(run_dir, "group_rank")) as f:
-            self.assertEqual(f.read(), "0\n")
-        self.assertIn("dlrun: this Slurm job was requeued (SLURM_RESTART_COUNT=1): its log tree "
-                      f"goes on in {run_dir} from attempt_1", output.splitlines())
+        self.assertEqual(started(1), workers, output)
+        # One run directory a node: the first run's attempt_0, the requeued run's attempt_1,
+        # and the group rank of the node that made it (the log root is shared).
+        runs = sorted(os.listdir(logs))
+        self.assertEqual(len(runs), 2, runs)
+        owners = set()
+        for run in runs:
+            self.assertRegex(run, rf"^{job_id}_\w{{8}}$")
+            run_dir = os.path.join(logs, run)
+            self.assertEqual(sorted(os.listdir(run_dir)),
+                             ["attempt_0", "attempt_1", "group_rank"], output)
+            with open(os.path.join(run_dir, "group_rank")) as f:
+                owners.add(f.read())
+            self.assertEqual(len(os.listdir(os.path.join(run_dir, "attempt_1"))), 2, run_dir)
+            self.assertIn("dlrun: this Slurm job was requeued (SLURM_RESTART_COUNT=1): its log "
+                          f"tree goes on in {run_dir} from attempt_1", output)
+        self.assertEqual(owners, {"0\n", "1\n"})
 
     def test_the_no_restart_exit_code_ends_every_node_at_once(self):
         out = temp_dir(self)
