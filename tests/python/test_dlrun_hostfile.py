@@ -187,8 +187,9 @@ class HostfileTest(unittest.TestCase):
         self.assertEqual(len(worker_starts(self.out, attempt=0)), 6)  # rank 3 failed
         self.assert_host_world(worker_starts(self.out, attempt=1))
 
-    def run_mpirun(self, hosts):
-        """mpirun (over the test's ssh) of one dlrun per host, `hosts` its placement flags."""
+    def run_mpirun(self, hosts, **env):
+        """mpirun (over the test's ssh) of one dlrun per host, `hosts` its placement flags, `env`
+        more of mpirun's environment."""
         self.assertTrue(shutil.which("mpirun"),
                         "mpirun is missing: the test needs Debian's openmpi-bin (scripts/setup.sh)")
         agent = os.path.join(self.out, "rsh_agent.sh")
@@ -200,7 +201,8 @@ class HostfileTest(unittest.TestCase):
                 "-x", "PYTHON_EXEC", "--wdir", self.out,
                 binary_from_env("DLRUN", "dlrun"), "--nproc-per-node=2", WORKER, ".",
                 "--allreduce"]
-        return self.hosts.run(0, argv, timeout=RUN_TIMEOUT_S, env=self.env(), cwd=self.out)
+        return self.hosts.run(0, argv, timeout=RUN_TIMEOUT_S, env={**self.env(), **env},
+                              cwd=self.out)
 
     def test_mpirun_world_matches_the_hostfiles(self):
         result = self.run_mpirun(["-H", "node1:1,node2:1,node3:1"])
@@ -211,11 +213,14 @@ class HostfileTest(unittest.TestCase):
         self.assert_nothing_left()
 
     def test_mpirun_with_an_mpi_operator_hostfile_maps_one_dlrun_a_host(self):
-        # The MPI operator's /etc/mpi/hostfile: `HOST slots=N` lines (docs/guides/kubernetes.md).
+        # The MPI operator's launcher: /etc/mpi/hostfile of `HOST slots=N` lines, named by the
+        # variables it sets (docs/guides/kubernetes.md), and one dlrun a host.
         hostfile = os.path.join(self.out, "mpi_hostfile")
         with open(hostfile, "w") as f:
             f.write("".join(f"{host} slots=2\n" for host in HOSTS))
-        result = self.run_mpirun(["--hostfile", hostfile, "--map-by", "ppr:1:node"])
+        result = self.run_mpirun(["--map-by", "ppr:1:node"],
+                                 OMPI_MCA_orte_default_hostfile=hostfile,
+                                 OMPI_MCA_orte_keep_fqdn_hostnames="true")
         self.assertEqual(result.returncode, 0, result)
         self.assert_host_world(worker_starts(self.out))
         self.assert_nothing_left()
