@@ -187,9 +187,8 @@ class HostfileTest(unittest.TestCase):
         self.assertEqual(len(worker_starts(self.out, attempt=0)), 6)  # rank 3 failed
         self.assert_host_world(worker_starts(self.out, attempt=1))
 
-    def run_mpirun(self, hosts, **env):
-        """mpirun (over the test's ssh) of one dlrun per host, `hosts` its placement flags, `env`
-        more of mpirun's environment."""
+    def mpirun_argv(self, hosts, worker_args=("--allreduce",)):
+        """mpirun (over the test's ssh) of one dlrun per host, `hosts` its placement flags."""
         self.assertTrue(shutil.which("mpirun"),
                         "mpirun is missing: the test needs Debian's openmpi-bin (scripts/setup.sh)")
         agent = os.path.join(self.out, "rsh_agent.sh")
@@ -200,9 +199,13 @@ class HostfileTest(unittest.TestCase):
                 "--mca", "plm_rsh_agent", agent, "-x", "MASTER_ADDR=node1", "-x", "PATH",
                 "-x", "PYTHON_EXEC", "--wdir", self.out,
                 binary_from_env("DLRUN", "dlrun"), "--nproc-per-node=2", WORKER, ".",
-                "--allreduce"]
-        return self.hosts.run(0, argv, timeout=RUN_TIMEOUT_S, env={**self.env(), **env},
-                              cwd=self.out)
+                *worker_args]
+        return argv
+
+    def run_mpirun(self, hosts, **env):
+        """mpirun_argv(hosts) to its end, `env` more of mpirun's environment."""
+        return self.hosts.run(0, self.mpirun_argv(hosts), timeout=RUN_TIMEOUT_S,
+                              env={**self.env(), **env}, cwd=self.out)
 
     def test_mpirun_world_matches_the_hostfiles(self):
         result = self.run_mpirun(["-H", "node1:1,node2:1,node3:1"])
@@ -218,11 +221,28 @@ class HostfileTest(unittest.TestCase):
         hostfile = os.path.join(self.out, "mpi_hostfile")
         with open(hostfile, "w") as f:
             f.write("".join(f"{host} slots=2\n" for host in HOSTS))
-        result = self.run_mpirun(["--map-by", "ppr:1:node"],
-                                 OMPI_MCA_orte_default_hostfile=hostfile,
-                                 OMPI_MCA_orte_keep_fqdn_hostnames="true")
+        operator = {"OMPI_MCA_orte_default_hostfile": hostfile,
+                    "OMPI_MCA_orte_keep_fqdn_hostnames": "true"}
+        result = self.run_mpirun(["--map-by", "ppr:1:node"], **operator)
         self.assertEqual(result.returncode, 0, result)
         self.assert_host_world(worker_starts(self.out))
+        self.assert_nothing_left()
+        # A worker pod deleted: its dlrun gets SIGTERM; the job stops on every host, mpirun
+        # fails, and nothing is left behind.
+        for path in glob.glob(os.path.join(self.out, "start_*")):
+            os.remove(path)
+        log_path = os.path.join(self.out, "mpirun.log")
+        with open(log_path, "w") as log:
+            mpirun = self.hosts.popen(
+                0, self.mpirun_argv(["--map-by", "ppr:1:node"],
+                                    ["--until-file", os.path.join(self.out, "never")]),
+                env={**self.env(), **operator}, cwd=self.out, stdout=log, stderr=log)
+        wait_until(lambda: len(worker_starts(self.out)) == 6, RUN_TIMEOUT_S, "6 workers",
+                   on_timeout=lambda: read(log_path))
+        node2 = next(r for r in worker_starts(self.out) if r["host"] == "node2")
+        os.kill(node2["ppid"], signal.SIGTERM)  # that worker's parent: node2's dlrun
+        self.assertNotEqual(mpirun.wait(RUN_TIMEOUT_S), 0, read(log_path))
+        self.assertIn("job stopped: SIGTERM on node node2", read(log_path))
         self.assert_nothing_left()
 
     def check_refused(self, text, expected):
