@@ -187,8 +187,9 @@ class HostfileTest(unittest.TestCase):
         self.assertEqual(len(worker_starts(self.out, attempt=0)), 6)  # rank 3 failed
         self.assert_host_world(worker_starts(self.out, attempt=1))
 
-    def mpirun_argv(self, hosts, worker_args=("--allreduce",)):
-        """mpirun (over the test's ssh) of one dlrun per host, `hosts` its placement flags."""
+    def mpirun_argv(self, hosts, worker_args=("--allreduce",), master="node1"):
+        """mpirun (over the test's ssh) of one dlrun per host, `hosts` its placement flags,
+        `master` the store's host (MASTER_ADDR)."""
         self.assertTrue(shutil.which("mpirun"),
                         "mpirun is missing: the test needs Debian's openmpi-bin (scripts/setup.sh)")
         agent = os.path.join(self.out, "rsh_agent.sh")
@@ -196,7 +197,7 @@ class HostfileTest(unittest.TestCase):
             f.write("#!/bin/sh\nexec " + self.hosts.ssh_command() + f' -p {SSH_PORT} "$@"\n')
         os.chmod(agent, 0o755)
         argv = ["mpirun", "--allow-run-as-root", "-np", "3", *hosts,
-                "--mca", "plm_rsh_agent", agent, "-x", "MASTER_ADDR=node1", "-x", "PATH",
+                "--mca", "plm_rsh_agent", agent, "-x", f"MASTER_ADDR={master}", "-x", "PATH",
                 "-x", "PYTHON_EXEC", "--wdir", self.out,
                 binary_from_env("DLRUN", "dlrun"), "--nproc-per-node=2", WORKER, ".",
                 *worker_args]
@@ -223,20 +224,31 @@ class HostfileTest(unittest.TestCase):
             f.write("".join(f"{host} slots=2\n" for host in HOSTS))
         operator = {"OMPI_MCA_orte_default_hostfile": hostfile,
                     "OMPI_MCA_orte_keep_fqdn_hostnames": "true"}
-        result = self.run_mpirun(["--map-by", "ppr:1:node"], **operator)
-        self.assertEqual(result.returncode, 0, result)
+        # The first worker's service name, which resolves only once the test publishes it.
+        master = "job-worker-0.job.default.svc"
+        log_path = os.path.join(self.out, "mpirun.log")
+
+        def start(worker_args):
+            with open(log_path, "w") as log:
+                return self.hosts.popen(
+                    0, self.mpirun_argv(["--map-by", "ppr:1:node"], worker_args, master),
+                    env={**self.env(), **operator}, cwd=self.out, stdout=log, stderr=log)
+
+        mpirun = start(["--allreduce"])
+        waiting = f"waiting for --rdzv-endpoint host '{master}' to resolve"
+        wait_until(lambda: read(log_path).count(waiting) == 3, RUN_TIMEOUT_S,
+                   "every dlrun to wait for the master's name", on_timeout=lambda: read(log_path))
+        for i in range(4):
+            with open(f"/etc/netns/{self.hosts.namespace(i)}/hosts", "a") as f:
+                f.write(f"{self.hosts.address(1)} {master}\n")
+        self.assertEqual(mpirun.wait(RUN_TIMEOUT_S), 0, read(log_path))
         self.assert_host_world(worker_starts(self.out))
         self.assert_nothing_left()
         # A worker pod deleted: its dlrun gets SIGTERM; the job stops on every host, mpirun
         # fails, and nothing is left behind.
         for path in glob.glob(os.path.join(self.out, "start_*")):
             os.remove(path)
-        log_path = os.path.join(self.out, "mpirun.log")
-        with open(log_path, "w") as log:
-            mpirun = self.hosts.popen(
-                0, self.mpirun_argv(["--map-by", "ppr:1:node"],
-                                    ["--until-file", os.path.join(self.out, "never")]),
-                env={**self.env(), **operator}, cwd=self.out, stdout=log, stderr=log)
+        mpirun = start(["--until-file", os.path.join(self.out, "never")])
         wait_until(lambda: len(worker_starts(self.out)) == 6, RUN_TIMEOUT_S, "6 workers",
                    on_timeout=lambda: read(log_path))
         node2 = next(r for r in worker_starts(self.out) if r["host"] == "node2")
