@@ -19,13 +19,16 @@ namespace dlrun::agents::detail {
 namespace {
 // In a run directory: the group rank of the node that made it, at its first round.
 constexpr const char* kRunDirOwner = "group_rank";
+
+std::string requeuedLine(int requeues) {
+  return "this Slurm job was requeued (SLURM_RESTART_COUNT=" + std::to_string(requeues) + ")";
+}
 }  // namespace
 
 void AgentImpl::prepareLogRoot() {
   if (options_.requeues.value_or(0) > 0 && !options_.logDir)
-    log::info(
-        "this Slurm job was requeued (SLURM_RESTART_COUNT=" + std::to_string(*options_.requeues) +
-        "): a new run; with --log-dir its log tree would go on");
+    log::info(requeuedLine(*options_.requeues) +
+              ": a new run; with --log-dir its log tree would go on");
   if (options_.logDir) {
     logRoot_ = *options_.logDir;
     keepLogRoot_ = true;
@@ -82,9 +85,7 @@ std::optional<fs::path> AgentImpl::requeuedRunDir() {
     const auto time = entry.last_write_time(ec);
     if (!newest || time > newestTime) newest = entry.path(), newestTime = time;
   }
-  const std::string requeued =
-      "this Slurm job was requeued (SLURM_RESTART_COUNT=" + std::to_string(*options_.requeues) +
-      ")";
+  const std::string requeued = requeuedLine(*options_.requeues);
   if (!newest) {
     log::info(requeued + ": no log tree of the run before in " + logRoot_.string());
     return std::nullopt;

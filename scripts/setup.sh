@@ -80,18 +80,7 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
 
-# pinned_venv DIR WHAT PIN...: makes the Python environment DIR with the packages PIN... unless
-# it has them already.
-pinned_venv() {
-  local dir=$1 what=$2
-  shift 2
-  "$dir/bin/python" -c 'import sys, importlib.metadata as m
-sys.exit(any(m.version(p.split("==")[0]).split("+")[0] != p.split("==")[1] for p in sys.argv[1:]))' \
-    "$@" 2>/dev/null && return
-  echo "setup: making $what in $dir ($*)"
-  /usr/bin/python3 -m venv "$dir"
-  "$dir/bin/python" -m pip install -q "$@"
-}
+. "$root/scripts/pinned_venv.sh"
 if $tests; then
   pinned_venv "$venv" "the tests' Python environment" "${venv_pins[@]}"
   # The Kubernetes operators' published API schemas (their own Python SDKs) and a validator, for

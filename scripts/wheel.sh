@@ -18,13 +18,8 @@ case $mode in
   *) echo "wheel.sh: unknown argument '$mode' (expected --built or --tools)" >&2; exit 2 ;;
 esac
 
-if ! "$tools/bin/python" -c 'import sys, importlib.metadata as m
-sys.exit(any(m.version(p.split("==")[0]) != p.split("==")[1] for p in sys.argv[1:]))' \
-    "${tool_pins[@]}" 2>/dev/null; then
-  echo "wheel.sh: making the packing tools' environment in $tools (${tool_pins[*]})"
-  /usr/bin/python3 -m venv "$tools"
-  "$tools/bin/python" -m pip install -q "${tool_pins[@]}"
-fi
+. "$root/scripts/pinned_venv.sh"
+pinned_venv "$tools" "the packing tools' environment" "${tool_pins[@]}"
 [ "$mode" = --tools ] && exit 0
 
 [ "$mode" = --built ] || "$root/scripts/setup.sh" dlrun_installed

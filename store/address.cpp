@@ -12,6 +12,7 @@
 #include <memory>
 #include <random>
 #include <thread>
+#include <utility>
 
 #include "common/error.h"
 
@@ -20,14 +21,23 @@ namespace {
 
 using AddrInfoList = std::unique_ptr<addrinfo, decltype(&::freeaddrinfo)>;
 
-AddrInfoList lookUp(const std::string& host, uint16_t port, int socktype, const std::string& what) {
+// getaddrinfo's answer (empty where it failed) and its code.
+std::pair<AddrInfoList, int> askResolver(const std::string& host, uint16_t port, int socktype) {
   addrinfo hints{};
   hints.ai_socktype = socktype;
   addrinfo* list = nullptr;
   const int rc = ::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &list);
-  if (rc != 0 || !list)
-    throw NetworkError("cannot resolve " + what + " '" + host + "': " + ::gai_strerror(rc));
-  return {list, &::freeaddrinfo};
+  return {AddrInfoList(rc == 0 ? list : nullptr, &::freeaddrinfo), rc};
+}
+
+std::string cannotResolve(const std::string& what, const std::string& host, int rc) {
+  return "cannot resolve " + what + " '" + host + "': " + ::gai_strerror(rc);
+}
+
+AddrInfoList lookUp(const std::string& host, uint16_t port, int socktype, const std::string& what) {
+  auto [list, rc] = askResolver(host, port, socktype);
+  if (!list) throw NetworkError(cannotResolve(what, host, rc));
+  return std::move(list);
 }
 
 std::string numeric(const sockaddr* address) {
@@ -52,25 +62,18 @@ std::string resolveNumericWaiting(const std::string& host, const std::string& wh
   std::chrono::milliseconds pause(50);
   std::minstd_rand random(std::random_device{}());
   for (bool said = false;; said = true) {
-    addrinfo hints{};
-    hints.ai_socktype = SOCK_STREAM;
-    addrinfo* list = nullptr;
-    const int rc = ::getaddrinfo(host.c_str(), nullptr, &hints, &list);
-    if (rc == 0 && list) {
-      const AddrInfoList owned(list, &::freeaddrinfo);
-      return numeric(owned->ai_addr);
-    }
+    const auto [list, rc] = askResolver(host, 0, SOCK_STREAM);
+    if (list) return numeric(list->ai_addr);
     const bool notYet = rc == EAI_NONAME || rc == EAI_AGAIN || rc == EAI_FAIL
 #ifdef EAI_NODATA
                         || rc == EAI_NODATA
 #endif
         ;
-    const std::string error = ::gai_strerror(rc);
     const auto left = deadline - Clock::now();
     if (!notYet || left <= Clock::duration::zero())
-      throw NetworkError("cannot resolve " + what + " '" + host + "': " + error +
+      throw NetworkError(cannotResolve(what, host, rc) +
                          (notYet && said ? " (tried until the rendezvous timeout)" : ""));
-    if (!said) waiting(error);
+    if (!said) waiting(::gai_strerror(rc));
     // Jittered, so the pods of a job that started together do not ask the resolver in step.
     std::this_thread::sleep_for(
         std::min<Clock::duration>(pause * (50 + random() % 51) / 100, left));
