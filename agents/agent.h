@@ -102,6 +102,9 @@ struct AgentOptions {
   // --store-proxy: the workers reach the store through this agent's proxy on loopback
   // (store/store_proxy.h), which forwards their requests over a few connections of its own
   bool storeProxy = false;
+  // The workers' torch cannot be a client of this store (launcher/torch_probe.h): rank 0's
+  // torch serves theirs (serveStoreAtRankZero, worker_env.h), and the proxy is not used.
+  bool rankZeroStore = false;
   std::optional<HangOptions> hang;        // --hang-timeout: watch the workers' progress
   std::optional<ControlOptions> control;  // publish to the control plane, follow its commands
   std::optional<MetricsOptions> metrics;  // --metrics-port: Prometheus metrics and the page

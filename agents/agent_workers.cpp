@@ -110,7 +110,10 @@ void AgentImpl::prepareLaunches() {
   if (progress_) progress_->prepareRound(attemptDir, options_.nprocPerNode, spec);
   if (hang_) hang_->prepareRound(attemptDir, *progress_->board(), inherited_, spec);
   rendezvous::World seen = world_;  // the world as the workers see it
-  if (options_.storeProxy) proxyStore(seen);
+  if (options_.rankZeroStore)
+    serveStoreAtRankZero(seen);
+  else if (options_.storeProxy)
+    proxyStore(seen);
   environment_.emplace(inherited_, seen, std::move(spec));
   // The command as given: substituting ${local_rank} only shortens an argument.
   ExecSizes command;

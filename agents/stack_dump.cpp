@@ -54,11 +54,8 @@ FileMark markOf(const fs::path& path) {
 
 std::string errnoText(int error) { return std::strerror(error); }
 
-// The system calls direct: glibc 2.36's <sys/pidfd.h> declares its wrappers without C linkage.
+// The system call direct: glibc 2.36's <sys/pidfd.h> declares its wrappers without C linkage.
 int pidfdOpen(pid_t pid) { return static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)); }
-int pidfdSignal(int pidfd, int sig) {
-  return static_cast<int>(::syscall(SYS_pidfd_send_signal, pidfd, sig, nullptr, 0));
-}
 
 std::string readFile(const fs::path& path, std::streamoff from) {
   std::ifstream in(path, std::ios::binary);

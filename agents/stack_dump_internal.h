@@ -18,6 +18,7 @@
 #include "agents/process.h"
 #include "agents/stack_dump.h"
 #include "agents/stack_text.h"
+#include "agents/tool_run.h"
 #include "common/clock.h"
 #include "common/environment.h"
 
@@ -30,7 +31,6 @@ std::string errnoText(int error);
 // pidfds: signals and waits that reach the process meant, never one that took its pid after it
 // was reaped (by the agent's waitpid(-1) as likely as by this code).
 int pidfdOpen(pid_t pid);
-int pidfdSignal(int pidfd, int sig);
 std::string readFile(const fs::path& path, std::streamoff from = 0);
 // The state letter of /proc/PID/stat ('T': stopped), or 0 when the process is gone.
 char stateOf(pid_t pid);
@@ -59,42 +59,6 @@ class FileWatch {
   fs::path path_;
   FileMark before_, last_;
   Clock::time_point changed_;
-};
-
-// One run of eu-stack or gdb: its output gathered while it runs, killed when time is up
-// (stack_dump_native.cpp).
-class ToolRun {
- public:
-  ToolRun(std::string name, std::vector<std::string> argv);
-  ToolRun(const ToolRun&) = delete;
-  ToolRun& operator=(const ToolRun&) = delete;
-  ~ToolRun();
-
-  void addPollFds(std::vector<pollfd>& fds) const;
-  // Reads what the tool wrote; true once it has exited and all it wrote was read.
-  bool advance();
-  // SIGKILL through the pidfd (never a recycled pid), then waits for the exit.
-  void kill();
-
-  const std::string& name() const { return name_; }
-  const std::string& out() const { return out_; }
-  // Killed, or ended by a signal: it may have died while attached (see TargetDump::resume).
-  bool diedAttached() const { return killed_ || (status_ && status_->signaled); }
-  // The exit status is lost where the caller reaped the tool first.
-  bool statusKnown() const { return status_.has_value(); }
-  // "exit code 1: <its message>", for the report's notes; empty after a clean run.
-  std::string trouble() const;
-
- private:
-  void drain(int fd, std::string& into);
-  // The status, unless the caller's waitpid(-1) took it first (ECHILD): the output tells.
-  void reap();
-
-  std::string name_;
-  SpawnedProcess process_;
-  std::string out_, err_;
-  bool exited_ = false, killed_ = false;
-  std::optional<ExitStatus> status_;
 };
 
 // The native tools found on PATH (stack_dump_native.cpp).

@@ -28,10 +28,14 @@ constexpr std::string_view kPlainOptions = "bBdEIOPqRsSuv";
 
 }  // namespace
 
+bool isPythonInterpreter(std::string_view path, std::string_view pythonExec) {
+  return path == pythonExec || namedPython(path);
+}
+
 PythonCommand parsePythonCommand(const std::vector<std::string>& argv,
                                  std::string_view pythonExec) {
   if (argv.empty()) throw refused("no entry point");
-  if (argv.front() != pythonExec && !namedPython(argv.front()))
+  if (!isPythonInterpreter(argv.front(), pythonExec))
     throw refused("the entry point runs " + argv.front() +
                   ", which is no Python interpreter; warm starts fork a Python interpreter "
                   "that runs a script or -m MODULE");

@@ -28,6 +28,10 @@ struct PythonCommand {
   std::string target;                    // the script's path or the module's name
 };
 
+// Whether argv[0] `path` runs a Python interpreter: dlrun's own pick `pythonExec`, or a program
+// named python, python3, python3.11...
+bool isPythonInterpreter(std::string_view path, std::string_view pythonExec);
+
 // `argv` as a PythonCommand; `pythonExec` is the interpreter dlrun itself picks for a .py
 // script or -m (any other argv[0] must be named python, python3, python3.11...). Throws
 // ConfigError, one line naming --warm-start, for a program that is not Python, -c, a script

@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
+#include "common/host_port.h"
 #include "common/text.h"
 
 extern char** environ;
@@ -117,6 +118,8 @@ NodeEnvironment::NodeEnvironment(const Environment& inherited, const rendezvous:
   set("MASTER_ADDR", world.masterAddr);
   set("MASTER_PORT", std::to_string(world.masterPort));
   set("TORCHELASTIC_USE_AGENT_STORE", world.agentStore ? "True" : "False");
+  // Rank 0's own store (serveStoreAtRankZero) is torch's classic one unless the user chose.
+  if (!world.agentStore) setDefault("USE_LIBUV", "0");
   set("TORCHELASTIC_RESTART_COUNT", std::to_string(spec.restartCount));
   set("TORCHELASTIC_MAX_RESTARTS", std::to_string(world.restarts.maxRestarts));
   set("TORCHELASTIC_RUN_ID", world.runId);
@@ -211,6 +214,14 @@ Environment workerEnvironment(const Environment& inherited, const rendezvous::Wo
       inherited, world,
       {.role = spec.role, .restartCount = spec.restartCount, .tfCluster = tfConfigCluster(world)});
   return node.forWorker(localRank, spec.errorFile);
+}
+
+void serveStoreAtRankZero(rendezvous::World& world) {
+  if (world.workerEndpoints.empty()) return;
+  const HostPort rankZero = parseHostPort(world.workerEndpoints.front(), 0);
+  world.agentStore = false;
+  world.masterAddr = rankZero.host;
+  world.masterPort = rankZero.port;
 }
 
 Environment currentEnvironment() {

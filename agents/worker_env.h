@@ -119,6 +119,13 @@ struct TfConfigChoice {
 TfConfigChoice chooseTfConfig(TfConfigMode mode, const std::string& cluster, int worldSize,
                               size_t maxString, std::string_view longestType = "worker");
 
+// A torch whose client cannot reach an agent's store (built without libuv, which torch 2.4+'s
+// client asks for there; launcher/torch_probe.h): the workers' store is the one rank 0's torch
+// serves itself (TORCHELASTIC_USE_AGENT_STORE=False) at rank 0's reserved port, new each round,
+// so every attempt's keys start empty as with the agent's key spaces. A no-op without workers'
+// endpoints.
+void serveStoreAtRankZero(rendezvous::World& world);
+
 // The agent's own environment, read from environ.
 Environment currentEnvironment();
 

@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "agents/agent.h"
+#include "agents/torch_probe.h"
 #include "common/clock.h"
 #include "common/error.h"
 #include "common/host_port.h"
@@ -41,6 +42,27 @@ namespace {
 constexpr uint16_t kDefaultMasterPort = 29500;  // torchrun's static default
 // How long the agent serving the store waits at the end for the others to hang up.
 constexpr auto kStoreLinger = std::chrono::seconds(10);
+
+// How long the torch probe may take: a Python start and one read of torch's library, a second
+// or less; past this the workers start as before.
+constexpr auto kTorchProbeLimit = std::chrono::seconds(15);
+
+// Workers whose torch cannot be a client of the agent's store meet at one their rank 0 serves
+// (agents/torch_probe.h), said once.
+void fitTorch(const LaunchConfig& config, agents::AgentOptions& options) {
+  if (config.workerPython.empty()) return;
+  const auto torch = agents::probeTorch(config.workerPython, kTorchProbeLimit);
+  if (!torch || !torch->refusesAgentStore()) return;
+  options.rankZeroStore = true;
+  options.storeProxy = false;
+  const char* userLibuv = std::getenv("USE_LIBUV");
+  log::info("torch " + torch->version + " in " + torch->path +
+            " was built without libuv, which its clients ask for at dlrun's store: rank 0's "
+            "torch serves the workers' store, at a port of its own each attempt "
+            "(TORCHELASTIC_USE_AGENT_STORE=False, " +
+            (userLibuv ? std::string("USE_LIBUV=") + userLibuv + " as set" : "USE_LIBUV=0") +
+            (config.agent.storeProxy ? "; no store proxy" : "") + ")");
+}
 
 // The agent's options as the parser filled them, with what this launch path adds.
 agents::AgentOptions agentOptions(const LaunchConfig& config, bool servesStore,
@@ -148,6 +170,7 @@ std::unique_ptr<control::JobWatch> watchJobPage(agents::AgentOptions& agent) {
 
 int launchSingleNode(const LaunchConfig& config) {
   agents::AgentOptions options = agentOptions(config, true);
+  fitTorch(config, options);
   options.attemptSpaces->close = nullptr;  // the store goes with this process
   agents::checkDescriptors(options);
   const std::string host = config.localAddr.value_or("127.0.0.1");
@@ -411,6 +434,7 @@ int launchEtcd(const LaunchConfig& config) {
   options.endedJobKeys = "etcd under " + config.rdzv.etcdPrefix + config.rdzvId + "/";
   options.self.storePort = workerStore.store().port();
   agents::AgentOptions agent = agentOptions(config, true, name + " (" + addr + ")");
+  fitTorch(config, agent);
   listenWhereTheJobIs(agent, addr);
   agent.watchStoreHost = true;
   // The workers' store goes with the agent serving it (others find nothing to close there).
@@ -508,6 +532,7 @@ int launchMultiNode(const LaunchConfig& config) {
     options.store = plan.store;
     options.storeName = plan.name;
     agents::AgentOptions agent = agentOptions(config, store.has_value(), name + " (" + addr + ")");
+    fitTorch(config, agent);
     listenWhereTheJobIs(agent, addr);
     if (agent.metrics && store)
       agent.metrics->storeStats = [&store] { return store->store().stats(); };

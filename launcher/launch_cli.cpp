@@ -378,6 +378,8 @@ LaunchParse parseDlrunArgs(const std::vector<std::string>& args, const HostProbe
       resolveCommand(f.rest.front(), {f.rest.begin() + 1, f.rest.end()},
                      {.module = f.module, .noPython = f.noPython, .runPath = f.runPath}, host);
   if (f.warmStart) c.agent.warmStart = warmStartOf(f, c.agent.command, host);
+  if (agents::warm::isPythonInterpreter(c.agent.command.front(), host.pythonExec))
+    c.workerPython = c.agent.command.front();
   // What launch() reads last: the liveness port.
   c.healthCheckPort = healthCheckPort(host.env);
   return result;

@@ -134,6 +134,9 @@ struct LaunchConfig {
   // As the user wrote it, for messages; agent.command is the resolved command, its argv[0] an
   // absolute path or a name on PATH.
   std::string entrypoint;
+  // agent.command's interpreter when the workers run Python (empty otherwise): launch() asks it
+  // what its torch needs of the store (launcher/torch_probe.h).
+  std::string workerPython;
 
   bool singleNode() const { return maxNodes == 1; }
 };

@@ -47,6 +47,7 @@ $tests && packages+=(
   python3-torch libtorch-dev            # real TCPStore clients (Python, C++), real DDP workers
   python3-venv                          # the tests' torch 2.13 and TensorFlow (--tests)
   iproute2 util-linux                   # simulated hosts (scripts/netns.sh): ip, unshare, nsenter
+  tmux                                  # dlrun top in a terminal of its own (test_job_view.py)
   elfutils gdb                          # hang reports: eu-stack (else gdb) takes workers' stacks
   slurm-wlm munge                       # a local Slurm cluster
   # a real etcd (3.4 on Debian 12, 3.5 on 13) with etcdctl; python3-etcd (etcd's v2 API) for

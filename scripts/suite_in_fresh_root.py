@@ -8,10 +8,13 @@ the machine's name resolves; and as on a fresh machine of the same site, the mac
 configuration (/etc/pip.conf and the local wheel folders under /opt it names) and extra
 certificate authorities (/usr/local/share/ca-certificates) are carried in. Prints the end of
 the suite's output and exits with test.sh's code. Needs root, a Debian mirror and PyPI; takes
-some 40 minutes on 2 cores (the release's ccache, kept beside the cached roots, shortens the
-build).
+some 40 minutes on 2 cores (the release's ccache and pip cache, kept beside the cached roots,
+shorten the build and the set-up).
 
-    sudo python3 scripts/suite_in_fresh_root.py [bookworm|trixie] [LOG]
+    sudo python3 scripts/suite_in_fresh_root.py [bookworm|trixie] [LOG] [-- CTEST_ARGS...]
+
+CTEST_ARGS go to test.sh, which hands them to ctest (`-- -R python_slurm`: the set-up whole, then
+that test alone).
 
 DLRUN_BUILD_DIR names a configured build of this tree (default: build/), under which the roots
 are cached (package-chroot-cache/)."""
@@ -29,12 +32,17 @@ from chroot_fixture import cache_dir, run_in_root  # noqa: E402
 
 RUN_TIMEOUT_S = 2 * 3600
 
-# Runs after chroot_fixture's MOUNT_SCRIPT, with SOURCE CCACHE as its arguments.
+# Runs after chroot_fixture's MOUNT_SCRIPT, with SOURCE CCACHE PIPCACHE CTEST_ARGS... as its
+# arguments.
 SCRIPT = r"""
-source=$1 ccache=$2
-mkdir -p "$root/src" "$root/ccache"
+source=$1 ccache=$2 pipcache=$3
+shift 3
+mkdir -p "$root/src" "$root/ccache" "$root/root/.cache/pip"
 mount --bind "$source" "$root/src"
 mount --bind "$ccache" "$root/ccache"
+# pip's download cache, as ccache: a second run fetches no wheel again (on Debian 13's Python
+# 3.13 the tests' torch 2.13 is PyPI's build with CUDA's libraries, some GB).
+mount --bind "$pipcache" "$root/root/.cache/pip"
 mount --rbind /sys "$root/sys"  # with the machine's cgroup mounts: slurmd reads them
 mkdir -p "$root/dev/pts" && mount -t devpts devpts "$root/dev/pts"
 mount -t tmpfs run "$root/run"
@@ -52,13 +60,16 @@ fi
 mkdir -p "$root/usr/local/share/ca-certificates"
 cp -r /usr/local/share/ca-certificates/. "$root/usr/local/share/ca-certificates/" 2>/dev/null || true
 if in_root sh -c "command -v git" >/dev/null; then echo "git is installed in the root"; exit 3; fi
-in_root CCACHE_DIR=/ccache sh -c 'cd /src && bash scripts/test.sh'
+in_root CCACHE_DIR=/ccache bash -c 'cd /src && bash scripts/test.sh "$@"' bash "$@"
 """
 
 
 def main():
-    release = sys.argv[1] if len(sys.argv) > 1 else "bookworm"
-    log = sys.argv[2] if len(sys.argv) > 2 else None
+    args = sys.argv[1:]
+    ctest_args = args[args.index("--") + 1:] if "--" in args else []
+    args = args[:args.index("--")] if "--" in args else args
+    release = args[0] if args else "bookworm"
+    log = args[1] if len(args) > 1 else None
     with tempfile.TemporaryDirectory(prefix="dlrun-fresh-root-") as scratch:
         source = os.path.join(scratch, "src")
         os.makedirs(source)
@@ -66,9 +77,11 @@ def main():
         archive = subprocess.run(["git", "-C", ROOT, "archive", commit], check=True,
                                  capture_output=True).stdout
         subprocess.run(["tar", "-x", "-C", source], input=archive, check=True)
-        ccache = os.path.join(cache_dir(), f"{release}-ccache")
-        os.makedirs(ccache, exist_ok=True)
-        code, output = run_in_root(release, scratch, SCRIPT, [source, ccache], RUN_TIMEOUT_S)
+        caches = [os.path.join(cache_dir(), f"{release}-{name}") for name in ("ccache", "pip")]
+        for cache in caches:
+            os.makedirs(cache, exist_ok=True)
+        code, output = run_in_root(release, scratch, SCRIPT, [source, *caches, *ctest_args],
+                                   RUN_TIMEOUT_S)
     if log:
         with open(log, "w") as f:
             f.write(output)

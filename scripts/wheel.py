@@ -26,7 +26,10 @@ import sys
 import tempfile
 import zipfile
 
-SIZE_BUDGET_MB = 20  # docs/guides/install.md: about 16 MB; dlrun and dlrun-tls are most of it
+# docs/guides/install.md: 17.6 MB built on Debian 12, where gRPC, protobuf and Abseil are linked
+# into each program; 23.4 MB on Debian 13, whose gRPC and Abseil come as shared libraries only,
+# bundled once each. A budget for both, which a new bulky dependency still trips.
+SIZE_BUDGET_MB = 25
 SCRIPTS = ("dlrun", "dlrund", "dlrun-train")
 DATA_DIRS = ("libexec/dlrun", "lib/dlrun", "share/dlrun", "share/man")
 PYTHON_PACKAGE = "share/dlrun/python/dlrun"

@@ -318,10 +318,13 @@ dist.all_reduce(torch.ones(4))
   std::vector<StackTarget> targets;
   for (int rank : {0, 1}) {
     Environment env = hook.environment({});
+    // USE_LIBUV=0: rank 0 serves torch's classic store, which a torch built without libuv
+    // (Debian 13's 2.6) has too; torch 1.x ignores it.
     env.insert({{"MASTER_ADDR", "127.0.0.1"},
                 {"MASTER_PORT", std::to_string(port)},
                 {"WORLD_SIZE", "2"},
-                {"RANK", std::to_string(rank)}});
+                {"RANK", std::to_string(rank)},
+                {"USE_LIBUV", "0"}});
     targets.push_back(
         {start({kPython, script, dir_ / ("rank" + std::to_string(rank) + ".ready")}, env), rank,
          dir_ / "stacks" / ("rank-" + std::to_string(rank) + ".txt")});

@@ -14,6 +14,13 @@ using namespace std::chrono_literals;
 
 std::vector<uint8_t> bytes(const std::string& s) { return {s.begin(), s.end()}; }
 
+// libtorch 2.x's clients ask for libuv by default, which a build without it (Debian 13's libtorch
+// 2.6) refuses; a client does the same work either way. libtorch 1.x has no such option.
+template <typename Options>
+void withoutLibuv(Options& options) {
+  if constexpr (requires { options.useLibUV; }) options.useLibUV = false;
+}
+
 class TorchClientTest : public ::testing::Test {
  protected:
   std::unique_ptr<c10d::TCPStore> client() {
@@ -22,6 +29,7 @@ class TorchClientTest : public ::testing::Test {
     options.isServer = false;
     options.waitWorkers = false;
     options.timeout = 10s;
+    withoutLibuv(options);
     return std::make_unique<c10d::TCPStore>("127.0.0.1", options);
   }
   StoreServerThread server{StoreServerOptions{.host = "127.0.0.1", .port = 0}};

@@ -117,6 +117,27 @@ TEST(WorkerEnv, ForeignStoreIsNotTheAgents) {
   EXPECT_EQ(workerEnvironment({}, world, spec(), 0).at("TORCHELASTIC_USE_AGENT_STORE"), "False");
 }
 
+TEST(WorkerEnv, ATorchWithoutLibuvMeetsAtRankZerosEndpointWithTheClassicStore) {
+  auto world = twoNodeWorld();
+  serveStoreAtRankZero(world);
+  EXPECT_FALSE(world.agentStore);
+  const Environment env = workerEnvironment({}, world, spec(), 1);
+  EXPECT_EQ(env.at("MASTER_ADDR"), "10.0.0.1");
+  EXPECT_EQ(env.at("MASTER_PORT"), "4000");
+  EXPECT_EQ(env.at("TORCHELASTIC_USE_AGENT_STORE"), "False");
+  EXPECT_EQ(env.at("USE_LIBUV"), "0");
+  // The user's own choice stays, whatever it is.
+  EXPECT_EQ(workerEnvironment({{"USE_LIBUV", "1"}}, world, spec(), 0).at("USE_LIBUV"), "1");
+  // The agent's store: USE_LIBUV is the user's alone.
+  EXPECT_FALSE(workerEnvironment({}, twoNodeWorld(), spec(), 0).contains("USE_LIBUV"));
+
+  auto v6 = twoNodeWorld();
+  v6.workerEndpoints = {"[fe80::1]:4000", "[fe80::1]:4001", "[fe80::2]:5000", "[fe80::2]:5001"};
+  serveStoreAtRankZero(v6);
+  EXPECT_EQ(v6.masterAddr, "fe80::1");
+  EXPECT_EQ(v6.masterPort, 4000);
+}
+
 TEST(WorkerEnv, TfConfig) {
   const auto world = twoNodeWorld();
   for (int local = 0; local < 2; ++local) {

@@ -70,7 +70,7 @@ def clean_env(**overrides):
            and k not in ("OMP_NUM_THREADS", "TORCH_NCCL_ASYNC_ERROR_HANDLING",
                          "NCCL_ASYNC_ERROR_HANDLING", "TF_CONFIG", "PYTHON_EXEC", "RANK",
                          "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-                         "DLRUN_TOKEN")}
+                         "DLRUN_TOKEN", "USE_LIBUV")}
     env["GLOO_SOCKET_IFNAME"] = "lo"  # loopback only
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     for key, value in overrides.items():

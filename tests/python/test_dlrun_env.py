@@ -4,9 +4,14 @@ import json
 import os
 import re
 import signal
+import sys
 import unittest
 
-from dlrun_fixture import PYTHON, clean_env, main, read_json, run_dlrun, temp_dir, worker
+from dlrun_fixture import (PYTHON, WORKERS, clean_env, main, read_json, run_dlrun, temp_dir,
+                           worker)
+
+sys.path.insert(0, WORKERS)
+from worker_util import lacks_libuv  # noqa: E402
 
 ENV_DUMP = worker("env_dump.py")
 LOCAL_RANK_WORKER = worker("local_rank_worker.py")
@@ -75,7 +80,9 @@ class DlrunEnvTest(unittest.TestCase):
                 self.assertEqual(env["ROLE_WORLD_SIZE"], "4")
                 self.assertEqual(env["MASTER_ADDR"], "127.0.0.1")
                 self.assertTrue(0 < int(env["MASTER_PORT"]) < 65536)
-                self.assertEqual(env["TORCHELASTIC_USE_AGENT_STORE"], "True")
+                # A torch without libuv meets at a store its rank 0 serves (test_torch_libuv.py).
+                self.assertEqual(env["TORCHELASTIC_USE_AGENT_STORE"],
+                                 "False" if lacks_libuv() else "True")
                 self.assertEqual(env["TORCHELASTIC_RESTART_COUNT"], "0")
                 self.assertEqual(env["TORCHELASTIC_MAX_RESTARTS"], "2")
                 self.assertNotEqual(env["TORCHELASTIC_RUN_ID"], "")
@@ -112,7 +119,11 @@ class DlrunEnvTest(unittest.TestCase):
             self.assertEqual(host, "127.0.0.1", endpoint)
             ports.append(int(port))
         self.assertEqual(len(set(ports)), 4, workers)
-        self.assertNotIn(int(records[0]["env"]["MASTER_PORT"]), ports)
+        # The agent's store has a port of its own; rank 0's (a torch without libuv) is rank 0's.
+        if lacks_libuv():
+            self.assertEqual(int(records[0]["env"]["MASTER_PORT"]), ports[0])
+        else:
+            self.assertNotIn(int(records[0]["env"]["MASTER_PORT"]), ports)
         for rank, config in configs.items():
             with self.subTest(rank=rank):
                 self.assertEqual(set(config), {"cluster", "task"})

@@ -1,5 +1,6 @@
-"""The Debian packages on a fresh Debian 12 (issue 17, acceptance 2; issue 33, acceptance 1): in
-a minimal bookworm root without CUDA (debootstrap --variant=minbase, with man-db;
+"""The Debian packages on a fresh Debian (issue 17, acceptance 2; issue 33, acceptance 1): in a
+minimal root of the release they were built on (their Depends name its libraries: a package built
+on Debian 13 is for Debian 13), without CUDA (debootstrap --variant=minbase, with man-db;
 chroot_fixture.py caches it), `apt-get install ./dlrun_*.deb` (and, from a build with CUDA, the
 add-on ./dlrun-cuda_*.deb) pulls the dependencies and the recommended data from the mirror; there
 `dlrun --standalone --nproc-per-node=2 train --epochs 1` runs from PATH on the CPU, `man dlrun`
@@ -40,6 +41,13 @@ in_root sh -c 'cd /tmp && dlrun-train --single --device auto --epochs 1 --max-st
 """
 
 
+def this_release():
+    """The codename of the machine the packages were built on (bookworm, trixie)."""
+    with open("/etc/os-release") as f:
+        fields = dict(line.rstrip("\n").split("=", 1) for line in f if "=" in line)
+    return fields["VERSION_CODENAME"].strip('"')
+
+
 def setUpModule():
     if os.geteuid() != 0:
         print("test_package_chroot: skipped, needs root", file=sys.stderr)
@@ -50,7 +58,7 @@ class PackageChrootTest(unittest.TestCase):
     def test_packages_install_and_train_on_fresh_debian_without_cuda(self):
         scratch = temp_dir(self)
         packages = make_packages(os.path.join(scratch, "package"))
-        code, output = run_in_root("bookworm", scratch, SCRIPT, sorted(packages.values()),
+        code, output = run_in_root(this_release(), scratch, SCRIPT, sorted(packages.values()),
                                    INSTALL_TIMEOUT_S, include=["man-db"])
         self.assertEqual(code, 0, output[-6000:])
         self.assertIn("dpkg: install ok installed install ok installed", output)

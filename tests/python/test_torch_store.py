@@ -1,4 +1,6 @@
 """The real torch TCPStore client (the era of the interpreter running the test) against dlrund."""
+import os
+import sys
 import threading
 import time
 import unittest
@@ -8,6 +10,9 @@ import torch.distributed as dist
 
 from dlrund_fixture import main, start_dlrund
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "workers"))
+from worker_util import client_options  # noqa: E402
+
 
 class TorchStoreTest(unittest.TestCase):
     def setUp(self):
@@ -15,8 +20,9 @@ class TorchStoreTest(unittest.TestCase):
         self.store = self.client()
 
     def client(self):
+        # use_libuv=False on a torch without libuv (Debian 13's), which refuses any other.
         return dist.TCPStore("127.0.0.1", self.daemon.port, is_master=False,
-                             timeout=timedelta(seconds=10))
+                             timeout=timedelta(seconds=10), **client_options())
 
     def test_set_get(self):
         self.store.set("text", "hello")

@@ -1,12 +1,14 @@
 """Trains a tiny model with DistributedDataParallel over gloo and checks the replicas agree.
 
-Usage: ddp_train.py OUT_DIR EXPECTED_WORLD_SIZE
+Usage: ddp_train.py OUT_DIR EXPECTED_WORLD_SIZE [--fail-first-attempt]
 Rendezvous is env:// (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE from the launcher). Each rank
 starts from different random weights and sees different data, so only DDP's initial broadcast
 and its gradient all-reduce can make the replicas equal. After a few steps every rank
 all-gathers the flattened parameters and compares them with its own; it exits 1 when they
 differ, when the weights did not move, or when the world is not the expected size, and
-otherwise writes OUT_DIR/ok_<RANK>.json.
+otherwise writes OUT_DIR/ok_<RANK>.json. With --fail-first-attempt, in the launcher's first
+attempt every rank meets the others (a barrier) and rank 1 then exits 3, after writing
+OUT_DIR/failed_<MASTER_PORT>: the next attempt must start on a store of its own.
 """
 import os
 import sys
@@ -31,6 +33,13 @@ def main():
     out_dir, expected_world = sys.argv[1], int(sys.argv[2])
     dist.init_process_group("gloo", init_method="env://", timeout=timedelta(seconds=30))
     rank, world = dist.get_rank(), dist.get_world_size()
+    if "--fail-first-attempt" in sys.argv and os.environ["TORCHELASTIC_RESTART_COUNT"] == "0":
+        dist.barrier()
+        if rank == 1:
+            write_json(os.path.join(out_dir, f"failed_{os.environ['MASTER_PORT']}"), {})
+            os._exit(3)
+        dist.barrier()  # fails, or waits to be stopped, once rank 1 is gone
+        return 5
     if world != expected_world or rank != int(os.environ["RANK"]):
         fail(f"world {world} rank {rank}, expected world {expected_world}, "
              f"RANK {os.environ['RANK']}")
@@ -64,7 +73,8 @@ def main():
     dist.destroy_process_group()
     write_json(os.path.join(out_dir, f"ok_{rank}.json"),
                {"rank": rank, "world": world, "checksum": float(flat.double().sum()),
-                "executable": sys.executable})
+                "executable": sys.executable, "master_port": os.environ["MASTER_PORT"],
+                "agent_store": os.environ["TORCHELASTIC_USE_AGENT_STORE"]})
     return 0
 
 

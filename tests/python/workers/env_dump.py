@@ -3,8 +3,8 @@
 Usage: env_dump.py OUT_DIR [--store]
 Records the whole environment, the interpreter's argv, pid, process group and parent-death
 signal, whether the port TF_CONFIG reserved for this rank can be bound, and with --store proves
-the store at MASTER_ADDR:MASTER_PORT works: a torch TCPStore client (is_master=False) sets a
-key per rank and waits for every rank's key, so all ranks demonstrably share one live store.
+the store at MASTER_ADDR:MASTER_PORT works: torch's TCPStore as env:// makes it (a client, or
+rank 0's server under TORCHELASTIC_USE_AGENT_STORE=False) sets a key per rank and waits for every rank's key, so all ranks demonstrably share one live store.
 Exits 0 unless that fails.
 """
 import ctypes
@@ -13,7 +13,7 @@ import os
 import socket
 import sys
 
-from worker_util import rank, write_json
+from worker_util import launcher_store, rank, write_json
 
 
 def bind_own_endpoint(tf_config, my_rank):
@@ -41,11 +41,8 @@ def parent_death_signal():
 def check_store(my_rank):
     from datetime import timedelta
 
-    import torch.distributed as dist
-
     world = int(os.environ["WORLD_SIZE"])
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
-                          is_master=False, timeout=timedelta(seconds=20))
+    store = launcher_store(timedelta(seconds=20))
     store.set(f"env_dump/{my_rank}", f"rank {my_rank} was here")
     keys = [f"env_dump/{r}" for r in range(world)]
     store.wait(keys)

@@ -17,10 +17,9 @@ import sys
 import urllib.request
 from datetime import timedelta
 
-import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from worker_util import write_json  # noqa: E402
+from worker_util import launcher_store, write_json  # noqa: E402
 
 TIMEOUT = timedelta(seconds=30)
 
@@ -44,8 +43,7 @@ def main():
     attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
-    # A client only; no wait_for_workers, whose count would be a key of its own.
-    store = dist.TCPStore(host, port, world, False, TIMEOUT, wait_for_workers=False)
+    store = launcher_store(TIMEOUT)
     earlier = [f"attempt_{a}_rank_{r}" for a in range(attempt) for r in range(world)]
     seen = [key for key in earlier if readable(store, key)]
     store.set(f"attempt_{attempt}_rank_{rank}", str(os.getpid()))

@@ -1,5 +1,6 @@
 """What the test workers share: atomic file writes and bounded waits to be stopped or
 released."""
+import functools
 import json
 import os
 import sys
@@ -55,3 +56,41 @@ def exit_past_torch_teardown(code):
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+@functools.lru_cache(maxsize=None)
+def lacks_libuv():
+    """Whether this torch was built without libuv (Debian 13's torch 2.6): it then refuses any
+    TCPStore asked for libuv, which torch 2.4 and later ask for unless told otherwise. torch 1.x
+    has no such choice."""
+    import torch.distributed as dist
+    try:
+        dist.TCPStore("127.0.0.1", 0, None, True, use_libuv=True, wait_for_workers=False)
+    except TypeError:
+        return False
+    except RuntimeError as e:
+        return "libuv" in str(e)
+    return False
+
+
+def client_options():
+    """What a TCPStore client of a dlrun store needs from this torch: use_libuv=False where
+    torch lacks libuv (a client's work is the same either way), nothing elsewhere."""
+    return {"use_libuv": False} if lacks_libuv() else {}
+
+
+def launcher_store(timeout):
+    """The store the launcher gives this worker, made as torch's env:// makes it: a client of
+    the agent's store, or, under TORCHELASTIC_USE_AGENT_STORE=False (dlrun on a torch without
+    libuv), one that rank 0 serves, with USE_LIBUV's choice where torch has one."""
+    import torch.distributed as dist
+    host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    world = int(os.environ["WORLD_SIZE"])
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "False":
+        options = {}
+        if "USE_LIBUV" in os.environ:
+            options["use_libuv"] = os.environ["USE_LIBUV"] == "1"
+        return dist.TCPStore(host, port, world, rank() == 0, timeout, **options)
+    # A client only; no wait_for_workers, whose count would be a key of its own.
+    return dist.TCPStore(host, port, world, False, timeout, wait_for_workers=False,
+                         **client_options())
