@@ -7,8 +7,8 @@ import signal
 import sys
 import unittest
 
-from dlrun_fixture import (PYTHON, WORKERS, clean_env, main, read_json, run_dlrun, temp_dir,
-                           worker)
+from dlrun_fixture import (PYTHON, RUN_TIMEOUT_S, WORKERS, clean_env, main, read_json, run_dlrun,
+                           temp_dir, worker)
 
 sys.path.insert(0, WORKERS)
 from worker_util import lacks_libuv  # noqa: E402
@@ -23,6 +23,7 @@ EVERY_VARIABLE = (
     "OMP_NUM_THREADS",
     "TORCH_NCCL_ASYNC_ERROR_HANDLING", "NCCL_ASYNC_ERROR_HANDLING", "TF_CONFIG")
 OMP_NOTICE = "OMP_NUM_THREADS"
+STORE_TIMEOUT_S = 90
 
 
 class DlrunEnvTest(unittest.TestCase):
@@ -30,7 +31,9 @@ class DlrunEnvTest(unittest.TestCase):
         """Runs env_dump.py under dlrun; returns (result, {rank: record}) for every file."""
         out = temp_dir(self)
         extra = ["--store"] if store else []
-        result = run_dlrun(self, [*args, PYTHON, ENV_DUMP, out, *extra], env=env)
+        # With the store, every worker imports torch: some seconds each on 2 loaded cores.
+        result = run_dlrun(self, [*args, PYTHON, ENV_DUMP, out, *extra], env=env,
+                           timeout=STORE_TIMEOUT_S if store else RUN_TIMEOUT_S)
         self.assertEqual(result.returncode, 0, result)
         records = {}
         for name in os.listdir(out):

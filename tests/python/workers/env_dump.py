@@ -46,7 +46,12 @@ def check_store(my_rank):
     store.set(f"env_dump/{my_rank}", f"rank {my_rank} was here")
     keys = [f"env_dump/{r}" for r in range(world)]
     store.wait(keys)
-    return [store.get(k).decode() for k in keys]
+    values = [store.get(k).decode() for k in keys]
+    # Rank 0 may serve the store (a torch without libuv): it stays until every rank has read.
+    store.set(f"env_dump/read/{my_rank}", "1")
+    if my_rank == 0:
+        store.wait([f"env_dump/read/{r}" for r in range(world)])
+    return values
 
 
 def main():
