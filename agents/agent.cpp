@@ -302,6 +302,7 @@ void AgentImpl::startAttempt(const rendezvous::World& world) {
   world_ = world;
   forgetWorkers();
   loneRestarts_ = 0;
+  replaced_.clear();
   successReported_ = false;
   if (fileTimer_) fileTimer_->clear();
   expiredTimers_.clear();

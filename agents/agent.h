@@ -102,9 +102,13 @@ struct AgentOptions {
   // --store-proxy: the workers reach the store through this agent's proxy on loopback
   // (store/store_proxy.h), which forwards their requests over a few connections of its own
   bool storeProxy = false;
-  // The workers' torch cannot be a client of this store (launcher/torch_probe.h): rank 0's
-  // torch serves theirs (serveStoreAtRankZero, worker_env.h), and the proxy is not used.
-  bool rankZeroStore = false;
+  // --recovery=in-process: a failed worker that announced dlrun.recovery's loop starts again
+  // alone, joining the survivors' next generation (agents/recovery.h)
+  bool inProcessRecovery = false;
+  // Set where the workers' torch cannot be a client of this store (agents/torch_probe.h): rank
+  // 0's torch serves theirs (serveStoreAtRankZero, worker_env.h), and the proxy is not used.
+  // The text says so, once, as the workers first start.
+  std::optional<std::string> rankZeroStore;
   std::optional<HangOptions> hang;        // --hang-timeout: watch the workers' progress
   std::optional<ControlOptions> control;  // publish to the control plane, follow its commands
   std::optional<MetricsOptions> metrics;  // --metrics-port: Prometheus metrics and the page

@@ -69,6 +69,8 @@ class AgentImpl {
   bool isService(int local) const;
   bool anyAlone() const;
   bool restartAlone(const Worker& failed);
+  // Empty when `failed` is replaced in process, else why not (the group restarts).
+  std::string inProcessRefusal(const Worker& failed) const;
   // Whether `status` is --no-restart-exit-code's: the job ends with it, without a restart.
   bool endsWithoutRestart(const ExitStatus& status) const {
     return options_.noRestartExitCode != 0 && !status.signaled &&
@@ -128,6 +130,10 @@ class AgentImpl {
   size_t live_ = 0;                               // workers not yet reaped
   size_t liveEnding_ = 0;  // of those, the ones not of a service role (they end the job)
   int loneRestarts_ = 0;   // this round's workers restarted alone (restartAlone)
+  // --recovery=in-process: where the round's workers mark (agents/recovery.h), and the local
+  // ranks replaced in process with their replacement's pid.
+  fs::path recoveryDir_;
+  std::unordered_map<int, pid_t> replaced_;
   bool successReported_ = false;
   // Starting the round's workers (startSome): its number, what is left to start.
   static constexpr size_t kStartBatch = 64;
@@ -138,6 +144,7 @@ class AgentImpl {
   // The round's --duplicate-*-filters copies, which its workers' output pumps share.
   std::shared_ptr<FilteredLog> filteredOut_, filteredErr_;
   bool tfConfigWarned_ = false;
+  bool rankZeroStoreSaid_ = false;
   std::optional<int> stopSignal_;
   std::optional<rendezvous::RoundEnd> stopEnd_;  // how this node's stop ends the job
   bool launchFailed_ = false;

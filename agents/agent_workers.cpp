@@ -7,6 +7,7 @@
 #include <algorithm>
 
 #include "agents/agent_impl.h"
+#include "agents/recovery.h"
 #include "agents/worker_args.h"
 #include "common/log.h"
 
@@ -107,13 +108,23 @@ void AgentImpl::prepareLaunches() {
                  .inheritTfConfig = options_.tfConfig == TfConfigMode::Never,
                  .services = services_,
                  .virtualLocalRank = options_.virtualLocalRank};
+  if (options_.inProcessRecovery) {
+    recoveryDir_ = attemptDir / "recovery";
+    fs::create_directories(recoveryDir_);
+    spec.services[std::string(recovery::kDirVariable)] = recoveryDir_.string();
+    spec.services[std::string(recovery::kFallbackVariable)] =
+        std::to_string(recovery::kFallbackCode);
+  }
   if (progress_) progress_->prepareRound(attemptDir, options_.nprocPerNode, spec);
   if (hang_) hang_->prepareRound(attemptDir, *progress_->board(), inherited_, spec);
   rendezvous::World seen = world_;  // the world as the workers see it
-  if (options_.rankZeroStore)
+  if (options_.rankZeroStore) {
+    if (!rankZeroStoreSaid_) log::info(*options_.rankZeroStore);
+    rankZeroStoreSaid_ = true;
     serveStoreAtRankZero(seen);
-  else if (options_.storeProxy)
+  } else if (options_.storeProxy) {
     proxyStore(seen);
+  }
   environment_.emplace(inherited_, seen, std::move(spec));
   // The command as given: substituting ${local_rank} only shortens an argument.
   ExecSizes command;
@@ -179,7 +190,7 @@ void AgentImpl::doneStarting() {
   starting_ = false;
   launches_ = {};
   // A worker restarted alone gets the environment its first start had.
-  if (!anyAlone()) environment_.reset();
+  if (!anyAlone() && !options_.inProcessRecovery) environment_.reset();
 }
 
 fs::path AgentImpl::attemptDir() {
@@ -201,18 +212,42 @@ bool AgentImpl::anyAlone() const {
                      [](const RoleSpec& role) { return role.alone; });
 }
 
-// A failed worker of an `alone` role while restarts are left: a new process takes its place
-// (same ranks and environment) and the round goes on. False when it must fail the round.
+std::string AgentImpl::inProcessRefusal(const Worker& failed) const {
+  recovery::Failure failure{
+      .exitCode = failed.status().signaled ? -1 : failed.status().value,
+      .marked = recovery::markedPid(recoveryDir_, failed.localRank()) == failed.pid()};
+  for (const auto& [local, pid] : replaced_)
+    if (local != failed.localRank() && recovery::markedPid(recoveryDir_, local) != pid)
+      failure.recovering.push_back(local);
+  return recovery::refusal(failure);
+}
+
+// A failed worker of an `alone` role, or under --recovery=in-process one whose program recovers
+// in process, while restarts are left: a new process takes its place (same ranks and
+// environment; in process, joining the survivors) and the round goes on. False when it must
+// fail the round.
 bool AgentImpl::restartAlone(const Worker& failed) {
   const int local = failed.localRank();
   const RoleSpec* role = roleOf(local);
-  if (role == nullptr || !role->alone || !environment_ || endsWithoutRestart(failed.status()) ||
+  const bool alone = role != nullptr && role->alone;
+  if ((!alone && !options_.inProcessRecovery) || !environment_ ||
+      endsWithoutRestart(failed.status()) ||
       !world_.restarts.allowsRestart(world_.failures + loneRestarts_ + 1))
     return false;
+  const std::string ranks = "rank " + std::to_string(failed.rank()) + " (" +
+                            (alone ? role->name : "local " + std::to_string(local)) + ") " +
+                            failed.status().describe();
+  if (!alone) {
+    if (const std::string why = inProcessRefusal(failed); !why.empty()) {
+      log::info(ranks + ": no in-process recovery (" + why + "): restarting the whole group");
+      return false;
+    }
+  }
   std::unique_ptr<Worker> worker;
   try {
     WorkerLaunch launch = launchOf(attemptDir(), local);
     launch.envp = environment_->own(local, launch.errorFile);
+    if (!alone) launch.envp.push_back(std::string(recovery::kJoinVariable) + "=1");
     launch.sharedEnvp = environment_->shared();
     worker = Worker::start(io_, std::move(launch), zygote_.get());
   } catch (const std::exception& e) {  // dlrun's errors, and the filesystem's (the log dir)
@@ -220,16 +255,18 @@ bool AgentImpl::restartAlone(const Worker& failed) {
     return false;
   }
   ++loneRestarts_;
-  const std::string what = "rank " + std::to_string(failed.rank()) + " (" + role->name + ") " +
-                           failed.status().describe() + "; restarted alone, restart " +
-                           std::to_string(world_.failures + loneRestarts_) + " of " +
-                           std::to_string(world_.restarts.maxRestarts);
+  const std::string count = "restart " + std::to_string(world_.failures + loneRestarts_) + " of " +
+                            std::to_string(world_.restarts.maxRestarts);
+  const std::string what = alone ? ranks + "; restarted alone, " + count
+                                 : ranks + ": in-process recovery, its replacement started (" +
+                                       count + "); the other ranks keep running";
   log::info(what);
   publishEvent("restart", failed.rank(), what);
+  if (!alone) replaced_[local] = worker->pid();
   byPid_.erase(failed.pid());
   byPid_[worker->pid()] = worker.get();
   ++live_;
-  if (!role->service) ++liveEnding_;
+  if (!isService(local)) ++liveEnding_;
   // `failed` stays until the next round: its output pumps may still hold its last lines.
   retired_.push_back(std::move(workers_[local]));
   workers_[local] = std::move(worker);

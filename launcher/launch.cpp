@@ -11,6 +11,7 @@
 #include <optional>
 #include <random>
 #include <thread>
+#include <utility>
 
 #include "agents/agent.h"
 #include "agents/torch_probe.h"
@@ -48,20 +49,25 @@ constexpr auto kStoreLinger = std::chrono::seconds(10);
 constexpr auto kTorchProbeLimit = std::chrono::seconds(15);
 
 // Workers whose torch cannot be a client of the agent's store meet at one their rank 0 serves
-// (agents/torch_probe.h), said once.
+// (agents/torch_probe.h), which the agent says as they first start.
 void fitTorch(const LaunchConfig& config, agents::AgentOptions& options) {
   if (config.workerPython.empty()) return;
   const auto torch = agents::probeTorch(config.workerPython, kTorchProbeLimit);
   if (!torch || !torch->refusesAgentStore()) return;
-  options.rankZeroStore = true;
   options.storeProxy = false;
+  const bool recovery = std::exchange(options.inProcessRecovery, false);
   const char* userLibuv = std::getenv("USE_LIBUV");
-  log::info("torch " + torch->version + " in " + torch->path +
-            " was built without libuv, which its clients ask for at dlrun's store: rank 0's "
-            "torch serves the workers' store, at a port of its own each attempt "
-            "(TORCHELASTIC_USE_AGENT_STORE=False, " +
-            (userLibuv ? std::string("USE_LIBUV=") + userLibuv + " as set" : "USE_LIBUV=0") +
-            (config.agent.storeProxy ? "; no store proxy" : "") + ")");
+  options.rankZeroStore =
+      "torch " + torch->version + " in " + torch->path +
+      " was built without libuv, which its clients ask for at dlrun's store: rank 0's "
+      "torch serves the workers' store, at a port of its own each attempt "
+      "(TORCHELASTIC_USE_AGENT_STORE=False, " +
+      (userLibuv ? std::string("USE_LIBUV=") + userLibuv + " as set" : "USE_LIBUV=0") +
+      (config.agent.storeProxy ? "; no store proxy" : "") +
+      (recovery ? "; --recovery=in-process needs the agent's store: failures restart "
+                  "the whole group"
+                : "") +
+      ")";
 }
 
 // The agent's options as the parser filled them, with what this launch path adds.

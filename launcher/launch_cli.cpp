@@ -106,6 +106,7 @@ void readFlagValues(DeclaredFlags& f, LaunchConfig& c, const HostProbe& host) {
   c.agent.tee = parseStreams("--tee", f.tee);
   if (!f.ranksFilter.empty()) c.agent.localRanksFilter = parseRanksFilter(f.ranksFilter);
   c.agent.tfConfig = parseTfConfig(f.tfConfig);
+  c.agent.inProcessRecovery = f.recovery == "in-process";
   c.controlPlane = !f.noControlPlane;
   c.stragglers = {.fraction = f.stragglerFraction, .window = f.stragglerWindow};
   if (f.metricsPort >= 0)

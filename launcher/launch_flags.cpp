@@ -84,6 +84,11 @@ void declareJobFlags(CLI::App& app, DeclaredFlags& f, LaunchConfig& c) {
             "A worker exiting with this code ends the job on every node at once with that code, "
             "without a restart (0, the default: off; NVIDIA's launchers use 93)")
       ->check(CLI::Range(0, 255));
+  addOption(app, "recovery", f.recovery,
+            "After a worker fails: restart (the whole worker group) or in-process (only the "
+            "failed worker starts again; the others keep their processes and re-form the group "
+            "with it through dlrun.recovery, else the group restarts)")
+      ->check(oneOf({"restart", "in-process"}));
   addOption(app, "monitor-interval", f.monitorInterval,
             "Accepted for torchrun compatibility: dlrun notices worker exits at once")
       ->check(kSeconds);

@@ -1,0 +1,41 @@
+// In-process recovery (--recovery=in-process; docs/guides/in-process-recovery.md): what the
+// agent and dlrun.recovery (python/dlrun/recovery.py) agree on, and when a failed worker is
+// started again alone rather than with its whole group.
+//
+// Each worker's loop, once its process group is formed (or re-formed, in a replacement), writes
+// its pid to DLRUN_RECOVERY_DIR/LOCAL_RANK: its mark. A failed worker is replaced alone only if
+// it had marked (its program recovers in process) and no replacement of this node is still
+// recovering (its mark not yet its own): a second failure during a recovery restarts the group.
+#pragma once
+
+#include <sys/types.h>
+
+#include <filesystem>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace dlrun::agents::recovery {
+
+// The exit code with which a loop that cannot finish a recovery asks for the whole-group
+// restart: sysexits' EX_TEMPFAIL.
+inline constexpr int kFallbackCode = 75;
+inline constexpr std::string_view kDirVariable = "DLRUN_RECOVERY_DIR";
+inline constexpr std::string_view kFallbackVariable = "DLRUN_RECOVERY_FALLBACK";
+inline constexpr std::string_view kJoinVariable = "DLRUN_RECOVERY_JOIN";  // "1" in a replacement
+
+// The pid in a worker's mark, 0 when it has none (or an unreadable one).
+pid_t markedPid(const std::filesystem::path& dir, int localRank);
+
+// What the agent knows of a failure, for the choice below (pure).
+struct Failure {
+  int exitCode = 0;     // the exit code, -1 for a signal
+  bool marked = false;  // the failed process had marked
+  // Local ranks whose replacement has not marked yet: their recovery is under way.
+  std::vector<int> recovering;
+};
+
+// Why the failed worker is not replaced alone (the whole group restarts), or empty: replace it.
+std::string refusal(const Failure& failure);
+
+}  // namespace dlrun::agents::recovery

@@ -1,0 +1,236 @@
+"""In-process recovery for a data-parallel training loop (docs/guides/in-process-recovery.md).
+
+    import dlrun.recovery
+
+    model = Net()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    loop = dlrun.recovery.Loop(model, optimizer, backend="gloo")
+
+    def train_step(step, ddp):           # `ddp`: the model wrapped in DistributedDataParallel
+        x, y = batch(step)               # the data of step `step` (its position is the step)
+        optimizer.zero_grad()
+        loss_fn(ddp(x), y).backward()    # DDP all-reduces the gradients here
+        optimizer.step()
+
+    loop.run(train_step, steps=1000)
+
+Under `dlrun --recovery=in-process` a worker that dies is started again alone, with its RANK, and
+the others keep their processes: the collective that failed in a survivor raises, the loop
+destroys the process group, meets the replacement in the next generation's key space of the
+job's store, makes the group again there, sends the model, the optimizer, the step and `state`
+from the lowest surviving rank to every rank (a broadcast, no file), and runs the failed step
+again. Every step is taken once: all ranks go on from one rank's state and step (a step whose
+optimizer.step() ran on that rank counts as done). What a step draws at random should come from
+the step (a generator seeded by it), since a replacement has none of its dead process's state.
+
+Whatever the recovery cannot finish (a second failure, a rank that never comes, no survivor, its
+deadline) ends the worker with the agent's fallback code, and dlrun restarts the whole group, as
+without --recovery. Outside dlrun, or without --recovery=in-process, the loop is a plain loop
+over init_process_group("env://") and DistributedDataParallel: nothing else happens.
+"""
+import gc
+import json
+import os
+import pickle
+import sys
+import time
+from datetime import timedelta
+
+__all__ = ["Loop", "active"]
+
+KEYS = "dlrun/recovery"  # under the attempt's key space of the job's store
+RECOVERY_TIMEOUT_S = 120  # a recovery not done by then falls back to the whole-group restart
+EXACT_BUCKET_MB = 1e-6  # under any parameter's size: a bucket each
+
+
+def active():
+    """Whether this worker runs under dlrun --recovery=in-process."""
+    return bool(os.environ.get("DLRUN_RECOVERY_DIR"))
+
+
+def _say(text):
+    print(f"dlrun.recovery: rank {os.environ.get('RANK', '?')}: {text}", file=sys.stderr,
+          flush=True)
+
+
+def _peer_failure(error):
+    """A collective or the store failed because a peer went away (gloo's pair closed or reset,
+    NCCL's communicator aborted, a store connection lost): what recovery is for."""
+    import torch.distributed as dist
+    kinds = tuple(getattr(dist, name) for name in ("DistError",) if hasattr(dist, name))
+    if kinds and isinstance(error, kinds):
+        return True
+    text = str(error)
+    return isinstance(error, RuntimeError) and any(
+        marker in text for marker in ("Connection closed by peer", "Connection reset by peer",
+                                      "Broken pipe", "NCCL", "gloo", "Socket Timeout"))
+
+
+def _exact_buckets():
+    """DistributedDataParallel's options for a bucket a parameter from the first iteration on.
+    torch 2.13 puts every parameter in one bucket for a DDP's first iteration unless each
+    bucket's cap is given (bucket_cap_mb_list): a new DDP after a recovery would otherwise sum
+    its first step in another order than the fault-free run did."""
+    import inspect
+
+    from torch.nn.parallel import DistributedDataParallel
+    if "bucket_cap_mb_list" in inspect.signature(DistributedDataParallel).parameters:
+        return {"bucket_cap_mb_list": [EXACT_BUCKET_MB]}
+    return {"bucket_cap_mb": EXACT_BUCKET_MB}
+
+
+class Loop:
+    """Owns the process group, the DistributedDataParallel wrapper and the step counter of a
+    training loop; see the module's text. `state`: a dict of more picklable values every rank
+    must agree on (an epoch, a scheduler's state_dict), replaced by the source's after a
+    recovery. `ddp_options`: DistributedDataParallel's keyword arguments. `exact`: one gradient
+    bucket per parameter, so that every sum is made in the same order in every generation and a
+    deterministic job's weights equal a fault-free run's bit for bit (DDP's own buckets are laid
+    out anew in a new group, which moves the sums' rounding; more all-reduces per step)."""
+
+    def __init__(self, model, optimizer, backend="gloo", state=None, ddp_options=None,
+                 timeout=timedelta(seconds=60), exact=False):
+        import torch.distributed as dist
+        self.module, self.optimizer, self.backend = model, optimizer, backend
+        self.state = state if state is not None else {}
+        self.step = 0
+        self.generation = 0
+        self.recoveries = 0
+        self._ddp_options = dict(ddp_options or {})
+        if exact:
+            self._ddp_options.update(_exact_buckets())
+        self._timeout = timeout
+        # Whether the optimizer stepped in the step under way: a step that failed after it
+        # (in a later collective) is done, and is not taken again.
+        self._applied = False
+        if hasattr(optimizer, "register_step_post_hook"):  # torch 2.x
+            optimizer.register_step_post_hook(lambda *_: setattr(self, "_applied", True))
+        self.rank, self.world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        self._active = active()
+        if not self._active:
+            dist.init_process_group(backend, init_method="env://", timeout=timeout)
+            self.ddp = self._wrap()
+            return
+        self._fallback_code = int(os.environ["DLRUN_RECOVERY_FALLBACK"])
+        self._store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                                    self.world, False, timeout, wait_for_workers=False)
+        if os.environ.get("DLRUN_RECOVERY_JOIN") == "1":
+            self._recover(joining=True)  # a replacement: the survivors' next generation
+        else:
+            self._form(0, timeout)
+            self.ddp = self._wrap()
+        # The agent's sign that this rank recovers in process: where it finds none, a failure
+        # restarts the whole group, as for a program without this loop.
+        mark = os.path.join(os.environ["DLRUN_RECOVERY_DIR"], os.environ["LOCAL_RANK"])
+        with open(mark, "w") as f:
+            f.write(f"{os.getpid()}\n")
+
+    def run(self, train_step, steps):
+        """Calls train_step(step, ddp) for each step from self.step up to `steps`, once in
+        effect: a step a peer's failure cut short runs again after the recovery."""
+        while self.step < steps:
+            self._applied = False
+            try:
+                train_step(self.step, self.ddp)
+                self.step += 1
+                continue
+            except Exception as error:
+                if not self._active or not _peer_failure(error):
+                    raise
+                why = f"{type(error).__name__}: {str(error).splitlines()[0][:160]}"
+            # Out of the except block: the traceback, which holds the old group, is gone.
+            _say(f"step {self.step} failed ({why}); recovering")
+            if self._applied:
+                self.step += 1
+            self._recover(joining=False)
+
+    # --- the generations ---------------------------------------------------------------------
+
+    def _wrap(self):
+        from torch.nn.parallel import DistributedDataParallel
+        return DistributedDataParallel(self.module, **self._ddp_options)
+
+    def _form(self, generation, timeout):
+        """The process group of `generation`, in a key space of its own."""
+        import torch.distributed as dist
+        store = dist.PrefixStore(f"{KEYS}/{generation}/group", self._store)
+        dist.init_process_group(self.backend, store=store, rank=self.rank,
+                                world_size=self.world, timeout=timeout)
+
+    def _recover(self, joining):
+        started = time.monotonic()
+        deadline = started + RECOVERY_TIMEOUT_S
+        try:
+            phases = self._recover_within(joining, deadline)
+        except Exception as error:  # a second failure, a deadline: the whole group restarts
+            _say(f"recovery failed ({type(error).__name__}: {error}); falling back to the "
+                 f"whole-group restart (exit {self._fallback_code})")
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(self._fallback_code)
+        self.recoveries += 1
+        took = time.monotonic() - started
+        _say(f"generation {self.generation}: " + ", ".join(f"{k} {v:.3f} s" for k, v in phases)
+             + f"; back at step {self.step} after {took:.3f} s")
+
+    def _recover_within(self, joining, deadline):
+        import torch.distributed as dist
+        phases = []
+        mark = time.monotonic()
+
+        def phase(name):
+            nonlocal mark
+            now = time.monotonic()
+            phases.append((name, now - mark))
+            mark = now
+
+        def left():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"no recovery within {RECOVERY_TIMEOUT_S} s")
+            return timedelta(seconds=remaining)
+
+        # The old group's sockets close only once nothing holds it (DDP does): a peer still
+        # waiting on this rank then fails at once instead of at its timeout.
+        self.ddp = None
+        gc.collect()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        gc.collect()
+        # The generation every rank moves to: a survivor's next; a replacement's the one after
+        # the last that completed (the survivors are on their way there).
+        committed = self._store.add(f"{KEYS}/generation", 0)
+        generation = committed + 1 if joining else self.generation + 1
+        keys = f"{KEYS}/{generation}"
+        self._store.set(f"{keys}/rank/{self.rank}",
+                        json.dumps({"survivor": not joining, "step": self.step}))
+        if self._store.add(f"{keys}/arrived", 1) == self.world:
+            self._store.set(f"{keys}/ready", "1")
+        self._store.wait([f"{keys}/ready"], left())
+        phase("meet")
+        self._form(generation, left())
+        phase("group")
+        records = [json.loads(self._store.get(f"{keys}/rank/{r}")) for r in range(self.world)]
+        survivors = [r for r, record in enumerate(records) if record["survivor"]]
+        if not survivors:
+            raise RuntimeError("no rank survived to send the state")
+        source = survivors[0]
+        payload = [pickle.dumps({"step": self.step, "state": self.state,
+                                 "model": self.module.state_dict(),
+                                 "optimizer": self.optimizer.state_dict()})
+                   if self.rank == source else None]
+        dist.broadcast_object_list(payload, src=source)
+        if self.rank != source:
+            sent = pickle.loads(payload[0])
+            self.module.load_state_dict(sent["model"])
+            self.optimizer.load_state_dict(sent["optimizer"])
+            self.step = sent["step"]
+            self.state.clear()
+            self.state.update(sent["state"])
+        self.ddp = self._wrap()
+        dist.barrier()
+        phase("state")
+        self.generation = generation
+        if self.rank == source:
+            self._store.add(f"{KEYS}/generation", generation - committed)
+        return phases

@@ -1,0 +1,99 @@
+"""In-process recovery (issue 55): under --recovery=in-process a worker that dies is started
+again alone and the others keep their processes; dlrun.recovery.Loop re-forms the group and sends
+the state from a survivor. The job is workers/inprocess_train.py (torch DDP over gloo, float64,
+one seeded batch a step and rank, momentum), run fault-free once for the weights to equal.
+
+- A worker SIGKILLed mid-training (4 workers, rank 2, and rank 0, whose process served nothing
+  dlrun needs): the job ends 0, the survivors' PIDs never changed, each rank took every step once
+  (the dead process's steps and its replacement's together), and every rank's final parameters
+  are, bit for bit, those of the fault-free run.
+- A second failure during the recovery (a survivor dies at the same step as the first victim):
+  the agent restarts the whole group, counted against --max-restarts, and the job still ends 0.
+- A program that does not use the API behaves as today: its failure restarts the whole group.
+- Without --recovery=in-process the loop is a plain DDP loop, and a failure restarts the group.
+"""
+import glob
+import os
+import unittest
+
+from dlrun_fixture import (PYTHON, clean_env, main, read_json, run_dlrun, temp_dir, worker)
+
+TRAIN = worker("inprocess_train.py")
+STEPS = 24
+WORLD = 4
+TIMEOUT_S = 150
+
+
+class InProcessRecoveryTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.fault_free = None
+
+    def job(self, *kills, recovery="in-process", max_restarts=3, world=WORLD):
+        out = temp_dir(self)
+        result = run_dlrun(self, ["--standalone", f"--nproc-per-node={world}",
+                                  f"--max-restarts={max_restarts}", f"--recovery={recovery}",
+                                  PYTHON, TRAIN, out, str(STEPS), *kills],
+                           env=clean_env(), timeout=TIMEOUT_S)
+        self.assertEqual(result.returncode, 0, result)
+        finals = [read_json(os.path.join(out, f"final_{r}.json")) for r in range(world)]
+        return out, finals, result
+
+    def reference(self):
+        if InProcessRecoveryTest.fault_free is None:
+            _, finals, _ = self.job(recovery="restart")
+            self.assertEqual(len({f["sha256"] for f in finals}), 1, finals)
+            InProcessRecoveryTest.fault_free = finals[0]["sha256"]
+        return InProcessRecoveryTest.fault_free
+
+    @staticmethod
+    def processes(out, rank):
+        """{pid: [steps it completed]} of one rank's processes."""
+        found = {}
+        for start in glob.glob(os.path.join(out, f"start_{rank}_*")):
+            pid = int(start.rsplit("_", 1)[1])
+            path = os.path.join(out, f"steps_{rank}_{pid}")
+            with open(path) if os.path.exists(path) else open(os.devnull) as f:
+                found[pid] = [int(line) for line in f if line.strip()]
+        return found
+
+    def check_recovered(self, out, finals, result, victim):
+        for rank in range(WORLD):
+            processes = self.processes(out, rank)
+            self.assertEqual(len(processes), 2 if rank == victim else 1, (rank, processes))
+            steps = sorted(s for taken in processes.values() for s in taken)
+            self.assertEqual(steps, list(range(STEPS)), (rank, processes, result))
+            if rank != victim:  # the survivor's one process ran to the end
+                self.assertEqual(finals[rank]["pid"], next(iter(processes)))
+            self.assertEqual(finals[rank]["generation"], 1, finals[rank])
+        self.assertEqual({f["sha256"] for f in finals}, {self.reference()}, result)
+        self.assertIn(f"rank {victim}", result.stderr)
+        self.assertIn("in-process recovery", result.stderr)
+
+    def test_a_killed_worker_is_replaced_and_the_survivors_go_on(self):
+        for victim in (2, 0):
+            with self.subTest(victim=victim):
+                out, finals, result = self.job(f"{victim}:9")
+                self.check_recovered(out, finals, result, victim)
+
+    def test_a_second_failure_during_recovery_restarts_the_whole_group(self):
+        # Rank 3 dies at step 9, and rank 1 too while the first recovery is under way.
+        out, finals, result = self.job("3:9", "1:9")
+        self.assertEqual({f["sha256"] for f in finals}, {self.reference()}, result)
+        self.assertIn("restarting the whole group", result.stderr)
+        # Every rank's last process started in the new attempt and trained from step 0.
+        for rank in range(WORLD):
+            self.assertEqual(finals[rank]["generation"], 0, finals[rank])
+            self.assertGreater(len(self.processes(out, rank)), 1, rank)
+
+    def test_without_in_process_recovery_the_group_restarts(self):
+        out, finals, result = self.job("2:9", recovery="restart")
+        self.assertEqual({f["sha256"] for f in finals}, {self.reference()}, result)
+        for rank in range(WORLD):
+            self.assertEqual(len(self.processes(out, rank)), 2, rank)
+            self.assertEqual(finals[rank]["generation"], 0)
+        self.assertNotIn("in-process recovery", result.stderr)
+
+
+if __name__ == "__main__":
+    main()

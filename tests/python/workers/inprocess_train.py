@@ -1,0 +1,76 @@
+"""A deterministic DDP job over gloo on dlrun.recovery.Loop, for the in-process recovery tests.
+
+Usage: inprocess_train.py OUT_DIR STEPS [KILL ...]
+
+Each KILL is RANK:STEP: that rank's first process (the job's first attempt, not a replacement)
+SIGKILLs itself as it begins STEP, before the step's collective, so the others fail in the
+all-reduce of that step. Two at one step (`1:7 3:7`) are a second failure during the first's
+recovery.
+
+Every process writes OUT_DIR/start_<RANK>_<PID> as it starts and appends each step it completes
+to OUT_DIR/steps_<RANK>_<PID>; at the end every rank writes OUT_DIR/final_<RANK>.json with the
+SHA-256 of its parameters' bytes, its pid, its generation and its recoveries. The model, the
+data (a generator seeded by step and rank) and the optimizer (momentum) are the same in every
+run, so a fault-free run's final parameters are the ones to equal, bit for bit.
+"""
+import hashlib
+import os
+import signal
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from worker_util import exit_past_torch_teardown, write_json  # noqa: E402
+
+import dlrun.recovery  # noqa: E402  (dlrun puts its package on PYTHONPATH)
+
+BATCH = 16
+
+
+def batch(step, rank):
+    g = torch.Generator().manual_seed(step * 1000 + rank)
+    x = torch.randn(BATCH, 8, generator=g, dtype=torch.float64)
+    return x, x.sum(dim=1, keepdim=True)
+
+
+def kills(args, rank):
+    """The steps at which this process kills itself: none but in the rank's first process."""
+    if os.environ.get("DLRUN_RECOVERY_JOIN") or os.environ["TORCHELASTIC_RESTART_COUNT"] != "0":
+        return set()
+    return {int(arg.split(":")[1]) for arg in args if int(arg.split(":")[0]) == rank}
+
+
+def main():
+    out_dir, steps = sys.argv[1], int(sys.argv[2])
+    rank, pid = int(os.environ["RANK"]), os.getpid()
+    open(os.path.join(out_dir, f"start_{rank}_{pid}"), "w").close()
+    die_at = kills(sys.argv[3:], rank)
+    torch.manual_seed(1234)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(),
+                                torch.nn.Linear(16, 1)).double()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    loop = dlrun.recovery.Loop(model, optimizer, backend="gloo", exact=True)
+    log = open(os.path.join(out_dir, f"steps_{rank}_{pid}"), "a", buffering=1)
+
+    def train_step(step, ddp):
+        if step in die_at:
+            os.kill(pid, signal.SIGKILL)
+        x, y = batch(step, rank)
+        optimizer.zero_grad()
+        torch.nn.functional.mse_loss(ddp(x), y).backward()
+        optimizer.step()
+        log.write(f"{step}\n")
+
+    loop.run(train_step, steps)
+    digest = hashlib.sha256()
+    for p in model.parameters():
+        digest.update(p.detach().numpy().tobytes())
+    write_json(os.path.join(out_dir, f"final_{rank}.json"),
+               {"sha256": digest.hexdigest(), "pid": pid, "generation": loop.generation,
+                "recoveries": loop.recoveries, "active": dlrun.recovery.active()})
+    return 0
+
+
+if __name__ == "__main__":
+    exit_past_torch_teardown(main())
