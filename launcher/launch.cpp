@@ -48,18 +48,24 @@ constexpr auto kStoreLinger = std::chrono::seconds(10);
 // or less; past this the workers start as before.
 constexpr auto kTorchProbeLimit = std::chrono::seconds(15);
 
-// Workers whose torch cannot be a client of the agent's store meet at one their rank 0 serves
-// (agents/torch_probe.h), which the agent says as they first start.
+// Workers whose torch cannot be a client of the agent's store (or --worker-store=rank0) meet at
+// one their rank 0 serves (agents/torch_probe.h), which the agent says as they first start.
 void fitTorch(const LaunchConfig& config, agents::AgentOptions& options) {
-  if (config.workerPython.empty()) return;
-  const auto torch = agents::probeTorch(config.workerPython, kTorchProbeLimit);
-  if (!torch || !torch->refusesAgentStore()) return;
+  std::string why = "--worker-store=rank0";
+  if (config.workerStore == WorkerStore::Agent) return;
+  if (config.workerStore == WorkerStore::Auto) {
+    if (config.workerPython.empty()) return;
+    const auto torch = agents::probeTorch(config.workerPython, kTorchProbeLimit);
+    if (!torch || !torch->refusesAgentStore()) return;
+    why = "torch " + torch->version + " in " + torch->path +
+          " was built without libuv, which its clients ask for at dlrun's store";
+  }
   options.storeProxy = false;
   const bool recovery = std::exchange(options.inProcessRecovery, false);
   const char* userLibuv = std::getenv("USE_LIBUV");
   options.rankZeroStore =
-      "torch " + torch->version + " in " + torch->path +
-      " was built without libuv, which its clients ask for at dlrun's store: rank 0's "
+      why +
+      ": rank 0's "
       "torch serves the workers' store, at a port of its own each attempt "
       "(TORCHELASTIC_USE_AGENT_STORE=False, " +
       (userLibuv ? std::string("USE_LIBUV=") + userLibuv + " as set" : "USE_LIBUV=0") +

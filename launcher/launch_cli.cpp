@@ -107,6 +107,9 @@ void readFlagValues(DeclaredFlags& f, LaunchConfig& c, const HostProbe& host) {
   if (!f.ranksFilter.empty()) c.agent.localRanksFilter = parseRanksFilter(f.ranksFilter);
   c.agent.tfConfig = parseTfConfig(f.tfConfig);
   c.agent.inProcessRecovery = f.recovery == "in-process";
+  c.workerStore = f.workerStore == "agent"   ? WorkerStore::Agent
+                  : f.workerStore == "rank0" ? WorkerStore::RankZero
+                                             : WorkerStore::Auto;
   c.controlPlane = !f.noControlPlane;
   c.stragglers = {.fraction = f.stragglerFraction, .window = f.stragglerWindow};
   if (f.metricsPort >= 0)

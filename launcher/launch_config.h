@@ -55,6 +55,13 @@ struct RdzvSettings {
 
 // How the nodes of a multi-node job find each other (the parser picks it from --rdzv-backend,
 // --master-addr/--master-port, --standalone and Slurm; one node needs neither).
+// --worker-store: where torch workers meet (agents/torch_probe.h).
+enum class WorkerStore {
+  Auto,      // dlrun's store, unless the workers' torch cannot be its client (no libuv)
+  Agent,     // dlrun's store
+  RankZero,  // a store rank 0's torch serves
+};
+
 enum class RdzvBackend {
   Static,  // torchrun's classic launch: a fixed world, the store on --master-addr, ranks given
   C10d,    // the elastic rendezvous on the store at --rdzv-endpoint (set, or derived from Slurm)
@@ -137,6 +144,7 @@ struct LaunchConfig {
   // agent.command's interpreter when the workers run Python (empty otherwise): launch() asks it
   // what its torch needs of the store (launcher/torch_probe.h).
   std::string workerPython;
+  WorkerStore workerStore = WorkerStore::Auto;
 
   bool singleNode() const { return maxNodes == 1; }
 };

@@ -213,6 +213,12 @@ void declareHostFlags(CLI::App& app, DeclaredFlags& f, LaunchConfig& c) {
             "auto: on from " +
                 std::to_string(kStoreProxyAutoWorkers) + " workers on a node")
       ->check(oneOf({"auto", "on", "off"}));
+  addOption(app, "worker-store", f.workerStore,
+            "Where torch workers meet: agent (dlrun's store: MASTER_PORT is the attempt's space "
+            "on it), rank0 (a store rank 0's torch serves, TORCHELASTIC_USE_AGENT_STORE=False) or "
+            "auto (agent, unless the workers' Python has a torch that cannot be its client: one "
+            "built without libuv, as Debian 13's)")
+      ->check(oneOf({"auto", "agent", "rank0"}));
   f.masterAddrOption =
       addOption(app, "master-addr", c.masterAddr, "Store address for the static backend");
   f.masterPortOption =

@@ -22,7 +22,7 @@ namespace dlrun::launcher {
 struct DeclaredFlags {
   std::string nnodes = "1", nproc = "1", rdzvConf, redirects = "0", tee = "0", ranksFilter;
   std::string logDir, localAddr, tfConfig = "auto", consoleFormat = "dlrun", numaBinding;
-  std::string storeProxy = "auto", storeAllow, recovery = "restart";
+  std::string storeProxy = "auto", storeAllow, recovery = "restart", workerStore = "auto";
   int masterPort = -1;
   double monitorInterval = 0.1, stopTimeout = 30, shutdownTimeout = 30, hangTimeout = 0;
   double stragglerFraction = 0.7, stragglerWindow = 30;

@@ -381,8 +381,11 @@ class EtcdClusterTest(unittest.TestCase):
                    str(CHECKPOINT_EVERY), "--progress-every", str(CHECKPOINT_EVERY)]
         # A survivor's trainer fails when its peer's connection breaks, maybe before its agent
         # sees the node's lease lapse: that restart is the node loss's, so restarts are allowed.
+        # --worker-store=agent: Python execs the trainer, which meets at dlrun's store whatever
+        # the interpreter's torch (Debian 13's would have rank 0's torch serve it).
         for node in range(3):
-            self.start_agent(node, "2:3", trainer, extra=["--max-restarts=3"])
+            self.start_agent(node, "2:3", trainer,
+                             extra=["--max-restarts=3", "--worker-store=agent"])
 
         def saved():
             return checkpoints(checkpoint_dir) if os.path.isdir(checkpoint_dir) else {}

@@ -81,11 +81,11 @@ def setUpModule():
         raise unittest.SkipTest("network namespaces need root")
 
 
-def job_env(out, worker_command=None):
+def job_env(out, worker_command=None, **more):
     """The submission environment (sbatch exports it to the job): dlrun first on PATH."""
     dlrun = binary_from_env("DLRUN", "dlrun")
     return clean_env(PATH=f"{os.path.dirname(dlrun)}:{os.environ['PATH']}", TMPDIR=out,
-                     DLRUN_WORKER=worker_command, GLOO_SOCKET_IFNAME=None)
+                     DLRUN_WORKER=worker_command, GLOO_SOCKET_IFNAME=None, **more)
 
 
 def output_of(out, name, job_id):
@@ -419,7 +419,10 @@ class SlurmNodeLossTest(unittest.TestCase):
                               f"--synthetic --epochs {TRAIN_EPOCHS} --seed 3 --lr {TRAIN_LR} "
                               f"--checkpoint-dir {checkpoint_dir} "
                               f"--checkpoint-every {CHECKPOINT_EVERY} "
-                              f"--progress-every {CHECKPOINT_EVERY}"),
+                              f"--progress-every {CHECKPOINT_EVERY}",
+                    # Python that execs the trainer, which meets at dlrun's store whatever the
+                    # interpreter's torch (Debian 13's would have rank 0's torch serve it).
+                    PET_WORKER_STORE="agent"),
             self.out, ["--cpus-per-task=1"])  # one worker per node
 
         def describe():

@@ -9,7 +9,8 @@ dlrun finds that out before the workers start and has rank 0's torch serve their
   without libuv, on Debian 12 torch 1.13, under the tests' environment torch 2.13 with libuv.
 - Torch trees made here (the probe reads files only): one whose library lacks libuv gets rank
   0's endpoint, TORCHELASTIC_USE_AGENT_STORE=False and USE_LIBUV=0, with a user's USE_LIBUV
-  kept and said; one with libuv, and torch 1.x, leave every worker at the agent's store.
+  kept and said; one with libuv, and torch 1.x, leave every worker at the agent's store;
+  --worker-store=agent and rank0 override the choice.
 """
 import json
 import os
@@ -87,7 +88,7 @@ class OwnTorch(unittest.TestCase):
 class MadeTorch(unittest.TestCase):
     """Torch trees the probe reads; the workers (env_dump.py) never import torch."""
 
-    def run_with(self, version, library, env_extra=None):
+    def run_with(self, version, library, env_extra=None, flags=()):
         site = temp_dir(self)
         torch = os.path.join(site, "torch")
         os.makedirs(os.path.join(torch, "lib"))
@@ -98,8 +99,9 @@ class MadeTorch(unittest.TestCase):
         with open(os.path.join(torch, "lib", "libtorch_cpu.so"), "wb") as f:
             f.write(b"\x7fELF" + b"\0" * 8192 + library + b"\0" * 8192)
         out = temp_dir(self)
-        result = run_dlrun(self, ["--standalone", f"--nproc-per-node={WORLD}", PYTHON, ENV_DUMP,
-                                  out], env=clean_env(PYTHONPATH=site, **(env_extra or {})),
+        result = run_dlrun(self, ["--standalone", f"--nproc-per-node={WORLD}", *flags, PYTHON,
+                                  ENV_DUMP, out],
+                           env=clean_env(PYTHONPATH=site, **(env_extra or {})),
                            timeout=TIMEOUT_S)
         self.assertEqual(result.returncode, 0, result)
         envs = [read_json(os.path.join(out, f"env_{r}.json"))["env"] for r in range(WORLD)]
@@ -120,6 +122,20 @@ class MadeTorch(unittest.TestCase):
         _, envs, result = self.run_with("2.6.0", NO_LIBUV, {"USE_LIBUV": "1"})
         self.assertIn("USE_LIBUV=1 as set", result.stderr)
         self.assertEqual({env["USE_LIBUV"] for env in envs}, {"1"})
+
+    def test_worker_store_overrides_what_the_torch_asks(self):
+        # agent: dlrun's store even for a torch without libuv (a Python that execs a program
+        # of dlrun's store); rank0: rank 0's torch's store even for one with libuv.
+        _, envs, result = self.run_with("2.6.0", NO_LIBUV, flags=["--worker-store=agent"])
+        self.assertNotIn(SAID, result.stderr)
+        self.assertEqual({env["TORCHELASTIC_USE_AGENT_STORE"] for env in envs}, {"True"})
+        _, envs, result = self.run_with("2.13.0", b"uv_loop_init", flags=["--worker-store=rank0"])
+        self.assertIn("--worker-store=rank0: rank 0's torch serves the workers' store",
+                      result.stderr)
+        rank0 = json.loads(envs[0]["TF_CONFIG"])["cluster"]["worker"][0]
+        for env in envs:
+            self.assertEqual(env["TORCHELASTIC_USE_AGENT_STORE"], "False")
+            self.assertEqual(f"{env['MASTER_ADDR']}:{env['MASTER_PORT']}", rank0)
 
     def test_with_libuv_or_before_2_4_nothing_changes(self):
         for version, library in (("2.13.0", b"uv_loop_init"), ("1.13.1", NO_LIBUV)):
