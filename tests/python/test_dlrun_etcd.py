@@ -5,12 +5,16 @@ agent serves the rendezvous and the workers' store is served by each round's gro
 import glob
 import json
 import os
+import sys
 import time
 import unittest
 
-from dlrun_fixture import (PYTHON, Dlrun, clean_env, kill_recorded_workers, kill_if_ours, main,
-                           read_json, temp_dir, wait_until, worker)
+from dlrun_fixture import (PYTHON, WORKERS, Dlrun, clean_env, kill_recorded_workers,
+                           kill_if_ours, main, read_json, temp_dir, wait_until, worker)
 from etcd_fixture import free_ports, start_etcd
+
+sys.path.insert(0, WORKERS)
+from worker_util import lacks_libuv  # noqa: E402
 
 WORKER = worker("elastic_worker.py")
 JOB_TIMEOUT_S = 60
@@ -72,9 +76,11 @@ class EtcdBackendTest(unittest.TestCase):
             self.assertEqual(env["WORLD_SIZE"], "6")
             self.assertEqual(env["GROUP_WORLD_SIZE"], "3")
             self.assertEqual(int(env["RANK"]), 2 * int(env["GROUP_RANK"]) + int(env["LOCAL_RANK"]))
-            # Group rank 0 is 127.0.0.1 (numeric order), and it serves the workers' store.
+            # Group rank 0 is 127.0.0.1 (numeric order), and it serves the workers' store: its
+            # agent, or its rank 0's torch where torch lacks libuv (test_torch_libuv.py).
             self.assertEqual(env["MASTER_ADDR"], "127.0.0.1")
-            self.assertEqual(env["TORCHELASTIC_USE_AGENT_STORE"], "True")
+            self.assertEqual(env["TORCHELASTIC_USE_AGENT_STORE"],
+                             "False" if lacks_libuv() else "True")
             self.assertEqual(s["sum"], sum(range(1, 7)))  # every rank's value, across nodes
             workers = json.loads(env["TF_CONFIG"])["cluster"]["worker"]
             self.assertEqual(len(workers), 6)
