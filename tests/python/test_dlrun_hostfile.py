@@ -222,8 +222,12 @@ class HostfileTest(unittest.TestCase):
         hostfile = os.path.join(self.out, "mpi_hostfile")
         with open(hostfile, "w") as f:
             f.write("".join(f"{host} slots=2\n" for host in HOSTS))
+        # Open MPI 4 (Debian 12) reads ORTE's names; Open MPI 5 (Debian 13) PRRTE's, which an
+        # operator's launcher image of Open MPI 5 sets (docs/guides/kubernetes.md).
         operator = {"OMPI_MCA_orte_default_hostfile": hostfile,
-                    "OMPI_MCA_orte_keep_fqdn_hostnames": "true"}
+                    "OMPI_MCA_orte_keep_fqdn_hostnames": "true",
+                    "PRTE_MCA_prte_default_hostfile": hostfile,
+                    "PRTE_MCA_prte_keep_fqdn_hostnames": "1"}
         # The first worker's service name, which resolves only once the test publishes it.
         master = "job-worker-0.job.default.svc"
         log_path = os.path.join(self.out, "mpirun.log")
