@@ -9,6 +9,7 @@ the root and passed with --data-dir; `--synthetic` trains without it; a Python e
 under the venv's interpreter; `python -m dlrun` runs dlrun. Needs root and a Debian mirror."""
 import glob
 import os
+import re
 import sys
 import unittest
 
@@ -42,6 +43,9 @@ printf 'import sys\nprint("worker python:", sys.executable)\n' > "$root/tmp/prob
 venv 'dlrun --standalone --nproc-per-node=1 probe.py'
 venv 'python -m dlrun --version'
 """
+
+
+BOOKWORM_GLIBC = 36  # Debian 12's glibc, 2.36
 
 
 def setUpModule():
@@ -79,7 +83,16 @@ class WheelChrootTest(unittest.TestCase):
         self.assertRegex(output, r"\ndlrun \d+\.\d+\.\d+ \(git \S+\)\n")
 
     def test_debian_12_minbase_with_only_python(self):
-        self.check_release("bookworm", "3.11")
+        # A wheel built on Debian 13 (glibc 2.41) is tagged manylinux_2_39 or newer, which
+        # Debian 12's glibc 2.36 cannot run: pip refuses it there, as it should.
+        glibc = int(re.search(r"manylinux_2_(\d+)_", self.wheel).group(1))
+        if glibc <= BOOKWORM_GLIBC:
+            self.check_release("bookworm", "3.11")
+            return
+        code, output = run_in_root("bookworm", temp_dir(self), SCRIPT, [self.wheel, DATA_DIR],
+                                   ROOT_TIMEOUT_S, include=["python3-venv"])
+        self.assertNotEqual(code, 0, output[-6000:])
+        self.assertIn("is not a supported wheel on this platform", output)
 
     def test_debian_13_with_only_python(self):
         self.check_release("trixie", "3.13")
