@@ -65,8 +65,7 @@ void fitTorch(const LaunchConfig& config, agents::AgentOptions& options) {
   const char* userLibuv = std::getenv("USE_LIBUV");
   options.rankZeroStore =
       why +
-      ": rank 0's "
-      "torch serves the workers' store, at a port of its own each attempt "
+      ": rank 0's torch serves the workers' store, at a port of its own each attempt "
       "(TORCHELASTIC_USE_AGENT_STORE=False, " +
       (userLibuv ? std::string("USE_LIBUV=") + userLibuv + " as set" : "USE_LIBUV=0") +
       (config.agent.storeProxy ? "; no store proxy" : "") +

@@ -31,7 +31,6 @@ over init_process_group("env://") and DistributedDataParallel: nothing else happ
 import gc
 import json
 import os
-import pickle
 import sys
 import time
 from datetime import timedelta
@@ -215,13 +214,12 @@ class Loop:
         if not survivors:
             raise RuntimeError("no rank survived to send the state")
         source = survivors[0]
-        payload = [pickle.dumps({"step": self.step, "state": self.state,
-                                 "model": self.module.state_dict(),
-                                 "optimizer": self.optimizer.state_dict()})
+        payload = [{"step": self.step, "state": self.state, "model": self.module.state_dict(),
+                    "optimizer": self.optimizer.state_dict()}
                    if self.rank == source else None]
-        dist.broadcast_object_list(payload, src=source)
+        dist.broadcast_object_list(payload, src=source)  # pickled there, once
         if self.rank != source:
-            sent = pickle.loads(payload[0])
+            sent = payload[0]
             self.module.load_state_dict(sent["model"])
             self.optimizer.load_state_dict(sent["optimizer"])
             self.step = sent["step"]

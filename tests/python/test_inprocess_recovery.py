@@ -7,6 +7,8 @@ one seeded batch a step and rank, momentum), run fault-free once for the weights
   dlrun needs): the job ends 0, the survivors' PIDs never changed, each rank took every step once
   (the dead process's steps and its replacement's together), and every rank's final parameters
   are, bit for bit, those of the fault-free run.
+- A failure after the group re-formed (rank 2 at step 9, rank 1 at step 15): a second recovery,
+  generation 2, the same weights.
 - A second failure during the recovery (a survivor dies at the same step as the first victim):
   the agent restarts the whole group, counted against --max-restarts, and the job still ends 0.
 - A program that does not use the API behaves as today: its failure restarts the whole group.
@@ -75,6 +77,16 @@ class InProcessRecoveryTest(unittest.TestCase):
             with self.subTest(victim=victim):
                 out, finals, result = self.job(f"{victim}:9")
                 self.check_recovered(out, finals, result, victim)
+
+    def test_a_failure_after_the_group_re_formed_is_recovered_in_process_again(self):
+        # Rank 2 dies at step 9; once generation 1 trains, rank 1 dies at step 15.
+        out, finals, result = self.job("2:9", "1:15")
+        self.assertEqual({f["sha256"] for f in finals}, {self.reference()}, result)
+        for rank in range(WORLD):
+            steps = sorted(s for taken in self.processes(out, rank).values() for s in taken)
+            self.assertEqual(steps, list(range(STEPS)), (rank, result))
+            self.assertEqual(len(self.processes(out, rank)), 2 if rank in (1, 2) else 1, rank)
+            self.assertEqual(finals[rank]["generation"], 2, finals[rank])
 
     def test_a_second_failure_during_recovery_restarts_the_whole_group(self):
         # Rank 3 dies at step 9, and rank 1 too while the first recovery is under way.
