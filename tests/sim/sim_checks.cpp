@@ -1,5 +1,6 @@
-// The invariants of issue 44, checked on what one schedule's agents did (sim_record.h).
+// The invariants of issues 44 and 55, checked on what one schedule's agents did (sim_record.h).
 #include <algorithm>
+#include <map>
 #include <set>
 #include <sstream>
 
@@ -26,7 +27,8 @@ std::optional<std::string> checkRounds(const Record& r) {
   for (const auto& [round, members] : r.worlds) {
     const std::string where = roundName(round) + ": ";
     const auto& first = members.front().second;
-    std::set<int> ranks, bases;
+    std::set<int> ranks;
+    std::map<int, int> bases;  // base rank -> workers
     std::set<int> nodes;
     for (const auto& [owner, w] : members) {
       if (w.groupWorldSize != first.groupWorldSize || w.worldSize != first.worldSize ||
@@ -36,7 +38,7 @@ std::optional<std::string> checkRounds(const Record& r) {
       if (w.groupRank < 0 || w.groupRank >= w.groupWorldSize || !ranks.insert(w.groupRank).second)
         return where + "node rank " + std::to_string(w.groupRank) + " given twice or out of range";
       if (w.baseRank < 0 || w.baseRank + w.localWorldSize > w.worldSize ||
-          !bases.insert(w.baseRank).second)
+          !bases.emplace(w.baseRank, w.localWorldSize).second)
         return where + "ranks from " + std::to_string(w.baseRank) + " given twice or out of range";
       if (!nodes.insert(r.agents[static_cast<size_t>(owner)].node).second)
         return where + "node n" + std::to_string(r.agents[static_cast<size_t>(owner)].node) +
@@ -49,8 +51,68 @@ std::optional<std::string> checkRounds(const Record& r) {
     if (first.worldSize != 2 * first.groupWorldSize)
       return where + "world size " + std::to_string(first.worldSize) + " for " +
              std::to_string(first.groupWorldSize) + " nodes of 2 workers";
+    // Every member seen: their ranks follow one another from 0 to WORLD_SIZE-1, no gap.
+    if (static_cast<int>(members.size()) == first.groupWorldSize) {
+      int next = 0;
+      for (const auto& [base, count] : bases) {
+        if (base != next)
+          return where + "the ranks do not tile 0.." + std::to_string(first.worldSize - 1) +
+                 ": a node's start at " + std::to_string(base) + ", not " + std::to_string(next);
+        next += count;
+      }
+    }
   }
   return std::nullopt;
+}
+
+std::string hostOf(const std::string& endpoint) { return endpoint.substr(0, endpoint.rfind(':')); }
+
+// Each round's roster, as every member was told it: one endpoint per rank, the same list for
+// every member; a member's own ranks at its own node's address and ports; the workers' store
+// (MASTER_ADDR) at the node of rank 0, and the same for all.
+std::optional<std::string> checkRosters(const Record& r) {
+  for (const auto& [round, members] : r.worlds) {
+    const std::string where = roundName(round) + ": ";
+    const auto& [firstOwner, first] = members.front();
+    const auto& roster = first.workerEndpoints;
+    if (static_cast<int>(roster.size()) != first.worldSize)
+      return where + name(r, firstOwner) + " was given " + std::to_string(roster.size()) +
+             " worker endpoints for WORLD_SIZE " + std::to_string(first.worldSize);
+    for (const auto& [owner, w] : members) {
+      if (w.workerEndpoints != roster)
+        return where + name(r, owner) + " and " + name(r, firstOwner) +
+               " were given different rosters";
+      if (w.masterAddr != hostOf(roster.front()) || w.masterPort != kStorePort)
+        return where + name(r, owner) + " has MASTER_ADDR " + w.masterAddr + ":" +
+               std::to_string(w.masterPort) + ", but rank 0 is at " + roster.front();
+      const std::string addr = nodeAddress(r.agents[static_cast<size_t>(owner)].node);
+      for (int local = 0; local < w.localWorldSize; ++local) {
+        const std::string mine = addr + ":" + std::to_string(kFirstWorkerPort + local);
+        const auto& listed = roster[static_cast<size_t>(w.baseRank + local)];
+        if (listed != mine)
+          return where + "rank " + std::to_string(w.baseRank + local) + " is " + name(r, owner) +
+                 "'s worker at " + mine + ", but the roster lists " + listed;
+      }
+    }
+  }
+  return std::nullopt;
+}
+
+// With every node started within the join timeout of the first and no fault until a last call
+// and the store's few round trips after the last of them, the job's first round forms: a join
+// that times out then is a bug, not a good ending.
+std::optional<std::string> checkFormed(const Record& r) {
+  if (!r.worlds.empty() || r.starts.empty()) return std::nullopt;
+  const auto [first, last] = std::minmax_element(r.starts.begin(), r.starts.end());
+  const Duration settle = r.shape.lastCall + 2 * r.shape.heartbeat + Duration(5'000);
+  if (*last + settle >= *first + r.shape.joinTimeout) return std::nullopt;
+  if (r.firstFault && *r.firstFault < *last + settle) return std::nullopt;
+  return "no round formed, although all " + std::to_string(r.starts.size()) +
+         " nodes started within " +
+         std::to_string(std::chrono::duration_cast<Duration>(*last - *first).count()) +
+         " ms of each other and nothing failed before " +
+         std::to_string(std::chrono::duration_cast<Duration>(*last + settle - Time{}).count()) +
+         " ms";
 }
 
 // How a round ended, where the store said it (not an end a node concluded alone: its own loss
@@ -210,7 +272,8 @@ std::optional<std::string> checkOverlap(const Record& r) {
 }  // namespace
 
 std::optional<std::string> firstViolation(const Record& record, const Simulation&) {
-  for (auto check : {checkRounds, checkEnds, checkOutcomes, checkOverlap})
+  for (auto check :
+       {checkRounds, checkRosters, checkFormed, checkEnds, checkOutcomes, checkOverlap})
     if (auto broken = check(record)) return broken;
   return std::nullopt;
 }

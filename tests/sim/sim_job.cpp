@@ -128,9 +128,10 @@ ElasticOptions Job::options(const Incarnation& me) {
   o.minNodes = s.minNodes;
   o.maxNodes = s.maxNodes;
   o.restarts.maxRestarts = s.maxRestarts;
-  o.self.addr = "10.0.0." + std::to_string(me.node);
+  o.self.addr = nodeAddress(me.node);
   o.self.name = "n" + std::to_string(me.node);
   o.self.nproc = 2;
+  o.self.storePort = kStorePort;  // group rank 0 serves the workers' store, as over etcd
   o.lastCall = s.lastCall;
   o.joinTimeout = s.joinTimeout;
   o.heartbeat = s.heartbeat;
@@ -140,7 +141,7 @@ ElasticOptions Job::options(const Incarnation& me) {
   o.memberId = "m" + std::to_string(me.owner);
   o.workerPorts = [](const std::string&, int count) {
     std::vector<uint16_t> ports;
-    for (int i = 0; i < count; ++i) ports.push_back(static_cast<uint16_t>(29500 + i));
+    for (int i = 0; i < count; ++i) ports.push_back(static_cast<uint16_t>(kFirstWorkerPort + i));
     return ports;
   };
   const int owner = me.owner;
@@ -257,6 +258,7 @@ void Job::end(int owner, std::optional<RoundEnd> end, const std::string& error,
 
 void Job::fault(Time at, const std::string& what, std::function<void()> act) {
   record_.lastFault = std::max(record_.lastFault, at);
+  record_.firstFault = std::min(record_.firstFault.value_or(Time::max()), at);
   sim_.at(at, [this, what, act = std::move(act)] {
     sim_.note("FAULT " + what);
     act();
@@ -365,6 +367,7 @@ Verdict Job::run() {
     const Duration at = sim_.chance(0.2) ? sim_.between(Duration(5'000), Duration(60'000))
                                          : sim_.between(Duration(0), Duration(5'000));
     start(node, 0, Time{} + at);
+    record_.starts.push_back(Time{} + at);
   }
   planFaults();
   Verdict verdict;

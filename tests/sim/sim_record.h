@@ -2,6 +2,7 @@
 // checked by sim_checks.cpp once the schedule is over.
 #pragma once
 
+#include <cstdint>
 #include <map>
 #include <optional>
 #include <set>
@@ -13,6 +14,12 @@
 #include "tests/sim/simulation.h"
 
 namespace dlrun::sim {
+
+// How the simulated nodes are reached: node N at nodeAddress(N), its workers at ports from
+// kFirstWorkerPort; the workers' store at kStorePort of the round's group rank 0.
+inline constexpr uint16_t kStorePort = 29400;
+inline constexpr uint16_t kFirstWorkerPort = 29500;
+inline std::string nodeAddress(int node) { return "10.0.0." + std::to_string(node); }
 
 struct Shape {
   int nodes = 2;
@@ -64,6 +71,8 @@ struct Record {
   std::vector<std::pair<int, std::pair<Time, Time>>> paused;  // owner, interval
   std::vector<std::pair<Time, Time>> storeAway;               // stopped or down
   Time lastFault{};
+  std::optional<Time> firstFault;  // of those planned (a worker's failure comes after a round)
+  std::vector<Time> starts;        // each node's first process's start
   int injectedFailures = 0;
 };
 
