@@ -18,7 +18,10 @@ trial. Every launcher gets the same flags (--max-restarts, --rdzv-conf), the lau
 defaults otherwise: torchrun's last_call_timeout (30 s) holds a round below max nodes open
 that long, so its agent case waits it out; --rdzv-conf=last_call_timeout=1 gives both 1 s.
 The launchers (--launchers): dlrun; dlrun-warm, dlrun with WARM_FLAGS where `dlrun --help`
-lists --warm-start (else its rows say n/a); torchrun.
+lists --warm-start (else its rows say n/a); dlrun-inproc and dlrun-inproc-warm, the same with
+--recovery=in-process (the worker then runs dlrun.recovery's loop: the lost rank alone starts
+again and takes the survivors' state, no checkpoint read; the worker case only, since a lost node
+still restarts the whole group); torchrun.
 
 A trial: the job starts, trains steadily, the fault (its time taken right before the kill),
 then the recovery: the first step completed by a restarted rank 0, minus the fault's time (both
@@ -36,8 +39,10 @@ every other round, so slow drifts in the machine's load touch every row alike.
 
 Prints a table per case (launcher, successes/trials, median and worst recovery, the median's
 ratio to the floor, the median of its first part: from the fault to the start of the new rank
-0 process, the rest being that process's own start-up; the failures by kind, each failed trial's
-reason), the floor, one summary line. Exit status: 0, or 1 when a dlrun trial
+0 process, the rest being that process's own start-up (in process: to rank 0's recovery's
+start); the failures by kind, each failed trial's reason; an in-process row's ratios to the
+whole-group restarts' medians, and rank 0's phases), the floor, one summary line. An in-process
+trial also fails when a survivor's process was replaced or the checkpoint was read. Exit status: 0, or 1 when a dlrun trial
 failed or the floor could not be measured; torchrun's failures are results.
 """
 import argparse
@@ -54,12 +59,16 @@ from chaos_faults import stop_on_sigterm  # noqa: E402
 
 # dlrun-warm's flags. Its row runs where `dlrun --help` lists the first of them.
 WARM_FLAGS = ["--warm-start", "--preload", "torch"]
-LAUNCHERS = ("dlrun", "dlrun-warm", "torchrun")
+IN_PROCESS_FLAGS = ["--recovery=in-process"]
+LAUNCHERS = ("dlrun", "dlrun-warm", "dlrun-inproc", "dlrun-inproc-warm", "torchrun")
+IN_PROCESS_CASES = ("worker",)  # a lost node restarts the whole group, in process or not
+PHASES = ("to recovery", "meet", "group", "state", "step")
 HOSTS = 4  # agents on 0-2, dlrund on 3
 LEGEND = ("failed: start = never trained steadily; hang = no step by the deadline, the agents "
           "still running (killed then); exit = an agent exited before recovering; stop = no exit "
-          "0 after the stop file; twice = a checkpointed step taken again; setup = the "
-          "benchmark's own")
+          "0 after the stop file; twice = a checkpointed step taken again; replaced = in "
+          "process, a survivor's process gone; checkpoint = in process, the checkpoint read; "
+          "setup = the benchmark's own")
 
 
 class Setup:
@@ -73,19 +82,41 @@ class Setup:
         self.checkpoint = os.path.join(scratch, "template.pt")
 
 
-def has_warm_start(dlrun):
+def dlrun_help(dlrun):
     try:
         result = subprocess.run([dlrun, "--help"], capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.TimeoutExpired):
-        return False
-    return WARM_FLAGS[0] in result.stdout + result.stderr
+        return ""
+    return result.stdout + result.stderr
 
 
 def launcher_prefixes(args):
     """name -> argv prefix, or None for a row that cannot run here."""
-    prefixes = {"dlrun": [args.dlrun], "torchrun": list(args.torchrun)}
-    prefixes["dlrun-warm"] = [args.dlrun, *WARM_FLAGS] if has_warm_start(args.dlrun) else None
+    text = dlrun_help(args.dlrun)
+    warm = WARM_FLAGS if WARM_FLAGS[0] in text else None
+    in_process = IN_PROCESS_FLAGS if IN_PROCESS_FLAGS[0].split("=")[0] in text else None
+    prefixes = {"dlrun": [args.dlrun], "torchrun": list(args.torchrun),
+                "dlrun-warm": warm and [args.dlrun, *warm],
+                "dlrun-inproc": in_process and [args.dlrun, *in_process],
+                "dlrun-inproc-warm": warm and in_process and [args.dlrun, *in_process, *warm]}
     return {name: prefixes[name] for name in args.launchers}
+
+
+def runs(case, launcher, prefixes):
+    """Whether `launcher` has a row of its own in `case`."""
+    if prefixes[launcher] is None:
+        return False
+    return not launcher.startswith("dlrun-inproc") or case in IN_PROCESS_CASES
+
+
+def not_run(case, launcher):
+    if launcher.startswith("dlrun-inproc") and case not in IN_PROCESS_CASES:
+        return "n/a (a lost node restarts the whole group)"
+    return f"n/a (dlrun has no {launcher_flag(launcher)})"
+
+
+def launcher_flag(launcher):
+    return IN_PROCESS_FLAGS[0].split("=")[0] if "inproc" in launcher else WARM_FLAGS[0]
 
 
 def make_template(setup):
@@ -112,7 +143,7 @@ def keep(args, directory):
 
 
 def run_rounds(args, setup, prefixes, results, floors):
-    pairs = [(c, l) for c in args.cases for l in args.launchers if prefixes[l] is not None]
+    pairs = [(c, l) for c in args.cases for l in args.launchers if runs(c, l, prefixes)]
     for index in range(args.trials):
         for world in floor_worlds(args):
             try:
@@ -169,8 +200,8 @@ def case_table(args, case, prefixes, results, floors):
     rows = [("launcher", "ok", "median", "worst", "/ floor", "of which to restart", "failed")]
     notes = []
     for launcher in args.launchers:
-        if prefixes[launcher] is None:
-            rows.append((launcher, f"n/a (dlrun has no {WARM_FLAGS[0]})", "", "", "", "", ""))
+        if not runs(case, launcher, prefixes):
+            rows.append((launcher, not_run(case, launcher), "", "", "", "", ""))
             continue
         outcomes = results.get((case, launcher), [])
         times = [o.recovery for o in outcomes if o.reason is None]
@@ -190,8 +221,30 @@ def case_table(args, case, prefixes, results, floors):
             notes.append(f"{launcher}: {noted[0]} in {len(noted)} of {len(outcomes)} trials "
                          "(SIGKILLed 0.5 s after the agent; the recovery counts from the agent's "
                          "kill)")
+    notes += in_process_notes(case, results)
     text = f"{case_header(args, case)}\n{render(rows)}"
     return text + "".join(f"\n    {n}" for n in notes)
+
+
+def median_of(results, case, launcher):
+    times = [o.recovery for o in results.get((case, launcher), []) if o.reason is None]
+    return statistics.median(times) if times else None
+
+
+def in_process_notes(case, results):
+    """Each in-process row's median against the whole-group restart's, and rank 0's phases."""
+    notes = []
+    for launcher, whole in (("dlrun-inproc", "dlrun"), ("dlrun-inproc-warm", "dlrun-warm")):
+        mine, theirs = median_of(results, case, launcher), median_of(results, case, whole)
+        outcomes = [o for o in results.get((case, launcher), []) if o.phases]
+        if mine is None:
+            continue
+        ratio = f"{mine / theirs:.2f}x {whole}'s median" if theirs else f"no {whole} row"
+        shares = ", ".join(
+            f"{p} {statistics.median(o.phases[p] for o in outcomes):.2f} s" for p in PHASES
+        ) if outcomes else "none"
+        notes.append(f"{launcher}: {ratio}; rank 0's phases (medians): {shares}")
+    return notes
 
 
 def floor_table(floors):
@@ -216,7 +269,7 @@ def summary(args, prefixes, results, floors):
         for launcher in args.launchers:
             outcomes = results.get((case, launcher), [])
             times = [o.recovery for o in outcomes if o.reason is None]
-            if prefixes[launcher] is None:
+            if not runs(case, launcher, prefixes):
                 continue
             cells.append(f"{launcher} {seconds(statistics.median(times) if times else None)} "
                          f"({len(times)}/{len(outcomes)})")

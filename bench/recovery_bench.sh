@@ -11,8 +11,8 @@
 # with --quick.
 #
 # Usage: bench/recovery_bench.sh [BUILD_DIR] [--trials N] [--nproc N] [--cases worker,host,agent]
-#          [--launchers dlrun,dlrun-warm,torchrun] [--deadline S] [--max-restarts K]
-#          [--rdzv-conf K=V,...] [--quick] [--keep DIR]
+#          [--launchers dlrun,dlrun-warm,dlrun-inproc,dlrun-inproc-warm,torchrun]
+#          [--deadline S] [--max-restarts K] [--rdzv-conf K=V,...] [--quick] [--keep DIR]
 #        BUILD_DIR: default build. --trials: rounds (10; --quick 2). --nproc: workers per node
 #        (2). --deadline: seconds from the fault to the next step (60). --rdzv-conf: more
 #        settings for both launchers (e.g. last_call_timeout=1; default: each one's own).

@@ -61,9 +61,11 @@ class Case:
 
 
 class Outcome:
-    def __init__(self, recovery=None, respawn=None, reason=None, kind=None, note=None):
+    def __init__(self, recovery=None, respawn=None, reason=None, kind=None, note=None,
+                 phases=None):
         self.recovery = recovery  # seconds, when the trial succeeded
         self.respawn = respawn    # of which from the fault to the new rank 0's start
+        self.phases = phases      # in process: {phase: seconds} of rank 0's recovery
         self.reason = reason      # why it failed, else None
         self.kind = kind          # Failed.kind
         self.note = note          # a remark that is no failure (torchrun's orphaned workers)
@@ -73,7 +75,9 @@ class Failed(Exception):
     """A trial that failed; `kind` sorts it for the table: "start" (never trained steadily),
     "hang" (no step by the deadline, the agents still running), "exit" (an agent exited before
     recovering), "stop" (no clean exit after the stop file), "twice" (a checkpointed step taken
-    again), "setup" (the benchmark's own: no victim, no dlrund)."""
+    again), "replaced" (in process: a survivor's process is gone), "checkpoint" (in process: a
+    rank read the checkpoint file after the fault), "setup" (the benchmark's own: no victim, no
+    dlrund)."""
 
     def __init__(self, kind, message):
         super().__init__(message)
@@ -120,12 +124,34 @@ class StepLog:
                 return r
         return None
 
+    def resume_of(self, step):
+        """The resume line of the incarnation that took `step`, or None."""
+        return next((r for r in self.records if r["kind"] == "resume" and step is not None
+                     and r["inc"] == step["inc"]), None)
+
     def respawn(self, t, other_than):
-        """Seconds from `t` to the start of the rank 0 that took the first step after it."""
+        """Seconds from `t` to the start of the rank 0 that took the first step after it (in
+        process, a survivor's: when its failed step raised)."""
+        resume = self.resume_of(self.first_step_after(t, other_than))
+        return resume["start"] - t if resume else None
+
+    def phases(self, t, other_than):
+        """An in-process recovery's phases as rank 0 saw them: the fault to its recovery's
+        start (a replacement's: its process's), its loop's meet, group and state, and the step
+        after, or None."""
         step = self.first_step_after(t, other_than)
-        starts = [r["start"] for r in self.records if r["kind"] == "resume"
-                  and step is not None and r["inc"] == step["inc"]]
-        return starts[0] - t if starts else None
+        resume = self.resume_of(step)
+        if not resume or not resume.get("recovery"):
+            return None
+        took = resume["recovery"]
+        return {"to recovery": resume["start"] - t, "meet": took["meet"],
+                "group": took["group"], "state": took["state"],
+                "step": step["time"] - resume["loaded"]}
+
+    def read_checkpoint_after(self, t):
+        """Whether rank 0 read the checkpoint file in a start after `t`."""
+        return any(r["kind"] == "resume" and r["start"] > t and r.get("checkpoint")
+                   for r in self.poll())
 
     def lineage_error(self):
         """A step taken twice after it was checkpointed, else None."""
@@ -195,6 +221,7 @@ def victim_worker(trial, rank):
 def kill_worker(trial):
     rank = 0 if trial.index % 2 == 0 else trial.nproc - 1
     worker = victim_worker(trial, rank)
+    trial.victims.add(worker["pid"])
     trial.stamp_fault()
     signal_pid(worker["pid"], signal.SIGKILL)
     return None
@@ -269,6 +296,9 @@ class Trial:
         self.dlrund = None
         self.fault_time = None
         self.fault_inc = None
+        self.in_process = launcher.startswith("dlrun-inproc")
+        self.victims = set()      # PIDs the fault killed
+        self.before = []          # the workers running right before the fault
 
     def flags(self):
         s = self.setup
@@ -306,6 +336,7 @@ class Trial:
         """Right before the kill: its time, and the incarnation of rank 0 stepping then (the
         job may have restarted since it was steady: a step of that one is no recovery)."""
         self.fault_inc = self.log.stepping()
+        self.before = running_workers(self.dir)
         self.fault_time = time.time()
 
     def agent_log(self, host):
@@ -389,15 +420,30 @@ class Trial:
             note = self.case.fault(self)
             recovery = self.wait_recovery(self.fault_inc)
             respawn = self.log.respawn(self.fault_time, self.fault_inc)
+            phases = self.check_in_process() if self.in_process else None
             self.stop()
             error = self.log.lineage_error()
             if error:
                 raise Failed("twice", error)
-            return Outcome(recovery=recovery, respawn=respawn, note=note)
+            return Outcome(recovery=recovery, respawn=respawn, note=note, phases=phases)
         except Failed as failure:
             return Outcome(reason=str(failure), kind=failure.kind)
         finally:
             self.close()
+
+    def check_in_process(self):
+        """After an in-process recovery: every survivor's process is the one from before the
+        fault, no checkpoint was read; returns rank 0's phases."""
+        gone = [w for w in self.before if w["pid"] not in self.victims and not is_worker(w)]
+        if gone:
+            raise Failed("replaced", "survivors' processes replaced: ranks " +
+                         ", ".join(str(w["rank"]) for w in gone))
+        if self.log.read_checkpoint_after(self.fault_time):
+            raise Failed("checkpoint", "rank 0 read the checkpoint file after the fault")
+        phases = self.log.phases(self.fault_time, self.fault_inc)
+        if phases is None:
+            raise Failed("replaced", "the step after the fault came from no in-process recovery")
+        return phases
 
     def close(self):
         for proc in self.agents.values():

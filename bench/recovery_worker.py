@@ -10,8 +10,11 @@ that environment (the benchmark's floor). Files in DIR:
 - checkpoint.pt: written by rank 0 after every step, to a temporary name and renamed (a crash
   leaves the previous one whole); loaded at the start by every rank, so a restart resumes.
 - steps.jsonl: rank 0 appends one line when it starts ({"kind": "resume", "step": the
-  checkpoint's step, and the times of its start-up phases}) and one per step, after that step's
-  checkpoint is in place ({"kind": "step", "step": N, "time": time.time()}). A step line thus
+  checkpoint's step, whether it read the checkpoint, and the times of its start-up phases}) and
+  one per step, after that step's checkpoint is in place ({"kind": "step", "step": N, "time":
+  time.time()}). Under dlrun --recovery=in-process the loop is dlrun.recovery's: a replacement
+  reads no checkpoint (its state comes from a survivor), and rank 0 writes a resume line after
+  each recovery too, with the recovery's phases, as a new incarnation. A step line thus
   means "checkpointed": a later resume from an older step would take a step twice. The
   wall clock, not a monotonic one: the benchmark compares these times with its own across
   network namespaces (one kernel, one clock).
@@ -81,6 +84,31 @@ def save_atomic(torch, state, path):
     os.replace(tmp, path)
 
 
+class Stop(Exception):
+    """Every rank saw the stop file: the loop ends (not a peer's failure: dlrun.recovery lets
+    it through)."""
+
+
+def make_model(torch):
+    torch.manual_seed(0)
+    layers = []
+    for i in range(len(WIDTHS) - 1):
+        layers.append(torch.nn.Linear(WIDTHS[i], WIDTHS[i + 1]))
+        if i + 2 < len(WIDTHS):
+            layers.append(torch.nn.ReLU())
+    return torch.nn.Sequential(*layers)
+
+
+def load_checkpoint(torch, path, model, optimizer):
+    """The step of the checkpoint at `path` loaded into model and optimizer, 0 if none."""
+    if not os.path.exists(path):
+        return 0
+    state = torch.load(path)
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    return state["step"]
+
+
 def main():
     args = parse_args()
     incarnation = os.urandom(6).hex()
@@ -99,58 +127,89 @@ def main():
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
     imported = time.time()
-
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method="env://", timeout=timedelta(seconds=PG_TIMEOUT_S))
-    world = dist.get_world_size()
-    joined = time.time()
-
-    torch.manual_seed(0)
-    layers = []
-    for i in range(len(WIDTHS) - 1):
-        layers.append(torch.nn.Linear(WIDTHS[i], WIDTHS[i + 1]))
-        if i + 2 < len(WIDTHS):
-            layers.append(torch.nn.ReLU())
-    model = torch.nn.Sequential(*layers)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    timeout = timedelta(seconds=PG_TIMEOUT_S)
     checkpoint = os.path.join(args.out, "checkpoint.pt")
-    step = 0
-    if os.path.exists(checkpoint):
-        state = torch.load(checkpoint)
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        step = state["step"]
-    ddp = DistributedDataParallel(model)
-    loaded = time.time()
     steps_file = os.path.join(args.out, "steps.jsonl")
-    if rank == 0:
-        append_line(steps_file, {
-            "kind": "resume", "step": step, "inc": incarnation, "world": world,
-            "restart": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
-            "start": PROCESS_START, "imported": imported, "joined": joined, "loaded": loaded})
+    # Under dlrun --recovery=in-process the loop is dlrun.recovery's: a replacement gets its
+    # state from a survivor and reads no checkpoint.
+    in_process = bool(os.environ.get("DLRUN_RECOVERY_DIR"))
+    reads_checkpoint = os.environ.get("DLRUN_RECOVERY_JOIN") != "1"
+    if not in_process:
+        dist.init_process_group("gloo", init_method="env://", timeout=timeout)
+    joined = time.time()
+    model = make_model(torch)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    step = load_checkpoint(torch, checkpoint, model, optimizer) if reads_checkpoint else 0
+    if in_process:
+        import dlrun.recovery
+        loop = dlrun.recovery.Loop(model, optimizer, backend="gloo", timeout=timeout)
+        if reads_checkpoint:
+            loop.step = step
+        joined = time.time()
+    else:
+        loop = None
+        ddp = DistributedDataParallel(model)
+    world = dist.get_world_size()
+    seen = {"generation": loop.generation if loop else 0, "failed": None}
 
+    def resume(start, recovery=None):
+        """Rank 0's resume line: at its start, and after each recovery in process (`start`:
+        when its failed step raised), with the recovery's phases."""
+        append_line(steps_file, {
+            "kind": "resume", "step": loop.step if loop else step, "inc": inc(), "world": world,
+            "restart": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
+            "checkpoint": reads_checkpoint and not recovery, "recovery": recovery,
+            "start": start, "imported": imported, "joined": joined, "loaded": time.time()})
+
+    def inc():
+        """A generation after a recovery in process is an incarnation of its own."""
+        return incarnation + (f".{seen['generation']}" if seen["generation"] else "")
+
+    if rank == 0:
+        resume(PROCESS_START, loop.last_recovery if loop else None)
     stop_path = os.path.join(args.out, "stop")
     loss_fn = torch.nn.CrossEntropyLoss()
-    while True:
+
+    def train_step(done, ddp):
+        """Step `done + 1`: its batch depends on the step and rank only, so a resumed job sees
+        the same data."""
+        if loop and loop.generation != seen["generation"]:
+            seen["generation"] = loop.generation
+            if rank == 0:
+                resume(seen["failed"] or PROCESS_START, loop.last_recovery)
         began = time.monotonic()
-        step += 1
-        # The batch depends on the step and rank only, so a resumed job sees the same data.
-        generator = torch.Generator().manual_seed(step * 1000 + rank)
-        x = torch.randn(BATCH, WIDTHS[0], generator=generator)
-        y = torch.randint(0, WIDTHS[-1], (BATCH,), generator=generator)
-        optimizer.zero_grad(set_to_none=True)
-        loss_fn(ddp(x), y).backward()
-        optimizer.step()
-        if rank == 0:
-            save_atomic(torch, {"step": step, "model": model.state_dict(),
-                                "optimizer": optimizer.state_dict()}, checkpoint)
-            append_line(steps_file, {"kind": "step", "step": step, "time": time.time(),
-                                     "inc": incarnation, "world": world})
-        stop = torch.tensor([1 if os.path.exists(stop_path) else 0])
-        dist.all_reduce(stop, op=dist.ReduceOp.MAX)
+        number = done + 1
+        try:
+            generator = torch.Generator().manual_seed(number * 1000 + rank)
+            x = torch.randn(BATCH, WIDTHS[0], generator=generator)
+            y = torch.randint(0, WIDTHS[-1], (BATCH,), generator=generator)
+            optimizer.zero_grad(set_to_none=True)
+            loss_fn(ddp(x), y).backward()
+            optimizer.step()
+            if rank == 0:
+                save_atomic(torch, {"step": number, "model": model.state_dict(),
+                                    "optimizer": optimizer.state_dict()}, checkpoint)
+                append_line(steps_file, {"kind": "step", "step": number, "time": time.time(),
+                                         "inc": inc(), "world": world})
+            stop = torch.tensor([1 if os.path.exists(stop_path) else 0])
+            dist.all_reduce(stop, op=dist.ReduceOp.MAX)
+        except Exception:
+            seen["failed"] = time.time()
+            raise
         if stop.item():
-            break
+            raise Stop()
         time.sleep(max(0.0, args.step_seconds - (time.monotonic() - began)))
+
+    try:
+        if loop:
+            loop.run(train_step, steps=sys.maxsize)
+        else:
+            while True:
+                train_step(step, ddp)
+                step += 1
+    except Stop:
+        pass
     dist.destroy_process_group()
     return 0
 

@@ -113,12 +113,20 @@ def receive(ctl):
 def preload(modules):
     """Imports `modules`; None, or why this zygote cannot serve (one line)."""
     import importlib
+    import importlib.util
     for name in modules:
         try:
             importlib.import_module(name)
         except BaseException as e:  # SystemExit and KeyboardInterrupt refuse too
             return f"cannot import {name} (--preload): {type(e).__name__}: {e}"
     torch = sys.modules.get("torch")
+    if "torch" in modules and importlib.util.find_spec("torch._dynamo") is not None:
+        # torch 2's first optimizer or DistributedDataParallel imports torch._dynamo (some 800
+        # modules, 1-2 s): once here, not again in every worker and replacement.
+        try:
+            importlib.import_module("torch._dynamo")
+        except Exception:  # a speed-up only: the worker imports it itself then
+            pass
     try:
         cuda = torch is not None and torch.cuda.is_initialized()
     except Exception:

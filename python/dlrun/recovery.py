@@ -18,9 +18,9 @@ Under `dlrun --recovery=in-process` a worker that dies is started again alone, w
 the others keep their processes: the collective that failed in a survivor raises, the loop
 destroys the process group, meets the replacement in the next generation's key space of the
 job's store, makes the group again there, sends the model, the optimizer, the step and `state`
-from the lowest surviving rank to every rank (a broadcast, no file), and runs the failed step
-again. Every step is taken once: all ranks go on from one rank's state and step (a step whose
-optimizer.step() ran on that rank counts as done). What a step draws at random should come from
+from the surviving rank furthest along (the lowest of those) to every rank (a broadcast, no
+file), and runs the failed step again. Every step is taken once: all ranks go on from one rank's
+state and step (a step whose optimizer.step() ran on that rank counts as done). What a step draws at random should come from
 the step (a generator seeded by it), since a replacement has none of its dead process's state.
 
 Whatever the recovery cannot finish (a second failure, a rank that never comes, no survivor, its
@@ -95,6 +95,9 @@ class Loop:
         self.step = 0
         self.generation = 0
         self.recoveries = 0
+        # The last recovery's phases in seconds ({"meet": ..., "group": ..., "state": ...,
+        # "total": ...}), None before the first.
+        self.last_recovery = None
         self._ddp_options = dict(ddp_options or {})
         if exact:
             self._ddp_options.update(_exact_buckets())
@@ -169,6 +172,7 @@ class Loop:
             os._exit(self._fallback_code)
         self.recoveries += 1
         took = time.monotonic() - started
+        self.last_recovery = dict(phases, total=took)
         _say(f"generation {self.generation}: " + ", ".join(f"{k} {v:.3f} s" for k, v in phases)
              + f"; back at step {self.step} after {took:.3f} s")
 
@@ -213,7 +217,10 @@ class Loop:
         survivors = [r for r, record in enumerate(records) if record["survivor"]]
         if not survivors:
             raise RuntimeError("no rank survived to send the state")
-        source = survivors[0]
+        # The survivor furthest along sends: a rank whose optimizer stepped had the step's whole
+        # gradient sum (a ring all-reduce can complete on some ranks as a peer dies and not on
+        # others), so that step is done, and a rank behind it takes it from the sender.
+        source = max(survivors, key=lambda r: (records[r]["step"], -r))
         payload = [{"step": self.step, "state": self.state, "model": self.module.state_dict(),
                     "optimizer": self.optimizer.state_dict()}
                    if self.rank == source else None]

@@ -13,12 +13,14 @@ one seeded batch a step and rank, momentum), run fault-free once for the weights
   the agent restarts the whole group, counted against --max-restarts, and the job still ends 0.
 - A program that does not use the API behaves as today: its failure restarts the whole group.
 - Without --recovery=in-process the loop is a plain DDP loop, and a failure restarts the group.
+
+On two simulated hosts with a spare: test_inprocess_recovery_hosts.py.
 """
 import glob
 import os
 import unittest
 
-from dlrun_fixture import (PYTHON, clean_env, main, read_json, run_dlrun, temp_dir, worker)
+from dlrun_fixture import PYTHON, clean_env, main, read_json, run_dlrun, temp_dir, worker
 
 TRAIN = worker("inprocess_train.py")
 STEPS = 24
@@ -26,10 +28,9 @@ WORLD = 4
 TIMEOUT_S = 150
 
 
-class InProcessRecoveryTest(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.fault_free = None
+class InProcessCase(unittest.TestCase):
+    """The job, its fault-free weights (made once for every test of the file) and the checks."""
+    fault_free = None
 
     def job(self, *kills, recovery="in-process", max_restarts=3, world=WORLD):
         out = temp_dir(self)
@@ -42,11 +43,11 @@ class InProcessRecoveryTest(unittest.TestCase):
         return out, finals, result
 
     def reference(self):
-        if InProcessRecoveryTest.fault_free is None:
+        if InProcessCase.fault_free is None:
             _, finals, _ = self.job(recovery="restart")
             self.assertEqual(len({f["sha256"] for f in finals}), 1, finals)
-            InProcessRecoveryTest.fault_free = finals[0]["sha256"]
-        return InProcessRecoveryTest.fault_free
+            InProcessCase.fault_free = finals[0]["sha256"]
+        return InProcessCase.fault_free
 
     @staticmethod
     def processes(out, rank):
@@ -68,10 +69,16 @@ class InProcessRecoveryTest(unittest.TestCase):
             if rank != victim:  # the survivor's one process ran to the end
                 self.assertEqual(finals[rank]["pid"], next(iter(processes)))
             self.assertEqual(finals[rank]["generation"], 1, finals[rank])
+            phases = finals[rank]["last_recovery"]
+            self.assertEqual(set(phases), {"meet", "group", "state", "total"}, finals[rank])
+            self.assertAlmostEqual(sum(phases.values()) - phases["total"], phases["total"],
+                                   delta=0.05)
         self.assertEqual({f["sha256"] for f in finals}, {self.reference()}, result)
         self.assertIn(f"rank {victim}", result.stderr)
         self.assertIn("in-process recovery", result.stderr)
 
+
+class InProcessRecoveryTest(InProcessCase):
     def test_a_killed_worker_is_replaced_and_the_survivors_go_on(self):
         for victim in (2, 0):
             with self.subTest(victim=victim):

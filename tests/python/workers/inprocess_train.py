@@ -9,9 +9,10 @@ recovery.
 
 Every process writes OUT_DIR/start_<RANK>_<PID> as it starts and appends each step it completes
 to OUT_DIR/steps_<RANK>_<PID>; at the end every rank writes OUT_DIR/final_<RANK>.json with the
-SHA-256 of its parameters' bytes, its pid, its generation and its recoveries. The model, the
-data (a generator seeded by step and rank) and the optimizer (momentum) are the same in every
-run, so a fault-free run's final parameters are the ones to equal, bit for bit.
+SHA-256 of its parameters' bytes, its pid, its generation, its recoveries and the last one's
+phases. The model, the data (a generator seeded by step and rank) and the optimizer (momentum)
+are the same in every run, so a fault-free run's final parameters are the ones to equal, bit for
+bit.
 """
 import hashlib
 import os
@@ -68,7 +69,8 @@ def main():
         digest.update(p.detach().numpy().tobytes())
     write_json(os.path.join(out_dir, f"final_{rank}.json"),
                {"sha256": digest.hexdigest(), "pid": pid, "generation": loop.generation,
-                "recoveries": loop.recoveries, "active": dlrun.recovery.active()})
+                "recoveries": loop.recoveries, "last_recovery": loop.last_recovery,
+                "active": dlrun.recovery.active()})
     return 0
 
 
