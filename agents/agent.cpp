@@ -404,6 +404,7 @@ void AgentImpl::onHang(const HungWorker& hung) {
     });
     return;
   }
+  if (replaceHungInProcess(hung.rank)) return;
   rendezvous::RoundEnd end{.kind = rendezvous::RoundEnd::Kind::WorkerFailed,
                            .node = options_.nodeName,
                            .rank = hung.rank,
@@ -414,6 +415,32 @@ void AgentImpl::onHang(const HungWorker& hung) {
                                      hang_->stackDir().string() + " on each node\n"};
   flushEvents();
   reportToRendezvous([&] { rendezvous_.reportFailure(end); });
+}
+
+// --recovery=in-process: a hung worker whose program recovers in process is replaced alone
+// once this node's stacks are taken: SIGKILLed (a stopped or stuck process heeds nothing else),
+// its peers' collectives fail as its sockets close, and its exit takes restartAlone's path.
+// False when the hang must end the round as without the flag.
+bool AgentImpl::replaceHungInProcess(int rank) {
+  if (!options_.inProcessRecovery || hang_->options().action == HangAction::Exit) return false;
+  const auto hung = std::find_if(workers_.begin(), workers_.end(),
+                                 [rank](const auto& w) { return w->rank() == rank; });
+  if (hung == workers_.end() || !(*hung)->alive()) return false;
+  if (const std::string why = inProcessRefusal(**hung); !why.empty()) {
+    log::info("hang: no in-process recovery (" + why + "): the round ends");
+    return false;
+  }
+  log::info("hang: taking this node's stacks into " + hang_->stackDir().string() +
+            ", then replacing rank " + std::to_string(rank) + " in process");
+  hang_->unwatch();
+  const HangWatcher::Collect what{.shareWithJob = false, .summarize = true};
+  hang_->collect(what, [this, rank, pid = (*hung)->pid(), attempt = attempt_] {
+    if (state_ != State::Running || attempt != attempt_) return;
+    const auto victim = byPid_.find(pid);
+    if (victim == byPid_.end() || victim->second->rank() != rank) return;  // gone meanwhile
+    victim->second->signal(SIGKILL);
+  });
+  return true;
 }
 
 // Every node takes its workers' stacks while they still hang, then stops them; the node that

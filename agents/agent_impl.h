@@ -71,6 +71,7 @@ class AgentImpl {
   bool restartAlone(const Worker& failed);
   // Empty when `failed` is replaced in process, else why not (the group restarts).
   std::string inProcessRefusal(const Worker& failed) const;
+  bool replaceHungInProcess(int rank);
   // Whether `status` is --no-restart-exit-code's: the job ends with it, without a restart.
   bool endsWithoutRestart(const ExitStatus& status) const {
     return options_.noRestartExitCode != 0 && !status.signaled &&

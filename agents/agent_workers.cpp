@@ -270,6 +270,7 @@ bool AgentImpl::restartAlone(const Worker& failed) {
   // `failed` stays until the next round: its output pumps may still hold its last lines.
   retired_.push_back(std::move(workers_[local]));
   workers_[local] = std::move(worker);
+  if (hang_) watchForHangs();  // the replacement in its place, every silence counted anew
   return true;
 }
 

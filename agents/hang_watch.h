@@ -53,6 +53,12 @@ struct ProgressSighting {
 class ProgressTrack {
  public:
   void observe(ProgressSource source, const ProgressSighting& seen, Clock::time_point now);
+  // A marker that is not this worker's progress (its slot's, left by the process it replaced).
+  void startFrom(ProgressSource source, uint64_t marker) {
+    markers_[static_cast<size_t>(source)] = marker;
+  }
+  // Its silence counted from `now` on (a peer was replaced: the wait for it was no hang).
+  void silentSince(Clock::time_point now) { last_ = now; }
   bool reported() const { return reported_; }
   Clock::duration silentFor(Clock::time_point now) const { return now - last_; }
   bool hung(Clock::time_point now, Clock::duration timeout) const {

@@ -4,6 +4,10 @@
 
 #include <algorithm>
 #include <fstream>
+#include <iterator>
+#include <string>
+#include <tuple>
+#include <vector>
 
 #include "common/log.h"
 #include "common/text.h"
@@ -25,6 +29,17 @@ std::chrono::milliseconds lookInterval(std::chrono::milliseconds timeout) {
 // node that saw a hang waits for the other nodes' reports, which take their stacks meanwhile.
 constexpr std::chrono::seconds kStackTimeout{10};
 constexpr std::chrono::seconds kGatherTimeout{15};
+
+// Whether `pid` is stopped (SIGSTOP, a tracer's stop): /proc/PID/stat's state, after the
+// command's closing parenthesis. A stopped rank is the one the others wait for.
+bool stopped(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const auto close = stat.rfind(')');
+  if (close == std::string::npos || close + 2 >= stat.size()) return false;
+  const char state = stat[close + 2];
+  return state == 'T' || state == 't';
+}
 
 // The heartbeat file's modification time (0: not there yet) and the step it holds, if any.
 struct Heartbeat {
@@ -90,9 +105,33 @@ void HangWatcher::prepareRound(const fs::path& attemptDir, const ProgressBoard& 
 
 void HangWatcher::watch(std::vector<WatchedWorker> workers,
                         std::function<void(const HungWorker&)> onHang) {
+  // Watched again within a round (a worker replaced alone): a survivor keeps its track, its
+  // silence counted anew (it waited for the one replaced); a replacement starts from what its
+  // slot and heartbeat file hold, its predecessor's progress.
+  const auto now = Clock::now();
+  std::vector<ProgressTrack> tracks(workers.size());
+  std::vector<uint64_t> heartbeats(workers.size(), 0);
+  for (size_t i = 0; i < workers.size(); ++i) {
+    const auto before = std::find_if(workers_.begin(), workers_.end(), [&](const auto& w) {
+      return w.localRank == workers[i].localRank;
+    });
+    if (before == workers_.end()) continue;
+    const auto j = static_cast<size_t>(before - workers_.begin());
+    if (before->pid == workers[i].pid && j < tracks_.size()) {
+      tracks[i] = tracks_[j];
+      tracks[i].silentSince(now);
+      heartbeats[i] = heartbeats_[j];
+      continue;
+    }
+    const int local = workers[i].localRank;
+    if (board_ && local < board_->workers())
+      tracks[i].startFrom(ProgressSource::Board, board_->read(local).beats);
+    heartbeats[i] = readHeartbeat(heartbeatFile(heartbeatDir_.string(), local), 0).marker;
+    tracks[i].startFrom(ProgressSource::Heartbeat, heartbeats[i]);
+  }
   workers_ = std::move(workers);
-  tracks_.assign(workers_.size(), ProgressTrack{});
-  heartbeats_.assign(workers_.size(), 0);
+  tracks_ = std::move(tracks);
+  heartbeats_ = std::move(heartbeats);
   onHang_ = std::move(onHang);
   stalled_ = false;
   schedule();
@@ -114,7 +153,9 @@ void HangWatcher::schedule() {
 
 void HangWatcher::look() {
   const auto now = Clock::now();
-  std::optional<size_t> worst;  // the hung worker silent longest, preferring one computing
+  // The hung worker silent longest, preferring a stopped one, then one computing.
+  std::optional<size_t> worst;
+  std::vector<char> halted(workers_.size(), 0);
   bool anyHung = false;
   for (size_t i = 0; i < workers_.size(); ++i) {
     const int local = workers_[i].localRank;
@@ -132,8 +173,9 @@ void HangWatcher::look() {
     track.observe(ProgressSource::Heartbeat, {.marker = beat.marker, .step = beat.step}, now);
     if (!track.hung(now, options_.timeout)) continue;
     anyHung = true;
+    halted[i] = stopped(workers_[i].pid);
     auto rank = [&](size_t j) {
-      return std::pair{!tracks_[j].inCollective(), tracks_[j].silentFor(now)};
+      return std::tuple{halted[j], !tracks_[j].inCollective(), tracks_[j].silentFor(now)};
     };
     if (!worst || rank(i) > rank(*worst)) worst = i;
   }

@@ -5,6 +5,8 @@ The job (bench/recovery_worker.py): torch DDP over gloo on CPU, an MLP of 1.2 M 
 checkpoint every step written by rank 0 and loaded by every rank at its start, so a restarted
 job resumes. The faults (--cases; recovery_trials.py has the mechanics):
   worker  one worker SIGKILLed: --standalone --nproc-per-node=N on host 0;
+  hang    one worker SIGSTOPped in the same job, with --hang-timeout (dlrun's rows: torchrun has
+          no hang watch); the workers report each step through dlrun.progress;
   host    a member host killed (SIGKILL to every process in its network namespace) in a job of
           --nnodes=2 with a spare: 3 agents on hosts 0-2, 2 running, the third waiting in the
           rendezvous; the spare must take the lost node's place;
@@ -61,7 +63,8 @@ from chaos_faults import stop_on_sigterm  # noqa: E402
 WARM_FLAGS = ["--warm-start", "--preload", "torch"]
 IN_PROCESS_FLAGS = ["--recovery=in-process"]
 LAUNCHERS = ("dlrun", "dlrun-warm", "dlrun-inproc", "dlrun-inproc-warm", "torchrun")
-IN_PROCESS_CASES = ("worker",)  # a lost node restarts the whole group, in process or not
+IN_PROCESS_CASES = ("worker", "hang")  # a lost node restarts the whole group, in process or not
+WATCHED_CASES = ("hang",)  # dlrun's rows alone: torchrun has no hang watch
 PHASES = ("to recovery", "meet", "group", "state", "step")
 HOSTS = 4  # agents on 0-2, dlrund on 3
 LEGEND = ("failed: start = never trained steadily; hang = no step by the deadline, the agents "
@@ -104,15 +107,16 @@ def launcher_prefixes(args):
 
 def runs(case, launcher, prefixes):
     """Whether `launcher` has a row of its own in `case`."""
-    if prefixes[launcher] is None:
-        return False
-    return not launcher.startswith("dlrun-inproc") or case in IN_PROCESS_CASES
+    return prefixes[launcher] is not None and not_run(case, launcher) is None
 
 
 def not_run(case, launcher):
+    """Why `launcher` has no row in `case` whatever dlrun's flags, or None."""
     if launcher.startswith("dlrun-inproc") and case not in IN_PROCESS_CASES:
         return "n/a (a lost node restarts the whole group)"
-    return f"n/a (dlrun has no {launcher_flag(launcher)})"
+    if not launcher.startswith("dlrun") and case in WATCHED_CASES:
+        return "n/a (no hang watch: it waits out gloo's timeout)"
+    return None
 
 
 def launcher_flag(launcher):
@@ -201,7 +205,8 @@ def case_table(args, case, prefixes, results, floors):
     notes = []
     for launcher in args.launchers:
         if not runs(case, launcher, prefixes):
-            rows.append((launcher, not_run(case, launcher), "", "", "", "", ""))
+            why = not_run(case, launcher) or f"n/a (dlrun has no {launcher_flag(launcher)})"
+            rows.append((launcher, why, "", "", "", "", ""))
             continue
         outcomes = results.get((case, launcher), [])
         times = [o.recovery for o in outcomes if o.reason is None]
@@ -289,7 +294,7 @@ def parse_args(argv):
     parser.add_argument("--scratch", required=True, help="trials' directories (checkpoints)")
     parser.add_argument("--trials", type=int, help="rounds (default 10; --quick: 2)")
     parser.add_argument("--nproc", type=int, default=2, help="workers per node")
-    parser.add_argument("--cases", default="worker,host,agent")
+    parser.add_argument("--cases", default="worker,hang,host,agent")
     parser.add_argument("--launchers", default=",".join(LAUNCHERS))
     parser.add_argument("--deadline", type=float, default=60,
                         help="seconds from the fault to the next step before a trial fails")

@@ -3,14 +3,15 @@
 # from a fault to the job's next completed training step, for a torch DDP job on CPU (gloo, an
 # MLP of 1.2 M parameters, a checkpoint every step), under dlrun and under torchrun (torch 2.13,
 # bench/anchor.sh) in the same run, against the floor: the same workers started by hand with no
-# launcher. The faults: one worker SIGKILLed (--standalone); a member host killed in a 2-node
-# job with a spare; one node's launcher SIGKILLed in a --nnodes=1:2 job. The multi-node jobs run
-# on simulated hosts (network namespaces, scripts/netns.sh) through a dlrund. Prints a table per
+# launcher. The faults: one worker SIGKILLed (--standalone); one SIGSTOPped (a hang, dlrun's
+# --hang-timeout); a member host killed in a 2-node job with a spare; one node's launcher
+# SIGKILLed in a --nnodes=1:2 job. The multi-node jobs run on simulated hosts (network
+# namespaces, scripts/netns.sh) through a dlrund. Prints a table per
 # fault (successes/trials, median and worst recovery, the ratio to the floor), the floor and one
 # summary line. Needs root. Builds nothing; about 30-40 minutes at 10 rounds on 2 cores, a few
 # with --quick.
 #
-# Usage: bench/recovery_bench.sh [BUILD_DIR] [--trials N] [--nproc N] [--cases worker,host,agent]
+# Usage: bench/recovery_bench.sh [BUILD_DIR] [--trials N] [--nproc N] [--cases worker,hang,host,agent]
 #          [--launchers dlrun,dlrun-warm,dlrun-inproc,dlrun-inproc-warm,torchrun]
 #          [--deadline S] [--max-restarts K] [--rdzv-conf K=V,...] [--quick] [--keep DIR]
 #        BUILD_DIR: default build. --trials: rounds (10; --quick 2). --nproc: workers per node
@@ -66,6 +67,12 @@ for file in "$build"/bin/dlrun "$build"/bin/dlrund "$build"/bin/*.py; do
     cp -p "$file" "$scratch/bin/"
   fi
 done
+# And the dlrun package the workers import (dlrun.recovery, dlrun.progress), where dlrun looks
+# for it from its own directory in a build tree: ../share/dlrun/python.
+if [[ -d $build/share/dlrun/python ]]; then
+  mkdir -p "$scratch/share/dlrun"
+  cp -rp "$build/share/dlrun/python" "$scratch/share/dlrun/"
+fi
 dlrun=$scratch/bin/dlrun
 dlrund=$scratch/bin/dlrund
 "$dlrun" --version >/dev/null ||

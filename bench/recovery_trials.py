@@ -49,6 +49,7 @@ START_TIMEOUT_S = 120    # launch to steady training (torch's start-up on 2 shar
 STOP_TIMEOUT_S = 60      # the stop file to every agent's exit
 ORPHAN_GRACE_S = 0.5     # an agent's workers still running this long after it was killed
 POLL_S = 0.02
+HANG_TIMEOUT_S = 5       # the hang case's --hang-timeout
 
 
 class Case:
@@ -218,13 +219,23 @@ def victim_worker(trial, rank):
     return mine[0]
 
 
-def kill_worker(trial):
+def signal_worker(trial, sig):
+    """Sends `sig` to rank 0's worker (even trials) or the node's last (odd)."""
     rank = 0 if trial.index % 2 == 0 else trial.nproc - 1
     worker = victim_worker(trial, rank)
     trial.victims.add(worker["pid"])
     trial.stamp_fault()
-    signal_pid(worker["pid"], signal.SIGKILL)
+    signal_pid(worker["pid"], sig)
     return None
+
+
+def kill_worker(trial):
+    return signal_worker(trial, signal.SIGKILL)
+
+
+def stop_worker(trial):
+    """SIGSTOP, as a hang: the launcher's hang watch must find it (--hang-timeout)."""
+    return signal_worker(trial, signal.SIGSTOP)
 
 
 def victim_host(trial):
@@ -275,6 +286,8 @@ CASES = {
     "host": Case("host", "a member host killed, a spare waiting", (0, 1, 2), "2", 2, 2,
                  SETTLE_S, kill_host),
     "agent": Case("agent", "an agent SIGKILLed", (0, 1), "1:2", 2, 1, 0.0, kill_agent),
+    "hang": Case("hang", f"one worker SIGSTOPped, --hang-timeout={HANG_TIMEOUT_S:g}", (0,), None,
+                 1, 1, 0.0, stop_worker),
 }
 
 
@@ -303,6 +316,8 @@ class Trial:
     def flags(self):
         s = self.setup
         flags = [f"--nproc-per-node={self.nproc}", f"--max-restarts={s.max_restarts}"]
+        if self.case.name == "hang":
+            flags.append(f"--hang-timeout={HANG_TIMEOUT_S:g}")
         if self.case.nnodes is None:
             return ["--standalone", *flags]
         conf = ",".join(["is_host=false", *([s.rdzv_conf] if s.rdzv_conf else [])])

@@ -12,16 +12,18 @@ that environment (the benchmark's floor). Files in DIR:
 - steps.jsonl: rank 0 appends one line when it starts ({"kind": "resume", "step": the
   checkpoint's step, whether it read the checkpoint, and the times of its start-up phases}) and
   one per step, after that step's checkpoint is in place ({"kind": "step", "step": N, "time":
-  time.time()}). Under dlrun --recovery=in-process the loop is dlrun.recovery's: a replacement
-  reads no checkpoint (its state comes from a survivor), and rank 0 writes a resume line after
-  each recovery too, with the recovery's phases, as a new incarnation. A step line thus
-  means "checkpointed": a later resume from an older step would take a step twice. The
-  wall clock, not a monotonic one: the benchmark compares these times with its own across
-  network namespaces (one kernel, one clock).
+  time.time()}). A step line thus means "checkpointed": a later resume from an older step
+  would take a step twice. The wall clock, not a monotonic one: the benchmark compares these
+  times with its own across network namespaces (one kernel, one clock). Under dlrun
+  --recovery=in-process the loop is dlrun.recovery's: a replacement reads no checkpoint (its
+  state comes from a survivor), and rank 0 writes a resume line after each recovery too, with
+  the recovery's phases, as a new incarnation.
+- Under dlrun every step is reported through dlrun.progress (--hang-timeout watches it).
 - stop: the benchmark's request to end; every rank sees the same answer each step (a one-element
   all-reduce), so all leave together and exit 0.
 Each line carries the process's incarnation (a random id): the benchmark tells the restarted
-job's first step from a step the old one was finishing when the fault came.
+job's first step from a step the old one was finishing when the fault came. Under dlrun every
+step is reported through dlrun.progress, which --hang-timeout watches.
 """
 
 import time
@@ -107,6 +109,15 @@ def load_checkpoint(torch, path, model, optimizer):
     model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
     return state["step"]
+
+
+def dlrun_progress():
+    """dlrun.progress under dlrun (its hang watch sees each step), else None."""
+    try:
+        import dlrun.progress
+    except ImportError:
+        return None
+    return dlrun.progress
 
 
 def main():
@@ -203,11 +214,14 @@ def main():
 
     try:
         if loop:
-            loop.run(train_step, steps=sys.maxsize)
+            loop.run(train_step, steps=sys.maxsize)  # it reports each step to dlrun.progress
         else:
+            progress = dlrun_progress()
             while True:
                 train_step(step, ddp)
                 step += 1
+                if progress:
+                    progress.step(step)
     except Stop:
         pass
     dist.destroy_process_group()

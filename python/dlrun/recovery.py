@@ -23,6 +23,9 @@ file), and runs the failed step again. Every step is taken once: all ranks go on
 state and step (a step whose optimizer.step() ran on that rank counts as done). What a step draws at random should come from
 the step (a generator seeded by it), since a replacement has none of its dead process's state.
 
+Each step done is reported through dlrun.progress, so --hang-timeout watches the loop: a rank
+found hung is replaced the same way, once the node's stacks are taken.
+
 Whatever the recovery cannot finish (a second failure, a rank that never comes, no survivor, its
 deadline) ends the worker with the agent's fallback code, and dlrun restarts the whole group, as
 without --recovery. Outside dlrun, or without --recovery=in-process, the loop is a plain loop
@@ -35,11 +38,15 @@ import sys
 import time
 from datetime import timedelta
 
+from dlrun import progress
+
 __all__ = ["Loop", "active"]
 
 KEYS = "dlrun/recovery"  # under the attempt's key space of the job's store
 RECOVERY_TIMEOUT_S = 120  # a recovery not done by then falls back to the whole-group restart
 EXACT_BUCKET_MB = 1e-6  # under any parameter's size: a bucket each
+BEAT_S = 1.0  # a recovery's wait beats the progress board this often
+POLL_S = 0.01  # and looks at the store this often
 
 
 def active():
@@ -135,6 +142,7 @@ class Loop:
             try:
                 train_step(self.step, self.ddp)
                 self.step += 1
+                progress.step(self.step)  # --hang-timeout's watch sees each step
                 continue
             except Exception as error:
                 if not self._active or not _peer_failure(error):
@@ -160,6 +168,7 @@ class Loop:
                                 world_size=self.world, timeout=timeout)
 
     def _recover(self, joining):
+        progress.step(self.step)  # a recovery under way is no hang
         started = time.monotonic()
         deadline = started + RECOVERY_TIMEOUT_S
         try:
@@ -175,6 +184,18 @@ class Loop:
         self.last_recovery = dict(phases, total=took)
         _say(f"generation {self.generation}: " + ", ".join(f"{k} {v:.3f} s" for k, v in phases)
              + f"; back at step {self.step} after {took:.3f} s")
+
+    def _await(self, key, left):
+        """Waits for `key`, beating the progress board every BEAT_S: a rank waiting for a
+        replacement's start is recovering, not hung (--hang-timeout). Polled: a store wait cut
+        into slices would leave the store's late answer to a timed-out wait on the connection."""
+        beat = time.monotonic()
+        while not self._store.check([key]):
+            left()  # raises past the deadline
+            if time.monotonic() >= beat:
+                progress.step(self.step)
+                beat += BEAT_S
+            time.sleep(POLL_S)
 
     def _recover_within(self, joining, deadline):
         import torch.distributed as dist
@@ -209,7 +230,7 @@ class Loop:
                         json.dumps({"survivor": not joining, "step": self.step}))
         if self._store.add(f"{keys}/arrived", 1) == self.world:
             self._store.set(f"{keys}/ready", "1")
-        self._store.wait([f"{keys}/ready"], left())
+        self._await(f"{keys}/ready", left)
         phase("meet")
         self._form(generation, left())
         phase("group")

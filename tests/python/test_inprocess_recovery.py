@@ -7,6 +7,8 @@ one seeded batch a step and rank, momentum), run fault-free once for the weights
   dlrun needs): the job ends 0, the survivors' PIDs never changed, each rank took every step once
   (the dead process's steps and its replacement's together), and every rank's final parameters
   are, bit for bit, those of the fault-free run.
+- A hung worker (SIGSTOP, --hang-timeout): the node's stacks are taken, the stopped rank alone is
+  replaced, and the job goes on as after a kill.
 - A failure after the group re-formed (rank 2 at step 9, rank 1 at step 15): a second recovery,
   generation 2, the same weights.
 - A second failure during the recovery (a survivor dies at the same step as the first victim):
@@ -32,11 +34,11 @@ class InProcessCase(unittest.TestCase):
     """The job, its fault-free weights (made once for every test of the file) and the checks."""
     fault_free = None
 
-    def job(self, *kills, recovery="in-process", max_restarts=3, world=WORLD):
+    def job(self, *kills, recovery="in-process", max_restarts=3, world=WORLD, flags=()):
         out = temp_dir(self)
         result = run_dlrun(self, ["--standalone", f"--nproc-per-node={world}",
                                   f"--max-restarts={max_restarts}", f"--recovery={recovery}",
-                                  PYTHON, TRAIN, out, str(STEPS), *kills],
+                                  *flags, PYTHON, TRAIN, out, str(STEPS), *kills],
                            env=clean_env(), timeout=TIMEOUT_S)
         self.assertEqual(result.returncode, 0, result)
         finals = [read_json(os.path.join(out, f"final_{r}.json")) for r in range(world)]
@@ -84,6 +86,13 @@ class InProcessRecoveryTest(InProcessCase):
             with self.subTest(victim=victim):
                 out, finals, result = self.job(f"{victim}:9")
                 self.check_recovered(out, finals, result, victim)
+
+    def test_a_hung_worker_is_replaced_once_the_stacks_are_taken(self):
+        # Rank 1 stops itself (SIGSTOP) at step 9; the others wait for it in the all-reduce.
+        out, finals, result = self.job("1:9:stop", flags=["--hang-timeout=5"])
+        self.check_recovered(out, finals, result, victim=1)
+        self.assertIn("hang: rank 1 made no progress", result.stderr)
+        self.assertIn("replacing rank 1 in process", result.stderr)
 
     def test_a_failure_after_the_group_re_formed_is_recovered_in_process_again(self):
         # Rank 2 dies at step 9; once generation 1 trains, rank 1 dies at step 15.

@@ -2,10 +2,10 @@
 
 Usage: inprocess_train.py OUT_DIR STEPS [KILL ...]
 
-Each KILL is RANK:STEP: that rank's first process (the job's first attempt, not a replacement)
-SIGKILLs itself as it begins STEP, before the step's collective, so the others fail in the
-all-reduce of that step. Two at one step (`1:7 3:7`) are a second failure during the first's
-recovery.
+Each KILL is RANK:STEP[:stop]: that rank's first process (the job's first attempt, not a
+replacement) SIGKILLs itself (with `:stop`, SIGSTOPs itself: a hang) as it begins STEP, before the
+step's collective, so the others fail, or wait, in the all-reduce of that step. Two at one step
+(`1:7 3:7`) are a second failure during the first's recovery.
 
 Every process writes OUT_DIR/start_<RANK>_<PID> as it starts and appends each step it completes
 to OUT_DIR/steps_<RANK>_<PID>; at the end every rank writes OUT_DIR/final_<RANK>.json with the
@@ -36,10 +36,16 @@ def batch(step, rank):
 
 
 def kills(args, rank):
-    """The steps at which this process kills itself: none but in the rank's first process."""
+    """{step: signal} at which this process kills or stops itself: none but in the rank's first
+    process."""
     if os.environ.get("DLRUN_RECOVERY_JOIN") or os.environ["TORCHELASTIC_RESTART_COUNT"] != "0":
-        return set()
-    return {int(arg.split(":")[1]) for arg in args if int(arg.split(":")[0]) == rank}
+        return {}
+    found = {}
+    for arg in args:
+        fields = arg.split(":")
+        if int(fields[0]) == rank:
+            found[int(fields[1])] = signal.SIGSTOP if fields[2:] == ["stop"] else signal.SIGKILL
+    return found
 
 
 def main():
@@ -56,7 +62,7 @@ def main():
 
     def train_step(step, ddp):
         if step in die_at:
-            os.kill(pid, signal.SIGKILL)
+            os.kill(pid, die_at.pop(step))
         x, y = batch(step, rank)
         optimizer.zero_grad()
         torch.nn.functional.mse_loss(ddp(x), y).backward()
