@@ -72,6 +72,7 @@ AgentImpl::AgentImpl(AgentOptions options, rendezvous::Rendezvous& rendezvous)
       signals_(io_),
       launcherLink_(io_),
       stopTimer_(io_),
+      recoveryTimer_(io_),
       inherited_(currentEnvironment()),
       stopSignals_(options_.signalsToHandle.value_or(kDefaultStopSignals)) {
   // As torchrun 2.x, which gives every worker the list (its default four unless the flag

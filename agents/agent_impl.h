@@ -72,6 +72,8 @@ class AgentImpl {
   // Empty when `failed` is replaced in process, else why not (the group restarts).
   std::string inProcessRefusal(const Worker& failed) const;
   bool replaceHungInProcess(int rank);
+  void followRecovery(int local, int rank, pid_t pid);
+  void lookAtRecoveries();
   // Whether `status` is --no-restart-exit-code's: the job ends with it, without a restart.
   bool endsWithoutRestart(const ExitStatus& status) const {
     return options_.noRestartExitCode != 0 && !status.signaled &&
@@ -135,6 +137,15 @@ class AgentImpl {
   // ranks replaced in process with their replacement's pid.
   fs::path recoveryDir_;
   std::unordered_map<int, pid_t> replaced_;
+  // Replacements whose recovery the observers hear of once their mark says it is done.
+  struct Following {
+    pid_t pid;
+    int rank;
+    double startedAt;  // unix seconds
+    uint64_t attempt;
+  };
+  std::unordered_map<int, Following> following_;  // by local rank
+  asio::steady_timer recoveryTimer_;
   bool successReported_ = false;
   // Starting the round's workers (startSome): its number, what is left to start.
   static constexpr size_t kStartBatch = 64;

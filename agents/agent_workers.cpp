@@ -20,6 +20,9 @@ Streams StreamsByRank::forRank(int localRank) const {
 
 namespace {
 
+// How often the marks of replacements still recovering are looked at (the "recovered" event).
+constexpr std::chrono::milliseconds kRecoveryLook{50};
+
 // Where a worker's output goes; the caller sets its directory (where wantsDir says).
 WorkerOutput outputFor(const AgentOptions& options, int local, int rank) {
   WorkerOutput output;
@@ -262,7 +265,10 @@ bool AgentImpl::restartAlone(const Worker& failed) {
                                        count + "); the other ranks keep running";
   log::info(what);
   publishEvent("restart", failed.rank(), what);
-  if (!alone) replaced_[local] = worker->pid();
+  if (!alone) {
+    replaced_[local] = worker->pid();
+    followRecovery(local, failed.rank(), worker->pid());
+  }
   byPid_.erase(failed.pid());
   byPid_[worker->pid()] = worker.get();
   ++live_;
@@ -347,6 +353,36 @@ void AgentImpl::onZygoteSettled() {
   if (!zygote_->everReady()) return failToStart(2, zygote_->problem());
   if (!std::exchange(awaitingZygote_, false)) return;
   startSome(attempt_);
+}
+
+// A replacement's recovery, said in one line and told to the observers ("recovered", with its
+// phases) once its mark says it is done; the marks are looked at every kRecoveryLook while one is
+// under way.
+void AgentImpl::followRecovery(int local, int rank, pid_t pid) {
+  const bool idle = following_.empty();
+  following_[local] = {pid, rank, wallSeconds(), attempt_};
+  if (idle) lookAtRecoveries();
+}
+
+void AgentImpl::lookAtRecoveries() {
+  recoveryTimer_.expires_after(kRecoveryLook);
+  recoveryTimer_.async_wait([this](const boost::system::error_code& ec) {
+    if (ec) return following_.clear();
+    for (auto it = following_.begin(); it != following_.end();) {
+      const Following& f = it->second;
+      const auto mark =
+          f.attempt == attempt_ ? recovery::readMark(recoveryDir_, it->first) : std::nullopt;
+      if (mark && mark->pid == f.pid) {
+        const std::string line = recovery::describeRecovery(f.rank, *mark, f.startedAt);
+        log::info(line);
+        publishEvent("recovered", f.rank, line);
+      }
+      const bool waiting = !mark || mark->pid != f.pid;
+      it = waiting && f.attempt == attempt_ && byPid_.count(f.pid) ? std::next(it)
+                                                                   : following_.erase(it);
+    }
+    if (!following_.empty()) lookAtRecoveries();
+  });
 }
 
 }  // namespace dlrun::agents::detail

@@ -1,13 +1,39 @@
 #include "agents/recovery.h"
 
+#include <cstdio>
 #include <fstream>
+#include <iterator>
+#include <nlohmann/json.hpp>
 
 namespace dlrun::agents::recovery {
 
-pid_t markedPid(const std::filesystem::path& dir, int localRank) {
+std::optional<Mark> parseMark(const std::string& text) {
+  const auto j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) return std::nullopt;
+  try {
+    Mark mark;
+    mark.pid = j.at("pid").get<pid_t>();
+    if (mark.pid <= 0) return std::nullopt;
+    mark.generation = j.value("generation", 0);
+    mark.at = j.value("at", 0.0);
+    if (const auto phases = j.find("phases"); phases != j.end() && phases->is_object())
+      for (const auto& [name, seconds] : phases->items())
+        if (seconds.is_number()) mark.phases[name] = seconds.get<double>();
+    return mark;
+  } catch (const nlohmann::json::exception&) {
+    return std::nullopt;
+  }
+}
+
+std::optional<Mark> readMark(const std::filesystem::path& dir, int localRank) {
   std::ifstream in(dir / std::to_string(localRank));
-  long pid = 0;
-  return in >> pid && pid > 0 ? static_cast<pid_t>(pid) : 0;
+  if (!in) return std::nullopt;
+  return parseMark(std::string(std::istreambuf_iterator<char>(in), {}));
+}
+
+pid_t markedPid(const std::filesystem::path& dir, int localRank) {
+  const auto mark = readMark(dir, localRank);
+  return mark ? mark->pid : 0;
 }
 
 std::string refusal(const Failure& failure) {
@@ -18,6 +44,21 @@ std::string refusal(const Failure& failure) {
            std::to_string(failure.recovering.front());
   if (!failure.marked) return "it had not started dlrun.recovery's loop";
   return "";
+}
+
+std::string describeRecovery(int rank, const Mark& mark, double startedAt) {
+  auto phase = [&](const char* name) {
+    const auto it = mark.phases.find(name);
+    return it == mark.phases.end() ? 0.0 : it->second;
+  };
+  const double total = phase("total");
+  char line[256];
+  std::snprintf(line, sizeof line,
+                "rank %d recovered in process, generation %d: start %.2f s, re-form %.2f s, "
+                "state %.2f s; %.2f s after its failure",
+                rank, mark.generation, mark.at - total - startedAt, phase("meet") + phase("group"),
+                phase("state"), mark.at - startedAt);
+  return line;
 }
 
 }  // namespace dlrun::agents::recovery

@@ -3,14 +3,18 @@
 // started again alone rather than with its whole group.
 //
 // Each worker's loop, once its process group is formed (or re-formed, in a replacement), writes
-// its pid to DLRUN_RECOVERY_DIR/LOCAL_RANK: its mark. A failed worker is replaced alone only if
-// it had marked (its program recovers in process) and no replacement of this node is still
+// its mark to DLRUN_RECOVERY_DIR/LOCAL_RANK: one JSON object, {"pid": ..., "generation": ...},
+// and in a replacement its recovery's end ("at", unix seconds) and phases ("phases": meet,
+// group, state, total, in seconds, as Loop.last_recovery). A failed worker is replaced alone only
+// if it had marked (its program recovers in process) and no replacement of this node is still
 // recovering (its mark not yet its own): a second failure during a recovery restarts the group.
 #pragma once
 
 #include <sys/types.h>
 
 #include <filesystem>
+#include <map>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -24,8 +28,23 @@ inline constexpr std::string_view kDirVariable = "DLRUN_RECOVERY_DIR";
 inline constexpr std::string_view kFallbackVariable = "DLRUN_RECOVERY_FALLBACK";
 inline constexpr std::string_view kJoinVariable = "DLRUN_RECOVERY_JOIN";  // "1" in a replacement
 
+struct Mark {
+  pid_t pid = 0;
+  int generation = 0;
+  double at = 0;  // a replacement's: when its recovery ended
+  std::map<std::string, double> phases;
+};
+
+// The mark of `localRank`, nothing when it has none (or an unreadable one).
+std::optional<Mark> readMark(const std::filesystem::path& dir, int localRank);
 // The pid in a worker's mark, 0 when it has none (or an unreadable one).
 pid_t markedPid(const std::filesystem::path& dir, int localRank);
+// Parses a mark's text (pure); nothing when it is not one.
+std::optional<Mark> parseMark(const std::string& text);
+
+// The event's line for rank `rank`'s replacement, started at `startedAt` (unix seconds, as its
+// predecessor's failure was seen), whose mark says its recovery is done (pure).
+std::string describeRecovery(int rank, const Mark& mark, double startedAt);
 
 // What the agent knows of a failure, for the choice below (pure).
 struct Failure {

@@ -30,12 +30,29 @@ TEST(Recovery, EveryOtherCaseRestartsTheGroupAndSaysWhy) {
 TEST(Recovery, MarksAreThePidsTheLoopWrote) {
   const fs::path dir = fs::temp_directory_path() / ("recovery_test." + std::to_string(getpid()));
   fs::create_directories(dir);
-  std::ofstream(dir / "0") << "4242\n";
-  std::ofstream(dir / "1") << "not a pid\n";
+  std::ofstream(dir / "0") << R"({"pid": 4242, "generation": 0})";
+  std::ofstream(dir / "1") << "4242\n";         // not a mark
+  std::ofstream(dir / "3") << R"({"pid": 42)";  // half written
   EXPECT_EQ(markedPid(dir, 0), 4242);
   EXPECT_EQ(markedPid(dir, 1), 0);
   EXPECT_EQ(markedPid(dir, 2), 0);  // none yet
+  EXPECT_EQ(markedPid(dir, 3), 0);
   fs::remove_all(dir);
+}
+
+TEST(Recovery, AReplacementsMarkSaysHowItsRecoveryWent) {
+  const auto mark = parseMark(R"({"pid": 7, "generation": 2, "at": 1000.5, "phases":
+      {"meet": 0.1, "group": 0.05, "state": 0.2, "total": 0.35}})");
+  ASSERT_TRUE(mark);
+  EXPECT_EQ(mark->generation, 2);
+  EXPECT_EQ(mark->phases.at("state"), 0.2);
+  EXPECT_EQ(
+      describeRecovery(3, *mark, 999.9),
+      "rank 3 recovered in process, generation 2: start 0.25 s, re-form 0.15 s, state 0.20 s; "
+      "0.60 s after its failure");
+  EXPECT_FALSE(parseMark(R"({"pid": -1})"));
+  EXPECT_FALSE(parseMark(R"({"generation": 1})"));
+  EXPECT_FALSE(parseMark("[]"));
 }
 
 }  // namespace

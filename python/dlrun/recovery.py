@@ -130,9 +130,14 @@ class Loop:
             self.ddp = self._wrap()
         # The agent's sign that this rank recovers in process: where it finds none, a failure
         # restarts the whole group, as for a program without this loop.
+        # A replacement's mark also says how its recovery went (the agent's "recovered" event).
+        record = {"pid": os.getpid(), "generation": self.generation}
+        if self.last_recovery:
+            record.update(at=time.time(), phases=self.last_recovery)
         mark = os.path.join(os.environ["DLRUN_RECOVERY_DIR"], os.environ["LOCAL_RANK"])
-        with open(mark, "w") as f:
-            f.write(f"{os.getpid()}\n")
+        with open(f"{mark}.tmp", "w") as f:  # whole or not at all: the agent reads it any time
+            json.dump(record, f)
+        os.replace(f"{mark}.tmp", mark)
 
     def run(self, train_step, steps):
         """Calls train_step(step, ddp) for each step from self.step up to `steps`, once in

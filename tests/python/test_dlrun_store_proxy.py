@@ -88,9 +88,12 @@ print(fate("127.0.0.2"), fate("127.0.0.1"), flush=True)
 
 class StoreAllowTest(unittest.TestCase):
     def test_a_host_outside_the_list_is_refused(self):
+        # The agent's store whatever the machine's torch (Debian 13's, without libuv, would
+        # have rank 0 serve the store): the worker is no torch program.
         result = subprocess.run(
             [dlrun_binary(), "--standalone", "--store-allow=10.9.9.0/24", "--no-control-plane",
-             "/usr/bin/python3", "-c", ADMISSION_WORKER], capture_output=True, text=True,
+             "--worker-store=agent", "/usr/bin/python3", "-c", ADMISSION_WORKER],
+            capture_output=True, text=True,
             env=clean_env(), timeout=RUN_TIMEOUT_S, preexec_fn=die_with_parent)
         self.assertEqual(result.returncode, 0, result)
         self.assertIn("[0]:closed served", result.stdout, result)

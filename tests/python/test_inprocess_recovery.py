@@ -78,6 +78,8 @@ class InProcessCase(unittest.TestCase):
         self.assertEqual({f["sha256"] for f in finals}, {self.reference()}, result)
         self.assertIn(f"rank {victim}", result.stderr)
         self.assertIn("in-process recovery", result.stderr)
+        self.assertRegex(result.stderr, rf"rank {victim} recovered in process, generation 1: "
+                                        r"start [\d.]+ s, re-form [\d.]+ s, state [\d.]+ s")
 
 
 class InProcessRecoveryTest(InProcessCase):
