@@ -223,6 +223,10 @@ class Loop:
         # waiting on this rank then fails at once instead of at its timeout.
         self.ddp = None
         gc.collect()
+        if dist.is_initialized() and self.backend == "nccl":
+            # An NCCL communicator with a dead peer never ends its collective: aborted first,
+            # nothing waits on it as the group goes (not yet run on a GPU).
+            dist.distributed_c10d._abort_process_group()
         if dist.is_initialized():
             dist.destroy_process_group()
         gc.collect()
