@@ -76,13 +76,18 @@ def _exact_buckets():
     """DistributedDataParallel's options for a bucket a parameter from the first iteration on.
     torch 2.13 puts every parameter in one bucket for a DDP's first iteration unless each
     bucket's cap is given (bucket_cap_mb_list): a new DDP after a recovery would otherwise sum
-    its first step in another order than the fault-free run did."""
+    its first step in another order than the fault-free run did. torch 1.13 has no such option:
+    there only a DDP that looks for unused parameters buckets its first iteration by size, with
+    a first bucket of torch.distributed._DEFAULT_FIRST_BUCKET_BYTES, made a byte here (for every
+    DDP of the process: exact=True is the program's choice)."""
     import inspect
 
+    import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
     if "bucket_cap_mb_list" in inspect.signature(DistributedDataParallel).parameters:
         return {"bucket_cap_mb_list": [EXACT_BUCKET_MB]}
-    return {"bucket_cap_mb": EXACT_BUCKET_MB}
+    dist._DEFAULT_FIRST_BUCKET_BYTES = 1
+    return {"bucket_cap_mb": EXACT_BUCKET_MB, "find_unused_parameters": True}
 
 
 class Loop:
@@ -190,12 +195,13 @@ class Loop:
         _say(f"generation {self.generation}: " + ", ".join(f"{k} {v:.3f} s" for k, v in phases)
              + f"; back at step {self.step} after {took:.3f} s")
 
-    def _await(self, key, left):
-        """Waits for `key`, beating the progress board every BEAT_S: a rank waiting for a
-        replacement's start is recovering, not hung (--hang-timeout). Polled: a store wait cut
-        into slices would leave the store's late answer to a timed-out wait on the connection."""
+    def _await(self, counter, left):
+        """Waits for the counter `counter` to be set, beating the progress board every BEAT_S: a
+        rank waiting for a replacement's start is recovering, not hung (--hang-timeout). Polled
+        with add(0), which torch 1.13's store has too: a store wait cut into slices would leave
+        the store's late answer to a timed-out wait on the connection."""
         beat = time.monotonic()
-        while not self._store.check([key]):
+        while self._store.add(counter, 0) < 1:
             left()  # raises past the deadline
             if time.monotonic() >= beat:
                 progress.step(self.step)
@@ -238,7 +244,7 @@ class Loop:
         self._store.set(f"{keys}/rank/{self.rank}",
                         json.dumps({"survivor": not joining, "step": self.step}))
         if self._store.add(f"{keys}/arrived", 1) == self.world:
-            self._store.set(f"{keys}/ready", "1")
+            self._store.add(f"{keys}/ready", 1)
         self._await(f"{keys}/ready", left)
         phase("meet")
         self._form(generation, left())

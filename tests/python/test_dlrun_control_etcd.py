@@ -37,10 +37,13 @@ class EtcdControlTest(unittest.TestCase):
         self.agents = [self.start_agent(node) for node in (1, 2)]
 
     def start_agent(self, node):
-        # The node's name is its host's: one UTS namespace each, so the two differ.
+        # The node's name is its host's: one UTS namespace each, so the two differ. The agent's
+        # store whatever the machine's torch (Debian 13's, without libuv, would have rank 0
+        # serve the workers' store): the worker opens no store, and the test dials the agent's.
         args = ["--nnodes=2", "--nproc-per-node=2", "--rdzv-backend=etcd",
                 f"--rdzv-endpoint={self.etcd.endpoint}", f"--rdzv-id={self.job}",
-                f"--local-addr=127.0.0.{node}", PYTHON, WORKER, self.out, "--wait"]
+                f"--local-addr=127.0.0.{node}", "--worker-store=agent", PYTHON, WORKER, self.out,
+                "--wait"]
         return Dlrun(self, args, env=clean_env(),
                      wrapper=["unshare", "--uts", "sh", "-c",
                               f'hostname node{node} && exec "$@"', "sh"])
