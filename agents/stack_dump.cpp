@@ -100,7 +100,11 @@ TargetDump::TargetDump(const StackTarget& target, const PythonStackHook* hook, c
   }
   stoppedBefore_ = stateOf(target.pid) == 'T';
   pokeFlightRecorder(environmentOf(target.pid));
-  if (startPython(hook, start, timeout)) return;
+  // A stopped process (SIGSTOP) cannot run the Python hook: its native stack only, at once.
+  if (stoppedBefore_)
+    notes_.emplace_back("no Python stacks: the process is stopped (SIGSTOP, or a tracer's)");
+  else if (startPython(hook, start, timeout))
+    return;
   startNative();
 }
 

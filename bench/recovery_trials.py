@@ -138,14 +138,16 @@ class StepLog:
 
     def phases(self, t, other_than):
         """An in-process recovery's phases as rank 0 saw them: the fault to its recovery's
-        start (a replacement's: its process's), its loop's meet, group and state, and the step
-        after, or None."""
+        start (a replacement's start-up included), its loop's meet, group and state, and the
+        step after, or None."""
         step = self.first_step_after(t, other_than)
         resume = self.resume_of(step)
         if not resume or not resume.get("recovery"):
             return None
         took = resume["recovery"]
-        return {"to recovery": resume["start"] - t, "meet": took["meet"],
+        # From the recovery's own end back: a replacement's start-up (its interpreter, imports,
+        # model) falls before its recovery, in "to recovery".
+        return {"to recovery": resume["loaded"] - took["total"] - t, "meet": took["meet"],
                 "group": took["group"], "state": took["state"],
                 "step": step["time"] - resume["loaded"]}
 

@@ -51,6 +51,24 @@ RankReport rank(int r, double silent, bool inCollective, bool reported = true) {
   return report;
 }
 
+TEST(ProgressTrack, AReplacementStartsFromItsPredecessorsBeatsAndASurvivorsSilenceAnew) {
+  const auto t0 = Clock::time_point{} + 1h;
+  ProgressTrack replacement;
+  replacement.startFrom(ProgressSource::Board, 40);  // the slot's beats, its predecessor's
+  replacement.observe(ProgressSource::Board, {.marker = 40, .step = 9}, t0);
+  EXPECT_FALSE(replacement.reported());
+  EXPECT_FALSE(replacement.hung(t0 + 1h, 5s));
+  replacement.observe(ProgressSource::Board, {.marker = 41, .step = 10}, t0 + 1s);
+  EXPECT_TRUE(replacement.reported());
+
+  ProgressTrack survivor;
+  survivor.observe(ProgressSource::Board, {.marker = 7}, t0);
+  EXPECT_TRUE(survivor.hung(t0 + 6s, 5s));
+  survivor.silentSince(t0 + 6s);  // it waited for the one replaced
+  EXPECT_FALSE(survivor.hung(t0 + 10s, 5s));
+  EXPECT_TRUE(survivor.hung(t0 + 11s, 5s));
+}
+
 TEST(HangSuspect, ARankOutsideACollectiveBeforeTheOnesItHoldsUp) {
   // Rank 3 sleeps before its all-reduce; the others wait in it, some of them longer.
   const std::vector<RankReport> reports{rank(0, 9.0, true), rank(1, 9.5, true), rank(2, 9.1, true),

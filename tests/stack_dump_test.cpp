@@ -195,6 +195,23 @@ TEST_F(StackDumpTest, PythonStacksThroughTheHook) {
       << again[0].text;
 }
 
+TEST_F(StackDumpTest, AStoppedPythonProcessGetsItsNativeStackAndIsNotWaitedFor) {
+  // A SIGSTOPped rank (a hang) cannot run the hook: its native stack alone, and it stays stopped.
+  const PythonStackHook hook(dir_ / "hook");
+  const pid_t pid = startPythonSleeping("dlrun_stack_test_stopped", hook.environment({}));
+  ASSERT_EQ(::kill(pid, SIGSTOP), 0);
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, WUNTRACED), pid);  // stopped by now, as a hung rank is
+  ASSERT_TRUE(WIFSTOPPED(status));
+  const auto dumps = dumpStacks({{pid, 0, dir_ / "rank-0.txt"}}, &hook, kDump);
+  const StackDump& d = dumps[0];
+  EXPECT_TRUE(contains(d.text, "no Python stacks: the process is stopped")) << d.text;
+  EXPECT_FALSE(contains(d.text, "the hook did not answer in time")) << d.text;
+  EXPECT_TRUE(contains(d.text, "== native stacks")) << d.text;
+  EXPECT_FALSE(runsUnharmed(pid, PythonStackHook::signal()));  // still stopped
+  ::kill(pid, SIGCONT);
+}
+
 TEST_F(StackDumpTest, TheHookRunsTheNextSitecustomize) {
   const PythonStackHook hook(dir_ / "hook");
   const fs::path site = dir_ / "site", marker = dir_ / "site-ran";
