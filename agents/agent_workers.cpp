@@ -370,16 +370,16 @@ void AgentImpl::lookAtRecoveries() {
     if (ec) return following_.clear();
     for (auto it = following_.begin(); it != following_.end();) {
       const Following& f = it->second;
-      const auto mark =
-          f.attempt == attempt_ ? recovery::readMark(recoveryDir_, it->first) : std::nullopt;
-      if (mark && mark->pid == f.pid) {
+      // Followed while its round runs and it lives, until its mark is its own.
+      const bool current = f.attempt == attempt_;
+      const auto mark = current ? recovery::readMark(recoveryDir_, it->first) : std::nullopt;
+      const bool done = mark && mark->pid == f.pid;
+      if (done) {
         const std::string line = recovery::describeRecovery(f.rank, *mark, f.startedAt);
         log::info(line);
         publishEvent("recovered", f.rank, line);
       }
-      const bool waiting = !mark || mark->pid != f.pid;
-      it = waiting && f.attempt == attempt_ && byPid_.count(f.pid) ? std::next(it)
-                                                                   : following_.erase(it);
+      it = current && !done && byPid_.count(f.pid) ? std::next(it) : following_.erase(it);
     }
     if (!following_.empty()) lookAtRecoveries();
   });

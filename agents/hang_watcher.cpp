@@ -9,6 +9,7 @@
 #include <tuple>
 #include <vector>
 
+#include "agents/process.h"
 #include "common/log.h"
 #include "common/text.h"
 
@@ -30,14 +31,10 @@ std::chrono::milliseconds lookInterval(std::chrono::milliseconds timeout) {
 constexpr std::chrono::seconds kStackTimeout{10};
 constexpr std::chrono::seconds kGatherTimeout{15};
 
-// Whether `pid` is stopped (SIGSTOP, a tracer's stop): /proc/PID/stat's state, after the
-// command's closing parenthesis. A stopped rank is the one the others wait for.
+// Whether `pid` is stopped (SIGSTOP, a tracer's stop): a stopped rank is the one the others
+// wait for.
 bool stopped(pid_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
-  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  const auto close = stat.rfind(')');
-  if (close == std::string::npos || close + 2 >= stat.size()) return false;
-  const char state = stat[close + 2];
+  const char state = processState(pid);
   return state == 'T' || state == 't';
 }
 
@@ -117,7 +114,7 @@ void HangWatcher::watch(std::vector<WatchedWorker> workers,
     });
     if (before == workers_.end()) continue;
     const auto j = static_cast<size_t>(before - workers_.begin());
-    if (before->pid == workers[i].pid && j < tracks_.size()) {
+    if (before->pid == workers[i].pid) {
       tracks[i] = tracks_[j];
       tracks[i].silentSince(now);
       heartbeats[i] = heartbeats_[j];

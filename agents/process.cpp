@@ -340,4 +340,11 @@ void becomeSubreaper() {
     throw Error(std::string("cannot become a child subreaper: ") + std::strerror(errno));
 }
 
+char processState(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  const std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const size_t paren = stat.rfind(')');  // after the command, which may hold anything
+  return paren == std::string::npos || paren + 2 >= stat.size() ? 0 : stat[paren + 2];
+}
+
 }  // namespace dlrun::agents

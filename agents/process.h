@@ -87,4 +87,8 @@ void signalReapedGroup(int groupFd, pid_t group, int sig);
 // Makes this process a child subreaper: orphaned descendants are reparented to it and reaped.
 void becomeSubreaper();
 
+// The state letter of /proc/PID/stat ('T': stopped by a signal, 't': by a tracer), or 0 when
+// the process is gone.
+char processState(pid_t pid);
+
 }  // namespace dlrun::agents

@@ -66,12 +66,6 @@ std::string readFile(const fs::path& path, std::streamoff from) {
   return text.str();
 }
 
-char stateOf(pid_t pid) {
-  const std::string stat = readFile("/proc/" + std::to_string(pid) + "/stat");
-  const size_t paren = stat.rfind(')');
-  return paren == std::string::npos || paren + 2 >= stat.size() ? 0 : stat[paren + 2];
-}
-
 FileWatch::FileWatch(fs::path path)
     : path_(std::move(path)), before_(markOf(path_)), last_(before_), changed_(Clock::now()) {}
 
@@ -98,7 +92,7 @@ TargetDump::TargetDump(const StackTarget& target, const PythonStackHook* hook, c
     step_ = Step::Done;
     return;
   }
-  stoppedBefore_ = stateOf(target.pid) == 'T';
+  stoppedBefore_ = processState(target.pid) == 'T';
   pokeFlightRecorder(environmentOf(target.pid));
   // A stopped process (SIGSTOP) cannot run the Python hook: its native stack only, at once.
   if (stoppedBefore_)

@@ -32,8 +32,6 @@ std::string errnoText(int error);
 // was reaped (by the agent's waitpid(-1) as likely as by this code).
 int pidfdOpen(pid_t pid);
 std::string readFile(const fs::path& path, std::streamoff from = 0);
-// The state letter of /proc/PID/stat ('T': stopped), or 0 when the process is gone.
-char stateOf(pid_t pid);
 
 struct FileMark {
   bool exists = false;

@@ -76,7 +76,8 @@ void TargetDump::startTool(const std::string& name) {
 }
 
 void TargetDump::finishTool() {
-  if (tool_->diedAttached() || (!tool_->statusKnown() && stateOf(target_.pid) == 'T')) resume();
+  if (tool_->diedAttached() || (!tool_->statusKnown() && processState(target_.pid) == 'T'))
+    resume();
   nativeThreads_ = tool_->name() == "eu-stack" ? parseEuStack(tool_->out(), target_.pid)
                                                : parseGdbBacktrace(tool_->out(), target_.pid);
   if (std::string trouble = tool_->trouble(); !trouble.empty()) {

@@ -44,8 +44,9 @@ ratio to the floor, the median of its first part: from the fault to the start of
 0 process, the rest being that process's own start-up (in process: to rank 0's recovery's
 start); the failures by kind, each failed trial's reason; an in-process row's ratios to the
 whole-group restarts' medians, and rank 0's phases), the floor, one summary line. An in-process
-trial also fails when a survivor's process was replaced or the checkpoint was read. Exit status: 0, or 1 when a dlrun trial
-failed or the floor could not be measured; torchrun's failures are results.
+trial also fails when a survivor's process was replaced or the checkpoint was read. Exit status:
+0, or 1 when a dlrun trial failed or the floor could not be measured; torchrun's failures are
+results.
 """
 import argparse
 import os

@@ -18,7 +18,6 @@ that environment (the benchmark's floor). Files in DIR:
   --recovery=in-process the loop is dlrun.recovery's: a replacement reads no checkpoint (its
   state comes from a survivor), and rank 0 writes a resume line after each recovery too, with
   the recovery's phases, as a new incarnation.
-- Under dlrun every step is reported through dlrun.progress (--hang-timeout watches it).
 - stop: the benchmark's request to end; every rank sees the same answer each step (a one-element
   all-reduce), so all leave together and exit 0.
 Each line carries the process's incarnation (a random id): the benchmark tells the restarted

@@ -20,8 +20,9 @@ destroys the process group, meets the replacement in the next generation's key s
 job's store, makes the group again there, sends the model, the optimizer, the step and `state`
 from the surviving rank furthest along (the lowest of those) to every rank (a broadcast, no
 file), and runs the failed step again. Every step is taken once: all ranks go on from one rank's
-state and step (a step whose optimizer.step() ran on that rank counts as done). What a step draws at random should come from
-the step (a generator seeded by it), since a replacement has none of its dead process's state.
+state and step (a step whose optimizer.step() ran on that rank counts as done). What a step
+draws at random should come from the step (a generator seeded by it), since a replacement has
+none of its dead process's state.
 
 Each step done is reported through dlrun.progress, so --hang-timeout watches the loop: a rank
 found hung is replaced the same way, once the node's stacks are taken.

@@ -11,8 +11,9 @@ one seeded batch a step and rank, momentum), run fault-free once for the weights
   replaced, and the job goes on as after a kill.
 - A failure after the group re-formed (rank 2 at step 9, rank 1 at step 15): a second recovery,
   generation 2, the same weights.
-- A second failure during the recovery (a survivor dies at the same step as the first victim):
-  the agent restarts the whole group, counted against --max-restarts, and the job still ends 0.
+- A second failure during the recovery (a survivor dies at the same step as the first victim, or
+  inside the recovery as the group forms again or the state is sent): the agent restarts the
+  whole group, counted against --max-restarts, and the job still ends 0, bit-equal.
 - A program that does not use the API behaves as today: its failure restarts the whole group.
 - Without --recovery=in-process the loop is a plain DDP loop, and a failure restarts the group.
 
@@ -115,6 +116,17 @@ class InProcessRecoveryTest(InProcessCase):
         for rank in range(WORLD):
             self.assertEqual(finals[rank]["generation"], 0, finals[rank])
             self.assertGreater(len(self.processes(out, rank)), 1, rank)
+
+    def test_a_failure_while_the_group_re_forms_restarts_the_whole_group(self):
+        # Rank 3 dies at step 9; rank 1 dies in that recovery, as the group forms again, or as
+        # the state is sent. Nothing waits: the others fall back, the job ends 0, bit-equal.
+        for phase in ("group", "state"):
+            with self.subTest(phase=phase):
+                out, finals, result = self.job("3:9", f"1:{phase}")
+                self.assertEqual({f["sha256"] for f in finals}, {self.reference()}, result)
+                self.assertIn("restarting the whole group", result.stderr)
+                for rank in range(WORLD):
+                    self.assertEqual(finals[rank]["generation"], 0, finals[rank])
 
     def test_without_in_process_recovery_the_group_restarts(self):
         out, finals, result = self.job("2:9", recovery="restart")

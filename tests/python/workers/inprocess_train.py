@@ -5,7 +5,9 @@ Usage: inprocess_train.py OUT_DIR STEPS [KILL ...]
 Each KILL is RANK:STEP[:stop]: that rank's first process (the job's first attempt, not a
 replacement) SIGKILLs itself (with `:stop`, SIGSTOPs itself: a hang) as it begins STEP, before the
 step's collective, so the others fail, or wait, in the all-reduce of that step. Two at one step
-(`1:7 3:7`) are a second failure during the first's recovery.
+(`1:7 3:7`) are a second failure during the first's recovery. A KILL of RANK:group or RANK:state
+SIGKILLs that rank's first process inside its first recovery, as it forms the group again or as
+the state is sent: a failure during the re-forming.
 
 Every process writes OUT_DIR/start_<RANK>_<PID> as it starts and appends each step it completes
 to OUT_DIR/steps_<RANK>_<PID>; at the end every rank writes OUT_DIR/final_<RANK>.json with the
@@ -43,9 +45,28 @@ def kills(args, rank):
     found = {}
     for arg in args:
         fields = arg.split(":")
-        if int(fields[0]) == rank:
+        if int(fields[0]) != rank:
+            continue
+        if fields[1] in ("group", "state"):
+            die_in_recovery(fields[1])
+        else:
             found[int(fields[1])] = signal.SIGSTOP if fields[2:] == ["stop"] else signal.SIGKILL
     return found
+
+
+def die_in_recovery(phase):
+    """SIGKILLs this process as its loop's first recovery re-forms the group ("group": the
+    second init_process_group) or sends the state ("state": the first broadcast_object_list)."""
+    import torch.distributed as dist
+    name = "init_process_group" if phase == "group" else "broadcast_object_list"
+    real, calls = getattr(dist, name), []
+
+    def dying(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == (2 if phase == "group" else 1):
+            os.kill(os.getpid(), signal.SIGKILL)
+        return real(*args, **kwargs)
+    setattr(dist, name, dying)
 
 
 def main():
