@@ -216,9 +216,11 @@ bool AgentImpl::anyAlone() const {
 }
 
 std::string AgentImpl::inProcessRefusal(const Worker& failed) const {
-  recovery::Failure failure{
-      .exitCode = failed.status().signaled ? -1 : failed.status().value,
-      .marked = recovery::markedPid(recoveryDir_, failed.localRank()) == failed.pid()};
+  const auto mark = recovery::readMark(recoveryDir_, failed.localRank());
+  const bool marked = mark && mark->pid == failed.pid();
+  recovery::Failure failure{.exitCode = failed.status().signaled ? -1 : failed.status().value,
+                            .marked = marked,
+                            .done = marked && mark->done};
   for (const auto& [local, pid] : replaced_)
     if (local != failed.localRank() && recovery::markedPid(recoveryDir_, local) != pid)
       failure.recovering.push_back(local);

@@ -16,6 +16,7 @@ std::optional<Mark> parseMark(const std::string& text) {
     if (mark.pid <= 0) return std::nullopt;
     mark.generation = j.value("generation", 0);
     mark.at = j.value("at", 0.0);
+    mark.done = j.value("done", false);
     if (const auto phases = j.find("phases"); phases != j.end() && phases->is_object())
       for (const auto& [name, seconds] : phases->items())
         if (seconds.is_number()) mark.phases[name] = seconds.get<double>();
@@ -43,6 +44,7 @@ std::string refusal(const Failure& failure) {
     return "a failure during the in-process recovery of local rank " +
            std::to_string(failure.recovering.front());
   if (!failure.marked) return "it had not started dlrun.recovery's loop";
+  if (failure.done) return "it had left dlrun.recovery's loop";
   return "";
 }
 

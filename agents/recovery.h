@@ -5,9 +5,10 @@
 // Each worker's loop, once its process group is formed (or re-formed, in a replacement), writes
 // its mark to DLRUN_RECOVERY_DIR/LOCAL_RANK: one JSON object, {"pid": ..., "generation": ...},
 // and in a replacement its recovery's end ("at", unix seconds) and phases ("phases": meet,
-// group, state, total, in seconds, as Loop.last_recovery). A failed worker is replaced alone only
-// if it had marked (its program recovers in process) and no replacement of this node is still
-// recovering (its mark not yet its own): a second failure during a recovery restarts the group.
+// group, state, total, in seconds, as Loop.last_recovery); past the loop's last barrier, "done".
+// A failed worker is replaced alone only if it had marked (its program recovers in process), had
+// not left the loop, and no replacement of this node is still recovering (its mark not yet its
+// own): a second failure during a recovery restarts the group.
 #pragma once
 
 #include <sys/types.h>
@@ -33,6 +34,7 @@ struct Mark {
   int generation = 0;
   double at = 0;  // a replacement's: when its recovery ended
   std::map<std::string, double> phases;
+  bool done = false;  // the worker left the loop: no peer is left to meet a replacement
 };
 
 // The mark of `localRank`, nothing when it has none (or an unreadable one).
@@ -50,6 +52,7 @@ std::string describeRecovery(int rank, const Mark& mark, double startedAt);
 struct Failure {
   int exitCode = 0;     // the exit code, -1 for a signal
   bool marked = false;  // the failed process had marked
+  bool done = false;    // and its mark says it had left the loop
   // Local ranks whose replacement has not marked yet: their recovery is under way.
   std::vector<int> recovering;
 };

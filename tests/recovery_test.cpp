@@ -25,6 +25,13 @@ TEST(Recovery, EveryOtherCaseRestartsTheGroupAndSaysWhy) {
             "it asked for the whole-group restart (exit 75)");
   EXPECT_EQ(refusal({.exitCode = -1, .marked = true, .recovering = {3}}),
             "a failure during the in-process recovery of local rank 3");
+  EXPECT_EQ(refusal({.exitCode = -1, .marked = true, .done = true}),
+            "it had left dlrun.recovery's loop");
+}
+
+TEST(Recovery, AMarkPastTheLastBarrierSaysDone) {
+  EXPECT_TRUE(parseMark(R"({"pid": 7, "generation": 1, "done": true})")->done);
+  EXPECT_FALSE(parseMark(R"({"pid": 7, "generation": 1})")->done);
 }
 
 TEST(Recovery, MarksAreThePidsTheLoopWrote) {

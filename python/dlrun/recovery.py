@@ -91,6 +91,50 @@ def _exact_buckets():
     return {"bucket_cap_mb": EXACT_BUCKET_MB, "find_unused_parameters": True}
 
 
+class _Slot:
+    """Where a tensor was in a state dict sent without its tensors (Loop._send_state)."""
+
+    def __init__(self, index):
+        self.index = index
+
+
+def _hollow(value, tensors):
+    """`value` with each tensor replaced by a _Slot, the tensors appended to `tensors`."""
+    import torch
+    if isinstance(value, torch.Tensor):
+        tensors.append(value)
+        return _Slot(len(tensors) - 1)
+    if isinstance(value, dict):
+        hollow = type(value)((k, _hollow(v, tensors)) for k, v in value.items())
+        if hasattr(value, "_metadata"):  # a module's state dict: its versions, for loading
+            hollow._metadata = value._metadata
+        return hollow
+    if type(value) in (list, tuple):
+        return type(value)(_hollow(v, tensors) for v in value)
+    return value
+
+
+def _fill(value, tensors):
+    """_hollow's inverse."""
+    if isinstance(value, _Slot):
+        return tensors[value.index]
+    if isinstance(value, dict):
+        full = type(value)((k, _fill(v, tensors)) for k, v in value.items())
+        if hasattr(value, "_metadata"):
+            full._metadata = value._metadata
+        return full
+    if type(value) in (list, tuple):
+        return type(value)(_fill(v, tensors) for v in value)
+    return value
+
+
+def _numel(shape):
+    count = 1
+    for n in shape:
+        count *= n
+    return count
+
+
 class Loop:
     """Owns the process group, the DistributedDataParallel wrapper and the step counter of a
     training loop; see the module's text. `state`: a dict of more picklable values every rank
@@ -134,12 +178,19 @@ class Loop:
         else:
             self._form(0, timeout)
             self.ddp = self._wrap()
-        # The agent's sign that this rank recovers in process: where it finds none, a failure
-        # restarts the whole group, as for a program without this loop.
-        # A replacement's mark also says how its recovery went (the agent's "recovered" event).
+        self._mark()
+
+    def _mark(self, done=False):
+        """The agent's sign that this rank recovers in process: where it finds none, a failure
+        restarts the whole group, as for a program without this loop. A replacement's mark also
+        says how its recovery went (the agent's "recovered" event); `done`: this rank left the
+        loop, so a failure of it now restarts the whole group at once (no peer is left to meet
+        a replacement)."""
         record = {"pid": os.getpid(), "generation": self.generation}
         if self.last_recovery:
             record.update(at=time.time(), phases=self.last_recovery)
+        if done:
+            record["done"] = True
         mark = os.path.join(os.environ["DLRUN_RECOVERY_DIR"], os.environ["LOCAL_RANK"])
         with open(f"{mark}.tmp", "w") as f:  # whole or not at all: the agent reads it any time
             json.dump(record, f)
@@ -147,14 +198,29 @@ class Loop:
 
     def run(self, train_step, steps):
         """Calls train_step(step, ddp) for each step from self.step up to `steps`, once in
-        effect: a step a peer's failure cut short runs again after the recovery."""
-        while self.step < steps:
+        effect: a step a peer's failure cut short runs again after the recovery. Under dlrun it
+        ends with a barrier: no rank leaves while a peer may still fail in the last step (the
+        recovery would wait for it in vain)."""
+        import torch.distributed as dist
+        while True:
             self._applied = False
             try:
-                train_step(self.step, self.ddp)
-                self.step += 1
-                progress.step(self.step)  # --hang-timeout's watch sees each step
-                continue
+                if self.step < steps:
+                    train_step(self.step, self.ddp)
+                    self.step += 1
+                    progress.step(self.step)  # --hang-timeout's watch sees each step
+                    continue
+                if not self._active:
+                    return
+                dist.barrier()
+                # Said in the store first: a peer recovering now (its barrier cut short as this
+                # rank's completed) can never meet this rank again, and falls back at once.
+                try:
+                    self._store.add(f"{KEYS}/done", 1)
+                except RuntimeError:  # a hint only: without it, such a peer falls back later
+                    pass
+                self._mark(done=True)
+                return
             except Exception as error:
                 if not self._active or not _peer_failure(error):
                     raise
@@ -167,9 +233,52 @@ class Loop:
 
     # --- the generations ---------------------------------------------------------------------
 
-    def _wrap(self):
+    def _wrap(self, synced=False):
+        import inspect
+
         from torch.nn.parallel import DistributedDataParallel
-        return DistributedDataParallel(self.module, **self._ddp_options)
+        options = dict(self._ddp_options)
+        if synced and "init_sync" in inspect.signature(DistributedDataParallel).parameters:
+            options.setdefault("init_sync", False)  # torch 2.4 and later
+        return DistributedDataParallel(self.module, **options)
+
+    def _send_state(self, source):
+        """The model, the optimizer, the step and `state` from `source` to every rank: what is
+        not a tensor pickled (small), the tensors in one flat buffer per dtype, broadcast in
+        place (no pickling of the weights, one collective per dtype)."""
+        import torch
+        import torch.distributed as dist
+        sending = self.rank == source
+        device = (torch.device("cuda", torch.cuda.current_device()) if self.backend == "nccl"
+                  else torch.device("cpu"))
+        tensors, meta = [], [None]
+        if sending:
+            whole = {"model": self.module.state_dict(), "optimizer": self.optimizer.state_dict()}
+            skeleton = _hollow(whole, tensors)
+            layout = [(t.dtype, tuple(t.shape)) for t in tensors]
+            meta = [(self.step, self.state, skeleton, layout)]
+        dist.broadcast_object_list(meta, src=source)
+        step, state, skeleton, layout = meta[0]
+        received = [None] * len(layout)
+        for dtype in sorted({d for d, _ in layout}, key=str):
+            ids = [i for i, (d, _) in enumerate(layout) if d == dtype]
+            if sending:
+                flat = torch.cat([tensors[i].detach().reshape(-1).to(device) for i in ids])
+            else:
+                flat = torch.empty(sum(_numel(layout[i][1]) for i in ids), dtype=dtype,
+                                   device=device)
+            dist.broadcast(flat, src=source)
+            if not sending:
+                for i, piece in zip(ids, flat.split([_numel(layout[i][1]) for i in ids])):
+                    received[i] = piece.view(layout[i][1])
+        if sending:
+            return
+        whole = _fill(skeleton, received)
+        self.module.load_state_dict(whole["model"])
+        self.optimizer.load_state_dict(whole["optimizer"])
+        self.step = step
+        self.state.clear()
+        self.state.update(state)
 
     def _form(self, generation, timeout):
         """The process group of `generation`, in a key space of its own."""
@@ -200,13 +309,16 @@ class Loop:
         """Waits for the counter `counter` to be set, beating the progress board every BEAT_S: a
         rank waiting for a replacement's start is recovering, not hung (--hang-timeout). Polled
         with add(0), which torch 1.13's store has too: a store wait cut into slices would leave
-        the store's late answer to a timed-out wait on the connection."""
+        the store's late answer to a timed-out wait on the connection. A rank that left the loop
+        (past its last barrier) never comes: the wait ends then, for the whole-group restart."""
         beat = time.monotonic()
         while self._store.add(counter, 0) < 1:
             left()  # raises past the deadline
             if time.monotonic() >= beat:
                 progress.step(self.step)
                 beat += BEAT_S
+                if self._store.add(f"{KEYS}/done", 0) > 0:
+                    raise RuntimeError("a rank has left the loop: the group cannot meet again")
             time.sleep(POLL_S)
 
     def _recover_within(self, joining, deadline):
@@ -258,18 +370,9 @@ class Loop:
         # gradient sum (a ring all-reduce can complete on some ranks as a peer dies and not on
         # others), so that step is done, and a rank behind it takes it from the sender.
         source = max(survivors, key=lambda r: (records[r]["step"], -r))
-        payload = [{"step": self.step, "state": self.state, "model": self.module.state_dict(),
-                    "optimizer": self.optimizer.state_dict()}
-                   if self.rank == source else None]
-        dist.broadcast_object_list(payload, src=source)  # pickled there, once
-        if self.rank != source:
-            sent = payload[0]
-            self.module.load_state_dict(sent["model"])
-            self.optimizer.load_state_dict(sent["optimizer"])
-            self.step = sent["step"]
-            self.state.clear()
-            self.state.update(sent["state"])
-        self.ddp = self._wrap()
+        self._send_state(source)
+        # Every rank holds the source's weights now: DDP's own first broadcast of them is spared.
+        self.ddp = self._wrap(synced=True)
         dist.barrier()
         phase("state")
         self.generation = generation

@@ -14,6 +14,8 @@ one seeded batch a step and rank, momentum), run fault-free once for the weights
 - A second failure during the recovery (a survivor dies at the same step as the first victim, or
   inside the recovery as the group forms again or the state is sent): the agent restarts the
   whole group, counted against --max-restarts, and the job still ends 0, bit-equal.
+- A worker that dies once its loop is over (past the loop's last barrier): the whole group
+  restarts at once (no rank is left in the loop to meet a replacement), bit-equal.
 - A program that does not use the API behaves as today: its failure restarts the whole group.
 - Without --recovery=in-process the loop is a plain DDP loop, and a failure restarts the group.
 
@@ -127,6 +129,17 @@ class InProcessRecoveryTest(InProcessCase):
                 self.assertIn("restarting the whole group", result.stderr)
                 for rank in range(WORLD):
                     self.assertEqual(finals[rank]["generation"], 0, finals[rank])
+
+    def test_a_failure_past_the_loop_restarts_the_whole_group_at_once(self):
+        # Rank 2 dies once its loop is over: no rank is left in the loop to meet a replacement.
+        out, finals, result = self.job("2:end")
+        self.assertEqual({f["sha256"] for f in finals}, {self.reference()}, result)
+        self.assertIn("no in-process recovery (it had left dlrun.recovery's loop): restarting "
+                      "the whole group", result.stderr)
+        self.assertNotIn("recovery failed", result.stderr)
+        for rank in range(WORLD):
+            self.assertEqual(finals[rank]["generation"], 0, finals[rank])
+            self.assertEqual(len(self.processes(out, rank)), 2, rank)
 
     def test_without_in_process_recovery_the_group_restarts(self):
         out, finals, result = self.job("2:9", recovery="restart")

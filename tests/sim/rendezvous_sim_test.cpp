@@ -1,5 +1,6 @@
 // The simulation's own promises: a seed replays bit for bit, different seeds differ, and each
-// kind of fault it injects, on dlrund and on etcd, happens within a modest range of seeds.
+// kind of fault it injects, on dlrund and on etcd, happens within a modest range of seeds, and
+// in-process recovery takes each of its ways there.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -48,7 +49,12 @@ TEST(RendezvousSim, EveryKindOfFaultIsInjectedAndTheJobsEndEveryWay) {
                                         "lapsed",
                                         "etcd answers again",
                                         "reply lost: the call is made again",
-                                        "'s connection fails"};
+                                        "'s connection fails",
+                                        "FAULT kill a worker of n",
+                                        "replaced alone",
+                                        "recovered in process, generation 2",
+                                        "falls back to the whole-group restart",
+                                        "no in-process recovery (it had left"};
   std::set<std::string> seen;
   for (uint64_t seed = 1; seed <= 400 && seen.size() < wanted.size(); ++seed) {
     const Verdict v = runSchedule(seed, true);

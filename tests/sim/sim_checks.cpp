@@ -149,7 +149,15 @@ std::optional<std::string> checkEnds(const Record& r) {
   // The count lives in the store and in its members' records: a store restarted without its
   // keys keeps only what surviving members remember, so the count is checked while the store
   // never lost the job's keys (its first life). A round whose failure report went out but whose
-  // end no member lived to read may have counted or not: it widens the range allowed.
+  // end no member lived to read may have counted or not: it widens the range allowed. In
+  // process, the ranks the reporting node replaced alone in the round count too (up to the most
+  // any member replaced).
+  auto lone = [&](const RoundId& round) {
+    int most = 0;
+    if (const auto it = r.loneRestarts.find(round); it != r.loneRestarts.end())
+      for (const auto& [owner, count] : it->second) most = std::max(most, count);
+    return most;
+  };
   auto failuresBefore = [&](const RoundId& round) {
     std::pair<int, int> range{0, 0};
     for (const auto& [earlier, members] : r.worlds) {
@@ -158,9 +166,9 @@ std::optional<std::string> checkEnds(const Record& r) {
       if (seen != agreed.end()) {
         const int counted = seen->second.kind == Kind::WorkerFailed ? 1 : 0;
         range.first += counted;
-        range.second += counted;
+        range.second += counted * (1 + lone(earlier));
       } else if (r.failureReported.count(earlier)) {
-        ++range.second;
+        range.second += 1 + lone(earlier);
       }
     }
     return range;
@@ -169,10 +177,10 @@ std::optional<std::string> checkEnds(const Record& r) {
     if (round.first > 0 || end.kind != Kind::WorkerFailed) continue;
     const std::string where = roundName(round) + ": ";
     const auto [low, high] = failuresBefore(round);
-    if (end.failures < low + 1 || end.failures > high + 1)
+    if (end.failures < low + 1 || end.failures > high + 1 + lone(round))
       return where + "its failure counts as restart " + std::to_string(end.failures) +
              ", but it is the job's failure " + std::to_string(low + 1) +
-             (high > low ? " to " + std::to_string(high + 1) : "");
+             (high + lone(round) > low ? " to " + std::to_string(high + 1 + lone(round)) : "");
     if (end.final != !rendezvous::RestartPolicy{r.shape.maxRestarts}.allowsRestart(end.failures))
       return where + "failure " + std::to_string(end.failures) + " of max_restarts " +
              std::to_string(r.shape.maxRestarts) + (end.final ? " ended" : " did not end") +
@@ -269,11 +277,72 @@ std::optional<std::string> checkOverlap(const Record& r) {
   return std::nullopt;
 }
 
+// In process (sim_recovery.h): what the model saw break as it ran (a step lost or taken twice,
+// ranks' weights apart, two generations of a round at once), and a lone replacement that did
+// not recover in time: with nothing else reaching its round's workers from a little before its
+// start until kRecovers after (no other fault, no other recovery under way, no pause, no
+// connection of the workers' store cut or reply lost), the survivors and it must meet well
+// within that (a start-up takes at most 5 s, a meeting a few polls and collectives).
+std::optional<std::string> checkInProcess(const Record& r) {
+  if (!r.modelBreaks.empty()) return r.modelBreaks.front();
+  const Duration before(2'000), kRecovers(20'000);
+  auto quiet = [&](const Replacement& x) {
+    const Time from = x.at - before, to = x.at + kRecovers;
+    if (r.workerStoreCut.count(x.round)) return false;
+    for (const Time t : r.workerFaults)
+      if (t >= from && t <= to && !(t <= x.at && x.at - t < Duration(100)))
+        return false;  // another fault than the kill it replaces
+    for (const auto& [owner, span] : r.paused)
+      if (span.first <= to && span.second >= from) return false;
+    Time began = x.at;  // the round's workers' start
+    for (const auto& run : r.running)
+      if (run.round == x.round) began = std::min(began, run.from);
+    for (const auto& span : r.replyLoss)  // a connection that lost a reply stays broken
+      if (span.first <= to && span.second >= began) return false;
+    for (const auto& other : r.replacements)
+      if (&other != &x && other.round == x.round && other.at <= to &&
+          other.recovered.value_or(Time::max()) >= from)
+        return false;
+    return true;
+  };
+  // A round that ended otherwise than by a failure (a node joined, or was lost) cut its
+  // recoveries short: no worker's failure came of them.
+  auto endedOtherwise = [&](const RoundId& round) {
+    const auto seen = r.ends.find(round);
+    if (seen == r.ends.end()) return false;
+    return std::any_of(seen->second.begin(), seen->second.end(),
+                       [](const auto& end) { return end.second.kind != Kind::WorkerFailed; });
+  };
+  for (const auto& x : r.replacements) {
+    if ((x.recovered && *x.recovered - x.at <= kRecovers) || !quiet(x) || endedOtherwise(x.round))
+      continue;
+    // A rank that left the loop (its last barrier done, as the worker died just past its own)
+    // never meets the replacement: the round falls back to the whole-group restart, in time.
+    const auto left = r.leftLoop.find(x.round);
+    const auto fell = r.fellBack.find(x.round);
+    if (left != r.leftLoop.end() && left->second <= x.at + kRecovers) {
+      if (fell != r.fellBack.end() && fell->second <= std::max(x.at, left->second) + kRecovers)
+        continue;
+      return roundName(x.round) + ": rank " + std::to_string(x.rank) + "'s replacement (" +
+             name(r, x.owner) +
+             ") can meet no rank that left the loop, and the round did not "
+             "fall back within " +
+             secs(kRecovers);
+    }
+    return roundName(x.round) + ": rank " + std::to_string(x.rank) + "'s replacement (" +
+           name(r, x.owner) + ", at " + secs(std::chrono::duration_cast<Duration>(x.at - Time{})) +
+           ") did not recover within " + secs(kRecovers) +
+           ", though nothing else reached the "
+           "round's workers";
+  }
+  return std::nullopt;
+}
+
 }  // namespace
 
 std::optional<std::string> firstViolation(const Record& record, const Simulation&) {
-  for (auto check :
-       {checkRounds, checkRosters, checkFormed, checkEnds, checkOutcomes, checkOverlap})
+  for (auto check : {checkRounds, checkRosters, checkFormed, checkEnds, checkOutcomes, checkOverlap,
+                     checkInProcess})
     if (auto broken = check(record)) return broken;
   return std::nullopt;
 }

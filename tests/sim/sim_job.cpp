@@ -10,6 +10,7 @@
 #include "rendezvous/elastic_rendezvous.h"
 #include "tests/sim/sim_etcd.h"
 #include "tests/sim/sim_record.h"
+#include "tests/sim/sim_recovery.h"
 #include "tests/sim/sim_store.h"
 
 namespace dlrun::sim {
@@ -50,7 +51,13 @@ class Job {
  public:
   Job(uint64_t seed, bool keepTrace) : sim_(seed, keepTrace) {
     record_.shape = drawShape(sim_);
+    // From a generator of its own: a schedule without in-process recovery is the one it was
+    // before the model came.
+    std::mt19937_64 side(seed ^ 0x1f00dull);
+    record_.shape.inProcess = side() % 2 == 0;
+    record_.shape.steps = static_cast<int>(4 + side() % 24);
     const NetworkShape network{.replyTimeout = Duration(4'000), .connectTimeout = Duration(1'000)};
+    inProcess_ = std::make_unique<InProcess>(sim_, record_, network);
     if (sim_.chance(0.5)) {
       store_ = std::make_unique<SimEtcd>(sim_, network);
     } else {
@@ -78,8 +85,10 @@ class Job {
   ElasticOptions options(const Incarnation& me);
   void agentBody(int owner);
   void workerBody(const std::shared_ptr<Agent>& agent, World world, RoundId id);
+  void inProcessBody(const std::shared_ptr<Agent>& agent, World world, RoundId id);
+  void planWorkerKills();
   void planFaults();
-  void fault(Time at, const std::string& what, std::function<void()> act);
+  void fault(Time at, const std::string& what, std::function<void()> act, bool workers = true);
   void stopWorkers(Agent& agent);
   void stopAgent(int owner);
   void end(int owner, std::optional<RoundEnd> end, const std::string& error = "",
@@ -89,6 +98,7 @@ class Job {
   Simulation sim_;
   std::unique_ptr<SimBackend> store_;
   Record record_;
+  std::unique_ptr<InProcess> inProcess_;
   double failureChance_ = 0;
   std::map<int, std::shared_ptr<Agent>> live_;  // by owner, while its agent task runs
 };
@@ -180,7 +190,9 @@ void Job::agentBody(int owner) {
       agent->workersRunning = true;
       agent->stopWorkers = false;
       ++agent->workerTasks;
-      sim_.spawn(owner, [this, agent, world, id] { workerBody(agent, world, id); });
+      sim_.spawn(owner, [this, agent, world, id] {
+        record_.shape.inProcess ? inProcessBody(agent, world, id) : workerBody(agent, world, id);
+      });
       const RoundEnd ended = agent->rendezvous->awaitEnd();
       sim_.note(label(owner) + " saw round " + std::to_string(world.round) +
                 " end: " + ended.describe());
@@ -256,7 +268,8 @@ void Job::end(int owner, std::optional<RoundEnd> end, const std::string& error,
   sim_.note(me.label + " ends: " + (me.end ? me.end->describe() : kind + ": " + error));
 }
 
-void Job::fault(Time at, const std::string& what, std::function<void()> act) {
+void Job::fault(Time at, const std::string& what, std::function<void()> act, bool workers) {
+  if (workers) record_.workerFaults.push_back(at);
   record_.lastFault = std::max(record_.lastFault, at);
   record_.firstFault = std::min(record_.firstFault.value_or(Time::max()), at);
   sim_.at(at, [this, what, act = std::move(act)] {
@@ -274,19 +287,29 @@ void Job::planFaults() {
     const int node = static_cast<int>(sim_.uniform(1, record_.shape.nodes));
     const Duration d = sim_.between(Duration(300), Duration(12'000));
     if (kind < 15) {
-      fault(at, "cut a connection", [this] { store_->cutRandomLink(); });
+      fault(at, "cut a connection", [this] {
+        store_->cutRandomLink();
+        inProcess_->cutRandomLink();
+      });
     } else if (kind < 27) {
       const Duration window = sim_.between(Duration(500), Duration(5'000));
+      record_.replyLoss.push_back({at, at + window});
       fault(at, "lose replies for " + std::to_string(window.count()) + " ms", [this, window] {
         store_->loseReplies(0.2);
-        sim_.at(sim_.now() + window, [this] { store_->loseReplies(0); });
+        inProcess_->loseReplies(0.2);
+        sim_.at(sim_.now() + window, [this] {
+          store_->loseReplies(0);
+          inProcess_->loseReplies(0);
+        });
       });
     } else if (kind < 40) {
       record_.storeAway.push_back({at, at + d});
-      fault(at, "stop the store", [this, d] { store_->pause(d); });
+      fault(
+          at, "stop the store", [this, d] { store_->pause(d); }, false);
     } else if (kind < 52) {
       record_.storeAway.push_back({at, at + d});
-      fault(at, "restart the store", [this, d] { store_->restart(d); });
+      fault(
+          at, "restart the store", [this, d] { store_->restart(d); }, false);
     } else if (kind < 70) {
       fault(at,
             "stop n" + std::to_string(node) + "'s agent for " + std::to_string(d.count()) + " ms",
@@ -308,6 +331,7 @@ void Job::planFaults() {
                 a.endedAt = sim_.now();
                 sim_.killOwner(a.owner);
                 store_->cutLinksOf(a.owner);
+                inProcess_->agentGone(a.owner);
                 if (again) start(node, a.life + 1, sim_.now() + d);
                 break;
               }
@@ -323,6 +347,58 @@ void Job::planFaults() {
         }
       });
     }
+  }
+}
+
+// In process, a worker's failure is its process killed at any moment (a fault like the others),
+// not an exit at the end of its work.
+void Job::planWorkerKills() {
+  if (failureChance_ == 0) return;
+  const int kills = static_cast<int>(sim_.uniform(1, 4));
+  // While the first rounds train: a step takes 0.2 to 1.5 s.
+  const Duration window(5'000 + record_.shape.steps * 1'500);
+  for (int i = 0; i < kills; ++i) {
+    const Time at = Time{} + sim_.between(Duration(0), window);
+    const int node = static_cast<int>(sim_.uniform(1, record_.shape.nodes));
+    fault(at, "kill a worker of n" + std::to_string(node), [this, node] {
+      for (const auto& a : record_.agents)
+        if (a.node == node && !a.killed && !a.ended && inProcess_->killWorker(a.owner)) {
+          ++record_.injectedFailures;
+          return;
+        }
+    });
+  }
+}
+
+void Job::inProcessBody(const std::shared_ptr<Agent>& agent, World world, RoundId id) {
+  struct Done {
+    Agent& agent;
+    ~Done() { --agent.workerTasks; }
+  } done{*agent};
+  const std::string who = label(agent->owner);
+  const auto outcome =
+      inProcess_->run(agent->owner, who, world, id, [agent] { return agent->stopWorkers; });
+  if (outcome.kind == InProcess::Outcome::Kind::Stopped) return;
+  agent->workersRunning = false;
+  for (auto& r : record_.running)
+    if (r.owner == agent->owner && !r.to) r.to = sim_.now();
+  try {
+    if (outcome.kind == InProcess::Outcome::Kind::Finished) {
+      sim_.note(who + "'s workers finished round " + std::to_string(world.round));
+      record_.succeeded[id].insert(agent->owner);
+      agent->rendezvous->reportSuccess();
+      return;
+    }
+    record_.failureReported.insert(id);
+    agent->rendezvous->reportFailure(
+        RoundEnd{.kind = RoundEnd::Kind::WorkerFailed,
+                 .node = "n" + std::to_string(incarnation(agent->owner).node),
+                 .rank = outcome.rank,
+                 .exitCode = outcome.exitCode < 0 ? 137 : outcome.exitCode,
+                 .failures = world.failures + outcome.loneRestarts,
+                 .report = "worker failed: " + outcome.why});
+  } catch (const Error& e) {
+    sim_.note(who + " cannot report to the rendezvous store: " + e.what());
   }
 }
 
@@ -343,6 +419,7 @@ void Job::stopAgent(int owner) {
   for (auto& r : record_.running)
     if (r.owner == owner && !r.to) r.to = sim_.now();
   store_->cutLinksOf(owner);
+  inProcess_->agentGone(owner);
   sim_.killOwner(owner);  // its process exits: every task of it ends
 }
 
@@ -370,6 +447,7 @@ Verdict Job::run() {
     record_.starts.push_back(Time{} + at);
   }
   planFaults();
+  if (record_.shape.inProcess) planWorkerKills();
   Verdict verdict;
   bool idle = false;
   for (Time until{};;) {

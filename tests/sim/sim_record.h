@@ -32,6 +32,8 @@ struct Shape {
   Duration lastCall{1'000};
   Duration joinTimeout{60'000};
   Duration storeOutage{20'000};
+  bool inProcess = false;  // --recovery=in-process, the workers in dlrun.recovery's loop
+  int steps = 0;           // their training steps, in process
 };
 
 // One process of an agent: a node's first, or one started again after it was killed.
@@ -60,6 +62,15 @@ struct Running {  // a node's workers of one round
   std::optional<Time> to;
 };
 
+// A worker replaced alone (in process), and when its recovery completed, if it did.
+struct Replacement {
+  RoundId round;
+  int owner = 0;
+  int rank = 0;
+  Time at{};
+  std::optional<Time> recovered;
+};
+
 struct Record {
   Shape shape;
   std::vector<Incarnation> agents;
@@ -74,6 +85,19 @@ struct Record {
   std::optional<Time> firstFault;  // of those planned (a worker's failure comes after a round)
   std::vector<Time> starts;        // each node's first process's start
   int injectedFailures = 0;
+  // When each fault struck that reaches the workers (all but the rendezvous store's own), a
+  // worker's kill among them; the windows in which stores lost replies.
+  std::vector<Time> workerFaults;
+  std::vector<std::pair<Time, Time>> replyLoss;
+  // In process: the replacements, the ranks each round's members replaced alone (by owner),
+  // and what the model saw break as it happened (a step taken twice or lost, weights apart,
+  // two generations at once).
+  std::vector<Replacement> replacements;
+  std::map<RoundId, std::map<int, int>> loneRestarts;
+  std::set<RoundId> workerStoreCut;  // rounds whose workers' store had a connection cut
+  std::map<RoundId, Time> leftLoop;  // when a rank of the round first left the loop
+  std::map<RoundId, Time> fellBack;  // when a worker of the round first fell back (exit 75)
+  std::vector<std::string> modelBreaks;
 };
 
 // The first invariant `record` breaks, or nothing.

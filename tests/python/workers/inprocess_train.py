@@ -7,7 +7,8 @@ replacement) SIGKILLs itself (with `:stop`, SIGSTOPs itself: a hang) as it begin
 step's collective, so the others fail, or wait, in the all-reduce of that step. Two at one step
 (`1:7 3:7`) are a second failure during the first's recovery. A KILL of RANK:group or RANK:state
 SIGKILLs that rank's first process inside its first recovery, as it forms the group again or as
-the state is sent: a failure during the re-forming.
+the state is sent: a failure during the re-forming. RANK:end SIGKILLs it once its loop is over
+(past the loop's last barrier).
 
 Every process writes OUT_DIR/start_<RANK>_<PID> as it starts and appends each step it completes
 to OUT_DIR/steps_<RANK>_<PID>; at the end every rank writes OUT_DIR/final_<RANK>.json with the
@@ -38,8 +39,8 @@ def batch(step, rank):
 
 
 def kills(args, rank):
-    """{step: signal} at which this process kills or stops itself: none but in the rank's first
-    process."""
+    """{step or "end": signal} at which this process kills or stops itself: none but in the
+    rank's first process."""
     if os.environ.get("DLRUN_RECOVERY_JOIN") or os.environ["TORCHELASTIC_RESTART_COUNT"] != "0":
         return {}
     found = {}
@@ -49,6 +50,8 @@ def kills(args, rank):
             continue
         if fields[1] in ("group", "state"):
             die_in_recovery(fields[1])
+        elif fields[1] == "end":
+            found["end"] = signal.SIGKILL
         else:
             found[int(fields[1])] = signal.SIGSTOP if fields[2:] == ["stop"] else signal.SIGKILL
     return found
@@ -91,6 +94,8 @@ def main():
         log.write(f"{step}\n")
 
     loop.run(train_step, steps)
+    if "end" in die_at:
+        os.kill(pid, die_at["end"])
     digest = hashlib.sha256()
     for p in model.parameters():
         digest.update(p.detach().numpy().tobytes())
