@@ -419,9 +419,9 @@ void AgentImpl::onHang(const HungWorker& hung) {
 }
 
 // --recovery=in-process: a hung worker whose program recovers in process is replaced alone
-// once this node's stacks are taken: SIGKILLed (a stopped or stuck process heeds nothing else),
-// its peers' collectives fail as its sockets close, and its exit takes restartAlone's path.
-// False when the hang must end the round as without the flag.
+// once its stack is taken (the node's others are taken after): SIGKILLed (a stopped or stuck
+// process heeds nothing else), its peers' collectives fail as its sockets close, and its exit takes
+// restartAlone's path. False when the hang must end the round as without the flag.
 bool AgentImpl::replaceHungInProcess(int rank) {
   if (!options_.inProcessRecovery || hang_->options().action == HangAction::Exit) return false;
   const auto hung = std::find_if(workers_.begin(), workers_.end(),
@@ -431,16 +431,21 @@ bool AgentImpl::replaceHungInProcess(int rank) {
     log::info("hang: no in-process recovery (" + why + "): the round ends");
     return false;
   }
-  log::info("hang: taking this node's stacks into " + hang_->stackDir().string() +
-            ", then replacing rank " + std::to_string(rank) + " in process");
+  log::info("hang: taking rank " + std::to_string(rank) + "'s stack, replacing rank " +
+            std::to_string(rank) + " in process, and this node's other stacks into " +
+            hang_->stackDir().string());
   hang_->unwatch();
-  const HangWatcher::Collect what{.shareWithJob = false, .summarize = true};
-  hang_->collect(what, [this, rank, pid = (*hung)->pid(), attempt = attempt_] {
+  const pid_t pid = (*hung)->pid();
+  // Killed as soon as its own stack is taken: the survivors' recovery does not wait for theirs
+  // (which then show them recovering rather than waiting on it).
+  HangWatcher::Collect what{.shareWithJob = false, .summarize = true, .first = pid};
+  what.firstTaken = [this, rank, pid, attempt = attempt_] {
     if (state_ != State::Running || attempt != attempt_) return;
     const auto victim = byPid_.find(pid);
     if (victim == byPid_.end() || victim->second->rank() != rank) return;  // gone meanwhile
     victim->second->signal(SIGKILL);
-  });
+  };
+  hang_->collect(std::move(what), [] {});
   return true;
 }
 

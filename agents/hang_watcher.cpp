@@ -202,6 +202,23 @@ std::vector<RankReport> HangWatcher::localReports(Clock::time_point now) const {
   return reports;
 }
 
+// dumpStacks of `targets`, what.first's alone before the others' when it is one of them.
+std::vector<StackDump> HangWatcher::takeStacks(const std::vector<StackTarget>& targets,
+                                               const PythonStackHook* hook, const Collect& what) {
+  const auto first = std::find_if(targets.begin(), targets.end(),
+                                  [&](const StackTarget& t) { return t.pid == what.first; });
+  if (first == targets.end()) return dumpStacks(targets, hook, kStackTimeout);
+  auto dumps = dumpStacks({*first}, hook, kStackTimeout);
+  if (what.firstTaken) asio::post(io_, what.firstTaken);
+  std::vector<StackTarget> others;
+  for (const auto& t : targets)
+    if (t.pid != what.first) others.push_back(t);
+  auto rest = dumpStacks(others, hook, kStackTimeout);
+  const auto at = static_cast<size_t>(first - targets.begin());
+  rest.insert(rest.begin() + static_cast<std::ptrdiff_t>(at), std::move(dumps.front()));
+  return rest;
+}
+
 void HangWatcher::collect(Collect what, std::function<void()> done) {
   if (collector_.joinable()) collector_.join();
   std::vector<RankReport> reports = localReports(Clock::now());
@@ -217,7 +234,7 @@ void HangWatcher::collect(Collect what, std::function<void()> done) {
                             done = std::move(done)]() mutable {
     try {
       fs::create_directories(stacks);
-      const auto dumps = dumpStacks(targets, hook, kStackTimeout);
+      const auto dumps = takeStacks(targets, hook, what);
       for (size_t i = 0; i < dumps.size(); ++i) {
         RankReport& r = reports[i];
         r.stackFile = targets[i].outFile.string();

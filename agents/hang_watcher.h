@@ -74,6 +74,10 @@ class HangWatcher {
     bool shareWithJob = false;
     // Print the summary; with shareWithJob, once every node's ranks are gathered.
     bool summarize = false;
+    // This worker's stack first, alone; then `firstTaken` is posted to the io_context (an
+    // in-process replacement kills it there) while the others' are taken.
+    pid_t first = 0;
+    std::function<void()> firstTaken;
   };
   // Takes every watched worker's stack into attemptDir/stacks/rank_R.txt, then does `what`.
   // `done` is posted to the io_context when all is written.
@@ -85,6 +89,8 @@ class HangWatcher {
   void schedule();
   void look();
   std::vector<RankReport> localReports(Clock::time_point now) const;
+  std::vector<StackDump> takeStacks(const std::vector<StackTarget>& targets,
+                                    const PythonStackHook* hook, const Collect& what);
 
   boost::asio::io_context& io_;
   const HangOptions options_;

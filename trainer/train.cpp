@@ -50,8 +50,11 @@ void requestStop(int number) {
 // attempt published); null when alone.
 std::shared_ptr<Store> jobStore(const Placement& p) {
   if (p.worldSize == 1) return nullptr;
-  auto tcp =
-      std::make_shared<TcpStore>(TcpStoreOptions{.host = p.masterAddr, .port = p.masterPort});
+  // No reconnecting: a store that went away went with its node, which ends the round; a call
+  // retrying for a minute would hold the step, and with it the worker's stop (SIGTERM waits for
+  // the step's end), past the agent's stop timeout.
+  auto tcp = std::make_shared<TcpStore>(
+      TcpStoreOptions{.host = p.masterAddr, .port = p.masterPort, .reconnect = false});
   return std::make_shared<PrefixStore>("dlrun-train/attempt_" + std::to_string(p.restartCount),
                                        tcp);
 }

@@ -25,7 +25,7 @@ draws at random should come from the step (a generator seeded by it), since a re
 none of its dead process's state.
 
 Each step done is reported through dlrun.progress, so --hang-timeout watches the loop: a rank
-found hung is replaced the same way, once the node's stacks are taken.
+found hung is replaced the same way, once its stack is taken.
 
 Whatever the recovery cannot finish (a second failure, a rank that never comes, no survivor, its
 deadline) ends the worker with the agent's fallback code, and dlrun restarts the whole group, as
