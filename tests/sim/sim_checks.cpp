@@ -289,9 +289,15 @@ std::optional<std::string> checkInProcess(const Record& r) {
   auto quiet = [&](const Replacement& x) {
     const Time from = x.at - before, to = x.at + kRecovers;
     if (r.workerStoreCut.count(x.round)) return false;
-    for (const Time t : r.workerFaults)
-      if (t >= from && t <= to && !(t <= x.at && x.at - t < Duration(100)))
-        return false;  // another fault than the kill it replaces
+    bool own = false;  // the kill it replaces, once
+    for (const Time t : r.workerFaults) {
+      if (t < from || t > to) continue;
+      if (t == x.failedAt && !own) {
+        own = true;
+        continue;
+      }
+      return false;
+    }
     for (const auto& [owner, span] : r.paused)
       if (span.first <= to && span.second >= from) return false;
     Time began = x.at;  // the round's workers' start

@@ -68,6 +68,7 @@ struct Replacement {
   int owner = 0;
   int rank = 0;
   Time at{};
+  Time failedAt{};  // the death (a kill) of the process it replaces
   std::optional<Time> recovered;
 };
 

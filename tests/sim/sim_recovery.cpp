@@ -75,6 +75,7 @@ struct Proc {
   bool dead = false;
   bool exited = false;
   int exitCode = 0;
+  Time exitedAt{};
   bool marked = false;
   bool done = false;  // past the loop's last barrier (its mark says so)
   int generation = 0;
@@ -143,6 +144,7 @@ struct InProcess::Impl {
     p.dead = true;
     p.exited = true;
     p.exitCode = code;
+    p.exitedAt = sim.now();
     if (p.group) breakGroup(*p.group, p.rank);
   }
 
@@ -448,7 +450,7 @@ InProcess::Outcome InProcess::Impl::run(int owner, const std::string& label,
     Proc& next = spawnProc(owner, label, f.rank, f.local, true, id, world.worldSize,
                            sim.between(kStartLow, kStartHigh));
     next.replacement = record.replacements.size();
-    record.replacements.push_back({id, owner, f.rank, sim.now(), std::nullopt});
+    record.replacements.push_back({id, owner, f.rank, sim.now(), f.exitedAt, std::nullopt});
     replaced[f.local] = next.pid;
     mine[static_cast<size_t>(f.local)] = &next;
     sim.note(label + ": rank " + std::to_string(f.rank) + " replaced alone (pid " +
