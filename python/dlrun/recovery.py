@@ -34,6 +34,7 @@ over init_process_group("env://") and DistributedDataParallel: nothing else happ
 """
 import gc
 import json
+import math
 import os
 import sys
 import time
@@ -98,41 +99,34 @@ class _Slot:
         self.index = index
 
 
+def _leaves(value, leaf):
+    """`value`, its dicts, lists and tuples rebuilt with `leaf` applied to everything else (a
+    module's state dict keeps its `_metadata`, the versions load_state_dict reads)."""
+    if isinstance(value, dict):
+        rebuilt = type(value)((k, _leaves(v, leaf)) for k, v in value.items())
+        if hasattr(value, "_metadata"):
+            rebuilt._metadata = value._metadata
+        return rebuilt
+    if type(value) in (list, tuple):
+        return type(value)(_leaves(v, leaf) for v in value)
+    return leaf(value)
+
+
 def _hollow(value, tensors):
     """`value` with each tensor replaced by a _Slot, the tensors appended to `tensors`."""
     import torch
-    if isinstance(value, torch.Tensor):
-        tensors.append(value)
+
+    def slot(v):
+        if not isinstance(v, torch.Tensor):
+            return v
+        tensors.append(v)
         return _Slot(len(tensors) - 1)
-    if isinstance(value, dict):
-        hollow = type(value)((k, _hollow(v, tensors)) for k, v in value.items())
-        if hasattr(value, "_metadata"):  # a module's state dict: its versions, for loading
-            hollow._metadata = value._metadata
-        return hollow
-    if type(value) in (list, tuple):
-        return type(value)(_hollow(v, tensors) for v in value)
-    return value
+    return _leaves(value, slot)
 
 
 def _fill(value, tensors):
     """_hollow's inverse."""
-    if isinstance(value, _Slot):
-        return tensors[value.index]
-    if isinstance(value, dict):
-        full = type(value)((k, _fill(v, tensors)) for k, v in value.items())
-        if hasattr(value, "_metadata"):
-            full._metadata = value._metadata
-        return full
-    if type(value) in (list, tuple):
-        return type(value)(_fill(v, tensors) for v in value)
-    return value
-
-
-def _numel(shape):
-    count = 1
-    for n in shape:
-        count *= n
-    return count
+    return _leaves(value, lambda v: tensors[v.index] if isinstance(v, _Slot) else v)
 
 
 class Loop:
@@ -265,11 +259,11 @@ class Loop:
             if sending:
                 flat = torch.cat([tensors[i].detach().reshape(-1).to(device) for i in ids])
             else:
-                flat = torch.empty(sum(_numel(layout[i][1]) for i in ids), dtype=dtype,
+                flat = torch.empty(sum(math.prod(layout[i][1]) for i in ids), dtype=dtype,
                                    device=device)
             dist.broadcast(flat, src=source)
             if not sending:
-                for i, piece in zip(ids, flat.split([_numel(layout[i][1]) for i in ids])):
+                for i, piece in zip(ids, flat.split([math.prod(layout[i][1]) for i in ids])):
                     received[i] = piece.view(layout[i][1])
         if sending:
             return
