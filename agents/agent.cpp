@@ -3,6 +3,7 @@
 //   Joining --the round closed------------------> Running
 //   Running --a worker fails--------------------> Stopping(failure)
 //   Running --the round ended elsewhere---------> Stopping(round end)
+//   Running --a node lost, workers kept---------> Joining (keeping them; agent_keep.cpp)
 //   Running --SIGINT/TERM/HUP/QUIT--------------> Stopping(signal)
 //   Running --a hang ended the round------------> (stacks taken) Stopping(round end)
 //   Running --every worker exited 0-------------> Done
@@ -223,6 +224,7 @@ void AgentImpl::runRendezvous() {
     if (world && !openAttemptSpace(*world)) {
       asio::post(io_, [this, world = *world] { sitOut(world); });
     } else {
+      if (world && world->keptWorkers) renumberKept(*world);
       asio::post(io_, [this, joined = std::move(joined)] { onJoined(joined); });
     }
     if (!world) return;
@@ -240,9 +242,13 @@ void AgentImpl::onJoined(const rendezvous::JoinResult& joined) {
   if (state_ != State::Joining) return;  // a signal is ending dlrun
   if (const auto* end = std::get_if<rendezvous::RoundEnd>(&joined)) {
     roundEnd_ = *end;
+    keeping_ = false;
+    if (liveWorkers() > 0) return stop(SIGTERM);  // kept ones, for a round that never came
     return endOfRound();
   }
-  startAttempt(std::get<rendezvous::World>(joined));
+  const auto& world = std::get<rendezvous::World>(joined);
+  if (keeping_) return afterKeeping(world);
+  startAttempt(world);
 }
 
 void AgentImpl::onRoundEnd(const rendezvous::RoundEnd& end) {
@@ -253,6 +259,7 @@ void AgentImpl::onRoundEnd(const rendezvous::RoundEnd& end) {
   roundEnd_ = end;
   if (state_ == State::Done) return endOfRound();
   if (state_ == State::Running && end.hang && hang_) return takeStacksThenStop(end);
+  if (state_ == State::Running && keepThroughNextRound(end)) return;
   if (state_ == State::Running) {
     log::info("stopping workers: " + end.describe());
     stop(SIGTERM);
@@ -303,6 +310,7 @@ void AgentImpl::startAttempt(const rendezvous::World& world) {
   world_ = world;
   forgetWorkers();
   loneRestarts_ = 0;
+  renumbered_ = false;
   replaced_.clear();
   successReported_ = false;
   if (fileTimer_) fileTimer_->clear();

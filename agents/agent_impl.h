@@ -56,6 +56,12 @@ class AgentImpl {
   void onHang(const HungWorker& hung);
   void takeStacksThenStop(const rendezvous::RoundEnd& end);
 
+  // agent_keep.cpp: the workers kept through a re-rendezvous (a node lost, in process)
+  std::string keepRefusal(const rendezvous::RoundEnd& end) const;
+  bool keepThroughNextRound(const rendezvous::RoundEnd& end);
+  void afterKeeping(const rendezvous::World& world);
+  void renumberKept(const rendezvous::World& world);  // on the rendezvous thread
+
   // agent_links.cpp: --store-proxy's proxy, made or moved to where the round's store is; the
   // workers' world then names it
   void proxyStore(rendezvous::World& seen);
@@ -161,6 +167,14 @@ class AgentImpl {
   std::optional<rendezvous::RoundEnd> stopEnd_;  // how this node's stop ends the job
   bool launchFailed_ = false;
   rendezvous::World world_;  // the current round's
+  bool keeping_ = false;     // the workers run on while this node joins the next round
+  // What this node offered the round after a lost node (set before that round's thread starts,
+  // which reads it), and whether that round gave its workers other ranks: a failure of one of
+  // them then restarts the group (their environment is the old numbering's).
+  std::optional<rendezvous::KeptWorkers> keptOffer_;
+  bool renumbered_ = false;
+  // The round that could not keep them: it starts once they stopped.
+  std::optional<rendezvous::World> pendingWorld_;
   std::optional<rendezvous::RoundEnd> roundEnd_;
   std::thread roundThread_;          // the rendezvous's blocking calls (runRendezvous)
   std::optional<HangWatcher> hang_;  // with --hang-timeout

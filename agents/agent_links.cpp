@@ -161,7 +161,7 @@ AttemptSpaces attemptSpacesOverTcp() {
         // The store answered this round's rendezvous a moment ago (or, on etcd, its node's
         // lease did): one that does not within a few seconds is gone.
         const uint16_t port =
-            storeOf(world, std::chrono::seconds(5)).openSpace(world.runId, world.round);
+            storeOf(world, std::chrono::seconds(5)).openSpace(world.runId, world.spaceRound);
         return port == 0 ? std::nullopt : std::optional(port);
       },
       // At exit: a store gone already must not hold the agent up.

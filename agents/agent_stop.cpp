@@ -42,6 +42,12 @@ void AgentImpl::onStopped() {
     if (stopped) log::info(stopEnd_->report);
     return finish(stopped ? stopEnd_->exitCode : 128 + *stopSignal_);
   }
+  // Kept workers that the next round could not keep: its workers start now, unless it has
+  // ended meanwhile.
+  if (auto next = std::exchange(pendingWorld_, std::nullopt); next && !roundEnd_) {
+    killLeftovers();
+    return startAttempt(*next);
+  }
   state_ = State::Done;  // no workers; the round's end decides what follows
   if (roundEnd_) endOfRound();
 }

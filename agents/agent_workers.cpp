@@ -117,6 +117,8 @@ void AgentImpl::prepareLaunches() {
     spec.services[std::string(recovery::kDirVariable)] = recoveryDir_.string();
     spec.services[std::string(recovery::kFallbackVariable)] =
         std::to_string(recovery::kFallbackCode);
+    // This node takes a lost node's place in a round that kept the others' workers.
+    if (world_.joinInProcess) spec.services[std::string(recovery::kJoinVariable)] = "1";
   }
   if (progress_) progress_->prepareRound(attemptDir, options_.nprocPerNode, spec);
   if (hang_) hang_->prepareRound(attemptDir, *progress_->board(), inherited_, spec);
@@ -185,6 +187,8 @@ void AgentImpl::startSome(uint64_t attempt) {
     observer->onRoundStarted(world_, static_cast<int>(workers_.size()), Clock::now());
   publishStarted();
   watchStoreHost();
+  if (world_.joinInProcess)
+    for (const auto& w : workers_) followRecovery(w->localRank(), w->rank(), w->pid());
   // Every worker may have exited already, or this node may run services only.
   if (state_ == State::Running && liveEnding_ == 0) onSucceeded();
 }
@@ -216,6 +220,7 @@ bool AgentImpl::anyAlone() const {
 }
 
 std::string AgentImpl::inProcessRefusal(const Worker& failed) const {
+  if (renumbered_) return "this node's ranks were renumbered in process";
   const auto mark = recovery::readMark(recoveryDir_, failed.localRank());
   const bool marked = mark && mark->pid == failed.pid();
   recovery::Failure failure{.exitCode = failed.status().signaled ? -1 : failed.status().value,

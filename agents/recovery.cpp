@@ -63,4 +63,15 @@ std::string describeRecovery(int rank, const Mark& mark, double startedAt) {
   return line;
 }
 
+std::vector<std::pair<std::string, std::string>> renumbering(int generation, int oldBaseRank,
+                                                             int newBaseRank, int count,
+                                                             int worldSize) {
+  const std::string keys = "/dlrun/recovery/" + std::to_string(generation) + "/";
+  std::vector<std::pair<std::string, std::string>> out{{keys + "world", std::to_string(worldSize)}};
+  for (int i = 0; i < count; ++i)
+    out.emplace_back(keys + "renumber/" + std::to_string(oldBaseRank + i),
+                     std::to_string(newBaseRank + i + 1));
+  return out;
+}
+
 }  // namespace dlrun::agents::recovery

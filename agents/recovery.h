@@ -18,6 +18,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace dlrun::agents::recovery {
@@ -59,5 +60,17 @@ struct Failure {
 
 // Why the failed worker is not replaced alone (the whole group restarts), or empty: replace it.
 std::string refusal(const Failure& failure);
+
+// The workers' keys in their store (recovery.py's KEYS), as the agent's client names them:
+// torch's TCPStore client (1.13 as 2.x) puts "/" before every key. The last generation that
+// formed, a counter, and what a round that kept a smaller job's workers tells them (a node lost, no
+// spare): for each rank kept, its new number (plus one, so that 0 is "none", as the loop polls
+// a counter) and the new world size, for generation `generation` (the one after the last that
+// formed, which the survivors are meeting in). The world's key comes first: the loop reads it
+// once its rank's key is there.
+inline constexpr std::string_view kGenerationKey = "/dlrun/recovery/generation";
+std::vector<std::pair<std::string, std::string>> renumbering(int generation, int oldBaseRank,
+                                                             int newBaseRank, int count,
+                                                             int worldSize);
 
 }  // namespace dlrun::agents::recovery

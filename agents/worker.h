@@ -90,6 +90,8 @@ class Worker {
   bool alive() const { return state_ != State::Exited; }
   pid_t pid() const { return pid_; }
   int rank() const { return launch_.rank; }
+  // A round kept this worker running under another RANK (in-process recovery, a node lost).
+  void renumber(int rank) { launch_.rank = rank; }
   int localRank() const { return launch_.localRank; }
   const std::string& errorFile() const { return launch_.errorFile; }
   const ExitStatus& status() const { return status_; }
@@ -103,7 +105,7 @@ class Worker {
  private:
   explicit Worker(WorkerLaunch launch) : launch_(std::move(launch)) {}
 
-  const WorkerLaunch launch_;  // without its environment
+  WorkerLaunch launch_;  // without its environment; only its rank changes (renumber)
   State state_ = State::Running;
   bool groupKilled_ = false;
   pid_t pid_ = -1;

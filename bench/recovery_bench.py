@@ -22,8 +22,8 @@ that long, so its agent case waits it out; --rdzv-conf=last_call_timeout=1 gives
 The launchers (--launchers): dlrun; dlrun-warm, dlrun with WARM_FLAGS where `dlrun --help`
 lists --warm-start (else its rows say n/a); dlrun-inproc and dlrun-inproc-warm, the same with
 --recovery=in-process (the worker then runs dlrun.recovery's loop: the lost rank alone starts
-again and takes the survivors' state, no checkpoint read; the worker case only, since a lost node
-still restarts the whole group); torchrun.
+again and takes the survivors' state, no checkpoint read; a lost node's ranks start on the spare
+and join the survivors, or, with no spare, the survivors go on renumbered); torchrun.
 
 A trial: the job starts, trains steadily, the fault (its time taken right before the kill),
 then the recovery: the first step completed by a restarted rank 0, minus the fault's time (both
@@ -64,7 +64,6 @@ from chaos_faults import stop_on_sigterm  # noqa: E402
 WARM_FLAGS = ["--warm-start", "--preload", "torch"]
 IN_PROCESS_FLAGS = ["--recovery=in-process"]
 LAUNCHERS = ("dlrun", "dlrun-warm", "dlrun-inproc", "dlrun-inproc-warm", "torchrun")
-IN_PROCESS_CASES = ("worker", "hang")  # a lost node restarts the whole group, in process or not
 WATCHED_CASES = ("hang",)  # dlrun's rows alone: torchrun has no hang watch
 PHASES = ("to recovery", "meet", "group", "state", "step")
 HOSTS = 4  # agents on 0-2, dlrund on 3
@@ -113,8 +112,6 @@ def runs(case, launcher, prefixes):
 
 def not_run(case, launcher):
     """Why `launcher` has no row in `case` whatever dlrun's flags, or None."""
-    if launcher.startswith("dlrun-inproc") and case not in IN_PROCESS_CASES:
-        return "n/a (a lost node restarts the whole group)"
     if not launcher.startswith("dlrun") and case in WATCHED_CASES:
         return "n/a (no hang watch: it waits out gloo's timeout)"
     return None

@@ -254,6 +254,8 @@ def victim_host(trial):
 def kill_host(trial):
     host = victim_host(trial)
     pids = trial.hosts.pids(host)
+    trial.victims.update(w["pid"] for w in running_workers(trial.dir)
+                         if host_index(w["host"]) == host)
     trial.stamp_fault()
     for pid in pids:  # at once, by PID; netns.sh kill then makes sure nothing is left
         signal_pid(pid, signal.SIGKILL)
@@ -269,6 +271,7 @@ def kill_agent(trial):
     host = victim_host(trial)
     workers = [w for w in running_workers(trial.dir) if host_index(w["host"]) == host]
     agent = trial.agents[host]
+    trial.victims.update(w["pid"] for w in workers)
     trial.stamp_fault()
     signal_pid(agent.pid, signal.SIGKILL)
     trial.killed.add(host)
@@ -312,7 +315,7 @@ class Trial:
         self.fault_time = None
         self.fault_inc = None
         self.in_process = launcher.startswith("dlrun-inproc")
-        self.victims = set()      # PIDs the fault killed
+        self.victims = set()      # PIDs of the workers the fault killed (or took with a node)
         self.before = []          # the workers running right before the fault
 
     def flags(self):

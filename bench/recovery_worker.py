@@ -160,14 +160,19 @@ def main():
     else:
         loop = None
         ddp = DistributedDataParallel(model)
-    world = dist.get_world_size()
     seen = {"generation": loop.generation if loop else 0, "failed": None}
+
+    def rank0():
+        """Whether this process is rank 0 now: a round that kept the survivors of a lost node
+        without a spare gives them new ranks in process (loop.rank)."""
+        return (loop.rank if loop else rank) == 0
 
     def resume(start, recovery=None):
         """Rank 0's resume line: at its start, and after each recovery in process (`start`:
         when its failed step raised), with the recovery's phases."""
         append_line(steps_file, {
-            "kind": "resume", "step": loop.step if loop else step, "inc": inc(), "world": world,
+            "kind": "resume", "step": loop.step if loop else step, "inc": inc(),
+            "world": dist.get_world_size(),
             "restart": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
             "checkpoint": reads_checkpoint and not recovery, "recovery": recovery,
             "start": start, "imported": imported, "joined": joined, "loaded": time.time()})
@@ -176,7 +181,7 @@ def main():
         """A generation after a recovery in process is an incarnation of its own."""
         return incarnation + (f".{seen['generation']}" if seen["generation"] else "")
 
-    if rank == 0:
+    if rank0():
         resume(PROCESS_START, loop.last_recovery if loop else None)
     stop_path = os.path.join(args.out, "stop")
     loss_fn = torch.nn.CrossEntropyLoss()
@@ -186,7 +191,7 @@ def main():
         the same data."""
         if loop and loop.generation != seen["generation"]:
             seen["generation"] = loop.generation
-            if rank == 0:
+            if rank0():
                 resume(seen["failed"] or PROCESS_START, loop.last_recovery)
         began = time.monotonic()
         number = done + 1
@@ -197,11 +202,11 @@ def main():
             optimizer.zero_grad(set_to_none=True)
             loss_fn(ddp(x), y).backward()
             optimizer.step()
-            if rank == 0:
+            if rank0():
                 save_atomic(torch, {"step": number, "model": model.state_dict(),
                                     "optimizer": optimizer.state_dict()}, checkpoint)
                 append_line(steps_file, {"kind": "step", "step": number, "time": time.time(),
-                                         "inc": inc(), "world": world})
+                                         "inc": inc(), "world": dist.get_world_size()})
             stop = torch.tensor([1 if os.path.exists(stop_path) else 0])
             dist.all_reduce(stop, op=dist.ReduceOp.MAX)
         except Exception:

@@ -87,6 +87,10 @@ std::string encode(const NodeRecord& r) {
   if (r.lastGroupRank) j["last"] = *r.lastGroupRank;
   if (r.storePort) j["store"] = *r.storePort;
   if (!r.roles.empty()) j["roles"] = r.roles;
+  if (r.kept)
+    j["kept"] = {{"space", r.kept->spaceRound},     {"group_rank", r.kept->groupRank},
+                 {"nodes", r.kept->groupWorldSize}, {"base_rank", r.kept->baseRank},
+                 {"world_size", r.kept->worldSize}, {"ports", r.kept->workerPorts}};
   return j.dump();
 }
 
@@ -106,12 +110,23 @@ NodeRecord decodeNodeRecord(std::string_view text) {
   if (j.contains("last")) r.lastGroupRank = field<int>(j, "last", what);
   if (j.contains("store")) r.storePort = portField(j, "store", what);
   if (j.contains("roles")) r.roles = field<std::vector<std::string>>(j, "roles", what);
+  if (j.contains("kept")) {
+    const json& k = field<json>(j, "kept", what);
+    r.kept = KeptWorkers{
+        field<int>(k, "space", what),      field<int>(k, "group_rank", what),
+        field<int>(k, "nodes", what),      field<int>(k, "base_rank", what),
+        field<int>(k, "world_size", what), field<std::vector<uint16_t>>(k, "ports", what)};
+  }
   // The id names a key: never empty, never a path.
   if (r.id.empty() || r.id.find('/') != std::string::npos)
     throw ProtocolError("node record of " + r.addr + " has a malformed id");
   if (r.nproc < 1 || r.workerPorts.size() != static_cast<size_t>(r.nproc) ||
       (!r.roles.empty() && r.roles.size() != r.workerPorts.size()))
     throw ProtocolError("node record of " + r.addr + " has an inconsistent worker count");
+  if (r.kept && (r.kept->workerPorts != r.workerPorts || r.kept->groupRank < 0 ||
+                 r.kept->groupRank >= r.kept->groupWorldSize || r.kept->baseRank < 0 ||
+                 r.kept->baseRank + r.nproc > r.kept->worldSize))
+    throw ProtocolError("node record of " + r.addr + " keeps workers it cannot have");
   return r;
 }
 
@@ -123,6 +138,8 @@ std::string encode(const Assignment& a) {
             {"failures", a.failures}};
   if (a.masterAddr) j["master_addr"] = *a.masterAddr;
   if (a.masterPort) j["master_port"] = *a.masterPort;
+  if (a.keptSpace) j["kept_space"] = *a.keptSpace;
+  if (a.joins) j["joins"] = true;
   return j.dump();
 }
 
@@ -136,8 +153,89 @@ Assignment decodeAssignment(std::string_view text) {
   if (j.contains("master_port")) a.masterPort = portField(j, "master_port", what);
   if (a.masterAddr.has_value() != a.masterPort.has_value())
     throw ProtocolError("rank assignment has a workers' store address without its port");
+  if (j.contains("kept_space")) a.keptSpace = field<int>(j, "kept_space", what);
+  if (j.contains("joins")) a.joins = field<bool>(j, "joins", what);
+  if (a.joins && !a.keptSpace) throw ProtocolError("rank assignment joins workers no round kept");
   return a;
 }
+
+namespace {
+
+int mostFailures(const std::vector<NodeRecord>& byArrival) {
+  int failures = 0;
+  for (const NodeRecord& r : byArrival) failures = std::max(failures, r.failures);
+  return failures;
+}
+
+// The workers' store goes with the node that serves it (etcd: group rank 0's agent).
+void nameWorkersStore(Assignment& a, const NodeRecord& groupRankZero) {
+  if (!groupRankZero.storePort) return;
+  a.masterAddr = groupRankZero.addr;
+  a.masterPort = *groupRankZero.storePort;
+}
+
+// The plan that keeps running workers (planRound), or nothing. `order` is the arrival indices
+// in the usual order: the newcomers take the lost places in it. Without newcomers, a smaller
+// round keeps every member's workers in their old order, renumbered from 0.
+std::optional<Plan> planKept(const std::vector<NodeRecord>& byArrival,
+                             const std::vector<int>& order) {
+  const auto keeper = std::find_if(byArrival.begin(), byArrival.end(),
+                                   [](const NodeRecord& r) { return r.kept.has_value(); });
+  if (keeper == byArrival.end()) return std::nullopt;
+  const KeptWorkers& was = *keeper->kept;
+  const int members = static_cast<int>(byArrival.size());
+  const bool everyoneKept = std::all_of(byArrival.begin(), byArrival.end(),
+                                        [](const NodeRecord& r) { return r.kept.has_value(); });
+  const bool refilled = members == was.groupWorldSize;
+  if (!refilled && !(everyoneKept && members < was.groupWorldSize)) return std::nullopt;
+  std::vector<int> place(was.groupWorldSize, -1);  // old group rank -> arrival index
+  for (int i = 0; i < members; ++i) {
+    const NodeRecord& r = byArrival[i];
+    if (!r.roles.empty()) return std::nullopt;
+    if (!r.kept) continue;
+    const KeptWorkers& k = *r.kept;
+    if (k.spaceRound != was.spaceRound || k.groupWorldSize != was.groupWorldSize ||
+        k.worldSize != was.worldSize || place[k.groupRank] != -1)
+      return std::nullopt;
+    place[k.groupRank] = i;
+  }
+  if (refilled) {
+    // As many newcomers as lost places: members == places, and each keeper holds its own.
+    auto newcomer = order.begin();
+    for (int& i : place) {
+      if (i != -1) continue;
+      newcomer = std::find_if(newcomer, order.end(), [&](int j) { return !byArrival[j].kept; });
+      i = *newcomer++;
+    }
+  } else {
+    place.erase(std::remove(place.begin(), place.end(), -1), place.end());
+  }
+  // The workers' store must still be there, with its node (etcd: old group rank 0's).
+  const NodeRecord& first = byArrival[place[0]];
+  if (first.storePort && !(first.kept && first.kept->groupRank == 0)) return std::nullopt;
+  Plan plan;
+  plan.byArrival.resize(members);
+  const int failures = mostFailures(byArrival);
+  int worldSize = 0;
+  for (const NodeRecord& r : byArrival) worldSize += r.nproc;
+  int baseRank = 0;
+  for (int groupRank = 0; groupRank < members; ++groupRank) {
+    const NodeRecord& r = byArrival[place[groupRank]];
+    // Refilled, every rank keeps its number: the newcomers' counts must fit the lost places.
+    if (refilled && r.kept && r.kept->baseRank != baseRank) return std::nullopt;
+    Assignment& a = plan.byArrival[place[groupRank]];
+    a = {groupRank, members, baseRank, worldSize, failures};
+    nameWorkersStore(a, first);
+    a.keptSpace = was.spaceRound;
+    a.joins = !r.kept;
+    for (uint16_t port : r.workerPorts) plan.roster.endpoints.push_back(joinHostPort(r.addr, port));
+    baseRank += r.nproc;
+  }
+  if (refilled && worldSize != was.worldSize) return std::nullopt;
+  return plan;
+}
+
+}  // namespace
 
 Plan planRound(const std::vector<NodeRecord>& byArrival) {
   const int members = static_cast<int>(byArrival.size());
@@ -149,13 +247,14 @@ Plan planRound(const std::vector<NodeRecord>& byArrival) {
                       r.lastGroupRank.value_or(INT32_MAX), i);
   };
   std::sort(order.begin(), order.end(), [&](int a, int b) { return sortKey(a) < sortKey(b); });
+  if (auto kept = planKept(byArrival, order)) return std::move(*kept);
 
-  int failures = 0, worldSize = 0, withRoles = 0;
+  int worldSize = 0, withRoles = 0;
   for (const NodeRecord& r : byArrival) {
-    failures = std::max(failures, r.failures);
     worldSize += r.nproc;
     withRoles += r.roles.empty() ? 0 : 1;
   }
+  const int failures = mostFailures(byArrival);
   Plan plan;
   plan.byArrival.resize(members);
   int baseRank = 0;
@@ -163,10 +262,7 @@ Plan planRound(const std::vector<NodeRecord>& byArrival) {
     const NodeRecord& r = byArrival[order[groupRank]];
     Assignment& a = plan.byArrival[order[groupRank]];
     a = {groupRank, members, baseRank, worldSize, failures};
-    if (const NodeRecord& first = byArrival[order[0]]; first.storePort) {
-      a.masterAddr = first.addr;
-      a.masterPort = *first.storePort;
-    }
+    nameWorkersStore(a, byArrival[order[0]]);
     for (uint16_t port : r.workerPorts) plan.roster.endpoints.push_back(joinHostPort(r.addr, port));
     // A node without --roles in a job with them: its workers take the role "worker".
     if (withRoles > 0) {

@@ -115,6 +115,9 @@ struct NodeRecord {
   std::optional<uint16_t> storePort;
   // Under --roles, each local worker's role name; empty: every worker has the node's --role.
   std::vector<std::string> roles;
+  // The workers it keeps running from the round before (a node lost, --recovery=in-process);
+  // its workerPorts are theirs then.
+  std::optional<KeptWorkers> kept;
 };
 
 std::string encode(const NodeRecord& record);
@@ -143,6 +146,15 @@ struct Plan {
 // sums of the members' worker counts in group-rank order, so nodes may run different numbers of
 // workers. When group rank 0 serves a workers' store (storePort), every assignment names its
 // address and that port as the workers' MASTER_ADDR/MASTER_PORT.
+//
+// A round that can keep running workers does: when members kept their workers (NodeRecord::kept,
+// all from one round) and the others fill exactly the places of the nodes lost (as many nodes,
+// the same ranks), each keeper keeps its place and the newcomers take the lost places in the
+// order above, their workers joining the kept ones (Placement::joins). A smaller round of
+// keepers alone keeps them all, in their old order, their ranks renumbered from 0 (a node lost
+// within --nnodes=MIN:MAX, no spare). Else (newcomers that do not fit, the workers' store gone
+// with its node, --roles) the plan is the usual one, and the keepers restart their workers
+// with everyone's.
 Plan planRound(const std::vector<NodeRecord>& byArrival);
 
 // A JSON array of endpoints, or {"endpoints":[...],"roles":[...]} under --roles; throws
@@ -179,8 +191,9 @@ std::string describe(const Expiry& expiry, int64_t nowUnix, const std::string& h
 // whose nodes run different dlrun versions is refused at once with one line, rather than
 // failing later on a record one of them cannot read. 1: before it was stored; 2: node records
 // carry an agent id, and assignments are keyed by it; 3: a member's success is marked under
-// done/I, and the round finishes once every member's mark is there.
-inline constexpr int kProtocolVersion = 3;
+// done/I, and the round finishes once every member's mark is there; 4: a record may keep
+// running workers, and an assignment keeps or joins them.
+inline constexpr int kProtocolVersion = 4;
 
 // The job's --nnodes range and the protocol of the agent that wrote it, stored under
 // Keys::shape(): a second job with another shape, or a node of another protocol, is refused.

@@ -313,8 +313,10 @@ ElasticImpl::Step ElasticImpl::tryRound(int round, Clock::time_point deadline) {
   record.id = memberId_;
   record.failures = failures_;
   record.lastGroupRank = lastGroupRank_;
-  record.workerPorts = options_.workerPorts ? options_.workerPorts(record.addr, record.nproc)
-                                            : reserveFreePorts(record.addr, record.nproc);
+  record.kept = kept_;
+  record.workerPorts = kept_                  ? kept_->workerPorts
+                       : options_.workerPorts ? options_.workerPorts(record.addr, record.nproc)
+                                              : reserveFreePorts(record.addr, record.nproc);
   const RoundEnd lost = selfLost();
   // The join, and the leased record of each of the first maxNodes arrivals: one request on
   // etcd, where the record's key follows from the arrival index the join gives.
@@ -572,7 +574,12 @@ void ElasticImpl::interrupt() {
 ElasticRendezvous::ElasticRendezvous(ElasticOptions options)
     : impl_(std::make_unique<detail::ElasticImpl>(std::move(options))) {}
 ElasticRendezvous::~ElasticRendezvous() = default;
-JoinResult ElasticRendezvous::next() { return impl_->next(); }
+JoinResult ElasticRendezvous::next() {
+  JoinResult joined = impl_->next();
+  impl_->offerKept(std::nullopt);
+  return joined;
+}
+void ElasticRendezvous::offerKept(const KeptWorkers& kept) { impl_->offerKept(kept); }
 RoundEnd ElasticRendezvous::awaitEnd() { return impl_->awaitEnd(); }
 void ElasticRendezvous::reportFailure(RoundEnd failure) {
   impl_->reportFailure(std::move(failure));

@@ -131,6 +131,8 @@ class ElasticRendezvous : public Rendezvous {
   void shareHangReport(const std::string& report) override;
   std::vector<std::string> gatherHangReports(std::chrono::milliseconds timeout) override;
 
+  // Offered to the next next() alone, whatever it returns.
+  void offerKept(const KeptWorkers& kept) override;
   void interrupt() override;
 
  private:

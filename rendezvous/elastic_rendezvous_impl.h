@@ -39,6 +39,7 @@ class ElasticImpl {
   void shareHangReport(const std::string& report);
   std::vector<std::string> gatherHangReports(std::chrono::milliseconds timeout);
   void interrupt();
+  void offerKept(std::optional<KeptWorkers> kept) { kept_ = std::move(kept); }
 
  private:
   // A store outage (elastic_rendezvous_outage.cpp). rideOut, after a call failed with
@@ -184,7 +185,8 @@ class ElasticImpl {
   std::optional<Ended> ended_;
   int failures_ = 0;  // failure restarts seen in this job (the rendezvous thread's copy)
   std::optional<int> lastGroupRank_;
-  std::optional<int> closedRound_;  // the last round this node closed: it forgets old ones
+  std::optional<KeptWorkers> kept_;  // offered to the join under way (offerKept)
+  std::optional<int> closedRound_;   // the last round this node closed: it forgets old ones
   bool reconnect_ = false;
   std::atomic<bool> storeAway_{false};  // rideOut() runs: reports are kept at once
   std::mutex reportsMutex_;

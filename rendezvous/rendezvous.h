@@ -48,6 +48,10 @@ class Rendezvous {
   // them on a thread of its own, while its workers' stacks are taken.
   virtual void shareHangReport(const std::string& report) = 0;
   virtual std::vector<std::string> gatherHangReports(std::chrono::milliseconds timeout) = 0;
+  // The next next() offers this node's running workers (a node lost, --recovery=in-process):
+  // the round keeps them where it can (World::keptWorkers). Called before that next(), on the
+  // thread that then runs it or one that starts it; one node's rendezvous loses no node.
+  virtual void offerKept(const KeptWorkers& kept) { (void)kept; }
   // Makes a blocked next()/awaitEnd() give up at once (they throw or report a lost store).
   // Callable from any thread.
   virtual void interrupt() = 0;

@@ -28,7 +28,12 @@ struct World {
   // (AgentOptions::attemptSpaces), the space's; until then the store's own.
   uint16_t masterPort = 0;
   uint16_t storePort = 0;  // the store's own port (its rendezvous, the agents' connections)
-  bool agentStore = true;  // the store is dlrun's own (torch then opens a client only)
+  // The round whose key space the workers use: this one's, or, where this round kept the
+  // workers of an earlier one running (a node lost under --recovery=in-process), that one's.
+  int spaceRound = 0;
+  bool keptWorkers = false;    // this round kept this node's running workers
+  bool joinInProcess = false;  // this node's new workers join kept ones (DLRUN_RECOVERY_JOIN)
+  bool agentStore = true;      // the store is dlrun's own (torch then opens a client only)
   std::vector<std::string> workerEndpoints;  // "host:port" per worker, ordered by RANK
   // Each RANK's role name under --roles (agents/roles.h); empty: every worker has --role.
   std::vector<std::string> workerRoles;
@@ -42,6 +47,19 @@ struct NodeJob {
   HostPort store;  // where the workers reach the store, unless a round's Placement names it
 };
 
+// Workers an agent keeps running into the next round (a node lost under --recovery=in-process),
+// where they stand: the next round may keep their places, the lost node's going to a newcomer
+// whose workers join them in process.
+struct KeptWorkers {
+  int spaceRound = 0;  // the round whose workers' key space they use
+  int groupRank = 0;
+  int groupWorldSize = 1;
+  int baseRank = 0;
+  int worldSize = 1;
+  std::vector<uint16_t> workerPorts;  // theirs, for TF_CONFIG
+  bool operator==(const KeptWorkers&) const = default;
+};
+
 // One node's place in a round, as the rendezvous decides it.
 struct Placement {
   int groupRank = 0;
@@ -53,6 +71,10 @@ struct Placement {
   // rank 0); unset: NodeJob's store, the rendezvous store (c10d, static).
   std::optional<std::string> masterAddr;
   std::optional<uint16_t> masterPort;
+  // Set where the round kept running workers: the round whose key space they use. A member
+  // that `joins` starts workers that join them; the others keep theirs.
+  std::optional<int> keptSpace;
+  bool joins = false;
 };
 
 // The one way a World is made, for one node and for several.

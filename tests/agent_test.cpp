@@ -51,7 +51,7 @@ class FakeRendezvous : public rendezvous::Rendezvous {
     }
     rendezvous::World world;
     world.runId = "agent-test";
-    world.round = round_++;
+    world.round = world.spaceRound = round_++;
     world.localWorldSize = world.worldSize = nproc;
     if (worldSize > 0) world.worldSize = worldSize;
     world.workerEndpoints = endpoints;

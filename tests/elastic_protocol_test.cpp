@@ -113,6 +113,113 @@ TEST(PlanRound, GroupRankZerosWorkersStoreIsEveryMembersMaster) {
   }
 }
 
+// A survivor of round `space` that keeps its workers: group rank `groupRank` of `nodes`, its
+// ranks from `baseRank`, `worldSize` in all.
+NodeRecord keeper(std::string addr, int nproc, int groupRank, int nodes, int baseRank,
+                  int worldSize, int space = 4) {
+  NodeRecord r = node(std::move(addr), nproc);
+  r.lastGroupRank = groupRank;
+  r.kept = KeptWorkers{space, groupRank, nodes, baseRank, worldSize, r.workerPorts};
+  return r;
+}
+
+TEST(PlanRound, KeepersKeepTheirPlacesAndANewcomerTakesTheLostOnes) {
+  // Three nodes of 2 workers; 10.0.0.2 (group rank 1, ranks 2-3) was lost and a spare came,
+  // whose address sorts first: it takes group rank 1, not 0.
+  const NodeRecord a = keeper("10.0.0.1", 2, 0, 3, 0, 6), c = keeper("10.0.0.3", 2, 2, 3, 4, 6);
+  const NodeRecord spare = node("10.0.0.0", 2);
+  const Plan plan = planRound({c, spare, a});
+  EXPECT_EQ(plan.byArrival[2].groupRank, 0);
+  EXPECT_EQ(plan.byArrival[1].groupRank, 1);
+  EXPECT_EQ(plan.byArrival[0].groupRank, 2);
+  EXPECT_EQ(plan.byArrival[1].baseRank, 2);
+  for (const Assignment& x : plan.byArrival) {
+    EXPECT_EQ(x.keptSpace, 4);  // every worker stays in round 4's key space
+    EXPECT_EQ(x.worldSize, 6);
+    EXPECT_EQ(x.groupWorldSize, 3);
+  }
+  EXPECT_TRUE(plan.byArrival[1].joins);
+  EXPECT_FALSE(plan.byArrival[0].joins);
+  EXPECT_FALSE(plan.byArrival[2].joins);
+  EXPECT_EQ(plan.roster.endpoints[2], "10.0.0.0:5000");
+  const Assignment back = decodeAssignment(encode(plan.byArrival[1]));
+  EXPECT_EQ(back.keptSpace, 4);
+  EXPECT_TRUE(back.joins);
+  const NodeJob job{"run", 2, 0, "10.0.0.9", 29400};
+  const World joiner = makeWorld(job, 6, plan.byArrival[1], {});
+  EXPECT_EQ(joiner.spaceRound, 4);
+  EXPECT_TRUE(joiner.joinInProcess);
+  EXPECT_FALSE(joiner.keptWorkers);
+  const World kept = makeWorld(job, 6, plan.byArrival[0], {});
+  EXPECT_TRUE(kept.keptWorkers);
+  EXPECT_EQ(makeWorld(job, 6, planRound({node("10.0.0.1", 2)}).byArrival[0], {}).spaceRound, 6);
+}
+
+TEST(PlanRound, KeepersAloneInASmallerRoundAreRenumberedInTheirOldOrder) {
+  // Three nodes of 2 workers; group rank 0 (ranks 0-1) was lost, no spare came.
+  const NodeRecord b = keeper("10.0.0.2", 2, 1, 3, 2, 6), c = keeper("10.0.0.0", 2, 2, 3, 4, 6);
+  const Plan plan = planRound({c, b});  // c's address sorts first: the old order wins
+  EXPECT_EQ(plan.byArrival[1].groupRank, 0);
+  EXPECT_EQ(plan.byArrival[1].baseRank, 0);
+  EXPECT_EQ(plan.byArrival[0].groupRank, 1);
+  EXPECT_EQ(plan.byArrival[0].baseRank, 2);
+  for (const Assignment& x : plan.byArrival) {
+    EXPECT_EQ(x.worldSize, 4);
+    EXPECT_EQ(x.groupWorldSize, 2);
+    EXPECT_EQ(x.keptSpace, 4);
+    EXPECT_FALSE(x.joins);
+  }
+  EXPECT_EQ(plan.roster.endpoints, (std::vector<std::string>{"10.0.0.2:5000", "10.0.0.2:5001",
+                                                             "10.0.0.0:5000", "10.0.0.0:5001"}));
+  // etcd: the lost group rank 0 served the workers' store: nothing to keep.
+  NodeRecord bs = b, cs = c;
+  bs.storePort = 4002;
+  cs.storePort = 4000;
+  EXPECT_FALSE(planRound({cs, bs}).byArrival[0].keptSpace);
+}
+
+TEST(PlanRound, KeptWorkersThatCannotBeKeptRestartWithEveryones) {
+  const NodeRecord a = keeper("10.0.0.1", 2, 0, 2, 0, 4);
+  auto usual = [](const Plan& plan) {
+    return std::none_of(plan.byArrival.begin(), plan.byArrival.end(),
+                        [](const Assignment& x) { return x.keptSpace || x.joins; });
+  };
+  // Fewer nodes, one of them new: neither refilled nor kept alone.
+  EXPECT_TRUE(usual(planRound({keeper("10.0.0.1", 2, 0, 3, 0, 6), node("10.0.0.5", 2)})));
+  EXPECT_TRUE(usual(planRound({a, node("10.0.0.2", 1)})));  // a newcomer of another size
+  EXPECT_TRUE(usual(planRound({a, keeper("10.0.0.2", 2, 1, 2, 2, 4, 3)})));  // another round's
+  EXPECT_TRUE(usual(planRound({a, keeper("10.0.0.2", 2, 0, 2, 0, 4)})));     // one place twice
+  NodeRecord withRoles = node("10.0.0.2", 2);
+  withRoles.roles = {"ps", "worker"};
+  EXPECT_TRUE(usual(planRound({a, withRoles})));
+  // etcd: group rank 0's node served the workers' store, and it is the one lost.
+  NodeRecord b = keeper("10.0.0.2", 2, 1, 2, 2, 4), spare = node("10.0.0.3", 2);
+  b.storePort = 4002;
+  spare.storePort = 4003;
+  EXPECT_TRUE(usual(planRound({b, spare})));
+  NodeRecord zero = a;
+  zero.storePort = 4001;
+  const Plan kept = planRound({zero, spare});  // its server survived: kept, and named
+  EXPECT_FALSE(usual(kept));
+  EXPECT_EQ(kept.byArrival[1].masterPort, 4001);
+  // A plan's places as the usual one would give them, whoever kept.
+  EXPECT_EQ(planRound({a, node("10.0.0.2", 1)}).byArrival[1].baseRank, 2);
+}
+
+TEST(Codecs, AKeptRecordRoundTripsAndOneThatCannotBeIsAProtocolError) {
+  const NodeRecord a = keeper("10.0.0.1", 2, 1, 3, 2, 6);
+  EXPECT_EQ(decodeNodeRecord(encode(a)).kept, a.kept);
+  NodeRecord bad = a;
+  bad.kept->baseRank = 5;  // ranks 5-6 of 6
+  EXPECT_THROW(decodeNodeRecord(encode(bad)), ProtocolError);
+  bad = a;
+  bad.kept->workerPorts = {1, 2};  // not the ports it offers
+  EXPECT_THROW(decodeNodeRecord(encode(bad)), ProtocolError);
+  EXPECT_THROW(decodeAssignment(R"({"group_rank":0,"group_world_size":1,"base_rank":0,)"
+                                R"("world_size":1,"failures":0,"joins":true})"),
+               ProtocolError);  // joins workers no round kept
+}
+
 TEST(MakeWorld, TheRoundsWorkersStoreWinsOverTheJobsOne) {
   const NodeJob job{"run", 2, 0, "10.0.0.9", 29400};
   Assignment a{1, 2, 2, 4, 0};

@@ -62,5 +62,14 @@ TEST(Recovery, AReplacementsMarkSaysHowItsRecoveryWent) {
   EXPECT_FALSE(parseMark("[]"));
 }
 
+TEST(Recovery, ARenumberingTellsTheWorldFirstThenEachRanksNewNumberPlusOne) {
+  // Ranks 4-5 of 6 become ranks 2-3 of 4, in generation 3's keys as torch's client names them.
+  using Keys = std::vector<std::pair<std::string, std::string>>;
+  EXPECT_EQ(renumbering(3, 4, 2, 2, 4), (Keys{{"/dlrun/recovery/3/world", "4"},
+                                              {"/dlrun/recovery/3/renumber/4", "3"},
+                                              {"/dlrun/recovery/3/renumber/5", "4"}}));
+  EXPECT_TRUE(kGenerationKey.starts_with("/dlrun/recovery/"));
+}
+
 }  // namespace
 }  // namespace dlrun::agents::recovery

@@ -49,6 +49,7 @@ RECOVERY_TIMEOUT_S = 120  # a recovery not done by then falls back to the whole-
 EXACT_BUCKET_MB = 1e-6  # under any parameter's size: a bucket each
 BEAT_S = 1.0  # a recovery's wait beats the progress board this often
 POLL_S = 0.01  # and looks at the store this often
+RENUMBER_POLLS = 5  # and for new ranks (a node lost, none in its place) every so many looks
 
 
 def active():
@@ -170,7 +171,7 @@ class Loop:
         if os.environ.get("DLRUN_RECOVERY_JOIN") == "1":
             self._recover(joining=True)  # a replacement: the survivors' next generation
         else:
-            self._form(0, timeout)
+            self._form(f"{KEYS}/0", timeout)
             self.ddp = self._wrap()
         self._mark()
 
@@ -274,10 +275,10 @@ class Loop:
         self.state.clear()
         self.state.update(state)
 
-    def _form(self, generation, timeout):
-        """The process group of `generation`, in a key space of its own."""
+    def _form(self, keys, timeout):
+        """The process group of a generation (`keys`: its keys), in a key space of its own."""
         import torch.distributed as dist
-        store = dist.PrefixStore(f"{KEYS}/{generation}/group", self._store)
+        store = dist.PrefixStore(f"{keys}/group", self._store)
         dist.init_process_group(self.backend, store=store, rank=self.rank,
                                 world_size=self.world, timeout=timeout)
 
@@ -299,14 +300,22 @@ class Loop:
         _say(f"generation {self.generation}: " + ", ".join(f"{k} {v:.3f} s" for k, v in phases)
              + f"; back at step {self.step} after {took:.3f} s")
 
-    def _await(self, counter, left):
+    def _await(self, counter, left, renumber=None):
         """Waits for the counter `counter` to be set, beating the progress board every BEAT_S: a
         rank waiting for a replacement's start is recovering, not hung (--hang-timeout). Polled
         with add(0), which torch 1.13's store has too: a store wait cut into slices would leave
         the store's late answer to a timed-out wait on the connection. A rank that left the loop
-        (past its last barrier) never comes: the wait ends then, for the whole-group restart."""
+        (past its last barrier) never comes: the wait ends then, for the whole-group restart.
+        With `renumber`, a counter the agent sets when the round gave this rank another number
+        (looked at every RENUMBER_POLLS polls): returns its value then, else 0."""
         beat = time.monotonic()
+        polls = 0
         while self._store.add(counter, 0) < 1:
+            polls += 1
+            if renumber and polls % RENUMBER_POLLS == 0:
+                found = self._store.add(renumber, 0)
+                if found > 0:
+                    return found
             left()  # raises past the deadline
             if time.monotonic() >= beat:
                 progress.step(self.step)
@@ -314,6 +323,16 @@ class Loop:
                 if self._store.add(f"{KEYS}/done", 0) > 0:
                     raise RuntimeError("a rank has left the loop: the group cannot meet again")
             time.sleep(POLL_S)
+        return 0
+
+    def _meet(self, keys, record, left, renumber):
+        """Arrives in a generation's keys and waits for every rank; the renumbering counter's
+        value (see _await) where the agent gave this rank another number meanwhile, else 0."""
+        self._store.set(f"{keys}/rank/{self.rank}", record)
+        if self._store.add(f"{keys}/arrived", 1) == self.world:
+            self._store.add(f"{keys}/ready", 1)
+        return self._await(f"{keys}/ready", left,
+                           renumber and f"{renumber}/{self.rank}")
 
     def _recover_within(self, joining, deadline):
         import torch.distributed as dist
@@ -348,13 +367,19 @@ class Loop:
         committed = self._store.add(f"{KEYS}/generation", 0)
         generation = committed + 1 if joining else self.generation + 1
         keys = f"{KEYS}/{generation}"
-        self._store.set(f"{keys}/rank/{self.rank}",
-                        json.dumps({"survivor": not joining, "step": self.step}))
-        if self._store.add(f"{keys}/arrived", 1) == self.world:
-            self._store.add(f"{keys}/ready", 1)
-        self._await(f"{keys}/ready", left)
+        record = json.dumps({"survivor": not joining, "step": self.step})
+        renumbered = self._meet(keys, record, left, None if joining else f"{keys}/renumber")
+        if renumbered:
+            # A node was lost and none took its place: the round kept the survivors, renumbered
+            # (their agents said so); they meet again under their new numbers.
+            world = self._store.add(f"{keys}/world", 0)
+            _say(f"now rank {renumbered - 1} of {world} (a node was lost; none took its place)")
+            self.rank, self.world = renumbered - 1, world
+            os.environ.update(RANK=str(self.rank), WORLD_SIZE=str(self.world))
+            keys = f"{keys}/renumbered"
+            self._meet(keys, record, left, None)
         phase("meet")
-        self._form(generation, left())
+        self._form(keys, left())
         phase("group")
         records = [json.loads(self._store.get(f"{keys}/rank/{r}")) for r in range(self.world)]
         survivors = [r for r, record in enumerate(records) if record["survivor"]]

@@ -5,8 +5,21 @@ keeps its process, the spare stays a spare, each rank takes every step once, the
 bit for bit, those of the fault-free run (made on one node: the same ranks, data and sums), and
 all three agents exit 0.
 
+A lost host: a member host is killed whole (its agent and both its workers, after rank 2 stopped
+itself at step 9, before that step's all-reduce). The other member's agent keeps its workers
+through the re-rendezvous, the round that follows keeps their ranks, and the spare takes the lost
+host's place: its workers start as ranks 2 and 3 and join the survivors in process. Each rank takes
+every step once, the survivors' PIDs never change, the weights are bit for bit the fault-free
+run's, and the two agents left exit 0.
+
+A lost host without a spare (--nnodes=1:2): the host of ranks 0-1 is killed whole; the other
+keeps its workers, the next round keeps them as ranks 0-1 of 2 (their agent tells them in the
+store), and they go on in their processes from the step that failed: every step once, one set of
+weights, exit 0.
+
 Runs under torch 2.13's interpreter (ctest: python_inprocess_recovery_hosts) and as root.
 """
+import glob
 import os
 
 from dlrun_fixture import PYTHON, binary_from_env, clean_env, read_json, temp_dir, wait_until
@@ -28,31 +41,85 @@ class Output:
 
 
 class TwoHostsWithASpareTest(InProcessCase):
+    def run_job(self, hosts, out, kill, during=None, nnodes="2", on=(1, 2, 3)):
+        """dlrund on host 0, an agent on each host of `on` (by default all three at once: the
+        round closes as the second arrives, --nnodes=2, and the third waits as a spare);
+        `during(agents)` runs while they do. Returns the agents and their exit codes."""
+        logs = temp_dir(self)
+        env = clean_env(PYTHON_EXEC=PYTHON, TMPDIR=logs, GLOO_SOCKET_IFNAME="eth0")
+        dlrund = Launcher(self, "dlrund", [binary_from_env("DLRUND", "dlrund"), "--host",
+                                           "0.0.0.0", "--port", str(RDZV_PORT)], env, logs,
+                          hosts=hosts, host=0)
+        wait_until(lambda: "dlrund listening on" in dlrund.output(), 30, "dlrund to listen",
+                   proc=dlrund.proc, on_timeout=dlrund.describe)
+        flags = [f"--nnodes={nnodes}", "--nproc-per-node=2", "--rdzv-backend=c10d",
+                 f"--rdzv-endpoint={hosts.address(0)}:{RDZV_PORT}", "--rdzv-id=inproc",
+                 "--max-restarts=3", "--recovery=in-process"]
+        agents = [Launcher(self, f"dlrun{host}", [binary_from_env("DLRUN", "dlrun"), *flags,
+                                                  PYTHON, TRAIN, out, str(STEPS), kill],
+                           env, logs, hosts=hosts, host=host) for host in on]
+        if during:
+            during(agents)
+        return agents, [agent.wait(TIMEOUT_S) for agent in agents]
+
     def test_a_killed_worker_is_replaced_on_its_host_and_the_spare_stays_a_spare(self):
         self.reference()
-        out, logs = temp_dir(self), temp_dir(self)
-        env = clean_env(PYTHON_EXEC=PYTHON, TMPDIR=logs, GLOO_SOCKET_IFNAME="eth0")
+        out = temp_dir(self)
         with Hosts(4) as hosts:
-            dlrund = Launcher(self, "dlrund", [binary_from_env("DLRUND", "dlrund"), "--host",
-                                               "0.0.0.0", "--port", str(RDZV_PORT)], env, logs,
-                              hosts=hosts, host=0)
-            wait_until(lambda: "dlrund listening on" in dlrund.output(), 30, "dlrund to listen",
-                       proc=dlrund.proc, on_timeout=dlrund.describe)
-            flags = ["--nnodes=2", "--nproc-per-node=2", "--rdzv-backend=c10d",
-                     f"--rdzv-endpoint={hosts.address(0)}:{RDZV_PORT}", "--rdzv-id=inproc",
-                     "--max-restarts=3", "--recovery=in-process"]
-            # All three at once: the round closes as the second arrives (--nnodes=2), and the
-            # third waits as a spare.
-            agents = [Launcher(self, f"dlrun{host}", [binary_from_env("DLRUN", "dlrun"), *flags,
-                                                      PYTHON, TRAIN, out, str(STEPS), "3:9"],
-                               env, logs, hosts=hosts, host=host) for host in (1, 2, 3)]
-            codes = [agent.wait(TIMEOUT_S) for agent in agents]
+            agents, codes = self.run_job(hosts, out, "3:9")
         result = Output(agents)
         self.assertEqual(codes, [0, 0, 0], result)
         finals = [read_json(os.path.join(out, f"final_{r}.json")) for r in range(WORLD)]
         self.check_recovered(out, finals, result, victim=3)
         spares = [one.name for one in agents if "waiting as a spare" in one.output()]
         self.assertEqual(len(spares), 1, result)
+
+    def host_loser(self, hosts, out, rank, lost, on=(1, 2, 3)):
+        """What run_job runs meanwhile: once `rank` stopped itself (RANK:STEP:host), kills the
+        host it runs on; its index goes to `lost`."""
+        def lose(agents):
+            flag = os.path.join(out, f"lose_host_{rank}")
+            wait_until(lambda: os.path.exists(flag), TIMEOUT_S, f"rank {rank} to stop itself",
+                       on_timeout=lambda: Output(agents))
+            pid = int(glob.glob(os.path.join(out, f"start_{rank}_*"))[0].rsplit("_", 1)[1])
+            lost.append(next(h for h in on if pid in hosts.pids(h)))
+            hosts.kill_host(lost[0])
+        return lose
+
+    def test_a_lost_hosts_ranks_start_on_the_spare_and_join_the_survivors_in_process(self):
+        self.reference()
+        out, lost = temp_dir(self), []
+        with Hosts(4) as hosts:
+            agents, codes = self.run_job(hosts, out, "2:9:host",
+                                         during=self.host_loser(hosts, out, 2, lost))
+        result = Output(agents)
+        self.assertEqual([c for h, c in zip((1, 2, 3), codes) if h != lost[0]], [0, 0], result)
+        finals = [read_json(os.path.join(out, f"final_{r}.json")) for r in range(WORLD)]
+        self.check_recovered(out, finals, result, victim=(2, 3))
+        self.assertIn("keeping this node's workers through the re-rendezvous", result.stderr)
+        self.assertRegex(result.stderr, r"round \d+ kept ranks 0-1 running")
+        self.assertNotIn("could not keep", result.stderr)
+
+
+    def test_without_a_spare_the_survivors_go_on_in_process_with_new_ranks(self):
+        # --nnodes=1:2: the host of ranks 0-1 is lost and none takes its place; ranks 2-3 go on
+        # in their processes as ranks 0-1 of 2, from the step that failed.
+        out, lost = temp_dir(self), []
+        with Hosts(3) as hosts:
+            agents, codes = self.run_job(hosts, out, "0:9:host", nnodes="1:2", on=(1, 2),
+                                         during=self.host_loser(hosts, out, 0, lost, on=(1, 2)))
+        result = Output(agents)
+        self.assertEqual([c for h, c in zip((1, 2), codes) if h != lost[0]], [0], result)
+        finals = [read_json(os.path.join(out, f"final_{r}.json")) for r in (2, 3)]
+        self.assertEqual([(f["rank"], f["world"]) for f in finals], [(0, 2), (1, 2)], result)
+        self.assertEqual(len({f["sha256"] for f in finals}), 1, finals)  # one set of weights
+        for old, final in zip((2, 3), finals):
+            processes = self.processes(out, old)
+            self.assertEqual(list(processes), [final["pid"]], result)  # its one process
+            self.assertEqual(next(iter(processes.values())), list(range(STEPS)), result)
+            self.assertEqual(final["generation"], 1, final)
+        self.assertIn("kept ranks 2-3 running as ranks 0-1 of 2", result.stderr)
+        self.assertIn("now rank 0 of 2", result.stderr)
 
 
 if __name__ == "__main__":

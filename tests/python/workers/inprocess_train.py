@@ -2,9 +2,10 @@
 
 Usage: inprocess_train.py OUT_DIR STEPS [KILL ...]
 
-Each KILL is RANK:STEP[:stop]: that rank's first process (the job's first attempt, not a
+Each KILL is RANK:STEP[:stop|:host]: that rank's first process (the job's first attempt, not a
 replacement) SIGKILLs itself (with `:stop`, SIGSTOPs itself: a hang) as it begins STEP, before the
-step's collective, so the others fail, or wait, in the all-reduce of that step. Two at one step
+step's collective, so the others fail, or wait, in the all-reduce of that step. With `:host` it
+writes OUT_DIR/lose_host_<RANK> and SIGSTOPs itself, for the test to kill its whole host then. Two at one step
 (`1:7 3:7`) are a second failure during the first's recovery. A KILL of RANK:group or RANK:state
 SIGKILLs that rank's first process inside its first recovery, as it forms the group again or as
 the state is sent: a failure during the re-forming. RANK:end SIGKILLs it once its loop is over
@@ -12,7 +13,8 @@ the state is sent: a failure during the re-forming. RANK:end SIGKILLs it once it
 
 Every process writes OUT_DIR/start_<RANK>_<PID> as it starts and appends each step it completes
 to OUT_DIR/steps_<RANK>_<PID>; at the end every rank writes OUT_DIR/final_<RANK>.json with the
-SHA-256 of its parameters' bytes, its pid, its generation, its recoveries and the last one's
+SHA-256 of its parameters' bytes, its pid, its rank and world size at the end (a
+smaller job renumbers), its generation, its recoveries and the last one's
 phases. The model, the data (a generator seeded by step and rank) and the optimizer (momentum)
 are the same in every run, so a fault-free run's final parameters are the ones to equal, bit for
 bit.
@@ -53,7 +55,8 @@ def kills(args, rank):
         elif fields[1] == "end":
             found["end"] = signal.SIGKILL
         else:
-            found[int(fields[1])] = signal.SIGSTOP if fields[2:] == ["stop"] else signal.SIGKILL
+            how = {"stop": signal.SIGSTOP, "host": "host"}
+            found[int(fields[1])] = how.get("".join(fields[2:]), signal.SIGKILL)
     return found
 
 
@@ -85,6 +88,10 @@ def main():
     log = open(os.path.join(out_dir, f"steps_{rank}_{pid}"), "a", buffering=1)
 
     def train_step(step, ddp):
+        if die_at.get(step) == "host":
+            del die_at[step]
+            open(os.path.join(out_dir, f"lose_host_{rank}"), "w").close()
+            os.kill(pid, signal.SIGSTOP)
         if step in die_at:
             os.kill(pid, die_at.pop(step))
         x, y = batch(step, rank)
@@ -102,6 +109,7 @@ def main():
     write_json(os.path.join(out_dir, f"final_{rank}.json"),
                {"sha256": digest.hexdigest(), "pid": pid, "generation": loop.generation,
                 "recoveries": loop.recoveries, "last_recovery": loop.last_recovery,
+                "rank": loop.rank, "world": loop.world,
                 "active": dlrun.recovery.active()})
     return 0
 
