@@ -74,6 +74,7 @@ AgentImpl::AgentImpl(AgentOptions options, rendezvous::Rendezvous& rendezvous)
       launcherLink_(io_),
       stopTimer_(io_),
       recoveryTimer_(io_),
+      keepTimer_(io_),
       inherited_(currentEnvironment()),
       stopSignals_(options_.signalsToHandle.value_or(kDefaultStopSignals)) {
   // As torchrun 2.x, which gives every worker the list (its default four unless the flag
@@ -224,7 +225,7 @@ void AgentImpl::runRendezvous() {
     if (world && !openAttemptSpace(*world)) {
       asio::post(io_, [this, world = *world] { sitOut(world); });
     } else {
-      if (world && world->keptWorkers) renumberKept(*world);
+      if (world && world->keptWorkers) moveKept(*world);
       asio::post(io_, [this, joined = std::move(joined)] { onJoined(joined); });
     }
     if (!world) return;
@@ -247,7 +248,7 @@ void AgentImpl::onJoined(const rendezvous::JoinResult& joined) {
     return endOfRound();
   }
   const auto& world = std::get<rendezvous::World>(joined);
-  if (keeping_) return afterKeeping(world);
+  if (keeping_ || liveWorkers() > 0) return afterKeeping(world);
   startAttempt(world);
 }
 

@@ -59,8 +59,13 @@ class AgentImpl {
   // agent_keep.cpp: the workers kept through a re-rendezvous (a node lost, in process)
   std::string keepRefusal(const rendezvous::RoundEnd& end) const;
   bool keepThroughNextRound(const rendezvous::RoundEnd& end);
+  void awaitRecovering(const rendezvous::RoundEnd& end, Clock::time_point deadline);
+  void keep(const rendezvous::RoundEnd& end);
+  // How long a lost node's survivors may take to see its failure, and how often it is looked at.
+  static constexpr std::chrono::milliseconds kKeepGrace{2'000}, kKeepLook{20};
   void afterKeeping(const rendezvous::World& world);
-  void renumberKept(const rendezvous::World& world);  // on the rendezvous thread
+  void dropKept();
+  void moveKept(const rendezvous::World& world);  // on the rendezvous thread
 
   // agent_links.cpp: --store-proxy's proxy, made or moved to where the round's store is; the
   // workers' world then names it
@@ -152,6 +157,7 @@ class AgentImpl {
   };
   std::unordered_map<int, Following> following_;  // by local rank
   asio::steady_timer recoveryTimer_;
+  asio::steady_timer keepTimer_;  // awaitRecovering's looks
   bool successReported_ = false;
   // Starting the round's workers (startSome): its number, what is left to start.
   static constexpr size_t kStartBatch = 64;

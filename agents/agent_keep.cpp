@@ -4,6 +4,7 @@
 // process. A round that cannot keep them restarts them with everyone's, as without the flag.
 #include <signal.h>
 
+#include <algorithm>
 #include <utility>
 
 #include "agents/agent_impl.h"
@@ -18,6 +19,8 @@ namespace dlrun::agents::detail {
 std::string AgentImpl::keepRefusal(const rendezvous::RoundEnd& end) const {
   if (!options_.inProcessRecovery) return "no --recovery=in-process";
   if (end.kind != rendezvous::RoundEnd::Kind::NodeLost) return "not a lost node";
+  // Its lease lapsed (a pause, a partition): the others go on without it.
+  if (end.node == options_.nodeName) return "this node was the one lost";
   if (!options_.roles.empty()) return "--roles";
   if (starting_) return "its workers were still starting";
   if (world_.workerEndpoints.size() != static_cast<size_t>(world_.worldSize))
@@ -32,43 +35,85 @@ std::string AgentImpl::keepRefusal(const rendezvous::RoundEnd& end) const {
   return "";
 }
 
-// A round that ended as a lost node: true when this node keeps its workers running into the
-// next round, offered to it; false when they stop as without --recovery=in-process.
+// A round that ended as a lost node: true when this node may keep its workers running into the
+// next round (awaitRecovering decides); false when they stop as without --recovery=in-process.
 bool AgentImpl::keepThroughNextRound(const rendezvous::RoundEnd& end) {
   if (const std::string why = keepRefusal(end); !why.empty()) {
     if (options_.inProcessRecovery && end.kind == rendezvous::RoundEnd::Kind::NodeLost)
       log::info("this node's workers stop (" + why + "): " + end.describe());
     return false;
   }
-  rendezvous::KeptWorkers kept{.spaceRound = world_.spaceRound,
-                               .groupRank = world_.groupRank,
-                               .groupWorldSize = world_.groupWorldSize,
-                               .baseRank = world_.baseRank,
-                               .worldSize = world_.worldSize};
-  for (int local = 0; local < world_.localWorldSize; ++local)
-    kept.workerPorts.push_back(
-        parseHostPort(world_.workerEndpoints.at(world_.baseRank + local), 0).port);
-  keptOffer_ = kept;
-  log::info("keeping this node's workers through the re-rendezvous for an in-process recovery (" +
-            end.describe() + "): the lost node's ranks may join them in process");
-  rendezvous_.offerKept(kept);
-  keeping_ = true;
-  beginRound();
+  awaitRecovering(end, Clock::now() + kKeepGrace);
   return true;
 }
 
-// The round that followed a kept one: it kept this node's workers (they run on in it), or not
-// (they stop, and the round's workers start anew).
-void AgentImpl::afterKeeping(const rendezvous::World& world) {
+// They are kept once every one met its collective's failure (its mark says it is recovering):
+// the lost node died, and its sockets closed. One that has not within kKeepGrace waits on a
+// node that is silent rather than gone (a partition, a stopped machine), which would hold it
+// until its collective's timeout: they stop then, as without the flag.
+void AgentImpl::awaitRecovering(const rendezvous::RoundEnd& end, Clock::time_point deadline) {
+  if (state_ != State::Running || stopSignal_) return;
+  std::string why = keepRefusal(end);
+  const bool recovering = std::all_of(workers_.begin(), workers_.end(), [this](const auto& w) {
+    const auto mark = recovery::readMark(recoveryDir_, w->localRank());
+    return mark && mark->recovering;
+  });
+  if (why.empty() && !recovering) {
+    if (Clock::now() < deadline) {
+      keepTimer_.expires_after(kKeepLook);
+      keepTimer_.async_wait([this, end, deadline](const boost::system::error_code& ec) {
+        if (!ec) awaitRecovering(end, deadline);
+      });
+      return;
+    }
+    why = "its workers did not see the lost node's failure: it may be silent, not gone";
+  }
+  if (!why.empty()) {
+    log::info("this node's workers stop (" + why + "): " + end.describe());
+    return stop(SIGTERM);
+  }
+  keep(end);
+}
+
+void AgentImpl::keep(const rendezvous::RoundEnd& end) {
+  std::vector<uint16_t> ports;
+  for (int local = 0; local < world_.localWorldSize; ++local)
+    ports.push_back(parseHostPort(world_.workerEndpoints.at(world_.baseRank + local), 0).port);
+  const rendezvous::KeptWorkers kept = rendezvous::keptFrom(world_, std::move(ports));
+  keptOffer_ = kept;
+  log::info("keeping this node's workers through the re-rendezvous for an in-process recovery (" +
+            end.describe() + "): the lost node's ranks may join them in process");
+  rendezvous_.offerKept(kept, [this] { asio::post(io_, [this] { dropKept(); }); });
+  keeping_ = true;
+  beginRound();
+}
+
+// The join went on without the kept workers (this node came too late for the round, and waits
+// as a spare): they stop now, not when it next becomes a member.
+void AgentImpl::dropKept() {
+  if (!keeping_ || state_ != State::Joining) return;
   keeping_ = false;
-  if (!world.keptWorkers) {
+  log::info("this node waits as a spare: its kept workers stop");
+  signalWorkers(SIGTERM);
+  stopTimer_.expires_after(options_.stopTimeout);
+  stopTimer_.async_wait([this](const boost::system::error_code& ec) {
+    if (!ec && state_ == State::Joining) signalWorkers(SIGKILL);
+  });
+}
+
+// The round that followed a kept one: it kept this node's workers (they run on in it), or not
+// (they stop, or have, and the round's workers start anew).
+void AgentImpl::afterKeeping(const rendezvous::World& world) {
+  const bool keeping = std::exchange(keeping_, false);
+  if (!keeping || !world.keptWorkers) {
     log::info("round " + std::to_string(world.round) +
               " could not keep this node's workers: restarting them with every node's");
     pendingWorld_ = world;
     return stop(SIGTERM);
   }
   const int last = world.baseRank + world.localWorldSize - 1;
-  const bool renumbered = world.baseRank != keptOffer_->baseRank;
+  const bool renumbered =
+      world.baseRank != keptOffer_->baseRank || world.worldSize != keptOffer_->worldSize;
   const std::string what =
       "round " + std::to_string(world.round) + " kept ranks " +
       std::to_string(keptOffer_->baseRank) + "-" +
@@ -101,12 +146,13 @@ void AgentImpl::afterKeeping(const rendezvous::World& world) {
   if (liveEnding_ == 0) onSucceeded();
 }
 
-// On the rendezvous thread, before the round that kept this node's workers begins here: when it
-// gave them other numbers (a smaller job), it tells them in their store, where their loops wait
-// for the lost node's ranks. A store that does not answer leaves them to their deadline (the
-// loop's fallback, a whole-group restart): it answered the space's opening a moment ago.
-void AgentImpl::renumberKept(const rendezvous::World& world) {
-  if (world.baseRank == keptOffer_->baseRank && world.worldSize == keptOffer_->worldSize) return;
+// On the rendezvous thread, before the round that kept this node's workers begins here: it
+// tells them, in their store, where their loops wait for the lost node's ranks, to meet again
+// under the round's own keys (with its newcomers, never with the lost node's workers should
+// they come back), and their numbers in it. A store that does not answer leaves them to their
+// deadline (the loop's fallback, a whole-group restart): it answered the space's opening a
+// moment ago.
+void AgentImpl::moveKept(const rendezvous::World& world) {
   try {
     TcpStore store({.host = world.masterAddr,
                     .port = world.masterPort,
@@ -115,13 +161,13 @@ void AgentImpl::renumberKept(const rendezvous::World& world) {
                     .reconnect = false});
     const int generation =
         static_cast<int>(store.add(std::string(recovery::kGenerationKey), 0)) + 1;
-    const auto keys = recovery::renumbering(generation, keptOffer_->baseRank, world.baseRank,
-                                            world.localWorldSize, world.worldSize);
+    const auto keys = recovery::moving(generation, world.round, keptOffer_->baseRank,
+                                       world.baseRank, world.localWorldSize, world.worldSize);
     for (const auto& [key, value] : keys) store.set(key, value);
     // A SET has no reply: one read after them, so that none is lost as the connection closes.
     store.check({keys.back().first});
   } catch (const Error& e) {
-    log::info(std::string("cannot tell the kept workers their new ranks: ") + e.what());
+    log::info(std::string("cannot tell the kept workers where to meet: ") + e.what());
   }
 }
 

@@ -117,8 +117,6 @@ void AgentImpl::prepareLaunches() {
     spec.services[std::string(recovery::kDirVariable)] = recoveryDir_.string();
     spec.services[std::string(recovery::kFallbackVariable)] =
         std::to_string(recovery::kFallbackCode);
-    // This node takes a lost node's place in a round that kept the others' workers.
-    if (world_.joinInProcess) spec.services[std::string(recovery::kJoinVariable)] = "1";
   }
   if (progress_) progress_->prepareRound(attemptDir, options_.nprocPerNode, spec);
   if (hang_) hang_->prepareRound(attemptDir, *progress_->board(), inherited_, spec);
@@ -159,6 +157,11 @@ void AgentImpl::startSome(uint64_t attempt) {
       const int local = static_cast<int>(workers_.size());
       WorkerLaunch& launch = launches_[local];
       launch.envp = environment_->own(local, launch.errorFile);
+      if (world_.joinInProcess) {  // in a lost node's place: joins the workers the round kept
+        launch.envp.push_back(std::string(recovery::kJoinVariable) + "=1");
+        launch.envp.push_back(std::string(recovery::kRoundVariable) + "=" +
+                              std::to_string(world_.round));
+      }
       launch.sharedEnvp = environment_->shared();
       std::unique_ptr<Worker> worker = Worker::start(io_, std::move(launch), zygote_.get());
       byPid_[worker->pid()] = worker.get();
@@ -237,6 +240,7 @@ std::string AgentImpl::inProcessRefusal(const Worker& failed) const {
 // environment; in process, joining the survivors) and the round goes on. False when it must
 // fail the round.
 bool AgentImpl::restartAlone(const Worker& failed) {
+  if (roundEnd_) return false;  // the round has ended (a lost node's, its workers kept or not)
   const int local = failed.localRank();
   const RoleSpec* role = roleOf(local);
   const bool alone = role != nullptr && role->alone;

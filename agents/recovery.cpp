@@ -17,6 +17,7 @@ std::optional<Mark> parseMark(const std::string& text) {
     mark.generation = j.value("generation", 0);
     mark.at = j.value("at", 0.0);
     mark.done = j.value("done", false);
+    mark.recovering = j.value("recovering", false);
     if (const auto phases = j.find("phases"); phases != j.end() && phases->is_object())
       for (const auto& [name, seconds] : phases->items())
         if (seconds.is_number()) mark.phases[name] = seconds.get<double>();
@@ -63,14 +64,14 @@ std::string describeRecovery(int rank, const Mark& mark, double startedAt) {
   return line;
 }
 
-std::vector<std::pair<std::string, std::string>> renumbering(int generation, int oldBaseRank,
-                                                             int newBaseRank, int count,
-                                                             int worldSize) {
+std::vector<std::pair<std::string, std::string>> moving(int generation, int round, int oldBaseRank,
+                                                        int newBaseRank, int count, int worldSize) {
   const std::string keys = "/dlrun/recovery/" + std::to_string(generation) + "/";
-  std::vector<std::pair<std::string, std::string>> out{{keys + "world", std::to_string(worldSize)}};
+  std::vector<std::pair<std::string, std::string>> out{
+      {keys + "round" + std::to_string(round) + "/world", std::to_string(worldSize)}};
   for (int i = 0; i < count; ++i)
-    out.emplace_back(keys + "renumber/" + std::to_string(oldBaseRank + i),
-                     std::to_string(newBaseRank + i + 1));
+    out.emplace_back(keys + "move/" + std::to_string(oldBaseRank + i),
+                     std::to_string(round * kMoveBase + newBaseRank + i + 1));
   return out;
 }
 

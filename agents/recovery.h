@@ -5,7 +5,8 @@
 // Each worker's loop, once its process group is formed (or re-formed, in a replacement), writes
 // its mark to DLRUN_RECOVERY_DIR/LOCAL_RANK: one JSON object, {"pid": ..., "generation": ...},
 // and in a replacement its recovery's end ("at", unix seconds) and phases ("phases": meet,
-// group, state, total, in seconds, as Loop.last_recovery); past the loop's last barrier, "done".
+// group, state, total, in seconds, as Loop.last_recovery); past the loop's last barrier, "done";
+// in a survivor whose collective failed, until it recovered, "recovering".
 // A failed worker is replaced alone only if it had marked (its program recovers in process), had
 // not left the loop, and no replacement of this node is still recovering (its mark not yet its
 // own): a second failure during a recovery restarts the group.
@@ -13,6 +14,7 @@
 
 #include <sys/types.h>
 
+#include <cstdint>
 #include <filesystem>
 #include <map>
 #include <optional>
@@ -35,7 +37,8 @@ struct Mark {
   int generation = 0;
   double at = 0;  // a replacement's: when its recovery ended
   std::map<std::string, double> phases;
-  bool done = false;  // the worker left the loop: no peer is left to meet a replacement
+  bool done = false;        // the worker left the loop: no peer is left to meet a replacement
+  bool recovering = false;  // a survivor whose collective failed, recovering
 };
 
 // The mark of `localRank`, nothing when it has none (or an unreadable one).
@@ -63,14 +66,16 @@ std::string refusal(const Failure& failure);
 
 // The workers' keys in their store (recovery.py's KEYS), as the agent's client names them:
 // torch's TCPStore client (1.13 as 2.x) puts "/" before every key. The last generation that
-// formed, a counter, and what a round that kept a smaller job's workers tells them (a node lost, no
-// spare): for each rank kept, its new number (plus one, so that 0 is "none", as the loop polls
-// a counter) and the new world size, for generation `generation` (the one after the last that
-// formed, which the survivors are meeting in). The world's key comes first: the loop reads it
-// once its rank's key is there.
+// formed, a counter; and what an agent tells its workers that round R kept (a node lost), for
+// generation `generation` (the one after the last that formed, which they are meeting in): the
+// world's size under `<g>/round<R>/`, where they meet again with the newcomers (started with
+// kRoundVariable) and never with a lost node's workers that come back, then each rank's move,
+// `<g>/move/<its rank>` = R * kMoveBase + its number in R + 1 (a counter the loop polls; a later
+// round that keeps them again moves them again).
 inline constexpr std::string_view kGenerationKey = "/dlrun/recovery/generation";
-std::vector<std::pair<std::string, std::string>> renumbering(int generation, int oldBaseRank,
-                                                             int newBaseRank, int count,
-                                                             int worldSize);
+inline constexpr std::string_view kRoundVariable = "DLRUN_RECOVERY_ROUND";
+inline constexpr int64_t kMoveBase = 1'000'000;  // recovery.py's MOVE_BASE: ranks stay below it
+std::vector<std::pair<std::string, std::string>> moving(int generation, int round, int oldBaseRank,
+                                                        int newBaseRank, int count, int worldSize);
 
 }  // namespace dlrun::agents::recovery

@@ -426,27 +426,6 @@ World ElasticImpl::memberWorld(int round, int index, int members,
   return world;
 }
 
-ElasticImpl::Step ElasticImpl::afterLateArrival(int round, int members) {
-  if (members < options_.maxNodes) {
-    RoundEnd joined{.kind = RoundEnd::Kind::NodeJoined, .node = elastic::nodeName(options_.self)};
-    lease_->compareSet(keys_.end(round), "", elastic::encode(joined));
-  } else {
-    log::info("the job runs on its maximum number of nodes (" + std::to_string(members) +
-              "); waiting as a spare");
-    lease_->add(keys_.spares(round), 1);
-  }
-  // A spare waits as long as the job runs: it takes the place of a node that fails.
-  while (!waitChunk(keys_.end(round))) {
-    if (forgotten(round)) return NextRound{};
-  }
-  const std::optional<RoundEnd> end = readEnd(round);
-  if (!end) return NextRound{};
-  ended_ = Ended{round, members, spares(round), end->kind};
-  if (end->endsJob()) return *end;
-  return NextRound{};
-}
-
-int ElasticImpl::spares(int round) { return static_cast<int>(lease_->add(keys_.spares(round), 0)); }
 
 std::optional<RoundEnd> ElasticImpl::readEnd(int round) {
   const std::string text = lease_->peek({keys_.end(round)})[0];
@@ -576,10 +555,12 @@ ElasticRendezvous::ElasticRendezvous(ElasticOptions options)
 ElasticRendezvous::~ElasticRendezvous() = default;
 JoinResult ElasticRendezvous::next() {
   JoinResult joined = impl_->next();
-  impl_->offerKept(std::nullopt);
+  impl_->offerKept(std::nullopt, nullptr);
   return joined;
 }
-void ElasticRendezvous::offerKept(const KeptWorkers& kept) { impl_->offerKept(kept); }
+void ElasticRendezvous::offerKept(const KeptWorkers& kept, std::function<void()> dropped) {
+  impl_->offerKept(kept, std::move(dropped));
+}
 RoundEnd ElasticRendezvous::awaitEnd() { return impl_->awaitEnd(); }
 void ElasticRendezvous::reportFailure(RoundEnd failure) {
   impl_->reportFailure(std::move(failure));

@@ -132,7 +132,7 @@ class ElasticRendezvous : public Rendezvous {
   std::vector<std::string> gatherHangReports(std::chrono::milliseconds timeout) override;
 
   // Offered to the next next() alone, whatever it returns.
-  void offerKept(const KeptWorkers& kept) override;
+  void offerKept(const KeptWorkers& kept, std::function<void()> dropped) override;
   void interrupt() override;
 
  private:

@@ -1,7 +1,9 @@
 // ElasticRendezvous's rounds as they close and as they are forgotten (elastic_rendezvous_impl.h):
-// the one closer's claim, plan and writes, and the tidying of the rounds two behind.
+// the one closer's claim, plan and writes, a node that came too late for one (a spare), and the
+// tidying of the rounds two behind.
 #include <algorithm>
 
+#include "common/log.h"
 #include "rendezvous/elastic_rendezvous_impl.h"
 #include "store/leasing_store.h"
 
@@ -115,5 +117,29 @@ bool ElasticImpl::forgotten(int round) {
   const std::string done = lease_->peek({keys_.forgotten()})[0];
   return !done.empty() && toCount(done, keys_.forgotten()) >= round;
 }
+
+ElasticImpl::Step ElasticImpl::afterLateArrival(int round, int members) {
+  if (kept_ && keptDropped_) keptDropped_();  // no round keeps them while this node waits
+  kept_.reset();
+  if (members < options_.maxNodes) {
+    RoundEnd joined{.kind = RoundEnd::Kind::NodeJoined, .node = elastic::nodeName(options_.self)};
+    lease_->compareSet(keys_.end(round), "", elastic::encode(joined));
+  } else {
+    log::info("the job runs on its maximum number of nodes (" + std::to_string(members) +
+              "); waiting as a spare");
+    lease_->add(keys_.spares(round), 1);
+  }
+  // A spare waits as long as the job runs: it takes the place of a node that fails.
+  while (!waitChunk(keys_.end(round))) {
+    if (forgotten(round)) return NextRound{};
+  }
+  const std::optional<RoundEnd> end = readEnd(round);
+  if (!end) return NextRound{};
+  ended_ = Ended{round, members, spares(round), end->kind};
+  if (end->endsJob()) return *end;
+  return NextRound{};
+}
+
+int ElasticImpl::spares(int round) { return static_cast<int>(lease_->add(keys_.spares(round), 0)); }
 
 }  // namespace dlrun::rendezvous::detail

@@ -39,7 +39,10 @@ class ElasticImpl {
   void shareHangReport(const std::string& report);
   std::vector<std::string> gatherHangReports(std::chrono::milliseconds timeout);
   void interrupt();
-  void offerKept(std::optional<KeptWorkers> kept) { kept_ = std::move(kept); }
+  void offerKept(std::optional<KeptWorkers> kept, std::function<void()> dropped) {
+    kept_ = std::move(kept);
+    keptDropped_ = std::move(dropped);
+  }
 
  private:
   // A store outage (elastic_rendezvous_outage.cpp). rideOut, after a call failed with
@@ -186,7 +189,8 @@ class ElasticImpl {
   int failures_ = 0;  // failure restarts seen in this job (the rendezvous thread's copy)
   std::optional<int> lastGroupRank_;
   std::optional<KeptWorkers> kept_;  // offered to the join under way (offerKept)
-  std::optional<int> closedRound_;   // the last round this node closed: it forgets old ones
+  std::function<void()> keptDropped_;
+  std::optional<int> closedRound_;  // the last round this node closed: it forgets old ones
   bool reconnect_ = false;
   std::atomic<bool> storeAway_{false};  // rideOut() runs: reports are kept at once
   std::mutex reportsMutex_;

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <string>
 #include <variant>
 #include <vector>
@@ -51,7 +52,12 @@ class Rendezvous {
   // The next next() offers this node's running workers (a node lost, --recovery=in-process):
   // the round keeps them where it can (World::keptWorkers). Called before that next(), on the
   // thread that then runs it or one that starts it; one node's rendezvous loses no node.
-  virtual void offerKept(const KeptWorkers& kept) { (void)kept; }
+  // `dropped` is called (on next()'s thread) where that next() goes on without them: this node
+  // came too late for the round, and waits as a spare; its workers must stop meanwhile.
+  virtual void offerKept(const KeptWorkers& kept, std::function<void()> dropped) {
+    (void)kept;
+    (void)dropped;
+  }
   // Makes a blocked next()/awaitEnd() give up at once (they throw or report a lost store).
   // Callable from any thread.
   virtual void interrupt() = 0;

@@ -2,6 +2,15 @@
 
 namespace dlrun::rendezvous {
 
+KeptWorkers keptFrom(const World& world, std::vector<uint16_t> workerPorts) {
+  return KeptWorkers{.spaceRound = world.spaceRound,
+                     .groupRank = world.groupRank,
+                     .groupWorldSize = world.groupWorldSize,
+                     .baseRank = world.baseRank,
+                     .worldSize = world.worldSize,
+                     .workerPorts = std::move(workerPorts)};
+}
+
 World makeWorld(const NodeJob& job, int round, const Placement& place,
                 std::vector<std::string> workerEndpoints) {
   return World{

@@ -77,6 +77,9 @@ struct Placement {
   bool joins = false;
 };
 
+// What a node offers of its running workers of `world` (ports: theirs, for TF_CONFIG).
+KeptWorkers keptFrom(const World& world, std::vector<uint16_t> workerPorts);
+
 // The one way a World is made, for one node and for several.
 World makeWorld(const NodeJob& job, int round, const Placement& place,
                 std::vector<std::string> workerEndpoints);

@@ -152,6 +152,8 @@ TEST(PlanRound, KeepersKeepTheirPlacesAndANewcomerTakesTheLostOnes) {
   EXPECT_FALSE(joiner.keptWorkers);
   const World kept = makeWorld(job, 6, plan.byArrival[0], {});
   EXPECT_TRUE(kept.keptWorkers);
+  // What it offers if another node is lost: still round 4's key space.
+  EXPECT_EQ(keptFrom(kept, {5000, 5001}), (KeptWorkers{4, 2, 3, 4, 6, {5000, 5001}}));
   EXPECT_EQ(makeWorld(job, 6, planRound({node("10.0.0.1", 2)}).byArrival[0], {}).spaceRound, 6);
 }
 

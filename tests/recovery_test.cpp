@@ -62,12 +62,18 @@ TEST(Recovery, AReplacementsMarkSaysHowItsRecoveryWent) {
   EXPECT_FALSE(parseMark("[]"));
 }
 
-TEST(Recovery, ARenumberingTellsTheWorldFirstThenEachRanksNewNumberPlusOne) {
-  // Ranks 4-5 of 6 become ranks 2-3 of 4, in generation 3's keys as torch's client names them.
+TEST(Recovery, ASurvivorsMarkSaysItIsRecovering) {
+  EXPECT_TRUE(parseMark(R"({"pid": 7, "generation": 0, "recovering": true})")->recovering);
+  EXPECT_FALSE(parseMark(R"({"pid": 7, "generation": 1})")->recovering);
+}
+
+TEST(Recovery, AMoveTellsTheRoundAndWorldFirstThenEachRanksNewNumberPlusOne) {
+  // Round 7 kept ranks 4-5 of 6 as ranks 2-3 of 4, in generation 3's keys as torch's client
+  // names them.
   using Keys = std::vector<std::pair<std::string, std::string>>;
-  EXPECT_EQ(renumbering(3, 4, 2, 2, 4), (Keys{{"/dlrun/recovery/3/world", "4"},
-                                              {"/dlrun/recovery/3/renumber/4", "3"},
-                                              {"/dlrun/recovery/3/renumber/5", "4"}}));
+  EXPECT_EQ(moving(3, 7, 4, 2, 2, 4), (Keys{{"/dlrun/recovery/3/round7/world", "4"},
+                                            {"/dlrun/recovery/3/move/4", "7000003"},
+                                            {"/dlrun/recovery/3/move/5", "7000004"}}));
   EXPECT_TRUE(kGenerationKey.starts_with("/dlrun/recovery/"));
 }
 

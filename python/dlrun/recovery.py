@@ -49,7 +49,8 @@ RECOVERY_TIMEOUT_S = 120  # a recovery not done by then falls back to the whole-
 EXACT_BUCKET_MB = 1e-6  # under any parameter's size: a bucket each
 BEAT_S = 1.0  # a recovery's wait beats the progress board this often
 POLL_S = 0.01  # and looks at the store this often
-RENUMBER_POLLS = 5  # and for new ranks (a node lost, none in its place) every so many looks
+MOVE_POLLS = 5  # and for a kept round's keys (a node lost) every so many looks
+MOVE_BASE = 1_000_000  # a move's value: round * MOVE_BASE + rank + 1 (agents/recovery.h)
 
 
 def active():
@@ -175,17 +176,20 @@ class Loop:
             self.ddp = self._wrap()
         self._mark()
 
-    def _mark(self, done=False):
+    def _mark(self, done=False, recovering=False):
         """The agent's sign that this rank recovers in process: where it finds none, a failure
         restarts the whole group, as for a program without this loop. A replacement's mark also
         says how its recovery went (the agent's "recovered" event); `done`: this rank left the
         loop, so a failure of it now restarts the whole group at once (no peer is left to meet
-        a replacement)."""
+        a replacement); `recovering`: a survivor's collective failed and it is recovering (a
+        lost node's: its agent keeps it running into the next round only then)."""
         record = {"pid": os.getpid(), "generation": self.generation}
         if self.last_recovery:
             record.update(at=time.time(), phases=self.last_recovery)
         if done:
             record["done"] = True
+        if recovering:
+            record["recovering"] = True
         mark = os.path.join(os.environ["DLRUN_RECOVERY_DIR"], os.environ["LOCAL_RANK"])
         with open(f"{mark}.tmp", "w") as f:  # whole or not at all: the agent reads it any time
             json.dump(record, f)
@@ -284,6 +288,8 @@ class Loop:
 
     def _recover(self, joining):
         progress.step(self.step)  # a recovery under way is no hang
+        if not joining:
+            self._mark(recovering=True)
         started = time.monotonic()
         deadline = started + RECOVERY_TIMEOUT_S
         try:
@@ -297,24 +303,27 @@ class Loop:
         self.recoveries += 1
         took = time.monotonic() - started
         self.last_recovery = dict(phases, total=took)
+        if not joining:
+            self._mark()  # recovered (a replacement marks once its loop is made)
         _say(f"generation {self.generation}: " + ", ".join(f"{k} {v:.3f} s" for k, v in phases)
              + f"; back at step {self.step} after {took:.3f} s")
 
-    def _await(self, counter, left, renumber=None):
+    def _await(self, counter, left, move=None):
         """Waits for the counter `counter` to be set, beating the progress board every BEAT_S: a
         rank waiting for a replacement's start is recovering, not hung (--hang-timeout). Polled
         with add(0), which torch 1.13's store has too: a store wait cut into slices would leave
         the store's late answer to a timed-out wait on the connection. A rank that left the loop
         (past its last barrier) never comes: the wait ends then, for the whole-group restart.
-        With `renumber`, a counter the agent sets when the round gave this rank another number
-        (looked at every RENUMBER_POLLS polls): returns its value then, else 0."""
+        With `move`, (the counter the agent sets when a round kept this rank, a node lost; the
+        round it is met in, if any): looked at every MOVE_POLLS polls, returns the counter's value
+        once it names a later round, else 0."""
         beat = time.monotonic()
         polls = 0
         while self._store.add(counter, 0) < 1:
             polls += 1
-            if renumber and polls % RENUMBER_POLLS == 0:
-                found = self._store.add(renumber, 0)
-                if found > 0:
+            if move and polls % MOVE_POLLS == 0:
+                found = self._store.add(move[0], 0)
+                if found > 0 and found // MOVE_BASE > move[1]:
                     return found
             left()  # raises past the deadline
             if time.monotonic() >= beat:
@@ -325,14 +334,14 @@ class Loop:
             time.sleep(POLL_S)
         return 0
 
-    def _meet(self, keys, record, left, renumber):
-        """Arrives in a generation's keys and waits for every rank; the renumbering counter's
-        value (see _await) where the agent gave this rank another number meanwhile, else 0."""
+    def _meet(self, keys, record, left, move):
+        """Arrives in a generation's keys and waits for every rank; the move counter's value
+        (see _await; `move`: its prefix and the round met in) where a round kept this rank
+        meanwhile, else 0."""
         self._store.set(f"{keys}/rank/{self.rank}", record)
         if self._store.add(f"{keys}/arrived", 1) == self.world:
             self._store.add(f"{keys}/ready", 1)
-        return self._await(f"{keys}/ready", left,
-                           renumber and f"{renumber}/{self.rank}")
+        return self._await(f"{keys}/ready", left, move and (f"{move[0]}/{self.rank}", move[1]))
 
     def _recover_within(self, joining, deadline):
         import torch.distributed as dist
@@ -366,18 +375,23 @@ class Loop:
         # the last that completed (the survivors are on their way there).
         committed = self._store.add(f"{KEYS}/generation", 0)
         generation = committed + 1 if joining else self.generation + 1
-        keys = f"{KEYS}/{generation}"
+        keys = here = f"{KEYS}/{generation}"
+        if joining and os.environ.get("DLRUN_RECOVERY_ROUND"):
+            # In a lost node's place: the round that kept the survivors has keys of its own.
+            here = f"{keys}/round{os.environ['DLRUN_RECOVERY_ROUND']}"
         record = json.dumps({"survivor": not joining, "step": self.step})
-        renumbered = self._meet(keys, record, left, None if joining else f"{keys}/renumber")
-        if renumbered:
-            # A node was lost and none took its place: the round kept the survivors, renumbered
-            # (their agents said so); they meet again under their new numbers.
-            world = self._store.add(f"{keys}/world", 0)
-            _say(f"now rank {renumbered - 1} of {world} (a node was lost; none took its place)")
-            self.rank, self.world = renumbered - 1, world
+        met_in = -1
+        while moved := self._meet(here, record, left, None if joining else (f"{keys}/move", met_in)):
+            # A node was lost and a round kept the survivors (their agents said so): they meet
+            # again under its keys, with the newcomers, or alone in a smaller world, renumbered.
+            met_in, rank = divmod(moved, MOVE_BASE)
+            here = f"{keys}/round{met_in}"
+            world = self._store.add(f"{here}/world", 0)
+            if (rank - 1, world) != (self.rank, self.world):
+                _say(f"now rank {rank - 1} of {world} (a node was lost; none took its place)")
+            self.rank, self.world = rank - 1, world
             os.environ.update(RANK=str(self.rank), WORLD_SIZE=str(self.world))
-            keys = f"{keys}/renumbered"
-            self._meet(keys, record, left, None)
+        keys = here
         phase("meet")
         self._form(keys, left())
         phase("group")

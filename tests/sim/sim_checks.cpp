@@ -282,13 +282,14 @@ std::optional<std::string> checkOverlap(const Record& r) {
 // not recover in time: with nothing else reaching its round's workers from a little before its
 // start until kRecovers after (no other fault, no other recovery under way, no pause, no
 // connection of the workers' store cut or reply lost), the survivors and it must meet well
-// within that (a start-up takes at most 5 s, a meeting a few polls and collectives).
+// within that (a start-up takes at most 5 s, a meeting a few polls and collectives). So must
+// the workers a round kept (a node lost) and its newcomers, or they alone renumbered.
 std::optional<std::string> checkInProcess(const Record& r) {
   if (!r.modelBreaks.empty()) return r.modelBreaks.front();
   const Duration before(2'000), kRecovers(20'000);
   auto quiet = [&](const Replacement& x) {
     const Time from = x.at - before, to = x.at + kRecovers;
-    if (r.workerStoreCut.count(x.round)) return false;
+    if (r.workerStoreCut.count(x.space)) return false;
     bool own = false;  // the kill it replaces, once
     for (const Time t : r.workerFaults) {
       if (t < from || t > to) continue;
@@ -309,6 +310,9 @@ std::optional<std::string> checkInProcess(const Record& r) {
       if (&other != &x && other.round == x.round && other.at <= to &&
           other.recovered.value_or(Time::max()) >= from)
         return false;
+    for (const auto& kept : r.kept)  // a lost node's newcomers (or renumbering) under way
+      if (kept.round == x.round && kept.at <= to && kept.recovered.value_or(Time::max()) >= from)
+        return false;
     return true;
   };
   // A round that ended otherwise than by a failure (a node joined, or was lost) cut its
@@ -319,13 +323,44 @@ std::optional<std::string> checkInProcess(const Record& r) {
     return std::any_of(seen->second.begin(), seen->second.end(),
                        [](const auto& end) { return end.second.kind != Kind::WorkerFailed; });
   };
+  // A round that kept running workers (a node lost): with no fault after it began, nor a
+  // connection of their store cut or its replies lost, they meet their newcomers, or each other
+  // renumbered, well within kRecovers, unless the round ended otherwise first (a node joined).
+  // Not checked where a stopped agent's node ran again near it: that node, lost, may come back
+  // before its agent stops its workers, which then fill a meeting that cannot form (the
+  // recovery's deadline ends it: a whole-group restart).
+  auto stoppedNear = [&](Time at) {
+    return std::any_of(r.paused.begin(), r.paused.end(), [&](const auto& p) {
+      return p.second.second >= at - kRecovers && p.second.first <= at + kRecovers;
+    });
+  };
+  for (const auto& k : r.kept) {
+    if ((k.recovered && *k.recovered - k.at <= kRecovers) || k.at <= r.lastFault ||
+        endedOtherwise(k.round) || stoppedNear(k.at) ||
+        !k.meeting ||  // past their meeting when kept: their recovery fails, a fallback
+        std::any_of(r.workerFaults.begin(), r.workerFaults.end(),
+                    [&](Time t) { return t > k.since && t <= k.at + kRecovers; }) ||
+        // kept again before an earlier keep of theirs recovered: that one answers for it
+        std::any_of(r.kept.begin(), r.kept.end(),
+                    [&](const Kept& e) {
+                      return &e != &k && e.owner == k.owner && e.space == k.space && e.at < k.at &&
+                             !e.recovered;
+                    }) ||
+        r.workerStoreCut.count(k.space) ||
+        std::any_of(r.replyLoss.begin(), r.replyLoss.end(),
+                    [&](const auto& span) { return span.second >= k.at - before; }))
+      continue;
+    return roundName(k.round) + ": " + name(r, k.owner) + "'s workers, kept from " +
+           roundName(k.space) + " at " + secs(std::chrono::duration_cast<Duration>(k.at - Time{})) +
+           ", formed no new generation within " + secs(kRecovers) + ", though no fault came after";
+  }
   for (const auto& x : r.replacements) {
     if ((x.recovered && *x.recovered - x.at <= kRecovers) || !quiet(x) || endedOtherwise(x.round))
       continue;
     // A rank that left the loop (its last barrier done, as the worker died just past its own)
     // never meets the replacement: the round falls back to the whole-group restart, in time.
-    const auto left = r.leftLoop.find(x.round);
-    const auto fell = r.fellBack.find(x.round);
+    const auto left = r.leftLoop.find(x.space);
+    const auto fell = r.fellBack.find(x.space);
     if (left != r.leftLoop.end() && left->second <= x.at + kRecovers) {
       if (fell != r.fellBack.end() && fell->second <= std::max(x.at, left->second) + kRecovers)
         continue;

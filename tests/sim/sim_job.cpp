@@ -4,6 +4,7 @@
 #include <map>
 #include <memory>
 #include <sstream>
+#include <utility>
 
 #include "common/error.h"
 #include "common/log.h"
@@ -89,7 +90,9 @@ class Job {
   void planWorkerKills();
   void planFaults();
   void fault(Time at, const std::string& what, std::function<void()> act, bool workers = true);
-  void stopWorkers(Agent& agent);
+  void stopWorkers(Agent& agent, bool kept = false);
+  std::optional<rendezvous::KeptWorkers> keepable(Agent& agent);
+  void startWorkers(const std::shared_ptr<Agent>& agent, const World& world, RoundId id);
   void stopAgent(int owner);
   void end(int owner, std::optional<RoundEnd> end, const std::string& error = "",
            const std::string& kind = "");
@@ -108,6 +111,10 @@ struct Job::Agent {
   std::unique_ptr<ElasticRendezvous> rendezvous;
   bool workersRunning = false;
   bool stopWorkers = false;
+  bool keeping = false;  // its workers run on while it joins the next round (in process)
+  // The round its workers report to, and its world: a round that kept them moves them on.
+  RoundId round;
+  World world;
   bool reporting = false;  // the worker task is in a report
   int workerTasks = 0;
 };
@@ -178,6 +185,7 @@ void Job::agentBody(int owner) {
       rendezvous::JoinResult joined = agent->rendezvous->next();
       if (auto* over = std::get_if<RoundEnd>(&joined)) {
         sim_.note(label(owner) + " joined no round: the job ended (" + over->describe() + ")");
+        stopWorkers(*agent);  // kept ones, for a round that never came
         return end(owner, *over);
       }
       const World world = std::get<World>(joined);
@@ -186,17 +194,29 @@ void Job::agentBody(int owner) {
                 ", " + std::to_string(world.failures) + " failures before");
       const RoundId id{store_->lifeOfLastRead(owner), world.round};
       record_.worlds[id].emplace_back(owner, world);
-      record_.running.push_back({owner, id, sim_.now(), std::nullopt});
-      agent->workersRunning = true;
-      agent->stopWorkers = false;
-      ++agent->workerTasks;
-      sim_.spawn(owner, [this, agent, world, id] {
-        record_.shape.inProcess ? inProcessBody(agent, world, id) : workerBody(agent, world, id);
-      });
+      startWorkers(agent, world, id);
       const RoundEnd ended = agent->rendezvous->awaitEnd();
       sim_.note(label(owner) + " saw round " + std::to_string(world.round) +
                 " end: " + ended.describe());
       record_.ends[id].emplace_back(owner, ended);
+      record_.endSeen.emplace(id, sim_.now());
+      // As AgentImpl::keepThroughNextRound: not where this node is the one lost.
+      const std::string self = "n" + std::to_string(incarnation(owner).node) + " (" +
+                               nodeAddress(incarnation(owner).node) + ")";
+      if (const auto keep = ended.kind == RoundEnd::Kind::NodeLost && ended.node != self &&
+                                    record_.shape.inProcess && agent->workersRunning
+                                ? keepable(*agent)
+                                : std::nullopt) {
+        sim_.note(label(owner) + " keeps its workers through the re-rendezvous");
+        agent->rendezvous->offerKept(*keep, [this, agent] {
+          sim_.note(label(agent->owner) + " waits as a spare: its kept workers stop");
+          agent->keeping = false;
+          stopWorkers(*agent);
+        });
+        agent->keeping = true;
+        inProcess_->keeping(owner, record_.endSeen.at(id));
+        continue;
+      }
       stopWorkers(*agent);
       if (ended.endsJob()) return end(owner, ended);
     }
@@ -210,7 +230,66 @@ void Job::agentBody(int owner) {
   }
 }
 
-void Job::stopWorkers(Agent& agent) {
+// AgentImpl::awaitRecovering: the workers are kept once all are recovering, looked at every
+// 20 ms for up to 2 s.
+std::optional<rendezvous::KeptWorkers> Job::keepable(Agent& agent) {
+  const Time deadline = sim_.now() + Duration(2'000);
+  while (true) {
+    bool notYet = false;
+    if (auto kept = inProcess_->keepable(agent.owner, &notYet)) return kept;
+    if (!notYet || sim_.now() >= deadline) return std::nullopt;
+    sim_.sleep(Duration(20));
+  }
+}
+
+// The round's workers: new ones, or (AgentImpl::afterKeeping) the kept ones running on in it,
+// or, where a kept one died while it formed, none: a failure of the round.
+void Job::startWorkers(const std::shared_ptr<Agent>& agent, const World& world, RoundId id) {
+  const int owner = agent->owner;
+  const bool kept = std::exchange(agent->keeping, false) && world.keptWorkers;
+  agent->round = id;
+  agent->world = world;
+  if (kept && !agent->workersRunning) {
+    stopWorkers(*agent);
+    sim_.note(label(owner) + "'s kept workers failed while round " + std::to_string(world.round) +
+              " formed");
+    record_.failureReported.insert(id);
+    try {
+      agent->rendezvous->reportFailure(
+          RoundEnd{.kind = RoundEnd::Kind::WorkerFailed,
+                   .node = "n" + std::to_string(incarnation(owner).node),
+                   .rank = world.baseRank,
+                   .exitCode = 75,
+                   .failures = world.failures,
+                   .report = "a kept worker failed"});
+    } catch (const Error& e) {
+      sim_.note(label(owner) + " cannot report to the rendezvous store: " + e.what());
+    }
+    return;
+  }
+  if (kept) {
+    sim_.note(label(owner) + " keeps its workers running in round " + std::to_string(world.round));
+    stopWorkers(*agent, /*kept=*/true);  // their last round's running ends here
+    inProcess_->adopt(owner, label(owner), world, id);
+  } else {
+    stopWorkers(*agent);  // kept ones the round could not keep
+  }
+  record_.running.push_back({owner, id, sim_.now(), std::nullopt});
+  agent->workersRunning = true;
+  if (kept) return;
+  agent->stopWorkers = false;
+  ++agent->workerTasks;
+  sim_.spawn(owner, [this, agent, world, id] {
+    record_.shape.inProcess ? inProcessBody(agent, world, id) : workerBody(agent, world, id);
+  });
+}
+
+void Job::stopWorkers(Agent& agent, bool kept) {
+  if (kept) {  // they go on in the next round: only their last round's running ends
+    for (auto& r : record_.running)
+      if (r.owner == agent.owner && !r.to) r.to = sim_.now();
+    return;
+  }
   agent.stopWorkers = true;
   if (agent.workersRunning) {
     agent.workersRunning = false;
@@ -382,6 +461,9 @@ void Job::inProcessBody(const std::shared_ptr<Agent>& agent, World world, RoundI
   agent->workersRunning = false;
   for (auto& r : record_.running)
     if (r.owner == agent->owner && !r.to) r.to = sim_.now();
+  // A round that kept them may have moved them on since they started.
+  world = agent->world;
+  id = agent->round;
   try {
     if (outcome.kind == InProcess::Outcome::Kind::Finished) {
       sim_.note(who + "'s workers finished round " + std::to_string(world.round));

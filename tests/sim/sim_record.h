@@ -64,11 +64,25 @@ struct Running {  // a node's workers of one round
 
 // A worker replaced alone (in process), and when its recovery completed, if it did.
 struct Replacement {
-  RoundId round;
+  RoundId round;  // the round it ran in
+  RoundId space;  // its workers' key space and store: its round's, or a kept one's
   int owner = 0;
   int rank = 0;
   Time at{};
   Time failedAt{};  // the death (a kill) of the process it replaces
+  std::optional<Time> recovered;
+};
+
+// A round that kept a node's running workers (a node lost, in process): the key space they run
+// in (their first round's), the generation they had reached, and when a later one formed there.
+struct Kept {
+  RoundId round;
+  RoundId space;
+  int owner = 0;
+  int generation = 0;
+  Time since{};  // when the lost node's round's end was first seen
+  Time at{};
+  bool meeting = true;  // every one still in its meeting then (else past it: it cannot move)
   std::optional<Time> recovered;
 };
 
@@ -99,6 +113,8 @@ struct Record {
   std::map<RoundId, Time> leftLoop;  // when a rank of the round first left the loop
   std::map<RoundId, Time> fellBack;  // when a worker of the round first fell back (exit 75)
   std::vector<std::string> modelBreaks;
+  std::vector<Kept> kept;
+  std::map<RoundId, Time> endSeen;  // when a member first saw the round's end
 };
 
 // The first invariant `record` breaks, or nothing.

@@ -70,6 +70,7 @@ struct Proc {
   int pid = 0;
   int owner = 0;
   int rank = 0;
+  int world = 0;  // WORLD_SIZE: a round that kept a smaller job's workers renumbers them
   int local = 0;
   bool joining = false;
   bool dead = false;
@@ -77,7 +78,10 @@ struct Proc {
   int exitCode = 0;
   Time exitedAt{};
   bool marked = false;
-  bool done = false;  // past the loop's last barrier (its mark says so)
+  bool done = false;        // past the loop's last barrier (its mark says so)
+  bool recovering = false;  // a survivor in recovery (its mark says so)
+  int joinRound = -1;       // DLRUN_RECOVERY_ROUND: in a lost node's place, the round's
+  bool meeting = false;     // in a recovery's meeting (where a move reaches it)
   int generation = 0;
   int step = 0;
   int taken = 0;  // the steps this process took: a step under it is taken again
@@ -94,7 +98,21 @@ struct InProcess::Impl {
   NetworkShape network;
   std::map<RoundId, std::unique_ptr<SimStoreServer>> stores;  // the workers' store of a round
   std::map<RoundId, int> storeHost;
-  std::map<std::pair<RoundId, int>, std::unique_ptr<Group>> groups;
+  std::map<std::pair<RoundId, std::string>, std::unique_ptr<Group>> groups;  // by generation keys
+  // Each node's current workers (by local rank) and the world they run in, for the agent's
+  // choice to keep them through a lost node's round; the key space their round opened, by round.
+  struct Node {
+    std::vector<Proc*> mine;
+    RoundId space;
+    RoundId round;  // the round they run in now
+    rendezvous::World world;
+    bool renumbered = false;
+    int lone = 0;          // ranks replaced alone since they started (a kept round carries them)
+    bool keeping = false;  // kept while the agent joins the next round: nothing is replaced
+    Time keptSince{};
+  };
+  std::map<int, Node> nodes;
+  std::map<int, RoundId> spaces;
   std::deque<Proc> procs;
   int nextPid = 1000;
 
@@ -111,8 +129,8 @@ struct InProcess::Impl {
     return *store;
   }
 
-  Group& groupOf(RoundId id, int generation, int world) {
-    auto& g = groups[{id, generation}];
+  Group& groupOf(RoundId id, const std::string& keys, int generation, int world) {
+    auto& g = groups[{id, keys}];
     if (!g) {
       g = std::make_unique<Group>();
       g->round = id;
@@ -195,6 +213,9 @@ struct InProcess::Impl {
     g.formed = true;
     sim.note("round " + std::to_string(g.round.second) + ": generation " +
              std::to_string(g.generation) + " formed");
+    for (auto& kept : record.kept)
+      if (kept.space == g.round && g.generation > kept.generation && !kept.recovered)
+        kept.recovered = sim.now();
     for (const auto& [key, other] : groups) {
       if (other.get() == &g || key.first != g.round || !other->formed || other->brokenAt) continue;
       broke("round " + std::to_string(g.round.second) + ": generation " +
@@ -253,28 +274,62 @@ struct InProcess::Impl {
     p.group = nullptr;
   }
 
-  // recovery.py's _recover_within, over the round's store.
-  void recover(Proc& p, RoundId id, int world) {
-    const Time deadline = sim.now() + kRecoveryTimeout;
-    leave(p);
-    const std::string counter = kKeys + "/generation";
-    const int64_t committed = call(p, [&](LeasingStore& s) { return s.add(counter, 0); });
-    const int generation = p.joining ? static_cast<int>(committed) + 1 : p.generation + 1;
-    const std::string keys = kKeys + "/" + std::to_string(generation);
+  // recovery.py's _meet: arrives in `here` and waits for every rank; where a round later than
+  // `metIn` kept this rank meanwhile (its agent said so in `keys`' move counters, looked at
+  // where `move`), that round's number, with the rank's number and world size there taken.
+  std::optional<int> meet(Proc& p, const std::string& keys, const std::string& here, int metIn,
+                          Time deadline, bool move) {
     call(p, [&](LeasingStore& s) {
-      s.set(keys + "/rank/" + std::to_string(p.rank),
+      s.set(here + "/rank/" + std::to_string(p.rank),
             std::string(p.joining ? "r" : "s") + std::to_string(p.step));
-      if (s.add(keys + "/arrived", 1) == world) s.add(keys + "/ready", 1);
+      if (s.add(here + "/arrived", 1) == p.world) s.add(here + "/ready", 1);
       return 0;
     });
-    for (int poll = 1; call(p, [&](LeasingStore& s) { return s.add(keys + "/ready", 0); }) < 1;
+    const std::string mine = keys + "/move/" + std::to_string(p.rank);
+    for (int poll = 1; call(p, [&](LeasingStore& s) { return s.add(here + "/ready", 0); }) < 1;
          ++poll) {
+      if (move) {
+        const int64_t given = call(p, [&](LeasingStore& s) { return s.add(mine, 0); });
+        if (const int round = static_cast<int>(given / rec::kMoveBase);
+            given > 0 && round > metIn) {
+          const std::string there = keys + "/round" + std::to_string(round);
+          p.world = static_cast<int>(
+              call(p, [&](LeasingStore& s) { return s.add(there + "/world", 0); }));
+          sim.note("pid " + std::to_string(p.pid) + ": rank " + std::to_string(p.rank) +
+                   " is rank " + std::to_string(given % rec::kMoveBase - 1) + " of " +
+                   std::to_string(p.world) + " in round " + std::to_string(round));
+          p.rank = static_cast<int>(given % rec::kMoveBase - 1);
+          return round;
+        }
+      }
       if (sim.now() >= deadline) throw Fallback{};
       if (poll % 10 == 0 && call(p, [&](LeasingStore& s) { return s.add(kKeys + "/done", 0); }) > 0)
         throw Fallback{};  // a rank left the loop: it never comes (each beat, in recovery.py)
       compute(p, kPoll);
     }
-    if (!join(p, groupOf(id, generation, world), deadline)) throw Fallback{};
+    return std::nullopt;
+  }
+
+  // recovery.py's _recover_within, over the round's store.
+  void recover(Proc& p, RoundId id) {
+    p.recovering = !p.joining;
+    const Time deadline = sim.now() + kRecoveryTimeout;
+    leave(p);
+    const std::string counter = kKeys + "/generation";
+    const int64_t committed = call(p, [&](LeasingStore& s) { return s.add(counter, 0); });
+    const int generation = p.joining ? static_cast<int>(committed) + 1 : p.generation + 1;
+    const std::string base = kKeys + "/" + std::to_string(generation);
+    std::string keys = base;
+    if (p.joining && p.joinRound >= 0) keys += "/round" + std::to_string(p.joinRound);
+    int metIn = -1;
+    p.meeting = true;
+    while (auto moved = meet(p, base, keys, metIn, deadline, !p.joining)) {
+      metIn = *moved;
+      keys = base + "/round" + std::to_string(metIn);
+    }
+    p.meeting = false;
+    const int world = p.world;
+    if (!join(p, groupOf(id, keys, generation, world), deadline)) throw Fallback{};
     int source = -1, furthest = -1;
     for (int r = 0; r < world; ++r) {
       const std::string said =
@@ -291,6 +346,7 @@ struct InProcess::Impl {
     p.generation = generation;
     if (p.rank == source)
       call(p, [&](LeasingStore& s) { return s.add(counter, generation - committed); });
+    p.recovering = false;
   }
 
   void mark(Proc& p) {
@@ -303,7 +359,7 @@ struct InProcess::Impl {
   }
 
   // A worker's process: the Loop's constructor, then its steps, recovering from a peer's loss.
-  void body(Proc& p, const std::string& label, RoundId id, int world) {
+  void body(Proc& p, const std::string& label, RoundId id) {
     try {
       try {
         p.store = storeOf(id).open(p.owner, label + " rank " + std::to_string(p.rank));
@@ -313,13 +369,14 @@ struct InProcess::Impl {
       alive(p);
       if (p.joining) {
         try {
-          recover(p, id, world);
+          recover(p, id);
         } catch (const Fallback&) {
           record.fellBack.emplace(id, sim.now());
           return die(p, rec::kFallbackCode);
         }
-        p.joining = false;  // a survivor from now on, as recovery.py's later _recover calls
-      } else if (!join(p, groupOf(id, 0, world), sim.now() + kGroupTimeout)) {
+        p.joining = false;
+        p.joinRound = -1;  // a survivor from now on, as recovery.py's later _recover calls
+      } else if (!join(p, groupOf(id, kKeys + "/0", 0, p.world), sim.now() + kGroupTimeout)) {
         return die(p, 1);
       }
       mark(p);
@@ -351,7 +408,7 @@ struct InProcess::Impl {
         sim.note(label + " rank " + std::to_string(p.rank) + ": step " + std::to_string(p.step) +
                  " failed; recovering");
         try {
-          recover(p, id, world);
+          recover(p, id);
         } catch (const Fallback&) {
           sim.note(label + " rank " + std::to_string(p.rank) +
                    ": recovery failed; falls back to the whole-group restart");
@@ -379,34 +436,50 @@ struct InProcess::Impl {
     p.pid = nextPid++;
     p.owner = owner;
     p.rank = rank;
+    p.world = world;
     p.local = local;
     p.joining = joining;
     p.weights = joining ? mix(0xdead, p.pid) : kFreshWeights;  // a replacement holds nothing
-    sim.spawn(owner, [this, &p, label, id, world, after] {
+    sim.spawn(owner, [this, &p, label, id, after] {
       try {
         compute(p, after);
       } catch (const Gone&) {
         return;
       }
-      body(p, label, id, world);
+      body(p, label, id);
     });
     return p;
   }
 
   Outcome run(int owner, const std::string& label, const rendezvous::World& world, RoundId id,
               const std::function<bool()>& stopped);
+  std::optional<rendezvous::KeptWorkers> keepable(int owner, bool* notYet) const;
+  void adopt(int owner, const std::string& label, const rendezvous::World& world, RoundId round);
 };
 
 InProcess::Outcome InProcess::Impl::run(int owner, const std::string& label,
                                         const rendezvous::World& world, RoundId id,
                                         const std::function<bool()>& stopped) {
-  if (world.groupRank == 0) storeHost[id] = owner;
-  std::vector<Proc*> mine;  // by local rank, the current process
-  for (int local = 0; local < world.localWorldSize; ++local)
-    mine.push_back(&spawnProc(owner, label, world.baseRank + local, local, false, id,
-                              world.worldSize, Duration(0)));
+  // A newcomer to a round that kept running workers joins them in their key space (the last
+  // round of that number: a store restarted without its keys may count rounds again).
+  RoundId space = id;
+  if (const auto kept = spaces.find(world.spaceRound); world.joinInProcess && kept != spaces.end())
+    space = kept->second;
+  if (!world.joinInProcess) {
+    spaces[world.round] = id;
+    if (world.groupRank == 0) storeHost[id] = owner;
+  }
+  Node& node = nodes[owner];
+  node = Node{{}, space, id, world, false, 0};
+  std::vector<Proc*>& mine = node.mine;  // by local rank, the current process
+  for (int local = 0; local < world.localWorldSize; ++local) {
+    mine.push_back(&spawnProc(
+        owner, label, world.baseRank + local, local, world.joinInProcess, space, world.worldSize,
+        world.joinInProcess ? sim.between(kStartLow, kStartHigh) : Duration(0)));
+    if (world.joinInProcess) mine.back()->joinRound = world.round;
+  }
   std::map<int, int> replaced;  // local rank -> its replacement's pid
-  int lone = 0;
+  int& lone = node.lone;
   auto stopAll = [&] {
     for (Proc* p : mine) die(*p, -1);
   };
@@ -431,9 +504,13 @@ InProcess::Outcome InProcess::Impl::run(int owner, const std::string& label,
       if (local != f.local && mine[static_cast<size_t>(local)]->pid == pid &&
           !mine[static_cast<size_t>(local)]->marked)
         failure.recovering.push_back(local);
-    std::string why = rec::refusal(failure);
+    // The agent replaces none while it rejoins (AgentImpl::onWorkerExit, not Running): the
+    // round that keeps them sees the failure (afterKeeping).
+    std::string why = node.keeping      ? "it failed while its node rejoined"
+                      : node.renumbered ? "this node's ranks were renumbered in process"
+                                        : rec::refusal(failure);
     if (why.empty() && !rendezvous::RestartPolicy{record.shape.maxRestarts}.allowsRestart(
-                           world.failures + lone + 1))
+                           node.world.failures + lone + 1))
       why = "no restart left";
     if (!why.empty()) {
       sim.note(label + ": rank " + std::to_string(f.rank) + " failed; no in-process recovery (" +
@@ -446,15 +523,64 @@ InProcess::Outcome InProcess::Impl::run(int owner, const std::string& label,
                      .why = why};
     }
     ++lone;
-    ++record.loneRestarts[id][owner];
-    Proc& next = spawnProc(owner, label, f.rank, f.local, true, id, world.worldSize,
+    record.loneRestarts[node.round][owner] = lone;
+    Proc& next = spawnProc(owner, label, f.rank, f.local, true, space, f.world,
                            sim.between(kStartLow, kStartHigh));
     next.replacement = record.replacements.size();
-    record.replacements.push_back({id, owner, f.rank, sim.now(), f.exitedAt, std::nullopt});
+    record.replacements.push_back(
+        {node.round, space, owner, f.rank, sim.now(), f.exitedAt, std::nullopt});
     replaced[f.local] = next.pid;
     mine[static_cast<size_t>(f.local)] = &next;
     sim.note(label + ": rank " + std::to_string(f.rank) + " replaced alone (pid " +
              std::to_string(next.pid) + "); the other ranks keep running");
+  }
+}
+
+std::optional<rendezvous::KeptWorkers> InProcess::Impl::keepable(int owner, bool* notYet) const {
+  *notYet = false;
+  const auto found = nodes.find(owner);
+  if (found == nodes.end()) return std::nullopt;
+  const Node& node = found->second;
+  // As AgentImpl::keepRefusal: every worker alive and in the loop, its mark its own; and as
+  // awaitRecovering: each in recovery (else not yet).
+  for (const Proc* p : node.mine)
+    if (p->exited || !p->marked || p->done) return std::nullopt;
+  *notYet =
+      std::any_of(node.mine.begin(), node.mine.end(), [](const Proc* p) { return !p->recovering; });
+  if (*notYet) return std::nullopt;
+  std::vector<uint16_t> ports;
+  for (int local = 0; local < node.world.localWorldSize; ++local)
+    ports.push_back(static_cast<uint16_t>(kFirstWorkerPort + local));
+  return rendezvous::keptFrom(node.world, std::move(ports));
+}
+
+void InProcess::Impl::adopt(int owner, const std::string& label, const rendezvous::World& world,
+                            RoundId round) {
+  Node& node = nodes.at(owner);
+  node.keeping = false;
+  int generation = 0;
+  for (const Proc* p : node.mine) generation = std::max(generation, p->generation);
+  const bool meeting =
+      std::all_of(node.mine.begin(), node.mine.end(), [](const Proc* p) { return p->meeting; });
+  record.kept.push_back(
+      {round, node.space, owner, generation, node.keptSince, sim.now(), meeting, std::nullopt});
+  node.round = round;
+  if (node.lone > 0) record.loneRestarts[round][owner] = node.lone;  // the agent's count goes on
+  const int oldBase = node.world.baseRank;
+  node.renumbered =
+      node.renumbered || world.baseRank != oldBase || world.worldSize != node.world.worldSize;
+  node.world = world;
+  // AgentImpl::moveKept: the agent tells its workers where to meet, and their numbers there.
+  try {
+    auto store = storeOf(node.space).open(owner, label + " agent");
+    const int64_t committed = store->add(kKeys + "/generation", 0);
+    const auto keys = rec::moving(static_cast<int>(committed) + 1, world.round, oldBase,
+                                  world.baseRank, world.localWorldSize, world.worldSize);
+    for (const auto& [key, value] : keys)
+      store->set(key.substr(1), value);  // the "/" is torch's client's; the model's names none
+    store->check({keys.back().first.substr(1)});  // a SET has no reply: one read after them
+  } catch (const Error& e) {
+    sim.note(label + " cannot tell the kept workers where to meet: " + e.what());
   }
 }
 
@@ -466,6 +592,21 @@ InProcess::Outcome InProcess::run(int owner, const std::string& label,
                                   const rendezvous::World& world, RoundId id,
                                   const std::function<bool()>& stopped) {
   return impl_->run(owner, label, world, id, stopped);
+}
+
+std::optional<rendezvous::KeptWorkers> InProcess::keepable(int owner, bool* notYet) const {
+  return impl_->keepable(owner, notYet);
+}
+
+void InProcess::keeping(int owner, Time since) {
+  auto& node = impl_->nodes.at(owner);
+  node.keeping = true;
+  node.keptSince = since;
+}
+
+void InProcess::adopt(int owner, const std::string& label, const rendezvous::World& world,
+                      RoundId round) {
+  impl_->adopt(owner, label, world, round);
 }
 
 bool InProcess::killWorker(int owner) {

@@ -11,12 +11,15 @@
 // once (the optimizer's step); the weights are a hash chain of the steps taken, so a step lost
 // or taken twice, or two ranks apart, shows. The recovery polls the store every 100 ms (10 ms in
 // the program). Each round's workers' store is served by its group rank 0's agent and goes
-// with it.
+// with it. A round that keeps running workers (a node lost) leaves them in the key space and
+// store of the round they started in; a newcomer's workers join them there, and renumbered
+// survivors learn their numbers there, as the program does.
 #pragma once
 
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "rendezvous/world.h"
@@ -42,6 +45,17 @@ class InProcess {
   // finish, one fails in a way only the whole group's restart mends, or `stopped()`.
   Outcome run(int owner, const std::string& label, const rendezvous::World& world, RoundId id,
               const std::function<bool()>& stopped);
+
+  // A lost node's round ended: where `owner`'s workers can be kept running into the next round,
+  // what its agent offers it (AgentImpl::keepThroughNextRound), else nothing; `notYet` where
+  // only their recovery has not begun (the agent looks again for a while).
+  std::optional<rendezvous::KeptWorkers> keepable(int owner, bool* notYet) const;
+  // Its agent offered them (it rejoins: it replaces no failed one meanwhile), the lost node's
+  // round having ended at `since`.
+  void keeping(int owner, Time since);
+  // The next round (`round`) kept them: they run on in it, told their new ranks where it gave
+  // them others (the run() under way goes on, in the new world).
+  void adopt(int owner, const std::string& label, const rendezvous::World& world, RoundId round);
 
   // Faults. SIGKILL to a worker of `owner` that runs (false: none does).
   bool killWorker(int owner);
