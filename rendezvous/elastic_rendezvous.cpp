@@ -426,7 +426,6 @@ World ElasticImpl::memberWorld(int round, int index, int members,
   return world;
 }
 
-
 std::optional<RoundEnd> ElasticImpl::readEnd(int round) {
   const std::string text = lease_->peek({keys_.end(round)})[0];
   // Its end came, then went with the round's other keys two rounds later (forgetRounds),
