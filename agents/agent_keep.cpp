@@ -111,19 +111,18 @@ void AgentImpl::afterKeeping(const rendezvous::World& world) {
     pendingWorld_ = world;
     return stop(SIGTERM);
   }
-  const int last = world.baseRank + world.localWorldSize - 1;
   const bool renumbered =
       world.baseRank != keptOffer_->baseRank || world.worldSize != keptOffer_->worldSize;
-  const std::string what =
-      "round " + std::to_string(world.round) + " kept ranks " +
-      std::to_string(keptOffer_->baseRank) + "-" +
-      std::to_string(keptOffer_->baseRank + world.localWorldSize - 1) + " running" +
-      (world.worldSize == keptOffer_->worldSize
-           ? "; the lost node's ranks join them"
-           : (renumbered
-                  ? " as ranks " + std::to_string(world.baseRank) + "-" + std::to_string(last)
-                  : std::string()) +
-                 " of " + std::to_string(world.worldSize) + " (no node took the lost one's place)");
+  auto span = [&](int base) {
+    return std::to_string(base) + "-" + std::to_string(base + world.localWorldSize - 1);
+  };
+  std::string what = "round " + std::to_string(world.round) + " kept ranks " +
+                     span(keptOffer_->baseRank) + " running";
+  if (world.worldSize == keptOffer_->worldSize)
+    what += "; the lost node's ranks join them";
+  else
+    what += " as ranks " + span(world.baseRank) + " of " + std::to_string(world.worldSize) +
+            " (no node took the lost one's place)";
   if (renumbered) {
     renumbered_ = true;
     for (const auto& w : workers_) w->renumber(world.baseRank + w->localRank());
