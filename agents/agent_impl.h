@@ -57,7 +57,7 @@ class AgentImpl {
   void takeStacksThenStop(const rendezvous::RoundEnd& end);
 
   // agent_keep.cpp: the workers kept through a re-rendezvous (a node lost, in process)
-  std::string keepRefusal(const rendezvous::RoundEnd& end) const;
+  std::string keepRefusal(const rendezvous::RoundEnd& end, bool* recovering = nullptr) const;
   bool keepThroughNextRound(const rendezvous::RoundEnd& end);
   void awaitRecovering(const rendezvous::RoundEnd& end, Clock::time_point deadline);
   void keep(const rendezvous::RoundEnd& end);

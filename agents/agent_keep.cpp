@@ -4,7 +4,6 @@
 // process. A round that cannot keep them restarts them with everyone's, as without the flag.
 #include <signal.h>
 
-#include <algorithm>
 #include <utility>
 
 #include "agents/agent_impl.h"
@@ -15,8 +14,10 @@
 
 namespace dlrun::agents::detail {
 
-// Why this node's workers cannot be kept through the next round, or empty: they can.
-std::string AgentImpl::keepRefusal(const rendezvous::RoundEnd& end) const {
+// Why this node's workers cannot be kept through the next round, or empty: they can; and, where
+// `recovering`, whether every one's mark says it is recovering (the same look at the marks).
+std::string AgentImpl::keepRefusal(const rendezvous::RoundEnd& end, bool* recovering) const {
+  if (recovering) *recovering = false;
   if (!options_.inProcessRecovery) return "no --recovery=in-process";
   if (end.kind != rendezvous::RoundEnd::Kind::NodeLost) return "not a lost node";
   // Its lease lapsed (a pause, a partition): the others go on without it.
@@ -25,13 +26,16 @@ std::string AgentImpl::keepRefusal(const rendezvous::RoundEnd& end) const {
   if (starting_) return "its workers were still starting";
   if (world_.workerEndpoints.size() != static_cast<size_t>(world_.worldSize))
     return "the round's roster is unknown";
+  bool all = true;
   for (const auto& w : workers_) {
     const auto mark = recovery::readMark(recoveryDir_, w->localRank());
     const std::string rank = "rank " + std::to_string(w->rank());
     if (!w->alive()) return rank + " has exited";
     if (!mark || mark->pid != w->pid()) return rank + " is not in dlrun.recovery's loop";
     if (mark->done) return rank + " has left dlrun.recovery's loop";
+    all = all && mark->recovering;
   }
+  if (recovering) *recovering = all;
   return "";
 }
 
@@ -53,11 +57,8 @@ bool AgentImpl::keepThroughNextRound(const rendezvous::RoundEnd& end) {
 // until its collective's timeout: they stop then, as without the flag.
 void AgentImpl::awaitRecovering(const rendezvous::RoundEnd& end, Clock::time_point deadline) {
   if (state_ != State::Running || stopSignal_) return;
-  std::string why = keepRefusal(end);
-  const bool recovering = std::all_of(workers_.begin(), workers_.end(), [this](const auto& w) {
-    const auto mark = recovery::readMark(recoveryDir_, w->localRank());
-    return mark && mark->recovering;
-  });
+  bool recovering = false;
+  std::string why = keepRefusal(end, &recovering);
   if (why.empty() && !recovering) {
     if (Clock::now() < deadline) {
       keepTimer_.expires_after(kKeepLook);
