@@ -117,6 +117,7 @@ void AgentImpl::prepareLaunches() {
     spec.services[std::string(recovery::kDirVariable)] = recoveryDir_.string();
     spec.services[std::string(recovery::kFallbackVariable)] =
         std::to_string(recovery::kFallbackCode);
+    spec.services[std::string(recovery::kReplaceVariable)] = std::to_string(recovery::kReplaceCode);
   }
   if (progress_) progress_->prepareRound(attemptDir, options_.nprocPerNode, spec);
   if (hang_) hang_->prepareRound(attemptDir, *progress_->board(), inherited_, spec);
@@ -228,7 +229,8 @@ std::string AgentImpl::inProcessRefusal(const Worker& failed) const {
   const bool marked = mark && mark->pid == failed.pid();
   recovery::Failure failure{.exitCode = failed.status().signaled ? -1 : failed.status().value,
                             .marked = marked,
-                            .done = marked && mark->done};
+                            .done = marked && mark->done,
+                            .recoveringItself = marked && mark->recovering};
   for (const auto& [local, pid] : replaced_)
     if (local != failed.localRank() && recovery::markedPid(recoveryDir_, local) != pid)
       failure.recovering.push_back(local);

@@ -41,7 +41,8 @@ pid_t markedPid(const std::filesystem::path& dir, int localRank) {
 std::string refusal(const Failure& failure) {
   if (failure.exitCode == kFallbackCode)
     return "it asked for the whole-group restart (exit " + std::to_string(kFallbackCode) + ")";
-  if (!failure.recovering.empty())
+  const bool askedToBeReplaced = failure.exitCode == kReplaceCode && failure.recoveringItself;
+  if (!failure.recovering.empty() && !askedToBeReplaced)
     return "a failure during the in-process recovery of local rank " +
            std::to_string(failure.recovering.front());
   if (!failure.marked) return "it had not started dlrun.recovery's loop";

@@ -9,7 +9,9 @@
 // in a survivor whose collective failed, until it recovered, "recovering".
 // A failed worker is replaced alone only if it had marked (its program recovers in process), had
 // not left the loop, and no replacement of this node is still recovering (its mark not yet its
-// own): a second failure during a recovery restarts the group.
+// own): a second failure during a recovery restarts the group. One exit is not such a failure: a
+// survivor whose old group would not close (kReplaceCode, before it met the new generation) is
+// replaced alone even then; its replacement meets the same generation in its place.
 #pragma once
 
 #include <sys/types.h>
@@ -30,6 +32,12 @@ namespace dlrun::agents::recovery {
 inline constexpr int kFallbackCode = 75;
 inline constexpr std::string_view kDirVariable = "DLRUN_RECOVERY_DIR";
 inline constexpr std::string_view kFallbackVariable = "DLRUN_RECOVERY_FALLBACK";
+// The exit code with which a survivor asks to be replaced: its old process group did not close
+// in time (on torch 2.13 a gloo collective still pending on a live peer holds it for the group's
+// whole timeout, and that peer waits on it as long); its exit closes the sockets the peer waits
+// on. It had not met the new generation yet, so its replacement can.
+inline constexpr int kReplaceCode = 76;
+inline constexpr std::string_view kReplaceVariable = "DLRUN_RECOVERY_REPLACE";
 inline constexpr std::string_view kJoinVariable = "DLRUN_RECOVERY_JOIN";  // "1" in a replacement
 
 struct Mark {
@@ -54,9 +62,10 @@ std::string describeRecovery(int rank, const Mark& mark, double startedAt);
 
 // What the agent knows of a failure, for the choice below (pure).
 struct Failure {
-  int exitCode = 0;     // the exit code, -1 for a signal
-  bool marked = false;  // the failed process had marked
-  bool done = false;    // and its mark says it had left the loop
+  int exitCode = 0;               // the exit code, -1 for a signal
+  bool marked = false;            // the failed process had marked
+  bool done = false;              // and its mark says it had left the loop
+  bool recoveringItself = false;  // and its mark says it was recovering (a survivor)
   // Local ranks whose replacement has not marked yet: their recovery is under way.
   std::vector<int> recovering;
 };

@@ -19,6 +19,16 @@ TEST(Recovery, AMarkedWorkerIsReplacedAlone) {
   EXPECT_EQ(refusal({.exitCode = 1, .marked = true}), "");
 }
 
+TEST(Recovery, ASurvivorWhoseOldGroupWouldNotCloseIsReplacedEvenDuringARecovery) {
+  EXPECT_EQ(
+      refusal(
+          {.exitCode = kReplaceCode, .marked = true, .recoveringItself = true, .recovering = {3}}),
+      "");
+  // The same code from a worker that was not recovering is a second failure like any other.
+  EXPECT_EQ(refusal({.exitCode = kReplaceCode, .marked = true, .recovering = {3}}),
+            "a failure during the in-process recovery of local rank 3");
+}
+
 TEST(Recovery, EveryOtherCaseRestartsTheGroupAndSaysWhy) {
   EXPECT_EQ(refusal({.exitCode = -1, .marked = false}), "it had not started dlrun.recovery's loop");
   EXPECT_EQ(refusal({.exitCode = kFallbackCode, .marked = true}),

@@ -36,7 +36,9 @@ import gc
 import json
 import math
 import os
+import socket
 import sys
+import threading
 import time
 from datetime import timedelta
 
@@ -49,6 +51,7 @@ RECOVERY_TIMEOUT_S = 120  # a recovery not done by then falls back to the whole-
 EXACT_BUCKET_MB = 1e-6  # under any parameter's size: a bucket each
 BEAT_S = 1.0  # a recovery's wait beats the progress board this often
 POLL_S = 0.01  # and looks at the store this often
+CLOSE_S = 0.5  # an old process group's destruction is waited for so long (_leave_group); 0.05 s usual
 MOVE_POLLS = 5  # and for a kept round's keys (a node lost) every so many looks
 MOVE_BASE = 1_000_000  # a move's value: round * MOVE_BASE + rank + 1 (agents/recovery.h)
 
@@ -92,6 +95,37 @@ def _exact_buckets():
         return {"bucket_cap_mb_list": [EXACT_BUCKET_MB]}
     dist._DEFAULT_FIRST_BUCKET_BYTES = 1
     return {"bucket_cap_mb": EXACT_BUCKET_MB, "find_unused_parameters": True}
+
+
+def _sockets():
+    """This process's open sockets: {fd: "socket:[inode]"}."""
+    found = {}
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            link = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:  # closed meanwhile (the listing's own fd among them)
+            continue
+        if link.startswith("socket:"):
+            found[int(fd)] = link
+    return found
+
+
+def _shut_down(group_sockets):
+    """Shuts down the connected TCP sockets among `group_sockets` ({fd: inode}, as _sockets())
+    that are still the same sockets: their pending reads and writes fail here and at the peer.
+    A listening socket is left alone (gloo's listener ends the process on an error)."""
+    now = _sockets()
+    for fd, inode in group_sockets.items():
+        if now.get(fd) != inode:
+            continue
+        try:
+            with socket.socket(fileno=os.dup(fd)) as sock:  # the dup shares the connection
+                if (sock.family in (socket.AF_INET, socket.AF_INET6)
+                        and sock.type == socket.SOCK_STREAM
+                        and not sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)):
+                    sock.shutdown(socket.SHUT_RDWR)
+        except OSError:  # closed meanwhile, or not connected: nothing to end
+            pass
 
 
 class _Slot:
@@ -155,6 +189,7 @@ class Loop:
         if exact:
             self._ddp_options.update(_exact_buckets())
         self._timeout = timeout
+        self._group_sockets = {}  # the process group's sockets ({fd: inode}), under dlrun
         # Whether the optimizer stepped in the step under way: a step that failed after it
         # (in a later collective) is done, and is not taken again.
         self._applied = False
@@ -167,6 +202,7 @@ class Loop:
             self.ddp = self._wrap()
             return
         self._fallback_code = int(os.environ["DLRUN_RECOVERY_FALLBACK"])
+        self._replace_code = int(os.environ["DLRUN_RECOVERY_REPLACE"])
         self._store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
                                     self.world, False, timeout, wait_for_workers=False)
         if os.environ.get("DLRUN_RECOVERY_JOIN") == "1":
@@ -279,12 +315,58 @@ class Loop:
         self.state.clear()
         self.state.update(state)
 
+    def _leave_group(self):
+        """Destroys the old process group and shuts its connections down (gloo has no abort):
+        a peer still waiting on this rank fails at once, not at the group's timeout (torch 1.13
+        keeps a destroyed group's connections open). On torch 2.13 a gloo collective still
+        pending on a live peer (DDP's next bucket, under way as the previous one failed) holds
+        the group's destruction until the collective's timeout: past CLOSE_S its connections
+        are shut down, and once the group has left torch's registry its destruction goes on in
+        the background (nothing of the new group waits on it). Should it still be registered
+        after another CLOSE_S, this rank exits, which closes every socket it has, and its agent starts a
+        replacement in its place (it has not met the new generation)."""
+        import torch.distributed as dist
+
+        def close():
+            gc.collect()
+            if dist.is_initialized() and self.backend == "nccl":
+                # An NCCL communicator with a dead peer never ends its collective: aborted
+                # first, nothing waits on it as the group goes (not yet run on a GPU).
+                dist.distributed_c10d._abort_process_group()
+            if dist.is_initialized():
+                dist.destroy_process_group()
+            gc.collect()
+
+        closing = threading.Thread(target=close, name="dlrun-leave-group", daemon=True)
+        closing.start()
+        closing.join(CLOSE_S)
+        stuck = closing.is_alive()
+        _shut_down(self._group_sockets)
+        self._group_sockets = {}
+        if not stuck:
+            return
+        late = f"the old process group did not close within {CLOSE_S:g} s (a collective pending)"
+        if not dist.is_initialized():  # out of torch's registry: the new group is not held up
+            _say(f"{late}; its connections shut down, it ends in the background")
+            return
+        closing.join(CLOSE_S)
+        if dist.is_initialized():
+            _say(f"{late}; exiting to be replaced (exit {self._replace_code})")
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(self._replace_code)
+
     def _form(self, keys, timeout):
         """The process group of a generation (`keys`: its keys), in a key space of its own."""
         import torch.distributed as dist
         store = dist.PrefixStore(f"{keys}/group", self._store)
+        before = _sockets()
         dist.init_process_group(self.backend, store=store, rank=self.rank,
                                 world_size=self.world, timeout=timeout)
+        # The group's own connections (its backend's, made as it formed): _leave_group may have
+        # to shut them down.
+        self._group_sockets = {fd: inode for fd, inode in _sockets().items()
+                               if inode not in before.values()}
 
     def _recover(self, joining):
         progress.step(self.step)  # a recovery under way is no hang
@@ -363,14 +445,7 @@ class Loop:
         # The old group's sockets close only once nothing holds it (DDP does): a peer still
         # waiting on this rank then fails at once instead of at its timeout.
         self.ddp = None
-        gc.collect()
-        if dist.is_initialized() and self.backend == "nccl":
-            # An NCCL communicator with a dead peer never ends its collective: aborted first,
-            # nothing waits on it as the group goes (not yet run on a GPU).
-            dist.distributed_c10d._abort_process_group()
-        if dist.is_initialized():
-            dist.destroy_process_group()
-        gc.collect()
+        self._leave_group()
         # The generation every rank moves to: a survivor's next; a replacement's the one after
         # the last that completed (the survivors are on their way there).
         committed = self._store.add(f"{KEYS}/generation", 0)

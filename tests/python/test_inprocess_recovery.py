@@ -11,6 +11,9 @@ one seeded batch a step and rank, momentum), run fault-free once for the weights
   replaced, and the job goes on as after a kill.
 - A failure after the group re-formed (rank 2 at step 9, rank 1 at step 15): a second recovery,
   generation 2, the same weights.
+- A rank whose old group cannot close (a collective of its own left pending on its live peers,
+  who wait on it in theirs): its connections are shut down and every rank recovers in its own
+  process; where the group stays registered, it exits and is replaced like a dead worker.
 - A second failure during the recovery (a survivor dies at the same step as the first victim, or
   inside the recovery as the group forms again or the state is sent): the agent restarts the
   whole group, counted against --max-restarts, and the job still ends 0, bit-equal.
@@ -110,6 +113,31 @@ class InProcessRecoveryTest(InProcessCase):
             self.assertEqual(steps, list(range(STEPS)), (rank, result))
             self.assertEqual(len(self.processes(out, rank)), 2 if rank in (1, 2) else 1, rank)
             self.assertEqual(finals[rank]["generation"], 2, finals[rank])
+
+    def test_a_group_held_by_a_pending_collective_is_shut_down_and_nobody_is_replaced(self):
+        # Rank 0 fails at step 9 with an all-reduce pending that its peers, in a barrier, never
+        # match: its old group cannot close, and they wait on it. Its connections shut down,
+        # every rank recovers in its own process, generation 1, nothing started anew.
+        out, finals, result = self.job("0:9:pending")
+        self.assertIn("rank 0: the old process group did not close within 0.5 s (a collective "
+                      "pending); its connections shut down", result.stderr)
+        self.assertNotIn("exiting to be replaced", result.stderr)
+        self.assertNotIn("replacement started", result.stderr)
+        self.assertEqual({f["sha256"] for f in finals}, {self.reference()}, result)
+        for rank in range(WORLD):
+            processes = self.processes(out, rank)
+            self.assertEqual(len(processes), 1, (rank, processes))
+            self.assertEqual(next(iter(processes.values())), list(range(STEPS)), rank)
+            self.assertEqual(finals[rank]["generation"], 1, finals[rank])
+
+    def test_a_group_that_still_does_not_close_ends_its_rank_which_is_replaced(self):
+        # The same, but the group's destruction never returns and it stays registered: rank 0
+        # exits (76), and its agent starts a replacement in its place; the others keep theirs.
+        out, finals, result = self.job("0:9:stuck")
+        self.assertIn("exiting to be replaced (exit 76)", result.stderr)
+        self.assertRegex(result.stderr, r"rank 0 \(local 0\) exit code 76: in-process recovery, its "
+                                        r"replacement started")
+        self.check_recovered(out, finals, result, victim=0)
 
     def test_a_second_failure_during_recovery_restarts_the_whole_group(self):
         # Rank 3 dies at step 9, and rank 1 too while the first recovery is under way.

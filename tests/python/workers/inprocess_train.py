@@ -9,7 +9,12 @@ writes OUT_DIR/lose_host_<RANK> and SIGSTOPs itself, for the test to kill its wh
 (`1:7 3:7`) are a second failure during the first's recovery. A KILL of RANK:group or RANK:state
 SIGKILLs that rank's first process inside its first recovery, as it forms the group again or as
 the state is sent: a failure during the re-forming. RANK:end SIGKILLs it once its loop is over
-(past the loop's last barrier).
+(past the loop's last barrier). RANK:STEP:pending leaves a collective pending on its live peers
+as it begins STEP (an all-reduce of its own, while every other rank's first process waits in a
+barrier first) and fails as a collective does when a peer went away: the shape of a survivor
+whose next DDP bucket was under way as its previous one failed, whose old group cannot close
+while its peers wait on it; RANK:STEP:stuck the same, and the group's destruction never returns
+(the recovery's last resort: the rank exits to be replaced).
 
 Every process writes OUT_DIR/start_<RANK>_<PID> as it starts and appends each step it completes
 to OUT_DIR/steps_<RANK>_<PID>; at the end every rank writes OUT_DIR/final_<RANK>.json with the
@@ -23,8 +28,10 @@ import hashlib
 import os
 import signal
 import sys
+import threading
 
 import torch
+import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from worker_util import exit_past_torch_teardown, write_json  # noqa: E402
@@ -55,15 +62,33 @@ def kills(args, rank):
         elif fields[1] == "end":
             found["end"] = signal.SIGKILL
         else:
-            how = {"stop": signal.SIGSTOP, "host": "host"}
+            how = {"stop": signal.SIGSTOP, "host": "host", "pending": "pending", "stuck": "stuck"}
             found[int(fields[1])] = how.get("".join(fields[2:]), signal.SIGKILL)
     return found
+
+
+def barriers(args):
+    """The steps at which every rank's first process waits in a barrier first: where a rank
+    leaves a collective pending (RANK:STEP:pending or :stuck)."""
+    if os.environ.get("DLRUN_RECOVERY_JOIN") or os.environ["TORCHELASTIC_RESTART_COUNT"] != "0":
+        return set()
+    return {int(arg.split(":")[1]) for arg in args
+            if arg.split(":")[2:] in (["pending"], ["stuck"])}
+
+
+def leave_pending(how):
+    """An all-reduce no peer matches (they wait in a barrier), left pending, and the error of a
+    collective whose peer went away. `stuck`: the group's destruction never returns, the group
+    still registered."""
+    if how == "stuck":
+        dist.destroy_process_group = lambda *args, **kwargs: threading.Event().wait()
+    dist.all_reduce(torch.zeros(1), async_op=True)
+    raise RuntimeError("Connection reset by peer (injected: a collective left pending)")
 
 
 def die_in_recovery(phase):
     """SIGKILLs this process as its loop's first recovery re-forms the group ("group": the
     second init_process_group) or sends the state ("state": the first broadcast_object_list)."""
-    import torch.distributed as dist
     name = "init_process_group" if phase == "group" else "broadcast_object_list"
     real, calls = getattr(dist, name), []
 
@@ -80,6 +105,7 @@ def main():
     rank, pid = int(os.environ["RANK"]), os.getpid()
     open(os.path.join(out_dir, f"start_{rank}_{pid}"), "w").close()
     die_at = kills(sys.argv[3:], rank)
+    barrier_at = barriers(sys.argv[3:]) - set(die_at)  # the pending rank's own step: none
     torch.manual_seed(1234)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(),
                                 torch.nn.Linear(16, 1)).double()
@@ -92,6 +118,11 @@ def main():
             del die_at[step]
             open(os.path.join(out_dir, f"lose_host_{rank}"), "w").close()
             os.kill(pid, signal.SIGSTOP)
+        if die_at.get(step) in ("pending", "stuck"):
+            leave_pending(die_at.pop(step))
+        elif step in barrier_at:
+            barrier_at.discard(step)
+            dist.barrier()
         if step in die_at:
             os.kill(pid, die_at.pop(step))
         x, y = batch(step, rank)
