@@ -83,6 +83,7 @@ class Setup:
         self.nproc, self.max_restarts = args.nproc, args.max_restarts
         self.deadline, self.rdzv_conf = args.deadline, args.rdzv_conf
         self.checkpoint = os.path.join(scratch, "template.pt")
+        self.worker_args = ["--widths", args.widths]
 
 
 def dlrun_help(dlrun):
@@ -292,6 +293,8 @@ def parse_args(argv):
     parser.add_argument("--scratch", required=True, help="trials' directories (checkpoints)")
     parser.add_argument("--trials", type=int, help="rounds (default 10; --quick: 2)")
     parser.add_argument("--nproc", type=int, default=2, help="workers per node")
+    parser.add_argument("--widths", default="784,1024,384,10",
+                        help="the job's MLP, its layer widths (default 1.2 M parameters)")
     parser.add_argument("--cases", default="worker,hang,host,agent")
     parser.add_argument("--launchers", default=",".join(LAUNCHERS))
     parser.add_argument("--deadline", type=float, default=60,
@@ -325,7 +328,7 @@ def main(argv=None):
         print("recovery_bench: needs root (network namespaces)", file=sys.stderr)
         return 2
     prefixes = launcher_prefixes(args)
-    print(f"rounds: {args.trials}, {args.nproc} workers per node, cases {', '.join(args.cases)}, "
+    print(f"rounds: {args.trials}, {args.nproc} workers per node, the MLP {args.widths}, cases {', '.join(args.cases)}, "
           f"deadline {args.deadline:g} s; launchers: " +
           ", ".join(f"{n} = {' '.join(p) if p else 'n/a'}" for n, p in prefixes.items()),
           flush=True)

@@ -336,7 +336,8 @@ class Trial:
             self.start_dlrund()
         env = clean_env(PYTHON_EXEC=self.setup.python, TMPDIR=self.dir,
                         GLOO_SOCKET_IFNAME="lo" if self.case.nnodes is None else "eth0")
-        argv = [*self.argv_prefix, *self.flags(), WORKER, "--out", self.dir]
+        argv = [*self.argv_prefix, *self.flags(), WORKER, "--out", self.dir,
+                *self.setup.worker_args]
         for host in self.case.hosts:
             with open(self.agent_log(host), "wb") as log:
                 self.agents[host] = self.hosts.popen(host, argv, env=env, stdout=log,
@@ -510,7 +511,7 @@ def run_bare(setup, world, out):
             env = dict(base, RANK=str(rank), LOCAL_RANK=str(rank), ROLE_RANK=str(rank))
             with open(os.path.join(out, f"rank{rank}.log"), "wb") as f:
                 workers.append(subprocess.Popen(
-                    [setup.python, "-u", WORKER, "--out", out], env=env,
+                    [setup.python, "-u", WORKER, "--out", out, *setup.worker_args], env=env,
                     stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT,
                     preexec_fn=die_with_parent))
         first = None

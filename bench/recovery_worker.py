@@ -1,7 +1,8 @@
 """The training job of bench/recovery_bench.py: torch DDP over gloo on CPU, an MLP of about
-1.2 M parameters (784-1024-384-10, 4.8 MB), SGD, a checkpoint every step.
+1.2 M parameters (784-1024-384-10, 4.8 MB; --widths makes another), SGD, a checkpoint every
+step.
 
-Usage: recovery_worker.py --out DIR [--step-seconds S] [--max-seconds T]
+Usage: recovery_worker.py --out DIR [--widths 784,1024,384,10] [--step-seconds S] [--max-seconds T]
 Runs under a launcher (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT...) or started by hand with
 that environment (the benchmark's floor). Files in DIR:
 - procs/<incarnation>.json: this process (rank, host, pid and start time), written at its start,
@@ -41,7 +42,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "python", "workers"))
 from worker_util import exit_past_torch_teardown, write_json  # noqa: E402
 
-WIDTHS = (784, 1024, 384, 10)
+WIDTHS = "784,1024,384,10"  # the layers' widths: the input, the hidden ones, the classes
 BATCH = 64
 # Collectives give up after this long: a peer lost for good fails the step (and the worker),
 # which is how a launcher that does not notice the loss still gets a failure to act on.
@@ -51,6 +52,10 @@ PG_TIMEOUT_S = 60
 def parse_args():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", required=True)
+    parser.add_argument("--widths", default=WIDTHS,
+                        type=lambda text: [int(w) for w in text.split(",")],
+                        help="the MLP's layer widths, comma-separated (a bigger model: more "
+                        "state to send, to load and to build)")
     parser.add_argument("--step-seconds", type=float, default=0.1,
                         help="the least time between steps (a step that takes longer goes on "
                         "at once): leaves the shared cores to the launchers' restarts")
@@ -90,12 +95,12 @@ class Stop(Exception):
     it through)."""
 
 
-def make_model(torch):
+def make_model(torch, widths):
     torch.manual_seed(0)
     layers = []
-    for i in range(len(WIDTHS) - 1):
-        layers.append(torch.nn.Linear(WIDTHS[i], WIDTHS[i + 1]))
-        if i + 2 < len(WIDTHS):
+    for i in range(len(widths) - 1):
+        layers.append(torch.nn.Linear(widths[i], widths[i + 1]))
+        if i + 2 < len(widths):
             layers.append(torch.nn.ReLU())
     return torch.nn.Sequential(*layers)
 
@@ -148,7 +153,7 @@ def main():
     if not in_process:
         dist.init_process_group("gloo", init_method="env://", timeout=timeout)
     joined = time.time()
-    model = make_model(torch)
+    model = make_model(torch, args.widths)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     step = load_checkpoint(torch, checkpoint, model, optimizer) if reads_checkpoint else 0
     if in_process:
@@ -197,8 +202,8 @@ def main():
         number = done + 1
         try:
             generator = torch.Generator().manual_seed(number * 1000 + rank)
-            x = torch.randn(BATCH, WIDTHS[0], generator=generator)
-            y = torch.randint(0, WIDTHS[-1], (BATCH,), generator=generator)
+            x = torch.randn(BATCH, args.widths[0], generator=generator)
+            y = torch.randint(0, args.widths[-1], (BATCH,), generator=generator)
             optimizer.zero_grad(set_to_none=True)
             loss_fn(ddp(x), y).backward()
             optimizer.step()
