@@ -73,9 +73,9 @@ AgentImpl::AgentImpl(AgentOptions options, rendezvous::Rendezvous& rendezvous)
       signals_(io_),
       launcherLink_(io_),
       stopTimer_(io_),
+      inherited_(currentEnvironment()),
       recoveryTimer_(io_),
       keepTimer_(io_),
-      inherited_(currentEnvironment()),
       stopSignals_(options_.signalsToHandle.value_or(kDefaultStopSignals)) {
   // As torchrun 2.x, which gives every worker the list (its default four unless the flag
   // names others), for a worker that starts processes of its own through torch.
@@ -117,6 +117,7 @@ int AgentImpl::run() {
   awaitSignal();
   if (options_.controlStdin) followLauncher();
   prepareLogRoot();
+  holdCheckpointMemory();
   if (options_.control)
     observers_.push_back(std::make_unique<ControlObserver>(
         *options_.control,
@@ -150,6 +151,7 @@ int AgentImpl::run() {
   zygote_.reset();
   closeAttemptSpace();
   cleanUpLogRoot();
+  checkpointMemory_.reset();
   return exitCode_;
 }
 

@@ -159,4 +159,14 @@ void AgentImpl::cleanUpLogRoot() {
   fs::remove_all(logRoot_, ec);
 }
 
+// Where /dev/shm cannot hold a directory, dlrun.checkpoint saves to files, as outside dlrun.
+void AgentImpl::holdCheckpointMemory() {
+  try {
+    checkpointMemory_.emplace();
+    services_[std::string(kCheckpointMemoryVariable)] = checkpointMemory_->dir().string();
+  } catch (const Error& e) {
+    log::info(std::string("in-memory checkpoints are off: ") + e.what());
+  }
+}
+
 }  // namespace dlrun::agents::detail

@@ -15,6 +15,7 @@
 
 #include "agents/agent.h"
 #include "agents/agent_observer.h"
+#include "agents/checkpoint_memory.h"
 #include "agents/file_timer.h"
 #include "agents/hang_watcher.h"
 #include "agents/output.h"
@@ -127,6 +128,7 @@ class AgentImpl {
   void serveFileTimer();
   void onTimerExpired(const TimerExpiry& expiry);
   void cleanUpLogRoot();
+  void holdCheckpointMemory();  // checkpointMemory_ and its variable for the workers
 
   AgentOptions options_;
   rendezvous::Rendezvous& rendezvous_;
@@ -202,7 +204,8 @@ class AgentImpl {
   int firstAttempt_ = 0;  // the number of round 0's attempt_N: after a requeued run's last
   bool keepLogRoot_ = false;
   Environment services_;  // the agent's services' variables for its workers (RoundSpec)
-  const std::vector<int> stopSignals_;  // --signals-to-handle
+  std::optional<CheckpointMemory> checkpointMemory_;  // dlrun.checkpoint's, while the agent runs
+  const std::vector<int> stopSignals_;                // --signals-to-handle
   std::optional<FileTimerServer> fileTimer_;
   std::unordered_map<pid_t, std::string> expiredTimers_;  // by worker: why dlrun signalled it
   std::unique_ptr<Zygote> zygote_;                        // --warm-start

@@ -43,6 +43,7 @@ import time
 from datetime import timedelta
 
 from dlrun import progress
+from dlrun._tree import fill, hollow
 
 __all__ = ["Loop", "active"]
 
@@ -126,43 +127,6 @@ def _shut_down(group_sockets):
                     sock.shutdown(socket.SHUT_RDWR)
         except OSError:  # closed meanwhile, or not connected: nothing to end
             pass
-
-
-class _Slot:
-    """Where a tensor was in a state dict sent without its tensors (Loop._send_state)."""
-
-    def __init__(self, index):
-        self.index = index
-
-
-def _leaves(value, leaf):
-    """`value`, its dicts, lists and tuples rebuilt with `leaf` applied to everything else (a
-    module's state dict keeps its `_metadata`, the versions load_state_dict reads)."""
-    if isinstance(value, dict):
-        rebuilt = type(value)((k, _leaves(v, leaf)) for k, v in value.items())
-        if hasattr(value, "_metadata"):
-            rebuilt._metadata = value._metadata
-        return rebuilt
-    if type(value) in (list, tuple):
-        return type(value)(_leaves(v, leaf) for v in value)
-    return leaf(value)
-
-
-def _hollow(value, tensors):
-    """`value` with each tensor replaced by a _Slot, the tensors appended to `tensors`."""
-    import torch
-
-    def slot(v):
-        if not isinstance(v, torch.Tensor):
-            return v
-        tensors.append(v)
-        return _Slot(len(tensors) - 1)
-    return _leaves(value, slot)
-
-
-def _fill(value, tensors):
-    """_hollow's inverse."""
-    return _leaves(value, lambda v: tensors[v.index] if isinstance(v, _Slot) else v)
 
 
 class Loop:
@@ -289,7 +253,7 @@ class Loop:
         tensors, meta = [], [None]
         if sending:
             whole = {"model": self.module.state_dict(), "optimizer": self.optimizer.state_dict()}
-            skeleton = _hollow(whole, tensors)
+            skeleton = hollow(whole, tensors)
             layout = [(t.dtype, tuple(t.shape)) for t in tensors]
             meta = [(self.step, self.state, skeleton, layout)]
         dist.broadcast_object_list(meta, src=source)
@@ -308,7 +272,7 @@ class Loop:
                     received[i] = piece.view(layout[i][1])
         if sending:
             return
-        whole = _fill(skeleton, received)
+        whole = fill(skeleton, received)
         self.module.load_state_dict(whole["model"])
         self.optimizer.load_state_dict(whole["optimizer"])
         self.step = step

@@ -1,0 +1,111 @@
+"""In-memory checkpoints (issue 56): dlrun.checkpoint under dlrun keeps each rank's copy in the
+agent's shared memory, and after a restart every rank loads the job's newest complete step. The
+job is workers/checkpoint_job.py (a state of several dtypes a step and rank, saved every step).
+
+- A worker SIGKILLed once step 5 is complete everywhere: the whole group restarts and every rank
+  loads step 5 from its node's memory, bit-equal to what was saved, and saves on to the end.
+- A copy corrupted on purpose (rank 1's step 5, as the job fails before any rank saves step 6):
+  refused by its checksum, and every rank loads step 4, which they all still hold.
+- A rank killed while its copy of step 5 is being written: step 4 stays the job's.
+- No shared memory is left after the job, whether it succeeds or fails; a SIGKILLed agent's is
+  removed by the next agent that starts on the node.
+- Outside dlrun, save and load are torch.save and torch.load in DLRUN_CHECKPOINT_DIR; without a
+  directory, a one-line error.
+"""
+import glob
+import os
+import signal
+import subprocess
+import unittest
+
+from dlrun_fixture import (PYTHON, Dlrun, clean_env, main, read_json, temp_dir, wait_until,
+                           worker)
+from test_progress_module import package_env
+
+JOB = worker("checkpoint_job.py")
+STEPS = 8
+WORLD = 2
+TIMEOUT_S = 120
+
+
+def memory_dirs(agent_pid=None):
+    """This user's dlrun checkpoint directories in /dev/shm (of one agent, if given)."""
+    pattern = f"dlrun-checkpoints.{os.getuid()}.{agent_pid if agent_pid else '*'}.*"
+    return glob.glob(os.path.join("/dev/shm", pattern))
+
+
+class CheckpointTest(unittest.TestCase):
+    def job(self, *faults, max_restarts=1, expect=0):
+        out = temp_dir(self)
+        launch = Dlrun(self, ["--standalone", f"--nproc-per-node={WORLD}",
+                              f"--max-restarts={max_restarts}", PYTHON, JOB, out, str(STEPS),
+                              *faults], env=clean_env())
+        result = launch.wait(TIMEOUT_S)
+        self.assertEqual(result.returncode, expect, result)
+        self.assertEqual(memory_dirs(launch.pid), [], "shared memory left after the job")
+        return out, result
+
+    def loaded(self, out, attempt):
+        return [read_json(os.path.join(out, f"loaded_{r}_{attempt}.json")) for r in range(WORLD)]
+
+    def test_a_restarted_job_loads_the_newest_complete_step_from_memory(self):
+        out, result = self.job("kill:1:5")
+        self.assertEqual(self.loaded(out, 0), [{"step": None, "equal": False}] * WORLD)
+        self.assertEqual(self.loaded(out, 1), [{"step": 5, "equal": True}] * WORLD, result)
+        for rank in range(WORLD):
+            self.assertTrue(os.path.exists(os.path.join(out, f"done_{rank}")), rank)
+
+    def test_a_corrupt_copy_is_refused_and_the_previous_step_loaded(self):
+        out, result = self.job("corrupt:1:5")
+        self.assertEqual(self.loaded(out, 1), [{"step": 4, "equal": True}] * WORLD, result)
+        self.assertIn("rank 1: step 5's copy does not match its checksum; not loaded",
+                      result.stderr)
+
+    def test_a_rank_killed_mid_save_leaves_the_previous_step_the_jobs(self):
+        out, result = self.job("midsave:0:5")
+        self.assertEqual(self.loaded(out, 1), [{"step": 4, "equal": True}] * WORLD, result)
+
+    def test_a_failed_job_leaves_no_shared_memory(self):
+        self.job("kill:0:2", max_restarts=0, expect=137)
+
+    def test_a_killed_agents_memory_is_removed_by_the_next_agent(self):
+        out = temp_dir(self)
+        launch = Dlrun(self, ["--standalone", f"--nproc-per-node={WORLD}", PYTHON, JOB, out,
+                              "2", "hold"], env=clean_env())
+        wait_until(lambda: all(os.path.exists(os.path.join(out, f"loaded_{r}_0.json"))
+                               for r in range(WORLD)), TIMEOUT_S, "the workers' start",
+                   proc=launch.proc, on_timeout=launch.describe)
+        wait_until(lambda: len(glob.glob(os.path.join(memory_dirs(launch.pid)[0], "rank-*",
+                                                      "step-1"))) == WORLD,
+                   TIMEOUT_S, "both ranks' step 1", proc=launch.proc, on_timeout=launch.describe)
+        launch.signal(signal.SIGKILL)
+        launch.proc.wait()
+        self.assertEqual(len(memory_dirs(launch.pid)), 1)  # nothing ran to remove it
+        open(os.path.join(out, "release"), "w").close()  # the orphaned workers end
+        self.job()
+        self.assertEqual(memory_dirs(launch.pid), [])
+
+    def test_outside_dlrun_save_and_load_are_files(self):
+        code = ("import sys, torch, dlrun.checkpoint as c\n"
+                "c.save({'w': torch.arange(4)}, 3)\n"
+                "c.save({'w': torch.arange(5)}, 4)\n"
+                "step, state = c.load()\n"
+                "print(step, state['w'].tolist())\n")
+        directory = temp_dir(self)
+        env = package_env(DLRUN_CHECKPOINT_DIR=directory)
+        done = subprocess.run([PYTHON, "-c", code], env=env, capture_output=True, text=True,
+                              timeout=TIMEOUT_S)
+        self.assertEqual(done.stdout, "4 [0, 1, 2, 3, 4]\n", done.stderr)
+        self.assertEqual(sorted(os.listdir(directory)), ["step-3-rank-0.pt", "step-4-rank-0.pt"])
+        del env["DLRUN_CHECKPOINT_DIR"]
+        done = subprocess.run([PYTHON, "-c", code], env=env, capture_output=True, text=True,
+                              timeout=TIMEOUT_S)
+        self.assertNotEqual(done.returncode, 0)
+        self.assertEqual(done.stderr.strip().splitlines()[-1],
+                         "dlrun.checkpoint.CheckpointError: dlrun.checkpoint: outside dlrun, "
+                         "give a directory (directory= or DLRUN_CHECKPOINT_DIR) to save and "
+                         "load checkpoints in")
+
+
+if __name__ == "__main__":
+    main()

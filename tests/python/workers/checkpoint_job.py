@@ -1,0 +1,120 @@
+"""A job that saves a state every step through dlrun.checkpoint, for tests/python/test_checkpoint.py.
+
+Usage: checkpoint_job.py OUT_DIR STEPS [FAULT ...]
+
+At its start every rank calls dlrun.checkpoint.load() and writes OUT_DIR/loaded_<RANK>_<ATTEMPT>.json:
+the step loaded (null for none) and whether the state loaded equals, bit for bit, the one saved
+at that step. Then it saves STEPS - (loaded + 1) more steps; after each, the rank waits until its
+copy is complete and meets the others (a gloo barrier), so a fault after it finds the step the
+job's. The state of a step (state()) depends on the step and rank alone: tensors of several dtypes,
+nested, with other values beside them.
+
+Each FAULT is KIND:RANK:STEP and strikes the rank's process of the job's first attempt:
+- kill: it SIGKILLs itself once STEP is complete everywhere;
+- corrupt: it changes a byte of its own copy of STEP, once complete everywhere, and exits 1,
+  while the others wait for it in a barrier (no rank saves past STEP: they all still hold the
+  step before it);
+- midsave: it SIGKILLs itself as its copy of STEP is being checksummed (half saved).
+A rank that ends writes OUT_DIR/done_<RANK>; with `hold` among the arguments it first waits for
+OUT_DIR/release (a test that kills the agent meanwhile).
+"""
+import glob
+import json
+import os
+import signal
+import sys
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from worker_util import exit_past_torch_teardown, wait_for_release, write_json  # noqa: E402
+
+import dlrun.checkpoint as checkpoint  # noqa: E402  (dlrun puts its package on PYTHONPATH)
+
+
+def state(step, rank):
+    g = torch.Generator().manual_seed(step * 100 + rank)
+    weights = torch.randn(64, 33, generator=g)
+    return {"model": {"w": weights, "b": torch.randn(33, generator=g, dtype=torch.float64),
+                      "half": weights[:8].to(torch.bfloat16), "mask": weights[0] > 0},
+            "optimizer": {"step": torch.tensor(step), "momenta": [weights * 2, weights.t()],
+                          "lr": 0.1},
+            "epoch": step // 10, "empty": torch.zeros(0), "name": f"rank {rank}"}
+
+
+def equal(a, b):
+    if isinstance(a, torch.Tensor):
+        if not (isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape):
+            return False
+        return a.numel() == 0 or a.contiguous().view(-1).view(torch.uint8).equal(
+            b.contiguous().view(-1).view(torch.uint8))
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(equal(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(map(equal, a, b))
+    return a == b
+
+
+def faults(args, rank):
+    if os.environ["TORCHELASTIC_RESTART_COUNT"] != "0":
+        return {}
+    found = {}
+    for arg in args:
+        kind, who, step = arg.split(":")
+        if int(who) == rank:
+            found[int(step)] = kind
+    return found
+
+
+def corrupt(step, rank):
+    [path] = glob.glob(os.path.join(os.environ["DLRUN_CHECKPOINT_SHM"], f"rank-{rank}",
+                                    f"step-{step}", "tensors"))
+    with open(path, "r+b") as f:
+        byte = f.read(1)
+        f.seek(0)
+        f.write(bytes([byte[0] ^ 0xFF]))
+
+
+def die_in_checksum():
+    real = checkpoint._checksum
+
+    def dying(data, meta):
+        os.kill(os.getpid(), signal.SIGKILL)
+        return real(data, meta)
+    checkpoint._checksum = dying
+
+
+def main():
+    out, steps = sys.argv[1], int(sys.argv[2])
+    args = [a for a in sys.argv[3:] if a != "hold"]
+    rank, attempt = int(os.environ["RANK"]), os.environ["TORCHELASTIC_RESTART_COUNT"]
+    dist.init_process_group("gloo")
+    strikes = faults(args, rank)
+    corrupted = {int(a.split(":")[2]) for a in args if a.startswith("corrupt:")
+                 and os.environ["TORCHELASTIC_RESTART_COUNT"] == "0"}
+    found = checkpoint.load()
+    loaded = None if found is None else found[0]
+    write_json(os.path.join(out, f"loaded_{rank}_{attempt}.json"), {
+        "step": loaded, "equal": found is not None and equal(found[1], state(loaded, rank))})
+    for step in range(0 if loaded is None else loaded + 1, steps):
+        if strikes.get(step) == "midsave":
+            die_in_checksum()
+        checkpoint.save(state(step, rank), step)
+        checkpoint.wait()
+        dist.barrier()
+        if strikes.get(step) == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        if strikes.get(step) == "corrupt":
+            corrupt(step, rank)
+            os._exit(1)
+        if step in corrupted:
+            dist.barrier()  # ends as the corrupting rank exits
+    if "hold" in sys.argv[3:]:
+        wait_for_release(out)
+    open(os.path.join(out, f"done_{rank}"), "w").close()
+    return 0
+
+
+if __name__ == "__main__":
+    exit_past_torch_teardown(main())
