@@ -29,10 +29,10 @@ Outside dlrun (no DLRUN_CHECKPOINT_SHM), save() is a torch.save to DLRUN_CHECKPO
 import atexit
 import glob
 import json
+import math
 import mmap
 import os
 import pickle
-import shutil
 import threading
 import time
 import zlib
@@ -44,6 +44,7 @@ __all__ = ["save", "load", "wait", "active"]
 
 KEYS = "dlrun/checkpoint"  # under the attempt's key space of the job's store
 ALIGN = 64  # each tensor's bytes start at a multiple of this
+BLOCK = 4096  # the checksum's block; a copy's bytes are a whole number of them
 COMPLETE_WAIT_S = 120  # a save waits so long for the previous step on every rank
 POLL_S = 0.005
 
@@ -128,14 +129,6 @@ def _memory():
     return _instance
 
 
-def _step_dirs(rank_dir):
-    """{step: path} of the complete copies in a rank's directory."""
-    found = {}
-    for path in glob.glob(os.path.join(rank_dir, "step-*")):
-        found[int(os.path.basename(path)[len("step-"):])] = path
-    return found
-
-
 def _copy_in(data, tensors, layout):
     """Each tensor's bytes into `data` at its offset (from any device)."""
     import torch
@@ -146,18 +139,84 @@ def _copy_in(data, tensors, layout):
 
 
 def _checksum(data, meta):
-    return f"{zlib.crc32(meta, zlib.crc32(data)):08x}"
+    """A copy's checksum: Fletcher-like over the tensors' bytes as 64-bit words (a sum of each
+    4 KiB block, and of those sums weighted by their place: any changed word, any moved block
+    shows), at memory speed, and CRC-32 over the structure."""
+    import torch
+    words = torch.frombuffer(data, dtype=torch.int64).view(-1, BLOCK // 8)
+    blocks = words.sum(dim=1)  # integer sums wrap: the same on every machine, in any order
+    weighted = (blocks * torch.arange(1, len(blocks) + 1)).sum()
+    return f"{int(blocks.sum()) & (2**64 - 1):016x}{int(weighted) & (2**64 - 1):016x}" \
+           f"{zlib.crc32(meta):08x}"
+
+
+class _Slot:
+    """One of a rank's two places for a copy: `tensors` (the tensors' bytes, a file kept and
+    rewritten in place: its memory is allocated once), `meta` (the structure, pickled) and
+    `step` ("STEP CHECKSUM", written last, by a rename: the copy is whole once it exists)."""
+
+    def __init__(self, path):
+        self.path = path
+        os.makedirs(path, exist_ok=True)
+        self.mapped = None  # (size, mmap) this process wrote through
+        self.lent = False  # load() gave out tensors mapped from `tensors`: never rewritten
+
+    def marked(self):
+        """(step, checksum) of the whole copy here, None when there is none."""
+        try:
+            with open(os.path.join(self.path, "step")) as f:
+                step, checksum = f.read().split()
+            return int(step), checksum
+        except (OSError, ValueError):
+            return None
+
+    def unmark(self):
+        try:
+            os.unlink(os.path.join(self.path, "step"))
+        except FileNotFoundError:
+            pass
+
+    def mark(self, step, checksum):
+        with open(os.path.join(self.path, "step.tmp"), "w") as f:
+            f.write(f"{step} {checksum}\n")
+        os.replace(os.path.join(self.path, "step.tmp"), os.path.join(self.path, "step"))
+
+    def writable(self, size):
+        """The mapping of `tensors`, `size` bytes, for this save: the last one's when it has the
+        size, else the file made anew (a file lent to loaded tensors keeps their pages)."""
+        if self.mapped is not None and self.mapped[0] == size:
+            return self.mapped[1]
+        path = os.path.join(self.path, "tensors")
+        if self.lent or self.mapped is not None:
+            if self.mapped is not None:
+                self.mapped[1].close()
+            os.unlink(path) if os.path.exists(path) else None
+            self.lent = False
+        with open(path, "wb+") as f:
+            f.truncate(size)
+            self.mapped = (size, mmap.mmap(f.fileno(), size))
+        return self.mapped[1]
+
+    def lend(self):
+        """(meta, the tensors' bytes mapped copy-on-write): loaded tensors of their own."""
+        with open(os.path.join(self.path, "meta"), "rb") as f:
+            meta = f.read()
+        with open(os.path.join(self.path, "tensors"), "rb") as f:
+            data = mmap.mmap(f.fileno(), os.fstat(f.fileno()).st_size, flags=mmap.MAP_PRIVATE,
+                             prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        self.lent = True
+        return meta, data
 
 
 class _Memory:
-    """This rank's copies in the node's shared memory, and the job's record of them in the store
-    of the attempt."""
+    """This rank's copies in the node's shared memory (two slots), and the job's record of them
+    in the store of the attempt."""
 
     def __init__(self, root):
         import torch.distributed as dist
         self.rank, self.world = _rank(), int(os.environ["WORLD_SIZE"])
         self.dir = os.path.join(root, f"rank-{self.rank}")
-        os.makedirs(self.dir, exist_ok=True)
+        self.slots = [_Slot(os.path.join(self.dir, f"slot-{i}")) for i in range(2)]
         self.store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
                                    self.world, False, timedelta(seconds=COMPLETE_WAIT_S),
                                    wait_for_workers=False)
@@ -176,10 +235,12 @@ class _Memory:
                                   "steps must grow")
         if self.last is not None:
             self._await_complete(self.last)
-        for old, path in _step_dirs(self.dir).items():  # an attempt's later steps included
-            if old != self.complete:
-                shutil.rmtree(path, ignore_errors=True)
-        self._drop_partials()
+        # The slot of the job's newest step stays; the other takes this one (an attempt's later
+        # steps, a copy never completed, go).
+        kept = next((s for s in self.slots if (s.marked() or (None,))[0] == self.complete
+                     and self.complete is not None), None)
+        slot = next(s for s in self.slots if s is not kept)
+        slot.unmark()
         tensors = []
         skeleton = hollow(state, tensors)
         layout, size = [], 0
@@ -187,29 +248,23 @@ class _Memory:
             nbytes = t.numel() * t.element_size()
             layout.append((str(t.dtype).replace("torch.", ""), tuple(t.shape), size, nbytes))
             size += -(-nbytes // ALIGN) * ALIGN
-        meta = pickle.dumps({"step": step, "skeleton": skeleton, "layout": layout, "size": size})
-        self._check_room(size + len(meta))
-        partial = os.path.join(self.dir, f".partial-{step}")
-        os.makedirs(partial)
-        with open(os.path.join(partial, "tensors"), "wb+") as f:
-            f.truncate(max(size, 1))
-            data = mmap.mmap(f.fileno(), max(size, 1))
+        size = max(-(-size // BLOCK) * BLOCK, BLOCK)
+        meta = pickle.dumps({"step": step, "skeleton": skeleton, "layout": layout})
+        self._check_room(slot, size + len(meta))
+        data = slot.writable(size)
         _copy_in(data, tensors, layout)
-        with open(os.path.join(partial, "meta"), "wb") as f:
+        with open(os.path.join(slot.path, "meta"), "wb") as f:
             f.write(meta)
         self.last = step
-        # The checksum and the count in the store go on beside the training loop (zlib releases
-        # the GIL): the step is the job's once every rank's copy is whole.
-        self.completing = threading.Thread(target=self._complete, args=(partial, step, data, meta),
+        # The checksum and the count in the store go on beside the training loop (torch's sums
+        # release the GIL): the step is the job's once every rank's copy is whole.
+        self.completing = threading.Thread(target=self._complete, args=(slot, step, data, meta),
                                            name="dlrun-checkpoint", daemon=True)
         self.completing.start()
 
-    def _complete(self, partial, step, data, meta):
+    def _complete(self, slot, step, data, meta):
         try:
-            with open(os.path.join(partial, "sum"), "w") as f:
-                f.write(_checksum(data, meta))
-            data.close()
-            os.rename(partial, os.path.join(self.dir, f"step-{step}"))
+            slot.mark(step, _checksum(data, meta))
             self.store.add(f"{KEYS}/saved/{step}", 1)
         except Exception as error:  # the step stays incomplete: the job's step stays older
             _say(f"step {step} could not be completed ({type(error).__name__}: {error})")
@@ -231,77 +286,64 @@ class _Memory:
                                       f"rank after {COMPLETE_WAIT_S} s")
             time.sleep(POLL_S)
 
-    def _check_room(self, needed):
+    def _check_room(self, slot, needed):
+        held = slot.mapped[0] if slot.mapped else 0  # rewritten in place: no more memory
         fs = os.statvfs(self.dir)
-        free = fs.f_bavail * fs.f_frsize
+        free = fs.f_bavail * fs.f_frsize + held
         if needed > free:
             raise CheckpointError(
                 f"dlrun.checkpoint: {os.path.dirname(self.dir)} has {free / 2**20:.0f} MiB free, "
                 f"a copy of this rank's state needs {needed / 2**20:.0f} MiB: make /dev/shm "
                 "larger (docker --shm-size, a tmpfs size) or save less")
 
-    def _drop_partials(self):
-        for path in glob.glob(os.path.join(self.dir, ".partial-*")):
-            shutil.rmtree(path, ignore_errors=True)
-
     # Loading --------------------------------------------------------------------------------
 
     def load(self):
+        """The newest step every rank holds whole: the ranks agree on the newest step they all
+        marked, each checks its copy of it, and a step any rank finds corrupt is left out (it
+        says so) and they agree again."""
         self.finish_completing()
-        self._drop_partials()
-        whole = {}
-        for step, path in sorted(_step_dirs(self.dir).items(), reverse=True):
-            opened = self._open(path, step)
-            if opened is not None:
-                whole[step] = opened
+        held = {m[0]: (slot, m[1]) for slot in self.slots if (m := slot.marked())}
         self.loads += 1
-        keys = f"{KEYS}/load-{self.loads}"
-        self.store.set(f"{keys}/{self.rank}", json.dumps(sorted(whole)))
-        common = set(whole)
+        for turn in range(len(self.slots) + 1):
+            keys = f"{KEYS}/load-{self.loads}/{turn}"
+            common = set.intersection(*map(set, self._gather(f"{keys}/held", sorted(held))))
+            if not common:
+                return None
+            step = max(common)
+            slot, expected = held.pop(step)
+            meta, data = slot.lend()
+            whole = _checksum(data, meta) == expected
+            if not whole:
+                _say(f"step {step}'s copy does not match its checksum; not loaded")
+            if all(self._gather(f"{keys}/whole", whole)):
+                self.complete = self.last = step
+                return step, _read(data, meta)
+            # A rank's copy is not whole: the step is not the job's; the next newest, then.
+        return None
+
+    def _gather(self, keys, mine):
+        """Every rank's value (JSON) set under `keys`, this rank's `mine` among them."""
+        self.store.set(f"{keys}/{self.rank}", json.dumps(mine))
+        values = []
         for rank in range(self.world):
             self.store.wait([f"{keys}/{rank}"])
-            common &= set(json.loads(self.store.get(f"{keys}/{rank}")))
-        if not common:
-            return None
-        step = max(common)
-        self.complete = step
-        self.last = step
-        return step, self._read(*whole[step])
+            values.append(json.loads(self.store.get(f"{keys}/{rank}")))
+        return values
 
-    def _open(self, path, step):
-        """(data, meta) of the copy at `path`, None (and said) when it is not whole."""
-        try:
-            with open(os.path.join(path, "meta"), "rb") as f:
-                meta = f.read()
-            with open(os.path.join(path, "sum")) as f:
-                expected = f.read().strip()
-            with open(os.path.join(path, "tensors"), "rb") as f:
-                data = bytearray(os.fstat(f.fileno()).st_size)  # the tensors' own memory
-                f.readinto(data)
-        except OSError as error:
-            _say(f"step {step}'s copy cannot be read ({error}); not loaded")
-            return None
-        if _checksum(data, meta) != expected:
-            _say(f"step {step}'s copy does not match its checksum; not loaded")
-            return None
-        return data, meta
 
-    @staticmethod
-    def _read(data, meta):
-        import torch
-        saved = pickle.loads(meta)
-        tensors = []
-        for dtype, shape, offset, nbytes in saved["layout"]:
-            kind = getattr(torch, dtype)
-            count = 1
-            for n in shape:
-                count *= n
-            if nbytes:
-                flat = torch.frombuffer(data, dtype=kind, count=count, offset=offset)
-            else:
-                flat = torch.empty(0, dtype=kind)
-            tensors.append(flat.view(shape))
-        return fill(saved["skeleton"], tensors)
+def _read(data, meta):
+    """The state saved: its tensors views of `data`."""
+    import torch
+    saved = pickle.loads(meta)
+    tensors = []
+    for dtype, shape, offset, nbytes in saved["layout"]:
+        kind = getattr(torch, dtype)
+        count = math.prod(shape)
+        flat = (torch.frombuffer(data, dtype=kind, count=count, offset=offset) if nbytes
+                else torch.empty(0, dtype=kind))
+        tensors.append(flat.view(shape))
+    return fill(saved["skeleton"], tensors)
 
 
 def _say(text):

@@ -15,8 +15,8 @@ Each FAULT is KIND:RANK:STEP and strikes the rank's process of the job's first a
   while the others wait for it in a barrier (no rank saves past STEP: they all still hold the
   step before it);
 - midsave: it SIGKILLs itself as its copy of STEP is being checksummed (half saved).
-A rank that ends writes OUT_DIR/done_<RANK>; with `hold` among the arguments it first waits for
-OUT_DIR/release (a test that kills the agent meanwhile).
+A rank that ends writes OUT_DIR/done_<RANK>; with `hold` among the arguments it first writes
+OUT_DIR/held_<RANK> and waits for OUT_DIR/release (a test that kills the agent meanwhile).
 """
 import glob
 import json
@@ -68,8 +68,11 @@ def faults(args, rank):
 
 
 def corrupt(step, rank):
-    [path] = glob.glob(os.path.join(os.environ["DLRUN_CHECKPOINT_SHM"], f"rank-{rank}",
-                                    f"step-{step}", "tensors"))
+    """A byte of this rank's copy of `step` changed (the slot whose mark names it)."""
+    [slot] = [path for path in glob.glob(os.path.join(os.environ["DLRUN_CHECKPOINT_SHM"],
+                                                      f"rank-{rank}", "slot-*"))
+              if open(os.path.join(path, "step")).read().split()[0] == str(step)]
+    path = os.path.join(slot, "tensors")
     with open(path, "r+b") as f:
         byte = f.read(1)
         f.seek(0)
@@ -111,6 +114,7 @@ def main():
         if step in corrupted:
             dist.barrier()  # ends as the corrupting rank exits
     if "hold" in sys.argv[3:]:
+        open(os.path.join(out, f"held_{rank}"), "w").close()
         wait_for_release(out)
     open(os.path.join(out, f"done_{rank}"), "w").close()
     return 0

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# What a checkpoint costs a training loop (issue 56): dlrun.checkpoint in the node's memory
+# against torch.save and torch.load to local disk, in the same processes
+# (bench/checkpoint_worker.py), 2 ranks on one node under dlrun, a state of each size per rank.
+# Prints, per size, the medians over the steps after the first two (the first saves allocate
+# the memory) and the ratios: the time save blocks the loop against torch.save's (goal: at most
+# 0.1x), the time from save's return to the copy complete, and load() against torch.load (goal:
+# at most 0.2x); the first save's time beside them. Not yet measured: the copy to a peer node.
+#
+# Usage: bench/checkpoint_bench.sh [BUILD_DIR] [--sizes MB,MB] [--steps N]
+#        BUILD_DIR: default build. --sizes: the state per rank in MB (100,1024). --steps:
+#        saves per size (8).
+# Environment: PYTHON (bench/anchor.sh: default torch 2.13's environment).
+# Exit status: 0; 1 a run failed; 2 cannot run.
+set -euo pipefail
+
+build=build
+if (($# > 0)) && [[ $1 != -* ]]; then
+  build=$1
+  shift
+fi
+sizes=100,1024
+steps=8
+while (($# > 0)); do
+  case $1 in
+    --sizes) sizes=$2; shift 2 ;;
+    --steps) steps=$2; shift 2 ;;
+    *) echo "checkpoint_bench.sh: unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+here=$(cd "$(dirname "$0")" && pwd)
+anchor_for=checkpoint_bench.sh
+# shellcheck source=bench/anchor.sh
+source "$here/anchor.sh"
+dlrun=$build/bin/dlrun
+[[ -x $dlrun ]] || { echo "checkpoint_bench.sh: no $dlrun (build first)" >&2; exit 2; }
+
+scratch=$(mktemp -d "${TMPDIR:-/tmp}/dlrun-checkpoint-bench.XXXXXX")
+trap 'rm -rf "$scratch"' EXIT
+echo "checkpoint_bench: 2 ranks, torch $torch_version, $(nproc) cores; torch.save to $scratch" \
+  "($(df --output=fstype "$scratch" | tail -1)); sizes $sizes MB, $steps saves each"
+for size in ${sizes//,/ }; do
+  out=$scratch/$size
+  mkdir -p "$out"
+  env -u PYTHONPATH "$dlrun" --standalone --nproc-per-node=2 "$python" \
+    "$here/checkpoint_worker.py" "$out" "$size" "$steps" > "$out/dlrun.log" 2>&1 || {
+    echo "checkpoint_bench.sh: the $size MB run failed:" >&2
+    tail -20 "$out/dlrun.log" >&2
+    exit 1
+  }
+  "$python" - "$out" "$size" <<'PY'
+import json, statistics, sys
+out, size = sys.argv[1], sys.argv[2]
+runs = [json.load(open(f"{out}/rank_{r}.json")) for r in (0, 1)]
+def median(name, first=2):
+    return statistics.median(x for run in runs for x in run[name][first:])
+save, tsave = median("save"), median("torch_save")
+load, tload = median("load", 0), median("torch_load", 0)
+print(f"{size} MB a rank: save blocks {save:.3f} s, torch.save {tsave:.3f} s: {save / tsave:.2f}x"
+      f" (the first save {max(run['save'][0] for run in runs):.3f} s); complete "
+      f"{median('complete'):.3f} s after; load {load:.3f} s, torch.load {tload:.3f} s: "
+      f"{load / tload:.2f}x")
+PY
+done
