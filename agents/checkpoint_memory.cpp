@@ -1,9 +1,13 @@
 #include "agents/checkpoint_memory.h"
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
-#include <fstream>
-#include <sstream>
+#include <cctype>
+#include <cerrno>
+#include <cstring>
 #include <system_error>
 #include <vector>
 
@@ -16,6 +20,7 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr std::string_view kPrefix = "dlrun-checkpoints.";
+constexpr std::string_view kLockFile = "lock";
 
 std::optional<uint64_t> number(std::string_view text) {
   if (text.empty() || text.size() > 19) return std::nullopt;
@@ -27,13 +32,24 @@ std::optional<uint64_t> number(std::string_view text) {
   return value;
 }
 
-// This user's directories in `base` whose agent is gone.
+// Whether `dir`'s lock is free (its agent gone): taken and let go at once.
+bool unheld(const fs::path& dir) {
+  const int fd = ::open((dir / kLockFile).c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+  if (fd < 0) return errno == ENOENT;  // made whole under another name, so never lockless
+  const bool free = ::flock(fd, LOCK_EX | LOCK_NB) == 0;
+  ::close(fd);
+  return free;
+}
+
+// This user's directories in `base` that nobody holds.
 void removeOrphans(const fs::path& base) {
   std::error_code ec;
   for (const auto& entry : fs::directory_iterator(base, ec)) {
     const auto owner = parseMemoryDirName(entry.path().filename().string());
-    if (!owner || owner->uid != ::getuid()) continue;
-    if (processStartTicks(owner->pid) == owner->startTicks) continue;  // its agent still runs
+    struct stat st {};
+    if (!owner || owner->uid != ::getuid() || ::lstat(entry.path().c_str(), &st) != 0 ||
+        !S_ISDIR(st.st_mode) || st.st_uid != ::getuid() || !unheld(entry.path()))
+      continue;
     std::error_code ignored;
     fs::remove_all(entry.path(), ignored);
   }
@@ -41,9 +57,9 @@ void removeOrphans(const fs::path& base) {
 
 }  // namespace
 
-std::string memoryDirName(const MemoryOwner& owner) {
+std::string memoryDirName(const MemoryOwner& owner, std::string_view unique) {
   return std::string(kPrefix) + std::to_string(owner.uid) + "." + std::to_string(owner.pid) + "." +
-         std::to_string(owner.startTicks);
+         std::string(unique);
 }
 
 std::optional<MemoryOwner> parseMemoryDirName(std::string_view name) {
@@ -53,39 +69,37 @@ std::optional<MemoryOwner> parseMemoryDirName(std::string_view name) {
   for (size_t dot; (dot = name.find('.')) != std::string_view::npos; name.remove_prefix(dot + 1))
     fields.push_back(name.substr(0, dot));
   fields.push_back(name);
-  if (fields.size() != 3) return std::nullopt;
-  const auto uid = number(fields[0]), pid = number(fields[1]), ticks = number(fields[2]);
-  if (!uid || !pid || !ticks || *pid == 0) return std::nullopt;
-  return MemoryOwner{static_cast<uid_t>(*uid), static_cast<pid_t>(*pid), *ticks};
-}
-
-std::optional<uint64_t> processStartTicks(pid_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
-  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  const size_t paren = stat.rfind(')');  // the command's name may hold spaces and parentheses
-  if (paren == std::string::npos) return std::nullopt;
-  std::istringstream fields(stat.substr(paren + 2));
-  std::string field;
-  for (int i = 0; i < 20 && fields >> field; ++i) {
-  }
-  return number(field);  // the 22nd field, starttime (the 20th after the state)
+  if (fields.size() != 3 || fields[2].empty()) return std::nullopt;
+  for (char c : fields[2])
+    if (!std::isalnum(static_cast<unsigned char>(c))) return std::nullopt;
+  const auto uid = number(fields[0]), pid = number(fields[1]);
+  if (!uid || !pid || *pid == 0) return std::nullopt;
+  return MemoryOwner{static_cast<uid_t>(*uid), static_cast<pid_t>(*pid)};
 }
 
 CheckpointMemory::CheckpointMemory(const fs::path& base) {
   removeOrphans(base);
-  const MemoryOwner self{::getuid(), ::getpid(), processStartTicks(::getpid()).value_or(0)};
-  dir_ = base / memoryDirName(self);
-  std::error_code ec;
-  fs::remove_all(dir_, ec);  // a name this agent's own: nothing of another's
-  if (!fs::create_directory(dir_, ec) || ec)
-    throw Error("cannot make the in-memory checkpoints' directory " + dir_.string() + ": " +
-                (ec ? ec.message() : std::string("it exists")));
-  fs::permissions(dir_, fs::perms::owner_all, ec);
+  // Made and locked under a name of its own, then renamed: no other agent ever sees it unlocked.
+  std::string making = (base / ".dlrun-checkpoints-new.XXXXXX").string();
+  if (::mkdtemp(making.data()) == nullptr)  // 0700
+    throw Error("cannot make the in-memory checkpoints' directory in " + base.string() + ": " +
+                std::strerror(errno));
+  lock_ = ::open((fs::path(making) / kLockFile).c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  const std::string unique = making.substr(making.size() - 6);
+  dir_ = base / memoryDirName({::getuid(), ::getpid()}, unique);
+  if (lock_ < 0 || ::flock(lock_, LOCK_EX) != 0 || ::rename(making.c_str(), dir_.c_str()) != 0) {
+    const std::string why = std::strerror(errno);
+    if (lock_ >= 0) ::close(lock_);
+    std::error_code ignored;
+    fs::remove_all(making, ignored);
+    throw Error("cannot make the in-memory checkpoints' directory " + dir_.string() + ": " + why);
+  }
 }
 
 CheckpointMemory::~CheckpointMemory() {
   std::error_code ignored;
   fs::remove_all(dir_, ignored);
+  ::close(lock_);
 }
 
 }  // namespace dlrun::agents

@@ -75,8 +75,8 @@ def wait():
 
 def load(directory=None):
     """(step, state) of the job's newest complete step, or None when there is none. Every rank
-    calls it (under dlrun the ranks agree on the step through the store), before its first
-    save."""
+    calls it once an attempt (under dlrun the ranks agree on the step through the store), before
+    its first save and after init_process_group."""
     if not active():
         return _disk_load(directory)
     return _memory().load()
@@ -143,6 +143,8 @@ def _checksum(data, meta):
     4 KiB block, and of those sums weighted by their place: any changed word, any moved block
     shows), at memory speed, and CRC-32 over the structure."""
     import torch
+    if len(data) == 0 or len(data) % BLOCK:
+        raise ValueError(f"a copy of {len(data)} bytes, not a whole number of {BLOCK}-byte blocks")
     words = torch.frombuffer(data, dtype=torch.int64).view(-1, BLOCK // 8)
     blocks = words.sum(dim=1)  # integer sums wrap: the same on every machine, in any order
     weighted = (blocks * torch.arange(1, len(blocks) + 1)).sum()
@@ -184,18 +186,32 @@ class _Slot:
     def writable(self, size):
         """The mapping of `tensors`, `size` bytes, for this save: the last one's when it has the
         size, else the file made anew (a file lent to loaded tensors keeps their pages)."""
-        if self.mapped is not None and self.mapped[0] == size:
+        if not self.lent and self.mapped is not None and self.mapped[0] == size:
             return self.mapped[1]
         path = os.path.join(self.path, "tensors")
-        if self.lent or self.mapped is not None:
-            if self.mapped is not None:
-                self.mapped[1].close()
-            os.unlink(path) if os.path.exists(path) else None
-            self.lent = False
-        with open(path, "wb+") as f:
+        if self.mapped is not None:
+            self.mapped[1].close()
+            self.mapped = None
+        if self.lent and os.path.exists(path):
+            os.unlink(path)  # the loaded tensors keep its pages; this save gets new ones
+        self.lent = False
+        with open(path, "ab+") as f:
             f.truncate(size)
+            try:  # allocated now: a full /dev/shm is an error here, not a SIGBUS in the copy
+                os.posix_fallocate(f.fileno(), 0, size)
+            except OSError as error:
+                raise CheckpointError(f"dlrun.checkpoint: {self.path} cannot hold {size / 2**20:.0f}"
+                                      f" MiB ({error.strerror}): make /dev/shm larger (docker "
+                                      "--shm-size, a tmpfs size) or save less") from None
             self.mapped = (size, mmap.mmap(f.fileno(), size))
         return self.mapped[1]
+
+    def size(self):
+        """The bytes its `tensors` holds now (a rewrite takes no more memory than the rest)."""
+        try:
+            return os.path.getsize(os.path.join(self.path, "tensors"))
+        except OSError:
+            return 0
 
     def lend(self):
         """(meta, the tensors' bytes mapped copy-on-write): loaded tensors of their own."""
@@ -217,9 +233,12 @@ class _Memory:
         self.rank, self.world = _rank(), int(os.environ["WORLD_SIZE"])
         self.dir = os.path.join(root, f"rank-{self.rank}")
         self.slots = [_Slot(os.path.join(self.dir, f"slot-{i}")) for i in range(2)]
+        # Without libuv in the workers' torch (USE_LIBUV=0), rank 0's torch serves the store once
+        # init_process_group ran: a client that asks for libuv would be refused.
+        options = {"use_libuv": False} if os.environ.get("USE_LIBUV") == "0" else {}
         self.store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
                                    self.world, False, timedelta(seconds=COMPLETE_WAIT_S),
-                                   wait_for_workers=False)
+                                   wait_for_workers=False, **options)
         self.completing = None  # the thread completing the last save
         self.last = None  # the last step saved by this process
         self.complete = None  # the newest step known complete on every rank
@@ -237,9 +256,7 @@ class _Memory:
             self._await_complete(self.last)
         # The slot of the job's newest step stays; the other takes this one (an attempt's later
         # steps, a copy never completed, go).
-        kept = next((s for s in self.slots if (s.marked() or (None,))[0] == self.complete
-                     and self.complete is not None), None)
-        slot = next(s for s in self.slots if s is not kept)
+        slot = self._free_slot()
         slot.unmark()
         tensors = []
         skeleton = hollow(state, tensors)
@@ -261,6 +278,20 @@ class _Memory:
         self.completing = threading.Thread(target=self._complete, args=(slot, step, data, meta),
                                            name="dlrun-checkpoint", daemon=True)
         self.completing.start()
+
+    def _free_slot(self):
+        """The slot this save may write: not the one holding the job's newest complete step (or,
+        before any is known here, the newest step held: another rank may hold only that)."""
+        marks = {slot: slot.marked() for slot in self.slots}
+        if self.complete is not None:
+            kept = [slot for slot, mark in marks.items() if mark and mark[0] == self.complete]
+            if not kept:
+                raise CheckpointError(f"dlrun.checkpoint: this rank's copy of step "
+                                      f"{self.complete}, the job's newest, is gone")
+        else:
+            held = [slot for slot, mark in marks.items() if mark]
+            kept = [max(held, key=lambda slot: marks[slot][0])] if held else []
+        return next(slot for slot in self.slots if slot not in kept)
 
     def _complete(self, slot, step, data, meta):
         try:
@@ -287,7 +318,7 @@ class _Memory:
             time.sleep(POLL_S)
 
     def _check_room(self, slot, needed):
-        held = slot.mapped[0] if slot.mapped else 0  # rewritten in place: no more memory
+        held = 0 if slot.lent else slot.size()  # rewritten in place: no more memory
         fs = os.statvfs(self.dir)
         free = fs.f_bavail * fs.f_frsize + held
         if needed > free:
@@ -312,10 +343,14 @@ class _Memory:
                 return None
             step = max(common)
             slot, expected = held.pop(step)
-            meta, data = slot.lend()
-            whole = _checksum(data, meta) == expected
+            try:
+                meta, data = slot.lend()
+                whole = _checksum(data, meta) == expected
+                why = "does not match its checksum"
+            except (OSError, ValueError, RuntimeError) as error:  # cut short, missing, unmappable
+                whole, why = False, f"cannot be read ({error})"
             if not whole:
-                _say(f"step {step}'s copy does not match its checksum; not loaded")
+                _say(f"step {step}'s copy {why}; not loaded")
             if all(self._gather(f"{keys}/whole", whole)):
                 self.complete = self.last = step
                 return step, _read(data, meta)

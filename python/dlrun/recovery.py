@@ -115,18 +115,23 @@ def _shut_down(group_sockets):
     """Shuts down the connected TCP sockets among `group_sockets` ({fd: inode}, as _sockets())
     that are still the same sockets: their pending reads and writes fail here and at the peer.
     A listening socket is left alone (gloo's listener ends the process on an error)."""
-    now = _sockets()
     for fd, inode in group_sockets.items():
-        if now.get(fd) != inode:
+        try:
+            dup = os.dup(fd)  # shares the connection; checked after: the fd may be another's now
+        except OSError:  # closed meanwhile
             continue
         try:
-            with socket.socket(fileno=os.dup(fd)) as sock:  # the dup shares the connection
+            if f"socket:[{os.fstat(dup).st_ino}]" != inode:
+                continue
+            with socket.socket(fileno=os.dup(dup)) as sock:
                 if (sock.family in (socket.AF_INET, socket.AF_INET6)
                         and sock.type == socket.SOCK_STREAM
                         and not sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)):
                     sock.shutdown(socket.SHUT_RDWR)
-        except OSError:  # closed meanwhile, or not connected: nothing to end
+        except OSError:  # not connected: nothing to end
             pass
+        finally:
+            os.close(dup)
 
 
 class Loop:

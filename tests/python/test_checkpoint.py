@@ -3,7 +3,10 @@ agent's shared memory, and after a restart every rank loads the job's newest com
 job is workers/checkpoint_job.py (a state of several dtypes a step and rank, saved every step).
 
 - A worker SIGKILLed once step 5 is complete everywhere: the whole group restarts and every rank
-  loads step 5 from its node's memory, bit-equal to what was saved, and saves on to the end.
+  loads step 5 from its node's memory, bit-equal to what was saved, and saves on to the end;
+  the tensors it loaded stay as loaded through the later saves.
+- Tensors loaded in the middle of a job (the process saved into that slot before) stay as
+  loaded while later saves reuse the slot.
 - A copy corrupted on purpose (rank 1's step 5, as the job fails before any rank saves step 6):
   refused by its checksum, and every rank loads step 4, which they all still hold.
 - A rank killed while its copy of step 5 is being written: step 4 stays the job's.
@@ -54,6 +57,18 @@ class CheckpointTest(unittest.TestCase):
         self.assertEqual(self.loaded(out, 1), [{"step": 5, "equal": True}] * WORLD, result)
         for rank in range(WORLD):
             self.assertTrue(os.path.exists(os.path.join(out, f"done_{rank}")), rank)
+            # Steps 6 and 7 saved since: the second into the slot step 5 was loaded from.
+            self.assertEqual(read_json(os.path.join(out, f"kept_{rank}_1.json")),
+                             {"equal": True}, rank)
+
+    def test_tensors_loaded_mid_job_stay_as_loaded_through_later_saves(self):
+        # Every rank loads step 3 again in the process that saved it, then saves 4 to 7: step
+        # 5 goes into the slot step 3 was loaded from.
+        out, result = self.job("reload:3")
+        for rank in range(WORLD):
+            self.assertEqual(read_json(os.path.join(out, f"reloaded_{rank}.json")), {"step": 3})
+            self.assertEqual(read_json(os.path.join(out, f"kept_{rank}_0.json")),
+                             {"equal": True}, rank)
 
     def test_a_corrupt_copy_is_refused_and_the_previous_step_loaded(self):
         out, result = self.job("corrupt:1:5")

@@ -15,7 +15,11 @@ Each FAULT is KIND:RANK:STEP and strikes the rank's process of the job's first a
   while the others wait for it in a barrier (no rank saves past STEP: they all still hold the
   step before it);
 - midsave: it SIGKILLs itself as its copy of STEP is being checksummed (half saved).
-A rank that ends writes OUT_DIR/done_<RANK>; with `hold` among the arguments it first writes
+With `reload:STEP` among the arguments every rank calls load() again once STEP is saved
+everywhere (OUT_DIR/reloaded_<RANK>.json: the step) and goes on.
+A rank that loaded a step writes at its end OUT_DIR/kept_<RANK>_<ATTEMPT>.json: whether what it
+loaded still equals that step's state after its later saves. A rank that ends writes
+OUT_DIR/done_<RANK>; with `hold` among the arguments it first writes
 OUT_DIR/held_<RANK> and waits for OUT_DIR/release (a test that kills the agent meanwhile).
 """
 import glob
@@ -90,7 +94,8 @@ def die_in_checksum():
 
 def main():
     out, steps = sys.argv[1], int(sys.argv[2])
-    args = [a for a in sys.argv[3:] if a != "hold"]
+    args = [a for a in sys.argv[3:] if a != "hold" and not a.startswith("reload:")]
+    reload_at = next((int(a.split(":")[1]) for a in sys.argv[3:] if a.startswith("reload:")), None)
     rank, attempt = int(os.environ["RANK"]), os.environ["TORCHELASTIC_RESTART_COUNT"]
     dist.init_process_group("gloo")
     strikes = faults(args, rank)
@@ -106,6 +111,10 @@ def main():
         checkpoint.save(state(step, rank), step)
         checkpoint.wait()
         dist.barrier()
+        if reload_at == step:  # every rank loads again, and keeps what it loaded
+            found = checkpoint.load()
+            loaded = found[0]
+            write_json(os.path.join(out, f"reloaded_{rank}.json"), {"step": loaded})
         if strikes.get(step) == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
         if strikes.get(step) == "corrupt":
@@ -113,6 +122,9 @@ def main():
             os._exit(1)
         if step in corrupted:
             dist.barrier()  # ends as the corrupting rank exits
+    if found is not None:  # the loaded tensors are the program's own: later saves leave them
+        write_json(os.path.join(out, f"kept_{rank}_{attempt}.json"),
+                   {"equal": equal(found[1], state(loaded, rank))})
     if "hold" in sys.argv[3:]:
         open(os.path.join(out, f"held_{rank}"), "w").close()
         wait_for_release(out)
