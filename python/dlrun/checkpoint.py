@@ -296,7 +296,8 @@ class _Memory:
     def _complete(self, slot, step, data, meta):
         try:
             slot.mark(step, _checksum(data, meta))
-            self.store.add(f"{KEYS}/saved/{step}", 1)
+            if self.store.add(f"{KEYS}/saved/{step}/{self.rank}", 1) == 1:  # once a rank
+                self.store.add(f"{KEYS}/saved/{step}", 1)
         except Exception as error:  # the step stays incomplete: the job's step stays older
             _say(f"step {step} could not be completed ({type(error).__name__}: {error})")
 
@@ -353,6 +354,9 @@ class _Memory:
                 _say(f"step {step}'s copy {why}; not loaded")
             if all(self._gather(f"{keys}/whole", whole)):
                 self.complete = self.last = step
+                for later, (other, _) in held.items():  # an earlier attempt's, not the job's
+                    if later > step:
+                        other.unmark()
                 return step, _read(data, meta)
             # A rank's copy is not whole: the step is not the job's; the next newest, then.
         return None
