@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "common/text.h"
 
 namespace dlrun::agents {
 
@@ -21,16 +22,6 @@ namespace {
 
 constexpr std::string_view kPrefix = "dlrun-checkpoints.";
 constexpr std::string_view kLockFile = "lock";
-
-std::optional<uint64_t> number(std::string_view text) {
-  if (text.empty() || text.size() > 19) return std::nullopt;
-  uint64_t value = 0;
-  for (char c : text) {
-    if (c < '0' || c > '9') return std::nullopt;
-    value = value * 10 + static_cast<uint64_t>(c - '0');
-  }
-  return value;
-}
 
 // Whether `dir`'s lock is free (its agent gone): taken and let go at once.
 bool unheld(const fs::path& dir) {
@@ -65,16 +56,14 @@ std::string memoryDirName(const MemoryOwner& owner, std::string_view unique) {
 std::optional<MemoryOwner> parseMemoryDirName(std::string_view name) {
   if (!name.starts_with(kPrefix)) return std::nullopt;
   name.remove_prefix(kPrefix.size());
-  std::vector<std::string_view> fields;
-  for (size_t dot; (dot = name.find('.')) != std::string_view::npos; name.remove_prefix(dot + 1))
-    fields.push_back(name.substr(0, dot));
-  fields.push_back(name);
+  const std::vector<std::string> fields = split(name, '.');
   if (fields.size() != 3 || fields[2].empty()) return std::nullopt;
   for (char c : fields[2])
     if (!std::isalnum(static_cast<unsigned char>(c))) return std::nullopt;
-  const auto uid = number(fields[0]), pid = number(fields[1]);
-  if (!uid || !pid || *pid == 0) return std::nullopt;
-  return MemoryOwner{static_cast<uid_t>(*uid), static_cast<pid_t>(*pid)};
+  const auto uid = parseInteger<uid_t>(fields[0]);
+  const auto pid = parseInteger<pid_t>(fields[1]);
+  if (!uid || !pid || *pid <= 0) return std::nullopt;
+  return MemoryOwner{*uid, *pid};
 }
 
 CheckpointMemory::CheckpointMemory(const fs::path& base) {
