@@ -116,6 +116,8 @@ DOCUMENTED = {
     "NCCL_ASYNC_ERROR_HANDLING": ("values", _dlrun_only,
                                   "torch 1.x's name of TORCH_NCCL_ASYNC_ERROR_HANDLING"),
     "DLRUN_PROGRESS_FILE": ("values", _dlrun_only, "the progress board dlrun.progress writes"),
+    "DLRUN_CHECKPOINT_SHM": ("values", _dlrun_only,
+                             "the node's memory dlrun.checkpoint saves into"),
     "PYTHONPATH": ("values", _package_appended,
                    "dlrun appends the directory of its Python package, after the worker's own"),
     "MASTER_ADDR": ("records", _store_address, "dlrun's addresses are numeric; "
