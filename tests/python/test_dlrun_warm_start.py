@@ -54,6 +54,9 @@ class Launch:
             for old, new in self.values.items():
                 value = value.replace(old, new)
             value = re.sub(r"/dlrun-[A-Za-z0-9]{6}/", "/dlrun-<random>/", value)
+            # The agent's checkpoint memory is named by its PID and a random tail.
+            value = re.sub(r"/dlrun-checkpoints\.\d+\.\d+\.[A-Za-z0-9]{6}$",
+                           "/dlrun-checkpoints.<agent>", value)
             # The run's log folder (the progress board's, DLRUN_PROGRESS_FILE) ends at random.
             value = re.sub(r"<run>_[^/]+/", "<run>_<random>/", value)
         return value
