@@ -46,6 +46,8 @@ std::string refusal(const Failure& failure) {
     return "a failure during the in-process recovery of local rank " +
            std::to_string(failure.recovering.front());
   if (!failure.marked) return "it had not started dlrun.recovery's loop";
+  if (failure.recoveringItself && !askedToBeReplaced)
+    return "it failed during its own in-process recovery";
   if (failure.done) return "it had left dlrun.recovery's loop";
   return "";
 }

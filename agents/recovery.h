@@ -71,6 +71,8 @@ struct Failure {
 };
 
 // Why the failed worker is not replaced alone (the whole group restarts), or empty: replace it.
+// A survivor that dies in its own recovery is not (unless it asked, exit kReplaceCode): after a
+// lost node its replacement would meet where the kept round's ranks are not.
 std::string refusal(const Failure& failure);
 
 // The workers' keys in their store (recovery.py's KEYS), as the agent's client names them:

@@ -350,11 +350,15 @@ ElasticImpl::Step ElasticImpl::tryRound(int round, Clock::time_point deadline) {
         break;
       giveUpJoin(round, candidate ? index : 0);
     } else if (!canClose) {
-      // One read a heartbeat: whether the round was forgotten, the job's stop (one written
-      // after this node's first look, while the stopper read an older round as the newest,
-      // reaches it here or through the closer), and who joined.
-      const auto found = lease_->peek({keys_.forgotten(), keys_.stop(), keys_.joined(round)});
-      if (!found[0].empty() && toCount(found[0], keys_.forgotten()) >= round) {
+      // One read a heartbeat: whether the round was forgotten or a newer one opened (the
+      // store restarted without the job's keys and this node named this round anew, while
+      // the others, members of the old one, went past it: nobody else comes), the job's stop
+      // (one written after this node's first look, while the stopper read an older round as
+      // the newest, reaches it here or through the closer), and who joined.
+      const auto found =
+          lease_->peek({keys_.forgotten(), keys_.stop(), keys_.joined(round), keys_.current()});
+      if ((!found[0].empty() && toCount(found[0], keys_.forgotten()) >= round) ||
+          (!found[3].empty() && toCount(found[3], keys_.current()) > round)) {
         if (candidate) lease_->deleteKey(keys_.node(round, index));
         return NextRound{};
       }

@@ -1,6 +1,6 @@
 // In-process recovery's choice (agents/recovery.h): a failed worker is replaced alone only when
-// its loop had marked, no replacement of the node is still recovering, and it did not ask for
-// the whole-group restart; and the marks as the loop writes them.
+// its loop had marked, no replacement of the node is still recovering, it was not recovering
+// itself, and it did not ask for the whole-group restart; and the marks as the loop writes them.
 #include "agents/recovery.h"
 
 #include <gtest/gtest.h>
@@ -37,6 +37,10 @@ TEST(Recovery, EveryOtherCaseRestartsTheGroupAndSaysWhy) {
             "a failure during the in-process recovery of local rank 3");
   EXPECT_EQ(refusal({.exitCode = -1, .marked = true, .done = true}),
             "it had left dlrun.recovery's loop");
+  // A survivor dying in its own recovery (a lost node's round kept it): its replacement could
+  // not meet where the others are meeting.
+  EXPECT_EQ(refusal({.exitCode = -1, .marked = true, .recoveringItself = true}),
+            "it failed during its own in-process recovery");
 }
 
 TEST(Recovery, AMarkPastTheLastBarrierSaysDone) {

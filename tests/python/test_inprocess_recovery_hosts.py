@@ -41,10 +41,11 @@ class Output:
 
 
 class TwoHostsWithASpareTest(InProcessCase):
-    def run_job(self, hosts, out, kill, during=None, nnodes="2", on=(1, 2, 3)):
+    def run_job(self, hosts, out, kills, during=None, nnodes="2", on=(1, 2, 3)):
         """dlrund on host 0, an agent on each host of `on` (by default all three at once: the
-        round closes as the second arrives, --nnodes=2, and the third waits as a spare);
-        `during(agents)` runs while they do. Returns the agents and their exit codes."""
+        round closes as the second arrives, --nnodes=2, and the third waits as a spare), the
+        workers given `kills` (one KILL or several); `during(agents)` runs while they do.
+        Returns the agents and their exit codes."""
         logs = temp_dir(self)
         env = clean_env(PYTHON_EXEC=PYTHON, TMPDIR=logs, GLOO_SOCKET_IFNAME="eth0")
         dlrund = Launcher(self, "dlrund", [binary_from_env("DLRUND", "dlrund"), "--host",
@@ -56,7 +57,8 @@ class TwoHostsWithASpareTest(InProcessCase):
                  f"--rdzv-endpoint={hosts.address(0)}:{RDZV_PORT}", "--rdzv-id=inproc",
                  "--max-restarts=3", "--recovery=in-process"]
         agents = [Launcher(self, f"dlrun{host}", [binary_from_env("DLRUN", "dlrun"), *flags,
-                                                  PYTHON, TRAIN, out, str(STEPS), kill],
+                                                  PYTHON, TRAIN, out, str(STEPS),
+                                                  *([kills] if isinstance(kills, str) else kills)],
                            env, logs, hosts=hosts, host=host) for host in on]
         if during:
             during(agents)
@@ -99,6 +101,24 @@ class TwoHostsWithASpareTest(InProcessCase):
         self.assertIn("keeping this node's workers through the re-rendezvous", result.stderr)
         self.assertRegex(result.stderr, r"round \d+ kept ranks 0-1 running")
         self.assertNotIn("could not keep", result.stderr)
+
+    def test_a_survivor_lost_as_the_group_re_forms_restarts_the_whole_group(self):
+        # A host is lost at step 9 and rank 0, on the other, dies as its loop forms the group
+        # again: its replacement could not meet the kept round, so the whole group restarts
+        # at once (not at the survivors' deadline), every rank from step 0: one set of weights.
+        self.reference()
+        out, lost = temp_dir(self), []
+        with Hosts(4) as hosts:
+            agents, codes = self.run_job(hosts, out, ("2:9:host", "0:group"),
+                                         during=self.host_loser(hosts, out, 2, lost))
+        result = Output(agents)
+        self.assertEqual([c for h, c in zip((1, 2, 3), codes) if h != lost[0]], [0, 0], result)
+        finals = [read_json(os.path.join(out, f"final_{r}.json")) for r in range(WORLD)]
+        self.assertEqual({f["sha256"] for f in finals}, {self.reference()}, result)
+        self.assertIn("no in-process recovery (it failed during its own in-process recovery)",
+                      result.stderr)
+        for final in finals:
+            self.assertEqual(final["generation"], 0, final)
 
 
     def test_without_a_spare_the_survivors_go_on_in_process_with_new_ranks(self):

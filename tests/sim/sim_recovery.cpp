@@ -499,7 +499,10 @@ InProcess::Outcome InProcess::Impl::run(int owner, const std::string& label,
     if (failed == mine.end()) return Outcome{.kind = Outcome::Kind::Finished, .loneRestarts = lone};
     Proc& f = **failed;
     // The agent's choice (AgentImpl::restartAlone), with the production rule.
-    rec::Failure failure{.exitCode = f.exitCode, .marked = f.marked, .done = f.done};
+    rec::Failure failure{.exitCode = f.exitCode,
+                         .marked = f.marked,
+                         .done = f.done,
+                         .recoveringItself = f.marked && f.recovering};
     for (const auto& [local, pid] : replaced)
       if (local != f.local && mine[static_cast<size_t>(local)]->pid == pid &&
           !mine[static_cast<size_t>(local)]->marked)
