@@ -151,7 +151,7 @@ int AgentImpl::run() {
   zygote_.reset();
   closeAttemptSpace();
   cleanUpLogRoot();
-  checkpointMemory_.reset();
+  releaseCheckpointMemory();
   return exitCode_;
 }
 

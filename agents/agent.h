@@ -87,8 +87,11 @@ struct AgentOptions {
   // --numa-binding: each local rank's CPUs (numa_binding.h); empty: no binding
   std::vector<std::vector<int>> cpuBinding;
   std::optional<std::string> logDir;  // else a temporary directory for error files
-  StreamsByRank redirects;            // streams sent only to files
-  StreamsByRank tee;                  // streams copied to files
+  // --checkpoint-dir: dlrun.checkpoint's files (DLRUN_CHECKPOINT_DIR), and where the agent
+  // writes the copies its workers left in memory as it ends (checkpoint_flush.h)
+  std::optional<std::string> checkpointDir;
+  StreamsByRank redirects;  // streams sent only to files
+  StreamsByRank tee;        // streams copied to files
   std::optional<std::set<int>> localRanksFilter;
   ConsoleFormat consoleFormat = ConsoleFormat::Dlrun;
   std::string logLinePrefixTemplate = "[${rank}]:";

@@ -5,12 +5,14 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
 #include <random>
 
 #include "agents/agent_impl.h"
+#include "agents/checkpoint_flush.h"
 #include "common/log.h"
 #include "common/signal_name.h"
 #include "common/text.h"
@@ -161,12 +163,39 @@ void AgentImpl::cleanUpLogRoot() {
 
 // Where /dev/shm cannot hold a directory, dlrun.checkpoint saves to files, as outside dlrun.
 void AgentImpl::holdCheckpointMemory() {
+  if (options_.checkpointDir) {
+    std::error_code ec;
+    fs::create_directories(*options_.checkpointDir, ec);
+    if (ec)
+      throw ConfigError("--checkpoint-dir: cannot make " + *options_.checkpointDir + ": " +
+                        ec.message());
+    services_[std::string(kCheckpointDirVariable)] = fs::absolute(*options_.checkpointDir).string();
+  }
   try {
     checkpointMemory_.emplace();
     services_[std::string(kCheckpointMemoryVariable)] = checkpointMemory_->dir().string();
   } catch (const Error& e) {
     log::info(std::string("in-memory checkpoints are off: ") + e.what());
   }
+}
+
+// The workers are gone: what they left in memory goes to --checkpoint-dir, then the memory.
+void AgentImpl::releaseCheckpointMemory() {
+  if (checkpointMemory_ && options_.checkpointDir) {
+    const FlushReport report = flushCheckpoints(checkpointMemory_->dir(), *options_.checkpointDir);
+    std::map<int64_t, std::vector<int>> ranksByStep;
+    for (const auto& [rank, step] : report.written) ranksByStep[step].push_back(rank);
+    for (auto& [step, ranks] : ranksByStep) {
+      std::sort(ranks.begin(), ranks.end());
+      std::string named;
+      for (int rank : ranks) named += (named.empty() ? "" : ", ") + std::to_string(rank);
+      log::info("checkpoints: step " + std::to_string(step) + " of rank(s) " + named +
+                " written to " + *options_.checkpointDir);
+    }
+    for (const auto& problem : report.problems)
+      log::info("checkpoints: not written to " + *options_.checkpointDir + ": " + problem);
+  }
+  checkpointMemory_.reset();
 }
 
 }  // namespace dlrun::agents::detail

@@ -128,7 +128,8 @@ class AgentImpl {
   void serveFileTimer();
   void onTimerExpired(const TimerExpiry& expiry);
   void cleanUpLogRoot();
-  void holdCheckpointMemory();  // checkpointMemory_ and its variable for the workers
+  void holdCheckpointMemory();     // checkpointMemory_ and its variable for the workers
+  void releaseCheckpointMemory();  // written to --checkpoint-dir, then removed
 
   AgentOptions options_;
   rendezvous::Rendezvous& rendezvous_;

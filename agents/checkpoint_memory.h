@@ -17,6 +17,8 @@
 namespace dlrun::agents {
 
 inline constexpr std::string_view kCheckpointMemoryVariable = "DLRUN_CHECKPOINT_SHM";
+inline constexpr std::string_view kCheckpointDirVariable =
+    "DLRUN_CHECKPOINT_DIR";  // --checkpoint-dir
 
 // Whose a directory is, as its name says (pure, below): the user and, for people, the agent's PID.
 struct MemoryOwner {

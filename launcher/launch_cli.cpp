@@ -130,6 +130,7 @@ void readFlagValues(DeclaredFlags& f, LaunchConfig& c, const HostProbe& host) {
     throw ConfigError("--hang-action needs --hang-timeout=SECONDS (hang watching is off)");
   }
   if (!f.logDir.empty()) c.agent.logDir = f.logDir;
+  if (!f.checkpointDir.empty()) c.agent.checkpointDir = f.checkpointDir;
   if (!f.localAddr.empty()) c.localAddr = f.localAddr;
   if (f.masterPort >= 0) c.masterPort = static_cast<uint16_t>(f.masterPort);
   if (f.stopTimeoutOption->count() > 0 && f.shutdownTimeoutOption->count() > 0)

@@ -142,6 +142,9 @@ void declareJobFlags(CLI::App& app, DeclaredFlags& f, LaunchConfig& c) {
 // Declaring, 2 of 3: the workers' output, the watch for hangs, the control plane and metrics.
 void declareOutputFlags(CLI::App& app, DeclaredFlags& f, LaunchConfig& c) {
   addOption(app, "log-dir", f.logDir, "Directory for per-rank logs and error files");
+  addOption(app, "checkpoint-dir", f.checkpointDir,
+            "Directory for dlrun.checkpoint's checkpoints: the copies held in memory are "
+            "written there as dlrun ends, and a job launched again loads them from there");
   addOption(app, "redirects", f.redirects,
             "Streams sent only to the log files: 0 none, 1 out, 2 err, 3 both, or 0:1,1:2", "-r");
   addOption(app, "tee", f.tee, "Streams copied to the log files (same values as --redirects)",

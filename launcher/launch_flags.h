@@ -21,7 +21,8 @@ namespace dlrun::launcher {
 // stage that declares them to the stages that read them.
 struct DeclaredFlags {
   std::string nnodes = "1", nproc = "1", rdzvConf, redirects = "0", tee = "0", ranksFilter;
-  std::string logDir, localAddr, tfConfig = "auto", consoleFormat = "dlrun", numaBinding;
+  std::string logDir, checkpointDir, localAddr, tfConfig = "auto", consoleFormat = "dlrun",
+                                                numaBinding;
   std::string storeProxy = "auto", storeAllow, recovery = "restart", workerStore = "auto";
   int masterPort = -1;
   double monitorInterval = 0.1, stopTimeout = 30, shutdownTimeout = 30, hangTimeout = 0;

@@ -23,6 +23,15 @@ by every rank alike, agrees through the store on the newest step that every rank
 A rank holds at most two steps: the newest complete one and the one being written (a save waits
 for the previous step to be complete on every rank before it drops the one before that).
 
+With dlrun's --checkpoint-dir (DLRUN_CHECKPOINT_DIR) the agent writes the copies to that
+directory as it ends (DIR/rank-R/step-S/, the same files as in memory), and load() finds a step
+there too: a job launched again goes on from it.
+
+Preemption: should_stop(step), called by every rank once a step after its save, turns true at the
+same step on every rank once any worker of the job got SIGTERM (dlrun stopping the job: a
+signal to dlrun, scancel, a pod deleted, `dlrun stop`): the program returns, and that step is
+the one a new launch loads.
+
 Outside dlrun (no DLRUN_CHECKPOINT_SHM), save() is a torch.save to DLRUN_CHECKPOINT_DIR (or
 `directory`), one file a rank and step, and load() the torch.load of this rank's newest one.
 """
@@ -40,7 +49,7 @@ from datetime import timedelta
 
 from dlrun._tree import fill, hollow
 
-__all__ = ["save", "load", "wait", "active"]
+__all__ = ["save", "load", "wait", "should_stop", "active"]
 
 KEYS = "dlrun/checkpoint"  # under the attempt's key space of the job's store
 ALIGN = 64  # each tensor's bytes start at a multiple of this
@@ -73,6 +82,16 @@ def wait():
         _memory().finish_completing()
 
 
+def should_stop(step):
+    """Whether the program should return now, `step` saved: true at the same step on every rank
+    once dlrun is stopping the job (SIGTERM to a worker). Call it once a step, after the step's
+    collectives and save. The first call makes SIGTERM this flag instead of the end."""
+    _preemption.listen()
+    if not active():
+        return _preemption.asked
+    return _memory().should_stop(int(step))
+
+
 def load(directory=None):
     """(step, state) of the job's newest complete step, or None when there is none. Every rank
     calls it once an attempt (under dlrun the ranks agree on the step through the store), before
@@ -80,6 +99,30 @@ def load(directory=None):
     if not active():
         return _disk_load(directory)
     return _memory().load()
+
+
+class _Preemption:
+    """SIGTERM as a request to stop, once the program asks should_stop()."""
+
+    def __init__(self):
+        self.asked = False
+        self.listening = False
+
+    def listen(self):
+        if self.listening:
+            return
+        import signal
+        try:
+            signal.signal(signal.SIGTERM, self._asked)
+        except ValueError:  # not the main thread: SIGTERM stays the end of the process
+            return
+        self.listening = True
+
+    def _asked(self, signum, frame):
+        self.asked = True
+
+
+_preemption = _Preemption()
 
 
 # --- outside dlrun: plain files ------------------------------------------------------------------
@@ -229,21 +272,49 @@ class _Memory:
     in the store of the attempt."""
 
     def __init__(self, root):
-        import torch.distributed as dist
         self.rank, self.world = _rank(), int(os.environ["WORLD_SIZE"])
         self.dir = os.path.join(root, f"rank-{self.rank}")
         self.slots = [_Slot(os.path.join(self.dir, f"slot-{i}")) for i in range(2)]
-        # Without libuv in the workers' torch (USE_LIBUV=0), rank 0's torch serves the store once
-        # init_process_group ran: a client that asks for libuv would be refused.
-        options = {"use_libuv": False} if os.environ.get("USE_LIBUV") == "0" else {}
-        self.store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
-                                   self.world, False, timedelta(seconds=COMPLETE_WAIT_S),
-                                   wait_for_workers=False, **options)
+        self.store = self._client()
+        self.stop_store = None  # should_stop's: the completing thread uses `store` meanwhile
         self.completing = None  # the thread completing the last save
         self.last = None  # the last step saved by this process
         self.complete = None  # the newest step known complete on every rank
+        self.complete_on_disk = False  # that step was loaded from --checkpoint-dir
         self.loads = 0
+        self.stop_at = None  # the step the job stops at, once agreed
+        self.told = False  # this rank counted its SIGTERM in the store
         atexit.register(self.finish_completing)  # the last save is the job's even at the end
+
+    def _client(self):
+        import torch.distributed as dist
+        # Without libuv in the workers' torch (USE_LIBUV=0), rank 0's torch serves the store once
+        # init_process_group ran: a client that asks for libuv would be refused.
+        options = {"use_libuv": False} if os.environ.get("USE_LIBUV") == "0" else {}
+        return dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                             self.world, False, timedelta(seconds=COMPLETE_WAIT_S),
+                             wait_for_workers=False, **options)
+
+    # Stopping -------------------------------------------------------------------------------
+
+    def should_stop(self, step):
+        """True at the agreed step. The first rank to see a request (its own SIGTERM, or the
+        count in the store) names the step after its own: no rank is past it, for a rank
+        finishing that step met this one in its collectives after the name was written."""
+        if self.stop_at is None:
+            if self.stop_store is None:
+                self.stop_store = self._client()
+            tell = _preemption.asked and not self.told
+            self.told = self.told or tell
+            if self.stop_store.add(f"{KEYS}/stop-asked", 1 if tell else 0) > 0:
+                self.stop_at = int(self.stop_store.compare_set(f"{KEYS}/stop-at", "",
+                                                               str(step + 1)))
+        if self.stop_at is None or step < self.stop_at:
+            return False
+        if step > self.stop_at:
+            _say(f"step {step} is past step {self.stop_at}, where the job stops (should_stop() "
+                 "not called every step): stopping here")
+        return True
 
     # Saving ---------------------------------------------------------------------------------
 
@@ -285,7 +356,7 @@ class _Memory:
         marks = {slot: slot.marked() for slot in self.slots}
         if self.complete is not None:
             kept = [slot for slot, mark in marks.items() if mark and mark[0] == self.complete]
-            if not kept:
+            if not kept and not self.complete_on_disk:
                 raise CheckpointError(f"dlrun.checkpoint: this rank's copy of step "
                                       f"{self.complete}, the job's newest, is gone")
         else:
@@ -335,7 +406,8 @@ class _Memory:
         marked, each checks its copy of it, and a step any rank finds corrupt is left out (it
         says so) and they agree again."""
         self.finish_completing()
-        held = {m[0]: (slot, m[1]) for slot in self.slots if (m := slot.marked())}
+        held = {m[0]: (slot, m[1]) for slot in _on_disk(self.rank) if (m := slot.marked())}
+        held.update({m[0]: (slot, m[1]) for slot in self.slots if (m := slot.marked())})
         self.loads += 1
         for turn in range(len(self.slots) + 1):
             keys = f"{KEYS}/load-{self.loads}/{turn}"
@@ -354,8 +426,9 @@ class _Memory:
                 _say(f"step {step}'s copy {why}; not loaded")
             if all(self._gather(f"{keys}/whole", whole)):
                 self.complete = self.last = step
+                self.complete_on_disk = slot not in self.slots
                 for later, (other, _) in held.items():  # an earlier attempt's, not the job's
-                    if later > step:
+                    if later > step and other in self.slots:
                         other.unmark()
                 return step, _read(data, meta)
             # A rank's copy is not whole: the step is not the job's; the next newest, then.
@@ -369,6 +442,13 @@ class _Memory:
             self.store.wait([f"{keys}/{rank}"])
             values.append(json.loads(self.store.get(f"{keys}/{rank}")))
         return values
+
+
+def _on_disk(rank):
+    """This rank's steps in --checkpoint-dir (DIR/rank-R/step-S, as the agent writes them)."""
+    where = os.environ.get("DLRUN_CHECKPOINT_DIR")
+    found = glob.glob(os.path.join(where, f"rank-{rank}", "step-*")) if where else []
+    return [_Slot(path) for path in found if os.path.isdir(path)]
 
 
 def _read(data, meta):

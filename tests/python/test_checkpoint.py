@@ -12,6 +12,8 @@ job is workers/checkpoint_job.py (a state of several dtypes a step and rank, sav
 - A rank killed while its copy of step 5 is being written: step 4 stays the job's.
 - No shared memory is left after the job, whether it succeeds or fails; a SIGKILLed agent's is
   removed by the next agent that starts on the node.
+- Preemption: SIGTERM to dlrun stops both ranks at one step (should_stop()), dlrun writes it to
+  --checkpoint-dir as it ends, and a new launch loads it from there, bit-equal, and goes on.
 - Outside dlrun, save and load are torch.save and torch.load in DLRUN_CHECKPOINT_DIR; without a
   directory, a one-line error.
 """
@@ -96,6 +98,32 @@ class CheckpointTest(unittest.TestCase):
         open(os.path.join(out, "release"), "w").close()  # the orphaned workers end
         self.job()
         self.assertEqual(memory_dirs(launch.pid), [])
+
+    def test_preemption_stops_every_rank_at_one_step_and_a_new_launch_resumes_there(self):
+        # SIGTERM to dlrun as rank 0 waits after step 3 and rank 1 is in step 4: both stop at
+        # step 4 (rank 0 names it as it sees its SIGTERM), dlrun writes it to --checkpoint-dir
+        # as it ends, and a new launch loads it, bit-equal, and trains on from step 5.
+        directory, out, after = temp_dir(self), temp_dir(self), temp_dir(self)
+        flags = ["--standalone", f"--nproc-per-node={WORLD}", f"--checkpoint-dir={directory}"]
+        launch = Dlrun(self, [*flags, PYTHON, JOB, out, "1000", "preempt:3"], env=clean_env())
+        wait_until(lambda: os.path.exists(os.path.join(out, "preempt_3")), TIMEOUT_S,
+                   "rank 0 at step 3", proc=launch.proc, on_timeout=launch.describe)
+        launch.signal(signal.SIGTERM)
+        result = launch.wait(TIMEOUT_S)
+        self.assertEqual(result.returncode, 128 + signal.SIGTERM, result)
+        self.assertEqual([read_json(os.path.join(out, f"stopped_{r}.json")) for r in range(WORLD)],
+                         [{"step": 4}] * WORLD, result)
+        self.assertIn(f"checkpoints: step 4 of rank(s) 0, 1 written to {directory}", result.stderr)
+        self.assertEqual(memory_dirs(launch.pid), [], "shared memory left after the job")
+        resumed = Dlrun(self, [*flags, PYTHON, JOB, after, str(STEPS)], env=clean_env())
+        result = resumed.wait(TIMEOUT_S)
+        self.assertEqual(result.returncode, 0, result)
+        self.assertEqual(self.loaded(after, 0), [{"step": 4, "equal": True}] * WORLD, result)
+        for rank in range(WORLD):
+            self.assertTrue(os.path.exists(os.path.join(after, f"done_{rank}")), rank)
+            # The newest two steps of each rank stay in the directory.
+            self.assertEqual(sorted(os.listdir(os.path.join(directory, f"rank-{rank}"))),
+                             [f"step-{STEPS - 2}", f"step-{STEPS - 1}"], result)
 
     def test_outside_dlrun_save_and_load_are_files(self):
         code = ("import sys, torch, dlrun.checkpoint as c\n"

@@ -21,18 +21,24 @@ A rank that loaded a step writes at its end OUT_DIR/kept_<RANK>_<ATTEMPT>.json: 
 loaded still equals that step's state after its later saves. A rank that ends writes
 OUT_DIR/done_<RANK>; with `hold` among the arguments it first writes
 OUT_DIR/held_<RANK> and waits for OUT_DIR/release (a test that kills the agent meanwhile).
+
+With `preempt:STEP` every rank asks dlrun.checkpoint.should_stop() after each step (its barrier
+passed); at STEP rank 0 writes OUT_DIR/preempt_<STEP> and waits for its own SIGTERM (the test
+stops dlrun then) while the others go on to the next step's barrier. A rank told to stop
+writes OUT_DIR/stopped_<RANK>.json (the step) and ends.
 """
 import glob
 import json
 import os
 import signal
 import sys
+import time
 
 import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from worker_util import exit_past_torch_teardown, wait_for_release, write_json  # noqa: E402
+from worker_util import MAX_WAIT_S, exit_past_torch_teardown, wait_for_release, write_json  # noqa: E402
 
 import dlrun.checkpoint as checkpoint  # noqa: E402  (dlrun puts its package on PYTHONPATH)
 
@@ -92,10 +98,20 @@ def die_in_checksum():
     checkpoint._checksum = dying
 
 
+def wait_for_stop_request():
+    """Until this process got SIGTERM (which should_stop() made a request to stop), or for
+    MAX_WAIT_S at most."""
+    deadline = time.monotonic() + MAX_WAIT_S
+    while not checkpoint._preemption.asked and time.monotonic() < deadline:
+        time.sleep(0.01)  # the handler runs as the sleep ends
+
+
 def main():
     out, steps = sys.argv[1], int(sys.argv[2])
-    args = [a for a in sys.argv[3:] if a != "hold" and not a.startswith("reload:")]
-    reload_at = next((int(a.split(":")[1]) for a in sys.argv[3:] if a.startswith("reload:")), None)
+    args = [a for a in sys.argv[3:] if a != "hold" and not a.startswith(("reload:", "preempt:"))]
+    reload_at, preempt_at = (next((int(a.split(":")[1]) for a in sys.argv[3:]
+                                   if a.startswith(f"{kind}:")), None)
+                             for kind in ("reload", "preempt"))
     rank, attempt = int(os.environ["RANK"]), os.environ["TORCHELASTIC_RESTART_COUNT"]
     dist.init_process_group("gloo")
     strikes = faults(args, rank)
@@ -115,6 +131,13 @@ def main():
             found = checkpoint.load()
             loaded = found[0]
             write_json(os.path.join(out, f"reloaded_{rank}.json"), {"step": loaded})
+        if preempt_at is not None:
+            if preempt_at == step and rank == 0 and attempt == "0":
+                open(os.path.join(out, f"preempt_{step}"), "w").close()
+                wait_for_stop_request()
+            if checkpoint.should_stop(step):
+                write_json(os.path.join(out, f"stopped_{rank}.json"), {"step": step})
+                return 0
         if strikes.get(step) == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
         if strikes.get(step) == "corrupt":

@@ -1,0 +1,93 @@
+// In-memory checkpoints written to --checkpoint-dir as the agent ends (agents/checkpoint_flush.h):
+// every marked copy of every rank goes there whole, an unmarked one (being written) does not,
+// and each rank keeps its two newest steps.
+#include "agents/checkpoint_flush.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+
+namespace dlrun::agents {
+namespace {
+
+namespace fs = std::filesystem;
+
+TEST(CheckpointFlush, AMarkNamesItsStep) {
+  EXPECT_EQ(markedStep("12 00ab\n"), 12);
+  for (const char* mark : {"12 00ab", "12\n", "x 00ab\n", "-1 00ab\n", "12 00ab cd\n", ""})
+    EXPECT_EQ(markedStep(mark), std::nullopt) << mark;
+}
+
+class CheckpointFlushDir : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    base_ = fs::temp_directory_path() / ("checkpoint_flush_test." + std::to_string(::getpid()));
+    fs::create_directories(base_);
+  }
+  void TearDown() override { fs::remove_all(base_); }
+
+  // A copy of `step` in memory: rank R's slot K, marked unless `marked` is false.
+  void copy(int rank, int slot, int step, bool marked = true) {
+    const fs::path dir =
+        base_ / "memory" / ("rank-" + std::to_string(rank)) / ("slot-" + std::to_string(slot));
+    fs::create_directories(dir);
+    std::ofstream(dir / "tensors") << "tensors of " << step;
+    std::ofstream(dir / "meta") << "meta of " << step;
+    fs::remove(dir / "step");
+    if (marked) std::ofstream(dir / "step") << step << " c0ffee\n";
+  }
+  std::string read(const fs::path& file) {
+    std::ifstream in(file);
+    return {std::istreambuf_iterator<char>(in), {}};
+  }
+  std::vector<std::string> listed(const fs::path& dir) {
+    std::vector<std::string> names;
+    for (const auto& entry : fs::directory_iterator(dir)) names.push_back(entry.path().filename());
+    std::sort(names.begin(), names.end());
+    return names;
+  }
+  fs::path base_;
+};
+
+TEST_F(CheckpointFlushDir, EveryMarkedCopyIsWrittenWholeAndAnUnmarkedOneIsNot) {
+  copy(0, 0, 4);
+  copy(0, 1, 5);
+  copy(1, 0, 4);
+  copy(1, 1, 5, /*marked=*/false);  // being written as the worker ended
+  const FlushReport report = flushCheckpoints(base_ / "memory", base_ / "disk");
+  EXPECT_TRUE(report.problems.empty());
+  EXPECT_EQ(report.written.size(), 3u);
+  EXPECT_EQ(listed(base_ / "disk" / "rank-0"), (std::vector<std::string>{"step-4", "step-5"}));
+  EXPECT_EQ(listed(base_ / "disk" / "rank-1"), (std::vector<std::string>{"step-4"}));
+  const fs::path five = base_ / "disk" / "rank-0" / "step-5";
+  EXPECT_EQ(listed(five), (std::vector<std::string>{"meta", "step", "tensors"}));
+  EXPECT_EQ(read(five / "tensors"), "tensors of 5");
+  EXPECT_EQ(read(five / "step"), "5 c0ffee\n");
+}
+
+TEST_F(CheckpointFlushDir, EachRankKeepsItsTwoNewestStepsAndNothingIsWrittenTwice) {
+  copy(0, 0, 4);
+  copy(0, 1, 5);
+  flushCheckpoints(base_ / "memory", base_ / "disk");
+  copy(0, 0, 6);
+  copy(0, 1, 7);
+  fs::create_directories(base_ / "disk" / "rank-0" / ".step-3.new");  // an end cut short
+  EXPECT_EQ(flushCheckpoints(base_ / "memory", base_ / "disk").written.size(), 2u);
+  EXPECT_EQ(listed(base_ / "disk" / "rank-0"), (std::vector<std::string>{"step-6", "step-7"}));
+  EXPECT_TRUE(flushCheckpoints(base_ / "memory", base_ / "disk").written.empty());
+}
+
+TEST_F(CheckpointFlushDir, ADirectoryThatCannotBeMadeIsAProblemNamed) {
+  copy(0, 0, 4);
+  std::ofstream(base_ / "file") << "not a directory";
+  const FlushReport report = flushCheckpoints(base_ / "memory", base_ / "file" / "disk");
+  EXPECT_TRUE(report.written.empty());
+  ASSERT_EQ(report.problems.size(), 1u);
+  EXPECT_TRUE(report.problems[0].starts_with("rank 0: ")) << report.problems[0];
+}
+
+}  // namespace
+}  // namespace dlrun::agents
