@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# A training job that checkpoints every step through dlrun.checkpoint (issue 56): its step time
+# against the same job without saving, and preemption trials. bench/preemption_worker.py, 2 ranks
+# under dlrun on one node, the recovery bench's MLP.
+# - Step time: STEPS steps of each, the median step after the first 10 of both ranks; the ratio
+#   (goal: at most 1.03x).
+# - Preemption, TRIALS times: the job runs with --checkpoint-dir and, at a random moment after
+#   its 5th step, dlrun gets SIGTERM. A trial passes when every rank stopped at the same step,
+#   dlrun wrote it to the directory, and a new launch loaded it on every rank, its weights bit for
+#   bit those the ranks stopped with, and went on. Prints the passes and the median seconds from
+#   the SIGTERM to dlrun's exit.
+#
+# Usage: bench/preemption_bench.sh [BUILD_DIR] [--steps N] [--trials N] [--nproc N]
+#        BUILD_DIR: default build. --steps: steps a run of the step-time part (300). --trials:
+#        (20). --nproc: ranks (2; the trials check ranks 0 and 1, so at least 2).
+# Environment: PYTHON (bench/anchor.sh: default torch 2.13's environment).
+# Exit status: 0; 1 a run or a trial failed; 2 cannot run.
+set -euo pipefail
+
+build=build
+if (($# > 0)) && [[ $1 != -* ]]; then
+  build=$1
+  shift
+fi
+steps=300
+trials=20
+nproc=2
+while (($# > 0)); do
+  case $1 in
+    --steps) steps=$2; shift 2 ;;
+    --nproc) nproc=$2; shift 2 ;;
+    --trials) trials=$2; shift 2 ;;
+    *) echo "preemption_bench.sh: unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+here=$(cd "$(dirname "$0")" && pwd)
+anchor_for=preemption_bench.sh
+# shellcheck source=bench/anchor.sh
+source "$here/anchor.sh"
+dlrun=$build/bin/dlrun
+[[ -x $dlrun ]] || { echo "preemption_bench.sh: no $dlrun (build first)" >&2; exit 2; }
+
+scratch=$(mktemp -d "${TMPDIR:-/tmp}/dlrun-preemption-bench.XXXXXX")
+trap 'rm -rf "$scratch"' EXIT
+launch() {  # OUT STEPS MODE [FLAG...]: dlrun in the background; its PID in $launched
+  local out=$1 n=$2 mode=$3
+  shift 3
+  mkdir -p "$out"
+  env -u PYTHONPATH "$dlrun" --standalone --nproc-per-node="$nproc" "$@" "$python" \
+    "$here/preemption_worker.py" "$out" "$n" "$mode" > "$out/dlrun.log" 2>&1 &
+  launched=$!
+}
+echo "preemption_bench: $nproc ranks, torch $torch_version, $(nproc) cores; $steps steps a run," \
+  "$trials preemption trials"
+for mode in plain save; do
+  launch "$scratch/$mode" "$steps" "$mode"
+  wait "$launched" || { echo "preemption_bench.sh: the $mode run failed:" >&2
+    tail -20 "$scratch/$mode/dlrun.log" >&2; exit 1; }
+done
+"$python" - "$scratch" "$nproc" <<'PY'
+import json, statistics, sys
+def median(mode):
+    return statistics.median(t for r in range(int(sys.argv[2]))
+                             for t in json.load(open(f"{sys.argv[1]}/{mode}/times_{r}.json"))[10:])
+plain, save = median("plain"), median("save")
+print(f"step time: {save * 1000:.2f} ms saving every step, {plain * 1000:.2f} ms without:"
+      f" {save / plain:.3f}x")
+PY
+passed=0
+: > "$scratch/exits"
+for ((trial = 1; trial <= trials; trial++)); do
+  dir=$scratch/trial$trial
+  launch "$dir/first" 1000000 save "--checkpoint-dir=$dir/checkpoints"
+  for ((i = 0; i < 6000; i++)); do [[ -e $dir/first/running ]] && break; sleep 0.01; done
+  sleep "0.$((RANDOM % 1000))"  # a random moment of the run: the ranks anywhere in a step
+  began=$(date +%s%N)
+  kill -TERM "$launched"
+  wait "$launched" || true
+  echo $((($(date +%s%N) - began) / 1000000)) >> "$scratch/exits"
+  stopped=$("$python" -c 'import json, sys; print(json.load(open(sys.argv[1]))["step"])' \
+    "$dir/first/stopped_0.json" 2>/dev/null || echo -3)
+  launch "$dir/again" $((stopped + 3)) save "--checkpoint-dir=$dir/checkpoints"
+  wait "$launched" || true
+  if "$python" - "$dir" <<'PY'
+import json, sys
+d = sys.argv[1]
+stops = [json.load(open(f"{d}/first/stopped_{r}.json")) for r in (0, 1)]
+loads = [json.load(open(f"{d}/again/loaded_{r}.json")) for r in (0, 1)]
+assert stops[0]["step"] == stops[1]["step"], stops
+assert all(l["step"] == s["step"] and l["sha256"] == s["sha256"] for l, s in zip(loads, stops)), (stops, loads)
+assert all(len(json.load(open(f"{d}/again/times_{r}.json"))) == 2 for r in (0, 1))
+PY
+  then
+    passed=$((passed + 1))
+  else
+    echo "trial $trial failed: $(tail -5 "$dir/first/dlrun.log" "$dir/again/dlrun.log")" >&2
+  fi
+done
+median=$(sort -n "$scratch/exits" | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}')
+echo "preemption: $passed of $trials trials stopped every rank at one step and resumed from it;" \
+  "dlrun exited $median ms after SIGTERM (median)"
+((passed == trials)) || exit 1

@@ -1,0 +1,85 @@
+"""One rank of bench/preemption_bench.sh, under dlrun: torch DDP over gloo on CPU, the MLP of the
+recovery bench (784-1024-384-10, SGD), a batch a step made from the step and rank.
+
+Usage: preemption_worker.py OUT_DIR STEPS plain|save
+
+At its start every rank calls dlrun.checkpoint.load() and writes OUT_DIR/loaded_<RANK>.json (the
+step loaded, null for none, and the SHA-256 of its weights). `save`: after each step the rank
+saves the model and optimizer (dlrun.checkpoint.save) and asks should_stop(); told to stop, it
+writes OUT_DIR/stopped_<RANK>.json (the step and its weights' SHA-256) and ends. Rank 0 writes
+OUT_DIR/running once it took 5 steps. At its end each rank writes OUT_DIR/times_<RANK>.json:
+every step's seconds, the save included.
+"""
+import hashlib
+import json
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+import dlrun.checkpoint as checkpoint  # dlrun puts its package on PYTHONPATH
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from recovery_worker import make_model  # noqa: E402  (the recovery bench's MLP)
+
+WIDTHS = (784, 1024, 384, 10)
+BATCH = 64
+
+
+def digest(model):
+    h = hashlib.sha256()
+    for p in model.parameters():
+        h.update(p.detach().numpy().tobytes())
+    return h.hexdigest()
+
+
+def write(path, record):
+    with open(f"{path}.tmp", "w") as f:
+        json.dump(record, f)
+    os.replace(f"{path}.tmp", path)
+
+
+def main():
+    out, steps, mode = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+    rank = int(os.environ["RANK"])
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    model = make_model(torch, WIDTHS)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    found = checkpoint.load() if mode == "save" else None
+    start = 0
+    if found:
+        model.load_state_dict(found[1]["model"])
+        optimizer.load_state_dict(found[1]["optimizer"])
+        start = found[0] + 1
+    write(os.path.join(out, f"loaded_{rank}.json"),
+          {"step": found[0] if found else None, "sha256": digest(model)})
+    ddp = DistributedDataParallel(model)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    times = []
+    for step in range(start, steps):
+        began = time.perf_counter()
+        g = torch.Generator().manual_seed(step * 1000 + rank)
+        x = torch.randn(BATCH, WIDTHS[0], generator=g)
+        y = torch.randint(0, WIDTHS[-1], (BATCH,), generator=g)
+        optimizer.zero_grad(set_to_none=True)
+        loss_fn(ddp(x), y).backward()
+        optimizer.step()
+        if mode == "save":
+            checkpoint.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()},
+                            step)
+        times.append(time.perf_counter() - began)
+        if rank == 0 and step == start + 5:
+            open(os.path.join(out, "running"), "w").close()
+        if mode == "save" and checkpoint.should_stop(step):
+            write(os.path.join(out, f"stopped_{rank}.json"), {"step": step, "sha256": digest(model)})
+            break
+    write(os.path.join(out, f"times_{rank}.json"), times)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
