@@ -92,6 +92,10 @@ TrainParse parseTrainArgs(const std::vector<std::string>& args) {
       ->check(CLI::IsMember({"auto", "gloo"}));
   app.add_option("--checkpoint-dir", c.checkpointDir,
                  "Write checkpoints here and resume from the newest one at start");
+  bool inMemory = false;
+  app.add_flag("--checkpoint-in-memory", inMemory,
+               "Write checkpoints to the node's memory that dlrun holds for the job as well "
+               "(cheap enough for --checkpoint-every=1), and resume from the newest of both");
   app.add_option("--metrics-file", c.metricsFile,
                  "Append one JSON object per progress line and per epoch (step, epoch, loss, "
                  "accuracy, samples/s, lr, world size, restart) to this file (rank 0)");
@@ -120,6 +124,14 @@ TrainParse parseTrainArgs(const std::vector<std::string>& args) {
   result.exitCode = parseCommandLine(app, args, kVersion);
   if (result.exitCode) return result;
   c.cosine = schedule == "cosine";
+  if (inMemory) {
+    const char* memory = std::getenv("DLRUN_CHECKPOINT_SHM");
+    if (memory == nullptr || *memory == '\0')
+      throw ConfigError(
+          "--checkpoint-in-memory needs the node memory dlrun holds for the job "
+          "(DLRUN_CHECKPOINT_SHM is not set): run under dlrun, or use --checkpoint-dir");
+    c.memoryCheckpointDir = std::string(memory) + "/train";
+  }
   if (c.hidden.empty()) throw ConfigError("--hidden needs at least one width");
   if (c.model == "cnn") {
     if (app.count("--hidden"))

@@ -30,11 +30,14 @@ struct TrainConfig {
   std::string cpuMath = "auto";    // auto (the AVX2 build where the CPU runs it), baseline
   std::string allreduce = "auto";  // auto (shared memory for a job on one machine), gloo
   std::string checkpointDir;       // empty: no checkpoints
-  std::string metricsFile;         // --metrics-file: JSON lines of the run's numbers (rank 0)
-  int checkpointEvery = 0;         // steps between checkpoints (0: at each epoch's end only)
-  int64_t maxSteps = -1;           // stop after this many global steps (tests, benchmarks)
-  std::string dumpWeights;         // write the final parameters here (raw float32)
-  int progressEvery = 100;         // steps between progress lines
+  // --checkpoint-in-memory: checkpoints in the node's memory that dlrun's agent owns
+  // (DLRUN_CHECKPOINT_SHM/train), kept through restarts and freed at the job's end
+  std::string memoryCheckpointDir;
+  std::string metricsFile;  // --metrics-file: JSON lines of the run's numbers (rank 0)
+  int checkpointEvery = 0;  // steps between checkpoints (0: at each epoch's end only)
+  int64_t maxSteps = -1;    // stop after this many global steps (tests, benchmarks)
+  std::string dumpWeights;  // write the final parameters here (raw float32)
+  int progressEvery = 100;  // steps between progress lines
   // A testing aid for the resume tests: rank 1 (rank 0 when alone) exits with code 1 right
   // after global step failAtStep (and any checkpoint of it), on attempt 0 only
   // (TORCHELASTIC_RESTART_COUNT=0), so a restarted group runs through. -1: never.

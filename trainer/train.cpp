@@ -84,21 +84,33 @@ void requireWritable(const std::string& dir) {
   std::filesystem::remove(dir + "/.writable", ec);
 }
 
-// The newest checkpoint, refused when it is for another model.
+// Where checkpoints go: the directory, the node's memory, both or neither.
+std::vector<std::string> checkpointDirs(const TrainConfig& config) {
+  std::vector<std::string> dirs;
+  for (const std::string* dir : {&config.memoryCheckpointDir, &config.checkpointDir})
+    if (!dir->empty()) dirs.push_back(*dir);
+  return dirs;
+}
+
+// The newest checkpoint of them all, refused when it is for another model.
 std::optional<Checkpoint> loadChecked(const TrainConfig& config, const ModelSpec& spec) {
-  std::optional<Checkpoint> found = loadNewestCheckpoint(config.checkpointDir);
+  std::optional<Checkpoint> newest;
   const size_t n = spec.parameterCount();
-  if (found && (found->widths != spec.signature() || found->params.size() != n ||
-                found->velocity.size() != n))
-    throw Error("the checkpoint in " + config.checkpointDir + " is for another model shape");
-  return found;
+  for (const std::string& dir : checkpointDirs(config)) {
+    std::optional<Checkpoint> found = loadNewestCheckpoint(dir);
+    if (found && (found->widths != spec.signature() || found->params.size() != n ||
+                  found->velocity.size() != n))
+      throw Error("the checkpoint in " + dir + " is for another model shape");
+    if (found && (!newest || found->globalStep > newest->globalStep)) newest = std::move(found);
+  }
+  return newest;
 }
 
 // Rank 0's checkpoint, sent to every rank (a sum where the others contribute zeros), so ranks
 // on nodes without a shared directory resume from the same state.
 std::optional<Checkpoint> resume(const TrainConfig& config, Collective& collective, Engine& engine,
                                  const ModelSpec& spec) {
-  if (config.checkpointDir.empty()) return std::nullopt;
+  if (checkpointDirs(config).empty()) return std::nullopt;
   const size_t n = spec.parameterCount();
   std::optional<Checkpoint> found;
   if (collective.rank() == 0) found = loadChecked(config, spec);
@@ -201,7 +213,8 @@ Training::Training(const TrainConfig& config, const Placement& placement)
       report_(rank_ == 0),
       batchX_(static_cast<size_t>(config.batchSize) * data_.train.features),
       batchY_(config.batchSize) {
-  if (!config.checkpointDir.empty() && rank_ == 0) requireWritable(config.checkpointDir);
+  if (rank_ == 0)
+    for (const std::string& dir : checkpointDirs(config)) requireWritable(dir);
   if (!config.metricsFile.empty() && rank_ == 0) metricsFile_.emplace(config.metricsFile);
   // More servers than parameters is refused before anything connects.
   if (placement.ps) shardRanges(spec_.parameterCount(), placement.ps->servers);
@@ -235,7 +248,7 @@ Training::Training(const TrainConfig& config, const Placement& placement)
 void Training::joinServers() {
   std::optional<Checkpoint> init;
   if (rank_ == 0) {
-    if (!config_.checkpointDir.empty()) init = loadChecked(config_, spec_);
+    init = loadChecked(config_, spec_);
     if (init)
       report_.resumed(init->epoch, init->samplesInEpoch, init->globalStep);
     else
@@ -354,9 +367,10 @@ float Training::learningRate(int epoch, int64_t stepInEpoch, int64_t steps) cons
 }
 
 void Training::checkpoint(int epoch, int64_t samples) {
-  if (rank_ == 0 && !config_.checkpointDir.empty())
-    saveCheckpoint(config_.checkpointDir, {epoch, samples, step_, spec_.signature(),
-                                           engine_->params(), engine_->velocity()});
+  if (rank_ != 0) return;
+  for (const std::string& dir : checkpointDirs(config_))
+    saveCheckpoint(
+        dir, {epoch, samples, step_, spec_.signature(), engine_->params(), engine_->velocity()});
 }
 
 // The testing aid (--fail-at-step): a worker that dies mid-run.

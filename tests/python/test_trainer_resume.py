@@ -12,12 +12,16 @@
 - SIGUSR1 to dlrun (forwarded to every worker) makes the trainer checkpoint at the next step
   boundary and exit 0 on every rank; a second run resumes from that checkpoint.
 - A run resumed with nothing left to do takes no step and reports the resumed model.
+- --checkpoint-in-memory alone (the node's memory that dlrun holds, every step): a restarted
+  group resumes from the step before the failure, with an uninterrupted run's weights; outside
+  dlrun the flag is one line's error.
 """
 import os
 import signal
 import unittest
 
 from dlrun_fixture import clean_env, main, temp_dir, wait_until
+from test_checkpoint import memory_dirs
 from trainer_fixture import TrainJob, checkpoints, require_data, run_single, run_train, summary
 
 NPROC = 2
@@ -91,6 +95,36 @@ class TrainerResumeTest(unittest.TestCase):
             self.assertIn("[0]:resuming from checkpoint", result.stdout, result)
             self.assertTrue(resumed == straight,
                             f"padding {padding}: the resumed weights differ\n{result}")
+
+    def test_checkpoints_in_memory_alone_resume_a_restarted_group(self):
+        # --checkpoint-in-memory, every step, no directory: rank 1 fails after step 20 and the
+        # restarted group resumes from step 20 out of the node's memory, ending with the weights
+        # of an uninterrupted run; the memory goes with the job.
+        common = ["--synthetic", "--epochs", "1", "--max-steps", "40", "--seed", "3",
+                  "--allreduce", "gloo", "--progress-every", "1000"]
+
+        def final_weights(flags=(), launcher_flags=()):
+            path = os.path.join(temp_dir(self), f"weights-{len(flags)}")
+            job = TrainJob(self, [*common, *flags, "--dump-weights", path], NPROC, launcher_flags)
+            result = job.wait()
+            self.assertEqual(result.returncode, 0, result)
+            self.assertEqual(memory_dirs(job.pid), [], "shared memory left after the job")
+            with open(path, "rb") as f:
+                return f.read(), result
+
+        straight, _ = final_weights()
+        resumed, result = final_weights(["--checkpoint-in-memory", "--checkpoint-every", "1",
+                                         "--fail-at-step", "20"], ["--max-restarts=1"])
+        self.assertIn(f"[0]:resuming from checkpoint: epoch 1, {20 * NPROC * 64} samples into "
+                      "it, step 20", result.stdout, result)
+        self.assertTrue(resumed == straight, f"the resumed weights differ\n{result}")
+
+    def test_checkpoints_in_memory_need_dlrun(self):
+        result = run_single(self, ["--synthetic", "--checkpoint-in-memory"])
+        self.assertEqual(result.returncode, 2, result)
+        self.assertEqual(result.stderr.strip(), "dlrun-train: error: --checkpoint-in-memory needs "
+                         "the node memory dlrun holds for the job (DLRUN_CHECKPOINT_SHM is not "
+                         "set): run under dlrun, or use --checkpoint-dir")
 
     def test_sigusr1_checkpoints_and_stops_then_a_second_run_resumes(self):
         checkpoint_dir = os.path.join(temp_dir(self), "checkpoints")
