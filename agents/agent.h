@@ -90,6 +90,9 @@ struct AgentOptions {
   // --checkpoint-dir: dlrun.checkpoint's files (DLRUN_CHECKPOINT_DIR), and where the agent
   // writes the copies its workers left in memory as it ends (checkpoint_flush.h)
   std::optional<std::string> checkpointDir;
+  // --checkpoint-write-every: how often the workers ask for a step to be written there while
+  // the job runs (DLRUN_CHECKPOINT_WRITE_EVERY; 0: only as the agent ends)
+  std::chrono::milliseconds checkpointWriteEvery{60'000};
   StreamsByRank redirects;  // streams sent only to files
   StreamsByRank tee;        // streams copied to files
   std::optional<std::set<int>> localRanksFilter;

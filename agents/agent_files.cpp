@@ -176,13 +176,28 @@ void AgentImpl::holdCheckpointMemory() {
     services_[std::string(kCheckpointMemoryVariable)] = checkpointMemory_->dir().string();
   } catch (const Error& e) {
     log::info(std::string("in-memory checkpoints are off: ") + e.what());
+    return;
   }
+  if (!options_.checkpointDir || options_.checkpointWriteEvery.count() == 0) return;
+  services_[std::string(kCheckpointWriteEveryVariable)] =
+      std::to_string(options_.checkpointWriteEvery.count() / 1000.0);
+  // The workers' requests come at their cadence; a tenth of a second is the wait for one.
+  checkpointWriter_.emplace(checkpointMemory_->dir(), *options_.checkpointDir,
+                            std::chrono::milliseconds(100), [](const FlushReport& report) {
+                              for (const auto& [rank, step] : report.written)
+                                log::debug("checkpoints: step " + std::to_string(step) +
+                                           " of rank " + std::to_string(rank) + " written");
+                              for (const auto& problem : report.problems)
+                                log::info("checkpoints: not written: " + problem);
+                            });
 }
 
 // The workers are gone: what they left in memory goes to --checkpoint-dir, then the memory.
 void AgentImpl::releaseCheckpointMemory() {
+  checkpointWriter_.reset();
   if (checkpointMemory_ && options_.checkpointDir) {
-    const FlushReport report = flushCheckpoints(checkpointMemory_->dir(), *options_.checkpointDir);
+    const FlushReport report =
+        flushCheckpoints(checkpointMemory_->dir(), *options_.checkpointDir, world_.worldSize);
     std::map<int64_t, std::vector<int>> ranksByStep;
     for (const auto& [rank, step] : report.written) ranksByStep[step].push_back(rank);
     for (auto& [step, ranks] : ranksByStep) {

@@ -15,6 +15,7 @@
 
 #include "agents/agent.h"
 #include "agents/agent_observer.h"
+#include "agents/checkpoint_flush.h"
 #include "agents/checkpoint_memory.h"
 #include "agents/file_timer.h"
 #include "agents/hang_watcher.h"
@@ -206,6 +207,7 @@ class AgentImpl {
   bool keepLogRoot_ = false;
   Environment services_;  // the agent's services' variables for its workers (RoundSpec)
   std::optional<CheckpointMemory> checkpointMemory_;  // dlrun.checkpoint's, while the agent runs
+  std::optional<CheckpointWriter> checkpointWriter_;  // its steps to --checkpoint-dir meanwhile
   const std::vector<int> stopSignals_;                // --signals-to-handle
   std::optional<FileTimerServer> fileTimer_;
   std::unordered_map<pid_t, std::string> expiredTimers_;  // by worker: why dlrun signalled it

@@ -1,6 +1,7 @@
 #include "agents/checkpoint_flush.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -8,7 +9,6 @@
 #include <cstring>
 #include <fstream>
 #include <iterator>
-#include <map>
 #include <system_error>
 
 #include "common/error.h"
@@ -20,13 +20,18 @@ namespace fs = std::filesystem;
 
 namespace {
 
-constexpr int kStepsKept = 2;
+constexpr size_t kNewestKept = 3;
 const char* const kFiles[] = {"tensors", "meta", "step"};  // `step` last: the copy's mark
 
-std::optional<int64_t> readMark(const fs::path& file) {
+std::optional<std::string> readText(const fs::path& file) {
   std::ifstream in(file);
   if (!in) return std::nullopt;
-  return markedStep(std::string(std::istreambuf_iterator<char>(in), {}));
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+std::optional<int64_t> readMark(const fs::path& file) {
+  const auto text = readText(file);
+  return text ? markedStep(*text) : std::nullopt;
 }
 
 std::optional<int> numbered(const fs::path& path, std::string_view prefix) {
@@ -45,20 +50,44 @@ void sync(const fs::path& path) {
   ::close(fd);
 }
 
-// One copy to dir/step-S, whole or not at all.
-void writeCopy(const fs::path& slot, const fs::path& rankDir, int64_t step) {
-  const fs::path made = rankDir / (".step-" + std::to_string(step) + ".new");
+// A shared flock on a slot's `lock` while the agent reads the slot: its worker waits for it
+// before it writes the slot again.
+class SlotReadLock {
+ public:
+  explicit SlotReadLock(const fs::path& slot)
+      : fd_(::open((slot / "lock").c_str(), O_RDONLY | O_CREAT | O_CLOEXEC, 0600)) {
+    if (fd_ < 0 || ::flock(fd_, LOCK_SH) != 0)
+      throw Error("cannot lock " + (slot / "lock").string() + ": " + std::strerror(errno));
+  }
+  ~SlotReadLock() { ::close(fd_); }
+  SlotReadLock(const SlotReadLock&) = delete;
+  SlotReadLock& operator=(const SlotReadLock&) = delete;
+
+ private:
+  int fd_;
+};
+
+fs::path madeName(const fs::path& rankDir, int64_t step) {
+  return rankDir / (".step-" + std::to_string(step) + ".new");
+}
+
+// The slot's files into the rank's directory, under a name of their own (page cache speed).
+void copyIn(const fs::path& slot, const fs::path& rankDir, int64_t step) {
+  const fs::path made = madeName(rankDir, step);
   fs::remove_all(made);
   fs::create_directories(made);
-  for (const char* name : kFiles) {
-    fs::copy_file(slot / name, made / name);
-    sync(made / name);
-  }
+  for (const char* name : kFiles) fs::copy_file(slot / name, made / name);
   // The copy changed under the read (a worker still saving): not this step's, left out.
   if (readMark(slot / "step") != step || readMark(made / "step") != step) {
     fs::remove_all(made);
     throw Error("its copy of step " + std::to_string(step) + " changed as it was written");
   }
+}
+
+// The copy made whole: synced, then renamed into place.
+void commit(const fs::path& rankDir, int64_t step) {
+  const fs::path made = madeName(rankDir, step);
+  for (const char* name : kFiles) sync(made / name);
   sync(made);
   fs::rename(made, rankDir / ("step-" + std::to_string(step)));
   sync(rankDir);
@@ -75,30 +104,63 @@ std::map<int64_t, fs::path> stepsOnDisk(const fs::path& rankDir) {
   return found;
 }
 
-void flushRank(const fs::path& memoryRank, const fs::path& rankDir, int rank, FlushReport& report) {
-  std::map<int64_t, fs::path> copies;  // the marked slots
+fs::path rankDirOf(const fs::path& dir, int rank) { return dir / ("rank-" + std::to_string(rank)); }
+
+// Every rank's whole steps in `dir`: ranks 0 to worldSize - 1 and `rank`.
+std::map<int, std::set<int64_t>> wholeSteps(const fs::path& dir, int rank, int worldSize) {
+  std::map<int, std::set<int64_t>> whole;
+  for (int r = 0; r < std::max(worldSize, rank + 1); ++r)
+    for (const auto& [step, path] : stepsOnDisk(rankDirOf(dir, r))) whole[r].insert(step);
+  return whole;
+}
+
+// stepsToRemove's rule on `rank`'s directory.
+void prune(const fs::path& dir, int rank, int worldSize) {
   std::error_code ec;
-  for (const auto& slot : fs::directory_iterator(memoryRank, ec))
-    if (const auto step = readMark(slot.path() / "step")) copies[*step] = slot.path();
-  if (copies.empty()) return;
-  fs::create_directories(rankDir);
-  for (const auto& entry : fs::directory_iterator(rankDir, ec))  // an end cut short
-    if (entry.path().filename().string().starts_with(".step-")) fs::remove_all(entry.path(), ec);
-  auto onDisk = stepsOnDisk(rankDir);
-  for (const auto& [step, slot] : copies) {
-    if (onDisk.contains(step)) continue;
-    try {
-      writeCopy(slot, rankDir, step);
-      report.written.emplace_back(rank, step);
-    } catch (const std::exception& e) {
-      report.problems.push_back("rank " + std::to_string(rank) + ": " + e.what());
+  for (int64_t step : stepsToRemove(wholeSteps(dir, rank, worldSize), rank, worldSize))
+    fs::remove_all(rankDirOf(dir, rank) / ("step-" + std::to_string(step)), ec);
+}
+
+// Whether `step` of `rank` is worth writing: not there yet, nor older than a step every rank
+// holds there (it would go at once).
+bool wanted(const fs::path& dir, int rank, int worldSize, int64_t step) {
+  const auto whole = wholeSteps(dir, rank, worldSize);
+  const auto common = newestInCommon(whole, worldSize);
+  const auto mine = whole.find(rank);
+  return !(common && step < *common) && (mine == whole.end() || !mine->second.contains(step));
+}
+
+void write(const fs::path& slot, const fs::path& rankDir, int rank, int64_t step, bool locked,
+           FlushReport& report) {
+  try {
+    fs::create_directories(rankDir);
+    {
+      std::optional<SlotReadLock> lock;
+      if (locked) lock.emplace(slot);
+      copyIn(slot, rankDir, step);
     }
+    commit(rankDir, step);
+    report.written.emplace_back(rank, step);
+  } catch (const std::exception& e) {
+    report.problems.push_back("rank " + std::to_string(rank) + ": " + e.what());
   }
-  onDisk = stepsOnDisk(rankDir);
-  while (onDisk.size() > kStepsKept) {
-    fs::remove_all(onDisk.begin()->second, ec);
-    onDisk.erase(onDisk.begin());
-  }
+}
+
+// The ranks in `memory`: (rank, its directory there).
+std::vector<std::pair<int, fs::path>> ranksIn(const fs::path& memory) {
+  std::vector<std::pair<int, fs::path>> ranks;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(memory, ec))
+    if (const auto rank = numbered(entry.path(), "rank-")) ranks.emplace_back(*rank, entry.path());
+  return ranks;
+}
+
+std::vector<fs::path> slotsOf(const fs::path& memoryRank) {
+  std::vector<fs::path> slots;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(memoryRank, ec))
+    if (numbered(entry.path(), "slot-")) slots.push_back(entry.path());
+  return slots;
 }
 
 }  // namespace
@@ -113,20 +175,94 @@ std::optional<int64_t> markedStep(const std::string& mark) {
   return step;
 }
 
-FlushReport flushCheckpoints(const fs::path& memory, const fs::path& dir) {
-  FlushReport report;
-  std::error_code ec;
-  for (const auto& entry : fs::directory_iterator(memory, ec)) {
-    const auto rank = numbered(entry.path(), "rank-");
-    if (!rank) continue;
-    const fs::path rankDir = dir / ("rank-" + std::to_string(*rank));
-    try {
-      flushRank(entry.path(), rankDir, *rank, report);
-    } catch (const std::exception& e) {  // the directory itself: full, read-only, missing
-      report.problems.push_back("rank " + std::to_string(*rank) + ": " + e.what());
+std::optional<int64_t> newestInCommon(const std::map<int, std::set<int64_t>>& wholeByRank,
+                                      int worldSize) {
+  const auto first = wholeByRank.find(0);
+  if (first == wholeByRank.end()) return std::nullopt;
+  for (auto it = first->second.rbegin(); it != first->second.rend(); ++it) {
+    bool everywhere = true;
+    for (int r = 1; r < worldSize && everywhere; ++r) {
+      const auto other = wholeByRank.find(r);
+      everywhere = other != wholeByRank.end() && other->second.contains(*it);
     }
+    if (everywhere) return *it;
   }
+  return std::nullopt;
+}
+
+std::set<int64_t> stepsToRemove(const std::map<int, std::set<int64_t>>& wholeByRank, int rank,
+                                int worldSize) {
+  const auto mine = wholeByRank.find(rank);
+  if (mine == wholeByRank.end()) return {};
+  const std::optional<int64_t> common = newestInCommon(wholeByRank, worldSize);
+  std::set<int64_t> removed;
+  size_t newer = 0;  // of the rank's steps, how many are newer than the one looked at
+  for (auto it = mine->second.rbegin(); it != mine->second.rend(); ++it, ++newer)
+    if ((common && *it < *common) || (*it != common && newer >= kNewestKept)) removed.insert(*it);
+  return removed;
+}
+
+FlushReport flushCheckpoints(const fs::path& memory, const fs::path& dir, int worldSize) {
+  FlushReport report;
+  const auto ranks = ranksIn(memory);
+  for (const auto& [rank, memoryRank] : ranks) {
+    const fs::path rankDir = rankDirOf(dir, rank);
+    std::error_code ec;
+    for (const auto& entry : fs::directory_iterator(rankDir, ec))  // an end cut short
+      if (entry.path().filename().string().starts_with(".step-")) fs::remove_all(entry.path(), ec);
+    for (const fs::path& slot : slotsOf(memoryRank))
+      if (const auto step = readMark(slot / "step"); step && wanted(dir, rank, worldSize, *step))
+        write(slot, rankDir, rank, *step, /*locked=*/false, report);
+  }
+  for (const auto& [rank, memoryRank] : ranks) prune(dir, rank, worldSize);  // every rank written
   return report;
+}
+
+FlushReport writeRequested(const fs::path& memory, const fs::path& dir) {
+  FlushReport report;
+  for (const auto& [rank, memoryRank] : ranksIn(memory))
+    for (const fs::path& slot : slotsOf(memoryRank)) {
+      const auto request = readText(slot / "write");
+      if (!request) continue;
+      const std::vector<std::string> fields = split(*request, ' ');
+      const auto step = fields.size() == 2 ? parseInteger<int64_t>(fields[0]) : std::nullopt;
+      const auto world = fields.size() == 2 && fields[1].ends_with('\n')
+                             ? parseInteger<int>(fields[1].substr(0, fields[1].size() - 1))
+                             : std::nullopt;
+      if (step && world && *world > 0 && readMark(slot / "step") == *step &&
+          wanted(dir, rank, *world, *step)) {
+        write(slot, rankDirOf(dir, rank), rank, *step, /*locked=*/true, report);
+        prune(dir, rank, *world);
+      }
+      // Asked again meanwhile (a newer step): that request stays for the next pass.
+      if (readText(slot / "write") == request) {
+        std::error_code ec;
+        fs::remove(slot / "write", ec);
+      }
+    }
+  return report;
+}
+
+CheckpointWriter::CheckpointWriter(fs::path memory, fs::path dir, std::chrono::milliseconds every,
+                                   std::function<void(const FlushReport&)> told)
+    : thread_(
+          [this, memory = std::move(memory), dir = std::move(dir), every, told = std::move(told)] {
+            std::unique_lock lock(mutex_);
+            while (!wake_.wait_for(lock, every, [this] { return stopping_; })) {
+              lock.unlock();
+              const FlushReport report = writeRequested(memory, dir);
+              if (!report.written.empty() || !report.problems.empty()) told(report);
+              lock.lock();
+            }
+          }) {}
+
+CheckpointWriter::~CheckpointWriter() {
+  {
+    std::lock_guard lock(mutex_);
+    stopping_ = true;
+  }
+  wake_.notify_all();
+  thread_.join();
 }
 
 }  // namespace dlrun::agents

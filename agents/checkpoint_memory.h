@@ -17,8 +17,9 @@
 namespace dlrun::agents {
 
 inline constexpr std::string_view kCheckpointMemoryVariable = "DLRUN_CHECKPOINT_SHM";
-inline constexpr std::string_view kCheckpointDirVariable =
-    "DLRUN_CHECKPOINT_DIR";  // --checkpoint-dir
+// --checkpoint-dir, and --checkpoint-write-every in seconds (set only with the directory)
+inline constexpr std::string_view kCheckpointDirVariable = "DLRUN_CHECKPOINT_DIR";
+inline constexpr std::string_view kCheckpointWriteEveryVariable = "DLRUN_CHECKPOINT_WRITE_EVERY";
 
 // Whose a directory is, as its name says (pure, below): the user and, for people, the agent's PID.
 struct MemoryOwner {

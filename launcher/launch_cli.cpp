@@ -131,6 +131,8 @@ void readFlagValues(DeclaredFlags& f, LaunchConfig& c, const HostProbe& host) {
   }
   if (!f.logDir.empty()) c.agent.logDir = f.logDir;
   if (!f.checkpointDir.empty()) c.agent.checkpointDir = f.checkpointDir;
+  c.agent.checkpointWriteEvery =
+      std::chrono::milliseconds(static_cast<int64_t>(f.checkpointWriteEvery * 1000));
   if (!f.localAddr.empty()) c.localAddr = f.localAddr;
   if (f.masterPort >= 0) c.masterPort = static_cast<uint16_t>(f.masterPort);
   if (f.stopTimeoutOption->count() > 0 && f.shutdownTimeoutOption->count() > 0)

@@ -145,6 +145,10 @@ void declareOutputFlags(CLI::App& app, DeclaredFlags& f, LaunchConfig& c) {
   addOption(app, "checkpoint-dir", f.checkpointDir,
             "Directory for dlrun.checkpoint's checkpoints: the copies held in memory are "
             "written there as dlrun ends, and a job launched again loads them from there");
+  addOption(app, "checkpoint-write-every", f.checkpointWriteEvery,
+            "With --checkpoint-dir: seconds between the steps written there while the job runs "
+            "(the same step on every rank; 0: only as dlrun ends)")
+      ->check(kSeconds);
   addOption(app, "redirects", f.redirects,
             "Streams sent only to the log files: 0 none, 1 out, 2 err, 3 both, or 0:1,1:2", "-r");
   addOption(app, "tee", f.tee, "Streams copied to the log files (same values as --redirects)",

@@ -25,7 +25,8 @@ struct DeclaredFlags {
                                                 numaBinding;
   std::string storeProxy = "auto", storeAllow, recovery = "restart", workerStore = "auto";
   int masterPort = -1;
-  double monitorInterval = 0.1, stopTimeout = 30, shutdownTimeout = 30, hangTimeout = 0;
+  double monitorInterval = 0.1, checkpointWriteEvery = 60, stopTimeout = 30, shutdownTimeout = 30,
+         hangTimeout = 0;
   double stragglerFraction = 0.7, stragglerWindow = 30;
   bool module = false, noPython = false, runPath = false;
   bool warmStart = false;  // --warm-start

@@ -1,6 +1,6 @@
-// In-memory checkpoints written to --checkpoint-dir as the agent ends (agents/checkpoint_flush.h):
-// every marked copy of every rank goes there whole, an unmarked one (being written) does not,
-// and each rank keeps its two newest steps.
+// In-memory checkpoints written to --checkpoint-dir (agents/checkpoint_flush.h): as the agent ends
+// every marked copy of every rank goes there whole, an unmarked one (being written) does not;
+// while the job runs, the copies the workers ask for; what each rank keeps there.
 #include "agents/checkpoint_flush.h"
 
 #include <gtest/gtest.h>
@@ -9,11 +9,29 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <map>
+#include <set>
 
 namespace dlrun::agents {
 namespace {
 
 namespace fs = std::filesystem;
+
+TEST(CheckpointFlush, TheNewestStepEveryRankHoldsAndNewerOnesStay) {
+  // Ranks 0 and 1 both hold 4 and 6; rank 0 holds 7 and 8 too (rank 1 lost before them).
+  const std::map<int, std::set<int64_t>> whole{{0, {2, 4, 6, 7, 8}}, {1, {4, 6}}};
+  EXPECT_EQ(stepsToRemove(whole, 0, 2), (std::set<int64_t>{2, 4}));
+  EXPECT_EQ(stepsToRemove(whole, 1, 2), (std::set<int64_t>{4}));
+}
+
+TEST(CheckpointFlush, WithoutAStepInCommonTheThreeNewestStay) {
+  // A directory of this node only (the other ranks' are elsewhere), or a rank alone so far.
+  EXPECT_EQ(stepsToRemove({{0, {1, 2, 3, 4, 5}}}, 0, 2), (std::set<int64_t>{1, 2}));
+  // The step in common stays however many newer ones there are.
+  EXPECT_EQ(stepsToRemove({{0, {1, 2, 3, 4, 5}}, {1, {1}}}, 0, 2), (std::set<int64_t>{2}));
+  EXPECT_EQ(stepsToRemove({{0, {1, 2, 3, 4, 5, 6}}, {1, {2}}}, 0, 2), (std::set<int64_t>{1, 3}));
+  EXPECT_EQ(stepsToRemove({{1, {4}}}, 0, 2), (std::set<int64_t>{}));
+}
 
 TEST(CheckpointFlush, AMarkNamesItsStep) {
   EXPECT_EQ(markedStep("12 00ab\n"), 12);
@@ -57,7 +75,7 @@ TEST_F(CheckpointFlushDir, EveryMarkedCopyIsWrittenWholeAndAnUnmarkedOneIsNot) {
   copy(0, 1, 5);
   copy(1, 0, 4);
   copy(1, 1, 5, /*marked=*/false);  // being written as the worker ended
-  const FlushReport report = flushCheckpoints(base_ / "memory", base_ / "disk");
+  const FlushReport report = flushCheckpoints(base_ / "memory", base_ / "disk", 2);
   EXPECT_TRUE(report.problems.empty());
   EXPECT_EQ(report.written.size(), 3u);
   EXPECT_EQ(listed(base_ / "disk" / "rank-0"), (std::vector<std::string>{"step-4", "step-5"}));
@@ -68,22 +86,42 @@ TEST_F(CheckpointFlushDir, EveryMarkedCopyIsWrittenWholeAndAnUnmarkedOneIsNot) {
   EXPECT_EQ(read(five / "step"), "5 c0ffee\n");
 }
 
-TEST_F(CheckpointFlushDir, EachRankKeepsItsTwoNewestStepsAndNothingIsWrittenTwice) {
+TEST_F(CheckpointFlushDir, OlderStepsThanOneEveryRankHoldsGoAndNothingIsWrittenTwice) {
   copy(0, 0, 4);
   copy(0, 1, 5);
-  flushCheckpoints(base_ / "memory", base_ / "disk");
+  copy(1, 0, 4);
+  copy(1, 1, 5);
+  flushCheckpoints(base_ / "memory", base_ / "disk", 2);
   copy(0, 0, 6);
   copy(0, 1, 7);
+  copy(1, 0, 6);
+  copy(1, 1, 7);
   fs::create_directories(base_ / "disk" / "rank-0" / ".step-3.new");  // an end cut short
-  EXPECT_EQ(flushCheckpoints(base_ / "memory", base_ / "disk").written.size(), 2u);
-  EXPECT_EQ(listed(base_ / "disk" / "rank-0"), (std::vector<std::string>{"step-6", "step-7"}));
-  EXPECT_TRUE(flushCheckpoints(base_ / "memory", base_ / "disk").written.empty());
+  EXPECT_EQ(flushCheckpoints(base_ / "memory", base_ / "disk", 2).written.size(), 4u);
+  EXPECT_EQ(listed(base_ / "disk" / "rank-0"), (std::vector<std::string>{"step-7"}));
+  EXPECT_EQ(listed(base_ / "disk" / "rank-1"), (std::vector<std::string>{"step-7"}));
+  EXPECT_TRUE(flushCheckpoints(base_ / "memory", base_ / "disk", 2).written.empty());
+}
+
+TEST_F(CheckpointFlushDir, ARequestedCopyIsWrittenAndAStaleRequestDropped) {
+  copy(0, 0, 4);
+  copy(0, 1, 5);
+  const fs::path slots = base_ / "memory" / "rank-0";
+  std::ofstream(slots / "slot-0" / "write") << "4 2\n";
+  std::ofstream(slots / "slot-1" / "write") << "3 2\n";  // step 3 was written over since
+  const FlushReport report = writeRequested(base_ / "memory", base_ / "disk");
+  EXPECT_TRUE(report.problems.empty());
+  EXPECT_EQ(report.written, (std::vector<std::pair<int, int64_t>>{{0, 4}}));
+  EXPECT_EQ(listed(base_ / "disk" / "rank-0"), (std::vector<std::string>{"step-4"}));
+  EXPECT_FALSE(fs::exists(slots / "slot-0" / "write"));
+  EXPECT_FALSE(fs::exists(slots / "slot-1" / "write"));
+  EXPECT_TRUE(writeRequested(base_ / "memory", base_ / "disk").written.empty());
 }
 
 TEST_F(CheckpointFlushDir, ADirectoryThatCannotBeMadeIsAProblemNamed) {
   copy(0, 0, 4);
   std::ofstream(base_ / "file") << "not a directory";
-  const FlushReport report = flushCheckpoints(base_ / "memory", base_ / "file" / "disk");
+  const FlushReport report = flushCheckpoints(base_ / "memory", base_ / "file" / "disk", 1);
   EXPECT_TRUE(report.written.empty());
   ASSERT_EQ(report.problems.size(), 1u);
   EXPECT_TRUE(report.problems[0].starts_with("rank 0: ")) << report.problems[0];

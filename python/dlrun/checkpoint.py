@@ -56,6 +56,7 @@ ALIGN = 64  # each tensor's bytes start at a multiple of this
 BLOCK = 4096  # the checksum's block; a copy's bytes are a whole number of them
 COMPLETE_WAIT_S = 120  # a save waits so long for the previous step on every rank
 POLL_S = 0.005
+WRITE_WAIT_S = 30  # a slot asked to be written waits so long for the agent to take it
 
 
 class CheckpointError(RuntimeError):
@@ -216,10 +217,29 @@ class _Slot:
             return None
 
     def unmark(self):
+        """The copy here no longer whole: once the agent, asked to write it to --checkpoint-dir,
+        has read it (it takes the request within a tenth of a second, and holds `lock` shared
+        while it reads)."""
+        import fcntl
+        deadline = time.monotonic() + WRITE_WAIT_S
+        while os.path.exists(os.path.join(self.path, "write")) and time.monotonic() < deadline:
+            time.sleep(POLL_S)
+        fd = os.open(os.path.join(self.path, "lock"), os.O_RDWR | os.O_CREAT, 0o600)
         try:
-            os.unlink(os.path.join(self.path, "step"))
-        except FileNotFoundError:
-            pass
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            for name in ("step", "write"):
+                try:
+                    os.unlink(os.path.join(self.path, name))
+                except FileNotFoundError:
+                    pass
+        finally:
+            os.close(fd)  # and the lock with it
+
+    def ask_write(self, step, world):
+        """Asks the agent to write this copy to --checkpoint-dir (agents/checkpoint_flush.h)."""
+        with open(os.path.join(self.path, "write.tmp"), "w") as f:
+            f.write(f"{step} {world}\n")
+        os.replace(os.path.join(self.path, "write.tmp"), os.path.join(self.path, "write"))
 
     def mark(self, step, checksum):
         with open(os.path.join(self.path, "step.tmp"), "w") as f:
@@ -282,6 +302,12 @@ class _Memory:
         self.complete = None  # the newest step known complete on every rank
         self.complete_on_disk = False  # that step was loaded from --checkpoint-dir
         self.loads = 0
+        # --checkpoint-write-every: rank 0 names a step to write to --checkpoint-dir so often
+        every = os.environ.get("DLRUN_CHECKPOINT_WRITE_EVERY")
+        self.write_every = float(every) if every and os.environ.get("DLRUN_CHECKPOINT_DIR") else 0
+        self.named_at = None  # when rank 0 last named one
+        self.written = 0  # the last step named that this rank asked its agent to write
+        self.written_step = -1  # the step it asked for then
         self.stop_at = None  # the step the job stops at, once agreed
         self.told = False  # this rank counted its SIGTERM in the store
         atexit.register(self.finish_completing)  # the last save is the job's even at the end
@@ -367,10 +393,30 @@ class _Memory:
     def _complete(self, slot, step, data, meta):
         try:
             slot.mark(step, _checksum(data, meta))
+            if self.write_every:
+                self._write_if_named(slot, step)
             if self.store.add(f"{KEYS}/saved/{step}/{self.rank}", 1) == 1:  # once a rank
                 self.store.add(f"{KEYS}/saved/{step}", 1)
         except Exception as error:  # the step stays incomplete: the job's step stays older
             _say(f"step {step} could not be completed ({type(error).__name__}: {error})")
+
+    def _write_if_named(self, slot, step):
+        """The steps written to --checkpoint-dir while the job runs, the same on every rank.
+        Rank 0 names one, every write_every seconds, two after the step it completes; each rank
+        asks its agent to write the first step it completes at or past it (they save the same
+        steps). Both before the step is counted: no rank completes a later step before rank 0
+        named this one, and rank 0 names the next only once a step after the one written is
+        complete, when every rank has read the name for that one."""
+        key = f"{KEYS}/write-at"
+        named = self.store.add(key, 0)
+        if step >= named > self.written:
+            self.written, self.written_step = named, step
+            slot.ask_write(step, self.world)
+        if (self.rank == 0 and named <= self.written and step > self.written_step
+                and (self.named_at is None
+                     or time.monotonic() - self.named_at >= self.write_every)):
+            self.named_at = time.monotonic()
+            self.store.add(key, step + 2 - named)
 
     def finish_completing(self):
         if self.completing is not None:

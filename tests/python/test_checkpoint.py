@@ -14,6 +14,8 @@ job is workers/checkpoint_job.py (a state of several dtypes a step and rank, sav
   removed by the next agent that starts on the node.
 - Preemption: SIGTERM to dlrun stops both ranks at one step (should_stop()), dlrun writes it to
   --checkpoint-dir as it ends, and a new launch loads it from there, bit-equal, and goes on.
+- With --checkpoint-write-every the agent writes the step the ranks name while the job runs:
+  dlrun SIGKILLed, a new launch loads the newest step every rank has in the directory.
 - Outside dlrun, save and load are torch.save and torch.load in DLRUN_CHECKPOINT_DIR; without a
   directory, a one-line error.
 """
@@ -37,6 +39,14 @@ def memory_dirs(agent_pid=None):
     """This user's dlrun checkpoint directories in /dev/shm (of one agent, if given)."""
     pattern = f"dlrun-checkpoints.{os.getuid()}.{agent_pid if agent_pid else '*'}.*"
     return glob.glob(os.path.join("/dev/shm", pattern))
+
+
+def written(directory):
+    """The steps every rank has whole in `directory` (DIR/rank-R/step-S/step, as dlrun writes)."""
+    held = [{int(os.path.basename(os.path.dirname(mark)).split("-")[1])
+             for mark in glob.glob(os.path.join(directory, f"rank-{r}", "step-*", "step"))}
+            for r in range(WORLD)]
+    return set.intersection(*held)
 
 
 class CheckpointTest(unittest.TestCase):
@@ -121,9 +131,31 @@ class CheckpointTest(unittest.TestCase):
         self.assertEqual(self.loaded(after, 0), [{"step": 4, "equal": True}] * WORLD, result)
         for rank in range(WORLD):
             self.assertTrue(os.path.exists(os.path.join(after, f"done_{rank}")), rank)
-            # The newest two steps of each rank stay in the directory.
+            # The newest step both ranks hold stays in the directory, the older ones go.
             self.assertEqual(sorted(os.listdir(os.path.join(directory, f"rank-{rank}"))),
-                             [f"step-{STEPS - 2}", f"step-{STEPS - 1}"], result)
+                             [f"step-{STEPS - 1}"], result)
+
+    def test_steps_written_while_the_job_runs_outlive_a_killed_dlrun(self):
+        # --checkpoint-write-every: the agent writes the steps the ranks name while they run, the
+        # same step for both. dlrun SIGKILLed (nothing written as it ends): a new launch loads
+        # the newest step both ranks have in the directory, bit-equal.
+        directory, out, after = temp_dir(self), temp_dir(self), temp_dir(self)
+        flags = ["--standalone", f"--nproc-per-node={WORLD}", f"--checkpoint-dir={directory}"]
+        launch = Dlrun(self, [*flags, "--checkpoint-write-every=0.001", PYTHON, JOB, out,
+                              str(STEPS), "hold"], env=clean_env())
+        wait_until(lambda: all(os.path.exists(os.path.join(out, f"held_{r}"))
+                               for r in range(WORLD)) and written(directory),
+                   TIMEOUT_S, "both ranks' steps saved and one written",
+                   proc=launch.proc, on_timeout=launch.describe)
+        launch.signal(signal.SIGKILL)
+        # Killed by the test, so the step was written while the job ran, not as dlrun ended.
+        self.assertEqual(launch.proc.wait(), -signal.SIGKILL)
+        open(os.path.join(out, "release"), "w").close()  # the orphaned workers end
+        step = max(written(directory))
+        resumed = Dlrun(self, [*flags, PYTHON, JOB, after, str(STEPS)], env=clean_env())
+        result = resumed.wait(TIMEOUT_S)
+        self.assertEqual(result.returncode, 0, result)
+        self.assertEqual(self.loaded(after, 0), [{"step": step, "equal": True}] * WORLD, result)
 
     def test_outside_dlrun_save_and_load_are_files(self):
         code = ("import sys, torch, dlrun.checkpoint as c\n"
