@@ -41,11 +41,11 @@ def memory_dirs(agent_pid=None):
     return glob.glob(os.path.join("/dev/shm", pattern))
 
 
-def written(directory):
+def written(directory, world=WORLD):
     """The steps every rank has whole in `directory` (DIR/rank-R/step-S/step, as dlrun writes)."""
     held = [{int(os.path.basename(os.path.dirname(mark)).split("-")[1])
              for mark in glob.glob(os.path.join(directory, f"rank-{r}", "step-*", "step"))}
-            for r in range(WORLD)]
+            for r in range(world)]
     return set.intersection(*held)
 
 

@@ -14,7 +14,10 @@ Each FAULT is KIND:RANK:STEP and strikes the rank's process of the job's first a
 - corrupt: it changes a byte of its own copy of STEP, once complete everywhere, and exits 1,
   while the others wait for it in a barrier (no rank saves past STEP: they all still hold the
   step before it);
-- midsave: it SIGKILLs itself as its copy of STEP is being checksummed (half saved).
+- midsave: it SIGKILLs itself as its copy of STEP is being checksummed (half saved);
+- host: once STEP is complete everywhere it writes OUT_DIR/lose_host_<RANK> and SIGSTOPs itself,
+  for the test to kill its whole host.
+Each rank's first process writes OUT_DIR/pid_<RANK> (its PID) at its start.
 With `reload:STEP` among the arguments every rank calls load() again once STEP is saved
 everywhere (OUT_DIR/reloaded_<RANK>.json: the step) and goes on.
 A rank that loaded a step writes at its end OUT_DIR/kept_<RANK>_<ATTEMPT>.json: whether what it
@@ -113,6 +116,8 @@ def main():
                                    if a.startswith(f"{kind}:")), None)
                              for kind in ("reload", "preempt"))
     rank, attempt = int(os.environ["RANK"]), os.environ["TORCHELASTIC_RESTART_COUNT"]
+    if attempt == "0":
+        write_json(os.path.join(out, f"pid_{rank}"), os.getpid())
     dist.init_process_group("gloo")
     strikes = faults(args, rank)
     corrupted = {int(a.split(":")[2]) for a in args if a.startswith("corrupt:")
@@ -140,6 +145,9 @@ def main():
                 return 0
         if strikes.get(step) == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
+        if strikes.get(step) == "host":
+            open(os.path.join(out, f"lose_host_{rank}"), "w").close()
+            os.kill(os.getpid(), signal.SIGSTOP)
         if strikes.get(step) == "corrupt":
             corrupt(step, rank)
             os._exit(1)

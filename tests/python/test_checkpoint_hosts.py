@@ -1,0 +1,67 @@
+"""In-memory checkpoints (issue 56) across a host loss: two simulated hosts (network namespaces;
+needs root) of 2 workers each, through a dlrund, and a third agent waiting as a spare, with a
+--checkpoint-dir that every host sees (the machine's file system) and a step written there at
+almost every save (--checkpoint-write-every). The host of rank 2 is killed whole (agent and
+workers) once step 5 is complete everywhere: the spare takes its place, the whole group
+restarts, and every rank loads the same step, bit-equal to what was saved: the survivors from
+their memory or the directory, the lost host's ranks from the directory. The job then saves to
+its last step, and the two agents left exit 0.
+
+Runs under torch 2.13's interpreter (ctest: python_checkpoint_hosts) and as root.
+"""
+import glob
+import os
+
+from dlrun_fixture import PYTHON, binary_from_env, clean_env, read_json, temp_dir, wait_until
+from netns_fixture import Hosts, main
+from test_checkpoint import JOB, STEPS, TIMEOUT_S, written
+from test_inprocess_recovery_hosts import RDZV_PORT, Output
+from test_torch2_elastic import Launcher
+import unittest
+
+WORLD = 4
+LOST_RANK = 2
+AT_STEP = 5
+
+
+class CheckpointsAcrossAHostLossTest(unittest.TestCase):
+    def test_a_lost_hosts_ranks_load_the_step_every_rank_loads(self):
+        out, directory, logs = temp_dir(self), temp_dir(self), temp_dir(self)
+        env = clean_env(PYTHON_EXEC=PYTHON, TMPDIR=logs, GLOO_SOCKET_IFNAME="eth0")
+        with Hosts(4) as hosts:
+            dlrund = Launcher(self, "dlrund", [binary_from_env("DLRUND", "dlrund"), "--host",
+                                               "0.0.0.0", "--port", str(RDZV_PORT)], env, logs,
+                              hosts=hosts, host=0)
+            wait_until(lambda: "dlrund listening on" in dlrund.output(), 30, "dlrund to listen",
+                       proc=dlrund.proc, on_timeout=dlrund.describe)
+            flags = ["--nnodes=2", "--nproc-per-node=2", "--rdzv-backend=c10d",
+                     f"--rdzv-endpoint={hosts.address(0)}:{RDZV_PORT}", "--rdzv-id=ckpt",
+                     "--max-restarts=1", f"--checkpoint-dir={directory}",
+                     "--checkpoint-write-every=0.001"]
+            agents = [Launcher(self, f"dlrun{host}",
+                               [binary_from_env("DLRUN", "dlrun"), *flags, PYTHON, JOB, out,
+                                str(STEPS), f"host:{LOST_RANK}:{AT_STEP}"],
+                               env, logs, hosts=hosts, host=host) for host in (1, 2, 3)]
+            wait_until(lambda: os.path.exists(os.path.join(out, f"lose_host_{LOST_RANK}")),
+                       TIMEOUT_S, f"rank {LOST_RANK} to stop itself",
+                       on_timeout=lambda: Output(agents))
+            before = written(directory, WORLD)
+            pid = read_json(os.path.join(out, f"pid_{LOST_RANK}"))
+            lost = next(h for h in (1, 2, 3) if pid in hosts.pids(h))
+            hosts.kill_host(lost)
+            codes = [agent.wait(TIMEOUT_S) for agent in agents]
+        result = Output(agents)
+        self.assertEqual([c for h, c in zip((1, 2, 3), codes) if h != lost], [0, 0], result)
+        self.assertTrue(before, f"no step written before the host was lost\n{result}")
+        loaded = [read_json(os.path.join(out, f"loaded_{r}_1.json")) for r in range(WORLD)]
+        self.assertEqual(len({l["step"] for l in loaded}), 1, loaded)
+        self.assertTrue(all(l["equal"] for l in loaded), loaded)
+        self.assertGreaterEqual(loaded[0]["step"], max(before), loaded)  # the newest written
+        self.assertLessEqual(loaded[0]["step"], AT_STEP, loaded)
+        for rank in range(WORLD):
+            self.assertTrue(os.path.exists(os.path.join(out, f"done_{rank}")), (rank, result))
+        self.assertEqual(glob.glob(os.path.join(directory, "rank-*", ".step-*")), [])
+
+
+if __name__ == "__main__":
+    main()
