@@ -47,6 +47,7 @@ import time
 import zlib
 from datetime import timedelta
 
+from dlrun._job import say, store_client
 from dlrun._tree import fill, hollow
 
 __all__ = ["save", "load", "wait", "should_stop", "active"]
@@ -313,13 +314,7 @@ class _Memory:
         atexit.register(self.finish_completing)  # the last save is the job's even at the end
 
     def _client(self):
-        import torch.distributed as dist
-        # Without libuv in the workers' torch (USE_LIBUV=0), rank 0's torch serves the store once
-        # init_process_group ran: a client that asks for libuv would be refused.
-        options = {"use_libuv": False} if os.environ.get("USE_LIBUV") == "0" else {}
-        return dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
-                             self.world, False, timedelta(seconds=COMPLETE_WAIT_S),
-                             wait_for_workers=False, **options)
+        return store_client(self.world, timedelta(seconds=COMPLETE_WAIT_S))
 
     # Stopping -------------------------------------------------------------------------------
 
@@ -512,6 +507,4 @@ def _read(data, meta):
 
 
 def _say(text):
-    import sys
-    print(f"dlrun.checkpoint: rank {os.environ.get('RANK', '?')}: {text}", file=sys.stderr,
-          flush=True)
+    say("checkpoint", text)

@@ -43,6 +43,7 @@ import time
 from datetime import timedelta
 
 from dlrun import progress
+from dlrun._job import say, store_client
 from dlrun._tree import fill, hollow
 
 __all__ = ["Loop", "active"]
@@ -63,8 +64,7 @@ def active():
 
 
 def _say(text):
-    print(f"dlrun.recovery: rank {os.environ.get('RANK', '?')}: {text}", file=sys.stderr,
-          flush=True)
+    say("recovery", text)
 
 
 def _peer_failure(error):
@@ -172,8 +172,7 @@ class Loop:
             return
         self._fallback_code = int(os.environ["DLRUN_RECOVERY_FALLBACK"])
         self._replace_code = int(os.environ["DLRUN_RECOVERY_REPLACE"])
-        self._store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
-                                    self.world, False, timeout, wait_for_workers=False)
+        self._store = store_client(self.world, timeout)
         if os.environ.get("DLRUN_RECOVERY_JOIN") == "1":
             self._recover(joining=True)  # a replacement: the survivors' next generation
         else:
