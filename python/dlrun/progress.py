@@ -18,7 +18,11 @@ progress reports. A process forked from a worker (a DataLoader worker) reports n
 is its parent's.
 
 LightningCallback and HuggingFaceCallback report for PyTorch Lightning's and Hugging Face's
-trainers; they are made on first use, so importing this module imports neither library.
+trainers; they are made on first use, so importing this module imports neither library. Where
+dlrun holds checkpoint memory for the job (dlrun.checkpoint.active()), they also stop the job at
+one step on every rank when dlrun is stopping it (dlrun.checkpoint.should_stop()): a SIGTERM
+makes the trainer save that step and return (Lightning: last.ckpt in its checkpoint folder;
+Hugging Face: checkpoint-STEP in output_dir), for the next launch to resume from.
 """
 import atexit
 import json
@@ -288,6 +292,12 @@ def _accuracy(metrics):
     return _number(metrics[names[0]]) if names else None
 
 
+def _stopping(global_step):
+    """Whether the job stops after this step, the same on every rank (dlrun.checkpoint)."""
+    from dlrun import checkpoint
+    return checkpoint.active() and checkpoint.should_stop(global_step)
+
+
 def _lightning_callback():
     try:
         from lightning.pytorch import Callback
@@ -306,6 +316,9 @@ def _lightning_callback():
             self._metrics_due = 0.0
 
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            if _stopping(trainer.global_step):
+                trainer.should_stop = True
+                trainer.save_checkpoint(self._last(trainer))  # every rank calls it
             if not active():
                 return
             self._samples += _batch_size(batch)
@@ -326,6 +339,13 @@ def _lightning_callback():
 
         def on_train_end(self, trainer, pl_module):
             _flush_metrics()
+
+        @staticmethod
+        def _last(trainer):
+            """last.ckpt in the trainer's checkpoint folder (fit(ckpt_path="last") finds it),
+            else in its root folder."""
+            folder = getattr(trainer.checkpoint_callback, "dirpath", None)
+            return os.path.join(folder or trainer.default_root_dir, "last.ckpt")
 
         def _loss(self, outputs, now):
             loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
@@ -350,6 +370,8 @@ def _hugging_face_callback():
         its other numbers (learning_rate, grad_norm, eval_loss...) to the metrics file."""
 
         def on_step_end(self, args, state, control, **kwargs):
+            if _stopping(state.global_step):
+                control.should_save = control.should_training_stop = True
             if not active():
                 return
             samples = (state.global_step * args.per_device_train_batch_size *
