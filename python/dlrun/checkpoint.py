@@ -97,9 +97,12 @@ def should_stop(step):
 def load(directory=None):
     """(step, state) of the job's newest complete step, or None when there is none. Every rank
     calls it once an attempt (under dlrun the ranks agree on the step through the store), before
-    its first save and after init_process_group."""
+    its first save and after init_process_group. A replacement that joins the survivors in
+    process (dlrun.recovery) gets its state from them, and None here: they do not load again."""
     if not active():
         return _disk_load(directory)
+    if os.environ.get("DLRUN_RECOVERY_JOIN") == "1":
+        return None
     return _memory().load()
 
 
@@ -423,7 +426,7 @@ class _Memory:
         deadline = time.monotonic() + COMPLETE_WAIT_S
         while self.complete is None or self.complete < step:
             if self.store.add(f"{KEYS}/saved/{step}", 0) >= self.world:
-                self.complete = step
+                self.complete, self.complete_on_disk = step, False
                 return
             if time.monotonic() > deadline:
                 raise CheckpointError(f"dlrun.checkpoint: step {step} is not complete on every "

@@ -16,6 +16,7 @@ job is workers/checkpoint_job.py (a state of several dtypes a step and rank, sav
   --checkpoint-dir as it ends, and a new launch loads it from there, bit-equal, and goes on.
 - With --checkpoint-write-every the agent writes the step the ranks name while the job runs:
   dlrun SIGKILLed, a new launch loads the newest step every rank has in the directory.
+- A replacement joining its survivors in process loads nothing (its state comes from them).
 - Outside dlrun, save and load are torch.save and torch.load in DLRUN_CHECKPOINT_DIR; without a
   directory, a one-line error.
 """
@@ -156,6 +157,14 @@ class CheckpointTest(unittest.TestCase):
         result = resumed.wait(TIMEOUT_S)
         self.assertEqual(result.returncode, 0, result)
         self.assertEqual(self.loaded(after, 0), [{"step": step, "equal": True}] * WORLD, result)
+
+    def test_a_replacement_joining_its_survivors_loads_nothing(self):
+        # Under --recovery=in-process its state comes from the survivors, who do not load again:
+        # load() meets nobody (no store is reached: none is named here) and returns None.
+        env = package_env(DLRUN_CHECKPOINT_SHM=temp_dir(self), DLRUN_RECOVERY_JOIN="1")
+        done = subprocess.run([PYTHON, "-c", "import dlrun.checkpoint as c; print(c.load())"],
+                              env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
+        self.assertEqual((done.returncode, done.stdout), (0, "None\n"), done.stderr)
 
     def test_outside_dlrun_save_and_load_are_files(self):
         code = ("import sys, torch, dlrun.checkpoint as c\n"
