@@ -23,9 +23,10 @@ by every rank alike, agrees through the store on the newest step that every rank
 A rank holds at most two steps: the newest complete one and the one being written (a save waits
 for the previous step to be complete on every rank before it drops the one before that).
 
-With dlrun's --checkpoint-dir (DLRUN_CHECKPOINT_DIR) the agent writes the copies to that
-directory as it ends (DIR/rank-R/step-S/, the same files as in memory), and load() finds a step
-there too: a job launched again goes on from it.
+With dlrun's --checkpoint-dir (DLRUN_CHECKPOINT_DIR) the agent writes copies to that directory
+(DIR/rank-R/step-S/, the same files as in memory): one step every --checkpoint-write-every
+seconds while the job runs (the same on every rank: _write_if_named), and what is left as it
+ends. load() finds a step there too: a job launched again goes on from it.
 
 Preemption: should_stop(step), called by every rank once a step after its save, turns true at the
 same step on every rank once any worker of the job got SIGTERM (dlrun stopping the job: a
