@@ -297,25 +297,41 @@ class _Memory:
     in the store of the attempt."""
 
     def __init__(self, root):
-        self.rank, self.world = _rank(), int(os.environ["WORLD_SIZE"])
-        self.dir = os.path.join(root, f"rank-{self.rank}")
-        self.slots = [_Slot(os.path.join(self.dir, f"slot-{i}")) for i in range(2)]
+        self.root = root
+        self._number(_rank(), int(os.environ["WORLD_SIZE"]))
         self.store = self._client()
         self.stop_store = None  # should_stop's: the completing thread uses `store` meanwhile
         self.completing = None  # the thread completing the last save
-        self.last = None  # the last step saved by this process
-        self.complete = None  # the newest step known complete on every rank
-        self.complete_on_disk = False  # that step was loaded from --checkpoint-dir
+        # _number sets the rest: self.last, the last step saved by this process in its
+        # numbering; self.complete, the newest step known complete on every rank, and
+        # self.complete_on_disk, whether it was loaded from --checkpoint-dir; self.written,
+        # self.written_step and self.named_at, of _write_if_named.
         self.loads = 0
         # --checkpoint-write-every: rank 0 names a step to write to --checkpoint-dir so often
         every = os.environ.get("DLRUN_CHECKPOINT_WRITE_EVERY")
         self.write_every = float(every) if every and os.environ.get("DLRUN_CHECKPOINT_DIR") else 0
-        self.named_at = None  # when rank 0 last named one
-        self.written = 0  # the last step named that this rank asked its agent to write
-        self.written_step = -1  # the step it asked for then
         self.stop_at = None  # the step the job stops at, once agreed
         self.told = False  # this rank counted its SIGTERM in the store
         atexit.register(self.finish_completing)  # the last save is the job's even at the end
+
+    def _number(self, rank, world):
+        """This process as rank `rank` of `world`: its slots, and nothing known of the job's
+        steps in that numbering yet."""
+        self.rank, self.world = rank, world
+        self.dir = os.path.join(self.root, f"rank-{rank}")
+        self.slots = [_Slot(os.path.join(self.dir, f"slot-{i}")) for i in range(2)]
+        self.last = self.complete = None
+        self.complete_on_disk = False
+        self.written, self.written_step, self.named_at = 0, -1, None
+
+    def _follow_numbering(self):
+        """In-process recovery renumbers the survivors of a lost node without a spare
+        (dlrun.recovery sets RANK and WORLD_SIZE anew): from then on this process saves as its
+        new rank, and a step is complete once the new world has it."""
+        rank, world = _rank(), int(os.environ["WORLD_SIZE"])
+        if (rank, world) != (self.rank, self.world):
+            self.finish_completing()
+            self._number(rank, world)
 
     def _client(self):
         return store_client(self.world, timedelta(seconds=COMPLETE_WAIT_S))
@@ -345,6 +361,7 @@ class _Memory:
 
     def save(self, state, step):
         self.finish_completing()
+        self._follow_numbering()
         if self.last is not None and step <= self.last:
             raise CheckpointError(f"dlrun.checkpoint: step {step} saved after step {self.last}: "
                                   "steps must grow")
@@ -451,6 +468,7 @@ class _Memory:
         marked, each checks its copy of it, and a step any rank finds corrupt is left out (it
         says so) and they agree again."""
         self.finish_completing()
+        self._follow_numbering()
         held = {m[0]: (slot, m[1]) for slot in _on_disk(self.rank) if (m := slot.marked())}
         held.update({m[0]: (slot, m[1]) for slot in self.slots if (m := slot.marked())})
         self.loads += 1

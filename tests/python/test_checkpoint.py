@@ -16,7 +16,8 @@ job is workers/checkpoint_job.py (a state of several dtypes a step and rank, sav
   --checkpoint-dir as it ends, and a new launch loads it from there, bit-equal, and goes on.
 - With --checkpoint-write-every the agent writes the step the ranks name while the job runs:
   dlrun SIGKILLed, a new launch loads the newest step every rank has in the directory.
-- A replacement joining its survivors in process loads nothing (its state comes from them).
+- A rank renumbered in process (rank 0 of 1 after being rank 1 of 2) saves and loads in its new
+  world; a replacement joining its survivors in process loads nothing (its state comes from them).
 - Outside dlrun, save and load are torch.save and torch.load in DLRUN_CHECKPOINT_DIR; without a
   directory, a one-line error.
 """
@@ -157,6 +158,14 @@ class CheckpointTest(unittest.TestCase):
         result = resumed.wait(TIMEOUT_S)
         self.assertEqual(result.returncode, 0, result)
         self.assertEqual(self.loaded(after, 0), [{"step": step, "equal": True}] * WORLD, result)
+
+    def test_a_rank_renumbered_in_process_saves_and_loads_in_its_new_world(self):
+        # As the survivors of a lost node without a spare: rank 1 goes on as rank 0 of 1 after
+        # step 3 (rank 0 ends). Its saves count in the world of 1 (none waits for rank 0), and
+        # its load finds its own last step.
+        out, result = self.job("alone:1:3")
+        self.assertEqual(read_json(os.path.join(out, "alone.json")),
+                         {"step": STEPS - 1, "equal": True}, result)
 
     def test_a_replacement_joining_its_survivors_loads_nothing(self):
         # Under --recovery=in-process its state comes from the survivors, who do not load again:

@@ -18,6 +18,10 @@ Each FAULT is KIND:RANK:STEP and strikes the rank's process of the job's first a
 - host: once STEP is complete everywhere it writes OUT_DIR/lose_host_<RANK> and SIGSTOPs itself,
   for the test to kill its whole host.
 Each rank's first process writes OUT_DIR/pid_<RANK> (its PID) at its start.
+With `alone:RANK:STEP` the other ranks end once STEP is complete everywhere, and RANK goes on
+alone renumbered as rank 0 of 1 (RANK and WORLD_SIZE set anew, as dlrun.recovery renumbers the
+survivors of a lost node): it saves the steps left, loads, and writes OUT_DIR/alone.json (the
+step loaded, and whether it equals what RANK saved at that step).
 With `reload:STEP` among the arguments every rank calls load() again once STEP is saved
 everywhere (OUT_DIR/reloaded_<RANK>.json: the step) and goes on.
 A rank that loaded a step writes at its end OUT_DIR/kept_<RANK>_<ATTEMPT>.json: whether what it
@@ -109,9 +113,23 @@ def wait_for_stop_request():
         time.sleep(0.01)  # the handler runs as the sleep ends
 
 
+def go_on_alone(out, steps, step, rank):
+    """The steps after `step` as rank 0 of 1, then a load (see the module's docstring)."""
+    os.environ.update(RANK="0", WORLD_SIZE="1")
+    for later in range(step + 1, steps):
+        checkpoint.save(state(later, rank), later)
+    found = checkpoint.load()
+    write_json(os.path.join(out, "alone.json"),
+               {"step": found[0], "equal": equal(found[1], state(found[0], rank))})
+    return 0
+
+
 def main():
     out, steps = sys.argv[1], int(sys.argv[2])
-    args = [a for a in sys.argv[3:] if a != "hold" and not a.startswith(("reload:", "preempt:"))]
+    args = [a for a in sys.argv[3:]
+            if a != "hold" and not a.startswith(("reload:", "preempt:", "alone:"))]
+    alone = next((tuple(map(int, a.split(":")[1:])) for a in sys.argv[3:]
+                  if a.startswith("alone:")), None)
     reload_at, preempt_at = (next((int(a.split(":")[1]) for a in sys.argv[3:]
                                    if a.startswith(f"{kind}:")), None)
                              for kind in ("reload", "preempt"))
@@ -145,6 +163,8 @@ def main():
                 return 0
         if strikes.get(step) == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
+        if alone and alone[1] == step:
+            return go_on_alone(out, steps, step, rank) if alone[0] == rank else 0
         if strikes.get(step) == "host":
             open(os.path.join(out, f"lose_host_{rank}"), "w").close()
             os.kill(os.getpid(), signal.SIGSTOP)
