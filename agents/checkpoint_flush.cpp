@@ -23,6 +23,16 @@ namespace {
 constexpr size_t kNewestKept = 3;
 const char* const kFiles[] = {"tensors", "meta", "step"};  // `step` last: the copy's mark
 
+// "NUMBER WORD\n", a mark's or a request's line: the number (0 or more) and the word.
+std::optional<std::pair<int64_t, std::string>> numberAndWord(const std::string& line) {
+  if (!line.ends_with('\n')) return std::nullopt;  // written whole, a line
+  std::vector<std::string> fields = split(std::string_view(line).substr(0, line.size() - 1), ' ');
+  if (fields.size() != 2 || fields[1].empty()) return std::nullopt;
+  const auto number = parseInteger<int64_t>(fields[0]);
+  if (!number || *number < 0) return std::nullopt;
+  return std::pair{*number, std::move(fields[1])};
+}
+
 std::optional<std::string> readText(const fs::path& file) {
   std::ifstream in(file);
   if (!in) return std::nullopt;
@@ -166,13 +176,8 @@ std::vector<fs::path> slotsOf(const fs::path& memoryRank) {
 }  // namespace
 
 std::optional<int64_t> markedStep(const std::string& mark) {
-  if (!mark.ends_with('\n')) return std::nullopt;  // written whole, a line
-  const std::vector<std::string> fields =
-      split(std::string_view(mark).substr(0, mark.size() - 1), ' ');
-  if (fields.size() != 2 || fields[1].empty()) return std::nullopt;
-  const auto step = parseInteger<int64_t>(fields[0]);
-  if (!step || *step < 0) return std::nullopt;
-  return step;
+  const auto line = numberAndWord(mark);
+  return line ? std::optional(line->first) : std::nullopt;
 }
 
 std::optional<int64_t> newestInCommon(const std::map<int, std::set<int64_t>>& wholeByRank,
@@ -224,14 +229,11 @@ FlushReport writeRequested(const fs::path& memory, const fs::path& dir) {
     for (const fs::path& slot : slotsOf(memoryRank)) {
       const auto request = readText(slot / "write");
       if (!request) continue;
-      const std::vector<std::string> fields = split(*request, ' ');
-      const auto step = fields.size() == 2 ? parseInteger<int64_t>(fields[0]) : std::nullopt;
-      const auto world = fields.size() == 2 && fields[1].ends_with('\n')
-                             ? parseInteger<int>(fields[1].substr(0, fields[1].size() - 1))
-                             : std::nullopt;
-      if (step && world && *world > 0 && readMark(slot / "step") == *step &&
-          wanted(dir, rank, *world, *step)) {
-        write(slot, rankDirOf(dir, rank), rank, *step, /*locked=*/true, report);
+      const auto line = numberAndWord(*request);  // "STEP WORLD_SIZE"
+      const auto world = line ? parseInteger<int>(line->second) : std::nullopt;
+      if (world && *world > 0 && readMark(slot / "step") == line->first &&
+          wanted(dir, rank, *world, line->first)) {
+        write(slot, rankDirOf(dir, rank), rank, line->first, /*locked=*/true, report);
         prune(dir, rank, *world);
       }
       // Asked again meanwhile (a newer step): that request stays for the next pass.

@@ -144,7 +144,8 @@ void declareOutputFlags(CLI::App& app, DeclaredFlags& f, LaunchConfig& c) {
   addOption(app, "log-dir", f.logDir, "Directory for per-rank logs and error files");
   addOption(app, "checkpoint-dir", f.checkpointDir,
             "Directory for dlrun.checkpoint's checkpoints: the copies held in memory are "
-            "written there as dlrun ends, and a job launched again loads them from there");
+            "written there while the job runs and as dlrun ends, and a job launched again "
+            "loads them from there");
   addOption(app, "checkpoint-write-every", f.checkpointWriteEvery,
             "With --checkpoint-dir: seconds between the steps written there while the job runs "
             "(the same step on every rank; 0: only as dlrun ends)")

@@ -167,6 +167,17 @@ class CheckpointTest(unittest.TestCase):
         self.assertEqual(read_json(os.path.join(out, "alone.json")),
                          {"step": STEPS - 1, "equal": True}, result)
 
+    def test_a_checkpoint_dir_that_cannot_be_made_is_one_line(self):
+        blocker = os.path.join(temp_dir(self), "file")
+        open(blocker, "w").close()
+        launch = Dlrun(self, ["--standalone", f"--checkpoint-dir={blocker}/dir", PYTHON, "-c",
+                              "pass"], env=clean_env())
+        result = launch.wait(TIMEOUT_S)
+        self.assertEqual(result.returncode, 2, result)
+        self.assertEqual(result.stderr.strip().splitlines()[-1],
+                         f"dlrun: error: --checkpoint-dir: cannot make {blocker}/dir: Not a "
+                         "directory", result)
+
     def test_a_replacement_joining_its_survivors_loads_nothing(self):
         # Under --recovery=in-process its state comes from the survivors, who do not load again:
         # load() meets nobody (no store is reached: none is named here) and returns None.
