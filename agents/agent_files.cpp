@@ -13,6 +13,7 @@
 
 #include "agents/agent_impl.h"
 #include "agents/checkpoint_flush.h"
+#include "common/host_port.h"
 #include "common/log.h"
 #include "common/signal_name.h"
 #include "common/text.h"
@@ -178,28 +179,53 @@ void AgentImpl::holdCheckpointMemory() {
     log::info(std::string("in-memory checkpoints are off: ") + e.what());
     return;
   }
-  if (!options_.checkpointDir || options_.checkpointWriteEvery.count() == 0) return;
-  services_[std::string(kCheckpointWriteEveryVariable)] =
-      std::to_string(options_.checkpointWriteEvery.count() / 1000.0);
-  // The workers' requests come at their cadence; a tenth of a second is the wait for one.
-  checkpointWriter_.emplace(checkpointMemory_->dir(), *options_.checkpointDir,
-                            std::chrono::milliseconds(100), [](const FlushReport& report) {
-                              for (const auto& [rank, step] : report.written)
-                                log::debug("checkpoints: step " + std::to_string(step) +
-                                           " of rank " + std::to_string(rank) + " written");
-                              for (const auto& problem : report.problems)
-                                log::info("checkpoints: not written: " + problem);
-                            });
+  std::optional<fs::path> writeTo;
+  if (options_.checkpointDir && options_.checkpointWriteEvery.count() > 0) {
+    writeTo = *options_.checkpointDir;
+    services_[std::string(kCheckpointWriteEveryVariable)] =
+        std::to_string(options_.checkpointWriteEvery.count() / 1000.0);
+  }
+  // The workers' requests come at their cadence; a tenth of a second is the wait for one. A
+  // peer that cannot be reached is said once, until a copy gets through again.
+  checkpointCourier_.emplace(
+      checkpointMemory_->dir(), writeTo, std::chrono::milliseconds(100),
+      [failing = false](const std::string& how, const CopyReport& report) mutable {
+        for (const auto& [rank, step] : report.copied)
+          log::debug("checkpoints: step " + std::to_string(step) + " of rank " +
+                     std::to_string(rank) + " " + how);
+        if (!report.problems.empty() && !failing)
+          log::info("checkpoints: not " + how + ": " + report.problems.front());
+        failing = !report.problems.empty();
+      });
+}
+
+// The round's other nodes keep a copy of this node's checkpoints, and this one of theirs: its
+// workers learn where this agent serves them (as the other nodes reach this one).
+void AgentImpl::serveCheckpointPeers(RoundSpec& spec) {
+  if (!checkpointMemory_ || world_.groupWorldSize < 2 ||
+      world_.workerEndpoints.size() <= static_cast<size_t>(world_.baseRank))
+    return;
+  if (!checkpointPeers_) {
+    const std::string host = parseHostPort(world_.workerEndpoints[world_.baseRank], 0).host;
+    try {
+      checkpointPeers_.emplace(checkpointMemory_->dir(), host);
+    } catch (const Error& e) {
+      log::info(std::string("checkpoints stay on this node: ") + e.what());
+      return;
+    }
+  }
+  spec.services[std::string(kCheckpointAgentVariable)] = checkpointPeers_->address();
 }
 
 // The workers are gone: what they left in memory goes to --checkpoint-dir, then the memory.
 void AgentImpl::releaseCheckpointMemory() {
-  checkpointWriter_.reset();
+  checkpointCourier_.reset();
+  checkpointPeers_.reset();
   if (checkpointMemory_ && options_.checkpointDir) {
-    const FlushReport report =
+    const CopyReport report =
         flushCheckpoints(checkpointMemory_->dir(), *options_.checkpointDir, world_.worldSize);
     std::map<int64_t, std::vector<int>> ranksByStep;
-    for (const auto& [rank, step] : report.written) ranksByStep[step].push_back(rank);
+    for (const auto& [rank, step] : report.copied) ranksByStep[step].push_back(rank);
     for (auto& [step, ranks] : ranksByStep) {
       std::sort(ranks.begin(), ranks.end());
       std::string named;

@@ -15,8 +15,9 @@
 
 #include "agents/agent.h"
 #include "agents/agent_observer.h"
-#include "agents/checkpoint_flush.h"
+#include "agents/checkpoint_courier.h"
 #include "agents/checkpoint_memory.h"
+#include "agents/checkpoint_peer.h"
 #include "agents/file_timer.h"
 #include "agents/hang_watcher.h"
 #include "agents/output.h"
@@ -129,8 +130,9 @@ class AgentImpl {
   void serveFileTimer();
   void onTimerExpired(const TimerExpiry& expiry);
   void cleanUpLogRoot();
-  void holdCheckpointMemory();     // checkpointMemory_ and its variable for the workers
-  void releaseCheckpointMemory();  // written to --checkpoint-dir, then removed
+  void holdCheckpointMemory();                 // checkpointMemory_ and its variable for the workers
+  void releaseCheckpointMemory();              // written to --checkpoint-dir, then removed
+  void serveCheckpointPeers(RoundSpec& spec);  // once the round has other nodes
 
   AgentOptions options_;
   rendezvous::Rendezvous& rendezvous_;
@@ -206,9 +208,10 @@ class AgentImpl {
   int firstAttempt_ = 0;  // the number of round 0's attempt_N: after a requeued run's last
   bool keepLogRoot_ = false;
   Environment services_;  // the agent's services' variables for its workers (RoundSpec)
-  std::optional<CheckpointMemory> checkpointMemory_;  // dlrun.checkpoint's, while the agent runs
-  std::optional<CheckpointWriter> checkpointWriter_;  // its steps to --checkpoint-dir meanwhile
-  const std::vector<int> stopSignals_;                // --signals-to-handle
+  std::optional<CheckpointMemory> checkpointMemory_;     // dlrun.checkpoint's, while the agent runs
+  std::optional<CheckpointCourier> checkpointCourier_;   // its copies to the directory, a peer
+  std::optional<CheckpointPeerServer> checkpointPeers_;  // a job of several nodes: peers' copies
+  const std::vector<int> stopSignals_;                   // --signals-to-handle
   std::optional<FileTimerServer> fileTimer_;
   std::unordered_map<pid_t, std::string> expiredTimers_;  // by worker: why dlrun signalled it
   std::unique_ptr<Zygote> zygote_;                        // --warm-start

@@ -119,6 +119,7 @@ void AgentImpl::prepareLaunches() {
         std::to_string(recovery::kFallbackCode);
     spec.services[std::string(recovery::kReplaceVariable)] = std::to_string(recovery::kReplaceCode);
   }
+  serveCheckpointPeers(spec);
   if (progress_) progress_->prepareRound(attemptDir, options_.nprocPerNode, spec);
   if (hang_) hang_->prepareRound(attemptDir, *progress_->board(), inherited_, spec);
   rendezvous::World seen = world_;  // the world as the workers see it

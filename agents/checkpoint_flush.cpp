@@ -1,16 +1,14 @@
 #include "agents/checkpoint_flush.h"
 
 #include <fcntl.h>
-#include <sys/file.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <fstream>
-#include <iterator>
 #include <system_error>
 
+#include "agents/checkpoint_files.h"
 #include "common/error.h"
 #include "common/text.h"
 
@@ -21,34 +19,6 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr size_t kNewestKept = 3;
-const char* const kFiles[] = {"tensors", "meta", "step"};  // `step` last: the copy's mark
-
-// "NUMBER WORD\n", a mark's or a request's line: the number (0 or more) and the word.
-std::optional<std::pair<int64_t, std::string>> numberAndWord(const std::string& line) {
-  if (!line.ends_with('\n')) return std::nullopt;  // written whole, a line
-  std::vector<std::string> fields = split(std::string_view(line).substr(0, line.size() - 1), ' ');
-  if (fields.size() != 2 || fields[1].empty()) return std::nullopt;
-  const auto number = parseInteger<int64_t>(fields[0]);
-  if (!number || *number < 0) return std::nullopt;
-  return std::pair{*number, std::move(fields[1])};
-}
-
-std::optional<std::string> readText(const fs::path& file) {
-  std::ifstream in(file);
-  if (!in) return std::nullopt;
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
-std::optional<int64_t> readMark(const fs::path& file) {
-  const auto text = readText(file);
-  return text ? markedStep(*text) : std::nullopt;
-}
-
-std::optional<int> numbered(const fs::path& path, std::string_view prefix) {
-  const std::string name = path.filename().string();
-  if (!name.starts_with(prefix)) return std::nullopt;
-  return parseInteger<int>(std::string_view(name).substr(prefix.size()));
-}
 
 void sync(const fs::path& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -60,23 +30,6 @@ void sync(const fs::path& path) {
   ::close(fd);
 }
 
-// A shared flock on a slot's `lock` while the agent reads the slot: its worker waits for it
-// before it writes the slot again.
-class SlotReadLock {
- public:
-  explicit SlotReadLock(const fs::path& slot)
-      : fd_(::open((slot / "lock").c_str(), O_RDONLY | O_CREAT | O_CLOEXEC, 0600)) {
-    if (fd_ < 0 || ::flock(fd_, LOCK_SH) != 0)
-      throw Error("cannot lock " + (slot / "lock").string() + ": " + std::strerror(errno));
-  }
-  ~SlotReadLock() { ::close(fd_); }
-  SlotReadLock(const SlotReadLock&) = delete;
-  SlotReadLock& operator=(const SlotReadLock&) = delete;
-
- private:
-  int fd_;
-};
-
 fs::path madeName(const fs::path& rankDir, int64_t step) {
   return rankDir / (".step-" + std::to_string(step) + ".new");
 }
@@ -86,7 +39,7 @@ void copyIn(const fs::path& slot, const fs::path& rankDir, int64_t step) {
   const fs::path made = madeName(rankDir, step);
   fs::remove_all(made);
   fs::create_directories(made);
-  for (const char* name : kFiles) fs::copy_file(slot / name, made / name);
+  for (const char* name : kCopyFiles) fs::copy_file(slot / name, made / name);
   // The copy changed under the read (a worker still saving): not this step's, left out.
   if (readMark(slot / "step") != step || readMark(made / "step") != step) {
     fs::remove_all(made);
@@ -97,7 +50,7 @@ void copyIn(const fs::path& slot, const fs::path& rankDir, int64_t step) {
 // The copy made whole: synced, then renamed into place.
 void commit(const fs::path& rankDir, int64_t step) {
   const fs::path made = madeName(rankDir, step);
-  for (const char* name : kFiles) sync(made / name);
+  for (const char* name : kCopyFiles) sync(made / name);
   sync(made);
   fs::rename(made, rankDir / ("step-" + std::to_string(step)));
   sync(rankDir);
@@ -141,7 +94,7 @@ bool wanted(const fs::path& dir, int rank, int worldSize, int64_t step) {
 }
 
 void write(const fs::path& slot, const fs::path& rankDir, int rank, int64_t step, bool locked,
-           FlushReport& report) {
+           CopyReport& report) {
   try {
     fs::create_directories(rankDir);
     {
@@ -150,35 +103,13 @@ void write(const fs::path& slot, const fs::path& rankDir, int rank, int64_t step
       copyIn(slot, rankDir, step);
     }
     commit(rankDir, step);
-    report.written.emplace_back(rank, step);
+    report.copied.emplace_back(rank, step);
   } catch (const std::exception& e) {
     report.problems.push_back("rank " + std::to_string(rank) + ": " + e.what());
   }
 }
 
-// The ranks in `memory`: (rank, its directory there).
-std::vector<std::pair<int, fs::path>> ranksIn(const fs::path& memory) {
-  std::vector<std::pair<int, fs::path>> ranks;
-  std::error_code ec;
-  for (const auto& entry : fs::directory_iterator(memory, ec))
-    if (const auto rank = numbered(entry.path(), "rank-")) ranks.emplace_back(*rank, entry.path());
-  return ranks;
-}
-
-std::vector<fs::path> slotsOf(const fs::path& memoryRank) {
-  std::vector<fs::path> slots;
-  std::error_code ec;
-  for (const auto& entry : fs::directory_iterator(memoryRank, ec))
-    if (numbered(entry.path(), "slot-")) slots.push_back(entry.path());
-  return slots;
-}
-
 }  // namespace
-
-std::optional<int64_t> markedStep(const std::string& mark) {
-  const auto line = numberAndWord(mark);
-  return line ? std::optional(line->first) : std::nullopt;
-}
 
 std::optional<int64_t> newestInCommon(const std::map<int, std::set<int64_t>>& wholeByRank,
                                       int worldSize) {
@@ -207,8 +138,8 @@ std::set<int64_t> stepsToRemove(const std::map<int, std::set<int64_t>>& wholeByR
   return removed;
 }
 
-FlushReport flushCheckpoints(const fs::path& memory, const fs::path& dir, int worldSize) {
-  FlushReport report;
+CopyReport flushCheckpoints(const fs::path& memory, const fs::path& dir, int worldSize) {
+  CopyReport report;
   const auto ranks = ranksIn(memory);
   for (const auto& [rank, memoryRank] : ranks) {
     const fs::path rankDir = rankDirOf(dir, rank);
@@ -223,8 +154,8 @@ FlushReport flushCheckpoints(const fs::path& memory, const fs::path& dir, int wo
   return report;
 }
 
-FlushReport writeRequested(const fs::path& memory, const fs::path& dir) {
-  FlushReport report;
+CopyReport writeRequested(const fs::path& memory, const fs::path& dir) {
+  CopyReport report;
   for (const auto& [rank, memoryRank] : ranksIn(memory))
     for (const fs::path& slot : slotsOf(memoryRank)) {
       const auto request = readText(slot / "write");
@@ -236,35 +167,9 @@ FlushReport writeRequested(const fs::path& memory, const fs::path& dir) {
         write(slot, rankDirOf(dir, rank), rank, line->first, /*locked=*/true, report);
         prune(dir, rank, *world);
       }
-      // Asked again meanwhile (a newer step): that request stays for the next pass.
-      if (readText(slot / "write") == request) {
-        std::error_code ec;
-        fs::remove(slot / "write", ec);
-      }
+      doneWith(slot / "write", *request);
     }
   return report;
-}
-
-CheckpointWriter::CheckpointWriter(fs::path memory, fs::path dir, std::chrono::milliseconds every,
-                                   std::function<void(const FlushReport&)> told)
-    : thread_(
-          [this, memory = std::move(memory), dir = std::move(dir), every, told = std::move(told)] {
-            std::unique_lock lock(mutex_);
-            while (!wake_.wait_for(lock, every, [this] { return stopping_; })) {
-              lock.unlock();
-              const FlushReport report = writeRequested(memory, dir);
-              if (!report.written.empty() || !report.problems.empty()) told(report);
-              lock.lock();
-            }
-          }) {}
-
-CheckpointWriter::~CheckpointWriter() {
-  {
-    std::lock_guard lock(mutex_);
-    stopping_ = true;
-  }
-  wake_.notify_all();
-  thread_.join();
 }
 
 }  // namespace dlrun::agents

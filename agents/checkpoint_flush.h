@@ -4,29 +4,21 @@
 // agent ends, every copy they left. A job launched again (a requeue after a preemption, a new
 // launch after a failure or a lost host) loads them from the directory.
 //
-// A rank's copy in memory is rank-R/slot-K/{tensors,meta,step}, whole once `step` ("STEP
-// CHECKSUM") exists; a worker asks for it with rank-R/slot-K/write ("STEP WORLD_SIZE"). It goes
-// to DIR/rank-R/step-S/ with the same three files, made under a name of its own, synced, then
-// renamed: a step there is whole or absent. While the agent reads a slot it holds a shared flock
-// on its `lock`; a worker takes it exclusively before it writes the slot again.
+// A rank's copy in memory (checkpoint_files.h) goes to DIR/rank-R/step-S/ with the same three
+// files, made under a name of its own, synced, then renamed: a step there is whole or absent.
 #pragma once
 
-#include <condition_variable>
 #include <cstdint>
 #include <filesystem>
-#include <functional>
 #include <map>
-#include <mutex>
 #include <optional>
 #include <set>
 #include <string>
-#include <thread>
 #include <vector>
 
-namespace dlrun::agents {
+#include "agents/checkpoint_files.h"
 
-// The step a copy's mark names ("STEP CHECKSUM"), nothing for anything else (pure).
-std::optional<int64_t> markedStep(const std::string& mark);
+namespace dlrun::agents {
 
 // The newest step that ranks 0 to worldSize - 1 all hold, if any (pure).
 std::optional<int64_t> newestInCommon(const std::map<int, std::set<int64_t>>& wholeByRank,
@@ -39,32 +31,11 @@ std::optional<int64_t> newestInCommon(const std::map<int, std::set<int64_t>>& wh
 std::set<int64_t> stepsToRemove(const std::map<int, std::set<int64_t>>& wholeByRank, int rank,
                                 int worldSize);
 
-struct FlushReport {
-  std::vector<std::pair<int, int64_t>> written;  // (rank, step) of each copy written
-  std::vector<std::string> problems;             // one line each: a copy that could not be
-};
-
 // Every marked copy in `memory` that `dir` lacks (the workers are gone), then the rule above.
-FlushReport flushCheckpoints(const std::filesystem::path& memory, const std::filesystem::path& dir,
-                             int worldSize);
+CopyReport flushCheckpoints(const std::filesystem::path& memory, const std::filesystem::path& dir,
+                            int worldSize);
 
 // The copies the workers asked for (their `write` files), then the rule above.
-FlushReport writeRequested(const std::filesystem::path& memory, const std::filesystem::path& dir);
-
-// writeRequested on a thread of its own (disk writes block) every `every` until destroyed.
-class CheckpointWriter {
- public:
-  CheckpointWriter(std::filesystem::path memory, std::filesystem::path dir,
-                   std::chrono::milliseconds every, std::function<void(const FlushReport&)> told);
-  ~CheckpointWriter();  // stops at the end of a write under way, and joins
-  CheckpointWriter(const CheckpointWriter&) = delete;
-  CheckpointWriter& operator=(const CheckpointWriter&) = delete;
-
- private:
-  std::mutex mutex_;
-  std::condition_variable wake_;
-  bool stopping_ = false;
-  std::thread thread_;
-};
+CopyReport writeRequested(const std::filesystem::path& memory, const std::filesystem::path& dir);
 
 }  // namespace dlrun::agents

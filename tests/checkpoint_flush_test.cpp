@@ -2,6 +2,7 @@
 // every marked copy of every rank goes there whole, an unmarked one (being written) does not;
 // while the job runs, the copies the workers ask for; what each rank keeps there.
 #include "agents/checkpoint_flush.h"
+#include "agents/checkpoint_files.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -75,9 +76,9 @@ TEST_F(CheckpointFlushDir, EveryMarkedCopyIsWrittenWholeAndAnUnmarkedOneIsNot) {
   copy(0, 1, 5);
   copy(1, 0, 4);
   copy(1, 1, 5, /*marked=*/false);  // being written as the worker ended
-  const FlushReport report = flushCheckpoints(base_ / "memory", base_ / "disk", 2);
+  const CopyReport report = flushCheckpoints(base_ / "memory", base_ / "disk", 2);
   EXPECT_TRUE(report.problems.empty());
-  EXPECT_EQ(report.written.size(), 3u);
+  EXPECT_EQ(report.copied.size(), 3u);
   EXPECT_EQ(listed(base_ / "disk" / "rank-0"), (std::vector<std::string>{"step-4", "step-5"}));
   EXPECT_EQ(listed(base_ / "disk" / "rank-1"), (std::vector<std::string>{"step-4"}));
   const fs::path five = base_ / "disk" / "rank-0" / "step-5";
@@ -97,10 +98,10 @@ TEST_F(CheckpointFlushDir, OlderStepsThanOneEveryRankHoldsGoAndNothingIsWrittenT
   copy(1, 0, 6);
   copy(1, 1, 7);
   fs::create_directories(base_ / "disk" / "rank-0" / ".step-3.new");  // an end cut short
-  EXPECT_EQ(flushCheckpoints(base_ / "memory", base_ / "disk", 2).written.size(), 4u);
+  EXPECT_EQ(flushCheckpoints(base_ / "memory", base_ / "disk", 2).copied.size(), 4u);
   EXPECT_EQ(listed(base_ / "disk" / "rank-0"), (std::vector<std::string>{"step-7"}));
   EXPECT_EQ(listed(base_ / "disk" / "rank-1"), (std::vector<std::string>{"step-7"}));
-  EXPECT_TRUE(flushCheckpoints(base_ / "memory", base_ / "disk", 2).written.empty());
+  EXPECT_TRUE(flushCheckpoints(base_ / "memory", base_ / "disk", 2).copied.empty());
 }
 
 TEST_F(CheckpointFlushDir, ARequestedCopyIsWrittenAndAStaleRequestDropped) {
@@ -109,20 +110,20 @@ TEST_F(CheckpointFlushDir, ARequestedCopyIsWrittenAndAStaleRequestDropped) {
   const fs::path slots = base_ / "memory" / "rank-0";
   std::ofstream(slots / "slot-0" / "write") << "4 2\n";
   std::ofstream(slots / "slot-1" / "write") << "3 2\n";  // step 3 was written over since
-  const FlushReport report = writeRequested(base_ / "memory", base_ / "disk");
+  const CopyReport report = writeRequested(base_ / "memory", base_ / "disk");
   EXPECT_TRUE(report.problems.empty());
-  EXPECT_EQ(report.written, (std::vector<std::pair<int, int64_t>>{{0, 4}}));
+  EXPECT_EQ(report.copied, (std::vector<std::pair<int, int64_t>>{{0, 4}}));
   EXPECT_EQ(listed(base_ / "disk" / "rank-0"), (std::vector<std::string>{"step-4"}));
   EXPECT_FALSE(fs::exists(slots / "slot-0" / "write"));
   EXPECT_FALSE(fs::exists(slots / "slot-1" / "write"));
-  EXPECT_TRUE(writeRequested(base_ / "memory", base_ / "disk").written.empty());
+  EXPECT_TRUE(writeRequested(base_ / "memory", base_ / "disk").copied.empty());
 }
 
 TEST_F(CheckpointFlushDir, ADirectoryThatCannotBeMadeIsAProblemNamed) {
   copy(0, 0, 4);
   std::ofstream(base_ / "file") << "not a directory";
-  const FlushReport report = flushCheckpoints(base_ / "memory", base_ / "file" / "disk", 1);
-  EXPECT_TRUE(report.written.empty());
+  const CopyReport report = flushCheckpoints(base_ / "memory", base_ / "file" / "disk", 1);
+  EXPECT_TRUE(report.copied.empty());
   ASSERT_EQ(report.problems.size(), 1u);
   EXPECT_TRUE(report.problems[0].starts_with("rank 0: ")) << report.problems[0];
 }

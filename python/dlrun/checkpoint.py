@@ -23,6 +23,10 @@ by every rank alike, agrees through the store on the newest step that every rank
 A rank holds at most two steps: the newest complete one and the one being written (a save waits
 for the previous step to be complete on every rank before it drops the one before that).
 
+In a job of several nodes the agent also sends each copy to the next node's agent, which keeps
+it (a rank's two newest steps): a rank placed on another node after its node was lost loads its
+step from whichever agent holds it.
+
 With dlrun's --checkpoint-dir (DLRUN_CHECKPOINT_DIR) the agent writes copies to that directory
 (DIR/rank-R/step-S/, the same files as in memory): one step every --checkpoint-write-every
 seconds while the job runs (the same on every rank: _write_if_named), and what is left as it
@@ -39,30 +43,23 @@ Outside dlrun (no DLRUN_CHECKPOINT_SHM), save() is a torch.save to DLRUN_CHECKPO
 import atexit
 import glob
 import json
-import math
-import mmap
 import os
 import pickle
 import threading
 import time
-import zlib
 from datetime import timedelta
 
+from dlrun._copies import (BLOCK, CheckpointError, Slot, checksum, copy_in, fetch, node_copies,
+                           offering, on_disk, read_state, sent_here)
 from dlrun._job import say, store_client
-from dlrun._tree import fill, hollow
+from dlrun._tree import hollow
 
 __all__ = ["save", "load", "wait", "should_stop", "active"]
 
 KEYS = "dlrun/checkpoint"  # under the attempt's key space of the job's store
 ALIGN = 64  # each tensor's bytes start at a multiple of this
-BLOCK = 4096  # the checksum's block; a copy's bytes are a whole number of them
 COMPLETE_WAIT_S = 120  # a save waits so long for the previous step on every rank
-POLL_S = 0.005
-WRITE_WAIT_S = 30  # a slot asked to be written waits so long for the agent to take it
-
-
-class CheckpointError(RuntimeError):
-    """A save or load that cannot be done; its message says why in one line."""
+POLL_S = 0.005  # a wait looks again so often
 
 
 def active():
@@ -178,126 +175,15 @@ def _memory():
     return _instance
 
 
-def _copy_in(data, tensors, layout):
-    """Each tensor's bytes into `data` at its offset (from any device)."""
-    import torch
-    for t, (_, _, offset, nbytes) in zip(tensors, layout):
-        if nbytes:
-            view = torch.frombuffer(data, dtype=t.dtype, count=t.numel(), offset=offset)
-            view.copy_(t.detach().reshape(-1))
-
-
-def _checksum(data, meta):
-    """A copy's checksum: Fletcher-like over the tensors' bytes as 64-bit words (a sum of each
-    4 KiB block, and of those sums weighted by their place: any changed word, any moved block
-    shows), at memory speed, and CRC-32 over the structure."""
-    import torch
-    if len(data) == 0 or len(data) % BLOCK:
-        raise ValueError(f"a copy of {len(data)} bytes, not a whole number of {BLOCK}-byte blocks")
-    words = torch.frombuffer(data, dtype=torch.int64).view(-1, BLOCK // 8)
-    blocks = words.sum(dim=1)  # integer sums wrap: the same on every machine, in any order
-    weighted = (blocks * torch.arange(1, len(blocks) + 1)).sum()
-    return f"{int(blocks.sum()) & (2**64 - 1):016x}{int(weighted) & (2**64 - 1):016x}" \
-           f"{zlib.crc32(meta):08x}"
-
-
-class _Slot:
-    """One of a rank's two places for a copy: `tensors` (the tensors' bytes, a file kept and
-    rewritten in place: its memory is allocated once), `meta` (the structure, pickled) and
-    `step` ("STEP CHECKSUM", written last, by a rename: the copy is whole once it exists)."""
-
-    def __init__(self, path):
-        self.path = path
-        os.makedirs(path, exist_ok=True)
-        self.mapped = None  # (size, mmap) this process wrote through
-        self.lent = False  # load() gave out tensors mapped from `tensors`: never rewritten
-
-    def marked(self):
-        """(step, checksum) of the whole copy here, None when there is none."""
-        try:
-            with open(os.path.join(self.path, "step")) as f:
-                step, checksum = f.read().split()
-            return int(step), checksum
-        except (OSError, ValueError):
-            return None
-
-    def unmark(self):
-        """The copy here no longer whole: once the agent, asked to write it to --checkpoint-dir,
-        has read it (it takes the request within a tenth of a second, and holds `lock` shared
-        while it reads)."""
-        import fcntl
-        deadline = time.monotonic() + WRITE_WAIT_S
-        while os.path.exists(os.path.join(self.path, "write")) and time.monotonic() < deadline:
-            time.sleep(POLL_S)
-        fd = os.open(os.path.join(self.path, "lock"), os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            for name in ("step", "write"):
-                try:
-                    os.unlink(os.path.join(self.path, name))
-                except FileNotFoundError:
-                    pass
-        finally:
-            os.close(fd)  # and the lock with it
-
-    def ask_write(self, step, world):
-        """Asks the agent to write this copy to --checkpoint-dir (agents/checkpoint_flush.h)."""
-        with open(os.path.join(self.path, "write.tmp"), "w") as f:
-            f.write(f"{step} {world}\n")
-        os.replace(os.path.join(self.path, "write.tmp"), os.path.join(self.path, "write"))
-
-    def mark(self, step, checksum):
-        with open(os.path.join(self.path, "step.tmp"), "w") as f:
-            f.write(f"{step} {checksum}\n")
-        os.replace(os.path.join(self.path, "step.tmp"), os.path.join(self.path, "step"))
-
-    def writable(self, size):
-        """The mapping of `tensors`, `size` bytes, for this save: the last one's when it has the
-        size, else the file made anew (a file lent to loaded tensors keeps their pages)."""
-        if not self.lent and self.mapped is not None and self.mapped[0] == size:
-            return self.mapped[1]
-        path = os.path.join(self.path, "tensors")
-        if self.mapped is not None:
-            self.mapped[1].close()
-            self.mapped = None
-        if self.lent and os.path.exists(path):
-            os.unlink(path)  # the loaded tensors keep its pages; this save gets new ones
-        self.lent = False
-        with open(path, "ab+") as f:
-            f.truncate(size)
-            try:  # allocated now: a full /dev/shm is an error here, not a SIGBUS in the copy
-                os.posix_fallocate(f.fileno(), 0, size)
-            except OSError as error:
-                raise CheckpointError(f"dlrun.checkpoint: {self.path} cannot hold {size / 2**20:.0f}"
-                                      f" MiB ({error.strerror}): make /dev/shm larger (docker "
-                                      "--shm-size, a tmpfs size) or save less") from None
-            self.mapped = (size, mmap.mmap(f.fileno(), size))
-        return self.mapped[1]
-
-    def size(self):
-        """The bytes its `tensors` holds now (a rewrite takes no more memory than the rest)."""
-        try:
-            return os.path.getsize(os.path.join(self.path, "tensors"))
-        except OSError:
-            return 0
-
-    def lend(self):
-        """(meta, the tensors' bytes mapped copy-on-write): loaded tensors of their own."""
-        with open(os.path.join(self.path, "meta"), "rb") as f:
-            meta = f.read()
-        with open(os.path.join(self.path, "tensors"), "rb") as f:
-            data = mmap.mmap(f.fileno(), os.fstat(f.fileno()).st_size, flags=mmap.MAP_PRIVATE,
-                             prot=mmap.PROT_READ | mmap.PROT_WRITE)
-        self.lent = True
-        return meta, data
-
-
 class _Memory:
     """This rank's copies in the node's shared memory (two slots), and the job's record of them
     in the store of the attempt."""
 
     def __init__(self, root):
         self.root = root
+        # A job of several nodes: where this node's agent keeps copies for the others and serves
+        # any it holds (agents/checkpoint_peer.h), HOST:PORT
+        self.agent = os.environ.get("DLRUN_CHECKPOINT_AGENT")
         self._number(_rank(), int(os.environ["WORLD_SIZE"]))
         self.store = self._client()
         self.stop_store = None  # should_stop's: the completing thread uses `store` meanwhile
@@ -319,10 +205,12 @@ class _Memory:
         steps in that numbering yet."""
         self.rank, self.world = rank, world
         self.dir = os.path.join(self.root, f"rank-{rank}")
-        self.slots = [_Slot(os.path.join(self.dir, f"slot-{i}")) for i in range(2)]
+        self.slots = [Slot(os.path.join(self.dir, f"slot-{i}")) for i in range(2)]
         self.last = self.complete = None
         self.complete_on_disk = False
         self.written, self.written_step, self.named_at = 0, -1, None
+        self.peer = None  # the agent keeping copies of this rank's steps, once known
+        self.announced = False  # this rank's agent set in the store for the others
 
     def _follow_numbering(self):
         """In-process recovery renumbers the survivors of a lost node without a spare
@@ -382,7 +270,7 @@ class _Memory:
         meta = pickle.dumps({"step": step, "skeleton": skeleton, "layout": layout})
         self._check_room(slot, size + len(meta))
         data = slot.writable(size)
-        _copy_in(data, tensors, layout)
+        copy_in(data, tensors, layout)
         with open(os.path.join(slot.path, "meta"), "wb") as f:
             f.write(meta)
         self.last = step
@@ -408,11 +296,12 @@ class _Memory:
 
     def _complete(self, slot, step, data, meta):
         try:
-            slot.mark(step, _checksum(data, meta))
+            slot.mark(step, checksum(data, meta))
             if self.write_every:
                 self._write_if_named(slot, step)
             if self.store.add(f"{KEYS}/saved/{step}/{self.rank}", 1) == 1:  # once a rank
                 self.store.add(f"{KEYS}/saved/{step}", 1)
+            self._replicate(slot, step)
         except Exception as error:  # the step stays incomplete: the job's step stays older
             _say(f"step {step} could not be completed ({type(error).__name__}: {error})")
 
@@ -427,12 +316,37 @@ class _Memory:
         named = self.store.add(key, 0)
         if step >= named > self.written:
             self.written, self.written_step = named, step
-            slot.ask_write(step, self.world)
+            slot.ask("write", step, self.world)
         if (self.rank == 0 and named <= self.written and step > self.written_step
                 and (self.named_at is None
                      or time.monotonic() - self.named_at >= self.write_every)):
             self.named_at = time.monotonic()
             self.store.add(key, step + 2 - named)
+
+    def _replicate(self, slot, step):
+        """Asks the agent to send this copy to the agent of the next node (its ranks follow
+        this node's), which keeps it (agents/checkpoint_peer.h): a lost node's steps stay."""
+        if not self.agent or self.world <= int(os.environ.get("LOCAL_WORLD_SIZE", self.world)):
+            return
+        if not self.announced:
+            self.store.set(f"{KEYS}/agent/{self.rank}", self.agent)
+            self.announced = True
+        if self.peer is None:
+            self.peer = self._next_node()
+        if self.peer:
+            slot.ask("replicate", step, self.peer)
+
+    def _next_node(self):
+        """The agent of the first rank after this node's ranks that runs elsewhere; None while
+        that rank has not said (asked again at the next save), "" where there is none."""
+        for offset in range(int(os.environ.get("LOCAL_WORLD_SIZE", "1")), self.world):
+            key = f"{KEYS}/agent/{(self.rank + offset) % self.world}"
+            if not self.store.check([key]):
+                return None
+            agent = self.store.get(key).decode()
+            if agent != self.agent:
+                return agent
+        return ""
 
     def finish_completing(self):
         if self.completing is not None:
@@ -464,24 +378,39 @@ class _Memory:
     # Loading --------------------------------------------------------------------------------
 
     def load(self):
-        """The newest step every rank holds whole: the ranks agree on the newest step they all
-        marked, each checks its copy of it, and a step any rank finds corrupt is left out (it
-        says so) and they agree again."""
+        """The newest step every rank can load whole: the ranks agree on the newest step they
+        all hold (in their memory, on disk) or that an agent holds for them (a copy of a rank
+        now elsewhere, or sent by a peer: fetched from it), each checks its copy of it, and a
+        step any rank finds corrupt or cannot fetch is left out (it says so) and they agree
+        again."""
         self.finish_completing()
         self._follow_numbering()
-        held = {m[0]: (slot, m[1]) for slot in _on_disk(self.rank) if (m := slot.marked())}
+        held = {m[0]: (slot, m[1]) for slot in on_disk(self.rank) if (m := slot.marked())}
+        held.update({m[0]: (slot, m[1]) for slot in sent_here(self.root, self.rank)
+                     if (m := slot.marked())})
         held.update({m[0]: (slot, m[1]) for slot in self.slots if (m := slot.marked())})
+        # One rank a node offers the node's copies to the ranks elsewhere.
+        offers = (node_copies(self.root)
+                  if self.agent and os.environ.get("LOCAL_RANK") == "0" else {})
         self.loads += 1
-        for turn in range(len(self.slots) + 1):
+        tried = set()
+        for turn in range(len(self.slots) + 2):
             keys = f"{KEYS}/load-{self.loads}/{turn}"
-            common = set.intersection(*map(set, self._gather(f"{keys}/held", sorted(held))))
+            everyone = self._gather(f"{keys}/held", {
+                "held": sorted(set(held) - tried), "agent": self.agent,
+                "offers": {str(r): sorted(set(steps) - tried) for r, steps in offers.items()}})
+            agents = offering(everyone, self.world)
+            available = [set(v["held"]) | set(agents[r]) for r, v in enumerate(everyone)]
+            common = set.intersection(*available)
             if not common:
                 return None
             step = max(common)
-            slot, expected = held.pop(step)
+            tried.add(step)
             try:
+                slot, expected = held.get(step) or self._fetch(agents[self.rank][step], step,
+                                                               held)
                 meta, data = slot.lend()
-                whole = _checksum(data, meta) == expected
+                whole = checksum(data, meta) == expected
                 why = "does not match its checksum"
             except (OSError, ValueError, RuntimeError) as error:  # cut short, missing, unmappable
                 whole, why = False, f"cannot be read ({error})"
@@ -493,9 +422,24 @@ class _Memory:
                 for later, (other, _) in held.items():  # an earlier attempt's, not the job's
                     if later > step and other in self.slots:
                         other.unmark()
-                return step, _read(data, meta)
+                return step, read_state(data, meta)
             # A rank's copy is not whole: the step is not the job's; the next newest, then.
         return None
+
+    def _fetch(self, agents, step, held):
+        """This rank's copy of `step` from the first of `agents` (HOST:PORT) that sends it whole,
+        into a slot of this rank (the one of the oldest step, which leaves `held`): (slot,
+        checksum). Raises OSError naming why where none does."""
+        slot = min(self.slots, key=lambda s: (1, m[0]) if (m := s.marked()) else (0, 0))
+        for older in [k for k, (other, _) in held.items() if other is slot]:
+            del held[older]
+        why = None
+        for agent in agents:
+            try:
+                return slot, fetch(agent, self.rank, step, slot)
+            except (OSError, ValueError) as error:
+                why = f"from {agent}: {error}"
+        raise OSError(why)
 
     def _gather(self, keys, mine):
         """Every rank's value (JSON) set under `keys`, this rank's `mine` among them."""
@@ -505,27 +449,6 @@ class _Memory:
             self.store.wait([f"{keys}/{rank}"])
             values.append(json.loads(self.store.get(f"{keys}/{rank}")))
         return values
-
-
-def _on_disk(rank):
-    """This rank's steps in --checkpoint-dir (DIR/rank-R/step-S, as the agent writes them)."""
-    where = os.environ.get("DLRUN_CHECKPOINT_DIR")
-    found = glob.glob(os.path.join(where, f"rank-{rank}", "step-*")) if where else []
-    return [_Slot(path) for path in found if os.path.isdir(path)]
-
-
-def _read(data, meta):
-    """The state saved: its tensors views of `data`."""
-    import torch
-    saved = pickle.loads(meta)
-    tensors = []
-    for dtype, shape, offset, nbytes in saved["layout"]:
-        kind = getattr(torch, dtype)
-        count = math.prod(shape)
-        flat = (torch.frombuffer(data, dtype=kind, count=count, offset=offset) if nbytes
-                else torch.empty(0, dtype=kind))
-        tensors.append(flat.view(shape))
-    return fill(saved["skeleton"], tensors)
 
 
 def _say(text):

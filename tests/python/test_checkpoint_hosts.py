@@ -1,11 +1,14 @@
 """In-memory checkpoints (issue 56) across a host loss: two simulated hosts (network namespaces;
-needs root) of 2 workers each, through a dlrund, and a third agent waiting as a spare, with a
---checkpoint-dir that every host sees (the machine's file system) and a step written there at
-almost every save (--checkpoint-write-every). The host of rank 2 is killed whole (agent and
-workers) once step 5 is complete everywhere: the spare takes its place, the whole group
-restarts, and every rank loads the same step, bit-equal to what was saved: the survivors from
-their memory or the directory, the lost host's ranks from the directory. The job then saves to
-its last step, and the two agents left exit 0.
+needs root) of 2 workers each, through a dlrund, and a third agent waiting as a spare. The host
+of rank 2 is killed whole (agent and workers) once step 5 is complete everywhere: the spare
+takes its place, the whole group restarts, and every rank loads the same step, bit-equal to what
+was saved. The job then saves to its last step, and the two agents left exit 0.
+- From the peer: each agent keeps the copies of the other host's ranks in its memory; the host
+  is killed once step 5's copies are there, and no step is lost: the lost host's ranks load step
+  5 from the survivor's agent (whichever ranks the spare and the survivor get).
+- From a --checkpoint-dir that every host sees (the machine's file system), a step written
+  there at almost every save (--checkpoint-write-every): the survivors load from their memory or
+  the directory, the lost host's ranks from the directory.
 
 Runs under torch 2.13's interpreter (ctest: python_checkpoint_hosts) and as root.
 """
@@ -24,9 +27,30 @@ LOST_RANK = 2
 AT_STEP = 5
 
 
+def held_by_a_peer(rank, step):
+    """Whether an agent holds a copy of `step` of `rank` that another host's agent sent it (the
+    hosts share the machine's /dev/shm)."""
+    return bool(glob.glob(f"/dev/shm/dlrun-checkpoints.*/peer/rank-{rank}/step-{step}/step"))
+
+
 class CheckpointsAcrossAHostLossTest(unittest.TestCase):
-    def test_a_lost_hosts_ranks_load_the_step_every_rank_loads(self):
-        out, directory, logs = temp_dir(self), temp_dir(self), temp_dir(self)
+    def test_a_lost_hosts_ranks_load_their_newest_step_from_the_peers_copy(self):
+        out, logs = temp_dir(self), temp_dir(self)
+        lost_ranks = (LOST_RANK, LOST_RANK + 1)
+        codes, agents, lost, _ = self.lose_a_host(out, logs, [], ready=lambda: all(
+            held_by_a_peer(rank, AT_STEP) for rank in lost_ranks))
+        result = Output(agents)
+        self.assertEqual([c for h, c in zip((1, 2, 3), codes) if h != lost], [0, 0], result)
+        loaded = [read_json(os.path.join(out, f"loaded_{r}_1.json")) for r in range(WORLD)]
+        self.assertEqual([l["step"] for l in loaded], [AT_STEP] * WORLD, loaded)  # none lost
+        self.assertTrue(all(l["equal"] for l in loaded), loaded)
+        for rank in range(WORLD):
+            self.assertTrue(os.path.exists(os.path.join(out, f"done_{rank}")), (rank, result))
+
+    def lose_a_host(self, out, logs, flags, ready=lambda: True, at_kill=lambda: None):
+        """Runs the job, kills the host of LOST_RANK once it stopped itself and `ready()`, and
+        returns the agents' exit codes (hosts 1 to 3), the agents, the host lost and what
+        `at_kill()` said just before the kill."""
         env = clean_env(PYTHON_EXEC=PYTHON, TMPDIR=logs, GLOO_SOCKET_IFNAME="eth0")
         with Hosts(4) as hosts:
             dlrund = Launcher(self, "dlrund", [binary_from_env("DLRUND", "dlrund"), "--host",
@@ -36,20 +60,25 @@ class CheckpointsAcrossAHostLossTest(unittest.TestCase):
                        proc=dlrund.proc, on_timeout=dlrund.describe)
             flags = ["--nnodes=2", "--nproc-per-node=2", "--rdzv-backend=c10d",
                      f"--rdzv-endpoint={hosts.address(0)}:{RDZV_PORT}", "--rdzv-id=ckpt",
-                     "--max-restarts=1", f"--checkpoint-dir={directory}",
-                     "--checkpoint-write-every=0.001"]
+                     "--max-restarts=1", *flags]
             agents = [Launcher(self, f"dlrun{host}",
                                [binary_from_env("DLRUN", "dlrun"), *flags, PYTHON, JOB, out,
                                 str(STEPS), f"host:{LOST_RANK}:{AT_STEP}"],
                                env, logs, hosts=hosts, host=host) for host in (1, 2, 3)]
-            wait_until(lambda: os.path.exists(os.path.join(out, f"lose_host_{LOST_RANK}")),
-                       TIMEOUT_S, f"rank {LOST_RANK} to stop itself",
+            wait_until(lambda: os.path.exists(os.path.join(out, f"lose_host_{LOST_RANK}"))
+                       and ready(), TIMEOUT_S, f"rank {LOST_RANK} to stop itself",
                        on_timeout=lambda: Output(agents))
-            before = written(directory, WORLD)
+            said = at_kill()
             pid = read_json(os.path.join(out, f"pid_{LOST_RANK}"))
             lost = next(h for h in (1, 2, 3) if pid in hosts.pids(h))
             hosts.kill_host(lost)
-            codes = [agent.wait(TIMEOUT_S) for agent in agents]
+            return [agent.wait(TIMEOUT_S) for agent in agents], agents, lost, said
+
+    def test_a_lost_hosts_ranks_load_the_step_every_rank_loads_from_the_directory(self):
+        out, directory, logs = temp_dir(self), temp_dir(self), temp_dir(self)
+        codes, agents, lost, before = self.lose_a_host(
+            out, logs, [f"--checkpoint-dir={directory}", "--checkpoint-write-every=0.001"],
+            at_kill=lambda: written(directory, WORLD))
         result = Output(agents)
         self.assertEqual([c for h, c in zip((1, 2, 3), codes) if h != lost], [0, 0], result)
         self.assertTrue(before, f"no step written before the host was lost\n{result}")

@@ -1,0 +1,217 @@
+"""A checkpoint's copy as dlrun.checkpoint keeps it (its files in the node's memory or in
+--checkpoint-dir, its checksum, its tensors read back) and fetches it from a dlrun agent
+(agents/checkpoint_wire.h). The job's agreement on which copy is the job's is checkpoint.py's."""
+import glob
+import math
+import mmap
+import os
+import pickle
+import time
+import zlib
+
+from dlrun._tree import fill
+
+BLOCK = 4096  # the checksum's block; a copy's bytes are a whole number of them
+POLL_S = 0.005
+WRITE_WAIT_S = 30  # a slot asked to be carried waits so long for the agent to take it
+REQUESTS = ("write", "replicate")  # what a worker asks its agent to do with a copy
+PEER_TIMEOUT_S = 30  # a peer agent that stays silent so long is given up
+
+
+class CheckpointError(RuntimeError):
+    """A save or load that cannot be done; its message says why in one line."""
+    __module__ = "dlrun.checkpoint"  # where users meet it (and catch it)
+
+
+def copy_in(data, tensors, layout):
+    """Each tensor's bytes into `data` at its offset (from any device)."""
+    import torch
+    for t, (_, _, offset, nbytes) in zip(tensors, layout):
+        if nbytes:
+            view = torch.frombuffer(data, dtype=t.dtype, count=t.numel(), offset=offset)
+            view.copy_(t.detach().reshape(-1))
+
+
+def checksum(data, meta):
+    """A copy's checksum: Fletcher-like over the tensors' bytes as 64-bit words (a sum of each
+    4 KiB block, and of those sums weighted by their place: any changed word, any moved block
+    shows), at memory speed, and CRC-32 over the structure."""
+    import torch
+    if len(data) == 0 or len(data) % BLOCK:
+        raise ValueError(f"a copy of {len(data)} bytes, not a whole number of {BLOCK}-byte blocks")
+    words = torch.frombuffer(data, dtype=torch.int64).view(-1, BLOCK // 8)
+    blocks = words.sum(dim=1)  # integer sums wrap: the same on every machine, in any order
+    weighted = (blocks * torch.arange(1, len(blocks) + 1)).sum()
+    return f"{int(blocks.sum()) & (2**64 - 1):016x}{int(weighted) & (2**64 - 1):016x}" \
+           f"{zlib.crc32(meta):08x}"
+
+
+class Slot:
+    """One of a rank's two places for a copy: `tensors` (the tensors' bytes, a file kept and
+    rewritten in place: its memory is allocated once), `meta` (the structure, pickled) and
+    `step` ("STEP CHECKSUM", written last, by a rename: the copy is whole once it exists)."""
+
+    def __init__(self, path):
+        self.path = path
+        os.makedirs(path, exist_ok=True)
+        self.mapped = None  # (size, mmap) this process wrote through
+        self.lent = False  # load() gave out tensors mapped from `tensors`: never rewritten
+
+    def marked(self):
+        """(step, checksum) of the whole copy here, None when there is none."""
+        try:
+            with open(os.path.join(self.path, "step")) as f:
+                step, checksum = f.read().split()
+            return int(step), checksum
+        except (OSError, ValueError):
+            return None
+
+    def unmark(self):
+        """The copy here no longer whole: once the agent, asked to write it to --checkpoint-dir
+        or send it to a peer, has read it (it takes a request within a tenth of a second, and
+        holds `lock` shared while it reads)."""
+        import fcntl
+        deadline = time.monotonic() + WRITE_WAIT_S
+        while (any(os.path.exists(os.path.join(self.path, name)) for name in REQUESTS)
+               and time.monotonic() < deadline):
+            time.sleep(POLL_S)
+        fd = os.open(os.path.join(self.path, "lock"), os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            for name in ("step", *REQUESTS):
+                try:
+                    os.unlink(os.path.join(self.path, name))
+                except FileNotFoundError:
+                    pass
+        finally:
+            os.close(fd)  # and the lock with it
+
+    def ask(self, request, step, word):
+        """Asks the agent to carry this copy (agents/checkpoint_courier.h): `write` to
+        --checkpoint-dir ("STEP WORLD"), `replicate` to a peer node's agent ("STEP HOST:PORT")."""
+        with open(os.path.join(self.path, f"{request}.tmp"), "w") as f:
+            f.write(f"{step} {word}\n")
+        os.replace(os.path.join(self.path, f"{request}.tmp"), os.path.join(self.path, request))
+
+    def mark(self, step, checksum):
+        with open(os.path.join(self.path, "step.tmp"), "w") as f:
+            f.write(f"{step} {checksum}\n")
+        os.replace(os.path.join(self.path, "step.tmp"), os.path.join(self.path, "step"))
+
+    def writable(self, size):
+        """The mapping of `tensors`, `size` bytes, for this save: the last one's when it has the
+        size, else the file made anew (a file lent to loaded tensors keeps their pages)."""
+        if not self.lent and self.mapped is not None and self.mapped[0] == size:
+            return self.mapped[1]
+        path = os.path.join(self.path, "tensors")
+        if self.mapped is not None:
+            self.mapped[1].close()
+            self.mapped = None
+        if self.lent and os.path.exists(path):
+            os.unlink(path)  # the loaded tensors keep its pages; this save gets new ones
+        self.lent = False
+        with open(path, "ab+") as f:
+            f.truncate(size)
+            try:  # allocated now: a full /dev/shm is an error here, not a SIGBUS in the copy
+                os.posix_fallocate(f.fileno(), 0, size)
+            except OSError as error:
+                raise CheckpointError(f"dlrun.checkpoint: {self.path} cannot hold {size / 2**20:.0f}"
+                                      f" MiB ({error.strerror}): make /dev/shm larger (docker "
+                                      "--shm-size, a tmpfs size) or save less") from None
+            self.mapped = (size, mmap.mmap(f.fileno(), size))
+        return self.mapped[1]
+
+    def size(self):
+        """The bytes its `tensors` holds now (a rewrite takes no more memory than the rest)."""
+        try:
+            return os.path.getsize(os.path.join(self.path, "tensors"))
+        except OSError:
+            return 0
+
+    def lend(self):
+        """(meta, the tensors' bytes mapped copy-on-write): loaded tensors of their own."""
+        with open(os.path.join(self.path, "meta"), "rb") as f:
+            meta = f.read()
+        with open(os.path.join(self.path, "tensors"), "rb") as f:
+            data = mmap.mmap(f.fileno(), os.fstat(f.fileno()).st_size, flags=mmap.MAP_PRIVATE,
+                             prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        self.lent = True
+        return meta, data
+
+
+def on_disk(rank):
+    """This rank's steps in --checkpoint-dir (DIR/rank-R/step-S, as the agent writes them)."""
+    where = os.environ.get("DLRUN_CHECKPOINT_DIR")
+    found = glob.glob(os.path.join(where, f"rank-{rank}", "step-*")) if where else []
+    return [Slot(path) for path in found if os.path.isdir(path)]
+
+
+def sent_here(root, rank):
+    """The copies of `rank` another node's agent sent this node's (peer/rank-R/step-S)."""
+    return [Slot(path) for path in glob.glob(os.path.join(root, "peer", f"rank-{rank}", "step-*"))]
+
+
+def node_copies(root):
+    """{rank: steps} of every whole copy in this node's memory: the slots of the ranks it ran,
+    and the copies other nodes' agents sent it."""
+    found = {}
+    for path in (glob.glob(os.path.join(root, "rank-*", "slot-*"))
+                 + glob.glob(os.path.join(root, "peer", "rank-*", "step-*"))):
+        mark = Slot(path).marked()
+        if mark:
+            found.setdefault(int(os.path.basename(os.path.dirname(path))[5:]), set()).add(mark[0])
+    return found
+
+
+def offering(everyone, world):
+    """For each rank, {step: [agents that offer its copy of it]}, from every rank's offers."""
+    agents = [{} for _ in range(world)]
+    for value in everyone:
+        for rank, steps in value["offers"].items():
+            if int(rank) < world:
+                for step in steps:
+                    agents[int(rank)].setdefault(step, []).append(value["agent"])
+    return agents
+
+
+def fetch(agent, rank, step, slot):
+    """Rank `rank`'s copy of `step` from the agent at `agent` (agents/checkpoint_wire.h) written
+    into `slot` and marked: its checksum, which load() checks."""
+    import socket
+    host, port = agent.rsplit(":", 1)
+    slot.unmark()
+    with socket.create_connection((host.strip("[]"), int(port)), timeout=PEER_TIMEOUT_S) as conn:
+        conn.sendall(f"GET {rank} {step}\n".encode())
+        answer = conn.makefile("rb", buffering=0).readline(256).decode().rstrip("\n").split(" ")
+        if answer[0] != "HAVE" or len(answer) != 4:
+            raise OSError(" ".join(answer[1:]) if answer[0] == "NO" else "no copy sent")
+        meta = bytearray(int(answer[1]))
+        receive(conn, memoryview(meta))
+        receive(conn, memoryview(slot.writable(int(answer[2]))))
+    with open(os.path.join(slot.path, "meta"), "wb") as f:
+        f.write(meta)
+    slot.mark(step, answer[3])
+    return answer[3]
+
+
+def receive(conn, view):
+    got = 0
+    while got < len(view):
+        n = conn.recv_into(view[got:])
+        if n == 0:
+            raise OSError("the agent closed the connection mid-copy")
+        got += n
+
+
+def read_state(data, meta):
+    """The state saved: its tensors views of `data`."""
+    import torch
+    saved = pickle.loads(meta)
+    tensors = []
+    for dtype, shape, offset, nbytes in saved["layout"]:
+        kind = getattr(torch, dtype)
+        count = math.prod(shape)
+        flat = (torch.frombuffer(data, dtype=kind, count=count, offset=offset) if nbytes
+                else torch.empty(0, dtype=kind))
+        tensors.append(flat.view(shape))
+    return fill(saved["skeleton"], tensors)
