@@ -32,6 +32,7 @@ namespace {
 
 constexpr size_t kChunk = 4 << 20;  // bytes a read or a write moves at once: whole blocks
 constexpr size_t kPeerStepsKept = 2;
+constexpr std::chrono::seconds kPeerConnectLimit{5};
 
 std::string systemError(const std::string& what) { return what + ": " + std::strerror(errno); }
 
@@ -345,7 +346,8 @@ void sendCopy(const fs::path& slot, int rank, int64_t step, const std::string& t
   const HostPort peer = parseHostPort(to, 0);
   // A peer that stops reading for kPeerIdleLimit is given up, whatever the copy's size.
   auto deadline = [] { return Clock::now() + kPeerIdleLimit; };
-  TcpStream stream = TcpStream::connect(peer.host, peer.port, deadline());
+  // A peer host that is gone answers nothing: its connect is given up sooner.
+  TcpStream stream = TcpStream::connect(peer.host, peer.port, Clock::now() + kPeerConnectLimit);
   stream.writeAll(putLine(rank, step,
                           {.metaBytes = meta.size(),
                            .tensorBytes = tensors.bytes().size(),

@@ -5,11 +5,16 @@
 # Prints, per size, the medians over the steps after the first two (the first saves allocate
 # the memory) and the ratios: the time save blocks the loop against torch.save's (goal: at most
 # 0.1x), the time from save's return to the copy complete, and load() against torch.load (goal:
-# at most 0.2x); the first save's time beside them. Not yet measured: the copy to a peer node.
+# at most 0.2x); the first save's time beside them. Then, as root, on 2 simulated hosts of 2 ranks
+# and a spare (bench/checkpoint_hosts.py): the time from save's return to the copy held by the
+# peer node's agent, and a host lost after the last step: each rank's restore against its
+# torch.load (fetched from the peer, or from its node's memory), and the steps lost (goal: 0).
 #
-# Usage: bench/checkpoint_bench.sh [BUILD_DIR] [--sizes MB,MB] [--steps N]
-#        BUILD_DIR: default build. --sizes: the state per rank in MB (100,1024). --steps:
-#        saves per size (8).
+# Usage: bench/checkpoint_bench.sh [BUILD_DIR] [--sizes MB,MB] [--host-sizes MB,MB] [--steps N]
+#        BUILD_DIR: default build. --sizes: the state per rank in MB (100,1024). --host-sizes:
+#        the same on the simulated hosts (100,1024; each needs about 5 times the size 4 times
+#        over in memory: the states, two steps per rank, two held for the peer; none: skip).
+#        --steps: saves per size (8).
 # Environment: PYTHON (bench/anchor.sh: default torch 2.13's environment).
 # Exit status: 0; 1 a run failed; 2 cannot run.
 set -euo pipefail
@@ -20,10 +25,12 @@ if (($# > 0)) && [[ $1 != -* ]]; then
   shift
 fi
 sizes=100,1024
+host_sizes=100,1024
 steps=8
 while (($# > 0)); do
   case $1 in
     --sizes) sizes=$2; shift 2 ;;
+    --host-sizes) host_sizes=$2; shift 2 ;;
     --steps) steps=$2; shift 2 ;;
     *) echo "checkpoint_bench.sh: unknown argument $1" >&2; exit 2 ;;
   esac
@@ -61,4 +68,20 @@ print(f"{size} MB a rank: save blocks {save:.3f} s, torch.save {tsave:.3f} s: {s
       f"{median('complete'):.3f} s after; load {load:.3f} s, torch.load {tload:.3f} s: "
       f"{load / tload:.2f}x")
 PY
+done
+[[ $host_sizes == none ]] && exit 0
+if ((EUID != 0)); then
+  echo "checkpoint_bench: the simulated hosts need root; skipped"
+  exit 0
+fi
+[[ -x $build/bin/dlrund ]] || { echo "checkpoint_bench.sh: no $build/bin/dlrund" >&2; exit 2; }
+for size in ${host_sizes//,/ }; do
+  out=$scratch/hosts-$size
+  mkdir -p "$out"
+  "$python" "$here/checkpoint_hosts.py" "$(realpath "$dlrun")" "$(realpath "$build/bin/dlrund")" \
+    "$python" "$size" "$steps" "$out" || {
+    echo "checkpoint_bench.sh: the $size MB run on simulated hosts failed:" >&2
+    tail -20 "$out"/dlrun*.log >&2
+    exit 1
+  }
 done

@@ -1,7 +1,7 @@
 """One rank of bench/checkpoint_bench.sh, under dlrun: what a checkpoint costs, dlrun.checkpoint
 in the node's memory against torch.save and torch.load to local disk, in the same process.
 
-Usage: checkpoint_worker.py OUT_DIR MEGABYTES STEPS
+Usage: checkpoint_worker.py OUT_DIR MEGABYTES STEPS [lose:RANK]
 
 The state: MEGABYTES of float32 in 16 tensors, half "model", half "optimizer". Per step, each of
 STEPS: torch.save of the state to OUT_DIR (local disk, page cache as a user's save), then
@@ -9,9 +9,19 @@ dlrun.checkpoint.save; the time each blocks the caller, and for dlrun.checkpoint
 its return to the copy complete (checksummed and counted; wait()). Then torch.load of the file
 and dlrun.checkpoint.load() (every rank: the job's newest step from memory, checksums checked).
 Writes OUT_DIR/rank_<RANK>.json with each measurement's seconds.
+
+With lose:RANK (several nodes, simulated hosts that share the machine's /dev/shm:
+bench/checkpoint_hosts.py), each step also waits until its copy is held by the peer node's agent
+("peer": seconds from save's return), and the ranks meet in a gloo barrier after each step. After
+the last step RANK writes OUT_DIR/lose_host (each rank wrote OUT_DIR/pid_<RANK> at its start) and
+stops itself for its host to be killed; in the
+next attempt every rank times load() ("restore", and whether its node held the step: "local")
+and torch.load of its file, and writes OUT_DIR/restored_<RANK>.json.
 """
+import glob
 import json
 import os
+import signal
 import sys
 import time
 
@@ -20,6 +30,7 @@ import torch
 import dlrun.checkpoint as checkpoint  # dlrun puts its package on PYTHONPATH
 
 TENSORS = 16
+PEER_WAIT_S = 60
 
 
 def timed(fn):
@@ -28,26 +39,74 @@ def timed(fn):
     return time.perf_counter() - start, result
 
 
+def held_by_peer(rank, step):
+    return glob.glob(f"/dev/shm/dlrun-checkpoints.*/peer/rank-{rank}/step-{step}/step")
+
+
+def held_here(rank, step):
+    memory = os.environ["DLRUN_CHECKPOINT_SHM"]
+    return any(open(mark).read().split()[0] == str(step) for mark in
+               glob.glob(f"{memory}/rank-{rank}/slot-*/step")
+               + glob.glob(f"{memory}/peer/rank-{rank}/step-*/step"))
+
+
+def restore(out, rank, steps, path):
+    """The attempt after the host loss: load() timed against torch.load."""
+    local = held_here(rank, steps - 1)
+    took, found = timed(checkpoint.load)
+    torch_took = timed(lambda: torch.load(path))[0]
+    with open(os.path.join(out, f"restored_{rank}.json"), "w") as f:
+        json.dump({"restore": took, "torch_load": torch_took, "local": local,
+                   "step": found and found[0]}, f)
+    return 0
+
+
 def main():
     out, megabytes, steps = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
+    lose = int(sys.argv[4].split(":")[1]) if len(sys.argv) > 4 else None
     rank = int(os.environ["RANK"])
     torch.set_num_threads(1)
+    path = os.path.join(out, f"rank{rank}.pt")
+    if lose is not None:
+        import torch.distributed as dist
+        dist.init_process_group("gloo")
+        if os.environ["TORCHELASTIC_RESTART_COUNT"] != "0":
+            return restore(out, rank, steps, path)
+        with open(os.path.join(out, f"pid_{rank}"), "w") as f:
+            json.dump(os.getpid(), f)  # which host to kill
     each = int(megabytes * 2**20 / 4 / TENSORS)
     g = torch.Generator().manual_seed(rank)
     tensors = [torch.randn(each, generator=g) for _ in range(TENSORS)]
     state = {"model": {f"w{i}": t for i, t in enumerate(tensors[:TENSORS // 2])},
              "optimizer": {"state": {i: {"momentum": t} for i, t in enumerate(tensors[TENSORS // 2:])},
                            "lr": 0.1}}
-    path = os.path.join(out, f"rank{rank}.pt")
     found = checkpoint.load()
     assert found is None, "a fresh job finds no checkpoint"
-    runs = {"torch_save": [], "save": [], "complete": [], "torch_load": [], "load": []}
+    runs = {"torch_save": [], "save": [], "complete": [], "peer": [], "torch_load": [],
+            "load": []}
     for step in range(steps):
         for t in tensors:
             t.add_(1.0)  # a training step's change
         runs["torch_save"].append(timed(lambda: torch.save(state, path))[0])
         runs["save"].append(timed(lambda: checkpoint.save(state, step))[0])
-        runs["complete"].append(timed(checkpoint.wait)[0])
+        start = time.perf_counter()
+        checkpoint.wait()
+        runs["complete"].append(time.perf_counter() - start)
+        if lose is not None:
+            while not held_by_peer(rank, step):
+                if time.perf_counter() - start > PEER_WAIT_S:
+                    raise RuntimeError(f"step {step}'s copy reached no peer in {PEER_WAIT_S} s")
+                time.sleep(0.001)
+            runs["peer"].append(time.perf_counter() - start)
+            dist.barrier()
+    if lose is not None:
+        with open(os.path.join(out, f"rank_{rank}.json"), "w") as f:
+            json.dump(runs, f)
+        if rank == lose:
+            open(os.path.join(out, "lose_host"), "w").close()
+            os.kill(os.getpid(), signal.SIGSTOP)
+        dist.barrier()  # the lost host's ranks never come: this attempt ends in its failure
+        return 1
     for _ in range(3):
         runs["torch_load"].append(timed(lambda: torch.load(path))[0])
         took, found = timed(checkpoint.load)

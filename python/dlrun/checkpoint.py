@@ -186,6 +186,7 @@ class _Memory:
         self.agent = os.environ.get("DLRUN_CHECKPOINT_AGENT")
         self._number(_rank(), int(os.environ["WORLD_SIZE"]))
         self.store = self._client()
+        self._announce()
         self.stop_store = None  # should_stop's: the completing thread uses `store` meanwhile
         self.completing = None  # the thread completing the last save
         # _number sets the rest: self.last, the last step saved by this process in its
@@ -210,7 +211,6 @@ class _Memory:
         self.complete_on_disk = False
         self.written, self.written_step, self.named_at = 0, -1, None
         self.peer = None  # the agent keeping copies of this rank's steps, once known
-        self.announced = False  # this rank's agent set in the store for the others
 
     def _follow_numbering(self):
         """In-process recovery renumbers the survivors of a lost node without a spare
@@ -220,6 +220,7 @@ class _Memory:
         if (rank, world) != (self.rank, self.world):
             self.finish_completing()
             self._number(rank, world)
+            self._announce()
 
     def _client(self):
         return store_client(self.world, timedelta(seconds=COMPLETE_WAIT_S))
@@ -328,13 +329,16 @@ class _Memory:
         this node's), which keeps it (agents/checkpoint_peer.h): a lost node's steps stay."""
         if not self.agent or self.world <= int(os.environ.get("LOCAL_WORLD_SIZE", self.world)):
             return
-        if not self.announced:
-            self.store.set(f"{KEYS}/agent/{self.rank}", self.agent)
-            self.announced = True
         if self.peer is None:
             self.peer = self._next_node()
         if self.peer:
             slot.ask("replicate", step, self.peer)
+
+    def _announce(self):
+        """This rank's agent, for the ranks of other nodes that choose it as their peer (set
+        before load()'s agreement: every rank has set it once load() returns)."""
+        if self.agent:
+            self.store.set(f"{KEYS}/agent/{self.rank}", self.agent)
 
     def _next_node(self):
         """The agent of the first rank after this node's ranks that runs elsewhere; None while

@@ -76,6 +76,11 @@ def _dlrun_only(t, d, run):
     return None if (t is None, d is None) == (True, False) else "set by dlrun alone"
 
 
+def _dlrun_where_it_applies(t, d, run):
+    """A variable dlrun sets in some jobs alone (several nodes, say): never torchrun's."""
+    return None if t is None else "set by torchrun too"
+
+
 def _package_appended(t, d, run):
     """PYTHONPATH: the inherited one (if any), then the directory of dlrun's package."""
     if d is None or not d.endswith("/share/dlrun/python"):
@@ -118,6 +123,8 @@ DOCUMENTED = {
     "DLRUN_PROGRESS_FILE": ("values", _dlrun_only, "the progress board dlrun.progress writes"),
     "DLRUN_CHECKPOINT_SHM": ("values", _dlrun_only,
                              "the node's memory dlrun.checkpoint saves into"),
+    "DLRUN_CHECKPOINT_AGENT": ("values", _dlrun_where_it_applies,
+                               "where the node's dlrun serves checkpoint copies"),
     "PYTHONPATH": ("values", _package_appended,
                    "dlrun appends the directory of its Python package, after the worker's own"),
     "MASTER_ADDR": ("records", _store_address, "dlrun's addresses are numeric; "
