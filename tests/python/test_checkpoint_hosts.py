@@ -5,7 +5,8 @@ takes its place, the whole group restarts, and every rank loads the same step, b
 was saved. The job then saves to its last step, and the two agents left exit 0.
 - From the peer: each agent keeps the copies of the other host's ranks in its memory; the host
   is killed once step 5's copies are there, and no step is lost: the lost host's ranks load step
-  5 from the survivor's agent (whichever ranks the spare and the survivor get).
+  5 from the survivor's agent (whichever ranks the spare and the survivor get). With that copy
+  of rank 2's changed first, it is refused, never loaded.
 - From a --checkpoint-dir that every host sees (the machine's file system), a step written
   there at almost every save (--checkpoint-write-every): the survivors load from their memory or
   the directory, the lost host's ranks from the directory.
@@ -33,6 +34,15 @@ def held_by_a_peer(rank, step):
     return bool(glob.glob(f"/dev/shm/dlrun-checkpoints.*/peer/rank-{rank}/step-{step}/step"))
 
 
+def corrupt_peer_copy(rank, step):
+    """A byte of the copy of `step` of `rank` that another host's agent holds, changed."""
+    [path] = glob.glob(f"/dev/shm/dlrun-checkpoints.*/peer/rank-{rank}/step-{step}/tensors")
+    with open(path, "r+b") as f:
+        byte = f.read(1)
+        f.seek(0)
+        f.write(bytes([byte[0] ^ 0xFF]))
+
+
 class CheckpointsAcrossAHostLossTest(unittest.TestCase):
     def test_a_lost_hosts_ranks_load_their_newest_step_from_the_peers_copy(self):
         out, logs = temp_dir(self), temp_dir(self)
@@ -44,6 +54,25 @@ class CheckpointsAcrossAHostLossTest(unittest.TestCase):
         loaded = [read_json(os.path.join(out, f"loaded_{r}_1.json")) for r in range(WORLD)]
         self.assertEqual([l["step"] for l in loaded], [AT_STEP] * WORLD, loaded)  # none lost
         self.assertTrue(all(l["equal"] for l in loaded), loaded)
+        for rank in range(WORLD):
+            self.assertTrue(os.path.exists(os.path.join(out, f"done_{rank}")), (rank, result))
+
+    def test_a_peers_copy_found_corrupt_is_refused(self):
+        # Rank 2's step 5, as the survivor's agent holds it, changed before the host is lost:
+        # the rank that loads it finds it does not match its checksum, and no rank loads 5. No
+        # other step is common (the survivors went on to save 6 and dropped 4): the job starts
+        # again from its first step, and runs to its end.
+        out, logs = temp_dir(self), temp_dir(self)
+        lost_ranks = (LOST_RANK, LOST_RANK + 1)
+        codes, agents, lost, _ = self.lose_a_host(
+            out, logs, [], ready=lambda: all(held_by_a_peer(rank, AT_STEP) for rank in lost_ranks),
+            at_kill=lambda: corrupt_peer_copy(LOST_RANK, AT_STEP))
+        result = Output(agents)
+        self.assertEqual([c for h, c in zip((1, 2, 3), codes) if h != lost], [0, 0], result)
+        loaded = [read_json(os.path.join(out, f"loaded_{r}_1.json")) for r in range(WORLD)]
+        self.assertEqual([l["step"] for l in loaded], [None] * WORLD, (loaded, result))
+        self.assertIn(f"step {AT_STEP}'s copy does not match its checksum; not loaded",
+                      str(result))
         for rank in range(WORLD):
             self.assertTrue(os.path.exists(os.path.join(out, f"done_{rank}")), (rank, result))
 
