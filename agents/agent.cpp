@@ -145,6 +145,7 @@ int AgentImpl::run() {
   if (state_ != State::Finished) beginRound();
   io_.run();
   if (roundThread_.joinable()) {
+    interruptHealthWait();
     rendezvous_.interrupt();
     roundThread_.join();
   }
@@ -222,6 +223,7 @@ void AgentImpl::runRendezvous() {
                [this, code, message = std::move(message)] { onRendezvousError(code, message); });
   };
   try {
+    if (!awaitHealthy()) return;
     rendezvous::JoinResult joined = rendezvous_.next();
     auto* world = std::get_if<rendezvous::World>(&joined);
     if (world && !openAttemptSpace(*world)) {

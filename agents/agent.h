@@ -21,6 +21,7 @@
 #include "agents/agent_metrics.h"
 #include "agents/control_publisher.h"
 #include "agents/hang_watch.h"
+#include "agents/health_check.h"
 #include "agents/limits.h"
 #include "agents/warm_start.h"
 #include "agents/worker.h"
@@ -128,6 +129,8 @@ struct AgentOptions {
   // naming a signal ("SIGINT") acts as that signal reaching this agent; its end (the connection
   // died) acts as SIGHUP. The workers get /dev/null as stdin.
   bool controlStdin = false;
+  // The checks before every round (--health-check, --health-min-free); unset: none
+  std::optional<HealthOptions> health;
   // --warm-start: workers are forked from a Python interpreter that started with the agent and
   // imported --preload's modules (warm_start.h)
   std::optional<WarmStartOptions> warmStart;

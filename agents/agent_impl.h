@@ -5,8 +5,10 @@
 #include <sys/types.h>
 
 #include <array>
+#include <condition_variable>
 #include <filesystem>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -58,6 +60,11 @@ class AgentImpl {
   void watchForHangs();
   void onHang(const HungWorker& hung);
   void takeStacksThenStop(const rendezvous::RoundEnd& end);
+
+  // agent_health.cpp: the node's checks before it joins a round (health_check.h), on the
+  // rendezvous thread; false where the node is not to join (the agent ends)
+  bool awaitHealthy();
+  void interruptHealthWait();
 
   // agent_keep.cpp: the workers kept through a re-rendezvous (a node lost, in process)
   std::string keepRefusal(const rendezvous::RoundEnd& end, bool* recovering = nullptr) const;
@@ -188,7 +195,11 @@ class AgentImpl {
   // The round that could not keep them: it starts once they stopped.
   std::optional<rendezvous::World> pendingWorld_;
   std::optional<rendezvous::RoundEnd> roundEnd_;
-  std::thread roundThread_;          // the rendezvous's blocking calls (runRendezvous)
+  std::thread roundThread_;  // the rendezvous's blocking calls (runRendezvous)
+  // A node sitting a round out waits for its next check here; the agent's end wakes it.
+  std::mutex healthMutex_;
+  std::condition_variable healthWake_;
+  bool healthInterrupted_ = false;
   std::optional<HangWatcher> hang_;  // with --hang-timeout
   // The workers' progress board and its look twice a second, for the hang watch and the
   // observers: made when either is there.

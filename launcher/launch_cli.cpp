@@ -352,6 +352,17 @@ std::optional<uint16_t> healthCheckPort(const Environment& env) {
 
 }  // namespace
 
+// The checks before every round (agents/health_check.h); none where nothing is to be checked.
+std::optional<agents::HealthOptions> healthOptions(const DeclaredFlags& f, const LaunchConfig& c) {
+  if (f.healthCheck.empty() && f.healthMinFree == 0) return std::nullopt;
+  agents::HealthOptions health{
+      .timeout = std::chrono::milliseconds(static_cast<int64_t>(f.healthCheckTimeout * 1000)),
+      .minFreeBytes = static_cast<uint64_t>(f.healthMinFree * (1ull << 30)),
+      .alone = c.maxNodes == 1};
+  if (!f.healthCheck.empty()) health.command = f.healthCheck;
+  return health;
+}
+
 LaunchParse parseDlrunArgs(const std::vector<std::string>& args, const HostProbe& host) {
   LaunchParse result;
   LaunchConfig& c = result.config;
@@ -378,6 +389,7 @@ LaunchParse parseDlrunArgs(const std::vector<std::string>& args, const HostProbe
   if (f.fanout) resolveHosts(f, c, host);
   resolveBackend(f, c, host);
   crossCheck(f, c);
+  c.agent.health = healthOptions(f, c);
 
   if (f.fanout) c.hostLaunch = std::move(f.hostLaunch);
   c.entrypoint = f.rest.front();

@@ -84,6 +84,17 @@ void declareJobFlags(CLI::App& app, DeclaredFlags& f, LaunchConfig& c) {
             "A worker exiting with this code ends the job on every node at once with that code, "
             "without a restart (0, the default: off; NVIDIA's launchers use 93)")
       ->check(CLI::Range(0, 255));
+  addOption(app, "health-check", f.healthCheck,
+            "A command run (by /bin/sh) on each node before every round: exit 0 is healthy; "
+            "otherwise the node sits the round out, its last line of output the reason, and is "
+            "checked again until it passes");
+  addOption(app, "health-check-timeout", f.healthCheckTimeout,
+            "Seconds --health-check may take; one that takes longer is killed and fails")
+      ->check(CLI::Range(0.001, 86'400.0));
+  addOption(app, "health-min-free", f.healthMinFree,
+            "GiB that must be free on disk where the logs and checkpoints go, and in memory, "
+            "for a node to join a round (0: not checked)")
+      ->check(CLI::Range(0.0, 1e9));
   addOption(app, "recovery", f.recovery,
             "After a worker fails: restart (the whole worker group) or in-process (only the "
             "failed worker starts again; the others keep their processes and re-form the group "

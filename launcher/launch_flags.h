@@ -28,6 +28,8 @@ struct DeclaredFlags {
   double monitorInterval = 0.1, checkpointWriteEvery = 60, stopTimeout = 30, shutdownTimeout = 30,
          hangTimeout = 0;
   double stragglerFraction = 0.7, stragglerWindow = 30;
+  std::string healthCheck;  // --health-check
+  double healthCheckTimeout = 60, healthMinFree = 0.25;
   bool module = false, noPython = false, runPath = false;
   bool warmStart = false;  // --warm-start
   std::string preload;     // --preload

@@ -20,7 +20,7 @@ from dlrun_fixture import PYTHON, binary_from_env, clean_env, read_json, temp_di
 from netns_fixture import Hosts, main
 from test_checkpoint import JOB, STEPS, TIMEOUT_S, written
 from test_inprocess_recovery_hosts import RDZV_PORT, Output
-from test_torch2_elastic import Launcher
+from test_torch2_elastic import Launcher, dlrund_in
 import unittest
 
 WORLD = 4
@@ -82,11 +82,7 @@ class CheckpointsAcrossAHostLossTest(unittest.TestCase):
         `at_kill()` said just before the kill."""
         env = clean_env(PYTHON_EXEC=PYTHON, TMPDIR=logs, GLOO_SOCKET_IFNAME="eth0")
         with Hosts(4) as hosts:
-            dlrund = Launcher(self, "dlrund", [binary_from_env("DLRUND", "dlrund"), "--host",
-                                               "0.0.0.0", "--port", str(RDZV_PORT)], env, logs,
-                              hosts=hosts, host=0)
-            wait_until(lambda: "dlrund listening on" in dlrund.output(), 30, "dlrund to listen",
-                       proc=dlrund.proc, on_timeout=dlrund.describe)
+            dlrund_in(self, hosts, env, logs)
             flags = ["--nnodes=2", "--nproc-per-node=2", "--rdzv-backend=c10d",
                      f"--rdzv-endpoint={hosts.address(0)}:{RDZV_PORT}", "--rdzv-id=ckpt",
                      "--max-restarts=1", *flags]

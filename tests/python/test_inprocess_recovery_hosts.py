@@ -25,7 +25,7 @@ import os
 from dlrun_fixture import PYTHON, binary_from_env, clean_env, read_json, temp_dir, wait_until
 from netns_fixture import Hosts, main
 from test_inprocess_recovery import STEPS, TIMEOUT_S, TRAIN, WORLD, InProcessCase
-from test_torch2_elastic import Launcher
+from test_torch2_elastic import Launcher, dlrund_in
 
 RDZV_PORT = 29400
 
@@ -48,11 +48,7 @@ class TwoHostsWithASpareTest(InProcessCase):
         Returns the agents and their exit codes."""
         logs = temp_dir(self)
         env = clean_env(PYTHON_EXEC=PYTHON, TMPDIR=logs, GLOO_SOCKET_IFNAME="eth0")
-        dlrund = Launcher(self, "dlrund", [binary_from_env("DLRUND", "dlrund"), "--host",
-                                           "0.0.0.0", "--port", str(RDZV_PORT)], env, logs,
-                          hosts=hosts, host=0)
-        wait_until(lambda: "dlrund listening on" in dlrund.output(), 30, "dlrund to listen",
-                   proc=dlrund.proc, on_timeout=dlrund.describe)
+        dlrund_in(self, hosts, env, logs)
         flags = [f"--nnodes={nnodes}", "--nproc-per-node=2", "--rdzv-backend=c10d",
                  f"--rdzv-endpoint={hosts.address(0)}:{RDZV_PORT}", "--rdzv-id=inproc",
                  "--max-restarts=3", "--recovery=in-process"]

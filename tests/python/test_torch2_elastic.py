@@ -212,6 +212,16 @@ class Launcher:
             self.proc.wait()
 
 
+def dlrund_in(test, hosts, env, log_dir, *flags):
+    """dlrund inside host 0 at RDZV_PORT; its Launcher, once it listens."""
+    dlrund = Launcher(test, "dlrund", [binary_from_env("DLRUND", "dlrund"), "--host", "0.0.0.0",
+                                       "--port", str(RDZV_PORT), *flags], env, log_dir,
+                      hosts=hosts, host=0)
+    wait_until(lambda: "dlrund listening on" in dlrund.output(), START_TIMEOUT_S,
+               "dlrund to listen", proc=dlrund.proc, on_timeout=dlrund.describe)
+    return dlrund
+
+
 def launch_env(tmp, **overrides):
     """The same environment for both launchers: nothing inherited that steers either, the
     interpreter under test for .py entry points (both honour PYTHON_EXEC), one TMPDIR."""
@@ -246,12 +256,7 @@ class Torch2Case(unittest.TestCase):
 
     def start_dlrund(self, hosts):
         """dlrund inside host 0 at RDZV_PORT; returns once it listens."""
-        dlrund = self.launch("dlrund", [binary_from_env("DLRUND", "dlrund"), "--host",
-                                        "0.0.0.0", "--port", str(RDZV_PORT), "--stats"],
-                             clean_env(), hosts=hosts, host=0)
-        wait_until(lambda: "dlrund listening on" in dlrund.output(), START_TIMEOUT_S,
-                   "dlrund to listen", proc=dlrund.proc, on_timeout=dlrund.describe)
-        return dlrund
+        return dlrund_in(self, hosts, clean_env(), self.logs, "--stats")
 
     def dlrund_stats(self, dlrund):
         """Stops dlrund (SIGTERM); returns its --stats counts at exit, {"connections": N, ...}."""

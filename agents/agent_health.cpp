@@ -1,0 +1,51 @@
+// The node's checks before it joins a round (health_check.h): fit, it joins; unfit, it sits the
+// round out (a spare takes its place, or the round forms without it), says why once, and is
+// checked again until it passes. A node no other can stand in for (--nnodes=1) ends instead.
+#include "agents/agent_impl.h"
+
+namespace dlrun::agents::detail {
+
+bool AgentImpl::awaitHealthy() {
+  if (!options_.health) return true;
+  HealthOptions health = *options_.health;
+  health.dirs = {logRoot_};
+  if (options_.checkpointDir) health.dirs.emplace_back(*options_.checkpointDir);
+  std::string said;  // the problem last said: a new one is said again
+  for (;;) {
+    const HealthProblem problem = checkHealth(health);
+    if (!problem) {
+      if (!said.empty())
+        asio::post(io_, [this] {
+          log::info("this node passes its health checks again: joining the next round");
+          publishEvent("health_check_passed", -1, "joining the next round");
+        });
+      return true;
+    }
+    if (health.alone) {
+      asio::post(io_, [this, problem = *problem] {
+        onRendezvousError(1, "this node failed its health check: " + problem);
+      });
+      return false;
+    }
+    if (*problem != said) {
+      said = *problem;
+      asio::post(io_, [this, problem = *problem] {
+        log::info("this node sits out the next round: " + problem);
+        publishEvent("health_check_failed", -1, problem);
+      });
+    }
+    std::unique_lock lock(healthMutex_);
+    if (healthWake_.wait_for(lock, health.recheck, [this] { return healthInterrupted_; }))
+      return false;
+  }
+}
+
+void AgentImpl::interruptHealthWait() {
+  {
+    std::lock_guard lock(healthMutex_);
+    healthInterrupted_ = true;
+  }
+  healthWake_.notify_all();
+}
+
+}  // namespace dlrun::agents::detail

@@ -1,0 +1,105 @@
+"""Health checks before every round (issue 57; agents/health_check.h) on simulated hosts
+(network namespaces; needs root), through a dlrund on host 0:
+
+- a host whose --health-check hangs (bounded by --health-check-timeout, counted as failed) sits
+  the round out and the agent waiting as a spare takes its place; the job runs on the others, and
+  the host that sat out ends at once when stopped;
+- in a job of --nnodes=1:2, a host that fails its check stays out and the round forms without
+  it; once its check passes it joins, and the job's next round has both hosts.
+
+The check reads a file the test makes: OUT/unfit-<hostname>.
+
+Runs under torch 2.13's interpreter (ctest: python_health_hosts) and as root.
+"""
+import glob
+import os
+import signal
+
+from dlrun_fixture import PYTHON, binary_from_env, clean_env, read_json, temp_dir, wait_until
+from netns_fixture import Hosts, main
+from test_inprocess_recovery_hosts import RDZV_PORT, Output
+from test_torch2_elastic import Launcher, dlrund_in
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+WORKER = os.path.join(HERE, "workers", "elastic_worker.py")
+TIMEOUT_S = 120
+
+
+def check(out, unfit):
+    """A --health-check failing on a host marked unfit: `unfit` is what it then does."""
+    return f'if test -e {out}/unfit-$(hostname); then {unfit}; fi'
+
+
+def starts(out):
+    """Every worker start recorded: (attempt, host, WORLD_SIZE)."""
+    found = []
+    for path in glob.glob(os.path.join(out, "start_*.json")):
+        record = read_json(path)
+        found.append((int(record["env"]["TORCHELASTIC_RESTART_COUNT"]), record["host"],
+                      int(record["env"]["WORLD_SIZE"])))
+    return sorted(found)
+
+
+class HealthChecksOnHostsTest(unittest.TestCase):
+    def start(self, hosts, nnodes, health, on, worker_args):
+        """dlrund on host 0 and an agent on each host of `on`; returns the agents by host."""
+        logs = temp_dir(self)
+        env = clean_env(PYTHON_EXEC=PYTHON, TMPDIR=logs, GLOO_SOCKET_IFNAME="eth0")
+        dlrund_in(self, hosts, env, logs)
+        flags = [f"--nnodes={nnodes}", "--nproc-per-node=2", "--rdzv-backend=c10d",
+                 f"--rdzv-endpoint={hosts.address(0)}:{RDZV_PORT}", "--rdzv-id=health",
+                 "--rdzv-conf=last_call_timeout=1", *health]
+        return {host: Launcher(self, f"dlrun{host}",
+                               [binary_from_env("DLRUN", "dlrun"), *flags, PYTHON, WORKER,
+                                *worker_args], env, logs, hosts=hosts, host=host)
+                for host in on}
+
+    def test_a_host_whose_check_hangs_sits_out_and_the_spare_takes_its_place(self):
+        out = temp_dir(self)
+        with Hosts(4) as hosts:
+            open(os.path.join(out, f"unfit-{hosts.hostname(1)}"), "w").close()
+            agents = self.start(hosts, "2", ["--health-check=" + check(out, "sleep 600"),
+                                             "--health-check-timeout=1"], (1, 2, 3), [out])
+            codes = [agents[h].wait(TIMEOUT_S) for h in (2, 3)]
+            result = Output(agents.values())
+            self.assertEqual(codes, [0, 0], result)
+            self.assertEqual({host for _, host, _ in starts(out)},
+                             {hosts.hostname(2), hosts.hostname(3)}, result)
+            wait_until(lambda: "sits out the next round" in agents[1].output(), 30,
+                       "host 1 to say it sits out", on_timeout=lambda: result)
+            self.assertIn(f"this node sits out the next round: --health-check '{check(out, 'sleep 600')}' "
+                          "did not finish in 1 s", agents[1].output())
+            agents[1].proc.send_signal(signal.SIGTERM)  # sitting out, it ends when stopped
+            self.assertNotEqual(agents[1].wait(30), None)
+
+    def test_a_host_that_passes_again_joins_the_next_round(self):
+        out = temp_dir(self)
+        release = os.path.join(out, "release")
+        unfit = os.path.join(out, "unfit-node1")
+        with Hosts(3) as hosts:
+            self.assertEqual(hosts.hostname(1), "node1")
+            open(unfit, "w").close()
+            agents = self.start(hosts, "1:2",
+                                ["--health-check=" + check(out, "echo marked unfit; exit 1")],
+                                (1, 2), [out, "--until-file", release])
+            result = lambda: Output(agents.values())  # noqa: E731
+            wait_until(lambda: any(world == 2 for _, _, world in starts(out)), TIMEOUT_S,
+                       "the round without host 1", on_timeout=result)
+            self.assertEqual({host for _, host, _ in starts(out)}, {hosts.hostname(2)})
+            self.assertIn("this node sits out the next round: --health-check "
+                          f"'{check(out, 'echo marked unfit; exit 1')}' failed (exit code 1): "
+                          "marked unfit", agents[1].output())
+            os.unlink(unfit)
+            wait_until(lambda: any(world == 4 for _, _, world in starts(out)), TIMEOUT_S,
+                       "a round of both hosts", on_timeout=result)
+            open(release, "w").close()
+            codes = [agents[h].wait(TIMEOUT_S) for h in (1, 2)]
+            self.assertEqual(codes, [0, 0], result())
+            self.assertEqual({host for _, host, world in starts(out) if world == 4},
+                             {hosts.hostname(1), hosts.hostname(2)}, result())
+            self.assertIn("passes its health checks again", agents[1].output())
+
+
+if __name__ == "__main__":
+    main()
