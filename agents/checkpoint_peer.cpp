@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -149,7 +150,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
         copy.metaBytes + copy.tensorBytes > fs.f_bavail * fs.f_frsize)
       throw Error(memory_.string() + " has no room for a copy of " +
                   std::to_string((copy.metaBytes + copy.tensorBytes) >> 20) + " MiB");
-    made_ = rankDir / (".step-" + std::to_string(request_.step) + ".new");
+    // A name of this connection's own: two peers may send the same step of a rank at once.
+    static std::atomic<uint64_t> connections{0};
+    made_ = rankDir /
+            (".step-" + std::to_string(request_.step) + ".new-" + std::to_string(++connections));
     fs::remove_all(made_);
     fs::create_directories(made_);
     fd_ = ::open((made_ / "tensors").c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
@@ -317,7 +321,16 @@ CheckpointPeerServer::CheckpointPeerServer(fs::path memory, const std::string& h
       [](const boost::system::error_code& ec) {
         log::info("checkpoint copies: cannot accept a connection: " + ec.message());
       });
-  impl_->thread = std::thread([impl = impl_.get()] { impl->io.run(); });
+  impl_->thread = std::thread([impl = impl_.get()] {
+    for (;;) {
+      try {
+        impl->io.run();  // returns once stopped
+        return;
+      } catch (const std::exception& e) {  // a file system error in a handler: that copy alone
+        log::info(std::string("checkpoint copies: ") + e.what());
+      }
+    }
+  });
 }
 
 CheckpointPeerServer::~CheckpointPeerServer() {
@@ -375,14 +388,19 @@ CopyReport sendRequested(const fs::path& memory) {
       const auto request = readText(slot / "replicate");
       if (!request) continue;
       const auto line = numberAndWord(*request);  // "STEP HOST:PORT"
+      bool sent = false;
       try {
         if (!line) throw Error("a request that is not 'STEP HOST:PORT'");
         sendCopy(slot, rank, line->first, line->second);
         report.copied.emplace_back(rank, line->first);
+        sent = true;
       } catch (const std::exception& e) {
         report.problems.push_back("rank " + std::to_string(rank) + " to " +
                                   (line ? line->second : std::string("?")) + ": " + e.what());
       }
+      // The outcome before the request goes: its worker counts the step once it is gone.
+      std::ofstream(slot / "replicated")
+          << (line ? line->first : -1) << (sent ? " sent\n" : " failed\n");
       doneWith(slot / "replicate", *request);
     }
   return report;

@@ -32,6 +32,9 @@ CopyHeader copyFields(const std::vector<std::string>& fields, size_t first) {
   if (copy.metaBytes > kPeerMetaMax)
     throw ProtocolError("a checkpoint copy's structure of " + std::to_string(copy.metaBytes) +
                         " bytes is over the limit of " + std::to_string(kPeerMetaMax));
+  if (copy.tensorBytes > (1ull << 50))
+    throw ProtocolError("a checkpoint copy of " + std::to_string(copy.tensorBytes) +
+                        " bytes is over any memory");
   if (copy.tensorBytes % kChecksumBlock != 0)
     throw ProtocolError("a checkpoint copy of " + std::to_string(copy.tensorBytes) +
                         " bytes is not a whole number of 4 KiB blocks");

@@ -16,8 +16,8 @@
 namespace dlrun::agents {
 
 inline constexpr size_t kPeerLineMax = 256;  // a request's or an answer's line, its '\n' in
-inline constexpr uint64_t kPeerMetaMax = 1ull << 30;  // a copy's structure, pickled
-inline constexpr size_t kChecksumBlock = 4096;        // a copy's tensors are a whole number of them
+inline constexpr uint64_t kPeerMetaMax = 64ull << 20;  // a copy's structure, pickled
+inline constexpr size_t kChecksumBlock = 4096;  // a copy's tensors are a whole number of them
 
 struct CopyHeader {
   uint64_t metaBytes = 0;

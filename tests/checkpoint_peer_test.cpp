@@ -133,7 +133,8 @@ TEST_F(CheckpointPeers, ACopySentToAPeerIsKeptThereWhole) {
   EXPECT_EQ(report.problems, std::vector<std::string>{});
   EXPECT_EQ(report.copied, (std::vector<std::pair<int, int64_t>>{{1, 5}}));
   for (const char* name : kCopyFiles) EXPECT_EQ(read(held(1, 5) / name), read(slot / name));
-  EXPECT_FALSE(fs::exists(slot / "replicate"));  // taken: its worker may write the slot again
+  EXPECT_FALSE(fs::exists(slot / "replicate"));      // taken: its worker may write the slot again
+  EXPECT_EQ(read(slot / "replicated"), "5 sent\n");  // what the worker counts its step on
   EXPECT_TRUE(sendRequested(base_ / "a").copied.empty());
 }
 
@@ -146,6 +147,7 @@ TEST_F(CheckpointPeers, ACopyThatDoesNotMatchItsChecksumIsNotKept) {
       << report.problems[0];
   EXPECT_FALSE(fs::exists(held(1, 5)));
   EXPECT_TRUE(fs::is_empty(held(1, 5).parent_path()));  // nothing half made left
+  EXPECT_EQ(read(base_ / "a" / "rank-1" / "slot-0" / "replicated"), "5 failed\n");
 }
 
 TEST_F(CheckpointPeers, ARanksTwoNewestStepsStay) {

@@ -6,6 +6,7 @@ import math
 import mmap
 import os
 import pickle
+import shutil
 import time
 import zlib
 
@@ -64,6 +65,23 @@ class Slot:
                 step, checksum = f.read().split()
             return int(step), checksum
         except (OSError, ValueError):
+            return None
+
+    def await_request(self, request, timeout):
+        """Whether the agent took and carried out `request` within `timeout` seconds."""
+        deadline = time.monotonic() + timeout
+        while os.path.exists(os.path.join(self.path, request)):
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(POLL_S)
+        return True
+
+    def outcome(self, name):
+        """What the agent wrote of a request it carried out ("STEP sent"), or None."""
+        try:
+            with open(os.path.join(self.path, name)) as f:
+                return f.read().strip()
+        except OSError:
             return None
 
     def unmark(self):
@@ -161,6 +179,27 @@ def node_copies(root):
         if mark:
             found.setdefault(int(os.path.basename(os.path.dirname(path))[5:]), set()).add(mark[0])
     return found
+
+
+def forget_later(root, step, ranks_here):
+    """The copies in this node's memory of steps after `step`, the one every rank just agreed
+    on: never the job's (an earlier attempt's), they must not be offered later, nor crowd out
+    the agreed step among the two a peer keeps. The node's current ranks forget their own."""
+    for path in (glob.glob(os.path.join(root, "peer", "rank-*", "step-*"))
+                 + glob.glob(os.path.join(root, "rank-*", "slot-*"))):
+        rank = int(os.path.basename(os.path.dirname(path))[5:])
+        if os.path.basename(path).startswith("slot-") and rank in ranks_here:
+            continue
+        mark = Slot(path).marked()
+        if not mark or mark[0] <= step:
+            continue
+        if os.path.basename(path).startswith("step-"):
+            shutil.rmtree(path, ignore_errors=True)
+            continue
+        try:
+            os.unlink(os.path.join(path, "step"))  # no longer whole: never loaded
+        except FileNotFoundError:
+            pass
 
 
 def offering(everyone, world):

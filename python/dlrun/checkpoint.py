@@ -42,6 +42,7 @@ Outside dlrun (no DLRUN_CHECKPOINT_SHM), save() is a torch.save to DLRUN_CHECKPO
 """
 import atexit
 import glob
+import itertools
 import json
 import os
 import pickle
@@ -49,8 +50,9 @@ import threading
 import time
 from datetime import timedelta
 
-from dlrun._copies import (BLOCK, CheckpointError, Slot, checksum, copy_in, fetch, node_copies,
-                           offering, on_disk, read_state, sent_here)
+from dlrun._copies import (BLOCK, PEER_TIMEOUT_S, WRITE_WAIT_S, CheckpointError, Slot, checksum,
+                           copy_in, fetch, forget_later, node_copies, offering, on_disk,
+                           read_state, sent_here)
 from dlrun._job import say, store_client
 from dlrun._tree import hollow
 
@@ -300,9 +302,9 @@ class _Memory:
             slot.mark(step, checksum(data, meta))
             if self.write_every:
                 self._write_if_named(slot, step)
+            self._replicate(slot, step)
             if self.store.add(f"{KEYS}/saved/{step}/{self.rank}", 1) == 1:  # once a rank
                 self.store.add(f"{KEYS}/saved/{step}", 1)
-            self._replicate(slot, step)
         except Exception as error:  # the step stays incomplete: the job's step stays older
             _say(f"step {step} could not be completed ({type(error).__name__}: {error})")
 
@@ -325,14 +327,20 @@ class _Memory:
             self.store.add(key, step + 2 - named)
 
     def _replicate(self, slot, step):
-        """Asks the agent to send this copy to the agent of the next node (its ranks follow
-        this node's), which keeps it (agents/checkpoint_peer.h): a lost node's steps stay."""
+        """Has the agent send this copy to the agent of the next node (its ranks follow this
+        node's), which keeps it (agents/checkpoint_peer.h), before the step counts: a step the
+        job completed is on a peer too, and a lost node's ranks find it there. A copy that does
+        not get there (the peer gone) counts all the same, and the peer is looked up again."""
         if not self.agent or self.world <= int(os.environ.get("LOCAL_WORLD_SIZE", self.world)):
             return
         if self.peer is None:
             self.peer = self._next_node()
-        if self.peer:
-            slot.ask("replicate", step, self.peer)
+        if not self.peer:
+            return
+        slot.ask("replicate", step, self.peer)
+        if not slot.await_request("replicate", PEER_TIMEOUT_S + WRITE_WAIT_S) \
+                or slot.outcome("replicated") != f"{step} sent":
+            self.peer = None
 
     def _announce(self):
         """This rank's agent, for the ranks of other nodes that choose it as their peer (set
@@ -398,7 +406,7 @@ class _Memory:
                   if self.agent and os.environ.get("LOCAL_RANK") == "0" else {})
         self.loads += 1
         tried = set()
-        for turn in range(len(self.slots) + 2):
+        for turn in itertools.count():  # each turn leaves a step out: they run out
             keys = f"{KEYS}/load-{self.loads}/{turn}"
             everyone = self._gather(f"{keys}/held", {
                 "held": sorted(set(held) - tried), "agent": self.agent,
@@ -410,6 +418,8 @@ class _Memory:
                 return None
             step = max(common)
             tried.add(step)
+            if offers:
+                forget_later(self.root, step, self._ranks_here())
             try:
                 slot, expected = held.get(step) or self._fetch(agents[self.rank][step], step,
                                                                held)
@@ -428,7 +438,11 @@ class _Memory:
                         other.unmark()
                 return step, read_state(data, meta)
             # A rank's copy is not whole: the step is not the job's; the next newest, then.
-        return None
+
+    def _ranks_here(self):
+        """The ranks this node runs now (each forgets its own later steps itself)."""
+        first = self.rank - int(os.environ.get("LOCAL_RANK", "0"))
+        return range(first, first + int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
 
     def _fetch(self, agents, step, held):
         """This rank's copy of `step` from the first of `agents` (HOST:PORT) that sends it whole,
@@ -441,7 +455,7 @@ class _Memory:
         for agent in agents:
             try:
                 return slot, fetch(agent, self.rank, step, slot)
-            except (OSError, ValueError) as error:
+            except (OSError, ValueError, OverflowError, MemoryError) as error:  # bad bytes too
                 why = f"from {agent}: {error}"
         raise OSError(why)
 
