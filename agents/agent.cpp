@@ -76,6 +76,7 @@ AgentImpl::AgentImpl(AgentOptions options, rendezvous::Rendezvous& rendezvous)
       inherited_(currentEnvironment()),
       recoveryTimer_(io_),
       keepTimer_(io_),
+      crashLoop_(options_.crashLoopAttempts, kCrashLoopShortLife),
       stopSignals_(options_.signalsToHandle.value_or(kDefaultStopSignals)) {
   // As torchrun 2.x, which gives every worker the list (its default four unless the flag
   // names others), for a worker that starts processes of its own through torch.
@@ -130,7 +131,7 @@ int AgentImpl::run() {
           });
         }));
   serveFileTimer();
-  if (hang_ || !observers_.empty())
+  if (hang_ || !observers_.empty() || options_.crashLoopAttempts > 0)
     progress_.emplace(io_, [this](const ProgressSample& sample) {
       for (const auto& observer : observers_) observer->onProgress(sample);
     });
@@ -290,6 +291,7 @@ void AgentImpl::endOfRound() {
     log::info(end.report);
     return finish(end.exitCode);
   }
+  if (end.countsAsFailure()) crashLoop_.ended(attemptEnd());  // where another node's failed
   if (end.countsAsFailure() && end.final) {
     [[maybe_unused]] auto n = ::write(STDERR_FILENO, end.report.data(), end.report.size());
     return finish(end.exitCode);
@@ -321,6 +323,7 @@ void AgentImpl::startAttempt(const rendezvous::World& world) {
   if (fileTimer_) fileTimer_->clear();
   expiredTimers_.clear();
   ++attempt_;
+  attemptStarted_ = Clock::now();
   try {
     prepareLaunches();
   } catch (const ConfigError& e) {
@@ -376,21 +379,39 @@ void AgentImpl::reportFailure(const Worker& w) {
                               readErrorFile(w.errorFile()),
                               w.lastErrorLines(),
                               timer == expiredTimers_.end() ? "" : timer->second};
-  const bool final = endsWithoutRestart(w.status());
+  const bool told = endsWithoutRestart(w.status());
+  const bool looping = !told && crashLoop_.ended(attemptEnd());
   rendezvous::RoundEnd end{.kind = rendezvous::RoundEnd::Kind::WorkerFailed,
                            .node = options_.nodeName,
                            .rank = w.rank(),
                            .exitCode = w.status().shellCode(),
                            .failures = world_.failures + loneRestarts_,
-                           .final = final,
+                           .final = told || looping,
                            .report = formatFailureReport(failure, world_.failures)};
-  if (final) {
+  if (told) {
     end.report = "dlrun: rank " + std::to_string(w.rank()) + " exited with " +
                  std::to_string(options_.noRestartExitCode) +
                  ", --no-restart-exit-code: the job ends without a restart\n" + end.report;
+  } else if (looping) {
+    end.exitCode = options_.noRestartExitCode ? options_.noRestartExitCode : kCrashLoopExitCode;
+    end.report = "dlrun: a crash loop: " + crashLoop_.describe() + " (the last: rank " +
+                 std::to_string(w.rank()) + ", " + w.status().describe() + "); the job ends with " +
+                 std::to_string(end.exitCode) + " instead of a restart (--crash-loop-attempts)\n" +
+                 end.report;
   }
   flushEvents();
   reportToRendezvous([&] { rendezvous_.reportFailure(end); });
+}
+
+AttemptEnd AgentImpl::attemptEnd() const {
+  AttemptEnd end{
+      .attempt = attempt_,
+      .livedSeconds = std::chrono::duration<double>(Clock::now() - attemptStarted_).count()};
+  const ProgressBoard* board = progress_ ? progress_->board() : nullptr;
+  for (int local = 0; board && local < board->workers(); ++local)
+    if (const ProgressReading reading = board->read(local); reading.beats > 0)
+      end.step = std::max(end.step.value_or(reading.step), reading.step);
+  return end;
 }
 
 void AgentImpl::watchForHangs() {

@@ -129,6 +129,9 @@ struct AgentOptions {
   // naming a signal ("SIGINT") acts as that signal reaching this agent; its end (the connection
   // died) acts as SIGHUP. The workers get /dev/null as stdin.
   bool controlStdin = false;
+  // --crash-loop-attempts: failed attempts in a row without progress that end the job with
+  // --no-restart-exit-code's code, 93 unless set (crash_loop.h); 0: never
+  int crashLoopAttempts = 0;
   // The checks before every round (--health-check, --health-min-free); unset: none
   std::optional<HealthOptions> health;
   // --warm-start: workers are forked from a Python interpreter that started with the agent and

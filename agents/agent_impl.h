@@ -20,6 +20,7 @@
 #include "agents/checkpoint_courier.h"
 #include "agents/checkpoint_memory.h"
 #include "agents/checkpoint_peer.h"
+#include "agents/crash_loop.h"
 #include "agents/file_timer.h"
 #include "agents/hang_watcher.h"
 #include "agents/output.h"
@@ -172,6 +173,10 @@ class AgentImpl {
   asio::steady_timer recoveryTimer_;
   asio::steady_timer keepTimer_;  // awaitRecovering's looks
   bool successReported_ = false;
+  // --crash-loop-attempts: how failed attempts ended; the attempt's start, for its life
+  CrashLoop crashLoop_;
+  Clock::time_point attemptStarted_;
+  AttemptEnd attemptEnd() const;  // the attempt under way, as it ends (agent.cpp)
   // Starting the round's workers (startSome): its number, what is left to start.
   static constexpr size_t kStartBatch = 64;
   uint64_t attempt_ = 0;

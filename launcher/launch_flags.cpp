@@ -84,17 +84,6 @@ void declareJobFlags(CLI::App& app, DeclaredFlags& f, LaunchConfig& c) {
             "A worker exiting with this code ends the job on every node at once with that code, "
             "without a restart (0, the default: off; NVIDIA's launchers use 93)")
       ->check(CLI::Range(0, 255));
-  addOption(app, "health-check", f.healthCheck,
-            "A command run (by /bin/sh) on each node before every round: exit 0 is healthy; "
-            "otherwise the node sits the round out, its last line of output the reason, and is "
-            "checked again until it passes");
-  addOption(app, "health-check-timeout", f.healthCheckTimeout,
-            "Seconds --health-check may take; one that takes longer is killed and fails")
-      ->check(CLI::Range(0.001, 86'400.0));
-  addOption(app, "health-min-free", f.healthMinFree,
-            "GiB that must be free on disk where the logs and checkpoints go, and in memory, "
-            "for a node to join a round (0: not checked)")
-      ->check(CLI::Range(0.0, 1e9));
   addOption(app, "recovery", f.recovery,
             "After a worker fails: restart (the whole worker group) or in-process (only the "
             "failed worker starts again; the others keep their processes and re-form the group "
@@ -148,6 +137,26 @@ void declareJobFlags(CLI::App& app, DeclaredFlags& f, LaunchConfig& c) {
   addFlag(app, "virtual-local-rank", c.agent.virtualLocalRank,
           "Every worker sees only its own GPU, as device 0: LOCAL_RANK=0 and CUDA_VISIBLE_DEVICES "
           "set to the device of its local rank (the inherited list's entry, else the number)");
+}
+
+// Declaring, with the job's flags: a node's checks before a round, and crash loops.
+void declareCheckFlags(CLI::App& app, DeclaredFlags& f, LaunchConfig& c) {
+  addOption(app, "health-check", f.healthCheck,
+            "A command run (by /bin/sh) on each node before every round: exit 0 is healthy; "
+            "otherwise the node sits the round out, its last line of output the reason, and is "
+            "checked again until it passes");
+  addOption(app, "health-check-timeout", f.healthCheckTimeout,
+            "Seconds --health-check may take; one that takes longer is killed and fails")
+      ->check(CLI::Range(0.001, 86'400.0));
+  addOption(app, "health-min-free", f.healthMinFree,
+            "GiB that must be free on disk where the logs and checkpoints go, and in memory, "
+            "for a node to join a round (0: not checked)")
+      ->check(CLI::Range(0.0, 1e9));
+  addOption(app, "crash-loop-attempts", c.agent.crashLoopAttempts,
+            "Failed attempts in a row without the job's step advancing (as dlrun.progress "
+            "reports it; without reports, attempts that lived under 60 s) that end the job with "
+            "--no-restart-exit-code's code, 93 unless set, instead of a restart (0: off)")
+      ->check(kCount);
 }
 
 // Declaring, 2 of 3: the workers' output, the watch for hangs, the control plane and metrics.
@@ -328,6 +337,7 @@ std::vector<std::string> expandAbbreviations(const CLI::App& app,
 
 void declareFlags(CLI::App& app, DeclaredFlags& f, LaunchConfig& c) {
   declareJobFlags(app, f, c);
+  declareCheckFlags(app, f, c);
   declareOutputFlags(app, f, c);
   declareHostFlags(app, f, c);
 }
