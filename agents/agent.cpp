@@ -77,6 +77,7 @@ AgentImpl::AgentImpl(AgentOptions options, rendezvous::Rendezvous& rendezvous)
       recoveryTimer_(io_),
       keepTimer_(io_),
       crashLoop_(options_.crashLoopAttempts, kCrashLoopShortLife),
+      quarantine_(options_.quarantine),
       stopSignals_(options_.signalsToHandle.value_or(kDefaultStopSignals)) {
   // As torchrun 2.x, which gives every worker the list (its default four unless the flag
   // names others), for a worker that starts processes of its own through torch.
@@ -379,6 +380,7 @@ void AgentImpl::reportFailure(const Worker& w) {
                               readErrorFile(w.errorFile()),
                               w.lastErrorLines(),
                               timer == expiredTimers_.end() ? "" : timer->second};
+  quarantine_.failed(Clock::now());
   const bool told = endsWithoutRestart(w.status());
   const bool looping = !told && crashLoop_.ended(attemptEnd());
   rendezvous::RoundEnd end{.kind = rendezvous::RoundEnd::Kind::WorkerFailed,

@@ -23,6 +23,7 @@
 #include "agents/hang_watch.h"
 #include "agents/health_check.h"
 #include "agents/limits.h"
+#include "agents/quarantine.h"
 #include "agents/warm_start.h"
 #include "agents/worker.h"
 #include "agents/worker_env.h"
@@ -132,6 +133,8 @@ struct AgentOptions {
   // --crash-loop-attempts: failed attempts in a row without progress that end the job with
   // --no-restart-exit-code's code, 93 unless set (crash_loop.h); 0: never
   int crashLoopAttempts = 0;
+  // --quarantine-after and its window and cool-down: a node whose workers keep failing sits out
+  QuarantineOptions quarantine;
   // The checks before every round (--health-check, --health-min-free); unset: none
   std::optional<HealthOptions> health;
   // --warm-start: workers are forked from a Python interpreter that started with the agent and

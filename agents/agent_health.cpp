@@ -10,9 +10,15 @@ bool AgentImpl::awaitHealthy() {
   HealthOptions health = *options_.health;
   health.dirs = {logRoot_};
   if (options_.checkpointDir) health.dirs.emplace_back(*options_.checkpointDir);
-  std::string said;  // the problem last said: a new one is said again
+  std::string said;                          // the problem last said: a new one is said again
+  std::optional<Clock::time_point> failing;  // since when its checks fail
   for (;;) {
-    const HealthProblem problem = checkHealth(health);
+    // A node no other can stand in for is never put out.
+    HealthProblem problem = health.alone ? std::nullopt : quarantine_.reason(Clock::now());
+    const bool quarantined = problem.has_value();
+    if (!problem) problem = checkHealth(health);
+    failing = problem && !quarantined ? failing.value_or(Clock::now())
+                                      : std::optional<Clock::time_point>();
     if (!problem) {
       if (!said.empty())
         asio::post(io_, [this] {
@@ -21,13 +27,16 @@ bool AgentImpl::awaitHealthy() {
         });
       return true;
     }
-    if (health.alone) {
-      asio::post(io_, [this, problem = *problem] {
-        onRendezvousError(1, "this node failed its health check: " + problem);
-      });
+    if (health.alone || (failing && Clock::now() - *failing >= health.giveUp)) {
+      const std::string why = health.alone ? "this node failed its health check: "
+                                           : "this node failed its health checks for " +
+                                                 std::to_string(health.giveUp.count() / 1000) +
+                                                 " s (the rendezvous's join_timeout): ";
+      asio::post(io_, [this, message = why + *problem] { onRendezvousError(1, message); });
       return false;
     }
-    if (*problem != said) {
+    if (*problem != said &&
+        !(problem->starts_with("quarantined") && said.starts_with("quarantined"))) {
       said = *problem;
       asio::post(io_, [this, problem = *problem] {
         log::info("this node sits out the next round: " + problem);

@@ -175,6 +175,7 @@ class AgentImpl {
   bool successReported_ = false;
   // --crash-loop-attempts: how failed attempts ended; the attempt's start, for its life
   CrashLoop crashLoop_;
+  Quarantine quarantine_;  // --quarantine-after: this node's own failures
   Clock::time_point attemptStarted_;
   AttemptEnd attemptEnd() const;  // the attempt under way, as it ends (agent.cpp)
   // Starting the round's workers (startSome): its number, what is left to start.

@@ -27,6 +27,9 @@ struct HealthOptions {
   // the launch instead of sitting out.
   bool alone = false;
   std::chrono::milliseconds recheck{5'000};  // a node sitting out is checked again so often
+  // A node whose checks keep failing this long ends (the rendezvous's join_timeout), rather
+  // than wait for ever where no round can form without it.
+  std::chrono::milliseconds giveUp{600'000};
 };
 
 // Why the node is unfit, one line; nothing when it is fit.

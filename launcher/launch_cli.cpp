@@ -352,13 +352,16 @@ std::optional<uint16_t> healthCheckPort(const Environment& env) {
 
 }  // namespace
 
-// The checks before every round (agents/health_check.h); none where nothing is to be checked.
+// The checks before every round (agents/health_check.h); none where nothing is to be checked
+// and no node is put out.
 std::optional<agents::HealthOptions> healthOptions(const DeclaredFlags& f, const LaunchConfig& c) {
-  if (f.healthCheck.empty() && f.healthMinFree == 0) return std::nullopt;
+  if (f.healthCheck.empty() && f.healthMinFree == 0 && c.agent.quarantine.after == 0)
+    return std::nullopt;
   agents::HealthOptions health{
       .timeout = std::chrono::milliseconds(static_cast<int64_t>(f.healthCheckTimeout * 1000)),
       .minFreeBytes = static_cast<uint64_t>(f.healthMinFree * (1ull << 30)),
-      .alone = c.maxNodes == 1};
+      .alone = c.maxNodes == 1,
+      .giveUp = c.rdzv.joinTimeout};
   if (!f.healthCheck.empty()) health.command = f.healthCheck;
   return health;
 }
@@ -390,6 +393,10 @@ LaunchParse parseDlrunArgs(const std::vector<std::string>& args, const HostProbe
   resolveBackend(f, c, host);
   crossCheck(f, c);
   c.agent.health = healthOptions(f, c);
+  c.agent.quarantine.window =
+      std::chrono::milliseconds(static_cast<int64_t>(f.quarantineWindow * 1000));
+  c.agent.quarantine.coolDown =
+      std::chrono::milliseconds(static_cast<int64_t>(f.quarantineFor * 1000));
 
   if (f.fanout) c.hostLaunch = std::move(f.hostLaunch);
   c.entrypoint = f.rest.front();

@@ -150,8 +150,18 @@ void declareCheckFlags(CLI::App& app, DeclaredFlags& f, LaunchConfig& c) {
       ->check(CLI::Range(0.001, 86'400.0));
   addOption(app, "health-min-free", f.healthMinFree,
             "GiB that must be free on disk where the logs and checkpoints go, and in memory, "
-            "for a node to join a round (0: not checked)")
+            "for a node to join a round (0, the default: not checked)")
       ->check(CLI::Range(0.0, 1e9));
+  addOption(app, "quarantine-after", c.agent.quarantine.after,
+            "Failures of a node's workers within --quarantine-window that put the node out of "
+            "the rounds for --quarantine-for seconds, so restarts land elsewhere (0: never)")
+      ->check(kCount);
+  addOption(app, "quarantine-window", f.quarantineWindow,
+            "Seconds within which --quarantine-after failures put a node out")
+      ->check(kSeconds);
+  addOption(app, "quarantine-for", f.quarantineFor,
+            "Seconds a node put out by --quarantine-after sits out before it is let in again")
+      ->check(kSeconds);
   addOption(app, "crash-loop-attempts", c.agent.crashLoopAttempts,
             "Failed attempts in a row without the job's step advancing (as dlrun.progress "
             "reports it; without reports, attempts that lived under 60 s) that end the job with "

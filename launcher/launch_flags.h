@@ -29,7 +29,7 @@ struct DeclaredFlags {
          hangTimeout = 0;
   double stragglerFraction = 0.7, stragglerWindow = 30;
   std::string healthCheck;  // --health-check
-  double healthCheckTimeout = 60, healthMinFree = 0.25;
+  double healthCheckTimeout = 60, healthMinFree = 0, quarantineWindow = 600, quarantineFor = 600;
   bool module = false, noPython = false, runPath = false;
   bool warmStart = false;  // --warm-start
   std::string preload;     // --preload

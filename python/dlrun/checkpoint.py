@@ -421,8 +421,9 @@ class _Memory:
             if offers:
                 forget_later(self.root, step, self._ranks_here())
             try:
-                slot, expected = held.get(step) or self._fetch(agents[self.rank][step], step,
-                                                               held)
+                if step not in held:  # then held as its own: unmarked below unless loaded
+                    held[step] = self._fetch(agents[self.rank][step], step, held)
+                slot, expected = held[step]
                 meta, data = slot.lend()
                 whole = checksum(data, meta) == expected
                 why = "does not match its checksum"

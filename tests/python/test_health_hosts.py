@@ -5,7 +5,11 @@
   the round out and the agent waiting as a spare takes its place; the job runs on the others, and
   the host that sat out ends at once when stopped;
 - in a job of --nnodes=1:2, a host that fails its check stays out and the round forms without
-  it; once its check passes it joins, and the job's next round has both hosts.
+  it; once its check passes it joins, and the job's next round has both hosts;
+- a host whose workers fail twice (--quarantine-after=2) is put out: the round forms with the
+  agent started after that, and once its cool-down is over the host is let in again;
+- a node whose check keeps failing past the rendezvous's join_timeout ends (exit 1, one line)
+  rather than wait for ever (on loopback).
 
 The check reads a file the test makes: OUT/unfit-<hostname>.
 
@@ -14,8 +18,10 @@ Runs under torch 2.13's interpreter (ctest: python_health_hosts) and as root.
 import glob
 import os
 import signal
+import subprocess
 
 from dlrun_fixture import PYTHON, binary_from_env, clean_env, read_json, temp_dir, wait_until
+from metrics_fixture import free_port
 from netns_fixture import Hosts, main
 from test_inprocess_recovery_hosts import RDZV_PORT, Output
 from test_torch2_elastic import Launcher, dlrund_in
@@ -44,15 +50,19 @@ def starts(out):
 class HealthChecksOnHostsTest(unittest.TestCase):
     def start(self, hosts, nnodes, health, on, worker_args):
         """dlrund on host 0 and an agent on each host of `on`; returns the agents by host."""
-        logs = temp_dir(self)
-        env = clean_env(PYTHON_EXEC=PYTHON, TMPDIR=logs, GLOO_SOCKET_IFNAME="eth0")
-        dlrund_in(self, hosts, env, logs)
+        self.logs = temp_dir(self)
+        self.env = clean_env(PYTHON_EXEC=PYTHON, TMPDIR=self.logs, GLOO_SOCKET_IFNAME="eth0")
+        dlrund_in(self, hosts, self.env, self.logs)
+        return self.start_more(hosts, nnodes, health, on, worker_args)
+
+    def start_more(self, hosts, nnodes, health, on, worker_args):
+        """An agent on each host of `on`, dlrund already there; the agents by host."""
         flags = [f"--nnodes={nnodes}", "--nproc-per-node=2", "--rdzv-backend=c10d",
                  f"--rdzv-endpoint={hosts.address(0)}:{RDZV_PORT}", "--rdzv-id=health",
                  "--rdzv-conf=last_call_timeout=1", *health]
         return {host: Launcher(self, f"dlrun{host}",
                                [binary_from_env("DLRUN", "dlrun"), *flags, PYTHON, WORKER,
-                                *worker_args], env, logs, hosts=hosts, host=host)
+                                *worker_args], self.env, self.logs, hosts=hosts, host=host)
                 for host in on}
 
     def test_a_host_whose_check_hangs_sits_out_and_the_spare_takes_its_place(self):
@@ -99,6 +109,41 @@ class HealthChecksOnHostsTest(unittest.TestCase):
             self.assertEqual({host for _, host, world in starts(out) if world == 4},
                              {hosts.hostname(1), hosts.hostname(2)}, result())
             self.assertIn("passes its health checks again", agents[1].output())
+
+    def test_a_host_whose_workers_keep_failing_is_put_out_until_its_cool_down_ends(self):
+        out = temp_dir(self)
+        release = os.path.join(out, "release")
+        with Hosts(4) as hosts:
+            flags = ["--max-restarts=3", "--quarantine-after=2", "--quarantine-for=3",
+                     "--health-min-free=0"]
+            args = [out, "--fail-host", hosts.hostname(1), "--until-file", release]
+            agents = self.start(hosts, "2", flags, (1, 2), args)
+            result = lambda: Output(agents.values())  # noqa: E731
+            wait_until(lambda: "sits out the next round: quarantined" in agents[1].output(),
+                       TIMEOUT_S, "host 1 to be put out", on_timeout=result)
+            self.assertIn("this node sits out the next round: quarantined: its workers failed 2 "
+                          "times within 600 s (--quarantine-after)", agents[1].output())
+            agents.update(self.start_more(hosts, "2", flags, (3,), args))
+            wait_until(lambda: any(host == hosts.hostname(3) for _, host, _ in starts(out)),
+                       TIMEOUT_S, "a round with host 3 in host 1's place", on_timeout=result)
+            wait_until(lambda: "passes its health checks again" in agents[1].output(), 30,
+                       "host 1 to be let in again", on_timeout=result)
+            open(release, "w").close()
+            self.assertEqual([agents[h].wait(TIMEOUT_S) for h in (2, 3)], [0, 0], result())
+            self.assertEqual(sorted({a for a, host, _ in starts(out) if host == hosts.hostname(1)}),
+                             [0, 1], result())  # its two failed attempts, none after
+
+    def test_a_node_whose_check_keeps_failing_ends_after_the_join_timeout(self):
+        logs = temp_dir(self)
+        done = subprocess.run(
+            [binary_from_env("DLRUN", "dlrun"), "--nnodes=1:2", "--rdzv-backend=c10d",
+             f"--rdzv-endpoint=127.0.0.1:{free_port()}", "--rdzv-conf=join_timeout=1",
+             "--health-check=echo no GPUs here; exit 1", "/bin/true"],
+            env=clean_env(TMPDIR=logs), capture_output=True, text=True, timeout=TIMEOUT_S)
+        self.assertEqual(done.returncode, 1, done.stderr)
+        self.assertIn("dlrun: error: this node failed its health checks for 1 s (the "
+                      "rendezvous's join_timeout): --health-check 'echo no GPUs here; exit 1' "
+                      "failed (exit code 1): no GPUs here", done.stderr)
 
 
 if __name__ == "__main__":

@@ -1,12 +1,13 @@
 """A worker of the multi-node tests: records its start, then does what the flags say.
 
 Usage: elastic_worker.py OUT_DIR [--allreduce] [--fail-rank R --fail-rounds N [--fail-code C]]
-                         [--wait]
+                         [--fail-host NAME] [--wait]
                          [--until-file PATH [--hold-ranks R,R...]] [--exec COMMAND...]
 Writes OUT_DIR/start_<restart count>_<rank>_<pid>.json with the time, its pid and the
 variables dlrun set. --allreduce runs a torch gloo all-reduce over the whole world (env://,
 dlrun's store) and records the sum. --fail-rank exits 3 (or C) on that rank while
-TORCHELASTIC_RESTART_COUNT < N (N = -1: always). --wait blocks until a signal stops it;
+TORCHELASTIC_RESTART_COUNT < N (N = -1: always); --fail-host exits 3 (or C) on the host of that
+name, every attempt. --wait blocks until a signal stops it;
 --until-file exits 0 once PATH exists (or 4 after worker_util.MAX_WAIT_S); with --hold-ranks
 only those ranks wait for it, the others exit 0 at once. --exec (last) replaces the worker by
 COMMAND once the start is recorded (a real trainer whose start the tests can see).
@@ -43,6 +44,7 @@ def main():
     parser.add_argument("--fail-rank", type=int, default=-1)
     parser.add_argument("--fail-code", type=int, default=3)
     parser.add_argument("--fail-rounds", type=int, default=0)
+    parser.add_argument("--fail-host")
     parser.add_argument("--wait", action="store_true")
     parser.add_argument("--until-file")
     parser.add_argument("--hold-ranks")
@@ -59,7 +61,8 @@ def main():
     if args.exec:
         sys.stdout.flush()
         os.execv(args.exec[0], args.exec)
-    if rank == args.fail_rank and (args.fail_rounds < 0 or attempt < args.fail_rounds):
+    if rank == args.fail_rank and (args.fail_rounds < 0 or attempt < args.fail_rounds) \
+            or record["host"] == args.fail_host:
         print(f"rank {rank} fails on purpose", file=sys.stderr, flush=True)
         return args.fail_code
     if args.wait:
