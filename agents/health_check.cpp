@@ -48,13 +48,15 @@ std::string lastLine(const std::string& text) {
 }
 
 HealthProblem userCheck(const HealthOptions& options) {
+  // Before the spawn: timeout(1) counts from a moment after it, so a check it killed has
+  // always run the whole timeout by this clock.
+  const auto started = std::chrono::steady_clock::now();
   // The exit status on stdout: the agent's own reaping may take the shell's status first.
   // timeout(1) kills the check's whole process group when its time is up.
   ToolRun run("--health-check", {"/bin/sh", "-c",
                                  "timeout -s KILL \"$2\" /bin/sh -c \"$1\"; s=$?; echo; echo \"" +
                                      std::string(kExitMark) + "$s\"",
                                  "dlrun-health-check", *options.command, seconds(options.timeout)});
-  const auto started = std::chrono::steady_clock::now();
   run.finishWithin(options.timeout + kWrapperGrace);
   const CheckOutput said = readCheckOutput(run.out(), run.err());
   if (said.exitCode == 0) return std::nullopt;
