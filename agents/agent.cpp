@@ -231,6 +231,7 @@ void AgentImpl::runRendezvous() {
     if (world && !openAttemptSpace(*world)) {
       asio::post(io_, [this, world = *world] { sitOut(world); });
     } else {
+      if (world) probeNetwork(*world);
       if (world && world->keptWorkers) moveKept(*world);
       asio::post(io_, [this, joined = std::move(joined)] { onJoined(joined); });
     }
@@ -380,7 +381,7 @@ void AgentImpl::reportFailure(const Worker& w) {
                               readErrorFile(w.errorFile()),
                               w.lastErrorLines(),
                               timer == expiredTimers_.end() ? "" : timer->second};
-  quarantine_.failed(Clock::now());
+  if (quarantine_.failed(Clock::now())) noteQuarantined();
   const bool told = endsWithoutRestart(w.status());
   const bool looping = !told && crashLoop_.ended(attemptEnd());
   rendezvous::RoundEnd end{.kind = rendezvous::RoundEnd::Kind::WorkerFailed,

@@ -137,6 +137,9 @@ struct AgentOptions {
   QuarantineOptions quarantine;
   // The checks before every round (--health-check, --health-min-free); unset: none
   std::optional<HealthOptions> health;
+  // The network probe's bound once a round of several nodes forms (--network-probe-timeout);
+  // unset: no probe (--no-network-probe)
+  std::optional<std::chrono::milliseconds> networkProbe;
   // --warm-start: workers are forked from a Python interpreter that started with the agent and
   // imported --preload's modules (warm_start.h)
   std::optional<WarmStartOptions> warmStart;

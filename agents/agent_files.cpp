@@ -1,6 +1,7 @@
 // What the agent keeps on disk: the log root (--log-dir, else a temporary directory for error
 // files), the run's directory in it, and torch's file-based timer, whose FIFO lives there by
 // default (file_timer.h).
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -197,6 +198,19 @@ void AgentImpl::holdCheckpointMemory() {
           log::info("checkpoints: not " + how + ": " + report.problems.front());
         failing = !report.problems.empty();
       });
+}
+
+// Put out: its name goes where a requeued batch script reads the nodes to exclude. One write of
+// a whole line with O_APPEND, so that nodes putting themselves out at once do not mix lines.
+void AgentImpl::noteQuarantined() {
+  const auto& file = options_.quarantine.file;
+  if (!file) return;
+  const std::string line = options_.quarantine.nodeName + "\n";
+  const int fd = ::open(file->c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (fd < 0 || ::write(fd, line.data(), line.size()) != static_cast<ssize_t>(line.size()))
+    log::info("cannot note this node as put out in " + file->string() + ": " +
+              std::strerror(errno));
+  if (fd >= 0) ::close(fd);
 }
 
 // The round's other nodes keep a copy of this node's checkpoints, and this one of theirs: its

@@ -1,6 +1,8 @@
 // The node's checks before it joins a round (health_check.h): fit, it joins; unfit, it sits the
 // round out (a spare takes its place, or the round forms without it), says why once, and is
 // checked again until it passes. A node no other can stand in for (--nnodes=1) ends instead.
+// Sitting out is its state for the observers (kSittingOut: the job's page, `dlrun top`, the
+// metric dlrun_node_sitting_out) until it passes.
 #include "agents/agent_impl.h"
 
 namespace dlrun::agents::detail {
@@ -11,6 +13,7 @@ bool AgentImpl::awaitHealthy() {
   health.dirs = {logRoot_};
   if (options_.checkpointDir) health.dirs.emplace_back(*options_.checkpointDir);
   std::string said;                          // the problem last said: a new one is said again
+  bool saidQuarantined = false;              // the quarantine, said once: its text counts down
   std::optional<Clock::time_point> failing;  // since when its checks fail
   for (;;) {
     // A node no other can stand in for is never put out.
@@ -24,6 +27,7 @@ bool AgentImpl::awaitHealthy() {
         asio::post(io_, [this] {
           log::info("this node passes its health checks again: joining the next round");
           publishEvent("health_check_passed", -1, "joining the next round");
+          if (state_ == State::Joining) publishNode("joining");
         });
       return true;
     }
@@ -35,12 +39,16 @@ bool AgentImpl::awaitHealthy() {
       asio::post(io_, [this, message = why + *problem] { onRendezvousError(1, message); });
       return false;
     }
-    if (*problem != said &&
-        !(problem->starts_with("quarantined") && said.starts_with("quarantined"))) {
+    if (quarantined ? !saidQuarantined : *problem != said) {
       said = *problem;
-      asio::post(io_, [this, problem = *problem] {
-        log::info("this node sits out the next round: " + problem);
-        publishEvent("health_check_failed", -1, problem);
+      saidQuarantined = quarantined;
+      control::SittingOut out{.cause = quarantined ? control::kQuarantine : control::kHealthCheck,
+                              .reason = *problem};
+      asio::post(io_, [this, out = std::move(out)] {
+        log::info("this node sits out the next round: " + out.reason);
+        sittingOut_ = out;
+        publishEvent("health_check_failed", -1, out.reason);
+        if (state_ == State::Joining) publishNode(control::kSittingOut);
       });
     }
     std::unique_lock lock(healthMutex_);

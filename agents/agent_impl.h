@@ -23,6 +23,7 @@
 #include "agents/crash_loop.h"
 #include "agents/file_timer.h"
 #include "agents/hang_watcher.h"
+#include "agents/network_probe.h"
 #include "agents/output.h"
 #include "agents/process.h"
 #include "common/asio.h"
@@ -66,6 +67,8 @@ class AgentImpl {
   // rendezvous thread; false where the node is not to join (the agent ends)
   bool awaitHealthy();
   void interruptHealthWait();
+  // agent_probe.cpp: the network probe of a round just formed, on the rendezvous thread
+  void probeNetwork(const rendezvous::World& world);
 
   // agent_keep.cpp: the workers kept through a re-rendezvous (a node lost, in process)
   std::string keepRefusal(const rendezvous::RoundEnd& end, bool* recovering = nullptr) const;
@@ -206,6 +209,9 @@ class AgentImpl {
   std::mutex healthMutex_;
   std::condition_variable healthWake_;
   bool healthInterrupted_ = false;
+  // Why this node sits out (agent_health.cpp, on the io_context): from a failed check until its
+  // next workers start, it is in no round, so its state names no group rank and no workers.
+  std::optional<control::SittingOut> sittingOut_;
   std::optional<HangWatcher> hang_;  // with --hang-timeout
   // The workers' progress board and its look twice a second, for the hang watch and the
   // observers: made when either is there.
@@ -220,6 +226,7 @@ class AgentImpl {
   fs::path logRoot_;
   std::optional<fs::path> runDir_;  // LOG_ROOT/RUN_ID_XXXXXXXX, made on first use (agent_files.cpp)
   fs::path runDir();
+  void noteQuarantined();  // this node's name added to --quarantine-file
   // A requeued job's run before it in --log-dir (the newest RUN_ID_* this group rank made), if any.
   std::optional<fs::path> requeuedRunDir();
   int firstAttempt_ = 0;  // the number of round 0's attempt_N: after a requeued run's last
@@ -228,7 +235,8 @@ class AgentImpl {
   std::optional<CheckpointMemory> checkpointMemory_;     // dlrun.checkpoint's, while the agent runs
   std::optional<CheckpointCourier> checkpointCourier_;   // its copies to the directory, a peer
   std::optional<CheckpointPeerServer> checkpointPeers_;  // a job of several nodes: peers' copies
-  const std::vector<int> stopSignals_;                   // --signals-to-handle
+  std::optional<ProbeServer> probeServer_;  // answers the network probe (--network-probe-timeout)
+  const std::vector<int> stopSignals_;      // --signals-to-handle
   std::optional<FileTimerServer> fileTimer_;
   std::unordered_map<pid_t, std::string> expiredTimers_;  // by worker: why dlrun signalled it
   std::unique_ptr<Zygote> zygote_;                        // --warm-start

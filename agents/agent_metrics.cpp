@@ -148,6 +148,13 @@ std::string AgentView::metricsText(const std::optional<StoreStats>& store) const
   for (const auto& [code, n] : exits_)
     out.sample("dlrun_worker_exits_total", {{"code", std::to_string(code)}},
                static_cast<double>(n));
+  // A series per cause from the start, as the restarts': a node's sitting out is one of them at 1.
+  out.family("dlrun_node_sitting_out", "gauge",
+             "1 while this node sits the rounds out, by cause: health_check (its checks failed), "
+             "quarantine (its workers failed too often)");
+  const std::string outFor = node_ && node_->sittingOut ? node_->sittingOut->cause : "";
+  for (const char* cause : {control::kHealthCheck, control::kQuarantine})
+    out.sample("dlrun_node_sitting_out", {{"cause", cause}}, outFor == cause ? 1 : 0);
   out.family("dlrun_stragglers", "gauge",
              "Ranks this node's watch names slow now (group rank 0's agent watches the job)");
   out.sample("dlrun_stragglers", static_cast<double>(stragglers_.size()));
@@ -208,8 +215,13 @@ std::string AgentView::stateJson(const std::optional<StoreStats>& store, double 
                          {"pid", w.pid},
                          {"state", w.state},
                          {"exit", w.exit}});
-    thisNode = {{"name", node_->name},   {"address", node_->address},      {"state", node_->state},
-                {"round", node_->round}, {"group_rank", node_->groupRank}, {"workers", workers}};
+    thisNode = {{"name", node_->name},
+                {"address", node_->address},
+                {"state", node_->state},
+                {"round", node_->round},
+                {"group_rank", node_->groupRank},
+                {"workers", workers},
+                {"sitting_out", node_->sittingOut ? json(node_->sittingOut->reason) : json()}};
   }
   json events = json::array();
   for (const auto& e : events_)

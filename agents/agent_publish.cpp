@@ -5,7 +5,9 @@
 
 namespace dlrun::agents::detail {
 
-// What the control plane shows of this node: its state and its workers'.
+// What the control plane shows of this node: its state and its workers'. One that sat out is
+// in no round until its next workers start: no group rank, and the last round's workers are
+// gone (their ranks went to others); `round` stays its last.
 void AgentImpl::publishNode(const std::string& state) {
   if (observers_.empty()) return;
   control::NodeState node{.name = options_.control ? options_.control->nodeName : options_.nodeName,
@@ -15,6 +17,12 @@ void AgentImpl::publishNode(const std::string& state) {
                           .round = world_.round,
                           .logDir = logRoot_.string(),
                           .updated = wallSeconds()};
+  if (sittingOut_) {
+    node.groupRank = -1;
+    if (state == control::kSittingOut) node.sittingOut = sittingOut_;
+    for (const auto& observer : observers_) observer->onNodeChanged(node);
+    return;
+  }
   for (const auto& w : workers_) {
     const bool done = !w->alive();
     node.workers.push_back({.rank = w->rank(),
@@ -59,6 +67,7 @@ void AgentImpl::publishJobEvent(const std::string& kind, int rank, const std::st
 }
 
 void AgentImpl::publishStarted() {
+  sittingOut_.reset();
   if (observers_.empty() || workers_.empty()) return;
   publishNode("running");
   publishJobEvent("round_closed", -1,

@@ -61,7 +61,8 @@ ControlPublisher::~ControlPublisher() {
 void ControlPublisher::node(control::NodeState state) {
   {
     std::lock_guard lock(mutex_);
-    if (firstRound_ < 0) firstRound_ = state.round;
+    // A node sitting out before its first round is in none (group rank -1): it joins later.
+    if (firstRound_ < 0 && state.groupRank >= 0) firstRound_ = state.round;
     state.firstRound = firstRound_;
     node_ = std::move(state);
     ++nodeChanges_;

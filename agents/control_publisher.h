@@ -4,12 +4,12 @@
 // where the Control service reads them: one write a change, none a worker step. Signals and
 // stops sent to the job (SignalJob, StopJob) come back as commands.
 //
-// Nothing is sent before the first node() or event() (the agent's first workers started): an
-// observer stays off the agents' way into a round, where every agent of a job meets the store
-// at once. The first write registers this agent (its index in the job is its id, under which
-// its state is kept: agents that share a host stay apart) and reads where its commands begin;
-// commands sent before then are not for it (it had no workers to signal), but a single-node
-// job's stop is also its store's `stop` key, read then too.
+// Nothing is sent before the first node() or event() (the agent's first workers started, or it
+// sits a round out): an observer stays off the agents' way into a round, where every agent of a
+// job meets the store at once. The first write registers this agent (its index in the job is its
+// id, under which its state is kept: agents that share a host stay apart) and reads where its
+// commands begin; commands sent before then are not for it (it had no workers to signal), but a
+// single-node job's stop is also its store's `stop` key, read then too.
 //
 // The ranks' pace (progress()) is written at most once a second, the newest replacing a queued
 // one. Group rank 0's publisher also watches for stragglers (control/state/stragglers.h): every
@@ -98,7 +98,7 @@ class ControlPublisher {
   std::condition_variable changed_;
   std::condition_variable written_;  // events_ lost its oldest entries to the store
   std::optional<control::NodeState> node_;
-  int firstRound_ = -1;  // the round of the first node(), sent with each (NodeState::firstRound)
+  int firstRound_ = -1;  // the round of the first node() in a round, sent with each (firstRound)
   uint64_t nodeChanges_ = 0;  // node() calls: tells writeOnce whether node_ is the one it wrote
   std::deque<control::JobEvent> events_;
   std::optional<control::NodeProgress> progress_;

@@ -247,9 +247,10 @@ void HangWatcher::collect(Collect what, std::function<void()> done) {
       std::vector<RankReport> all;
       int reported = 1, nodes = 1;
       if (what.shareWithJob) {
-        rendezvous_.shareHangReport(encodeRankReports(reports));
+        rendezvous_.shareWithRound(rendezvous::RoundTopic::Hang, encodeRankReports(reports));
         if (what.summarize) {
-          const auto texts = rendezvous_.gatherHangReports(kGatherTimeout);
+          const auto texts =
+              rendezvous_.gatherFromRound(rendezvous::RoundTopic::Hang, kGatherTimeout);
           nodes = static_cast<int>(texts.size());
           reported = 0;
           for (const auto& text : texts) {

@@ -7,6 +7,7 @@
 #include <iterator>
 #include <sstream>
 
+#include "agents/gpu_health.h"
 #include "agents/tool_run.h"
 #include "common/error.h"
 #include "common/text.h"
@@ -114,6 +115,7 @@ HealthProblem checkHealth(const HealthOptions& options) {
     if (const auto memory = availableMemory(meminfo))
       if (auto problem = spaceProblem("memory", *memory, options.minFreeBytes)) return problem;
   }
+  if (auto problem = checkGpus(options.nvml, options.gpus)) return problem;
   if (options.command) return userCheck(options);
   return std::nullopt;
 }

@@ -3,9 +3,10 @@
 // without it within --nnodes=MIN:MAX) and is checked again until it passes.
 //
 // The checks: free space where the logs and checkpoints go, free memory (both cheap, each
-// against --health-min-free), then the user's command (--health-check=CMD, run by /bin/sh in a
-// process group of its own: exit 0 is healthy, otherwise its last line says why), bounded by
-// --health-check-timeout: a check that hangs is killed with everything it started, and fails.
+// against --health-min-free), the GPUs (gpu_health.h: each answers NVML, at least --health-gpus
+// of them; skipped on a node without GPUs), then the user's command (--health-check=CMD, run by
+// /bin/sh in a process group of its own: exit 0 is healthy, otherwise its last line says why),
+// bounded by --health-check-timeout: one that hangs is killed with all it started, and fails.
 #pragma once
 
 #include <chrono>
@@ -23,6 +24,8 @@ struct HealthOptions {
   uint64_t minFreeBytes = 1ull << 30;       // disk and memory; 0: not checked
   std::vector<std::filesystem::path> dirs;  // where the free space is looked at
   std::filesystem::path meminfo = "/proc/meminfo";
+  int gpus = 0;                            // --health-gpus: at least so many; 0: not counted
+  std::string nvml = "libnvidia-ml.so.1";  // where NVML is opened from (a test's fake)
   // No other node can take this one's place (--nnodes=1, --standalone): a failed check ends
   // the launch instead of sitting out.
   bool alone = false;

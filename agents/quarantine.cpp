@@ -12,14 +12,15 @@ std::string seconds(std::chrono::milliseconds span) {
 
 }  // namespace
 
-void Quarantine::failed(Clock::time_point when) {
-  if (options_.after <= 0) return;
+bool Quarantine::failed(Clock::time_point when) {
+  if (options_.after <= 0) return false;
   failures_.push_back(when);
   while (!failures_.empty() && when - failures_.front() > options_.window) failures_.pop_front();
-  if (static_cast<int>(failures_.size()) < options_.after) return;
+  if (static_cast<int>(failures_.size()) < options_.after) return false;
   until_ = when + options_.coolDown;
   counted_ = static_cast<int>(failures_.size());
   failures_.clear();  // let in again, it starts with a clean record
+  return true;
 }
 
 std::optional<std::string> Quarantine::reason(Clock::time_point now) const {

@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <deque>
+#include <filesystem>
 #include <optional>
 #include <string>
 
@@ -17,14 +18,19 @@ struct QuarantineOptions {
   int after = 0;  // failures of this node's workers; 0: never
   std::chrono::milliseconds window{600'000};
   std::chrono::milliseconds coolDown{600'000};
+  // Where a node put out appends its name (--quarantine-file; under Slurm, by default
+  // $SLURM_SUBMIT_DIR/dlrun-exclude-$SLURM_JOB_ID): a requeued batch script excludes them.
+  std::optional<std::filesystem::path> file;
+  std::string nodeName;  // as the scheduler names this node (SLURMD_NODENAME, else the hostname)
 };
 
 class Quarantine {
  public:
   explicit Quarantine(QuarantineOptions options) : options_(options) {}
 
-  // One of this node's workers failed at `when` (an attempt's root cause on this node).
-  void failed(Clock::time_point when);
+  // One of this node's workers failed at `when` (an attempt's root cause on this node); true
+  // when this failure puts the node out.
+  bool failed(Clock::time_point when);
   // Why the node sits out at `now`, one line; nothing once let in.
   std::optional<std::string> reason(Clock::time_point now) const;
 

@@ -56,6 +56,10 @@ v1::Node toProto(const AgentRecord& agent, int64_t replacedBy, const NodeProgres
   out.set_round(n.round);
   out.set_log_dir(n.logDir);
   out.set_updated(n.updated);
+  if (n.sittingOut) {
+    out.set_sitting_out(n.sittingOut->reason);
+    out.set_sitting_out_cause(n.sittingOut->cause);
+  }
   for (const auto& w : n.workers) {
     v1::Worker* worker = out.add_workers();
     worker->set_rank(w.rank);

@@ -316,7 +316,8 @@ std::string formatJob(const v1::Job& job) {
       << "EXIT/STEP\n";
   for (const v1::Node* node : nodes) {
     const bool replaced = node->replaced_by() != 0;
-    out << std::setw(6) << (replaced ? "-" : std::to_string(node->group_rank())) << std::setw(6)
+    const bool grouped = !replaced && node->group_rank() >= 0;  // not when sitting out
+    out << std::setw(6) << (grouped ? std::to_string(node->group_rank()) : "-") << std::setw(6)
         << node->agent() << std::setw(24) << node->name() << std::setw(18) << node->address()
         << std::setw(10) << (replaced ? "replaced" : node->state());
     if (replaced) {
@@ -324,6 +325,7 @@ std::string formatJob(const v1::Job& job) {
           << node->round() << " at " << clockTime(node->updated()) << " UTC\n";
       continue;
     }
+    if (!node->sitting_out().empty()) out << " " << node->sitting_out();
     if (node->workers().empty()) out << "\n";
     bool first = true;
     for (const auto& w : node->workers()) {

@@ -77,6 +77,11 @@ std::string formatTop(const v1::Job& job, const std::deque<v1::Event>& recent, i
     const std::string& cause = job.root_cause();
     lines.push_back("root cause: " + cause.substr(0, cause.find('\n')));
   }
+  // A node sitting out has no ranks to show: a line of its own says which and why.
+  for (const auto& node : job.nodes())
+    if (node.replaced_by() == 0 && !node.sitting_out().empty())
+      lines.push_back(printed("sits out: %s (agent %d): ", node.name().c_str(), node.agent()) +
+                      node.sitting_out());
   lines.push_back(printed("%-12s %3s %-8s %5s %7s %9s %7s %6s %8s", "NODE", "AG", "STATE", "RANK",
                           "PID", "STEP", "STEPS/S", "IDLE", "LOSS"));
   const size_t maxLines = static_cast<size_t>(std::max(height, 8));

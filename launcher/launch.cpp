@@ -75,6 +75,12 @@ void fitTorch(const LaunchConfig& config, agents::AgentOptions& options) {
       ")";
 }
 
+std::string hostName() {
+  char name[256] = {};
+  if (::gethostname(name, sizeof(name) - 1) != 0) return "unknown-host";
+  return name;
+}
+
 // The agent's options as the parser filled them, with what this launch path adds.
 agents::AgentOptions agentOptions(const LaunchConfig& config, bool servesStore,
                                   std::string nodeName = "") {
@@ -82,6 +88,7 @@ agents::AgentOptions agentOptions(const LaunchConfig& config, bool servesStore,
   options.servesStore = servesStore;
   options.nodeName = std::move(nodeName);
   options.attemptSpaces = agents::attemptSpacesOverTcp();
+  options.quarantine.nodeName = config.nodeName.value_or(hostName());
   return options;
 }
 
@@ -158,12 +165,6 @@ std::string runIdOf(const LaunchConfig& config) {
   const bool ownStore = !config.rdzvEndpoint.given() && !config.masterPort &&
                         config.rdzvBackend != RdzvBackend::Static;
   return config.standalone || (config.rdzvId == "none" && ownStore) ? newRunId() : config.rdzvId;
-}
-
-std::string hostName() {
-  char name[256] = {};
-  if (::gethostname(name, sizeof(name) - 1) != 0) return "unknown-host";
-  return name;
 }
 
 // The whole job's page on this agent's --metrics-port (control/job_watch.h), read from the job's

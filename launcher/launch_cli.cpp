@@ -350,12 +350,25 @@ std::optional<uint16_t> healthCheckPort(const Environment& env) {
   return port;
 }
 
+// Where a node put out names itself: --quarantine-file, else, in a Slurm job, beside its batch
+// script, where the script reads it (docs/guides/health-checks.md).
+std::optional<std::filesystem::path> quarantineFile(const DeclaredFlags& f,
+                                                    const Environment& env) {
+  if (!f.quarantineFile.empty()) return std::filesystem::path(f.quarantineFile);
+  const auto job = env.find("SLURM_JOB_ID");
+  if (f.noSlurm || job == env.end()) return std::nullopt;
+  const auto dir = env.find("SLURM_SUBMIT_DIR");
+  return std::filesystem::path(dir == env.end() ? "." : dir->second) /
+         ("dlrun-exclude-" + job->second);
+}
+
 }  // namespace
 
 // The checks before every round (agents/health_check.h); none where nothing is to be checked
-// and no node is put out.
+// and no node is put out. The GPUs are checked whenever the checks run (skipped without GPUs).
 std::optional<agents::HealthOptions> healthOptions(const DeclaredFlags& f, const LaunchConfig& c) {
-  if (f.healthCheck.empty() && f.healthMinFree == 0 && c.agent.quarantine.after == 0)
+  if (f.healthCheck.empty() && f.healthMinFree == 0 && f.healthGpus == 0 &&
+      c.agent.quarantine.after == 0)
     return std::nullopt;
   agents::HealthOptions health{
       .timeout = std::chrono::milliseconds(static_cast<int64_t>(f.healthCheckTimeout * 1000)),
@@ -363,6 +376,7 @@ std::optional<agents::HealthOptions> healthOptions(const DeclaredFlags& f, const
       .alone = c.maxNodes == 1,
       .giveUp = c.rdzv.joinTimeout};
   if (!f.healthCheck.empty()) health.command = f.healthCheck;
+  health.gpus = f.healthGpus;
   return health;
 }
 
@@ -393,10 +407,14 @@ LaunchParse parseDlrunArgs(const std::vector<std::string>& args, const HostProbe
   resolveBackend(f, c, host);
   crossCheck(f, c);
   c.agent.health = healthOptions(f, c);
+  if (!f.noNetworkProbe)
+    c.agent.networkProbe =
+        std::chrono::milliseconds(static_cast<int64_t>(f.networkProbeTimeout * 1000));
   c.agent.quarantine.window =
       std::chrono::milliseconds(static_cast<int64_t>(f.quarantineWindow * 1000));
   c.agent.quarantine.coolDown =
       std::chrono::milliseconds(static_cast<int64_t>(f.quarantineFor * 1000));
+  c.agent.quarantine.file = quarantineFile(f, host.env);
 
   if (f.fanout) c.hostLaunch = std::move(f.hostLaunch);
   c.entrypoint = f.rest.front();

@@ -152,6 +152,15 @@ void declareCheckFlags(CLI::App& app, DeclaredFlags& f, LaunchConfig& c) {
             "GiB that must be free on disk where the logs and checkpoints go, and in memory, "
             "for a node to join a round (0, the default: not checked)")
       ->check(CLI::Range(0.0, 1e9));
+  addOption(app, "health-gpus", f.healthGpus,
+            "GPUs each node must show, every one answering NVML, for it to join a round (0, the "
+            "default: not counted; a GPU that does not answer fails the node all the same)")
+      ->check(CLI::Range(0, 1024));
+  addOption(app, "network-probe-timeout", f.networkProbeTimeout,
+            "Seconds the network probe between a round's nodes may take (each node's link to "
+            "the next measured, the slowest named) before the round's workers start")
+      ->check(CLI::Range(0.001, 3600.0));
+  addFlag(app, "no-network-probe", f.noNetworkProbe, "No network probe between a round's nodes");
   addOption(app, "quarantine-after", c.agent.quarantine.after,
             "Failures of a node's workers within --quarantine-window that put the node out of "
             "the rounds for --quarantine-for seconds, so restarts land elsewhere (0: never)")
@@ -162,6 +171,10 @@ void declareCheckFlags(CLI::App& app, DeclaredFlags& f, LaunchConfig& c) {
   addOption(app, "quarantine-for", f.quarantineFor,
             "Seconds a node put out by --quarantine-after sits out before it is let in again")
       ->check(kSeconds);
+  addOption(app, "quarantine-file", f.quarantineFile,
+            "File where a node put out by --quarantine-after appends its name, for a requeued "
+            "batch script to exclude (under Slurm, $SLURM_SUBMIT_DIR/dlrun-exclude-$SLURM_JOB_ID "
+            "unless set)");
   addOption(app, "crash-loop-attempts", c.agent.crashLoopAttempts,
             "Failed attempts in a row without the job's step advancing (as dlrun.progress "
             "reports it; without reports, attempts that lived under 60 s) that end the job with "

@@ -29,7 +29,11 @@ struct DeclaredFlags {
          hangTimeout = 0;
   double stragglerFraction = 0.7, stragglerWindow = 30;
   std::string healthCheck;  // --health-check
+  int healthGpus = 0;       // --health-gpus
   double healthCheckTimeout = 60, healthMinFree = 0, quarantineWindow = 600, quarantineFor = 600;
+  std::string quarantineFile;  // --quarantine-file
+  double networkProbeTimeout = 2;
+  bool noNetworkProbe = false;
   bool module = false, noPython = false, runPath = false;
   bool warmStart = false;  // --warm-start
   std::string preload;     // --preload

@@ -23,7 +23,7 @@ std::vector<std::string> Keys::ofRound(int round, int joined,
                                 names(round),        gaveUp(round), this->members(round)};
   for (int i = 1; i <= joined; ++i) {
     keys.push_back(node(round, i));
-    keys.push_back(hangReport(round, i));
+    for (RoundTopic topic : kRoundTopics) keys.push_back(shared(round, topic, i));
     keys.push_back(succeeded(round, i));
   }
   for (const auto& member : members) keys.push_back(assignment(round, member));
@@ -31,6 +31,12 @@ std::vector<std::string> Keys::ofRound(int round, int joined,
   // before the end went (ElasticImpl::endRound).
   keys.push_back(end(round));
   return keys;
+}
+
+std::string Keys::shared(int round, RoundTopic topic, int index) const {
+  static constexpr std::string_view kLeaves[] = {"hang/", "probe-at/", "probe/"};
+  static_assert(std::size(kLeaves) == std::size(kRoundTopics));
+  return roundKey(round, std::string(kLeaves[static_cast<int>(topic)]) + std::to_string(index));
 }
 
 namespace {

@@ -45,6 +45,7 @@
 #include <string_view>
 #include <vector>
 
+#include "rendezvous/rendezvous.h"
 #include "rendezvous/round_end.h"
 #include "rendezvous/world.h"
 
@@ -80,9 +81,8 @@ class Keys {
   std::string failures() const { return root_ + "failures"; }
   std::string names(int round) const { return roundKey(round, "names"); }
   std::string gaveUp(int round) const { return roundKey(round, "gave-up"); }
-  std::string hangReport(int round, int index) const {
-    return roundKey(round, "hang/" + std::to_string(index));
-  }
+  // What member `index` told the round's others (Rendezvous::shareWithRound).
+  std::string shared(int round, RoundTopic topic, int index) const;
   std::string forgotten() const { return root_ + "forgotten"; }
   std::string expiry() const { return root_ + "expiry"; }
   // Every key round `round` may hold, when `joined` agents joined it and `members` (the ids in

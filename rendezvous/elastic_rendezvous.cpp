@@ -571,11 +571,12 @@ void ElasticRendezvous::reportFailure(RoundEnd failure) {
 void ElasticRendezvous::reportSuccess() { impl_->reportSuccess(); }
 RoundEnd ElasticRendezvous::reportStop(int signal) { return impl_->reportStop(signal); }
 void ElasticRendezvous::reportLost(const std::string& what) { impl_->reportLost(what); }
-void ElasticRendezvous::shareHangReport(const std::string& report) {
-  impl_->shareHangReport(report);
+void ElasticRendezvous::shareWithRound(RoundTopic topic, const std::string& text) {
+  impl_->shareWithRound(topic, text);
 }
-std::vector<std::string> ElasticRendezvous::gatherHangReports(std::chrono::milliseconds timeout) {
-  return impl_->gatherHangReports(timeout);
+std::vector<std::string> ElasticRendezvous::gatherFromRound(RoundTopic topic,
+                                                            std::chrono::milliseconds timeout) {
+  return impl_->gatherFromRound(topic, timeout);
 }
 void ElasticRendezvous::interrupt() { impl_->interrupt(); }
 

@@ -128,8 +128,9 @@ class ElasticRendezvous : public Rendezvous {
   RoundEnd reportStop(int signal) override;
   void reportLost(const std::string& what) override;
   // Over a connection of their own, so they never wait behind the agent's reports.
-  void shareHangReport(const std::string& report) override;
-  std::vector<std::string> gatherHangReports(std::chrono::milliseconds timeout) override;
+  void shareWithRound(RoundTopic topic, const std::string& text) override;
+  std::vector<std::string> gatherFromRound(RoundTopic topic,
+                                           std::chrono::milliseconds timeout) override;
 
   // Offered to the next next() alone, whatever it returns.
   void offerKept(const KeptWorkers& kept, std::function<void()> dropped) override;

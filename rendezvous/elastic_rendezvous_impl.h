@@ -36,8 +36,8 @@ class ElasticImpl {
   void reportSuccess();
   RoundEnd reportStop(int signal);
   void reportLost(const std::string& what);
-  void shareHangReport(const std::string& report);
-  std::vector<std::string> gatherHangReports(std::chrono::milliseconds timeout);
+  void shareWithRound(RoundTopic topic, const std::string& text);
+  std::vector<std::string> gatherFromRound(RoundTopic topic, std::chrono::milliseconds timeout);
   void interrupt();
   void offerKept(std::optional<KeptWorkers> kept, std::function<void()> dropped) {
     kept_ = std::move(kept);

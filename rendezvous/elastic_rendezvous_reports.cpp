@@ -98,17 +98,18 @@ void ElasticImpl::reportLost(const std::string& what) {
          [this, round = member_->round, lost](Store& store) { endRound(store, round, lost); });
 }
 
-void ElasticImpl::shareHangReport(const std::string& report) {
+void ElasticImpl::shareWithRound(RoundTopic topic, const std::string& text) {
   const int round = memberRound_;
   if (round < 0) return;
-  openStore()->set(keys_.hangReport(round, memberIndex_), report);
+  openStore()->set(keys_.shared(round, topic, memberIndex_), text);
 }
 
-std::vector<std::string> ElasticImpl::gatherHangReports(std::chrono::milliseconds timeout) {
+std::vector<std::string> ElasticImpl::gatherFromRound(RoundTopic topic,
+                                                      std::chrono::milliseconds timeout) {
   const int round = memberRound_;
   if (round < 0) return {};
   std::vector<std::string> keys;
-  for (int i = 1; i <= memberCount_; ++i) keys.push_back(keys_.hangReport(round, i));
+  for (int i = 1; i <= memberCount_; ++i) keys.push_back(keys_.shared(round, topic, i));
   auto store = openStore();
   store->waitFor(keys, timeout);  // whatever came in time
   return store->peek(keys);

@@ -43,14 +43,15 @@ void LocalRendezvous::reportSuccess() {
 
 RoundEnd LocalRendezvous::reportStop(int signal) { return jobStopped(signal, options_.nodeName); }
 
-void LocalRendezvous::shareHangReport(const std::string& report) {
+void LocalRendezvous::shareWithRound(RoundTopic topic, const std::string& text) {
   std::lock_guard lock(mutex_);
-  hangReport_ = report;
+  shared_[topic] = text;
 }
 
-std::vector<std::string> LocalRendezvous::gatherHangReports(std::chrono::milliseconds) {
+std::vector<std::string> LocalRendezvous::gatherFromRound(RoundTopic topic,
+                                                          std::chrono::milliseconds) {
   std::lock_guard lock(mutex_);
-  return {hangReport_};
+  return {shared_[topic]};
 }
 
 void LocalRendezvous::interrupt() {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <condition_variable>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -36,9 +37,10 @@ class LocalRendezvous : public Rendezvous {
   RoundEnd reportStop(int signal) override;
   // One node serves its own workers' store: never called.
   void reportLost(const std::string&) override {}
-  // One node: its own report is all there is.
-  void shareHangReport(const std::string& report) override;
-  std::vector<std::string> gatherHangReports(std::chrono::milliseconds timeout) override;
+  // One node: its own text is all there is.
+  void shareWithRound(RoundTopic topic, const std::string& text) override;
+  std::vector<std::string> gatherFromRound(RoundTopic topic,
+                                           std::chrono::milliseconds timeout) override;
   void interrupt() override;
 
  private:
@@ -48,7 +50,7 @@ class LocalRendezvous : public Rendezvous {
   std::mutex mutex_;  // the agent's thread reports while the rendezvous thread awaits
   std::condition_variable ended_;
   std::optional<RoundEnd> end_;
-  std::string hangReport_;
+  std::map<RoundTopic, std::string> shared_;
   bool interrupted_ = false;
 };
 

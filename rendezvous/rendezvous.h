@@ -21,6 +21,15 @@ namespace dlrun::rendezvous {
 // finished, or failed for good) while this node waited to join.
 using JoinResult = std::variant<World, RoundEnd>;
 
+// What a round's members tell each other (Rendezvous::shareWithRound).
+enum class RoundTopic {
+  Hang,          // a hang ended the round: each member's ranks' stacks (agents/hang_watcher.h)
+  ProbeAddress,  // where each member's agent answers the network probe (agents/network_probe.h)
+  Probe,         // what each member measured of its link to the next
+};
+inline constexpr RoundTopic kRoundTopics[] = {RoundTopic::Hang, RoundTopic::ProbeAddress,
+                                              RoundTopic::Probe};
+
 class Rendezvous {
  public:
   virtual ~Rendezvous() = default;
@@ -42,13 +51,14 @@ class Rendezvous {
   // The node serving this round's workers' store (`what` names it) is gone: the round ends as
   // NodeLost at once, without waiting for its lease to lapse.
   virtual void reportLost(const std::string& what) = 0;
-  // A hang (RoundEnd::hang) ended the round: each member shares its ranks' report (text the
-  // agent encodes) for the round it is a member of; the node that saw the hang gathers every
-  // member's, waiting up to `timeout` for those still missing: one entry a member, empty for
-  // one that sent nothing in time. Both may block: the agent calls
-  // them on a thread of its own, while its workers' stacks are taken.
-  virtual void shareHangReport(const std::string& report) = 0;
-  virtual std::vector<std::string> gatherHangReports(std::chrono::milliseconds timeout) = 0;
+  // What the members of a round tell each other beside the rendezvous (text the agent encodes),
+  // one text a member and topic, for the round it is a member of: each member shares its own;
+  // a member gathers every member's, waiting up to `timeout` for those still missing: one
+  // entry a member in the round's order, empty for one that sent nothing in time. Both may
+  // block: the agent calls them on a thread of its own.
+  virtual void shareWithRound(RoundTopic topic, const std::string& text) = 0;
+  virtual std::vector<std::string> gatherFromRound(RoundTopic topic,
+                                                   std::chrono::milliseconds timeout) = 0;
   // The next next() offers this node's running workers (a node lost, --recovery=in-process):
   // the round keeps them where it can (World::keptWorkers). Called before that next(), on the
   // thread that then runs it or one that starts it; one node's rendezvous loses no node.

@@ -35,6 +35,9 @@
 #                                  switch (a partition: each still reaches every other host);
 #                                  until healed or the set is taken down
 #   netns.sh heal PREFIX I J       end the cut between hosts I and J (none: nothing to do)
+#   netns.sh slow PREFIX I RATE    what host I sends leaves at RATE at most (tc's units: 20mbit;
+#                                  a token bucket on its eth0: this kernel lacks netem); "off"
+#                                  ends it
 #   netns.sh down PREFIX           kill every process in every namespace of the set, delete the
 #                                  namespaces and /etc/netns/PREFIX-*; never fails, and does
 #                                  nothing for a set that is not (or only partly) there
@@ -215,6 +218,20 @@ cmd_link() {
   ip -n "$1-$2" link set eth0 "$3"
 }
 
+cmd_slow() {
+  (($# == 3)) || die "usage: netns.sh slow PREFIX I RATE|off"
+  check_prefix "$1"
+  check_host "$1" "$2"
+  local tc=(ip netns exec "$1-$2" tc)
+  if [[ $3 == off ]]; then
+    "${tc[@]}" qdisc del dev eth0 root 2>/dev/null || true
+    return 0
+  fi
+  [[ $3 =~ ^[0-9]+(bit|kbit|mbit|gbit)$ ]] || die "rate must be like 20mbit (got '$3')"
+  step "slow: the token bucket of host $2" "${tc[@]}" qdisc replace dev eth0 root tbf rate "$3" \
+    burst 64kb latency 2s
+}
+
 # The switch's port toward host I drops what a filter sends to class 1:2 (a FIFO of no room):
 # an HTB root, whose default class 1:1 passes the rest. Made once per port. HTB because this
 # kernel has it, where prio, netem and tc's drop action are modules it lacks.
@@ -287,10 +304,10 @@ cmd_list() {
     awk '$1 ~ /^[A-Za-z0-9]+-([0-9]+|sw)$/ { sub(/-[^-]*$/, "", $1); if (!seen[$1]++) print $1 }'
 }
 
-(($# >= 1)) || die "usage: netns.sh up|exec|pids|kill|link|cut|heal|down|list ..."
+(($# >= 1)) || die "usage: netns.sh up|exec|pids|kill|link|cut|heal|slow|down|list ..."
 command=$1
 shift
 case $command in
-  up | exec | pids | kill | link | cut | heal | down | list) "cmd_$command" "$@" ;;
-  *) die "unknown subcommand '$command' (up, exec, pids, kill, link, cut, heal, down, list)" ;;
+  up | exec | pids | kill | link | cut | heal | slow | down | list) "cmd_$command" "$@" ;;
+  *) die "unknown subcommand '$command' (up, exec, pids, kill, link, cut, heal, slow, down, list)" ;;
 esac

@@ -115,5 +115,27 @@ TEST(AgentView, StragglersAreCountedAndEachOnesPaceShown) {
   EXPECT_EQ(view.metricsText(std::nullopt).find("dlrun_straggler_pace_ratio{"), std::string::npos);
 }
 
+// A series per cause from the start; the node's own state says whether it sits out, and why.
+TEST(AgentView, ANodeSittingOutIsOneAndSaysWhy) {
+  AgentView view("n1");
+  const std::string none = view.metricsText(std::nullopt);
+  EXPECT_TRUE(has(none, "dlrun_node_sitting_out{cause=\"health_check\"} 0")) << none;
+  EXPECT_TRUE(has(none, "dlrun_node_sitting_out{cause=\"quarantine\"} 0")) << none;
+  view.node(
+      {.name = "n1",
+       .state = control::kSittingOut,
+       .sittingOut = control::SittingOut{.cause = control::kHealthCheck, .reason = "no GPU"}});
+  const std::string out = view.metricsText(std::nullopt);
+  EXPECT_TRUE(has(out, "dlrun_node_sitting_out{cause=\"health_check\"} 1")) << out;
+  EXPECT_TRUE(has(out, "dlrun_node_sitting_out{cause=\"quarantine\"} 0")) << out;
+  const auto state = nlohmann::json::parse(view.stateJson(std::nullopt, 1));
+  EXPECT_EQ(state["this_node"]["sitting_out"], "no GPU");
+  view.node({.name = "n1", .state = "joining"});  // it passed
+  const std::string back = view.metricsText(std::nullopt);
+  EXPECT_TRUE(has(back, "dlrun_node_sitting_out{cause=\"health_check\"} 0")) << back;
+  EXPECT_TRUE(
+      nlohmann::json::parse(view.stateJson(std::nullopt, 1))["this_node"]["sitting_out"].is_null());
+}
+
 }  // namespace
 }  // namespace dlrun::agents

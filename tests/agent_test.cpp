@@ -87,12 +87,13 @@ class FakeRendezvous : public rendezvous::Rendezvous {
     changed_.notify_all();
   }
 
-  void shareHangReport(const std::string& report) override {
+  void shareWithRound(rendezvous::RoundTopic, const std::string& report) override {
     std::lock_guard lock(mutex_);
     hangReports.push_back(report);
   }
 
-  std::vector<std::string> gatherHangReports(std::chrono::milliseconds) override {
+  std::vector<std::string> gatherFromRound(rendezvous::RoundTopic,
+                                           std::chrono::milliseconds) override {
     std::lock_guard lock(mutex_);
     return hangReports;
   }

@@ -211,6 +211,28 @@ TEST(ControlTop, ASmallTerminalShowsTheStragglersAndCountsTheRest) {
   EXPECT_NE(frame.find("more ranks (dlrun status lists all)"), std::string::npos) << frame;
 }
 
+// A node sitting out has no ranks: a line says which and why, in top and in status.
+TEST(ControlTop, ANodeSittingOutIsNamedWithWhy) {
+  v1::Job job = topJob();
+  auto* out = job.add_nodes();
+  out->set_name("n9");
+  out->set_agent(4);
+  out->set_group_rank(-1);
+  out->set_state("sitting_out");
+  out->set_sitting_out("--health-check 'x' failed (exit code 1): no GPUs");
+  out->set_sitting_out_cause("health_check");
+  const std::string frame = formatTop(job, {}, 120, 40);
+  EXPECT_NE(frame.find("sits out: n9 (agent 4): --health-check 'x' failed (exit code 1): no GPUs"),
+            std::string::npos)
+      << frame;
+  EXPECT_NE(frame.find("ranks 12"), std::string::npos) << frame;
+  const std::string text = formatJob(job);
+  EXPECT_NE(text.find("-     4     n9"), std::string::npos) << text;  // no group rank
+  EXPECT_NE(text.find("sitting_out --health-check 'x' failed (exit code 1): no GPUs\n"),
+            std::string::npos)
+      << text;
+}
+
 TEST(ControlTop, HasFlagsOfItsOwn) {
   const auto parsed = parseControlArgs(
       {"top", "--rdzv-endpoint=h:1", "--rdzv-id=j", "--interval=2.5", "--once"}, {});

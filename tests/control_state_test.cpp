@@ -49,6 +49,16 @@ TEST(ControlState, RecordsRoundTrip) {
   EXPECT_EQ(n.workers[0].pid, 99);
   EXPECT_EQ(n.workers[0].exit, "exit code 3");
   EXPECT_EQ(n.workers[0].step, 40);
+  EXPECT_FALSE(n.sittingOut);  // nor in the records of agents that never wrote one
+
+  const NodeState out = decodeNodeState(
+      encode(NodeState{.name = "n2",
+                       .state = kSittingOut,
+                       .sittingOut = SittingOut{.cause = kHealthCheck, .reason = "no GPUs"}}));
+  EXPECT_EQ(out.state, "sitting_out");
+  ASSERT_TRUE(out.sittingOut);
+  EXPECT_EQ(out.sittingOut->cause, "health_check");
+  EXPECT_EQ(out.sittingOut->reason, "no GPUs");
 
   const JobEvent e = decodeEvent(encode(JobEvent{.seq = 5,
                                                  .time = 2.5,
@@ -68,6 +78,9 @@ TEST(ControlState, MalformedRecordsAreProtocolErrors) {
   EXPECT_THROW(decodeNodeState("[1]"), ProtocolError);
   EXPECT_THROW(decodeNodeState(R"({"name":"n","addr":"a","group":0,"state":"s","round":0,
                "logs":"","updated":0,"first":0,"workers":[7]})"),
+               ProtocolError);
+  EXPECT_THROW(decodeNodeState(R"({"name":"n","addr":"a","group":0,"state":"s","round":0,
+               "logs":"","updated":0,"first":0,"workers":[],"out":"x"})"),
                ProtocolError);
   EXPECT_THROW(decodeEvent("not json"), ProtocolError);
 }

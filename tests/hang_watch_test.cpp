@@ -139,8 +139,11 @@ class NoRendezvous : public rendezvous::Rendezvous {
   void reportSuccess() override {}
   rendezvous::RoundEnd reportStop(int) override { throw Error("unused"); }
   void reportLost(const std::string&) override {}
-  void shareHangReport(const std::string&) override {}
-  std::vector<std::string> gatherHangReports(std::chrono::milliseconds) override { return {}; }
+  void shareWithRound(rendezvous::RoundTopic, const std::string&) override {}
+  std::vector<std::string> gatherFromRound(rendezvous::RoundTopic,
+                                           std::chrono::milliseconds) override {
+    return {};
+  }
   void interrupt() override {}
 };
 

@@ -116,6 +116,29 @@ TEST_F(JobViewTest, ARecordOfAnotherRoundOrUnreadableOneShowsNoPace) {
   EXPECT_FALSE(job.nodes(0).workers(0).reported());
 }
 
+// A node whose checks failed is listed with why, and without a group rank or workers.
+TEST_F(JobViewTest, ANodeSittingOutIsListedWithWhy) {
+  writeJob("job");
+  const Keys c("job");
+  const int64_t agent = store.add(c.nodes(), 1);
+  store.multiSet({c.nodeAt(agent), c.node(agent)},
+                 {"n2", encode(NodeState{.name = "n2",
+                                         .state = kSittingOut,
+                                         .sittingOut = SittingOut{.cause = kQuarantine,
+                                                                  .reason = "quarantined: x"}})});
+  v1::Job job;
+  fillJob(readJob(store, "job", true), unixNow(), job);
+  ASSERT_EQ(job.nodes_size(), 2);
+  EXPECT_EQ(job.nodes(0).sitting_out(), "");
+  const v1::Node& out = job.nodes(1);
+  EXPECT_EQ(out.state(), "sitting_out");
+  EXPECT_EQ(out.sitting_out(), "quarantined: x");
+  EXPECT_EQ(out.sitting_out_cause(), "quarantine");
+  EXPECT_EQ(out.group_rank(), -1);
+  EXPECT_EQ(out.workers_size(), 0);
+  EXPECT_NE(protoJson(job).find(R"("sitting_out":"quarantined: x")"), std::string::npos);
+}
+
 TEST_F(JobViewTest, ThePageReadsTheJobOnceAskedThenAnswersWithItsCurveAndEvents) {
   writeJob("job");
   JobWatch watch(watchOptions("job"));

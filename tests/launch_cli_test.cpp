@@ -954,6 +954,22 @@ HostProbe slurmHost(int nodeId, Environment extra = {}) {
   return host;
 }
 
+// A node put out names itself beside the batch script, where a requeued one reads the names.
+TEST(ParseDlrunArgsInSlurm, TheNodesPutOutAreWrittenBesideTheBatchScript) {
+  const auto file = [](Args args, HostProbe host) {
+    return parse(std::move(args), std::move(host)).agent.quarantine.file;
+  };
+  EXPECT_EQ(file({"env"}, slurmHost(1, {{"SLURM_SUBMIT_DIR", "/home/ada/run"}})),
+            std::filesystem::path("/home/ada/run/dlrun-exclude-4242"));
+  EXPECT_EQ(file({"env"}, slurmHost(1)), std::filesystem::path("./dlrun-exclude-4242"));
+  EXPECT_EQ(file({"--quarantine-file=/shared/bad", "env"}, slurmHost(1)),
+            std::filesystem::path("/shared/bad"));
+  EXPECT_EQ(file({"--no-slurm", "env"}, slurmHost(1)), std::nullopt);
+  EXPECT_EQ(file({"env"}, fakeHost()), std::nullopt);  // outside Slurm, only where asked
+  EXPECT_EQ(file({"--quarantine-file=bad-nodes", "env"}, fakeHost()),
+            std::filesystem::path("bad-nodes"));
+}
+
 TEST(ParseDlrunArgsInSlurm, AStepNeedsNoOtherFlag) {
   const auto c = parse({"--nproc-per-node=4", "env"}, slurmHost(2));
   EXPECT_EQ(c.rdzvBackend, RdzvBackend::C10d);
@@ -1353,6 +1369,19 @@ TEST(ParseDlrunArgs, StragglerFlagsHaveDefaultsAndRanges) {
               parseDlrunArgs({"--straggler-window=0", "script.py"}, fakeHost());
             }).find("--straggler-window"),
             std::string::npos);
+}
+
+// The checks run only where one is asked for; --health-gpus alone is one.
+TEST(HealthFlags, HealthGpusTurnsTheChecksOn) {
+  EXPECT_FALSE(parse({"script.py"}).agent.health);
+  const auto health = parse({"--health-gpus=8", "script.py"}).agent.health;
+  ASSERT_TRUE(health);
+  EXPECT_EQ(health->gpus, 8);
+  EXPECT_EQ(health->minFreeBytes, 0u);
+  EXPECT_FALSE(health->command);
+  const auto others = parse({"--health-min-free=1", "script.py"}).agent.health;
+  ASSERT_TRUE(others);
+  EXPECT_EQ(others->gpus, 0);  // the GPUs are checked all the same, not counted
 }
 
 TEST(EnvironmentPython, ADlrunInAVenvOrCondaEnvironmentRunsItsInterpreter) {

@@ -66,10 +66,11 @@ std::string encode(const NodeState& n) {
                        {"step", w.step},
                        {"progress", w.progressTime}});
   }
-  return json{{"name", n.name},     {"addr", n.address},    {"group", n.groupRank},
-              {"state", n.state},   {"round", n.round},     {"logs", n.logDir},
-              {"workers", workers}, {"updated", n.updated}, {"first", n.firstRound}}
-      .dump();
+  json out{{"name", n.name},     {"addr", n.address},    {"group", n.groupRank},
+           {"state", n.state},   {"round", n.round},     {"logs", n.logDir},
+           {"workers", workers}, {"updated", n.updated}, {"first", n.firstRound}};
+  if (n.sittingOut) out["out"] = {{"cause", n.sittingOut->cause}, {"why", n.sittingOut->reason}};
+  return out.dump();
 }
 
 NodeState decodeNodeState(std::string_view text) {
@@ -92,6 +93,13 @@ NodeState decodeNodeState(std::string_view text) {
                          .exit = field<std::string>(w, "exit", what),
                          .step = field<int64_t>(w, "step", what),
                          .progressTime = field<double>(w, "progress", what)});
+  }
+  // Absent from the records of agents before it (and of nodes that sit none out).
+  if (j.contains("out")) {
+    const json out = field<json>(j, "out", what);
+    if (!out.is_object()) throw ProtocolError("node state has a malformed 'out'");
+    n.sittingOut = SittingOut{.cause = field<std::string>(out, "cause", what),
+                              .reason = field<std::string>(out, "why", what)};
   }
   return n;
 }

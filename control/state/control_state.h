@@ -74,16 +74,27 @@ struct WorkerState {
   double progressTime = 0;  // unix seconds of that report
 };
 
+// Why a node sits the rounds out (NodeState's state kSittingOut): it is in none, so it has no
+// group rank and no workers; a spare or fewer nodes run without it (docs/guides/health-checks.md).
+struct SittingOut {
+  std::string cause;   // kHealthCheck or kQuarantine: a word, the metric's label
+  std::string reason;  // one line for people, as the node said it on stderr
+};
+inline constexpr char kSittingOut[] = "sitting_out";
+inline constexpr char kHealthCheck[] = "health_check";  // its checks failed
+inline constexpr char kQuarantine[] = "quarantine";     // its workers failed too often
+
 struct NodeState {
   std::string name;
   std::string address;
   int groupRank = -1;
-  std::string state;  // joining, running, stopping, done, exited
+  std::string state;  // joining, running, stopping, done, exited, or kSittingOut
   int round = -1;
   std::string logDir;
   std::vector<WorkerState> workers;
   double updated = 0;   // unix seconds
-  int firstRound = -1;  // the round of this agent's first state: when it joined the job
+  int firstRound = -1;  // the round of this agent's first state in a round: when it joined
+  std::optional<SittingOut> sittingOut;  // while the state is kSittingOut
 };
 
 struct JobEvent {

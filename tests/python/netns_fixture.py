@@ -257,6 +257,10 @@ class Hosts:
         """Hosts i and j reach each other again (the cut between them ends)."""
         netns_sh("heal", self.prefix, self._index(i), self._index(j))
 
+    def slow(self, i, rate):
+        """What host i sends leaves at `rate` at most (tc's units, "20mbit"); "off" ends it."""
+        netns_sh("slow", self.prefix, self._index(i), rate)
+
     def close(self):
         """Kills the processes started here, then takes the set down. Idempotent."""
         if self.closed:

@@ -6,8 +6,11 @@
   the host that sat out ends at once when stopped;
 - in a job of --nnodes=1:2, a host that fails its check stays out and the round forms without
   it; once its check passes it joins, and the job's next round has both hosts;
-- a host whose workers fail twice (--quarantine-after=2) is put out: the round forms with the
-  agent started after that, and once its cool-down is over the host is let in again;
+- a host whose workers fail twice (--quarantine-after=2) is put out and writes its name to
+  --quarantine-file: the round forms with the agent started after that, and once its cool-down
+  is over the host is let in again;
+- the network probe between a round's nodes names the link of the host whose sending is slowed
+  (a token bucket on its eth0) as the round's slowest, once, from the round's first node;
 - a node whose check keeps failing past the rendezvous's join_timeout ends (exit 1, one line)
   rather than wait for ever (on loopback).
 
@@ -17,6 +20,7 @@ Runs under torch 2.13's interpreter (ctest: python_health_hosts) and as root.
 """
 import glob
 import os
+import re
 import signal
 import subprocess
 
@@ -114,8 +118,9 @@ class HealthChecksOnHostsTest(unittest.TestCase):
         out = temp_dir(self)
         release = os.path.join(out, "release")
         with Hosts(4) as hosts:
+            excluded = os.path.join(out, "excluded")
             flags = ["--max-restarts=3", "--quarantine-after=2", "--quarantine-for=3",
-                     "--health-min-free=0"]
+                     "--health-min-free=0", f"--quarantine-file={excluded}"]
             args = [out, "--fail-host", hosts.hostname(1), "--until-file", release]
             agents = self.start(hosts, "2", flags, (1, 2), args)
             result = lambda: Output(agents.values())  # noqa: E731
@@ -123,6 +128,8 @@ class HealthChecksOnHostsTest(unittest.TestCase):
                        TIMEOUT_S, "host 1 to be put out", on_timeout=result)
             self.assertIn("this node sits out the next round: quarantined: its workers failed 2 "
                           "times within 600 s (--quarantine-after)", agents[1].output())
+            with open(excluded) as names:  # for a requeued batch script's --exclude
+                self.assertEqual(names.read(), f"{hosts.hostname(1)}\n")
             agents.update(self.start_more(hosts, "2", flags, (3,), args))
             wait_until(lambda: any(host == hosts.hostname(3) for _, host, _ in starts(out)),
                        TIMEOUT_S, "a round with host 3 in host 1's place", on_timeout=result)
@@ -132,6 +139,20 @@ class HealthChecksOnHostsTest(unittest.TestCase):
             self.assertEqual([agents[h].wait(TIMEOUT_S) for h in (2, 3)], [0, 0], result())
             self.assertEqual(sorted({a for a, host, _ in starts(out) if host == hosts.hostname(1)}),
                              [0, 1], result())  # its two failed attempts, none after
+
+    def test_the_network_probe_names_the_slowed_link(self):
+        out = temp_dir(self)
+        with Hosts(4) as hosts:
+            hosts.slow(2, "100mbit")
+            agents = self.start(hosts, "3", ["--network-probe-timeout=20"], (1, 2, 3), [out])
+            codes = [agents[h].wait(TIMEOUT_S) for h in (1, 2, 3)]
+            result = Output(agents.values())
+            self.assertEqual(codes, [0, 0, 0], result)
+            named = re.findall(r"network probe: slowest link (\S+) .*-> (\S+) .*MB/s",
+                               result.stderr)
+            self.assertEqual(len(named), 1, result)  # one round, its first node speaks
+            self.assertEqual(named[0][0], hosts.hostname(2), result)
+            self.assertNotIn("not measured", result.stderr)
 
     def test_a_node_whose_check_keeps_failing_ends_after_the_join_timeout(self):
         logs = temp_dir(self)

@@ -161,6 +161,23 @@ class NetnsFixtureTest(unittest.TestCase):
             self.assertEqual(self.connect(hosts, i, hosts.address(j)), reply, (i, j))
         self.assertEqual(self.connect(hosts, 0, hosts.address(0)), "reply node0 got node0")
 
+    def test_slow_limits_what_a_host_sends_and_off_ends_it(self):
+        hosts = self.hosts(2)
+
+        def queue():
+            return subprocess.run(["ip", "netns", "exec", hosts.namespace(1), "tc", "qdisc",
+                                   "show", "dev", "eth0"], capture_output=True, text=True,
+                                  timeout=10, check=True).stdout
+
+        hosts.slow(1, "20mbit")
+        self.assertIn("qdisc tbf", queue())
+        self.assertIn("rate 20Mbit", queue())
+        hosts.slow(1, "off")
+        self.assertNotIn("tbf", queue())
+        with self.assertRaises(RuntimeError) as refused:
+            hosts.slow(1, "fast")
+        self.assertIn("rate must be like 20mbit (got 'fast')", str(refused.exception))
+
     def test_heal_ends_one_cut_and_leaves_the_others(self):
         hosts = self.hosts(3)
         for i in range(3):
