@@ -44,7 +44,10 @@ void AgentImpl::probeNetwork(const rendezvous::World& world) {
     // Made here, then served by the agent's loop alone: this thread keeps only its address.
     if (!probeServer_) probeServer_.emplace(io_, host);
     const std::string mine = nlohmann::json{{"node", self}, {"at", probeServer_->address()}}.dump();
+    const auto storeStart = Clock::now();  // a share opens a connection of its own
     rendezvous_.shareWithRound(rendezvous::RoundTopic::ProbeAddress, mine);
+    const double storeMs =
+        std::chrono::duration<double, std::milli>(Clock::now() - storeStart).count();
     const auto remaining = [&] {
       return std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
     };
@@ -52,6 +55,7 @@ void AgentImpl::probeNetwork(const rendezvous::World& world) {
         rendezvous_.gatherFromRound(rendezvous::RoundTopic::ProbeAddress, remaining()), mine);
     LinkMeasure measure{.from = self, .problem = "no other node said in time where it answers"};
     if (target) measure = probeLink(self, target->node, target->address, kProbeBytes, deadline);
+    measure.storeMs = storeMs;
     rendezvous_.shareWithRound(rendezvous::RoundTopic::Probe, measure.encode());
     if (world.groupRank != 0) return;
     std::vector<LinkMeasure> links;

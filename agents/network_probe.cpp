@@ -189,7 +189,8 @@ class Prober {
 std::string LinkMeasure::encode() const {
   nlohmann::json j{{"from", from},          {"to", to},
                    {"rtt_ms", roundTripMs}, {"mb_s", megabytesPerSecond},
-                   {"send_s", sendSeconds}, {"clock_ahead_ms", clockAheadMs}};
+                   {"send_s", sendSeconds}, {"clock_ahead_ms", clockAheadMs},
+                   {"store_ms", storeMs}};
   if (problem) j["problem"] = *problem;
   return j.dump();
 }
@@ -202,7 +203,8 @@ LinkMeasure LinkMeasure::decode(const std::string& text) {
                   .roundTripMs = j.at("rtt_ms"),
                   .megabytesPerSecond = j.at("mb_s"),
                   .sendSeconds = j.at("send_s"),
-                  .clockAheadMs = j.at("clock_ahead_ms")};
+                  .clockAheadMs = j.at("clock_ahead_ms"),
+                  .storeMs = j.at("store_ms")};
     if (j.contains("problem")) m.problem = j.at("problem").get<std::string>();
     return m;
   } catch (const nlohmann::json::exception& e) {
@@ -212,6 +214,13 @@ LinkMeasure LinkMeasure::decode(const std::string& text) {
 
 std::vector<std::string> describeLinks(const std::vector<LinkMeasure>& links) {
   std::vector<std::string> lines;
+  std::vector<double> storeTimes;
+  for (const auto& link : links) storeTimes.push_back(link.storeMs);
+  for (const auto& link : links)
+    if (link.storeMs > static_cast<double>(kStoreSlowLimit.count()))
+      lines.push_back("network probe: " + link.from + " took " + fixed(link.storeMs / 1000, 2) +
+                      " s to reach the store (a connection and one request; the median " +
+                      fixed(median(storeTimes), 1) + " ms)");
   std::vector<const LinkMeasure*> measured;
   for (const auto& link : links) {
     if (link.problem)

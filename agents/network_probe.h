@@ -28,6 +28,9 @@ inline constexpr uint32_t kProbeMaxBytes = 64u << 20;  // a longer 'D' is refuse
 inline constexpr int kProbePings = 5;
 // Clocks further apart than this are named: events and logs from different nodes stop lining up.
 inline constexpr std::chrono::milliseconds kClockSkewLimit{500};
+// A node that takes longer to reach the store (a connection and one request) is named: every
+// rendezvous, restart and worker's store call pays it.
+inline constexpr std::chrono::milliseconds kStoreSlowLimit{250};
 
 // One node's link to the next, as the first measured it.
 struct LinkMeasure {
@@ -37,6 +40,7 @@ struct LinkMeasure {
   double megabytesPerSecond = 0;       // PROBE_BYTES over the time they took, less a round trip
   double sendSeconds = 0;              // what moving PROBE_BYTES took, acknowledged
   double clockAheadMs = 0;             // `to`'s clock less `from`'s, at the fastest ping
+  double storeMs = 0;                  // `from` to the store: a connection and one request
 
   std::string encode() const;  // JSON, for Rendezvous::shareWithRound
   // Throws NetworkError on text that is not one.
@@ -44,7 +48,8 @@ struct LinkMeasure {
 };
 
 // What a round's links say, one line each (pure): the slowest link against the round's median,
-// links not measured, clocks off by more than kClockSkewLimit. Empty for no links.
+// links not measured, clocks off by more than kClockSkewLimit, nodes slower than kStoreSlowLimit
+// to reach the store. Empty for no links.
 std::vector<std::string> describeLinks(const std::vector<LinkMeasure>& links);
 
 // Answers probes on `host` (as the other nodes reach this one), any free port, on `io`: the

@@ -96,13 +96,15 @@ TEST(NetworkProbe, AMeasureCrossesTheRoundAsText) {
                 .roundTripMs = 0.25,
                 .megabytesPerSecond = 812.5,
                 .sendSeconds = 0.005,
-                .clockAheadMs = -3};
+                .clockAheadMs = -3,
+                .storeMs = 0.7};
   const LinkMeasure back = LinkMeasure::decode(m.encode());
   EXPECT_EQ(back.from, m.from);
   EXPECT_EQ(back.to, m.to);
   EXPECT_EQ(back.problem, std::nullopt);
   EXPECT_DOUBLE_EQ(back.megabytesPerSecond, 812.5);
   EXPECT_DOUBLE_EQ(back.clockAheadMs, -3);
+  EXPECT_DOUBLE_EQ(back.storeMs, 0.7);
   m.problem = "connect: Connection refused";
   EXPECT_EQ(LinkMeasure::decode(m.encode()).problem, m.problem);
   EXPECT_THROW(LinkMeasure::decode("{\"from\": 3}"), NetworkError);
@@ -132,10 +134,15 @@ TEST(NetworkProbe, LinksNotMeasuredAndClocksApartAreNamed) {
   ahead.clockAheadMs = 3200;
   LinkMeasure behind = link("n2", "n0", 900, 0.005);
   behind.clockAheadMs = -400;  // within the limit
+  ahead.storeMs = refused.storeMs = 0.5;
+  behind.storeMs = 1500;
   const auto lines = describeLinks({ahead, refused, behind});
-  ASSERT_EQ(lines.size(), 3u);
-  EXPECT_EQ(lines[0], "network probe: n1 -> n2 not measured: connect: Connection refused");
-  EXPECT_EQ(lines[2], "network probe: n1's clock is 3.20 s ahead of n0's");
+  ASSERT_EQ(lines.size(), 4u);
+  EXPECT_EQ(lines[0],
+            "network probe: n2 took 1.50 s to reach the store (a connection and one request; "
+            "the median 0.5 ms)");
+  EXPECT_EQ(lines[1], "network probe: n1 -> n2 not measured: connect: Connection refused");
+  EXPECT_EQ(lines[3], "network probe: n1's clock is 3.20 s ahead of n0's");
   EXPECT_TRUE(describeLinks({}).empty());
 }
 
