@@ -287,6 +287,7 @@ void AgentImpl::onRendezvousError(int code, const std::string& message) {
 // Every worker is gone and the round's end is known: the job is over, or a new round begins.
 void AgentImpl::endOfRound() {
   const rendezvous::RoundEnd& end = *roundEnd_;
+  if (consoleDedup_) consoleDedup_->flush();  // the workers' lines before what is said of the end
   using Kind = rendezvous::RoundEnd::Kind;
   if (end.kind == Kind::Finished) return finish(0);
   if (end.kind == Kind::Stopped) {
@@ -388,6 +389,7 @@ void AgentImpl::reportFailure(const Worker& w) {
                            .node = options_.nodeName,
                            .rank = w.rank(),
                            .exitCode = w.status().shellCode(),
+                           .signal = w.status().signaled ? w.status().value : 0,
                            .failures = world_.failures + loneRestarts_,
                            .final = told || looping,
                            .report = formatFailureReport(failure, world_.failures)};

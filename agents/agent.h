@@ -100,6 +100,10 @@ struct AgentOptions {
   std::optional<std::set<int>> localRanksFilter;
   ConsoleFormat consoleFormat = ConsoleFormat::Dlrun;
   std::string logLinePrefixTemplate = "[${rank}]:";
+  // --console-dedup: identical lines of the node's ranks shown once (console_dedup.h), within
+  // this window; unset: never. `consoleDedupFrom`: only where the node runs this many workers.
+  std::optional<std::chrono::milliseconds> consoleDedup;
+  int consoleDedupFrom = 8;
   // --duplicate-stdout-filters/--duplicate-stderr-filters: console lines holding any of these
   // go to the attempt's filtered_stdout.log/filtered_stderr.log as well; empty: no such file
   std::vector<std::string> duplicateStdoutFilters, duplicateStderrFilters;

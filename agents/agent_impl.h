@@ -20,6 +20,7 @@
 #include "agents/checkpoint_courier.h"
 #include "agents/checkpoint_memory.h"
 #include "agents/checkpoint_peer.h"
+#include "agents/console_dedup.h"
 #include "agents/crash_loop.h"
 #include "agents/file_timer.h"
 #include "agents/hang_watcher.h"
@@ -235,6 +236,7 @@ class AgentImpl {
   std::optional<CheckpointMemory> checkpointMemory_;     // dlrun.checkpoint's, while the agent runs
   std::optional<CheckpointCourier> checkpointCourier_;   // its copies to the directory, a peer
   std::optional<CheckpointPeerServer> checkpointPeers_;  // a job of several nodes: peers' copies
+  std::shared_ptr<ConsoleDedup> consoleDedup_;  // --console-dedup, made at the first launch
   std::optional<ProbeServer> probeServer_;  // answers the network probe (--network-probe-timeout)
   const std::vector<int> stopSignals_;      // --signals-to-handle
   std::optional<FileTimerServer> fileTimer_;

@@ -44,7 +44,7 @@ void AgentImpl::probeNetwork(const rendezvous::World& world) {
     // Made here, then served by the agent's loop alone: this thread keeps only its address.
     if (!probeServer_) probeServer_.emplace(io_, host);
     const std::string mine = nlohmann::json{{"node", self}, {"at", probeServer_->address()}}.dump();
-    const auto storeStart = Clock::now();  // a share opens a connection of its own
+    const auto storeStart = Clock::now();  // a request (and, the first time, its connection)
     rendezvous_.shareWithRound(rendezvous::RoundTopic::ProbeAddress, mine);
     const double storeMs =
         std::chrono::duration<double, std::milli>(Clock::now() - storeStart).count();

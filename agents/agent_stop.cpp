@@ -68,6 +68,7 @@ void AgentImpl::forgetWorkers() {
 }
 
 void AgentImpl::finish(int code) {
+  if (consoleDedup_) consoleDedup_->flush();
   killLeftovers();
   state_ = State::Finished;
   exitCode_ = code;

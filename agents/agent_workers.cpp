@@ -312,6 +312,12 @@ WorkerLaunch AgentImpl::launchOf(const fs::path& attemptDir, int local) {
   WorkerOutput& output = launch.output;
   output.filteredOut = filteredOut_;
   output.filteredErr = filteredErr_;
+  if (options_.consoleDedup && world_.localWorldSize >= options_.consoleDedupFrom) {
+    if (!consoleDedup_)
+      consoleDedup_ = std::make_shared<ConsoleDedup>(
+          io_, LineGrouper::Limits{.window = *options_.consoleDedup});
+    output.dedup = consoleDedup_;
+  }
   if (wantsDir(options_, output)) {
     output.dir = attemptDir / std::to_string(local);
     fs::create_directories(*output.dir);

@@ -219,7 +219,7 @@ std::vector<std::string> describeLinks(const std::vector<LinkMeasure>& links) {
   for (const auto& link : links)
     if (link.storeMs > static_cast<double>(kStoreSlowLimit.count()))
       lines.push_back("network probe: " + link.from + " took " + fixed(link.storeMs / 1000, 2) +
-                      " s to reach the store (a connection and one request; the median " +
+                      " s to reach the store (one request; the median " +
                       fixed(median(storeTimes), 1) + " ms)");
   std::vector<const LinkMeasure*> measured;
   for (const auto& link : links) {

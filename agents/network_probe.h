@@ -9,15 +9,14 @@
 // then 'D', a 4-byte big-endian length and that many bytes, answered 'A' once all arrived.
 #pragma once
 
-#include <utility>  // before Asio, whose awaitable.hpp needs std::exchange
-
-#include <boost/asio.hpp>
 #include <chrono>
 #include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
+
+#include "common/asio.h"
 
 namespace dlrun::agents {
 
@@ -28,7 +27,7 @@ inline constexpr uint32_t kProbeMaxBytes = 64u << 20;  // a longer 'D' is refuse
 inline constexpr int kProbePings = 5;
 // Clocks further apart than this are named: events and logs from different nodes stop lining up.
 inline constexpr std::chrono::milliseconds kClockSkewLimit{500};
-// A node that takes longer to reach the store (a connection and one request) is named: every
+// A node that takes longer to reach the store (one request) is named: every
 // rendezvous, restart and worker's store call pays it.
 inline constexpr std::chrono::milliseconds kStoreSlowLimit{250};
 
@@ -40,7 +39,7 @@ struct LinkMeasure {
   double megabytesPerSecond = 0;       // PROBE_BYTES over the time they took, less a round trip
   double sendSeconds = 0;              // what moving PROBE_BYTES took, acknowledged
   double clockAheadMs = 0;             // `to`'s clock less `from`'s, at the fastest ping
-  double storeMs = 0;                  // `from` to the store: a connection and one request
+  double storeMs = 0;                  // `from` to the store: one request
 
   std::string encode() const;  // JSON, for Rendezvous::shareWithRound
   // Throws NetworkError on text that is not one.

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <vector>
 
+#include "agents/console_dedup.h"
 #include "common/asio.h"
 #include "common/error.h"
 #include "common/text.h"
@@ -16,8 +17,6 @@
 namespace dlrun::agents {
 
 namespace asio = boost::asio;
-
-namespace {
 
 void writeAll(int fd, std::string_view bytes) {
   while (!bytes.empty()) {
@@ -27,6 +26,8 @@ void writeAll(int fd, std::string_view bytes) {
     bytes.remove_prefix(static_cast<size_t>(n));
   }
 }
+
+namespace {
 
 // The length of the UTF-8 sequence at the start of `bytes` when it is well-formed, else the
 // negated length of its maximal ill-formed prefix (at least 1): what one U+FFFD replaces.
@@ -148,10 +149,14 @@ struct StreamPump::Impl : std::enable_shared_from_this<Impl> {
 
   // One console line, with the prefix, and its copy where it matches the filters.
   void show(std::string_view line, bool newline) {
-    std::string out = target.prefix;
-    out += line;
-    if (newline) out += '\n';
-    writeAll(target.consoleFd, out);
+    if (target.dedup) {
+      target.dedup->add(target.rank, target.consoleFd, line, newline);
+    } else {
+      std::string out = target.prefix;
+      out += line;
+      if (newline) out += '\n';
+      writeAll(target.consoleFd, out);
+    }
     if (target.filtered) target.filtered->offer(target.prefix, line, newline);
   }
 

@@ -17,6 +17,8 @@ class io_context;
 
 namespace dlrun::agents {
 
+class ConsoleDedup;
+
 // Cuts a byte stream into lines; a line longer than the limit is passed on in pieces.
 class LineSplitter {
  public:
@@ -33,6 +35,10 @@ class LineSplitter {
   std::string partial_;
   bool cut_ = false;  // the last thing emitted was a piece of a longer line
 };
+
+// Writes all of `bytes` to `fd`, retrying short writes; a closed console or a full disk ends it
+// quietly (output is best effort).
+void writeAll(int fd, std::string_view bytes);
 
 // Expands ${rank}, ${local_rank} and ${role_name} in a prefix template, as torch does
 // (substituteTemplate: `$$` is `$`, other names stay as written).
@@ -73,6 +79,10 @@ struct OutputTarget {
   int fileFd = -1;          // log file receiving the raw bytes; -1 for none (the pump owns it)
   size_t keepLines = 0;
   std::shared_ptr<FilteredLog> filtered;  // console lines matching its needles, copied there
+  // Console lines go through it, with `rank`, instead of straight to consoleFd (its prefix is
+  // then the ranks', "[0-7]:")
+  std::shared_ptr<ConsoleDedup> dedup;
+  int rank = -1;
 };
 
 class StreamPump {

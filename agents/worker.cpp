@@ -1,4 +1,5 @@
 #include "agents/worker.h"
+#include "agents/console_dedup.h"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -82,6 +83,8 @@ std::unique_ptr<Worker> Worker::start(boost::asio::io_context& io, WorkerLaunch 
         .filtered = !includes(output.prefixed, which) ? nullptr
                     : which == Streams::Out           ? output.filteredOut
                                                       : output.filteredErr,
+        .dedup = includes(output.prefixed, which) ? output.dedup : nullptr,
+        .rank = w->launch_.rank,
     };
   };
   SpawnRequest request{
@@ -115,6 +118,9 @@ void Worker::exited(ExitStatus status, int groupFd) {
   groupFd_ = groupFd;
   if (out_) out_->drain();
   err_->drain();
+  // A failed worker's last lines before what is said of its failure; one that succeeded leaves
+  // its lines to wait for the other ranks' (the agent's end shows what is left).
+  if (launch_.output.dedup && !status.success()) launch_.output.dedup->flushThrough(launch_.rank);
 }
 
 void Worker::signal(int sig) const {

@@ -45,6 +45,8 @@ struct WorkerOutput {
   // --duplicate-stdout-filters/--duplicate-stderr-filters: the node's shared copies (output.h)
   // of the `prefixed` streams' console lines
   std::shared_ptr<FilteredLog> filteredOut, filteredErr;
+  // The node's console grouping identical lines (console_dedup.h); none: each line as it comes
+  std::shared_ptr<ConsoleDedup> dedup;
 };
 
 struct WorkerLaunch {

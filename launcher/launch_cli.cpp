@@ -78,6 +78,22 @@ void splitEntryPoint(const std::vector<std::string>& args, std::vector<std::stri
     throw ConfigError("--module and --no-python cannot be used together");
 }
 
+// --console-dedup: its prefix is the ranks' list, so it takes dlrun's own console lines; auto
+// turns itself off for a prefix or format of the user's, where `on` says why it cannot.
+void consoleDedup(const DeclaredFlags& f, LaunchConfig& c) {
+  if (f.consoleDedup == "off") return;
+  const bool own = c.agent.consoleFormat == agents::ConsoleFormat::Dlrun &&
+                   c.agent.logLinePrefixTemplate == "[${rank}]:";
+  if (!own && f.consoleDedup == "on")
+    throw ConfigError(
+        "--console-dedup=on needs dlrun's console lines ([${rank}]:, --console-format=dlrun): "
+        "the ranks' list is their prefix");
+  if (!own) return;
+  c.agent.consoleDedup =
+      std::chrono::milliseconds(static_cast<int64_t>(f.consoleDedupWindow * 1000));
+  c.agent.consoleDedupFrom = f.consoleDedup == "on" ? 1 : 8;
+}
+
 // Reading: each flag's value into the LaunchConfig, and the rest of what the backend is
 // decided from.
 void readFlagValues(DeclaredFlags& f, LaunchConfig& c, const HostProbe& host) {
@@ -165,6 +181,7 @@ void readFlagValues(DeclaredFlags& f, LaunchConfig& c, const HostProbe& host) {
   if (auto it = host.env.find("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE");
       f.prefixOption->count() == 0 && it != host.env.end())
     c.agent.logLinePrefixTemplate = it->second;
+  consoleDedup(f, c);
   if (f.signalsOption->count() > 0)
     c.agent.signalsToHandle = parseSignalsToHandle(f.signalsToHandle);
   if (f.preloadOption->count() > 0 && !f.warmStart)

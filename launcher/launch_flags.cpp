@@ -206,6 +206,13 @@ void declareOutputFlags(CLI::App& app, DeclaredFlags& f, LaunchConfig& c) {
             "with a newline; torchrun: torchrun's bytes, only --tee's streams prefixed (default "
             "[${role_name}${local_rank}]:), the others as the workers write them")
       ->check(oneOf({"dlrun", "torchrun"}));
+  addOption(app, "console-dedup", f.consoleDedup,
+            "Identical lines of a node's ranks within --console-dedup-window shown once, with "
+            "their ranks ([0-7]: ...): auto (from 8 workers on a node), on, off")
+      ->check(oneOf({"auto", "on", "off"}));
+  addOption(app, "console-dedup-window", f.consoleDedupWindow,
+            "Seconds a line waits for the same line of other ranks (0.1); none waits longer")
+      ->check(CLI::Range(0.001, 10.0));
   f.stdoutFiltersOption = addOption(
       app, "duplicate-stdout-filters", f.stdoutFilters,
       "Console stdout lines holding any of these (a,b; ',,' a comma) also go to the attempt's "

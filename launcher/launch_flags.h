@@ -32,6 +32,8 @@ struct DeclaredFlags {
   int healthGpus = 0;       // --health-gpus
   double healthCheckTimeout = 60, healthMinFree = 0, quarantineWindow = 600, quarantineFor = 600;
   std::string quarantineFile;  // --quarantine-file
+  std::string consoleDedup = "auto";
+  double consoleDedupWindow = 0.1;
   double networkProbeTimeout = 2;
   bool noNetworkProbe = false;
   bool module = false, noPython = false, runPath = false;

@@ -306,6 +306,7 @@ std::string encode(const RoundEnd& e) {
   if (e.kind == RoundEnd::Kind::WorkerFailed) {
     j["rank"] = e.rank;
     j["code"] = e.exitCode;
+    if (e.signal) j["signal"] = e.signal;
     j["failures"] = e.failures;
     j["final"] = e.final;
     j["report"] = e.report;
@@ -331,6 +332,7 @@ RoundEnd decodeRoundEnd(std::string_view text) {
   if (e.kind == RoundEnd::Kind::WorkerFailed) {
     e.rank = field<int>(j, "rank", what);
     e.exitCode = field<int>(j, "code", what);
+    if (j.contains("signal")) e.signal = field<int>(j, "signal", what);
     e.failures = field<int>(j, "failures", what);
     e.final = field<bool>(j, "final", what);
     e.report = field<std::string>(j, "report", what);

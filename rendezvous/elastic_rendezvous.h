@@ -127,7 +127,8 @@ class ElasticRendezvous : public Rendezvous {
   // Safe at any time, also while next() runs on the rendezvous thread.
   RoundEnd reportStop(int signal) override;
   void reportLost(const std::string& what) override;
-  // Over a connection of their own, so they never wait behind the agent's reports.
+  // Over a connection of their own (kept from one call to the next), so they never wait behind
+  // the agent's reports.
   void shareWithRound(RoundTopic topic, const std::string& text) override;
   std::vector<std::string> gatherFromRound(RoundTopic topic,
                                            std::chrono::milliseconds timeout) override;

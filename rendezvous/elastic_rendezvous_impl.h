@@ -194,6 +194,12 @@ class ElasticImpl {
   bool reconnect_ = false;
   std::atomic<bool> storeAway_{false};  // rideOut() runs: reports are kept at once
   std::mutex reportsMutex_;
+  // shareWithRound's and gatherFromRound's connection, kept from one call to the next (a round's
+  // probe would otherwise cost the store a few connections a node), used by one call at a time.
+  std::mutex sharedMutex_;
+  std::unique_ptr<LeasingStore> shared_;
+  template <typename Call>
+  auto onSharedStore(Call&& call);
   std::vector<Write> unsent_;   // reports the store did not take, oldest first
   std::mutex connectionMutex_;  // interrupt() against a reconnect swapping the connections
   bool interrupted_ = false;

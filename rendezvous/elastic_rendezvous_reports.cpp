@@ -98,10 +98,27 @@ void ElasticImpl::reportLost(const std::string& what) {
          [this, round = member_->round, lost](Store& store) { endRound(store, round, lost); });
 }
 
+// One call on the kept connection; one that fails (the store restarted, a reply lost) is
+// made once more on a new one.
+template <typename Call>
+auto ElasticImpl::onSharedStore(Call&& call) {
+  std::lock_guard lock(sharedMutex_);
+  for (int attempt = 0;; ++attempt) {
+    try {
+      if (!shared_) shared_ = openStore();
+      return call(*shared_);
+    } catch (const Error&) {
+      shared_.reset();
+      if (attempt > 0) throw;
+    }
+  }
+}
+
 void ElasticImpl::shareWithRound(RoundTopic topic, const std::string& text) {
   const int round = memberRound_;
   if (round < 0) return;
-  openStore()->set(keys_.shared(round, topic, memberIndex_), text);
+  const std::string key = keys_.shared(round, topic, memberIndex_);
+  onSharedStore([&](LeasingStore& store) { store.set(key, text); });
 }
 
 std::vector<std::string> ElasticImpl::gatherFromRound(RoundTopic topic,
@@ -110,9 +127,10 @@ std::vector<std::string> ElasticImpl::gatherFromRound(RoundTopic topic,
   if (round < 0) return {};
   std::vector<std::string> keys;
   for (int i = 1; i <= memberCount_; ++i) keys.push_back(keys_.shared(round, topic, i));
-  auto store = openStore();
-  store->waitFor(keys, timeout);  // whatever came in time
-  return store->peek(keys);
+  return onSharedStore([&](LeasingStore& store) {
+    store.waitFor(keys, timeout);  // whatever came in time
+    return store.peek(keys);
+  });
 }
 
 }  // namespace detail

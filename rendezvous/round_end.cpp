@@ -12,9 +12,11 @@ std::string RoundEnd::describe() const {
     case Kind::NodeJoined: return "node " + node + " asked to join";
     case Kind::NodeLeft: return "node " + node + " left the job";
     case Kind::WorkerFailed:
+      // One wording with the failure report's (agents/failure_report.h).
       return "rank " + std::to_string(rank) + (node.empty() ? "" : " on " + node) +
-             (hang ? " made no progress (hang)"
-                   : " failed (exit code " + std::to_string(exitCode) + ")");
+             (hang     ? " made no progress (hang)"
+              : signal ? " ended with signal " + signalName(signal)
+                       : " ended with exit code " + std::to_string(exitCode));
     case Kind::Finished: return "every worker finished";
     case Kind::Stopped: return "node " + node + " stopped the job";
     case Kind::StoreLost: return node;  // a whole sentence: how the store was lost

@@ -22,6 +22,7 @@ struct RoundEnd {
   std::string node;    // the node lost, joined, left, stopped, or whose worker failed
   int rank = 0;        // WorkerFailed: the root-cause rank
   int exitCode = 0;    // WorkerFailed, Stopped: the code every agent exits with when it ends
+  int signal = 0;      // WorkerFailed: the signal that ended the worker; 0: it exited
   int failures = 0;    // WorkerFailed: failure restarts used, counting this one
   bool final = false;  // WorkerFailed: no restart is left; Stopped is always final
   // WorkerFailed: a hang (--hang-timeout), not an exit: every node dumps its workers' stacks

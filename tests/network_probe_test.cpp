@@ -139,8 +139,8 @@ TEST(NetworkProbe, LinksNotMeasuredAndClocksApartAreNamed) {
   const auto lines = describeLinks({ahead, refused, behind});
   ASSERT_EQ(lines.size(), 4u);
   EXPECT_EQ(lines[0],
-            "network probe: n2 took 1.50 s to reach the store (a connection and one request; "
-            "the median 0.5 ms)");
+            "network probe: n2 took 1.50 s to reach the store (one request; the median 0.5 "
+            "ms)");
   EXPECT_EQ(lines[1], "network probe: n1 -> n2 not measured: connect: Connection refused");
   EXPECT_EQ(lines[3], "network probe: n1's clock is 3.20 s ahead of n0's");
   EXPECT_TRUE(describeLinks({}).empty());

@@ -347,9 +347,27 @@ std::optional<std::string> checkInProcess(const Record& r) {
                              !e.recovered;
                     }) ||
         r.workerStoreCut.count(k.space) ||
-        std::any_of(r.replyLoss.begin(), r.replyLoss.end(),
-                    [&](const auto& span) { return span.second >= k.at - before; }))
+        // replies lost from when the lost node's end was seen, as a worker's fault above: a
+        // kept peer's recovery that lost one falls back while the round forms, failing it
+        std::any_of(r.replyLoss.begin(), r.replyLoss.end(), [&](const auto& span) {
+          return span.second >= std::min(k.since, k.at - before);
+        }))
       continue;
+    // A rank of their round that left the loop (its last barrier done just before its node, the
+    // lost one, stopped its other ranks, cutting the barrier short for the rest) makes every later
+    // meeting in their key space hopeless, a newcomer in its place or not: recovery.py's done
+    // check falls back to the whole-group restart within a beat, as for a replacement (below).
+    const auto left = r.leftLoop.find(k.space);
+    if (left != r.leftLoop.end() && left->second <= k.at + kRecovers) {
+      const auto fell = r.fellBack.find(k.space);
+      if (fell != r.fellBack.end() && fell->second <= std::max(k.at, left->second) + kRecovers)
+        continue;
+      return roundName(k.round) + ": " + name(r, k.owner) + "'s workers, kept from " +
+             roundName(k.space) +
+             ", can meet no rank that left the loop, and the round did not "
+             "fall back within " +
+             secs(kRecovers);
+    }
     return roundName(k.round) + ": " + name(r, k.owner) + "'s workers, kept from " +
            roundName(k.space) + " at " + secs(std::chrono::duration_cast<Duration>(k.at - Time{})) +
            ", formed no new generation within " + secs(kRecovers) + ", though no fault came after";

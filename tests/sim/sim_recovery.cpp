@@ -385,11 +385,14 @@ struct InProcess::Impl {
       while (true) {
         if (p.step == record.shape.steps) {
           if (collective(p, "last barrier")) {
+            // Out of the loop from here, whatever comes of its ADD: one stopped as it waits for
+            // the reply (its node lost, its agent stopping it) has its ADD in the store all the
+            // same, and the peers recovering fall back on it.
+            record.leftLoop.emplace(id, sim.now());
             try {  // a hint only: without it, a peer recovering falls back at its deadline
               call(p, [&](LeasingStore& s) { return s.add(kKeys + "/done", 1); });
             } catch (const Fallback&) {
             }
-            record.leftLoop.emplace(id, sim.now());
             p.done = true;
             break;
           }
