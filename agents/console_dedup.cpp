@@ -24,12 +24,6 @@ std::string ranksPrefix(std::vector<int> ranks) {
   return out + "]:";
 }
 
-std::string LineGrouper::keyOf(int stream, std::string_view text, bool newline) {
-  std::string key(1, static_cast<char>('0' + stream * 2 + (newline ? 1 : 0)));
-  key += text;
-  return key;
-}
-
 bool LineGrouper::canJoin(int rank, const Group& group) const {
   const auto last = lastOfRank_.find(rank);
   if (last == lastOfRank_.end() || last->second->order < group.order) return true;
@@ -50,8 +44,7 @@ std::vector<GroupedLine> LineGrouper::add(int rank, int stream, std::string_view
     out.push_back({{rank}, stream, std::string(text), newline});
     return out;
   }
-  const std::string key = keyOf(stream, text, newline);
-  const auto newest = newest_.find(key);
+  const auto newest = newest_.find(Key{stream, newline, text});
   if (newest != newest_.end() && canJoin(rank, *newest->second)) {
     const Pending::iterator group = newest->second;
     const auto last = lastOfRank_.find(rank);
@@ -66,7 +59,9 @@ std::vector<GroupedLine> LineGrouper::add(int rank, int stream, std::string_view
   const Clock::time_point due = now + limits_.window;
   pending_.push_back({{{rank}, stream, std::string(text), newline}, due, nextOrder_++});
   const auto group = std::prev(pending_.end());
-  newest_[key] = group;
+  // Keyed by this group's own copy of the text: an older group's key would outlive its text.
+  if (newest != newest_.end()) newest_.erase(newest);
+  newest_.emplace(keyOf(group->line), group);
   lastOfRank_[rank] = group;
   dues_.insert(due);
   bytes_ += text.size();
@@ -79,7 +74,7 @@ void LineGrouper::popThrough(Pending::iterator last, std::vector<GroupedLine>& o
   for (bool done = false; !done;) {
     done = pending_.begin() == last;
     Group& group = pending_.front();
-    const auto newest = newest_.find(keyOf(group.line.stream, group.line.text, group.line.newline));
+    const auto newest = newest_.find(keyOf(group.line));
     if (newest != newest_.end() && newest->second == pending_.begin()) newest_.erase(newest);
     for (int rank : group.line.ranks) {
       const auto mine = lastOfRank_.find(rank);

@@ -74,15 +74,29 @@ class LineGrouper {
   // Shows the pending groups up to and with `last`.
   void popThrough(Pending::iterator last, std::vector<GroupedLine>& out);
   bool canJoin(int rank, const Group& group) const;
-  static std::string keyOf(int stream, std::string_view text, bool newline);
+  // A text on its stream; `text` views the group's own copy (list nodes never move), so a
+  // line is looked up without a copy of its own.
+  struct Key {
+    int stream;
+    bool newline;
+    std::string_view text;
+    bool operator==(const Key&) const = default;
+  };
+  struct KeyHash {
+    size_t operator()(const Key& key) const {
+      return std::hash<std::string_view>()(key.text) ^
+             static_cast<size_t>(key.stream * 2 + key.newline);
+    }
+  };
+  static Key keyOf(const GroupedLine& line) { return {line.stream, line.newline, line.text}; }
 
   Limits limits_;
   Pending pending_;
   uint64_t nextOrder_ = 0;
   size_t bytes_ = 0;
-  std::multiset<Clock::time_point> dues_;                      // the pending groups'
-  std::unordered_map<std::string, Pending::iterator> newest_;  // a text's newest pending group
-  std::unordered_map<int, Pending::iterator> lastOfRank_;      // a rank's last line's, pending
+  std::multiset<Clock::time_point> dues_;                       // the pending groups'
+  std::unordered_map<Key, Pending::iterator, KeyHash> newest_;  // a text's newest pending group
+  std::unordered_map<int, Pending::iterator> lastOfRank_;       // a rank's last line's, pending
 };
 
 // The node's console behind a LineGrouper, on the agent's loop: its window ends on a timer.
