@@ -151,6 +151,7 @@ int AgentImpl::run() {
     rendezvous_.interrupt();
     roundThread_.join();
   }
+  if (summaryThread_.joinable()) summaryThread_.join();  // bounded by its gather and the store
   zygote_.reset();
   closeAttemptSpace();
   cleanUpLogRoot();
@@ -177,7 +178,7 @@ void AgentImpl::onSignal(int sig) {
 
 void AgentImpl::stopOn(int sig) {
   if (state_ == State::Stopping && stopSignal_) {
-    signalWorkers(SIGKILL);  // a second terminating signal: no more patience
+    signalToStop(SIGKILL);  // a second terminating signal: no more patience
     return;
   }
   log::info("received " + signalName(sig) + ", stopping workers");
@@ -213,6 +214,7 @@ void AgentImpl::onControlCommand(const ControlCommand& command) {
 void AgentImpl::beginRound() {
   state_ = State::Joining;
   roundEnd_.reset();
+  ownRoundEnded_ = false;
   if (roundThread_.joinable()) roundThread_.join();  // it ended with the last round
   roundThread_ = std::thread([this] { runRendezvous(); });
 }
@@ -265,6 +267,7 @@ void AgentImpl::onRoundEnd(const rendezvous::RoundEnd& end) {
   for (const auto& observer : observers_) observer->onRoundEnded(end, Clock::now());
   publishJobEvent("round_ended", end.countsAsFailure() ? end.rank : -1, end.describe());
   roundEnd_ = end;
+  ownRoundEnded_ = true;
   if (state_ == State::Done) return endOfRound();
   if (state_ == State::Running && end.hang && hang_) return takeStacksThenStop(end);
   if (state_ == State::Running && keepThroughNextRound(end)) return;
@@ -296,6 +299,8 @@ void AgentImpl::endOfRound() {
   }
   if (end.countsAsFailure()) crashLoop_.ended(attemptEnd());  // where another node's failed
   if (end.countsAsFailure() && end.final) {
+    // The nodes' failures, the first in time first; a hang's report is its stacks'.
+    if (!end.hang && ownRoundEnded_ && summarizeFailure(end)) return;
     [[maybe_unused]] auto n = ::write(STDERR_FILENO, end.report.data(), end.report.size());
     return finish(end.exitCode);
   }
@@ -323,6 +328,8 @@ void AgentImpl::startAttempt(const rendezvous::World& world) {
   renumbered_ = false;
   replaced_.clear();
   successReported_ = false;
+  nodeFailures_ = {};
+  stopSignalsSent_ = 0;
   if (fileTimer_) fileTimer_->clear();
   expiredTimers_.clear();
   ++attempt_;
@@ -347,8 +354,10 @@ void AgentImpl::onWorkerExit(Worker& w, ExitStatus status, int groupFd) {
   if (state_ == State::Running && !status.success())
     publishEvent("worker_failed", w.rank(), status.describe());
   if (fileTimer_) fileTimer_->forget(w.pid());
-  if (state_ == State::Running && !status.success()) {
-    if (restartAlone(w)) return;
+  const bool failed = state_ == State::Running && !status.success();
+  if (failed && restartAlone(w)) return;  // replaced in its place: not of the job's end
+  noteWorkerEnd(w);
+  if (failed) {
     reportFailure(w);
     stop(SIGTERM);
   }
@@ -374,14 +383,7 @@ void AgentImpl::onSucceeded() {
 }
 
 void AgentImpl::reportFailure(const Worker& w) {
-  const auto timer = expiredTimers_.find(w.pid());
-  const WorkerFailure failure{w.rank(),
-                              w.localRank(),
-                              options_.nodeName,
-                              w.status(),
-                              readErrorFile(w.errorFile()),
-                              w.lastErrorLines(),
-                              timer == expiredTimers_.end() ? "" : timer->second};
+  const WorkerFailure failure = failureOf(w);
   if (quarantine_.failed(Clock::now())) noteQuarantined();
   const bool told = endsWithoutRestart(w.status());
   const bool looping = !told && crashLoop_.ended(attemptEnd());

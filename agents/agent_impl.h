@@ -22,6 +22,8 @@
 #include "agents/checkpoint_peer.h"
 #include "agents/console_dedup.h"
 #include "agents/crash_loop.h"
+#include "agents/failure_report.h"
+#include "agents/failure_summary.h"
 #include "agents/file_timer.h"
 #include "agents/hang_watcher.h"
 #include "agents/network_probe.h"
@@ -71,6 +73,19 @@ class AgentImpl {
   // agent_probe.cpp: the network probe of a round just formed, on the rendezvous thread
   void probeNetwork(const rendezvous::World& world);
 
+  // agent_summary.cpp: the first failure first (failure_summary.h): each worker's end noted;
+  // a final failure's summary gathered by group rank 0 (true: under way, it finishes the agent)
+  WorkerFailure failureOf(const Worker& w) const;
+  void noteWorkerEnd(const Worker& w);
+  bool summarizeFailure(const rendezvous::RoundEnd& end);
+  // On the summary's thread: this node's list shared; group rank 0's summary, gathered.
+  std::optional<FailureSummary> shareFailures(const NodeFailures& mine, bool gather,
+                                              const std::vector<std::string>& endpoints);
+  void publishSummary(const std::string& text);  // on the summary's thread
+  void afterSummary(const rendezvous::RoundEnd& end, const std::optional<FailureSummary>& summary);
+  // How long group rank 0 waits for the other nodes' lists once its own workers are gone.
+  static constexpr std::chrono::milliseconds kSummaryGather{2'000};
+
   // agent_keep.cpp: the workers kept through a re-rendezvous (a node lost, in process)
   std::string keepRefusal(const rendezvous::RoundEnd& end, bool* recovering = nullptr) const;
   bool keepThroughNextRound(const rendezvous::RoundEnd& end);
@@ -113,6 +128,7 @@ class AgentImpl {
 
   // agent_stop.cpp: stopping them, finishing
   void signalWorkers(int sig);
+  void signalToStop(int sig);  // signalWorkers, noted: a worker it ends was stopped by dlrun
   void stop(int sig);
   void onStopped();
   void killLeftovers();
@@ -177,6 +193,13 @@ class AgentImpl {
   asio::steady_timer recoveryTimer_;
   asio::steady_timer keepTimer_;  // awaitRecovering's looks
   bool successReported_ = false;
+  // The round's workers' ends (agent_summary.cpp), the signals dlrun sent to stop them (bits by
+  // number), the summary's thread and its first line for the job_ended event.
+  NodeFailures nodeFailures_;
+  uint64_t stopSignalsSent_ = 0;
+  std::thread summaryThread_;
+  std::string summaryLine_;
+  bool ownRoundEnded_ = false;  // the end came from the round this node ran, not while joining
   // --crash-loop-attempts: how failed attempts ended; the attempt's start, for its life
   CrashLoop crashLoop_;
   Quarantine quarantine_;  // --quarantine-after: this node's own failures

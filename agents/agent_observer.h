@@ -6,6 +6,7 @@
 // ControlPublisher, which stay independent of the agent.
 #pragma once
 
+#include "agents/log_server.h"
 #include "agents/progress_sampler.h"
 #include "common/clock.h"
 #include "control/state/control_state.h"
@@ -22,6 +23,8 @@ class AgentObserver {
   // Every worker of the round started.
   virtual void onRoundStarted(const rendezvous::World& /*world*/, int /*workers*/,
                               Clock::time_point /*now*/) {}
+  // The round's workers are about to start, their output files (if any) in `files.dir`.
+  virtual void onAttemptFiles(const AttemptFiles& /*files*/) {}
   virtual void onRoundEnded(const rendezvous::RoundEnd& /*end*/, Clock::time_point /*now*/) {}
   // A new round follows this end.
   virtual void onRestarting(const rendezvous::RoundEnd& /*end*/) {}

@@ -42,6 +42,7 @@ class ControlObserver : public AgentObserver {
       : publisher_(std::move(options), std::move(onCommand), std::move(onStragglers)) {}
 
   void onRoundStarted(const rendezvous::World& world, int workers, Clock::time_point now) override;
+  void onAttemptFiles(const AttemptFiles& files) override { publisher_.attemptFiles(files); }
   void onProgress(const ProgressSample& sample) override;
   void onNodeChanged(const control::NodeState& node) override;
   void onEvent(const control::JobEvent& event, bool spokenHere) override;

@@ -13,13 +13,18 @@ void AgentImpl::signalWorkers(int sig) {
   for (const auto& w : workers_) w->signal(sig);
 }
 
+void AgentImpl::signalToStop(int sig) {
+  if (sig > 0 && sig < 64) stopSignalsSent_ |= uint64_t{1} << sig;
+  signalWorkers(sig);
+}
+
 // A stop while stopping (a signal after a worker's failure, the control plane's stop) signals
 // again but keeps the first stop's deadline: no stop buys the workers a new grace period.
 void AgentImpl::stop(int sig) {
   const bool stopping = std::exchange(state_, State::Stopping) == State::Stopping;
   if (storeHost_) storeHost_.reset();
   if (hang_) hang_->unwatch();
-  signalWorkers(sig);
+  signalToStop(sig);
   if (liveWorkers() == 0) return onStopped();
   if (stopping) return;
   stopTimer_.expires_after(options_.stopTimeout);
@@ -30,7 +35,7 @@ void AgentImpl::stop(int sig) {
         log::info("rank " + std::to_string(w->rank()) + " did not stop within " +
                   std::to_string(options_.stopTimeout.count()) + " ms; sending SIGKILL");
     }
-    signalWorkers(SIGKILL);
+    signalToStop(SIGKILL);
   });
 }
 
@@ -73,7 +78,10 @@ void AgentImpl::finish(int code) {
   state_ = State::Finished;
   exitCode_ = code;
   publishNode("exited");
-  publishJobEvent("job_ended", -1, "every agent exits with " + std::to_string(code));
+  // Group rank 0's failure summary's headline, where it gathered one (agent_summary.cpp).
+  publishJobEvent("job_ended", -1,
+                  "every agent exits with " + std::to_string(code) +
+                      (summaryLine_.empty() ? "" : ": " + summaryLine_));
   stopTimer_.cancel();
   signals_.cancel();
   launcherLink_.close();

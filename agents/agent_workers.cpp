@@ -102,6 +102,11 @@ void AgentImpl::prepareLaunches() {
     tfConfigWarned_ = true;
   }
   const fs::path attemptDir = this->attemptDir();
+  for (const auto& observer : observers_)
+    observer->onAttemptFiles({.attempt = firstAttempt_ + world_.round,
+                              .dir = attemptDir,
+                              .baseRank = world_.baseRank,
+                              .workers = options_.nprocPerNode});
   filteredOut_ = filteredLog(attemptDir / "filtered_stdout.log", options_.duplicateStdoutFilters);
   filteredErr_ = filteredLog(attemptDir / "filtered_stderr.log", options_.duplicateStderrFilters);
   if (filteredOut_ || filteredErr_) keepLogRoot_ = true;

@@ -43,7 +43,8 @@ ControlPublisher::ControlPublisher(ControlOptions options,
       keys_(options_.runId),
       onCommand_(std::move(onCommand)),
       onStragglers_(std::move(onStragglers)),
-      stragglers_(options_.stragglers) {
+      stragglers_(options_.stragglers),
+      logs_(options_.runId, options_.nodeName, options_.connect) {
   writer_ = std::thread([this] { write(); });
 }
 
@@ -144,7 +145,8 @@ void ControlPublisher::write() {
       if (watch) watchStragglers(*store);
       std::lock_guard lock(mutex_);
       if (!stopping_ && !listener_.joinable())
-        listener_ = std::thread([this, next = *firstCommand_] { listen(next); });
+        listener_ =
+            std::thread([this, next = *firstCommand_, agent = *index_] { listen(next, agent); });
     } catch (const std::exception& e) {
       store.reset();
       // The rendezvous says it when the store is gone; this is only the observer.
@@ -289,7 +291,7 @@ void ControlPublisher::watchStragglers(LeasingStore& store) {
   if (onStragglers_) onStragglers_(stragglers_.named());
 }
 
-void ControlPublisher::listen(int64_t next) {
+void ControlPublisher::listen(int64_t next, int64_t agent) {
   yieldToTheJob();
   std::unique_ptr<LeasingStore> store;  // outlives listening_'s use of it
   try {
@@ -304,7 +306,11 @@ void ControlPublisher::listen(int64_t next) {
       }
       const std::string text = store->peek({keys_.signal(next)})[0];
       if (auto command = control::decodeCommand(text)) {
-        onCommand_(*command);
+        if (command->kind == ControlCommand::Kind::Logs) {
+          logs_.serve(command->value, agent);
+        } else {
+          onCommand_(*command);
+        }
       } else {
         log::info("ignoring a malformed control command '" + text + "' in the store");
       }

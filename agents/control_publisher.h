@@ -2,7 +2,8 @@
 // (ARCHITECTURE.md section 10). The agent hands over its node's state and the job's events as
 // they change; they are written to the job's rendezvous store (control/state/control_state.h),
 // where the Control service reads them: one write a change, none a worker step. Signals and
-// stops sent to the job (SignalJob, StopJob) come back as commands.
+// stops sent to the job (SignalJob, StopJob) come back as commands; requests for output
+// (`dlrun logs`) go to the node's LogServer.
 //
 // Nothing is sent before the first node() or event() (the agent's first workers started, or it
 // sits a round out): an observer stays off the agents' way into a round, where every agent of a
@@ -33,6 +34,7 @@
 #include <string>
 #include <thread>
 
+#include "agents/log_server.h"
 #include "common/clock.h"
 #include "control/state/control_state.h"
 #include "control/state/progress_record.h"
@@ -79,10 +81,12 @@ class ControlPublisher {
   // whose consequences other nodes publish (a failure, then group rank 0's restart), so the
   // job's events show the cause first.
   void flush(std::chrono::milliseconds limit);
+  // Where an attempt's output files are, for `dlrun logs` (log_server.h).
+  void attemptFiles(AttemptFiles files) { logs_.attempt(std::move(files)); }
 
  private:
   void write();
-  void listen(int64_t next);
+  void listen(int64_t next, int64_t agent);
   void writeOnce(LeasingStore& store);
   // Registers this agent (its index in ctl/nodes, its id) and reads the first command's number.
   void registerNode(LeasingStore& store);
@@ -121,6 +125,7 @@ class ControlPublisher {
   int watchedRound_ = -1;
   std::map<int64_t, std::string> names_;
 
+  LogServer logs_;  // `dlrun logs` requests, from the listener (joined before it goes)
   std::thread writer_;
   std::thread listener_;  // started by writer_ (joined after it)
 };

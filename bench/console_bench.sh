@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # What identical lines printed once cost the agent (issue 58): its CPU while 8 workers on one
 # node print 100,000 lines a second in all, with and without --console-dedup, for lines the
-# same on every rank and lines of each rank's own (bench/console_bench.py says how).
+# same on every rank and lines of each rank's own (bench/console_bench.py says how). With --hosts
+# (as root), first the figure of 4 simulated hosts x 256 ranks: each shared line's count on each
+# node's console and in `dlrun logs --grouped` (bench/console_hosts.py).
 #
 # Usage: bench/console_bench.sh [BUILD_DIR] [--workers N] [--rate LINES_A_SECOND] [--seconds S]
-#        defaults: build, 8, 100000, 10.
+#                               [--hosts [HOSTSxRANKS]]
+#        defaults: build, 8, 100000, 10; --hosts 4x256.
 # Environment: PYTHON (python3: the workers are plain Python).
 # Exit status: 0 the goal met (under 5% of one core); 1 a run failed or the goal missed;
 #              2 cannot run.
@@ -15,9 +18,13 @@ if (($# > 0)) && [[ $1 != -* ]]; then
   build=$1
   shift
 fi
-workers=8 rate=100000 seconds=10
+workers=8 rate=100000 seconds=10 hosts=
 while (($# > 0)); do
   case $1 in
+    --hosts)
+      hosts=4x256
+      if (($# > 1)) && [[ $2 == *x* ]]; then hosts=$2; shift; fi
+      shift ;;
     --workers) workers=$2; shift 2 ;;
     --rate) rate=$2; shift 2 ;;
     --seconds) seconds=$2; shift 2 ;;
@@ -30,5 +37,11 @@ python=${PYTHON:-python3}
 scratch=$(mktemp -d "${TMPDIR:-/tmp}/dlrun-console-bench.XXXXXX")
 trap 'rm -rf "$scratch"' EXIT
 echo "console_bench: $(nproc) cores, load average $(cut -d ' ' -f 1-3 /proc/loadavg)"
+if [[ -n $hosts ]]; then
+  ((EUID == 0)) || { echo "console_bench.sh: --hosts needs root (network namespaces)" >&2; exit 2; }
+  mkdir "$scratch/hosts"
+  "$python" "$here/console_hosts.py" "$(realpath "$build/bin/dlrun")" "$here/../scripts/netns.sh" \
+    "${hosts%x*}" "${hosts#*x}" "$scratch/hosts"
+fi
 "$python" "$here/console_bench.py" "$build/bin/dlrun" "$python" "$workers" "$rate" "$seconds" \
   "$scratch"

@@ -317,4 +317,16 @@ grpc::Status ControlService::SignalJob(grpc::ServerContext* context,
   });
 }
 
+// A read, as GetJob: the output goes to whoever may read the job.
+grpc::Status ControlService::GetLogs(grpc::ServerContext* context, const v1::LogsRequest* request,
+                                     grpc::ServerWriter<v1::LogLine>* writer) {
+  return guarded([&] {
+    const LogRequest asked = toLogRequest(*request);
+    auto store = options_.connect();
+    const JobRecord job = readJob(*store, request->job().id(), true);
+    authorize(*context, job, false, options_.inProcess);
+    return relayLogs(*store, job, asked, options_.logs, *context, *writer);
+  });
+}
+
 }  // namespace dlrun::control

@@ -9,6 +9,7 @@
 #include <functional>
 #include <memory>
 
+#include "control/log_relay.h"
 #include "dlrun/v1/control.grpc.pb.h"
 #include "store/leasing_store.h"
 
@@ -31,6 +32,7 @@ struct ControlServiceOptions {
   // can be opened.
   std::function<std::unique_ptr<LeasingStore>()> connect;
   WatchTiming watch;
+  LogTiming logs;
   // Every call comes from this very process (`dlrun stop` under etcd), which reaches the store
   // itself anyway: a job without a token takes its stops and signals as from this host.
   bool inProcess = false;
@@ -50,6 +52,8 @@ class ControlService final : public v1::Control::Service {
                        v1::Ack* response) override;
   grpc::Status SignalJob(grpc::ServerContext* context, const v1::SignalJobRequest* request,
                          v1::Ack* response) override;
+  grpc::Status GetLogs(grpc::ServerContext* context, const v1::LogsRequest* request,
+                       grpc::ServerWriter<v1::LogLine>* writer) override;
 
  private:
   const ControlServiceOptions options_;

@@ -114,11 +114,13 @@ JobRecord readJob(LeasingStore& store, const std::string& id, bool withNodes) {
   if (id.empty()) refuse(grpc::StatusCode::INVALID_ARGUMENT, "no job id given");
   const Keys c(id);
   const elastic::Keys r(id);
-  const auto first =
-      store.peek({c.meta(), c.nodes(), r.stop(), r.current(), r.forgotten(), r.shape()});
+  const auto first = store.peek(
+      {c.meta(), c.nodes(), r.stop(), r.current(), r.forgotten(), r.shape(), c.summary()});
   if (first[0].empty() && first[3].empty())
     refuse(grpc::StatusCode::NOT_FOUND, "no job '" + id + "' on this server");
-  JobRecord job{.id = id, .keys = {.stop = first[2], .current = first[3], .forgotten = first[4]}};
+  JobRecord job{.id = id,
+                .keys = {.stop = first[2], .current = first[3], .forgotten = first[4]},
+                .summary = first[6]};
   if (!first[0].empty()) {
     job.meta = decodeMeta(first[0]);
   } else if (const std::string& shape = first[5]; !shape.empty()) {
@@ -176,7 +178,14 @@ JobStatus statusOf(const JobRecord& job) {
   if (job.meta.backend != kLocalBackend) return jobStatus(job.keys);
   std::optional<int> nodeRound;
   if (!job.agents.empty() && job.agents[0].state) nodeRound = job.agents[0].state->round;
-  return localJobStatus(job.keys, nodeRound);
+  JobStatus status = localJobStatus(job.keys, nodeRound);
+  // A single node's rounds are not in the store: its failure summary says that it failed.
+  if (!status.end && !job.summary.empty()) {
+    status.state = v1::FAILED;
+    status.end = rendezvous::RoundEnd{
+        .kind = rendezvous::RoundEnd::Kind::WorkerFailed, .final = true, .report = job.summary};
+  }
+  return status;
 }
 
 void fillJob(const JobRecord& job, double now, v1::Job& out) {
@@ -197,7 +206,10 @@ void fillJob(const JobRecord& job, double now, v1::Job& out) {
         toProto(job.agents[i], replaced[i],
                 progress == job.progress.end() ? nullptr : &progress->second, job.stragglers, now);
   }
-  if (status.state == v1::FAILED) out.set_root_cause(status.end->report);
+  // The nodes' failures, the first in time first, once group rank 0 wrote them; the round's
+  // report until then.
+  if (status.state == v1::FAILED)
+    out.set_root_cause(job.summary.empty() ? status.end->report : job.summary);
   // A job that ended has no stragglers left: the list is the last round's.
   if (status.end) return;
   for (const auto& s : job.stragglers) {

@@ -35,6 +35,7 @@ struct JobRecord {
   RoundKeys keys;
   std::map<int64_t, NodeProgress> progress;  // by agent, read with `withNodes`
   std::vector<Straggler> stragglers;         // read with `withNodes`
+  std::string summary;  // ctl/summary: the failed job's failure summary, once written
 };
 
 // Throws Refusal NOT_FOUND for a job the store holds nothing of, INVALID_ARGUMENT for no id.

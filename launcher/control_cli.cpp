@@ -12,6 +12,7 @@
 #include <sstream>
 #include <tuple>
 
+#include "agents/console_dedup.h"
 #include "common/cli.h"
 #include "common/error.h"
 #include "common/host_port.h"
@@ -49,6 +50,8 @@ std::string whereOf(const ControlRequest& r) {
                         " (--token-file or DLRUN_TOKEN)");
     case grpc::StatusCode::PERMISSION_DENIED:
       throw ConfigError("the job at " + where + " refused the call: " + status.error_message());
+    case grpc::StatusCode::FAILED_PRECONDITION:
+    case grpc::StatusCode::INVALID_ARGUMENT: throw ConfigError(status.error_message());
     case grpc::StatusCode::UNIMPLEMENTED:
       throw ConfigError(where + " is not a dlrun control plane (" + status.error_message() + ")");
     default:
@@ -127,6 +130,29 @@ int events(const ControlRequest& r, v1::Control::Stub& stub) {
   return 0;
 }
 
+int logs(const ControlRequest& r, v1::Control::Stub& stub) {
+  grpc::ClientContext context;
+  authorize(r, context, true);  // a log may be long to send: no deadline on the whole stream
+  v1::LogsRequest request = r.logs;
+  request.mutable_job()->set_id(r.jobId);
+  auto reader = stub.GetLogs(&context, request);
+  const bool prefixed = !request.has_rank();
+  v1::LogLine line;
+  bool any = false;
+  while (reader->Read(&line)) {
+    any = true;
+    std::cout << (r.json ? protoJson(line) + "\n"
+                         : formatLogLine(line, prefixed, request.grouped()));
+    if (request.follow()) std::cout << std::flush;
+  }
+  std::cout << std::flush;
+  const grpc::Status s = reader->Finish();
+  // An agent lost mid-stream: what it sent stands, the loss is the one line.
+  if (!s.ok() && any) throw ConfigError(s.error_message());
+  if (!s.ok()) fail(r, s);
+  return 0;
+}
+
 int stop(const ControlRequest& r, v1::Control::Stub& stub) {
   grpc::ClientContext context;
   authorize(r, context);
@@ -147,6 +173,51 @@ int stop(const ControlRequest& r, v1::Control::Stub& stub) {
   if (!s.ok()) fail(r, s);
   std::cout << (r.json ? protoJson(ack) : ack.detail()) << "\n";
   return 0;
+}
+
+struct LogsFlags {
+  std::optional<int> rank;
+  std::string node;
+  std::optional<int> attempt;
+  std::string stream = "both";
+  bool follow = false;
+  std::optional<int64_t> tail;
+  std::string grep;
+  bool grouped = false;
+};
+
+void addLogsFlags(CLI::App& app, LogsFlags& f) {
+  app.add_option("rank,--rank", f.rank, "The rank whose output to show")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--node", f.node, "Every rank of this node (its host's name)");
+  app.add_option("--attempt", f.attempt, "attempt_N of the log tree (default: the newest)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--stream", f.stream, "out, err or both (default)")
+      ->check(CLI::IsMember({"out", "err", "both"}));
+  app.add_flag("-f,--follow", f.follow, "Keep showing new lines until interrupted");
+  app.add_option("--tail", f.tail, "Only the last lines of each stream")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--grep", f.grep, "Only lines that contain this text");
+  app.add_flag("--grouped", f.grouped,
+               "The job-wide view: each distinct line once, with the ranks and nodes that "
+               "printed it (the last 1,000 lines a stream unless --tail says)");
+}
+
+v1::LogsRequest logsRequest(const LogsFlags& f) {
+  if (f.grouped && f.follow)
+    throw ConfigError("--grouped shows the output so far: it cannot --follow");
+  if (f.grouped && f.rank)
+    throw ConfigError("--grouped is a view of several ranks: give --node or nothing, not a rank");
+  v1::LogsRequest out;
+  if (f.rank) out.mutable_rank()->set_value(*f.rank);
+  if (f.attempt) out.mutable_attempt()->set_value(*f.attempt);
+  if (f.tail) out.mutable_tail()->set_value(*f.tail);
+  out.set_node(f.node);
+  out.set_streams(f.stream);
+  out.set_follow(f.follow);
+  out.set_grep(f.grep);
+  out.set_grouped(f.grouped);
+  return out;
 }
 
 }  // namespace
@@ -173,8 +244,9 @@ std::string clockTime(double unixSeconds) {
 }
 
 bool isControlCommand(const std::vector<std::string>& args) {
-  return !args.empty() && (args.front() == "status" || args.front() == "events" ||
-                           args.front() == "stop" || args.front() == "top");
+  return !args.empty() &&
+         (args.front() == "status" || args.front() == "events" || args.front() == "stop" ||
+          args.front() == "top" || args.front() == "logs");
 }
 
 ControlParse parseControlArgs(const std::vector<std::string>& args,
@@ -210,6 +282,8 @@ ControlParse parseControlArgs(const std::vector<std::string>& args,
         ->check(CLI::Range(0.1, 3600.0));
     app.add_flag("--once", r.once, "Print one frame and exit (no screen control)");
   }
+  LogsFlags logsFlags;
+  if (r.command == "logs") addLogsFlags(app, logsFlags);
   if (r.command == "stop") {
     app.add_option("--signal", signal, "Send this signal (USR1, SIGUSR1, 10) instead");
     app.add_option("--exit-code", r.exitCode, "What every agent exits with (default 143)")
@@ -220,6 +294,7 @@ ControlParse parseControlArgs(const std::vector<std::string>& args,
   if (result.exitCode) return result;
   r.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout * 1000));
   r.interval = std::chrono::milliseconds(static_cast<int64_t>(interval * 1000));
+  if (r.command == "logs") r.logs = logsRequest(logsFlags);
   if (r.command == "top" && r.json)
     throw ConfigError("--json: dlrun top draws a screen; dlrun status --json prints the job");
   if (!signal.empty()) {
@@ -291,6 +366,7 @@ int runControl(const ControlRequest& request) {
   if (request.command == "status") return status(request, *stub);
   if (request.command == "events") return events(request, *stub);
   if (request.command == "top") return top(request, topSource(request, *stub));
+  if (request.command == "logs") return logs(request, *stub);
   return stop(request, *stub);
 }
 
@@ -351,6 +427,25 @@ std::string formatEvent(const v1::Event& e) {
   if (!e.detail().empty()) out << ": " << e.detail();
   out << "\n";
   return out.str();
+}
+
+std::string formatLogLine(const v1::LogLine& line, bool prefixed, bool grouped) {
+  std::string out;
+  if (grouped) {
+    std::string ranks = agents::ranksPrefix({line.ranks().begin(), line.ranks().end()});
+    ranks.pop_back();  // its ':'
+    out = ranks + " ";
+    if (line.nodes_size() > 3) {
+      out += std::to_string(line.nodes_size()) + " nodes";
+    } else {
+      for (int i = 0; i < line.nodes_size(); ++i) out += (i ? "," : "") + line.nodes(i);
+    }
+    if (line.count() > line.ranks_size()) out += ", " + std::to_string(line.count()) + " times";
+    out += ": ";
+  } else if (prefixed && line.ranks_size() > 0) {
+    out = "[" + std::to_string(line.ranks(0)) + "]: ";
+  }
+  return out + line.text() + "\n";
 }
 
 }  // namespace dlrun::launcher

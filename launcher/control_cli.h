@@ -1,4 +1,5 @@
-// `dlrun status`, `dlrun events` and `dlrun stop`: the control plane's command line
+// `dlrun status`, `dlrun events`, `dlrun stop`, `dlrun top` and `dlrun logs`: the control plane's
+// command line
 // (ARCHITECTURE.md section 10). They talk gRPC (proto/dlrun/v1/control.proto) to whatever serves
 // the job's rendezvous store, on the store's own port: --rdzv-endpoint and --rdzv-id as for the
 // launch, or, inside a Slurm allocation, the endpoint and id the launcher derives there. Under
@@ -24,7 +25,7 @@ namespace dlrun::launcher {
 bool isControlCommand(const std::vector<std::string>& args);
 
 struct ControlRequest {
-  std::string command;  // status, events, stop, top
+  std::string command;  // status, events, stop, top, logs
   std::string host;
   uint16_t port = 0;
   // --rdzv-backend=etcd: the job's keys in etcd (host and port stay unset)
@@ -40,6 +41,7 @@ struct ControlRequest {
   std::chrono::milliseconds timeout{5'000};   // each call's deadline (not a followed stream's)
   std::chrono::milliseconds interval{1'000};  // top: between frames
   bool once = false;                          // top: one frame, no screen control
+  dlrun::v1::LogsRequest logs;                // logs: what is asked (its job set on the call)
 };
 
 struct ControlParse {
@@ -64,5 +66,9 @@ std::string clockTime(double unixSeconds);
 // The human forms (pure, for tests).
 std::string formatJob(const dlrun::v1::Job& job);
 std::string formatEvent(const dlrun::v1::Event& event);
+// A line of `dlrun logs`: as the worker wrote it for one rank's output; "[R]: " before it where
+// several ranks' lines mix; "[RANKS] NODES: " in the job-wide view (grouped), with a count where
+// the ranks printed it more than once each. With its newline.
+std::string formatLogLine(const dlrun::v1::LogLine& line, bool prefixed, bool grouped);
 
 }  // namespace dlrun::launcher

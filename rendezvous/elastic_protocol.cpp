@@ -34,7 +34,7 @@ std::vector<std::string> Keys::ofRound(int round, int joined,
 }
 
 std::string Keys::shared(int round, RoundTopic topic, int index) const {
-  static constexpr std::string_view kLeaves[] = {"hang/", "probe-at/", "probe/"};
+  static constexpr std::string_view kLeaves[] = {"hang/", "probe-at/", "probe/", "failures/"};
   static_assert(std::size(kLeaves) == std::size(kRoundTopics));
   return roundKey(round, std::string(kLeaves[static_cast<int>(topic)]) + std::to_string(index));
 }

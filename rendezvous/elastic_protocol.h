@@ -30,6 +30,8 @@
 //                      so agents still waiting for that round to close wake up
 //   r/R/names          the members' node names, in arrival order (for messages)
 //   r/R/hang/I         member I's hang report (RoundEnd::hang): its ranks' progress and stacks
+//   r/R/probe-at/I, r/R/probe/I  member I's network probe: where it answers, what it measured
+//   r/R/failures/I     member I's failed workers once a final failure ended the job
 //   r/R/gave-up        names of the nodes whose join timeout ended their wait in round R, one
 //                      a line (appended before each releases its record)
 //   forgotten          the newest round whose keys are deleted: the closer of round R deletes

@@ -26,9 +26,10 @@ enum class RoundTopic {
   Hang,          // a hang ended the round: each member's ranks' stacks (agents/hang_watcher.h)
   ProbeAddress,  // where each member's agent answers the network probe (agents/network_probe.h)
   Probe,         // what each member measured of its link to the next
+  Failures,      // a final failure: each member's failed workers (agents/failure_summary.h)
 };
 inline constexpr RoundTopic kRoundTopics[] = {RoundTopic::Hang, RoundTopic::ProbeAddress,
-                                              RoundTopic::Probe};
+                                              RoundTopic::Probe, RoundTopic::Failures};
 
 class Rendezvous {
  public:

@@ -39,7 +39,7 @@ class FakeRendezvous : public rendezvous::Rendezvous {
   std::function<bool()> elsewhereWhen;        // an end from elsewhere arrives once this holds
   std::map<int, RoundEnd> whileJoining;       // the job ended while this node waited to join
   std::function<void(int round)> beforeJoin;  // may throw, as a failing rendezvous does
-  std::vector<std::string> hangReports;
+  std::map<rendezvous::RoundTopic, std::vector<std::string>> shared;  // by topic
 
   JoinResult next() override {
     std::lock_guard lock(mutex_);
@@ -87,15 +87,15 @@ class FakeRendezvous : public rendezvous::Rendezvous {
     changed_.notify_all();
   }
 
-  void shareWithRound(rendezvous::RoundTopic, const std::string& report) override {
+  void shareWithRound(rendezvous::RoundTopic topic, const std::string& text) override {
     std::lock_guard lock(mutex_);
-    hangReports.push_back(report);
+    shared[topic].push_back(text);
   }
 
-  std::vector<std::string> gatherFromRound(rendezvous::RoundTopic,
+  std::vector<std::string> gatherFromRound(rendezvous::RoundTopic topic,
                                            std::chrono::milliseconds) override {
     std::lock_guard lock(mutex_);
-    return hangReports;
+    return shared[topic];
   }
 
   void reportSuccess() override {

@@ -31,6 +31,7 @@ TEST(ControlCli, OnlyTheFourWordsAreCommands) {
   EXPECT_TRUE(isControlCommand({"events", "--follow"}));
   EXPECT_TRUE(isControlCommand({"stop"}));
   EXPECT_TRUE(isControlCommand({"top"}));
+  EXPECT_TRUE(isControlCommand({"logs", "3"}));
   EXPECT_FALSE(isControlCommand({"train"}));
   EXPECT_FALSE(isControlCommand({"./status"}));
   EXPECT_FALSE(isControlCommand({}));
@@ -134,6 +135,41 @@ TEST(ControlCli, HumanFormsNameNodesWorkersAndEvents) {
   const std::string line = formatEvent(event);
   EXPECT_NE(line.find("worker_failed"), std::string::npos) << line;
   EXPECT_NE(line.find("rank 2: exit code 3"), std::string::npos) << line;
+}
+
+TEST(ControlCli, LogLinesSayTheirRanksWhereRanksMix) {
+  v1::LogLine line;
+  line.set_text("loss 0.5");
+  line.add_ranks(3);
+  line.add_nodes("n2");
+  line.set_count(1);
+  EXPECT_EQ(formatLogLine(line, false, false), "loss 0.5\n");
+  EXPECT_EQ(formatLogLine(line, true, false), "[3]: loss 0.5\n");
+  EXPECT_EQ(formatLogLine(line, true, true), "[3] n2: loss 0.5\n");
+  v1::LogLine shared;
+  shared.set_text("warning");
+  for (int rank : {0, 1, 2, 3, 5}) shared.add_ranks(rank);
+  for (const char* node : {"n1", "n2", "n3", "n4"}) shared.add_nodes(node);
+  shared.set_count(10);
+  EXPECT_EQ(formatLogLine(shared, true, true), "[0-3,5] 4 nodes, 10 times: warning\n");
+}
+
+TEST(ControlCli, LogsFlagsAreCheckedOnce) {
+  auto logs = [](std::vector<std::string> args) {
+    args.insert(args.begin(), "logs");
+    args.push_back("--rdzv-endpoint=h:1");
+    args.push_back("--rdzv-id=j");
+    return parse(args);
+  };
+  const ControlRequest r = logs({"7", "--tail", "5", "--stream", "err", "--grep", "x"});
+  EXPECT_EQ(r.logs.rank().value(), 7);
+  EXPECT_EQ(r.logs.tail().value(), 5);
+  EXPECT_EQ(r.logs.streams(), "err");
+  EXPECT_FALSE(r.logs.has_attempt());
+  EXPECT_THROW(logs({"--grouped", "-f"}), ConfigError);
+  EXPECT_THROW(logs({"3", "--grouped"}), ConfigError);
+  EXPECT_THROW(logs({"--stream", "all"}), ConfigError);
+  EXPECT_THROW(logs({"--", "-1"}), ConfigError);
 }
 
 // A job of 3 nodes and 12 ranks, rank 7 slow.

@@ -14,20 +14,28 @@ using json_fields::json;
 using json_fields::parse;
 
 std::string encodeCommand(const ControlCommand& command) {
-  return command.kind == ControlCommand::Kind::Stop ? "stop:" + std::to_string(command.value)
-                                                    : std::to_string(command.value);
+  switch (command.kind) {
+    case ControlCommand::Kind::Stop: return "stop:" + std::to_string(command.value);
+    case ControlCommand::Kind::Logs: return "logs:" + std::to_string(command.value);
+    case ControlCommand::Kind::Signal: break;
+  }
+  return std::to_string(command.value);
 }
 
 std::optional<ControlCommand> decodeCommand(std::string_view text) {
   ControlCommand command;
   std::string_view number = text;
-  if (number.starts_with("stop:")) {
-    command.kind = ControlCommand::Kind::Stop;
-    number.remove_prefix(5);
+  for (const auto& [prefix, kind] : {std::pair{"stop:", ControlCommand::Kind::Stop},
+                                     std::pair{"logs:", ControlCommand::Kind::Logs}}) {
+    if (number.starts_with(prefix)) {
+      command.kind = kind;
+      number.remove_prefix(5);
+    }
   }
   const auto value = parseInteger<int>(number);
   if (!value) return std::nullopt;
   command.value = *value;
+  if (command.kind == ControlCommand::Kind::Logs && command.value < 1) return std::nullopt;
   if (command.kind == ControlCommand::Kind::Signal &&
       (command.value < 1 || command.value > SIGRTMAX))
     return std::nullopt;

@@ -20,8 +20,12 @@
 //   ctl/ev/N            event N (JobEvent), written once right after its ADD
 //   ctl/signals         the number of signals sent to the job (ADD); ctl/signal/N is the Nth
 //   ctl/signal/N        a command to every agent (ControlCommand): a signal to forward to its
-//                       workers, or a stop (StopJob writes it beside the rendezvous's stop key,
-//                       which a single-node job does not follow)
+//                       workers, a stop (StopJob writes it beside the rendezvous's stop key,
+//                       which a single-node job does not follow), or a request for output
+//                       (`dlrun logs`: log_mailbox.h's keys)
+//   ctl/summary         the failure summary of a job that failed (plain text, agents/
+//                       failure_summary.h), written by group rank 0 before its job_ended event:
+//                       GetJob's root cause once there
 // A deliberate stop of the whole job is the rendezvous's own `stop` key (elastic_protocol.h).
 #pragma once
 
@@ -47,6 +51,7 @@ class Keys {
   std::string event(int64_t n) const { return ctl_ + "ev/" + std::to_string(n); }
   std::string signals() const { return ctl_ + "signals"; }
   std::string signal(int64_t n) const { return ctl_ + "signal/" + std::to_string(n); }
+  std::string summary() const { return ctl_ + "summary"; }
 
  private:
   std::string root_;
@@ -110,12 +115,12 @@ struct JobEvent {
 
 // A command sent to the job through the control plane.
 struct ControlCommand {
-  enum class Kind { Signal, Stop };
+  enum class Kind { Signal, Stop, Logs };
   Kind kind = Kind::Signal;
-  int value = 0;  // the signal, or the exit code every agent ends with
+  int value = 0;  // the signal, the exit code every agent ends with, or the log request
 };
 
-// A command's text under ctl/signal/N: a signal number, or "stop:CODE".
+// A command's text under ctl/signal/N: a signal number, "stop:CODE" or "logs:N".
 std::string encodeCommand(const ControlCommand& command);
 std::optional<ControlCommand> decodeCommand(std::string_view text);
 

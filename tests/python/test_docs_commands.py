@@ -30,6 +30,7 @@ REFERENCE = {  # a program's --help -> its reference page
     ("dlrun", "events", "--help"): "docs/reference/dlrun.md",
     ("dlrun", "stop", "--help"): "docs/reference/dlrun.md",
     ("dlrun", "top", "--help"): "docs/reference/dlrun.md",
+    ("dlrun", "logs", "--help"): "docs/reference/dlrun.md",
     ("dlrund", "--help"): "docs/reference/dlrund.md",
     ("dlrun-train", "--help"): "docs/reference/dlrun-train.md",
 }
