@@ -9,9 +9,9 @@
 #include <chrono>
 #include <cstdint>
 #include <list>
+#include <map>
 #include <memory>
 #include <optional>
-#include <set>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -49,7 +49,10 @@ class LineGrouper {
     size_t maxPending = 4096;   // groups, and their bytes: a flood of distinct lines is shown
     size_t maxBytes = 4 << 20;  // as it comes, the oldest first, never piled up
   };
-  explicit LineGrouper(Limits limits) : limits_(limits) {}
+  explicit LineGrouper(Limits limits) : limits_(limits) {
+    // Sparse buckets: most lines of a flood are new, and a miss then reads a node or none.
+    newest_.max_load_factor(0.25f);
+  }
 
   // Adds a rank's line at `now`; returns what must be shown at once (in order).
   std::vector<GroupedLine> add(int rank, int stream, std::string_view text, bool newline,
@@ -65,12 +68,15 @@ class LineGrouper {
   std::optional<Clock::time_point> nextDue() const;
 
  private:
+  struct Group;
+  using Pending = std::list<Group>;  // in console order
+  // The pending groups by when their windows end: due() visits only the groups that are due.
+  using Dues = std::multimap<Clock::time_point, Pending::iterator>;
   struct Group {
     GroupedLine line;
-    Clock::time_point due;
+    Dues::iterator due;
     uint64_t order = 0;  // its place on the console: after every group of a smaller one
   };
-  using Pending = std::list<Group>;  // in console order
   // Shows the pending groups up to and with `last`.
   void popThrough(Pending::iterator last, std::vector<GroupedLine>& out);
   bool canJoin(int rank, const Group& group) const;
@@ -94,7 +100,7 @@ class LineGrouper {
   Pending pending_;
   uint64_t nextOrder_ = 0;
   size_t bytes_ = 0;
-  std::multiset<Clock::time_point> dues_;                       // the pending groups'
+  Dues dues_;
   std::unordered_map<Key, Pending::iterator, KeyHash> newest_;  // a text's newest pending group
   std::unordered_map<int, Pending::iterator> lastOfRank_;       // a rank's last line's, pending
 };

@@ -39,9 +39,13 @@ trap 'rm -rf "$scratch"' EXIT
 echo "console_bench: $(nproc) cores, load average $(cut -d ' ' -f 1-3 /proc/loadavg)"
 if [[ -n $hosts ]]; then
   ((EUID == 0)) || { echo "console_bench.sh: --hosts needs root (network namespaces)" >&2; exit 2; }
-  mkdir "$scratch/hosts"
-  "$python" "$here/console_hosts.py" "$(realpath "$build/bin/dlrun")" "$here/../scripts/netns.sh" \
-    "${hosts%x*}" "${hosts#*x}" "$scratch/hosts"
+  # The default window, then one longer than the ranks take to print here (about 1 s on 2 cores).
+  for window in "" 2; do
+    mkdir "$scratch/hosts$window"
+    echo "--console-dedup-window=${window:-0.1 (the default)}:"
+    "$python" "$here/console_hosts.py" "$(realpath "$build/bin/dlrun")" \
+      "$here/../scripts/netns.sh" "${hosts%x*}" "${hosts#*x}" "$scratch/hosts$window" $window
+  done
 fi
 "$python" "$here/console_bench.py" "$build/bin/dlrun" "$python" "$workers" "$rate" "$seconds" \
   "$scratch"
