@@ -137,6 +137,12 @@ struct StreamPump::Impl : std::enable_shared_from_this<Impl> {
           end = std::min(text.find('\n', at), text.size());
           show(std::string_view(text).substr(at, end - at), end < text.size() || ended);
         }
+      } else if (!target.exactBytes && splitter.continues()) {
+        // dlrun's console lines: a line too long for one says where it was cut (torchrun's
+        // bytes, and the log files, stay as the worker wrote them).
+        std::string piece(line);
+        piece += kCutMark;
+        show(piece, true);
       } else {
         show(line, ended || !target.exactBytes);
       }

@@ -19,6 +19,9 @@ namespace dlrun::agents {
 
 class ConsoleDedup;
 
+// What ends a console line that was cut from a longer one (LineSplitter's limit, 64 KiB).
+inline constexpr std::string_view kCutMark = " [dlrun: line cut at 64 KiB, it goes on below]";
+
 // Cuts a byte stream into lines; a line longer than the limit is passed on in pieces.
 class LineSplitter {
  public:
@@ -29,11 +32,14 @@ class LineSplitter {
   // The unterminated rest, if any, as a last line.
   template <typename Emit>
   void finish(Emit&& emit);
+  // While emit() runs: the line it got is a piece of a longer one, and more of it follows.
+  bool continues() const { return continues_; }
 
  private:
   size_t maxLine_;
   std::string partial_;
   bool cut_ = false;  // the last thing emitted was a piece of a longer line
+  bool continues_ = false;
 };
 
 // Writes all of `bytes` to `fd`, retrying short writes; a closed console or a full disk ends it
@@ -113,7 +119,9 @@ void LineSplitter::feed(std::string_view bytes, Emit&& emit) {
     partial_.append(bytes.substr(0, take));
     bytes.remove_prefix(take);
     if (partial_.size() == maxLine_) {  // a piece of a long line
+      continues_ = true;
       emit(std::string_view(partial_));
+      continues_ = false;
       partial_.clear();
       cut_ = true;
       continue;

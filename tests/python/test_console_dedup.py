@@ -5,6 +5,7 @@ rank's own order kept; on by default from 8 workers, off with --console-dedup=of
 
 Runs under any Python 3 (ctest: python_console_dedup); the workers are plain Python.
 """
+import glob
 import os
 import re
 import subprocess
@@ -60,6 +61,24 @@ class ConsoleDedupTest(unittest.TestCase):
                          ["[0]:loading data", "[1]:loading data"])
         done = self.run_job(2, "--console-dedup=on", "--console-dedup-window=10")
         self.assertEqual(re.findall(r"\[.*\]:loading data", done.stdout), ["[0-1]:loading data"])
+
+    def test_a_line_longer_than_64_kib_is_cut_with_a_mark_and_kept_whole_in_its_file(self):
+        out = temp_dir(self)
+        worker = os.path.join(out, "long.py")
+        with open(worker, "w") as f:
+            f.write("print('x' * 100000, flush=True)\nprint('after', flush=True)\n")
+        done = subprocess.run(
+            [binary_from_env("DLRUN", "dlrun"), "--standalone", "--nproc-per-node=1",
+             "--tee=1", f"--log-dir={out}/logs", sys.executable, worker],
+            env=clean_env(TMPDIR=out), capture_output=True, text=True, timeout=TIMEOUT_S)
+        self.assertEqual(done.returncode, 0, done.stderr)
+        mark = " [dlrun: line cut at 64 KiB, it goes on below]"
+        self.assertEqual(done.stdout.splitlines(),
+                         ["[0]:" + "x" * 65536 + mark, "[0]:" + "x" * (100000 - 65536),
+                          "[0]:after"])
+        (log,) = glob.glob(os.path.join(out, "logs", "*", "attempt_0", "0", "stdout.log"))
+        with open(log) as f:
+            self.assertEqual(f.read(), "x" * 100000 + "\nafter\n")
 
     def test_torchruns_format_is_untouched(self):
         done = self.run_job(8, "--console-format=torchrun", "--tee=3")
