@@ -3,10 +3,14 @@
 #include <dlfcn.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
+#include <future>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string_view>
+#include <thread>
 
 #include "common/text.h"
 
@@ -153,6 +157,14 @@ std::optional<std::string> gpuProblem(const NvmlSaid& said, int expected) {
          ", under --health-gpus's " + std::to_string(expected);
 }
 
+namespace {
+std::string stuckLine(std::chrono::milliseconds limit) {
+  char seconds[32];
+  std::snprintf(seconds, sizeof seconds, "%g", static_cast<double>(limit.count()) / 1000);
+  return std::string("NVML did not answer within ") + seconds + " s (a GPU or its driver hangs)";
+}
+}  // namespace
+
 NvmlSaid askNvml(const std::string& name, const std::optional<std::string>& cudaVisible) {
   NvmlSaid said;
   const Library* lib = library(name, said.unopened);
@@ -179,10 +191,33 @@ NvmlSaid askNvml(const std::string& name, const std::optional<std::string>& cuda
   return said;
 }
 
-std::optional<std::string> checkGpus(const std::string& library, int expected) {
+std::optional<std::string> checkGpus(const std::string& library, int expected,
+                                     std::chrono::milliseconds limit) {
   const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
-  return gpuProblem(askNvml(library, visible ? std::optional<std::string>(visible) : std::nullopt),
-                    expected);
+  const std::optional<std::string> cudaVisible =
+      visible ? std::optional<std::string>(visible) : std::nullopt;
+  // NVML asks the driver, and a GPU that hangs can hang it: the asking runs on a thread of its
+  // own that is left behind when it overruns (it can be neither interrupted nor killed), and
+  // while one is left behind no other is started, so a stuck driver costs one thread, not one a
+  // round.
+  static std::mutex mutex;
+  static std::shared_ptr<std::promise<NvmlSaid>> pending;
+  std::shared_future<NvmlSaid> answer;
+  {
+    std::lock_guard lock(mutex);
+    if (pending) return stuckLine(limit);
+    auto promise = std::make_shared<std::promise<NvmlSaid>>();
+    answer = promise->get_future().share();
+    pending = promise;
+    std::thread([promise, library, cudaVisible] {
+      NvmlSaid said = askNvml(library, cudaVisible);
+      std::lock_guard lock(mutex);
+      promise->set_value(std::move(said));
+      if (pending == promise) pending.reset();
+    }).detach();
+  }
+  if (answer.wait_for(limit) != std::future_status::ready) return stuckLine(limit);
+  return gpuProblem(answer.get(), expected);
 }
 
 }  // namespace dlrun::agents

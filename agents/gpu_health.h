@@ -8,6 +8,7 @@
 // said, so that the judgement is tested without a library.
 #pragma once
 
+#include <chrono>
 #include <optional>
 #include <string>
 #include <vector>
@@ -59,6 +60,9 @@ std::optional<std::string> gpuProblem(const NvmlSaid& said, int expected);
 NvmlSaid askNvml(const std::string& library, const std::optional<std::string>& cudaVisible);
 
 // The check, as checkHealth runs it: askNvml with this process's CUDA_VISIBLE_DEVICES, judged.
-std::optional<std::string> checkGpus(const std::string& library, int expected);
+// NVML that does not answer within `limit` (--health-check-timeout: a GPU or its driver hanging)
+// is a problem itself, and so is every check while it still has not.
+std::optional<std::string> checkGpus(const std::string& library, int expected,
+                                     std::chrono::milliseconds limit = std::chrono::seconds(60));
 
 }  // namespace dlrun::agents

@@ -115,7 +115,7 @@ HealthProblem checkHealth(const HealthOptions& options) {
     if (const auto memory = availableMemory(meminfo))
       if (auto problem = spaceProblem("memory", *memory, options.minFreeBytes)) return problem;
   }
-  if (auto problem = checkGpus(options.nvml, options.gpus)) return problem;
+  if (auto problem = checkGpus(options.nvml, options.gpus, options.timeout)) return problem;
   if (options.command) return userCheck(options);
   return std::nullopt;
 }

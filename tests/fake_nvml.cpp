@@ -5,7 +5,9 @@
 //   countError=N  nvmlDeviceGetCount_v2 returns N
 //   lost=I,J    GPUs whose memory query returns 15 (GPU is lost)
 //   denied=I    GPUs whose handle query returns 4 (no permission: a cgroup's)
+//   hang=PATH   the memory query waits until the file PATH exists (a GPU that hangs the driver)
 // and DLRUN_FAKE_NVML_CALLS, where set, a file each call appends its name to.
+#include <unistd.h>
 #include <cstdint>
 #include <cstdlib>
 #include <fstream>
@@ -19,6 +21,7 @@ struct Fake {
   int init = 0, countError = 0;
   unsigned count = 0;
   std::set<unsigned> lost, denied;
+  std::string hang;
 };
 Fake fake;
 
@@ -42,6 +45,7 @@ Fake read() {
     if (key == "countError") f.countError = std::stoi(value);
     if (key == "lost") f.lost = indices(value);
     if (key == "denied") f.denied = indices(value);
+    if (key == "hang") f.hang = value;
   }
   return f;
 }
@@ -86,6 +90,8 @@ int nvmlDeviceGetHandleByIndex_v2(unsigned index, nvmlDevice_st** device) {
 int nvmlDeviceGetMemoryInfo(nvmlDevice_st* device, nvmlMemory_st* memory) {
   const unsigned index = static_cast<unsigned>(reinterpret_cast<uintptr_t>(device) - 1);
   if (fake.lost.count(index)) return 15;
+  // Polls: a fake driver's hang, released by the test.
+  while (!fake.hang.empty() && !std::ifstream(fake.hang)) usleep(1000);
   *memory = {80ull << 30, 79ull << 30, 1ull << 30};
   return 0;
 }

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <thread>
 
 #include "agents/health_check.h"
 
@@ -159,6 +160,33 @@ TEST(GpuHealthNvml, TheFakeNvmlsLostGpuIsNamed) {
   const ScopedEnv healthy("DLRUN_FAKE_NVML", "count=4");
   EXPECT_EQ(checkGpus(FAKE_NVML, 4), std::nullopt);
   EXPECT_EQ(checkGpus(FAKE_NVML, 8), "only 4 GPUs on this node, under --health-gpus's 8");
+}
+
+TEST(GpuHealthNvml, AnNvmlThatHangsFailsTheCheckInTimeAndIsNotAskedAgainMeanwhile) {
+  const ScopedEnv visible("CUDA_VISIBLE_DEVICES", nullptr);
+  const std::string tag = std::to_string(::getpid());
+  const std::string release = testing::TempDir() + "nvml-release-" + tag;
+  const std::string calls = testing::TempDir() + "nvml-calls-" + tag;
+  std::filesystem::remove(release);
+  std::filesystem::remove(calls);
+  const ScopedEnv logged("DLRUN_FAKE_NVML_CALLS", calls.c_str());
+  const ScopedEnv hanging("DLRUN_FAKE_NVML", ("count=2;hang=" + release).c_str());
+  const std::string stuck = "NVML did not answer within 0.05 s (a GPU or its driver hangs)";
+  EXPECT_EQ(checkGpus(FAKE_NVML, 0, std::chrono::milliseconds(50)), stuck);
+  EXPECT_EQ(checkGpus(FAKE_NVML, 0, std::chrono::milliseconds(50)), stuck);
+  std::ifstream in(calls);
+  std::string said((std::istreambuf_iterator<char>(in)), {});
+  EXPECT_EQ(said, "init\n");         // the second check asked nothing: the first ask is still stuck
+  std::ofstream(release).put('\n');  // the driver answers again
+  std::optional<std::string> after = stuck;
+  const auto stillStuck = [&] { return after && after->starts_with("NVML did not answer"); };
+  for (int tries = 0; stillStuck() && tries < 100'000; ++tries) {
+    std::this_thread::yield();  // the stuck ask ends within moments of the release
+    after = checkGpus(FAKE_NVML, 0, std::chrono::seconds(10));
+  }
+  EXPECT_EQ(after, std::nullopt);
+  std::filesystem::remove(release);
+  std::filesystem::remove(calls);
 }
 
 TEST(GpuHealthNvml, TheFakeNvmlWithoutDriverOrGpusIsSkipped) {
