@@ -3,8 +3,14 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <condition_variable>
 #include <cstdio>
+#include <deque>
+#include <mutex>
+#include <optional>
+#include <thread>
 
+#include "common/clock.h"
 #include "common/error.h"
 #include "common/log.h"
 #include "rendezvous/elastic_protocol.h"
@@ -36,9 +42,74 @@ double wallNow() {
 
 }  // namespace
 
-ControlPublisher::ControlPublisher(ControlOptions options,
-                                   std::function<void(const ControlCommand&)> onCommand,
-                                   StragglersSeen onStragglers)
+namespace detail {
+
+// The publisher's inside: what node(), event() and progress() queue, and the two threads that
+// take it to the store and bring commands back.
+class PublisherImpl {
+ public:
+  using StragglersSeen = ControlPublisher::StragglersSeen;
+
+  PublisherImpl(ControlOptions options, std::function<void(const ControlCommand&)> onCommand,
+                StragglersSeen onStragglers);
+  ~PublisherImpl();  // writes what is queued (within a few seconds), then stops both threads
+
+  void node(control::NodeState state);
+  void event(control::JobEvent event);
+  void progress(control::NodeProgress progress);
+  void round(int round, int nodes, bool leader);
+  void flush(std::chrono::milliseconds limit);
+  void attemptFiles(AttemptFiles files) { logs_.attempt(std::move(files)); }
+
+ private:
+  void write();
+  void listen(int64_t next, int64_t agent);
+  void writeOnce(LeasingStore& store);
+  // Registers this agent (its index in ctl/nodes, its id) and reads the first command's number.
+  void registerNode(LeasingStore& store);
+  // Whether the writer has something to do at `now` (mutex_ held); else when it will.
+  bool due(Clock::time_point now, Clock::time_point& next) const;
+  void watchStragglers(LeasingStore& store);
+
+  const ControlOptions options_;
+  const control::Keys keys_;
+  std::function<void(const ControlCommand&)> onCommand_;
+
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  std::condition_variable written_;  // events_ lost its oldest entries to the store
+  std::optional<control::NodeState> node_;
+  int firstRound_ = -1;  // the round of the first node() in a round, sent with each (firstRound)
+  uint64_t nodeChanges_ = 0;  // node() calls: tells writeOnce whether node_ is the one it wrote
+  std::deque<control::JobEvent> events_;
+  std::optional<control::NodeProgress> progress_;
+  Clock::time_point progressAt_{};  // when progress may be written next
+  Clock::duration progressEvery_ = std::chrono::seconds(1);
+  int round_ = -1;
+  bool leader_ = false;
+  Clock::time_point watchAt_{};  // when the leader looks for stragglers next
+  bool stopping_ = false;
+  // The writer's alone: this node's place in ctl/nodes, and the first command for it; whether
+  // its name (and as the job's first node, the job's settings) went out with a state.
+  std::optional<int64_t> index_;
+  std::optional<int64_t> firstCommand_;
+  bool named_ = false;
+  LeasingStore* listening_ = nullptr;  // the listener's store, to abort it
+  // The straggler watch's, on the writer's thread: the rule over this round's ranks, the agents'
+  // host names, whether this round's list went out.
+  StragglersSeen onStragglers_;
+  control::StragglerTracker stragglers_;
+  int watchedRound_ = -1;
+  std::map<int64_t, std::string> names_;
+
+  LogServer logs_;  // `dlrun logs` requests, from the listener (joined before it goes)
+  std::thread writer_;
+  std::thread listener_;  // started by writer_ (joined after it)
+};
+
+PublisherImpl::PublisherImpl(ControlOptions options,
+                             std::function<void(const ControlCommand&)> onCommand,
+                             StragglersSeen onStragglers)
     : options_(std::move(options)),
       keys_(options_.runId),
       onCommand_(std::move(onCommand)),
@@ -48,7 +119,7 @@ ControlPublisher::ControlPublisher(ControlOptions options,
   writer_ = std::thread([this] { write(); });
 }
 
-ControlPublisher::~ControlPublisher() {
+PublisherImpl::~PublisherImpl() {
   {
     std::lock_guard lock(mutex_);
     stopping_ = true;
@@ -59,7 +130,7 @@ ControlPublisher::~ControlPublisher() {
   if (listener_.joinable()) listener_.join();
 }
 
-void ControlPublisher::node(control::NodeState state) {
+void PublisherImpl::node(control::NodeState state) {
   {
     std::lock_guard lock(mutex_);
     // A node sitting out before its first round is in none (group rank -1): it joins later.
@@ -71,7 +142,7 @@ void ControlPublisher::node(control::NodeState state) {
   changed_.notify_all();
 }
 
-void ControlPublisher::event(control::JobEvent event) {
+void PublisherImpl::event(control::JobEvent event) {
   {
     std::lock_guard lock(mutex_);
     events_.push_back(std::move(event));
@@ -79,7 +150,7 @@ void ControlPublisher::event(control::JobEvent event) {
   changed_.notify_all();
 }
 
-void ControlPublisher::progress(control::NodeProgress progress) {
+void PublisherImpl::progress(control::NodeProgress progress) {
   {
     std::lock_guard lock(mutex_);
     progress_ = std::move(progress);
@@ -87,7 +158,7 @@ void ControlPublisher::progress(control::NodeProgress progress) {
   changed_.notify_all();
 }
 
-void ControlPublisher::round(int round, int nodes, bool leader) {
+void PublisherImpl::round(int round, int nodes, bool leader) {
   {
     std::lock_guard lock(mutex_);
     round_ = round;
@@ -99,7 +170,7 @@ void ControlPublisher::round(int round, int nodes, bool leader) {
   changed_.notify_all();
 }
 
-bool ControlPublisher::due(Clock::time_point now, Clock::time_point& next) const {
+bool PublisherImpl::due(Clock::time_point now, Clock::time_point& next) const {
   if (stopping_ || node_ || !events_.empty()) return true;
   next = Clock::time_point::max();
   if (progress_) {
@@ -113,12 +184,12 @@ bool ControlPublisher::due(Clock::time_point now, Clock::time_point& next) const
   return false;
 }
 
-void ControlPublisher::flush(std::chrono::milliseconds limit) {
+void PublisherImpl::flush(std::chrono::milliseconds limit) {
   std::unique_lock lock(mutex_);
   written_.wait_for(lock, limit, [&] { return events_.empty(); });
 }
 
-void ControlPublisher::write() {
+void PublisherImpl::write() {
   yieldToTheJob();
   std::unique_ptr<LeasingStore> store;
   bool warned = false;
@@ -158,7 +229,7 @@ void ControlPublisher::write() {
   }
 }
 
-void ControlPublisher::registerNode(LeasingStore& store) {
+void PublisherImpl::registerNode(LeasingStore& store) {
   if (!index_) index_ = store.add(keys_.nodes(), 1);
   if (firstCommand_) return;
   const rendezvous::elastic::Keys job(options_.runId);
@@ -173,7 +244,7 @@ void ControlPublisher::registerNode(LeasingStore& store) {
 // Registration once; then the queued events, numbered by the store, and the newest node state
 // under this agent's index (with its host's name, and from the job's first agent the job's
 // settings, the first time).
-void ControlPublisher::writeOnce(LeasingStore& store) {
+void PublisherImpl::writeOnce(LeasingStore& store) {
   registerNode(store);
   // What is queued goes in one batch: one add numbers its events, one multiSet writes them
   // with the node state (on etcd each write is a log entry; a change often brings several
@@ -232,7 +303,7 @@ void ControlPublisher::writeOnce(LeasingStore& store) {
 
 // Group rank 0's look at every agent's pace: one request for the count and the records (and
 // the names of agents not seen before), the rule, then what changed goes out as events.
-void ControlPublisher::watchStragglers(LeasingStore& store) {
+void PublisherImpl::watchStragglers(LeasingStore& store) {
   int round;
   {
     std::lock_guard lock(mutex_);
@@ -291,7 +362,7 @@ void ControlPublisher::watchStragglers(LeasingStore& store) {
   if (onStragglers_) onStragglers_(stragglers_.named());
 }
 
-void ControlPublisher::listen(int64_t next, int64_t agent) {
+void PublisherImpl::listen(int64_t next, int64_t agent) {
   yieldToTheJob();
   std::unique_ptr<LeasingStore> store;  // outlives listening_'s use of it
   try {
@@ -321,5 +392,26 @@ void ControlPublisher::listen(int64_t next, int64_t agent) {
     if (!stopping_) log::debug(std::string("control commands stop: ") + e.what());
   }
 }
+
+}  // namespace detail
+
+ControlPublisher::ControlPublisher(ControlOptions options,
+                                   std::function<void(const ControlCommand&)> onCommand,
+                                   StragglersSeen onStragglers)
+    : impl_(std::make_unique<detail::PublisherImpl>(std::move(options), std::move(onCommand),
+                                                    std::move(onStragglers))) {}
+
+ControlPublisher::~ControlPublisher() = default;  // ~PublisherImpl flushes, then joins
+
+void ControlPublisher::node(control::NodeState state) { impl_->node(std::move(state)); }
+void ControlPublisher::event(control::JobEvent event) { impl_->event(std::move(event)); }
+void ControlPublisher::progress(control::NodeProgress progress) {
+  impl_->progress(std::move(progress));
+}
+void ControlPublisher::round(int round, int nodes, bool leader) {
+  impl_->round(round, nodes, leader);
+}
+void ControlPublisher::flush(std::chrono::milliseconds limit) { impl_->flush(limit); }
+void ControlPublisher::attemptFiles(AttemptFiles files) { impl_->attemptFiles(std::move(files)); }
 
 }  // namespace dlrun::agents

@@ -24,18 +24,13 @@
 // the same without it.
 #pragma once
 
-#include <condition_variable>
-#include <deque>
+#include <chrono>
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
-#include <optional>
 #include <string>
-#include <thread>
 
 #include "agents/log_server.h"
-#include "common/clock.h"
 #include "control/state/control_state.h"
 #include "control/state/progress_record.h"
 #include "control/state/stragglers.h"
@@ -57,6 +52,10 @@ struct ControlOptions {
 };
 
 using control::ControlCommand;
+
+namespace detail {
+class PublisherImpl;
+}
 
 class ControlPublisher {
  public:
@@ -82,52 +81,10 @@ class ControlPublisher {
   // job's events show the cause first.
   void flush(std::chrono::milliseconds limit);
   // Where an attempt's output files are, for `dlrun logs` (log_server.h).
-  void attemptFiles(AttemptFiles files) { logs_.attempt(std::move(files)); }
+  void attemptFiles(AttemptFiles files);
 
  private:
-  void write();
-  void listen(int64_t next, int64_t agent);
-  void writeOnce(LeasingStore& store);
-  // Registers this agent (its index in ctl/nodes, its id) and reads the first command's number.
-  void registerNode(LeasingStore& store);
-  // Whether the writer has something to do at `now` (mutex_ held); else when it will.
-  bool due(Clock::time_point now, Clock::time_point& next) const;
-  void watchStragglers(LeasingStore& store);
-
-  const ControlOptions options_;
-  const control::Keys keys_;
-  std::function<void(const ControlCommand&)> onCommand_;
-
-  std::mutex mutex_;
-  std::condition_variable changed_;
-  std::condition_variable written_;  // events_ lost its oldest entries to the store
-  std::optional<control::NodeState> node_;
-  int firstRound_ = -1;  // the round of the first node() in a round, sent with each (firstRound)
-  uint64_t nodeChanges_ = 0;  // node() calls: tells writeOnce whether node_ is the one it wrote
-  std::deque<control::JobEvent> events_;
-  std::optional<control::NodeProgress> progress_;
-  Clock::time_point progressAt_{};  // when progress may be written next
-  Clock::duration progressEvery_ = std::chrono::seconds(1);
-  int round_ = -1;
-  bool leader_ = false;
-  Clock::time_point watchAt_{};  // when the leader looks for stragglers next
-  bool stopping_ = false;
-  // The writer's alone: this node's place in ctl/nodes, and the first command for it; whether
-  // its name (and as the job's first node, the job's settings) went out with a state.
-  std::optional<int64_t> index_;
-  std::optional<int64_t> firstCommand_;
-  bool named_ = false;
-  LeasingStore* listening_ = nullptr;  // the listener's store, to abort it
-  // The straggler watch's, on the writer's thread: the rule over this round's ranks, the agents'
-  // host names, whether this round's list went out.
-  StragglersSeen onStragglers_;
-  control::StragglerTracker stragglers_;
-  int watchedRound_ = -1;
-  std::map<int64_t, std::string> names_;
-
-  LogServer logs_;  // `dlrun logs` requests, from the listener (joined before it goes)
-  std::thread writer_;
-  std::thread listener_;  // started by writer_ (joined after it)
+  std::unique_ptr<detail::PublisherImpl> impl_;  // its state and threads (control_publisher.cpp)
 };
 
 }  // namespace dlrun::agents

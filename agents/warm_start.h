@@ -1,4 +1,4 @@
-// Warm starts (--warm-start, --preload; docs/warm_start.md): a start or restart of a worker
+// Warm starts (--warm-start, --preload; docs/guides/warm-start.md): a start or restart of a worker
 // forks a Python interpreter that has already started and imported the modules of --preload
 // (the zygote), instead of paying for the interpreter and its imports again.
 //

@@ -1,4 +1,4 @@
-// The pure parts of warm starts (warm_start.h, docs/warm_start.md): which worker commands a
+// The pure parts of warm starts (warm_start.h, docs/guides/warm-start.md): which worker commands a
 // Python zygote can run, and the frames the agent and the zygote (python/dlrun_warm_start.py)
 // exchange over their socket. No I/O, so tests check every byte.
 //

@@ -99,8 +99,6 @@ class Worker {
   const ExitStatus& status() const { return status_; }
   // The last lines of its stderr, for the failure report.
   const std::deque<std::string>& lastErrorLines() const { return err_->lastLines(); }
-  // Whether it writes log files (the log directory is then worth keeping).
-  bool writesFiles() const { return launch_.output.toFile != Streams::None; }
 
   static constexpr size_t kReportLines = 20;
 

@@ -337,7 +337,8 @@ void view(const Options& o, const Window& w, std::vector<double>& took, size_t& 
     const auto begin = Clock::now();
     v1::Job job;
     if (store) {
-      control::fillJob(control::readJob(*store, o.job, true), wallNow(), job);
+      control::fillJob(control::readJob(*store, o.job, control::JobParts::WithNodes), wallNow(),
+                       job);
     } else if (page) {
       const std::string body = page->get();
       // The nodes the page lists: each has its group rank once.

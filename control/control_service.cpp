@@ -205,7 +205,7 @@ grpc::Status ControlService::GetJob(grpc::ServerContext* context, const v1::JobR
                                     v1::Job* response) {
   return guarded([&] {
     auto store = options_.connect();
-    const JobRecord job = readJob(*store, request->id(), true);
+    const JobRecord job = readJob(*store, request->id(), JobParts::WithNodes);
     authorize(*context, job, false, options_.inProcess);
     fillJob(job, unixNow(), *response);
     return grpc::Status::OK;
@@ -220,7 +220,7 @@ grpc::Status ControlService::ListJobs(grpc::ServerContext* context, const v1::Li
     for (const auto& id : lines(store->peek({Keys::jobs()})[0])) {
       std::optional<JobRecord> job;
       try {
-        job = readJob(*store, id, true);
+        job = readJob(*store, id, JobParts::WithNodes);
       } catch (const Refusal&) {
         continue;  // registered, but its keys are gone
       }
@@ -244,7 +244,7 @@ grpc::Status ControlService::WatchEvents(grpc::ServerContext* context,
                                          grpc::ServerWriter<v1::Event>* writer) {
   return guarded([&] {
     auto store = options_.connect();
-    const JobRecord job = readJob(*store, request->job().id(), false);
+    const JobRecord job = readJob(*store, request->job().id(), JobParts::Status);
     authorize(*context, job, false, options_.inProcess);
     return EventStream(options_.watch, *store, job.id, *context, *writer)
         .run(request->since(), request->follow());
@@ -255,7 +255,7 @@ grpc::Status ControlService::StopJob(grpc::ServerContext* context,
                                      const v1::StopJobRequest* request, v1::Ack* response) {
   return guarded([&] {
     auto store = options_.connect();
-    const JobRecord job = readJob(*store, request->job().id(), false);
+    const JobRecord job = readJob(*store, request->job().id(), JobParts::Status);
     authorize(*context, job, true, options_.inProcess);
     const int code = request->exit_code() == 0 ? 143 : request->exit_code();
     if (code < 1 || code > 255)
@@ -294,7 +294,7 @@ grpc::Status ControlService::SignalJob(grpc::ServerContext* context,
                                        const v1::SignalJobRequest* request, v1::Ack* response) {
   return guarded([&] {
     auto store = options_.connect();
-    const JobRecord job = readJob(*store, request->job().id(), false);
+    const JobRecord job = readJob(*store, request->job().id(), JobParts::Status);
     authorize(*context, job, true, options_.inProcess);
     const auto signal = parseSignal(request->signal());
     if (!signal)
@@ -323,7 +323,7 @@ grpc::Status ControlService::GetLogs(grpc::ServerContext* context, const v1::Log
   return guarded([&] {
     const LogRequest asked = toLogRequest(*request);
     auto store = options_.connect();
-    const JobRecord job = readJob(*store, request->job().id(), true);
+    const JobRecord job = readJob(*store, request->job().id(), JobParts::WithNodes);
     authorize(*context, job, false, options_.inProcess);
     return relayLogs(*store, job, asked, options_.logs, *context, *writer);
   });

@@ -110,7 +110,8 @@ v1::Event toProto(const JobEvent& e) {
   return out;
 }
 
-JobRecord readJob(LeasingStore& store, const std::string& id, bool withNodes) {
+JobRecord readJob(LeasingStore& store, const std::string& id, JobParts parts) {
+  const bool withNodes = parts == JobParts::WithNodes;
   if (id.empty()) refuse(grpc::StatusCode::INVALID_ARGUMENT, "no job id given");
   const Keys c(id);
   const elastic::Keys r(id);

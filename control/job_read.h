@@ -28,18 +28,27 @@ struct Refusal {
 
 [[noreturn]] void refuse(grpc::StatusCode code, const std::string& message);
 
+// How much of a job readJob reads.
+enum class JobParts {
+  // The settings, the rounds' keys, the summary and every agent's name (a single node's agent's
+  // state too): enough for the job's status and who may call on it (statusOf, authorize).
+  Status,
+  // Besides, every agent's state and progress record and the stragglers: the job's whole view.
+  WithNodes,
+};
+
 struct JobRecord {
   std::string id;
   ControlMeta meta;                 // none published: defaults, with the node range from `shape`
-  std::vector<AgentRecord> agents;  // in registration order; states read with `withNodes`
+  std::vector<AgentRecord> agents;  // in registration order; states read WithNodes
   RoundKeys keys;
-  std::map<int64_t, NodeProgress> progress;  // by agent, read with `withNodes`
-  std::vector<Straggler> stragglers;         // read with `withNodes`
+  std::map<int64_t, NodeProgress> progress;  // by agent, read WithNodes
+  std::vector<Straggler> stragglers;         // read WithNodes
   std::string summary;  // ctl/summary: the failed job's failure summary, once written
 };
 
 // Throws Refusal NOT_FOUND for a job the store holds nothing of, INVALID_ARGUMENT for no id.
-JobRecord readJob(LeasingStore& store, const std::string& id, bool withNodes);
+JobRecord readJob(LeasingStore& store, const std::string& id, JobParts parts);
 JobStatus statusOf(const JobRecord& job);
 
 double unixNow();

@@ -207,7 +207,7 @@ void JobWatch::look(LeasingStore& store, const std::string& id) {
   };
   std::optional<JobRecord> record;
   try {
-    record = readJob(store, id, true);
+    record = readJob(store, id, JobParts::WithNodes);
   } catch (const Refusal& refusal) {
     const bool unknown = refusal.status.error_code() == grpc::StatusCode::NOT_FOUND;
     return answer(unknown ? 404 : 400, errorJson(refusal.status.error_message()), options_.every);

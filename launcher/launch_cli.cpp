@@ -127,7 +127,6 @@ void readFlagValues(DeclaredFlags& f, LaunchConfig& c, const HostProbe& host) {
                   : f.workerStore == "rank0" ? WorkerStore::RankZero
                                              : WorkerStore::Auto;
   c.controlPlane = !f.noControlPlane;
-  c.stragglers = {.fraction = f.stragglerFraction, .window = f.stragglerWindow};
   if (f.metricsPort >= 0)
     c.agent.metrics =
         agents::MetricsOptions{.host = f.metricsHost, .port = static_cast<uint16_t>(f.metricsPort)};

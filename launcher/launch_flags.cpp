@@ -2,11 +2,13 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <charconv>
 #include <string>
 #include <vector>
 
 #include "common/cli.h"
 #include "common/error.h"
+#include "control/state/stragglers.h"
 
 namespace dlrun::launcher {
 namespace {
@@ -14,6 +16,12 @@ namespace {
 // Ranges with bounds that read well in CLI11's "not in range" message.
 const CLI::Range kCount(0, 1'000'000);
 const CLI::Range kSeconds(0.0, 86'400.0);
+
+// A number as people write it: 0.7, 30 (not 0.700000, 30.000000).
+std::string shortest(double value) {
+  char text[32];
+  return std::string(text, std::to_chars(text, text + sizeof text, value).ptr);
+}
 
 // torchrun's spellings of a flag: "-x,--dashed-name,--dashed_name", and its PET_ variable.
 struct Spellings {
@@ -127,7 +135,7 @@ void declareJobFlags(CLI::App& app, DeclaredFlags& f, LaunchConfig& c) {
   addFlag(app, "warm-start", f.warmStart,
           "Start and restart the workers by forking a Python interpreter that started with "
           "dlrun (and imported --preload's modules) instead of a new one; a Python script or "
-          "module only (see docs/warm_start.md)");
+          "module only (see docs/guides/warm-start.md)");
   f.preloadOption = addOption(app, "preload", f.preload,
                               "With --warm-start: modules imported once, before the workers are "
                               "forked, as MOD[,MOD...] (e.g. torch,numpy)");
@@ -229,13 +237,17 @@ void declareOutputFlags(CLI::App& app, DeclaredFlags& f, LaunchConfig& c) {
   addFlag(app, "no-control-plane", f.noControlPlane,
           "Publish nothing to the control plane (dlrun status/events/stop) and follow none of "
           "its commands");
-  addOption(app, "straggler-fraction", f.stragglerFraction,
+  // The defaults are StragglerRule's own, shown from it so that the help cannot drift.
+  const control::StragglerRule defaults;
+  addOption(app, "straggler-fraction", c.stragglers.fraction,
             "A rank stepping slower than this fraction of the ranks' median pace for "
             "--straggler-window seconds is named a straggler: an event, a line, a metric, marked "
-            "on the job's page and in dlrun top (0: off; default 0.7)")
+            "on the job's page and in dlrun top (0: off; default " +
+                shortest(defaults.fraction) + ")")
       ->check(CLI::Range(0.0, 1.0));
-  addOption(app, "straggler-window", f.stragglerWindow,
-            "Seconds a rank stays below --straggler-fraction before it is named (default 30)")
+  addOption(app, "straggler-window", c.stragglers.window,
+            "Seconds a rank stays below --straggler-fraction before it is named (default " +
+                shortest(defaults.window) + ")")
       ->check(CLI::Range(1.0, 86400.0));
   addOption(app, "metrics-port", f.metricsPort,
             "Serve Prometheus metrics (/metrics) and the job's live page (/) over HTTP on this "

@@ -27,7 +27,6 @@ struct DeclaredFlags {
   int masterPort = -1;
   double monitorInterval = 0.1, checkpointWriteEvery = 60, stopTimeout = 30, shutdownTimeout = 30,
          hangTimeout = 0;
-  double stragglerFraction = 0.7, stragglerWindow = 30;
   std::string healthCheck;  // --health-check
   int healthGpus = 0;       // --health-gpus
   double healthCheckTimeout = 60, healthMinFree = 0, quarantineWindow = 600, quarantineFor = 600;

@@ -1,4 +1,4 @@
-"""dlrun's warm-start zygote (agents/warm_start.h, docs/warm_start.md).
+"""dlrun's warm-start zygote (agents/warm_start.h, docs/guides/warm-start.md).
 
 The dlrun agent runs it as `INTERPRETER [OPTIONS] dlrun_warm_start.py MODULES -- WORKER_ARGV`,
 under the workers' own interpreter and options, with the node's common environment and its

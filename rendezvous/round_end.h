@@ -35,8 +35,6 @@ struct RoundEnd {
   bool endsJob() const {
     return kind == Kind::Finished || kind == Kind::Stopped || (countsAsFailure() && final);
   }
-  // Whether the round loses a member for good (a lost or departed node).
-  bool losesMember() const { return kind == Kind::NodeLost || kind == Kind::NodeLeft; }
   // Makes this a worker failure that uses one more restart, after `before` used, final where
   // `policy` allows no more. One already final stays final (--hang-action=exit); `failures`
   // already set counts when higher than `before` (the restarts a node's agent made alone,

@@ -4,8 +4,11 @@ tests/ and bench/ over 600 lines, no function over 120, and no ConfigError raise
 (every check runs in the parser; launcher/launch.cpp throws none). And the map stays whole:
 every source file outside tests/ is named by its path (store/wire.cpp) in ARCHITECTURE.md or a
 page of docs/design/, so a new file is placed where the next reader looks; and every path they
-name exists, so a file moved or gone leaves no stale pointer. Prints each breach on a line and
-exits 1 when there is one.
+name exists, so a file moved or gone leaves no stale pointer. The docs do not drift either: every
+relative link of README.md, ARCHITECTURE.md and docs/ reaches a file, and a heading where it names
+one; docs/benchmarks.md's index lists every section, newest first, each with the date of its
+section's latest figure; every folder of the map's table exists, and every folder of the tree is
+in it. Prints each breach on a line and exits 1 when there is one.
 
     python3 scripts/house_check.py [SOURCE_DIR]
 
@@ -29,6 +32,8 @@ NAMED_EXTENSIONS = (".cpp", ".h", ".cu", ".py", ".sh", ".proto")
 TOP_FOLDERS = ("agents", "bench", "cmake", "common", "control", "docs", "examples", "launcher",
                "metrics", "mpi", "packaging", "proto", "python", "remote", "rendezvous",
                "scripts", "slurm", "store", "tests", "trainer")
+# Folders that hold no part of the program: the docs themselves, and examples for users.
+UNMAPPED_FOLDERS = {"docs", "examples", "__pycache__"}
 PATH = re.compile(r"(?<![\w./-])(?:%s)/[\w./-]*\.[A-Za-z0-9]+\b" % "|".join(TOP_FOLDERS))
 
 
@@ -71,6 +76,105 @@ def map_breaches(root):
                 yield f"{path}: named in neither ARCHITECTURE.md nor docs/design/"
 
 
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+FENCE = re.compile(r"^\s*```")
+DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
+
+
+def doc_pages(root):
+    yield os.path.join(root, "README.md")
+    yield os.path.join(root, "ARCHITECTURE.md")
+    for top, dirs, files in os.walk(os.path.join(root, "docs")):
+        dirs.sort()
+        for name in sorted(files):
+            if name.endswith(".md"):
+                yield os.path.join(top, name)
+
+
+def prose(path):
+    """(number, line) of a Markdown page outside its code blocks."""
+    with open(path, encoding="utf-8") as f:
+        inside = False
+        for number, line in enumerate(f, 1):
+            if FENCE.match(line):
+                inside = not inside
+            elif not inside:
+                yield number, line
+
+
+def slug(heading):
+    """The anchor GitHub gives a heading: lower case, punctuation dropped, spaces as dashes."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower().replace("`", ""))
+    return text.replace(" ", "-")
+
+
+def anchors(path):
+    return {slug(line.lstrip("#")) for _, line in prose(path) if line.startswith("#")}
+
+
+def link_breaches(root):
+    """Relative links that reach no file, or no heading of the page they name."""
+    known = {}
+    for page in doc_pages(root):
+        for number, line in prose(page):
+            for target in LINK.findall(line):
+                if re.match(r"[a-z]+:", target):
+                    continue  # http:, https:, mailto:
+                path, _, anchor = target.partition("#")
+                full = os.path.normpath(os.path.join(os.path.dirname(page), path)) if path \
+                    else page
+                where = f"{os.path.relpath(page, root)}:{number}"
+                if not os.path.exists(full):
+                    yield f"{where}: links {target}, which is not in the tree"
+                elif anchor and full.endswith(".md"):
+                    if full not in known:
+                        known[full] = anchors(full)
+                    if anchor not in known[full]:
+                        yield f"{where}: links {target}, a heading its page does not have"
+
+
+def index_breaches(root):
+    """docs/benchmarks.md's index against its sections."""
+    page = os.path.join(root, "docs", "benchmarks.md")
+    rows, sections, current = [], {}, None
+    for number, line in prose(page):
+        row = re.match(r"^\| \[.*\]\(#([^)]+)\) \| (\d{4}-\d{2}-\d{2}) \|", line)
+        if row:
+            rows.append((number, row.group(1), row.group(2)))
+        elif line.startswith("## "):
+            current = slug(line[3:])
+            sections[current] = None
+        elif current and sections[current] is None and line.startswith("Latest:"):
+            found = DATE.search(line)
+            sections[current] = found.group(0) if found else None
+    listed = {anchor for _, anchor, _ in rows}
+    for number, anchor, date in rows:
+        if anchor in sections and sections[anchor] != date:
+            yield (f"docs/benchmarks.md:{number}: the index dates #{anchor} {date}, its "
+                   f"section's latest figure {sections[anchor]}")
+    for (number, _, date), (_, _, before) in zip(rows[1:], rows):
+        if date > before:
+            yield f"docs/benchmarks.md:{number}: the index is not newest first"
+    for anchor in sections:
+        if anchor not in listed:
+            yield f"docs/benchmarks.md: section #{anchor} is not in the index"
+
+
+def folder_breaches(root):
+    """The map's table of folders against the tree's folders."""
+    named = set()
+    for _, line in prose(os.path.join(root, "ARCHITECTURE.md")):
+        if line.startswith("| `"):
+            named.update(f.rstrip("/") for f in re.findall(r"`([\w/]+)/`", line.split("|")[1]))
+    for folder in sorted(named):
+        if not os.path.isdir(os.path.join(root, folder)):
+            yield f"ARCHITECTURE.md: its table names {folder}/, which is not in the tree"
+    for name in sorted(os.listdir(root)):
+        if (os.path.isdir(os.path.join(root, name)) and not name.startswith((".", "build"))
+                and name not in named and name not in UNMAPPED_FOLDERS):
+            yield f"{name}/: a folder the table of ARCHITECTURE.md section 1 does not name"
+
+
 def long_functions(lines):
     """(first line, length) of each function over MAX_FUNCTION_LINES."""
     i = 0
@@ -111,6 +215,9 @@ def main():
             if "ConfigError(" in line:
                 breaches.append(f"launcher/launch.cpp:{number}: a ConfigError after the parser")
     breaches.extend(map_breaches(root))
+    breaches.extend(link_breaches(root))
+    breaches.extend(index_breaches(root))
+    breaches.extend(folder_breaches(root))
     for breach in breaches:
         print(f"house_check: {breach}")
     return 1 if breaches else 0

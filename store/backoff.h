@@ -32,14 +32,4 @@ class ExponentialBackoff : public Backoff {
   std::mt19937_64 random_;
 };
 
-class FixedBackoff : public Backoff {
- public:
-  explicit FixedBackoff(std::chrono::milliseconds interval) : interval_(interval) {}
-  std::chrono::milliseconds next() override { return interval_; }
-  void reset() override {}
-
- private:
-  const std::chrono::milliseconds interval_;
-};
-
 }  // namespace dlrun

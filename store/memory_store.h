@@ -31,7 +31,18 @@ class MemoryStore : public LeasingStore {
   MemoryStore(const MemoryStore&) = delete;
   MemoryStore& operator=(const MemoryStore&) = delete;
 
-  DLRUN_STORE_KEY_OPS_OVERRIDE;
+  void set(const std::string& key, const std::string& value) override;
+  std::string get(const std::string& key) override;
+  int64_t add(const std::string& key, int64_t delta) override;
+  std::string compareSet(const std::string& key, const std::string& expected,
+                         const std::string& desired) override;
+  bool deleteKey(const std::string& key) override;
+  bool check(const std::vector<std::string>& keys) override;
+  int64_t numKeys() override;
+  void append(const std::string& key, const std::string& value) override;
+  std::vector<std::string> multiGet(const std::vector<std::string>& keys) override;
+  void multiSet(const std::vector<std::string>& keys,
+                const std::vector<std::string>& values) override;
 
   void lease(const std::string& key, const std::string& value, std::chrono::milliseconds ttl,
              const std::vector<std::pair<std::string, std::string>>& tripwires) override;

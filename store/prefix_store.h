@@ -12,8 +12,18 @@ class PrefixStore : public Store {
  public:
   PrefixStore(std::string prefix, std::shared_ptr<Store> inner);
 
-  // numKeys() is the inner store's count: keys are not tracked per prefix.
-  DLRUN_STORE_KEY_OPS_OVERRIDE;
+  void set(const std::string& key, const std::string& value) override;
+  std::string get(const std::string& key) override;
+  int64_t add(const std::string& key, int64_t delta) override;
+  std::string compareSet(const std::string& key, const std::string& expected,
+                         const std::string& desired) override;
+  bool deleteKey(const std::string& key) override;
+  bool check(const std::vector<std::string>& keys) override;
+  int64_t numKeys() override;  // the inner store's count: keys are not tracked per prefix
+  void append(const std::string& key, const std::string& value) override;
+  std::vector<std::string> multiGet(const std::vector<std::string>& keys) override;
+  void multiSet(const std::vector<std::string>& keys,
+                const std::vector<std::string>& values) override;
   void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override;
 
   Store& inner() { return *inner_; }

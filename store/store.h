@@ -48,23 +48,6 @@ class Store {
                                 const std::vector<std::string>& values);
 };
 
-// In an implementation's class body: Store's ops but wait() (which LeasingStore gives its
-// implementations), declared as overrides. One list where each of the four implementations
-// (TcpStore, MemoryStore, PrefixStore, EtcdStore) would otherwise repeat it.
-#define DLRUN_STORE_KEY_OPS_OVERRIDE                                                          \
-  void set(const std::string& key, const std::string& value) override;                        \
-  std::string get(const std::string& key) override;                                           \
-  int64_t add(const std::string& key, int64_t delta) override;                                \
-  std::string compareSet(const std::string& key, const std::string& expected,                 \
-                         const std::string& desired) override;                                \
-  bool deleteKey(const std::string& key) override;                                            \
-  bool check(const std::vector<std::string>& keys) override;                                  \
-  int64_t numKeys() override;                                                                 \
-  void append(const std::string& key, const std::string& value) override;                     \
-  std::vector<std::string> multiGet(const std::vector<std::string>& keys) override;           \
-  void multiSet(const std::vector<std::string>& keys, const std::vector<std::string>& values) \
-      override
-
 // A counter's value as ADD leaves it (decimal text); a missing key (empty) reads 0. Throws
 // ProtocolError naming `key` for anything else.
 int64_t storedCount(const std::string& text, const std::string& key);

@@ -40,7 +40,18 @@ class TcpStore : public LeasingStore {
   // Connects at once; throws NetworkError or TimeoutError when connectTimeout passes.
   explicit TcpStore(TcpStoreOptions options);
 
-  DLRUN_STORE_KEY_OPS_OVERRIDE;
+  void set(const std::string& key, const std::string& value) override;
+  std::string get(const std::string& key) override;
+  int64_t add(const std::string& key, int64_t delta) override;
+  std::string compareSet(const std::string& key, const std::string& expected,
+                         const std::string& desired) override;
+  bool deleteKey(const std::string& key) override;
+  bool check(const std::vector<std::string>& keys) override;
+  int64_t numKeys() override;
+  void append(const std::string& key, const std::string& value) override;
+  std::vector<std::string> multiGet(const std::vector<std::string>& keys) override;
+  void multiSet(const std::vector<std::string>& keys,
+                const std::vector<std::string>& values) override;
   // One round trip where multiGet() takes two.
   std::vector<std::string> peek(const std::vector<std::string>& keys) override;
 

@@ -84,7 +84,7 @@ class JobViewTest : public ::testing::Test {
 
 TEST_F(JobViewTest, GetJobShowsEachRanksPaceAndTheStragglers) {
   writeJob("job");
-  const JobRecord record = readJob(store, "job", true);
+  const JobRecord record = readJob(store, "job", JobParts::WithNodes);
   v1::Job job;
   fillJob(record, unixNow(), job);
   ASSERT_EQ(job.nodes_size(), 1);
@@ -108,11 +108,12 @@ TEST_F(JobViewTest, ARecordOfAnotherRoundOrUnreadableOneShowsNoPace) {
   const Keys c("job");
   store.set(c.progress(1), encode(NodeProgress{.time = 1, .round = 7, .ranks = {{.rank = 0}}}));
   v1::Job job;
-  fillJob(readJob(store, "job", true), unixNow(), job);
+  fillJob(readJob(store, "job", JobParts::WithNodes), unixNow(), job);
   EXPECT_FALSE(job.nodes(0).workers(0).reported());
   store.set(c.progress(1), "garbage");
   store.set(c.stragglers(), "garbage");
-  fillJob(readJob(store, "job", true), unixNow(), job);  // the rest of the job still shows
+  // The rest of the job still shows.
+  fillJob(readJob(store, "job", JobParts::WithNodes), unixNow(), job);
   EXPECT_FALSE(job.nodes(0).workers(0).reported());
 }
 
@@ -127,7 +128,7 @@ TEST_F(JobViewTest, ANodeSittingOutIsListedWithWhy) {
                                          .sittingOut = SittingOut{.cause = kQuarantine,
                                                                   .reason = "quarantined: x"}})});
   v1::Job job;
-  fillJob(readJob(store, "job", true), unixNow(), job);
+  fillJob(readJob(store, "job", JobParts::WithNodes), unixNow(), job);
   ASSERT_EQ(job.nodes_size(), 2);
   EXPECT_EQ(job.nodes(0).sitting_out(), "");
   const v1::Node& out = job.nodes(1);

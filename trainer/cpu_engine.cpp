@@ -1,6 +1,7 @@
 #include "trainer/cpu_engine.h"
 
 #include "trainer/math_dispatch.h"
+#include "trainer/model_factory.h"
 
 namespace dlrun::trainer {
 namespace {

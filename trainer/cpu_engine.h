@@ -5,6 +5,7 @@
 
 #include <memory>
 
+#include "trainer/collective.h"
 #include "trainer/engine.h"
 
 namespace dlrun::trainer {

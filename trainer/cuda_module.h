@@ -8,6 +8,9 @@
 #include <memory>
 #include <string>
 
+#include "store/store.h"
+#include "trainer/collective.h"
+#include "trainer/config.h"
 #include "trainer/engine.h"
 
 namespace dlrun::trainer {

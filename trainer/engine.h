@@ -5,13 +5,9 @@
 #pragma once
 
 #include <cstdint>
-#include <memory>
 #include <string>
 #include <vector>
 
-#include "store/store.h"
-#include "trainer/collective.h"
-#include "trainer/config.h"
 #include "trainer/model.h"
 
 namespace dlrun::trainer {
@@ -44,14 +40,5 @@ struct EngineOptions {
   SgdOptions sgd;
   std::string cpuMath = "auto";  // the CPU engine's: auto or baseline (math_dispatch.h)
 };
-
-// The engine --device asks for: "cpu", "cuda", or "auto" (cuda when this build has CUDA and a
-// device is usable, else cpu). `collective` sums host values over the ranks and must outlive
-// the engine; `store` is the job's store (null when alone), through which NCCL is bootstrapped.
-// Throws Error when cuda is asked for but this build or this machine cannot provide it, and
-// when the ranks did not all choose the same engine.
-std::unique_ptr<Engine> makeEngine(const std::string& device, const EngineOptions& options,
-                                   const Placement& placement, Collective& collective,
-                                   std::shared_ptr<Store> store);
 
 }  // namespace dlrun::trainer

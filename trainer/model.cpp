@@ -4,8 +4,6 @@
 #include <cmath>
 #include <random>
 
-#include "trainer/cnn_model.h"
-
 namespace dlrun::trainer {
 
 std::vector<int> MlpShape::widths() const {
@@ -73,11 +71,6 @@ size_t ModelSpec::parameterCount() const {
 std::vector<int> ModelSpec::signature() const {
   if (kind != "cnn") return mlp.widths();
   return {0, cnn.channels1, cnn.channels2, cnn.kernel, cnn.hidden, cnn.classes};
-}
-
-std::unique_ptr<Model> makeModel(const ModelSpec& spec, uint64_t seed, const MlpMath& math) {
-  if (spec.kind == "cnn") return std::make_unique<Cnn>(spec.cnn, seed, math);
-  return std::make_unique<Mlp>(spec.mlp, seed, math);
 }
 
 void Sgd::step(std::vector<float>& params, const float* grads, float gradScale) {

@@ -7,7 +7,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <memory>
 #include <string>
 #include <vector>
 
@@ -83,10 +82,6 @@ struct ModelSpec {
   // widths, or 0 (no width) and then the CNN's sizes.
   std::vector<int> signature() const;
 };
-
-// The model `spec` names, initialised from `seed` the same way on every rank.
-std::unique_ptr<Model> makeModel(const ModelSpec& spec, uint64_t seed,
-                                 const MlpMath& math = builtInMath());
 
 struct SgdOptions {
   float learningRate = 0.05f;

@@ -11,6 +11,7 @@
 #include "common/log.h"
 #include "common/text.h"
 #include "trainer/math_dispatch.h"
+#include "trainer/model_factory.h"
 #include "trainer/ps_server.h"
 
 namespace dlrun::trainer {

@@ -20,6 +20,7 @@
 #include "trainer/checkpoint.h"
 #include "trainer/collective.h"
 #include "trainer/engine.h"
+#include "trainer/engine_factory.h"
 #include "trainer/job_data.h"
 #include "trainer/metrics_file.h"
 #include "trainer/ps_engine.h"

@@ -5,5 +5,5 @@ on each worker's PYTHONPATH, so a worker imports it without pip.
     import dlrun.recovery    # a training loop that recovers in process
     import dlrun.checkpoint  # checkpoints in the node's memory
 
-Importing `dlrun` imports nothing else (docs/progress.md).
+Importing `dlrun` imports nothing else (docs/guides/progress.md).
 """

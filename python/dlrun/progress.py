@@ -1,4 +1,4 @@
-"""Progress reports from a worker to its dlrun agent (docs/progress.md).
+"""Progress reports from a worker to its dlrun agent (docs/guides/progress.md).
 
     import dlrun.progress as progress
 

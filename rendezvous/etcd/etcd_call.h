@@ -18,7 +18,10 @@
 
 namespace dlrun::rendezvous::etcd {
 
-struct EtcdClient::Connection {
+namespace detail {
+
+// The client's connection to one endpoint: its channel and stubs, and the auth token there.
+struct Connection {
   std::string name;  // the endpoint, as messages name it
   std::shared_ptr<grpc::Channel> channel;
   std::unique_ptr<etcdserverpb::KV::Stub> kv;
@@ -30,8 +33,6 @@ struct EtcdClient::Connection {
     return token;
   }
 };
-
-namespace detail {
 
 // gRPC takes deadlines on the system clock; every deadline here is a duration from now, so a
 // wall-clock step between the two reads is the only exposure.

@@ -76,46 +76,50 @@ bool tlsFailure(const std::string& why) {
 }  // namespace
 }  // namespace detail
 
-EtcdClient::EtcdClient(EtcdClientOptions options) : options_(std::move(options)) {
-  if (options_.endpoints.empty()) throw ConfigError("etcd: no endpoint given");
+EtcdClient::EtcdClient(EtcdClientOptions options)
+    : impl_(std::make_unique<detail::EtcdClientImpl>(std::move(options))) {
+  if (impl_->options.endpoints.empty()) throw ConfigError("etcd: no endpoint given");
   proto::prepareGrpc();
-  connection();
+  impl_->connection();
 }
 
 EtcdClient::~EtcdClient() = default;
 
+const EtcdClientOptions& EtcdClient::options() const { return impl_->options; }
+
 std::string EtcdClient::endpoint() const {
-  std::lock_guard lock(mutex_);
-  return connection_ ? connection_->name : std::string();
+  std::lock_guard lock(impl_->mutex);
+  return impl_->inUse ? impl_->inUse->name : std::string();
 }
 
 std::map<std::string, int64_t> EtcdClient::requestsSent() const {
-  std::lock_guard lock(mutex_);
-  return requestsSent_;
+  std::lock_guard lock(impl_->mutex);
+  return impl_->requestsSent;
 }
 
-void EtcdClient::countRequest(const char* kind) {
-  std::lock_guard lock(mutex_);
-  ++requestsSent_[kind];
+namespace detail {
+
+void EtcdClientImpl::countRequest(const char* kind) {
+  std::lock_guard lock(mutex);
+  ++requestsSent[kind];
 }
 
-std::shared_ptr<EtcdClient::Connection> EtcdClient::connection(
+std::shared_ptr<Connection> EtcdClientImpl::connection(
     std::optional<std::chrono::milliseconds> within) {
-  std::string failed;  // failed_, read once: the pick runs unlocked
+  std::string avoid;  // `failed`, read once: the pick runs unlocked
   {
-    std::lock_guard lock(mutex_);
-    if (connection_) return connection_;
-    failed = failed_;
+    std::lock_guard lock(mutex);
+    if (inUse) return inUse;
+    avoid = failed;
   }
   // Every endpoint dials at once; the first that connects wins (the list's order breaks ties).
   // Waits are cut into short slices per channel, so a slow endpoint never holds up the others.
   // The endpoint that failed last still connects when it is cut off from its cluster (it then
   // refuses `hasleader` streams): it is taken only when no other is ready for a while.
   std::vector<std::shared_ptr<grpc::Channel>> channels;
-  const auto credentials = detail::channelCredentials(options_.security);
-  for (const auto& endpoint : options_.endpoints) {
-    channels.push_back(
-        grpc::CreateCustomChannel(endpoint.text(), credentials, detail::channelArguments()));
+  const auto credentials = channelCredentials(options.security);
+  for (const auto& endpoint : options.endpoints) {
+    channels.push_back(grpc::CreateCustomChannel(endpoint.text(), credentials, channelArguments()));
   }
   // Under TLS a channel in TRANSIENT_FAILURE is asked why, once: a handshake failure is a
   // misconfiguration (wrong CA, refused certificate) that waiting would only hide. It ends the
@@ -125,7 +129,7 @@ std::shared_ptr<EtcdClient::Connection> EtcdClient::connection(
   std::string tlsFailure;  // the first handshake failure, named with its endpoint
   size_t tlsFailures = 0;
   const auto start = Clock::now();
-  const auto budget = std::min(options_.connectTimeout, within.value_or(options_.connectTimeout));
+  const auto budget = std::min(options.connectTimeout, within.value_or(options.connectTimeout));
   const auto deadline = start + budget;
   constexpr auto kSlice = std::chrono::milliseconds(20);
   constexpr auto kAvoidFor = std::chrono::milliseconds(500);
@@ -134,10 +138,10 @@ std::shared_ptr<EtcdClient::Connection> EtcdClient::connection(
   // out a whole slice for a change from READY).
   std::vector<grpc_connectivity_state> seen(channels.size(), GRPC_CHANNEL_IDLE);
   while (true) {
-    const bool avoiding = options_.endpoints.size() > 1 && Clock::now() - start < kAvoidFor;
+    const bool avoiding = options.endpoints.size() > 1 && Clock::now() - start < kAvoidFor;
     for (size_t i = 0; i < channels.size(); ++i) {
-      const std::string name = options_.endpoints[i].text();
-      if (avoiding && name == failed) {
+      const std::string name = options.endpoints[i].text();
+      if (avoiding && name == avoid) {
         seen[i] = channels[i]->GetState(true);
         continue;
       }
@@ -155,14 +159,14 @@ std::shared_ptr<EtcdClient::Connection> EtcdClient::connection(
         picked->channel = channels[i];
         picked->kv = pb::KV::NewStub(channels[i]);
         picked->lease = pb::Lease::NewStub(channels[i]);
-        if (!options_.security.user.empty()) picked->token = authenticate(*picked);
-        std::lock_guard lock(mutex_);
-        if (!connection_) connection_ = picked;  // else another caller's pick came first
-        return connection_;
+        if (!options.security.user.empty()) picked->token = authenticate(*picked);
+        std::lock_guard lock(mutex);
+        if (!inUse) inUse = picked;  // else another caller's pick came first
+        return inUse;
       }
-      if (state == GRPC_CHANNEL_TRANSIENT_FAILURE && options_.security.tls && !asked[i]) {
+      if (state == GRPC_CHANNEL_TRANSIENT_FAILURE && options.security.tls && !asked[i]) {
         asked[i] = true;
-        const auto why = detail::connectFailure(channels[i]);
+        const auto why = connectFailure(channels[i]);
         if (detail::tlsFailure(why)) {
           if (tlsFailure.empty()) tlsFailure = "etcd " + name + ": TLS handshake failed: " + why;
           if (++tlsFailures == channels.size()) throw NetworkError(tlsFailure);
@@ -173,7 +177,7 @@ std::shared_ptr<EtcdClient::Connection> EtcdClient::connection(
     // Until one channel moves on (the list's first ones waited for first).
     for (size_t i = 0; i < channels.size(); ++i) {
       const auto until = std::min(deadline, Clock::now() + kSlice);
-      if (channels[i]->WaitForStateChange(seen[i], detail::grpcDeadline(until))) break;
+      if (channels[i]->WaitForStateChange(seen[i], grpcDeadline(until))) break;
     }
   }
   if (!tlsFailure.empty()) throw NetworkError(tlsFailure);
@@ -182,52 +186,105 @@ std::shared_ptr<EtcdClient::Connection> EtcdClient::connection(
   std::string cause;
   for (size_t i = 0; i < channels.size() && cause.empty(); ++i) {
     if (channels[i]->GetState(false) == GRPC_CHANNEL_TRANSIENT_FAILURE)
-      cause = "; " + options_.endpoints[i].text() + ": " + detail::connectFailure(channels[i]);
+      cause = "; " + options.endpoints[i].text() + ": " + connectFailure(channels[i]);
   }
-  throw NetworkError("etcd: no endpoint answered within " + detail::seconds(budget) + ": " +
-                     describe(options_.endpoints) + cause);
+  throw NetworkError("etcd: no endpoint answered within " + seconds(budget) + ": " +
+                     describe(options.endpoints) + cause);
 }
 
-std::string EtcdClient::authenticate(const Connection& connection) {
+std::string EtcdClientImpl::authenticate(const Connection& connection) {
   auto stub = pb::Auth::NewStub(connection.channel);
   grpc::ClientContext context;
-  context.set_deadline(detail::grpcDeadline(Clock::now() + options_.timeout));
+  context.set_deadline(grpcDeadline(Clock::now() + options.timeout));
   pb::AuthenticateRequest request;
-  request.set_name(options_.security.user);
-  request.set_password(options_.security.password);
+  request.set_name(options.security.user);
+  request.set_password(options.security.password);
   pb::AuthenticateResponse reply;
   const auto status = stub->Authenticate(&context, request, &reply);
   if (status.ok()) return reply.token();
   const std::string what =
-      "etcd " + connection.name + ": authentication as '" + options_.security.user + "' failed";
-  if (detail::permanent(status.error_code()) || status.error_code() == grpc::StatusCode::UNKNOWN) {
-    throw Error(what + ": " + detail::statusText(status));
+      "etcd " + connection.name + ": authentication as '" + options.security.user + "' failed";
+  if (permanent(status.error_code()) || status.error_code() == grpc::StatusCode::UNKNOWN) {
+    throw Error(what + ": " + statusText(status));
   }
-  detail::throwStatus(status, what);
+  throwStatus(status, what);
 }
 
-void EtcdClient::authorize(const Connection& connection, grpc::ClientContext& context) {
+void EtcdClientImpl::authorize(const Connection& connection, grpc::ClientContext& context) {
   auto token = connection.currentToken();
   if (!token.empty()) context.AddMetadata("token", token);
 }
 
-void EtcdClient::reauthenticate(const std::shared_ptr<Connection>& connection) {
+void EtcdClientImpl::reauthenticate(const std::shared_ptr<Connection>& connection) {
   auto token = authenticate(*connection);
   std::lock_guard lock(connection->tokenMutex);
   connection->token = std::move(token);
 }
 
-void EtcdClient::dropConnection(const std::shared_ptr<Connection>& failed) {
-  std::lock_guard lock(mutex_);
-  failed_ = failed->name;
-  if (connection_ == failed) connection_.reset();
+void EtcdClientImpl::dropConnection(const std::shared_ptr<Connection>& dropped) {
+  std::lock_guard lock(mutex);
+  failed = dropped->name;
+  if (inUse == dropped) inUse.reset();
 }
 
-void EtcdClient::dropEndpoint(const std::string& failed) {
-  std::lock_guard lock(mutex_);
-  failed_ = failed;
-  if (connection_ && connection_->name == failed) connection_.reset();
+void EtcdClientImpl::dropEndpoint(const std::string& dropped) {
+  std::lock_guard lock(mutex);
+  failed = dropped;
+  if (inUse && inUse->name == dropped) inUse.reset();
 }
+
+}  // namespace detail
+
+using CallKind = detail::EtcdClientImpl::CallKind;
+
+namespace {
+
+// A counter's value; throws Error when it is not an integer.
+int64_t counterValue(const EtcdClient& client, const KeyValue& kv) {
+  const auto value = parseInteger<int64_t>(kv.value);
+  if (!value)
+    throw Error("etcd " + client.endpoint() + ": add " + detail::quoted(kv.key) +
+                ": the value is not an integer");
+  return *value;
+}
+
+// An add of 0 reads: it writes only to create a missing key ("0"), so agents that all read a
+// counter at once neither conflict with each other (a swap loop would, O(K^2) tries for K) nor
+// wake every watcher with a write that changes nothing. A plain read first: a transaction that
+// may write is proposed to the cluster (a log entry, an fsync) even when it writes nothing.
+int64_t readCounter(EtcdClient& client, const std::string& key) {
+  if (const auto found = client.get(key)) return counterValue(client, *found);
+  const auto result = client.putIfAbsent(key, "0");
+  // Deleted between the compare and the read: as missing.
+  return result.current ? counterValue(client, *result.current) : 0;
+}
+
+// A put guarded by `compare`, one transaction.
+SwapResult swap(EtcdClient& client, const std::string& key, const pb::Compare& compare,
+                const std::string& desired, int64_t lease) {
+  pb::TxnRequest request;
+  *request.add_compare() = compare;
+  auto* put = request.add_success()->mutable_request_put();
+  put->set_key(key);
+  put->set_value(desired);
+  put->set_lease(lease);
+  // The failure branch reads the key, so a lost race costs no second round trip.
+  request.add_failure()->mutable_request_range()->set_key(key);
+  const auto response = client.txn(request);
+  SwapResult result;
+  result.swapped = response.succeeded();
+  result.revision = response.header().revision();
+  if (result.swapped) {
+    result.current =
+        KeyValue{.key = key, .value = desired, .modRevision = result.revision, .lease = lease};
+  } else if (response.responses_size() > 0 &&
+             response.responses(0).response_range().kvs_size() > 0) {
+    result.current = detail::fromProto(response.responses(0).response_range().kvs(0));
+  }
+  return result;
+}
+
+}  // namespace
 
 RangeResult EtcdClient::range(const std::string& key, const std::string& rangeEnd, int64_t revision,
                               Values values) {
@@ -236,12 +293,12 @@ RangeResult EtcdClient::range(const std::string& key, const std::string& rangeEn
   request.set_range_end(rangeEnd);
   request.set_revision(revision);
   request.set_keys_only(values == Values::Omitted);
-  const auto response =
-      unary("range", key, CallKind::Read, [&](Connection& c, grpc::ClientContext& ctx) {
-        pb::RangeResponse reply;
-        auto status = c.kv->Range(&ctx, request, &reply);
-        return std::pair{status, std::move(reply)};
-      });
+  const auto response = impl_->unary("range", key, CallKind::Read,
+                                     [&](detail::Connection& c, grpc::ClientContext& ctx) {
+                                       pb::RangeResponse reply;
+                                       auto status = c.kv->Range(&ctx, request, &reply);
+                                       return std::pair{status, std::move(reply)};
+                                     });
   RangeResult result;
   result.revision = response.header().revision();
   for (const auto& kv : response.kvs()) result.kvs.push_back(detail::fromProto(kv));
@@ -259,12 +316,12 @@ int64_t EtcdClient::count(const std::string& key, const std::string& rangeEnd) {
   request.set_key(key);
   request.set_range_end(rangeEnd);
   request.set_count_only(true);
-  const auto response =
-      unary("count", key, CallKind::Read, [&](Connection& c, grpc::ClientContext& ctx) {
-        pb::RangeResponse reply;
-        auto status = c.kv->Range(&ctx, request, &reply);
-        return std::pair{status, std::move(reply)};
-      });
+  const auto response = impl_->unary("count", key, CallKind::Read,
+                                     [&](detail::Connection& c, grpc::ClientContext& ctx) {
+                                       pb::RangeResponse reply;
+                                       auto status = c.kv->Range(&ctx, request, &reply);
+                                       return std::pair{status, std::move(reply)};
+                                     });
   return response.count();
 }
 
@@ -273,12 +330,12 @@ int64_t EtcdClient::put(const std::string& key, const std::string& value, int64_
   request.set_key(key);
   request.set_value(value);
   request.set_lease(lease);
-  const auto response =
-      unary("put", key, CallKind::Write, [&](Connection& c, grpc::ClientContext& ctx) {
-        pb::PutResponse reply;
-        auto status = c.kv->Put(&ctx, request, &reply);
-        return std::pair{status, std::move(reply)};
-      });
+  const auto response = impl_->unary("put", key, CallKind::Write,
+                                     [&](detail::Connection& c, grpc::ClientContext& ctx) {
+                                       pb::PutResponse reply;
+                                       auto status = c.kv->Put(&ctx, request, &reply);
+                                       return std::pair{status, std::move(reply)};
+                                     });
   return response.header().revision();
 }
 
@@ -286,12 +343,12 @@ int64_t EtcdClient::deleteRange(const std::string& key, const std::string& range
   pb::DeleteRangeRequest request;
   request.set_key(key);
   request.set_range_end(rangeEnd);
-  const auto response =
-      unary("delete", key, CallKind::Write, [&](Connection& c, grpc::ClientContext& ctx) {
-        pb::DeleteRangeResponse reply;
-        auto status = c.kv->DeleteRange(&ctx, request, &reply);
-        return std::pair{status, std::move(reply)};
-      });
+  const auto response = impl_->unary("delete", key, CallKind::Write,
+                                     [&](detail::Connection& c, grpc::ClientContext& ctx) {
+                                       pb::DeleteRangeResponse reply;
+                                       auto status = c.kv->DeleteRange(&ctx, request, &reply);
+                                       return std::pair{status, std::move(reply)};
+                                     });
   return response.deleted();
 }
 
@@ -307,10 +364,10 @@ pb::TxnResponse EtcdClient::txn(const pb::TxnRequest& request,
   bool readOnly = true;
   for (const auto& op : request.success()) readOnly = readOnly && op.has_request_range();
   for (const auto& op : request.failure()) readOnly = readOnly && op.has_request_range();
-  const CallKind kind = readOnly ? CallKind::Read : CallKind::Write;
-  return unary(
+  const auto kind = readOnly ? CallKind::Read : CallKind::Write;
+  return impl_->unary(
       "txn", key, kind,
-      [&](Connection& c, grpc::ClientContext& ctx) {
+      [&](detail::Connection& c, grpc::ClientContext& ctx) {
         pb::TxnResponse reply;
         auto status = c.kv->Txn(&ctx, request, &reply);
         return std::pair{status, std::move(reply)};
@@ -318,53 +375,28 @@ pb::TxnResponse EtcdClient::txn(const pb::TxnRequest& request,
       timeout);
 }
 
-// `compare` is a pb::Compare (void* keeps the protobuf types out of the header).
-SwapResult EtcdClient::swap(const std::string& key, const void* compare, const std::string& desired,
-                            int64_t lease) {
-  pb::TxnRequest request;
-  *request.add_compare() = *static_cast<const pb::Compare*>(compare);
-  auto* put = request.add_success()->mutable_request_put();
-  put->set_key(key);
-  put->set_value(desired);
-  put->set_lease(lease);
-  // The failure branch reads the key, so a lost race costs no second round trip.
-  request.add_failure()->mutable_request_range()->set_key(key);
-  const auto response = txn(request);
-  SwapResult result;
-  result.swapped = response.succeeded();
-  result.revision = response.header().revision();
-  if (result.swapped) {
-    result.current =
-        KeyValue{.key = key, .value = desired, .modRevision = result.revision, .lease = lease};
-  } else if (response.responses_size() > 0 &&
-             response.responses(0).response_range().kvs_size() > 0) {
-    result.current = detail::fromProto(response.responses(0).response_range().kvs(0));
-  }
-  return result;
-}
-
 SwapResult EtcdClient::putIfAbsent(const std::string& key, const std::string& value,
                                    int64_t lease) {
   const auto compare = detail::missing(key);
-  return swap(key, &compare, value, lease);
+  return swap(*this, key, compare, value, lease);
 }
 
 SwapResult EtcdClient::putIfValue(const std::string& key, const std::string& expected,
                                   const std::string& desired, int64_t lease) {
   auto compare = detail::compare(key, pb::Compare::VALUE);
   compare.set_value(expected);
-  return swap(key, &compare, desired, lease);
+  return swap(*this, key, compare, desired, lease);
 }
 
 SwapResult EtcdClient::putIfRevision(const std::string& key, int64_t modRevision,
                                      const std::string& desired, int64_t lease) {
   auto compare = detail::compare(key, pb::Compare::MOD);
   compare.set_mod_revision(modRevision);
-  return swap(key, &compare, desired, lease);
+  return swap(*this, key, compare, desired, lease);
 }
 
 int64_t EtcdClient::add(const std::string& key, int64_t delta, const std::optional<AddMark>& mark) {
-  if (delta == 0 && !mark) return readCounter(key);
+  if (delta == 0 && !mark) return readCounter(*this, key);
   return add(key, delta, mark, {}).value;
 }
 
@@ -378,7 +410,7 @@ EtcdClient::AddResult EtcdClient::add(const std::string& key, int64_t delta,
   std::optional<KeyValue> current;
   std::shared_ptr<const pb::TxnResponse> ridden;
   for (bool first = true;; first = false) {
-    const int64_t base = current ? counterValue(*current) : 0;
+    const int64_t base = current ? counterValue(*this, *current) : 0;
     // The first try carries the riders, after the window in a transaction without a compare
     // (its success branch always runs).
     pb::TxnRequest riders;
@@ -441,25 +473,6 @@ EtcdClient::AddResult EtcdClient::add(const std::string& key, int64_t delta,
       break;
     }
   }
-}
-
-// An add of 0 reads: it writes only to create a missing key ("0"), so agents that all read a
-// counter at once neither conflict with each other (a swap loop would, O(K^2) tries for K) nor
-// wake every watcher with a write that changes nothing. A plain read first: a transaction that
-// may write is proposed to the cluster (a log entry, an fsync) even when it writes nothing.
-int64_t EtcdClient::readCounter(const std::string& key) {
-  if (const auto found = get(key)) return counterValue(*found);
-  const auto result = putIfAbsent(key, "0");
-  // Deleted between the compare and the read: as missing.
-  return result.current ? counterValue(*result.current) : 0;
-}
-
-int64_t EtcdClient::counterValue(const KeyValue& kv) const {
-  const auto value = parseInteger<int64_t>(kv.value);
-  if (!value)
-    throw Error("etcd " + endpoint() + ": add " + detail::quoted(kv.key) +
-                ": the value is not an integer");
-  return *value;
 }
 
 std::optional<int64_t> EtcdClient::addApplied(const AddMark& mark) {

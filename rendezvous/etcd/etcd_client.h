@@ -36,16 +36,12 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "rendezvous/etcd/endpoints.h"
 
-namespace grpc {
-class ClientContext;
-}
 namespace etcdserverpb {
 class TxnRequest;
 class TxnResponse;
@@ -109,6 +105,9 @@ struct WatchRange {
 
 class EtcdKeepAlive;
 class EtcdWatch;
+namespace detail {
+struct EtcdClientImpl;
+}
 
 // A lease grant sent ahead (EtcdClient::startLeaseGrant): its answer is read while the
 // caller's next requests wait for theirs, so they need not wait for it. Destroying it cancels
@@ -218,7 +217,7 @@ class EtcdClient {
 
   // The endpoint in use ("" before one is picked again after a failure).
   std::string endpoint() const;
-  const EtcdClientOptions& options() const { return options_; }
+  const EtcdClientOptions& options() const;
 
   // The requests sent so far, by kind ("txn", "range", "watch"...; each try of a unary call, each
   // watch stream opened; not the grant sent ahead nor keep-alives): what a protocol costs etcd,
@@ -232,38 +231,8 @@ class EtcdClient {
  private:
   friend class EtcdKeepAlive;  // they pick a new endpoint when their stream's fails
   friend class EtcdWatch;
-  struct Connection;
-  // The picked endpoint, picking one if none; a pick prefers endpoints other than the one that
-  // failed last (a member cut off from its cluster still connects, and would be picked again).
-  // A pick waits up to connectTimeout, or `within` when that is shorter, without holding the
-  // client's lock (other calls, a release on the way out, need not wait for it).
-  std::shared_ptr<Connection> connection(std::optional<std::chrono::milliseconds> within = {});
-  // A token for the client's user on `connection`; throws Error when etcd refuses them.
-  std::string authenticate(const Connection& connection);
-  // Adds the token of `connection` (if any) to a call's metadata.
-  static void authorize(const Connection& connection, grpc::ClientContext& context);
-  // A fresh token on `connection` (after etcd called the old one invalid).
-  void reauthenticate(const std::shared_ptr<Connection>& connection);
-  void dropConnection(const std::shared_ptr<Connection>& failed);
-  void dropEndpoint(const std::string& failed);  // by name, for a stream that failed
-  // A read changes nothing, so it may be made again; a write is never retried (it may have
-  // happened).
-  enum class CallKind { Read, Write };
-  template <typename Call>
-  auto unary(const char* what, const std::string& key, CallKind kind, Call&& call,
-             std::optional<std::chrono::milliseconds> timeout = {});
-  SwapResult swap(const std::string& key, const void* compare, const std::string& desired,
-                  int64_t lease);
-  int64_t readCounter(const std::string& key);     // add(key, 0)
-  int64_t counterValue(const KeyValue& kv) const;  // throws Error when not an integer
-
-  void countRequest(const char* kind);
-
-  const EtcdClientOptions options_;
-  mutable std::mutex mutex_;
-  std::map<std::string, int64_t> requestsSent_;  // under mutex_
-  std::shared_ptr<Connection> connection_;
-  std::string failed_;  // the endpoint dropped last: picked only when no other is ready
+  // The options, the endpoint in use and the calls' counts (etcd_client_internal.h).
+  std::unique_ptr<detail::EtcdClientImpl> impl_;
 };
 
 }  // namespace dlrun::rendezvous::etcd

@@ -14,16 +14,17 @@
 namespace dlrun::rendezvous::etcd {
 
 namespace pb = etcdserverpb;
+using CallKind = detail::EtcdClientImpl::CallKind;
 
 int64_t EtcdClient::leaseGrant(std::chrono::seconds ttl) {
   pb::LeaseGrantRequest request;
   request.set_ttl(ttl.count());
-  const auto response =
-      unary("lease grant", {}, CallKind::Write, [&](Connection& c, grpc::ClientContext& ctx) {
-        pb::LeaseGrantResponse reply;
-        auto status = c.lease->LeaseGrant(&ctx, request, &reply);
-        return std::pair{status, std::move(reply)};
-      });
+  const auto response = impl_->unary("lease grant", {}, CallKind::Write,
+                                     [&](detail::Connection& c, grpc::ClientContext& ctx) {
+                                       pb::LeaseGrantResponse reply;
+                                       auto status = c.lease->LeaseGrant(&ctx, request, &reply);
+                                       return std::pair{status, std::move(reply)};
+                                     });
   if (!response.error().empty()) {
     throw Error("etcd " + endpoint() +
                 ": lease grant failed: " + detail::oneLine(response.error()));
@@ -72,12 +73,12 @@ std::optional<int64_t> PendingLeaseGrant::take() {
 void PendingLeaseGrant::cancel() { call_->context.TryCancel(); }
 
 std::unique_ptr<PendingLeaseGrant> EtcdClient::startLeaseGrant(std::chrono::seconds ttl) {
-  const auto picked = connection();
+  const auto picked = impl_->connection();
   auto pending = std::make_unique<PendingLeaseGrant>();
   auto& call = *(pending->call_ = std::make_unique<PendingLeaseGrant::Call>());
   call.request.set_ttl(ttl.count());
-  call.context.set_deadline(detail::grpcDeadline(Clock::now() + options_.timeout));
-  authorize(*picked, call.context);
+  call.context.set_deadline(detail::grpcDeadline(Clock::now() + impl_->options.timeout));
+  detail::EtcdClientImpl::authorize(*picked, call.context);
   call.reader = picked->lease->PrepareAsyncLeaseGrant(&call.context, call.request, &call.queue);
   call.reader->StartCall();
   call.reader->Finish(&call.response, &call.status, &call);
@@ -88,9 +89,9 @@ std::unique_ptr<PendingLeaseGrant> EtcdClient::startLeaseGrant(std::chrono::seco
 void EtcdClient::leaseRevoke(int64_t lease, std::optional<std::chrono::milliseconds> timeout) {
   pb::LeaseRevokeRequest request;
   request.set_id(lease);
-  unary(
+  impl_->unary(
       "lease revoke", std::to_string(lease), CallKind::Write,
-      [&](Connection& c, grpc::ClientContext& ctx) {
+      [&](detail::Connection& c, grpc::ClientContext& ctx) {
         pb::LeaseRevokeResponse reply;
         auto status = c.lease->LeaseRevoke(&ctx, request, &reply);
         return std::pair{status, std::move(reply)};

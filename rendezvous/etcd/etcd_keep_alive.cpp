@@ -6,6 +6,7 @@
 #include "common/error.h"
 #include "rendezvous/etcd/etcd_call.h"
 #include "rendezvous/etcd/etcd_client.h"
+#include "rendezvous/etcd/etcd_client_internal.h"
 
 namespace dlrun::rendezvous::etcd {
 
@@ -77,10 +78,11 @@ void EtcdKeepAlive::run() {
       fail("nothing acknowledged for " + detail::seconds(patience) + ": " + why);
       return;
     }
-    std::shared_ptr<EtcdClient::Connection> picked;
+    std::shared_ptr<detail::Connection> picked;
     try {
       // Short picks, so a stop() (an agent on its way out, etcd gone) never waits long on one.
-      picked = client_.connection(std::min<std::chrono::milliseconds>(interval_, kPickSlice));
+      picked =
+          client_.impl_->connection(std::min<std::chrono::milliseconds>(interval_, kPickSlice));
     } catch (const Error& error) {
       why = error.what();
       if (!pause(std::chrono::milliseconds(50))) return;
@@ -92,7 +94,7 @@ void EtcdKeepAlive::run() {
       std::lock_guard lock(mutex_);
       if (stopping_) return;  // the stream ended because stop() cancelled it
     }
-    client_.dropConnection(picked);  // the client's calls move on too
+    client_.impl_->dropConnection(picked);  // the client's calls move on too
     why = "etcd " + picked->name + ": " + why;
     // A short pause: a stream refused at once must not spin.
     if (!pause(std::chrono::milliseconds(20))) return;

@@ -23,6 +23,7 @@
 namespace dlrun::rendezvous::etcd {
 
 namespace pb = etcdserverpb;
+using detail::EtcdStoreImpl;
 
 namespace detail {
 namespace {
@@ -51,14 +52,14 @@ std::optional<KeyValue> firstKey(const pb::RangeResponse& range) {
 
 }  // namespace detail
 
-EtcdStore::EtcdStore(EtcdStoreOptions options, std::shared_ptr<EtcdClient> client)
+EtcdStoreImpl::EtcdStoreImpl(EtcdStoreOptions options, std::shared_ptr<EtcdClient> client)
     : options_(std::move(options)),
       dataPrefix_(options_.prefix + "kv/"),
       recordPrefix_(options_.prefix + "tripwires/"),
       markKey_(options_.prefix + "marks/" + detail::uniqueId()),
       client_(client ? std::move(client) : std::make_shared<EtcdClient>(options_.client)) {}
 
-EtcdStore::~EtcdStore() {
+EtcdStoreImpl::~EtcdStoreImpl() {
   {
     std::lock_guard lock(mutex_);
     aborted_ = true;
@@ -66,14 +67,14 @@ EtcdStore::~EtcdStore() {
   revokeLeases();
 }
 
-void EtcdStore::requireOpen() const {
+void EtcdStoreImpl::requireOpen() const {
   std::lock_guard lock(mutex_);
   if (aborted_)
     throw NetworkError("etcd " + client_->options().endpoints.front().text() +
                        ": the store connection was aborted");
 }
 
-void EtcdStore::abort() {
+void EtcdStoreImpl::abort() {
   {
     std::lock_guard lock(mutex_);
     if (aborted_) return;
@@ -84,12 +85,13 @@ void EtcdStore::abort() {
   revokeLeases();
 }
 
-bool EtcdStore::outlivesFailures() const {
+bool EtcdStoreImpl::outlivesFailures() const {
   std::lock_guard lock(mutex_);
   return !aborted_;
 }
 
-std::vector<std::optional<KeyValue>> EtcdStore::readKeys(const std::vector<std::string>& etcdKeys) {
+std::vector<std::optional<KeyValue>> EtcdStoreImpl::readKeys(
+    const std::vector<std::string>& etcdKeys) {
   requireOpen();
   std::vector<std::optional<KeyValue>> out;
   out.reserve(etcdKeys.size());
@@ -105,7 +107,7 @@ std::vector<std::optional<KeyValue>> EtcdStore::readKeys(const std::vector<std::
   return out;
 }
 
-std::vector<std::optional<std::string>> EtcdStore::read(const std::vector<std::string>& keys) {
+std::vector<std::optional<std::string>> EtcdStoreImpl::read(const std::vector<std::string>& keys) {
   std::vector<std::string> etcdKeys;
   etcdKeys.reserve(keys.size());
   for (const auto& key : keys) etcdKeys.push_back(dataKey(key));
@@ -116,16 +118,11 @@ std::vector<std::optional<std::string>> EtcdStore::read(const std::vector<std::s
   return out;
 }
 
-void EtcdStore::set(const std::string& key, const std::string& value) {
+void EtcdStoreImpl::set(const std::string& key, const std::string& value) {
   retrying([&] { return client_->put(dataKey(key), value); });
 }
 
-std::string EtcdStore::get(const std::string& key) {
-  wait({key}, options_.timeout);
-  return read({key}).front().value_or("");  // deleted in between: empty, as dlrund's GET
-}
-
-int64_t EtcdStore::add(const std::string& key, int64_t delta) {
+int64_t EtcdStoreImpl::add(const std::string& key, int64_t delta) {
   // A read (see EtcdClient::add): safe to repeat, so it needs no mark.
   if (delta == 0) return retrying([&] { return client_->add(dataKey(key), 0); });
   const EtcdClient::AddMark mark{markKey_, std::to_string(++adds_)};
@@ -139,13 +136,13 @@ int64_t EtcdStore::add(const std::string& key, int64_t delta) {
   });
 }
 
-std::string EtcdStore::compareSet(const std::string& key, const std::string& expected,
-                                  const std::string& desired) {
+std::string EtcdStoreImpl::compareSet(const std::string& key, const std::string& expected,
+                                      const std::string& desired) {
   return retrying([&] { return swapOnce(dataKey(key), expected, desired); });
 }
 
-std::string EtcdStore::swapOnce(const std::string& k, const std::string& expected,
-                                const std::string& desired) {
+std::string EtcdStoreImpl::swapOnce(const std::string& k, const std::string& expected,
+                                    const std::string& desired) {
   if (!expected.empty()) {
     auto result = client_->putIfValue(k, expected, desired);
     if (result.swapped) return desired;
@@ -166,7 +163,7 @@ std::string EtcdStore::swapOnce(const std::string& k, const std::string& expecte
   return desired;
 }
 
-bool EtcdStore::deleteKey(const std::string& key) {
+bool EtcdStoreImpl::deleteKey(const std::string& key) {
   // The record goes in the same transaction (and first), so watchers see a release, not a
   // lapse, and fire nothing.
   pb::TxnRequest request;
@@ -181,7 +178,7 @@ bool EtcdStore::deleteKey(const std::string& key) {
          response.responses(1).response_delete_range().deleted() > 0;
 }
 
-void EtcdStore::deleteKeys(const std::vector<std::string>& keys) {
+void EtcdStoreImpl::deleteKeys(const std::vector<std::string>& keys) {
   // Two deletes a key (its record, as deleteKey); etcd refuses a transaction that names a key
   // twice.
   const std::set<std::string> unique(keys.begin(), keys.end());
@@ -198,17 +195,17 @@ void EtcdStore::deleteKeys(const std::vector<std::string>& keys) {
   for (const auto& key : ordered) owned_.erase(key);
 }
 
-bool EtcdStore::check(const std::vector<std::string>& keys) {
+bool EtcdStoreImpl::check(const std::vector<std::string>& keys) {
   const auto values = read(keys);
   return std::all_of(values.begin(), values.end(), [](const auto& v) { return v.has_value(); });
 }
 
-int64_t EtcdStore::numKeys() {
+int64_t EtcdStoreImpl::numKeys() {
   requireOpen();
   return client_->count(dataPrefix_, EtcdClient::prefixEnd(dataPrefix_));
 }
 
-void EtcdStore::append(const std::string& key, const std::string& value) {
+void EtcdStoreImpl::append(const std::string& key, const std::string& value) {
   const std::string k = dataKey(key);
   std::optional<std::string> sent;  // the whole value a try wrote, if one may have applied
   retrying([&] {
@@ -232,14 +229,8 @@ void EtcdStore::append(const std::string& key, const std::string& value) {
   });
 }
 
-std::vector<std::string> EtcdStore::multiGet(const std::vector<std::string>& keys) {
-  wait(keys, options_.timeout);
-  return peek(keys);
-}
-
-void EtcdStore::multiSet(const std::vector<std::string>& keys,
-                         const std::vector<std::string>& values) {
-  requireSameLength(keys, values);
+void EtcdStoreImpl::multiSet(const std::vector<std::string>& keys,
+                             const std::vector<std::string>& values) {
   requireOpen();
   // etcd refuses a transaction that writes a key twice: the last value of a key wins, as it
   // would writing them one by one.
@@ -259,7 +250,7 @@ void EtcdStore::multiSet(const std::vector<std::string>& keys,
   }
 }
 
-std::vector<std::string> EtcdStore::peek(const std::vector<std::string>& keys) {
+std::vector<std::string> EtcdStoreImpl::peek(const std::vector<std::string>& keys) {
   std::vector<std::string> out;
   if (options_.fireLapses) {
     // Expected keys the watch saw: what it saw (see expect()). Not while a wait holds the watch.
@@ -282,9 +273,9 @@ std::vector<std::string> EtcdStore::peek(const std::vector<std::string>& keys) {
   return out;
 }
 
-std::vector<std::string> EtcdStore::createThenPeek(const std::string& key, const std::string& value,
-                                                   const std::vector<std::string>& keys) {
-  if (keys.size() + 1 > kMaxTxnOps) return LeasingStore::createThenPeek(key, value, keys);
+std::optional<std::vector<std::string>> EtcdStoreImpl::createThenPeek(
+    const std::string& key, const std::string& value, const std::vector<std::string>& keys) {
+  if (keys.size() + 1 > kMaxTxnOps) return std::nullopt;
   requireOpen();
   // Either branch reads the keys, after the put or the read of `key`, at one revision. Safe to
   // repeat after a fail-over: a create that applied reads back as this value.
@@ -304,7 +295,7 @@ std::vector<std::string> EtcdStore::createThenPeek(const std::string& key, const
     out.push_back(value);
   } else {
     const auto current = detail::firstKey(response.responses(0).response_range());
-    if (!current || current->value.empty()) return LeasingStore::createThenPeek(key, value, keys);
+    if (!current || current->value.empty()) return std::nullopt;
     out.push_back(current->value);
   }
   for (int i = 1; i < response.responses_size(); ++i) {
@@ -313,5 +304,85 @@ std::vector<std::string> EtcdStore::createThenPeek(const std::string& key, const
   }
   return out;
 }
+
+// EtcdStore hands its calls to its inside, but the argument checks and the waits of get() and
+// multiGet(): LeasingStore's, which only the derived class reaches.
+EtcdStore::EtcdStore(EtcdStoreOptions options, std::shared_ptr<EtcdClient> client)
+    : impl_(std::make_unique<EtcdStoreImpl>(std::move(options), std::move(client))) {}
+
+EtcdStore::~EtcdStore() = default;
+
+EtcdClient& EtcdStore::client() { return impl_->client(); }
+std::string EtcdStore::etcdKey(const std::string& key) const { return impl_->dataKey(key); }
+
+void EtcdStore::set(const std::string& key, const std::string& value) { impl_->set(key, value); }
+
+std::string EtcdStore::get(const std::string& key) {
+  wait({key}, impl_->options().timeout);
+  return impl_->read({key}).front().value_or("");  // deleted in between: empty, as dlrund's GET
+}
+
+int64_t EtcdStore::add(const std::string& key, int64_t delta) { return impl_->add(key, delta); }
+
+std::string EtcdStore::compareSet(const std::string& key, const std::string& expected,
+                                  const std::string& desired) {
+  return impl_->compareSet(key, expected, desired);
+}
+
+bool EtcdStore::deleteKey(const std::string& key) { return impl_->deleteKey(key); }
+void EtcdStore::deleteKeys(const std::vector<std::string>& keys) { impl_->deleteKeys(keys); }
+bool EtcdStore::check(const std::vector<std::string>& keys) { return impl_->check(keys); }
+int64_t EtcdStore::numKeys() { return impl_->numKeys(); }
+
+void EtcdStore::append(const std::string& key, const std::string& value) {
+  impl_->append(key, value);
+}
+
+std::vector<std::string> EtcdStore::multiGet(const std::vector<std::string>& keys) {
+  wait(keys, impl_->options().timeout);
+  return peek(keys);
+}
+
+void EtcdStore::multiSet(const std::vector<std::string>& keys,
+                         const std::vector<std::string>& values) {
+  requireSameLength(keys, values);
+  impl_->multiSet(keys, values);
+}
+
+void EtcdStore::lease(const std::string& key, const std::string& value,
+                      std::chrono::milliseconds ttl,
+                      const std::vector<std::pair<std::string, std::string>>& tripwires) {
+  requirePositiveTtl(key, ttl);
+  impl_->lease(key, value, ttl, tripwires);
+}
+
+int64_t EtcdStore::addThenLease(const std::string& counter, int64_t limit,
+                                const std::function<std::string(int64_t)>& keyOf,
+                                const std::string& value, std::chrono::milliseconds ttl,
+                                const std::vector<std::pair<std::string, std::string>>& tripwires) {
+  requirePositiveTtl(counter, ttl);
+  return impl_->addThenLease(counter, limit, keyOf, value, ttl, tripwires);
+}
+
+void EtcdStore::prepareLease(std::chrono::milliseconds ttl) { impl_->prepareLease(ttl); }
+
+bool EtcdStore::waitFor(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) {
+  return impl_->waitFor(keys, timeout);
+}
+
+void EtcdStore::expect(const std::vector<std::string>& keys) { impl_->expect(keys); }
+
+std::vector<std::string> EtcdStore::peek(const std::vector<std::string>& keys) {
+  return impl_->peek(keys);
+}
+
+std::vector<std::string> EtcdStore::createThenPeek(const std::string& key, const std::string& value,
+                                                   const std::vector<std::string>& keys) {
+  if (auto out = impl_->createThenPeek(key, value, keys)) return std::move(*out);
+  return LeasingStore::createThenPeek(key, value, keys);
+}
+
+void EtcdStore::abort() { impl_->abort(); }
+bool EtcdStore::outlivesFailures() const { return impl_->outlivesFailures(); }
 
 }  // namespace dlrun::rendezvous::etcd

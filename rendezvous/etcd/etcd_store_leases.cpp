@@ -65,10 +65,11 @@ std::optional<Tripwires> decodeTripwires(std::string_view text) {
 }  // namespace detail
 
 namespace pb = etcdserverpb;
+using detail::EtcdStoreImpl;
 
 // Revoking deletes the keys at once; then this store fires their tripwires itself, so no
 // watcher is needed. Best effort: an unreachable etcd lets the leases lapse instead.
-void EtcdStore::revokeLeases() {
+void EtcdStoreImpl::revokeLeases() {
   std::map<int64_t, Granted> leases;
   std::map<std::string, Record> owned;
   {
@@ -115,7 +116,7 @@ int64_t leaseSeconds(std::chrono::milliseconds ttl) {
 
 }  // namespace
 
-void EtcdStore::prepareLease(std::chrono::milliseconds ttl) {
+void EtcdStoreImpl::prepareLease(std::chrono::milliseconds ttl) {
   if (ttl.count() <= 0) return;  // lease() says why
   const int64_t seconds = leaseSeconds(ttl);
   std::lock_guard granting(grantMutex_);
@@ -134,7 +135,7 @@ void EtcdStore::prepareLease(std::chrono::milliseconds ttl) {
   if (!aborted_) pending_.emplace(seconds, std::move(sent));
 }
 
-int64_t EtcdStore::leaseId(int64_t seconds) {
+int64_t EtcdStoreImpl::leaseId(int64_t seconds) {
   std::lock_guard granting(grantMutex_);
   {
     std::lock_guard lock(mutex_);
@@ -186,9 +187,9 @@ int64_t EtcdStore::leaseId(int64_t seconds) {
   return id;
 }
 
-void EtcdStore::addLeaseWrites(pb::TxnRequest& request, const std::string& key,
-                               const std::string& value, int64_t lease,
-                               const std::string& tripwires) const {
+void EtcdStoreImpl::addLeaseWrites(pb::TxnRequest& request, const std::string& key,
+                                   const std::string& value, int64_t lease,
+                                   const std::string& tripwires) const {
   auto* record = request.add_success()->mutable_request_put();
   record->set_key(recordKey(local(key)));
   record->set_value(tripwires);
@@ -198,10 +199,9 @@ void EtcdStore::addLeaseWrites(pb::TxnRequest& request, const std::string& key,
   put->set_lease(lease);
 }
 
-void EtcdStore::lease(const std::string& key, const std::string& value,
-                      std::chrono::milliseconds ttl,
-                      const std::vector<std::pair<std::string, std::string>>& tripwires) {
-  requirePositiveTtl(key, ttl);
+void EtcdStoreImpl::lease(const std::string& key, const std::string& value,
+                          std::chrono::milliseconds ttl,
+                          const std::vector<std::pair<std::string, std::string>>& tripwires) {
   requireOpen();
   const int64_t id = leaseId(leaseSeconds(ttl));
   detail::Tripwires unique = detail::uniqueTripwires(tripwires);
@@ -224,11 +224,10 @@ void EtcdStore::lease(const std::string& key, const std::string& value,
   owned_[key] = Record{std::move(unique), response.header().revision()};
 }
 
-int64_t EtcdStore::addThenLease(const std::string& counter, int64_t limit,
-                                const std::function<std::string(int64_t)>& keyOf,
-                                const std::string& value, std::chrono::milliseconds ttl,
-                                const std::vector<std::pair<std::string, std::string>>& tripwires) {
-  requirePositiveTtl(counter, ttl);
+int64_t EtcdStoreImpl::addThenLease(
+    const std::string& counter, int64_t limit, const std::function<std::string(int64_t)>& keyOf,
+    const std::string& value, std::chrono::milliseconds ttl,
+    const std::vector<std::pair<std::string, std::string>>& tripwires) {
   requireOpen();
   const int64_t id = leaseId(leaseSeconds(ttl));
   detail::Tripwires unique = detail::uniqueTripwires(tripwires);
@@ -278,8 +277,8 @@ int64_t EtcdStore::addThenLease(const std::string& counter, int64_t limit,
   return added.value;
 }
 
-void EtcdStore::fire(const std::string& name, const Record& record,
-                     std::optional<std::chrono::milliseconds> timeout) {
+void EtcdStoreImpl::fire(const std::string& name, const Record& record,
+                         std::optional<std::chrono::milliseconds> timeout) {
   // Only while the record is the one seen: a release, another store's firing or a new lease
   // changed it, and then this transaction changes nothing.
   pb::TxnRequest request;
@@ -297,7 +296,7 @@ void EtcdStore::fire(const std::string& name, const Record& record,
   client_->txn(request, timeout);
 }
 
-std::vector<std::optional<KeyValue>> EtcdStore::fireLapsed(
+std::vector<std::optional<KeyValue>> EtcdStoreImpl::fireLapsed(
     const std::vector<std::string>& etcdKeys) {
   if (etcdKeys.size() + 2 > kMaxTxnOps) {  // too many for one transaction
     fireLapsed({});
@@ -309,7 +308,7 @@ std::vector<std::optional<KeyValue>> EtcdStore::fireLapsed(
   return takeWatchRead(client_->txn(request), 0, read);
 }
 
-void EtcdStore::fireOrphans(const pb::TxnResponse& response, int offset) {
+void EtcdStoreImpl::fireOrphans(const pb::TxnResponse& response, int offset) {
   std::set<std::string> present;
   for (const auto& kv : response.responses(offset + 1).response_range().kvs())
     present.insert(kv.key());

@@ -27,14 +27,16 @@ Clock::time_point deadlineAfter(std::chrono::milliseconds timeout) {
 }  // namespace detail
 
 namespace pb = etcdserverpb;
+using detail::EtcdStoreImpl;
 
-std::optional<EtcdStore::Owed> EtcdStore::takeOwed(std::unique_lock<std::timed_mutex>& watching) {
+std::optional<EtcdStoreImpl::Owed> EtcdStoreImpl::takeOwed(
+    std::unique_lock<std::timed_mutex>& watching) {
   if (options_.fireLapses && watching.try_lock() && owed_ && owed_->keys.size() + 4 <= kMaxTxnOps)
     return std::exchange(owed_, std::nullopt);
   return std::nullopt;
 }
 
-void EtcdStore::addWatchRead(pb::TxnRequest& request, const Owed& read) const {
+void EtcdStoreImpl::addWatchRead(pb::TxnRequest& request, const Owed& read) const {
   // A record whose key is gone outlived a lease that lapsed while no store watched: fire it now.
   // Keys-only reads of the records and of the data say which (every agent of a job reads them
   // as it starts to wait: names, not the records' texts, which only an orphan's firing needs).
@@ -50,8 +52,8 @@ void EtcdStore::addWatchRead(pb::TxnRequest& request, const Owed& read) const {
   for (const auto& key : read.keys) request.add_success()->mutable_request_range()->set_key(key);
 }
 
-std::vector<std::optional<KeyValue>> EtcdStore::takeWatchRead(const pb::TxnResponse& response,
-                                                              int offset, const Owed& read) {
+std::vector<std::optional<KeyValue>> EtcdStoreImpl::takeWatchRead(const pb::TxnResponse& response,
+                                                                  int offset, const Owed& read) {
   if (read.scan) fireOrphans(response, offset);
   const int first = offset + (read.scan ? 2 : 0);
   std::vector<std::optional<KeyValue>> found;
@@ -61,7 +63,7 @@ std::vector<std::optional<KeyValue>> EtcdStore::takeWatchRead(const pb::TxnRespo
   return found;
 }
 
-std::vector<std::string> EtcdStore::watchFrom(
+std::vector<std::string> EtcdStoreImpl::watchFrom(
     const std::optional<std::pair<std::string, std::string>>& waited) {
   // The lapse range goes on where the last watch left it, so no deletion is missed across
   // waits; the first starts now, and the caller's read after it scans the records
@@ -103,8 +105,8 @@ std::vector<std::string> EtcdStore::watchFrom(
   return expected;
 }
 
-void EtcdStore::noteSeen(const std::vector<std::string>& etcdKeys,
-                         const std::vector<std::optional<KeyValue>>& found) {
+void EtcdStoreImpl::noteSeen(const std::vector<std::string>& etcdKeys,
+                             const std::vector<std::optional<KeyValue>>& found) {
   for (size_t i = 0; i < etcdKeys.size(); ++i) {
     if (!found[i] || !followed_.contains(etcdKeys[i])) continue;
     auto& seen = seen_[etcdKeys[i]];
@@ -112,14 +114,14 @@ void EtcdStore::noteSeen(const std::vector<std::string>& etcdKeys,
   }
 }
 
-void EtcdStore::settle() {
+void EtcdStoreImpl::settle() {
   if (!owed_) return;
   const Owed owed = std::move(*owed_);
   owed_.reset();
   noteSeen(owed.keys, owed.scan ? fireLapsed(owed.keys) : readKeys(owed.keys));
 }
 
-void EtcdStore::follow(const std::vector<WatchEvent>& events) {
+void EtcdStoreImpl::follow(const std::vector<WatchEvent>& events) {
   // Events of one range come in revision order, of different ranges in none: the newest wins.
   for (const auto& e : events) {
     if (!followed_.contains(e.kv.key)) continue;
@@ -161,7 +163,7 @@ void EtcdStore::follow(const std::vector<WatchEvent>& events) {
   }
 }
 
-void EtcdStore::expect(const std::vector<std::string>& keys) {
+void EtcdStoreImpl::expect(const std::vector<std::string>& keys) {
   std::vector<std::string> etcdKeys;
   for (const auto& key : keys) etcdKeys.push_back(dataKey(key));
   {
@@ -182,7 +184,8 @@ void EtcdStore::expect(const std::vector<std::string>& keys) {
   owed_ = Owed{scan, std::move(etcdKeys)};
 }
 
-bool EtcdStore::waitFor(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) {
+bool EtcdStoreImpl::waitFor(const std::vector<std::string>& keys,
+                            std::chrono::milliseconds timeout) {
   requireOpen();
   const auto deadline = detail::deadlineAfter(timeout);
   std::unique_lock lock(watchMutex_, std::defer_lock);

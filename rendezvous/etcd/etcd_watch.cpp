@@ -8,6 +8,7 @@
 #include "common/clock.h"
 #include "common/error.h"
 #include "rendezvous/etcd/etcd_call.h"
+#include "rendezvous/etcd/etcd_client_internal.h"
 
 namespace dlrun::rendezvous::etcd {
 namespace detail {
@@ -94,7 +95,7 @@ void EtcdWatch::open(const std::string& endpoint, const std::shared_ptr<grpc::Ch
         status.ok() ? grpc::Status(grpc::StatusCode::CANCELLED, "stream closed") : status,
         what + " " + how);
   };
-  client_.countRequest("watch");
+  client_.impl_->countRequest("watch");
   if (!s.start(deadline)) failed("could not start");
   for (size_t i = 0; i < ranges_.size(); ++i) {
     const auto& r = ranges_[i];
@@ -150,9 +151,9 @@ void EtcdWatch::connect(const std::string& failed, const std::string& why) {
   bool first = failed.empty();
   while (true) {
     if (cancelled_) throwCancelled();
-    std::shared_ptr<EtcdClient::Connection> picked;
+    std::shared_ptr<detail::Connection> picked;
     try {
-      picked = client_.connection();
+      picked = client_.impl_->connection();
       {
         std::lock_guard lock(mutex_);
         endpoint_ = picked->name;
@@ -166,7 +167,7 @@ void EtcdWatch::connect(const std::string& failed, const std::string& why) {
       lastError = error.what();
     }
     if (cancelled_) throwCancelled();
-    if (picked) client_.dropConnection(picked);
+    if (picked) client_.impl_->dropConnection(picked);
     if (Clock::now() >= deadline) {
       throw NetworkError("etcd: " + what() + ": no endpoint took it within " +
                          detail::seconds(client_.options().connectTimeout) + ": " + lastError);
@@ -222,7 +223,7 @@ std::vector<WatchEvent> EtcdWatch::next(std::chrono::milliseconds timeout) {
       // Drop the failed endpoint (if the client still uses it), then resume elsewhere. A copy:
       // connect() destroys the stream that holds the name.
       const std::string failed = s.endpoint;
-      client_.dropEndpoint(failed);
+      client_.impl_->dropEndpoint(failed);
       connect(failed, why);
       if (!early_.empty()) return std::exchange(early_, {});
       continue;

@@ -1,4 +1,4 @@
-"""--warm-start (docs/warm_start.md): workers forked from a Python zygote cannot be told from
+"""--warm-start (docs/guides/warm-start.md): workers forked from a Python zygote cannot be told from
 workers started fresh, and what cannot be warm-started is refused in one line.
 
 - The same probe (workers/warm_probe.py), as a script and with -m, run fresh and warm, sees the

@@ -1,6 +1,6 @@
-"""dlrun.progress (python/dlrun/progress.py, docs/progress.md), the module workers import to report
-progress, in both eras (ctest runs this file under both interpreters; the workers run under the
-test's). The package is the build tree's copy (DLRUN_PYTHONDIR): the agent puts its directory on
+"""dlrun.progress (python/dlrun/progress.py, docs/guides/progress.md), the module workers import to
+report progress, in both eras (ctest runs this file under both interpreters; the workers run under
+the test's). The package is the build tree's copy (DLRUN_PYTHONDIR): the agent puts its directory on
 the workers' PYTHONPATH (the tests give them none), and this test puts it on its own Python's.
 
 - Without dlrun (DLRUN_PROGRESS_FILE unset or empty): importing it imports no trainer library,

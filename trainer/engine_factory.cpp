@@ -1,4 +1,4 @@
-#include "trainer/engine.h"
+#include "trainer/engine_factory.h"
 
 #include "common/error.h"
 #include "common/log.h"
