@@ -8,6 +8,7 @@ starts inside a namespace; nothing here connects to 10.77.0.x from the root name
 EXPECTED below is the table of what each fault may cost: None = any number of restarts, 0 = it
 must cost none, 1 = at most one.
 """
+
 import json
 import os
 import signal
@@ -17,7 +18,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "python"))
-from dlrun_fixture import clean_env, is_running  # noqa: E402
+from dlrun_fixture import clean_env  # noqa: E402
 from dlrund_fixture import stop_process  # noqa: E402
 from netns_fixture import Hosts  # noqa: E402
 from trainer_fixture import descendants  # noqa: E402
@@ -26,27 +27,27 @@ ETCD, ETCDCTL = "/usr/bin/etcd", "/usr/bin/etcdctl"
 JOB_HOSTS = 4
 ETCD_MEMBERS = 3
 DLRUND_PORT = 29400
-TTL_S = 3.0            # the agents' lease: keep_alive_interval (1 s) x keep_alive_max_attempt (3)
-SHORT_S = 1.0          # a SIGSTOP / link cut well inside the lease
-LONG_S = 6.0           # ... well past it
-LOG_TMPFS = "8m"       # each job host's --log-dir: small, so a fault can fill it
-START_TIMEOUT_S = 30   # etcd answering, dlrund listening
+TTL_S = 3.0  # the agents' lease: keep_alive_interval (1 s) x keep_alive_max_attempt (3)
+SHORT_S = 1.0  # a SIGSTOP / link cut well inside the lease
+LONG_S = 6.0  # ... well past it
+LOG_TMPFS = "8m"  # each job host's --log-dir: small, so a fault can fill it
+START_TIMEOUT_S = 30  # etcd answering, dlrund listening
 POLL_S = 0.1
 
 # Fault kind -> (most restarts it may cause (None: any), backends it applies to).
 EXPECTED = {
-    "agent_kill": (None, ("etcd", "c10d")),       # the node leaves, its new agent joins
-    "worker_kill": (None, ("etcd", "c10d")),      # a failed worker group restarts
-    "stop_short": (0, ("etcd", "c10d")),          # SIGSTOP agent < lease: nobody notices
-    "stop_long": (None, ("etcd", "c10d")),        # SIGSTOP agent > lease: it is dropped
-    "link_short": (0, ("etcd", "c10d")),          # link down < lease
-    "link_long": (None, ("etcd", "c10d")),        # link down > lease: the node is dropped
-    "disk_full": (0, ("etcd", "c10d")),           # a full --log-dir must not stop training
-    "late_join": (None, ("etcd", "c10d")),        # a node arriving is admitted at a new round
-    "etcd_partition": (0, ("etcd",)),             # agents move to another member
-    "etcd_leader_kill": (0, ("etcd",)),           # a new leader is elected
-    "etcd_all_down": (0, ("etcd",)),              # a short store outage
-    "dlrund_restart": (1, ("c10d",)),             # the store's state is lost: one new round
+    "agent_kill": (None, ("etcd", "c10d")),  # the node leaves, its new agent joins
+    "worker_kill": (None, ("etcd", "c10d")),  # a failed worker group restarts
+    "stop_short": (0, ("etcd", "c10d")),  # SIGSTOP agent < lease: nobody notices
+    "stop_long": (None, ("etcd", "c10d")),  # SIGSTOP agent > lease: it is dropped
+    "link_short": (0, ("etcd", "c10d")),  # link down < lease
+    "link_long": (None, ("etcd", "c10d")),  # link down > lease: the node is dropped
+    "disk_full": (0, ("etcd", "c10d")),  # a full --log-dir must not stop training
+    "late_join": (None, ("etcd", "c10d")),  # a node arriving is admitted at a new round
+    "etcd_partition": (0, ("etcd",)),  # agents move to another member
+    "etcd_leader_kill": (0, ("etcd",)),  # a new leader is elected
+    "etcd_all_down": (0, ("etcd",)),  # a short store outage
+    "dlrund_restart": (1, ("c10d",)),  # the store's state is lost: one new round
 }
 AGENT_LOSS = ("agent_kill", "stop_long", "link_long")  # leave the job with one node fewer
 
@@ -56,8 +57,8 @@ class Agent:
 
     def __init__(self, host, proc, log_path):
         self.host, self.proc, self.log_path = host, proc, log_path
-        self.killed = False     # by the injector: its exit code does not count
-        self.stopped = False    # SIGSTOPped now
+        self.killed = False  # by the injector: its exit code does not count
+        self.stopped = False  # SIGSTOPped now
 
     def alive(self):
         return self.proc.poll() is None
@@ -69,10 +70,10 @@ class Cluster:
         self.n = JOB_HOSTS + (ETCD_MEMBERS if backend == "etcd" else 1) + 1
         self.observer = self.n - 1
         self.hosts = Hosts(self.n)
-        self.members = {}        # etcd member host -> Popen
+        self.members = {}  # etcd member host -> Popen
         self.dlrund = None
         self.mounts = []
-        self.cuts = []           # host pairs cut from each other (netns.sh heal ends a cut)
+        self.cuts = []  # host pairs cut from each other (netns.sh heal ends a cut)
         try:
             self._mount_log_disks()
             self.start_etcd() if backend == "etcd" else self.start_dlrund()
@@ -90,8 +91,12 @@ class Cluster:
             path = self.log_disk(host)
             os.makedirs(path, exist_ok=True)
             self.mounts.append(path)  # first: a signal right after the mount must not leak it
-            subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={LOG_TMPFS}", "tmpfs", path],
-                           check=True, capture_output=True, timeout=10)
+            subprocess.run(
+                ["mount", "-t", "tmpfs", "-o", f"size={LOG_TMPFS}", "tmpfs", path],
+                check=True,
+                capture_output=True,
+                timeout=10,
+            )
 
     def popen(self, host, argv, log_path, env=None):
         log = open(log_path, "ab")
@@ -129,17 +134,23 @@ class Cluster:
 
     def start_member(self, m):
         address = self.hosts.address(m)
-        initial = ",".join(f"m{h}=http://{self.hosts.address(h)}:2380"
-                           for h in self.member_hosts())
-        self.members[m] = self.popen(m, [
-            ETCD, f"--name=m{m}", f"--data-dir={self.out}/etcd{m}",
-            f"--listen-client-urls=http://{address}:2379",
-            f"--advertise-client-urls=http://{address}:2379",
-            f"--listen-peer-urls=http://{address}:2380",
-            f"--initial-advertise-peer-urls=http://{address}:2380",
-            f"--initial-cluster={initial}", "--initial-cluster-state=new",
-            f"--initial-cluster-token=chaos-{self.hosts.prefix}"],
-            os.path.join(self.out, f"etcd{m}.log"))
+        initial = ",".join(f"m{h}=http://{self.hosts.address(h)}:2380" for h in self.member_hosts())
+        self.members[m] = self.popen(
+            m,
+            [
+                ETCD,
+                f"--name=m{m}",
+                f"--data-dir={self.out}/etcd{m}",
+                f"--listen-client-urls=http://{address}:2379",
+                f"--advertise-client-urls=http://{address}:2379",
+                f"--listen-peer-urls=http://{address}:2380",
+                f"--initial-advertise-peer-urls=http://{address}:2380",
+                f"--initial-cluster={initial}",
+                "--initial-cluster-state=new",
+                f"--initial-cluster-token=chaos-{self.hosts.prefix}",
+            ],
+            os.path.join(self.out, f"etcd{m}.log"),
+        )
 
     def start_etcd(self):
         for m in self.member_hosts():
@@ -151,9 +162,18 @@ class Cluster:
 
     def etcdctl(self, members, *args):
         endpoints = ",".join(f"{self.hosts.address(m)}:2379" for m in members)
-        return self.hosts.run(self.observer, [ETCDCTL, f"--endpoints={endpoints}",
-                                              "--dial-timeout=1s", "--command-timeout=2s", *args],
-                              timeout=15, env={**os.environ, "ETCDCTL_API": "3"})
+        return self.hosts.run(
+            self.observer,
+            [
+                ETCDCTL,
+                f"--endpoints={endpoints}",
+                "--dial-timeout=1s",
+                "--command-timeout=2s",
+                *args,
+            ],
+            timeout=15,
+            env={**os.environ, "ETCDCTL_API": "3"},
+        )
 
     def healthy(self):
         return self.etcdctl(self.member_hosts(), "endpoint", "health").returncode == 0
@@ -202,11 +222,23 @@ class Cluster:
     def start_dlrund(self):
         log_path = os.path.join(self.out, "dlrund.log")
         start = os.path.getsize(log_path) if os.path.exists(log_path) else 0
-        self.dlrund = self.popen(JOB_HOSTS, [
-            os.path.join(self.bindir, "dlrund"), "--host", self.hosts.address(JOB_HOSTS),
-            "--port", str(DLRUND_PORT)], log_path)
-        if not wait_for(lambda: b"listening on" in read_from(log_path, start), START_TIMEOUT_S,
-                        lambda: self.dlrund.poll() is not None, every=POLL_S / 10):
+        self.dlrund = self.popen(
+            JOB_HOSTS,
+            [
+                os.path.join(self.bindir, "dlrund"),
+                "--host",
+                self.hosts.address(JOB_HOSTS),
+                "--port",
+                str(DLRUND_PORT),
+            ],
+            log_path,
+        )
+        if not wait_for(
+            lambda: b"listening on" in read_from(log_path, start),
+            START_TIMEOUT_S,
+            lambda: self.dlrund.poll() is not None,
+            every=POLL_S / 10,
+        ):
             raise RuntimeError(f"dlrund did not start: {read_from(log_path, start)!r}")
 
     def restart_dlrund(self):
@@ -218,10 +250,21 @@ class Cluster:
     def start_agent(self, host, job):
         conf = "join_timeout=300" + (",is_host=0" if self.backend == "c10d" else "")
         log_dir = os.path.join(self.log_disk(host), f"job{job.index}")
-        argv = [os.path.join(self.bindir, "dlrun"), "--nnodes=2:4", "--nproc-per-node=1",
-                f"--rdzv-backend={self.backend}", f"--rdzv-endpoint={self.endpoint()}",
-                f"--rdzv-id={job.rdzv_id}", "--max-restarts=1000", f"--rdzv-conf={conf}",
-                f"--log-dir={log_dir}", "--tee=3", "--stop-timeout=5", "train", *job.trainer_args]
+        argv = [
+            os.path.join(self.bindir, "dlrun"),
+            "--nnodes=2:4",
+            "--nproc-per-node=1",
+            f"--rdzv-backend={self.backend}",
+            f"--rdzv-endpoint={self.endpoint()}",
+            f"--rdzv-id={job.rdzv_id}",
+            "--max-restarts=1000",
+            f"--rdzv-conf={conf}",
+            f"--log-dir={log_dir}",
+            "--tee=3",
+            "--stop-timeout=5",
+            "train",
+            *job.trainer_args,
+        ]
         env = clean_env(GLOO_SOCKET_IFNAME=None, TMPDIR=job.dir)
         count = sum(1 for a in job.agents if a.host == host)
         log_path = os.path.join(job.dir, f"agent{host}-{count}.log")
@@ -239,6 +282,7 @@ class Cluster:
 
 
 # --- processes -------------------------------------------------------------------------------
+
 
 def stop_on_sigterm(signum, frame):
     """A bench's SIGTERM handler: raised in the main thread, so every finally runs (processes
@@ -309,6 +353,7 @@ def fill_disk(path):
 # t_heal the wall time (time.time()) the fault ended, t_end when its last effect began (a killed
 # agent's replacement starting; else t_heal); the soak stamps the injection itself.
 # They raise Skip when the state offers no target.
+
 
 class Skip(Exception):
     pass
@@ -467,11 +512,11 @@ def valid_kinds(backend, job, steady):
             continue
         if cost == 0 and not steady:
             continue
-        if kind == "late_join" and all(any(a.host == h for a in job.agents)
-                                       for h in range(JOB_HOSTS)):
+        if kind == "late_join" and all(
+            any(a.host == h for a in job.agents) for h in range(JOB_HOSTS)
+        ):
             continue
         if not live:
             continue
         kinds.append(kind)
     return kinds
-

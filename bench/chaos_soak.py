@@ -38,6 +38,7 @@ The history checks, per job (see check_job):
 Prints a table (fault kind | count | restarts caused | median | worst recovery) and PASSED, or
 FAILED with the failed checks and the command that replays the seed. Needs root.
 """
+
 import argparse
 import json
 import os
@@ -51,20 +52,34 @@ import tempfile
 import threading
 import time
 
-from chaos_faults import (EXPECTED, INJECT, JOB_HOSTS, TTL_S, Cluster, Skip, is_running,
-                          live_agents, read_from, stop_on_sigterm, valid_kinds, wait_for)
+from chaos_faults import (
+    EXPECTED,
+    INJECT,
+    JOB_HOSTS,
+    TTL_S,
+    Cluster,
+    Skip,
+    is_running,
+    live_agents,
+    read_from,
+    stop_on_sigterm,
+    valid_kinds,
+    wait_for,
+)
 
-FINISH_S = 120          # the last job ends within this after the faults stop
-JOB_STEPS = 8000        # --max-steps of a job: 30-80 s at 2-4 nodes on 2 cores
-GRACE_S = 10.0          # a restart this long after a fault healed is still its doing
+FINISH_S = 120  # the last job ends within this after the faults stop
+JOB_STEPS = 8000  # --max-steps of a job: 30-80 s at 2-4 nodes on 2 cores
+GRACE_S = 10.0  # a restart this long after a fault healed is still its doing
 GRACE_ZERO_S = TTL_S + 3.0  # ... for a fault that must cost none
-STEADY_S = 2.0          # a step this recent and every live agent in the world: steady
-STEADY_WAIT_S = 30.0    # how long the injector waits for steady training
-REDO_MAX = 1            # steps a restart may take again (those after its checkpoint)
+STEADY_S = 2.0  # a step this recent and every live agent in the world: steady
+STEADY_WAIT_S = 30.0  # how long the injector waits for steady training
+REDO_MAX = 1  # steps a restart may take again (those after its checkpoint)
 MONITOR_S = 0.2
 BINARIES = ("dlrun", "dlrund", "dlrun-train", "dlrun-train-avx2.so")
-RESTART_LINE = re.compile(r"stopping workers|re-rendezvous|worker group failed|restarting|"
-                          r"lost the rendezvous store")
+RESTART_LINE = re.compile(
+    r"stopping workers|re-rendezvous|worker group failed|restarting|"
+    r"lost the rendezvous store"
+)
 
 
 class Job:
@@ -78,17 +93,35 @@ class Job:
         self.metrics = os.path.join(self.dir, "metrics.jsonl")
         self.steps = steps
         self.trainer_args = [
-            "--synthetic", "--hidden", "32", "--allreduce", "gloo", "--epochs", "100000",
-            "--lr-schedule", "constant", "--batch-size", "128",
-            "--checkpoint-dir", os.path.join(self.dir, "checkpoints"), "--checkpoint-every", "1",
-            "--progress-every", "1", "--metrics-file", self.metrics, "--max-steps", str(steps)]
+            "--synthetic",
+            "--hidden",
+            "32",
+            "--allreduce",
+            "gloo",
+            "--epochs",
+            "100000",
+            "--lr-schedule",
+            "constant",
+            "--batch-size",
+            "128",
+            "--checkpoint-dir",
+            os.path.join(self.dir, "checkpoints"),
+            "--checkpoint-every",
+            "1",
+            "--progress-every",
+            "1",
+            "--metrics-file",
+            self.metrics,
+            "--max-steps",
+            str(steps),
+        ]
         self.agents = []
-        self.lines = []           # the metrics file's step lines, parsed
-        self.restart_lines = []   # (time, host, line) of agents' restart lines
+        self.lines = []  # the metrics file's step lines, parsed
+        self.restart_lines = []  # (time, host, line) of agents' restart lines
         self.lock = threading.Lock()
         self.poll_lock = threading.Lock()
         self.offsets = {}
-        self.ended_at = None      # time.time() of the first agent exit
+        self.ended_at = None  # time.time() of the first agent exit
         self.soak_over = soak_over
 
     def pause(self, seconds):
@@ -134,8 +167,13 @@ class Job:
             last = self.lines[-1] if self.lines else None
             recent = [t for t, _, _ in self.restart_lines if t > time.time() - STEADY_S - 1]
         live = live_agents(self)
-        return (last is not None and last["time"] > time.time() - STEADY_S and not recent
-                and last["world_size"] == len(live) and last["step"] < self.steps)
+        return (
+            last is not None
+            and last["time"] > time.time() - STEADY_S
+            and not recent
+            and last["world_size"] == len(live)
+            and last["step"] < self.steps
+        )
 
 
 class Monitor(threading.Thread):
@@ -152,6 +190,7 @@ class Monitor(threading.Thread):
 
 
 # --- the injector ----------------------------------------------------------------------------
+
 
 def choose(kinds, counts, rng):
     """The seeded choice among the valid kinds injected least so far."""
@@ -180,23 +219,40 @@ def inject_faults(cluster, job, rng, interval, counts, faults):
             next_at = time.time() + 1
             continue
         counts[kind] = counts.get(kind, 0) + 1
-        faults.append({"kind": kind, "target": target, "backend": cluster.backend,
-                       "job": job.index, "inject": t_inject,
-                       "heal": t_heal, "end": t_end, "steady": steady, "restarts": 0,
-                       "recovery": None})
-        print(f"  {time.strftime('%H:%M:%S')} job{job.index} {kind} {target} "
-              f"({t_heal - t_inject:.1f}s)", flush=True)
+        faults.append(
+            {
+                "kind": kind,
+                "target": target,
+                "backend": cluster.backend,
+                "job": job.index,
+                "inject": t_inject,
+                "heal": t_heal,
+                "end": t_end,
+                "steady": steady,
+                "restarts": 0,
+                "recovery": None,
+            }
+        )
+        print(
+            f"  {time.strftime('%H:%M:%S')} job{job.index} {kind} {target} "
+            f"({t_heal - t_inject:.1f}s)",
+            flush=True,
+        )
         next_at = max(t_end + 1.0, t_inject + interval)
 
 
 # --- the checks ------------------------------------------------------------------------------
 
+
 def attempts(lines):
     """The step lines cut into attempts: (restart, [lines]) in file order."""
     result = []
     for line in lines:
-        if (result and result[-1][0] == line["restart"]
-                and line["step"] == result[-1][1][-1]["step"] + 1):
+        if (
+            result
+            and result[-1][0] == line["restart"]
+            and line["step"] == result[-1][1][-1]["step"] + 1
+        ):
             result[-1][1].append(line)
         else:
             result.append((line["restart"], [line]))
@@ -209,16 +265,22 @@ def check_steps(job, runs, errors):
     for restart, lines in runs:
         first = lines[0]["step"]
         if first - 1 > len(lineage):
-            errors.append(f"job{job.index}: steps {len(lineage) + 1}..{first - 1} skipped "
-                          f"(attempt restart={restart} starts at {first})")
+            errors.append(
+                f"job{job.index}: steps {len(lineage) + 1}..{first - 1} skipped "
+                f"(attempt restart={restart} starts at {first})"
+            )
         elif len(lineage) - (first - 1) > REDO_MAX:
-            errors.append(f"job{job.index}: attempt restart={restart} redoes "
-                          f"{len(lineage) - first + 1} steps from {first} (at most {REDO_MAX})")
+            errors.append(
+                f"job{job.index}: attempt restart={restart} redoes "
+                f"{len(lineage) - first + 1} steps from {first} (at most {REDO_MAX})"
+            )
         redone += max(0, len(lineage) - (first - 1))
-        lineage = lineage[:first - 1] + [line["step"] for line in lines]
+        lineage = lineage[: first - 1] + [line["step"] for line in lines]
     if lineage != list(range(1, job.steps + 1)):
-        errors.append(f"job{job.index}: the lineage has {len(lineage)} steps, ends at "
-                      f"{lineage[-1] if lineage else None}; want 1..{job.steps} once each")
+        errors.append(
+            f"job{job.index}: the lineage has {len(lineage)} steps, ends at "
+            f"{lineage[-1] if lineage else None}; want 1..{job.steps} once each"
+        )
     return redone
 
 
@@ -229,8 +291,7 @@ def restart_events(job, runs):
         stamps = sorted(job.restart_lines)
     for (r0, before), (r1, after) in zip(runs, runs[1:]):
         last = before[-1]["time"]
-        later = [(t, f"host{h}: {line}") for t, h, line in stamps
-                 if last < t <= after[0]["time"]]
+        later = [(t, f"host{h}: {line}") for t, h, line in stamps if last < t <= after[0]["time"]]
         when, why = later[0] if later else (last, "no agent said why")
         events.append((when, r1 - r0 if r1 > r0 else 1, why))
     return events
@@ -238,8 +299,10 @@ def restart_events(job, runs):
 
 def charge(faults, when):
     """The fault a restart at `when` is charged to, or None."""
+
     def grace(f):
         return GRACE_ZERO_S if EXPECTED[f["kind"]][0] == 0 else GRACE_S
+
     in_effect = [f for f in faults if f["inject"] <= when <= f["end"] + grace(f)]
     allowed = [f for f in in_effect if EXPECTED[f["kind"]][0] != 0]
     pool = allowed or in_effect
@@ -275,9 +338,11 @@ def check_job(cluster, job, faults, errors):
         restarts += count
         fault = charge(job_faults, when)
         if fault is None:
-            errors.append(f"job{job.index}: {count} restart(s) at "
-                          f"{time.strftime('%H:%M:%S', time.localtime(when))} with no fault "
-                          f"in effect ({why})")
+            errors.append(
+                f"job{job.index}: {count} restart(s) at "
+                f"{time.strftime('%H:%M:%S', time.localtime(when))} with no fault "
+                f"in effect ({why})"
+            )
             continue
         fault["restarts"] += count
         fault.setdefault("why", why)
@@ -285,16 +350,23 @@ def check_job(cluster, job, faults, errors):
         fault["recovery"] = recovery(fault, runs)
         cost = EXPECTED[fault["kind"]][0]
         if cost is not None and fault["restarts"] > cost:
-            errors.append(f"job{job.index}: {fault['kind']} on {fault['target']} at "
-                          f"{time.strftime('%H:%M:%S', time.localtime(fault['inject']))} "
-                          f"caused {fault['restarts']} restart(s); at most {cost} expected "
-                          f"(first: {fault['why']})")
+            errors.append(
+                f"job{job.index}: {fault['kind']} on {fault['target']} at "
+                f"{time.strftime('%H:%M:%S', time.localtime(fault['inject']))} "
+                f"caused {fault['restarts']} restart(s); at most {cost} expected "
+                f"(first: {fault['why']})"
+            )
     for agent in job.agents:
         if not agent.killed and agent.proc.returncode != 0:
-            errors.append(f"job{job.index}: the agent on host{agent.host} exited with "
-                          f"{agent.proc.returncode} ({agent.log_path})")
-    print(f"  job{job.index}: {len(lines)} step lines, {len(runs)} attempts, {restarts} "
-          f"restarts, {redone} steps redone, {len(job.agents)} agents", flush=True)
+            errors.append(
+                f"job{job.index}: the agent on host{agent.host} exited with "
+                f"{agent.proc.returncode} ({agent.log_path})"
+            )
+    print(
+        f"  job{job.index}: {len(lines)} step lines, {len(runs)} attempts, {restarts} "
+        f"restarts, {redone} steps redone, {len(job.agents)} agents",
+        flush=True,
+    )
 
 
 def finish_job(cluster, job, errors):
@@ -303,21 +375,25 @@ def finish_job(cluster, job, errors):
     wait_for(lambda: all(a.proc.poll() is not None for a in job.agents), FINISH_S)
     for agent in job.agents:
         if agent.proc.poll() is None:
-            errors.append(f"job{job.index}: the agent on host{agent.host} still runs "
-                          f"{FINISH_S}s after the job ended ({agent.log_path}); killed")
+            errors.append(
+                f"job{job.index}: the agent on host{agent.host} still runs "
+                f"{FINISH_S}s after the job ended ({agent.log_path}); killed"
+            )
             agent.killed = True
             agent.proc.kill()
             agent.proc.wait(10)
     hosts = range(JOB_HOSTS)
     if not wait_for(lambda: not cluster.leftover_pids(hosts), 10):
-        errors.append(f"job{job.index}: processes left on the job hosts: "
-                      f"{cluster.leftover_pids(hosts)}")
+        errors.append(
+            f"job{job.index}: processes left on the job hosts: {cluster.leftover_pids(hosts)}"
+        )
     job.poll()
     for host in hosts:  # the small log disks hold one job's logs at a time
         shutil.rmtree(os.path.join(cluster.log_disk(host), f"job{job.index}"), ignore_errors=True)
 
 
 # --- one backend -----------------------------------------------------------------------------
+
 
 def soak_backend(backend, args, out, bindir, counts, faults, errors):
     rng = random.Random(f"{args.seed}-{backend}")
@@ -332,8 +408,7 @@ def soak_backend(backend, args, out, bindir, counts, faults, errors):
         deadline = time.time() + args.duration_per_backend
         index = 0
         while time.time() < deadline:
-            job = Job(index, out, cluster.hosts.prefix, args.steps,
-                      lambda: time.time() >= deadline)
+            job = Job(index, out, cluster.hosts.prefix, args.steps, lambda: time.time() >= deadline)
             monitor.job = job
             for host in range(JOB_HOSTS - 1):  # host 3 joins late (a fault)
                 cluster.start_agent(host, job)
@@ -355,22 +430,30 @@ def soak_backend(backend, args, out, bindir, counts, faults, errors):
 
 # --- the report ------------------------------------------------------------------------------
 
+
 def seconds(value):
     return "-" if value is None else f"{value:.1f}s"
 
 
 def table(faults):
-    rows = [("fault kind", "count", "restarts caused", "expected", "median recovery",
-             "worst recovery")]
+    rows = [
+        ("fault kind", "count", "restarts caused", "expected", "median recovery", "worst recovery")
+    ]
     for kind, (cost, _) in EXPECTED.items():
         mine = [f for f in faults if f["kind"] == kind]
         if not mine:
             continue
         recoveries = [f["recovery"] for f in mine if f["recovery"] is not None]
-        rows.append((kind, str(len(mine)), str(sum(f["restarts"] for f in mine)),
-                     "any" if cost is None else f"<= {cost} each",
-                     seconds(statistics.median(recoveries) if recoveries else None),
-                     seconds(max(recoveries) if recoveries else None)))
+        rows.append(
+            (
+                kind,
+                str(len(mine)),
+                str(sum(f["restarts"] for f in mine)),
+                "any" if cost is None else f"<= {cost} each",
+                seconds(statistics.median(recoveries) if recoveries else None),
+                seconds(max(recoveries) if recoveries else None),
+            )
+        )
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
 
@@ -382,8 +465,7 @@ def parse_args(argv):
     parser.add_argument("--backend", choices=("etcd", "c10d", "both"), default="both")
     parser.add_argument("--interval", type=float, default=6.0, help="seconds between faults")
     parser.add_argument("--steps", type=int, default=JOB_STEPS, help="--max-steps of a job")
-    parser.add_argument("--build", default=os.path.join(os.path.dirname(__file__), "..",
-                                                        "build"))
+    parser.add_argument("--build", default=os.path.join(os.path.dirname(__file__), "..", "build"))
     parser.add_argument("--out", help="the logs' directory (default: a temporary one)")
     parser.add_argument("--keep", action="store_true", help="keep the logs' directory")
     parser.add_argument("--json", help="also write the faults and checks to this file")
@@ -416,10 +498,15 @@ def main(argv=None):
     out = args.out or tempfile.mkdtemp(prefix="dlrun-chaos-")
     os.makedirs(out, exist_ok=True)
     bindir = snapshot(os.path.join(args.build, "bin"), os.path.join(out, "bin"))
-    replay = (f"bench/chaos_soak.sh --seed {args.seed} --duration {args.duration:g} "
-              f"--backend {args.backend}")
-    print(f"chaos soak: seed {args.seed}, {args.duration:g}s on {', '.join(args.backends)}, "
-          f"a fault every {args.interval:g}s, logs in {out}", flush=True)
+    replay = (
+        f"bench/chaos_soak.sh --seed {args.seed} --duration {args.duration:g} "
+        f"--backend {args.backend}"
+    )
+    print(
+        f"chaos soak: seed {args.seed}, {args.duration:g}s on {', '.join(args.backends)}, "
+        f"a fault every {args.interval:g}s, logs in {out}",
+        flush=True,
+    )
     counts, faults, errors = {}, [], []
     try:
         for backend in args.backends:
@@ -435,8 +522,11 @@ def main(argv=None):
         print("\n".join(["", "checks failed:", *(f"  {e}" for e in errors)]))
         print(f"FAILED (replay: {replay}); logs kept in {out}", flush=True)
         return 1
-    print("PASSED: every agent exited 0, every step once, no process left, no restart beyond "
-          "its fault's cost", flush=True)
+    print(
+        "PASSED: every agent exited 0, every step once, no process left, no restart beyond "
+        "its fault's cost",
+        flush=True,
+    )
     if not args.keep and not args.out:
         shutil.rmtree(out, ignore_errors=True)
     return 0

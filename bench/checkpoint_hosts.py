@@ -12,6 +12,7 @@ job times load() (from its node's memory, or fetched from the agent that holds i
 against torch.load of its own file. Prints one line: the save, the peer copy's completion after
 the save returned, the restores, and the steps lost. Exit status 0; 1 the run failed.
 """
+
 import glob
 import json
 import os
@@ -43,26 +44,49 @@ def run(dlrun, dlrund, python, megabytes, steps, out):
     env.pop("PYTHONPATH", None)
     with Hosts(4) as hosts:
         log = open(os.path.join(out, "dlrund.log"), "w")
-        daemon = hosts.popen(0, [dlrund, "--host", "0.0.0.0", "--port", str(PORT)], env=env,
-                             stdout=log, stderr=log)
-        wait_for(lambda: "listening on" in open(os.path.join(out, "dlrund.log")).read(),
-                 "dlrund", [daemon])
+        daemon = hosts.popen(
+            0, [dlrund, "--host", "0.0.0.0", "--port", str(PORT)], env=env, stdout=log, stderr=log
+        )
+        wait_for(
+            lambda: "listening on" in open(os.path.join(out, "dlrund.log")).read(),
+            "dlrund",
+            [daemon],
+        )
         agents = []
         for host in (1, 2, 3):
             log = open(os.path.join(out, f"dlrun{host}.log"), "w")
-            agents.append(hosts.popen(host, [
-                dlrun, "--nnodes=2", "--nproc-per-node=2", "--rdzv-backend=c10d",
-                f"--rdzv-endpoint={hosts.address(0)}:{PORT}", "--rdzv-id=bench",
-                "--max-restarts=1", python, os.path.join(HERE, "checkpoint_worker.py"), out,
-                str(megabytes), str(steps), f"lose:{LOST_RANK}"], env=env, stdout=log,
-                stderr=log))
-        wait_for(lambda: os.path.exists(os.path.join(out, "lose_host")), "the last step",
-                 agents)
+            agents.append(
+                hosts.popen(
+                    host,
+                    [
+                        dlrun,
+                        "--nnodes=2",
+                        "--nproc-per-node=2",
+                        "--rdzv-backend=c10d",
+                        f"--rdzv-endpoint={hosts.address(0)}:{PORT}",
+                        "--rdzv-id=bench",
+                        "--max-restarts=1",
+                        python,
+                        os.path.join(HERE, "checkpoint_worker.py"),
+                        out,
+                        str(megabytes),
+                        str(steps),
+                        f"lose:{LOST_RANK}",
+                    ],
+                    env=env,
+                    stdout=log,
+                    stderr=log,
+                )
+            )
+        wait_for(lambda: os.path.exists(os.path.join(out, "lose_host")), "the last step", agents)
         pid = json.load(open(os.path.join(out, f"pid_{LOST_RANK}")))
         lost = next(h for h in (1, 2, 3) if pid in hosts.pids(h))
         hosts.kill_host(lost)
-        wait_for(lambda: len(glob.glob(os.path.join(out, "restored_*.json"))) == WORLD,
-                 "the restored job", [a for h, a in zip((1, 2, 3), agents) if h != lost])
+        wait_for(
+            lambda: len(glob.glob(os.path.join(out, "restored_*.json"))) == WORLD,
+            "the restored job",
+            [a for h, a in zip((1, 2, 3), agents) if h != lost],
+        )
         codes = [a.wait(TIMEOUT_S) for h, a in zip((1, 2, 3), agents) if h != lost]
         if codes != [0, 0]:
             raise RuntimeError(f"checkpoint_hosts.py: the agents left exited {codes}")
@@ -81,13 +105,14 @@ def report(out, megabytes, steps):
             return "none"
         took = statistics.median(r["restore"] for r in mine)
         anchor = statistics.median(r["torch_load"] for r in mine)
-        return (f"{took:.3f} s, torch.load {anchor:.3f} s: {took / anchor:.2f}x "
-                f"({len(mine)} ranks)")
+        return f"{took:.3f} s, torch.load {anchor:.3f} s: {took / anchor:.2f}x ({len(mine)} ranks)"
 
     lost = max(steps - 1 - (r["step"] if r["step"] is not None else -1) for r in restored)
-    print(f"{megabytes} MB a rank, 2 hosts: save blocks {median('save'):.3f} s; peer copy complete "
-          f"{median('peer'):.3f} s after; host lost: restore from the peer {restore(False)}; "
-          f"from the node's memory {restore(True)}; steps lost {lost}")
+    print(
+        f"{megabytes} MB a rank, 2 hosts: save blocks {median('save'):.3f} s; peer copy complete "
+        f"{median('peer'):.3f} s after; host lost: restore from the peer {restore(False)}; "
+        f"from the node's memory {restore(True)}; steps lost {lost}"
+    )
     return 0 if lost == 0 else 1
 
 

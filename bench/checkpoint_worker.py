@@ -18,6 +18,7 @@ stops itself for its host to be killed; in the
 next attempt every rank times load() ("restore", and whether its node held the step: "local")
 and torch.load of its file, and writes OUT_DIR/restored_<RANK>.json.
 """
+
 import glob
 import json
 import os
@@ -45,9 +46,11 @@ def held_by_peer(rank, step):
 
 def held_here(rank, step):
     memory = os.environ["DLRUN_CHECKPOINT_SHM"]
-    return any(open(mark).read().split()[0] == str(step) for mark in
-               glob.glob(f"{memory}/rank-{rank}/slot-*/step")
-               + glob.glob(f"{memory}/peer/rank-{rank}/step-*/step"))
+    return any(
+        open(mark).read().split()[0] == str(step)
+        for mark in glob.glob(f"{memory}/rank-{rank}/slot-*/step")
+        + glob.glob(f"{memory}/peer/rank-{rank}/step-*/step")
+    )
 
 
 def restore(out, rank, steps, path):
@@ -56,8 +59,10 @@ def restore(out, rank, steps, path):
     took, found = timed(checkpoint.load)
     torch_took = timed(lambda: torch.load(path))[0]
     with open(os.path.join(out, f"restored_{rank}.json"), "w") as f:
-        json.dump({"restore": took, "torch_load": torch_took, "local": local,
-                   "step": found and found[0]}, f)
+        json.dump(
+            {"restore": took, "torch_load": torch_took, "local": local, "step": found and found[0]},
+            f,
+        )
     return 0
 
 
@@ -69,6 +74,7 @@ def main():
     path = os.path.join(out, f"rank{rank}.pt")
     if lose is not None:
         import torch.distributed as dist
+
         dist.init_process_group("gloo")
         if os.environ["TORCHELASTIC_RESTART_COUNT"] != "0":
             return restore(out, rank, steps, path)
@@ -77,13 +83,16 @@ def main():
     each = int(megabytes * 2**20 / 4 / TENSORS)
     g = torch.Generator().manual_seed(rank)
     tensors = [torch.randn(each, generator=g) for _ in range(TENSORS)]
-    state = {"model": {f"w{i}": t for i, t in enumerate(tensors[:TENSORS // 2])},
-             "optimizer": {"state": {i: {"momentum": t} for i, t in enumerate(tensors[TENSORS // 2:])},
-                           "lr": 0.1}}
+    state = {
+        "model": {f"w{i}": t for i, t in enumerate(tensors[: TENSORS // 2])},
+        "optimizer": {
+            "state": {i: {"momentum": t} for i, t in enumerate(tensors[TENSORS // 2 :])},
+            "lr": 0.1,
+        },
+    }
     found = checkpoint.load()
     assert found is None, "a fresh job finds no checkpoint"
-    runs = {"torch_save": [], "save": [], "complete": [], "peer": [], "torch_load": [],
-            "load": []}
+    runs = {"torch_save": [], "save": [], "complete": [], "peer": [], "torch_load": [], "load": []}
     for step in range(steps):
         for t in tensors:
             t.add_(1.0)  # a training step's change

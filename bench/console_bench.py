@@ -8,6 +8,7 @@ the console to /dev/null; for lines the same on every rank and lines of each ran
 read as its last worker ends), over the run's wall time. Prints a line per run and the dedup's
 cost in % of one core (goal: under 5). Exit status 0; 1 a run failed.
 """
+
 import glob
 import os
 import subprocess
@@ -31,9 +32,23 @@ def run(dlrun, python, workers, rate, seconds, kind, dedup, out):
     began = time.monotonic()
     with open(os.devnull, "w") as null:
         proc = subprocess.Popen(
-            [dlrun, "--standalone", f"--nproc-per-node={workers}", f"--console-dedup={dedup}",
-             python, os.path.join(HERE, "console_worker.py"), work, str(rate // workers),
-             str(seconds), kind], stdout=null, stderr=subprocess.PIPE, env=env, text=True)
+            [
+                dlrun,
+                "--standalone",
+                f"--nproc-per-node={workers}",
+                f"--console-dedup={dedup}",
+                python,
+                os.path.join(HERE, "console_worker.py"),
+                work,
+                str(rate // workers),
+                str(seconds),
+                kind,
+            ],
+            stdout=null,
+            stderr=subprocess.PIPE,
+            env=env,
+            text=True,
+        )
         cpu = 0.0
         while proc.poll() is None:
             cpu = cpu_seconds(proc.pid)  # the last reading before it ends
@@ -57,9 +72,12 @@ def main():
         for dedup in ("off", "on"):
             share[dedup], achieved = run(dlrun, python, workers, rate, seconds, kind, dedup, out)
             what = "the same on every rank" if kind == "same" else "each rank's own"
-            print(f"{workers} workers, lines {what},"
-                  f" {achieved:,.0f} lines/s, --console-dedup={dedup}: the agent "
-                  f"{100 * share[dedup]:.1f}% of one core", flush=True)
+            print(
+                f"{workers} workers, lines {what},"
+                f" {achieved:,.0f} lines/s, --console-dedup={dedup}: the agent "
+                f"{100 * share[dedup]:.1f}% of one core",
+                flush=True,
+            )
         cost = 100 * (share["on"] - share["off"])
         worst = max(worst, cost)
         print(f"  the dedup's cost: {cost:+.1f}% of one core (goal: under 5)", flush=True)

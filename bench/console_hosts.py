@@ -11,6 +11,7 @@ Exit status 0: each shared line once in the view and rank 700's line once on its
 and once in the view, and (when WINDOW is given, to cover the time the ranks take to print) each
 shared line at most once a node; 1 otherwise or a run failed.
 """
+
 import glob
 import os
 import subprocess
@@ -69,22 +70,57 @@ def main():
         for i in range(hosts):
             log = open(os.path.join(out, f"agent{i}.log"), "w")
             logs.append(log)
-            agents.append(subprocess.Popen(
-                ["bash", netns, "exec", prefix, str(i), dlrun, f"--nnodes={hosts}",
-                 f"--nproc-per-node={per_host}", "--rdzv-backend=c10d",
-                 f"--rdzv-endpoint=10.77.0.10:{PORT}", "--rdzv-id=console", "--tee=1",
-                 f"--log-dir={out}/logs{i}", "--no-network-probe", *window,
-                 "/bin/sh", "-c", WORKER],
-                env=dict(os.environ, W=work, TMPDIR=out), stdout=log, stderr=subprocess.STDOUT))
+            agents.append(
+                subprocess.Popen(
+                    [
+                        "bash",
+                        netns,
+                        "exec",
+                        prefix,
+                        str(i),
+                        dlrun,
+                        f"--nnodes={hosts}",
+                        f"--nproc-per-node={per_host}",
+                        "--rdzv-backend=c10d",
+                        f"--rdzv-endpoint=10.77.0.10:{PORT}",
+                        "--rdzv-id=console",
+                        "--tee=1",
+                        f"--log-dir={out}/logs{i}",
+                        "--no-network-probe",
+                        *window,
+                        "/bin/sh",
+                        "-c",
+                        WORKER,
+                    ],
+                    env=dict(os.environ, W=work, TMPDIR=out),
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                )
+            )
         total = hosts * per_host
-        started = lambda: len(glob.glob(os.path.join(work, "started-*"))) == total
-        printed = lambda: len(glob.glob(os.path.join(work, "printed-*"))) == total
-        wait_for("every rank started", started, agents)
-        release(os.path.join(work, "go"), printed)
+
+        def all_marked(kind):
+            return lambda: len(glob.glob(os.path.join(work, f"{kind}-*"))) == total
+
+        wait_for("every rank started", all_marked("started"), agents)
+        release(os.path.join(work, "go"), all_marked("printed"))
         view = subprocess.run(
-            ["bash", netns, "exec", prefix, "0", dlrun, "logs", "--grouped",
-             f"--rdzv-endpoint=10.77.0.10:{PORT}", "--rdzv-id=console"],
-            capture_output=True, text=True, timeout=TIMEOUT_S)
+            [
+                "bash",
+                netns,
+                "exec",
+                prefix,
+                "0",
+                dlrun,
+                "logs",
+                "--grouped",
+                f"--rdzv-endpoint=10.77.0.10:{PORT}",
+                "--rdzv-id=console",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT_S,
+        )
         release(os.path.join(work, "end"), lambda: all(a.poll() is not None for a in agents))
         for a in agents:
             a.wait(TIMEOUT_S)
@@ -102,8 +138,9 @@ def main():
     for i in range(hosts):
         with open(os.path.join(out, f"agent{i}.log"), errors="replace") as f:
             console = f.read().splitlines()
-        counts = [sum(1 for line in console if line.endswith("]:" + text))
-                  for text in (*SHARED, OWN)]
+        counts = [
+            sum(1 for line in console if line.endswith("]:" + text)) for text in (*SHARED, OWN)
+        ]
         times, own_here = [], False
         for rank in range(hosts * per_host):
             path = os.path.join(work, f"printed-{rank}")
@@ -112,19 +149,27 @@ def main():
                     continue
             times.append(os.stat(path).st_mtime)
             own_here = own_here or rank == 700
-        print(f"node{i}, {per_host} ranks printing over {max(times) - min(times):.2f} s:"
-              f" each shared line on its console "
-              f"{'/'.join(map(str, counts[:3]))} time(s)"
-              + (f", rank 700's own line {counts[3]} time(s)" if own_here else ""), flush=True)
+        print(
+            f"node{i}, {per_host} ranks printing over {max(times) - min(times):.2f} s:"
+            f" each shared line on its console "
+            f"{'/'.join(map(str, counts[:3]))} time(s)"
+            + (f", rank 700's own line {counts[3]} time(s)" if own_here else ""),
+            flush=True,
+        )
         ok = ok and (not window or max(counts[:3]) == 1) and counts[3] == (1 if own_here else 0)
     lines = view.stdout.splitlines()
     counts = [sum(1 for line in lines if line.endswith(": " + text)) for text in (*SHARED, OWN)]
     everyone = f"[0-{hosts * per_host - 1}]"
-    whole = [sum(1 for line in lines if line.startswith(everyone) and line.endswith(text))
-             for text in SHARED]
-    print(f"dlrun logs --grouped: {len(lines)} lines for {hosts * per_host} ranks; each shared "
-          f"line {'/'.join(map(str, counts[:3]))} time(s) (with every rank: "
-          f"{'/'.join(map(str, whole))}), rank 700's {counts[3]}", flush=True)
+    whole = [
+        sum(1 for line in lines if line.startswith(everyone) and line.endswith(text))
+        for text in SHARED
+    ]
+    print(
+        f"dlrun logs --grouped: {len(lines)} lines for {hosts * per_host} ranks; each shared "
+        f"line {'/'.join(map(str, counts[:3]))} time(s) (with every rank: "
+        f"{'/'.join(map(str, whole))}), rank 700's {counts[3]}",
+        flush=True,
+    )
     ok = ok and counts == [1, 1, 1, 1] and whole == [1, 1, 1] and len(lines) == 4
     return 0 if ok else 1
 

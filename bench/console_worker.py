@@ -4,6 +4,7 @@ writes OUT/done_<rank> with the lines it printed.
 
 Usage: console_worker.py OUT RATE SECONDS same|distinct
 """
+
 import os
 import sys
 import time

@@ -72,8 +72,8 @@ import time
 # train_bench.py runs the same trainer: its epoch line pattern, and its way of stopping a launch
 # (imported without leaving a __pycache__ in the source tree).
 sys.dont_write_bytecode = True
-from train_bench import EPOCH_LINE, Stopped, on_signal, stop_group  # noqa: E402
 from metrics_watch import AGENT_LINE, Watcher, metric_sum  # noqa: E402
+from train_bench import EPOCH_LINE, Stopped, on_signal, stop_group  # noqa: E402
 
 LAUNCH_TIMEOUT_S = 120
 MIN_QUIET_EPOCHS = 5  # a launch with fewer quiet epochs does not count
@@ -91,19 +91,32 @@ def die_with_parent():
 def clean_env():
     """This environment without anything that steers dlrun or its workers (PET_HANG_TIMEOUT
     above all, which would turn the watch on in the launches without the flag)."""
-    return {k: v for k, v in os.environ.items()
-            if not k.startswith(("PET_", "TORCHELASTIC_", "DLRUN_"))
-            and k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
-                          "MASTER_PORT", "GROUP_RANK")}
+    return {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("PET_", "TORCHELASTIC_", "DLRUN_"))
+        and k
+        not in (
+            "RANK",
+            "LOCAL_RANK",
+            "WORLD_SIZE",
+            "LOCAL_WORLD_SIZE",
+            "MASTER_ADDR",
+            "MASTER_PORT",
+            "GROUP_RANK",
+        )
+    }
 
 
 # --- who else uses the machine ---------------------------------------------------------------
+
 
 def machine_busy():
     """CPU seconds the whole machine has spent busy, all CPUs together (/proc/stat)."""
     with open("/proc/stat") as f:
         user, nice, system, _idle, _iowait, irq, softirq, steal = (
-            int(x) for x in f.readline().split()[1:9])
+            int(x) for x in f.readline().split()[1:9]
+        )
     return (user + nice + system + irq + softirq + steal) / CLOCK_TICKS
 
 
@@ -150,6 +163,7 @@ class Sample:
 
 # --- launches --------------------------------------------------------------------------------
 
+
 class Output:
     """What a launch printed and measured."""
 
@@ -169,14 +183,21 @@ def run_once(argv, env, log, watched=False):
     err = tempfile.TemporaryFile()
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.monotonic()
-    process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                               stderr=err, env=env, process_group=0,
-                               preexec_fn=die_with_parent)
+    process = subprocess.Popen(
+        argv,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=err,
+        env=env,
+        process_group=0,
+        preexec_fn=die_with_parent,
+    )
 
     def targets():
         # pread: the launch shares the file's offset, which a read would move under it.
         match = AGENT_LINE.search(os.pread(err.fileno(), 1 << 16, 0).decode(errors="replace"))
         return [int(match.group(1))] if match else []
+
     watcher = Watcher(targets) if watched else None
     if watcher:
         watcher.start()
@@ -240,8 +261,11 @@ class Run:
         self.store_rate = out.store_rate
         # The agent's CPU per second while training: from the first epoch line to the last.
         first, last = (out.samples[0], out.samples[-1]) if out.samples else (None, None)
-        self.agent_cpu = ((last.agent - first.agent) / (last.wall - first.wall)
-                          if first and last.wall > first.wall else None)
+        self.agent_cpu = (
+            (last.agent - first.agent) / (last.wall - first.wall)
+            if first and last.wall > first.wall
+            else None
+        )
         later = out.epochs[1:]
         self.quiet = [rate for rate, other in later if other is not None and other < quiet]
         self.epochs = len(later)
@@ -259,9 +283,11 @@ class Run:
             return f"failed: {self.why}"
         figure = self.figure()
         rate = f"{figure:.0f} samples/s" if figure is not None else "too busy"
-        return (f"{rate}, {len(self.quiet)}/{self.epochs} quiet epochs, other work "
-                f"{self.other:.2f} CPUs, {self.cpu:.2f} s CPU, agent {self.agent_cpu * 1e3:.2f} "
-                "ms CPU/s")
+        return (
+            f"{rate}, {len(self.quiet)}/{self.epochs} quiet epochs, other work "
+            f"{self.other:.2f} CPUs, {self.cpu:.2f} s CPU, agent {self.agent_cpu * 1e3:.2f} "
+            "ms CPU/s"
+        )
 
 
 def dlrun_argv(dlrun, n, flags, *command):
@@ -270,8 +296,17 @@ def dlrun_argv(dlrun, n, flags, *command):
 
 def launch(dlrun, n, flags, epochs, quiet, env, log):
     """One timed launch; with --metrics-port among `flags`, a watched one."""
-    argv = dlrun_argv(dlrun, n, flags, "train", "--synthetic", "--epochs", str(epochs),
-                      "--progress-every", "1000000")
+    argv = dlrun_argv(
+        dlrun,
+        n,
+        flags,
+        "train",
+        "--synthetic",
+        "--epochs",
+        str(epochs),
+        "--progress-every",
+        "1000000",
+    )
     log.write(f"# {' '.join(argv)}\n")
     watched = any(flag.startswith("--metrics-port") for flag in flags)
     return Run(run_once(argv, env, log, watched), epochs, quiet)
@@ -287,8 +322,11 @@ def check_setting(dlrun, flags, env, log):
         return out.why
     board = any(line.startswith("[0]:DLRUN_PROGRESS_FILE=") for line in out.lines)
     if board != bool(flags):
-        return ("the worker got no DLRUN_PROGRESS_FILE" if flags else
-                "the worker got DLRUN_PROGRESS_FILE without the flag")
+        return (
+            "the worker got no DLRUN_PROGRESS_FILE"
+            if flags
+            else "the worker got DLRUN_PROGRESS_FILE without the flag"
+        )
     return None
 
 
@@ -306,16 +344,25 @@ def main():
     parser.add_argument("--nprocs", default="2,1")
     parser.add_argument("--epochs", type=int, default=20)
     parser.add_argument("--repeats", type=int, default=5, help="pairs that count, per N")
-    parser.add_argument("--feature", choices=("hang-timeout", "metrics-port"),
-                        default="hang-timeout", help="what the launches with it get: "
-                        "--hang-timeout=T, or --metrics-port=0 (watched, see metrics_watch.py)")
+    parser.add_argument(
+        "--feature",
+        choices=("hang-timeout", "metrics-port"),
+        default="hang-timeout",
+        help="what the launches with it get: "
+        "--hang-timeout=T, or --metrics-port=0 (watched, see metrics_watch.py)",
+    )
     parser.add_argument("--hang-timeout", type=float, default=60)
-    parser.add_argument("--quiet", type=float, default=0.15,
-                        help="an epoch is quiet while other work keeps fewer CPUs busy than "
-                        "this, on top of those the N workers leave free")
+    parser.add_argument(
+        "--quiet",
+        type=float,
+        default=0.15,
+        help="an epoch is quiet while other work keeps fewer CPUs busy than "
+        "this, on top of those the N workers leave free",
+    )
     parser.add_argument("--budget", type=float, default=480)
-    parser.add_argument("--goal", type=float, default=0.02,
-                        help="the largest slowdown that passes (a fraction)")
+    parser.add_argument(
+        "--goal", type=float, default=0.02, help="the largest slowdown that passes (a fraction)"
+    )
     parser.add_argument("--log", default=os.devnull, help="every output line of every launch")
     args = parser.parse_args()
     if args.epochs < MIN_QUIET_EPOCHS + 1:
@@ -325,8 +372,11 @@ def main():
     nprocs = [int(n) for n in args.nprocs.split(",")]
     cpus = os.cpu_count() or 1
     env = clean_env()
-    flags = ([f"--hang-timeout={args.hang_timeout:g}"] if args.feature == "hang-timeout" else
-             ["--metrics-port=0", "--metrics-host=127.0.0.1"])
+    flags = (
+        [f"--hang-timeout={args.hang_timeout:g}"]
+        if args.feature == "hang-timeout"
+        else ["--metrics-port=0", "--metrics-host=127.0.0.1"]
+    )
     what = " ".join(flags)
     settings = (("without", []), ("with", flags))
     pairs = {n: [] for n in nprocs}  # per N: {setting: Run}, in order
@@ -342,8 +392,10 @@ def main():
         for name, setting in settings:
             why = check_setting(args.dlrun, setting, env, log)
             if why:
-                print(f"hang_bench: the launch {name} {what} is not what it should be: {why}",
-                      file=sys.stderr)
+                print(
+                    f"hang_bench: the launch {name} {what} is not what it should be: {why}",
+                    file=sys.stderr,
+                )
                 return 1
         # Untimed: fills the page cache and shows early that the trainer runs at all.
         warm = launch(args.dlrun, max(nprocs), [], MIN_QUIET_EPOCHS + 1, 0, env, log)
@@ -361,12 +413,19 @@ def main():
                 pair = {}
                 for name, setting in settings if len(pairs[n]) % 2 == 0 else settings[::-1]:
                     pair[name] = launch(args.dlrun, n, setting, args.epochs, quiet, env, log)
-                    print(f"hang_bench: round {r + 1}, N = {n}, {name:7s} {what}: "
-                          f"{pair[name].describe()}", file=sys.stderr, flush=True)
+                    print(
+                        f"hang_bench: round {r + 1}, N = {n}, {name:7s} {what}: "
+                        f"{pair[name].describe()}",
+                        file=sys.stderr,
+                        flush=True,
+                    )
                 pairs[n].append(pair)
         if time.monotonic() >= end:
-            print(f"hang_bench: stopped starting launches: the time budget of "
-                  f"{args.budget:.0f} s is spent", file=sys.stderr)
+            print(
+                f"hang_bench: stopped starting launches: the time budget of "
+                f"{args.budget:.0f} s is spent",
+                file=sys.stderr,
+            )
     except Stopped as stopped:
         print(f"hang_bench: stopped by {stopped}", file=sys.stderr)
         return 143
@@ -374,14 +433,35 @@ def main():
         log.close()
 
     print()
-    print(f"trainer samples/s, {what} against none, {cpus} CPUs: per launch the median over "
-          f"its quiet epochs (2..{args.epochs}); medians over the pairs that count")
+    print(
+        f"trainer samples/s, {what} against none, {cpus} CPUs: per launch the median over "
+        f"its quiet epochs (2..{args.epochs}); medians over the pairs that count"
+    )
     row = "%-3s %6s %9s %9s %7s %8s %15s %15s %6s %8s %8s %9s %9s %8s %9s  %s\n"
-    sys.stdout.write(row % ("N", "pairs", "without", "with", "ratio", "pair med",
-                            "without min-max", "with min-max", "noise", "CPU s wo", "CPU s w",
-                            "agent wo", "agent w", "pair med", "store w", "verdict"))
-    sys.stdout.write(row % ("", "", "", "", "", "", "", "", "", "", "", "ms/s", "ms/s",
-                            "agent", "req/s", ""))
+    sys.stdout.write(
+        row
+        % (
+            "N",
+            "pairs",
+            "without",
+            "with",
+            "ratio",
+            "pair med",
+            "without min-max",
+            "with min-max",
+            "noise",
+            "CPU s wo",
+            "CPU s w",
+            "agent wo",
+            "agent w",
+            "pair med",
+            "store w",
+            "verdict",
+        )
+    )
+    sys.stdout.write(
+        row % ("", "", "", "", "", "", "", "", "", "", "", "ms/s", "ms/s", "agent", "req/s", "")
+    )
     failed = any(run.why for list_ in pairs.values() for pair in list_ for run in pair.values())
     unmeasured = noisy = False
     verdicts = []
@@ -395,8 +475,9 @@ def main():
         fig = {name: [pair[name].figure() for pair in good] for name, _ in settings}
         med = {name: statistics.median(v) for name, v in fig.items()}
         cpu = {name: statistics.median(pair[name].cpu for pair in good) for name, _ in settings}
-        agent = {name: statistics.median(pair[name].agent_cpu for pair in good)
-                 for name, _ in settings}
+        agent = {
+            name: statistics.median(pair[name].agent_cpu for pair in good) for name, _ in settings
+        }
         agent_ratios = [pair["with"].agent_cpu / pair["without"].agent_cpu for pair in good]
         store = [pair["with"].store_rate for pair in good if pair["with"].store_rate is not None]
         ratios = [pair["with"].figure() / pair["without"].figure() for pair in good]
@@ -407,43 +488,64 @@ def main():
         few = len(good) < MIN_PAIRS_FOR_NOISE
         flag = " (few pairs)" if few else " (noisy)" if noise > args.goal else ""
         noisy |= bool(flag)
-        sys.stdout.write(row % (
-            n, count, f"{med['without']:.0f}", f"{med['with']:.0f}", f"{ratio:.3f}",
-            f"{statistics.median(ratios):.3f}",
-            f"{min(fig['without']):.0f}-{max(fig['without']):.0f}",
-            f"{min(fig['with']):.0f}-{max(fig['with']):.0f}",
-            "-" if few else f"{noise * 100:.1f}%", f"{cpu['without']:.2f}", f"{cpu['with']:.2f}",
-            f"{agent['without'] * 1e3:.2f}", f"{agent['with'] * 1e3:.2f}",
-            f"{statistics.median(agent_ratios):.3f}",
-            f"{statistics.median(store):.2f}" if store else "-",
-            ("PASS" if ok else "FAIL") + flag))
+        sys.stdout.write(
+            row
+            % (
+                n,
+                count,
+                f"{med['without']:.0f}",
+                f"{med['with']:.0f}",
+                f"{ratio:.3f}",
+                f"{statistics.median(ratios):.3f}",
+                f"{min(fig['without']):.0f}-{max(fig['without']):.0f}",
+                f"{min(fig['with']):.0f}-{max(fig['with']):.0f}",
+                "-" if few else f"{noise * 100:.1f}%",
+                f"{cpu['without']:.2f}",
+                f"{cpu['with']:.2f}",
+                f"{agent['without'] * 1e3:.2f}",
+                f"{agent['with'] * 1e3:.2f}",
+                f"{statistics.median(agent_ratios):.3f}",
+                f"{statistics.median(store):.2f}" if store else "-",
+                ("PASS" if ok else "FAIL") + flag,
+            )
+        )
     print()
-    print(f"pairs: pairs that count (both launches with at least {MIN_QUIET_EPOCHS} quiet "
-          "epochs) / pairs run; ratio: median with / median without; pair med: the median of "
-          "each pair's with / without; noise: half the interquartile range of those per-pair "
-          "ratios; CPU s: user + system seconds of a whole launch (agent and workers, start-up "
-          "included), medians; agent ms/s: the agent's own CPU per second from the first epoch "
-          "line to the last, medians, and the median of the per-pair ratios with / without; "
-          "store req/s: the requests the agent's store served from the launch to the last "
-          "scrape, from its /metrics (watched launches only).")
+    print(
+        f"pairs: pairs that count (both launches with at least {MIN_QUIET_EPOCHS} quiet "
+        "epochs) / pairs run; ratio: median with / median without; pair med: the median of "
+        "each pair's with / without; noise: half the interquartile range of those per-pair "
+        "ratios; CPU s: user + system seconds of a whole launch (agent and workers, start-up "
+        "included), medians; agent ms/s: the agent's own CPU per second from the first epoch "
+        "line to the last, medians, and the median of the per-pair ratios with / without; "
+        "store req/s: the requests the agent's store served from the launch to the last "
+        "scrape, from its /metrics (watched launches only)."
+    )
     verdict = "not measured" if unmeasured else ("PASS" if all(verdicts) else "FAIL")
-    print(f"goal: with {what} at least {1 - args.goal:.2f} of the samples/s without "
-          f"(within {args.goal * 100:g}%): {verdict}")
+    print(
+        f"goal: with {what} at least {1 - args.goal:.2f} of the samples/s without "
+        f"(within {args.goal * 100:g}%): {verdict}"
+    )
     if noisy:
-        print(f"noisy: launches side by side differ by more than the goal here (or too few "
-              f"pairs counted to tell), so a difference of {args.goal * 100:g}% is within "
-              "chance: run it again when the machine is quieter, or with more REPEATS.")
+        print(
+            f"noisy: launches side by side differ by more than the goal here (or too few "
+            f"pairs counted to tell), so a difference of {args.goal * 100:g}% is within "
+            "chance: run it again when the machine is quieter, or with more REPEATS."
+        )
     print()
-    print("per pair, in order: samples/s without and with (the median over the quiet epochs, "
-          f"'busy' with fewer than {MIN_QUIET_EPOCHS} of them), how many epochs were quiet")
+    print(
+        "per pair, in order: samples/s without and with (the median over the quiet epochs, "
+        f"'busy' with fewer than {MIN_QUIET_EPOCHS} of them), how many epochs were quiet"
+    )
     for n in nprocs:
         for k, pair in enumerate(pairs[n]):
             text = ", ".join(
-                f"{name} failed" if run.why else
-                f"{name} {run.figure():.0f} ({len(run.quiet)} quiet)"
-                if run.figure() is not None else
-                f"{name} busy ({len(run.quiet)} quiet)"
-                for name, run in sorted(pair.items(), key=lambda item: item[0] == "with"))
+                f"{name} failed"
+                if run.why
+                else f"{name} {run.figure():.0f} ({len(run.quiet)} quiet)"
+                if run.figure() is not None
+                else f"{name} busy ({len(run.quiet)} quiet)"
+                for name, run in sorted(pair.items(), key=lambda item: item[0] == "with")
+            )
             print(f"  N = {n} #{k + 1}: {text}{'' if counts(pair) else ' (not counted)'}")
     if failed or unmeasured:
         return 1

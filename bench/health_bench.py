@@ -18,6 +18,7 @@ TRIALS: the trials of each finding (20); AGENTS: the agent counts on one machine
    status, the attempts, and the line that says why.
 Prints a line per measure. Exit status 0; 1 a run failed.
 """
+
 import glob
 import os
 import re
@@ -56,10 +57,20 @@ class Bench:
 
     def job(self, flags, rdzv, nnodes, workdir):
         """The agent's argv: one worker that records its host and exits 0."""
-        return [self.dlrun, f"--nnodes={nnodes}", "--nproc-per-node=1", "--rdzv-backend=c10d",
-                f"--rdzv-endpoint={rdzv}", f"--rdzv-id=bench{self.runs}",
-                "--rdzv-conf=last_call_timeout=1", *flags, "--no-python", "/bin/sh", "-c",
-                f'hostname >> {workdir}/ran-$(hostname)']
+        return [
+            self.dlrun,
+            f"--nnodes={nnodes}",
+            "--nproc-per-node=1",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={rdzv}",
+            f"--rdzv-id=bench{self.runs}",
+            "--rdzv-conf=last_call_timeout=1",
+            *flags,
+            "--no-python",
+            "/bin/sh",
+            "-c",
+            f"hostname >> {workdir}/ran-$(hostname)",
+        ]
 
     def run(self, start, agents, must_finish):
         """Starts an agent per entry of `agents` (start(entry, log) -> Popen); returns the
@@ -88,15 +99,26 @@ def hosts_part(bench, trials):
     met its goal."""
     with Hosts(NODES + 2) as hosts:
         log = os.path.join(bench.out, "dlrund.log")
-        daemon = hosts.popen(0, [bench.dlrund, "--host", "0.0.0.0", "--port", str(PORT)],
-                             env=bench.env, stdout=open(log, "w"), stderr=subprocess.STDOUT)
+        daemon = hosts.popen(
+            0,
+            [bench.dlrund, "--host", "0.0.0.0", "--port", str(PORT)],
+            env=bench.env,
+            stdout=open(log, "w"),
+            stderr=subprocess.STDOUT,
+        )
         wait_for_line(log, "listening on", daemon)
         rdzv = f"{hosts.address(0)}:{PORT}"
 
         def launch(flags, workdir):
             def start(host, log):
-                return hosts.popen(host, bench.job(flags, rdzv, NODES, workdir), env=bench.env,
-                                   stdout=log, stderr=subprocess.STDOUT)
+                return hosts.popen(
+                    host,
+                    bench.job(flags, rdzv, NODES, workdir),
+                    env=bench.env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                )
+
             return start
 
         cost = {}
@@ -108,10 +130,13 @@ def hosts_part(bench, trials):
                 took, _ = bench.run(launch(flags, work), [1, 2, 3, 4, 5], [0, 1, 2, 3, 4])
                 times.append(took)
             cost[name] = statistics.median(times)
-        print(f"4 simulated hosts and a spare, a job of 4 nodes start to end: bare "
-              f"{cost['bare']:.2f} s, with every check and the network probe "
-              f"{cost['checks']:.2f} s: the checks add {cost['checks'] - cost['bare']:.2f} s "
-              f"(goal: under 1 s)", flush=True)
+        print(
+            f"4 simulated hosts and a spare, a job of 4 nodes start to end: bare "
+            f"{cost['bare']:.2f} s, with every check and the network probe "
+            f"{cost['checks']:.2f} s: the checks add {cost['checks'] - cost['bare']:.2f} s "
+            f"(goal: under 1 s)",
+            flush=True,
+        )
 
         named = 0
         for trial in range(trials):
@@ -124,8 +149,11 @@ def hosts_part(bench, trials):
                 hosts.slow(slowed, "off")
             found = re.findall(r"network probe: slowest link (\S+) ", output)
             named += found == [hosts.hostname(slowed)]
-        print(f"a host's sending slowed to 100 Mbit/s: named as the slowest link's in {named} "
-              f"of {trials} trials", flush=True)
+        print(
+            f"a host's sending slowed to 100 Mbit/s: named as the slowest link's in {named} "
+            f"of {trials} trials",
+            flush=True,
+        )
 
         formed, slowest = 0, 0.0
         for trial in range(trials):
@@ -133,15 +161,21 @@ def hosts_part(bench, trials):
             work = tempfile.mkdtemp(dir=bench.out)
             check = [f"--health-check=test $(hostname) != {hosts.hostname(unfit)}"]
             members = [h for h in range(1, NODES + 2) if h != unfit]
-            took, _ = bench.run(launch(check, work), list(range(1, NODES + 2)),
-                                [i for i, h in enumerate(range(1, NODES + 2)) if h != unfit])
+            took, _ = bench.run(
+                launch(check, work),
+                list(range(1, NODES + 2)),
+                [i for i, h in enumerate(range(1, NODES + 2)) if h != unfit],
+            )
             ran = {os.path.basename(p)[4:] for p in glob.glob(os.path.join(work, "ran-*"))}
             ok = ran == {hosts.hostname(h) for h in members} and took <= cost["bare"] + 1
             formed += ok
             slowest = max(slowest, took)
-        print(f"a host failing its check: the round formed without it, the job done within "
-              f"the bare job's time plus 1 s, in {formed} of {trials} trials (the slowest "
-              f"{slowest:.2f} s against {cost['bare']:.2f} s)", flush=True)
+        print(
+            f"a host failing its check: the round formed without it, the job done within "
+            f"the bare job's time plus 1 s, in {formed} of {trials} trials (the slowest "
+            f"{slowest:.2f} s against {cost['bare']:.2f} s)",
+            flush=True,
+        )
     return cost["checks"] - cost["bare"] < 1 and named == trials and formed == trials
 
 
@@ -154,25 +188,35 @@ def loopback_part(bench, counts):
             for _ in range(3):
                 daemon_log = os.path.join(bench.out, f"dlrund-{n}-{name}.log")
                 port = free_port()
-                daemon = subprocess.Popen([bench.dlrund, "--host", "127.0.0.1", "--port",
-                                           str(port)], env=bench.env,
-                                          stdout=open(daemon_log, "w"), stderr=subprocess.STDOUT)
+                daemon = subprocess.Popen(
+                    [bench.dlrund, "--host", "127.0.0.1", "--port", str(port)],
+                    env=bench.env,
+                    stdout=open(daemon_log, "w"),
+                    stderr=subprocess.STDOUT,
+                )
                 try:
                     wait_for_line(daemon_log, "listening on", daemon)
                     work = tempfile.mkdtemp(dir=bench.out)
 
                     def start(_, log):
                         return subprocess.Popen(
-                            bench.job(flags, f"127.0.0.1:{port}", n, work), env=bench.env,
-                            stdout=log, stderr=subprocess.STDOUT)
+                            bench.job(flags, f"127.0.0.1:{port}", n, work),
+                            env=bench.env,
+                            stdout=log,
+                            stderr=subprocess.STDOUT,
+                        )
+
                     took, _ = bench.run(start, list(range(n)), list(range(n)))
                     times.append(took)
                 finally:
                     daemon.kill()
                     daemon.wait()
             line.append(statistics.median(times))
-        print(f"{n} agents on one machine: bare {line[0]:.2f} s, with every check "
-              f"{line[1]:.2f} s: {line[1] - line[0]:+.2f} s", flush=True)
+        print(
+            f"{n} agents on one machine: bare {line[0]:.2f} s, with every check "
+            f"{line[1]:.2f} s: {line[1] - line[0]:+.2f} s",
+            flush=True,
+        )
 
 
 def crash_loop_part(bench):
@@ -180,15 +224,31 @@ def crash_loop_part(bench):
     work = tempfile.mkdtemp(dir=bench.out)
     worker = os.path.join(HERE, "..", "tests", "python", "workers", "crash_worker.py")
     began = time.monotonic()
-    done = subprocess.run([bench.dlrun, "--standalone", "--max-restarts=10",
-                           "--crash-loop-attempts=3", bench.python, worker, work, "5"],
-                          env=bench.env, capture_output=True, text=True, timeout=TIMEOUT_S)
+    done = subprocess.run(
+        [
+            bench.dlrun,
+            "--standalone",
+            "--max-restarts=10",
+            "--crash-loop-attempts=3",
+            bench.python,
+            worker,
+            work,
+            "5",
+        ],
+        env=bench.env,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+    )
     took = time.monotonic() - began
     attempts = len(glob.glob(os.path.join(work, "attempt_*")))
     why = [line for line in done.stderr.splitlines() if "--crash-loop-attempts" in line]
-    print(f"a worker failing at step 5 every attempt, --crash-loop-attempts=3 "
-          f"--max-restarts=10: exit status {done.returncode} after {attempts} attempts in "
-          f"{took:.1f} s; {why[-1] if why else 'no line names the crash loop'}", flush=True)
+    print(
+        f"a worker failing at step 5 every attempt, --crash-loop-attempts=3 "
+        f"--max-restarts=10: exit status {done.returncode} after {attempts} attempts in "
+        f"{took:.1f} s; {why[-1] if why else 'no line names the crash loop'}",
+        flush=True,
+    )
     return done.returncode == 93 and len(why) == 1
 
 

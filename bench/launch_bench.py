@@ -55,8 +55,13 @@ def launch(argv, timeout):
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     try:
-        process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                   stderr=subprocess.DEVNULL, process_group=0)
+        process = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            process_group=0,
+        )
     except OSError as error:
         return None, None, str(error)
     # Not Popen.wait(timeout=...): that polls with sleeps growing from 0.5 ms to 50 ms and so
@@ -89,8 +94,13 @@ def launch(argv, timeout):
 def failure_reason(argv, status_text, timeout):
     """One more launch with stderr kept, for the last line it printed."""
     try:
-        process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                   stderr=subprocess.PIPE, process_group=0)
+        process = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            process_group=0,
+        )
     except OSError:
         return status_text
     try:
@@ -107,15 +117,20 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--dlrun", required=True)
     parser.add_argument("--noop", required=True)
-    parser.add_argument("--torchrun", required=True, nargs="+",
-                        help="argv prefix that runs torchrun")
+    parser.add_argument(
+        "--torchrun", required=True, nargs="+", help="argv prefix that runs torchrun"
+    )
     parser.add_argument("--nprocs", default="1,2,4,8")
     parser.add_argument("--dlrun-repeats", type=int, default=10)
     parser.add_argument("--torchrun-repeats", type=int, default=5)
-    parser.add_argument("--budget", type=float, default=210,
-                        help="seconds for the whole run: a round is started only when the "
-                        "last one says it fits, the first always is; no launch runs more "
-                        f"than {GRACE_S} s past it")
+    parser.add_argument(
+        "--budget",
+        type=float,
+        default=210,
+        help="seconds for the whole run: a round is started only when the "
+        "last one says it fits, the first always is; no launch runs more "
+        f"than {GRACE_S} s past it",
+    )
     parser.add_argument("--goal-n", type=int, default=8)
     parser.add_argument("--goal-ratio", type=float, default=100)
     args = parser.parse_args()
@@ -124,15 +139,33 @@ def main():
     noop = args.noop
 
     configs = [
-        Config("dlrun", lambda n: [args.dlrun, "--standalone", f"--nproc-per-node={n}",
-                                   "--no-python", noop], args.dlrun_repeats),
+        Config(
+            "dlrun",
+            lambda n: [args.dlrun, "--standalone", f"--nproc-per-node={n}", "--no-python", noop],
+            args.dlrun_repeats,
+        ),
         # torch 1.13 knows only the underscore spellings of these flags.
-        Config("torchrun", lambda n: args.torchrun + [
-            "--standalone", f"--nproc_per_node={n}", "--no_python", noop],
-            args.torchrun_repeats),
-        Config("torchrun mi0.1", lambda n: args.torchrun + [
-            "--standalone", f"--nproc_per_node={n}", "--monitor_interval=0.1", "--no_python",
-            noop], args.torchrun_repeats),
+        Config(
+            "torchrun",
+            lambda n: (
+                args.torchrun + ["--standalone", f"--nproc_per_node={n}", "--no_python", noop]
+            ),
+            args.torchrun_repeats,
+        ),
+        Config(
+            "torchrun mi0.1",
+            lambda n: (
+                args.torchrun
+                + [
+                    "--standalone",
+                    f"--nproc_per_node={n}",
+                    "--monitor_interval=0.1",
+                    "--no_python",
+                    noop,
+                ]
+            ),
+            args.torchrun_repeats,
+        ),
     ]
     dl, tr, tr_fast = configs
 
@@ -175,11 +208,14 @@ def main():
     cpus = {(c.name, n): [] for c in configs for n in nprocs}
     round_seconds = None
     done_rounds = 0
-    for r in range(rounds):
+    for _ in range(rounds):
         now = time.monotonic()
         if round_seconds is not None and round_seconds > clock.left():
-            print(f"launch_bench: stopping after {done_rounds} of {rounds} rounds "
-                  f"(the time budget of {args.budget:.0f} s is spent)", file=sys.stderr)
+            print(
+                f"launch_bench: stopping after {done_rounds} of {rounds} rounds "
+                f"(the time budget of {args.budget:.0f} s is spent)",
+                file=sys.stderr,
+            )
             break
         for n in nprocs:
             for config in order:
@@ -202,8 +238,10 @@ def main():
                 cpus[key].append(cpu)
         round_seconds = time.monotonic() - now
         done_rounds += 1
-        print(f"launch_bench: round {done_rounds}/{rounds} took {round_seconds:.1f} s",
-              file=sys.stderr)
+        print(
+            f"launch_bench: round {done_rounds}/{rounds} took {round_seconds:.1f} s",
+            file=sys.stderr,
+        )
 
     def median_ms(key):
         if key in failed:
@@ -221,16 +259,19 @@ def main():
             return "n/a"
         return "%.1f" % (numerator / denominator)
 
-    counts = " / ".join(f"{c.name} {min(len(walls[(c.name, n)]) for n in nprocs)}"
-                        for c in configs)
+    counts = " / ".join(f"{c.name} {min(len(walls[(c.name, n)]) for n in nprocs)}" for c in configs)
     print(f"runs per row (fewest): {counts}")
     if floor:
-        print(f"spawn floor: the no-op alone, launched the same way, median "
-              f"{statistics.median(floor) * 1e3:.2f} ms")
+        print(
+            f"spawn floor: the no-op alone, launched the same way, median "
+            f"{statistics.median(floor) * 1e3:.2f} ms"
+        )
     print()
     row = "%-3s %10s %12s %15s %10s %10s %10s\n"
-    sys.stdout.write(row % ("N", "dlrun ms", "torchrun ms", "torchrun 0.1 ms", "ratio",
-                            "ratio 0.1", "goal ratio"))
+    sys.stdout.write(
+        row
+        % ("N", "dlrun ms", "torchrun ms", "torchrun 0.1 ms", "ratio", "ratio 0.1", "goal ratio")
+    )
     goal_value = None
     for n in nprocs:
         d = median_ms(("dlrun", n))
@@ -240,8 +281,18 @@ def main():
         goal = ratio(faster, d)
         if n == args.goal_n and goal != "n/a":
             goal_value = faster / d
-        sys.stdout.write(row % (n, cell(("dlrun", n), "%.2f"), cell(("torchrun", n)),
-                                cell(("torchrun mi0.1", n)), ratio(t, d), ratio(f, d), goal))
+        sys.stdout.write(
+            row
+            % (
+                n,
+                cell(("dlrun", n), "%.2f"),
+                cell(("torchrun", n)),
+                cell(("torchrun mi0.1", n)),
+                ratio(t, d),
+                ratio(f, d),
+                goal,
+            )
+        )
     print()
     row = "%-3s %13s %16s %19s\n"
     sys.stdout.write(row % ("N", "dlrun CPU ms", "torchrun CPU ms", "torchrun 0.1 CPU ms"))
@@ -257,17 +308,23 @@ def main():
                 cells.append("-")
         sys.stdout.write(row % (n, *cells))
     print()
-    print("ratio: torchrun's median over dlrun's; ratio 0.1: the same for torchrun with "
-          "--monitor_interval=0.1")
+    print(
+        "ratio: torchrun's median over dlrun's; ratio 0.1: the same for torchrun with "
+        "--monitor_interval=0.1"
+    )
     print("(its default is 5 s); goal ratio: the faster torchrun configuration over dlrun.")
     print("CPU ms: mean user+system time per launch of the launcher and the workers it reaped.")
     if goal_value is None:
-        print(f"goal (N = {args.goal_n}: dlrun at least {args.goal_ratio:g}x faster than "
-              f"torchrun): not measured")
+        print(
+            f"goal (N = {args.goal_n}: dlrun at least {args.goal_ratio:g}x faster than "
+            f"torchrun): not measured"
+        )
     else:
         verdict = "met" if goal_value >= args.goal_ratio else "NOT met"
-        print(f"goal (N = {args.goal_n}: dlrun at least {args.goal_ratio:g}x faster than the "
-              f"faster torchrun): {verdict} ({goal_value:.1f}x)")
+        print(
+            f"goal (N = {args.goal_n}: dlrun at least {args.goal_ratio:g}x faster than the "
+            f"faster torchrun): {verdict} ({goal_value:.1f}x)"
+        )
     for (name, n), why in sorted(failed.items(), key=lambda item: (item[0][1], item[0][0])):
         print(f"N = {n}, {name}: failed: {why}")
     unmeasured = [key for key in walls if key not in failed and not walls[key]]

@@ -56,7 +56,8 @@ class Watcher(threading.Thread):
 
     def _get(self, port, path):
         connection = self._connections.setdefault(
-            (port, path), http.client.HTTPConnection("127.0.0.1", port, timeout=TIMEOUT_S))
+            (port, path), http.client.HTTPConnection("127.0.0.1", port, timeout=TIMEOUT_S)
+        )
         try:
             connection.request("GET", path)
             reply = connection.getresponse()

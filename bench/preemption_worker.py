@@ -10,6 +10,7 @@ writes OUT_DIR/stopped_<RANK>.json (the step and its weights' SHA-256) and ends.
 OUT_DIR/running once it took 5 steps. At its end each rank writes OUT_DIR/times_<RANK>.json:
 every step's seconds, the save included.
 """
+
 import hashlib
 import json
 import os
@@ -55,8 +56,10 @@ def main():
         model.load_state_dict(found[1]["model"])
         optimizer.load_state_dict(found[1]["optimizer"])
         start = found[0] + 1
-    write(os.path.join(out, f"loaded_{rank}.json"),
-          {"step": found[0] if found else None, "sha256": digest(model)})
+    write(
+        os.path.join(out, f"loaded_{rank}.json"),
+        {"step": found[0] if found else None, "sha256": digest(model)},
+    )
     ddp = DistributedDataParallel(model)
     loss_fn = torch.nn.CrossEntropyLoss()
     times = []
@@ -69,13 +72,16 @@ def main():
         loss_fn(ddp(x), y).backward()
         optimizer.step()
         if mode == "save":
-            checkpoint.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()},
-                            step)
+            checkpoint.save(
+                {"model": model.state_dict(), "optimizer": optimizer.state_dict()}, step
+            )
         times.append(time.perf_counter() - began)
         if rank == 0 and step == start + 5:
             open(os.path.join(out, "running"), "w").close()
         if mode == "save" and checkpoint.should_stop(step):
-            write(os.path.join(out, f"stopped_{rank}.json"), {"step": step, "sha256": digest(model)})
+            write(
+                os.path.join(out, f"stopped_{rank}.json"), {"step": step, "sha256": digest(model)}
+            )
             break
     write(os.path.join(out, f"times_{rank}.json"), times)
     return 0

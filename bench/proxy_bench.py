@@ -25,11 +25,11 @@ still open (the generators exit after). Measured:
                requests it served per rank.
 A generator holds at most RLIMIT_NOFILE's hard limit of descriptors: a direct rank costs one, a
 proxied rank two (its socket and the proxy's accepted one), a proxy two (its listener, its one
-store connection: GROUP_WAITs share it). The ranks are split over as many generators as that takes, at least two
-(this machine's cores are few; more only share them). Where dlrund would need more descriptors
-than the hard limit (say 200,000 ranks through proxies of 8: 25,000 connections),
-it is started through prlimit with a higher one where that is allowed (CAP_SYS_RESOURCE), else
-that row runs at the largest count that fits and says so. Linux's
+store connection: GROUP_WAITs share it). The ranks are split over as many generators as that
+takes, at least two (this machine's cores are few; more only share them). Where dlrund would
+need more descriptors than the hard limit (say 200,000 ranks through proxies of 8: 25,000
+connections), it is started through prlimit with a higher one where that is allowed
+(CAP_SYS_RESOURCE), else that row runs at the largest count that fits and says so. Linux's
 ephemeral ports (28k by default) are shared by the proxies' listeners (a port each) and their
 store connections (a port per destination address): past 10,000 store connections dlrund
 listens on 0.0.0.0 and the proxies reach it at several loopback addresses (the row says so).
@@ -55,13 +55,13 @@ import uuid
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CLK_TCK = os.sysconf("SC_CLK_TCK")
-START_TIMEOUT_S = 60    # a store must print its port, a generator "ready", this soon
-STATS_TIMEOUT_S = 10    # dlrund --stats must print its line this soon after SIGUSR1
+START_TIMEOUT_S = 60  # a store must print its port, a generator "ready", this soon
+STATS_TIMEOUT_S = 10  # dlrund --stats must print its line this soon after SIGUSR1
 STOP_TIMEOUT_S = 10
-SLACK_FDS = 200         # descriptors a process holds besides the connections
+SLACK_FDS = 200  # descriptors a process holds besides the connections
 PORTS_PER_ADDRESS = 10000  # store connections per loopback address the proxies reach it at
 STORE_CONNS_PER_PROXY = 1  # its requests and GROUP_WAITs share one (wire.h)
-SYN_WINDOW = 2048       # ranks connecting or awaiting their ADD at once, all generators together
+SYN_WINDOW = 2048  # ranks connecting or awaiting their ADD at once, all generators together
 
 
 class Failed(Exception):
@@ -96,8 +96,9 @@ class Store:
     def __init__(self, name, argv, stdin=subprocess.DEVNULL):
         self.name = name
         self.err = tempfile.TemporaryFile()
-        self.proc = subprocess.Popen(argv, stdin=stdin, stdout=subprocess.PIPE,
-                                     stderr=self.err, text=True)
+        self.proc = subprocess.Popen(
+            argv, stdin=stdin, stdout=subprocess.PIPE, stderr=self.err, text=True
+        )
         self.lines = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
         line = self.next_line(START_TIMEOUT_S)
@@ -167,9 +168,14 @@ def start_torch(args):
     argv = [args.python, os.path.join(HERE, "torch_store_server.py")]
     if args.no_dns:
         # bench/anchor.sh's no_dns: a resolver that fails at once (torch looks up every client).
-        argv = ["unshare", "--mount", "sh", "-c",
-                'mount --bind "$0" /etc/resolv.conf && exec "$@"',
-                os.path.join(HERE, "resolv.conf")] + argv
+        argv = [
+            "unshare",
+            "--mount",
+            "sh",
+            "-c",
+            'mount --bind "$0" /etc/resolv.conf && exec "$@"',
+            os.path.join(HERE, "resolv.conf"),
+        ] + argv
     return Store("torch", argv, stdin=subprocess.PIPE)
 
 
@@ -218,13 +224,37 @@ def barrier(args, store, setup, ranks, per_proxy):
     try:
         for n, p in gens:
             err = tempfile.TemporaryFile()
-            procs.append(subprocess.Popen(
-                [args.load, "--port", str(store.port), "--ranks", str(n), "--world", str(ranks),
-                 "--proxies", str(p), "--upstream-addresses",
-                 str(upstream_addresses(ranks, per_proxy)), "--key-prefix", prefix, "--window", str(window),
-                 "--deadline", str(args.deadline), "--sources", str(args.sources), "--go",
-                 "--hold"],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True))
+            procs.append(
+                subprocess.Popen(
+                    [
+                        args.load,
+                        "--port",
+                        str(store.port),
+                        "--ranks",
+                        str(n),
+                        "--world",
+                        str(ranks),
+                        "--proxies",
+                        str(p),
+                        "--upstream-addresses",
+                        str(upstream_addresses(ranks, per_proxy)),
+                        "--key-prefix",
+                        prefix,
+                        "--window",
+                        str(window),
+                        "--deadline",
+                        str(args.deadline),
+                        "--sources",
+                        str(args.sources),
+                        "--go",
+                        "--hold",
+                    ],
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=err,
+                    text=True,
+                )
+            )
             procs[-1].err = err
         for proc in procs:
             if proc.stdout.readline().strip() != "ready":
@@ -314,11 +344,20 @@ def measure(args, setup, ranks, per_proxy):
         else:
             conns = store_conns(ranks, per_proxy)
             spread = upstream_addresses(ranks, per_proxy)
-            store, note = start_dlrund(args, conns + SLACK_FDS,
-                                       "0.0.0.0" if spread > 1 else "127.0.0.1")
+            store, note = start_dlrund(
+                args, conns + SLACK_FDS, "0.0.0.0" if spread > 1 else "127.0.0.1"
+            )
             if spread > 1:
-                note = "; ".join(filter(None, [note, f"dlrund on 0.0.0.0, reached at {spread}"
-                                               " loopback addresses (ephemeral ports)"]))
+                note = "; ".join(
+                    filter(
+                        None,
+                        [
+                            note,
+                            f"dlrund on 0.0.0.0, reached at {spread}"
+                            " loopback addresses (ephemeral ports)",
+                        ],
+                    )
+                )
         try:
             rows.append(barrier(args, store, setup, ranks, per_proxy))
         finally:
@@ -344,11 +383,15 @@ def main():
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--deadline", type=float, default=120)
     parser.add_argument("--skip-torch", action="store_true")
-    parser.add_argument("--sources", type=int, default=50,
-                        help="straight ranks connect from this many loopback addresses "
-                             "(127.0.0.2..), as from that many client hosts (0: one; from one, "
-                             "19,000 connects to one port spend their time in the kernel's "
-                             "search for a free ephemeral port)")
+    parser.add_argument(
+        "--sources",
+        type=int,
+        default=50,
+        help="straight ranks connect from this many loopback addresses "
+        "(127.0.0.2..), as from that many client hosts (0: one; from one, "
+        "19,000 connects to one port spend their time in the kernel's "
+        "search for a free ephemeral port)",
+    )
     args = parser.parse_args()
     args.dlrund = os.path.join(args.build, "bin", "dlrund")
     args.load = os.path.join(args.build, "bin", "dlrun-barrier-load")
@@ -357,17 +400,24 @@ def main():
     proxied = [int(x) for x in args.proxied.split(",") if x]
     per_proxy = [int(x) for x in args.per_proxy.split(",") if x]
 
-    print(f"store barrier (ADD, the last SETs, all WAIT) on {os.cpu_count()} cores: dlrund"
-          f" direct (a), through in-process store proxies (b), torch {args.torch_version}'s"
-          f" TCPStore server (c, libuv); {args.repeats} run(s) each (median), a fresh store each;"
-          f" RLIMIT_NOFILE {args.hard_fds}")
+    print(
+        f"store barrier (ADD, the last SETs, all WAIT) on {os.cpu_count()} cores: dlrund"
+        f" direct (a), through in-process store proxies (b), torch {args.torch_version}'s"
+        f" TCPStore server (c, libuv); {args.repeats} run(s) each (median), a fresh store each;"
+        f" RLIMIT_NOFILE {args.hard_fds}"
+    )
     print(f"load average at start: {' '.join(open('/proc/loadavg').read().split()[:3])}")
     print(flush=True)
 
     # dlrund may hold more descriptors than the hard limit only where prlimit may raise it.
-    can_raise = subprocess.run(["prlimit", f"--nofile={args.hard_fds + 1}:{args.hard_fds + 1}",
-                                "true"], stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL).returncode == 0
+    can_raise = (
+        subprocess.run(
+            ["prlimit", f"--nofile={args.hard_fds + 1}:{args.hard_fds + 1}", "true"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        ).returncode
+        == 0
+    )
     runs = [("direct", n, 0) for n in direct]
     cut = {}  # a proxied row's count where it had to be lowered: the one asked for
     for n in proxied:
@@ -380,8 +430,20 @@ def main():
         runs += [("torch", n, 0) for n in direct]
     results, failures = {}, []
     fmt = "{:<14} {:>7} {:>5} {:>8} {:>8} {:>11} {:>11} {:>9} {:>8}  {}"
-    print(fmt.format("setup", "ranks", "gens", "wall s", "CPU", "peak MiB", "RSS before",
-                     "conns", "req/rank", "notes"))
+    print(
+        fmt.format(
+            "setup",
+            "ranks",
+            "gens",
+            "wall s",
+            "CPU",
+            "peak MiB",
+            "RSS before",
+            "conns",
+            "req/rank",
+            "notes",
+        )
+    )
     print(fmt.format("", "", "", "", "us/rank", "(VmHWM)", "MiB", "to store", "(dlrund)", ""))
     for setup, n, k in runs:
         name = label(setup, k)
@@ -396,19 +458,35 @@ def main():
         if row["retries"]:
             notes.append(f"{row['retries']} connect retries")
         if setup == "proxy":
-            notes.append(f"{row['proxies']} proxies, {row['coalesced_waits']} waits and"
-                         f" {row['coalesced_adds']} adds coalesced")
+            notes.append(
+                f"{row['proxies']} proxies, {row['coalesced_waits']} waits and"
+                f" {row['coalesced_adds']} adds coalesced"
+            )
         if row["note"]:
             notes.append(row["note"])
         asked = [m for (m, kk), fits in cut.items() if kk == k and fits == n and setup == "proxy"]
         if asked:
-            notes.append(f"not {asked[0]}: its {store_conns(asked[0], k)} store connections"
-                         f" exceed RLIMIT_NOFILE {args.hard_fds}, which may not be raised here;"
-                         f" the largest count that fits")
+            notes.append(
+                f"not {asked[0]}: its {store_conns(asked[0], k)} store connections"
+                f" exceed RLIMIT_NOFILE {args.hard_fds}, which may not be raised here;"
+                f" the largest count that fits"
+            )
         req = f"{row['req_per_rank']:.3f}" if "req_per_rank" in row else "-"
-        print(fmt.format(name, n, row["gens"], f"{row['wall']:.3f}", f"{row['cpu_us']:.1f}",
-                         f"{row['peak_mib']:.1f}", f"{row['rss_mib']:.1f}", row["conns"], req,
-                         "; ".join(notes)), flush=True)
+        print(
+            fmt.format(
+                name,
+                n,
+                row["gens"],
+                f"{row['wall']:.3f}",
+                f"{row['cpu_us']:.1f}",
+                f"{row['peak_mib']:.1f}",
+                f"{row['rss_mib']:.1f}",
+                row["conns"],
+                req,
+                "; ".join(notes),
+            ),
+            flush=True,
+        )
 
     print()
     print("ratios, each against the anchor measured in this run (torch/dlrun: > 1, dlrund ahead):")
@@ -419,11 +497,13 @@ def main():
             continue
         growth_a = a["peak_mib"] - a["rss_mib"]
         growth_c = c["peak_mib"] - c["rss_mib"]
-        print(f"(c)/(a) at {n}: wall {c['wall'] / a['wall']:.2f}x,"
-              f" store CPU per rank {ratio(c['cpu_us'], a['cpu_us'])},"
-              f" peak memory {c['peak_mib'] / a['peak_mib']:.2f}x"
-              f" (growth over the barrier {growth_c:.1f} vs {growth_a:.1f} MiB:"
-              f" {ratio(growth_c, growth_a)})")
+        print(
+            f"(c)/(a) at {n}: wall {c['wall'] / a['wall']:.2f}x,"
+            f" store CPU per rank {ratio(c['cpu_us'], a['cpu_us'])},"
+            f" peak memory {c['peak_mib'] / a['peak_mib']:.2f}x"
+            f" (growth over the barrier {growth_c:.1f} vs {growth_a:.1f} MiB:"
+            f" {ratio(growth_c, growth_a)})"
+        )
     for setup, n, k in runs:
         b = results.get((setup, n, k))
         if setup == "proxy" and b:
@@ -434,33 +514,45 @@ def main():
                 r = a["cpu_us"] / max(b["cpu_us"], tick)
                 bound = "" if b["cpu_us"] > 0 else "at least "
                 verdict = "met" if r >= 8 else ("n/a" if a["cpu_us"] == 0 else "not met")
-                print(f"(a)/(b) proxy/{k} at {n}: store CPU per rank"
-                      f" {a['cpu_us']:.1f} vs {b['cpu_us']:.1f} us, {bound}{r:.1f}x lower"
-                      f" (goal: at least 8x): {verdict};"
-                      f" wall {a['wall']:.3f} vs {b['wall']:.3f} s")
+                print(
+                    f"(a)/(b) proxy/{k} at {n}: store CPU per rank"
+                    f" {a['cpu_us']:.1f} vs {b['cpu_us']:.1f} us, {bound}{r:.1f}x lower"
+                    f" (goal: at least 8x): {verdict};"
+                    f" wall {a['wall']:.3f} vs {b['wall']:.3f} s"
+                )
             if (n, k) in [(fits, kk) for (m, kk), fits in cut.items() if m == 100000]:
-                print(f"(b) proxy/{k} at 100000: n/a (dlrund may not hold its"
-                      f" {store_conns(100000, k)} connections here); at {n}:"
-                      f" wall {b['wall']:.3f} s")
+                print(
+                    f"(b) proxy/{k} at 100000: n/a (dlrund may not hold its"
+                    f" {store_conns(100000, k)} connections here); at {n}:"
+                    f" wall {b['wall']:.3f} s"
+                )
             if n == 100000:
-                print(f"(b) proxy/{k} at {n}: wall {b['wall']:.3f} s (goal: within 5 s):"
-                      f" {'met' if b['wall'] <= 5 else 'not met'}")
+                print(
+                    f"(b) proxy/{k} at {n}: wall {b['wall']:.3f} s (goal: within 5 s):"
+                    f" {'met' if b['wall'] <= 5 else 'not met'}"
+                )
                 # The issue's own pairing: (b) at 100,000 against (a) at the most that fits.
                 largest = max((m for m in direct if ("direct", m, 0) in results), default=None)
                 if largest is not None and b["cpu_us"] > 0:
                     a = results[("direct", largest, 0)]
                     r = a["cpu_us"] / b["cpu_us"]
-                    print(f"(a) at {largest} / (b) proxy/{k} at {n}: store CPU per rank"
-                          f" {a['cpu_us']:.1f} vs {b['cpu_us']:.1f} us, {r:.1f}x lower"
-                          f" (goal: at least 8x): {'met' if r >= 8 else 'not met'}")
+                    print(
+                        f"(a) at {largest} / (b) proxy/{k} at {n}: store CPU per rank"
+                        f" {a['cpu_us']:.1f} vs {b['cpu_us']:.1f} us, {r:.1f}x lower"
+                        f" (goal: at least 8x): {'met' if r >= 8 else 'not met'}"
+                    )
     print()
-    print("wall: first connect to the last rank's WAIT answered, max(end) - min(start) over the"
-          " generators (CLOCK_MONOTONIC), the generators started together on a line from here.")
-    print("CPU: the store's utime+stime over the barrier (accepts included, 1/CLK_TCK"
-          " resolution) per rank; peak: its VmHWM after the barrier, RSS before: its VmRSS"
-          " before (a fresh store process per run); conns, req/rank: connections the store"
-          " accepted (dlrund's --stats) or the generators made, requests dlrund served per"
-          " rank. The generators share the 2 cores with the store.")
+    print(
+        "wall: first connect to the last rank's WAIT answered, max(end) - min(start) over the"
+        " generators (CLOCK_MONOTONIC), the generators started together on a line from here."
+    )
+    print(
+        "CPU: the store's utime+stime over the barrier (accepts included, 1/CLK_TCK"
+        " resolution) per rank; peak: its VmHWM after the barrier, RSS before: its VmRSS"
+        " before (a fresh store process per run); conns, req/rank: connections the store"
+        " accepted (dlrund's --stats) or the generators made, requests dlrund served per"
+        " rank. The generators share the 2 cores with the store."
+    )
     print(f"load average at end: {' '.join(open('/proc/loadavg').read().split()[:3])}")
     for failure in failures:
         print("failed:", failure)

@@ -38,21 +38,39 @@ def main():
     parser.add_argument("--proxy", choices=("on", "off"), default="on")
     parser.add_argument("--timeout", type=float, default=300)
     args = parser.parse_args()
-    binary = lambda name: os.path.join(args.build, "bin", name)
 
-    dlrund = subprocess.Popen([binary("dlrund"), "--host", "127.0.0.1", "--port", "0", "--stats",
-                               "--no-control"], stdout=subprocess.PIPE, text=True,
-                              preexec_fn=die_with_parent)
+    def binary(name):
+        return os.path.join(args.build, "bin", name)
+
+    dlrund = subprocess.Popen(
+        [binary("dlrund"), "--host", "127.0.0.1", "--port", "0", "--stats", "--no-control"],
+        stdout=subprocess.PIPE,
+        text=True,
+        preexec_fn=die_with_parent,
+    )
     try:
         port = int(dlrund.stdout.readline().rsplit(":", 1)[1])
-        command = [binary("dlrun"), f"--nnodes={args.agents}",
-                   f"--nproc-per-node={args.workers}", f"--rdzv-endpoint=127.0.0.1:{port}",
-                   f"--rdzv-id={uuid.uuid4().hex}", f"--store-proxy={args.proxy}",
-                   "--no-control-plane", binary("dlrun-barrier-probe")]
+        command = [
+            binary("dlrun"),
+            f"--nnodes={args.agents}",
+            f"--nproc-per-node={args.workers}",
+            f"--rdzv-endpoint=127.0.0.1:{port}",
+            f"--rdzv-id={uuid.uuid4().hex}",
+            f"--store-proxy={args.proxy}",
+            "--no-control-plane",
+            binary("dlrun-barrier-probe"),
+        ]
         start = time.monotonic()
-        agents = [subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                   text=True, preexec_fn=die_with_parent)
-                  for _ in range(args.agents)]
+        agents = [
+            subprocess.Popen(
+                command,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
+                preexec_fn=die_with_parent,
+            )
+            for _ in range(args.agents)
+        ]
         deadline = start + args.timeout
         codes, errors = [], []
         for agent in agents:
@@ -67,15 +85,19 @@ def main():
     finally:
         dlrund.send_signal(signal.SIGTERM)
         out, _ = dlrund.communicate(timeout=60)
-    stats = next((l for l in out.splitlines() if l.startswith("dlrund stats:")), "")
+    stats = next((line for line in out.splitlines() if line.startswith("dlrund stats:")), "")
     counts = {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", stats)}
     ranks = args.agents * args.workers
-    print(f"{args.agents} agents x {args.workers} workers = {ranks} ranks, proxy {args.proxy}: "
-          f"{wall:.2f} s to the last agent's exit; exit codes {codes}")
-    print(f"dlrund accepted {counts.get('connections')} connections "
-          f"({counts.get('connections', 0) / args.agents:.1f} per agent), served "
-          f"{counts.get('requests')} requests: ADD={counts.get('ADD', 0)} "
-          f"WAIT={counts.get('WAIT', 0)} GROUP_WAIT={counts.get('GROUP_WAIT', 0)}")
+    print(
+        f"{args.agents} agents x {args.workers} workers = {ranks} ranks, proxy {args.proxy}: "
+        f"{wall:.2f} s to the last agent's exit; exit codes {codes}"
+    )
+    print(
+        f"dlrund accepted {counts.get('connections')} connections "
+        f"({counts.get('connections', 0) / args.agents:.1f} per agent), served "
+        f"{counts.get('requests')} requests: ADD={counts.get('ADD', 0)} "
+        f"WAIT={counts.get('WAIT', 0)} GROUP_WAIT={counts.get('GROUP_WAIT', 0)}"
+    )
     if any(codes):
         for code, err in zip(codes, errors):
             if code:

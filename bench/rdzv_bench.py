@@ -98,10 +98,10 @@ from dlrund_fixture import Dlrund, read_line  # noqa: E402
 from etcd_fixture import EtcdStartError, launch_etcd  # noqa: E402  (after the path)
 from metrics_watch import AGENT_LINE, DLRUND_LINE, Watcher  # noqa: E402
 
-POLL_S = 0.01             # how often a deadline-bounded wait looks again
-EXIT_TIMEOUT_S = 30       # agents must exit this long after their workers did
-EXIT_POLL_S = 0.005       # how often the agents' exits are looked for
-STATS_TIMEOUT_S = 10      # dlrund --stats must print its line this soon after SIGUSR1/SIGTERM
+POLL_S = 0.01  # how often a deadline-bounded wait looks again
+EXIT_TIMEOUT_S = 30  # agents must exit this long after their workers did
+EXIT_POLL_S = 0.005  # how often the agents' exits are looked for
+STATS_TIMEOUT_S = 10  # dlrund --stats must print its line this soon after SIGUSR1/SIGTERM
 KILL_WAIT_S = 10
 WORKER_NAME = b"dlrun-rdzv-probe"
 
@@ -129,10 +129,22 @@ DIE_WITH_PARENT = [] if IN_PID_NAMESPACE else ["setpriv", "--pdeathsig", "KILL",
 
 def clean_env(**extra):
     """This environment without anything that steers a launcher or its workers."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("PET_", "TORCHELASTIC_"))
-           and k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-                         "GROUP_RANK", "PYTHON_EXEC", "RDZV_BENCH_PID_NAMESPACE")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("PET_", "TORCHELASTIC_"))
+        and k
+        not in (
+            "RANK",
+            "LOCAL_RANK",
+            "WORLD_SIZE",
+            "MASTER_ADDR",
+            "MASTER_PORT",
+            "GROUP_RANK",
+            "PYTHON_EXEC",
+            "RDZV_BENCH_PID_NAMESPACE",
+        )
+    }
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     env.update(extra)
     return env
@@ -141,9 +153,13 @@ def clean_env(**extra):
 # --control and --metrics: per feature and setting, what the agents' and dlrund's arguments get.
 FEATURES = {
     "control": {"on": ([], []), "off": (["--no-control-plane"], ["--no-control"])},
-    "metrics": {"on": (["--metrics-port=0", "--metrics-host=127.0.0.1"],
-                       ["--metrics-port", "0", "--metrics-host", "127.0.0.1"]),
-                "off": ([], [])},
+    "metrics": {
+        "on": (
+            ["--metrics-port=0", "--metrics-host=127.0.0.1"],
+            ["--metrics-port", "0", "--metrics-host", "127.0.0.1"],
+        ),
+        "off": ([], []),
+    },
 }
 
 
@@ -152,8 +168,9 @@ class Tool:
     `feature` of FEATURES (--control, --metrics) and its `setting` ("on" or "off"), dlrun-c10d
     on a dlrund of its own per run (`dlrund`, its path), the feature on or off in both."""
 
-    def __init__(self, launcher, backend, prefix, underscores, feature=None, setting=None,
-                 dlrund=None):
+    def __init__(
+        self, launcher, backend, prefix, underscores, feature=None, setting=None, dlrund=None
+    ):
         self.launcher = launcher
         self.backend = backend
         self.name = f"{launcher}-{backend}" + (f"-{feature}-{setting}" if feature else "")
@@ -171,17 +188,23 @@ class Tool:
 
     def argv(self, nnodes, endpoint, rdzv_id, max_restarts, worker_args, conf=None):
         argv = self.prefix + [
-            self.flag("nnodes", nnodes), self.flag("nproc-per-node", 1),
-            self.flag("rdzv-backend", self.backend), self.flag("rdzv-endpoint", endpoint),
-            self.flag("rdzv-id", rdzv_id), self.flag("max-restarts", max_restarts),
-            self.flag("monitor-interval", 0.1)]
+            self.flag("nnodes", nnodes),
+            self.flag("nproc-per-node", 1),
+            self.flag("rdzv-backend", self.backend),
+            self.flag("rdzv-endpoint", endpoint),
+            self.flag("rdzv-id", rdzv_id),
+            self.flag("max-restarts", max_restarts),
+            self.flag("monitor-interval", 0.1),
+        ]
         if conf:
             argv.append(self.flag("rdzv-conf", conf))
-        return argv + self.extra + [
-            "--no_python" if self.underscores else "--no-python", *worker_args]
+        return (
+            argv + self.extra + ["--no_python" if self.underscores else "--no-python", *worker_args]
+        )
 
 
 # --- processes -----------------------------------------------------------------------------
+
 
 def stat_fields(pid):
     """/proc/<pid>/stat after the command name: [state, ppid, ...]; None if gone."""
@@ -190,7 +213,7 @@ def stat_fields(pid):
             stat = f.read()
     except OSError:
         return None
-    return stat[stat.rindex(b")") + 2:].split()
+    return stat[stat.rindex(b")") + 2 :].split()
 
 
 def start_time(pid):
@@ -287,10 +310,15 @@ class Job:
         index = len(self.agents)
         extra = {"BENCH_SIGNAL_PID": str(self.dlrund.pid)} if self.dlrund else {}
         with open(os.path.join(self.dir, f"agent{index}.log"), "wb") as log:
-            self.agents.append(subprocess.Popen(
-                DIE_WITH_PARENT + argv, stdin=subprocess.DEVNULL, stdout=log,
-                stderr=subprocess.STDOUT,
-                env=clean_env(BENCH_AGENT=str(index), TMPDIR=self.dir, **extra)))
+            self.agents.append(
+                subprocess.Popen(
+                    DIE_WITH_PARENT + argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env=clean_env(BENCH_AGENT=str(index), TMPDIR=self.dir, **extra),
+                )
+            )
 
     def dlrund_metrics_port(self, timeout=STATS_TIMEOUT_S):
         """The port dlrund printed for --metrics-port (its lines after the first)."""
@@ -396,13 +424,14 @@ class Job:
             codes = [agent.poll() for agent in self.agents]
             for index, code in enumerate(codes):
                 if code is not None and code != 0:
-                    raise Failed(f"agent {index} exited with {code}: "
-                                 f"{self.last_log_line(index)}")
+                    raise Failed(f"agent {index} exited with {code}: {self.last_log_line(index)}")
             if None not in codes:
                 return time.time()
             if time.monotonic() >= deadline:
-                raise Failed(f"agent {codes.index(None)} still running {timeout:.0f} s after "
-                             "its worker exited")
+                raise Failed(
+                    f"agent {codes.index(None)} still running {timeout:.0f} s after "
+                    "its worker exited"
+                )
             time.sleep(EXIT_POLL_S)
 
     def release_workers(self):
@@ -420,8 +449,10 @@ class Job:
             self.dlrund.stop()
 
 
-STATS_LINE = re.compile(r"dlrund stats: time=(\S+) connections=(\d+) foreign=(\d+) "
-                        r"requests=(\d+)((?: [A-Z_]+=\d+)*)\n")
+STATS_LINE = re.compile(
+    r"dlrund stats: time=(\S+) connections=(\d+) foreign=(\d+) "
+    r"requests=(\d+)((?: [A-Z_]+=\d+)*)\n"
+)
 
 
 def parse_stats(line):
@@ -430,10 +461,16 @@ def parse_stats(line):
     match = STATS_LINE.fullmatch(line)
     if not match:
         return None
-    ops = {name: int(count) for name, count in
-           (field.split("=") for field in match.group(5).split())}
-    return {"time": float(match.group(1)), "connections": int(match.group(2)),
-            "foreign": int(match.group(3)), "requests": int(match.group(4)), "ops": ops}
+    ops = {
+        name: int(count) for name, count in (field.split("=") for field in match.group(5).split())
+    }
+    return {
+        "time": float(match.group(1)),
+        "connections": int(match.group(2)),
+        "foreign": int(match.group(3)),
+        "requests": int(match.group(4)),
+        "ops": ops,
+    }
 
 
 def free_port():
@@ -480,6 +517,7 @@ def holds_socket(pid, inodes):
 
 # --- (a) rendezvous ------------------------------------------------------------------------
 
+
 def children_cpu():
     """CPU seconds (user + system) of every child of this process reaped so far, with the
     descendants each reaped."""
@@ -523,12 +561,16 @@ def rendezvous_run(tool, k, worker, scratch, etcd_endpoint, timeout):
             watcher.start()
         for _ in range(k):
             job.start(argv)
-        records = job.wait_for(lambda rs: rs if len(rs) >= k else None, timeout,
-                               f"{k} workers to start", zero_ok=True)
+        records = job.wait_for(
+            lambda rs: rs if len(rs) >= k else None, timeout, f"{k} workers to start", zero_ok=True
+        )
         if len(records) > k:
             raise Failed(f"{len(records)} workers started, not {k}")
-        for key, want in (("rank", list(range(k))), ("group_rank", list(range(k))),
-                          ("world_size", [k] * k)):
+        for key, want in (
+            ("rank", list(range(k))),
+            ("group_rank", list(range(k))),
+            ("world_size", [k] * k),
+        ):
             got = [r[key] for r in records]  # None: not set
             if None in got or sorted(got) != want:
                 raise Failed(f"the workers' {key.upper()} values were {got}, not {want}")
@@ -536,8 +578,7 @@ def rendezvous_run(tool, k, worker, scratch, etcd_endpoint, timeout):
         job.release_workers()
         stats = None
         if job.dlrund:
-            stats = {"t0": t0, "rdzv": seconds,
-                     "start": job.store_snapshot_after(t0 + seconds)}
+            stats = {"t0": t0, "rdzv": seconds, "start": job.store_snapshot_after(t0 + seconds)}
         exited = job.wait_exits(EXIT_TIMEOUT_S)
         if watcher:
             watcher.stop()
@@ -589,13 +630,16 @@ def run_rendezvous(tools, ks, worker, scratch, etcd_endpoint, budget_s, dlrun_re
                     continue
                 started = time.monotonic()
                 try:
-                    seconds, stats = rendezvous_run(tool, k, worker, scratch, etcd_endpoint,
-                                                    rendezvous_timeout(k))
+                    seconds, stats = rendezvous_run(
+                        tool, k, worker, scratch, etcd_endpoint, rendezvous_timeout(k)
+                    )
                     times[key].append(seconds)
                     if stats:
                         store[key].append(stats)
-                    print(f"rdzv_bench: {tool.name} K={k}: {times[key][-1] * 1e3:.0f} ms",
-                          file=sys.stderr)
+                    print(
+                        f"rdzv_bench: {tool.name} K={k}: {times[key][-1] * 1e3:.0f} ms",
+                        file=sys.stderr,
+                    )
                 except Failed as why:
                     failed[key] = str(why)
                     if str(why).startswith("timed out"):
@@ -606,6 +650,7 @@ def run_rendezvous(tools, ks, worker, scratch, etcd_endpoint, budget_s, dlrun_re
 
 
 # --- (c) recovery --------------------------------------------------------------------------
+
 
 class Outcome:
     """One recovery run: seconds (None: no recovery), the victim in words, and why there was no
@@ -627,8 +672,10 @@ def pick_victim(job, running, kind):
     store, why = None, ""
     if inodes:
         for index, agent in enumerate(job.agents):
-            if any(holds_socket(pid, inodes)
-                   for pid in [agent.pid] + [p for p, _ in descendants(agent.pid)]):
+            if any(
+                holds_socket(pid, inodes)
+                for pid in [agent.pid] + [p for p, _ in descendants(agent.pid)]
+            ):
                 store, why = index, f"listens on MASTER_PORT {port}"
                 break
     if store is None:
@@ -638,8 +685,11 @@ def pick_victim(job, running, kind):
     if kind == "store":
         return store, f"agent {store} (group rank {group_rank[store]}): {why}"
     # c10d's agent 0 serves the rendezvous (it bound the port first).
-    others = [i for i in range(len(job.agents))
-              if i != store and not (job.tool.backend == "c10d" and i == 0)]
+    others = [
+        i
+        for i in range(len(job.agents))
+        if i != store and not (job.tool.backend == "c10d" and i == 0)
+    ]
     if not others:
         raise Failed(f"no agent other than the store's ({store}) and the rendezvous's")
     return others[-1], f"agent {others[-1]} (group rank {group_rank[others[-1]]})"
@@ -650,8 +700,9 @@ def recovery_run(tool, victim_kind, worker, scratch, etcd_endpoint, conf, cap_s,
     of both survivors' new workers; None if they did not start within cap_s or exited."""
     job = Job(scratch, tool, etcd_endpoint)
     try:
-        argv = tool.argv("2:3", job.endpoint, job.rdzv_id, 3,
-                         [worker, job.out, job.stop_file], conf=conf)
+        argv = tool.argv(
+            "2:3", job.endpoint, job.rdzv_id, 3, [worker, job.out, job.stop_file], conf=conf
+        )
         job.start(argv)
         deadline = time.monotonic() + timeout
         while job.port is not None and not listening(job.port):
@@ -665,8 +716,10 @@ def recovery_run(tool, victim_kind, worker, scratch, etcd_endpoint, conf, cap_s,
         def all_three(records):
             running = [r for r in records if r["world_size"] == 3 and start_time(r["pid"])]
             return running if {r["agent"] for r in running} == {"0", "1", "2"} else None
-        running = job.wait_for(all_three, timeout,
-                               "the workers of all 3 agents to run with WORLD_SIZE 3")
+
+        running = job.wait_for(
+            all_three, timeout, "the workers of all 3 agents to run with WORLD_SIZE 3"
+        )
 
         index, victim_note = pick_victim(job, running, victim_kind)
         survivors = {str(i) for i in range(3) if i != index}
@@ -678,17 +731,23 @@ def recovery_run(tool, victim_kind, worker, scratch, etcd_endpoint, conf, cap_s,
                 kill_worker(record["pid"])
 
         def survivors_restarted(records):
-            new = [r for r in records
-                   if r["uid"] not in seen and r["agent"] in survivors and r["world_size"] == 2]
+            new = [
+                r
+                for r in records
+                if r["uid"] not in seen and r["agent"] in survivors and r["world_size"] == 2
+            ]
             return new if {r["agent"] for r in new} == survivors else None
+
         try:
-            new = job.wait_for(survivors_restarted, cap_s,
-                               "the survivors' new workers", may_exit=(index,))
+            new = job.wait_for(
+                survivors_restarted, cap_s, "the survivors' new workers", may_exit=(index,)
+            )
         except Failed as why:
             if str(why).startswith("timed out"):
                 return Outcome(None, victim_note, "cap")
-            return Outcome(None, victim_note, f"{time.time() - killed_at:.1f} s after the kill, "
-                           f"{why}")
+            return Outcome(
+                None, victim_note, f"{time.time() - killed_at:.1f} s after the kill, {why}"
+            )
         return Outcome(max(r["time"] for r in new) - killed_at, victim_note)
     finally:
         job.stop()
@@ -705,20 +764,26 @@ def run_recovery(tools, victims, worker, scratch, etcd_endpoint, conf, cap_s, re
                 if key in failed or round_ >= repeats[tool.launcher]:
                     continue
                 try:
-                    outcome = recovery_run(tool, kind, worker, scratch, etcd_endpoint, conf,
-                                           cap_s, timeout=60)
+                    outcome = recovery_run(
+                        tool, kind, worker, scratch, etcd_endpoint, conf, cap_s, timeout=60
+                    )
                 except Failed as why:
                     failed[key] = str(why)
-                    print(f"rdzv_bench: recovery ({kind}), {tool.name} failed: {why}",
-                          file=sys.stderr)
+                    print(
+                        f"rdzv_bench: recovery ({kind}), {tool.name} failed: {why}", file=sys.stderr
+                    )
                     continue
                 results.setdefault(key, []).append(outcome)
-                print(f"rdzv_bench: recovery ({kind}), {tool.name}: {describe(outcome, cap_s)}; "
-                      f"victim {outcome.victim}", file=sys.stderr)
+                print(
+                    f"rdzv_bench: recovery ({kind}), {tool.name}: {describe(outcome, cap_s)}; "
+                    f"victim {outcome.victim}",
+                    file=sys.stderr,
+                )
     return results, failed
 
 
 # --- report --------------------------------------------------------------------------------
+
 
 def describe(outcome, cap_s):
     if outcome.seconds is not None:
@@ -760,8 +825,10 @@ def ratio_pairs(tools):
 def report_rendezvous(tools, ks, times, failed, short):
     names = [t.name for t in tools]
     pairs = ratio_pairs(tools)
-    print("(a) rendezvous: launch of the first of K agents to the last worker's start, "
-          "median ms (runs)")
+    print(
+        "(a) rendezvous: launch of the first of K agents to the last worker's start, "
+        "median ms (runs)"
+    )
     header = "%-4s" + " %16s" * len(names) + " %27s" * len(pairs)
     print(header % ("K", *names, *(f"{a}/{b}" for a, b in pairs)))
     for k in ks:
@@ -788,8 +855,10 @@ def print_shortfalls(failed, short):
     for (name, k), why in sorted(failed.items(), key=lambda item: (item[0][1], item[0][0])):
         print(f"  K={k}, {name}: failed: {why}")
     if short:
-        print("  the time budget ran out first: fewer runs (or none, -) for "
-              + ", ".join(f"{name} K={k}" for name, k in sorted(short, key=lambda x: x[1])))
+        print(
+            "  the time budget ran out first: fewer runs (or none, -) for "
+            + ", ".join(f"{name} K={k}" for name, k in sorted(short, key=lambda x: x[1]))
+        )
 
 
 # --control and --metrics: each run's figures, (heading, its second line, format, the value of
@@ -800,18 +869,31 @@ FIGURES = (
     ("req/agent", "start", "{:.1f}", lambda run, k: run["start"]["requests"] / k),
     ("req/agent", "job", "{:.1f}", lambda run, k: run["total"]["requests"] / k),
     ("conn/agent", "job", "{:.2f}", lambda run, k: run["total"]["connections"] / k),
-    ("store req/s", "start", "{:.0f}",
-     lambda run, k: run["start"]["requests"] / (run["start"]["time"] - run["t0"])),
+    (
+        "store req/s",
+        "start",
+        "{:.0f}",
+        lambda run, k: run["start"]["requests"] / (run["start"]["time"] - run["t0"]),
+    ),
     ("agent CPU", "ms/agent", "{:.1f}", lambda run, k: run["agents_cpu"] * 1e3 / k),
     ("agent CPU", "ms/s/agent", "{:.1f}", lambda run, k: run["agents_cpu"] * 1e3 / k / run["job"]),
     ("store CPU", "us/agent", "{:.0f}", lambda run, k: run["store_cpu"] * 1e6 / k),
-    ("store CPU", "us/req", "{:.2f}",
-     lambda run, k: run["store_cpu"] * 1e6 / run["total"]["requests"]),
+    (
+        "store CPU",
+        "us/req",
+        "{:.2f}",
+        lambda run, k: run["store_cpu"] * 1e6 / run["total"]["requests"],
+    ),
     ("http", "req/run", "{:.0f}", lambda run, k: run["watched"]),
 )
 # The figures whose run-by-run on/off ratio is printed.
-PAIRED = ("rdzv ms", "agent CPU ms/agent", "agent CPU ms/s/agent", "store req/s start",
-          "store CPU us/req")
+PAIRED = (
+    "rdzv ms",
+    "agent CPU ms/agent",
+    "agent CPU ms/s/agent",
+    "store req/s start",
+    "store CPU us/req",
+)
 
 
 def report_onoff(tools, ks, failed, short, store):
@@ -819,18 +901,23 @@ def report_onoff(tools, ks, failed, short, store):
     the run-by-run on/off ratios of PAIRED; and the requests per agent by op."""
     feature = tools[0].feature
     figures = [f for f in FIGURES if feature == "metrics" or f[0] != "http"]  # only it watches
-    print(f"(a) rendezvous, {feature} on and off: K dlrun-c10d agents on a dlrund --stats of "
-          "their own per run")
+    print(
+        f"(a) rendezvous, {feature} on and off: K dlrun-c10d agents on a dlrund --stats of "
+        "their own per run"
+    )
     if feature == "control":
         print("    (off: dlrun --no-control-plane, dlrund --no-control); medians over the runs.")
     else:
-        print("    (on: dlrun and dlrund --metrics-port=0, each scraped (/metrics) and polled "
-              "(/api/state)")
-        print("    once a second from its first line on, as Prometheus and an open page do; "
-              "'http': those")
+        print(
+            "    (on: dlrun and dlrund --metrics-port=0, each scraped (/metrics) and polled "
+            "(/api/state)"
+        )
+        print(
+            "    once a second from its first line on, as Prometheus and an open page do; "
+            "'http': those"
+        )
         print("    requests answered); medians over the runs.")
-    print("    'start': from the launch to dlrund's first snapshot after the last worker's "
-          "start;")
+    print("    'start': from the launch to dlrund's first snapshot after the last worker's start;")
     print("    'job': to every agent's exit.")
     header = "%-4s %-7s %4s" + " %11s" * len(figures)
     print(header % ("K", feature, "runs", *(name for name, _, _, _ in figures)))
@@ -844,14 +931,28 @@ def report_onoff(tools, ks, failed, short, store):
                 why = f"failed: {failed[key]}" if key in failed else "not run"
                 print(f"{k:<4} {tool.setting:<7} {why}")
                 continue
-            row[tool.setting] = [median([value(run, k) for run in runs])
-                                 for _, _, _, value in figures]
-            print(header % (k, tool.setting, len(runs),
-                            *(form.format(v) for (_, _, form, _), v in
-                              zip(figures, row[tool.setting]))))
+            row[tool.setting] = [
+                median([value(run, k) for run in runs]) for _, _, _, value in figures
+            ]
+            print(
+                header
+                % (
+                    k,
+                    tool.setting,
+                    len(runs),
+                    *(form.format(v) for (_, _, form, _), v in zip(figures, row[tool.setting])),
+                )
+            )
         if "on" in row and "off" in row:
-            print(header % (k, "on/off", "", *(f"{on / off:.3f}" if off else "-"
-                                               for on, off in zip(row["on"], row["off"]))))
+            print(
+                header
+                % (
+                    k,
+                    "on/off",
+                    "",
+                    *(f"{on / off:.3f}" if off else "-" for on, off in zip(row["on"], row["off"])),
+                )
+            )
     # Runs alternate, so the i-th runs of on and off ran side by side: their ratio cancels
     # most of the load that other work puts on the machine meanwhile.
     names = {tool.setting: tool.name for tool in tools}
@@ -866,8 +967,10 @@ def report_onoff(tools, ks, failed, short, store):
                 if f"{name} {unit}" in PAIRED:
                     ratios = sorted(value(on, k) / value(off, k) for on, off in pairs)
                     quarter = len(ratios) // 4
-                    cells.append(f"{name} {unit} {statistics.median(ratios):.3f} "
-                                 f"[{ratios[quarter]:.3f}-{ratios[len(ratios) - 1 - quarter]:.3f}]")
+                    cells.append(
+                        f"{name} {unit} {statistics.median(ratios):.3f} "
+                        f"[{ratios[quarter]:.3f}-{ratios[len(ratios) - 1 - quarter]:.3f}]"
+                    )
             print(f"    K={k} ({len(pairs)} pairs): " + "; ".join(cells))
     print("  requests per agent by op, medians (start | job):")
     for k in ks:
@@ -875,22 +978,29 @@ def report_onoff(tools, ks, failed, short, store):
             runs = store[(tool.name, k)]
             if not runs:
                 continue
-            ops = sorted({op for run in runs for what in ("start", "total")
-                          for op in run[what]["ops"]})
-            cells = [f"{op} {median([r['start']['ops'].get(op, 0) / k for r in runs]):.1f}"
-                     f" | {median([r['total']['ops'].get(op, 0) / k for r in runs]):.1f}"
-                     for op in ops]
+            ops = sorted(
+                {op for run in runs for what in ("start", "total") for op in run[what]["ops"]}
+            )
+            cells = [
+                f"{op} {median([r['start']['ops'].get(op, 0) / k for r in runs]):.1f}"
+                f" | {median([r['total']['ops'].get(op, 0) / k for r in runs]):.1f}"
+                for op in ops
+            ]
             print(f"    K={k} {tool.setting}: " + ", ".join(cells))
     print_shortfalls(failed, short)
 
 
 def report_recovery(tools, victims, results, failed, conf, cap_s):
-    print(f"(c) recovery: 3 agents --nnodes=2:3 --max-restarts=3 --rdzv-conf={conf} "
-          "(torch 1.13 takes whole seconds); one agent and its workers SIGKILLed;")
+    print(
+        f"(c) recovery: 3 agents --nnodes=2:3 --max-restarts=3 --rdzv-conf={conf} "
+        "(torch 1.13 takes whole seconds); one agent and its workers SIGKILLed;"
+    )
     print("    time from the kill to the start of both survivors' new workers (WORLD_SIZE 2)")
     for kind in victims:
-        print(f"  victim: {'the node of the workers store' if kind == 'store' else 'another node'}"
-              f" ({kind})")
+        print(
+            f"  victim: {'the node of the workers store' if kind == 'store' else 'another node'}"
+            f" ({kind})"
+        )
         medians = {}
         for tool in tools:
             key = (kind, tool.name)
@@ -908,11 +1018,12 @@ def report_recovery(tools, victims, results, failed, conf, cap_s):
                     medians[tool.name] = (cap_s, True)
             else:
                 lost = [o for o in runs if o.seconds is None]
-                note = f"; {len(lost)} did not recover: {describe(lost[-1], cap_s)}" \
-                    if lost else ""
+                note = f"; {len(lost)} did not recover: {describe(lost[-1], cap_s)}" if lost else ""
                 medians[tool.name] = (median(recovered), False)
-                print(f"    {tool.name}: median {ms(median(recovered))} ms, "
-                      f"{ms(min(recovered))}-{ms(max(recovered))} ({len(recovered)} runs{note})")
+                print(
+                    f"    {tool.name}: median {ms(median(recovered))} ms, "
+                    f"{ms(min(recovered))}-{ms(max(recovered))} ({len(recovered)} runs{note})"
+                )
             print(f"      victim: {runs[-1].victim}")
         for a, b in ratio_pairs(tools):
             if a in medians and b in medians and not medians[b][1]:
@@ -940,34 +1051,54 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--dlrun", required=True)
     parser.add_argument("--torchrun", nargs="+", help="argv prefix that runs torchrun")
-    parser.add_argument("--worker", required=True,
-                        help="the worker executable (dlrun-rdzv-probe), the same for every tool")
-    parser.add_argument("--backends", default="c10d",
-                        help="dlrun's rendezvous backends, comma-separated: c10d, etcd")
-    parser.add_argument("--torchrun-backends",
-                        help="torchrun's backends (c10d, etcd, etcd-v2); default: --backends")
+    parser.add_argument(
+        "--worker",
+        required=True,
+        help="the worker executable (dlrun-rdzv-probe), the same for every tool",
+    )
+    parser.add_argument(
+        "--backends",
+        default="c10d",
+        help="dlrun's rendezvous backends, comma-separated: c10d, etcd",
+    )
+    parser.add_argument(
+        "--torchrun-backends", help="torchrun's backends (c10d, etcd, etcd-v2); default: --backends"
+    )
     parser.add_argument("--ks", default="2,4,8,16,32")
     parser.add_argument("--only", choices=("rendezvous", "recovery"))
-    parser.add_argument("--budget", type=float, default=200,
-                        help="seconds for (a): a run is started only if the last one of its "
-                        "kind says it fits (the first of each K always starts in time)")
+    parser.add_argument(
+        "--budget",
+        type=float,
+        default=200,
+        help="seconds for (a): a run is started only if the last one of its "
+        "kind says it fits (the first of each K always starts in time)",
+    )
     parser.add_argument("--recovery-cap", type=float, default=60)
-    parser.add_argument("--recovery-repeats", default="3,1",
-                        help="recovery runs of dlrun,torchrun")
-    parser.add_argument("--recovery-conf", default="last_call_timeout=1",
-                        help="(c)'s --rdzv-conf, the same for every variant")
-    parser.add_argument("--victims", default="other",
-                        help="whom (c) kills, comma-separated: store, other")
-    parser.add_argument("--control",
-                        help="on,off: (a) alone, dlrun-c10d on a dlrund --stats per run with "
-                        "the control plane on and/or off, and the store's counts; no torchrun")
-    parser.add_argument("--metrics",
-                        help="on,off: as --control, for --metrics-port on the agents and dlrund "
-                        "(on: each scraped and its page polled once a second)")
+    parser.add_argument("--recovery-repeats", default="3,1", help="recovery runs of dlrun,torchrun")
+    parser.add_argument(
+        "--recovery-conf",
+        default="last_call_timeout=1",
+        help="(c)'s --rdzv-conf, the same for every variant",
+    )
+    parser.add_argument(
+        "--victims", default="other", help="whom (c) kills, comma-separated: store, other"
+    )
+    parser.add_argument(
+        "--control",
+        help="on,off: (a) alone, dlrun-c10d on a dlrund --stats per run with "
+        "the control plane on and/or off, and the store's counts; no torchrun",
+    )
+    parser.add_argument(
+        "--metrics",
+        help="on,off: as --control, for --metrics-port on the agents and dlrund "
+        "(on: each scraped and its page polled once a second)",
+    )
     parser.add_argument("--dlrund", help="the dlrund executable (--control, --metrics)")
-    parser.add_argument("--repeats", type=int,
-                        help="dlrun's runs of (a) per K and variant (default: 5 up to K = 8, "
-                        "then 3)")
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        help="dlrun's runs of (a) per K and variant (default: 5 up to K = 8, then 3)",
+    )
     args = parser.parse_args()
     ks = [int(k) for k in args.ks.split(",")]
     backends = args.backends.split(",")
@@ -989,19 +1120,28 @@ def main():
     for value in settings:
         if value not in ("on", "off"):
             parser.error(f"unknown --{feature} value {value!r} (on, off)")
-    if feature and (backends != ["c10d"] or args.torchrun or args.only == "recovery"
-                    or not args.dlrund):
-        parser.error(f"--{feature} takes dlrun on c10d alone, no torchrun, (a) alone, and "
-                     "--dlrund")
+    if feature and (
+        backends != ["c10d"] or args.torchrun or args.only == "recovery" or not args.dlrund
+    ):
+        parser.error(f"--{feature} takes dlrun on c10d alone, no torchrun, (a) alone, and --dlrund")
     if args.repeats is not None and args.repeats < 1:
         parser.error("--repeats must be at least 1")
     tools = [Tool("dlrun", b, [args.dlrun], underscores=False) for b in backends]
     if feature:
-        tools = [Tool("dlrun", "c10d", [args.dlrun], underscores=False, feature=feature,
-                      setting=setting, dlrund=args.dlrund) for setting in settings]
+        tools = [
+            Tool(
+                "dlrun",
+                "c10d",
+                [args.dlrun],
+                underscores=False,
+                feature=feature,
+                setting=setting,
+                dlrund=args.dlrund,
+            )
+            for setting in settings
+        ]
     if args.torchrun:
-        tools += [Tool("torchrun", b, args.torchrun, underscores=True)
-                  for b in torchrun_backends]
+        tools += [Tool("torchrun", b, args.torchrun, underscores=True) for b in torchrun_backends]
     scratch = tempfile.mkdtemp(prefix="rdzv-bench-")
     etcd = None
     try:
@@ -1009,25 +1149,31 @@ def main():
             etcd = start_etcd(scratch)
         endpoint = etcd.endpoint if etcd else None
         if args.only in (None, "rendezvous"):
-            times, failed, short, store = run_rendezvous(tools, ks, args.worker, scratch,
-                                                         endpoint, args.budget, args.repeats)
+            times, failed, short, store = run_rendezvous(
+                tools, ks, args.worker, scratch, endpoint, args.budget, args.repeats
+            )
             if feature:
                 report_onoff(tools, ks, failed, short, store)
             else:
                 report_rendezvous(tools, ks, times, failed, short)
         if args.only in (None, "recovery") and not feature:
             dl, tr = (int(x) for x in args.recovery_repeats.split(","))
-            results, failed = run_recovery(tools, victims, args.worker, scratch, endpoint,
-                                           args.recovery_conf, args.recovery_cap,
-                                           {"dlrun": dl, "torchrun": tr})
-            report_recovery(tools, victims, results, failed, args.recovery_conf,
-                            args.recovery_cap)
+            results, failed = run_recovery(
+                tools,
+                victims,
+                args.worker,
+                scratch,
+                endpoint,
+                args.recovery_conf,
+                args.recovery_cap,
+                {"dlrun": dl, "torchrun": tr},
+            )
+            report_recovery(tools, victims, results, failed, args.recovery_conf, args.recovery_cap)
     finally:
         if etcd:
             etcd.stop()
         if os.environ.get("RDZV_BENCH_KEEP"):
-            print(f"rdzv_bench: agent logs and worker records kept in {scratch}",
-                  file=sys.stderr)
+            print(f"rdzv_bench: agent logs and worker records kept in {scratch}", file=sys.stderr)
         else:
             shutil.rmtree(scratch, ignore_errors=True)
     return 0

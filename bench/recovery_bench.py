@@ -48,6 +48,7 @@ trial also fails when a survivor's process was replaced or the checkpoint was re
 0, or 1 when a dlrun trial failed or the floor could not be measured; torchrun's failures are
 results.
 """
+
 import argparse
 import os
 import shutil
@@ -56,9 +57,9 @@ import statistics
 import subprocess
 import sys
 
-from recovery_trials import CASES, Failed, Trial, floor_trial, run_bare
-from netns_fixture import Hosts  # noqa: E402  (recovery_trials put tests/python on the path)
 from chaos_faults import stop_on_sigterm  # noqa: E402
+from netns_fixture import Hosts  # noqa: E402  (recovery_trials put tests/python on the path)
+from recovery_trials import CASES, Failed, Trial, floor_trial, run_bare
 
 # dlrun-warm's flags. Its row runs where `dlrun --help` lists the first of them.
 WARM_FLAGS = ["--warm-start", "--preload", "torch"]
@@ -67,11 +68,13 @@ LAUNCHERS = ("dlrun", "dlrun-warm", "dlrun-inproc", "dlrun-inproc-warm", "torchr
 WATCHED_CASES = ("hang",)  # dlrun's rows alone: torchrun has no hang watch
 PHASES = ("to recovery", "meet", "group", "state", "step")
 HOSTS = 4  # agents on 0-2, dlrund on 3
-LEGEND = ("failed: start = never trained steadily; hang = no step by the deadline, the agents "
-          "still running (killed then); exit = an agent exited before recovering; stop = no exit "
-          "0 after the stop file; twice = a checkpointed step taken again; replaced = in "
-          "process, a survivor's process gone; checkpoint = in process, the checkpoint read; "
-          "setup = the benchmark's own")
+LEGEND = (
+    "failed: start = never trained steadily; hang = no step by the deadline, the agents "
+    "still running (killed then); exit = an agent exited before recovering; stop = no exit "
+    "0 after the stop file; twice = a checkpointed step taken again; replaced = in "
+    "process, a survivor's process gone; checkpoint = in process, the checkpoint read; "
+    "setup = the benchmark's own"
+)
 
 
 class Setup:
@@ -99,10 +102,13 @@ def launcher_prefixes(args):
     text = dlrun_help(args.dlrun)
     warm = WARM_FLAGS if WARM_FLAGS[0] in text else None
     in_process = IN_PROCESS_FLAGS if IN_PROCESS_FLAGS[0].split("=")[0] in text else None
-    prefixes = {"dlrun": [args.dlrun], "torchrun": list(args.torchrun),
-                "dlrun-warm": warm and [args.dlrun, *warm],
-                "dlrun-inproc": in_process and [args.dlrun, *in_process],
-                "dlrun-inproc-warm": warm and in_process and [args.dlrun, *in_process, *warm]}
+    prefixes = {
+        "dlrun": [args.dlrun],
+        "torchrun": list(args.torchrun),
+        "dlrun-warm": warm and [args.dlrun, *warm],
+        "dlrun-inproc": in_process and [args.dlrun, *in_process],
+        "dlrun-inproc-warm": warm and in_process and [args.dlrun, *in_process, *warm],
+    }
     return {name: prefixes[name] for name in args.launchers}
 
 
@@ -133,6 +139,7 @@ def make_template(setup):
 
 # --- the rounds ------------------------------------------------------------------------------
 
+
 def floor_worlds(args):
     return sorted({CASES[c].world_after * args.nproc for c in args.cases})
 
@@ -140,13 +147,21 @@ def floor_worlds(args):
 def keep(args, directory):
     """Copies a trial's files but its checkpoints to --keep, then removes them here."""
     if args.keep and os.path.isdir(directory):
-        shutil.copytree(directory, os.path.join(args.keep, os.path.basename(directory)),
-                        ignore=shutil.ignore_patterns("checkpoint.pt*"))
+        shutil.copytree(
+            directory,
+            os.path.join(args.keep, os.path.basename(directory)),
+            ignore=shutil.ignore_patterns("checkpoint.pt*"),
+        )
     shutil.rmtree(directory, ignore_errors=True)
 
 
 def run_rounds(args, setup, prefixes, results, floors):
-    pairs = [(c, l) for c in args.cases for l in args.launchers if runs(c, l, prefixes)]
+    pairs = [
+        (c, launcher)
+        for c in args.cases
+        for launcher in args.launchers
+        if runs(c, launcher, prefixes)
+    ]
     for index in range(args.trials):
         for world in floor_worlds(args):
             try:
@@ -156,13 +171,12 @@ def run_rounds(args, setup, prefixes, results, floors):
             except Failed as failure:
                 print(f"  round {index + 1} floor N={world}: FAILED: {failure}", flush=True)
             keep(args, os.path.join(setup.scratch, f"floor{world}-{index}"))
-        for case, launcher in (pairs if index % 2 == 0 else pairs[::-1]):
+        for case, launcher in pairs if index % 2 == 0 else pairs[::-1]:
             trial = Trial(setup, CASES[case], launcher, prefixes[launcher], index)
             outcome = trial.run()
             results.setdefault((case, launcher), []).append(outcome)
             if outcome.reason is None:
-                text = f"{outcome.recovery:.2f} s" + (f" ({outcome.note})" if outcome.note
-                                                      else "")
+                text = f"{outcome.recovery:.2f} s" + (f" ({outcome.note})" if outcome.note else "")
             else:
                 text = f"FAILED: {outcome.reason}"
             print(f"  round {index + 1} {case} {launcher}: {text}", flush=True)
@@ -171,14 +185,14 @@ def run_rounds(args, setup, prefixes, results, floors):
 
 # --- the report ------------------------------------------------------------------------------
 
+
 def seconds(value):
     return "-" if value is None else f"{value:.2f} s"
 
 
 def render(rows):
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return "\n".join("  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip()
-                     for r in rows)
+    return "\n".join("  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
 
 
 def floor_median(floors, world):
@@ -191,11 +205,14 @@ def case_header(args, case):
     if c.nnodes is None:
         job = f"--standalone --nproc-per-node={args.nproc}"
     else:
-        job = (f"--nnodes={c.nnodes} --nproc-per-node={args.nproc} on {len(c.hosts)} hosts, "
-               f"c10d through dlrund" + (f", --rdzv-conf={args.rdzv_conf}" if args.rdzv_conf
-                                          else ""))
-    return (f"{case}: {c.title} ({job} --max-restarts={args.max_restarts}); recovery ends in "
-            f"a world of {c.world_after * args.nproc}")
+        job = (
+            f"--nnodes={c.nnodes} --nproc-per-node={args.nproc} on {len(c.hosts)} hosts, "
+            f"c10d through dlrund" + (f", --rdzv-conf={args.rdzv_conf}" if args.rdzv_conf else "")
+        )
+    return (
+        f"{case}: {c.title} ({job} --max-restarts={args.max_restarts}); recovery ends in "
+        f"a world of {c.world_after * args.nproc}"
+    )
 
 
 def case_table(args, case, prefixes, results, floors):
@@ -212,19 +229,27 @@ def case_table(args, case, prefixes, results, floors):
         median = statistics.median(times) if times else None
         kinds = [o.kind for o in outcomes if o.reason is not None]
         respawns = [o.respawn for o in outcomes if o.reason is None and o.respawn is not None]
-        rows.append((launcher, f"{len(times)}/{len(outcomes)}", seconds(median),
-                     seconds(max(times) if times else None),
-                     f"{median / floor:.2f}x" if median and floor else "-",
-                     seconds(statistics.median(respawns) if respawns else None),
-                     ", ".join(f"{kinds.count(k)} {k}" for k in sorted(set(kinds)))))
+        rows.append(
+            (
+                launcher,
+                f"{len(times)}/{len(outcomes)}",
+                seconds(median),
+                seconds(max(times) if times else None),
+                f"{median / floor:.2f}x" if median and floor else "-",
+                seconds(statistics.median(respawns) if respawns else None),
+                ", ".join(f"{kinds.count(k)} {k}" for k in sorted(set(kinds))),
+            )
+        )
         for i, o in enumerate(outcomes):
             if o.reason is not None:
                 notes.append(f"{launcher} round {i + 1}: {o.reason}")
         noted = [o.note for o in outcomes if o.note]
         if noted:
-            notes.append(f"{launcher}: {noted[0]} in {len(noted)} of {len(outcomes)} trials "
-                         "(SIGKILLed 0.5 s after the agent; the recovery counts from the agent's "
-                         "kill)")
+            notes.append(
+                f"{launcher}: {noted[0]} in {len(noted)} of {len(outcomes)} trials "
+                "(SIGKILLed 0.5 s after the agent; the recovery counts from the agent's "
+                "kill)"
+            )
     notes += in_process_notes(case, results)
     text = f"{case_header(args, case)}\n{render(rows)}"
     return text + "".join(f"\n    {n}" for n in notes)
@@ -244,26 +269,51 @@ def in_process_notes(case, results):
         if mine is None:
             continue
         ratio = f"{mine / theirs:.2f}x {whole}'s median" if theirs else f"no {whole} row"
-        shares = ", ".join(
-            f"{p} {statistics.median(o.phases[p] for o in outcomes):.2f} s" for p in PHASES
-        ) if outcomes else "none"
+        shares = (
+            ", ".join(
+                f"{p} {statistics.median(o.phases[p] for o in outcomes):.2f} s" for p in PHASES
+            )
+            if outcomes
+            else "none"
+        )
         notes.append(f"{launcher}: {ratio}; rank 0's phases (medians): {shares}")
     return notes
 
 
 def floor_table(floors):
-    rows = [("world", "ok", "median", "worst", "exec", "import torch", "init_process_group",
-             "model+checkpoint+DDP", "first step")]
+    rows = [
+        (
+            "world",
+            "ok",
+            "median",
+            "worst",
+            "exec",
+            "import torch",
+            "init_process_group",
+            "model+checkpoint+DDP",
+            "first step",
+        )
+    ]
     phases = ("launched", "start", "imported", "joined", "loaded", "first")
     for world, runs in sorted(floors.items()):
         times = [s for s, _ in runs]
-        rows.append((str(world), str(len(runs)), seconds(statistics.median(times)),
-                     seconds(max(times)), *(
-                         seconds(statistics.median(r[b] - r[a] for _, r in runs))
-                         for a, b in zip(phases, phases[1:]))))
-    return ("floor: the workers started by hand, no launcher (their start to the first "
-            "completed step; then rank 0's phases, medians; DDP's first construction imports "
-            "torch._dynamo, about 800 modules)\n" + render(rows))
+        rows.append(
+            (
+                str(world),
+                str(len(runs)),
+                seconds(statistics.median(times)),
+                seconds(max(times)),
+                *(
+                    seconds(statistics.median(r[b] - r[a] for _, r in runs))
+                    for a, b in zip(phases, phases[1:])
+                ),
+            )
+        )
+    return (
+        "floor: the workers started by hand, no launcher (their start to the first "
+        "completed step; then rank 0's phases, medians; DDP's first construction imports "
+        "torch._dynamo, about 800 modules)\n" + render(rows)
+    )
 
 
 def summary(args, prefixes, results, floors):
@@ -275,14 +325,17 @@ def summary(args, prefixes, results, floors):
             times = [o.recovery for o in outcomes if o.reason is None]
             if not runs(case, launcher, prefixes):
                 continue
-            cells.append(f"{launcher} {seconds(statistics.median(times) if times else None)} "
-                         f"({len(times)}/{len(outcomes)})")
+            cells.append(
+                f"{launcher} {seconds(statistics.median(times) if times else None)} "
+                f"({len(times)}/{len(outcomes)})"
+            )
         parts.append(f"{case}: " + ", ".join(cells))
     floor = ", ".join(f"N={w} {seconds(floor_median(floors, w))}" for w in sorted(floors))
     return "summary: median recovery " + "; ".join(parts) + f"; floor {floor}"
 
 
 # --- main ------------------------------------------------------------------------------------
+
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -293,26 +346,41 @@ def parse_args(argv):
     parser.add_argument("--scratch", required=True, help="trials' directories (checkpoints)")
     parser.add_argument("--trials", type=int, help="rounds (default 10; --quick: 2)")
     parser.add_argument("--nproc", type=int, default=2, help="workers per node")
-    parser.add_argument("--widths", default="784,1024,384,10",
-                        help="the job's MLP, its layer widths (default 1.2 M parameters)")
+    parser.add_argument(
+        "--widths",
+        default="784,1024,384,10",
+        help="the job's MLP, its layer widths (default 1.2 M parameters)",
+    )
     parser.add_argument("--cases", default="worker,hang,host,agent")
     parser.add_argument("--launchers", default=",".join(LAUNCHERS))
-    parser.add_argument("--deadline", type=float, default=60,
-                        help="seconds from the fault to the next step before a trial fails")
+    parser.add_argument(
+        "--deadline",
+        type=float,
+        default=60,
+        help="seconds from the fault to the next step before a trial fails",
+    )
     parser.add_argument("--max-restarts", type=int, default=3)
-    parser.add_argument("--rdzv-conf", default="",
-                        help="more --rdzv-conf for both launchers (e.g. last_call_timeout=1)")
+    parser.add_argument(
+        "--rdzv-conf",
+        default="",
+        help="more --rdzv-conf for both launchers (e.g. last_call_timeout=1)",
+    )
     parser.add_argument("--quick", action="store_true", help="a smoke run: 2 rounds")
-    parser.add_argument("--keep", metavar="DIR",
-                        help="copy each trial's files and logs (not its checkpoints) into DIR")
+    parser.add_argument(
+        "--keep",
+        metavar="DIR",
+        help="copy each trial's files and logs (not its checkpoints) into DIR",
+    )
     args = parser.parse_args(argv)
     args.trials = args.trials or (2 if args.quick else 10)
     if args.keep:
         os.makedirs(args.keep, exist_ok=True)
     args.cases = [c for c in args.cases.split(",") if c]
-    args.launchers = [l for l in args.launchers.split(",") if l]
-    for name, given, known in (("case", args.cases, CASES), ("launcher", args.launchers,
-                                                               LAUNCHERS)):
+    args.launchers = [name for name in args.launchers.split(",") if name]
+    for name, given, known in (
+        ("case", args.cases, CASES),
+        ("launcher", args.launchers, LAUNCHERS),
+    ):
         unknown = [g for g in given if g not in known]
         if unknown or not given:
             parser.error(f"unknown {name} {unknown}: choose from {', '.join(known)}")
@@ -328,10 +396,13 @@ def main(argv=None):
         print("recovery_bench: needs root (network namespaces)", file=sys.stderr)
         return 2
     prefixes = launcher_prefixes(args)
-    print(f"rounds: {args.trials}, {args.nproc} workers per node, the MLP {args.widths}, cases {', '.join(args.cases)}, "
-          f"deadline {args.deadline:g} s; launchers: " +
-          ", ".join(f"{n} = {' '.join(p) if p else 'n/a'}" for n, p in prefixes.items()),
-          flush=True)
+    print(
+        f"rounds: {args.trials}, {args.nproc} workers per node, the MLP {args.widths}, "
+        f"cases {', '.join(args.cases)}, "
+        f"deadline {args.deadline:g} s; launchers: "
+        + ", ".join(f"{n} = {' '.join(p) if p else 'n/a'}" for n, p in prefixes.items()),
+        flush=True,
+    )
     results, floors = {}, {}
     with Hosts(HOSTS) as hosts:
         setup = Setup(args, hosts, args.scratch)
@@ -348,8 +419,12 @@ def main(argv=None):
     if floors:
         print(floor_table(floors) + "\n")
     print(summary(args, prefixes, results, floors), flush=True)
-    dlrun_failed = any(o.reason for (_, l), outs in results.items() for o in outs
-                       if l.startswith("dlrun"))
+    dlrun_failed = any(
+        o.reason
+        for (_, launcher), outs in results.items()
+        for o in outs
+        if launcher.startswith("dlrun")
+    )
     return 1 if dlrun_failed or len(floors) < len(floor_worlds(args)) else 0
 
 

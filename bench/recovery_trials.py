@@ -22,6 +22,7 @@ A trial:
 6. everything left is killed: each agent by PID, then every process in the trial's hosts
    (netns.sh kill), dlrund by PID.
 """
+
 import json
 import os
 import re
@@ -43,13 +44,13 @@ WORKER = os.path.join(HERE, "recovery_worker.py")
 STORE_SERVER = os.path.join(HERE, "torch_store_server.py")
 DLRUND_HOST = 3
 DLRUND_PORT = 29400
-STEADY_STEPS = 5         # steps of one incarnation before the job counts as training
-SETTLE_S = 2.0           # more steady time where a spare must be in place before the fault
-START_TIMEOUT_S = 120    # launch to steady training (torch's start-up on 2 shared cores)
-STOP_TIMEOUT_S = 60      # the stop file to every agent's exit
-ORPHAN_GRACE_S = 0.5     # an agent's workers still running this long after it was killed
+STEADY_STEPS = 5  # steps of one incarnation before the job counts as training
+SETTLE_S = 2.0  # more steady time where a spare must be in place before the fault
+START_TIMEOUT_S = 120  # launch to steady training (torch's start-up on 2 shared cores)
+STOP_TIMEOUT_S = 60  # the stop file to every agent's exit
+ORPHAN_GRACE_S = 0.5  # an agent's workers still running this long after it was killed
 POLL_S = 0.02
-HANG_TIMEOUT_S = 5       # the hang case's --hang-timeout
+HANG_TIMEOUT_S = 5  # the hang case's --hang-timeout
 
 
 class Case:
@@ -62,14 +63,13 @@ class Case:
 
 
 class Outcome:
-    def __init__(self, recovery=None, respawn=None, reason=None, kind=None, note=None,
-                 phases=None):
+    def __init__(self, recovery=None, respawn=None, reason=None, kind=None, note=None, phases=None):
         self.recovery = recovery  # seconds, when the trial succeeded
-        self.respawn = respawn    # of which from the fault to the new rank 0's start
-        self.phases = phases      # in process: {phase: seconds} of rank 0's recovery
-        self.reason = reason      # why it failed, else None
-        self.kind = kind          # Failed.kind
-        self.note = note          # a remark that is no failure (torchrun's orphaned workers)
+        self.respawn = respawn  # of which from the fault to the new rank 0's start
+        self.phases = phases  # in process: {phase: seconds} of rank 0's recovery
+        self.reason = reason  # why it failed, else None
+        self.kind = kind  # Failed.kind
+        self.note = note  # a remark that is no failure (torchrun's orphaned workers)
 
 
 class Failed(Exception):
@@ -86,6 +86,7 @@ class Failed(Exception):
 
 
 # --- what the worker writes ------------------------------------------------------------------
+
 
 class StepLog:
     """steps.jsonl as it grows: only whole lines, each read once."""
@@ -111,7 +112,7 @@ class StepLog:
         if not starts or records[starts[-1]]["world"] != world:
             return None
         inc = records[starts[-1]]["inc"]
-        steps = [r for r in records[starts[-1] + 1:] if r["kind"] == "step" and r["inc"] == inc]
+        steps = [r for r in records[starts[-1] + 1 :] if r["kind"] == "step" and r["inc"] == inc]
         return inc if len(steps) >= count else None
 
     def stepping(self):
@@ -127,8 +128,14 @@ class StepLog:
 
     def resume_of(self, step):
         """The resume line of the incarnation that took `step`, or None."""
-        return next((r for r in self.records if r["kind"] == "resume" and step is not None
-                     and r["inc"] == step["inc"]), None)
+        return next(
+            (
+                r
+                for r in self.records
+                if r["kind"] == "resume" and step is not None and r["inc"] == step["inc"]
+            ),
+            None,
+        )
 
     def respawn(self, t, other_than):
         """Seconds from `t` to the start of the rank 0 that took the first step after it (in
@@ -147,14 +154,19 @@ class StepLog:
         took = resume["recovery"]
         # From the recovery's own end back: a replacement's start-up (its interpreter, imports,
         # model) falls before its recovery, in "to recovery".
-        return {"to recovery": resume["loaded"] - took["total"] - t, "meet": took["meet"],
-                "group": took["group"], "state": took["state"],
-                "step": step["time"] - resume["loaded"]}
+        return {
+            "to recovery": resume["loaded"] - took["total"] - t,
+            "meet": took["meet"],
+            "group": took["group"],
+            "state": took["state"],
+            "step": step["time"] - resume["loaded"],
+        }
 
     def read_checkpoint_after(self, t):
         """Whether rank 0 read the checkpoint file in a start after `t`."""
-        return any(r["kind"] == "resume" and r["start"] > t and r.get("checkpoint")
-                   for r in self.poll())
+        return any(
+            r["kind"] == "resume" and r["start"] > t and r.get("checkpoint") for r in self.poll()
+        )
 
     def lineage_error(self):
         """A step taken twice after it was checkpointed, else None."""
@@ -191,7 +203,7 @@ def is_worker(record):
 
 
 def host_index(name):
-    return int(name[len("node"):]) if name.startswith("node") else None
+    return int(name[len("node") :]) if name.startswith("node") else None
 
 
 # torch 2.13's stores warn on every accept where a peer's name cannot be looked up (the simulated
@@ -202,8 +214,11 @@ NOISE = re.compile(r"hostname of the client socket cannot be retrieved|^[\s^~]*$
 def last_line(path):
     """What a log says last: its newest line naming an error among the last 40, else its last
     line (noise left out)."""
-    lines = [line.strip() for line in read_from(path, 0).decode(errors="replace").splitlines()
-             if not NOISE.search(line)][-40:]
+    lines = [
+        line.strip()
+        for line in read_from(path, 0).decode(errors="replace").splitlines()
+        if not NOISE.search(line)
+    ][-40:]
     errors = [line for line in lines if "Error" in line or "error:" in line]
     text = (errors or lines or ["(no output)"])[-1]
     return text[:240]
@@ -213,6 +228,7 @@ def last_line(path):
 # Each takes the trial, picks its victim from the trial's number (even: rank 0's, odd: another,
 # so both kinds come up alike for every launcher), calls trial.stamp_fault() right before the
 # kill, and returns a note or None.
+
 
 def victim_worker(trial, rank):
     mine = [w for w in running_workers(trial.dir) if w["rank"] == rank]
@@ -254,8 +270,9 @@ def victim_host(trial):
 def kill_host(trial):
     host = victim_host(trial)
     pids = trial.hosts.pids(host)
-    trial.victims.update(w["pid"] for w in running_workers(trial.dir)
-                         if host_index(w["host"]) == host)
+    trial.victims.update(
+        w["pid"] for w in running_workers(trial.dir) if host_index(w["host"]) == host
+    )
     trial.stamp_fault()
     for pid in pids:  # at once, by PID; netns.sh kill then makes sure nothing is left
         signal_pid(pid, signal.SIGKILL)
@@ -275,8 +292,7 @@ def kill_agent(trial):
     trial.stamp_fault()
     signal_pid(agent.pid, signal.SIGKILL)
     trial.killed.add(host)
-    wait_for(lambda: not any(is_worker(w) for w in workers), ORPHAN_GRACE_S,
-             every=POLL_S / 4)
+    wait_for(lambda: not any(is_worker(w) for w in workers), ORPHAN_GRACE_S, every=POLL_S / 4)
     orphans = [w for w in workers if is_worker(w)]
     for w in orphans:
         signal_pid(w["pid"], signal.SIGKILL)
@@ -288,15 +304,25 @@ def kill_agent(trial):
 
 CASES = {
     "worker": Case("worker", "one worker SIGKILLed", (0,), None, 1, 1, 0.0, kill_worker),
-    "host": Case("host", "a member host killed, a spare waiting", (0, 1, 2), "2", 2, 2,
-                 SETTLE_S, kill_host),
+    "host": Case(
+        "host", "a member host killed, a spare waiting", (0, 1, 2), "2", 2, 2, SETTLE_S, kill_host
+    ),
     "agent": Case("agent", "an agent SIGKILLed", (0, 1), "1:2", 2, 1, 0.0, kill_agent),
-    "hang": Case("hang", f"one worker SIGSTOPped, --hang-timeout={HANG_TIMEOUT_S:g}", (0,), None,
-                 1, 1, 0.0, stop_worker),
+    "hang": Case(
+        "hang",
+        f"one worker SIGSTOPped, --hang-timeout={HANG_TIMEOUT_S:g}",
+        (0,),
+        None,
+        1,
+        1,
+        0.0,
+        stop_worker,
+    ),
 }
 
 
 # --- a trial ---------------------------------------------------------------------------------
+
 
 class Trial:
     """One launch of one case under one launcher (`argv_prefix`: the launcher and its own flags)."""
@@ -309,14 +335,14 @@ class Trial:
         shutil.copy(setup.checkpoint, os.path.join(self.dir, "checkpoint.pt"))
         self.log = StepLog(os.path.join(self.dir, "steps.jsonl"))
         self.argv_prefix = argv_prefix
-        self.agents = {}          # host -> Popen of its launcher
-        self.killed = set()       # hosts whose agent the fault took
+        self.agents = {}  # host -> Popen of its launcher
+        self.killed = set()  # hosts whose agent the fault took
         self.dlrund = None
         self.fault_time = None
         self.fault_inc = None
         self.in_process = launcher.startswith("dlrun-inproc")
-        self.victims = set()      # PIDs of the workers the fault killed (or took with a node)
-        self.before = []          # the workers running right before the fault
+        self.victims = set()  # PIDs of the workers the fault killed (or took with a node)
+        self.before = []  # the workers running right before the fault
 
     def flags(self):
         s = self.setup
@@ -326,31 +352,58 @@ class Trial:
         if self.case.nnodes is None:
             return ["--standalone", *flags]
         conf = ",".join(["is_host=false", *([s.rdzv_conf] if s.rdzv_conf else [])])
-        return [f"--nnodes={self.case.nnodes}", *flags, "--rdzv-backend=c10d",
-                f"--rdzv-endpoint={self.hosts.address(DLRUND_HOST)}:{DLRUND_PORT}",
-                f"--rdzv-id=recovery-{self.launcher}-{self.case.name}-{self.index}",
-                f"--rdzv-conf={conf}"]
+        return [
+            f"--nnodes={self.case.nnodes}",
+            *flags,
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={self.hosts.address(DLRUND_HOST)}:{DLRUND_PORT}",
+            f"--rdzv-id=recovery-{self.launcher}-{self.case.name}-{self.index}",
+            f"--rdzv-conf={conf}",
+        ]
 
     def start(self):
         if self.case.nnodes is not None:
             self.start_dlrund()
-        env = clean_env(PYTHON_EXEC=self.setup.python, TMPDIR=self.dir,
-                        GLOO_SOCKET_IFNAME="lo" if self.case.nnodes is None else "eth0")
-        argv = [*self.argv_prefix, *self.flags(), WORKER, "--out", self.dir,
-                *self.setup.worker_args]
+        env = clean_env(
+            PYTHON_EXEC=self.setup.python,
+            TMPDIR=self.dir,
+            GLOO_SOCKET_IFNAME="lo" if self.case.nnodes is None else "eth0",
+        )
+        argv = [
+            *self.argv_prefix,
+            *self.flags(),
+            WORKER,
+            "--out",
+            self.dir,
+            *self.setup.worker_args,
+        ]
         for host in self.case.hosts:
             with open(self.agent_log(host), "wb") as log:
-                self.agents[host] = self.hosts.popen(host, argv, env=env, stdout=log,
-                                                     stderr=subprocess.STDOUT)
+                self.agents[host] = self.hosts.popen(
+                    host, argv, env=env, stdout=log, stderr=subprocess.STDOUT
+                )
 
     def start_dlrund(self):
         path = os.path.join(self.dir, "dlrund.log")
         with open(path, "wb") as log:
-            self.dlrund = self.hosts.popen(DLRUND_HOST, [
-                self.setup.dlrund, "--host", self.hosts.address(DLRUND_HOST),
-                "--port", str(DLRUND_PORT)], stdout=log, stderr=subprocess.STDOUT)
-        if not wait_for(lambda: b"listening on" in read_from(path, 0), 30,
-                        lambda: self.dlrund.poll() is not None, every=POLL_S):
+            self.dlrund = self.hosts.popen(
+                DLRUND_HOST,
+                [
+                    self.setup.dlrund,
+                    "--host",
+                    self.hosts.address(DLRUND_HOST),
+                    "--port",
+                    str(DLRUND_PORT),
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        if not wait_for(
+            lambda: b"listening on" in read_from(path, 0),
+            30,
+            lambda: self.dlrund.poll() is not None,
+            every=POLL_S,
+        ):
             raise Failed("setup", f"dlrund did not start: {last_line(path)}")
 
     def stamp_fault(self):
@@ -370,8 +423,10 @@ class Trial:
         """'host H exited C: its last line' for the first agent not killed that exited."""
         for host, proc in self.live_agents().items():
             if proc.poll() is not None:
-                return (f"host{host}'s {self.launcher} exited {proc.returncode}: "
-                        f"{last_line(self.agent_log(host))}")
+                return (
+                    f"host{host}'s {self.launcher} exited {proc.returncode}: "
+                    f"{last_line(self.agent_log(host))}"
+                )
         return None
 
     def wait_steady(self):
@@ -409,17 +464,20 @@ class Trial:
             exited = self.agent_exit()
             if exited:
                 raise Failed("exit", exited)
-            raise Failed("hang", f"no step within {self.setup.deadline:g} s of the fault; " +
-                         "; ".join(f"host{h}: {last_line(self.agent_log(h))}"
-                                   for h in self.live_agents()))
+            raise Failed(
+                "hang",
+                f"no step within {self.setup.deadline:g} s of the fault; "
+                + "; ".join(f"host{h}: {last_line(self.agent_log(h))}" for h in self.live_agents()),
+            )
         return found["time"] - self.fault_time
 
     def stop(self):
         with open(os.path.join(self.dir, "stop"), "w"):
             pass
         live = self.live_agents()
-        if not wait_for(lambda: all(p.poll() is not None for p in live.values()),
-                        STOP_TIMEOUT_S, every=POLL_S):
+        if not wait_for(
+            lambda: all(p.poll() is not None for p in live.values()), STOP_TIMEOUT_S, every=POLL_S
+        ):
             raise Failed("stop", f"still running {STOP_TIMEOUT_S} s after the stop")
         bad = self.agent_exit_codes(live)
         if bad:
@@ -457,8 +515,10 @@ class Trial:
         fault, no checkpoint was read; returns rank 0's phases."""
         gone = [w for w in self.before if w["pid"] not in self.victims and not is_worker(w)]
         if gone:
-            raise Failed("replaced", "survivors' processes replaced: ranks " +
-                         ", ".join(str(w["rank"]) for w in gone))
+            raise Failed(
+                "replaced",
+                "survivors' processes replaced: ranks " + ", ".join(str(w["rank"]) for w in gone),
+            )
         if self.log.read_checkpoint_after(self.fault_time):
             raise Failed("checkpoint", "rank 0 read the checkpoint file after the fault")
         phases = self.log.phases(self.fault_time, self.fault_inc)
@@ -481,6 +541,7 @@ class Trial:
 
 # --- the floor -------------------------------------------------------------------------------
 
+
 def floor_trial(setup, world, index):
     """The workers' own start, no launcher: `world` processes started at once on loopback with
     the environment torchrun gives (rank by hand, a fresh torch TCPStore served by
@@ -495,25 +556,44 @@ def floor_trial(setup, world, index):
 
 def run_bare(setup, world, out):
     """Runs the workers of `out` by hand until their first step, then stops them."""
-    store = subprocess.Popen([setup.python, STORE_SERVER], stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, preexec_fn=die_with_parent)
+    store = subprocess.Popen(
+        [setup.python, STORE_SERVER],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        preexec_fn=die_with_parent,
+    )
     workers = []
     try:
         port = int(read_line(store.stdout, 30))
         log = StepLog(os.path.join(out, "steps.jsonl"))
-        base = clean_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                         WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world), GROUP_RANK="0",
-                         GROUP_WORLD_SIZE="1", TORCHELASTIC_USE_AGENT_STORE="True",
-                         TORCHELASTIC_RESTART_COUNT="0", TORCHELASTIC_MAX_RESTARTS="0",
-                         TORCHELASTIC_RUN_ID="floor", OMP_NUM_THREADS="1", TMPDIR=out)
+        base = clean_env(
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+            WORLD_SIZE=str(world),
+            LOCAL_WORLD_SIZE=str(world),
+            GROUP_RANK="0",
+            GROUP_WORLD_SIZE="1",
+            TORCHELASTIC_USE_AGENT_STORE="True",
+            TORCHELASTIC_RESTART_COUNT="0",
+            TORCHELASTIC_MAX_RESTARTS="0",
+            TORCHELASTIC_RUN_ID="floor",
+            OMP_NUM_THREADS="1",
+            TMPDIR=out,
+        )
         start = time.time()
         for rank in range(world):
             env = dict(base, RANK=str(rank), LOCAL_RANK=str(rank), ROLE_RANK=str(rank))
             with open(os.path.join(out, f"rank{rank}.log"), "wb") as f:
-                workers.append(subprocess.Popen(
-                    [setup.python, "-u", WORKER, "--out", out, *setup.worker_args], env=env,
-                    stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT,
-                    preexec_fn=die_with_parent))
+                workers.append(
+                    subprocess.Popen(
+                        [setup.python, "-u", WORKER, "--out", out, *setup.worker_args],
+                        env=env,
+                        stdin=subprocess.DEVNULL,
+                        stdout=f,
+                        stderr=subprocess.STDOUT,
+                        preexec_fn=die_with_parent,
+                    )
+                )
         first = None
 
         def stepped():

@@ -52,16 +52,27 @@ PG_TIMEOUT_S = 60
 def parse_args():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", required=True)
-    parser.add_argument("--widths", default=WIDTHS,
-                        type=lambda text: [int(w) for w in text.split(",")],
-                        help="the MLP's layer widths, comma-separated (a bigger model: more "
-                        "state to send, to load and to build)")
-    parser.add_argument("--step-seconds", type=float, default=0.1,
-                        help="the least time between steps (a step that takes longer goes on "
-                        "at once): leaves the shared cores to the launchers' restarts")
-    parser.add_argument("--max-seconds", type=float, default=600,
-                        help="exit 3 after this long: a worker whose launcher and benchmark "
-                        "are gone (torchrun's workers do not die with their agent) ends anyway")
+    parser.add_argument(
+        "--widths",
+        default=WIDTHS,
+        type=lambda text: [int(w) for w in text.split(",")],
+        help="the MLP's layer widths, comma-separated (a bigger model: more "
+        "state to send, to load and to build)",
+    )
+    parser.add_argument(
+        "--step-seconds",
+        type=float,
+        default=0.1,
+        help="the least time between steps (a step that takes longer goes on "
+        "at once): leaves the shared cores to the launchers' restarts",
+    )
+    parser.add_argument(
+        "--max-seconds",
+        type=float,
+        default=600,
+        help="exit 3 after this long: a worker whose launcher and benchmark "
+        "are gone (torchrun's workers do not die with their agent) ends anyway",
+    )
     return parser.parse_args()
 
 
@@ -71,7 +82,7 @@ def start_ticks():
     a Python that started as its own program)."""
     with open("/proc/self/stat", "rb") as f:
         stat = f.read()
-    return int(stat[stat.rindex(b")") + 2:].split()[19])
+    return int(stat[stat.rindex(b")") + 2 :].split()[19])
 
 
 def append_line(path, record):
@@ -129,10 +140,18 @@ def main():
     incarnation = os.urandom(6).hex()
     rank = int(os.environ["RANK"])
     os.makedirs(os.path.join(args.out, "procs"), exist_ok=True)
-    write_json(os.path.join(args.out, "procs", f"{incarnation}.json"), {
-        "rank": rank, "world": int(os.environ["WORLD_SIZE"]), "host": socket.gethostname(),
-        "pid": os.getpid(), "ticks": start_ticks(), "inc": incarnation,
-        "restart": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))})
+    write_json(
+        os.path.join(args.out, "procs", f"{incarnation}.json"),
+        {
+            "rank": rank,
+            "world": int(os.environ["WORLD_SIZE"]),
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "ticks": start_ticks(),
+            "inc": incarnation,
+            "restart": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
+        },
+    )
     # The safety net of --max-seconds: a daemon timer, so no step waits for it.
     timer = threading.Timer(args.max_seconds, os._exit, (3,))
     timer.daemon = True
@@ -141,6 +160,7 @@ def main():
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
+
     imported = time.time()
     torch.set_num_threads(1)
     timeout = timedelta(seconds=PG_TIMEOUT_S)
@@ -158,6 +178,7 @@ def main():
     step = load_checkpoint(torch, checkpoint, model, optimizer) if reads_checkpoint else 0
     if in_process:
         import dlrun.recovery
+
         loop = dlrun.recovery.Loop(model, optimizer, backend="gloo", timeout=timeout)
         if reads_checkpoint:
             loop.step = step
@@ -175,12 +196,22 @@ def main():
     def resume(start, recovery=None):
         """Rank 0's resume line: at its start, and after each recovery in process (`start`:
         when its failed step raised), with the recovery's phases."""
-        append_line(steps_file, {
-            "kind": "resume", "step": loop.step if loop else step, "inc": inc(),
-            "world": dist.get_world_size(),
-            "restart": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
-            "checkpoint": reads_checkpoint and not recovery, "recovery": recovery,
-            "start": start, "imported": imported, "joined": joined, "loaded": time.time()})
+        append_line(
+            steps_file,
+            {
+                "kind": "resume",
+                "step": loop.step if loop else step,
+                "inc": inc(),
+                "world": dist.get_world_size(),
+                "restart": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
+                "checkpoint": reads_checkpoint and not recovery,
+                "recovery": recovery,
+                "start": start,
+                "imported": imported,
+                "joined": joined,
+                "loaded": time.time(),
+            },
+        )
 
     def inc():
         """A generation after a recovery in process is an incarnation of its own."""
@@ -208,10 +239,25 @@ def main():
             loss_fn(ddp(x), y).backward()
             optimizer.step()
             if rank0():
-                save_atomic(torch, {"step": number, "model": model.state_dict(),
-                                    "optimizer": optimizer.state_dict()}, checkpoint)
-                append_line(steps_file, {"kind": "step", "step": number, "time": time.time(),
-                                         "inc": inc(), "world": dist.get_world_size()})
+                save_atomic(
+                    torch,
+                    {
+                        "step": number,
+                        "model": model.state_dict(),
+                        "optimizer": optimizer.state_dict(),
+                    },
+                    checkpoint,
+                )
+                append_line(
+                    steps_file,
+                    {
+                        "kind": "step",
+                        "step": number,
+                        "time": time.time(),
+                        "inc": inc(),
+                        "world": dist.get_world_size(),
+                    },
+                )
             stop = torch.tensor([1 if os.path.exists(stop_path) else 0])
             dist.all_reduce(stop, op=dist.ReduceOp.MAX)
         except Exception:

@@ -80,9 +80,16 @@ def launch(run, argv_of_agent, scratch, timeout):
     try:
         for i in range(run.agents):
             with open(logs[i], "wb") as log:
-                procs.append(subprocess.Popen(
-                    argv_of_agent(i, ranks_file), stdin=subprocess.DEVNULL, stdout=log,
-                    stderr=subprocess.STDOUT, process_group=0, preexec_fn=die_with_parent))
+                procs.append(
+                    subprocess.Popen(
+                        argv_of_agent(i, ranks_file),
+                        stdin=subprocess.DEVNULL,
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        process_group=0,
+                        preexec_fn=die_with_parent,
+                    )
+                )
         exit_ns = wait_all(procs, start_ns + int(timeout * 1e9))
     finally:
         for proc in procs:
@@ -95,8 +102,9 @@ def launch(run, argv_of_agent, scratch, timeout):
         os.unlink(ranks_file)
     total = run.agents * run.nproc
     if exit_ns is None:
-        run.failed = (f"did not finish within {timeout:.0f} s: {len(starts)} of {total} workers "
-                      f"had started")
+        run.failed = (
+            f"did not finish within {timeout:.0f} s: {len(starts)} of {total} workers had started"
+        )
         return run
     codes = [proc.returncode for proc in procs]
     if any(codes):
@@ -181,11 +189,16 @@ def main():
     parser.add_argument("--torchrun", nargs="+", help="argv prefix that runs torchrun")
     parser.add_argument("--shapes", default="1x1024,2x3000,4x4000")
     parser.add_argument("--repeats", type=int, default=3, help="dlrun runs per shape")
-    parser.add_argument("--torchrun-budget", type=float, default=60,
-                        help="seconds torchrun gets per shape")
+    parser.add_argument(
+        "--torchrun-budget", type=float, default=60, help="seconds torchrun gets per shape"
+    )
     parser.add_argument("--dlrun-timeout", type=float, default=60)
-    parser.add_argument("--budget", type=float, default=270,
-                        help="seconds for everything: no shape starts after this")
+    parser.add_argument(
+        "--budget",
+        type=float,
+        default=270,
+        help="seconds for everything: no shape starts after this",
+    )
     parser.add_argument("--goal-seconds", type=float, default=10)
     args = parser.parse_args()
     shapes = [tuple(int(x) for x in shape.split("x")) for shape in args.shapes.split(",")]
@@ -194,15 +207,30 @@ def main():
 
     def dlrun_argv(agents, nproc, port, run_id):
         return lambda i, out: [
-            args.dlrun, f"--nnodes={agents}", f"--nproc-per-node={nproc}",
-            "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id={run_id}",
-            "--no-python", args.probe, out]
+            args.dlrun,
+            f"--nnodes={agents}",
+            f"--nproc-per-node={nproc}",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint=127.0.0.1:{port}",
+            f"--rdzv-id={run_id}",
+            "--no-python",
+            args.probe,
+            out,
+        ]
 
     def torchrun_argv(agents, nproc, port, run_id):
         return lambda i, out: [
-            *args.torchrun, f"--nnodes={agents}", f"--nproc_per_node={nproc}",
-            "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{port}", f"--rdzv_id={run_id}",
-            "--monitor_interval=0.1", "--no_python", args.probe, out]
+            *args.torchrun,
+            f"--nnodes={agents}",
+            f"--nproc_per_node={nproc}",
+            "--rdzv_backend=c10d",
+            f"--rdzv_endpoint=127.0.0.1:{port}",
+            f"--rdzv_id={run_id}",
+            "--monitor_interval=0.1",
+            "--no_python",
+            args.probe,
+            out,
+        ]
 
     floor = floor_per_worker(args.probe, 1024, scratch)
     rows = []  # (shape, launcher, [Run])
@@ -214,11 +242,18 @@ def main():
         dl_runs, tr_runs = [], []
         for repeat in range(args.repeats):
             port, run_id = free_port(), uuid.uuid4().hex[:12]
-            run = launch(Run("dlrun", agents, nproc), dlrun_argv(agents, nproc, port, run_id),
-                         scratch, args.dlrun_timeout)
+            run = launch(
+                Run("dlrun", agents, nproc),
+                dlrun_argv(agents, nproc, port, run_id),
+                scratch,
+                args.dlrun_timeout,
+            )
             dl_runs.append(run)
-            print(f"scale_bench: dlrun {agents} x {nproc}: "
-                  f"{run.failed or f'{run.to_last_start:.2f} s to last start'}", file=sys.stderr)
+            print(
+                f"scale_bench: dlrun {agents} x {nproc}: "
+                f"{run.failed or f'{run.to_last_start:.2f} s to last start'}",
+                file=sys.stderr,
+            )
             # torchrun after dlrun's first run, so both meet the machine in a similar state.
             if repeat != 0 or not args.torchrun:
                 continue
@@ -229,12 +264,18 @@ def main():
                 tr_runs = "not run: the overall budget was spent"
             else:
                 port, run_id = free_port(), uuid.uuid4().hex[:12]
-                run = launch(Run("torchrun", agents, nproc),
-                             torchrun_argv(agents, nproc, port, run_id), scratch, budget)
+                run = launch(
+                    Run("torchrun", agents, nproc),
+                    torchrun_argv(agents, nproc, port, run_id),
+                    scratch,
+                    budget,
+                )
                 tr_runs = [run]
-                print(f"scale_bench: torchrun {agents} x {nproc}: "
-                      f"{run.failed or f'{run.to_last_start:.2f} s to last start'}",
-                      file=sys.stderr)
+                print(
+                    f"scale_bench: torchrun {agents} x {nproc}: "
+                    f"{run.failed or f'{run.to_last_start:.2f} s to last start'}",
+                    file=sys.stderr,
+                )
                 if run.failed:
                     torchrun_out = f"not run: torchrun did not finish {agents} x {nproc}"
         rows.append(((agents, nproc), "dlrun", dl_runs))
@@ -243,8 +284,20 @@ def main():
     shutil.rmtree(scratch, ignore_errors=True)
 
     header = "%-10s %6s %-9s %4s %14s %9s %13s %7s %13s\n"
-    sys.stdout.write(header % ("shape", "ranks", "launcher", "runs", "to last start", "to exit",
-                               "per worker", "CPU", "CPU/worker"))
+    sys.stdout.write(
+        header
+        % (
+            "shape",
+            "ranks",
+            "launcher",
+            "runs",
+            "to last start",
+            "to exit",
+            "per worker",
+            "CPU",
+            "CPU/worker",
+        )
+    )
     figures, cpus = {}, {}
     for (agents, nproc), name, runs in rows:
         shape = f"{agents} x {nproc}"
@@ -262,30 +315,50 @@ def main():
         cpu = statistics.median(r.cpu for r in good)
         figures[(name, ranks)] = last
         cpus[(name, ranks)] = cpu
-        sys.stdout.write(header % (shape, ranks, name, len(good), f"{last:.2f} s",
-                                   f"{exit_s:.2f} s", f"{last / ranks * 1e6:.0f} us",
-                                   f"{cpu:.1f} s", f"{cpu / ranks * 1e6:.0f} us"))
+        sys.stdout.write(
+            header
+            % (
+                shape,
+                ranks,
+                name,
+                len(good),
+                f"{last:.2f} s",
+                f"{exit_s:.2f} s",
+                f"{last / ranks * 1e6:.0f} us",
+                f"{cpu:.1f} s",
+                f"{cpu / ranks * 1e6:.0f} us",
+            )
+        )
         for r in runs:
             if r.failed:
                 sys.stdout.write(f"{'':10} {'':6} {name:<9} one run failed: {r.failed}\n")
-    print(f"floor: the probe started 1024 times back to back by os.posix_spawn from Python and "
-          f"then reaped: {floor * 1e6:.0f} us per worker")
-    print("per worker: launch to the last worker's start over the ranks (medians of the runs); "
-          "CPU: user+system of the agents and every process they reaped")
+    print(
+        f"floor: the probe started 1024 times back to back by os.posix_spawn from Python and "
+        f"then reaped: {floor * 1e6:.0f} us per worker"
+    )
+    print(
+        "per worker: launch to the last worker's start over the ranks (medians of the runs); "
+        "CPU: user+system of the agents and every process they reaped"
+    )
     dl = sorted((ranks, s) for (name, ranks), s in figures.items() if name == "dlrun")
     if len(dl) >= 2:
         (small, small_s), (big, big_s) = dl[0], dl[-1]
         ratio = (big_s / big) / (small_s / small)
         cpu_ratio = (cpus[("dlrun", big)] / big) / (cpus[("dlrun", small)] / small)
-        print(f"goal (per-worker cost flat from {small} to {big} ranks): "
-              f"{small_s / small * 1e6:.0f} us -> {big_s / big * 1e6:.0f} us per worker "
-              f"(x{ratio:.2f}); CPU per worker x{cpu_ratio:.2f}")
+        print(
+            f"goal (per-worker cost flat from {small} to {big} ranks): "
+            f"{small_s / small * 1e6:.0f} us -> {big_s / big * 1e6:.0f} us per worker "
+            f"(x{ratio:.2f}); CPU per worker x{cpu_ratio:.2f}"
+        )
     if ("dlrun", 16000) in figures:
         s = figures[("dlrun", 16000)]
         verdict = "met" if s <= args.goal_seconds else "NOT met"
         print(f"goal (4 x 4000 within {args.goal_seconds:g} s): {verdict} ({s:.2f} s)")
-    failed = any(isinstance(runs, list) and any(r.failed for r in runs)
-                 for _, name, runs in rows if name == "dlrun")
+    failed = any(
+        isinstance(runs, list) and any(r.failed for r in runs)
+        for _, name, runs in rows
+        if name == "dlrun"
+    )
     return 1 if failed else 0
 
 

@@ -65,13 +65,20 @@ def launch(argv, env, log):
     """Runs argv to its end; returns the JSON lines its processes printed, or raises
     RuntimeError with why it failed."""
     err = tempfile.TemporaryFile()
-    process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                               stderr=err, env=env, process_group=0, preexec_fn=die_with_parent)
+    process = subprocess.Popen(
+        argv,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=err,
+        env=env,
+        process_group=0,
+        preexec_fn=die_with_parent,
+    )
     try:
         out, _ = process.communicate(timeout=LAUNCH_TIMEOUT_S)
     except subprocess.TimeoutExpired:
         stop_group(process)
-        raise RuntimeError(f"{' '.join(argv)}: still running after {LAUNCH_TIMEOUT_S} s")
+        raise RuntimeError(f"{' '.join(argv)}: still running after {LAUNCH_TIMEOUT_S} s") from None
     except Stopped:
         stop_group(process)
         raise
@@ -101,16 +108,24 @@ class Measured:
         for o in lines:
             if "test_accuracy" in o:  # the chief's (rank 0's) summary
                 if o["strategy"] != strategy or o["steps"] != steps:
-                    raise RuntimeError(f"rank 0 ran {o['steps']} steps of {o['strategy']}, "
-                                       f"not {steps} of {strategy}")
+                    raise RuntimeError(
+                        f"rank 0 ran {o['steps']} steps of {o['strategy']}, "
+                        f"not {steps} of {strategy}"
+                    )
                 self.samples_per_sec = o["samples_per_sec"]
                 self.processes[("worker", 0)] = (o["bytes_sent"], o["bytes_received"], steps)
             elif o.get("role") == "worker":
-                self.processes[("worker", o["index"])] = (o["bytes_sent"], o["bytes_received"],
-                                                          o["steps"])
+                self.processes[("worker", o["index"])] = (
+                    o["bytes_sent"],
+                    o["bytes_received"],
+                    o["steps"],
+                )
             elif o.get("role") == "ps":
-                self.processes[("ps", o["index"])] = (o["bytes_sent"], o["bytes_received"],
-                                                      o["pushes"])
+                self.processes[("ps", o["index"])] = (
+                    o["bytes_sent"],
+                    o["bytes_received"],
+                    o["pushes"],
+                )
                 self.parameters += o["parameters"]
         if self.samples_per_sec is None:
             raise RuntimeError("no summary from rank 0")
@@ -138,16 +153,26 @@ def measure(strategy, n, p, steps, env, dlrun, log):
     k = parameter_bytes()
     if strategy == "ps":
         argv = [dlrun, "--standalone", f"--roles=ps:{p},worker:{n}", "train", "--strategy", "ps"]
-        rows = {"ps": Row(strategy, n, p, "server", "NK/P", n * k / p),
-                "worker": Row(strategy, n, p, "worker", "K", k)}
+        rows = {
+            "ps": Row(strategy, n, p, "server", "NK/P", n * k / p),
+            "worker": Row(strategy, n, p, "worker", "K", k),
+        }
     else:
         argv = [dlrun, "--standalone", f"--nproc-per-node={n}", "train", "--allreduce", "gloo"]
         rows = {"worker": Row(strategy, n, p, "worker", "2(N-1)K/N", 2 * (n - 1) * k / n)}
     runs = []
     for s in steps:
-        runs.append(Measured(launch(argv + ["--epochs", "1", "--max-steps", str(s),
-                                            "--progress-every", "1000000"], env, log),
-                             strategy, s))
+        runs.append(
+            Measured(
+                launch(
+                    argv + ["--epochs", "1", "--max-steps", str(s), "--progress-every", "1000000"],
+                    env,
+                    log,
+                ),
+                strategy,
+                s,
+            )
+        )
     short, long = runs
     if strategy == "ps" and long.parameters * 4 != k:
         raise RuntimeError(f"the servers hold {long.parameters} parameters, not {k // 4}")
@@ -161,8 +186,9 @@ def measure(strategy, n, p, steps, env, dlrun, log):
         # A server's count is pushes: N of them make one round.
         rounds = (count - count0) / n if kind == "ps" else count - count0
         if rounds != steps[1] - steps[0]:
-            raise RuntimeError(f"{kind} {index} took {rounds} more steps, not "
-                               f"{steps[1] - steps[0]}")
+            raise RuntimeError(
+                f"{kind} {index} took {rounds} more steps, not {steps[1] - steps[0]}"
+            )
         rows[kind].per_step.append(((sent - sent0) / rounds, (received - received0) / rounds))
     for row in rows.values():
         row.samples_per_sec = long.samples_per_sec
@@ -178,11 +204,25 @@ def kb(x):
 
 
 def print_table(rows, k):
-    print(f"K = {k:,} bytes ({k // 4:,} float32 parameters); bytes per step (servers: per round "
-          "of N worker steps), per process, each way; ratio = measured / formula, the worst "
-          "process and direction of the row")
-    header = ("strategy", "N", "P", "process", "sent kB", "recv kB", "formula", "formula kB",
-              "ratio", "textbook", "ratio", "samples/s")
+    print(
+        f"K = {k:,} bytes ({k // 4:,} float32 parameters); bytes per step (servers: per round "
+        "of N worker steps), per process, each way; ratio = measured / formula, the worst "
+        "process and direction of the row"
+    )
+    header = (
+        "strategy",
+        "N",
+        "P",
+        "process",
+        "sent kB",
+        "recv kB",
+        "formula",
+        "formula kB",
+        "ratio",
+        "textbook",
+        "ratio",
+        "samples/s",
+    )
     table = [header]
     for r in rows:
         sent = sum(s for s, _ in r.per_step) / len(r.per_step)
@@ -197,14 +237,30 @@ def print_table(rows, k):
             textbook_name, textbook_ratio = "2(N-1)K/N", f"{r.worst():.4f}"
         else:
             textbook_name, textbook_ratio = "-", "-"
-        table.append((r.strategy, str(r.n), str(r.p) if r.strategy == "ps" else "-", r.kind,
-                      kb(sent), kb(received), r.formula_name, kb(r.formula), f"{r.worst():.4f}",
-                      textbook_name, textbook_ratio,
-                      "" if r.kind == "server" else f"{r.samples_per_sec:.0f}"))
+        table.append(
+            (
+                r.strategy,
+                str(r.n),
+                str(r.p) if r.strategy == "ps" else "-",
+                r.kind,
+                kb(sent),
+                kb(received),
+                r.formula_name,
+                kb(r.formula),
+                f"{r.worst():.4f}",
+                textbook_name,
+                textbook_ratio,
+                "" if r.kind == "server" else f"{r.samples_per_sec:.0f}",
+            )
+        )
     widths = [max(len(row[i]) for row in table) for i in range(len(header))]
     for row in table:
-        print("  ".join(cell.rjust(w) if i in (1, 2) or i >= 4 and i not in (6, 9) else
-                        cell.ljust(w) for i, (cell, w) in enumerate(zip(row, widths))).rstrip())
+        print(
+            "  ".join(
+                cell.rjust(w) if i in (1, 2) or i >= 4 and i not in (6, 9) else cell.ljust(w)
+                for i, (cell, w) in enumerate(zip(row, widths))
+            ).rstrip()
+        )
 
 
 def main():
@@ -226,7 +282,7 @@ def main():
     settings = []
     for strategy in args.strategies.split(","):
         for n in (int(x) for x in args.nprocs.split(",")):
-            for p in ([int(x) for x in args.servers.split(",")] if strategy == "ps" else [0]):
+            for p in [int(x) for x in args.servers.split(",")] if strategy == "ps" else [0]:
                 settings.append((strategy, n, p))
     rows, status = [], 0
     with open(args.log, "a") as log:
@@ -246,8 +302,7 @@ def main():
         print_table(rows, parameter_bytes())
     off = [r for r in rows if abs(r.worst() - 1) > args.tolerance]
     for r in off:
-        print(f"OFF: {setting(r.strategy, r.n, r.p)} {r.kind}: {r.worst():.4f} of "
-              f"{r.formula_name}")
+        print(f"OFF: {setting(r.strategy, r.n, r.p)} {r.kind}: {r.worst():.4f} of {r.formula_name}")
     if off:
         print(f"FAIL: {len(off)} row(s) off their formula by more than {args.tolerance:.0%}")
     elif not status:

@@ -57,11 +57,15 @@ def read_idx(path, dims):
         data = f.read()
     magic = int.from_bytes(data[0:4], "big")
     if magic != 0x800 + dims:
-        raise SystemExit(f"torch_ddp_train.py: {path}: magic {magic:#x}, expected {0x800 + dims:#x}")
-    shape = [int.from_bytes(data[4 + 4 * i:8 + 4 * i], "big") for i in range(dims)]
+        raise SystemExit(
+            f"torch_ddp_train.py: {path}: magic {magic:#x}, expected {0x800 + dims:#x}"
+        )
+    shape = [int.from_bytes(data[4 + 4 * i : 8 + 4 * i], "big") for i in range(dims)]
     payload = np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * dims)
     if payload.size != math.prod(shape):
-        raise SystemExit(f"torch_ddp_train.py: {path}: {payload.size} bytes, expected {math.prod(shape)}")
+        raise SystemExit(
+            f"torch_ddp_train.py: {path}: {payload.size} bytes, expected {math.prod(shape)}"
+        )
     return payload.reshape(shape)
 
 
@@ -99,9 +103,17 @@ def he(layer):
 def make_cnn():
     return nn.Sequential(
         nn.Unflatten(1, (1, 28, 28)),
-        he(nn.Conv2d(1, 16, 3, padding=1)), nn.ReLU(), nn.MaxPool2d(2),
-        he(nn.Conv2d(16, 32, 3, padding=1)), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Flatten(), he(nn.Linear(32 * 7 * 7, 128)), nn.ReLU(), he(nn.Linear(128, 10)))
+        he(nn.Conv2d(1, 16, 3, padding=1)),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        he(nn.Conv2d(16, 32, 3, padding=1)),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        he(nn.Linear(32 * 7 * 7, 128)),
+        nn.ReLU(),
+        he(nn.Linear(128, 10)),
+    )
 
 
 def make_model(widths):
@@ -125,8 +137,12 @@ def main():
     parser.add_argument("--hidden", type=int, nargs="+", default=[256, 128])
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--data", default="/usr/share/datasets/fashion-mnist")
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch.set_num_threads per worker (1, as OMP_NUM_THREADS=1)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch.set_num_threads per worker (1, as OMP_NUM_THREADS=1)",
+    )
     parser.add_argument("--progress-every", type=int, default=100)
     args = parser.parse_args()
 
@@ -151,10 +167,17 @@ def main():
     model = make_cnn() if args.model == "cnn" else make_model([train_x.shape[1], *args.hidden, 10])
     ddp = DistributedDataParallel(model)
     loss_fn = nn.CrossEntropyLoss()
-    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum,
-                                weight_decay=args.weight_decay)
-    sampler = DistributedSampler(IndexOnly(train_x.shape[0]), num_replicas=world, rank=rank,
-                                 shuffle=True, seed=args.seed, drop_last=False)
+    optimizer = torch.optim.SGD(
+        model.parameters(), lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay
+    )
+    sampler = DistributedSampler(
+        IndexOnly(train_x.shape[0]),
+        num_replicas=world,
+        rank=rank,
+        shuffle=True,
+        seed=args.seed,
+        drop_last=False,
+    )
 
     per = (test_x.shape[0] + world - 1) // world
     test_begin = min(test_x.shape[0], rank * per)
@@ -185,7 +208,7 @@ def main():
         samples = 0
         model.train()
         for s in range(steps):
-            index = shard[s * args.batch_size:(s + 1) * args.batch_size]
+            index = shard[s * args.batch_size : (s + 1) * args.batch_size]
             x, y = train_x[index], train_y[index]
             if args.lr_schedule == "cosine":
                 progress = (epoch + s / steps) / args.epochs
@@ -217,19 +240,27 @@ def main():
             "samples_per_sec": samples / epoch_seconds if epoch_seconds > 0 else 0.0,
             "seconds": now - started,
         }
-        say(f"epoch {epoch + 1}/{args.epochs}: train loss {last['train_loss']:.4f}, "
+        say(
+            f"epoch {epoch + 1}/{args.epochs}: train loss {last['train_loss']:.4f}, "
             f"test accuracy {accuracy:.4f}, {last['samples_per_sec']:.0f} samples/s, "
-            f"{last['seconds']:.1f} s")
+            f"{last['seconds']:.1f} s"
+        )
     if last is not None:
-        say(json.dumps({
-            "epochs": last["epoch"], "steps": step, "world_size": world,
-            "train_loss": round(last["train_loss"], 6),
-            "test_accuracy": round(last["test_accuracy"], 6),
-            "samples_per_sec": round(last["samples_per_sec"], 1),
-            "seconds": round(last["seconds"], 3),
-            "train_samples_per_sec": round(train_samples / train_seconds, 1),
-            "setup_seconds": round(setup_seconds, 3),
-        }))
+        say(
+            json.dumps(
+                {
+                    "epochs": last["epoch"],
+                    "steps": step,
+                    "world_size": world,
+                    "train_loss": round(last["train_loss"], 6),
+                    "test_accuracy": round(last["test_accuracy"], 6),
+                    "samples_per_sec": round(last["samples_per_sec"], 1),
+                    "seconds": round(last["seconds"], 3),
+                    "train_samples_per_sec": round(train_samples / train_seconds, 1),
+                    "setup_seconds": round(setup_seconds, 3),
+                }
+            )
+        )
     dist.destroy_process_group()
     return 0
 

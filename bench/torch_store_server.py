@@ -4,6 +4,7 @@ Binds 127.0.0.1 on a free port, prints the port as its first line, and serves un
 closes or SIGTERM arrives (SIGTERM's default action ends the process; the store's daemon is a
 thread in it). Tested with torch 1.13, whose TCPStore exposes the bound port as `.port`.
 """
+
 import sys
 
 import torch.distributed as dist

@@ -12,24 +12,22 @@ Usage: /usr/bin/python3 bench/torchrun_py311.py [torchrun flags] ENTRYPOINT [arg
 
 import re
 import sys
-from typing import Dict, Union
+from typing import Union
 
 from torch.distributed.elastic.multiprocessing import api
 
 
-def _from_str(cls, vm: str) -> Union["api.Std", Dict[int, "api.Std"]]:
-    """"0".."3" -> Std; "0:3,1:0" -> {0: Std.ALL, 1: Std.NONE}; anything else is refused."""
+def _from_str(cls, vm: str) -> Union["api.Std", dict[int, "api.Std"]]:
+    """ "0".."3" -> Std; "0:3,1:0" -> {0: Std.ALL, 1: Std.NONE}; anything else is refused."""
     if re.match(api._VALUE_REGEX, vm):
         return cls(int(vm))
     if re.match(api._MAPPING_REGEX, vm):
-        mapping: Dict[int, api.Std] = {}
+        mapping: dict[int, api.Std] = {}
         for item in vm.split(","):
             rank, value = item.split(":")
             mapping[int(rank)] = cls(int(value))
         return mapping
-    raise ValueError(
-        f"{vm} does not match: <{api._VALUE_REGEX}> or <{api._MAPPING_REGEX}>"
-    )
+    raise ValueError(f"{vm} does not match: <{api._VALUE_REGEX}> or <{api._MAPPING_REGEX}>")
 
 
 api.Std.from_str = classmethod(_from_str)

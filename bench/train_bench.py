@@ -38,7 +38,8 @@ import time
 
 EPOCH_LINE = re.compile(
     r"epoch (\d+)/(\d+): train loss ([-\d.naif]+), test accuracy ([\d.]+), "
-    r"([\d.]+) samples/s, ([\d.]+) s")
+    r"([\d.]+) samples/s, ([\d.]+) s"
+)
 GRACE_S = 20  # how far past the budget a launch under way may run
 STOP_WAIT_S = 15  # between SIGTERM to a launch's process group and SIGKILL
 
@@ -96,8 +97,14 @@ def launch(argv, env, target, deadline, stop_at_target, log):
     err = tempfile.TemporaryFile()
     start = time.monotonic()
     try:
-        process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                   stderr=err, env=env, process_group=0)
+        process = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=err,
+            env=env,
+            process_group=0,
+        )
     except OSError as error:
         run.why = str(error)
         return run
@@ -156,14 +163,21 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--dlrun", required=True)
     parser.add_argument("--python", required=True)
-    parser.add_argument("--torchrun", required=True, nargs="+",
-                        help="argv prefix that runs torchrun")
+    parser.add_argument(
+        "--torchrun", required=True, nargs="+", help="argv prefix that runs torchrun"
+    )
     parser.add_argument("--torch-script", required=True)
-    parser.add_argument("--blas-dir", default="",
-                        help="a directory with an optimised libblas.so.3 (OpenBLAS): adds "
-                        "torch configurations with it first on LD_LIBRARY_PATH")
-    parser.add_argument("--torch-blas", default="Debian's libblas.so.3",
-                        help="what torch does its math with, for the tables' titles")
+    parser.add_argument(
+        "--blas-dir",
+        default="",
+        help="a directory with an optimised libblas.so.3 (OpenBLAS): adds "
+        "torch configurations with it first on LD_LIBRARY_PATH",
+    )
+    parser.add_argument(
+        "--torch-blas",
+        default="Debian's libblas.so.3",
+        help="what torch does its math with, for the tables' titles",
+    )
     parser.add_argument("--model", choices=["mlp", "cnn"], default="mlp")
     parser.add_argument("--nprocs", default="1,2")
     parser.add_argument("--epochs", type=int, default=12)
@@ -171,32 +185,57 @@ def main():
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--budget", type=float, default=540)
     parser.add_argument("--stop-at-target", action="store_true")
-    parser.add_argument("--goal-ratio", type=float, default=2.0,
-                        help="the ratio to call met or not (0: report the ratios alone)")
+    parser.add_argument(
+        "--goal-ratio",
+        type=float,
+        default=2.0,
+        help="the ratio to call met or not (0: report the ratios alone)",
+    )
     parser.add_argument("--log", default=os.devnull, help="every output line, time-stamped")
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, on_signal)
     end = time.monotonic() + args.budget
     nprocs = [int(n) for n in args.nprocs.split(",")]
-    train_flags = ["--model", args.model, "--epochs", str(args.epochs), "--progress-every",
-                   "1000000"]
+    train_flags = [
+        "--model",
+        args.model,
+        "--epochs",
+        str(args.epochs),
+        "--progress-every",
+        "1000000",
+    ]
 
     base_env = dict(os.environ)
-    configs = [("dlrun", lambda n: [args.dlrun, "--standalone", f"--nproc-per-node={n}",
-                                    "train", *train_flags], base_env)]
+    configs = [
+        (
+            "dlrun",
+            lambda n: [args.dlrun, "--standalone", f"--nproc-per-node={n}", "train", *train_flags],
+            base_env,
+        )
+    ]
 
     def torch_command(n):
         # --standalone would put torch 1.13's store on port 29400, which another torchrun on
         # the machine may hold: the same c10d rendezvous on a free port instead.
-        return [*args.torchrun, "--nnodes=1", f"--nproc_per_node={n}", "--rdzv_backend=c10d",
-                f"--rdzv_endpoint=127.0.0.1:{free_port()}", "--rdzv_id=train_bench",
-                "--max_restarts=0", "--monitor_interval=0.5", args.torch_script, *train_flags]
+        return [
+            *args.torchrun,
+            "--nnodes=1",
+            f"--nproc_per_node={n}",
+            "--rdzv_backend=c10d",
+            f"--rdzv_endpoint=127.0.0.1:{free_port()}",
+            "--rdzv_id=train_bench",
+            "--max_restarts=0",
+            "--monitor_interval=0.5",
+            args.torch_script,
+            *train_flags,
+        ]
 
     configs.append(("torch", torch_command, base_env))
     if args.blas_dir:
         blas_env = dict(base_env)
         blas_env["LD_LIBRARY_PATH"] = args.blas_dir + (
-            ":" + base_env["LD_LIBRARY_PATH"] if base_env.get("LD_LIBRARY_PATH") else "")
+            ":" + base_env["LD_LIBRARY_PATH"] if base_env.get("LD_LIBRARY_PATH") else ""
+        )
         blas_env["OPENBLAS_NUM_THREADS"] = "1"  # one thread per worker, as torch's own
         configs.append(("torch+blas", torch_command, blas_env))
 
@@ -205,27 +244,38 @@ def main():
     try:
         for r in range(args.repeats):
             if time.monotonic() >= end:
-                print(f"train_bench: stopping after {r} of {args.repeats} rounds (the time "
-                      f"budget of {args.budget:.0f} s is spent)", file=sys.stderr)
+                print(
+                    f"train_bench: stopping after {r} of {args.repeats} rounds (the time "
+                    f"budget of {args.budget:.0f} s is spent)",
+                    file=sys.stderr,
+                )
                 break
             for n in nprocs:
                 for name, command, env in configs:
                     if time.monotonic() >= end:
-                        print(f"train_bench: round {r + 1}, N = {n}, {name}: not started, the "
-                              f"time budget is spent", file=sys.stderr, flush=True)
+                        print(
+                            f"train_bench: round {r + 1}, N = {n}, {name}: not started, the "
+                            f"time budget is spent",
+                            file=sys.stderr,
+                            flush=True,
+                        )
                         continue
                     argv = command(n)
                     log.write(f"# round {r + 1}, N = {n}, {name}: {' '.join(argv)}\n")
                     run = launch(argv, env, args.target, end + GRACE_S, args.stop_at_target, log)
                     runs[(name, n)].append(run)
-                    state = (run.why or ("cut short by the budget" if run.cut else "ok"))
+                    state = run.why or ("cut short by the budget" if run.cut else "ok")
                     reached = f"{run.reached:.1f} s" if run.reached is not None else "not reached"
                     sps = run.samples_per_sec()
-                    print(f"train_bench: round {r + 1}, N = {n}, {name}: {state}; "
-                          f"{len(run.epochs)} epochs, target {reached}, "
-                          f"{sps:.0f} samples/s" if sps else
-                          f"train_bench: round {r + 1}, N = {n}, {name}: {state}",
-                          file=sys.stderr, flush=True)
+                    print(
+                        f"train_bench: round {r + 1}, N = {n}, {name}: {state}; "
+                        f"{len(run.epochs)} epochs, target {reached}, "
+                        f"{sps:.0f} samples/s"
+                        if sps
+                        else f"train_bench: round {r + 1}, N = {n}, {name}: {state}",
+                        file=sys.stderr,
+                        flush=True,
+                    )
     except Stopped as stopped:
         print(f"train_bench: stopped by {stopped}", file=sys.stderr)
         return 143
@@ -260,13 +310,28 @@ def main():
     torch_names = [name for name, _, _ in configs if name != "dlrun"]
     verdicts = []
     for torch_name in torch_names:
-        label = (f"torch ({args.torch_blas})" if torch_name == "torch" else
-                 f"torch with {args.blas_dir}/libblas.so.3")
+        label = (
+            f"torch ({args.torch_blas})"
+            if torch_name == "torch"
+            else f"torch with {args.blas_dir}/libblas.so.3"
+        )
         print()
         print(f"dlrun vs {label}, {args.epochs} epochs, target test accuracy {args.target}")
         row = "%-3s %10s %10s %7s %11s %11s %7s %9s %9s\n"
-        sys.stdout.write(row % ("N", "dlrun s", "torch s", "ratio", "dlrun sm/s", "torch sm/s",
-                                "ratio", "dlrun up", "torch up"))
+        sys.stdout.write(
+            row
+            % (
+                "N",
+                "dlrun s",
+                "torch s",
+                "ratio",
+                "dlrun sm/s",
+                "torch sm/s",
+                "ratio",
+                "dlrun up",
+                "torch up",
+            )
+        )
         for n in nprocs:
             (dt, dt_text), (ds, ds_text) = summary(("dlrun", n))
             (tt, tt_text), (ts, ts_text) = summary((torch_name, n))
@@ -276,24 +341,33 @@ def main():
                 ups.append(f"{statistics.median(values):.1f}" if values else "-")
             time_ratio = ratio(tt, dt)
             sps_ratio = ratio(ds, ts)
-            sys.stdout.write(row % (n, dt_text, tt_text, time_ratio, ds_text, ts_text, sps_ratio,
-                                    *ups))
+            sys.stdout.write(
+                row % (n, dt_text, tt_text, time_ratio, ds_text, ts_text, sps_ratio, *ups)
+            )
             if dt is not None and tt is None and tt_text.startswith(">"):
                 time_ratio = f">{float(tt_text[1:].split()[0]) / dt:.2f}"
                 print(f"    (torch was stopped by the budget first: time ratio {time_ratio})")
             for what, value in (("time to target", time_ratio), ("samples/s", sps_ratio)):
                 if value != "n/a":
                     number = float(value.lstrip(">"))
-                    verdicts.append(f"N = {n}, {what} vs {label}: "
-                                    f"{'met' if number >= args.goal_ratio else 'NOT met'} "
-                                    f"({value}x)")
+                    verdicts.append(
+                        f"N = {n}, {what} vs {label}: "
+                        f"{'met' if number >= args.goal_ratio else 'NOT met'} "
+                        f"({value}x)"
+                    )
     print()
-    print("dlrun s, torch s: launch to the end of the first epoch (evaluation included) whose "
-          f"test accuracy is >= {args.target}, start-up included; medians over the runs.")
-    print("sm/s: training samples per second over the epochs run, evaluation excluded; "
-          "up: launch to the first training step, plus one evaluation (s).")
-    print("ratio: how many times faster dlrun is (torch's time over dlrun's; dlrun's samples/s "
-          "over torch's).")
+    print(
+        "dlrun s, torch s: launch to the end of the first epoch (evaluation included) whose "
+        f"test accuracy is >= {args.target}, start-up included; medians over the runs."
+    )
+    print(
+        "sm/s: training samples per second over the epochs run, evaluation excluded; "
+        "up: launch to the first training step, plus one evaluation (s)."
+    )
+    print(
+        "ratio: how many times faster dlrun is (torch's time over dlrun's; dlrun's samples/s "
+        "over torch's)."
+    )
     if args.stop_at_target:
         print("Runs were stopped at the target, so samples/s is over the epochs until then.")
     if args.goal_ratio > 0:

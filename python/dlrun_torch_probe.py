@@ -6,6 +6,7 @@ then holds the message its #else branch throws; null where no library was found 
 
 torch 2.4 and later ask for libuv in every TCPStore client an agent's store gets
 (torch/distributed/rendezvous.py), which such a build refuses: Debian 13's torch 2.6 is one."""
+
 import importlib.util
 import json
 import mmap
@@ -52,21 +53,21 @@ def rodata(data):
     whole = (0, len(data))
     if data[:5] != b"\x7fELF\x02" or len(data) < 64:
         return whole
-    shoff, = struct.unpack_from("<Q", data, 0x28)
+    (shoff,) = struct.unpack_from("<Q", data, 0x28)
     entsize, count, names = struct.unpack_from("<HHH", data, 0x3A)
     if entsize < 64 or names >= count or shoff + count * entsize > len(data):
         return whole
 
     def section(i):  # (name offset, file offset, size)
         at = shoff + i * entsize
-        name, = struct.unpack_from("<I", data, at)
+        (name,) = struct.unpack_from("<I", data, at)
         offset, size = struct.unpack_from("<QQ", data, at + 0x18)
         return name, offset, size
 
     _, table, _ = section(names)
     for i in range(count):
         name, offset, size = section(i)
-        if data[table + name:table + name + 8] == b".rodata\0" and offset + size <= len(data):
+        if data[table + name : table + name + 8] == b".rodata\0" and offset + size <= len(data):
             return offset, offset + size
     return whole
 

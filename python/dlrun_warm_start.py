@@ -14,6 +14,7 @@ and exits), parent-death signal, signal dispositions and mask, sitecustomize, an
 exit codes: SystemExit's, 1 after an uncaught exception's traceback, death by SIGINT after an
 uncaught KeyboardInterrupt.
 """
+
 import os
 import signal
 import sys
@@ -21,13 +22,18 @@ import sys
 # A fresh interpreter's state, as the agent's fresh workers start with it: taken before
 # anything else runs, since this process is a fresh interpreter started as they are.
 _FRESH = {
-    "signals": {sig: signal.getsignal(sig) for sig in signal.valid_signals()
-                if sig not in (signal.SIGKILL, signal.SIGSTOP)},
+    "signals": {
+        sig: signal.getsignal(sig)
+        for sig in signal.valid_signals()
+        if sig not in (signal.SIGKILL, signal.SIGSTOP)
+    },
     "mask": signal.pthread_sigmask(signal.SIG_BLOCK, ()),
     "path": list(sys.path),
     "pythonpath": None if sys.flags.ignore_environment else os.environ.get("PYTHONPATH"),
-    "stdio": [(s.encoding, s.errors) if s is not None else None
-              for s in (sys.stdin, sys.stdout, sys.stderr)],
+    "stdio": [
+        (s.encoding, s.errors) if s is not None else None
+        for s in (sys.stdin, sys.stdout, sys.stderr)
+    ],
     "unbuffered": sys.stdout is not None and sys.stdout.write_through,
 }
 
@@ -65,7 +71,7 @@ class Reader:
 
     def text(self):
         size = self.u32()
-        value = bytes(self.data[self.at:self.at + size])
+        value = bytes(self.data[self.at : self.at + size])
         if len(value) != size:
             raise ValueError("a field runs past the frame")
         self.at += size
@@ -114,6 +120,7 @@ def preload(modules):
     """Imports `modules`; None, or why this zygote cannot serve (one line)."""
     import importlib
     import importlib.util
+
     for name in modules:
         try:
             importlib.import_module(name)
@@ -132,13 +139,18 @@ def preload(modules):
     except Exception:
         cuda = False
     if cuda:
-        return ("CUDA was initialised while preloading (torch.cuda.is_initialized()), and a "
-                "forked worker cannot use it: preload no module that initialises CUDA")
+        return (
+            "CUDA was initialised while preloading (torch.cuda.is_initialized()), and a "
+            "forked worker cannot use it: preload no module that initialises CUDA"
+        )
     import threading
+
     threads = [t.name for t in threading.enumerate() if t is not threading.main_thread()]
     if threads:
-        return (f"preloading started Python threads ({', '.join(threads)}), which a forked "
-                "worker would not have: preload no module that starts threads at import")
+        return (
+            f"preloading started Python threads ({', '.join(threads)}), which a forked "
+            "worker would not have: preload no module that starts threads at import"
+        )
     return None
 
 
@@ -158,20 +170,25 @@ def parse_command(argv):
             continue
         for j, c in enumerate(arg[1:], 1):
             if c in "mWX":
-                value = arg[j + 1:]
+                value = arg[j + 1 :]
                 if not value:
                     i += 1
                     value = argv[i]
                 if c == "m":
-                    return "module", value, argv[i + 1:]
+                    return "module", value, argv[i + 1 :]
                 break
         i += 1
-    return "script", argv[i], argv[i + 1:]
+    return "script", argv[i], argv[i + 1 :]
 
 
 def prctl(option, value):
-    _libc.prctl(ctypes.c_int(option), ctypes.c_ulong(value), ctypes.c_ulong(0),
-                ctypes.c_ulong(0), ctypes.c_ulong(0))
+    _libc.prctl(
+        ctypes.c_int(option),
+        ctypes.c_ulong(value),
+        ctypes.c_ulong(0),
+        ctypes.c_ulong(0),
+        ctypes.c_ulong(0),
+    )
 
 
 def retitle(argv):
@@ -181,7 +198,7 @@ def retitle(argv):
         with open("/proc/self/stat", "rb") as f:
             fields = f.read().rsplit(b")", 1)[1].split()
         start, end = int(fields[45]), int(fields[46])  # arg_start, arg_end: fields 48, 49
-        data = b"\0".join(os.fsencode(a) for a in argv)[:end - start - 1]
+        data = b"\0".join(os.fsencode(a) for a in argv)[: end - start - 1]
         ctypes.memmove(start, data.ljust(end - start, b"\0"), end - start)
     except (OSError, ValueError, IndexError):
         pass  # the zygote's command line stays
@@ -205,15 +222,16 @@ def fresh_stdio():
         encoding, errors = _FRESH["stdio"][fd] or (None, None)
         buffering = 0 if unbuffered and mode == "w" else -1
         try:
-            buf = io.open(fd, mode + "b", buffering, closefd=False)
+            buf = open(fd, mode + "b", buffering, closefd=False)
         except OSError:
             streams.append(None)
             continue
         raw = buf if buffering == 0 else buf.raw
         raw.name = name
         line = not unbuffered and (raw.isatty() or fd == 2)
-        stream = io.TextIOWrapper(buf, encoding, errors, newline="\n", line_buffering=line,
-                                  write_through=unbuffered)
+        stream = io.TextIOWrapper(
+            buf, encoding, errors, newline="\n", line_buffering=line, write_through=unbuffered
+        )
         stream.mode = mode
         streams.append(stream)
     sys.stdin, sys.stdout, sys.stderr = streams
@@ -224,16 +242,20 @@ def fresh_path(kind, target):
     """sys.path as CPython computes it for this command, cwd and PYTHONPATH."""
     safe = getattr(sys.flags, "safe_path", False)
     own = _FRESH["pythonpath"]
-    rest = _FRESH["path"][(0 if safe else 1) + (len(own.split(os.pathsep)) if own else 0):]
+    rest = _FRESH["path"][(0 if safe else 1) + (len(own.split(os.pathsep)) if own else 0) :]
     head = []
     if not safe:
-        head.append(os.getcwd() if kind == "module"
-                    else os.path.dirname(os.path.realpath(os.path.join(os.getcwd(), target))))
+        head.append(
+            os.getcwd()
+            if kind == "module"
+            else os.path.dirname(os.path.realpath(os.path.join(os.getcwd(), target)))
+        )
     pythonpath = None if sys.flags.ignore_environment else os.environ.get("PYTHONPATH")
     if pythonpath:
         head += [os.path.abspath(p) for p in pythonpath.split(os.pathsep)]
     sys.path[:] = head + rest
     import importlib
+
     importlib.invalidate_caches()  # directories written since the zygote looked
 
 
@@ -252,6 +274,7 @@ def rerun_site():
     if sys.flags.no_site:
         return
     import site
+
     sys.modules.pop("sitecustomize", None)
     site.execsitecustomize()
     if site.ENABLE_USER_SITE:
@@ -287,8 +310,12 @@ def become_worker(ctl, request, fds):
         rerun_site()
         signal.pthread_sigmask(signal.SIG_SETMASK, _FRESH["mask"])
     except BaseException as e:
-        os.write(2, f"dlrun warm start: cannot set up the worker: {type(e).__name__}: {e}\n"
-                 .encode(errors="replace"))
+        os.write(
+            2,
+            f"dlrun warm start: cannot set up the worker: {type(e).__name__}: {e}\n".encode(
+                errors="replace"
+            ),
+        )
         os._exit(127)
     os._exit(run(request.argv, kind, target, args))
 
@@ -296,6 +323,7 @@ def become_worker(ctl, request, fds):
 def fresh_main():
     import builtins
     import types
+
     main = types.ModuleType("__main__")
     main.__annotations__ = {}
     main.__builtins__ = builtins
@@ -309,12 +337,14 @@ def run_script(main, path, program):
         with io.open_code(filename) as f:
             source = f.read()
     except OSError as e:
-        sys.stderr.write(f"{program}: can't open file {filename!r}: [Errno {e.errno}] "
-                         f"{e.strerror}\n")
+        sys.stderr.write(
+            f"{program}: can't open file {filename!r}: [Errno {e.errno}] {e.strerror}\n"
+        )
         return 2
     main.__file__ = filename
     main.__cached__ = None
     import importlib.machinery
+
     main.__loader__ = importlib.machinery.SourceFileLoader("__main__", filename)
     exec(compile(source, filename, "exec", dont_inherit=True), main.__dict__)
     return 0
@@ -352,6 +382,7 @@ def run(argv, kind, target, args):
     try:
         if kind == "module":
             import runpy
+
             sys.argv = ["-m", *args]
             code = 0
             runpy._run_module_as_main(target, alter_argv=True)
@@ -379,6 +410,7 @@ def finish(code, interrupted):
         except BaseException as e:
             print_exception(e)
     import atexit
+
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         try:
@@ -414,8 +446,11 @@ def spawn(ctl, request, fds):
                 try:
                     os.sched_setaffinity(0, request.cpus)
                 except OSError as e:
-                    os.write(w, f"Ecannot run on CPUs {request.cpus} (--numa-binding): "
-                                f"{e.strerror}".encode())
+                    os.write(
+                        w,
+                        f"Ecannot run on CPUs {request.cpus} (--numa-binding): "
+                        f"{e.strerror}".encode(),
+                    )
                     os._exit(0)
             pid = os.fork()
             if pid == 0:
@@ -457,6 +492,7 @@ def control_socket():
 
 def main():
     import time
+
     ctl = control_socket()
     modules = [m for m in sys.argv[1].split(",") if m] if len(sys.argv) > 1 else []
     began = time.monotonic()
@@ -465,12 +501,18 @@ def main():
         ctl.sendall(text_frame(REFUSED, problem))
         return 0
     import gc
+
     gc.collect()
     gc.freeze()  # the forks' collections then leave the shared pages alone
     version = ".".join(map(str, sys.version_info[:3]))
-    ctl.sendall(text_frame(READY, f"Python {version} (pid {os.getpid()}) ready, "
-                                  f"{', '.join(modules) or 'no module'} imported in "
-                                  f"{time.monotonic() - began:.2f} s"))
+    ctl.sendall(
+        text_frame(
+            READY,
+            f"Python {version} (pid {os.getpid()}) ready, "
+            f"{', '.join(modules) or 'no module'} imported in "
+            f"{time.monotonic() - began:.2f} s",
+        )
+    )
     while True:
         body, fds = receive(ctl)
         if body is None:

@@ -14,6 +14,7 @@ in it. Prints each breach on a line and exits 1 when there is one.
 
 A function is counted from its signature at the start of a line (not indented) to the closing
 brace at the start of a line: the shape of every function the tree defines outside a class."""
+
 import os
 import re
 import sys
@@ -23,24 +24,51 @@ MAX_FUNCTION_LINES = 120
 SKIP_DIRS = {"tests", "bench", ".git", "__pycache__"}
 SIGNATURE = re.compile(r"^[A-Za-z_].*\)\s*(const\s*)?(override\s*)?(noexcept\s*)?(->.*)?\{\s*$")
 OPENING = re.compile(r"^[A-Za-z_][^;]*[(,]\s*$")
-NOT_A_FUNCTION = ("namespace", "class", "struct", "enum", "union", "using", "template", "#",
-                  "extern")
+NOT_A_FUNCTION = (
+    "namespace",
+    "class",
+    "struct",
+    "enum",
+    "union",
+    "using",
+    "template",
+    "#",
+    "extern",
+)
 # The files the map must name, and the paths it may name: a top-level folder of the tree, then a
 # file name with an extension (not preceded by a path character, so share/dlrun/python/x.py in
 # an install path is no tree path).
 NAMED_EXTENSIONS = (".cpp", ".h", ".cu", ".py", ".sh", ".proto")
-TOP_FOLDERS = ("agents", "bench", "cmake", "common", "control", "docs", "examples", "launcher",
-               "metrics", "mpi", "packaging", "proto", "python", "remote", "rendezvous",
-               "scripts", "slurm", "store", "tests", "trainer")
+TOP_FOLDERS = (
+    "agents",
+    "bench",
+    "cmake",
+    "common",
+    "control",
+    "docs",
+    "examples",
+    "launcher",
+    "metrics",
+    "mpi",
+    "packaging",
+    "proto",
+    "python",
+    "remote",
+    "rendezvous",
+    "scripts",
+    "slurm",
+    "store",
+    "tests",
+    "trainer",
+)
 # Folders that hold no part of the program: the docs themselves, and examples for users.
 UNMAPPED_FOLDERS = {"docs", "examples", "__pycache__"}
-PATH = re.compile(r"(?<![\w./-])(?:%s)/[\w./-]*\.[A-Za-z0-9]+\b" % "|".join(TOP_FOLDERS))
+PATH = re.compile(rf"(?<![\w./-])(?:{'|'.join(TOP_FOLDERS)})/[\w./-]*\.[A-Za-z0-9]+\b")
 
 
 def sources(root):
     for top, dirs, files in os.walk(root):
-        dirs[:] = sorted(d for d in dirs
-                         if d not in SKIP_DIRS and not d.startswith(("build", ".")))
+        dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS and not d.startswith(("build", ".")))
         for name in sorted(files):
             if name.endswith((".cpp", ".h", ".cu")):
                 yield os.path.join(top, name)
@@ -65,11 +93,17 @@ def map_breaches(root):
                     path = path.rstrip(".")
                     named.add(path)
                     if not os.path.exists(os.path.join(root, path)):
-                        yield (f"{os.path.relpath(page, root)}:{number}: names {path}, "
-                               "which is not in the tree")
+                        yield (
+                            f"{os.path.relpath(page, root)}:{number}: names {path}, "
+                            "which is not in the tree"
+                        )
     for top, dirs, files in os.walk(root):
-        dirs[:] = sorted(d for d in dirs if not d.startswith(("build", ".", "__pycache__"))
-                         and not (top == root and d == "tests"))
+        dirs[:] = sorted(
+            d
+            for d in dirs
+            if not d.startswith(("build", ".", "__pycache__"))
+            and not (top == root and d == "tests")
+        )
         for name in sorted(files):
             path = os.path.relpath(os.path.join(top, name), root)
             if name.endswith(NAMED_EXTENSIONS) and path not in named:
@@ -121,8 +155,7 @@ def link_breaches(root):
                 if re.match(r"[a-z]+:", target):
                     continue  # http:, https:, mailto:
                 path, _, anchor = target.partition("#")
-                full = os.path.normpath(os.path.join(os.path.dirname(page), path)) if path \
-                    else page
+                full = os.path.normpath(os.path.join(os.path.dirname(page), path)) if path else page
                 where = f"{os.path.relpath(page, root)}:{number}"
                 if not os.path.exists(full):
                     yield f"{where}: links {target}, which is not in the tree"
@@ -150,8 +183,10 @@ def index_breaches(root):
     listed = {anchor for _, anchor, _ in rows}
     for number, anchor, date in rows:
         if anchor in sections and sections[anchor] != date:
-            yield (f"docs/benchmarks.md:{number}: the index dates #{anchor} {date}, its "
-                   f"section's latest figure {sections[anchor]}")
+            yield (
+                f"docs/benchmarks.md:{number}: the index dates #{anchor} {date}, its "
+                f"section's latest figure {sections[anchor]}"
+            )
     for (number, _, date), (_, _, before) in zip(rows[1:], rows):
         if date > before:
             yield f"docs/benchmarks.md:{number}: the index is not newest first"
@@ -170,8 +205,12 @@ def folder_breaches(root):
         if not os.path.isdir(os.path.join(root, folder)):
             yield f"ARCHITECTURE.md: its table names {folder}/, which is not in the tree"
     for name in sorted(os.listdir(root)):
-        if (os.path.isdir(os.path.join(root, name)) and not name.startswith((".", "build"))
-                and name not in named and name not in UNMAPPED_FOLDERS):
+        if (
+            os.path.isdir(os.path.join(root, name))
+            and not name.startswith((".", "build"))
+            and name not in named
+            and name not in UNMAPPED_FOLDERS
+        ):
             yield f"{name}/: a folder the table of ARCHITECTURE.md section 1 does not name"
 
 
@@ -198,8 +237,9 @@ def long_functions(lines):
 
 
 def main():
-    root = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else
-                           os.path.join(os.path.dirname(__file__), ".."))
+    root = os.path.abspath(
+        sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "..")
+    )
     breaches = []
     for path in sources(root):
         with open(path, encoding="utf-8") as f:
@@ -208,8 +248,9 @@ def main():
         if path.endswith(".cpp") and len(lines) - 1 > MAX_FILE_LINES:
             breaches.append(f"{name}: {len(lines) - 1} lines (at most {MAX_FILE_LINES})")
         for first, length in long_functions(lines):
-            breaches.append(f"{name}:{first}: a function of {length} lines "
-                            f"(at most {MAX_FUNCTION_LINES})")
+            breaches.append(
+                f"{name}:{first}: a function of {length} lines (at most {MAX_FUNCTION_LINES})"
+            )
     with open(os.path.join(root, "launcher", "launch.cpp"), encoding="utf-8") as f:
         for number, line in enumerate(f, 1):
             if "ConfigError(" in line:

@@ -8,6 +8,7 @@ Each file is one JSON object a line ("kind": "step" or "epoch"; see trainer/metr
 Step lines give the loss curve, epoch lines the accuracy curve. A restarted run's lines follow
 on in the same file; its restarts are marked on the loss curve. Needs python3-matplotlib.
 """
+
 import argparse
 import json
 import os
@@ -43,30 +44,43 @@ def default_label(path, records):
 
 def plot(runs, output):
     figure, ((loss_step, acc_step), (loss_time, acc_time)) = plt.subplots(
-        2, 2, figsize=(12, 8), dpi=100)
+        2, 2, figsize=(12, 8), dpi=100
+    )
     for label, records in runs:
         losses = [r for r in records if r["loss"] is not None]
         epochs = [r for r in records if r["kind"] == "epoch" and r["accuracy"] is not None]
         # Loss from step lines where the run wrote any; else the epochs' mean loss.
         steps = [r for r in losses if r["kind"] == "step"] or losses
-        line, = loss_step.plot([r["step"] for r in steps], [r["loss"] for r in steps],
-                               label=label)
+        (line,) = loss_step.plot(
+            [r["step"] for r in steps], [r["loss"] for r in steps], label=label
+        )
         color = line.get_color()
-        loss_time.plot([r["elapsed"] for r in steps], [r["loss"] for r in steps], color=color,
-                       label=label)
-        acc_step.plot([r["step"] for r in epochs], [r["accuracy"] for r in epochs], "o-",
-                      color=color, label=label)
-        acc_time.plot([r["elapsed"] for r in epochs], [r["accuracy"] for r in epochs], "o-",
-                      color=color, label=label)
+        loss_time.plot(
+            [r["elapsed"] for r in steps], [r["loss"] for r in steps], color=color, label=label
+        )
+        acc_step.plot(
+            [r["step"] for r in epochs],
+            [r["accuracy"] for r in epochs],
+            "o-",
+            color=color,
+            label=label,
+        )
+        acc_time.plot(
+            [r["elapsed"] for r in epochs],
+            [r["accuracy"] for r in epochs],
+            "o-",
+            color=color,
+            label=label,
+        )
         for previous, record in zip(records, records[1:]):
             if record["restart"] != previous["restart"]:
                 loss_step.axvline(record["step"], color=color, linestyle=":", linewidth=1)
-    for axes, x, y, title in ((loss_step, "step", "training loss", "Loss by step"),
-                              (acc_step, "step", "test accuracy", "Test accuracy by step"),
-                              (loss_time, "seconds since the run's start", "training loss",
-                               "Loss by time"),
-                              (acc_time, "seconds since the run's start", "test accuracy",
-                               "Test accuracy by time")):
+    for axes, x, y, title in (
+        (loss_step, "step", "training loss", "Loss by step"),
+        (acc_step, "step", "test accuracy", "Test accuracy by step"),
+        (loss_time, "seconds since the run's start", "training loss", "Loss by time"),
+        (acc_time, "seconds since the run's start", "test accuracy", "Test accuracy by time"),
+    ):
         axes.set_xlabel(x)
         axes.set_ylabel(y)
         axes.set_title(title)
@@ -81,8 +95,12 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("files", nargs="+", help="--metrics-file outputs of dlrun-train")
     parser.add_argument("-o", "--output", required=True, help="the PNG to write")
-    parser.add_argument("--label", action="append", default=[],
-                        help="a name for each file, in order (default: file and world size)")
+    parser.add_argument(
+        "--label",
+        action="append",
+        default=[],
+        help="a name for each file, in order (default: file and world size)",
+    )
     args = parser.parse_args()
     if args.label and len(args.label) != len(args.files):
         parser.error(f"{len(args.label)} --label for {len(args.files)} files")

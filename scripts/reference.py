@@ -17,6 +17,7 @@ several groups gives each its name. The prose around the markers is the page's o
 --bindir: where dlrun, dlrund and dlrun-train are (default: beside $DLRUN, else build/bin).
 --check writes nothing: it exits 1 naming the first page that differs, the line and both texts.
 """
+
 import argparse
 import os
 import re
@@ -49,13 +50,22 @@ def run_help(bindir, command):
     env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": "/nonexistent"}
     program = os.path.join(bindir, command[0])
     try:
-        done = subprocess.run([program, *command[1:]], capture_output=True, text=True, env=env,
-                              timeout=30, check=False)
+        done = subprocess.run(
+            [program, *command[1:]],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=30,
+            check=False,
+        )
     except OSError as error:
-        raise SystemExit(f"reference.py: cannot run {program} ({error.strerror}): give --bindir")
+        raise SystemExit(
+            f"reference.py: cannot run {program} ({error.strerror}): give --bindir"
+        ) from None
     if done.returncode != 0:
-        raise SystemExit(f"reference.py: {' '.join(command)} exited {done.returncode}: "
-                         f"{done.stderr.strip()}")
+        raise SystemExit(
+            f"reference.py: {' '.join(command)} exited {done.returncode}: {done.stderr.strip()}"
+        )
     return done.stdout
 
 
@@ -67,7 +77,7 @@ def parse_head(head, line):
     env = None
     found = re.search(r"\s*\(Env:(\w+)\)$", rest)
     if found:
-        env, rest = found.group(1), rest[:found.start()]
+        env, rest = found.group(1), rest[: found.start()]
     rest = re.sub(r"\s*\.\.\.$", "", rest)  # takes several values
     kind = default = None
     if rest:
@@ -150,8 +160,11 @@ def generate(bindir, spec, where):
         groups = {only: groups[only]}
     left_out = set()
     if less:
-        left_out = {option.key() for options in parse_help(run_help(bindir, less)).values()
-                    for option in options}
+        left_out = {
+            option.key()
+            for options in parse_help(run_help(bindir, less)).values()
+            for option in options
+        }
     lines = []
     for name, options in groups.items():
         options = [option for option in options if option.key() not in left_out]
@@ -197,8 +210,11 @@ def first_difference(old, new):
         if a != b:
             return number, a, b
     number = min(len(old), len(new)) + 1
-    return number, (old[number - 1] if len(old) >= number else "(the end)"), \
-        (new[number - 1] if len(new) >= number else "(the end)")
+    return (
+        number,
+        (old[number - 1] if len(old) >= number else "(the end)"),
+        (new[number - 1] if len(new) >= number else "(the end)"),
+    )
 
 
 def default_bindir():
@@ -208,10 +224,14 @@ def default_bindir():
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--check", action="store_true",
-                        help="write nothing; exit 1 if a page differs from what it would be")
-    parser.add_argument("--bindir", default=default_bindir(),
-                        help="the directory of dlrun, dlrund and dlrun-train")
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="write nothing; exit 1 if a page differs from what it would be",
+    )
+    parser.add_argument(
+        "--bindir", default=default_bindir(), help="the directory of dlrun, dlrund and dlrun-train"
+    )
     args = parser.parse_args()
     stale = 0
     for relpath in PAGES:
@@ -220,8 +240,10 @@ def main():
             continue
         if args.check:
             number, a, b = first_difference(old, new)
-            print(f"{relpath}:{number}: differs from its programs' --help "
-                  f"(python3 scripts/reference.py rewrites it)\n  page:   {a}\n  --help: {b}")
+            print(
+                f"{relpath}:{number}: differs from its programs' --help "
+                f"(python3 scripts/reference.py rewrites it)\n  page:   {a}\n  --help: {b}"
+            )
             stale += 1
         else:
             with open(os.path.join(ROOT, relpath), "w", encoding="utf-8") as f:

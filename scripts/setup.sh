@@ -8,10 +8,10 @@ set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=${DLRUN_BUILD_DIR:-$root/build}
 # torch 2.13 and TensorFlow for the tests (the main job needs neither), pinned: an unpinned torch
-# would pull a CUDA build of several GB; and the one clang-format the tree is formatted with
-# (scripts/format.py), the same on Debian 12 and 13. Made once, reused while its pins are met.
+# would pull a CUDA build of several GB; and the one clang-format and ruff the tree is formatted
+# and linted with (scripts/format.py), the same on Debian 12 and 13. Made once, reused while its pins are met.
 venv=${DLRUN_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/dlrun/venv}
-venv_pins=(torch==2.13.0 tensorflow-cpu==2.21.0 clang-format==14.0.6
+venv_pins=(torch==2.13.0 tensorflow-cpu==2.21.0 clang-format==14.0.6 ruff==0.17.6
            lightning==2.6.6 transformers==5.24.0 accelerate==1.15.0)  # dlrun.progress's callbacks
 tests=false
 if [ "${1:-}" = --tests ]; then

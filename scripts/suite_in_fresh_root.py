@@ -18,6 +18,7 @@ that test alone).
 
 DLRUN_BUILD_DIR names a configured build of this tree (default: build/), under which the roots
 are cached (package-chroot-cache/)."""
+
 import os
 import subprocess
 import sys
@@ -53,12 +54,14 @@ mkdir -p "$scratch/tmp" && chmod 1777 "$scratch/tmp" && mount --bind "$scratch/t
 echo "127.0.1.1 $(hostname)" >> "$root/etc/hosts"
 if [[ -f /etc/pip.conf ]]; then
   cp /etc/pip.conf "$root/etc/pip.conf"
-  for d in $(grep -oE '/opt/[A-Za-z0-9._/-]+' /etc/pip.conf | sed -E 's#^(/opt/[^/]+).*#\1#' | sort -u); do
+  for d in $(grep -oE '/opt/[A-Za-z0-9._/-]+' /etc/pip.conf |
+             sed -E 's#^(/opt/[^/]+).*#\1#' | sort -u); do
     [[ -d $d ]] && mkdir -p "$root$d" && mount --bind "$d" "$root$d"
   done
 fi
 mkdir -p "$root/usr/local/share/ca-certificates"
-cp -r /usr/local/share/ca-certificates/. "$root/usr/local/share/ca-certificates/" 2>/dev/null || true
+cp -r /usr/local/share/ca-certificates/. "$root/usr/local/share/ca-certificates/" 2>/dev/null ||
+  true
 if in_root sh -c "command -v git" >/dev/null; then echo "git is installed in the root"; exit 3; fi
 in_root CCACHE_DIR=/ccache bash -c 'cd /src && bash scripts/test.sh "$@"' bash "$@"
 """
@@ -66,22 +69,24 @@ in_root CCACHE_DIR=/ccache bash -c 'cd /src && bash scripts/test.sh "$@"' bash "
 
 def main():
     args = sys.argv[1:]
-    ctest_args = args[args.index("--") + 1:] if "--" in args else []
-    args = args[:args.index("--")] if "--" in args else args
+    ctest_args = args[args.index("--") + 1 :] if "--" in args else []
+    args = args[: args.index("--")] if "--" in args else args
     release = args[0] if args else "bookworm"
     log = args[1] if len(args) > 1 else None
     with tempfile.TemporaryDirectory(prefix="dlrun-fresh-root-") as scratch:
         source = os.path.join(scratch, "src")
         os.makedirs(source)
         commit = os.environ.get("DLRUN_COMMIT", "HEAD")
-        archive = subprocess.run(["git", "-C", ROOT, "archive", commit], check=True,
-                                 capture_output=True).stdout
+        archive = subprocess.run(
+            ["git", "-C", ROOT, "archive", commit], check=True, capture_output=True
+        ).stdout
         subprocess.run(["tar", "-x", "-C", source], input=archive, check=True)
         caches = [os.path.join(cache_dir(), f"{release}-{name}") for name in ("ccache", "pip")]
         for cache in caches:
             os.makedirs(cache, exist_ok=True)
-        code, output = run_in_root(release, scratch, SCRIPT, [source, *caches, *ctest_args],
-                                   RUN_TIMEOUT_S)
+        code, output = run_in_root(
+            release, scratch, SCRIPT, [source, *caches, *ctest_args], RUN_TIMEOUT_S
+        )
     if log:
         with open(log, "w") as f:
             f.write(output)

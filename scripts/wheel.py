@@ -16,6 +16,7 @@ stay outside, as for the Debian package: the CUDA module needs them on the node.
 is the one `auditwheel show` finds the wheel consistent with (the CUDA module, which needs
 libraries no manylinux system has, left out of that look). Prints the wheel's path, its size and
 what auditwheel said; fails over SIZE_BUDGET_MB."""
+
 import base64
 import hashlib
 import os
@@ -36,9 +37,11 @@ PYTHON_PACKAGE = "share/dlrun/python/dlrun"
 LIBS_DIR = "lib/dlrun/libs"
 # What every manylinux system has (auditwheel's list for manylinux_2_36, which the programs
 # need: glibc 2.36), so it is never bundled.
-SYSTEM_LIBS = re.compile(r"^(ld-linux-x86-64|libc|libm|libmvec|libdl|librt|libpthread|libresolv|"
-                         r"libutil|libanl|libnsl|libgcc_s|libstdc\+\+|libatomic|libz|libexpat)"
-                         r"\.so(\.\d+)*$")
+SYSTEM_LIBS = re.compile(
+    r"^(ld-linux-x86-64|libc|libm|libmvec|libdl|librt|libpthread|libresolv|"
+    r"libutil|libanl|libnsl|libgcc_s|libstdc\+\+|libatomic|libz|libexpat)"
+    r"\.so(\.\d+)*$"
+)
 NVIDIA_LIBS = re.compile(r"^lib(cuda|cudart|cublas|cublasLt|nccl|nvrtc|nvJitLink)\.so")
 CUDA_MODULE = "lib/dlrun/trainer/dlrun-train-cuda.so"
 SUMMARY = "Launches distributed training jobs as torchrun does, faster and sturdier"
@@ -104,8 +107,11 @@ def bundle(files, data, work):
         patched = os.path.join(work, inside)
         os.makedirs(os.path.dirname(patched), exist_ok=True)
         shutil.copy2(source, patched)
-        installed = (f"bin/{os.path.basename(inside)}" if "/scripts/" in inside
-                     else inside.split("/data/", 1)[1])
+        installed = (
+            f"bin/{os.path.basename(inside)}"
+            if "/scripts/" in inside
+            else inside.split("/data/", 1)[1]
+        )
         runpath = ["$ORIGIN/" + os.path.relpath(LIBS_DIR, os.path.dirname(installed))]
         if "/scripts/" in inside:
             runpath.append(f"$ORIGIN/../data/{LIBS_DIR}")
@@ -123,18 +129,22 @@ def bundle(files, data, work):
 
 def metadata(version, tag):
     return {
-        "METADATA": (f"Metadata-Version: 2.1\nName: dlrun\nVersion: {version}\n"
-                     f"Summary: {SUMMARY}\nRequires-Python: >=3.8\n"
-                     "Classifier: Programming Language :: C++\n"
-                     "Classifier: Operating System :: POSIX :: Linux\n"
-                     "Description-Content-Type: text/markdown\n\n"
-                     "dlrun starts N workers per node with the environment PyTorch and TensorFlow"
-                     " read, as torchrun does, and keeps them running: elastic rendezvous, restarts"
-                     " after failures, Slurm, hang reports, a control plane and a live page.\n\n"
-                     "    pip install dlrun\n"
-                     "    dlrun --standalone --nproc-per-node=4 train.py\n"),
-        "WHEEL": (f"Wheel-Version: 1.0\nGenerator: dlrun scripts/wheel.py\n"
-                  f"Root-Is-Purelib: false\nTag: {tag}\n"),
+        "METADATA": (
+            f"Metadata-Version: 2.1\nName: dlrun\nVersion: {version}\n"
+            f"Summary: {SUMMARY}\nRequires-Python: >=3.8\n"
+            "Classifier: Programming Language :: C++\n"
+            "Classifier: Operating System :: POSIX :: Linux\n"
+            "Description-Content-Type: text/markdown\n\n"
+            "dlrun starts N workers per node with the environment PyTorch and TensorFlow"
+            " read, as torchrun does, and keeps them running: elastic rendezvous, restarts"
+            " after failures, Slurm, hang reports, a control plane and a live page.\n\n"
+            "    pip install dlrun\n"
+            "    dlrun --standalone --nproc-per-node=4 train.py\n"
+        ),
+        "WHEEL": (
+            f"Wheel-Version: 1.0\nGenerator: dlrun scripts/wheel.py\n"
+            f"Root-Is-Purelib: false\nTag: {tag}\n"
+        ),
     }
 
 
@@ -143,6 +153,7 @@ def pack(path, files, version, tag):
     info = f"dlrun-{version}.dist-info"
     record = []
     with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED, compresslevel=9) as wheel:
+
         def add(inside, data, mode):
             entry = zipfile.ZipInfo(inside, TIMESTAMP)
             entry.external_attr = (0o100000 | mode) << 16
@@ -181,8 +192,12 @@ def main():
         bundled = bundle(files, data, work)
         # The tag from a look without the CUDA module (it needs NVIDIA's libraries on the node).
         probe = os.path.join(work, f"dlrun-{version}-py3-none-linux_x86_64.whl")
-        pack(probe, {k: v for k, v in files.items() if not k.endswith(CUDA_MODULE)}, version,
-             "py3-none-linux_x86_64")
+        pack(
+            probe,
+            {k: v for k, v in files.items() if not k.endswith(CUDA_MODULE)},
+            version,
+            "py3-none-linux_x86_64",
+        )
         plat, _ = platform_tag(probe)
         if not plat.startswith("manylinux_"):
             raise SystemExit(f"wheel: auditwheel show finds no manylinux tag ({plat})")
@@ -191,8 +206,10 @@ def main():
         pack(wheel, files, version, tag)
     said = run(["auditwheel", "show", wheel])
     size = os.path.getsize(wheel) / 1e6
-    print(f"wheel: {wheel}\nwheel: {size:.1f} MB (budget {SIZE_BUDGET_MB} MB); bundled: "
-          f"{', '.join(bundled) or 'nothing'}\n{said.strip()}")
+    print(
+        f"wheel: {wheel}\nwheel: {size:.1f} MB (budget {SIZE_BUDGET_MB} MB); bundled: "
+        f"{', '.join(bundled) or 'nothing'}\n{said.strip()}"
+    )
     if size > SIZE_BUDGET_MB:
         raise SystemExit(f"wheel: {size:.1f} MB is over the budget of {SIZE_BUDGET_MB} MB")
 

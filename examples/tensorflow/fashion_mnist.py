@@ -1,6 +1,7 @@
 """What the TensorFlow examples share: Fashion-MNIST from Debian's dataset-fashion-mnist package
 (the idx files, read with gzip and numpy: nothing is downloaded), the model, its training step,
 the test accuracy and the --report-dir record."""
+
 import gzip
 import hashlib
 import json
@@ -34,23 +35,31 @@ def load(split, limit=None):
 
 
 def add_training_args(parser):
-    parser.add_argument("--train-size", type=int, default=60000,
-                        help="train on the first N training examples")
-    parser.add_argument("--test-size", type=int, default=10000,
-                        help="test on the first N test examples")
+    parser.add_argument(
+        "--train-size", type=int, default=60000, help="train on the first N training examples"
+    )
+    parser.add_argument(
+        "--test-size", type=int, default=10000, help="test on the first N test examples"
+    )
     parser.add_argument("--batch-size", type=int, default=64, help="the global batch")
     parser.add_argument("--learning-rate", type=float, default=0.1)
     parser.add_argument("--seed", type=int, default=0, help="initial weights and data order")
-    parser.add_argument("--threads", type=int, default=0,
-                        help="TensorFlow's intra- and inter-op threads (0: its own choice)")
-    parser.add_argument("--report-dir",
-                        help="write DIR/rank_<RANK>.json: the task TF_CONFIG names, and results")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="TensorFlow's intra- and inter-op threads (0: its own choice)",
+    )
+    parser.add_argument(
+        "--report-dir", help="write DIR/rank_<RANK>.json: the task TF_CONFIG names, and results"
+    )
 
 
 def import_tensorflow(threads):
     """TensorFlow, quiet unless told otherwise (TF_CPP_MIN_LOG_LEVEL) and on `threads`."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import tensorflow as tf
+
     if threads:
         tf.config.threading.set_intra_op_parallelism_threads(threads)
         tf.config.threading.set_inter_op_parallelism_threads(threads)
@@ -61,9 +70,11 @@ def make_model(args):
     """A small Keras classifier and its SGD optimizer; the initial weights follow --seed. Call
     it inside the strategy's scope."""
     import keras
+
     keras.utils.set_random_seed(args.seed)
-    model = keras.Sequential([keras.Input((784,)), keras.layers.Dense(64, activation="relu"),
-                              keras.layers.Dense(10)])
+    model = keras.Sequential(
+        [keras.Input((784,)), keras.layers.Dense(64, activation="relu"), keras.layers.Dense(10)]
+    )
     return model, keras.optimizers.SGD(args.learning_rate)
 
 
@@ -71,14 +82,17 @@ def replica_step(tf, model, optimizer, global_batch):
     """One replica's training step on (images, labels); returns its loss. The loss is its
     examples' cross-entropy over the global batch, so the replicas' gradients sum to the global
     batch's, which is what the optimizer applies under a strategy."""
+
     def step(images, labels):
         with tf.GradientTape() as tape:
             per_example = tf.nn.sparse_softmax_cross_entropy_with_logits(
-                labels, model(images, training=True))
+                labels, model(images, training=True)
+            )
             loss = tf.nn.compute_average_loss(per_example, global_batch_size=global_batch)
         gradients = tape.gradient(loss, model.trainable_variables)
         optimizer.apply_gradients(zip(gradients, model.trainable_variables))
         return loss
+
     return step
 
 
@@ -100,10 +114,16 @@ def write_report(directory, resolver, **results):
     if not directory:
         return
     env = os.environ
-    record = {"pid": os.getpid(), "rank": int(env.get("RANK", 0)),
-              "role": env.get("ROLE_NAME"), "role_rank": env.get("ROLE_RANK"),
-              "task_type": resolver.task_type, "task_id": resolver.task_id,
-              "cluster": resolver.cluster_spec().as_dict(), **results}
+    record = {
+        "pid": os.getpid(),
+        "rank": int(env.get("RANK", 0)),
+        "role": env.get("ROLE_NAME"),
+        "role_rank": env.get("ROLE_RANK"),
+        "task_type": resolver.task_type,
+        "task_id": resolver.task_id,
+        "cluster": resolver.cluster_spec().as_dict(),
+        **results,
+    }
     path = os.path.join(directory, f"rank_{record['rank']}.json")
     with open(path + ".tmp", "w") as f:
         json.dump(record, f)

@@ -13,19 +13,23 @@ weights, and N workers learn what one worker learns from the same global batches
 then prints its accuracy on the test set; --report-dir writes it, the checksum of the final
 weights and what TensorFlow read from TF_CONFIG to DIR/rank_<RANK>.json.
 """
+
 import argparse
 
-import numpy as np
-
 import fashion_mnist as fm
+import numpy as np
 
 
 def parse_args():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     fm.add_training_args(parser)
     parser.add_argument("--epochs", type=int, default=2)
-    parser.add_argument("--steps-per-epoch", type=int, default=0,
-                        help="global batches per epoch (default: the training set once)")
+    parser.add_argument(
+        "--steps-per-epoch",
+        type=int,
+        default=0,
+        help="global batches per epoch (default: the training set once)",
+    )
     return parser.parse_args()
 
 
@@ -35,7 +39,7 @@ def training_order(size, args):
     steps = args.epochs * (args.steps_per_epoch or size // args.batch_size)
     epochs = -(-steps * args.batch_size // size)  # whole permutations enough for every step
     order = np.concatenate([rng.permutation(size) for _ in range(epochs)])
-    return order[:steps * args.batch_size].reshape(steps, args.batch_size)
+    return order[: steps * args.batch_size].reshape(steps, args.batch_size)
 
 
 def main():
@@ -54,7 +58,7 @@ def main():
         # Every pipeline reads the same global batches and keeps its own slice of each.
         per = context.get_per_replica_batch_size(args.batch_size)
         start = context.input_pipeline_id * per
-        data = tf.data.Dataset.from_tensor_slices(order[:, start:start + per])
+        data = tf.data.Dataset.from_tensor_slices(order[:, start : start + per])
         return data.map(lambda batch: (tf.gather(images, batch), tf.gather(labels, batch)))
 
     batches = iter(strategy.distribute_datasets_from_function(dataset))
@@ -74,8 +78,14 @@ def main():
             print(f"step {number + 1}/{steps} loss {float(loss):.4f}", flush=True)
     accuracy = fm.test_accuracy(model, args.test_size)
     print(f"test accuracy {accuracy:.4f} ({workers} workers, {steps} steps)", flush=True)
-    fm.write_report(args.report_dir, resolver, accuracy=accuracy,
-                    checksum=fm.weights_checksum(model), steps=steps, workers=workers)
+    fm.write_report(
+        args.report_dir,
+        resolver,
+        accuracy=accuracy,
+        checksum=fm.weights_checksum(model),
+        steps=steps,
+        workers=workers,
+    )
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ steps on the workers (each step one batch of one worker, applied asynchronously)
 accuracy and exits 0, which ends the job; dlrun then stops the services. --report-dir writes
 what TensorFlow read from TF_CONFIG (and the chief's accuracy) to DIR/rank_<RANK>.json.
 """
+
 import argparse
 import os
 import signal
@@ -24,8 +25,9 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 def parse_args():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     fm.add_training_args(parser)
-    parser.add_argument("--steps", type=int, default=2000,
-                        help="training steps, one batch of --batch-size each")
+    parser.add_argument(
+        "--steps", type=int, default=2000, help="training steps, one batch of --batch-size each"
+    )
     return parser.parse_args()
 
 
@@ -38,14 +40,20 @@ def serve(tf, resolver, args):
     for number in STOP_SIGNALS:
         signal.signal(number, lambda *_: None)
     signal.set_wakeup_fd(wake_write)
-    tf.distribute.Server(resolver.cluster_spec(), job_name=resolver.task_type,
-                         task_index=resolver.task_id, protocol=resolver.rpc_layer or "grpc",
-                         start=True)
+    tf.distribute.Server(
+        resolver.cluster_spec(),
+        job_name=resolver.task_type,
+        task_index=resolver.task_id,
+        protocol=resolver.rpc_layer or "grpc",
+        start=True,
+    )
     fm.write_report(args.report_dir, resolver)
     print(f"{resolver.task_type} {resolver.task_id} serving", flush=True)
     number = os.read(wake_read, 1)[0]
-    print(f"{resolver.task_type} {resolver.task_id} stopped by {signal.Signals(number).name}",
-          flush=True)
+    print(
+        f"{resolver.task_type} {resolver.task_id} stopped by {signal.Signals(number).name}",
+        flush=True,
+    )
     # A gRPC tf.distribute.Server cannot be stopped (Server.stop is unimplemented) and its
     # threads would keep the interpreter from exiting: end here, nothing is left to save.
     sys.stderr.flush()
@@ -64,7 +72,8 @@ def train(tf, resolver, args):
         return data.shuffle(len(images)).repeat().batch(batch)
 
     per_worker = coordinator.create_per_worker_dataset(
-        lambda: strategy.distribute_datasets_from_function(dataset))
+        lambda: strategy.distribute_datasets_from_function(dataset)
+    )
     with strategy.scope():
         model, optimizer = fm.make_model(args)
     replica_step = fm.replica_step(tf, model, optimizer, args.batch_size)
@@ -92,8 +101,10 @@ def main():
     elif resolver.task_type == "chief":
         train(tf, resolver, args)
     else:
-        raise SystemExit(f"TF_CONFIG's task type is {resolver.task_type!r}: run under dlrun "
-                         "--roles chief:1,ps:N:service,worker:M:service")
+        raise SystemExit(
+            f"TF_CONFIG's task type is {resolver.task_type!r}: run under dlrun "
+            "--roles chief:1,ps:N:service,worker:M:service"
+        )
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ and PREFIX/bin/dlrun, the build tree alike), else among the files pip installed 
 (its RECORD: the environment's bin/, or ~/.local/bin for --user), else in the environment's
 scripts directory. It replaces this interpreter (exec): signals, exit code and PID are dlrun's.
 """
+
 import os
 import sys
 import sysconfig
@@ -34,9 +35,12 @@ def program():
 def main():
     path = program()
     if path is None:
-        sys.exit("dlrun: python -m dlrun found no dlrun program beside its package, among the"
-                 " wheel's files or in " + sysconfig.get_path("scripts") +
-                 ": install dlrun's wheel (pip install dlrun) or its Debian package")
+        sys.exit(
+            "dlrun: python -m dlrun found no dlrun program beside its package, among the"
+            " wheel's files or in "
+            + sysconfig.get_path("scripts")
+            + ": install dlrun's wheel (pip install dlrun) or its Debian package"
+        )
     os.execv(path, [path, *sys.argv[1:]])
 
 

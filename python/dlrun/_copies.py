@@ -1,6 +1,7 @@
 """A checkpoint's copy as dlrun.checkpoint keeps it (its files in the node's memory or in
 --checkpoint-dir, its checksum, its tensors read back) and fetches it from a dlrun agent
 (agents/checkpoint_wire.h). The job's agreement on which copy is the job's is checkpoint.py's."""
+
 import glob
 import math
 import mmap
@@ -21,12 +22,14 @@ PEER_TIMEOUT_S = 30  # a peer agent that stays silent so long is given up
 
 class CheckpointError(RuntimeError):
     """A save or load that cannot be done; its message says why in one line."""
+
     __module__ = "dlrun.checkpoint"  # where users meet it (and catch it)
 
 
 def copy_in(data, tensors, layout):
     """Each tensor's bytes into `data` at its offset (from any device)."""
     import torch
+
     for t, (_, _, offset, nbytes) in zip(tensors, layout):
         if nbytes:
             view = torch.frombuffer(data, dtype=t.dtype, count=t.numel(), offset=offset)
@@ -38,13 +41,16 @@ def checksum(data, meta):
     4 KiB block, and of those sums weighted by their place: any changed word, any moved block
     shows), at memory speed, and CRC-32 over the structure."""
     import torch
+
     if len(data) == 0 or len(data) % BLOCK:
         raise ValueError(f"a copy of {len(data)} bytes, not a whole number of {BLOCK}-byte blocks")
     words = torch.frombuffer(data, dtype=torch.int64).view(-1, BLOCK // 8)
     blocks = words.sum(dim=1)  # integer sums wrap: the same on every machine, in any order
     weighted = (blocks * torch.arange(1, len(blocks) + 1)).sum()
-    return f"{int(blocks.sum()) & (2**64 - 1):016x}{int(weighted) & (2**64 - 1):016x}" \
-           f"{zlib.crc32(meta):08x}"
+    return (
+        f"{int(blocks.sum()) & (2**64 - 1):016x}{int(weighted) & (2**64 - 1):016x}"
+        f"{zlib.crc32(meta):08x}"
+    )
 
 
 class Slot:
@@ -89,9 +95,12 @@ class Slot:
         or send it to a peer, has read it (it takes a request within a tenth of a second, and
         holds `lock` shared while it reads)."""
         import fcntl
+
         deadline = time.monotonic() + WRITE_WAIT_S
-        while (any(os.path.exists(os.path.join(self.path, name)) for name in REQUESTS)
-               and time.monotonic() < deadline):
+        while (
+            any(os.path.exists(os.path.join(self.path, name)) for name in REQUESTS)
+            and time.monotonic() < deadline
+        ):
             time.sleep(POLL_S)
         fd = os.open(os.path.join(self.path, "lock"), os.O_RDWR | os.O_CREAT, 0o600)
         try:
@@ -133,9 +142,11 @@ class Slot:
             try:  # allocated now: a full /dev/shm is an error here, not a SIGBUS in the copy
                 os.posix_fallocate(f.fileno(), 0, size)
             except OSError as error:
-                raise CheckpointError(f"dlrun.checkpoint: {self.path} cannot hold {size / 2**20:.0f}"
-                                      f" MiB ({error.strerror}): make /dev/shm larger (docker "
-                                      "--shm-size, a tmpfs size) or save less") from None
+                raise CheckpointError(
+                    f"dlrun.checkpoint: {self.path} cannot hold {size / 2**20:.0f}"
+                    f" MiB ({error.strerror}): make /dev/shm larger (docker "
+                    "--shm-size, a tmpfs size) or save less"
+                ) from None
             self.mapped = (size, mmap.mmap(f.fileno(), size))
         return self.mapped[1]
 
@@ -151,8 +162,12 @@ class Slot:
         with open(os.path.join(self.path, "meta"), "rb") as f:
             meta = f.read()
         with open(os.path.join(self.path, "tensors"), "rb") as f:
-            data = mmap.mmap(f.fileno(), os.fstat(f.fileno()).st_size, flags=mmap.MAP_PRIVATE,
-                             prot=mmap.PROT_READ | mmap.PROT_WRITE)
+            data = mmap.mmap(
+                f.fileno(),
+                os.fstat(f.fileno()).st_size,
+                flags=mmap.MAP_PRIVATE,
+                prot=mmap.PROT_READ | mmap.PROT_WRITE,
+            )
         self.lent = True
         return meta, data
 
@@ -173,8 +188,9 @@ def node_copies(root):
     """{rank: steps} of every whole copy in this node's memory: the slots of the ranks it ran,
     and the copies other nodes' agents sent it."""
     found = {}
-    for path in (glob.glob(os.path.join(root, "rank-*", "slot-*"))
-                 + glob.glob(os.path.join(root, "peer", "rank-*", "step-*"))):
+    for path in glob.glob(os.path.join(root, "rank-*", "slot-*")) + glob.glob(
+        os.path.join(root, "peer", "rank-*", "step-*")
+    ):
         mark = Slot(path).marked()
         if mark:
             found.setdefault(int(os.path.basename(os.path.dirname(path))[5:]), set()).add(mark[0])
@@ -185,8 +201,9 @@ def forget_later(root, step, ranks_here):
     """The copies in this node's memory of steps after `step`, the one every rank just agreed
     on: never the job's (an earlier attempt's), they must not be offered later, nor crowd out
     the agreed step among the two a peer keeps. The node's current ranks forget their own."""
-    for path in (glob.glob(os.path.join(root, "peer", "rank-*", "step-*"))
-                 + glob.glob(os.path.join(root, "rank-*", "slot-*"))):
+    for path in glob.glob(os.path.join(root, "peer", "rank-*", "step-*")) + glob.glob(
+        os.path.join(root, "rank-*", "slot-*")
+    ):
         rank = int(os.path.basename(os.path.dirname(path))[5:])
         if os.path.basename(path).startswith("slot-") and rank in ranks_here:
             continue
@@ -217,6 +234,7 @@ def fetch(agent, rank, step, slot):
     """Rank `rank`'s copy of `step` from the agent at `agent` (agents/checkpoint_wire.h) written
     into `slot` and marked: its checksum, which load() checks."""
     import socket
+
     host, port = agent.rsplit(":", 1)
     slot.unmark()
     with socket.create_connection((host.strip("[]"), int(port)), timeout=PEER_TIMEOUT_S) as conn:
@@ -245,12 +263,16 @@ def receive(conn, view):
 def read_state(data, meta):
     """The state saved: its tensors views of `data`."""
     import torch
+
     saved = pickle.loads(meta)
     tensors = []
     for dtype, shape, offset, nbytes in saved["layout"]:
         kind = getattr(torch, dtype)
         count = math.prod(shape)
-        flat = (torch.frombuffer(data, dtype=kind, count=count, offset=offset) if nbytes
-                else torch.empty(0, dtype=kind))
+        flat = (
+            torch.frombuffer(data, dtype=kind, count=count, offset=offset)
+            if nbytes
+            else torch.empty(0, dtype=kind)
+        )
         tensors.append(flat.view(shape))
     return fill(saved["skeleton"], tensors)

@@ -1,5 +1,6 @@
 """What dlrun's worker-side modules share: the job's store as a worker reaches it, and their
 lines on stderr."""
+
 import os
 import sys
 
@@ -8,14 +9,23 @@ def store_client(world, timeout):
     """A client of the store at MASTER_ADDR:MASTER_PORT (torch's TCPStore), no waiting for the
     others."""
     import torch.distributed as dist
+
     # Without libuv in the workers' torch (USE_LIBUV=0), rank 0's torch serves the store once
     # init_process_group ran: a client that asks for libuv would be refused.
     options = {"use_libuv": False} if os.environ.get("USE_LIBUV") == "0" else {}
-    return dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, False,
-                         timeout, wait_for_workers=False, **options)
+    return dist.TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        world,
+        False,
+        timeout,
+        wait_for_workers=False,
+        **options,
+    )
 
 
 def say(module, text):
     """`module`'s line for the user, naming this worker's rank."""
-    print(f"dlrun.{module}: rank {os.environ.get('RANK', '?')}: {text}", file=sys.stderr,
-          flush=True)
+    print(
+        f"dlrun.{module}: rank {os.environ.get('RANK', '?')}: {text}", file=sys.stderr, flush=True
+    )

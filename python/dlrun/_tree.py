@@ -32,6 +32,7 @@ def hollow(value, tensors):
             return v
         tensors.append(v)
         return _Slot(len(tensors) - 1)
+
     return _leaves(value, slot)
 
 

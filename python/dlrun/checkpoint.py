@@ -40,6 +40,7 @@ the one a new launch loads.
 Outside dlrun (no DLRUN_CHECKPOINT_SHM), save() is a torch.save to DLRUN_CHECKPOINT_DIR (or
 `directory`), one file a rank and step, and load() the torch.load of this rank's newest one.
 """
+
 import atexit
 import glob
 import itertools
@@ -50,9 +51,22 @@ import threading
 import time
 from datetime import timedelta
 
-from dlrun._copies import (BLOCK, PEER_TIMEOUT_S, WRITE_WAIT_S, CheckpointError, Slot, checksum,
-                           copy_in, fetch, forget_later, node_copies, offering, on_disk,
-                           read_state, sent_here)
+from dlrun._copies import (
+    BLOCK,
+    PEER_TIMEOUT_S,
+    WRITE_WAIT_S,
+    CheckpointError,
+    Slot,
+    checksum,
+    copy_in,
+    fetch,
+    forget_later,
+    node_copies,
+    offering,
+    on_disk,
+    read_state,
+    sent_here,
+)
 from dlrun._job import say, store_client
 from dlrun._tree import hollow
 
@@ -117,6 +131,7 @@ class _Preemption:
         if self.listening:
             return
         import signal
+
         try:
             signal.signal(signal.SIGTERM, self._asked)
         except ValueError:  # not the main thread: SIGTERM stays the end of the process
@@ -132,6 +147,7 @@ _preemption = _Preemption()
 
 # --- outside dlrun: plain files ------------------------------------------------------------------
 
+
 def _rank():
     return int(os.environ.get("RANK", "0"))
 
@@ -139,13 +155,16 @@ def _rank():
 def _directory(directory):
     found = directory or os.environ.get("DLRUN_CHECKPOINT_DIR")
     if not found:
-        raise CheckpointError("dlrun.checkpoint: outside dlrun, give a directory (directory= or "
-                              "DLRUN_CHECKPOINT_DIR) to save and load checkpoints in")
+        raise CheckpointError(
+            "dlrun.checkpoint: outside dlrun, give a directory (directory= or "
+            "DLRUN_CHECKPOINT_DIR) to save and load checkpoints in"
+        )
     return found
 
 
 def _disk_save(state, step, directory):
     import torch
+
     where = _directory(directory)
     os.makedirs(where, exist_ok=True)
     path = os.path.join(where, f"step-{int(step)}-rank-{_rank()}.pt")
@@ -155,6 +174,7 @@ def _disk_save(state, step, directory):
 
 def _disk_load(directory):
     import torch
+
     where = _directory(directory)
     steps = []
     for path in glob.glob(os.path.join(where, f"step-*-rank-{_rank()}.pt")):
@@ -239,13 +259,16 @@ class _Memory:
             tell = _preemption.asked and not self.told
             self.told = self.told or tell
             if self.stop_store.add(f"{KEYS}/stop-asked", 1 if tell else 0) > 0:
-                self.stop_at = int(self.stop_store.compare_set(f"{KEYS}/stop-at", "",
-                                                               str(step + 1)))
+                self.stop_at = int(
+                    self.stop_store.compare_set(f"{KEYS}/stop-at", "", str(step + 1))
+                )
         if self.stop_at is None or step < self.stop_at:
             return False
         if step > self.stop_at:
-            _say(f"step {step} is past step {self.stop_at}, where the job stops (should_stop() "
-                 "not called every step): stopping here")
+            _say(
+                f"step {step} is past step {self.stop_at}, where the job stops (should_stop() "
+                "not called every step): stopping here"
+            )
         return True
 
     # Saving ---------------------------------------------------------------------------------
@@ -254,8 +277,9 @@ class _Memory:
         self.finish_completing()
         self._follow_numbering()
         if self.last is not None and step <= self.last:
-            raise CheckpointError(f"dlrun.checkpoint: step {step} saved after step {self.last}: "
-                                  "steps must grow")
+            raise CheckpointError(
+                f"dlrun.checkpoint: step {step} saved after step {self.last}: steps must grow"
+            )
         if self.last is not None:
             self._await_complete(self.last)
         # The slot of the job's newest step stays; the other takes this one (an attempt's later
@@ -279,8 +303,12 @@ class _Memory:
         self.last = step
         # The checksum and the count in the store go on beside the training loop (torch's sums
         # release the GIL): the step is the job's once every rank's copy is whole.
-        self.completing = threading.Thread(target=self._complete, args=(slot, step, data, meta),
-                                           name="dlrun-checkpoint", daemon=True)
+        self.completing = threading.Thread(
+            target=self._complete,
+            args=(slot, step, data, meta),
+            name="dlrun-checkpoint",
+            daemon=True,
+        )
         self.completing.start()
 
     def _free_slot(self):
@@ -290,8 +318,10 @@ class _Memory:
         if self.complete is not None:
             kept = [slot for slot, mark in marks.items() if mark and mark[0] == self.complete]
             if not kept and not self.complete_on_disk:
-                raise CheckpointError(f"dlrun.checkpoint: this rank's copy of step "
-                                      f"{self.complete}, the job's newest, is gone")
+                raise CheckpointError(
+                    f"dlrun.checkpoint: this rank's copy of step "
+                    f"{self.complete}, the job's newest, is gone"
+                )
         else:
             held = [slot for slot, mark in marks.items() if mark]
             kept = [max(held, key=lambda slot: marks[slot][0])] if held else []
@@ -320,9 +350,12 @@ class _Memory:
         if step >= named > self.written:
             self.written, self.written_step = named, step
             slot.ask("write", step, self.world)
-        if (self.rank == 0 and named <= self.written and step > self.written_step
-                and (self.named_at is None
-                     or time.monotonic() - self.named_at >= self.write_every)):
+        if (
+            self.rank == 0
+            and named <= self.written
+            and step > self.written_step
+            and (self.named_at is None or time.monotonic() - self.named_at >= self.write_every)
+        ):
             self.named_at = time.monotonic()
             self.store.add(key, step + 2 - named)
 
@@ -338,8 +371,10 @@ class _Memory:
         if not self.peer:
             return
         slot.ask("replicate", step, self.peer)
-        if not slot.await_request("replicate", PEER_TIMEOUT_S + WRITE_WAIT_S) \
-                or slot.outcome("replicated") != f"{step} sent":
+        if (
+            not slot.await_request("replicate", PEER_TIMEOUT_S + WRITE_WAIT_S)
+            or slot.outcome("replicated") != f"{step} sent"
+        ):
             self.peer = None
 
     def _announce(self):
@@ -373,8 +408,10 @@ class _Memory:
                 self.complete, self.complete_on_disk = step, False
                 return
             if time.monotonic() > deadline:
-                raise CheckpointError(f"dlrun.checkpoint: step {step} is not complete on every "
-                                      f"rank after {COMPLETE_WAIT_S} s")
+                raise CheckpointError(
+                    f"dlrun.checkpoint: step {step} is not complete on every "
+                    f"rank after {COMPLETE_WAIT_S} s"
+                )
             time.sleep(POLL_S)
 
     def _check_room(self, slot, needed):
@@ -385,7 +422,8 @@ class _Memory:
             raise CheckpointError(
                 f"dlrun.checkpoint: {os.path.dirname(self.dir)} has {free / 2**20:.0f} MiB free, "
                 f"a copy of this rank's state needs {needed / 2**20:.0f} MiB: make /dev/shm "
-                "larger (docker --shm-size, a tmpfs size) or save less")
+                "larger (docker --shm-size, a tmpfs size) or save less"
+            )
 
     # Loading --------------------------------------------------------------------------------
 
@@ -398,19 +436,26 @@ class _Memory:
         self.finish_completing()
         self._follow_numbering()
         held = {m[0]: (slot, m[1]) for slot in on_disk(self.rank) if (m := slot.marked())}
-        held.update({m[0]: (slot, m[1]) for slot in sent_here(self.root, self.rank)
-                     if (m := slot.marked())})
+        held.update(
+            {m[0]: (slot, m[1]) for slot in sent_here(self.root, self.rank) if (m := slot.marked())}
+        )
         held.update({m[0]: (slot, m[1]) for slot in self.slots if (m := slot.marked())})
         # One rank a node offers the node's copies to the ranks elsewhere.
-        offers = (node_copies(self.root)
-                  if self.agent and os.environ.get("LOCAL_RANK") == "0" else {})
+        offers = (
+            node_copies(self.root) if self.agent and os.environ.get("LOCAL_RANK") == "0" else {}
+        )
         self.loads += 1
         tried = set()
         for turn in itertools.count():  # each turn leaves a step out: they run out
             keys = f"{KEYS}/load-{self.loads}/{turn}"
-            everyone = self._gather(f"{keys}/held", {
-                "held": sorted(set(held) - tried), "agent": self.agent,
-                "offers": {str(r): sorted(set(steps) - tried) for r, steps in offers.items()}})
+            everyone = self._gather(
+                f"{keys}/held",
+                {
+                    "held": sorted(set(held) - tried),
+                    "agent": self.agent,
+                    "offers": {str(r): sorted(set(steps) - tried) for r, steps in offers.items()},
+                },
+            )
             agents = offering(everyone, self.world)
             available = [set(v["held"]) | set(agents[r]) for r, v in enumerate(everyone)]
             common = set.intersection(*available)

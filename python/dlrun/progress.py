@@ -24,6 +24,7 @@ one step on every rank when dlrun is stopping it (dlrun.checkpoint.should_stop()
 makes the trainer save that step and return (Lightning: last.ckpt in its checkpoint folder;
 Hugging Face: checkpoint-STEP in output_dir), for the next launch to resume from.
 """
+
 import atexit
 import json
 import math
@@ -100,8 +101,9 @@ class _Board:
         if local_rank is None:
             raise _Unusable("DLRUN_PROGRESS_FILE is set but LOCAL_RANK is not")
         if rank < 0:
-            raise _Unusable(f"DLRUN_PROGRESS_FILE is set but LOCAL_RANK={local_rank} is not a "
-                            "local rank")
+            raise _Unusable(
+                f"DLRUN_PROGRESS_FILE is set but LOCAL_RANK={local_rank} is not a local rank"
+            )
         try:
             fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
         except OSError as e:
@@ -118,8 +120,9 @@ class _Board:
         self.at = _SLOT_BYTES * rank
         # Carry on from what the slot holds (zeros on a new board).
         (self.beats,) = _BEATS.unpack_from(self.map, self.at)
-        (_, self.epoch, _, self.results, self.loss, self.accuracy,
-         self.samples) = _FIELDS.unpack_from(self.map, self.at + _FIELDS_AT)
+        (_, self.epoch, _, self.results, self.loss, self.accuracy, self.samples) = (
+            _FIELDS.unpack_from(self.map, self.at + _FIELDS_AT)
+        )
         self.metrics_path = f"{path}.metrics.{rank}"
         self.metrics = {}  # name -> latest value, converted when written; None: writing failed
         self.metrics_due = 0.0
@@ -144,20 +147,25 @@ class _Board:
             epoch = self.epoch
         # The fields first, the beat last (x86-64 keeps stores in order): a reader that sees the
         # beat sees the fields, as ProgressReporter::step's release store promises.
-        _FIELDS.pack_into(self.map, self.at + _FIELDS_AT, n, epoch, _COMPUTING, results, loss,
-                          accuracy, samples)
+        _FIELDS.pack_into(
+            self.map, self.at + _FIELDS_AT, n, epoch, _COMPUTING, results, loss, accuracy, samples
+        )
         self.beats += 1
         _BEATS.pack_into(self.map, self.at, self.beats)
         self.results, self.loss, self.accuracy, self.samples, self.epoch = (
-            results, loss, accuracy, samples, epoch)
+            results,
+            loss,
+            accuracy,
+            samples,
+            epoch,
+        )
 
     def note_metrics(self, metrics):
         pending = self.metrics
         if pending is None:
             return
         for name, value in metrics.items():
-            if name in pending or (len(pending) < MAX_METRICS and
-                                   0 < len(name) <= MAX_METRIC_NAME):
+            if name in pending or (len(pending) < MAX_METRICS and 0 < len(name) <= MAX_METRIC_NAME):
                 pending[name] = value  # converted only when written: a tensor costs nothing here
         self.metrics_unwritten = True
         now = time.monotonic()
@@ -182,8 +190,7 @@ class _Board:
             os.replace(temporary, self.metrics_path)
         except OSError as e:
             self.metrics = None
-            _warn(f"cannot write {self.metrics_path}: {e.strerror}; named metrics are not "
-                  "reported")
+            _warn(f"cannot write {self.metrics_path}: {e.strerror}; named metrics are not reported")
 
 
 class _Unusable(Exception):
@@ -254,8 +261,10 @@ LOSS_EVERY_S = 0.1  # a loss on a GPU is read no more often: reading it waits fo
 
 
 def __getattr__(name):
-    makers = {"LightningCallback": _lightning_callback,
-              "HuggingFaceCallback": _hugging_face_callback}
+    makers = {
+        "LightningCallback": _lightning_callback,
+        "HuggingFaceCallback": _hugging_face_callback,
+    }
     if name not in makers:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     cls = makers[name]()
@@ -287,14 +296,17 @@ def _is_accuracy(name):
 def _accuracy(metrics):
     """The accuracy among Lightning's callback metrics (val_acc, val/accuracy, accuracy...), a
     validation one first; None when there is none."""
-    names = sorted((name for name in metrics if _is_accuracy(name)),
-                   key=lambda name: not name.lower().startswith("val"))
+    names = sorted(
+        (name for name in metrics if _is_accuracy(name)),
+        key=lambda name: not name.lower().startswith("val"),
+    )
     return _number(metrics[names[0]]) if names else None
 
 
 def _stopping(global_step):
     """Whether the job stops after this step, the same on every rank (dlrun.checkpoint)."""
     from dlrun import checkpoint
+
     return checkpoint.active() and checkpoint.should_stop(global_step)
 
 
@@ -327,15 +339,24 @@ def _lightning_callback():
             if now >= self._metrics_due:  # building the dict every batch would cost more
                 self._metrics_due = now + METRICS_EVERY_S
                 metrics = {str(k): v for k, v in trainer.callback_metrics.items()}
-            step(trainer.global_step, loss=self._loss(outputs, now), samples=self._samples,
-                 epoch=trainer.current_epoch, **metrics)
+            step(
+                trainer.global_step,
+                loss=self._loss(outputs, now),
+                samples=self._samples,
+                epoch=trainer.current_epoch,
+                **metrics,
+            )
 
         def on_validation_end(self, trainer, pl_module):
             if trainer.sanity_checking or not active():
                 return
             metrics = {str(k): v for k, v in trainer.callback_metrics.items()}
-            step(trainer.global_step, accuracy=_accuracy(metrics), epoch=trainer.current_epoch,
-                 **metrics)
+            step(
+                trainer.global_step,
+                accuracy=_accuracy(metrics),
+                epoch=trainer.current_epoch,
+                **metrics,
+            )
 
         def on_train_end(self, trainer, pl_module):
             _flush_metrics()
@@ -374,18 +395,26 @@ def _hugging_face_callback():
                 control.should_save = control.should_training_stop = True
             if not active():
                 return
-            samples = (state.global_step * args.per_device_train_batch_size *
-                       args.gradient_accumulation_steps)
+            samples = (
+                state.global_step
+                * args.per_device_train_batch_size
+                * args.gradient_accumulation_steps
+            )
             step(state.global_step, epoch=int(state.epoch or 0), samples=samples)
 
         def on_log(self, args, state, control, logs=None, **kwargs):
             if not active() or not logs:
                 return
-            metrics = {str(k): v for k, v in logs.items()
-                       if k not in ("loss", "eval_accuracy", "epoch")}
-            step(state.global_step, loss=_number(logs.get("loss")),
-                 accuracy=_number(logs.get("eval_accuracy")), epoch=int(state.epoch or 0),
-                 **metrics)
+            metrics = {
+                str(k): v for k, v in logs.items() if k not in ("loss", "eval_accuracy", "epoch")
+            }
+            step(
+                state.global_step,
+                loss=_number(logs.get("loss")),
+                accuracy=_number(logs.get("eval_accuracy")),
+                epoch=int(state.epoch or 0),
+                **metrics,
+            )
 
         def on_train_end(self, args, state, control, **kwargs):
             _flush_metrics()

@@ -32,6 +32,7 @@ deadline) ends the worker with the agent's fallback code, and dlrun restarts the
 without --recovery. Outside dlrun, or without --recovery=in-process, the loop is a plain loop
 over init_process_group("env://") and DistributedDataParallel: nothing else happens.
 """
+
 import gc
 import json
 import math
@@ -53,7 +54,9 @@ RECOVERY_TIMEOUT_S = 120  # a recovery not done by then falls back to the whole-
 EXACT_BUCKET_MB = 1e-6  # under any parameter's size: a bucket each
 BEAT_S = 1.0  # a recovery's wait beats the progress board this often
 POLL_S = 0.01  # and looks at the store this often
-CLOSE_S = 0.5  # an old process group's destruction is waited for so long (_leave_group); 0.05 s usual
+CLOSE_S = (
+    0.5  # an old process group's destruction is waited for so long (_leave_group); 0.05 s usual
+)
 MOVE_POLLS = 5  # and for a kept round's keys (a node lost) every so many looks
 MOVE_BASE = 1_000_000  # a move's value: round * MOVE_BASE + rank + 1 (agents/recovery.h)
 
@@ -71,13 +74,22 @@ def _peer_failure(error):
     """A collective or the store failed because a peer went away (gloo's pair closed or reset,
     NCCL's communicator aborted, a store connection lost): what recovery is for."""
     import torch.distributed as dist
+
     kinds = tuple(getattr(dist, name) for name in ("DistError",) if hasattr(dist, name))
     if kinds and isinstance(error, kinds):
         return True
     text = str(error)
     return isinstance(error, RuntimeError) and any(
-        marker in text for marker in ("Connection closed by peer", "Connection reset by peer",
-                                      "Broken pipe", "NCCL", "gloo", "Socket Timeout"))
+        marker in text
+        for marker in (
+            "Connection closed by peer",
+            "Connection reset by peer",
+            "Broken pipe",
+            "NCCL",
+            "gloo",
+            "Socket Timeout",
+        )
+    )
 
 
 def _exact_buckets():
@@ -92,6 +104,7 @@ def _exact_buckets():
 
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
+
     if "bucket_cap_mb_list" in inspect.signature(DistributedDataParallel).parameters:
         return {"bucket_cap_mb_list": [EXACT_BUCKET_MB]}
     dist._DEFAULT_FIRST_BUCKET_BYTES = 1
@@ -124,9 +137,11 @@ def _shut_down(group_sockets):
             if f"socket:[{os.fstat(dup).st_ino}]" != inode:
                 continue
             with socket.socket(fileno=os.dup(dup)) as sock:
-                if (sock.family in (socket.AF_INET, socket.AF_INET6)
-                        and sock.type == socket.SOCK_STREAM
-                        and not sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)):
+                if (
+                    sock.family in (socket.AF_INET, socket.AF_INET6)
+                    and sock.type == socket.SOCK_STREAM
+                    and not sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)
+                ):
                     sock.shutdown(socket.SHUT_RDWR)
         except OSError:  # not connected: nothing to end
             pass
@@ -143,9 +158,18 @@ class Loop:
     deterministic job's weights equal a fault-free run's bit for bit (DDP's own buckets are laid
     out anew in a new group, which moves the sums' rounding; more all-reduces per step)."""
 
-    def __init__(self, model, optimizer, backend="gloo", state=None, ddp_options=None,
-                 timeout=timedelta(seconds=60), exact=False):
+    def __init__(
+        self,
+        model,
+        optimizer,
+        backend="gloo",
+        state=None,
+        ddp_options=None,
+        timeout=timedelta(seconds=60),
+        exact=False,
+    ):
         import torch.distributed as dist
+
         self.module, self.optimizer, self.backend = model, optimizer, backend
         self.state = state if state is not None else {}
         self.step = 0
@@ -205,6 +229,7 @@ class Loop:
         ends with a barrier: no rank leaves while a peer may still fail in the last step (the
         recovery would wait for it in vain)."""
         import torch.distributed as dist
+
         while True:
             self._applied = False
             try:
@@ -240,6 +265,7 @@ class Loop:
         import inspect
 
         from torch.nn.parallel import DistributedDataParallel
+
         options = dict(self._ddp_options)
         if synced and "init_sync" in inspect.signature(DistributedDataParallel).parameters:
             options.setdefault("init_sync", False)  # torch 2.4 and later
@@ -251,9 +277,13 @@ class Loop:
         place (no pickling of the weights, one collective per dtype)."""
         import torch
         import torch.distributed as dist
+
         sending = self.rank == source
-        device = (torch.device("cuda", torch.cuda.current_device()) if self.backend == "nccl"
-                  else torch.device("cpu"))
+        device = (
+            torch.device("cuda", torch.cuda.current_device())
+            if self.backend == "nccl"
+            else torch.device("cpu")
+        )
         tensors, meta = [], [None]
         if sending:
             whole = {"model": self.module.state_dict(), "optimizer": self.optimizer.state_dict()}
@@ -268,8 +298,9 @@ class Loop:
             if sending:
                 flat = torch.cat([tensors[i].detach().reshape(-1).to(device) for i in ids])
             else:
-                flat = torch.empty(sum(math.prod(layout[i][1]) for i in ids), dtype=dtype,
-                                   device=device)
+                flat = torch.empty(
+                    sum(math.prod(layout[i][1]) for i in ids), dtype=dtype, device=device
+                )
             dist.broadcast(flat, src=source)
             if not sending:
                 for i, piece in zip(ids, flat.split([math.prod(layout[i][1]) for i in ids])):
@@ -291,8 +322,8 @@ class Loop:
         the group's destruction until the collective's timeout: past CLOSE_S its connections
         are shut down, and once the group has left torch's registry its destruction goes on in
         the background (nothing of the new group waits on it). Should it still be registered
-        after another CLOSE_S, this rank exits, which closes every socket it has, and its agent starts a
-        replacement in its place (it has not met the new generation)."""
+        after another CLOSE_S, this rank exits, which closes every socket it has, and its agent
+        starts a replacement in its place (it has not met the new generation)."""
         import torch.distributed as dist
 
         def close():
@@ -327,14 +358,17 @@ class Loop:
     def _form(self, keys, timeout):
         """The process group of a generation (`keys`: its keys), in a key space of its own."""
         import torch.distributed as dist
+
         store = dist.PrefixStore(f"{keys}/group", self._store)
         before = _sockets()
-        dist.init_process_group(self.backend, store=store, rank=self.rank,
-                                world_size=self.world, timeout=timeout)
+        dist.init_process_group(
+            self.backend, store=store, rank=self.rank, world_size=self.world, timeout=timeout
+        )
         # The group's own connections (its backend's, made as it formed): _leave_group may have
         # to shut them down.
-        self._group_sockets = {fd: inode for fd, inode in _sockets().items()
-                               if inode not in before.values()}
+        self._group_sockets = {
+            fd: inode for fd, inode in _sockets().items() if inode not in before.values()
+        }
 
     def _recover(self, joining):
         progress.step(self.step)  # a recovery under way is no hang
@@ -345,8 +379,10 @@ class Loop:
         try:
             phases = self._recover_within(joining, deadline)
         except Exception as error:  # a second failure, a deadline: the whole group restarts
-            _say(f"recovery failed ({type(error).__name__}: {error}); falling back to the "
-                 f"whole-group restart (exit {self._fallback_code})")
+            _say(
+                f"recovery failed ({type(error).__name__}: {error}); falling back to the "
+                f"whole-group restart (exit {self._fallback_code})"
+            )
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(self._fallback_code)
@@ -355,8 +391,11 @@ class Loop:
         self.last_recovery = dict(phases, total=took)
         if not joining:
             self._mark()  # recovered (a replacement marks once its loop is made)
-        _say(f"generation {self.generation}: " + ", ".join(f"{k} {v:.3f} s" for k, v in phases)
-             + f"; back at step {self.step} after {took:.3f} s")
+        _say(
+            f"generation {self.generation}: "
+            + ", ".join(f"{k} {v:.3f} s" for k, v in phases)
+            + f"; back at step {self.step} after {took:.3f} s"
+        )
 
     def _await(self, counter, left, move=None):
         """Waits for the counter `counter` to be set, beating the progress board every BEAT_S: a
@@ -395,6 +434,7 @@ class Loop:
 
     def _recover_within(self, joining, deadline):
         import torch.distributed as dist
+
         phases = []
         mark = time.monotonic()
 
@@ -424,7 +464,9 @@ class Loop:
             here = f"{keys}/round{os.environ['DLRUN_RECOVERY_ROUND']}"
         record = json.dumps({"survivor": not joining, "step": self.step})
         met_in = -1
-        while moved := self._meet(here, record, left, None if joining else (f"{keys}/move", met_in)):
+        while moved := self._meet(
+            here, record, left, None if joining else (f"{keys}/move", met_in)
+        ):
             # A node was lost and a round kept the survivors (their agents said so): they meet
             # again under its keys, with the newcomers, or alone in a smaller world, renumbered.
             met_in, rank = divmod(moved, MOVE_BASE)

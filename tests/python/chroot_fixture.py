@@ -7,6 +7,7 @@ DLRUN_CHROOT_CACHE (the build directory's package-chroot-cache/; made again afte
 with its downloaded .deb files beside it; each run mounts an overlay over it, so the cached root
 stays pristine. Every mount is made in a mount namespace of the run's own and goes with it,
 whatever happens to the run."""
+
 import os
 import shutil
 import signal
@@ -16,7 +17,7 @@ import time
 from package_fixture import build_dir
 
 MIRROR = os.environ.get("DLRUN_DEBIAN_MIRROR", "http://deb.debian.org/debian")
-CACHE_DAYS = 7           # cached roots older than this are made again
+CACHE_DAYS = 7  # cached roots older than this are made again
 DEBOOTSTRAP_TIMEOUT_S = 900
 
 # The start of every run's script, run as `bash -c SCRIPT bash BASE SCRATCH ARCHIVES ARGS...`:
@@ -45,20 +46,20 @@ in_root() { chroot "$root" env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin LC_ALL=C HO
 def run_bounded(args, timeout):
     """Runs args in a session of their own; on timeout kills the whole session (apt, dpkg,
     dlrun and its workers), then fails. Returns (exit code, output)."""
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
     try:
         output, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         output, _ = proc.communicate()
-        raise AssertionError(f"{args[0]} ran past {timeout} s:\n{output[-6000:]}")
+        raise AssertionError(f"{args[0]} ran past {timeout} s:\n{output[-6000:]}") from None
     return proc.returncode, output
 
 
 def cache_dir():
-    return (os.environ.get("DLRUN_CHROOT_CACHE")
-            or os.path.join(build_dir(), "package-chroot-cache"))
+    return os.environ.get("DLRUN_CHROOT_CACHE") or os.path.join(build_dir(), "package-chroot-cache")
 
 
 def base_root(release, include=()):
@@ -81,8 +82,9 @@ def base_root(release, include=()):
     shutil.rmtree(fresh, ignore_errors=True)
     print(f"chroot_fixture: debootstrap {release} from {MIRROR} into {base}", flush=True)
     options = ["--variant=minbase"] + ([f"--include={','.join(include)}"] if include else [])
-    code, output = run_bounded(["debootstrap", *options, release, fresh, MIRROR],
-                               DEBOOTSTRAP_TIMEOUT_S)
+    code, output = run_bounded(
+        ["debootstrap", *options, release, fresh, MIRROR], DEBOOTSTRAP_TIMEOUT_S
+    )
     if code != 0:
         shutil.rmtree(fresh, ignore_errors=True)
         raise AssertionError(f"debootstrap exited {code}:\n{output[-6000:]}")
@@ -95,6 +97,20 @@ def run_in_root(release, scratch, script, args, timeout, include=()):
     """Runs MOUNT_SCRIPT then script (bash) in a mount namespace of its own, over a fresh overlay
     of release's base root in scratch, with args as its $@. Returns (exit code, output)."""
     base, archives = base_root(release, include)
-    return run_bounded(["unshare", "--mount", "--propagation", "private", "bash", "-c",
-                        MOUNT_SCRIPT + script, "bash", base, os.path.join(scratch, "chroot"),
-                        archives, *args], timeout)
+    return run_bounded(
+        [
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+            "bash",
+            "-c",
+            MOUNT_SCRIPT + script,
+            "bash",
+            base,
+            os.path.join(scratch, "chroot"),
+            archives,
+            *args,
+        ],
+        timeout,
+    )

@@ -2,16 +2,17 @@
 
 The binary comes from the DLRUN environment variable (ctest sets it). Workers are small scripts
 in workers/ run by the interpreter that runs the test: ctest runs each torch test under both
-eras' interpreters (Debian's torch 1.13 and the set-up's torch 2.13 environment). Every wait has a deadline; the
-events waited for are files that workers create (written to a temporary name, then renamed, so
-a file that exists is complete) and process exits. Every process a test starts is stopped by PID
-in a cleanup, also when the test fails: dlrun itself, and every worker whose PID file the test
-has read (a worker is only killed when /proc says it is still running one of our scripts).
+eras' interpreters (Debian's torch 1.13 and the set-up's torch 2.13 environment). Every wait has
+a deadline; the events waited for are files that workers create (written to a temporary name, then
+renamed, so a file that exists is complete) and process exits. Every process a test starts is
+stopped by PID in a cleanup, also when the test fails: dlrun itself, and every worker whose PID file
+the test has read (a worker is only killed when /proc says it is still running one of our scripts).
 """
+
 import ctypes
 import faulthandler
-import json
 import glob
+import json
 import os
 import signal
 import subprocess
@@ -23,10 +24,10 @@ import unittest
 PYTHON = sys.executable
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKERS = os.path.join(HERE, "workers")
-RUN_TIMEOUT_S = 20   # the longest any single dlrun run may take before the test fails
+RUN_TIMEOUT_S = 20  # the longest any single dlrun run may take before the test fails
 EVENT_TIMEOUT_S = 15  # the longest to wait for files that workers write
-POLL_S = 0.01         # how often a deadline-bounded wait looks again
-HANG_LIMIT_S = 280    # under ctest's TIMEOUT (300), so a hung file reports where it hung
+POLL_S = 0.01  # how often a deadline-bounded wait looks again
+HANG_LIMIT_S = 280  # under ctest's TIMEOUT (300), so a hung file reports where it hung
 PR_SET_PDEATHSIG = 1
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -65,12 +66,26 @@ def clean_env(**overrides):
     variables of an enclosing launcher are removed, so every test states what it depends on.
     A value of None removes a variable.
     """
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("PET_", "TORCHELASTIC_"))
-           and k not in ("OMP_NUM_THREADS", "TORCH_NCCL_ASYNC_ERROR_HANDLING",
-                         "NCCL_ASYNC_ERROR_HANDLING", "TF_CONFIG", "PYTHON_EXEC", "RANK",
-                         "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-                         "DLRUN_TOKEN", "USE_LIBUV")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("PET_", "TORCHELASTIC_"))
+        and k
+        not in (
+            "OMP_NUM_THREADS",
+            "TORCH_NCCL_ASYNC_ERROR_HANDLING",
+            "NCCL_ASYNC_ERROR_HANDLING",
+            "TF_CONFIG",
+            "PYTHON_EXEC",
+            "RANK",
+            "LOCAL_RANK",
+            "WORLD_SIZE",
+            "MASTER_ADDR",
+            "MASTER_PORT",
+            "DLRUN_TOKEN",
+            "USE_LIBUV",
+        )
+    }
     env["GLOO_SOCKET_IFNAME"] = "lo"  # loopback only
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     for key, value in overrides.items():
@@ -89,7 +104,7 @@ def is_running(pid):
     except (FileNotFoundError, ProcessLookupError):
         return False
     # The state follows the command name, which is in parentheses and may contain anything.
-    state = stat[stat.rindex(b")") + 2:stat.rindex(b")") + 3]
+    state = stat[stat.rindex(b")") + 2 : stat.rindex(b")") + 3]
     return state not in (b"Z", b"X")
 
 
@@ -143,8 +158,7 @@ class Result:
         self.stderr = stderr
 
     def __repr__(self):
-        return (f"exit {self.returncode}\n--- stdout ---\n{self.stdout}"
-                f"--- stderr ---\n{self.stderr}")
+        return f"exit {self.returncode}\n--- stdout ---\n{self.stdout}--- stderr ---\n{self.stderr}"
 
     def dlrun_lines(self):
         """dlrun's own diagnostics on stderr (worker lines carry a rank prefix instead)."""
@@ -166,10 +180,15 @@ class Dlrun:
         self._err = tempfile.TemporaryFile()
         test.addCleanup(self._out.close)
         test.addCleanup(self._err.close)
-        self.proc = subprocess.Popen([*wrapper, dlrun_binary(), *args], env=env, cwd=cwd,
-                                     stdin=subprocess.DEVNULL,
-                                     stdout=self._out, stderr=self._err,
-                                     preexec_fn=die_with_parent)
+        self.proc = subprocess.Popen(
+            [*wrapper, dlrun_binary(), *args],
+            env=env,
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=self._out,
+            stderr=self._err,
+            preexec_fn=die_with_parent,
+        )
         # Cleanups run last-in first-out: this one runs before the files are closed.
         test.addCleanup(self.kill)
 
@@ -189,7 +208,9 @@ class Dlrun:
             code = self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
             self.kill()
-            raise AssertionError(f"dlrun still running after {timeout}s\n{self.describe()}")
+            raise AssertionError(
+                f"dlrun still running after {timeout}s\n{self.describe()}"
+            ) from None
         out, err = self.output()
         return Result(code, out, err)
 
@@ -215,8 +236,13 @@ def run_dlrun(test, args, env=None, timeout=RUN_TIMEOUT_S, cwd=None):
 
 def run_control(*args, env=None):
     """`dlrun status|events|stop ARGS` to completion: (exit code, stdout, stderr)."""
-    result = subprocess.run([dlrun_binary(), *args], capture_output=True, text=True,
-                            timeout=RUN_TIMEOUT_S, env=env if env is not None else clean_env())
+    result = subprocess.run(
+        [dlrun_binary(), *args],
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S,
+        env=env if env is not None else clean_env(),
+    )
     return result.returncode, result.stdout, result.stderr
 
 
@@ -266,9 +292,13 @@ def kill_recorded_workers(directory):
 def wait_for_pid_files(test, launcher, directory, count, timeout=EVENT_TIMEOUT_S):
     """Waits for pid_<rank> files of ranks 0..count-1; returns {rank: pid} and watches them."""
     paths = {rank: os.path.join(directory, f"pid_{rank}") for rank in range(count)}
-    wait_until(lambda: all(os.path.exists(p) for p in paths.values()), timeout,
-               f"{count} workers to write their PID files in {directory}", proc=launcher.proc,
-               on_timeout=launcher.describe)
+    wait_until(
+        lambda: all(os.path.exists(p) for p in paths.values()),
+        timeout,
+        f"{count} workers to write their PID files in {directory}",
+        proc=launcher.proc,
+        on_timeout=launcher.describe,
+    )
     pids = {}
     for rank, path in paths.items():
         with open(path) as f:

@@ -2,6 +2,7 @@
 
 The binary comes from the DLRUND environment variable (ctest sets it). Only loopback is used.
 """
+
 import ctypes
 import faulthandler
 import os
@@ -81,7 +82,10 @@ class Dlrund:
         # stderr is inherited so the daemon's diagnostics show up in ctest's output.
         self.proc = subprocess.Popen(
             [binary or dlrund_binary(), "--host", "127.0.0.1", "--port", str(port), *extra_args],
-            stdout=subprocess.PIPE, bufsize=0, preexec_fn=die_with_parent)
+            stdout=subprocess.PIPE,
+            bufsize=0,
+            preexec_fn=die_with_parent,
+        )
         try:
             self.first_line = read_line(self.proc.stdout, STARTUP_TIMEOUT_S)
             match = LISTENING_LINE.fullmatch(self.first_line)

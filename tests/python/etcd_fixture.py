@@ -6,6 +6,7 @@ that cannot find it fails rather than skips. launch_etcd() returns once etcd ans
 (polled with a deadline, never a fixed sleep); start_etcd() also registers, in the test's
 cleanups, a SIGKILL by PID and the wait for it, so etcd goes also when the test fails.
 """
+
 import os
 import signal
 import socket
@@ -37,9 +38,24 @@ def _openssl(*args, cwd):
 
 def make_ca(directory, name):
     """A self-signed CA in `directory`: (name.pem, name.key) paths."""
-    _openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
-             "-nodes", "-keyout", f"{name}.key", "-out", f"{name}.pem", "-days", "2",
-             "-subj", f"/CN=dlrun test {name}", cwd=directory)
+    _openssl(
+        "req",
+        "-x509",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+        "-keyout",
+        f"{name}.key",
+        "-out",
+        f"{name}.pem",
+        "-days",
+        "2",
+        "-subj",
+        f"/CN=dlrun test {name}",
+        cwd=directory,
+    )
     return os.path.join(directory, f"{name}.pem"), os.path.join(directory, f"{name}.key")
 
 
@@ -52,18 +68,46 @@ def make_cert(directory, ca, name, common_name, server):
             f.write("subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth\n")
         else:
             f.write("extendedKeyUsage=clientAuth\n")
-    _openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-             "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", f"/CN={common_name}",
-             cwd=directory)
-    _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", ca[0], "-CAkey", ca[1],
-             "-CAcreateserial", "-out", f"{name}.pem", "-days", "2", "-extfile", ext,
-             cwd=directory)
+    _openssl(
+        "req",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+        "-keyout",
+        f"{name}.key",
+        "-out",
+        f"{name}.csr",
+        "-subj",
+        f"/CN={common_name}",
+        cwd=directory,
+    )
+    _openssl(
+        "x509",
+        "-req",
+        "-in",
+        f"{name}.csr",
+        "-CA",
+        ca[0],
+        "-CAkey",
+        ca[1],
+        "-CAcreateserial",
+        "-out",
+        f"{name}.pem",
+        "-days",
+        "2",
+        "-extfile",
+        ext,
+        cwd=directory,
+    )
     return os.path.join(directory, f"{name}.pem"), os.path.join(directory, f"{name}.key")
 
 
 class Tls:
     """A CA, etcd's server certificate and a client certificate (CN `root`), made with openssl
     in `directory`; etcd then demands client certificates signed by the CA."""
+
     def __init__(self, directory):
         self.ca = make_ca(directory, "ca")
         self.server = make_cert(directory, self.ca, "server", "127.0.0.1", server=True)
@@ -85,8 +129,11 @@ class Etcd:
         self.endpoint = f"127.0.0.1:{client_port}"
         self.log_path = log_path
         self.tls = tls
-        self.etcdctl = [ETCDCTL, f"--endpoints={'https' if tls else 'http'}://{self.endpoint}",
-                        *(tls.etcdctl_args() if tls else [])]
+        self.etcdctl = [
+            ETCDCTL,
+            f"--endpoints={'https' if tls else 'http'}://{self.endpoint}",
+            *(tls.etcdctl_args() if tls else []),
+        ]
 
     @property
     def pid(self):
@@ -108,8 +155,13 @@ class Etcd:
         """Starts the stopped etcd again with the same command line and data (a member that
         comes back); returns once it answers, else raises EtcdStartError."""
         with open(self.log_path, "a") as log:
-            self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=log,
-                                         stderr=log, preexec_fn=die_with_parent)
+            self.proc = subprocess.Popen(
+                self.argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                preexec_fn=die_with_parent,
+            )
         self.await_answer()
 
     def await_answer(self):
@@ -119,11 +171,13 @@ class Etcd:
             deadline = time.monotonic() + START_TIMEOUT_S
             while not self.answers():
                 if self.proc.poll() is not None:
-                    raise EtcdStartError(f"etcd exited with {self.proc.returncode} before it "
-                                         f"answered\n{self.log()}")
+                    raise EtcdStartError(
+                        f"etcd exited with {self.proc.returncode} before it answered\n{self.log()}"
+                    )
                 if time.monotonic() >= deadline:
                     raise EtcdStartError(
-                        f"etcd did not answer within {START_TIMEOUT_S}s\n{self.log()}")
+                        f"etcd did not answer within {START_TIMEOUT_S}s\n{self.log()}"
+                    )
                 time.sleep(POLL_S)
         except BaseException:
             self.stop()
@@ -132,28 +186,50 @@ class Etcd:
     def keys(self, prefix):
         """The keys under `prefix`, read with etcdctl."""
         result = subprocess.run(
-            [*self.etcdctl, "--dial-timeout=2s", "--command-timeout=5s", "get", "--prefix",
-             "--keys-only", prefix],
-            env={**os.environ, "ETCDCTL_API": "3"}, capture_output=True, text=True,
-            timeout=15, check=True)
+            [
+                *self.etcdctl,
+                "--dial-timeout=2s",
+                "--command-timeout=5s",
+                "get",
+                "--prefix",
+                "--keys-only",
+                prefix,
+            ],
+            env={**os.environ, "ETCDCTL_API": "3"},
+            capture_output=True,
+            text=True,
+            timeout=15,
+            check=True,
+        )
         return [line for line in result.stdout.splitlines() if line]
 
     def ctl(self, *args, user=None):
         """One etcdctl command (as `user`, "name:password", when given); its CompletedProcess."""
         return subprocess.run(
-            [*self.etcdctl, "--dial-timeout=2s", "--command-timeout=5s",
-             *([f"--user={user}"] if user else []), *args],
-            env={**os.environ, "ETCDCTL_API": "3"}, capture_output=True, text=True,
-            timeout=15, check=True)
+            [
+                *self.etcdctl,
+                "--dial-timeout=2s",
+                "--command-timeout=5s",
+                *([f"--user={user}"] if user else []),
+                *args,
+            ],
+            env={**os.environ, "ETCDCTL_API": "3"},
+            capture_output=True,
+            text=True,
+            timeout=15,
+            check=True,
+        )
 
     def answers(self):
         """One v3 read through etcdctl, bounded by its own timeouts."""
         try:
             result = subprocess.run(
-                [*self.etcdctl, "--dial-timeout=1s", "--command-timeout=1s", "endpoint",
-                 "health"],
-                env={**os.environ, "ETCDCTL_API": "3"}, stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL, timeout=5)
+                [*self.etcdctl, "--dial-timeout=1s", "--command-timeout=1s", "endpoint", "health"],
+                env={**os.environ, "ETCDCTL_API": "3"},
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                timeout=5,
+            )
         except subprocess.TimeoutExpired:
             return False
         return result.returncode == 0
@@ -171,24 +247,40 @@ def launch_etcd(directory, tls=None, extra_args=()):
     `--enable-v2`, say)."""
     for path in (ETCD, ETCDCTL):
         if not os.access(path, os.X_OK):
-            raise EtcdStartError(f"{path} is missing: the etcd tests need Debian's etcd-server "
-                                 "and etcd-client packages")
+            raise EtcdStartError(
+                f"{path} is missing: the etcd tests need Debian's etcd-server "
+                "and etcd-client packages"
+            )
     client, peer = free_ports(2)
     scheme = "https" if tls else "http"
-    tls_args = [f"--cert-file={tls.server[0]}", f"--key-file={tls.server[1]}",
-                "--client-cert-auth", f"--trusted-ca-file={tls.ca[0]}"] if tls else []
+    tls_args = (
+        [
+            f"--cert-file={tls.server[0]}",
+            f"--key-file={tls.server[1]}",
+            "--client-cert-auth",
+            f"--trusted-ca-file={tls.ca[0]}",
+        ]
+        if tls
+        else []
+    )
     log_path = os.path.join(directory, "etcd.log")
-    argv = [ETCD, "--name=default", f"--data-dir={directory}/data",
-            f"--listen-client-urls={scheme}://127.0.0.1:{client}",
-            f"--advertise-client-urls={scheme}://127.0.0.1:{client}",
-            *tls_args,
-            f"--listen-peer-urls=http://127.0.0.1:{peer}",
-            f"--initial-advertise-peer-urls=http://127.0.0.1:{peer}",
-            f"--initial-cluster=default=http://127.0.0.1:{peer}",
-            f"--initial-cluster-token=dlrun-py-{os.getpid()}-{client}", *extra_args]
+    argv = [
+        ETCD,
+        "--name=default",
+        f"--data-dir={directory}/data",
+        f"--listen-client-urls={scheme}://127.0.0.1:{client}",
+        f"--advertise-client-urls={scheme}://127.0.0.1:{client}",
+        *tls_args,
+        f"--listen-peer-urls=http://127.0.0.1:{peer}",
+        f"--initial-advertise-peer-urls=http://127.0.0.1:{peer}",
+        f"--initial-cluster=default=http://127.0.0.1:{peer}",
+        f"--initial-cluster-token=dlrun-py-{os.getpid()}-{client}",
+        *extra_args,
+    ]
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                preexec_fn=die_with_parent)
+        proc = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, preexec_fn=die_with_parent
+        )
     etcd = Etcd(proc, client, log_path, tls, argv)
     etcd.await_answer()
     return etcd

@@ -5,6 +5,7 @@ TORCHELASTIC_*). Exits 0 when the reduced tensor is right, non-zero otherwise. O
 without libuv, whose env:// asks for libuv at an agent's store and refuses, the rank makes its
 client of dlrund itself (use_libuv=False) and hands it to init_process_group.
 """
+
 import os
 import sys
 from datetime import timedelta
@@ -21,10 +22,21 @@ TIMEOUT = timedelta(seconds=30)
 def main():
     options = client_options()
     if options:
-        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
-                              int(os.environ["WORLD_SIZE"]), False, TIMEOUT, **options)
-        dist.init_process_group("gloo", store=store, rank=int(os.environ["RANK"]),
-                                world_size=int(os.environ["WORLD_SIZE"]), timeout=TIMEOUT)
+        store = dist.TCPStore(
+            os.environ["MASTER_ADDR"],
+            int(os.environ["MASTER_PORT"]),
+            int(os.environ["WORLD_SIZE"]),
+            False,
+            TIMEOUT,
+            **options,
+        )
+        dist.init_process_group(
+            "gloo",
+            store=store,
+            rank=int(os.environ["RANK"]),
+            world_size=int(os.environ["WORLD_SIZE"]),
+            timeout=TIMEOUT,
+        )
     else:
         dist.init_process_group("gloo", init_method="env://", timeout=TIMEOUT)
     rank, world_size = dist.get_rank(), dist.get_world_size()
@@ -33,8 +45,10 @@ def main():
     expected = world_size * (world_size + 1) / 2
     dist.destroy_process_group()
     if not torch.all(tensor == expected):
-        print(f"rank {rank}: expected every element {expected}, got {tensor.tolist()}",
-              file=sys.stderr)
+        print(
+            f"rank {rank}: expected every element {expected}, got {tensor.tolist()}",
+            file=sys.stderr,
+        )
         return 1
     return 0
 

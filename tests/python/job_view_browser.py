@@ -14,17 +14,28 @@ A command that fails answers {"error": "..."}. End of input quits as "quit" does
 
 Importing netns_fixture installs its connect guard here too.
 """
+
 import json
 import os
 import sys
 
-import netns_fixture  # noqa: F401  (the guard)
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
 
-CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                  "--disable-component-update", "--disable-sync", "--no-first-run",
-                  "--disable-default-apps", "--disable-extensions", "--window-size=1366,1800")
+import netns_fixture  # noqa: F401  (the guard)
+
+CHROMIUM_FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-default-apps",
+    "--disable-extensions",
+    "--window-size=1366,1800",
+)
 
 # One read of the page, in one script: the page redraws its tables as it polls, so elements
 # found in one call may be gone by the next.
@@ -75,8 +86,11 @@ def answer(driver, request):
     if cmd == "screenshot":
         return {"ok": driver.save_screenshot(request["path"])}
     if cmd == "resources":
-        return {"resources": driver.execute_script(
-            "return performance.getEntriesByType('resource').map(e => e.name)")}
+        return {
+            "resources": driver.execute_script(
+                "return performance.getEntriesByType('resource').map(e => e.name)"
+            )
+        }
     raise ValueError(f"unknown command {cmd!r}")
 
 

@@ -28,6 +28,7 @@ scripts that run inside hosts import this module too, so they get the same check
 This fixture itself never connects to anything; a test reaches a host only through processes
 started inside a host (popen, run).
 """
+
 import atexit
 import faulthandler
 import ipaddress
@@ -47,13 +48,13 @@ from dlrun_fixture import HANG_LIMIT_S, POLL_S, die_with_parent, is_running
 HERE = os.path.dirname(os.path.abspath(__file__))
 NETNS_SH = os.path.normpath(os.path.join(HERE, "..", "..", "scripts", "netns.sh"))
 SUBNET = ipaddress.ip_network("10.77.0.0/24")
-FIRST_HOST = 10            # host i is 10.77.0.(FIRST_HOST + i)
-SCRIPT_TIMEOUT_S = 30      # the longest one netns.sh call may take (kill waits up to 10 s)
-KILL_TIMEOUT_S = 10        # the longest a process started here may take to die of SIGKILL
+FIRST_HOST = 10  # host i is 10.77.0.(FIRST_HOST + i)
+SCRIPT_TIMEOUT_S = 30  # the longest one netns.sh call may take (kill waits up to 10 s)
+KILL_TIMEOUT_S = 10  # the longest a process started here may take to die of SIGKILL
 PREFIX_RE = re.compile(r"^t(\d+)n(\d+)$")  # the prefixes this fixture makes: t<pid>n<k>
 CLEANUP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
-_live = []                 # the sets that are up, for the signal handlers and atexit
+_live = []  # the sets that are up, for the signal handlers and atexit
 _counter = itertools.count()
 _previous_handlers = {}
 
@@ -76,11 +77,18 @@ class OutsideNamespaceError(PermissionError):
 
 def netns_sh(*args, timeout=SCRIPT_TIMEOUT_S, check=True):
     """Runs scripts/netns.sh with args; returns its stdout."""
-    result = subprocess.run(["bash", NETNS_SH, *map(str, args)], stdin=subprocess.DEVNULL,
-                            capture_output=True, text=True, timeout=timeout)
+    result = subprocess.run(
+        ["bash", NETNS_SH, *map(str, args)],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     if check and result.returncode != 0:
-        raise RuntimeError(f"netns.sh {' '.join(map(str, args))} failed with "
-                           f"{result.returncode}: {result.stderr.strip()}")
+        raise RuntimeError(
+            f"netns.sh {' '.join(map(str, args))} failed with "
+            f"{result.returncode}: {result.stderr.strip()}"
+        )
     return result.stdout
 
 
@@ -98,6 +106,7 @@ def reap_stale():
 
 
 # --- the guard -----------------------------------------------------------------------------
+
 
 def inside_simulated_host():
     """Whether this process's network namespace is one of those named in /run/netns."""
@@ -127,7 +136,8 @@ def check_destination(address):
     if ip in SUBNET and not inside_simulated_host():
         raise OutsideNamespaceError(
             f"connect to {address[0]} from the root network namespace: simulated hosts are "
-            "reached only from processes started inside one (Hosts.popen / Hosts.run)")
+            "reached only from processes started inside one (Hosts.popen / Hosts.run)"
+        )
 
 
 def _install_guard():
@@ -153,6 +163,7 @@ _install_guard()
 
 # --- cleanup on every way out --------------------------------------------------------------
 
+
 def _close_all():
     for hosts in list(_live):
         hosts.close()
@@ -163,9 +174,9 @@ def _on_signal(signum, frame):
     previous = _previous_handlers.get(signum, signal.SIG_DFL)
     signal.signal(signum, previous)
     if callable(previous):
-        previous(signum, frame)          # SIGINT's default raises KeyboardInterrupt
+        previous(signum, frame)  # SIGINT's default raises KeyboardInterrupt
     elif previous == signal.SIG_DFL:
-        os.kill(os.getpid(), signum)     # ends the process as the signal would have
+        os.kill(os.getpid(), signum)  # ends the process as the signal would have
 
 
 def _install_cleanup_handlers():
@@ -280,8 +291,10 @@ class Hosts:
             for process in self.processes:
                 while process.returncode is None and is_running(process.pid):
                     if time.monotonic() >= deadline:
-                        print(f"netns_fixture: PID {process.pid} still running after SIGKILL",
-                              file=sys.stderr)
+                        print(
+                            f"netns_fixture: PID {process.pid} still running after SIGKILL",
+                            file=sys.stderr,
+                        )
                         break
                     time.sleep(POLL_S)
                 process.poll()

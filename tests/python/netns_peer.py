@@ -13,6 +13,7 @@
 
 Importing netns_fixture installs its connect guard here too.
 """
+
 import json
 import os
 import socket

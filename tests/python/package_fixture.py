@@ -2,6 +2,7 @@
 install into a temporary prefix, its Debian package, and commands run with a deadline.
 
 Every command's output is kept and shown when it fails, so a failed install or cpack says why."""
+
 import glob
 import os
 import subprocess
@@ -27,11 +28,13 @@ def class_temp_dir(cls):
 def run(args, timeout=COMMAND_TIMEOUT_S, **kwargs):
     """Runs args to completion and returns their output; an exit other than 0 fails the test
     (AssertionError, also from setUpClass) with that output."""
-    result = subprocess.run(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            timeout=timeout, **kwargs)
+    result = subprocess.run(
+        args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout, **kwargs
+    )
     if result.returncode != 0:
-        raise AssertionError(f"{' '.join(args)} exited {result.returncode}:\n"
-                             f"{result.stdout[-6000:]}")
+        raise AssertionError(
+            f"{' '.join(args)} exited {result.returncode}:\n{result.stdout[-6000:]}"
+        )
     return result.stdout
 
 
@@ -44,10 +47,20 @@ def install(prefix):
 def make_packages(out):
     """cpack -G DEB from the build, into out; returns {package name: path}: dlrun, and from a
     build with CUDA the add-on dlrun-cuda too (packaging/CMakeLists.txt)."""
-    run(["cpack", "-G", "DEB", "--config", os.path.join(build_dir(), "CPackConfig.cmake"),
-               "-B", out])
-    packages = {os.path.basename(path).split("_")[0]: path
-                for path in glob.glob(os.path.join(out, "*.deb"))}
+    run(
+        [
+            "cpack",
+            "-G",
+            "DEB",
+            "--config",
+            os.path.join(build_dir(), "CPackConfig.cmake"),
+            "-B",
+            out,
+        ]
+    )
+    packages = {
+        os.path.basename(path).split("_")[0]: path for path in glob.glob(os.path.join(out, "*.deb"))
+    }
     expected = {"dlrun", "dlrun-cuda"} if with_cuda() else {"dlrun"}
     if set(packages) != expected:
         raise AssertionError(f"cpack made {sorted(packages.values())}, not {sorted(expected)}")
@@ -64,6 +77,7 @@ def long_flags(help_text):
     flags = []
     for line in help_text.splitlines():
         if line.startswith("  -"):
-            flags += [name.split("{")[0] for name in line.split()[0].split(",")
-                      if name.startswith("--")]
+            flags += [
+                name.split("{")[0] for name in line.split()[0].split(",") if name.startswith("--")
+            ]
     return flags

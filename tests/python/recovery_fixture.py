@@ -17,24 +17,36 @@ Launchers are test_torch2_elastic.Launcher (on loopback or inside a simulated ho
 log file, stopped by PID in the test's cleanups). MASTER_PORT is never assumed to stay the same
 from one attempt to the next.
 """
+
 import glob
 import os
 import signal
 import unittest
 
-from dlrun_fixture import (PYTHON, binary_from_env, clean_env, is_running, kill_if_ours,
-                           log_tails, read_json, runs_our_script, temp_dir, wait_until, worker)
+from dlrun_fixture import (
+    PYTHON,
+    binary_from_env,
+    clean_env,
+    is_running,
+    kill_if_ours,
+    log_tails,
+    read_json,
+    runs_our_script,
+    temp_dir,
+    wait_until,
+    worker,
+)
 from test_torch2_elastic import Launcher
 
 RECOVERY_TRAIN = worker("recovery_train.py")
 STEPS = 30
-KILLS = {0: 4, 1: 12, 2: 20}   # attempt: the step after which its victim is killed
-MAX_RESTARTS = len(KILLS)      # no restart to spare: each kill must cost exactly one
+KILLS = {0: 4, 1: 12, 2: 20}  # attempt: the step after which its victim is killed
+MAX_RESTARTS = len(KILLS)  # no restart to spare: each kill must cost exactly one
 # One attempt's start on 2 loaded cores (torch's import, the rendezvous, init_process_group) and
 # its steps up to the kill; a restart that cannot meet fails within init's 30 s timeout.
 ATTEMPT_TIMEOUT_S = 75
-JOB_TIMEOUT_S = 120            # the last attempt's start and steps, the end of the job
-REPLAY_TOLERANCE = 1e-9        # float64 rounding; one step more or less moves ~1e-3
+JOB_TIMEOUT_S = 120  # the last attempt's start and steps, the end of the job
+REPLAY_TOLERANCE = 1e-9  # float64 rounding; one step more or less moves ~1e-3
 RDZV_PORT = 29400
 
 
@@ -97,10 +109,13 @@ class RecoveryCase(unittest.TestCase):
 
     def wait_for_file(self, path, timeout, what):
         """Waits for `path`; fails at once when a launcher exits first."""
+
         def exited():
             return [one.name for one in self.launchers if one.proc.poll() is not None]
-        wait_until(lambda: os.path.exists(path) or exited(), timeout, what,
-                   on_timeout=self.all_logs)
+
+        wait_until(
+            lambda: os.path.exists(path) or exited(), timeout, what, on_timeout=self.all_logs
+        )
         if not os.path.exists(path):
             self.fail(f"{exited()} exited before {what}\n{self.all_logs()}")
 
@@ -108,13 +123,15 @@ class RecoveryCase(unittest.TestCase):
         """SIGKILLs the victim of each attempt of KILLS once it has written its pid."""
         for attempt, step in sorted(KILLS.items()):
             path = os.path.join(out, f"victim_{attempt}.pid")
-            self.wait_for_file(path, ATTEMPT_TIMEOUT_S,
-                               f"attempt {attempt}'s victim to checkpoint step {step}")
+            self.wait_for_file(
+                path, ATTEMPT_TIMEOUT_S, f"attempt {attempt}'s victim to checkpoint step {step}"
+            )
             with open(path) as f:
                 pid = int(f.read())
-            self.assertTrue(is_running(pid) and runs_our_script(pid),
-                            f"the victim of attempt {attempt} (pid {pid}) is not running\n"
-                            f"{self.all_logs()}")
+            self.assertTrue(
+                is_running(pid) and runs_our_script(pid),
+                f"the victim of attempt {attempt} (pid {pid}) is not running\n{self.all_logs()}",
+            )
             os.kill(pid, signal.SIGKILL)
 
     def run_killed_job(self, launchers, out):
@@ -138,8 +155,11 @@ class RecoveryCase(unittest.TestCase):
 
         history = done[0]["history"]
         self.assertEqual([step for step, _ in history], list(range(STEPS)), history)
-        self.assertEqual([attempt for _, attempt in history],
-                         [attempt_of_step(step) for step in range(STEPS)], history)
+        self.assertEqual(
+            [attempt for _, attempt in history],
+            [attempt_of_step(step) for step in range(STEPS)],
+            history,
+        )
         begun = begun_steps(out)
         self.assertEqual(sorted(begun), list(range(last + 1)), begun)
         for attempt, steps in begun.items():
@@ -161,11 +181,17 @@ class RecoveryCase(unittest.TestCase):
         for path in glob.glob(os.path.join(out, "attempt_*_*.json")):
             record = read_json(path)
             found.setdefault(record["attempt"], {})[record["rank"]] = record
-        seen = {(a, r): f"{len(rec['seen'])} keys, first {rec['seen'][0]}"
-                for a, ranks in sorted(found.items()) for r, rec in sorted(ranks.items())
-                if rec["seen"]}
+        seen = {
+            (a, r): f"{len(rec['seen'])} keys, first {rec['seen'][0]}"
+            for a, ranks in sorted(found.items())
+            for r, rec in sorted(ranks.items())
+            if rec["seen"]
+        }
         self.assertEqual(seen, {}, "(attempt, rank): keys of earlier attempts it could read")
         self.assertEqual(code, 0, self.all_logs())
-        self.assertEqual({a: sorted(ranks) for a, ranks in found.items()},
-                         {a: list(range(world)) for a in range(restarts + 1)}, self.all_logs())
+        self.assertEqual(
+            {a: sorted(ranks) for a, ranks in found.items()},
+            {a: list(range(world)) for a in range(restarts + 1)},
+            self.all_logs(),
+        )
         return {a: [found[a][r] for r in range(world)] for a in sorted(found)}

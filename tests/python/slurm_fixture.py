@@ -14,6 +14,7 @@ directory, then every process left in the hosts is killed. The directory of a cl
 test process was SIGKILLed is removed by the next SlurmCluster (its set is reaped by Hosts).
 Clients (sbatch, scontrol, scancel) run on host 0 with the cluster's SLURM_CONF.
 """
+
 import glob
 import os
 import re
@@ -26,26 +27,39 @@ from netns_fixture import PREFIX_RE, Hosts
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPTS = os.path.normpath(os.path.join(HERE, "..", "..", "scripts"))
-UP_TIMEOUT_S = 60        # slurm_local_up.sh waits up to 30 s for the nodes to be idle
-DOWN_TIMEOUT_S = 60      # slurm_local_down.sh gives the daemons 10 s, then kills
-CLIENT_TIMEOUT_S = 30    # one sbatch, scontrol or scancel (MessageTimeout is 10 s)
-STATE_POLL_S = 0.2       # between two looks at a job (each look is three processes on host 0)
+UP_TIMEOUT_S = 60  # slurm_local_up.sh waits up to 30 s for the nodes to be idle
+DOWN_TIMEOUT_S = 60  # slurm_local_down.sh gives the daemons 10 s, then kills
+CLIENT_TIMEOUT_S = 30  # one sbatch, scontrol or scancel (MessageTimeout is 10 s)
+STATE_POLL_S = 0.2  # between two looks at a job (each look is three processes on host 0)
 DIR_PREFIX = "/tmp/dlrun-slurm-"
 # Job states after which nothing more happens to a job (squeue's long names).
-FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
-                "PREEMPTED", "BOOT_FAIL", "DEADLINE"}
+FINAL_STATES = {
+    "COMPLETED",
+    "FAILED",
+    "CANCELLED",
+    "TIMEOUT",
+    "NODE_FAIL",
+    "OUT_OF_MEMORY",
+    "PREEMPTED",
+    "BOOT_FAIL",
+    "DEADLINE",
+}
 
 
 def _script(name, *args, timeout):
-    return subprocess.run(["bash", os.path.join(SCRIPTS, name), *map(str, args)],
-                          stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        ["bash", os.path.join(SCRIPTS, name), *map(str, args)],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def reap_stale_clusters():
     """Stops the clusters (and removes the directories) of test processes that are gone."""
     for directory in glob.glob(DIR_PREFIX + "t*"):
-        prefix = directory[len(DIR_PREFIX):]
+        prefix = directory[len(DIR_PREFIX) :]
         match = PREFIX_RE.match(prefix)
         if match and not is_running(int(match.group(1))):
             _script("slurm_local_down.sh", prefix, directory, timeout=DOWN_TIMEOUT_S)
@@ -63,32 +77,38 @@ class SlurmCluster(Hosts):
         self.conf = os.path.join(self.dir, "slurm.conf")
         try:
             shutil.rmtree(self.dir, ignore_errors=True)  # left by an earlier process, our PID
-            result = _script("slurm_local_up.sh", self.prefix, nodes, self.dir,
-                             timeout=UP_TIMEOUT_S)
+            result = _script(
+                "slurm_local_up.sh", self.prefix, nodes, self.dir, timeout=UP_TIMEOUT_S
+            )
             if result.returncode != 0:
-                raise RuntimeError(f"slurm_local_up.sh failed with {result.returncode}:\n"
-                                   f"{result.stdout}{result.stderr}")
+                raise RuntimeError(
+                    f"slurm_local_up.sh failed with {result.returncode}:\n"
+                    f"{result.stdout}{result.stderr}"
+                )
         except BaseException:
             self.close()
             raise
 
     def client(self, argv, env=None, cwd=None):
         """Runs a Slurm client command on host 0; returns its CompletedProcess (text)."""
-        return self.run(0, ["env", f"SLURM_CONF={self.conf}", *argv], CLIENT_TIMEOUT_S,
-                        env=env, cwd=cwd)
+        return self.run(
+            0, ["env", f"SLURM_CONF={self.conf}", *argv], CLIENT_TIMEOUT_S, env=env, cwd=cwd
+        )
 
     def checked(self, argv, env=None, cwd=None):
         """client(), failing on a non-zero exit; returns its stdout."""
         result = self.client(argv, env=env, cwd=cwd)
         if result.returncode != 0:
-            raise AssertionError(f"{' '.join(argv)} failed with {result.returncode}: "
-                                 f"{result.stderr.strip()}")
+            raise AssertionError(
+                f"{' '.join(argv)} failed with {result.returncode}: {result.stderr.strip()}"
+            )
         return result.stdout
 
     def submit(self, script, env, cwd, args=()):
         """sbatch [args] script from directory cwd with environment env; returns the job id."""
-        return int(self.checked(["sbatch", "--parsable", *args, script], env=env,
-                                cwd=cwd).split(";")[0])
+        return int(
+            self.checked(["sbatch", "--parsable", *args, script], env=env, cwd=cwd).split(";")[0]
+        )
 
     def job(self, job_id):
         """scontrol's view of a job: {"JobState": "RUNNING", "ExitCode": "0:0", ...}."""
@@ -109,15 +129,18 @@ class SlurmCluster(Hosts):
                 return info
             if time.monotonic() >= deadline:
                 detail = describe() if describe else ""
-                raise AssertionError(f"job {job_id} still {info.get('JobState')} after "
-                                     f"{timeout} s waiting for {what}\n{detail}")
+                raise AssertionError(
+                    f"job {job_id} still {info.get('JobState')} after "
+                    f"{timeout} s waiting for {what}\n{detail}"
+                )
             time.sleep(STATE_POLL_S)
 
     def wait_for_end(self, job_id, timeout, describe=None):
         """Polls the job until it is in a final state; returns its fields. Fails after timeout
         seconds with describe()'s text."""
-        return self.wait_for_job(job_id, lambda info: info.get("JobState") in FINAL_STATES,
-                                 timeout, "its end", describe)
+        return self.wait_for_job(
+            job_id, lambda info: info.get("JobState") in FINAL_STATES, timeout, "its end", describe
+        )
 
     def close(self):
         """Stops the daemons by PID and removes the directory, then takes the hosts down."""

@@ -8,6 +8,7 @@ with a host key and an authorized client key the test made (ssh-keygen) in its o
 and stopped by PID with the set (netns_fixture.Hosts). A host is ready once its sshd wrote
 "Server listening" to its log.
 """
+
 import os
 import subprocess
 
@@ -31,8 +32,12 @@ class SshHosts(Hosts):
             self.key = os.path.join(directory, "client_key")
             host_key = os.path.join(directory, "host_key")
             for path in (self.key, host_key):
-                subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", path],
-                               check=True, stdin=subprocess.DEVNULL, timeout=30)
+                subprocess.run(
+                    ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", path],
+                    check=True,
+                    stdin=subprocess.DEVNULL,
+                    timeout=30,
+                )
             authorized = os.path.join(directory, "authorized_keys")
             with open(self.key + ".pub") as src, open(authorized, "w") as dst:
                 dst.write(src.read())
@@ -42,20 +47,54 @@ class SshHosts(Hosts):
                 log_path = os.path.join(directory, f"sshd{i}.log")
                 with open(log_path, "w") as log:
                     self.sshd[i] = self.popen(
-                        i, [SSHD, "-D", "-e", "-f", "/dev/null", "-p", str(SSH_PORT),
-                            "-h", host_key, "-o", f"AuthorizedKeysFile={authorized}",
-                            "-o", "StrictModes=no", "-o", "UsePAM=no", "-o", "PidFile=none"],
-                        stdout=log, stderr=log)
-                wait_until(lambda: "Server listening" in read(log_path), EVENT_TIMEOUT_S,
-                           f"sshd on {self.hostname(i)}", proc=self.sshd[i])
+                        i,
+                        [
+                            SSHD,
+                            "-D",
+                            "-e",
+                            "-f",
+                            "/dev/null",
+                            "-p",
+                            str(SSH_PORT),
+                            "-h",
+                            host_key,
+                            "-o",
+                            f"AuthorizedKeysFile={authorized}",
+                            "-o",
+                            "StrictModes=no",
+                            "-o",
+                            "UsePAM=no",
+                            "-o",
+                            "PidFile=none",
+                        ],
+                        stdout=log,
+                        stderr=log,
+                    )
+                wait_until(
+                    lambda: "Server listening" in read(log_path),
+                    EVENT_TIMEOUT_S,
+                    f"sshd on {self.hostname(i)}",
+                    proc=self.sshd[i],
+                )
         except BaseException:
             self.close()
             raise
 
     def ssh_words(self):
         """The ssh client with the test's key, trusting the servers' new host key."""
-        return ["ssh", "-F", "/dev/null", "-i", self.key, "-o", "StrictHostKeyChecking=no",
-                "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR"]
+        return [
+            "ssh",
+            "-F",
+            "/dev/null",
+            "-i",
+            self.key,
+            "-o",
+            "StrictHostKeyChecking=no",
+            "-o",
+            "UserKnownHostsFile=/dev/null",
+            "-o",
+            "LogLevel=ERROR",
+        ]
 
     def ssh_command(self):
         return " ".join(self.ssh_words())

@@ -15,6 +15,7 @@ bindings: nothing was sent), "slow" or "hang" (none of those: always a failure).
 call a method this torch lacks are left out (torch 1.x has fewer), as they are against every
 server.
 """
+
 import hashlib
 import json
 import sys
@@ -24,9 +25,9 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
-IMMEDIATE_S = 1.5     # generous: two shared cores run several of these sequences at once
-BLOCK_CHECK_S = 1.0   # how long a background call must stay blocked before its trigger
-FINISH_GRACE_S = 10   # past its own timeout, how long a background call may take to return
+IMMEDIATE_S = 1.5  # generous: two shared cores run several of these sequences at once
+BLOCK_CHECK_S = 1.0  # how long a background call must stay blocked before its trigger
+FINISH_GRACE_S = 10  # past its own timeout, how long a background call may take to return
 CONNECT_TIMEOUT_S = 60
 HAS_USE_LIBUV = hasattr(dist.TCPStore, "libuvBackend")
 
@@ -56,8 +57,9 @@ class Background:
 
     def __init__(self, fn):
         self.done = None
-        self.thread = threading.Thread(target=lambda: setattr(self, "done", capture(fn)),
-                                       daemon=True)
+        self.thread = threading.Thread(
+            target=lambda: setattr(self, "done", capture(fn)), daemon=True
+        )
         self.thread.start()
 
 
@@ -109,8 +111,12 @@ class Step:
         value, error, start, end = call.done
         timing = self.timing(end - start)
         trigger = self.triggered_at
-        if (trigger is not None and start + 0.9 * BLOCK_CHECK_S <= trigger <= end
-                and end - trigger < IMMEDIATE_S and timing != "timeout"):
+        if (
+            trigger is not None
+            and start + 0.9 * BLOCK_CHECK_S <= trigger <= end
+            and end - trigger < IMMEDIATE_S
+            and timing != "timeout"
+        ):
             timing = "woken"
         self.record(label, value, error, timing)
 
@@ -123,8 +129,9 @@ class Run:
         # Connecting may take seconds here: torch looks up the server's name, and a DNS server
         # that is slow to say "no such name" would fail a connect bound by the step's timeout.
         options = {"use_libuv": self.libuv} if HAS_USE_LIBUV else {}
-        store = dist.TCPStore(self.host, self.port, None, False,
-                              timedelta(seconds=CONNECT_TIMEOUT_S), **options)
+        store = dist.TCPStore(
+            self.host, self.port, None, False, timedelta(seconds=CONNECT_TIMEOUT_S), **options
+        )
         store.set_timeout(timedelta(seconds=timeout_s))
         return store
 
@@ -133,8 +140,7 @@ class Run:
             return
         step = Step(self, name)
         body(step)
-        print(json.dumps({"step": name, "ops": sorted(ops), "results": step.results}),
-              flush=True)
+        print(json.dumps({"step": name, "ops": sorted(ops), "results": step.results}), flush=True)
 
 
 STEPS = []
@@ -142,9 +148,11 @@ STEPS = []
 
 def step(*ops):
     """Registers a step; `ops` are the client methods it calls (it runs only where all exist)."""
+
     def register(body):
         STEPS.append((body.__name__, list(ops), body))
         return body
+
     return register
 
 
@@ -154,11 +162,16 @@ def td(seconds):
 
 # --- plain values ---------------------------------------------------------------------------
 
+
 @step("set", "get")
 def set_get(s):
     c = s.client()
-    for label, value in (("text", "hello"), ("binary", b"\x00a\x00\xff"), ("empty", b""),
-                         ("large", bytes(range(256)) * 4096)):
+    for label, value in (
+        ("text", "hello"),
+        ("binary", b"\x00a\x00\xff"),
+        ("empty", b""),
+        ("large", bytes(range(256)) * 4096),
+    ):
         s.call(f"set {label}", lambda: c.set(s.k(label), value))
         s.call(f"get {label}", lambda: c.get(s.k(label)))
     s.call("overwrite", lambda: c.set(s.k("text"), "replaced"))
@@ -190,8 +203,13 @@ def add(s):
 @step("set", "add", "get")
 def add_onto_text(s):
     """Values that are integers only in part: torch reads them as C's strtoll does."""
-    for name, text in (("suffix", "12abc"), ("space", " 7"), ("plus", "+4"), ("hex", "0x10"),
-                       ("newline", "\n-3\n")):
+    for name, text in (
+        ("suffix", "12abc"),
+        ("space", " 7"),
+        ("plus", "+4"),
+        ("hex", "0x10"),
+        ("newline", "\n-3\n"),
+    ):
         c = s.client()
         s.call(f"set {name}", lambda: c.set(s.k(name), text))
         s.call(f"add {name}", lambda: c.add(s.k(name), 1))
@@ -310,6 +328,7 @@ def list_keys(s):
 
 # --- waiting --------------------------------------------------------------------------------
 
+
 @step("set", "wait")
 def wait_present(s):
     c = s.client()
@@ -377,8 +396,11 @@ def wait_on_compare_set_not_creating(s):
 
 @step("wait", "set", "get")
 def wait_two_keys(s):
-    woken_wait(s, ["a", "b"], [("set a", lambda c: c.set(s.k("a"), "1")),
-                               ("set b", lambda c: c.set(s.k("b"), "2"))])
+    woken_wait(
+        s,
+        ["a", "b"],
+        [("set a", lambda c: c.set(s.k("a"), "1")), ("set b", lambda c: c.set(s.k("b"), "2"))],
+    )
 
 
 @step("wait", "set", "get")
@@ -388,8 +410,11 @@ def wait_repeated_key(s):
 
 @step("wait", "delete_key", "set", "get")
 def wait_not_woken_by_delete(s):
-    woken_wait(s, ["k"], [("delete_key", lambda c: c.delete_key(s.k("k"))),
-                          ("set", lambda c: c.set(s.k("k"), "v"))])
+    woken_wait(
+        s,
+        ["k"],
+        [("delete_key", lambda c: c.delete_key(s.k("k"))), ("set", lambda c: c.set(s.k("k"), "v"))],
+    )
 
 
 def released(s, label, blocking, trigger_label, trigger):
@@ -409,6 +434,7 @@ def get_woken_by_set(s):
 
 
 # --- queues ---------------------------------------------------------------------------------
+
 
 @step("queue_push", "queue_pop", "queue_len")
 def queue(s):
@@ -443,8 +469,9 @@ def queue_is_no_key(s):
 
 @step("queue_push", "queue_pop")
 def queue_pop_woken_by_push(s):
-    released(s, "pop", lambda c: c.queue_pop(s.k("q")),
-             "push", lambda c: c.queue_push(s.k("q"), "v"))
+    released(
+        s, "pop", lambda c: c.queue_pop(s.k("q")), "push", lambda c: c.queue_push(s.k("q"), "v")
+    )
 
 
 @step("queue_push", "queue_pop", "queue_len")
@@ -456,13 +483,15 @@ def queue_push_wakes_one(s):
     for call in calls:
         call.thread.join(s.run.timeout_s + FINISH_GRACE_S)
     # Which popper wins is the server's choice: record the outcomes in a fixed order.
-    outcomes = sorted((json.dumps(c.done[:2]), c.done[3] - s.triggered_at < IMMEDIATE_S)
-                      for c in calls if c.done)
+    outcomes = sorted(
+        (json.dumps(c.done[:2]), c.done[3] - s.triggered_at < IMMEDIATE_S) for c in calls if c.done
+    )
     s.record("pops (outcome, returned at once)", outcomes, None, "immediate")
     s.call("len", lambda: other.queue_len(s.k("q")))
 
 
 # --- barrier --------------------------------------------------------------------------------
+
 
 @step("barrier", "get")
 def barrier_alone(s):
@@ -505,8 +534,9 @@ def barrier_default_timeout(s):
 
 @step("barrier", "set", "get")
 def barrier_woken_by_set(s):
-    waiter = released(s, "barrier", lambda c: c.barrier(s.k("b"), 3),
-                      "set", lambda c: c.set(s.k("b"), "7"))
+    waiter = released(
+        s, "barrier", lambda c: c.barrier(s.k("b"), 3), "set", lambda c: c.set(s.k("b"), "7")
+    )
     s.call("get", lambda: waiter.get(s.k("b")))
 
 
@@ -514,8 +544,14 @@ def barrier_woken_by_set(s):
 def wait_on_barrier_key(s):
     """A WAIT on the barrier's key, which the first arrival creates and the last completes."""
     first = s.client()
-    woken_wait(s, ["b"], [("first arrival", lambda c: first.barrier(s.k("b"), 2, td(0.1))),
-                          ("last arrival", lambda c: c.barrier(s.k("b"), 2))])
+    woken_wait(
+        s,
+        ["b"],
+        [
+            ("first arrival", lambda c: first.barrier(s.k("b"), 2, td(0.1))),
+            ("last arrival", lambda c: c.barrier(s.k("b"), 2)),
+        ],
+    )
 
 
 @step("set", "barrier", "get")
@@ -556,6 +592,7 @@ def bad_arguments(op):
         for i, call in enumerate(BAD_ARGUMENTS[op]):
             s.call(f"{op} #{i}", lambda: call(c))
         s.call("client still usable", lambda: c.num_keys() >= 0)
+
     return body
 
 

@@ -4,6 +4,7 @@ Usage: store_servers.py BACKEND... where each BACKEND is "libuv" or "legacy" (to
 its one server: pass "legacy"). Prints one JSON line {"ports": [...]}, one port per BACKEND in
 order, then serves until stdin closes (the test closes it, or dies: PR_SET_PDEATHSIG too).
 """
+
 import json
 import sys
 from datetime import timedelta
@@ -12,10 +13,14 @@ import torch.distributed as dist
 
 
 def serve(backend):
-    options = {} if backend == "legacy" and not hasattr(dist.TCPStore, "libuvBackend") else {
-        "use_libuv": backend == "libuv"}
-    store = dist.TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=60),
-                          wait_for_workers=False, **options)
+    options = (
+        {}
+        if backend == "legacy" and not hasattr(dist.TCPStore, "libuvBackend")
+        else {"use_libuv": backend == "libuv"}
+    )
+    store = dist.TCPStore(
+        "127.0.0.1", 0, None, True, timedelta(seconds=60), wait_for_workers=False, **options
+    )
     if hasattr(store, "libuvBackend") and store.libuvBackend != (backend == "libuv"):
         raise RuntimeError(f"asked for the {backend} server, torch started another")
     return store

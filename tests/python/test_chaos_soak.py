@@ -7,6 +7,7 @@ The longer soak (10 minutes, twice with different seeds) is bench/chaos_soak.sh 
 
 Needs root (namespaces, tmpfs mounts); skipped without it.
 """
+
 import ctypes
 import json
 import os
@@ -25,7 +26,7 @@ SEED = 20261127
 DURATION_S = 60
 # Faults for 60 s, then each backend's last job ends within 120 s, plus the clusters' start.
 SOAK_TIMEOUT_S = 600
-STOP_TIMEOUT_S = 60       # after SIGTERM, the soak takes its hosts down and unmounts
+STOP_TIMEOUT_S = 60  # after SIGTERM, the soak takes its hosts down and unmounts
 
 
 def terminate_with_parent():
@@ -54,9 +55,23 @@ class ChaosSoakTest(unittest.TestCase):
         build = os.path.dirname(os.path.dirname(binary_from_env("DLRUN", "dlrun")))
         out = tempfile.mkdtemp(prefix="dlrun-chaos-test-")  # kept when the soak fails
         summary = os.path.join(out, "summary.json")
-        output = self.run_soak(["--seed", str(SEED), "--duration", str(DURATION_S),
-                                "--backend", "both", "--build", build,
-                                "--out", os.path.join(out, "logs"), "--json", summary], out)
+        output = self.run_soak(
+            [
+                "--seed",
+                str(SEED),
+                "--duration",
+                str(DURATION_S),
+                "--backend",
+                "both",
+                "--build",
+                build,
+                "--out",
+                os.path.join(out, "logs"),
+                "--json",
+                summary,
+            ],
+            out,
+        )
         with open(summary) as f:
             result = json.load(f)
         self.assertEqual(result["errors"], [], output)
@@ -67,9 +82,14 @@ class ChaosSoakTest(unittest.TestCase):
     def run_soak(self, args, out):
         """Runs the soak to its end (SIGTERM past SOAK_TIMEOUT_S, or when the test is cut short:
         it takes its hosts down); fails unless it exits 0. Returns its output."""
-        proc = subprocess.Popen([sys.executable, SOAK, *args], stdin=subprocess.DEVNULL,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                preexec_fn=terminate_with_parent)
+        proc = subprocess.Popen(
+            [sys.executable, SOAK, *args],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            preexec_fn=terminate_with_parent,
+        )
         output = ""
         try:
             output, _ = proc.communicate(timeout=SOAK_TIMEOUT_S)
@@ -88,6 +108,7 @@ class ChaosSoakTest(unittest.TestCase):
         print(output, file=sys.stderr)
         self.assertEqual(proc.returncode, 0, output)
         return output
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -21,14 +21,14 @@ job is workers/checkpoint_job.py (a state of several dtypes a step and rank, sav
 - Outside dlrun, save and load are torch.save and torch.load in DLRUN_CHECKPOINT_DIR; without a
   directory, a one-line error.
 """
+
 import glob
 import os
 import signal
 import subprocess
 import unittest
 
-from dlrun_fixture import (PYTHON, Dlrun, clean_env, main, read_json, temp_dir, wait_until,
-                           worker)
+from dlrun_fixture import PYTHON, Dlrun, clean_env, main, read_json, temp_dir, wait_until, worker
 from test_progress_module import package_env
 
 JOB = worker("checkpoint_job.py")
@@ -45,18 +45,33 @@ def memory_dirs(agent_pid=None):
 
 def written(directory, world=WORLD):
     """The steps every rank has whole in `directory` (DIR/rank-R/step-S/step, as dlrun writes)."""
-    held = [{int(os.path.basename(os.path.dirname(mark)).split("-")[1])
-             for mark in glob.glob(os.path.join(directory, f"rank-{r}", "step-*", "step"))}
-            for r in range(world)]
+    held = [
+        {
+            int(os.path.basename(os.path.dirname(mark)).split("-")[1])
+            for mark in glob.glob(os.path.join(directory, f"rank-{r}", "step-*", "step"))
+        }
+        for r in range(world)
+    ]
     return set.intersection(*held)
 
 
 class CheckpointTest(unittest.TestCase):
     def job(self, *faults, max_restarts=1, expect=0):
         out = temp_dir(self)
-        launch = Dlrun(self, ["--standalone", f"--nproc-per-node={WORLD}",
-                              f"--max-restarts={max_restarts}", PYTHON, JOB, out, str(STEPS),
-                              *faults], env=clean_env())
+        launch = Dlrun(
+            self,
+            [
+                "--standalone",
+                f"--nproc-per-node={WORLD}",
+                f"--max-restarts={max_restarts}",
+                PYTHON,
+                JOB,
+                out,
+                str(STEPS),
+                *faults,
+            ],
+            env=clean_env(),
+        )
         result = launch.wait(TIMEOUT_S)
         self.assertEqual(result.returncode, expect, result)
         self.assertEqual(memory_dirs(launch.pid), [], "shared memory left after the job")
@@ -72,8 +87,9 @@ class CheckpointTest(unittest.TestCase):
         for rank in range(WORLD):
             self.assertTrue(os.path.exists(os.path.join(out, f"done_{rank}")), rank)
             # Steps 6 and 7 saved since: the second into the slot step 5 was loaded from.
-            self.assertEqual(read_json(os.path.join(out, f"kept_{rank}_1.json")),
-                             {"equal": True}, rank)
+            self.assertEqual(
+                read_json(os.path.join(out, f"kept_{rank}_1.json")), {"equal": True}, rank
+            )
 
     def test_tensors_loaded_mid_job_stay_as_loaded_through_later_saves(self):
         # Every rank loads step 3 again in the process that saved it, then saves 4 to 7: step
@@ -81,14 +97,16 @@ class CheckpointTest(unittest.TestCase):
         out, result = self.job("reload:3")
         for rank in range(WORLD):
             self.assertEqual(read_json(os.path.join(out, f"reloaded_{rank}.json")), {"step": 3})
-            self.assertEqual(read_json(os.path.join(out, f"kept_{rank}_0.json")),
-                             {"equal": True}, rank)
+            self.assertEqual(
+                read_json(os.path.join(out, f"kept_{rank}_0.json")), {"equal": True}, rank
+            )
 
     def test_a_corrupt_copy_is_refused_and_the_previous_step_loaded(self):
         out, result = self.job("corrupt:1:5")
         self.assertEqual(self.loaded(out, 1), [{"step": 4, "equal": True}] * WORLD, result)
-        self.assertIn("rank 1: step 5's copy does not match its checksum; not loaded",
-                      result.stderr)
+        self.assertIn(
+            "rank 1: step 5's copy does not match its checksum; not loaded", result.stderr
+        )
 
     def test_a_rank_killed_mid_save_leaves_the_previous_step_the_jobs(self):
         out, result = self.job("midsave:0:5")
@@ -99,11 +117,18 @@ class CheckpointTest(unittest.TestCase):
 
     def test_a_killed_agents_memory_is_removed_by_the_next_agent(self):
         out = temp_dir(self)
-        launch = Dlrun(self, ["--standalone", f"--nproc-per-node={WORLD}", PYTHON, JOB, out,
-                              "2", "hold"], env=clean_env())
-        wait_until(lambda: all(os.path.exists(os.path.join(out, f"held_{r}"))
-                               for r in range(WORLD)), TIMEOUT_S, "both ranks' steps saved",
-                   proc=launch.proc, on_timeout=launch.describe)
+        launch = Dlrun(
+            self,
+            ["--standalone", f"--nproc-per-node={WORLD}", PYTHON, JOB, out, "2", "hold"],
+            env=clean_env(),
+        )
+        wait_until(
+            lambda: all(os.path.exists(os.path.join(out, f"held_{r}")) for r in range(WORLD)),
+            TIMEOUT_S,
+            "both ranks' steps saved",
+            proc=launch.proc,
+            on_timeout=launch.describe,
+        )
         launch.signal(signal.SIGKILL)
         launch.proc.wait()
         self.assertEqual(len(memory_dirs(launch.pid)), 1)  # nothing ran to remove it
@@ -118,13 +143,21 @@ class CheckpointTest(unittest.TestCase):
         directory, out, after = temp_dir(self), temp_dir(self), temp_dir(self)
         flags = ["--standalone", f"--nproc-per-node={WORLD}", f"--checkpoint-dir={directory}"]
         launch = Dlrun(self, [*flags, PYTHON, JOB, out, "1000", "preempt:3"], env=clean_env())
-        wait_until(lambda: os.path.exists(os.path.join(out, "preempt_3")), TIMEOUT_S,
-                   "rank 0 at step 3", proc=launch.proc, on_timeout=launch.describe)
+        wait_until(
+            lambda: os.path.exists(os.path.join(out, "preempt_3")),
+            TIMEOUT_S,
+            "rank 0 at step 3",
+            proc=launch.proc,
+            on_timeout=launch.describe,
+        )
         launch.signal(signal.SIGTERM)
         result = launch.wait(TIMEOUT_S)
         self.assertEqual(result.returncode, 128 + signal.SIGTERM, result)
-        self.assertEqual([read_json(os.path.join(out, f"stopped_{r}.json")) for r in range(WORLD)],
-                         [{"step": 4}] * WORLD, result)
+        self.assertEqual(
+            [read_json(os.path.join(out, f"stopped_{r}.json")) for r in range(WORLD)],
+            [{"step": 4}] * WORLD,
+            result,
+        )
         self.assertIn(f"checkpoints: step 4 of rank(s) 0, 1 written to {directory}", result.stderr)
         self.assertEqual(memory_dirs(launch.pid), [], "shared memory left after the job")
         resumed = Dlrun(self, [*flags, PYTHON, JOB, after, str(STEPS)], env=clean_env())
@@ -134,8 +167,11 @@ class CheckpointTest(unittest.TestCase):
         for rank in range(WORLD):
             self.assertTrue(os.path.exists(os.path.join(after, f"done_{rank}")), rank)
             # The newest step both ranks hold stays in the directory, the older ones go.
-            self.assertEqual(sorted(os.listdir(os.path.join(directory, f"rank-{rank}"))),
-                             [f"step-{STEPS - 1}"], result)
+            self.assertEqual(
+                sorted(os.listdir(os.path.join(directory, f"rank-{rank}"))),
+                [f"step-{STEPS - 1}"],
+                result,
+            )
 
     def test_steps_written_while_the_job_runs_outlive_a_killed_dlrun(self):
         # --checkpoint-write-every: the agent writes the steps the ranks name while they run, the
@@ -143,12 +179,21 @@ class CheckpointTest(unittest.TestCase):
         # the newest step both ranks have in the directory, bit-equal.
         directory, out, after = temp_dir(self), temp_dir(self), temp_dir(self)
         flags = ["--standalone", f"--nproc-per-node={WORLD}", f"--checkpoint-dir={directory}"]
-        launch = Dlrun(self, [*flags, "--checkpoint-write-every=0.001", PYTHON, JOB, out,
-                              str(STEPS), "hold"], env=clean_env())
-        wait_until(lambda: all(os.path.exists(os.path.join(out, f"held_{r}"))
-                               for r in range(WORLD)) and written(directory),
-                   TIMEOUT_S, "both ranks' steps saved and one written",
-                   proc=launch.proc, on_timeout=launch.describe)
+        launch = Dlrun(
+            self,
+            [*flags, "--checkpoint-write-every=0.001", PYTHON, JOB, out, str(STEPS), "hold"],
+            env=clean_env(),
+        )
+        wait_until(
+            lambda: (
+                all(os.path.exists(os.path.join(out, f"held_{r}")) for r in range(WORLD))
+                and written(directory)
+            ),
+            TIMEOUT_S,
+            "both ranks' steps saved and one written",
+            proc=launch.proc,
+            on_timeout=launch.describe,
+        )
         launch.signal(signal.SIGKILL)
         # Killed by the test, so the step was written while the job ran, not as dlrun ended.
         self.assertEqual(launch.proc.wait(), -signal.SIGKILL)
@@ -164,48 +209,65 @@ class CheckpointTest(unittest.TestCase):
         # step 3 (rank 0 ends). Its saves count in the world of 1 (none waits for rank 0), and
         # its load finds its own last step.
         out, result = self.job("alone:1:3")
-        self.assertEqual(read_json(os.path.join(out, "alone.json")),
-                         {"step": STEPS - 1, "equal": True}, result)
+        self.assertEqual(
+            read_json(os.path.join(out, "alone.json")), {"step": STEPS - 1, "equal": True}, result
+        )
 
     def test_a_checkpoint_dir_that_cannot_be_made_is_one_line(self):
         blocker = os.path.join(temp_dir(self), "file")
         open(blocker, "w").close()
-        launch = Dlrun(self, ["--standalone", f"--checkpoint-dir={blocker}/dir", PYTHON, "-c",
-                              "pass"], env=clean_env())
+        launch = Dlrun(
+            self,
+            ["--standalone", f"--checkpoint-dir={blocker}/dir", PYTHON, "-c", "pass"],
+            env=clean_env(),
+        )
         result = launch.wait(TIMEOUT_S)
         self.assertEqual(result.returncode, 2, result)
-        self.assertEqual(result.stderr.strip().splitlines()[-1],
-                         f"dlrun: error: --checkpoint-dir: cannot make {blocker}/dir: Not a "
-                         "directory", result)
+        self.assertEqual(
+            result.stderr.strip().splitlines()[-1],
+            f"dlrun: error: --checkpoint-dir: cannot make {blocker}/dir: Not a directory",
+            result,
+        )
 
     def test_a_replacement_joining_its_survivors_loads_nothing(self):
         # Under --recovery=in-process its state comes from the survivors, who do not load again:
         # load() meets nobody (no store is reached: none is named here) and returns None.
         env = package_env(DLRUN_CHECKPOINT_SHM=temp_dir(self), DLRUN_RECOVERY_JOIN="1")
-        done = subprocess.run([PYTHON, "-c", "import dlrun.checkpoint as c; print(c.load())"],
-                              env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
+        done = subprocess.run(
+            [PYTHON, "-c", "import dlrun.checkpoint as c; print(c.load())"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT_S,
+        )
         self.assertEqual((done.returncode, done.stdout), (0, "None\n"), done.stderr)
 
     def test_outside_dlrun_save_and_load_are_files(self):
-        code = ("import sys, torch, dlrun.checkpoint as c\n"
-                "c.save({'w': torch.arange(4)}, 3)\n"
-                "c.save({'w': torch.arange(5)}, 4)\n"
-                "step, state = c.load()\n"
-                "print(step, state['w'].tolist())\n")
+        code = (
+            "import sys, torch, dlrun.checkpoint as c\n"
+            "c.save({'w': torch.arange(4)}, 3)\n"
+            "c.save({'w': torch.arange(5)}, 4)\n"
+            "step, state = c.load()\n"
+            "print(step, state['w'].tolist())\n"
+        )
         directory = temp_dir(self)
         env = package_env(DLRUN_CHECKPOINT_DIR=directory)
-        done = subprocess.run([PYTHON, "-c", code], env=env, capture_output=True, text=True,
-                              timeout=TIMEOUT_S)
+        done = subprocess.run(
+            [PYTHON, "-c", code], env=env, capture_output=True, text=True, timeout=TIMEOUT_S
+        )
         self.assertEqual(done.stdout, "4 [0, 1, 2, 3, 4]\n", done.stderr)
         self.assertEqual(sorted(os.listdir(directory)), ["step-3-rank-0.pt", "step-4-rank-0.pt"])
         del env["DLRUN_CHECKPOINT_DIR"]
-        done = subprocess.run([PYTHON, "-c", code], env=env, capture_output=True, text=True,
-                              timeout=TIMEOUT_S)
+        done = subprocess.run(
+            [PYTHON, "-c", code], env=env, capture_output=True, text=True, timeout=TIMEOUT_S
+        )
         self.assertNotEqual(done.returncode, 0)
-        self.assertEqual(done.stderr.strip().splitlines()[-1],
-                         "dlrun.checkpoint.CheckpointError: dlrun.checkpoint: outside dlrun, "
-                         "give a directory (directory= or DLRUN_CHECKPOINT_DIR) to save and "
-                         "load checkpoints in")
+        self.assertEqual(
+            done.stderr.strip().splitlines()[-1],
+            "dlrun.checkpoint.CheckpointError: dlrun.checkpoint: outside dlrun, "
+            "give a directory (directory= or DLRUN_CHECKPOINT_DIR) to save and "
+            "load checkpoints in",
+        )
 
 
 if __name__ == "__main__":

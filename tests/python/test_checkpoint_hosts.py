@@ -14,15 +14,16 @@ was saved. The job then saves to its last step, and the two agents left exit 0.
 
 Runs under torch 2.13's interpreter (ctest: python_checkpoint_hosts) and as root.
 """
+
 import glob
 import os
+import unittest
 
 from dlrun_fixture import PYTHON, binary_from_env, clean_env, read_json, temp_dir, wait_until
 from netns_fixture import Hosts, main
 from test_checkpoint import JOB, STEPS, TIMEOUT_S, written
 from test_inprocess_recovery_hosts import RDZV_PORT, Output
 from test_torch2_elastic import Launcher, dlrund_in
-import unittest
 
 WORLD = 4
 LOST_RANK = 2
@@ -52,8 +53,8 @@ class CheckpointsAcrossAHostLossTest(unittest.TestCase):
         result = Output(agents)
         self.assertEqual([c for h, c in zip((1, 2, 3), codes) if h != lost], [0, 0], result)
         loaded = [read_json(os.path.join(out, f"loaded_{r}_1.json")) for r in range(WORLD)]
-        self.assertEqual([l["step"] for l in loaded], [AT_STEP] * WORLD, loaded)  # none lost
-        self.assertTrue(all(l["equal"] for l in loaded), loaded)
+        self.assertEqual([x["step"] for x in loaded], [AT_STEP] * WORLD, loaded)  # none lost
+        self.assertTrue(all(x["equal"] for x in loaded), loaded)
         for rank in range(WORLD):
             self.assertTrue(os.path.exists(os.path.join(out, f"done_{rank}")), (rank, result))
 
@@ -65,14 +66,17 @@ class CheckpointsAcrossAHostLossTest(unittest.TestCase):
         out, logs = temp_dir(self), temp_dir(self)
         lost_ranks = (LOST_RANK, LOST_RANK + 1)
         codes, agents, lost, _ = self.lose_a_host(
-            out, logs, [], ready=lambda: all(held_by_a_peer(rank, AT_STEP) for rank in lost_ranks),
-            at_kill=lambda: corrupt_peer_copy(LOST_RANK, AT_STEP))
+            out,
+            logs,
+            [],
+            ready=lambda: all(held_by_a_peer(rank, AT_STEP) for rank in lost_ranks),
+            at_kill=lambda: corrupt_peer_copy(LOST_RANK, AT_STEP),
+        )
         result = Output(agents)
         self.assertEqual([c for h, c in zip((1, 2, 3), codes) if h != lost], [0, 0], result)
         loaded = [read_json(os.path.join(out, f"loaded_{r}_1.json")) for r in range(WORLD)]
-        self.assertEqual([l["step"] for l in loaded], [None] * WORLD, (loaded, result))
-        self.assertIn(f"step {AT_STEP}'s copy does not match its checksum; not loaded",
-                      str(result))
+        self.assertEqual([x["step"] for x in loaded], [None] * WORLD, (loaded, result))
+        self.assertIn(f"step {AT_STEP}'s copy does not match its checksum; not loaded", str(result))
         for rank in range(WORLD):
             self.assertTrue(os.path.exists(os.path.join(out, f"done_{rank}")), (rank, result))
 
@@ -83,16 +87,41 @@ class CheckpointsAcrossAHostLossTest(unittest.TestCase):
         env = clean_env(PYTHON_EXEC=PYTHON, TMPDIR=logs, GLOO_SOCKET_IFNAME="eth0")
         with Hosts(4) as hosts:
             dlrund_in(self, hosts, env, logs)
-            flags = ["--nnodes=2", "--nproc-per-node=2", "--rdzv-backend=c10d",
-                     f"--rdzv-endpoint={hosts.address(0)}:{RDZV_PORT}", "--rdzv-id=ckpt",
-                     "--max-restarts=1", *flags]
-            agents = [Launcher(self, f"dlrun{host}",
-                               [binary_from_env("DLRUN", "dlrun"), *flags, PYTHON, JOB, out,
-                                str(STEPS), f"host:{LOST_RANK}:{AT_STEP}"],
-                               env, logs, hosts=hosts, host=host) for host in (1, 2, 3)]
-            wait_until(lambda: os.path.exists(os.path.join(out, f"lose_host_{LOST_RANK}"))
-                       and ready(), TIMEOUT_S, f"rank {LOST_RANK} to stop itself",
-                       on_timeout=lambda: Output(agents))
+            flags = [
+                "--nnodes=2",
+                "--nproc-per-node=2",
+                "--rdzv-backend=c10d",
+                f"--rdzv-endpoint={hosts.address(0)}:{RDZV_PORT}",
+                "--rdzv-id=ckpt",
+                "--max-restarts=1",
+                *flags,
+            ]
+            agents = [
+                Launcher(
+                    self,
+                    f"dlrun{host}",
+                    [
+                        binary_from_env("DLRUN", "dlrun"),
+                        *flags,
+                        PYTHON,
+                        JOB,
+                        out,
+                        str(STEPS),
+                        f"host:{LOST_RANK}:{AT_STEP}",
+                    ],
+                    env,
+                    logs,
+                    hosts=hosts,
+                    host=host,
+                )
+                for host in (1, 2, 3)
+            ]
+            wait_until(
+                lambda: os.path.exists(os.path.join(out, f"lose_host_{LOST_RANK}")) and ready(),
+                TIMEOUT_S,
+                f"rank {LOST_RANK} to stop itself",
+                on_timeout=lambda: Output(agents),
+            )
             said = at_kill()
             pid = read_json(os.path.join(out, f"pid_{LOST_RANK}"))
             lost = next(h for h in (1, 2, 3) if pid in hosts.pids(h))
@@ -102,14 +131,17 @@ class CheckpointsAcrossAHostLossTest(unittest.TestCase):
     def test_a_lost_hosts_ranks_load_the_step_every_rank_loads_from_the_directory(self):
         out, directory, logs = temp_dir(self), temp_dir(self), temp_dir(self)
         codes, agents, lost, before = self.lose_a_host(
-            out, logs, [f"--checkpoint-dir={directory}", "--checkpoint-write-every=0.001"],
-            at_kill=lambda: written(directory, WORLD))
+            out,
+            logs,
+            [f"--checkpoint-dir={directory}", "--checkpoint-write-every=0.001"],
+            at_kill=lambda: written(directory, WORLD),
+        )
         result = Output(agents)
         self.assertEqual([c for h, c in zip((1, 2, 3), codes) if h != lost], [0, 0], result)
         self.assertTrue(before, f"no step written before the host was lost\n{result}")
         loaded = [read_json(os.path.join(out, f"loaded_{r}_1.json")) for r in range(WORLD)]
-        self.assertEqual(len({l["step"] for l in loaded}), 1, loaded)
-        self.assertTrue(all(l["equal"] for l in loaded), loaded)
+        self.assertEqual(len({x["step"] for x in loaded}), 1, loaded)
+        self.assertTrue(all(x["equal"] for x in loaded), loaded)
         self.assertGreaterEqual(loaded[0]["step"], max(before), loaded)  # the newest written
         self.assertLessEqual(loaded[0]["step"], AT_STEP, loaded)
         for rank in range(WORLD):

@@ -5,6 +5,7 @@ rank's own order kept; on by default from 8 workers, off with --console-dedup=of
 
 Runs under any Python 3 (ctest: python_console_dedup); the workers are plain Python.
 """
+
 import glob
 import os
 import re
@@ -31,9 +32,19 @@ class ConsoleDedupTest(unittest.TestCase):
         with open(worker, "w") as f:
             f.write(WORKER)
         done = subprocess.run(
-            [binary_from_env("DLRUN", "dlrun"), "--standalone", f"--nproc-per-node={nproc}",
-             *flags, sys.executable, worker],
-            env=clean_env(TMPDIR=out), capture_output=True, text=True, timeout=TIMEOUT_S)
+            [
+                binary_from_env("DLRUN", "dlrun"),
+                "--standalone",
+                f"--nproc-per-node={nproc}",
+                *flags,
+                sys.executable,
+                worker,
+            ],
+            env=clean_env(TMPDIR=out),
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT_S,
+        )
         return done
 
     def test_eight_ranks_lines_are_shown_once_each_ranks_order_kept(self):
@@ -52,13 +63,17 @@ class ConsoleDedupTest(unittest.TestCase):
     def test_off_shows_every_ranks_line(self):
         done = self.run_job(8, "--console-dedup=off")
         self.assertEqual(done.returncode, 0, done.stderr)
-        self.assertEqual(sorted(line for line in done.stdout.splitlines() if "loading" in line),
-                         [f"[{rank}]:loading data" for rank in range(8)])
+        self.assertEqual(
+            sorted(line for line in done.stdout.splitlines() if "loading" in line),
+            [f"[{rank}]:loading data" for rank in range(8)],
+        )
 
     def test_below_eight_workers_it_is_off_unless_asked(self):
         done = self.run_job(2)
-        self.assertEqual(sorted(re.findall(r"\[.*\]:loading data", done.stdout)),
-                         ["[0]:loading data", "[1]:loading data"])
+        self.assertEqual(
+            sorted(re.findall(r"\[.*\]:loading data", done.stdout)),
+            ["[0]:loading data", "[1]:loading data"],
+        )
         done = self.run_job(2, "--console-dedup=on", "--console-dedup-window=10")
         self.assertEqual(re.findall(r"\[.*\]:loading data", done.stdout), ["[0-1]:loading data"])
 
@@ -68,14 +83,26 @@ class ConsoleDedupTest(unittest.TestCase):
         with open(worker, "w") as f:
             f.write("print('x' * 100000, flush=True)\nprint('after', flush=True)\n")
         done = subprocess.run(
-            [binary_from_env("DLRUN", "dlrun"), "--standalone", "--nproc-per-node=1",
-             "--tee=1", f"--log-dir={out}/logs", sys.executable, worker],
-            env=clean_env(TMPDIR=out), capture_output=True, text=True, timeout=TIMEOUT_S)
+            [
+                binary_from_env("DLRUN", "dlrun"),
+                "--standalone",
+                "--nproc-per-node=1",
+                "--tee=1",
+                f"--log-dir={out}/logs",
+                sys.executable,
+                worker,
+            ],
+            env=clean_env(TMPDIR=out),
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT_S,
+        )
         self.assertEqual(done.returncode, 0, done.stderr)
         mark = " [dlrun: line cut at 64 KiB, it goes on below]"
-        self.assertEqual(done.stdout.splitlines(),
-                         ["[0]:" + "x" * 65536 + mark, "[0]:" + "x" * (100000 - 65536),
-                          "[0]:after"])
+        self.assertEqual(
+            done.stdout.splitlines(),
+            ["[0]:" + "x" * 65536 + mark, "[0]:" + "x" * (100000 - 65536), "[0]:after"],
+        )
         (log,) = glob.glob(os.path.join(out, "logs", "*", "attempt_0", "0", "stdout.log"))
         with open(log) as f:
             self.assertEqual(f.read(), "x" * 100000 + "\nafter\n")

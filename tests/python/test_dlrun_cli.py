@@ -1,6 +1,7 @@
 """dlrun's command line as a user meets it: invalid input is one line on stderr naming the flag
 and the problem, exit 2, and no worker started; and the entry-point forms (a program on PATH, a
 path, a .py script, -m module, --no-python, the bundled `train`)."""
+
 import os
 import shutil
 import socket
@@ -9,8 +10,19 @@ import subprocess
 import threading
 import unittest
 
-from dlrun_fixture import (PYTHON, WORKERS, binary_from_env, clean_env, die_with_parent,
-                           dlrun_binary, main, read_json, run_dlrun, temp_dir, worker)
+from dlrun_fixture import (
+    PYTHON,
+    WORKERS,
+    binary_from_env,
+    clean_env,
+    die_with_parent,
+    dlrun_binary,
+    main,
+    read_json,
+    run_dlrun,
+    temp_dir,
+    worker,
+)
 
 ENV_DUMP = worker("env_dump.py")
 
@@ -27,11 +39,15 @@ class ControlCommandBadInputTest(unittest.TestCase):
             self.assertIn(word, lines[0], result)
 
     def test_malformed_endpoint_and_missing_flags(self):
-        self.assert_one_line(["status", "--rdzv-endpoint=127.0.0.1:notaport", "--rdzv-id=j"],
-                             ["--rdzv-endpoint", "notaport"])
+        self.assert_one_line(
+            ["status", "--rdzv-endpoint=127.0.0.1:notaport", "--rdzv-id=j"],
+            ["--rdzv-endpoint", "notaport"],
+        )
         self.assert_one_line(["events", "--rdzv-id=j"], ["--rdzv-endpoint"])
-        self.assert_one_line(["stop", "--rdzv-endpoint=127.0.0.1", "--rdzv-id=j",
-                              "--signal=NOPE"], ["--signal", "NOPE"])
+        self.assert_one_line(
+            ["stop", "--rdzv-endpoint=127.0.0.1", "--rdzv-id=j", "--signal=NOPE"],
+            ["--signal", "NOPE"],
+        )
 
     def test_an_endpoint_that_is_not_dlrun(self):
         # A plain TCP echo server: it accepts and sends back whatever comes.
@@ -49,21 +65,28 @@ class ControlCommandBadInputTest(unittest.TestCase):
                 with conn:
                     while data := conn.recv(4096):
                         conn.sendall(data)
+
         threading.Thread(target=echo, daemon=True).start()
         port = server.getsockname()[1]
-        self.assert_one_line(["status", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=j"],
-                             ["no dlrun control plane answers", f"127.0.0.1:{port}"])
+        self.assert_one_line(
+            ["status", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=j"],
+            ["no dlrun control plane answers", f"127.0.0.1:{port}"],
+        )
 
     def test_an_unknown_job_on_a_real_store(self):
         # dlrund serves the control plane on its store port; it knows no job 'nobody'.
-        dlrund = subprocess.Popen([binary_from_env("DLRUND", "dlrund"), "--host", "127.0.0.1",
-                                   "--port", "0"], stdout=subprocess.PIPE, text=True,
-                                  preexec_fn=die_with_parent)
+        dlrund = subprocess.Popen(
+            [binary_from_env("DLRUND", "dlrund"), "--host", "127.0.0.1", "--port", "0"],
+            stdout=subprocess.PIPE,
+            text=True,
+            preexec_fn=die_with_parent,
+        )
         self.addCleanup(dlrund.wait)
         self.addCleanup(dlrund.kill)
         port = dlrund.stdout.readline().strip().rsplit(":", 1)[1]
-        self.assert_one_line(["status", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=nobody"],
-                             ["no job 'nobody'"])
+        self.assert_one_line(
+            ["status", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=nobody"], ["no job 'nobody'"]
+        )
 
 
 class DlrunInvalidInputTest(unittest.TestCase):
@@ -91,8 +114,10 @@ class DlrunInvalidInputTest(unittest.TestCase):
             (["--nnodes=1:2:3"], ["--nnodes", "1:2:3"]),
             (["--rdzv-backend=carrier-pigeon"], ["--rdzv-backend", "carrier-pigeon"]),
             (["--rdzv-backend=etcd", "--nnodes=2"], ["--rdzv-endpoint", "DLRUN_ETCD_ENDPOINTS"]),
-            (["--rdzv-backend=etcd-v2", "--nnodes=2", "--rdzv-endpoint=127.0.0.1:29400"],
-             ["--rdzv-backend=etcd-v2", "v3 API"]),
+            (
+                ["--rdzv-backend=etcd-v2", "--nnodes=2", "--rdzv-endpoint=127.0.0.1:29400"],
+                ["--rdzv-backend=etcd-v2", "v3 API"],
+            ),
             (["--nnodes=2"], ["--nnodes=2", "--rdzv-endpoint"]),
             (["--rdzv-conf=timeout"], ["--rdzv-conf", "timeout"]),
             (["--rdzv-conf=a=1,,b=2"], ["--rdzv-conf"]),
@@ -107,24 +132,29 @@ class DlrunInvalidInputTest(unittest.TestCase):
             (["--start-method=thread"], ["--start-method", "thread"]),
             (["--signals-to-handle=SIGTERM,SIGKILL"], ["--signals-to-handle", "SIGKILL"]),
             (["--signals-to-handle=SIGNOPE"], ["--signals-to-handle", "SIGNOPE"]),
-            (["--stop-timeout=1", "--shutdown-timeout=2"],
-             ["--stop-timeout", "--shutdown-timeout"]),
+            (
+                ["--stop-timeout=1", "--shutdown-timeout=2"],
+                ["--stop-timeout", "--shutdown-timeout"],
+            ),
         ]
         for args, mentions in cases:
             with self.subTest(args=args):
                 self.assert_rejected(args, mentions)
 
     def test_non_numeric_rendezvous_port(self):
-        self.assert_rejected(["--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:http"],
-                             ["--rdzv-endpoint", "http"])
+        self.assert_rejected(
+            ["--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:http"], ["--rdzv-endpoint", "http"]
+        )
 
     def test_bad_pet_variable(self):
         self.assert_rejected([], ["nproc", "0"], env=clean_env(PET_NPROC_PER_NODE="0"))
 
     def test_missing_entry_point(self):
-        for args, mentions in (([], ["entry point"]),
-                               (["/nonexistent/dir/train.py"], ["/nonexistent/dir/train.py"]),
-                               (["no-such-program-on-path"], ["no-such-program-on-path"])):
+        for args, mentions in (
+            ([], ["entry point"]),
+            (["/nonexistent/dir/train.py"], ["/nonexistent/dir/train.py"]),
+            (["no-such-program-on-path"], ["no-such-program-on-path"]),
+        ):
             with self.subTest(args=args):
                 result = run_dlrun(self, ["--nproc-per-node=2", *args], timeout=10)
                 self.assertEqual(result.returncode, 2, result)
@@ -151,15 +181,17 @@ class DlrunEntryPointTest(unittest.TestCase):
         return [read_json(os.path.join(out, n)) for n in names]
 
     def test_py_script_runs_unbuffered_under_python_exec(self):
-        records = self.dump(lambda out: [ENV_DUMP, out], env=clean_env(PYTHON_EXEC=PYTHON),
-                            expect=2)
+        records = self.dump(
+            lambda out: [ENV_DUMP, out], env=clean_env(PYTHON_EXEC=PYTHON), expect=2
+        )
         for rec in records:
             self.assertEqual(rec["orig_argv"][:3], [PYTHON, "-u", ENV_DUMP])
             self.assertTrue(rec["stdout_write_through"])  # what -u does to sys.stdout
 
     def test_relative_py_script(self):
-        records = self.dump(lambda out: ["env_dump.py", out], env=clean_env(PYTHON_EXEC=PYTHON),
-                            cwd=WORKERS)
+        records = self.dump(
+            lambda out: ["env_dump.py", out], env=clean_env(PYTHON_EXEC=PYTHON), cwd=WORKERS
+        )
         self.assertEqual(records[0]["orig_argv"][:3], [PYTHON, "-u", "env_dump.py"])
 
     def test_module(self):
@@ -173,8 +205,10 @@ class DlrunEntryPointTest(unittest.TestCase):
         bin_dir = temp_dir(self)
         script = os.path.join(bin_dir, "dump-env")
         with open(script, "w") as f:
-            f.write(f"#!{PYTHON}\nimport runpy, sys\nsys.path.insert(0, {WORKERS!r})\n"
-                    f"runpy.run_path({ENV_DUMP!r}, run_name='__main__')\n")
+            f.write(
+                f"#!{PYTHON}\nimport runpy, sys\nsys.path.insert(0, {WORKERS!r})\n"
+                f"runpy.run_path({ENV_DUMP!r}, run_name='__main__')\n"
+            )
         os.chmod(script, stat.S_IRWXU)
         env = clean_env(PATH=bin_dir + ":" + os.environ.get("PATH", "/usr/bin:/bin"))
         records = self.dump(lambda out: ["dump-env", out], env=env, expect=2)
@@ -188,8 +222,9 @@ class DlrunEntryPointTest(unittest.TestCase):
     def test_worker_arguments_are_not_dlrun_flags(self):
         # Everything after the entry point belongs to the worker, flags included.
         out = temp_dir(self)
-        result = run_dlrun(self, ["--nproc-per-node=1", PYTHON, ENV_DUMP, out,
-                                  "--nproc-per-node=3"])
+        result = run_dlrun(
+            self, ["--nproc-per-node=1", PYTHON, ENV_DUMP, out, "--nproc-per-node=3"]
+        )
         self.assertEqual(result.returncode, 0, result)
         self.assertEqual(os.listdir(out), ["env_0.json"])
         rec = read_json(os.path.join(out, "env_0.json"))
@@ -199,8 +234,13 @@ class DlrunEntryPointTest(unittest.TestCase):
         # A copy of dlrun in a directory without dlrun-train beside it.
         alone = os.path.join(temp_dir(self), "dlrun")
         shutil.copy(dlrun_binary(), alone)
-        result = subprocess.run([alone, "--nproc-per-node=1", "train"], capture_output=True,
-                                text=True, timeout=10, env=clean_env())
+        result = subprocess.run(
+            [alone, "--nproc-per-node=1", "train"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            env=clean_env(),
+        )
         self.assertNotEqual(result.returncode, 0, result)
         lines = result.stderr.splitlines()
         self.assertEqual(len(lines), 1, result)

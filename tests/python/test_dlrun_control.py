@@ -12,6 +12,7 @@ serves the c10d rendezvous.
   name, each with its own agent id, group rank and 2 workers (all 4 pids), in --json and in the
   table.
 """
+
 import glob
 import json
 import os
@@ -20,8 +21,16 @@ import signal
 import subprocess
 import unittest
 
-from dlrun_fixture import (PYTHON, binary_from_env, clean_env, log_tails, temp_dir, wait_until,
-                           worker, worker_starts)
+from dlrun_fixture import (
+    PYTHON,
+    binary_from_env,
+    clean_env,
+    log_tails,
+    temp_dir,
+    wait_until,
+    worker,
+    worker_starts,
+)
 from netns_fixture import Hosts, main
 from trainer_fixture import checkpoints
 
@@ -46,24 +55,37 @@ class ControlPlaneTest(unittest.TestCase):
         """Agent `node` of the job, on host `node` unless `host` names another."""
         log = open(os.path.join(self.out, f"agent{node}.log"), "w")
         self.addCleanup(log.close)
-        args = [binary_from_env("DLRUN", "dlrun"), f"--nnodes={nnodes}",
-                f"--nproc-per-node={nproc}", "--rdzv-backend=c10d",
-                f"--rdzv-endpoint={self.hosts.address(0)}:{PORT}", "--rdzv-id=ctl",
-                f"--token-file={self.token_file}", *extra, *worker_args]
+        args = [
+            binary_from_env("DLRUN", "dlrun"),
+            f"--nnodes={nnodes}",
+            f"--nproc-per-node={nproc}",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={self.hosts.address(0)}:{PORT}",
+            "--rdzv-id=ctl",
+            f"--token-file={self.token_file}",
+            *extra,
+            *worker_args,
+        ]
         env = clean_env(GLOO_SOCKET_IFNAME=None, TMPDIR=self.out)
-        self.agents[node] = self.hosts.popen(node if host is None else host, args, env=env,
-                                             stdout=log, stderr=log)
+        self.agents[node] = self.hosts.popen(
+            node if host is None else host, args, env=env, stdout=log, stderr=log
+        )
 
     def logs(self):
         return log_tails(self.out, "agent*.log", tail=4000)
 
     def control(self, *args):
         """`dlrun COMMAND ...` from host 3: (exit code, stdout, stderr)."""
-        argv = [binary_from_env("DLRUN", "dlrun"), *args,
-                f"--rdzv-endpoint={self.hosts.address(0)}:{PORT}", "--rdzv-id=ctl",
-                f"--token-file={self.token_file}"]
-        result = self.hosts.run(3, argv, timeout=30, capture_output=True, text=True,
-                                env=clean_env())
+        argv = [
+            binary_from_env("DLRUN", "dlrun"),
+            *args,
+            f"--rdzv-endpoint={self.hosts.address(0)}:{PORT}",
+            "--rdzv-id=ctl",
+            f"--token-file={self.token_file}",
+        ]
+        result = self.hosts.run(
+            3, argv, timeout=30, capture_output=True, text=True, env=clean_env()
+        )
         return result.returncode, result.stdout, result.stderr
 
     def status(self):
@@ -95,16 +117,24 @@ class ControlPlaneTest(unittest.TestCase):
     def test_status_and_events_follow_a_failure_and_its_restart(self):
         stop_file = os.path.join(self.out, "stop")
         for node in range(3):
-            self.start_agent(node, 3, [PYTHON, WORKER, self.out, "--until-file", stop_file],
-                             extra=["--max-restarts=1"])
+            self.start_agent(
+                node,
+                3,
+                [PYTHON, WORKER, self.out, "--until-file", stop_file],
+                extra=["--max-restarts=1"],
+            )
         self.wait_for(lambda: len(self.starts(0)) == 6, "6 workers of round 0")
 
         def settled(round_, pids):
             job = self.status()
             ws = self.workers(job)
-            return (job["round"] == round_ and len(ws) == 6 and
-                    all(w["state"] == "running" for w in ws) and
-                    {w["pid"] for w in ws} == pids)
+            return (
+                job["round"] == round_
+                and len(ws) == 6
+                and all(w["state"] == "running" for w in ws)
+                and {w["pid"] for w in ws} == pids
+            )
+
         pids0 = {s["pid"] for s in self.starts(0)}
         self.wait_for(lambda: settled(0, pids0), "status to show the 6 workers of round 0")
         job = self.status()
@@ -150,32 +180,40 @@ class ControlPlaneTest(unittest.TestCase):
 
         def running(job):
             return {w["rank"]: w["pid"] for w in self.workers(job) if w["state"] == "running"}
-        self.wait_for(lambda: running(self.status()) == by_rank,
-                      "status to list the 4 running workers")
+
+        self.wait_for(
+            lambda: running(self.status()) == by_rank, "status to list the 4 running workers"
+        )
         nodes = sorted(self.status()["nodes"], key=lambda n: n["agent"])
         host = self.hosts.hostname(0)
-        self.assertEqual([(n["agent"], n["name"], n["replaced_by"], len(n["workers"]))
-                          for n in nodes], [(1, host, 0, 2), (2, host, 0, 2)])
+        self.assertEqual(
+            [(n["agent"], n["name"], n["replaced_by"], len(n["workers"])) for n in nodes],
+            [(1, host, 0, 2), (2, host, 0, 2)],
+        )
         self.assertEqual(sorted(n["group_rank"] for n in nodes), [0, 1])
 
         code, out, err = self.control("status")
         self.assertEqual(code, 0, f"{err}\n{self.logs()}")
         rows = re.findall(rf"^(\d+)\s+(\d+)\s+{host}\s", out, re.M)  # GROUP, AGENT, NODE
-        self.assertEqual(sorted((int(a), int(g)) for g, a in rows),
-                         [(n["agent"], n["group_rank"]) for n in nodes], out)
+        self.assertEqual(
+            sorted((int(a), int(g)) for g, a in rows),
+            [(n["agent"], n["group_rank"]) for n in nodes],
+            out,
+        )
         self.assertIn("nodes 2 of 2:2", out)
         for pid in by_rank.values():
             self.assertIn(f" {pid} ", out)
 
         # Each agent's events name it, in --json and in the text form, as status lists it.
         def started_by():
-            return sorted(e.get("agent", 0) for e in self.events()
-                          if e["kind"] == "worker_started")
+            return sorted(e.get("agent", 0) for e in self.events() if e["kind"] == "worker_started")
+
         self.wait_for(lambda: started_by() == [1, 2], "both agents' worker_started events")
         code, out, err = self.control("events")
         self.assertEqual(code, 0, f"{err}\n{self.logs()}")
-        self.assertEqual(sorted(re.findall(rf"worker_started .*  {host} \(agent (\d)\)", out)),
-                         ["1", "2"], out)
+        self.assertEqual(
+            sorted(re.findall(rf"worker_started .*  {host} \(agent (\d)\)", out)), ["1", "2"], out
+        )
 
         code, out, err = self.control("stop", "--exit-code=7")
         self.assertEqual(code, 0, f"{err}\n{self.logs()}")
@@ -185,10 +223,16 @@ class ControlPlaneTest(unittest.TestCase):
     def test_stop_ends_every_node_with_the_stated_code(self):
         # Rank 1 ignores SIGTERM: it goes only with the SIGKILL after --stop-timeout.
         for node in range(2):
-            self.start_agent(node, 2, [PYTHON, SIGNAL_WORKER, self.out, "ignore-term", "1"],
-                             extra=["--stop-timeout=1"])
-        self.wait_for(lambda: len(glob.glob(os.path.join(self.out, "pid_*"))) == 4,
-                      "4 workers with their handlers")
+            self.start_agent(
+                node,
+                2,
+                [PYTHON, SIGNAL_WORKER, self.out, "ignore-term", "1"],
+                extra=["--stop-timeout=1"],
+            )
+        self.wait_for(
+            lambda: len(glob.glob(os.path.join(self.out, "pid_*"))) == 4,
+            "4 workers with their handlers",
+        )
         code, out, err = self.control("stop", "--exit-code=7", "--reason=test")
         self.assertEqual(code, 0, f"{err}\n{self.logs()}")
         for node in range(2):
@@ -200,15 +244,26 @@ class ControlPlaneTest(unittest.TestCase):
     def test_stop_signal_usr1_checkpoints_the_trainer_on_every_rank(self):
         checkpoint_dir = os.path.join(self.out, "checkpoints")
         train = binary_from_env("DLRUN_TRAIN", "dlrun-train")
-        trainer = [train, "--synthetic", "--epochs", "3", "--checkpoint-dir", checkpoint_dir,
-                   "--progress-every", "10"]
+        trainer = [
+            train,
+            "--synthetic",
+            "--epochs",
+            "3",
+            "--checkpoint-dir",
+            checkpoint_dir,
+            "--progress-every",
+            "10",
+        ]
         for node in range(2):
             self.start_agent(node, 2, trainer)
 
         def trained_a_little():
-            with open(os.path.join(self.out, "agent0.log"), errors="replace") as f0, \
-                    open(os.path.join(self.out, "agent1.log"), errors="replace") as f1:
+            with (
+                open(os.path.join(self.out, "agent0.log"), errors="replace") as f0,
+                open(os.path.join(self.out, "agent1.log"), errors="replace") as f1,
+            ):
                 return re.search(r"^\[0\]:epoch 1/3 step 10/", f0.read() + f1.read(), re.M)
+
         self.wait_for(trained_a_little, "rank 0 to train 10 steps")
         code, out, err = self.control("stop", "--signal", "USR1")
         self.assertEqual(code, 0, f"{err}\n{self.logs()}")

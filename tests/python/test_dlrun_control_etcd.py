@@ -10,6 +10,7 @@ UTS namespace of its own so the node names differ; needs root) form one job thro
   (MASTER_ADDR:MASTER_PORT, as the workers see it).
 - `dlrun stop --exit-code 7` ends the job: both agents exit 7.
 """
+
 import json
 import os
 import shutil
@@ -19,8 +20,18 @@ import unittest
 import grpc
 
 from control_stubs import STUB_DIR, health_grpc, health_pb, pb, pb_grpc
-from dlrun_fixture import (PYTHON, Dlrun, clean_env, kill_recorded_workers, main, run_control,
-                           temp_dir, wait_until, worker, worker_starts)
+from dlrun_fixture import (
+    PYTHON,
+    Dlrun,
+    clean_env,
+    kill_recorded_workers,
+    main,
+    run_control,
+    temp_dir,
+    wait_until,
+    worker,
+    worker_starts,
+)
 from etcd_fixture import start_etcd
 
 WORKER = worker("elastic_worker.py")
@@ -40,20 +51,36 @@ class EtcdControlTest(unittest.TestCase):
         # The node's name is its host's: one UTS namespace each, so the two differ. The agent's
         # store whatever the machine's torch (Debian 13's, without libuv, would have rank 0
         # serve the workers' store): the worker opens no store, and the test dials the agent's.
-        args = ["--nnodes=2", "--nproc-per-node=2", "--rdzv-backend=etcd",
-                f"--rdzv-endpoint={self.etcd.endpoint}", f"--rdzv-id={self.job}",
-                f"--local-addr=127.0.0.{node}", "--worker-store=agent", PYTHON, WORKER, self.out,
-                "--wait"]
-        return Dlrun(self, args, env=clean_env(),
-                     wrapper=["unshare", "--uts", "sh", "-c",
-                              f'hostname node{node} && exec "$@"', "sh"])
+        args = [
+            "--nnodes=2",
+            "--nproc-per-node=2",
+            "--rdzv-backend=etcd",
+            f"--rdzv-endpoint={self.etcd.endpoint}",
+            f"--rdzv-id={self.job}",
+            f"--local-addr=127.0.0.{node}",
+            "--worker-store=agent",
+            PYTHON,
+            WORKER,
+            self.out,
+            "--wait",
+        ]
+        return Dlrun(
+            self,
+            args,
+            env=clean_env(),
+            wrapper=["unshare", "--uts", "sh", "-c", f'hostname node{node} && exec "$@"', "sh"],
+        )
 
     def describe(self):
         return "\n".join(agent.describe() for agent in self.agents)
 
     def control(self, *args):
-        return run_control(*args, "--rdzv-backend=etcd", f"--rdzv-endpoint={self.etcd.endpoint}",
-                           f"--rdzv-id={self.job}")
+        return run_control(
+            *args,
+            "--rdzv-backend=etcd",
+            f"--rdzv-endpoint={self.etcd.endpoint}",
+            f"--rdzv-id={self.job}",
+        )
 
     def status(self):
         code, out, err = self.control("status", "--json")
@@ -61,30 +88,42 @@ class EtcdControlTest(unittest.TestCase):
         return json.loads(out)
 
     def test_status_events_grpc_and_stop_through_etcd(self):
-        wait_until(lambda: len(worker_starts(self.out, 0)) == 4, JOB_TIMEOUT_S,
-                   "4 workers to start", on_timeout=self.describe)
+        wait_until(
+            lambda: len(worker_starts(self.out, 0)) == 4,
+            JOB_TIMEOUT_S,
+            "4 workers to start",
+            on_timeout=self.describe,
+        )
         starts = worker_starts(self.out, 0)
         by_rank = {int(s["env"]["RANK"]): s["pid"] for s in starts}
 
         def workers(job):
-            return {w["rank"]: w["pid"] for n in job["nodes"] for w in n["workers"]
-                    if w["state"] == "running"}
-        wait_until(lambda: workers(self.status())
-                   == by_rank, JOB_TIMEOUT_S, "status to list the 4 running workers",
-                   on_timeout=self.describe)
+            return {
+                w["rank"]: w["pid"]
+                for n in job["nodes"]
+                for w in n["workers"]
+                if w["state"] == "running"
+            }
+
+        wait_until(
+            lambda: workers(self.status()) == by_rank,
+            JOB_TIMEOUT_S,
+            "status to list the 4 running workers",
+            on_timeout=self.describe,
+        )
         job = self.status()
         self.assertEqual(job["backend"], "etcd")
         self.assertEqual(job["state"], "RUNNING")
         self.assertEqual(sorted(n["name"] for n in job["nodes"]), ["node1", "node2"])
-        self.assertEqual(sorted(n["address"] for n in job["nodes"]),
-                         ["127.0.0.1", "127.0.0.2"])
+        self.assertEqual(sorted(n["address"] for n in job["nodes"]), ["127.0.0.1", "127.0.0.2"])
 
         code, out, err = self.control("events", "--json")
         self.assertEqual(code, 0, err)
         events = [line for line in out.splitlines() if '"worker_started"' in line]
         self.assertEqual(len(events), 2, out)
-        self.assertTrue(any('"node1"' in e for e in events) and any('"node2"' in e for e in events),
-                        out)
+        self.assertTrue(
+            any('"node1"' in e for e in events) and any('"node2"' in e for e in events), out
+        )
 
         # Group rank 0's workers' store, where its workers find it: the Control service is there.
         env = starts[0]["env"]
@@ -94,11 +133,16 @@ class EtcdControlTest(unittest.TestCase):
         self.assertEqual(got.state, pb.RUNNING)
         self.assertEqual(len(got.nodes), 2)
         reply = health_grpc.HealthStub(channel).Check(
-            health_pb.HealthCheckRequest(service="dlrun.v1.Control"), timeout=CALL_TIMEOUT_S)
+            health_pb.HealthCheckRequest(service="dlrun.v1.Control"), timeout=CALL_TIMEOUT_S
+        )
         self.assertEqual(reply.status, health_pb.HealthCheckResponse.SERVING)
 
-        code, out, err = run_control("status", "--rdzv-backend=etcd",
-                                     f"--rdzv-endpoint={self.etcd.endpoint}", "--rdzv-id=nojob")
+        code, out, err = run_control(
+            "status",
+            "--rdzv-backend=etcd",
+            f"--rdzv-endpoint={self.etcd.endpoint}",
+            "--rdzv-id=nojob",
+        )
         self.assertEqual(code, 2)
         self.assertEqual(len(err.splitlines()), 1, err)
         self.assertIn("no job 'nojob'", err)

@@ -6,17 +6,29 @@ port and says at the start how to reach it.
 - A job started with DLRUN_TOKEN refuses a status call without it (one line, exit 2) and answers
   one that carries it in DLRUN_TOKEN.
 """
+
 import json
 import re
 import unittest
 
-from dlrun_fixture import (PYTHON, Dlrun, clean_env, kill_recorded_workers, main, run_control,
-                           temp_dir, wait_until, worker, worker_starts)
+from dlrun_fixture import (
+    PYTHON,
+    Dlrun,
+    clean_env,
+    kill_recorded_workers,
+    main,
+    run_control,
+    temp_dir,
+    wait_until,
+    worker,
+    worker_starts,
+)
 
 WORKER = worker("elastic_worker.py")
 JOB_TIMEOUT_S = 30
-REACH = re.compile(r"^dlrun: control plane: dlrun status --rdzv-endpoint=(\S+) --rdzv-id=(\S+)$",
-                   re.M)
+REACH = re.compile(
+    r"^dlrun: control plane: dlrun status --rdzv-endpoint=(\S+) --rdzv-id=(\S+)$", re.M
+)
 
 
 class StandaloneControlTest(unittest.TestCase):
@@ -25,18 +37,31 @@ class StandaloneControlTest(unittest.TestCase):
         self.addCleanup(kill_recorded_workers, self.out)
 
     def start(self, env):
-        self.agent = Dlrun(self, ["--standalone", "--nproc-per-node=2", PYTHON, WORKER, self.out,
-                                  "--wait"], env=env)
-        wait_until(lambda: REACH.search(self.agent.output()[1]), JOB_TIMEOUT_S,
-                   "the line that says how to reach the control plane", proc=self.agent.proc,
-                   on_timeout=self.agent.describe)
+        self.agent = Dlrun(
+            self,
+            ["--standalone", "--nproc-per-node=2", PYTHON, WORKER, self.out, "--wait"],
+            env=env,
+        )
+        wait_until(
+            lambda: REACH.search(self.agent.output()[1]),
+            JOB_TIMEOUT_S,
+            "the line that says how to reach the control plane",
+            proc=self.agent.proc,
+            on_timeout=self.agent.describe,
+        )
         self.endpoint, self.job = REACH.search(self.agent.output()[1]).groups()
-        wait_until(lambda: len(worker_starts(self.out, 0)) == 2, JOB_TIMEOUT_S,
-                   "2 workers to start", proc=self.agent.proc, on_timeout=self.agent.describe)
+        wait_until(
+            lambda: len(worker_starts(self.out, 0)) == 2,
+            JOB_TIMEOUT_S,
+            "2 workers to start",
+            proc=self.agent.proc,
+            on_timeout=self.agent.describe,
+        )
 
     def control(self, *args, env=None):
-        return run_control(*args, f"--rdzv-endpoint={self.endpoint}", f"--rdzv-id={self.job}",
-                           env=env)
+        return run_control(
+            *args, f"--rdzv-endpoint={self.endpoint}", f"--rdzv-id={self.job}", env=env
+        )
 
     def status(self, env=None):
         code, out, err = self.control("status", "--json", env=env)
@@ -48,10 +73,19 @@ class StandaloneControlTest(unittest.TestCase):
         by_rank = {int(s["env"]["RANK"]): s["pid"] for s in worker_starts(self.out, 0)}
 
         def running(job):
-            return {w["rank"]: w["pid"] for n in job["nodes"] for w in n["workers"]
-                    if w["state"] == "running"}
-        wait_until(lambda: running(self.status()) == by_rank, JOB_TIMEOUT_S,
-                   "status to list the 2 running workers", on_timeout=self.agent.describe)
+            return {
+                w["rank"]: w["pid"]
+                for n in job["nodes"]
+                for w in n["workers"]
+                if w["state"] == "running"
+            }
+
+        wait_until(
+            lambda: running(self.status()) == by_rank,
+            JOB_TIMEOUT_S,
+            "status to list the 2 running workers",
+            on_timeout=self.agent.describe,
+        )
         job = self.status()
         self.assertEqual(job["id"], self.job)
         self.assertEqual(job["state"], "RUNNING")

@@ -1,5 +1,6 @@
 """The environment dlrun gives every worker (ARCHITECTURE.md section 2), and where --nproc-per-node
 comes from: the flag with dashes or underscores, or PET_NPROC_PER_NODE, the flag winning."""
+
 import json
 import os
 import re
@@ -7,8 +8,17 @@ import signal
 import sys
 import unittest
 
-from dlrun_fixture import (PYTHON, RUN_TIMEOUT_S, WORKERS, clean_env, main, read_json, run_dlrun,
-                           temp_dir, worker)
+from dlrun_fixture import (
+    PYTHON,
+    RUN_TIMEOUT_S,
+    WORKERS,
+    clean_env,
+    main,
+    read_json,
+    run_dlrun,
+    temp_dir,
+    worker,
+)
 
 sys.path.insert(0, WORKERS)
 from worker_util import lacks_libuv  # noqa: E402
@@ -16,12 +26,28 @@ from worker_util import lacks_libuv  # noqa: E402
 ENV_DUMP = worker("env_dump.py")
 LOCAL_RANK_WORKER = worker("local_rank_worker.py")
 EVERY_VARIABLE = (
-    "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
-    "ROLE_NAME", "ROLE_RANK", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-    "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS",
-    "TORCHELASTIC_RUN_ID", "TORCHELASTIC_ERROR_FILE", "TORCHELASTIC_SIGNALS_TO_HANDLE",
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "GROUP_WORLD_SIZE",
+    "ROLE_NAME",
+    "ROLE_RANK",
+    "ROLE_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_USE_AGENT_STORE",
+    "TORCHELASTIC_RESTART_COUNT",
+    "TORCHELASTIC_MAX_RESTARTS",
+    "TORCHELASTIC_RUN_ID",
+    "TORCHELASTIC_ERROR_FILE",
+    "TORCHELASTIC_SIGNALS_TO_HANDLE",
     "OMP_NUM_THREADS",
-    "TORCH_NCCL_ASYNC_ERROR_HANDLING", "NCCL_ASYNC_ERROR_HANDLING", "TF_CONFIG")
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING",
+    "NCCL_ASYNC_ERROR_HANDLING",
+    "TF_CONFIG",
+)
 OMP_NOTICE = "OMP_NUM_THREADS"
 STORE_TIMEOUT_S = 90
 
@@ -32,8 +58,12 @@ class DlrunEnvTest(unittest.TestCase):
         out = temp_dir(self)
         extra = ["--store"] if store else []
         # With the store, every worker imports torch: some seconds each on 2 loaded cores.
-        result = run_dlrun(self, [*args, PYTHON, ENV_DUMP, out, *extra], env=env,
-                           timeout=STORE_TIMEOUT_S if store else RUN_TIMEOUT_S)
+        result = run_dlrun(
+            self,
+            [*args, PYTHON, ENV_DUMP, out, *extra],
+            env=env,
+            timeout=STORE_TIMEOUT_S if store else RUN_TIMEOUT_S,
+        )
         self.assertEqual(result.returncode, 0, result)
         records = {}
         for name in os.listdir(out):
@@ -45,22 +75,26 @@ class DlrunEnvTest(unittest.TestCase):
         # torch.distributed.launch's scripts run unmodified: --local-rank=N (PyTorch 2.0's
         # spelling), or --local_rank=N for the scripts written before.
         for flags, style, local in (
-                (["--use-local-rank-arg"], "dash", (0, 1)), (["--no-use-env"], "dash", (0, 1)),
-                (["--use_local_rank_arg", "--local-rank-arg-style=underscore"], "underscore",
-                 (0, 1)),
-                # Each worker's only device is its device 0.
-                (["--use-local-rank-arg", "--virtual-local-rank"], "dash", (0, 0))):
+            (["--use-local-rank-arg"], "dash", (0, 1)),
+            (["--no-use-env"], "dash", (0, 1)),
+            (["--use_local_rank_arg", "--local-rank-arg-style=underscore"], "underscore", (0, 1)),
+            # Each worker's only device is its device 0.
+            (["--use-local-rank-arg", "--virtual-local-rank"], "dash", (0, 0)),
+        ):
             with self.subTest(flags=flags):
                 out = temp_dir(self)
-                result = run_dlrun(self, ["--nproc-per-node=2", *flags, PYTHON,
-                                          LOCAL_RANK_WORKER, out, style])
+                result = run_dlrun(
+                    self, ["--nproc-per-node=2", *flags, PYTHON, LOCAL_RANK_WORKER, out, style]
+                )
                 self.assertEqual(result.returncode, 0, result)
-                records = [read_json(os.path.join(out, f"local_rank_{rank}.json"))
-                           for rank in (0, 1)]
+                records = [
+                    read_json(os.path.join(out, f"local_rank_{rank}.json")) for rank in (0, 1)
+                ]
                 self.assertEqual(records, [{"arg": n, "env": n} for n in local])
         # Without the flag, the script gets no argument it does not know (argparse refuses one).
-        result = run_dlrun(self, ["--nproc-per-node=1", PYTHON, LOCAL_RANK_WORKER,
-                                  temp_dir(self), "dash"])
+        result = run_dlrun(
+            self, ["--nproc-per-node=1", PYTHON, LOCAL_RANK_WORKER, temp_dir(self), "dash"]
+        )
         self.assertEqual(result.returncode, 2, result)
         self.assertIn("--local-rank", result.stderr)
 
@@ -84,14 +118,16 @@ class DlrunEnvTest(unittest.TestCase):
                 self.assertEqual(env["MASTER_ADDR"], "127.0.0.1")
                 self.assertTrue(0 < int(env["MASTER_PORT"]) < 65536)
                 # A torch without libuv meets at a store its rank 0 serves (test_torch_libuv.py).
-                self.assertEqual(env["TORCHELASTIC_USE_AGENT_STORE"],
-                                 "False" if lacks_libuv() else "True")
+                self.assertEqual(
+                    env["TORCHELASTIC_USE_AGENT_STORE"], "False" if lacks_libuv() else "True"
+                )
                 self.assertEqual(env["TORCHELASTIC_RESTART_COUNT"], "0")
                 self.assertEqual(env["TORCHELASTIC_MAX_RESTARTS"], "2")
                 self.assertNotEqual(env["TORCHELASTIC_RUN_ID"], "")
                 self.assertTrue(os.path.isabs(env["TORCHELASTIC_ERROR_FILE"]))
-                self.assertTrue(records[rank]["error_file_dir_writable"],
-                                env["TORCHELASTIC_ERROR_FILE"])
+                self.assertTrue(
+                    records[rank]["error_file_dir_writable"], env["TORCHELASTIC_ERROR_FILE"]
+                )
                 self.assertEqual(env["OMP_NUM_THREADS"], "1")
                 self.assertEqual(env["TORCH_NCCL_ASYNC_ERROR_HANDLING"], "1")
                 self.assertEqual(env["NCCL_ASYNC_ERROR_HANDLING"], "1")
@@ -104,7 +140,7 @@ class DlrunEnvTest(unittest.TestCase):
             self.assertEqual(len({env[name] for env in envs.values()}), 1, name)
         self.assertEqual(len({env["TORCHELASTIC_ERROR_FILE"] for env in envs.values()}), 4)
         # The store at MASTER_ADDR:MASTER_PORT took a torch client from every rank.
-        for rank, rec in records.items():
+        for rec in records.values():
             self.assertEqual(rec["store_values"], [f"rank {r} was here" for r in range(4)])
         # OMP_NUM_THREADS=1 is announced once on stderr.
         notices = [line for line in result.dlrun_lines() if OMP_NOTICE in line]
@@ -139,9 +175,15 @@ class DlrunEnvTest(unittest.TestCase):
     def test_newer_torchrun_flags(self):
         # --virtual-local-rank: LOCAL_RANK 0 and each worker's own device, its entry of the
         # inherited list; --start-method and --signals-to-handle as torchrun 2.x scripts pass them.
-        _, records = self.dump(["--nproc-per-node=2", "--virtual-local-rank", "--start-method=fork",
-                                "--signals-to-handle=SIGTERM,SIGUSR1"],
-                               env=clean_env(CUDA_VISIBLE_DEVICES="5,7"))
+        _, records = self.dump(
+            [
+                "--nproc-per-node=2",
+                "--virtual-local-rank",
+                "--start-method=fork",
+                "--signals-to-handle=SIGTERM,SIGUSR1",
+            ],
+            env=clean_env(CUDA_VISIBLE_DEVICES="5,7"),
+        )
         self.assertEqual(sorted(records), [0, 1])
         for rank, device in ((0, "5"), (1, "7")):
             env = records[rank]["env"]
@@ -153,11 +195,16 @@ class DlrunEnvTest(unittest.TestCase):
         # default four, named as torchrun names them.
         _, records = self.dump(["--nproc-per-node=2"], env=clean_env(CUDA_VISIBLE_DEVICES="5,7"))
         self.assertEqual({rec["env"]["CUDA_VISIBLE_DEVICES"] for rec in records.values()}, {"5,7"})
-        self.assertEqual({rec["env"]["TORCHELASTIC_SIGNALS_TO_HANDLE"]
-                          for rec in records.values()}, {"SIGTERM,SIGINT,SIGHUP,SIGQUIT"})
+        self.assertEqual(
+            {rec["env"]["TORCHELASTIC_SIGNALS_TO_HANDLE"] for rec in records.values()},
+            {"SIGTERM,SIGINT,SIGHUP,SIGQUIT"},
+        )
         # The one-line refusal when the list is too short for the workers.
-        result = run_dlrun(self, ["--nproc-per-node=3", "--virtual-local-rank", PYTHON, ENV_DUMP,
-                                  temp_dir(self)], env=clean_env(CUDA_VISIBLE_DEVICES="5,7"))
+        result = run_dlrun(
+            self,
+            ["--nproc-per-node=3", "--virtual-local-rank", PYTHON, ENV_DUMP, temp_dir(self)],
+            env=clean_env(CUDA_VISIBLE_DEVICES="5,7"),
+        )
         self.assertEqual(result.returncode, 2, result)
         self.assertEqual(len(result.dlrun_lines()), 1, result)
         self.assertIn("--virtual-local-rank", result.stderr)
@@ -182,8 +229,12 @@ class DlrunEnvTest(unittest.TestCase):
             self.assertEqual(rec["env"]["ROLE_RANK"], str(rank))
 
     def test_user_settings_are_kept(self):
-        env = clean_env(OMP_NUM_THREADS="7", TORCH_NCCL_ASYNC_ERROR_HANDLING="0",
-                        NCCL_ASYNC_ERROR_HANDLING="2", PET_ROLE="fromenv")
+        env = clean_env(
+            OMP_NUM_THREADS="7",
+            TORCH_NCCL_ASYNC_ERROR_HANDLING="0",
+            NCCL_ASYNC_ERROR_HANDLING="2",
+            PET_ROLE="fromenv",
+        )
         result, records = self.dump(["--nproc-per-node=2"], env=env)
         self.assertEqual(sorted(records), [0, 1])
         for rec in records.values():
@@ -191,7 +242,7 @@ class DlrunEnvTest(unittest.TestCase):
             self.assertEqual(rec["env"]["TORCH_NCCL_ASYNC_ERROR_HANDLING"], "0")
             self.assertEqual(rec["env"]["NCCL_ASYNC_ERROR_HANDLING"], "2")
             self.assertEqual(rec["env"]["ROLE_NAME"], "fromenv")
-        self.assertEqual([l for l in result.dlrun_lines() if OMP_NOTICE in l], [], result)
+        self.assertEqual([line for line in result.dlrun_lines() if OMP_NOTICE in line], [], result)
 
     def test_nproc_per_node_cpu_and_auto(self):
         cpus = len(os.sched_getaffinity(0))

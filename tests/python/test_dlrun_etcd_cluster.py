@@ -22,6 +22,7 @@ inside hosts. Every etcd member is stopped by PID in the test's cleanups, also o
 
 Needs root (namespaces); skipped without it.
 """
+
 import json
 import os
 import re
@@ -31,29 +32,38 @@ import sys
 import time
 import unittest
 
-from dlrun_fixture import (POLL_S, PYTHON, binary_from_env, clean_env, log_tails, temp_dir,
-                           wait_until, worker, worker_starts)
+from dlrun_fixture import (
+    POLL_S,
+    PYTHON,
+    binary_from_env,
+    clean_env,
+    log_tails,
+    temp_dir,
+    wait_until,
+    worker,
+    worker_starts,
+)
 from netns_fixture import Hosts, main
 from trainer_fixture import checkpoints
 
 ETCD = "/usr/bin/etcd"
 ETCDCTL = "/usr/bin/etcdctl"
-MEMBERS = 3               # hosts 0..2 run etcd; hosts 3.. run dlrun
+MEMBERS = 3  # hosts 0..2 run etcd; hosts 3.. run dlrun
 NODES = 3
 WORKER = worker("elastic_worker.py")
-START_TIMEOUT_S = 30      # the cluster answering
-EVENT_TIMEOUT_S = 60      # workers starting, agents ending
-ELECTION_TIMEOUT_S = 15   # a new leader after the old one is killed
-TTL_S = 3.0               # keep_alive_interval (1 s) x keep_alive_max_attempt (3): the defaults
-QUIET_S = TTL_S + 2.0     # after the leader's loss, how long no worker may restart
-OUTAGE_S = 8              # every member down, then started again with its data
-STORE_MOVE_S = 3.0        # from the loss of the workers' store's node to the survivors' workers
-TRAIN_EPOCHS = 4          # the trainer on --synthetic data (20000 examples, batches of 64)
-STEPS_3 = 105             # steps an epoch at world size 3: ceil(ceil(20000 / 3) / 64)
-STEPS_2 = 157             # ... at world size 2: ceil(10000 / 64)
+START_TIMEOUT_S = 30  # the cluster answering
+EVENT_TIMEOUT_S = 60  # workers starting, agents ending
+ELECTION_TIMEOUT_S = 15  # a new leader after the old one is killed
+TTL_S = 3.0  # keep_alive_interval (1 s) x keep_alive_max_attempt (3): the defaults
+QUIET_S = TTL_S + 2.0  # after the leader's loss, how long no worker may restart
+OUTAGE_S = 8  # every member down, then started again with its data
+STORE_MOVE_S = 3.0  # from the loss of the workers' store's node to the survivors' workers
+TRAIN_EPOCHS = 4  # the trainer on --synthetic data (20000 examples, batches of 64)
+STEPS_3 = 105  # steps an epoch at world size 3: ceil(ceil(20000 / 3) / 64)
+STEPS_2 = 157  # ... at world size 2: ceil(10000 / 64)
 CHECKPOINT_EVERY = 20
 TRAIN_TIMEOUT_S = 150
-MIN_ACCURACY = 0.3        # of 10 classes (chance: 0.1)
+MIN_ACCURACY = 0.3  # of 10 classes (chance: 0.1)
 
 
 def setUpModule():
@@ -62,8 +72,10 @@ def setUpModule():
         raise unittest.SkipTest("network namespaces need root")
     for path in (ETCD, ETCDCTL):
         if not os.access(path, os.X_OK):
-            raise AssertionError(f"{path} is missing: the etcd tests need Debian's etcd-server "
-                                 "and etcd-client packages")
+            raise AssertionError(
+                f"{path} is missing: the etcd tests need Debian's etcd-server "
+                "and etcd-client packages"
+            )
 
 
 class EtcdClusterTest(unittest.TestCase):
@@ -95,14 +107,22 @@ class EtcdClusterTest(unittest.TestCase):
         log = open(os.path.join(self.out, f"etcd{m}.log"), "a")
         self.addCleanup(log.close)
         self.members[m] = self.hosts.popen(
-            m, [ETCD, f"--name=m{m}", f"--data-dir={self.out}/etcd{m}",
+            m,
+            [
+                ETCD,
+                f"--name=m{m}",
+                f"--data-dir={self.out}/etcd{m}",
                 f"--listen-client-urls=http://{address}:2379",
                 f"--advertise-client-urls=http://{address}:2379",
                 f"--listen-peer-urls=http://{address}:2380",
                 f"--initial-advertise-peer-urls=http://{address}:2380",
-                f"--initial-cluster={initial}", "--initial-cluster-state=new",
-                f"--initial-cluster-token={token}"],
-            stdout=log, stderr=log)
+                f"--initial-cluster={initial}",
+                "--initial-cluster-state=new",
+                f"--initial-cluster-token={token}",
+            ],
+            stdout=log,
+            stderr=log,
+        )
 
     def await_cluster(self):
         deadline = time.monotonic() + START_TIMEOUT_S
@@ -111,8 +131,9 @@ class EtcdClusterTest(unittest.TestCase):
                 if proc.poll() is not None:
                     self.fail(f"etcd m{m} exited with {proc.returncode}\n{self.logs()}")
             if time.monotonic() >= deadline:
-                self.fail(f"the etcd cluster did not answer within {START_TIMEOUT_S}s\n"
-                          f"{self.logs()}")
+                self.fail(
+                    f"the etcd cluster did not answer within {START_TIMEOUT_S}s\n{self.logs()}"
+                )
             time.sleep(POLL_S)
 
     def stop_member(self, m):
@@ -124,9 +145,17 @@ class EtcdClusterTest(unittest.TestCase):
     def etcdctl(self, members, *args):
         """etcdctl run inside the first dlrun host (never from the root namespace)."""
         return self.hosts.run(
-            MEMBERS, [ETCDCTL, f"--endpoints={self.endpoints(members)}", "--dial-timeout=1s",
-                      "--command-timeout=2s", *args],
-            timeout=15, env={**os.environ, "ETCDCTL_API": "3"})
+            MEMBERS,
+            [
+                ETCDCTL,
+                f"--endpoints={self.endpoints(members)}",
+                "--dial-timeout=1s",
+                "--command-timeout=2s",
+                *args,
+            ],
+            timeout=15,
+            env={**os.environ, "ETCDCTL_API": "3"},
+        )
 
     def healthy(self, members):
         return self.etcdctl(members, "endpoint", "health").returncode == 0
@@ -158,15 +187,21 @@ class EtcdClusterTest(unittest.TestCase):
         if leader != target:
             result = self.etcdctl([leader], "move-leader", f"{target_id:x}")
             self.assertEqual(result.returncode, 0, result.stderr)
-        wait_until(lambda: self.leader() == target, ELECTION_TIMEOUT_S,
-                   f"m{target} to lead", on_timeout=self.logs)
+        wait_until(
+            lambda: self.leader() == target,
+            ELECTION_TIMEOUT_S,
+            f"m{target} to lead",
+            on_timeout=self.logs,
+        )
 
     def watch_streams(self, m):
         """How many Watch streams member m serves (its metrics, read from the first dlrun host)."""
-        script = ("import re, urllib.request; t = urllib.request.urlopen("
-                  f"'http://{self.hosts.address(m)}:2379/metrics', timeout=5).read().decode(); "
-                  "print(re.search(r'^etcd_debugging_mvcc_watch_stream_total (\\S+)', t, "
-                  "re.M).group(1))")
+        script = (
+            "import re, urllib.request; t = urllib.request.urlopen("
+            f"'http://{self.hosts.address(m)}:2379/metrics', timeout=5).read().decode(); "
+            "print(re.search(r'^etcd_debugging_mvcc_watch_stream_total (\\S+)', t, "
+            "re.M).group(1))"
+        )
         result = self.hosts.run(MEMBERS, [PYTHON, "-c", script], timeout=15)
         self.assertEqual(result.returncode, 0, result.stderr)
         return float(result.stdout)
@@ -177,10 +212,19 @@ class EtcdClusterTest(unittest.TestCase):
         host = MEMBERS + node
         log = open(os.path.join(self.out, f"agent{node}-{len(self.agents)}.log"), "w")
         self.addCleanup(log.close)
-        args = [binary_from_env("DLRUN", "dlrun"), f"--nnodes={nnodes}",
-                f"--nproc-per-node={nproc}", "--rdzv-backend=etcd",
-                f"--rdzv-endpoint={self.endpoints()}", f"--rdzv-id={self.hosts.prefix}",
-                *extra, PYTHON, WORKER, self.out, *worker_args]
+        args = [
+            binary_from_env("DLRUN", "dlrun"),
+            f"--nnodes={nnodes}",
+            f"--nproc-per-node={nproc}",
+            "--rdzv-backend=etcd",
+            f"--rdzv-endpoint={self.endpoints()}",
+            f"--rdzv-id={self.hosts.prefix}",
+            *extra,
+            PYTHON,
+            WORKER,
+            self.out,
+            *worker_args,
+        ]
         env = clean_env(GLOO_SOCKET_IFNAME=None, TMPDIR=self.out)
         self.agents[node] = self.hosts.popen(host, args, env=env, stdout=log, stderr=log)
         return self.agents[node]
@@ -192,8 +236,12 @@ class EtcdClusterTest(unittest.TestCase):
         return worker_starts(self.out, attempt)
 
     def wait_for_starts(self, attempt, count):
-        wait_until(lambda: len(self.starts(attempt)) >= count, EVENT_TIMEOUT_S,
-                   f"{count} workers of attempt {attempt}", on_timeout=self.logs)
+        wait_until(
+            lambda: len(self.starts(attempt)) >= count,
+            EVENT_TIMEOUT_S,
+            f"{count} workers of attempt {attempt}",
+            on_timeout=self.logs,
+        )
         return self.starts(attempt)
 
     def wait_for_exit(self, node, timeout=EVENT_TIMEOUT_S):
@@ -243,14 +291,17 @@ class EtcdClusterTest(unittest.TestCase):
             group_hosts.setdefault(env["GROUP_RANK"], set()).add(s["host"])
             workers = json.loads(env["TF_CONFIG"])["cluster"]["worker"]
             self.assertEqual(len(workers), 6)
-            self.assertEqual(json.loads(env["TF_CONFIG"])["task"],
-                             {"type": "worker", "index": int(env["RANK"])})
+            self.assertEqual(
+                json.loads(env["TF_CONFIG"])["task"], {"type": "worker", "index": int(env["RANK"])}
+            )
         # One group rank a host, every host one group rank; the workers' store is served by
         # group rank 0's host, and TF_CONFIG lists each rank on its own host's address.
         self.assertEqual(sorted(group_hosts), ["0", "1", "2"])
         self.assertTrue(all(len(h) == 1 for h in group_hosts.values()), group_hosts)
-        self.assertEqual(sorted(h.pop() for h in group_hosts.values()),
-                         [self.hosts.hostname(MEMBERS + n) for n in range(3)])
+        self.assertEqual(
+            sorted(h.pop() for h in group_hosts.values()),
+            [self.hosts.hostname(MEMBERS + n) for n in range(3)],
+        )
         address_of = {self.hosts.hostname(i): self.hosts.address(i) for i in range(self.hosts.n)}
         for s in starts:
             env = s["env"]
@@ -272,10 +323,16 @@ class EtcdClusterTest(unittest.TestCase):
         killed = time.monotonic()
         self.stop_member(leader)
         survivors = [m for m in range(MEMBERS) if m != leader]
-        wait_until(lambda: self.leader(survivors) is not None, ELECTION_TIMEOUT_S,
-                   "a new etcd leader", on_timeout=self.logs)
-        print(f"leader m{leader} killed; new leader m{self.leader(survivors)} after "
-              f"{time.monotonic() - killed:.2f} s")
+        wait_until(
+            lambda: self.leader(survivors) is not None,
+            ELECTION_TIMEOUT_S,
+            "a new etcd leader",
+            on_timeout=self.logs,
+        )
+        print(
+            f"leader m{leader} killed; new leader m{self.leader(survivors)} after "
+            f"{time.monotonic() - killed:.2f} s"
+        )
         # The agents' leases outlive the election: for longer than their TTL after the loss,
         # no worker restarts and every agent runs on.
         self.assert_no_restart_until(killed + QUIET_S)
@@ -286,8 +343,9 @@ class EtcdClusterTest(unittest.TestCase):
         grown = self.wait_for_starts(1, 3)
         print(f"new node admitted in {time.monotonic() - joined:.2f} s")
         self.assert_world(grown, 3)
-        self.assertEqual(sorted(s["host"] for s in grown),
-                         [self.hosts.hostname(MEMBERS + n) for n in range(3)])
+        self.assertEqual(
+            sorted(s["host"] for s in grown), [self.hosts.hostname(MEMBERS + n) for n in range(3)]
+        )
         self.finish(range(3))
         self.assertEqual(len(self.starts()), 5, self.logs())  # 2, then 3: nothing else
 
@@ -322,8 +380,10 @@ class EtcdClusterTest(unittest.TestCase):
         def cut():
             for member in range(1, MEMBERS):
                 self.hosts.cut(0, member)
+
         self.ride_out_trouble_at_member_0(
-            cut, afterwards=lambda: self.assertEqual(self.watch_streams(0), 0, self.logs()))
+            cut, afterwards=lambda: self.assertEqual(self.watch_streams(0), 0, self.logs())
+        )
 
     def test_every_etcd_member_down_for_8_s_restarts_no_worker(self):
         """A store outage is not a node loss: the whole cluster killed for 8 s and started again
@@ -345,10 +405,18 @@ class EtcdClusterTest(unittest.TestCase):
         for node in range(2):
             with open(os.path.join(self.out, f"agent{node}-{node}.log")) as f:
                 lines = f.read()
-            self.assertRegex(lines, r"the rendezvous store at .+ stopped answering .*the "
-                                    r"workers keep running", lines)
-            self.assertRegex(lines, r"the rendezvous store at .+ answers again after "
-                                    r"\d+\.\d s", lines)
+            self.assertRegex(
+                lines,
+                r"the rendezvous store at .+ stopped answering .*the "
+                r"workers keep running",
+                lines,
+            )
+            self.assertRegex(
+                lines,
+                r"the rendezvous store at .+ answers again after "
+                r"\d+\.\d s",
+                lines,
+            )
             self.assertNotIn("stopping workers", lines)
             self.assertNotIn("spare", lines)
 
@@ -359,8 +427,9 @@ class EtcdClusterTest(unittest.TestCase):
         self.assert_world(first, 3)
         # Not group rank 0's node: its workers' store is the one the job's workers share.
         victim = next(s for s in first if s["env"]["GROUP_RANK"] == "2")
-        victim_node = next(n for n in range(NODES)
-                           if self.hosts.hostname(MEMBERS + n) == victim["host"])
+        victim_node = next(
+            n for n in range(NODES) if self.hosts.hostname(MEMBERS + n) == victim["host"]
+        )
 
         silenced = time.time()
         self.hosts.link(MEMBERS + victim_node, up=False)
@@ -375,25 +444,39 @@ class EtcdClusterTest(unittest.TestCase):
     def test_the_trainer_loses_the_store_serving_node_and_takes_every_step_once(self):
         checkpoint_dir = os.path.join(self.out, "checkpoints")
         train = binary_from_env("DLRUN_TRAIN", "dlrun-train")
-        trainer = ["--exec", train, "--synthetic", "--epochs", str(TRAIN_EPOCHS), "--seed", "3",
-                   "--lr", "0.02",  # off the knife edge of the default 0.05 (test_slurm.py)
-                   "--checkpoint-dir", checkpoint_dir, "--checkpoint-every",
-                   str(CHECKPOINT_EVERY), "--progress-every", str(CHECKPOINT_EVERY)]
+        trainer = [
+            "--exec",
+            train,
+            "--synthetic",
+            "--epochs",
+            str(TRAIN_EPOCHS),
+            "--seed",
+            "3",
+            "--lr",
+            "0.02",  # off the knife edge of the default 0.05 (test_slurm.py)
+            "--checkpoint-dir",
+            checkpoint_dir,
+            "--checkpoint-every",
+            str(CHECKPOINT_EVERY),
+            "--progress-every",
+            str(CHECKPOINT_EVERY),
+        ]
         # A survivor's trainer fails when its peer's connection breaks, maybe before its agent
         # sees the node's lease lapse: that restart is the node loss's, so restarts are allowed.
         # --worker-store=agent: Python execs the trainer, which meets at dlrun's store whatever
         # the interpreter's torch (Debian 13's would have rank 0's torch serve it).
         for node in range(3):
-            self.start_agent(node, "2:3", trainer,
-                             extra=["--max-restarts=3", "--worker-store=agent"])
+            self.start_agent(
+                node, "2:3", trainer, extra=["--max-restarts=3", "--worker-store=agent"]
+            )
 
         def saved():
             return checkpoints(checkpoint_dir) if os.path.isdir(checkpoint_dir) else {}
+
         first = self.wait_for_starts(0, 3)
         self.assert_world(first, 3)
         # A checkpoint is written after an all-reduce of every rank: all three are training.
-        wait_until(lambda: saved(), EVENT_TIMEOUT_S, "the first checkpoint",
-                   on_timeout=self.logs)
+        wait_until(lambda: saved(), EVENT_TIMEOUT_S, "the first checkpoint", on_timeout=self.logs)
         host = next(s for s in first if s["env"]["GROUP_RANK"] == "0")["host"]
         victim = next(n for n in range(NODES) if self.hosts.hostname(MEMBERS + n) == host)
         self.assertEqual(first[0]["env"]["MASTER_ADDR"], self.hosts.address(MEMBERS + victim))
@@ -404,14 +487,18 @@ class EtcdClusterTest(unittest.TestCase):
         self.assertLess(saved_at_kill, TRAIN_EPOCHS * STEPS_3, "trained to the end before the kill")
         again = self.wait_for_starts(1, 2)
         restarted = max(s["time"] for s in again) - killed
-        print(f"group rank 0 killed after step {saved_at_kill} -> survivors restarted in "
-              f"{restarted:.2f} s")
+        print(
+            f"group rank 0 killed after step {saved_at_kill} -> survivors restarted in "
+            f"{restarted:.2f} s"
+        )
         self.assertLess(restarted, STORE_MOVE_S, self.logs())
         self.assert_world(again, 2)
         self.assertNotIn(host, {s["host"] for s in again})
         new_host = next(s for s in again if s["env"]["GROUP_RANK"] == "0")["host"]
-        self.assertEqual({s["env"]["MASTER_ADDR"] for s in again},
-                         {self.hosts.address(int(new_host[len("node"):]))})
+        self.assertEqual(
+            {s["env"]["MASTER_ADDR"] for s in again},
+            {self.hosts.address(int(new_host[len("node") :]))},
+        )
         survivors = [n for n in range(NODES) if n != victim]
         for node in survivors:
             self.assertEqual(self.wait_for_exit(node, TRAIN_TIMEOUT_S), 0, self.logs())
@@ -433,12 +520,17 @@ class EtcdClusterTest(unittest.TestCase):
         # ... and took each remaining step once, at world size 2, to the last epoch's end.
         left = (STEPS_2 - samples // (2 * 64)) + (TRAIN_EPOCHS - epoch) * STEPS_2
         summary = json.loads(next(line for line in reversed(rank0) if line.startswith("{")))
-        self.assertEqual((summary["epochs"], summary["steps"], summary["world_size"]),
-                         (TRAIN_EPOCHS, resumed_at + left, 2), output)
+        self.assertEqual(
+            (summary["epochs"], summary["steps"], summary["world_size"]),
+            (TRAIN_EPOCHS, resumed_at + left, 2),
+            output,
+        )
         self.assertGreaterEqual(summary["test_accuracy"], MIN_ACCURACY, output)
         self.assertIn(resumed_at + left, saved(), output)
-        print(f"{resumed[0]}; the end: {summary['steps']} steps, "
-              f"test accuracy {summary['test_accuracy']:.4f}")
+        print(
+            f"{resumed[0]}; the end: {summary['steps']} steps, "
+            f"test accuracy {summary['test_accuracy']:.4f}"
+        )
 
 
 if __name__ == "__main__":

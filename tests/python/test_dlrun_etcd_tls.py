@@ -7,6 +7,7 @@ dlrun itself has no TLS, so that no agent loads OpenSSL at its start; it runs dl
 same program built with TLS, in its stead (launcher/tls_build.h). Every TLS job here goes that
 way, and so do `dlrun status` and `dlrun stop` of a TLS job.
 """
+
 import glob
 import json
 import os
@@ -15,8 +16,19 @@ import subprocess
 import time
 import unittest
 
-from dlrun_fixture import PYTHON, Dlrun, clean_env, dlrun_binary, kill_recorded_workers, main, \
-    read_json, run_control, temp_dir, wait_until, worker
+from dlrun_fixture import (
+    PYTHON,
+    Dlrun,
+    clean_env,
+    dlrun_binary,
+    kill_recorded_workers,
+    main,
+    read_json,
+    run_control,
+    temp_dir,
+    wait_until,
+    worker,
+)
 from etcd_fixture import Tls, make_ca, start_etcd
 
 WORKER = worker("elastic_worker.py")
@@ -32,12 +44,22 @@ class EtcdSecurityTest(unittest.TestCase):
 
     def run_job(self, etcd, conf, endpoint=None):
         """2 nodes x 1 worker (127.0.0.1 and .2) through `etcd`; both agents' results."""
-        args = ["--nnodes=2", "--nproc-per-node=1", "--rdzv-backend=etcd",
-                f"--rdzv-endpoint={endpoint or etcd.endpoint}", f"--rdzv-id=job{etcd.port}",
-                f"--rdzv-conf={conf}"]
-        agents = [Dlrun(self, [*args, f"--local-addr={addr}", PYTHON, WORKER, self.out,
-                               "--allreduce"], env=clean_env())
-                  for addr in ("127.0.0.1", "127.0.0.2")]
+        args = [
+            "--nnodes=2",
+            "--nproc-per-node=1",
+            "--rdzv-backend=etcd",
+            f"--rdzv-endpoint={endpoint or etcd.endpoint}",
+            f"--rdzv-id=job{etcd.port}",
+            f"--rdzv-conf={conf}",
+        ]
+        agents = [
+            Dlrun(
+                self,
+                [*args, f"--local-addr={addr}", PYTHON, WORKER, self.out, "--allreduce"],
+                env=clean_env(),
+            )
+            for addr in ("127.0.0.1", "127.0.0.2")
+        ]
         return [agent.wait(JOB_TIMEOUT_S) for agent in agents]
 
     def assert_job_ran(self, results):
@@ -51,10 +73,20 @@ class EtcdSecurityTest(unittest.TestCase):
     def assert_one_line_error(self, etcd, conf, part, endpoint=None):
         out = temp_dir(self)  # of its own: a job may have run before
         started = time.monotonic()
-        r = Dlrun(self, ["--nnodes=2", "--rdzv-backend=etcd",
-                         f"--rdzv-endpoint={endpoint or etcd.endpoint}",
-                         f"--rdzv-id=job{etcd.port}", f"--rdzv-conf={conf}", PYTHON, WORKER,
-                         out], env=clean_env()).wait(JOB_TIMEOUT_S)
+        r = Dlrun(
+            self,
+            [
+                "--nnodes=2",
+                "--rdzv-backend=etcd",
+                f"--rdzv-endpoint={endpoint or etcd.endpoint}",
+                f"--rdzv-id=job{etcd.port}",
+                f"--rdzv-conf={conf}",
+                PYTHON,
+                WORKER,
+                out,
+            ],
+            env=clean_env(),
+        ).wait(JOB_TIMEOUT_S)
         self.assertLess(time.monotonic() - started, ERROR_WITHIN_S, r)
         self.assertNotEqual(r.returncode, 0, r)
         lines = r.dlrun_lines()
@@ -75,16 +107,18 @@ class EtcdSecurityTest(unittest.TestCase):
     def test_https_endpoints_are_accepted(self):
         tls = Tls(temp_dir(self))
         etcd = start_etcd(self, tls)
-        self.assert_job_ran(self.run_job(etcd, tls.client_conf(),
-                                         endpoint=f"https://{etcd.endpoint}"))
+        self.assert_job_ran(
+            self.run_job(etcd, tls.client_conf(), endpoint=f"https://{etcd.endpoint}")
+        )
 
     def test_a_wrong_ca_is_one_line_and_a_non_zero_exit_at_once(self):
         directory = temp_dir(self)
         tls = Tls(directory)
         etcd = start_etcd(self, tls)
         other_ca = make_ca(directory, "other")
-        line = self.assert_one_line_error(etcd, tls.client_conf(ca=other_ca[0]),
-                                          "TLS handshake failed")
+        line = self.assert_one_line_error(
+            etcd, tls.client_conf(ca=other_ca[0]), "TLS handshake failed"
+        )
         self.assertIn("cannot reach etcd", line)
 
     def test_a_missing_client_certificate_is_one_line(self):
@@ -105,10 +139,12 @@ class EtcdSecurityTest(unittest.TestCase):
         with open(password, "w") as f:
             f.write("rootpw\n")
         self.assert_job_ran(self.run_job(etcd, f"user=root,password_file={password}"))
-        self.assertNotEqual(etcd.ctl("get", "--prefix", "--keys-only", "/dlrun/",
-                                     user="root:rootpw").stdout, "")
-        line = self.assert_one_line_error(etcd, "user=root,password=wrong",
-                                          "authentication as 'root' failed")
+        self.assertNotEqual(
+            etcd.ctl("get", "--prefix", "--keys-only", "/dlrun/", user="root:rootpw").stdout, ""
+        )
+        line = self.assert_one_line_error(
+            etcd, "user=root,password=wrong", "authentication as 'root' failed"
+        )
         self.assertIn("authentication failed", line)  # etcd's own words
         # Without credentials etcd refuses the first call: one line too.
         self.assert_one_line_error(etcd, "join_timeout=600", "user name is empty")
@@ -117,12 +153,29 @@ class EtcdSecurityTest(unittest.TestCase):
         tls = Tls(temp_dir(self))
         etcd = start_etcd(self, tls)
         job = f"job{etcd.port}"
-        target = ["--rdzv-backend=etcd", f"--rdzv-endpoint={etcd.endpoint}", f"--rdzv-id={job}",
-                  f"--rdzv-conf={tls.client_conf()}"]
-        agents = [Dlrun(self, ["--nnodes=2", "--nproc-per-node=1", *target,
-                               f"--local-addr={addr}", PYTHON, WORKER, self.out, "--wait"],
-                        env=clean_env())
-                  for addr in ("127.0.0.1", "127.0.0.2")]
+        target = [
+            "--rdzv-backend=etcd",
+            f"--rdzv-endpoint={etcd.endpoint}",
+            f"--rdzv-id={job}",
+            f"--rdzv-conf={tls.client_conf()}",
+        ]
+        agents = [
+            Dlrun(
+                self,
+                [
+                    "--nnodes=2",
+                    "--nproc-per-node=1",
+                    *target,
+                    f"--local-addr={addr}",
+                    PYTHON,
+                    WORKER,
+                    self.out,
+                    "--wait",
+                ],
+                env=clean_env(),
+            )
+            for addr in ("127.0.0.1", "127.0.0.2")
+        ]
 
         def state():
             code, out, err = run_control("status", "--json", *target)
@@ -130,8 +183,13 @@ class EtcdSecurityTest(unittest.TestCase):
                 return None  # not registered yet
             self.assertEqual(code, 0, err)
             return json.loads(out)["state"]
-        wait_until(lambda: state() == "RUNNING", JOB_TIMEOUT_S, "the job to run",
-                   on_timeout=lambda: "\n".join(a.describe() for a in agents))
+
+        wait_until(
+            lambda: state() == "RUNNING",
+            JOB_TIMEOUT_S,
+            "the job to run",
+            on_timeout=lambda: "\n".join(a.describe() for a in agents),
+        )
         code, out, err = run_control("stop", "--exit-code=7", *target)
         self.assertEqual(code, 0, err)
         for agent in agents:
@@ -139,9 +197,11 @@ class EtcdSecurityTest(unittest.TestCase):
 
     def test_only_the_tls_build_loads_openssl(self):
         def loaded(path):  # every library the loader maps for it (ldd: the whole closure)
-            listing = subprocess.run(["ldd", path], capture_output=True, text=True,
-                                     check=True).stdout
+            listing = subprocess.run(
+                ["ldd", path], capture_output=True, text=True, check=True
+            ).stdout
             return [line.split()[0] for line in listing.splitlines() if "=>" in line]
+
         plain = loaded(dlrun_binary())
         self.assertIn("libc.so.6", plain)
         # Where gRPC is a shared library (Debian 13) dlrun's is the build without TLS too, and
@@ -155,10 +215,20 @@ class EtcdSecurityTest(unittest.TestCase):
         tls = Tls(directory)
         alone = os.path.join(directory, "dlrun")  # no dlrun-tls beside it, none installed
         shutil.copy(dlrun_binary(), alone)
-        r = subprocess.run([alone, "--nnodes=2", "--rdzv-backend=etcd",
-                            "--rdzv-endpoint=127.0.0.1:1", f"--rdzv-conf={tls.client_conf()}",
-                            "true"], env=clean_env(), capture_output=True, text=True,
-                           timeout=JOB_TIMEOUT_S)
+        r = subprocess.run(
+            [
+                alone,
+                "--nnodes=2",
+                "--rdzv-backend=etcd",
+                "--rdzv-endpoint=127.0.0.1:1",
+                f"--rdzv-conf={tls.client_conf()}",
+                "true",
+            ],
+            env=clean_env(),
+            capture_output=True,
+            text=True,
+            timeout=JOB_TIMEOUT_S,
+        )
         self.assertEqual(r.returncode, 1, r)
         lines = r.stderr.splitlines()
         self.assertEqual(len(lines), 1, r)

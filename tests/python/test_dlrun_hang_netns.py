@@ -10,6 +10,7 @@ all-reduce. Checked: the hang is seen within the timeout + 1 s of the stuck rank
 shows the sleeping frame; the group restarts once, resumes from the checkpoint, and its step
 count is the whole run's (none twice, none lost).
 """
+
 import glob
 import os
 import re
@@ -26,7 +27,7 @@ HANG_TIMEOUT_S = 3.0
 HANG_AT_STEP = 30
 CHECKPOINT_EVERY = 10
 EPOCHS = 1
-STEPS = 79                # an epoch of --synthetic (20000 examples) at world size 4, batch 64
+STEPS = 79  # an epoch of --synthetic (20000 examples) at world size 4, batch 64
 EVENT_TIMEOUT_S = 60
 TRAIN_TIMEOUT_S = 150
 
@@ -42,15 +43,31 @@ class HangAcrossHostsTest(unittest.TestCase):
     def start_agent(self, node):
         log = open(self.log_path(node), "w")
         self.addCleanup(log.close)
-        args = [binary_from_env("DLRUN", "dlrun"), f"--nnodes={NODES}",
-                f"--nproc-per-node={NPROC}", "--rdzv-backend=c10d",
-                f"--rdzv-endpoint={self.hosts.address(0)}:29400", "--rdzv-id=hang",
-                f"--hang-timeout={HANG_TIMEOUT_S}", "--max-restarts=1",
-                f"--log-dir={self.log_dir(node)}",
-                binary_from_env("DLRUN_TRAIN", "dlrun-train"), "--synthetic",
-                "--epochs", str(EPOCHS), "--seed", "4", "--checkpoint-dir", self.checkpoint_dir,
-                "--checkpoint-every", str(CHECKPOINT_EVERY), "--progress-every", "1000",
-                "--hang-at-step", str(HANG_AT_STEP)]
+        args = [
+            binary_from_env("DLRUN", "dlrun"),
+            f"--nnodes={NODES}",
+            f"--nproc-per-node={NPROC}",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={self.hosts.address(0)}:29400",
+            "--rdzv-id=hang",
+            f"--hang-timeout={HANG_TIMEOUT_S}",
+            "--max-restarts=1",
+            f"--log-dir={self.log_dir(node)}",
+            binary_from_env("DLRUN_TRAIN", "dlrun-train"),
+            "--synthetic",
+            "--epochs",
+            str(EPOCHS),
+            "--seed",
+            "4",
+            "--checkpoint-dir",
+            self.checkpoint_dir,
+            "--checkpoint-every",
+            str(CHECKPOINT_EVERY),
+            "--progress-every",
+            "1000",
+            "--hang-at-step",
+            str(HANG_AT_STEP),
+        ]
         env = clean_env(GLOO_SOCKET_IFNAME=None, TMPDIR=self.out)
         self.agents[node] = self.hosts.popen(node, args, env=env, stdout=log, stderr=log)
 
@@ -79,11 +96,19 @@ class HangAcrossHostsTest(unittest.TestCase):
         for node in range(NODES):
             self.start_agent(node)
         stuck_line = r"^\[3\]:dlrun-train: --hang-at-step \d+: rank 3 sleeps for ever"
-        wait_until(lambda: self.first_node_with(stuck_line), EVENT_TIMEOUT_S,
-                   "rank 3 to start sleeping", on_timeout=self.logs)
+        wait_until(
+            lambda: self.first_node_with(stuck_line),
+            EVENT_TIMEOUT_S,
+            "rank 3 to start sleeping",
+            on_timeout=self.logs,
+        )
         stuck_at = time.monotonic()
-        wait_until(lambda: self.first_node_with(r"^dlrun: hang: rank \d+"), EVENT_TIMEOUT_S,
-                   "dlrun to see the hang", on_timeout=self.logs)
+        wait_until(
+            lambda: self.first_node_with(r"^dlrun: hang: rank \d+"),
+            EVENT_TIMEOUT_S,
+            "dlrun to see the hang",
+            on_timeout=self.logs,
+        )
         seen_at = time.monotonic()
         self.assertLessEqual(seen_at - stuck_at, HANG_TIMEOUT_S + 1.0, self.logs())
 
@@ -97,24 +122,33 @@ class HangAcrossHostsTest(unittest.TestCase):
         stuck_node, _ = self.first_node_with(stuck_line)
         stuck_host = self.hosts.hostname(stuck_node)
         # The detection line: the silence it measured is within the timeout + 1 s as well.
-        _, detected = self.first_node_with(r"^dlrun: hang: rank \d+.* made no progress for "
-                                           r"([0-9.]+) s")
+        _, detected = self.first_node_with(
+            r"^dlrun: hang: rank \d+.* made no progress for "
+            r"([0-9.]+) s"
+        )
         self.assertLessEqual(float(detected.group(1)), HANG_TIMEOUT_S + 1.0, self.logs())
         # One node prints the summary; it names rank 3 on the stuck rank's node.
         summaries = [n for n in range(NODES) if "hang: no progress for" in self.log(n)]
         self.assertEqual(len(summaries), 1, self.logs())
         summary = self.log(summaries[0])
-        self.assertRegex(summary, rf"suspect: rank 3 on {stuck_host} \([0-9.]+\), last step "
-                                  rf"{HANG_AT_STEP}, silent [0-9.]+ s, not in a collective")
+        self.assertRegex(
+            summary,
+            rf"suspect: rank 3 on {stuck_host} \([0-9.]+\), last step "
+            rf"{HANG_AT_STEP}, silent [0-9.]+ s, not in a collective",
+        )
         for rank in range(3):
-            self.assertRegex(summary, rf"rank {rank} on \S+ \([0-9.]+\), last step "
-                                      rf"{HANG_AT_STEP}, silent [0-9.]+ s, waiting in")
+            self.assertRegex(
+                summary,
+                rf"rank {rank} on \S+ \([0-9.]+\), last step "
+                rf"{HANG_AT_STEP}, silent [0-9.]+ s, waiting in",
+            )
 
         # Every rank's stack, on its own node; the stuck one in its sleeping frame.
         stacks = {}
         for node in range(NODES):
-            for path in glob.glob(os.path.join(self.log_dir(node), "*", "attempt_0", "stacks",
-                                               "rank_*.txt")):
+            for path in glob.glob(
+                os.path.join(self.log_dir(node), "*", "attempt_0", "stacks", "rank_*.txt")
+            ):
                 stacks[int(re.search(r"rank_(\d+)\.txt$", path).group(1))] = path
         self.assertEqual(sorted(stacks), list(range(NODES * NPROC)), self.logs())
         with open(stacks[3]) as f:
@@ -128,8 +162,9 @@ class HangAcrossHostsTest(unittest.TestCase):
         for node in range(NODES):
             self.assertEqual(self.log(node).count("restarting, attempt 1 of 1"), 1, self.logs())
         output = self.log(0) + self.log(1)
-        resumed = re.findall(r"^\[0\]:resuming from checkpoint: .* step (\d+)$", output,
-                             re.MULTILINE)
+        resumed = re.findall(
+            r"^\[0\]:resuming from checkpoint: .* step (\d+)$", output, re.MULTILINE
+        )
         last_checkpoint = (HANG_AT_STEP - 1) // CHECKPOINT_EVERY * CHECKPOINT_EVERY
         self.assertEqual(resumed, [str(last_checkpoint)], self.logs())
         steps = re.findall(r'^\[0\]:\{"epochs": \d+, "steps": (\d+)', output, re.MULTILINE)

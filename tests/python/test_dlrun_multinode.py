@@ -3,6 +3,7 @@
 Each agent is a separate dlrun process, as on separate nodes; they meet at one endpoint, where
 the first agent to bind serves the store. Workers record what dlrun gave them in files.
 """
+
 import glob
 import json
 import os
@@ -11,8 +12,18 @@ import socket
 import time
 import unittest
 
-from dlrun_fixture import (PYTHON, Dlrun, clean_env, is_running, kill_recorded_workers, main,
-                           read_json, temp_dir, wait_until, worker)
+from dlrun_fixture import (
+    PYTHON,
+    Dlrun,
+    clean_env,
+    is_running,
+    kill_recorded_workers,
+    main,
+    read_json,
+    temp_dir,
+    wait_until,
+    worker,
+)
 from dlrund_fixture import Dlrund
 
 WORKER = worker("elastic_worker.py")
@@ -26,31 +37,54 @@ def free_port():
 
 
 class MultiNodeTest(unittest.TestCase):
-    def start_agents(self, count, nnodes, worker_args, nproc=2, extra=(), host="127.0.0.1",
-                     per_agent=None):
+    def start_agents(
+        self, count, nnodes, worker_args, nproc=2, extra=(), host="127.0.0.1", per_agent=None
+    ):
         """Starts `count` agents; per_agent(i) gives agent i's own extra flags."""
         self.out = temp_dir(self)
         self.addCleanup(kill_recorded_workers, self.out)
         self.port = free_port()
         endpoint = f"[{host}]:{self.port}" if ":" in host else f"{host}:{self.port}"
         nprocs = nproc if isinstance(nproc, list) else [nproc] * count
-        args = [f"--nnodes={nnodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}",
-                f"--rdzv-id=job{self.port}", *extra]
+        args = [
+            f"--nnodes={nnodes}",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={endpoint}",
+            f"--rdzv-id=job{self.port}",
+            *extra,
+        ]
         tail = [PYTHON, WORKER, self.out, *worker_args]
-        return [Dlrun(self, [*args, f"--nproc-per-node={nprocs[i]}",
-                             *(per_agent(i) if per_agent else []), *tail], env=clean_env())
-                for i in range(count)]
+        return [
+            Dlrun(
+                self,
+                [
+                    *args,
+                    f"--nproc-per-node={nprocs[i]}",
+                    *(per_agent(i) if per_agent else []),
+                    *tail,
+                ],
+                env=clean_env(),
+            )
+            for i in range(count)
+        ]
 
     def starts(self):
         return [read_json(p) for p in glob.glob(os.path.join(self.out, "start_*.json"))]
 
     def wait_for_starts(self, count, agents, attempt=None):
         def matching():
-            return [s for s in self.starts()
-                    if attempt is None or s["env"]["TORCHELASTIC_RESTART_COUNT"] == str(attempt)]
-        wait_until(lambda: len(matching()) >= count, JOB_TIMEOUT_S,
-                   f"{count} workers to start", on_timeout=lambda: "\n".join(
-                       a.describe() for a in agents))
+            return [
+                s
+                for s in self.starts()
+                if attempt is None or s["env"]["TORCHELASTIC_RESTART_COUNT"] == str(attempt)
+            ]
+
+        wait_until(
+            lambda: len(matching()) >= count,
+            JOB_TIMEOUT_S,
+            f"{count} workers to start",
+            on_timeout=lambda: "\n".join(a.describe() for a in agents),
+        )
         return matching()
 
     def finish(self, agents):
@@ -85,8 +119,9 @@ class MultiNodeTest(unittest.TestCase):
         configs = [json.loads(s["env"]["TF_CONFIG"]) for s in starts]
         cluster = configs[0]["cluster"]
         self.assertEqual(sorted(cluster), ["chief", "ps", "worker"])
-        self.assertEqual((len(cluster["chief"]), len(cluster["ps"]), len(cluster["worker"])),
-                         (1, 2, 5))
+        self.assertEqual(
+            (len(cluster["chief"]), len(cluster["ps"]), len(cluster["worker"])), (1, 2, 5)
+        )
         entries = [e for job in cluster.values() for e in job]
         self.assertEqual(len(set(entries)), 8)  # unique host:port entries
         tasks = set()
@@ -111,8 +146,11 @@ class MultiNodeTest(unittest.TestCase):
     def run_elastic_range(self, agents, last_call_s):
         """Runs `agents` agents with --nnodes=2:4 to completion; returns (launch time, starts)."""
         launched = time.time()
-        results = self.finish(self.start_agents(
-            agents, "2:4", [], nproc=1, extra=[f"--rdzv-conf=last_call_timeout={last_call_s}"]))
+        results = self.finish(
+            self.start_agents(
+                agents, "2:4", [], nproc=1, extra=[f"--rdzv-conf=last_call_timeout={last_call_s}"]
+            )
+        )
         for r in results:
             self.assertEqual(r.returncode, 0, r)
         starts = self.starts()
@@ -146,15 +184,17 @@ class MultiNodeTest(unittest.TestCase):
         self.assertLess(max(s["time"] for s in starts), launched + 15)  # not the 30 s window
 
     def test_a_worker_failure_restarts_the_workers_of_every_node(self):
-        agents = self.start_agents(3, "3", ["--fail-rank", "3", "--fail-rounds", "1"],
-                                   extra=["--max-restarts=1"])
+        agents = self.start_agents(
+            3, "3", ["--fail-rank", "3", "--fail-rounds", "1"], extra=["--max-restarts=1"]
+        )
         results = self.finish(agents)
         for r in results:
             self.assertEqual(r.returncode, 0, r)
         by_attempt = {}
         for s in self.starts():
             by_attempt.setdefault(s["env"]["TORCHELASTIC_RESTART_COUNT"], set()).add(
-                int(s["env"]["RANK"]))
+                int(s["env"]["RANK"])
+            )
         # Rank 3 failed in attempt 0 (the others may not have got far before they were
         # stopped); attempt 1 ran on every node.
         self.assertIn(3, by_attempt["0"])
@@ -162,8 +202,9 @@ class MultiNodeTest(unittest.TestCase):
         self.assertEqual(set(by_attempt), {"0", "1"})
 
     def test_past_max_restarts_every_agent_fails_with_the_same_root_cause(self):
-        agents = self.start_agents(3, "3", ["--fail-rank", "3", "--fail-rounds", "-1"],
-                                   extra=["--max-restarts=1"])
+        agents = self.start_agents(
+            3, "3", ["--fail-rank", "3", "--fail-rounds", "-1"], extra=["--max-restarts=1"]
+        )
         results = self.finish(agents)
         reports = []
         for r in results:
@@ -177,13 +218,19 @@ class MultiNodeTest(unittest.TestCase):
         self.assertIn("after 1 restart", reports[0])
 
     def test_the_no_restart_exit_code_ends_every_node_at_once_with_it(self):
-        agents = self.start_agents(2, "2", ["--fail-rank", "3", "--fail-rounds", "-1",
-                                            "--fail-code", "93"],
-                                   extra=["--max-restarts=3", "--no-restart-exit-code=93"])
+        agents = self.start_agents(
+            2,
+            "2",
+            ["--fail-rank", "3", "--fail-rounds", "-1", "--fail-code", "93"],
+            extra=["--max-restarts=3", "--no-restart-exit-code=93"],
+        )
         for r in self.finish(agents):
             self.assertEqual(r.returncode, 93, r)
-            self.assertIn("dlrun: rank 3 exited with 93, --no-restart-exit-code: the job ends "
-                          "without a restart", r.stderr)
+            self.assertIn(
+                "dlrun: rank 3 exited with 93, --no-restart-exit-code: the job ends "
+                "without a restart",
+                r.stderr,
+            )
         self.assertEqual({s["env"]["TORCHELASTIC_RESTART_COUNT"] for s in self.starts()}, {"0"})
 
     def test_a_node_that_finished_first_keeps_the_job_open_for_the_others(self):
@@ -191,8 +238,11 @@ class MultiNodeTest(unittest.TestCase):
         agents = self.start_agents(2, "2", ["--until-file", stop, "--hold-ranks", "2,3"])
         starts = self.wait_for_starts(4, agents)
         finished = [s["pid"] for s in starts if int(s["env"]["RANK"]) < 2]
-        wait_until(lambda: not any(is_running(pid) for pid in finished), JOB_TIMEOUT_S,
-                   "ranks 0 and 1 to exit")
+        wait_until(
+            lambda: not any(is_running(pid) for pid in finished),
+            JOB_TIMEOUT_S,
+            "ranks 0 and 1 to exit",
+        )
         # Group rank 0's workers are done; its agent waits for the job, which goes on.
         agent_of_rank0 = next(s["ppid"] for s in starts if s["env"]["RANK"] == "0")
         done_agent = next(a for a in agents if a.pid == agent_of_rank0)
@@ -204,12 +254,20 @@ class MultiNodeTest(unittest.TestCase):
         self.assertEqual(len(self.starts()), 4)  # nobody restarted
 
     def test_a_second_job_shape_under_the_same_id_is_refused(self):
-        agents = self.start_agents(1, "1:3", ["--wait"], nproc=1,
-                                   extra=["--rdzv-conf=last_call_timeout=0.1"])
+        agents = self.start_agents(
+            1, "1:3", ["--wait"], nproc=1, extra=["--rdzv-conf=last_call_timeout=0.1"]
+        )
         self.wait_for_starts(1, agents)  # the job (shape 1:3) runs
-        args = ["--nnodes=2:4", "--nproc-per-node=1", "--rdzv-backend=c10d",
-                f"--rdzv-endpoint=127.0.0.1:{self.port}", f"--rdzv-id=job{self.port}",
-                PYTHON, WORKER, self.out]
+        args = [
+            "--nnodes=2:4",
+            "--nproc-per-node=1",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint=127.0.0.1:{self.port}",
+            f"--rdzv-id=job{self.port}",
+            PYTHON,
+            WORKER,
+            self.out,
+        ]
         other = Dlrun(self, args, env=clean_env()).wait(JOB_TIMEOUT_S)
         self.assertEqual(other.returncode, 2, other)
         self.assertIn("--nnodes=1:3", "\n".join(other.dlrun_lines()))
@@ -218,8 +276,9 @@ class MultiNodeTest(unittest.TestCase):
     def test_local_addr_is_published_and_orders_the_group_ranks(self):
         # Started in reverse order: the numeric address, not arrival, decides the group rank.
         addresses = ["127.0.0.3", "127.0.0.2"]
-        agents = self.start_agents(2, "2", [], nproc=1,
-                                   per_agent=lambda i: [f"--local-addr={addresses[i]}"])
+        agents = self.start_agents(
+            2, "2", [], nproc=1, per_agent=lambda i: [f"--local-addr={addresses[i]}"]
+        )
         for r in self.finish(agents):
             self.assertEqual(r.returncode, 0, r)
         for s in self.starts():
@@ -232,13 +291,19 @@ class MultiNodeTest(unittest.TestCase):
             self.assertEqual(r.returncode, 0, r)
         for s in self.starts():
             self.assertEqual(s["env"]["MASTER_ADDR"], "::1")
-            self.assertTrue(json.loads(s["env"]["TF_CONFIG"])["cluster"]["worker"][0]
-                            .startswith("[::1]:"))
+            self.assertTrue(
+                json.loads(s["env"]["TF_CONFIG"])["cluster"]["worker"][0].startswith("[::1]:")
+            )
 
     def test_when_the_store_serving_agent_dies_the_others_stop_instead_of_hanging(self):
         stop = os.path.join(temp_dir(self), "stop")
-        agents = self.start_agents(2, "2", ["--until-file", stop], nproc=1,
-                                   per_agent=lambda i: [f"--rdzv-conf=is_host={int(i == 0)}"])
+        agents = self.start_agents(
+            2,
+            "2",
+            ["--until-file", stop],
+            nproc=1,
+            per_agent=lambda i: [f"--rdzv-conf=is_host={int(i == 0)}"],
+        )
         self.wait_for_starts(2, agents)
         agents[0].proc.kill()  # SIGKILL: the store goes with it
         other = agents[1].wait(JOB_TIMEOUT_S)
@@ -252,8 +317,13 @@ class MultiNodeTest(unittest.TestCase):
         daemon = Dlrund()
         self.addCleanup(lambda: daemon.stop(signal.SIGKILL))
         stop = os.path.join(temp_dir(self), "stop")
-        agents = self.start_agents(2, "2", ["--until-file", stop], nproc=1,
-                                   per_agent=lambda i: [f"--rdzv-endpoint=127.0.0.1:{daemon.port}"])
+        agents = self.start_agents(
+            2,
+            "2",
+            ["--until-file", stop],
+            nproc=1,
+            per_agent=lambda i: [f"--rdzv-endpoint=127.0.0.1:{daemon.port}"],
+        )
         self.wait_for_starts(2, agents, attempt=0)
         daemon.stop(signal.SIGKILL)
         daemon = Dlrund(port=daemon.port)
@@ -264,7 +334,7 @@ class MultiNodeTest(unittest.TestCase):
         for r in self.finish(agents):
             self.assertEqual(r.returncode, 0, r)
             lines = "\n".join(r.dlrun_lines())
-            self.assertIn(f"came back without round 0 (it restarted and lost its keys)", lines, r)
+            self.assertIn("came back without round 0 (it restarted and lost its keys)", lines, r)
         self.assertEqual(len(self.starts()), 4)  # attempts 0 and 1: nothing else
 
     def test_agents_turned_away_from_the_store_port_serve_once_it_frees(self):
@@ -276,22 +346,39 @@ class MultiNodeTest(unittest.TestCase):
         holder = socket.socket()
         self.addCleanup(holder.close)
         holder.bind(("127.0.0.1", port))  # no SO_REUSEADDR, no listen(): binds to it fail
-        args = ["--nnodes=2", "--nproc-per-node=1", "--rdzv-backend=c10d",
-                f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id=job{port}",
-                "--rdzv-conf=join_timeout=30", "--no-python", "/bin/true"]
+        args = [
+            "--nnodes=2",
+            "--nproc-per-node=1",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint=127.0.0.1:{port}",
+            f"--rdzv-id=job{port}",
+            "--rdzv-conf=join_timeout=30",
+            "--no-python",
+            "/bin/true",
+        ]
         agents = [Dlrun(self, args, env=clean_env(DLRUN_LOG_LEVEL="debug")) for _ in range(2)]
         retrying = "is taken and nothing answers there: trying again to serve the store"
-        wait_until(lambda: all(retrying in a.output()[1] for a in agents), JOB_TIMEOUT_S,
-                   "both agents to try the store's port again",
-                   on_timeout=lambda: "\n".join(a.describe() for a in agents))
+        wait_until(
+            lambda: all(retrying in a.output()[1] for a in agents),
+            JOB_TIMEOUT_S,
+            "both agents to try the store's port again",
+            on_timeout=lambda: "\n".join(a.describe() for a in agents),
+        )
         holder.close()
         for result in self.finish(agents):
             self.assertEqual(result.returncode, 0, result)
 
     def test_an_unreachable_endpoint_fails_after_the_join_timeout(self):
-        args = ["--nnodes=2", "--nproc-per-node=1", "--rdzv-backend=c10d",
-                f"--rdzv-endpoint=127.0.0.1:{free_port()}", "--rdzv-conf=join_timeout=1,is_host=0",
-                PYTHON, WORKER, temp_dir(self)]
+        args = [
+            "--nnodes=2",
+            "--nproc-per-node=1",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint=127.0.0.1:{free_port()}",
+            "--rdzv-conf=join_timeout=1,is_host=0",
+            PYTHON,
+            WORKER,
+            temp_dir(self),
+        ]
         result = Dlrun(self, args, env=clean_env()).wait(JOB_TIMEOUT_S)
         self.assertEqual(result.returncode, 1, result)
         lines = result.dlrun_lines()

@@ -5,12 +5,21 @@ crashed by SIGKILLing every process in its namespace, or silenced by taking its 
 survivors must restart their workers with the world shrunk within 5 s, and a node that comes
 back is admitted at the next round.
 """
+
 import os
 import time
 import unittest
 
-from dlrun_fixture import (PYTHON, binary_from_env, clean_env, log_tails, temp_dir, wait_until,
-                           worker, worker_starts)
+from dlrun_fixture import (
+    PYTHON,
+    binary_from_env,
+    clean_env,
+    log_tails,
+    temp_dir,
+    wait_until,
+    worker,
+    worker_starts,
+)
 from netns_fixture import Hosts, main
 
 WORKER = worker("elastic_worker.py")
@@ -29,10 +38,20 @@ class NetnsTest(unittest.TestCase):
     def start_agent(self, i):
         log = open(os.path.join(self.out, f"agent{i}-{len(self.agents)}.log"), "w")
         self.addCleanup(log.close)
-        args = [binary_from_env("DLRUN", "dlrun"), "--nnodes=2:3", "--nproc-per-node=1",
-                "--rdzv-backend=c10d", f"--rdzv-endpoint={self.hosts.address(0)}:29400",
-                "--rdzv-id=netns", "--rdzv-conf=last_call_timeout=0.5",
-                PYTHON, WORKER, self.out, "--until-file", self.stop_file]
+        args = [
+            binary_from_env("DLRUN", "dlrun"),
+            "--nnodes=2:3",
+            "--nproc-per-node=1",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={self.hosts.address(0)}:29400",
+            "--rdzv-id=netns",
+            "--rdzv-conf=last_call_timeout=0.5",
+            PYTHON,
+            WORKER,
+            self.out,
+            "--until-file",
+            self.stop_file,
+        ]
         env = clean_env(GLOO_SOCKET_IFNAME=None, TMPDIR=self.out)
         self.agents[i] = self.hosts.popen(i, args, env=env, stdout=log, stderr=log)
 
@@ -43,8 +62,12 @@ class NetnsTest(unittest.TestCase):
         return worker_starts(self.out, attempt)
 
     def wait_for_starts(self, attempt, count):
-        wait_until(lambda: len(self.starts(attempt)) >= count, EVENT_TIMEOUT_S,
-                   f"{count} workers of attempt {attempt}", on_timeout=self.logs)
+        wait_until(
+            lambda: len(self.starts(attempt)) >= count,
+            EVENT_TIMEOUT_S,
+            f"{count} workers of attempt {attempt}",
+            on_timeout=self.logs,
+        )
         return self.starts(attempt)
 
     def assert_world(self, starts, size):

@@ -10,6 +10,7 @@ gives it, read from the kernel (Cpus_allowed_list) by the worker itself.
 
 The unit test (tests/numa_binding_test.cpp) checks every mode on a two-socket, eight-GPU tree.
 """
+
 import os
 import unittest
 
@@ -48,16 +49,16 @@ def fake_machine(root, a, b, one_node=False):
         write(root, f"{cpu}/cpu{c}/topology/physical_package_id", "0")
         write(root, f"{cpu}/cpu{c}/topology/thread_siblings_list", str(c))
         l3 = str(c) if one_node else f"{a},{b}"
-        for index, (kind, level, shared) in enumerate((("Data", 1, str(c)),
-                                                       ("Unified", 3, l3))):
+        for index, (kind, level, shared) in enumerate((("Data", 1, str(c)), ("Unified", 3, l3))):
             cache = f"{cpu}/cpu{c}/cache/index{index}"
             write(root, f"{cache}/type", kind)
             write(root, f"{cache}/level", str(level))
             write(root, f"{cache}/shared_cpu_list", shared)
-    for address, vendor, pci_class, node in (("0000:3b:00.0", "0x10de", "0x030200", 0),
-                                             ("0000:af:00.0", "0x10de", "0x030200",
-                                              0 if one_node else 1),
-                                             ("0000:18:00.0", "0x15b3", "0x020700", 0)):
+    for address, vendor, pci_class, node in (
+        ("0000:3b:00.0", "0x10de", "0x030200", 0),
+        ("0000:af:00.0", "0x10de", "0x030200", 0 if one_node else 1),
+        ("0000:18:00.0", "0x15b3", "0x020700", 0),
+    ):
         device = f"sys/bus/pci/devices/{address}"
         write(root, f"{device}/vendor", vendor)
         write(root, f"{device}/class", pci_class)
@@ -75,9 +76,18 @@ class NumaBindingTest(unittest.TestCase):
     def bind(self, mode, nproc=2, env=None, expect=0):
         """Runs nproc workers under --numa-binding=mode; {local rank: its CPUs}."""
         out = temp_dir(self)
-        result = run_dlrun(self, [f"--numa-binding={mode}", f"--nproc-per-node={nproc}",
-                                  "--no-python", "/bin/sh", "-c", REPORT],
-                           env=clean_env(OUT=out, OMP_NUM_THREADS="1", **(env or {})))
+        result = run_dlrun(
+            self,
+            [
+                f"--numa-binding={mode}",
+                f"--nproc-per-node={nproc}",
+                "--no-python",
+                "/bin/sh",
+                "-c",
+                REPORT,
+            ],
+            env=clean_env(OUT=out, OMP_NUM_THREADS="1", **(env or {})),
+        )
         self.assertEqual(result.returncode, expect, result)
         cpus = {}
         for name in os.listdir(out):
@@ -89,10 +99,10 @@ class NumaBindingTest(unittest.TestCase):
         a, b = self.a, self.b
         # Two nodes on one socket, a GPU on each, one L3 for both.
         expected = {
-            "node": {0: {a}, 1: {b}},             # the GPU's node
-            "socket": {0: {a, b}, 1: {a, b}},     # every node of the GPU's socket
-            "exclusive": {0: {a}, 1: {b}},        # the node's cores shared among its GPUs
-            "core-complex": {0: {a}, 1: {b}},     # the node's CPUs under one L3: all of them
+            "node": {0: {a}, 1: {b}},  # the GPU's node
+            "socket": {0: {a, b}, 1: {a, b}},  # every node of the GPU's socket
+            "exclusive": {0: {a}, 1: {b}},  # the node's cores shared among its GPUs
+            "core-complex": {0: {a}, 1: {b}},  # the node's CPUs under one L3: all of them
         }
         for mode, sets in expected.items():
             with self.subTest(mode=mode):
@@ -106,8 +116,8 @@ class NumaBindingTest(unittest.TestCase):
         expected = {
             "node": {0: {a, b}, 1: {a, b}},
             "socket": {0: {a, b}, 1: {a, b}},
-            "exclusive": {0: {a}, 1: {b}},       # a core each
-            "core-complex": {0: {a}, 1: {b}},    # an L3 each
+            "exclusive": {0: {a}, 1: {b}},  # a core each
+            "core-complex": {0: {a}, 1: {b}},  # an L3 each
         }
         for mode, sets in expected.items():
             with self.subTest(mode=mode):
@@ -115,16 +125,20 @@ class NumaBindingTest(unittest.TestCase):
                 self.assertEqual(cpus, sets)
 
     def test_cuda_visible_devices_reorders_the_gpus(self):
-        cpus, _ = self.bind("node", env={"DLRUN_SYSFS_ROOT": self.root,
-                                         "CUDA_VISIBLE_DEVICES": "1,0"})
+        cpus, _ = self.bind(
+            "node", env={"DLRUN_SYSFS_ROOT": self.root, "CUDA_VISIBLE_DEVICES": "1,0"}
+        )
         self.assertEqual(cpus, {0: {self.b}, 1: {self.a}})
 
     def test_without_binding_workers_keep_the_launchers_cpus(self):
         cpus, _ = self.bind("node", nproc=1, env={"DLRUN_SYSFS_ROOT": self.root})
         self.assertEqual(cpus, {0: {self.a}})
         out = temp_dir(self)
-        result = run_dlrun(self, ["--nproc-per-node=1", "--no-python", "/bin/sh", "-c", REPORT],
-                           env=clean_env(OUT=out, DLRUN_SYSFS_ROOT=self.root))
+        result = run_dlrun(
+            self,
+            ["--nproc-per-node=1", "--no-python", "/bin/sh", "-c", REPORT],
+            env=clean_env(OUT=out, DLRUN_SYSFS_ROOT=self.root),
+        )
         self.assertEqual(result.returncode, 0, result)
         with open(os.path.join(out, "0")) as f:
             self.assertEqual(cpu_list(f.read()), os.sched_getaffinity(0))
@@ -142,10 +156,15 @@ class NumaBindingTest(unittest.TestCase):
             self.assertEqual(cpus, {0: allowed, 1: allowed})
 
     def test_bad_values_are_one_line_and_start_nothing(self):
-        cases = [("bogus", {}, ["--numa-binding", "'bogus'"]),
-                 ("node", {"DLRUN_SYSFS_ROOT": None}, ["3 workers but 2 GPUs"]),
-                 ("node", {"DLRUN_SYSFS_ROOT": None, "CUDA_VISIBLE_DEVICES": "GPU-5e1d"},
-                  ["CUDA_VISIBLE_DEVICES"])]
+        cases = [
+            ("bogus", {}, ["--numa-binding", "'bogus'"]),
+            ("node", {"DLRUN_SYSFS_ROOT": None}, ["3 workers but 2 GPUs"]),
+            (
+                "node",
+                {"DLRUN_SYSFS_ROOT": None, "CUDA_VISIBLE_DEVICES": "GPU-5e1d"},
+                ["CUDA_VISIBLE_DEVICES"],
+            ),
+        ]
         for mode, env, words in cases:
             with self.subTest(mode=mode, env=env):
                 env = {k: self.root if v is None else v for k, v in env.items()}

@@ -1,13 +1,23 @@
 """A failing worker stops the others; the group restarts while --max-restarts allows; when
 none are left dlrun reports the root cause (rank, exit code or signal, error file, last stderr
 lines) and exits with the failed worker's code (128 + signal for a signal)."""
+
 import os
 import re
 import signal
 import unittest
 
-from dlrun_fixture import (PYTHON, is_running, kill_recorded_workers, main, read_json,
-                           run_dlrun, temp_dir, wait_until, worker)
+from dlrun_fixture import (
+    PYTHON,
+    is_running,
+    kill_recorded_workers,
+    main,
+    read_json,
+    run_dlrun,
+    temp_dir,
+    wait_until,
+    worker,
+)
 
 FAIL_WORKER = worker("fail_worker.py")
 NPROC = 2
@@ -18,8 +28,19 @@ class DlrunRestartTest(unittest.TestCase):
     def run_failing(self, mode, arg="", *flags, nproc=NPROC, failing_rank=FAILING_RANK):
         out = temp_dir(self)
         self.addCleanup(kill_recorded_workers, out)  # runs before the directory is removed
-        result = run_dlrun(self, [f"--nproc-per-node={nproc}", *flags, PYTHON, FAIL_WORKER, out,
-                                  mode, str(failing_rank), arg])
+        result = run_dlrun(
+            self,
+            [
+                f"--nproc-per-node={nproc}",
+                *flags,
+                PYTHON,
+                FAIL_WORKER,
+                out,
+                mode,
+                str(failing_rank),
+                arg,
+            ],
+        )
         return out, result
 
     def attempts(self, out):
@@ -47,26 +68,30 @@ class DlrunRestartTest(unittest.TestCase):
             self.assertEqual(env["RANK"], str(rank))
         # One run: the id stays; each attempt gets its own error files.
         self.assertEqual(len({env["TORCHELASTIC_RUN_ID"] for env in seen.values()}), 1)
-        self.assertNotEqual(seen[(0, 1)]["TORCHELASTIC_ERROR_FILE"],
-                            seen[(1, 1)]["TORCHELASTIC_ERROR_FILE"])
+        self.assertNotEqual(
+            seen[(0, 1)]["TORCHELASTIC_ERROR_FILE"], seen[(1, 1)]["TORCHELASTIC_ERROR_FILE"]
+        )
 
     def test_restarts_run_out(self):
         out, result = self.run_failing("exit", "3", "--max-restarts=2")
         self.assertEqual(result.returncode, 3, result)
-        self.assertEqual(sorted(self.attempts(out)),
-                         [(a, r) for a in range(3) for r in range(NPROC)], result)
+        self.assertEqual(
+            sorted(self.attempts(out)), [(a, r) for a in range(3) for r in range(NPROC)], result
+        )
         self.assert_report_names_rank(result, FAILING_RANK)
 
     def test_the_no_restart_exit_code_ends_the_job_without_restarts_left_unused(self):
-        out, result = self.run_failing("exit", "93", "--max-restarts=3",
-                                       "--no-restart-exit-code=93")
+        out, result = self.run_failing(
+            "exit", "93", "--max-restarts=3", "--no-restart-exit-code=93"
+        )
         self.assertEqual(result.returncode, 93, result)
         self.assertEqual(sorted(self.attempts(out)), [(0, 0), (0, 1)], result)
-        self.assertIn("dlrun: rank 1 exited with 93, --no-restart-exit-code: the job ends without "
-                      "a restart", result.stderr)
+        self.assertIn(
+            "dlrun: rank 1 exited with 93, --no-restart-exit-code: the job ends without a restart",
+            result.stderr,
+        )
         # Another code restarts as before.
-        out, result = self.run_failing("exit", "3", "--max-restarts=1",
-                                       "--no-restart-exit-code=93")
+        out, result = self.run_failing("exit", "3", "--max-restarts=1", "--no-restart-exit-code=93")
         self.assertEqual(result.returncode, 3, result)
         self.assertEqual(len(self.attempts(out)), 2 * NPROC, result)
 
@@ -127,8 +152,11 @@ class DlrunRestartTest(unittest.TestCase):
                     pids.append(int(f.read()))
         try:
             self.assertEqual(len(pids), count, result)
-            wait_until(lambda: not any(is_running(pid) for pid in pids), 2,
-                       f"the workers' children {pids} to be gone")
+            wait_until(
+                lambda: not any(is_running(pid) for pid in pids),
+                2,
+                f"the workers' children {pids} to be gone",
+            )
         finally:
             for pid in pids:
                 if is_running(pid):
@@ -142,8 +170,19 @@ class DlrunRestartTest(unittest.TestCase):
     def test_the_children_of_a_worker_restarted_alone_are_stopped_too(self):
         out = temp_dir(self)
         self.addCleanup(kill_recorded_workers, out)
-        result = run_dlrun(self, ["--roles", "steady:1,flaky:1:alone", "--max-restarts=1",
-                                  PYTHON, FAIL_WORKER, out, "grandchild", "1"])
+        result = run_dlrun(
+            self,
+            [
+                "--roles",
+                "steady:1,flaky:1:alone",
+                "--max-restarts=1",
+                PYTHON,
+                FAIL_WORKER,
+                out,
+                "grandchild",
+                "1",
+            ],
+        )
         self.assertEqual(result.returncode, 1, result)
         self.assertTrue(any("restarted alone" in line for line in result.dlrun_lines()), result)
         self.assert_grandchildren_gone(out, 2, result)

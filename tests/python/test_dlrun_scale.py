@@ -6,6 +6,7 @@ program that appends "RANK START_NS TF_CONFIG_BYTES" to one file in a single O_A
 exits, far cheaper than 16,000 Pythons. Bounded: every wait has a deadline, every dlrun is
 killed by PID in a cleanup, and the probes exit at once (their agents reap them while they start).
 """
+
 import os
 import resource
 import socket
@@ -15,8 +16,16 @@ import time
 import unittest
 from collections import Counter
 
-from dlrun_fixture import (Dlrun, binary_from_env, clean_env, die_with_parent, dlrun_binary,
-                           main, run_dlrun, temp_dir)
+from dlrun_fixture import (
+    Dlrun,
+    binary_from_env,
+    clean_env,
+    die_with_parent,
+    dlrun_binary,
+    main,
+    run_dlrun,
+    temp_dir,
+)
 
 AGENTS = 4
 PER_AGENT = 4000
@@ -47,9 +56,17 @@ class ScaleTest(unittest.TestCase):
         out = temp_dir(self)
         self.ranks_file = os.path.join(out, "ranks.txt")
         port = free_port()
-        args = ["--nnodes=4", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
-                f"--rdzv-id=scale{port}", f"--nproc-per-node={PER_AGENT}", *extra,
-                "--no-python", probe(), self.ranks_file]
+        args = [
+            "--nnodes=4",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint=127.0.0.1:{port}",
+            f"--rdzv-id=scale{port}",
+            f"--nproc-per-node={PER_AGENT}",
+            *extra,
+            "--no-python",
+            probe(),
+            self.ranks_file,
+        ]
         return [Dlrun(self, args) for _ in range(AGENTS)]
 
     def test_16000_ranks_start_and_end_once_each_without_tf_config(self):
@@ -71,13 +88,13 @@ class ScaleTest(unittest.TestCase):
             self.assertIn("warning:", warnings[0])
             self.assertRegex(warnings[0], r"TF_CONFIG for 16000 workers would take \d+ bytes")
             self.assertIn("--tf-config", warnings[0])
-        print(f"\n{AGENTS} x {PER_AGENT} ranks started and ended in {elapsed:.1f} s",
-              file=sys.stderr)
+        print(
+            f"\n{AGENTS} x {PER_AGENT} ranks started and ended in {elapsed:.1f} s", file=sys.stderr
+        )
 
     def test_tf_config_always_fails_before_any_worker_starts(self):
         started = time.monotonic()
-        results = [agent.wait(JOB_TIMEOUT_S)
-                   for agent in self.start_agents(["--tf-config=always"])]
+        results = [agent.wait(JOB_TIMEOUT_S) for agent in self.start_agents(["--tf-config=always"])]
         elapsed = time.monotonic() - started
         for result in results:
             self.assertEqual(result.returncode, 2, result)
@@ -94,8 +111,10 @@ class ScaleTest(unittest.TestCase):
             self.skipTest(f"the hard descriptor limit ({hard}) is too high to exceed")
         ranks_file = os.path.join(temp_dir(self), "ranks.txt")
         started = time.monotonic()
-        result = run_dlrun(self, ["--standalone", f"--nproc-per-node={hard * 4}", "--no-python",
-                                  probe(), ranks_file])
+        result = run_dlrun(
+            self,
+            ["--standalone", f"--nproc-per-node={hard * 4}", "--no-python", probe(), ranks_file],
+        )
         elapsed = time.monotonic() - started
         self.assertEqual(result.returncode, 2, result)
         self.assertLess(elapsed, FAIL_FAST_S, result)
@@ -115,10 +134,23 @@ class ScaleTest(unittest.TestCase):
         env = clean_env(TMPDIR=temp_dir(self))
         started = time.monotonic()
         proc = subprocess.run(
-            [dlrun_binary(), "--nnodes=2", f"--rdzv-endpoint=127.0.0.1:{free_port()}",
-             "--rdzv-id=lowlimit", "--nproc-per-node=1000", "--no-python", probe(), ranks_file],
-            env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-            preexec_fn=low_limit, timeout=30)
+            [
+                dlrun_binary(),
+                "--nnodes=2",
+                f"--rdzv-endpoint=127.0.0.1:{free_port()}",
+                "--rdzv-id=lowlimit",
+                "--nproc-per-node=1000",
+                "--no-python",
+                probe(),
+                ranks_file,
+            ],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            preexec_fn=low_limit,
+            timeout=30,
+        )
         elapsed = time.monotonic() - started
         self.assertEqual(proc.returncode, 2, proc)
         self.assertLess(elapsed, FAIL_FAST_S, proc)

@@ -5,13 +5,23 @@ that stop the job.
 
 Each worker installs its handlers and then writes its PID file, so once every PID file exists
 the test knows all workers run and are ready for the signal."""
+
 import os
 import signal
 import time
 import unittest
 
-from dlrun_fixture import (EVENT_TIMEOUT_S, PYTHON, Dlrun, is_running, main, temp_dir,
-                           wait_for_pid_files, wait_until, worker)
+from dlrun_fixture import (
+    EVENT_TIMEOUT_S,
+    PYTHON,
+    Dlrun,
+    is_running,
+    main,
+    temp_dir,
+    wait_for_pid_files,
+    wait_until,
+    worker,
+)
 
 SIGNAL_WORKER = worker("signal_worker.py")
 GONE_WITHIN_S = 2
@@ -20,20 +30,27 @@ GONE_WITHIN_S = 2
 class DlrunSignalTest(unittest.TestCase):
     def start(self, nproc, mode, *extra, flags=()):
         out = temp_dir(self)
-        launcher = Dlrun(self, [f"--nproc-per-node={nproc}", *flags, PYTHON, SIGNAL_WORKER, out,
-                                mode, *extra])
+        launcher = Dlrun(
+            self, [f"--nproc-per-node={nproc}", *flags, PYTHON, SIGNAL_WORKER, out, mode, *extra]
+        )
         pids = wait_for_pid_files(self, launcher, out, nproc)
         return out, launcher, pids
 
     def assert_gone(self, pids, launcher):
-        wait_until(lambda: not any(is_running(p) for p in pids.values()), GONE_WITHIN_S,
-                   f"workers {sorted(pids.values())} to be gone", on_timeout=lambda: (
-                       "still running: " + str([p for p in pids.values() if is_running(p)])
-                       + "\n" + launcher.describe()))
+        wait_until(
+            lambda: not any(is_running(p) for p in pids.values()),
+            GONE_WITHIN_S,
+            f"workers {sorted(pids.values())} to be gone",
+            on_timeout=lambda: (
+                "still running: "
+                + str([p for p in pids.values() if is_running(p)])
+                + "\n"
+                + launcher.describe()
+            ),
+        )
 
     def assert_markers(self, out, sig, ranks):
-        missing = [r for r in ranks
-                   if not os.path.exists(os.path.join(out, f"got_{sig.name}_{r}"))]
+        missing = [r for r in ranks if not os.path.exists(os.path.join(out, f"got_{sig.name}_{r}"))]
         self.assertEqual(missing, [], f"ranks that did not get {sig.name}")
 
     def assert_stops_the_job(self, sig, nproc, flags=()):
@@ -61,8 +78,9 @@ class DlrunSignalTest(unittest.TestCase):
 
     def test_worker_ignoring_sigterm_is_killed_after_the_grace_period(self):
         grace_s = 1
-        out, launcher, pids = self.start(2, "ignore-term", "1",
-                                         flags=["--stop-timeout", str(grace_s)])
+        out, launcher, pids = self.start(
+            2, "ignore-term", "1", flags=["--stop-timeout", str(grace_s)]
+        )
         start = time.monotonic()
         launcher.signal(signal.SIGTERM)
         result = launcher.wait(timeout=grace_s + 10)
@@ -90,12 +108,18 @@ class DlrunSignalTest(unittest.TestCase):
         self.assert_stops_the_job(signal.SIGUSR1, 2, flags=["--signals-to-handle=SIGTERM,SIGUSR1"])
 
     def test_a_default_signal_left_out_is_ignored(self):
-        out, launcher, pids = self.start(2, "trap",
-                                         flags=["--signals_to_handle=SIGTERM,SIGINT,SIGQUIT"])
+        out, launcher, pids = self.start(
+            2, "trap", flags=["--signals_to_handle=SIGTERM,SIGINT,SIGQUIT"]
+        )
         launcher.signal(signal.SIGHUP)
         ignored = "received SIGHUP, which --signals-to-handle leaves out: ignored"
-        wait_until(lambda: ignored in launcher.output()[1], EVENT_TIMEOUT_S,
-                   "dlrun to ignore SIGHUP", proc=launcher.proc, on_timeout=launcher.describe)
+        wait_until(
+            lambda: ignored in launcher.output()[1],
+            EVENT_TIMEOUT_S,
+            "dlrun to ignore SIGHUP",
+            proc=launcher.proc,
+            on_timeout=launcher.describe,
+        )
         self.assertTrue(all(is_running(p) for p in pids.values()), launcher.describe())
         launcher.signal(signal.SIGTERM)
         result = launcher.wait()

@@ -11,6 +11,7 @@ each agent has its own 127.0.0.x address, so messages can name nodes apart):
 - An HTTP server, a silent listener or an echo server at --rdzv-endpoint: one line naming it,
   exit 2, within 5 s.
 """
+
 import http.server
 import os
 import signal
@@ -20,12 +21,22 @@ import threading
 import time
 import unittest
 
-from dlrun_fixture import (PYTHON, Dlrun, clean_env, is_running, kill_recorded_workers, main,
-                           read_json, temp_dir, wait_until, worker)
+from dlrun_fixture import (
+    PYTHON,
+    Dlrun,
+    clean_env,
+    is_running,
+    kill_recorded_workers,
+    main,
+    read_json,
+    temp_dir,
+    wait_until,
+    worker,
+)
 
 WORKER = worker("elastic_worker.py")
 JOB_TIMEOUT_S = 60
-STOP_LIMIT_S = 2.0     # a stop reaches every node within this
+STOP_LIMIT_S = 2.0  # a stop reaches every node within this
 WRONG_SERVER_LIMIT_S = 5.0
 
 
@@ -51,30 +62,52 @@ class StopTest(unittest.TestCase):
         self.addCleanup(kill_recorded_workers, self.out)
         port = free_port()
         conf = ",".join(["last_call_timeout=0.5", *conf])
-        args = [f"--nnodes={nnodes}", "--nproc-per-node=1", "--rdzv-backend=c10d",
-                f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id=stop{port}",
-                f"--rdzv-conf={conf}"]
+        args = [
+            f"--nnodes={nnodes}",
+            "--nproc-per-node=1",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint=127.0.0.1:{port}",
+            f"--rdzv-id=stop{port}",
+            f"--rdzv-conf={conf}",
+        ]
         tail = [PYTHON, WORKER, self.out, *worker_args]
 
         def agent(i):
             return Dlrun(self, [*args, f"--local-addr=127.0.0.{i + 1}", *tail], env=clean_env())
+
         agents = [agent(0)]
-        wait_until(lambda: port_open(port), JOB_TIMEOUT_S, "the first agent to serve the store",
-                   proc=agents[0].proc, on_timeout=agents[0].describe)
+        wait_until(
+            lambda: port_open(port),
+            JOB_TIMEOUT_S,
+            "the first agent to serve the store",
+            proc=agents[0].proc,
+            on_timeout=agents[0].describe,
+        )
         agents += [agent(i) for i in range(1, count)]
         self.wait_for_starts(count, agents)
         return agents
 
     def starts(self):
-        return [read_json(os.path.join(self.out, name)) for name in os.listdir(self.out)
-                if name.startswith("start_") and name.endswith(".json")]
+        return [
+            read_json(os.path.join(self.out, name))
+            for name in os.listdir(self.out)
+            if name.startswith("start_") and name.endswith(".json")
+        ]
 
     def wait_for_starts(self, count, agents, attempt=None):
         def matching():
-            return [s for s in self.starts()
-                    if attempt is None or s["env"]["TORCHELASTIC_RESTART_COUNT"] == str(attempt)]
-        wait_until(lambda: len(matching()) >= count, JOB_TIMEOUT_S, f"{count} workers to start",
-                   on_timeout=lambda: "\n".join(a.describe() for a in agents))
+            return [
+                s
+                for s in self.starts()
+                if attempt is None or s["env"]["TORCHELASTIC_RESTART_COUNT"] == str(attempt)
+            ]
+
+        wait_until(
+            lambda: len(matching()) >= count,
+            JOB_TIMEOUT_S,
+            f"{count} workers to start",
+            on_timeout=lambda: "\n".join(a.describe() for a in agents),
+        )
         return matching()
 
     def assert_job_stopped_everywhere(self, agents, victim, sig):
@@ -112,20 +145,41 @@ class StopTest(unittest.TestCase):
         out = temp_dir(self)
         done = os.path.join(out, "done")
         port = free_port()
-        host = Dlrun(self, ["--nnodes=1:2", "--nproc-per-node=1", "--rdzv-backend=c10d",
-                            f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id=linger{port}",
-                            "--rdzv-conf=last_call_timeout=0.1",
-                            PYTHON, WORKER, out, "--until-file", done],
-                     env=clean_env(DLRUN_LOG_LEVEL="debug"))
+        host = Dlrun(
+            self,
+            [
+                "--nnodes=1:2",
+                "--nproc-per-node=1",
+                "--rdzv-backend=c10d",
+                f"--rdzv-endpoint=127.0.0.1:{port}",
+                f"--rdzv-id=linger{port}",
+                "--rdzv-conf=last_call_timeout=0.1",
+                PYTHON,
+                WORKER,
+                out,
+                "--until-file",
+                done,
+            ],
+            env=clean_env(DLRUN_LOG_LEVEL="debug"),
+        )
         self.addCleanup(kill_recorded_workers, out)
-        wait_until(lambda: port_open(port), JOB_TIMEOUT_S, "the agent to serve the store",
-                   proc=host.proc, on_timeout=host.describe)
+        wait_until(
+            lambda: port_open(port),
+            JOB_TIMEOUT_S,
+            "the agent to serve the store",
+            proc=host.proc,
+            on_timeout=host.describe,
+        )
         other = socket.create_connection(("127.0.0.1", port))
         self.addCleanup(other.close)
         open(done, "w").close()  # the worker ends: the job succeeds
-        wait_until(lambda: "connections to the store to close" in host.output()[1], JOB_TIMEOUT_S,
-                   "the agent to wait for the store's connections", proc=host.proc,
-                   on_timeout=host.describe)
+        wait_until(
+            lambda: "connections to the store to close" in host.output()[1],
+            JOB_TIMEOUT_S,
+            "the agent to wait for the store's connections",
+            proc=host.proc,
+            on_timeout=host.describe,
+        )
         host.signal(signal.SIGTERM)
         other.close()
         result = host.wait(JOB_TIMEOUT_S)
@@ -133,8 +187,7 @@ class StopTest(unittest.TestCase):
 
     def test_with_stop_policy_node_the_others_go_on_without_it(self):
         done = os.path.join(temp_dir(self), "done")
-        agents = self.start_job(3, "2:3", ["--until-file", done],
-                                conf=["stop_policy=node"])
+        agents = self.start_job(3, "2:3", ["--until-file", done], conf=["stop_policy=node"])
         agents[2].signal(signal.SIGINT)
         left = agents[2].wait(JOB_TIMEOUT_S)
         self.assertEqual(left.returncode, 130, left)
@@ -145,8 +198,9 @@ class StopTest(unittest.TestCase):
         open(done, "w").close()
         for r in [a.wait(JOB_TIMEOUT_S) for a in agents[:2]]:
             self.assertEqual(r.returncode, 0, r)
-            self.assertTrue(any("127.0.0.3" in line and "left" in line
-                                for line in r.dlrun_lines()), r)
+            self.assertTrue(
+                any("127.0.0.3" in line and "left" in line for line in r.dlrun_lines()), r
+            )
             self.assertFalse(any("restarting" in line for line in r.dlrun_lines()), r)
 
     def test_a_job_below_its_minimum_says_what_it_waits_for_and_whom_it_missed(self):
@@ -158,8 +212,13 @@ class StopTest(unittest.TestCase):
         self.assertNotEqual(codes.pop(), 0, results)
         for r in results:
             lines = r.dlrun_lines()
-            self.assertTrue(any("waiting for 1 more node(s): 2 of 3 joined, giving up in" in line
-                                for line in lines), r)
+            self.assertTrue(
+                any(
+                    "waiting for 1 more node(s): 2 of 3 joined, giving up in" in line
+                    for line in lines
+                ),
+                r,
+            )
             missed = [line for line in lines if "did not come" in line]
             self.assertEqual(len(missed), 1, r)
             self.assertIn("127.0.0.3", missed[0])
@@ -189,13 +248,23 @@ class WrongServerTest(unittest.TestCase):
             server.shutdown()
             server.server_close()
             thread.join()
+
         self.addCleanup(stop)
         return server.server_address[1]
 
     def assert_named_at_once(self, port, words):
         started = time.monotonic()
-        result = Dlrun(self, ["--nnodes=2", f"--rdzv-endpoint=127.0.0.1:{port}",
-                              "--rdzv-id=wrong", PYTHON, "-c", "pass"]).wait(JOB_TIMEOUT_S)
+        result = Dlrun(
+            self,
+            [
+                "--nnodes=2",
+                f"--rdzv-endpoint=127.0.0.1:{port}",
+                "--rdzv-id=wrong",
+                PYTHON,
+                "-c",
+                "pass",
+            ],
+        ).wait(JOB_TIMEOUT_S)
         self.assertLess(time.monotonic() - started, WRONG_SERVER_LIMIT_S, result)
         self.assertEqual(result.returncode, 2, result)
         lines = result.dlrun_lines()
@@ -205,8 +274,9 @@ class WrongServerTest(unittest.TestCase):
             self.assertIn(word, lines[0])
 
     def test_an_http_server_is_named(self):
-        port = self.serve(http.server.ThreadingHTTPServer(("127.0.0.1", 0),
-                                                          http.server.BaseHTTPRequestHandler))
+        port = self.serve(
+            http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.BaseHTTPRequestHandler)
+        )
         self.assert_named_at_once(port, ["not a dlrun store"])
 
     def test_a_silent_listener_is_named(self):

@@ -3,6 +3,7 @@
 with init_process_group("gloo", env://), train with DistributedDataParallel, and all hold the
 same parameters afterwards. Both entry-point forms: an interpreter with the script as its
 argument, and a .py path run by PYTHON_EXEC."""
+
 import os
 import sys
 import unittest
@@ -30,15 +31,29 @@ class DlrunTorchTest(unittest.TestCase):
 
     def test_interpreter_as_entry_point(self):
         out = temp_dir(self)
-        result = run_dlrun(self, ["--standalone", f"--nproc-per-node={WORLD}", PYTHON, DDP_TRAIN,
-                                  out, str(WORLD)], timeout=TIMEOUT_S)
+        result = run_dlrun(
+            self,
+            ["--standalone", f"--nproc-per-node={WORLD}", PYTHON, DDP_TRAIN, out, str(WORLD)],
+            timeout=TIMEOUT_S,
+        )
         self.check_replicas(out, result)
 
     def test_through_the_store_proxy(self):
         # init_process_group's store client and its barrier through the agent's proxy.
         out = temp_dir(self)
-        result = run_dlrun(self, ["--standalone", f"--nproc-per-node={WORLD}", "--store-proxy=on",
-                                  PYTHON, DDP_TRAIN, out, str(WORLD)], timeout=TIMEOUT_S)
+        result = run_dlrun(
+            self,
+            [
+                "--standalone",
+                f"--nproc-per-node={WORLD}",
+                "--store-proxy=on",
+                PYTHON,
+                DDP_TRAIN,
+                out,
+                str(WORLD),
+            ],
+            timeout=TIMEOUT_S,
+        )
         self.check_replicas(out, result)
         if lacks_libuv():  # rank 0's torch serves the store (test_torch_libuv.py): no proxy
             self.assertIn("rank 0's torch serves the workers' store", result.stderr)
@@ -50,8 +65,12 @@ class DlrunTorchTest(unittest.TestCase):
         out = temp_dir(self)
         # PATH's python3 may lack torch: the script only works if PYTHON_EXEC is honoured.
         env = clean_env(PYTHON_EXEC=PYTHON)
-        result = run_dlrun(self, ["--standalone", f"--nproc-per-node={WORLD}", DDP_TRAIN, out,
-                                  str(WORLD)], env=env, timeout=TIMEOUT_S)
+        result = run_dlrun(
+            self,
+            ["--standalone", f"--nproc-per-node={WORLD}", DDP_TRAIN, out, str(WORLD)],
+            env=env,
+            timeout=TIMEOUT_S,
+        )
         records = self.check_replicas(out, result)
         self.assertEqual({r["executable"] for r in records}, {PYTHON})
 

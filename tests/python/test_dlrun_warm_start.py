@@ -13,16 +13,26 @@ workers started fresh, and what cannot be warm-started is refused in one line.
 - Refusals: --no-python, train, a binary, -c, --preload alone or malformed (at parse time);
   a preload that cannot be imported, starts a thread or initialises CUDA (at start).
 """
+
 import glob
 import json
 import os
 import re
 import signal
-import sys
 import unittest
 
-from dlrun_fixture import (PYTHON, WORKERS, Dlrun, clean_env, main, read_json, run_dlrun,
-                           temp_dir, wait_until, worker)
+from dlrun_fixture import (
+    PYTHON,
+    WORKERS,
+    Dlrun,
+    clean_env,
+    main,
+    read_json,
+    run_dlrun,
+    temp_dir,
+    wait_until,
+    worker,
+)
 
 PROBE = worker("warm_probe.py")
 TORCH_TIMEOUT_S = 120  # a torch job's start and restart on 2 shared cores
@@ -30,8 +40,10 @@ HANG_EXIT_CODE = 124
 
 
 def probes(out, attempt=0):
-    return {int(re.search(r"_(\d+)\.json$", p).group(1)): read_json(p)
-            for p in glob.glob(os.path.join(out, f"probe_{attempt}_*.json"))}
+    return {
+        int(re.search(r"_(\d+)\.json$", p).group(1)): read_json(p)
+        for p in glob.glob(os.path.join(out, f"probe_{attempt}_*.json"))
+    }
 
 
 class Launch:
@@ -39,11 +51,20 @@ class Launch:
 
     def __init__(self, record, out):
         env = record["env"]
-        self.values = {out: "<out>", env["TMPDIR"]: "<tmp>",
-                       env["TORCHELASTIC_RUN_ID"]: "<run>", env["MASTER_PORT"]: "<port>"}
-        self.values.update({ep: "<endpoint>" for ep in
-                            json.loads(env.get("TF_CONFIG", "{}")).get("cluster", {})
-                            .get("worker", [])})
+        self.values = {
+            out: "<out>",
+            env["TMPDIR"]: "<tmp>",
+            env["TORCHELASTIC_RUN_ID"]: "<run>",
+            env["MASTER_PORT"]: "<port>",
+        }
+        self.values.update(
+            {
+                ep: "<endpoint>"
+                for ep in json.loads(env.get("TF_CONFIG", "{}"))
+                .get("cluster", {})
+                .get("worker", [])
+            }
+        )
 
     def normalise(self, value):
         if isinstance(value, dict):
@@ -55,8 +76,11 @@ class Launch:
                 value = value.replace(old, new)
             value = re.sub(r"/dlrun-[A-Za-z0-9]{6}/", "/dlrun-<random>/", value)
             # The agent's checkpoint memory is named by its PID and a random tail.
-            value = re.sub(r"/dlrun-checkpoints\.\d+\.\d+\.[A-Za-z0-9]{6}$",
-                           "/dlrun-checkpoints.<agent>", value)
+            value = re.sub(
+                r"/dlrun-checkpoints\.\d+\.\d+\.[A-Za-z0-9]{6}$",
+                "/dlrun-checkpoints.<agent>",
+                value,
+            )
             # The run's log folder (the progress board's, DLRUN_PROGRESS_FILE) ends at random.
             value = re.sub(r"<run>_[^/]+/", "<run>_<random>/", value)
         return value
@@ -65,8 +89,7 @@ class Launch:
 class WarmStartTest(unittest.TestCase):
     def launch(self, args, warm, env=None, cwd=None, timeout=60):
         flags = ["--warm-start"] if warm else []
-        return run_dlrun(self, ["--standalone", *flags, *args], env=env, cwd=cwd,
-                         timeout=timeout)
+        return run_dlrun(self, ["--standalone", *flags, *args], env=env, cwd=cwd, timeout=timeout)
 
     def check_same_view(self, fresh, warm):
         (fresh, fresh_pid, fresh_out), (warm, warm_pid, warm_out) = fresh, warm
@@ -75,13 +98,15 @@ class WarmStartTest(unittest.TestCase):
             f, w = fresh[rank], warm[rank]
             for record, pid in ((f, fresh_pid), (w, warm_pid)):
                 self.assertEqual(record["pgid"], record["pid"])  # leads its process group
-                self.assertEqual(record["ppid"], pid)            # the agent's child
+                self.assertEqual(record["ppid"], pid)  # the agent's child
                 self.assertEqual(record["pdeathsig"], signal.SIGKILL)
             self.assertNotIn("dlrun_warm_start", " ".join(w["cmdline"]))
             normal_f = Launch(f, fresh_out).normalise(
-                {k: v for k, v in f.items() if k not in ("pid", "ppid", "pgid")})
+                {k: v for k, v in f.items() if k not in ("pid", "ppid", "pgid")}
+            )
             normal_w = Launch(w, warm_out).normalise(
-                {k: v for k, v in w.items() if k not in ("pid", "ppid", "pgid")})
+                {k: v for k, v in w.items() if k not in ("pid", "ppid", "pgid")}
+            )
             for key in normal_f:
                 self.assertEqual(normal_f[key], normal_w[key], f"rank {rank}: {key}")
 
@@ -90,9 +115,17 @@ class WarmStartTest(unittest.TestCase):
         for warm in (False, True):
             out = os.path.join(temp_dir(self), "out")
             os.mkdir(out)
-            dlrun = Dlrun(self, ["--standalone", f"--nproc-per-node={nproc}",
-                                 *(["--warm-start"] if warm else []), *command(out)],
-                          env=env, cwd=cwd)
+            dlrun = Dlrun(
+                self,
+                [
+                    "--standalone",
+                    f"--nproc-per-node={nproc}",
+                    *(["--warm-start"] if warm else []),
+                    *command(out),
+                ],
+                env=env,
+                cwd=cwd,
+            )
             result = dlrun.wait(60)
             self.assertEqual(result.returncode, 0, result)
             self.assertEqual("dlrun: warm start: Python" in result.stderr, warm, result)
@@ -101,8 +134,9 @@ class WarmStartTest(unittest.TestCase):
 
     def test_a_forked_script_sees_what_a_fresh_one_sees(self):
         cwd = temp_dir(self)
-        fresh, warm = self.run_both(lambda out: [PYTHON, "-u", PROBE, out], cwd,
-                                    env=clean_env(PYTHONPATH=f"{cwd}:relative"))
+        fresh, warm = self.run_both(
+            lambda out: [PYTHON, "-u", PROBE, out], cwd, env=clean_env(PYTHONPATH=f"{cwd}:relative")
+        )
         self.check_same_view(fresh, warm)
         warm = warm[0]
         self.assertEqual(warm[0]["path"][0], WORKERS)
@@ -112,9 +146,12 @@ class WarmStartTest(unittest.TestCase):
 
     def test_a_forked_module_sees_what_a_fresh_one_sees(self):
         cwd = temp_dir(self)
-        fresh, warm = self.run_both(lambda out: [PYTHON, "-m", "warm_probe", out], cwd,
-                                    env=clean_env(PYTHONPATH=WORKERS, PYTHONUNBUFFERED=None),
-                                    nproc=1)
+        fresh, warm = self.run_both(
+            lambda out: [PYTHON, "-m", "warm_probe", out],
+            cwd,
+            env=clean_env(PYTHONPATH=WORKERS, PYTHONUNBUFFERED=None),
+            nproc=1,
+        )
         self.check_same_view(fresh, warm)
         warm = warm[0]
         self.assertEqual(warm[0]["main"]["__spec__"], ["warm_probe", PROBE])
@@ -129,9 +166,14 @@ class WarmStartTest(unittest.TestCase):
                 results.append(self.launch([PYTHON, PROBE, out, *action], warm))
             fresh, warm = results
             self.assertEqual(fresh.returncode, warm.returncode, (action, fresh, warm))
-            lines = [[line for line in r.stderr.splitlines()
-                      if not line.startswith(("dlrun: control plane", "dlrun: warm start"))]
-                     for r in results]
+            lines = [
+                [
+                    line
+                    for line in r.stderr.splitlines()
+                    if not line.startswith(("dlrun: control plane", "dlrun: warm start"))
+                ]
+                for r in results
+            ]
             self.assertEqual(lines[0], lines[1], (action, fresh, warm))
         self.assertIn("RuntimeError: probe raised", warm.stderr)
         self.assertEqual(warm.returncode, 1)
@@ -140,9 +182,17 @@ class WarmStartTest(unittest.TestCase):
         trees = []
         for warm in (False, True):
             logs = os.path.join(temp_dir(self), "logs")
-            result = self.launch(["--nproc-per-node=2", f"--log-dir={logs}",
-                                  "--redirects=0:3,1:2", "--tee=1:1", PYTHON,
-                                  worker("output_worker.py")], warm)
+            result = self.launch(
+                [
+                    "--nproc-per-node=2",
+                    f"--log-dir={logs}",
+                    "--redirects=0:3,1:2",
+                    "--tee=1:1",
+                    PYTHON,
+                    worker("output_worker.py"),
+                ],
+                warm,
+            )
             self.assertEqual(result.returncode, 0, result)
             with open(glob.glob(os.path.join(logs, "*", "attempt_0", "0", "stdout.log"))[0]) as f:
                 run_id = re.search(r"run id (\S+)", f.read()).group(1)
@@ -152,23 +202,39 @@ class WarmStartTest(unittest.TestCase):
                     relative = os.path.relpath(path, logs).split(os.sep, 1)[1]
                     with open(path) as f:
                         tree[relative] = f.read().replace(run_id, "<run>")
-            console = sorted(line.replace(run_id, "<run>") for line in
-                             (result.stdout + result.stderr).splitlines()
-                             if not line.startswith("dlrun: "))
+            console = sorted(
+                line.replace(run_id, "<run>")
+                for line in (result.stdout + result.stderr).splitlines()
+                if not line.startswith("dlrun: ")
+            )
             trees.append((tree, console))
         self.assertEqual(trees[0], trees[1])
         self.assertIn("attempt_0/0/stdout.log", trees[0][0])
 
     def test_a_hung_warm_worker_has_its_python_stacks_taken(self):
         logs = os.path.join(temp_dir(self), "logs")
-        result = self.launch(["--nproc-per-node=2", "--hang-timeout=2", "--hang-action=exit",
-                              "--preload=torch,torch.distributed", f"--log-dir={logs}", PYTHON,
-                              worker("hang_gloo_worker.py"), "1", "5"], True,
-                             timeout=TORCH_TIMEOUT_S)
+        result = self.launch(
+            [
+                "--nproc-per-node=2",
+                "--hang-timeout=2",
+                "--hang-action=exit",
+                "--preload=torch,torch.distributed",
+                f"--log-dir={logs}",
+                PYTHON,
+                worker("hang_gloo_worker.py"),
+                "1",
+                "5",
+            ],
+            True,
+            timeout=TORCH_TIMEOUT_S,
+        )
         self.assertEqual(result.returncode, HANG_EXIT_CODE, result)
-        self.assertRegex(result.stderr, r"suspect: rank 1 on this node, last step 5, silent "
-                                        r"[0-9.]+ s, not in a collective\n    "
-                                        r"stuck_before_all_reduce")
+        self.assertRegex(
+            result.stderr,
+            r"suspect: rank 1 on this node, last step 5, silent "
+            r"[0-9.]+ s, not in a collective\n    "
+            r"stuck_before_all_reduce",
+        )
         stacks = {}
         for path in glob.glob(os.path.join(logs, "*", "attempt_0", "stacks", "rank_*.txt")):
             with open(path) as f:
@@ -179,12 +245,28 @@ class WarmStartTest(unittest.TestCase):
 
     def test_a_killed_ddp_rank_restarts_through_the_zygote(self):
         out = temp_dir(self)
-        dlrun = Dlrun(self, ["--standalone", "--nproc-per-node=2", "--max-restarts=1",
-                             "--warm-start", "--preload=torch,torch.distributed",
-                             PYTHON, PROBE, out, "ddp"])
+        dlrun = Dlrun(
+            self,
+            [
+                "--standalone",
+                "--nproc-per-node=2",
+                "--max-restarts=1",
+                "--warm-start",
+                "--preload=torch,torch.distributed",
+                PYTHON,
+                PROBE,
+                out,
+                "ddp",
+            ],
+        )
         first = [os.path.join(out, f"ddp_0_{rank}.json") for rank in (0, 1)]
-        wait_until(lambda: all(os.path.exists(p) for p in first), TORCH_TIMEOUT_S,
-                   "attempt 0's DDP step", proc=dlrun.proc, on_timeout=dlrun.describe)
+        wait_until(
+            lambda: all(os.path.exists(p) for p in first),
+            TORCH_TIMEOUT_S,
+            "attempt 0's DDP step",
+            proc=dlrun.proc,
+            on_timeout=dlrun.describe,
+        )
         victim = read_json(first[1])["pid"]
         dlrun.watch_workers([read_json(p)["pid"] for p in first])
         os.kill(victim, signal.SIGKILL)
@@ -200,17 +282,31 @@ class WarmStartTest(unittest.TestCase):
 
     def test_a_zygote_killed_mid_job_leaves_fresh_starts(self):
         out = temp_dir(self)
-        dlrun = Dlrun(self, ["--standalone", "--max-restarts=1", "--warm-start", PYTHON, PROBE,
-                             out, "wait-fail", "3"])
-        wait_until(lambda: probes(out), 30, "attempt 0", proc=dlrun.proc,
-                   on_timeout=dlrun.describe)
+        dlrun = Dlrun(
+            self,
+            [
+                "--standalone",
+                "--max-restarts=1",
+                "--warm-start",
+                PYTHON,
+                PROBE,
+                out,
+                "wait-fail",
+                "3",
+            ],
+        )
+        wait_until(lambda: probes(out), 30, "attempt 0", proc=dlrun.proc, on_timeout=dlrun.describe)
         dlrun.watch_workers([r["pid"] for r in probes(out).values()])
         self.assertEqual(probes(out)[0]["ppid"], dlrun.pid)
-        zygote = int(re.search(r"warm start: Python \S+ \(pid (\d+)\)", dlrun.output()[1])
-                     .group(1))
+        zygote = int(re.search(r"warm start: Python \S+ \(pid (\d+)\)", dlrun.output()[1]).group(1))
         os.kill(zygote, signal.SIGKILL)
-        wait_until(lambda: "workers start fresh from now on" in dlrun.output()[1], 30,
-                   "the zygote's end", proc=dlrun.proc, on_timeout=dlrun.describe)
+        wait_until(
+            lambda: "workers start fresh from now on" in dlrun.output()[1],
+            30,
+            "the zygote's end",
+            proc=dlrun.proc,
+            on_timeout=dlrun.describe,
+        )
         with open(os.path.join(out, "go"), "w"):
             pass
         result = dlrun.wait(30)
@@ -234,13 +330,18 @@ class WarmStartTest(unittest.TestCase):
         self.refused_at_parse(["--warm-start", "/bin/true"], "no Python interpreter")
         self.refused_at_parse(["--warm-start", PYTHON, "-c", "pass"], "python -c")
         self.refused_at_parse(["--preload=torch", PYTHON, PROBE], "--preload needs --warm-start")
-        self.refused_at_parse(["--warm-start", "--preload=torch,", PYTHON, PROBE],
-                              "--preload: '' is not a module name")
+        self.refused_at_parse(
+            ["--warm-start", "--preload=torch,", PYTHON, PROBE],
+            "--preload: '' is not a module name",
+        )
 
     def refused_at_start(self, preload, needle, env=None):
         out = temp_dir(self)
-        result = run_dlrun(self, ["--standalone", "--warm-start", f"--preload={preload}", PYTHON,
-                                  PROBE, out], env=env)
+        result = run_dlrun(
+            self,
+            ["--standalone", "--warm-start", f"--preload={preload}", PYTHON, PROBE, out],
+            env=env,
+        )
         self.assertEqual(result.returncode, 2, result)
         errors = [line for line in result.stderr.splitlines() if "error" in line]
         self.assertEqual(len(errors), 1, result)
@@ -249,13 +350,17 @@ class WarmStartTest(unittest.TestCase):
         self.assertEqual(os.listdir(out), [])  # no worker ran
 
     def test_what_cannot_be_forked_is_refused_at_start(self):
-        self.refused_at_start("no_such_module_here", "cannot import no_such_module_here "
-                              "(--preload): ModuleNotFoundError")
+        self.refused_at_start(
+            "no_such_module_here",
+            "cannot import no_such_module_here (--preload): ModuleNotFoundError",
+        )
         fakes = temp_dir(self)
         with open(os.path.join(fakes, "ticking.py"), "w") as f:
-            f.write("import threading, time\n"
-                    "threading.Thread(target=time.sleep, args=(60,), daemon=True, "
-                    "name='ticker').start()\n")
+            f.write(
+                "import threading, time\n"
+                "threading.Thread(target=time.sleep, args=(60,), daemon=True, "
+                "name='ticker').start()\n"
+            )
         os.mkdir(os.path.join(fakes, "torch"))
         with open(os.path.join(fakes, "torch", "__init__.py"), "w") as f:
             f.write("class cuda:\n    is_initialized = staticmethod(lambda: True)\n")

@@ -1,4 +1,5 @@
 """dlrund as a user sees it: its first line, signals, --stats, --help/--version and bad input."""
+
 import re
 import signal
 import socket
@@ -21,8 +22,9 @@ def run_dlrund(*args):
 def connect(daemon, source=None):
     """A connected client that the server has demonstrably accepted (one round trip), from
     the numeric address `source` when given (all of 127/8 is loopback on Linux)."""
-    sock = socket.create_connection(("127.0.0.1", daemon.port), timeout=5,
-                                    source_address=(source, 0) if source else None)
+    sock = socket.create_connection(
+        ("127.0.0.1", daemon.port), timeout=5, source_address=(source, 0) if source else None
+    )
     sock.sendall(bytes([GETNUMKEYS]))
     reply = b""
     while len(reply) < 8:
@@ -37,8 +39,9 @@ class DlrundCliTest(unittest.TestCase):
     def test_first_line_and_port_accepts_connections(self):
         daemon = start_dlrund(self)
         self.assertTrue(0 < daemon.port < 65536)
-        self.assertEqual(daemon.first_line.decode(),
-                         f"dlrund listening on 127.0.0.1:{daemon.port}\n")
+        self.assertEqual(
+            daemon.first_line.decode(), f"dlrund listening on 127.0.0.1:{daemon.port}\n"
+        )
         sock, num_keys = connect(daemon)
         self.addCleanup(sock.close)
         self.assertEqual(num_keys, 0)
@@ -110,9 +113,17 @@ class DlrundCliTest(unittest.TestCase):
     def test_help_mentions_every_flag(self):
         result = run_dlrund("--help")
         self.assertEqual(result.returncode, 0, result.stderr)
-        for flag in ("--host", "--port", "--max-key-bytes", "--max-value-bytes",
-                     "--max-keys-per-op", "--max-buffered-bytes", "--allow", "--stats",
-                     "--version"):
+        for flag in (
+            "--host",
+            "--port",
+            "--max-key-bytes",
+            "--max-value-bytes",
+            "--max-keys-per-op",
+            "--max-buffered-bytes",
+            "--allow",
+            "--stats",
+            "--version",
+        ):
             self.assertIn(flag, result.stdout)
 
     def test_version(self):
@@ -121,12 +132,14 @@ class DlrundCliTest(unittest.TestCase):
         self.assertRegex(result.stdout, r"^dlrund \S+ \(git ([0-9a-f]{12}(-dirty)?|unknown)\)\n$")
 
     def test_bad_input_exits_2_with_one_line(self):
-        cases = {("--port", "abc"): ["--port", "abc"],
-                 ("--port", "70000"): ["--port", "70000"],
-                 ("--bogus",): ["--bogus"],
-                 ("--max-key-bytes", "0"): ["--max-key-bytes"],
-                 ("--allow", "10.0.0.0/8,node1"): ["--allow", "'node1'"],
-                 ("--allow", "10.0.0.0/33"): ["--allow", "'10.0.0.0/33'"]}
+        cases = {
+            ("--port", "abc"): ["--port", "abc"],
+            ("--port", "70000"): ["--port", "70000"],
+            ("--bogus",): ["--bogus"],
+            ("--max-key-bytes", "0"): ["--max-key-bytes"],
+            ("--allow", "10.0.0.0/8,node1"): ["--allow", "'node1'"],
+            ("--allow", "10.0.0.0/33"): ["--allow", "'10.0.0.0/33'"],
+        }
         for args, mentions in cases.items():
             with self.subTest(args=args):
                 result = run_dlrund(*args)

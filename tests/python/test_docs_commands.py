@@ -10,6 +10,7 @@ it, and every long flag that `dlrun --help` (and its status, events and stop), `
 and `dlrun-train --help` print is named in that program's reference page, so the reference
 cannot drift either.
 """
+
 import glob
 import os
 import re
@@ -72,7 +73,7 @@ def session_processes(sid):
                 stat = f.read()
         except OSError:
             continue
-        fields = stat[stat.rfind(")") + 2:].split()
+        fields = stat[stat.rfind(")") + 2 :].split()
         if len(fields) > 3 and int(fields[3]) == sid:  # state ppid pgrp session
             pids.append(int(entry))
     return pids
@@ -106,9 +107,15 @@ def run_block(relpath, line, text):
         env["HOME"] = workdir
         # output to a file, not a pipe: a process left behind holding it must not stall the test
         with open(os.path.join(workdir, ".output"), "w+b") as out:
-            proc = subprocess.Popen(["bash", "-euo", "pipefail", script], cwd=workdir, env=env,
-                                    stdout=out, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, start_new_session=True)
+            proc = subprocess.Popen(
+                ["bash", "-euo", "pipefail", script],
+                cwd=workdir,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
             try:
                 proc.wait(timeout=BLOCK_TIMEOUT_S)
                 timed_out = False
@@ -126,34 +133,42 @@ def run_block(relpath, line, text):
     tail = output.decode(errors="replace")[-4000:]
     where = f"{relpath}:{line}"
     if timed_out:
-        raise AssertionError(f"{where}: the block ran past {BLOCK_TIMEOUT_S} s\n{text}\n"
-                             f"--- output ---\n{tail}")
+        raise AssertionError(
+            f"{where}: the block ran past {BLOCK_TIMEOUT_S} s\n{text}\n--- output ---\n{tail}"
+        )
     if proc.returncode != 0:
-        raise AssertionError(f"{where}: the block exited {proc.returncode}\n{text}\n"
-                             f"--- output ---\n{tail}")
+        raise AssertionError(
+            f"{where}: the block exited {proc.returncode}\n{text}\n--- output ---\n{tail}"
+        )
     if left:
         raise AssertionError(f"{where}: the block left processes behind ({left})\n{text}")
 
 
 class DocsCommandsTest(unittest.TestCase):
     def test_readme_has_runnable_blocks(self):
-        self.assertGreaterEqual(len(runnable_blocks("README.md")), 1,
-                                f"README.md has no {FENCE} block")
+        self.assertGreaterEqual(
+            len(runnable_blocks("README.md")), 1, f"README.md has no {FENCE} block"
+        )
 
     def test_every_runnable_fence_is_spelt_as_read(self):
         for relpath in markdown_files():
             with open(os.path.join(ROOT, relpath), encoding="utf-8") as f:
                 for number, line in enumerate(f, 1):
                     if line.lstrip().startswith("```") and "runnable" in line:
-                        self.assertEqual(line.strip(), FENCE,
-                                         f"{relpath}:{number}: write the fence as {FENCE}")
+                        self.assertEqual(
+                            line.strip(), FENCE, f"{relpath}:{number}: write the fence as {FENCE}"
+                        )
 
     def test_reference_names_every_flag(self):
         _, bindir = program_env()
         for command, page in REFERENCE.items():
-            help_text = subprocess.run([os.path.join(bindir, command[0]), *command[1:]],
-                                       capture_output=True, text=True, timeout=30,
-                                       check=True).stdout
+            help_text = subprocess.run(
+                [os.path.join(bindir, command[0]), *command[1:]],
+                capture_output=True,
+                text=True,
+                timeout=30,
+                check=True,
+            ).stdout
             flags = set()
             for line in help_text.splitlines():
                 if re.match(r"^ {1,4}-", line):  # an option's line, not a description's (deeper)
@@ -164,8 +179,9 @@ class DocsCommandsTest(unittest.TestCase):
             with open(os.path.join(ROOT, page), encoding="utf-8") as f:
                 text = f.read()
             missing = sorted(flag for flag in flags if f"`{flag}`" not in text)
-            self.assertEqual(missing, [], f"{page} does not name these flags of "
-                             f"`{' '.join(command)}`: {missing}")
+            self.assertEqual(
+                missing, [], f"{page} does not name these flags of `{' '.join(command)}`: {missing}"
+            )
 
 
 def _add_block_tests():
@@ -176,6 +192,7 @@ def _add_block_tests():
 
             def test(self, relpath=relpath, line=line, text=text):
                 run_block(relpath, line, text)
+
             test.__doc__ = f"{relpath}:{line}"
             setattr(DocsCommandsTest, name, test)
 

@@ -13,14 +13,22 @@ order, the ranks dlrun stopped counted.
 
 Runs under any Python 3 (ctest: python_first_failure); the workers are plain Python.
 """
+
 import json
 import os
 import re
 import subprocess
 import unittest
 
-from dlrun_fixture import (PYTHON, Dlrun, binary_from_env, clean_env, read_shared, temp_dir,
-                           wait_until)
+from dlrun_fixture import (
+    PYTHON,
+    Dlrun,
+    binary_from_env,
+    clean_env,
+    read_shared,
+    temp_dir,
+    wait_until,
+)
 from netns_fixture import Hosts, main
 
 TIMEOUT_S = 60
@@ -71,23 +79,39 @@ def who(out, role):
 class FirstFailureTest(unittest.TestCase):
     def test_one_node_names_the_first_failure_and_counts_the_rest(self):
         out = temp_dir(self)
-        done = Dlrun(self, ["--standalone", "--nproc-per-node=4", "--stop-timeout=20", PYTHON,
-                            write_worker(out), out, "0:1", "0:2"],
-                     env=clean_env(TMPDIR=out)).wait(TIMEOUT_S)
+        done = Dlrun(
+            self,
+            [
+                "--standalone",
+                "--nproc-per-node=4",
+                "--stop-timeout=20",
+                PYTHON,
+                write_worker(out),
+                out,
+                "0:1",
+                "0:2",
+            ],
+            env=clean_env(TMPDIR=out),
+        ).wait(TIMEOUT_S)
         self.assertEqual(done.returncode, 3, done)
         lines = done.dlrun_lines()
         head = [i for i, line in enumerate(lines) if line.startswith("dlrun: the job failed:")]
         self.assertEqual(len(head), 1, done)
-        self.assertRegex(lines[head[0]],
-                         r"^dlrun: the job failed: rank 1( on \S.*)? failed first \(attempt 0, "
-                         r"exit code 3\); 1 other rank failed after it, 2 were stopped by dlrun$")
-        after = lines[head[0] + 1:]
+        self.assertRegex(
+            lines[head[0]],
+            r"^dlrun: the job failed: rank 1( on \S.*)? failed first \(attempt 0, "
+            r"exit code 3\); 1 other rank failed after it, 2 were stopped by dlrun$",
+        )
+        after = lines[head[0] + 1 :]
         self.assertRegex(after[0], r"^dlrun: worker failed: rank 1 \(local rank 1\)")
         self.assertIn("dlrun:   ValueError: the first failure", after)
         then = [line for line in after if line.startswith("dlrun:   then ")]
         self.assertEqual(len(then), 1, done)
-        late = re.fullmatch(r"dlrun:   then rank 2( on \S.*)? \(attempt 0\): exit code 4, "
-                            r"\+(\d+\.\d\d) s", then[0])
+        late = re.fullmatch(
+            r"dlrun:   then rank 2( on \S.*)? \(attempt 0\): exit code 4, "
+            r"\+(\d+\.\d\d) s",
+            then[0],
+        )
         self.assertTrue(late, then[0])
         self.assertTrue(0.9 <= float(late.group(2)) < 10, then[0])
         # The round's own report is not printed besides the summary's.
@@ -106,23 +130,53 @@ class FirstFailureOnHostsTest(unittest.TestCase):
             control = [f"--rdzv-endpoint={endpoint}", "--rdzv-id=first"]
             server_log = open(os.path.join(logs, "dlrund.log"), "w+")
             self.addCleanup(server_log.close)
-            hosts.popen(0, [dlrund, "--host", "0.0.0.0", "--port", str(RDZV_PORT)], env=env,
-                        stdout=server_log, stderr=subprocess.STDOUT)
-            wait_until(lambda: "dlrund listening on" in read_shared(server_log), TIMEOUT_S,
-                       "dlrund to listen", on_timeout=lambda: read_shared(server_log))
+            hosts.popen(
+                0,
+                [dlrund, "--host", "0.0.0.0", "--port", str(RDZV_PORT)],
+                env=env,
+                stdout=server_log,
+                stderr=subprocess.STDOUT,
+            )
+            wait_until(
+                lambda: "dlrund listening on" in read_shared(server_log),
+                TIMEOUT_S,
+                "dlrund to listen",
+                on_timeout=lambda: read_shared(server_log),
+            )
             agents = {}
             for host in (1, 2):
                 log = open(os.path.join(logs, f"agent{host}.log"), "w+")
                 self.addCleanup(log.close)
-                agents[host] = (hosts.popen(
-                    host, [dlrun, "--nnodes=2", "--nproc-per-node=2", "--rdzv-backend=c10d",
-                           *control, "--rdzv-conf=last_call_timeout=1", "--stop-timeout=20",
-                           PYTHON, worker, out, "1:0", "0:0"],
-                    env=env, stdout=log, stderr=subprocess.STDOUT), log)
+                agents[host] = (
+                    hosts.popen(
+                        host,
+                        [
+                            dlrun,
+                            "--nnodes=2",
+                            "--nproc-per-node=2",
+                            "--rdzv-backend=c10d",
+                            *control,
+                            "--rdzv-conf=last_call_timeout=1",
+                            "--stop-timeout=20",
+                            PYTHON,
+                            worker,
+                            out,
+                            "1:0",
+                            "0:0",
+                        ],
+                        env=env,
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                    ),
+                    log,
+                )
 
             def describe():
-                return "".join(f"--- agent on host {h} ---\n{read_shared(log)}"
-                               for h, (_, log) in agents.items())
+                return "".join(
+                    f"--- agent on host {h} ---\n{read_shared(log)}"
+                    for h, (_, log) in agents.items()
+                )
+
             codes = {}
             for host, (proc, _) in agents.items():
                 try:
@@ -137,23 +191,30 @@ class FirstFailureOnHostsTest(unittest.TestCase):
             self.assertEqual(leader, [int(late_host.removeprefix("node"))], describe())
             summary = said[leader[0]]
             headline = re.search(r"^dlrun: (the job failed: .*)$", summary, re.M).group(1)
-            self.assertRegex(headline,
-                             rf"^the job failed: rank {first_rank} on {first_host}\b.* failed "
-                             r"first \(attempt 0, exit code 3\); 1 other rank failed after it, "
-                             r"2 were stopped by dlrun$")
+            self.assertRegex(
+                headline,
+                rf"^the job failed: rank {first_rank} on {first_host}\b.* failed "
+                r"first \(attempt 0, exit code 3\); 1 other rank failed after it, "
+                r"2 were stopped by dlrun$",
+            )
             self.assertIn("dlrun:   ValueError: the first failure", summary)
-            self.assertRegex(summary, rf"\ndlrun:   then rank {late_rank} on {late_host}\b.* "
-                                      r"\(attempt 0\): exit code 4, \+\d+\.\d\d s\n")
+            self.assertRegex(
+                summary,
+                rf"\ndlrun:   then rank {late_rank} on {late_host}\b.* "
+                r"\(attempt 0\): exit code 4, \+\d+\.\d\d s\n",
+            )
             # The other host prints the round's report, as before.
             other = said[3 - leader[0]]
             self.assertNotIn("the job failed:", other)
-            self.assertIn(f"dlrun: worker failed: rank {first_rank} (local rank 0) on {first_host}",
-                          other)
+            self.assertIn(
+                f"dlrun: worker failed: rank {first_rank} (local rank 0) on {first_host}", other
+            )
 
             def ask(*args):
                 done = hosts.run(0, [dlrun, *args, *control], timeout=TIMEOUT_S, env=env)
                 self.assertEqual(done.returncode, 0, done.stderr)
                 return done.stdout
+
             events = [json.loads(line) for line in ask("events", "--json").splitlines()]
             ended = [e for e in events if e["kind"] == "job_ended"]
             self.assertEqual(len(ended), 1, events)

@@ -18,18 +18,19 @@ The check reads a file the test makes: OUT/unfit-<hostname>.
 
 Runs under torch 2.13's interpreter (ctest: python_health_hosts) and as root.
 """
+
 import glob
 import os
 import re
 import signal
 import subprocess
+import unittest
 
 from dlrun_fixture import PYTHON, binary_from_env, clean_env, read_json, temp_dir, wait_until
 from metrics_fixture import free_port
 from netns_fixture import Hosts, main
 from test_inprocess_recovery_hosts import RDZV_PORT, Output
 from test_torch2_elastic import Launcher, dlrund_in
-import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "workers", "elastic_worker.py")
@@ -38,7 +39,7 @@ TIMEOUT_S = 120
 
 def check(out, unfit):
     """A --health-check failing on a host marked unfit: `unfit` is what it then does."""
-    return f'if test -e {out}/unfit-$(hostname); then {unfit}; fi'
+    return f"if test -e {out}/unfit-$(hostname); then {unfit}; fi"
 
 
 def starts(out):
@@ -46,8 +47,13 @@ def starts(out):
     found = []
     for path in glob.glob(os.path.join(out, "start_*.json")):
         record = read_json(path)
-        found.append((int(record["env"]["TORCHELASTIC_RESTART_COUNT"]), record["host"],
-                      int(record["env"]["WORLD_SIZE"])))
+        found.append(
+            (
+                int(record["env"]["TORCHELASTIC_RESTART_COUNT"]),
+                record["host"],
+                int(record["env"]["WORLD_SIZE"]),
+            )
+        )
     return sorted(found)
 
 
@@ -61,29 +67,56 @@ class HealthChecksOnHostsTest(unittest.TestCase):
 
     def start_more(self, hosts, nnodes, health, on, worker_args):
         """An agent on each host of `on`, dlrund already there; the agents by host."""
-        flags = [f"--nnodes={nnodes}", "--nproc-per-node=2", "--rdzv-backend=c10d",
-                 f"--rdzv-endpoint={hosts.address(0)}:{RDZV_PORT}", "--rdzv-id=health",
-                 "--rdzv-conf=last_call_timeout=1", *health]
-        return {host: Launcher(self, f"dlrun{host}",
-                               [binary_from_env("DLRUN", "dlrun"), *flags, PYTHON, WORKER,
-                                *worker_args], self.env, self.logs, hosts=hosts, host=host)
-                for host in on}
+        flags = [
+            f"--nnodes={nnodes}",
+            "--nproc-per-node=2",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={hosts.address(0)}:{RDZV_PORT}",
+            "--rdzv-id=health",
+            "--rdzv-conf=last_call_timeout=1",
+            *health,
+        ]
+        return {
+            host: Launcher(
+                self,
+                f"dlrun{host}",
+                [binary_from_env("DLRUN", "dlrun"), *flags, PYTHON, WORKER, *worker_args],
+                self.env,
+                self.logs,
+                hosts=hosts,
+                host=host,
+            )
+            for host in on
+        }
 
     def test_a_host_whose_check_hangs_sits_out_and_the_spare_takes_its_place(self):
         out = temp_dir(self)
         with Hosts(4) as hosts:
             open(os.path.join(out, f"unfit-{hosts.hostname(1)}"), "w").close()
-            agents = self.start(hosts, "2", ["--health-check=" + check(out, "sleep 600"),
-                                             "--health-check-timeout=1"], (1, 2, 3), [out])
+            agents = self.start(
+                hosts,
+                "2",
+                ["--health-check=" + check(out, "sleep 600"), "--health-check-timeout=1"],
+                (1, 2, 3),
+                [out],
+            )
             codes = [agents[h].wait(TIMEOUT_S) for h in (2, 3)]
             result = Output(agents.values())
             self.assertEqual(codes, [0, 0], result)
-            self.assertEqual({host for _, host, _ in starts(out)},
-                             {hosts.hostname(2), hosts.hostname(3)}, result)
-            wait_until(lambda: "sits out the next round" in agents[1].output(), 30,
-                       "host 1 to say it sits out", on_timeout=lambda: result)
-            self.assertIn(f"this node sits out the next round: --health-check '{check(out, 'sleep 600')}' "
-                          "did not finish in 1 s", agents[1].output())
+            self.assertEqual(
+                {host for _, host, _ in starts(out)}, {hosts.hostname(2), hosts.hostname(3)}, result
+            )
+            wait_until(
+                lambda: "sits out the next round" in agents[1].output(),
+                30,
+                "host 1 to say it sits out",
+                on_timeout=lambda: result,
+            )
+            self.assertIn(
+                f"this node sits out the next round: --health-check '{check(out, 'sleep 600')}' "
+                "did not finish in 1 s",
+                agents[1].output(),
+            )
             agents[1].proc.send_signal(signal.SIGTERM)  # sitting out, it ends when stopped
             self.assertNotEqual(agents[1].wait(30), None)
 
@@ -94,24 +127,42 @@ class HealthChecksOnHostsTest(unittest.TestCase):
         with Hosts(3) as hosts:
             self.assertEqual(hosts.hostname(1), "node1")
             open(unfit, "w").close()
-            agents = self.start(hosts, "1:2",
-                                ["--health-check=" + check(out, "echo marked unfit; exit 1")],
-                                (1, 2), [out, "--until-file", release])
+            agents = self.start(
+                hosts,
+                "1:2",
+                ["--health-check=" + check(out, "echo marked unfit; exit 1")],
+                (1, 2),
+                [out, "--until-file", release],
+            )
             result = lambda: Output(agents.values())  # noqa: E731
-            wait_until(lambda: any(world == 2 for _, _, world in starts(out)), TIMEOUT_S,
-                       "the round without host 1", on_timeout=result)
+            wait_until(
+                lambda: any(world == 2 for _, _, world in starts(out)),
+                TIMEOUT_S,
+                "the round without host 1",
+                on_timeout=result,
+            )
             self.assertEqual({host for _, host, _ in starts(out)}, {hosts.hostname(2)})
-            self.assertIn("this node sits out the next round: --health-check "
-                          f"'{check(out, 'echo marked unfit; exit 1')}' failed (exit code 1): "
-                          "marked unfit", agents[1].output())
+            self.assertIn(
+                "this node sits out the next round: --health-check "
+                f"'{check(out, 'echo marked unfit; exit 1')}' failed (exit code 1): "
+                "marked unfit",
+                agents[1].output(),
+            )
             os.unlink(unfit)
-            wait_until(lambda: any(world == 4 for _, _, world in starts(out)), TIMEOUT_S,
-                       "a round of both hosts", on_timeout=result)
+            wait_until(
+                lambda: any(world == 4 for _, _, world in starts(out)),
+                TIMEOUT_S,
+                "a round of both hosts",
+                on_timeout=result,
+            )
             open(release, "w").close()
             codes = [agents[h].wait(TIMEOUT_S) for h in (1, 2)]
             self.assertEqual(codes, [0, 0], result())
-            self.assertEqual({host for _, host, world in starts(out) if world == 4},
-                             {hosts.hostname(1), hosts.hostname(2)}, result())
+            self.assertEqual(
+                {host for _, host, world in starts(out) if world == 4},
+                {hosts.hostname(1), hosts.hostname(2)},
+                result(),
+            )
             self.assertIn("passes its health checks again", agents[1].output())
 
     def test_a_host_whose_workers_keep_failing_is_put_out_until_its_cool_down_ends(self):
@@ -119,26 +170,49 @@ class HealthChecksOnHostsTest(unittest.TestCase):
         release = os.path.join(out, "release")
         with Hosts(4) as hosts:
             excluded = os.path.join(out, "excluded")
-            flags = ["--max-restarts=3", "--quarantine-after=2", "--quarantine-for=3",
-                     "--health-min-free=0", f"--quarantine-file={excluded}"]
+            flags = [
+                "--max-restarts=3",
+                "--quarantine-after=2",
+                "--quarantine-for=3",
+                "--health-min-free=0",
+                f"--quarantine-file={excluded}",
+            ]
             args = [out, "--fail-host", hosts.hostname(1), "--until-file", release]
             agents = self.start(hosts, "2", flags, (1, 2), args)
             result = lambda: Output(agents.values())  # noqa: E731
-            wait_until(lambda: "sits out the next round: quarantined" in agents[1].output(),
-                       TIMEOUT_S, "host 1 to be put out", on_timeout=result)
-            self.assertIn("this node sits out the next round: quarantined: its workers failed 2 "
-                          "times within 600 s (--quarantine-after)", agents[1].output())
+            wait_until(
+                lambda: "sits out the next round: quarantined" in agents[1].output(),
+                TIMEOUT_S,
+                "host 1 to be put out",
+                on_timeout=result,
+            )
+            self.assertIn(
+                "this node sits out the next round: quarantined: its workers failed 2 "
+                "times within 600 s (--quarantine-after)",
+                agents[1].output(),
+            )
             with open(excluded) as names:  # for a requeued batch script's --exclude
                 self.assertEqual(names.read(), f"{hosts.hostname(1)}\n")
             agents.update(self.start_more(hosts, "2", flags, (3,), args))
-            wait_until(lambda: any(host == hosts.hostname(3) for _, host, _ in starts(out)),
-                       TIMEOUT_S, "a round with host 3 in host 1's place", on_timeout=result)
-            wait_until(lambda: "passes its health checks again" in agents[1].output(), 30,
-                       "host 1 to be let in again", on_timeout=result)
+            wait_until(
+                lambda: any(host == hosts.hostname(3) for _, host, _ in starts(out)),
+                TIMEOUT_S,
+                "a round with host 3 in host 1's place",
+                on_timeout=result,
+            )
+            wait_until(
+                lambda: "passes its health checks again" in agents[1].output(),
+                30,
+                "host 1 to be let in again",
+                on_timeout=result,
+            )
             open(release, "w").close()
             self.assertEqual([agents[h].wait(TIMEOUT_S) for h in (2, 3)], [0, 0], result())
-            self.assertEqual(sorted({a for a, host, _ in starts(out) if host == hosts.hostname(1)}),
-                             [0, 1], result())  # its two failed attempts, none after
+            self.assertEqual(
+                sorted({a for a, host, _ in starts(out) if host == hosts.hostname(1)}),
+                [0, 1],
+                result(),
+            )  # its two failed attempts, none after
 
     def test_the_network_probe_names_the_slowed_link(self):
         out = temp_dir(self)
@@ -148,8 +222,9 @@ class HealthChecksOnHostsTest(unittest.TestCase):
             codes = [agents[h].wait(TIMEOUT_S) for h in (1, 2, 3)]
             result = Output(agents.values())
             self.assertEqual(codes, [0, 0, 0], result)
-            named = re.findall(r"network probe: slowest link (\S+) .*-> (\S+) .*MB/s",
-                               result.stderr)
+            named = re.findall(
+                r"network probe: slowest link (\S+) .*-> (\S+) .*MB/s", result.stderr
+            )
             self.assertEqual(len(named), 1, result)  # one round, its first node speaks
             self.assertEqual(named[0][0], hosts.hostname(2), result)
             self.assertNotIn("not measured", result.stderr)
@@ -157,14 +232,27 @@ class HealthChecksOnHostsTest(unittest.TestCase):
     def test_a_node_whose_check_keeps_failing_ends_after_the_join_timeout(self):
         logs = temp_dir(self)
         done = subprocess.run(
-            [binary_from_env("DLRUN", "dlrun"), "--nnodes=1:2", "--rdzv-backend=c10d",
-             f"--rdzv-endpoint=127.0.0.1:{free_port()}", "--rdzv-conf=join_timeout=1",
-             "--health-check=echo no GPUs here; exit 1", "/bin/true"],
-            env=clean_env(TMPDIR=logs), capture_output=True, text=True, timeout=TIMEOUT_S)
+            [
+                binary_from_env("DLRUN", "dlrun"),
+                "--nnodes=1:2",
+                "--rdzv-backend=c10d",
+                f"--rdzv-endpoint=127.0.0.1:{free_port()}",
+                "--rdzv-conf=join_timeout=1",
+                "--health-check=echo no GPUs here; exit 1",
+                "/bin/true",
+            ],
+            env=clean_env(TMPDIR=logs),
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT_S,
+        )
         self.assertEqual(done.returncode, 1, done.stderr)
-        self.assertIn("dlrun: error: this node failed its health checks for 1 s (the "
-                      "rendezvous's join_timeout): --health-check 'echo no GPUs here; exit 1' "
-                      "failed (exit code 1): no GPUs here", done.stderr)
+        self.assertIn(
+            "dlrun: error: this node failed its health checks for 1 s (the "
+            "rendezvous's join_timeout): --health-check 'echo no GPUs here; exit 1' "
+            "failed (exit code 1): no GPUs here",
+            done.stderr,
+        )
 
 
 if __name__ == "__main__":

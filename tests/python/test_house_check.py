@@ -2,6 +2,7 @@
 is not there, benchmarks.md's index with a wrong date, out of order or missing a section, and a
 folder of the tree the map's table does not name, or one it names that is gone. Each on a small
 tree of its own, so the check is seen to fail, not only to pass on ours."""
+
 import os
 import subprocess
 import sys
@@ -13,10 +14,13 @@ SCRIPT = os.path.join(os.path.dirname(__file__), "..", "..", "scripts", "house_c
 FILES = {
     "README.md": "# T\n\nsee [a](docs/x.md#nope), [b](docs/missing.md), [c](docs/x.md#real-one)\n",
     "docs/x.md": "# X\n\n```\n## not a heading\n```\n\n## Real one\n",
-    "ARCHITECTURE.md": ("| `docs/` | x |\n| `gone/` | y |\n"
-                        "| `launcher/` | `launcher/launch.cpp` |\n"),
-    "docs/benchmarks.md": ("# B\n\n| [S](#s-one) | 2026-01-02 |\n| [T](#t) | 2026-01-03 |\n\n"
-                           "## S one\n\nLatest: 2026-01-01.\n\n## U\n\nLatest: 2026-01-01.\n"),
+    "ARCHITECTURE.md": (
+        "| `docs/` | x |\n| `gone/` | y |\n| `launcher/` | `launcher/launch.cpp` |\n"
+    ),
+    "docs/benchmarks.md": (
+        "# B\n\n| [S](#s-one) | 2026-01-02 |\n| [T](#t) | 2026-01-03 |\n\n"
+        "## S one\n\nLatest: 2026-01-01.\n\n## U\n\nLatest: 2026-01-01.\n"
+    ),
     "launcher/launch.cpp": "",
     "extra/keep": "",
 }
@@ -29,8 +33,9 @@ class HouseCheckTest(unittest.TestCase):
                 os.makedirs(os.path.dirname(os.path.join(root, name)), exist_ok=True)
                 with open(os.path.join(root, name), "w") as f:
                     f.write(text)
-            done = subprocess.run([sys.executable, SCRIPT, root], capture_output=True, text=True,
-                                  timeout=60)
+            done = subprocess.run(
+                [sys.executable, SCRIPT, root], capture_output=True, text=True, timeout=60
+            )
         self.assertEqual(done.returncode, 1, done.stdout + done.stderr)
         said = done.stdout.splitlines()
         expected = [

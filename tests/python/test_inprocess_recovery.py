@@ -24,6 +24,7 @@ one seeded batch a step and rank, momentum), run fault-free once for the weights
 
 On two simulated hosts with a spare: test_inprocess_recovery_hosts.py.
 """
+
 import glob
 import os
 import unittest
@@ -38,14 +39,28 @@ TIMEOUT_S = 150
 
 class InProcessCase(unittest.TestCase):
     """The job, its fault-free weights (made once for every test of the file) and the checks."""
+
     fault_free = None
 
     def job(self, *kills, recovery="in-process", max_restarts=3, world=WORLD, flags=()):
         out = temp_dir(self)
-        result = run_dlrun(self, ["--standalone", f"--nproc-per-node={world}",
-                                  f"--max-restarts={max_restarts}", f"--recovery={recovery}",
-                                  *flags, PYTHON, TRAIN, out, str(STEPS), *kills],
-                           env=clean_env(), timeout=TIMEOUT_S)
+        result = run_dlrun(
+            self,
+            [
+                "--standalone",
+                f"--nproc-per-node={world}",
+                f"--max-restarts={max_restarts}",
+                f"--recovery={recovery}",
+                *flags,
+                PYTHON,
+                TRAIN,
+                out,
+                str(STEPS),
+                *kills,
+            ],
+            env=clean_env(),
+            timeout=TIMEOUT_S,
+        )
         self.assertEqual(result.returncode, 0, result)
         finals = [read_json(os.path.join(out, f"final_{r}.json")) for r in range(world)]
         return out, finals, result
@@ -81,13 +96,17 @@ class InProcessCase(unittest.TestCase):
             self.assertEqual(finals[rank]["generation"], 1, finals[rank])
             phases = finals[rank]["last_recovery"]
             self.assertEqual(set(phases), {"meet", "group", "state", "total"}, finals[rank])
-            self.assertAlmostEqual(sum(phases.values()) - phases["total"], phases["total"],
-                                   delta=0.05)
+            self.assertAlmostEqual(
+                sum(phases.values()) - phases["total"], phases["total"], delta=0.05
+            )
         self.assertEqual({f["sha256"] for f in finals}, {self.reference()}, result)
         self.assertIn("in-process recovery", result.stderr)
         for rank in victims:
-            self.assertRegex(result.stderr, rf"rank {rank} recovered in process, generation 1: "
-                                            r"start [\d.]+ s, re-form [\d.]+ s, state [\d.]+ s")
+            self.assertRegex(
+                result.stderr,
+                rf"rank {rank} recovered in process, generation 1: "
+                r"start [\d.]+ s, re-form [\d.]+ s, state [\d.]+ s",
+            )
 
 
 class InProcessRecoveryTest(InProcessCase):
@@ -119,8 +138,11 @@ class InProcessRecoveryTest(InProcessCase):
         # match: its old group cannot close, and they wait on it. Its connections shut down,
         # every rank recovers in its own process, generation 1, nothing started anew.
         out, finals, result = self.job("0:9:pending")
-        self.assertIn("rank 0: the old process group did not close within 0.5 s (a collective "
-                      "pending); its connections shut down", result.stderr)
+        self.assertIn(
+            "rank 0: the old process group did not close within 0.5 s (a collective "
+            "pending); its connections shut down",
+            result.stderr,
+        )
         self.assertNotIn("exiting to be replaced", result.stderr)
         self.assertNotIn("replacement started", result.stderr)
         self.assertEqual({f["sha256"] for f in finals}, {self.reference()}, result)
@@ -135,8 +157,11 @@ class InProcessRecoveryTest(InProcessCase):
         # exits (76), and its agent starts a replacement in its place; the others keep theirs.
         out, finals, result = self.job("0:9:stuck")
         self.assertIn("exiting to be replaced (exit 76)", result.stderr)
-        self.assertRegex(result.stderr, r"rank 0 \(local 0\) exit code 76: in-process recovery, its "
-                                        r"replacement started")
+        self.assertRegex(
+            result.stderr,
+            r"rank 0 \(local 0\) exit code 76: in-process recovery, its "
+            r"replacement started",
+        )
         self.check_recovered(out, finals, result, victim=0)
 
     def test_a_second_failure_during_recovery_restarts_the_whole_group(self):
@@ -164,8 +189,11 @@ class InProcessRecoveryTest(InProcessCase):
         # Rank 2 dies once its loop is over: no rank is left in the loop to meet a replacement.
         out, finals, result = self.job("2:end")
         self.assertEqual({f["sha256"] for f in finals}, {self.reference()}, result)
-        self.assertIn("no in-process recovery (it had left dlrun.recovery's loop): restarting "
-                      "the whole group", result.stderr)
+        self.assertIn(
+            "no in-process recovery (it had left dlrun.recovery's loop): restarting "
+            "the whole group",
+            result.stderr,
+        )
         self.assertNotIn("recovery failed", result.stderr)
         for rank in range(WORLD):
             self.assertEqual(finals[rank]["generation"], 0, finals[rank])

@@ -19,6 +19,7 @@ weights, exit 0.
 
 Runs under torch 2.13's interpreter (ctest: python_inprocess_recovery_hosts) and as root.
 """
+
 import glob
 import os
 
@@ -49,13 +50,35 @@ class TwoHostsWithASpareTest(InProcessCase):
         logs = temp_dir(self)
         env = clean_env(PYTHON_EXEC=PYTHON, TMPDIR=logs, GLOO_SOCKET_IFNAME="eth0")
         dlrund_in(self, hosts, env, logs)
-        flags = [f"--nnodes={nnodes}", "--nproc-per-node=2", "--rdzv-backend=c10d",
-                 f"--rdzv-endpoint={hosts.address(0)}:{RDZV_PORT}", "--rdzv-id=inproc",
-                 "--max-restarts=3", "--recovery=in-process"]
-        agents = [Launcher(self, f"dlrun{host}", [binary_from_env("DLRUN", "dlrun"), *flags,
-                                                  PYTHON, TRAIN, out, str(STEPS),
-                                                  *([kills] if isinstance(kills, str) else kills)],
-                           env, logs, hosts=hosts, host=host) for host in on]
+        flags = [
+            f"--nnodes={nnodes}",
+            "--nproc-per-node=2",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={hosts.address(0)}:{RDZV_PORT}",
+            "--rdzv-id=inproc",
+            "--max-restarts=3",
+            "--recovery=in-process",
+        ]
+        agents = [
+            Launcher(
+                self,
+                f"dlrun{host}",
+                [
+                    binary_from_env("DLRUN", "dlrun"),
+                    *flags,
+                    PYTHON,
+                    TRAIN,
+                    out,
+                    str(STEPS),
+                    *([kills] if isinstance(kills, str) else kills),
+                ],
+                env,
+                logs,
+                hosts=hosts,
+                host=host,
+            )
+            for host in on
+        ]
         if during:
             during(agents)
         return agents, [agent.wait(TIMEOUT_S) for agent in agents]
@@ -75,21 +98,28 @@ class TwoHostsWithASpareTest(InProcessCase):
     def host_loser(self, hosts, out, rank, lost, on=(1, 2, 3)):
         """What run_job runs meanwhile: once `rank` stopped itself (RANK:STEP:host), kills the
         host it runs on; its index goes to `lost`."""
+
         def lose(agents):
             flag = os.path.join(out, f"lose_host_{rank}")
-            wait_until(lambda: os.path.exists(flag), TIMEOUT_S, f"rank {rank} to stop itself",
-                       on_timeout=lambda: Output(agents))
+            wait_until(
+                lambda: os.path.exists(flag),
+                TIMEOUT_S,
+                f"rank {rank} to stop itself",
+                on_timeout=lambda: Output(agents),
+            )
             pid = int(glob.glob(os.path.join(out, f"start_{rank}_*"))[0].rsplit("_", 1)[1])
             lost.append(next(h for h in on if pid in hosts.pids(h)))
             hosts.kill_host(lost[0])
+
         return lose
 
     def test_a_lost_hosts_ranks_start_on_the_spare_and_join_the_survivors_in_process(self):
         self.reference()
         out, lost = temp_dir(self), []
         with Hosts(4) as hosts:
-            agents, codes = self.run_job(hosts, out, "2:9:host",
-                                         during=self.host_loser(hosts, out, 2, lost))
+            agents, codes = self.run_job(
+                hosts, out, "2:9:host", during=self.host_loser(hosts, out, 2, lost)
+            )
         result = Output(agents)
         self.assertEqual([c for h, c in zip((1, 2, 3), codes) if h != lost[0]], [0, 0], result)
         finals = [read_json(os.path.join(out, f"final_{r}.json")) for r in range(WORLD)]
@@ -105,25 +135,32 @@ class TwoHostsWithASpareTest(InProcessCase):
         self.reference()
         out, lost = temp_dir(self), []
         with Hosts(4) as hosts:
-            agents, codes = self.run_job(hosts, out, ("2:9:host", "0:group"),
-                                         during=self.host_loser(hosts, out, 2, lost))
+            agents, codes = self.run_job(
+                hosts, out, ("2:9:host", "0:group"), during=self.host_loser(hosts, out, 2, lost)
+            )
         result = Output(agents)
         self.assertEqual([c for h, c in zip((1, 2, 3), codes) if h != lost[0]], [0, 0], result)
         finals = [read_json(os.path.join(out, f"final_{r}.json")) for r in range(WORLD)]
         self.assertEqual({f["sha256"] for f in finals}, {self.reference()}, result)
-        self.assertIn("no in-process recovery (it failed during its own in-process recovery)",
-                      result.stderr)
+        self.assertIn(
+            "no in-process recovery (it failed during its own in-process recovery)", result.stderr
+        )
         for final in finals:
             self.assertEqual(final["generation"], 0, final)
-
 
     def test_without_a_spare_the_survivors_go_on_in_process_with_new_ranks(self):
         # --nnodes=1:2: the host of ranks 0-1 is lost and none takes its place; ranks 2-3 go on
         # in their processes as ranks 0-1 of 2, from the step that failed.
         out, lost = temp_dir(self), []
         with Hosts(3) as hosts:
-            agents, codes = self.run_job(hosts, out, "0:9:host", nnodes="1:2", on=(1, 2),
-                                         during=self.host_loser(hosts, out, 0, lost, on=(1, 2)))
+            agents, codes = self.run_job(
+                hosts,
+                out,
+                "0:9:host",
+                nnodes="1:2",
+                on=(1, 2),
+                during=self.host_loser(hosts, out, 0, lost, on=(1, 2)),
+            )
         result = Output(agents)
         self.assertEqual([c for h, c in zip((1, 2), codes) if h != lost[0]], [0], result)
         finals = [read_json(os.path.join(out, f"final_{r}.json")) for r in (2, 3)]

@@ -3,6 +3,7 @@ acceptance 3): with the build and source directories hidden (a tmpfs over each, 
 namespace of the run's own), the installed dlrun, started from another working directory, runs
 the installed trainer on 2 workers, and the trainer finds its AVX2 module in the prefix's
 library directory. The installed programs' --version names the version and the git commit."""
+
 import os
 import re
 import subprocess
@@ -24,9 +25,12 @@ def expected_commit():
     """What the build wrote into --version: HEAD's commit, "-dirty" or not, or "unknown" (also
     where no git is installed: the build could not ask it either)."""
     try:
-        head = subprocess.run(["git", "-C", os.environ["DLRUN_SOURCE_DIR"], "rev-parse",
-                               "--short=12", "HEAD"], stdout=subprocess.PIPE,
-                              stderr=subprocess.DEVNULL, text=True)
+        head = subprocess.run(
+            ["git", "-C", os.environ["DLRUN_SOURCE_DIR"], "rev-parse", "--short=12", "HEAD"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
     except FileNotFoundError:
         return "unknown"
     return re.escape(head.stdout.strip()) + "(-dirty)?" if head.returncode == 0 else "unknown"
@@ -41,22 +45,38 @@ class InstallPrefixTest(unittest.TestCase):
     def hidden_build_run(self, args, cwd):
         """Runs args in cwd with the build and source directories hidden under empty tmpfs
         mounts; the mounts live in the command's own mount namespace and end with it."""
-        hide = " && ".join(f"mount -t tmpfs hidden {path}" for path in
-                           (build_dir(), os.environ["DLRUN_SOURCE_DIR"]))
+        hide = " && ".join(
+            f"mount -t tmpfs hidden {path}"
+            for path in (build_dir(), os.environ["DLRUN_SOURCE_DIR"])
+        )
         unshare = ["unshare", "--mount", "--propagation", "private"]
         if os.geteuid() != 0:
             unshare.append("--map-root-user")
         env = dict(os.environ, DLRUN_LOG_LEVEL="debug")
         hidden = os.path.join(build_dir(), "CMakeCache.txt")
-        return run([*unshare, "sh", "-c", f'{hide} && test ! -e {hidden} && exec "$@"', "sh",
-                    *args], timeout=TRAIN_TIMEOUT_S, cwd=cwd, env=env)
+        return run(
+            [*unshare, "sh", "-c", f'{hide} && test ! -e {hidden} && exec "$@"', "sh", *args],
+            timeout=TRAIN_TIMEOUT_S,
+            cwd=cwd,
+            env=env,
+        )
 
     def test_installed_dlrun_trains_without_the_build(self):
         elsewhere = os.path.join(self.scratch, "elsewhere")
         os.mkdir(elsewhere)
         output = self.hidden_build_run(
-            [os.path.join(self.prefix, "bin", "dlrun"), "--standalone", "--nproc-per-node=2",
-             "train", "--epochs", "1", "--max-steps", "50"], cwd=elsewhere)
+            [
+                os.path.join(self.prefix, "bin", "dlrun"),
+                "--standalone",
+                "--nproc-per-node=2",
+                "train",
+                "--epochs",
+                "1",
+                "--max-steps",
+                "50",
+            ],
+            cwd=elsewhere,
+        )
         self.assertRegex(output, r'"world_size": 2, .*"device": "cpu"')
         if cpu_has_avx2_and_fma():
             module = os.path.join(self.prefix, "lib", "dlrun", "trainer", "dlrun-train-avx2.so")
@@ -67,8 +87,11 @@ class InstallPrefixTest(unittest.TestCase):
     def test_version_names_the_commit(self):
         for program in ("dlrun", "dlrund", "dlrun-train"):
             version = run([os.path.join(self.prefix, "bin", program), "--version"])
-            self.assertRegex(version, rf"^{program} {re.escape(os.environ['DLRUN_VERSION'])} "
-                                      rf"\(git {expected_commit()}\)\n$")
+            self.assertRegex(
+                version,
+                rf"^{program} {re.escape(os.environ['DLRUN_VERSION'])} "
+                rf"\(git {expected_commit()}\)\n$",
+            )
 
 
 if __name__ == "__main__":

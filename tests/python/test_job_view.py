@@ -21,6 +21,7 @@ Kept in test-output/ (ctest's working directory): job_view.png (the page when it
 rank), job_view_top.txt (top's pane when it did). Every process is stopped by PID or with its
 simulated host; every wait has a deadline.
 """
+
 import json
 import os
 import queue
@@ -35,8 +36,16 @@ import unittest
 
 import torch
 
-from dlrun_fixture import (PYTHON, binary_from_env, clean_env, log_tails, read_json, temp_dir,
-                           wait_until, worker)
+from dlrun_fixture import (
+    PYTHON,
+    binary_from_env,
+    clean_env,
+    log_tails,
+    read_json,
+    temp_dir,
+    wait_until,
+    worker,
+)
 from netns_fixture import Hosts, main
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -50,19 +59,22 @@ PORT = 29400
 RDZV_ID = "jobview"
 SLOW_RANK = 5
 STOPPED_S, RUNNING_S = 0.75, 0.25  # each burst: 75% of the time stopped
-NAMED_WITHIN_S = 45                  # the issue's bound, with the default flags
-WATCH_LONGER_S = 20                  # looked for past the bound, to report how late it was
-START_TIMEOUT_S = 150                # 8 torch 2.13 workers starting on 2 loaded CPUs
-WORKER_MAX_S = 90                    # a worker's loop ends by itself after this long
-SHOWN_TIMEOUT_S = 60                 # the page and top to list every node and rank
+NAMED_WITHIN_S = 45  # the issue's bound, with the default flags
+WATCH_LONGER_S = 20  # looked for past the bound, to report how late it was
+START_TIMEOUT_S = 150  # 8 torch 2.13 workers starting on 2 loaded CPUs
+WORKER_MAX_S = 90  # a worker's loop ends by itself after this long
+SHOWN_TIMEOUT_S = 60  # the page and top to list every node and rank
 EVENT_TIMEOUT_S = 15
 EXIT_TIMEOUT_S = 60
-BROWSER_TIMEOUT_S = 60               # Chromium's start on a loaded machine; one command
+BROWSER_TIMEOUT_S = 60  # Chromium's start on a loaded machine; one command
 PAGE_HOST, PAGE_OF, TOP_HOST, ASK_HOST = 0, 1, 3, 3
 JOB_PAGE_LINE = re.compile(r"the whole job's on (http://\S+/job)")
 # A rank's line of `dlrun top`: NODE AG STATE RANK PID STEP STEPS/S IDLE LOSS [SLOW]
-TOP_RANK_LINE = re.compile(r"^(\S+)\s+(\d+)\s+(\S+)\s+(\d+)\s+(\d+)\s+(\S+)\s+(\S+)\s+(\S+)"
-                           r"\s+(\S+)(?:\s+(SLOW))?\s*$", re.M)
+TOP_RANK_LINE = re.compile(
+    r"^(\S+)\s+(\d+)\s+(\S+)\s+(\d+)\s+(\d+)\s+(\S+)\s+(\S+)\s+(\S+)"
+    r"\s+(\S+)(?:\s+(SLOW))?\s*$",
+    re.M,
+)
 
 
 def output_dir():
@@ -75,9 +87,15 @@ class Browser:
     """job_view_browser.py inside a simulated host, one JSON line each way."""
 
     def __init__(self, test, hosts, host, work_dir, log):
-        self.proc = hosts.popen(host, [SYSTEM_PYTHON, BROWSER, work_dir], stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, stderr=log, text=True,
-                                env=clean_env(GLOO_SOCKET_IFNAME=None))
+        self.proc = hosts.popen(
+            host,
+            [SYSTEM_PYTHON, BROWSER, work_dir],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=log,
+            text=True,
+            env=clean_env(GLOO_SOCKET_IFNAME=None),
+        )
         self.replies = queue.Queue()
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
@@ -130,17 +148,40 @@ class Top:
 
     def __init__(self, test, hosts, host, socket_path, argv):
         self.hosts, self.host, self.socket = hosts, host, socket_path
-        started = hosts.run(host, ["tmux", "-S", socket_path, "-f", "/dev/null", "new-session",
-                                   "-d", "-s", "top", "-x", "80", "-y", "40",
-                                   " ".join(map(shlex.quote, argv)), ";",
-                                   "set-option", "-t", "top", "remain-on-exit", "on"],
-                            timeout=30, env=clean_env(TERM="xterm"))
+        started = hosts.run(
+            host,
+            [
+                "tmux",
+                "-S",
+                socket_path,
+                "-f",
+                "/dev/null",
+                "new-session",
+                "-d",
+                "-s",
+                "top",
+                "-x",
+                "80",
+                "-y",
+                "40",
+                " ".join(map(shlex.quote, argv)),
+                ";",
+                "set-option",
+                "-t",
+                "top",
+                "remain-on-exit",
+                "on",
+            ],
+            timeout=30,
+            env=clean_env(TERM="xterm"),
+        )
         test.assertEqual(started.returncode, 0, started.stderr)
         test.addCleanup(self.close)
 
     def capture(self):
-        result = self.hosts.run(self.host, ["tmux", "-S", self.socket, "capture-pane", "-p",
-                                            "-t", "top"], timeout=20)
+        result = self.hosts.run(
+            self.host, ["tmux", "-S", self.socket, "capture-pane", "-p", "-t", "top"], timeout=20
+        )
         return result.stdout if result.returncode == 0 else f"(capture failed: {result.stderr})"
 
     def close(self):
@@ -189,8 +230,10 @@ def setUpModule():
 
 class JobViewTest(unittest.TestCase):
     def setUp(self):
-        self.assertTrue(torch.__version__.startswith(TORCH_ERA),
-                        f"{PYTHON} has torch {torch.__version__}, not {TORCH_ERA}x")
+        self.assertTrue(
+            torch.__version__.startswith(TORCH_ERA),
+            f"{PYTHON} has torch {torch.__version__}, not {TORCH_ERA}x",
+        )
         self.out = temp_dir(self)
         self.hosts = Hosts(NODES)
         self.addCleanup(self.hosts.close)
@@ -203,9 +246,19 @@ class JobViewTest(unittest.TestCase):
     def start_agent(self, node):
         log = open(os.path.join(self.out, f"agent{node}.log"), "w")
         self.addCleanup(log.close)
-        args = [binary_from_env("DLRUN", "dlrun"), f"--nnodes={NODES}",
-                f"--nproc-per-node={NPROC}", "--rdzv-backend=c10d", *self.endpoint_args(),
-                "--metrics-port=0", PYTHON, WORKER, self.out, self.stop_file, str(WORKER_MAX_S)]
+        args = [
+            binary_from_env("DLRUN", "dlrun"),
+            f"--nnodes={NODES}",
+            f"--nproc-per-node={NPROC}",
+            "--rdzv-backend=c10d",
+            *self.endpoint_args(),
+            "--metrics-port=0",
+            PYTHON,
+            WORKER,
+            self.out,
+            self.stop_file,
+            str(WORKER_MAX_S),
+        ]
         env = clean_env(GLOO_SOCKET_IFNAME="eth0", TMPDIR=self.out)
         self.agents[node] = self.hosts.popen(node, args, env=env, stdout=log, stderr=log)
 
@@ -220,16 +273,21 @@ class JobViewTest(unittest.TestCase):
         def running_and(predicate):
             for node, agent in self.agents.items():
                 if agent.poll() is not None:
-                    raise AssertionError(f"agent {node} exited with {agent.returncode} before "
-                                         f"{what}\n{self.logs()}")
+                    raise AssertionError(
+                        f"agent {node} exited with {agent.returncode} before {what}\n{self.logs()}"
+                    )
             return predicate()
+
         wait_until(lambda: running_and(predicate), timeout, what, on_timeout=self.logs)
 
     def control(self, *args):
         """`dlrun COMMAND ...` from ASK_HOST: (exit code, stdout, stderr)."""
-        result = self.hosts.run(ASK_HOST, [binary_from_env("DLRUN", "dlrun"), *args,
-                                           *self.endpoint_args()],
-                                timeout=30, env=clean_env())
+        result = self.hosts.run(
+            ASK_HOST,
+            [binary_from_env("DLRUN", "dlrun"), *args, *self.endpoint_args()],
+            timeout=30,
+            env=clean_env(),
+        )
         return result.returncode, result.stdout, result.stderr
 
     def control_json(self, *args):
@@ -238,44 +296,58 @@ class JobViewTest(unittest.TestCase):
         return out
 
     def started(self):
-        return [n for n in os.listdir(self.out)
-                if n.startswith("started_") and n.endswith(".json")]
+        return [n for n in os.listdir(self.out) if n.startswith("started_") and n.endswith(".json")]
 
     # --- what the page and top show -------------------------------------------------------
 
     @staticmethod
     def page_lists_the_job(look):
         """Every node and rank, each rank with a reported step."""
-        return (look["message"] is None and len(look["nodes"]) == NODES and
-                not any(n["replaced"] for n in look["nodes"]) and
-                sorted(r["rank"] for r in look["ranks"]) == list(range(WORLD)) and
-                all(r["cells"][4] != "-" for r in look["ranks"]))
+        return (
+            look["message"] is None
+            and len(look["nodes"]) == NODES
+            and not any(n["replaced"] for n in look["nodes"])
+            and sorted(r["rank"] for r in look["ranks"]) == list(range(WORLD))
+            and all(r["cells"][4] != "-" for r in look["ranks"])
+        )
 
     @staticmethod
     def top_ranks(screen):
         """{rank: (node, slow)} of top's rank lines."""
-        return {int(m.group(4)): (m.group(1), bool(m.group(10)))
-                for m in TOP_RANK_LINE.finditer(screen)}
+        return {
+            int(m.group(4)): (m.group(1), bool(m.group(10))) for m in TOP_RANK_LINE.finditer(screen)
+        }
 
     @staticmethod
     def top_lists_the_job(screen):
-        return (f"nodes {NODES} ({NODES}:{NODES}), ranks {WORLD}" in screen and
-                sorted(JobViewTest.top_ranks(screen)) == list(range(WORLD)))
+        return f"nodes {NODES} ({NODES}:{NODES}), ranks {WORLD}" in screen and sorted(
+            JobViewTest.top_ranks(screen)
+        ) == list(range(WORLD))
 
     @staticmethod
     def page_names(look, rank):
         row = next((r for r in look["ranks"] if r["rank"] == rank), None)
-        return (row is not None and row["straggler"] and row["badge"] and
-                rank in look["straggler_rows"] and
-                any(s["rank"] == rank for s in look["stragglers_box"]))
+        return (
+            row is not None
+            and row["straggler"]
+            and row["badge"]
+            and rank in look["straggler_rows"]
+            and any(s["rank"] == rank for s in look["stragglers_box"])
+        )
 
     def test_page_and_top_show_every_rank_and_name_the_slow_one(self):
         for node in range(NODES):
             self.start_agent(node)
-        self.wait_for(lambda: len(self.started()) == WORLD, START_TIMEOUT_S,
-                      f"{WORLD} workers past their all-reduce")
-        self.wait_for(lambda: JOB_PAGE_LINE.search(self.agent_log(PAGE_OF)), EVENT_TIMEOUT_S,
-                      f"agent {PAGE_OF}'s page address")
+        self.wait_for(
+            lambda: len(self.started()) == WORLD,
+            START_TIMEOUT_S,
+            f"{WORLD} workers past their all-reduce",
+        )
+        self.wait_for(
+            lambda: JOB_PAGE_LINE.search(self.agent_log(PAGE_OF)),
+            EVENT_TIMEOUT_S,
+            f"agent {PAGE_OF}'s page address",
+        )
         url = JOB_PAGE_LINE.search(self.agent_log(PAGE_OF)).group(1)
         self.assertIn(self.hosts.address(PAGE_OF), url)
 
@@ -285,33 +357,49 @@ class JobViewTest(unittest.TestCase):
         self.addCleanup(browser_log.close)
         browser = Browser(self, self.hosts, PAGE_HOST, browser_dir, browser_log)
         browser.call("open", url=url)
-        top = Top(self, self.hosts, TOP_HOST, os.path.join(self.out, "tmux.sock"),
-                  [binary_from_env("DLRUN", "dlrun"), "top", *self.endpoint_args()])
+        top = Top(
+            self,
+            self.hosts,
+            TOP_HOST,
+            os.path.join(self.out, "tmux.sock"),
+            [binary_from_env("DLRUN", "dlrun"), "top", *self.endpoint_args()],
+        )
 
         def describe():
-            return (f"--- page ---\n{json.dumps(browser.call('look'), indent=1)}\n"
-                    f"--- top ---\n{top.capture()}\n{self.logs()}")
+            return (
+                f"--- page ---\n{json.dumps(browser.call('look'), indent=1)}\n"
+                f"--- top ---\n{top.capture()}\n{self.logs()}"
+            )
 
         # Both list the whole job before any rank is slowed.
-        self.wait_for(lambda: self.page_lists_the_job(browser.call("look")), SHOWN_TIMEOUT_S,
-                      "the page to list 4 nodes and 8 ranks, each with a step")
-        self.wait_for(lambda: self.top_lists_the_job(top.capture()), SHOWN_TIMEOUT_S,
-                      "top to list 4 nodes and 8 ranks")
+        self.wait_for(
+            lambda: self.page_lists_the_job(browser.call("look")),
+            SHOWN_TIMEOUT_S,
+            "the page to list 4 nodes and 8 ranks, each with a step",
+        )
+        self.wait_for(
+            lambda: self.top_lists_the_job(top.capture()),
+            SHOWN_TIMEOUT_S,
+            "top to list 4 nodes and 8 ranks",
+        )
         look = browser.call("look")
         self.assertEqual(look["straggler_rows"], [], describe())
         self.assertEqual(look["header"]["nodes"], f"{NODES} ({NODES}:{NODES})")
         self.assertEqual(look["header"]["ranks"], str(WORLD))
         self.assertEqual(look["header"]["state"], "running")
-        self.assertEqual(sorted(n["cells"][0] for n in look["nodes"]),
-                         [self.hosts.hostname(i) for i in range(NODES)])
+        self.assertEqual(
+            sorted(n["cells"][0] for n in look["nodes"]),
+            [self.hosts.hostname(i) for i in range(NODES)],
+        )
 
         # Rank 5's pid from the control plane, checked against the worker's own word.
         job = json.loads(self.control_json("status"))
         pids = {w["rank"]: w["pid"] for n in job["nodes"] for w in n["workers"]}
         self.assertEqual(sorted(pids), list(range(WORLD)))
         slow_pid = pids[SLOW_RANK]
-        self.assertEqual(read_json(os.path.join(self.out, f"started_{SLOW_RANK}.json"))["pid"],
-                         slow_pid)
+        self.assertEqual(
+            read_json(os.path.join(self.out, f"started_{SLOW_RANK}.json"))["pid"], slow_pid
+        )
 
         bursts = Bursts(slow_pid)
         self.addCleanup(bursts.stop)
@@ -338,9 +426,12 @@ class JobViewTest(unittest.TestCase):
                     with open(os.path.join(output_dir(), "job_view_top.txt"), "w") as f:
                         f.write(screen)
             time.sleep(0.2)
-        print(f"test_job_view: rank {SLOW_RANK} named after the first SIGSTOP by the page in "
-              f"{page_after if page_after is None else round(page_after, 1)} s, by top in "
-              f"{top_after if top_after is None else round(top_after, 1)} s", file=sys.stderr)
+        print(
+            f"test_job_view: rank {SLOW_RANK} named after the first SIGSTOP by the page in "
+            f"{page_after if page_after is None else round(page_after, 1)} s, by top in "
+            f"{top_after if top_after is None else round(top_after, 1)} s",
+            file=sys.stderr,
+        )
         self.assertIsNotNone(page_after, f"the page never named rank {SLOW_RANK}\n{describe()}")
         self.assertIsNotNone(top_after, f"top never named rank {SLOW_RANK}\n{describe()}")
         self.assertLessEqual(page_after, NAMED_WITHIN_S, describe())
@@ -351,8 +442,10 @@ class JobViewTest(unittest.TestCase):
         self.assertEqual(sorted(r["rank"] for r in page_look["ranks"]), list(range(WORLD)))
         self.assertEqual(len(page_look["nodes"]), NODES)
         self.assertEqual(page_look["header"]["straggler-count"], "1")
-        self.assertIn(f"rank {SLOW_RANK} on ", [s["text"] for s in page_look["stragglers_box"]
-                                                 if s["rank"] == SLOW_RANK][0])
+        self.assertIn(
+            f"rank {SLOW_RANK} on ",
+            [s["text"] for s in page_look["stragglers_box"] if s["rank"] == SLOW_RANK][0],
+        )
         ranks = self.top_ranks(top_screen)
         self.assertEqual(sorted(ranks), list(range(WORLD)), top_screen)
         self.assertEqual([r for r, (_, slow) in ranks.items() if slow], [SLOW_RANK], top_screen)
@@ -362,26 +455,42 @@ class JobViewTest(unittest.TestCase):
         first = TOP_RANK_LINE.search(top_screen)
         self.assertEqual(int(first.group(4)), SLOW_RANK, top_screen)
         slow_node = ranks[SLOW_RANK][0]
-        self.assertEqual(slow_node, next(n["name"] for n in job["nodes"]
-                                         if any(w["rank"] == SLOW_RANK for w in n["workers"])))
+        self.assertEqual(
+            slow_node,
+            next(
+                n["name"] for n in job["nodes"] if any(w["rank"] == SLOW_RANK for w in n["workers"])
+            ),
+        )
 
         # The control plane's events hold it, and so does the page's list and timeline.
         def straggler_events():
             out = self.control_json("events")
-            return [e for e in map(json.loads, out.splitlines())
-                    if e["kind"] == "straggler" and e.get("rank") == SLOW_RANK]
-        self.wait_for(straggler_events, EVENT_TIMEOUT_S,
-                      f"dlrun events to hold the straggler event of rank {SLOW_RANK}")
+            return [
+                e
+                for e in map(json.loads, out.splitlines())
+                if e["kind"] == "straggler" and e.get("rank") == SLOW_RANK
+            ]
+
+        self.wait_for(
+            straggler_events,
+            EVENT_TIMEOUT_S,
+            f"dlrun events to hold the straggler event of rank {SLOW_RANK}",
+        )
         event = straggler_events()[0]
         self.assertIn(f"rank {SLOW_RANK} on {slow_node}", event["detail"])
-        print(f"test_job_view: the straggler event came {event['time'] - start_wall:.1f} s after "
-              f"the first SIGSTOP: {event['detail']}", file=sys.stderr)
-        self.wait_for(lambda: {"kind": "straggler", "rank": SLOW_RANK} in
-                      browser.call("look")["events"], EVENT_TIMEOUT_S,
-                      "the page's events to list the straggler")
+        print(
+            f"test_job_view: the straggler event came {event['time'] - start_wall:.1f} s after "
+            f"the first SIGSTOP: {event['detail']}",
+            file=sys.stderr,
+        )
+        self.wait_for(
+            lambda: {"kind": "straggler", "rank": SLOW_RANK} in browser.call("look")["events"],
+            EVENT_TIMEOUT_S,
+            "the page's events to list the straggler",
+        )
         self.assertIn("straggler", browser.call("look")["timeline_marks"])
         # Nothing came from anywhere but the page's own origin.
-        origin = url[:url.index("/", len("http://"))]
+        origin = url[: url.index("/", len("http://"))]
         for entry in browser.call("resources")["resources"]:
             self.assertTrue(entry.startswith(origin + "/"), entry)
 
@@ -395,9 +504,12 @@ class JobViewTest(unittest.TestCase):
             except subprocess.TimeoutExpired:
                 self.fail(f"agent {node} still runs\n{self.logs()}")
             self.assertEqual(code, 0, self.logs())
-        self.assertEqual(sorted(n for n in os.listdir(self.out)
-                                if n.startswith("done_") and n.endswith(".json")),
-                         sorted(f"done_{r}.json" for r in range(WORLD)))
+        self.assertEqual(
+            sorted(
+                n for n in os.listdir(self.out) if n.startswith("done_") and n.endswith(".json")
+            ),
+            sorted(f"done_{r}.json" for r in range(WORLD)),
+        )
 
 
 if __name__ == "__main__":

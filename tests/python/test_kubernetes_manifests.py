@@ -10,18 +10,25 @@ and installed in an environment of their own (DLRUN_SCHEMA_PYTHON):
 Each YAML block of the page is checked against its kind's schema, and a block with a misspelt
 field is refused, so the check can fail. Runs under DLRUN_SCHEMA_PYTHON (the file re-executes
 itself there)."""
+
 import os
 import re
-import subprocess
 import sys
 import unittest
 
-PAGE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "docs", "guides",
-                    "kubernetes.md")
-OPENAPI_SCALARS = {"str": {"type": "string"}, "int": {"type": "integer"},
-                   "bool": {"type": "boolean"}, "float": {"type": "number"},
-                   "datetime": {"type": "string"}, "date": {"type": "string"},
-                   "object": {}, "Quantity": {"type": ["string", "integer", "number"]}}
+PAGE = os.path.join(
+    os.path.dirname(os.path.abspath(__file__)), "..", "..", "docs", "guides", "kubernetes.md"
+)
+OPENAPI_SCALARS = {
+    "str": {"type": "string"},
+    "int": {"type": "integer"},
+    "bool": {"type": "boolean"},
+    "float": {"type": "number"},
+    "datetime": {"type": "string"},
+    "date": {"type": "string"},
+    "object": {},
+    "Quantity": {"type": ["string", "integer", "number"]},
+}
 
 
 def strict(schema):
@@ -40,8 +47,11 @@ def strict(schema):
 def trainer_schemas():
     """{kind: JSON schema} of Trainer v2's resources, from kubeflow-trainer-api."""
     import kubeflow_trainer_api.models as models
-    return {kind: strict(getattr(models, f"TrainerV1alpha1{kind}").model_json_schema())
-            for kind in ("TrainJob", "TrainingRuntime", "ClusterTrainingRuntime")}
+
+    return {
+        kind: strict(getattr(models, f"TrainerV1alpha1{kind}").model_json_schema())
+        for kind in ("TrainJob", "TrainingRuntime", "ClusterTrainingRuntime")
+    }
 
 
 def openapi_schema(root):
@@ -49,6 +59,7 @@ def openapi_schema(root):
     its models found in kubeflow.training.models and kubernetes.client.models."""
     import kubeflow.training.models as training
     import kubernetes.client.models as k8s
+
     defs = {}
 
     def type_schema(name):
@@ -62,16 +73,22 @@ def openapi_schema(root):
             return {"type": "object", "additionalProperties": type_schema(mapped.group(1))}
         # Kubernetes' own types are the client's (K8sIoApiAutoscalingV2MetricSpec: V2MetricSpec).
         own = re.search(r"V\d+(?:alpha\d+|beta\d+)?[A-Z]\w*$", name)
-        return model_ref(getattr(training, name, None) or getattr(k8s, name, None)
-                         or getattr(k8s, own.group(0)))
+        return model_ref(
+            getattr(training, name, None) or getattr(k8s, name, None) or getattr(k8s, own.group(0))
+        )
 
     def model_ref(cls):
         if cls.__name__ not in defs:
             defs[cls.__name__] = {}  # a placeholder while its fields are made (recursive types)
-            properties = {cls.attribute_map[field]: type_schema(kind)
-                          for field, kind in cls.openapi_types.items()}
-            defs[cls.__name__] = {"type": "object", "properties": properties,
-                                  "additionalProperties": False}
+            properties = {
+                cls.attribute_map[field]: type_schema(kind)
+                for field, kind in cls.openapi_types.items()
+            }
+            defs[cls.__name__] = {
+                "type": "object",
+                "properties": properties,
+                "additionalProperties": False,
+            }
         return {"$ref": f"#/$defs/{cls.__name__}"}
 
     schema = model_ref(root)
@@ -81,6 +98,7 @@ def openapi_schema(root):
 
 def schemas():
     from kubeflow.training.models import KubeflowOrgV1PyTorchJob
+
     found = trainer_schemas()
     found["PyTorchJob"] = openapi_schema(KubeflowOrgV1PyTorchJob)
     return found
@@ -89,6 +107,7 @@ def schemas():
 def manifests():
     """Every YAML document in the page's ```yaml blocks."""
     import yaml
+
     with open(PAGE) as f:
         blocks = re.findall(r"```yaml\n(.*?)```", f.read(), re.S)
     return [doc for block in blocks for doc in yaml.safe_load_all(block) if doc]
@@ -101,14 +120,19 @@ class KubernetesManifestsTest(unittest.TestCase):
 
     def errors(self, manifest):
         import jsonschema
+
         validator = jsonschema.Draft202012Validator(self.schemas[manifest["kind"]])
-        return [f"{'/'.join(map(str, e.absolute_path))}: {e.message}"
-                for e in validator.iter_errors(manifest)]
+        return [
+            f"{'/'.join(map(str, e.absolute_path))}: {e.message}"
+            for e in validator.iter_errors(manifest)
+        ]
 
     def test_every_manifest_of_the_page_fits_its_operators_schema(self):
         found = manifests()
-        self.assertEqual(sorted(m["kind"] for m in found),
-                         ["PyTorchJob", "PyTorchJob", "TrainJob", "TrainingRuntime"])
+        self.assertEqual(
+            sorted(m["kind"] for m in found),
+            ["PyTorchJob", "PyTorchJob", "TrainJob", "TrainingRuntime"],
+        )
         for manifest in found:
             with self.subTest(kind=manifest["kind"], name=manifest["metadata"]["name"]):
                 self.assertEqual(self.errors(manifest), [])

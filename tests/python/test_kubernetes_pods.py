@@ -26,6 +26,7 @@ appears only once it is ready.
   that name, follow it to the new pod, and meet again after one restart.
 
 Needs root (network namespaces)."""
+
 import glob
 import os
 import random
@@ -34,19 +35,26 @@ import subprocess
 import time
 import unittest
 
-from dlrun_fixture import (PYTHON, binary_from_env, clean_env, log_tails, temp_dir, wait_until,
-                           worker, worker_starts)
+from dlrun_fixture import (
+    PYTHON,
+    binary_from_env,
+    clean_env,
+    log_tails,
+    temp_dir,
+    wait_until,
+    worker,
+    worker_starts,
+)
 from netns_fixture import Hosts, main
 
 WORKER = worker("elastic_worker.py")
 EVENT_TIMEOUT_S = 60
-POD_GRACE_S = 30       # terminationGracePeriodSeconds' default
+POD_GRACE_S = 30  # terminationGracePeriodSeconds' default
 PODS = 3
 # A worker that heeds no SIGTERM (it ignores it; its sleeps die of it), ended only by SIGKILL;
 # once it ignores it, it leaves OUT/stubborn.PID (OUT: its $0). `$$$$`: the workers' arguments
 # go through torchrun's macro substitution, where `$$` is one `$`.
-STUBBORN = ["--exec", "/bin/sh", "-c",
-            "trap '' TERM; : > \"$0.$$$$\"; while :; do sleep 1; done"]
+STUBBORN = ["--exec", "/bin/sh", "-c", "trap '' TERM; : > \"$0.$$$$\"; while :; do sleep 1; done"]
 
 
 class KubernetesPodsTest(unittest.TestCase):
@@ -70,9 +78,13 @@ class KubernetesPodsTest(unittest.TestCase):
         for i in order:
             log = open(os.path.join(self.out, f"pod{i}.log"), "w")
             self.addCleanup(log.close)
-            env = clean_env(GLOO_SOCKET_IFNAME=None, TMPDIR=self.out,
-                            KUBERNETES_SERVICE_HOST="10.96.0.1", KUBERNETES_SERVICE_PORT="443",
-                            **env_of(i))
+            env = clean_env(
+                GLOO_SOCKET_IFNAME=None,
+                TMPDIR=self.out,
+                KUBERNETES_SERVICE_HOST="10.96.0.1",
+                KUBERNETES_SERVICE_PORT="443",
+                **env_of(i),
+            )
             args = [binary_from_env("DLRUN", "dlrun"), PYTHON, WORKER, self.out, *worker_args]
             self.pods[i] = self.hosts.popen(i, args, env=env, stdout=log, stderr=log)
 
@@ -88,8 +100,7 @@ class KubernetesPodsTest(unittest.TestCase):
         """`name` now resolves to pod i's address, in every pod: its line rewritten in place."""
         for j in range(PODS):
             with open(f"/etc/netns/{self.hosts.namespace(j)}/hosts", "r+") as f:
-                lines = [line for line in f.read().splitlines()
-                         if name not in line.split()[1:]]
+                lines = [line for line in f.read().splitlines() if name not in line.split()[1:]]
                 f.seek(0)
                 f.write("\n".join(lines + [f"{self.hosts.address(i)} {name}"]) + "\n")
                 f.truncate()
@@ -105,8 +116,12 @@ class KubernetesPodsTest(unittest.TestCase):
         """Waits until every pod said once that it waits for `what` `host` to resolve, then
         publishes `names` (publish_names)."""
         waiting = f"waiting for {what} '{host}' to resolve"
-        wait_until(lambda: all(waiting in self.log(i) for i in range(PODS)), EVENT_TIMEOUT_S,
-                   f"every pod to wait for {host}", on_timeout=self.logs)
+        wait_until(
+            lambda: all(waiting in self.log(i) for i in range(PODS)),
+            EVENT_TIMEOUT_S,
+            f"every pod to wait for {host}",
+            on_timeout=self.logs,
+        )
         self.publish_names(names)
         return waiting
 
@@ -118,8 +133,12 @@ class KubernetesPodsTest(unittest.TestCase):
         return log_tails(self.out, "pod*.log", tail=None)
 
     def wait_for_starts(self, attempt, count):
-        wait_until(lambda: len(worker_starts(self.out, attempt)) >= count, EVENT_TIMEOUT_S,
-                   f"{count} workers of attempt {attempt}", on_timeout=self.logs)
+        wait_until(
+            lambda: len(worker_starts(self.out, attempt)) >= count,
+            EVENT_TIMEOUT_S,
+            f"{count} workers of attempt {attempt}",
+            on_timeout=self.logs,
+        )
         return worker_starts(self.out, attempt)
 
     def wait_all(self, pods, code):
@@ -143,15 +162,20 @@ class KubernetesPodsTest(unittest.TestCase):
 
     def test_trainer_v2_pods_wait_for_late_names_train_and_stop_on_a_deletion(self):
         def env_of(i):
-            return {"PET_NNODES": str(PODS), "PET_NPROC_PER_NODE": "2",
-                    "PET_NODE_RANK": str(i), "PET_MASTER_ADDR": "job-node-0-0.job",
-                    "PET_MASTER_PORT": "29500"}
+            return {
+                "PET_NNODES": str(PODS),
+                "PET_NPROC_PER_NODE": "2",
+                "PET_NODE_RANK": str(i),
+                "PET_MASTER_ADDR": "job-node-0-0.job",
+                "PET_MASTER_PORT": "29500",
+            }
 
-        self.start_pods(env_of, ["--allreduce", *STUBBORN,
-                                 os.path.join(self.out, "stubborn")])
+        self.start_pods(env_of, ["--allreduce", *STUBBORN, os.path.join(self.out, "stubborn")])
         waiting = self.publish_names_once_awaited(
-            "--master-addr", "job-node-0-0.job",
-            {i: [f"job-node-0-{i}.job", f"job-node-0-{i}"] for i in range(PODS)})
+            "--master-addr",
+            "job-node-0-0.job",
+            {i: [f"job-node-0-{i}.job", f"job-node-0-{i}"] for i in range(PODS)},
+        )
         starts = self.wait_for_starts(0, 2 * PODS)
         self.assertEqual(sorted(int(s["env"]["RANK"]) for s in starts), list(range(2 * PODS)))
         for s in starts:
@@ -160,9 +184,12 @@ class KubernetesPodsTest(unittest.TestCase):
             self.assertEqual(s["sum"], sum(range(1, 2 * PODS + 1)))  # every rank's, over gloo
         for i in range(PODS):
             self.assertEqual(self.log(i).count(waiting), 1, self.log(i))
-        wait_until(lambda: len(glob.glob(os.path.join(self.out, "stubborn.*"))) == 2 * PODS,
-                   EVENT_TIMEOUT_S, "every worker to ignore SIGTERM",
-                   on_timeout=lambda: f"{os.listdir(self.out)}\n{self.logs()}")
+        wait_until(
+            lambda: len(glob.glob(os.path.join(self.out, "stubborn.*"))) == 2 * PODS,
+            EVENT_TIMEOUT_S,
+            "every worker to ignore SIGTERM",
+            on_timeout=lambda: f"{os.listdir(self.out)}\n{self.logs()}",
+        )
         seconds = self.delete_pod(2)
         self.assertEqual(self.pods[2].returncode, 128 + signal.SIGTERM, self.logs())
         self.assertGreaterEqual(seconds, 25)  # the workers' 25 s, then SIGKILL
@@ -175,15 +202,25 @@ class KubernetesPodsTest(unittest.TestCase):
 
     def test_pytorchjob_v1_static_workers_get_dlruns_ranks_and_a_deletion_stops_the_job(self):
         def env_of(i):
-            return {"MASTER_ADDR": "job-master-0", "MASTER_PORT": "23456",
-                    "WORLD_SIZE": str(2 * PODS), "RANK": str(i), "PYTHONUNBUFFERED": "0",
-                    "PET_NNODES": str(PODS), "PET_NODE_RANK": str(i), "PET_NPROC_PER_NODE": "2",
-                    "PET_MASTER_ADDR": "job-master-0", "PET_MASTER_PORT": "23456"}
+            return {
+                "MASTER_ADDR": "job-master-0",
+                "MASTER_PORT": "23456",
+                "WORLD_SIZE": str(2 * PODS),
+                "RANK": str(i),
+                "PYTHONUNBUFFERED": "0",
+                "PET_NNODES": str(PODS),
+                "PET_NODE_RANK": str(i),
+                "PET_NPROC_PER_NODE": "2",
+                "PET_MASTER_ADDR": "job-master-0",
+                "PET_MASTER_PORT": "23456",
+            }
 
         self.start_pods(env_of, ["--allreduce", "--until-file", self.stop_file])
         self.publish_names_once_awaited(
-            "--master-addr", "job-master-0",
-            {0: ["job-master-0"], 1: ["job-worker-0"], 2: ["job-worker-1"]})
+            "--master-addr",
+            "job-master-0",
+            {0: ["job-master-0"], 1: ["job-worker-0"], 2: ["job-worker-1"]},
+        )
         starts = self.wait_for_starts(0, 2 * PODS)
         by_pod_rank = sorted((int(s["env"]["GROUP_RANK"]), int(s["env"]["RANK"])) for s in starts)
         self.assertEqual(by_pod_rank, [(i // 2, i) for i in range(2 * PODS)], self.logs())
@@ -197,13 +234,19 @@ class KubernetesPodsTest(unittest.TestCase):
 
     def test_pytorchjob_v1_elastic_pod_deleted_leaves_and_the_others_go_on(self):
         def env_of(i):
-            return {"PET_RDZV_BACKEND": "c10d", "PET_RDZV_ENDPOINT": "job-worker-0:23456",
-                    "PET_NNODES": f"2:{PODS}", "PET_NPROC_PER_NODE": "1",
-                    "PET_MAX_RESTARTS": "3", "PYTHONUNBUFFERED": "0"}
+            return {
+                "PET_RDZV_BACKEND": "c10d",
+                "PET_RDZV_ENDPOINT": "job-worker-0:23456",
+                "PET_NNODES": f"2:{PODS}",
+                "PET_NPROC_PER_NODE": "1",
+                "PET_MAX_RESTARTS": "3",
+                "PYTHONUNBUFFERED": "0",
+            }
 
         self.start_pods(env_of, ["--allreduce", "--until-file", self.stop_file])
-        self.publish_names_once_awaited("--rdzv-endpoint host", "job-worker-0",
-                                        {i: [f"job-worker-{i}"] for i in range(PODS)})
+        self.publish_names_once_awaited(
+            "--rdzv-endpoint host", "job-worker-0", {i: [f"job-worker-{i}"] for i in range(PODS)}
+        )
         self.wait_for_starts(0, PODS)
         seconds = self.delete_pod(2)
         start = time.monotonic()
@@ -219,8 +262,10 @@ class KubernetesPodsTest(unittest.TestCase):
         with open(self.stop_file, "w"):
             pass
         self.wait_all([0, 1], 0)
-        print(f"test_kubernetes_pods: the deleted pod's dlrun exited after {seconds:.1f} s "
-              f"(code {self.pods[2].returncode}); the others met again in {recovered:.1f} s")
+        print(
+            f"test_kubernetes_pods: the deleted pod's dlrun exited after {seconds:.1f} s "
+            f"(code {self.pods[2].returncode}); the others met again in {recovered:.1f} s"
+        )
 
     def test_a_store_whose_pod_is_replaced_is_followed_under_its_name(self):
         """dlrund behind the name store-0 (a headless service): its pod is replaced (SIGKILL,
@@ -231,8 +276,13 @@ class KubernetesPodsTest(unittest.TestCase):
         daemon = self.start_dlrund(2)
 
         def env_of(i):
-            return {"PET_RDZV_BACKEND": "c10d", "PET_RDZV_ENDPOINT": "store-0:29400",
-                    "PET_NNODES": "2", "PET_NPROC_PER_NODE": "1", "PET_MAX_RESTARTS": "3"}
+            return {
+                "PET_RDZV_BACKEND": "c10d",
+                "PET_RDZV_ENDPOINT": "store-0:29400",
+                "PET_NNODES": "2",
+                "PET_NPROC_PER_NODE": "1",
+                "PET_MAX_RESTARTS": "3",
+            }
 
         self.start_pods(env_of, ["--until-file", self.stop_file], pods=[0, 1])
         self.wait_for_starts(0, 2)
@@ -246,8 +296,7 @@ class KubernetesPodsTest(unittest.TestCase):
             pass
         self.wait_all([0, 1], 0)
         for i in (0, 1):
-            self.assertIn("came back without round 0 (it restarted and lost its keys)",
-                          self.log(i))
+            self.assertIn("came back without round 0 (it restarted and lost its keys)", self.log(i))
 
 
 if __name__ == "__main__":

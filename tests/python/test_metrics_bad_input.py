@@ -4,6 +4,7 @@ A port in use, or a value that is no port, is one line and exit 2 (dlrun and dlr
 client that sends garbage, or never finishes its request, does not stall the metrics, the page
 or the store for anyone else.
 """
+
 import re
 import socket
 import subprocess
@@ -30,9 +31,18 @@ def taken_port(test):
 class BadInputTest(unittest.TestCase):
     def test_dlrun_metrics_port_in_use_is_one_line_and_exit_2(self):
         port = taken_port(self)
-        result = run_dlrun(self, ["--standalone", "--nproc-per-node=1",
-                                  f"--metrics-port={port}", "--metrics-host=127.0.0.1",
-                                  PYTHON, "-c", "pass"])
+        result = run_dlrun(
+            self,
+            [
+                "--standalone",
+                "--nproc-per-node=1",
+                f"--metrics-port={port}",
+                "--metrics-host=127.0.0.1",
+                PYTHON,
+                "-c",
+                "pass",
+            ],
+        )
         self.assertEqual(result.returncode, 2, result)
         self.assertEqual(len(result.dlrun_lines()), 1, result)
         self.assertIn(f"--metrics-port {port}", result.dlrun_lines()[0])
@@ -40,17 +50,27 @@ class BadInputTest(unittest.TestCase):
 
     def test_dlrun_metrics_port_that_is_no_port_is_exit_2(self):
         for value in ("70000", "http"):
-            result = run_dlrun(self, ["--standalone", f"--metrics-port={value}",
-                                      PYTHON, "-c", "pass"])
+            result = run_dlrun(
+                self, ["--standalone", f"--metrics-port={value}", PYTHON, "-c", "pass"]
+            )
             self.assertEqual(result.returncode, 2, result)
             self.assertEqual(len(result.stderr.strip().splitlines()), 1, result)
             self.assertIn("--metrics-port", result.stderr)
 
     def test_dlrund_metrics_port_in_use_is_one_line_and_exit_2(self):
         port = taken_port(self)
-        result = subprocess.run([dlrund_binary(), "--host=127.0.0.1", "--port=0",
-                                 f"--metrics-port={port}", "--metrics-host=127.0.0.1"],
-                                capture_output=True, text=True, timeout=20)
+        result = subprocess.run(
+            [
+                dlrund_binary(),
+                "--host=127.0.0.1",
+                "--port=0",
+                f"--metrics-port={port}",
+                "--metrics-host=127.0.0.1",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=20,
+        )
         self.assertEqual(result.returncode, 2, result)
         self.assertEqual(len(result.stderr.strip().splitlines()), 1, result)
         self.assertRegex(result.stderr, rf"^dlrund: error: --metrics-port {port}: .*in use")
@@ -84,8 +104,13 @@ class BadInputTest(unittest.TestCase):
         # The store on its own port still answers: a TCPStore 1.x SET then GET.
         with socket.create_connection(("127.0.0.1", daemon.port), timeout=5) as store:
             key, value = b"k", b"v"
-            store.sendall(bytes([0]) + len(key).to_bytes(8, "little") + key +
-                          len(value).to_bytes(8, "little") + value)
+            store.sendall(
+                bytes([0])
+                + len(key).to_bytes(8, "little")
+                + key
+                + len(value).to_bytes(8, "little")
+                + value
+            )
             store.sendall(bytes([2]) + len(key).to_bytes(8, "little") + key)
             reply = b""
             while len(reply) < 9:
@@ -93,8 +118,18 @@ class BadInputTest(unittest.TestCase):
             self.assertEqual(reply, len(value).to_bytes(8, "little") + value)
 
     def test_garbage_and_unfinished_requests_do_not_stall_the_agent(self):
-        launcher = Dlrun(self, ["--standalone", "--nproc-per-node=1", "--metrics-port=0",
-                                PYTHON, "-c", "import time; time.sleep(60)"], env=clean_env())
+        launcher = Dlrun(
+            self,
+            [
+                "--standalone",
+                "--nproc-per-node=1",
+                "--metrics-port=0",
+                PYTHON,
+                "-c",
+                "import time; time.sleep(60)",
+            ],
+            env=clean_env(),
+        )
         port = metrics_port(launcher)
         self.bad_clients(port)
         self.assertIn("dlrun_workers_up", self.assert_answers_quickly(port, "/metrics"))

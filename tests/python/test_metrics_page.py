@@ -7,6 +7,7 @@ loss curve gains points while the job trains, and when the other node's agent is
 lost node shows up among the events within 2 s. A screenshot goes to the test's output
 directory (test-output/ in ctest's working directory).
 """
+
 import os
 import signal
 import time
@@ -19,9 +20,18 @@ from trainer_fixture import require_data
 
 PAGE_TIMEOUT_S = 60
 EVENT_WITHIN_S = 2
-CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                  "--disable-component-update", "--disable-sync", "--no-first-run",
-                  "--disable-default-apps", "--disable-extensions", "--window-size=1366,900")
+CHROMIUM_FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-default-apps",
+    "--disable-extensions",
+    "--window-size=1366,900",
+)
 
 
 def output_dir():
@@ -48,6 +58,7 @@ def browser(test):
         if service.process and service.process.poll() is None:
             service.process.kill()
             service.process.wait()
+
     test.addCleanup(quit)
     return driver
 
@@ -55,13 +66,27 @@ def browser(test):
 class PageTest(unittest.TestCase):
     def start_job(self):
         daemon = start_dlrund(self)
-        return [Dlrun(self, ["--nnodes=1:2", "--nproc-per-node=1", "--rdzv-backend=c10d",
-                             f"--rdzv-endpoint=127.0.0.1:{daemon.port}",
-                             f"--rdzv-id=page{daemon.port}", "--max-restarts=3",
-                             "--rdzv-conf=last_call_timeout=5", f"--local-addr=127.0.0.{i + 1}",
-                             "--metrics-port=0", "train", "--epochs=100", "--progress-every=20"],
-                      env=clean_env())
-                for i in range(2)]
+        return [
+            Dlrun(
+                self,
+                [
+                    "--nnodes=1:2",
+                    "--nproc-per-node=1",
+                    "--rdzv-backend=c10d",
+                    f"--rdzv-endpoint=127.0.0.1:{daemon.port}",
+                    f"--rdzv-id=page{daemon.port}",
+                    "--max-restarts=3",
+                    "--rdzv-conf=last_call_timeout=5",
+                    f"--local-addr=127.0.0.{i + 1}",
+                    "--metrics-port=0",
+                    "train",
+                    "--epochs=100",
+                    "--progress-every=20",
+                ],
+                env=clean_env(),
+            )
+            for i in range(2)
+        ]
 
     def rows(self, driver, table):
         # Read in one script: the page redraws its tables as it polls, so elements found in
@@ -69,12 +94,14 @@ class PageTest(unittest.TestCase):
         return driver.execute_script(
             "return Array.from(document.querySelectorAll(arguments[0]), tr =>"
             " Array.from(tr.querySelectorAll('td'), td => td.innerText));",
-            f"#{table} tbody tr")
+            f"#{table} tbody tr",
+        )
 
     def loss_points(self, driver):
         points = driver.execute_script(
             "const p = document.querySelector('#loss-step path.curve');"
-            " return p ? p.getAttribute('data-points') : null;")
+            " return p ? p.getAttribute('data-points') : null;"
+        )
         return int(points) if points else 0
 
     def test_the_page_shows_nodes_growing_curves_and_a_lost_node(self):
@@ -83,20 +110,34 @@ class PageTest(unittest.TestCase):
         port = metrics_port(agents[0])
         driver = browser(self)
         driver.get(f"http://127.0.0.1:{port}/")
-        describe = lambda: "".join(a.describe() for a in agents)
 
-        nodes = wait_for(lambda: (lambda r: r if len(r) == 2 else None)(
-            self.rows(driver, "nodes-table")), PAGE_TIMEOUT_S, "two nodes on the page", describe)
+        def describe():
+            return "".join(a.describe() for a in agents)
+
+        nodes = wait_for(
+            lambda: (lambda r: r if len(r) == 2 else None)(self.rows(driver, "nodes-table")),
+            PAGE_TIMEOUT_S,
+            "two nodes on the page",
+            describe,
+        )
         self.assertEqual([row[0].split()[0] for row in nodes], ["127.0.0.1", "127.0.0.2"])
         self.assertEqual([row[1] for row in nodes], ["0", "1"])
         workers = self.rows(driver, "workers-table")
         self.assertEqual(len(workers), 1)
         self.assertEqual(workers[0][3], "running")
 
-        first = wait_for(lambda: self.loss_points(driver), PAGE_TIMEOUT_S,
-                         "the loss curve's first points", describe)
-        wait_for(lambda: self.loss_points(driver) > first + 2, PAGE_TIMEOUT_S,
-                 "the loss curve to gain points", describe)
+        first = wait_for(
+            lambda: self.loss_points(driver),
+            PAGE_TIMEOUT_S,
+            "the loss curve's first points",
+            describe,
+        )
+        wait_for(
+            lambda: self.loss_points(driver) > first + 2,
+            PAGE_TIMEOUT_S,
+            "the loss curve to gain points",
+            describe,
+        )
         driver.save_screenshot(os.path.join(output_dir(), "metrics_page.png"))
 
         agents[1].proc.send_signal(signal.SIGKILL)
@@ -104,14 +145,18 @@ class PageTest(unittest.TestCase):
         agents[1].proc.wait()
 
         def lost_event():
-            return any(row[2] == "round_ended" and "lost" in row[4]
-                       for row in self.rows(driver, "events-table"))
+            return any(
+                row[2] == "round_ended" and "lost" in row[4]
+                for row in self.rows(driver, "events-table")
+            )
+
         wait_for(lost_event, EVENT_WITHIN_S + 5, "the lost node among the events", describe)
         self.assertLess(time.monotonic() - killed, EVENT_WITHIN_S)
         driver.save_screenshot(os.path.join(output_dir(), "metrics_page_node_lost.png"))
         # Nothing came from anywhere but the page's own origin.
         for entry in driver.execute_script(
-                "return performance.getEntriesByType('resource').map(e => e.name)"):
+            "return performance.getEntriesByType('resource').map(e => e.name)"
+        ):
             self.assertTrue(entry.startswith(f"http://127.0.0.1:{port}/"), entry)
 
 

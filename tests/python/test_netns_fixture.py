@@ -8,6 +8,7 @@ process only reads files and process states. `netns.sh up` that cannot make a st
 line naming it and leaves nothing behind, and up and exec work on a machine without /etc/hosts.
 
 Needs root (namespaces, mounts); skipped otherwise."""
+
 import json
 import os
 import shutil
@@ -19,16 +20,24 @@ import unittest
 
 import netns_fixture
 from dlrun_fixture import EVENT_TIMEOUT_S, PYTHON, die_with_parent, is_running, temp_dir, wait_until
-from netns_fixture import (NETNS_SH, SCRIPT_TIMEOUT_S, Hosts, OutsideNamespaceError,
-                           existing_sets, main, netns_sh, reap_stale)
+from netns_fixture import (
+    NETNS_SH,
+    SCRIPT_TIMEOUT_S,
+    Hosts,
+    OutsideNamespaceError,
+    existing_sets,
+    main,
+    netns_sh,
+    reap_stale,
+)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PEER = os.path.join(HERE, "netns_peer.py")
 PORT = 7077
-CONNECT_TIMEOUT_S = 1   # the client's socket timeout: a silent host costs this much
-CLIENT_RUN_S = 15       # the longest one client process may take, start-up included
-EXIT_TIMEOUT_S = 15     # the longest a test-process stand-in may take to exit
-HANG_LIMIT_S = 100      # under the ctest TIMEOUT (120)
+CONNECT_TIMEOUT_S = 1  # the client's socket timeout: a silent host costs this much
+CLIENT_RUN_S = 15  # the longest one client process may take, start-up included
+EXIT_TIMEOUT_S = 15  # the longest a test-process stand-in may take to exit
+HANG_LIMIT_S = 100  # under the ctest TIMEOUT (120)
 # A mount namespace of its own whose mounts are all private: nothing mounted in it reaches the
 # machine's mounts.
 PRIVATE_MOUNTS = ("unshare", "--mount", "--propagation", "private")
@@ -48,24 +57,35 @@ def fresh_prefix():
 
 def root_links():
     """The names of the network interfaces of the root namespace."""
-    listing = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True,
-                             timeout=10, check=True).stdout
+    listing = subprocess.run(
+        ["ip", "-o", "link", "show"], capture_output=True, text=True, timeout=10, check=True
+    ).stdout
     return sorted(line.split(":")[1].strip() for line in listing.splitlines())
 
 
 def run_script(script, *args, wrap=(), **run_kwargs):
     """Runs the bash script with args ($1...) to completion, under the command wrap if given;
     returns the CompletedProcess."""
-    return subprocess.run([*wrap, "bash", "-c", script, "script", *map(str, args)],
-                          stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                          timeout=2 * SCRIPT_TIMEOUT_S, preexec_fn=die_with_parent, **run_kwargs)
+    return subprocess.run(
+        [*wrap, "bash", "-c", script, "script", *map(str, args)],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=2 * SCRIPT_TIMEOUT_S,
+        preexec_fn=die_with_parent,
+        **run_kwargs,
+    )
 
 
 def namespaces_of(prefix):
-    listing = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True,
-                             timeout=10, check=True).stdout
-    return [line.split()[0] for line in listing.splitlines()
-            if line.split() and line.split()[0].startswith(prefix + "-")]
+    listing = subprocess.run(
+        ["ip", "netns", "list"], capture_output=True, text=True, timeout=10, check=True
+    ).stdout
+    return [
+        line.split()[0]
+        for line in listing.splitlines()
+        if line.split() and line.split()[0].startswith(prefix + "-")
+    ]
 
 
 class NetnsFixtureTest(unittest.TestCase):
@@ -78,14 +98,21 @@ class NetnsFixtureTest(unittest.TestCase):
         """A server on host i's address; returns once it listens."""
         ready = os.path.join(temp_dir(self), "ready")
         server = hosts.popen(i, [PYTHON, PEER, "serve", hosts.address(i), str(PORT), ready])
-        wait_until(lambda: os.path.exists(ready), EVENT_TIMEOUT_S,
-                   f"the server on host {i} to listen", proc=server)
+        wait_until(
+            lambda: os.path.exists(ready),
+            EVENT_TIMEOUT_S,
+            f"the server on host {i} to listen",
+            proc=server,
+        )
         return server
 
     def connect(self, hosts, i, host):
         """Connects from host i to `host`:PORT; returns what the client printed."""
-        result = hosts.run(i, [PYTHON, PEER, "connect", host, str(PORT), str(CONNECT_TIMEOUT_S)],
-                           timeout=CLIENT_RUN_S)
+        result = hosts.run(
+            i,
+            [PYTHON, PEER, "connect", host, str(PORT), str(CONNECT_TIMEOUT_S)],
+            timeout=CLIENT_RUN_S,
+        )
         self.assertEqual(result.returncode, 0, result.stderr)
         return result.stdout.strip()
 
@@ -100,20 +127,25 @@ class NetnsFixtureTest(unittest.TestCase):
     def test_each_host_has_its_own_name_address_and_hosts_file(self):
         root_name = socket.gethostname()
         hosts = self.hosts(3)
-        script = ("import os, socket; print(socket.gethostname()); "
-                  "print(socket.gethostbyname(socket.gethostname())); "
-                  "print(socket.gethostbyname('node2')); "
-                  "print(len(os.listdir('/sys/fs/cgroup')) > 0)")
+        script = (
+            "import os, socket; print(socket.gethostname()); "
+            "print(socket.gethostbyname(socket.gethostname())); "
+            "print(socket.gethostbyname('node2')); "
+            "print(len(os.listdir('/sys/fs/cgroup')) > 0)"
+        )
         for i in range(3):
             result = hosts.run(i, [PYTHON, "-c", script], timeout=CLIENT_RUN_S)
             self.assertEqual(result.returncode, 0, result.stderr)
-            self.assertEqual(result.stdout.split(),
-                             [f"node{i}", f"10.77.0.{10 + i}", "10.77.0.12", "True"])
+            self.assertEqual(
+                result.stdout.split(), [f"node{i}", f"10.77.0.{10 + i}", "10.77.0.12", "True"]
+            )
             self.assertEqual(hosts.hostname(i), f"node{i}")
             self.assertEqual(hosts.address(i), f"10.77.0.{10 + i}")
             addresses = hosts.run(i, ["ip", "-4", "-o", "addr"], timeout=CLIENT_RUN_S).stdout
-            self.assertEqual(sorted(line.split()[3] for line in addresses.splitlines()),
-                             [f"10.77.0.{10 + i}/24", "127.0.0.1/8"])
+            self.assertEqual(
+                sorted(line.split()[3] for line in addresses.splitlines()),
+                [f"10.77.0.{10 + i}/24", "127.0.0.1/8"],
+            )
         # The root namespace keeps its name and gets no 10.x address or route.
         self.assertEqual(socket.gethostname(), root_name)
         for what in (["ip", "-4", "addr"], ["ip", "-4", "route", "show", "table", "all"]):
@@ -123,11 +155,16 @@ class NetnsFixtureTest(unittest.TestCase):
     def test_kill_host_leaves_no_process_in_the_host(self):
         hosts = self.hosts(2)
         # A grandchild that the fixture does not know by PID goes too.
-        victims = [hosts.popen(1, ["sleep", "1000"]),
-                   hosts.popen(1, ["sh", "-c", "sleep 1000 & wait"])]
+        victims = [
+            hosts.popen(1, ["sleep", "1000"]),
+            hosts.popen(1, ["sh", "-c", "sleep 1000 & wait"]),
+        ]
         survivor = hosts.popen(0, ["sleep", "1000"])
-        wait_until(lambda: len(hosts.pids(1)) >= 3 and len(hosts.pids(0)) >= 1,
-                   EVENT_TIMEOUT_S, "the processes to enter their hosts")
+        wait_until(
+            lambda: len(hosts.pids(1)) >= 3 and len(hosts.pids(0)) >= 1,
+            EVENT_TIMEOUT_S,
+            "the processes to enter their hosts",
+        )
         hosts.kill_host(1)
         self.assertEqual(hosts.pids(1), [])
         for victim in victims:
@@ -145,9 +182,15 @@ class NetnsFixtureTest(unittest.TestCase):
         # The first connect after the link comes back may lose its SYN to address resolution;
         # each try is bounded by CONNECT_TIMEOUT_S, all of them by EVENT_TIMEOUT_S.
         replies = []
-        wait_until(lambda: replies.append(self.connect(hosts, 1, hosts.address(0)))
-                   or replies[-1] == "reply node0 got node1", EVENT_TIMEOUT_S,
-                   "host 0 to answer again after link up", on_timeout=lambda: str(replies))
+        wait_until(
+            lambda: (
+                replies.append(self.connect(hosts, 1, hosts.address(0)))
+                or replies[-1] == "reply node0 got node1"
+            ),
+            EVENT_TIMEOUT_S,
+            "host 0 to answer again after link up",
+            on_timeout=lambda: str(replies),
+        )
 
     def test_cut_hosts_stop_reaching_each_other_and_reach_the_rest(self):
         hosts = self.hosts(3)
@@ -155,8 +198,14 @@ class NetnsFixtureTest(unittest.TestCase):
             self.serve(hosts, i)
         hosts.cut(0, 1)
         hosts.cut(0, 2)  # a second cut on host 0's port
-        expected = {(0, 1): "timeout", (0, 2): "timeout", (1, 0): "timeout", (2, 0): "timeout",
-                    (1, 2): "reply node2 got node1", (2, 1): "reply node1 got node2"}
+        expected = {
+            (0, 1): "timeout",
+            (0, 2): "timeout",
+            (1, 0): "timeout",
+            (2, 0): "timeout",
+            (1, 2): "reply node2 got node1",
+            (2, 1): "reply node1 got node2",
+        }
         for (i, j), reply in expected.items():
             self.assertEqual(self.connect(hosts, i, hosts.address(j)), reply, (i, j))
         self.assertEqual(self.connect(hosts, 0, hosts.address(0)), "reply node0 got node0")
@@ -165,9 +214,13 @@ class NetnsFixtureTest(unittest.TestCase):
         hosts = self.hosts(2)
 
         def queue():
-            return subprocess.run(["ip", "netns", "exec", hosts.namespace(1), "tc", "qdisc",
-                                   "show", "dev", "eth0"], capture_output=True, text=True,
-                                  timeout=10, check=True).stdout
+            return subprocess.run(
+                ["ip", "netns", "exec", hosts.namespace(1), "tc", "qdisc", "show", "dev", "eth0"],
+                capture_output=True,
+                text=True,
+                timeout=10,
+                check=True,
+            ).stdout
 
         hosts.slow(1, "20mbit")
         self.assertIn("qdisc tbf", queue())
@@ -186,8 +239,12 @@ class NetnsFixtureTest(unittest.TestCase):
         hosts.cut(0, 2)
         hosts.heal(1, 0)  # either order names the pair
         hosts.heal(1, 0)  # a pair not cut: nothing to do
-        expected = {(0, 1): "reply node1 got node0", (1, 0): "reply node0 got node1",
-                    (0, 2): "timeout", (2, 0): "timeout"}
+        expected = {
+            (0, 1): "reply node1 got node0",
+            (1, 0): "reply node0 got node1",
+            (0, 2): "timeout",
+            (2, 0): "timeout",
+        }
         for (i, j), reply in expected.items():
             self.assertEqual(self.connect(hosts, i, hosts.address(j)), reply, (i, j))
 
@@ -212,7 +269,7 @@ class NetnsFixtureTest(unittest.TestCase):
         with self.assertRaises(ZeroDivisionError):
             with Hosts(1) as hosts:
                 prefix = hosts.prefix
-                1 / 0
+                raise ZeroDivisionError
         self.assertEqual(namespaces_of(prefix), [])
 
     def hold(self):
@@ -222,8 +279,7 @@ class NetnsFixtureTest(unittest.TestCase):
         holder = subprocess.Popen([PYTHON, PEER, "hold", "2", record], stdin=subprocess.PIPE)
         self.addCleanup(lambda: holder.poll() is None and (holder.kill(), holder.wait()))
         self.addCleanup(holder.stdin.close)
-        wait_until(lambda: os.path.exists(record), EVENT_TIMEOUT_S, "the set to be up",
-                   proc=holder)
+        wait_until(lambda: os.path.exists(record), EVENT_TIMEOUT_S, "the set to be up", proc=holder)
         with open(record) as f:
             held = json.load(f)
         self.addCleanup(netns_sh, "down", held["prefix"], check=False)
@@ -243,8 +299,11 @@ class NetnsFixtureTest(unittest.TestCase):
         holder.wait(EXIT_TIMEOUT_S)
         reap_stale()  # what every new Hosts() does first
         self.assertEqual(namespaces_of(held["prefix"]), [])
-        wait_until(lambda: not is_running(held["pid"]), EVENT_TIMEOUT_S,
-                   "the process in the reaped set to be gone")
+        wait_until(
+            lambda: not is_running(held["pid"]),
+            EVENT_TIMEOUT_S,
+            "the process in the reaped set to be gone",
+        )
 
     def test_guard_refuses_connects_from_the_root_namespace(self):
         hosts = self.hosts(1)
@@ -269,21 +328,28 @@ class NetnsUpFailureTest(unittest.TestCase):
     def assert_nothing_left(self):
         self.assertEqual(namespaces_of(self.prefix), [])
         self.assertNotIn(self.prefix, existing_sets())
-        self.assertFalse(any(name.startswith(self.prefix + "-")
-                             for name in os.listdir("/etc/netns")))
+        self.assertFalse(
+            any(name.startswith(self.prefix + "-") for name in os.listdir("/etc/netns"))
+        )
         self.assertEqual(root_links(), self.links_before)
 
     def test_up_that_cannot_create_a_namespace_fails_with_one_line(self):
         # A real failure of `ip netns add`: in a mount namespace of its own (private, so nothing
         # reaches the machine's mounts), /run/netns is a read-only tmpfs.
         os.makedirs("/run/netns", exist_ok=True)  # as ip makes it
-        result = run_script('mount -t tmpfs -o ro tmpfs /run/netns && exec bash "$1" up "$2" 2',
-                            NETNS_SH, self.prefix, wrap=PRIVATE_MOUNTS)
+        result = run_script(
+            'mount -t tmpfs -o ro tmpfs /run/netns && exec bash "$1" up "$2" 2',
+            NETNS_SH,
+            self.prefix,
+            wrap=PRIVATE_MOUNTS,
+        )
         self.assertEqual(result.returncode, 1, result.stderr)
         lines = result.stderr.splitlines()
         self.assertEqual(len(lines), 1, result.stderr)
-        self.assertTrue(lines[0].startswith(
-            f"netns.sh: cannot create network namespace {self.prefix}-sw: "), lines[0])
+        self.assertTrue(
+            lines[0].startswith(f"netns.sh: cannot create network namespace {self.prefix}-sw: "),
+            lines[0],
+        )
         self.assertIn("Read-only file system", lines[0])
         self.assert_nothing_left()
 
@@ -306,9 +372,13 @@ exec '{real_ip}' "$@"
         env = dict(os.environ, PATH=directory + os.pathsep + os.environ.get("PATH", ""))
         result = run_script('exec bash "$1" up "$2" 3', NETNS_SH, self.prefix, env=env)
         self.assertEqual(result.returncode, 1, result.stderr)
-        self.assertEqual(result.stderr.splitlines(), [
-            f"netns.sh: cannot create veth pair eth0 in {self.prefix}-1 and p1 in "
-            f"{self.prefix}-sw: RTNETLINK answers: injected failure of the test"])
+        self.assertEqual(
+            result.stderr.splitlines(),
+            [
+                f"netns.sh: cannot create veth pair eth0 in {self.prefix}-1 and p1 in "
+                f"{self.prefix}-sw: RTNETLINK answers: injected failure of the test"
+            ],
+        )
         with open(log) as f:
             calls = f.read().splitlines()
         made = [f"{self.prefix}-{name}" for name in ("sw", "0", "1")]

@@ -7,6 +7,7 @@ add-on ./dlrun-cuda_*.deb) pulls the dependencies and the recommended data from 
 shows the page, `dlrun-train --device cuda` is one line naming what is missing (the CUDA
 runtime the add-on's module needs, or the add-on itself) with exit 2, and `--device auto` says
 it trains on the CPU. Needs root and a Debian mirror."""
+
 import os
 import sys
 import unittest
@@ -58,8 +59,14 @@ class PackageChrootTest(unittest.TestCase):
     def test_packages_install_and_train_on_fresh_debian_without_cuda(self):
         scratch = temp_dir(self)
         packages = make_packages(os.path.join(scratch, "package"))
-        code, output = run_in_root(this_release(), scratch, SCRIPT, sorted(packages.values()),
-                                   INSTALL_TIMEOUT_S, include=["man-db"])
+        code, output = run_in_root(
+            this_release(),
+            scratch,
+            SCRIPT,
+            sorted(packages.values()),
+            INSTALL_TIMEOUT_S,
+            include=["man-db"],
+        )
         self.assertEqual(code, 0, output[-6000:])
         self.assertIn("dpkg: install ok installed install ok installed", output)
         self.assertIn("libslurm files: 0", output)
@@ -68,12 +75,17 @@ class PackageChrootTest(unittest.TestCase):
         self.assertRegex(output, r"NAME\s+dlrun - launch workers on every node")
         if with_cuda():
             # The module is there; the first NVIDIA library the loader misses is named.
-            missing = (r"the CUDA engine needs (libcudart|libnccl|libcublas)\S*\.so\S*, which this"
-                       r" machine lacks")
+            missing = (
+                r"the CUDA engine needs (libcudart|libnccl|libcublas)\S*\.so\S*, which this"
+                r" machine lacks"
+            )
         else:
             missing = r"this dlrun-train has no CUDA engine .*install the package dlrun-cuda\)"
-        self.assertRegex(output, r"device cuda: exit 2, 1 line\(s\): dlrun-train: error: "
-                                 r"--device cuda: " + missing)
+        self.assertRegex(
+            output,
+            r"device cuda: exit 2, 1 line\(s\): dlrun-train: error: "
+            r"--device cuda: " + missing,
+        )
         self.assertRegex(output, r"dlrun-train: --device auto: cpu, as " + missing)
 
 

@@ -5,6 +5,7 @@ Depends name the package of every shared library the programs load (what dpkg-sh
 computes), which recommends the trainer's data, holds the installed tree at /usr with
 /etc/default/dlrund as a conffile, and in which lintian finds no error (its warnings are
 printed)."""
+
 import os
 import subprocess
 import unittest
@@ -16,31 +17,39 @@ PROGRAMS = ("usr/bin/dlrun", "usr/bin/dlrund", "usr/bin/dlrun-train", "usr/libex
 
 
 def field(package, name):
-    return subprocess.run(["dpkg-deb", "-f", package, name], stdout=subprocess.PIPE, text=True,
-                          check=True).stdout.strip()
+    return subprocess.run(
+        ["dpkg-deb", "-f", package, name], stdout=subprocess.PIPE, text=True, check=True
+    ).stdout.strip()
 
 
 def needed_packages(program):
     """The Debian packages of the shared libraries `program` loads; libraries no package owns
     (NVIDIA's CUDA runtime, say) are left out, as dpkg-shlibdeps leaves them."""
-    dynamic = subprocess.run(["readelf", "-d", program], stdout=subprocess.PIPE, text=True,
-                             check=True).stdout
-    sonames = [line.split("[")[1].rstrip("]") for line in dynamic.splitlines()
-               if "(NEEDED)" in line]
-    cache = subprocess.run(["ldconfig", "-p"], stdout=subprocess.PIPE, text=True,
-                           check=True).stdout
+    dynamic = subprocess.run(
+        ["readelf", "-d", program], stdout=subprocess.PIPE, text=True, check=True
+    ).stdout
+    sonames = [
+        line.split("[")[1].rstrip("]") for line in dynamic.splitlines() if "(NEEDED)" in line
+    ]
+    cache = subprocess.run(["ldconfig", "-p"], stdout=subprocess.PIPE, text=True, check=True).stdout
     packages = set()
     for soname in sonames:
-        paths = [line.split(" => ")[1] for line in cache.splitlines()
-                 if line.strip().startswith(soname + " ") and "x86-64" in line]
+        paths = [
+            line.split(" => ")[1]
+            for line in cache.splitlines()
+            if line.strip().startswith(soname + " ") and "x86-64" in line
+        ]
         # dpkg knows a file by the path it was unpacked to: the loader's (a symlink to the
         # versioned file) or the real one, /lib or /usr/lib (merged /usr).
-        candidates = {paths[0], os.path.realpath(paths[0]),
-                      os.path.join(os.path.dirname(paths[0]),
-                                   os.path.basename(os.path.realpath(paths[0])))}
+        candidates = {
+            paths[0],
+            os.path.realpath(paths[0]),
+            os.path.join(os.path.dirname(paths[0]), os.path.basename(os.path.realpath(paths[0]))),
+        }
         for path in candidates:
-            owner = subprocess.run(["dpkg", "-S", path], stdout=subprocess.PIPE,
-                                   stderr=subprocess.DEVNULL, text=True)
+            owner = subprocess.run(
+                ["dpkg", "-S", path], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+            )
             if owner.returncode == 0:
                 packages.add(owner.stdout.split(":")[0])
     return packages
@@ -75,8 +84,9 @@ class PackageTest(unittest.TestCase):
         self.assertIn(f"dlrun (= {version})", field(cuda, "Depends"))
         for conflicting in ("Conflicts", "Replaces", "Provides"):
             self.assertEqual(field(cuda, conflicting), "")
-        paths = {line.split()[5].removeprefix(".")
-                 for line in run(["dpkg-deb", "-c", cuda]).splitlines()}
+        paths = {
+            line.split()[5].removeprefix(".") for line in run(["dpkg-deb", "-c", cuda]).splitlines()
+        }
         self.assertIn("/usr/lib/dlrun/trainer/dlrun-train-cuda.so", paths)
         self.assertIn("/usr/share/doc/dlrun-cuda/copyright", paths)
         self.assertFalse(any(p.startswith("/usr/bin/") for p in paths), paths)
@@ -92,12 +102,18 @@ class PackageTest(unittest.TestCase):
     def test_contents_and_conffiles(self):
         listing = run(["dpkg-deb", "-c", self.package])
         paths = {line.split()[5].removeprefix(".") for line in listing.splitlines()}
-        expected = {"/usr/bin/dlrun", "/usr/bin/dlrund", "/usr/bin/dlrun-train",
-                    "/usr/libexec/dlrun/dlrun-tls",
-                    "/usr/share/man/man1/dlrun.1.gz", "/usr/share/man/man8/dlrund.8.gz",
-                    "/usr/share/man/man1/dlrun-train.1.gz",
-                    "/usr/share/bash-completion/completions/dlrun",
-                    "/usr/lib/systemd/system/dlrund.service", "/etc/default/dlrund"}
+        expected = {
+            "/usr/bin/dlrun",
+            "/usr/bin/dlrund",
+            "/usr/bin/dlrun-train",
+            "/usr/libexec/dlrun/dlrun-tls",
+            "/usr/share/man/man1/dlrun.1.gz",
+            "/usr/share/man/man8/dlrund.8.gz",
+            "/usr/share/man/man1/dlrun-train.1.gz",
+            "/usr/share/bash-completion/completions/dlrun",
+            "/usr/lib/systemd/system/dlrund.service",
+            "/etc/default/dlrund",
+        }
         self.assertLessEqual(expected, paths)
         name = field(self.package, "Package")
         self.assertIn(f"/usr/share/doc/{name}/examples/multi_node.sbatch", paths)
@@ -108,10 +124,13 @@ class PackageTest(unittest.TestCase):
             self.assertEqual(f.read().split(), ["/etc/default/dlrund"])
 
     def test_lintian_finds_no_error(self):
-        result = subprocess.run(["lintian", "--tag-display-limit", "0"] +
-                                sorted(self.packages.values()),
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                timeout=300)
+        result = subprocess.run(
+            ["lintian", "--tag-display-limit", "0"] + sorted(self.packages.values()),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            timeout=300,
+        )
         print(result.stdout)
         errors = [line for line in result.stdout.splitlines() if line.startswith("E:")]
         self.assertEqual(errors, [])

@@ -12,13 +12,13 @@ trainer, DDP on CPU over gloo, 2 workers, 30 steps over 2 epochs, with a validat
   trainer's checkpoint of it saved (Lightning's last.ckpt, Trainer's checkpoint-STEP), dlrun
   exits 143, and a new launch resumes at that step and trains to the end.
 """
+
 import math
 import os
 import unittest
 
 from dlrun_fixture import PYTHON, Dlrun, main, read_json, temp_dir, worker
-from test_progress_module import (REPORTED_ACCURACY, REPORTED_LOSS, ProgressJob, job_env,
-                                  read_slot)
+from test_progress_module import REPORTED_ACCURACY, REPORTED_LOSS, ProgressJob, job_env, read_slot
 
 TRAINERS = worker("progress_trainers.py")
 MAX_STEPS, BATCH, STEPS_PER_EPOCH = 30, 4, 16  # as progress_trainers.py trains
@@ -29,16 +29,24 @@ PREEMPT_STEPS, SIGTERM_AT = 400, 10  # as progress_trainers.py trains
 class CallbacksTest(unittest.TestCase):
     def check_trainer(self, mode, accuracy_key, metric_names):
         out = temp_dir(self)
-        env = job_env(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1",
-                          HF_HOME=temp_dir(self), TOKENIZERS_PARALLELISM="false")
-        job = ProgressJob(self, out, [PYTHON, TRAINERS, mode, out], env=env,
-                          timeout=TRAIN_TIMEOUT_S)
+        env = job_env(
+            HF_HUB_OFFLINE="1",
+            TRANSFORMERS_OFFLINE="1",
+            HF_DATASETS_OFFLINE="1",
+            HF_HOME=temp_dir(self),
+            TOKENIZERS_PARALLELISM="false",
+        )
+        job = ProgressJob(
+            self, out, [PYTHON, TRAINERS, mode, out], env=env, timeout=TRAIN_TIMEOUT_S
+        )
         for local_rank, record in enumerate(job.records):
             self.assertEqual(record["global_step"], MAX_STEPS, record)
             slot = read_slot(record["board"], local_rank)
-            self.assertEqual((slot["step"], slot["epoch"], slot["phase"], slot["samples"]),
-                             (MAX_STEPS, MAX_STEPS // STEPS_PER_EPOCH, 0, MAX_STEPS * BATCH),
-                             slot)
+            self.assertEqual(
+                (slot["step"], slot["epoch"], slot["phase"], slot["samples"]),
+                (MAX_STEPS, MAX_STEPS // STEPS_PER_EPOCH, 0, MAX_STEPS * BATCH),
+                slot,
+            )
             self.assertEqual(slot["results"], REPORTED_LOSS | REPORTED_ACCURACY, slot)
             self.assertGreaterEqual(slot["beats"], MAX_STEPS, slot)
             self.assertTrue(0 < slot["loss"] < 5, slot)
@@ -56,12 +64,21 @@ class CallbacksTest(unittest.TestCase):
 
     def check_preemption(self, trainer):
         out = temp_dir(self)
-        env = job_env(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1",
-                      HF_HOME=temp_dir(self), TOKENIZERS_PARALLELISM="false")
+        env = job_env(
+            HF_HUB_OFFLINE="1",
+            TRANSFORMERS_OFFLINE="1",
+            HF_DATASETS_OFFLINE="1",
+            HF_HOME=temp_dir(self),
+            TOKENIZERS_PARALLELISM="false",
+        )
 
         def launch(mode):
-            return Dlrun(self, ["--standalone", "--nproc-per-node=2", PYTHON, TRAINERS, trainer,
-                                out, mode], env=env).wait(TRAIN_TIMEOUT_S)
+            return Dlrun(
+                self,
+                ["--standalone", "--nproc-per-node=2", PYTHON, TRAINERS, trainer, out, mode],
+                env=env,
+            ).wait(TRAIN_TIMEOUT_S)
+
         first = launch("preempt")
         self.assertEqual(first.returncode, 143, first)
         stopped = [read_json(os.path.join(out, f"stopped_{r}.json")) for r in (0, 1)]
@@ -70,8 +87,11 @@ class CallbacksTest(unittest.TestCase):
         self.assertTrue(SIGTERM_AT < step < PREEMPT_STEPS, stopped)
         second = launch("resume")
         self.assertEqual(second.returncode, 0, second)
-        self.assertEqual([read_json(os.path.join(out, f"resumed_{r}.json")) for r in (0, 1)],
-                         [{"began": step, "global_step": PREEMPT_STEPS}] * 2, second)
+        self.assertEqual(
+            [read_json(os.path.join(out, f"resumed_{r}.json")) for r in (0, 1)],
+            [{"began": step, "global_step": PREEMPT_STEPS}] * 2,
+            second,
+        )
 
     def test_lightning_callback_stops_a_preempted_job_at_one_step(self):
         self.check_preemption("lightning")

@@ -14,6 +14,7 @@ the workers' PYTHONPATH (the tests give them none), and this test puts it on its
   The same with --warm-start --preload=dlrun.progress: workers forked from a zygote that
   imported the module report to their own slots.
 """
+
 import json
 import math
 import os
@@ -21,8 +22,17 @@ import struct
 import subprocess
 import unittest
 
-from dlrun_fixture import (EVENT_TIMEOUT_S, PYTHON, Dlrun, clean_env, main, read_json, temp_dir,
-                           wait_until, worker)
+from dlrun_fixture import (
+    EVENT_TIMEOUT_S,
+    PYTHON,
+    Dlrun,
+    clean_env,
+    main,
+    read_json,
+    temp_dir,
+    wait_until,
+    worker,
+)
 from metrics_fixture import http_get, metrics_port
 
 PACKAGE_DIR = os.environ.get("DLRUN_PYTHONDIR", "")
@@ -37,8 +47,9 @@ JOB_TIMEOUT_S = 60
 def package_env(**overrides):
     """clean_env with the build tree's package on PYTHONPATH, for Python run without dlrun."""
     if not os.path.isfile(os.path.join(PACKAGE_DIR, "dlrun", "progress.py")):
-        raise RuntimeError(f"DLRUN_PYTHONDIR must name the build tree's share/dlrun/python "
-                           f"(got {PACKAGE_DIR!r})")
+        raise RuntimeError(
+            f"DLRUN_PYTHONDIR must name the build tree's share/dlrun/python (got {PACKAGE_DIR!r})"
+        )
     return clean_env(PYTHONPATH=PACKAGE_DIR, **overrides)
 
 
@@ -70,22 +81,32 @@ class ProgressJob:
 
     def __init__(self, test, out, args, flags=(), env=None, workers=2, timeout=JOB_TIMEOUT_S):
         self.test, self.out, self.workers = test, out, workers
-        self.dlrun = Dlrun(test, ["--standalone", f"--nproc-per-node={workers}",
-                                  "--metrics-port=0", *flags, *args],
-                           env=env if env is not None else job_env())
+        self.dlrun = Dlrun(
+            test,
+            ["--standalone", f"--nproc-per-node={workers}", "--metrics-port=0", *flags, *args],
+            env=env if env is not None else job_env(),
+        )
         self.port = metrics_port(self.dlrun)
         paths = [os.path.join(out, f"ready_{r}.json") for r in range(workers)]
-        wait_until(lambda: all(os.path.exists(p) for p in paths), timeout,
-                   "every worker's ready file", proc=self.dlrun.proc,
-                   on_timeout=self.dlrun.describe)
+        wait_until(
+            lambda: all(os.path.exists(p) for p in paths),
+            timeout,
+            "every worker's ready file",
+            proc=self.dlrun.proc,
+            on_timeout=self.dlrun.describe,
+        )
         self.records = [read_json(p) for p in paths]
         self.dlrun.watch_workers(r["pid"] for r in self.records)
 
     def wait_for_curve(self, step):
         found = []
-        wait_until(lambda: found.append(curve_reaches(self.port, step)) or found[-1],
-                   EVENT_TIMEOUT_S, f"the agent's curve to reach step {step}",
-                   proc=self.dlrun.proc, on_timeout=self.describe)
+        wait_until(
+            lambda: found.append(curve_reaches(self.port, step)) or found[-1],
+            EVENT_TIMEOUT_S,
+            f"the agent's curve to reach step {step}",
+            proc=self.dlrun.proc,
+            on_timeout=self.describe,
+        )
         return found[-1]
 
     def describe(self):
@@ -102,25 +123,29 @@ class ProgressJob:
 class WithoutDlrunTest(unittest.TestCase):
     def run_python(self, code, env):
         cwd = temp_dir(self)
-        result = subprocess.run([PYTHON, "-c", code], env=env, cwd=cwd, capture_output=True,
-                                text=True, timeout=60)
+        result = subprocess.run(
+            [PYTHON, "-c", code], env=env, cwd=cwd, capture_output=True, text=True, timeout=60
+        )
         self.assertEqual(result.returncode, 0, result)
         return result, os.listdir(cwd)
 
     def test_unset_or_empty_reports_nothing_and_costs_nothing(self):
-        code = ("import sys, timeit\n"
-                "import dlrun.progress as p\n"
-                "assert not {'lightning', 'pytorch_lightning', 'transformers', 'torch'} & "
-                "set(sys.modules)\n"
-                "p.step(1, loss=0.5, accuracy=0.25, samples=8, epoch=0, lr=0.1)\n"
-                "assert p.active() is False\n"
-                "n = 100000\n"
-                "t = min(timeit.repeat('p.step(2, loss=0.5, lr=0.1)', globals=globals(), "
-                "number=n, repeat=3)) / n\n"
-                "print(f'{t * 1e6:.3f}')\n")
+        code = (
+            "import sys, timeit\n"
+            "import dlrun.progress as p\n"
+            "assert not {'lightning', 'pytorch_lightning', 'transformers', 'torch'} & "
+            "set(sys.modules)\n"
+            "p.step(1, loss=0.5, accuracy=0.25, samples=8, epoch=0, lr=0.1)\n"
+            "assert p.active() is False\n"
+            "n = 100000\n"
+            "t = min(timeit.repeat('p.step(2, loss=0.5, lr=0.1)', globals=globals(), "
+            "number=n, repeat=3)) / n\n"
+            "print(f'{t * 1e6:.3f}')\n"
+        )
         for value in (None, ""):
-            result, files = self.run_python(code, package_env(DLRUN_PROGRESS_FILE=value,
-                                                              LOCAL_RANK="0"))
+            result, files = self.run_python(
+                code, package_env(DLRUN_PROGRESS_FILE=value, LOCAL_RANK="0")
+            )
             self.assertEqual((files, result.stderr), ([], ""))
             # Measured: about 0.1 us a call on a 2-core machine (either era).
             self.assertLess(float(result.stdout), 5.0, result.stdout)
@@ -131,18 +156,23 @@ class WithoutDlrunTest(unittest.TestCase):
         with open(one_slot, "wb") as f:
             f.write(bytes(64))
         missing = os.path.join(directory, "missing")
-        code = ("import dlrun.progress as p\n"
-                "for n in range(3):\n"
-                "    p.step(n, loss=0.5, lr=0.1)\n"
-                "assert p.active() is False\n")
-        cases = [(missing, "0", f"DLRUN_PROGRESS_FILE={missing}: No such file or directory"),
-                 (one_slot, "1", f"DLRUN_PROGRESS_FILE={one_slot} has no slot for LOCAL_RANK 1"),
-                 (one_slot, "x", "LOCAL_RANK=x is not a local rank"),
-                 (one_slot, None, "DLRUN_PROGRESS_FILE is set but LOCAL_RANK is not")]
+        code = (
+            "import dlrun.progress as p\n"
+            "for n in range(3):\n"
+            "    p.step(n, loss=0.5, lr=0.1)\n"
+            "assert p.active() is False\n"
+        )
+        cases = [
+            (missing, "0", f"DLRUN_PROGRESS_FILE={missing}: No such file or directory"),
+            (one_slot, "1", f"DLRUN_PROGRESS_FILE={one_slot} has no slot for LOCAL_RANK 1"),
+            (one_slot, "x", "LOCAL_RANK=x is not a local rank"),
+            (one_slot, None, "DLRUN_PROGRESS_FILE is set but LOCAL_RANK is not"),
+        ]
         for path, local_rank, problem in cases:
             with self.subTest(local_rank=local_rank, path=path):
                 result, files = self.run_python(
-                    code, package_env(DLRUN_PROGRESS_FILE=path, LOCAL_RANK=local_rank))
+                    code, package_env(DLRUN_PROGRESS_FILE=path, LOCAL_RANK=local_rank)
+                )
                 lines = result.stderr.splitlines()
                 self.assertEqual(len(lines), 1, result.stderr)
                 self.assertTrue(lines[0].startswith("dlrun.progress: "), lines)
@@ -161,19 +191,31 @@ class UnderDlrunTest(unittest.TestCase):
             self.assertEqual(record["package"], os.path.join(PACKAGE_DIR, "dlrun"))
             self.assertTrue(record["active"])
             slot = read_slot(record["board"], local_rank)
-            self.assertEqual(slot, {"beats": FINAL_STEP, "step": FINAL_STEP,
-                                    "epoch": FINAL_STEP // 10, "phase": 0,
-                                    "results": REPORTED_LOSS | REPORTED_ACCURACY,
-                                    "loss": 1.0 / FINAL_STEP, "accuracy": 0.5 + 0.125 * local_rank,
-                                    "samples": 8 * FINAL_STEP}, record)
+            self.assertEqual(
+                slot,
+                {
+                    "beats": FINAL_STEP,
+                    "step": FINAL_STEP,
+                    "epoch": FINAL_STEP // 10,
+                    "phase": 0,
+                    "results": REPORTED_LOSS | REPORTED_ACCURACY,
+                    "loss": 1.0 / FINAL_STEP,
+                    "accuracy": 0.5 + 0.125 * local_rank,
+                    "samples": 8 * FINAL_STEP,
+                },
+                record,
+            )
             # Children forked before and after the worker opened the board reported nothing.
-            self.assertEqual((record["child_before_open_exit"], record["child_after_open_exit"]),
-                             (0, 0), record)
+            self.assertEqual(
+                (record["child_before_open_exit"], record["child_after_open_exit"]), (0, 0), record
+            )
             self.assertTrue(record["slot_unchanged"] and record["metrics_file_unchanged"], record)
 
-            expected = ({"lr": 0.1, "tokens_per_s": 1000.0,
-                         **{f"m{i}": float(i) for i in range(6)}} if local_rank == 0 else
-                        {"lr": 0.1, "tokens_per_s": 1000.0})
+            expected = (
+                {"lr": 0.1, "tokens_per_s": 1000.0, **{f"m{i}": float(i) for i in range(6)}}
+                if local_rank == 0
+                else {"lr": 0.1, "tokens_per_s": 1000.0}
+            )
             metrics = read_json(record["metrics_file"])
             if record["steps_seconds"] >= 1:  # slower than the once-a-second limit: rewritten
                 expected["lr"] = metrics["lr"]

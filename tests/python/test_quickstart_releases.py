@@ -8,6 +8,7 @@ so scripts/test.sh's set-up holds on both releases. Needs root and a Debian mirr
 
 Each release's ccache directory is kept beside the cached roots (RELEASE-ccache), so a build
 after the first compiles little; the first takes some 20 minutes on 2 cores."""
+
 import os
 import re
 import shutil
@@ -21,7 +22,7 @@ from dlrun_fixture import temp_dir
 # apt-get update and install, the build, the training run, the simulation; the file runs under
 # unittest.main, not dlrun_fixture.main, whose hang limit is minutes
 RUN_TIMEOUT_S = 3000
-MIN_ACCURACY = 0.80    # one epoch of four workers
+MIN_ACCURACY = 0.80  # one epoch of four workers
 
 # Runs after chroot_fixture's MOUNT_SCRIPT, with SOURCE CCACHE as its arguments.
 SCRIPT = r"""
@@ -46,8 +47,11 @@ def copy_source(destination):
     """Copies the files git has (tracked, and untracked ones it does not ignore: a checkout of
     this change) from DLRUN_SOURCE_DIR, as they are in the working tree."""
     source = os.environ["DLRUN_SOURCE_DIR"]
-    listed = subprocess.run(["git", "-C", source, "ls-files", "-z", "--cached", "--others",
-                             "--exclude-standard"], check=True, capture_output=True).stdout
+    listed = subprocess.run(
+        ["git", "-C", source, "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        check=True,
+        capture_output=True,
+    ).stdout
     for name in sorted(set(listed.decode().split("\0")) - {""}):
         path = os.path.join(source, name)
         if os.path.isfile(path):  # not one deleted in the working tree
@@ -71,8 +75,9 @@ class QuickstartReleasesTest(unittest.TestCase):
         code, output = run_in_root(release, scratch, SCRIPT, [source, ccache], RUN_TIMEOUT_S)
         print(f"test_quickstart_releases: {release}:\n{output[-3000:]}", flush=True)
         self.assertEqual(code, 0, output[-6000:])
-        summary = re.search(r'\[0\]:\{"epochs": 1, .*"world_size": 4, .*"test_accuracy": ([0-9.]+)',
-                            output)
+        summary = re.search(
+            r'\[0\]:\{"epochs": 1, .*"world_size": 4, .*"test_accuracy": ([0-9.]+)', output
+        )
         self.assertIsNotNone(summary, output[-6000:])
         self.assertGreaterEqual(float(summary.group(1)), MIN_ACCURACY, summary.group(0))
         self.assertRegex(output, r"ccache: [1-9]\d* compilations, ")

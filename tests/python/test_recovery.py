@@ -14,22 +14,30 @@ under torch 1.13's and torch 2.13's interpreters; the workers run under the test
   --metrics-port; the control plane off, whose event log is kept as keys): an attempt's keys go
   when the next attempt opens.
 """
+
 from dlrun_fixture import PYTHON, main, temp_dir, worker
 from metrics_fixture import free_port
 from recovery_fixture import MAX_RESTARTS, RecoveryCase, dlrun_argv, train_argv
 
 STORE_ISOLATION = worker("store_isolation.py")
 NPROC = 2
-RESTARTS = 20                  # key isolation: 21 attempts
-ISOLATION_TIMEOUT_S = 200      # 21 starts of 2 torch workers on 2 loaded cores
+RESTARTS = 20  # key isolation: 21 attempts
+ISOLATION_TIMEOUT_S = 200  # 21 starts of 2 torch workers on 2 loaded cores
 
 
 class StandaloneRecoveryTest(RecoveryCase):
     def test_three_killed_workers_the_job_comes_back_and_takes_every_step_once(self):
         out = self.out_dir()
-        agent = self.launch("dlrun", dlrun_argv(
-            "--standalone", f"--nproc-per-node={NPROC}", f"--max-restarts={MAX_RESTARTS}",
-            *train_argv(out, victim=NPROC - 1)), self.env())
+        agent = self.launch(
+            "dlrun",
+            dlrun_argv(
+                "--standalone",
+                f"--nproc-per-node={NPROC}",
+                f"--max-restarts={MAX_RESTARTS}",
+                *train_argv(out, victim=NPROC - 1),
+            ),
+            self.env(),
+        )
         self.run_killed_job([agent], out)
         done = self.assert_recovered(out, NPROC)
         self.assertEqual({d["master"].rsplit(":", 1)[0] for d in done}, {"127.0.0.1"})
@@ -39,12 +47,24 @@ class KeyIsolationTest(RecoveryCase):
     def test_no_attempt_sees_an_earlier_attempts_keys_and_the_store_stays_flat(self):
         out = temp_dir(self)
         port = free_port()
-        agent = self.launch("dlrun", dlrun_argv(
-            "--standalone", f"--nproc-per-node={NPROC}", f"--max-restarts={RESTARTS}",
-            # The control plane keeps the job's events in the store (ctl/ev/N, a log that grows
-            # by design, a few keys a round): without it the store holds what the spaces hold.
-            "--no-control-plane", f"--metrics-port={port}", PYTHON, STORE_ISOLATION, out,
-            str(RESTARTS), f"http://127.0.0.1:{port}/api/state"), self.env())
+        agent = self.launch(
+            "dlrun",
+            dlrun_argv(
+                "--standalone",
+                f"--nproc-per-node={NPROC}",
+                f"--max-restarts={RESTARTS}",
+                # The control plane keeps the job's events in the store (ctl/ev/N, a log that grows
+                # by design, a few keys a round): without it the store holds what the spaces hold.
+                "--no-control-plane",
+                f"--metrics-port={port}",
+                PYTHON,
+                STORE_ISOLATION,
+                out,
+                str(RESTARTS),
+                f"http://127.0.0.1:{port}/api/state",
+            ),
+            self.env(),
+        )
         code = agent.wait(ISOLATION_TIMEOUT_S)
         records = self.isolation_records(out, RESTARTS, NPROC, code)
         counts = [rs[0]["num_keys"] for rs in records.values()]

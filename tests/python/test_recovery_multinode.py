@@ -18,6 +18,7 @@ worker of the second node is SIGKILLed mid-training in attempts 0, 1 and 2 under
 
 Runs under torch 2.13's interpreter (ctest: python_recovery_multinode) and as root.
 """
+
 import re
 
 from dlrun_fixture import PYTHON, binary_from_env, temp_dir, wait_until, worker
@@ -28,16 +29,21 @@ from recovery_fixture import MAX_RESTARTS, RDZV_PORT, RecoveryCase, dlrun_argv, 
 
 START_TIMEOUT_S = 30
 STORE_ISOLATION = worker("store_isolation.py")
-RESTARTS = 10                  # key isolation through dlrund: 11 attempts
+RESTARTS = 10  # key isolation through dlrund: 11 attempts
 ISOLATION_TIMEOUT_S = 150
 METRICS_LINE = re.compile(r"dlrund serves metrics on http://([\d.]+:\d+)/metrics")
 
 
 def two_nodes(backend, endpoint, run_id, nproc=1):
     """dlrun's flags for one of two nodes."""
-    return ["--nnodes=2", f"--nproc-per-node={nproc}", f"--rdzv-backend={backend}",
-            f"--rdzv-endpoint={endpoint}", f"--rdzv-id={run_id}",
-            f"--max-restarts={MAX_RESTARTS}"]
+    return [
+        "--nnodes=2",
+        f"--nproc-per-node={nproc}",
+        f"--rdzv-backend={backend}",
+        f"--rdzv-endpoint={endpoint}",
+        f"--rdzv-id={run_id}",
+        f"--max-restarts={MAX_RESTARTS}",
+    ]
 
 
 class MultiNodeRecoveryTest(RecoveryCase):
@@ -45,16 +51,38 @@ class MultiNodeRecoveryTest(RecoveryCase):
         nproc = 2
         out = self.out_dir()
         with Hosts(2) as hosts:
-            dlrund = self.launch("dlrund", [binary_from_env("DLRUND", "dlrund"), "--host",
-                                            "0.0.0.0", "--port", str(RDZV_PORT)],
-                                 self.env(), hosts=hosts, host=0)
-            wait_until(lambda: "dlrund listening on" in dlrund.output(), START_TIMEOUT_S,
-                       "dlrund to listen", proc=dlrund.proc, on_timeout=dlrund.describe)
+            dlrund = self.launch(
+                "dlrund",
+                [
+                    binary_from_env("DLRUND", "dlrund"),
+                    "--host",
+                    "0.0.0.0",
+                    "--port",
+                    str(RDZV_PORT),
+                ],
+                self.env(),
+                hosts=hosts,
+                host=0,
+            )
+            wait_until(
+                lambda: "dlrund listening on" in dlrund.output(),
+                START_TIMEOUT_S,
+                "dlrund to listen",
+                proc=dlrund.proc,
+                on_timeout=dlrund.describe,
+            )
             self.launchers.remove(dlrund)  # it runs on after the agents; only they must not exit
             flags = two_nodes("c10d", f"{hosts.address(0)}:{RDZV_PORT}", "recovery", nproc)
-            agents = [self.launch(f"dlrun{i}", dlrun_argv(*flags, *train_argv(
-                          out, victim=2 * nproc - 1)), self.env(GLOO_SOCKET_IFNAME="eth0"),
-                          hosts=hosts, host=i) for i in range(2)]
+            agents = [
+                self.launch(
+                    f"dlrun{i}",
+                    dlrun_argv(*flags, *train_argv(out, victim=2 * nproc - 1)),
+                    self.env(GLOO_SOCKET_IFNAME="eth0"),
+                    hosts=hosts,
+                    host=i,
+                )
+                for i in range(2)
+            ]
             self.run_killed_job(agents, out)
         done = self.assert_recovered(out, 2 * nproc)
         self.assertEqual({d["master"].rsplit(":", 1)[0] for d in done}, {hosts.address(0)})
@@ -63,9 +91,14 @@ class MultiNodeRecoveryTest(RecoveryCase):
         etcd = start_etcd(self)
         out = self.out_dir()
         flags = two_nodes("etcd", etcd.endpoint, f"recovery{etcd.port}")
-        agents = [self.launch(f"dlrun{i}", dlrun_argv(*flags, f"--local-addr={address}",
-                                                      *train_argv(out, victim=1)), self.env())
-                  for i, address in enumerate(["127.0.0.1", "127.0.0.2"])]
+        agents = [
+            self.launch(
+                f"dlrun{i}",
+                dlrun_argv(*flags, f"--local-addr={address}", *train_argv(out, victim=1)),
+                self.env(),
+            )
+            for i, address in enumerate(["127.0.0.1", "127.0.0.2"])
+        ]
         self.run_killed_job(agents, out)
         done = self.assert_recovered(out, 2)
         # Group rank 0 (127.0.0.1) serves the workers' store.
@@ -75,9 +108,14 @@ class MultiNodeRecoveryTest(RecoveryCase):
         dlrund = start_dlrund(self)
         out = self.out_dir()
         flags = two_nodes("c10d", f"127.0.0.1:{dlrund.port}", "recovery-proxy")
-        agents = [self.launch(f"dlrun{i}", dlrun_argv(*flags, "--store-proxy=on",
-                                                      *train_argv(out, victim=1)), self.env())
-                  for i in range(2)]
+        agents = [
+            self.launch(
+                f"dlrun{i}",
+                dlrun_argv(*flags, "--store-proxy=on", *train_argv(out, victim=1)),
+                self.env(),
+            )
+            for i in range(2)
+        ]
         self.run_killed_job(agents, out)
         self.assert_recovered(out, 2)
         for agent in agents:
@@ -100,11 +138,22 @@ class DlrundKeyIsolationTest(RecoveryCase):
         out = temp_dir(self)
         # No control plane: it keeps the job's events in the store (ctl/ev/N), a log that grows
         # by design.
-        flags = ["--nnodes=2", "--nproc-per-node=1", f"--rdzv-endpoint=127.0.0.1:{dlrund.port}",
-                 "--rdzv-id=isolation", f"--max-restarts={RESTARTS}", "--no-control-plane"]
-        agents = [self.launch(f"dlrun{i}", dlrun_argv(*flags, PYTHON, STORE_ISOLATION, out,
-                                                      str(RESTARTS), url), self.env())
-                  for i in range(2)]
+        flags = [
+            "--nnodes=2",
+            "--nproc-per-node=1",
+            f"--rdzv-endpoint=127.0.0.1:{dlrund.port}",
+            "--rdzv-id=isolation",
+            f"--max-restarts={RESTARTS}",
+            "--no-control-plane",
+        ]
+        agents = [
+            self.launch(
+                f"dlrun{i}",
+                dlrun_argv(*flags, PYTHON, STORE_ISOLATION, out, str(RESTARTS), url),
+                self.env(),
+            )
+            for i in range(2)
+        ]
         codes = [agent.wait(ISOLATION_TIMEOUT_S) for agent in agents]
         records = self.isolation_records(out, RESTARTS, 2, max(codes))
         counts = [rs[0]["num_keys"] for rs in records.values()]
@@ -114,8 +163,9 @@ class DlrundKeyIsolationTest(RecoveryCase):
         server = [rs[0]["server_keys"] for rs in records.values()]
         print(f"num_keys by attempt: {counts}; dlrund's keys: {server}")
         half = len(server) // 2
-        self.assertLessEqual(max(server[half:]), max(server[1:half]),
-                             f"dlrund's keys by attempt: {server}")
+        self.assertLessEqual(
+            max(server[half:]), max(server[1:half]), f"dlrund's keys by attempt: {server}"
+        )
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ mid-training in attempts 0, 1 and 2: the job exits 0, both workers end with the 
 and every step was taken once (recovery_fixture.RecoveryCase.assert_recovered: the checkpoint's
 history, begun.log, and the weights equal a replay of every step in one process).
 """
+
 from dlrun_fixture import PYTHON, main, worker
 from recovery_fixture import MAX_RESTARTS, STEPS, RecoveryCase, dlrun_argv, kill_args
 from test_tf_strategies import tf_env
@@ -20,10 +21,21 @@ NPROC = 2
 class MwmsRecoveryTest(RecoveryCase):
     def test_three_killed_workers_the_job_comes_back_from_its_checkpoint(self):
         out = self.out_dir()
-        agent = self.launch("dlrun", dlrun_argv(
-            "--standalone", f"--nproc-per-node={NPROC}", f"--max-restarts={MAX_RESTARTS}",
-            PYTHON, MWMS_RECOVERY, out, str(STEPS), str(NPROC - 1), *kill_args()),
-            tf_env(TMPDIR=self.logs))
+        agent = self.launch(
+            "dlrun",
+            dlrun_argv(
+                "--standalone",
+                f"--nproc-per-node={NPROC}",
+                f"--max-restarts={MAX_RESTARTS}",
+                PYTHON,
+                MWMS_RECOVERY,
+                out,
+                str(STEPS),
+                str(NPROC - 1),
+                *kill_args(),
+            ),
+            tf_env(TMPDIR=self.logs),
+        )
         self.run_killed_job([agent], out)
         self.assert_recovered(out, NPROC)
 

@@ -13,15 +13,27 @@ round with its worker, no node sits out, the metric is 0, and the events hold
 health_check_failed, then health_check_passed. Every process is stopped by PID; every wait has
 a deadline.
 """
+
 import json
 import os
 import re
 import subprocess
 import unittest
 
-from dlrun_fixture import (PYTHON, Dlrun, binary_from_env, clean_env, die_with_parent,
-                           kill_recorded_workers, main, read_shared, run_control, temp_dir,
-                           worker, worker_starts)
+from dlrun_fixture import (
+    PYTHON,
+    Dlrun,
+    binary_from_env,
+    clean_env,
+    die_with_parent,
+    kill_recorded_workers,
+    main,
+    read_shared,
+    run_control,
+    temp_dir,
+    worker,
+    worker_starts,
+)
 from metrics_fixture import http_get, metrics_port, wait_for
 
 WORKER = worker("elastic_worker.py")
@@ -43,10 +55,18 @@ class SittingOutTest(unittest.TestCase):
         self.addCleanup(log.close)
         self.dlrund = subprocess.Popen(
             [binary_from_env("DLRUND", "dlrund"), "--host", "127.0.0.1", "--port", "0"],
-            stdout=log, stderr=log, env=clean_env(), preexec_fn=die_with_parent)
+            stdout=log,
+            stderr=log,
+            env=clean_env(),
+            preexec_fn=die_with_parent,
+        )
         self.addCleanup(self.stop_dlrund)
-        self.endpoint = wait_for(lambda: (m := LISTENING.search(read_shared(log))) and m.group(1),
-                                 TIMEOUT_S, "dlrund to listen", lambda: read_shared(log))
+        self.endpoint = wait_for(
+            lambda: (m := LISTENING.search(read_shared(log))) and m.group(1),
+            TIMEOUT_S,
+            "dlrund to listen",
+            lambda: read_shared(log),
+        )
 
     def stop_dlrund(self):
         if self.dlrund.poll() is None:
@@ -55,15 +75,30 @@ class SittingOutTest(unittest.TestCase):
 
     def agent(self, unfit):
         env = clean_env(UNFIT_MARK=self.mark if unfit else None)
-        return Dlrun(self, ["--nnodes=1:2", "--nproc-per-node=1", "--rdzv-backend=c10d",
-                            f"--rdzv-endpoint={self.endpoint}", f"--rdzv-id={RDZV_ID}",
-                            "--rdzv-conf=last_call_timeout=1", f"--health-check={CHECK}",
-                            "--metrics-port=0", PYTHON, WORKER, self.out,
-                            "--until-file", self.release], env=env)
+        return Dlrun(
+            self,
+            [
+                "--nnodes=1:2",
+                "--nproc-per-node=1",
+                "--rdzv-backend=c10d",
+                f"--rdzv-endpoint={self.endpoint}",
+                f"--rdzv-id={RDZV_ID}",
+                "--rdzv-conf=last_call_timeout=1",
+                f"--health-check={CHECK}",
+                "--metrics-port=0",
+                PYTHON,
+                WORKER,
+                self.out,
+                "--until-file",
+                self.release,
+            ],
+            env=env,
+        )
 
     def control(self, *args):
-        code, out, err = run_control(*args, f"--rdzv-endpoint={self.endpoint}",
-                                     f"--rdzv-id={RDZV_ID}")
+        code, out, err = run_control(
+            *args, f"--rdzv-endpoint={self.endpoint}", f"--rdzv-id={RDZV_ID}"
+        )
         self.assertEqual(code, 0, f"{err}\n{self.describe()}")
         return out
 
@@ -77,13 +112,17 @@ class SittingOutTest(unittest.TestCase):
         open(self.mark, "w").close()
         unfit, fit = self.agent(unfit=True), self.agent(unfit=False)
         self.agents = [unfit, fit]
-        wait_for(lambda: len(worker_starts(self.out, 0)) == 1, TIMEOUT_S,
-                 "the round without the unfit node", self.describe)
+        wait_for(
+            lambda: len(worker_starts(self.out, 0)) == 1,
+            TIMEOUT_S,
+            "the round without the unfit node",
+            self.describe,
+        )
 
         def sitting_out():
             return [n for n in self.status()["nodes"] if n["state"] == "sitting_out"]
-        out = wait_for(sitting_out, TIMEOUT_S, "status to list the node sitting out",
-                       self.describe)
+
+        out = wait_for(sitting_out, TIMEOUT_S, "status to list the node sitting out", self.describe)
         self.assertEqual(len(out), 1, out)
         node = out[0]
         self.assertEqual(node["sitting_out"], REASON)
@@ -97,7 +136,8 @@ class SittingOutTest(unittest.TestCase):
         said = [line for line in top.splitlines() if line.startswith("sits out: ")]
         self.assertEqual(len(said), 1, top)
         self.assertTrue(
-            f"sits out: {node['name']} (agent {node['agent']}): {REASON}".startswith(said[0]), top)
+            f"sits out: {node['name']} (agent {node['agent']}): {REASON}".startswith(said[0]), top
+        )
         self.assertIn("--health-check", said[0])
 
         port = metrics_port(unfit)
@@ -105,6 +145,7 @@ class SittingOutTest(unittest.TestCase):
         def page_nodes():
             status, _, body = http_get(port, "/api/job")
             return status == 200 and json.loads(body)["job"]["nodes"]
+
         listed = wait_for(page_nodes, TIMEOUT_S, "the job's page to read the job", self.describe)
         self.assertIn(REASON, [n["sitting_out"] for n in listed])
         metrics = http_get(port, "/metrics")[2]
@@ -115,15 +156,21 @@ class SittingOutTest(unittest.TestCase):
 
         def both_running():
             nodes = self.status()["nodes"]
-            return (len(worker_starts(self.out, 1)) == 2 and
-                    all(n["state"] == "running" and n["sitting_out"] == "" and
-                        len(n["workers"]) == 1 and n["round"] == 1 for n in nodes))
+            return len(worker_starts(self.out, 1)) == 2 and all(
+                n["state"] == "running"
+                and n["sitting_out"] == ""
+                and len(n["workers"]) == 1
+                and n["round"] == 1
+                for n in nodes
+            )
+
         wait_for(both_running, TIMEOUT_S, "both nodes running in round 1", self.describe)
         metrics = http_get(port, "/metrics")[2]
         self.assertIn('dlrun_node_sitting_out{cause="health_check"} 0\n', metrics)
         kinds = [e["kind"] for e in map(json.loads, self.control("events", "--json").splitlines())]
-        self.assertLess(kinds.index("health_check_failed"), kinds.index("health_check_passed"),
-                        kinds)
+        self.assertLess(
+            kinds.index("health_check_failed"), kinds.index("health_check_passed"), kinds
+        )
 
         open(self.release, "w").close()
         for agent in self.agents:

@@ -36,6 +36,7 @@ Job scripts of the tests' own, for what the examples leave out:
 Needs root (namespaces) and Debian's slurm-wlm and munge (scripts/setup.sh); skipped without
 root.
 """
+
 import glob
 import json
 import os
@@ -44,22 +45,30 @@ import sys
 import time
 import unittest
 
-from dlrun_fixture import (PYTHON, binary_from_env, clean_env, read_json, temp_dir, wait_until,
-                           worker)
+from dlrun_fixture import (
+    PYTHON,
+    binary_from_env,
+    clean_env,
+    read_json,
+    temp_dir,
+    wait_until,
+    worker,
+)
 from netns_fixture import main
 from slurm_fixture import CLIENT_TIMEOUT_S, SlurmCluster
 from trainer_fixture import checkpoints
 
-EXAMPLES = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
-                                         "slurm", "examples"))
-JOB_TIMEOUT_S = 60        # a job's whole life, queueing included
+EXAMPLES = os.path.normpath(
+    os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "slurm", "examples")
+)
+JOB_TIMEOUT_S = 60  # a job's whole life, queueing included
 NODE_LOSS_TIMEOUT_S = 90  # Slurm ends the lost node's task only once it declares it down
-EVENT_TIMEOUT_S = 60      # workers starting inside a job
-RECOVERY_LIMIT_S = 5.0    # node killed -> the spare's workers started
-TRAIN_EPOCHS = 4          # node loss: the trainer on --synthetic data (20000 examples), 3 ranks
+EVENT_TIMEOUT_S = 60  # workers starting inside a job
+RECOVERY_LIMIT_S = 5.0  # node killed -> the spare's workers started
+TRAIN_EPOCHS = 4  # node loss: the trainer on --synthetic data (20000 examples), 3 ranks
 TRAIN_STEPS = TRAIN_EPOCHS * 105  # ceil(20000 / 3 / 64) steps an epoch
 CHECKPOINT_EVERY = 20
-MIN_ACCURACY = 0.3          # of 10 classes (chance: 0.1)
+MIN_ACCURACY = 0.3  # of 10 classes (chance: 0.1)
 # At the default 0.05 this short run is on a knife edge (an uninterrupted run is at chance after
 # its first epoch): resumed runs ended anywhere from 0.29 to 0.96, two resumes from one
 # checkpoint apart; at 0.02 every resume point tried ends at the same 0.98.
@@ -69,10 +78,18 @@ TRAIN_LR = 0.02
 DERIVED_PORT_BASE = 29400
 DERIVED_PORTS = 2000
 NO_RESTART_LIMIT_S = 5.0  # a worker exits with --no-restart-exit-code -> every node's dlrun out
-NO_RESTART_LINE = ("dlrun: rank 2 exited with 93, --no-restart-exit-code: the job ends without a "
-                   "restart")
-PRINTED = ("RANK", "WORLD_SIZE", "GROUP_RANK", "LOCAL_RANK", "SLURMD_NODENAME", "MASTER_ADDR",
-           "TORCHELASTIC_RUN_ID")
+NO_RESTART_LINE = (
+    "dlrun: rank 2 exited with 93, --no-restart-exit-code: the job ends without a restart"
+)
+PRINTED = (
+    "RANK",
+    "WORLD_SIZE",
+    "GROUP_RANK",
+    "LOCAL_RANK",
+    "SLURMD_NODENAME",
+    "MASTER_ADDR",
+    "TORCHELASTIC_RUN_ID",
+)
 
 
 def setUpModule():
@@ -84,8 +101,13 @@ def setUpModule():
 def job_env(out, worker_command=None, **more):
     """The submission environment (sbatch exports it to the job): dlrun first on PATH."""
     dlrun = binary_from_env("DLRUN", "dlrun")
-    return clean_env(PATH=f"{os.path.dirname(dlrun)}:{os.environ['PATH']}", TMPDIR=out,
-                     DLRUN_WORKER=worker_command, GLOO_SOCKET_IFNAME=None, **more)
+    return clean_env(
+        PATH=f"{os.path.dirname(dlrun)}:{os.environ['PATH']}",
+        TMPDIR=out,
+        DLRUN_WORKER=worker_command,
+        GLOO_SOCKET_IFNAME=None,
+        **more,
+    )
 
 
 def output_of(out, name, job_id):
@@ -116,7 +138,9 @@ def exit_recording_dlrun(bin_dir, out):
     """A `dlrun` in bin_dir, for the front of a job's PATH: it runs the real one and writes its
     exit code to out/exit_<node> (the file's time: when it exited). Signals go to the whole
     step, the real dlrun included; the wrapper passes on those that reach it."""
-    return write_executable(os.path.join(bin_dir, "dlrun"), f"""#!/bin/bash
+    return write_executable(
+        os.path.join(bin_dir, "dlrun"),
+        f"""#!/bin/bash
 {os.path.abspath(binary_from_env("DLRUN", "dlrun"))} "$@" &
 child=$!
 trap 'kill -TERM $child' TERM
@@ -124,7 +148,8 @@ trap 'kill -INT $child' INT
 while wait $child; code=$?; kill -0 $child 2>/dev/null; do :; done
 echo $code > {out}/exit_$SLURMD_NODENAME
 exit $code
-""")
+""",
+    )
 
 
 def exit_codes(out):
@@ -132,8 +157,10 @@ def exit_codes(out):
     codes = {}
     for path in glob.glob(os.path.join(out, "exit_node*")):
         with open(path) as f:
-            codes[os.path.basename(path)[len("exit_"):]] = (f.read().strip(),
-                                                           os.path.getmtime(path))
+            codes[os.path.basename(path)[len("exit_") :]] = (
+                f.read().strip(),
+                os.path.getmtime(path),
+            )
     return codes
 
 
@@ -142,8 +169,10 @@ def sockets(cluster, host):
     result = cluster.run(host, ["ss", "-Htanp"], CLIENT_TIMEOUT_S)
     if result.returncode != 0:
         raise AssertionError(f"ss failed with {result.returncode}: {result.stderr}")
-    return [(fields[0], fields[3], fields[4], " ".join(fields[5:]))
-            for fields in map(str.split, result.stdout.splitlines())]
+    return [
+        (fields[0], fields[3], fields[4], " ".join(fields[5:]))
+        for fields in map(str.split, result.stdout.splitlines())
+    ]
 
 
 class SlurmExamplesTest(unittest.TestCase):
@@ -157,25 +186,30 @@ class SlurmExamplesTest(unittest.TestCase):
     def run_example(self, script, name, worker_command, args=(), out=None):
         """Submits an example and waits for its end; returns (scontrol fields, output)."""
         out = out or temp_dir(self)
-        job_id = self.cluster.submit(os.path.join(EXAMPLES, script), job_env(out, worker_command),
-                                     out, args)
-        info = self.cluster.wait_for_end(job_id, JOB_TIMEOUT_S,
-                                         lambda: output_of(out, name, job_id))
+        job_id = self.cluster.submit(
+            os.path.join(EXAMPLES, script), job_env(out, worker_command), out, args
+        )
+        info = self.cluster.wait_for_end(
+            job_id, JOB_TIMEOUT_S, lambda: output_of(out, name, job_id)
+        )
         return job_id, info, output_of(out, name, job_id)
 
     def test_single_node_runs_one_worker_per_allotted_cpu(self):
-        _, info, output = self.run_example("single_node.sbatch", "dlrun-single",
-                                           "train --synthetic --epochs 1",
-                                           args=["--cpus-per-task=3"])
+        _, info, output = self.run_example(
+            "single_node.sbatch",
+            "dlrun-single",
+            "train --synthetic --epochs 1",
+            args=["--cpus-per-task=3"],
+        )
         self.assertEqual((info["JobState"], info["ExitCode"]), ("COMPLETED", "0:0"), output)
-        summary = json.loads(next(line for line in worker_lines(output)[0]
-                                  if line.startswith("{")))
+        summary = json.loads(next(line for line in worker_lines(output)[0] if line.startswith("{")))
         self.assertEqual(summary["world_size"], 3, output)
         self.assertEqual(summary["epochs"], 1, output)
 
     def test_multi_node_ranks_follow_the_slurm_node_order(self):
-        job_id, info, output = self.run_example("multi_node.sbatch", "dlrun-multi",
-                                                "printenv " + " ".join(PRINTED))
+        job_id, info, output = self.run_example(
+            "multi_node.sbatch", "dlrun-multi", "printenv " + " ".join(PRINTED)
+        )
         self.assertEqual((info["JobState"], info["ExitCode"]), ("COMPLETED", "0:0"), output)
         seen = {rank: dict(zip(PRINTED, lines)) for rank, lines in worker_lines(output).items()}
         self.assertEqual(sorted(seen), list(range(6)), output)  # 3 nodes x 2 CPUs each
@@ -191,37 +225,51 @@ class SlurmExamplesTest(unittest.TestCase):
     def test_a_failed_run_leaves_the_job_failed_with_the_root_cause(self):
         out = temp_dir(self)
         _, info, output = self.run_example(
-            "multi_node.sbatch", "dlrun-multi",
+            "multi_node.sbatch",
+            "dlrun-multi",
             f"{PYTHON} {worker('elastic_worker.py')} {out} --fail-rank 4 --fail-rounds -1",
-            out=out)
+            out=out,
+        )
         self.assertEqual((info["JobState"], info["ExitCode"]), ("FAILED", "3:0"), output)
         # The first attempt and each of the example's 3 restarts failed the same way.
-        attempts = {int(os.path.basename(p).split("_")[1])
-                    for p in glob.glob(os.path.join(out, "start_*_4_*.json"))}
+        attempts = {
+            int(os.path.basename(p).split("_")[1])
+            for p in glob.glob(os.path.join(out, "start_*_4_*.json"))
+        }
         self.assertEqual(attempts, {0, 1, 2, 3}, output)
-        self.assertIn("rank 4 (local rank 0) on node3 (10.77.0.13) ended with exit code 3 after "
-                      "3 restart(s)", output)
+        self.assertIn(
+            "rank 4 (local rank 0) on node3 (10.77.0.13) ended with exit code 3 after 3 restart(s)",
+            output,
+        )
         self.assertIn("rank 4 fails on purpose", output)
 
     def test_usr1_reaches_every_worker_through_dlrun(self):
         out = temp_dir(self)
         job_id = self.cluster.submit(
             os.path.join(EXAMPLES, "pre_timeout_signal.sbatch"),
-            job_env(out, f"{PYTHON} {worker('signal_worker.py')} {out} trap"), out)
+            job_env(out, f"{PYTHON} {worker('signal_worker.py')} {out} trap"),
+            out,
+        )
         ranks = range(4)  # 2 nodes x 2 CPUs each
 
         def describe():
             return output_of(out, "dlrun-timeout", job_id)
+
         # A worker writes its pid file once its handlers are in place.
-        wait_until(lambda: all(os.path.exists(os.path.join(out, f"pid_{r}")) for r in ranks),
-                   EVENT_TIMEOUT_S, "every worker's handlers", on_timeout=describe)
+        wait_until(
+            lambda: all(os.path.exists(os.path.join(out, f"pid_{r}")) for r in ranks),
+            EVENT_TIMEOUT_S,
+            "every worker's handlers",
+            on_timeout=describe,
+        )
         self.cluster.checked(["scancel", "--signal=USR1", str(job_id)])
         info = self.cluster.wait_for_end(job_id, JOB_TIMEOUT_S, describe)
         self.assertEqual((info["JobState"], info["ExitCode"]), ("COMPLETED", "0:0"), describe())
         for r in ranks:
-            self.assertTrue(os.path.exists(os.path.join(out, f"got_SIGUSR1_{r}")),
-                            f"rank {r} got no SIGUSR1\n{describe()}")
-
+            self.assertTrue(
+                os.path.exists(os.path.join(out, f"got_SIGUSR1_{r}")),
+                f"rank {r} got no SIGUSR1\n{describe()}",
+            )
 
     def test_scancel_stops_every_node_as_one_job(self):
         out = temp_dir(self)
@@ -234,13 +282,22 @@ class SlurmExamplesTest(unittest.TestCase):
 
         def describe():
             return output_of(out, "dlrun-multi", job_id)
-        wait_until(lambda: len(glob.glob(os.path.join(out, "start_0_*.json"))) >= 6,
-                   EVENT_TIMEOUT_S, "every worker to start", on_timeout=describe)
+
+        wait_until(
+            lambda: len(glob.glob(os.path.join(out, "start_0_*.json"))) >= 6,
+            EVENT_TIMEOUT_S,
+            "every worker to start",
+            on_timeout=describe,
+        )
         self.cluster.checked(["scancel", str(job_id)])
         info = self.cluster.wait_for_end(job_id, JOB_TIMEOUT_S, describe)
         self.assertEqual(info["JobState"], "CANCELLED", describe())
-        wait_until(lambda: len(glob.glob(os.path.join(out, "exit_node*"))) == 3, EVENT_TIMEOUT_S,
-                   "every node's dlrun to exit", on_timeout=describe)
+        wait_until(
+            lambda: len(glob.glob(os.path.join(out, "exit_node*"))) == 3,
+            EVENT_TIMEOUT_S,
+            "every node's dlrun to exit",
+            on_timeout=describe,
+        )
         codes = {code for code, _ in exit_codes(out).values()}
         self.assertEqual(codes, {"143"}, describe())  # 128 + SIGTERM on every node
         stopped = [line for line in describe().splitlines() if "job stopped:" in line]
@@ -248,31 +305,44 @@ class SlurmExamplesTest(unittest.TestCase):
         self.assertEqual(len(set(stopped)), 1, describe())  # one stop, named the same way
         self.assertRegex(stopped[0], r"dlrun: job stopped: SIGTERM on node node[123]$")
 
-
     def submit_script(self, out, name, text, env=None):
         """Submits a job script of the test's own from out: #SBATCH lines naming the job and its
         output file (%x-%j.out), then text. Returns the job id and a describe() of its output."""
-        script = write_executable(os.path.join(out, f"{name}.sbatch"), f"""#!/bin/bash
+        script = write_executable(
+            os.path.join(out, f"{name}.sbatch"),
+            f"""#!/bin/bash
 #SBATCH --job-name={name}
 #SBATCH --output=%x-%j.out
-{text}""")
+{text}""",
+        )
         job_id = self.cluster.submit(script, env or job_env(out), out)
         return job_id, lambda: output_of(out, name, job_id)
 
     def test_the_store_listens_on_the_steps_first_reserved_port(self):
         out = temp_dir(self)
         # Each worker records the ports Slurm reserved for its step, then waits for the test.
-        command = write_executable(os.path.join(out, "worker.sh"), f"""#!/bin/bash
+        command = write_executable(
+            os.path.join(out, "worker.sh"),
+            f"""#!/bin/bash
 printenv SLURM_STEP_RESV_PORTS > {out}/ports_$RANK
-exec {PYTHON} {worker('elastic_worker.py')} {out} --until-file {out}/release
-""")
-        job_id, describe = self.submit_script(out, "dlrun-ports", f"""#SBATCH --nodes=2
+exec {PYTHON} {worker("elastic_worker.py")} {out} --until-file {out}/release
+""",
+        )
+        job_id, describe = self.submit_script(
+            out,
+            "dlrun-ports",
+            f"""#SBATCH --nodes=2
 #SBATCH --ntasks-per-node=1
 #SBATCH --cpus-per-task=1
 srun --resv-ports=2 dlrun --nproc-per-node=1 {command}
-""")
-        wait_until(lambda: len(glob.glob(os.path.join(out, "start_0_*.json"))) == 2,
-                   EVENT_TIMEOUT_S, "both workers to start", on_timeout=describe)
+""",
+        )
+        wait_until(
+            lambda: len(glob.glob(os.path.join(out, "start_0_*.json"))) == 2,
+            EVENT_TIMEOUT_S,
+            "both workers to start",
+            on_timeout=describe,
+        )
         reserved = set()
         for rank in range(2):
             with open(os.path.join(out, f"ports_{rank}")) as f:
@@ -285,14 +355,19 @@ srun --resv-ports=2 dlrun --nproc-per-node=1 {command}
         store = f"{self.cluster.address(1)}:{first}"
         # node1's dlrun serves the store there (and nothing listens at the derived port) ...
         node1 = sockets(self.cluster, 1)
-        self.assertIn(("LISTEN", store), {(s[0], s[1]) for s in node1 if '"dlrun"' in s[3]},
-                      f"{node1}\n{describe()}")
+        self.assertIn(
+            ("LISTEN", store),
+            {(s[0], s[1]) for s in node1 if '"dlrun"' in s[3]},
+            f"{node1}\n{describe()}",
+        )
         derived = DERIVED_PORT_BASE + job_id % DERIVED_PORTS
         self.assertEqual([s for s in node1 if s[1].endswith(f":{derived}")], [], describe())
         # ... and node2's dlrun, a client of the store, is connected to it there.
         node2 = sockets(self.cluster, 2)
-        self.assertTrue(any(s[0] == "ESTAB" and s[2] == store and '"dlrun"' in s[3]
-                            for s in node2), f"{node2}\n{describe()}")
+        self.assertTrue(
+            any(s[0] == "ESTAB" and s[2] == store and '"dlrun"' in s[3] for s in node2),
+            f"{node2}\n{describe()}",
+        )
         with open(os.path.join(out, "release"), "w"):
             pass
         info = self.cluster.wait_for_end(job_id, JOB_TIMEOUT_S, describe)
@@ -306,34 +381,50 @@ srun --resv-ports=2 dlrun --nproc-per-node=1 {command}
         logs = os.path.join(out, "logs-dlrun-requeue")
         # The workers of the job's run N record their start in out/run_N; the first run's wait
         # to be stopped, the next run's exit 0.
-        command = write_executable(os.path.join(out, "worker.sh"), f"""#!/bin/bash
+        command = write_executable(
+            os.path.join(out, "worker.sh"),
+            f"""#!/bin/bash
 run={out}/run_${{SLURM_RESTART_COUNT:-0}}
 mkdir -p $run
 [[ ${{SLURM_RESTART_COUNT:-0}} != 0 ]] || wait=--wait
-exec {PYTHON} {worker('elastic_worker.py')} $run $wait
-""")
-        job_id = self.cluster.submit(os.path.join(EXAMPLES, "requeue.sbatch"),
-                                     job_env(out, command), out)
+exec {PYTHON} {worker("elastic_worker.py")} $run $wait
+""",
+        )
+        job_id = self.cluster.submit(
+            os.path.join(EXAMPLES, "requeue.sbatch"), job_env(out, command), out
+        )
 
         def describe():
             return output_of(out, "dlrun-requeue", job_id)
 
         def started(run):
             return len(glob.glob(os.path.join(out, f"run_{run}", "start_*.json")))
+
         workers = 2 * 2  # --nproc-per-node=auto: the 2 CPUs of each of 2 nodes
-        wait_until(lambda: started(0) == workers, EVENT_TIMEOUT_S, "the first run's workers",
-                   on_timeout=describe)
+        wait_until(
+            lambda: started(0) == workers,
+            EVENT_TIMEOUT_S,
+            "the first run's workers",
+            on_timeout=describe,
+        )
         self.cluster.checked(["scontrol", "requeue", str(job_id)])
         # Slurm (22.05) holds a requeued job back for its credentials' lifetime (AuthInfo's
         # cred_expire, 120 s): once it is pending again, StartTime=now lets it go at once.
         self.cluster.wait_for_job(
-            job_id, lambda info: (info["JobState"], info["Restarts"]) == ("PENDING", "1"),
-            JOB_TIMEOUT_S, "the job pending again", describe)
+            job_id,
+            lambda info: (info["JobState"], info["Restarts"]) == ("PENDING", "1"),
+            JOB_TIMEOUT_S,
+            "the job pending again",
+            describe,
+        )
         self.cluster.checked(["scontrol", "update", f"JobId={job_id}", "StartTime=now"])
         info = self.cluster.wait_for_end(job_id, JOB_TIMEOUT_S, describe)
         output = describe()  # both runs' (the example appends)
-        self.assertEqual((info["JobState"], info["ExitCode"], info["Restarts"]),
-                         ("COMPLETED", "0:0", "1"), output)
+        self.assertEqual(
+            (info["JobState"], info["ExitCode"], info["Restarts"]),
+            ("COMPLETED", "0:0", "1"),
+            output,
+        )
         self.assertEqual(started(1), workers, output)
         # One run directory a node: the first run's attempt_0, the requeued run's attempt_1,
         # and the group rank of the node that made it (the log root is shared).
@@ -343,13 +434,17 @@ exec {PYTHON} {worker('elastic_worker.py')} $run $wait
         for run in runs:
             self.assertRegex(run, rf"^{job_id}_\w{{8}}$")
             run_dir = os.path.join(logs, run)
-            self.assertEqual(sorted(os.listdir(run_dir)),
-                             ["attempt_0", "attempt_1", "group_rank"], output)
+            self.assertEqual(
+                sorted(os.listdir(run_dir)), ["attempt_0", "attempt_1", "group_rank"], output
+            )
             with open(os.path.join(run_dir, "group_rank")) as f:
                 owners.add(f.read())
             self.assertEqual(len(os.listdir(os.path.join(run_dir, "attempt_1"))), 2, run_dir)
-            self.assertIn("dlrun: this Slurm job was requeued (SLURM_RESTART_COUNT=1): its log "
-                          f"tree goes on in {run_dir} from attempt_1", output)
+            self.assertIn(
+                "dlrun: this Slurm job was requeued (SLURM_RESTART_COUNT=1): its log "
+                f"tree goes on in {run_dir} from attempt_1",
+                output,
+            )
         self.assertEqual(owners, {"0\n", "1\n"})
 
     def test_the_no_restart_exit_code_ends_every_node_at_once(self):
@@ -360,13 +455,18 @@ exec {PYTHON} {worker('elastic_worker.py')} $run $wait
         env["PATH"] = f"{bin_dir}:{env['PATH']}"
         # Ranks 0-1 on node1, 2-3 on node2: rank 2 exits 93 at once, the others wait to be
         # stopped. srun --label puts the task (the node) before each line.
-        job_id, describe = self.submit_script(out, "dlrun-no-restart", f"""#SBATCH --nodes=2
+        job_id, describe = self.submit_script(
+            out,
+            "dlrun-no-restart",
+            f"""#SBATCH --nodes=2
 #SBATCH --ntasks-per-node=1
 #SBATCH --cpus-per-task=2
 srun --label dlrun --nproc-per-node=2 --max-restarts=3 --no-restart-exit-code=93 \\
-  {PYTHON} {worker('elastic_worker.py')} {out} --fail-rank 2 --fail-rounds -1 --fail-code 93 \\
+  {PYTHON} {worker("elastic_worker.py")} {out} --fail-rank 2 --fail-rounds -1 --fail-code 93 \\
   --wait
-""", env)
+""",
+            env,
+        )
         info = self.cluster.wait_for_end(job_id, JOB_TIMEOUT_S, describe)
         output = describe()
         self.assertEqual((info["JobState"], info["ExitCode"]), ("FAILED", "93:0"), output)
@@ -379,12 +479,18 @@ srun --label dlrun --nproc-per-node=2 --max-restarts=3 --no-restart-exit-code=93
         self.assertEqual([r["host"] for r in failed], ["node2"], output)
         # Every node's dlrun exited 93, both soon after rank 2 did, each saying why.
         codes = exit_codes(out)
-        self.assertEqual({node: code for node, (code, _) in codes.items()},
-                         {"node1": "93", "node2": "93"}, output)
+        self.assertEqual(
+            {node: code for node, (code, _) in codes.items()},
+            {"node1": "93", "node2": "93"},
+            output,
+        )
         took = max(at for _, at in codes.values()) - failed[0]["time"]
         self.assertLessEqual(took, NO_RESTART_LIMIT_S, output)
-        said = {line.split(": ", 1)[0] for line in output.splitlines()
-                if line.endswith(": " + NO_RESTART_LINE)}
+        said = {
+            line.split(": ", 1)[0]
+            for line in output.splitlines()
+            if line.endswith(": " + NO_RESTART_LINE)
+        }
         self.assertEqual(said, {"0", "1"}, output)  # srun's task 0 on node1, 1 on node2
 
 
@@ -415,28 +521,41 @@ class SlurmNodeLossTest(unittest.TestCase):
         # The real trainer, behind a wrapper that records each worker's start and execs it.
         job_id = self.cluster.submit(
             os.path.join(EXAMPLES, "elastic_spares.sbatch"),
-            job_env(self.out, f"{PYTHON} {worker('elastic_worker.py')} {self.out} --exec {train} "
-                              f"--synthetic --epochs {TRAIN_EPOCHS} --seed 3 --lr {TRAIN_LR} "
-                              f"--checkpoint-dir {checkpoint_dir} "
-                              f"--checkpoint-every {CHECKPOINT_EVERY} "
-                              f"--progress-every {CHECKPOINT_EVERY}",
-                    # Python that execs the trainer, which meets at dlrun's store whatever the
-                    # interpreter's torch (Debian 13's would have rank 0's torch serve it).
-                    PET_WORKER_STORE="agent"),
-            self.out, ["--cpus-per-task=1"])  # one worker per node
+            job_env(
+                self.out,
+                f"{PYTHON} {worker('elastic_worker.py')} {self.out} --exec {train} "
+                f"--synthetic --epochs {TRAIN_EPOCHS} --seed 3 --lr {TRAIN_LR} "
+                f"--checkpoint-dir {checkpoint_dir} "
+                f"--checkpoint-every {CHECKPOINT_EVERY} "
+                f"--progress-every {CHECKPOINT_EVERY}",
+                # Python that execs the trainer, which meets at dlrun's store whatever the
+                # interpreter's torch (Debian 13's would have rank 0's torch serve it).
+                PET_WORKER_STORE="agent",
+            ),
+            self.out,
+            ["--cpus-per-task=1"],
+        )  # one worker per node
 
         def describe():
             return output_of(self.out, "dlrun-elastic", job_id)
 
         def saved():
             return checkpoints(checkpoint_dir) if os.path.isdir(checkpoint_dir) else {}
-        wait_until(lambda: self.full_attempt(-1) is not None, EVENT_TIMEOUT_S,
-                   "three nodes training", on_timeout=describe)
-        wait_until(lambda: "waiting as a spare" in describe(), EVENT_TIMEOUT_S,
-                   "the fourth node to wait as a spare", on_timeout=describe)
+
+        wait_until(
+            lambda: self.full_attempt(-1) is not None,
+            EVENT_TIMEOUT_S,
+            "three nodes training",
+            on_timeout=describe,
+        )
+        wait_until(
+            lambda: "waiting as a spare" in describe(),
+            EVENT_TIMEOUT_S,
+            "the fourth node to wait as a spare",
+            on_timeout=describe,
+        )
         # A checkpoint is written after an all-reduce of every rank: all three are training.
-        wait_until(lambda: saved(), EVENT_TIMEOUT_S, "the first checkpoint",
-                   on_timeout=describe)
+        wait_until(lambda: saved(), EVENT_TIMEOUT_S, "the first checkpoint", on_timeout=describe)
         first = self.full_attempt(-1)
         members = {r["host"] for r in self.starts()[first]}
         spare = ({f"node{k}" for k in range(1, 5)} - members).pop()
@@ -444,10 +563,14 @@ class SlurmNodeLossTest(unittest.TestCase):
         victim = max(members - {"node1"})
 
         killed = time.time()
-        self.cluster.kill_host(int(victim[len("node"):]))
+        self.cluster.kill_host(int(victim[len("node") :]))
         saved_at_kill = max(saved())
-        wait_until(lambda: self.full_attempt(first) is not None, EVENT_TIMEOUT_S,
-                   "the spare's workers", on_timeout=describe)
+        wait_until(
+            lambda: self.full_attempt(first) is not None,
+            EVENT_TIMEOUT_S,
+            "the spare's workers",
+            on_timeout=describe,
+        )
         replaced = self.starts()[self.full_attempt(first)]
         recovery = max(r["time"] for r in replaced) - killed
         self.assertEqual({r["host"] for r in replaced}, members - {victim} | {spare}, describe())
@@ -472,13 +595,19 @@ class SlurmNodeLossTest(unittest.TestCase):
         self.assertLess(resumed_at, TRAIN_STEPS, output)
         # ... and trained to the end: every step once, the model learned.
         summary = json.loads(next(line for line in reversed(rank0) if line.startswith("{")))
-        self.assertEqual((summary["epochs"], summary["steps"], summary["world_size"]),
-                         (TRAIN_EPOCHS, TRAIN_STEPS, 3), output)
+        self.assertEqual(
+            (summary["epochs"], summary["steps"], summary["world_size"]),
+            (TRAIN_EPOCHS, TRAIN_STEPS, 3),
+            output,
+        )
         self.assertGreaterEqual(summary["test_accuracy"], MIN_ACCURACY, output)
         self.assertIn(TRAIN_STEPS, saved(), output)
-        print(f"{victim} killed after step {saved_at_kill} -> {spare} training in its place in "
-              f"{recovery:.2f} s; {resumed[0]}; the end: {summary['steps']} steps, "
-              f"test accuracy {summary['test_accuracy']:.4f}")
+        print(
+            f"{victim} killed after step {saved_at_kill} -> {spare} training in its place in "
+            f"{recovery:.2f} s; {resumed[0]}; the end: {summary['steps']} steps, "
+            f"test accuracy {summary['test_accuracy']:.4f}"
+        )
+
 
 if __name__ == "__main__":
     main()

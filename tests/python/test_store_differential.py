@@ -14,6 +14,7 @@ Every step's outcomes (values, exception classes, timing classes) must match the
 except the steps in KEPT_DIFFERENCES, which must differ: nothing else may, and nothing listed
 may silently start to agree. Every run gets fresh servers, so key counts and listings compare.
 """
+
 import json
 import os
 import subprocess
@@ -26,9 +27,9 @@ from dlrund_fixture import read_line, start_dlrund, stop_process
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TORCH2 = sys.executable
-OP_TIMEOUT_S = 3        # the clients' timeout: how long a blocked call waits before it fails
+OP_TIMEOUT_S = 3  # the clients' timeout: how long a blocked call waits before it fails
 SEQUENCE_LIMIT_S = 240  # one whole sequence (about 30 timed-out calls, on two shared cores)
-START_LIMIT_S = 60      # torch's servers: importing torch on a busy machine takes a while
+START_LIMIT_S = 60  # torch's servers: importing torch on a busy machine takes a while
 
 # Where torch does something dlrun deliberately does not, by step (store_sequence.py) and the
 # client kinds whose sequence has that step. The test asserts these steps differ from the
@@ -56,17 +57,38 @@ KEPT_DIFFERENCES = {
 # dlrund follows the libuv server, so these are compared against that one only; the test
 # asserts the two torch servers differ on exactly these steps.
 LEGACY_SERVER_DIFFERS = {
-    "torch2-libuv": {"queue", "queue_is_no_key", "queue_pop_woken_by_push",
-                     "queue_push_wakes_one", "wait_woken_by_compare_set_creating",
-                     "wait_on_compare_set_not_creating"},
+    "torch2-libuv": {
+        "queue",
+        "queue_is_no_key",
+        "queue_pop_woken_by_push",
+        "queue_push_wakes_one",
+        "wait_woken_by_compare_set_creating",
+        "wait_on_compare_set_not_creating",
+    },
     "torch2-legacy": {"wait_woken_by_compare_set_creating", "wait_on_compare_set_not_creating"},
 }
 
 # Every client method of torch 2.13's TCPStore that reaches the store (host, port, timeout,
 # libuvBackend, clone and has_extended_api do not).
-TORCH2_OPS = {"set", "get", "add", "compare_set", "check", "wait", "delete_key", "num_keys",
-              "append", "multi_get", "multi_set", "queue_push", "queue_pop", "queue_len",
-              "list_keys", "barrier", "set_timeout"}
+TORCH2_OPS = {
+    "set",
+    "get",
+    "add",
+    "compare_set",
+    "check",
+    "wait",
+    "delete_key",
+    "num_keys",
+    "append",
+    "multi_get",
+    "multi_set",
+    "queue_push",
+    "queue_pop",
+    "queue_len",
+    "list_keys",
+    "barrier",
+    "set_timeout",
+}
 
 
 def quiet_env():
@@ -75,8 +97,11 @@ def quiet_env():
 
 
 def differing_steps(records, reference):
-    return {step for step in records.keys() | reference.keys()
-            if records.get(step) != reference.get(step)}
+    return {
+        step
+        for step in records.keys() | reference.keys()
+        if records.get(step) != reference.get(step)
+    }
 
 
 def describe(step, records, reference):
@@ -93,9 +118,14 @@ def describe(step, records, reference):
 class StoreDifferentialTest(unittest.TestCase):
     def torch_servers(self, python, *backends):
         """Starts torch's own servers (store_servers.py) in one process; returns their ports."""
-        proc = subprocess.Popen([python, os.path.join(HERE, "store_servers.py"), *backends],
-                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0,
-                                env=quiet_env(), preexec_fn=die_with_parent)
+        proc = subprocess.Popen(
+            [python, os.path.join(HERE, "store_servers.py"), *backends],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            bufsize=0,
+            env=quiet_env(),
+            preexec_fn=die_with_parent,
+        )
         self.addCleanup(stop_process, proc)
         self.addCleanup(proc.stdin.close)  # the servers' cue to exit
         return json.loads(read_line(proc.stdout, START_LIMIT_S))["ports"]
@@ -103,10 +133,20 @@ class StoreDifferentialTest(unittest.TestCase):
     def sequence(self, python, port, libuv):
         """Runs store_sequence.py against a server; returns its records by step."""
         proc = subprocess.Popen(
-            [python, os.path.join(HERE, "store_sequence.py"), "127.0.0.1", str(port),
-             "1" if libuv else "0", str(OP_TIMEOUT_S)],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=quiet_env(),
-            preexec_fn=die_with_parent)
+            [
+                python,
+                os.path.join(HERE, "store_sequence.py"),
+                "127.0.0.1",
+                str(port),
+                "1" if libuv else "0",
+                str(OP_TIMEOUT_S),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=quiet_env(),
+            preexec_fn=die_with_parent,
+        )
         self.addCleanup(stop_process, proc)
         try:
             out, err = proc.communicate(timeout=SEQUENCE_LIMIT_S)
@@ -121,13 +161,16 @@ class StoreDifferentialTest(unittest.TestCase):
     def test_dlrund_answers_as_torchs_own_servers_do(self):
         torch1 = binary_from_env("DLRUN_TORCH1_PYTHON", "torch 1.x python")
         libuv_a, legacy_a, libuv_b, legacy_b = self.torch_servers(
-            TORCH2, "libuv", "legacy", "libuv", "legacy")
+            TORCH2, "libuv", "legacy", "libuv", "legacy"
+        )
         (torch1_port,) = self.torch_servers(torch1, "legacy")
         dlrunds = [start_dlrund(self).port for _ in range(3)]
         # The same through a store proxy (dlrund --upstream, dlrun --store-proxy's proxy), each
         # in front of a store of its own.
-        proxies = [start_dlrund(self, "--upstream", f"127.0.0.1:{start_dlrund(self).port}").port
-                   for _ in range(3)]
+        proxies = [
+            start_dlrund(self, "--upstream", f"127.0.0.1:{start_dlrund(self).port}").port
+            for _ in range(3)
+        ]
         # (client kind, server) -> (interpreter, port, use_libuv)
         runs = {
             ("torch2-libuv", "libuv"): (TORCH2, libuv_a, True),
@@ -150,9 +193,12 @@ class StoreDifferentialTest(unittest.TestCase):
         for run, records in results.items():
             with self.subTest(run=run, check="the sequence ran to its end"):
                 self.assertFalse({"__hung__", "__failed__"} & records.keys(), records)
-                unclear = [(step, label, outcome) for step, r in records.items()
-                           for label, outcome in r["results"]
-                           if outcome["timing"] in ("slow", "hang")]
+                unclear = [
+                    (step, label, outcome)
+                    for step, r in records.items()
+                    for label, outcome in r["results"]
+                    if outcome["timing"] in ("slow", "hang")
+                ]
                 self.assertEqual(unclear, [], "calls neither immediate nor waiting a timeout")
 
         for kind in ("torch2-libuv", "torch2-legacy"):
@@ -162,34 +208,59 @@ class StoreDifferentialTest(unittest.TestCase):
                 self.assertEqual(differing_steps(legacy, libuv), LEGACY_SERVER_DIFFERS[kind])
             self.assert_differences(kind, dlrund, libuv, "torch 2.13's libuv server")
             agreeing = set(legacy) - LEGACY_SERVER_DIFFERS[kind]
-            self.assert_differences(kind, {s: dlrund.get(s) for s in agreeing},
-                                    {s: legacy[s] for s in agreeing},
-                                    "torch 2.13's legacy server")
-        self.assert_differences("torch1", results[("torch1", "dlrund")],
-                                results[("torch1", "torch1")], "torch 1.13's server")
+            self.assert_differences(
+                kind,
+                {s: dlrund.get(s) for s in agreeing},
+                {s: legacy[s] for s in agreeing},
+                "torch 2.13's legacy server",
+            )
+        self.assert_differences(
+            "torch1",
+            results[("torch1", "dlrund")],
+            results[("torch1", "torch1")],
+            "torch 1.13's server",
+        )
         # Through the proxy, every client kind sees what it sees straight on dlrund.
         for kind in ("torch2-libuv", "torch2-legacy", "torch1"):
             with self.subTest(client=kind, check="through the store proxy as straight"):
                 proxied, direct = results[(kind, "proxy")], results[(kind, "dlrund")]
-                self.assertEqual(differing_steps(proxied, direct), set(), "\n".join(
-                    describe(step, proxied, direct)
-                    for step in sorted(differing_steps(proxied, direct))))
+                self.assertEqual(
+                    differing_steps(proxied, direct),
+                    set(),
+                    "\n".join(
+                        describe(step, proxied, direct)
+                        for step in sorted(differing_steps(proxied, direct))
+                    ),
+                )
 
-        covered = sorted({op for records in results.values() for r in records.values()
-                          for op in r.get("ops", [])})
+        covered = sorted(
+            {
+                op
+                for records in results.values()
+                for r in records.values()
+                for op in r.get("ops", [])
+            }
+        )
         print(f"\nops covered: {' '.join(covered)}", file=sys.stderr)
         self.assertEqual(TORCH2_OPS - set(covered), set())
 
     def assert_differences(self, kind, records, reference, name):
         with self.subTest(client=kind, reference=name):
-            kept = {step for step, kinds in KEPT_DIFFERENCES.items()
-                    if kind in kinds and step in reference}
+            kept = {
+                step
+                for step, kinds in KEPT_DIFFERENCES.items()
+                if kind in kinds and step in reference
+            }
             differing = differing_steps(records, reference)
             self.assertTrue(reference, f"no records from {name}")
             self.assertEqual(
-                differing, kept,
-                f"dlrund against {name}, {kind} clients:\n" + "\n".join(
-                    describe(step, records, reference) for step in sorted(differing ^ kept)))
+                differing,
+                kept,
+                f"dlrund against {name}, {kind} clients:\n"
+                + "\n".join(
+                    describe(step, records, reference) for step in sorted(differing ^ kept)
+                ),
+            )
 
 
 if __name__ == "__main__":

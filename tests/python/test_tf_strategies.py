@@ -15,12 +15,21 @@ Each example writes DIR/rank_<RANK>.json (--report-dir); the servers' exit statu
 workers/exit_recorder.py. Small on purpose: a 64-unit model, 4,096 training examples, a few
 hundred steps, 2,000 test examples; every TensorFlow process takes ~3 s to start and ~0.8 GB.
 """
+
 import os
 import subprocess
 import unittest
 
-from dlrun_fixture import (PYTHON, binary_from_env, clean_env, log_tails, read_json,
-                           run_dlrun, temp_dir, worker)
+from dlrun_fixture import (
+    PYTHON,
+    binary_from_env,
+    clean_env,
+    log_tails,
+    read_json,
+    run_dlrun,
+    temp_dir,
+    worker,
+)
 from netns_fixture import Hosts, main
 
 EXAMPLES = os.path.join(os.environ.get("DLRUN_SOURCE_DIR", ""), "examples", "tensorflow")
@@ -28,8 +37,16 @@ MWMS = os.path.join(EXAMPLES, "mwms_fashion_mnist.py")
 PS = os.path.join(EXAMPLES, "ps_fashion_mnist.py")
 # Up to 4 TensorFlow processes on 2 shared cores: each run takes 10-30 s on a quiet machine.
 RUN_TIMEOUT_S = 150
-COMMON_ARGS = ["--train-size", "4096", "--test-size", "2000", "--batch-size", "64",
-               "--threads", "1"]
+COMMON_ARGS = [
+    "--train-size",
+    "4096",
+    "--test-size",
+    "2000",
+    "--batch-size",
+    "64",
+    "--threads",
+    "1",
+]
 MWMS_ARGS = [*COMMON_ARGS, "--epochs", "4", "--learning-rate", "0.2"]  # 256 steps of 64
 # Asynchronous steps: a smaller rate, more steps (stale gradients at 0.2 cost accuracy).
 PS_ARGS = [*COMMON_ARGS, "--steps", "600", "--learning-rate", "0.1"]
@@ -48,8 +65,13 @@ PROXY_VARIABLES = ("http_proxy", "https_proxy", "grpc_proxy", "HTTP_PROXY", "HTT
 
 def tf_env(**overrides):
     """The workers run the examples under this interpreter, quiet, one thread each."""
-    return clean_env(PYTHON_EXEC=PYTHON, TF_CPP_MIN_LOG_LEVEL="2", OMP_NUM_THREADS="1",
-                     **{name: None for name in PROXY_VARIABLES}, **overrides)
+    return clean_env(
+        PYTHON_EXEC=PYTHON,
+        TF_CPP_MIN_LOG_LEVEL="2",
+        OMP_NUM_THREADS="1",
+        **{name: None for name in PROXY_VARIABLES},
+        **overrides,
+    )
 
 
 def read_records(directory, prefix, count, detail):
@@ -70,8 +92,12 @@ class TfStrategiesTest(unittest.TestCase):
         self.out = temp_dir(self)
 
     def run_standalone(self, args, example, example_args, out):
-        result = run_dlrun(self, ["--standalone", *args, example, *example_args,
-                                  "--report-dir", out], env=tf_env(), timeout=RUN_TIMEOUT_S)
+        result = run_dlrun(
+            self,
+            ["--standalone", *args, example, *example_args, "--report-dir", out],
+            env=tf_env(),
+            timeout=RUN_TIMEOUT_S,
+        )
         self.assertEqual(result.returncode, 0, result)
         return result
 
@@ -98,14 +124,18 @@ class TfStrategiesTest(unittest.TestCase):
         """The workers' TF_CONFIG, identical weights, and the single worker's accuracy."""
         endpoints = reports[0]["cluster"].get("worker", [])
         self.assertEqual([e.rsplit(":", 1)[0] for e in endpoints], addresses, detail)
-        self.assert_resolved(reports, {"worker": endpoints},
-                             lambda report: ("worker", report["rank"]), detail)
+        self.assert_resolved(
+            reports, {"worker": endpoints}, lambda report: ("worker", report["rank"]), detail
+        )
         baseline = self.baseline()
         for report in reports:
             self.assertEqual(report["workers"], len(addresses))
             self.assertEqual(report["steps"], baseline["steps"])
-            self.assertEqual(report["checksum"], reports[0]["checksum"],
-                             f"rank {report['rank']}'s weights differ from rank 0's")
+            self.assertEqual(
+                report["checksum"],
+                reports[0]["checksum"],
+                f"rank {report['rank']}'s weights differ from rank 0's",
+            )
             self.assertEqual(report["accuracy"], reports[0]["accuracy"])
         accuracy, single = reports[0]["accuracy"], baseline["accuracy"]
         print(f"{len(reports)} workers: test accuracy {accuracy:.4f}; one worker {single:.4f}")
@@ -127,12 +157,23 @@ class TfStrategiesTest(unittest.TestCase):
         for i in range(2):
             log = open(os.path.join(self.out, f"agent{i}.log"), "w")
             self.addCleanup(log.close)
-            args = [binary_from_env("DLRUN", "dlrun"), "--nnodes=2", "--rdzv-backend=c10d",
-                    f"--rdzv-endpoint={hosts.address(0)}:29400", "--rdzv-id=tf",
-                    *args_of_host(i)]
-            agents.append(hosts.popen(i, args, env=tf_env(GLOO_SOCKET_IFNAME=None,
-                                                          TMPDIR=self.out),
-                                      stdout=log, stderr=log))
+            args = [
+                binary_from_env("DLRUN", "dlrun"),
+                "--nnodes=2",
+                "--rdzv-backend=c10d",
+                f"--rdzv-endpoint={hosts.address(0)}:29400",
+                "--rdzv-id=tf",
+                *args_of_host(i),
+            ]
+            agents.append(
+                hosts.popen(
+                    i,
+                    args,
+                    env=tf_env(GLOO_SOCKET_IFNAME=None, TMPDIR=self.out),
+                    stdout=log,
+                    stderr=log,
+                )
+            )
         codes = []
         for agent in agents:
             try:
@@ -145,7 +186,8 @@ class TfStrategiesTest(unittest.TestCase):
 
     def test_mwms_two_hosts_two_workers_each(self):
         hosts, logs = self.run_on_two_hosts(
-            lambda i: ["--nproc-per-node=2", MWMS, *MWMS_ARGS, "--report-dir", self.out])
+            lambda i: ["--nproc-per-node=2", MWMS, *MWMS_ARGS, "--report-dir", self.out]
+        )
         reports = read_records(self.out, "rank", 4, logs)
         self.assert_mwms(reports, [hosts.address(0)] * 2 + [hosts.address(1)] * 2, logs)
 
@@ -154,15 +196,34 @@ class TfStrategiesTest(unittest.TestCase):
         # on another, which ends when the chief's node does.
         roles = ["chief:1,ps:1:service", "worker:2:service"]
         _, logs = self.run_on_two_hosts(
-            lambda i: ["--roles", roles[i], "--no-python", PYTHON, worker("exit_recorder.py"),
-                       self.out, PYTHON, PS, *PS_ARGS, "--report-dir", self.out])
+            lambda i: [
+                "--roles",
+                roles[i],
+                "--no-python",
+                PYTHON,
+                worker("exit_recorder.py"),
+                self.out,
+                PYTHON,
+                PS,
+                *PS_ARGS,
+                "--report-dir",
+                self.out,
+            ]
+        )
         exits = read_records(self.out, "exit", 4, logs)
         self.assertEqual([e["returncode"] for e in exits], [0] * 4, logs)
         reports = read_records(self.out, "rank", 4, logs)
-        self.assertEqual(sorted((r["role"], r["role_rank"]) for r in reports),
-                         [("chief", "0"), ("ps", "0"), ("worker", "0"), ("worker", "1")], logs)
-        self.assert_resolved(reports, reports[0]["cluster"],
-                             lambda report: (report["role"], int(report["role_rank"])), logs)
+        self.assertEqual(
+            sorted((r["role"], r["role_rank"]) for r in reports),
+            [("chief", "0"), ("ps", "0"), ("worker", "0"), ("worker", "1")],
+            logs,
+        )
+        self.assert_resolved(
+            reports,
+            reports[0]["cluster"],
+            lambda report: (report["role"], int(report["role_rank"])),
+            logs,
+        )
         [chief] = [r for r in reports if r["role"] == "chief"]
         print(f"parameter servers on 2 hosts: the chief's test accuracy {chief['accuracy']:.4f}")
         self.assertGreaterEqual(chief["accuracy"], MIN_PS_ACCURACY, logs)
@@ -171,8 +232,11 @@ class TfStrategiesTest(unittest.TestCase):
         roles = "chief:1,ps:1:service,worker:2:service"
         # Each worker under exit_recorder.py, which learns how dlrun's stop ended it.
         result = self.run_standalone(
-            ["--roles", roles, "--no-python", PYTHON, worker("exit_recorder.py"), self.out,
-             PYTHON], PS, PS_ARGS, self.out)
+            ["--roles", roles, "--no-python", PYTHON, worker("exit_recorder.py"), self.out, PYTHON],
+            PS,
+            PS_ARGS,
+            self.out,
+        )
         detail = repr(result)
         exits = read_records(self.out, "exit", 4, detail)
         self.assertEqual([e["returncode"] for e in exits], [0] * 4, detail)
@@ -180,13 +244,17 @@ class TfStrategiesTest(unittest.TestCase):
             self.assertIn(f"{task} stopped by SIGTERM", result.stdout, detail)
 
         reports = read_records(self.out, "rank", 4, detail)
-        self.assertEqual([(r["role"], r["role_rank"]) for r in reports],
-                         [("chief", "0"), ("ps", "0"), ("worker", "0"), ("worker", "1")])
+        self.assertEqual(
+            [(r["role"], r["role_rank"]) for r in reports],
+            [("chief", "0"), ("ps", "0"), ("worker", "0"), ("worker", "1")],
+        )
         cluster = reports[0]["cluster"]
-        self.assertEqual({k: len(v) for k, v in cluster.items()},
-                         {"chief": 1, "ps": 1, "worker": 2}, detail)
-        self.assert_resolved(reports, cluster,
-                             lambda report: (report["role"], int(report["role_rank"])), detail)
+        self.assertEqual(
+            {k: len(v) for k, v in cluster.items()}, {"chief": 1, "ps": 1, "worker": 2}, detail
+        )
+        self.assert_resolved(
+            reports, cluster, lambda report: (report["role"], int(report["role_rank"])), detail
+        )
         accuracy = reports[0]["accuracy"]
         print(f"parameter servers: the chief's test accuracy {accuracy:.4f}")
         self.assertGreaterEqual(accuracy, MIN_PS_ACCURACY, detail)

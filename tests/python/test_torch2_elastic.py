@@ -15,6 +15,7 @@ Runs under torch 2.13's interpreter (ctest: python_torch2_elastic) and as root (
 namespaces). Every process is stopped by PID, or with its simulated host; every wait has a
 deadline.
 """
+
 import os
 import re
 import signal
@@ -24,9 +25,20 @@ import unittest
 
 import torch
 
-from dlrun_fixture import (PYTHON, binary_from_env, clean_env, die_with_parent, is_running,
-                           kill_recorded_workers, log_tails, read_json, read_shared, temp_dir,
-                           wait_until, worker)
+from dlrun_fixture import (
+    PYTHON,
+    binary_from_env,
+    clean_env,
+    die_with_parent,
+    is_running,
+    kill_recorded_workers,
+    log_tails,
+    read_json,
+    read_shared,
+    temp_dir,
+    wait_until,
+    worker,
+)
 from netns_fixture import Hosts, main
 
 TORCH_ERA = "2.13."
@@ -36,10 +48,10 @@ FAIL_WORKER = worker("fail_worker.py")
 TIMER_WORKER = worker("timer_worker.py")
 NPROC = 2
 RDZV_PORT = 29400
-RUN_TIMEOUT_S = 150     # one launch of torch 2.13 workers on a loaded 2-core machine
-START_TIMEOUT_S = 30    # dlrund's listening line; a worker's first file
-TIMER_S = 1             # timer_worker.py's expires(after=1)
-KILLED_WITHIN_S = 10    # the timer, the server's checks and a loaded machine
+RUN_TIMEOUT_S = 150  # one launch of torch 2.13 workers on a loaded 2-core machine
+START_TIMEOUT_S = 30  # dlrund's listening line; a worker's first file
+TIMER_S = 1  # timer_worker.py's expires(after=1)
+KILLED_WITHIN_S = 10  # the timer, the server's checks and a loaded machine
 RECORD_MESSAGE = "the data loader ran dry"
 
 # --- the environment diff --------------------------------------------------------------------
@@ -98,9 +110,16 @@ def _store_address(t, d, run):
     if run["endpoint"] is None:
         # torchrun's name may resolve to 127.0.1.1, as Debian's /etc/hosts maps the host's name
         loopback = all(a.startswith("127.") for a in t["master_addresses"])
-        return None if (loopback and t["master_addresses"] and
-                        d["master_addresses"] == ["127.0.0.1"] and
-                        d["env"]["MASTER_ADDR"] == "127.0.0.1") else "not this host's loopback"
+        return (
+            None
+            if (
+                loopback
+                and t["master_addresses"]
+                and d["master_addresses"] == ["127.0.0.1"]
+                and d["env"]["MASTER_ADDR"] == "127.0.0.1"
+            )
+            else "not this host's loopback"
+        )
     host, port = run["endpoint"].rsplit(":", 1)
     if d["env"]["MASTER_ADDR"] != host or d["env"]["MASTER_PORT"] == port:
         return f"dlrun's workers do not reach an attempt's port of the endpoint {run['endpoint']}"
@@ -116,47 +135,79 @@ def _store_address(t, d, run):
 # variable one launcher lacks, both values) and the launch, and returns what no longer holds
 # (None: the difference is as documented).
 DOCUMENTED = {
-    "TF_CONFIG": ("values", _dlrun_only,
-                  "dlrun describes the job to TensorFlow's strategies (--tf-config=never: not)"),
-    "NCCL_ASYNC_ERROR_HANDLING": ("values", _dlrun_only,
-                                  "torch 1.x's name of TORCH_NCCL_ASYNC_ERROR_HANDLING"),
+    "TF_CONFIG": (
+        "values",
+        _dlrun_only,
+        "dlrun describes the job to TensorFlow's strategies (--tf-config=never: not)",
+    ),
+    "NCCL_ASYNC_ERROR_HANDLING": (
+        "values",
+        _dlrun_only,
+        "torch 1.x's name of TORCH_NCCL_ASYNC_ERROR_HANDLING",
+    ),
     "DLRUN_PROGRESS_FILE": ("values", _dlrun_only, "the progress board dlrun.progress writes"),
-    "DLRUN_CHECKPOINT_SHM": ("values", _dlrun_only,
-                             "the node's memory dlrun.checkpoint saves into"),
-    "DLRUN_CHECKPOINT_AGENT": ("values", _dlrun_where_it_applies,
-                               "where the node's dlrun serves checkpoint copies"),
-    "PYTHONPATH": ("values", _package_appended,
-                   "dlrun appends the directory of its Python package, after the worker's own"),
-    "MASTER_ADDR": ("records", _store_address, "dlrun's addresses are numeric; "
-                    "through an endpoint dlrun's workers use its store"),
-    "MASTER_PORT": ("records", _store_address, "through an endpoint dlrun's workers use its "
-                    "store, at their attempt's port; torchrun 2.x's group rank 0 agent serves "
-                    "them another"),
+    "DLRUN_CHECKPOINT_SHM": (
+        "values",
+        _dlrun_only,
+        "the node's memory dlrun.checkpoint saves into",
+    ),
+    "DLRUN_CHECKPOINT_AGENT": (
+        "values",
+        _dlrun_where_it_applies,
+        "where the node's dlrun serves checkpoint copies",
+    ),
+    "PYTHONPATH": (
+        "values",
+        _package_appended,
+        "dlrun appends the directory of its Python package, after the worker's own",
+    ),
+    "MASTER_ADDR": (
+        "records",
+        _store_address,
+        "dlrun's addresses are numeric; through an endpoint dlrun's workers use its store",
+    ),
+    "MASTER_PORT": (
+        "records",
+        _store_address,
+        "through an endpoint dlrun's workers use its "
+        "store, at their attempt's port; torchrun 2.x's group rank 0 agent serves "
+        "them another",
+    ),
 }
 
 
 def normalise(env, run):
-    return {key: NORMALISED[key](value, run) if key in NORMALISED else value
-            for key, value in env.items()}
+    return {
+        key: NORMALISED[key](value, run) if key in NORMALISED else value
+        for key, value in env.items()
+    }
 
 
 def env_differences(torchrun_env, dlrun_env, run):
     """The variables set differently by the two launchers, outside DOCUMENTED:
     {name: (torchrun's, dlrun's)}, a missing one as None."""
     left, right = normalise(torchrun_env, run), normalise(dlrun_env, run)
-    return {key: (left.get(key), right.get(key)) for key in sorted(set(left) | set(right))
-            if key not in DOCUMENTED and left.get(key) != right.get(key)}
+    return {
+        key: (left.get(key), right.get(key))
+        for key in sorted(set(left) | set(right))
+        if key not in DOCUMENTED and left.get(key) != right.get(key)
+    }
 
 
 def documented_differences_hold(t, d, run):
     """Each DOCUMENTED entry checked for one rank's records: {name: what is wrong}."""
     wrong = {}
     for key, (takes, check, reason) in DOCUMENTED.items():
-        problem = (check(t["env"].get(key), d["env"].get(key), run) if takes == "values"
-                   else check(t, d, run))
+        problem = (
+            check(t["env"].get(key), d["env"].get(key), run)
+            if takes == "values"
+            else check(t, d, run)
+        )
         if problem:
-            wrong[key] = (f"{problem} (documented: {reason}): torchrun {t['env'].get(key)!r}, "
-                          f"dlrun {d['env'].get(key)!r}")
+            wrong[key] = (
+                f"{problem} (documented: {reason}): torchrun {t['env'].get(key)!r}, "
+                f"dlrun {d['env'].get(key)!r}"
+            )
     return wrong
 
 
@@ -184,12 +235,16 @@ class Launcher:
         if out_dir is not None:
             test.addCleanup(kill_recorded_workers, out_dir)
         if hosts is None:
-            self.proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL,
-                                         stdout=self.log, stderr=subprocess.STDOUT,
-                                         preexec_fn=die_with_parent)
+            self.proc = subprocess.Popen(
+                argv,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=self.log,
+                stderr=subprocess.STDOUT,
+                preexec_fn=die_with_parent,
+            )
         else:
-            self.proc = hosts.popen(host, argv, env=env, stdout=self.log,
-                                    stderr=subprocess.STDOUT)
+            self.proc = hosts.popen(host, argv, env=env, stdout=self.log, stderr=subprocess.STDOUT)
         test.addCleanup(self.kill)
 
     def output(self):
@@ -203,8 +258,9 @@ class Launcher:
             return self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
             self.kill()
-            raise AssertionError(f"{self.name} still running after {timeout}s\n"
-                                 f"{self.describe()}")
+            raise AssertionError(
+                f"{self.name} still running after {timeout}s\n{self.describe()}"
+            ) from None
 
     def kill(self):
         if self.proc.poll() is None:
@@ -214,11 +270,29 @@ class Launcher:
 
 def dlrund_in(test, hosts, env, log_dir, *flags):
     """dlrund inside host 0 at RDZV_PORT; its Launcher, once it listens."""
-    dlrund = Launcher(test, "dlrund", [binary_from_env("DLRUND", "dlrund"), "--host", "0.0.0.0",
-                                       "--port", str(RDZV_PORT), *flags], env, log_dir,
-                      hosts=hosts, host=0)
-    wait_until(lambda: "dlrund listening on" in dlrund.output(), START_TIMEOUT_S,
-               "dlrund to listen", proc=dlrund.proc, on_timeout=dlrund.describe)
+    dlrund = Launcher(
+        test,
+        "dlrund",
+        [
+            binary_from_env("DLRUND", "dlrund"),
+            "--host",
+            "0.0.0.0",
+            "--port",
+            str(RDZV_PORT),
+            *flags,
+        ],
+        env,
+        log_dir,
+        hosts=hosts,
+        host=0,
+    )
+    wait_until(
+        lambda: "dlrund listening on" in dlrund.output(),
+        START_TIMEOUT_S,
+        "dlrund to listen",
+        proc=dlrund.proc,
+        on_timeout=dlrund.describe,
+    )
     return dlrund
 
 
@@ -235,8 +309,10 @@ def records(out, prefix, count):
 class Torch2Case(unittest.TestCase):
     def setUp(self):
         # Not skipped elsewhere: under another torch these tests would prove nothing.
-        self.assertTrue(torch.__version__.startswith(TORCH_ERA),
-                        f"{PYTHON} has torch {torch.__version__}, not {TORCH_ERA}x")
+        self.assertTrue(
+            torch.__version__.startswith(TORCH_ERA),
+            f"{PYTHON} has torch {torch.__version__}, not {TORCH_ERA}x",
+        )
         self.logs = temp_dir(self)
 
     def launch(self, name, argv, env, **kwargs):
@@ -262,8 +338,9 @@ class Torch2Case(unittest.TestCase):
         """Stops dlrund (SIGTERM); returns its --stats counts at exit, {"connections": N, ...}."""
         dlrund.proc.send_signal(signal.SIGTERM)
         self.assertEqual(dlrund.wait(START_TIMEOUT_S), 0, dlrund.describe())
-        line = next((l for l in dlrund.output().splitlines() if l.startswith("dlrund stats:")),
-                    None)
+        line = next(
+            (s for s in dlrund.output().splitlines() if s.startswith("dlrund stats:")), None
+        )
         self.assertIsNotNone(line, dlrund.describe())
         return {key: int(value) for key, value in re.findall(r"(\w+)=(\d+)", line)}
 
@@ -282,9 +359,13 @@ class Torch2Case(unittest.TestCase):
         self.assertEqual(len(recs["torchrun"]), len(recs["dlrun"]))
         for rs in recs.values():
             self.assert_error_files(rs)
-        run = dict(run, group0={launcher: next(r["host_addresses"] for r in rs
-                                               if r["env"]["GROUP_RANK"] == "0")
-                                for launcher, rs in recs.items()})
+        run = dict(
+            run,
+            group0={
+                launcher: next(r["host_addresses"] for r in rs if r["env"]["GROUP_RANK"] == "0")
+                for launcher, rs in recs.items()
+            },
+        )
         for t, d in zip(recs["torchrun"], recs["dlrun"]):
             with self.subTest(rank=t["env"]["RANK"]):
                 self.assertEqual(env_differences(t["env"], d["env"], run), {})
@@ -292,8 +373,12 @@ class Torch2Case(unittest.TestCase):
                 # The same interpreter, flags and script; the last argument, each run's
                 # OUT_DIR, differs.
                 self.assertEqual(t["orig_argv"][:-1], d["orig_argv"][:-1])
-                for field in ("torch", "is_torchelastic_launched", "use_agent_store",
-                              "process_group"):
+                for field in (
+                    "torch",
+                    "is_torchelastic_launched",
+                    "use_agent_store",
+                    "process_group",
+                ):
                     self.assertEqual(t[field], d[field], field)
 
 
@@ -305,11 +390,29 @@ class DdpTest(Torch2Case):
             dlrund = self.start_dlrund(hosts)
             out = temp_dir(self)
             env = clean_env(GLOO_SOCKET_IFNAME="eth0", PYTHON_EXEC=PYTHON)
-            agents = [self.launch(f"torchrun{i}", torchrun_argv(
-                "--nnodes=2", f"--nproc-per-node={NPROC}", "--rdzv-backend=c10d",
-                f"--rdzv-endpoint={self.endpoint(hosts)}", "--rdzv-id=torchrun-ddp",
-                "--rdzv-conf", "is_host=false", "--max-restarts=0", "--monitor-interval=0.1",
-                DDP_TRAIN, out, str(2 * NPROC)), env, hosts=hosts, host=i) for i in range(2)]
+            agents = [
+                self.launch(
+                    f"torchrun{i}",
+                    torchrun_argv(
+                        "--nnodes=2",
+                        f"--nproc-per-node={NPROC}",
+                        "--rdzv-backend=c10d",
+                        f"--rdzv-endpoint={self.endpoint(hosts)}",
+                        "--rdzv-id=torchrun-ddp",
+                        "--rdzv-conf",
+                        "is_host=false",
+                        "--max-restarts=0",
+                        "--monitor-interval=0.1",
+                        DDP_TRAIN,
+                        out,
+                        str(2 * NPROC),
+                    ),
+                    env,
+                    hosts=hosts,
+                    host=i,
+                )
+                for i in range(2)
+            ]
             for agent in agents:
                 self.assertEqual(agent.wait(), 0, self.all_logs())
             self.assert_replicas(out, 2 * NPROC)
@@ -321,9 +424,13 @@ class DdpTest(Torch2Case):
 
     def test_dlrun_on_one_host(self):
         out = temp_dir(self)
-        agent = self.launch("dlrun", dlrun_argv("--standalone", f"--nproc-per-node={NPROC}",
-                                                PYTHON, DDP_TRAIN, out, str(NPROC)),
-                            clean_env(TMPDIR=self.logs))
+        agent = self.launch(
+            "dlrun",
+            dlrun_argv(
+                "--standalone", f"--nproc-per-node={NPROC}", PYTHON, DDP_TRAIN, out, str(NPROC)
+            ),
+            clean_env(TMPDIR=self.logs),
+        )
         self.assertEqual(agent.wait(), 0, self.all_logs())
         self.assert_replicas(out, NPROC)
 
@@ -331,10 +438,26 @@ class DdpTest(Torch2Case):
         with Hosts(2) as hosts:
             out = temp_dir(self)
             env = clean_env(GLOO_SOCKET_IFNAME="eth0", TMPDIR=self.logs)
-            agents = [self.launch(f"dlrun{i}", dlrun_argv(
-                "--nnodes=2", f"--nproc-per-node={NPROC}", "--rdzv-backend=c10d",
-                f"--rdzv-endpoint={self.endpoint(hosts)}", "--rdzv-id=dlrun-ddp", PYTHON,
-                DDP_TRAIN, out, str(2 * NPROC)), env, hosts=hosts, host=i) for i in range(2)]
+            agents = [
+                self.launch(
+                    f"dlrun{i}",
+                    dlrun_argv(
+                        "--nnodes=2",
+                        f"--nproc-per-node={NPROC}",
+                        "--rdzv-backend=c10d",
+                        f"--rdzv-endpoint={self.endpoint(hosts)}",
+                        "--rdzv-id=dlrun-ddp",
+                        PYTHON,
+                        DDP_TRAIN,
+                        out,
+                        str(2 * NPROC),
+                    ),
+                    env,
+                    hosts=hosts,
+                    host=i,
+                )
+                for i in range(2)
+            ]
             for agent in agents:
                 self.assertEqual(agent.wait(), 0, self.all_logs())
             self.assert_replicas(out, 2 * NPROC)
@@ -349,9 +472,17 @@ class EnvironmentDiffTest(Torch2Case):
         recs = {}
         for launcher, argv in (("torchrun", torchrun_argv), ("dlrun", dlrun_argv)):
             out = temp_dir(self)
-            agents = [self.launch(f"{launcher}{i}", argv(*flags, PROBE, out), env, out_dir=out,
-                                  hosts=hosts, host=i)
-                      for i in (range(hosts.n) if hosts else [None])]
+            agents = [
+                self.launch(
+                    f"{launcher}{i}",
+                    argv(*flags, PROBE, out),
+                    env,
+                    out_dir=out,
+                    hosts=hosts,
+                    host=i,
+                )
+                for i in (range(hosts.n) if hosts else [None])
+            ]
             for agent in agents:
                 self.assertEqual(agent.wait(), 0, self.all_logs())
             recs[launcher] = records(out, "probe", NPROC * len(agents))
@@ -359,8 +490,10 @@ class EnvironmentDiffTest(Torch2Case):
 
     def test_standalone(self):
         tmp = temp_dir(self)
-        recs = self.probe_both(["--standalone", f"--nproc-per-node={NPROC}"],
-                               launch_env(tmp, TORCHELASTIC_ENABLE_FILE_TIMER="1"))
+        recs = self.probe_both(
+            ["--standalone", f"--nproc-per-node={NPROC}"],
+            launch_env(tmp, TORCHELASTIC_ENABLE_FILE_TIMER="1"),
+        )
         for rec in recs["dlrun"]:
             self.assertIn("TORCHELASTIC_TIMER_FILE", rec["env"])
         self.assert_same_launch(recs, {"tmp": tmp, "endpoint": None})
@@ -372,9 +505,18 @@ class EnvironmentDiffTest(Torch2Case):
             endpoint = self.endpoint(hosts)
             # One after the other under one id: torchrun's and dlrun's keys never meet.
             recs = self.probe_both(
-                ["--nnodes=2", f"--nproc-per-node={NPROC}", "--rdzv-backend=c10d",
-                 f"--rdzv-endpoint={endpoint}", "--rdzv-id=envdiff", "--rdzv-conf",
-                 "is_host=false"], launch_env(tmp, GLOO_SOCKET_IFNAME="eth0"), hosts)
+                [
+                    "--nnodes=2",
+                    f"--nproc-per-node={NPROC}",
+                    "--rdzv-backend=c10d",
+                    f"--rdzv-endpoint={endpoint}",
+                    "--rdzv-id=envdiff",
+                    "--rdzv-conf",
+                    "is_host=false",
+                ],
+                launch_env(tmp, GLOO_SOCKET_IFNAME="eth0"),
+                hosts,
+            )
         self.assert_same_launch(recs, {"tmp": tmp, "endpoint": endpoint})
 
 
@@ -388,32 +530,45 @@ class ElasticFeaturesTest(Torch2Case):
         results = {}
         for launcher, argv in (("torchrun", torchrun_argv), ("dlrun", dlrun_argv)):
             out = temp_dir(self)
-            agent = self.launch(launcher, argv("--standalone", f"--nproc-per-node={nproc}",
-                                               worker_argv[0], out, *worker_argv[1:]),
-                                env, out_dir=out)
+            agent = self.launch(
+                launcher,
+                argv(
+                    "--standalone",
+                    f"--nproc-per-node={nproc}",
+                    worker_argv[0],
+                    out,
+                    *worker_argv[1:],
+                ),
+                env,
+                out_dir=out,
+            )
             code = agent.wait()
             results[launcher] = (code, agent.output(), out)
         return results
 
     def test_record_error_file_reaches_the_report(self):
-        results = self.run_both([FAIL_WORKER, "record", "1", RECORD_MESSAGE],
-                                launch_env(self.logs))
+        results = self.run_both([FAIL_WORKER, "record", "1", RECORD_MESSAGE], launch_env(self.logs))
         for launcher, (code, output, _) in results.items():
             with self.subTest(launcher=launcher):
                 self.assertEqual(code, 1, output)
         # Each launcher's root cause is the error file torch 2.13's @record wrote.
         torchrun = results["torchrun"][1]
-        self.assertRegex(torchrun, r"Root Cause[^\n]*\n(.*\n)*?\s*rank\s*: 1 \(local_rank: 1\)"
-                                   r"\n(.*\n)*?\s*error_file: \S+/error\.json\n", torchrun)
+        self.assertRegex(
+            torchrun,
+            r"Root Cause[^\n]*\n(.*\n)*?\s*rank\s*: 1 \(local_rank: 1\)"
+            r"\n(.*\n)*?\s*error_file: \S+/error\.json\n",
+            torchrun,
+        )
         self.assertIn(f"RuntimeError: {RECORD_MESSAGE}", torchrun)
-        report = [l for l in results["dlrun"][1].splitlines() if l.startswith("dlrun:")]
+        report = [line for line in results["dlrun"][1].splitlines() if line.startswith("dlrun:")]
         self.assertIn("dlrun: worker failed: rank 1 (local rank 1) ended with exit code 1", report)
         at = report.index("dlrun: error file of rank 1:")
         self.assertEqual(report[at + 1], f"dlrun:   RuntimeError: {RECORD_MESSAGE}", report)
 
     def test_file_timer_in_time(self):
-        results = self.run_both([TIMER_WORKER, "in-time"],
-                                launch_env(self.logs, TORCHELASTIC_ENABLE_FILE_TIMER="1"))
+        results = self.run_both(
+            [TIMER_WORKER, "in-time"], launch_env(self.logs, TORCHELASTIC_ENABLE_FILE_TIMER="1")
+        )
         for launcher, (code, output, out) in results.items():
             with self.subTest(launcher=launcher):
                 self.assertEqual(code, 0, output)
@@ -424,17 +579,35 @@ class ElasticFeaturesTest(Torch2Case):
         for launcher, argv in (("torchrun", torchrun_argv), ("dlrun", dlrun_argv)):
             with self.subTest(launcher=launcher):
                 out = temp_dir(self)
-                agent = self.launch(launcher, argv(
-                    "--standalone", f"--nproc-per-node={NPROC}", TIMER_WORKER, out, "overrun",
-                    "1"), launch_env(self.logs, TORCHELASTIC_ENABLE_FILE_TIMER="1"), out_dir=out)
+                agent = self.launch(
+                    launcher,
+                    argv(
+                        "--standalone",
+                        f"--nproc-per-node={NPROC}",
+                        TIMER_WORKER,
+                        out,
+                        "overrun",
+                        "1",
+                    ),
+                    launch_env(self.logs, TORCHELASTIC_ENABLE_FILE_TIMER="1"),
+                    out_dir=out,
+                )
                 entered = os.path.join(out, "entering_1")
-                wait_until(lambda: os.path.exists(entered), START_TIMEOUT_S * 2,
-                           "rank 1 to enter its block", proc=agent.proc,
-                           on_timeout=agent.describe)
+                wait_until(
+                    lambda: os.path.exists(entered),
+                    START_TIMEOUT_S * 2,
+                    "rank 1 to enter its block",
+                    proc=agent.proc,
+                    on_timeout=agent.describe,
+                )
                 entered_at = time.monotonic()
                 slow = read_json(os.path.join(out, "rank_1.json"))
-                wait_until(lambda: not is_running(slow["pid"]), KILLED_WITHIN_S,
-                           f"rank 1 (pid {slow['pid']}) to be killed", on_timeout=agent.describe)
+                wait_until(
+                    lambda: not is_running(slow["pid"]),
+                    KILLED_WITHIN_S,
+                    f"rank 1 (pid {slow['pid']}) to be killed",
+                    on_timeout=agent.describe,
+                )
                 killed_after = time.monotonic() - entered_at
                 code = agent.wait()
                 output = agent.output()
@@ -447,8 +620,11 @@ class ElasticFeaturesTest(Torch2Case):
                     self.assertEqual(code, -signal.SIGKILL, output)
                 else:
                     self.assertEqual(code, 128 + signal.SIGKILL, output)
-                    self.assertIn(f"dlrun: rank 1 (pid {slow['pid']}): timer 'slow_block' "
-                                  "expired; sending SIGKILL", output)
+                    self.assertIn(
+                        f"dlrun: rank 1 (pid {slow['pid']}): timer 'slow_block' "
+                        "expired; sending SIGKILL",
+                        output,
+                    )
 
 
 if __name__ == "__main__":

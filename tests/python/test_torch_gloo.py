@@ -1,4 +1,6 @@
-"""Four torch processes (the era of the interpreter running the test) rendezvous through dlrund and all_reduce over gloo."""
+"""Four torch processes (the era of the interpreter running the test) rendezvous through dlrund
+and all_reduce over gloo."""
+
 import os
 import subprocess
 import sys
@@ -16,15 +18,27 @@ WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gloo_worker.p
 
 class TorchGlooTest(unittest.TestCase):
     def start_worker(self, port, rank):
-        env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                   WORLD_SIZE=str(WORLD_SIZE), TORCHELASTIC_USE_AGENT_STORE="True",
-                   TORCHELASTIC_RESTART_COUNT="0", OMP_NUM_THREADS="1",
-                   GLOO_SOCKET_IFNAME="lo")
+        env = dict(
+            os.environ,
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+            RANK=str(rank),
+            WORLD_SIZE=str(WORLD_SIZE),
+            TORCHELASTIC_USE_AGENT_STORE="True",
+            TORCHELASTIC_RESTART_COUNT="0",
+            OMP_NUM_THREADS="1",
+            GLOO_SOCKET_IFNAME="lo",
+        )
         # Output goes to a file, not a pipe nobody drains, and is shown if the worker fails.
         log = tempfile.TemporaryFile()
         self.addCleanup(log.close)
-        proc = subprocess.Popen([sys.executable, WORKER], env=env, stdout=log,
-                                stderr=subprocess.STDOUT, preexec_fn=die_with_parent)
+        proc = subprocess.Popen(
+            [sys.executable, WORKER],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            preexec_fn=die_with_parent,
+        )
         self.addCleanup(stop_process, proc)  # cleanups run in reverse: before log.close
         return proc, log
 
@@ -39,8 +53,10 @@ class TorchGlooTest(unittest.TestCase):
                 code = None
             if code != 0:
                 output = read_shared(log)
-                self.fail(f"rank {rank} exited with {code} (None: still running after "
-                          f"{TIMEOUT_S}s); its output:\n{output}")
+                self.fail(
+                    f"rank {rank} exited with {code} (None: still running after "
+                    f"{TIMEOUT_S}s); its output:\n{output}"
+                )
         self.assertIsNone(daemon.proc.poll(), "dlrund exited during the run")
 
 

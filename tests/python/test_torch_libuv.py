@@ -12,13 +12,14 @@ dlrun finds that out before the workers start and has rank 0's torch serve their
   kept and said; one with libuv, and torch 1.x, leave every worker at the agent's store;
   --worker-store=agent and rank0 override the choice.
 """
+
 import json
 import os
 import socket
 import sys
 import unittest
 
-from dlrun_fixture import (PYTHON, clean_env, main, read_json, run_dlrun, temp_dir, worker)
+from dlrun_fixture import PYTHON, clean_env, main, read_json, run_dlrun, temp_dir, worker
 
 DDP_TRAIN = worker("ddp_train.py")
 ENV_DUMP = worker("env_dump.py")
@@ -31,14 +32,17 @@ NO_LIBUV = b"LibUV TCPStore implementation missing"
 def refuses_agent_store():
     """torch's own answer: does a client asked for libuv (as torch 2.4+'s agent-store client is)
     refuse to be made? torch 1.x has no such choice."""
-    import torch.distributed as dist
     from datetime import timedelta
+
+    import torch.distributed as dist
+
     with socket.socket() as s:  # a port where nothing listens: only the refusal matters
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     try:
-        dist.TCPStore("127.0.0.1", port, is_master=False, use_libuv=True,
-                      timeout=timedelta(milliseconds=100))
+        dist.TCPStore(
+            "127.0.0.1", port, is_master=False, use_libuv=True, timeout=timedelta(milliseconds=100)
+        )
     except TypeError:
         return False  # no use_libuv: torch 1.x
     except Exception as e:
@@ -52,19 +56,34 @@ class OwnTorch(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         cls.refuses = refuses_agent_store()
-        print(f"test_torch_libuv: {PYTHON}: torch refuses an agent's store: {cls.refuses}",
-              file=sys.stderr)
+        print(
+            f"test_torch_libuv: {PYTHON}: torch refuses an agent's store: {cls.refuses}",
+            file=sys.stderr,
+        )
 
     def train(self, *extra, env=None, max_restarts=0):
         out = temp_dir(self)
-        result = run_dlrun(self, ["--standalone", f"--nproc-per-node={WORLD}",
-                                  f"--max-restarts={max_restarts}", PYTHON, DDP_TRAIN, out,
-                                  str(WORLD), *extra], env=env or clean_env(), timeout=TIMEOUT_S)
+        result = run_dlrun(
+            self,
+            [
+                "--standalone",
+                f"--nproc-per-node={WORLD}",
+                f"--max-restarts={max_restarts}",
+                PYTHON,
+                DDP_TRAIN,
+                out,
+                str(WORLD),
+                *extra,
+            ],
+            env=env or clean_env(),
+            timeout=TIMEOUT_S,
+        )
         self.assertEqual(result.returncode, 0, result)
         records = [read_json(os.path.join(out, f"ok_{r}.json")) for r in range(WORLD)]
         self.assertEqual(len({r["checksum"] for r in records}), 1, records)
-        self.assertEqual({r["agent_store"] for r in records},
-                         {"False" if self.refuses else "True"}, result)
+        self.assertEqual(
+            {r["agent_store"] for r in records}, {"False" if self.refuses else "True"}, result
+        )
         return out, records, result
 
     def test_ddp_trains_with_nothing_set(self):
@@ -82,7 +101,7 @@ class OwnTorch(unittest.TestCase):
         out, records, result = self.train("--fail-first-attempt", max_restarts=1)
         failed = [n for n in os.listdir(out) if n.startswith("failed_")]
         self.assertEqual(len(failed), 1, result)
-        self.assertNotEqual(failed[0][len("failed_"):], records[0]["master_port"])
+        self.assertNotEqual(failed[0][len("failed_") :], records[0]["master_port"])
 
 
 class MadeTorch(unittest.TestCase):
@@ -99,10 +118,12 @@ class MadeTorch(unittest.TestCase):
         with open(os.path.join(torch, "lib", "libtorch_cpu.so"), "wb") as f:
             f.write(b"\x7fELF" + b"\0" * 8192 + library + b"\0" * 8192)
         out = temp_dir(self)
-        result = run_dlrun(self, ["--standalone", f"--nproc-per-node={WORLD}", *flags, PYTHON,
-                                  ENV_DUMP, out],
-                           env=clean_env(PYTHONPATH=site, **(env_extra or {})),
-                           timeout=TIMEOUT_S)
+        result = run_dlrun(
+            self,
+            ["--standalone", f"--nproc-per-node={WORLD}", *flags, PYTHON, ENV_DUMP, out],
+            env=clean_env(PYTHONPATH=site, **(env_extra or {})),
+            timeout=TIMEOUT_S,
+        )
         self.assertEqual(result.returncode, 0, result)
         envs = [read_json(os.path.join(out, f"env_{r}.json"))["env"] for r in range(WORLD)]
         return torch, envs, result
@@ -130,8 +151,9 @@ class MadeTorch(unittest.TestCase):
         self.assertNotIn(SAID, result.stderr)
         self.assertEqual({env["TORCHELASTIC_USE_AGENT_STORE"] for env in envs}, {"True"})
         _, envs, result = self.run_with("2.13.0", b"uv_loop_init", flags=["--worker-store=rank0"])
-        self.assertIn("--worker-store=rank0: rank 0's torch serves the workers' store",
-                      result.stderr)
+        self.assertIn(
+            "--worker-store=rank0: rank 0's torch serves the workers' store", result.stderr
+        )
         rank0 = json.loads(envs[0]["TF_CONFIG"])["cluster"]["worker"][0]
         for env in envs:
             self.assertEqual(env["TORCHELASTIC_USE_AGENT_STORE"], "False")

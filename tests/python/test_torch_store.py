@@ -1,4 +1,5 @@
 """The real torch TCPStore client (the era of the interpreter running the test) against dlrund."""
+
 import os
 import sys
 import threading
@@ -21,8 +22,13 @@ class TorchStoreTest(unittest.TestCase):
 
     def client(self):
         # use_libuv=False on a torch without libuv (Debian 13's), which refuses any other.
-        return dist.TCPStore("127.0.0.1", self.daemon.port, is_master=False,
-                             timeout=timedelta(seconds=10), **client_options())
+        return dist.TCPStore(
+            "127.0.0.1",
+            self.daemon.port,
+            is_master=False,
+            timeout=timedelta(seconds=10),
+            **client_options(),
+        )
 
     def test_set_get(self):
         self.store.set("text", "hello")

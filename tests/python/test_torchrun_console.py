@@ -26,6 +26,7 @@ log directory, TMPDIR and worker record directory; every process is stopped by P
 a deadline. CONSOLE_TEST_AGAINST=torchrun runs torchrun in dlrun's place (a check of the
 comparison itself: every row must then pass with DOCUMENTED empty).
 """
+
 import os
 import re
 import stat
@@ -34,11 +35,20 @@ import tempfile
 import time
 import unittest
 
-from dlrun_fixture import (PYTHON, binary_from_env, clean_env, die_with_parent,
-                           kill_recorded_workers, main, read_json, temp_dir, worker)
+from dlrun_fixture import (
+    PYTHON,
+    binary_from_env,
+    clean_env,
+    die_with_parent,
+    kill_recorded_workers,
+    main,
+    read_json,
+    temp_dir,
+    worker,
+)
 
 WORKER = worker("console_worker.sh")
-RUN_TIMEOUT_S = 90   # both launchers of a row, torchrun 2.13 starting on a loaded 2-core machine
+RUN_TIMEOUT_S = 90  # both launchers of a row, torchrun 2.13 starting on a loaded 2-core machine
 TEMPLATE = "<${role_name}|${rank}|${local_rank}|$$|${hostname}> "
 
 
@@ -65,16 +75,39 @@ ROWS = [
     Row("redirects_1_tee_2", ["--redirects", "1", "--tee", "2"]),
     Row("local_ranks_filter", ["--local-ranks-filter", "1"]),
     # The filter file only holds the lines of the ranks the console shows.
-    Row("local_ranks_filter_tee_3", ["--local-ranks-filter", "1", "--tee", "3",
-                                     "--duplicate-stdout-filters", "apple"]),
+    Row(
+        "local_ranks_filter_tee_3",
+        ["--local-ranks-filter", "1", "--tee", "3", "--duplicate-stdout-filters", "apple"],
+    ),
     # The template's prefix in the filter file too.
-    Row("prefix_template", ["--tee", "3", "--role", "trn", "--duplicate-stdout-filters", "apple"],
-        env={"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": TEMPLATE}),
-    Row("duplicate_filters", ["--duplicate-stdout-filters", "apple",
-                              "--duplicate-stderr-filters", "orange", "--tee", "3"]),
+    Row(
+        "prefix_template",
+        ["--tee", "3", "--role", "trn", "--duplicate-stdout-filters", "apple"],
+        env={"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": TEMPLATE},
+    ),
+    Row(
+        "duplicate_filters",
+        [
+            "--duplicate-stdout-filters",
+            "apple",
+            "--duplicate-stderr-filters",
+            "orange",
+            "--tee",
+            "3",
+        ],
+    ),
     # stderr not tee'd: its filter file is made all the same, and stays empty.
-    Row("duplicate_filters_tee_1", ["--duplicate-stdout-filters", "apple",
-                                    "--duplicate-stderr-filters", "orange", "--tee", "1"]),
+    Row(
+        "duplicate_filters_tee_1",
+        [
+            "--duplicate-stdout-filters",
+            "apple",
+            "--duplicate-stderr-filters",
+            "orange",
+            "--tee",
+            "1",
+        ],
+    ),
     # One rank: exact bytes, with a carriage return inside a line, a CRLF, bytes that are not
     # UTF-8 and an unterminated last line on each stream.
     Row("one_rank_tee_3", ["--tee", "3"], nproc=1, env=ONE_RANK_BYTES),
@@ -103,8 +136,11 @@ def lines(data):
 
 def worker_console(data):
     """A console stream less both launchers' own lines."""
-    return b"".join(line for line in lines(data)
-                    if not TORCHRUN_LINE.fullmatch(line) and not DLRUN_LINE.fullmatch(line))
+    return b"".join(
+        line
+        for line in lines(data)
+        if not TORCHRUN_LINE.fullmatch(line) and not DLRUN_LINE.fullmatch(line)
+    )
 
 
 def tree(root):
@@ -114,8 +150,13 @@ def tree(root):
         for name in dirs + files:
             path = os.path.join(directory, name)
             st = os.lstat(path)
-            kind = ("dir" if stat.S_ISDIR(st.st_mode) else
-                    "file" if stat.S_ISREG(st.st_mode) else "other")
+            kind = (
+                "dir"
+                if stat.S_ISDIR(st.st_mode)
+                else "file"
+                if stat.S_ISREG(st.st_mode)
+                else "other"
+            )
             content = None
             if kind == "file":
                 with open(path, "rb") as f:
@@ -132,12 +173,16 @@ def view(row, launch):
         items[f"console {stream}"] = console if row.nproc == 1 else sorted(lines(console))
     run_ids = {record["run_id"] for record in launch.records}
     run_id = run_ids.pop() if len(run_ids) == 1 else None
-    items["run id"] = ("one UUID" if run_id is not None and UUID.fullmatch(run_id)
-                       else f"not one UUID: {sorted(run_ids | {run_id})}")
+    items["run id"] = (
+        "one UUID"
+        if run_id is not None and UUID.fullmatch(run_id)
+        else f"not one UUID: {sorted(run_ids | {run_id})}"
+    )
     names = sorted(os.listdir(launch.log_dir))
     run_dir_name = re.compile(re.escape(run_id or "") + r"_[a-z0-9_]{8}")
-    items["log dir"] = ["<run id>_<8 random>" if run_id and run_dir_name.fullmatch(name)
-                        else name for name in names]
+    items["log dir"] = [
+        "<run id>_<8 random>" if run_id and run_dir_name.fullmatch(name) else name for name in names
+    ]
     if len(names) == 1:
         run_dir = os.path.join(launch.log_dir, names[0])
         items["run dir mode"] = oct(stat.S_IMODE(os.lstat(run_dir).st_mode))
@@ -177,9 +222,14 @@ class Launch:
         test.addCleanup(self._err.close)
         # torchrun's workers lead sessions of their own and would outlive a killed torchrun.
         test.addCleanup(kill_recorded_workers, self.out_dir)
-        self.proc = subprocess.Popen(self.argv, env=env, stdin=subprocess.DEVNULL,
-                                     stdout=self._out, stderr=self._err,
-                                     preexec_fn=die_with_parent)
+        self.proc = subprocess.Popen(
+            self.argv,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=self._out,
+            stderr=self._err,
+            preexec_fn=die_with_parent,
+        )
         test.addCleanup(self.kill)
 
     def kill(self):
@@ -188,22 +238,26 @@ class Launch:
             self.proc.wait()
 
     def describe(self):
-        return (f"--- {self.tool}: {' '.join(self.argv)} (exit {self.proc.returncode}) ---\n"
-                f"stdout: {read_all(self._out)!r}\nstderr: {read_all(self._err)!r}\n")
+        return (
+            f"--- {self.tool}: {' '.join(self.argv)} (exit {self.proc.returncode}) ---\n"
+            f"stdout: {read_all(self._out)!r}\nstderr: {read_all(self._err)!r}\n"
+        )
 
     def wait(self, deadline):
         try:
             self.returncode = self.proc.wait(max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             self.kill()
-            raise AssertionError(f"{self.tool} still running after {RUN_TIMEOUT_S}s\n"
-                                 f"{self.describe()}")
+            raise AssertionError(
+                f"{self.tool} still running after {RUN_TIMEOUT_S}s\n{self.describe()}"
+            ) from None
         self.stdout, self.stderr = read_all(self._out), read_all(self._err)
         paths = [os.path.join(self.out_dir, f"worker_{rank}.json") for rank in range(self.nproc)]
         missing = [p for p in paths if not os.path.exists(p)]
         if missing:
-            raise AssertionError(f"{self.tool}'s workers did not all run: no {missing}\n"
-                                 f"{self.describe()}")
+            raise AssertionError(
+                f"{self.tool}'s workers did not all run: no {missing}\n{self.describe()}"
+            )
         self.records = [read_json(p) for p in paths]
 
 
@@ -211,8 +265,11 @@ def launcher_argv(tool, row):
     common = ["--standalone", f"--nproc-per-node={row.nproc}", *row.args]
     if tool == "torchrun" or os.environ.get("CONSOLE_TEST_AGAINST") == "torchrun":
         return [PYTHON, "-m", "torch.distributed.run", *common]
-    return [binary_from_env("DLRUN", "dlrun"),
-            *([] if row.format_by_env else ["--console-format=torchrun"]), *common]
+    return [
+        binary_from_env("DLRUN", "dlrun"),
+        *([] if row.format_by_env else ["--console-format=torchrun"]),
+        *common,
+    ]
 
 
 def show(value):
@@ -226,8 +283,10 @@ class TorchrunConsoleTest(unittest.TestCase):
         env = clean_env(OMP_NUM_THREADS="1", **row.env)
         dlrun_env = dict(env, PET_CONSOLE_FORMAT="torchrun") if row.format_by_env else env
         argvs = launcher_argv("torchrun", row), launcher_argv("dlrun", row)
-        launches = [Launch(self, "torchrun", argvs[0], env, row.nproc),
-                    Launch(self, "dlrun", argvs[1], dlrun_env, row.nproc)]
+        launches = [
+            Launch(self, "torchrun", argvs[0], env, row.nproc),
+            Launch(self, "dlrun", argvs[1], dlrun_env, row.nproc),
+        ]
         deadline = time.monotonic() + RUN_TIMEOUT_S
         for launch in launches:
             launch.wait(deadline)
@@ -241,27 +300,32 @@ class TorchrunConsoleTest(unittest.TestCase):
         self.assertEqual(left["run dir mode"], "0o700", details)
 
         differing = {key for key in left.keys() | right.keys() if left.get(key) != right.get(key)}
-        documented = {key: DOCUMENTED[name, key] for (name, key) in DOCUMENTED
-                      if name == row.name}
-        unexplained = {key for key in differing
-                       if key not in documented
-                       or not documented[key][1](left.get(key), right.get(key))}
+        documented = {key: DOCUMENTED[name, key] for (name, key) in DOCUMENTED if name == row.name}
+        unexplained = {
+            key
+            for key in differing
+            if key not in documented or not documented[key][1](left.get(key), right.get(key))
+        }
         report = "".join(
             f"  {key}"
             + (f" (documented: {documented[key][0]})" if key in documented else "")
             + f"\n    torchrun: {show(left.get(key, '<absent>'))}\n"
             f"    dlrun:    {show(right.get(key, '<absent>'))}\n"
-            for key in sorted(unexplained))
+            for key in sorted(unexplained)
+        )
         if unexplained:
             self.fail(f"row {row.name}: differences outside DOCUMENTED:\n{report}{details}")
         if documented.keys() - differing:
-            self.fail(f"row {row.name}: DOCUMENTED but equal now (out of date): "
-                      f"{sorted(documented.keys() - differing)}")
+            self.fail(
+                f"row {row.name}: DOCUMENTED but equal now (out of date): "
+                f"{sorted(documented.keys() - differing)}"
+            )
 
 
 def _add_row_test(row):
     def test(self):
         self.compare(row)
+
     test.__doc__ = f"{row.name}: {' '.join(row.args) or 'no flags'}, {row.nproc} rank(s)"
     setattr(TorchrunConsoleTest, f"test_{row.name}", test)
 

@@ -2,6 +2,7 @@
 a test accuracy of at least 0.86 on Fashion-MNIST, as rank 0's final JSON summary reports.
 (The default 15-epoch job and its 0.885 bar: scripts/check_default_accuracy.sh, outside ctest.)
 """
+
 import unittest
 
 from dlrun_fixture import main

@@ -8,14 +8,14 @@ at once: a rank waiting for a failed peer must not hold the job until dlrun's st
 
 Broken datasets are copies of the real directory (symlinks to the good files) with one file
 replaced, passed with --data."""
+
 import gzip
 import os
 import time
 import unittest
 
 from dlrun_fixture import main, temp_dir
-from trainer_fixture import (DATA_DIR, DATA_FILES, TrainJob, cuda_devices, require_data,
-                             run_single)
+from trainer_fixture import DATA_DIR, DATA_FILES, TrainJob, cuda_devices, require_data, run_single
 
 IDX3_MAGIC = b"\x00\x00\x08\x03"
 STOP_TIMEOUT_S = 30  # dlrun's default --stop-timeout
@@ -52,21 +52,36 @@ class TrainerBadInputTest(unittest.TestCase):
             images_gz = f.read()
         bad_magic = b"\x00\x00\x0d\x03" + be32(60000) + be32(28) + be32(28) + bytes(28 * 28)
         return [
-            ("missing file",
-             self.broken_data("train-labels-idx1-ubyte.gz", None),
-             "train-labels-idx1-ubyte", "no such file"),
-            ("truncated payload",
-             self.broken_data("t10k-labels-idx1-ubyte.gz", gzip.compress(labels[:5008])),
-             "t10k-labels-idx1-ubyte.gz", "truncated"),
-            ("torn gzip stream",
-             self.broken_data("t10k-images-idx3-ubyte.gz", images_gz[:len(images_gz) // 2]),
-             "t10k-images-idx3-ubyte.gz", "truncated"),
-            ("truncated header",
-             self.broken_data("train-images-idx3-ubyte.gz", gzip.compress(IDX3_MAGIC + be32(9))),
-             "train-images-idx3-ubyte.gz", "truncated"),
-            ("wrong magic",
-             self.broken_data("train-images-idx3-ubyte.gz", gzip.compress(bad_magic)),
-             "train-images-idx3-ubyte.gz", "magic"),
+            (
+                "missing file",
+                self.broken_data("train-labels-idx1-ubyte.gz", None),
+                "train-labels-idx1-ubyte",
+                "no such file",
+            ),
+            (
+                "truncated payload",
+                self.broken_data("t10k-labels-idx1-ubyte.gz", gzip.compress(labels[:5008])),
+                "t10k-labels-idx1-ubyte.gz",
+                "truncated",
+            ),
+            (
+                "torn gzip stream",
+                self.broken_data("t10k-images-idx3-ubyte.gz", images_gz[: len(images_gz) // 2]),
+                "t10k-images-idx3-ubyte.gz",
+                "truncated",
+            ),
+            (
+                "truncated header",
+                self.broken_data("train-images-idx3-ubyte.gz", gzip.compress(IDX3_MAGIC + be32(9))),
+                "train-images-idx3-ubyte.gz",
+                "truncated",
+            ),
+            (
+                "wrong magic",
+                self.broken_data("train-images-idx3-ubyte.gz", gzip.compress(bad_magic)),
+                "train-images-idx3-ubyte.gz",
+                "magic",
+            ),
         ]
 
     def assert_one_line_error(self, result, *words):
@@ -124,8 +139,9 @@ class TrainerBadInputTest(unittest.TestCase):
         elapsed = time.monotonic() - start
         self.assertGreater(result.returncode, 0, result)
         self.assertLess(elapsed, GIVE_UP_AFTER_S, f"took {elapsed:.1f}s\n{result}")
-        self.assertTrue(any(line.startswith("dlrun: worker failed") for line in
-                            result.dlrun_lines()), result)
+        self.assertTrue(
+            any(line.startswith("dlrun: worker failed") for line in result.dlrun_lines()), result
+        )
         return result
 
     def test_wrong_magic_through_dlrun(self):
@@ -144,8 +160,9 @@ class TrainerBadInputTest(unittest.TestCase):
         # end on dlrun's SIGTERM, not after the stop timeout's SIGKILL.
         parent, regular, target = self.unwritable_checkpoint_dir()
         result = self.run_job(["--checkpoint-dir", target])
-        self.assertIn(f"[0]:dlrun-train: error: cannot write checkpoints to {target}",
-                      result.stderr, result)
+        self.assertIn(
+            f"[0]:dlrun-train: error: cannot write checkpoints to {target}", result.stderr, result
+        )
         self.assertNotIn("SIGKILL", result.stderr, result)
         self.assert_untouched(parent, regular)
 

@@ -13,14 +13,22 @@
 - --metrics-file records it as it records the MLP (the same fields; the page and Prometheus
   series come from the same numbers);
 - a checkpoint of the MLP does not load into the CNN, and the CNN refuses --hidden."""
+
 import json
 import os
 import unittest
 
 from dlrun_fixture import Dlrun, main, temp_dir
 from test_trainer_metrics_file import FIELDS
-from trainer_fixture import (TrainJob, assert_data_parallel_exact, chief_summary, require_data,
-                             run_single, run_train, summary)
+from trainer_fixture import (
+    TrainJob,
+    assert_data_parallel_exact,
+    chief_summary,
+    require_data,
+    run_single,
+    run_train,
+    summary,
+)
 
 MIN_ACCURACY = 0.90
 DEFAULT_EPOCHS = 8
@@ -45,13 +53,24 @@ class TrainerCnnTest(unittest.TestCase):
         assert_data_parallel_exact(self, "cpu", ["--model", "cnn"], steps=10)
 
     def test_a_resumed_run_ends_with_the_weights_of_an_uninterrupted_one(self):
-        common = ["--model", "cnn", "--epochs", "1", "--max-steps", "40", "--seed", "3",
-                  "--progress-every", "1000"]
+        common = [
+            "--model",
+            "cnn",
+            "--epochs",
+            "1",
+            "--max-steps",
+            "40",
+            "--seed",
+            "3",
+            "--progress-every",
+            "1000",
+        ]
 
         def final_weights(name, flags=(), launcher_flags=()):
             path = os.path.join(temp_dir(self), name)
-            result = TrainJob(self, [*common, *flags, "--dump-weights", path], 3,
-                              launcher_flags).wait()
+            result = TrainJob(
+                self, [*common, *flags, "--dump-weights", path], 3, launcher_flags
+            ).wait()
             self.assertEqual(result.returncode, 0, result)
             with open(path, "rb") as f:
                 return f.read(), result
@@ -59,14 +78,37 @@ class TrainerCnnTest(unittest.TestCase):
         straight, _ = final_weights("straight")
         checkpoint_dir = os.path.join(temp_dir(self), "checkpoints")
         resumed, result = final_weights(
-            "resumed", ["--checkpoint-dir", checkpoint_dir, "--checkpoint-every", "20",
-                        "--fail-at-step", "20"], ["--max-restarts=1"])
+            "resumed",
+            [
+                "--checkpoint-dir",
+                checkpoint_dir,
+                "--checkpoint-every",
+                "20",
+                "--fail-at-step",
+                "20",
+            ],
+            ["--max-restarts=1"],
+        )
         self.assertIn("[0]:resuming from checkpoint", result.stdout, result)
         self.assertTrue(resumed == straight, f"the resumed weights differ\n{result}")
 
     def test_parameter_servers_train_it(self):
-        job = Dlrun(self, ["--standalone", "--roles=ps:1,worker:2", "train", "--strategy", "ps",
-                           "--model", "cnn", "--epochs", "1", "--max-steps", "60"])
+        job = Dlrun(
+            self,
+            [
+                "--standalone",
+                "--roles=ps:1,worker:2",
+                "train",
+                "--strategy",
+                "ps",
+                "--model",
+                "cnn",
+                "--epochs",
+                "1",
+                "--max-steps",
+                "60",
+            ],
+        )
         result = job.wait(FULL_RUN_TIMEOUT_S)
         self.assertEqual(result.returncode, 0, result)
         report = chief_summary(self, result)
@@ -75,8 +117,21 @@ class TrainerCnnTest(unittest.TestCase):
 
     def test_the_metrics_file_records_it(self):
         path = os.path.join(temp_dir(self), "cnn.jsonl")
-        result = run_single(self, ["--model", "cnn", "--epochs", "1", "--max-steps", "200",
-                                   "--progress-every", "50", "--metrics-file", path])
+        result = run_single(
+            self,
+            [
+                "--model",
+                "cnn",
+                "--epochs",
+                "1",
+                "--max-steps",
+                "200",
+                "--progress-every",
+                "50",
+                "--metrics-file",
+                path,
+            ],
+        )
         self.assertEqual(result.returncode, 0, result)
         with open(path) as f:
             records = [json.loads(line) for line in f]
@@ -88,19 +143,33 @@ class TrainerCnnTest(unittest.TestCase):
 
     def test_an_mlp_checkpoint_does_not_load_into_the_cnn(self):
         checkpoint_dir = temp_dir(self)
-        mlp = run_single(self, ["--epochs", "1", "--max-steps", "2", "--checkpoint-dir",
-                                checkpoint_dir])
+        mlp = run_single(
+            self, ["--epochs", "1", "--max-steps", "2", "--checkpoint-dir", checkpoint_dir]
+        )
         self.assertEqual(mlp.returncode, 0, mlp)
-        cnn = run_single(self, ["--model", "cnn", "--epochs", "1", "--max-steps", "2",
-                                "--checkpoint-dir", checkpoint_dir])
+        cnn = run_single(
+            self,
+            [
+                "--model",
+                "cnn",
+                "--epochs",
+                "1",
+                "--max-steps",
+                "2",
+                "--checkpoint-dir",
+                checkpoint_dir,
+            ],
+        )
         self.assertNotEqual(cnn.returncode, 0, cnn)
         self.assertIn("is for another model shape", cnn.stderr, cnn)
 
     def test_hidden_is_the_mlps(self):
         result = run_single(self, ["--model", "cnn", "--hidden", "64"])
         self.assertEqual(result.returncode, 2, result)
-        self.assertEqual(result.stderr.strip(),
-                         "dlrun-train: error: --hidden sizes the MLP: drop it with --model cnn")
+        self.assertEqual(
+            result.stderr.strip(),
+            "dlrun-train: error: --hidden sizes the MLP: drop it with --model cnn",
+        )
 
 
 if __name__ == "__main__":

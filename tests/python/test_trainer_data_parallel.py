@@ -6,6 +6,7 @@ test: test_trainer_gpu.py): as a job on one machine runs by default (gradients s
 memory, the AVX2 build of the math where the CPU has AVX2 and FMA), and through the other paths
 (Gloo over TCP, as across machines, and the baseline math, as on CPUs without AVX2); and a job
 on one machine does take the fast paths."""
+
 import unittest
 
 from dlrun_fixture import clean_env, main

@@ -8,14 +8,22 @@ engine also ends where the CPU engine does, within the same tolerance.
 
 Exits with code 77, which ctest reports as skipped, where no CUDA device is usable or
 dlrun-train was built without CUDA (scripts/gpu_check.sh runs it on a GPU machine)."""
+
 import os
 import sys
 import unittest
 
 from dlrun_fixture import main, temp_dir
-from trainer_fixture import (DATA_PARALLEL_TOLERANCE, assert_data_parallel_exact, cuda_devices,
-                             data_parallel_weights, max_abs_difference, require_data, run_single,
-                             summary)
+from trainer_fixture import (
+    DATA_PARALLEL_TOLERANCE,
+    assert_data_parallel_exact,
+    cuda_devices,
+    data_parallel_weights,
+    max_abs_difference,
+    require_data,
+    run_single,
+    summary,
+)
 
 SKIPPED = 77  # ctest's SKIP_RETURN_CODE for this test
 MIN_ACCURACY = 0.83

@@ -5,6 +5,7 @@ fields the issue names; plot_metrics.py draws both on one PNG, checked by its si
 reading it back with matplotlib (both runs' colours are on it). The PNG is kept in the test's
 output directory (test-output/ in ctest's working directory) for a person to look at.
 """
+
 import json
 import os
 import shutil
@@ -15,14 +16,26 @@ from dlrun_fixture import main, temp_dir
 from trainer_fixture import require_data, run_train
 
 PYTHON = "/usr/bin/python3"
-FIELDS = {"kind", "time", "elapsed", "step", "epoch", "loss", "accuracy", "samples_per_sec",
-          "lr", "world_size", "restart"}
+FIELDS = {
+    "kind",
+    "time",
+    "elapsed",
+    "step",
+    "epoch",
+    "loss",
+    "accuracy",
+    "samples_per_sec",
+    "lr",
+    "world_size",
+    "restart",
+}
 EPOCHS = 3
 
 
 def plot_script():
     source = os.environ.get("DLRUN_SOURCE_DIR") or os.path.join(
-        os.path.dirname(os.path.abspath(__file__)), "..", "..")
+        os.path.dirname(os.path.abspath(__file__)), "..", ".."
+    )
     return os.path.join(source, "scripts", "plot_metrics.py")
 
 
@@ -35,8 +48,9 @@ def output_dir():
 class MetricsFileTest(unittest.TestCase):
     def run_to_file(self, nproc):
         path = os.path.join(temp_dir(self), f"run{nproc}.jsonl")
-        result = run_train(self, ["--epochs", str(EPOCHS), "--progress-every", "50",
-                                  "--metrics-file", path], nproc)
+        result = run_train(
+            self, ["--epochs", str(EPOCHS), "--progress-every", "50", "--metrics-file", path], nproc
+        )
         self.assertEqual(result.returncode, 0, result)
         return path
 
@@ -67,21 +81,24 @@ class MetricsFileTest(unittest.TestCase):
         self.check_records(runs[1], 2)
 
         png = os.path.join(temp_dir(self), "curves.png")
-        plotted = subprocess.run([PYTHON, plot_script(), *runs, "-o", png], capture_output=True,
-                                 text=True, timeout=120)
+        plotted = subprocess.run(
+            [PYTHON, plot_script(), *runs, "-o", png], capture_output=True, text=True, timeout=120
+        )
         self.assertEqual(plotted.returncode, 0, plotted.stderr)
         self.assertGreater(os.path.getsize(png), 20_000)
         shutil.copy(png, os.path.join(output_dir(), "trainer_metrics_curves.png"))
 
         import matplotlib
+
         matplotlib.use("Agg")
         import matplotlib.image
         import numpy
+
         image = matplotlib.image.imread(png)
         self.assertEqual(image.shape[:2], (800, 1200))
         rgb = (image[:, :, :3] * 255).round().astype(int)
         # matplotlib's first two colours, one a run: both runs' curves are drawn.
-        for colour in ((0x1f, 0x77, 0xb4), (0xff, 0x7f, 0x0e)):
+        for colour in ((0x1F, 0x77, 0xB4), (0xFF, 0x7F, 0x0E)):
             pixels = numpy.all(rgb == colour, axis=-1).sum()
             self.assertGreater(pixels, 500, f"colour {colour} on {pixels} pixels")
 

@@ -14,6 +14,7 @@
 - Bad input: --strategy ps without a ps, more servers than parameters, a role string that does
   not parse: one line and exit 2.
 """
+
 import json
 import os
 import re
@@ -22,9 +23,17 @@ import subprocess
 import unittest
 
 from dlrun_fixture import Dlrun, clean_env, main, run_dlrun, temp_dir, wait_until
-from trainer_fixture import (SINGLE_TIMEOUT_S, TrainJob, chief_summary, descendants,
-                             max_abs_difference, read_floats, require_data, run_train,
-                             train_binary)
+from trainer_fixture import (
+    SINGLE_TIMEOUT_S,
+    TrainJob,
+    chief_summary,
+    descendants,
+    max_abs_difference,
+    read_floats,
+    require_data,
+    run_train,
+    train_binary,
+)
 
 ACCURACY_BAR = 0.86
 SYNC_STEPS = 100
@@ -36,8 +45,19 @@ class PsJob(TrainJob):
     """`dlrun --standalone --roles ROLES [flags] train --strategy ps [trainer flags]`."""
 
     def __init__(self, test, roles, trainer_args, launcher_flags=()):
-        Dlrun.__init__(self, test, ["--standalone", f"--roles={roles}", *launcher_flags,
-                                    "train", "--strategy", "ps", *trainer_args])
+        Dlrun.__init__(
+            self,
+            test,
+            [
+                "--standalone",
+                f"--roles={roles}",
+                *launcher_flags,
+                "train",
+                "--strategy",
+                "ps",
+                *trainer_args,
+            ],
+        )
 
 
 def progress_steps(text):
@@ -53,9 +73,11 @@ def role_process(job, role, role_rank):
                 env = dict(e.split(b"=", 1) for e in f.read().split(b"\0") if b"=" in e)
         except OSError:
             continue
-        if (env.get(b"ROLE_NAME") == role.encode() and
-                env.get(b"ROLE_RANK") == str(role_rank).encode() and
-                os.path.realpath(f"/proc/{pid}/exe") == os.path.realpath(train_binary())):
+        if (
+            env.get(b"ROLE_NAME") == role.encode()
+            and env.get(b"ROLE_RANK") == str(role_rank).encode()
+            and os.path.realpath(f"/proc/{pid}/exe") == os.path.realpath(train_binary())
+        ):
             return pid
     return None
 
@@ -94,8 +116,16 @@ class TrainerPsTest(unittest.TestCase):
 
     def sync_weights(self, strategy_args, roles=None):
         path = os.path.join(temp_dir(self), "weights")
-        args = ["--epochs", "1", "--max-steps", str(SYNC_STEPS), "--seed", "7",
-                "--dump-weights", path]
+        args = [
+            "--epochs",
+            "1",
+            "--max-steps",
+            str(SYNC_STEPS),
+            "--seed",
+            "7",
+            "--dump-weights",
+            path,
+        ]
         if roles:
             result = PsJob(self, roles, [*args, *strategy_args]).wait()
         else:
@@ -116,20 +146,39 @@ class TrainerPsTest(unittest.TestCase):
         # lost and its replacement starts from the servers' parameters, which cost an async run
         # about as much accuracy as the undisturbed one has above the bar (0.858 in 3 epochs
         # once, on cores at half pace).
-        job = PsJob(self, "ps:1,worker:2:alone",
-                    ["--epochs", "4", "--progress-every", "50"], ["--max-restarts=1"])
-        wait_until(lambda: len(progress_steps(job.output()[0])) >= 4, PROGRESS_WAIT_S,
-                   "the chief to report progress", proc=job.proc, on_timeout=job.describe)
+        job = PsJob(
+            self,
+            "ps:1,worker:2:alone",
+            ["--epochs", "4", "--progress-every", "50"],
+            ["--max-restarts=1"],
+        )
+        wait_until(
+            lambda: len(progress_steps(job.output()[0])) >= 4,
+            PROGRESS_WAIT_S,
+            "the chief to report progress",
+            proc=job.proc,
+            on_timeout=job.describe,
+        )
         chief, victim = role_process(job, "worker", 0), role_process(job, "worker", 1)
         self.assertIsNotNone(chief)
         self.assertIsNotNone(victim)
         os.kill(victim, signal.SIGKILL)
         seen = len(progress_steps(job.output()[0]))
-        wait_until(lambda: "restarted alone" in job.output()[1], PROGRESS_WAIT_S,
-                   "dlrun to restart the worker", proc=job.proc, on_timeout=job.describe)
+        wait_until(
+            lambda: "restarted alone" in job.output()[1],
+            PROGRESS_WAIT_S,
+            "dlrun to restart the worker",
+            proc=job.proc,
+            on_timeout=job.describe,
+        )
         # The chief never stopped: the same process reports more steps.
-        wait_until(lambda: len(progress_steps(job.output()[0])) >= seen + 2, PROGRESS_WAIT_S,
-                   "the chief's steps to keep rising", proc=job.proc, on_timeout=job.describe)
+        wait_until(
+            lambda: len(progress_steps(job.output()[0])) >= seen + 2,
+            PROGRESS_WAIT_S,
+            "the chief's steps to keep rising",
+            proc=job.proc,
+            on_timeout=job.describe,
+        )
         self.assertEqual(role_process(job, "worker", 0), chief)
         result = job.wait()
         self.assertEqual(result.returncode, 0, result)
@@ -138,17 +187,34 @@ class TrainerPsTest(unittest.TestCase):
 
     def test_a_killed_server_ends_the_attempt_and_the_job_resumes_from_the_checkpoint(self):
         checkpoint_dir = os.path.join(temp_dir(self), "checkpoints")
-        job = PsJob(self, "ps:1,worker:2:alone",
-                    ["--epochs", "2", "--progress-every", "50", "--checkpoint-dir",
-                     checkpoint_dir, "--checkpoint-every", "100"], ["--max-restarts=1"])
-        wait_until(lambda: any(step >= 250 for _, step in progress_steps(job.output()[0])),
-                   PROGRESS_WAIT_S, "the chief to pass step 250", proc=job.proc,
-                   on_timeout=job.describe)
+        job = PsJob(
+            self,
+            "ps:1,worker:2:alone",
+            [
+                "--epochs",
+                "2",
+                "--progress-every",
+                "50",
+                "--checkpoint-dir",
+                checkpoint_dir,
+                "--checkpoint-every",
+                "100",
+            ],
+            ["--max-restarts=1"],
+        )
+        wait_until(
+            lambda: any(step >= 250 for _, step in progress_steps(job.output()[0])),
+            PROGRESS_WAIT_S,
+            "the chief to pass step 250",
+            proc=job.proc,
+            on_timeout=job.describe,
+        )
         os.kill(role_process(job, "ps", 0), signal.SIGKILL)
         result = job.wait()
         self.assertEqual(result.returncode, 0, result)
-        self.assertTrue(any("restarting, attempt 1 of 1" in line for line in result.dlrun_lines()),
-                        result)
+        self.assertTrue(
+            any("restarting, attempt 1 of 1" in line for line in result.dlrun_lines()), result
+        )
         self.assertIn("resuming from checkpoint", result.stdout)
         report = self.chief_summary(result)
         self.assertEqual(report["epochs"], 2, result)
@@ -159,21 +225,35 @@ class TrainerPsTest(unittest.TestCase):
         self.assertEqual(no_ps.returncode, 2, no_ps)
         self.assertIn("--strategy ps: the job has no ps process", no_ps.stderr)
 
-        bad_roles = run_dlrun(self, ["--standalone", "--roles=ps:x,worker:2", "train",
-                                     "--strategy", "ps"])
+        bad_roles = run_dlrun(
+            self, ["--standalone", "--roles=ps:x,worker:2", "train", "--strategy", "ps"]
+        )
         self.assertEqual(bad_roles.returncode, 2, bad_roles)
         self.assertEqual(len(bad_roles.stderr.strip().splitlines()), 1, bad_roles)
         self.assertIn("--roles 'ps:x,worker:2'", bad_roles.stderr)
 
         # More servers than the 805 parameters of --hidden 1: the worker refuses at once.
         servers = [f"127.0.0.1:{10000 + i}" for i in range(806)]
-        tf_config = json.dumps({"cluster": {"ps": servers, "worker": ["127.0.0.1:9999"]},
-                                "task": {"type": "worker", "index": 0}})
-        env = clean_env(RANK="806", WORLD_SIZE="807", MASTER_ADDR="127.0.0.1",
-                        MASTER_PORT="1", TF_CONFIG=tf_config)
-        done = subprocess.run([train_binary(), "--strategy", "ps", "--hidden", "1"], env=env,
-                              capture_output=True, timeout=SINGLE_TIMEOUT_S,
-                              stdin=subprocess.DEVNULL)
+        tf_config = json.dumps(
+            {
+                "cluster": {"ps": servers, "worker": ["127.0.0.1:9999"]},
+                "task": {"type": "worker", "index": 0},
+            }
+        )
+        env = clean_env(
+            RANK="806",
+            WORLD_SIZE="807",
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT="1",
+            TF_CONFIG=tf_config,
+        )
+        done = subprocess.run(
+            [train_binary(), "--strategy", "ps", "--hidden", "1"],
+            env=env,
+            capture_output=True,
+            timeout=SINGLE_TIMEOUT_S,
+            stdin=subprocess.DEVNULL,
+        )
         stderr = done.stderr.decode()
         self.assertEqual(done.returncode, 2, stderr)
         self.assertEqual(len(stderr.strip().splitlines()), 1, stderr)

@@ -16,6 +16,7 @@
   group resumes from the step before the failure, with an uninterrupted run's weights; outside
   dlrun the flag is one line's error.
 """
+
 import os
 import signal
 import unittest
@@ -49,18 +50,35 @@ class TrainerResumeTest(unittest.TestCase):
         expected = summary(self, straight)
 
         checkpoint_dir = os.path.join(temp_dir(self), "checkpoints")
-        result = run_train(self, [*common, "--checkpoint-dir", checkpoint_dir,
-                                  "--checkpoint-every", str(CHECKPOINT_EVERY),
-                                  "--fail-at-step", str(FAIL_AT_STEP)],
-                           NPROC, launcher_flags=["--max-restarts=1"])
+        result = run_train(
+            self,
+            [
+                *common,
+                "--checkpoint-dir",
+                checkpoint_dir,
+                "--checkpoint-every",
+                str(CHECKPOINT_EVERY),
+                "--fail-at-step",
+                str(FAIL_AT_STEP),
+            ],
+            NPROC,
+            launcher_flags=["--max-restarts=1"],
+        )
         self.assertEqual(result.returncode, 0, result)
         # Attempt 0 lost rank 1 after step 250; attempt 1 went on from the step-200 checkpoint.
-        self.assertIn(f"[1]:dlrun-train: --fail-at-step {FAIL_AT_STEP}: rank 1 exits with code 1",
-                      result.stderr, result)
-        self.assertTrue(any("restarting, attempt 1 of 1" in line
-                            for line in result.dlrun_lines()), result)
-        resumed = [line for line in result.stdout.splitlines()
-                   if line.startswith("[0]:resuming from checkpoint")]
+        self.assertIn(
+            f"[1]:dlrun-train: --fail-at-step {FAIL_AT_STEP}: rank 1 exits with code 1",
+            result.stderr,
+            result,
+        )
+        self.assertTrue(
+            any("restarting, attempt 1 of 1" in line for line in result.dlrun_lines()), result
+        )
+        resumed = [
+            line
+            for line in result.stdout.splitlines()
+            if line.startswith("[0]:resuming from checkpoint")
+        ]
         self.assertEqual(len(resumed), 1, result)
         last_checkpoint = FAIL_AT_STEP // CHECKPOINT_EVERY * CHECKPOINT_EVERY
         self.assertIn(f"step {last_checkpoint}", resumed[0])
@@ -69,19 +87,37 @@ class TrainerResumeTest(unittest.TestCase):
         got = summary(self, result)
         self.assertEqual(got["epochs"], EPOCHS, result)
         self.assertEqual(got["steps"], EPOCHS * STEPS_PER_EPOCH, result)  # none twice, none lost
-        self.assertAlmostEqual(got["test_accuracy"], expected["test_accuracy"],
-                               delta=ACCURACY_POINTS, msg=f"{result}\nuninterrupted: {expected}")
+        self.assertAlmostEqual(
+            got["test_accuracy"],
+            expected["test_accuracy"],
+            delta=ACCURACY_POINTS,
+            msg=f"{result}\nuninterrupted: {expected}",
+        )
         # The end of the run is checkpointed too.
         self.assertIn(EPOCHS * STEPS_PER_EPOCH, checkpoints(checkpoint_dir))
 
     def test_a_resumed_run_ends_with_the_weights_of_an_uninterrupted_one(self):
-        common = ["--synthetic", "--epochs", "1", "--seed", "3", "--allreduce", "gloo",
-                  "--progress-every", "1000"]
+        common = [
+            "--synthetic",
+            "--epochs",
+            "1",
+            "--seed",
+            "3",
+            "--allreduce",
+            "gloo",
+            "--progress-every",
+            "1000",
+        ]
 
         def final_weights(padding, flags=(), launcher_flags=()):
             path = os.path.join(temp_dir(self), f"weights-{padding}-{len(flags)}")
-            result = TrainJob(self, [*common, *flags, "--dump-weights", path], 3,
-                              launcher_flags, env=clean_env(PADDING="x" * padding)).wait()
+            result = TrainJob(
+                self,
+                [*common, *flags, "--dump-weights", path],
+                3,
+                launcher_flags,
+                env=clean_env(PADDING="x" * padding),
+            ).wait()
             self.assertEqual(result.returncode, 0, result)
             with open(path, "rb") as f:
                 return f.read(), result
@@ -90,18 +126,39 @@ class TrainerResumeTest(unittest.TestCase):
         for padding in PADDINGS:
             checkpoint_dir = os.path.join(temp_dir(self), f"checkpoints-{padding}")
             resumed, result = final_weights(
-                padding, ["--checkpoint-dir", checkpoint_dir, "--checkpoint-every", "20",
-                          "--fail-at-step", "20"], ["--max-restarts=1"])
+                padding,
+                [
+                    "--checkpoint-dir",
+                    checkpoint_dir,
+                    "--checkpoint-every",
+                    "20",
+                    "--fail-at-step",
+                    "20",
+                ],
+                ["--max-restarts=1"],
+            )
             self.assertIn("[0]:resuming from checkpoint", result.stdout, result)
-            self.assertTrue(resumed == straight,
-                            f"padding {padding}: the resumed weights differ\n{result}")
+            self.assertTrue(
+                resumed == straight, f"padding {padding}: the resumed weights differ\n{result}"
+            )
 
     def test_checkpoints_in_memory_alone_resume_a_restarted_group(self):
         # --checkpoint-in-memory, every step, no directory: rank 1 fails after step 20 and the
         # restarted group resumes from step 20 out of the node's memory, ending with the weights
         # of an uninterrupted run; the memory goes with the job.
-        common = ["--synthetic", "--epochs", "1", "--max-steps", "40", "--seed", "3",
-                  "--allreduce", "gloo", "--progress-every", "1000"]
+        common = [
+            "--synthetic",
+            "--epochs",
+            "1",
+            "--max-steps",
+            "40",
+            "--seed",
+            "3",
+            "--allreduce",
+            "gloo",
+            "--progress-every",
+            "1000",
+        ]
 
         def final_weights(flags=(), launcher_flags=()):
             path = os.path.join(temp_dir(self), f"weights-{len(flags)}")
@@ -113,18 +170,26 @@ class TrainerResumeTest(unittest.TestCase):
                 return f.read(), result
 
         straight, _ = final_weights()
-        resumed, result = final_weights(["--checkpoint-in-memory", "--checkpoint-every", "1",
-                                         "--fail-at-step", "20"], ["--max-restarts=1"])
-        self.assertIn(f"[0]:resuming from checkpoint: epoch 1, {20 * NPROC * 64} samples into "
-                      "it, step 20", result.stdout, result)
+        resumed, result = final_weights(
+            ["--checkpoint-in-memory", "--checkpoint-every", "1", "--fail-at-step", "20"],
+            ["--max-restarts=1"],
+        )
+        self.assertIn(
+            f"[0]:resuming from checkpoint: epoch 1, {20 * NPROC * 64} samples into it, step 20",
+            result.stdout,
+            result,
+        )
         self.assertTrue(resumed == straight, f"the resumed weights differ\n{result}")
 
     def test_checkpoints_in_memory_need_dlrun(self):
         result = run_single(self, ["--synthetic", "--checkpoint-in-memory"])
         self.assertEqual(result.returncode, 2, result)
-        self.assertEqual(result.stderr.strip(), "dlrun-train: error: --checkpoint-in-memory needs "
-                         "the node memory dlrun holds for the job (DLRUN_CHECKPOINT_SHM is not "
-                         "set): run under dlrun, or use --checkpoint-dir")
+        self.assertEqual(
+            result.stderr.strip(),
+            "dlrun-train: error: --checkpoint-in-memory needs "
+            "the node memory dlrun holds for the job (DLRUN_CHECKPOINT_SHM is not "
+            "set): run under dlrun, or use --checkpoint-dir",
+        )
 
     def test_sigusr1_checkpoints_and_stops_then_a_second_run_resumes(self):
         checkpoint_dir = os.path.join(temp_dir(self), "checkpoints")
@@ -135,8 +200,14 @@ class TrainerResumeTest(unittest.TestCase):
         # the training loop with its handlers installed.
         def trained_a_little():
             return f"[0]:epoch 1/1 step {SIGNAL_AFTER_STEP}/" in job.output()[0]
-        wait_until(trained_a_little, SIGNAL_WAIT_S, f"rank 0 to report step {SIGNAL_AFTER_STEP}",
-                   proc=job.proc, on_timeout=job.describe)
+
+        wait_until(
+            trained_a_little,
+            SIGNAL_WAIT_S,
+            f"rank 0 to report step {SIGNAL_AFTER_STEP}",
+            proc=job.proc,
+            on_timeout=job.describe,
+        )
         job.signal(signal.SIGUSR1)
         result = job.wait()
         # dlrun exits 0 only when every worker did.
@@ -152,25 +223,38 @@ class TrainerResumeTest(unittest.TestCase):
         more = 10
         second = run_train(self, [*common, "--max-steps", str(stopped_at + more)], NPROC)
         self.assertEqual(second.returncode, 0, second)
-        self.assertIn(f"[0]:resuming from checkpoint: epoch 1, "
-                      f"{stopped_at * NPROC * 64} samples into it, step {stopped_at}",
-                      second.stdout, second)
+        self.assertIn(
+            f"[0]:resuming from checkpoint: epoch 1, "
+            f"{stopped_at * NPROC * 64} samples into it, step {stopped_at}",
+            second.stdout,
+            second,
+        )
         self.assertEqual(summary(self, second)["steps"], stopped_at + more, second)
 
     def test_resuming_with_nothing_left_reports_the_model(self):
         # A run resumed at its --max-steps takes no further step and still reports the
         # accuracy of the model it resumed (not zeros).
         checkpoint_dir = os.path.join(temp_dir(self), "checkpoints")
-        flags = ["--synthetic", "--epochs", "1", "--max-steps", "20", "--seed", str(SEED),
-                 "--checkpoint-dir", checkpoint_dir]
+        flags = [
+            "--synthetic",
+            "--epochs",
+            "1",
+            "--max-steps",
+            "20",
+            "--seed",
+            str(SEED),
+            "--checkpoint-dir",
+            checkpoint_dir,
+        ]
         first = run_single(self, flags)
         self.assertEqual(first.returncode, 0, first)
         again = run_single(self, flags)
         self.assertEqual(again.returncode, 0, again)
         self.assertIn("resuming from checkpoint", again.stdout, again)
         self.assertEqual(summary(self, again)["steps"], 20, again)
-        self.assertEqual(summary(self, again)["test_accuracy"],
-                         summary(self, first)["test_accuracy"], again)
+        self.assertEqual(
+            summary(self, again)["test_accuracy"], summary(self, first)["test_accuracy"], again
+        )
         self.assertEqual(sorted(checkpoints(checkpoint_dir)), [20])
 
 

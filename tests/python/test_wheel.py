@@ -13,16 +13,15 @@ mount namespace of each run's own) and PATH the venv's bin and the system's:
 - without dlrun, the venv's Python imports dlrun.progress from site-packages, inactive.
 torch is the tests' torch 2.13 (DLRUN_TORCH2_PYTHON's environment), reached through a .pth file:
 the venv stays fresh and nothing is downloaded."""
+
 import glob
 import json
 import os
 import re
 import shutil
-import subprocess
 import unittest
 
-from dlrun_fixture import (EVENT_TIMEOUT_S, Dlrun, clean_env, main, temp_dir, wait_until,
-                           worker)
+from dlrun_fixture import EVENT_TIMEOUT_S, Dlrun, clean_env, main, temp_dir, wait_until, worker
 from dlrund_fixture import Dlrund
 from metrics_fixture import http_get, metrics_port
 from package_fixture import build_dir, class_temp_dir, run
@@ -55,8 +54,10 @@ class WheelTest(unittest.TestCase):
     def setUpClass(cls):
         cls.scratch = class_temp_dir(cls)
         dist = os.path.join(cls.scratch, "dist")
-        cls.packed = run(["bash", os.path.join(SOURCE_DIR, "scripts", "wheel.sh"), "--built"],
-                         env=dict(os.environ, DLRUN_BUILD_DIR=build_dir(), DLRUN_DIST_DIR=dist))
+        cls.packed = run(
+            ["bash", os.path.join(SOURCE_DIR, "scripts", "wheel.sh"), "--built"],
+            env=dict(os.environ, DLRUN_BUILD_DIR=build_dir(), DLRUN_DIST_DIR=dist),
+        )
         wheels = glob.glob(os.path.join(dist, "*.whl"))
         if len(wheels) != 1:
             raise AssertionError(f"wheel.sh made {wheels}, not one wheel:\n{cls.packed}")
@@ -65,19 +66,25 @@ class WheelTest(unittest.TestCase):
         cls.venv = os.path.join(cls.scratch, "venv")
         run([base_python.strip(), "-m", "venv", cls.venv])
         cls.python = os.path.join(cls.venv, "bin", "python")
-        cls.installed = run([cls.python, "-m", "pip", "install", "--no-index", "--no-cache-dir",
-                             cls.wheel])
+        cls.installed = run(
+            [cls.python, "-m", "pip", "install", "--no-index", "--no-cache-dir", cls.wheel]
+        )
         purelib = run([cls.python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"])
         cls.site_packages = purelib.strip()
-        torch_lib = run([TORCH_PYTHON, "-c",
-                         "import sysconfig; print(sysconfig.get_path('purelib'))"])
+        torch_lib = run(
+            [TORCH_PYTHON, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"]
+        )
         with open(os.path.join(cls.site_packages, "torch_of_the_tests.pth"), "w") as f:
             f.write(torch_lib.strip() + "\n")
-        cls.hide = write_script(os.path.join(cls.scratch, "hidden"), HIDING.format(
-            build=build_dir(), source=SOURCE_DIR,
-            map_root="" if os.geteuid() == 0 else "--map-root-user"))
-        cls.env = clean_env(PATH=f"{cls.venv}/bin:/usr/bin:/bin", PYTHONPATH=None,
-                            VIRTUAL_ENV=None)
+        cls.hide = write_script(
+            os.path.join(cls.scratch, "hidden"),
+            HIDING.format(
+                build=build_dir(),
+                source=SOURCE_DIR,
+                map_root="" if os.geteuid() == 0 else "--map-root-user",
+            ),
+        )
+        cls.env = clean_env(PATH=f"{cls.venv}/bin:/usr/bin:/bin", PYTHONPATH=None, VIRTUAL_ENV=None)
         # The fixtures start the dlrun named by DLRUN: the venv's.
         os.environ["DLRUN"] = os.path.join(cls.venv, "bin", "dlrun")
 
@@ -86,27 +93,37 @@ class WheelTest(unittest.TestCase):
 
     def hidden_dlrun(self, args, env=None):
         """The venv's dlrun run to its end with the build hidden: its Result."""
-        return Dlrun(self, args, env=env or self.env, cwd=self.scratch,
-                     wrapper=[self.hide]).wait(JOB_TIMEOUT_S)
+        return Dlrun(self, args, env=env or self.env, cwd=self.scratch, wrapper=[self.hide]).wait(
+            JOB_TIMEOUT_S
+        )
 
     def test_wheel_is_manylinux_within_its_budget_and_installs_without_the_network(self):
-        self.assertRegex(os.path.basename(self.wheel),
-                         r"^dlrun-[\d.]+-py3-none-manylinux_2_\d+_x86_64\.whl$")
+        self.assertRegex(
+            os.path.basename(self.wheel), r"^dlrun-[\d.]+-py3-none-manylinux_2_\d+_x86_64\.whl$"
+        )
         plat = re.search(r"manylinux_2_\d+_x86_64", self.wheel).group(0)
-        self.assertRegex(self.packed,
-                         rf'consistent with the\s+following\s+platform\s+tag:\s+"{plat}"')
+        self.assertRegex(
+            self.packed, rf'consistent with the\s+following\s+platform\s+tag:\s+"{plat}"'
+        )
         self.assertLessEqual(os.path.getsize(self.wheel), SIZE_BUDGET_MB * 1e6, self.packed)
         self.assertIn("Successfully installed dlrun-", self.installed)
         self.assertNotIn("Downloading", self.installed)
         print(self.packed)
 
     def test_programs_on_path_are_the_venvs_and_python_m_dlrun_runs_dlrun(self):
-        output = self.hidden(["sh", "-c", "for p in dlrun dlrund dlrun-train; do command -v $p; "
-                                          "done && python -m dlrun --version"])
+        output = self.hidden(
+            [
+                "sh",
+                "-c",
+                "for p in dlrun dlrund dlrun-train; do command -v $p; "
+                "done && python -m dlrun --version",
+            ]
+        )
         bin_dir = os.path.join(self.venv, "bin")
-        self.assertEqual(output.splitlines()[:3],
-                         [os.path.join(bin_dir, name)
-                          for name in ("dlrun", "dlrund", "dlrun-train")])
+        self.assertEqual(
+            output.splitlines()[:3],
+            [os.path.join(bin_dir, name) for name in ("dlrun", "dlrund", "dlrun-train")],
+        )
         self.assertRegex(output.splitlines()[3], r"^dlrun \d+\.\d+\.\d+ \(git \S+\)$")
 
     def test_torch_ddp_script_runs_with_the_venvs_python_and_reports_progress(self):
@@ -115,20 +132,38 @@ class WheelTest(unittest.TestCase):
             shutil.copy(worker(name), job)
         out = os.path.join(job, "out")
         os.mkdir(out)
-        launcher = Dlrun(self, ["--standalone", "--nproc-per-node=2", "--metrics-port=0",
-                                os.path.join(job, "wheel_ddp.py"), out],
-                         env=self.env, cwd=job, wrapper=[self.hide])
+        launcher = Dlrun(
+            self,
+            [
+                "--standalone",
+                "--nproc-per-node=2",
+                "--metrics-port=0",
+                os.path.join(job, "wheel_ddp.py"),
+                out,
+            ],
+            env=self.env,
+            cwd=job,
+            wrapper=[self.hide],
+        )
         port = metrics_port(launcher)
 
         def last_step():
             curve = json.loads(http_get(port, "/api/state")[2])["curve"]
             return curve and curve[-1][1] == STEPS
 
-        wait_until(last_step, JOB_TIMEOUT_S, f"the agent's curve to reach step {STEPS}",
-                   on_timeout=launcher.describe)
+        wait_until(
+            last_step,
+            JOB_TIMEOUT_S,
+            f"the agent's curve to reach step {STEPS}",
+            on_timeout=launcher.describe,
+        )
         reports = [os.path.join(out, f"rank-{rank}.json") for rank in (0, 1)]
-        wait_until(lambda: all(map(os.path.exists, reports)), EVENT_TIMEOUT_S,
-                   "both workers' reports", on_timeout=launcher.describe)
+        wait_until(
+            lambda: all(map(os.path.exists, reports)),
+            EVENT_TIMEOUT_S,
+            "both workers' reports",
+            on_timeout=launcher.describe,
+        )
         open(os.path.join(out, "release"), "w").close()
         result = launcher.wait(JOB_TIMEOUT_S)
         self.assertEqual(result.returncode, 0, launcher.describe())
@@ -144,37 +179,80 @@ class WheelTest(unittest.TestCase):
     def test_warm_start_forks_workers_from_the_venvs_zygote(self):
         probe = os.path.join(temp_dir(self), "probe.py")
         with open(probe, "w") as f:
-            f.write("import sys\n"
-                    "print('worker:', sys.executable, 'dlrun.progress' in sys.modules)\n")
-        result = self.hidden_dlrun(["--standalone", "--nproc-per-node=2", "--warm-start",
-                                    "--preload=dlrun.progress", probe])
+            f.write(
+                "import sys\nprint('worker:', sys.executable, 'dlrun.progress' in sys.modules)\n"
+            )
+        result = self.hidden_dlrun(
+            [
+                "--standalone",
+                "--nproc-per-node=2",
+                "--warm-start",
+                "--preload=dlrun.progress",
+                probe,
+            ]
+        )
         self.assertEqual(result.returncode, 0, result)
-        self.assertRegex(result.stderr, r"warm start: Python [\d.]+ \(pid \d+\) ready, "
-                                        r"dlrun.progress imported")
+        self.assertRegex(
+            result.stderr,
+            r"warm start: Python [\d.]+ \(pid \d+\) ready, "
+            r"dlrun.progress imported",
+        )
         python = os.path.join(self.venv, "bin", "python3")
         self.assertEqual(result.stdout.count(f"worker: {python} True"), 2, result)
 
     def test_bundled_trainer_trains_on_synthetic_data(self):
         env = dict(self.env, DLRUN_LOG_LEVEL="debug")
-        result = self.hidden_dlrun(["--standalone", "--nproc-per-node=2", "train", "--synthetic",
-                                    "--epochs", "1", "--max-steps", "20"], env=env)
+        result = self.hidden_dlrun(
+            [
+                "--standalone",
+                "--nproc-per-node=2",
+                "train",
+                "--synthetic",
+                "--epochs",
+                "1",
+                "--max-steps",
+                "20",
+            ],
+            env=env,
+        )
         result_text = result.stdout + result.stderr
         self.assertEqual(result.returncode, 0, result_text)
         self.assertRegex(result.stdout, r'"world_size": 2, .*"device": "cpu"')
         module = os.path.join(self.venv, "lib", "dlrun", "trainer", "dlrun-train-avx2.so")
-        self.assertTrue(f"CPU math: avx2 ({module})" in result_text
-                        or "CPU math: baseline (this CPU lacks AVX2 or FMA)" in result_text,
-                        result_text)
+        self.assertTrue(
+            f"CPU math: avx2 ({module})" in result_text
+            or "CPU math: baseline (this CPU lacks AVX2 or FMA)" in result_text,
+            result_text,
+        )
 
     def test_a_job_rendezvouses_through_the_venvs_dlrund(self):
-        daemon_path = write_script(os.path.join(temp_dir(self), "dlrund"),
-                                   f'#!/bin/sh\nexec {self.hide} {self.venv}/bin/dlrund "$@"\n')
+        daemon_path = write_script(
+            os.path.join(temp_dir(self), "dlrund"),
+            f'#!/bin/sh\nexec {self.hide} {self.venv}/bin/dlrund "$@"\n',
+        )
         daemon = Dlrund("--stats", binary=daemon_path)
         self.addCleanup(daemon.stop)
-        agents = [Dlrun(self, ["--nnodes=2", "--nproc-per-node=1",
-                               f"--rdzv-endpoint=127.0.0.1:{daemon.port}", "--rdzv-id=wheel",
-                               "train", "--synthetic", "--epochs", "1", "--max-steps", "10"],
-                        env=self.env, cwd=self.scratch, wrapper=[self.hide]) for _ in range(2)]
+        agents = [
+            Dlrun(
+                self,
+                [
+                    "--nnodes=2",
+                    "--nproc-per-node=1",
+                    f"--rdzv-endpoint=127.0.0.1:{daemon.port}",
+                    "--rdzv-id=wheel",
+                    "train",
+                    "--synthetic",
+                    "--epochs",
+                    "1",
+                    "--max-steps",
+                    "10",
+                ],
+                env=self.env,
+                cwd=self.scratch,
+                wrapper=[self.hide],
+            )
+            for _ in range(2)
+        ]
         for agent in agents:
             result = agent.wait(JOB_TIMEOUT_S)
             self.assertEqual(result.returncode, 0, agent.describe())
@@ -186,10 +264,12 @@ class WheelTest(unittest.TestCase):
         self.assertTrue(requests and int(requests.group(1)) > 0, said)
 
     def test_progress_module_outside_dlrun_is_the_venvs_and_inactive(self):
-        output = self.hidden(["python", "-c", "import dlrun.progress as p; p.step(1); "
-                                              "print(p.__file__, p.active())"])
-        self.assertEqual(output.strip(),
-                         f"{os.path.join(self.site_packages, 'dlrun', 'progress.py')} False")
+        output = self.hidden(
+            ["python", "-c", "import dlrun.progress as p; p.step(1); print(p.__file__, p.active())"]
+        )
+        self.assertEqual(
+            output.strip(), f"{os.path.join(self.site_packages, 'dlrun', 'progress.py')} False"
+        )
 
 
 if __name__ == "__main__":

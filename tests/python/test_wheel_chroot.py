@@ -7,6 +7,7 @@ PATH; without Debian's dataset the trainer says in one line how to get the data 
 the main job, `dlrun --standalone --nproc-per-node=4 train`, trains on Fashion-MNIST copied into
 the root and passed with --data-dir; `--synthetic` trains without it; a Python entry point runs
 under the venv's interpreter; `python -m dlrun` runs dlrun. Needs root and a Debian mirror."""
+
 import glob
 import os
 import re
@@ -59,25 +60,39 @@ class WheelChrootTest(unittest.TestCase):
     def setUpClass(cls):
         dist = os.path.join(class_temp_dir(cls), "dist")
         source = os.environ["DLRUN_SOURCE_DIR"]
-        run(["bash", os.path.join(source, "scripts", "wheel.sh"), "--built"],
-            env=dict(os.environ, DLRUN_BUILD_DIR=build_dir(), DLRUN_DIST_DIR=dist))
+        run(
+            ["bash", os.path.join(source, "scripts", "wheel.sh"), "--built"],
+            env=dict(os.environ, DLRUN_BUILD_DIR=build_dir(), DLRUN_DIST_DIR=dist),
+        )
         (cls.wheel,) = glob.glob(os.path.join(dist, "*.whl"))
 
     def check_release(self, release, python):
-        code, output = run_in_root(release, temp_dir(self), SCRIPT, [self.wheel, DATA_DIR],
-                                   ROOT_TIMEOUT_S, include=["python3-venv"])
+        code, output = run_in_root(
+            release,
+            temp_dir(self),
+            SCRIPT,
+            [self.wheel, DATA_DIR],
+            ROOT_TIMEOUT_S,
+            include=["python3-venv"],
+        )
         self.assertEqual(code, 0, output[-6000:])
         print(f"--- {release} ---\n{output[-3000:]}")  # shown by ctest -V
         self.assertRegex(output, rf"python: Python {python}\.")
         self.assertIn("dlrun before: none", output)
         self.assertRegex(output, r"Successfully installed dlrun-\S+")
         self.assertIn("dlrun on PATH: /opt/dlrun/bin/dlrun", output)
-        self.assertRegex(output, r"no data: exit [1-9]\d*, 1 line\(s\): dlrun-train: error: no "
-                                 r"Fashion-MNIST in /usr/share/datasets/fashion-mnist: install "
-                                 r"Debian's package dataset-fashion-mnist .*--data-dir DIR; "
-                                 r"--synthetic trains on generated data")
-        self.assertRegex(output, r'\[0\]:\{"epochs": 1, "steps": \d+, "world_size": 4, .*'
-                                 r'"test_accuracy": 0\.[6-9]\d*, .*"device": "cpu"')
+        self.assertRegex(
+            output,
+            r"no data: exit [1-9]\d*, 1 line\(s\): dlrun-train: error: no "
+            r"Fashion-MNIST in /usr/share/datasets/fashion-mnist: install "
+            r"Debian's package dataset-fashion-mnist .*--data-dir DIR; "
+            r"--synthetic trains on generated data",
+        )
+        self.assertRegex(
+            output,
+            r'\[0\]:\{"epochs": 1, "steps": \d+, "world_size": 4, .*'
+            r'"test_accuracy": 0\.[6-9]\d*, .*"device": "cpu"',
+        )
         self.assertRegex(output, r'\[0\]:\{"epochs": 1, "steps": 20, "world_size": 2, ')
         self.assertIn("worker python: /opt/dlrun/bin/python3", output)
         self.assertRegex(output, r"\ndlrun \d+\.\d+\.\d+ \(git \S+\)\n")
@@ -89,8 +104,14 @@ class WheelChrootTest(unittest.TestCase):
         if glibc <= BOOKWORM_GLIBC:
             self.check_release("bookworm", "3.11")
             return
-        code, output = run_in_root("bookworm", temp_dir(self), SCRIPT, [self.wheel, DATA_DIR],
-                                   ROOT_TIMEOUT_S, include=["python3-venv"])
+        code, output = run_in_root(
+            "bookworm",
+            temp_dir(self),
+            SCRIPT,
+            [self.wheel, DATA_DIR],
+            ROOT_TIMEOUT_S,
+            include=["python3-venv"],
+        )
         self.assertNotEqual(code, 0, output[-6000:])
         self.assertIn("is not a supported wheel on this platform", output)
 

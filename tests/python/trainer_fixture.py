@@ -7,6 +7,7 @@ the test fails: dlrun itself, then each trainer process it had started (found un
 /proc before dlrun is killed, and only killed while /proc says it still runs dlrun-train, or
 dlrun in a child that has not yet exec'd).
 """
+
 import ctypes
 import json
 import os
@@ -14,12 +15,25 @@ import signal
 import subprocess
 from array import array
 
-from dlrun_fixture import (Dlrun, Result, binary_from_env, clean_env, die_with_parent,
-                           dlrun_binary, is_running, temp_dir, wait_until)
+from dlrun_fixture import (
+    Dlrun,
+    Result,
+    binary_from_env,
+    clean_env,
+    die_with_parent,
+    dlrun_binary,
+    is_running,
+    temp_dir,
+    wait_until,
+)
 
 DATA_DIR = "/usr/share/datasets/fashion-mnist"
-DATA_FILES = ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
-              "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz")
+DATA_FILES = (
+    "train-images-idx3-ubyte.gz",
+    "train-labels-idx1-ubyte.gz",
+    "t10k-images-idx3-ubyte.gz",
+    "t10k-labels-idx1-ubyte.gz",
+)
 TRAIN_TIMEOUT_S = 120  # the longest one training run may take before the test fails
 SINGLE_TIMEOUT_S = 30  # one dlrun-train --single run that fails at start or runs a few steps
 GONE_WITHIN_S = 5  # a killed trainer process is gone
@@ -94,8 +108,11 @@ class TrainJob(Dlrun):
     """`dlrun [launcher flags] train [trainer flags]`; output goes to files."""
 
     def __init__(self, test, trainer_args, nproc, launcher_flags=(), env=None):
-        super().__init__(test, ["--standalone", f"--nproc-per-node={nproc}", *launcher_flags,
-                                "train", *trainer_args], env=env)
+        super().__init__(
+            test,
+            ["--standalone", f"--nproc-per-node={nproc}", *launcher_flags, "train", *trainer_args],
+            env=env,
+        )
 
     def kill(self):
         trainers = descendants(self.proc.pid) if self.proc.poll() is None else []
@@ -103,8 +120,11 @@ class TrainJob(Dlrun):
         for pid in trainers:
             kill_if_trainer(pid)
         # SIGKILL takes effect a moment later: the next test should not share the CPUs with them.
-        wait_until(lambda: not any(is_running(pid) for pid in trainers), GONE_WITHIN_S,
-                   f"killed trainers {trainers} to be gone")
+        wait_until(
+            lambda: not any(is_running(pid) for pid in trainers),
+            GONE_WITHIN_S,
+            f"killed trainers {trainers} to be gone",
+        )
 
     def wait(self, timeout=TRAIN_TIMEOUT_S):
         return super().wait(timeout)
@@ -119,20 +139,26 @@ def run_single(test, trainer_args, timeout=SINGLE_TIMEOUT_S):
     """Runs `dlrun-train --single ...` to completion (killed at the deadline); returns a Result."""
     env = clean_env(TMPDIR=temp_dir(test))
     try:
-        done = subprocess.run([train_binary(), "--single", *trainer_args], env=env,
-                              stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout,
-                              preexec_fn=die_with_parent)
+        done = subprocess.run(
+            [train_binary(), "--single", *trainer_args],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=timeout,
+            preexec_fn=die_with_parent,
+        )
     except subprocess.TimeoutExpired as e:  # subprocess.run has killed and reaped it
-        raise AssertionError(f"dlrun-train still running after {timeout}s: {e.stderr!r}")
-    return Result(done.returncode, done.stdout.decode(errors="replace"),
-                  done.stderr.decode(errors="replace"))
+        raise AssertionError(f"dlrun-train still running after {timeout}s: {e.stderr!r}") from None
+    return Result(
+        done.returncode, done.stdout.decode(errors="replace"), done.stderr.decode(errors="replace")
+    )
 
 
 def rank0_lines(result):
     """Rank 0's stdout lines without the `[0]:` prefix (a --single run's lines as they are)."""
     lines = result.stdout.splitlines()
     if any(line.startswith("[0]:") for line in lines):
-        return [line[len("[0]:"):] for line in lines if line.startswith("[0]:")]
+        return [line[len("[0]:") :] for line in lines if line.startswith("[0]:")]
     return lines
 
 
@@ -174,14 +200,29 @@ DATA_PARALLEL_STEPS = 50
 DATA_PARALLEL_TOLERANCE = 1e-4
 
 
-def data_parallel_weights(test, device, nproc, batch_size, path, flags=(),
-                          steps=DATA_PARALLEL_STEPS):
+def data_parallel_weights(
+    test, device, nproc, batch_size, path, flags=(), steps=DATA_PARALLEL_STEPS
+):
     """The weights after `steps` steps on Fashion-MNIST at a fixed seed and a constant learning
     rate, from `nproc` workers (1: dlrun-train --single) at `batch_size` each, with more trainer
     `flags`."""
-    args = ["--device", device, "--epochs", "1", "--max-steps", str(steps),
-            "--lr-schedule", "constant", "--seed", "7", "--batch-size", str(batch_size),
-            "--dump-weights", path, *flags]
+    args = [
+        "--device",
+        device,
+        "--epochs",
+        "1",
+        "--max-steps",
+        str(steps),
+        "--lr-schedule",
+        "constant",
+        "--seed",
+        "7",
+        "--batch-size",
+        str(batch_size),
+        "--dump-weights",
+        path,
+        *flags,
+    ]
     result = run_single(test, args) if nproc == 1 else run_train(test, args, nproc)
     test.assertEqual(result.returncode, 0, result)
     report = summary(test, result)
@@ -213,5 +254,5 @@ def checkpoints(directory):
     found = {}
     for name in os.listdir(directory):
         if name.startswith("checkpoint-") and name.endswith(".bin"):
-            found[int(name[len("checkpoint-"):-len(".bin")])] = name
+            found[int(name[len("checkpoint-") : -len(".bin")])] = name
     return found

@@ -1,13 +1,13 @@
-"""A job that saves a state every step through dlrun.checkpoint, for tests/python/test_checkpoint.py.
+"""A job that saves a state every step through dlrun.checkpoint (tests/python/test_checkpoint.py).
 
 Usage: checkpoint_job.py OUT_DIR STEPS [FAULT ...]
 
-At its start every rank calls dlrun.checkpoint.load() and writes OUT_DIR/loaded_<RANK>_<ATTEMPT>.json:
-the step loaded (null for none) and whether the state loaded equals, bit for bit, the one saved
-at that step. Then it saves STEPS - (loaded + 1) more steps; after each, the rank waits until its
-copy is complete and meets the others (a gloo barrier), so a fault after it finds the step the
-job's. The state of a step (state()) depends on the step and rank alone: tensors of several dtypes,
-nested, with other values beside them.
+At its start every rank calls dlrun.checkpoint.load() and writes
+OUT_DIR/loaded_<RANK>_<ATTEMPT>.json: the step loaded (null for none) and whether the state loaded
+equals, bit for bit, the one saved at that step. Then it saves STEPS - (loaded + 1) more steps;
+after each, the rank waits until its copy is complete and meets the others (a gloo barrier), so a
+fault after it finds the step the job's. The state of a step (state()) depends on the step and rank
+alone: tensors of several dtypes, nested, with other values beside them.
 
 Each FAULT is KIND:RANK:STEP and strikes the rank's process of the job's first attempt:
 - kill: it SIGKILLs itself once STEP is complete everywhere;
@@ -34,8 +34,8 @@ passed); at STEP rank 0 writes OUT_DIR/preempt_<STEP> and waits for its own SIGT
 stops dlrun then) while the others go on to the next step's barrier. A rank told to stop
 writes OUT_DIR/stopped_<RANK>.json (the step) and ends.
 """
+
 import glob
-import json
 import os
 import signal
 import sys
@@ -45,19 +45,25 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from worker_util import MAX_WAIT_S, exit_past_torch_teardown, wait_for_release, write_json  # noqa: E402
-
 import dlrun.checkpoint as checkpoint  # noqa: E402  (dlrun puts its package on PYTHONPATH)
+from worker_util import MAX_WAIT_S, exit_past_torch_teardown, wait_for_release, write_json  # noqa: E402
 
 
 def state(step, rank):
     g = torch.Generator().manual_seed(step * 100 + rank)
     weights = torch.randn(64, 33, generator=g)
-    return {"model": {"w": weights, "b": torch.randn(33, generator=g, dtype=torch.float64),
-                      "half": weights[:8].to(torch.bfloat16), "mask": weights[0] > 0},
-            "optimizer": {"step": torch.tensor(step), "momenta": [weights * 2, weights.t()],
-                          "lr": 0.1},
-            "epoch": step // 10, "empty": torch.zeros(0), "name": f"rank {rank}"}
+    return {
+        "model": {
+            "w": weights,
+            "b": torch.randn(33, generator=g, dtype=torch.float64),
+            "half": weights[:8].to(torch.bfloat16),
+            "mask": weights[0] > 0,
+        },
+        "optimizer": {"step": torch.tensor(step), "momenta": [weights * 2, weights.t()], "lr": 0.1},
+        "epoch": step // 10,
+        "empty": torch.zeros(0),
+        "name": f"rank {rank}",
+    }
 
 
 def equal(a, b):
@@ -65,7 +71,8 @@ def equal(a, b):
         if not (isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape):
             return False
         return a.numel() == 0 or a.contiguous().view(-1).view(torch.uint8).equal(
-            b.contiguous().view(-1).view(torch.uint8))
+            b.contiguous().view(-1).view(torch.uint8)
+        )
     if isinstance(a, dict):
         return isinstance(b, dict) and a.keys() == b.keys() and all(equal(a[k], b[k]) for k in a)
     if isinstance(a, (list, tuple)):
@@ -86,9 +93,13 @@ def faults(args, rank):
 
 def corrupt(step, rank):
     """A byte of this rank's copy of `step` changed (the slot whose mark names it)."""
-    [slot] = [path for path in glob.glob(os.path.join(os.environ["DLRUN_CHECKPOINT_SHM"],
-                                                      f"rank-{rank}", "slot-*"))
-              if open(os.path.join(path, "step")).read().split()[0] == str(step)]
+    [slot] = [
+        path
+        for path in glob.glob(
+            os.path.join(os.environ["DLRUN_CHECKPOINT_SHM"], f"rank-{rank}", "slot-*")
+        )
+        if open(os.path.join(path, "step")).read().split()[0] == str(step)
+    ]
     path = os.path.join(slot, "tensors")
     with open(path, "r+b") as f:
         byte = f.read(1)
@@ -102,6 +113,7 @@ def die_in_checksum():
     def dying(data, meta):
         os.kill(os.getpid(), signal.SIGKILL)
         return real(data, meta)
+
     checkpoint.checksum = dying
 
 
@@ -119,31 +131,43 @@ def go_on_alone(out, steps, step, rank):
     for later in range(step + 1, steps):
         checkpoint.save(state(later, rank), later)
     found = checkpoint.load()
-    write_json(os.path.join(out, "alone.json"),
-               {"step": found[0], "equal": equal(found[1], state(found[0], rank))})
+    write_json(
+        os.path.join(out, "alone.json"),
+        {"step": found[0], "equal": equal(found[1], state(found[0], rank))},
+    )
     return 0
 
 
 def main():
     out, steps = sys.argv[1], int(sys.argv[2])
-    args = [a for a in sys.argv[3:]
-            if a != "hold" and not a.startswith(("reload:", "preempt:", "alone:"))]
-    alone = next((tuple(map(int, a.split(":")[1:])) for a in sys.argv[3:]
-                  if a.startswith("alone:")), None)
-    reload_at, preempt_at = (next((int(a.split(":")[1]) for a in sys.argv[3:]
-                                   if a.startswith(f"{kind}:")), None)
-                             for kind in ("reload", "preempt"))
+    args = [
+        a
+        for a in sys.argv[3:]
+        if a != "hold" and not a.startswith(("reload:", "preempt:", "alone:"))
+    ]
+    alone = next(
+        (tuple(map(int, a.split(":")[1:])) for a in sys.argv[3:] if a.startswith("alone:")), None
+    )
+    reload_at, preempt_at = (
+        next((int(a.split(":")[1]) for a in sys.argv[3:] if a.startswith(f"{kind}:")), None)
+        for kind in ("reload", "preempt")
+    )
     rank, attempt = int(os.environ["RANK"]), os.environ["TORCHELASTIC_RESTART_COUNT"]
     if attempt == "0":
         write_json(os.path.join(out, f"pid_{rank}"), os.getpid())
     dist.init_process_group("gloo")
     strikes = faults(args, rank)
-    corrupted = {int(a.split(":")[2]) for a in args if a.startswith("corrupt:")
-                 and os.environ["TORCHELASTIC_RESTART_COUNT"] == "0"}
+    corrupted = {
+        int(a.split(":")[2])
+        for a in args
+        if a.startswith("corrupt:") and os.environ["TORCHELASTIC_RESTART_COUNT"] == "0"
+    }
     found = checkpoint.load()
     loaded = None if found is None else found[0]
-    write_json(os.path.join(out, f"loaded_{rank}_{attempt}.json"), {
-        "step": loaded, "equal": found is not None and equal(found[1], state(loaded, rank))})
+    write_json(
+        os.path.join(out, f"loaded_{rank}_{attempt}.json"),
+        {"step": loaded, "equal": found is not None and equal(found[1], state(loaded, rank))},
+    )
     for step in range(0 if loaded is None else loaded + 1, steps):
         if strikes.get(step) == "midsave":
             die_in_checksum()
@@ -174,8 +198,10 @@ def main():
         if step in corrupted:
             dist.barrier()  # ends as the corrupting rank exits
     if found is not None:  # the loaded tensors are the program's own: later saves leave them
-        write_json(os.path.join(out, f"kept_{rank}_{attempt}.json"),
-                   {"equal": equal(found[1], state(loaded, rank))})
+        write_json(
+            os.path.join(out, f"kept_{rank}_{attempt}.json"),
+            {"equal": equal(found[1], state(loaded, rank))},
+        )
     if "hold" in sys.argv[3:]:
         open(os.path.join(out, f"held_{rank}"), "w").close()
         wait_for_release(out)

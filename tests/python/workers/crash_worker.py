@@ -5,6 +5,7 @@ PLAN: the step each attempt reports through dlrun.progress before it exits 1, by
 (TORCHELASTIC_RESTART_COUNT), comma-separated, the last one for every later attempt; "-" reports
 nothing. Writes OUT_DIR/attempt_<N> at its start.
 """
+
 import os
 import sys
 

@@ -10,6 +10,7 @@ otherwise writes OUT_DIR/ok_<RANK>.json. With --fail-first-attempt, in the launc
 attempt every rank meets the others (a barrier) and rank 1 then exits 3, after writing
 OUT_DIR/failed_<MASTER_PORT>: the next attempt must start on a store of its own.
 """
+
 import os
 import sys
 from datetime import timedelta
@@ -41,8 +42,9 @@ def main():
         dist.barrier()  # fails, or waits to be stopped, once rank 1 is gone
         return 5
     if world != expected_world or rank != int(os.environ["RANK"]):
-        fail(f"world {world} rank {rank}, expected world {expected_world}, "
-             f"RANK {os.environ['RANK']}")
+        fail(
+            f"world {world} rank {rank}, expected world {expected_world}, RANK {os.environ['RANK']}"
+        )
 
     torch.manual_seed(1000 + rank)  # deliberately different initial weights per rank
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
@@ -71,10 +73,17 @@ def main():
     # Rank 0's initial weights were broadcast to all: a different start on rank 0 would differ.
     dist.barrier()
     dist.destroy_process_group()
-    write_json(os.path.join(out_dir, f"ok_{rank}.json"),
-               {"rank": rank, "world": world, "checksum": float(flat.double().sum()),
-                "executable": sys.executable, "master_port": os.environ["MASTER_PORT"],
-                "agent_store": os.environ["TORCHELASTIC_USE_AGENT_STORE"]})
+    write_json(
+        os.path.join(out_dir, f"ok_{rank}.json"),
+        {
+            "rank": rank,
+            "world": world,
+            "checksum": float(flat.double().sum()),
+            "executable": sys.executable,
+            "master_port": os.environ["MASTER_PORT"],
+            "agent_store": os.environ["TORCHELASTIC_USE_AGENT_STORE"],
+        },
+    )
     return 0
 
 

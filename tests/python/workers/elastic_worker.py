@@ -12,18 +12,32 @@ name, every attempt. --wait blocks until a signal stops it;
 only those ranks wait for it, the others exit 0 at once. --exec (last) replaces the worker by
 COMMAND once the start is recorded (a real trainer whose start the tests can see).
 """
+
 import argparse
 import os
 import socket
 import sys
 import time
 
-from worker_util import MAX_WAIT_S, write_json, wait_to_be_stopped
+from worker_util import MAX_WAIT_S, wait_to_be_stopped, write_json
 
-VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
-             "LOCAL_WORLD_SIZE", "ROLE_NAME", "ROLE_RANK", "ROLE_WORLD_SIZE",
-             "TORCHELASTIC_RESTART_COUNT", "MASTER_ADDR",
-             "MASTER_PORT", "TF_CONFIG", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_USE_AGENT_STORE")
+VARIABLES = (
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "GROUP_RANK",
+    "GROUP_WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "ROLE_NAME",
+    "ROLE_RANK",
+    "ROLE_WORLD_SIZE",
+    "TORCHELASTIC_RESTART_COUNT",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TF_CONFIG",
+    "TORCHELASTIC_RUN_ID",
+    "TORCHELASTIC_USE_AGENT_STORE",
+)
 
 
 def allreduce(rank):
@@ -52,17 +66,24 @@ def main():
     args = parser.parse_args()
     rank = int(os.environ["RANK"])
     attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
-    record = {"time": time.time(), "pid": os.getpid(), "ppid": os.getppid(),
-              "host": socket.gethostname(),
-              "env": {k: os.environ.get(k) for k in VARIABLES}}
+    record = {
+        "time": time.time(),
+        "pid": os.getpid(),
+        "ppid": os.getppid(),
+        "host": socket.gethostname(),
+        "env": {k: os.environ.get(k) for k in VARIABLES},
+    }
     if args.allreduce:
         record["sum"] = allreduce(rank)
     write_json(os.path.join(args.out_dir, f"start_{attempt}_{rank}_{os.getpid()}.json"), record)
     if args.exec:
         sys.stdout.flush()
         os.execv(args.exec[0], args.exec)
-    if rank == args.fail_rank and (args.fail_rounds < 0 or attempt < args.fail_rounds) \
-            or record["host"] == args.fail_host:
+    if (
+        rank == args.fail_rank
+        and (args.fail_rounds < 0 or attempt < args.fail_rounds)
+        or record["host"] == args.fail_host
+    ):
         print(f"rank {rank} fails on purpose", file=sys.stderr, flush=True)
         return args.fail_code
     if args.wait:

@@ -4,9 +4,11 @@ Usage: env_dump.py OUT_DIR [--store]
 Records the whole environment, the interpreter's argv, pid, process group and parent-death
 signal, whether the port TF_CONFIG reserved for this rank can be bound, and with --store proves
 the store at MASTER_ADDR:MASTER_PORT works: torch's TCPStore as env:// makes it (a client, or
-rank 0's server under TORCHELASTIC_USE_AGENT_STORE=False) sets a key per rank and waits for every rank's key, so all ranks demonstrably share one live store.
+rank 0's server under TORCHELASTIC_USE_AGENT_STORE=False) sets a key per rank and waits for every
+rank's key, so all ranks demonstrably share one live store.
 Exits 0 unless that fails.
 """
+
 import ctypes
 import json
 import os
@@ -65,8 +67,8 @@ def main():
         "orig_argv": sys.orig_argv,
         "stdout_write_through": sys.stdout.write_through,
         "error_file_dir_writable": os.access(
-            os.path.dirname(os.environ.get("TORCHELASTIC_ERROR_FILE", "/nonexistent/x")),
-            os.W_OK),
+            os.path.dirname(os.environ.get("TORCHELASTIC_ERROR_FILE", "/nonexistent/x")), os.W_OK
+        ),
         "bind_error": bind_own_endpoint(os.environ.get("TF_CONFIG", "{}"), my_rank),
     }
     if "--store" in sys.argv[2:]:

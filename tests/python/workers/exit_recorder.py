@@ -6,6 +6,7 @@ For tests that must see the exit status of a worker that dlrun stops (a service 
 end), which only its parent learns. dlrun signals the worker's whole process group, so this
 wrapper ignores the stop signals (once the child runs, which sets its own) and waits for it.
 """
+
 import ctypes
 import os
 import signal
@@ -28,8 +29,10 @@ def main():
     for number in STOP_SIGNALS:
         signal.signal(number, signal.SIG_IGN)
     returncode = child.wait()
-    write_json(os.path.join(out, f"exit_{rank()}.json"),
-               {"rank": rank(), "pid": child.pid, "returncode": returncode})
+    write_json(
+        os.path.join(out, f"exit_{rank()}.json"),
+        {"rank": rank(), "pid": child.pid, "returncode": returncode},
+    )
     sys.exit(returncode if returncode >= 0 else 128 - returncode)
 
 

@@ -15,6 +15,7 @@ be stopped on a failing attempt, and exit 0 on the others.
                      exits 1
 Before failing it writes "last words of rank R" and "failing now" to stderr.
 """
+
 import json
 import os
 import resource
@@ -25,8 +26,15 @@ import time
 
 from worker_util import rank, wait_to_be_stopped, write_atomic, write_json
 
-VARS = ("RANK", "LOCAL_RANK", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS",
-        "TORCHELASTIC_RUN_ID", "TORCHELASTIC_ERROR_FILE", "MASTER_PORT")
+VARS = (
+    "RANK",
+    "LOCAL_RANK",
+    "TORCHELASTIC_RESTART_COUNT",
+    "TORCHELASTIC_MAX_RESTARTS",
+    "TORCHELASTIC_RUN_ID",
+    "TORCHELASTIC_ERROR_FILE",
+    "MASTER_PORT",
+)
 
 
 def last_words(my_rank):
@@ -44,10 +52,16 @@ def fail(mode, arg, my_rank, out_dir):
         time.sleep(10)  # a blocked or ignored signal: the test sees the wrong exit code
         sys.exit(5)
     if mode == "error-file":
-        data = {"message": {"message": arg,
-                            "extraInfo": {"py_callstack": "Traceback (most recent call last):\n"
-                                                          "  File \"fail_worker.py\", line 1",
-                                          "timestamp": str(int(time.time()))}}}
+        data = {
+            "message": {
+                "message": arg,
+                "extraInfo": {
+                    "py_callstack": "Traceback (most recent call last):\n"
+                    '  File "fail_worker.py", line 1',
+                    "timestamp": str(int(time.time())),
+                },
+            }
+        }
         write_atomic(os.environ["TORCHELASTIC_ERROR_FILE"], json.dumps(data))
         sys.exit(1)
     if mode == "error-dir":
@@ -73,8 +87,10 @@ def main():
     arg = sys.argv[4] if len(sys.argv) > 4 else ""
     my_rank = rank()
     attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
-    write_json(os.path.join(out_dir, f"attempt_{attempt}_rank_{my_rank}.json"),
-               {"pid": os.getpid(), **{k: os.environ.get(k) for k in VARS}})
+    write_json(
+        os.path.join(out_dir, f"attempt_{attempt}_rank_{my_rank}.json"),
+        {"pid": os.getpid(), **{k: os.environ.get(k) for k in VARS}},
+    )
     failing_attempt = attempt == 0 if mode == "fail-first" else True
     if not failing_attempt:
         return 0

@@ -6,6 +6,7 @@ Rank SLEEPER sleeps before its all_reduce of step STEP (the sleep stands for a s
 loader), so every other rank waits in that all_reduce. It gives up after MAX_WAIT_S, so a
 launcher that fails to stop it cannot leave it behind for ever.
 """
+
 import os
 import sys
 import time

@@ -5,12 +5,12 @@ Usage: inprocess_train.py OUT_DIR STEPS [KILL ...]
 Each KILL is RANK:STEP[:stop|:host]: that rank's first process (the job's first attempt, not a
 replacement) SIGKILLs itself (with `:stop`, SIGSTOPs itself: a hang) as it begins STEP, before the
 step's collective, so the others fail, or wait, in the all-reduce of that step. With `:host` it
-writes OUT_DIR/lose_host_<RANK> and SIGSTOPs itself, for the test to kill its whole host then. Two at one step
-(`1:7 3:7`) are a second failure during the first's recovery. A KILL of RANK:group or RANK:state
-SIGKILLs that rank's first process inside its first recovery, as it forms the group again or as
-the state is sent: a failure during the re-forming. RANK:end SIGKILLs it once its loop is over
-(past the loop's last barrier). RANK:STEP:pending leaves a collective pending on its live peers
-as it begins STEP (an all-reduce of its own, while every other rank's first process waits in a
+writes OUT_DIR/lose_host_<RANK> and SIGSTOPs itself, for the test to kill its whole host then.
+Two at one step (`1:7 3:7`) are a second failure during the first's recovery. A KILL of RANK:group
+or RANK:state SIGKILLs that rank's first process inside its first recovery, as it forms the group
+again or as the state is sent: a failure during the re-forming. RANK:end SIGKILLs it once its loop
+is over (past the loop's last barrier). RANK:STEP:pending leaves a collective pending on its live
+peers as it begins STEP (an all-reduce of its own, while every other rank's first process waits in a
 barrier first) and fails as a collective does when a peer went away: the shape of a survivor
 whose next DDP bucket was under way as its previous one failed, whose old group cannot close
 while its peers wait on it; RANK:STEP:stuck the same, and the group's destruction never returns
@@ -24,6 +24,7 @@ phases. The model, the data (a generator seeded by step and rank) and the optimi
 are the same in every run, so a fault-free run's final parameters are the ones to equal, bit for
 bit.
 """
+
 import hashlib
 import os
 import signal
@@ -34,9 +35,8 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from worker_util import exit_past_torch_teardown, write_json  # noqa: E402
-
 import dlrun.recovery  # noqa: E402  (dlrun puts its package on PYTHONPATH)
+from worker_util import exit_past_torch_teardown, write_json  # noqa: E402
 
 BATCH = 16
 
@@ -72,8 +72,9 @@ def barriers(args):
     leaves a collective pending (RANK:STEP:pending or :stuck)."""
     if os.environ.get("DLRUN_RECOVERY_JOIN") or os.environ["TORCHELASTIC_RESTART_COUNT"] != "0":
         return set()
-    return {int(arg.split(":")[1]) for arg in args
-            if arg.split(":")[2:] in (["pending"], ["stuck"])}
+    return {
+        int(arg.split(":")[1]) for arg in args if arg.split(":")[2:] in (["pending"], ["stuck"])
+    }
 
 
 def leave_pending(how):
@@ -97,6 +98,7 @@ def die_in_recovery(phase):
         if len(calls) == (2 if phase == "group" else 1):
             os.kill(os.getpid(), signal.SIGKILL)
         return real(*args, **kwargs)
+
     setattr(dist, name, dying)
 
 
@@ -107,8 +109,9 @@ def main():
     die_at = kills(sys.argv[3:], rank)
     barrier_at = barriers(sys.argv[3:]) - set(die_at)  # the pending rank's own step: none
     torch.manual_seed(1234)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(),
-                                torch.nn.Linear(16, 1)).double()
+    model = torch.nn.Sequential(
+        torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1)
+    ).double()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     loop = dlrun.recovery.Loop(model, optimizer, backend="gloo", exact=True)
     log = open(os.path.join(out_dir, f"steps_{rank}_{pid}"), "a", buffering=1)
@@ -137,11 +140,19 @@ def main():
     digest = hashlib.sha256()
     for p in model.parameters():
         digest.update(p.detach().numpy().tobytes())
-    write_json(os.path.join(out_dir, f"final_{rank}.json"),
-               {"sha256": digest.hexdigest(), "pid": pid, "generation": loop.generation,
-                "recoveries": loop.recoveries, "last_recovery": loop.last_recovery,
-                "rank": loop.rank, "world": loop.world,
-                "active": dlrun.recovery.active()})
+    write_json(
+        os.path.join(out_dir, f"final_{rank}.json"),
+        {
+            "sha256": digest.hexdigest(),
+            "pid": pid,
+            "generation": loop.generation,
+            "recoveries": loop.recoveries,
+            "last_recovery": loop.last_recovery,
+            "rank": loop.rank,
+            "world": loop.world,
+            "active": dlrun.recovery.active(),
+        },
+    )
     return 0
 
 

@@ -9,6 +9,7 @@ the loop: the ranks do not wait for each other, so a rank that is slowed steps s
 others (in lockstep, as under DDP, every rank would share the slowest pace). A barrier at the
 end, then OUT_DIR/done_<RANK>.json ({"rank", "steps"}) and exit 0.
 """
+
 import math
 import os
 import sys
@@ -33,11 +34,16 @@ def main():
     ones = torch.ones(1)
     dist.all_reduce(ones)
     if int(ones.item()) != world:
-        print(f"job_view_worker rank {rank}: all_reduce gave {ones.item()}, world {world}",
-              file=sys.stderr, flush=True)
+        print(
+            f"job_view_worker rank {rank}: all_reduce gave {ones.item()}, world {world}",
+            file=sys.stderr,
+            flush=True,
+        )
         exit_past_torch_teardown(1)
-    write_json(os.path.join(out_dir, f"started_{rank}.json"),
-               {"rank": rank, "pid": os.getpid(), "world": world})
+    write_json(
+        os.path.join(out_dir, f"started_{rank}.json"),
+        {"rank": rank, "pid": os.getpid(), "world": world},
+    )
 
     torch.manual_seed(rank)
     weights = torch.randn(64, 64) / 8

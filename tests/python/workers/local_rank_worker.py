@@ -5,6 +5,7 @@ Usage: local_rank_worker.py OUT_DIR dash|underscore --local-rank=N (or --local_r
 The dash style declares --local-rank (PyTorch 2.0 on), the underscore style --local_rank (the
 scripts of before); argparse refuses any other argument. Writes OUT_DIR/local_rank_<RANK>.json.
 """
+
 import argparse
 import os
 import sys
@@ -17,11 +18,14 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("out_dir")
     parser.add_argument("style", choices=("dash", "underscore"))
-    parser.add_argument("--local-rank" if style == "dash" else "--local_rank", type=int,
-                        required=True)
+    parser.add_argument(
+        "--local-rank" if style == "dash" else "--local_rank", type=int, required=True
+    )
     args = parser.parse_args()
-    write_json(os.path.join(args.out_dir, f"local_rank_{os.environ['RANK']}.json"),
-               {"arg": args.local_rank, "env": int(os.environ["LOCAL_RANK"])})
+    write_json(
+        os.path.join(args.out_dir, f"local_rank_{os.environ['RANK']}.json"),
+        {"arg": args.local_rank, "env": int(os.environ["LOCAL_RANK"])},
+    )
     return 0
 
 

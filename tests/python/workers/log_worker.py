@@ -2,6 +2,7 @@
 stderr; at attempt 0 rank 3 then fails (a restart follows). Afterwards it writes
 printed-ATTEMPT-RANK in DIR and waits: it prints "more RANK" once DIR/more-RANK exists, and exits 0
 once DIR/done does."""
+
 import os
 import sys
 import time

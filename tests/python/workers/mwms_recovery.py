@@ -22,6 +22,7 @@ checksum of its weights; the chief adds the history (as [step, attempt] pairs) a
 weights are from a replay of all STEPS steps in one process (no strategy), and from a replay
 one step short.
 """
+
 import hashlib
 import os
 import sys
@@ -35,10 +36,10 @@ from worker_util import wait_to_be_stopped, write_atomic, write_json  # noqa: E4
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import tensorflow as tf  # noqa: E402
 
-BATCH = 16                 # each worker's part of a step
+BATCH = 16  # each worker's part of a step
 LEARNING_RATE, MOMENTUM = 0.05, 0.9
 SEED = 1234
-CHECKPOINT_WAIT_S = 30     # the victim's wait for the chief's checkpoint
+CHECKPOINT_WAIT_S = 30  # the victim's wait for the chief's checkpoint
 
 
 def initial_values():
@@ -143,8 +144,13 @@ def main():
 
     weights = [p.numpy() for p in params]
     digest = hashlib.sha256(b"".join(np.ascontiguousarray(w).tobytes() for w in weights))
-    record = {"rank": rank, "world": workers, "attempt": attempt, "start": start,
-              "checksum": digest.hexdigest()}
+    record = {
+        "rank": rank,
+        "world": workers,
+        "attempt": attempt,
+        "start": start,
+        "checksum": digest.hexdigest(),
+    }
     if resolver.task_id == 0:
         expected, one_short = replay(steps, workers)
         # recovery_fixture's form: [step, attempt] per step completed.

@@ -3,6 +3,7 @@
 stdout: "out 1 of rank R", "out 2 of rank R", "run id <TORCHELASTIC_RUN_ID>", and the
 unterminated "tail of rank R"; stderr: "err 1 of rank R".
 """
+
 import os
 import sys
 

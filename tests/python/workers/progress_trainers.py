@@ -13,6 +13,7 @@ rank writes OUT_DIR/stopped_<RANK>.json (the trainer's global step) and ends. `r
 training resumed from that checkpoint; each rank writes OUT_DIR/resumed_<RANK>.json (the step it
 resumed at, the last one) and ends.
 """
+
 import os
 import signal
 import sys
@@ -74,15 +75,31 @@ def train_lightning(out_dir, mode):
     val = DataLoader(TensorDataset(*examples(32 * world, 2)), batch_size=BATCH)
     began = {}
     root = os.path.join(out_dir, "lightning")
-    trainer = pl.Trainer(accelerator="cpu", devices=world, strategy="ddp",
-                         max_steps=PREEMPT_STEPS if mode else MAX_STEPS, default_root_dir=root,
-                         enable_progress_bar=False, enable_model_summary=False, logger=False,
-                         enable_checkpointing=False, num_sanity_val_steps=0,
-                         callbacks=[dlrun.progress.LightningCallback(), Preempting()])
-    trainer.fit(Classifier(), train, val,
-                ckpt_path=os.path.join(root, "last.ckpt") if mode == "resume" else None)
-    return {"global_step": trainer.global_step, "epoch": trainer.current_epoch, "began": began,
-            "val_acc": float(trainer.callback_metrics.get("val_acc", -1))}
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=world,
+        strategy="ddp",
+        max_steps=PREEMPT_STEPS if mode else MAX_STEPS,
+        default_root_dir=root,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        logger=False,
+        enable_checkpointing=False,
+        num_sanity_val_steps=0,
+        callbacks=[dlrun.progress.LightningCallback(), Preempting()],
+    )
+    trainer.fit(
+        Classifier(),
+        train,
+        val,
+        ckpt_path=os.path.join(root, "last.ckpt") if mode == "resume" else None,
+    )
+    return {
+        "global_step": trainer.global_step,
+        "epoch": trainer.current_epoch,
+        "began": began,
+        "val_acc": float(trainer.callback_metrics.get("val_acc", -1)),
+    }
 
 
 def train_huggingface(out_dir, mode):
@@ -109,8 +126,9 @@ def train_huggingface(out_dir, mode):
             return {"loss": torch.nn.functional.cross_entropy(logits, labels), "logits": logits}
 
     def accuracy(prediction):
-        return {"accuracy": float((prediction.predictions.argmax(-1) ==
-                                   prediction.label_ids).mean())}
+        return {
+            "accuracy": float((prediction.predictions.argmax(-1) == prediction.label_ids).mean())
+        }
 
     class Preempting(TrainerCallback):
         def on_step_end(self, args, state, control, **kwargs):
@@ -122,26 +140,44 @@ def train_huggingface(out_dir, mode):
     world = int(os.environ["WORLD_SIZE"])
     began = {}
     output = os.path.join(out_dir, "hf") if mode else tempfile.mkdtemp(prefix="hf-output-")
-    args = TrainingArguments(output_dir=output, report_to=[], use_cpu=True,
-                             max_steps=PREEMPT_STEPS if mode else MAX_STEPS,
-                             per_device_train_batch_size=BATCH, logging_steps=5,
-                             eval_strategy="steps", eval_steps=15, save_strategy="no",
-                             disable_tqdm=True, dataloader_num_workers=0, seed=1)
-    trainer = Trainer(model=Classifier(), args=args, train_dataset=Points(PER_RANK * world, 1),
-                      eval_dataset=Points(32 * world, 2), compute_metrics=accuracy,
-                      callbacks=[dlrun.progress.HuggingFaceCallback(), Preempting()])
+    args = TrainingArguments(
+        output_dir=output,
+        report_to=[],
+        use_cpu=True,
+        max_steps=PREEMPT_STEPS if mode else MAX_STEPS,
+        per_device_train_batch_size=BATCH,
+        logging_steps=5,
+        eval_strategy="steps",
+        eval_steps=15,
+        save_strategy="no",
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        seed=1,
+    )
+    trainer = Trainer(
+        model=Classifier(),
+        args=args,
+        train_dataset=Points(PER_RANK * world, 1),
+        eval_dataset=Points(32 * world, 2),
+        compute_metrics=accuracy,
+        callbacks=[dlrun.progress.HuggingFaceCallback(), Preempting()],
+    )
     # Resumed at its newest checkpoint-STEP.
     trainer.train(resume_from_checkpoint=mode == "resume")
-    evaluations = [log["eval_accuracy"] for log in trainer.state.log_history
-                   if "eval_accuracy" in log]
-    return {"global_step": trainer.state.global_step, "epoch": int(trainer.state.epoch),
-            "began": began, "eval_accuracy": evaluations[-1] if evaluations else -1}
+    evaluations = [
+        log["eval_accuracy"] for log in trainer.state.log_history if "eval_accuracy" in log
+    ]
+    return {
+        "global_step": trainer.state.global_step,
+        "epoch": int(trainer.state.epoch),
+        "began": began,
+        "eval_accuracy": evaluations[-1] if evaluations else -1,
+    }
 
 
 def preempt_at(global_step):
     """Rank 0, in the first run of `preempt`: SIGTERM to its dlrun once past SIGTERM_AT."""
-    if (sys.argv[3:] == ["preempt"] and global_step == SIGTERM_AT
-            and os.environ["RANK"] == "0"):
+    if sys.argv[3:] == ["preempt"] and global_step == SIGTERM_AT and os.environ["RANK"] == "0":
         os.kill(os.getppid(), signal.SIGTERM)
 
 
@@ -153,8 +189,10 @@ def main():
     record = train(out_dir, mode)
     if mode:
         name = {"preempt": "stopped", "resume": "resumed"}[mode]
-        write_json(os.path.join(out_dir, f"{name}_{os.environ['RANK']}.json"),
-                   {"began": record["began"]["step"], "global_step": record["global_step"]})
+        write_json(
+            os.path.join(out_dir, f"{name}_{os.environ['RANK']}.json"),
+            {"began": record["began"]["step"], "global_step": record["global_step"]},
+        )
         return 0
     board = os.environ["DLRUN_PROGRESS_FILE"]
     record.update(pid=os.getpid(), board=board, metrics_file=f"{board}.metrics.{local_rank}")

@@ -9,6 +9,7 @@ reports whether it was active and the worker whether its slot's bytes (read thro
 descriptor of its own) and its metrics file stayed the same across the second child. Writes
 OUT_DIR/ready_<LOCAL_RANK>.json and waits for OUT_DIR/release (up to worker_util.MAX_WAIT_S).
 """
+
 import math
 import os
 import sys
@@ -23,8 +24,15 @@ from worker_util import wait_for_release, write_json  # noqa: E402
 # the once-a-second limit holds back.
 FIRST_METRICS = {
     0: dict(lr=0.1, tokens_per_s=1000.0, **{f"m{i}": float(i) for i in range(8)}),
-    1: {"lr": 0.1, "nan_value": math.nan, "inf_value": math.inf, "text": "x", "flag": True,
-        "n" * 33: 1.0, "tokens_per_s": 1000.0},
+    1: {
+        "lr": 0.1,
+        "nan_value": math.nan,
+        "inf_value": math.inf,
+        "text": "x",
+        "flag": True,
+        "n" * 33: 1.0,
+        "tokens_per_s": 1000.0,
+    },
 }
 CHILD_ACTIVE_EXIT = 3
 
@@ -69,8 +77,12 @@ def main():
     board = os.environ["DLRUN_PROGRESS_FILE"]
     metrics_file = f"{board}.metrics.{local_rank}"
 
-    record = {"pid": os.getpid(), "board": board, "metrics_file": metrics_file,
-              "package": os.path.dirname(progress.__file__)}
+    record = {
+        "pid": os.getpid(),
+        "board": board,
+        "metrics_file": metrics_file,
+        "package": os.path.dirname(progress.__file__),
+    }
     record["child_before_open_exit"] = fork_reporting_child()
     if local_rank == 0:
         progress.step(1.5)  # not an int: one warning, no report
@@ -78,8 +90,14 @@ def main():
     started = time.monotonic()
     for n in range(1, final + 1):
         metrics = FIRST_METRICS[local_rank] if n == 1 else {"lr": 0.2}
-        progress.step(n, loss=1.0 / n, samples=8 * n, epoch=n // 10,
-                      accuracy=accuracy(local_rank) if n == final else None, **metrics)
+        progress.step(
+            n,
+            loss=1.0 / n,
+            samples=8 * n,
+            epoch=n // 10,
+            accuracy=accuracy(local_rank) if n == final else None,
+            **metrics,
+        )
     record["steps_seconds"] = time.monotonic() - started
     record["active"] = progress.active()
 

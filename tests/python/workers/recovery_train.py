@@ -23,6 +23,7 @@ averaged as DDP does) and records how far the job's parameters are from the repl
 replay one step short (which shows the check can tell a step missing or taken twice). Each rank
 writes OUT_DIR/done_<RANK>.json.
 """
+
 import os
 import sys
 from datetime import timedelta
@@ -32,8 +33,12 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from worker_util import (exit_past_torch_teardown, wait_to_be_stopped, write_atomic,  # noqa: E402
-                         write_json)
+from worker_util import (
+    exit_past_torch_teardown,
+    wait_to_be_stopped,
+    write_atomic,  # noqa: E402
+    write_json,
+)
 
 TIMEOUT = timedelta(seconds=30)
 BATCH = 16
@@ -43,8 +48,9 @@ SEED = 1234
 def make_model():
     # float64: the replay must match the job's parameters to rounding, not to float32's noise.
     torch.manual_seed(SEED)
-    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(),
-                               torch.nn.Linear(16, 1)).double()
+    return torch.nn.Sequential(
+        torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1)
+    ).double()
 
 
 def make_optimizer(params):
@@ -64,8 +70,7 @@ def flat(model):
 
 
 def fail(message):
-    print(f"recovery_train rank {os.environ.get('RANK')}: {message}", file=sys.stderr,
-          flush=True)
+    print(f"recovery_train rank {os.environ.get('RANK')}: {message}", file=sys.stderr, flush=True)
     exit_past_torch_teardown(1)
 
 
@@ -81,8 +86,9 @@ def load_checkpoint(path, model, optimizer):
 
 def save_checkpoint(path, model, optimizer, history):
     tmp = f"{path}.tmp.{os.getpid()}"
-    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                "history": history}, tmp)
+    torch.save(
+        {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "history": history}, tmp
+    )
     os.replace(tmp, path)
 
 
@@ -146,11 +152,19 @@ def main():
     dist.all_gather(gathered, mine)
     for other, params in enumerate(gathered):
         if not torch.equal(params, mine):
-            fail(f"parameters differ from rank {other}'s by up to "
-                 f"{(params - mine).abs().max().item()}")
-    record = {"rank": rank, "world": world, "attempt": attempt, "start": start,
-              "master": f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}",
-              "torch": torch.__version__, "checksum": float(mine.sum())}
+            fail(
+                f"parameters differ from rank {other}'s by up to "
+                f"{(params - mine).abs().max().item()}"
+            )
+    record = {
+        "rank": rank,
+        "world": world,
+        "attempt": attempt,
+        "start": start,
+        "master": f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}",
+        "torch": torch.__version__,
+        "checksum": float(mine.sum()),
+    }
     if rank == 0:
         expected, one_short = replay(steps, world)
         record["history"] = history

@@ -8,14 +8,21 @@ file knows the handlers are in place) and waits to be signalled (exit 4 if nothi
   ignore-term R like trap, except that rank R ignores SIGTERM
   plain         no handlers at all
 """
+
 import os
 import signal
 import sys
 
 from worker_util import rank, wait_to_be_stopped, write_atomic
 
-TRAPPED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
-           signal.SIGUSR2)
+TRAPPED = (
+    signal.SIGINT,
+    signal.SIGTERM,
+    signal.SIGHUP,
+    signal.SIGQUIT,
+    signal.SIGUSR1,
+    signal.SIGUSR2,
+)
 
 
 def main():

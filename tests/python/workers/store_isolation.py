@@ -11,12 +11,12 @@ and, given STATE_URL (an /api/state page of dlrun or dlrund), the store server's
 Every rank writes OUT_DIR/attempt_<A>_<RANK>.json and waits for the others' records; then all
 exit 1 to force a restart, or 0 in LAST_ATTEMPT.
 """
+
 import json
 import os
 import sys
 import urllib.request
 from datetime import timedelta
-
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from worker_util import launcher_store, write_json  # noqa: E402

@@ -9,6 +9,7 @@ whether that path is a FIFO; then:
             and exits 5 if nobody stops it); the other ranks run a short block and exit 0
   in-time   every rank releases a timer in time and outlives its deadline, then exits 0
 """
+
 import os
 import stat
 import sys
@@ -16,9 +17,9 @@ import time
 
 from worker_util import rank, write_atomic, write_json
 
-OVERRUN_S = 60        # far beyond the timer's 1 s
+OVERRUN_S = 60  # far beyond the timer's 1 s
 RELEASED_AFTER_S = 0.3
-OUTLIVE_S = 0.6       # past the released timer's deadline by several of the agent's checks
+OUTLIVE_S = 0.6  # past the released timer's deadline by several of the agent's checks
 
 
 def main():
@@ -26,12 +27,15 @@ def main():
     my_rank = rank()
     timer_file = os.environ.get("TORCHELASTIC_TIMER_FILE")
     is_fifo = timer_file is not None and stat.S_ISFIFO(os.stat(timer_file).st_mode)
-    write_json(os.path.join(out_dir, f"rank_{my_rank}.json"),
-               {"pid": os.getpid(), "timer_file": timer_file, "is_fifo": is_fifo})
+    write_json(
+        os.path.join(out_dir, f"rank_{my_rank}.json"),
+        {"pid": os.getpid(), "timer_file": timer_file, "is_fifo": is_fifo},
+    )
     if mode == "env":
         return 0
 
     from torch.distributed.elastic.timer import FileTimerClient, configure, expires
+
     configure(FileTimerClient(timer_file))
     if mode == "overrun" and my_rank == int(sys.argv[3]):
         write_atomic(os.path.join(out_dir, f"entering_{my_rank}"), "")

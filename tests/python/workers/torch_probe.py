@@ -10,6 +10,7 @@ hosts file), and what torch's readers make of the launcher's variables: is_torch
 init_process_group("gloo") from the environment with an all_reduce over every rank. Exits 1
 (without the probe file) when the process group fails.
 """
+
 import os
 import socket
 import sys
@@ -49,8 +50,11 @@ def main():
     dist.init_process_group("gloo", timeout=timedelta(seconds=30))
     total = torch.tensor([my_rank + 1])
     dist.all_reduce(total)
-    record["process_group"] = {"rank": dist.get_rank(), "world": dist.get_world_size(),
-                               "rank_sum": int(total.item())}
+    record["process_group"] = {
+        "rank": dist.get_rank(),
+        "world": dist.get_world_size(),
+        "rank_sum": int(total.item()),
+    }
     dist.barrier()
     dist.destroy_process_group()
     write_json(os.path.join(out_dir, f"probe_{my_rank}.json"), record)

@@ -16,13 +16,13 @@ threads and /proc/self/cmdline. Then ACTION (on every attempt unless said):
                   attempts exit 0
   (none)          exits 0
 """
+
 import sys
 
 PRELOADED = sorted(m for m in ("torch", "numpy") if m in sys.modules)
 PATH = list(sys.path)  # before this file's own insert below
 
 import ctypes  # noqa: E402
-import json  # noqa: E402
 import os  # noqa: E402
 import resource  # noqa: E402
 import signal  # noqa: E402
@@ -30,8 +30,12 @@ import subprocess  # noqa: E402
 import time  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from worker_util import (MAX_WAIT_S, exit_past_torch_teardown, wait_to_be_stopped,  # noqa: E402
-                         write_json)
+from worker_util import (  # noqa: E402
+    MAX_WAIT_S,
+    exit_past_torch_teardown,
+    wait_to_be_stopped,
+    write_json,
+)
 
 
 def fd_kind(fd):
@@ -45,20 +49,31 @@ def fd_kind(fd):
 def stream(s):
     if s is None:
         return None
-    return {"type": type(s).__name__, "name": s.name, "mode": getattr(s, "mode", None),
-            "encoding": s.encoding, "errors": s.errors, "line_buffering": s.line_buffering,
-            "write_through": s.write_through, "buffer": type(s.buffer).__name__}
+    return {
+        "type": type(s).__name__,
+        "name": s.name,
+        "mode": getattr(s, "mode", None),
+        "encoding": s.encoding,
+        "errors": s.errors,
+        "line_buffering": s.line_buffering,
+        "write_through": s.write_through,
+        "buffer": type(s.buffer).__name__,
+    }
 
 
 def main_module():
     main = sys.modules["__main__"]
-    return {"keys": [k for k in vars(main) if k.startswith("__")],
-            "__name__": main.__name__, "__file__": getattr(main, "__file__", None),
-            "__spec__": None if main.__spec__ is None else [main.__spec__.name,
-                                                             main.__spec__.origin],
-            "__package__": main.__package__, "__cached__": getattr(main, "__cached__", None),
-            "__loader__": type(main.__loader__).__name__, "__doc__": main.__doc__[:40],
-            "__builtins__": type(main.__builtins__).__name__}
+    return {
+        "keys": [k for k in vars(main) if k.startswith("__")],
+        "__name__": main.__name__,
+        "__file__": getattr(main, "__file__", None),
+        "__spec__": None if main.__spec__ is None else [main.__spec__.name, main.__spec__.origin],
+        "__package__": main.__package__,
+        "__cached__": getattr(main, "__cached__", None),
+        "__loader__": type(main.__loader__).__name__,
+        "__doc__": main.__doc__[:40],
+        "__builtins__": type(main.__builtins__).__name__,
+    }
 
 
 def child_environment():
@@ -80,21 +95,37 @@ def record():
     with open("/proc/self/cmdline", "rb") as f:
         cmdline = [a.decode() for a in f.read().split(b"\0") if a]
     return {
-        "preloaded": PRELOADED, "env": dict(os.environ), "child_env": child_environment(),
-        "argv": sys.argv, "orig_argv": sys.orig_argv, "executable": sys.executable,
-        "main": main_module(), "path": PATH,
-        "cwd": os.getcwd(), "pid": os.getpid(), "ppid": os.getppid(), "pgid": os.getpgid(0),
-        "sid": os.getsid(0), "pdeathsig": parent_death_signal(),
+        "preloaded": PRELOADED,
+        "env": dict(os.environ),
+        "child_env": child_environment(),
+        "argv": sys.argv,
+        "orig_argv": sys.orig_argv,
+        "executable": sys.executable,
+        "main": main_module(),
+        "path": PATH,
+        "cwd": os.getcwd(),
+        "pid": os.getpid(),
+        "ppid": os.getppid(),
+        "pgid": os.getpgid(0),
+        "sid": os.getsid(0),
+        "pdeathsig": parent_death_signal(),
         "fds": [fd_kind(fd) for fd in (0, 1, 2)],
         "stdio": [stream(s) for s in (sys.stdin, sys.stdout, sys.stderr)],
-        "signals": {signal.Signals(s).name if s in signal.Signals._value2member_map_ else str(s):
-                    repr(signal.getsignal(s)) for s in sorted(signal.valid_signals())
-                    if s not in (signal.SIGKILL, signal.SIGSTOP)},
+        "signals": {
+            signal.Signals(s).name if s in signal.Signals._value2member_map_ else str(s): repr(
+                signal.getsignal(s)
+            )
+            for s in sorted(signal.valid_signals())
+            if s not in (signal.SIGKILL, signal.SIGSTOP)
+        },
         "sigmask": sorted(int(s) for s in signal.pthread_sigmask(signal.SIG_BLOCK, ())),
-        "sitecustomize": getattr(site, "__file__", None), "flags": repr(sys.flags),
-        "umask": umask, "nofile": resource.getrlimit(resource.RLIMIT_NOFILE),
+        "sitecustomize": getattr(site, "__file__", None),
+        "flags": repr(sys.flags),
+        "umask": umask,
+        "nofile": resource.getrlimit(resource.RLIMIT_NOFILE),
         "affinity": sorted(os.sched_getaffinity(0)),
-        "threads": len(os.listdir("/proc/self/task")), "cmdline": cmdline,
+        "threads": len(os.listdir("/proc/self/task")),
+        "cmdline": cmdline,
     }
 
 
@@ -112,9 +143,15 @@ def ddp_step(out_dir, attempt, rank):
     grad = model.module.weight.grad.clone()
     grads = [torch.zeros_like(grad) for _ in range(dist.get_world_size())]
     dist.all_gather(grads, grad)
-    write_json(os.path.join(out_dir, f"ddp_{attempt}_{rank}.json"),
-               {"pid": os.getpid(), "world": dist.get_world_size(), "preloaded": PRELOADED,
-                "replicas_agree": all(torch.equal(g, grad) for g in grads)})
+    write_json(
+        os.path.join(out_dir, f"ddp_{attempt}_{rank}.json"),
+        {
+            "pid": os.getpid(),
+            "world": dist.get_world_size(),
+            "preloaded": PRELOADED,
+            "replicas_agree": all(torch.equal(g, grad) for g in grads),
+        },
+    )
     if attempt == 0:
         wait_to_be_stopped()
     dist.destroy_process_group()

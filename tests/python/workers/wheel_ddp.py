@@ -6,6 +6,7 @@ once the agent has seen the last step.
 
     wheel_ddp.py OUT
 """
+
 import os
 import sys
 
@@ -32,10 +33,17 @@ def main():
         dlrun.progress.step(step, loss=loss.item())
     ranks = torch.tensor([float(dist.get_rank() + 1)])
     dist.all_reduce(ranks)
-    worker_util.write_json(os.path.join(out, f"rank-{dist.get_rank()}.json"), {
-        "executable": sys.executable, "torch": torch.__version__, "world": dist.get_world_size(),
-        "rank_sum": ranks.item(), "progress": dlrun.progress.__file__,
-        "reports": dlrun.progress.active()})
+    worker_util.write_json(
+        os.path.join(out, f"rank-{dist.get_rank()}.json"),
+        {
+            "executable": sys.executable,
+            "torch": torch.__version__,
+            "world": dist.get_world_size(),
+            "rank_sum": ranks.item(),
+            "progress": dlrun.progress.__file__,
+            "reports": dlrun.progress.active(),
+        },
+    )
     worker_util.exit_past_torch_teardown(worker_util.wait_for_release(out))
 
 

@@ -1,5 +1,6 @@
 """What the test workers share: atomic file writes and bounded waits to be stopped or
 released."""
+
 import functools
 import json
 import os
@@ -58,12 +59,13 @@ def exit_past_torch_teardown(code):
     os._exit(code)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def lacks_libuv():
     """Whether this torch was built without libuv (Debian 13's torch 2.6): it then refuses any
     TCPStore asked for libuv, which torch 2.4 and later ask for unless told otherwise. torch 1.x
     has no such choice."""
     import torch.distributed as dist
+
     try:
         dist.TCPStore("127.0.0.1", 0, None, True, use_libuv=True, wait_for_workers=False)
     except TypeError:
@@ -84,6 +86,7 @@ def launcher_store(timeout):
     the agent's store, or, under TORCHELASTIC_USE_AGENT_STORE=False (dlrun on a torch without
     libuv), one that rank 0 serves, with USE_LIBUV's choice where torch has one."""
     import torch.distributed as dist
+
     host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
     world = int(os.environ["WORLD_SIZE"])
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "False":
@@ -92,5 +95,6 @@ def launcher_store(timeout):
             options["use_libuv"] = os.environ["USE_LIBUV"] == "1"
         return dist.TCPStore(host, port, world, rank() == 0, timeout, **options)
     # A client only; no wait_for_workers, whose count would be a key of its own.
-    return dist.TCPStore(host, port, world, False, timeout, wait_for_workers=False,
-                         **client_options())
+    return dist.TCPStore(
+        host, port, world, False, timeout, wait_for_workers=False, **client_options()
+    )
