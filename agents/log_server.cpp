@@ -255,12 +255,18 @@ void LogServer::begin(LeasingStore& store, Serving& s) {
 }
 
 bool LogServer::step(LeasingStore& store, Serving& s) {
-  const std::string cancel = keys_.cancel(s.n);
+  const std::string request = keys_.request(s.n);
   const bool pressed = s.chunk >= control::kLogChunksAhead;
   const auto seen = store.peek(
-      pressed ? std::vector{cancel, keys_.chunk(s.n, s.agent, s.chunk - control::kLogChunksAhead)}
-              : std::vector{cancel});
-  if (!seen[0].empty()) return false;            // the service is done with it
+      pressed ? std::vector{request, keys_.chunk(s.n, s.agent, s.chunk - control::kLogChunksAhead)}
+              : std::vector{request});
+  if (seen[0].empty()) {  // the service is done with it: what it did not take goes too
+    std::vector<std::string> left;
+    for (int64_t k = std::max<int64_t>(0, s.chunk - control::kLogChunksAhead); k < s.chunk; ++k)
+      left.push_back(keys_.chunk(s.n, s.agent, k));
+    if (!left.empty()) store.deleteKeys(left);
+    return false;
+  }
   if (pressed && !seen[1].empty()) return true;  // not taken yet: wait for the reader
   if (!s.begun) begin(store, s);
   if (s.only) {

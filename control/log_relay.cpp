@@ -219,11 +219,13 @@ class Relay {
             "the agent on " + joined(gone_) + " stopped answering (its node may be lost)"};
   }
 
-  // The agents stop answering; what they wrote that nobody took is removed.
+  // The request goes, so the agents stop answering; what they wrote that nobody took is removed
+  // (here for an agent that may have stopped; by the agent itself for a chunk written while the
+  // request went).
   void finish() {
     if (finished_) return;
     finished_ = true;
-    store_.set(keys_.cancel(n_), "1");
+    store_.deleteKey(keys_.request(n_));
     for (auto& s : sources_) {
       if (s.done) continue;
       std::vector<std::string> left;

@@ -28,7 +28,6 @@ TEST(LogMailbox, KeysLiveBesideTheCommands) {
   EXPECT_EQ(keys.count(), "dlrun/job7/ctl/logs");
   EXPECT_EQ(keys.request(3), "dlrun/job7/ctl/log/3");
   EXPECT_EQ(keys.chunk(3, 2, 0), "dlrun/job7/ctl/log/3/2/0");
-  EXPECT_EQ(keys.cancel(3), "dlrun/job7/ctl/log/3/cancel");
   const auto command =
       decodeCommand(encodeCommand({.kind = ControlCommand::Kind::Logs, .value = 3}));
   ASSERT_TRUE(command);

@@ -6,12 +6,12 @@
 // Keys under "dlrun/ID/ctl/" (control_state.h's), beside the commands:
 //   logs            the number of requests so far (ADD); request N is at log/N
 //   log/N           the request (LogRequest), written before the command `logs:N` goes to every
-//                   agent as ctl/signal/M (the channel agents already wait on)
+//                   agent as ctl/signal/M (the channel agents already wait on), and deleted once
+//                   the service is done with it (its caller went away or has all it asked for):
+//                   an agent that finds it gone stops answering and removes what it wrote
 //   log/N/I/K       agent I's K-th answer (LogChunk), deleted by the service once passed on; an
 //                   agent writes K only once K - kLogChunksAhead is gone, so an answer nobody reads
 //                   holds at most that many chunks in the store
-//   log/N/cancel    the service is done with request N (its caller went away or has all it
-//                   asked for): the agents stop answering it
 #pragma once
 
 #include <cstdint>
@@ -29,7 +29,6 @@ class LogKeys {
   std::string chunk(int64_t n, int64_t agent, int64_t k) const {
     return request(n) + "/" + std::to_string(agent) + "/" + std::to_string(k);
   }
-  std::string cancel(int64_t n) const { return request(n) + "/cancel"; }
 
  private:
   std::string ctl_;

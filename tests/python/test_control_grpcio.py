@@ -6,69 +6,34 @@ Acceptance 2: a watcher cut off mid-stream reconnects with `since` and sees ever
 Acceptance 4: with a job token, a call without it or with a wrong one is refused
 (UNAUTHENTICATED) and changes nothing; grpc.health.v1 answers SERVING.
 """
+
 import hashlib
 import json
 import shutil
-import socket
-import struct
 import unittest
 
 import grpc
 
 from control_stubs import STUB_DIR, health_grpc, health_pb, pb, pb_grpc
 from dlrund_fixture import main, start_dlrund
+from plain_store import PlainStore
 
 CALL_TIMEOUT_S = 30
 
-# TCPStore 1.x op codes (store/wire.h), spoken raw: torch's client prefixes "/" to
-# every key, and the agents' keys have none.
-SET, ADD, CHECK = 0, 3, 4
-
-
-class PlainStore:
-    """A TCPStore client of the keys agents write."""
-
-    def __init__(self, port):
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=10)
-
-    @staticmethod
-    def _bytes(text):
-        data = text.encode()
-        return struct.pack("<Q", len(data)) + data
-
-    def _read(self, n):
-        data = b""
-        while len(data) < n:
-            chunk = self.sock.recv(n - len(data))
-            if not chunk:
-                raise EOFError("the store closed the connection")
-            data += chunk
-        return data
-
-    def set(self, key, value):
-        self.sock.sendall(bytes([SET]) + self._bytes(key) + self._bytes(value))
-
-    def add(self, key, delta):
-        self.sock.sendall(bytes([ADD]) + self._bytes(key) + struct.pack("<q", delta))
-        return struct.unpack("<q", self._read(8))[0]
-
-    def exists(self, key):
-        self.sock.sendall(bytes([CHECK]) + struct.pack("<Q", 1) + self._bytes(key))
-        return self._read(1) == b"\x00"
-
-    def close(self):
-        self.sock.close()
-
 
 class Job:
-    """One job's keys (control/state/control_state.h, elastic_protocol.h) as its agents write them."""
+    """One job's keys (control/state/control_state.h, elastic_protocol.h), as agents write them."""
 
     def __init__(self, store, job_id, token=""):
         self.store, self.id = store, job_id
         self.root = f"dlrun/{job_id}/"
         token_hash = hashlib.sha256(token.encode()).hexdigest() if token else ""
-        store.set(self.root + "ctl/meta", json.dumps(
-            {"backend": "c10d", "min": 1, "max": 1, "max_restarts": 0, "token": token_hash}))
+        store.set(
+            self.root + "ctl/meta",
+            json.dumps(
+                {"backend": "c10d", "min": 1, "max": 1, "max_restarts": 0, "token": token_hash}
+            ),
+        )
         store.set("dlrun/jobs", job_id + "\n")
         store.set(self.root + "current", "0")
         store.set(self.root + "r/0/closed", "1")
@@ -76,9 +41,21 @@ class Job:
     def publish(self, kind):
         """An event as an agent publishes it: ADD gives its number, then SET writes it."""
         seq = self.store.add(self.root + "ctl/seq", 1)
-        self.store.set(self.root + f"ctl/ev/{seq}", json.dumps(
-            {"seq": seq, "time": 1.0, "kind": kind, "node": "n1", "round": 0, "rank": -1,
-             "detail": f"{kind} #{seq}", "agent": 1}))
+        self.store.set(
+            self.root + f"ctl/ev/{seq}",
+            json.dumps(
+                {
+                    "seq": seq,
+                    "time": 1.0,
+                    "kind": kind,
+                    "node": "n1",
+                    "round": 0,
+                    "rank": -1,
+                    "detail": f"{kind} #{seq}",
+                    "agent": 1,
+                }
+            ),
+        )
         return seq
 
     def finish(self):
@@ -88,7 +65,7 @@ class Job:
 class ControlGrpcioTest(unittest.TestCase):
     def setUp(self):
         self.daemon = start_dlrund(self)
-        self.store = PlainStore(self.daemon.port)
+        self.store = PlainStore("127.0.0.1", self.daemon.port)
         self.addCleanup(self.store.close)
         self.target = f"127.0.0.1:{self.daemon.port}"
 
@@ -141,17 +118,26 @@ class ControlGrpcioTest(unittest.TestCase):
         signal = pb.SignalJobRequest(job=pb.JobRef(id=job.id), signal="USR1")
         for metadata in ((), wrong):
             with self.subTest(metadata=metadata):
-                for call, request in ((stub.GetJob, pb.JobRef(id=job.id)), (stub.StopJob, stop),
-                                      (stub.SignalJob, signal)):
+                for call, request in (
+                    (stub.GetJob, pb.JobRef(id=job.id)),
+                    (stub.StopJob, stop),
+                    (stub.SignalJob, signal),
+                ):
                     with self.assertRaises(grpc.RpcError) as refused:
                         call(request, metadata=metadata, timeout=CALL_TIMEOUT_S)
                     self.assertEqual(refused.exception.code(), grpc.StatusCode.UNAUTHENTICATED)
                 with self.assertRaises(grpc.RpcError) as refused:
-                    next(stub.WatchEvents(pb.WatchEventsRequest(job=pb.JobRef(id=job.id)),
-                                          metadata=metadata, timeout=CALL_TIMEOUT_S))
+                    next(
+                        stub.WatchEvents(
+                            pb.WatchEventsRequest(job=pb.JobRef(id=job.id)),
+                            metadata=metadata,
+                            timeout=CALL_TIMEOUT_S,
+                        )
+                    )
                 self.assertEqual(refused.exception.code(), grpc.StatusCode.UNAUTHENTICATED)
-                listed = stub.ListJobs(pb.ListJobsRequest(), metadata=metadata,
-                                       timeout=CALL_TIMEOUT_S)
+                listed = stub.ListJobs(
+                    pb.ListJobsRequest(), metadata=metadata, timeout=CALL_TIMEOUT_S
+                )
                 self.assertEqual(list(listed.jobs), [])
         # Nothing changed: no stop, no signal, no event beyond the agent's.
         for key in ("stop", "r/0/end", "ctl/signals", "ctl/ev/2"):
@@ -159,8 +145,11 @@ class ControlGrpcioTest(unittest.TestCase):
 
         got = stub.GetJob(pb.JobRef(id=job.id), metadata=right, timeout=CALL_TIMEOUT_S)
         self.assertEqual(got.state, pb.RUNNING)
-        stub.StopJob(pb.StopJobRequest(job=pb.JobRef(id=job.id), reason="done"),
-                     metadata=right, timeout=CALL_TIMEOUT_S)
+        stub.StopJob(
+            pb.StopJobRequest(job=pb.JobRef(id=job.id), reason="done"),
+            metadata=right,
+            timeout=CALL_TIMEOUT_S,
+        )
         self.assertTrue(self.store.exists(job.root + "stop"))
         got = stub.GetJob(pb.JobRef(id=job.id), metadata=right, timeout=CALL_TIMEOUT_S)
         self.assertEqual(got.state, pb.STOPPED)
@@ -169,19 +158,21 @@ class ControlGrpcioTest(unittest.TestCase):
         health = health_grpc.HealthStub(self.channel())
         for service in ("", "dlrun.v1.Control"):
             with self.subTest(service=service):
-                reply = health.Check(health_pb.HealthCheckRequest(service=service),
-                                     timeout=CALL_TIMEOUT_S)
+                reply = health.Check(
+                    health_pb.HealthCheckRequest(service=service), timeout=CALL_TIMEOUT_S
+                )
                 self.assertEqual(reply.status, health_pb.HealthCheckResponse.SERVING)
         with self.assertRaises(grpc.RpcError) as unknown:
-            health.Check(health_pb.HealthCheckRequest(service="no.such.Service"),
-                         timeout=CALL_TIMEOUT_S)
+            health.Check(
+                health_pb.HealthCheckRequest(service="no.such.Service"), timeout=CALL_TIMEOUT_S
+            )
         self.assertEqual(unknown.exception.code(), grpc.StatusCode.NOT_FOUND)
 
     def test_store_clients_are_served_beside_grpc(self):
         # After gRPC calls on the port, a TCPStore client still gets answers.
         stub = pb_grpc.ControlStub(self.channel())
         stub.ListJobs(pb.ListJobsRequest(), timeout=CALL_TIMEOUT_S)
-        other = PlainStore(self.daemon.port)
+        other = PlainStore("127.0.0.1", self.daemon.port)
         self.addCleanup(other.close)
         self.assertEqual(other.add("counter", 2), 2)
         self.assertEqual(self.store.add("counter", 3), 5)
