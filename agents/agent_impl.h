@@ -150,7 +150,6 @@ class AgentImpl {
                     bool spokenHere = true);
   void publishJobEvent(const std::string& kind, int rank, const std::string& detail);
   void publishStarted();
-  static double wallSeconds();
   void flushEvents();
 
   // agent_files.cpp: the log root, torch's file timer

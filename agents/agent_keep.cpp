@@ -154,8 +154,7 @@ void AgentImpl::afterKeeping(const rendezvous::World& world) {
 // moment ago.
 void AgentImpl::moveKept(const rendezvous::World& world) {
   try {
-    TcpStore store({.host = world.masterAddr,
-                    .port = world.masterPort,
+    TcpStore store({.at = {world.masterAddr, world.masterPort},
                     .timeout = std::chrono::seconds(5),
                     .connectTimeout = std::chrono::seconds(5),
                     .reconnect = false});

@@ -129,8 +129,7 @@ void AgentImpl::proxyStore(rendezvous::World& seen) {
   if (!proxy_ || proxiedStore_ != store) {
     proxy_.reset();
     proxy_ = std::make_unique<StoreProxy>(
-        io_,
-        StoreProxyOptions{.upstreamHost = world_.masterAddr, .upstreamPort = world_.masterPort});
+        io_, StoreProxyOptions{.upstream = {world_.masterAddr, world_.masterPort}});
     proxiedStore_ = store;
     log::info("store proxy: this node's workers reach the store at " + store +
               " through 127.0.0.1:" + std::to_string(proxy_->port()));
@@ -146,8 +145,7 @@ namespace dlrun::agents {
 namespace {
 
 TcpStore storeOf(const rendezvous::World& world, std::chrono::milliseconds patience) {
-  return TcpStore({.host = world.masterAddr,
-                   .port = world.storePort,
+  return TcpStore({.at = {world.masterAddr, world.storePort},
                    .timeout = patience,
                    .connectTimeout = patience,
                    .reconnect = false});

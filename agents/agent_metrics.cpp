@@ -6,6 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/clock.h"
 #include "common/host_port.h"
 #include "common/log.h"
 #include "metrics/routes.h"
@@ -26,10 +27,6 @@ std::string nameOrHost(std::string name) {
   if (!name.empty()) return name;
   char host[256] = {};
   return ::gethostname(host, sizeof(host) - 1) == 0 ? host : "this node";
-}
-
-double wallSeconds() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
 json optionalJson(const std::optional<double>& value) {
@@ -270,7 +267,7 @@ AgentMetrics::AgentMetrics(boost::asio::io_context& io, MetricsOptions options,
                   [this] {
                     return view_.stateJson(
                         options_.storeStats ? std::optional(options_.storeStats()) : std::nullopt,
-                        wallSeconds());
+                        unixSeconds());
                   },
                   options_.jobApi)) {
   const std::string at = "http://" + joinHostPort(server_.address(), server_.port());

@@ -2,6 +2,7 @@
 #include <chrono>
 
 #include "agents/agent_impl.h"
+#include "common/clock.h"
 
 namespace dlrun::agents::detail {
 
@@ -16,7 +17,7 @@ void AgentImpl::publishNode(const std::string& state) {
                           .state = state,
                           .round = world_.round,
                           .logDir = logRoot_.string(),
-                          .updated = wallSeconds()};
+                          .updated = unixSeconds()};
   if (sittingOut_) {
     node.groupRank = -1;
     if (state == control::kSittingOut) node.sittingOut = sittingOut_;
@@ -51,7 +52,7 @@ const char* AgentImpl::stateName() const {
 void AgentImpl::publishEvent(const std::string& kind, int rank, const std::string& detail,
                              bool spokenHere) {
   if (observers_.empty()) return;
-  control::JobEvent event{.time = wallSeconds(),
+  control::JobEvent event{.time = unixSeconds(),
                           .kind = kind,
                           .node = options_.control ? options_.control->nodeName : options_.nodeName,
                           .round = world_.round,
@@ -77,10 +78,6 @@ void AgentImpl::publishStarted() {
   publishEvent("worker_started", -1,
                "ranks " + std::to_string(world_.baseRank) + "-" +
                    std::to_string(world_.baseRank + world_.localWorldSize - 1) + " started");
-}
-
-double AgentImpl::wallSeconds() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
 // This node's events reach the store before a report that ends the round, so the events of

@@ -9,6 +9,7 @@
 #include <chrono>
 
 #include "agents/agent_impl.h"
+#include "common/clock.h"
 
 namespace dlrun::agents::detail {
 
@@ -44,8 +45,7 @@ void AgentImpl::noteWorkerEnd(const Worker& w) {
     ++nodeFailures_.stopped;
     return;
   }
-  const double now =
-      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  const double now = unixSeconds();
   nodeFailures_.add({.rank = w.rank(),
                      .localRank = w.localRank(),
                      .node = options_.nodeName,

@@ -9,6 +9,7 @@
 #include "agents/agent_impl.h"
 #include "agents/recovery.h"
 #include "agents/worker_args.h"
+#include "common/clock.h"
 #include "common/log.h"
 
 namespace dlrun::agents {
@@ -385,7 +386,7 @@ void AgentImpl::onZygoteSettled() {
 // under way.
 void AgentImpl::followRecovery(int local, int rank, pid_t pid) {
   const bool idle = following_.empty();
-  following_[local] = {pid, rank, wallSeconds(), attempt_};
+  following_[local] = {pid, rank, unixSeconds(), attempt_};
   if (idle) lookAtRecoveries();
 }
 

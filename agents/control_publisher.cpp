@@ -36,10 +36,6 @@ std::string clearedDetail(const control::Straggler& s) {
   return rank + pace;
 }
 
-double wallNow() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
-
 }  // namespace
 
 namespace detail {
@@ -318,7 +314,7 @@ void PublisherImpl::watchStragglers(LeasingStore& store) {
   size_t named = static_cast<size_t>(agents);
   for (int64_t i = 1; i <= agents; ++i)
     if (!names_.contains(i) && !values[named++].empty()) names_[i] = values[named - 1];
-  const double now = wallNow();
+  const double now = unixSeconds();
   std::vector<control::RankRate> ranks;
   for (int64_t i = 1; i <= agents; ++i) {
     const std::string& text = values[static_cast<size_t>(i - 1)];

@@ -19,6 +19,7 @@
 
 #include "agents/output.h"
 #include "common/asio.h"
+#include "common/clock.h"
 #include "common/error.h"
 #include "common/log.h"
 
@@ -61,13 +62,6 @@ int64_t integerIn(const json& request, std::string_view line, const char* name, 
   const int64_t n = value.get<int64_t>();
   if (n < low || n > high) bad(line, range);
   return n;
-}
-
-// torch's expirations are time.time() values in the clients, so they are compared with the
-// wall clock, not with dlrun's monotonic Clock.
-double secondsSinceEpoch() {
-  using namespace std::chrono;
-  return duration<double>(system_clock::now().time_since_epoch()).count();
 }
 
 }  // namespace
@@ -205,7 +199,7 @@ struct FileTimerServer::Impl : std::enable_shared_from_this<Impl> {
     ticker.async_wait([self = shared_from_this()](const boost::system::error_code& ec) {
       if (ec || self->closed) return;
       self->ticking = false;
-      for (const TimerExpiry& expiry : self->table.takeExpired(secondsSinceEpoch()))
+      for (const TimerExpiry& expiry : self->table.takeExpired(unixSeconds()))
         self->onExpiry(expiry);
       if (!self->closed && !self->ticking && !self->table.empty()) self->tick();
     });

@@ -280,8 +280,7 @@ int main(int argc, char** argv) {
         const std::string local =
             "127.1." + std::to_string(p / 250 % 250) + "." + std::to_string(p % 250 + 1);
         stores.push_back(std::make_unique<dlrun::StoreProxy>(
-            io, dlrun::StoreProxyOptions{
-                    .upstreamHost = upstream, .upstreamPort = port, .host = local}));
+            io, dlrun::StoreProxyOptions{.upstream = {upstream, port}, .listen = {local, 0}}));
         options.targets.emplace_back(asio::ip::make_address(local), stores.back()->port());
       }
     }

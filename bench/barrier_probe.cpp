@@ -25,8 +25,7 @@ int main(int argc, char** argv) {
   }
   const std::string prefix = argc > 1 ? argv[1] : "barrier";
   try {
-    dlrun::TcpStore store({.host = addr,
-                           .port = static_cast<uint16_t>(std::atoi(port)),
+    dlrun::TcpStore store({.at = {addr, static_cast<uint16_t>(std::atoi(port))},
                            .timeout = std::chrono::minutes(10),
                            // The agent beside it may be starting thousands of workers.
                            .handshakeTimeout = std::chrono::minutes(10)});

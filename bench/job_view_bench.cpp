@@ -77,8 +77,6 @@ struct Options {
   bool watch = true;
 };
 
-double wallNow() { return control::unixNow(); }
-
 // utime and stime of a process, in seconds (all its threads).
 struct Cpu {
   double user = 0, system = 0;
@@ -112,8 +110,7 @@ double selfCpu() {
 }
 
 std::unique_ptr<TcpStore> connectStore(const Options& o) {
-  return std::make_unique<TcpStore>(TcpStoreOptions{.host = o.store.host,
-                                                    .port = o.store.port,
+  return std::make_unique<TcpStore>(TcpStoreOptions{.at = {o.store.host, o.store.port},
                                                     .timeout = std::chrono::seconds(30),
                                                     .connectTimeout = std::chrono::seconds(10),
                                                     .reconnect = false});
@@ -134,7 +131,7 @@ control::NodeState nodeState(int64_t index, int ranks) {
       .state = "running",
       .round = 0,
       .logDir = "/tmp/dlrun/logs",
-      .updated = wallNow(),
+      .updated = unixSeconds(),
       .firstRound = 0};
   for (int r = 0; r < ranks; ++r)
     state.workers.push_back({.rank = static_cast<int>((index - 1) * ranks + r),
@@ -147,7 +144,7 @@ control::NodeState nodeState(int64_t index, int ranks) {
 // A record as a training job's agent writes it: 8 ranks stepping at about 3 steps/s, a loss,
 // samples, one named metric.
 control::NodeProgress progressRecord(int64_t index, int ranks, double elapsed) {
-  control::NodeProgress p{.time = wallNow(), .round = 0};
+  control::NodeProgress p{.time = unixSeconds(), .round = 0};
   for (int r = 0; r < ranks; ++r) {
     const double rate = 3.1 + 0.01 * static_cast<double>((index * 7 + r) % 13);
     const auto step = static_cast<int64_t>(1000 + elapsed * rate);
@@ -208,7 +205,7 @@ void writeRecords(const Options& o, const control::Keys& keys,
       std::this_thread::sleep_until(due);
       const int64_t index = i + 1;  // agents registered in order: agent i holds index i + 1
       const std::string record =
-          control::encode(progressRecord(index, o.ranks, wallNow() - w.wallStart));
+          control::encode(progressRecord(index, o.ranks, unixSeconds() - w.wallStart));
       const auto begin = Clock::now();
       agents[i]->multiSet({keys.progress(index)}, {record});
       const auto done = Clock::now();
@@ -239,7 +236,7 @@ void watchStragglers(const Options& o, const control::Keys& keys, const Window& 
     size_t named = static_cast<size_t>(agents);
     for (int64_t i = 1; i <= agents; ++i)
       if (!names.contains(i) && !values[named++].empty()) names[i] = values[named - 1];
-    const double now = wallNow();
+    const double now = unixSeconds();
     std::vector<control::RankRate> ranks;
     for (int64_t i = 1; i <= agents; ++i) {
       const std::string& text = values[static_cast<size_t>(i - 1)];
@@ -337,7 +334,7 @@ void view(const Options& o, const Window& w, std::vector<double>& took, size_t& 
     const auto begin = Clock::now();
     v1::Job job;
     if (store) {
-      control::fillJob(control::readJob(*store, o.job, control::JobParts::WithNodes), wallNow(),
+      control::fillJob(control::readJob(*store, o.job, control::JobParts::WithNodes), unixSeconds(),
                        job);
     } else if (page) {
       const std::string body = page->get();
@@ -392,7 +389,7 @@ int run(const Options& o) {
   Window w;
   w.start = Clock::now() + std::chrono::milliseconds(200);
   w.end = w.start + std::chrono::duration_cast<Clock::duration>(Seconds(o.seconds));
-  w.wallStart = wallNow() + 0.2;
+  w.wallStart = unixSeconds() + 0.2;
   std::vector<WriterResult> writers(static_cast<size_t>(o.threads));
   std::vector<double> peeks, views;
   size_t viewed = 0;

@@ -8,4 +8,10 @@ namespace dlrun {
 
 using Clock = std::chrono::steady_clock;
 
+// Seconds since the Unix epoch on the wall clock: for times users read or other machines compare
+// (records, events, metrics, torch's timer expirations), never for a deadline.
+inline double unixSeconds() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
 }  // namespace dlrun

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "common/environment.h"
+#include "common/host_port.h"
 
 namespace dlrun::discovery {
 
@@ -25,13 +26,12 @@ struct UserFlags {
 // says nothing. mpirun gives only the first five.
 struct Settings {
   std::optional<std::string> rdzvId;
-  std::optional<std::string> endpointHost;  // the store's host, by name: resolved once, later
-  std::optional<uint16_t> endpointPort;     // set with endpointHost
-  std::optional<int> nodeRank;              // the group-rank hint: ranks follow its order
-  std::optional<int> nnodes;                // a fixed size
-  std::optional<bool> servesStore;          // with a derived endpoint: whether this node serves it
-  std::optional<int> nprocPerNode;          // --nproc-per-node=auto as the scheduler sizes the node
-  std::optional<std::string> nodeName;      // the node's name in messages
+  std::optional<HostPort> endpoint;     // the store, its host by name: the launch resolves it
+  std::optional<int> nodeRank;          // the group-rank hint: ranks follow its order
+  std::optional<int> nnodes;            // a fixed size
+  std::optional<bool> servesStore;      // with a derived endpoint: whether this node serves it
+  std::optional<int> nprocPerNode;      // --nproc-per-node=auto as the scheduler sizes the node
+  std::optional<std::string> nodeName;  // the node's name in messages
   // The job's nodes by name, where the endpoint is derived: the hosts that store admits.
   std::vector<std::string> nodes;
   // The nodes are the scheduler's allocation: a lost node's place goes to a spare for good.

@@ -1,5 +1,6 @@
 // A host and a port as addresses are written: "HOST[:PORT]", an IPv6 address in brackets
-// ("[::1]:29400"). The one parser of such text and the one way to write it back, for flags,
+// ("[::1]:29400"). The one type of an endpoint from the flag's parser to the socket that dials
+// or listens there, the one parser of such text and the one way to write it back, for flags,
 // endpoint lists and messages alike. Pure: parsing resolves nothing.
 #pragma once
 
@@ -10,10 +11,17 @@
 namespace dlrun {
 
 struct HostPort {
-  std::string host;  // a name, an IPv4 address, or an IPv6 address without brackets
+  std::string host;  // as written: a name, an IPv4 address, or an IPv6 address without brackets
   uint16_t port = 0;
+  // `host` resolved to a numeric address, where the launch resolved it once: what sockets dial
+  // or bind, while messages and every later resolution (a store that moved under its name) read
+  // `host`. Empty: sockets use `host` itself.
+  std::string address;
 
-  // "host:port", or "[v6]:port".
+  const std::string& socketHost() const { return address.empty() ? host : address; }
+  // The same endpoint by its name alone, so that each connection resolves it again.
+  HostPort named() const { return {host, port}; }
+  // "host:port", or "[v6]:port": the host as written.
   std::string text() const;
   bool operator==(const HostPort&) const = default;
 };

@@ -24,8 +24,7 @@ constexpr auto kShutdownGrace = std::chrono::seconds(1);
 StoreConnector storeAt(const std::string& address, uint16_t port) {
   const std::string host = address == "0.0.0.0" ? "127.0.0.1" : address == "::" ? "::1" : address;
   return [host, port] {
-    return std::make_unique<TcpStore>(TcpStoreOptions{.host = host,
-                                                      .port = port,
+    return std::make_unique<TcpStore>(TcpStoreOptions{.at = {host, port},
                                                       .timeout = kStoreReplyTimeout,
                                                       .connectTimeout = kStoreConnectTimeout,
                                                       .reconnect = false});

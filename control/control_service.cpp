@@ -90,7 +90,7 @@ JobStatus requireRunning(const JobRecord& job) {
 // Appends an event to the job's log the way agents do: ADD gives it its number, then SET.
 void publish(LeasingStore& store, const Keys& keys, JobEvent event) {
   event.seq = store.add(keys.seq(), 1);
-  event.time = unixNow();
+  event.time = unixSeconds();
   store.set(keys.event(event.seq), encode(event));
 }
 
@@ -185,7 +185,7 @@ class EventStream {
       }
     }
     return {.seq = next_,
-            .time = unixNow(),
+            .time = unixSeconds(),
             .kind = "gap",
             .detail = "event " + std::to_string(next_) + " " + why};
   }
@@ -207,7 +207,7 @@ grpc::Status ControlService::GetJob(grpc::ServerContext* context, const v1::JobR
     auto store = options_.connect();
     const JobRecord job = readJob(*store, request->id(), JobParts::WithNodes);
     authorize(*context, job, false, options_.inProcess);
-    fillJob(job, unixNow(), *response);
+    fillJob(job, unixSeconds(), *response);
     return grpc::Status::OK;
   });
 }

@@ -93,10 +93,6 @@ std::string protoJson(const google::protobuf::Message& message) {
   return out;
 }
 
-double unixNow() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
-
 v1::Event toProto(const JobEvent& e) {
   v1::Event out;
   out.set_seq(e.seq);

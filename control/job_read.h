@@ -51,7 +51,6 @@ struct JobRecord {
 JobRecord readJob(LeasingStore& store, const std::string& id, JobParts parts);
 JobStatus statusOf(const JobRecord& job);
 
-double unixNow();
 v1::Event toProto(const JobEvent& event);
 // A message as JSON with the proto's field names and every field (`--json`, the job's page).
 std::string protoJson(const google::protobuf::Message& message);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <nlohmann/json.hpp>
 
+#include "common/clock.h"
 #include "common/error.h"
 #include "control/job_read.h"
 #include "control/state/progress_record.h"
@@ -219,7 +220,7 @@ void JobWatch::look(LeasingStore& store, const std::string& id) {
                             "--metrics-port"),
                   options_.every);
   v1::Job job;
-  fillJob(*record, unixNow(), job);
+  fillJob(*record, unixSeconds(), job);
   const JobPoint point = jobPoint(job);
   if (w->curve.empty() || w->curve.back().step != point.step ||
       point.time - w->curve.back().time >= kPointEvery) {

@@ -36,7 +36,7 @@ using control::protoJson;
 // Where the job's control plane is asked, for messages.
 std::string whereOf(const ControlRequest& r) {
   if (r.etcd) return "etcd " + rendezvous::etcd::describe(r.etcd->client.endpoints);
-  return joinHostPort(r.host, r.port);
+  return r.store.text();
 }
 
 // A failed call as one line: what the user can do about it.
@@ -69,8 +69,7 @@ void authorize(const ControlRequest& r, grpc::ClientContext& context, bool strea
 }
 
 std::unique_ptr<v1::Control::Stub> connect(const ControlRequest& r) {
-  auto channel =
-      grpc::CreateChannel(joinHostPort(r.host, r.port), grpc::InsecureChannelCredentials());
+  auto channel = grpc::CreateChannel(r.store.text(), grpc::InsecureChannelCredentials());
   // A bounded wait for the connection: an address nobody listens on, or something that never
   // speaks HTTP/2, is one line, not a hang.
   if (!channel->WaitForConnected(std::chrono::system_clock::now() + r.timeout))
@@ -309,8 +308,7 @@ ControlParse parseControlArgs(const std::vector<std::string>& args,
   if ((endpoint.empty() || r.jobId.empty()) && slurm::detected(env)) {
     const slurm::Settings s = slurm::discover(
         env, {.rdzvEndpoint = etcd || !endpoint.empty(), .rdzvId = !r.jobId.empty()});
-    if (endpoint.empty() && s.endpointHost)
-      endpoint = joinHostPort(*s.endpointHost, s.endpointPort.value_or(kDefaultRdzvPort));
+    if (endpoint.empty() && s.endpoint) endpoint = s.endpoint->text();
     if (r.jobId.empty() && s.rdzvId) r.jobId = *s.rdzvId;
   }
   if (endpoint.empty()) throw ConfigError("--rdzv-endpoint is needed (outside Slurm)");
@@ -334,9 +332,7 @@ ControlParse parseControlArgs(const std::vector<std::string>& args,
         .timeout = r.timeout};
   } else {
     if (!conf.empty()) throw ConfigError("--rdzv-conf: only --rdzv-backend=etcd reads it");
-    const HostPort store = parseRdzvEndpoint(endpoint);
-    r.host = store.host;
-    r.port = store.port;
+    r.store = parseRdzvEndpoint(endpoint);
   }
   if (!tokenFile.empty()) {
     r.token = readTokenFile("--token-file", tokenFile);

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "common/host_port.h"
 #include "rendezvous/etcd/etcd_store.h"
 
 #include "dlrun/v1/control.pb.h"
@@ -26,9 +27,8 @@ bool isControlCommand(const std::vector<std::string>& args);
 
 struct ControlRequest {
   std::string command;  // status, events, stop, top, logs
-  std::string host;
-  uint16_t port = 0;
-  // --rdzv-backend=etcd: the job's keys in etcd (host and port stay unset)
+  HostPort store;       // the job's store, whose port serves the control plane
+  // --rdzv-backend=etcd: the job's keys in etcd (`store` stays unset)
   std::optional<rendezvous::etcd::EtcdStoreOptions> etcd;
   std::string jobId;
   bool json = false;

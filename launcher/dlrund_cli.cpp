@@ -16,7 +16,7 @@ DlrundParse parseDlrundArgs(const std::vector<std::string>& args) {
   DlrundParse result;
   auto& server = result.config.server;
   auto& limits = server.limits;
-  server.port = 29500;
+  server.listen.port = 29500;
 
   CLI::App app(
       "dlrund: the dlrun rendezvous store daemon. Speaks PyTorch's TCPStore protocol (1.x and "
@@ -25,8 +25,8 @@ DlrundParse parseDlrundArgs(const std::vector<std::string>& args) {
       "Prints 'dlrund listening on HOST:PORT' as its first line; SIGINT or SIGTERM stop it.",
       "dlrund");
   app.option_defaults()->always_capture_default();
-  app.add_option("--host", server.host, "Address to listen on (\"::\" for IPv6 and IPv4)");
-  app.add_option("--port", server.port, "TCP port; 0 picks a free one")
+  app.add_option("--host", server.listen.host, "Address to listen on (\"::\" for IPv6 and IPv4)");
+  app.add_option("--port", server.listen.port, "TCP port; 0 picks a free one")
       ->check(CLI::Range(0, 65535));
   app.add_option("--max-key-bytes", limits.maxKeyBytes,
                  "Longest key accepted; a client sending a longer one is disconnected")

@@ -6,6 +6,7 @@
 
 #include "common/asio.h"
 #include "common/cli.h"
+#include "common/clock.h"
 #include "common/host_port.h"
 #include "common/log.h"
 #include "control/control_server.h"
@@ -22,16 +23,16 @@ namespace {
 int serveProxy(const dlrun::launcher::DlrundConfig& config) {
   using namespace dlrun;
   boost::asio::io_context io(1);
-  StoreProxy proxy(io, {.upstreamHost = resolveNumeric(config.upstream->host, "--upstream"),
-                        .upstreamPort = config.upstream->port,
-                        .host = config.server.host,
-                        .port = config.server.port,
+  HostPort upstream = *config.upstream;
+  upstream.address = resolveNumeric(upstream.host, "--upstream");
+  StoreProxy proxy(io, {.upstream = std::move(upstream),
+                        .listen = config.server.listen,
                         .limits = config.server.limits});
   boost::asio::signal_set signals(io, SIGINT, SIGTERM);
   signals.async_wait([&](const boost::system::error_code& ec, int) {
     if (!ec) proxy.stop();
   });
-  std::cout << "dlrund listening on " << joinHostPort(config.server.host, proxy.port())
+  std::cout << "dlrund listening on " << joinHostPort(config.server.listen.host, proxy.port())
             << std::endl;
   std::cout << "dlrund is a store proxy for " << config.upstream->text() << std::endl;
   io.run();
@@ -76,7 +77,7 @@ int main(int argc, char** argv) {
       http.emplace(
           io,
           metrics::HttpServerOptions{.host = parsed.config.metricsHost.empty()
-                                                 ? parsed.config.server.host
+                                                 ? parsed.config.server.listen.host
                                                  : parsed.config.metricsHost,
                                      .port = static_cast<uint16_t>(parsed.config.metricsPort)},
           metrics::routes(
@@ -92,9 +93,7 @@ int main(int argc, char** argv) {
     }
     // --stats: the counts so far on SIGUSR1, read on the server's own thread.
     const auto printStats = [&] {
-      const double now =
-          std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
-              .count();
+      const double now = unixSeconds();
       char time[32];
       std::snprintf(time, sizeof(time), "%.6f", now);
       std::cout << "dlrund stats: time=" << time << ' ' << server.stats().describe() << std::endl;

@@ -127,10 +127,8 @@ using control::StoreConnector;
 // between two calls: 1 in about 300 single-node launches of a no-op).
 StoreConnector tcpStoreAt(const HostPort& store) {
   return [store] {
-    return std::make_unique<TcpStore>(TcpStoreOptions{.host = store.host,
-                                                      .port = store.port,
-                                                      .connectTimeout = std::chrono::seconds(5),
-                                                      .reconnect = false});
+    return std::make_unique<TcpStore>(TcpStoreOptions{
+        .at = store, .connectTimeout = std::chrono::seconds(5), .reconnect = false});
   };
 }
 
@@ -189,7 +187,7 @@ int launchSingleNode(const LaunchConfig& config) {
   // The store runs on its own thread: the agent's thread blocks in rendezvous rounds that
   // talk to this very store. Its port also serves the control plane (built on first use).
   control::StoreWithControl served(
-      {.host = host, .port = config.masterPort.value_or(0), .admission = config.storeAllow});
+      {.listen = {host, config.masterPort.value_or(0)}, .admission = config.storeAllow});
   const StoreServerThread& store = served.store();
   listenWhereTheJobIs(options, host);
   if (options.metrics) options.metrics->storeStats = [&store] { return store.stats(); };
@@ -218,8 +216,7 @@ int launchSingleNode(const LaunchConfig& config) {
 }
 
 struct StorePlan {
-  HostPort store;          // the host numeric
-  std::string name;        // the host as the flags name it, which clients dial (a moved store)
+  HostPort store;          // as the flags name it, its address resolved
   bool serve = false;      // this agent should try to serve it
   bool mustServe = false;  // and nobody else will
   AdmissionRule allow;     // --store-allow
@@ -245,19 +242,17 @@ StorePlan planStore(const LaunchConfig& config) {
   switch (config.rdzvBackend) {
     case RdzvBackend::Static: {
       const bool first = config.nodeRank.value_or(0) == 0;
-      return {{resolveJobHost(config, config.masterAddr, "--master-addr"),
-               config.masterPort.value_or(kDefaultMasterPort)},
-              config.masterAddr,
+      return {{config.masterAddr, config.masterPort.value_or(kDefaultMasterPort),
+               resolveJobHost(config, config.masterAddr, "--master-addr")},
               first,
               first};
     }
     case RdzvBackend::C10d: {
-      const HostPort& endpoint = config.rdzvEndpoint.store();
-      StorePlan plan{{resolveJobHost(config, endpoint.host, "--rdzv-endpoint host"), endpoint.port},
-                     endpoint.host};
+      StorePlan plan{config.rdzvEndpoint.store()};
+      plan.store.address = resolveJobHost(config, plan.store.host, "--rdzv-endpoint host");
       // Every agent on the endpoint's machine tries; the first to bind serves, the others
       // (and a dlrund already listening there) make the rest clients.
-      plan.serve = config.rdzv.isHost.value_or(isLocalAddress(plan.store.host));
+      plan.serve = config.rdzv.isHost.value_or(isLocalAddress(plan.store.address));
       return plan;
     }
     case RdzvBackend::Etcd:
@@ -266,11 +261,11 @@ StorePlan planStore(const LaunchConfig& config) {
   throw std::logic_error("planStore: a rendezvous backend without a store plan");
 }
 
-// Whether something answers at host:port (a connection that opens, or a failure other than a
+// Whether something answers at `at` (a connection that opens, or a failure other than a
 // refusal: it cannot be told).
-bool answers(const std::string& host, uint16_t port) {
+bool answers(const HostPort& at) {
   try {
-    TcpStream::connect(host, port, Clock::now() + std::chrono::seconds(1));
+    TcpStream::connect(at.socketHost(), at.port, Clock::now() + std::chrono::seconds(1));
     return true;
   } catch (const ConnectionRefused&) {
     return false;
@@ -293,14 +288,14 @@ std::optional<control::StoreWithControl> serveStore(const StorePlan& plan) {
   std::minstd_rand random;  // seeded at the first refusal: most agents never need it
   for (bool said = false;; said = true) {
     try {
-      return std::make_optional<control::StoreWithControl>(StoreServerOptions{
-          .host = plan.store.host, .port = plan.store.port, .admission = plan.allow});
+      return std::make_optional<control::StoreWithControl>(
+          StoreServerOptions{.listen = plan.store, .admission = plan.allow});
     } catch (const NetworkError& e) {
       if (plan.mustServe)
         throw NetworkError(std::string(e.what()) +
                            "; the store needs a free port: pass another --master-port (under "
                            "Slurm, srun --resv-ports=1 reserves one for the step)");
-      if (Clock::now() >= deadline || answers(plan.store.host, plan.store.port)) {
+      if (Clock::now() >= deadline || answers(plan.store)) {
         log::debug(std::string("not serving the store: ") + e.what());
         return std::nullopt;
       }
@@ -436,7 +431,7 @@ int launchEtcd(const LaunchConfig& config) {
     return std::make_unique<rendezvous::etcd::EtcdStore>(storeOptions, client);
   };
   agents::checkDescriptors(agentOptions(config, true));
-  control::StoreWithControl workerStore({.host = addr, .port = 0, .admission = config.storeAllow},
+  control::StoreWithControl workerStore({.listen = {addr, 0}, .admission = config.storeAllow},
                                         connectEtcd);
   const std::string name = config.nodeName.value_or(hostName());
   rendezvous::ElasticOptions options = elasticOptions(config, addr, name);
@@ -503,14 +498,13 @@ int launchHosts(const LaunchConfig& config) {
     const std::string addr = remote == addresses.end()
                                  ? addresses.front()
                                  : localAddressToward(*remote, hosts.sshPort.value_or(22));
-    store.emplace(StoreServerOptions{
-        .host = addr, .port = 0, .admission = jobHosts(config, addresses, addr)});
+    store.emplace(
+        StoreServerOptions{.listen = {addr, 0}, .admission = jobHosts(config, addresses, addr)});
     job.backend = "c10d";
     job.endpoint = joinHostPort(addr, store->store().port());
     // The agents' machines may own the address too (a host of the list is this one).
     job.rdzvConf += std::string(job.rdzvConf.empty() ? "" : ",") + "is_host=false";
-    client =
-        std::make_unique<TcpStore>(TcpStoreOptions{.host = addr, .port = store->store().port()});
+    client = std::make_unique<TcpStore>(TcpStoreOptions{.at = {addr, store->store().port()}});
     const rendezvous::elastic::Keys keys(job.rdzvId);
     options.workersStarted = [&client, keys] {
       const int round = newestRound(*client, keys);
@@ -532,25 +526,24 @@ int launchHosts(const LaunchConfig& config) {
 int launchMultiNode(const LaunchConfig& config) {
   if (config.rdzvBackend == RdzvBackend::Etcd) return launchEtcd(config);
   StorePlan plan = planStore(config);
-  if (plan.serve) plan.allow = jobHosts(config, config.jobHosts, plan.store.host);
+  if (plan.serve) plan.allow = jobHosts(config, config.jobHosts, plan.store.address);
   // Before joining: a node that cannot start its workers must not hold the others up.
   agents::checkDescriptors(agentOptions(config, plan.serve));
   auto store = serveStore(plan);
-  const std::string addr = nodeAddress(config, plan.store.host, plan.store.port);
+  const std::string addr = nodeAddress(config, plan.store.address, plan.store.port);
   const std::string name = config.nodeName.value_or(hostName());
   int code;
   {
     rendezvous::ElasticOptions options = elasticOptions(config, addr, name);
     options.store = plan.store;
-    options.storeName = plan.name;
     agents::AgentOptions agent = agentOptions(config, store.has_value(), name + " (" + addr + ")");
     fitTorch(config, agent);
     listenWhereTheJobIs(agent, addr);
     if (agent.metrics && store)
       agent.metrics->storeStats = [&store] { return store->store().stats(); };
     if (config.controlPlane)
-      agent.control = controlOptions(config, options.runId, name, addr,
-                                     tcpStoreAt({plan.name, plan.store.port}));
+      agent.control =
+          controlOptions(config, options.runId, name, addr, tcpStoreAt(plan.store.named()));
     const auto page = watchJobPage(agent);
     rendezvous::ElasticRendezvous rendezvous(std::move(options));
     code = agents::Agent(std::move(agent), rendezvous).run();

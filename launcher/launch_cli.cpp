@@ -41,7 +41,7 @@ void applyDiscovered(const discovery::Settings& s, LaunchConfig& c) {
   if (s.nnodes) c.minNodes = c.maxNodes = *s.nnodes;
   if (s.nodeRank) c.nodeRank = s.nodeRank;
   if (s.nprocPerNode) c.agent.nprocPerNode = *s.nprocPerNode;
-  if (s.endpointHost) setRdzvStore(c, {*s.endpointHost, *s.endpointPort});
+  if (s.endpoint) setRdzvStore(c, *s.endpoint);
   if (!c.rdzv.isHost) c.rdzv.isHost = s.servesStore;
   if (s.nodeName) c.nodeName = s.nodeName;
   c.jobHosts = s.nodes;

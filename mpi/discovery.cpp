@@ -63,11 +63,8 @@ Settings discover(const Environment& env, const UserFlags& user) {
       throw ConfigError(
           "under mpirun the store's host is MASTER_ADDR, which is not set: run "
           "mpirun -x MASTER_ADDR=HOST, or pass --rdzv-endpoint=HOST[:PORT]");
-    s.endpointHost = *host;
-    if (auto port = firstNumber(env, {"MASTER_PORT"}, 1, 65535))
-      s.endpointPort = static_cast<uint16_t>(*port);
-    else
-      s.endpointPort = portOf(jobId ? *jobId : "");
+    const auto port = firstNumber(env, {"MASTER_PORT"}, 1, 65535);
+    s.endpoint = HostPort{*host, port ? static_cast<uint16_t>(*port) : portOf(jobId ? *jobId : "")};
   }
   return s;
 }

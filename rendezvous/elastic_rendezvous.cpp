@@ -63,22 +63,20 @@ Clock::time_point ElasticImpl::now() const {
 
 std::unique_ptr<LeasingStore> ElasticImpl::openStore() const {
   if (const auto* opener = std::get_if<StoreOpener>(&options_.store)) return opener->open();
-  const auto& store = std::get<HostPort>(options_.store);
-  std::string host = store.host;
-  if (!options_.storeName.empty()) {
+  HostPort store = std::get<HostPort>(options_.store);
+  if (!store.address.empty()) {
     // Each connection resolves the name again: a store that moved is followed. A name that
     // does not resolve this moment (its pod being replaced) leaves the last address.
     try {
-      host = resolveNumeric(options_.storeName, "the rendezvous store's host");
+      store.address = resolveNumeric(store.host, "the rendezvous store's host");
     } catch (const NetworkError&) {
-      host = storeAddress();
+      store.address = storeAddress();
     }
     std::lock_guard lock(storeAddressMutex_);
-    storeAddress_ = host;
+    storeAddress_ = store.address;
   }
   return std::make_unique<TcpStore>(TcpStoreOptions{
-      .host = host,
-      .port = store.port,
+      .at = std::move(store),
       // A store that does not answer within a lease's life is as good as gone.
       .timeout = options_.leaseTtl + options_.heartbeat,
       // Short tries, so an interrupt() between them is seen within a heartbeat.
@@ -91,7 +89,7 @@ std::string ElasticImpl::storeAddress() const {
   std::lock_guard lock(storeAddressMutex_);
   if (!storeAddress_.empty()) return storeAddress_;
   const auto* store = std::get_if<HostPort>(&options_.store);
-  return store ? store->host : "";
+  return store ? store->socketHost() : "";
 }
 
 void ElasticImpl::connect(Clock::time_point deadline) {

@@ -58,15 +58,13 @@ struct ElasticOptions {
   int minNodes = 1;
   int maxNodes = 1;
   RestartPolicy restarts;
-  // Where the rounds are: the c10d store at its numeric HOST:PORT, which the rendezvous dials
-  // (a TcpStore whose reply deadline and connect tries follow leaseTtl and heartbeat) and the
-  // workers use unless a round names theirs; or a store that `open` opens.
+  // Where the rounds are: the c10d store, which the rendezvous dials (a TcpStore whose reply
+  // deadline and connect tries follow leaseTtl and heartbeat) and the workers use unless a round
+  // names theirs; or a store that `open` opens. Where the c10d store's host is a name the launch
+  // resolved (HostPort::address), each new connection resolves it again and the rounds give the
+  // workers the address it found, so a store that moved to another address under the same name
+  // (a replaced Kubernetes pod behind a headless service) is followed.
   std::variant<HostPort, StoreOpener> store;
-  // The c10d store's host as the flags name it: each new connection resolves it again, and the
-  // rounds give the workers the address it found, so a store that moved to another address under
-  // the same name (a replaced Kubernetes pod behind a headless service) is followed. Empty: the
-  // numeric host alone.
-  std::string storeName;
   // addr, name, nproc, rank hint and the workers' store port (etcd); worker ports are chosen
   // per round
   elastic::NodeRecord self;

@@ -131,8 +131,8 @@ class ElasticImpl {
   void refuseEndedJob(const std::string& stop, const std::string& current,
                       const std::string& firstEnd, const std::string& expiry);
   std::unique_ptr<LeasingStore> openStore() const;
-  // The c10d store's numeric host as the last connection found it (options_.storeName resolved
-  // again at each), for the round's workers; the flags' address before the first.
+  // The c10d store's numeric host as the last connection found it (its name resolved again at
+  // each), for the round's workers; the launch's address before the first.
   std::string storeAddress() const;
   std::string storeName() const;  // the store as messages name it
   // The store's time (lease_'s, even a lost one's); the real clock before the first connection.
@@ -209,7 +209,7 @@ class ElasticImpl {
   // from the join's start (a spare waits as long as the job runs).
   Clock::time_point answered_{};
   mutable std::mutex storeAddressMutex_;  // openStore() runs on the agent's thread too
-  mutable std::string storeAddress_;      // set by openStore() where options_.storeName is
+  mutable std::string storeAddress_;      // set by openStore() where the store has a name
   Clock::time_point asked_{};  // when the join's last read, or the round's close, was asked for
   // This node gave up on its round through an outage: the next join() ends it, should another
   // member still be in it.

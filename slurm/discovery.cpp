@@ -96,9 +96,9 @@ Settings discover(const Environment& env, const UserFlags& user) {
           "--rdzv-endpoint=HOST[:PORT]");
     s.nodes = expandHostlist(*list, variable);
     const std::vector<std::string>& nodes = s.nodes;
-    s.endpointHost = nodes.front();
     const std::string* reserved = find(env, "SLURM_STEP_RESV_PORTS");
-    s.endpointPort = reserved ? firstReservedPort(*reserved) : discovery::derivedPort(*jobId);
+    s.endpoint = HostPort{nodes.front(),
+                          reserved ? firstReservedPort(*reserved) : discovery::derivedPort(*jobId)};
     if (s.nodeName)
       s.servesStore = *s.nodeName == nodes.front();
     else if (nodeId)

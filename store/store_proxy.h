@@ -26,6 +26,7 @@
 #include <memory>
 #include <string>
 
+#include "common/host_port.h"
 #include "store/wire.h"
 
 namespace boost::asio {
@@ -35,10 +36,9 @@ class io_context;
 namespace dlrun {
 
 struct StoreProxyOptions {
-  std::string upstreamHost;  // the job's store: a numeric address
-  uint16_t upstreamPort = 0;
-  std::string host = "127.0.0.1";  // where the workers connect: loopback, the node's own
-  uint16_t port = 0;               // 0: a free port (port())
+  HostPort upstream;  // the job's store, at a numeric address
+  // Where the workers connect: loopback, the node's own; port 0: a free port (port()).
+  HostPort listen{"127.0.0.1", 0};
   wire::Limits limits;
 };
 

@@ -110,9 +110,11 @@ class ProxyImpl : public std::enable_shared_from_this<ProxyImpl> {
   ProxyImpl(asio::io_context& io, StoreProxyOptions options)
       : io_(io),
         options_(std::move(options)),
-        listener_(listenOn(io, tcp::endpoint(asio::ip::make_address(options_.host), options_.port),
-                           "the store proxy on " + options_.host)),
-        upstream_(asio::ip::make_address(options_.upstreamHost), options_.upstreamPort) {}
+        listener_(listenOn(io,
+                           tcp::endpoint(asio::ip::make_address(options_.listen.socketHost()),
+                                         options_.listen.port),
+                           "the store proxy on " + options_.listen.host)),
+        upstream_(asio::ip::make_address(options_.upstream.socketHost()), options_.upstream.port) {}
 
   void start();
   void stop();

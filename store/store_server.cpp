@@ -28,12 +28,12 @@ namespace detail {
 tcp::acceptor ServerImpl::listen(asio::io_context& io, const StoreServerOptions& options) {
   error_code ec;
   tcp::resolver resolver(io);
-  auto endpoints = resolver.resolve(options.host, std::to_string(options.port),
+  const HostPort& at = options.listen;
+  auto endpoints = resolver.resolve(at.socketHost(), std::to_string(at.port),
                                     tcp::resolver::passive | tcp::resolver::numeric_service, ec);
   if (ec || endpoints.empty())
-    throw NetworkError("cannot resolve listen address '" + options.host + "': " + ec.message());
-  return listenOn(io, endpoints.begin()->endpoint(), joinHostPort(options.host, options.port),
-                  options.backlog);
+    throw NetworkError("cannot resolve listen address '" + at.host + "': " + ec.message());
+  return listenOn(io, endpoints.begin()->endpoint(), at.text(), options.backlog);
 }
 
 void ServerImpl::accept() {

@@ -19,6 +19,7 @@
 #include <string>
 #include <thread>
 
+#include "common/host_port.h"
 #include "store/admission.h"
 #include "store/wire.h"
 
@@ -29,8 +30,9 @@ class io_context;
 namespace dlrun {
 
 struct StoreServerOptions {
-  std::string host = "0.0.0.0";  // numeric address or name to bind; "::" for IPv6
-  uint16_t port = 0;             // 0 picks a free port; read it back with port()
+  // Where to listen: a numeric address or a name ("::" for IPv6); port 0 picks a free port,
+  // read back with port().
+  HostPort listen{"0.0.0.0", 0};
   wire::Limits limits;
   int backlog = 4096;  // a barrier of thousands of clients connects at once
   // When set, a connection whose first byte is 'P' (HTTP/2's preface, "PRI * HTTP/2.0") is no

@@ -90,7 +90,7 @@ void TcpStore::connect() {
   ExponentialBackoff backoff;
   while (true) {
     try {
-      adopt(TcpStream::connect(options_.host, options_.port, deadline));
+      adopt(TcpStream::connect(options_.at.socketHost(), options_.at.port, deadline));
       handshake();
       return;
     } catch (const NetworkError& e) {
@@ -115,13 +115,13 @@ void TcpStore::handshake() {
   const uint32_t nonce = static_cast<uint32_t>(::getpid());
   Encoder(hello).op(Era::V2, Op::Validate).u32(wire::kValidationMagic);
   Encoder(hello).op(Era::V2, Op::Ping).u32(nonce);
-  const std::string endpoint = joinHostPort(options_.host, options_.port);
+  const std::string endpoint = options_.at.text();
   // Named with the program holding the port where it is on this machine (a shared node's usual
   // case); looked up only once the server proved to be something else.
   const auto where = [&] {
     std::optional<std::string> holder;
     try {
-      if (isLocalAddress(options_.host)) holder = portHolder(options_.port);
+      if (isLocalAddress(options_.at.socketHost())) holder = portHolder(options_.at.port);
     } catch (const NetworkError&) {
     }
     return "the server at " + endpoint + (holder ? " (" + *holder + ")" : "") +
@@ -173,7 +173,7 @@ void TcpStore::abort() {
 }
 
 std::string TcpStore::lostConnection() const {
-  return "lost the connection to the store at " + joinHostPort(options_.host, options_.port);
+  return "lost the connection to the store at " + options_.at.text();
 }
 
 void TcpStore::send(const std::string& bytes) { stream_.writeAll(bytes, replyDeadline()); }

@@ -13,14 +13,14 @@
 #include <utility>
 #include <vector>
 
+#include "common/host_port.h"
 #include "store/leasing_store.h"
 #include "store/tcp_stream.h"
 
 namespace dlrun {
 
 struct TcpStoreOptions {
-  std::string host = "127.0.0.1";
-  uint16_t port = 29500;
+  HostPort at{"127.0.0.1", 29500};  // the store; a name is resolved at each connection
   // How long get()/multiGet() wait for keys, and the deadline of every other reply.
   std::chrono::milliseconds timeout = Store::kDefaultTimeout;
   // How long to keep retrying (with jittered exponential backoff) while the server is not up.

@@ -41,16 +41,16 @@ TEST(ControlCli, FlagsBecomeARequest) {
   auto r = parse(
       {"events", "--rdzv-endpoint=10.0.0.1", "--rdzv_id", "job", "-f", "--since=7", "--json"});
   EXPECT_EQ(r.command, "events");
-  EXPECT_EQ(r.host, "10.0.0.1");
-  EXPECT_EQ(r.port, 29400);
+  EXPECT_EQ(r.store.host, "10.0.0.1");
+  EXPECT_EQ(r.store.port, 29400);
   EXPECT_EQ(r.jobId, "job");
   EXPECT_TRUE(r.follow);
   EXPECT_EQ(r.since, 7);
   EXPECT_TRUE(r.json);
   r = parse({"stop", "--rdzv-endpoint=[::1]:3000", "--rdzv-id=j", "--signal", "usr1"},
             {{"DLRUN_TOKEN", "secret"}});
-  EXPECT_EQ(r.host, "::1");
-  EXPECT_EQ(r.port, 3000);
+  EXPECT_EQ(r.store.host, "::1");
+  EXPECT_EQ(r.store.port, 3000);
   EXPECT_EQ(r.signal, 10);
   EXPECT_EQ(r.token, "secret");
   r = parse({"stop", "--rdzv-endpoint=h:1", "--rdzv-id=j", "--exit-code=3", "--reason=done"});
@@ -62,8 +62,8 @@ TEST(ControlCli, InsideSlurmTheLaunchersEndpointAndId) {
   const Env slurm{{"SLURM_JOB_ID", "4242"}, {"SLURM_JOB_NODELIST", "node1"}, {"SLURM_NNODES", "1"}};
   const auto r = parse({"status"}, slurm);
   EXPECT_EQ(r.jobId, "4242");
-  EXPECT_EQ(r.host, "node1");
-  EXPECT_EQ(r.port, 29400 + 4242 % 2000);
+  EXPECT_EQ(r.store.host, "node1");
+  EXPECT_EQ(r.store.port, 29400 + 4242 % 2000);
 }
 
 TEST(ControlCli, BadInputIsOneLineNamingTheFlag) {

@@ -30,8 +30,8 @@ class ControlServerTest : public ::testing::Test {
       : control({.poll = milliseconds(50),
                  .gapWait = milliseconds(300),
                  .endQuiet = milliseconds(1000)}),
-        server({.host = "127.0.0.1", .port = 0, .foreign = [this](int fd) { control.adopt(fd); }}),
-        store({.host = "127.0.0.1", .port = server.port()}),
+        server({.listen = {"127.0.0.1", 0}, .foreign = [this](int fd) { control.adopt(fd); }}),
+        store({.at = {"127.0.0.1", server.port()}}),
         stub(v1::Control::NewStub(grpc::CreateChannel("127.0.0.1:" + std::to_string(server.port()),
                                                       grpc::InsecureChannelCredentials()))) {
     control.readFrom(storeAt(server.address(), server.port()));
@@ -150,7 +150,7 @@ TEST_F(ControlServerTest, GetJobAndListJobsOnTheStoresOwnPort) {
 
   // TCPStore clients go on on the same port, on connections opened before and after.
   store.set("/after", "grpc");
-  EXPECT_EQ(TcpStore({.host = "127.0.0.1", .port = server.port()}).get("/after"), "grpc");
+  EXPECT_EQ(TcpStore({.at = {"127.0.0.1", server.port()}}).get("/after"), "grpc");
 
   writeJob("job2");
   v1::ListJobsResponse list;
@@ -390,9 +390,9 @@ std::vector<std::string> listJobsAt(uint16_t port) {
 
 // What an agent serving its job's store runs: both on one port.
 TEST(StoreWithControlTest, ServesTheStoreAndTheControlPlaneOnItsPort) {
-  StoreWithControl served({.host = "127.0.0.1", .port = 0});
+  StoreWithControl served({.listen = {"127.0.0.1", 0}});
   const uint16_t port = served.store().port();
-  TcpStore store({.host = "127.0.0.1", .port = port});
+  TcpStore store({.at = {"127.0.0.1", port}});
   store.set(Keys("job1").meta(), encode(ControlMeta{.backend = "c10d"}));
   store.append(Keys::jobs(), "job1\n");
   EXPECT_EQ(listJobsAt(port), std::vector<std::string>{"job1"});
@@ -401,19 +401,19 @@ TEST(StoreWithControlTest, ServesTheStoreAndTheControlPlaneOnItsPort) {
 // Under etcd an agent serves the control plane on its workers' store's port, reading the job
 // from another store (etcd): what the connector opens, not the store it sits on.
 TEST(StoreWithControlTest, ReadsTheJobsFromTheStoreItsConnectorOpens) {
-  StoreServerThread jobs({.host = "127.0.0.1", .port = 0});
-  TcpStore writer({.host = "127.0.0.1", .port = jobs.port()});
+  StoreServerThread jobs({.listen = {"127.0.0.1", 0}});
+  TcpStore writer({.at = {"127.0.0.1", jobs.port()}});
   writer.set(Keys("elsewhere").meta(), encode(ControlMeta{.backend = "etcd"}));
   writer.append(Keys::jobs(), "elsewhere\n");
-  StoreWithControl served({.host = "127.0.0.1", .port = 0}, storeAt("127.0.0.1", jobs.port()));
+  StoreWithControl served({.listen = {"127.0.0.1", 0}}, storeAt("127.0.0.1", jobs.port()));
   EXPECT_EQ(listJobsAt(served.store().port()), std::vector<std::string>{"elsewhere"});
 }
 
 // Every agent on the endpoint's host tries to serve; those that lose the bind must fail the
 // way the launcher expects (it goes on as a client).
 TEST(StoreWithControlTest, ATakenPortIsANetworkError) {
-  StoreServerThread first({.host = "127.0.0.1", .port = 0});
-  EXPECT_THROW(StoreWithControl({.host = "127.0.0.1", .port = first.port()}), NetworkError);
+  StoreServerThread first({.listen = {"127.0.0.1", 0}});
+  EXPECT_THROW(StoreWithControl({.listen = {"127.0.0.1", first.port()}}), NetworkError);
 }
 
 // The gRPC server is built on the first HTTP/2 connection: a client that connects the moment the
@@ -421,7 +421,7 @@ TEST(StoreWithControlTest, ATakenPortIsANetworkError) {
 TEST(StoreWithControlTest, AGrpcClientThatConnectsAsSoonAsThePortListensIsServed) {
   uint16_t port = 0;
   {
-    StoreServerThread probe({.host = "127.0.0.1", .port = 0});
+    StoreServerThread probe({.listen = {"127.0.0.1", 0}});
     port = probe.port();
   }  // a port that was free a moment ago
   std::atomic<bool> stop{false};
@@ -450,7 +450,7 @@ TEST(StoreWithControlTest, AGrpcClientThatConnectsAsSoonAsThePortListensIsServed
   std::this_thread::sleep_for(std::chrono::milliseconds(20));  // the client is trying
   std::optional<StoreWithControl> served;
   try {
-    served.emplace(StoreServerOptions{.host = "127.0.0.1", .port = port});
+    served.emplace(StoreServerOptions{.listen = {"127.0.0.1", port}});
   } catch (const NetworkError&) {
     stop = true;
     client.join();

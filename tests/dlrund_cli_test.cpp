@@ -10,8 +10,8 @@ namespace {
 TEST(DlrundCli, DefaultsMatchTorchrunsStorePort) {
   auto parsed = parseDlrundArgs({});
   EXPECT_FALSE(parsed.exitCode);
-  EXPECT_EQ(parsed.config.server.port, 29500);
-  EXPECT_EQ(parsed.config.server.host, "0.0.0.0");
+  EXPECT_EQ(parsed.config.server.listen.port, 29500);
+  EXPECT_EQ(parsed.config.server.listen.host, "0.0.0.0");
   EXPECT_TRUE(parsed.config.control);
   EXPECT_FALSE(parsed.config.stats);
 }
@@ -21,8 +21,8 @@ TEST(DlrundCli, ReadsEveryFlag) {
                                  "--max-value-bytes", "20", "--max-keys-per-op", "30",
                                  "--max-buffered-bytes", "40", "--no-control", "--stats", "-v"});
   const auto& c = parsed.config;
-  EXPECT_EQ(c.server.host, "::");
-  EXPECT_EQ(c.server.port, 0);
+  EXPECT_EQ(c.server.listen.host, "::");
+  EXPECT_EQ(c.server.listen.port, 0);
   EXPECT_EQ(c.server.limits.maxKeyBytes, 10u);
   EXPECT_EQ(c.server.limits.maxValueBytes, 20u);
   EXPECT_EQ(c.server.limits.maxKeysPerOp, 30u);

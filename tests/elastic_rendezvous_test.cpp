@@ -94,7 +94,7 @@ class ElasticRendezvousTest : public ::testing::Test {
 
   // Restarted in place by the outage tests.
   std::unique_ptr<StoreServerThread> server_ =
-      std::make_unique<StoreServerThread>(StoreServerOptions{.host = "127.0.0.1", .port = 0});
+      std::make_unique<StoreServerThread>(StoreServerOptions{.listen = {"127.0.0.1", 0}});
   boost::asio::io_context silentIo_;
   std::optional<boost::asio::ip::tcp::acceptor> silent_;
 };
@@ -155,7 +155,7 @@ TEST_F(ElasticRendezvousTest, AnotherJobShapeWithTheSameIdIsRefused) {
 
 TEST_F(ElasticRendezvousTest, ANodeOfAnotherProtocolIsRefusedInOneLine) {
   // The shape as a dlrun of rendezvous protocol 1 wrote it: no protocol in it.
-  TcpStore older({.host = server_->address(), .port = server_->port()});
+  TcpStore older({.at = {server_->address(), server_->port()}});
   older.set(elastic::Keys("job").shape(), "2:3");
   try {
     ElasticRendezvous newer(options(2, 3));
@@ -280,8 +280,7 @@ TEST_F(ElasticRendezvousTest, AStoreRestartedWithoutItsKeysCostsOneRoundAndTheRo
   formRound(a);
   const uint16_t port = server_->port();
   server_.reset();  // every connection closes, every key is lost
-  server_ =
-      std::make_unique<StoreServerThread>(StoreServerOptions{.host = "127.0.0.1", .port = port});
+  server_ = std::make_unique<StoreServerThread>(StoreServerOptions{.listen = {"127.0.0.1", port}});
   for (auto& agent : a) {
     const RoundEnd end = agent->awaitEnd();
     EXPECT_EQ(end.kind, Kind::StoreLost);
@@ -313,11 +312,10 @@ TEST_F(ElasticRendezvousTest, AStoreBackEmptyAfterTheOutageTimeoutGetsTheJobsKey
   for (auto& agent : a) EXPECT_EQ(agent->awaitEnd().kind, Kind::StoreLost);
   const uint16_t port = silent_->local_endpoint().port();
   silent_.reset();
-  server_ =
-      std::make_unique<StoreServerThread>(StoreServerOptions{.host = "127.0.0.1", .port = port});
+  server_ = std::make_unique<StoreServerThread>(StoreServerOptions{.listen = {"127.0.0.1", port}});
   for (const World& x : formRound(a)) EXPECT_EQ(x.round, 1);
   const elastic::Keys keys("job");
-  TcpStore direct({.host = "127.0.0.1", .port = port});
+  TcpStore direct({.at = {"127.0.0.1", port}});
   ASSERT_TRUE(direct.check({keys.current(), keys.shape()}));
   EXPECT_EQ(direct.get(keys.current()), "1");
   EXPECT_THROW(ElasticRendezvous{options(2, 3)}, ConfigError);  // another --nnodes

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "common/asio.h"
+#include "common/clock.h"
 #include "common/error.h"
 
 namespace dlrun::agents {
@@ -221,10 +222,7 @@ TEST(FormatExpiration, UtcWithMilliseconds) {
 
 // --- the FIFO server ---------------------------------------------------------------------
 
-double now() {
-  using namespace std::chrono;
-  return duration<double>(system_clock::now().time_since_epoch()).count();
-}
+double now() { return unixSeconds(); }
 
 class FileTimerServerTest : public testing::Test {
  protected:

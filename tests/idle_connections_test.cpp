@@ -98,14 +98,14 @@ TEST(IdleConnections, TenThousandIdleWhileAnotherClientIsServed) {
   } reaper{child, releasePipe[1]};
 
   const long before = residentKiB();
-  StoreServerThread server({.host = "127.0.0.1", .port = 0});
+  StoreServerThread server({.listen = {"127.0.0.1", 0}});
   const uint16_t port = server.port();
   ASSERT_EQ(write(portPipe[1], &port, sizeof(port)), static_cast<ssize_t>(sizeof(port)));
   char ready = 0;
   ASSERT_EQ(read(readyPipe[0], &ready, 1), 1) << "the child could not open its connections";
   EXPECT_EQ(server.connectionCount(), static_cast<size_t>(kIdle));
 
-  TcpStore store({.host = "127.0.0.1", .port = port, .timeout = 10s});
+  TcpStore store({.at = {"127.0.0.1", port}, .timeout = 10s});
   for (int i = 0; i < 1000; ++i) store.add("busy", 1);
   EXPECT_EQ(store.get("busy"), "1000");
   EXPECT_EQ(server.connectionCount(), static_cast<size_t>(kIdle + 1));

@@ -27,8 +27,7 @@ using std::chrono::milliseconds;
 class JobViewTest : public ::testing::Test {
  protected:
   JobViewTest()
-      : server({.host = "127.0.0.1", .port = 0}),
-        store({.host = "127.0.0.1", .port = server.port()}) {}
+      : server({.listen = {"127.0.0.1", 0}}), store({.at = {"127.0.0.1", server.port()}}) {}
 
   // A running job of one agent with two ranks, each with a record of its pace; rank 1 slow.
   void writeJob(const std::string& id, const std::string& tokenHash = "") {
@@ -39,7 +38,7 @@ class JobViewTest : public ::testing::Test {
     NodeState node{.name = "n1", .groupRank = 0, .state = "running", .round = 0, .firstRound = 0};
     node.workers.push_back({.rank = 0, .pid = 100, .state = "running"});
     node.workers.push_back({.rank = 1, .pid = 101, .state = "running"});
-    const double now = unixNow();
+    const double now = unixSeconds();
     NodeProgress progress{.time = now, .round = 0};
     progress.ranks.push_back({.rank = 0, .step = 40, .stepsPerSecond = 4, .loss = 0.5});
     progress.ranks.push_back(
@@ -86,7 +85,7 @@ TEST_F(JobViewTest, GetJobShowsEachRanksPaceAndTheStragglers) {
   writeJob("job");
   const JobRecord record = readJob(store, "job", JobParts::WithNodes);
   v1::Job job;
-  fillJob(record, unixNow(), job);
+  fillJob(record, unixSeconds(), job);
   ASSERT_EQ(job.nodes_size(), 1);
   const auto& slow = job.nodes(0).workers(1);
   EXPECT_TRUE(slow.reported());
@@ -108,12 +107,12 @@ TEST_F(JobViewTest, ARecordOfAnotherRoundOrUnreadableOneShowsNoPace) {
   const Keys c("job");
   store.set(c.progress(1), encode(NodeProgress{.time = 1, .round = 7, .ranks = {{.rank = 0}}}));
   v1::Job job;
-  fillJob(readJob(store, "job", JobParts::WithNodes), unixNow(), job);
+  fillJob(readJob(store, "job", JobParts::WithNodes), unixSeconds(), job);
   EXPECT_FALSE(job.nodes(0).workers(0).reported());
   store.set(c.progress(1), "garbage");
   store.set(c.stragglers(), "garbage");
   // The rest of the job still shows.
-  fillJob(readJob(store, "job", JobParts::WithNodes), unixNow(), job);
+  fillJob(readJob(store, "job", JobParts::WithNodes), unixSeconds(), job);
   EXPECT_FALSE(job.nodes(0).workers(0).reported());
 }
 
@@ -128,7 +127,7 @@ TEST_F(JobViewTest, ANodeSittingOutIsListedWithWhy) {
                                          .sittingOut = SittingOut{.cause = kQuarantine,
                                                                   .reason = "quarantined: x"}})});
   v1::Job job;
-  fillJob(readJob(store, "job", JobParts::WithNodes), unixNow(), job);
+  fillJob(readJob(store, "job", JobParts::WithNodes), unixSeconds(), job);
   ASSERT_EQ(job.nodes_size(), 2);
   EXPECT_EQ(job.nodes(0).sitting_out(), "");
   const v1::Node& out = job.nodes(1);
@@ -165,7 +164,7 @@ TEST_F(JobViewTest, AnEventCountedButNotYetWrittenIsWaitedFor) {
   const Keys c("job");
   const int64_t late = store.add(c.seq(), 1);  // numbered; its publisher writes it next
   ASSERT_EQ(firstReading(watch, "").status, 200);
-  store.set(c.event(late), encode(JobEvent{.time = unixNow(), .kind = "worker_failed"}));
+  store.set(c.event(late), encode(JobEvent{.time = unixSeconds(), .kind = "worker_failed"}));
   const auto giveUp = Clock::now() + std::chrono::seconds(2);  // within the 3 s it waits
   json answer;
   do {

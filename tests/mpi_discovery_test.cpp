@@ -46,18 +46,18 @@ TEST(MpiDiscovery, WorldFromOpenMpi) {
   EXPECT_EQ(s.rdzvId, "mpi-1615790081");
   EXPECT_EQ(s.nodeRank, 2);
   EXPECT_EQ(s.nnodes, 3);
-  EXPECT_EQ(s.endpointHost, "node1");
-  ASSERT_TRUE(s.endpointPort);
-  EXPECT_GE(*s.endpointPort, discovery::kPortBase);
-  EXPECT_LT(*s.endpointPort, discovery::kPortBase + discovery::kPortRange);
+  ASSERT_TRUE(s.endpoint);
+  EXPECT_EQ(s.endpoint.value().host, "node1");
+  EXPECT_GE(s.endpoint.value().port, discovery::kPortBase);
+  EXPECT_LT(s.endpoint.value().port, discovery::kPortBase + discovery::kPortRange);
   // Every process of the job derives the same port.
-  EXPECT_EQ(mpi::discover(launched(0), {}).endpointPort, s.endpointPort);
+  EXPECT_EQ(mpi::discover(launched(0), {}).endpoint.value().port, s.endpoint.value().port);
 }
 
 TEST(MpiDiscovery, MasterPortWins) {
   Environment env = launched();
   env["MASTER_PORT"] = "29555";
-  EXPECT_EQ(mpi::discover(env, {}).endpointPort, 29555);
+  EXPECT_EQ(mpi::discover(env, {}).endpoint.value().port, 29555);
   env["MASTER_PORT"] = "70000";
   EXPECT_NE(errorOf(env).find("MASTER_PORT='70000'"), std::string::npos);
 }
@@ -68,8 +68,7 @@ TEST(MpiDiscovery, FlagsWin) {
   EXPECT_FALSE(s.rdzvId);
   EXPECT_FALSE(s.nodeRank);
   EXPECT_FALSE(s.nnodes);
-  EXPECT_FALSE(s.endpointHost);
-  EXPECT_FALSE(s.endpointPort);
+  EXPECT_FALSE(s.endpoint);
 }
 
 TEST(MpiDiscovery, PmixAlone) {

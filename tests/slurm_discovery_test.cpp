@@ -59,9 +59,9 @@ TEST(SlurmDiscoveryTest, DetectedInsideAnAllocationUnlessSwitchedOff) {
 TEST(SlurmDiscoveryTest, AStepGivesEverythingAMultiNodeLaunchNeeds) {
   const Settings s = discover(step(2), {});
   EXPECT_EQ(s.rdzvId, "4242");
-  EXPECT_EQ(s.endpointHost, "node1");  // the first node of the step
-  EXPECT_EQ(s.endpointPort, discovery::kPortBase + 4242 % discovery::kPortRange);
-  EXPECT_EQ(s.endpointPort, 29642);
+  EXPECT_EQ(s.endpoint.value().host, "node1");  // the first node of the step
+  EXPECT_EQ(s.endpoint.value().port, discovery::kPortBase + 4242 % discovery::kPortRange);
+  EXPECT_EQ(s.endpoint.value().port, 29642);
   EXPECT_EQ(s.nodeRank, 2);
   EXPECT_EQ(s.nnodes, 4);
   EXPECT_EQ(s.nodeName, "node3");
@@ -85,28 +85,31 @@ TEST(SlurmDiscoveryTest, TheStepsNodesWinOverTheJobs) {
                                   {"SLURM_STEP_NUM_NODES", "2"},
                                   {"SLURMD_NODENAME", "node3"}});
   const Settings s = discover(env, {});
-  EXPECT_EQ(s.endpointHost, "node3");
+  EXPECT_EQ(s.endpoint.value().host, "node3");
   EXPECT_EQ(s.nnodes, 2);
   EXPECT_EQ(s.servesStore, true);
   // Without the step's variables the job's are used.
   const Settings job =
       discover(without(without(step(0), "SLURM_STEP_NODELIST"), "SLURM_STEP_NUM_NODES"), {});
-  EXPECT_EQ(job.endpointHost, "node1");
+  EXPECT_EQ(job.endpoint.value().host, "node1");
   EXPECT_EQ(job.nnodes, 4);
 }
 
 TEST(SlurmDiscoveryTest, PortsDifferByJobAndStayBelowTheEphemeralRange) {
-  EXPECT_EQ(discover(with(step(), {{"SLURM_JOB_ID", "1"}}), {}).endpointPort, 29401);
-  EXPECT_EQ(discover(with(step(), {{"SLURM_JOB_ID", "1999"}}), {}).endpointPort, 31399);
-  EXPECT_EQ(discover(with(step(), {{"SLURM_JOB_ID", "2000"}}), {}).endpointPort, 29400);
+  EXPECT_EQ(discover(with(step(), {{"SLURM_JOB_ID", "1"}}), {}).endpoint.value().port, 29401);
+  EXPECT_EQ(discover(with(step(), {{"SLURM_JOB_ID", "1999"}}), {}).endpoint.value().port, 31399);
+  EXPECT_EQ(discover(with(step(), {{"SLURM_JOB_ID", "2000"}}), {}).endpoint.value().port, 29400);
 }
 
 TEST(SlurmDiscoveryTest, TheStepsReservedPortsGiveTheStoresPort) {
-  EXPECT_EQ(discover(with(step(), {{"SLURM_STEP_RESV_PORTS", "12000-12003"}}), {}).endpointPort,
-            12000);
-  EXPECT_EQ(discover(with(step(), {{"SLURM_STEP_RESV_PORTS", "12005,12007"}}), {}).endpointPort,
-            12005);
-  EXPECT_EQ(discover(with(step(), {{"SLURM_STEP_RESV_PORTS", "12010"}}), {}).endpointPort, 12010);
+  EXPECT_EQ(
+      discover(with(step(), {{"SLURM_STEP_RESV_PORTS", "12000-12003"}}), {}).endpoint.value().port,
+      12000);
+  EXPECT_EQ(
+      discover(with(step(), {{"SLURM_STEP_RESV_PORTS", "12005,12007"}}), {}).endpoint.value().port,
+      12005);
+  EXPECT_EQ(discover(with(step(), {{"SLURM_STEP_RESV_PORTS", "12010"}}), {}).endpoint.value().port,
+            12010);
   for (const char* bad : {"", "x-12", "0-3", "70000"}) {
     SCOPED_TRACE(bad);
     try {
@@ -123,8 +126,7 @@ TEST(SlurmDiscoveryTest, ExplicitFlagsWin) {
       discover(step(2), {.nnodes = true, .nodeRank = true, .rdzvEndpoint = true, .rdzvId = true});
   EXPECT_FALSE(s.nnodes);
   EXPECT_FALSE(s.nodeRank);
-  EXPECT_FALSE(s.endpointHost);
-  EXPECT_FALSE(s.endpointPort);
+  EXPECT_FALSE(s.endpoint);
   EXPECT_FALSE(s.servesStore);
   EXPECT_FALSE(s.rdzvId);
   EXPECT_EQ(s.nodeName, "node3");  // no flag names the node

@@ -36,9 +36,9 @@ using wire::Op;
 class StoreProxyTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    store = std::make_unique<StoreServerThread>(StoreServerOptions{.host = "127.0.0.1"});
+    store = std::make_unique<StoreServerThread>(StoreServerOptions{.listen = {"127.0.0.1", 0}});
     proxy = std::make_unique<StoreProxy>(
-        io, StoreProxyOptions{.upstreamHost = "127.0.0.1", .upstreamPort = store->port()});
+        io, StoreProxyOptions{.upstream = {"127.0.0.1", store->port()}});
     work.emplace(io.get_executor());
     thread = std::thread([this] { io.run(); });
   }
@@ -49,7 +49,7 @@ class StoreProxyTest : public ::testing::Test {
     proxy.reset();
   }
 
-  TcpStore client() { return TcpStore({.host = "127.0.0.1", .port = proxy->port()}); }
+  TcpStore client() { return TcpStore({.at = {"127.0.0.1", proxy->port()}}); }
   uint64_t storeOps(Op op) const { return store->stats().ops[static_cast<size_t>(op)]; }
   StoreProxyStats proxyStats() const { return proxy->stats(); }
   // A raw V2 client of the proxy, waiting on a key nobody writes.
@@ -91,7 +91,7 @@ TEST_F(StoreProxyTest, EveryOpAsStraightToTheStore) {
   EXPECT_EQ(c.queuePop("q", false), "item");
   EXPECT_EQ(c.queuePop("q", false), std::nullopt);
   // What the store holds is what the client wrote.
-  TcpStore direct({.host = "127.0.0.1", .port = store->port()});
+  TcpStore direct({.at = {"127.0.0.1", store->port()}});
   EXPECT_EQ(direct.get("a"), "2x");
   EXPECT_EQ(direct.get("n"), "3");
 }
@@ -277,7 +277,7 @@ TEST_F(StoreProxyTest, AnOverflowingAddIsRefusedAsStraightToTheStore) {
   Encoder(adds).op(Era::V2, Op::Add).bytes("k").i64(-20);
   raw.send(adds);
   EXPECT_TRUE(raw.closedByServer());
-  TcpStore direct({.host = "127.0.0.1", .port = store->port()});
+  TcpStore direct({.at = {"127.0.0.1", store->port()}});
   EXPECT_EQ(direct.get("k"), "10");
 }
 
@@ -325,7 +325,7 @@ TEST_F(StoreProxyTest, ASetBeforeABarrierIsInTheStoreWhenTheArrivalCounts) {
   member.send(requests);
   const std::string stop(1, static_cast<char>(wire::WaitReply::StopWaiting));
   EXPECT_EQ(waiter.read(1), stop);
-  TcpStore direct({.host = "127.0.0.1", .port = store->port()});
+  TcpStore direct({.at = {"127.0.0.1", store->port()}});
   EXPECT_TRUE(direct.check({"mine"}));
   EXPECT_EQ(member.read(1), stop);
 }
@@ -442,8 +442,7 @@ std::string groupWake(uint64_t number, wire::WaitReply reply) {
 TEST(StoreProxyJoin, AWaitJoiningAGroupWhoseWakeIsOnItsWayWaitsForItsOwnAnswer) {
   ScriptedStore store;
   boost::asio::io_context io;
-  StoreProxy proxy(io,
-                   StoreProxyOptions{.upstreamHost = "127.0.0.1", .upstreamPort = store.port()});
+  StoreProxy proxy(io, StoreProxyOptions{.upstream = {"127.0.0.1", store.port()}});
   auto work = boost::asio::make_work_guard(io);
   std::thread thread([&] { io.run(); });
   struct Stopper {  // also when a read below throws

@@ -30,13 +30,13 @@ class StoreServerTest : public ::testing::Test {
  protected:
   void start(wire::Limits limits = {}) {
     server = std::make_unique<StoreServerThread>(
-        StoreServerOptions{.host = "127.0.0.1", .port = 0, .limits = limits});
+        StoreServerOptions{.listen = {"127.0.0.1", 0}, .limits = limits});
   }
   void SetUp() override { start(); }
 
   // A well-behaved client still gets served.
   void expectServing() {
-    TcpStore store({.host = "127.0.0.1", .port = server->port()});
+    TcpStore store({.at = {"127.0.0.1", server->port()}});
     store.set("alive", "yes");
     EXPECT_EQ(store.get("alive"), "yes");
   }
@@ -59,13 +59,12 @@ class StoreServerTest : public ::testing::Test {
     return holder;
   }
 
-  TcpStore client() { return TcpStore({.host = "127.0.0.1", .port = server->port()}); }
+  TcpStore client() { return TcpStore({.at = {"127.0.0.1", server->port()}}); }
 
   // A server on 127.0.0.1 that admits only 127.0.0.2; `foreign` as StoreServerOptions's.
   void startAdmittingOnly127002(std::function<void(int)> foreign = {}) {
     server = std::make_unique<StoreServerThread>(
-        StoreServerOptions{.host = "127.0.0.1",
-                           .port = 0,
+        StoreServerOptions{.listen = {"127.0.0.1", 0},
                            .foreign = std::move(foreign),
                            .admission = AdmissionRule::parse("127.0.0.2", "--allow")});
   }
@@ -177,7 +176,7 @@ TEST_F(StoreServerTest, AnHttpRequestIsRefused) {
 TEST_F(StoreServerTest, AnHttp2ConnectionGoesToTheForeignServerWithItsBytesUnread) {
   std::promise<int> handedOver;
   server = std::make_unique<StoreServerThread>(StoreServerOptions{
-      .host = "127.0.0.1", .port = 0, .foreign = [&](int fd) { handedOver.set_value(fd); }});
+      .listen = {"127.0.0.1", 0}, .foreign = [&](int fd) { handedOver.set_value(fd); }});
   RawClient http2(server->port());
   const std::string preface = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
   http2.send(preface);
@@ -252,7 +251,7 @@ TEST_F(StoreServerTest, UnreadRepliesBeyondTheBufferLimitDropTheClient) {
   server.reset();
   start(wire::Limits{.maxBufferedBytes = 1 << 20});
   {
-    TcpStore store({.host = "127.0.0.1", .port = server->port()});
+    TcpStore store({.at = {"127.0.0.1", server->port()}});
     store.set("big", std::string(512 * 1024, 'x'));
     ASSERT_TRUE(store.check({"big"}));  // a round trip: the SET is stored before the GETs come
   }
@@ -279,7 +278,7 @@ TEST_F(StoreServerTest, ARequestCutOffMidwayLeavesNothingBehind) {
     w.send(v2(Op::Wait) + i64Bytes(1) + lengthPrefixed("/never"));
   }  // both disconnect mid-request / mid-wait
   EXPECT_TRUE(testing::eventually([&] { return server->connectionCount() == 0; }));
-  TcpStore store({.host = "127.0.0.1", .port = server->port()});
+  TcpStore store({.at = {"127.0.0.1", server->port()}});
   EXPECT_FALSE(store.check({"/k"}));
   EXPECT_EQ(store.numKeys(), 0);
   expectServing();

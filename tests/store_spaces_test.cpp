@@ -23,8 +23,7 @@ using wire::Op;
 class StoreSpacesTest : public ::testing::Test {
  protected:
   TcpStore client(uint16_t port) {
-    return TcpStore({.host = "127.0.0.1",
-                     .port = port,
+    return TcpStore({.at = {"127.0.0.1", port},
                      .timeout = std::chrono::seconds(5),
                      .connectTimeout = std::chrono::milliseconds(200),
                      .reconnect = false});
@@ -42,7 +41,7 @@ class StoreSpacesTest : public ::testing::Test {
   }
 
   std::unique_ptr<StoreServerThread> server =
-      std::make_unique<StoreServerThread>(StoreServerOptions{.host = "127.0.0.1", .port = 0});
+      std::make_unique<StoreServerThread>(StoreServerOptions{.listen = {"127.0.0.1", 0}});
 };
 
 TEST_F(StoreSpacesTest, AnAttemptsKeysAreItsOwnAndNotTheStores) {
@@ -158,7 +157,7 @@ TEST_F(StoreSpacesTest, StoppingTheServerClosesItsSpaces) {
 TEST_F(StoreSpacesTest, AnHttp2ConnectionToAnAttemptsPortGoesToTheForeignServer) {
   std::atomic<int> handed{0};
   server = std::make_unique<StoreServerThread>(
-      StoreServerOptions{.host = "127.0.0.1", .port = 0, .foreign = [&](int fd) {
+      StoreServerOptions{.listen = {"127.0.0.1", 0}, .foreign = [&](int fd) {
                            ++handed;
                            ::close(fd);
                          }});

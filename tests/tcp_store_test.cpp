@@ -19,9 +19,9 @@ using namespace std::chrono_literals;
 class TcpStoreTest : public ::testing::Test {
  protected:
   TcpStoreOptions options(std::chrono::milliseconds timeout = 10s) {
-    return {.host = "127.0.0.1", .port = server.port(), .timeout = timeout};
+    return {.at = {"127.0.0.1", server.port()}, .timeout = timeout};
   }
-  StoreServerThread server{StoreServerOptions{.host = "127.0.0.1", .port = 0}};
+  StoreServerThread server{StoreServerOptions{.listen = {"127.0.0.1", 0}}};
 };
 
 TEST_F(TcpStoreTest, EveryOperation) {
@@ -71,10 +71,10 @@ TEST_F(TcpStoreTest, TimedOutWaitLeavesTheClientUsable) {
 TEST_F(TcpStoreTest, ConnectGivesUpAtItsDeadline) {
   uint16_t closedPort;
   {
-    StoreServerThread gone({.host = "127.0.0.1", .port = 0});
+    StoreServerThread gone({.listen = {"127.0.0.1", 0}});
     closedPort = gone.port();
   }
-  TcpStoreOptions refused{.host = "127.0.0.1", .port = closedPort, .connectTimeout = 300ms};
+  TcpStoreOptions refused{.at = {"127.0.0.1", closedPort}, .connectTimeout = 300ms};
   const auto start = Clock::now();
   EXPECT_THROW(TcpStore{refused}, ConnectionRefused);  // nothing listens: told apart from a
   EXPECT_LT(Clock::now() - start, 5s);                 // network that does not answer
@@ -149,8 +149,8 @@ TEST_F(TcpStoreTest, WaitForAnswersFalseOnTimeoutAndStaysInStep) {
 }
 
 TEST_F(TcpStoreTest, WithoutReconnectAFailedConnectionStaysLost) {
-  StoreServerThread strict({.host = "127.0.0.1", .port = 0, .limits = {.maxKeyBytes = 8}});
-  TcpStore store({.host = "127.0.0.1", .port = strict.port(), .reconnect = false});
+  StoreServerThread strict({.listen = {"127.0.0.1", 0}, .limits = {.maxKeyBytes = 8}});
+  TcpStore store({.at = {"127.0.0.1", strict.port()}, .reconnect = false});
   EXPECT_THROW(store.add("a key over the limit", 1), NetworkError);  // the server hangs up
   for (int i = 0; i < 2; ++i) {
     try {

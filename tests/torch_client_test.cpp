@@ -32,7 +32,7 @@ class TorchClientTest : public ::testing::Test {
     withoutLibuv(options);
     return std::make_unique<c10d::TCPStore>("127.0.0.1", options);
   }
-  StoreServerThread server{StoreServerOptions{.host = "127.0.0.1", .port = 0}};
+  StoreServerThread server{StoreServerOptions{.listen = {"127.0.0.1", 0}}};
 };
 
 TEST_F(TorchClientTest, CheckReportsPresentAndMissingKeys) {

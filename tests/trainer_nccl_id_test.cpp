@@ -30,7 +30,7 @@ class NcclIdTest : public ::testing::Test {
   // A client of the server under the attempt's prefix, as each rank makes its own.
   std::shared_ptr<Store> rankStore(int attempt) {
     auto tcp = std::make_shared<TcpStore>(
-        TcpStoreOptions{.host = "127.0.0.1", .port = server.port(), .timeout = 10s});
+        TcpStoreOptions{.at = {"127.0.0.1", server.port()}, .timeout = 10s});
     return std::make_shared<PrefixStore>("dlrun-train/attempt_" + std::to_string(attempt), tcp);
   }
 
@@ -47,7 +47,7 @@ class NcclIdTest : public ::testing::Test {
     return ids;
   }
 
-  StoreServerThread server{{.host = "127.0.0.1", .port = 0}};
+  StoreServerThread server{{.listen = {"127.0.0.1", 0}}};
 };
 
 TEST_F(NcclIdTest, EveryRankGetsRankZerosId) {

@@ -55,7 +55,7 @@ std::shared_ptr<Store> jobStore(const Placement& p) {
   // retrying for a minute would hold the step, and with it the worker's stop (SIGTERM waits for
   // the step's end), past the agent's stop timeout.
   auto tcp = std::make_shared<TcpStore>(
-      TcpStoreOptions{.host = p.masterAddr, .port = p.masterPort, .reconnect = false});
+      TcpStoreOptions{.at = {p.masterAddr, p.masterPort}, .reconnect = false});
   return std::make_shared<PrefixStore>("dlrun-train/attempt_" + std::to_string(p.restartCount),
                                        tcp);
 }
@@ -333,19 +333,17 @@ void Training::record(const char* kind, int epoch, double loss, std::optional<do
   const auto now = Clock::now();
   const double since = std::chrono::duration<double>(now - lastRecord_).count();
   lastRecord_ = now;
-  metricsFile_->write(
-      {.kind = kind,
-       .time = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
-                   .count(),
-       .elapsed = std::chrono::duration<double>(now - started_).count(),
-       .step = step_,
-       .epoch = epoch,
-       .loss = loss,
-       .accuracy = accuracy,
-       .samplesPerSecond = since > 0 ? static_cast<double>(samples) / since : 0.0,
-       .learningRate = learningRate,
-       .worldSize = world_,
-       .restart = placement_.restartCount});
+  metricsFile_->write({.kind = kind,
+                       .time = unixSeconds(),
+                       .elapsed = std::chrono::duration<double>(now - started_).count(),
+                       .step = step_,
+                       .epoch = epoch,
+                       .loss = loss,
+                       .accuracy = accuracy,
+                       .samplesPerSecond = since > 0 ? static_cast<double>(samples) / since : 0.0,
+                       .learningRate = learningRate,
+                       .worldSize = world_,
+                       .restart = placement_.restartCount});
 }
 
 StepResult Training::step(const std::vector<int>& shard, size_t begin, int batch,

@@ -26,9 +26,7 @@ Endpoint parseEntry(std::string_view entry) {
   }
   if (rest.ends_with("/")) rest.remove_suffix(1);
   try {
-    const HostPort parsed = parseHostPort(rest, kDefaultPort);
-    endpoint.host = parsed.host;
-    endpoint.port = parsed.port;
+    static_cast<HostPort&>(endpoint) = parseHostPort(rest, kDefaultPort);
   } catch (const ConfigError& e) {
     throw ConfigError("etcd endpoint '" + std::string(entry) + "': " + e.what());
   }
@@ -37,8 +35,6 @@ Endpoint parseEntry(std::string_view entry) {
 
 }  // namespace
 }  // namespace detail
-
-std::string Endpoint::text() const { return joinHostPort(host, port); }
 
 std::vector<Endpoint> parseEndpoints(std::string_view list) {
   std::vector<Endpoint> endpoints;

@@ -9,17 +9,16 @@
 #include <string_view>
 #include <vector>
 
+#include "common/host_port.h"
+
 namespace dlrun::rendezvous::etcd {
 
 inline constexpr uint16_t kDefaultPort = 2379;
 
-struct Endpoint {
-  std::string host;  // a name, an IPv4 address, or an IPv6 address without brackets
-  uint16_t port = kDefaultPort;
+// An etcd member's host and port (text(): what messages name and what gRPC dials), and its scheme.
+struct Endpoint : HostPort {
   bool https = false;  // written "https://": the client dials every endpoint over TLS
 
-  // "host:port", or "[v6]:port": what messages name and what gRPC dials.
-  std::string text() const;
   bool operator==(const Endpoint&) const = default;
 };
 
