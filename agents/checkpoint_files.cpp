@@ -69,6 +69,18 @@ std::vector<fs::path> slotsOf(const fs::path& memoryRank) {
   return slots;
 }
 
+void forEachRequest(
+    const fs::path& memory, const std::string& name,
+    const std::function<void(int rank, const fs::path& slot, const std::string& request)>& handle) {
+  for (const auto& [rank, memoryRank] : ranksIn(memory))
+    for (const fs::path& slot : slotsOf(memoryRank)) {
+      const auto request = readText(slot / name);
+      if (!request) continue;
+      handle(rank, slot, *request);
+      doneWith(slot / name, *request);
+    }
+}
+
 SlotReadLock::SlotReadLock(const fs::path& slot)
     : fd_(::open((slot / "lock").c_str(), O_RDONLY | O_CREAT | O_CLOEXEC, 0600)) {
   if (fd_ < 0 || ::flock(fd_, LOCK_SH) != 0) {

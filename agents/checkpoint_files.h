@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <optional>
 #include <string>
 #include <utility>
@@ -44,6 +45,12 @@ std::optional<int> numbered(const std::filesystem::path& path, std::string_view 
 std::vector<std::pair<int, std::filesystem::path>> ranksIn(const std::filesystem::path& memory);
 // A rank's slots (slot-K) in its directory in memory.
 std::vector<std::filesystem::path> slotsOf(const std::filesystem::path& memoryRank);
+
+// Every request file `name` beside a copy in `memory`, each rank's slots in turn: `handle` gets
+// the rank, the slot and the request's line, then the request is done with (doneWith).
+void forEachRequest(const std::filesystem::path& memory, const std::string& name,
+                    const std::function<void(int rank, const std::filesystem::path& slot,
+                                             const std::string& request)>& handle);
 
 // A shared flock on a slot's `lock` while the agent reads the slot: its worker waits for it
 // before it writes the slot again.

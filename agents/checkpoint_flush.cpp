@@ -156,19 +156,15 @@ CopyReport flushCheckpoints(const fs::path& memory, const fs::path& dir, int wor
 
 CopyReport writeRequested(const fs::path& memory, const fs::path& dir) {
   CopyReport report;
-  for (const auto& [rank, memoryRank] : ranksIn(memory))
-    for (const fs::path& slot : slotsOf(memoryRank)) {
-      const auto request = readText(slot / "write");
-      if (!request) continue;
-      const auto line = numberAndWord(*request);  // "STEP WORLD_SIZE"
-      const auto world = line ? parseInteger<int>(line->second) : std::nullopt;
-      if (world && *world > 0 && readMark(slot / "step") == line->first &&
-          wanted(dir, rank, *world, line->first)) {
-        write(slot, rankDirOf(dir, rank), rank, line->first, /*locked=*/true, report);
-        prune(dir, rank, *world);
-      }
-      doneWith(slot / "write", *request);
+  forEachRequest(memory, "write", [&](int rank, const fs::path& slot, const std::string& request) {
+    const auto line = numberAndWord(request);  // "STEP WORLD_SIZE"
+    const auto world = line ? parseInteger<int>(line->second) : std::nullopt;
+    if (world && *world > 0 && readMark(slot / "step") == line->first &&
+        wanted(dir, rank, *world, line->first)) {
+      write(slot, rankDirOf(dir, rank), rank, line->first, /*locked=*/true, report);
+      prune(dir, rank, *world);
     }
+  });
   return report;
 }
 

@@ -383,26 +383,23 @@ void sendCopy(const fs::path& slot, int rank, int64_t step, const std::string& t
 
 CopyReport sendRequested(const fs::path& memory) {
   CopyReport report;
-  for (const auto& [rank, memoryRank] : ranksIn(memory))
-    for (const fs::path& slot : slotsOf(memoryRank)) {
-      const auto request = readText(slot / "replicate");
-      if (!request) continue;
-      const auto line = numberAndWord(*request);  // "STEP HOST:PORT"
-      bool sent = false;
-      try {
-        if (!line) throw Error("a request that is not 'STEP HOST:PORT'");
-        sendCopy(slot, rank, line->first, line->second);
-        report.copied.emplace_back(rank, line->first);
-        sent = true;
-      } catch (const std::exception& e) {
-        report.problems.push_back("rank " + std::to_string(rank) + " to " +
-                                  (line ? line->second : std::string("?")) + ": " + e.what());
-      }
-      // The outcome before the request goes: its worker counts the step once it is gone.
-      std::ofstream(slot / "replicated")
-          << (line ? line->first : -1) << (sent ? " sent\n" : " failed\n");
-      doneWith(slot / "replicate", *request);
-    }
+  forEachRequest(
+      memory, "replicate", [&](int rank, const fs::path& slot, const std::string& request) {
+        const auto line = numberAndWord(request);  // "STEP HOST:PORT"
+        bool sent = false;
+        try {
+          if (!line) throw Error("a request that is not 'STEP HOST:PORT'");
+          sendCopy(slot, rank, line->first, line->second);
+          report.copied.emplace_back(rank, line->first);
+          sent = true;
+        } catch (const std::exception& e) {
+          report.problems.push_back("rank " + std::to_string(rank) + " to " +
+                                    (line ? line->second : std::string("?")) + ": " + e.what());
+        }
+        // The outcome before the request goes: its worker counts the step once it is gone.
+        std::ofstream(slot / "replicated")
+            << (line ? line->first : -1) << (sent ? " sent\n" : " failed\n");
+      });
   return report;
 }
 

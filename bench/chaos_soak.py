@@ -59,13 +59,13 @@ from chaos_faults import (
     TTL_S,
     Cluster,
     Skip,
-    is_running,
     live_agents,
     read_from,
     stop_on_sigterm,
     valid_kinds,
     wait_for,
 )
+from dlrun_fixture import is_running  # chaos_faults puts tests/python on the path
 
 FINISH_S = 120  # the last job ends within this after the faults stop
 JOB_STEPS = 8000  # --max-steps of a job: 30-80 s at 2-4 nodes on 2 cores
