@@ -7,7 +7,6 @@
 #include <cstdlib>
 #include <future>
 #include <map>
-#include <memory>
 #include <mutex>
 #include <string_view>
 #include <thread>
@@ -201,19 +200,19 @@ std::optional<std::string> checkGpus(const std::string& library, int expected,
   // while one is left behind no other is started, so a stuck driver costs one thread, not one a
   // round.
   static std::mutex mutex;
-  static std::shared_ptr<std::promise<NvmlSaid>> pending;
-  std::shared_future<NvmlSaid> answer;
+  static bool asking = false;  // a thread still waits on NVML
+  std::future<NvmlSaid> answer;
   {
     std::lock_guard lock(mutex);
-    if (pending) return stuckLine(limit);
-    auto promise = std::make_shared<std::promise<NvmlSaid>>();
-    answer = promise->get_future().share();
-    pending = promise;
-    std::thread([promise, library, cudaVisible] {
+    if (asking) return stuckLine(limit);
+    std::promise<NvmlSaid> promise;
+    answer = promise.get_future();
+    asking = true;
+    std::thread([promise = std::move(promise), library, cudaVisible]() mutable {
       NvmlSaid said = askNvml(library, cudaVisible);
       std::lock_guard lock(mutex);
-      promise->set_value(std::move(said));
-      if (pending == promise) pending.reset();
+      promise.set_value(std::move(said));
+      asking = false;
     }).detach();
   }
   if (answer.wait_for(limit) != std::future_status::ready) return stuckLine(limit);
