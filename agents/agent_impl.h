@@ -113,7 +113,9 @@ class AgentImpl {
   // Empty when `failed` is replaced in process, else why not (the group restarts).
   std::string inProcessRefusal(const Worker& failed) const;
   bool replaceHungInProcess(int rank);
-  void followRecovery(int local, int rank, pid_t pid);
+  // `startedAt` (unix seconds): when the replaced worker's failure was seen, or the round began
+  // for workers that join a kept round.
+  void followRecovery(int local, int rank, pid_t pid, double startedAt);
   void lookAtRecoveries();
   // Whether `status` is --no-restart-exit-code's: the job ends with it, without a restart.
   bool endsWithoutRestart(const ExitStatus& status) const {

@@ -198,8 +198,13 @@ void AgentImpl::startSome(uint64_t attempt) {
     observer->onRoundStarted(world_, static_cast<int>(workers_.size()), Clock::now());
   publishStarted();
   watchStoreHost();
-  if (world_.joinInProcess)
-    for (const auto& w : workers_) followRecovery(w->localRank(), w->rank(), w->pid());
+  if (world_.joinInProcess) {
+    // From the round's start: a worker forked from the zygote starts its recovery before the
+    // last of its node's workers is started.
+    const double began =
+        unixSeconds() - std::chrono::duration<double>(Clock::now() - attemptStarted_).count();
+    for (const auto& w : workers_) followRecovery(w->localRank(), w->rank(), w->pid(), began);
+  }
   // Every worker may have exited already, or this node may run services only.
   if (state_ == State::Running && liveEnding_ == 0) onSucceeded();
 }
@@ -287,7 +292,7 @@ bool AgentImpl::restartAlone(const Worker& failed) {
   publishEvent("restart", failed.rank(), what);
   if (!alone) {
     replaced_[local] = worker->pid();
-    followRecovery(local, failed.rank(), worker->pid());
+    followRecovery(local, failed.rank(), worker->pid(), unixSeconds());
   }
   byPid_.erase(failed.pid());
   byPid_[worker->pid()] = worker.get();
@@ -384,9 +389,9 @@ void AgentImpl::onZygoteSettled() {
 // A replacement's recovery, said in one line and told to the observers ("recovered", with its
 // phases) once its mark says it is done; the marks are looked at every kRecoveryLook while one is
 // under way.
-void AgentImpl::followRecovery(int local, int rank, pid_t pid) {
+void AgentImpl::followRecovery(int local, int rank, pid_t pid, double startedAt) {
   const bool idle = following_.empty();
-  following_[local] = {pid, rank, unixSeconds(), attempt_};
+  following_[local] = {pid, rank, startedAt, attempt_};
   if (idle) lookAtRecoveries();
 }
 

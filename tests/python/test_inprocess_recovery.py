@@ -22,6 +22,10 @@ one seeded batch a step and rank, momentum), run fault-free once for the weights
 - A program that does not use the API behaves as today: its failure restarts the whole group.
 - Without --recovery=in-process the loop is a plain DDP loop, and a failure restarts the group.
 
+The jobs run with --warm-start --preload=torch (the workers and their replacements forked from an
+interpreter that imported torch once), but for the fault-free run, the first killed worker (its
+replacement a new interpreter) and the job without in-process recovery.
+
 On two simulated hosts with a spare: test_inprocess_recovery_hosts.py.
 """
 
@@ -42,8 +46,10 @@ class InProcessCase(unittest.TestCase):
 
     fault_free = None
 
-    def job(self, *kills, recovery="in-process", max_restarts=3, world=WORLD, flags=()):
+    def job(self, *kills, recovery="in-process", max_restarts=3, world=WORLD, flags=(), warm=True):
         out = temp_dir(self)
+        if warm:
+            flags = ["--warm-start", "--preload=torch", *flags]
         result = run_dlrun(
             self,
             [
@@ -67,7 +73,7 @@ class InProcessCase(unittest.TestCase):
 
     def reference(self):
         if InProcessCase.fault_free is None:
-            _, finals, _ = self.job(recovery="restart")
+            _, finals, _ = self.job(recovery="restart", warm=False)
             self.assertEqual(len({f["sha256"] for f in finals}), 1, finals)
             InProcessCase.fault_free = finals[0]["sha256"]
         return InProcessCase.fault_free
@@ -111,9 +117,9 @@ class InProcessCase(unittest.TestCase):
 
 class InProcessRecoveryTest(InProcessCase):
     def test_a_killed_worker_is_replaced_and_the_survivors_go_on(self):
-        for victim in (2, 0):
-            with self.subTest(victim=victim):
-                out, finals, result = self.job(f"{victim}:9")
+        for victim, warm in ((2, False), (0, True)):  # a replacement started anew, then forked
+            with self.subTest(victim=victim, warm=warm):
+                out, finals, result = self.job(f"{victim}:9", warm=warm)
                 self.check_recovered(out, finals, result, victim)
 
     def test_a_hung_worker_is_replaced_once_the_stacks_are_taken(self):
@@ -200,7 +206,7 @@ class InProcessRecoveryTest(InProcessCase):
             self.assertEqual(len(self.processes(out, rank)), 2, rank)
 
     def test_without_in_process_recovery_the_group_restarts(self):
-        out, finals, result = self.job("2:9", recovery="restart")
+        out, finals, result = self.job("2:9", recovery="restart", warm=False)
         self.assertEqual({f["sha256"] for f in finals}, {self.reference()}, result)
         for rank in range(WORLD):
             self.assertEqual(len(self.processes(out, rank)), 2, rank)

@@ -58,6 +58,8 @@ class TwoHostsWithASpareTest(InProcessCase):
             "--rdzv-id=inproc",
             "--max-restarts=3",
             "--recovery=in-process",
+            "--warm-start",  # the workers forked from an interpreter that imported torch once
+            "--preload=torch",
         ]
         agents = [
             Launcher(
