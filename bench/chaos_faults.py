@@ -20,10 +20,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "python"))
 from dlrun_fixture import clean_env  # noqa: E402
 from dlrund_fixture import stop_process  # noqa: E402
+from etcd_fixture import ETCDCTL, member_args  # noqa: E402
 from netns_fixture import Hosts  # noqa: E402
 from trainer_fixture import descendants  # noqa: E402
 
-ETCD, ETCDCTL = "/usr/bin/etcd", "/usr/bin/etcdctl"
 JOB_HOSTS = 4
 ETCD_MEMBERS = 3
 DLRUND_PORT = 29400
@@ -133,22 +133,10 @@ class Cluster:
         return f"{self.hosts.address(JOB_HOSTS)}:{DLRUND_PORT}"
 
     def start_member(self, m):
-        address = self.hosts.address(m)
-        initial = ",".join(f"m{h}=http://{self.hosts.address(h)}:2380" for h in self.member_hosts())
+        addresses = {h: self.hosts.address(h) for h in self.member_hosts()}
         self.members[m] = self.popen(
             m,
-            [
-                ETCD,
-                f"--name=m{m}",
-                f"--data-dir={self.out}/etcd{m}",
-                f"--listen-client-urls=http://{address}:2379",
-                f"--advertise-client-urls=http://{address}:2379",
-                f"--listen-peer-urls=http://{address}:2380",
-                f"--initial-advertise-peer-urls=http://{address}:2380",
-                f"--initial-cluster={initial}",
-                "--initial-cluster-state=new",
-                f"--initial-cluster-token=chaos-{self.hosts.prefix}",
-            ],
+            member_args(m, addresses, f"{self.out}/etcd{m}", f"chaos-{self.hosts.prefix}"),
             os.path.join(self.out, f"etcd{m}.log"),
         )
 

@@ -30,8 +30,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "python"))
-from dlrun_fixture import clean_env  # noqa: E402
-from metrics_fixture import free_port  # noqa: E402
+from dlrun_fixture import clean_env, free_port  # noqa: E402
 from netns_fixture import Hosts  # noqa: E402
 
 PORT = 29400

@@ -84,7 +84,6 @@ import re
 import resource
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -94,6 +93,7 @@ import uuid
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "python"))
+from dlrun_fixture import clean_env, free_port  # noqa: E402  (after the path)
 from dlrund_fixture import Dlrund, read_line  # noqa: E402
 from etcd_fixture import EtcdStartError, launch_etcd  # noqa: E402  (after the path)
 from metrics_watch import AGENT_LINE, DLRUND_LINE, Watcher  # noqa: E402
@@ -125,29 +125,6 @@ class Failed(Exception):
 # measured window.
 IN_PID_NAMESPACE = os.getpid() == 1 and os.environ.get("RDZV_BENCH_PID_NAMESPACE") == "1"
 DIE_WITH_PARENT = [] if IN_PID_NAMESPACE else ["setpriv", "--pdeathsig", "KILL", "--"]
-
-
-def clean_env(**extra):
-    """This environment without anything that steers a launcher or its workers."""
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("PET_", "TORCHELASTIC_"))
-        and k
-        not in (
-            "RANK",
-            "LOCAL_RANK",
-            "WORLD_SIZE",
-            "MASTER_ADDR",
-            "MASTER_PORT",
-            "GROUP_RANK",
-            "PYTHON_EXEC",
-            "RDZV_BENCH_PID_NAMESPACE",
-        )
-    }
-    env["PYTHONDONTWRITEBYTECODE"] = "1"
-    env.update(extra)
-    return env
 
 
 # --control and --metrics: per feature and setting, what the agents' and dlrund's arguments get.
@@ -316,7 +293,13 @@ class Job:
                     stdin=subprocess.DEVNULL,
                     stdout=log,
                     stderr=subprocess.STDOUT,
-                    env=clean_env(BENCH_AGENT=str(index), TMPDIR=self.dir, **extra),
+                    env=clean_env(
+                        GROUP_RANK=None,
+                        RDZV_BENCH_PID_NAMESPACE=None,
+                        BENCH_AGENT=str(index),
+                        TMPDIR=self.dir,
+                        **extra,
+                    ),
                 )
             )
 
@@ -471,12 +454,6 @@ def parse_stats(line):
         "requests": int(match.group(4)),
         "ops": ops,
     }
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def listeners(port):

@@ -293,12 +293,9 @@ RangeResult EtcdClient::range(const std::string& key, const std::string& rangeEn
   request.set_range_end(rangeEnd);
   request.set_revision(revision);
   request.set_keys_only(values == Values::Omitted);
-  const auto response = impl_->unary("range", key, CallKind::Read,
-                                     [&](detail::Connection& c, grpc::ClientContext& ctx) {
-                                       pb::RangeResponse reply;
-                                       auto status = c.kv->Range(&ctx, request, &reply);
-                                       return std::pair{status, std::move(reply)};
-                                     });
+  const auto response =
+      impl_->unary("range", key, CallKind::Read,
+                   detail::stubCall(&detail::Connection::kv, &pb::KV::Stub::Range, request));
   RangeResult result;
   result.revision = response.header().revision();
   for (const auto& kv : response.kvs()) result.kvs.push_back(detail::fromProto(kv));
@@ -316,12 +313,9 @@ int64_t EtcdClient::count(const std::string& key, const std::string& rangeEnd) {
   request.set_key(key);
   request.set_range_end(rangeEnd);
   request.set_count_only(true);
-  const auto response = impl_->unary("count", key, CallKind::Read,
-                                     [&](detail::Connection& c, grpc::ClientContext& ctx) {
-                                       pb::RangeResponse reply;
-                                       auto status = c.kv->Range(&ctx, request, &reply);
-                                       return std::pair{status, std::move(reply)};
-                                     });
+  const auto response =
+      impl_->unary("count", key, CallKind::Read,
+                   detail::stubCall(&detail::Connection::kv, &pb::KV::Stub::Range, request));
   return response.count();
 }
 
@@ -330,12 +324,9 @@ int64_t EtcdClient::put(const std::string& key, const std::string& value, int64_
   request.set_key(key);
   request.set_value(value);
   request.set_lease(lease);
-  const auto response = impl_->unary("put", key, CallKind::Write,
-                                     [&](detail::Connection& c, grpc::ClientContext& ctx) {
-                                       pb::PutResponse reply;
-                                       auto status = c.kv->Put(&ctx, request, &reply);
-                                       return std::pair{status, std::move(reply)};
-                                     });
+  const auto response =
+      impl_->unary("put", key, CallKind::Write,
+                   detail::stubCall(&detail::Connection::kv, &pb::KV::Stub::Put, request));
   return response.header().revision();
 }
 
@@ -343,12 +334,9 @@ int64_t EtcdClient::deleteRange(const std::string& key, const std::string& range
   pb::DeleteRangeRequest request;
   request.set_key(key);
   request.set_range_end(rangeEnd);
-  const auto response = impl_->unary("delete", key, CallKind::Write,
-                                     [&](detail::Connection& c, grpc::ClientContext& ctx) {
-                                       pb::DeleteRangeResponse reply;
-                                       auto status = c.kv->DeleteRange(&ctx, request, &reply);
-                                       return std::pair{status, std::move(reply)};
-                                     });
+  const auto response =
+      impl_->unary("delete", key, CallKind::Write,
+                   detail::stubCall(&detail::Connection::kv, &pb::KV::Stub::DeleteRange, request));
   return response.deleted();
 }
 
@@ -365,14 +353,9 @@ pb::TxnResponse EtcdClient::txn(const pb::TxnRequest& request,
   for (const auto& op : request.success()) readOnly = readOnly && op.has_request_range();
   for (const auto& op : request.failure()) readOnly = readOnly && op.has_request_range();
   const auto kind = readOnly ? CallKind::Read : CallKind::Write;
-  return impl_->unary(
-      "txn", key, kind,
-      [&](detail::Connection& c, grpc::ClientContext& ctx) {
-        pb::TxnResponse reply;
-        auto status = c.kv->Txn(&ctx, request, &reply);
-        return std::pair{status, std::move(reply)};
-      },
-      timeout);
+  return impl_->unary("txn", key, kind,
+                      detail::stubCall(&detail::Connection::kv, &pb::KV::Stub::Txn, request),
+                      timeout);
 }
 
 SwapResult EtcdClient::putIfAbsent(const std::string& key, const std::string& value,

@@ -52,6 +52,19 @@ struct EtcdClientImpl {
   std::string failed;  // the endpoint dropped last: picked only when no other is ready
 };
 
+// The call `unary` makes: `method` of the connection's stub `stub` (kv, lease) with `request`,
+// which the returned callable refers to (it must outlive the call).
+template <typename Stub, typename Request, typename Reply>
+auto stubCall(std::unique_ptr<Stub> Connection::*stub,
+              grpc::Status (Stub::*method)(grpc::ClientContext*, const Request&, Reply*),
+              const Request& request) {
+  return [stub, method, &request](Connection& c, grpc::ClientContext& context) {
+    Reply reply;
+    auto status = ((*(c.*stub)).*method)(&context, request, &reply);
+    return std::pair{status, std::move(reply)};
+  };
+}
+
 // One unary call with the client's deadline. A failure that says the endpoint is gone (or too
 // slow) drops it, so the next call picks again; a Read makes that next call here:
 // once after a deadline, and after UNAVAILABLE again on the next endpoint for as long as

@@ -19,12 +19,9 @@ using CallKind = detail::EtcdClientImpl::CallKind;
 int64_t EtcdClient::leaseGrant(std::chrono::seconds ttl) {
   pb::LeaseGrantRequest request;
   request.set_ttl(ttl.count());
-  const auto response = impl_->unary("lease grant", {}, CallKind::Write,
-                                     [&](detail::Connection& c, grpc::ClientContext& ctx) {
-                                       pb::LeaseGrantResponse reply;
-                                       auto status = c.lease->LeaseGrant(&ctx, request, &reply);
-                                       return std::pair{status, std::move(reply)};
-                                     });
+  const auto response = impl_->unary(
+      "lease grant", {}, CallKind::Write,
+      detail::stubCall(&detail::Connection::lease, &pb::Lease::Stub::LeaseGrant, request));
   if (!response.error().empty()) {
     throw Error("etcd " + endpoint() +
                 ": lease grant failed: " + detail::oneLine(response.error()));
@@ -89,14 +86,9 @@ std::unique_ptr<PendingLeaseGrant> EtcdClient::startLeaseGrant(std::chrono::seco
 void EtcdClient::leaseRevoke(int64_t lease, std::optional<std::chrono::milliseconds> timeout) {
   pb::LeaseRevokeRequest request;
   request.set_id(lease);
-  impl_->unary(
-      "lease revoke", std::to_string(lease), CallKind::Write,
-      [&](detail::Connection& c, grpc::ClientContext& ctx) {
-        pb::LeaseRevokeResponse reply;
-        auto status = c.lease->LeaseRevoke(&ctx, request, &reply);
-        return std::pair{status, std::move(reply)};
-      },
-      timeout);
+  impl_->unary("lease revoke", std::to_string(lease), CallKind::Write,
+               detail::stubCall(&detail::Connection::lease, &pb::Lease::Stub::LeaseRevoke, request),
+               timeout);
 }
 
 std::unique_ptr<EtcdKeepAlive> EtcdClient::keepAlive(int64_t lease,

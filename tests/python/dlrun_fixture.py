@@ -15,6 +15,7 @@ import glob
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -36,6 +37,22 @@ def main():
     """unittest.main for a test file; exits with every thread's stack if the file hangs."""
     faulthandler.dump_traceback_later(HANG_LIMIT_S, exit=True)
     unittest.main(module="__main__")
+
+
+def free_ports(count):
+    """`count` distinct free loopback ports (held open together, so none repeats)."""
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def free_port():
+    return free_ports(1)[0]
 
 
 def die_with_parent():

@@ -9,27 +9,14 @@ cleanups, a SIGKILL by PID and the wait for it, so etcd goes also when the test 
 
 import os
 import signal
-import socket
 import subprocess
 import time
 
-from dlrun_fixture import POLL_S, die_with_parent, temp_dir
+from dlrun_fixture import POLL_S, die_with_parent, free_ports, temp_dir
 
 ETCD = "/usr/bin/etcd"
 ETCDCTL = "/usr/bin/etcdctl"
 START_TIMEOUT_S = 20
-
-
-def free_ports(count):
-    """`count` distinct free loopback ports (held open together, so none repeats)."""
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for s in sockets:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
 
 
 def _openssl(*args, cwd):
@@ -233,6 +220,25 @@ class Etcd:
         except subprocess.TimeoutExpired:
             return False
         return result.returncode == 0
+
+
+def member_args(m, addresses, data_dir, token):
+    """etcd's command line for member m ("m<m>") of a new cluster whose members listen on
+    `addresses` ({member: address}; clients on port 2379, peers on 2380)."""
+    initial = ",".join(f"m{i}=http://{address}:2380" for i, address in addresses.items())
+    address = addresses[m]
+    return [
+        ETCD,
+        f"--name=m{m}",
+        f"--data-dir={data_dir}",
+        f"--listen-client-urls=http://{address}:2379",
+        f"--advertise-client-urls=http://{address}:2379",
+        f"--listen-peer-urls=http://{address}:2380",
+        f"--initial-advertise-peer-urls=http://{address}:2380",
+        f"--initial-cluster={initial}",
+        "--initial-cluster-state=new",
+        f"--initial-cluster-token={token}",
+    ]
 
 
 class EtcdStartError(Exception):

@@ -16,26 +16,10 @@ Importing netns_fixture installs its connect guard here too.
 """
 
 import json
-import os
 import sys
 
-from selenium import webdriver
-from selenium.webdriver.chrome.service import Service
-
 import netns_fixture  # noqa: F401  (the guard)
-
-CHROMIUM_FLAGS = (
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-    "--disable-default-apps",
-    "--disable-extensions",
-    "--window-size=1366,1800",
-)
+from chromium_fixture import start_chromium
 
 # One read of the page, in one script: the page redraws its tables as it polls, so elements
 # found in one call may be gone by the next.
@@ -66,16 +50,6 @@ return {
 """
 
 
-def browser(work_dir):
-    options = webdriver.ChromeOptions()
-    for flag in CHROMIUM_FLAGS:
-        options.add_argument(flag)
-    options.add_argument(f"--user-data-dir={os.path.join(work_dir, 'profile')}")
-    options.binary_location = "/usr/bin/chromium"
-    service = Service("/usr/bin/chromedriver", log_path=os.path.join(work_dir, "driver.log"))
-    return webdriver.Chrome(service=service, options=options), service
-
-
 def answer(driver, request):
     cmd = request["cmd"]
     if cmd == "open":
@@ -95,7 +69,7 @@ def answer(driver, request):
 
 
 def main(work_dir):
-    driver, service = browser(work_dir)
+    driver, service = start_chromium(work_dir, 1800)
     try:
         print(json.dumps({"ready": True}), flush=True)
         for line in sys.stdin:

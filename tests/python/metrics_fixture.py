@@ -8,22 +8,15 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import time
 import urllib.parse
 import urllib.request
 
-from dlrun_fixture import POLL_S, die_with_parent, read_shared, temp_dir
+from dlrun_fixture import POLL_S, die_with_parent, free_port, read_shared, temp_dir
 
 METRICS_LINE = re.compile(r"metrics on http://[^ ]*:(\d+)/metrics")
 PROMETHEUS_START_S = 30
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_for(predicate, timeout, what, describe=None):

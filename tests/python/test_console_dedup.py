@@ -26,12 +26,14 @@ print("epoch 1 done", flush=True)
 
 
 class ConsoleDedupTest(unittest.TestCase):
-    def run_job(self, nproc, *flags):
-        out = temp_dir(self)
+    def run_job(self, nproc, *flags, code=WORKER, out=None):
+        """dlrun running `code` (a Python worker) on `nproc` workers, in `out` (a new temporary
+        directory by default)."""
+        out = out or temp_dir(self)
         worker = os.path.join(out, "worker.py")
         with open(worker, "w") as f:
-            f.write(WORKER)
-        done = subprocess.run(
+            f.write(code)
+        return subprocess.run(
             [
                 binary_from_env("DLRUN", "dlrun"),
                 "--standalone",
@@ -45,7 +47,6 @@ class ConsoleDedupTest(unittest.TestCase):
             text=True,
             timeout=TIMEOUT_S,
         )
-        return done
 
     def test_eight_ranks_lines_are_shown_once_each_ranks_order_kept(self):
         # A window long enough for every worker to start on a loaded machine.
@@ -79,23 +80,12 @@ class ConsoleDedupTest(unittest.TestCase):
 
     def test_a_line_longer_than_64_kib_is_cut_with_a_mark_and_kept_whole_in_its_file(self):
         out = temp_dir(self)
-        worker = os.path.join(out, "long.py")
-        with open(worker, "w") as f:
-            f.write("print('x' * 100000, flush=True)\nprint('after', flush=True)\n")
-        done = subprocess.run(
-            [
-                binary_from_env("DLRUN", "dlrun"),
-                "--standalone",
-                "--nproc-per-node=1",
-                "--tee=1",
-                f"--log-dir={out}/logs",
-                sys.executable,
-                worker,
-            ],
-            env=clean_env(TMPDIR=out),
-            capture_output=True,
-            text=True,
-            timeout=TIMEOUT_S,
+        done = self.run_job(
+            1,
+            "--tee=1",
+            f"--log-dir={out}/logs",
+            code="print('x' * 100000, flush=True)\nprint('after', flush=True)\n",
+            out=out,
         )
         self.assertEqual(done.returncode, 0, done.stderr)
         mark = " [dlrun: line cut at 64 KiB, it goes on below]"

@@ -15,6 +15,7 @@ from dlrun_fixture import (
     WORKERS,
     Dlrun,
     clean_env,
+    free_ports,
     kill_if_ours,
     kill_recorded_workers,
     main,
@@ -23,7 +24,7 @@ from dlrun_fixture import (
     wait_until,
     worker,
 )
-from etcd_fixture import free_ports, start_etcd
+from etcd_fixture import start_etcd
 
 sys.path.insert(0, WORKERS)
 from worker_util import lacks_libuv  # noqa: E402

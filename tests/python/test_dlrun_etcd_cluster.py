@@ -43,11 +43,10 @@ from dlrun_fixture import (
     worker,
     worker_starts,
 )
+from etcd_fixture import ETCD, ETCDCTL, member_args
 from netns_fixture import Hosts, main
 from trainer_fixture import checkpoints
 
-ETCD = "/usr/bin/etcd"
-ETCDCTL = "/usr/bin/etcdctl"
 MEMBERS = 3  # hosts 0..2 run etcd; hosts 3.. run dlrun
 NODES = 3
 WORKER = worker("elastic_worker.py")
@@ -101,25 +100,12 @@ class EtcdClusterTest(unittest.TestCase):
 
     def start_member(self, m):
         """Starts member m, with its data directory (kept across restarts)."""
-        token = f"dlrun-{self.hosts.prefix}"
-        initial = ",".join(f"m{i}=http://{self.hosts.address(i)}:2380" for i in range(MEMBERS))
-        address = self.hosts.address(m)
+        addresses = {i: self.hosts.address(i) for i in range(MEMBERS)}
         log = open(os.path.join(self.out, f"etcd{m}.log"), "a")
         self.addCleanup(log.close)
         self.members[m] = self.hosts.popen(
             m,
-            [
-                ETCD,
-                f"--name=m{m}",
-                f"--data-dir={self.out}/etcd{m}",
-                f"--listen-client-urls=http://{address}:2379",
-                f"--advertise-client-urls=http://{address}:2379",
-                f"--listen-peer-urls=http://{address}:2380",
-                f"--initial-advertise-peer-urls=http://{address}:2380",
-                f"--initial-cluster={initial}",
-                "--initial-cluster-state=new",
-                f"--initial-cluster-token={token}",
-            ],
+            member_args(m, addresses, f"{self.out}/etcd{m}", f"dlrun-{self.hosts.prefix}"),
             stdout=log,
             stderr=log,
         )

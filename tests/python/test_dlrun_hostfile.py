@@ -91,6 +91,18 @@ class HostfileTest(unittest.TestCase):
     def launcher_log(self):
         return read(self.log)
 
+    def start_waiting_job(self):
+        """The hostfile's job of 6 workers that wait to be stopped, once they all started."""
+        launcher = self.start_launcher("--hostfile", self.hostfile, WORKER, ".", "--wait")
+        wait_until(
+            lambda: len(worker_starts(self.out)) == 6,
+            60,
+            "6 workers to start",
+            proc=launcher,
+            on_timeout=self.launcher_log,
+        )
+        return launcher
+
     def assert_nothing_left(self, hosts=(1, 2, 3)):
         for i in hosts:
             wait_until(
@@ -163,14 +175,7 @@ class HostfileTest(unittest.TestCase):
         )
 
     def test_sigint_stops_every_node(self):
-        launcher = self.start_launcher("--hostfile", self.hostfile, WORKER, ".", "--wait")
-        wait_until(
-            lambda: len(worker_starts(self.out)) == 6,
-            60,
-            "6 workers to start",
-            proc=launcher,
-            on_timeout=self.launcher_log,
-        )
+        launcher = self.start_waiting_job()
         pids = [r["pid"] for r in worker_starts(self.out)]
         launcher.send_signal(signal.SIGINT)
         sent = time.monotonic()
@@ -207,14 +212,7 @@ class HostfileTest(unittest.TestCase):
         self.assertNotIn("stopping every node", self.launcher_log())
 
     def test_killed_ssh_client_leaves_no_orphan(self):
-        launcher = self.start_launcher("--hostfile", self.hostfile, WORKER, ".", "--wait")
-        wait_until(
-            lambda: len(worker_starts(self.out)) == 6,
-            60,
-            "6 workers to start",
-            proc=launcher,
-            on_timeout=self.launcher_log,
-        )
+        launcher = self.start_waiting_job()
         with open(f"/proc/{launcher.pid}/task/{launcher.pid}/children") as f:
             clients = [int(p) for p in f.read().split()]
         node2 = [p for p in clients if "node2" in read(f"/proc/{p}/cmdline")]

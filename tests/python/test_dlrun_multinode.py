@@ -16,6 +16,7 @@ from dlrun_fixture import (
     PYTHON,
     Dlrun,
     clean_env,
+    free_port,
     is_running,
     kill_recorded_workers,
     main,
@@ -28,12 +29,6 @@ from dlrund_fixture import Dlrund
 
 WORKER = worker("elastic_worker.py")
 JOB_TIMEOUT_S = 60
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class MultiNodeTest(unittest.TestCase):

@@ -9,7 +9,6 @@ killed by PID in a cleanup, and the probes exit at once (their agents reap them 
 
 import os
 import resource
-import socket
 import subprocess
 import sys
 import time
@@ -22,6 +21,7 @@ from dlrun_fixture import (
     clean_env,
     die_with_parent,
     dlrun_binary,
+    free_port,
     main,
     run_dlrun,
     temp_dir,
@@ -35,12 +35,6 @@ FAIL_FAST_S = 1.0
 
 def probe():
     return binary_from_env("DLRUN_RANK_PROBE", "dlrun-rank-probe")
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def read_probes(path):

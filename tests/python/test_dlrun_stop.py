@@ -25,6 +25,7 @@ from dlrun_fixture import (
     PYTHON,
     Dlrun,
     clean_env,
+    free_port,
     is_running,
     kill_recorded_workers,
     main,
@@ -38,12 +39,6 @@ WORKER = worker("elastic_worker.py")
 JOB_TIMEOUT_S = 60
 STOP_LIMIT_S = 2.0  # a stop reaches every node within this
 WRONG_SERVER_LIMIT_S = 5.0
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def port_open(port):

@@ -26,8 +26,15 @@ import signal
 import subprocess
 import unittest
 
-from dlrun_fixture import PYTHON, binary_from_env, clean_env, read_json, temp_dir, wait_until
-from metrics_fixture import free_port
+from dlrun_fixture import (
+    PYTHON,
+    binary_from_env,
+    clean_env,
+    free_port,
+    read_json,
+    temp_dir,
+    wait_until,
+)
 from netns_fixture import Hosts, main
 from test_inprocess_recovery_hosts import RDZV_PORT, Output
 from test_torch2_elastic import Launcher, dlrund_in

@@ -20,18 +20,6 @@ from trainer_fixture import require_data
 
 PAGE_TIMEOUT_S = 60
 EVENT_WITHIN_S = 2
-CHROMIUM_FLAGS = (
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-    "--disable-default-apps",
-    "--disable-extensions",
-    "--window-size=1366,900",
-)
 
 
 def output_dir():
@@ -42,16 +30,9 @@ def output_dir():
 
 def browser(test):
     """Headless Chromium through chromedriver, quit (and its driver stopped by PID) at cleanup."""
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
+    from chromium_fixture import start_chromium  # selenium: a failure in the test, not the file
 
-    options = webdriver.ChromeOptions()
-    for flag in CHROMIUM_FLAGS:
-        options.add_argument(flag)
-    options.add_argument(f"--user-data-dir={temp_dir(test)}")
-    options.binary_location = "/usr/bin/chromium"
-    service = Service("/usr/bin/chromedriver", log_path=os.path.join(temp_dir(test), "driver.log"))
-    driver = webdriver.Chrome(service=service, options=options)
+    driver, service = start_chromium(temp_dir(test), 900)
 
     def quit():
         driver.quit()

@@ -15,8 +15,7 @@ under torch 1.13's and torch 2.13's interpreters; the workers run under the test
   when the next attempt opens.
 """
 
-from dlrun_fixture import PYTHON, main, temp_dir, worker
-from metrics_fixture import free_port
+from dlrun_fixture import PYTHON, free_port, main, temp_dir, worker
 from recovery_fixture import MAX_RESTARTS, RecoveryCase, dlrun_argv, train_argv
 
 STORE_ISOLATION = worker("store_isolation.py")

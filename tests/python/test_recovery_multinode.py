@@ -21,11 +21,12 @@ Runs under torch 2.13's interpreter (ctest: python_recovery_multinode) and as ro
 
 import re
 
-from dlrun_fixture import PYTHON, binary_from_env, temp_dir, wait_until, worker
+from dlrun_fixture import PYTHON, temp_dir, worker
 from dlrund_fixture import read_line, start_dlrund
 from etcd_fixture import start_etcd
 from netns_fixture import Hosts, main
 from recovery_fixture import MAX_RESTARTS, RDZV_PORT, RecoveryCase, dlrun_argv, train_argv
+from test_torch2_elastic import dlrund_in
 
 START_TIMEOUT_S = 30
 STORE_ISOLATION = worker("store_isolation.py")
@@ -51,27 +52,8 @@ class MultiNodeRecoveryTest(RecoveryCase):
         nproc = 2
         out = self.out_dir()
         with Hosts(2) as hosts:
-            dlrund = self.launch(
-                "dlrund",
-                [
-                    binary_from_env("DLRUND", "dlrund"),
-                    "--host",
-                    "0.0.0.0",
-                    "--port",
-                    str(RDZV_PORT),
-                ],
-                self.env(),
-                hosts=hosts,
-                host=0,
-            )
-            wait_until(
-                lambda: "dlrund listening on" in dlrund.output(),
-                START_TIMEOUT_S,
-                "dlrund to listen",
-                proc=dlrund.proc,
-                on_timeout=dlrund.describe,
-            )
-            self.launchers.remove(dlrund)  # it runs on after the agents; only they must not exit
+            # Not among self.launchers: it runs on after the agents; only they must not exit.
+            dlrund_in(self, hosts, self.env(), self.logs)
             flags = two_nodes("c10d", f"{hosts.address(0)}:{RDZV_PORT}", "recovery", nproc)
             agents = [
                 self.launch(

@@ -21,9 +21,9 @@ import unittest
 from dlrun_fixture import Dlrun, main, temp_dir
 from test_trainer_metrics_file import FIELDS
 from trainer_fixture import (
-    TrainJob,
     assert_data_parallel_exact,
     chief_summary,
+    dumped_weights,
     require_data,
     run_single,
     run_train,
@@ -66,27 +66,13 @@ class TrainerCnnTest(unittest.TestCase):
             "1000",
         ]
 
-        def final_weights(name, flags=(), launcher_flags=()):
-            path = os.path.join(temp_dir(self), name)
-            result = TrainJob(
-                self, [*common, *flags, "--dump-weights", path], 3, launcher_flags
-            ).wait()
-            self.assertEqual(result.returncode, 0, result)
-            with open(path, "rb") as f:
-                return f.read(), result
-
-        straight, _ = final_weights("straight")
+        straight = dumped_weights(self, common, 3)[0]
         checkpoint_dir = os.path.join(temp_dir(self), "checkpoints")
-        resumed, result = final_weights(
-            "resumed",
-            [
-                "--checkpoint-dir",
-                checkpoint_dir,
-                "--checkpoint-every",
-                "20",
-                "--fail-at-step",
-                "20",
-            ],
+        resumed, result, _ = dumped_weights(
+            self,
+            [*common, "--checkpoint-dir", checkpoint_dir, "--checkpoint-every", "20"]
+            + ["--fail-at-step", "20"],
+            3,
             ["--max-restarts=1"],
         )
         self.assertIn("[0]:resuming from checkpoint", result.stdout, result)

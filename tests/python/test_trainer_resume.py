@@ -23,7 +23,15 @@ import unittest
 
 from dlrun_fixture import clean_env, main, temp_dir, wait_until
 from test_checkpoint import memory_dirs
-from trainer_fixture import TrainJob, checkpoints, require_data, run_single, run_train, summary
+from trainer_fixture import (
+    TrainJob,
+    checkpoints,
+    dumped_weights,
+    require_data,
+    run_single,
+    run_train,
+    summary,
+)
 
 NPROC = 2
 EPOCHS = 2
@@ -109,33 +117,16 @@ class TrainerResumeTest(unittest.TestCase):
             "1000",
         ]
 
-        def final_weights(padding, flags=(), launcher_flags=()):
-            path = os.path.join(temp_dir(self), f"weights-{padding}-{len(flags)}")
-            result = TrainJob(
-                self,
-                [*common, *flags, "--dump-weights", path],
-                3,
-                launcher_flags,
-                env=clean_env(PADDING="x" * padding),
-            ).wait()
-            self.assertEqual(result.returncode, 0, result)
-            with open(path, "rb") as f:
-                return f.read(), result
-
-        straight, _ = final_weights(0)
+        straight = dumped_weights(self, common, 3, env=clean_env(PADDING=""))[0]
         for padding in PADDINGS:
             checkpoint_dir = os.path.join(temp_dir(self), f"checkpoints-{padding}")
-            resumed, result = final_weights(
-                padding,
-                [
-                    "--checkpoint-dir",
-                    checkpoint_dir,
-                    "--checkpoint-every",
-                    "20",
-                    "--fail-at-step",
-                    "20",
-                ],
+            resumed, result, _ = dumped_weights(
+                self,
+                [*common, "--checkpoint-dir", checkpoint_dir, "--checkpoint-every", "20"]
+                + ["--fail-at-step", "20"],
+                3,
                 ["--max-restarts=1"],
+                clean_env(PADDING="x" * padding),
             )
             self.assertIn("[0]:resuming from checkpoint", result.stdout, result)
             self.assertTrue(
@@ -160,20 +151,15 @@ class TrainerResumeTest(unittest.TestCase):
             "1000",
         ]
 
-        def final_weights(flags=(), launcher_flags=()):
-            path = os.path.join(temp_dir(self), f"weights-{len(flags)}")
-            job = TrainJob(self, [*common, *flags, "--dump-weights", path], NPROC, launcher_flags)
-            result = job.wait()
-            self.assertEqual(result.returncode, 0, result)
-            self.assertEqual(memory_dirs(job.pid), [], "shared memory left after the job")
-            with open(path, "rb") as f:
-                return f.read(), result
-
-        straight, _ = final_weights()
-        resumed, result = final_weights(
-            ["--checkpoint-in-memory", "--checkpoint-every", "1", "--fail-at-step", "20"],
+        straight, _, job = dumped_weights(self, common, NPROC)
+        self.assertEqual(memory_dirs(job.pid), [], "shared memory left after the job")
+        resumed, result, job = dumped_weights(
+            self,
+            [*common, "--checkpoint-in-memory", "--checkpoint-every", "1", "--fail-at-step", "20"],
+            NPROC,
             ["--max-restarts=1"],
         )
+        self.assertEqual(memory_dirs(job.pid), [], "shared memory left after the job")
         self.assertIn(
             f"[0]:resuming from checkpoint: epoch 1, {20 * NPROC * 64} samples into it, step 20",
             result.stdout,

@@ -130,6 +130,17 @@ class TrainJob(Dlrun):
         return super().wait(timeout)
 
 
+def dumped_weights(test, trainer_args, nproc, launcher_flags=(), env=None):
+    """Runs `train` with --dump-weights, to exit 0: (its final parameters' bytes, the result,
+    the job)."""
+    path = os.path.join(temp_dir(test), "weights")
+    job = TrainJob(test, [*trainer_args, "--dump-weights", path], nproc, launcher_flags, env)
+    result = job.wait()
+    test.assertEqual(result.returncode, 0, result)
+    with open(path, "rb") as f:
+        return f.read(), result, job
+
+
 def run_train(test, trainer_args, nproc, launcher_flags=(), timeout=TRAIN_TIMEOUT_S):
     """Runs a dlrun training job to completion; returns its Result."""
     return TrainJob(test, trainer_args, nproc, launcher_flags).wait(timeout)
