@@ -15,7 +15,8 @@
 // writes to only once it has the pid; then it sets PR_SET_PDEATHSIG (its parent is the agent by
 // then: the zygote reaped the middle child first), PR_SET_PTRACER and the rest, and runs the
 // program as a fresh interpreter would. The agent's end of the go socket closing (the agent
-// died) ends the worker.
+// died) ends the worker. A zygote left without a request for a second forks a worker ahead the
+// same way (a standby), and hands it the next request: nothing here tells the two apart.
 //
 // The agent waits for the zygote at an attempt's start: a fresh worker would spend the same
 // time importing the same modules, and every attempt of a warm job then starts the same way. A

@@ -5,7 +5,7 @@ under the workers' own interpreter and options, with the node's common environme
 control socket as stdin (WORKER_ARGV, the longest of its workers', only makes room for each
 worker's own argv in /proc/PID/cmdline). It imports MODULES (comma-separated), answers Ready
 (or Refused, one line, and exits), then forks one worker per Spawn request (the frames of
-agents/warm_start_wire.h).
+agents/warm_start_wire.h), or hands the request to a worker it forked ahead (Standby).
 
 Each worker becomes what `INTERPRETER [OPTIONS] SCRIPT ARGS` (or `-m MODULE ARGS`) started by
 the agent would be: environment, working directory, sys.argv, sys.path, __main__, stdio (-u
@@ -39,6 +39,7 @@ _FRESH = {
 
 import ctypes  # noqa: E402  (after the snapshot above)
 import io  # noqa: E402
+import select  # noqa: E402
 import socket  # noqa: E402
 import struct  # noqa: E402
 
@@ -48,6 +49,9 @@ MAX_FRAME = 64 << 20
 PR_SET_PDEATHSIG = 1
 PR_SET_PTRACER = 0x59616D61
 SELF = (lambda: None).__code__.co_filename  # this file, as its frames name it
+STANDBY_IDLE_S = 1.0  # a standby worker is forked after so long without a request (Standby)
+_AGENT = os.getppid()  # the zygote is the agent's child
+_FORKS_CLOSE = []  # the zygote's own sockets (control, a standby's): closed in every worker
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
@@ -133,6 +137,13 @@ def preload(modules):
         try:
             importlib.import_module("torch._dynamo")
         except Exception:  # a speed-up only: the worker imports it itself then
+            pass
+    if "torch" in modules:
+        # dlrun's in-process recovery (and dlrun.progress with it), some 10 ms of a replacement's
+        # start otherwise: it starts no thread at import, and progress reopens its board in a fork.
+        try:
+            importlib.import_module("dlrun.recovery")
+        except Exception:  # a speed-up only, as above
             pass
     try:
         cuda = torch is not None and torch.cuda.is_initialized()
@@ -282,12 +293,10 @@ def rerun_site():
         site.execusercustomize()
 
 
-def become_worker(ctl, request, fds):
+def become_worker(request, fds):
     """In the worker: wait for the agent's go, take on the worker's state. Never returns."""
     try:
-        ctl.close()
         stdin, stdout, stderr, go = fds
-        os.setpgid(0, 0)
         if os.read(go, 1) != b"g":
             os._exit(127)  # the agent is gone
         os.close(go)
@@ -426,9 +435,21 @@ def finish(code, interrupted):
     return code
 
 
-def spawn(ctl, request, fds):
-    """Forks the worker through a middle child, which exits once the worker leads its process
-    group: the worker is reparented to the agent. The reply frame."""
+def set_cpus(cpus):
+    """Runs this process on `cpus` (all when empty): None, or why it cannot (one line)."""
+    if not cpus:
+        return None
+    try:
+        os.sched_setaffinity(0, cpus)
+    except OSError as e:
+        return f"cannot run on CPUs {cpus} (--numa-binding): {e.strerror}"
+    return None
+
+
+def spawn(request, fds):
+    """Forks the worker of `request` (a Spawn; None: a standby, fds its socket's) through a
+    middle child, which exits once the worker leads its process group: the worker is reparented
+    to the agent. The reply frame."""
     r, w = os.pipe()
     for stream in (sys.stdout, sys.stderr):
         if stream is not None:
@@ -442,20 +463,19 @@ def spawn(ctl, request, fds):
     if middle == 0:
         try:
             os.close(r)
-            if request.cpus:
-                try:
-                    os.sched_setaffinity(0, request.cpus)
-                except OSError as e:
-                    os.write(
-                        w,
-                        f"Ecannot run on CPUs {request.cpus} (--numa-binding): "
-                        f"{e.strerror}".encode(),
-                    )
-                    os._exit(0)
+            problem = set_cpus(request.cpus) if request else None
+            if problem:
+                os.write(w, b"E" + problem.encode())
+                os._exit(0)
             pid = os.fork()
             if pid == 0:
                 os.close(w)
-                become_worker(ctl, request, fds)
+                for sock in _FORKS_CLOSE:
+                    sock.close()
+                os.setpgid(0, 0)
+                if request:
+                    become_worker(request, fds)
+                stand_by(socket.socket(fileno=fds[0]), _AGENT)
             try:
                 os.setpgid(pid, pid)
             except OSError:
@@ -479,6 +499,77 @@ def spawn(ctl, request, fds):
     if said[:1] == b"E":
         return text_frame(FAILED, said[1:].decode(errors="replace"))
     return text_frame(FAILED, "the middle child ended without a word")
+
+
+class Standby:
+    """A worker forked ahead of its request, waiting for it on a socket pair (stand_by): a start
+    then costs no fork (two of them, some 30 ms for an interpreter that imported torch, most of
+    a replacement's start under --recovery=in-process). Made once the zygote has had no request
+    for STANDBY_IDLE_S, so its forks never take a core from a start or a recovery under way."""
+
+    def __init__(self):
+        self.pid = None
+        self.sock, theirs = socket.socketpair()
+        _FORKS_CLOSE.append(self.sock)  # a worker forked later must not hold it open
+        reply = spawn(None, [theirs.detach()])
+        if reply[4] != SPAWNED:
+            self.close()
+            return
+        (self.pid,) = struct.unpack_from("<I", reply, 5)
+        try:  # its parent is the agent now (the middle child was reaped): it may watch it
+            self.sock.sendall(b"r")
+        except OSError:
+            self.close()
+            self.pid = None
+
+    def take(self, frame_bytes, fds):
+        """Hands the Spawn frame and its descriptors to the standby: the reply frame, or None
+        when the standby is gone (the caller forks the worker then)."""
+        try:
+            sent = socket.send_fds(self.sock, [frame_bytes], fds)
+            if sent < len(frame_bytes):  # not sendall(b""): a send to a closed peer fails
+                self.sock.sendall(frame_bytes[sent:])
+            said = self.sock.recv(1 << 16)
+        except OSError:  # it answered nothing: it is gone, or going (it runs no worker)
+            said = b""
+        self.close()
+        if said[:1] == b"P":
+            for fd in fds:
+                os.close(fd)
+            return frame(SPAWNED, struct.pack("<I", self.pid))
+        if said[:1] == b"E":
+            for fd in fds:
+                os.close(fd)
+            return text_frame(FAILED, said[1:].decode(errors="replace"))
+        return None
+
+    def close(self):
+        if self.sock is not None:
+            _FORKS_CLOSE.remove(self.sock)
+            self.sock.close()
+            self.sock = None
+
+
+def stand_by(sock, agent):
+    """In a standby: waits for its Spawn frame, then becomes that worker. Never returns; ends
+    with the zygote (its socket's end) or, once reparented, with the agent."""
+    if sock.recv(1) == b"r":
+        prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != agent:
+        os._exit(0)
+    try:
+        body, fds = receive(sock)
+    except (OSError, ValueError):
+        os._exit(0)
+    if body is None or body[0] != SPAWN or len(fds) != 4:
+        os._exit(0)
+    request = Spawn(body[1:])
+    problem = set_cpus(request.cpus)
+    sock.sendall(b"E" + problem.encode(errors="replace") if problem else b"P")
+    if problem:
+        os._exit(0)
+    sock.close()
+    become_worker(request, fds)
 
 
 def control_socket():
@@ -513,7 +604,14 @@ def main():
             f"{time.monotonic() - began:.2f} s",
         )
     )
+    _FORKS_CLOSE.append(ctl)
+    standby = None
     while True:
+        if standby is None and not select.select([ctl], [], [], STANDBY_IDLE_S)[0]:
+            standby = Standby()
+            if standby.pid is None:
+                standby = None
+            continue
         body, fds = receive(ctl)
         if body is None:
             return 0  # the agent is gone
@@ -521,7 +619,11 @@ def main():
             for fd in fds:
                 os.close(fd)
             raise ValueError(f"a frame of kind {body[0]} with {len(fds)} descriptors")
-        ctl.sendall(spawn(ctl, Spawn(body[1:]), fds))
+        reply = None
+        if standby is not None:
+            reply = standby.take(struct.pack("<I", len(body)) + body, fds)
+            standby = None
+        ctl.sendall(reply or spawn(Spawn(body[1:]), fds))
 
 
 if __name__ == "__main__":

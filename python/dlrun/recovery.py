@@ -18,11 +18,11 @@ Under `dlrun --recovery=in-process` a worker that dies is started again alone, w
 the others keep their processes: the collective that failed in a survivor raises, the loop
 destroys the process group, meets the replacement in the next generation's key space of the
 job's store, makes the group again there, sends the model, the optimizer, the step and `state`
-from the surviving rank furthest along (the lowest of those) to every rank (a broadcast, no
-file), and runs the failed step again. Every step is taken once: all ranks go on from one rank's
-state and step (a step whose optimizer.step() ran on that rank counts as done). What a step
-draws at random should come from the step (a generator seeded by it), since a replacement has
-none of its dead process's state.
+from the surviving rank furthest along (the lowest of those) to every rank that does not hold
+them already (point to point, no file), and runs the failed step again. Every step is taken
+once: all ranks go on from one rank's state and step (a step whose optimizer.step() ran on that
+rank counts as done). What a step draws at random should come from the step (a generator seeded
+by it), since a replacement has none of its dead process's state.
 
 Each step done is reported through dlrun.progress, so --hang-timeout watches the loop: a rank
 found hung is replaced the same way, once its stack is taken.
@@ -37,6 +37,7 @@ import gc
 import json
 import math
 import os
+import pickle
 import socket
 import sys
 import threading
@@ -153,10 +154,11 @@ class Loop:
     """Owns the process group, the DistributedDataParallel wrapper and the step counter of a
     training loop; see the module's text. `state`: a dict of more picklable values every rank
     must agree on (an epoch, a scheduler's state_dict), replaced by the source's after a
-    recovery. `ddp_options`: DistributedDataParallel's keyword arguments. `exact`: one gradient
-    bucket per parameter, so that every sum is made in the same order in every generation and a
-    deterministic job's weights equal a fault-free run's bit for bit (DDP's own buckets are laid
-    out anew in a new group, which moves the sums' rounding; more all-reduces per step)."""
+    recovery where a rank is not at the source's step. `ddp_options`: DistributedDataParallel's
+    keyword arguments. `exact`: one gradient bucket per parameter, so that every sum is made in
+    the same order in every generation and a deterministic job's weights equal a fault-free
+    run's bit for bit (DDP's own buckets are laid out anew in a new group, which moves the sums'
+    rounding; more all-reduces per step)."""
 
     def __init__(
         self,
@@ -271,40 +273,45 @@ class Loop:
             options.setdefault("init_sync", False)  # torch 2.4 and later
         return DistributedDataParallel(self.module, **options)
 
-    def _send_state(self, source):
-        """The model, the optimizer, the step and `state` from `source` to every rank: what is
-        not a tensor pickled (small), the tensors in one flat buffer per dtype, broadcast in
-        place (no pickling of the weights, one collective per dtype)."""
+    def _send_state(self, source, receivers, keys):
+        """The model, the optimizer, the step and `state` from `source` to the ranks
+        `receivers` (point to point; every other rank is at the source's step and holds the same
+        already): what is not a tensor pickled into the store under `keys` (small), the tensors
+        in one flat buffer per dtype (no pickling of the weights, one message per dtype)."""
         import torch
         import torch.distributed as dist
 
         sending = self.rank == source
+        if not sending and self.rank not in receivers:
+            return
         device = (
             torch.device("cuda", torch.cuda.current_device())
             if self.backend == "nccl"
             else torch.device("cpu")
         )
-        tensors, meta = [], [None]
+        tensors = []
         if sending:
             whole = {"model": self.module.state_dict(), "optimizer": self.optimizer.state_dict()}
             skeleton = hollow(whole, tensors)
             layout = [(t.dtype, tuple(t.shape)) for t in tensors]
-            meta = [(self.step, self.state, skeleton, layout)]
-        dist.broadcast_object_list(meta, src=source)
-        step, state, skeleton, layout = meta[0]
+            meta = (self.step, self.state, skeleton, layout)
+            self._store.set(f"{keys}/state", pickle.dumps(meta))
+        else:
+            step, state, skeleton, layout = pickle.loads(self._store.get(f"{keys}/state"))
         received = [None] * len(layout)
         for dtype in sorted({d for d, _ in layout}, key=str):
             ids = [i for i, (d, _) in enumerate(layout) if d == dtype]
             if sending:
                 flat = torch.cat([tensors[i].detach().reshape(-1).to(device) for i in ids])
-            else:
-                flat = torch.empty(
-                    sum(math.prod(layout[i][1]) for i in ids), dtype=dtype, device=device
-                )
-            dist.broadcast(flat, src=source)
-            if not sending:
-                for i, piece in zip(ids, flat.split([math.prod(layout[i][1]) for i in ids])):
-                    received[i] = piece.view(layout[i][1])
+                for rank in receivers:
+                    dist.send(flat, dst=rank)
+                continue
+            flat = torch.empty(
+                sum(math.prod(layout[i][1]) for i in ids), dtype=dtype, device=device
+            )
+            dist.recv(flat, src=source)
+            for i, piece in zip(ids, flat.split([math.prod(layout[i][1]) for i in ids])):
+                received[i] = piece.view(layout[i][1])
         if sending:
             return
         whole = fill(skeleton, received)
@@ -488,7 +495,15 @@ class Loop:
         # gradient sum (a ring all-reduce can complete on some ranks as a peer dies and not on
         # others), so that step is done, and a rank behind it takes it from the sender.
         source = max(survivors, key=lambda r: (records[r]["step"], -r))
-        self._send_state(source)
+        # A survivor at the source's step holds what the source does (every rank applied the
+        # same all-reduced gradients as often): only the newcomers and the survivors behind it
+        # are sent the state.
+        receivers = [
+            r
+            for r, record in enumerate(records)
+            if not record["survivor"] or record["step"] != records[source]["step"]
+        ]
+        self._send_state(source, receivers, keys)
         # Every rank holds the source's weights now: DDP's own first broadcast of them is spared.
         self.ddp = self._wrap(synced=True)
         dist.barrier()

@@ -10,6 +10,8 @@ workers started fresh, and what cannot be warm-started is refused in one line.
 - A torch gloo job whose rank hangs gets its stacks (with the Python frames) from a warm
   worker; a DDP job whose rank is SIGKILLed restarts through the zygote and exits 0.
 - A zygote killed mid-job is said in one line and the restart starts fresh workers.
+- A zygote left without a request for a second forks a standby worker: the next start is that
+  process, which sees what the others saw; it ends with a SIGKILLed agent.
 - Refusals: --no-python, train, a binary, -c, --preload alone or malformed (at parse time);
   a preload that cannot be imported, starts a thread or initialises CUDA (at start).
 """
@@ -26,6 +28,7 @@ from dlrun_fixture import (
     WORKERS,
     Dlrun,
     clean_env,
+    is_running,
     main,
     read_json,
     run_dlrun,
@@ -37,6 +40,23 @@ from dlrun_fixture import (
 PROBE = worker("warm_probe.py")
 TORCH_TIMEOUT_S = 120  # a torch job's start and restart on 2 shared cores
 HANG_EXIT_CODE = 124
+
+
+def zygote_forks(agent, zygote):
+    """The agent's children that run the zygote's program other than the zygote: a standby."""
+    found = []
+    for stat in glob.glob("/proc/[0-9]*/stat"):
+        pid = int(stat.split("/")[2])
+        try:
+            with open(stat, "rb") as f:
+                ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmdline = f.read()
+        except (OSError, ValueError, IndexError):  # gone meanwhile
+            continue
+        if ppid == agent and pid != zygote and b"dlrun_warm_start" in cmdline:
+            found.append(pid)
+    return found
 
 
 def probes(out, attempt=0):
@@ -317,6 +337,62 @@ class WarmStartTest(unittest.TestCase):
         fresh = probes(out, 1)[0]
         self.assertEqual(fresh["ppid"], dlrun.pid)
         self.assertEqual(fresh["cmdline"], [PYTHON, PROBE, out, "wait-fail", "3"])
+
+    def waiting_job_with_a_standby(self, out):
+        """A warm job whose one worker waits for OUT/go (then exits 3, and its restart 0), once
+        its zygote has forked a standby: (dlrun, attempt 0's probe, the standby's pid)."""
+        dlrun = Dlrun(
+            self,
+            ["--standalone", "--max-restarts=1", "--warm-start", PYTHON, PROBE, out]
+            + ["wait-fail", "3"],
+        )
+        wait_until(lambda: probes(out), 30, "attempt 0", proc=dlrun.proc, on_timeout=dlrun.describe)
+        first = probes(out)[0]
+        dlrun.watch_workers([first["pid"]])
+        zygote = int(re.search(r"warm start: Python \S+ \(pid (\d+)\)", dlrun.output()[1]).group(1))
+        standby = []
+        wait_until(
+            lambda: standby.extend(zygote_forks(dlrun.pid, zygote)) or standby,
+            30,
+            "the zygote's standby",
+            proc=dlrun.proc,
+            on_timeout=dlrun.describe,
+        )
+        self.assertEqual(len(standby), 1, standby)
+        dlrun.watch_workers(standby)
+        return dlrun, first, standby[0]
+
+    def test_a_start_after_a_quiet_second_is_the_worker_forked_ahead(self):
+        # A zygote without a request for a second forks a standby worker ahead of the next
+        # start: the restart is that process, and it sees what a worker forked at the request
+        # (attempt 0's) sees.
+        out = temp_dir(self)
+        dlrun, first, standby = self.waiting_job_with_a_standby(out)
+        with open(os.path.join(out, "go"), "w"):
+            pass
+        result = dlrun.wait(30)
+        self.assertEqual(result.returncode, 0, result)
+        again = probes(out, 1)[0]
+        self.assertEqual(again["pid"], standby)
+        self.assertEqual(again["ppid"], dlrun.pid)
+        self.assertEqual(again["pgid"], again["pid"])
+        self.assertEqual(again["pdeathsig"], signal.SIGKILL)
+        own = ("env", "child_env", "pid", "ppid", "pgid")  # the attempt's, the process's
+        self.assertEqual(
+            {k: v for k, v in again.items() if k not in own},
+            {k: v for k, v in first.items() if k not in own},
+        )
+        for key in ("env", "child_env"):
+            self.assertEqual(sorted(again[key]), sorted(first[key]), key)
+        self.assertEqual(again["env"]["TORCHELASTIC_RESTART_COUNT"], "1")
+
+    def test_a_standby_ends_with_its_agent(self):
+        out = temp_dir(self)
+        dlrun, first, standby = self.waiting_job_with_a_standby(out)
+        dlrun.signal(signal.SIGKILL)
+        dlrun.proc.wait()
+        for pid, what in ((standby, "the standby"), (first["pid"], "the worker")):
+            wait_until(lambda pid=pid: not is_running(pid), 10, f"{what}'s end")
 
     def refused_at_parse(self, args, needle):
         result = run_dlrun(self, ["--standalone", *args])

@@ -89,17 +89,22 @@ def leave_pending(how):
 
 def die_in_recovery(phase):
     """SIGKILLs this process as its loop's first recovery re-forms the group ("group": the
-    second init_process_group) or sends the state ("state": the first broadcast_object_list)."""
-    name = "init_process_group" if phase == "group" else "broadcast_object_list"
-    real, calls = getattr(dist, name), []
+    second init_process_group) or sends the state ("state": the first send or receive of it,
+    the sending rank's or a receiving one's)."""
+    names = ("init_process_group",) if phase == "group" else ("send", "recv")
+    calls = []
 
-    def dying(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == (2 if phase == "group" else 1):
-            os.kill(os.getpid(), signal.SIGKILL)
-        return real(*args, **kwargs)
+    def dying(real):
+        def call(*args, **kwargs):
+            calls.append(1)
+            if len(calls) == (2 if phase == "group" else 1):
+                os.kill(os.getpid(), signal.SIGKILL)
+            return real(*args, **kwargs)
 
-    setattr(dist, name, dying)
+        return call
+
+    for name in names:
+        setattr(dist, name, dying(getattr(dist, name)))
 
 
 def main():
