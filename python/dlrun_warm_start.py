@@ -553,22 +553,22 @@ class Standby:
 def stand_by(sock, agent):
     """In a standby: waits for its Spawn frame, then becomes that worker. Never returns; ends
     with the zygote (its socket's end) or, once reparented, with the agent."""
-    if sock.recv(1) == b"r":
-        prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != agent:
-        os._exit(0)
     try:
+        if sock.recv(1) == b"r":
+            prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != agent:
+            os._exit(0)
         body, fds = receive(sock)
-    except (OSError, ValueError):
+        if body is None or body[0] != SPAWN or len(fds) != 4:
+            os._exit(0)
+        request = Spawn(body[1:])
+        problem = set_cpus(request.cpus)
+        sock.sendall(b"E" + problem.encode(errors="replace") if problem else b"P")
+        if problem:
+            os._exit(0)
+        sock.close()
+    except BaseException:  # the zygote went away mid-way: there is no worker to become
         os._exit(0)
-    if body is None or body[0] != SPAWN or len(fds) != 4:
-        os._exit(0)
-    request = Spawn(body[1:])
-    problem = set_cpus(request.cpus)
-    sock.sendall(b"E" + problem.encode(errors="replace") if problem else b"P")
-    if problem:
-        os._exit(0)
-    sock.close()
     become_worker(request, fds)
 
 
