@@ -533,15 +533,13 @@ class Standby:
         except OSError:  # it answered nothing: it is gone, or going (it runs no worker)
             said = b""
         self.close()
+        if said[:1] not in (b"P", b"E"):
+            return None
+        for fd in fds:  # the standby holds them now
+            os.close(fd)
         if said[:1] == b"P":
-            for fd in fds:
-                os.close(fd)
             return frame(SPAWNED, struct.pack("<I", self.pid))
-        if said[:1] == b"E":
-            for fd in fds:
-                os.close(fd)
-            return text_frame(FAILED, said[1:].decode(errors="replace"))
-        return None
+        return text_frame(FAILED, said[1:].decode(errors="replace"))
 
     def close(self):
         if self.sock is not None:

@@ -25,7 +25,8 @@ rank counts as done). What a step draws at random should come from the step (a g
 by it), since a replacement has none of its dead process's state.
 
 Each step done is reported through dlrun.progress, so --hang-timeout watches the loop: a rank
-found hung is replaced the same way, once its stack is taken.
+found hung is replaced the same way, once its stack is taken. A rank still in a step while its
+peers meet in the next generation is freed by the loop itself (dlrun._stuck).
 
 Whatever the recovery cannot finish (a second failure, a rank that never comes, no survivor, its
 deadline) ends the worker with the agent's fallback code, and dlrun restarts the whole group, as
@@ -38,7 +39,6 @@ import json
 import math
 import os
 import pickle
-import socket
 import sys
 import threading
 import time
@@ -46,6 +46,7 @@ from datetime import timedelta
 
 from dlrun import progress
 from dlrun._job import say, store_client
+from dlrun._stuck import StepWatch, shut_down, sockets
 from dlrun._tree import fill, hollow
 
 __all__ = ["Loop", "active"]
@@ -54,7 +55,7 @@ KEYS = "dlrun/recovery"  # under the attempt's key space of the job's store
 RECOVERY_TIMEOUT_S = 120  # a recovery not done by then falls back to the whole-group restart
 EXACT_BUCKET_MB = 1e-6  # under any parameter's size: a bucket each
 BEAT_S = 1.0  # a recovery's wait beats the progress board this often
-POLL_S = 0.01  # and looks at the store this often
+POLL_S = 0.01  # and looks at the store at most this far apart (sooner early in a wait)
 CLOSE_S = (
     0.5  # an old process group's destruction is waited for so long (_leave_group); 0.05 s usual
 )
@@ -112,42 +113,11 @@ def _exact_buckets():
     return {"bucket_cap_mb": EXACT_BUCKET_MB, "find_unused_parameters": True}
 
 
-def _sockets():
-    """This process's open sockets: {fd: "socket:[inode]"}."""
-    found = {}
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            link = os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:  # closed meanwhile (the listing's own fd among them)
-            continue
-        if link.startswith("socket:"):
-            found[int(fd)] = link
-    return found
-
-
-def _shut_down(group_sockets):
-    """Shuts down the connected TCP sockets among `group_sockets` ({fd: inode}, as _sockets())
-    that are still the same sockets: their pending reads and writes fail here and at the peer.
-    A listening socket is left alone (gloo's listener ends the process on an error)."""
-    for fd, inode in group_sockets.items():
-        try:
-            dup = os.dup(fd)  # shares the connection; checked after: the fd may be another's now
-        except OSError:  # closed meanwhile
-            continue
-        try:
-            if f"socket:[{os.fstat(dup).st_ino}]" != inode:
-                continue
-            with socket.socket(fileno=os.dup(dup)) as sock:
-                if (
-                    sock.family in (socket.AF_INET, socket.AF_INET6)
-                    and sock.type == socket.SOCK_STREAM
-                    and not sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)
-                ):
-                    sock.shutdown(socket.SHUT_RDWR)
-        except OSError:  # not connected: nothing to end
-            pass
-        finally:
-            os.close(dup)
+def _by_dtype(layout):
+    """The indices of a state's tensors (`layout`: their (dtype, shape)s), a list per dtype, in
+    an order every rank derives alike."""
+    dtypes = sorted({dtype for dtype, _ in layout}, key=str)
+    return [[i for i, (d, _) in enumerate(layout) if d == dtype] for dtype in dtypes]
 
 
 class Loop:
@@ -192,13 +162,20 @@ class Loop:
             optimizer.register_step_post_hook(lambda *_: setattr(self, "_applied", True))
         self.rank, self.world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
         self._active = active()
+        self._watch = StepWatch()
         if not self._active:
             dist.init_process_group(backend, init_method="env://", timeout=timeout)
             self.ddp = self._wrap()
             return
+        # What is alive now (torch's modules, the model) is left out of the collector's passes
+        # from here on: a recovery's collections, which free the old group, then cost what
+        # the loop made since, not the 0.2 s each that torch's imports cost (a warm start's
+        # zygote did so before it forked).
+        gc.freeze()
         self._fallback_code = int(os.environ["DLRUN_RECOVERY_FALLBACK"])
         self._replace_code = int(os.environ["DLRUN_RECOVERY_REPLACE"])
         self._store = store_client(self.world, timeout)
+        self._watch.start(KEYS, self.world, timeout, self._unblock, self._exit_replaced)
         if os.environ.get("DLRUN_RECOVERY_JOIN") == "1":
             self._recover(joining=True)  # a replacement: the survivors' next generation
         else:
@@ -234,9 +211,12 @@ class Loop:
 
         while True:
             self._applied = False
+            began = time.monotonic()
+            self._watch.current = (self.generation, self.step)
             try:
                 if self.step < steps:
                     train_step(self.step, self.ddp)
+                    self._watch.step_s = time.monotonic() - began
                     self.step += 1
                     progress.step(self.step)  # --hang-timeout's watch sees each step
                     continue
@@ -250,8 +230,10 @@ class Loop:
                 except RuntimeError:  # a hint only: without it, such a peer falls back later
                     pass
                 self._mark(done=True)
+                self._watch.current = None
                 return
             except Exception as error:
+                self._watch.current = None
                 if not self._active or not _peer_failure(error):
                     raise
                 why = f"{type(error).__name__}: {str(error).splitlines()[0][:160]}"
@@ -273,47 +255,45 @@ class Loop:
             options.setdefault("init_sync", False)  # torch 2.4 and later
         return DistributedDataParallel(self.module, **options)
 
-    def _send_state(self, source, receivers, keys):
-        """The model, the optimizer, the step and `state` from `source` to the ranks
-        `receivers` (point to point; every other rank is at the source's step and holds the same
-        already): what is not a tensor pickled into the store under `keys` (small), the tensors
-        in one flat buffer per dtype (no pickling of the weights, one message per dtype)."""
+    def _device(self):
+        import torch
+
+        if self.backend == "nccl":
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cpu")
+
+    def _state_to_send(self, keys):
+        """The sending rank's part before the new group forms: what of the model, the
+        optimizer, the step and `state` is not a tensor, pickled into the store under `keys`
+        (small), and the tensors in one flat buffer per dtype (no pickling of the weights, one
+        message per dtype), to be sent once the group is made."""
+        import torch
+
+        tensors = []
+        whole = {"model": self.module.state_dict(), "optimizer": self.optimizer.state_dict()}
+        skeleton = hollow(whole, tensors)
+        layout = [(t.dtype, tuple(t.shape)) for t in tensors]
+        self._store.set(f"{keys}/state", pickle.dumps((self.step, self.state, skeleton, layout)))
+        device = self._device()
+        return [
+            torch.cat([tensors[i].detach().reshape(-1).to(device) for i in ids])
+            for ids in _by_dtype(layout)
+        ]
+
+    def _receive_state(self, source, keys, left):
+        """What _state_to_send made on rank `source`, in place of this rank's own."""
         import torch
         import torch.distributed as dist
 
-        sending = self.rank == source
-        if not sending and self.rank not in receivers:
-            return
-        device = (
-            torch.device("cuda", torch.cuda.current_device())
-            if self.backend == "nccl"
-            else torch.device("cpu")
-        )
-        tensors = []
-        if sending:
-            whole = {"model": self.module.state_dict(), "optimizer": self.optimizer.state_dict()}
-            skeleton = hollow(whole, tensors)
-            layout = [(t.dtype, tuple(t.shape)) for t in tensors]
-            meta = (self.step, self.state, skeleton, layout)
-            self._store.set(f"{keys}/state", pickle.dumps(meta))
-        else:
-            step, state, skeleton, layout = pickle.loads(self._store.get(f"{keys}/state"))
+        self._store.wait([f"{keys}/state"], left())  # a lost sender: the deadline's fallback
+        step, state, skeleton, layout = pickle.loads(self._store.get(f"{keys}/state"))
         received = [None] * len(layout)
-        for dtype in sorted({d for d, _ in layout}, key=str):
-            ids = [i for i, (d, _) in enumerate(layout) if d == dtype]
-            if sending:
-                flat = torch.cat([tensors[i].detach().reshape(-1).to(device) for i in ids])
-                for rank in receivers:
-                    dist.send(flat, dst=rank)
-                continue
-            flat = torch.empty(
-                sum(math.prod(layout[i][1]) for i in ids), dtype=dtype, device=device
-            )
+        for ids in _by_dtype(layout):
+            sizes = [math.prod(layout[i][1]) for i in ids]
+            flat = torch.empty(sum(sizes), dtype=layout[ids[0]][0], device=self._device())
             dist.recv(flat, src=source)
-            for i, piece in zip(ids, flat.split([math.prod(layout[i][1]) for i in ids])):
+            for i, piece in zip(ids, flat.split(sizes)):
                 received[i] = piece.view(layout[i][1])
-        if sending:
-            return
         whole = fill(skeleton, received)
         self.module.load_state_dict(whole["model"])
         self.optimizer.load_state_dict(whole["optimizer"])
@@ -347,7 +327,7 @@ class Loop:
         closing.start()
         closing.join(CLOSE_S)
         stuck = closing.is_alive()
-        _shut_down(self._group_sockets)
+        shut_down(self._group_sockets)
         self._group_sockets = {}
         if not stuck:
             return
@@ -357,24 +337,39 @@ class Loop:
             return
         closing.join(CLOSE_S)
         if dist.is_initialized():
-            _say(f"{late}; exiting to be replaced (exit {self._replace_code})")
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(self._replace_code)
+            self._exit_replaced(late)
+
+    def _unblock(self, why):
+        """Fails the collective this rank may wait in (the step watch's first resort)."""
+        import torch.distributed as dist
+
+        _say(f"{why}; shutting its group's connections down")
+        if self.backend == "nccl" and dist.is_initialized():
+            dist.distributed_c10d._abort_process_group()  # not yet run on a GPU
+        shut_down(self._group_sockets)
+
+    def _exit_replaced(self, why):
+        """Ends this rank, which has not met the new generation, for its agent to start a
+        replacement in its place (the mark says it recovers: a survivor's failure)."""
+        self._mark(recovering=True)
+        _say(f"{why}; exiting to be replaced (exit {self._replace_code})")
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(self._replace_code)
 
     def _form(self, keys, timeout):
         """The process group of a generation (`keys`: its keys), in a key space of its own."""
         import torch.distributed as dist
 
         store = dist.PrefixStore(f"{keys}/group", self._store)
-        before = _sockets()
+        before = sockets()
         dist.init_process_group(
             self.backend, store=store, rank=self.rank, world_size=self.world, timeout=timeout
         )
         # The group's own connections (its backend's, made as it formed): _leave_group may have
         # to shut them down.
         self._group_sockets = {
-            fd: inode for fd, inode in _sockets().items() if inode not in before.values()
+            fd: inode for fd, inode in sockets().items() if inode not in before.values()
         }
 
     def _recover(self, joining):
@@ -413,7 +408,7 @@ class Loop:
         With `move`, (the counter the agent sets when a round kept this rank, a node lost; the
         round it is met in, if any): looked at every MOVE_POLLS polls, returns the counter's value
         once it names a later round, else 0."""
-        beat = time.monotonic()
+        started = beat = time.monotonic()
         polls = 0
         while self._store.add(counter, 0) < 1:
             polls += 1
@@ -427,7 +422,10 @@ class Loop:
                 beat += BEAT_S
                 if self._store.add(f"{KEYS}/done", 0) > 0:
                     raise RuntimeError("a rank has left the loop: the group cannot meet again")
-            time.sleep(POLL_S)
+            # Every rank but the last to arrive learns of the meeting a look late: looks 1 ms
+            # apart at first (a warm replacement comes in tens of ms), a tenth of the wait so far
+            # later on, POLL_S at most (a cold one takes seconds, and its start needs the cores).
+            time.sleep(min(POLL_S, 0.001 + (time.monotonic() - started) / 10))
         return 0
 
     def _meet(self, keys, record, left, move):
@@ -460,7 +458,8 @@ class Loop:
         # The old group's sockets close only once nothing holds it (DDP does): a peer still
         # waiting on this rank then fails at once instead of at its timeout.
         self.ddp = None
-        self._leave_group()
+        if not joining:  # a replacement has no group to leave
+            self._leave_group()
         # The generation every rank moves to: a survivor's next; a replacement's the one after
         # the last that completed (the survivors are on their way there).
         committed = self._store.add(f"{KEYS}/generation", 0)
@@ -485,8 +484,6 @@ class Loop:
             os.environ.update(RANK=str(self.rank), WORLD_SIZE=str(self.world))
         keys = here
         phase("meet")
-        self._form(keys, left())
-        phase("group")
         records = [json.loads(self._store.get(f"{keys}/rank/{r}")) for r in range(self.world)]
         survivors = [r for r, record in enumerate(records) if record["survivor"]]
         if not survivors:
@@ -503,7 +500,16 @@ class Loop:
             for r, record in enumerate(records)
             if not record["survivor"] or record["step"] != records[source]["step"]
         ]
-        self._send_state(source, receivers, keys)
+        # The sender readies the state while the ranks make the group (a newcomer's first
+        # gloo group takes longest).
+        flats = self._state_to_send(keys) if self.rank == source and receivers else []
+        self._form(keys, left())
+        phase("group")
+        for flat in flats:
+            for rank in receivers:
+                dist.send(flat, dst=rank)
+        if self.rank in receivers:
+            self._receive_state(source, keys, left)
         # Every rank holds the source's weights now: DDP's own first broadcast of them is spared.
         self.ddp = self._wrap(synced=True)
         dist.barrier()

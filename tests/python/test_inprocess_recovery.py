@@ -14,6 +14,9 @@ one seeded batch a step and rank, momentum), run fault-free once for the weights
 - A rank whose old group cannot close (a collective of its own left pending on its live peers,
   who wait on it in theirs): its connections are shut down and every rank recovers in its own
   process; where the group stays registered, it exits and is replaced like a dead worker.
+- A rank left in a step its peers left (it waits for good, no collective failing): once they
+  meet in the next generation its loop's watch shuts its group's connections down (which frees
+  a survivor waiting on it), then ends it, and it is replaced like a dead worker.
 - A second failure during the recovery (a survivor dies at the same step as the first victim, or
   inside the recovery as the group forms again or the state is sent): the agent restarts the
   whole group, counted against --max-restarts, and the job still ends 0, bit-equal.
@@ -169,6 +172,22 @@ class InProcessRecoveryTest(InProcessCase):
             r"replacement started",
         )
         self.check_recovered(out, finals, result, victim=0)
+
+    def test_a_rank_left_in_a_step_its_peers_left_is_freed_then_replaced(self):
+        # Rank 2 dies at step 9; rank 1 stays in step 9 for good, no collective failing, and a
+        # survivor whose all-reduce waits on rank 1 rather than on rank 2 waits as long. Once
+        # the others meet in generation 1, each such rank's loop shuts its group's connections
+        # down: the waiting survivor's all-reduce fails and it recovers in its process; rank 1,
+        # still in its step a look later, exits (76) and is replaced. Bit-equal, every step once.
+        out, finals, result = self.job("2:9", "1:9:hold")
+        stuck = "rank 1: still in step 9 of generation 0 while the others meet in the next; "
+        self.assertIn(stuck + "shutting its group's connections down", result.stderr)
+        self.assertIn(stuck + "exiting to be replaced (exit 76)", result.stderr)
+        self.assertRegex(
+            result.stderr,
+            r"rank 1 \(local 1\) exit code 76: in-process recovery, its replacement started",
+        )
+        self.check_recovered(out, finals, result, victim=(1, 2))
 
     def test_a_second_failure_during_recovery_restarts_the_whole_group(self):
         # Rank 3 dies at step 9, and rank 1 too while the first recovery is under way.

@@ -14,7 +14,9 @@ peers as it begins STEP (an all-reduce of its own, while every other rank's firs
 barrier first) and fails as a collective does when a peer went away: the shape of a survivor
 whose next DDP bucket was under way as its previous one failed, whose old group cannot close
 while its peers wait on it; RANK:STEP:stuck the same, and the group's destruction never returns
-(the recovery's last resort: the rank exits to be replaced).
+(the recovery's last resort: the rank exits to be replaced). RANK:STEP:hold: that rank's first
+process stays in STEP for good, with no collective failing: the shape of a collective whose
+peers' connections closed as it began and that never learns of it.
 
 Every process writes OUT_DIR/start_<RANK>_<PID> as it starts and appends each step it completes
 to OUT_DIR/steps_<RANK>_<PID>; at the end every rank writes OUT_DIR/final_<RANK>.json with the
@@ -62,7 +64,10 @@ def kills(args, rank):
         elif fields[1] == "end":
             found["end"] = signal.SIGKILL
         else:
-            how = {"stop": signal.SIGSTOP, "host": "host", "pending": "pending", "stuck": "stuck"}
+            how = {
+                "stop": signal.SIGSTOP,
+                **{name: name for name in ("host", "pending", "stuck", "hold")},
+            }
             found[int(fields[1])] = how.get("".join(fields[2:]), signal.SIGKILL)
     return found
 
@@ -126,6 +131,8 @@ def main():
             del die_at[step]
             open(os.path.join(out_dir, f"lose_host_{rank}"), "w").close()
             os.kill(pid, signal.SIGSTOP)
+        if die_at.get(step) == "hold":
+            threading.Event().wait()
         if die_at.get(step) in ("pending", "stuck"):
             leave_pending(die_at.pop(step))
         elif step in barrier_at:
