@@ -43,9 +43,31 @@ import select  # noqa: E402
 import socket  # noqa: E402
 import struct  # noqa: E402
 
-SPAWN = 1
-READY, REFUSED, SPAWNED, FAILED = 1, 2, 3, 4
-MAX_FRAME = 64 << 20
+
+def _beside(name):
+    """dlrun's module `name`, from the file beside this one whatever sys.path holds (-I, -P)."""
+    import importlib.util
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    spec = importlib.util.spec_from_file_location(name, os.path.join(here, f"{name}.py"))
+    module = sys.modules[name] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_beside("dlrun_warm_start_wire")
+from dlrun_warm_start_wire import (  # noqa: E402
+    FAILED,
+    READY,
+    REFUSED,
+    SPAWN,
+    SPAWNED,
+    Spawn,
+    frame,
+    receive,
+    text_frame,
+)
+
 PR_SET_PDEATHSIG = 1
 PR_SET_PTRACER = 0x59616D61
 SELF = (lambda: None).__code__.co_filename  # this file, as its frames name it
@@ -53,71 +75,6 @@ STANDBY_IDLE_S = 1.0  # a standby worker is forked after so long without a reque
 _AGENT = os.getppid()  # the zygote is the agent's child
 _FORKS_CLOSE = []  # the zygote's own sockets (control, a standby's): closed in every worker
 _libc = ctypes.CDLL(None, use_errno=True)
-
-
-def frame(kind, payload=b""):
-    return struct.pack("<IB", 1 + len(payload), kind) + payload
-
-
-def text_frame(kind, text):
-    data = " ".join(str(text).split("\n")).encode("utf-8", "replace")
-    return frame(kind, struct.pack("<I", len(data)) + data)
-
-
-class Reader:
-    def __init__(self, data):
-        self.data, self.at = data, 0
-
-    def u32(self):
-        (value,) = struct.unpack_from("<I", self.data, self.at)
-        self.at += 4
-        return value
-
-    def text(self):
-        size = self.u32()
-        value = bytes(self.data[self.at : self.at + size])
-        if len(value) != size:
-            raise ValueError("a field runs past the frame")
-        self.at += size
-        return value
-
-    def texts(self):
-        return [self.text() for _ in range(self.u32())]
-
-
-class Spawn:
-    """One Spawn frame: what the worker is to become."""
-
-    def __init__(self, body):
-        r = Reader(body)
-        self.agent = r.u32()
-        self.argv = [os.fsdecode(a) for a in r.texts()]
-        self.env = r.texts()
-        self.cwd = r.text()
-        self.cpus = [r.u32() for _ in range(r.u32())]
-
-
-def receive(ctl):
-    """The next frame's body and the descriptors that came with it; (None, []) at the end."""
-    data, fds, flags, _ = socket.recv_fds(ctl, 1 << 16, 8)
-    if flags & getattr(socket, "MSG_CTRUNC", 0):
-        raise ValueError("descriptors were lost on the way")
-    while 0 < len(data) < 4:
-        more = ctl.recv(4 - len(data))
-        if not more:
-            break
-        data += more
-    if len(data) < 4:
-        return None, fds
-    (length,) = struct.unpack_from("<I", data)
-    if length == 0 or length > MAX_FRAME:
-        raise ValueError(f"a frame of {length} bytes")
-    while len(data) < 4 + length:
-        more = ctl.recv(min(1 << 20, 4 + length - len(data)))
-        if not more:
-            return None, fds
-        data += more
-    return data[4:], fds
 
 
 def preload(modules):

@@ -1,7 +1,8 @@
 """scripts/house_check.py catches the docs' drift (issue 59): a link to a file or a heading that
 is not there, benchmarks.md's index with a wrong date, out of order or missing a section, and a
-folder of the tree the map's table does not name, or one it names that is gone. Each on a small
-tree of its own, so the check is seen to fail, not only to pass on ours."""
+folder of the tree the map's table does not name, or one it names that is gone; and a Python
+file over 600 lines (the rule C++ files had alone before). Each on a small tree of its own, so
+the check is seen to fail, not only to pass on ours."""
 
 import os
 import subprocess
@@ -15,13 +16,15 @@ FILES = {
     "README.md": "# T\n\nsee [a](docs/x.md#nope), [b](docs/missing.md), [c](docs/x.md#real-one)\n",
     "docs/x.md": "# X\n\n```\n## not a heading\n```\n\n## Real one\n",
     "ARCHITECTURE.md": (
-        "| `docs/` | x |\n| `gone/` | y |\n| `launcher/` | `launcher/launch.cpp` |\n"
+        "| `docs/` | x |\n| `gone/` | y |\n"
+        "| `launcher/` | `launcher/launch.cpp`, `launcher/long.py` |\n"
     ),
     "docs/benchmarks.md": (
         "# B\n\n| [S](#s-one) | 2026-01-02 |\n| [T](#t) | 2026-01-03 |\n\n"
         "## S one\n\nLatest: 2026-01-01.\n\n## U\n\nLatest: 2026-01-01.\n"
     ),
     "launcher/launch.cpp": "",
+    "launcher/long.py": "pass\n" * 601,
     "extra/keep": "",
 }
 
@@ -48,6 +51,7 @@ class HouseCheckTest(unittest.TestCase):
             "docs/benchmarks.md: section #u is not in the index",
             "ARCHITECTURE.md: its table names gone/, which is not in the tree",
             "extra/: a folder the table of ARCHITECTURE.md section 1 does not name",
+            "launcher/long.py: 601 lines (at most 600)",
         ]
         for line in expected:
             self.assertIn("house_check: " + line, said)
