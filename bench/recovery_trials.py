@@ -38,7 +38,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "python"))
 from dlrun_fixture import clean_env, die_with_parent  # noqa: E402
 from dlrund_fixture import read_line  # noqa: E402
-from rdzv_bench import start_time  # noqa: E402
+from rdzv_processes import start_time  # noqa: E402
 
 WORKER = os.path.join(HERE, "recovery_worker.py")
 STORE_SERVER = os.path.join(HERE, "torch_store_server.py")
