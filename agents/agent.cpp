@@ -460,9 +460,9 @@ void AgentImpl::onHang(const HungWorker& hung) {
 }
 
 // --recovery=in-process: a hung worker whose program recovers in process is replaced alone
-// once its stack is taken (the node's others are taken after): SIGKILLed (a stopped or stuck
-// process heeds nothing else), its peers' collectives fail as its sockets close, and its exit takes
-// restartAlone's path. False when the hang must end the round as without the flag.
+// once the node's stacks are taken: SIGKILLed (a stopped or stuck process heeds nothing else),
+// its peers' collectives fail as its sockets close, and its exit takes restartAlone's path.
+// False when the hang must end the round as without the flag.
 bool AgentImpl::replaceHungInProcess(int rank) {
   if (!options_.inProcessRecovery || hang_->options().action == HangAction::Exit) return false;
   const auto hung = std::find_if(workers_.begin(), workers_.end(),
@@ -472,15 +472,15 @@ bool AgentImpl::replaceHungInProcess(int rank) {
     log::info("hang: no in-process recovery (" + why + "): the round ends");
     return false;
   }
-  log::info("hang: taking rank " + std::to_string(rank) + "'s stack, replacing rank " +
-            std::to_string(rank) + " in process, and this node's other stacks into " +
-            hang_->stackDir().string());
+  log::info("hang: taking this node's stacks into " + hang_->stackDir().string() +
+            ", then replacing rank " + std::to_string(rank) + " in process");
   hang_->unwatch();
   const pid_t pid = (*hung)->pid();
-  // Killed as soon as its own stack is taken: the survivors' recovery does not wait for theirs
-  // (which then show them recovering rather than waiting on it).
-  HangWatcher::Collect what{.shareWithJob = false, .summarize = true, .first = pid};
-  what.firstTaken = [this, rank, pid, attempt = attempt_] {
+  // Killed once every stack is taken: its peers' show what they wait on. Theirs are Python
+  // stacks alone: a debugger walking a native stack stops the process for some 0.3 s of
+  // libtorch's symbols, which would hold up the kill or, after it, the recovery.
+  HangWatcher::Collect what{.shareWithJob = false, .summarize = true, .nativeOnlyOf = pid};
+  what.taken = [this, rank, pid, attempt = attempt_] {
     if (state_ != State::Running || attempt != attempt_) return;
     const auto victim = byPid_.find(pid);
     if (victim == byPid_.end() || victim->second->rank() != rank) return;  // gone meanwhile

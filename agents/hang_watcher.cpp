@@ -21,9 +21,10 @@ namespace fs = std::filesystem;
 namespace {
 
 // How often the watch looks: often enough that a hang is seen well within a second of the
-// timeout, rarely enough that thousands of workers cost nothing.
+// timeout (a worker's last progress is seen up to a look late, and the hang up to another),
+// rarely enough that thousands of workers cost nothing (a look reads a slot and a file each).
 std::chrono::milliseconds lookInterval(std::chrono::milliseconds timeout) {
-  return std::clamp(timeout / 10, std::chrono::milliseconds(50), std::chrono::milliseconds(400));
+  return std::clamp(timeout / 50, std::chrono::milliseconds(50), std::chrono::milliseconds(400));
 }
 
 // How long the stacks may take (debuggers attaching to every worker at once), and how long the
@@ -202,29 +203,15 @@ std::vector<RankReport> HangWatcher::localReports(Clock::time_point now) const {
   return reports;
 }
 
-// dumpStacks of `targets`, what.first's alone before the others' when it is one of them.
-std::vector<StackDump> HangWatcher::takeStacks(const std::vector<StackTarget>& targets,
-                                               const PythonStackHook* hook, const Collect& what) {
-  const auto first = std::find_if(targets.begin(), targets.end(),
-                                  [&](const StackTarget& t) { return t.pid == what.first; });
-  if (first == targets.end()) return dumpStacks(targets, hook, kStackTimeout);
-  auto dumps = dumpStacks({*first}, hook, kStackTimeout);
-  if (what.firstTaken) asio::post(io_, what.firstTaken);
-  std::vector<StackTarget> others;
-  for (const auto& t : targets)
-    if (t.pid != what.first) others.push_back(t);
-  auto rest = dumpStacks(others, hook, kStackTimeout);
-  const auto at = static_cast<size_t>(first - targets.begin());
-  rest.insert(rest.begin() + static_cast<std::ptrdiff_t>(at), std::move(dumps.front()));
-  return rest;
-}
-
 void HangWatcher::collect(Collect what, std::function<void()> done) {
   if (collector_.joinable()) collector_.join();
   std::vector<RankReport> reports = localReports(Clock::now());
   std::vector<StackTarget> targets;
   for (const auto& w : workers_)
-    targets.push_back({w.pid, w.rank, stackDir() / ("rank_" + std::to_string(w.rank) + ".txt")});
+    targets.push_back({.pid = w.pid,
+                       .rank = w.rank,
+                       .outFile = stackDir() / ("rank_" + std::to_string(w.rank) + ".txt"),
+                       .native = what.nativeOnlyOf == 0 || what.nativeOnlyOf == w.pid});
   const double timeout = toSeconds(options_.timeout);
   // A thread: the debuggers and the other nodes' reports are waited for. It lives until the
   // tools it starts are done (their death signal is tied to it). It gets this round's folder
@@ -234,7 +221,8 @@ void HangWatcher::collect(Collect what, std::function<void()> done) {
                             done = std::move(done)]() mutable {
     try {
       fs::create_directories(stacks);
-      const auto dumps = takeStacks(targets, hook, what);
+      const auto dumps = dumpStacks(targets, hook, kStackTimeout);
+      if (what.taken) asio::post(io_, what.taken);
       for (size_t i = 0; i < dumps.size(); ++i) {
         RankReport& r = reports[i];
         r.stackFile = targets[i].outFile.string();

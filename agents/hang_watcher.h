@@ -74,10 +74,12 @@ class HangWatcher {
     bool shareWithJob = false;
     // Print the summary; with shareWithJob, once every node's ranks are gathered.
     bool summarize = false;
-    // This worker's stack first, alone; then `firstTaken` is posted to the io_context (an
-    // in-process replacement kills it there) while the others' are taken.
-    pid_t first = 0;
-    std::function<void()> firstTaken;
+    // When set, only this worker's native stack is taken, the others' Python stacks alone
+    // (their native ones where the hook does not answer).
+    pid_t nativeOnlyOf = 0;
+    // Posted to the io_context once every stack is taken, before the report is made (an
+    // in-process replacement kills the hung worker there).
+    std::function<void()> taken;
   };
   // Takes every watched worker's stack into attemptDir/stacks/rank_R.txt, then does `what`.
   // `done` is posted to the io_context when all is written.
@@ -89,8 +91,6 @@ class HangWatcher {
   void schedule();
   void look();
   std::vector<RankReport> localReports(Clock::time_point now) const;
-  std::vector<StackDump> takeStacks(const std::vector<StackTarget>& targets,
-                                    const PythonStackHook* hook, const Collect& what);
 
   boost::asio::io_context& io_;
   const HangOptions options_;

@@ -110,7 +110,12 @@ void TargetDump::advance(Clock::time_point now) {
   if (step_ == Step::Python) {
     if (python_->settled(now)) {
       pythonText_ = readFile(python_->path(), python_->sizeBefore());
-      startNative();
+      if (target_.native) {
+        startNative();
+      } else {
+        notes_.emplace_back("no native stacks: its Python stack alone was asked for");
+        step_ = Step::Done;
+      }
     } else if (now >= pythonUntil_) {
       notes_.emplace_back("no Python stacks: the hook did not answer in time");
       startNative();

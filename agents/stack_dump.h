@@ -54,6 +54,9 @@ struct StackTarget {
   pid_t pid = -1;  // a worker (a child of the caller, or at least a process it may signal)
   int rank = -1;   // its global RANK: it names torch's flight recorder pipe and dump
   std::filesystem::path outFile;
+  // False: its Python stack alone where the hook answers (a debugger stops every thread of a
+  // process while it walks it: a worker that recovers in process meanwhile would wait).
+  bool native = true;
 };
 
 struct StackDump {

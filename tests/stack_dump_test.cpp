@@ -195,6 +195,33 @@ TEST_F(StackDumpTest, PythonStacksThroughTheHook) {
       << again[0].text;
 }
 
+TEST_F(StackDumpTest, APythonOnlyTargetIsNotWalkedByADebugger) {
+  // A survivor of an in-process recovery: its Python stack alone, no eu-stack stopping it; one
+  // that is stopped (no hook can answer) still gets its native stack.
+  const PythonStackHook hook(dir_ / "hook");
+  const pid_t pid = startPythonSleeping("dlrun_stack_test_python_only", hook.environment({}));
+  const pid_t stopped =
+      startPythonSleeping("dlrun_stack_test_python_stopped", hook.environment({}));
+  ASSERT_EQ(::kill(stopped, SIGSTOP), 0);
+  int status = 0;
+  ASSERT_EQ(::waitpid(stopped, &status, WUNTRACED), stopped);
+  const auto dumps =
+      dumpStacks({{.pid = pid, .rank = 0, .outFile = dir_ / "rank-0.txt", .native = false},
+                  {.pid = stopped, .rank = 1, .outFile = dir_ / "rank-1.txt", .native = false}},
+                 &hook, kDump);
+  EXPECT_EQ(dumps[0].error, "");
+  EXPECT_TRUE(contains(dumps[0].text, "== Python stacks (faulthandler) ==")) << dumps[0].text;
+  EXPECT_FALSE(contains(dumps[0].text, "== native stacks")) << dumps[0].text;
+  EXPECT_TRUE(contains(dumps[0].text, "no native stacks: its Python stack alone was asked for"))
+      << dumps[0].text;
+  ASSERT_FALSE(dumps[0].topFrames.empty()) << dumps[0].text;
+  EXPECT_TRUE(dumps[0].topFrames[0].starts_with("dlrun_stack_test_python_only ("))
+      << dumps[0].topFrames[0];
+  EXPECT_TRUE(contains(dumps[1].text, "== native stacks")) << dumps[1].text;
+  EXPECT_TRUE(runsUnharmed(pid, PythonStackHook::signal()));
+  ::kill(stopped, SIGCONT);
+}
+
 TEST_F(StackDumpTest, AStoppedPythonProcessGetsItsNativeStackAndIsNotWaitedFor) {
   // A SIGSTOPped rank (a hang) cannot run the hook: its native stack alone, and it stays stopped.
   const PythonStackHook hook(dir_ / "hook");
