@@ -72,6 +72,22 @@ def _say(text):
     say("recovery", text)
 
 
+def _can_recover(backend):
+    """Whether this torch can recover `backend` in process: an NCCL group must be aborted
+    (torch 2.5 on). Where it cannot, the rank says so and the loop runs as outside dlrun's
+    recovery: a failure restarts the whole group."""
+    import torch
+    import torch.distributed as dist
+
+    if backend != "nccl" or hasattr(dist.distributed_c10d, "_abort_process_group"):
+        return True
+    _say(
+        f"torch {torch.__version__} cannot abort an NCCL process group (torch 2.5 can): "
+        "a failure restarts the whole group"
+    )
+    return False
+
+
 def _peer_failure(error):
     """A collective or the store failed because a peer went away (gloo's pair closed or reset,
     NCCL's communicator aborted, a store connection lost): what recovery is for."""
@@ -161,7 +177,7 @@ class Loop:
         if hasattr(optimizer, "register_step_post_hook"):  # torch 2.x
             optimizer.register_step_post_hook(lambda *_: setattr(self, "_applied", True))
         self.rank, self.world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-        self._active = active()
+        self._active = active() and _can_recover(backend)
         self._watch = StepWatch()
         if not self._active:
             dist.init_process_group(backend, init_method="env://", timeout=timeout)
@@ -315,10 +331,7 @@ class Loop:
 
         def close():
             gc.collect()
-            if dist.is_initialized() and self.backend == "nccl":
-                # An NCCL communicator with a dead peer never ends its collective: aborted
-                # first, nothing waits on it as the group goes (not yet run on a GPU).
-                dist.distributed_c10d._abort_process_group()
+            self._abort_nccl()  # nothing waits on its collective as the group goes
             if dist.is_initialized():
                 dist.destroy_process_group()
             gc.collect()
@@ -341,12 +354,18 @@ class Loop:
 
     def _unblock(self, why):
         """Fails the collective this rank may wait in (the step watch's first resort)."""
+        _say(f"{why}; shutting its group's connections down")
+        self._abort_nccl()
+        shut_down(self._group_sockets)
+
+    def _abort_nccl(self):
+        """Aborts an NCCL process group: a communicator with a dead peer never ends its
+        collective, nor can it be destroyed (a gloo group ends as its connections close). Not
+        yet run on a GPU."""
         import torch.distributed as dist
 
-        _say(f"{why}; shutting its group's connections down")
         if self.backend == "nccl" and dist.is_initialized():
-            dist.distributed_c10d._abort_process_group()  # not yet run on a GPU
-        shut_down(self._group_sockets)
+            dist.distributed_c10d._abort_process_group()
 
     def _exit_replaced(self, why):
         """Ends this rank, which has not met the new generation, for its agent to start a

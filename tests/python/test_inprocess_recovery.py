@@ -24,6 +24,8 @@ one seeded batch a step and rank, momentum), run fault-free once for the weights
   restarts at once (no rank is left in the loop to meet a replacement), bit-equal.
 - A program that does not use the API behaves as today: its failure restarts the whole group.
 - Without --recovery=in-process the loop is a plain DDP loop, and a failure restarts the group.
+- NCCL on a torch that cannot abort a process group (before 2.5; the abort taken away to stand
+  for one): the loop says so once and recovers nothing in process (gloo still would).
 
 The jobs run with --warm-start --preload=torch (the workers and their replacements forked from an
 interpreter that imported torch once), but for the fault-free run, the first killed worker (its
@@ -232,6 +234,34 @@ class InProcessRecoveryTest(InProcessCase):
             self.assertEqual(len(self.processes(out, rank)), 2, rank)
             self.assertEqual(finals[rank]["generation"], 0)
         self.assertNotIn("in-process recovery", result.stderr)
+
+    def test_nccl_on_a_torch_that_cannot_abort_its_group_is_not_recovered_in_process(self):
+        # torch before 2.5 has no process-group abort; it is taken away here to stand for one.
+        script = os.path.join(temp_dir(self), "old_torch.py")
+        with open(script, "w") as f:
+            f.write(
+                "import torch.distributed.distributed_c10d as c10d\n"
+                "from dlrun import recovery\n"
+                "before = recovery._can_recover('nccl')\n"
+                "del c10d._abort_process_group\n"
+                "print('recoverable', before, recovery._can_recover('nccl'),"
+                " recovery._can_recover('gloo'))\n"
+            )
+        result = run_dlrun(
+            self,
+            ["--standalone", "--nproc-per-node=1", "--recovery=in-process", PYTHON, script],
+            env=clean_env(),
+        )
+        self.assertEqual(result.returncode, 0, result)
+        self.assertIn("recoverable True False True", result.stdout, result)
+        self.assertEqual(
+            result.stderr.count(
+                "cannot abort an NCCL process group (torch 2.5 can): a failure "
+                "restarts the whole group"
+            ),
+            1,
+            result,
+        )
 
 
 if __name__ == "__main__":
