@@ -36,6 +36,7 @@ On two simulated hosts with a spare: test_inprocess_recovery_hosts.py.
 
 import glob
 import os
+import re
 import unittest
 
 from dlrun_fixture import PYTHON, clean_env, main, read_json, run_dlrun, temp_dir, worker
@@ -132,7 +133,21 @@ class InProcessRecoveryTest(InProcessCase):
         out, finals, result = self.job("1:9:stop", flags=["--hang-timeout=5"])
         self.check_recovered(out, finals, result, victim=1)
         self.assertIn("hang: rank 1 made no progress", result.stderr)
-        self.assertIn("replacing rank 1 in process", result.stderr)
+        taken = re.search(
+            r"taking this node's stacks into (\S+), then replacing rank 1 in", result.stderr
+        )
+        self.assertIsNotNone(taken, result.stderr)
+        # The stopped rank's native stack; the others' Python stacks alone, taken before the
+        # kill (a debugger would stop them while they recover), in the backward that waits.
+        hung = open(os.path.join(taken[1], "rank_1.txt")).read()
+        self.assertIn("== native stacks (", hung)
+        self.assertIn("no Python stacks: the process is stopped", hung)
+        for rank in (0, 2, 3):
+            report = open(os.path.join(taken[1], f"rank_{rank}.txt")).read()
+            self.assertIn("== Python stacks (faulthandler) ==", report)
+            self.assertIn(" in backward\n", report)
+            self.assertNotIn("== native stacks", report)
+            self.assertIn("no native stacks: its Python stack alone was asked for", report)
 
     def test_a_failure_after_the_group_re_formed_is_recovered_in_process_again(self):
         # Rank 2 dies at step 9; once generation 1 trains, rank 1 dies at step 15.
