@@ -2,7 +2,7 @@
 # Bugs put in on purpose (tests/sim/mutants/*.patch, each one change), every one of which the
 # simulation's default budget must catch: in the rendezvous, in the agent's in-process choice
 # (agents/recovery.cpp) and in the simulation's model of dlrun.recovery's protocol
-# (tests/sim/sim_recovery.cpp). For each: those sources with the patch applied are compiled,
+# (tests/sim/sim_recovery_workers.cpp). For each: those sources with the patch applied are compiled,
 # linked with the store and common libraries of BUILD, and seeds 1 to 20,000 run until one
 # breaks an invariant. Prints each mutant, the seed that caught it and the invariant; exits 1 if a
 # mutant is not caught or no longer applies.
