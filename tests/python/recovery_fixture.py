@@ -13,7 +13,7 @@ assert_recovered then checks that the job came back and took every step once:
 - the parameters equal, to rounding, a replay of the STEPS steps in one process, and not a
   replay one step short: a step skipped or applied twice, or an optimizer state lost, shows.
 
-Launchers are test_torch2_elastic.Launcher (on loopback or inside a simulated host, output in a
+Launchers are launcher_fixture.Launcher (on loopback or inside a simulated host, output in a
 log file, stopped by PID in the test's cleanups). MASTER_PORT is never assumed to stay the same
 from one attempt to the next.
 """
@@ -36,7 +36,7 @@ from dlrun_fixture import (
     wait_until,
     worker,
 )
-from test_torch2_elastic import Launcher
+from launcher_fixture import Launcher
 
 RECOVERY_TRAIN = worker("recovery_train.py")
 STEPS = 30
@@ -47,7 +47,6 @@ MAX_RESTARTS = len(KILLS)  # no restart to spare: each kill must cost exactly on
 ATTEMPT_TIMEOUT_S = 75
 JOB_TIMEOUT_S = 120  # the last attempt's start and steps, the end of the job
 REPLAY_TOLERANCE = 1e-9  # float64 rounding; one step more or less moves ~1e-3
-RDZV_PORT = 29400
 
 
 def dlrun_argv(*args):

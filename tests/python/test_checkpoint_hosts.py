@@ -20,10 +20,10 @@ import os
 import unittest
 
 from dlrun_fixture import PYTHON, binary_from_env, clean_env, read_json, temp_dir, wait_until
+from launcher_fixture import Launcher, dlrund_in
 from netns_fixture import Hosts, main
 from test_checkpoint import JOB, STEPS, TIMEOUT_S, written
 from test_inprocess_recovery_hosts import RDZV_PORT, Output
-from test_torch2_elastic import Launcher, dlrund_in
 
 WORLD = 4
 LOST_RANK = 2

@@ -35,9 +35,9 @@ from dlrun_fixture import (
     temp_dir,
     wait_until,
 )
+from launcher_fixture import Launcher, dlrund_in
 from netns_fixture import Hosts, main
 from test_inprocess_recovery_hosts import RDZV_PORT, Output
-from test_torch2_elastic import Launcher, dlrund_in
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "workers", "elastic_worker.py")

@@ -24,11 +24,9 @@ import glob
 import os
 
 from dlrun_fixture import PYTHON, binary_from_env, clean_env, read_json, temp_dir, wait_until
+from launcher_fixture import RDZV_PORT, Launcher, dlrund_in
 from netns_fixture import Hosts, main
 from test_inprocess_recovery import STEPS, TIMEOUT_S, TRAIN, WORLD, InProcessCase
-from test_torch2_elastic import Launcher, dlrund_in
-
-RDZV_PORT = 29400
 
 
 class Output:

@@ -24,9 +24,9 @@ import re
 from dlrun_fixture import PYTHON, temp_dir, worker
 from dlrund_fixture import read_line, start_dlrund
 from etcd_fixture import start_etcd
+from launcher_fixture import RDZV_PORT, dlrund_in
 from netns_fixture import Hosts, main
-from recovery_fixture import MAX_RESTARTS, RDZV_PORT, RecoveryCase, dlrun_argv, train_argv
-from test_torch2_elastic import dlrund_in
+from recovery_fixture import MAX_RESTARTS, RecoveryCase, dlrun_argv, train_argv
 
 START_TIMEOUT_S = 30
 STORE_ISOLATION = worker("store_isolation.py")

@@ -19,7 +19,6 @@ deadline.
 import os
 import re
 import signal
-import subprocess
 import time
 import unittest
 
@@ -29,16 +28,14 @@ from dlrun_fixture import (
     PYTHON,
     binary_from_env,
     clean_env,
-    die_with_parent,
     is_running,
-    kill_recorded_workers,
     log_tails,
     read_json,
-    read_shared,
     temp_dir,
     wait_until,
     worker,
 )
+from launcher_fixture import RDZV_PORT, START_TIMEOUT_S, Launcher, dlrund_in
 from netns_fixture import Hosts, main
 
 TORCH_ERA = "2.13."
@@ -47,9 +44,6 @@ PROBE = worker("torch_probe.py")
 FAIL_WORKER = worker("fail_worker.py")
 TIMER_WORKER = worker("timer_worker.py")
 NPROC = 2
-RDZV_PORT = 29400
-RUN_TIMEOUT_S = 150  # one launch of torch 2.13 workers on a loaded 2-core machine
-START_TIMEOUT_S = 30  # dlrund's listening line; a worker's first file
 TIMER_S = 1  # timer_worker.py's expires(after=1)
 KILLED_WITHIN_S = 10  # the timer, the server's checks and a loaded machine
 RECORD_MESSAGE = "the data loader ran dry"
@@ -220,80 +214,6 @@ def torchrun_argv(*args):
 
 def dlrun_argv(*args):
     return [binary_from_env("DLRUN", "dlrun"), *args]
-
-
-class Launcher:
-    """One launcher process (torchrun, dlrun, dlrund), on loopback or inside a simulated host,
-    its output in a log file. Stopped by PID in the test's cleanup; on loopback the workers
-    that recorded a pid in OUT_DIR are killed too (torchrun's workers lead sessions of their own
-    and would outlive a killed torchrun), inside a host every process dies with the host."""
-
-    def __init__(self, test, name, argv, env, log_dir, hosts=None, host=None, out_dir=None):
-        self.name = name
-        self.log = open(os.path.join(log_dir, f"{name}.log"), "w+b")
-        test.addCleanup(self.log.close)
-        if out_dir is not None:
-            test.addCleanup(kill_recorded_workers, out_dir)
-        if hosts is None:
-            self.proc = subprocess.Popen(
-                argv,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=self.log,
-                stderr=subprocess.STDOUT,
-                preexec_fn=die_with_parent,
-            )
-        else:
-            self.proc = hosts.popen(host, argv, env=env, stdout=self.log, stderr=subprocess.STDOUT)
-        test.addCleanup(self.kill)
-
-    def output(self):
-        return read_shared(self.log)
-
-    def describe(self):
-        return f"--- {self.name} ---\n{self.output()}"
-
-    def wait(self, timeout=RUN_TIMEOUT_S):
-        try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            raise AssertionError(
-                f"{self.name} still running after {timeout}s\n{self.describe()}"
-            ) from None
-
-    def kill(self):
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-
-
-def dlrund_in(test, hosts, env, log_dir, *flags):
-    """dlrund inside host 0 at RDZV_PORT; its Launcher, once it listens."""
-    dlrund = Launcher(
-        test,
-        "dlrund",
-        [
-            binary_from_env("DLRUND", "dlrund"),
-            "--host",
-            "0.0.0.0",
-            "--port",
-            str(RDZV_PORT),
-            *flags,
-        ],
-        env,
-        log_dir,
-        hosts=hosts,
-        host=0,
-    )
-    wait_until(
-        lambda: "dlrund listening on" in dlrund.output(),
-        START_TIMEOUT_S,
-        "dlrund to listen",
-        proc=dlrund.proc,
-        on_timeout=dlrund.describe,
-    )
-    return dlrund
 
 
 def launch_env(tmp, **overrides):
