@@ -59,7 +59,8 @@ import sys
 
 from chaos_faults import stop_on_sigterm  # noqa: E402
 from netns_fixture import Hosts  # noqa: E402  (recovery_trials put tests/python on the path)
-from recovery_trials import CASES, Failed, Trial, floor_trial, run_bare
+from recovery_faults import CASES, Failed
+from recovery_trials import Trial, floor_trial, run_bare
 
 # dlrun-warm's flags. Its row runs where `dlrun --help` lists the first of them.
 WARM_FLAGS = ["--warm-start", "--preload", "torch"]
