@@ -13,6 +13,10 @@ slurm_local_down.sh stops the daemons by the PIDs they recorded and removes the 
 directory, then every process left in the hosts is killed. The directory of a cluster whose
 test process was SIGKILLed is removed by the next SlurmCluster (its set is reaped by Hosts).
 Clients (sbatch, scontrol, scancel) run on host 0 with the cluster's SLURM_CONF.
+
+And what a test of dlrun inside a Slurm job needs around it: the submission's environment (dlrun
+first on PATH), the job's output and its workers' lines, a dlrun that records its exit code on
+each node, a host's TCP sockets.
 """
 
 import glob
@@ -22,7 +26,7 @@ import shutil
 import subprocess
 import time
 
-from dlrun_fixture import is_running
+from dlrun_fixture import binary_from_env, clean_env, is_running
 from netns_fixture import PREFIX_RE, Hosts
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -151,3 +155,80 @@ class SlurmCluster(Hosts):
             finally:
                 shutil.rmtree(self.dir, ignore_errors=True)
         super().close()
+
+
+def job_env(out, worker_command=None, **more):
+    """The submission environment (sbatch exports it to the job): dlrun first on PATH."""
+    dlrun = binary_from_env("DLRUN", "dlrun")
+    return clean_env(
+        PATH=f"{os.path.dirname(dlrun)}:{os.environ['PATH']}",
+        TMPDIR=out,
+        DLRUN_WORKER=worker_command,
+        GLOO_SOCKET_IFNAME=None,
+        **more,
+    )
+
+
+def output_of(out, name, job_id):
+    """The job's output file (the examples write %x-%j.out in the submit directory)."""
+    path = os.path.join(out, f"{name}-{job_id}.out")
+    if not os.path.exists(path):
+        return f"(no output file {path})"
+    with open(path, errors="replace") as f:
+        return f.read()
+
+
+def worker_lines(output):
+    """{rank: [lines]} from dlrun's "[rank]:" prefixed worker output."""
+    lines = {}
+    for match in re.finditer(r"^\[(\d+)\]:(.*)$", output, re.MULTILINE):
+        lines.setdefault(int(match.group(1)), []).append(match.group(2))
+    return lines
+
+
+def write_executable(path, text):
+    with open(path, "w") as f:
+        f.write(text)
+    os.chmod(path, 0o755)
+    return path
+
+
+def exit_recording_dlrun(bin_dir, out):
+    """A `dlrun` in bin_dir, for the front of a job's PATH: it runs the real one and writes its
+    exit code to out/exit_<node> (the file's time: when it exited). Signals go to the whole
+    step, the real dlrun included; the wrapper passes on those that reach it."""
+    return write_executable(
+        os.path.join(bin_dir, "dlrun"),
+        f"""#!/bin/bash
+{os.path.abspath(binary_from_env("DLRUN", "dlrun"))} "$@" &
+child=$!
+trap 'kill -TERM $child' TERM
+trap 'kill -INT $child' INT
+while wait $child; code=$?; kill -0 $child 2>/dev/null; do :; done
+echo $code > {out}/exit_$SLURMD_NODENAME
+exit $code
+""",
+    )
+
+
+def exit_codes(out):
+    """{node: (dlrun's exit code there, when it exited)} from exit_recording_dlrun's files."""
+    codes = {}
+    for path in glob.glob(os.path.join(out, "exit_node*")):
+        with open(path) as f:
+            codes[os.path.basename(path)[len("exit_") :]] = (
+                f.read().strip(),
+                os.path.getmtime(path),
+            )
+    return codes
+
+
+def sockets(cluster, host):
+    """The TCP sockets on a host, as (state, local address, peer address, process) tuples."""
+    result = cluster.run(host, ["ss", "-Htanp"], CLIENT_TIMEOUT_S)
+    if result.returncode != 0:
+        raise AssertionError(f"ss failed with {result.returncode}: {result.stderr}")
+    return [
+        (fields[0], fields[3], fields[4], " ".join(fields[5:]))
+        for fields in map(str.split, result.stdout.splitlines())
+    ]
