@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""The house rules that can be counted (ARCHITECTURE.md section 1): no source file outside
-tests/ and bench/ over 600 lines (C++, Python, shell), no C++ function over 120, and no
+"""The house rules that can be counted (ARCHITECTURE.md section 1): no source file over 600
+lines (C++, Python, shell; tests/ and bench/ too), no C++ function outside them over 120, and no
 ConfigError raised by the launch (every check runs in the parser; launcher/launch.cpp throws
 none). And the map stays whole: every source file outside tests/ is named by its path
 (store/wire.cpp) in ARCHITECTURE.md or a page of docs/design/, so a new file is placed where the
@@ -22,7 +22,8 @@ import sys
 
 MAX_FILE_LINES = 600
 MAX_FUNCTION_LINES = 120
-SKIP_DIRS = {"tests", "bench", ".git", "__pycache__"}
+NOT_SOURCES = {".git", "__pycache__"}
+SKIP_DIRS = {"tests", "bench", *NOT_SOURCES}  # the map and the function rule leave them out
 SIGNATURE = re.compile(r"^[A-Za-z_].*\)\s*(const\s*)?(override\s*)?(noexcept\s*)?(->.*)?\{\s*$")
 OPENING = re.compile(r"^[A-Za-z_][^;]*[(,]\s*$")
 NOT_A_FUNCTION = (
@@ -70,9 +71,9 @@ PATH = re.compile(rf"(?<![\w./-])(?:{'|'.join(TOP_FOLDERS)})/[\w./-]*\.[A-Za-z0-
 CPP = (".cpp", ".h", ".cu")
 
 
-def sources(root):
+def sources(root, skip=SKIP_DIRS):
     for top, dirs, files in os.walk(root):
-        dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS and not d.startswith(("build", ".")))
+        dirs[:] = sorted(d for d in dirs if d not in skip and not d.startswith(("build", ".")))
         for name in sorted(files):
             if name.endswith((*CPP, ".py", ".sh")):
                 yield os.path.join(top, name)
@@ -245,13 +246,14 @@ def main():
         sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "..")
     )
     breaches = []
-    for path in sources(root):
+    for path in sources(root, NOT_SOURCES):
         with open(path, encoding="utf-8") as f:
             lines = f.read().split("\n")
         name = os.path.relpath(path, root)
         if len(lines) - 1 > MAX_FILE_LINES:
             breaches.append(f"{name}: {len(lines) - 1} lines (at most {MAX_FILE_LINES})")
-        for first, length in long_functions(lines) if path.endswith(CPP) else ():
+        counted = path.endswith(CPP) and name.split(os.sep)[0] not in SKIP_DIRS
+        for first, length in long_functions(lines) if counted else ():
             breaches.append(
                 f"{name}:{first}: a function of {length} lines (at most {MAX_FUNCTION_LINES})"
             )
