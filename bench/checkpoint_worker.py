@@ -25,6 +25,7 @@ import os
 import signal
 import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -47,7 +48,7 @@ def held_by_peer(rank, step):
 def held_here(rank, step):
     memory = os.environ["DLRUN_CHECKPOINT_SHM"]
     return any(
-        open(mark).read().split()[0] == str(step)
+        Path(mark).read_text().split()[0] == str(step)
         for mark in glob.glob(f"{memory}/rank-{rank}/slot-*/step")
         + glob.glob(f"{memory}/peer/rank-{rank}/step-*/step")
     )

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -59,7 +60,7 @@ def run(dlrun, python, workers, rate, seconds, kind, dedup, out):
         err = proc.communicate(timeout=seconds + 120)[1]
     if proc.returncode != 0:
         raise RuntimeError(f"console_bench.py: dlrun exited {proc.returncode}: {err[-2000:]}")
-    lines = sum(int(open(p).read()) for p in glob.glob(os.path.join(work, "done_*")))
+    lines = sum(int(Path(p).read_text()) for p in glob.glob(os.path.join(work, "done_*")))
     return cpu / wall, lines / wall
 
 

@@ -27,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "python"))
@@ -42,7 +43,7 @@ BARE = ["--no-network-probe"]
 
 def wait_for_line(path, text, proc):
     deadline = time.monotonic() + 30
-    while text not in open(path).read():
+    while text not in Path(path).read_text():
         if time.monotonic() > deadline or proc.poll() is not None:
             raise RuntimeError(f"health_bench.py: no '{text}' in {path}")
         time.sleep(0.05)
@@ -87,7 +88,7 @@ class Bench:
                 if proc.poll() is None:
                     proc.kill()
                     proc.wait()
-        output = "".join(open(log).read() for log in logs)
+        output = "".join(Path(log).read_text() for log in logs)
         if codes != [0] * len(codes):
             raise RuntimeError(f"health_bench.py: a job failed ({codes}):\n{output[-3000:]}")
         return took, output

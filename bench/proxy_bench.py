@@ -52,6 +52,7 @@ import tempfile
 import threading
 import time
 import uuid
+from pathlib import Path
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -406,7 +407,7 @@ def main():
         f" TCPStore server (c, libuv); {args.repeats} run(s) each (median), a fresh store each;"
         f" RLIMIT_NOFILE {args.hard_fds}"
     )
-    print(f"load average at start: {' '.join(open('/proc/loadavg').read().split()[:3])}")
+    print(f"load average at start: {' '.join(Path('/proc/loadavg').read_text().split()[:3])}")
     print(flush=True)
 
     # dlrund may hold more descriptors than the hard limit only where prlimit may raise it.
@@ -553,7 +554,7 @@ def main():
         " accepted (dlrund's --stats) or the generators made, requests dlrund served per"
         " rank. The generators share the 2 cores with the store."
     )
-    print(f"load average at end: {' '.join(open('/proc/loadavg').read().split()[:3])}")
+    print(f"load average at end: {' '.join(Path('/proc/loadavg').read_text().split()[:3])}")
     for failure in failures:
         print("failed:", failure)
     return 1 if failures else 0

@@ -29,10 +29,10 @@ from dlrun_fixture import (
     temp_dir,
     wait_until,
 )
+from launcher_fixture import RDZV_PORT
 from netns_fixture import Hosts, main
 
 TIMEOUT_S = 60
-RDZV_PORT = 29400
 # FIRST fails at once, once LATE trapped SIGTERM; LATE, told to stop, fails a second later.
 # Each says who it is in OUT/<role> (written whole: a temporary name, then renamed).
 WORKER = """

@@ -38,6 +38,7 @@ import glob
 import os
 import re
 import unittest
+from pathlib import Path
 
 from dlrun_fixture import PYTHON, clean_env, main, read_json, run_dlrun, temp_dir, worker
 
@@ -139,11 +140,11 @@ class InProcessRecoveryTest(InProcessCase):
         self.assertIsNotNone(taken, result.stderr)
         # The stopped rank's native stack; the others' Python stacks alone, taken before the
         # kill (a debugger would stop them while they recover), in the backward that waits.
-        hung = open(os.path.join(taken[1], "rank_1.txt")).read()
+        hung = Path(taken[1], "rank_1.txt").read_text()
         self.assertIn("== native stacks (", hung)
         self.assertIn("no Python stacks: the process is stopped", hung)
         for rank in (0, 2, 3):
-            report = open(os.path.join(taken[1], f"rank_{rank}.txt")).read()
+            report = Path(taken[1], f"rank_{rank}.txt").read_text()
             self.assertIn("== Python stacks (faulthandler) ==", report)
             self.assertIn(" in backward\n", report)
             self.assertNotIn("== native stacks", report)

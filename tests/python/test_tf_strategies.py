@@ -11,12 +11,18 @@ in examples/tensorflow/ run for real on Fashion-MNIST, under the interpreter tha
 - Every process's TF_CONFIG, as TFConfigClusterResolver reads it, names its own task: the type
   and index that its RANK and role give, in a cluster the same for all.
 
+The parameter-server jobs run with --max-restarts=1, as a user's would: TensorFlow's chief has,
+rarely, crashed with SIGSEGV inside TensorFlow (once in the suite's runs, never in 55 runs on a
+loaded 2-core machine). That crash alone may restart the job, once; the test prints the chief's
+Python stack (faulthandler) when it does, and any other failure fails the test.
+
 Each example writes DIR/rank_<RANK>.json (--report-dir); the servers' exit statuses come from
 workers/exit_recorder.py. Small on purpose: a 64-unit model, 4,096 training examples, a few
 hundred steps, 2,000 test examples; every TensorFlow process takes ~3 s to start and ~0.8 GB.
 """
 
 import os
+import re
 import subprocess
 import unittest
 
@@ -54,6 +60,9 @@ PS_ARGS = [*COMMON_ARGS, "--steps", "600", "--learning-rate", "0.1"]
 MIN_ACCURACY = 0.75
 # The chief reached 0.78-0.84 on PS_ARGS: its workers' batches come in no fixed order.
 MIN_PS_ACCURACY = 0.72
+PS_RESTARTS = "--max-restarts=1"
+# The chief's wrapper (exit_recorder.py) exits 139 for its SIGSEGV; across nodes, "on <node>".
+CHIEF_CRASH = re.compile(r"rank 0( on \S+)? ended with exit code 139")
 # N workers apply the gradient of the same global batch that one worker does, from the same
 # initial weights: the weights differ only by the order of float sums (measured: the same
 # accuracy to the last answer on 1, 2 and 4 workers). 0.005 is 10 of the 2,000 test answers;
@@ -69,6 +78,7 @@ def tf_env(**overrides):
         PYTHON_EXEC=PYTHON,
         TF_CPP_MIN_LOG_LEVEL="2",
         OMP_NUM_THREADS="1",
+        PYTHONFAULTHANDLER="1",
         **{name: None for name in PROXY_VARIABLES},
         **overrides,
     )
@@ -110,6 +120,18 @@ class TfStrategiesTest(unittest.TestCase):
             self.assertEqual(report["workers"], 1)
             TfStrategiesTest.single_worker = report
         return TfStrategiesTest.single_worker
+
+    def assert_no_failure_but_a_chief_crash(self, output, detail):
+        """The job restarted for nothing but the chief's crash in TensorFlow, if at all."""
+        failures = re.findall(r"worker group failed \((.*)\); restarting", output)
+        for failure in failures:
+            self.assertTrue(CHIEF_CRASH.fullmatch(failure), detail)
+        if failures:
+            fatal = output.find("Fatal Python error")
+            stack = output[fatal:].splitlines()[:30] if fatal >= 0 else ["(none printed)"]
+            print(
+                "the chief crashed in TensorFlow; the job restarted. Its stack:", *stack, sep="\n"
+            )
 
     def assert_resolved(self, reports, cluster, task_of_rank, detail):
         """Every process's TFConfigClusterResolver saw `cluster` and its own task."""
@@ -197,6 +219,7 @@ class TfStrategiesTest(unittest.TestCase):
         roles = ["chief:1,ps:1:service", "worker:2:service"]
         _, logs = self.run_on_two_hosts(
             lambda i: [
+                PS_RESTARTS,
                 "--roles",
                 roles[i],
                 "--no-python",
@@ -210,6 +233,7 @@ class TfStrategiesTest(unittest.TestCase):
                 self.out,
             ]
         )
+        self.assert_no_failure_but_a_chief_crash(logs, logs)
         exits = read_records(self.out, "exit", 4, logs)
         self.assertEqual([e["returncode"] for e in exits], [0] * 4, logs)
         reports = read_records(self.out, "rank", 4, logs)
@@ -232,12 +256,22 @@ class TfStrategiesTest(unittest.TestCase):
         roles = "chief:1,ps:1:service,worker:2:service"
         # Each worker under exit_recorder.py, which learns how dlrun's stop ended it.
         result = self.run_standalone(
-            ["--roles", roles, "--no-python", PYTHON, worker("exit_recorder.py"), self.out, PYTHON],
+            [
+                PS_RESTARTS,
+                "--roles",
+                roles,
+                "--no-python",
+                PYTHON,
+                worker("exit_recorder.py"),
+                self.out,
+                PYTHON,
+            ],
             PS,
             PS_ARGS,
             self.out,
         )
         detail = repr(result)
+        self.assert_no_failure_but_a_chief_crash(result.stderr, detail)
         exits = read_records(self.out, "exit", 4, detail)
         self.assertEqual([e["returncode"] for e in exits], [0] * 4, detail)
         for task in ("ps 0", "worker 0", "worker 1"):
