@@ -56,7 +56,9 @@ RECOVERY_TIMEOUT_S = 120  # a recovery not done by then falls back to the whole-
 EXACT_BUCKET_MB = 1e-6  # under any parameter's size: a bucket each
 BEAT_S = 1.0  # a recovery's wait beats the progress board this often
 POLL_S = 0.01  # and looks at the store at most this far apart (sooner early in a wait)
-CLOSE_S = 0.5  # an old group's destruction is waited for so long (_leave_group); 0.01 s usual
+CLOSE_S = (
+    0.5  # an old process group's destruction is waited for so long (_leave_group); 0.05 s usual
+)
 MOVE_POLLS = 5  # and for a kept round's keys (a node lost) every so many looks
 MOVE_BASE = 1_000_000  # a move's value: round * MOVE_BASE + rank + 1 (agents/recovery.h)
 
@@ -316,16 +318,15 @@ class Loop:
         self.state.update(state)
 
     def _leave_group(self):
-        """Shuts the old process group's connections down (gloo has no abort), then destroys
-        it. First, so that a peer still waiting on this rank fails at once, not at the group's
-        timeout (torch 1.13 keeps a destroyed group's connections open), and so that this
-        rank's own collectives still queued (DDP's later buckets) fail at once: the group's
-        destruction, which waits for them, then takes some 10 ms, where it took 20-25 ms behind
-        the peers' own (an in-process recovery's critical path; 2026-12-04, 4 ranks). Should the
-        destruction still wait past CLOSE_S, the group is left to end in the background once it
-        has left torch's registry (nothing of the new group waits on it); should it still be
-        registered after another CLOSE_S, this rank exits, which closes every socket it has,
-        and its agent starts a replacement in its place (it has not met the new generation)."""
+        """Destroys the old process group and shuts its connections down (gloo has no abort):
+        a peer still waiting on this rank fails at once, not at the group's timeout (torch 1.13
+        keeps a destroyed group's connections open). On torch 2.13 a gloo collective still
+        pending on a live peer (DDP's next bucket, under way as the previous one failed) holds
+        the group's destruction until the collective's timeout: past CLOSE_S its connections
+        are shut down, and once the group has left torch's registry its destruction goes on in
+        the background (nothing of the new group waits on it). Should it still be registered
+        after another CLOSE_S, this rank exits, which closes every socket it has, and its agent
+        starts a replacement in its place (it has not met the new generation)."""
         import torch.distributed as dist
 
         def close():
@@ -335,16 +336,17 @@ class Loop:
                 dist.destroy_process_group()
             gc.collect()
 
-        shut_down(self._group_sockets)
-        self._group_sockets = {}
         closing = threading.Thread(target=close, name="dlrun-leave-group", daemon=True)
         closing.start()
         closing.join(CLOSE_S)
-        if not closing.is_alive():
+        stuck = closing.is_alive()
+        shut_down(self._group_sockets)
+        self._group_sockets = {}
+        if not stuck:
             return
         late = f"the old process group did not close within {CLOSE_S:g} s (a collective pending)"
         if not dist.is_initialized():  # out of torch's registry: the new group is not held up
-            _say(f"{late}; it ends in the background")
+            _say(f"{late}; its connections shut down, it ends in the background")
             return
         closing.join(CLOSE_S)
         if dist.is_initialized():

@@ -13,10 +13,8 @@ is over (past the loop's last barrier). RANK:STEP:pending leaves a collective pe
 peers as it begins STEP (an all-reduce of its own, while every other rank's first process waits in a
 barrier first) and fails as a collective does when a peer went away: the shape of a survivor
 whose next DDP bucket was under way as its previous one failed, whose old group cannot close
-while its peers wait on it; RANK:STEP:slow the same, and the group's destruction, once the group
-has left torch's registry, never returns (it ends in the background); RANK:STEP:stuck the same,
-and the destruction never returns with the group still registered (the recovery's last resort:
-the rank exits to be replaced). RANK:STEP:hold: that rank's first
+while its peers wait on it; RANK:STEP:stuck the same, and the group's destruction never returns
+(the recovery's last resort: the rank exits to be replaced). RANK:STEP:hold: that rank's first
 process stays in STEP for good, with no collective failing: the shape of a collective whose
 peers' connections closed as it began and that never learns of it.
 
@@ -68,7 +66,7 @@ def kills(args, rank):
         else:
             how = {
                 "stop": signal.SIGSTOP,
-                **{name: name for name in ("host", "pending", "slow", "stuck", "hold")},
+                **{name: name for name in ("host", "pending", "stuck", "hold")},
             }
             found[int(fields[1])] = how.get("".join(fields[2:]), signal.SIGKILL)
     return found
@@ -76,26 +74,18 @@ def kills(args, rank):
 
 def barriers(args):
     """The steps at which every rank's first process waits in a barrier first: where a rank
-    leaves a collective pending (RANK:STEP:pending, :slow or :stuck)."""
+    leaves a collective pending (RANK:STEP:pending or :stuck)."""
     if os.environ.get("DLRUN_RECOVERY_JOIN") or os.environ["TORCHELASTIC_RESTART_COUNT"] != "0":
         return set()
     return {
-        int(arg.split(":")[1])
-        for arg in args
-        if arg.split(":")[2:] in (["pending"], ["slow"], ["stuck"])
+        int(arg.split(":")[1]) for arg in args if arg.split(":")[2:] in (["pending"], ["stuck"])
     }
 
 
 def leave_pending(how):
     """An all-reduce no peer matches (they wait in a barrier), left pending, and the error of a
-    collective whose peer went away. `slow`: the group's destruction never returns once the
-    group has left torch's registry; `stuck`: it never returns, the group still registered."""
-    if how == "slow":
-        destroy = dist.destroy_process_group
-        dist.destroy_process_group = lambda *args, **kwargs: (
-            destroy(*args, **kwargs),
-            threading.Event().wait(),
-        )
+    collective whose peer went away. `stuck`: the group's destruction never returns, the group
+    still registered."""
     if how == "stuck":
         dist.destroy_process_group = lambda *args, **kwargs: threading.Event().wait()
     dist.all_reduce(torch.zeros(1), async_op=True)
@@ -143,7 +133,7 @@ def main():
             os.kill(pid, signal.SIGSTOP)
         if die_at.get(step) == "hold":
             threading.Event().wait()
-        if die_at.get(step) in ("pending", "slow", "stuck"):
+        if die_at.get(step) in ("pending", "stuck"):
             leave_pending(die_at.pop(step))
         elif step in barrier_at:
             barrier_at.discard(step)
