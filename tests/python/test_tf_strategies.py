@@ -12,9 +12,10 @@ in examples/tensorflow/ run for real on Fashion-MNIST, under the interpreter tha
   and index that its RANK and role give, in a cluster the same for all.
 
 The parameter-server jobs run with --max-restarts=1, as a user's would: TensorFlow's chief has,
-rarely, crashed with SIGSEGV inside TensorFlow (once in the suite's runs, never in 55 runs on a
-loaded 2-core machine). That crash alone may restart the job, once; the test prints the chief's
-Python stack (faulthandler) when it does, and any other failure fails the test.
+rarely, crashed with SIGSEGV inside TensorFlow (once in the suite's runs; never in 55 runs of
+the job alone on a 2-core machine, 40 of them two at a time). That crash alone may restart the
+job, once; the test prints the chief's Python stack (faulthandler) when it does, and any other
+failure fails the test.
 
 Each example writes DIR/rank_<RANK>.json (--report-dir); the servers' exit statuses come from
 workers/exit_recorder.py. Small on purpose: a 64-unit model, 4,096 training examples, a few
