@@ -87,7 +87,7 @@ class Setup:
         self.nproc, self.max_restarts = args.nproc, args.max_restarts
         self.deadline, self.rdzv_conf = args.deadline, args.rdzv_conf
         self.checkpoint = os.path.join(scratch, "template.pt")
-        self.worker_args = ["--widths", args.widths]
+        self.worker_args = ["--widths", args.widths, "--backend", args.backend]
 
 
 def dlrun_help(dlrun):
@@ -352,6 +352,12 @@ def parse_args(argv):
         default="784,1024,384,10",
         help="the job's MLP, its layer widths (default 1.2 M parameters)",
     )
+    parser.add_argument(
+        "--backend",
+        choices=("gloo", "nccl"),
+        default="gloo",
+        help="the job's process group: gloo on the CPU, or NCCL on CUDA (a GPU machine)",
+    )
     parser.add_argument("--cases", default="worker,hang,host,agent")
     parser.add_argument("--launchers", default=",".join(LAUNCHERS))
     parser.add_argument(
@@ -398,7 +404,8 @@ def main(argv=None):
         return 2
     prefixes = launcher_prefixes(args)
     print(
-        f"rounds: {args.trials}, {args.nproc} workers per node, the MLP {args.widths}, "
+        f"rounds: {args.trials}, {args.nproc} workers per node, the MLP {args.widths} "
+        f"({args.backend}), "
         f"cases {', '.join(args.cases)}, "
         f"deadline {args.deadline:g} s; launchers: "
         + ", ".join(f"{n} = {' '.join(p) if p else 'n/a'}" for n, p in prefixes.items()),

@@ -14,11 +14,14 @@
 # Usage: bench/recovery_bench.sh [BUILD_DIR] [--trials N] [--nproc N] [--cases worker,hang,host,agent]
 #          [--launchers dlrun,dlrun-warm,dlrun-inproc,dlrun-inproc-warm,torchrun]
 #          [--deadline S] [--max-restarts K] [--rdzv-conf K=V,...] [--quick] [--keep DIR]
+#          [--backend gloo|nccl]
 #        BUILD_DIR: default build. --trials: rounds (10; --quick 2). --nproc: workers per node
 #        (2). --deadline: seconds from the fault to the next step (60). --rdzv-conf: more
 #        settings for both launchers (e.g. last_call_timeout=1; default: each one's own).
 #        --keep DIR: copy every trial's files there (steps, launcher and dlrund logs; not the
 #        checkpoints).
+#        --backend nccl: the job on CUDA through NCCL (a GPU machine; NCCL_SOCKET_IFNAME=lo
+#        where ranks share a GPU).
 # Environment: PYTHON (bench/anchor.sh: default torch 2.13's environment).
 # Exit status: 0; 1 a dlrun trial failed or the floor could not be measured; 2 cannot run.
 set -euo pipefail
@@ -78,7 +81,7 @@ dlrund=$scratch/bin/dlrund
 "$dlrun" --version >/dev/null ||
   { echo "recovery_bench.sh: $build/bin/dlrun --version failed; is it being rebuilt?" >&2; exit 2; }
 
-echo "recovery after a fault: dlrun vs $torchrun_name, torch DDP (gloo) on $(nproc) cores"
+echo "recovery after a fault: dlrun vs $torchrun_name, torch DDP on $(nproc) cores"
 # Other work on the machine skews the wall-clock numbers far more than run-to-run noise.
 echo "load average at start: $(cut -d ' ' -f 1-3 /proc/loadavg)"
 status=0

@@ -1,8 +1,9 @@
 """The training job of bench/recovery_bench.py: torch DDP over gloo on CPU, an MLP of about
 1.2 M parameters (784-1024-384-10, 4.8 MB; --widths makes another), SGD, a checkpoint every
-step.
+step. With --backend nccl, on CUDA through NCCL (each rank's device: worker_util.device_for).
 
 Usage: recovery_worker.py --out DIR [--widths 784,1024,384,10] [--step-seconds S] [--max-seconds T]
+                          [--backend gloo|nccl]
 Runs under a launcher (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT...) or started by hand with
 that environment (the benchmark's floor). Files in DIR:
 - procs/<incarnation>.json: this process (rank, host, pid and start time), written at its start,
@@ -40,7 +41,7 @@ from datetime import timedelta  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "python", "workers"))
-from worker_util import exit_past_torch_teardown, write_json  # noqa: E402
+from worker_util import device_for, exit_past_torch_teardown, write_json  # noqa: E402
 
 WIDTHS = "784,1024,384,10"  # the layers' widths: the input, the hidden ones, the classes
 BATCH = 64
@@ -66,6 +67,7 @@ def parse_args():
         help="the least time between steps (a step that takes longer goes on "
         "at once): leaves the shared cores to the launchers' restarts",
     )
+    parser.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
     parser.add_argument(
         "--max-seconds",
         type=float,
@@ -116,11 +118,11 @@ def make_model(torch, widths):
     return torch.nn.Sequential(*layers)
 
 
-def load_checkpoint(torch, path, model, optimizer):
+def load_checkpoint(torch, path, model, optimizer, device):
     """The step of the checkpoint at `path` loaded into model and optimizer, 0 if none."""
     if not os.path.exists(path):
         return 0
-    state = torch.load(path)
+    state = torch.load(path, map_location=device)
     model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
     return state["step"]
@@ -170,16 +172,17 @@ def main():
     # state from a survivor and reads no checkpoint.
     in_process = bool(os.environ.get("DLRUN_RECOVERY_DIR"))
     reads_checkpoint = os.environ.get("DLRUN_RECOVERY_JOIN") != "1"
+    device = device_for(args.backend)
     if not in_process:
-        dist.init_process_group("gloo", init_method="env://", timeout=timeout)
+        dist.init_process_group(args.backend, init_method="env://", timeout=timeout)
     joined = time.time()
-    model = make_model(torch, args.widths)
+    model = make_model(torch, args.widths).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    step = load_checkpoint(torch, checkpoint, model, optimizer) if reads_checkpoint else 0
+    step = load_checkpoint(torch, checkpoint, model, optimizer, device) if reads_checkpoint else 0
     if in_process:
         import dlrun.recovery
 
-        loop = dlrun.recovery.Loop(model, optimizer, backend="gloo", timeout=timeout)
+        loop = dlrun.recovery.Loop(model, optimizer, backend=args.backend, timeout=timeout)
         if reads_checkpoint:
             loop.step = step
         joined = time.time()
@@ -233,8 +236,8 @@ def main():
         number = done + 1
         try:
             generator = torch.Generator().manual_seed(number * 1000 + rank)
-            x = torch.randn(BATCH, args.widths[0], generator=generator)
-            y = torch.randint(0, args.widths[-1], (BATCH,), generator=generator)
+            x = torch.randn(BATCH, args.widths[0], generator=generator).to(device)
+            y = torch.randint(0, args.widths[-1], (BATCH,), generator=generator).to(device)
             optimizer.zero_grad(set_to_none=True)
             loss_fn(ddp(x), y).backward()
             optimizer.step()
@@ -258,7 +261,7 @@ def main():
                         "world": dist.get_world_size(),
                     },
                 )
-            stop = torch.tensor([1 if os.path.exists(stop_path) else 0])
+            stop = torch.tensor([1 if os.path.exists(stop_path) else 0], device=device)
             dist.all_reduce(stop, op=dist.ReduceOp.MAX)
         except Exception:
             seen["failed"] = time.time()

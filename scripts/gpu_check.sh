@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The GPU check, for a machine with a CUDA device (elsewhere the GPU tests skip): trains with
 # `dlrun-train --device cuda` alone and with 2 workers through dlrun, then runs the GPU tests: the
-# CUDA engine against the CPU engine, the NCCL id exchange through the store, and data-parallel
-# equivalence on cuda (tests/python/test_trainer_gpu.py). A GPU test that skips here fails the
-# check. Exits 0 when all pass, 1 when something fails, 2 when the build has no CUDA engine, no
+# CUDA engine against the CPU engine, the NCCL id exchange through the store, data-parallel
+# equivalence on cuda (tests/python/test_trainer_gpu.py) and, where PYTHON has torch with CUDA,
+# in-process recovery on NCCL (tests/python/test_inprocess_recovery_nccl.py). A GPU test that
+# skips here fails the check. Exits 0 when all pass, 1 when something fails, 2 when the build has no CUDA engine, no
 # CUDA device is usable or Fashion-MNIST is missing.
 #
 #   bash scripts/gpu_check.sh
@@ -70,4 +71,15 @@ DLRUN=$bin/dlrun DLRUN_TRAIN=$bin/dlrun-train DLRUN_CUDART=$cudart \
 ((status != 77)) || fail 1 "test_trainer_gpu.py skipped on this machine (see above)"
 ((status == 0)) || fail 1 "test_trainer_gpu.py failed"
 ! grep -q 'skipped' "$log" || fail 1 "test_trainer_gpu.py skipped a test on this machine (see above)"
+
+if "$python" -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
+  echo "gpu_check: tests/python/test_inprocess_recovery_nccl.py"
+  status=0
+  DLRUN=$bin/dlrun "$python" "$root/tests/python/test_inprocess_recovery_nccl.py" -v 2>&1 |
+    tee "$log" || status=$?
+  ((status != 77)) || fail 1 "test_inprocess_recovery_nccl.py skipped on this machine (see above)"
+  ((status == 0)) || fail 1 "test_inprocess_recovery_nccl.py failed"
+else
+  echo "gpu_check: $python has no torch with CUDA: in-process recovery on NCCL not run"
+fi
 echo "gpu_check: PASS"

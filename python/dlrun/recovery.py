@@ -90,13 +90,16 @@ def _can_recover(backend):
 
 def _peer_failure(error):
     """A collective or the store failed because a peer went away (gloo's pair closed or reset,
-    NCCL's communicator aborted, a store connection lost): what recovery is for."""
+    NCCL's communicator aborted, a store connection lost): what recovery is for. Not a CUDA
+    error: it stays with the process's context, which only a new process is rid of."""
     import torch.distributed as dist
 
+    text = str(error)
+    if "CUDA error" in text or "unhandled cuda error" in text:
+        return False
     kinds = tuple(getattr(dist, name) for name in ("DistError",) if hasattr(dist, name))
     if kinds and isinstance(error, kinds):
         return True
-    text = str(error)
     return isinstance(error, RuntimeError) and any(
         marker in text
         for marker in (
@@ -188,6 +191,8 @@ class Loop:
         # the loop made since, not the 0.2 s each that torch's imports cost (a warm start's
         # zygote did so before it forked).
         gc.freeze()
+        if backend == "nccl":
+            self._prepare_nccl()
         self._fallback_code = int(os.environ["DLRUN_RECOVERY_FALLBACK"])
         self._replace_code = int(os.environ["DLRUN_RECOVERY_REPLACE"])
         self._store = store_client(self.world, timeout)
@@ -360,12 +365,35 @@ class Loop:
 
     def _abort_nccl(self):
         """Aborts an NCCL process group: a communicator with a dead peer never ends its
-        collective, nor can it be destroyed (a gloo group ends as its connections close). Not
-        yet run on a GPU."""
+        collective, nor can it be destroyed (a gloo group ends as its connections close)."""
         import torch.distributed as dist
 
         if self.backend == "nccl" and dist.is_initialized():
             dist.distributed_c10d._abort_process_group()
+
+    def _prepare_nccl(self):
+        """What a recovery needs of NCCL, set before its first group. The watchdog aborts a
+        failed communicator and keeps the process (dlrun's workers get 1: the process ends, and
+        a survivor would end with its peer). A collective cut short by an abort leaves its
+        result partial: the program's own collectives wait and raise then (blocking wait; an
+        all-reduced stop flag would otherwise read as anything), and the optimizer checks its
+        step's collectives first (DDP's do not wait on the CPU: a step on a dead peer's
+        gradients would count as done with weights no other rank holds)."""
+        for name in ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "NCCL_ASYNC_ERROR_HANDLING"):
+            os.environ[name] = "2"  # read as each group is made
+        os.environ["TORCH_NCCL_BLOCKING_WAIT"] = "1"
+        self.optimizer.register_step_pre_hook(lambda *_: self._check_collectives())
+
+    def _check_collectives(self):
+        """Raises unless every collective this rank queued so far completed: a one-element
+        all-reduce queued after them, waited for, sums to the world size only then."""
+        import torch
+        import torch.distributed as dist
+
+        flag = torch.ones(1, device=self._device())
+        dist.all_reduce(flag)
+        if flag.item() != self.world:
+            raise RuntimeError("NCCL: the step's collectives did not complete (a peer failed)")
 
     def _exit_replaced(self, why):
         """Ends this rank, which has not met the new generation, for its agent to start a

@@ -52,6 +52,7 @@ class InProcessCase(unittest.TestCase):
     """The job, its fault-free weights (made once for every test of the file) and the checks."""
 
     fault_free = None
+    job_env = {}  # more of the workers' environment (the NCCL file's backend)
 
     def job(self, *kills, recovery="in-process", max_restarts=3, world=WORLD, flags=(), warm=True):
         out = temp_dir(self)
@@ -71,7 +72,7 @@ class InProcessCase(unittest.TestCase):
                 str(STEPS),
                 *kills,
             ],
-            env=clean_env(),
+            env=clean_env(**self.job_env),
             timeout=TIMEOUT_S,
         )
         self.assertEqual(result.returncode, 0, result)

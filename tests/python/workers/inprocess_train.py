@@ -25,6 +25,9 @@ smaller job renumbers), its generation, its recoveries and the last one's
 phases. The model, the data (a generator seeded by step and rank) and the optimizer (momentum)
 are the same in every run, so a fault-free run's final parameters are the ones to equal, bit for
 bit.
+
+INPROCESS_BACKEND=nccl runs it on CUDA through NCCL (test_inprocess_recovery_nccl.py; the device:
+worker_util.device_for).
 """
 
 import hashlib
@@ -38,15 +41,15 @@ import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import dlrun.recovery  # noqa: E402  (dlrun puts its package on PYTHONPATH)
-from worker_util import exit_past_torch_teardown, write_json  # noqa: E402
+from worker_util import device_for, exit_past_torch_teardown, write_json  # noqa: E402
 
 BATCH = 16
 
 
-def batch(step, rank):
+def batch(step, rank, device):
     g = torch.Generator().manual_seed(step * 1000 + rank)
     x = torch.randn(BATCH, 8, generator=g, dtype=torch.float64)
-    return x, x.sum(dim=1, keepdim=True)
+    return x.to(device), x.sum(dim=1, keepdim=True).to(device)
 
 
 def kills(args, rank):
@@ -118,12 +121,15 @@ def main():
     open(os.path.join(out_dir, f"start_{rank}_{pid}"), "w").close()
     die_at = kills(sys.argv[3:], rank)
     barrier_at = barriers(sys.argv[3:]) - set(die_at)  # the pending rank's own step: none
+    backend = os.environ.get("INPROCESS_BACKEND", "gloo")
+    device = device_for(backend)
     torch.manual_seed(1234)
     model = torch.nn.Sequential(
         torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1)
     ).double()
+    model.to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    loop = dlrun.recovery.Loop(model, optimizer, backend="gloo", exact=True)
+    loop = dlrun.recovery.Loop(model, optimizer, backend=backend, exact=True)
     log = open(os.path.join(out_dir, f"steps_{rank}_{pid}"), "a", buffering=1)
 
     def train_step(step, ddp):
@@ -140,7 +146,7 @@ def main():
             dist.barrier()
         if step in die_at:
             os.kill(pid, die_at.pop(step))
-        x, y = batch(step, rank)
+        x, y = batch(step, rank, device)
         optimizer.zero_grad()
         torch.nn.functional.mse_loss(ddp(x), y).backward()
         optimizer.step()
@@ -151,7 +157,7 @@ def main():
         os.kill(pid, die_at["end"])
     digest = hashlib.sha256()
     for p in model.parameters():
-        digest.update(p.detach().numpy().tobytes())
+        digest.update(p.detach().cpu().numpy().tobytes())
     write_json(
         os.path.join(out_dir, f"final_{rank}.json"),
         {

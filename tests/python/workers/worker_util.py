@@ -1,5 +1,5 @@
-"""What the test workers share: atomic file writes and bounded waits to be stopped or
-released."""
+"""What the test workers share: atomic file writes, bounded waits to be stopped or released,
+and a rank's device for a backend."""
 
 import functools
 import json
@@ -98,3 +98,20 @@ def launcher_store(timeout):
     return dist.TCPStore(
         host, port, world, False, timeout, wait_for_workers=False, **client_options()
     )
+
+
+def device_for(backend):
+    """This rank's torch device: the CPU for gloo; for NCCL, a CUDA device a local rank. NCCL
+    refuses two ranks of one host on one device: where ranks must share one, a host id of each
+    rank's own makes them NCCL hosts of their own, which talk through sockets
+    (NCCL_SOCKET_IFNAME)."""
+    import torch
+
+    if backend != "nccl":
+        return torch.device("cpu")
+    count = torch.cuda.device_count()
+    if count < int(os.environ["LOCAL_WORLD_SIZE"]):
+        os.environ["NCCL_HOSTID"] = f"dlrun-worker-rank-{os.environ['RANK']}"
+    index = int(os.environ["LOCAL_RANK"]) % count
+    torch.cuda.set_device(index)
+    return torch.device("cuda", index)
