@@ -13,8 +13,8 @@ set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=${DLRUN_BUILD_DIR:-$root/build}
 out=${1:?usage: gpu_bundle.sh OUT}
-programs=(dlrun dlrun-train dlrun-train-avx2.so dlrun-train-cuda.so trainer_cuda_engine_test
-          trainer_nccl_id_test)
+programs=(dlrun dlrund dlrun-train dlrun-train-avx2.so dlrun-train-cuda.so
+          trainer_cuda_engine_test trainer_nccl_id_test)
 # What any Linux GPU node has: the C runtime, the C++ runtime, zlib, and CUDA's libraries.
 node_has='^(linux-vdso|ld-linux|libc|libm|libdl|libpthread|librt|libresolv|libgcc_s|libstdc\+\+|libz|libcudart|libnccl|libcublas(Lt)?)\.so'
 

@@ -11,7 +11,9 @@
 #
 # DLRUN_BUILD_DIR picks the build (default: build/), configured and built here when it has a
 # CMakeCache.txt or nothing yet; a folder made by scripts/gpu_bundle.sh runs as it is, its lib/
-# on the loader's path. PYTHON names the tests' interpreter (default: python3).
+# on the loader's path (and PyTorch's CUDA wheels' libraries where the node has no others).
+# PYTHON names the tests' interpreter (default: python3). GPU_CHECK_BENCH=N also runs the
+# recovery benchmark on NCCL, N rounds (root, iproute2: its simulated hosts).
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=${DLRUN_BUILD_DIR:-$root/build}
@@ -36,6 +38,15 @@ fi
   fail 2 "Fashion-MNIST is not in $data (Debian package dataset-fashion-mnist)"
 # The CUDA engine is the module beside dlrun-train (trainer/cuda_module.h), not dlrun-train.
 module=$bin/dlrun-train-cuda.so
+# A node whose CUDA runtime, cuBLAS and NCCL come with PyTorch's wheels alone (under
+# site-packages/nvidia): their folders go on the loader's path when the module finds none.
+if ldd "$module" | grep -q 'not found'; then
+  wheels=$("$python" -c 'import glob, os, site
+print(":".join(sorted({os.path.dirname(f) for b in site.getsitepackages()
+                       for f in glob.glob(os.path.join(b, "nvidia", "**", "lib*.so*"), recursive=True)})))' \
+    2>/dev/null) || wheels=
+  [[ -z $wheels ]] || export LD_LIBRARY_PATH=$wheels${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+fi
 cudart=$(ldd "$module" | awk '$1 ~ /^libcudart/ {print $3}')
 [[ -f $cudart ]] || fail 2 "$module finds no CUDA runtime (libcudart): $(ldd "$module")"
 
@@ -79,6 +90,15 @@ if "$python" -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; th
     tee "$log" || status=$?
   ((status != 77)) || fail 1 "test_inprocess_recovery_nccl.py skipped on this machine (see above)"
   ((status == 0)) || fail 1 "test_inprocess_recovery_nccl.py failed"
+  # GPU_CHECK_BENCH=N: the recovery benchmark's worker case on NCCL, N rounds (four ranks on the
+  # node's devices; they share one over sockets on loopback where there are fewer).
+  if [[ -n ${GPU_CHECK_BENCH:-} ]]; then
+    echo "gpu_check: bench/recovery_bench.sh --backend nccl --trials $GPU_CHECK_BENCH"
+    NCCL_SOCKET_IFNAME=${NCCL_SOCKET_IFNAME:-lo} PYTHON=$(command -v "$python") \
+      bash "$root/bench/recovery_bench.sh" "$build" --nproc 4 --trials "$GPU_CHECK_BENCH" \
+      --cases worker --launchers dlrun,dlrun-warm,dlrun-inproc-warm --backend nccl ||
+      fail 1 "the recovery benchmark on NCCL failed"
+  fi
 else
   echo "gpu_check: $python has no torch with CUDA: in-process recovery on NCCL not run"
 fi
