@@ -4,8 +4,8 @@
 # CUDA engine against the CPU engine, the NCCL id exchange through the store, data-parallel
 # equivalence on cuda (tests/python/test_trainer_gpu.py) and, where PYTHON has torch with CUDA,
 # in-process recovery on NCCL (tests/python/test_inprocess_recovery_nccl.py). A GPU test that
-# skips here fails the check. Exits 0 when all pass, 1 when something fails, 2 when the build has no CUDA engine, no
-# CUDA device is usable or Fashion-MNIST is missing.
+# skips here fails the check. Exits 0 when all pass, 1 when something fails, 2 when the build has
+# no CUDA engine, no CUDA device is usable or Fashion-MNIST is missing.
 #
 #   bash scripts/gpu_check.sh
 #
@@ -41,9 +41,8 @@ module=$bin/dlrun-train-cuda.so
 # A node whose CUDA runtime, cuBLAS and NCCL come with PyTorch's wheels alone (under
 # site-packages/nvidia): their folders go on the loader's path when the module finds none.
 if ldd "$module" | grep -q 'not found'; then
-  wheels=$("$python" -c 'import glob, os, site
-print(":".join(sorted({os.path.dirname(f) for b in site.getsitepackages()
-                       for f in glob.glob(os.path.join(b, "nvidia", "**", "lib*.so*"), recursive=True)})))' \
+  wheels=$("$python" -c 'import glob, site
+print(":".join(d for b in site.getsitepackages() for d in sorted(glob.glob(b + "/nvidia/*/lib"))))' \
     2>/dev/null) || wheels=
   [[ -z $wheels ]] || export LD_LIBRARY_PATH=$wheels${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 fi
