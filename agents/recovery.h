@@ -4,7 +4,7 @@
 //
 // Each worker's loop, once its process group is formed (or re-formed, in a replacement), writes
 // its mark to DLRUN_RECOVERY_DIR/LOCAL_RANK: one JSON object, {"pid": ..., "generation": ...},
-// and in a replacement its recovery's end ("at", unix seconds) and phases ("phases": meet,
+// and in a replacement its recovery's end ("at", unix seconds) and phases ("phases": leave, meet,
 // group, state, total, in seconds, as Loop.last_recovery); past the loop's last barrier, "done";
 // in a survivor whose collective failed, until it recovered, "recovering".
 // A failed worker is replaced alone only if it had marked (its program recovers in process), had

@@ -67,7 +67,7 @@ WARM_FLAGS = ["--warm-start", "--preload", "torch"]
 IN_PROCESS_FLAGS = ["--recovery=in-process"]
 LAUNCHERS = ("dlrun", "dlrun-warm", "dlrun-inproc", "dlrun-inproc-warm", "torchrun")
 WATCHED_CASES = ("hang",)  # dlrun's rows alone: torchrun has no hang watch
-PHASES = ("to recovery", "meet", "group", "state", "step")
+PHASES = ("to recovery", "leave", "meet", "group", "state", "step")
 HOSTS = 4  # agents on 0-2, dlrund on 3
 LEGEND = (
     "failed: start = never trained steadily; hang = no step by the deadline, the agents "

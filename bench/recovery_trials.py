@@ -124,7 +124,7 @@ class StepLog:
 
     def phases(self, t, other_than):
         """An in-process recovery's phases as rank 0 saw them: the fault to its recovery's
-        start (a replacement's start-up included), its loop's meet, group and state, and the
+        start (a replacement's start-up included), its loop's leave, meet, group and state, and the
         step after, or None."""
         step = self.first_step_after(t, other_than)
         resume = self.resume_of(step)
@@ -135,6 +135,7 @@ class StepLog:
         # model) falls before its recovery, in "to recovery".
         return {
             "to recovery": resume["loaded"] - took["total"] - t,
+            "leave": took["leave"],
             "meet": took["meet"],
             "group": took["group"],
             "state": took["state"],

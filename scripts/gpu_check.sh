@@ -13,7 +13,8 @@
 # CMakeCache.txt or nothing yet; a folder made by scripts/gpu_bundle.sh runs as it is, its lib/
 # on the loader's path (and PyTorch's CUDA wheels' libraries where the node has no others).
 # PYTHON names the tests' interpreter (default: python3). GPU_CHECK_BENCH=N also runs the
-# recovery benchmark on NCCL, N rounds (root, iproute2: its simulated hosts).
+# recovery benchmark on NCCL, N rounds (root, iproute2: its simulated hosts), after
+# bench/nccl_leave.py (what leaving a broken NCCL group costs).
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=${DLRUN_BUILD_DIR:-$root/build}
@@ -92,6 +93,8 @@ if "$python" -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; th
   # GPU_CHECK_BENCH=N: the recovery benchmark's worker case on NCCL, N rounds (four ranks on the
   # node's devices; they share one over sockets on loopback where there are fewer).
   if [[ -n ${GPU_CHECK_BENCH:-} ]]; then
+    echo "gpu_check: bench/nccl_leave.py (a survivor's leaving of a broken NCCL group, in parts)"
+    "$python" "$root/bench/nccl_leave.py" || fail 1 "bench/nccl_leave.py failed"
     echo "gpu_check: bench/recovery_bench.sh --backend nccl --trials $GPU_CHECK_BENCH"
     NCCL_SOCKET_IFNAME=${NCCL_SOCKET_IFNAME:-lo} PYTHON=$(command -v "$python") \
       bash "$root/bench/recovery_bench.sh" "$build" --nproc 4 --trials "$GPU_CHECK_BENCH" \

@@ -19,10 +19,10 @@ the others keep their processes: the collective that failed in a survivor raises
 destroys the process group, meets the replacement in the next generation's key space of the
 job's store, makes the group again there, sends the model, the optimizer, the step and `state`
 from the surviving rank furthest along (the lowest of those) to every rank that does not hold
-them already (point to point, no file), and runs the failed step again. Every step is taken
-once: all ranks go on from one rank's state and step (a step whose optimizer.step() ran on that
-rank counts as done). What a step draws at random should come from the step (a generator seeded
-by it), since a replacement has none of its dead process's state.
+them already (a broadcast in the new group, no file), and runs the failed step again. Every
+step is taken once: all ranks go on from one rank's state and step (a step whose
+optimizer.step() ran on that rank counts as done). What a step draws at random should come from
+the step (a generator seeded by it), since a replacement has none of its dead process's state.
 
 Each step done is reported through dlrun.progress, so --hang-timeout watches the loop: a rank
 found hung is replaced the same way, once its stack is taken. A rank still in a step while its
@@ -166,8 +166,8 @@ class Loop:
         self.step = 0
         self.generation = 0
         self.recoveries = 0
-        # The last recovery's phases in seconds ({"meet": ..., "group": ..., "state": ...,
-        # "total": ...}), None before the first.
+        # The last recovery's phases in seconds ({"leave": ..., "meet": ..., "group": ...,
+        # "state": ..., "total": ...}), None before the first.
         self.last_recovery = None
         self._ddp_options = dict(ddp_options or {})
         if exact:
@@ -301,20 +301,29 @@ class Loop:
             for ids in _by_dtype(layout)
         ]
 
-    def _receive_state(self, source, keys, left):
-        """What _state_to_send made on rank `source`, in place of this rank's own."""
+    def _take_state(self, source, keys, flats, left, keep):
+        """The state of rank `source` (`flats`: what _state_to_send made there), broadcast in the
+        new group: one collective per dtype on the group's own communicator (a send would make
+        NCCL a communicator for each pair; the step needs the group's anyway). `keep`: this rank
+        loads it in place of its own (a survivor at the source's step only takes part)."""
         import torch
         import torch.distributed as dist
 
+        if self.rank == source:
+            for flat in flats:
+                dist.broadcast(flat, src=source)
+            return
         self._store.wait([f"{keys}/state"], left())  # a lost sender: the deadline's fallback
         step, state, skeleton, layout = pickle.loads(self._store.get(f"{keys}/state"))
         received = [None] * len(layout)
         for ids in _by_dtype(layout):
             sizes = [math.prod(layout[i][1]) for i in ids]
             flat = torch.empty(sum(sizes), dtype=layout[ids[0]][0], device=self._device())
-            dist.recv(flat, src=source)
+            dist.broadcast(flat, src=source)
             for i, piece in zip(ids, flat.split(sizes)):
                 received[i] = piece.view(layout[i][1])
+        if not keep:
+            return
         whole = fill(skeleton, received)
         self.module.load_state_dict(whole["model"])
         self.optimizer.load_state_dict(whole["optimizer"])
@@ -507,6 +516,7 @@ class Loop:
         self.ddp = None
         if not joining:  # a replacement has no group to leave
             self._leave_group()
+        phase("leave")
         # The generation every rank moves to: a survivor's next; a replacement's the one after
         # the last that completed (the survivors are on their way there).
         committed = self._store.add(f"{KEYS}/generation", 0)
@@ -552,11 +562,8 @@ class Loop:
         flats = self._state_to_send(keys) if self.rank == source and receivers else []
         self._form(keys, left())
         phase("group")
-        for flat in flats:
-            for rank in receivers:
-                dist.send(flat, dst=rank)
-        if self.rank in receivers:
-            self._receive_state(source, keys, left)
+        if receivers:
+            self._take_state(source, keys, flats, left, keep=self.rank in receivers)
         # Every rank holds the source's weights now: DDP's own first broadcast of them is spared.
         self.ddp = self._wrap(synced=True)
         dist.barrier()

@@ -109,7 +109,9 @@ class InProcessCase(unittest.TestCase):
                 self.assertEqual(finals[rank]["pid"], next(iter(processes)))
             self.assertEqual(finals[rank]["generation"], 1, finals[rank])
             phases = finals[rank]["last_recovery"]
-            self.assertEqual(set(phases), {"meet", "group", "state", "total"}, finals[rank])
+            self.assertEqual(
+                set(phases), {"leave", "meet", "group", "state", "total"}, finals[rank]
+            )
             self.assertAlmostEqual(
                 sum(phases.values()) - phases["total"], phases["total"], delta=0.05
             )
