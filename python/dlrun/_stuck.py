@@ -6,10 +6,20 @@ import os
 import socket
 import threading
 import time
+from datetime import timedelta
 
 from dlrun._job import store_client
 
-WATCH_S = 0.5  # a step under way this long (or twice the last step's time) is looked at
+# A rank still in a step of its generation once a peer arrived in the next is left this long
+# (or twice the last step's time) to fail by itself, then freed; a look later (WATCH_S, or
+# twice the step's time), still in that step, it exits to be replaced.
+GRACE_S = 0.05
+WATCH_S = 0.5
+# One store wait's length, renewed: a wait that timed out leaves the store's late answer on its
+# connection, so the next is asked on a new client.
+WAIT_S = 3600
+IDLE_S = 0.01  # between a recovery's end and the first step of the new generation
+RETRY_S = 0.5  # the store out of reach: asked again so much later
 
 
 def sockets():
@@ -51,58 +61,78 @@ def shut_down(group_sockets):
 
 
 class StepWatch:
-    """A thread that frees this rank when it is still in a step of its generation while its
-    peers meet in the next: they left its group, so the step can never finish, whatever it
+    """A thread that frees this rank when it is still in a step of its generation once a peer
+    arrived in the next: that peer left its group, so the step can never finish, whatever it
     waits on (a peer stuck in turn; a gloo collective that, now and then, waits out its timeout
-    though its peers closed or left the group; an NCCL collective on a dead peer, which never
-    fails). First the group's connections are shut down (NCCL: its communicators aborted),
-    which fails a collective waiting on them, and the rank recovers in its process; one look
-    later, still in that step, it exits with the agent's replace code, to be replaced like a
-    dead worker. Without it such a step ends at torch's group timeout. Looks at the store only
-    while a step has lasted a whole look: never in a step of usual length."""
+    though its peers closed or left the group; an NCCL collective whose peers are not the dead
+    rank's neighbours, which NCCL never fails). It waits in the store for the next generation's
+    first arrival (nothing is exchanged meanwhile, whatever the steps); then, the rank still in
+    that step after a grace, the group's connections are shut down (NCCL: its communicators
+    aborted), which fails a collective waiting on them, and the rank recovers in its process;
+    a look later, still in that step, it exits with the agent's replace code, to be replaced
+    like a dead worker. Without it such a step ends at torch's group timeout."""
 
     def __init__(self):
         self.step_s = 0.0  # the last step's time
         self.current = None  # (generation, step) of the step under way; a new tuple each step
+        self._lock = threading.Lock()  # the loop leaves a step only once a freeing under way ended
+        self._done = False
 
     def start(self, keys, world, timeout, unblock, exit_replaced):
-        """Under dlrun: the looks begin (outside it, the loop's notes go nowhere). `keys`: the
+        """Under dlrun: the watch begins (outside it, the loop's notes go nowhere). `keys`: the
         generations' keys in the job's store (dlrun.recovery's); `unblock` and `exit_replaced`:
         the loop's two resorts, each called with why."""
         self._keys, self._world, self._timeout = keys, world, timeout
         self._unblock, self._exit_replaced = unblock, exit_replaced
-        self._store = None  # its own client: the loop's may be in use as it looks
+        self._store = None  # its own client: the loop's may be in use meanwhile
         threading.Thread(target=self._run, name="dlrun-step-watch", daemon=True).start()
 
-    def _peers_meet(self, generation):
+    def leave(self, done=False):
+        """The loop is out of its step (it failed, or the loop ended: `done`): nothing is freed
+        from now on. Returns once a freeing under way ended (an NCCL abort is never run twice at
+        once)."""
+        with self._lock:
+            self.current = None
+            self._done = done
+
+    def _arrived(self, generation):
+        """Waits until a rank arrived in `generation`: True then, False where the store failed
+        (after a pause)."""
         try:
             if self._store is None:
                 self._store = store_client(self._world, self._timeout)
-            return self._store.add(f"{self._keys}/{generation + 1}/arrived", 0) > 0
-        except (RuntimeError, OSError):  # the store out of reach: asked again at the next look
+            self._store.wait([f"{self._keys}/{generation}/arrived"], timedelta(seconds=WAIT_S))
+            return True
+        except (RuntimeError, OSError):  # out of reach, or the wait's time up: a new client
             self._store = None
+            time.sleep(RETRY_S)
             return False
 
     def _run(self):
-        seen, meeting, freed = None, False, False
-        while True:
-            time.sleep(max(WATCH_S, 2 * self.step_s))
+        handled = None  # the generation whose successor's first arrival was acted on
+        while not self._done:
             current = self.current
-            if current is None or current is not seen:
-                seen, meeting, freed = current, False, False
+            if current is None or current[0] == handled:
+                time.sleep(IDLE_S)  # recovering, or the first step of a generation not begun
                 continue
-            # No step ended for a whole look. Acts once the peers were found meeting on two
-            # looks in a row: a rank merely slow to reach its failing collective gets there
-            # within a step's time.
-            was_meeting, meeting = meeting, self._peers_meet(current[0])
-            if not (was_meeting and meeting) or self.current is not current:
-                continue
-            why = (
-                f"still in step {current[1]} of generation {current[0]} while the others "
-                "meet in the next"
-            )
-            if not freed:
-                freed = True
-                self._unblock(why)
-            else:
-                self._exit_replaced(why)
+            if self._arrived(current[0] + 1):
+                handled = current[0]
+                self._free(current[0])
+
+    def _free(self, generation):
+        """Frees the step of `generation` this rank is still in, if it is, after the grace (a
+        rank merely slow to reach its failing collective gets there within a step's time)."""
+        step = self.current
+        if step is None or step[0] != generation:
+            return
+        time.sleep(max(GRACE_S, 2 * self.step_s))
+        why = (
+            f"still in step {step[1]} of generation {generation} while the others meet in the next"
+        )
+        with self._lock:
+            if self.current is not step:
+                return
+            self._unblock(why)
+        time.sleep(max(WATCH_S, 2 * self.step_s))
+        if self.current is step:
+            self._exit_replaced(why)

@@ -251,10 +251,10 @@ class Loop:
                 except RuntimeError:  # a hint only: without it, such a peer falls back later
                     pass
                 self._mark(done=True)
-                self._watch.current = None
+                self._watch.leave(done=True)
                 return
             except Exception as error:
-                self._watch.current = None
+                self._watch.leave()
                 if not self._active or not _peer_failure(error):
                     raise
                 why = f"{type(error).__name__}: {str(error).splitlines()[0][:160]}"
