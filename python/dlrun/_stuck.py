@@ -116,23 +116,27 @@ class StepWatch:
                 time.sleep(IDLE_S)  # recovering, or the first step of a generation not begun
                 continue
             if self._arrived(current[0] + 1):
-                handled = current[0]
                 self._free(current[0])
+                handled = current[0]
 
     def _free(self, generation):
-        """Frees the step of `generation` this rank is still in, if it is, after the grace (a
-        rank merely slow to reach its failing collective gets there within a step's time)."""
-        step = self.current
-        if step is None or step[0] != generation:
-            return
-        time.sleep(max(GRACE_S, 2 * self.step_s))
-        why = (
-            f"still in step {step[1]} of generation {generation} while the others meet in the next"
-        )
-        with self._lock:
-            if self.current is not step:
+        """Frees each step of `generation` this rank is found in, after the grace (a rank merely
+        slow to reach its failing collective gets there within a step's time), until it is out
+        of that generation: recovering, or in a later one."""
+        while True:
+            step = self.current
+            if step is None or step[0] != generation:
                 return
-            self._unblock(why)
-        time.sleep(max(WATCH_S, 2 * self.step_s))
-        if self.current is step:
-            self._exit_replaced(why)
+            time.sleep(max(GRACE_S, 2 * self.step_s))
+            why = (
+                f"still in step {step[1]} of generation {generation} while the others meet in "
+                "the next"
+            )
+            with self._lock:
+                if self.current is not step:
+                    continue  # a step of this generation ended: the next is watched the same way
+                self._unblock(why)
+            time.sleep(max(WATCH_S, 2 * self.step_s))
+            with self._lock:  # the loop cannot be leaving the step meanwhile
+                if self.current is step:
+                    self._exit_replaced(why)

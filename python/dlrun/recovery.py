@@ -177,6 +177,7 @@ class Loop:
         # Whether the optimizer stepped in the step under way: a step that failed after it
         # (in a later collective) is done, and is not taken again.
         self._applied = False
+        self._freed = False  # whether the step watch freed the step under way (_unblock)
         if hasattr(optimizer, "register_step_post_hook"):  # torch 2.x
             optimizer.register_step_post_hook(lambda *_: setattr(self, "_applied", True))
         self.rank, self.world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -232,6 +233,7 @@ class Loop:
 
         while True:
             self._applied = False
+            self._freed = False
             began = time.monotonic()
             self._watch.current = (self.generation, self.step)
             try:
@@ -255,7 +257,9 @@ class Loop:
                 return
             except Exception as error:
                 self._watch.leave()
-                if not self._active or not _peer_failure(error):
+                # A step the watch freed fails however it does (an aborted NCCL group is gone
+                # from torch's registry: the next call on it says so).
+                if not self._active or not (self._freed or _peer_failure(error)):
                     raise
                 why = f"{type(error).__name__}: {str(error).splitlines()[0][:160]}"
             # Out of the except block: the traceback, which holds the old group, is gone.
@@ -304,14 +308,15 @@ class Loop:
     def _take_state(self, source, keys, flats, left, keep):
         """The state of rank `source` (`flats`: what _state_to_send made there), broadcast in the
         new group: one collective per dtype on the group's own communicator (a send would make
-        NCCL a communicator for each pair; the step needs the group's anyway). `keep`: this rank
-        loads it in place of its own (a survivor at the source's step only takes part)."""
+        NCCL a communicator for each pair; the step needs the group's anyway), as bytes (gloo's
+        broadcast knows only some dtypes: torch 1.13's neither bool nor bfloat16). `keep`: this
+        rank loads it in place of its own (a survivor at the source's step only takes part)."""
         import torch
         import torch.distributed as dist
 
         if self.rank == source:
             for flat in flats:
-                dist.broadcast(flat, src=source)
+                dist.broadcast(flat.view(torch.uint8), src=source)
             return
         self._store.wait([f"{keys}/state"], left())  # a lost sender: the deadline's fallback
         step, state, skeleton, layout = pickle.loads(self._store.get(f"{keys}/state"))
@@ -319,7 +324,7 @@ class Loop:
         for ids in _by_dtype(layout):
             sizes = [math.prod(layout[i][1]) for i in ids]
             flat = torch.empty(sum(sizes), dtype=layout[ids[0]][0], device=self._device())
-            dist.broadcast(flat, src=source)
+            dist.broadcast(flat.view(torch.uint8), src=source)
             for i, piece in zip(ids, flat.split(sizes)):
                 received[i] = piece.view(layout[i][1])
         if not keep:
@@ -368,6 +373,7 @@ class Loop:
 
     def _unblock(self, why):
         """Fails the collective this rank may wait in (the step watch's first resort)."""
+        self._freed = True
         _say(f"{why}; shutting its group's connections down")
         self._abort_nccl()
         shut_down(self._group_sockets)
