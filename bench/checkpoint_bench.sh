@@ -11,10 +11,12 @@
 # torch.load (fetched from the peer, or from its node's memory), and the steps lost (goal: 0).
 #
 # Usage: bench/checkpoint_bench.sh [BUILD_DIR] [--sizes MB,MB] [--host-sizes MB,MB] [--steps N]
+#                                  [--device cpu|cuda]
 #        BUILD_DIR: default build. --sizes: the state per rank in MB (100,1024). --host-sizes:
 #        the same on the simulated hosts (100,1024; each needs about 5 times the size 4 times
 #        over in memory: the states, two steps per rank, two held for the peer; none: skip).
-#        --steps: saves per size (8).
+#        --steps: saves per size (8). --device: where the one-node runs' state lives (cpu; cuda:
+#        each rank's GPU, and load() timed with the state moved there, as torch.load puts it).
 # Environment: PYTHON (bench/anchor.sh: default torch 2.13's environment).
 # Exit status: 0; 1 a run failed; 2 cannot run.
 set -euo pipefail
@@ -27,30 +29,40 @@ fi
 sizes=100,1024
 host_sizes=100,1024
 steps=8
+device=cpu
 while (($# > 0)); do
   case $1 in
     --sizes) sizes=$2; shift 2 ;;
     --host-sizes) host_sizes=$2; shift 2 ;;
     --steps) steps=$2; shift 2 ;;
+    --device) device=$2; shift 2 ;;
     *) echo "checkpoint_bench.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
+[[ $device == cpu || $device == cuda ]] ||
+  { echo "checkpoint_bench.sh: --device must be cpu or cuda, not $device" >&2; exit 2; }
 here=$(cd "$(dirname "$0")" && pwd)
 anchor_for=checkpoint_bench.sh
 # shellcheck source=bench/anchor.sh
 source "$here/anchor.sh"
 dlrun=$build/bin/dlrun
 [[ -x $dlrun ]] || { echo "checkpoint_bench.sh: no $dlrun (build first)" >&2; exit 2; }
+if [[ $device == cuda ]] && ! "$python" -c 'import torch; assert torch.cuda.is_available()' \
+  2>/dev/null; then
+  echo "checkpoint_bench.sh: --device cuda, but $python's torch sees no CUDA device" >&2
+  exit 2
+fi
 
 scratch=$(mktemp -d "${TMPDIR:-/tmp}/dlrun-checkpoint-bench.XXXXXX")
 trap 'rm -rf "$scratch"' EXIT
 echo "checkpoint_bench: 2 ranks, torch $torch_version, $(nproc) cores; torch.save to $scratch" \
-  "($(df --output=fstype "$scratch" | tail -1)); sizes $sizes MB, $steps saves each"
+  "($(df --output=fstype "$scratch" | tail -1)); sizes $sizes MB on $device, $steps saves each"
 for size in ${sizes//,/ }; do
   out=$scratch/$size
   mkdir -p "$out"
   env -u PYTHONPATH "$dlrun" --standalone --nproc-per-node=2 "$python" \
-    "$here/checkpoint_worker.py" "$out" "$size" "$steps" > "$out/dlrun.log" 2>&1 || {
+    "$here/checkpoint_worker.py" "$out" "$size" "$steps" "device:$device" \
+    > "$out/dlrun.log" 2>&1 || {
     echo "checkpoint_bench.sh: the $size MB run failed:" >&2
     tail -20 "$out/dlrun.log" >&2
     exit 1

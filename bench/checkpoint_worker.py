@@ -1,7 +1,7 @@
 """One rank of bench/checkpoint_bench.sh, under dlrun: what a checkpoint costs, dlrun.checkpoint
 in the node's memory against torch.save and torch.load to local disk, in the same process.
 
-Usage: checkpoint_worker.py OUT_DIR MEGABYTES STEPS [lose:RANK]
+Usage: checkpoint_worker.py OUT_DIR MEGABYTES STEPS [lose:RANK] [device:DEVICE]
 
 The state: MEGABYTES of float32 in 16 tensors, half "model", half "optimizer". Per step, each of
 STEPS: torch.save of the state to OUT_DIR (local disk, page cache as a user's save), then
@@ -9,6 +9,10 @@ dlrun.checkpoint.save; the time each blocks the caller, and for dlrun.checkpoint
 its return to the copy complete (checksummed and counted; wait()). Then torch.load of the file
 and dlrun.checkpoint.load() (every rank: the job's newest step from memory, checksums checked).
 Writes OUT_DIR/rank_<RANK>.json with each measurement's seconds.
+
+With device:cuda the state lives on the rank's GPU, as a GPU job's does: torch.save and save copy
+it from there, torch.load puts it back there, and load() is timed with its tensors moved there
+(what a GPU job's load_state_dict then does); each time waits for the GPU.
 
 With lose:RANK (several nodes, simulated hosts that share the machine's /dev/shm:
 bench/checkpoint_hosts.py), each step also waits until its copy is held by the peer node's agent
@@ -38,7 +42,20 @@ PEER_WAIT_S = 60
 def timed(fn):
     start = time.perf_counter()
     result = fn()
+    if torch.cuda.is_initialized():
+        torch.cuda.synchronize()
     return time.perf_counter() - start, result
+
+
+def on(device, value):
+    """`value` (what load() returns: the step and the state) with its tensors on `device`."""
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, dict):
+        return {k: on(device, v) for k, v in value.items()}
+    if isinstance(value, tuple):
+        return tuple(on(device, v) for v in value)
+    return value
 
 
 def held_by_peer(rank, step):
@@ -69,9 +86,13 @@ def restore(out, rank, steps, path):
 
 def main():
     out, megabytes, steps = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
-    lose = int(sys.argv[4].split(":")[1]) if len(sys.argv) > 4 else None
+    options = dict(arg.split(":", 1) for arg in sys.argv[4:])
+    lose = int(options["lose"]) if "lose" in options else None
+    device = torch.device(options.get("device", "cpu"))
     rank = int(os.environ["RANK"])
     torch.set_num_threads(1)
+    if device.type == "cuda":
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]) % torch.cuda.device_count())
     path = os.path.join(out, f"rank{rank}.pt")
     if lose is not None:
         import torch.distributed as dist
@@ -83,7 +104,7 @@ def main():
             json.dump(os.getpid(), f)  # which host to kill
     each = int(megabytes * 2**20 / 4 / TENSORS)
     g = torch.Generator().manual_seed(rank)
-    tensors = [torch.randn(each, generator=g) for _ in range(TENSORS)]
+    tensors = [torch.randn(each, generator=g).to(device) for _ in range(TENSORS)]
     state = {
         "model": {f"w{i}": t for i, t in enumerate(tensors[: TENSORS // 2])},
         "optimizer": {
@@ -119,7 +140,7 @@ def main():
         return 1
     for _ in range(3):
         runs["torch_load"].append(timed(lambda: torch.load(path))[0])
-        took, found = timed(checkpoint.load)
+        took, found = timed(lambda: on(device, checkpoint.load()))
         runs["load"].append(took)
         assert found[0] == steps - 1 and torch.equal(found[1]["model"]["w0"], tensors[0])
     with open(os.path.join(out, f"rank_{rank}.json"), "w") as f:

@@ -13,8 +13,9 @@
 # CMakeCache.txt or nothing yet; a folder made by scripts/gpu_bundle.sh runs as it is, its lib/
 # on the loader's path (and PyTorch's CUDA wheels' libraries where the node has no others).
 # PYTHON names the tests' interpreter (default: python3). GPU_CHECK_BENCH=N also runs the
-# recovery benchmark on NCCL, N rounds (root, iproute2: its simulated hosts), after
-# bench/nccl_leave.py (what leaving a broken NCCL group costs).
+# recovery benchmark on NCCL, N rounds (root, iproute2: its simulated hosts), then
+# bench/nccl_leave.py (what leaving a broken NCCL group costs) and the checkpoint benchmark with
+# the state on the GPU.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=${DLRUN_BUILD_DIR:-$root/build}
@@ -93,13 +94,16 @@ if "$python" -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; th
   # GPU_CHECK_BENCH=N: the recovery benchmark's worker case on NCCL, N rounds (four ranks on the
   # node's devices; they share one over sockets on loopback where there are fewer).
   if [[ -n ${GPU_CHECK_BENCH:-} ]]; then
-    echo "gpu_check: bench/nccl_leave.py (a survivor's leaving of a broken NCCL group, in parts)"
-    "$python" "$root/bench/nccl_leave.py" || fail 1 "bench/nccl_leave.py failed"
     echo "gpu_check: bench/recovery_bench.sh --backend nccl --trials $GPU_CHECK_BENCH"
     NCCL_SOCKET_IFNAME=${NCCL_SOCKET_IFNAME:-lo} PYTHON=$(command -v "$python") \
       bash "$root/bench/recovery_bench.sh" "$build" --nproc 4 --trials "$GPU_CHECK_BENCH" \
       --cases worker --launchers dlrun,dlrun-warm,dlrun-inproc-warm --backend nccl ||
       fail 1 "the recovery benchmark on NCCL failed"
+    echo "gpu_check: bench/nccl_leave.py (a survivor's leaving of a broken NCCL group, in parts)"
+    "$python" "$root/bench/nccl_leave.py" || fail 1 "bench/nccl_leave.py failed"
+    echo "gpu_check: bench/checkpoint_bench.sh --device cuda (checkpoints of state on the GPU)"
+    PYTHON=$(command -v "$python") bash "$root/bench/checkpoint_bench.sh" "$build" --device cuda \
+      --sizes 100,1024 --host-sizes none || fail 1 "the checkpoint benchmark on the GPU failed"
   fi
 else
   echo "gpu_check: $python has no torch with CUDA: in-process recovery on NCCL not run"
