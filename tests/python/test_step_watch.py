@@ -1,0 +1,125 @@
+"""dlrun.recovery's step watch (python/dlrun/_stuck.py) against a real store (dlrund), under
+torch 2.13, without a training job: the loop's side is played here by setting `current` as the
+loop does and recording the watch's two resorts.
+
+- A rank still in a step of its generation once a peer arrived in the next is freed (its first
+  resort), and, still in that step, a look later told to exit (its second), each naming it.
+- A rank that left the step when freed (recovering) is not told to exit.
+- A rank that ended the step and is in the generation's next step is freed again there (the
+  next step can never finish either).
+- No arrival in the next generation: nothing is freed, however long the step.
+- The loop leaving its step waits for a freeing under way (never two NCCL aborts at once).
+"""
+
+import os
+import sys
+import threading
+import unittest
+from datetime import timedelta
+
+from dlrund_fixture import main, start_dlrund
+
+sys.path.insert(0, os.environ["DLRUN_PYTHONDIR"])
+from dlrun import _stuck  # noqa: E402
+
+KEYS = "/dlrun/recovery"
+EVENT_S = 10  # far above the watch's grace (50 ms) and look (0.5 s)
+
+
+class Resorts:
+    """The loop's two resorts as the watch calls them, each call an event."""
+
+    def __init__(self, hold=None):
+        self.freed, self.exited = [], []
+        self.freed_event, self.exited_event = threading.Event(), threading.Event()
+        self.hold = hold  # an event the first resort waits for (a slow abort)
+
+    def unblock(self, why):
+        self.freed.append(why)
+        self.freed_event.set()
+        if self.hold:
+            self.hold.wait(EVENT_S)
+
+    def exit_replaced(self, why):
+        self.exited.append(why)
+        self.exited_event.set()
+
+
+class StepWatchTest(unittest.TestCase):
+    def setUp(self):
+        store = start_dlrund(self)
+        os.environ.update(MASTER_ADDR=store.host, MASTER_PORT=str(store.port))
+        import torch.distributed as dist
+
+        self.store = dist.TCPStore(
+            store.host, store.port, 2, False, timedelta(seconds=EVENT_S), wait_for_workers=False
+        )
+
+    def watch(self, resorts):
+        watch = _stuck.StepWatch()
+        watch.start(KEYS, 2, timedelta(seconds=EVENT_S), resorts.unblock, resorts.exit_replaced)
+        self.addCleanup(watch.leave, True)
+        return watch
+
+    def arrive(self, generation):
+        self.store.add(f"{KEYS}/{generation}/arrived", 1)
+
+    def test_a_rank_still_in_its_step_is_freed_then_told_to_exit(self):
+        resorts = Resorts()
+        watch = self.watch(resorts)
+        watch.current = (0, 5)
+        self.arrive(1)
+        self.assertTrue(resorts.freed_event.wait(EVENT_S), "not freed")
+        self.assertTrue(resorts.exited_event.wait(EVENT_S), "not told to exit")
+        why = "still in step 5 of generation 0 while the others meet in the next"
+        self.assertEqual((resorts.freed, resorts.exited), ([why], [why]))
+
+    def test_a_rank_that_left_its_step_when_freed_is_not_told_to_exit(self):
+        resorts = Resorts()
+        watch = self.watch(resorts)
+        watch.current = (0, 5)
+        self.arrive(1)
+        self.assertTrue(resorts.freed_event.wait(EVENT_S), "not freed")
+        watch.leave()  # its collective failed: it recovers
+        self.assertFalse(resorts.exited_event.wait(2 * _stuck.WATCH_S + 0.5))
+        self.assertEqual(len(resorts.freed), 1)
+
+    def test_the_generations_next_step_is_freed_too(self):
+        resorts = Resorts()
+        watch = self.watch(resorts)
+        watch.current = (0, 5)
+        self.arrive(1)
+        self.assertTrue(resorts.freed_event.wait(EVENT_S), "step 5 not freed")
+        resorts.freed_event.clear()
+        watch.current = (0, 6)  # step 5 ended after all; step 6 can never end either
+        self.assertTrue(resorts.freed_event.wait(EVENT_S), "step 6 not freed")
+        self.assertIn("still in step 6 of generation 0", resorts.freed[-1])
+        watch.leave()
+        self.assertEqual(len(resorts.exited), 0)
+
+    def test_nothing_is_freed_without_an_arrival_in_the_next_generation(self):
+        resorts = Resorts()
+        watch = self.watch(resorts)
+        watch.current = (0, 5)
+        self.arrive(0)  # this generation's own arrivals say nothing
+        self.assertFalse(resorts.freed_event.wait(1.0))
+
+    def test_leaving_the_step_waits_for_a_freeing_under_way(self):
+        hold = threading.Event()
+        resorts = Resorts(hold)
+        watch = self.watch(resorts)
+        watch.current = (0, 5)
+        self.arrive(1)
+        self.assertTrue(resorts.freed_event.wait(EVENT_S), "not freed")
+        left = threading.Event()
+        leaving = threading.Thread(target=lambda: (watch.leave(), left.set()))
+        leaving.start()
+        self.assertFalse(left.wait(0.3), "the loop left its step while it was being freed")
+        hold.set()
+        self.assertTrue(left.wait(EVENT_S), "the loop never left its step")
+        leaving.join()
+        self.assertEqual(len(resorts.exited), 0)
+
+
+if __name__ == "__main__":
+    main()
