@@ -64,32 +64,30 @@ class StepWatchTest(unittest.TestCase):
     def arrive(self, generation):
         self.store.add(f"{KEYS}/{generation}/arrived", 1)
 
-    def test_a_rank_still_in_its_step_is_freed_then_told_to_exit(self):
-        resorts = Resorts()
+    def freed_in_step_5(self, hold=None):
+        """A watch whose rank is in step 5 of generation 0 as a peer arrives in generation 1:
+        (its resorts, the watch), once it was freed."""
+        resorts = Resorts(hold)
         watch = self.watch(resorts)
         watch.current = (0, 5)
         self.arrive(1)
         self.assertTrue(resorts.freed_event.wait(EVENT_S), "not freed")
+        return resorts, watch
+
+    def test_a_rank_still_in_its_step_is_freed_then_told_to_exit(self):
+        resorts, _ = self.freed_in_step_5()
         self.assertTrue(resorts.exited_event.wait(EVENT_S), "not told to exit")
         why = "still in step 5 of generation 0 while the others meet in the next"
         self.assertEqual((resorts.freed, resorts.exited), ([why], [why]))
 
     def test_a_rank_that_left_its_step_when_freed_is_not_told_to_exit(self):
-        resorts = Resorts()
-        watch = self.watch(resorts)
-        watch.current = (0, 5)
-        self.arrive(1)
-        self.assertTrue(resorts.freed_event.wait(EVENT_S), "not freed")
+        resorts, watch = self.freed_in_step_5()
         watch.leave()  # its collective failed: it recovers
         self.assertFalse(resorts.exited_event.wait(2 * _stuck.WATCH_S + 0.5))
         self.assertEqual(len(resorts.freed), 1)
 
     def test_the_generations_next_step_is_freed_too(self):
-        resorts = Resorts()
-        watch = self.watch(resorts)
-        watch.current = (0, 5)
-        self.arrive(1)
-        self.assertTrue(resorts.freed_event.wait(EVENT_S), "step 5 not freed")
+        resorts, watch = self.freed_in_step_5()
         resorts.freed_event.clear()
         watch.current = (0, 6)  # step 5 ended after all; step 6 can never end either
         self.assertTrue(resorts.freed_event.wait(EVENT_S), "step 6 not freed")
@@ -106,11 +104,7 @@ class StepWatchTest(unittest.TestCase):
 
     def test_leaving_the_step_waits_for_a_freeing_under_way(self):
         hold = threading.Event()
-        resorts = Resorts(hold)
-        watch = self.watch(resorts)
-        watch.current = (0, 5)
-        self.arrive(1)
-        self.assertTrue(resorts.freed_event.wait(EVENT_S), "not freed")
+        resorts, watch = self.freed_in_step_5(hold)
         left = threading.Event()
         leaving = threading.Thread(target=lambda: (watch.leave(), left.set()))
         leaving.start()
