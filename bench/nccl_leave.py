@@ -5,9 +5,11 @@ Four ranks (processes of torch alone) all-reduce 4 MB on the node's GPUs (sharin
 hosts of their own, over sockets on loopback, where there are fewer); rank 3 SIGKILLs itself at
 its 50th all-reduce. Each survivor times, from its collective's failure: the group's abort
 (`_abort_process_group`, as the loop's leave), the collection that frees it, a new group of
-the three survivors, and that group's first all-reduce. Run once with the watchdog aborting a
-failed communicator itself (TORCH_NCCL_ASYNC_ERROR_HANDLING=2, the loop's setting) and once
-without (0: the abort is the survivor's alone).
+the three survivors, and that group's first all-reduce. A survivor that NCCL gives no error
+(not a neighbour of the dead rank) is freed as the loop's step watch frees it: its group aborted
+50 ms after another survivor said it failed, and the time to that is reported. Run once with
+the watchdog aborting a failed communicator itself (TORCH_NCCL_ASYNC_ERROR_HANDLING=2, the
+loop's setting) and once without (0: the abort is the survivor's alone).
 
 Usage: python3 bench/nccl_leave.py            (a CUDA device and torch with NCCL)
 """
@@ -16,11 +18,40 @@ import gc
 import os
 import signal
 import sys
+import threading
 import time
 from datetime import timedelta
 
 WORLD = 4
 KILLED_AT = 50
+GRACE_S = 0.05  # as dlrun.recovery's step watch
+
+
+class Watch:
+    """dlrun.recovery's step watch, reduced: a survivor NCCL gives no error (one that is not a
+    neighbour of the dead rank) waits in its collective until the group's timeout; once another
+    survivor said it failed, this aborts the group, after GRACE_S (the time from that failure
+    to the freeing is reported)."""
+
+    def __init__(self, port):
+        self.lock = threading.Lock()
+        self.failed = False
+        self.freed_after = None
+        threading.Thread(target=self._run, args=(port,), daemon=True).start()
+
+    def _run(self, port):
+        import torch.distributed as dist
+
+        client = dist.TCPStore(
+            "127.0.0.1", port, WORLD, False, timeout=timedelta(seconds=60), wait_for_workers=False
+        )
+        client.wait(["failed"], timedelta(seconds=600))
+        seen = time.monotonic()
+        time.sleep(GRACE_S)
+        with self.lock:
+            if not self.failed:
+                dist.distributed_c10d._abort_process_group()
+                self.freed_after = time.monotonic() - seen
 
 
 def rank_main(rank, port, handling, results):
@@ -38,6 +69,7 @@ def rank_main(rank, port, handling, results):
     dist.init_process_group(
         "nccl", store=dist.PrefixStore("old", store), rank=rank, world_size=WORLD, timeout=timeout
     )
+    watch = Watch(port)
     data = torch.ones(1 << 20, device="cuda")
     for i in range(10 * KILLED_AT):
         if i == KILLED_AT and rank == WORLD - 1:
@@ -51,7 +83,11 @@ def rank_main(rank, port, handling, results):
         results.put((rank, None))
         return
     times = [time.monotonic()]
-    dist.distributed_c10d._abort_process_group()
+    with watch.lock:
+        watch.failed = True
+        if dist.is_initialized():  # not aborted by the watch already
+            dist.distributed_c10d._abort_process_group()
+    store.add("failed", 1)
     times.append(time.monotonic())
     gc.collect()
     times.append(time.monotonic())
@@ -67,7 +103,8 @@ def rank_main(rank, port, handling, results):
     dist.all_reduce(data)
     torch.cuda.synchronize()
     times.append(time.monotonic())
-    results.put((rank, [b - a for a, b in zip(times, times[1:])] + [data[0].item()]))
+    parts = [b - a for a, b in zip(times, times[1:])]
+    results.put((rank, parts + [data[0].item(), watch.freed_after]))
     dist.destroy_process_group()
 
 
@@ -98,12 +135,17 @@ def run(handling, port):
         if parts is None:
             print(f"  rank {rank}: its all-reduces never failed")
             continue
-        abort, collect, group, first, total = parts
-        print(
-            f"  rank {rank}: abort {abort:.3f} s, gc {collect:.3f} s, new group {group:.3f} s, "
-            f"first all-reduce {first:.3f} s (sum {total:g}, {WORLD - 1} expected)"
+        abort, collect, group, first, total, freed_after = parts
+        how = (
+            f"freed by the watch {freed_after:.3f} s after the first failure"
+            if freed_after is not None
+            else "its collective failed"
         )
-    return len(got) == WORLD - 1 and all(p and p[-1] == WORLD - 1 for _, p in got)
+        print(
+            f"  rank {rank}: {how}; abort {abort:.3f} s, gc {collect:.3f} s, new group "
+            f"{group:.3f} s, first all-reduce {first:.3f} s (sum {total:g}, {WORLD - 1} expected)"
+        )
+    return len(got) == WORLD - 1 and all(p and p[-2] == WORLD - 1 for _, p in got)
 
 
 def free_port():
