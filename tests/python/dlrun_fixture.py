@@ -21,6 +21,7 @@ import sys
 import tempfile
 import time
 import unittest
+from pathlib import Path
 
 PYTHON = sys.executable
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -224,15 +225,37 @@ class Dlrun:
         try:
             code = self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
+            where = self.where_they_wait()  # before the kill: what each process waited on
             self.kill()
             raise AssertionError(
-                f"dlrun still running after {timeout}s\n{self.describe()}"
+                f"dlrun still running after {timeout}s\n{where}{self.describe()}"
             ) from None
         out, err = self.output()
         return Result(code, out, err)
 
     def signal(self, sig):
         os.kill(self.proc.pid, sig)
+
+    def where_they_wait(self):
+        """dlrun's threads and the workers this test knows: each one's state, wait channel and
+        system call (/proc; the syscall's number, "running" or -1 outside one), a line each."""
+        lines = []
+        for pid in (self.proc.pid, *self.worker_pids):
+            for task in sorted(glob.glob(f"/proc/{pid}/task/*")):
+                try:
+                    comm = Path(task, "comm").read_text().strip()
+                    state = Path(task, "stat").read_text().rsplit(")", 1)[1].split()[0]
+                    wchan = Path(task, "wchan").read_text().strip()
+                    call = Path(task, "syscall").read_text().split()[0]
+                except OSError:  # gone meanwhile
+                    continue
+                lines.append(
+                    f"pid {pid} task {os.path.basename(task)} ({comm}): {state}, wchan {wchan}, "
+                    f"syscall {call}\n"
+                )
+            if not os.path.exists(f"/proc/{pid}"):
+                lines.append(f"pid {pid}: gone\n")
+        return "--- where they wait ---\n" + "".join(lines)
 
     def watch_workers(self, pids):
         """Workers this test knows by PID: they are killed in the cleanup if still running."""
