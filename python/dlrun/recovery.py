@@ -36,18 +36,15 @@ over init_process_group("env://") and DistributedDataParallel: nothing else happ
 
 import gc
 import json
-import math
 import os
-import pickle
 import sys
-import threading
 import time
 from datetime import timedelta
 
-from dlrun import progress
+from dlrun import _state, progress
+from dlrun._group import Group, prepare_nccl
 from dlrun._job import say, store_client
-from dlrun._stuck import StepWatch, shut_down, sockets
-from dlrun._tree import fill, hollow
+from dlrun._stuck import StepWatch
 
 __all__ = ["Loop", "active"]
 
@@ -56,9 +53,6 @@ RECOVERY_TIMEOUT_S = 120  # a recovery not done by then falls back to the whole-
 EXACT_BUCKET_MB = 1e-6  # under any parameter's size: a bucket each
 BEAT_S = 1.0  # a recovery's wait beats the progress board this often
 POLL_S = 0.01  # and looks at the store at most this far apart (sooner early in a wait)
-CLOSE_S = (
-    0.5  # an old process group's destruction is waited for so long (_leave_group); 0.05 s usual
-)
 MOVE_POLLS = 5  # and for a kept round's keys (a node lost) every so many looks
 MOVE_BASE = 1_000_000  # a move's value: round * MOVE_BASE + rank + 1 (agents/recovery.h)
 
@@ -132,13 +126,6 @@ def _exact_buckets():
     return {"bucket_cap_mb": EXACT_BUCKET_MB, "find_unused_parameters": True}
 
 
-def _by_dtype(layout):
-    """The indices of a state's tensors (`layout`: their (dtype, shape)s), a list per dtype, in
-    an order every rank derives alike."""
-    dtypes = sorted({dtype for dtype, _ in layout}, key=str)
-    return [[i for i, (d, _) in enumerate(layout) if d == dtype] for dtype in dtypes]
-
-
 class Loop:
     """Owns the process group, the DistributedDataParallel wrapper and the step counter of a
     training loop; see the module's text. `state`: a dict of more picklable values every rank
@@ -173,7 +160,7 @@ class Loop:
         if exact:
             self._ddp_options.update(_exact_buckets())
         self._timeout = timeout
-        self._group_sockets = {}  # the process group's sockets ({fd: inode}), under dlrun
+        self._group = Group(backend)
         # Whether the optimizer stepped in the step under way: a step that failed after it
         # (in a later collective) is done, and is not taken again.
         self._applied = False
@@ -193,7 +180,7 @@ class Loop:
         # zygote did so before it forked).
         gc.freeze()
         if backend == "nccl":
-            self._prepare_nccl()
+            prepare_nccl(optimizer, lambda: self.world)
         self._fallback_code = int(os.environ["DLRUN_RECOVERY_FALLBACK"])
         self._replace_code = int(os.environ["DLRUN_RECOVERY_REPLACE"])
         self._store = store_client(self.world, timeout)
@@ -201,7 +188,7 @@ class Loop:
         if os.environ.get("DLRUN_RECOVERY_JOIN") == "1":
             self._recover(joining=True)  # a replacement: the survivors' next generation
         else:
-            self._form(f"{KEYS}/0", timeout)
+            self._group.form(self._store, f"{KEYS}/0", self.rank, self.world, timeout)
             self.ddp = self._wrap()
         self._mark()
 
@@ -280,135 +267,30 @@ class Loop:
             options.setdefault("init_sync", False)  # torch 2.4 and later
         return DistributedDataParallel(self.module, **options)
 
-    def _device(self):
-        import torch
-
-        if self.backend == "nccl":
-            return torch.device("cuda", torch.cuda.current_device())
-        return torch.device("cpu")
-
     def _state_to_send(self, keys):
-        """The sending rank's part before the new group forms: what of the model, the
-        optimizer, the step and `state` is not a tensor, pickled into the store under `keys`
-        (small), and the tensors in one flat buffer per dtype (no pickling of the weights, one
-        message per dtype), to be sent once the group is made."""
-        import torch
-
-        tensors = []
+        """The source's part of the state, readied before the new group forms (dlrun._state):
+        the model, the optimizer, the step and `state`."""
         whole = {"model": self.module.state_dict(), "optimizer": self.optimizer.state_dict()}
-        skeleton = hollow(whole, tensors)
-        layout = [(t.dtype, tuple(t.shape)) for t in tensors]
-        self._store.set(f"{keys}/state", pickle.dumps((self.step, self.state, skeleton, layout)))
-        device = self._device()
-        return [
-            torch.cat([tensors[i].detach().reshape(-1).to(device) for i in ids])
-            for ids in _by_dtype(layout)
-        ]
+        return _state.ready(self._store, keys, whole, (self.step, self.state), self._group.device())
 
     def _take_state(self, source, keys, flats, left, keep):
-        """The state of rank `source` (`flats`: what _state_to_send made there), broadcast in the
-        new group: one collective per dtype on the group's own communicator (a send would make
-        NCCL a communicator for each pair; the step needs the group's anyway), as bytes (gloo's
-        broadcast knows only some dtypes: torch 1.13's neither bool nor bfloat16). `keep`: this
-        rank loads it in place of its own (a survivor at the source's step only takes part)."""
-        import torch
-        import torch.distributed as dist
-
-        if self.rank == source:
-            for flat in flats:
-                dist.broadcast(flat.view(torch.uint8), src=source)
+        """The source's state broadcast in the new group; loaded in place of this rank's own
+        where `keep` (a survivor at the source's step only takes part)."""
+        taken = _state.take(self._store, keys, source, flats, self._group.device(), left, keep)
+        if taken is None:
             return
-        self._store.wait([f"{keys}/state"], left())  # a lost sender: the deadline's fallback
-        step, state, skeleton, layout = pickle.loads(self._store.get(f"{keys}/state"))
-        received = [None] * len(layout)
-        for ids in _by_dtype(layout):
-            sizes = [math.prod(layout[i][1]) for i in ids]
-            flat = torch.empty(sum(sizes), dtype=layout[ids[0]][0], device=self._device())
-            dist.broadcast(flat.view(torch.uint8), src=source)
-            for i, piece in zip(ids, flat.split(sizes)):
-                received[i] = piece.view(layout[i][1])
-        if not keep:
-            return
-        whole = fill(skeleton, received)
+        (step, state), whole = taken
         self.module.load_state_dict(whole["model"])
         self.optimizer.load_state_dict(whole["optimizer"])
         self.step = step
         self.state.clear()
         self.state.update(state)
 
-    def _leave_group(self):
-        """Destroys the old process group and shuts its connections down (gloo has no abort):
-        a peer still waiting on this rank fails at once, not at the group's timeout (torch 1.13
-        keeps a destroyed group's connections open). On torch 2.13 a gloo collective still
-        pending on a live peer (DDP's next bucket, under way as the previous one failed) holds
-        the group's destruction until the collective's timeout: past CLOSE_S its connections
-        are shut down, and once the group has left torch's registry its destruction goes on in
-        the background (nothing of the new group waits on it). Should it still be registered
-        after another CLOSE_S, this rank exits, which closes every socket it has, and its agent
-        starts a replacement in its place (it has not met the new generation)."""
-        import torch.distributed as dist
-
-        def close():
-            gc.collect()
-            self._abort_nccl()  # nothing waits on its collective as the group goes
-            if dist.is_initialized():
-                dist.destroy_process_group()
-            gc.collect()
-
-        closing = threading.Thread(target=close, name="dlrun-leave-group", daemon=True)
-        closing.start()
-        closing.join(CLOSE_S)
-        stuck = closing.is_alive()
-        shut_down(self._group_sockets)
-        self._group_sockets = {}
-        if not stuck:
-            return
-        late = f"the old process group did not close within {CLOSE_S:g} s (a collective pending)"
-        if not dist.is_initialized():  # out of torch's registry: the new group is not held up
-            _say(f"{late}; its connections shut down, it ends in the background")
-            return
-        closing.join(CLOSE_S)
-        if dist.is_initialized():
-            self._exit_replaced(late)
-
     def _unblock(self, why):
         """Fails the collective this rank may wait in (the step watch's first resort)."""
         self._freed = True
         _say(f"{why}; shutting its group's connections down")
-        self._abort_nccl()
-        shut_down(self._group_sockets)
-
-    def _abort_nccl(self):
-        """Aborts an NCCL process group: a communicator with a dead peer never ends its
-        collective, nor can it be destroyed (a gloo group ends as its connections close)."""
-        import torch.distributed as dist
-
-        if self.backend == "nccl" and dist.is_initialized():
-            dist.distributed_c10d._abort_process_group()
-
-    def _prepare_nccl(self):
-        """What a recovery needs of NCCL, set before its first group. The watchdog aborts a
-        failed communicator and keeps the process (dlrun's workers get 1: the process ends, and
-        a survivor would end with its peer). A collective cut short by an abort leaves its
-        result partial: the program's own collectives wait and raise then (blocking wait; an
-        all-reduced stop flag would otherwise read as anything), and the optimizer checks its
-        step's collectives first (DDP's do not wait on the CPU: a step on a dead peer's
-        gradients would count as done with weights no other rank holds)."""
-        for name in ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "NCCL_ASYNC_ERROR_HANDLING"):
-            os.environ[name] = "2"  # read as each group is made
-        os.environ["TORCH_NCCL_BLOCKING_WAIT"] = "1"
-        self.optimizer.register_step_pre_hook(lambda *_: self._check_collectives())
-
-    def _check_collectives(self):
-        """Raises unless every collective this rank queued so far completed: a one-element
-        all-reduce queued after them, waited for, sums to the world size only then."""
-        import torch
-        import torch.distributed as dist
-
-        flag = torch.ones(1, device=self._device())
-        dist.all_reduce(flag)
-        if flag.item() != self.world:
-            raise RuntimeError("NCCL: the step's collectives did not complete (a peer failed)")
+        self._group.fail()
 
     def _exit_replaced(self, why):
         """Ends this rank, which has not met the new generation, for its agent to start a
@@ -418,21 +300,6 @@ class Loop:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(self._replace_code)
-
-    def _form(self, keys, timeout):
-        """The process group of a generation (`keys`: its keys), in a key space of its own."""
-        import torch.distributed as dist
-
-        store = dist.PrefixStore(f"{keys}/group", self._store)
-        before = sockets()
-        dist.init_process_group(
-            self.backend, store=store, rank=self.rank, world_size=self.world, timeout=timeout
-        )
-        # The group's own connections (its backend's, made as it formed): _leave_group may have
-        # to shut them down.
-        self._group_sockets = {
-            fd: inode for fd, inode in sockets().items() if inode not in before.values()
-        }
 
     def _recover(self, joining):
         progress.step(self.step)  # a recovery under way is no hang
@@ -521,7 +388,7 @@ class Loop:
         # waiting on this rank then fails at once instead of at its timeout.
         self.ddp = None
         if not joining:  # a replacement has no group to leave
-            self._leave_group()
+            self._group.leave(self._exit_replaced)
         phase("leave")
         # The generation every rank moves to: a survivor's next; a replacement's the one after
         # the last that completed (the survivors are on their way there).
@@ -565,8 +432,8 @@ class Loop:
         ]
         # The sender readies the state while the ranks make the group (a newcomer's first
         # gloo group takes longest).
-        flats = self._state_to_send(keys) if self.rank == source and receivers else []
-        self._form(keys, left())
+        flats = self._state_to_send(keys) if self.rank == source and receivers else None
+        self._group.form(self._store, keys, self.rank, self.world, left())
         phase("group")
         if receivers:
             self._take_state(source, keys, flats, left, keep=self.rank in receivers)

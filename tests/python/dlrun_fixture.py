@@ -135,6 +135,20 @@ def runs_our_script(pid):
         return False
 
 
+def where_it_waits(task):
+    """(comm, state, wait channel, system call) of a process or thread (`task`: its /proc
+    directory; the syscall's number, "running" or -1 outside one), or None once it is gone."""
+    try:
+        return (
+            Path(task, "comm").read_text().strip(),
+            Path(task, "stat").read_text().rsplit(")", 1)[1].split()[0],
+            Path(task, "wchan").read_text().strip(),
+            Path(task, "syscall").read_text().split()[0],
+        )
+    except OSError:  # gone meanwhile
+        return None
+
+
 def kill_if_ours(pid):
     if is_running(pid) and runs_our_script(pid):
         try:
@@ -242,13 +256,9 @@ class Dlrun:
         lines = []
         for pid in (self.proc.pid, *self.worker_pids):
             for task in sorted(glob.glob(f"/proc/{pid}/task/*")):
-                try:
-                    comm = Path(task, "comm").read_text().strip()
-                    state = Path(task, "stat").read_text().rsplit(")", 1)[1].split()[0]
-                    wchan = Path(task, "wchan").read_text().strip()
-                    call = Path(task, "syscall").read_text().split()[0]
-                except OSError:  # gone meanwhile
+                if not (seen := where_it_waits(task)):
                     continue
+                comm, state, wchan, call = seen
                 lines.append(
                     f"pid {pid} task {os.path.basename(task)} ({comm}): {state}, wchan {wchan}, "
                     f"syscall {call}\n"

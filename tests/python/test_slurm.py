@@ -44,7 +44,6 @@ import subprocess
 import sys
 import time
 import unittest
-from pathlib import Path
 
 from dlrun_fixture import (
     PYTHON,
@@ -52,6 +51,7 @@ from dlrun_fixture import (
     read_json,
     temp_dir,
     wait_until,
+    where_it_waits,
     worker,
 )
 from netns_fixture import main
@@ -452,12 +452,10 @@ class SlurmNodeLossTest(unittest.TestCase):
         found = []
         for host in range(1, self.cluster.n):
             for pid in self.cluster.pids(host):
-                try:
-                    if Path(f"/proc/{pid}/comm").read_text().strip() != "dlrun-train":
-                        continue
-                    wchan = Path(f"/proc/{pid}/wchan").read_text()
-                except OSError:  # gone meanwhile
+                seen = where_it_waits(f"/proc/{pid}")
+                if not seen or seen[0] != "dlrun-train":
                     continue
+                wchan = seen[2]
                 try:  # a report for a failure: it never fails the test itself
                     stack = subprocess.run(
                         ["eu-stack", "-p", str(pid)], capture_output=True, text=True, timeout=30
