@@ -4,6 +4,8 @@
 // Bounded by --network-probe-timeout; whatever it cannot do is said and the round goes on.
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+
 #include "agents/agent_impl.h"
 #include "agents/network_probe.h"
 

@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "common/error.h"
 #include "dlrun/v1/control.pb.h"
 #include "launcher/control_top.h"

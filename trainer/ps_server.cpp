@@ -4,6 +4,7 @@
 // reading the next.
 #include "trainer/ps_server.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <set>

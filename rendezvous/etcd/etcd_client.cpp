@@ -2,6 +2,8 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
+
 #include "common/clock.h"
 #include "common/error.h"
 #include "common/text.h"
