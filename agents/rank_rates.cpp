@@ -1,5 +1,7 @@
 #include "agents/rank_rates.h"
 
+#include <algorithm>
+
 namespace dlrun::agents {
 
 void RankRates::reset(int round, int baseRank, int workers) {

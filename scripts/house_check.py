@@ -2,14 +2,16 @@
 """The house rules that can be counted (ARCHITECTURE.md section 1): no source file over 600
 lines (C++, Python, shell; tests/ and bench/ too), no C++ function outside them over 120, and no
 ConfigError raised by the launch (every check runs in the parser; launcher/launch.cpp throws
-none). And the map stays whole: every source file outside tests/ is named by its path
-(store/wire.cpp) in ARCHITECTURE.md or a page of docs/design/, so a new file is placed where the
-next reader looks; and every path they name exists, so a file moved or gone leaves no stale
-pointer. The docs do not drift either: every
-relative link of README.md, ARCHITECTURE.md and docs/ reaches a file, and a heading where it names
-one; docs/benchmarks.md's index lists every section, newest first, each with the date of its
-section's latest figure; every folder of the map's table exists, and every folder of the tree is
-in it. Prints each breach on a line and exits 1 when there is one.
+none); a C++ file that calls an algorithm of <algorithm> includes it itself (GCC 14's
+headers, Debian 13's, bring it with fewer others than GCC 12's: a file that builds on Debian 12
+by a header's chance fails there). And the map stays whole: every source file outside tests/ is
+named by its path (store/wire.cpp) in ARCHITECTURE.md or a page of docs/design/, so a new file
+is placed where the next reader looks; and every path they name exists, so a file moved or gone
+leaves no stale pointer. The docs do not drift either: every relative link of README.md,
+ARCHITECTURE.md and docs/ reaches a file, and a heading where it names one; docs/benchmarks.md's
+index lists every section, newest first, each with the date of its section's latest figure;
+every folder of the map's table exists, and every folder of the tree is in it. Prints each
+breach on a line and exits 1 when there is one.
 
     python3 scripts/house_check.py [SOURCE_DIR]
 
@@ -69,6 +71,15 @@ PATH = re.compile(rf"(?<![\w./-])(?:{'|'.join(TOP_FOLDERS)})/[\w./-]*\.[A-Za-z0-
 
 
 CPP = (".cpp", ".h", ".cu")
+# The <algorithm> functions the tree calls, or may: std::remove and std::copy are left out (the
+# names of <cstdio>'s and of <iterator>'s too).
+ALGORITHM = re.compile(
+    r"\bstd::(?:ranges::)?(?:sort|stable_sort|partial_sort|nth_element|find|find_if|find_if_not|"
+    r"any_of|all_of|none_of|count|count_if|remove_if|unique|reverse|rotate|lower_bound|upper_bound|"
+    r"equal_range|binary_search|transform|fill|fill_n|copy_if|copy_n|equal|mismatch|search|"
+    r"min_element|max_element|minmax_element|clamp|set_difference|set_intersection|includes|"
+    r"partition|shuffle|max|min)\b"
+)
 
 
 def sources(root, skip=SKIP_DIRS):
@@ -252,6 +263,10 @@ def main():
         name = os.path.relpath(path, root)
         if len(lines) - 1 > MAX_FILE_LINES:
             breaches.append(f"{name}: {len(lines) - 1} lines (at most {MAX_FILE_LINES})")
+        if path.endswith(CPP) and "#include <algorithm>" not in lines:
+            calls = [n for n, line in enumerate(lines, 1) if ALGORITHM.search(line.split("//")[0])]
+            if calls:
+                breaches.append(f"{name}:{calls[0]}: calls <algorithm> without including it")
         counted = path.endswith(CPP) and name.split(os.sep)[0] not in SKIP_DIRS
         for first, length in long_functions(lines) if counted else ():
             breaches.append(

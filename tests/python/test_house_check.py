@@ -2,7 +2,8 @@
 is not there, benchmarks.md's index with a wrong date, out of order or missing a section, and a
 folder of the tree the map's table does not name, or one it names that is gone; and a Python
 file over 600 lines (the rule C++ files had alone before), a test's too. Each on a small tree of
-its own, so the check is seen to fail, not only to pass on ours."""
+its own, so the check is seen to fail, not only to pass on ours. And a C++ file that calls an
+algorithm of <algorithm> without including it (it builds on Debian 12 by chance, not on 13)."""
 
 import os
 import subprocess
@@ -26,6 +27,11 @@ FILES = {
     "launcher/launch.cpp": "",
     "launcher/long.py": "pass\n" * 601,
     "tests/long_test.py": "pass\n" * 601,
+    "tests/sorts_test.cpp": (
+        "#include <vector>\n// std::sort in a comment\nvoid f(std::vector<int>& v) {\n"
+        "  std::sort(v.begin(), v.end());\n}\n"
+    ),
+    "tests/sorted_test.cpp": "#include <algorithm>\nvoid f(int* v) { std::sort(v, v + 2); }\n",
     "extra/keep": "",
 }
 
@@ -54,6 +60,7 @@ class HouseCheckTest(unittest.TestCase):
             "extra/: a folder the table of ARCHITECTURE.md section 1 does not name",
             "launcher/long.py: 601 lines (at most 600)",
             "tests/long_test.py: 601 lines (at most 600)",
+            "tests/sorts_test.cpp:4: calls <algorithm> without including it",
         ]
         for line in expected:
             self.assertIn("house_check: " + line, said)

@@ -1,5 +1,6 @@
 #include "tests/sim/sim_job.h"
 
+#include <algorithm>
 #include <csignal>
 #include <map>
 #include <memory>

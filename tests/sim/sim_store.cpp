@@ -1,5 +1,6 @@
 #include "tests/sim/sim_store.h"
 
+#include <algorithm>
 #include <type_traits>
 
 #include "common/error.h"
