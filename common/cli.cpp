@@ -10,16 +10,49 @@
 namespace dlrun {
 
 namespace {
-class UsageFormatter : public CLI::Formatter {
+// The one --help text on every CLI11 release: 2.4 (Debian 13) prints an option's default as
+// "TYPE [DEFAULT] ", 2.1 (Debian 12) as "TYPE=DEFAULT", which this keeps (the reference pages are
+// written from --help); `forms`, when given, replace the usage line.
+class HelpFormatter : public CLI::Formatter {
  public:
-  explicit UsageFormatter(std::vector<std::string> forms) : forms_(std::move(forms)) {}
-  std::string make_usage(const CLI::App*, std::string) const override {
+  explicit HelpFormatter(std::vector<std::string> forms = {}) : forms_(std::move(forms)) {}
+
+  std::string make_usage(const CLI::App* app, std::string name) const override {
+    if (forms_.empty()) return CLI::Formatter::make_usage(app, std::move(name));
     std::string usage;
     for (const auto& form : forms_) usage += (usage.empty() ? "Usage: " : "  or:  ") + form + "\n";
     return usage;
   }
 
+  std::string make_option_opts(const CLI::Option* opt) const override {
+    if (!opt->get_option_text().empty()) return " " + opt->get_option_text();
+    std::string out;
+    if (opt->get_type_size() != 0) {
+      if (!opt->get_type_name().empty()) out += " " + get_label(opt->get_type_name());
+      if (!opt->get_default_str().empty()) out += "=" + defaultText(opt->get_default_str());
+      if (opt->get_expected_max() == CLI::detail::expected_max_vector_size)
+        out += " ...";
+      else if (opt->get_expected_min() > 1)
+        out += " x " + std::to_string(opt->get_expected());
+      if (opt->get_required()) out += " " + get_label("REQUIRED");
+    }
+    if (!opt->get_envname().empty())
+      out += " (" + get_label("Env") + ":" + opt->get_envname() + ")";
+    if (!opt->get_needs().empty()) {
+      out += " " + get_label("Needs") + ":";
+      for (const CLI::Option* other : opt->get_needs()) out += " " + other->get_name();
+    }
+    if (!opt->get_excludes().empty()) {
+      out += " " + get_label("Excludes") + ":";
+      for (const CLI::Option* other : opt->get_excludes()) out += " " + other->get_name();
+    }
+    return out;
+  }
+
  private:
+  // An empty list's default: "[]" in 2.1, "{}" in 2.4.
+  static std::string defaultText(const std::string& text) { return text == "{}" ? "[]" : text; }
+
   std::vector<std::string> forms_;
 };
 }  // namespace
@@ -28,6 +61,8 @@ std::optional<int> parseCommandLine(CLI::App& app, const std::vector<std::string
                                     const std::string& version) {
   // CLI11 consumes its argument vector from the back.
   std::vector<std::string> reversed(args.rbegin(), args.rend());
+  if (!std::dynamic_pointer_cast<HelpFormatter>(app.get_formatter()))
+    app.formatter(std::make_shared<HelpFormatter>());
   try {
     app.parse(reversed);
   } catch (const CLI::CallForHelp&) {
@@ -43,7 +78,7 @@ std::optional<int> parseCommandLine(CLI::App& app, const std::vector<std::string
 }
 
 void setUsage(CLI::App& app, const std::vector<std::string>& forms) {
-  app.formatter(std::make_shared<UsageFormatter>(forms));
+  app.formatter(std::make_shared<HelpFormatter>(forms));
 }
 
 CLI::Validator oneOf(std::vector<std::string> names, const std::string& why) {

@@ -18,7 +18,8 @@ Each FAULT is KIND:RANK:STEP and strikes the rank's process of the job's first a
 - host: once STEP is complete everywhere it writes OUT_DIR/lose_host_<RANK> and SIGSTOPs itself,
   for the test to kill its whole host.
 Each rank's first process writes OUT_DIR/pid_<RANK> (its PID) at its start.
-With `alone:RANK:STEP` the other ranks end once STEP is complete everywhere, and RANK goes on
+With `alone:RANK:STEP` the other ranks end once STEP is complete everywhere (rank 0, where its
+torch serves the store, once RANK is done), and RANK goes on
 alone renumbered as rank 0 of 1 (RANK and WORLD_SIZE set anew, as dlrun.recovery renumbers the
 survivors of a lost node): it saves the steps left, loads, and writes OUT_DIR/alone.json (the
 step loaded, and whether it equals what RANK saved at that step).
@@ -188,7 +189,13 @@ def main():
         if strikes.get(step) == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
         if alone and alone[1] == step:
-            return go_on_alone(out, steps, step, rank) if alone[0] == rank else 0
+            if alone[0] == rank:
+                return go_on_alone(out, steps, step, rank)
+            # Rank 0 of a torch without libuv serves the job's store (dlrun said so): it stays
+            # until the renumbered rank is done with it, as the agent's store would.
+            if rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "False":
+                return wait_for_release(out, "alone.json")
+            return 0
         if strikes.get(step) == "host":
             open(os.path.join(out, f"lose_host_{rank}"), "w").close()
             os.kill(os.getpid(), signal.SIGSTOP)

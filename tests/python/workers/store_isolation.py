@@ -62,6 +62,11 @@ def main():
     # still gets every record written (and the test says what was seen).
     store.set(f"recorded_{attempt}_{rank}", "1")
     store.wait([f"recorded_{attempt}_{r}" for r in range(world)], TIMEOUT)
+    # Rank 0 may serve the store (a torch without libuv): it leaves last, once every other
+    # rank's wait has returned (its exit would cut a wait still being answered).
+    store.set(f"left_{attempt}_{rank}", "1")
+    if rank == 0:
+        store.wait([f"left_{attempt}_{r}" for r in range(world)], TIMEOUT)
     return 0 if attempt >= last else 1
 
 

@@ -36,10 +36,10 @@ def wait_to_be_stopped():
     os._exit(4)
 
 
-def wait_for_release(out_dir):
-    """Waits for the test's file `release` in `out_dir`: 0, or 4 if it does not come within
-    MAX_WAIT_S."""
-    release = os.path.join(out_dir, "release")
+def wait_for_release(out_dir, name="release"):
+    """Waits for the file `name` in `out_dir` (the test's `release`, or another worker's): 0, or
+    4 if it does not come within MAX_WAIT_S."""
+    release = os.path.join(out_dir, name)
     deadline = time.monotonic() + MAX_WAIT_S
     while not os.path.exists(release):
         if time.monotonic() > deadline:
