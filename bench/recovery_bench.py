@@ -87,7 +87,14 @@ class Setup:
         self.nproc, self.max_restarts = args.nproc, args.max_restarts
         self.deadline, self.rdzv_conf = args.deadline, args.rdzv_conf
         self.checkpoint = os.path.join(scratch, "template.pt")
-        self.worker_args = ["--widths", args.widths, "--backend", args.backend]
+        self.worker_args = [
+            "--widths",
+            args.widths,
+            "--backend",
+            args.backend,
+            "--step-seconds",
+            str(args.step_seconds),
+        ]
 
 
 def dlrun_help(dlrun):
@@ -358,6 +365,14 @@ def parse_args(argv):
         default="gloo",
         help="the job's process group: gloo on the CPU, or NCCL on CUDA (a GPU machine)",
     )
+    parser.add_argument(
+        "--step-seconds",
+        type=float,
+        default=0.1,
+        help="the least time between the job's steps (recovery_worker.py; 0: back to back, as "
+        "a training job runs: a survivor in process then meets its failed collective within "
+        "a step rather than after its wait)",
+    )
     parser.add_argument("--cases", default="worker,hang,host,agent")
     parser.add_argument("--launchers", default=",".join(LAUNCHERS))
     parser.add_argument(
@@ -405,7 +420,7 @@ def main(argv=None):
     prefixes = launcher_prefixes(args)
     print(
         f"rounds: {args.trials}, {args.nproc} workers per node, the MLP {args.widths} "
-        f"({args.backend}), "
+        f"({args.backend}, steps at least {args.step_seconds:g} s apart), "
         f"cases {', '.join(args.cases)}, "
         f"deadline {args.deadline:g} s; launchers: "
         + ", ".join(f"{n} = {' '.join(p) if p else 'n/a'}" for n, p in prefixes.items()),

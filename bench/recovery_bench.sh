@@ -14,7 +14,7 @@
 # Usage: bench/recovery_bench.sh [BUILD_DIR] [--trials N] [--nproc N] [--cases worker,hang,host,agent]
 #          [--launchers dlrun,dlrun-warm,dlrun-inproc,dlrun-inproc-warm,torchrun]
 #          [--deadline S] [--max-restarts K] [--rdzv-conf K=V,...] [--quick] [--keep DIR]
-#          [--backend gloo|nccl]
+#          [--backend gloo|nccl] [--step-seconds S]
 #        BUILD_DIR: default build. --trials: rounds (10; --quick 2). --nproc: workers per node
 #        (2). --deadline: seconds from the fault to the next step (60). --rdzv-conf: more
 #        settings for both launchers (e.g. last_call_timeout=1; default: each one's own).
@@ -22,6 +22,8 @@
 #        checkpoints).
 #        --backend nccl: the job on CUDA through NCCL (a GPU machine; NCCL_SOCKET_IFNAME=lo
 #        where ranks share a GPU).
+#        --step-seconds: the least time between the job's steps (0.1; 0: back to back, as a
+#        training job runs).
 # Environment: PYTHON (bench/anchor.sh: default torch 2.13's environment).
 # Exit status: 0; 1 a dlrun trial failed or the floor could not be measured; 2 cannot run.
 set -euo pipefail

@@ -9,7 +9,7 @@ import threading
 from dlrun._job import say
 from dlrun._stuck import shut_down, sockets
 
-CLOSE_S = 0.5  # an old group's destruction is waited for so long (leave); 0.05 s usual
+CLOSE_S = 0.5  # leave() waits so long for torch to unregister the old group; 1 ms usual
 
 
 class Group:
@@ -41,40 +41,39 @@ class Group:
         }
 
     def leave(self, exit_replaced):
-        """Destroys the group and shuts its connections down (gloo has no abort): a peer still
-        waiting on this rank fails at once, not at the group's timeout (torch 1.13 keeps a
-        destroyed group's connections open). On torch 2.13 a gloo collective still pending on a
-        live peer (DDP's next bucket, under way as the previous one failed) holds the group's
-        destruction until the collective's timeout: past CLOSE_S its connections are shut down,
-        and once the group has left torch's registry its destruction goes on in the background
-        (nothing of the new group waits on it). Should it still be registered after another
-        CLOSE_S, exit_replaced(why) ends this rank, which closes every socket it has, and its
-        agent starts a replacement in its place (it has not met the new generation)."""
+        """Takes the group out of torch's registry and shuts its connections down (gloo has no
+        abort): a peer still waiting on this rank fails at once, not at the group's timeout
+        (torch 1.13 keeps a destroyed group's connections open). The group itself is destroyed
+        in the background, where nothing of the new group waits on it: gloo's destruction
+        waits a tick of its event loop (10 ms) for each connection, and on torch 2.13 a
+        collective still pending on a live peer (DDP's next bucket, under way as the previous
+        one failed) holds it until that collective fails. Should the group still be registered
+        after CLOSE_S twice, exit_replaced(why) ends this rank, which closes every socket it has,
+        and its agent starts a replacement in its place (it has not met the new generation)."""
         import torch.distributed as dist
 
-        def close():
-            gc.collect()
+        held = []  # the group's last reference, dropped in the background
+
+        def unregister():
             self.abort()  # nothing waits on its collective as the group goes
             if dist.is_initialized():
+                held.append(dist.distributed_c10d._get_default_group())
                 dist.destroy_process_group()
-            gc.collect()
 
-        # A thread: the destruction may block for the collective's timeout, which is not waited.
-        closing = threading.Thread(target=close, name="dlrun-leave-group", daemon=True)
+        # A thread: should torch's unregistering block after all, it is not waited for long.
+        closing = threading.Thread(target=unregister, name="dlrun-leave-group", daemon=True)
         closing.start()
         closing.join(CLOSE_S)
-        stuck = closing.is_alive()
         shut_down(self._sockets)
         self._sockets = {}
-        if not stuck:
-            return
-        late = f"the old process group did not close within {CLOSE_S:g} s (a collective pending)"
-        if not dist.is_initialized():  # out of torch's registry: the new group is not held up
-            say("recovery", f"{late}; its connections shut down, it ends in the background")
+        threading.Thread(target=_destroy, args=(held,), name="dlrun-end-group", daemon=True).start()
+        if not closing.is_alive():
             return
         closing.join(CLOSE_S)
         if dist.is_initialized():
-            exit_replaced(late)
+            exit_replaced(f"the old process group was still registered after {2 * CLOSE_S:g} s")
+        else:
+            say("recovery", f"the old process group took over {CLOSE_S:g} s to unregister")
 
     def fail(self):
         """Fails the collective this rank may wait in: an NCCL group aborted, the connections
@@ -89,6 +88,13 @@ class Group:
 
         if self.backend == "nccl" and dist.is_initialized():
             dist.distributed_c10d._abort_process_group()
+
+
+def _destroy(held):
+    """Drops the old group's last references (`held`; a DDP of it, freed by the collection):
+    its destruction, which releases the GIL, runs here."""
+    held.clear()
+    gc.collect()
 
 
 def prepare_nccl(optimizer, world):

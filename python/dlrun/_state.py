@@ -1,5 +1,5 @@
 """The training state one rank of dlrun.recovery's loop hands to those that lack it after a
-recovery: readied by the sender before the new group forms, then broadcast in that group."""
+recovery: readied by the sender before the new group forms, then sent in that group."""
 
 import math
 import pickle
@@ -31,20 +31,28 @@ def ready(store, keys, whole, extra, device):
     ]
 
 
-def take(store, keys, source, flats, device, left, keep):
-    """The state of rank `source` broadcast in the new group: one collective per dtype on the
-    group's own communicator (a send would make NCCL a communicator for each pair; the step needs
-    the group's anyway), as bytes (gloo's broadcast knows only some dtypes: torch 1.13's neither
-    bool nor bfloat16). `flats`: what ready() made, on the source; None on every other rank.
-    Every rank of the group takes part; where `keep`, returns (extra, whole) as ready() had
-    them, else None. `left()`: the time left to wait for the sender's part (a lost sender: the
-    deadline)."""
+def take(store, keys, source, flats, device, left, receivers, broadcast):
+    """The state of rank `source` sent in the new group, as bytes (gloo knows only some dtypes:
+    torch 1.13's neither bool nor bfloat16), one message per dtype: to each of `receivers` (the
+    ranks that lack it) over the group's own connections, or where `broadcast`, by a broadcast
+    in which every rank takes part (NCCL: a send would make a communicator for each pair, and
+    the step needs the group's anyway). `flats`: what ready() made, on the source; None on every
+    other rank. Returns (extra, whole) as ready() had them on a receiver, else None. `left()`:
+    the time left to wait for the sender's part (a lost sender: the deadline)."""
     import torch
     import torch.distributed as dist
 
     if flats is not None:
-        for flat in flats:
-            dist.broadcast(flat.view(torch.uint8), src=source)
+        if broadcast:
+            for flat in flats:
+                dist.broadcast(flat.view(torch.uint8), src=source)
+        else:
+            sends = [dist.isend(f.view(torch.uint8), dst=r) for f in flats for r in receivers]
+            for send in sends:
+                send.wait()
+        return None
+    keep = dist.get_rank() in receivers
+    if not (keep or broadcast):
         return None
     store.wait([f"{keys}/state"], left())
     extra, skeleton, layout = pickle.loads(store.get(f"{keys}/state"))
@@ -52,7 +60,10 @@ def take(store, keys, source, flats, device, left, keep):
     for ids in by_dtype(layout):
         sizes = [math.prod(layout[i][1]) for i in ids]
         flat = torch.empty(sum(sizes), dtype=layout[ids[0]][0], device=device)
-        dist.broadcast(flat.view(torch.uint8), src=source)
+        if broadcast:
+            dist.broadcast(flat.view(torch.uint8), src=source)
+        else:
+            dist.recv(flat.view(torch.uint8), src=source)
         if keep:
             for i, piece in zip(ids, flat.split(sizes)):
                 received[i] = piece.view(layout[i][1])

@@ -19,7 +19,7 @@ the others keep their processes: the collective that failed in a survivor raises
 destroys the process group, meets the replacement in the next generation's key space of the
 job's store, makes the group again there, sends the model, the optimizer, the step and `state`
 from the surviving rank furthest along (the lowest of those) to every rank that does not hold
-them already (a broadcast in the new group, no file), and runs the failed step again. Every
+them already (sent in the new group, no file), and runs the failed step again. Every
 step is taken once: all ranks go on from one rank's state and step (a step whose
 optimizer.step() ran on that rank counts as done). What a step draws at random should come from
 the step (a generator seeded by it), since a replacement has none of its dead process's state.
@@ -273,10 +273,19 @@ class Loop:
         whole = {"model": self.module.state_dict(), "optimizer": self.optimizer.state_dict()}
         return _state.ready(self._store, keys, whole, (self.step, self.state), self._group.device())
 
-    def _take_state(self, source, keys, flats, left, keep):
-        """The source's state broadcast in the new group; loaded in place of this rank's own
-        where `keep` (a survivor at the source's step only takes part)."""
-        taken = _state.take(self._store, keys, source, flats, self._group.device(), left, keep)
+    def _take_state(self, source, keys, flats, left, receivers):
+        """The source's state sent in the new group to `receivers`, which load it in place of
+        their own (a survivor at the source's step holds it already)."""
+        taken = _state.take(
+            self._store,
+            keys,
+            source,
+            flats,
+            self._group.device(),
+            left,
+            receivers,
+            broadcast=self.backend == "nccl",
+        )
         if taken is None:
             return
         (step, state), whole = taken
@@ -436,7 +445,7 @@ class Loop:
         self._group.form(self._store, keys, self.rank, self.world, left())
         phase("group")
         if receivers:
-            self._take_state(source, keys, flats, left, keep=self.rank in receivers)
+            self._take_state(source, keys, flats, left, receivers)
         # Every rank holds the source's weights now: DDP's own first broadcast of them is spared.
         self.ddp = self._wrap(synced=True)
         dist.barrier()

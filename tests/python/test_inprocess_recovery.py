@@ -165,14 +165,12 @@ class InProcessRecoveryTest(InProcessCase):
 
     def test_a_group_held_by_a_pending_collective_is_shut_down_and_nobody_is_replaced(self):
         # Rank 0 fails at step 9 with an all-reduce pending that its peers, in a barrier, never
-        # match: its old group cannot close, and they wait on it. Its connections shut down,
-        # every rank recovers in its own process, generation 1, nothing started anew.
+        # match: its old group cannot be destroyed while they wait on it. It leaves torch's
+        # registry at once and its connections shut down, which frees the peers (the group
+        # ends in the background); every rank recovers in its own process, generation 1,
+        # nothing started anew.
         out, finals, result = self.job("0:9:pending")
-        self.assertIn(
-            "rank 0: the old process group did not close within 0.5 s (a collective "
-            "pending); its connections shut down",
-            result.stderr,
-        )
+        self.assertNotIn("the old process group", result.stderr)
         self.assertNotIn("exiting to be replaced", result.stderr)
         self.assertNotIn("replacement started", result.stderr)
         self.assertEqual({f["sha256"] for f in finals}, {self.reference()}, result)

@@ -97,9 +97,9 @@ def leave_pending(how):
 
 def die_in_recovery(phase):
     """SIGKILLs this process as its loop's first recovery re-forms the group ("group": the
-    second init_process_group) or broadcasts the state ("state": its first broadcast, the
-    sending rank's or a receiving one's)."""
-    names = ("init_process_group",) if phase == "group" else ("broadcast",)
+    second init_process_group) or sends the state ("state": its first send, receive or
+    broadcast, the sending rank's or a receiving one's)."""
+    names = ("init_process_group",) if phase == "group" else ("broadcast", "isend", "recv")
     calls = []
 
     def dying(real):
