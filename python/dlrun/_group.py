@@ -9,7 +9,7 @@ import threading
 from dlrun._job import say
 from dlrun._stuck import shut_down, sockets
 
-CLOSE_S = 0.5  # leave() waits so long for torch to unregister the old group; 1 ms usual
+CLOSE_S = 0.5  # an old group's unregistering, then its destruction, is waited for so long
 
 
 class Group:
@@ -41,18 +41,21 @@ class Group:
         }
 
     def leave(self, exit_replaced):
-        """Takes the group out of torch's registry and shuts its connections down (gloo has no
-        abort): a peer still waiting on this rank fails at once, not at the group's timeout
-        (torch 1.13 keeps a destroyed group's connections open). The group itself is destroyed
-        in the background, where nothing of the new group waits on it: gloo's destruction
-        waits a tick of its event loop (10 ms) for each connection, and on torch 2.13 a
-        collective still pending on a live peer (DDP's next bucket, under way as the previous
-        one failed) holds it until that collective fails. Should the group still be registered
-        after CLOSE_S twice, exit_replaced(why) ends this rank, which closes every socket it has,
-        and its agent starts a replacement in its place (it has not met the new generation)."""
+        """Takes the group out of torch's registry at once and leaves its destruction to a thread
+        of its own (_end), which nothing of the new group waits on: gloo's destruction waits a
+        tick of its event loop (10 ms) for each connection. The destruction closes the group's
+        connections, and a peer still waiting on this rank fails then, not at the group's
+        timeout; where it has not ended within CLOSE_S (on torch 2.13 a gloo collective still
+        pending on a live peer, DDP's next bucket under way as the previous one failed, holds
+        it until the collective's timeout) or left them open (torch 1.13), they are shut down
+        (gloo has no abort). Not sooner: a peer's all-reduce queued after the shut-down waits
+        in its receive, never told, until its timeout. Should torch not even unregister the
+        group within CLOSE_S twice, exit_replaced(why) ends this rank, which closes every socket
+        it has, and its agent starts a replacement in its place (it has not met the new
+        generation)."""
         import torch.distributed as dist
 
-        held = []  # the group's last reference, dropped in the background
+        held = []  # the group's last reference, dropped by _end
 
         def unregister():
             self.abort()  # nothing waits on its collective as the group goes
@@ -64,16 +67,16 @@ class Group:
         closing = threading.Thread(target=unregister, name="dlrun-leave-group", daemon=True)
         closing.start()
         closing.join(CLOSE_S)
-        shut_down(self._sockets)
-        self._sockets = {}
-        threading.Thread(target=_destroy, args=(held,), name="dlrun-end-group", daemon=True).start()
-        if not closing.is_alive():
-            return
-        closing.join(CLOSE_S)
-        if dist.is_initialized():
-            exit_replaced(f"the old process group was still registered after {2 * CLOSE_S:g} s")
-        else:
-            say("recovery", f"the old process group took over {CLOSE_S:g} s to unregister")
+        group_sockets, self._sockets = self._sockets, {}
+        if closing.is_alive():
+            shut_down(group_sockets)  # the peers waiting on this rank are freed meanwhile
+            closing.join(CLOSE_S)
+            if dist.is_initialized():
+                exit_replaced(f"the old process group was still registered after {2 * CLOSE_S:g} s")
+        ending = threading.Thread(
+            target=_end, args=(held, group_sockets), name="dlrun-end-group", daemon=True
+        )
+        ending.start()
 
     def fail(self):
         """Fails the collective this rank may wait in: an NCCL group aborted, the connections
@@ -90,11 +93,26 @@ class Group:
             dist.distributed_c10d._abort_process_group()
 
 
-def _destroy(held):
-    """Drops the old group's last references (`held`; a DDP of it, freed by the collection):
-    its destruction, which releases the GIL, runs here."""
-    held.clear()
-    gc.collect()
+def _end(held, group_sockets):
+    """Destroys the old group, then shuts down what is left of its connections
+    (`group_sockets`), at the latest CLOSE_S on. `held`: the group's last reference, dropped
+    once the collection freed the DDP around it, so that the destruction runs in torch's
+    deallocation of the group, which releases the GIL."""
+
+    def destroy():
+        gc.collect()
+        held.clear()
+
+    destroying = threading.Thread(target=destroy, name="dlrun-destroy-group", daemon=True)
+    destroying.start()
+    destroying.join(CLOSE_S)
+    if destroying.is_alive():
+        say(
+            "recovery",
+            f"the old process group did not end within {CLOSE_S:g} s (a collective pending); "
+            "its connections shut down, it ends in the background",
+        )
+    shut_down(group_sockets)
 
 
 def prepare_nccl(optimizer, world):

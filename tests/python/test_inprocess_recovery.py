@@ -12,8 +12,9 @@ one seeded batch a step and rank, momentum), run fault-free once for the weights
 - A failure after the group re-formed (rank 2 at step 9, rank 1 at step 15): a second recovery,
   generation 2, the same weights.
 - A rank whose old group cannot close (a collective of its own left pending on its live peers,
-  who wait on it in theirs): its connections are shut down and every rank recovers in its own
-  process; where the group stays registered, it exits and is replaced like a dead worker.
+  who wait on it in theirs): it meets the next generation all the same, the peers are freed
+  (their step watch, or its connections shut down) and every rank recovers in its own process;
+  where the group stays registered, it exits and is replaced like a dead worker.
 - A rank left in a step its peers left (it waits for good, no collective failing): once they
   meet in the next generation its loop's watch shuts its group's connections down (which frees
   a survivor waiting on it), then ends it, and it is replaced like a dead worker.
@@ -165,12 +166,17 @@ class InProcessRecoveryTest(InProcessCase):
 
     def test_a_group_held_by_a_pending_collective_is_shut_down_and_nobody_is_replaced(self):
         # Rank 0 fails at step 9 with an all-reduce pending that its peers, in a barrier, never
-        # match: its old group cannot be destroyed while they wait on it. It leaves torch's
-        # registry at once and its connections shut down, which frees the peers (the group
-        # ends in the background); every rank recovers in its own process, generation 1,
-        # nothing started anew.
+        # match: its old group cannot be destroyed, and they wait on it. It goes on to the next
+        # generation all the same; the peers are freed by their step watch as it arrives there,
+        # or by its connections shut down 0.5 s on. Every rank recovers in its own process,
+        # generation 1, nothing started anew.
         out, finals, result = self.job("0:9:pending")
-        self.assertNotIn("the old process group", result.stderr)
+        self.assertRegex(
+            result.stderr,
+            r"rank [123]: still in step 9 of generation 0 while the others meet in the next; "
+            r"shutting its group's connections down|rank 0: the old process group did not "
+            r"end within 0\.5 s \(a collective pending\); its connections shut down",
+        )
         self.assertNotIn("exiting to be replaced", result.stderr)
         self.assertNotIn("replacement started", result.stderr)
         self.assertEqual({f["sha256"] for f in finals}, {self.reference()}, result)
