@@ -33,7 +33,8 @@ OUT_DIR/held_<RANK> and waits for OUT_DIR/release (a test that kills the agent m
 With `preempt:STEP` every rank asks dlrun.checkpoint.should_stop() after each step (its barrier
 passed); at STEP rank 0 writes OUT_DIR/preempt_<STEP> and waits for its own SIGTERM (the test
 stops dlrun then) while the others go on to the next step's barrier. A rank told to stop
-writes OUT_DIR/stopped_<RANK>.json (the step) and ends.
+writes OUT_DIR/stopped_<RANK>.json (the step) and ends (rank 0, where its torch serves the
+store, once every rank has).
 """
 
 import glob
@@ -185,6 +186,11 @@ def main():
                 wait_for_stop_request()
             if checkpoint.should_stop(step):
                 write_json(os.path.join(out, f"stopped_{rank}.json"), {"step": step})
+                # Rank 0 of a torch without libuv serves the job's store: it stays until every
+                # rank has had its answer from it.
+                if rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "False":
+                    for other in range(1, int(os.environ["WORLD_SIZE"])):
+                        wait_for_release(out, f"stopped_{other}.json")
                 return 0
         if strikes.get(step) == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
