@@ -48,7 +48,13 @@ import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import dlrun.checkpoint as checkpoint  # noqa: E402  (dlrun puts its package on PYTHONPATH)
-from worker_util import MAX_WAIT_S, exit_past_torch_teardown, wait_for_release, write_json  # noqa: E402
+from worker_util import (  # noqa: E402
+    MAX_WAIT_S,
+    exit_past_torch_teardown,
+    serves_store,
+    wait_for_release,
+    write_json,
+)
 
 
 def state(step, rank):
@@ -186,9 +192,7 @@ def main():
                 wait_for_stop_request()
             if checkpoint.should_stop(step):
                 write_json(os.path.join(out, f"stopped_{rank}.json"), {"step": step})
-                # Rank 0 of a torch without libuv serves the job's store: it stays until every
-                # rank has had its answer from it.
-                if rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "False":
+                if serves_store():  # until every rank had its answer from it
                     for other in range(1, int(os.environ["WORLD_SIZE"])):
                         wait_for_release(out, f"stopped_{other}.json")
                 return 0
@@ -197,9 +201,7 @@ def main():
         if alone and alone[1] == step:
             if alone[0] == rank:
                 return go_on_alone(out, steps, step, rank)
-            # Rank 0 of a torch without libuv serves the job's store (dlrun said so): it stays
-            # until the renumbered rank is done with it, as the agent's store would.
-            if rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "False":
+            if serves_store():  # until the renumbered rank is done with it
                 return wait_for_release(out, "alone.json")
             return 0
         if strikes.get(step) == "host":

@@ -81,6 +81,13 @@ def client_options():
     return {"use_libuv": False} if lacks_libuv() else {}
 
 
+def serves_store():
+    """Whether this worker's torch serves the job's store: rank 0 under
+    TORCHELASTIC_USE_AGENT_STORE=False (dlrun on a torch without libuv). It stays until its
+    peers are done with the store, as the agent's store would."""
+    return os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "False" and rank() == 0
+
+
 def launcher_store(timeout):
     """The store the launcher gives this worker, made as torch's env:// makes it: a client of
     the agent's store, or, under TORCHELASTIC_USE_AGENT_STORE=False (dlrun on a torch without
@@ -89,7 +96,7 @@ def launcher_store(timeout):
 
     host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
     world = int(os.environ["WORLD_SIZE"])
-    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "False":
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "False":  # rank 0 serves it
         options = {}
         if "USE_LIBUV" in os.environ:
             options["use_libuv"] = os.environ["USE_LIBUV"] == "1"
