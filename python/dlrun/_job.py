@@ -11,8 +11,11 @@ def store_client(world, timeout):
     import torch.distributed as dist
 
     # Without libuv in the workers' torch (USE_LIBUV=0), rank 0's torch serves the store once
-    # init_process_group ran: a client that asks for libuv would be refused.
-    options = {"use_libuv": False} if os.environ.get("USE_LIBUV") == "0" else {}
+    # init_process_group ran: a client that asks for libuv would be refused. A torch before
+    # libuv (1.13) has no such choice to make.
+    options = {}
+    if os.environ.get("USE_LIBUV") == "0" and hasattr(dist.TCPStore, "libuvBackend"):
+        options["use_libuv"] = False
     return dist.TCPStore(
         os.environ["MASTER_ADDR"],
         int(os.environ["MASTER_PORT"]),

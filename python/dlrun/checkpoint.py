@@ -35,7 +35,8 @@ ends. load() finds a step there too: a job launched again goes on from it.
 Preemption: should_stop(step), called by every rank once a step after its save, turns true at the
 same step on every rank once any worker of the job got SIGTERM (dlrun stopping the job: a
 signal to dlrun, scancel, a pod deleted, `dlrun stop`): the program returns, and that step is
-the one a new launch loads.
+the one a new launch loads. Where rank 0's torch serves the job's store, rank 0's should_stop()
+returns once every rank has its answer (the store ends with rank 0).
 
 Outside dlrun (no DLRUN_CHECKPOINT_SHM), save() is a torch.save to DLRUN_CHECKPOINT_DIR (or
 `directory`), one file a rank and step, and load() the torch.load of this rank's newest one.
@@ -76,6 +77,7 @@ KEYS = "dlrun/checkpoint"  # under the attempt's key space of the job's store
 ALIGN = 64  # each tensor's bytes start at a multiple of this
 COMPLETE_WAIT_S = 120  # a save waits so long for the previous step on every rank
 POLL_S = 0.005  # a wait looks again so often
+STOP_WAIT_S = 10  # rank 0 serving the store waits so long for its peers to stop (should_stop)
 
 
 def active():
@@ -221,6 +223,7 @@ class _Memory:
         self.write_every = float(every) if every and os.environ.get("DLRUN_CHECKPOINT_DIR") else 0
         self.stop_at = None  # the step the job stops at, once agreed
         self.told = False  # this rank counted its SIGTERM in the store
+        self.stopping = False  # this rank counted itself as stopping (_stop_together)
         atexit.register(self.finish_completing)  # the last save is the job's even at the end
 
     def _number(self, rank, world):
@@ -269,7 +272,30 @@ class _Memory:
                 f"step {step} is past step {self.stop_at}, where the job stops (should_stop() "
                 "not called every step): stopping here"
             )
+        if not self.stopping:
+            self.stopping = True
+            self._stop_together()
         return True
+
+    def _stop_together(self):
+        """The last the job asks of the store before its program returns: this rank's save
+        counted, then this rank counted as stopping. Where rank 0's torch serves the store
+        (TORCHELASTIC_USE_AGENT_STORE=False), the store ends with rank 0's process, so rank 0
+        stays until every rank has counted (STOP_WAIT_S at most: a rank gone or that never asks
+        again does not keep the job)."""
+        self.finish_completing()
+        self.stop_store.add(f"{KEYS}/stopping", 1)
+        if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "False" or self.rank != 0:
+            return
+        deadline = time.monotonic() + STOP_WAIT_S
+        while self.stop_store.add(f"{KEYS}/stopping", 0) < self.world:
+            if time.monotonic() > deadline:
+                _say(
+                    f"not every rank said it stops within {STOP_WAIT_S} s; this rank ends, and "
+                    "with it the job's store (its torch serves it)"
+                )
+                return
+            time.sleep(POLL_S)
 
     # Saving ---------------------------------------------------------------------------------
 

@@ -13,7 +13,8 @@ job is workers/checkpoint_job.py (a state of several dtypes a step and rank, sav
 - No shared memory is left after the job, whether it succeeds or fails; a SIGKILLed agent's is
   removed by the next agent that starts on the node.
 - Preemption: SIGTERM to dlrun stops both ranks at one step (should_stop()), dlrun writes it to
-  --checkpoint-dir as it ends, and a new launch loads it from there, bit-equal, and goes on.
+  --checkpoint-dir as it ends, and a new launch loads it from there, bit-equal, and goes on;
+  where rank 0's torch serves the store, rank 0 stays until the last rank had its answer.
 - With --checkpoint-write-every the agent writes the step the ranks name while the job runs:
   dlrun SIGKILLed, a new launch loads the newest step every rank has in the directory.
 - A rank renumbered in process (rank 0 of 1 after being rank 1 of 2) saves and loads in its new
@@ -140,9 +141,20 @@ class CheckpointTest(unittest.TestCase):
         # SIGTERM to dlrun as rank 0 waits after step 3 and rank 1 is in step 4: both stop at
         # step 4 (rank 0 names it as it sees its SIGTERM), dlrun writes it to --checkpoint-dir
         # as it ends, and a new launch loads it, bit-equal, and trains on from step 5.
+        self.preempt()
+
+    def test_preemption_where_rank_0_serves_the_store_waits_for_the_last_rank_to_ask(self):
+        # As above with the store rank 0's torch serves (as on a torch without libuv): rank 1
+        # asks should_stop() at step 4 only once rank 0 has its answer; rank 0 stays until rank
+        # 1 has its own (the store would end with rank 0's process), and both stop at step 4.
+        self.preempt("--worker-store=rank0", "late:1:4")
+
+    def preempt(self, *args):
         directory, out, after = temp_dir(self), temp_dir(self), temp_dir(self)
         flags = ["--standalone", f"--nproc-per-node={WORLD}", f"--checkpoint-dir={directory}"]
-        launch = Dlrun(self, [*flags, PYTHON, JOB, out, "1000", "preempt:3"], env=clean_env())
+        flags += [a for a in args if a.startswith("--")]
+        job = [a for a in args if not a.startswith("--")]
+        launch = Dlrun(self, [*flags, PYTHON, JOB, out, "1000", "preempt:3", *job], env=clean_env())
         wait_until(
             lambda: os.path.exists(os.path.join(out, "preempt_3")),
             TIMEOUT_S,

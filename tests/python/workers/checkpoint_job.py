@@ -33,8 +33,9 @@ OUT_DIR/held_<RANK> and waits for OUT_DIR/release (a test that kills the agent m
 With `preempt:STEP` every rank asks dlrun.checkpoint.should_stop() after each step (its barrier
 passed); at STEP rank 0 writes OUT_DIR/preempt_<STEP> and waits for its own SIGTERM (the test
 stops dlrun then) while the others go on to the next step's barrier. A rank told to stop
-writes OUT_DIR/stopped_<RANK>.json (the step) and ends (rank 0, where its torch serves the
-store, once every rank has).
+writes OUT_DIR/stopped_<RANK>.json (the step) and ends. With `late:RANK:STEP` too, RANK asks
+should_stop() at STEP only once rank 0 has its answer (where rank 0's torch serves the store,
+the answer of rank 0 waits for RANK's: the store ends with rank 0).
 """
 
 import glob
@@ -42,6 +43,7 @@ import os
 import signal
 import sys
 import time
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -133,6 +135,18 @@ def wait_for_stop_request():
         time.sleep(0.01)  # the handler runs as the sleep ends
 
 
+def wait_for_rank_zero_stopping():
+    """Until rank 0 has counted itself as stopping in the job's store (dlrun.checkpoint's
+    should_stop() at the stop step), or for MAX_WAIT_S at most: this rank asks after rank 0
+    had its answer."""
+    from dlrun._job import store_client
+
+    store = store_client(int(os.environ["WORLD_SIZE"]), timedelta(seconds=MAX_WAIT_S))
+    deadline = time.monotonic() + MAX_WAIT_S
+    while store.add(f"{checkpoint.KEYS}/stopping", 0) < 1 and time.monotonic() < deadline:
+        time.sleep(0.005)
+
+
 def go_on_alone(out, steps, step, rank):
     """The steps after `step` as rank 0 of 1, then a load (see the module's docstring)."""
     os.environ.update(RANK="0", WORLD_SIZE="1")
@@ -151,8 +165,11 @@ def main():
     args = [
         a
         for a in sys.argv[3:]
-        if a != "hold" and not a.startswith(("reload:", "preempt:", "alone:"))
+        if a != "hold" and not a.startswith(("reload:", "preempt:", "alone:", "late:"))
     ]
+    late = next(
+        (tuple(map(int, a.split(":")[1:])) for a in sys.argv[3:] if a.startswith("late:")), None
+    )
     alone = next(
         (tuple(map(int, a.split(":")[1:])) for a in sys.argv[3:] if a.startswith("alone:")), None
     )
@@ -190,11 +207,10 @@ def main():
             if preempt_at == step and rank == 0 and attempt == "0":
                 open(os.path.join(out, f"preempt_{step}"), "w").close()
                 wait_for_stop_request()
+            if late == (rank, step):
+                wait_for_rank_zero_stopping()
             if checkpoint.should_stop(step):
                 write_json(os.path.join(out, f"stopped_{rank}.json"), {"step": step})
-                if serves_store():  # until every rank had its answer from it
-                    for other in range(1, int(os.environ["WORLD_SIZE"])):
-                        wait_for_release(out, f"stopped_{other}.json")
                 return 0
         if strikes.get(step) == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
