@@ -5,6 +5,8 @@
 #include <iterator>
 #include <nlohmann/json.hpp>
 
+#include "store/store.h"
+
 namespace dlrun::agents::recovery {
 
 std::optional<Mark> parseMark(const std::string& text) {
@@ -76,6 +78,10 @@ std::vector<std::pair<std::string, std::string>> moving(int generation, int roun
     out.emplace_back(keys + "move/" + std::to_string(oldBaseRank + i),
                      std::to_string(round * kMoveBase + newBaseRank + i + 1));
   return out;
+}
+
+void tellNews(Store& store, const std::string& news) {
+  store.set(news + "/" + std::to_string(store.add(news, 1)), "1");
 }
 
 }  // namespace dlrun::agents::recovery

@@ -25,6 +25,10 @@
 #include <utility>
 #include <vector>
 
+namespace dlrun {
+class Store;
+}
+
 namespace dlrun::agents::recovery {
 
 // The exit code with which a loop that cannot finish a recovery asks for the whole-group
@@ -88,5 +92,15 @@ inline constexpr std::string_view kRoundVariable = "DLRUN_RECOVERY_ROUND";
 inline constexpr int64_t kMoveBase = 1'000'000;  // recovery.py's MOVE_BASE: ranks stay below it
 std::vector<std::pair<std::string, std::string>> moving(int generation, int round, int oldBaseRank,
                                                         int newBaseRank, int count, int worldSize);
+
+// What wakes the loops meeting in generation `generation` (in its keys or a round's): news,
+// once its cause is in the store (the meeting full, ranks moved, a rank out of the loop), is
+// counted in newsKey, and the key of that count, `<news>/<count>`, set. A loop reads the count
+// before it looks at the causes and then waits for the next count's key: no news is missed, and
+// it waits in one request, not by polling (a store's WAIT is for all of its keys, not any).
+inline std::string newsKey(int generation) {
+  return "/dlrun/recovery/" + std::to_string(generation) + "/news";
+}
+void tellNews(Store& store, const std::string& news);
 
 }  // namespace dlrun::agents::recovery

@@ -9,6 +9,8 @@
 #include <filesystem>
 #include <fstream>
 
+#include "store/memory_store.h"
+
 namespace dlrun::agents::recovery {
 namespace {
 
@@ -89,6 +91,21 @@ TEST(Recovery, AMoveTellsTheRoundAndWorldFirstThenEachRanksNewNumberPlusOne) {
                                             {"/dlrun/recovery/3/move/4", "7000003"},
                                             {"/dlrun/recovery/3/move/5", "7000004"}}));
   EXPECT_TRUE(kGenerationKey.starts_with("/dlrun/recovery/"));
+}
+
+TEST(Recovery, NewsIsCountedAndEachCountHasItsOwnKeyForTheLoopsToWaitOn) {
+  // A loop that read the count 0 waits for <news>/1, which the first news sets, and then for
+  // <news>/2, which only the next sets.
+  MemoryStore store;
+  const std::string news = newsKey(4);
+  EXPECT_EQ(news, "/dlrun/recovery/4/news");
+  EXPECT_EQ(store.add(news, 0), 0);
+  tellNews(store, news);
+  EXPECT_TRUE(store.waitFor({news + "/1"}, std::chrono::milliseconds(0)));
+  EXPECT_FALSE(store.check({news + "/2"}));
+  tellNews(store, news);
+  EXPECT_EQ(store.add(news, 0), 2);
+  EXPECT_TRUE(store.check({news + "/2"}));
 }
 
 }  // namespace

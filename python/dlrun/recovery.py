@@ -34,10 +34,12 @@ without --recovery. Outside dlrun, or without --recovery=in-process, the loop is
 over init_process_group("env://") and DistributedDataParallel: nothing else happens.
 """
 
+import contextlib
 import gc
 import json
 import os
 import sys
+import threading
 import time
 from datetime import timedelta
 
@@ -52,8 +54,6 @@ KEYS = "dlrun/recovery"  # under the attempt's key space of the job's store
 RECOVERY_TIMEOUT_S = 120  # a recovery not done by then falls back to the whole-group restart
 EXACT_BUCKET_MB = 1e-6  # under any parameter's size: a bucket each
 BEAT_S = 1.0  # a recovery's wait beats the progress board this often
-POLL_S = 0.01  # and looks at the store at most this far apart (sooner early in a wait)
-MOVE_POLLS = 5  # and for a kept round's keys (a node lost) every so many looks
 MOVE_BASE = 1_000_000  # a move's value: round * MOVE_BASE + rank + 1 (agents/recovery.h)
 
 
@@ -64,6 +64,26 @@ def active():
 
 def _say(text):
     say("recovery", text)
+
+
+@contextlib.contextmanager
+def _beating(step):
+    """Beats the progress board at `step` every BEAT_S while the block runs: a rank waiting in
+    the store for a replacement's start is recovering, not hung (--hang-timeout). A thread of
+    its own, as the wait blocks."""
+    stop = threading.Event()
+
+    def beat():
+        while not stop.wait(BEAT_S):
+            progress.step(step)
+
+    thread = threading.Thread(target=beat, name="dlrun-recovery-beat", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
 
 
 def _can_recover(backend):
@@ -237,6 +257,7 @@ class Loop:
                 # rank's completed) can never meet this rank again, and falls back at once.
                 try:
                     self._store.add(f"{KEYS}/done", 1)
+                    self._tell(f"{KEYS}/{self.generation + 1}/news")
                 except RuntimeError:  # a hint only: without it, such a peer falls back later
                     pass
                 self._mark(done=True)
@@ -337,43 +358,49 @@ class Loop:
             + f"; back at step {self.step} after {took:.3f} s"
         )
 
-    def _await(self, counter, left, move=None):
-        """Waits for the counter `counter` to be set, beating the progress board every BEAT_S: a
-        rank waiting for a replacement's start is recovering, not hung (--hang-timeout). Polled
-        with add(0), which torch 1.13's store has too: a store wait cut into slices would leave
-        the store's late answer to a timed-out wait on the connection. A rank that left the loop
-        (past its last barrier) never comes: the wait ends then, for the whole-group restart.
-        With `move`, (the counter the agent sets when a round kept this rank, a node lost; the
-        round it is met in, if any): looked at every MOVE_POLLS polls, returns the counter's value
-        once it names a later round, else 0."""
-        started = beat = time.monotonic()
-        polls = 0
-        while self._store.add(counter, 0) < 1:
-            polls += 1
-            if move and polls % MOVE_POLLS == 0:
-                found = self._store.add(move[0], 0)
-                if found > 0 and found // MOVE_BASE > move[1]:
-                    return found
-            left()  # raises past the deadline
-            if time.monotonic() >= beat:
-                progress.step(self.step)
-                beat += BEAT_S
+    def _await(self, counter, news, left, move=None):
+        """Waits for the counter `counter` to be set. Whoever has news for the ranks meeting in
+        a generation (the last to arrive in its keys or a round's, an agent whose ranks a round
+        kept, a rank that left the loop) counts it in `news` once its cause is in the store, and
+        sets that count's key (agents/recovery.h, newsKey): the count is read before the causes
+        are looked at, and the next count's key waited for, in one store request (a store's
+        wait is for all its keys, not any; polling would be a request a millisecond a rank). A
+        rank that left the loop (past its last barrier) never comes: the wait ends then, for the
+        whole-group restart. With `move`, (the counter the agent sets when a round kept this
+        rank, a node lost; the round it is met in, if any): returns the counter's value once it
+        names a later round, else 0."""
+        with _beating(self.step):
+            while True:
+                seen = self._store.add(news, 0)
+                if self._store.add(counter, 0) >= 1:
+                    return 0
+                if move:
+                    found = self._store.add(move[0], 0)
+                    if found > 0 and found // MOVE_BASE > move[1]:
+                        return found
                 if self._store.add(f"{KEYS}/done", 0) > 0:
                     raise RuntimeError("a rank has left the loop: the group cannot meet again")
-            # Every rank but the last to arrive learns of the meeting a look late: looks 1 ms
-            # apart at first (a warm replacement comes in tens of ms), a tenth of the wait so far
-            # later on, POLL_S at most (a cold one takes seconds, and its start needs the cores).
-            time.sleep(min(POLL_S, 0.001 + (time.monotonic() - started) / 10))
-        return 0
+                try:  # one wait to the deadline: torch 1.13 leaves a late answer to a timed-out one
+                    self._store.wait([f"{news}/{seen + 1}"], left())
+                except RuntimeError:
+                    left()  # past the deadline: says so
+                    raise
 
-    def _meet(self, keys, record, left, move):
+    def _tell(self, news):
+        """News for the ranks meeting in a generation (see _await), its cause in the store."""
+        self._store.set(f"{news}/{self._store.add(news, 1)}", "1")
+
+    def _meet(self, keys, record, news, left, move):
         """Arrives in a generation's keys and waits for every rank; the move counter's value
         (see _await; `move`: its prefix and the round met in) where a round kept this rank
         meanwhile, else 0."""
         self._store.set(f"{keys}/rank/{self.rank}", record)
         if self._store.add(f"{keys}/arrived", 1) == self.world:
             self._store.add(f"{keys}/ready", 1)
-        return self._await(f"{keys}/ready", left, move and (f"{move[0]}/{self.rank}", move[1]))
+            self._tell(news)
+        return self._await(
+            f"{keys}/ready", news, left, move and (f"{move[0]}/{self.rank}", move[1])
+        )
 
     def _recover_within(self, joining, deadline):
         import torch.distributed as dist
@@ -410,7 +437,7 @@ class Loop:
         record = json.dumps({"survivor": not joining, "step": self.step})
         met_in = -1
         while moved := self._meet(
-            here, record, left, None if joining else (f"{keys}/move", met_in)
+            here, record, f"{keys}/news", left, None if joining else (f"{keys}/move", met_in)
         ):
             # A node was lost and a round kept the survivors (their agents said so): they meet
             # again under its keys, with the newcomers, or alone in a smaller world, renumbered.

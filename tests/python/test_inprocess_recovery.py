@@ -38,10 +38,12 @@ On two simulated hosts with a spare: test_inprocess_recovery_hosts.py.
 import glob
 import os
 import re
+import signal
 import unittest
 from pathlib import Path
 
 from dlrun_fixture import PYTHON, clean_env, main, read_json, run_dlrun, temp_dir, worker
+from dlrund_fixture import start_dlrund
 
 TRAIN = worker("inprocess_train.py")
 STEPS = 24
@@ -55,14 +57,23 @@ class InProcessCase(unittest.TestCase):
     fault_free = None
     job_env = {}  # more of the workers' environment (the NCCL file's backend)
 
-    def job(self, *kills, recovery="in-process", max_restarts=3, world=WORLD, flags=(), warm=True):
+    def job(
+        self,
+        *kills,
+        recovery="in-process",
+        max_restarts=3,
+        world=WORLD,
+        flags=(),
+        warm=True,
+        rendezvous=("--standalone",),
+    ):
         out = temp_dir(self)
         if warm:
             flags = ["--warm-start", "--preload=torch", *flags]
         result = run_dlrun(
             self,
             [
-                "--standalone",
+                *rendezvous,
                 f"--nproc-per-node={world}",
                 f"--max-restarts={max_restarts}",
                 f"--recovery={recovery}",
@@ -132,6 +143,28 @@ class InProcessRecoveryTest(InProcessCase):
             with self.subTest(victim=victim, warm=warm):
                 out, finals, result = self.job(f"{victim}:9", warm=warm)
                 self.check_recovered(out, finals, result, victim)
+
+    def test_survivors_wait_for_a_replacement_in_a_few_store_requests(self):
+        # A replacement started anew imports torch (seconds); the survivors wait for it in the
+        # job's store (dlrund's, counted): one wait a look at the meeting, not a poll a
+        # millisecond. The recovery's ADDs: the killed run's less the fault-free run's.
+        adds = []
+        for kills in ((), ("2:9",)):
+            dlrund = start_dlrund(self, "--stats")
+            endpoint = [  # elastic, for a store of its own: one node serves it in process
+                "--nnodes=1:2",
+                "--rdzv-backend=c10d",
+                f"--rdzv-endpoint=127.0.0.1:{dlrund.port}",
+                "--rdzv-conf=last_call_timeout=0.1",
+            ]
+            out, finals, result = self.job(*kills, warm=False, rendezvous=endpoint)
+            if kills:
+                self.check_recovered(out, finals, result, 2)
+            dlrund.proc.send_signal(signal.SIGTERM)
+            stats = dlrund.proc.stdout.read().decode()
+            self.assertEqual(dlrund.stop(), 0)
+            adds.append(int(re.search(r"dlrund stats:.* ADD=(\d+)", stats).group(1)))
+        self.assertLess(adds[1] - adds[0], 100, adds)
 
     def test_a_hung_worker_is_replaced_once_the_stacks_are_taken(self):
         # Rank 1 stops itself (SIGSTOP) at step 9; the others wait for it in the all-reduce.

@@ -356,7 +356,7 @@ std::optional<std::string> checkInProcess(const Record& r) {
     // A rank of their round that left the loop (its last barrier done just before its node, the
     // lost one, stopped its other ranks, cutting the barrier short for the rest) makes every later
     // meeting in their key space hopeless, a newcomer in its place or not: recovery.py's done
-    // check falls back to the whole-group restart within a beat, as for a replacement (below).
+    // check falls back to the whole-group restart at its next look, as for a replacement (below).
     const auto left = r.leftLoop.find(k.space);
     if (left != r.leftLoop.end() && left->second <= k.at + kRecovers) {
       const auto fell = r.fellBack.find(k.space);

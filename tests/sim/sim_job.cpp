@@ -58,6 +58,9 @@ class Job {
     std::mt19937_64 side(seed ^ 0x1f00dull);
     record_.shape.inProcess = side() % 2 == 0;
     record_.shape.steps = static_cast<int>(4 + side() % 24);
+    // Faults aimed at a job's end, from it too: a schedule without them is the one it was.
+    lossAtFinish_ = side() % 10 == 0;
+    killFirstToLeave_ = record_.shape.inProcess && side() % 5 == 0;
     const NetworkShape network{.replyTimeout = Duration(4'000), .connectTimeout = Duration(1'000)};
     inProcess_ = std::make_unique<InProcess>(sim_, record_, network);
     if (sim_.chance(0.5)) {
@@ -91,6 +94,9 @@ class Job {
   void planWorkerKills();
   void planFaults();
   void fault(Time at, const std::string& what, std::function<void()> act, bool workers = true);
+  void noteFault(Time at, bool workers);
+  void loseReplies(Duration window);
+  void reportFinished(Agent& agent, const std::string& who, RoundId id, int round);
   void stopWorkers(Agent& agent, bool kept = false);
   std::optional<rendezvous::KeptWorkers> keepable(Agent& agent);
   void startWorkers(const std::shared_ptr<Agent>& agent, const World& world, RoundId id);
@@ -104,6 +110,8 @@ class Job {
   Record record_;
   std::unique_ptr<InProcess> inProcess_;
   double failureChance_ = 0;
+  bool lossAtFinish_ = false;                   // replies lost as the first node's workers finish
+  bool killFirstToLeave_ = false;               // InProcess::killFirstToLeave
   std::map<int, std::shared_ptr<Agent>> live_;  // by owner, while its agent task runs
 };
 
@@ -327,9 +335,7 @@ void Job::workerBody(const std::shared_ptr<Agent>& agent, World world, RoundId i
                    .failures = world.failures,
                    .report = "worker failed"});
     } else {
-      sim_.note(who + "'s workers finished round " + std::to_string(world.round));
-      record_.succeeded[id].insert(agent->owner);
-      agent->rendezvous->reportSuccess();
+      reportFinished(*agent, who, id, world.round);
     }
   } catch (const Error& e) {
     sim_.note(who + " cannot report to the rendezvous store: " + e.what());
@@ -348,13 +354,43 @@ void Job::end(int owner, std::optional<RoundEnd> end, const std::string& error,
   sim_.note(me.label + " ends: " + (me.end ? me.end->describe() : kind + ": " + error));
 }
 
-void Job::fault(Time at, const std::string& what, std::function<void()> act, bool workers) {
+// A node's workers finished the round: its report, in some schedules with replies lost from
+// that moment (the first time only), when a report made again may count twice.
+void Job::reportFinished(Agent& agent, const std::string& who, RoundId id, int round) {
+  sim_.note(who + "'s workers finished round " + std::to_string(round));
+  record_.succeeded[id].insert(agent.owner);
+  if (std::exchange(lossAtFinish_, false)) {
+    const Duration window = sim_.between(Duration(500), Duration(3'000));
+    record_.replyLoss.push_back({sim_.now(), sim_.now() + window});
+    noteFault(sim_.now(), true);
+    sim_.note("FAULT lose replies for " + std::to_string(window.count()) + " ms as " + who +
+              "'s workers finish");
+    loseReplies(window);
+  }
+  agent.rendezvous->reportSuccess();
+}
+
+void Job::noteFault(Time at, bool workers) {
   if (workers) record_.workerFaults.push_back(at);
   record_.lastFault = std::max(record_.lastFault, at);
   record_.firstFault = std::min(record_.firstFault.value_or(Time::max()), at);
+}
+
+void Job::fault(Time at, const std::string& what, std::function<void()> act, bool workers) {
+  noteFault(at, workers);
   sim_.at(at, [this, what, act = std::move(act)] {
     sim_.note("FAULT " + what);
     act();
+  });
+}
+
+// Each store connection's replies lost, each with chance 0.2, for `window` from now.
+void Job::loseReplies(Duration window) {
+  store_->loseReplies(0.2);
+  inProcess_->loseReplies(0.2);
+  sim_.at(sim_.now() + window, [this] {
+    store_->loseReplies(0);
+    inProcess_->loseReplies(0);
   });
 }
 
@@ -374,14 +410,8 @@ void Job::planFaults() {
     } else if (kind < 27) {
       const Duration window = sim_.between(Duration(500), Duration(5'000));
       record_.replyLoss.push_back({at, at + window});
-      fault(at, "lose replies for " + std::to_string(window.count()) + " ms", [this, window] {
-        store_->loseReplies(0.2);
-        inProcess_->loseReplies(0.2);
-        sim_.at(sim_.now() + window, [this] {
-          store_->loseReplies(0);
-          inProcess_->loseReplies(0);
-        });
-      });
+      fault(at, "lose replies for " + std::to_string(window.count()) + " ms",
+            [this, window] { loseReplies(window); });
     } else if (kind < 40) {
       record_.storeAway.push_back({at, at + d});
       fault(
@@ -467,9 +497,7 @@ void Job::inProcessBody(const std::shared_ptr<Agent>& agent, World world, RoundI
   id = agent->round;
   try {
     if (outcome.kind == InProcess::Outcome::Kind::Finished) {
-      sim_.note(who + "'s workers finished round " + std::to_string(world.round));
-      record_.succeeded[id].insert(agent->owner);
-      agent->rendezvous->reportSuccess();
+      reportFinished(*agent, who, id, world.round);
       return;
     }
     record_.failureReported.insert(id);
@@ -531,6 +559,7 @@ Verdict Job::run() {
   }
   planFaults();
   if (record_.shape.inProcess) planWorkerKills();
+  if (killFirstToLeave_) inProcess_->killFirstToLeave();
   Verdict verdict;
   bool idle = false;
   for (Time until{};;) {

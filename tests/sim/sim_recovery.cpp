@@ -131,6 +131,7 @@ void InProcess::Impl::adopt(int owner, const std::string& label, const rendezvou
                                   world.baseRank, world.localWorldSize, world.worldSize);
     for (const auto& [key, value] : keys)
       store->set(key.substr(1), value);  // the "/" is torch's client's; the model's names none
+    rec::tellNews(*store, rec::newsKey(static_cast<int>(committed) + 1).substr(1));
     store->check({keys.back().first.substr(1)});  // a SET has no reply: one read after them
   } catch (const Error& e) {
     sim.note(label + " cannot tell the kept workers where to meet: " + e.what());
@@ -174,6 +175,8 @@ bool InProcess::killWorker(int owner) {
   impl_->die(victim, -1);
   return true;
 }
+
+void InProcess::killFirstToLeave() { impl_->killFirstToLeave = true; }
 
 void InProcess::agentGone(int owner) {
   for (auto& p : impl_->procs)

@@ -59,6 +59,9 @@ class InProcess {
 
   // Faults. SIGKILL to a worker of `owner` that runs (false: none does).
   bool killWorker(int owner);
+  // SIGKILL to the first worker to leave its loop, as it does (its failure, past the loop's
+  // last barrier, restarts the whole group).
+  void killFirstToLeave();
   // `owner`'s process is gone: its workers die, and the workers' stores it served.
   void agentGone(int owner);
   void cutRandomLink();

@@ -23,7 +23,6 @@ namespace rec = agents::recovery;
 inline const std::string kKeys = "dlrun/recovery";            // recovery.py's KEYS
 inline constexpr Duration kRecoveryTimeout{120'000};          // RECOVERY_TIMEOUT_S
 inline constexpr Duration kGroupTimeout{60'000};              // Loop's timeout: gloo's collectives
-inline constexpr Duration kPoll{100};                         // POLL_S, coarser
 inline constexpr Duration kStepLow{100}, kStepHigh{1'000};    // a step's compute
 inline constexpr Duration kStartLow{300}, kStartHigh{5'000};  // a replacement's start-up
 inline constexpr Duration kReduceLow{20}, kReduceHigh{800};   // a collective, once all entered
@@ -118,6 +117,7 @@ struct InProcess::Impl {
   std::map<int, RoundId> spaces;
   std::deque<Proc> procs;
   int nextPid = 1000;
+  bool killFirstToLeave = false;  // InProcess::killFirstToLeave
 
   Impl(Simulation& s, Record& r, NetworkShape n) : sim(s), record(r), network(n) {}
 

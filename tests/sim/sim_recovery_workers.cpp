@@ -89,17 +89,24 @@ void InProcess::Impl::leave(Proc& p) {
 // recovery.py's _meet: arrives in `here` and waits for every rank; where a round later than
 // `metIn` kept this rank meanwhile (its agent said so in `keys`' move counters, looked at
 // where `move`), that round's number, with the rank's number and world size there taken.
+// Waits as recovery.py's _await: a look at each cause after the news count is read, then one
+// wait for the next count's key (rec::newsKey).
 std::optional<int> InProcess::Impl::meet(Proc& p, const std::string& keys, const std::string& here,
                                          int metIn, Time deadline, bool move) {
+  const std::string news = keys + "/news";
   call(p, [&](LeasingStore& s) {
     s.set(here + "/rank/" + std::to_string(p.rank),
           std::string(p.joining ? "r" : "s") + std::to_string(p.step));
-    if (s.add(here + "/arrived", 1) == p.world) s.add(here + "/ready", 1);
+    if (s.add(here + "/arrived", 1) == p.world) {
+      s.add(here + "/ready", 1);
+      rec::tellNews(s, news);
+    }
     return 0;
   });
   const std::string mine = keys + "/move/" + std::to_string(p.rank);
-  for (int poll = 1; call(p, [&](LeasingStore& s) { return s.add(here + "/ready", 0); }) < 1;
-       ++poll) {
+  while (true) {
+    const int64_t seen = call(p, [&](LeasingStore& s) { return s.add(news, 0); });
+    if (call(p, [&](LeasingStore& s) { return s.add(here + "/ready", 0); }) >= 1) break;
     if (move) {
       const int64_t given = call(p, [&](LeasingStore& s) { return s.add(mine, 0); });
       if (const int round = static_cast<int>(given / rec::kMoveBase); given > 0 && round > metIn) {
@@ -113,10 +120,13 @@ std::optional<int> InProcess::Impl::meet(Proc& p, const std::string& keys, const
         return round;
       }
     }
+    if (call(p, [&](LeasingStore& s) { return s.add(kKeys + "/done", 0); }) > 0)
+      throw Fallback{};  // a rank left the loop: it never comes
     if (sim.now() >= deadline) throw Fallback{};
-    if (poll % 10 == 0 && call(p, [&](LeasingStore& s) { return s.add(kKeys + "/done", 0); }) > 0)
-      throw Fallback{};  // a rank left the loop: it never comes (each beat, in recovery.py)
-    compute(p, kPoll);
+    call(p, [&](LeasingStore& s) {
+      return s.waitFor({news + "/" + std::to_string(seen + 1)},
+                       std::chrono::duration_cast<std::chrono::milliseconds>(deadline - sim.now()));
+    });
   }
   return std::nullopt;
 }
@@ -201,7 +211,11 @@ void InProcess::Impl::body(Proc& p, const std::string& label, RoundId id) {
           // same, and the peers recovering fall back on it.
           record.leftLoop.emplace(id, sim.now());
           try {  // a hint only: without it, a peer recovering falls back at its deadline
-            call(p, [&](LeasingStore& s) { return s.add(kKeys + "/done", 1); });
+            call(p, [&](LeasingStore& s) {
+              s.add(kKeys + "/done", 1);
+              rec::tellNews(s, kKeys + "/" + std::to_string(p.generation + 1) + "/news");
+              return 0;
+            });
           } catch (const Fallback&) {
           }
           p.done = true;
@@ -235,6 +249,14 @@ void InProcess::Impl::body(Proc& p, const std::string& label, RoundId id) {
             std::to_string(record.shape.steps) +
             " steps with weights a fault-free run does not have: a step lost or taken twice");
     leave(p);
+    if (std::exchange(killFirstToLeave, false)) {  // a fault aimed at the moment after the loop
+      sim.note("FAULT kill pid " + std::to_string(p.pid) + " (rank " + std::to_string(p.rank) +
+               ") past its loop's last barrier");
+      record.workerFaults.push_back(sim.now());
+      record.lastFault = std::max(record.lastFault, sim.now());
+      ++record.injectedFailures;
+      return die(p, -1);
+    }
     compute(p, sim.between(Duration(0), Duration(2'000)));  // what the program does after
     p.exited = true;
   } catch (const Gone&) {
