@@ -276,10 +276,14 @@ def in_process_notes(case, results):
         outcomes = [o for o in results.get((case, launcher), []) if o.phases]
         if mine is None:
             continue
-        ratio = f"{mine / theirs:.2f}x {whole}'s median" if theirs else f"no {whole} row"
+        ratio = (
+            f"{mine / theirs:.3f}x {whole}'s median ({mine:.3f} s against {theirs:.3f} s)"
+            if theirs
+            else f"no {whole} row"
+        )
         shares = (
             ", ".join(
-                f"{p} {statistics.median(o.phases[p] for o in outcomes):.2f} s" for p in PHASES
+                f"{p} {statistics.median(o.phases[p] for o in outcomes):.3f} s" for p in PHASES
             )
             if outcomes
             else "none"
