@@ -278,14 +278,19 @@ class _Memory:
         return True
 
     def _stop_together(self):
-        """The last the job asks of the store before its program returns: this rank's save
-        counted, then this rank counted as stopping. Where rank 0's torch serves the store
-        (TORCHELASTIC_USE_AGENT_STORE=False), the store ends with rank 0's process, so rank 0
-        stays until every rank has counted (STOP_WAIT_S at most: a rank gone or that never asks
-        again does not keep the job)."""
+        """Where rank 0's torch serves the store (TORCHELASTIC_USE_AGENT_STORE=False), the store
+        ends with rank 0's process: each rank's save is counted, then the rank counts itself as
+        stopping (its last request to the store), and rank 0 stays until every rank has
+        (STOP_WAIT_S at most: a rank gone or that never asks again does not keep the job)."""
+        if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "False":
+            return
         self.finish_completing()
-        self.stop_store.add(f"{KEYS}/stopping", 1)
-        if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "False" or self.rank != 0:
+        try:
+            self.stop_store.add(f"{KEYS}/stopping", 1)
+        except RuntimeError:  # rank 0 no longer waited: its stop is this rank's all the same
+            _say("the job's store ended with rank 0 before this rank said it stops")
+            return
+        if self.rank != 0:
             return
         deadline = time.monotonic() + STOP_WAIT_S
         while self.stop_store.add(f"{KEYS}/stopping", 0) < self.world:

@@ -34,16 +34,14 @@ without --recovery. Outside dlrun, or without --recovery=in-process, the loop is
 over init_process_group("env://") and DistributedDataParallel: nothing else happens.
 """
 
-import contextlib
 import gc
 import json
 import os
 import sys
-import threading
 import time
 from datetime import timedelta
 
-from dlrun import _state, progress
+from dlrun import _news, _state, progress
 from dlrun._group import Group, prepare_nccl
 from dlrun._job import say, store_client
 from dlrun._stuck import StepWatch
@@ -53,7 +51,7 @@ __all__ = ["Loop", "active"]
 KEYS = "dlrun/recovery"  # under the attempt's key space of the job's store
 RECOVERY_TIMEOUT_S = 120  # a recovery not done by then falls back to the whole-group restart
 EXACT_BUCKET_MB = 1e-6  # under any parameter's size: a bucket each
-BEAT_S = 1.0  # a recovery's wait beats the progress board this often
+LEFT = -1  # what a wait's look finds where a rank left the loop
 MOVE_BASE = 1_000_000  # a move's value: round * MOVE_BASE + rank + 1 (agents/recovery.h)
 
 
@@ -64,26 +62,6 @@ def active():
 
 def _say(text):
     say("recovery", text)
-
-
-@contextlib.contextmanager
-def _beating(step):
-    """Beats the progress board at `step` every BEAT_S while the block runs: a rank waiting in
-    the store for a replacement's start is recovering, not hung (--hang-timeout). A thread of
-    its own, as the wait blocks."""
-    stop = threading.Event()
-
-    def beat():
-        while not stop.wait(BEAT_S):
-            progress.step(step)
-
-    thread = threading.Thread(target=beat, name="dlrun-recovery-beat", daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        thread.join()
 
 
 def _can_recover(backend):
@@ -257,7 +235,7 @@ class Loop:
                 # rank's completed) can never meet this rank again, and falls back at once.
                 try:
                     self._store.add(f"{KEYS}/done", 1)
-                    self._tell(f"{KEYS}/{self.generation + 1}/news")
+                    _news.tell(self._store, f"{KEYS}/{self.generation + 1}/news")
                 except RuntimeError:  # a hint only: without it, such a peer falls back later
                     pass
                 self._mark(done=True)
@@ -359,36 +337,27 @@ class Loop:
         )
 
     def _await(self, counter, news, left, move=None):
-        """Waits for the counter `counter` to be set. Whoever has news for the ranks meeting in
-        a generation (the last to arrive in its keys or a round's, an agent whose ranks a round
-        kept, a rank that left the loop) counts it in `news` once its cause is in the store, and
-        sets that count's key (agents/recovery.h, newsKey): the count is read before the causes
-        are looked at, and the next count's key waited for, in one store request (a store's
-        wait is for all its keys, not any; polling would be a request a millisecond a rank). A
-        rank that left the loop (past its last barrier) never comes: the wait ends then, for the
-        whole-group restart. With `move`, (the counter the agent sets when a round kept this
-        rank, a node lost; the round it is met in, if any): returns the counter's value once it
-        names a later round, else 0."""
-        with _beating(self.step):
-            while True:
-                seen = self._store.add(news, 0)
-                if self._store.add(counter, 0) >= 1:
-                    return 0
-                if move:
-                    found = self._store.add(move[0], 0)
-                    if found > 0 and found // MOVE_BASE > move[1]:
-                        return found
-                if self._store.add(f"{KEYS}/done", 0) > 0:
-                    raise RuntimeError("a rank has left the loop: the group cannot meet again")
-                try:  # one wait to the deadline: torch 1.13 leaves a late answer to a timed-out one
-                    self._store.wait([f"{news}/{seen + 1}"], left())
-                except RuntimeError:
-                    left()  # past the deadline: says so
-                    raise
+        """Waits for the counter `counter` to be set, woken by the generation's news (dlrun._news):
+        a rank that left the loop (past its last barrier) never comes, and the wait ends then,
+        for the whole-group restart. With `move`, (the counter the agent sets when a round kept
+        this rank, a node lost; the round it is met in, if any): returns the counter's value
+        once it names a later round, else 0."""
 
-    def _tell(self, news):
-        """News for the ranks meeting in a generation (see _await), its cause in the store."""
-        self._store.set(f"{news}/{self._store.add(news, 1)}", "1")
+        def look(store):
+            if store.add(counter, 0) >= 1:
+                return 0
+            if move:
+                found = store.add(move[0], 0)
+                if found > 0 and found // MOVE_BASE > move[1]:
+                    return found
+            if store.add(f"{KEYS}/done", 0) > 0:
+                return LEFT
+            return None
+
+        found = _news.wait(self._store, news, look, left, self.step, self.world)
+        if found == LEFT:
+            raise RuntimeError("a rank has left the loop: the group cannot meet again")
+        return found
 
     def _meet(self, keys, record, news, left, move):
         """Arrives in a generation's keys and waits for every rank; the move counter's value
@@ -397,7 +366,7 @@ class Loop:
         self._store.set(f"{keys}/rank/{self.rank}", record)
         if self._store.add(f"{keys}/arrived", 1) == self.world:
             self._store.add(f"{keys}/ready", 1)
-            self._tell(news)
+            _news.tell(self._store, news)
         return self._await(
             f"{keys}/ready", news, left, move and (f"{move[0]}/{self.rank}", move[1])
         )
@@ -416,7 +385,7 @@ class Loop:
 
         def left():
             remaining = deadline - time.monotonic()
-            if remaining <= 0:
+            if remaining <= 0.01:  # a store's timeout is whole milliseconds: less is none
                 raise TimeoutError(f"no recovery within {RECOVERY_TIMEOUT_S} s")
             return timedelta(seconds=remaining)
 
