@@ -23,7 +23,9 @@ from datetime import timedelta
 from dlrund_fixture import main, start_dlrund
 
 sys.path.insert(0, os.environ["DLRUN_PYTHONDIR"])
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "workers"))
 from dlrun import _news  # noqa: E402
+from worker_util import client_options, lacks_libuv  # noqa: E402
 
 NEWS = "dlrun/recovery/1/news"
 CAUSE = "dlrun/recovery/1/ready"
@@ -34,7 +36,11 @@ class NewsTest(unittest.TestCase):
     def setUp(self):
         self.dlrund = start_dlrund(self, "--stats")
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(self.dlrund.port))
-        os.environ.pop("USE_LIBUV", None)
+        # As dlrun tells workers whose torch lacks libuv (Debian 13's): the thread's client too.
+        if lacks_libuv():
+            os.environ["USE_LIBUV"] = "0"
+        else:
+            os.environ.pop("USE_LIBUV", None)
         self.teller = self.client()
 
     def client(self):
@@ -47,6 +53,7 @@ class NewsTest(unittest.TestCase):
             False,
             timedelta(seconds=EVENT_S),
             wait_for_workers=False,
+            **client_options(),
         )
 
     def waiting(self, deadline_s=EVENT_S):
