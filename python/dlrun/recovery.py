@@ -447,6 +447,8 @@ class Loop:
         dist.barrier()
         phase("state")
         self.generation = generation
-        if self.rank == source:
-            self._store.add(f"{KEYS}/generation", generation - committed)
+        # Every rank commits it, before it can fail again (a compare-and-set, whoever is first):
+        # the agent reads it to say where kept workers meet, a replacement to find the
+        # survivors, and the source alone could die between the barrier and its word.
+        self._store.compare_set(f"{KEYS}/generation", str(generation - 1), str(generation))
         return phases

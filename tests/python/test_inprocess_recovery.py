@@ -19,8 +19,9 @@ one seeded batch a step and rank, momentum), run fault-free once for the weights
   meet in the next generation its loop's watch shuts its group's connections down (which frees
   a survivor waiting on it), then ends it, and it is replaced like a dead worker.
 - A second failure during the recovery (a survivor dies at the same step as the first victim, or
-  inside the recovery as the group forms again or the state is sent): the agent restarts the
-  whole group, counted against --max-restarts, and the job still ends 0, bit-equal.
+  inside the recovery as the group forms again, the state is sent or its last barrier returns):
+  the agent restarts the whole group, counted against --max-restarts, and the job still ends 0,
+  bit-equal.
 - A worker that dies once its loop is over (past the loop's last barrier): the whole group
   restarts at once (no rank is left in the loop to meet a replacement), bit-equal.
 - A program that does not use the API behaves as today: its failure restarts the whole group.
@@ -259,9 +260,10 @@ class InProcessRecoveryTest(InProcessCase):
 
     def test_a_failure_while_the_group_re_forms_restarts_the_whole_group(self):
         # Rank 3 dies at step 9; in that recovery rank 1 dies as the group forms again, or rank
-        # 0 (the survivor that sends) as the state is sent. Nothing waits: the others fall back,
-        # the job ends 0, bit-equal.
-        for kill in ("1:group", "0:state"):
+        # 0 (the survivor that sends) as the state is sent, or as the recovery's last barrier
+        # returns (before its mark says it recovered). Nothing waits: the others fall back, the
+        # job ends 0, bit-equal.
+        for kill in ("1:group", "0:state", "0:committed"):
             with self.subTest(kill=kill):
                 out, finals, result = self.job("3:9", kill)
                 self.assertEqual({f["sha256"] for f in finals}, {self.reference()}, result)

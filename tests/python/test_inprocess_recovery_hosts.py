@@ -12,6 +12,10 @@ host's place: its workers start as ranks 2 and 3 and join the survivors in proce
 every step once, the survivors' PIDs never change, the weights are bit for bit the fault-free
 run's, and the two agents left exit 0.
 
+A host lost as a recovery ends (rank 3 replaced at step 9, then rank 0, the source, lost with its
+host as that recovery's last barrier returns, before it said the generation formed): the others
+said it, and the spare's workers meet the survivors in generation 2 in process.
+
 A lost host without a spare (--nnodes=1:2): the host of ranks 0-1 is killed whole; the other
 keeps its workers, the next round keeps them as ranks 0-1 of 2 (their agent tells them in the
 store), and they go on in their processes from the step that failed: every step once, one set of
@@ -127,6 +131,33 @@ class TwoHostsWithASpareTest(InProcessCase):
         self.assertIn("keeping this node's workers through the re-rendezvous", result.stderr)
         self.assertRegex(result.stderr, r"round \d+ kept ranks 0-1 running")
         self.assertNotIn("could not keep", result.stderr)
+
+    def test_a_host_lost_as_a_recovery_ends_is_recovered_in_process_again(self):
+        # Rank 3 dies at step 9 and is replaced on its host; rank 0, which sends the state, is
+        # lost with its host as that recovery's last barrier returns, before it says so. The
+        # others say it: the spare's workers and the moves for the survivors name generation 2,
+        # where they wait (not generation 1, which would leave them to the 120 s deadline).
+        self.reference()
+        out, lost = temp_dir(self), []
+        with Hosts(4) as hosts:
+            agents, codes = self.run_job(
+                hosts,
+                out,
+                ("3:9", "0:committed:host"),
+                during=self.host_loser(hosts, out, 0, lost),
+            )
+        result = Output(agents)
+        self.assertEqual([c for h, c in zip((1, 2, 3), codes) if h != lost[0]], [0, 0], result)
+        finals = [read_json(os.path.join(out, f"final_{r}.json")) for r in range(WORLD)]
+        self.assertEqual({f["sha256"] for f in finals}, {self.reference()}, result)
+        self.assertNotIn("restarting the whole group", result.stderr)
+        self.assertRegex(result.stderr, r"round \d+ kept ranks 2-3 running")
+        for rank in range(WORLD):
+            processes = self.processes(out, rank)
+            steps = sorted(s for taken in processes.values() for s in taken)
+            self.assertEqual(steps, list(range(STEPS)), (rank, processes, result))
+            self.assertEqual(len(processes), 1 if rank == 2 else 2, (rank, processes))
+            self.assertEqual(finals[rank]["generation"], 2, finals[rank])
 
     def test_a_survivor_lost_as_the_group_re_forms_restarts_the_whole_group(self):
         # A host is lost at step 9 and rank 0, on the other, dies as its loop forms the group

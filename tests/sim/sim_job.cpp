@@ -11,22 +11,14 @@
 #include "common/log.h"
 #include "rendezvous/elastic_rendezvous.h"
 #include "tests/sim/sim_etcd.h"
+#include "tests/sim/sim_job_impl.h"
 #include "tests/sim/sim_record.h"
 #include "tests/sim/sim_recovery.h"
 #include "tests/sim/sim_store.h"
 
-namespace dlrun::sim {
+namespace dlrun::sim::detail {
 
 namespace {
-
-using rendezvous::ElasticOptions;
-using rendezvous::ElasticRendezvous;
-using rendezvous::RoundEnd;
-using rendezvous::World;
-
-// The first fault comes within this; the job must be over a bound after the last one.
-constexpr Duration kFaultWindow{120'000};
-constexpr Duration kWorkLow{3'000}, kWorkHigh{25'000};
 
 Shape drawShape(Simulation& sim) {
   Shape s;
@@ -49,84 +41,35 @@ std::string kindName(const std::exception& e) {
   return "std::exception";
 }
 
-class Job {
- public:
-  Job(uint64_t seed, bool keepTrace) : sim_(seed, keepTrace) {
-    record_.shape = drawShape(sim_);
-    // From a generator of its own: a schedule without in-process recovery is the one it was
-    // before the model came.
-    std::mt19937_64 side(seed ^ 0x1f00dull);
-    record_.shape.inProcess = side() % 2 == 0;
-    record_.shape.steps = static_cast<int>(4 + side() % 24);
-    // Faults aimed at a job's end, from it too: a schedule without them is the one it was.
-    lossAtFinish_ = side() % 10 == 0;
-    killFirstToLeave_ = record_.shape.inProcess && side() % 5 == 0;
-    const NetworkShape network{.replyTimeout = Duration(4'000), .connectTimeout = Duration(1'000)};
-    inProcess_ = std::make_unique<InProcess>(sim_, record_, network);
-    if (sim_.chance(0.5)) {
-      store_ = std::make_unique<SimEtcd>(sim_, network);
-    } else {
-      store_ = std::make_unique<SimStoreServer>(sim_, network);
-    }
-    log::setThreadSink([this](std::string_view line) {
-      sim_.note(label(sim_.owner()) + " says: " + std::string(line));
-    });
+}  // namespace
+
+Job::Job(uint64_t seed, bool keepTrace) : sim_(seed, keepTrace) {
+  record_.shape = drawShape(sim_);
+  // From a generator of its own: a schedule without in-process recovery is the one it was
+  // before the model came.
+  std::mt19937_64 side(seed ^ 0x1f00dull);
+  record_.shape.inProcess = side() % 2 == 0;
+  record_.shape.steps = static_cast<int>(4 + side() % 24);
+  // Faults aimed at a job's end, from it too: a schedule without them is the one it was.
+  lossAtFinish_ = side() % 10 == 0;
+  killFirstToLeave_ = record_.shape.inProcess && side() % 5 == 0;
+  loseSourceNode_ = record_.shape.inProcess;  // where it can: see InProcess::loseSourceNode
+  const NetworkShape network{.replyTimeout = Duration(4'000), .connectTimeout = Duration(1'000)};
+  inProcess_ = std::make_unique<InProcess>(sim_, record_, network);
+  if (sim_.chance(0.5)) {
+    store_ = std::make_unique<SimEtcd>(sim_, network);
+  } else {
+    store_ = std::make_unique<SimStoreServer>(sim_, network);
   }
-  ~Job() {
-    sim_.unwind();  // before what its tasks' stacks refer to goes
-    log::setThreadSink(nullptr);
-  }
+  log::setThreadSink([this](std::string_view line) {
+    sim_.note(label(sim_.owner()) + " says: " + std::string(line));
+  });
+}
 
-  Verdict run();
-
- private:
-  struct Agent;  // one incarnation's shared state between its tasks
-
-  std::string label(int owner) const {
-    return owner < 0 ? "sim" : record_.agents[static_cast<size_t>(owner)].label;
-  }
-  Incarnation& incarnation(int owner) { return record_.agents[static_cast<size_t>(owner)]; }
-  int start(int node, int life, Time at);
-  ElasticOptions options(const Incarnation& me);
-  void agentBody(int owner);
-  void workerBody(const std::shared_ptr<Agent>& agent, World world, RoundId id);
-  void inProcessBody(const std::shared_ptr<Agent>& agent, World world, RoundId id);
-  void planWorkerKills();
-  void planFaults();
-  void fault(Time at, const std::string& what, std::function<void()> act, bool workers = true);
-  void noteFault(Time at, bool workers);
-  void loseReplies(Duration window);
-  void reportFinished(Agent& agent, const std::string& who, RoundId id, int round);
-  void stopWorkers(Agent& agent, bool kept = false);
-  std::optional<rendezvous::KeptWorkers> keepable(Agent& agent);
-  void startWorkers(const std::shared_ptr<Agent>& agent, const World& world, RoundId id);
-  void stopAgent(int owner);
-  void end(int owner, std::optional<RoundEnd> end, const std::string& error = "",
-           const std::string& kind = "");
-  std::string summary() const;
-
-  Simulation sim_;
-  std::unique_ptr<SimBackend> store_;
-  Record record_;
-  std::unique_ptr<InProcess> inProcess_;
-  double failureChance_ = 0;
-  bool lossAtFinish_ = false;                   // replies lost as the first node's workers finish
-  bool killFirstToLeave_ = false;               // InProcess::killFirstToLeave
-  std::map<int, std::shared_ptr<Agent>> live_;  // by owner, while its agent task runs
-};
-
-struct Job::Agent {
-  int owner;
-  std::unique_ptr<ElasticRendezvous> rendezvous;
-  bool workersRunning = false;
-  bool stopWorkers = false;
-  bool keeping = false;  // its workers run on while it joins the next round (in process)
-  // The round its workers report to, and its world: a round that kept them moves them on.
-  RoundId round;
-  World world;
-  bool reporting = false;  // the worker task is in a report
-  int workerTasks = 0;
-};
+Job::~Job() {
+  sim_.unwind();  // before what its tasks' stacks refer to goes
+  log::setThreadSink(nullptr);
+}
 
 int Job::start(int node, int life, Time at) {
   Incarnation me;
@@ -370,116 +313,6 @@ void Job::reportFinished(Agent& agent, const std::string& who, RoundId id, int r
   agent.rendezvous->reportSuccess();
 }
 
-void Job::noteFault(Time at, bool workers) {
-  if (workers) record_.workerFaults.push_back(at);
-  record_.lastFault = std::max(record_.lastFault, at);
-  record_.firstFault = std::min(record_.firstFault.value_or(Time::max()), at);
-}
-
-void Job::fault(Time at, const std::string& what, std::function<void()> act, bool workers) {
-  noteFault(at, workers);
-  sim_.at(at, [this, what, act = std::move(act)] {
-    sim_.note("FAULT " + what);
-    act();
-  });
-}
-
-// Each store connection's replies lost, each with chance 0.2, for `window` from now.
-void Job::loseReplies(Duration window) {
-  store_->loseReplies(0.2);
-  inProcess_->loseReplies(0.2);
-  sim_.at(sim_.now() + window, [this] {
-    store_->loseReplies(0);
-    inProcess_->loseReplies(0);
-  });
-}
-
-void Job::planFaults() {
-  const int faults = static_cast<int>(sim_.uniform(0, 6));
-  failureChance_ = sim_.chance(0.5) ? 0.3 : 0.0;
-  for (int i = 0; i < faults; ++i) {
-    const Time at = Time{} + sim_.between(Duration(0), kFaultWindow);
-    const int kind = static_cast<int>(sim_.uniform(0, 99));
-    const int node = static_cast<int>(sim_.uniform(1, record_.shape.nodes));
-    const Duration d = sim_.between(Duration(300), Duration(12'000));
-    if (kind < 15) {
-      fault(at, "cut a connection", [this] {
-        store_->cutRandomLink();
-        inProcess_->cutRandomLink();
-      });
-    } else if (kind < 27) {
-      const Duration window = sim_.between(Duration(500), Duration(5'000));
-      record_.replyLoss.push_back({at, at + window});
-      fault(at, "lose replies for " + std::to_string(window.count()) + " ms",
-            [this, window] { loseReplies(window); });
-    } else if (kind < 40) {
-      record_.storeAway.push_back({at, at + d});
-      fault(
-          at, "stop the store", [this, d] { store_->pause(d); }, false);
-    } else if (kind < 52) {
-      record_.storeAway.push_back({at, at + d});
-      fault(
-          at, "restart the store", [this, d] { store_->restart(d); }, false);
-    } else if (kind < 70) {
-      fault(at,
-            "stop n" + std::to_string(node) + "'s agent for " + std::to_string(d.count()) + " ms",
-            [this, node, d] {
-              for (auto& a : record_.agents)
-                if (a.node == node && !a.killed && !a.ended) {
-                  sim_.pauseOwner(a.owner, sim_.now() + d);
-                  record_.paused.push_back({a.owner, {sim_.now(), sim_.now() + d}});
-                }
-            });
-    } else if (kind < 95) {
-      const bool again = sim_.chance(0.7);
-      fault(at, "kill n" + std::to_string(node) + "'s agent" + (again ? ", start it again" : ""),
-            [this, node, again, d] {
-              for (size_t i = 0; i < record_.agents.size(); ++i) {
-                Incarnation& a = record_.agents[i];
-                if (a.node != node || a.killed || a.ended) continue;
-                a.killed = true;
-                a.endedAt = sim_.now();
-                sim_.killOwner(a.owner);
-                store_->cutLinksOf(a.owner);
-                inProcess_->agentGone(a.owner);
-                if (again) start(node, a.life + 1, sim_.now() + d);
-                break;
-              }
-            });
-    } else {
-      fault(at, "SIGTERM to n" + std::to_string(node) + "'s agent", [this, node] {
-        for (auto& a : record_.agents) {
-          if (a.node != node || a.killed || a.ended) continue;
-          a.stopAsked = true;
-          const int owner = a.owner;
-          sim_.spawn(owner, [this, owner] { stopAgent(owner); });
-          break;
-        }
-      });
-    }
-  }
-}
-
-// In process, a worker's failure is its process killed at any moment (a fault like the others),
-// not an exit at the end of its work.
-void Job::planWorkerKills() {
-  if (failureChance_ == 0) return;
-  const int kills = static_cast<int>(sim_.uniform(1, 4));
-  // While the first rounds train: a step takes 0.2 to 1.5 s.
-  const Duration window(5'000 + record_.shape.steps * 1'500);
-  for (int i = 0; i < kills; ++i) {
-    const Time at = Time{} + sim_.between(Duration(0), window);
-    const int node = static_cast<int>(sim_.uniform(1, record_.shape.nodes));
-    fault(at, "kill a worker of n" + std::to_string(node), [this, node] {
-      for (const auto& a : record_.agents)
-        if (a.node == node && !a.killed && !a.ended && inProcess_->killWorker(a.owner)) {
-          ++record_.injectedFailures;
-          return;
-        }
-    });
-  }
-}
-
 void Job::inProcessBody(const std::shared_ptr<Agent>& agent, World world, RoundId id) {
   struct Done {
     Agent& agent;
@@ -559,7 +392,7 @@ Verdict Job::run() {
   }
   planFaults();
   if (record_.shape.inProcess) planWorkerKills();
-  if (killFirstToLeave_) inProcess_->killFirstToLeave();
+  planTargetedFaults();
   Verdict verdict;
   bool idle = false;
   for (Time until{};;) {
@@ -588,10 +421,12 @@ Verdict Job::run() {
   return verdict;
 }
 
-}  // namespace
+}  // namespace dlrun::sim::detail
+
+namespace dlrun::sim {
 
 Verdict runSchedule(uint64_t seed, bool keepTrace) {
-  Job job(seed, keepTrace);
+  detail::Job job(seed, keepTrace);
   return job.run();
 }
 

@@ -178,6 +178,10 @@ bool InProcess::killWorker(int owner) {
 
 void InProcess::killFirstToLeave() { impl_->killFirstToLeave = true; }
 
+void InProcess::loseSourceNode(std::function<void(int owner)> lose) {
+  impl_->loseSourceNode = std::move(lose);
+}
+
 void InProcess::agentGone(int owner) {
   for (auto& p : impl_->procs)
     if (p.owner == owner) impl_->die(p, -1);

@@ -62,6 +62,10 @@ class InProcess {
   // SIGKILL to the first worker to leave its loop, as it does (its failure, past the loop's
   // last barrier, restarts the whole group).
   void killFirstToLeave();
+  // The node of a recovery's source lost (`lose(owner)`) as that recovery's last barrier
+  // returns, before the source says the generation formed; once, the first time the source's
+  // node does not serve the workers' store (it rarely does not: rank 0's does).
+  void loseSourceNode(std::function<void(int owner)> lose);
   // `owner`'s process is gone: its workers die, and the workers' stores it served.
   void agentGone(int owner);
   void cutRandomLink();

@@ -117,7 +117,8 @@ struct InProcess::Impl {
   std::map<int, RoundId> spaces;
   std::deque<Proc> procs;
   int nextPid = 1000;
-  bool killFirstToLeave = false;  // InProcess::killFirstToLeave
+  bool killFirstToLeave = false;                  // InProcess::killFirstToLeave
+  std::function<void(int owner)> loseSourceNode;  // InProcess::loseSourceNode
 
   Impl(Simulation& s, Record& r, NetworkShape n) : sim(s), record(r), network(n) {}
 

@@ -165,8 +165,19 @@ void InProcess::Impl::recover(Proc& p, RoundId id) {
   p.weights = sent.sentWeights;
   if (!collective(p, "barrier")) throw Fallback{};
   p.generation = generation;
-  if (p.rank == source)
-    call(p, [&](LeasingStore& s) { return s.add(counter, generation - committed); });
+  // A fault aimed at the moment before the source's word, where its node's loss leaves the
+  // workers' store (the survivors may then go on in process).
+  const auto host = storeHost.find(id);
+  if (p.rank == source && loseSourceNode && (host == storeHost.end() || host->second != p.owner)) {
+    sim.note("pid " + std::to_string(p.pid) + " (rank " + std::to_string(p.rank) +
+             ", the source) passed generation " + std::to_string(generation) + "'s barrier");
+    std::exchange(loseSourceNode, nullptr)(p.owner);
+    throw Killed{};
+  }
+  // Every rank commits it (recovery.py: the source alone could die before its word).
+  call(p, [&](LeasingStore& s) {
+    return s.compareSet(counter, std::to_string(generation - 1), std::to_string(generation));
+  });
   p.recovering = false;
 }
 

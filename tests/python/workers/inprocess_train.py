@@ -5,18 +5,20 @@ Usage: inprocess_train.py OUT_DIR STEPS [KILL ...]
 Each KILL is RANK:STEP[:stop|:host]: that rank's first process (the job's first attempt, not a
 replacement) SIGKILLs itself (with `:stop`, SIGSTOPs itself: a hang) as it begins STEP, before the
 step's collective, so the others fail, or wait, in the all-reduce of that step. With `:host` it
-writes OUT_DIR/lose_host_<RANK> and SIGSTOPs itself, for the test to kill its whole host then.
-Two at one step (`1:7 3:7`) are a second failure during the first's recovery. A KILL of RANK:group
-or RANK:state SIGKILLs that rank's first process inside its first recovery, as it forms the group
-again or as the state is sent: a failure during the re-forming. RANK:end SIGKILLs it once its loop
+writes OUT_DIR/lose_host_<RANK> and SIGSTOPs itself, for the test to kill its whole host then. Two
+at one step (`1:7 3:7`) are a second failure during the first's recovery. A KILL of RANK:group or
+RANK:state SIGKILLs that rank's first process inside its first recovery, as it forms the group again
+or as the state is sent: a failure during the re-forming; RANK:committed, as its first recovery's
+last barrier returns (before its loop goes on: the generation's end, which a rank that died there
+never said); RANK:committed:host then stops itself as :host does. RANK:end SIGKILLs it once its loop
 is over (past the loop's last barrier). RANK:STEP:pending leaves a collective pending on its live
 peers as it begins STEP (an all-reduce of its own, while every other rank's first process waits in a
-barrier first) and fails as a collective does when a peer went away: the shape of a survivor
-whose next DDP bucket was under way as its previous one failed, whose old group cannot close
-while its peers wait on it; RANK:STEP:stuck the same, and the group's destruction never returns
-(the recovery's last resort: the rank exits to be replaced). RANK:STEP:hold: that rank's first
-process stays in STEP for good, with no collective failing: the shape of a collective whose
-peers' connections closed as it began and that never learns of it.
+barrier first) and fails as a collective does when a peer went away: the shape of a survivor whose
+next DDP bucket was under way as its previous one failed, whose old group cannot close while its
+peers wait on it; RANK:STEP:stuck the same, and the group's destruction never returns (the
+recovery's last resort: the rank exits to be replaced). RANK:STEP:hold: that rank's first process
+stays in STEP for good, with no collective failing: the shape of a collective whose peers'
+connections closed as it began and that never learns of it.
 
 Every process writes OUT_DIR/start_<RANK>_<PID> as it starts and appends each step it completes
 to OUT_DIR/steps_<RANK>_<PID>; at the end every rank writes OUT_DIR/final_<RANK>.json with the
@@ -52,7 +54,7 @@ def batch(step, rank, device):
     return x.to(device), x.sum(dim=1, keepdim=True).to(device)
 
 
-def kills(args, rank):
+def kills(out_dir, args, rank):
     """{step or "end": signal} at which this process kills or stops itself: none but in the
     rank's first process."""
     if os.environ.get("DLRUN_RECOVERY_JOIN") or os.environ["TORCHELASTIC_RESTART_COUNT"] != "0":
@@ -62,8 +64,9 @@ def kills(args, rank):
         fields = arg.split(":")
         if int(fields[0]) != rank:
             continue
-        if fields[1] in ("group", "state"):
-            die_in_recovery(fields[1])
+        if fields[1] in ("group", "state", "committed"):
+            flag = os.path.join(out_dir, f"lose_host_{rank}") if fields[2:] == ["host"] else None
+            die_in_recovery(fields[1], flag)
         elif fields[1] == "end":
             found["end"] = signal.SIGKILL
         else:
@@ -95,16 +98,28 @@ def leave_pending(how):
     raise RuntimeError("Connection reset by peer (injected: a collective left pending)")
 
 
-def die_in_recovery(phase):
+def die_in_recovery(phase, host_flag=None):
     """SIGKILLs this process as its loop's first recovery re-forms the group ("group": the
-    second init_process_group) or sends the state ("state": its first send, receive or
-    broadcast, the sending rank's or a receiving one's)."""
-    names = ("init_process_group",) if phase == "group" else ("broadcast", "isend", "recv")
+    second init_process_group), sends the state ("state": its first send, receive or
+    broadcast, the sending rank's or a receiving one's) or ends ("committed": as the first
+    barrier returns, which is that recovery's last; with `host_flag`, writes that file and
+    SIGSTOPs itself instead, for the test to kill its host)."""
+    names = {
+        "group": ("init_process_group",),
+        "state": ("broadcast", "isend", "recv"),
+        "committed": ("barrier",),
+    }[phase]
     calls = []
 
     def dying(real):
         def call(*args, **kwargs):
             calls.append(1)
+            if phase == "committed":
+                done = real(*args, **kwargs)
+                if host_flag:
+                    open(host_flag, "w").close()
+                os.kill(os.getpid(), signal.SIGSTOP if host_flag else signal.SIGKILL)
+                return done
             if len(calls) == (2 if phase == "group" else 1):
                 os.kill(os.getpid(), signal.SIGKILL)
             return real(*args, **kwargs)
@@ -119,7 +134,7 @@ def main():
     out_dir, steps = sys.argv[1], int(sys.argv[2])
     rank, pid = int(os.environ["RANK"]), os.getpid()
     open(os.path.join(out_dir, f"start_{rank}_{pid}"), "w").close()
-    die_at = kills(sys.argv[3:], rank)
+    die_at = kills(out_dir, sys.argv[3:], rank)
     barrier_at = barriers(sys.argv[3:]) - set(die_at)  # the pending rank's own step: none
     backend = os.environ.get("INPROCESS_BACKEND", "gloo")
     device = device_for(backend)
