@@ -92,7 +92,7 @@ class AgentImpl {
   void awaitRecovering(const rendezvous::RoundEnd& end, Clock::time_point deadline);
   void keep(const rendezvous::RoundEnd& end);
   // How long a lost node's survivors may take to see its failure, and how often it is looked at.
-  static constexpr std::chrono::milliseconds kKeepGrace{2'000}, kKeepLook{20};
+  static constexpr std::chrono::milliseconds kKeepGrace{2'000}, kKeepLook{5};
   void afterKeeping(const rendezvous::World& world);
   void dropKept();
   void moveKept(const rendezvous::World& world);  // on the rendezvous thread

@@ -183,14 +183,14 @@ void Job::agentBody(int owner) {
 }
 
 // AgentImpl::awaitRecovering: the workers are kept once all are recovering, looked at every
-// 20 ms for up to 2 s.
+// 5 ms for up to 2 s.
 std::optional<rendezvous::KeptWorkers> Job::keepable(Agent& agent) {
   const Time deadline = sim_.now() + Duration(2'000);
   while (true) {
     bool notYet = false;
     if (auto kept = inProcess_->keepable(agent.owner, &notYet)) return kept;
     if (!notYet || sim_.now() >= deadline) return std::nullopt;
-    sim_.sleep(Duration(20));
+    sim_.sleep(Duration(5));
   }
 }
 
