@@ -192,6 +192,16 @@ def _disk_load(directory):
 _instance = None
 
 
+def _count_reaches(store, key, count, wait_s):
+    """Whether the store's counter `key` reaches `count` within `wait_s` seconds."""
+    deadline = time.monotonic() + wait_s
+    while store.add(key, 0) < count:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(POLL_S)
+    return True
+
+
 def _memory():
     global _instance
     if _instance is None:
@@ -292,15 +302,11 @@ class _Memory:
             return
         if self.rank != 0:
             return
-        deadline = time.monotonic() + STOP_WAIT_S
-        while self.stop_store.add(f"{KEYS}/stopping", 0) < self.world:
-            if time.monotonic() > deadline:
-                _say(
-                    f"not every rank said it stops within {STOP_WAIT_S} s; this rank ends, and "
-                    "with it the job's store (its torch serves it)"
-                )
-                return
-            time.sleep(POLL_S)
+        if not _count_reaches(self.stop_store, f"{KEYS}/stopping", self.world, STOP_WAIT_S):
+            _say(
+                f"not every rank said it stops within {STOP_WAIT_S} s; this rank ends, and "
+                "with it the job's store (its torch serves it)"
+            )
 
     # Saving ---------------------------------------------------------------------------------
 
@@ -433,17 +439,14 @@ class _Memory:
 
     def _await_complete(self, step):
         """Waits until every rank's copy of `step` is complete."""
-        deadline = time.monotonic() + COMPLETE_WAIT_S
-        while self.complete is None or self.complete < step:
-            if self.store.add(f"{KEYS}/saved/{step}", 0) >= self.world:
-                self.complete, self.complete_on_disk = step, False
-                return
-            if time.monotonic() > deadline:
-                raise CheckpointError(
-                    f"dlrun.checkpoint: step {step} is not complete on every "
-                    f"rank after {COMPLETE_WAIT_S} s"
-                )
-            time.sleep(POLL_S)
+        if self.complete is not None and self.complete >= step:
+            return
+        if not _count_reaches(self.store, f"{KEYS}/saved/{step}", self.world, COMPLETE_WAIT_S):
+            raise CheckpointError(
+                f"dlrun.checkpoint: step {step} is not complete on every rank after "
+                f"{COMPLETE_WAIT_S} s"
+            )
+        self.complete, self.complete_on_disk = step, False
 
     def _check_room(self, slot, needed):
         held = 0 if slot.lent else slot.size()  # rewritten in place: no more memory
