@@ -16,6 +16,10 @@ A host lost as a recovery ends (rank 3 replaced at step 9, then rank 0, the sour
 host as that recovery's last barrier returns, before it said the generation formed): the others
 said it, and the spare's workers meet the survivors in generation 2 in process.
 
+A silent host (its link down after rank 2 stopped itself at step 9): the survivors, blocked in
+that step's all-reduce, never see a failure; their agent keeps them no longer than 2 s, and the
+whole group restarts with the spare in its place, exit 0, one set of weights.
+
 A lost host without a spare (--nnodes=1:2): the host of ranks 0-1 is killed whole; the other
 keeps its workers, the next round keeps them as ranks 0-1 of 2 (their agent tells them in the
 store), and they go on in their processes from the step that failed: every step once, one set of
@@ -158,6 +162,45 @@ class TwoHostsWithASpareTest(InProcessCase):
             self.assertEqual(steps, list(range(STEPS)), (rank, processes, result))
             self.assertEqual(len(processes), 1 if rank == 2 else 2, (rank, processes))
             self.assertEqual(finals[rank]["generation"], 2, finals[rank])
+
+    def test_a_silent_hosts_survivors_stop_and_the_whole_group_restarts_with_the_spare(self):
+        # Rank 2's host goes silent at step 9 (rank 2 stops itself, then the host's link goes
+        # down: no failure reaches the others' sockets). Its lease lapses and the round ends as a
+        # lost node, but the survivors, blocked in step 9's all-reduce, never see a failure:
+        # their agent keeps them no longer than 2 s, they stop, and the whole group restarts
+        # with the spare in the silent host's place, every rank from step 0.
+        self.reference()
+        out, silenced = temp_dir(self), []
+
+        def silence(agents):
+            flag = os.path.join(out, "lose_host_2")
+            wait_until(
+                lambda: os.path.exists(flag),
+                TIMEOUT_S,
+                "rank 2 to stop itself",
+                on_timeout=lambda: Output(agents),
+            )
+            pid = int(glob.glob(os.path.join(out, "start_2_*"))[0].rsplit("_", 1)[1])
+            silenced.append(next(h for h in (1, 2, 3) if pid in hosts.pids(h)))
+            hosts.link(silenced[0], False)
+            for host, agent in zip((1, 2, 3), agents):
+                if host != silenced[0]:
+                    agent.wait(TIMEOUT_S)
+            hosts.kill_host(silenced[0])  # its agent would wait out the store's outage
+
+        with Hosts(4) as hosts:
+            agents, codes = self.run_job(hosts, out, "2:9:host", during=silence)
+        result = Output(agents)
+        self.assertEqual([c for h, c in zip((1, 2, 3), codes) if h != silenced[0]], [0, 0], result)
+        self.assertIn(
+            "its workers did not see the lost node's failure: it may be silent, not gone",
+            result.stderr,
+        )
+        self.assertNotIn("kept ranks", result.stderr)
+        finals = [read_json(os.path.join(out, f"final_{r}.json")) for r in range(WORLD)]
+        self.assertEqual({f["sha256"] for f in finals}, {self.reference()}, result)
+        for final in finals:
+            self.assertEqual(final["generation"], 0, final)
 
     def test_a_survivor_lost_as_the_group_re_forms_restarts_the_whole_group(self):
         # A host is lost at step 9 and rank 0, on the other, dies as its loop forms the group
