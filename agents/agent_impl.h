@@ -7,9 +7,11 @@
 #include <array>
 #include <condition_variable>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -87,9 +89,12 @@ class AgentImpl {
   static constexpr std::chrono::milliseconds kSummaryGather{2'000};
 
   // agent_keep.cpp: the workers kept through a re-rendezvous (a node lost, in process)
-  std::string keepRefusal(const rendezvous::RoundEnd& end, bool* recovering = nullptr) const;
+  std::string keepRefusal(const rendezvous::RoundEnd& end) const;
   bool keepThroughNextRound(const rendezvous::RoundEnd& end);
-  void awaitRecovering(const rendezvous::RoundEnd& end, Clock::time_point deadline);
+  // The kept workers that have not seen the lost node's failure yet (pid -> the generation its
+  // mark named when they were kept).
+  std::map<pid_t, int> unseeing(const std::map<pid_t, int>& kept) const;
+  void watchKept(std::map<pid_t, int> kept, Clock::time_point deadline);
   void keep(const rendezvous::RoundEnd& end);
   // How long a lost node's survivors may take to see its failure, and how often it is looked at.
   static constexpr std::chrono::milliseconds kKeepGrace{2'000}, kKeepLook{5};
@@ -192,7 +197,7 @@ class AgentImpl {
   };
   std::unordered_map<int, Following> following_;  // by local rank
   asio::steady_timer recoveryTimer_;
-  asio::steady_timer keepTimer_;  // awaitRecovering's looks
+  asio::steady_timer keepTimer_;  // watchKept's looks
   bool successReported_ = false;
   // The round's workers' ends (agent_summary.cpp), the signals dlrun sent to stop them (bits by
   // number), the summary's thread and its first line for the job_ended event.
@@ -226,6 +231,9 @@ class AgentImpl {
   // them then restarts the group (their environment is the old numbering's).
   std::optional<rendezvous::KeptWorkers> keptOffer_;
   bool renumbered_ = false;
+  // Kept workers stopped as they never saw the lost node's failure (watchKept): theirs fails
+  // the round, never replaced alone.
+  std::set<pid_t> keptUnseeing_;
   // The round that could not keep them: it starts once they stopped.
   std::optional<rendezvous::World> pendingWorld_;
   std::optional<rendezvous::RoundEnd> roundEnd_;

@@ -14,10 +14,8 @@
 
 namespace dlrun::agents::detail {
 
-// Why this node's workers cannot be kept through the next round, or empty: they can; and, where
-// `recovering`, whether every one's mark says it is recovering (the same look at the marks).
-std::string AgentImpl::keepRefusal(const rendezvous::RoundEnd& end, bool* recovering) const {
-  if (recovering) *recovering = false;
+// Why this node's workers cannot be kept through the next round, or empty: they can.
+std::string AgentImpl::keepRefusal(const rendezvous::RoundEnd& end) const {
   if (!options_.inProcessRecovery) return "no --recovery=in-process";
   if (end.kind != rendezvous::RoundEnd::Kind::NodeLost) return "not a lost node";
   // Its lease lapsed (a pause, a partition): the others go on without it.
@@ -26,54 +24,73 @@ std::string AgentImpl::keepRefusal(const rendezvous::RoundEnd& end, bool* recove
   if (starting_) return "its workers were still starting";
   if (world_.workerEndpoints.size() != static_cast<size_t>(world_.worldSize))
     return "the round's roster is unknown";
-  bool all = true;
   for (const auto& w : workers_) {
     const auto mark = recovery::readMark(recoveryDir_, w->localRank());
     const std::string rank = "rank " + std::to_string(w->rank());
     if (!w->alive()) return rank + " has exited";
     if (!mark || mark->pid != w->pid()) return rank + " is not in dlrun.recovery's loop";
     if (mark->done) return rank + " has left dlrun.recovery's loop";
-    all = all && mark->recovering;
   }
-  if (recovering) *recovering = all;
   return "";
 }
 
-// A round that ended as a lost node: true when this node may keep its workers running into the
-// next round (awaitRecovering decides); false when they stop as without --recovery=in-process.
+// A round that ended as a lost node: true when this node keeps its workers running into the
+// next round; false when they stop as without --recovery=in-process. They are kept at once,
+// not once each saw the lost node's failure: a survivor sees it at its step's collective, after
+// the step's compute, and the round that takes a spare in (the spare's workers' start) need not
+// wait for that. watchKept stops those that never see it.
 bool AgentImpl::keepThroughNextRound(const rendezvous::RoundEnd& end) {
   if (const std::string why = keepRefusal(end); !why.empty()) {
     if (options_.inProcessRecovery && end.kind == rendezvous::RoundEnd::Kind::NodeLost)
       log::info("this node's workers stop (" + why + "): " + end.describe());
     return false;
   }
-  awaitRecovering(end, Clock::now() + kKeepGrace);
+  std::map<pid_t, int> kept;
+  for (const auto& w : workers_)
+    kept[w->pid()] = recovery::readMark(recoveryDir_, w->localRank())->generation;
+  keptUnseeing_.clear();
+  keep(end);
+  watchKept(std::move(kept), Clock::now() + kKeepGrace);
   return true;
 }
 
-// They are kept once every one met its collective's failure (its mark says it is recovering):
-// the lost node died, and its sockets closed. One that has not within kKeepGrace waits on a
-// node that is silent rather than gone (a partition, a stopped machine), which would hold it
-// until its collective's timeout: they stop then, as without the flag.
-void AgentImpl::awaitRecovering(const rendezvous::RoundEnd& end, Clock::time_point deadline) {
-  if (state_ != State::Running || stopSignal_) return;
-  bool recovering = false;
-  std::string why = keepRefusal(end, &recovering);
-  if (why.empty() && !recovering) {
-    if (Clock::now() < deadline) {
-      keepTimer_.expires_after(kKeepLook);
-      keepTimer_.async_wait([this, end, deadline](const boost::system::error_code& ec) {
-        if (!ec) awaitRecovering(end, deadline);
-      });
-      return;
-    }
-    why = "its workers did not see the lost node's failure: it may be silent, not gone";
+// A kept worker has seen the failure once its mark says it recovers, or names a later
+// generation (it recovered since); one gone or replaced is another path's to handle.
+std::map<pid_t, int> AgentImpl::unseeing(const std::map<pid_t, int>& kept) const {
+  std::map<pid_t, int> left;
+  for (const auto& w : workers_) {
+    const auto it = kept.find(w->pid());
+    if (it == kept.end() || !w->alive()) continue;
+    const auto mark = recovery::readMark(recoveryDir_, w->localRank());
+    if (mark && mark->pid == w->pid() && (mark->recovering || mark->generation > it->second))
+      continue;
+    left.insert(*it);
   }
-  if (!why.empty()) {
-    log::info("this node's workers stop (" + why + "): " + end.describe());
-    return stop(SIGTERM);
+  return left;
+}
+
+// One that has not within kKeepGrace waits on a node that is silent rather than gone (a
+// partition, a stopped machine), which would hold it until its collective's timeout: it is
+// killed, and its death fails the round that kept it (afterKeeping, or onWorkerExit once that
+// round runs), which restarts the whole group.
+void AgentImpl::watchKept(std::map<pid_t, int> kept, Clock::time_point deadline) {
+  kept = unseeing(kept);
+  if (kept.empty()) return;
+  if (Clock::now() < deadline) {
+    keepTimer_.expires_after(kKeepLook);
+    keepTimer_.async_wait([this, kept, deadline](const boost::system::error_code& ec) {
+      if (!ec) watchKept(kept, deadline);
+    });
+    return;
   }
-  keep(end);
+  for (const auto& w : workers_) {
+    if (!kept.contains(w->pid())) continue;
+    log::info("rank " + std::to_string(w->rank()) +
+              " did not see the lost node's failure (it may be silent, not gone): it stops, and "
+              "the whole group restarts");
+    keptUnseeing_.insert(w->pid());
+    w->signal(SIGKILL);
+  }
 }
 
 void AgentImpl::keep(const rendezvous::RoundEnd& end) {

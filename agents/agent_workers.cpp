@@ -237,6 +237,8 @@ bool AgentImpl::anyAlone() const {
 
 std::string AgentImpl::inProcessRefusal(const Worker& failed) const {
   if (renumbered_) return "this node's ranks were renumbered in process";
+  if (keptUnseeing_.contains(failed.pid()))
+    return "kept after a lost node, it never saw that node's failure";
   const auto mark = recovery::readMark(recoveryDir_, failed.localRank());
   const bool marked = mark && mark->pid == failed.pid();
   recovery::Failure failure{.exitCode = failed.status().signaled ? -1 : failed.status().value,

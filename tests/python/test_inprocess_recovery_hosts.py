@@ -16,9 +16,10 @@ A host lost as a recovery ends (rank 3 replaced at step 9, then rank 0, the sour
 host as that recovery's last barrier returns, before it said the generation formed): the others
 said it, and the spare's workers meet the survivors in generation 2 in process.
 
-A silent host (its link down after rank 2 stopped itself at step 9): the survivors, blocked in
-that step's all-reduce, never see a failure; their agent keeps them no longer than 2 s, and the
-whole group restarts with the spare in its place, exit 0, one set of weights.
+A silent host (its link down after rank 2 stopped itself at step 9): the survivors' agent keeps
+them at once, but blocked in that step's all-reduce they never see a failure; 2 s on it kills
+them (never replaced alone), and the whole group restarts with the spare in its place, exit 0,
+one set of weights.
 
 A lost host without a spare (--nnodes=1:2): the host of ranks 0-1 is killed whole; the other
 keeps its workers, the next round keeps them as ranks 0-1 of 2 (their agent tells them in the
@@ -166,9 +167,10 @@ class TwoHostsWithASpareTest(InProcessCase):
     def test_a_silent_hosts_survivors_stop_and_the_whole_group_restarts_with_the_spare(self):
         # Rank 2's host goes silent at step 9 (rank 2 stops itself, then the host's link goes
         # down: no failure reaches the others' sockets). Its lease lapses and the round ends as a
-        # lost node, but the survivors, blocked in step 9's all-reduce, never see a failure:
-        # their agent keeps them no longer than 2 s, they stop, and the whole group restarts
-        # with the spare in the silent host's place, every rank from step 0.
+        # lost node; the survivors' agent keeps them at once (the round takes the spare in), but
+        # blocked in step 9's all-reduce they never see a failure: 2 s on it kills them, never
+        # to be replaced alone, and the whole group restarts with the spare in the silent
+        # host's place, every rank from step 0.
         self.reference()
         out, silenced = temp_dir(self), []
 
@@ -192,11 +194,16 @@ class TwoHostsWithASpareTest(InProcessCase):
             agents, codes = self.run_job(hosts, out, "2:9:host", during=silence)
         result = Output(agents)
         self.assertEqual([c for h, c in zip((1, 2, 3), codes) if h != silenced[0]], [0, 0], result)
-        self.assertIn(
-            "its workers did not see the lost node's failure: it may be silent, not gone",
+        self.assertRegex(
             result.stderr,
+            r"rank [01] did not see the lost node's failure \(it may be silent, not gone\): it "
+            r"stops, and the whole group restarts",
         )
-        self.assertNotIn("kept ranks", result.stderr)
+        self.assertRegex(
+            result.stderr,
+            r"no in-process recovery \(kept after a lost node, it never saw that node's "
+            r"failure\): restarting the whole group",
+        )
         finals = [read_json(os.path.join(out, f"final_{r}.json")) for r in range(WORLD)]
         self.assertEqual({f["sha256"] for f in finals}, {self.reference()}, result)
         for final in finals:

@@ -157,7 +157,7 @@ void Job::agentBody(int owner) {
                                nodeAddress(incarnation(owner).node) + ")";
       if (const auto keep = ended.kind == RoundEnd::Kind::NodeLost && ended.node != self &&
                                     record_.shape.inProcess && agent->workersRunning
-                                ? keepable(*agent)
+                                ? inProcess_->keepable(owner)
                                 : std::nullopt) {
         sim_.note(label(owner) + " keeps its workers through the re-rendezvous");
         agent->rendezvous->offerKept(*keep, [this, agent] {
@@ -167,6 +167,9 @@ void Job::agentBody(int owner) {
         });
         agent->keeping = true;
         inProcess_->keeping(owner, record_.endSeen.at(id));
+        sim_.spawn(owner, [this, owner, kept = inProcess_->keptGenerations(owner)] {
+          watchKept(owner, kept);
+        });
         continue;
       }
       stopWorkers(*agent);
@@ -182,14 +185,12 @@ void Job::agentBody(int owner) {
   }
 }
 
-// AgentImpl::awaitRecovering: the workers are kept once all are recovering, looked at every
-// 5 ms for up to 2 s.
-std::optional<rendezvous::KeptWorkers> Job::keepable(Agent& agent) {
+// AgentImpl::watchKept: the kept workers looked at every 5 ms for up to 2 s; those that never
+// saw the lost node's failure are killed then (their failure restarts the whole group).
+void Job::watchKept(int owner, std::map<int, int> kept) {
   const Time deadline = sim_.now() + Duration(2'000);
-  while (true) {
-    bool notYet = false;
-    if (auto kept = inProcess_->keepable(agent.owner, &notYet)) return kept;
-    if (!notYet || sim_.now() >= deadline) return std::nullopt;
+  while (!(kept = inProcess_->unseeing(owner, kept)).empty()) {
+    if (sim_.now() >= deadline) return inProcess_->stopUnseeing(owner, kept);
     sim_.sleep(Duration(5));
   }
 }

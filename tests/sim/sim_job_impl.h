@@ -52,7 +52,7 @@ class Job {
   void loseReplies(Duration window);
   void reportFinished(Agent& agent, const std::string& who, RoundId id, int round);
   void stopWorkers(Agent& agent, bool kept = false);
-  std::optional<rendezvous::KeptWorkers> keepable(Agent& agent);
+  void watchKept(int owner, std::map<int, int> kept);
   void startWorkers(const std::shared_ptr<Agent>& agent, const World& world, RoundId id);
   void stopAgent(int owner);
   void killAgent(Incarnation& a);

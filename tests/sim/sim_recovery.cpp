@@ -61,6 +61,7 @@ InProcess::Outcome InProcess::Impl::run(int owner, const std::string& label,
     // round that keeps them sees the failure (afterKeeping).
     std::string why = node.keeping      ? "it failed while its node rejoined"
                       : node.renumbered ? "this node's ranks were renumbered in process"
+                      : f.unseeing      ? "kept after a lost node, it never saw that node's failure"
                                         : rec::refusal(failure);
     if (why.empty() && !rendezvous::RestartPolicy{record.shape.maxRestarts}.allowsRestart(
                            node.world.failures + lone + 1))
@@ -89,18 +90,14 @@ InProcess::Outcome InProcess::Impl::run(int owner, const std::string& label,
   }
 }
 
-std::optional<rendezvous::KeptWorkers> InProcess::Impl::keepable(int owner, bool* notYet) const {
-  *notYet = false;
+std::optional<rendezvous::KeptWorkers> InProcess::Impl::keepable(int owner) const {
   const auto found = nodes.find(owner);
   if (found == nodes.end()) return std::nullopt;
   const Node& node = found->second;
-  // As AgentImpl::keepRefusal: every worker alive and in the loop, its mark its own; and as
-  // awaitRecovering: each in recovery (else not yet).
+  // As AgentImpl::keepRefusal: every worker alive and in the loop, its mark its own (kept at
+  // once, whether or not it saw the failure yet: watchKept).
   for (const Proc* p : node.mine)
     if (p->exited || !p->marked || p->done) return std::nullopt;
-  *notYet =
-      std::any_of(node.mine.begin(), node.mine.end(), [](const Proc* p) { return !p->recovering; });
-  if (*notYet) return std::nullopt;
   std::vector<uint16_t> ports;
   for (int local = 0; local < node.world.localWorldSize; ++local)
     ports.push_back(static_cast<uint16_t>(kFirstWorkerPort + local));
@@ -148,8 +145,35 @@ InProcess::Outcome InProcess::run(int owner, const std::string& label,
   return impl_->run(owner, label, world, id, stopped);
 }
 
-std::optional<rendezvous::KeptWorkers> InProcess::keepable(int owner, bool* notYet) const {
-  return impl_->keepable(owner, notYet);
+std::optional<rendezvous::KeptWorkers> InProcess::keepable(int owner) const {
+  return impl_->keepable(owner);
+}
+
+std::map<int, int> InProcess::keptGenerations(int owner) const {
+  std::map<int, int> kept;
+  for (const Proc* p : impl_->nodes.at(owner).mine) kept[p->pid] = p->generation;
+  return kept;
+}
+
+// As AgentImpl::unseeing: one that saw it recovers, or has recovered since (a later generation).
+std::map<int, int> InProcess::unseeing(int owner, const std::map<int, int>& kept) const {
+  std::map<int, int> left;
+  for (const Proc* p : impl_->nodes.at(owner).mine) {
+    const auto it = kept.find(p->pid);
+    if (it != kept.end() && !p->exited && !p->recovering && p->generation <= it->second)
+      left.insert(*it);
+  }
+  return left;
+}
+
+void InProcess::stopUnseeing(int owner, const std::map<int, int>& kept) {
+  for (Proc* p : impl_->nodes.at(owner).mine) {
+    if (!kept.contains(p->pid) || p->exited) continue;
+    impl_->sim.note("pid " + std::to_string(p->pid) + " (rank " + std::to_string(p->rank) +
+                    ") never saw the lost node's failure: killed");
+    p->unseeing = true;
+    impl_->die(*p, -1);
+  }
 }
 
 void InProcess::keeping(int owner, Time since) {

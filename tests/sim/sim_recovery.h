@@ -47,9 +47,14 @@ class InProcess {
               const std::function<bool()>& stopped);
 
   // A lost node's round ended: where `owner`'s workers can be kept running into the next round,
-  // what its agent offers it (AgentImpl::keepThroughNextRound), else nothing; `notYet` where
-  // only their recovery has not begun (the agent looks again for a while).
-  std::optional<rendezvous::KeptWorkers> keepable(int owner, bool* notYet) const;
+  // what its agent offers it (AgentImpl::keepThroughNextRound), else nothing.
+  std::optional<rendezvous::KeptWorkers> keepable(int owner) const;
+  // Of `kept` (pid -> its generation when kept), the running ones that have not seen the lost
+  // node's failure yet (AgentImpl::unseeing); those killed as never seeing it (watchKept), whose
+  // failure restarts the whole group.
+  std::map<int, int> keptGenerations(int owner) const;
+  std::map<int, int> unseeing(int owner, const std::map<int, int>& kept) const;
+  void stopUnseeing(int owner, const std::map<int, int>& kept);
   // Its agent offered them (it rejoins: it replaces no failed one meanwhile), the lost node's
   // round having ended at `since`.
   void keeping(int owner, Time since);

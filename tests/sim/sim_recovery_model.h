@@ -82,6 +82,7 @@ struct Proc {
   bool marked = false;
   bool done = false;        // past the loop's last barrier (its mark says so)
   bool recovering = false;  // a survivor in recovery (its mark says so)
+  bool unseeing = false;    // kept after a lost node, killed as it never saw the failure
   int joinRound = -1;       // DLRUN_RECOVERY_ROUND: in a lost node's place, the round's
   bool meeting = false;     // in a recovery's meeting (where a move reaches it)
   int generation = 0;
@@ -210,7 +211,7 @@ struct InProcess::Impl {
 
   Outcome run(int owner, const std::string& label, const rendezvous::World& world, RoundId id,
               const std::function<bool()>& stopped);
-  std::optional<rendezvous::KeptWorkers> keepable(int owner, bool* notYet) const;
+  std::optional<rendezvous::KeptWorkers> keepable(int owner) const;
   void adopt(int owner, const std::string& label, const rendezvous::World& world, RoundId round);
 };
 
