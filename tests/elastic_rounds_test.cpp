@@ -232,6 +232,29 @@ TEST_F(ElasticRoundsTest, ALongJobKeepsTheKeysOfItsLastTwoRoundsOnly) {
   EXPECT_EQ(view.numKeys(), keysAtRound2);  // bounded, however many rounds the job runs
 }
 
+// Rounds that ended before anyone waited in them (they failed as they formed) leave their keys
+// to a later closer, which deletes them key by key before it waits for its own round's end: it
+// takes two at most, so that wait comes no later than a round's tidy-up (the rest go two a round).
+TEST_F(ElasticRoundsTest, ACloserForgetsABacklogOfRoundsTwoAtATime) {
+  ElasticOptions o = options(2, 2);
+  o.restarts.maxRestarts = 10;
+  auto a = agent(o, "n0"), b = agent(o, "n1");
+  const elastic::Keys keys("job");
+  MemoryStore view(server_);
+  auto fail = [&] {
+    a->reportFailure(RoundEnd{.kind = Kind::WorkerFailed, .node = "n0", .rank = 0, .exitCode = 1});
+  };
+  for (int round = 0; round <= 6; ++round) {
+    for (const World& w : formRound({a.get(), b.get()})) EXPECT_EQ(w.round, round);
+    fail();  // before any awaitEnd: no closer tidied up
+  }
+  auto ends = together<RoundEnd>({[&] { return a->awaitEnd(); }, [&] { return b->awaitEnd(); }});
+  for (auto& end : ends) EXPECT_EQ(end.get().kind, Kind::WorkerFailed);
+  EXPECT_EQ(view.peek({keys.forgotten()})[0], "1");
+  EXPECT_FALSE(view.check({keys.closed(1)}));
+  for (int round = 2; round <= 6; ++round) EXPECT_TRUE(view.check({keys.closed(round)})) << round;
+}
+
 TEST_F(ElasticRoundsTest, AJoinAloneTimesOutAfterTheJoinTimeout) {
   const ElasticOptions o = options(2, 2);
   auto alone = agent(o, "n0");
