@@ -203,22 +203,44 @@ TEST_F(ElasticRoundsTest, ASpareTakesAKilledNodesPlace) {
   EXPECT_EQ(elapsedSince(start), 0s);
 }
 
-TEST_F(ElasticRoundsTest, ALongJobKeepsTheKeysOfItsLastTwoRoundsOnly) {
-  ElasticOptions o = options(2, 2);
-  o.restarts.maxRestarts = 10;
-  auto a = agent(o, "n0"), b = agent(o, "n1");
-  const elastic::Keys keys("job");
-  MemoryStore view(server_);
+// Two nodes of a --nnodes=2 job with restarts to spare, whose rounds fail one after another,
+// and a view of the store.
+class TwoNodesFailing : public ElasticRoundsTest {
+ protected:
+  TwoNodesFailing() {
+    ElasticOptions o = options(2, 2);
+    o.restarts.maxRestarts = 10;
+    a = agent(o, "n0");
+    b = agent(o, "n1");
+  }
+
+  void formRound(int round) {
+    for (const World& w : ElasticRoundsTest::formRound({a.get(), b.get()}))
+      EXPECT_EQ(w.round, round);
+  }
+  void fail() {
+    a->reportFailure(RoundEnd{.kind = Kind::WorkerFailed, .node = "n0", .rank = 0, .exitCode = 1});
+  }
+  void awaitEnds() {
+    auto ends = together<RoundEnd>({[&] { return a->awaitEnd(); }, [&] { return b->awaitEnd(); }});
+    for (auto& end : ends) EXPECT_EQ(end.get().kind, Kind::WorkerFailed);
+  }
+
+  std::unique_ptr<ElasticRendezvous> a, b;
+  const elastic::Keys keys{"job"};
+  MemoryStore view{server_};
+};
+
+TEST_F(TwoNodesFailing, ALongJobKeepsTheKeysOfItsLastTwoRoundsOnly) {
   int64_t keysAtRound2 = 0;
   std::vector<std::vector<std::string>> members;  // each round's member ids, in arrival order
   for (int round = 0; round <= 5; ++round) {
-    for (const World& w : formRound({a.get(), b.get()})) EXPECT_EQ(w.round, round);
+    formRound(round);
     members.push_back(split(view.peek({keys.members(round)})[0], '\n'));
     members.back().pop_back();  // the list ends with a newline
     ASSERT_EQ(members.back().size(), 2u);
-    a->reportFailure(RoundEnd{.kind = Kind::WorkerFailed, .node = "n0", .rank = 0, .exitCode = 1});
-    auto ends = together<RoundEnd>({[&] { return a->awaitEnd(); }, [&] { return b->awaitEnd(); }});
-    for (auto& end : ends) EXPECT_EQ(end.get().kind, Kind::WorkerFailed);
+    fail();
+    awaitEnds();
     if (round == 2) keysAtRound2 = view.numKeys();
   }
   for (int round = 0; round <= 3; ++round) {
@@ -235,21 +257,12 @@ TEST_F(ElasticRoundsTest, ALongJobKeepsTheKeysOfItsLastTwoRoundsOnly) {
 // Rounds that ended before anyone waited in them (they failed as they formed) leave their keys
 // to a later closer, which deletes them key by key before it waits for its own round's end: it
 // takes two at most, so that wait comes no later than a round's tidy-up (the rest go two a round).
-TEST_F(ElasticRoundsTest, ACloserForgetsABacklogOfRoundsTwoAtATime) {
-  ElasticOptions o = options(2, 2);
-  o.restarts.maxRestarts = 10;
-  auto a = agent(o, "n0"), b = agent(o, "n1");
-  const elastic::Keys keys("job");
-  MemoryStore view(server_);
-  auto fail = [&] {
-    a->reportFailure(RoundEnd{.kind = Kind::WorkerFailed, .node = "n0", .rank = 0, .exitCode = 1});
-  };
+TEST_F(TwoNodesFailing, ACloserForgetsABacklogOfRoundsTwoAtATime) {
   for (int round = 0; round <= 6; ++round) {
-    for (const World& w : formRound({a.get(), b.get()})) EXPECT_EQ(w.round, round);
+    formRound(round);
     fail();  // before any awaitEnd: no closer tidied up
   }
-  auto ends = together<RoundEnd>({[&] { return a->awaitEnd(); }, [&] { return b->awaitEnd(); }});
-  for (auto& end : ends) EXPECT_EQ(end.get().kind, Kind::WorkerFailed);
+  awaitEnds();
   EXPECT_EQ(view.peek({keys.forgotten()})[0], "1");
   EXPECT_FALSE(view.check({keys.closed(1)}));
   for (int round = 2; round <= 6; ++round) EXPECT_TRUE(view.check({keys.closed(round)})) << round;
