@@ -326,6 +326,7 @@ void AgentImpl::startAttempt(const rendezvous::World& world) {
   forgetWorkers();
   loneRestarts_ = 0;
   renumbered_ = false;
+  keptUnseeing_.clear();
   replaced_.clear();
   successReported_ = false;
   nodeFailures_ = {};

@@ -232,7 +232,7 @@ class AgentImpl {
   std::optional<rendezvous::KeptWorkers> keptOffer_;
   bool renumbered_ = false;
   // Kept workers stopped as they never saw the lost node's failure (watchKept): theirs fails
-  // the round, never replaced alone.
+  // the round, never replaced alone. The attempt's, as renumbered_.
   std::set<pid_t> keptUnseeing_;
   // The round that could not keep them: it starts once they stopped.
   std::optional<rendezvous::World> pendingWorld_;

@@ -48,7 +48,6 @@ bool AgentImpl::keepThroughNextRound(const rendezvous::RoundEnd& end) {
   std::map<pid_t, int> kept;
   for (const auto& w : workers_)
     kept[w->pid()] = recovery::readMark(recoveryDir_, w->localRank())->generation;
-  keptUnseeing_.clear();
   keep(end);
   watchKept(std::move(kept), Clock::now() + kKeepGrace);
   return true;
