@@ -371,7 +371,7 @@ void AgentImpl::startZygote() {
         io_, *options_.warmStart, zygoteEnvironment(inherited_, options_.nprocPerNode, services_),
         workerArgv(options_.command, last, options_.localRankFlag,
                    options_.virtualLocalRank ? 0 : last),
-        [this] { onZygoteSettled(); });
+        options_.nprocPerNode, [this] { onZygoteSettled(); });
   } catch (const ConfigError& e) {
     failToStart(2, e.what());
   } catch (const Error& e) {

@@ -281,7 +281,7 @@ SpawnedProcess Zygote::Impl::fork(const SpawnRequest& request) {
 
 Zygote::Zygote(asio::io_context& io, const WarmStartOptions& options,
                const Environment& environment, const std::vector<std::string>& longestArgv,
-               std::function<void()> onSettled)
+               int standbys, std::function<void()> onSettled)
     : impl_(std::make_unique<Impl>(io)) {
   impl_->onSettled = std::move(onSettled);
   std::vector<std::string> argv = options.interpreter;
@@ -289,6 +289,7 @@ Zygote::Zygote(asio::io_context& io, const WarmStartOptions& options,
   std::string modules;
   for (const auto& name : options.preload) modules += (modules.empty() ? "" : ",") + name;
   argv.push_back(modules);
+  argv.push_back(std::to_string(standbys));
   argv.push_back("--");
   argv.insert(argv.end(), longestArgv.begin(), longestArgv.end());
   auto [agentEnd, zygoteEnd] = socketPair();

@@ -16,7 +16,8 @@
 // then: the zygote reaped the middle child first), PR_SET_PTRACER and the rest, and runs the
 // program as a fresh interpreter would. The agent's end of the go socket closing (the agent
 // died) ends the worker. A zygote left without a request for a second forks a worker ahead the
-// same way (a standby), and hands it the next request: nothing here tells the two apart.
+// same way (a standby), up to one for each of the node's workers, and hands one the next
+// request: nothing here tells the two apart.
 //
 // The agent waits for the zygote at an attempt's start: a fresh worker would spend the same
 // time importing the same modules, and every attempt of a warm job then starts the same way. A
@@ -68,11 +69,12 @@ class Zygote {
 
   // Starts the zygote: the options' interpreter on zygoteProgram(). Its arguments end with
   // `longestArgv`, the longest worker argv, so that each worker has room to show its own in
-  // /proc/PID/cmdline (ps, pkill -f). `onSettled` is posted to `io` once, when it is ready or
-  // has failed before that. Throws Error (ConfigError where the program is missing) when it
-  // cannot be started.
+  // /proc/PID/cmdline (ps, pkill -f). It keeps up to `standbys` workers forked ahead (the
+  // node's worker count: a restart of them all forks none). `onSettled` is posted to `io`
+  // once, when it is ready or has failed before that. Throws Error (ConfigError where the
+  // program is missing) when it cannot be started.
   Zygote(boost::asio::io_context& io, const WarmStartOptions& options,
-         const Environment& environment, const std::vector<std::string>& longestArgv,
+         const Environment& environment, const std::vector<std::string>& longestArgv, int standbys,
          std::function<void()> onSettled);
   ~Zygote();  // kills and reaps the zygote
   Zygote(const Zygote&) = delete;

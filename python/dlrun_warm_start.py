@@ -1,11 +1,12 @@
 """dlrun's warm-start zygote (agents/warm_start.h, docs/guides/warm-start.md).
 
-The dlrun agent runs it as `INTERPRETER [OPTIONS] dlrun_warm_start.py MODULES -- WORKER_ARGV`,
-under the workers' own interpreter and options, with the node's common environment and its
-control socket as stdin (WORKER_ARGV, the longest of its workers', only makes room for each
-worker's own argv in /proc/PID/cmdline). It imports MODULES (comma-separated), answers Ready
-(or Refused, one line, and exits), then forks one worker per Spawn request (the frames of
-agents/warm_start_wire.h), or hands the request to a worker it forked ahead (Standby).
+The dlrun agent runs it as `INTERPRETER [OPTIONS] dlrun_warm_start.py MODULES STANDBYS --
+WORKER_ARGV`, under the workers' own interpreter and options, with the node's common environment
+and its control socket as stdin (WORKER_ARGV, the longest of its workers', only makes room for
+each worker's own argv in /proc/PID/cmdline). It imports MODULES (comma-separated), answers
+Ready (or Refused, one line, and exits), then forks one worker per Spawn request (the frames of
+agents/warm_start_wire.h), or hands the request to a worker it forked ahead (Standby; up to
+STANDBYS of them, the node's worker count).
 
 Each worker becomes what `INTERPRETER [OPTIONS] SCRIPT ARGS` (or `-m MODULE ARGS`) started by
 the agent would be: environment, working directory, sys.argv, sys.path, __main__, stdio (-u
@@ -541,6 +542,7 @@ def main():
 
     ctl = control_socket()
     modules = [m for m in sys.argv[1].split(",") if m] if len(sys.argv) > 1 else []
+    wanted = int(sys.argv[2])
     began = time.monotonic()
     problem = preload(modules)
     if problem:
@@ -560,12 +562,14 @@ def main():
         )
     )
     _FORKS_CLOSE.append(ctl)
-    standby = None
+    # One for each of the node's workers: a restart of them all (a whole-group restart, a
+    # lost node's ranks on a spare) forks none. Each after a quiet second of its own.
+    standbys = []
     while True:
-        if standby is None and not select.select([ctl], [], [], STANDBY_IDLE_S)[0]:
+        if len(standbys) < wanted and not select.select([ctl], [], [], STANDBY_IDLE_S)[0]:
             standby = Standby()
-            if standby.pid is None:
-                standby = None
+            if standby.pid is not None:
+                standbys.append(standby)
             continue
         body, fds = receive(ctl)
         if body is None:
@@ -575,9 +579,8 @@ def main():
                 os.close(fd)
             raise ValueError(f"a frame of kind {body[0]} with {len(fds)} descriptors")
         reply = None
-        if standby is not None:
-            reply = standby.take(struct.pack("<I", len(body)) + body, fds)
-            standby = None
+        while reply is None and standbys:  # one gone meanwhile: the next, else a fork
+            reply = standbys.pop(0).take(struct.pack("<I", len(body)) + body, fds)
         ctl.sendall(reply or spawn(Spawn(body[1:]), fds))
 
 

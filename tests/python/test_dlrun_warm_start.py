@@ -10,8 +10,9 @@ workers started fresh, and what cannot be warm-started is refused in one line.
 - A torch gloo job whose rank hangs gets its stacks (with the Python frames) from a warm
   worker; a DDP job whose rank is SIGKILLed restarts through the zygote and exits 0.
 - A zygote killed mid-job is said in one line and the restart starts fresh workers.
-- A zygote left without a request for a second forks a standby worker: the next start is that
-  process, which sees what the others saw; it ends with a SIGKILLed agent.
+- A zygote left without a request for a second forks a standby worker, up to one for each of
+  the node's workers: the next starts are those processes, which see what the others saw; a
+  standby ends with a SIGKILLed agent.
 - Refusals: --no-python, train, a binary, -c, --preload alone or malformed (at parse time);
   a preload that cannot be imported, starts a thread or initialises CUDA (at start).
 """
@@ -338,36 +339,48 @@ class WarmStartTest(unittest.TestCase):
         self.assertEqual(fresh["ppid"], dlrun.pid)
         self.assertEqual(fresh["cmdline"], [PYTHON, PROBE, out, "wait-fail", "3"])
 
-    def waiting_job_with_a_standby(self, out):
-        """A warm job whose one worker waits for OUT/go (then exits 3, and its restart 0), once
-        its zygote has forked a standby: (dlrun, attempt 0's probe, the standby's pid)."""
+    def waiting_job_with_standbys(self, out, nproc=1):
+        """A warm job whose workers wait for OUT/go (then exit 3, and their restarts 0), once
+        its zygote has forked a standby for each: (dlrun, attempt 0's probes, the standbys'
+        pids)."""
         dlrun = Dlrun(
             self,
-            ["--standalone", "--max-restarts=1", "--warm-start", PYTHON, PROBE, out]
-            + ["wait-fail", "3"],
+            ["--standalone", f"--nproc-per-node={nproc}", "--max-restarts=1", "--warm-start"]
+            + [PYTHON, PROBE, out, "wait-fail", "3"],
         )
-        wait_until(lambda: probes(out), 30, "attempt 0", proc=dlrun.proc, on_timeout=dlrun.describe)
-        first = probes(out)[0]
-        dlrun.watch_workers([first["pid"]])
-        zygote = int(re.search(r"warm start: Python \S+ \(pid (\d+)\)", dlrun.output()[1]).group(1))
-        standby = []
         wait_until(
-            lambda: standby.extend(zygote_forks(dlrun.pid, zygote)) or standby,
+            lambda: len(probes(out)) == nproc,
             30,
-            "the zygote's standby",
+            "attempt 0",
             proc=dlrun.proc,
             on_timeout=dlrun.describe,
         )
-        self.assertEqual(len(standby), 1, standby)
-        dlrun.watch_workers(standby)
-        return dlrun, first, standby[0]
+        first = [record for _, record in sorted(probes(out).items())]
+        dlrun.watch_workers([p["pid"] for p in first])
+        zygote = int(re.search(r"warm start: Python \S+ \(pid (\d+)\)", dlrun.output()[1]).group(1))
+        standbys = []
+
+        def forked():
+            standbys[:] = zygote_forks(dlrun.pid, zygote)
+            return len(standbys) >= nproc
+
+        wait_until(
+            forked,
+            30,
+            "the zygote's standbys",
+            proc=dlrun.proc,
+            on_timeout=dlrun.describe,
+        )
+        self.assertEqual(len(standbys), nproc, standbys)
+        dlrun.watch_workers(standbys)
+        return dlrun, first, standbys
 
     def test_a_start_after_a_quiet_second_is_the_worker_forked_ahead(self):
         # A zygote without a request for a second forks a standby worker ahead of the next
         # start: the restart is that process, and it sees what a worker forked at the request
         # (attempt 0's) sees.
         out = temp_dir(self)
-        dlrun, first, standby = self.waiting_job_with_a_standby(out)
+        dlrun, [first], [standby] = self.waiting_job_with_standbys(out)
         with open(os.path.join(out, "go"), "w"):
             pass
         result = dlrun.wait(30)
@@ -386,9 +399,21 @@ class WarmStartTest(unittest.TestCase):
             self.assertEqual(sorted(again[key]), sorted(first[key]), key)
         self.assertEqual(again["env"]["TORCHELASTIC_RESTART_COUNT"], "1")
 
+    def test_a_restart_of_every_worker_takes_the_workers_forked_ahead(self):
+        # A standby for each of the node's workers: a whole-group restart forks none (nor does
+        # a lost node's recovery on a spare).
+        out = temp_dir(self)
+        dlrun, _, standbys = self.waiting_job_with_standbys(out, nproc=2)
+        with open(os.path.join(out, "go"), "w"):
+            pass
+        result = dlrun.wait(30)
+        self.assertEqual(result.returncode, 0, result)
+        again = probes(out, 1)
+        self.assertEqual(sorted(p["pid"] for p in again.values()), sorted(standbys))
+
     def test_a_standby_ends_with_its_agent(self):
         out = temp_dir(self)
-        dlrun, first, standby = self.waiting_job_with_a_standby(out)
+        dlrun, [first], [standby] = self.waiting_job_with_standbys(out)
         dlrun.signal(signal.SIGKILL)
         dlrun.proc.wait()
         for pid, what in ((standby, "the standby"), (first["pid"], "the worker")):
