@@ -233,9 +233,16 @@ void AgentImpl::runRendezvous() {
     if (world && !openAttemptSpace(*world)) {
       asio::post(io_, [this, world = *world] { sitOut(world); });
     } else {
-      if (world) probeNetwork(*world);
+      // The job's first round is measured before its workers start, on a quiet network; a
+      // later one (a restart, a lost node's recovery) starts them first and is measured
+      // beside them: the time from a fault to the next step never waits on the probe. Its
+      // round's end is heeded once it is done (within its deadline).
+      std::optional<rendezvous::World> probeLater;
+      if (world && world->round == 0) probeNetwork(*world);
+      if (world && world->round != 0) probeLater = *world;
       if (world && world->keptWorkers) moveKept(*world);
       asio::post(io_, [this, joined = std::move(joined)] { onJoined(joined); });
+      if (probeLater) probeNetwork(*probeLater);
     }
     if (!world) return;
     asio::post(io_, [this, end = rendezvous_.awaitEnd()] { onRoundEnd(end); });

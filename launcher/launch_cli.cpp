@@ -5,6 +5,7 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <cstdio>
 #include <fstream>
 
 #include "agents/warm_start_wire.h"
@@ -336,6 +337,23 @@ void crossCheck(const DeclaredFlags& f, const LaunchConfig& c) {
                       "DLRUN_ETCD_ENDPOINTS)");
 }
 
+// The probe holds the rendezvous's thread, whose requests keep dlrund's lease on the node: one
+// that can outlast the lease would have the node taken for lost every round it probes.
+void checkProbeWithinLease(std::chrono::milliseconds probe, const LaunchConfig& c) {
+  if (c.maxNodes < 2 || c.rdzvBackend != RdzvBackend::C10d) return;
+  const auto ttl = c.rdzv.leaseTtl();
+  if (probe + c.rdzv.heartbeat <= ttl) return;
+  auto secondsText = [](std::chrono::milliseconds ms) {
+    char text[32];
+    std::snprintf(text, sizeof text, "%g s", std::chrono::duration<double>(ms).count());
+    return std::string(text);
+  };
+  throw ConfigError("--network-probe-timeout " + secondsText(probe) +
+                    " does not end a heartbeat (" + secondsText(c.rdzv.heartbeat) +
+                    ") before the node's rendezvous lease of " + secondsText(ttl) +
+                    " lapses: lower it, or raise --rdzv-conf heartbeat_timeout");
+}
+
 // --warm-start: only for a Python interpreter running a script or a module, since the workers
 // are forked from one (agents/warm_start_wire.h).
 agents::WarmStartOptions warmStartOf(const DeclaredFlags& f,
@@ -423,9 +441,11 @@ LaunchParse parseDlrunArgs(const std::vector<std::string>& args, const HostProbe
   resolveBackend(f, c, host);
   crossCheck(f, c);
   c.agent.health = healthOptions(f, c);
-  if (!f.noNetworkProbe)
+  if (!f.noNetworkProbe) {
     c.agent.networkProbe =
         std::chrono::milliseconds(static_cast<int64_t>(f.networkProbeTimeout * 1000));
+    checkProbeWithinLease(*c.agent.networkProbe, c);
+  }
   c.agent.quarantine.window =
       std::chrono::milliseconds(static_cast<int64_t>(f.quarantineWindow * 1000));
   c.agent.quarantine.coolDown =

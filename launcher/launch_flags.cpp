@@ -166,7 +166,8 @@ void declareCheckFlags(CLI::App& app, DeclaredFlags& f, LaunchConfig& c) {
       ->check(CLI::Range(0, 1024));
   addOption(app, "network-probe-timeout", f.networkProbeTimeout,
             "Seconds the network probe between a round's nodes may take (each node's link to "
-            "the next measured, the slowest named) before the round's workers start")
+            "the next measured, the slowest named): before the first round's workers start, "
+            "beside a later round's; below the rendezvous lease less a heartbeat")
       ->check(CLI::Range(0.001, 3600.0));
   addFlag(app, "no-network-probe", f.noNetworkProbe, "No network probe between a round's nodes");
   addOption(app, "quarantine-after", c.agent.quarantine.after,

@@ -276,6 +276,27 @@ TEST(ParseDlrunArgs, SeveralC10dNodesNeedAnEndpoint) {
   EXPECT_TRUE(parse({"--rdzv-backend=c10d", "env"}).singleNode());  // one node: its own store
 }
 
+TEST(ParseDlrunArgs, ANetworkProbeThatCouldOutlastTheNodesLeaseIsRefused) {
+  // The probe holds the thread whose requests keep the node's lease (3 s unless set): it must
+  // end a heartbeat before the lease lapses, or the node is taken for lost every round.
+  const Args c10d{"--nnodes=2", "--rdzv-endpoint=h:29400"};
+  auto with = [&](Args more) {
+    Args args = c10d;
+    args.insert(args.end(), more.begin(), more.end());
+    args.push_back("env");
+    return args;
+  };
+  const std::string message = configError([&] { parse(with({"--network-probe-timeout=6"})); });
+  EXPECT_EQ(message,
+            "--network-probe-timeout 6 s does not end a heartbeat (1 s) before the node's "
+            "rendezvous lease of 3 s lapses: lower it, or raise --rdzv-conf heartbeat_timeout");
+  EXPECT_TRUE(parse(with({"--network-probe-timeout=2"})).agent.networkProbe);  // the default's
+  EXPECT_TRUE(parse(with({"--network-probe-timeout=6", "--rdzv-conf=heartbeat_timeout=7"}))
+                  .agent.networkProbe);
+  EXPECT_FALSE(parse(with({"--network-probe-timeout=6", "--no-network-probe"})).agent.networkProbe);
+  EXPECT_NO_THROW(parse({"--network-probe-timeout=6", "env"}));  // one node: no lease
+}
+
 // --- the etcd backend ------------------------------------------------------------------------
 
 TEST(ParseDlrunArgs, EtcdTakesAnEndpointListWithEtcdsDefaultPort) {

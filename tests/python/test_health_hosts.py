@@ -10,7 +10,9 @@
   --quarantine-file: the round forms with the agent started after that, and once its cool-down
   is over the host is let in again;
 - the network probe between a round's nodes names the link of the host whose sending is slowed
-  (a token bucket on its eth0) as the round's slowest, once, from the round's first node;
+  (a token bucket on its eth0) as the round's slowest, once, from the round's first node; a
+  restart's workers start without waiting for the probe (two hosts cut from each other: it lasts
+  until its deadline), which runs beside them;
 - a node whose check keeps failing past the rendezvous's join_timeout ends (exit 1, one line)
   rather than wait for ever (on loopback).
 
@@ -225,7 +227,9 @@ class HealthChecksOnHostsTest(unittest.TestCase):
         out = temp_dir(self)
         with Hosts(4) as hosts:
             hosts.slow(2, "100mbit")
-            agents = self.start(hosts, "3", ["--network-probe-timeout=20"], (1, 2, 3), [out])
+            # Room for the probe on a loaded machine; the node's lease must outlast it.
+            probe = ["--network-probe-timeout=20", "--rdzv-conf=heartbeat_timeout=22"]
+            agents = self.start(hosts, "3", probe, (1, 2, 3), [out])
             codes = [agents[h].wait(TIMEOUT_S) for h in (1, 2, 3)]
             result = Output(agents.values())
             self.assertEqual(codes, [0, 0, 0], result)
@@ -235,6 +239,37 @@ class HealthChecksOnHostsTest(unittest.TestCase):
             self.assertEqual(len(named), 1, result)  # one round, its first node speaks
             self.assertEqual(named[0][0], hosts.hostname(2), result)
             self.assertNotIn("not measured", result.stderr)
+
+    def test_a_restarts_workers_start_without_waiting_for_the_network_probe(self):
+        # The job's first round is measured before its workers start; a restart's workers start
+        # at once and the probe runs beside them. Host 2 does not probe (--no-network-probe), so
+        # host 1's probe waits for it until its deadline, every round.
+        out = temp_dir(self)
+        deadline_s = 6
+        flags = [
+            "--max-restarts=1",
+            f"--network-probe-timeout={deadline_s}",
+            "--rdzv-conf=heartbeat_timeout=8",  # the lease outlasts the probe, as it must
+        ]
+        args = [out, "--fail-rank", "0", "--fail-rounds", "1"]
+        with Hosts(3) as hosts:
+            agents = self.start(hosts, "2", [*flags, "--no-network-probe"], (2,), args)
+            agents.update(self.start_more(hosts, "2", flags, (1,), args))
+            codes = [agents[h].wait(TIMEOUT_S) for h in (1, 2)]
+            result = Output(agents.values())
+            self.assertEqual(codes, [0, 0], result)
+            self.assertIn("network probe: ", agents[1].output())
+            last = max(attempt for attempt, _, _ in starts(out))
+            self.assertGreaterEqual(last, 1, result)  # rank 0 failed once: a restart
+            began = {}
+            for path in glob.glob(os.path.join(out, f"start_{last}_*.json")):
+                record = read_json(path)
+                began.setdefault(record["host"], []).append(record["time"])
+            self.assertEqual(sorted(began), [hosts.hostname(1), hosts.hostname(2)], result)
+            # Host 1's workers started within a moment of host 2's (before: its probe's deadline
+            # later).
+            late = max(began[hosts.hostname(1)]) - min(began[hosts.hostname(2)])
+            self.assertLess(late, deadline_s - 2, result)
 
     def test_a_node_whose_check_keeps_failing_ends_after_the_join_timeout(self):
         logs = temp_dir(self)
