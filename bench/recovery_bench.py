@@ -401,6 +401,8 @@ def parse_args(argv):
     args.trials = args.trials or (2 if args.quick else 10)
     if args.keep:
         os.makedirs(args.keep, exist_ok=True)
+        if os.listdir(args.keep):  # an earlier run's trials have the same names
+            parser.error(f"--keep {args.keep}: not empty (an earlier run's files?)")
     args.cases = [c for c in args.cases.split(",") if c]
     args.launchers = [name for name in args.launchers.split(",") if name]
     for name, given, known in (
