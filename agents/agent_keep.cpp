@@ -179,6 +179,7 @@ void AgentImpl::moveKept(const rendezvous::World& world) {
     const auto keys = recovery::moving(generation, world.round, keptOffer_->baseRank,
                                        world.baseRank, world.localWorldSize, world.worldSize);
     for (const auto& [key, value] : keys) store.set(key, value);
+    store.add(recovery::arrivedKey(generation), 0);  // frees them from a step that cannot end
     recovery::tellNews(store, recovery::newsKey(generation));
     // A SET has no reply: one read after them, so that none is lost as the connection closes.
     store.check({keys.back().first});

@@ -17,9 +17,12 @@ host as that recovery's last barrier returns, before it said the generation form
 said it, and the spare's workers meet the survivors in generation 2 in process.
 
 A silent host (its link down after rank 2 stopped itself at step 9): the survivors' agent keeps
-them at once, but blocked in that step's all-reduce they never see a failure; 2 s on it kills
-them (never replaced alone), and the whole group restarts with the spare in its place, exit 0,
-one set of weights.
+them at once, blocked in that step's all-reduce, which never fails; the round that takes the
+spare in frees them (their agent creates the next generation's arrivals, which their step
+watches wait for), and they recover in process with the spare's workers: every step once, one
+set of weights. Where the survivors' steps are too slow for their watch to free them within the
+2 s their agent gives them (a step of 2.5 s), it kills them (never replaced alone), and the
+whole group restarts with the spare in the silent host's place, exit 0, one set of weights.
 
 A lost host without a spare (--nnodes=1:2): the host of ranks 0-1 is killed whole; the other
 keeps its workers, the next round keeps them as ranks 0-1 of 2 (their agent tells them in the
@@ -104,9 +107,11 @@ class TwoHostsWithASpareTest(InProcessCase):
         spares = [one.name for one in agents if "waiting as a spare" in one.output()]
         self.assertEqual(len(spares), 1, result)
 
-    def host_loser(self, hosts, out, rank, lost, on=(1, 2, 3)):
+    def host_loser(self, hosts, out, rank, lost, on=(1, 2, 3), silent=False):
         """What run_job runs meanwhile: once `rank` stopped itself (RANK:STEP:host), kills the
-        host it runs on; its index goes to `lost`."""
+        host it runs on; its index goes to `lost`. `silent`: takes the host's link down instead
+        (no failure reaches the others' sockets), and kills it once the others ended (its agent
+        would wait out the store's outage)."""
 
         def lose(agents):
             flag = os.path.join(out, f"lose_host_{rank}")
@@ -118,6 +123,11 @@ class TwoHostsWithASpareTest(InProcessCase):
             )
             pid = int(glob.glob(os.path.join(out, f"start_{rank}_*"))[0].rsplit("_", 1)[1])
             lost.append(next(h for h in on if pid in hosts.pids(h)))
+            if silent:
+                hosts.link(lost[0], False)
+                for host, agent in zip(on, agents):
+                    if host != lost[0]:
+                        agent.wait(TIMEOUT_S)
             hosts.kill_host(lost[0])
 
         return lose
@@ -164,34 +174,42 @@ class TwoHostsWithASpareTest(InProcessCase):
             self.assertEqual(len(processes), 1 if rank == 2 else 2, (rank, processes))
             self.assertEqual(finals[rank]["generation"], 2, finals[rank])
 
-    def test_a_silent_hosts_survivors_stop_and_the_whole_group_restarts_with_the_spare(self):
-        # Rank 2's host goes silent at step 9 (rank 2 stops itself, then the host's link goes
-        # down: no failure reaches the others' sockets). Its lease lapses and the round ends as a
-        # lost node; the survivors' agent keeps them at once (the round takes the spare in), but
-        # blocked in step 9's all-reduce they never see a failure: 2 s on it kills them, never
-        # to be replaced alone, and the whole group restarts with the spare in the silent
-        # host's place, every rank from step 0.
+    def test_a_silent_hosts_survivors_are_freed_and_join_the_spares_ranks_in_process(self):
+        # Rank 2's host goes silent at step 9. Its lease lapses and the round ends as a lost
+        # node; the survivors' agent keeps them at once, blocked in step 9's all-reduce, which
+        # never fails. The round that takes the spare in proves that step cannot end: their
+        # step watches free them, and they recover in process with the spare's workers.
         self.reference()
         out, silenced = temp_dir(self), []
-
-        def silence(agents):
-            flag = os.path.join(out, "lose_host_2")
-            wait_until(
-                lambda: os.path.exists(flag),
-                TIMEOUT_S,
-                "rank 2 to stop itself",
-                on_timeout=lambda: Output(agents),
-            )
-            pid = int(glob.glob(os.path.join(out, "start_2_*"))[0].rsplit("_", 1)[1])
-            silenced.append(next(h for h in (1, 2, 3) if pid in hosts.pids(h)))
-            hosts.link(silenced[0], False)
-            for host, agent in zip((1, 2, 3), agents):
-                if host != silenced[0]:
-                    agent.wait(TIMEOUT_S)
-            hosts.kill_host(silenced[0])  # its agent would wait out the store's outage
-
         with Hosts(4) as hosts:
-            agents, codes = self.run_job(hosts, out, "2:9:host", during=silence)
+            agents, codes = self.run_job(
+                hosts, out, "2:9:host", during=self.host_loser(hosts, out, 2, silenced, silent=True)
+            )
+        result = Output(agents)
+        self.assertEqual([c for h, c in zip((1, 2, 3), codes) if h != silenced[0]], [0, 0], result)
+        finals = [read_json(os.path.join(out, f"final_{r}.json")) for r in range(WORLD)]
+        self.check_recovered(out, finals, result, victim=(2, 3))
+        self.assertRegex(
+            result.stderr,
+            r"rank [01]: still in step 9 of generation 0 while the others meet in the next; "
+            r"shutting its group's connections down",
+        )
+        self.assertNotIn("did not see the lost node's failure", result.stderr)
+
+    def test_a_silent_hosts_survivors_too_slow_to_free_stop_and_the_whole_group_restarts(self):
+        # The same silence after a step of 2.5 s (rank 0 sleeps in step 8, the others wait for
+        # it): the survivors' step watches would free them twice that later, past the 2 s their
+        # agent gives them to see the loss. It kills them, never to be replaced alone, and the
+        # whole group restarts with the spare in the silent host's place, every rank from step 0.
+        self.reference()
+        out, silenced = temp_dir(self), []
+        with Hosts(4) as hosts:
+            agents, codes = self.run_job(
+                hosts,
+                out,
+                ("0:8:slow", "2:9:host"),
+                during=self.host_loser(hosts, out, 2, silenced, silent=True),
+            )
         result = Output(agents)
         self.assertEqual([c for h, c in zip((1, 2, 3), codes) if h != silenced[0]], [0, 0], result)
         self.assertRegex(

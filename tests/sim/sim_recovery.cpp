@@ -128,6 +128,7 @@ void InProcess::Impl::adopt(int owner, const std::string& label, const rendezvou
                                   world.baseRank, world.localWorldSize, world.worldSize);
     for (const auto& [key, value] : keys)
       store->set(key.substr(1), value);  // the "/" is torch's client's; the model's names none
+    store->add(rec::arrivedKey(static_cast<int>(committed) + 1).substr(1), 0);
     rec::tellNews(*store, rec::newsKey(static_cast<int>(committed) + 1).substr(1));
     store->check({keys.back().first.substr(1)});  // a SET has no reply: one read after them
   } catch (const Error& e) {

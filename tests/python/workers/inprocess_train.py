@@ -18,7 +18,9 @@ next DDP bucket was under way as its previous one failed, whose old group cannot
 peers wait on it; RANK:STEP:stuck the same, and the group's destruction never returns (the
 recovery's last resort: the rank exits to be replaced). RANK:STEP:hold: that rank's first process
 stays in STEP for good, with no collective failing: the shape of a collective whose peers'
-connections closed as it began and that never learns of it.
+connections closed as it began and that never learns of it. RANK:STEP:slow: that rank's first
+process sleeps SLOW_S as it begins STEP, before its collective: every rank's STEP takes as long
+(a step watch then waits twice that before it frees a rank).
 
 Every process writes OUT_DIR/start_<RANK>_<PID> as it starts and appends each step it completes
 to OUT_DIR/steps_<RANK>_<PID>; at the end every rank writes OUT_DIR/final_<RANK>.json with the
@@ -37,6 +39,7 @@ import os
 import signal
 import sys
 import threading
+import time
 
 import torch
 import torch.distributed as dist
@@ -46,6 +49,7 @@ import dlrun.recovery  # noqa: E402  (dlrun puts its package on PYTHONPATH)
 from worker_util import device_for, exit_past_torch_teardown, write_json  # noqa: E402
 
 BATCH = 16
+SLOW_S = 2.5  # a :slow step: twice it is past the 2 s a survivor's agent gives it to see a loss
 
 
 def batch(step, rank, device):
@@ -72,7 +76,7 @@ def kills(out_dir, args, rank):
         else:
             how = {
                 "stop": signal.SIGSTOP,
-                **{name: name for name in ("host", "pending", "stuck", "hold")},
+                **{name: name for name in ("host", "pending", "stuck", "hold", "slow")},
             }
             found[int(fields[1])] = how.get("".join(fields[2:]), signal.SIGKILL)
     return found
@@ -154,6 +158,9 @@ def main():
             os.kill(pid, signal.SIGSTOP)
         if die_at.get(step) == "hold":
             threading.Event().wait()
+        if die_at.get(step) == "slow":
+            del die_at[step]
+            time.sleep(SLOW_S)
         if die_at.get(step) in ("pending", "stuck"):
             leave_pending(die_at.pop(step))
         elif step in barrier_at:
