@@ -123,8 +123,7 @@ bool ElasticImpl::forgotten(int round) {
 }
 
 ElasticImpl::Step ElasticImpl::afterLateArrival(int round, int members) {
-  if (kept_ && keptDropped_) keptDropped_();  // no round keeps them while this node waits
-  kept_.reset();
+  dropKept();  // no round keeps them while this node waits
   if (members < options_.maxNodes) {
     RoundEnd joined{.kind = RoundEnd::Kind::NodeJoined, .node = elastic::nodeName(options_.self)};
     lease_->compareSet(keys_.end(round), "", elastic::encode(joined));

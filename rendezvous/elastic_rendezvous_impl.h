@@ -45,6 +45,11 @@ class ElasticImpl {
   }
 
  private:
+  // The workers offered are kept by no round of this join: the agent is told to stop them.
+  void dropKept() {
+    if (kept_ && keptDropped_) keptDropped_();
+    kept_.reset();
+  }
   // A store outage (elastic_rendezvous_outage.cpp). rideOut, after a call failed with
   // `failure`: waits until the store answers again (one line when it went, saying what goes
   // on `meanwhile`, one when it came back), opening a new connection where the failed one died

@@ -141,9 +141,12 @@ void ElasticImpl::abandonJoin(int round) {
       lease_->compareSet(keys_.closed(round), "", std::string(elastic::kAborted));
   if (closed == elastic::kAborted || closed == elastic::kStopped) return;
   // It closed meanwhile. With this node a member that never learnt its place, the round ends:
-  // every node meets in the next one.
-  if (!lease_->peek({keys_.assignment(round, memberId_)})[0].empty())
+  // every node meets in the next one. Workers it kept for that round are not kept by a later
+  // one: the others' workers started in it, on to a generation they can never meet.
+  if (!lease_->peek({keys_.assignment(round, memberId_)})[0].empty()) {
     lease_->compareSet(keys_.end(round), "", elastic::encode(selfLost()));
+    dropKept();
+  }
 }
 
 void ElasticImpl::report(const std::string& what, const Write& write) {

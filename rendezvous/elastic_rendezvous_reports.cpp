@@ -55,12 +55,34 @@ bool ElasticImpl::endRound(Store& store, int round, const RoundEnd& end) {
   return false;
 }
 
+namespace {
+
+// Raises the job's count of failure restarts to `count`, never lowers it (a report made again
+// late must not undo a later failure's).
+void raiseFailures(Store& store, const std::string& key, int count) {
+  const std::string mine = std::to_string(count);
+  std::string seen;                           // the count as last read; none at first
+  for (int tries = 0; tries < 16; ++tries) {  // each lost try is another reporter's raise
+    if (!seen.empty() && toCount(seen, key) >= count) return;
+    const std::string now = store.compareSet(key, seen, mine);
+    if (now == mine) return;
+    seen = now == seen ? "" : now;  // the same back: the key is gone
+  }
+}
+
+}  // namespace
+
 void ElasticImpl::reportFailure(RoundEnd failure) {
   failure.countFailure(member_->failures, options_.restarts);
   report(failure.describe(), [this, round = member_->round, failure](Store& store) {
-    // The job's count, by the failure that ended the round (made again alike after a lost reply).
-    if (endRound(store, round, failure))
-      store.set(keys_.failures(), std::to_string(failure.failures));
+    // The job's count first, then the round's end: a round its failure ended has it counted,
+    // whatever becomes of this node, or of the reply, between the two writes (a count raised
+    // where another end won the round is a failure all the same, counted by the next round).
+    // After the end, a report whose reply was lost and that is made again once the round was
+    // forgotten would never count it.
+    if (!stillMember(store, round)) return;
+    raiseFailures(store, keys_.failures(), failure.failures);
+    endRound(store, round, failure);
   });
 }
 

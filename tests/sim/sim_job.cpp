@@ -7,6 +7,7 @@
 #include <sstream>
 #include <utility>
 
+#include "agents/recovery.h"
 #include "common/error.h"
 #include "common/log.h"
 #include "rendezvous/elastic_rendezvous.h"
@@ -161,7 +162,7 @@ void Job::agentBody(int owner) {
                                 : std::nullopt) {
         sim_.note(label(owner) + " keeps its workers through the re-rendezvous");
         agent->rendezvous->offerKept(*keep, [this, agent] {
-          sim_.note(label(agent->owner) + " waits as a spare: its kept workers stop");
+          sim_.note(label(agent->owner) + "'s join went on without its kept workers: they stop");
           agent->keeping = false;
           stopWorkers(*agent);
         });
@@ -185,10 +186,11 @@ void Job::agentBody(int owner) {
   }
 }
 
-// AgentImpl::watchKept: the kept workers looked at every 5 ms for up to 2 s; those that never
-// saw the lost node's failure are killed then (their failure restarts the whole group).
+// AgentImpl::watchKept: the kept workers looked at every 5 ms for their grace (the simulation's
+// steps take no time: 2 s); those that never saw the lost node's failure are killed then (their
+// failure restarts the whole group).
 void Job::watchKept(int owner, std::map<int, int> kept) {
-  const Time deadline = sim_.now() + Duration(2'000);
+  const Time deadline = sim_.now() + agents::recovery::keepGrace(0);
   while (!(kept = inProcess_->unseeing(owner, kept)).empty()) {
     if (sim_.now() >= deadline) return inProcess_->stopUnseeing(owner, kept);
     sim_.sleep(Duration(5));
