@@ -94,10 +94,11 @@ class AgentImpl {
   // The kept workers that have not seen the lost node's failure yet (pid -> the generation its
   // mark named when they were kept).
   std::map<pid_t, int> unseeing(const std::map<pid_t, int>& kept) const;
-  void watchKept(std::map<pid_t, int> kept, Clock::time_point deadline);
+  void watchKept(std::map<pid_t, int> kept, Clock::time_point deadline,
+                 std::chrono::milliseconds grace);
   void keep(const rendezvous::RoundEnd& end);
-  // How long a lost node's survivors may take to see its failure, and how often it is looked at.
-  static constexpr std::chrono::milliseconds kKeepGrace{2'000}, kKeepLook{5};
+  // How often the kept workers are looked at (the time they have: recovery::keepGrace).
+  static constexpr std::chrono::milliseconds kKeepLook{5};
   void afterKeeping(const rendezvous::World& world);
   void dropKept();
   void moveKept(const rendezvous::World& world);  // on the rendezvous thread

@@ -4,6 +4,8 @@
 // process. A round that cannot keep them restarts them with everyone's, as without the flag.
 #include <signal.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <utility>
 
 #include "agents/agent_impl.h"
@@ -46,10 +48,15 @@ bool AgentImpl::keepThroughNextRound(const rendezvous::RoundEnd& end) {
     return false;
   }
   std::map<pid_t, int> kept;
-  for (const auto& w : workers_)
-    kept[w->pid()] = recovery::readMark(recoveryDir_, w->localRank())->generation;
+  double slowestStep = 0;
+  for (const auto& w : workers_) {
+    const auto mark = recovery::readMark(recoveryDir_, w->localRank());
+    kept[w->pid()] = mark->generation;
+    slowestStep = std::max(slowestStep, mark->stepSeconds);
+  }
   keep(end);
-  watchKept(std::move(kept), Clock::now() + kKeepGrace);
+  const auto grace = recovery::keepGrace(slowestStep);
+  watchKept(std::move(kept), Clock::now() + grace, grace);
   return true;
 }
 
@@ -68,25 +75,27 @@ std::map<pid_t, int> AgentImpl::unseeing(const std::map<pid_t, int>& kept) const
   return left;
 }
 
-// One that has not within kKeepGrace waits on a node that is silent rather than gone (a
-// partition, a stopped machine), which would hold it until its collective's timeout: it is
-// killed, and its death fails the round that kept it (afterKeeping, or onWorkerExit once that
-// round runs), which restarts the whole group.
-void AgentImpl::watchKept(std::map<pid_t, int> kept, Clock::time_point deadline) {
+// One that has not by `deadline` (recovery::keepGrace: its step watch would have freed it from
+// a node that is silent rather than gone) is stuck where nothing frees it, and would hold the
+// others until its collective's timeout: it is killed, and its death fails the round that kept
+// it (afterKeeping, or onWorkerExit once that round runs), which restarts the whole group.
+void AgentImpl::watchKept(std::map<pid_t, int> kept, Clock::time_point deadline,
+                          std::chrono::milliseconds grace) {
   kept = unseeing(kept);
   if (kept.empty()) return;
   if (Clock::now() < deadline) {
     keepTimer_.expires_after(kKeepLook);
-    keepTimer_.async_wait([this, kept, deadline](const boost::system::error_code& ec) {
-      if (!ec) watchKept(kept, deadline);
+    keepTimer_.async_wait([this, kept, deadline, grace](const boost::system::error_code& ec) {
+      if (!ec) watchKept(kept, deadline, grace);
     });
     return;
   }
+  char within[32];
+  std::snprintf(within, sizeof within, "%.1f s", grace.count() / 1000.0);
   for (const auto& w : workers_) {
     if (!kept.contains(w->pid())) continue;
-    log::info("rank " + std::to_string(w->rank()) +
-              " did not see the lost node's failure (it may be silent, not gone): it stops, and "
-              "the whole group restarts");
+    log::info("rank " + std::to_string(w->rank()) + " did not see the lost node's failure within " +
+              within + " (it may be stuck): it stops, and the whole group restarts");
     keptUnseeing_.insert(w->pid());
     w->signal(SIGKILL);
   }
@@ -106,11 +115,12 @@ void AgentImpl::keep(const rendezvous::RoundEnd& end) {
 }
 
 // The join went on without the kept workers (this node came too late for the round, and waits
-// as a spare): they stop now, not when it next becomes a member.
+// as a spare; or the round formed with it and it never learnt its place): they stop now, not
+// when it next becomes a member.
 void AgentImpl::dropKept() {
   if (!keeping_ || state_ != State::Joining) return;
   keeping_ = false;
-  log::info("this node waits as a spare: its kept workers stop");
+  log::info("the re-rendezvous went on without this node's kept workers: they stop");
   signalWorkers(SIGTERM);
   stopTimer_.expires_after(options_.stopTimeout);
   stopTimer_.async_wait([this](const boost::system::error_code& ec) {

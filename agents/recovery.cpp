@@ -1,5 +1,6 @@
 #include "agents/recovery.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <iterator>
@@ -20,6 +21,7 @@ std::optional<Mark> parseMark(const std::string& text) {
     mark.at = j.value("at", 0.0);
     mark.done = j.value("done", false);
     mark.recovering = j.value("recovering", false);
+    mark.stepSeconds = j.value("step_s", 0.0);
     if (const auto phases = j.find("phases"); phases != j.end() && phases->is_object())
       for (const auto& [name, seconds] : phases->items())
         if (seconds.is_number()) mark.phases[name] = seconds.get<double>();
@@ -52,6 +54,13 @@ std::string refusal(const Failure& failure) {
     return "it failed during its own in-process recovery";
   if (failure.done) return "it had left dlrun.recovery's loop";
   return "";
+}
+
+std::chrono::milliseconds keepGrace(double slowestStep) {
+  // A marked time is the worker's word: one past an hour counts as an hour; none that is a
+  // time (negative, not a number) as none.
+  const double step = slowestStep > 0 ? std::min(slowestStep, 3600.0) : 0;
+  return std::chrono::milliseconds(2'000 + static_cast<int64_t>(3'000 * step));
 }
 
 std::string describeRecovery(int rank, const Mark& mark, double startedAt) {

@@ -16,6 +16,7 @@
 
 #include <sys/types.h>
 
+#include <chrono>
 #include <cstdint>
 #include <filesystem>
 #include <map>
@@ -51,6 +52,9 @@ struct Mark {
   std::map<std::string, double> phases;
   bool done = false;        // the worker left the loop: no peer is left to meet a replacement
   bool recovering = false;  // a survivor whose collective failed, recovering
+  // Its step's time in seconds as last marked (0 before its first step): it marks again when
+  // a step takes more than half again as long, or less than half.
+  double stepSeconds = 0;
 };
 
 // The mark of `localRank`, nothing when it has none (or an unreadable one).
@@ -59,6 +63,12 @@ std::optional<Mark> readMark(const std::filesystem::path& dir, int localRank);
 pid_t markedPid(const std::filesystem::path& dir, int localRank);
 // Parses a mark's text (pure); nothing when it is not one.
 std::optional<Mark> parseMark(const std::string& text);
+
+// How long a lost node's survivors, kept, may take to see its failure before they are killed
+// (pure): 2 s beyond their step watch's first resort, which frees a rank twice its step's time
+// after the round that keeps them forms (a step as last marked may since be half again as long).
+// `slowestStep`: the largest stepSeconds of their marks.
+std::chrono::milliseconds keepGrace(double slowestStep);
 
 // The event's line for rank `rank`'s replacement, started at `startedAt` (unix seconds, as its
 // predecessor's failure was seen), whose mark says its recovery is done (pure).

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 
@@ -48,6 +49,20 @@ TEST(Recovery, EveryOtherCaseRestartsTheGroupAndSaysWhy) {
 TEST(Recovery, AMarkPastTheLastBarrierSaysDone) {
   EXPECT_TRUE(parseMark(R"({"pid": 7, "generation": 1, "done": true})")->done);
   EXPECT_FALSE(parseMark(R"({"pid": 7, "generation": 1})")->done);
+}
+
+// A lost node's survivors have 2 s beyond three of their slowest marked step: their step watch
+// frees them twice a step on, and a step may be half again as long as it was marked.
+TEST(Recovery, KeptWorkersHaveTheirStepWatchsTimeToSeeALostNode) {
+  EXPECT_EQ(parseMark(R"({"pid": 7, "step_s": 2.5})")->stepSeconds, 2.5);
+  EXPECT_EQ(parseMark(R"({"pid": 7})")->stepSeconds, 0);
+  EXPECT_EQ(keepGrace(0), std::chrono::milliseconds(2'000));
+  EXPECT_EQ(keepGrace(0.04), std::chrono::milliseconds(2'120));
+  EXPECT_EQ(keepGrace(2.5), std::chrono::milliseconds(9'500));
+  // A worker's word bounded: a step past an hour counts as an hour, one that is no time as none.
+  EXPECT_EQ(keepGrace(1e300), std::chrono::milliseconds(10'802'000));
+  EXPECT_EQ(keepGrace(-1), std::chrono::milliseconds(2'000));
+  EXPECT_EQ(keepGrace(std::nan("")), std::chrono::milliseconds(2'000));
 }
 
 TEST(Recovery, MarksAreThePidsTheLoopWrote) {

@@ -38,6 +38,7 @@ import gc
 import json
 import os
 import sys
+import threading
 import time
 from datetime import timedelta
 
@@ -163,6 +164,11 @@ class Loop:
         # (in a later collective) is done, and is not taken again.
         self._applied = False
         self._freed = False  # whether the step watch freed the step under way (_unblock)
+        # The step's time as last marked, and when the last recovery ended (its mark's "at").
+        self._marked_step_s = 0.0
+        self._recovered_at = 0.0
+        # One mark written at a time: the step watch's last resort writes one and exits in it.
+        self._marking = threading.Lock()
         if hasattr(optimizer, "register_step_post_hook"):  # torch 2.x
             optimizer.register_step_post_hook(lambda *_: setattr(self, "_applied", True))
         self.rank, self.world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -196,10 +202,16 @@ class Loop:
         says how its recovery went (the agent's "recovered" event); `done`: this rank left the
         loop, so a failure of it now restarts the whole group at once (no peer is left to meet
         a replacement); `recovering`: a survivor's collective failed and it is recovering (a
-        lost node's: its agent keeps it running into the next round only then)."""
-        record = {"pid": os.getpid(), "generation": self.generation}
+        lost node's: its agent keeps it running into the next round only then). Its step's
+        time, `step_s`, tells a lost node's survivors' agent how long their step watch may take
+        to free them (the agent's grace)."""
+        with self._marking:
+            self._write_mark(done, recovering)
+
+    def _write_mark(self, done, recovering):
+        record = {"pid": os.getpid(), "generation": self.generation, "step_s": self._marked_step_s}
         if self.last_recovery:
-            record.update(at=time.time(), phases=self.last_recovery)
+            record.update(at=self._recovered_at, phases=self.last_recovery)
         if done:
             record["done"] = True
         if recovering:
@@ -208,6 +220,14 @@ class Loop:
         with open(f"{mark}.tmp", "w") as f:  # whole or not at all: the agent reads it any time
             json.dump(record, f)
         os.replace(f"{mark}.tmp", mark)
+
+    def _mark_step_time(self, step_s):
+        """The step's time marked again where it moved: more than half again as long as marked,
+        or less than half (a few writes in a job, not one a step)."""
+        self._watch.step_s = step_s
+        if self._active and not self._marked_step_s / 2 <= step_s <= self._marked_step_s * 1.5:
+            self._marked_step_s = step_s
+            self._mark()
 
     def run(self, train_step, steps):
         """Calls train_step(step, ddp) for each step from self.step up to `steps`, once in
@@ -224,7 +244,7 @@ class Loop:
             try:
                 if self.step < steps:
                     train_step(self.step, self.ddp)
-                    self._watch.step_s = time.monotonic() - began
+                    self._mark_step_time(time.monotonic() - began)
                     self.step += 1
                     progress.step(self.step)  # --hang-timeout's watch sees each step
                     continue
@@ -303,7 +323,8 @@ class Loop:
     def _exit_replaced(self, why):
         """Ends this rank, which has not met the new generation, for its agent to start a
         replacement in its place (the mark says it recovers: a survivor's failure)."""
-        self._mark(recovering=True)
+        self._marking.acquire()  # held as it exits: no later mark undoes this one
+        self._write_mark(done=False, recovering=True)
         _say(f"{why}; exiting to be replaced (exit {self._replace_code})")
         sys.stdout.flush()
         sys.stderr.flush()
@@ -328,6 +349,7 @@ class Loop:
         self.recoveries += 1
         took = time.monotonic() - started
         self.last_recovery = dict(phases, total=took)
+        self._recovered_at = time.time()
         if not joining:
             self._mark()  # recovered (a replacement marks once its loop is made)
         _say(

@@ -20,9 +20,11 @@ A silent host (its link down after rank 2 stopped itself at step 9): the survivo
 them at once, blocked in that step's all-reduce, which never fails; the round that takes the
 spare in frees them (their agent creates the next generation's arrivals, which their step
 watches wait for), and they recover in process with the spare's workers: every step once, one
-set of weights. Where the survivors' steps are too slow for their watch to free them within the
-2 s their agent gives them (a step of 2.5 s), it kills them (never replaced alone), and the
-whole group restarts with the spare in the silent host's place, exit 0, one set of weights.
+set of weights; so too where their steps are slow (2.5 s: the watch frees them 5 s on, and
+their agent, told their step's time by their marks, waits for it). A survivor stuck where
+nothing frees it (in a C call that holds the GIL) is killed by its agent (never replaced
+alone), and the whole group restarts with the spare in the silent host's place, exit 0, one
+set of weights.
 
 A lost host without a spare (--nnodes=1:2): the host of ranks 0-1 is killed whole; the other
 keeps its workers, the next round keeps them as ranks 0-1 of 2 (their agent tells them in the
@@ -174,16 +176,17 @@ class TwoHostsWithASpareTest(InProcessCase):
             self.assertEqual(len(processes), 1 if rank == 2 else 2, (rank, processes))
             self.assertEqual(finals[rank]["generation"], 2, finals[rank])
 
-    def test_a_silent_hosts_survivors_are_freed_and_join_the_spares_ranks_in_process(self):
-        # Rank 2's host goes silent at step 9. Its lease lapses and the round ends as a lost
-        # node; the survivors' agent keeps them at once, blocked in step 9's all-reduce, which
-        # never fails. The round that takes the spare in proves that step cannot end: their
-        # step watches free them, and they recover in process with the spare's workers.
+    def check_silent_host_freed(self, kills):
+        """Rank 2's host goes silent at its step 9 (`kills` has it). Its lease lapses and the
+        round ends as a lost node; the survivors' agent keeps them at once, blocked in step 9's
+        all-reduce, which never fails. The round that takes the spare in proves that step cannot
+        end: their step watches free them, and they recover in process with the spare's
+        workers."""
         self.reference()
         out, silenced = temp_dir(self), []
         with Hosts(4) as hosts:
             agents, codes = self.run_job(
-                hosts, out, "2:9:host", during=self.host_loser(hosts, out, 2, silenced, silent=True)
+                hosts, out, kills, during=self.host_loser(hosts, out, 2, silenced, silent=True)
             )
         result = Output(agents)
         self.assertEqual([c for h, c in zip((1, 2, 3), codes) if h != silenced[0]], [0, 0], result)
@@ -196,26 +199,37 @@ class TwoHostsWithASpareTest(InProcessCase):
         )
         self.assertNotIn("did not see the lost node's failure", result.stderr)
 
-    def test_a_silent_hosts_survivors_too_slow_to_free_stop_and_the_whole_group_restarts(self):
-        # The same silence after a step of 2.5 s (rank 0 sleeps in step 8, the others wait for
-        # it): the survivors' step watches would free them twice that later, past the 2 s their
-        # agent gives them to see the loss. It kills them, never to be replaced alone, and the
-        # whole group restarts with the spare in the silent host's place, every rank from step 0.
+    def test_a_silent_hosts_survivors_are_freed_and_join_the_spares_ranks_in_process(self):
+        self.check_silent_host_freed("2:9:host")
+
+    def test_a_silent_hosts_survivors_with_slow_steps_are_freed_in_process(self):
+        # Steps of 2.5 s (rank 0 sleeps in step 8, the others wait for it): the step watches
+        # free the survivors 5 s after the spare's round forms, past the 2 s their agent gives
+        # steps that take no time; their marks told it the step's time, and it waits for them.
+        self.check_silent_host_freed(("0:8:slow", "2:9:host"))
+
+    def test_a_silent_hosts_survivor_stuck_past_its_watch_stops_and_the_whole_group_restarts(
+        self,
+    ):
+        # The same silence with rank 0 stuck in a C call that holds the GIL as step 9 begins:
+        # neither a failing collective nor its step watch can free it. Its agent kills it once
+        # the grace for its step's time is over, never to be replaced alone, and the whole
+        # group restarts with the spare in the silent host's place, every rank from step 0.
         self.reference()
         out, silenced = temp_dir(self), []
         with Hosts(4) as hosts:
             agents, codes = self.run_job(
                 hosts,
                 out,
-                ("0:8:slow", "2:9:host"),
+                ("0:9:gil", "2:9:host"),
                 during=self.host_loser(hosts, out, 2, silenced, silent=True),
             )
         result = Output(agents)
         self.assertEqual([c for h, c in zip((1, 2, 3), codes) if h != silenced[0]], [0, 0], result)
         self.assertRegex(
             result.stderr,
-            r"rank [01] did not see the lost node's failure \(it may be silent, not gone\): it "
-            r"stops, and the whole group restarts",
+            r"rank 0 did not see the lost node's failure within 2\.\d s \(it may be stuck\): "
+            r"it stops, and the whole group restarts",
         )
         self.assertRegex(
             result.stderr,

@@ -20,7 +20,9 @@ recovery's last resort: the rank exits to be replaced). RANK:STEP:hold: that ran
 stays in STEP for good, with no collective failing: the shape of a collective whose peers'
 connections closed as it began and that never learns of it. RANK:STEP:slow: that rank's first
 process sleeps SLOW_S as it begins STEP, before its collective: every rank's STEP takes as long
-(a step watch then waits twice that before it frees a rank).
+(a step watch then waits twice that before it frees a rank). RANK:STEP:gil: that rank's first
+process sleeps GIL_S in a C call that holds the GIL as it begins STEP: stuck where neither a
+collective failing nor its step watch (a thread of the same interpreter) can free it.
 
 Every process writes OUT_DIR/start_<RANK>_<PID> as it starts and appends each step it completes
 to OUT_DIR/steps_<RANK>_<PID>; at the end every rank writes OUT_DIR/final_<RANK>.json with the
@@ -34,6 +36,8 @@ INPROCESS_BACKEND=nccl runs it on CUDA through NCCL (test_inprocess_recovery_ncc
 worker_util.device_for).
 """
 
+import ctypes
+import ctypes.util
 import hashlib
 import os
 import signal
@@ -49,7 +53,8 @@ import dlrun.recovery  # noqa: E402  (dlrun puts its package on PYTHONPATH)
 from worker_util import device_for, exit_past_torch_teardown, write_json  # noqa: E402
 
 BATCH = 16
-SLOW_S = 2.5  # a :slow step: twice it is past the 2 s a survivor's agent gives it to see a loss
+SLOW_S = 2.5  # a :slow step: a step watch frees a rank 5 s on, past 2 s
+GIL_S = 120  # a :gil step: past any test's wait; the agent must kill the rank first
 
 
 def batch(step, rank, device):
@@ -76,7 +81,7 @@ def kills(out_dir, args, rank):
         else:
             how = {
                 "stop": signal.SIGSTOP,
-                **{name: name for name in ("host", "pending", "stuck", "hold", "slow")},
+                **{name: name for name in ("host", "pending", "stuck", "hold", "slow", "gil")},
             }
             found[int(fields[1])] = how.get("".join(fields[2:]), signal.SIGKILL)
     return found
@@ -161,6 +166,8 @@ def main():
         if die_at.get(step) == "slow":
             del die_at[step]
             time.sleep(SLOW_S)
+        if die_at.get(step) == "gil":
+            ctypes.PyDLL(ctypes.util.find_library("c")).sleep(GIL_S)  # PyDLL: the GIL held
         if die_at.get(step) in ("pending", "stuck"):
             leave_pending(die_at.pop(step))
         elif step in barrier_at:
