@@ -146,6 +146,19 @@ class SlurmCluster(Hosts):
             job_id, lambda info: info.get("JobState") in FINAL_STATES, timeout, "its end", describe
         )
 
+    def daemon_logs(self, lines=60):
+        """The last `lines` lines of slurmctld's and each slurmd's log: why Slurm took a node
+        or a job for failed, for a test's failure message."""
+        text = ""
+        for name in ["slurmctld"] + [f"slurmd-node{k}" for k in range(1, self.nodes + 1)]:
+            try:
+                with open(os.path.join(self.dir, f"{name}.log"), errors="replace") as f:
+                    tail = f.readlines()[-lines:]
+            except OSError as e:
+                tail = [f"({e})\n"]
+            text += f"--- {name}.log\n{''.join(tail)}"
+        return text
+
     def close(self):
         """Stops the daemons by PID and removes the directory, then takes the hosts down."""
         if not self.closed and hasattr(self, "dir") and not self.stopping:

@@ -538,7 +538,13 @@ class SlurmNodeLossTest(unittest.TestCase):
 
         info = self.cluster.wait_for_end(job_id, NODE_LOSS_TIMEOUT_S, describe)
         output = describe()
-        self.assertEqual((info["JobState"], info["ExitCode"]), ("COMPLETED", "0:0"), output)
+        # Slurm's own view with it: a job that trained to its end has been ended FAILED 0:9
+        # with "Node failure" on a node that was never killed (Debian 13, under load).
+        self.assertEqual(
+            (info["JobState"], info["ExitCode"]),
+            ("COMPLETED", "0:0"),
+            output + self.cluster.daemon_logs(),
+        )
         self.assertIn(f"node {victim} ({self.cluster.address(int(victim[4:]))}) was lost", output)
         self.assertIn("DOWN", self.cluster.node_state(victim))
         later = [r for a, records in self.starts().items() if a > first for r in records]
