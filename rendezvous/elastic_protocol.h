@@ -32,9 +32,10 @@
 //   r/R/hang/I         member I's hang report (RoundEnd::hang): its ranks' progress and stacks
 //   r/R/probe-at/I, r/R/probe/I  member I's network probe: where it answers, what it measured
 //   r/R/failures/I     member I's failed workers once a final failure ended the job
-//   failures           the job's count of failure restarts: a member reporting a failure raises
-//                      it (compare-and-set, never lower) before it writes its round's end; a
-//                      closer gives the round the larger of it and its members' own counts
+//   failures           the job's count of failure restarts, raised (compare-and-set, never
+//                      lower) by the member whose failure ended a round and by each node that
+//                      reads that end; a closer gives the round the larger of it and its
+//                      members' own counts
 //   r/R/gave-up        names of the nodes whose join timeout ended their wait in round R, one
 //                      a line (appended before each releases its record)
 //   forgotten          the newest round whose keys are deleted: the closer of round R deletes

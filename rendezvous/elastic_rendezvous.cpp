@@ -429,14 +429,21 @@ World ElasticImpl::memberWorld(int round, int index, int members,
 }
 
 std::optional<RoundEnd> ElasticImpl::readEnd(int round) {
-  const std::string text = lease_->peek({keys_.end(round)})[0];
+  const auto found = lease_->peek({keys_.end(round), keys_.failures()});
+  const std::string& text = found[0];
   // Its end came, then went with the round's other keys two rounds later (forgetRounds),
   // while this node was stopped or starved between its wait's answer and this read: only
   // forgetting deletes an end, and the same connection cannot outlive a store that lost its
   // keys.
   if (text.empty()) return std::nullopt;
   RoundEnd end = elastic::decodeRoundEnd(text);
-  if (end.countsAsFailure()) failures_ = end.failures;
+  if (end.countsAsFailure()) {
+    failures_ = end.failures;
+    // The job's count, where the failure's report wrote the end and not the count: a node
+    // that closes a later round alone (a spare) reads it there.
+    if (found[1].empty() || toCount(found[1], keys_.failures()) < end.failures)
+      raiseFailures(*lease_, keys_.failures(), end.failures);
+  }
   return end;
 }
 

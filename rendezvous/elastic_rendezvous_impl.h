@@ -24,6 +24,8 @@ class JoinTimedOut : public TimeoutError {
 
 // A count the protocol wrote: present, not negative, an int; ProtocolError naming `key` else.
 int toCount(const std::string& text, const std::string& key);
+// Raises the job's count of failure restarts at `key` to `count` (compare-and-set, never lower).
+void raiseFailures(Store& store, const std::string& key, int count);
 
 class ElasticImpl {
  public:

@@ -55,8 +55,6 @@ bool ElasticImpl::endRound(Store& store, int round, const RoundEnd& end) {
   return false;
 }
 
-namespace {
-
 // Raises the job's count of failure restarts to `count`, never lowers it (a report made again
 // late must not undo a later failure's).
 void raiseFailures(Store& store, const std::string& key, int count) {
@@ -70,19 +68,14 @@ void raiseFailures(Store& store, const std::string& key, int count) {
   }
 }
 
-}  // namespace
-
 void ElasticImpl::reportFailure(RoundEnd failure) {
   failure.countFailure(member_->failures, options_.restarts);
   report(failure.describe(), [this, round = member_->round, failure](Store& store) {
-    // The job's count first, then the round's end: a round its failure ended has it counted,
-    // whatever becomes of this node, or of the reply, between the two writes (a count raised
-    // where another end won the round is a failure all the same, counted by the next round).
-    // After the end, a report whose reply was lost and that is made again once the round was
-    // forgotten would never count it.
-    if (!stillMember(store, round)) return;
-    raiseFailures(store, keys_.failures(), failure.failures);
-    endRound(store, round, failure);
+    // The job's count, by the failure that ended the round (made again alike after a lost
+    // reply). Every node that reads that end makes it too (readEnd): the report may never
+    // get here (its end written, its reply lost, and the report made again only once the
+    // round was forgotten; its node gone).
+    if (endRound(store, round, failure)) raiseFailures(store, keys_.failures(), failure.failures);
   });
 }
 
