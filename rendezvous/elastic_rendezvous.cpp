@@ -217,13 +217,12 @@ JoinResult ElasticImpl::next() {
 
 RoundEnd ElasticImpl::stopOrEnd(const std::string& stop, int round) {
   // A stop that came once the job had ended already (a final failure, or its finish) changes
-  // nothing: the members read that end, and so does every other node.
+  // nothing: the members read that end, and so does every other node. Where the round has no
+  // end yet, this node writes the stop there, as the stopper does (the first writer wins): a
+  // finish written after a mere look would be the other nodes' outcome, not this one's.
   if (round >= 0) {
-    const std::string text = lease_->peek({keys_.end(round)})[0];
-    if (!text.empty()) {
-      RoundEnd end = elastic::decodeRoundEnd(text);
-      if (end.endsJob()) return end;
-    }
+    RoundEnd end = elastic::decodeRoundEnd(lease_->compareSet(keys_.end(round), "", stop));
+    if (end.endsJob()) return end;
   }
   return elastic::decodeRoundEnd(stop);
 }
