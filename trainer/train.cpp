@@ -1,6 +1,7 @@
 #include "trainer/train.h"
 
 #include <signal.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -34,15 +35,27 @@ namespace {
 
 volatile sig_atomic_t stopRequested = 0;
 volatile sig_atomic_t stepping = 0;  // the training loop runs: a stop waits for the step's end
+// How long a SIGTERM waits for the ranks to agree on their last step, in whole seconds (2 s
+// and four steps' time, from the loop).
+volatile sig_atomic_t stopGraceSeconds = 2;
+
+void endAsTerminated(int) {
+  ::signal(SIGTERM, SIG_DFL);
+  ::raise(SIGTERM);  // delivered when the handler returns
+}
 
 void requestStop(int number) {
   // Before the loop (loading the data, connecting to the other ranks, where a rank that has
   // already failed makes the wait endless) there is nothing to save: SIGTERM ends the process
   // at once, as by default, instead of after dlrun's stop timeout.
-  if (number == SIGTERM && !stepping) {
-    ::signal(SIGTERM, SIG_DFL);
-    ::raise(SIGTERM);  // delivered when the handler returns
-    return;
+  if (number == SIGTERM && !stepping) return endAsTerminated(number);
+  // In it, the step's all-reduce carries the vote; one waiting on a peer that went silent (a
+  // host lost whose connections never closed) waits out gloo's timeout (30 s): past the grace
+  // the process ends as SIGTERM ends it, saving nothing (the loop disarms it once the ranks
+  // agreed to stop).
+  if (number == SIGTERM) {
+    ::signal(SIGALRM, endAsTerminated);
+    ::alarm(static_cast<unsigned>(stopGraceSeconds));
   }
   stopRequested = 1;
 }
@@ -287,7 +300,10 @@ void Training::trainEpoch(int epoch) {
     hangIfAsked();
     if (ps_) ps_->setPosition({epoch, (s + 1) * globalBatch, step_ + 1});
     const float lr = learningRate(epoch, s, steps);
+    const auto stepStart = Clock::now();
     const StepResult result = step(shard, begin, b, lr);
+    stopGraceSeconds = static_cast<sig_atomic_t>(
+        2 + std::ceil(4 * std::chrono::duration<double>(Clock::now() - stepStart).count()));
     ++step_;
     ++stepsRun;
     lossSum += result.loss;
@@ -306,6 +322,7 @@ void Training::trainEpoch(int epoch) {
     failIfAsked();
     // Every rank sees the same votes, so all stop after the same step.
     if (result.stop || (config_.maxSteps >= 0 && step_ >= config_.maxSteps)) {
+      ::alarm(0);  // agreed: the checkpoint below is written whole
       stopping_ = true;
       epochDone = lastStep;
       if (!lastStep) checkpoint(epoch, (s + 1) * globalBatch);

@@ -11,6 +11,9 @@
   rounded by their alignment, so a resume, or a run, could take another path).
 - SIGUSR1 to dlrun (forwarded to every worker) makes the trainer checkpoint at the next step
   boundary and exit 0 on every rank; a second run resumes from that checkpoint.
+- SIGTERM to a rank whose peer went silent (SIGSTOPped, its connections open: a host whose
+  links went down), in the step's all-reduce over gloo, which would wait out gloo's 30 s: the
+  rank ends by SIGTERM after its grace (2 s and four steps' time), saving nothing, well before.
 - A run resumed with nothing left to do takes no step and reports the resumed model.
 - --checkpoint-in-memory alone (the node's memory that dlrun holds, every step): a restarted
   group resumes from the step before the failure, with an uninterrupted run's weights; outside
@@ -21,17 +24,27 @@ import os
 import signal
 import unittest
 
-from dlrun_fixture import clean_env, main, temp_dir, wait_until
+from dlrun_fixture import clean_env, is_running, main, temp_dir, wait_until
 from test_checkpoint import memory_dirs
 from trainer_fixture import (
     TrainJob,
     checkpoints,
+    descendants,
     dumped_weights,
     require_data,
     run_single,
     run_train,
+    runs_trainer,
     summary,
 )
+
+
+def rank_of(pid):
+    """A worker's RANK, from its environment."""
+    with open(f"/proc/{pid}/environ", "rb") as f:
+        entries = dict(e.split(b"=", 1) for e in f.read().split(b"\0") if b"=" in e)
+    return int(entries[b"RANK"])
+
 
 NPROC = 2
 EPOCHS = 2
@@ -45,6 +58,7 @@ ACCURACY_POINTS = 0.005
 PADDINGS = (0, 8, 24, 40)
 SIGNAL_AFTER_STEP = 20
 SIGNAL_WAIT_S = 60
+STOP_GRACE_LIMIT_S = 15  # a SIGTERMed rank with a silent peer ends within it (gloo's wait: 30 s)
 
 
 class TrainerResumeTest(unittest.TestCase):
@@ -216,6 +230,37 @@ class TrainerResumeTest(unittest.TestCase):
             second,
         )
         self.assertEqual(summary(self, second)["steps"], stopped_at + more, second)
+
+    def test_a_sigterm_with_a_silent_peer_ends_the_rank_within_its_grace(self):
+        job = TrainJob(
+            self,
+            ["--epochs", "1", "--seed", str(SEED), "--allreduce", "gloo"]
+            + ["--progress-every", str(SIGNAL_AFTER_STEP)],
+            NPROC,
+            ["--stop-timeout=5"],
+        )
+        wait_until(
+            lambda: f"[0]:epoch 1/1 step {SIGNAL_AFTER_STEP}/" in job.output()[0],
+            SIGNAL_WAIT_S,
+            f"rank 0 to report step {SIGNAL_AFTER_STEP}",
+            proc=job.proc,
+            on_timeout=job.describe,
+        )
+        ranks = {rank_of(pid): pid for pid in descendants(job.proc.pid) if runs_trainer(pid)}
+        self.assertEqual(set(ranks), {0, 1}, ranks)
+        os.kill(ranks[1], signal.SIGSTOP)  # silent: rank 0's next all-reduce waits on it
+        self.addCleanup(lambda: runs_trainer(ranks[1]) and os.kill(ranks[1], signal.SIGCONT))
+        os.kill(ranks[0], signal.SIGTERM)
+        wait_until(
+            lambda: not is_running(ranks[0]),
+            STOP_GRACE_LIMIT_S,
+            "rank 0 to end after its SIGTERM",
+            on_timeout=job.describe,
+        )
+        os.kill(ranks[1], signal.SIGCONT)
+        result = job.wait()
+        self.assertNotEqual(result.returncode, 0, result)
+        self.assertIn("rank 0 (local rank 0) ended with signal SIGTERM", result.stderr, result)
 
     def test_resuming_with_nothing_left_reports_the_model(self):
         # A run resumed at its --max-steps takes no further step and still reports the
