@@ -428,13 +428,15 @@ World ElasticImpl::memberWorld(int round, int index, int members,
 }
 
 std::optional<RoundEnd> ElasticImpl::readEnd(int round) {
-  const auto found = lease_->peek({keys_.end(round), keys_.failures()});
+  const auto found = lease_->peek({keys_.end(round), keys_.failures(), keys_.forgotten()});
   const std::string& text = found[0];
   // Its end came, then went with the round's other keys two rounds later (forgetRounds),
   // while this node was stopped or starved between its wait's answer and this read: only
   // forgetting deletes an end, and the same connection cannot outlive a store that lost its
-  // keys.
-  if (text.empty()) return std::nullopt;
+  // keys. An end of a round already forgotten is a late report's, about to be taken back
+  // (endRound): the round's own end went with its keys.
+  if (text.empty() || (!found[2].empty() && toCount(found[2], keys_.forgotten()) >= round))
+    return std::nullopt;
   RoundEnd end = elastic::decodeRoundEnd(text);
   if (end.countsAsFailure()) {
     failures_ = end.failures;
