@@ -471,10 +471,11 @@ RoundEnd ElasticImpl::awaitEnd() {
       if (std::exchange(tidy, false)) forgetRounds(round - 2);
       replayReports();
       // A member slow to begin waiting (it tidied, or was stopped a while) may find its round
-      // over and forgotten: two rounds went by without it, and its end is gone.
-      if (now() - member_->since > options_.heartbeat && forgotten(round))
-        return endedHere(selfLost());
+      // over and forgotten: two rounds went by without it, and its end is gone. `last` is
+      // taken before that look: a stop right after it counts in the wait's first piece.
       last = now();
+      if (last - member_->since > options_.heartbeat && forgotten(round))
+        return endedHere(selfLost());
       while (!waitChunk(keys_.end(round))) {
         replayReports();
         // Stopped (SIGSTOP) or starved long enough for its lease to lapse (on etcd, renewed a

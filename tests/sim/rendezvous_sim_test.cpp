@@ -86,13 +86,15 @@ TEST(RendezvousSim, TheSoaksFindingsHold) {
   // writes it to the round's end itself, first writer wins). 1595103: n4, stopped past its lease
   // as its worker failed, came back once its round was forgotten; its late report wrote that
   // round an end before taking it back, and n4 read it: the round's failure for it alone (an
-  // end of a forgotten round is no end now). 1055748: n5 closed a round that kept
-  // its workers, never learnt its place (replies lost) and ended that round; its kept workers ran
-  // on, waiting 45 s for a meeting that could never come, while the others started the next rounds'
-  // (they stop now). Both found by the soak; a schedule's replay moves with the protocol's store
-  // operations.
+  // end of a forgotten round is no end now). 1638205: n4, its lease lost, was stopped between its
+  // look at whether its round was forgotten and the start of its wait, and then waited for
+  // that round's end for good (the wait's first piece now counts the stop). 1055748: n5 closed a
+  // round that kept its workers, never learnt its place (replies lost) and ended that round; its
+  // kept workers ran on, waiting 45 s for a meeting that could never come, while the others started
+  // the next rounds' (they stop now). Both found by the soak; a schedule's replay moves with the
+  // protocol's store operations.
   for (uint64_t seed :
-       {1410683u, 1029590u, 1178605u, 1029513u, 1273085u, 1077293u, 1595103u, 1055748u}) {
+       {1410683u, 1029590u, 1178605u, 1029513u, 1273085u, 1077293u, 1595103u, 1638205u, 1055748u}) {
     const Verdict v = runSchedule(seed, false);
     EXPECT_TRUE(v.ok) << "seed " << seed << ": " << v.violation;
   }
