@@ -88,13 +88,16 @@ TEST(RendezvousSim, TheSoaksFindingsHold) {
   // round an end before taking it back, and n4 read it: the round's failure for it alone (an
   // end of a forgotten round is no end now). 1638205: n4, its lease lost, was stopped between its
   // look at whether its round was forgotten and the start of its wait, and then waited for
-  // that round's end for good (the wait's first piece now counts the stop). 1055748: n5 closed a
-  // round that kept its workers, never learnt its place (replies lost) and ended that round; its
-  // kept workers ran on, waiting 45 s for a meeting that could never come, while the others started
-  // the next rounds' (they stop now). Both found by the soak; a schedule's replay moves with the
-  // protocol's store operations.
-  for (uint64_t seed :
-       {1410683u, 1029590u, 1178605u, 1029513u, 1273085u, 1077293u, 1595103u, 1638205u, 1055748u}) {
+  // that round's end for good (the wait's first piece now counts the stop). 1693467: a store
+  // stopped 9 s past a lost node had n3's agent kill its kept workers (they never saw the loss),
+  // which failed the next round as it formed; the checker took n2's kept workers, restarted with
+  // everyone's, for a recovery that never came (the kill now counts as a worker's fault). 1055748:
+  // n5 closed a round that kept its workers, never learnt its place (replies lost) and ended that
+  // round; its kept workers ran on, waiting 45 s for a meeting that could never come, while the
+  // others started the next rounds' (they stop now). Both found by the soak; a schedule's replay
+  // moves with the protocol's store operations.
+  for (uint64_t seed : {1410683u, 1029590u, 1178605u, 1029513u, 1273085u, 1077293u, 1595103u,
+                        1638205u, 1693467u, 1055748u}) {
     const Verdict v = runSchedule(seed, false);
     EXPECT_TRUE(v.ok) << "seed " << seed << ": " << v.violation;
   }

@@ -173,6 +173,9 @@ void InProcess::stopUnseeing(int owner, const std::map<int, int>& kept) {
     impl_->sim.note("pid " + std::to_string(p->pid) + " (rank " + std::to_string(p->rank) +
                     ") never saw the lost node's failure: killed");
     p->unseeing = true;
+    // A failure of the round that kept it, for the checks as a worker's fault: the others it
+    // kept restart with it (a store stopped past the keep's grace does this to live ranks).
+    impl_->record.workerFaults.push_back(impl_->sim.now());
     impl_->die(*p, -1);
   }
 }
