@@ -442,8 +442,7 @@ std::optional<RoundEnd> ElasticImpl::readEnd(int round) {
     failures_ = end.failures;
     // The job's count, where the failure's report wrote the end and not the count: a node
     // that closes a later round alone (a spare) reads it there.
-    if (found[1].empty() || toCount(found[1], keys_.failures()) < end.failures)
-      raiseFailures(*lease_, keys_.failures(), end.failures);
+    raiseFailures(*lease_, keys_.failures(), end.failures, found[1]);
   }
   return end;
 }

@@ -24,8 +24,9 @@ class JoinTimedOut : public TimeoutError {
 
 // A count the protocol wrote: present, not negative, an int; ProtocolError naming `key` else.
 int toCount(const std::string& text, const std::string& key);
-// Raises the job's count of failure restarts at `key` to `count` (compare-and-set, never lower).
-void raiseFailures(Store& store, const std::string& key, int count);
+// Raises the job's count of failure restarts at `key` to `count` (compare-and-set, never lower);
+// `seen`: the count as last read, if it was (none: ""), which spares a write where it is as high.
+void raiseFailures(Store& store, const std::string& key, int count, std::string seen = "");
 
 class ElasticImpl {
  public:

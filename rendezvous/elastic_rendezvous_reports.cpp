@@ -57,9 +57,8 @@ bool ElasticImpl::endRound(Store& store, int round, const RoundEnd& end) {
 
 // Raises the job's count of failure restarts to `count`, never lowers it (a report made again
 // late must not undo a later failure's).
-void raiseFailures(Store& store, const std::string& key, int count) {
+void raiseFailures(Store& store, const std::string& key, int count, std::string seen) {
   const std::string mine = std::to_string(count);
-  std::string seen;                           // the count as last read; none at first
   for (int tries = 0; tries < 16; ++tries) {  // each lost try is another reporter's raise
     if (!seen.empty() && toCount(seen, key) >= count) return;
     const std::string now = store.compareSet(key, seen, mine);
