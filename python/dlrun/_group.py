@@ -5,11 +5,13 @@ first) and, for the step watch, failed under a rank that waits in it."""
 import gc
 import os
 import threading
+from datetime import timedelta
 
-from dlrun._job import say
+from dlrun._job import say, store_client
 from dlrun._stuck import shut_down, sockets
 
 CLOSE_S = 0.5  # an old group's unregistering, then its destruction, is waited for so long
+LOOK_S = 0.5  # a forming group's watch looks so often
 
 
 class Group:
@@ -26,19 +28,45 @@ class Group:
             return torch.device("cuda", torch.cuda.current_device())
         return torch.device("cpu")
 
-    def form(self, store, keys, rank, world, timeout):
-        """The group of a generation (`keys`: its keys), in a key space of its own."""
+    def form(self, store, keys, rank, world, timeout, watch=None):
+        """The group of a generation (`keys`: its keys), in a key space of its own. `watch`:
+        (look, the store's sockets), where a member may never come (a node lost as the group
+        forms, its ranks met already): while the group forms, a thread looks every LOOK_S on a
+        client of its own; once look(client) finds something (the survivors' move to a round
+        that kept them), it shuts the store's connection down, which fails the formation, and
+        form returns what it found (the group, should it have formed after all, left). Else
+        None."""
         import torch.distributed as dist
 
         prefixed = dist.PrefixStore(f"{keys}/group", store)
         before = sockets()
-        dist.init_process_group(
-            self.backend, store=prefixed, rank=rank, world_size=world, timeout=timeout
-        )
+        found, formed = [], threading.Event()
+        if watch:
+            threading.Thread(
+                target=_watch_forming,
+                args=(*watch, world, formed, found),
+                name="dlrun-watch-forming",
+                daemon=True,
+            ).start()
+        try:
+            dist.init_process_group(
+                self.backend, store=prefixed, rank=rank, world_size=world, timeout=timeout
+            )
+        except Exception:
+            # The next group is named as a fresh process's first (torch counts the groups it
+            # made, this one too; a newcomer's count is 0): the one named after it never forms.
+            dist.distributed_c10d._group_count = 0
+            if not found:
+                raise
+        finally:
+            formed.set()
         # Made as the group formed: its backend's connections.
         self._sockets = {
             fd: inode for fd, inode in sockets().items() if inode not in before.values()
         }
+        if found and dist.is_initialized():
+            dist.destroy_process_group()  # just made: nothing runs on it yet
+        return found[0] if found else None
 
     def leave(self, exit_replaced):
         """Takes the group out of torch's registry at once and leaves its destruction to a thread
@@ -91,6 +119,24 @@ class Group:
 
         if self.backend == "nccl" and dist.is_initialized():
             dist.distributed_c10d._abort_process_group()
+
+
+def _watch_forming(look, store_sockets, world, formed, found):
+    """form's watch: looks every LOOK_S until the group formed; what it finds goes to `found`,
+    and the formation's store connection (`store_sockets`) is shut down."""
+    client = None
+    while not formed.wait(LOOK_S):
+        try:
+            if client is None:
+                client = store_client(world, timedelta(seconds=4 * LOOK_S))
+            seen = look(client)
+        except RuntimeError:  # the store out of reach: the formation's own wait says so
+            client = None
+            continue
+        if seen:
+            found.append(seen)
+            shut_down(store_sockets)
+            return
 
 
 def _end(held, group_sockets):

@@ -34,6 +34,7 @@ without --recovery. Outside dlrun, or without --recovery=in-process, the loop is
 over init_process_group("env://") and DistributedDataParallel: nothing else happens.
 """
 
+import functools
 import gc
 import json
 import os
@@ -45,7 +46,7 @@ from datetime import timedelta
 from dlrun import _news, _state, progress
 from dlrun._group import Group, prepare_nccl
 from dlrun._job import say, store_client
-from dlrun._stuck import StepWatch
+from dlrun._stuck import StepWatch, sockets
 
 __all__ = ["Loop", "active"]
 
@@ -54,6 +55,7 @@ RECOVERY_TIMEOUT_S = 120  # a recovery not done by then falls back to the whole-
 EXACT_BUCKET_MB = 1e-6  # under any parameter's size: a bucket each
 LEFT = -1  # what a wait's look finds where a rank left the loop
 MOVE_BASE = 1_000_000  # a move's value: round * MOVE_BASE + rank + 1 (agents/recovery.h)
+MOVE_WAIT_S = 10  # a survivor whose group's formation failed waits so long for its move
 
 
 def active():
@@ -63,6 +65,13 @@ def active():
 
 def _say(text):
     say("recovery", text)
+
+
+def _move_after(store, prefix, rank, met_in):
+    """The move counter `rank`'s agent set under `prefix` (MOVE_BASE) where it names a round
+    later than `met_in`, else None."""
+    found = store.add(f"{prefix}/{rank}", 0)
+    return found if found > 0 and found // MOVE_BASE > met_in else None
 
 
 def _can_recover(backend):
@@ -187,7 +196,7 @@ class Loop:
             prepare_nccl(optimizer, lambda: self.world)
         self._fallback_code = int(os.environ["DLRUN_RECOVERY_FALLBACK"])
         self._replace_code = int(os.environ["DLRUN_RECOVERY_REPLACE"])
-        self._store = store_client(self.world, timeout)
+        self._store = self._connect()
         self._watch.start(KEYS, self.world, timeout, self._unblock, self._exit_replaced)
         if os.environ.get("DLRUN_RECOVERY_JOIN") == "1":
             self._recover(joining=True)  # a replacement: the survivors' next generation
@@ -361,17 +370,15 @@ class Loop:
     def _await(self, counter, news, left, move=None):
         """Waits for the counter `counter` to be set, woken by the generation's news (dlrun._news):
         a rank that left the loop (past its last barrier) never comes, and the wait ends then,
-        for the whole-group restart. With `move`, (the counter the agent sets when a round kept
-        this rank, a node lost; the round it is met in, if any): returns the counter's value
-        once it names a later round, else 0."""
+        for the whole-group restart. With `move`, (the prefix of the counters the agent sets when
+        a round kept its ranks, a node lost; this rank; the round it is met in, if any): returns
+        its counter's value once it names a later round, else 0."""
 
         def look(store):
             if store.add(counter, 0) >= 1:
                 return 0
-            if move:
-                found = store.add(move[0], 0)
-                if found > 0 and found // MOVE_BASE > move[1]:
-                    return found
+            if move and (found := _move_after(store, *move)):
+                return found
             if store.add(f"{KEYS}/done", 0) > 0:
                 return LEFT
             return None
@@ -389,9 +396,49 @@ class Loop:
         if self._store.add(f"{keys}/arrived", 1) == self.world:
             self._store.add(f"{keys}/ready", 1)
             _news.tell(self._store, news)
-        return self._await(
-            f"{keys}/ready", news, left, move and (f"{move[0]}/{self.rank}", move[1])
-        )
+        return self._await(f"{keys}/ready", news, left, move and (move[0], self.rank, move[1]))
+
+    def _connect(self):
+        """A client of the job's store; its connections in self._sockets (a forming group's
+        watch shuts them down to end the formation)."""
+        before = sockets()
+        store = store_client(self.world, self._timeout)
+        made = sockets().items()
+        self._sockets = {fd: inode for fd, inode in made if inode not in before.values()}
+        return store
+
+    def _await_move(self, keys, met_in, left):
+        """This rank's move counter in the generation's `keys` once it names a round later than
+        `met_in`, within MOVE_WAIT_S (and the recovery's deadline); None when it does not."""
+        until = time.monotonic() + MOVE_WAIT_S
+
+        def within():
+            if time.monotonic() >= until:
+                raise TimeoutError(f"no move within {MOVE_WAIT_S} s")
+            return min(left(), timedelta(seconds=until - time.monotonic()))
+
+        look = self._move_look(keys, met_in)
+        try:
+            return _news.wait(self._store, f"{keys}/news", look, within, self.step, self.world)
+        except (RuntimeError, TimeoutError):
+            return None
+
+    def _move_look(self, keys, met_in):
+        """look(store): this rank's move counter in the generation's `keys` where it names a
+        round later than `met_in`, else None."""
+        return functools.partial(_move_after, prefix=f"{keys}/move", rank=self.rank, met_in=met_in)
+
+    def _move(self, keys, moved):
+        """This rank in the round that kept it (`moved`, the counter its agent set in the
+        generation's `keys`): (the round, its keys); the rank and world size there taken."""
+        met_in, rank = divmod(moved, MOVE_BASE)
+        here = f"{keys}/round{met_in}"
+        world = self._store.add(f"{here}/world", 0)
+        if (rank - 1, world) != (self.rank, self.world):
+            _say(f"now rank {rank - 1} of {world} (a node was lost; none took its place)")
+        self.rank, self.world = rank - 1, world
+        os.environ.update(RANK=str(self.rank), WORLD_SIZE=str(self.world))
+        return met_in, here
 
     def _recover_within(self, joining, deadline):
         import torch.distributed as dist
@@ -399,9 +446,9 @@ class Loop:
         phases = []
         mark = time.monotonic()
 
-        def phase(name):
+        def phase(name, at=None):
             nonlocal mark
-            now = time.monotonic()
+            now = time.monotonic() if at is None else at
             phases.append((name, now - mark))
             mark = now
 
@@ -427,40 +474,53 @@ class Loop:
             here = f"{keys}/round{os.environ['DLRUN_RECOVERY_ROUND']}"
         record = json.dumps({"survivor": not joining, "step": self.step})
         met_in = -1
-        while moved := self._meet(
-            here, record, f"{keys}/news", left, None if joining else (f"{keys}/move", met_in)
-        ):
-            # A node was lost and a round kept the survivors (their agents said so): they meet
-            # again under its keys, with the newcomers, or alone in a smaller world, renumbered.
-            met_in, rank = divmod(moved, MOVE_BASE)
-            here = f"{keys}/round{met_in}"
-            world = self._store.add(f"{here}/world", 0)
-            if (rank - 1, world) != (self.rank, self.world):
-                _say(f"now rank {rank - 1} of {world} (a node was lost; none took its place)")
-            self.rank, self.world = rank - 1, world
-            os.environ.update(RANK=str(self.rank), WORLD_SIZE=str(self.world))
+        while True:
+            while moved := self._meet(
+                here, record, f"{keys}/news", left, None if joining else (f"{keys}/move", met_in)
+            ):
+                # A node was lost and a round kept the survivors (their agents said so): they
+                # meet again under its keys, with the newcomers, or alone in a smaller world,
+                # renumbered.
+                met_in, here = self._move(keys, moved)
+            met = time.monotonic()
+            records = [json.loads(self._store.get(f"{here}/rank/{r}")) for r in range(self.world)]
+            survivors = [r for r, record in enumerate(records) if record["survivor"]]
+            if not survivors:
+                raise RuntimeError("no rank survived to send the state")
+            # The survivor furthest along sends: a rank whose optimizer stepped had the step's
+            # whole gradient sum (a ring all-reduce can complete on some ranks as a peer dies and
+            # not on others), so that step is done, and a rank behind it takes it from the sender.
+            source = max(survivors, key=lambda r: (records[r]["step"], -r))
+            # A survivor at the source's step holds what the source does (every rank applied the
+            # same all-reduced gradients as often): only the newcomers and the survivors behind
+            # it are sent the state.
+            receivers = [
+                r
+                for r, record in enumerate(records)
+                if not record["survivor"] or record["step"] != records[source]["step"]
+            ]
+            # The sender readies the state while the ranks make the group (a newcomer's first
+            # gloo group takes longest).
+            flats = self._state_to_send(here) if self.rank == source and receivers else None
+            look = None
+            if not joining:  # a node lost as the group forms: its ranks never come
+                look = (self._move_look(keys, met_in), self._sockets)
+            try:
+                moved = self._group.form(self._store, here, self.rank, self.world, left(), look)
+            except Exception:
+                # A peer that left the formation for the round that kept it fails it here; this
+                # rank's own move follows (its agent's, a moment later) or the failure stands.
+                if joining or not (moved := self._await_move(keys, met_in, left)):
+                    raise
+            else:
+                if moved:  # the watch shut the store's connection down to end the formation
+                    self._store = self._connect()
+            if not moved:
+                break
+            # The round that kept this rank says where it meets now, as in the meet.
+            met_in, here = self._move(keys, moved)
         keys = here
-        phase("meet")
-        records = [json.loads(self._store.get(f"{keys}/rank/{r}")) for r in range(self.world)]
-        survivors = [r for r, record in enumerate(records) if record["survivor"]]
-        if not survivors:
-            raise RuntimeError("no rank survived to send the state")
-        # The survivor furthest along sends: a rank whose optimizer stepped had the step's whole
-        # gradient sum (a ring all-reduce can complete on some ranks as a peer dies and not on
-        # others), so that step is done, and a rank behind it takes it from the sender.
-        source = max(survivors, key=lambda r: (records[r]["step"], -r))
-        # A survivor at the source's step holds what the source does (every rank applied the
-        # same all-reduced gradients as often): only the newcomers and the survivors behind it
-        # are sent the state.
-        receivers = [
-            r
-            for r, record in enumerate(records)
-            if not record["survivor"] or record["step"] != records[source]["step"]
-        ]
-        # The sender readies the state while the ranks make the group (a newcomer's first
-        # gloo group takes longest).
-        flats = self._state_to_send(keys) if self.rank == source and receivers else None
-        self._group.form(self._store, keys, self.rank, self.world, left())
+        phase("meet", met)
         phase("group")
         if receivers:
             self._take_state(source, keys, flats, left, receivers)

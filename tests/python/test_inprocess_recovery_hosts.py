@@ -14,7 +14,10 @@ run's, and the two agents left exit 0.
 
 A host lost as a recovery ends (rank 3 replaced at step 9, then rank 0, the source, lost with its
 host as that recovery's last barrier returns, before it said the generation formed): the others
-said it, and the spare's workers meet the survivors in generation 2 in process.
+said it, and the spare's workers meet the survivors in generation 2 in process. A host lost as
+the group forms again (rank 3 replaced at step 9, then rank 2 stopped before it joins the group
+and its host killed): the survivors, waiting in the formation for ranks that never come, see the
+move of the round that keeps them, leave the formation and meet the spare's workers in process.
 
 A silent host (its link down after rank 2 stopped itself at step 9): the survivors' agent keeps
 them at once, blocked in that step's all-reduce, which never fails; the round that takes the
@@ -149,32 +152,50 @@ class TwoHostsWithASpareTest(InProcessCase):
         self.assertRegex(result.stderr, r"round \d+ kept ranks 0-1 running")
         self.assertNotIn("could not keep", result.stderr)
 
-    def test_a_host_lost_as_a_recovery_ends_is_recovered_in_process_again(self):
-        # Rank 3 dies at step 9 and is replaced on its host; rank 0, which sends the state, is
-        # lost with its host as that recovery's last barrier returns, before it says so. The
-        # others say it: the spare's workers and the moves for the survivors name generation 2,
-        # where they wait (not generation 1, which would leave them to the 120 s deadline).
+    def check_host_lost_in_a_recovery(self, kills, loser, kept, processes, generation):
+        """A job given `kills`, the host of rank `loser` killed once it stopped itself: the two
+        agents left exit 0, no whole-group restart, `kept` ("0-1") the ranks the round kept, each
+        rank's processes counted in `processes` ({rank: count}), every step once, the
+        fault-free weights, every rank at `generation`."""
         self.reference()
         out, lost = temp_dir(self), []
         with Hosts(4) as hosts:
             agents, codes = self.run_job(
-                hosts,
-                out,
-                ("3:9", "0:committed:host"),
-                during=self.host_loser(hosts, out, 0, lost),
+                hosts, out, kills, during=self.host_loser(hosts, out, loser, lost)
             )
         result = Output(agents)
         self.assertEqual([c for h, c in zip((1, 2, 3), codes) if h != lost[0]], [0, 0], result)
         finals = [read_json(os.path.join(out, f"final_{r}.json")) for r in range(WORLD)]
         self.assertEqual({f["sha256"] for f in finals}, {self.reference()}, result)
         self.assertNotIn("restarting the whole group", result.stderr)
-        self.assertRegex(result.stderr, r"round \d+ kept ranks 2-3 running")
+        self.assertNotIn("falling back", result.stderr)
+        self.assertRegex(result.stderr, rf"round \d+ kept ranks {kept} running")
         for rank in range(WORLD):
-            processes = self.processes(out, rank)
-            steps = sorted(s for taken in processes.values() for s in taken)
-            self.assertEqual(steps, list(range(STEPS)), (rank, processes, result))
-            self.assertEqual(len(processes), 1 if rank == 2 else 2, (rank, processes))
-            self.assertEqual(finals[rank]["generation"], 2, finals[rank])
+            taken = self.processes(out, rank)
+            steps = sorted(s for one in taken.values() for s in one)
+            self.assertEqual(steps, list(range(STEPS)), (rank, taken, result))
+            self.assertEqual(len(taken), processes[rank], (rank, taken))
+            self.assertEqual(finals[rank]["generation"], generation, finals[rank])
+
+    def test_a_host_lost_as_a_recovery_ends_is_recovered_in_process_again(self):
+        # Rank 3 dies at step 9 and is replaced on its host; rank 0, which sends the state, is
+        # lost with its host as that recovery's last barrier returns, before it says so. The
+        # others say it: the spare's workers and the moves for the survivors name generation 2,
+        # where they wait (not generation 1, which would leave them to the 120 s deadline).
+        self.check_host_lost_in_a_recovery(
+            ("3:9", "0:committed:host"), 0, "2-3", {0: 2, 1: 2, 2: 1, 3: 2}, generation=2
+        )
+
+    def test_a_host_lost_as_the_group_re_forms_is_recovered_in_process_in_the_next_round(self):
+        # Rank 3 dies at step 9 and is replaced on its host; every rank meets its replacement,
+        # and rank 2, on the same host, stops as the group forms again, before it joins: the
+        # others wait in the formation for a rank that never comes, and the host is killed.
+        # The round that keeps the survivors moves them; their formation's watch sees the move,
+        # ends the formation, and they meet the spare's workers there in process (not at the
+        # formation's 120 s deadline, then the whole group).
+        self.check_host_lost_in_a_recovery(
+            ("3:9", "2:group:host"), 2, "0-1", {0: 1, 1: 1, 2: 2, 3: 3}, generation=1
+        )
 
     def check_silent_host_freed(self, kills):
         """Rank 2's host goes silent at its step 9 (`kills` has it). Its lease lapses and the

@@ -94,10 +94,16 @@ TEST(RendezvousSim, TheSoaksFindingsHold) {
   // everyone's, for a recovery that never came (the kill now counts as a worker's fault). 1055748:
   // n5 closed a round that kept its workers, never learnt its place (replies lost) and ended that
   // round; its kept workers ran on, waiting 45 s for a meeting that could never come, while the
-  // others started the next rounds' (they stop now). Both found by the soak; a schedule's replay
-  // moves with the protocol's store operations.
+  // others started the next rounds' (they stop now). 2125573: the last rank to arrive in a
+  // recovery's meeting (a replacement) said it was complete and its node was lost before the
+  // group formed: the survivors waited in the formation for its ranks until the recovery's
+  // deadline, though the round that kept them had moved them (a watch now looks for the move
+  // as the group forms). 2391677: the store restarted without its keys just after one node read
+  // that every worker finished; the others, which had not, ended in the store's next life,
+  // stopped: the checker compared them by the life of their last round, not of their end.
+  // Found by the soak; a schedule's replay moves with the protocol's store operations.
   for (uint64_t seed : {1410683u, 1029590u, 1178605u, 1029513u, 1273085u, 1077293u, 1595103u,
-                        1638205u, 1693467u, 1055748u}) {
+                        1638205u, 1693467u, 1055748u, 2125573u, 2391677u}) {
     const Verdict v = runSchedule(seed, false);
     EXPECT_TRUE(v.ok) << "seed " << seed << ": " << v.violation;
   }

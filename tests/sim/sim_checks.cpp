@@ -209,11 +209,12 @@ bool everJoined(const Record& r, int owner) {
 // node refused for being slow (Slurm's rule refuses only a node started again), and every
 // agent alive agrees on how the job ended.
 std::optional<std::string> checkOutcomes(const Record& r) {
-  // Agents agree where they took part in one store life: a store restarted without its keys
-  // after the job ended holds a new job for a node that comes only then.
-  std::map<int, int> lastLife;
-  for (const auto& [round, members] : r.worlds)
-    for (const auto& [owner, world] : members) lastLife[owner] = round.first;
+  // Agents agree where they learnt the end from one store life: a store restarted without its
+  // keys after the job ended holds a new job for a node that comes only then, or for the
+  // members that had not read that end before the restart.
+  std::set<int> members;
+  for (const auto& [round, world] : r.worlds)
+    for (const auto& [owner, _] : world) members.insert(owner);
   std::map<int, RoundEnd> job;  // by store life
   for (const auto& a : r.agents) {
     // A node sent SIGTERM exits 128 + 15 however the job ends (a stop racing its end).
@@ -230,10 +231,9 @@ std::optional<std::string> checkOutcomes(const Record& r) {
         return a.label + " ended with " + a.errorKind + ": " + a.error;
       continue;
     }
-    if (!a.end->endsJob()) continue;  // left on purpose (stop_policy=node)
-    const auto life = lastLife.find(a.owner);
-    if (life == lastLife.end()) continue;  // it read the job's end, in no round itself
-    auto [agreed, fresh] = job.emplace(life->second, *a.end);
+    if (!a.end->endsJob()) continue;           // left on purpose (stop_policy=node)
+    if (!members.contains(a.owner)) continue;  // it read the job's end, in no round itself
+    auto [agreed, fresh] = job.emplace(a.endLife, *a.end);
     if (!fresh && agreed->second.kind != a.end->kind)
       return a.label + " ended as '" + a.end->describe() + "', another agent as '" +
              agreed->second.describe() + "'";

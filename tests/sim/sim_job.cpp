@@ -295,6 +295,7 @@ void Job::end(int owner, std::optional<RoundEnd> end, const std::string& error,
   me.ended = true;
   me.endedAt = sim_.now();
   me.end = std::move(end);
+  me.endLife = store_->lifeOfLastRead(owner);
   me.error = error;
   me.errorKind = kind;
   sim_.note(me.label + " ends: " + (me.end ? me.end->describe() : kind + ": " + error));

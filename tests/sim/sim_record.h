@@ -46,9 +46,10 @@ struct Incarnation {
   bool ended = false;
   Time endedAt{};
   std::optional<rendezvous::RoundEnd> end;  // how the job ended for it
-  std::string error;                        // or the error it ended with
-  std::string errorKind;                    // the error's type
-  bool stopAsked = false;                   // a stop (SIGTERM) was sent to it
+  int endLife = 0;         // the store's life (restarts without its keys) it learnt that end from
+  std::string error;       // or the error it ended with
+  std::string errorKind;   // the error's type
+  bool stopAsked = false;  // a stop (SIGTERM) was sent to it
 };
 
 // A round as the store knew it: its number, and the store's life it closed in (a store

@@ -26,6 +26,8 @@ inline constexpr Duration kGroupTimeout{60'000};              // Loop's timeout:
 inline constexpr Duration kStepLow{100}, kStepHigh{1'000};    // a step's compute
 inline constexpr Duration kStartLow{300}, kStartHigh{5'000};  // a replacement's start-up
 inline constexpr Duration kReduceLow{20}, kReduceHigh{800};   // a collective, once all entered
+inline constexpr Duration kLookForming{500};                  // _group.py's LOOK_S
+inline constexpr Duration kMoveWait{10'000};                  // recovery.py's MOVE_WAIT_S
 inline constexpr uint64_t kFreshWeights = 0x5eed;             // every rank's initial weights
 
 inline uint64_t mix(uint64_t weights, int step) {  // splitmix64 of the weights and the step
@@ -45,6 +47,12 @@ struct Gone {};      // the worker's process died: its task ends
 struct Fallback {};  // the recovery cannot finish: exit 75
 
 struct Proc;
+
+// A survivor's group formation and its watch (_group.py's form): the move the watch found.
+struct Forming {
+  bool over = false;
+  std::optional<int64_t> moved;
+};
 
 // One collective of a group: every rank enters it; once all did, each completes at its own time.
 struct Collective {
@@ -195,7 +203,11 @@ struct InProcess::Impl {
   }
 
   // The workers' program (sim_recovery_workers.cpp): gloo's groups, then dlrun.recovery's loop.
-  bool join(Proc& p, Group& g, Time deadline);
+  bool join(Proc& p, Group& g, Time deadline, const Forming* forming = nullptr);
+  void watchForming(Proc& p, RoundId id, const std::string& keys, int metIn,
+                    const std::shared_ptr<Forming>& forming);
+  std::optional<int64_t> awaitMove(Proc& p, const std::string& keys, int metIn, Time until);
+  int moveTo(Proc& p, const std::string& keys, int64_t given);
   void formed(Group& g);
   bool collective(Proc& p, const std::string& what, int source = -1);
   void leave(Proc& p);

@@ -4,8 +4,9 @@
 
 namespace dlrun::sim {
 
-// init_process_group in `g`: true once all its ranks joined; false when it broke or timed out.
-bool InProcess::Impl::join(Proc& p, Group& g, Time deadline) {
+// init_process_group in `g`: true once all its ranks joined; false when it broke or timed out,
+// or `forming`'s watch found a move (the rank leaves the group, made or not).
+bool InProcess::Impl::join(Proc& p, Group& g, Time deadline, const Forming* forming) {
   if (g.members.count(p.rank)) {
     sim.note("pid " + std::to_string(p.pid) + " joins generation " + std::to_string(g.generation) +
              " as rank " + std::to_string(p.rank) + ", which another process holds");
@@ -16,9 +17,71 @@ bool InProcess::Impl::join(Proc& p, Group& g, Time deadline) {
   g.members[p.rank] = &p;
   p.group = &g;
   if (static_cast<int>(g.members.size()) == g.world) formed(g);
-  sim.block([&] { return p.dead || g.formed || g.brokenAt; }, deadline);
+  sim.block([&] { return p.dead || g.formed || g.brokenAt || (forming && forming->moved); },
+            deadline);
   alive(p);
+  if (forming && forming->moved) {
+    leave(p);  // its connections close: a peer forming the group with it fails
+    return false;
+  }
   return g.formed && !g.brokenAt;
+}
+
+// _group.py's _watch_forming, for a survivor forming a group: every kLookForming, on a store
+// connection of its own, a look at its move counter in the generation's `keys`; one naming a
+// round later than `metIn` ends the formation (the rank's store connection shut down).
+void InProcess::Impl::watchForming(Proc& p, RoundId id, const std::string& keys, int metIn,
+                                   const std::shared_ptr<Forming>& forming) {
+  const std::string counter = keys + "/move/" + std::to_string(p.rank);
+  sim.spawn(p.owner, [this, &p, id, counter, metIn, forming] {
+    std::unique_ptr<LeasingStore> store;
+    while (true) {
+      sim.block([&] { return forming->over || p.dead; }, sim.now() + kLookForming);
+      if (forming->over || p.dead) return;
+      try {
+        if (!store) store = storeOf(id).open(p.owner, "pid " + std::to_string(p.pid) + " watch");
+        const int64_t given = store->add(counter, 0);
+        if (given > 0 && given / rec::kMoveBase > metIn && !forming->over && !p.dead) {
+          forming->moved = given;
+          return;
+        }
+      } catch (const Error&) {
+        store.reset();  // the store out of reach: the formation's own wait says so
+      }
+    }
+  });
+}
+
+// recovery.py's _await_move: a survivor whose formation failed (a peer left it for the round
+// that kept them) waits, as in a meet, for its own move counter in the generation's `keys` to
+// name a round later than `metIn`, until `until`.
+std::optional<int64_t> InProcess::Impl::awaitMove(Proc& p, const std::string& keys, int metIn,
+                                                  Time until) {
+  const std::string news = keys + "/news";
+  const std::string counter = keys + "/move/" + std::to_string(p.rank);
+  while (true) {
+    const int64_t seen = call(p, [&](LeasingStore& s) { return s.add(news, 0); });
+    const int64_t given = call(p, [&](LeasingStore& s) { return s.add(counter, 0); });
+    if (given > 0 && given / rec::kMoveBase > metIn) return given;
+    if (sim.now() >= until) return std::nullopt;
+    call(p, [&](LeasingStore& s) {
+      return s.waitFor({news + "/" + std::to_string(seen + 1)},
+                       std::chrono::duration_cast<std::chrono::milliseconds>(until - sim.now()));
+    });
+  }
+}
+
+// recovery.py's _move: `p` in the round that kept it (`given`, its move counter in the
+// generation's `keys`), its rank and world size there taken; the round's number.
+int InProcess::Impl::moveTo(Proc& p, const std::string& keys, int64_t given) {
+  const int round = static_cast<int>(given / rec::kMoveBase);
+  const std::string there = keys + "/round" + std::to_string(round);
+  p.world = static_cast<int>(call(p, [&](LeasingStore& s) { return s.add(there + "/world", 0); }));
+  sim.note("pid " + std::to_string(p.pid) + ": rank " + std::to_string(p.rank) + " is rank " +
+           std::to_string(given % rec::kMoveBase - 1) + " of " + std::to_string(p.world) +
+           " in round " + std::to_string(round));
+  p.rank = static_cast<int>(given % rec::kMoveBase - 1);
+  return round;
 }
 
 // No two generations of a round at once: a group forms only where no other one of its round
@@ -109,16 +172,7 @@ std::optional<int> InProcess::Impl::meet(Proc& p, const std::string& keys, const
     if (call(p, [&](LeasingStore& s) { return s.add(here + "/ready", 0); }) >= 1) break;
     if (move) {
       const int64_t given = call(p, [&](LeasingStore& s) { return s.add(mine, 0); });
-      if (const int round = static_cast<int>(given / rec::kMoveBase); given > 0 && round > metIn) {
-        const std::string there = keys + "/round" + std::to_string(round);
-        p.world =
-            static_cast<int>(call(p, [&](LeasingStore& s) { return s.add(there + "/world", 0); }));
-        sim.note("pid " + std::to_string(p.pid) + ": rank " + std::to_string(p.rank) + " is rank " +
-                 std::to_string(given % rec::kMoveBase - 1) + " of " + std::to_string(p.world) +
-                 " in round " + std::to_string(round));
-        p.rank = static_cast<int>(given % rec::kMoveBase - 1);
-        return round;
-      }
+      if (given > 0 && given / rec::kMoveBase > metIn) return moveTo(p, keys, given);
     }
     if (call(p, [&](LeasingStore& s) { return s.add(kKeys + "/done", 0); }) > 0)
       throw Fallback{};  // a rank left the loop: it never comes
@@ -143,14 +197,37 @@ void InProcess::Impl::recover(Proc& p, RoundId id) {
   std::string keys = base;
   if (p.joining && p.joinRound >= 0) keys += "/round" + std::to_string(p.joinRound);
   int metIn = -1;
-  p.meeting = true;
-  while (auto moved = meet(p, base, keys, metIn, deadline, !p.joining)) {
-    metIn = *moved;
+  p.meeting = true;  // until its group formed: a move reaches it meanwhile
+  while (true) {
+    while (auto moved = meet(p, base, keys, metIn, deadline, !p.joining)) {
+      metIn = *moved;
+      keys = base + "/round" + std::to_string(metIn);
+    }
+    std::shared_ptr<Forming> forming;
+    if (!p.joining) {  // a node lost as the group forms: its ranks never come
+      forming = std::make_shared<Forming>();
+      watchForming(p, id, base, metIn, forming);
+    }
+    const bool made = join(p, groupOf(id, keys, generation, p.world), deadline, forming.get());
+    if (forming) forming->over = true;
+    if (made) break;
+    leave(p);
+    std::optional<int64_t> moved = forming ? forming->moved : std::nullopt;
+    if (!moved && !p.joining)
+      moved = awaitMove(p, base, metIn, std::min(deadline, sim.now() + kMoveWait));
+    if (!moved) throw Fallback{};
+    if (forming && forming->moved) {  // its store connection was shut down to end the formation
+      try {
+        p.store = storeOf(id).open(p.owner, "pid " + std::to_string(p.pid) + " again");
+      } catch (const Error&) {
+        throw Fallback{};
+      }
+    }
+    metIn = moveTo(p, base, *moved);
     keys = base + "/round" + std::to_string(metIn);
   }
   p.meeting = false;
   const int world = p.world;
-  if (!join(p, groupOf(id, keys, generation, world), deadline)) throw Fallback{};
   int source = -1, furthest = -1;
   for (int r = 0; r < world; ++r) {
     const std::string said =

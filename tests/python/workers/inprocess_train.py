@@ -10,17 +10,17 @@ at one step (`1:7 3:7`) are a second failure during the first's recovery. A KILL
 RANK:state SIGKILLs that rank's first process inside its first recovery, as it forms the group again
 or as the state is sent: a failure during the re-forming; RANK:committed, as its first recovery's
 last barrier returns (before its loop goes on: the generation's end, which a rank that died there
-never said); RANK:committed:host then stops itself as :host does. RANK:end SIGKILLs it once its loop
-is over (past the loop's last barrier). RANK:STEP:pending leaves a collective pending on its live
-peers as it begins STEP (an all-reduce of its own, while every other rank's first process waits in a
-barrier first) and fails as a collective does when a peer went away: the shape of a survivor whose
-next DDP bucket was under way as its previous one failed, whose old group cannot close while its
-peers wait on it; RANK:STEP:stuck the same, and the group's destruction never returns (the
-recovery's last resort: the rank exits to be replaced). RANK:STEP:hold: that rank's first process
-stays in STEP for good, with no collective failing: the shape of a collective whose peers'
-connections closed as it began and that never learns of it. RANK:STEP:slow: that rank's first
-process sleeps SLOW_S as it begins STEP, before its collective: every rank's STEP takes as long
-(a step watch then waits twice that before it frees a rank). RANK:STEP:gil: that rank's first
+never said); RANK:group:host and RANK:committed:host then stop themselves as :host does. RANK:end
+SIGKILLs it once its loop is over (past the loop's last barrier). RANK:STEP:pending leaves a
+collective pending on its live peers as it begins STEP (an all-reduce of its own, while every other
+rank's first process waits in a barrier first) and fails as a collective does when a peer went away:
+the shape of a survivor whose next DDP bucket was under way as its previous one failed, whose old
+group cannot close while its peers wait on it; RANK:STEP:stuck the same, and the group's destruction
+never returns (the recovery's last resort: the rank exits to be replaced). RANK:STEP:hold: that
+rank's first process stays in STEP for good, with no collective failing: the shape of a collective
+whose peers' connections closed as it began and that never learns of it. RANK:STEP:slow: that rank's
+first process sleeps SLOW_S as it begins STEP, before its collective: every rank's STEP takes as
+long (a step watch then waits twice that before it frees a rank). RANK:STEP:gil: that rank's first
 process sleeps GIL_S in a C call that holds the GIL as it begins STEP: stuck where neither a
 collective failing nor its step watch (a thread of the same interpreter) can free it.
 
@@ -109,10 +109,10 @@ def leave_pending(how):
 
 def die_in_recovery(phase, host_flag=None):
     """SIGKILLs this process as its loop's first recovery re-forms the group ("group": the
-    second init_process_group), sends the state ("state": its first send, receive or
-    broadcast, the sending rank's or a receiving one's) or ends ("committed": as the first
-    barrier returns, which is that recovery's last; with `host_flag`, writes that file and
-    SIGSTOPs itself instead, for the test to kill its host)."""
+    second init_process_group, before it), sends the state ("state": its first send, receive
+    or broadcast, the sending rank's or a receiving one's) or ends ("committed": as the first
+    barrier returns, which is that recovery's last). With `host_flag`, writes that file and
+    SIGSTOPs itself instead, for the test to kill its host."""
     names = {
         "group": ("init_process_group",),
         "state": ("broadcast", "isend", "recv"),
@@ -120,17 +120,20 @@ def die_in_recovery(phase, host_flag=None):
     }[phase]
     calls = []
 
+    def end():
+        if host_flag:
+            open(host_flag, "w").close()
+        os.kill(os.getpid(), signal.SIGSTOP if host_flag else signal.SIGKILL)
+
     def dying(real):
         def call(*args, **kwargs):
             calls.append(1)
             if phase == "committed":
                 done = real(*args, **kwargs)
-                if host_flag:
-                    open(host_flag, "w").close()
-                os.kill(os.getpid(), signal.SIGSTOP if host_flag else signal.SIGKILL)
+                end()
                 return done
             if len(calls) == (2 if phase == "group" else 1):
-                os.kill(os.getpid(), signal.SIGKILL)
+                end()
             return real(*args, **kwargs)
 
         return call
