@@ -89,7 +89,7 @@ class ElasticImpl {
   // where the store lost it; nothing while it goes on.
   std::optional<RoundEnd> roundAfterOutage(int round);
   // A join the store's outage cut short: the round is aborted, or ended where it closed
-  // meanwhile, so that every node meets in the next one.
+  // meanwhile, so that every node meets in the next one; workers kept for it are dropped.
   void abandonJoin(int round);
   // An end this node concluded itself (its round is gone from the store, or forgotten):
   // returned after marking the round for ending at the next join (endOwnRound_).

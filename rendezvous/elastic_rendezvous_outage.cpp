@@ -137,16 +137,19 @@ std::optional<RoundEnd> ElasticImpl::roundAfterOutage(int round) {
 }
 
 void ElasticImpl::abandonJoin(int round) {
+  // Workers kept for this join are kept by no later one: the outage may have been the store's
+  // restart without the job's keys (their meeting's keys gone with it, and another node may
+  // have written the job's first keys again: nothing here tells), this node's lease may have
+  // lapsed (the others took it for lost, its ranks going to another node), or the round
+  // closed without it or with it (below). A whole-group restart for a fault during a keep.
+  dropKept();
   const std::string closed =
       lease_->compareSet(keys_.closed(round), "", std::string(elastic::kAborted));
   if (closed == elastic::kAborted || closed == elastic::kStopped) return;
   // It closed meanwhile. With this node a member that never learnt its place, the round ends:
-  // every node meets in the next one. Workers it kept for that round are not kept by a later
-  // one: the others' workers started in it, on to a generation they can never meet.
-  if (!lease_->peek({keys_.assignment(round, memberId_)})[0].empty()) {
+  // every node meets in the next one.
+  if (!lease_->peek({keys_.assignment(round, memberId_)})[0].empty())
     lease_->compareSet(keys_.end(round), "", elastic::encode(selfLost()));
-    dropKept();
-  }
 }
 
 void ElasticImpl::report(const std::string& what, const Write& write) {
