@@ -202,6 +202,12 @@ def _count_reaches(store, key, count, wait_s):
     return True
 
 
+def _generation():
+    """The in-process recovery's generation this process last recovered in (dlrun.recovery
+    sets it), "0" before any."""
+    return os.environ.get("DLRUN_RECOVERY_GENERATION", "0")
+
+
 def _memory():
     global _instance
     if _instance is None:
@@ -243,6 +249,7 @@ class _Memory:
         self.dir = os.path.join(self.root, f"rank-{rank}")
         self.slots = [Slot(os.path.join(self.dir, f"slot-{i}")) for i in range(2)]
         self.last = self.complete = None
+        self.saved_in = None  # the recovery generation the last save was made in (_generation)
         self.complete_on_disk = False
         self.written, self.written_step, self.named_at = 0, -1, None
         self.peer = None  # the agent keeping copies of this rank's steps, once known
@@ -337,7 +344,7 @@ class _Memory:
         copy_in(data, tensors, layout)
         with open(os.path.join(slot.path, "meta"), "wb") as f:
             f.write(meta)
-        self.last = step
+        self.last, self.saved_in = step, _generation()
         # The checksum and the count in the store go on beside the training loop (torch's sums
         # release the GIL): the step is the job's once every rank's copy is whole.
         self.completing = threading.Thread(
@@ -361,6 +368,16 @@ class _Memory:
                 )
         else:
             held = [slot for slot, mark in marks.items() if mark]
+            if os.environ.get("DLRUN_RECOVERY_JOIN") == "1":
+                # A rank replaced in process: its predecessor's newest copy may be one it never
+                # counted, a step the others keep no copy of (_await_complete): the newest that
+                # every rank completed stays.
+                complete = [
+                    slot
+                    for slot in held
+                    if self.store.add(f"{KEYS}/saved/{marks[slot][0]}", 0) >= self.world
+                ]
+                held = complete or held
             kept = [max(held, key=lambda slot: marks[slot][0])] if held else []
         return next(slot for slot in self.slots if slot not in kept)
 
@@ -438,8 +455,16 @@ class _Memory:
             self.completing = None
 
     def _await_complete(self, step):
-        """Waits until every rank's copy of `step` is complete."""
+        """Waits until every rank's copy of `step` is complete. Not where an in-process recovery
+        came between its save and now: a rank lost before it counted its copy never will (its
+        replacement starts past the step), so the count is taken as it is (the lost rank's part
+        of it final, the survivors' counted as their saves completed, long before), and where
+        it falls short the slot of the step known complete before stays (_free_slot)."""
         if self.complete is not None and self.complete >= step:
+            return
+        if self.saved_in != _generation():
+            if self.store.add(f"{KEYS}/saved/{step}", 0) >= self.world:
+                self.complete, self.complete_on_disk = step, False
             return
         if not _count_reaches(self.store, f"{KEYS}/saved/{step}", self.world, COMPLETE_WAIT_S):
             raise CheckpointError(

@@ -529,6 +529,7 @@ class Loop:
         dist.barrier()
         phase("state")
         self.generation = generation
+        os.environ["DLRUN_RECOVERY_GENERATION"] = str(generation)  # dlrun.checkpoint reads it
         # Every rank commits it, before it can fail again (a compare-and-set, whoever is first):
         # the agent reads it to say where kept workers meet, a replacement to find the
         # survivors, and the source alone could die between the barrier and its word.

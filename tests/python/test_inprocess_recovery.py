@@ -67,6 +67,7 @@ class InProcessCase(unittest.TestCase):
         flags=(),
         warm=True,
         rendezvous=("--standalone",),
+        env=None,
     ):
         out = temp_dir(self)
         if warm:
@@ -85,7 +86,7 @@ class InProcessCase(unittest.TestCase):
                 str(STEPS),
                 *kills,
             ],
-            env=clean_env(**self.job_env),
+            env=clean_env(**self.job_env, **(env or {})),
             timeout=TIMEOUT_S,
         )
         self.assertEqual(result.returncode, 0, result)
@@ -144,6 +145,15 @@ class InProcessRecoveryTest(InProcessCase):
             with self.subTest(victim=victim, warm=warm):
                 out, finals, result = self.job(f"{victim}:9", warm=warm)
                 self.check_recovered(out, finals, result, victim)
+
+    def test_a_rank_lost_before_it_counted_its_save_is_recovered_in_process(self):
+        # Every rank saves every step through dlrun.checkpoint; rank 2 dies as its copy of step 9
+        # is made, before it counts it: step 9 never completes on every rank. The survivors'
+        # next save does not wait for it (it waited 120 s, then failed the job's step), and the
+        # job recovers in process as without the saves.
+        out, finals, result = self.job("2:9:saved", env={"INPROCESS_CHECKPOINT": "1"})
+        self.check_recovered(out, finals, result, 2)
+        self.assertNotIn("not complete on every rank", result.stderr)
 
     def test_survivors_wait_for_a_replacement_in_a_few_store_requests(self):
         # A replacement started anew imports torch (seconds); the survivors wait for it in the

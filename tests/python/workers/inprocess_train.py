@@ -24,6 +24,10 @@ long (a step watch then waits twice that before it frees a rank). RANK:STEP:gil:
 process sleeps GIL_S in a C call that holds the GIL as it begins STEP: stuck where neither a
 collective failing nor its step watch (a thread of the same interpreter) can free it.
 
+With INPROCESS_CHECKPOINT=1 every rank saves the model and optimizer through dlrun.checkpoint after
+each step. RANK:STEP:saved: that rank's first process dies as its copy of STEP is made, before it
+counts it in the store (the step then never completes on every rank).
+
 Every process writes OUT_DIR/start_<RANK>_<PID> as it starts and appends each step it completes
 to OUT_DIR/steps_<RANK>_<PID>; at the end every rank writes OUT_DIR/final_<RANK>.json with the
 SHA-256 of its parameters' bytes, its pid, its rank and world size at the end (a
@@ -49,7 +53,8 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import dlrun.recovery  # noqa: E402  (dlrun puts its package on PYTHONPATH)
+import dlrun.checkpoint as checkpoint  # noqa: E402  (dlrun puts its package on PYTHONPATH)
+import dlrun.recovery  # noqa: E402
 from worker_util import device_for, exit_past_torch_teardown, write_json  # noqa: E402
 
 BATCH = 16
@@ -81,7 +86,10 @@ def kills(out_dir, args, rank):
         else:
             how = {
                 "stop": signal.SIGSTOP,
-                **{name: name for name in ("host", "pending", "stuck", "hold", "slow", "gil")},
+                **{
+                    name: name
+                    for name in ("host", "pending", "stuck", "hold", "slow", "gil", "saved")
+                },
             }
             found[int(fields[1])] = how.get("".join(fields[2:]), signal.SIGKILL)
     return found
@@ -142,6 +150,12 @@ def die_in_recovery(phase, host_flag=None):
         setattr(dist, name, dying(getattr(dist, name)))
 
 
+def die_uncounted():
+    """The next save's copy is made, and this process dies before it counts it."""
+    memory = checkpoint._memory()
+    memory._complete = lambda *args: os.kill(os.getpid(), signal.SIGKILL)
+
+
 def main():
     out_dir, steps = sys.argv[1], int(sys.argv[2])
     rank, pid = int(os.environ["RANK"]), os.getpid()
@@ -157,6 +171,7 @@ def main():
     model.to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     loop = dlrun.recovery.Loop(model, optimizer, backend=backend, exact=True)
+    saving = os.environ.get("INPROCESS_CHECKPOINT") == "1"
     log = open(os.path.join(out_dir, f"steps_{rank}_{pid}"), "a", buffering=1)
 
     def train_step(step, ddp):
@@ -176,13 +191,18 @@ def main():
         elif step in barrier_at:
             barrier_at.discard(step)
             dist.barrier()
-        if step in die_at:
+        if step in die_at and die_at[step] != "saved":
             os.kill(pid, die_at.pop(step))
         x, y = batch(step, rank, device)
         optimizer.zero_grad()
         torch.nn.functional.mse_loss(ddp(x), y).backward()
         optimizer.step()
         log.write(f"{step}\n")
+        if saving:
+            if die_at.get(step) == "saved":
+                die_uncounted()
+            state = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
+            checkpoint.save(state, step)
 
     loop.run(train_step, steps)
     if "end" in die_at:
