@@ -33,40 +33,50 @@ class Group:
         (look, the store's sockets), where a member may never come (a node lost as the group
         forms, its ranks met already): while the group forms, a thread looks every LOOK_S on a
         client of its own; once look(client) finds something (the survivors' move to a round
-        that kept them), it shuts the store's connection down, which fails the formation, and
-        form returns what it found (the group, should it have formed after all, left). Else
-        None."""
+        that kept them), it shuts the store's connection down, which fails a formation that
+        waits in the store for a rank's address (gloo's; one that waits on a connection to a
+        host gone silent waits for its timeout), and form returns what it found, the store's
+        connection shut and the group, should it have formed after all, left. Else None."""
         import torch.distributed as dist
 
         prefixed = dist.PrefixStore(f"{keys}/group", store)
         before = sockets()
-        found, formed = [], threading.Event()
+        found, formed, failure = [], threading.Event(), None
+        watching = None
         if watch:
-            threading.Thread(
+            watching = threading.Thread(
                 target=_watch_forming,
                 args=(*watch, world, formed, found),
                 name="dlrun-watch-forming",
                 daemon=True,
-            ).start()
+            )
+            watching.start()
         try:
             dist.init_process_group(
                 self.backend, store=prefixed, rank=rank, world_size=world, timeout=timeout
             )
-        except Exception:
+        except Exception as error:
+            failure = error
+            if dist.is_initialized():  # torch 1.13 registers it before its store barrier
+                dist.destroy_process_group()
             # The next group is named as a fresh process's first (torch counts the groups it
             # made, this one too; a newcomer's count is 0): the one named after it never forms.
             dist.distributed_c10d._group_count = 0
-            if not found:
-                raise
         finally:
             formed.set()
+            if watching:  # a look under way may still find the move and shut the store down
+                watching.join()
         # Made as the group formed: its backend's connections.
         self._sockets = {
             fd: inode for fd, inode in sockets().items() if inode not in before.values()
         }
-        if found and dist.is_initialized():
-            dist.destroy_process_group()  # just made: nothing runs on it yet
-        return found[0] if found else None
+        if found:
+            if dist.is_initialized():
+                dist.destroy_process_group()  # just made: nothing runs on it yet
+            return found[0]
+        if failure is not None:
+            raise failure
+        return None
 
     def leave(self, exit_replaced):
         """Takes the group out of torch's registry at once and leaves its destruction to a thread

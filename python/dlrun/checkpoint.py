@@ -370,13 +370,9 @@ class _Memory:
             held = [slot for slot, mark in marks.items() if mark]
             if os.environ.get("DLRUN_RECOVERY_JOIN") == "1":
                 # A rank replaced in process: its predecessor's newest copy may be one it never
-                # counted, a step the others keep no copy of (_await_complete): the newest that
-                # every rank completed stays.
-                complete = [
-                    slot
-                    for slot in held
-                    if self.store.add(f"{KEYS}/saved/{marks[slot][0]}", 0) >= self.world
-                ]
+                # counted, a step the others keep no copy of (_await_complete): the newest
+                # settled as complete stays.
+                complete = [slot for slot in held if self._settled(marks[slot][0])]
                 held = complete or held
             kept = [max(held, key=lambda slot: marks[slot][0])] if held else []
         return next(slot for slot in self.slots if slot not in kept)
@@ -457,13 +453,12 @@ class _Memory:
     def _await_complete(self, step):
         """Waits until every rank's copy of `step` is complete. Not where an in-process recovery
         came between its save and now: a rank lost before it counted its copy never will (its
-        replacement starts past the step), so the count is taken as it is (the lost rank's part
-        of it final, the survivors' counted as their saves completed, long before), and where
-        it falls short the slot of the step known complete before stays (_free_slot)."""
+        replacement starts past the step), so the step is settled as it stands (_settled), and
+        where it is short the slot of the step known complete before stays (_free_slot)."""
         if self.complete is not None and self.complete >= step:
             return
         if self.saved_in != _generation():
-            if self.store.add(f"{KEYS}/saved/{step}", 0) >= self.world:
+            if self._settled(step):
                 self.complete, self.complete_on_disk = step, False
             return
         if not _count_reaches(self.store, f"{KEYS}/saved/{step}", self.world, COMPLETE_WAIT_S):
@@ -472,6 +467,17 @@ class _Memory:
                 f"{COMPLETE_WAIT_S} s"
             )
         self.complete, self.complete_on_disk = step, False
+
+    def _settled(self, step):
+        """Whether `step` counts as complete on every rank, once an in-process recovery may have
+        lost a rank's count of it for good: the first rank to ask decides from the count as it
+        stands (a survivor's own may still come, its copy on its way to a peer) and every rank
+        takes that verdict (compare-and-set), so that all keep the same step."""
+        whole = self.store.add(f"{KEYS}/saved/{step}", 0) >= self.world
+        verdict = self.store.compare_set(
+            f"{KEYS}/settled/{step}", "", "complete" if whole else "short"
+        )
+        return verdict in (b"complete", "complete")
 
     def _check_room(self, slot, needed):
         held = 0 if slot.lent else slot.size()  # rewritten in place: no more memory

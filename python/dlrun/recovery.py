@@ -508,8 +508,9 @@ class Loop:
             try:
                 moved = self._group.form(self._store, here, self.rank, self.world, left(), look)
             except Exception:
-                # A peer that left the formation for the round that kept it fails it here; this
-                # rank's own move follows (its agent's, a moment later) or the failure stands.
+                # A peer that left the formation for the round that kept it may fail it here (a
+                # connection to it closed); this rank's own move follows (its agent's, a moment
+                # later) or the failure stands.
                 if joining or not (moved := self._await_move(keys, met_in, left)):
                     raise
             else:

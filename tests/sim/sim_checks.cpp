@@ -209,9 +209,10 @@ bool everJoined(const Record& r, int owner) {
 // node refused for being slow (Slurm's rule refuses only a node started again), and every
 // agent alive agrees on how the job ended.
 std::optional<std::string> checkOutcomes(const Record& r) {
-  // Agents agree where they learnt the end from one store life: a store restarted without its
-  // keys after the job ended holds a new job for a node that comes only then, or for the
-  // members that had not read that end before the restart.
+  // Agents agree where they ended in one store life (that of their last reply, where they
+  // learnt the end): a store restarted without its keys after the job ended holds a new job for
+  // a node that comes only then, or for the members that had not read that end before the
+  // restart.
   std::set<int> members;
   for (const auto& [round, world] : r.worlds)
     for (const auto& [owner, _] : world) members.insert(owner);

@@ -46,8 +46,8 @@ struct Incarnation {
   bool ended = false;
   Time endedAt{};
   std::optional<rendezvous::RoundEnd> end;  // how the job ended for it
-  int endLife = 0;         // the store's life (restarts without its keys) it learnt that end from
-  std::string error;       // or the error it ended with
+  int endLife = 0;    // the store's life (restarts without its keys) of its last reply as it ended
+  std::string error;  // or the error it ended with
   std::string errorKind;   // the error's type
   bool stopAsked = false;  // a stop (SIGTERM) was sent to it
 };

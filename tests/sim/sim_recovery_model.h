@@ -50,7 +50,8 @@ struct Proc;
 
 // A survivor's group formation and its watch (_group.py's form): the move the watch found.
 struct Forming {
-  bool over = false;
+  bool over = false;     // the formation ended, formed or not
+  bool watching = true;  // the watch's look under way may still find the move
   std::optional<int64_t> moved;
 };
 

@@ -34,6 +34,10 @@ void InProcess::Impl::watchForming(Proc& p, RoundId id, const std::string& keys,
                                    const std::shared_ptr<Forming>& forming) {
   const std::string counter = keys + "/move/" + std::to_string(p.rank);
   sim.spawn(p.owner, [this, &p, id, counter, metIn, forming] {
+    struct Done {  // form joins the watch: its end, however it ends
+      Forming& f;
+      ~Done() { f.watching = false; }
+    } done{*forming};
     std::unique_ptr<LeasingStore> store;
     while (true) {
       sim.block([&] { return forming->over || p.dead; }, sim.now() + kLookForming);
@@ -41,8 +45,8 @@ void InProcess::Impl::watchForming(Proc& p, RoundId id, const std::string& keys,
       try {
         if (!store) store = storeOf(id).open(p.owner, "pid " + std::to_string(p.pid) + " watch");
         const int64_t given = store->add(counter, 0);
-        if (given > 0 && given / rec::kMoveBase > metIn && !forming->over && !p.dead) {
-          forming->moved = given;
+        if (given > 0 && given / rec::kMoveBase > metIn && !p.dead) {
+          forming->moved = given;  // as the formation ends too: the group made is left
           return;
         }
       } catch (const Error&) {
@@ -208,8 +212,13 @@ void InProcess::Impl::recover(Proc& p, RoundId id) {
       forming = std::make_shared<Forming>();
       watchForming(p, id, base, metIn, forming);
     }
-    const bool made = join(p, groupOf(id, keys, generation, p.world), deadline, forming.get());
-    if (forming) forming->over = true;
+    bool made = join(p, groupOf(id, keys, generation, p.world), deadline, forming.get());
+    if (forming) {  // form joins its watch, whose look under way may still find the move
+      forming->over = true;
+      sim.block([&] { return p.dead || !forming->watching; }, deadline);
+      alive(p);
+      made = made && !forming->moved;
+    }
     if (made) break;
     leave(p);
     std::optional<int64_t> moved = forming ? forming->moved : std::nullopt;
