@@ -330,13 +330,11 @@ ElasticImpl::Step ElasticImpl::tryRound(int round, Clock::time_point deadline) {
   // What a member reads once the round closed: the closer knows it already.
   std::optional<std::vector<std::string>> texts;
   if (canClose && index >= targetSize(round)) {
-    asked_ = now();
     texts = closeRound(round, index);
   }
   WaitingReport waiting(options_.minNodes);
   while (!texts && !waitChunk(keys_.closed(round))) {
     if (canClose && now() - arrival >= options_.lastCall) {
-      asked_ = now();
       texts = closeRound(round, index);
     } else if (now() >= deadline) {
       // The closer may have read this node's record already: the round is aborted first, so
@@ -371,7 +369,6 @@ ElasticImpl::Step ElasticImpl::tryRound(int round, Clock::time_point deadline) {
     // One read whatever the outcome: a missing assignment reads as empty.
     std::vector<std::string> keys{keys_.closed(round), keys_.assignment(round, memberId_)};
     if (options_.fetchRoster) keys.push_back(keys_.roster(round));
-    asked_ = now();
     texts = lease_->peek(keys);
   }
   const std::string& closed = (*texts)[0];
@@ -409,7 +406,7 @@ ElasticImpl::Step ElasticImpl::tryRound(int round, Clock::time_point deadline) {
 World ElasticImpl::memberWorld(int round, int index, int members,
                                const std::vector<std::string>& texts) {
   const elastic::Assignment a = elastic::decodeAssignment(texts[1]);
-  member_ = Member{round, index, members, a.failures, asked_};
+  member_ = Member{round, index, members, a.failures};
   memberRound_ = round;
   memberCount_ = members;
   memberIndex_ = index;
@@ -469,12 +466,13 @@ RoundEnd ElasticImpl::awaitEnd() {
       wasAway = false;
       if (std::exchange(tidy, false)) forgetRounds(round - 2);
       replayReports();
-      // A member slow to begin waiting (it tidied, or was stopped a while) may find its round
-      // over and forgotten: two rounds went by without it, and its end is gone. `last` is
-      // taken before that look: a stop right after it counts in the wait's first piece.
+      // A member slow to begin waiting (it tidied, or was stopped a while), or one that learnt
+      // its place in a round the others left long ago (stopped as the round closed), may find
+      // its round over and forgotten: two rounds went by without it, and its end is gone. One
+      // look a round. `last` is taken before it: a stop right after it counts in the wait's
+      // first piece.
       last = now();
-      if (last - member_->since > options_.heartbeat && forgotten(round))
-        return endedHere(selfLost());
+      if (forgotten(round)) return endedHere(selfLost());
       while (!waitChunk(keys_.end(round))) {
         replayReports();
         // Stopped (SIGSTOP) or starved long enough for its lease to lapse (on etcd, renewed a

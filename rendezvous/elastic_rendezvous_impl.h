@@ -113,9 +113,6 @@ class ElasticImpl {
     int index = 0;     // arrival index in the round
     int members = 0;   // the round's size
     int failures = 0;  // failure restarts used before the round
-    // When this node asked for its place: a node stopped between that and its first wait has
-    // not renewed its lease since.
-    Clock::time_point since{};
   };
   struct Ended {  // the last round this node saw end
     int round = 0;
@@ -218,7 +215,6 @@ class ElasticImpl {
   Clock::time_point answered_{};
   mutable std::mutex storeAddressMutex_;  // openStore() runs on the agent's thread too
   mutable std::string storeAddress_;      // set by openStore() where the store has a name
-  Clock::time_point asked_{};  // when the join's last read, or the round's close, was asked for
   // This node gave up on its round through an outage: the next join() ends it, should another
   // member still be in it.
   bool endOwnRound_ = false;
