@@ -440,6 +440,26 @@ class Loop:
         os.environ.update(RANK=str(self.rank), WORLD_SIZE=str(self.world))
         return met_in, here
 
+    def _sender(self, keys):
+        """(the rank that sends the state, the ranks it sends it to), from the records of the
+        ranks met under `keys`. The survivor furthest along sends: a rank whose optimizer
+        stepped had the step's whole gradient sum (a ring all-reduce can complete on some ranks
+        as a peer dies and not on others), so that step is done, and a rank behind it takes it
+        from the sender. A survivor at the source's step holds what the source does (every rank
+        applied the same all-reduced gradients as often): only the newcomers and the survivors
+        behind it are sent the state."""
+        records = [json.loads(self._store.get(f"{keys}/rank/{r}")) for r in range(self.world)]
+        survivors = [r for r, record in enumerate(records) if record["survivor"]]
+        if not survivors:
+            raise RuntimeError("no rank survived to send the state")
+        source = max(survivors, key=lambda r: (records[r]["step"], -r))
+        receivers = [
+            r
+            for r, record in enumerate(records)
+            if not record["survivor"] or record["step"] != records[source]["step"]
+        ]
+        return source, receivers
+
     def _recover_within(self, joining, deadline):
         import torch.distributed as dist
 
@@ -483,22 +503,7 @@ class Loop:
                 # renumbered.
                 met_in, here = self._move(keys, moved)
             met = time.monotonic()
-            records = [json.loads(self._store.get(f"{here}/rank/{r}")) for r in range(self.world)]
-            survivors = [r for r, record in enumerate(records) if record["survivor"]]
-            if not survivors:
-                raise RuntimeError("no rank survived to send the state")
-            # The survivor furthest along sends: a rank whose optimizer stepped had the step's
-            # whole gradient sum (a ring all-reduce can complete on some ranks as a peer dies and
-            # not on others), so that step is done, and a rank behind it takes it from the sender.
-            source = max(survivors, key=lambda r: (records[r]["step"], -r))
-            # A survivor at the source's step holds what the source does (every rank applied the
-            # same all-reduced gradients as often): only the newcomers and the survivors behind
-            # it are sent the state.
-            receivers = [
-                r
-                for r, record in enumerate(records)
-                if not record["survivor"] or record["step"] != records[source]["step"]
-            ]
+            source, receivers = self._sender(here)
             # The sender readies the state while the ranks make the group (a newcomer's first
             # gloo group takes longest).
             flats = self._state_to_send(here) if self.rank == source and receivers else None

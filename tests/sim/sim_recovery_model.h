@@ -43,6 +43,12 @@ inline uint64_t chain(int steps) {  // the weights after `steps` steps of a faul
   return w;
 }
 
+// Whether a move counter's value (rec::kMoveBase) names a round later than `metIn`:
+// recovery.py's _move_after.
+inline bool movesOn(int64_t given, int metIn) {
+  return given > 0 && given / rec::kMoveBase > metIn;
+}
+
 struct Gone {};      // the worker's process died: its task ends
 struct Fallback {};  // the recovery cannot finish: exit 75
 

@@ -45,7 +45,7 @@ void InProcess::Impl::watchForming(Proc& p, RoundId id, const std::string& keys,
       try {
         if (!store) store = storeOf(id).open(p.owner, "pid " + std::to_string(p.pid) + " watch");
         const int64_t given = store->add(counter, 0);
-        if (given > 0 && given / rec::kMoveBase > metIn && !p.dead) {
+        if (movesOn(given, metIn) && !p.dead) {
           forming->moved = given;  // as the formation ends too: the group made is left
           return;
         }
@@ -66,7 +66,7 @@ std::optional<int64_t> InProcess::Impl::awaitMove(Proc& p, const std::string& ke
   while (true) {
     const int64_t seen = call(p, [&](LeasingStore& s) { return s.add(news, 0); });
     const int64_t given = call(p, [&](LeasingStore& s) { return s.add(counter, 0); });
-    if (given > 0 && given / rec::kMoveBase > metIn) return given;
+    if (movesOn(given, metIn)) return given;
     if (sim.now() >= until) return std::nullopt;
     call(p, [&](LeasingStore& s) {
       return s.waitFor({news + "/" + std::to_string(seen + 1)},
@@ -176,7 +176,7 @@ std::optional<int> InProcess::Impl::meet(Proc& p, const std::string& keys, const
     if (call(p, [&](LeasingStore& s) { return s.add(here + "/ready", 0); }) >= 1) break;
     if (move) {
       const int64_t given = call(p, [&](LeasingStore& s) { return s.add(mine, 0); });
-      if (given > 0 && given / rec::kMoveBase > metIn) return moveTo(p, keys, given);
+      if (movesOn(given, metIn)) return moveTo(p, keys, given);
     }
     if (call(p, [&](LeasingStore& s) { return s.add(kKeys + "/done", 0); }) > 0)
       throw Fallback{};  // a rank left the loop: it never comes
