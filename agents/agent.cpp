@@ -90,6 +90,13 @@ AgentImpl::AgentImpl(AgentOptions options, rendezvous::Rendezvous& rendezvous)
     services_["PYTHONPATH"] =
         it == inherited_.end() || it->second.empty() ? dir : it->second + ":" + dir;
   }
+  if (readiesSpares())
+    rendezvous_.whenSpare([this] {
+      asio::post(io_, [this] {
+        spareWaiting_ = true;
+        readySpares();
+      });
+    });
   if (options_.hang)
     hang_.emplace(io_, *options_.hang,
                   options_.nodeName.empty() ? std::string("this node") : options_.nodeName,
@@ -333,6 +340,7 @@ void AgentImpl::startAttempt(const rendezvous::World& world) {
   forgetWorkers();
   loneRestarts_ = 0;
   renumbered_ = false;
+  kept_ = false;
   keptUnseeing_.clear();
   replaced_.clear();
   successReported_ = false;
@@ -342,6 +350,7 @@ void AgentImpl::startAttempt(const rendezvous::World& world) {
   expiredTimers_.clear();
   ++attempt_;
   attemptStarted_ = Clock::now();
+  sparesBeforeRound(world);
   try {
     prepareLaunches();
   } catch (const ConfigError& e) {

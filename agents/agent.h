@@ -117,6 +117,10 @@ struct AgentOptions {
   // --recovery=in-process: a failed worker that announced dlrun.recovery's loop starts again
   // alone, joining the survivors' next generation (agents/recovery.h)
   bool inProcessRecovery = false;
+  // --ready-spares: while this node waits as a spare, its workers are forked from the zygote
+  // and run until they make dlrun.recovery's loop, where they wait to take a lost node's ranks
+  // (Zygote::reserve); a round that starts them otherwise stops them first.
+  bool readySpares = false;
   // Set where the workers' torch cannot be a client of this store (agents/torch_probe.h): rank
   // 0's torch serves theirs (serveStoreAtRankZero, worker_env.h), and the proxy is not used.
   // The text says so, once, as the workers first start.

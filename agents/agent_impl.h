@@ -103,6 +103,12 @@ class AgentImpl {
   void dropKept();
   void moveKept(const rendezvous::World& world);  // on the rendezvous thread
 
+  // agent_spares.cpp: --ready-spares, a spare's workers started ahead (Zygote::reserve)
+  bool readiesSpares() const;
+  void readySpares();
+  bool placesSpares(const rendezvous::World& world) const;
+  void sparesBeforeRound(const rendezvous::World& world);
+
   // agent_links.cpp: --store-proxy's proxy, made or moved to where the round's store is; the
   // workers' world then names it
   void proxyStore(rendezvous::World& seen);
@@ -232,6 +238,9 @@ class AgentImpl {
   // them then restarts the group (their environment is the old numbering's).
   std::optional<rendezvous::KeptWorkers> keptOffer_;
   bool renumbered_ = false;
+  // A round kept the workers (afterKeeping): a replacement looks for its predecessor's move
+  // (recovery::kKeptVariable). The attempt's, as renumbered_.
+  bool kept_ = false;
   // Kept workers stopped as they never saw the lost node's failure (watchKept): theirs fails
   // the round, never replaced alone. The attempt's, as renumbered_.
   std::set<pid_t> keptUnseeing_;
@@ -276,6 +285,8 @@ class AgentImpl {
   std::unordered_map<pid_t, std::string> expiredTimers_;  // by worker: why dlrun signalled it
   std::unique_ptr<Zygote> zygote_;                        // --warm-start
   bool awaitingZygote_ = false;  // an attempt's start waits for it to be ready
+  bool spareWaiting_ = false;    // this node waits as a spare (Rendezvous::whenSpare)
+  bool sparesSaid_ = false;      // readySpares' line, once
 
   // A report that cannot reach the store leaves the round to end by the lease: this node's
   // watcher notices the lost store too.

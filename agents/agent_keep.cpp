@@ -155,6 +155,7 @@ void AgentImpl::afterKeeping(const rendezvous::World& world) {
     for (const auto& w : workers_) w->renumber(world.baseRank + w->localRank());
   }
   world_ = world;
+  kept_ = true;
   state_ = State::Running;
   log::info(what);
   publishEvent("kept", -1, what);

@@ -73,6 +73,8 @@ DescriptorNeeds descriptorNeeds(const AgentOptions& options, int inUse) {
       options.nprocPerNode * ((options.servesStore ? 1 : 0) + (options.storeProxy ? 1 : 0));
   // --warm-start: the zygote's socket, and a start's "go" socket while it waits for its answer
   if (options.warmStart) needs.workerFiles += 2;
+  // --ready-spares: the go socket of each worker started ahead, until it is placed
+  if (options.readySpares) needs.workerFiles += options.nprocPerNode;
   return needs;
 }
 
@@ -171,7 +173,8 @@ void AgentImpl::startSome(uint64_t attempt) {
                               std::to_string(world_.round));
       }
       launch.sharedEnvp = environment_->shared();
-      std::unique_ptr<Worker> worker = Worker::start(io_, std::move(launch), zygote_.get());
+      std::unique_ptr<Worker> worker =
+          Worker::start(io_, std::move(launch), zygote_.get(), placesSpares(world_));
       byPid_[worker->pid()] = worker.get();
       ++live_;
       if (!isService(local)) ++liveEnding_;
@@ -278,6 +281,7 @@ bool AgentImpl::restartAlone(const Worker& failed) {
     WorkerLaunch launch = launchOf(attemptDir(), local);
     launch.envp = environment_->own(local, launch.errorFile);
     if (!alone) launch.envp.push_back(std::string(recovery::kJoinVariable) + "=1");
+    if (!alone && kept_) launch.envp.push_back(std::string(recovery::kKeptVariable) + "=1");
     launch.sharedEnvp = environment_->shared();
     worker = Worker::start(io_, std::move(launch), zygote_.get());
   } catch (const std::exception& e) {  // dlrun's errors, and the filesystem's (the log dir)
@@ -384,6 +388,7 @@ void AgentImpl::startZygote() {
 void AgentImpl::onZygoteSettled() {
   if (state_ == State::Finished) return;
   if (!zygote_->everReady()) return failToStart(2, zygote_->problem());
+  readySpares();
   if (!std::exchange(awaitingZygote_, false)) return;
   startSome(attempt_);
 }

@@ -44,6 +44,12 @@ inline constexpr std::string_view kFallbackVariable = "DLRUN_RECOVERY_FALLBACK";
 inline constexpr int kReplaceCode = 76;
 inline constexpr std::string_view kReplaceVariable = "DLRUN_RECOVERY_REPLACE";
 inline constexpr std::string_view kJoinVariable = "DLRUN_RECOVERY_JOIN";  // "1" in a replacement
+// "1" in a replacement of a rank that a round kept through a re-rendezvous (a lost node): it
+// looks for its predecessor's move before it meets (python/dlrun/recovery.py).
+inline constexpr std::string_view kKeptVariable = "DLRUN_RECOVERY_KEPT";
+// --ready-spares: "1" in a worker started ahead on a spare (agent_spares.cpp); the zygote makes
+// it the descriptor over which the worker's place comes (python/dlrun/_reserve.py).
+inline constexpr std::string_view kReserveVariable = "DLRUN_RECOVERY_RESERVE";
 
 struct Mark {
   pid_t pid = 0;

@@ -13,7 +13,12 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <map>
+#include <optional>
+#include <set>
+#include <tuple>
 #include <utility>
+#include <vector>
 
 #include "common/asio.h"
 #include "common/clock.h"
@@ -154,6 +159,15 @@ struct Zygote::Impl {
   std::string problem;
   std::function<void()> onSettled;
   std::string buffer;  // what came of a frame so far
+  // --ready-spares: the workers forked ahead for a place (by local rank), each with its end of
+  // the go socket, over which its place comes; and the pids of those stopped unplaced, whose
+  // ends are reaped here.
+  struct Reserve {
+    pid_t pid = -1;
+    Fd place;
+  };
+  std::map<int, Reserve> reserves;
+  std::set<pid_t> dropped;
 
   void awaitReady();
   void onReadable();
@@ -163,8 +177,56 @@ struct Zygote::Impl {
   }
   std::string name() const { return "the zygote (pid " + std::to_string(pid) + ")"; }
   warm::Reply answer(Clock::time_point deadline);
-  SpawnedProcess fork(const SpawnRequest& request);
+  // `keepGo`: where the agent's end of the worker's go socket stays open (a reserve's)
+  SpawnedProcess fork(const SpawnRequest& request, Fd* keepGo = nullptr);
+  std::optional<SpawnedProcess> place(const SpawnRequest& request, int local);
+  void drop(Reserve reserve) {
+    dropped.insert(reserve.pid);
+    ::kill(-reserve.pid, SIGKILL);  // its group: it leads one before its pid is known
+  }
 };
+
+namespace {
+
+// What a worker is to become, as the zygote (or a reserve) reads it.
+warm::SpawnMessage spawnMessage(const SpawnRequest& request) {
+  warm::SpawnMessage message{.agentPid = static_cast<uint32_t>(::getpid()),
+                             .argv = request.argv,
+                             .cwd = {},
+                             .cpus = request.cpus};
+  message.envp.reserve(request.sharedEnvp.size() + request.envp.size());
+  message.envp.assign(request.sharedEnvp.begin(), request.sharedEnvp.end());
+  message.envp.insert(message.envp.end(), request.envp.begin(), request.envp.end());
+  std::error_code error;
+  message.cwd = std::filesystem::current_path(error).string();  // empty: the zygote's
+  return message;
+}
+
+// A worker's standard streams as the request asks: the agent's ends (read ends of the pipes)
+// and the descriptors the worker takes as 0, 1 and 2.
+struct WorkerStreams {
+  Fd outRead, outWrite, errRead, errWrite, nullIn;
+  std::vector<int> theirs;
+
+  explicit WorkerStreams(const SpawnRequest& request) {
+    if (request.pipeStdout) std::tie(outRead, outWrite) = outputPipe();
+    if (request.pipeStderr) std::tie(errRead, errWrite) = outputPipe();
+    int stdinFd = STDIN_FILENO;
+    if (request.nullStdin || ::fcntl(STDIN_FILENO, F_GETFD) < 0) {
+      nullIn.reset(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+      stdinFd = nullIn.get();
+    }
+    theirs = {stdinFd, outWrite.get() >= 0 ? outWrite.get() : STDOUT_FILENO,
+              errWrite.get() >= 0 ? errWrite.get() : STDERR_FILENO};
+  }
+  // The worker holds its own copies now: its output pipes reach end of file when it is gone.
+  void sent() {
+    outWrite.reset();
+    errWrite.reset();
+  }
+};
+
+}  // namespace
 
 void Zygote::Impl::awaitReady() {
   channel.async_wait(asio::posix::stream_descriptor::wait_read,
@@ -237,33 +299,14 @@ warm::Reply Zygote::Impl::answer(Clock::time_point deadline) {
 }
 
 // One worker forked from the zygote; see warm_start.h for the order of things.
-SpawnedProcess Zygote::Impl::fork(const SpawnRequest& request) {
-  Fd outRead, outWrite, errRead, errWrite, nullIn;
-  if (request.pipeStdout) std::tie(outRead, outWrite) = outputPipe();
-  if (request.pipeStderr) std::tie(errRead, errWrite) = outputPipe();
+SpawnedProcess Zygote::Impl::fork(const SpawnRequest& request, Fd* keepGo) {
+  WorkerStreams streams(request);
   auto [go, workerGo] = socketPair();
-  int stdinFd = STDIN_FILENO;
-  if (request.nullStdin || ::fcntl(STDIN_FILENO, F_GETFD) < 0) {
-    nullIn.reset(::open("/dev/null", O_RDONLY | O_CLOEXEC));
-    stdinFd = nullIn.get();
-  }
-  warm::SpawnMessage message{.agentPid = static_cast<uint32_t>(::getpid()),
-                             .argv = request.argv,
-                             .cwd = {},
-                             .cpus = request.cpus};
-  message.envp.reserve(request.sharedEnvp.size() + request.envp.size());
-  message.envp.assign(request.sharedEnvp.begin(), request.sharedEnvp.end());
-  message.envp.insert(message.envp.end(), request.envp.begin(), request.envp.end());
-  std::error_code error;
-  message.cwd = std::filesystem::current_path(error).string();  // empty: the zygote's
+  std::vector<int> fds = streams.theirs;
+  fds.push_back(workerGo.get());
   const auto deadline = Clock::now() + kAnswerTimeout;
-  sendFrame(channel.native_handle(), warm::encodeSpawn(message),
-            {stdinFd, outWrite.get() >= 0 ? outWrite.get() : STDOUT_FILENO,
-             errWrite.get() >= 0 ? errWrite.get() : STDERR_FILENO, workerGo.get()},
-            deadline);
-  // The worker holds its own copies now: its output pipes reach end of file when it is gone.
-  outWrite.reset();
-  errWrite.reset();
+  sendFrame(channel.native_handle(), warm::encodeSpawn(spawnMessage(request)), fds, deadline);
+  streams.sent();
   workerGo.reset();
   const warm::Reply reply = answer(deadline);
   if (reply.kind == warm::Reply::Kind::Failed)
@@ -274,9 +317,32 @@ SpawnedProcess Zygote::Impl::fork(const SpawnRequest& request) {
   // The pid is known (the caller records it before it reaps anything): the worker may go on.
   // Its parent is this process already, since the zygote reaped the middle child first.
   [[maybe_unused]] ssize_t n = ::send(go.get(), "g", 1, MSG_NOSIGNAL);
+  if (keepGo) *keepGo = std::move(go);
   return {.pid = static_cast<pid_t>(reply.pid),
-          .stdoutFd = outRead.release(),
-          .stderrFd = errRead.release()};
+          .stdoutFd = streams.outRead.release(),
+          .stderrFd = streams.errRead.release()};
+}
+
+// The reserve waiting for local rank `local` takes `request`: its environment, working
+// directory, CPUs and streams, sent over its go socket to dlrun.recovery's loop
+// (python/dlrun/_reserve.py). None where none waits, or it is gone (a fresh fork then).
+std::optional<SpawnedProcess> Zygote::Impl::place(const SpawnRequest& request, int local) {
+  auto it = reserves.find(local);
+  if (it == reserves.end()) return std::nullopt;
+  Reserve reserve = std::move(it->second);
+  reserves.erase(it);
+  WorkerStreams streams(request);
+  try {
+    sendFrame(reserve.place.get(), warm::encodeSpawn(spawnMessage(request)), streams.theirs,
+              Clock::now() + kAnswerTimeout);
+  } catch (const ZygoteLost&) {  // it ended, or does not read: not this worker
+    drop(std::move(reserve));
+    return std::nullopt;
+  }
+  streams.sent();
+  return SpawnedProcess{.pid = reserve.pid,
+                        .stdoutFd = streams.outRead.release(),
+                        .stderrFd = streams.errRead.release()};
 }
 
 Zygote::Zygote(asio::io_context& io, const WarmStartOptions& options,
@@ -303,6 +369,7 @@ Zygote::Zygote(asio::io_context& io, const WarmStartOptions& options,
 }
 
 Zygote::~Zygote() {
+  for (auto& [local, reserve] : impl_->reserves) ::kill(-reserve.pid, SIGKILL);
   impl_->kill();
   if (!impl_->reaped && impl_->pid > 0) ::waitpid(impl_->pid, nullptr, 0);
 }
@@ -312,7 +379,9 @@ bool Zygote::everReady() const { return impl_->everReady; }
 const std::string& Zygote::problem() const { return impl_->problem; }
 pid_t Zygote::pid() const { return impl_->pid; }
 
-SpawnedProcess Zygote::start(const SpawnRequest& request) {
+SpawnedProcess Zygote::start(const SpawnRequest& request, int reserve) {
+  if (reserve >= 0)
+    if (auto placed = impl_->place(request, reserve)) return *placed;
   if (impl_->state != State::Ready) return spawnProcess(request);
   try {
     return impl_->fork(request);
@@ -325,7 +394,33 @@ SpawnedProcess Zygote::start(const SpawnRequest& request) {
   return spawnProcess(request);
 }
 
+void Zygote::reserve(const SpawnRequest& request, int local) {
+  if (impl_->state != State::Ready || impl_->reserves.contains(local)) return;
+  Impl::Reserve reserve;
+  try {
+    reserve.pid = impl_->fork(request, &reserve.place).pid;
+  } catch (const Error& e) {  // the spare's workers start when it is placed, as without
+    log::info(std::string("--ready-spares: cannot start a worker ahead: ") + e.what());
+    return;
+  }
+  impl_->reserves.emplace(local, std::move(reserve));
+}
+
+void Zygote::dropReserves() {
+  for (auto& [local, reserve] : impl_->reserves) impl_->drop(std::move(reserve));
+  impl_->reserves.clear();
+}
+
 bool Zygote::reaped(pid_t pid, const ExitStatus& status) {
+  if (impl_->dropped.erase(pid) > 0) return true;
+  for (auto it = impl_->reserves.begin(); it != impl_->reserves.end(); ++it) {
+    if (it->second.pid != pid) continue;
+    log::info("--ready-spares: the worker started ahead for local rank " +
+              std::to_string(it->first) + " ended (" + status.describe() +
+              ") before this node took a place; its worker starts afresh then");
+    impl_->reserves.erase(it);
+    return true;
+  }
   if (pid != impl_->pid || impl_->reaped) return false;
   impl_->reaped = true;
   if (impl_->state == State::Starting) {

@@ -17,7 +17,10 @@
 // program as a fresh interpreter would. The agent's end of the go socket closing (the agent
 // died) ends the worker. A zygote left without a request for a second forks a worker ahead the
 // same way (a standby), up to one for each of the node's workers, and hands one the next
-// request: nothing here tells the two apart.
+// request: nothing here tells the two apart. With --ready-spares a spare node's workers are
+// forked ahead (reserve): they run the program until it makes dlrun.recovery's loop, which
+// waits on the go socket for the worker's place, sent as a start's request once the node takes
+// a lost node's ranks (start with `reserve`).
 //
 // The agent waits for the zygote at an attempt's start: a fresh worker would spend the same
 // time importing the same modules, and every attempt of a warm job then starts the same way. A
@@ -88,9 +91,20 @@ class Zygote {
   // Starts a worker as spawnProcess(request) would, forked from the zygote while it is ready,
   // else fresh; a zygote that fails to answer is killed, said in one line, and this and every
   // later worker start fresh. Throws Error when the zygote could not fork the worker.
-  SpawnedProcess start(const SpawnRequest& request);
+  // `reserve` >= 0: the worker reserved for that local rank takes the request where one waits.
+  SpawnedProcess start(const SpawnRequest& request, int reserve = -1);
 
-  // The agent reaped `pid`: whether that was the zygote (which then has failed).
+  // --ready-spares: forks `request`'s worker now, to run until it makes dlrun.recovery's loop
+  // and wait there for its place (start with `reserve` = `local`): its environment names no
+  // ranks, and DLRUN_RECOVERY_RESERVE keeps its go socket open, over which the place comes.
+  // Nothing while the zygote is not ready or a worker waits for `local` already; a fork that
+  // fails is said in one line (the worker starts afresh when placed).
+  void reserve(const SpawnRequest& request, int local);
+  // The reserved workers that wait are killed (their process groups); reaped() takes their ends.
+  void dropReserves();
+
+  // The agent reaped `pid`: whether that was the zygote (which then has failed) or a reserved
+  // worker not placed (said in one line where it was not dropped).
   bool reaped(pid_t pid, const ExitStatus& status);
 
  private:

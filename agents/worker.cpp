@@ -59,7 +59,7 @@ int Worker::descriptors(const WorkerOutput& output) {
 }
 
 std::unique_ptr<Worker> Worker::start(boost::asio::io_context& io, WorkerLaunch launch,
-                                      Zygote* zygote) {
+                                      Zygote* zygote, bool reserved) {
   // The environment is needed only for the exec; a large node's workers would hold megabytes.
   std::vector<std::string> envp = std::move(launch.envp);
   launch.envp.clear();
@@ -95,7 +95,8 @@ std::unique_ptr<Worker> Worker::start(boost::asio::io_context& io, WorkerLaunch 
       .pipeStderr = true,
       .cpus = w->launch_.cpus,
   };
-  const SpawnedProcess p = zygote ? zygote->start(request) : spawnProcess(request);
+  const SpawnedProcess p =
+      zygote ? zygote->start(request, reserved ? w->launch_.localRank : -1) : spawnProcess(request);
   w->pid_ = p.pid;
   if (p.stdoutFd >= 0) {
     w->out_ = std::make_unique<StreamPump>(io, p.stdoutFd,

@@ -66,9 +66,10 @@ class Worker {
 
   // Opens the log files and starts the process: forked from `zygote` (--warm-start) where one
   // is given, else executed. Throws Error (nothing left behind) when a log file cannot be
-  // opened, or the fork or the exec fails (naming the program).
+  // opened, or the fork or the exec fails (naming the program). `reserved`: the zygote's
+  // worker started ahead for this local rank takes the launch where one waits (--ready-spares).
   static std::unique_ptr<Worker> start(boost::asio::io_context& io, WorkerLaunch launch,
-                                       Zygote* zygote = nullptr);
+                                       Zygote* zygote = nullptr, bool reserved = false);
   Worker(const Worker&) = delete;
   Worker& operator=(const Worker&) = delete;
 

@@ -23,7 +23,9 @@ The launchers (--launchers): dlrun; dlrun-warm, dlrun with WARM_FLAGS where `dlr
 lists --warm-start (else its rows say n/a); dlrun-inproc and dlrun-inproc-warm, the same with
 --recovery=in-process (the worker then runs dlrun.recovery's loop: the lost rank alone starts
 again and takes the survivors' state, no checkpoint read; a lost node's ranks start on the spare
-and join the survivors, or, with no spare, the survivors go on renumbered); torchrun.
+and join the survivors, or, with no spare, the survivors go on renumbered); dlrun-inproc-ready,
+dlrun-inproc-warm with --ready-spares (the spare's workers started ahead, waiting in the loop);
+torchrun.
 
 A trial: the job starts, trains steadily, the fault (its time taken right before the kill),
 then the recovery: the first step completed by a restarted rank 0, minus the fault's time (both
@@ -65,7 +67,15 @@ from recovery_trials import Trial, floor_trial, run_bare
 # dlrun-warm's flags. Its row runs where `dlrun --help` lists the first of them.
 WARM_FLAGS = ["--warm-start", "--preload", "torch"]
 IN_PROCESS_FLAGS = ["--recovery=in-process"]
-LAUNCHERS = ("dlrun", "dlrun-warm", "dlrun-inproc", "dlrun-inproc-warm", "torchrun")
+READY_FLAG = "--ready-spares"  # a spare's workers started ahead
+LAUNCHERS = (
+    "dlrun",
+    "dlrun-warm",
+    "dlrun-inproc",
+    "dlrun-inproc-warm",
+    "dlrun-inproc-ready",
+    "torchrun",
+)
 WATCHED_CASES = ("hang",)  # dlrun's rows alone: torchrun has no hang watch
 PHASES = ("to recovery", "leave", "meet", "group", "state", "step")
 HOSTS = 4  # agents on 0-2, dlrund on 3
@@ -116,6 +126,10 @@ def launcher_prefixes(args):
         "dlrun-warm": warm and [args.dlrun, *warm],
         "dlrun-inproc": in_process and [args.dlrun, *in_process],
         "dlrun-inproc-warm": warm and in_process and [args.dlrun, *in_process, *warm],
+        "dlrun-inproc-ready": warm
+        and in_process
+        and READY_FLAG in text
+        and [args.dlrun, *in_process, *warm, READY_FLAG],
     }
     return {name: prefixes[name] for name in args.launchers}
 
@@ -133,6 +147,8 @@ def not_run(case, launcher):
 
 
 def launcher_flag(launcher):
+    if launcher.endswith("-ready"):
+        return READY_FLAG
     return IN_PROCESS_FLAGS[0].split("=")[0] if "inproc" in launcher else WARM_FLAGS[0]
 
 
@@ -271,7 +287,11 @@ def median_of(results, case, launcher):
 def in_process_notes(case, results):
     """Each in-process row's median against the whole-group restart's, and rank 0's phases."""
     notes = []
-    for launcher, whole in (("dlrun-inproc", "dlrun"), ("dlrun-inproc-warm", "dlrun-warm")):
+    for launcher, whole in (
+        ("dlrun-inproc", "dlrun"),
+        ("dlrun-inproc-warm", "dlrun-warm"),
+        ("dlrun-inproc-ready", "dlrun-warm"),
+    ):
         mine, theirs = median_of(results, case, launcher), median_of(results, case, whole)
         outcomes = [o for o in results.get((case, launcher), []) if o.phases]
         if mine is None:

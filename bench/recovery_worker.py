@@ -6,8 +6,8 @@ Usage: recovery_worker.py --out DIR [--widths 784,1024,384,10] [--step-seconds S
                           [--backend gloo|nccl]
 Runs under a launcher (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT...) or started by hand with
 that environment (the benchmark's floor). Files in DIR:
-- procs/<incarnation>.json: this process (rank, host, pid and start time), written at its start,
-  so the
+- procs/<incarnation>.json: this process (rank, host, pid and start time), written at its start
+  (a spare's worker started ahead, dlrun --ready-spares: once its loop placed it), so the
   benchmark can find the worker or the host to kill.
 - checkpoint.pt: written by rank 0 after every step, to a temporary name and renamed (a crash
   leaves the previous one whole); loaded at the start by every rank, so a restart resumes.
@@ -140,20 +140,28 @@ def dlrun_progress():
 def main():
     args = parse_args()
     incarnation = os.urandom(6).hex()
-    rank = int(os.environ["RANK"])
+
+    def note_process():
+        write_json(
+            os.path.join(args.out, "procs", f"{incarnation}.json"),
+            {
+                "rank": int(os.environ["RANK"]),
+                "world": int(os.environ["WORLD_SIZE"]),
+                "host": socket.gethostname(),
+                "pid": os.getpid(),
+                "ticks": start_ticks(),
+                "inc": incarnation,
+                "restart": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
+            },
+        )
+
     os.makedirs(os.path.join(args.out, "procs"), exist_ok=True)
-    write_json(
-        os.path.join(args.out, "procs", f"{incarnation}.json"),
-        {
-            "rank": rank,
-            "world": int(os.environ["WORLD_SIZE"]),
-            "host": socket.gethostname(),
-            "pid": os.getpid(),
-            "ticks": start_ticks(),
-            "inc": incarnation,
-            "restart": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
-        },
-    )
+    # dlrun --ready-spares: a worker started ahead on a spare has no rank until dlrun.recovery's
+    # loop gives it one; the benchmark finds it once it has.
+    reserve = bool(os.environ.get("DLRUN_RECOVERY_RESERVE"))
+    started = PROCESS_START
+    if not reserve:
+        note_process()
     # The safety net of --max-seconds: a daemon timer, so no step waits for it.
     timer = threading.Timer(args.max_seconds, os._exit, (3,))
     timer.daemon = True
@@ -170,7 +178,7 @@ def main():
     steps_file = os.path.join(args.out, "steps.jsonl")
     # Under dlrun --recovery=in-process the loop is dlrun.recovery's: a replacement gets its
     # state from a survivor and reads no checkpoint.
-    in_process = bool(os.environ.get("DLRUN_RECOVERY_DIR"))
+    in_process = reserve or bool(os.environ.get("DLRUN_RECOVERY_DIR"))
     reads_checkpoint = os.environ.get("DLRUN_RECOVERY_JOIN") != "1"
     device = device_for(args.backend)
     if not in_process:
@@ -183,12 +191,17 @@ def main():
         import dlrun.recovery
 
         loop = dlrun.recovery.Loop(model, optimizer, backend=args.backend, timeout=timeout)
+        if reserve:  # its start, for the benchmark: when it was placed (its recovery began)
+            placed = loop.last_recovery["total"] if loop.last_recovery else 0.0
+            started = time.time() - placed
+            note_process()
         if reads_checkpoint:
             loop.step = step
         joined = time.time()
     else:
         loop = None
         ddp = DistributedDataParallel(model)
+    rank = int(os.environ["RANK"])
     seen = {"generation": loop.generation if loop else 0, "failed": None}
 
     def rank0():
@@ -221,7 +234,7 @@ def main():
         return incarnation + (f".{seen['generation']}" if seen["generation"] else "")
 
     if rank0():
-        resume(PROCESS_START, loop.last_recovery if loop else None)
+        resume(started, loop.last_recovery if loop else None)
     stop_path = os.path.join(args.out, "stop")
     loss_fn = torch.nn.CrossEntropyLoss()
 
@@ -231,7 +244,7 @@ def main():
         if loop and loop.generation != seen["generation"]:
             seen["generation"] = loop.generation
             if rank0():
-                resume(seen["failed"] or PROCESS_START, loop.last_recovery)
+                resume(seen["failed"] or started, loop.last_recovery)
         began = time.monotonic()
         number = done + 1
         try:

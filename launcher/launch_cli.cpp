@@ -184,6 +184,10 @@ void readFlagValues(DeclaredFlags& f, LaunchConfig& c, const HostProbe& host) {
   consoleDedup(f, c);
   if (f.signalsOption->count() > 0)
     c.agent.signalsToHandle = parseSignalsToHandle(f.signalsToHandle);
+  if (c.agent.readySpares && !(c.agent.inProcessRecovery && f.warmStart))
+    throw ConfigError(
+        "--ready-spares needs --recovery=in-process and --warm-start (a spare's workers wait "
+        "in dlrun.recovery's loop, forked from the warm interpreter)");
   if (f.preloadOption->count() > 0 && !f.warmStart)
     throw ConfigError("--preload needs --warm-start (the modules are imported for warm starts)");
   // What resolveBackend decides the backend from.

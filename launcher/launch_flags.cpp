@@ -136,6 +136,10 @@ void declareJobFlags(CLI::App& app, DeclaredFlags& f, LaunchConfig& c) {
           "Start and restart the workers by forking a Python interpreter that started with "
           "dlrun (and imported --preload's modules) instead of a new one; a Python script or "
           "module only (see docs/guides/warm-start.md)");
+  addFlag(app, "ready-spares", c.agent.readySpares,
+          "With --recovery=in-process and --warm-start: a spare node starts its workers ahead; "
+          "they run the program until it makes dlrun.recovery.Loop and wait there to take a "
+          "lost node's ranks (see docs/guides/in-process-recovery.md)");
   f.preloadOption = addOption(app, "preload", f.preload,
                               "With --warm-start: modules imported once, before the workers are "
                               "forked, as MOD[,MOD...] (e.g. torch,numpy)");

@@ -72,6 +72,7 @@ from dlrun_warm_start_wire import (  # noqa: E402
 PR_SET_PDEATHSIG = 1
 PR_SET_PTRACER = 0x59616D61
 SELF = (lambda: None).__code__.co_filename  # this file, as its frames name it
+RESERVE = b"DLRUN_RECOVERY_RESERVE"  # agents/recovery.h: a worker started ahead (--ready-spares)
 STANDBY_IDLE_S = 1.0  # a standby worker is forked after so long without a request (Standby)
 _AGENT = os.getppid()  # the zygote is the agent's child
 _FORKS_CLOSE = []  # the zygote's own sockets (control, a standby's): closed in every worker
@@ -257,7 +258,11 @@ def become_worker(request, fds):
         stdin, stdout, stderr, go = fds
         if os.read(go, 1) != b"g":
             os._exit(127)  # the agent is gone
-        os.close(go)
+        # --ready-spares: a worker started ahead keeps the go socket, over which its place
+        # comes (dlrun/_reserve.py); the variable names it.
+        reserve = any(entry.startswith(RESERVE + b"=") for entry in request.env)
+        if not reserve:
+            os.close(go)
         prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
         if os.getppid() != request.agent:
             os._exit(127)  # the agent died before the line above
@@ -269,6 +274,9 @@ def become_worker(request, fds):
         if request.cwd:
             os.chdir(request.cwd)
         set_environment(request.env)
+        if reserve:
+            os.set_inheritable(go, False)
+            os.environ[RESERVE.decode()] = str(go)
         retitle(request.argv)
         kind, target, args = parse_command(request.argv)
         fresh_stdio()

@@ -568,6 +568,9 @@ JoinResult ElasticRendezvous::next() {
 void ElasticRendezvous::offerKept(const KeptWorkers& kept, std::function<void()> dropped) {
   impl_->offerKept(kept, std::move(dropped));
 }
+void ElasticRendezvous::whenSpare(std::function<void()> waiting) {
+  impl_->whenSpare(std::move(waiting));
+}
 RoundEnd ElasticRendezvous::awaitEnd() { return impl_->awaitEnd(); }
 void ElasticRendezvous::reportFailure(RoundEnd failure) {
   impl_->reportFailure(std::move(failure));

@@ -133,6 +133,7 @@ class ElasticRendezvous : public Rendezvous {
 
   // Offered to the next next() alone, whatever it returns.
   void offerKept(const KeptWorkers& kept, std::function<void()> dropped) override;
+  void whenSpare(std::function<void()> waiting) override;
   void interrupt() override;
 
  private:

@@ -131,6 +131,7 @@ ElasticImpl::Step ElasticImpl::afterLateArrival(int round, int members) {
     log::info("the job runs on its maximum number of nodes (" + std::to_string(members) +
               "); waiting as a spare");
     lease_->add(keys_.spares(round), 1);
+    if (spareWaiting_) spareWaiting_();
   }
   // A spare waits as long as the job runs: it takes the place of a node that fails.
   while (!waitChunk(keys_.end(round))) {

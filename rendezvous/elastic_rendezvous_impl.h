@@ -46,6 +46,7 @@ class ElasticImpl {
     kept_ = std::move(kept);
     keptDropped_ = std::move(dropped);
   }
+  void whenSpare(std::function<void()> waiting) { spareWaiting_ = std::move(waiting); }
 
  private:
   // The workers offered are kept by no round of this join: the agent is told to stop them.
@@ -193,7 +194,8 @@ class ElasticImpl {
   std::optional<Ended> ended_;
   int failures_ = 0;  // failure restarts seen in this job (the rendezvous thread's copy)
   std::optional<int> lastGroupRank_;
-  std::optional<KeptWorkers> kept_;  // offered to the join under way (offerKept)
+  std::optional<KeptWorkers> kept_;     // offered to the join under way (offerKept)
+  std::function<void()> spareWaiting_;  // whenSpare's
   std::function<void()> keptDropped_;
   std::optional<int> closedRound_;  // the last round this node closed: it forgets old ones
   bool reconnect_ = false;

@@ -69,6 +69,10 @@ class Rendezvous {
     (void)kept;
     (void)dropped;
   }
+  // `waiting` is called (on next()'s thread) each time a next() begins to wait as a spare: the
+  // job runs on its maximum of nodes (--ready-spares starts the workers ahead then). Called
+  // before the first next(); one node's rendezvous has no spares.
+  virtual void whenSpare(std::function<void()> waiting) { (void)waiting; }
   // Makes a blocked next()/awaitEnd() give up at once (they throw or report a lost store).
   // Callable from any thread.
   virtual void interrupt() = 0;

@@ -1,6 +1,6 @@
 // The dlrun command line's rendezvous: --rdzv-conf and the settings read from it, the store's
-// flags, the backend each set of flags picks, and etcd's endpoints, TLS and authentication; with
-// the fake HostProbe of launch_cli_testing.h.
+// flags, the backend each set of flags picks, spares started ahead, and etcd's endpoints, TLS and
+// authentication; with the fake HostProbe of launch_cli_testing.h.
 #include <gtest/gtest.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -311,6 +311,21 @@ TEST(ParseDlrunArgs, EtcdTakesAnEndpointListWithEtcdsDefaultPort) {
   EXPECT_EQ(
       parse({"--nnodes=2", "--rdzv-backend=etcd-v3", "--rdzv-endpoint=e1", "env"}).rdzvBackend,
       RdzvBackend::Etcd);
+}
+
+// A spare's workers started ahead wait in dlrun.recovery's loop, forked from the zygote.
+TEST(ParseDlrunArgs, ReadySparesNeedInProcessRecoveryAndWarmStarts) {
+  EXPECT_FALSE(parse({"script.py"}).agent.readySpares);
+  const LaunchConfig c =
+      parse({"--recovery=in-process", "--warm-start", "--ready-spares", "script.py"});
+  EXPECT_TRUE(c.agent.readySpares);
+  EXPECT_TRUE(c.agent.inProcessRecovery);
+  for (const Args& args :
+       {Args{"--ready-spares", "script.py"}, Args{"--ready-spares", "--warm-start", "script.py"},
+        Args{"--ready-spares", "--recovery=in-process", "script.py"}})
+    EXPECT_EQ(configError([&] { parse(args); }),
+              "--ready-spares needs --recovery=in-process and --warm-start (a spare's workers "
+              "wait in dlrun.recovery's loop, forked from the warm interpreter)");
 }
 
 TEST(ParseDlrunArgs, EtcdPrefixComesFromRdzvConf) {

@@ -46,6 +46,7 @@ from datetime import timedelta
 from dlrun import _news, _state, progress
 from dlrun._group import Group, prepare_nccl
 from dlrun._job import say, store_client
+from dlrun._reserve import take_place
 from dlrun._stuck import StepWatch, sockets
 
 __all__ = ["Loop", "active"]
@@ -156,6 +157,7 @@ class Loop:
     ):
         import torch.distributed as dist
 
+        take_place()  # --ready-spares: a worker started ahead gets its ranks here
         self.module, self.optimizer, self.backend = model, optimizer, backend
         self.state = state if state is not None else {}
         self.step = 0
@@ -494,6 +496,11 @@ class Loop:
             here = f"{keys}/round{os.environ['DLRUN_RECOVERY_ROUND']}"
         record = json.dumps({"survivor": not joining, "step": self.step})
         met_in = -1
+        if joining and os.environ.get("DLRUN_RECOVERY_KEPT") and here == keys:
+            # A replacement of a rank that failed once a round had kept it: it meets where its
+            # predecessor was moved (a look suffices: its agent moved them before starting it).
+            if moved := _move_after(self._store, f"{keys}/move", self.rank, -1):
+                met_in, here = self._move(keys, moved)
         while True:
             while moved := self._meet(
                 here, record, f"{keys}/news", left, None if joining else (f"{keys}/move", met_in)

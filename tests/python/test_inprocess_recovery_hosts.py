@@ -46,6 +46,15 @@ from netns_fixture import Hosts, main
 from test_inprocess_recovery import STEPS, TIMEOUT_S, TRAIN, WORLD, InProcessCase
 
 
+def gone(pid):
+    """Whether process `pid` ended (a zombie counts)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
 class Output:
     """What check_recovered reads of a run: the agents' output together."""
 
@@ -57,13 +66,13 @@ class Output:
 
 
 class TwoHostsWithASpareTest(InProcessCase):
-    def run_job(self, hosts, out, kills, during=None, nnodes="2", on=(1, 2, 3)):
+    def run_job(self, hosts, out, kills, during=None, nnodes="2", on=(1, 2, 3), more=(), env=None):
         """dlrund on host 0, an agent on each host of `on` (by default all three at once: the
         round closes as the second arrives, --nnodes=2, and the third waits as a spare), the
         workers given `kills` (one KILL or several); `during(agents)` runs while they do.
         Returns the agents and their exit codes."""
         logs = temp_dir(self)
-        env = clean_env(PYTHON_EXEC=PYTHON, TMPDIR=logs, GLOO_SOCKET_IFNAME="eth0")
+        env = clean_env(PYTHON_EXEC=PYTHON, TMPDIR=logs, GLOO_SOCKET_IFNAME="eth0", **(env or {}))
         dlrund_in(self, hosts, env, logs)
         flags = [
             f"--nnodes={nnodes}",
@@ -75,6 +84,7 @@ class TwoHostsWithASpareTest(InProcessCase):
             "--recovery=in-process",
             "--warm-start",  # the workers forked from an interpreter that imported torch once
             "--preload=torch",
+            *more,
         ]
         agents = [
             Launcher(
@@ -101,16 +111,26 @@ class TwoHostsWithASpareTest(InProcessCase):
         return agents, [agent.wait(TIMEOUT_S) for agent in agents]
 
     def test_a_killed_worker_is_replaced_on_its_host_and_the_spare_stays_a_spare(self):
+        # With --ready-spares: the spare's workers, started ahead, are never placed, and end
+        # with their agent.
         self.reference()
         out = temp_dir(self)
         with Hosts(4) as hosts:
-            agents, codes = self.run_job(hosts, out, "3:9")
+            agents, codes = self.run_job(hosts, out, "3:9", more=["--ready-spares"])
+            ahead = [int(p.rsplit("_", 1)[1]) for p in glob.glob(os.path.join(out, "reserve_*"))]
+            wait_until(
+                lambda: all(gone(pid) for pid in ahead),
+                10,
+                "the spare's workers started ahead to end",
+                on_timeout=lambda: ahead,
+            )
         result = Output(agents)
         self.assertEqual(codes, [0, 0, 0], result)
         finals = [read_json(os.path.join(out, f"final_{r}.json")) for r in range(WORLD)]
         self.check_recovered(out, finals, result, victim=3)
         spares = [one.name for one in agents if "waiting as a spare" in one.output()]
         self.assertEqual(len(spares), 1, result)
+        self.assertEqual(len(ahead), 2, result)
 
     def host_loser(self, hosts, out, rank, lost, on=(1, 2, 3), silent=False):
         """What run_job runs meanwhile: once `rank` stopped itself (RANK:STEP:host), kills the
@@ -138,19 +158,71 @@ class TwoHostsWithASpareTest(InProcessCase):
         return lose
 
     def test_a_lost_hosts_ranks_start_on_the_spare_and_join_the_survivors_in_process(self):
+        result, _ = self.spare_takes_lost_host()
+        self.assertIn("keeping this node's workers through the re-rendezvous", result.stderr)
+        self.assertNotIn("could not keep", result.stderr)
+
+    def spare_takes_lost_host(self, before_loss=None, more=(), env=None):
+        """The host of rank 2 killed once it stopped itself (and `before_loss(out, agents)`
+        ran), the job given `more` flags and `env`: checks the spare's ranks recovered in
+        process with the survivors; returns the agents' output and each rank's final record."""
         self.reference()
         out, lost = temp_dir(self), []
         with Hosts(4) as hosts:
-            agents, codes = self.run_job(
-                hosts, out, "2:9:host", during=self.host_loser(hosts, out, 2, lost)
-            )
+            lose = self.host_loser(hosts, out, 2, lost)
+
+            def during(agents):
+                if before_loss:
+                    before_loss(out, agents)
+                lose(agents)
+
+            agents, codes = self.run_job(hosts, out, "2:9:host", during=during, more=more, env=env)
         result = Output(agents)
         self.assertEqual([c for h, c in zip((1, 2, 3), codes) if h != lost[0]], [0, 0], result)
         finals = [read_json(os.path.join(out, f"final_{r}.json")) for r in range(WORLD)]
         self.check_recovered(out, finals, result, victim=(2, 3))
-        self.assertIn("keeping this node's workers through the re-rendezvous", result.stderr)
         self.assertRegex(result.stderr, r"round \d+ kept ranks 0-1 running")
-        self.assertNotIn("could not keep", result.stderr)
+        return result, finals
+
+    def test_ready_spares_take_a_lost_hosts_ranks_with_workers_started_ahead(self):
+        # --ready-spares: the spare's workers start while it waits and wait in their loops;
+        # the host of rank 2 is killed once both are there, and the ranks it ran are taken by
+        # those very processes, recovered in process with the survivors.
+        result, finals, ahead = self.ready_spares_job()
+        self.assertEqual(sorted(finals[r]["pid"] for r in (2, 3)), sorted(ahead), result)
+
+    def test_ready_spares_that_ended_before_their_place_start_afresh_then(self):
+        # The spare's workers started ahead exit before the loss: each is said, and the spare
+        # starts those ranks afresh when it takes the lost host's place, in process all the same.
+        result, finals, ahead = self.ready_spares_job({"INPROCESS_RESERVE_EXIT": "1"})
+        self.assertFalse({finals[r]["pid"] for r in (2, 3)} & set(ahead), result)
+        for local in (0, 1):
+            self.assertRegex(
+                result.stderr,
+                rf"--ready-spares: the worker started ahead for local rank {local} ended \(exit "
+                r"code 3\) before this node took a place; its worker starts afresh then",
+            )
+
+    def ready_spares_job(self, env=None):
+        """spare_takes_lost_host under --ready-spares (and `env`), the host lost once the
+        spare's two workers started ahead: the agents' output, each rank's final record and the
+        pids of the workers started ahead."""
+        ahead = []
+
+        def started_ahead(out, agents):
+            wait_until(
+                lambda: len(glob.glob(os.path.join(out, "reserve_*"))) == 2,
+                TIMEOUT_S,
+                "the spare's workers started ahead",
+                on_timeout=lambda: Output(agents),
+            )
+            ahead.extend(
+                int(p.rsplit("_", 1)[1]) for p in glob.glob(os.path.join(out, "reserve_*"))
+            )
+
+        result, finals = self.spare_takes_lost_host(started_ahead, ["--ready-spares"], env)
+        self.assertIn("2 workers start ahead and wait in dlrun.recovery's loop", result.stderr)
+        return result, finals, ahead
 
     def check_host_lost_in_a_recovery(self, kills, loser, kept, processes, generation):
         """A job given `kills`, the host of rank `loser` killed once it stopped itself: the two
@@ -176,6 +248,16 @@ class TwoHostsWithASpareTest(InProcessCase):
             self.assertEqual(steps, list(range(STEPS)), (rank, taken, result))
             self.assertEqual(len(taken), processes[rank], (rank, taken))
             self.assertEqual(finals[rank]["generation"], generation, finals[rank])
+
+    def test_a_survivor_replaced_after_the_keep_meets_the_others_where_they_moved(self):
+        # The host of rank 2 is lost; rank 0, on the other, cannot close its old group (a
+        # collective left pending, the group's destruction never returns) and exits to be
+        # replaced a second later, once the round that kept its node formed: its replacement
+        # meets the others under that round's keys, where its predecessor was moved (it met
+        # under the generation's own, alone, until the recovery's deadline).
+        self.check_host_lost_in_a_recovery(
+            ("0:9:stuck", "2:9:host"), 2, "0-1", {0: 2, 1: 1, 2: 2, 3: 2}, 1
+        )
 
     def test_a_host_lost_as_a_recovery_ends_is_recovered_in_process_again(self):
         # Rank 3 dies at step 9 and is replaced on its host; rank 0, which sends the state, is
@@ -236,6 +318,8 @@ class TwoHostsWithASpareTest(InProcessCase):
         # neither a failing collective nor its step watch can free it. Its agent kills it once
         # the grace for its step's time is over, never to be replaced alone, and the whole
         # group restarts with the spare in the silent host's place, every rank from step 0.
+        # With --ready-spares: the spare's workers started ahead take the round that kept the
+        # survivors, and the whole group's restart starts them afresh.
         self.reference()
         out, silenced = temp_dir(self), []
         with Hosts(4) as hosts:
@@ -244,6 +328,7 @@ class TwoHostsWithASpareTest(InProcessCase):
                 out,
                 ("0:9:gil", "2:9:host"),
                 during=self.host_loser(hosts, out, 2, silenced, silent=True),
+                more=["--ready-spares"],
             )
         result = Output(agents)
         self.assertEqual([c for h, c in zip((1, 2, 3), codes) if h != silenced[0]], [0, 0], result)
@@ -261,6 +346,7 @@ class TwoHostsWithASpareTest(InProcessCase):
         self.assertEqual({f["sha256"] for f in finals}, {self.reference()}, result)
         for final in finals:
             self.assertEqual(final["generation"], 0, final)
+        self.assertIn("2 workers start ahead", result.stderr)
 
     def test_a_survivor_lost_as_the_group_re_forms_restarts_the_whole_group(self):
         # A host is lost at step 9 and rank 0, on the other, dies as its loop forms the group

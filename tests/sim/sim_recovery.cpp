@@ -80,6 +80,7 @@ InProcess::Outcome InProcess::Impl::run(int owner, const std::string& label,
     record.loneRestarts[node.round][owner] = lone;
     Proc& next = spawnProc(owner, label, f.rank, f.local, true, space, f.world,
                            sim.between(kStartLow, kStartHigh));
+    next.afterKeep = node.kept;
     next.replacement = record.replacements.size();
     record.replacements.push_back(
         {node.round, space, owner, f.rank, sim.now(), f.exitedAt, std::nullopt});
@@ -108,6 +109,7 @@ void InProcess::Impl::adopt(int owner, const std::string& label, const rendezvou
                             RoundId round) {
   Node& node = nodes.at(owner);
   node.keeping = false;
+  node.kept = true;
   int generation = 0;
   for (const Proc* p : node.mine) generation = std::max(generation, p->generation);
   const bool meeting =

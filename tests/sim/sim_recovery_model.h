@@ -98,6 +98,7 @@ struct Proc {
   bool done = false;        // past the loop's last barrier (its mark says so)
   bool recovering = false;  // a survivor in recovery (its mark says so)
   bool unseeing = false;    // kept after a lost node, killed as it never saw the failure
+  bool afterKeep = false;   // DLRUN_RECOVERY_KEPT: replaces a rank a round kept
   int joinRound = -1;       // DLRUN_RECOVERY_ROUND: in a lost node's place, the round's
   bool meeting = false;     // in a recovery's meeting (where a move reaches it)
   int generation = 0;
@@ -127,6 +128,7 @@ struct InProcess::Impl {
     bool renumbered = false;
     int lone = 0;          // ranks replaced alone since they started (a kept round carries them)
     bool keeping = false;  // kept while the agent joins the next round: nothing is replaced
+    bool kept = false;     // a round kept them (adopt): a replacement looks for its move
     Time keptSince{};
   };
   std::map<int, Node> nodes;

@@ -28,10 +28,12 @@ With INPROCESS_CHECKPOINT=1 every rank saves the model and optimizer through dlr
 each step. RANK:STEP:saved: that rank's first process dies as its copy of STEP is made, before it
 counts it in the store (the step then never completes on every rank).
 
-Every process writes OUT_DIR/start_<RANK>_<PID> as it starts and appends each step it completes
-to OUT_DIR/steps_<RANK>_<PID>; at the end every rank writes OUT_DIR/final_<RANK>.json with the
-SHA-256 of its parameters' bytes, its pid, its rank and world size at the end (a
-smaller job renumbers), its generation, its recoveries and the last one's
+Every process writes OUT_DIR/start_<RANK>_<PID> as it starts (a spare's worker started ahead,
+dlrun --ready-spares: OUT_DIR/reserve_<PID> then, and its start file once its loop ranked it;
+with INPROCESS_RESERVE_EXIT set it exits 3 there)
+and appends each step it completes to OUT_DIR/steps_<RANK>_<PID>; at the end every rank writes
+OUT_DIR/final_<RANK>.json with the SHA-256 of its parameters' bytes, its pid, its rank and world
+size at the end (a smaller job renumbers), its generation, its recoveries and the last one's
 phases. The model, the data (a generator seeded by step and rank) and the optimizer (momentum)
 are the same in every run, so a fault-free run's final parameters are the ones to equal, bit for
 bit.
@@ -158,10 +160,18 @@ def die_uncounted():
 
 def main():
     out_dir, steps = sys.argv[1], int(sys.argv[2])
-    rank, pid = int(os.environ["RANK"]), os.getpid()
-    open(os.path.join(out_dir, f"start_{rank}_{pid}"), "w").close()
-    die_at = kills(out_dir, sys.argv[3:], rank)
-    barrier_at = barriers(sys.argv[3:]) - set(die_at)  # the pending rank's own step: none
+    pid = os.getpid()
+    # dlrun --ready-spares: a spare's worker started ahead says so, and has no rank until its
+    # loop is made (it takes a lost node's ranks there).
+    reserve = bool(os.environ.get("DLRUN_RECOVERY_RESERVE"))
+    if reserve:
+        open(os.path.join(out_dir, f"reserve_{pid}"), "w").close()
+        if os.environ.get("INPROCESS_RESERVE_EXIT"):  # one that ends before it is placed
+            return 3
+    else:
+        rank = int(os.environ["RANK"])
+        open(os.path.join(out_dir, f"start_{rank}_{pid}"), "w").close()
+        die_at = kills(out_dir, sys.argv[3:], rank)
     backend = os.environ.get("INPROCESS_BACKEND", "gloo")
     device = device_for(backend)
     torch.manual_seed(1234)
@@ -171,6 +181,11 @@ def main():
     model.to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     loop = dlrun.recovery.Loop(model, optimizer, backend=backend, exact=True)
+    if reserve:
+        rank = int(os.environ["RANK"])
+        open(os.path.join(out_dir, f"start_{rank}_{pid}"), "w").close()
+        die_at = {}  # a joining rank's: none
+    barrier_at = barriers(sys.argv[3:]) - set(die_at)  # the pending rank's own step: none
     saving = os.environ.get("INPROCESS_CHECKPOINT") == "1"
     log = open(os.path.join(out_dir, f"steps_{rank}_{pid}"), "a", buffering=1)
 

@@ -1,0 +1,51 @@
+"""--ready-spares: a worker a spare node started ahead (agents/agent_spares.cpp) runs its
+program until it makes dlrun.recovery.Loop, which waits here for its place: the environment,
+working directory, CPUs and standard streams of the worker the agent starts once the node takes
+a lost node's ranks, sent over the socket the variable names (the zygote's go socket,
+agents/warm_start.h) as a start's request to the zygote is. Without the variable: nothing."""
+
+import os
+import socket
+import sys
+
+VARIABLE = "DLRUN_RECOVERY_RESERVE"  # agents/recovery.h
+
+
+def take_place():
+    """Waits for this worker's place and takes it on; ends the process quietly where the agent
+    is gone first (a spare stopped unused is killed)."""
+    fd = os.environ.get(VARIABLE)
+    if not fd:
+        return
+    # The zygote's codec: every worker forked from it imported it already (it is not on the
+    # workers' path).
+    from dlrun_warm_start_wire import SPAWN, Spawn, receive
+
+    with socket.socket(fileno=int(fd)) as sock:
+        try:
+            body, fds = receive(sock)
+        except (OSError, ValueError):
+            body, fds = None, []
+    if body is None or body[0] != SPAWN or len(fds) != 3:
+        os._exit(0)
+    place = Spawn(body[1:])
+    for stream in (sys.stdout, sys.stderr):
+        if stream is not None:
+            stream.flush()
+    for target, given in enumerate(fds):
+        os.dup2(given, target)
+    for given in set(fds):
+        os.close(given)
+    os.environ.clear()
+    for entry in place.env:
+        key, sep, value = entry.partition(b"=")
+        if sep and key:
+            os.environb[key] = value
+    if place.cwd:
+        os.chdir(os.fsdecode(place.cwd))
+    if place.cpus:
+        os.sched_setaffinity(0, place.cpus)
+    # A progress report made before its place found no board: the next one looks again.
+    from dlrun import progress
+
+    progress._board = progress._UNOPENED
