@@ -359,8 +359,10 @@ void AgentImpl::startAttempt(const rendezvous::World& world) {
     return failToStart(127, e.what());
   }
   starting_ = true;
-  awaitingZygote_ = zygote_ && zygote_->state() == Zygote::State::Starting;
-  if (!awaitingZygote_) startSome(attempt_);  // else once it is ready (onZygoteSettled)
+  // Else once it is ready (onZygoteSettled), and the spares' workers it dropped are reaped
+  // (reap: their GPU memory freed before the round's workers take theirs).
+  awaitingZygote_ = zygote_ && (zygote_->state() == Zygote::State::Starting || zygote_->dropping());
+  if (!awaitingZygote_) startSome(attempt_);
 }
 
 void AgentImpl::onWorkerExit(Worker& w, ExitStatus status, int groupFd) {

@@ -139,6 +139,7 @@ class AgentImpl {
   void reap();
   void startZygote();
   void onZygoteSettled();
+  void startAfterZygote();
 
   // agent_stop.cpp: stopping them, finishing
   void signalWorkers(int sig);
@@ -284,9 +285,10 @@ class AgentImpl {
   std::optional<FileTimerServer> fileTimer_;
   std::unordered_map<pid_t, std::string> expiredTimers_;  // by worker: why dlrun signalled it
   std::unique_ptr<Zygote> zygote_;                        // --warm-start
-  bool awaitingZygote_ = false;  // an attempt's start waits for it to be ready
-  bool spareWaiting_ = false;    // this node waits as a spare (Rendezvous::whenSpare)
-  bool sparesSaid_ = false;      // readySpares' line, once
+  // An attempt's start waits for it to be ready, and for the workers it dropped to be reaped.
+  bool awaitingZygote_ = false;
+  bool spareWaiting_ = false;  // this node waits as a spare (Rendezvous::whenSpare)
+  bool sparesSaid_ = false;    // readySpares' line, once
 
   // A report that cannot reach the store leaves the round to end by the lease: this node's
   // watcher notices the lost store too.

@@ -22,6 +22,8 @@ void AgentImpl::readySpares() {
   for (int local = 0; local < n; ++local) {
     // The node's variables and the local rank's: no rank, world or store before its place.
     Environment env = zygoteEnvironment(inherited_, n, services_);
+    if (hang_)  // the stack hook, which the program reads at its start only
+      for (auto& [key, value] : hang_->hookEnvironment(runDir(), env)) env[key] = value;
     env["LOCAL_RANK"] = std::to_string(local);
     env["LOCAL_WORLD_SIZE"] = std::to_string(n);
     env[std::string(recovery::kJoinVariable)] = "1";

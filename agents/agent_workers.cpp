@@ -356,7 +356,10 @@ void AgentImpl::reap() {
     return it != byPid_.end() && it->second->alive();
   };
   while (const auto child = reapChild(isWorker)) {
-    if (zygote_ && zygote_->reaped(child->pid, child->status)) continue;
+    if (zygote_ && zygote_->reaped(child->pid, child->status)) {
+      startAfterZygote();
+      continue;
+    }
     if (!isWorker(child->pid)) continue;  // a descendant re-parented here
     onWorkerExit(*byPid_.at(child->pid), child->status, child->groupFd);
     exited = true;
@@ -389,7 +392,14 @@ void AgentImpl::onZygoteSettled() {
   if (state_ == State::Finished) return;
   if (!zygote_->everReady()) return failToStart(2, zygote_->problem());
   readySpares();
-  if (!std::exchange(awaitingZygote_, false)) return;
+  startAfterZygote();
+}
+
+// An attempt waiting for the zygote starts once it was ever ready and no worker it dropped is
+// left to reap.
+void AgentImpl::startAfterZygote() {
+  if (!awaitingZygote_ || !zygote_->everReady() || zygote_->dropping()) return;
+  awaitingZygote_ = false;
   startSome(attempt_);
 }
 

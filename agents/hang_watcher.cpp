@@ -83,17 +83,21 @@ HangWatcher::~HangWatcher() {
   }
 }
 
+Environment HangWatcher::hookEnvironment(const fs::path& runDir, const Environment& base) {
+  if (!pythonHook_) pythonHook_ = std::make_unique<PythonStackHook>(runDir / "python-hook");
+  return pythonHook_->environment(base);
+}
+
 void HangWatcher::prepareRound(const fs::path& attemptDir, const ProgressBoard& board,
                                const Environment& inherited, RoundSpec& spec) {
   unwatch();
   attemptDir_ = attemptDir;
   fs::create_directories(attemptDir_);
-  if (!pythonHook_)
-    pythonHook_ = std::make_unique<PythonStackHook>(attemptDir_.parent_path() / "python-hook");
   Environment base = inherited;
   if (auto it = spec.services.find("PYTHONPATH"); it != spec.services.end())
     base["PYTHONPATH"] = it->second;
-  for (auto& [key, value] : pythonHook_->environment(base)) spec.services[key] = value;
+  for (auto& [key, value] : hookEnvironment(attemptDir_.parent_path(), base))
+    spec.services[key] = value;
   board_ = &board;
   heartbeatDir_ = attemptDir_ / "heartbeat";
   fs::remove_all(heartbeatDir_);  // a file left from another run is not progress

@@ -60,6 +60,9 @@ class HangWatcher {
   // watch); a fresh heartbeat directory, and the variables that point workers at it (and Python
   // workers at the stack hook, before the PYTHONPATH `spec` or else `inherited` gives) added to
   // `spec`.
+  // The Python stack hook's PYTHONPATH over `base`'s, the hook made under `runDir` if it was
+  // not: for workers started before a round (--ready-spares), which read sitecustomize once.
+  Environment hookEnvironment(const std::filesystem::path& runDir, const Environment& base);
   void prepareRound(const std::filesystem::path& attemptDir, const ProgressBoard& board,
                     const Environment& inherited, RoundSpec& spec);
   // The round's workers run: watched until unwatch(). `onHang` runs on the io_context once per

@@ -329,9 +329,9 @@ SpawnedProcess Zygote::Impl::fork(const SpawnRequest& request, Fd* keepGo) {
 std::optional<SpawnedProcess> Zygote::Impl::place(const SpawnRequest& request, int local) {
   auto it = reserves.find(local);
   if (it == reserves.end()) return std::nullopt;
+  WorkerStreams streams(request);  // before it leaves the map: a failure here leaves it tracked
   Reserve reserve = std::move(it->second);
   reserves.erase(it);
-  WorkerStreams streams(request);
   try {
     sendFrame(reserve.place.get(), warm::encodeSpawn(spawnMessage(request)), streams.theirs,
               Clock::now() + kAnswerTimeout);
@@ -399,12 +399,20 @@ void Zygote::reserve(const SpawnRequest& request, int local) {
   Impl::Reserve reserve;
   try {
     reserve.pid = impl_->fork(request, &reserve.place).pid;
+  } catch (const ZygoteLost& e) {  // as start(): its answers cannot be trusted from now on
+    log::info(std::string("warm start: ") + e.what() + "; workers start fresh from now on");
+    impl_->state = State::Failed;
+    impl_->problem = e.what();
+    impl_->kill();
+    return;
   } catch (const Error& e) {  // the spare's workers start when it is placed, as without
     log::info(std::string("--ready-spares: cannot start a worker ahead: ") + e.what());
     return;
   }
   impl_->reserves.emplace(local, std::move(reserve));
 }
+
+bool Zygote::dropping() const { return !impl_->dropped.empty(); }
 
 void Zygote::dropReserves() {
   for (auto& [local, reserve] : impl_->reserves) impl_->drop(std::move(reserve));
@@ -418,6 +426,7 @@ bool Zygote::reaped(pid_t pid, const ExitStatus& status) {
     log::info("--ready-spares: the worker started ahead for local rank " +
               std::to_string(it->first) + " ended (" + status.describe() +
               ") before this node took a place; its worker starts afresh then");
+    ::kill(-pid, SIGKILL);  // what it started is not left behind
     impl_->reserves.erase(it);
     return true;
   }

@@ -102,6 +102,8 @@ class Zygote {
   void reserve(const SpawnRequest& request, int local);
   // The reserved workers that wait are killed (their process groups); reaped() takes their ends.
   void dropReserves();
+  // Whether workers it dropped are not reaped yet (their GPU memory may not be free).
+  bool dropping() const;
 
   // The agent reaped `pid`: whether that was the zygote (which then has failed) or a reserved
   // worker not placed (said in one line where it was not dropped).

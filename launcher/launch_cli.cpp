@@ -95,6 +95,18 @@ void consoleDedup(const DeclaredFlags& f, LaunchConfig& c) {
   c.agent.consoleDedupFrom = f.consoleDedup == "on" ? 1 : 8;
 }
 
+void checkReadySpares(const DeclaredFlags& f, const LaunchConfig& c) {
+  if (!c.agent.readySpares) return;
+  if (!(c.agent.inProcessRecovery && f.warmStart))
+    throw ConfigError(
+        "--ready-spares needs --recovery=in-process and --warm-start (a spare's workers "
+        "wait in dlrun.recovery's loop, forked from the warm interpreter)");
+  if (c.agent.virtualLocalRank)
+    throw ConfigError(
+        "--ready-spares and --virtual-local-rank conflict: a worker started ahead runs before "
+        "its rank's variables are known");
+}
+
 // Reading: each flag's value into the LaunchConfig, and the rest of what the backend is
 // decided from.
 void readFlagValues(DeclaredFlags& f, LaunchConfig& c, const HostProbe& host) {
@@ -184,10 +196,7 @@ void readFlagValues(DeclaredFlags& f, LaunchConfig& c, const HostProbe& host) {
   consoleDedup(f, c);
   if (f.signalsOption->count() > 0)
     c.agent.signalsToHandle = parseSignalsToHandle(f.signalsToHandle);
-  if (c.agent.readySpares && !(c.agent.inProcessRecovery && f.warmStart))
-    throw ConfigError(
-        "--ready-spares needs --recovery=in-process and --warm-start (a spare's workers wait "
-        "in dlrun.recovery's loop, forked from the warm interpreter)");
+  checkReadySpares(f, c);
   if (f.preloadOption->count() > 0 && !f.warmStart)
     throw ConfigError("--preload needs --warm-start (the modules are imported for warm starts)");
   // What resolveBackend decides the backend from.

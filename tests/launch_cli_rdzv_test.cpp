@@ -326,6 +326,11 @@ TEST(ParseDlrunArgs, ReadySparesNeedInProcessRecoveryAndWarmStarts) {
     EXPECT_EQ(configError([&] { parse(args); }),
               "--ready-spares needs --recovery=in-process and --warm-start (a spare's workers "
               "wait in dlrun.recovery's loop, forked from the warm interpreter)");
+  EXPECT_TRUE(contains(configError([] {
+                         parse({"--recovery=in-process", "--warm-start", "--ready-spares",
+                                "--virtual-local-rank", "script.py"});
+                       }),
+                       "--ready-spares and --virtual-local-rank conflict"));
 }
 
 TEST(ParseDlrunArgs, EtcdPrefixComesFromRdzvConf) {

@@ -201,7 +201,8 @@ void InProcess::Impl::recover(Proc& p, RoundId id) {
   std::string keys = base;
   if (p.joining && p.joinRound >= 0) keys += "/round" + std::to_string(p.joinRound);
   int metIn = -1;
-  if (p.afterKeep && keys == base) {  // a replacement of a rank that failed once a round kept it
+  if (p.joining && p.afterKeep &&
+      keys == base) {  // a replacement of a rank that failed once a round kept it
     const int64_t given = call(
         p, [&](LeasingStore& s) { return s.add(base + "/move/" + std::to_string(p.rank), 0); });
     if (movesOn(given, metIn)) {
