@@ -426,7 +426,6 @@ bool Zygote::reaped(pid_t pid, const ExitStatus& status) {
     log::info("--ready-spares: the worker started ahead for local rank " +
               std::to_string(it->first) + " ended (" + status.describe() +
               ") before this node took a place; its worker starts afresh then");
-    ::kill(-pid, SIGKILL);  // what it started is not left behind
     impl_->reserves.erase(it);
     return true;
   }
