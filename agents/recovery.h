@@ -122,8 +122,10 @@ void tellNews(Store& store, const std::string& news);
 // The count of ranks arrived in generation `generation`'s own keys, whose existence the step
 // watch of a rank still in a step of the generation before waits for (python/dlrun/_stuck.py):
 // a peer moved on, so that step can never finish. An agent whose round kept its workers (a node
-// lost) creates it (an add of 0, so the count stays true): a survivor blocked in that step on a
-// silent node, where no collective fails, is freed rather than waited out.
+// lost) creates it (an add of 0, so the count stays true) once its moves are set: a survivor in
+// that step, which waits on a lost node (a silent one fails no collective; a killed one's
+// connections close only once its memory is freed), is freed at once, the move telling the
+// watch that no grace is due.
 inline std::string arrivedKey(int generation) {
   return "/dlrun/recovery/" + std::to_string(generation) + "/arrived";
 }

@@ -66,6 +66,8 @@ from dlrun_warm_start_wire import (  # noqa: E402
     Spawn,
     frame,
     receive,
+    set_cpus,
+    take_on,
     text_frame,
 )
 
@@ -174,16 +176,6 @@ def retitle(argv):
         pass  # the zygote's command line stays
 
 
-def set_environment(entries):
-    """The worker's environment, wholesale: os.environ and the C library's alike."""
-    os.environ.clear()
-    _libc.clearenv()
-    for entry in entries:
-        key, sep, value = entry.partition(b"=")
-        if sep and key:
-            os.environb[key] = value
-
-
 def fresh_stdio():
     """sys.stdin, stdout and stderr over descriptors 0, 1 and 2, as CPython makes them."""
     unbuffered = _FRESH["unbuffered"]
@@ -267,13 +259,7 @@ def become_worker(request, fds):
         if os.getppid() != request.agent:
             os._exit(127)  # the agent died before the line above
         prctl(PR_SET_PTRACER, request.agent)
-        for target, fd in ((0, stdin), (1, stdout), (2, stderr)):
-            os.dup2(fd, target)
-        for fd in {stdin, stdout, stderr}:
-            os.close(fd)
-        if request.cwd:
-            os.chdir(request.cwd)
-        set_environment(request.env)
+        take_on(request, (stdin, stdout, stderr))
         if reserve:
             os.set_inheritable(go, False)
             os.environ[RESERVE.decode()] = str(go)
@@ -399,17 +385,6 @@ def finish(code, interrupted):
         os.kill(os.getpid(), signal.SIGINT)
         code = 130
     return code
-
-
-def set_cpus(cpus):
-    """Runs this process on `cpus` (all when empty): None, or why it cannot (one line)."""
-    if not cpus:
-        return None
-    try:
-        os.sched_setaffinity(0, cpus)
-    except OSError as e:
-        return f"cannot run on CPUs {cpus} (--numa-binding): {e.strerror}"
-    return None
 
 
 def spawn(request, fds):

@@ -1,8 +1,11 @@
 """The frames between the dlrun agent and its warm-start zygote (python/dlrun_warm_start.py),
 as agents/warm_start_wire.h writes and reads them: a little-endian u32 length, a kind byte, the
-body; texts as a u32 length and their bytes. Their codec, and receive(), which reads one from the
-control socket with the descriptors sent with it."""
+body; texts as a u32 length and their bytes. Their codec, receive(), which reads one from the
+control socket with the descriptors sent with it, and what a worker takes on from a start's
+request (take_on, set_cpus): where the zygote forks it, and where a worker started ahead takes
+its place (dlrun/_reserve.py)."""
 
+import ctypes
 import os
 import socket
 import struct
@@ -75,3 +78,34 @@ def receive(ctl):
             return None, fds
         data += more
     return data[4:], fds
+
+
+def take_on(request, stdio):
+    """The worker's own part of `request` (a Spawn): its standard streams from `stdio` (three
+    descriptors, closed here), its working directory, its environment (wholesale: os.environ
+    and the C library's alike). Its CPUs: set_cpus."""
+    for target, fd in enumerate(stdio):
+        os.dup2(fd, target)
+    for fd in set(stdio):
+        os.close(fd)
+    if request.cwd:
+        os.chdir(request.cwd)
+    os.environ.clear()
+    ctypes.CDLL(None).clearenv()
+    for entry in request.env:
+        key, sep, value = entry.partition(b"=")
+        if sep and key:
+            os.environb[key] = value
+
+
+def set_cpus(cpus):
+    """Runs this process on `cpus` (all when empty), every thread of it (a worker started ahead
+    may have some): None, or why it cannot (one line)."""
+    if not cpus:
+        return None
+    try:
+        for task in os.listdir("/proc/self/task"):
+            os.sched_setaffinity(int(task), cpus)
+    except OSError as e:
+        return f"cannot run on CPUs {cpus} (--numa-binding): {e.strerror}"
+    return None

@@ -19,7 +19,7 @@ def take_place():
         return
     # The zygote's codec: every worker forked from it imported it already (it is not on the
     # workers' path).
-    from dlrun_warm_start_wire import SPAWN, Spawn, receive
+    from dlrun_warm_start_wire import SPAWN, Spawn, receive, set_cpus, take_on
 
     with socket.socket(fileno=int(fd)) as sock:
         try:
@@ -32,19 +32,11 @@ def take_place():
     for stream in (sys.stdout, sys.stderr):
         if stream is not None:
             stream.flush()
-    for target, given in enumerate(fds):
-        os.dup2(given, target)
-    for given in set(fds):
-        os.close(given)
-    os.environ.clear()
-    for entry in place.env:
-        key, sep, value = entry.partition(b"=")
-        if sep and key:
-            os.environb[key] = value
-    if place.cwd:
-        os.chdir(os.fsdecode(place.cwd))
-    if place.cpus:
-        os.sched_setaffinity(0, place.cpus)
+    take_on(place, fds)
+    problem = set_cpus(place.cpus)
+    if problem:
+        print(f"dlrun: {problem}", file=sys.stderr, flush=True)
+        os._exit(127)
     # A progress report made before its place found no board: the next one looks again.
     from dlrun import progress
 

@@ -1,5 +1,6 @@
-"""The training state one rank of dlrun.recovery's loop hands to those that lack it after a
-recovery: readied by the sender before the new group forms, then sent in that group."""
+"""The training state the survivors of dlrun.recovery's loop hand to the ranks that lack it
+after a recovery: readied by the senders before the new group forms, then sent in that
+group."""
 
 import math
 import pickle
@@ -14,46 +15,53 @@ def by_dtype(layout):
     return [[i for i, (d, _) in enumerate(layout) if d == dtype] for dtype in dtypes]
 
 
-def ready(store, keys, whole, extra, device):
-    """The sender's part before the new group forms: what of `whole` (a tree of tensors and
+def ready(store, keys, whole, extra, device, publish):
+    """A sender's part before the new group forms: what of `whole` (a tree of tensors and
     values) is not a tensor, with `extra` (picklable), pickled into the store under `keys`
-    (small); the tensors in one flat buffer per dtype on `device` (no pickling of the weights,
-    one message per dtype), returned, to be sent once the group is made."""
+    (small) where it is to `publish` it (one sender does); the tensors in one flat buffer per
+    dtype on `device` (no pickling of the weights, one message per dtype), returned, to be sent
+    once the group is made."""
     import torch
 
     tensors = []
     skeleton = hollow(whole, tensors)
     layout = [(t.dtype, tuple(t.shape)) for t in tensors]
-    store.set(f"{keys}/state", pickle.dumps((extra, skeleton, layout)))
+    if publish:
+        store.set(f"{keys}/state", pickle.dumps((extra, skeleton, layout)))
     return [
         torch.cat([tensors[i].detach().reshape(-1).to(device) for i in ids])
         for ids in by_dtype(layout)
     ]
 
 
-def take(store, keys, source, flats, device, left, receivers, broadcast):
-    """The state of rank `source` sent in the new group, as bytes (gloo knows only some dtypes:
-    torch 1.13's neither bool nor bfloat16), one message per dtype: to each of `receivers` (the
-    ranks that lack it) over the group's own connections, or where `broadcast`, by a broadcast
-    in which every rank takes part (NCCL: a send would make a communicator for each pair, and
-    the step needs the group's anyway). `flats`: what ready() made, on the source; None on every
-    other rank. Returns (extra, whole) as ready() had them on a receiver, else None. `left()`:
-    the time left to wait for the sender's part (a lost sender: the deadline)."""
+def take(store, keys, plan, flats, device, left, broadcast):
+    """The state sent in the new group, as bytes (gloo knows only some dtypes: torch 1.13's
+    neither bool nor bfloat16), one message per dtype. `plan`: {each rank that lacks the state:
+    the rank that sends it to it}, several senders sharing the receivers where they hold the
+    same state. Sent over the group's own connections, or where `broadcast`, by a broadcast
+    from the one sender in which every rank takes part (NCCL: a send would make a communicator
+    for each pair, and the step needs the group's anyway). `flats`: what ready() made, on a
+    sender; None on every other rank. Returns (extra, whole) as ready() had them on a receiver,
+    else None. `left()`: the time left to wait for the published part (a lost sender: the
+    deadline)."""
     import torch
     import torch.distributed as dist
 
+    rank = dist.get_rank()
     if flats is not None:
         if broadcast:
             for flat in flats:
-                dist.broadcast(flat.view(torch.uint8), src=source)
+                dist.broadcast(flat.view(torch.uint8), src=rank)
         else:
-            sends = [dist.isend(f.view(torch.uint8), dst=r) for f in flats for r in receivers]
+            targets = [r for r, sender in plan.items() if sender == rank]
+            sends = [dist.isend(f.view(torch.uint8), dst=r) for f in flats for r in targets]
             for send in sends:
                 send.wait()
         return None
-    keep = dist.get_rank() in receivers
+    keep = rank in plan
     if not (keep or broadcast):
         return None
+    source = plan[rank] if keep else next(iter(plan.values()))
     store.wait([f"{keys}/state"], left())
     extra, skeleton, layout = pickle.loads(store.get(f"{keys}/state"))
     received = [None] * len(layout)

@@ -18,10 +18,10 @@ Under `dlrun --recovery=in-process` a worker that dies is started again alone, w
 the others keep their processes: the collective that failed in a survivor raises, the loop
 destroys the process group, meets the replacement in the next generation's key space of the
 job's store, makes the group again there, sends the model, the optimizer, the step and `state`
-from the surviving rank furthest along (the lowest of those) to every rank that does not hold
+from the surviving ranks furthest along (each sending to some) to every rank that does not hold
 them already (sent in the new group, no file), and runs the failed step again. Every
-step is taken once: all ranks go on from one rank's state and step (a step whose
-optimizer.step() ran on that rank counts as done). What a step draws at random should come from
+step is taken once: all ranks go on from the same state and step (a step whose
+optimizer.step() ran on such a rank counts as done). What a step draws at random should come from
 the step (a generator seeded by it), since a replacement has none of its dead process's state.
 
 Each step done is reported through dlrun.progress, so --hang-timeout watches the loop: a rank
@@ -138,8 +138,8 @@ def _exact_buckets():
 class Loop:
     """Owns the process group, the DistributedDataParallel wrapper and the step counter of a
     training loop; see the module's text. `state`: a dict of more picklable values every rank
-    must agree on (an epoch, a scheduler's state_dict), replaced by the source's after a
-    recovery where a rank is not at the source's step. `ddp_options`: DistributedDataParallel's
+    must agree on (an epoch, a scheduler's state_dict), replaced by the senders' after a
+    recovery where a rank is not at their step. `ddp_options`: DistributedDataParallel's
     keyword arguments. `exact`: one gradient bucket per parameter, so that every sum is made in
     the same order in every generation and a deterministic job's weights equal a fault-free
     run's bit for bit (DDP's own buckets are laid out anew in a new group, which moves the sums'
@@ -199,7 +199,9 @@ class Loop:
         self._fallback_code = int(os.environ["DLRUN_RECOVERY_FALLBACK"])
         self._replace_code = int(os.environ["DLRUN_RECOVERY_REPLACE"])
         self._store = self._connect()
-        self._watch.start(KEYS, self.world, timeout, self._unblock, self._exit_replaced)
+        self._watch.start(
+            KEYS, self.world, timeout, self._unblock, self._exit_replaced, self._moved_on
+        )
         if os.environ.get("DLRUN_RECOVERY_JOIN") == "1":
             self._recover(joining=True)  # a replacement: the survivors' next generation
         else:
@@ -297,25 +299,21 @@ class Loop:
             options.setdefault("init_sync", False)  # torch 2.4 and later
         return DistributedDataParallel(self.module, **options)
 
-    def _state_to_send(self, keys):
-        """The source's part of the state, readied before the new group forms (dlrun._state):
+    def _state_to_send(self, keys, publish):
+        """A sender's part of the state, readied before the new group forms (dlrun._state):
         the model, the optimizer, the step and `state`."""
         whole = {"model": self.module.state_dict(), "optimizer": self.optimizer.state_dict()}
-        return _state.ready(self._store, keys, whole, (self.step, self.state), self._group.device())
-
-    def _take_state(self, source, keys, flats, left, receivers):
-        """The source's state sent in the new group to `receivers`, which load it in place of
-        their own (a survivor at the source's step holds it already)."""
-        taken = _state.take(
-            self._store,
-            keys,
-            source,
-            flats,
-            self._group.device(),
-            left,
-            receivers,
-            broadcast=self.backend == "nccl",
+        return _state.ready(
+            self._store, keys, whole, (self.step, self.state), self._group.device(), publish
         )
+
+    def _take_state(self, plan, keys, flats, left):
+        """The state sent in the new group as `plan` says ({receiver: its sender}); the
+        receivers load it in place of their own (a survivor at the senders' step holds it
+        already)."""
+        device = self._group.device()
+        broadcast = self.backend == "nccl"
+        taken = _state.take(self._store, keys, plan, flats, device, left, broadcast)
         if taken is None:
             return
         (step, state), whole = taken
@@ -330,6 +328,10 @@ class Loop:
         self._freed = True
         _say(f"{why}; shutting its group's connections down")
         self._group.fail()
+
+    def _moved_on(self, store, generation):
+        """Whether this rank's agent moved it to a round of `generation` (the step watch's)."""
+        return _move_after(store, f"{KEYS}/{generation}/move", self.rank, -1) is not None
 
     def _exit_replaced(self, why):
         """Ends this rank, which has not met the new generation, for its agent to start a
@@ -442,25 +444,29 @@ class Loop:
         os.environ.update(RANK=str(self.rank), WORLD_SIZE=str(self.world))
         return met_in, here
 
-    def _sender(self, keys):
-        """(the rank that sends the state, the ranks it sends it to), from the records of the
-        ranks met under `keys`. The survivor furthest along sends: a rank whose optimizer
+    def _senders(self, keys):
+        """{each rank that lacks the state: the rank that sends it}, from the records of the
+        ranks met under `keys`. The survivors furthest along send: a rank whose optimizer
         stepped had the step's whole gradient sum (a ring all-reduce can complete on some ranks
         as a peer dies and not on others), so that step is done, and a rank behind it takes it
-        from the sender. A survivor at the source's step holds what the source does (every rank
-        applied the same all-reduced gradients as often): only the newcomers and the survivors
-        behind it are sent the state."""
+        from a sender. Every survivor at that step holds the same state (each applied the same
+        all-reduced gradients as often): only the newcomers and the survivors behind are sent
+        it, shared out among those survivors (NCCL: from the lowest, by a broadcast; it also
+        publishes what is not a tensor)."""
         records = [json.loads(self._store.get(f"{keys}/rank/{r}")) for r in range(self.world)]
         survivors = [r for r, record in enumerate(records) if record["survivor"]]
         if not survivors:
             raise RuntimeError("no rank survived to send the state")
-        source = max(survivors, key=lambda r: (records[r]["step"], -r))
+        furthest = max(records[r]["step"] for r in survivors)
+        senders = [r for r in survivors if records[r]["step"] == furthest]
+        if self.backend == "nccl":
+            senders = senders[:1]
         receivers = [
             r
             for r, record in enumerate(records)
-            if not record["survivor"] or record["step"] != records[source]["step"]
+            if not record["survivor"] or record["step"] != furthest
         ]
-        return source, receivers
+        return {r: senders[i % len(senders)] for i, r in enumerate(receivers)}
 
     def _recover_within(self, joining, deadline):
         import torch.distributed as dist
@@ -510,10 +516,12 @@ class Loop:
                 # renumbered.
                 met_in, here = self._move(keys, moved)
             met = time.monotonic()
-            source, receivers = self._sender(here)
-            # The sender readies the state while the ranks make the group (a newcomer's first
+            plan = self._senders(here)
+            # The senders ready the state while the ranks make the group (a newcomer's first
             # gloo group takes longest).
-            flats = self._state_to_send(here) if self.rank == source and receivers else None
+            flats = None
+            if self.rank in plan.values():
+                flats = self._state_to_send(here, publish=self.rank == min(plan.values()))
             look = None
             if not joining:  # a node lost as the group forms: its ranks never come
                 look = (self._move_look(keys, met_in), self._sockets)
@@ -535,9 +543,9 @@ class Loop:
         keys = here
         phase("meet", met)
         phase("group")
-        if receivers:
-            self._take_state(source, keys, flats, left, receivers)
-        # Every rank holds the source's weights now: DDP's own first broadcast of them is spared.
+        if plan:
+            self._take_state(plan, keys, flats, left)
+        # Every rank holds the senders' weights now: DDP's own first broadcast of them is spared.
         self.ddp = self._wrap(synced=True)
         dist.barrier()
         phase("state")
@@ -545,6 +553,6 @@ class Loop:
         os.environ["DLRUN_RECOVERY_GENERATION"] = str(generation)  # dlrun.checkpoint reads it
         # Every rank commits it, before it can fail again (a compare-and-set, whoever is first):
         # the agent reads it to say where kept workers meet, a replacement to find the
-        # survivors, and the source alone could die between the barrier and its word.
+        # survivors, and a sender alone could die between the barrier and its word.
         self._store.compare_set(f"{KEYS}/generation", str(generation - 1), str(generation))
         return phases

@@ -283,8 +283,8 @@ class TwoHostsWithASpareTest(InProcessCase):
         """Rank 2's host goes silent at its step 9 (`kills` has it). Its lease lapses and the
         round ends as a lost node; the survivors' agent keeps them at once, blocked in step 9's
         all-reduce, which never fails. The round that takes the spare in proves that step cannot
-        end: their step watches free them, and they recover in process with the spare's
-        workers."""
+        end: their agent moves them on, their step watches free them at once, and they recover
+        in process with the spare's workers."""
         self.reference()
         out, silenced = temp_dir(self), []
         with Hosts(4) as hosts:
@@ -297,7 +297,7 @@ class TwoHostsWithASpareTest(InProcessCase):
         self.check_recovered(out, finals, result, victim=(2, 3))
         self.assertRegex(
             result.stderr,
-            r"rank [01]: still in step 9 of generation 0 while the others meet in the next; "
+            r"rank [01]: in step 9 of generation 0 as a node of the group was lost; "
             r"shutting its group's connections down",
         )
         self.assertNotIn("did not see the lost node's failure", result.stderr)
@@ -306,9 +306,9 @@ class TwoHostsWithASpareTest(InProcessCase):
         self.check_silent_host_freed("2:9:host")
 
     def test_a_silent_hosts_survivors_with_slow_steps_are_freed_in_process(self):
-        # Steps of 2.5 s (rank 0 sleeps in step 8, the others wait for it): the step watches
-        # free the survivors 5 s after the spare's round forms, past the 2 s their agent gives
-        # steps that take no time; their marks told it the step's time, and it waits for them.
+        # Steps of 2.5 s (rank 0 sleeps in step 8, the others wait for it): their marks tell
+        # their agent the step's time, and it gives the survivors three times that more to see
+        # the loss than the 2 s of steps that take no time before it would stop them.
         self.check_silent_host_freed(("0:8:slow", "2:9:host"))
 
     def test_a_silent_hosts_survivor_stuck_past_its_watch_stops_and_the_whole_group_restarts(

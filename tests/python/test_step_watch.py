@@ -4,6 +4,8 @@ loop does and recording the watch's two resorts.
 
 - A rank still in a step of its generation once a peer arrived in the next is freed (its first
   resort), and, still in that step, a look later told to exit (its second), each naming it.
+- Where the arrival is its agent moving it on (a node of the group lost), it is freed as a rank
+  in a step that cannot end, not one merely still in it (no grace).
 - A rank that left the step when freed (recovering) is not told to exit.
 - A rank that ended the step and is in the generation's next step is freed again there (the
   next step can never finish either).
@@ -55,9 +57,11 @@ class StepWatchTest(unittest.TestCase):
             store.host, store.port, 2, False, timedelta(seconds=EVENT_S), wait_for_workers=False
         )
 
-    def watch(self, resorts):
+    def watch(self, resorts, moved=None):
         watch = _stuck.StepWatch()
-        watch.start(KEYS, 2, timedelta(seconds=EVENT_S), resorts.unblock, resorts.exit_replaced)
+        watch.start(
+            KEYS, 2, timedelta(seconds=EVENT_S), resorts.unblock, resorts.exit_replaced, moved
+        )
         self.addCleanup(watch.leave, True)
         return watch
 
@@ -79,6 +83,25 @@ class StepWatchTest(unittest.TestCase):
         self.assertTrue(resorts.exited_event.wait(EVENT_S), "not told to exit")
         why = "still in step 5 of generation 0 while the others meet in the next"
         self.assertEqual((resorts.freed, resorts.exited), ([why], [why]))
+
+    def test_a_rank_its_agent_moved_on_is_freed_as_in_a_step_that_cannot_end(self):
+        resorts = Resorts()
+        looked = []
+
+        def moved(store, generation):
+            looked.append(generation)
+            return store.check([f"{KEYS}/{generation}/move/0"])
+
+        watch = self.watch(resorts, moved)
+        watch.current = (0, 5)
+        self.store.set(f"{KEYS}/1/move/0", "1000001")  # the agent's move, then the arrival's key
+        self.store.add(f"{KEYS}/1/arrived", 0)
+        self.assertTrue(resorts.freed_event.wait(EVENT_S), "not freed")
+        watch.leave()
+        self.assertEqual(looked, [1])
+        self.assertEqual(
+            resorts.freed, ["in step 5 of generation 0 as a node of the group was lost"]
+        )
 
     def test_a_rank_that_left_its_step_when_freed_is_not_told_to_exit(self):
         resorts, watch = self.freed_in_step_5()
