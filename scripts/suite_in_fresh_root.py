@@ -8,7 +8,7 @@ the machine's name resolves; and as on a fresh machine of the same site, the mac
 configuration (/etc/pip.conf and the local wheel folders under /opt it names) and extra
 certificate authorities (/usr/local/share/ca-certificates) are carried in. Prints the end of
 the suite's output and exits with test.sh's code. Needs root, a Debian mirror and PyPI; takes
-some 40 minutes on 2 cores (the release's ccache and pip cache, kept beside the cached roots,
+some 40 minutes on 2 cores (the release's ccache and pip cache, kept in the build directory,
 shorten the build and the set-up).
 
     sudo python3 scripts/suite_in_fresh_root.py [bookworm|trixie] [LOG] [-- CTEST_ARGS...]
@@ -16,8 +16,9 @@ shorten the build and the set-up).
 CTEST_ARGS go to test.sh, which hands them to ctest (`-- -R python_slurm`: the set-up whole, then
 that test alone).
 
-DLRUN_BUILD_DIR names a configured build of this tree (default: build/), under which the roots
-are cached (package-chroot-cache/)."""
+DLRUN_BUILD_DIR names a configured build of this tree (default: build/), under which the ccache
+and pip caches are kept (package-chroot-cache/); the roots are cached in the user's cache
+(tests/python/chroot_fixture.py)."""
 
 import os
 import subprocess

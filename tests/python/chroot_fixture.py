@@ -2,12 +2,17 @@
 test_quickstart_releases.py). Needs root and a Debian mirror (DLRUN_DEBIAN_MIRROR, else
 deb.debian.org).
 
-A release's base root (debootstrap --variant=minbase) is made once and kept under
-DLRUN_CHROOT_CACHE (the build directory's package-chroot-cache/; made again after CACHE_DAYS),
-with its downloaded .deb files beside it; each run mounts an overlay over it, so the cached root
-stays pristine. Every mount is made in a mount namespace of the run's own and goes with it,
-whatever happens to the run."""
+A release's base root (debootstrap --variant=minbase) is made once and kept under roots_dir()
+(made again after CACHE_DAYS): DLRUN_CHROOT_CACHE, else the user's cache, so that a fresh clone's
+build reuses the roots an earlier one made (a debootstrap takes a minute or two, each chroot test
+needs one or two). The downloaded .deb files, which apt locks while a run installs, stay with the
+build (cache_dir()). Each run mounts an overlay over the base root, so the cached root stays
+pristine, and holds a shared lock on it, so it is not made again under a run of another build.
+Every mount is made in a mount namespace of the run's own and goes with it, whatever happens to
+the run."""
 
+import contextlib
+import fcntl
 import os
 import shutil
 import signal
@@ -59,20 +64,49 @@ def run_bounded(args, timeout):
 
 
 def cache_dir():
+    """This build's caches: the .deb files apt downloads, quickstart's ccache and pip caches."""
     return os.environ.get("DLRUN_CHROOT_CACHE") or os.path.join(build_dir(), "package-chroot-cache")
 
 
+def roots_dir():
+    """The base roots: DLRUN_CHROOT_CACHE, else ${XDG_CACHE_HOME:-~/.cache}/dlrun/chroot-roots."""
+    if os.environ.get("DLRUN_CHROOT_CACHE"):
+        return os.environ["DLRUN_CHROOT_CACHE"]
+    user_cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(user_cache, "dlrun", "chroot-roots")
+
+
+@contextlib.contextmanager
 def base_root(release, include=()):
     """The cached minbase root of release with the packages include, made with debootstrap when
-    missing or too old. Returns (root, the directory of its downloaded .deb files)."""
-    cache = cache_dir()
+    missing or too old, held (a shared lock) while the block runs. Yields (root, the directory
+    of the build's downloaded .deb files)."""
     name = "-".join([release, "minbase", *include])
-    base = os.path.join(cache, name)
-    stamp = base + ".done"
-    archives = os.path.join(cache, f"{release}-archives")
+    os.makedirs(roots_dir(), exist_ok=True)
+    base = os.path.join(roots_dir(), name)
+    archives = os.path.join(cache_dir(), f"{release}-archives")
     os.makedirs(os.path.join(archives, "partial"), exist_ok=True)
+    with open(base + ".lock", "w") as lock:
+        # Made under an exclusive lock: not twice at once, nor while a run of another build
+        # has it mounted; then shared, as every run holds it. A root another run holds is used
+        # as it is, even past CACHE_DAYS (a run may hold it for hours: the whole suite's).
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            exclusive = True
+        except BlockingIOError:
+            exclusive = not os.path.exists(base + ".done")  # else made: wait to share it
+            fcntl.flock(lock, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        if exclusive:
+            make_root(release, include, base)
+            fcntl.flock(lock, fcntl.LOCK_SH)
+        yield base, archives
+
+
+def make_root(release, include, base):
+    """debootstrap of base unless it is there and younger than CACHE_DAYS."""
+    stamp = base + ".done"
     if os.path.exists(stamp) and time.time() - os.path.getmtime(stamp) < CACHE_DAYS * 86400:
-        return base, archives
+        return
     for old in (stamp, base):
         if os.path.isdir(old):
             shutil.rmtree(old)
@@ -90,27 +124,26 @@ def base_root(release, include=()):
         raise AssertionError(f"debootstrap exited {code}:\n{output[-6000:]}")
     os.rename(fresh, base)
     open(stamp, "w").close()
-    return base, archives
 
 
 def run_in_root(release, scratch, script, args, timeout, include=()):
     """Runs MOUNT_SCRIPT then script (bash) in a mount namespace of its own, over a fresh overlay
     of release's base root in scratch, with args as its $@. Returns (exit code, output)."""
-    base, archives = base_root(release, include)
-    return run_bounded(
-        [
-            "unshare",
-            "--mount",
-            "--propagation",
-            "private",
-            "bash",
-            "-c",
-            MOUNT_SCRIPT + script,
-            "bash",
-            base,
-            os.path.join(scratch, "chroot"),
-            archives,
-            *args,
-        ],
-        timeout,
-    )
+    with base_root(release, include) as (base, archives):
+        return run_bounded(
+            [
+                "unshare",
+                "--mount",
+                "--propagation",
+                "private",
+                "bash",
+                "-c",
+                MOUNT_SCRIPT + script,
+                "bash",
+                base,
+                os.path.join(scratch, "chroot"),
+                archives,
+                *args,
+            ],
+            timeout,
+        )

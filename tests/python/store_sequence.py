@@ -1,8 +1,12 @@
 """Runs one fixed sequence of torch TCPStore client calls against a store; prints one JSON record
 per step, for the store differential test (test_store_differential.py) to compare across servers.
 
-Usage: store_sequence.py HOST PORT LIBUV TIMEOUT_S  (LIBUV: 1 or 0, the clients' use_libuv; a
-torch 1.x interpreter has no such option and ignores it).
+Usage: store_sequence.py HOST PORTS LIBUV TIMEOUT_S  (LIBUV: 1 or 0, the clients' use_libuv; a
+torch 1.x interpreter has no such option and ignores it). PORTS is one port, or several servers
+of one kind separated by commas: the steps are dealt among them in turn (step i to server
+i % count) and each server's share runs on a thread of its own, all at once, since the steps
+spend their time waiting on timeouts. Each server sees the same steps in the same order from one
+run to the next, so its key counts and listings compare.
 
 Every step uses fresh client connections and keys under its own prefix ("<step>/..."), so a step
 whose connection the server drops leaves the next steps unaffected. A record is
@@ -18,6 +22,7 @@ server.
 
 import json
 import sys
+import threading
 
 from store_sequence_record import FINISH_GRACE_S, IMMEDIATE_S, STEPS, Background, Run, step, td
 
@@ -464,9 +469,26 @@ for _op in BAD_ARGUMENTS:
 def main():
     if len(sys.argv) != 5:
         sys.exit(__doc__)
-    run = Run(sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1", float(sys.argv[4]))
-    for name, ops, body in STEPS:
-        run.run(name, ops, body)
+    ports = [int(p) for p in sys.argv[2].split(",")]
+    runs = [Run(sys.argv[1], port, sys.argv[3] == "1", float(sys.argv[4])) for port in ports]
+
+    failed = []
+
+    def share(i):
+        try:
+            for name, ops, body in STEPS[i :: len(runs)]:
+                runs[i].run(name, ops, body)
+        except BaseException:
+            failed.append(i)  # a sequence cut short fails, as it did on the main thread
+            raise
+
+    threads = [threading.Thread(target=share, args=(i,)) for i in range(len(runs))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if failed:
+        sys.exit(f"store_sequence: the steps of server(s) {failed} stopped on an error")
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ BLOCK_CHECK_S = 1.0  # how long a background call must stay blocked before its t
 FINISH_GRACE_S = 10  # past its own timeout, how long a background call may take to return
 CONNECT_TIMEOUT_S = 60
 HAS_USE_LIBUV = hasattr(dist.TCPStore, "libuvBackend")
+PRINT_LOCK = threading.Lock()
 
 
 def plain(value):
@@ -126,7 +127,9 @@ class Run:
             return
         step = Step(self, name)
         body(step)
-        print(json.dumps({"step": name, "ops": sorted(ops), "results": step.results}), flush=True)
+        line = json.dumps({"step": name, "ops": sorted(ops), "results": step.results})
+        with PRINT_LOCK:  # one whole line at a time from the servers' threads
+            print(line, flush=True)
 
 
 STEPS = []

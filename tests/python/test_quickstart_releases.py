@@ -6,7 +6,7 @@ programs say `git unknown` outside a checkout, and the build went through ccache
 root every package that `scripts/setup.sh --tests` would install resolves (apt-get --simulate),
 so scripts/test.sh's set-up holds on both releases. Needs root and a Debian mirror.
 
-Each release's ccache directory is kept beside the cached roots (RELEASE-ccache), so a build
+Each release's ccache directory is kept in the build directory (RELEASE-ccache), so a build
 after the first compiles little; the first takes some 20 minutes on 2 cores."""
 
 import os

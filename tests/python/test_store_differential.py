@@ -13,6 +13,9 @@ every agent) in front of a dlrund: every outcome must be the one straight on dlr
 Every step's outcomes (values, exception classes, timing classes) must match the reference's,
 except the steps in KEPT_DIFFERENCES, which must differ: nothing else may, and nothing listed
 may silently start to agree. Every run gets fresh servers, so key counts and listings compare.
+A run deals its steps among SHARES servers of its kind, each share on a thread of its own
+(store_sequence.py): a step meets the same server state in every run, and the run waits out its
+timeouts in a fraction of the time.
 """
 
 import json
@@ -30,6 +33,7 @@ TORCH2 = sys.executable
 OP_TIMEOUT_S = 3  # the clients' timeout: how long a blocked call waits before it fails
 SEQUENCE_LIMIT_S = 240  # one whole sequence (about 30 timed-out calls, on two shared cores)
 START_LIMIT_S = 60  # torch's servers: importing torch on a busy machine takes a while
+SHARES = 4  # servers a run deals its steps among (its threads, not processes: torch imports once)
 
 # Where torch does something dlrun deliberately does not, by step (store_sequence.py) and the
 # client kinds whose sequence has that step. The test asserts these steps differ from the
@@ -130,14 +134,14 @@ class StoreDifferentialTest(unittest.TestCase):
         self.addCleanup(proc.stdin.close)  # the servers' cue to exit
         return json.loads(read_line(proc.stdout, START_LIMIT_S))["ports"]
 
-    def sequence(self, python, port, libuv):
-        """Runs store_sequence.py against a server; returns its records by step."""
+    def sequence(self, python, ports, libuv):
+        """Runs store_sequence.py against servers of one kind; returns its records by step."""
         proc = subprocess.Popen(
             [
                 python,
                 os.path.join(HERE, "store_sequence.py"),
                 "127.0.0.1",
-                str(port),
+                ",".join(map(str, ports)),
                 "1" if libuv else "0",
                 str(OP_TIMEOUT_S),
             ],
@@ -160,18 +164,20 @@ class StoreDifferentialTest(unittest.TestCase):
 
     def test_dlrund_answers_as_torchs_own_servers_do(self):
         torch1 = binary_from_env("DLRUN_TORCH1_PYTHON", "torch 1.x python")
-        libuv_a, legacy_a, libuv_b, legacy_b = self.torch_servers(
-            TORCH2, "libuv", "legacy", "libuv", "legacy"
-        )
-        (torch1_port,) = self.torch_servers(torch1, "legacy")
-        dlrunds = [start_dlrund(self).port for _ in range(3)]
+        ports = self.torch_servers(TORCH2, *["libuv", "legacy", "libuv", "legacy"] * SHARES)
+        libuv_a, legacy_a, libuv_b, legacy_b = (ports[i::4] for i in range(4))
+        torch1_ports = self.torch_servers(torch1, *["legacy"] * SHARES)
+        dlrunds = [[start_dlrund(self).port for _ in range(SHARES)] for _ in range(3)]
         # The same through a store proxy (dlrund --upstream, dlrun --store-proxy's proxy), each
         # in front of a store of its own.
         proxies = [
-            start_dlrund(self, "--upstream", f"127.0.0.1:{start_dlrund(self).port}").port
+            [
+                start_dlrund(self, "--upstream", f"127.0.0.1:{start_dlrund(self).port}").port
+                for _ in range(SHARES)
+            ]
             for _ in range(3)
         ]
-        # (client kind, server) -> (interpreter, port, use_libuv)
+        # (client kind, server) -> (interpreter, ports, use_libuv)
         runs = {
             ("torch2-libuv", "libuv"): (TORCH2, libuv_a, True),
             ("torch2-libuv", "legacy"): (TORCH2, legacy_a, True),
@@ -179,7 +185,7 @@ class StoreDifferentialTest(unittest.TestCase):
             ("torch2-legacy", "libuv"): (TORCH2, libuv_b, False),
             ("torch2-legacy", "legacy"): (TORCH2, legacy_b, False),
             ("torch2-legacy", "dlrund"): (TORCH2, dlrunds[1], False),
-            ("torch1", "torch1"): (torch1, torch1_port, False),
+            ("torch1", "torch1"): (torch1, torch1_ports, False),
             ("torch1", "dlrund"): (torch1, dlrunds[2], False),
             ("torch2-libuv", "proxy"): (TORCH2, proxies[0], True),
             ("torch2-legacy", "proxy"): (TORCH2, proxies[1], False),
