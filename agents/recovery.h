@@ -124,8 +124,8 @@ void tellNews(Store& store, const std::string& news);
 // a peer moved on, so that step can never finish. An agent whose round kept its workers (a node
 // lost) creates it (an add of 0, so the count stays true) once its moves are set: a survivor in
 // that step, which waits on a lost node (a silent one fails no collective; a killed one's
-// connections close only once its memory is freed), is freed at once, the move telling the
-// watch that no grace is due.
+// connections close only once its memory is freed), is freed as soon as its move is there (the
+// watch waits for it through its grace, whoever arrived first).
 inline std::string arrivedKey(int generation) {
   return "/dlrun/recovery/" + std::to_string(generation) + "/arrived";
 }

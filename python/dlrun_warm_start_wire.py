@@ -9,6 +9,7 @@ import ctypes
 import os
 import socket
 import struct
+import threading
 
 SPAWN = 1  # the agent's one request
 READY, REFUSED, SPAWNED, FAILED = 1, 2, 3, 4  # the zygote's answers
@@ -99,13 +100,27 @@ def take_on(request, stdio):
 
 
 def set_cpus(cpus):
-    """Runs this process on `cpus` (all when empty), every thread of it (a worker started ahead
-    may have some): None, or why it cannot (one line)."""
+    """Runs this process on `cpus` (all when empty): None, or why it cannot (one line). The
+    calling thread first, whose error is the answer; then every other thread of it (a worker
+    started ahead may have some), listed again until no new one appears (a thread ended
+    meanwhile is passed over)."""
     if not cpus:
         return None
     try:
-        for task in os.listdir("/proc/self/task"):
-            os.sched_setaffinity(int(task), cpus)
+        os.sched_setaffinity(0, cpus)
     except OSError as e:
         return f"cannot run on CPUs {cpus} (--numa-binding): {e.strerror}"
-    return None
+    done = {threading.get_native_id()}
+    while True:
+        try:
+            tasks = {int(task) for task in os.listdir("/proc/self/task")} - done
+        except OSError:  # no /proc: the calling thread's CPUs are set
+            return None
+        if not tasks:
+            return None
+        for task in tasks:
+            try:
+                os.sched_setaffinity(task, cpus)
+            except ProcessLookupError:
+                pass
+        done |= tasks

@@ -32,10 +32,13 @@ def take_place():
     for stream in (sys.stdout, sys.stderr):
         if stream is not None:
             stream.flush()
-    take_on(place, fds)
-    problem = set_cpus(place.cpus)
+    try:
+        take_on(place, fds)
+        problem = set_cpus(place.cpus)
+    except OSError as e:  # its working directory gone, say
+        problem = f"cannot take its place: {e}"
     if problem:
-        print(f"dlrun: {problem}", file=sys.stderr, flush=True)
+        print(f"dlrun warm start: {problem}", file=sys.stderr, flush=True)
         os._exit(127)
     # A progress report made before its place found no board: the next one looks again.
     from dlrun import progress

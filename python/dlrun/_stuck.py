@@ -78,15 +78,16 @@ class StepWatch:
         self._lock = threading.Lock()  # the loop leaves a step only once a freeing under way ended
         self._done = False
 
-    def start(self, keys, world, timeout, unblock, exit_replaced, moved=None):
+    def start(self, keys, world, timeout, unblock, exit_replaced, move_key=None):
         """Under dlrun: the watch begins (outside it, the loop's notes go nowhere). `keys`: the
         generations' keys in the job's store (dlrun.recovery's); `unblock` and `exit_replaced`:
-        the loop's two resorts, each called with why; `moved(store, generation)`: whether this
-        rank's agent moved it on to `generation` (a node of the group was lost and a round kept
-        this one's workers: no step of theirs can end, and the rank is freed without the
-        grace)."""
+        the loop's two resorts, each called with why; `move_key(generation)`: the key this
+        rank's agent sets when it moves the rank on to `generation` (a node of the group was
+        lost and a round kept this one's workers: no step of theirs can end, and the rank is
+        freed as soon as it is set, the grace cut short). No one else sets it while the rank
+        is in a step of the generation before (the loop reads it once it recovers)."""
         self._keys, self._world, self._timeout = keys, world, timeout
-        self._unblock, self._exit_replaced, self._moved = unblock, exit_replaced, moved
+        self._unblock, self._exit_replaced, self._move_key = unblock, exit_replaced, move_key
         self._store = None  # its own client: the loop's may be in use meanwhile
         threading.Thread(target=self._run, name="dlrun-step-watch", daemon=True).start()
 
@@ -119,32 +120,39 @@ class StepWatch:
                 time.sleep(IDLE_S)  # recovering, or the first step of a generation not begun
                 continue
             if self._arrived(current[0] + 1):
-                self._free(current[0], self._lost(current[0] + 1))
+                self._free(current[0])
                 handled = current[0]
 
-    def _lost(self, generation):
-        """Whether the next generation's first arrival is this rank's agent moving it on (its
-        agent sets the move before the arrival's key)."""
-        try:
-            return bool(self._moved and self._moved(self._store, generation))
-        except RuntimeError:  # the store out of reach: the grace, as for any arrival
-            return False
+    def _moved_within(self, generation, grace):
+        """Whether this rank's agent moves it on to `generation` within `grace` seconds (its
+        move key set, whoever arrived first): one store request, which waits for it. False
+        once the grace is over."""
+        until = time.monotonic() + grace
+        if self._move_key is not None:
+            try:
+                if self._store is None:
+                    self._store = store_client(self._world, self._timeout)
+                self._store.wait([self._move_key(generation)], timedelta(seconds=grace))
+                return True
+            except (RuntimeError, OSError):  # the grace over, or the store out of reach
+                self._store = None  # a timed-out wait's late answer stays on its connection
+        time.sleep(max(0.0, until - time.monotonic()))
+        return False
 
-    def _free(self, generation, lost):
+    def _free(self, generation):
         """Frees each step of `generation` this rank is found in, after the grace (a rank merely
-        slow to reach its failing collective gets there within a step's time; none where a node
-        of the group was `lost`: a host gone silent never fails it), until it is out of that
-        generation: recovering, or in a later one."""
+        slow to reach its failing collective gets there within a step's time), or as soon as
+        its agent moves it on (a node of the group lost: a host gone silent never fails its
+        collective), until it is out of that generation: recovering, or in a later one."""
         while True:
             step = self.current
             if step is None or step[0] != generation:
                 return
-            if lost:
+            if self._moved_within(generation + 1, max(GRACE_S, 2 * self.step_s)):
                 why = (
                     f"in step {step[1]} of generation {generation} as a node of the group was lost"
                 )
             else:
-                time.sleep(max(GRACE_S, 2 * self.step_s))
                 why = (
                     f"still in step {step[1]} of generation {generation} while the others meet "
                     "in the next"

@@ -18,11 +18,12 @@ Under `dlrun --recovery=in-process` a worker that dies is started again alone, w
 the others keep their processes: the collective that failed in a survivor raises, the loop
 destroys the process group, meets the replacement in the next generation's key space of the
 job's store, makes the group again there, sends the model, the optimizer, the step and `state`
-from the surviving ranks furthest along (each sending to some) to every rank that does not hold
-them already (sent in the new group, no file), and runs the failed step again. Every
-step is taken once: all ranks go on from the same state and step (a step whose
-optimizer.step() ran on such a rank counts as done). What a step draws at random should come from
-the step (a generator seeded by it), since a replacement has none of its dead process's state.
+from the surviving ranks furthest along (on gloo each sending to some; on NCCL the lowest, by a
+broadcast) to every rank that does not hold them already (sent in the new group, no file), and
+runs the failed step again. Every step is taken once: all ranks go on from the same state and
+step (a step whose optimizer.step() ran on such a rank counts as done). What a step draws at
+random should come from the step (a generator seeded by it), since a replacement has none of its
+dead process's state.
 
 Each step done is reported through dlrun.progress, so --hang-timeout watches the loop: a rank
 found hung is replaced the same way, once its stack is taken. A rank still in a step while its
@@ -200,7 +201,7 @@ class Loop:
         self._replace_code = int(os.environ["DLRUN_RECOVERY_REPLACE"])
         self._store = self._connect()
         self._watch.start(
-            KEYS, self.world, timeout, self._unblock, self._exit_replaced, self._moved_on
+            KEYS, self.world, timeout, self._unblock, self._exit_replaced, self._move_key
         )
         if os.environ.get("DLRUN_RECOVERY_JOIN") == "1":
             self._recover(joining=True)  # a replacement: the survivors' next generation
@@ -329,9 +330,10 @@ class Loop:
         _say(f"{why}; shutting its group's connections down")
         self._group.fail()
 
-    def _moved_on(self, store, generation):
-        """Whether this rank's agent moved it to a round of `generation` (the step watch's)."""
-        return _move_after(store, f"{KEYS}/{generation}/move", self.rank, -1) is not None
+    def _move_key(self, generation):
+        """The key of this rank's move to a round of `generation`, which its agent sets (the
+        step watch waits for it)."""
+        return f"{KEYS}/{generation}/move/{self.rank}"
 
     def _exit_replaced(self, why):
         """Ends this rank, which has not met the new generation, for its agent to start a

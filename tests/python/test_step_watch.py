@@ -4,8 +4,9 @@ loop does and recording the watch's two resorts.
 
 - A rank still in a step of its generation once a peer arrived in the next is freed (its first
   resort), and, still in that step, a look later told to exit (its second), each naming it.
-- Where the arrival is its agent moving it on (a node of the group lost), it is freed as a rank
-  in a step that cannot end, not one merely still in it (no grace).
+- Where its agent moves it on (a node of the group lost), it is freed as a rank in a step that
+  cannot end, not one merely still in it: at once, also when another arrival came first (the
+  grace cut short).
 - A rank that left the step when freed (recovering) is not told to exit.
 - A rank that ended the step and is in the generation's next step is freed again there (the
   next step can never finish either).
@@ -57,10 +58,10 @@ class StepWatchTest(unittest.TestCase):
             store.host, store.port, 2, False, timedelta(seconds=EVENT_S), wait_for_workers=False
         )
 
-    def watch(self, resorts, moved=None):
+    def watch(self, resorts, move_key=None):
         watch = _stuck.StepWatch()
         watch.start(
-            KEYS, 2, timedelta(seconds=EVENT_S), resorts.unblock, resorts.exit_replaced, moved
+            KEYS, 2, timedelta(seconds=EVENT_S), resorts.unblock, resorts.exit_replaced, move_key
         )
         self.addCleanup(watch.leave, True)
         return watch
@@ -84,24 +85,45 @@ class StepWatchTest(unittest.TestCase):
         why = "still in step 5 of generation 0 while the others meet in the next"
         self.assertEqual((resorts.freed, resorts.exited), ([why], [why]))
 
-    def test_a_rank_its_agent_moved_on_is_freed_as_in_a_step_that_cannot_end(self):
-        resorts = Resorts()
-        looked = []
+    def moved_watch(self, resorts, looked, looking=None):
+        """A watch whose rank is in step 5 of generation 0, its steps as long as the test's
+        waits (the grace twice that), its move keys asked for recorded in `looked` (and the
+        event `looking` set then)."""
 
-        def moved(store, generation):
+        def move_key(generation):
             looked.append(generation)
-            return store.check([f"{KEYS}/{generation}/move/0"])
+            if looking:
+                looking.set()
+            return f"{KEYS}/{generation}/move/0"
 
-        watch = self.watch(resorts, moved)
+        watch = self.watch(resorts, move_key)
+        watch.step_s = EVENT_S
         watch.current = (0, 5)
+        return watch
+
+    def test_a_rank_its_agent_moved_on_is_freed_as_in_a_step_that_cannot_end(self):
+        resorts, looked = Resorts(), []
+        watch = self.moved_watch(resorts, looked)
         self.store.set(f"{KEYS}/1/move/0", "1000001")  # the agent's move, then the arrival's key
         self.store.add(f"{KEYS}/1/arrived", 0)
-        self.assertTrue(resorts.freed_event.wait(EVENT_S), "not freed")
+        self.assertTrue(resorts.freed_event.wait(EVENT_S), "not freed within the grace")
         watch.leave()
         self.assertEqual(looked, [1])
-        self.assertEqual(
-            resorts.freed, ["in step 5 of generation 0 as a node of the group was lost"]
-        )
+        lost = "in step 5 of generation 0 as a node of the group was lost"
+        self.assertEqual(resorts.freed, [lost])
+
+    def test_a_move_after_another_arrival_cuts_the_grace_short(self):
+        # Another node's agent (or a replacement) arrived first; this rank's own agent moves it
+        # on once the watch waits out its grace (twice the test's waits).
+        resorts, looked, looking = Resorts(), [], threading.Event()
+        watch = self.moved_watch(resorts, looked, looking)
+        self.arrive(1)
+        self.assertTrue(looking.wait(EVENT_S), "the watch never looked for the move")
+        self.store.set(f"{KEYS}/1/move/0", "1000001")
+        self.assertTrue(resorts.freed_event.wait(EVENT_S), "not freed within the grace")
+        watch.leave()
+        lost = "in step 5 of generation 0 as a node of the group was lost"
+        self.assertEqual(resorts.freed, [lost])
 
     def test_a_rank_that_left_its_step_when_freed_is_not_told_to_exit(self):
         resorts, watch = self.freed_in_step_5()
