@@ -89,16 +89,22 @@ def base_root(release, include=()):
     with open(base + ".lock", "w") as lock:
         # Made under an exclusive lock: not twice at once, nor while a run of another build
         # has it mounted; then shared, as every run holds it. A root another run holds is used
-        # as it is, even past CACHE_DAYS (a run may hold it for hours: the whole suite's).
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            exclusive = True
-        except BlockingIOError:
-            exclusive = not os.path.exists(base + ".done")  # else made: wait to share it
-            fcntl.flock(lock, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
-        if exclusive:
-            make_root(release, include, base)
-            fcntl.flock(lock, fcntl.LOCK_SH)
+        # as it is, even past CACHE_DAYS (a run may hold it for hours: the whole suite's). One
+        # shared once it was there whose remaking then failed (another build's debootstrap) is
+        # made here.
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                exclusive = True
+            except BlockingIOError:
+                exclusive = not os.path.exists(base + ".done")  # else made: wait to share it
+                fcntl.flock(lock, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+            if exclusive:
+                make_root(release, include, base)
+                fcntl.flock(lock, fcntl.LOCK_SH)
+            if os.path.exists(base + ".done"):
+                break
+            fcntl.flock(lock, fcntl.LOCK_UN)
         yield base, archives
 
 
