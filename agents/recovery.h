@@ -125,7 +125,7 @@ void tellNews(Store& store, const std::string& news);
 // lost) creates it (an add of 0, so the count stays true) once its moves are set: a survivor in
 // that step, which waits on a lost node (a silent one fails no collective; a killed one's
 // connections close only once its memory is freed), is freed as soon as its move is there (the
-// watch waits for it through its grace, whoever arrived first).
+// watch looks for it through its grace, whoever arrived first).
 inline std::string arrivedKey(int generation) {
   return "/dlrun/recovery/" + std::to_string(generation) + "/arrived";
 }

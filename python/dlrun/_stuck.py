@@ -15,6 +15,10 @@ from dlrun._job import store_client
 # twice the step's time), still in that step, it exits to be replaced.
 GRACE_S = 0.05
 WATCH_S = 0.5
+# Within the grace its agent's move (a node lost) is looked for so many times, at most every
+# MOVE_LOOK_S: a rank freed at once where no step of its generation can end.
+MOVE_LOOKS = 10
+MOVE_LOOK_S = 0.01
 # One store wait's length, renewed: a wait that timed out leaves the store's late answer on its
 # connection, so the next is asked on a new client.
 WAIT_S = 3600
@@ -123,20 +127,26 @@ class StepWatch:
                 self._free(current[0])
                 handled = current[0]
 
-    def _moved_within(self, generation, grace):
+    def _moved_within(self, step, generation, grace):
         """Whether this rank's agent moves it on to `generation` within `grace` seconds (its
-        move key set, whoever arrived first): one store request, which waits for it. False
-        once the grace is over."""
+        move key set, whoever arrived first), looked for MOVE_LOOKS times in the grace while
+        the rank is in `step` (not a store wait with a timeout: torch warns of each one that
+        times out, and its late answer would cost a new client). False once the grace is over
+        or the step is."""
         until = time.monotonic() + grace
-        if self._move_key is not None:
-            try:
-                if self._store is None:
-                    self._store = store_client(self._world, self._timeout)
-                self._store.wait([self._move_key(generation)], timedelta(seconds=grace))
-                return True
-            except (RuntimeError, OSError):  # the grace over, or the store out of reach
-                self._store = None  # a timed-out wait's late answer stays on its connection
-        time.sleep(max(0.0, until - time.monotonic()))
+        while self.current is step:
+            if self._move_key is not None:
+                try:
+                    if self._store is None:
+                        self._store = store_client(self._world, self._timeout)
+                    if self._store.check([self._move_key(generation)]):
+                        return True
+                except (RuntimeError, OSError):  # the store out of reach: the grace as it is
+                    self._store = None
+            left = until - time.monotonic()
+            if left <= 0:
+                break
+            time.sleep(min(left, max(MOVE_LOOK_S, grace / MOVE_LOOKS)))
         return False
 
     def _free(self, generation):
@@ -148,7 +158,7 @@ class StepWatch:
             step = self.current
             if step is None or step[0] != generation:
                 return
-            if self._moved_within(generation + 1, max(GRACE_S, 2 * self.step_s)):
+            if self._moved_within(step, generation + 1, max(GRACE_S, 2 * self.step_s)):
                 why = (
                     f"in step {step[1]} of generation {generation} as a node of the group was lost"
                 )
