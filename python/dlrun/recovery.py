@@ -332,7 +332,7 @@ class Loop:
 
     def _move_key(self, generation):
         """The key of this rank's move to a round of `generation`, which its agent sets (the
-        step watch waits for it)."""
+        step watch looks for it)."""
         return f"{KEYS}/{generation}/move/{self.rank}"
 
     def _exit_replaced(self, why):
