@@ -12,9 +12,14 @@ from dlrun._job import store_client
 
 # A rank still in a step of its generation once a peer arrived in the next is left this long
 # (or twice the last step's time) to fail by itself, then freed; a look later (WATCH_S, or
-# twice the step's time), still in that step, it exits to be replaced.
+# twice the step's time), still in that step and idle since, it exits to be replaced.
 GRACE_S = 0.05
 WATCH_S = 0.5
+# A loop that used more than BUSY_SHARE of a core since the last look is not stuck but slow (its
+# collective failed; its cores busy): it is looked at again, up to BUSY_S in all, before it
+# exits. Less is a wait's (one that polls, as torch's NCCL blocking wait, uses a little).
+BUSY_SHARE = 0.04
+BUSY_S = 5.0
 # Within the grace its agent's move (a node lost) is looked for so many times, at most every
 # MOVE_LOOK_S: a rank freed at once where no step of its generation can end.
 MOVE_LOOKS = 10
@@ -73,8 +78,10 @@ class StepWatch:
     first arrival (nothing is exchanged meanwhile, whatever the steps); then, the rank still in
     that step after a grace, the group's connections are shut down (NCCL: its communicators
     aborted), which fails a collective waiting on them, and the rank recovers in its process;
-    a look later, still in that step, it exits with the agent's replace code, to be replaced
-    like a dead worker. Without it such a step ends at torch's group timeout."""
+    a look later, still in that step and its thread idle since (a thread that used CPU is slow,
+    not stuck: its cores busy, it is looked at again for a while), it exits with the agent's
+    replace code, to be replaced like a dead worker. Without it such a step ends at torch's
+    group timeout."""
 
     def __init__(self):
         self.step_s = 0.0  # the last step's time
@@ -89,10 +96,12 @@ class StepWatch:
         rank's agent sets when it moves the rank on to `generation` (a node of the group was
         lost and a round kept this one's workers: no step of theirs can end, and the rank is
         freed as soon as it is set, the grace cut short). No one else sets it while the rank
-        is in a step of the generation before (the loop reads it once it recovers)."""
+        is in a step of the generation before (the loop reads it once it recovers). Called from
+        the thread that runs the loop's steps (its CPU time is watched)."""
         self._keys, self._world, self._timeout = keys, world, timeout
         self._unblock, self._exit_replaced, self._move_key = unblock, exit_replaced, move_key
         self._store = None  # its own client: the loop's may be in use meanwhile
+        self._loop_clock = time.pthread_getcpuclockid(threading.get_ident())  # the loop's thread
         threading.Thread(target=self._run, name="dlrun-step-watch", daemon=True).start()
 
     def leave(self, done=False):
@@ -171,7 +180,21 @@ class StepWatch:
                 if self.current is not step:
                     continue  # a step of this generation ended: the next is watched the same way
                 self._unblock(why)
-            time.sleep(max(WATCH_S, 2 * self.step_s))
+            self._exit_if_stuck(step, why)
+
+    def _exit_if_stuck(self, step, why):
+        """Once freed: a look later, the loop still in `step` and idle since (it waits on
+        something the freeing did not end), it exits to be replaced; a loop that computed
+        meanwhile is looked at again, until BUSY_S passed."""
+        look = max(WATCH_S, 2 * self.step_s)
+        until = time.monotonic() + max(BUSY_S, look)
+        used = time.clock_gettime(self._loop_clock)
+        while True:
+            time.sleep(look)
             with self._lock:  # the loop cannot be leaving the step meanwhile
-                if self.current is step:
+                if self.current is not step:
+                    return
+                before, used = used, time.clock_gettime(self._loop_clock)
+                if used - before < BUSY_SHARE * look or time.monotonic() >= until:
                     self._exit_replaced(why)
+                    return

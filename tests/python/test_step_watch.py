@@ -7,7 +7,8 @@ loop does and recording the watch's two resorts.
 - Where its agent moves it on (a node of the group lost), it is freed as a rank in a step that
   cannot end, not one merely still in it: at once, also when another arrival came first (the
   grace cut short).
-- A rank that left the step when freed (recovering) is not told to exit.
+- A rank that left the step when freed (recovering) is not told to exit; one whose thread
+  computes on in it (slow, not stuck) is told only once it waits idle.
 - A rank that ended the step and is in the generation's next step is freed again there (the
   next step can never finish either).
 - No arrival in the next generation: nothing is freed, however long the step.
@@ -17,6 +18,7 @@ loop does and recording the watch's two resorts.
 import os
 import sys
 import threading
+import time
 import unittest
 from datetime import timedelta
 
@@ -84,6 +86,16 @@ class StepWatchTest(unittest.TestCase):
         self.assertTrue(resorts.exited_event.wait(EVENT_S), "not told to exit")
         why = "still in step 5 of generation 0 while the others meet in the next"
         self.assertEqual((resorts.freed, resorts.exited), ([why], [why]))
+
+    def test_a_rank_busy_in_its_step_is_told_to_exit_only_once_idle(self):
+        # Freed, the loop's thread (this one) computes on for three looks: slow, not stuck (its
+        # collective failed and its cores are busy); once it waits idle, it is told to exit.
+        resorts, _ = self.freed_in_step_5()
+        busy_until = time.monotonic() + 3 * _stuck.WATCH_S
+        while time.monotonic() < busy_until:
+            pass
+        self.assertEqual(resorts.exited, [])
+        self.assertTrue(resorts.exited_event.wait(EVENT_S), "not told to exit once idle")
 
     def moved_watch(self, resorts, looked, looking=None):
         """A watch whose rank is in step 5 of generation 0, its steps as long as the test's
