@@ -116,7 +116,9 @@ class InProcessCase(unittest.TestCase):
         victims = {victim} if isinstance(victim, int) else set(victim)
         for rank in range(WORLD):
             processes = self.processes(out, rank)
-            self.assertEqual(len(processes), 2 if rank in victims else 1, (rank, processes))
+            self.assertEqual(
+                len(processes), 2 if rank in victims else 1, (rank, processes, result.stderr)
+            )
             steps = sorted(s for taken in processes.values() for s in taken)
             self.assertEqual(steps, list(range(STEPS)), (rank, processes, result))
             if rank not in victims:  # the survivor's one process ran to the end
