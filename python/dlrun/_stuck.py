@@ -180,15 +180,15 @@ class StepWatch:
                 if self.current is not step:
                     continue  # a step of this generation ended: the next is watched the same way
                 self._unblock(why)
-            self._exit_if_stuck(step, why)
+                used = time.clock_gettime(self._loop_clock)  # its thread alive while in a step
+            self._exit_if_stuck(step, why, used)
 
-    def _exit_if_stuck(self, step, why):
-        """Once freed: a look later, the loop still in `step` and idle since (it waits on
-        something the freeing did not end), it exits to be replaced; a loop that computed
-        meanwhile is looked at again, until BUSY_S passed."""
+    def _exit_if_stuck(self, step, why, used):
+        """Once freed (`used`: the loop thread's CPU time then): a look later, the loop still in
+        `step` and idle since (it waits on something the freeing did not end), it exits to be
+        replaced; a loop that computed meanwhile is looked at again, until BUSY_S passed."""
         look = max(WATCH_S, 2 * self.step_s)
         until = time.monotonic() + max(BUSY_S, look)
-        used = time.clock_gettime(self._loop_clock)
         while True:
             time.sleep(look)
             with self._lock:  # the loop cannot be leaving the step meanwhile
