@@ -154,7 +154,7 @@ int AgentImpl::run() {
   if (state_ != State::Finished) beginRound();
   io_.run();
   if (roundThread_.joinable()) {
-    interruptHealthWait();
+    interruptPauses();
     rendezvous_.interrupt();
     roundThread_.join();
   }
@@ -242,14 +242,14 @@ void AgentImpl::runRendezvous() {
     } else {
       // The job's first round is measured before its workers start, on a quiet network; a
       // later one (a restart, a lost node's recovery) starts them first and is measured
-      // beside them: the time from a fault to the next step never waits on the probe. Its
+      // after them: the time from a fault to the next step never waits on the probe. Its
       // round's end is heeded once it is done (within its deadline).
       std::optional<rendezvous::World> probeLater;
-      if (world && world->round == 0) probeNetwork(*world);
+      if (world && world->round == 0) probeNetwork(*world, /*settle=*/false);
       if (world && world->round != 0) probeLater = *world;
       if (world && world->keptWorkers) moveKept(*world);
       asio::post(io_, [this, joined = std::move(joined)] { onJoined(joined); });
-      if (probeLater) probeNetwork(*probeLater);
+      if (probeLater) probeNetwork(*probeLater, /*settle=*/true);
     }
     if (!world) return;
     asio::post(io_, [this, end = rendezvous_.awaitEnd()] { onRoundEnd(end); });

@@ -51,18 +51,21 @@ bool AgentImpl::awaitHealthy() {
         if (state_ == State::Joining) publishNode(control::kSittingOut);
       });
     }
-    std::unique_lock lock(healthMutex_);
-    if (healthWake_.wait_for(lock, health.recheck, [this] { return healthInterrupted_; }))
-      return false;
+    if (!pauseRoundThread(health.recheck)) return false;
   }
 }
 
-void AgentImpl::interruptHealthWait() {
+bool AgentImpl::pauseRoundThread(Clock::duration pause) {
+  std::unique_lock lock(pauseMutex_);
+  return !pauseWake_.wait_for(lock, pause, [this] { return pausesInterrupted_; });
+}
+
+void AgentImpl::interruptPauses() {
   {
-    std::lock_guard lock(healthMutex_);
-    healthInterrupted_ = true;
+    std::lock_guard lock(pauseMutex_);
+    pausesInterrupted_ = true;
   }
-  healthWake_.notify_all();
+  pauseWake_.notify_all();
 }
 
 }  // namespace dlrun::agents::detail

@@ -71,9 +71,12 @@ class AgentImpl {
   // agent_health.cpp: the node's checks before it joins a round (health_check.h), on the
   // rendezvous thread; false where the node is not to join (the agent ends)
   bool awaitHealthy();
-  void interruptHealthWait();
-  // agent_probe.cpp: the network probe of a round just formed, on the rendezvous thread
-  void probeNetwork(const rendezvous::World& world);
+  // A pause of the rendezvous thread that the agent's end cuts short; false where it did.
+  bool pauseRoundThread(Clock::duration pause);
+  void interruptPauses();
+  // agent_probe.cpp: the network probe of a round just formed, on the rendezvous thread;
+  // `settle`: a later round's, which waits a part of its bound first (agent_probe.cpp)
+  void probeNetwork(const rendezvous::World& world, bool settle);
 
   // agent_summary.cpp: the first failure first (failure_summary.h): each worker's end noted;
   // a final failure's summary gathered by group rank 0 (true: under way, it finishes the agent)
@@ -249,10 +252,11 @@ class AgentImpl {
   std::optional<rendezvous::World> pendingWorld_;
   std::optional<rendezvous::RoundEnd> roundEnd_;
   std::thread roundThread_;  // the rendezvous's blocking calls (runRendezvous)
-  // A node sitting a round out waits for its next check here; the agent's end wakes it.
-  std::mutex healthMutex_;
-  std::condition_variable healthWake_;
-  bool healthInterrupted_ = false;
+  // The rendezvous thread's pauses (a node sitting a round out waits for its next check, a
+  // later round's probe for the recovery to pass); the agent's end wakes it.
+  std::mutex pauseMutex_;
+  std::condition_variable pauseWake_;
+  bool pausesInterrupted_ = false;
   // Why this node sits out (agent_health.cpp, on the io_context): from a failed check until its
   // next workers start, it is in no round, so its state names no group rank and no workers.
   std::optional<control::SittingOut> sittingOut_;

@@ -1,7 +1,8 @@
 // The network probe once a round of several nodes formed (network_probe.h), on the rendezvous
-// thread before the round's workers start: each node tells the round where its agent answers,
-// measures its link to the next node's, and the round's first node names the slowest link.
-// Bounded by --network-probe-timeout; whatever it cannot do is said and the round goes on.
+// thread, before the job's first workers start and a quarter of its bound after a later round's
+// start: each node tells the round where its agent answers, measures its link to the next
+// node's, and the round's first node names the slowest link. Bounded by
+// --network-probe-timeout; whatever it cannot do is said and the round goes on.
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -35,11 +36,16 @@ std::optional<ProbeTarget> nextMember(const std::vector<std::string>& shared,
 
 }  // namespace
 
-void AgentImpl::probeNetwork(const rendezvous::World& world) {
+void AgentImpl::probeNetwork(const rendezvous::World& world, bool settle) {
   if (!options_.networkProbe || world.groupWorldSize < 2 ||
       world.workerEndpoints.size() <= static_cast<size_t>(world.baseRank))
     return;
   const auto deadline = Clock::now() + *options_.networkProbe;
+  // A later round's workers re-form their group and take their state first (an in-process
+  // recovery: some 0.1 s on a CPU job): 4 MiB sent each way meanwhile cost it 10-20 ms of the
+  // cores and the network it needs. The wait counts within the bound (the round's end is heeded
+  // after it all, and the node's lease must not lapse meanwhile).
+  if (settle && !pauseRoundThread(*options_.networkProbe / 4)) return;
   const std::string host = parseHostPort(world.workerEndpoints[world.baseRank], 0).host;
   const std::string self = options_.nodeName.empty() ? host : options_.nodeName;
   try {

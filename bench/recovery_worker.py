@@ -190,7 +190,16 @@ def main():
     if in_process:
         import dlrun.recovery
 
-        loop = dlrun.recovery.Loop(model, optimizer, backend=args.backend, timeout=timeout)
+        def warmup(model):
+            """A worker started ahead (--ready-spares) takes a pass of its own first: its first
+            step in the job runs warm, as the survivors' do."""
+            x = torch.randn(BATCH, args.widths[0], device=device)
+            y = torch.zeros(BATCH, dtype=torch.long, device=device)
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+
+        loop = dlrun.recovery.Loop(
+            model, optimizer, backend=args.backend, timeout=timeout, warmup=warmup
+        )
         if reserve:  # its start, for the benchmark: when it was placed (its recovery began)
             placed = loop.last_recovery["total"] if loop.last_recovery else 0.0
             started = time.time() - placed

@@ -11,6 +11,11 @@ import sys
 VARIABLE = "DLRUN_RECOVERY_RESERVE"  # agents/recovery.h
 
 
+def reserved():
+    """Whether this worker was started ahead and waits for its place."""
+    return bool(os.environ.get(VARIABLE))
+
+
 def take_place():
     """Waits for this worker's place and takes it on; ends the process quietly where the agent
     is gone first (a spare stopped unused is killed)."""

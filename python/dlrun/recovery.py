@@ -47,7 +47,7 @@ from datetime import timedelta
 from dlrun import _news, _state, progress
 from dlrun._group import Group, prepare_nccl
 from dlrun._job import say, store_client
-from dlrun._reserve import take_place
+from dlrun._reserve import reserved, take_place
 from dlrun._stuck import StepWatch, sockets
 
 __all__ = ["Loop", "active"]
@@ -144,7 +144,12 @@ class Loop:
     keyword arguments. `exact`: one gradient bucket per parameter, so that every sum is made in
     the same order in every generation and a deterministic job's weights equal a fault-free
     run's bit for bit (DDP's own buckets are laid out anew in a new group, which moves the sums'
-    rounding; more all-reduces per step)."""
+    rounding; more all-reduces per step). `warmup`: a callable, warmup(model), that a worker
+    started ahead on a spare (dlrun --ready-spares) calls once before it waits for its place: a
+    forward and backward pass on a batch of the job's shape, so that its first step in the job
+    runs warm (the first pass allocates and initialises what every later one reuses; on a GPU,
+    the kernels and the cuBLAS handles). What it leaves in the model and the optimizer is
+    replaced by the survivors' state as the worker joins; no other worker calls it."""
 
     def __init__(
         self,
@@ -155,9 +160,13 @@ class Loop:
         ddp_options=None,
         timeout=timedelta(seconds=60),
         exact=False,
+        warmup=None,
     ):
         import torch.distributed as dist
 
+        if warmup is not None and reserved():
+            warmup(model)
+            model.zero_grad(set_to_none=True)
         take_place()  # --ready-spares: a worker started ahead gets its ranks here
         self.module, self.optimizer, self.backend = model, optimizer, backend
         self.state = state if state is not None else {}
@@ -455,7 +464,11 @@ class Loop:
         all-reduced gradients as often): only the newcomers and the survivors behind are sent
         it, shared out among those survivors (NCCL: from the lowest, by a broadcast; it also
         publishes what is not a tensor)."""
-        records = [json.loads(self._store.get(f"{keys}/rank/{r}")) for r in range(self.world)]
+        named = [f"{keys}/rank/{r}" for r in range(self.world)]
+        if hasattr(self._store, "multi_get"):  # torch 2: one round trip
+            records = [json.loads(record) for record in self._store.multi_get(named)]
+        else:
+            records = [json.loads(self._store.get(key)) for key in named]
         survivors = [r for r, record in enumerate(records) if record["survivor"]]
         if not survivors:
             raise RuntimeError("no rank survived to send the state")

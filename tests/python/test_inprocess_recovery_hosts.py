@@ -187,14 +187,17 @@ class TwoHostsWithASpareTest(InProcessCase):
     def test_ready_spares_take_a_lost_hosts_ranks_with_workers_started_ahead(self):
         # --ready-spares: the spare's workers start while it waits and wait in their loops;
         # the host of rank 2 is killed once both are there, and the ranks it ran are taken by
-        # those very processes, recovered in process with the survivors.
-        result, finals, ahead = self.ready_spares_job()
+        # those very processes, recovered in process with the survivors. Those two ran their
+        # loop's warmup (a step of their own, discarded: the weights are the fault-free run's),
+        # and no other worker did.
+        result, finals, ahead, warm = self.ready_spares_job()
         self.assertEqual(sorted(finals[r]["pid"] for r in (2, 3)), sorted(ahead), result)
+        self.assertEqual(sorted(warm), sorted(ahead), result)
 
     def test_ready_spares_that_ended_before_their_place_start_afresh_then(self):
         # The spare's workers started ahead exit before the loss: each is said, and the spare
         # starts those ranks afresh when it takes the lost host's place, in process all the same.
-        result, finals, ahead = self.ready_spares_job({"INPROCESS_RESERVE_EXIT": "1"})
+        result, finals, ahead, _ = self.ready_spares_job({"INPROCESS_RESERVE_EXIT": "1"})
         self.assertFalse({finals[r]["pid"] for r in (2, 3)} & set(ahead), result)
         for local in (0, 1):
             self.assertRegex(
@@ -205,11 +208,12 @@ class TwoHostsWithASpareTest(InProcessCase):
 
     def ready_spares_job(self, env=None):
         """spare_takes_lost_host under --ready-spares (and `env`), the host lost once the
-        spare's two workers started ahead: the agents' output, each rank's final record and the
-        pids of the workers started ahead."""
-        ahead = []
+        spare's two workers started ahead: the agents' output, each rank's final record, the
+        pids of the workers started ahead and of the workers that ran their loop's warmup."""
+        ahead, dirs = [], []
 
         def started_ahead(out, agents):
+            dirs.append(out)
             wait_until(
                 lambda: len(glob.glob(os.path.join(out, "reserve_*"))) == 2,
                 TIMEOUT_S,
@@ -222,7 +226,8 @@ class TwoHostsWithASpareTest(InProcessCase):
 
         result, finals = self.spare_takes_lost_host(started_ahead, ["--ready-spares"], env)
         self.assertIn("2 workers start ahead and wait in dlrun.recovery's loop", result.stderr)
-        return result, finals, ahead
+        warm = [int(p.rsplit("_", 1)[1]) for p in glob.glob(os.path.join(dirs[0], "warm_*"))]
+        return result, finals, ahead, warm
 
     def check_host_lost_in_a_recovery(self, kills, loser, kept, processes, generation):
         """A job given `kills`, the host of rank `loser` killed once it stopped itself: the two

@@ -29,8 +29,8 @@ each step. RANK:STEP:saved: that rank's first process dies as its copy of STEP i
 counts it in the store (the step then never completes on every rank).
 
 Every process writes OUT_DIR/start_<RANK>_<PID> as it starts (a spare's worker started ahead,
-dlrun --ready-spares: OUT_DIR/reserve_<PID> then, and its start file once its loop ranked it;
-with INPROCESS_RESERVE_EXIT set it exits 3 there)
+dlrun --ready-spares: OUT_DIR/reserve_<PID> then, OUT_DIR/warm_<PID> as its loop's warmup runs, and
+its start file once its loop ranked it; with INPROCESS_RESERVE_EXIT set it exits 3 there)
 and appends each step it completes to OUT_DIR/steps_<RANK>_<PID>; at the end every rank writes
 OUT_DIR/final_<RANK>.json with the SHA-256 of its parameters' bytes, its pid, its rank and world
 size at the end (a smaller job renumbers), its generation, its recoveries and the last one's
@@ -180,7 +180,16 @@ def main():
     ).double()
     model.to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    loop = dlrun.recovery.Loop(model, optimizer, backend=backend, exact=True)
+
+    def warmup(model):
+        """A step of its own, the optimizer's too: the state the worker joins with replaces
+        all of it (the fault-free weights are equalled all the same)."""
+        open(os.path.join(out_dir, f"warm_{pid}"), "w").close()
+        x, y = batch(0, 0, device)
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        optimizer.step()
+
+    loop = dlrun.recovery.Loop(model, optimizer, backend=backend, exact=True, warmup=warmup)
     if reserve:
         rank = int(os.environ["RANK"])
         open(os.path.join(out_dir, f"start_{rank}_{pid}"), "w").close()
