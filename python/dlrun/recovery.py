@@ -466,9 +466,10 @@ class Loop:
         publishes what is not a tensor)."""
         named = [f"{keys}/rank/{r}" for r in range(self.world)]
         if hasattr(self._store, "multi_get"):  # torch 2: one round trip
-            records = [json.loads(record) for record in self._store.multi_get(named)]
+            said = self._store.multi_get(named)
         else:
-            records = [json.loads(self._store.get(key)) for key in named]
+            said = [self._store.get(key) for key in named]
+        records = [json.loads(record) for record in said]
         survivors = [r for r, record in enumerate(records) if record["survivor"]]
         if not survivors:
             raise RuntimeError("no rank survived to send the state")
