@@ -78,7 +78,8 @@ AgentImpl::AgentImpl(AgentOptions options, rendezvous::Rendezvous& rendezvous)
       keepTimer_(io_),
       crashLoop_(options_.crashLoopAttempts, kCrashLoopShortLife),
       quarantine_(options_.quarantine),
-      stopSignals_(options_.signalsToHandle.value_or(kDefaultStopSignals)) {
+      stopSignals_(options_.signalsToHandle.value_or(kDefaultStopSignals)),
+      replacementTimer_(io_) {
   // As torchrun 2.x, which gives every worker the list (its default four unless the flag
   // names others), for a worker that starts processes of its own through torch.
   std::string names;

@@ -121,6 +121,10 @@ struct AgentOptions {
   // and run until they make dlrun.recovery's loop, where they wait to take a lost node's ranks
   // (Zygote::reserve); a round that starts them otherwise stops them first.
   bool readySpares = false;
+  // --ready-replacements: while a round runs, a worker for each local rank is forked from the
+  // zygote ahead of a failure and waits in dlrun.recovery's loop; a failed worker's in-process
+  // replacement takes its place (agent_spares.cpp).
+  bool readyReplacements = false;
   // Set where the workers' torch cannot be a client of this store (agents/torch_probe.h): rank
   // 0's torch serves theirs (serveStoreAtRankZero, worker_env.h), and the proxy is not used.
   // The text says so, once, as the workers first start.

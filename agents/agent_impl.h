@@ -106,11 +106,18 @@ class AgentImpl {
   void dropKept();
   void moveKept(const rendezvous::World& world);  // on the rendezvous thread
 
-  // agent_spares.cpp: --ready-spares, a spare's workers started ahead (Zygote::reserve)
+  // agent_spares.cpp: workers started ahead (Zygote::reserve): --ready-spares, a spare's;
+  // --ready-replacements, a running node's, for a failed worker's replacement
   bool readiesSpares() const;
   void readySpares();
   bool placesSpares(const rendezvous::World& world) const;
   void sparesBeforeRound(const rendezvous::World& world);
+  bool readiesReplacements() const;
+  void readyReplacementsLater(int local);  // -1: every local rank (a round's start)
+  void readyReplacements(uint64_t attempt);
+  // A replacement is started ahead this long after its round's workers, or the replacement
+  // that used the last one, started: not on the cores their own start needs.
+  static constexpr std::chrono::seconds kReplacementDelay{2};
 
   // agent_links.cpp: --store-proxy's proxy, made or moved to where the round's store is; the
   // workers' world then names it
@@ -293,6 +300,10 @@ class AgentImpl {
   bool awaitingZygote_ = false;
   bool spareWaiting_ = false;  // this node waits as a spare (Rendezvous::whenSpare)
   bool sparesSaid_ = false;    // readySpares' line, once
+  // --ready-replacements: the local ranks to start a replacement ahead for, when the timer
+  // fires (one that ended before its place is not started again in its round)
+  std::set<int> replacementsDue_;
+  asio::steady_timer replacementTimer_;
 
   // A report that cannot reach the store leaves the round to end by the lease: this node's
   // watcher notices the lost store too.

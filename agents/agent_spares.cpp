@@ -1,7 +1,12 @@
-// --ready-spares (agent.md, In-process recovery): while this node waits as a spare, its workers
-// are forked ahead from the zygote and run until they make dlrun.recovery's loop, which waits
-// for their place (python/dlrun/_reserve.py). A round that puts this node in a lost node's place
-// hands each its worker's launch (startSome); any other round stops them and starts its own.
+// Workers started ahead (agent.md, In-process recovery): forked from the zygote, they run the
+// program until it makes dlrun.recovery's loop, which waits for their place
+// (python/dlrun/_reserve.py).
+// --ready-spares: while this node waits as a spare. A round that puts this node in a lost node's
+// place hands each its worker's launch (startSome); any other round stops them and starts its
+// own.
+// --ready-replacements: while a round runs, one for each local rank, with the environment its
+// replacement gets; a failed worker's replacement takes its place (restartAlone), and another is
+// started ahead kReplacementDelay later. The next round stops them (sparesBeforeRound).
 #include "agents/agent_impl.h"
 #include "agents/recovery.h"
 #include "agents/warm_start.h"
@@ -56,6 +61,47 @@ bool AgentImpl::placesSpares(const rendezvous::World& world) const {
 void AgentImpl::sparesBeforeRound(const rendezvous::World& world) {
   spareWaiting_ = false;
   if (zygote_ && !placesSpares(world)) zygote_->dropReserves();
+}
+
+bool AgentImpl::readiesReplacements() const {
+  return options_.readyReplacements && options_.inProcessRecovery && options_.warmStart;
+}
+
+void AgentImpl::readyReplacementsLater(int local) {
+  if (!readiesReplacements()) return;
+  if (local >= 0) {
+    replacementsDue_.insert(local);
+  } else {
+    replacementsDue_.clear();
+    for (int l = 0; l < options_.nprocPerNode; ++l) replacementsDue_.insert(l);
+  }
+  replacementTimer_.expires_after(kReplacementDelay);
+  replacementTimer_.async_wait([this, attempt = attempt_](const boost::system::error_code& ec) {
+    if (!ec) readyReplacements(attempt);
+  });
+}
+
+// Not for a node whose ranks a round renumbered or kept (a failed worker restarts the whole
+// group there, or carries what the keep said), nor for an `alone` role's or a service's worker
+// (no recovery loop to wait in).
+void AgentImpl::readyReplacements(uint64_t attempt) {
+  if (attempt != attempt_ || state_ != State::Running || starting_ || renumbered_ || kept_) return;
+  if (!zygote_ || zygote_->state() != Zygote::State::Ready || !environment_) return;
+  const fs::path dir = attemptDir();
+  for (const int local : std::exchange(replacementsDue_, {})) {
+    if (const RoleSpec* role = roleOf(local); role != nullptr && (role->alone || role->service))
+      continue;
+    WorkerLaunch launch = launchOf(dir, local);
+    std::vector<std::string> envp = environment_->own(local, launch.errorFile);
+    envp.push_back(std::string(recovery::kJoinVariable) + "=1");
+    envp.push_back(std::string(recovery::kReserveVariable) + "=1");
+    SpawnRequest request{.argv = std::move(launch.argv),
+                         .envp = std::move(envp),
+                         .sharedEnvp = environment_->shared(),
+                         .nullStdin = true,
+                         .cpus = launch.cpus};
+    zygote_->reserve(request, local);
+  }
 }
 
 }  // namespace dlrun::agents::detail

@@ -73,8 +73,9 @@ DescriptorNeeds descriptorNeeds(const AgentOptions& options, int inUse) {
       options.nprocPerNode * ((options.servesStore ? 1 : 0) + (options.storeProxy ? 1 : 0));
   // --warm-start: the zygote's socket, and a start's "go" socket while it waits for its answer
   if (options.warmStart) needs.workerFiles += 2;
-  // --ready-spares: the go socket of each worker started ahead, until it is placed
-  if (options.readySpares) needs.workerFiles += options.nprocPerNode;
+  // --ready-spares, --ready-replacements: the go socket of each worker started ahead, until it
+  // is placed
+  if (options.readySpares || options.readyReplacements) needs.workerFiles += options.nprocPerNode;
   return needs;
 }
 
@@ -201,6 +202,7 @@ void AgentImpl::startSome(uint64_t attempt) {
     observer->onRoundStarted(world_, static_cast<int>(workers_.size()), Clock::now());
   publishStarted();
   watchStoreHost();
+  readyReplacementsLater(-1);
   if (world_.joinInProcess) {
     // From the round's start: a worker forked from the zygote starts its recovery before the
     // last of its node's workers is started.
@@ -283,7 +285,7 @@ bool AgentImpl::restartAlone(const Worker& failed) {
     if (!alone) launch.envp.push_back(std::string(recovery::kJoinVariable) + "=1");
     if (!alone && kept_) launch.envp.push_back(std::string(recovery::kKeptVariable) + "=1");
     launch.sharedEnvp = environment_->shared();
-    worker = Worker::start(io_, std::move(launch), zygote_.get());
+    worker = Worker::start(io_, std::move(launch), zygote_.get(), !alone);
   } catch (const std::exception& e) {  // dlrun's errors, and the filesystem's (the log dir)
     log::info("cannot restart rank " + std::to_string(failed.rank()) + ": " + e.what());
     return false;
@@ -299,6 +301,7 @@ bool AgentImpl::restartAlone(const Worker& failed) {
   if (!alone) {
     replaced_[local] = worker->pid();
     followRecovery(local, failed.rank(), worker->pid(), unixSeconds());
+    readyReplacementsLater(local);
   }
   byPid_.erase(failed.pid());
   byPid_[worker->pid()] = worker.get();

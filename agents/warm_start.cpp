@@ -406,7 +406,7 @@ void Zygote::reserve(const SpawnRequest& request, int local) {
     impl_->kill();
     return;
   } catch (const Error& e) {  // the spare's workers start when it is placed, as without
-    log::info(std::string("--ready-spares: cannot start a worker ahead: ") + e.what());
+    log::info(std::string("cannot start a worker ahead: ") + e.what());
     return;
   }
   impl_->reserves.emplace(local, std::move(reserve));
@@ -423,9 +423,8 @@ bool Zygote::reaped(pid_t pid, const ExitStatus& status) {
   if (impl_->dropped.erase(pid) > 0) return true;
   for (auto it = impl_->reserves.begin(); it != impl_->reserves.end(); ++it) {
     if (it->second.pid != pid) continue;
-    log::info("--ready-spares: the worker started ahead for local rank " +
-              std::to_string(it->first) + " ended (" + status.describe() +
-              ") before this node took a place; its worker starts afresh then");
+    log::info("the worker started ahead for local rank " + std::to_string(it->first) + " ended (" +
+              status.describe() + ") before its place came; that rank's worker starts afresh then");
     impl_->reserves.erase(it);
     return true;
   }

@@ -24,7 +24,8 @@ lists --warm-start (else its rows say n/a); dlrun-inproc and dlrun-inproc-warm, 
 --recovery=in-process (the worker then runs dlrun.recovery's loop: the lost rank alone starts
 again and takes the survivors' state, no checkpoint read; a lost node's ranks start on the spare
 and join the survivors, or, with no spare, the survivors go on renumbered); dlrun-inproc-ready,
-dlrun-inproc-warm with --ready-spares (the spare's workers started ahead, waiting in the loop);
+dlrun-inproc-warm with workers started ahead, waiting in the loop (--ready-spares: the spare's,
+in the host case; else --ready-replacements: a node's own, to replace a failed one);
 torchrun.
 
 A trial: the job starts, trains steadily, the fault (its time taken right before the kill),
@@ -67,7 +68,10 @@ from recovery_trials import Trial, floor_trial, run_bare
 # dlrun-warm's flags. Its row runs where `dlrun --help` lists the first of them.
 WARM_FLAGS = ["--warm-start", "--preload", "torch"]
 IN_PROCESS_FLAGS = ["--recovery=in-process"]
-READY_FLAG = "--ready-spares"  # a spare's workers started ahead
+# dlrun-inproc-ready's workers started ahead: a spare's where a host is lost, else a node's own
+# for a failed worker's replacement.
+READY_FLAGS = {"host": "--ready-spares"}
+READY_FLAG = "--ready-replacements"
 LAUNCHERS = (
     "dlrun",
     "dlrun-warm",
@@ -128,10 +132,17 @@ def launcher_prefixes(args):
         "dlrun-inproc-warm": warm and in_process and [args.dlrun, *in_process, *warm],
         "dlrun-inproc-ready": warm
         and in_process
-        and READY_FLAG in text
-        and [args.dlrun, *in_process, *warm, READY_FLAG],
+        and all(flag in text for flag in (READY_FLAG, *READY_FLAGS.values()))
+        and [args.dlrun, *in_process, *warm],
     }
     return {name: prefixes[name] for name in args.launchers}
+
+
+def case_prefix(case, launcher, prefixes):
+    """`launcher`'s argv prefix in `case` (dlrun-inproc-ready's flag is the case's)."""
+    if launcher.endswith("-ready"):
+        return [*prefixes[launcher], READY_FLAGS.get(case, READY_FLAG)]
+    return prefixes[launcher]
 
 
 def runs(case, launcher, prefixes):
@@ -196,7 +207,9 @@ def run_rounds(args, setup, prefixes, results, floors):
                 print(f"  round {index + 1} floor N={world}: FAILED: {failure}", flush=True)
             keep(args, os.path.join(setup.scratch, f"floor{world}-{index}"))
         for case, launcher in pairs if index % 2 == 0 else pairs[::-1]:
-            trial = Trial(setup, CASES[case], launcher, prefixes[launcher], index)
+            trial = Trial(
+                setup, CASES[case], launcher, case_prefix(case, launcher, prefixes), index
+            )
             outcome = trial.run()
             results.setdefault((case, launcher), []).append(outcome)
             if outcome.reason is None:
@@ -449,7 +462,12 @@ def main(argv=None):
         f"({args.backend}, steps at least {args.step_seconds:g} s apart), "
         f"cases {', '.join(args.cases)}, "
         f"deadline {args.deadline:g} s; launchers: "
-        + ", ".join(f"{n} = {' '.join(p) if p else 'n/a'}" for n, p in prefixes.items()),
+        + ", ".join(f"{n} = {' '.join(p) if p else 'n/a'}" for n, p in prefixes.items())
+        + (
+            f" ({READY_FLAG}; where a host is lost, {READY_FLAGS['host']})"
+            if prefixes.get("dlrun-inproc-ready")
+            else ""
+        ),
         flush=True,
     )
     results, floors = {}, {}

@@ -12,6 +12,11 @@ from chaos_faults import kill_and_reap, signal_pid, wait_for
 from rdzv_processes import start_time
 
 SETTLE_S = 2.0  # more steady time where a spare must be in place before the fault
+# More steady time before a worker's fault, for every launcher alike: a fault comes minutes into
+# a job, by when dlrun's zygote has forked its standbys (one a quiet second) and, with
+# --ready-replacements, a worker started ahead waits for each local rank (2 s after the
+# round's start, then their own start).
+WORKER_SETTLE_S = 4.0
 ORPHAN_GRACE_S = 0.5  # an agent's workers still running this long after it was killed
 POLL_S = 0.02
 HANG_TIMEOUT_S = 5  # the hang case's --hang-timeout
@@ -143,7 +148,9 @@ def kill_agent(trial):
 
 
 CASES = {
-    "worker": Case("worker", "one worker SIGKILLed", (0,), None, 1, 1, 0.0, kill_worker),
+    "worker": Case(
+        "worker", "one worker SIGKILLed", (0,), None, 1, 1, WORKER_SETTLE_S, kill_worker
+    ),
     "host": Case(
         "host", "a member host killed, a spare waiting", (0, 1, 2), "2", 2, 2, SETTLE_S, kill_host
     ),
@@ -155,7 +162,7 @@ CASES = {
         None,
         1,
         1,
-        0.0,
+        WORKER_SETTLE_S,
         stop_worker,
     ),
 }

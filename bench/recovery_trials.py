@@ -10,8 +10,8 @@ root namespace on loopback.
 
 A trial:
 1. the agents start; the job is steady once rank 0 of one incarnation (a resume line) has taken
-   STEADY_STEPS steps in the world the case expects (and, where a spare waits, SETTLE_S more
-   without a restart, so the spare is in place);
+   STEADY_STEPS steps in the world the case expects, then the case's settle time more without a
+   restart (a spare in place; a worker's fault: what the node forks ahead made);
 2. the fault, its time (time.time()) taken right before the kill;
 3. recovery: the first step line of another incarnation than the one stepping at the fault,
    minus the fault's time; failed when none comes within --deadline s, or an agent that was not

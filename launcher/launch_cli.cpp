@@ -95,16 +95,24 @@ void consoleDedup(const DeclaredFlags& f, LaunchConfig& c) {
   c.agent.consoleDedupFrom = f.consoleDedup == "on" ? 1 : 8;
 }
 
-void checkReadySpares(const DeclaredFlags& f, const LaunchConfig& c) {
-  if (!c.agent.readySpares) return;
+// --ready-spares and --ready-replacements: workers started ahead from the zygote, waiting in
+// dlrun.recovery's loop for a place.
+void checkStartedAhead(bool set, const std::string& flag, const DeclaredFlags& f,
+                       const LaunchConfig& c) {
+  if (!set) return;
   if (!(c.agent.inProcessRecovery && f.warmStart))
-    throw ConfigError(
-        "--ready-spares needs --recovery=in-process and --warm-start (a spare's workers "
-        "wait in dlrun.recovery's loop, forked from the warm interpreter)");
+    throw ConfigError(flag +
+                      " needs --recovery=in-process and --warm-start (workers started ahead "
+                      "wait in dlrun.recovery's loop, forked from the warm interpreter)");
   if (c.agent.virtualLocalRank)
-    throw ConfigError(
-        "--ready-spares and --virtual-local-rank conflict: a worker started ahead runs before "
-        "its rank's variables are known");
+    throw ConfigError(flag +
+                      " and --virtual-local-rank conflict: a worker started ahead runs before "
+                      "its place is known");
+}
+
+void checkReadySpares(const DeclaredFlags& f, const LaunchConfig& c) {
+  checkStartedAhead(c.agent.readySpares, "--ready-spares", f, c);
+  checkStartedAhead(c.agent.readyReplacements, "--ready-replacements", f, c);
 }
 
 // Reading: each flag's value into the LaunchConfig, and the rest of what the backend is

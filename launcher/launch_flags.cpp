@@ -140,6 +140,11 @@ void declareJobFlags(CLI::App& app, DeclaredFlags& f, LaunchConfig& c) {
           "With --recovery=in-process and --warm-start: a spare node starts its workers ahead; "
           "they run the program until it makes dlrun.recovery.Loop and wait there to take a "
           "lost node's ranks (see docs/guides/in-process-recovery.md)");
+  addFlag(app, "ready-replacements", c.agent.readyReplacements,
+          "With --recovery=in-process and --warm-start: each node keeps a worker started ahead "
+          "for each local rank, waiting in dlrun.recovery.Loop to replace one that fails (one "
+          "more process, and its memory, for each worker; see "
+          "docs/guides/in-process-recovery.md)");
   f.preloadOption = addOption(app, "preload", f.preload,
                               "With --warm-start: modules imported once, before the workers are "
                               "forked, as MOD[,MOD...] (e.g. torch,numpy)");

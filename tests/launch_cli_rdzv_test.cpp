@@ -313,24 +313,28 @@ TEST(ParseDlrunArgs, EtcdTakesAnEndpointListWithEtcdsDefaultPort) {
       RdzvBackend::Etcd);
 }
 
-// A spare's workers started ahead wait in dlrun.recovery's loop, forked from the zygote.
-TEST(ParseDlrunArgs, ReadySparesNeedInProcessRecoveryAndWarmStarts) {
+// Workers started ahead (a spare's, a running node's for its replacements) wait in
+// dlrun.recovery's loop, forked from the zygote.
+TEST(ParseDlrunArgs, WorkersStartedAheadNeedInProcessRecoveryAndWarmStarts) {
   EXPECT_FALSE(parse({"script.py"}).agent.readySpares);
-  const LaunchConfig c =
-      parse({"--recovery=in-process", "--warm-start", "--ready-spares", "script.py"});
-  EXPECT_TRUE(c.agent.readySpares);
-  EXPECT_TRUE(c.agent.inProcessRecovery);
-  for (const Args& args :
-       {Args{"--ready-spares", "script.py"}, Args{"--ready-spares", "--warm-start", "script.py"},
-        Args{"--ready-spares", "--recovery=in-process", "script.py"}})
-    EXPECT_EQ(configError([&] { parse(args); }),
-              "--ready-spares needs --recovery=in-process and --warm-start (a spare's workers "
-              "wait in dlrun.recovery's loop, forked from the warm interpreter)");
-  EXPECT_TRUE(contains(configError([] {
-                         parse({"--recovery=in-process", "--warm-start", "--ready-spares",
-                                "--virtual-local-rank", "script.py"});
-                       }),
-                       "--ready-spares and --virtual-local-rank conflict"));
+  EXPECT_FALSE(parse({"script.py"}).agent.readyReplacements);
+  EXPECT_TRUE(parse({"--recovery=in-process", "--warm-start", "--ready-spares", "script.py"})
+                  .agent.readySpares);
+  EXPECT_TRUE(parse({"--recovery=in-process", "--warm-start", "--ready-replacements", "script.py"})
+                  .agent.readyReplacements);
+  for (const std::string flag : {"--ready-spares", "--ready-replacements"}) {
+    for (const Args& args : {Args{flag, "script.py"}, Args{flag, "--warm-start", "script.py"},
+                             Args{flag, "--recovery=in-process", "script.py"}})
+      EXPECT_EQ(configError([&] { parse(args); }),
+                flag +
+                    " needs --recovery=in-process and --warm-start (workers started ahead wait "
+                    "in dlrun.recovery's loop, forked from the warm interpreter)");
+    EXPECT_TRUE(contains(configError([&] {
+                           parse({"--recovery=in-process", "--warm-start", flag,
+                                  "--virtual-local-rank", "script.py"});
+                         }),
+                         flag + " and --virtual-local-rank conflict"));
+  }
 }
 
 TEST(ParseDlrunArgs, EtcdPrefixComesFromRdzvConf) {

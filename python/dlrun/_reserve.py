@@ -1,8 +1,9 @@
-"""--ready-spares: a worker a spare node started ahead (agents/agent_spares.cpp) runs its
-program until it makes dlrun.recovery.Loop, which waits here for its place: the environment,
-working directory, CPUs and standard streams of the worker the agent starts once the node takes
-a lost node's ranks, sent over the socket the variable names (the zygote's go socket,
-agents/warm_start.h) as a start's request to the zygote is. Without the variable: nothing."""
+"""A worker started ahead (agents/agent_spares.cpp: --ready-spares on a spare node,
+--ready-replacements on a running one) runs its program until it makes dlrun.recovery.Loop,
+which waits here for its place: the environment, working directory, CPUs and standard streams
+of the worker the agent starts once the node takes a lost node's ranks or replaces a failed
+worker, sent over the socket the variable names (the zygote's go socket, agents/warm_start.h)
+as a start's request to the zygote is. Without the variable: nothing."""
 
 import os
 import socket
@@ -18,7 +19,7 @@ def reserved():
 
 def take_place():
     """Waits for this worker's place and takes it on; ends the process quietly where the agent
-    is gone first (a spare stopped unused is killed)."""
+    is gone first (one stopped unused is killed)."""
     fd = os.environ.get(VARIABLE)
     if not fd:
         return

@@ -145,11 +145,11 @@ class Loop:
     the same order in every generation and a deterministic job's weights equal a fault-free
     run's bit for bit (DDP's own buckets are laid out anew in a new group, which moves the sums'
     rounding; more all-reduces per step). `warmup`: a callable, warmup(model), that a worker
-    started ahead on a spare (dlrun --ready-spares) calls once before it waits for its place: a
-    forward and backward pass on a batch of the job's shape, so that its first step in the job
-    runs warm (the first pass allocates and initialises what every later one reuses; on a GPU,
-    the kernels and the cuBLAS handles). What it leaves in the model and the optimizer is
-    replaced by the survivors' state as the worker joins; no other worker calls it."""
+    started ahead (dlrun --ready-spares, --ready-replacements) calls once before it waits for
+    its place: a forward and backward pass on a batch of the job's shape, so that its first step
+    in the job runs warm (the first pass allocates and initialises what every later one reuses;
+    on a GPU, the kernels and the cuBLAS handles). What it leaves in the model and the optimizer
+    is replaced by the survivors' state as the worker joins; no other worker calls it."""
 
     def __init__(
         self,
@@ -167,7 +167,7 @@ class Loop:
         if warmup is not None and reserved():
             warmup(model)
             model.zero_grad(set_to_none=True)
-        take_place()  # --ready-spares: a worker started ahead gets its ranks here
+        take_place()  # a worker started ahead gets its ranks here
         self.module, self.optimizer, self.backend = model, optimizer, backend
         self.state = state if state is not None else {}
         self.step = 0

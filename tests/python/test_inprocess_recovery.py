@@ -7,6 +7,8 @@ one seeded batch a step and rank, momentum), run fault-free once for the weights
   dlrun needs): the job ends 0, the survivors' PIDs never changed, each rank took every step once
   (the dead process's steps and its replacement's together), and every rank's final parameters
   are, bit for bit, those of the fault-free run.
+- With --ready-replacements, a worker started ahead for each local rank (waiting in its loop)
+  takes a killed worker's place: the replacement is one of them, the others are never placed.
 - A hung worker (SIGSTOP, --hang-timeout): the node's stacks are taken, the stopped rank alone is
   replaced, and the job goes on as after a kill.
 - A failure after the group re-formed (rank 2 at step 9, rank 1 at step 15): a second recovery,
@@ -147,6 +149,23 @@ class InProcessRecoveryTest(InProcessCase):
             with self.subTest(victim=victim, warm=warm):
                 out, finals, result = self.job(f"{victim}:9", warm=warm)
                 self.check_recovered(out, finals, result, victim)
+
+    def test_a_worker_started_ahead_replaces_a_killed_one(self):
+        # --ready-replacements: once the job runs, a worker for each local rank starts ahead and
+        # waits in its loop (its warmup run); rank 1, killed once they all wait, is replaced by
+        # the one of its local rank, which joins the survivors; the others are never placed.
+        out, finals, result = self.job("1:9:ahead", flags=["--ready-replacements"])
+        self.check_recovered(out, finals, result, 1)
+        ahead, warm = (
+            {int(p.rsplit("_", 1)[1]) for p in glob.glob(os.path.join(out, f"{kind}_*"))}
+            for kind in ("reserve", "warm")
+        )
+        self.assertGreaterEqual(len(ahead), WORLD, result)
+        placed = {r: set(self.processes(out, r)) & ahead for r in range(WORLD)}
+        self.assertEqual(len(placed[1]), 1, (placed, result))
+        self.assertLessEqual(placed[1], warm)
+        self.assertEqual(finals[1]["pid"], next(iter(placed[1])))
+        self.assertFalse(any(placed[r] for r in (0, 2, 3)), placed)
 
     def test_a_rank_lost_before_it_counted_its_save_is_recovered_in_process(self):
         # Every rank saves every step through dlrun.checkpoint; rank 2 dies as its copy of step 9

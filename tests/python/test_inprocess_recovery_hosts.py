@@ -202,8 +202,8 @@ class TwoHostsWithASpareTest(InProcessCase):
         for local in (0, 1):
             self.assertRegex(
                 result.stderr,
-                rf"--ready-spares: the worker started ahead for local rank {local} ended \(exit "
-                r"code 3\) before this node took a place; its worker starts afresh then",
+                rf"the worker started ahead for local rank {local} ended \(exit code 3\) "
+                r"before its place came; that rank's worker starts afresh then",
             )
 
     def ready_spares_job(self, env=None):

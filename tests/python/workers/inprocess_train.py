@@ -18,18 +18,22 @@ the shape of a survivor whose next DDP bucket was under way as its previous one 
 group cannot close while its peers wait on it; RANK:STEP:stuck the same, and the group's destruction
 never returns (the recovery's last resort: the rank exits to be replaced). RANK:STEP:hold: that
 rank's first process stays in STEP for good, with no collective failing: the shape of a collective
-whose peers' connections closed as it began and that never learns of it. RANK:STEP:slow: that rank's
-first process sleeps SLOW_S as it begins STEP, before its collective: every rank's STEP takes as
-long (a step watch then waits twice that before it frees a rank). RANK:STEP:gil: that rank's first
-process sleeps GIL_S in a C call that holds the GIL as it begins STEP: stuck where neither a
-collective failing nor its step watch (a thread of the same interpreter) can free it.
+whose peers' connections closed as it began and that never learns of it. RANK:STEP:ahead: that
+rank's first process waits as it begins STEP until a worker started ahead (dlrun
+--ready-replacements) has run its warmup for each local rank, then SIGKILLs itself.
+RANK:STEP:slow: that rank's first process sleeps SLOW_S as it begins STEP, before its collective:
+every rank's STEP takes as long (a step watch then waits twice that before it frees a rank).
+RANK:STEP:gil: that rank's first process sleeps GIL_S in a C call that holds the GIL as it begins
+STEP: stuck where neither a collective failing nor its step watch (a thread of the same
+interpreter) can free it.
 
 With INPROCESS_CHECKPOINT=1 every rank saves the model and optimizer through dlrun.checkpoint after
 each step. RANK:STEP:saved: that rank's first process dies as its copy of STEP is made, before it
 counts it in the store (the step then never completes on every rank).
 
-Every process writes OUT_DIR/start_<RANK>_<PID> as it starts (a spare's worker started ahead,
-dlrun --ready-spares: OUT_DIR/reserve_<PID> then, OUT_DIR/warm_<PID> as its loop's warmup runs, and
+Every process writes OUT_DIR/start_<RANK>_<PID> as it starts (a worker started ahead, dlrun
+--ready-spares or --ready-replacements: OUT_DIR/reserve_<PID> then, OUT_DIR/warm_<PID> as its
+loop's warmup runs, and
 its start file once its loop ranked it; with INPROCESS_RESERVE_EXIT set it exits 3 there)
 and appends each step it completes to OUT_DIR/steps_<RANK>_<PID>; at the end every rank writes
 OUT_DIR/final_<RANK>.json with the SHA-256 of its parameters' bytes, its pid, its rank and world
@@ -44,6 +48,7 @@ worker_util.device_for).
 
 import ctypes
 import ctypes.util
+import glob
 import hashlib
 import os
 import signal
@@ -90,7 +95,16 @@ def kills(out_dir, args, rank):
                 "stop": signal.SIGSTOP,
                 **{
                     name: name
-                    for name in ("host", "pending", "stuck", "hold", "slow", "gil", "saved")
+                    for name in (
+                        "host",
+                        "pending",
+                        "stuck",
+                        "hold",
+                        "slow",
+                        "gil",
+                        "saved",
+                        "ahead",
+                    )
                 },
             }
             found[int(fields[1])] = how.get("".join(fields[2:]), signal.SIGKILL)
@@ -161,8 +175,9 @@ def die_uncounted():
 def main():
     out_dir, steps = sys.argv[1], int(sys.argv[2])
     pid = os.getpid()
-    # dlrun --ready-spares: a spare's worker started ahead says so, and has no rank until its
-    # loop is made (it takes a lost node's ranks there).
+    # dlrun --ready-spares, --ready-replacements: a worker started ahead says so, and has no
+    # rank of its own until its loop is made (it takes a lost node's ranks, or a failed
+    # worker's, there).
     reserve = bool(os.environ.get("DLRUN_RECOVERY_RESERVE"))
     if reserve:
         open(os.path.join(out_dir, f"reserve_{pid}"), "w").close()
@@ -174,6 +189,7 @@ def main():
         die_at = kills(out_dir, sys.argv[3:], rank)
     backend = os.environ.get("INPROCESS_BACKEND", "gloo")
     device = device_for(backend)
+    local_world = int(os.environ["LOCAL_WORLD_SIZE"])
     torch.manual_seed(1234)
     model = torch.nn.Sequential(
         torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1)
@@ -210,6 +226,10 @@ def main():
             time.sleep(SLOW_S)
         if die_at.get(step) == "gil":
             ctypes.PyDLL(ctypes.util.find_library("c")).sleep(GIL_S)  # PyDLL: the GIL held
+        if die_at.get(step) == "ahead":  # once a worker waits, started ahead, for each local rank
+            while len(glob.glob(os.path.join(out_dir, "warm_*"))) < local_world:
+                time.sleep(0.01)
+            die_at[step] = signal.SIGKILL
         if die_at.get(step) in ("pending", "stuck"):
             leave_pending(die_at.pop(step))
         elif step in barrier_at:
