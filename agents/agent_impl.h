@@ -125,6 +125,7 @@ class AgentImpl {
 
   // agent_workers.cpp: starting, restarting and reaping workers
   void prepareLaunches();
+  std::vector<std::string> replacementEnvironment(int local, const std::string& errorFile) const;
   void startSome(uint64_t attempt);
   void doneStarting();
   fs::path attemptDir();

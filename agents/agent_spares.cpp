@@ -92,8 +92,7 @@ void AgentImpl::readyReplacements(uint64_t attempt) {
     if (const RoleSpec* role = roleOf(local); role != nullptr && (role->alone || role->service))
       continue;
     WorkerLaunch launch = launchOf(dir, local);
-    std::vector<std::string> envp = environment_->own(local, launch.errorFile);
-    envp.push_back(std::string(recovery::kJoinVariable) + "=1");
+    std::vector<std::string> envp = replacementEnvironment(local, launch.errorFile);
     envp.push_back(std::string(recovery::kReserveVariable) + "=1");
     SpawnRequest request{.argv = std::move(launch.argv),
                          .envp = std::move(envp),

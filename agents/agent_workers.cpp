@@ -281,9 +281,8 @@ bool AgentImpl::restartAlone(const Worker& failed) {
   std::unique_ptr<Worker> worker;
   try {
     WorkerLaunch launch = launchOf(attemptDir(), local);
-    launch.envp = environment_->own(local, launch.errorFile);
-    if (!alone) launch.envp.push_back(std::string(recovery::kJoinVariable) + "=1");
-    if (!alone && kept_) launch.envp.push_back(std::string(recovery::kKeptVariable) + "=1");
+    launch.envp = alone ? environment_->own(local, launch.errorFile)
+                        : replacementEnvironment(local, launch.errorFile);
     launch.sharedEnvp = environment_->shared();
     worker = Worker::start(io_, std::move(launch), zygote_.get(), !alone);
   } catch (const std::exception& e) {  // dlrun's errors, and the filesystem's (the log dir)
@@ -312,6 +311,15 @@ bool AgentImpl::restartAlone(const Worker& failed) {
   workers_[local] = std::move(worker);
   if (hang_) watchForHangs();  // the replacement in its place, every silence counted anew
   return true;
+}
+
+// An in-process replacement's own environment: the worker's, joining the survivors.
+std::vector<std::string> AgentImpl::replacementEnvironment(int local,
+                                                           const std::string& errorFile) const {
+  std::vector<std::string> envp = environment_->own(local, errorFile);
+  envp.push_back(std::string(recovery::kJoinVariable) + "=1");
+  if (kept_) envp.push_back(std::string(recovery::kKeptVariable) + "=1");
+  return envp;
 }
 
 // Nothing started: the round cannot begin on this node.
