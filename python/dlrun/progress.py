@@ -15,7 +15,7 @@ small JSON file beside the board, at most once a second.
 Outside dlrun (DLRUN_PROGRESS_FILE unset or empty) every call returns at once. A board that cannot
 be used is named once on stderr, and then nothing is reported: a training run never dies of its
 progress reports. A process forked from a worker (a DataLoader worker) reports nothing: the slot
-is its parent's.
+is its parent's, nor does a worker dlrun started ahead before it takes its place.
 
 LightningCallback and HuggingFaceCallback report for PyTorch Lightning's and Hugging Face's
 trainers; they are made on first use, so importing this module imports neither library. Where
@@ -212,7 +212,9 @@ def _open():
     global _board
     board = None
     path = os.environ.get("DLRUN_PROGRESS_FILE", "")
-    if path:
+    # A worker started ahead (DLRUN_RECOVERY_RESERVE, dlrun._reserve) holds the environment of
+    # the worker it may replace, whose slot is live: it reports once it took that place.
+    if path and not os.environ.get("DLRUN_RECOVERY_RESERVE"):
         local_rank = os.environ.get("LOCAL_RANK")
         if (path, local_rank) != _inherited:
             try:

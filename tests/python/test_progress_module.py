@@ -5,6 +5,7 @@ the workers' PYTHONPATH (the tests give them none), and this test puts it on its
 
 - Without dlrun (DLRUN_PROGRESS_FILE unset or empty): importing it imports no trainer library,
   step() returns at once, creates no file and says nothing; active() is False.
+- A worker dlrun started ahead (DLRUN_RECOVERY_RESERVE) reports nothing until it took its place.
 - Set but unusable (a missing file, no slot for LOCAL_RANK, LOCAL_RANK not a local rank or
   unset): one line on stderr naming the problem, no exception, and then nothing reported.
 - Under dlrun (2 workers, --metrics-port): each worker's steps, loss, accuracy, epoch and
@@ -181,6 +182,33 @@ class WithoutDlrunTest(unittest.TestCase):
         self.assertEqual(os.listdir(directory), ["board"])  # no metrics file beside it
         with open(one_slot, "rb") as f:
             self.assertEqual(f.read(), bytes(64))
+
+    def test_a_worker_started_ahead_reports_only_once_it_took_its_place(self):
+        # It holds the environment of the worker it may replace, whose slot is live; its place
+        # taken (dlrun._reserve.take_place: the variable gone, the board looked for again), it
+        # reports to that slot.
+        board = os.path.join(temp_dir(self), "board")
+        with open(board, "wb") as f:
+            f.write(bytes(64))
+        code = (
+            "import os\n"
+            "import dlrun.progress as p\n"
+            "p.step(5, loss=0.5)\n"
+            "assert p.active() is False\n"
+            "with open(os.environ['DLRUN_PROGRESS_FILE'], 'rb') as f:\n"
+            "    assert f.read() == bytes(64)\n"
+            "del os.environ['DLRUN_RECOVERY_RESERVE']\n"
+            "p._board = p._UNOPENED\n"
+            "p.step(6, loss=0.25)\n"
+            "assert p.active() is True\n"
+        )
+        result, _ = self.run_python(
+            code,
+            package_env(DLRUN_PROGRESS_FILE=board, LOCAL_RANK="0", DLRUN_RECOVERY_RESERVE="9"),
+        )
+        self.assertEqual(result.stderr, "")
+        slot = read_slot(board, 0)
+        self.assertEqual((slot["step"], slot["loss"]), (6, 0.25), slot)
 
 
 class UnderDlrunTest(unittest.TestCase):
