@@ -10,15 +10,20 @@ from datetime import timedelta
 
 from dlrun._job import store_client
 
-# A rank still in a step of its generation once a peer arrived in the next is freed at once; a
-# look later (WATCH_S, or twice the step's time), still in that step and idle since, it exits
-# to be replaced.
+# A rank still in a step of its generation once a peer arrived in the next is left this long
+# (or twice the last step's time) to fail by itself, then freed; a look later (WATCH_S, or
+# twice the step's time), still in that step and idle since, it exits to be replaced.
+GRACE_S = 0.05
 WATCH_S = 0.5
 # A loop that used more than BUSY_SHARE of a core since the last look is not stuck but slow (its
 # collective failed; its cores busy): it is looked at again, up to BUSY_S in all, before it
 # exits. Less is a wait's (one that polls, as torch's NCCL blocking wait, uses a little).
 BUSY_SHARE = 0.04
 BUSY_S = 5.0
+# Within the grace its agent's move (a node lost) is looked for so many times, at most every
+# MOVE_LOOK_S: a rank freed at once where no step of its generation can end.
+MOVE_LOOKS = 10
+MOVE_LOOK_S = 0.01
 # One store wait's length, renewed: a wait that timed out leaves the store's late answer on its
 # connection, so the next is asked on a new client.
 WAIT_S = 3600
@@ -71,10 +76,8 @@ class StepWatch:
     though its peers closed or left the group; an NCCL collective whose peers are not the dead
     rank's neighbours, which NCCL never fails). It waits in the store for the next generation's
     first arrival (nothing is exchanged meanwhile, whatever the steps); then, the rank still in
-    that step, the group's connections are shut down at once (NCCL: its communicators
-    aborted), which fails a collective waiting on them, and the rank recovers in its process
-    (a peer that learns of a failure only as its neighbours' old groups close their connections,
-    one after another, would otherwise wait for that chain);
+    that step after a grace, the group's connections are shut down (NCCL: its communicators
+    aborted), which fails a collective waiting on them, and the rank recovers in its process;
     a look later, still in that step and its thread idle since (a thread that used CPU is slow,
     not stuck: its cores busy, it is looked at again for a while), it exits with the agent's
     replace code, to be replaced like a dead worker. Without it such a step ends at torch's
@@ -91,9 +94,9 @@ class StepWatch:
         generations' keys in the job's store (dlrun.recovery's); `unblock` and `exit_replaced`:
         the loop's two resorts, each called with why; `move_key(generation)`: the key this
         rank's agent sets when it moves the rank on to `generation` (a node of the group was
-        lost and a round kept this one's workers: its agent creates the next generation's arrival
-        count once it is set; the freeing says so). No one else sets it while the rank is in a
-        step of the generation before (the loop reads it once it recovers). Called from
+        lost and a round kept this one's workers: no step of theirs can end, and the rank is
+        freed as soon as it is set, the grace cut short). No one else sets it while the rank
+        is in a step of the generation before (the loop reads it once it recovers). Called from
         the thread that runs the loop's steps (its CPU time is watched)."""
         self._keys, self._world, self._timeout = keys, world, timeout
         self._unblock, self._exit_replaced, self._move_key = unblock, exit_replaced, move_key
@@ -133,30 +136,38 @@ class StepWatch:
                 self._free(current[0])
                 handled = current[0]
 
-    def _moved(self, generation):
-        """Whether this rank's agent moved it on to `generation` (its move key set: a node of
-        the group lost). A store out of reach: not known, False."""
-        if self._move_key is None:
-            return False
-        try:
-            if self._store is None:
-                self._store = store_client(self._world, self._timeout)
-            return self._store.check([self._move_key(generation)])
-        except (RuntimeError, OSError):
-            self._store = None
-            return False
+    def _moved_within(self, step, generation, grace):
+        """Whether this rank's agent moves it on to `generation` within `grace` seconds (its
+        move key set, whoever arrived first), looked for MOVE_LOOKS times in the grace while
+        the rank is in `step` (not a store wait with a timeout: torch warns of each one that
+        times out, and its late answer would cost a new client). False once the grace is over
+        or the step is."""
+        until = time.monotonic() + grace
+        while self.current is step:
+            if self._move_key is not None:
+                try:
+                    if self._store is None:
+                        self._store = store_client(self._world, self._timeout)
+                    if self._store.check([self._move_key(generation)]):
+                        return True
+                except (RuntimeError, OSError):  # the store out of reach: the grace as it is
+                    self._store = None
+            left = until - time.monotonic()
+            if left <= 0:
+                break
+            time.sleep(min(left, max(MOVE_LOOK_S, grace / MOVE_LOOKS)))
+        return False
 
     def _free(self, generation):
-        """Frees each step of `generation` this rank is found in, until it is out of that
-        generation: recovering, or in a later one. At once: a peer that arrived in the next
-        generation left the group (its failed collective, or its agent's move: a node lost,
-        and a host gone silent fails no collective), so no step of this one can end, and a
-        rank merely slow to reach its collective would only reach a failure there."""
+        """Frees each step of `generation` this rank is found in, after the grace (a rank merely
+        slow to reach its failing collective gets there within a step's time), or as soon as
+        its agent moves it on (a node of the group lost: a host gone silent never fails its
+        collective), until it is out of that generation: recovering, or in a later one."""
         while True:
             step = self.current
             if step is None or step[0] != generation:
                 return
-            if self._moved(generation + 1):
+            if self._moved_within(step, generation + 1, max(GRACE_S, 2 * self.step_s)):
                 why = (
                     f"in step {step[1]} of generation {generation} as a node of the group was lost"
                 )
