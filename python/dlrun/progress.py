@@ -212,11 +212,13 @@ def _open():
     global _board
     board = None
     path = os.environ.get("DLRUN_PROGRESS_FILE", "")
-    # A worker started ahead (DLRUN_RECOVERY_RESERVE, dlrun._reserve) holds the environment of
-    # the worker it may replace, whose slot is live: it reports once it took that place.
-    if path and not os.environ.get("DLRUN_RECOVERY_RESERVE"):
+    if path:
+        from dlrun._reserve import reserved  # under dlrun only: outside it nothing more
+
         local_rank = os.environ.get("LOCAL_RANK")
-        if (path, local_rank) != _inherited:
+        # A worker started ahead holds the environment of the worker it may replace, whose slot
+        # is live: it reports once it took that place.
+        if not reserved() and (path, local_rank) != _inherited:
             try:
                 board = _Board(path, local_rank)
             except _Unusable as e:
