@@ -71,8 +71,10 @@ pid_t markedPid(const std::filesystem::path& dir, int localRank);
 std::optional<Mark> parseMark(const std::string& text);
 
 // How long a lost node's survivors, kept, may take to see its failure before they are killed
-// (pure): 2 s beyond their step watch's first resort, which frees a rank twice its step's time
-// after the round that keeps them forms (a step as last marked may since be half again as long).
+// (pure): 2 s, and three times the step's time, beyond the round that keeps them: their step
+// watch frees a rank at once then (its agent's move), and ends it to be replaced where it is
+// still in that step twice its step's time later (a step as last marked may since be half again
+// as long).
 // `slowestStep`: the largest stepSeconds of their marks.
 std::chrono::milliseconds keepGrace(double slowestStep);
 

@@ -20,10 +20,15 @@ WATCH_S = 0.5
 # exits. Less is a wait's (one that polls, as torch's NCCL blocking wait, uses a little).
 BUSY_SHARE = 0.04
 BUSY_S = 5.0
-# Within the grace its agent's move (a node lost) is looked for so many times, at most every
-# MOVE_LOOK_S: a rank freed at once where no step of its generation can end.
-MOVE_LOOKS = 10
-MOVE_LOOK_S = 0.01
+# Within the grace the rank is looked at every LOOK_S: freed at once where its agent moved it on
+# (a node lost: no step of its generation can end), or where IDLE_LOOKS looks in a row find the
+# loop's thread asleep, its CPU time moved less than IDLE_CPU_S (it waits, its collective
+# posted: it would learn of the failure only as its neighbours' old groups close, one after
+# another). A thread that computes, or waits for a core, is given the grace: freed before it
+# posts its collective, it would post it on connections already shut down.
+LOOK_S = 0.0025
+IDLE_LOOKS = 3
+IDLE_CPU_S = 0.0002
 # One store wait's length, renewed: a wait that timed out leaves the store's late answer on its
 # connection, so the next is asked on a new client.
 WAIT_S = 3600
@@ -76,12 +81,12 @@ class StepWatch:
     though its peers closed or left the group; an NCCL collective whose peers are not the dead
     rank's neighbours, which NCCL never fails). It waits in the store for the next generation's
     first arrival (nothing is exchanged meanwhile, whatever the steps); then, the rank still in
-    that step after a grace, the group's connections are shut down (NCCL: its communicators
-    aborted), which fails a collective waiting on them, and the rank recovers in its process;
-    a look later, still in that step and its thread idle since (a thread that used CPU is slow,
-    not stuck: its cores busy, it is looked at again for a while), it exits with the agent's
-    replace code, to be replaced like a dead worker. Without it such a step ends at torch's
-    group timeout."""
+    that step after a grace (cut short once its loop's thread waits idle), the group's
+    connections are shut down (NCCL: its communicators aborted), which fails a collective
+    waiting on them, and the rank recovers in its process; a look later, still in that step and
+    its thread idle since (a thread that used CPU is slow, not stuck: its cores busy, it is
+    looked at again for a while), it exits with the agent's replace code, to be replaced like a
+    dead worker. Without it such a step ends at torch's group timeout."""
 
     def __init__(self):
         self.step_s = 0.0  # the last step's time
@@ -102,6 +107,7 @@ class StepWatch:
         self._unblock, self._exit_replaced, self._move_key = unblock, exit_replaced, move_key
         self._store = None  # its own client: the loop's may be in use meanwhile
         self._loop_clock = time.pthread_getcpuclockid(threading.get_ident())  # the loop's thread
+        self._loop_stat = f"/proc/self/task/{threading.get_native_id()}/stat"
         threading.Thread(target=self._run, name="dlrun-step-watch", daemon=True).start()
 
     def leave(self, done=False):
@@ -136,38 +142,61 @@ class StepWatch:
                 self._free(current[0])
                 handled = current[0]
 
-    def _moved_within(self, step, generation, grace):
-        """Whether this rank's agent moves it on to `generation` within `grace` seconds (its
-        move key set, whoever arrived first), looked for MOVE_LOOKS times in the grace while
-        the rank is in `step` (not a store wait with a timeout: torch warns of each one that
-        times out, and its late answer would cost a new client). False once the grace is over
-        or the step is."""
+    def _grace(self, step, generation, grace):
+        """Looks at the rank in `step` every LOOK_S for `grace` seconds: "moved" where its agent
+        moved it on to `generation` (its move key set, whoever arrived first), "waits" where its
+        loop's thread waits idle; None once the grace is over or the step is. (Not a store wait
+        with a timeout: torch warns of each one that times out, and its late answer would cost
+        a new client.)"""
         until = time.monotonic() + grace
+        idle, used = 0, None
         while self.current is step:
-            if self._move_key is not None:
-                try:
-                    if self._store is None:
-                        self._store = store_client(self._world, self._timeout)
-                    if self._store.check([self._move_key(generation)]):
-                        return True
-                except (RuntimeError, OSError):  # the store out of reach: the grace as it is
-                    self._store = None
+            if self._moved(generation):
+                return "moved"
+            was, used = used, time.clock_gettime(self._loop_clock)
+            asleep = self._loop_asleep() and (was is None or used - was < IDLE_CPU_S)
+            idle = idle + 1 if asleep else 0
+            if idle >= IDLE_LOOKS:
+                return "waits"
             left = until - time.monotonic()
             if left <= 0:
                 break
-            time.sleep(min(left, max(MOVE_LOOK_S, grace / MOVE_LOOKS)))
-        return False
+            time.sleep(min(left, LOOK_S))
+        return None
+
+    def _moved(self, generation):
+        """Whether this rank's agent moved it on to `generation`; False where the store is out
+        of reach (the grace as it is)."""
+        if self._move_key is None:
+            return False
+        try:
+            if self._store is None:
+                self._store = store_client(self._world, self._timeout)
+            return self._store.check([self._move_key(generation)])
+        except (RuntimeError, OSError):
+            self._store = None
+            return False
+
+    def _loop_asleep(self):
+        """Whether the loop's thread sleeps (its state S or D: neither running nor waiting for
+        a core)."""
+        try:
+            with open(self._loop_stat, "rb") as stat:
+                return stat.read().rsplit(b")", 1)[1][1:2] in (b"S", b"D")
+        except (OSError, IndexError):  # not readable: not known to sleep
+            return False
 
     def _free(self, generation):
         """Frees each step of `generation` this rank is found in, after the grace (a rank merely
         slow to reach its failing collective gets there within a step's time), or as soon as
-        its agent moves it on (a node of the group lost: a host gone silent never fails its
-        collective), until it is out of that generation: recovering, or in a later one."""
+        its loop waits idle or its agent moves it on (a node of the group lost: a host gone
+        silent never fails its collective), until it is out of that generation: recovering, or
+        in a later one."""
         while True:
             step = self.current
             if step is None or step[0] != generation:
                 return
-            if self._moved_within(step, generation + 1, max(GRACE_S, 2 * self.step_s)):
+            if self._grace(step, generation + 1, max(GRACE_S, 2 * self.step_s)) == "moved":
                 why = (
                     f"in step {step[1]} of generation {generation} as a node of the group was lost"
                 )

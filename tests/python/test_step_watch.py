@@ -4,6 +4,8 @@ loop does and recording the watch's two resorts.
 
 - A rank still in a step of its generation once a peer arrived in the next is freed (its first
   resort), and, still in that step, a look later told to exit (its second), each naming it.
+- A rank whose loop's thread waits idle in the step (its collective posted) is freed at once;
+  one whose thread computes is given the grace (twice a step) to reach its collective first.
 - Where its agent moves it on (a node of the group lost), it is freed as a rank in a step that
   cannot end, not one merely still in it: at once, also when another arrival came first (the
   grace cut short).
@@ -29,6 +31,15 @@ from dlrun import _stuck  # noqa: E402
 
 KEYS = "/dlrun/recovery"
 EVENT_S = 10  # far above the watch's grace (50 ms) and look (0.5 s)
+
+
+def compute_until(event, seconds):
+    """The loop's thread (this one) computes until `event` is set or `seconds` passed; whether
+    it was set."""
+    until = time.monotonic() + seconds
+    while not event.is_set() and time.monotonic() < until:
+        pass
+    return event.is_set()
 
 
 class Resorts:
@@ -97,10 +108,34 @@ class StepWatchTest(unittest.TestCase):
         self.assertEqual(resorts.exited, [])
         self.assertTrue(resorts.exited_event.wait(EVENT_S), "not told to exit once idle")
 
-    def moved_watch(self, resorts, looked, looking=None):
+    def long_step_watch(self, resorts, move_key=None):
         """A watch whose rank is in step 5 of generation 0, its steps as long as the test's
-        waits (the grace twice that), its move keys asked for recorded in `looked` (and the
-        event `looking` set then)."""
+        waits (the grace twice that)."""
+        watch = self.watch(resorts, move_key)
+        watch.step_s = EVENT_S
+        watch.current = (0, 5)
+        return watch
+
+    def test_a_rank_waiting_idle_in_its_step_is_freed_before_the_grace_ends(self):
+        resorts = Resorts()
+        self.long_step_watch(resorts)
+        self.arrive(1)
+        self.assertTrue(resorts.freed_event.wait(EVENT_S), "not freed before the grace's end")
+        why = "still in step 5 of generation 0 while the others meet in the next"
+        self.assertEqual(resorts.freed, [why])
+
+    def test_a_rank_computing_in_its_step_is_given_the_grace(self):
+        resorts = Resorts()
+        watch = self.watch(resorts)
+        watch.step_s = 0.5  # the grace: 1 s
+        watch.current = (0, 5)
+        self.arrive(1)
+        self.assertFalse(compute_until(resorts.freed_event, 0.5), "freed while it computed")
+        self.assertTrue(resorts.freed_event.wait(EVENT_S), "not freed after the grace")
+
+    def moved_watch(self, resorts, looked, looking=None):
+        """A long step's watch (long_step_watch) whose move keys asked for are recorded in
+        `looked` (and the event `looking` set then)."""
 
         def move_key(generation):
             looked.append(generation)
@@ -108,10 +143,7 @@ class StepWatchTest(unittest.TestCase):
                 looking.set()
             return f"{KEYS}/{generation}/move/0"
 
-        watch = self.watch(resorts, move_key)
-        watch.step_s = EVENT_S
-        watch.current = (0, 5)
-        return watch
+        return self.long_step_watch(resorts, move_key)
 
     def test_a_rank_its_agent_moved_on_is_freed_as_in_a_step_that_cannot_end(self):
         resorts, looked = Resorts(), []
@@ -126,13 +158,13 @@ class StepWatchTest(unittest.TestCase):
 
     def test_a_move_after_another_arrival_cuts_the_grace_short(self):
         # Another node's agent (or a replacement) arrived first; this rank's own agent moves it
-        # on once the watch waits out its grace (twice the test's waits).
+        # on while the watch gives its computing loop the grace (twice the test's waits).
         resorts, looked, looking = Resorts(), [], threading.Event()
         watch = self.moved_watch(resorts, looked, looking)
         self.arrive(1)
-        self.assertTrue(looking.wait(EVENT_S), "the watch never looked for the move")
+        self.assertTrue(compute_until(looking, EVENT_S), "the watch never looked for the move")
         self.store.set(f"{KEYS}/1/move/0", "1000001")
-        self.assertTrue(resorts.freed_event.wait(EVENT_S), "not freed within the grace")
+        self.assertTrue(compute_until(resorts.freed_event, EVENT_S), "not freed within the grace")
         watch.leave()
         lost = "in step 5 of generation 0 as a node of the group was lost"
         self.assertEqual(resorts.freed, [lost])
