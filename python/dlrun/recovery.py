@@ -411,6 +411,7 @@ class Loop:
         if self._store.add(f"{keys}/arrived", 1) == self.world:
             self._store.add(f"{keys}/ready", 1)
             _news.tell(self._store, news)
+            return 0  # the last to arrive: met (a waiting rank's look finds the same first)
         return self._await(f"{keys}/ready", news, left, move and (move[0], self.rank, move[1]))
 
     def _connect(self):
@@ -518,9 +519,11 @@ class Loop:
             here = f"{keys}/round{os.environ['DLRUN_RECOVERY_ROUND']}"
         record = json.dumps({"survivor": not joining, "step": self.step})
         met_in = -1
-        if joining and os.environ.get("DLRUN_RECOVERY_KEPT") and here == keys:
-            # A replacement of a rank that failed once a round had kept it: it meets where its
-            # predecessor was moved (a look suffices: its agent moved them before starting it).
+        if (not joining or os.environ.get("DLRUN_RECOVERY_KEPT")) and here == keys:
+            # A survivor its agent moved already (a round kept it, a node lost: its step watch
+            # freed it on the move) meets in that round at once, not first under the
+            # generation's keys; so does the replacement of a rank that failed once a round had
+            # kept it (a look suffices: its agent moved them before starting it).
             if moved := _move_after(self._store, f"{keys}/move", self.rank, -1):
                 met_in, here = self._move(keys, moved)
         while True:
