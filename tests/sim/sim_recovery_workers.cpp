@@ -161,15 +161,15 @@ void InProcess::Impl::leave(Proc& p) {
 std::optional<int> InProcess::Impl::meet(Proc& p, const std::string& keys, const std::string& here,
                                          int metIn, Time deadline, bool move) {
   const std::string news = keys + "/news";
-  call(p, [&](LeasingStore& s) {
+  const bool last = call(p, [&](LeasingStore& s) {
     s.set(here + "/rank/" + std::to_string(p.rank),
           std::string(p.joining ? "r" : "s") + std::to_string(p.step));
-    if (s.add(here + "/arrived", 1) == p.world) {
-      s.add(here + "/ready", 1);
-      rec::tellNews(s, news);
-    }
-    return 0;
+    if (s.add(here + "/arrived", 1) != p.world) return false;
+    s.add(here + "/ready", 1);
+    rec::tellNews(s, news);
+    return true;
   });
+  if (last) return std::nullopt;  // met: a waiting rank's look finds the same first
   const std::string mine = keys + "/move/" + std::to_string(p.rank);
   while (true) {
     const int64_t seen = call(p, [&](LeasingStore& s) { return s.add(news, 0); });
@@ -201,8 +201,9 @@ void InProcess::Impl::recover(Proc& p, RoundId id) {
   std::string keys = base;
   if (p.joining && p.joinRound >= 0) keys += "/round" + std::to_string(p.joinRound);
   int metIn = -1;
-  if (p.joining && p.afterKeep &&
-      keys == base) {  // a replacement of a rank that failed once a round kept it
+  // A survivor its agent moved already meets in the round that kept it at once; so does a
+  // replacement of a rank that failed once a round kept it.
+  if ((!p.joining || p.afterKeep) && keys == base) {
     const int64_t given = call(
         p, [&](LeasingStore& s) { return s.add(base + "/move/" + std::to_string(p.rank), 0); });
     if (movesOn(given, metIn)) {
