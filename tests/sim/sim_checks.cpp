@@ -324,19 +324,21 @@ std::optional<std::string> checkInProcess(const Record& r) {
     return std::any_of(seen->second.begin(), seen->second.end(),
                        [](const auto& end) { return end.second.kind != Kind::WorkerFailed; });
   };
-  // A round that kept running workers (a node lost): with no fault after it began, nor a
-  // connection of their store cut or its replies lost, they meet their newcomers, or each other
-  // renumbered, well within kRecovers, unless the round ended otherwise first (a node joined).
-  // Not checked where a stopped agent's node ran again near it: that node, lost, may come back
-  // before its agent stops its workers, which then fill a meeting that cannot form (the
-  // recovery's deadline ends it: a whole-group restart).
+  // A round that kept running workers (a node lost): with no fault from when it began until
+  // kRecovers after, nor a connection of their store cut or its replies lost, they meet their
+  // newcomers, or each other renumbered, well within kRecovers, unless the round ended otherwise
+  // first (a node joined). Not checked where a stopped agent's node ran again near it: that node,
+  // lost, may come back before its agent stops its workers, which then fill a meeting that cannot
+  // form (the recovery's deadline ends it: a whole-group restart).
   auto stoppedNear = [&](Time at) {
     return std::any_of(r.paused.begin(), r.paused.end(), [&](const auto& p) {
       return p.second.second >= at - kRecovers && p.second.first <= at + kRecovers;
     });
   };
   for (const auto& k : r.kept) {
-    if ((k.recovered && *k.recovered - k.at <= kRecovers) || k.at <= r.lastFault ||
+    if ((k.recovered && *k.recovered - k.at <= kRecovers) ||
+        std::any_of(r.faults.begin(), r.faults.end(),
+                    [&](Time t) { return t >= k.at && t <= k.at + kRecovers; }) ||
         endedOtherwise(k.round) || stoppedNear(k.at) ||
         !k.meeting ||  // past their meeting when kept: their recovery fails, a fallback
         std::any_of(r.workerFaults.begin(), r.workerFaults.end(),
@@ -371,7 +373,8 @@ std::optional<std::string> checkInProcess(const Record& r) {
     }
     return roundName(k.round) + ": " + name(r, k.owner) + "'s workers, kept from " +
            roundName(k.space) + " at " + secs(std::chrono::duration_cast<Duration>(k.at - Time{})) +
-           ", formed no new generation within " + secs(kRecovers) + ", though no fault came after";
+           ", formed no new generation within " + secs(kRecovers) +
+           ", though no fault came in that time";
   }
   for (const auto& x : r.replacements) {
     if ((x.recovered && *x.recovered - x.at <= kRecovers) || !quiet(x) || endedOtherwise(x.round))

@@ -271,6 +271,7 @@ void Job::workerBody(const std::shared_ptr<Agent>& agent, World world, RoundId i
     if (fail) {
       ++record_.injectedFailures;
       record_.failureReported.insert(id);
+      record_.faults.push_back(sim_.now());
       record_.lastFault = std::max(record_.lastFault, sim_.now());
       sim_.note(who + "'s worker fails in round " + std::to_string(world.round));
       agent->rendezvous->reportFailure(

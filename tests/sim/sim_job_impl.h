@@ -2,6 +2,7 @@
 // faults it plans), shared by the two files.
 #pragma once
 
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -33,7 +34,12 @@ class Job {
   Verdict run();
 
  private:
-  struct Agent;  // one incarnation's shared state between its tasks
+  struct Agent;     // one incarnation's shared state between its tasks
+  struct Planned {  // a fault planned at a time
+    Time at;
+    bool workers;
+    bool skipped = false;  // skipFaults
+  };
 
   std::string label(int owner) const {
     return owner < 0 ? "sim" : record_.agents[static_cast<size_t>(owner)].label;
@@ -49,6 +55,7 @@ class Job {
   void planFaults();
   void fault(Time at, const std::string& what, std::function<void()> act, bool workers = true);
   void noteFault(Time at, bool workers);
+  void skipFaults(Duration span);
   void loseReplies(Duration window);
   void reportFinished(Agent& agent, const std::string& who, RoundId id, int round);
   void stopWorkers(Agent& agent, bool kept = false);
@@ -65,9 +72,10 @@ class Job {
   Record record_;
   std::unique_ptr<InProcess> inProcess_;
   double failureChance_ = 0;
-  bool lossAtFinish_ = false;                   // replies lost as the first node's workers finish
-  bool killFirstToLeave_ = false;               // InProcess::killFirstToLeave
-  bool loseSourceNode_ = false;                 // InProcess::loseSourceNode
+  bool lossAtFinish_ = false;      // replies lost as the first node's workers finish
+  bool killFirstToLeave_ = false;  // InProcess::killFirstToLeave
+  bool loseSourceNode_ = false;    // InProcess::loseSourceNode
+  std::deque<Planned> planned_;    // the faults planned at times (a deque: callbacks hold them)
   std::map<int, std::shared_ptr<Agent>> live_;  // by owner, while its agent task runs
 };
 

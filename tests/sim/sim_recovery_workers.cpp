@@ -360,6 +360,7 @@ void InProcess::Impl::body(Proc& p, const std::string& label, RoundId id) {
       sim.note("FAULT kill pid " + std::to_string(p.pid) + " (rank " + std::to_string(p.rank) +
                ") past its loop's last barrier");
       record.workerFaults.push_back(sim.now());
+      record.faults.push_back(sim.now());
       record.lastFault = std::max(record.lastFault, sim.now());
       ++record.injectedFailures;
       return die(p, -1);
