@@ -15,7 +15,8 @@ A trial:
 2. the fault, its time (time.time()) taken right before the kill;
 3. recovery: the first step line of another incarnation than the one stepping at the fault,
    minus the fault's time; failed when none comes within --deadline s, or an agent that was not
-   killed exits first (any exit before recovery fails: the job did not come back);
+   killed exits first (any exit before recovery fails: the job did not come back); a lost
+   host, its processes SIGKILLed by PID at the fault, is swept (netns.sh kill) after that;
 4. the stop file: every agent not killed must exit 0 within STOP_TIMEOUT_S;
 5. the lineage: no resume from an older step than one already logged (a step line means its
    checkpoint was in place), no step logged twice;
@@ -195,6 +196,7 @@ class Trial:
         self.argv_prefix = argv_prefix
         self.agents = {}  # host -> Popen of its launcher
         self.killed = set()  # hosts whose agent the fault took
+        self.sweep = set()  # killed hosts to sweep once the recovery is measured (kill_host)
         self.dlrund = None
         self.fault_time = None
         self.fault_inc = None
@@ -356,6 +358,8 @@ class Trial:
             self.wait_steady()
             note = self.case.fault(self)
             recovery = self.wait_recovery(self.fault_inc)
+            for host in self.sweep:
+                self.hosts.kill_host(host)
             respawn = self.log.respawn(self.fault_time, self.fault_inc)
             phases = self.check_in_process() if self.in_process else None
             self.stop()
