@@ -224,7 +224,12 @@ void AgentImpl::beginRound() {
   roundEnd_.reset();
   ownRoundEnded_ = false;
   if (roundThread_.joinable()) roundThread_.join();  // it ended with the last round
-  roundThread_ = std::thread([this] { runRendezvous(); });
+  std::optional<rendezvous::World> kept;             // the round whose workers run on (keep)
+  if (keeping_) kept = world_;
+  roundThread_ = std::thread([this, kept = std::move(kept)] {
+    if (kept) freeKept(*kept);
+    runRendezvous();
+  });
 }
 
 // The rendezvous thread's whole life for one round. Nothing escapes it: an exception here

@@ -104,6 +104,7 @@ class AgentImpl {
   static constexpr std::chrono::milliseconds kKeepLook{5};
   void afterKeeping(const rendezvous::World& world);
   void dropKept();
+  void freeKept(const rendezvous::World& world);  // on the rendezvous thread
   void moveKept(const rendezvous::World& world);  // on the rendezvous thread
 
   // agent_spares.cpp: workers started ahead (Zygote::reserve): --ready-spares, a spare's;

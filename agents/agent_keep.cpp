@@ -173,6 +173,29 @@ void AgentImpl::afterKeeping(const rendezvous::World& world) {
   if (liveEnding_ == 0) onSucceeded();
 }
 
+// On the rendezvous thread, before it joins the round after a lost node's (`world`, that round,
+// whose workers this node keeps): their step watches are told that their step cannot end (each
+// rank's move key made, naming no round yet, and the next generation's arrivals), so they
+// recover now, not once the next round formed; one computing its step stops at its next gradient
+// (dlrun.recovery), which leaves the cores to the round's forming, and waits in its meeting when
+// its move comes. A store slow to answer is left to the move: this delays the join.
+void AgentImpl::freeKept(const rendezvous::World& world) {
+  try {
+    TcpStore store({.at = {world.masterAddr, world.masterPort},
+                    .timeout = std::chrono::milliseconds(500),
+                    .connectTimeout = std::chrono::milliseconds(250),
+                    .reconnect = false,
+                    .handshakeTimeout = std::chrono::milliseconds(500)});
+    const int generation =
+        static_cast<int>(store.add(std::string(recovery::kGenerationKey), 0)) + 1;
+    for (int local = 0; local < world.localWorldSize; ++local)
+      store.add(recovery::moveKey(generation, world.baseRank + local), 0);
+    store.add(recovery::arrivedKey(generation), 0);
+  } catch (const Error& e) {
+    log::debug(std::string("cannot free the kept workers before the round: ") + e.what());
+  }
+}
+
 // On the rendezvous thread, before the round that kept this node's workers begins here: it
 // tells them, in their store, where their loops wait for the lost node's ranks, to meet again
 // under the round's own keys (with its newcomers, never with the lost node's workers should

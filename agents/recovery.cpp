@@ -84,7 +84,7 @@ std::vector<std::pair<std::string, std::string>> moving(int generation, int roun
   std::vector<std::pair<std::string, std::string>> out{
       {keys + "round" + std::to_string(round) + "/world", std::to_string(worldSize)}};
   for (int i = 0; i < count; ++i)
-    out.emplace_back(keys + "move/" + std::to_string(oldBaseRank + i),
+    out.emplace_back(moveKey(generation, oldBaseRank + i),
                      std::to_string(round * kMoveBase + newBaseRank + i + 1));
   return out;
 }

@@ -123,13 +123,22 @@ void tellNews(Store& store, const std::string& news);
 
 // The count of ranks arrived in generation `generation`'s own keys, whose existence the step
 // watch of a rank still in a step of the generation before waits for (python/dlrun/_stuck.py):
-// a peer moved on, so that step can never finish. An agent whose round kept its workers (a node
-// lost) creates it (an add of 0, so the count stays true) once its moves are set: a survivor in
-// that step, which waits on a lost node (a silent one fails no collective; a killed one's
-// connections close only once its memory is freed), is freed as soon as its move is there (the
-// watch looks for it through its grace, whoever arrived first).
+// a peer moved on, so that step can never finish. An agent that keeps its workers (a node lost)
+// creates it (an add of 0, so the count stays true) with their move keys as soon as it keeps
+// them (moveKey), and again once its moves are set: a survivor in that step, which waits on a
+// lost node (a silent one fails no collective; a killed one's connections close only once its
+// memory is freed), is freed as soon as its move key is there (the watch looks for it through
+// its grace, whoever arrived first).
 inline std::string arrivedKey(int generation) {
   return "/dlrun/recovery/" + std::to_string(generation) + "/arrived";
+}
+
+// A rank's move counter in generation `generation` (see moving). Made at 0 (an add of 0: it names
+// no round, and the loop reads it as no move) by an agent that keeps its workers as soon as the
+// lost node's round ends, with arrivedKey: their step watches free them then (its existence says
+// their step cannot end), not once the round that keeps them formed.
+inline std::string moveKey(int generation, int rank) {
+  return "/dlrun/recovery/" + std::to_string(generation) + "/move/" + std::to_string(rank);
 }
 
 }  // namespace dlrun::agents::recovery

@@ -98,11 +98,12 @@ class StepWatch:
         """Under dlrun: the watch begins (outside it, the loop's notes go nowhere). `keys`: the
         generations' keys in the job's store (dlrun.recovery's); `unblock` and `exit_replaced`:
         the loop's two resorts, each called with why; `move_key(generation)`: the key this
-        rank's agent sets when it moves the rank on to `generation` (a node of the group was
-        lost and a round kept this one's workers: no step of theirs can end, and the rank is
-        freed as soon as it is set, the grace cut short). No one else sets it while the rank
-        is in a step of the generation before (the loop reads it once it recovers). Called from
-        the thread that runs the loop's steps (its CPU time is watched)."""
+        rank's agent makes as it keeps the rank for `generation` (a node of the group was lost:
+        at 0 at once, then naming the round that kept it; no step of theirs can end, and the
+        rank is freed as soon as the key is there, the grace cut short). No one else makes it
+        while the rank is in a step of the generation before (the loop reads it once it
+        recovers). Called from the thread that runs the loop's steps (its CPU time is
+        watched)."""
         self._keys, self._world, self._timeout = keys, world, timeout
         self._unblock, self._exit_replaced, self._move_key = unblock, exit_replaced, move_key
         self._store = None  # its own client: the loop's may be in use meanwhile
