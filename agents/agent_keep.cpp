@@ -176,9 +176,9 @@ void AgentImpl::afterKeeping(const rendezvous::World& world) {
 // On the rendezvous thread, before it joins the round after a lost node's (`world`, that round,
 // whose workers this node keeps): their step watches are told that their step cannot end (each
 // rank's move key made, naming no round yet, and the next generation's arrivals), so they
-// recover now, not once the next round formed; one computing its step stops at its next gradient
-// (dlrun.recovery), which leaves the cores to the round's forming, and waits in its meeting when
-// its move comes. A store slow to answer is left to the move: this delays the join.
+// recover now, not once the next round formed (one computing its step once it reaches its
+// collective), and wait in their meeting when their move comes. A store slow to answer is left to
+// the move: this delays the join.
 void AgentImpl::freeKept(const rendezvous::World& world) {
   try {
     TcpStore store({.at = {world.masterAddr, world.masterPort},

@@ -117,22 +117,6 @@ def _peer_failure(error):
     )
 
 
-def cut_short_when(model, freed):
-    """Each gradient of `model` as its backward pass makes it raises once `freed()` is true: a
-    step the step watch freed while it computes (its agent moved it on, a node lost) stops
-    there rather than computing the rest of its pass for collectives that fail anyway. A
-    parameter's hook runs before DDP's for it, so no bucket's all-reduce is posted on the
-    connections the watch shut down; nor was the optimizer stepped (after the pass)."""
-
-    def hook(grad):
-        if freed():
-            raise RuntimeError("dlrun.recovery: the step was freed as it computed its gradients")
-
-    for parameter in model.parameters():
-        if parameter.requires_grad:
-            parameter.register_hook(hook)
-
-
 def _exact_buckets():
     """DistributedDataParallel's options for a bucket a parameter from the first iteration on.
     torch 2.13 puts every parameter in one bucket for a DDP's first iteration unless each
@@ -220,7 +204,6 @@ class Loop:
         # the loop made since, not the 0.2 s each that torch's imports cost (a warm start's
         # zygote did so before it forked).
         gc.freeze()
-        cut_short_when(model, lambda: self._freed)
         if backend == "nccl":
             prepare_nccl(optimizer, lambda: self.world)
         self._fallback_code = int(os.environ["DLRUN_RECOVERY_FALLBACK"])
