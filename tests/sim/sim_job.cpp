@@ -272,7 +272,6 @@ void Job::workerBody(const std::shared_ptr<Agent>& agent, World world, RoundId i
       ++record_.injectedFailures;
       record_.failureReported.insert(id);
       record_.faults.push_back(sim_.now());
-      record_.lastFault = std::max(record_.lastFault, sim_.now());
       sim_.note(who + "'s worker fails in round " + std::to_string(world.round));
       agent->rendezvous->reportFailure(
           RoundEnd{.kind = RoundEnd::Kind::WorkerFailed,
@@ -401,7 +400,8 @@ Verdict Job::run() {
   Verdict verdict;
   bool idle = false;
   for (Time until{};;) {
-    const Time horizon = record_.lastFault + kBound;
+    const auto last = std::max_element(record_.faults.begin(), record_.faults.end());
+    const Time horizon = (last == record_.faults.end() ? Time{} : *last) + kBound;
     if (horizon <= until) break;
     until = horizon;
     idle = sim_.run(until);

@@ -8,7 +8,6 @@ namespace dlrun::sim::detail {
 void Job::noteFault(Time at, bool workers) {
   if (workers) record_.workerFaults.push_back(at);
   record_.faults.push_back(at);
-  record_.lastFault = std::max(record_.lastFault, at);
   record_.firstFault = std::min(record_.firstFault.value_or(Time::max()), at);
 }
 
@@ -38,7 +37,6 @@ void Job::skipFaults(Duration span) {
     forget(record_.replyLoss, [&](const auto& s) { return s.first == p.at; });
     forget(record_.storeAway, [&](const auto& s) { return s.first == p.at; });
   }
-  record_.lastFault = *std::max_element(record_.faults.begin(), record_.faults.end());
 }
 
 // SIGKILL to an agent (its node lost): its workers and the workers' store it served go with it.

@@ -98,7 +98,6 @@ struct Record {
   std::vector<std::pair<int, std::pair<Time, Time>>> paused;  // owner, interval
   std::vector<std::pair<Time, Time>> storeAway;               // stopped or down
   std::vector<Time> faults;        // when each struck, planned or aimed at a moment
-  Time lastFault{};                // the latest of them
   std::optional<Time> firstFault;  // of those planned (a worker's failure comes after a round)
   std::vector<Time> starts;        // each node's first process's start
   int injectedFailures = 0;

@@ -361,7 +361,6 @@ void InProcess::Impl::body(Proc& p, const std::string& label, RoundId id) {
                ") past its loop's last barrier");
       record.workerFaults.push_back(sim.now());
       record.faults.push_back(sim.now());
-      record.lastFault = std::max(record.lastFault, sim.now());
       ++record.injectedFailures;
       return die(p, -1);
     }
