@@ -44,7 +44,7 @@ import threading
 import time
 from datetime import timedelta
 
-from dlrun import _news, _state, progress
+from dlrun import _memory, _news, _state, progress
 from dlrun._group import Group, prepare_nccl
 from dlrun._job import say, store_client
 from dlrun._reserve import reserved, take_place
@@ -164,9 +164,13 @@ class Loop:
     ):
         import torch.distributed as dist
 
+        # Heap for what a recovery allocates again, touched once past a step (dlrun._memory).
+        touch = _memory.prepare(model) if active() or reserved() else 0
         if warmup is not None and reserved():
             warmup(model)
             model.zero_grad(set_to_none=True)
+            _memory.touch_heap(touch)
+            touch = 0
         take_place()  # a worker started ahead gets its ranks here
         self.module, self.optimizer, self.backend = model, optimizer, backend
         self.state = state if state is not None else {}
@@ -190,6 +194,7 @@ class Loop:
         self._recovered_at = 0.0
         # One mark written at a time: the step watch's last resort writes one and exits in it.
         self._marking = threading.Lock()
+        self._touch = touch
         if hasattr(optimizer, "register_step_post_hook"):  # torch 2.x
             optimizer.register_step_post_hook(lambda *_: setattr(self, "_applied", True))
         self.rank, self.world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -270,6 +275,9 @@ class Loop:
                     self._mark_step_time(time.monotonic() - began)
                     self.step += 1
                     progress.step(self.step)  # --hang-timeout's watch sees each step
+                    if self._touch:
+                        _memory.touch_heap(self._touch)
+                        self._touch = 0
                     continue
                 if not self._active:
                     return
@@ -564,6 +572,7 @@ class Loop:
         phase("group")
         if plan:
             self._take_state(plan, keys, flats, left)
+        flats = None  # sent: DDP's buckets take its pages
         # Every rank holds the senders' weights now: DDP's own first broadcast of them is spared.
         self.ddp = self._wrap(synced=True)
         dist.barrier()
