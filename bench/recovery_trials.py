@@ -53,6 +53,8 @@ DLRUND_PORT = 29400
 STEADY_STEPS = 5  # steps of one incarnation before the job counts as training
 START_TIMEOUT_S = 120  # launch to steady training (torch's start-up on 2 shared cores)
 STOP_TIMEOUT_S = 60  # the stop file to every agent's exit
+# dlrun.recovery's line where a survivor leaves its loop: to be replaced, or for the fallback.
+REPLACED = re.compile(r"dlrun\.recovery: rank \d+: .*(exiting to be replaced|falling back)")
 
 
 class Outcome:
@@ -379,7 +381,9 @@ class Trial:
         if gone:
             raise Failed(
                 "replaced",
-                "survivors' processes replaced: ranks " + ", ".join(str(w["rank"]) for w in gone),
+                "survivors' processes replaced: ranks "
+                + ", ".join(str(w["rank"]) for w in gone)
+                + self.why_replaced(),
             )
         if self.log.read_checkpoint_after(self.fault_time):
             raise Failed("checkpoint", "rank 0 read the checkpoint file after the fault")
@@ -387,6 +391,16 @@ class Trial:
         if phases is None:
             raise Failed("replaced", "the step after the fault came from no in-process recovery")
         return phases
+
+    def why_replaced(self):
+        """What the agents' logs say of a survivor that left its loop (the loop's own line), as
+        '; ' and the first such line, else nothing."""
+        for host in sorted(self.agents):
+            text = read_from(self.agent_log(host), 0).decode(errors="replace")
+            for line in text.splitlines():
+                if REPLACED.search(line):
+                    return f"; host{host}: {line.strip()[:300]}"
+        return ""
 
     def close(self):
         for proc in self.agents.values():
