@@ -59,8 +59,10 @@ MWMS_ARGS = [*COMMON_ARGS, "--epochs", "4", "--learning-rate", "0.2"]  # 256 ste
 PS_ARGS = [*COMMON_ARGS, "--steps", "600", "--learning-rate", "0.1"]
 # One worker reaches 0.80 on MWMS_ARGS (chance: 0.10; a model that did not train is far below).
 MIN_ACCURACY = 0.75
-# The chief reached 0.78-0.84 on PS_ARGS: its workers' batches come in no fixed order.
-MIN_PS_ACCURACY = 0.72
+# The chief reached 0.78-0.84 on PS_ARGS, once 0.66 (its workers' batches come in no fixed
+# order, their gradients as stale as the load on the cores makes them: the suite's own tests
+# beside it on 2 cores). A model that did not train stays near chance (0.10).
+MIN_PS_ACCURACY = 0.6
 PS_RESTARTS = "--max-restarts=1"
 # The chief's wrapper (exit_recorder.py) exits 139 for its SIGSEGV; across nodes, "on <node>".
 CHIEF_CRASH = re.compile(r"rank 0( on \S+)? ended with exit code 139")
