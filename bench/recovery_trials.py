@@ -53,8 +53,12 @@ DLRUND_PORT = 29400
 STEADY_STEPS = 5  # steps of one incarnation before the job counts as training
 START_TIMEOUT_S = 120  # launch to steady training (torch's start-up on 2 shared cores)
 STOP_TIMEOUT_S = 60  # the stop file to every agent's exit
-# dlrun.recovery's line where a survivor leaves its loop: to be replaced, or for the fallback.
-REPLACED = re.compile(r"dlrun\.recovery: rank \d+: .*(exiting to be replaced|falling back)")
+# Where a survivor leaves its loop: dlrun.recovery's line (to be replaced, or for the fallback),
+# or the agent's refusal of an in-process recovery, or why it stopped the group.
+REPLACED = re.compile(
+    r"dlrun\.recovery: rank \d+: .*(exiting to be replaced|falling back)"
+    r"|no in-process recovery \(|stopping workers: "
+)
 
 
 class Outcome:
@@ -393,8 +397,9 @@ class Trial:
         return phases
 
     def why_replaced(self):
-        """What the agents' logs say of a survivor that left its loop (the loop's own line), as
-        '; ' and the first such line, else nothing."""
+        """What the agents' logs say of a survivor that left its loop (the loop's own line, its
+        agent's refusal to recover in process, or why it stopped the group), as '; ' and the
+        first such line, else nothing."""
         for host in sorted(self.agents):
             text = read_from(self.agent_log(host), 0).decode(errors="replace")
             for line in text.splitlines():

@@ -71,6 +71,12 @@ def _say(text):
     say("recovery", text)
 
 
+def _describe(error):
+    """`error` in one line (gloo's and torch's messages run over several)."""
+    lines = str(error).splitlines()
+    return f"{type(error).__name__}: {lines[0][:160] if lines else ''}"
+
+
 def _move_after(store, prefix, rank, met_in):
     """The move counter `rank`'s agent set under `prefix` (MOVE_BASE) where it names a round
     later than `met_in`, else None."""
@@ -303,7 +309,7 @@ class Loop:
                 # from torch's registry: the next call on it says so).
                 if not self._active or not (self._freed or _peer_failure(error)):
                     raise
-                why = f"{type(error).__name__}: {str(error).splitlines()[0][:160]}"
+                why = _describe(error)
             # Out of the except block: the traceback, which holds the old group, is gone.
             _say(f"step {self.step} failed ({why}); recovering")
             if self._applied:
@@ -377,7 +383,7 @@ class Loop:
             phases = self._recover_within(joining, deadline)
         except Exception as error:  # a second failure, a deadline: the whole group restarts
             _say(
-                f"recovery failed ({type(error).__name__}: {error}); falling back to the "
+                f"recovery failed ({_describe(error)}); falling back to the "
                 f"whole-group restart (exit {self._fallback_code})"
             )
             sys.stdout.flush()
