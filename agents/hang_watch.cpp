@@ -22,9 +22,13 @@ void ProgressTrack::observe(ProgressSource source, const ProgressSighting& seen,
 std::string encodeRankReports(const std::vector<RankReport>& reports) {
   nlohmann::json out = nlohmann::json::array();
   for (const auto& r : reports) {
-    nlohmann::json one{{"rank", r.rank},         {"node", r.node},
-                       {"reported", r.reported}, {"silent", r.silentSeconds},
-                       {"frames", r.topFrames},  {"stack", r.stackFile}};
+    nlohmann::json one{{"rank", r.rank},
+                       {"node", r.node},
+                       {"reported", r.reported},
+                       {"stopped", r.stopped},
+                       {"silent", r.silentSeconds},
+                       {"frames", r.topFrames},
+                       {"stack", r.stackFile}};
     if (r.step) one["step"] = *r.step;
     if (r.collective) one["collective"] = *r.collective;
     if (r.lastCollective) one["last"] = *r.lastCollective;
@@ -41,6 +45,7 @@ std::vector<RankReport> decodeRankReports(std::string_view text) {
       r.rank = one.at("rank").get<int>();
       r.node = one.at("node").get<std::string>();
       r.reported = one.at("reported").get<bool>();
+      r.stopped = one.value("stopped", false);
       r.silentSeconds = one.at("silent").get<double>();
       r.topFrames = one.at("frames").get<std::vector<std::string>>();
       r.stackFile = one.at("stack").get<std::string>();
@@ -58,6 +63,8 @@ std::vector<RankReport> decodeRankReports(std::string_view text) {
 std::optional<size_t> suspect(const std::vector<RankReport>& reports) {
   std::optional<size_t> best;
   auto before = [](const RankReport& a, const RankReport& b) {
+    if (a.stopped != b.stopped) return a.stopped;
+    if (a.step && b.step && *a.step != *b.step) return *a.step < *b.step;
     if (a.collective.has_value() != b.collective.has_value()) return !a.collective.has_value();
     if (a.silentSeconds != b.silentSeconds) return a.silentSeconds > b.silentSeconds;
     return a.rank < b.rank;
@@ -80,6 +87,7 @@ std::string seconds(double s) {
 std::string where(const RankReport& r) {
   std::string out = "rank " + std::to_string(r.rank) + " on " + r.node;
   out += r.step ? ", last step " + std::to_string(*r.step) : ", no step reported";
+  if (r.stopped) out += ", stopped";
   out += r.reported ? ", silent " + seconds(r.silentSeconds) : ", never reported progress";
   out += r.collective ? ", waiting in " + *r.collective : ", not in a collective";
   if (r.lastCollective) out += ", last collective " + *r.lastCollective;

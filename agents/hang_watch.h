@@ -5,8 +5,9 @@
 // A worker is hung when it reported progress at least once and then nothing for the timeout:
 // one that never reports (a program that knows nothing of dlrun) is never called hung. A stuck
 // rank stalls the others in their next collective, so every rank goes silent at about the same
-// time; the suspect is therefore a rank that is NOT waiting in a collective (by its own phase
-// report or by its stack), and among those the one silent longest.
+// time; the suspect is therefore a stopped process (SIGSTOP, a tracer) if there is one, else a
+// rank behind the others, else one NOT waiting in a collective (by its own phase report or by
+// its stack), and among those the one silent longest.
 #pragma once
 
 #include <array>
@@ -80,6 +81,7 @@ struct RankReport {
   int rank = 0;
   std::string node;
   bool reported = false;  // it had made progress before
+  bool stopped = false;   // its process was stopped (SIGSTOP, a tracer) when looked at
   std::optional<int64_t> step;
   double silentSeconds = 0;
   std::optional<std::string> collective;      // the collective it waits in, where known
@@ -92,9 +94,11 @@ std::string encodeRankReports(const std::vector<RankReport>& reports);
 // Throws ProtocolError for text that is not a rank report list.
 std::vector<RankReport> decodeRankReports(std::string_view text);
 
-// The suspect's index in `reports`: ranks not waiting in a collective first, then the longest
-// silent, then the lowest rank. Ranks that never reported are not suspected. Nothing when no
-// rank reported.
+// The suspect's index in `reports`: a stopped rank first (one stopped inside a collective may
+// have entered it after the peers that wait on it), then one at an earlier step than another
+// (a rank ahead waits for the others), then ranks not waiting in a collective, then the
+// longest silent, then the lowest rank. Ranks that never reported are not suspected. Nothing
+// when no rank reported.
 std::optional<size_t> suspect(const std::vector<RankReport>& reports);
 
 // The summary the node that saw the hang prints: the suspect (rank, node, last step, top

@@ -6,7 +6,6 @@
 #include <fstream>
 #include <iterator>
 #include <string>
-#include <tuple>
 #include <vector>
 
 #include "agents/process.h"
@@ -155,10 +154,7 @@ void HangWatcher::schedule() {
 
 void HangWatcher::look() {
   const auto now = Clock::now();
-  // The hung worker silent longest, preferring a stopped one, then one computing.
-  std::optional<size_t> worst;
-  std::vector<char> halted(workers_.size(), 0);
-  bool anyHung = false;
+  std::vector<char> hung(workers_.size(), 0);
   for (size_t i = 0; i < workers_.size(); ++i) {
     const int local = workers_[i].localRank;
     ProgressTrack& track = tracks_[i];
@@ -173,37 +169,46 @@ void HangWatcher::look() {
         readHeartbeat(heartbeatFile(heartbeatDir_.string(), local), heartbeats_[i]);
     heartbeats_[i] = beat.marker;
     track.observe(ProgressSource::Heartbeat, {.marker = beat.marker, .step = beat.step}, now);
-    if (!track.hung(now, options_.timeout)) continue;
-    anyHung = true;
-    halted[i] = stopped(workers_[i].pid);
-    auto rank = [&](size_t j) {
-      return std::tuple{halted[j], !tracks_[j].inCollective(), tracks_[j].silentFor(now)};
-    };
-    if (!worst || rank(i) > rank(*worst)) worst = i;
+    hung[i] = track.hung(now, options_.timeout);
   }
-  if (!anyHung) {
+  if (std::none_of(hung.begin(), hung.end(), [](char h) { return h != 0; })) {
     stalled_ = false;  // progress resumed everywhere: a new stall is a new hang
     return;
   }
   if (stalled_) return;
   stalled_ = true;
-  const ProgressTrack& t = tracks_[*worst];
-  onHang_(HungWorker{workers_[*worst].rank, toSeconds(t.silentFor(now)), t.step()});
+  // The suspect among the hung workers and the stopped ones, hung yet or not: one stopped
+  // inside a collective may have been seen entering it after the peers that wait on it.
+  std::vector<RankReport> candidates;
+  std::vector<size_t> at;
+  for (size_t i = 0; i < workers_.size(); ++i) {
+    RankReport r = report(i, now);
+    if (!hung[i] && !r.stopped) continue;
+    candidates.push_back(std::move(r));
+    at.push_back(i);
+  }
+  const auto pick = suspect(candidates);
+  if (!pick) return;  // not reached: a hung worker has reported
+  const size_t i = at[*pick];
+  onHang_(HungWorker{workers_[i].rank, toSeconds(tracks_[i].silentFor(now)), tracks_[i].step()});
+}
+
+RankReport HangWatcher::report(size_t i, Clock::time_point now) const {
+  const ProgressTrack& t = tracks_[i];
+  RankReport r;
+  r.rank = workers_[i].rank;
+  r.node = nodeName_;
+  r.reported = t.reported();
+  r.stopped = stopped(workers_[i].pid);
+  r.step = t.step();
+  r.silentSeconds = t.reported() ? toSeconds(t.silentFor(now)) : 0.0;
+  if (t.inCollective()) r.collective = "a collective (its own report)";
+  return r;
 }
 
 std::vector<RankReport> HangWatcher::localReports(Clock::time_point now) const {
   std::vector<RankReport> reports;
-  for (size_t i = 0; i < workers_.size(); ++i) {
-    const ProgressTrack& t = tracks_[i];
-    RankReport r;
-    r.rank = workers_[i].rank;
-    r.node = nodeName_;
-    r.reported = t.reported();
-    r.step = t.step();
-    r.silentSeconds = t.reported() ? toSeconds(t.silentFor(now)) : 0.0;
-    if (t.inCollective()) r.collective = "a collective (its own report)";
-    reports.push_back(std::move(r));
-  }
+  for (size_t i = 0; i < workers_.size(); ++i) reports.push_back(report(i, now));
   return reports;
 }
 

@@ -39,7 +39,7 @@ struct WatchedWorker {
   int localRank = 0;
 };
 
-// What the callback hears: the worker silent longest among the hung ones.
+// What the callback hears: the suspect (hang_watch.h) among the hung workers and the stopped.
 struct HungWorker {
   int rank = 0;
   double silentSeconds = 0;
@@ -93,6 +93,7 @@ class HangWatcher {
  private:
   void schedule();
   void look();
+  RankReport report(size_t i, Clock::time_point now) const;  // workers_[i]'s, as it is now
   std::vector<RankReport> localReports(Clock::time_point now) const;
 
   boost::asio::io_context& io_;

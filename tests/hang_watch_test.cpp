@@ -6,9 +6,13 @@
 #include <gtest/gtest.h>
 #include <pthread.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <filesystem>
+#include <optional>
 
 #include "agents/hang_watcher.h"
 #include "common/error.h"
@@ -84,12 +88,27 @@ TEST(HangSuspect, OtherwiseTheLongestSilentThenTheLowestRank) {
   EXPECT_EQ(suspect({rank(0, 0, false, false)}), std::nullopt);
 }
 
+TEST(HangSuspect, AStoppedRankFirstThenOneBehindTheOthers) {
+  // Rank 2 was stopped inside its all-reduce, after its peers began waiting in theirs.
+  std::vector<RankReport> reports{rank(0, 5.1, true), rank(1, 5.0, false), rank(2, 4.9, true)};
+  reports[2].stopped = true;
+  EXPECT_EQ(suspect(reports), 2u);
+  // Rank 0 went on to step 13 (its part of the all-reduce was done): the ranks at step 12 hold
+  // it up, the one outside a collective first.
+  std::vector<RankReport> ahead{rank(0, 9.0, false), rank(1, 5.0, true), rank(2, 5.0, false)};
+  ahead[0].step = 13;
+  EXPECT_EQ(suspect(ahead), 2u);
+  EXPECT_NE(hangSummary(reports, 5.0, 1, 1).find("suspect: rank 2 on n1, last step 12, stopped"),
+            std::string::npos);
+}
+
 TEST(HangReports, EncodeDecodeRoundTripsAndBadTextIsAProtocolError) {
   RankReport r = rank(3, 5.25, false);
   r.topFrames = {"#0 clock_nanosleep", "#1 sleepForeverForTesting"};
   r.stackFile = "/logs/stacks/rank_3.txt";
   RankReport quiet = rank(0, 0, true, false);
   quiet.step.reset();
+  quiet.stopped = true;
   const auto back = decodeRankReports(encodeRankReports({r, quiet}));
   ASSERT_EQ(back.size(), 2u);
   EXPECT_EQ(back[0].rank, 3);
@@ -99,6 +118,8 @@ TEST(HangReports, EncodeDecodeRoundTripsAndBadTextIsAProtocolError) {
   EXPECT_EQ(back[0].topFrames, r.topFrames);
   EXPECT_EQ(back[0].stackFile, r.stackFile);
   EXPECT_FALSE(back[0].collective);
+  EXPECT_FALSE(back[0].stopped);
+  EXPECT_TRUE(back[1].stopped);
   EXPECT_FALSE(back[1].reported);
   EXPECT_FALSE(back[1].step);
   EXPECT_EQ(back[1].collective, "all_reduce");
@@ -187,6 +208,62 @@ TEST(HangWatcher, ACollectionWritesIntoItsOwnRoundWhileTheNextIsSetUp) {
   ::pthread_setschedparam(::pthread_self(), oldPolicy, &old);
   ::sched_setaffinity(0, sizeof all, &all);
   std::filesystem::remove_all(dir);
+}
+
+// Local rank 1 waits in its all-reduce first; local rank 0 enters its own a look later and is
+// then stopped (SIGSTOP). Rank 1's silence reaches the timeout first, but the stopped worker is
+// the one named: it is the one the in-process recovery replaces.
+TEST(HangWatcher, NamesAStoppedWorkerThoughAPeerWentSilentFirst) {
+  pid_t children[2];
+  for (pid_t& pid : children) {
+    pid = ::fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0)
+      for (;;) ::pause();  // a worker's process, until the SIGKILL below
+  }
+  std::string pattern = (std::filesystem::temp_directory_path() / "hang-test-XXXXXX").string();
+  const std::filesystem::path dir = ::mkdtemp(pattern.data());
+  boost::asio::io_context io;
+  NoRendezvous rendezvous;
+  std::optional<HungWorker> named;
+  {
+    HangWatcher watcher(io, {.timeout = 1s}, "node", rendezvous);
+    const ProgressBoard board(dir / "progress", 2);
+    RoundSpec spec;
+    watcher.prepareRound(dir / "attempt_0", board, {}, spec);
+    auto reporter = [&](const char* local) {
+      ::setenv("DLRUN_PROGRESS_FILE", board.path().c_str(), 1);
+      ::setenv("LOCAL_RANK", local, 1);
+      ProgressReporter r = ProgressReporter::fromEnvironment();
+      ::unsetenv("DLRUN_PROGRESS_FILE");
+      ::unsetenv("LOCAL_RANK");
+      return r;
+    };
+    ProgressReporter stuck = reporter("0"), peer = reporter("1");
+    watcher.watch({{.pid = children[0], .rank = 0, .localRank = 0},
+                   {.pid = children[1], .rank = 1, .localRank = 1}},
+                  [&](const HungWorker& hung) {
+                    named = hung;
+                    watcher.unwatch();
+                  });
+    // Each run_one() is one look (the watch's timer is all the io_context has).
+    peer.phase(ProgressPhase::Collective);
+    io.run_one();
+    stuck.phase(ProgressPhase::Collective);
+    io.run_one();
+    ::kill(children[0], SIGSTOP);
+    int status = 0;
+    ASSERT_EQ(::waitpid(children[0], &status, WUNTRACED), children[0]);
+    ASSERT_TRUE(WIFSTOPPED(status));
+    while (!named) io.run_one();
+  }
+  for (const pid_t pid : children) {
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, nullptr, 0);
+  }
+  std::filesystem::remove_all(dir);
+  ASSERT_TRUE(named);
+  EXPECT_EQ(named->rank, 0);
 }
 
 }  // namespace
