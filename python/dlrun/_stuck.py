@@ -78,7 +78,8 @@ class StepWatch:
     """A thread that frees this rank when it is still in a step of its generation once a peer
     arrived in the next: that peer left its group, so the step can never finish, whatever it
     waits on (a peer stuck in turn; a gloo collective that, now and then, waits out its timeout
-    though its peers closed or left the group; an NCCL collective whose peers are not the dead
+    though its peers closed or left the group: gloo fails no send already queued for writing
+    when its connection fails; an NCCL collective whose peers are not the dead
     rank's neighbours, which NCCL never fails). It waits in the store for the next generation's
     first arrival (nothing is exchanged meanwhile, whatever the steps); then, the rank still in
     that step after a grace (cut short once its loop's thread waits idle), the group's
