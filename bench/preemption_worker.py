@@ -8,7 +8,7 @@ step loaded, null for none, and the SHA-256 of its weights). `save`: after each 
 saves the model and optimizer (dlrun.checkpoint.save) and asks should_stop(); told to stop, it
 writes OUT_DIR/stopped_<RANK>.json (the step and its weights' SHA-256) and ends. Rank 0 writes
 OUT_DIR/running once it took 5 steps. At its end each rank writes OUT_DIR/times_<RANK>.json:
-every step's seconds, the save included.
+every step's seconds, the save and should_stop() included.
 """
 
 import hashlib
@@ -71,14 +71,16 @@ def main():
         optimizer.zero_grad(set_to_none=True)
         loss_fn(ddp(x), y).backward()
         optimizer.step()
+        stop = False
         if mode == "save":
             checkpoint.save(
                 {"model": model.state_dict(), "optimizer": optimizer.state_dict()}, step
             )
+            stop = checkpoint.should_stop(step)  # a store round trip a step: the step's too
         times.append(time.perf_counter() - began)
         if rank == 0 and step == start + 5:
             open(os.path.join(out, "running"), "w").close()
-        if mode == "save" and checkpoint.should_stop(step):
+        if stop:
             write(
                 os.path.join(out, f"stopped_{rank}.json"), {"step": step, "sha256": digest(model)}
             )
