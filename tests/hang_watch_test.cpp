@@ -214,12 +214,23 @@ TEST(HangWatcher, ACollectionWritesIntoItsOwnRoundWhileTheNextIsSetUp) {
 // then stopped (SIGSTOP). Rank 1's silence reaches the timeout first, but the stopped worker is
 // the one named: it is the one the in-process recovery replaces.
 TEST(HangWatcher, NamesAStoppedWorkerThoughAPeerWentSilentFirst) {
-  pid_t children[2];
-  for (pid_t& pid : children) {
+  // Two workers' processes, each pausing until its SIGKILL here, however the test ends.
+  struct Children {
+    pid_t pids[2] = {-1, -1};
+    ~Children() {
+      for (const pid_t pid : pids)
+        if (pid > 0) {
+          ::kill(pid, SIGKILL);
+          ::waitpid(pid, nullptr, 0);
+        }
+    }
+  } guard;
+  pid_t* children = guard.pids;
+  for (pid_t& pid : guard.pids) {
     pid = ::fork();
     ASSERT_GE(pid, 0);
     if (pid == 0)
-      for (;;) ::pause();  // a worker's process, until the SIGKILL below
+      for (;;) ::pause();
   }
   std::string pattern = (std::filesystem::temp_directory_path() / "hang-test-XXXXXX").string();
   const std::filesystem::path dir = ::mkdtemp(pattern.data());
@@ -256,10 +267,6 @@ TEST(HangWatcher, NamesAStoppedWorkerThoughAPeerWentSilentFirst) {
     ASSERT_EQ(::waitpid(children[0], &status, WUNTRACED), children[0]);
     ASSERT_TRUE(WIFSTOPPED(status));
     while (!named) io.run_one();
-  }
-  for (const pid_t pid : children) {
-    ::kill(pid, SIGKILL);
-    ::waitpid(pid, nullptr, 0);
   }
   std::filesystem::remove_all(dir);
   ASSERT_TRUE(named);
