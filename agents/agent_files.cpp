@@ -16,6 +16,7 @@
 #include "agents/checkpoint_flush.h"
 #include "common/host_port.h"
 #include "common/log.h"
+#include "common/program_files.h"
 #include "common/signal_name.h"
 #include "common/text.h"
 
@@ -176,6 +177,8 @@ void AgentImpl::holdCheckpointMemory() {
   try {
     checkpointMemory_.emplace();
     services_[std::string(kCheckpointMemoryVariable)] = checkpointMemory_->dir().string();
+    const std::string copy = findProgramFile(kCheckpointCopyModule, DLRUN_CHECKPOINT_MODULE_DIR);
+    if (!copy.empty()) services_[std::string(kCheckpointCopyVariable)] = copy;
   } catch (const Error& e) {
     log::info(std::string("in-memory checkpoints are off: ") + e.what());
     return;

@@ -20,6 +20,9 @@ inline constexpr std::string_view kCheckpointMemoryVariable = "DLRUN_CHECKPOINT_
 // --checkpoint-dir, and --checkpoint-write-every in seconds (set only with the directory)
 inline constexpr std::string_view kCheckpointDirVariable = "DLRUN_CHECKPOINT_DIR";
 inline constexpr std::string_view kCheckpointWriteEveryVariable = "DLRUN_CHECKPOINT_WRITE_EVERY";
+// The module that copies and sums a save in one pass (checkpoint_copy.h), set where it is found
+inline constexpr std::string_view kCheckpointCopyVariable = "DLRUN_CHECKPOINT_COPY";
+inline constexpr std::string_view kCheckpointCopyModule = "dlrun-checkpoint-copy.so";
 
 // Whose a directory is, as its name says (pure, below): the user and, for people, the agent's PID.
 struct MemoryOwner {

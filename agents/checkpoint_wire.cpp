@@ -1,10 +1,12 @@
 #include "agents/checkpoint_wire.h"
 
+#include <algorithm>
 #include <boost/crc.hpp>
 #include <cstdio>
 #include <cstring>
 #include <vector>
 
+#include "agents/checkpoint_copy.h"
 #include "common/error.h"
 #include "common/text.h"
 
@@ -92,16 +94,15 @@ std::optional<CopyHeader> parseAnswer(std::string_view line) {
 }
 
 void CopyChecksum::addTensors(const char* data, size_t bytes) {
-  for (size_t at = 0; at + kChecksumBlock <= bytes; at += kChecksumBlock) {
-    uint64_t block = 0;
-    for (size_t word = 0; word < kChecksumBlock; word += sizeof(uint64_t)) {
-      uint64_t value;
-      std::memcpy(&value, data + at + word,
-                  sizeof value);  // the words as the worker's torch reads them
-      block += value;
+  uint64_t sums[64];
+  for (size_t at = 0; at + kChecksumBlock <= bytes;) {
+    const size_t blocks = std::min<size_t>(std::size(sums), (bytes - at) / kChecksumBlock);
+    sumBlocks(data + at, blocks * kChecksumBlock, sums);
+    for (size_t i = 0; i < blocks; ++i) {
+      sum_ += sums[i];
+      weighted_ += sums[i] * ++blocks_;
     }
-    sum_ += block;
-    weighted_ += block * ++blocks_;
+    at += blocks * kChecksumBlock;
   }
 }
 

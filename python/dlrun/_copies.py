@@ -2,6 +2,7 @@
 --checkpoint-dir, its checksum, its tensors read back) and fetches it from a dlrun agent
 (agents/checkpoint_wire.h). The job's agreement on which copy is the job's is checkpoint.py's."""
 
+import ctypes
 import glob
 import math
 import mmap
@@ -11,6 +12,7 @@ import shutil
 import time
 import zlib
 
+from dlrun._job import say
 from dlrun._tree import fill
 
 BLOCK = 4096  # the checksum's block; a copy's bytes are a whole number of them
@@ -27,25 +29,102 @@ class CheckpointError(RuntimeError):
 
 
 def copy_in(data, tensors, layout):
-    """Each tensor's bytes into `data` at its offset (from any device)."""
+    """Each tensor's bytes into `data` at its offset (from any device). Returns each 4 KiB
+    block's sum (an int64 tensor) where the copy summed them as it went (every tensor in CPU
+    memory and the agent's module at hand), else None: checksum() then reads the copy."""
     import torch
 
+    native = _native()
+    if native and all(t.device.type == "cpu" and t.layout == torch.strided for t in tensors):
+        return _copy_in_native(native, data, tensors, layout)
     for t, (_, _, offset, nbytes) in zip(tensors, layout):
         if nbytes:
             view = torch.frombuffer(data, dtype=t.dtype, count=t.numel(), offset=offset)
             view.copy_(t.detach().reshape(-1))
+    return None
 
 
-def checksum(data, meta):
+def _copy_in_native(native, data, tensors, layout):
+    """copy_in through agents/checkpoint_copy.h: streaming stores that sum what they write, one
+    pass over memory where torch's copy and the checksum take three."""
+    import torch
+
+    # Their bytes as they read: conjugate and negative views resolved, strides made contiguous.
+    sources = [t.detach().resolve_conj().resolve_neg().contiguous() for t in tensors]
+    pieces = torch.tensor(
+        [
+            (s.data_ptr(), offset, nbytes)
+            for s, (_, _, offset, nbytes) in zip(sources, layout)
+            if nbytes
+        ],
+        dtype=torch.int64,
+    ).reshape(-1, 3)
+    sums = torch.empty(len(data) // BLOCK, dtype=torch.int64)
+    into = ctypes.c_char.from_buffer(data)  # released below: the mapping may be closed later
+    try:
+        done = native.dlrun_checkpoint_copy_in(
+            ctypes.addressof(into), len(data), pieces.data_ptr(), len(pieces), sums.data_ptr()
+        )
+    finally:
+        del into
+    if not done:
+        raise ValueError(f"a copy's layout does not fit its {len(data)} bytes")
+    return sums
+
+
+def _block_sums(data):
+    """Each 4 KiB block's sum of `data`, as an int64 tensor."""
+    import torch
+
+    native = _native()
+    if not native:
+        return torch.frombuffer(data, dtype=torch.int64).view(-1, BLOCK // 8).sum(dim=1)
+    sums = torch.empty(len(data) // BLOCK, dtype=torch.int64)
+    at = ctypes.c_char.from_buffer(data)
+    try:
+        native.dlrun_checkpoint_sum_blocks(ctypes.addressof(at), len(data), sums.data_ptr())
+    finally:
+        del at
+    return sums
+
+
+_opened = None  # the agent's module (DLRUN_CHECKPOINT_COPY) once opened, False without one
+
+
+def _native():
+    """The module dlrun's agent names (agents/checkpoint_copy.h), None where there is none: the
+    copy and its sums are then torch's, the same bytes and checksum, slower."""
+    global _opened
+    if _opened is None:
+        _opened = False
+        path = os.environ.get("DLRUN_CHECKPOINT_COPY")
+        if path:
+            try:
+                native = ctypes.CDLL(path)  # ctypes lets the GIL go during each call
+                native.dlrun_checkpoint_copy_in.argtypes = [ctypes.c_void_p, ctypes.c_uint64]
+                native.dlrun_checkpoint_copy_in.argtypes += [ctypes.c_void_p, ctypes.c_size_t]
+                native.dlrun_checkpoint_copy_in.argtypes += [ctypes.c_void_p]
+                native.dlrun_checkpoint_copy_in.restype = ctypes.c_int
+                native.dlrun_checkpoint_sum_blocks.argtypes = [ctypes.c_void_p] * 3
+                native.dlrun_checkpoint_sum_blocks.restype = None
+                _opened = native
+            except (OSError, AttributeError) as error:
+                say("checkpoint", f"{path} cannot be used ({error}); copies go through torch")
+    return _opened or None
+
+
+def checksum(data, meta, blocks=None):
     """A copy's checksum: Fletcher-like over the tensors' bytes as 64-bit words (a sum of each
     4 KiB block, and of those sums weighted by their place: any changed word, any moved block
-    shows), at memory speed, and CRC-32 over the structure."""
+    shows), at memory speed, and CRC-32 over the structure. `blocks`: the block sums where
+    copy_in made them (else read from `data`)."""
     import torch
 
     if len(data) == 0 or len(data) % BLOCK:
         raise ValueError(f"a copy of {len(data)} bytes, not a whole number of {BLOCK}-byte blocks")
-    words = torch.frombuffer(data, dtype=torch.int64).view(-1, BLOCK // 8)
-    blocks = words.sum(dim=1)  # integer sums wrap: the same on every machine, in any order
+    if blocks is None:
+        blocks = _block_sums(data)
+    # Integer sums wrap: the same on every machine, in any order.
     weighted = (blocks * torch.arange(1, len(blocks) + 1)).sum()
     return (
         f"{int(blocks.sum()) & (2**64 - 1):016x}{int(weighted) & (2**64 - 1):016x}"

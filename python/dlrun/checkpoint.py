@@ -341,15 +341,16 @@ class _Memory:
         meta = pickle.dumps({"step": step, "skeleton": skeleton, "layout": layout})
         self._check_room(slot, size + len(meta))
         data = slot.writable(size)
-        copy_in(data, tensors, layout)
+        blocks = copy_in(data, tensors, layout)
         with open(os.path.join(slot.path, "meta"), "wb") as f:
             f.write(meta)
         self.last, self.saved_in = step, _generation()
-        # The checksum and the count in the store go on beside the training loop (torch's sums
-        # release the GIL): the step is the job's once every rank's copy is whole.
+        # The checksum (from the copy's block sums, or read from the copy where torch copied it)
+        # and the count in the store go on beside the training loop (torch's sums and the store's
+        # requests release the GIL): the step is the job's once every rank's copy is whole.
         self.completing = threading.Thread(
             target=self._complete,
-            args=(slot, step, data, meta),
+            args=(slot, step, data, meta, blocks),
             name="dlrun-checkpoint",
             daemon=True,
         )
@@ -377,9 +378,9 @@ class _Memory:
             kept = [max(held, key=lambda slot: marks[slot][0])] if held else []
         return next(slot for slot in self.slots if slot not in kept)
 
-    def _complete(self, slot, step, data, meta):
+    def _complete(self, slot, step, data, meta, blocks):
         try:
-            slot.mark(step, checksum(data, meta))
+            slot.mark(step, checksum(data, meta, blocks))
             if self.write_every:
                 self._write_if_named(slot, step)
             self._replicate(slot, step)

@@ -2,11 +2,13 @@
 acceptance 3): with the build and source directories hidden (a tmpfs over each, in a mount
 namespace of the run's own), the installed dlrun, started from another working directory, runs
 the installed trainer on 2 workers, and the trainer finds its AVX2 module in the prefix's
-library directory. The installed programs' --version names the version and the git commit."""
+library directory; a Python worker opens the checkpoint copy module the installed dlrun names.
+The installed programs' --version names the version and the git commit."""
 
 import os
 import re
 import subprocess
+import sys
 import unittest
 
 from dlrun_fixture import main
@@ -83,6 +85,26 @@ class InstallPrefixTest(unittest.TestCase):
             self.assertEqual(output.count(f"debug: CPU math: avx2 ({module})"), 2, output)
         else:
             self.assertIn("CPU math: baseline (this CPU lacks AVX2 or FMA)", output)
+
+    def test_installed_dlrun_gives_its_workers_the_checkpoint_copy_module(self):
+        # dlrun.checkpoint's workers open it where the agent says (agents/checkpoint_copy.h).
+        worker = (
+            "import os, dlrun._copies as c; "
+            "print('copy module:', os.environ['DLRUN_CHECKPOINT_COPY'], c._native() is not None)"
+        )
+        output = self.hidden_build_run(
+            [
+                os.path.join(self.prefix, "bin", "dlrun"),
+                "--standalone",
+                "--nproc-per-node=1",
+                sys.executable,
+                "-c",
+                worker,
+            ],
+            cwd=self.scratch,
+        )
+        module = os.path.join(self.prefix, "lib", "dlrun", "checkpoint", "dlrun-checkpoint-copy.so")
+        self.assertIn(f"copy module: {module} True", output)
 
     def test_version_names_the_commit(self):
         for program in ("dlrun", "dlrund", "dlrun-train"):
