@@ -7,7 +7,8 @@ The state: MEGABYTES of float32 in 16 tensors, half "model", half "optimizer". P
 STEPS: torch.save of the state to OUT_DIR (local disk, page cache as a user's save), then
 dlrun.checkpoint.save; the time each blocks the caller, and for dlrun.checkpoint the time from
 its return to the copy complete (checksummed and counted; wait()). Then torch.load of the file
-and dlrun.checkpoint.load() (every rank: the job's newest step from memory, checksums checked).
+and dlrun.checkpoint.load() (every rank: the job's newest step from memory, checksums checked),
+each after a gloo barrier: the ranks start a load together, as after a restart.
 Writes OUT_DIR/rank_<RANK>.json with each measurement's seconds.
 
 With device:cuda the state lives on the rank's GPU, as a GPU job's does: torch.save and save copy
@@ -32,6 +33,7 @@ import time
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
 import dlrun.checkpoint as checkpoint  # dlrun puts its package on PYTHONPATH
 
@@ -94,10 +96,8 @@ def main():
     if device.type == "cuda":
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]) % torch.cuda.device_count())
     path = os.path.join(out, f"rank{rank}.pt")
+    dist.init_process_group("gloo")
     if lose is not None:
-        import torch.distributed as dist
-
-        dist.init_process_group("gloo")
         if os.environ["TORCHELASTIC_RESTART_COUNT"] != "0":
             return restore(out, rank, steps, path)
         with open(os.path.join(out, f"pid_{rank}"), "w") as f:
@@ -139,7 +139,9 @@ def main():
         dist.barrier()  # the lost host's ranks never come: this attempt ends in its failure
         return 1
     for _ in range(3):
+        dist.barrier()  # the ranks start each load together, as after a restart
         runs["torch_load"].append(timed(lambda: torch.load(path))[0])
+        dist.barrier()
         took, found = timed(lambda: on(device, checkpoint.load()))
         runs["load"].append(took)
         assert found[0] == steps - 1 and torch.equal(found[1]["model"]["w0"], tensors[0])

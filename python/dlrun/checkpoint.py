@@ -32,11 +32,12 @@ With dlrun's --checkpoint-dir (DLRUN_CHECKPOINT_DIR) the agent writes copies to 
 seconds while the job runs (the same on every rank: _write_if_named), and what is left as it
 ends. load() finds a step there too: a job launched again goes on from it.
 
-Preemption: should_stop(step), called by every rank once a step after its save, turns true at the
-same step on every rank once any worker of the job got SIGTERM (dlrun stopping the job: a
-signal to dlrun, scancel, a pod deleted, `dlrun stop`): the program returns, and that step is
-the one a new launch loads. Where rank 0's torch serves the job's store, rank 0's should_stop()
-returns once every rank has its answer (the store ends with rank 0).
+Preemption (python/dlrun/_stop.py): should_stop(step), called by every rank once a step after its
+save, turns true at the same step on every rank once any worker of the job got SIGTERM (dlrun
+stopping the job: a signal to dlrun, scancel, a pod deleted, `dlrun stop`), two steps after the
+first rank saw it: the program returns, and that step is the one a new launch loads. Where rank
+0's torch serves the job's store, rank 0's should_stop() returns once every rank has its answer
+(the store ends with rank 0).
 
 Outside dlrun (no DLRUN_CHECKPOINT_SHM), save() is a torch.save to DLRUN_CHECKPOINT_DIR (or
 `directory`), one file a rank and step, and load() the torch.load of this rank's newest one.
@@ -48,6 +49,7 @@ import itertools
 import json
 import os
 import pickle
+import queue
 import threading
 import time
 from datetime import timedelta
@@ -69,6 +71,8 @@ from dlrun._copies import (
     sent_here,
 )
 from dlrun._job import say, store_client
+from dlrun._stop import Stop, count_reaches
+from dlrun._stop import preemption as _preemption
 from dlrun._tree import hollow
 
 __all__ = ["save", "load", "wait", "should_stop", "active"]
@@ -76,8 +80,6 @@ __all__ = ["save", "load", "wait", "should_stop", "active"]
 KEYS = "dlrun/checkpoint"  # under the attempt's key space of the job's store
 ALIGN = 64  # each tensor's bytes start at a multiple of this
 COMPLETE_WAIT_S = 120  # a save waits so long for the previous step on every rank
-POLL_S = 0.005  # a wait looks again so often
-STOP_WAIT_S = 10  # rank 0 serving the store waits so long for its peers to stop (should_stop)
 
 
 def active():
@@ -120,31 +122,6 @@ def load(directory=None):
     if os.environ.get("DLRUN_RECOVERY_JOIN") == "1":
         return None
     return _memory().load()
-
-
-class _Preemption:
-    """SIGTERM as a request to stop, once the program asks should_stop()."""
-
-    def __init__(self):
-        self.asked = False
-        self.listening = False
-
-    def listen(self):
-        if self.listening:
-            return
-        import signal
-
-        try:
-            signal.signal(signal.SIGTERM, self._asked)
-        except ValueError:  # not the main thread: SIGTERM stays the end of the process
-            return
-        self.listening = True
-
-    def _asked(self, signum, frame):
-        self.asked = True
-
-
-_preemption = _Preemption()
 
 
 # --- outside dlrun: plain files ------------------------------------------------------------------
@@ -192,16 +169,6 @@ def _disk_load(directory):
 _instance = None
 
 
-def _count_reaches(store, key, count, wait_s):
-    """Whether the store's counter `key` reaches `count` within `wait_s` seconds."""
-    deadline = time.monotonic() + wait_s
-    while store.add(key, 0) < count:
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(POLL_S)
-    return True
-
-
 def _generation():
     """The in-process recovery's generation this process last recovered in (dlrun.recovery
     sets it), "0" before any."""
@@ -227,8 +194,8 @@ class _Memory:
         self._number(_rank(), int(os.environ["WORLD_SIZE"]))
         self.store = self._client()
         self._announce()
-        self.stop_store = None  # should_stop's: the completing thread uses `store` meanwhile
-        self.completing = None  # the thread completing the last save
+        self.stop = Stop(self._client, KEYS)  # should_stop's, with a store client of its own
+        self.completing = _Beside()  # the thread completing the last save
         # _number sets the rest: self.last, the last step saved by this process in its
         # numbering; self.complete, the newest step known complete on every rank, and
         # self.complete_on_disk, whether it was loaded from --checkpoint-dir; self.written,
@@ -237,9 +204,6 @@ class _Memory:
         # --checkpoint-write-every: rank 0 names a step to write to --checkpoint-dir so often
         every = os.environ.get("DLRUN_CHECKPOINT_WRITE_EVERY")
         self.write_every = float(every) if every and os.environ.get("DLRUN_CHECKPOINT_DIR") else 0
-        self.stop_at = None  # the step the job stops at, once agreed
-        self.told = False  # this rank counted its SIGTERM in the store
-        self.stopping = False  # this rank counted itself as stopping (_stop_together)
         atexit.register(self.finish_completing)  # the last save is the job's even at the end
 
     def _number(self, rank, world):
@@ -249,6 +213,9 @@ class _Memory:
         self.dir = os.path.join(self.root, f"rank-{rank}")
         self.slots = [Slot(os.path.join(self.dir, f"slot-{i}")) for i in range(2)]
         self.last = self.complete = None
+        # (step, complete on every rank, requests to stop) as the thread completing the save of
+        # that step saw them at its end (its own `saw`, taken when it is joined)
+        self.seen = self.saw = None
         self.saved_in = None  # the recovery generation the last save was made in (_generation)
         self.complete_on_disk = False
         self.written, self.written_step, self.named_at = 0, -1, None
@@ -270,50 +237,14 @@ class _Memory:
     # Stopping -------------------------------------------------------------------------------
 
     def should_stop(self, step):
-        """True at the agreed step. The first rank to see a request (its own SIGTERM, or the
-        count in the store) names the step after its own: no rank is past it, for a rank
-        finishing that step met this one in its collectives after the name was written."""
-        if self.stop_at is None:
-            if self.stop_store is None:
-                self.stop_store = self._client()
-            tell = _preemption.asked and not self.told
-            self.told = self.told or tell
-            if self.stop_store.add(f"{KEYS}/stop-asked", 1 if tell else 0) > 0:
-                self.stop_at = int(
-                    self.stop_store.compare_set(f"{KEYS}/stop-at", "", str(step + 1))
-                )
-        if self.stop_at is None or step < self.stop_at:
-            return False
-        if step > self.stop_at:
-            _say(
-                f"step {step} is past step {self.stop_at}, where the job stops (should_stop() "
-                "not called every step): stopping here"
-            )
-        if not self.stopping:
-            self.stopping = True
-            self._stop_together()
-        return True
+        return self.stop.asks(
+            step, self._looked_before(step), self.rank, self.world, self.finish_completing
+        )
 
-    def _stop_together(self):
-        """Where rank 0's torch serves the store (TORCHELASTIC_USE_AGENT_STORE=False), the store
-        ends with rank 0's process: each rank's save is counted, then the rank counts itself as
-        stopping (its last request to the store), and rank 0 stays until every rank has
-        (STOP_WAIT_S at most: a rank gone or that never asks again does not keep the job)."""
-        if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "False":
-            return
-        self.finish_completing()
-        try:
-            self.stop_store.add(f"{KEYS}/stopping", 1)
-        except RuntimeError:  # rank 0 no longer waited: its stop is this rank's all the same
-            _say("the job's store ended with rank 0 before this rank said it stops")
-            return
-        if self.rank != 0:
-            return
-        if not _count_reaches(self.stop_store, f"{KEYS}/stopping", self.world, STOP_WAIT_S):
-            _say(
-                f"not every rank said it stops within {STOP_WAIT_S} s; this rank ends, and "
-                "with it the job's store (its torch serves it)"
-            )
+    def _looked_before(self, step):
+        """The count of requests to stop as the thread completing the save of `step` or `step` -
+        1 saw it, None where neither such thread looked (no such save, or not joined yet)."""
+        return self.seen[2] if self.seen is not None and self.seen[0] >= step - 1 else None
 
     # Saving ---------------------------------------------------------------------------------
 
@@ -348,13 +279,8 @@ class _Memory:
         # The checksum (from the copy's block sums, or read from the copy where torch copied it)
         # and the count in the store go on beside the training loop (torch's sums and the store's
         # requests release the GIL): the step is the job's once every rank's copy is whole.
-        self.completing = threading.Thread(
-            target=self._complete,
-            args=(slot, step, data, meta, blocks),
-            name="dlrun-checkpoint",
-            daemon=True,
-        )
-        self.completing.start()
+        self.saw = None
+        self.completing.run(self._complete, slot, step, data, meta, blocks)
 
     def _free_slot(self):
         """The slot this save may write: not the one holding the job's newest complete step (or,
@@ -384,8 +310,10 @@ class _Memory:
             if self.write_every:
                 self._write_if_named(slot, step)
             self._replicate(slot, step)
-            if self.store.add(f"{KEYS}/saved/{step}/{self.rank}", 1) == 1:  # once a rank
-                self.store.add(f"{KEYS}/saved/{step}", 1)
+            once = self.store.add(f"{KEYS}/saved/{step}/{self.rank}", 1) == 1  # once a rank
+            counted = self.store.add(f"{KEYS}/saved/{step}", 1 if once else 0)
+            # What the next save and should_stop() would otherwise ask the store themselves.
+            self.saw = (step, counted >= self.world, self.store.add(f"{KEYS}/stop-asked", 0))
         except Exception as error:  # the step stays incomplete: the job's step stays older
             _say(f"step {step} could not be completed ({type(error).__name__}: {error})")
 
@@ -447,9 +375,8 @@ class _Memory:
         return ""
 
     def finish_completing(self):
-        if self.completing is not None:
-            self.completing.join()
-            self.completing = None
+        self.completing.wait()
+        self.seen = self.saw
 
     def _await_complete(self, step):
         """Waits until every rank's copy of `step` is complete. Not where an in-process recovery
@@ -458,11 +385,14 @@ class _Memory:
         where it is short the slot of the step known complete before stays (_free_slot)."""
         if self.complete is not None and self.complete >= step:
             return
+        if self.seen is not None and self.seen[:2] == (step, True):  # the last rank to count
+            self.complete, self.complete_on_disk = step, False
+            return
         if self.saved_in != _generation():
             if self._settled(step):
                 self.complete, self.complete_on_disk = step, False
             return
-        if not _count_reaches(self.store, f"{KEYS}/saved/{step}", self.world, COMPLETE_WAIT_S):
+        if not count_reaches(self.store, f"{KEYS}/saved/{step}", self.world, COMPLETE_WAIT_S):
             raise CheckpointError(
                 f"dlrun.checkpoint: step {step} is not complete on every rank after "
                 f"{COMPLETE_WAIT_S} s"
@@ -579,6 +509,37 @@ class _Memory:
             self.store.wait([f"{keys}/{rank}"])
             values.append(json.loads(self.store.get(f"{keys}/{rank}")))
         return values
+
+
+class _Beside:
+    """A thread that runs one function at a time beside the training loop, for as long as the
+    process: handing it a save's completion costs no thread's start (which waits for the new
+    thread to run, some 0.1-0.3 ms on busy cores)."""
+
+    def __init__(self):
+        self.jobs = queue.SimpleQueue()
+        self.idle = threading.Event()
+        self.idle.set()
+        self.thread = None
+
+    def run(self, function, *args):
+        """Runs function(*args) there; the one before must be done (wait)."""
+        if self.thread is None:
+            self.thread = threading.Thread(target=self._serve, name="dlrun-checkpoint", daemon=True)
+            self.thread.start()
+        self.idle.clear()
+        self.jobs.put((function, args))
+
+    def wait(self):
+        self.idle.wait()
+
+    def _serve(self):
+        while True:
+            function, args = self.jobs.get()
+            try:
+                function(*args)
+            finally:
+                self.idle.set()
 
 
 def _say(text):

@@ -139,15 +139,16 @@ class CheckpointTest(unittest.TestCase):
 
     def test_preemption_stops_every_rank_at_one_step_and_a_new_launch_resumes_there(self):
         # SIGTERM to dlrun as rank 0 waits after step 3 and rank 1 is in step 4: both stop at
-        # step 4 (rank 0 names it as it sees its SIGTERM), dlrun writes it to --checkpoint-dir
-        # as it ends, and a new launch loads it, bit-equal, and trains on from step 5.
+        # step 5 (rank 0 names it as it sees its SIGTERM, two ahead: rank 1 learns of it from
+        # what its save of step 5 saw), dlrun writes it to --checkpoint-dir as it ends, and a
+        # new launch loads it, bit-equal, and trains on from step 6.
         self.preempt()
 
     def test_preemption_where_rank_0_serves_the_store_waits_for_the_last_rank_to_ask(self):
         # As above with the store rank 0's torch serves (as on a torch without libuv): rank 1
-        # asks should_stop() at step 4 only once rank 0 has its answer; rank 0 stays until rank
-        # 1 has its own (the store would end with rank 0's process), and both stop at step 4.
-        self.preempt("--worker-store=rank0", "late:1:4")
+        # asks should_stop() at step 5 only once rank 0 has its answer; rank 0 stays until rank
+        # 1 has its own (the store would end with rank 0's process), and both stop at step 5.
+        self.preempt("--worker-store=rank0", "late:1:5")
 
     def preempt(self, *args):
         directory, out, after = temp_dir(self), temp_dir(self), temp_dir(self)
@@ -167,15 +168,15 @@ class CheckpointTest(unittest.TestCase):
         self.assertEqual(result.returncode, 128 + signal.SIGTERM, result)
         self.assertEqual(
             [read_json(os.path.join(out, f"stopped_{r}.json")) for r in range(WORLD)],
-            [{"step": 4}] * WORLD,
+            [{"step": 5}] * WORLD,
             result,
         )
-        self.assertIn(f"checkpoints: step 4 of rank(s) 0, 1 written to {directory}", result.stderr)
+        self.assertIn(f"checkpoints: step 5 of rank(s) 0, 1 written to {directory}", result.stderr)
         self.assertEqual(memory_dirs(launch.pid), [], "shared memory left after the job")
         resumed = Dlrun(self, [*flags, PYTHON, JOB, after, str(STEPS)], env=clean_env())
         result = resumed.wait(TIMEOUT_S)
         self.assertEqual(result.returncode, 0, result)
-        self.assertEqual(self.loaded(after, 0), [{"step": 4, "equal": True}] * WORLD, result)
+        self.assertEqual(self.loaded(after, 0), [{"step": 5, "equal": True}] * WORLD, result)
         for rank in range(WORLD):
             self.assertTrue(os.path.exists(os.path.join(after, f"done_{rank}")), rank)
             # The newest step both ranks hold stays in the directory, the older ones go.
