@@ -2,18 +2,18 @@
 # A training job that checkpoints every step through dlrun.checkpoint (issue 56): its step time
 # against the same job without saving, and preemption trials. bench/preemption_worker.py, 2 ranks
 # under dlrun on one node, the recovery bench's MLP.
-# - Step time: PAIRS pairs of runs of STEPS steps, one without saving, then one saving; in each
-#   run the median step after the first 10 of both ranks, each pair's ratio, and the median pair
-#   (goal: at most 1.03x).
+# - Step time: one run of STEPS steps, in blocks of 25 that save every step and blocks that do
+#   not, in turn (a machine's pace drifts between runs); the median step of each kind, both
+#   ranks, a block's first 2 steps left out, and their ratio (goal: at most 1.03x).
 # - Preemption, TRIALS times: the job runs with --checkpoint-dir and, at a random moment after
 #   its 5th step, dlrun gets SIGTERM. A trial passes when every rank stopped at the same step,
 #   dlrun wrote it to the directory, and a new launch loaded it on every rank, its weights bit for
 #   bit those the ranks stopped with, and went on. Prints the passes and the median seconds from
 #   the SIGTERM to dlrun's exit.
 #
-# Usage: bench/preemption_bench.sh [BUILD_DIR] [--steps N] [--pairs N] [--trials N] [--nproc N]
-#        BUILD_DIR: default build. --steps: steps a run of the step-time part (300). --pairs: (3).
-#        --trials: (20). --nproc: ranks (2; the trials check ranks 0 and 1, so at least 2).
+# Usage: bench/preemption_bench.sh [BUILD_DIR] [--steps N] [--trials N] [--nproc N]
+#        BUILD_DIR: default build. --steps: steps of the step-time run (600). --trials: (20).
+#        --nproc: ranks (2; the trials check ranks 0 and 1, so at least 2).
 # Environment: PYTHON (bench/anchor.sh: default torch 2.13's environment).
 # Exit status: 0; 1 a run or a trial failed; 2 cannot run.
 set -euo pipefail
@@ -23,16 +23,14 @@ if (($# > 0)) && [[ $1 != -* ]]; then
   build=$1
   shift
 fi
-steps=300
+steps=600
 trials=20
 nproc=2
-pairs=3
 while (($# > 0)); do
   case $1 in
     --steps) steps=$2; shift 2 ;;
     --nproc) nproc=$2; shift 2 ;;
     --trials) trials=$2; shift 2 ;;
-    --pairs) pairs=$2; shift 2 ;;
     *) echo "preemption_bench.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -55,27 +53,20 @@ launch() {  # OUT STEPS MODE [FLAG...]: dlrun in the background; its PID in $lau
 }
 echo "preemption_bench: $nproc ranks, torch $torch_version, $(nproc) cores; $steps steps a run," \
   "$trials preemption trials"
-# Pairs of runs, each without saving then saving: a machine's pace drifts over minutes, so each
-# pair gives a ratio of its own, and the median pair is the figure.
-for ((pair = 1; pair <= pairs; pair++)); do
-  for mode in plain save; do
-    launch "$scratch/$mode$pair" "$steps" "$mode"
-    wait "$launched" || { echo "preemption_bench.sh: the $mode run failed:" >&2
-      tail -20 "$scratch/$mode$pair/dlrun.log" >&2; exit 1; }
-  done
-done
-"$python" - "$scratch" "$nproc" "$pairs" <<'PY'
+launch "$scratch/steps" "$steps" alternate
+wait "$launched" || { echo "preemption_bench.sh: the step-time run failed:" >&2
+  tail -20 "$scratch/steps/dlrun.log" >&2; exit 1; }
+"$python" - "$scratch" "$nproc" <<'PY'
 import json, statistics, sys
-scratch, nproc, pairs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-def median(run):
-    return statistics.median(t for r in range(nproc)
-                             for t in json.load(open(f"{scratch}/{run}/times_{r}.json"))[10:])
-runs = sorted((median(f"save{p}") / median(f"plain{p}"), median(f"save{p}"), median(f"plain{p}"))
-              for p in range(1, pairs + 1))
-ratio, save, plain = runs[(len(runs) - 1) // 2]
+scratch, nproc = sys.argv[1], int(sys.argv[2])
+BLOCK = 25  # preemption_worker.py's
+steps = [json.load(open(f"{scratch}/steps/times_{r}.json")) for r in range(nproc)]
+# A block's first 2 steps left out: the one before's last save completes beside them.
+kept = [(t, saving) for run in steps for i, (t, saving) in enumerate(run) if i % BLOCK >= 2]
+save = statistics.median(t for t, saving in kept if saving)
+plain = statistics.median(t for t, saving in kept if not saving)
 print(f"step time: {save * 1000:.2f} ms saving every step, {plain * 1000:.2f} ms without:"
-      f" {ratio:.3f}x (the median of {pairs} pairs of runs: "
-      + ", ".join(f"{r:.3f}x" for r, _, _ in runs) + ")")
+      f" {save / plain:.3f}x (blocks of {BLOCK} steps of each in turn, one run of {len(steps[0])})")
 PY
 passed=0
 : > "$scratch/exits"

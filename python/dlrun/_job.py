@@ -27,6 +27,14 @@ def store_client(world, timeout):
     )
 
 
+def get_all(store, keys):
+    """The values of `keys` (each set already), in one request where the store client has
+    multi_get (torch 2), else one each."""
+    if hasattr(store, "multi_get"):
+        return store.multi_get(keys)
+    return [store.get(key) for key in keys]
+
+
 def say(module, text):
     """`module`'s line for the user, naming this worker's rank."""
     print(

@@ -70,7 +70,7 @@ from dlrun._copies import (
     read_state,
     sent_here,
 )
-from dlrun._job import say, store_client
+from dlrun._job import get_all, say, store_client
 from dlrun._stop import Stop, count_reaches
 from dlrun._stop import preemption as _preemption
 from dlrun._tree import hollow
@@ -504,11 +504,9 @@ class _Memory:
     def _gather(self, keys, mine):
         """Every rank's value (JSON) set under `keys`, this rank's `mine` among them."""
         self.store.set(f"{keys}/{self.rank}", json.dumps(mine))
-        values = []
-        for rank in range(self.world):
-            self.store.wait([f"{keys}/{rank}"])
-            values.append(json.loads(self.store.get(f"{keys}/{rank}")))
-        return values
+        named = [f"{keys}/{rank}" for rank in range(self.world)]
+        self.store.wait(named)
+        return [json.loads(value) for value in get_all(self.store, named)]
 
 
 class _Beside:

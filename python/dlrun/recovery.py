@@ -37,7 +37,6 @@ over init_process_group("env://") and DistributedDataParallel: nothing else happ
 
 import functools
 import gc
-import importlib
 import importlib.util
 import json
 import os
@@ -48,7 +47,7 @@ from datetime import timedelta
 
 from dlrun import _memory, _news, _state, progress
 from dlrun._group import Group, prepare_nccl
-from dlrun._job import say, store_client
+from dlrun._job import get_all, say, store_client
 from dlrun._reserve import reserved, take_place
 from dlrun._stuck import StepWatch, sockets
 
@@ -484,11 +483,7 @@ class Loop:
         all-reduced gradients as often): only the newcomers and the survivors behind are sent
         it, shared out among those survivors (NCCL: from the lowest, by a broadcast; it also
         publishes what is not a tensor)."""
-        named = [f"{keys}/rank/{r}" for r in range(self.world)]
-        if hasattr(self._store, "multi_get"):  # torch 2: one round trip
-            said = self._store.multi_get(named)
-        else:
-            said = [self._store.get(key) for key in named]
+        said = get_all(self._store, [f"{keys}/rank/{r}" for r in range(self.world)])
         records = [json.loads(record) for record in said]
         survivors = [r for r, record in enumerate(records) if record["survivor"]]
         if not survivors:

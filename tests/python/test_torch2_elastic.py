@@ -145,6 +145,11 @@ DOCUMENTED = {
         _dlrun_only,
         "the node's memory dlrun.checkpoint saves into",
     ),
+    "DLRUN_CHECKPOINT_COPY": (
+        "values",
+        _dlrun_only,
+        "the module dlrun.checkpoint copies a save with",
+    ),
     "DLRUN_CHECKPOINT_AGENT": (
         "values",
         _dlrun_where_it_applies,
