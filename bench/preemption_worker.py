@@ -31,7 +31,7 @@ from recovery_worker import make_model  # noqa: E402  (the recovery bench's MLP)
 
 WIDTHS = (784, 1024, 384, 10)
 BATCH = 64
-BLOCK = 25  # steps a block of `alternate`
+BLOCK = 10  # steps a block of `alternate`
 
 
 def digest(model):
