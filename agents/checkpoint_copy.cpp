@@ -35,7 +35,8 @@ uint64_t copyWords(char* to, const char* from, uint64_t n) {
     done += bytes;
   };
 #if defined(__SSE2__)
-  if (reinterpret_cast<uintptr_t>(to) % 16 != 0 && n >= 8) word(8);  // streaming stores: 16
+  // Streaming stores write 16-byte aligned lanes.
+  if (reinterpret_cast<uintptr_t>(to) % 16 != 0 && n >= 8) word(8);
   __m128i a = _mm_setzero_si128(), b = a, c = a, d = a;
   for (; done + 64 <= n; done += 64) {
     const auto* in = reinterpret_cast<const __m128i*>(from + done);

@@ -2,6 +2,7 @@
 --checkpoint-dir, its checksum, its tensors read back) and fetches it from a dlrun agent
 (agents/checkpoint_wire.h). The job's agreement on which copy is the job's is checkpoint.py's."""
 
+import contextlib
 import ctypes
 import glob
 import math
@@ -60,13 +61,10 @@ def _copy_in_native(native, data, tensors, layout):
         dtype=torch.int64,
     ).reshape(-1, 3)
     sums = torch.empty(len(data) // BLOCK, dtype=torch.int64)
-    into = ctypes.c_char.from_buffer(data)  # released below: the mapping may be closed later
-    try:
+    with _address(data) as into:
         done = native.dlrun_checkpoint_copy_in(
-            ctypes.addressof(into), len(data), pieces.data_ptr(), len(pieces), sums.data_ptr()
+            into, len(data), pieces.data_ptr(), len(pieces), sums.data_ptr()
         )
-    finally:
-        del into
     if not done:
         raise ValueError(f"a copy's layout does not fit its {len(data)} bytes")
     return sums
@@ -80,12 +78,20 @@ def _block_sums(data):
     if not native:
         return torch.frombuffer(data, dtype=torch.int64).view(-1, BLOCK // 8).sum(dim=1)
     sums = torch.empty(len(data) // BLOCK, dtype=torch.int64)
-    at = ctypes.c_char.from_buffer(data)
-    try:
-        native.dlrun_checkpoint_sum_blocks(ctypes.addressof(at), len(data), sums.data_ptr())
-    finally:
-        del at
+    with _address(data) as at:
+        native.dlrun_checkpoint_sum_blocks(at, len(data), sums.data_ptr())
     return sums
+
+
+@contextlib.contextmanager
+def _address(data):
+    """The address of the first byte of `data` (a writable buffer, a mapping), held only within
+    the block: a mapping with its buffer still held cannot be closed."""
+    held = ctypes.c_char.from_buffer(data)
+    try:
+        yield ctypes.addressof(held)
+    finally:
+        del held
 
 
 _opened = None  # the agent's module (DLRUN_CHECKPOINT_COPY) once opened, False without one
@@ -101,9 +107,8 @@ def _native():
         if path:
             try:
                 native = ctypes.CDLL(path)  # ctypes lets the GIL go during each call
-                native.dlrun_checkpoint_copy_in.argtypes = [ctypes.c_void_p, ctypes.c_uint64]
-                native.dlrun_checkpoint_copy_in.argtypes += [ctypes.c_void_p, ctypes.c_size_t]
-                native.dlrun_checkpoint_copy_in.argtypes += [ctypes.c_void_p]
+                address, size = ctypes.c_void_p, ctypes.c_uint64
+                native.dlrun_checkpoint_copy_in.argtypes = [address, size, address, size, address]
                 native.dlrun_checkpoint_copy_in.restype = ctypes.c_int
                 native.dlrun_checkpoint_sum_blocks.argtypes = [ctypes.c_void_p] * 3
                 native.dlrun_checkpoint_sum_blocks.restype = None
