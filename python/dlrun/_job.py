@@ -3,6 +3,9 @@ lines on stderr."""
 
 import os
 import sys
+import time
+
+POLL_S = 0.005  # count_reaches looks again so often
 
 
 def store_client(world, timeout):
@@ -25,6 +28,16 @@ def store_client(world, timeout):
         wait_for_workers=False,
         **options,
     )
+
+
+def count_reaches(store, key, count, wait_s):
+    """Whether the store's counter `key` reaches `count` within `wait_s` seconds."""
+    deadline = time.monotonic() + wait_s
+    while store.add(key, 0) < count:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(POLL_S)
+    return True
 
 
 def get_all(store, keys):

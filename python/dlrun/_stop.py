@@ -2,22 +2,10 @@
 every rank stops at, agreed through the job's store under the checkpoints' keys."""
 
 import os
-import time
 
-from dlrun._job import say
+from dlrun._job import count_reaches, say
 
-POLL_S = 0.005  # a wait looks again so often
 STOP_WAIT_S = 10  # rank 0 serving the store waits so long for its peers to stop
-
-
-def count_reaches(store, key, count, wait_s):
-    """Whether the store's counter `key` reaches `count` within `wait_s` seconds."""
-    deadline = time.monotonic() + wait_s
-    while store.add(key, 0) < count:
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(POLL_S)
-    return True
 
 
 class Preemption:

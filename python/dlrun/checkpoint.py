@@ -70,8 +70,8 @@ from dlrun._copies import (
     read_state,
     sent_here,
 )
-from dlrun._job import get_all, say, store_client
-from dlrun._stop import Stop, count_reaches
+from dlrun._job import count_reaches, get_all, say, store_client
+from dlrun._stop import Stop
 from dlrun._stop import preemption as _preemption
 from dlrun._tree import hollow
 
@@ -243,7 +243,8 @@ class _Memory:
 
     def _looked_before(self, step):
         """The count of requests to stop as the thread completing the save of `step` or `step` -
-        1 saw it, None where neither such thread looked (no such save, or not joined yet)."""
+        1 saw it, None where neither such thread looked (no such save, not joined yet, or
+        made before the program first asked should_stop())."""
         return self.seen[2] if self.seen is not None and self.seen[0] >= step - 1 else None
 
     # Saving ---------------------------------------------------------------------------------
@@ -312,8 +313,10 @@ class _Memory:
             self._replicate(slot, step)
             once = self.store.add(f"{KEYS}/saved/{step}/{self.rank}", 1) == 1  # once a rank
             counted = self.store.add(f"{KEYS}/saved/{step}", 1 if once else 0)
-            # What the next save and should_stop() would otherwise ask the store themselves.
-            self.saw = (step, counted >= self.world, self.store.add(f"{KEYS}/stop-asked", 0))
+            # What the next save and should_stop() would otherwise ask the store themselves (the
+            # requests to stop only once the program asks should_stop()).
+            asked = self.store.add(f"{KEYS}/stop-asked", 0) if _preemption.listening else None
+            self.saw = (step, counted >= self.world, asked)
         except Exception as error:  # the step stays incomplete: the job's step stays older
             _say(f"step {step} could not be completed ({type(error).__name__}: {error})")
 
