@@ -7,15 +7,18 @@ At its start every rank calls dlrun.checkpoint.load() and writes OUT_DIR/loaded_
 step loaded, null for none, and the SHA-256 of its weights). `save`: after each step the rank
 saves the model and optimizer (dlrun.checkpoint.save) and asks should_stop(); told to stop, it
 writes OUT_DIR/stopped_<RANK>.json (the step and its weights' SHA-256) and ends. Rank 0 writes
-OUT_DIR/running once it took 5 steps. `alternate`: the same, in blocks of BLOCK steps that save
-and ask should_stop() and blocks that do neither, in turn (the step-time comparison, within one
-run: a machine's pace drifts between runs). At its end each rank writes
-OUT_DIR/times_<RANK>.json: every step's [seconds, whether it saved], the save and should_stop()
+OUT_DIR/running once it took 5 steps. `alternate`: in blocks of BLOCK steps, in turn, steps that
+do no more than train ("plain"), steps that also save and ask should_stop() ("save"), and steps
+that also copy the same tensors into memory of the rank's own with dlrun's copy and nothing else
+("copy": the floor of any save that copies the state out of the training's memory); the
+step-time comparison, within one run (a machine's pace drifts between runs). At its end each rank
+writes OUT_DIR/times_<RANK>.json: every step's [seconds, its kind], the save and should_stop()
 included.
 """
 
 import hashlib
 import json
+import mmap
 import os
 import sys
 import time
@@ -25,6 +28,8 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 import dlrun.checkpoint as checkpoint  # dlrun puts its package on PYTHONPATH
+from dlrun import _copies
+from dlrun._tree import hollow
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from recovery_worker import make_model  # noqa: E402  (the recovery bench's MLP)
@@ -32,6 +37,7 @@ from recovery_worker import make_model  # noqa: E402  (the recovery bench's MLP)
 WIDTHS = (784, 1024, 384, 10)
 BATCH = 64
 BLOCK = 10  # steps a block of `alternate`
+KINDS = ("plain", "save", "copy")  # the blocks of `alternate`, in turn
 
 
 def digest(model):
@@ -45,6 +51,20 @@ def write(path, record):
     with open(f"{path}.tmp", "w") as f:
         json.dump(record, f)
     os.replace(f"{path}.tmp", path)
+
+
+_scratch = {}  # copy_alone's memory, by size
+
+
+def copy_alone(state):
+    """The state's tensors copied as save() copies them, into shared memory of this rank's own
+    (allocated once), and nothing else: no structure, marks, checksum or store."""
+    tensors = []
+    hollow(state, tensors)
+    layout, size = _copies.lay_out(tensors)
+    if size not in _scratch:
+        _scratch[size] = mmap.mmap(-1, size)
+    _copies.copy_in(_scratch[size], tensors, layout)
 
 
 def main():
@@ -76,13 +96,15 @@ def main():
         loss_fn(ddp(x), y).backward()
         optimizer.step()
         stop = False
-        saving = mode == "save" or (step // BLOCK) % 2 == 1
-        if saving:
+        kind = "save" if mode == "save" else KINDS[(step // BLOCK) % len(KINDS)]
+        if kind == "save":
             checkpoint.save(
                 {"model": model.state_dict(), "optimizer": optimizer.state_dict()}, step
             )
             stop = checkpoint.should_stop(step)
-        times.append((time.perf_counter() - began, saving))
+        elif kind == "copy":
+            copy_alone({"model": model.state_dict(), "optimizer": optimizer.state_dict()})
+        times.append((time.perf_counter() - began, kind))
         if rank == 0 and step == start + 5:
             open(os.path.join(out, "running"), "w").close()
         if stop:

@@ -17,6 +17,7 @@ from dlrun._job import say
 from dlrun._tree import fill
 
 BLOCK = 4096  # the checksum's block; a copy's bytes are a whole number of them
+ALIGN = 64  # each tensor's bytes start at a multiple of this
 POLL_S = 0.005
 WRITE_WAIT_S = 30  # a slot asked to be carried waits so long for the agent to take it
 REQUESTS = ("write", "replicate")  # what a worker asks its agent to do with a copy
@@ -27,6 +28,17 @@ class CheckpointError(RuntimeError):
     """A save or load that cannot be done; its message says why in one line."""
 
     __module__ = "dlrun.checkpoint"  # where users meet it (and catch it)
+
+
+def lay_out(tensors):
+    """Where each tensor's bytes go in a copy: ([(dtype, shape, offset, nbytes)], the copy's
+    size, a whole number of blocks, at least one)."""
+    layout, size = [], 0
+    for t in tensors:
+        nbytes = t.numel() * t.element_size()
+        layout.append((str(t.dtype).replace("torch.", ""), tuple(t.shape), size, nbytes))
+        size += -(-nbytes // ALIGN) * ALIGN
+    return layout, max(-(-size // BLOCK) * BLOCK, BLOCK)
 
 
 def copy_in(data, tensors, layout):
@@ -147,15 +159,23 @@ class Slot:
         os.makedirs(path, exist_ok=True)
         self.mapped = None  # (size, mmap) this process wrote through
         self.lent = False  # load() gave out tensors mapped from `tensors`: never rewritten
+        # Only this process marks and unmarks its slots while it runs (a save reads its two
+        # marks each time): what it last wrote or read, until then _UNREAD. The requests it
+        # asked since its last unmark, None before one (a former process may have left some).
+        self._mark = _UNREAD
+        self._asked = None
+        self._lock = None  # `lock`, opened once
 
     def marked(self):
         """(step, checksum) of the whole copy here, None when there is none."""
-        try:
-            with open(os.path.join(self.path, "step")) as f:
-                step, checksum = f.read().split()
-            return int(step), checksum
-        except (OSError, ValueError):
-            return None
+        if self._mark is _UNREAD:
+            try:
+                with open(os.path.join(self.path, "step")) as f:
+                    step, checksum = f.read().split()
+                self._mark = int(step), checksum
+            except (OSError, ValueError):
+                self._mark = None
+        return self._mark
 
     def await_request(self, request, timeout):
         """Whether the agent took and carried out `request` within `timeout` seconds."""
@@ -180,39 +200,48 @@ class Slot:
         holds `lock` shared while it reads)."""
         import fcntl
 
+        requests = REQUESTS if self._asked is None else self._asked
+        if not requests and self._mark is None:
+            return  # nothing here for the agent to read: no lock to take
         deadline = time.monotonic() + WRITE_WAIT_S
         while (
-            any(os.path.exists(os.path.join(self.path, name)) for name in REQUESTS)
+            any(os.path.exists(os.path.join(self.path, name)) for name in requests)
             and time.monotonic() < deadline
         ):
             time.sleep(POLL_S)
-        fd = os.open(os.path.join(self.path, "lock"), os.O_RDWR | os.O_CREAT, 0o600)
+        if self._lock is None:
+            self._lock = os.open(os.path.join(self.path, "lock"), os.O_RDWR | os.O_CREAT, 0o600)
+        fcntl.flock(self._lock, fcntl.LOCK_EX)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            for name in ("step", *REQUESTS):
+            for name in ("step", *requests):
                 try:
                     os.unlink(os.path.join(self.path, name))
                 except FileNotFoundError:
                     pass
+            self._mark, self._asked = None, set()
         finally:
-            os.close(fd)  # and the lock with it
+            fcntl.flock(self._lock, fcntl.LOCK_UN)
 
     def ask(self, request, step, word):
         """Asks the agent to carry this copy (agents/checkpoint_courier.h): `write` to
         --checkpoint-dir ("STEP WORLD"), `replicate` to a peer node's agent ("STEP HOST:PORT")."""
-        with open(os.path.join(self.path, f"{request}.tmp"), "w") as f:
-            f.write(f"{step} {word}\n")
-        os.replace(os.path.join(self.path, f"{request}.tmp"), os.path.join(self.path, request))
+        _replace(os.path.join(self.path, request), f"{step} {word}\n")
+        if self._asked is not None:
+            self._asked.add(request)
 
     def mark(self, step, checksum):
-        with open(os.path.join(self.path, "step.tmp"), "w") as f:
-            f.write(f"{step} {checksum}\n")
-        os.replace(os.path.join(self.path, "step.tmp"), os.path.join(self.path, "step"))
+        _replace(os.path.join(self.path, "step"), f"{step} {checksum}\n")
+        self._mark = step, checksum
+
+    def rewrites(self, size):
+        """Whether a copy of `size` bytes is written over the last one this process wrote here,
+        in memory it holds already."""
+        return not self.lent and self.mapped is not None and self.mapped[0] == size
 
     def writable(self, size):
         """The mapping of `tensors`, `size` bytes, for this save: the last one's when it has the
         size, else the file made anew (a file lent to loaded tensors keeps their pages)."""
-        if not self.lent and self.mapped is not None and self.mapped[0] == size:
+        if self.rewrites(size):
             return self.mapped[1]
         path = os.path.join(self.path, "tensors")
         if self.mapped is not None:
@@ -234,6 +263,12 @@ class Slot:
             self.mapped = (size, mmap.mmap(f.fileno(), size))
         return self.mapped[1]
 
+    def close(self):
+        """Closes its `lock` (a renumbered rank's old slots; their mappings go with them)."""
+        if self._lock is not None:
+            os.close(self._lock)
+            self._lock = None
+
     def size(self):
         """The bytes its `tensors` holds now (a rewrite takes no more memory than the rest)."""
         try:
@@ -254,6 +289,19 @@ class Slot:
             )
         self.lent = True
         return meta, data
+
+
+_UNREAD = object()  # a Slot's mark before it read or wrote one
+
+
+def _replace(path, text):
+    """`path` holding `text`, whole from the first moment it exists (a rename)."""
+    fd = os.open(f"{path}.tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+    os.replace(f"{path}.tmp", path)
 
 
 def on_disk(rank):

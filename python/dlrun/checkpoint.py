@@ -55,7 +55,6 @@ import time
 from datetime import timedelta
 
 from dlrun._copies import (
-    BLOCK,
     PEER_TIMEOUT_S,
     WRITE_WAIT_S,
     CheckpointError,
@@ -64,6 +63,7 @@ from dlrun._copies import (
     copy_in,
     fetch,
     forget_later,
+    lay_out,
     node_copies,
     offering,
     on_disk,
@@ -78,7 +78,6 @@ from dlrun._tree import hollow
 __all__ = ["save", "load", "wait", "should_stop", "active"]
 
 KEYS = "dlrun/checkpoint"  # under the attempt's key space of the job's store
-ALIGN = 64  # each tensor's bytes start at a multiple of this
 COMPLETE_WAIT_S = 120  # a save waits so long for the previous step on every rank
 
 
@@ -209,6 +208,8 @@ class _Memory:
     def _number(self, rank, world):
         """This process as rank `rank` of `world`: its slots, and nothing known of the job's
         steps in that numbering yet."""
+        for slot in getattr(self, "slots", ()):
+            slot.close()
         self.rank, self.world = rank, world
         self.dir = os.path.join(self.root, f"rank-{rank}")
         self.slots = [Slot(os.path.join(self.dir, f"slot-{i}")) for i in range(2)]
@@ -264,14 +265,10 @@ class _Memory:
         slot.unmark()
         tensors = []
         skeleton = hollow(state, tensors)
-        layout, size = [], 0
-        for t in tensors:
-            nbytes = t.numel() * t.element_size()
-            layout.append((str(t.dtype).replace("torch.", ""), tuple(t.shape), size, nbytes))
-            size += -(-nbytes // ALIGN) * ALIGN
-        size = max(-(-size // BLOCK) * BLOCK, BLOCK)
+        layout, size = lay_out(tensors)
         meta = pickle.dumps({"step": step, "skeleton": skeleton, "layout": layout})
-        self._check_room(slot, size + len(meta))
+        if not slot.rewrites(size):  # else no more memory than it holds
+            self._check_room(slot, size + len(meta))
         data = slot.writable(size)
         blocks = copy_in(data, tensors, layout)
         with open(os.path.join(slot.path, "meta"), "wb") as f:
@@ -313,10 +310,17 @@ class _Memory:
             self._replicate(slot, step)
             once = self.store.add(f"{KEYS}/saved/{step}/{self.rank}", 1) == 1  # once a rank
             counted = self.store.add(f"{KEYS}/saved/{step}", 1 if once else 0)
-            # What the next save and should_stop() would otherwise ask the store themselves (the
-            # requests to stop only once the program asks should_stop()).
-            asked = self.store.add(f"{KEYS}/stop-asked", 0) if _preemption.listening else None
-            self.saw = (step, counted >= self.world, asked)
+            # What the next save and should_stop() would otherwise ask the store themselves, in
+            # one more request here beside the loop: the count again where this rank was not
+            # the last (the others count theirs meanwhile), the requests to stop once the
+            # program asks should_stop().
+            keys = [f"{KEYS}/saved/{step}"] if counted < self.world else []
+            if _preemption.listening:
+                keys.append(f"{KEYS}/stop-asked")  # made by _announce
+            read = [int(value) for value in get_all(self.store, keys)] if keys else []
+            if counted < self.world:
+                counted = read.pop(0)
+            self.saw = (step, counted >= self.world, read[0] if read else None)
         except Exception as error:  # the step stays incomplete: the job's step stays older
             _say(f"step {step} could not be completed ({type(error).__name__}: {error})")
 
@@ -361,9 +365,11 @@ class _Memory:
 
     def _announce(self):
         """This rank's agent, for the ranks of other nodes that choose it as their peer (set
-        before load()'s agreement: every rank has set it once load() returns)."""
+        before load()'s agreement: every rank has set it once load() returns); and the count of
+        requests to stop made, for _complete to read with the count of a step."""
         if self.agent:
             self.store.set(f"{KEYS}/agent/{self.rank}", self.agent)
+        self.store.add(f"{KEYS}/stop-asked", 0)  # read with others at once (_complete)
 
     def _next_node(self):
         """The agent of the first rank after this node's ranks that runs elsewhere; None while

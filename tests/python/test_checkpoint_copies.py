@@ -8,12 +8,18 @@ copy torch makes, in both eras (python/dlrun/_copies.py):
   torch; a changed word changes it.
 - Without the module (or with one that cannot be opened, said once) the copy is torch's and the
   checksum the same.
+- A slot's mark (the process keeps what it wrote) is the file's: another reader sees each mark and
+  unmark. Unmarking removes the requests a former process left, and waits for a reader that holds
+  the slot's lock (the agent carrying the copy) before the mark goes.
 """
 
+import fcntl
 import mmap
 import os
 import pickle
 import sys
+import tempfile
+import threading
 import unittest
 
 import torch
@@ -23,7 +29,6 @@ from dlrun import _copies  # noqa: E402
 from dlrun._tree import hollow  # noqa: E402
 
 MODULE = os.path.join(os.path.dirname(os.environ["DLRUN"]), "dlrun-checkpoint-copy.so")
-ALIGN = 64  # checkpoint.py's
 
 
 def state():
@@ -39,12 +44,7 @@ def state():
         torch.tensor(2.5, dtype=torch.float64),
         torch.randn(3000, generator=g),  # across a 4 KiB block's end
     ]
-    layout, size = [], 0
-    for t in tensors:
-        nbytes = t.numel() * t.element_size()
-        layout.append((str(t.dtype).replace("torch.", ""), tuple(t.shape), size, nbytes))
-        size += -(-nbytes // ALIGN) * ALIGN
-    return tensors, layout, max(-(-size // _copies.BLOCK) * _copies.BLOCK, _copies.BLOCK)
+    return (tensors, *_copies.lay_out(tensors))
 
 
 def mapped(size, fill):
@@ -106,6 +106,56 @@ class CheckpointCopiesTest(unittest.TestCase):
         again = mapped(size, 0)
         _copies.copy_in(again, tensors, layout)
         self.assertEqual(again[:], data[:])
+
+
+class SlotTest(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.TemporaryDirectory()
+        self.path = os.path.join(self.dir.name, "slot-0")
+        self.slot = _copies.Slot(self.path)
+
+    def tearDown(self):
+        self.slot.close()
+        self.dir.cleanup()
+
+    def test_a_mark_and_its_removal_are_what_another_reader_sees(self):
+        self.assertIsNone(self.slot.marked())
+        self.slot.mark(7, "abc")
+        self.assertEqual(self.slot.marked(), (7, "abc"))
+        self.assertEqual(_copies.Slot(self.path).marked(), (7, "abc"))
+        self.slot.unmark()
+        self.assertIsNone(self.slot.marked())
+        self.assertIsNone(_copies.Slot(self.path).marked())
+        self.slot.mark(9, "def")  # a mark after an unmark is written again
+        self.assertEqual(_copies.Slot(self.path).marked(), (9, "def"))
+
+    def test_requests_a_former_process_left_are_removed_with_the_mark(self):
+        former = _copies.Slot(self.path)
+        former.mark(3, "abc")
+        for request in _copies.REQUESTS:
+            with open(os.path.join(self.path, request), "w") as f:
+                f.write("3 x\n")
+        # Taken by no agent: unmark waits WRITE_WAIT_S for it, then removes it.
+        _copies.WRITE_WAIT_S, wait = 0, _copies.WRITE_WAIT_S
+        try:
+            self.slot.unmark()
+        finally:
+            _copies.WRITE_WAIT_S = wait
+        self.assertEqual(sorted(os.listdir(self.path)), ["lock"])
+
+    def test_the_mark_stays_while_a_reader_holds_the_lock(self):
+        self.slot.mark(5, "abc")
+        reader = os.open(os.path.join(self.path, "lock"), os.O_RDWR | os.O_CREAT, 0o600)
+        fcntl.flock(reader, fcntl.LOCK_SH)
+        unmarking = threading.Thread(target=self.slot.unmark)
+        unmarking.start()
+        unmarking.join(0.2)
+        self.assertTrue(unmarking.is_alive())
+        self.assertEqual(_copies.Slot(self.path).marked(), (5, "abc"))
+        os.close(reader)  # the reader done
+        unmarking.join(30)
+        self.assertFalse(unmarking.is_alive())
+        self.assertIsNone(_copies.Slot(self.path).marked())
 
 
 def pickle_meta(tensors, layout):
