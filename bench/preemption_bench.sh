@@ -3,10 +3,11 @@
 # against the same job without saving, and preemption trials. bench/preemption_worker.py, 2 ranks
 # under dlrun on one node, the recovery bench's MLP.
 # - Step time: one run of STEPS steps, in blocks of 10, in turn, that only train, that save
-#   every step, and that only copy the same tensors into memory of their own with dlrun's copy (a
-#   machine's pace drifts, between runs and within one); the median step of each kind, both
-#   ranks, a block's first 2 steps left out, and their ratios to the steps that only train (goal:
-#   saving at most 1.03x; the copy alone is the floor of any save that copies the state).
+#   every step, that save with overlap=True (the copy beside the next step), and that only copy
+#   the same tensors into memory of their own with dlrun's copy (a machine's pace drifts, between
+#   runs and within one); the median step of each kind, both ranks, a block's first 2 steps left
+#   out, and their ratios to the steps that only train (goal: saving at most 1.03x; the copy
+#   alone is the floor of any save that copies the state at once).
 # - Preemption, TRIALS times: the job runs with --checkpoint-dir and, at a random moment after
 #   its 5th step, dlrun gets SIGTERM. A trial passes when every rank stopped at the same step,
 #   dlrun wrote it to the directory, and a new launch loaded it on every rank, its weights bit for
@@ -14,7 +15,7 @@
 #   the SIGTERM to dlrun's exit.
 #
 # Usage: bench/preemption_bench.sh [BUILD_DIR] [--steps N] [--trials N] [--nproc N]
-#        BUILD_DIR: default build. --steps: steps of the step-time run (1800). --trials: (20).
+#        BUILD_DIR: default build. --steps: steps of the step-time run (2400). --trials: (20).
 #        --nproc: ranks (2; the trials check ranks 0 and 1, so at least 2).
 # Environment: PYTHON (bench/anchor.sh: default torch 2.13's environment).
 # Exit status: 0; 1 a run or a trial failed; 2 cannot run.
@@ -25,7 +26,7 @@ if (($# > 0)) && [[ $1 != -* ]]; then
   build=$1
   shift
 fi
-steps=1800
+steps=2400
 trials=20
 nproc=2
 while (($# > 0)); do
@@ -65,10 +66,11 @@ steps = [json.load(open(f"{scratch}/steps/times_{r}.json")) for r in range(nproc
 # A block's first 2 steps left out: the one before's last save completes beside them.
 kept = [(t, kind) for run in steps for i, (t, kind) in enumerate(run)
         if i >= 2 and run[i - 1][1] == run[i - 2][1] == kind]
-save, plain, copy = (statistics.median(t for t, k in kept if k == kind)
-                     for kind in ("save", "plain", "copy"))
+save, overlap, plain, copy = (statistics.median(t for t, k in kept if k == kind)
+                              for kind in ("save", "overlap", "plain", "copy"))
 print(f"step time: {save * 1000:.2f} ms saving every step, {plain * 1000:.2f} ms without:"
-      f" {save / plain:.3f}x; copying the state alone {copy * 1000:.2f} ms, {copy / plain:.3f}x"
+      f" {save / plain:.3f}x; with overlap=True {overlap * 1000:.2f} ms, {overlap / plain:.3f}x;"
+      f" copying the state alone {copy * 1000:.2f} ms, {copy / plain:.3f}x"
       f" (blocks of steps of each in turn, one run of {len(steps[0])})")
 PY
 passed=0

@@ -8,10 +8,11 @@ step loaded, null for none, and the SHA-256 of its weights). `save`: after each 
 saves the model and optimizer (dlrun.checkpoint.save) and asks should_stop(); told to stop, it
 writes OUT_DIR/stopped_<RANK>.json (the step and its weights' SHA-256) and ends. Rank 0 writes
 OUT_DIR/running once it took 5 steps. `alternate`: in blocks of BLOCK steps, in turn, steps that
-do no more than train ("plain"), steps that also save and ask should_stop() ("save"), and steps
-that also copy the same tensors into memory of the rank's own with dlrun's copy and nothing else
-("copy": the floor of any save that copies the state out of the training's memory); the
-step-time comparison, within one run (a machine's pace drifts between runs). At its end each rank
+do no more than train ("plain"), steps that also save and ask should_stop() ("save"), the same
+with save(..., overlap=True) ("overlap": the copy beside the next step's forward and backward),
+and steps that also copy the same tensors into memory of the rank's own with dlrun's copy and
+nothing else ("copy": the floor of any save that copies the state at once); the step-time
+comparison, within one run (a machine's pace drifts between runs). At its end each rank
 writes OUT_DIR/times_<RANK>.json: every step's [seconds, its kind], the save and should_stop()
 included.
 """
@@ -37,7 +38,7 @@ from recovery_worker import make_model  # noqa: E402  (the recovery bench's MLP)
 WIDTHS = (784, 1024, 384, 10)
 BATCH = 64
 BLOCK = 10  # steps a block of `alternate`
-KINDS = ("plain", "save", "copy")  # the blocks of `alternate`, in turn
+KINDS = ("plain", "save", "overlap", "copy")  # the blocks of `alternate`, in turn
 
 
 def digest(model):
@@ -97,9 +98,11 @@ def main():
         optimizer.step()
         stop = False
         kind = "save" if mode == "save" else KINDS[(step // BLOCK) % len(KINDS)]
-        if kind == "save":
+        if kind in ("save", "overlap"):
             checkpoint.save(
-                {"model": model.state_dict(), "optimizer": optimizer.state_dict()}, step
+                {"model": model.state_dict(), "optimizer": optimizer.state_dict()},
+                step,
+                overlap=kind == "overlap",
             )
             stop = checkpoint.should_stop(step)
         elif kind == "copy":

@@ -1,8 +1,10 @@
-"""What dlrun's worker-side modules share: the job's store as a worker reaches it, and their
-lines on stderr."""
+"""What dlrun's worker-side modules share: the job's store as a worker reaches it, a thread
+beside the training loop, and their lines on stderr."""
 
 import os
+import queue
 import sys
+import threading
 import time
 
 POLL_S = 0.005  # count_reaches looks again so often
@@ -53,3 +55,34 @@ def say(module, text):
     print(
         f"dlrun.{module}: rank {os.environ.get('RANK', '?')}: {text}", file=sys.stderr, flush=True
     )
+
+
+class Beside:
+    """A thread that runs one function at a time beside the training loop, for as long as the
+    process (dlrun.checkpoint's saves): handing it a save's completion costs no thread's start
+    (which waits for the new thread to run, some 0.1-0.3 ms on busy cores)."""
+
+    def __init__(self):
+        self.jobs = queue.SimpleQueue()
+        self.idle = threading.Event()
+        self.idle.set()
+        self.thread = None
+
+    def run(self, function, *args):
+        """Runs function(*args) there; the one before must be done (wait)."""
+        if self.thread is None:
+            self.thread = threading.Thread(target=self._serve, name="dlrun-checkpoint", daemon=True)
+            self.thread.start()
+        self.idle.clear()
+        self.jobs.put((function, args))
+
+    def wait(self):
+        self.idle.wait()
+
+    def _serve(self):
+        while True:
+            function, args = self.jobs.get()
+            try:
+                function(*args)
+            finally:
+                self.idle.set()

@@ -22,6 +22,7 @@ by every rank alike, agrees through the store on the newest step that every rank
 
 A rank holds at most two steps: the newest complete one and the one being written (a save waits
 for the previous step to be complete on every rank before it drops the one before that).
+save(..., overlap=True) copies beside the next step instead (python/dlrun/_overlap.py).
 
 In a job of several nodes the agent also sends each copy to the next node's agent, which keeps
 it (a rank's two newest steps): a rank placed on another node after its node was lost loads its
@@ -49,11 +50,10 @@ import itertools
 import json
 import os
 import pickle
-import queue
-import threading
 import time
 from datetime import timedelta
 
+from dlrun import _overlap
 from dlrun._copies import (
     PEER_TIMEOUT_S,
     WRITE_WAIT_S,
@@ -70,7 +70,8 @@ from dlrun._copies import (
     read_state,
     sent_here,
 )
-from dlrun._job import count_reaches, get_all, say, store_client
+from dlrun._job import POLL_S, Beside, get_all, say, store_client
+from dlrun._overlap import copy as copy_beside
 from dlrun._stop import Stop
 from dlrun._stop import preemption as _preemption
 from dlrun._tree import hollow
@@ -86,12 +87,14 @@ def active():
     return bool(os.environ.get("DLRUN_CHECKPOINT_SHM"))
 
 
-def save(state, step, directory=None):
+def save(state, step, directory=None, overlap=False):
     """Saves `state` (dicts, lists and tuples of tensors and picklable values) as step `step` (an
-    int, growing from save to save) of this rank."""
+    int, growing from save to save) of this rank. `overlap`: returns before the tensors that
+    optimizers own are copied; they are copied beside the next step's forward and backward, and
+    every optimizer's next step() waits for the copy (torch 2, CPU tensors; else as without)."""
     if not active():
         return _disk_save(state, step, directory)
-    return _memory().save(state, int(step))
+    return _memory().save(state, int(step), overlap)
 
 
 def wait():
@@ -99,6 +102,7 @@ def wait():
     the program's end, say, or a step every rank must hold for sure."""
     if active():
         _memory().finish_completing()
+        _memory()._raise_failed()
 
 
 def should_stop(step):
@@ -194,12 +198,13 @@ class _Memory:
         self.store = self._client()
         self._announce()
         self.stop = Stop(self._client, KEYS)  # should_stop's, with a store client of its own
-        self.completing = _Beside()  # the thread completing the last save
+        self.completing = Beside()  # the thread completing the last save
         # _number sets the rest: self.last, the last step saved by this process in its
         # numbering; self.complete, the newest step known complete on every rank, and
         # self.complete_on_disk, whether it was loaded from --checkpoint-dir; self.written,
         # self.written_step and self.named_at, of _write_if_named.
         self.loads = 0
+        self.failed = None  # what stopped a save made beside the loop (_save_beside)
         # --checkpoint-write-every: rank 0 names a step to write to --checkpoint-dir so often
         every = os.environ.get("DLRUN_CHECKPOINT_WRITE_EVERY")
         self.write_every = float(every) if every and os.environ.get("DLRUN_CHECKPOINT_DIR") else 0
@@ -250,35 +255,78 @@ class _Memory:
 
     # Saving ---------------------------------------------------------------------------------
 
-    def save(self, state, step):
+    def save(self, state, step, overlap):
         self.finish_completing()
+        self._raise_failed()
         self._follow_numbering()
         if self.last is not None and step <= self.last:
             raise CheckpointError(
                 f"dlrun.checkpoint: step {step} saved after step {self.last}: steps must grow"
             )
-        if self.last is not None:
-            self._await_complete(self.last)
-        # The slot of the job's newest step stays; the other takes this one (an attempt's later
-        # steps, a copy never completed, go).
-        slot = self._free_slot()
-        slot.unmark()
         tensors = []
         skeleton = hollow(state, tensors)
         layout, size = lay_out(tensors)
         meta = pickle.dumps({"step": step, "skeleton": skeleton, "layout": layout})
-        if not slot.rewrites(size):  # else no more memory than it holds
-            self._check_room(slot, size + len(meta))
-        data = slot.writable(size)
+        previous = self.last
+        self.saw = None
+        if overlap and _overlap.available(tensors):
+            held, versions = _overlap.hold(tensors)
+            self.last, self.saved_in = step, _generation()
+            _overlap.copied.clear()
+            self.completing.run(
+                self._save_beside, previous, step, held, versions, layout, size, meta
+            )
+            return
+        slot, data = self._slot_for(previous, size, meta)
         blocks = copy_in(data, tensors, layout)
-        with open(os.path.join(slot.path, "meta"), "wb") as f:
-            f.write(meta)
+        _write(slot, meta)
         self.last, self.saved_in = step, _generation()
         # The checksum (from the copy's block sums, or read from the copy where torch copied it)
         # and the count in the store go on beside the training loop (torch's sums and the store's
         # requests release the GIL): the step is the job's once every rank's copy is whole.
-        self.saw = None
         self.completing.run(self._complete, slot, step, data, meta, blocks)
+
+    def _slot_for(self, previous, size, meta):
+        """(slot, its mapping of `size` bytes) for this save, once the step saved before
+        (`previous`) is complete on every rank or known never to be."""
+        if previous is not None:
+            self._await_complete(previous)
+        # The slot of the job's newest step stays; the other takes this one (an attempt's later
+        # steps, a copy never completed, go).
+        slot = self._free_slot()
+        slot.unmark()
+        if not slot.rewrites(size):  # else no more memory than it holds
+            self._check_room(slot, size + len(meta))
+        return slot, slot.writable(size)
+
+    def _save_beside(self, previous, step, tensors, versions, layout, size, meta):
+        """save(overlap=True) from the slot's choice on, beside the next step's forward and
+        backward (python/dlrun/_overlap.py). A copy torn by a change in place, or not made,
+        does not count, and the step is settled as short: no rank waits for it."""
+        try:
+            slot, data = self._slot_for(previous, size, meta)
+            blocks, torn = copy_beside(data, tensors, versions, layout)
+        except Exception as error:  # raised by the next save() or wait()
+            self.failed = error
+            torn = True
+        finally:
+            _overlap.copied.set()
+        if torn:
+            if not self.failed:
+                _say(
+                    f"step {step}'s state changed in place while it was copied (after "
+                    "save(overlap=True), before an optimizer's step); not counted: the job's "
+                    "step stays the one before"
+                )
+            self._settle_short(step)
+            return
+        _write(slot, meta)
+        self._complete(slot, step, data, meta, blocks)
+
+    def _raise_failed(self):
+        if self.failed is not None:
+            error, self.failed = self.failed, None
+            raise error
 
     def _free_slot(self):
         """The slot this save may write: not the one holding the job's newest complete step (or,
@@ -384,29 +432,40 @@ class _Memory:
         return ""
 
     def finish_completing(self):
+        _overlap.hurry()  # a copy left to the copier: made now
         self.completing.wait()
         self.seen = self.saw
 
     def _await_complete(self, step):
-        """Waits until every rank's copy of `step` is complete. Not where an in-process recovery
-        came between its save and now: a rank lost before it counted its copy never will (its
-        replacement starts past the step), so the step is settled as it stands (_settled), and
-        where it is short the slot of the step known complete before stays (_free_slot)."""
+        """Waits until every rank's copy of `step` is complete, or a rank settled it as short
+        (its copy torn or not made: _save_beside). Not where an in-process recovery came between
+        its save and now: a rank lost before it counted its copy never will (its replacement
+        starts past the step), so the step is settled as it stands (_settled), and where it is
+        short the slot of the step known complete before stays (_free_slot)."""
         if self.complete is not None and self.complete >= step:
             return
         if self.seen is not None and self.seen[:2] == (step, True):  # the last rank to count
             self.complete, self.complete_on_disk = step, False
             return
-        if self.saved_in != _generation():
-            if self._settled(step):
-                self.complete, self.complete_on_disk = step, False
-            return
-        if not count_reaches(self.store, f"{KEYS}/saved/{step}", self.world, COMPLETE_WAIT_S):
-            raise CheckpointError(
-                f"dlrun.checkpoint: step {step} is not complete on every rank after "
-                f"{COMPLETE_WAIT_S} s"
-            )
+        deadline = time.monotonic() + COMPLETE_WAIT_S
+        while self.store.add(f"{KEYS}/saved/{step}", 0) < self.world:
+            if self.saved_in != _generation() or self.store.check([f"{KEYS}/settled/{step}"]):
+                if self._settled(step):
+                    self.complete, self.complete_on_disk = step, False
+                return
+            if time.monotonic() > deadline:
+                raise CheckpointError(
+                    f"dlrun.checkpoint: step {step} is not complete on every rank after "
+                    f"{COMPLETE_WAIT_S} s"
+                )
+            time.sleep(POLL_S)
         self.complete, self.complete_on_disk = step, False
+
+    def _settle_short(self, step):
+        try:
+            self.store.compare_set(f"{KEYS}/settled/{step}", "", "short")
+        except RuntimeError as error:  # the store gone: the job is ending or failing
+            _say(f"step {step} could not be settled as short ({error})")
 
     def _settled(self, step):
         """Whether `step` counts as complete on every rank, once an in-process recovery may have
@@ -518,35 +577,9 @@ class _Memory:
         return [json.loads(value) for value in get_all(self.store, named)]
 
 
-class _Beside:
-    """A thread that runs one function at a time beside the training loop, for as long as the
-    process: handing it a save's completion costs no thread's start (which waits for the new
-    thread to run, some 0.1-0.3 ms on busy cores)."""
-
-    def __init__(self):
-        self.jobs = queue.SimpleQueue()
-        self.idle = threading.Event()
-        self.idle.set()
-        self.thread = None
-
-    def run(self, function, *args):
-        """Runs function(*args) there; the one before must be done (wait)."""
-        if self.thread is None:
-            self.thread = threading.Thread(target=self._serve, name="dlrun-checkpoint", daemon=True)
-            self.thread.start()
-        self.idle.clear()
-        self.jobs.put((function, args))
-
-    def wait(self):
-        self.idle.wait()
-
-    def _serve(self):
-        while True:
-            function, args = self.jobs.get()
-            try:
-                function(*args)
-            finally:
-                self.idle.set()
+def _write(slot, meta):
+    with open(os.path.join(slot.path, "meta"), "wb") as f:
+        f.write(meta)
 
 
 def _say(text):

@@ -21,6 +21,12 @@ job is workers/checkpoint_job.py (a state of several dtypes a step and rank, sav
   world; a replacement joining its survivors in process loads nothing (its state comes from them).
 - Outside dlrun, save and load are torch.save and torch.load in DLRUN_CHECKPOINT_DIR; without a
   directory, a one-line error.
+- save(..., overlap=True) (workers/overlap_job.py: DDP, a BatchNorm, SGD): a worker SIGKILLed
+  once step 5 is complete everywhere, every rank loads step 5 bit-equal to the state it had as
+  it saved it. A copy held back until the next step's optimizer.step(): the optimizer waits for
+  it, and it counts. A parameter changed in place after save() returned and before its copy was made
+  (torch 2): that copy is not counted, no rank waits for it, and the job resumes from step 4
+  (torch 1.13 copies in save(): the change comes after, and step 5 counts).
 """
 
 import glob
@@ -33,6 +39,7 @@ from dlrun_fixture import PYTHON, Dlrun, clean_env, main, read_json, temp_dir, w
 from test_progress_module import package_env
 
 JOB = worker("checkpoint_job.py")
+OVERLAP_JOB = worker("overlap_job.py")
 STEPS = 8
 WORLD = 2
 TIMEOUT_S = 120
@@ -57,7 +64,7 @@ def written(directory, world=WORLD):
 
 
 class CheckpointTest(unittest.TestCase):
-    def job(self, *faults, max_restarts=1, expect=0):
+    def job(self, *faults, max_restarts=1, expect=0, program=JOB):
         out = temp_dir(self)
         launch = Dlrun(
             self,
@@ -66,7 +73,7 @@ class CheckpointTest(unittest.TestCase):
                 f"--nproc-per-node={WORLD}",
                 f"--max-restarts={max_restarts}",
                 PYTHON,
-                JOB,
+                program,
                 out,
                 str(STEPS),
                 *faults,
@@ -112,6 +119,32 @@ class CheckpointTest(unittest.TestCase):
     def test_a_rank_killed_mid_save_leaves_the_previous_step_the_jobs(self):
         out, result = self.job("midsave:0:5")
         self.assertEqual(self.loaded(out, 1), [{"step": 4, "equal": True}] * WORLD, result)
+
+    def test_an_overlapped_save_is_loaded_as_the_state_was_at_save(self):
+        out, result = self.job("kill:1:5", program=OVERLAP_JOB)
+        self.assertEqual([r["step"] for r in self.loaded(out, 0)], [None] * WORLD)
+        self.assertEqual([(r["step"], r["equal"]) for r in self.loaded(out, 1)], [(5, True)] * 2)
+        for rank in range(WORLD):
+            self.assertTrue(os.path.exists(os.path.join(out, f"done_{rank}")), rank)
+
+    def test_the_next_optimizer_step_waits_for_an_overlapped_copy(self):
+        out, result = self.job("late:1:5", program=OVERLAP_JOB)
+        self.assertNotIn("changed in place", result.stderr)
+        self.assertFalse(os.path.exists(os.path.join(out, "early_1")), "stepped before the copy")
+        for rank in range(WORLD):
+            self.assertTrue(os.path.exists(os.path.join(out, f"done_{rank}")), rank)
+
+    def test_an_overlapped_copy_changed_in_place_is_not_counted(self):
+        out, result = self.job("poke:1:5", "kill:0:5", program=OVERLAP_JOB)
+        loaded = self.loaded(out, 1)
+        step = 4 if loaded[0]["overlap"] else 5
+        self.assertEqual([(r["step"], r["equal"]) for r in loaded], [(step, True)] * WORLD, result)
+        if loaded[0]["overlap"]:
+            self.assertIn(
+                "rank 1: step 5's state changed in place while it was copied", result.stderr
+            )
+        for rank in range(WORLD):
+            self.assertTrue(os.path.exists(os.path.join(out, f"done_{rank}")), rank)
 
     def test_a_failed_job_leaves_no_shared_memory(self):
         self.job("kill:0:2", max_restarts=0, expect=137)

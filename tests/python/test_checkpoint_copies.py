@@ -8,6 +8,9 @@ copy torch makes, in both eras (python/dlrun/_copies.py):
   torch; a changed word changes it.
 - Without the module (or with one that cannot be opened, said once) the copy is torch's and the
   checksum the same.
+- A copy made in 1 MiB chunks (save(..., overlap=True): by the idle copier, the chunks left by
+  the thread that cannot wait) holds the bytes and block sums of the copy made at once, for
+  tensors across chunks' edges, and says whether a tensor held as it was changed meanwhile.
 - A slot's mark (the process keeps what it wrote) is the file's: another reader sees each mark and
   unmark. Unmarking removes the requests a former process left, and waits for a reader that holds
   the slot's lock (the agent carrying the copy) before the mark goes.
@@ -25,7 +28,7 @@ import unittest
 import torch
 
 sys.path.insert(0, os.environ["DLRUN_PYTHONDIR"])
-from dlrun import _copies  # noqa: E402
+from dlrun import _copies, _overlap  # noqa: E402
 from dlrun._tree import hollow  # noqa: E402
 
 MODULE = os.path.join(os.path.dirname(os.environ["DLRUN"]), "dlrun-checkpoint-copy.so")
@@ -106,6 +109,55 @@ class CheckpointCopiesTest(unittest.TestCase):
         again = mapped(size, 0)
         _copies.copy_in(again, tensors, layout)
         self.assertEqual(again[:], data[:])
+
+
+class ChunkedCopyTest(unittest.TestCase):
+    def setUp(self):
+        with_module(MODULE)
+
+    def tearDown(self):
+        with_module(None)
+
+    def big_state(self):
+        tensors, _, _ = state()
+        g = torch.Generator().manual_seed(5)
+        tensors += [
+            torch.randn(300_001, generator=g),  # 1.2 MB: across a chunk's edge, an odd count
+            torch.randn(7, generator=g).half(),  # a partial last word
+            torch.randint(0, 2**31, (700_000,), generator=g, dtype=torch.int32),
+        ]
+        return (tensors, *_copies.lay_out(tensors))
+
+    def test_a_chunked_copy_is_the_copy_made_at_once(self):
+        tensors, layout, size = self.big_state()
+        self.assertGreater(size, 3 * _overlap.CHUNK)
+        at_once = mapped(size, 0)
+        sums = _copies.copy_in(at_once, tensors, layout)
+        chunked = mapped(size, 0xAB)  # what a slot held before: zeroed between the tensors
+        chunk_sums, torn = _overlap.copy(chunked, tensors, [None] * len(tensors), layout)
+        self.assertFalse(torn)
+        self.assertEqual(chunked[:], at_once[:])
+        self.assertTrue(torch.equal(chunk_sums, sums))
+
+    def test_chunks_left_are_made_by_whoever_hurries(self):
+        tensors, layout, size = self.big_state()
+        data = mapped(size, 0)
+        native = _copies._native()
+        chunked = _overlap._Chunked(native, data, tensors, [None] * len(tensors), layout)
+        chunked.work()  # no copier: this thread makes every chunk
+        chunked.wait()
+        at_once = mapped(size, 0)
+        self.assertTrue(torch.equal(chunked.sums, _copies.copy_in(at_once, tensors, layout)))
+        self.assertEqual(data[:], at_once[:])
+
+    def test_a_tensor_changed_before_the_last_chunk_makes_the_copy_torn(self):
+        tensors, layout, size = self.big_state()
+        versions = [t._version for t in tensors]
+        chunked = _overlap._Chunked(_copies._native(), mapped(size, 0), tensors, versions, layout)
+        tensors[-3].add_(1)  # in place, torch's way: its version counter moves
+        chunked.work()
+        chunked.wait()
+        self.assertTrue(chunked.torn)
 
 
 class SlotTest(unittest.TestCase):

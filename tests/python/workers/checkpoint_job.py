@@ -53,6 +53,7 @@ import dlrun.checkpoint as checkpoint  # noqa: E402  (dlrun puts its package on 
 from worker_util import (  # noqa: E402
     MAX_WAIT_S,
     exit_past_torch_teardown,
+    faults,
     serves_store,
     wait_for_release,
     write_json,
@@ -88,17 +89,6 @@ def equal(a, b):
     if isinstance(a, (list, tuple)):
         return type(a) is type(b) and len(a) == len(b) and all(map(equal, a, b))
     return a == b
-
-
-def faults(args, rank):
-    if os.environ["TORCHELASTIC_RESTART_COUNT"] != "0":
-        return {}
-    found = {}
-    for arg in args:
-        kind, who, step = arg.split(":")
-        if int(who) == rank:
-            found[int(step)] = kind
-    return found
 
 
 def corrupt(step, rank):

@@ -24,6 +24,19 @@ def write_json(path, data):
     write_atomic(path, json.dumps(data))
 
 
+def faults(args, rank):
+    """{STEP: KIND} of the arguments KIND:RANK:STEP that strike `rank`, in the job's first
+    attempt only (the checkpoint tests' workers)."""
+    if os.environ["TORCHELASTIC_RESTART_COUNT"] != "0":
+        return {}
+    found = {}
+    for arg in args:
+        kind, who, step = arg.split(":")
+        if int(who) == rank:
+            found[int(step)] = kind
+    return found
+
+
 def rank():
     return int(os.environ["RANK"])
 
