@@ -267,7 +267,7 @@ class _Memory:
         skeleton = hollow(state, tensors)
         layout, size = lay_out(tensors)
         meta = pickle.dumps({"step": step, "skeleton": skeleton, "layout": layout})
-        previous = self.last
+        previous = self.last, self.saved_in  # the step saved before, and its generation
         self.saw = None
         if overlap and _overlap.available(tensors):
             held, versions = _overlap.hold(tensors)
@@ -288,9 +288,10 @@ class _Memory:
 
     def _slot_for(self, previous, size, meta):
         """(slot, its mapping of `size` bytes) for this save, once the step saved before
-        (`previous`) is complete on every rank or known never to be."""
-        if previous is not None:
-            self._await_complete(previous)
+        (`previous`: it, and the generation it was saved in) is complete on every rank or known
+        never to be."""
+        if previous[0] is not None:
+            self._await_complete(*previous)
         # The slot of the job's newest step stays; the other takes this one (an attempt's later
         # steps, a copy never completed, go).
         slot = self._free_slot()
@@ -436,9 +437,10 @@ class _Memory:
         self.completing.wait()
         self.seen = self.saw
 
-    def _await_complete(self, step):
+    def _await_complete(self, step, saved_in):
         """Waits until every rank's copy of `step` is complete, or a rank settled it as short
-        (its copy torn or not made: _save_beside). Not where an in-process recovery came between
+        (its copy torn or not made: _save_beside). `saved_in`: the recovery generation `step` was
+        saved in. Not where an in-process recovery came between
         its save and now: a rank lost before it counted its copy never will (its replacement
         starts past the step), so the step is settled as it stands (_settled), and where it is
         short the slot of the step known complete before stays (_free_slot)."""
@@ -449,7 +451,7 @@ class _Memory:
             return
         deadline = time.monotonic() + COMPLETE_WAIT_S
         while self.store.add(f"{KEYS}/saved/{step}", 0) < self.world:
-            if self.saved_in != _generation() or self.store.check([f"{KEYS}/settled/{step}"]):
+            if saved_in != _generation() or self.store.check([f"{KEYS}/settled/{step}"]):
                 if self._settled(step):
                     self.complete, self.complete_on_disk = step, False
                 return
