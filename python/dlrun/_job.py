@@ -84,5 +84,7 @@ class Beside:
             function, args = self.jobs.get()
             try:
                 function(*args)
+            except Exception as error:  # said, and the thread serves on: later work waits
+                say("checkpoint", f"work beside the loop failed ({type(error).__name__}: {error})")
             finally:
                 self.idle.set()

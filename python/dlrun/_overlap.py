@@ -5,9 +5,10 @@ an optimizer's step() changes them. So save() may return before they are copied,
 optimizer's next step() waits for the copy (torch 2's hook on every optimizer's step). What an
 optimizer does not own (a BatchNorm's running statistics, which forward updates; a tensor of the
 program's own) is cloned at once. Each tensor copied later has its version counter (torch counts
-every in-place change) read at save() and again after the copy: a tensor changed meanwhile makes
-the copy torn, and the caller does not count it. A change through `.data` or NumPy escapes the
-counter: the guide says so.
+every in-place change) read at save() and again by the loop's thread before an optimizer steps,
+the copy made: a tensor changed meanwhile makes the copy torn, the caller does not count it, and
+this process's later saves copy at once. A change through `.data` or NumPy escapes the counter:
+the guide says so.
 
 The copy itself (dlrun's module) is made in chunks by a thread of idle priority: it takes only
 cycles nothing else of the machine wants. An optimizer that must step before it is done, or a
@@ -23,14 +24,18 @@ from dlrun._copies import BLOCK, _address, _native, copy_in
 
 _seen = weakref.WeakSet()  # the optimizers that stepped since the hook was put in
 _hooked = False
-copied = threading.Event()  # no copy waits to be made: an optimizer may step
-copied.set()
+_off = False  # a copy of this process was torn: its later saves copy at once
+_current = None  # the Pending of the last save beside the loop, until its check is made
+CHUNK = 1 << 20  # bytes of a copy claimed at a time
 
 
 def available(tensors):
-    """Whether a save of `tensors` can overlap: torch 2's hook on every optimizer's step, and
-    every tensor in CPU memory (a GPU's copy waits for a stream: not yet done beside)."""
+    """Whether a save of `tensors` can overlap: torch 2's hook on every optimizer's step, every
+    tensor in CPU memory (a GPU's copy waits for a stream: not yet done beside), and no copy of
+    this process torn before."""
     global _hooked
+    if _off:
+        return False
     if not _hooked:
         from torch.optim import optimizer
 
@@ -41,63 +46,81 @@ def available(tensors):
     return all(t.device.type == "cpu" for t in tensors)
 
 
+class Pending:
+    """One save's tensors on their way: as the copy reads them (hold()), their versions then,
+    and the copy's two moments: `made` (the copy's thread: every chunk made, or no copy at
+    all) and `checked` (the thread of the loop: no tensor changed by then, `torn` otherwise)."""
+
+    def __init__(self, tensors):
+        global _current
+        owned = _owned()
+        self.tensors, self.versions = [], []
+        for t in tensors:
+            mine = owned.get(t.data_ptr()) == _storage_bytes(t)
+            self.tensors.append(t if mine else t.detach().clone())
+            self.versions.append(t._version if mine else None)
+        self.made, self.checked = threading.Event(), threading.Event()
+        self.torn = False
+        self.chunked = None  # the copy in chunks, once begun
+        self.hurried = False  # the loop waits: the copy's thread makes the chunks itself
+        _current = self
+
+    def hurry(self):
+        """Makes what is left of the copy here, or has the copy's thread make it."""
+        chunked = self.chunked
+        if chunked is None:
+            self.hurried = True
+            chunked = self.chunked  # begun meanwhile: its thread may have missed the word
+        if chunked is not None:
+            chunked.work()
+
+
+def check():
+    """In the loop's thread, before an optimizer steps (and before a save or wait() waits for the
+    last one): waits for the copy, then compares each tensor's version with the one it had at
+    save(). Every in-place change the loop made before this has its version counted by now."""
+    global _current, _off
+    pending = _current
+    if pending is None:
+        return
+    pending.hurry()
+    pending.made.wait()
+    pending.torn = any(
+        v is not None and t._version != v for t, v in zip(pending.tensors, pending.versions)
+    )
+    _off = _off or pending.torn
+    _current = None
+    pending.checked.set()
+
+
 def _before_step(optimizer, args, kwargs):
-    hurry()
-    copied.wait()
+    check()
     _seen.add(optimizer)
-
-
-def hold(tensors):
-    """(`tensors` as the copy will read them, the versions to check after it): those an
-    optimizer that stepped owns (its parameters and state) as they are, the others cloned
-    now."""
-    owned = _owned()
-    held, versions = [], []
-    for t in tensors:
-        mine = owned.get(t.data_ptr()) == t.untyped_storage().nbytes()
-        held.append(t if mine else t.detach().clone())
-        versions.append(t._version if mine else None)
-    return held, versions
-
-
-def changed(tensors, versions):
-    """Whether any tensor held as it was changed in place since hold()."""
-    return any(v is not None and t._version != v for t, v in zip(tensors, versions))
-
-
-CHUNK = 1 << 20  # bytes of a copy claimed at a time
 
 
 class _Chunked:
     """One copy (copy_in's, through the module) cut into chunks of whole blocks, each claimed
     once, by the copier or by a thread that cannot wait for it."""
 
-    def __init__(self, native, data, tensors, versions, layout):
+    def __init__(self, native, data, tensors, layout):
         import torch
 
-        self.native, self.tensors, self.versions = native, tensors, versions
-        self.torn = None  # once every chunk is made: whether a tensor changed meanwhile
+        self.native = native
         # Their bytes as they read: conjugate and negative views resolved, strides made
         # contiguous (copy_in's _copy_in_native does the same).
         self.sources = [t.detach().resolve_conj().resolve_neg().contiguous() for t in tensors]
-        whole = [
-            (s.data_ptr(), offset, nbytes)
-            for s, (_, _, offset, nbytes) in zip(self.sources, layout)
-            if nbytes
+        chunks = [[] for _ in range(-(-len(data) // CHUNK))]
+        for s, (_, _, offset, nbytes) in zip(self.sources, layout):
+            at, end = offset, offset + nbytes
+            while at < end:  # the tensor's bytes in each chunk they cross
+                chunk = at // CHUNK
+                upto = min(end, (chunk + 1) * CHUNK)
+                chunks[chunk].append((s.data_ptr() + at - offset, at - chunk * CHUNK, upto - at))
+                at = upto
+        self.chunks = [
+            (i * CHUNK, min((i + 1) * CHUNK, len(data)), torch.tensor(c, dtype=torch.int64))
+            for i, c in enumerate(chunks)
         ]
-        self.chunks = []
-        for start in range(0, len(data), CHUNK):
-            end = min(start + CHUNK, len(data))
-            pieces = [
-                (
-                    at + max(offset, start) - offset,
-                    max(offset, start) - start,
-                    min(offset + nbytes, end) - max(offset, start),
-                )
-                for at, offset, nbytes in whole
-                if offset < end and offset + nbytes > start
-            ]
-            self.chunks.append((start, end, torch.tensor(pieces, dtype=torch.int64).reshape(-1, 3)))
         self.sums = torch.empty(len(data) // BLOCK, dtype=torch.int64)
         self.data = data  # mapped while the copy is made: its address is all the module gets
         with _address(data) as at:
@@ -114,21 +137,20 @@ class _Chunked:
                     return
                 start, end, pieces = self.chunks[self.claimed]
                 self.claimed += 1
-            made = self.native.dlrun_checkpoint_copy_in(
-                self.at + start,
-                end - start,
-                pieces.data_ptr(),
-                len(pieces),
-                self.sums.data_ptr() + start // BLOCK * self.sums.element_size(),
-            )
-            with self.changed:
-                self.failed = self.failed or not made
-                self.done += 1
-                if self.done == len(self.chunks):
-                    # Checked by the thread making the last chunk, before any optimizer steps.
-                    self.torn = changed(self.tensors, self.versions)
-                    copied.set()
-                self.changed.notify_all()
+            made = False
+            try:
+                made = self.native.dlrun_checkpoint_copy_in(
+                    self.at + start,
+                    end - start,
+                    pieces.data_ptr(),
+                    len(pieces),
+                    self.sums.data_ptr() + start // BLOCK * self.sums.element_size(),
+                )
+            finally:  # counted made or not, whatever stops this thread (a KeyboardInterrupt)
+                with self.changed:
+                    self.failed = self.failed or not made
+                    self.done += 1
+                    self.changed.notify_all()
 
     def wait(self):
         with self.changed:
@@ -137,46 +159,37 @@ class _Chunked:
             raise ValueError("a copy's layout does not fit its chunks")
 
 
-_pending = None  # the _Chunked copy being made
 _work = queue.SimpleQueue()  # for the copier
 _copier = None
 
 
-def copy(data, tensors, versions, layout):
-    """copy_in of tensors held by hold(), the module's copy made by the copier (idle priority)
-    while this thread waits: (the block sums, whether a tensor changed meanwhile). An optimizer
-    may step once it returns (`copied`)."""
-    global _pending, _copier
-    native = _native()
-    if not native:
-        sums = copy_in(data, tensors, layout)
-        torn = changed(tensors, versions)
-        copied.set()
-        return sums, torn
-    chunked = _Chunked(native, data, tensors, versions, layout)
-    if _copier is None:
-        _copier = threading.Thread(target=_copy_chunks, name="dlrun-checkpoint-copy", daemon=True)
-        _copier.start()
-    _pending = chunked
-    _work.put(chunked)
+def copy(pending, data, layout):
+    """copy_in of the tensors `pending` holds, by the copier (idle priority) while this thread
+    waits, unless the loop is waiting: the block sums. Sets `pending.made` however it ends."""
+    global _copier
     try:
+        native = _native()
+        if not native:
+            return copy_in(data, pending.tensors, layout)
+        chunked = _Chunked(native, data, pending.tensors, layout)
+        if _copier is None:
+            _copier = threading.Thread(
+                target=_copy_chunks, name="dlrun-checkpoint-copy", daemon=True
+            )
+            _copier.start()
+        pending.chunked = chunked
+        _work.put(chunked)
+        if pending.hurried:
+            chunked.work()
         chunked.wait()
+        return chunked.sums
     finally:
-        _pending = None
-    return chunked.sums, chunked.torn
-
-
-def hurry():
-    """Makes what is left of the copy being made, here and now, and waits for it."""
-    pending = _pending
-    if pending is not None:
-        pending.work()
-        pending.wait()
+        pending.made.set()
 
 
 def _copy_chunks():
     """The copier. SCHED_IDLE (Linux; any thread may lower its own priority): it runs where a
-    core would otherwise idle; hurry() is what bounds a wait for it."""
+    core would otherwise idle; Pending.hurry() is what bounds a wait for it."""
     try:
         os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
     except (AttributeError, OSError):
@@ -197,5 +210,9 @@ def _owned():
             v for state in optimizer.state.values() for v in state.values() if torch.is_tensor(v)
         ]
         for t in tensors:
-            owned[t.data_ptr()] = t.untyped_storage().nbytes()
+            owned[t.data_ptr()] = _storage_bytes(t)
     return owned
+
+
+def _storage_bytes(t):
+    return (t.untyped_storage() if hasattr(t, "untyped_storage") else t.storage()).nbytes()

@@ -270,12 +270,14 @@ class _Memory:
         previous = self.last, self.saved_in  # the step saved before, and its generation
         self.saw = None
         if overlap and _overlap.available(tensors):
-            held, versions = _overlap.hold(tensors)
+            pending = _overlap.Pending(tensors)
             self.last, self.saved_in = step, _generation()
-            _overlap.copied.clear()
-            self.completing.run(
-                self._save_beside, previous, step, held, versions, layout, size, meta
-            )
+            try:
+                self.completing.run(self._save_beside, previous, step, pending, layout, size, meta)
+            except BaseException:  # no thread to make the copy: nothing for the loop to wait for
+                pending.made.set()
+                _overlap.check()
+                raise
             return
         slot, data = self._slot_for(previous, size, meta)
         blocks = copy_in(data, tensors, layout)
@@ -300,29 +302,33 @@ class _Memory:
             self._check_room(slot, size + len(meta))
         return slot, slot.writable(size)
 
-    def _save_beside(self, previous, step, tensors, versions, layout, size, meta):
+    def _save_beside(self, previous, step, pending, layout, size, meta):
         """save(overlap=True) from the slot's choice on, beside the next step's forward and
         backward (python/dlrun/_overlap.py). A copy torn by a change in place, or not made,
         does not count, and the step is settled as short: no rank waits for it."""
+        slot = data = blocks = None
         try:
             slot, data = self._slot_for(previous, size, meta)
-            blocks, torn = copy_beside(data, tensors, versions, layout)
+            blocks = copy_beside(pending, data, layout)
         except Exception as error:  # raised by the next save() or wait()
             self.failed = error
-            torn = True
         finally:
-            _overlap.copied.set()
-        if torn:
-            if not self.failed:
+            pending.made.set()
+        pending.checked.wait()  # the loop's look at the tensors' versions (_overlap.check)
+        try:
+            if self.failed is None and not pending.torn:
+                _write(slot, meta)
+                self._complete(slot, step, data, meta, blocks)
+                return
+            if pending.torn:
                 _say(
                     f"step {step}'s state changed in place while it was copied (after "
                     "save(overlap=True), before an optimizer's step); not counted: the job's "
-                    "step stays the one before"
+                    "step stays the one before, and this process's later saves copy at once"
                 )
-            self._settle_short(step)
-            return
-        _write(slot, meta)
-        self._complete(slot, step, data, meta, blocks)
+        except Exception as error:
+            self.failed = self.failed or error
+        self._settle_short(step)
 
     def _raise_failed(self):
         if self.failed is not None:
@@ -433,7 +439,7 @@ class _Memory:
         return ""
 
     def finish_completing(self):
-        _overlap.hurry()  # a copy left to the copier: made now
+        _overlap.check()  # a copy left to the copier made now, and checked
         self.completing.wait()
         self.seen = self.saw
 
@@ -466,7 +472,7 @@ class _Memory:
     def _settle_short(self, step):
         try:
             self.store.compare_set(f"{KEYS}/settled/{step}", "", "short")
-        except RuntimeError as error:  # the store gone: the job is ending or failing
+        except Exception as error:  # the store gone: the job is ending or failing
             _say(f"step {step} could not be settled as short ({error})")
 
     def _settled(self, step):

@@ -134,30 +134,38 @@ class ChunkedCopyTest(unittest.TestCase):
         at_once = mapped(size, 0)
         sums = _copies.copy_in(at_once, tensors, layout)
         chunked = mapped(size, 0xAB)  # what a slot held before: zeroed between the tensors
-        chunk_sums, torn = _overlap.copy(chunked, tensors, [None] * len(tensors), layout)
-        self.assertFalse(torn)
+        pending = _overlap.Pending(tensors)
+        chunk_sums = _overlap.copy(pending, chunked, layout)
+        _overlap.check()
+        self.assertFalse(pending.torn)
         self.assertEqual(chunked[:], at_once[:])
         self.assertTrue(torch.equal(chunk_sums, sums))
 
     def test_chunks_left_are_made_by_whoever_hurries(self):
         tensors, layout, size = self.big_state()
         data = mapped(size, 0)
-        native = _copies._native()
-        chunked = _overlap._Chunked(native, data, tensors, [None] * len(tensors), layout)
+        chunked = _overlap._Chunked(_copies._native(), data, tensors, layout)
         chunked.work()  # no copier: this thread makes every chunk
         chunked.wait()
         at_once = mapped(size, 0)
         self.assertTrue(torch.equal(chunked.sums, _copies.copy_in(at_once, tensors, layout)))
         self.assertEqual(data[:], at_once[:])
 
-    def test_a_tensor_changed_before_the_last_chunk_makes_the_copy_torn(self):
+    def test_an_optimizers_tensor_changed_before_the_check_makes_the_copy_torn(self):
         tensors, layout, size = self.big_state()
-        versions = [t._version for t in tensors]
-        chunked = _overlap._Chunked(_copies._native(), mapped(size, 0), tensors, versions, layout)
-        tensors[-3].add_(1)  # in place, torch's way: its version counter moves
-        chunked.work()
-        chunked.wait()
-        self.assertTrue(chunked.torn)
+        weights = torch.nn.Parameter(tensors[-3].float())
+        optimizer = torch.optim.SGD([weights], lr=0.1)
+        _overlap._seen.add(optimizer)  # as if it had stepped
+        tensors[-3] = weights.detach()
+        pending = _overlap.Pending(tensors)
+        self.assertIs(pending.tensors[-3], tensors[-3])  # its own: not cloned
+        self.assertIsNot(pending.tensors[0], tensors[0])  # no optimizer's: cloned
+        _overlap.copy(pending, mapped(size, 0), layout)
+        with torch.no_grad():
+            weights.add_(1)  # in place, torch's way: its version counter moves
+        _overlap.check()
+        _overlap._off = False  # the torn copy turned this process's later ones off
+        self.assertTrue(pending.torn)
 
 
 class SlotTest(unittest.TestCase):
