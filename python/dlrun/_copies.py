@@ -62,8 +62,7 @@ def _copy_in_native(native, data, tensors, layout):
     pass over memory where torch's copy and the checksum take three."""
     import torch
 
-    # Their bytes as they read: conjugate and negative views resolved, strides made contiguous.
-    sources = [t.detach().resolve_conj().resolve_neg().contiguous() for t in tensors]
+    sources = readable(tensors)
     pieces = torch.tensor(
         [
             (s.data_ptr(), offset, nbytes)
@@ -80,6 +79,12 @@ def _copy_in_native(native, data, tensors, layout):
     if not done:
         raise ValueError(f"a copy's layout does not fit its {len(data)} bytes")
     return sums
+
+
+def readable(tensors):
+    """The tensors as the module reads them: their bytes as they read (conjugate and negative
+    views resolved, strides made contiguous)."""
+    return [t.detach().resolve_conj().resolve_neg().contiguous() for t in tensors]
 
 
 def _block_sums(data):

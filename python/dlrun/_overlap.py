@@ -20,7 +20,7 @@ import queue
 import threading
 import weakref
 
-from dlrun._copies import BLOCK, _address, _native, copy_in
+from dlrun._copies import BLOCK, _address, _native, copy_in, readable
 
 _seen = weakref.WeakSet()  # the optimizers that stepped since the hook was put in
 _hooked = False
@@ -106,9 +106,7 @@ class _Chunked:
         import torch
 
         self.native = native
-        # Their bytes as they read: conjugate and negative views resolved, strides made
-        # contiguous (copy_in's _copy_in_native does the same).
-        self.sources = [t.detach().resolve_conj().resolve_neg().contiguous() for t in tensors]
+        self.sources = readable(tensors)
         chunks = [[] for _ in range(-(-len(data) // CHUNK))]
         for s, (_, _, offset, nbytes) in zip(self.sources, layout):
             at, end = offset, offset + nbytes
