@@ -47,9 +47,10 @@ def available(tensors):
 
 
 class Pending:
-    """One save's tensors on their way: as the copy reads them (hold()), their versions then,
-    and the copy's two moments: `made` (the copy's thread: every chunk made, or no copy at
-    all) and `checked` (the thread of the loop: no tensor changed by then, `torn` otherwise)."""
+    """One save's tensors on their way: as the copy reads them (an optimizer's own as they are,
+    the others cloned now), the versions of the former then, and the copy's two moments: `made`
+    (the copy's thread: every chunk made, or no copy at all) and `checked` (the thread of the
+    loop: no tensor changed by then, `torn` otherwise)."""
 
     def __init__(self, tensors):
         global _current
